@@ -1,0 +1,637 @@
+/*
+ * libkvcache - the key/value cache of transformer inference, behind a C ABI.
+ * SPDX-License-Identifier: Apache-2.0
+ */
+/**
+ * @file kvcache.h
+ * @brief The public C API of libkvcache (the only header users need).
+ *
+ * Read this file top to bottom like a manual.
+ *
+ * ## Concepts
+ * - **Pool** (`kvc_pool`): one allocation of KV memory, made once at
+ *   kvc_pool_create(), cut into fixed-size **blocks** (pages). A pool has one
+ *   **geometry** (num_layers, num_q_heads, num_kv_heads, head_dim) and one
+ *   storage dtype for K and one for V.
+ * - **Block**: `block_size` consecutive token slots of one sequence in one
+ *   layer, for all KV heads. Block ids are global to the pool: any block can
+ *   serve any layer, so layers of one sequence may hold different numbers of
+ *   tokens (per-layer eviction budgets). A block is *free* (in the free list),
+ *   *cached* (reference count 0 but still findable for prefix reuse, reclaimed
+ *   in LRU order) or *used* (reference count >= 1).
+ * - **Sequence**: identified by the caller's 64-bit id. Its **length** is the
+ *   next position to write; each layer has a **block table** (ordered block
+ *   ids) that holds the layer's cached tokens. Without eviction every layer
+ *   caches exactly `length` tokens, at positions 0..length-1.
+ * - **Slot**: the physical address of one token in one layer:
+ *   `block_id * block_size + offset`. The **slot mapping** of new tokens is
+ *   what kvc_seq_reserve() returns.
+ * - **Fork** (copy-on-write): a child shares all of its parent's blocks by
+ *   reference count; the first write into a shared block copies it first.
+ *
+ * ## One decode step
+ * 1. kvc_seq_reserve() makes room for the new tokens in every layer
+ *    (all or nothing) and returns their slots.
+ * 2. For each layer, kvc_append() writes the new K and V rows (converted to
+ *    the storage dtype); the engine's attention reads the layer back with
+ *    kvc_gather() or directly through kvc_export_page_table() and
+ *    kvc_pool_get_layout().
+ *
+ * ## Errors
+ * Every function that can fail returns a ::kvc_status; ::KVC_OK is 0.
+ * kvc_last_error_message() explains the last failure of the calling thread.
+ * A call that fails changes nothing: no output parameter is written (unless
+ * its documentation says so, e.g. a required buffer size) and the pool is
+ * left as it was. No C++ exception, abort or assert crosses this API.
+ *
+ * ## Structs that grow (see docs/abi-policy.md)
+ * Every config and result struct starts with `size_t struct_size`, which the
+ * caller sets to its `sizeof` (the `kvc_<thing>_init()` functions do that and
+ * fill defaults). Fields are only ever appended. The library reads only the
+ * fields the caller's size covers (missing fields take their defaults) and
+ * writes only those. A larger struct from a newer header is accepted when
+ * every byte the library does not know is zero, and refused with
+ * ::KVC_ERR_UNSUPPORTED otherwise. A size smaller than the first release's
+ * struct is refused with ::KVC_ERR_STRUCT_SIZE.
+ *
+ * ## Threads
+ * All functions are thread-safe. Per pool, structural calls (sequence
+ * create / fork / truncate / free, reserve, stats) are serialized by one
+ * pool lock, held for O(blocks touched). kvc_append() and kvc_gather() on
+ * different sequences, or on different layers of one sequence, run in
+ * parallel (a shared lock); an append that must copy a shared block takes the
+ * pool lock exclusively. Two calls writing the same positions of the same
+ * sequence and layer at once give unspecified data (never a crash). Memory
+ * reached through kvc_pool_get_layout() is not synchronized by the library.
+ *
+ * ## Units and shapes
+ * Sizes are in bytes or tokens as named. K/V rows are
+ * `[n_tokens][num_kv_heads][head_dim]`, row-major, element type given by a
+ * ::kvc_dtype argument.
+ */
+#ifndef KVCACHE_KVCACHE_H
+#define KVCACHE_KVCACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/** @brief Marks an exported symbol (the library is built with hidden visibility). */
+#if defined(_WIN32)
+#  if defined(KVC_BUILDING_LIBRARY)
+#    define KVC_API __declspec(dllexport)
+#  else
+#    define KVC_API __declspec(dllimport)
+#  endif
+#elif defined(__GNUC__) && (__GNUC__ >= 4)
+#  define KVC_API __attribute__((visibility("default")))
+#else
+#  define KVC_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/** @brief Major version: changes only with an incompatible ABI (then the SONAME changes too). */
+#define KVC_VERSION_MAJOR 0
+/** @brief Minor version: grows when functions or struct fields are added. */
+#define KVC_VERSION_MINOR 1
+/** @brief Patch version: fixes only. */
+#define KVC_VERSION_PATCH 0
+/** @brief The version as one number: major * 10000 + minor * 100 + patch. */
+#define KVC_VERSION_NUMBER \
+  (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
+/** @brief The newest version of the ::kvc_api function table this header describes. */
+#define KVC_API_VERSION 1
+
+/**
+ * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
+ * @return major * 10000 + minor * 100 + patch. Never fails.
+ * @since 0.1
+ */
+KVC_API uint32_t kvc_version(void);
+
+/**
+ * @brief Version of the loaded library as a static string, e.g. "0.1.0".
+ * @return A NUL-terminated string owned by the library. Never fails.
+ * @since 0.1
+ */
+KVC_API const char *kvc_version_string(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Result of every call that can fail. Values are fixed forever and
+ * never reused.
+ * @since 0.1
+ */
+typedef enum kvc_status {
+  KVC_OK = 0,                      /**< Success. */
+  KVC_ERR_INVALID_ARGUMENT = 1,    /**< An argument has a value outside its documented range. */
+  KVC_ERR_NULL_POINTER = 2,        /**< A required pointer argument is NULL. */
+  KVC_ERR_STRUCT_SIZE = 3,         /**< A struct's struct_size is smaller than the oldest supported one. */
+  KVC_ERR_UNSUPPORTED = 4,         /**< Valid request this build or version does not support (dtype, device, non-zero unknown struct fields). */
+  KVC_ERR_OVERFLOW = 5,            /**< Sizes whose product or sum overflows 64 bits (or the address space). */
+  KVC_ERR_OUT_OF_MEMORY = 6,       /**< The host allocator failed. */
+  KVC_ERR_POOL_EXHAUSTED = 7,      /**< Not enough free (or reclaimable) blocks in the pool; nothing changed. */
+  KVC_ERR_SEQ_NOT_FOUND = 8,       /**< No live sequence has this id (never created, or freed). */
+  KVC_ERR_SEQ_EXISTS = 9,          /**< A sequence with this id already exists. */
+  KVC_ERR_OUT_OF_RANGE = 10,       /**< A position, token index or layer is outside what the sequence holds. */
+  KVC_ERR_NOT_RESERVED = 11,       /**< A write outside the sequence's reserved slots. */
+  KVC_ERR_BUFFER_TOO_SMALL = 12,   /**< A caller buffer is too small; the required size is reported. */
+  KVC_ERR_DEVICE_UNAVAILABLE = 13, /**< The requested device does not exist or has no driver. */
+  KVC_ERR_VERSION = 14,            /**< An API or ABI version the library does not provide. */
+  KVC_ERR_INVALID_SCALE = 15,      /**< A quantization scale is zero, negative, NaN, Inf or out of range. */
+  KVC_ERR_NON_FINITE = 16,         /**< Input data contains NaN or Inf where it is not allowed. */
+  KVC_ERR_INTERNAL = 17,           /**< A bug in the library (an unexpected C++ exception); please report it. */
+  KVC_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; never returned. */
+} kvc_status;
+
+/**
+ * @brief Name of a status code, e.g. "KVC_ERR_POOL_EXHAUSTED".
+ * @param status any value; unknown values give "KVC_ERR_UNKNOWN".
+ * @return A static NUL-terminated string. Never fails.
+ * @since 0.1
+ */
+KVC_API const char *kvc_status_string(kvc_status status);
+
+/**
+ * @brief Explanation of the last failed call made by the calling thread,
+ * e.g. "head_dim 0: must be 1..1024".
+ * @return A NUL-terminated string owned by the library, valid until the
+ * calling thread's next call into the library; "" when no call has failed
+ * yet. Successful calls do not clear it. Never fails.
+ * @since 0.1
+ */
+KVC_API const char *kvc_last_error_message(void);
+
+/* ------------------------------------------------------------------------ */
+/* Enumerations                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Element types: input/output dtypes of K/V rows, and storage dtypes of a pool.
+ *
+ * f32: IEEE binary32. f16: IEEE binary16. bf16: the top 16 bits of binary32
+ * (rounded to nearest even on conversion). Conversions to narrower types
+ * round to nearest even; values beyond f16's range become +-Inf.
+ * @since 0.1
+ */
+typedef enum kvc_dtype {
+  KVC_DTYPE_F32 = 0,  /**< 32-bit float, 4 bytes. */
+  KVC_DTYPE_F16 = 1,  /**< IEEE half, 2 bytes. */
+  KVC_DTYPE_BF16 = 2, /**< bfloat16, 2 bytes. */
+  KVC_DTYPE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+} kvc_dtype;
+
+/**
+ * @brief Where a pool's blocks live.
+ * @since 0.1
+ */
+typedef enum kvc_device {
+  KVC_DEVICE_CPU = 0,  /**< Host memory (the reference backend). */
+  KVC_DEVICE_CUDA = 1, /**< An NVIDIA GPU; ::KVC_ERR_DEVICE_UNAVAILABLE in builds or on machines without one. */
+  KVC_DEVICE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+} kvc_device;
+
+/**
+ * @brief Order of tokens and heads inside one block, as FlashInfer names it.
+ *
+ * With ::KVC_LAYOUT_NHD, K of one block is `[block_size][num_kv_heads][head_dim]`;
+ * with ::KVC_LAYOUT_HND it is `[num_kv_heads][block_size][head_dim]`. V is laid
+ * out the same way after K. Exact offsets and strides: kvc_pool_get_layout().
+ * @since 0.1
+ */
+typedef enum kvc_layout {
+  KVC_LAYOUT_NHD = 0, /**< tokens, then heads, then head_dim (vLLM / FlashInfer "NHD"). */
+  KVC_LAYOUT_HND = 1, /**< heads, then tokens, then head_dim (FlashInfer "HND"). */
+  KVC_LAYOUT_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+} kvc_layout;
+
+/** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
+ * one tenant's K/V never lingers in memory handed to another. @since 0.1 */
+#define KVC_POOL_ZERO_ON_FREE 0x1u
+
+/* ------------------------------------------------------------------------ */
+/* Opaque handles                                                            */
+/* ------------------------------------------------------------------------ */
+
+/** @brief A KV-cache pool. Create with kvc_pool_create(), destroy with kvc_pool_destroy(). @since 0.1 */
+typedef struct kvc_pool kvc_pool;
+
+/* ------------------------------------------------------------------------ */
+/* Pool configuration and lifecycle                                          */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Configuration of a pool. Fill with kvc_pool_config_init(), then set
+ * the geometry and capacity.
+ *
+ * Capacity: `num_blocks` if non-zero; otherwise as many blocks as fit in
+ * `capacity_bytes` (at least one must fit). Exactly one of them must be set.
+ * @since 0.1
+ */
+typedef struct kvc_pool_config {
+  size_t struct_size;     /**< sizeof(kvc_pool_config) of the caller. */
+  uint32_t num_layers;    /**< Transformer layers, 1..4096. */
+  uint32_t num_q_heads;   /**< Query heads, 1..65536, a multiple of num_kv_heads. */
+  uint32_t num_kv_heads;  /**< KV heads, 1..65536 (GQA: fewer than num_q_heads). */
+  uint32_t head_dim;      /**< Elements per head, 1..1024. */
+  uint32_t block_size;    /**< Tokens per block, 1..4096; default 16. */
+  uint32_t flags;         /**< Bitwise OR of KVC_POOL_* flags; default 0. */
+  uint64_t num_blocks;    /**< Capacity in blocks (all layers together), 0 = use capacity_bytes. */
+  uint64_t capacity_bytes;/**< Capacity as a byte budget for block memory, used when num_blocks is 0. */
+  kvc_dtype k_dtype;      /**< Storage dtype of keys; default ::KVC_DTYPE_F16. */
+  kvc_dtype v_dtype;      /**< Storage dtype of values; default ::KVC_DTYPE_F16. */
+  kvc_layout layout;      /**< Order inside a block; default ::KVC_LAYOUT_NHD. */
+  kvc_device device;      /**< Where blocks live; default ::KVC_DEVICE_CPU. */
+  int32_t device_index;   /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
+} kvc_pool_config;
+
+/**
+ * @brief Fill a config with defaults: struct_size = sizeof(kvc_pool_config),
+ * block_size 16, f16 K and V, NHD, CPU, everything else 0.
+ * @param config the struct to fill (not NULL).
+ * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config);
+
+/**
+ * @brief Create a pool: validates the config, allocates all block memory at
+ * once (zeroed) and every bookkeeping array.
+ * @param config the configuration (read only up to config->struct_size).
+ * @param out receives the new pool; untouched on failure.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_INVALID_ARGUMENT (a dimension out of range, num_q_heads not a
+ * multiple of num_kv_heads, no capacity or both kinds given, unknown flags,
+ * dtype or layout); ::KVC_ERR_UNSUPPORTED (non-zero fields unknown to this
+ * version); ::KVC_ERR_OVERFLOW (sizes overflow); ::KVC_ERR_DEVICE_UNAVAILABLE;
+ * ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out);
+
+/**
+ * @brief Destroy a pool and every sequence in it. NULL is a no-op. No other
+ * thread may use the pool during or after this call.
+ * @since 0.1
+ */
+KVC_API void kvc_pool_destroy(kvc_pool *pool);
+
+/* ------------------------------------------------------------------------ */
+/* Statistics and memory layout                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Counters of a pool, filled by kvc_pool_stats(). Init with kvc_stats_init().
+ *
+ * Every block is in exactly one state: blocks_total = blocks_free +
+ * blocks_cached + blocks_used. blocks_shared counts used blocks whose
+ * reference count is at least 2.
+ * @since 0.1
+ */
+typedef struct kvc_stats {
+  size_t struct_size;          /**< sizeof(kvc_stats) of the caller. */
+  uint64_t blocks_total;       /**< Blocks in the pool. */
+  uint64_t blocks_free;        /**< Blocks in the free list. */
+  uint64_t blocks_cached;      /**< Blocks with reference count 0 kept for prefix reuse. */
+  uint64_t blocks_used;        /**< Blocks with reference count >= 1. */
+  uint64_t blocks_shared;      /**< Used blocks with reference count >= 2. */
+  uint64_t bytes_per_block;    /**< Bytes of one block (K and V, one layer, all KV heads). */
+  uint64_t bytes_per_token;    /**< Bytes one token takes in all layers (K and V), metadata included. */
+  uint64_t bytes_total;        /**< Bytes of block memory allocated at create. */
+  uint64_t bytes_in_use;       /**< Bytes of used + cached blocks. */
+  uint64_t peak_bytes_in_use;  /**< Largest bytes_in_use since create or kvc_pool_reset_peak(). */
+  uint64_t num_sequences;      /**< Live sequences. */
+} kvc_stats;
+
+/** @brief Fill stats with struct_size = sizeof(kvc_stats) and zeros.
+ * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1 */
+KVC_API kvc_status kvc_stats_init(kvc_stats *stats);
+
+/**
+ * @brief Read the pool's counters (a consistent snapshot).
+ * @param pool the pool.
+ * @param stats filled up to stats->struct_size.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_pool_stats(kvc_pool *pool, kvc_stats *stats);
+
+/**
+ * @brief Set peak_bytes_in_use to the current bytes_in_use.
+ * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1
+ */
+KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
+
+/**
+ * @brief Where and how block memory is laid out, for engines that run their
+ * own kernels over it (FlashInfer, vLLM-style paged attention) without a copy.
+ *
+ * Block `b` starts at `(char *)base + b * block_stride`. Inside it, the K row
+ * of token slot `t` (0..block_size-1) and KV head `h` starts at
+ * `k_offset + t * k_token_stride + h * k_head_stride` bytes and holds head_dim
+ * elements of k_dtype, contiguous; V likewise with the v_* fields. With
+ * ::KVC_LAYOUT_NHD and equal K/V dtypes this is FlashInfer's paged cache
+ * `[num_blocks][2][block_size][num_kv_heads][head_dim]`; with HND,
+ * `[num_blocks][2][num_kv_heads][block_size][head_dim]`.
+ * @since 0.1
+ */
+typedef struct kvc_pool_layout {
+  size_t struct_size;      /**< sizeof(kvc_pool_layout) of the caller. */
+  void *base;              /**< First byte of block 0 (host pointer for the CPU, device pointer for CUDA). */
+  uint64_t num_blocks;     /**< Blocks in the pool. */
+  uint64_t block_stride;   /**< Bytes from one block to the next. */
+  uint32_t block_size;     /**< Token slots per block. */
+  uint32_t num_kv_heads;   /**< KV heads. */
+  uint32_t head_dim;       /**< Elements per head. */
+  kvc_layout layout;       /**< NHD or HND. */
+  kvc_dtype k_dtype;       /**< Storage dtype of K. */
+  kvc_dtype v_dtype;       /**< Storage dtype of V. */
+  uint64_t k_offset;       /**< Byte offset of K inside a block. */
+  uint64_t k_token_stride; /**< Bytes between consecutive token slots of K. */
+  uint64_t k_head_stride;  /**< Bytes between consecutive KV heads of K. */
+  uint64_t k_bytes;        /**< Bytes of K in one block. */
+  uint64_t v_offset;       /**< Byte offset of V inside a block. */
+  uint64_t v_token_stride; /**< Bytes between consecutive token slots of V. */
+  uint64_t v_head_stride;  /**< Bytes between consecutive KV heads of V. */
+  uint64_t v_bytes;        /**< Bytes of V in one block. */
+  kvc_device device;       /**< Where base points. */
+  int32_t device_index;    /**< Device ordinal. */
+} kvc_pool_layout;
+
+/** @brief Fill a layout struct with struct_size = sizeof(kvc_pool_layout) and zeros.
+ * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1 */
+KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout);
+
+/**
+ * @brief Describe the pool's block memory (see ::kvc_pool_layout). The base
+ * pointer stays valid until kvc_pool_destroy().
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
+
+/**
+ * @brief Read back the pool's effective configuration (defaults resolved,
+ * num_blocks computed from capacity_bytes when that was given).
+ * @param config filled up to config->struct_size (set struct_size first).
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
+
+/* ------------------------------------------------------------------------ */
+/* Sequences                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Create an empty sequence (length 0, no blocks).
+ * @param seq_id any 64-bit value chosen by the caller, unique among live sequences.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_EXISTS, ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_create(kvc_pool *pool, uint64_t seq_id);
+
+/**
+ * @brief Fork: create `child_id` sharing every block of `parent_id` (copy-on-write).
+ *
+ * The child has the parent's length and, per layer, the same block table;
+ * each shared block's reference count goes up by one. No K/V bytes are
+ * copied. The first write by either sequence into a shared block copies that
+ * block first (kvc_seq_reserve() and kvc_append() do it), so each sees only
+ * its own writes. O(blocks of the parent).
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND (parent),
+ * ::KVC_ERR_SEQ_EXISTS (child), ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_fork(kvc_pool *pool, uint64_t parent_id, uint64_t child_id);
+
+/**
+ * @brief Drop every token at position >= `new_length` (llama.cpp's seq_rm
+ * with an open end); blocks left empty are released. Later writes at those
+ * positions replace them. Truncating to the current length or more is a no-op.
+ * @param new_length the sequence's new length in tokens.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_truncate(kvc_pool *pool, uint64_t seq_id, uint64_t new_length);
+
+/**
+ * @brief Free a sequence: release its blocks (shared ones stay with their
+ * other owners) and forget its id.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND (also for a
+ * second free of the same id).
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_free(kvc_pool *pool, uint64_t seq_id);
+
+/**
+ * @brief Length of a sequence: the next position to write (reserved
+ * positions included).
+ * @param length receives the length in tokens.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_length(kvc_pool *pool, uint64_t seq_id, uint64_t *length);
+
+/**
+ * @brief Number of tokens a layer of a sequence holds (reserved slots
+ * included). Equals the length until eviction drops tokens from the layer.
+ * @param n_tokens receives the count.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,
+ * ::KVC_ERR_OUT_OF_RANGE (layer >= num_layers).
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                        uint64_t *n_tokens);
+
+/**
+ * @brief Reserve slots for `n_new` tokens at positions [length, length + n_new)
+ * in every layer, all or nothing, and extend the length by n_new.
+ *
+ * Allocates blocks as needed and first copies a shared, partly filled last
+ * block (copy-on-write). Does not write K/V; kvc_append() does.
+ * @param n_new tokens to add, >= 1.
+ * @param slot_mapping NULL, or receives `[num_layers][n_new]` int64 slots
+ * (`block_id * block_size + offset`) of the new positions.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_INVALID_ARGUMENT (n_new 0); ::KVC_ERR_OVERFLOW (length would
+ * exceed 2^31 - 1); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
+ * layers; nothing changed); ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_new,
+                                   int64_t *slot_mapping);
+
+/* ------------------------------------------------------------------------ */
+/* Writing and reading K/V                                                   */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Write K and V rows of `n_tokens` tokens at positions
+ * [pos, pos + n_tokens) into one layer, converting from `src_dtype` to the
+ * storage dtypes.
+ *
+ * The positions must be reserved (below the length) and still held by the
+ * layer as the contiguous tail written since the layer's last eviction;
+ * writing a position again replaces it. A block shared with another sequence
+ * is copied first (copy-on-write), so other sequences never see the write.
+ * No heap allocation.
+ * @param k `[n_tokens][num_kv_heads][head_dim]` of src_dtype, row-major.
+ * @param v same shape and dtype as k.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_INVALID_ARGUMENT (n_tokens 0,
+ * unknown src_dtype); ::KVC_ERR_NOT_RESERVED (a position at or beyond the
+ * length, or no longer held by the layer); ::KVC_ERR_POOL_EXHAUSTED (no free
+ * block for a copy-on-write; nothing written).
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t pos,
+                              uint64_t n_tokens, const void *k, const void *v,
+                              kvc_dtype src_dtype);
+
+/**
+ * @brief Gather one layer's K and/or V for the tokens with indices
+ * [first, first + n_tokens) of that layer (index = order in the layer's block
+ * table; equal to the position until eviction), converted to `dst_dtype`.
+ * Reserved slots not written yet read as zeros or stale data.
+ * @param k_out NULL or `[n_tokens][num_kv_heads][head_dim]` of dst_dtype.
+ * @param v_out NULL or the same shape for V.
+ * @param positions_out NULL or `[n_tokens]` int32: the position of each token.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (all three outputs NULL);
+ * ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer, or the range
+ * beyond the layer's tokens); ::KVC_ERR_INVALID_ARGUMENT (dst_dtype).
+ * n_tokens 0 is valid and writes nothing.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_gather(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t first,
+                              uint64_t n_tokens, void *k_out, void *v_out, kvc_dtype dst_dtype,
+                              int32_t *positions_out);
+
+/**
+ * @brief Copy the block table of one layer of a sequence.
+ * @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids, in order.
+ * @param n_blocks receives the number of blocks the table holds (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n_blocks), ::KVC_ERR_SEQ_NOT_FOUND,
+ * ::KVC_ERR_OUT_OF_RANGE (layer), ::KVC_ERR_BUFFER_TOO_SMALL.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_seq_block_table(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                       int32_t *block_ids, size_t capacity, size_t *n_blocks);
+
+/**
+ * @brief Export the block tables of a batch of sequences for one layer as
+ * FlashInfer's paged-KV page table (CSR form).
+ *
+ * For sequence i, its pages are `indices[indptr[i] .. indptr[i+1])` and
+ * `last_page_len[i]` tokens of its last page are valid (1..block_size; 0 for
+ * an empty sequence, which has no pages). Counts include reserved slots.
+ * @param seq_ids `[n_seqs]` sequence ids (repeats allowed).
+ * @param n_seqs 0..2^31-1.
+ * @param indptr receives `[n_seqs + 1]` int32, indptr[0] = 0.
+ * @param indices receives the block ids, int32, at most `indices_capacity`.
+ * @param last_page_len receives `[n_seqs]` int32.
+ * @param n_indices receives the total number of block ids (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_BUFFER_TOO_SMALL (only n_indices written);
+ * ::KVC_ERR_OVERFLOW (more than 2^31-1 indices).
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const uint64_t *seq_ids,
+                                         size_t n_seqs, int32_t *indptr, int32_t *indices,
+                                         size_t indices_capacity, int32_t *last_page_len,
+                                         size_t *n_indices);
+
+/* ------------------------------------------------------------------------ */
+/* Element conversion                                                        */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Convert `n` elements between f32, f16 and bf16 (round to nearest even).
+ * @param src `[n]` of src_dtype. @param dst `[n]` of dst_dtype; may not overlap src.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n > 0 and a NULL buffer),
+ * ::KVC_ERR_INVALID_ARGUMENT (dtype).
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst, kvc_dtype dst_dtype,
+                               size_t n);
+
+/**
+ * @brief Bytes of one element of a dtype (4 for f32, 2 for f16 and bf16).
+ * @param bytes receives the size.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_INVALID_ARGUMENT.
+ * @since 0.1
+ */
+KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Loading with dlopen: the versioned function table                         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Table of every API function, for hosts that load the library with
+ * dlopen(). Functions are only appended; a table of version N starts with the
+ * fields of every version below N, in the same order.
+ * @since 0.1
+ */
+typedef struct kvc_api {
+  size_t struct_size;   /**< sizeof the table the library filled (grows with versions). */
+  uint32_t api_version; /**< The version of this table (KVC_API_VERSION of the library). */
+  uint32_t reserved;    /**< Zero. */
+  /* --- version 1 --- */
+  uint32_t (*version)(void);                                    /**< kvc_version() */
+  const char *(*version_string)(void);                          /**< kvc_version_string() */
+  const char *(*status_string)(kvc_status);                     /**< kvc_status_string() */
+  const char *(*last_error_message)(void);                      /**< kvc_last_error_message() */
+  kvc_status (*pool_config_init)(kvc_pool_config *);            /**< kvc_pool_config_init() */
+  kvc_status (*pool_create)(const kvc_pool_config *, kvc_pool **); /**< kvc_pool_create() */
+  void (*pool_destroy)(kvc_pool *);                             /**< kvc_pool_destroy() */
+  kvc_status (*stats_init)(kvc_stats *);              /**< kvc_stats_init() */
+  kvc_status (*pool_stats)(kvc_pool *, kvc_stats *);       /**< kvc_pool_stats() */
+  kvc_status (*pool_reset_peak)(kvc_pool *);                    /**< kvc_pool_reset_peak() */
+  kvc_status (*pool_layout_init)(kvc_pool_layout *);            /**< kvc_pool_layout_init() */
+  kvc_status (*pool_get_layout)(kvc_pool *, kvc_pool_layout *); /**< kvc_pool_get_layout() */
+  kvc_status (*pool_get_config)(kvc_pool *, kvc_pool_config *); /**< kvc_pool_get_config() */
+  kvc_status (*seq_create)(kvc_pool *, uint64_t);               /**< kvc_seq_create() */
+  kvc_status (*seq_fork)(kvc_pool *, uint64_t, uint64_t);       /**< kvc_seq_fork() */
+  kvc_status (*seq_truncate)(kvc_pool *, uint64_t, uint64_t);   /**< kvc_seq_truncate() */
+  kvc_status (*seq_free)(kvc_pool *, uint64_t);                 /**< kvc_seq_free() */
+  kvc_status (*seq_length)(kvc_pool *, uint64_t, uint64_t *);   /**< kvc_seq_length() */
+  kvc_status (*seq_layer_tokens)(kvc_pool *, uint64_t, uint32_t, uint64_t *); /**< kvc_seq_layer_tokens() */
+  kvc_status (*seq_reserve)(kvc_pool *, uint64_t, uint64_t, int64_t *);       /**< kvc_seq_reserve() */
+  kvc_status (*append)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, const void *,
+                       const void *, kvc_dtype);                /**< kvc_append() */
+  kvc_status (*gather)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, void *, void *,
+                       kvc_dtype, int32_t *);                   /**< kvc_gather() */
+  kvc_status (*seq_block_table)(kvc_pool *, uint64_t, uint32_t, int32_t *, size_t,
+                                size_t *);                      /**< kvc_seq_block_table() */
+  kvc_status (*export_page_table)(kvc_pool *, uint32_t, const uint64_t *, size_t, int32_t *,
+                                  int32_t *, size_t, int32_t *, size_t *); /**< kvc_export_page_table() */
+  kvc_status (*convert)(const void *, kvc_dtype, void *, kvc_dtype, size_t); /**< kvc_convert() */
+  kvc_status (*dtype_size)(kvc_dtype, size_t *);                /**< kvc_dtype_size() */
+} kvc_api;
+
+/**
+ * @brief The function table for a requested version (the only symbol a
+ * dlopen() host needs to look up).
+ * @param api_version 1..KVC_API_VERSION of the library.
+ * @return A static table whose first fields are those of `api_version`, or
+ * NULL when the library is older than asked (or api_version is 0). The
+ * thread's last error message says why.
+ * @since 0.1
+ */
+KVC_API const kvc_api *kvc_get_api(uint32_t api_version);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVCACHE_KVCACHE_H */

@@ -1,0 +1,452 @@
+// C entry points: check arguments, call the core, turn C++ errors into
+// kvc_status plus the thread's last error message. No logic lives here.
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "api/struct_io.h"
+#include "core/convert.h"
+#include "core/error.h"
+#include "core/pool.h"
+#include "kvcache/kvcache.h"
+
+using kvc::core::DType;
+using kvc::core::Errc;
+using kvc::core::fail;
+
+struct kvc_pool {
+  explicit kvc_pool(const kvc::core::PoolConfig &c) : core(c) {}
+  kvc::core::Pool core;
+};
+
+#define KVC_CHECK_ERRC(name, value) \
+  static_assert(static_cast<int>(Errc::name) == static_cast<int>(value), #name)
+KVC_CHECK_ERRC(InvalidArgument, KVC_ERR_INVALID_ARGUMENT);
+KVC_CHECK_ERRC(NullPointer, KVC_ERR_NULL_POINTER);
+KVC_CHECK_ERRC(StructSize, KVC_ERR_STRUCT_SIZE);
+KVC_CHECK_ERRC(Unsupported, KVC_ERR_UNSUPPORTED);
+KVC_CHECK_ERRC(Overflow, KVC_ERR_OVERFLOW);
+KVC_CHECK_ERRC(OutOfMemory, KVC_ERR_OUT_OF_MEMORY);
+KVC_CHECK_ERRC(PoolExhausted, KVC_ERR_POOL_EXHAUSTED);
+KVC_CHECK_ERRC(SeqNotFound, KVC_ERR_SEQ_NOT_FOUND);
+KVC_CHECK_ERRC(SeqExists, KVC_ERR_SEQ_EXISTS);
+KVC_CHECK_ERRC(OutOfRange, KVC_ERR_OUT_OF_RANGE);
+KVC_CHECK_ERRC(NotReserved, KVC_ERR_NOT_RESERVED);
+KVC_CHECK_ERRC(BufferTooSmall, KVC_ERR_BUFFER_TOO_SMALL);
+KVC_CHECK_ERRC(DeviceUnavailable, KVC_ERR_DEVICE_UNAVAILABLE);
+KVC_CHECK_ERRC(Version, KVC_ERR_VERSION);
+KVC_CHECK_ERRC(InvalidScale, KVC_ERR_INVALID_SCALE);
+KVC_CHECK_ERRC(NonFinite, KVC_ERR_NON_FINITE);
+KVC_CHECK_ERRC(Internal, KVC_ERR_INTERNAL);
+static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 &&
+              static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
+              static_cast<int>(DType::BF16) == KVC_DTYPE_BF16);
+static_assert(static_cast<int>(kvc::core::Layout::NHD) == KVC_LAYOUT_NHD &&
+              static_cast<int>(kvc::core::Layout::HND) == KVC_LAYOUT_HND);
+static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&
+              static_cast<int>(kvc::core::Device::CUDA) == KVC_DEVICE_CUDA);
+
+namespace {
+
+thread_local std::string t_last_error;
+
+// Minimum struct sizes accepted (docs/abi-policy.md): the fields of the first
+// release the library cannot do without. Fields past the caller's size take
+// defaults (inputs) or are not written (outputs).
+constexpr size_t kPoolConfigMin = offsetof(kvc_pool_config, capacity_bytes) + sizeof(uint64_t);
+constexpr size_t kPoolStatsMin = offsetof(kvc_stats, blocks_shared) + sizeof(uint64_t);
+constexpr size_t kPoolLayoutMin = offsetof(kvc_pool_layout, v_bytes) + sizeof(uint64_t);
+
+kvc_status set_error(kvc_status s, const char *msg) {
+  try {
+    t_last_error = msg;
+  } catch (...) {
+    // Keep the status even if the message cannot be stored.
+  }
+  return s;
+}
+
+template <typename F>
+kvc_status guard(F &&f) noexcept {
+  try {
+    f();
+    return KVC_OK;
+  } catch (const kvc::core::Error &e) {
+    return set_error(static_cast<kvc_status>(e.code()), e.what());
+  } catch (const std::bad_alloc &) {
+    return set_error(KVC_ERR_OUT_OF_MEMORY, "out of host memory");
+  } catch (const std::exception &e) {
+    return set_error(KVC_ERR_INTERNAL, e.what());
+  } catch (...) {
+    return set_error(KVC_ERR_INTERNAL, "unknown internal error");
+  }
+}
+
+void need(const void *p, const char *name) {
+  if (!p) fail(Errc::NullPointer, std::string(name) + " is NULL");
+}
+
+kvc::core::Pool &core_of(kvc_pool *pool) {
+  need(pool, "pool");
+  return pool->core;
+}
+
+DType dtype_arg(kvc_dtype d, const char *name) {
+  if (!kvc::core::dtype_valid(static_cast<int32_t>(d)))
+    fail(Errc::InvalidArgument,
+         std::string(name) + " " + std::to_string(static_cast<int32_t>(d)) +
+             ": unknown dtype (KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16)");
+  return static_cast<DType>(d);
+}
+
+kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
+  kvc::core::PoolConfig p;
+  p.num_layers = c.num_layers;
+  p.num_q_heads = c.num_q_heads;
+  p.num_kv_heads = c.num_kv_heads;
+  p.head_dim = c.head_dim;
+  p.block_size = c.block_size;
+  p.flags = c.flags;
+  p.num_blocks = c.num_blocks;
+  p.capacity_bytes = c.capacity_bytes;
+  p.k_dtype = static_cast<DType>(c.k_dtype);
+  p.v_dtype = static_cast<DType>(c.v_dtype);
+  p.layout = static_cast<kvc::core::Layout>(c.layout);
+  p.device = static_cast<kvc::core::Device>(c.device);
+  p.device_index = c.device_index;
+  return p;
+}
+
+void defaults(kvc_pool_config *c) {
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  c->block_size = 16;
+  c->k_dtype = KVC_DTYPE_F16;
+  c->v_dtype = KVC_DTYPE_F16;
+  c->layout = KVC_LAYOUT_NHD;
+  c->device = KVC_DEVICE_CPU;
+}
+
+}  // namespace
+
+extern "C" {
+
+KVC_API uint32_t kvc_version(void) { return KVC_VERSION_NUMBER; }
+
+KVC_API const char *kvc_version_string(void) {
+#define KVC_STR2(x) #x
+#define KVC_STR(x) KVC_STR2(x)
+  return KVC_STR(KVC_VERSION_MAJOR) "." KVC_STR(KVC_VERSION_MINOR) "." KVC_STR(KVC_VERSION_PATCH);
+}
+
+KVC_API const char *kvc_status_string(kvc_status s) {
+  switch (s) {
+    case KVC_OK: return "KVC_OK";
+    case KVC_ERR_INVALID_ARGUMENT: return "KVC_ERR_INVALID_ARGUMENT";
+    case KVC_ERR_NULL_POINTER: return "KVC_ERR_NULL_POINTER";
+    case KVC_ERR_STRUCT_SIZE: return "KVC_ERR_STRUCT_SIZE";
+    case KVC_ERR_UNSUPPORTED: return "KVC_ERR_UNSUPPORTED";
+    case KVC_ERR_OVERFLOW: return "KVC_ERR_OVERFLOW";
+    case KVC_ERR_OUT_OF_MEMORY: return "KVC_ERR_OUT_OF_MEMORY";
+    case KVC_ERR_POOL_EXHAUSTED: return "KVC_ERR_POOL_EXHAUSTED";
+    case KVC_ERR_SEQ_NOT_FOUND: return "KVC_ERR_SEQ_NOT_FOUND";
+    case KVC_ERR_SEQ_EXISTS: return "KVC_ERR_SEQ_EXISTS";
+    case KVC_ERR_OUT_OF_RANGE: return "KVC_ERR_OUT_OF_RANGE";
+    case KVC_ERR_NOT_RESERVED: return "KVC_ERR_NOT_RESERVED";
+    case KVC_ERR_BUFFER_TOO_SMALL: return "KVC_ERR_BUFFER_TOO_SMALL";
+    case KVC_ERR_DEVICE_UNAVAILABLE: return "KVC_ERR_DEVICE_UNAVAILABLE";
+    case KVC_ERR_VERSION: return "KVC_ERR_VERSION";
+    case KVC_ERR_INVALID_SCALE: return "KVC_ERR_INVALID_SCALE";
+    case KVC_ERR_NON_FINITE: return "KVC_ERR_NON_FINITE";
+    case KVC_ERR_INTERNAL: return "KVC_ERR_INTERNAL";
+    case KVC_STATUS_FORCE_32BIT: break;
+  }
+  return "KVC_ERR_UNKNOWN";
+}
+
+KVC_API const char *kvc_last_error_message(void) { return t_last_error.c_str(); }
+
+KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config) {
+  return guard([&] {
+    need(config, "config");
+    defaults(config);
+  });
+}
+
+KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out) {
+  return guard([&] {
+    need(config, "config");
+    need(out, "out");
+    kvc_pool_config c;
+    defaults(&c);
+    kvc::api::read_input_struct(config, kPoolConfigMin, "kvc_pool_config", &c);
+    kvc::core::PoolConfig pc = to_core(c);
+    *out = new kvc_pool(pc);
+  });
+}
+
+KVC_API void kvc_pool_destroy(kvc_pool *pool) { delete pool; }
+
+KVC_API kvc_status kvc_stats_init(kvc_stats *stats) {
+  return guard([&] {
+    need(stats, "stats");
+    std::memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+  });
+}
+
+KVC_API kvc_status kvc_pool_stats(kvc_pool *pool, kvc_stats *stats) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(stats, "stats");
+    kvc::api::check_output_struct(stats, kPoolStatsMin, "kvc_stats");
+    const auto s = p.stats();
+    kvc_stats full{};
+    full.struct_size = sizeof full;
+    full.blocks_total = s.blocks_total;
+    full.blocks_free = s.blocks_free;
+    full.blocks_cached = s.blocks_cached;
+    full.blocks_used = s.blocks_used;
+    full.blocks_shared = s.blocks_shared;
+    full.bytes_per_block = s.bytes_per_block;
+    full.bytes_per_token = s.bytes_per_token;
+    full.bytes_total = s.bytes_total;
+    full.bytes_in_use = s.bytes_in_use;
+    full.peak_bytes_in_use = s.peak_bytes_in_use;
+    full.num_sequences = s.num_sequences;
+    kvc::api::write_output_struct(full, stats);
+  });
+}
+
+KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool) {
+  return guard([&] { core_of(pool).reset_peak(); });
+}
+
+KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout) {
+  return guard([&] {
+    need(layout, "layout");
+    std::memset(layout, 0, sizeof *layout);
+    layout->struct_size = sizeof *layout;
+  });
+}
+
+KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(layout, "layout");
+    kvc::api::check_output_struct(layout, kPoolLayoutMin, "kvc_pool_layout");
+    const auto l = p.layout();
+    const auto &c = p.config();
+    kvc_pool_layout full{};
+    full.struct_size = sizeof full;
+    full.base = l.base;
+    full.num_blocks = l.num_blocks;
+    full.block_stride = l.block_stride;
+    full.block_size = c.block_size;
+    full.num_kv_heads = c.num_kv_heads;
+    full.head_dim = c.head_dim;
+    full.layout = static_cast<kvc_layout>(c.layout);
+    full.k_dtype = static_cast<kvc_dtype>(c.k_dtype);
+    full.v_dtype = static_cast<kvc_dtype>(c.v_dtype);
+    full.k_offset = l.k_offset;
+    full.k_token_stride = l.k_token_stride;
+    full.k_head_stride = l.k_head_stride;
+    full.k_bytes = l.k_bytes;
+    full.v_offset = l.v_offset;
+    full.v_token_stride = l.v_token_stride;
+    full.v_head_stride = l.v_head_stride;
+    full.v_bytes = l.v_bytes;
+    full.device = static_cast<kvc_device>(c.device);
+    full.device_index = c.device_index;
+    kvc::api::write_output_struct(full, layout);
+  });
+}
+
+KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(config, "config");
+    kvc::api::check_output_struct(config, kPoolConfigMin, "kvc_pool_config");
+    const auto &c = p.config();
+    kvc_pool_config full;
+    defaults(&full);
+    full.num_layers = c.num_layers;
+    full.num_q_heads = c.num_q_heads;
+    full.num_kv_heads = c.num_kv_heads;
+    full.head_dim = c.head_dim;
+    full.block_size = c.block_size;
+    full.flags = c.flags;
+    full.num_blocks = c.num_blocks;
+    full.capacity_bytes = c.capacity_bytes;
+    full.k_dtype = static_cast<kvc_dtype>(c.k_dtype);
+    full.v_dtype = static_cast<kvc_dtype>(c.v_dtype);
+    full.layout = static_cast<kvc_layout>(c.layout);
+    full.device = static_cast<kvc_device>(c.device);
+    full.device_index = c.device_index;
+    kvc::api::write_output_struct(full, config);
+  });
+}
+
+KVC_API kvc_status kvc_seq_create(kvc_pool *pool, uint64_t seq_id) {
+  return guard([&] { core_of(pool).seq_create(seq_id); });
+}
+
+KVC_API kvc_status kvc_seq_fork(kvc_pool *pool, uint64_t parent_id, uint64_t child_id) {
+  return guard([&] { core_of(pool).seq_fork(parent_id, child_id); });
+}
+
+KVC_API kvc_status kvc_seq_truncate(kvc_pool *pool, uint64_t seq_id, uint64_t new_length) {
+  return guard([&] { core_of(pool).seq_truncate(seq_id, new_length); });
+}
+
+KVC_API kvc_status kvc_seq_free(kvc_pool *pool, uint64_t seq_id) {
+  return guard([&] { core_of(pool).seq_free(seq_id); });
+}
+
+KVC_API kvc_status kvc_seq_length(kvc_pool *pool, uint64_t seq_id, uint64_t *length) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(length, "length");
+    *length = p.seq_length(seq_id);
+  });
+}
+
+KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                        uint64_t *n_tokens) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(n_tokens, "n_tokens");
+    *n_tokens = p.seq_layer_tokens(seq_id, layer);
+  });
+}
+
+KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_new,
+                                   int64_t *slot_mapping) {
+  return guard([&] { core_of(pool).seq_reserve(seq_id, n_new, slot_mapping); });
+}
+
+KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t pos,
+                              uint64_t n_tokens, const void *k, const void *v,
+                              kvc_dtype src_dtype) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(k, "k");
+    need(v, "v");
+    p.append(seq_id, layer, pos, n_tokens, k, v, dtype_arg(src_dtype, "src_dtype"));
+  });
+}
+
+KVC_API kvc_status kvc_gather(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t first,
+                              uint64_t n_tokens, void *k_out, void *v_out, kvc_dtype dst_dtype,
+                              int32_t *positions_out) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (!k_out && !v_out && !positions_out)
+      fail(Errc::NullPointer, "k_out, v_out and positions_out are all NULL");
+    p.gather(seq_id, layer, first, n_tokens, k_out, v_out, dtype_arg(dst_dtype, "dst_dtype"),
+             positions_out);
+  });
+}
+
+KVC_API kvc_status kvc_seq_block_table(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                       int32_t *block_ids, size_t capacity, size_t *n_blocks) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(n_blocks, "n_blocks");
+    const size_t n = p.block_table(seq_id, layer, block_ids, capacity);
+    *n_blocks = n;
+    if (block_ids && n > capacity)
+      fail(Errc::BufferTooSmall, "block_ids holds " + std::to_string(capacity) +
+                                     " entries; the block table has " + std::to_string(n));
+  });
+}
+
+KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const uint64_t *seq_ids,
+                                         size_t n_seqs, int32_t *indptr, int32_t *indices,
+                                         size_t indices_capacity, int32_t *last_page_len,
+                                         size_t *n_indices) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(n_indices, "n_indices");
+    need(indptr, "indptr");
+    if (n_seqs > 0) {
+      need(seq_ids, "seq_ids");
+      need(last_page_len, "last_page_len");
+    }
+    if (n_seqs > 0x7fffffffu) fail(Errc::InvalidArgument, "n_seqs above 2^31-1");
+    if (!indices && indices_capacity > 0) fail(Errc::NullPointer, "indices is NULL");
+    const size_t total = p.export_page_table(layer, seq_ids, n_seqs, indptr, indices,
+                                             indices_capacity, last_page_len);
+    *n_indices = total;
+    if (total > indices_capacity)
+      fail(Errc::BufferTooSmall, "indices holds " + std::to_string(indices_capacity) +
+                                     " entries; the page table needs " + std::to_string(total));
+  });
+}
+
+KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst,
+                               kvc_dtype dst_dtype, size_t n) {
+  return guard([&] {
+    const DType s = dtype_arg(src_dtype, "src_dtype");
+    const DType d = dtype_arg(dst_dtype, "dst_dtype");
+    if (n == 0) return;
+    need(src, "src");
+    need(dst, "dst");
+    if (n > SIZE_MAX / 4) fail(Errc::Overflow, "n elements overflow the address space");
+    kvc::core::convert(src, s, dst, d, n);
+  });
+}
+
+KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes) {
+  return guard([&] {
+    need(bytes, "bytes");
+    *bytes = kvc::core::dtype_bytes(dtype_arg(dtype, "dtype"));
+  });
+}
+
+static const kvc_api g_api_v1 = {
+    sizeof(kvc_api),
+    1,
+    0,
+    kvc_version,
+    kvc_version_string,
+    kvc_status_string,
+    kvc_last_error_message,
+    kvc_pool_config_init,
+    kvc_pool_create,
+    kvc_pool_destroy,
+    kvc_stats_init,
+    kvc_pool_stats,
+    kvc_pool_reset_peak,
+    kvc_pool_layout_init,
+    kvc_pool_get_layout,
+    kvc_pool_get_config,
+    kvc_seq_create,
+    kvc_seq_fork,
+    kvc_seq_truncate,
+    kvc_seq_free,
+    kvc_seq_length,
+    kvc_seq_layer_tokens,
+    kvc_seq_reserve,
+    kvc_append,
+    kvc_gather,
+    kvc_seq_block_table,
+    kvc_export_page_table,
+    kvc_convert,
+    kvc_dtype_size,
+};
+
+KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {
+  if (api_version == 0 || api_version > KVC_API_VERSION) {
+    char msg[96];
+    std::snprintf(msg, sizeof msg, "API version %u: this library provides versions 1..%u",
+                  static_cast<unsigned>(api_version), static_cast<unsigned>(KVC_API_VERSION));
+    set_error(KVC_ERR_VERSION, msg);
+    return nullptr;
+  }
+  return &g_api_v1;
+}
+
+}  // extern "C"

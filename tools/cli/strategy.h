@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// KV-cache strategies of `kvcache eval`: one string names a storage codec and
+// an optional eviction policy with their parameters. Grammar (docs/eval.md):
+//
+//   strategy := part ( '+' part )*          at most one codec, at most one policy
+//   part     := name ( ':' param )*
+//   param    := key '=' value | flag
+//   name, key, flag := [a-z0-9_.-]+         value := [A-Za-z0-9_.-]+
+//
+// e.g. "f16", "int8:per-token", "h2o:budget=0.3+int4:group=32".
+#pragma once
+
+#include <kvcache/kvcache.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvc_cli {
+
+/// One named component with its parameters, in the order given.
+struct StrategyPart {
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> params;  ///< flag: value ""
+};
+
+struct Strategy {
+  std::string spec;         ///< canonical text: policy first, then codec
+  StrategyPart codec;       ///< storage format of K and V (default f16)
+  bool has_policy = false;  ///< false: every token is kept
+  StrategyPart policy;      ///< eviction policy when has_policy
+  // Resolved settings for the pool (what this build can run).
+  kvc_dtype k_dtype = KVC_DTYPE_F16;
+  kvc_dtype v_dtype = KVC_DTYPE_F16;
+};
+
+/// Parses and validates one spec; throws kvc_runner::RunnerError naming what is wrong.
+Strategy parse_strategy(const std::string &spec);
+/// Splits a comma-separated list and parses each spec (empty items are errors).
+std::vector<Strategy> parse_strategy_list(const std::string &list);
+/// The strategies `kvcache eval` runs by default, one spec each.
+std::vector<std::string> default_strategies();
+/// Known codec and policy names with a one-line description, for --list-strategies and errors.
+std::vector<std::pair<std::string, std::string>> known_codecs();
+std::vector<std::pair<std::string, std::string>> known_policies();
+
+}  // namespace kvc_cli

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+// The two K/V caches the forward pass runs on:
+//  - ArrayCache: a plain contiguous float array per layer (the bare baseline);
+//  - PoolSequence: one sequence of a kvc_pool, written with kvc_seq_reserve() +
+//    kvc_append() and read zero-copy through kvc_pool_get_layout() and a cached
+//    copy of each layer's block table (kvc_seq_block_table()).
+// Both expose the same small interface the templated forward pass uses:
+//   begin_token(pos), store(layer, pos, k, v),
+//   for_each_key(layer, n, kv_head, f), for_each_value(layer, n, kv_head, f)
+// where f(t, const float *row) sees the head_dim elements of token t.
+#pragma once
+
+#include <kvcache/kvcache.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "model.h"
+
+namespace kvc_runner {
+
+/// Throws RunnerError naming the call and the library's explanation unless status is KVC_OK.
+void check_kvc(kvc_status status, const char *what);
+
+/// Widening of storage dtypes to f32 (f16 through a 65,536-entry table, bf16 by a shift).
+float f16_to_f32(std::uint16_t h);
+inline float bf16_to_f32(std::uint16_t b) {
+  const std::uint32_t bits = std::uint32_t(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+const float *f16_table();  ///< [65536] f32 value of every f16 bit pattern
+
+/// Contiguous K/V: [layers][seq_len][kv_dim] floats, as llama2.c's run.c keeps them.
+class ArrayCache {
+ public:
+  explicit ArrayCache(const ModelConfig &c)
+      : kv_dim_(c.kv_dim()), head_dim_(c.head_dim()), seq_len_(c.seq_len),
+        k_(std::size_t(c.n_layers) * c.seq_len * c.kv_dim()),
+        v_(std::size_t(c.n_layers) * c.seq_len * c.kv_dim()) {}
+
+  void begin_token(int) {}
+  void store(int layer, int pos, const float *k, const float *v) {
+    const std::size_t off = (std::size_t(layer) * seq_len_ + pos) * kv_dim_;
+    std::memcpy(&k_[off], k, sizeof(float) * kv_dim_);
+    std::memcpy(&v_[off], v, sizeof(float) * kv_dim_);
+  }
+  template <class F>
+  void for_each_key(int layer, int n, int kv_head, F &&f) const {
+    rows(k_, layer, n, kv_head, f);
+  }
+  template <class F>
+  void for_each_value(int layer, int n, int kv_head, F &&f) const {
+    rows(v_, layer, n, kv_head, f);
+  }
+
+ private:
+  template <class F>
+  void rows(const std::vector<float> &a, int layer, int n, int kv_head, F &f) const {
+    const float *p = &a[std::size_t(layer) * seq_len_ * kv_dim_ + std::size_t(kv_head) * head_dim_];
+    for (int t = 0; t < n; ++t, p += kv_dim_) f(t, p);
+  }
+  int kv_dim_, head_dim_, seq_len_;
+  std::vector<float> k_, v_;
+};
+
+/// Owns a kvc_pool sized from the model geometry.
+class KvPool {
+ public:
+  /// A pool for `max_seqs` sequences of up to `max_tokens` tokens each.
+  KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::uint32_t max_tokens,
+         std::uint32_t max_seqs = 1, std::uint32_t block_size = 16);
+  ~KvPool();
+  KvPool(const KvPool &) = delete;
+  KvPool &operator=(const KvPool &) = delete;
+
+  kvc_pool *get() const { return pool_; }
+  const kvc_pool_layout &layout() const { return layout_; }
+  kvc_pool_stats stats() const;
+  void reset_peak();
+
+ private:
+  kvc_pool *pool_ = nullptr;
+  kvc_pool_layout layout_{};
+};
+
+/// One sequence of a KvPool, used as the forward pass's cache. Creates the
+/// sequence on construction and frees it on destruction.
+class PoolSequence {
+ public:
+  PoolSequence(KvPool &pool, std::uint64_t seq_id, int num_layers);
+  ~PoolSequence();
+  PoolSequence(const PoolSequence &) = delete;
+  PoolSequence &operator=(const PoolSequence &) = delete;
+
+  /// Reserves the slot of position `pos` in every layer (kvc_seq_reserve) and
+  /// refreshes the cached block tables when a new block was added.
+  void begin_token(int pos);
+  /// Writes one token's K and V rows ([num_kv_heads][head_dim] f32) of a layer (kvc_append).
+  void store(int layer, int pos, const float *k, const float *v) {
+    check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer),
+                         static_cast<std::uint64_t>(pos), 1, k, v, KVC_DTYPE_F32),
+              "kvc_append");
+  }
+  template <class F>
+  void for_each_key(int layer, int n, int kv_head, F &&f) {
+    rows(layer, n, layout_.k_offset + kv_head * layout_.k_head_stride, layout_.k_token_stride,
+         layout_.k_dtype, f);
+  }
+  template <class F>
+  void for_each_value(int layer, int n, int kv_head, F &&f) {
+    rows(layer, n, layout_.v_offset + kv_head * layout_.v_head_stride, layout_.v_token_stride,
+         layout_.v_dtype, f);
+  }
+
+ private:
+  void refresh_block_tables();
+
+  template <class F>
+  void rows(int layer, int n, std::uint64_t offset, std::uint64_t token_stride, kvc_dtype dtype,
+            F &f) {
+    const std::vector<std::int32_t> &table = tables_[layer];
+    const char *base = static_cast<const char *>(layout_.base);
+    const int block_size = static_cast<int>(layout_.block_size);
+    const int head_dim = static_cast<int>(layout_.head_dim);
+    float *tmp = row_.data();
+    int t = 0;
+    for (std::size_t b = 0; t < n; ++b) {
+      const char *p = base + std::uint64_t(table[b]) * layout_.block_stride + offset;
+      const int end = n < t + block_size ? n : t + block_size;
+      switch (dtype) {
+        case KVC_DTYPE_F32:
+          for (; t < end; ++t, p += token_stride) f(t, reinterpret_cast<const float *>(p));
+          break;
+        case KVC_DTYPE_F16: {
+          const float *lut = f16_lut_;
+          for (; t < end; ++t, p += token_stride) {
+            const std::uint16_t *h = reinterpret_cast<const std::uint16_t *>(p);
+            for (int i = 0; i < head_dim; ++i) tmp[i] = lut[h[i]];
+            f(t, static_cast<const float *>(tmp));
+          }
+          break;
+        }
+        default: {  // KVC_DTYPE_BF16
+          for (; t < end; ++t, p += token_stride) {
+            const std::uint16_t *h = reinterpret_cast<const std::uint16_t *>(p);
+            for (int i = 0; i < head_dim; ++i) tmp[i] = bf16_to_f32(h[i]);
+            f(t, static_cast<const float *>(tmp));
+          }
+          break;
+        }
+      }
+    }
+  }
+
+  kvc_pool *pool_;
+  std::uint64_t seq_id_;
+  kvc_pool_layout layout_;
+  std::vector<std::vector<std::int32_t>> tables_;  // cached block table per layer
+  std::vector<float> row_;                         // one widened row (f16/bf16 storage)
+  const float *f16_lut_;
+};
+
+}  // namespace kvc_runner

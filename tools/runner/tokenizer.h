@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// The llama2.c BPE tokenizer (tokenizer.bin format: uint32 max_token_length,
+// then per token: float32 score, int32 length, bytes).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace kvc_runner {
+
+constexpr int kUnkToken = 0;
+constexpr int kBosToken = 1;
+constexpr int kEosToken = 2;
+
+class Tokenizer {
+ public:
+  /// Loads a tokenizer and checks that it holds exactly `vocab_size` pieces.
+  static Tokenizer load(const std::string &path, int vocab_size);
+
+  /// SentencePiece-style BPE as llama2.c does it: optional BOS, a dummy-prefix
+  /// space, UTF-8 code points (byte fallback <0xNN> = 3 + byte), then greedy
+  /// merges of the best-scoring adjacent pair.
+  std::vector<int> encode(std::string_view text, bool bos, bool eos) const;
+
+  /// Text of `token` following `prev`: strips the leading space after BOS and
+  /// turns <0xNN> pieces into their byte.
+  std::string decode(int prev, int token) const;
+
+  /// decode() filtered as llama2.c prints: single bytes that are neither
+  /// printable nor whitespace are dropped.
+  std::string printable(int prev, int token) const;
+
+  int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  const std::string &piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
+
+ private:
+  int lookup(std::string_view s) const;
+
+  std::vector<std::string> pieces_;
+  std::vector<float> scores_;
+  std::unordered_map<std::string, int> index_;
+};
+
+}  // namespace kvc_runner

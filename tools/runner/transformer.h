@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: Apache-2.0
+// The llama-2 forward pass of one token (RMSNorm, RoPE, grouped-query
+// attention, SwiGLU) over any cache with the interface of kv_cache.h.
+// Arithmetic follows llama2.c's reference order (sequential f32 sums), so an
+// f32 cache reproduces its outputs bit for bit.
+#pragma once
+
+#include <cmath>
+#include <vector>
+
+#include "model.h"
+
+namespace kvc_runner {
+
+class Transformer {
+ public:
+  explicit Transformer(const Model &model);
+
+  const ModelConfig &config() const { return config_; }
+
+  /// Runs token `token` at position `pos` (0-based, below seq_len) and returns
+  /// the logits [vocab_size], valid until the next call. The cache must hold
+  /// positions 0..pos-1 of this sequence; this call adds position pos.
+  template <class Cache>
+  const float *forward(Cache &cache, int token, int pos);
+
+ private:
+  void rmsnorm(float *out, const float *x, const float *weight) const;
+  static void matmul(float *out, const float *x, const float *w, int n, int d);
+  void rope(int pos);
+
+  const Model &model_;
+  ModelConfig config_;
+  std::vector<float> x_, xb_, xb2_, hb_, hb2_, q_, k_, v_, att_, logits_;
+  std::vector<float> rope_cos_, rope_sin_;  // [seq_len][head_dim / 2]
+};
+
+template <class Cache>
+const float *Transformer::forward(Cache &cache, int token, int pos) {
+  const ModelConfig &c = config_;
+  const ModelWeights &w = model_.weights();
+  const int dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim, head_dim = c.head_dim();
+  const int q_per_kv = c.q_per_kv();
+  const float sqrt_head = std::sqrt(static_cast<float>(head_dim));
+
+  const float *embedding = w.token_embedding + std::size_t(token) * dim;
+  for (int i = 0; i < dim; ++i) x_[i] = embedding[i];
+  cache.begin_token(pos);
+
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const std::size_t l = static_cast<std::size_t>(layer);
+    rmsnorm(xb_.data(), x_.data(), w.rms_att + l * dim);
+    matmul(q_.data(), xb_.data(), w.wq + l * dim * dim, dim, dim);
+    matmul(k_.data(), xb_.data(), w.wk + l * dim * kv_dim, dim, kv_dim);
+    matmul(v_.data(), xb_.data(), w.wv + l * dim * kv_dim, dim, kv_dim);
+    rope(pos);
+    cache.store(layer, pos, k_.data(), v_.data());
+
+    const int n = pos + 1;
+    for (int h = 0; h < c.n_heads; ++h) {
+      const float *q = &q_[std::size_t(h) * head_dim];
+      float *att = att_.data();
+      const int kv_head = h / q_per_kv;
+      cache.for_each_key(layer, n, kv_head, [&](int t, const float *key) {
+        float score = 0.0f;
+        for (int i = 0; i < head_dim; ++i) score += q[i] * key[i];
+        att[t] = score / sqrt_head;
+      });
+      float max_score = att[0];
+      for (int t = 1; t < n; ++t) {
+        if (att[t] > max_score) max_score = att[t];
+      }
+      float sum = 0.0f;
+      for (int t = 0; t < n; ++t) {
+        att[t] = std::exp(att[t] - max_score);
+        sum += att[t];
+      }
+      for (int t = 0; t < n; ++t) att[t] /= sum;
+      float *out = &xb_[std::size_t(h) * head_dim];
+      for (int i = 0; i < head_dim; ++i) out[i] = 0.0f;
+      cache.for_each_value(layer, n, kv_head, [&](int t, const float *value) {
+        const float a = att[t];
+        for (int i = 0; i < head_dim; ++i) out[i] += a * value[i];
+      });
+    }
+    matmul(xb2_.data(), xb_.data(), w.wo + l * dim * dim, dim, dim);
+    for (int i = 0; i < dim; ++i) x_[i] += xb2_[i];
+
+    rmsnorm(xb_.data(), x_.data(), w.rms_ffn + l * dim);
+    matmul(hb_.data(), xb_.data(), w.w1 + l * dim * hidden, dim, hidden);
+    matmul(hb2_.data(), xb_.data(), w.w3 + l * dim * hidden, dim, hidden);
+    for (int i = 0; i < hidden; ++i) {
+      float val = hb_[i];
+      val *= 1.0f / (1.0f + std::exp(-val));  // SiLU
+      hb_[i] = val * hb2_[i];
+    }
+    matmul(xb_.data(), hb_.data(), w.w2 + l * dim * hidden, hidden, dim);
+    for (int i = 0; i < dim; ++i) x_[i] += xb_[i];
+  }
+  rmsnorm(x_.data(), x_.data(), w.rms_final);
+  matmul(logits_.data(), x_.data(), w.classifier, dim, c.vocab_size);
+  return logits_.data();
+}
+
+}  // namespace kvc_runner
