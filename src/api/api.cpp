@@ -6,6 +6,7 @@
 #include <new>
 #include <string>
 
+#include "api/internal.h"
 #include "api/struct_io.h"
 #include "core/convert.h"
 #include "core/error.h"
@@ -47,6 +48,8 @@ static_assert(static_cast<int>(kvc::core::Layout::NHD) == KVC_LAYOUT_NHD &&
               static_cast<int>(kvc::core::Layout::HND) == KVC_LAYOUT_HND);
 static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&
               static_cast<int>(kvc::core::Device::CUDA) == KVC_DEVICE_CUDA);
+
+kvc::core::Pool &kvc::api::core_pool(kvc_pool *pool) { return pool->core; }
 
 namespace {
 

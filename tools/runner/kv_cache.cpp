@@ -73,9 +73,9 @@ KvPool::KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::
 
 KvPool::~KvPool() { kvc_pool_destroy(pool_); }
 
-kvc_pool_stats KvPool::stats() const {
-  kvc_pool_stats s;
-  kvc_pool_stats_init(&s);
+kvc_stats KvPool::stats() const {
+  kvc_stats s;
+  kvc_stats_init(&s);
   check_kvc(kvc_pool_stats(pool_, &s), "kvc_pool_stats");
   return s;
 }

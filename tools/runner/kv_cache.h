@@ -80,7 +80,7 @@ class KvPool {
 
   kvc_pool *get() const { return pool_; }
   const kvc_pool_layout &layout() const { return layout_; }
-  kvc_pool_stats stats() const;
+  kvc_stats stats() const;
   void reset_peak();
 
  private:

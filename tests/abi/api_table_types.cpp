@@ -1,0 +1,41 @@
+// Compile-time check that every member of kvc_api has exactly the type of the
+// direct export it points at, so a table entry and its function can never drift.
+#include <type_traits>
+
+#include "kvcache/kvcache.h"
+
+#define SAME(member, fn)                                                     \
+  static_assert(std::is_same_v<decltype(kvc_api::member), decltype(&fn)>,  \
+                "kvc_api::" #member " does not have the type of " #fn);     \
+  ++n
+
+extern "C" int kvc_abi_api_types_checked(void) {
+  int n = 0;
+  SAME(version, kvc_version);
+  SAME(version_string, kvc_version_string);
+  SAME(status_string, kvc_status_string);
+  SAME(last_error_message, kvc_last_error_message);
+  SAME(pool_config_init, kvc_pool_config_init);
+  SAME(pool_create, kvc_pool_create);
+  SAME(pool_destroy, kvc_pool_destroy);
+  SAME(stats_init, kvc_stats_init);
+  SAME(pool_stats, kvc_pool_stats);
+  SAME(pool_reset_peak, kvc_pool_reset_peak);
+  SAME(pool_layout_init, kvc_pool_layout_init);
+  SAME(pool_get_layout, kvc_pool_get_layout);
+  SAME(pool_get_config, kvc_pool_get_config);
+  SAME(seq_create, kvc_seq_create);
+  SAME(seq_fork, kvc_seq_fork);
+  SAME(seq_truncate, kvc_seq_truncate);
+  SAME(seq_free, kvc_seq_free);
+  SAME(seq_length, kvc_seq_length);
+  SAME(seq_layer_tokens, kvc_seq_layer_tokens);
+  SAME(seq_reserve, kvc_seq_reserve);
+  SAME(append, kvc_append);
+  SAME(gather, kvc_gather);
+  SAME(seq_block_table, kvc_seq_block_table);
+  SAME(export_page_table, kvc_export_page_table);
+  SAME(convert, kvc_convert);
+  SAME(dtype_size, kvc_dtype_size);
+  return n;
+}

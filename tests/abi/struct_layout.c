@@ -1,0 +1,159 @@
+/*
+ * Compile-time layout checks of every public struct of kvcache.h on x86-64
+ * LP64 (the ABI the baseline in tests/abi/libkvcache.abi records). A field
+ * moved, resized or inserted anywhere but at the end fails the build; a field
+ * appended at the end fails too, on purpose: update the sizes below in the
+ * same change and record it in CHANGELOG.md (docs/abi-policy.md).
+ *
+ * Built as C11 (for _Static_assert). The run-time part only says whether the
+ * checks applied: exit 77 (skipped) on other targets.
+ */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "kvcache/kvcache.h"
+
+#if defined(__x86_64__) && defined(__LP64__)
+#define KVC_LAYOUT_CHECKED 1
+
+#define OFF(type, field, off) \
+  _Static_assert(offsetof(type, field) == (off), #type "." #field " moved")
+#define FSIZE(type, field, sz) \
+  _Static_assert(sizeof(((type *)0)->field) == (sz), #type "." #field " changed size")
+#define FIELD(type, field, off, sz) \
+  OFF(type, field, off);            \
+  FSIZE(type, field, sz)
+#define SIZE(type, sz) _Static_assert(sizeof(type) == (sz), "sizeof(" #type ") changed")
+
+/* ---- enums: 32-bit, fixed values ---- */
+SIZE(kvc_status, 4);
+SIZE(kvc_dtype, 4);
+SIZE(kvc_device, 4);
+SIZE(kvc_layout, 4);
+_Static_assert(KVC_OK == 0, "status value");
+_Static_assert(KVC_ERR_INVALID_ARGUMENT == 1, "status value");
+_Static_assert(KVC_ERR_NULL_POINTER == 2, "status value");
+_Static_assert(KVC_ERR_STRUCT_SIZE == 3, "status value");
+_Static_assert(KVC_ERR_UNSUPPORTED == 4, "status value");
+_Static_assert(KVC_ERR_OVERFLOW == 5, "status value");
+_Static_assert(KVC_ERR_OUT_OF_MEMORY == 6, "status value");
+_Static_assert(KVC_ERR_POOL_EXHAUSTED == 7, "status value");
+_Static_assert(KVC_ERR_SEQ_NOT_FOUND == 8, "status value");
+_Static_assert(KVC_ERR_SEQ_EXISTS == 9, "status value");
+_Static_assert(KVC_ERR_OUT_OF_RANGE == 10, "status value");
+_Static_assert(KVC_ERR_NOT_RESERVED == 11, "status value");
+_Static_assert(KVC_ERR_BUFFER_TOO_SMALL == 12, "status value");
+_Static_assert(KVC_ERR_DEVICE_UNAVAILABLE == 13, "status value");
+_Static_assert(KVC_ERR_VERSION == 14, "status value");
+_Static_assert(KVC_ERR_INVALID_SCALE == 15, "status value");
+_Static_assert(KVC_ERR_NON_FINITE == 16, "status value");
+_Static_assert(KVC_ERR_INTERNAL == 17, "status value");
+_Static_assert(KVC_STATUS_FORCE_32BIT == 0x7fffffff, "status sentinel");
+_Static_assert(KVC_DTYPE_F32 == 0 && KVC_DTYPE_F16 == 1 && KVC_DTYPE_BF16 == 2, "dtype values");
+_Static_assert(KVC_DEVICE_CPU == 0 && KVC_DEVICE_CUDA == 1, "device values");
+_Static_assert(KVC_LAYOUT_NHD == 0 && KVC_LAYOUT_HND == 1, "layout values");
+_Static_assert(KVC_POOL_ZERO_ON_FREE == 0x1u, "flag value");
+_Static_assert(KVC_API_VERSION >= 1, "api version");
+
+/* ---- kvc_pool_config (minimum accepted size: through capacity_bytes = 48) ---- */
+FIELD(kvc_pool_config, struct_size, 0, 8);
+FIELD(kvc_pool_config, num_layers, 8, 4);
+FIELD(kvc_pool_config, num_q_heads, 12, 4);
+FIELD(kvc_pool_config, num_kv_heads, 16, 4);
+FIELD(kvc_pool_config, head_dim, 20, 4);
+FIELD(kvc_pool_config, block_size, 24, 4);
+FIELD(kvc_pool_config, flags, 28, 4);
+FIELD(kvc_pool_config, num_blocks, 32, 8);
+FIELD(kvc_pool_config, capacity_bytes, 40, 8);
+FIELD(kvc_pool_config, k_dtype, 48, 4);
+FIELD(kvc_pool_config, v_dtype, 52, 4);
+FIELD(kvc_pool_config, layout, 56, 4);
+FIELD(kvc_pool_config, device, 60, 4);
+FIELD(kvc_pool_config, device_index, 64, 4);
+SIZE(kvc_pool_config, 72);
+
+/* ---- kvc_stats (minimum accepted size: through blocks_shared = 48) ---- */
+FIELD(kvc_stats, struct_size, 0, 8);
+FIELD(kvc_stats, blocks_total, 8, 8);
+FIELD(kvc_stats, blocks_free, 16, 8);
+FIELD(kvc_stats, blocks_cached, 24, 8);
+FIELD(kvc_stats, blocks_used, 32, 8);
+FIELD(kvc_stats, blocks_shared, 40, 8);
+FIELD(kvc_stats, bytes_per_block, 48, 8);
+FIELD(kvc_stats, bytes_per_token, 56, 8);
+FIELD(kvc_stats, bytes_total, 64, 8);
+FIELD(kvc_stats, bytes_in_use, 72, 8);
+FIELD(kvc_stats, peak_bytes_in_use, 80, 8);
+FIELD(kvc_stats, num_sequences, 88, 8);
+SIZE(kvc_stats, 96);
+
+/* ---- kvc_pool_layout (minimum accepted size: through v_bytes = 120) ---- */
+FIELD(kvc_pool_layout, struct_size, 0, 8);
+FIELD(kvc_pool_layout, base, 8, 8);
+FIELD(kvc_pool_layout, num_blocks, 16, 8);
+FIELD(kvc_pool_layout, block_stride, 24, 8);
+FIELD(kvc_pool_layout, block_size, 32, 4);
+FIELD(kvc_pool_layout, num_kv_heads, 36, 4);
+FIELD(kvc_pool_layout, head_dim, 40, 4);
+FIELD(kvc_pool_layout, layout, 44, 4);
+FIELD(kvc_pool_layout, k_dtype, 48, 4);
+FIELD(kvc_pool_layout, v_dtype, 52, 4);
+FIELD(kvc_pool_layout, k_offset, 56, 8);
+FIELD(kvc_pool_layout, k_token_stride, 64, 8);
+FIELD(kvc_pool_layout, k_head_stride, 72, 8);
+FIELD(kvc_pool_layout, k_bytes, 80, 8);
+FIELD(kvc_pool_layout, v_offset, 88, 8);
+FIELD(kvc_pool_layout, v_token_stride, 96, 8);
+FIELD(kvc_pool_layout, v_head_stride, 104, 8);
+FIELD(kvc_pool_layout, v_bytes, 112, 8);
+FIELD(kvc_pool_layout, device, 120, 4);
+FIELD(kvc_pool_layout, device_index, 124, 4);
+SIZE(kvc_pool_layout, 128);
+
+/* ---- kvc_api: the function table only grows at the end ---- */
+FIELD(kvc_api, struct_size, 0, 8);
+FIELD(kvc_api, api_version, 8, 4);
+FIELD(kvc_api, reserved, 12, 4);
+/* version 1 */
+FIELD(kvc_api, version, 16, 8);
+FIELD(kvc_api, version_string, 24, 8);
+FIELD(kvc_api, status_string, 32, 8);
+FIELD(kvc_api, last_error_message, 40, 8);
+FIELD(kvc_api, pool_config_init, 48, 8);
+FIELD(kvc_api, pool_create, 56, 8);
+FIELD(kvc_api, pool_destroy, 64, 8);
+FIELD(kvc_api, stats_init, 72, 8);
+FIELD(kvc_api, pool_stats, 80, 8);
+FIELD(kvc_api, pool_reset_peak, 88, 8);
+FIELD(kvc_api, pool_layout_init, 96, 8);
+FIELD(kvc_api, pool_get_layout, 104, 8);
+FIELD(kvc_api, pool_get_config, 112, 8);
+FIELD(kvc_api, seq_create, 120, 8);
+FIELD(kvc_api, seq_fork, 128, 8);
+FIELD(kvc_api, seq_truncate, 136, 8);
+FIELD(kvc_api, seq_free, 144, 8);
+FIELD(kvc_api, seq_length, 152, 8);
+FIELD(kvc_api, seq_layer_tokens, 160, 8);
+FIELD(kvc_api, seq_reserve, 168, 8);
+FIELD(kvc_api, append, 176, 8);
+FIELD(kvc_api, gather, 184, 8);
+FIELD(kvc_api, seq_block_table, 192, 8);
+FIELD(kvc_api, export_page_table, 200, 8);
+FIELD(kvc_api, convert, 208, 8);
+FIELD(kvc_api, dtype_size, 216, 8);
+SIZE(kvc_api, 224); /* end of version 1 */
+#else
+#define KVC_LAYOUT_CHECKED 0
+#endif
+
+int kvc_abi_api_types_checked(void); /* api_table_types.cpp */
+
+int main(void) {
+  if (!KVC_LAYOUT_CHECKED) {
+    printf("struct layout checks apply to x86-64 LP64 only: skipped\n");
+    return 77;
+  }
+  printf("struct layouts and kvc_api offsets checked at compile time (x86-64 LP64); "
+         "%d function-table types checked\n", kvc_abi_api_types_checked());
+  return 0;
+}

@@ -1,0 +1,72 @@
+/* Helpers shared by the cmocka tests of the C API. */
+#ifndef KVC_TEST_COMMON_H
+#define KVC_TEST_COMMON_H
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include <kvcache/kvcache.h>
+
+/* Asserts a status, printing the library's message when it differs. */
+#define ASSERT_STATUS(expected, call)                                                   \
+  do {                                                                                  \
+    kvc_status st_ = (call);                                                            \
+    if (st_ != (expected))                                                              \
+      print_error("%s -> %s (%s), expected %s\n", #call, kvc_status_string(st_),        \
+                  kvc_last_error_message(), kvc_status_string(expected));               \
+    assert_int_equal(st_, (expected));                                                  \
+  } while (0)
+#define ASSERT_OK(call) ASSERT_STATUS(KVC_OK, call)
+
+static inline kvc_pool_config test_config(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                                          uint32_t block_size, uint64_t num_blocks) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = layers;
+  c.num_q_heads = kv_heads * 2;
+  c.num_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.block_size = block_size;
+  c.num_blocks = num_blocks;
+  c.k_dtype = KVC_DTYPE_F32;
+  c.v_dtype = KVC_DTYPE_F32;
+  return c;
+}
+
+static inline kvc_pool *make_pool(uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                                  uint32_t block_size, uint64_t num_blocks) {
+  kvc_pool_config c = test_config(layers, kv_heads, head_dim, block_size, num_blocks);
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  assert_non_null(p);
+  return p;
+}
+
+/* A deterministic value for (seq tag, layer, position, element, k-or-v). */
+static inline float kv_value(uint32_t tag, uint32_t layer, uint64_t pos, uint32_t e, int is_v) {
+  return (float)(tag * 1000 + layer * 100) + (float)pos + (float)e / 64.0f + (is_v ? 0.5f : 0.0f);
+}
+
+/* Fills rows [n][row] for positions pos0.. */
+static inline void fill_rows(float *k, float *v, uint32_t tag, uint32_t layer, uint64_t pos0,
+                             uint64_t n, uint32_t row) {
+  for (uint64_t t = 0; t < n; ++t)
+    for (uint32_t e = 0; e < row; ++e) {
+      k[t * row + e] = kv_value(tag, layer, pos0 + t, e, 0);
+      v[t * row + e] = kv_value(tag, layer, pos0 + t, e, 1);
+    }
+}
+
+static inline kvc_stats get_stats(kvc_pool *p) {
+  kvc_stats s;
+  kvc_stats_init(&s);
+  kvc_status st = kvc_pool_stats(p, &s);
+  assert_int_equal(st, KVC_OK);
+  return s;
+}
+
+#endif

@@ -1,0 +1,477 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "eval.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "../runner/error.h"
+#include "../runner/kv_cache.h"
+#include "../runner/runner.h"
+#include "../runner/transformer.h"
+
+namespace kvc_cli {
+using namespace kvc_runner;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Sums of one strategy over one window; reduced in window order at the end
+/// so the results do not depend on the number of threads.
+struct WindowSums {
+  double nll = 0, kl = 0, seconds = 0;
+  std::int64_t top1 = 0, tokens = 0, positions = 0;
+};
+
+struct Window {
+  std::size_t first = 0;  ///< index of its first content token
+  int scored = 0;         ///< tokens scored (positions fed = scored + 1)
+};
+
+int argmax(const float *v, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i) {
+    if (v[i] > v[best]) best = i;
+  }
+  return best;
+}
+
+void progress_bar(std::int64_t done, std::int64_t total, double elapsed) {
+  const int width = 40;
+  const double f = total > 0 ? double(done) / double(total) : 1.0;
+  const int filled = static_cast<int>(f * width);
+  char bar[width + 1];
+  for (int i = 0; i < width; ++i) bar[i] = i < filled ? '#' : '.';
+  bar[width] = '\0';
+  const double eta = f > 0 ? elapsed * (1.0 - f) / f : 0.0;
+  std::fprintf(stderr, "\r[%s] %3.0f%%  %lld/%lld positions  %.0fs elapsed, ~%.0fs left ", bar,
+               f * 100.0, static_cast<long long>(done), static_cast<long long>(total), elapsed, eta);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+EvalReport run_eval(const EvalOptions &opt) {
+  EvalReport rep;
+  rep.model = opt.model;
+  rep.model_path = resolve_model_path(opt.model);
+  rep.tokenizer_path = resolve_tokenizer_path(opt.tokenizer, opt.model);
+  rep.text_path = opt.text.empty() ? shared_dir() + "/data/tinystories-valid-sample.txt" : opt.text;
+
+  const Model model = Model::load(rep.model_path);
+  const ModelConfig &c = model.config();
+  const Tokenizer tokenizer = Tokenizer::load(rep.tokenizer_path, c.vocab_size);
+  const std::string text = read_text_file(rep.text_path, "text file");
+  rep.num_layers = c.n_layers;
+  rep.num_q_heads = c.n_heads;
+  rep.num_kv_heads = c.n_kv_heads;
+  rep.head_dim = c.head_dim();
+
+  const int ctx = opt.ctx == 0 ? c.seq_len : opt.ctx;
+  if (ctx < 2 || ctx > c.seq_len) {
+    throw RunnerError("--ctx " + std::to_string(ctx) + " is out of range: must be 2.." +
+                      std::to_string(c.seq_len) + " (the model's seq_len)");
+  }
+  if (opt.max_tokens < 0) throw RunnerError("--max-tokens must be >= 0");
+  rep.ctx = ctx;
+
+  std::vector<int> tokens = tokenizer.encode(text, false, false);
+  if (tokens.empty()) throw RunnerError("text file '" + rep.text_path + "' holds no tokens");
+  std::int64_t to_score = static_cast<std::int64_t>(tokens.size());
+  if (opt.max_tokens > 0) to_score = std::min(to_score, opt.max_tokens);
+  std::vector<Window> windows;
+  for (std::int64_t first = 0; first < to_score; first += ctx - 1) {
+    windows.push_back({static_cast<std::size_t>(first),
+                       static_cast<int>(std::min<std::int64_t>(ctx - 1, to_score - first))});
+  }
+  rep.windows = static_cast<int>(windows.size());
+  rep.tokens_scored = to_score;
+
+  // Row 0 is always the dense f32 reference; the listed strategies follow (f32 reuses row 0).
+  std::vector<Strategy> rows;
+  rows.push_back(parse_strategy("f32"));
+  std::vector<int> row_of;  // for each listed strategy, its row
+  for (const Strategy &s : opt.strategies) {
+    if (s.spec == "f32") {
+      row_of.push_back(0);
+      continue;
+    }
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const Strategy &r) { return r.spec == s.spec; });
+    if (it != rows.end()) {
+      row_of.push_back(static_cast<int>(it - rows.begin()));
+    } else {
+      row_of.push_back(static_cast<int>(rows.size()));
+      rows.push_back(s);
+    }
+  }
+  const std::size_t n_rows = rows.size();
+
+  unsigned hw = std::thread::hardware_concurrency();
+  int threads = opt.threads > 0 ? opt.threads : static_cast<int>(hw == 0 ? 1 : hw);
+  threads = std::max(1, std::min(threads, rep.windows));
+  rep.threads = threads;
+
+  std::vector<std::vector<WindowSums>> sums(windows.size(), std::vector<WindowSums>(n_rows));
+  std::vector<WindowSums> array_sums(windows.size());
+  std::vector<kvc_stats> row_stats(n_rows);
+  std::vector<std::uint64_t> row_peak(n_rows, 0);
+  std::mutex stats_mutex;
+  std::atomic<std::size_t> next_window{0};
+  std::atomic<std::int64_t> positions_done{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  const int vocab = c.vocab_size;
+  const std::int64_t total_positions =
+      static_cast<std::int64_t>(n_rows + (opt.overhead ? 1 : 0)) * (to_score + rep.windows);
+
+  auto worker = [&](int) {
+    try {
+      Transformer transformer(model);
+      std::vector<std::unique_ptr<KvPool>> pools;
+      for (const Strategy &s : rows) {
+        pools.push_back(std::make_unique<KvPool>(c, s.k_dtype, s.v_dtype, static_cast<std::uint32_t>(ctx)));
+      }
+      std::unique_ptr<ArrayCache> array_cache;
+      if (opt.overhead) array_cache = std::make_unique<ArrayCache>(c);
+      std::vector<double> ref_logp(static_cast<std::size_t>(ctx - 1) * vocab);
+      std::vector<double> ref_p(ref_logp.size());
+      std::vector<int> ref_top1(static_cast<std::size_t>(ctx));
+      std::vector<double> logp;
+      for (;;) {
+        const std::size_t w = next_window.fetch_add(1);
+        if (w >= windows.size()) break;
+        {
+          std::lock_guard<std::mutex> lock(failure_mutex);
+          if (failure) break;
+        }
+        const Window &win = windows[w];
+        const int n_pos = win.scored + 1;
+        auto token_at = [&](int pos) { return pos == 0 ? kBosToken : tokens[win.first + pos - 1]; };
+        for (std::size_t r = 0; r < n_rows; ++r) {
+          WindowSums &acc = sums[w][r];
+          PoolSequence seq(*pools[r], w, c.n_layers);
+          for (int pos = 0; pos < n_pos; ++pos) {
+            const auto t0 = Clock::now();
+            const float *logits = transformer.forward(seq, token_at(pos), pos);
+            acc.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+            ++acc.positions;
+            if (pos + 1 >= n_pos) break;  // its prediction belongs to the next window
+            const int target = tokens[win.first + pos];
+            log_softmax(logits, vocab, logp);
+            const int top1 = argmax(logits, vocab);
+            double *ref = &ref_logp[std::size_t(pos) * vocab];
+            double *p_ref = &ref_p[std::size_t(pos) * vocab];
+            if (r == 0) {
+              std::copy(logp.begin(), logp.end(), ref);
+              for (int i = 0; i < vocab; ++i) p_ref[i] = std::exp(ref[i]);
+              ref_top1[pos] = top1;
+              acc.top1 += 1;
+            } else {
+              double kl = 0.0;
+              for (int i = 0; i < vocab; ++i) kl += p_ref[i] * (ref[i] - logp[i]);
+              acc.kl += kl;
+              acc.top1 += top1 == ref_top1[pos] ? 1 : 0;
+            }
+            acc.nll -= logp[target];
+            ++acc.tokens;
+          }
+          positions_done += n_pos;
+        }
+        if (array_cache) {
+          WindowSums &acc = array_sums[w];
+          for (int pos = 0; pos < n_pos; ++pos) {
+            const auto t0 = Clock::now();
+            transformer.forward(*array_cache, token_at(pos), pos);
+            acc.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+            ++acc.positions;
+          }
+          positions_done += n_pos;
+        }
+      }
+      std::lock_guard<std::mutex> lock(stats_mutex);
+      for (std::size_t r = 0; r < n_rows; ++r) {
+        row_stats[r] = pools[r]->stats();
+        row_peak[r] = std::max(row_peak[r], row_stats[r].peak_bytes_in_use);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
+    }
+  };
+
+  const auto start = Clock::now();
+  std::vector<std::thread> pool_threads;
+  for (int t = 0; t < threads; ++t) pool_threads.emplace_back(worker, t);
+  const bool show_progress = opt.progress && isatty(STDERR_FILENO);
+  if (show_progress) {
+    for (;;) {
+      const std::int64_t done = positions_done.load();
+      progress_bar(done, total_positions, std::chrono::duration<double>(Clock::now() - start).count());
+      if (done >= total_positions) break;
+      {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (failure) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }
+  for (std::thread &t : pool_threads) t.join();
+  if (show_progress) std::fprintf(stderr, "\n");
+  if (failure) std::rethrow_exception(failure);
+  rep.wall_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+  // f16 bytes per token, measured from a pool, for the compression column.
+  std::uint64_t f16_bytes_per_token = 0;
+  {
+    KvPool f16_pool(c, KVC_DTYPE_F16, KVC_DTYPE_F16, 16);
+    f16_bytes_per_token = f16_pool.stats().bytes_per_token;
+  }
+  const double elements_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim();
+
+  std::vector<StrategyResult> row_results(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) {
+    WindowSums total;
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      const WindowSums &s = sums[w][r];
+      total.nll += s.nll;
+      total.kl += s.kl;
+      total.seconds += s.seconds;
+      total.top1 += s.top1;
+      total.tokens += s.tokens;
+      total.positions += s.positions;
+    }
+    StrategyResult &res = row_results[r];
+    res.strategy = rows[r].spec;
+    res.reference = r == 0;
+    res.kv_bytes_per_token = row_stats[r].bytes_per_token;
+    res.bits_per_element = double(res.kv_bytes_per_token) * 8.0 / elements_per_token;
+    res.peak_kv_bytes = row_peak[r];
+    res.compression_vs_f16 = res.kv_bytes_per_token ? double(f16_bytes_per_token) / double(res.kv_bytes_per_token) : 0.0;
+    res.ppl = std::exp(total.nll / double(total.tokens));
+    res.kl_mean = total.kl / double(total.tokens);
+    res.top1_agreement = double(total.top1) / double(total.tokens);
+    res.ms_per_token = total.seconds * 1000.0 / double(total.positions);
+    if (r == 0) rep.positions_fed = total.positions;
+  }
+  for (StrategyResult &res : row_results) {
+    res.ppl_delta_pct = (res.ppl - row_results[0].ppl) / row_results[0].ppl * 100.0;
+  }
+  // Output rows: the reference first, then the listed strategies in order (no duplicates).
+  rep.results.push_back(row_results[0]);
+  std::vector<bool> emitted(n_rows, false);
+  emitted[0] = true;
+  for (int r : row_of) {
+    if (!emitted[r]) {
+      emitted[r] = true;
+      rep.results.push_back(row_results[r]);
+    }
+  }
+  if (opt.overhead) {
+    double seconds = 0;
+    std::int64_t positions = 0;
+    for (const WindowSums &s : array_sums) {
+      seconds += s.seconds;
+      positions += s.positions;
+    }
+    rep.has_overhead = true;
+    rep.array_ms_per_token = seconds * 1000.0 / double(positions);
+    rep.pool_f32_ms_per_token = row_results[0].ms_per_token;
+  }
+  return rep;
+}
+
+namespace {
+
+std::string human_bytes(double bytes) {
+  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 5) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f %s", bytes, units[u]);
+  else std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+void print_eval_table(const EvalReport &rep, std::FILE *out) {
+  std::fprintf(out, "model   %s (%s): %d layers, %d query heads, %d KV heads, head_dim %d\n",
+               rep.model.c_str(), rep.model_path.c_str(), rep.num_layers, rep.num_q_heads,
+               rep.num_kv_heads, rep.head_dim);
+  std::fprintf(out, "text    %s\n", rep.text_path.c_str());
+  std::fprintf(out,
+               "scored  %lld tokens in %d windows of ctx %d (teacher forcing, each window starts "
+               "with BOS); reference: dense f32\n\n",
+               static_cast<long long>(rep.tokens_scored), rep.windows, rep.ctx);
+  std::vector<std::vector<std::string>> cells;
+  cells.push_back({"strategy", "bits/elem", "KV B/token", "peak KV", "vs f16", "ppl", "ppl Δ%",
+                   "KL mean", "top-1", "ms/token"});
+  char buf[64];
+  for (const StrategyResult &r : rep.results) {
+    std::vector<std::string> row;
+    row.push_back(r.strategy);
+    std::snprintf(buf, sizeof buf, "%.2f", r.bits_per_element);
+    row.push_back(buf);
+    row.push_back(std::to_string(r.kv_bytes_per_token));
+    row.push_back(human_bytes(double(r.peak_kv_bytes)));
+    std::snprintf(buf, sizeof buf, "%.2fx", r.compression_vs_f16);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.6f", r.ppl);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%+.5f", r.ppl_delta_pct);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.3e", r.kl_mean);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.4f", r.top1_agreement);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.4f", r.ms_per_token);
+    row.push_back(buf);
+    cells.push_back(row);
+  }
+  // Column widths counted in code points (the header holds a 'Δ').
+  auto width = [](const std::string &s) {
+    std::size_t n = 0;
+    for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
+    return n;
+  };
+  std::vector<std::size_t> widths(cells[0].size(), 0);
+  for (const auto &row : cells) {
+    for (std::size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], width(row[i]));
+  }
+  for (std::size_t k = 0; k < cells.size(); ++k) {
+    std::string line;
+    for (std::size_t i = 0; i < cells[k].size(); ++i) {
+      const std::string &s = cells[k][i];
+      const std::string pad(widths[i] - width(s), ' ');
+      line += i == 0 ? s + pad : "  " + pad + s;  // first column left, numbers right
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+    if (k == 0) {
+      std::size_t total = 0;
+      for (std::size_t w : widths) total += w + 2;
+      std::fprintf(out, "%s\n", std::string(total - 2, '-').c_str());
+    }
+  }
+  std::fprintf(out,
+               "\nKL: mean KL(dense f32 || strategy) over the full vocabulary, nats per token; top-1: "
+               "share of positions whose argmax equals the dense one;\nms/token: forward pass with "
+               "the cache, one core. Wall time %.1f s on %d thread(s).\n",
+               rep.wall_seconds, rep.threads);
+  if (rep.has_overhead) {
+    std::fprintf(out,
+                 "Overhead: plain array cache %.4f ms/token, f32 pool %.4f ms/token: %.3fx\n",
+                 rep.array_ms_per_token, rep.pool_f32_ms_per_token,
+                 rep.pool_f32_ms_per_token / rep.array_ms_per_token);
+  }
+}
+
+std::string eval_json(const EvalReport &rep) {
+  nlohmann::ordered_json j;
+  j["model"] = rep.model;
+  j["model_path"] = rep.model_path;
+  j["tokenizer"] = rep.tokenizer_path;
+  j["text"] = rep.text_path;
+  j["ctx"] = rep.ctx;
+  j["windows"] = rep.windows;
+  j["tokens_scored"] = rep.tokens_scored;
+  j["geometry"] = {{"num_layers", rep.num_layers},
+                   {"num_q_heads", rep.num_q_heads},
+                   {"num_kv_heads", rep.num_kv_heads},
+                   {"head_dim", rep.head_dim}};
+  j["threads"] = rep.threads;
+  j["wall_seconds"] = rep.wall_seconds;
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  for (const StrategyResult &r : rep.results) {
+    nlohmann::ordered_json o;
+    o["strategy"] = r.strategy;
+    o["reference"] = r.reference;
+    o["bits_per_element"] = r.bits_per_element;
+    o["kv_bytes_per_token"] = r.kv_bytes_per_token;
+    o["peak_kv_bytes"] = r.peak_kv_bytes;
+    o["compression_vs_f16"] = r.compression_vs_f16;
+    o["ppl"] = r.ppl;
+    o["ppl_delta_pct"] = r.ppl_delta_pct;
+    o["kl_mean"] = r.kl_mean;
+    o["top1_agreement"] = r.top1_agreement;
+    o["ms_per_token"] = r.ms_per_token;
+    results.push_back(o);
+  }
+  j["results"] = results;
+  if (rep.has_overhead) {
+    j["overhead"] = {{"array_ms_per_token", rep.array_ms_per_token},
+                     {"pool_f32_ms_per_token", rep.pool_f32_ms_per_token},
+                     {"ratio", rep.pool_f32_ms_per_token / rep.array_ms_per_token}};
+  }
+  return j.dump(2);
+}
+
+namespace {
+std::string extension_of(const std::string &path) {
+  const std::size_t dot = path.find_last_of('.');
+  if (dot == std::string::npos) return "";
+  std::string ext = path.substr(dot + 1);
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  return ext;
+}
+
+std::string gnuplot_quote(const std::string &s) {
+  std::string out = "'";
+  for (char ch : s) {
+    if (ch == '\'') out += "''";
+    else out += ch;
+  }
+  return out + "'";
+}
+}  // namespace
+
+void check_plot_target(const std::string &path) {
+  const std::string ext = extension_of(path);
+  if (ext != "png" && ext != "svg") {
+    throw RunnerError("--plot '" + path + "': the file name must end in .png or .svg");
+  }
+  if (std::system("gnuplot --version > /dev/null 2>&1") != 0) {
+    throw RunnerError("--plot needs gnuplot, which was not found on PATH (install it, e.g. "
+                      "apt-get install gnuplot-nox, or leave out --plot)");
+  }
+}
+
+void write_plot(const EvalReport &rep, const std::string &path) {
+  check_plot_target(path);
+  const std::string ext = extension_of(path);
+  FILE *gp = popen("gnuplot", "w");
+  if (gp == nullptr) throw RunnerError("cannot start gnuplot");
+  std::fprintf(gp, "set terminal %s size 900,600\n", ext == "svg" ? "svg" : "png");
+  std::fprintf(gp, "set output %s\n", gnuplot_quote(path).c_str());
+  std::fprintf(gp, "set title %s\n",
+               gnuplot_quote("KV-cache quality loss vs storage size: " + rep.model + ", " +
+                             std::to_string(rep.tokens_scored) + " tokens, ctx " +
+                             std::to_string(rep.ctx)).c_str());
+  std::fprintf(gp, "set xlabel 'bits per stored K/V element'\n");
+  std::fprintf(gp, "set ylabel 'mean KL(dense f32 || strategy), nats per token'\n");
+  std::fprintf(gp, "set grid\nset key off\nset offsets graph 0.08, graph 0.08, graph 0.1, graph 0.1\n");
+  std::fprintf(gp, "$data << EOD\n");
+  for (const StrategyResult &r : rep.results) {
+    std::fprintf(gp, "%.6f %.9g \"%s\"\n", r.bits_per_element, r.kl_mean, r.strategy.c_str());
+  }
+  std::fprintf(gp, "EOD\n");
+  std::fprintf(gp, "plot $data using 1:2 with points pt 7 ps 1.5, "
+                   "$data using 1:2:3 with labels offset 0,1.2\n");
+  const int rc = pclose(gp);
+  if (rc != 0) throw RunnerError("gnuplot failed to write '" + path + "'");
+}
+
+}  // namespace kvc_cli

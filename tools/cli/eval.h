@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// `kvcache eval`: teacher-forced quality of KV-cache strategies against the dense f32 cache.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strategy.h"
+
+namespace kvc_cli {
+
+struct EvalOptions {
+  std::string model = "stories260k";
+  std::string tokenizer;     ///< empty: the model's own
+  std::string text;          ///< empty: <shared>/data/tinystories-valid-sample.txt
+  std::vector<Strategy> strategies;
+  int ctx = 0;               ///< 0: the model's seq_len
+  std::int64_t max_tokens = 32768;  ///< tokens scored (0: the whole text)
+  int threads = 0;           ///< 0: one per core, at most one per window
+  bool progress = true;      ///< progress bar on stderr (only when it is a terminal)
+  bool overhead = false;     ///< also time the bare forward pass on a plain array cache
+};
+
+struct StrategyResult {
+  std::string strategy;
+  bool reference = false;          ///< the dense f32 run every row is compared with
+  double bits_per_element = 0;
+  std::uint64_t kv_bytes_per_token = 0;
+  std::uint64_t peak_kv_bytes = 0;
+  double compression_vs_f16 = 0;
+  double ppl = 0;
+  double ppl_delta_pct = 0;
+  double kl_mean = 0;
+  double top1_agreement = 0;
+  double ms_per_token = 0;
+};
+
+struct EvalReport {
+  std::string model, model_path, tokenizer_path, text_path;
+  int ctx = 0;
+  int windows = 0;
+  std::int64_t tokens_scored = 0;
+  std::int64_t positions_fed = 0;  ///< per strategy, BOS included
+  int threads = 0;
+  double wall_seconds = 0;
+  int num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  std::vector<StrategyResult> results;
+  bool has_overhead = false;
+  double array_ms_per_token = 0;  ///< bare forward pass, plain array cache
+  double pool_f32_ms_per_token = 0;
+};
+
+EvalReport run_eval(const EvalOptions &options);
+void print_eval_table(const EvalReport &report, std::FILE *out);
+std::string eval_json(const EvalReport &report);
+/// Quality loss (KL) against bits per element, with gnuplot; PNG or SVG by extension.
+void check_plot_target(const std::string &path);
+void write_plot(const EvalReport &report, const std::string &path);
+
+}  // namespace kvc_cli

@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// The `kvcache` command-line tool: eval, memory, generate, bench.
+#include <kvcache/kvcache.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <string>
+
+#include "../runner/error.h"
+#include "../runner/kv_cache.h"
+#include "../runner/runner.h"
+#include "bench.h"
+#include "eval.h"
+#include "memory.h"
+#include "strategy.h"
+
+namespace {
+
+using namespace kvc_cli;
+using kvc_runner::RunnerError;
+
+int cmd_generate(const std::string &model_arg, const std::string &tokenizer_arg,
+                 const kvc_runner::GenerateOptions &options, bool print_ids) {
+  const kvc_runner::Model model = kvc_runner::Model::load(kvc_runner::resolve_model_path(model_arg));
+  const kvc_runner::Tokenizer tokenizer = kvc_runner::Tokenizer::load(
+      kvc_runner::resolve_tokenizer_path(tokenizer_arg, model_arg), model.config().vocab_size);
+  const kvc_runner::GenerateResult r = kvc_runner::generate(model, tokenizer, options);
+  std::fwrite(r.text.data(), 1, r.text.size(), stdout);
+  if (print_ids) {
+    std::fprintf(stderr, "token_ids (%zu):", r.tokens.size());
+    for (int t : r.tokens) std::fprintf(stderr, " %d", t);
+    std::fprintf(stderr, "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  CLI::App app{"kvcache: measure and size KV-cache strategies (libkvcache " +
+               std::string(kvc_version_string()) + ")"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(kvc_version_string()));
+
+  // --- eval ---------------------------------------------------------------
+  EvalOptions eval_opt;
+  std::string strategies_arg;
+  std::string plot_path;
+  bool eval_json_flag = false, list_strategies = false, no_progress = false;
+  CLI::App *eval = app.add_subcommand(
+      "eval", "Compare KV-cache strategies with the dense f32 cache on a real model and text");
+  eval->add_option("--model", eval_opt.model, "Checkpoint path or known name (stories260k)")
+      ->capture_default_str();
+  eval->add_option("--tokenizer", eval_opt.tokenizer, "Tokenizer path or known name (default: the model's)");
+  eval->add_option("--text", eval_opt.text, "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
+  eval->add_option("--strategies", strategies_arg, "Comma-separated strategy specs (default: f32,f16,bf16)");
+  eval->add_option("--ctx", eval_opt.ctx, "Window length in tokens, BOS included (default: the model's seq_len)");
+  eval->add_option("--max-tokens", eval_opt.max_tokens, "Tokens to score (0: the whole text)")
+      ->capture_default_str();
+  eval->add_option("--threads", eval_opt.threads, "Worker threads (default: one per core)");
+  eval->add_flag("--json", eval_json_flag, "Write one JSON object to stdout instead of the table");
+  eval->add_option("--plot", plot_path, "Write a plot of quality loss vs bits per element (.png or .svg; needs gnuplot)");
+  eval->add_flag("--list-strategies", list_strategies, "Print the default strategies, one spec per line, and exit");
+  eval->add_flag("--overhead", eval_opt.overhead, "Also time the bare forward pass on a plain array cache");
+  eval->add_flag("--no-progress", no_progress, "No progress bar");
+
+  // --- memory -------------------------------------------------------------
+  MemoryOptions mem_opt;
+  CLI::App *memory = app.add_subcommand("memory", "KV-cache size of a model: per token, per layer, in total");
+  std::string presets_help = "Model preset:";
+  for (const ModelPreset &p : model_presets()) presets_help += std::string(" ") + p.name;
+  memory->add_option("--preset", mem_opt.preset, presets_help);
+  memory->add_option("--layers", mem_opt.num_layers, "Transformer layers (instead of --preset)");
+  memory->add_option("--kv-heads", mem_opt.num_kv_heads, "KV heads (instead of --preset)");
+  memory->add_option("--head-dim", mem_opt.head_dim, "Elements per head (instead of --preset)");
+  memory->add_option("--seq-len", mem_opt.seq_len, "Tokens per sequence")->required();
+  memory->add_option("--batch", mem_opt.batch, "Sequences")->capture_default_str();
+  memory->add_option("--dtype", mem_opt.dtype, "Storage dtype: f32, f16, bf16")->capture_default_str();
+  memory->add_flag("--json", mem_opt.json, "Write one JSON object to stdout");
+
+  // --- generate -----------------------------------------------------------
+  kvc_runner::GenerateOptions gen_opt;
+  std::string gen_model = "stories260k", gen_tokenizer, gen_cache = "f32";
+  bool gen_array = false, gen_ids = false;
+  CLI::App *gen = app.add_subcommand("generate", "Generate text with the model runner (llama2.c run.c compatible)");
+  gen->add_option("--model", gen_model, "Checkpoint path or known name")->capture_default_str();
+  gen->add_option("--tokenizer", gen_tokenizer, "Tokenizer path or known name (default: the model's)");
+  gen->add_option("-i,--prompt", gen_opt.prompt, "Prompt text");
+  gen->add_option("-n,--steps", gen_opt.steps, "Positions to run, prompt included (0: seq_len)")->capture_default_str();
+  gen->add_option("-t,--temperature", gen_opt.temperature, "0: greedy (argmax)")->capture_default_str();
+  gen->add_option("-p,--top-p", gen_opt.top_p, "Nucleus sampling threshold")->capture_default_str();
+  gen->add_option("-s,--seed", gen_opt.seed, "Sampling seed");
+  gen->add_option("--cache", gen_cache, "Pool storage dtype: f32, f16, bf16")->capture_default_str();
+  gen->add_flag("--array-cache", gen_array, "Use a plain array cache instead of a kvc_pool");
+  gen->add_flag("--print-ids", gen_ids, "Print the token ids to stderr");
+
+  // --- bench --------------------------------------------------------------
+  BenchOptions bench_opt;
+  CLI::App *bench = app.add_subcommand("bench", "Forward-pass cost per token: kvc_pool caches vs a plain array cache");
+  bench->add_option("--model", bench_opt.model, "Checkpoint path or known name")->capture_default_str();
+  bench->add_option("--tokens", bench_opt.tokens, "Positions per cache kind and round")->capture_default_str();
+  bench->add_option("--rounds", bench_opt.rounds, "Rounds (the fastest counts)")->capture_default_str();
+  bench->add_flag("--json", bench_opt.json, "Write one JSON object to stdout");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError &e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (eval->parsed()) {
+      if (list_strategies) {
+        for (const std::string &s : default_strategies()) std::printf("%s\n", s.c_str());
+        return 0;
+      }
+      eval_opt.strategies = parse_strategy_list(strategies_arg.empty() ? "f32,f16,bf16" : strategies_arg);
+      if (!plot_path.empty()) check_plot_target(plot_path);  // fail before the long run
+      eval_opt.progress = !no_progress;
+      const EvalReport report = run_eval(eval_opt);
+      if (eval_json_flag) {
+        std::printf("%s\n", eval_json(report).c_str());
+      } else {
+        print_eval_table(report, stdout);
+      }
+      if (!plot_path.empty()) {
+        write_plot(report, plot_path);
+        std::fprintf(stderr, "plot written to %s\n", plot_path.c_str());
+      }
+      return 0;
+    }
+    if (memory->parsed()) {
+      run_memory(mem_opt);
+      return 0;
+    }
+    if (gen->parsed()) {
+      if (!kvc_runner::parse_dtype(gen_cache, &gen_opt.cache_dtype)) {
+        throw RunnerError("unknown --cache '" + gen_cache + "' (known: f32, f16, bf16)");
+      }
+      gen_opt.use_pool = !gen_array;
+      return cmd_generate(gen_model, gen_tokenizer, gen_opt, gen_ids);
+    }
+    if (bench->parsed()) {
+      run_bench(bench_opt);
+      return 0;
+    }
+  } catch (const RunnerError &e) {
+    std::fprintf(stderr, "kvcache: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "kvcache: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}
