@@ -279,8 +279,9 @@ KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config);
 KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out);
 
 /**
- * @brief Destroy a pool and every sequence in it. NULL is a no-op. No other
- * thread may use the pool during or after this call.
+ * @brief Destroy a pool and every sequence in it. No other thread may use the
+ * pool during or after this call.
+ * @param pool the pool, or NULL (a no-op).
  * @since 0.1
  */
 KVC_API void kvc_pool_destroy(kvc_pool *pool);
@@ -313,12 +314,13 @@ typedef struct kvc_stats {
 } kvc_stats;
 
 /** @brief Fill stats with struct_size = sizeof(kvc_stats) and zeros.
+ * @param stats the struct to fill (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1 */
 KVC_API kvc_status kvc_stats_init(kvc_stats *stats);
 
 /**
  * @brief Read the pool's counters (a consistent snapshot).
- * @param pool the pool.
+ * @param pool the pool (not NULL).
  * @param stats filled up to stats->struct_size.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
  * @since 0.1
@@ -327,6 +329,7 @@ KVC_API kvc_status kvc_pool_stats(kvc_pool *pool, kvc_stats *stats);
 
 /**
  * @brief Set peak_bytes_in_use to the current bytes_in_use.
+ * @param pool the pool (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1
  */
 KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
@@ -368,12 +371,15 @@ typedef struct kvc_pool_layout {
 } kvc_pool_layout;
 
 /** @brief Fill a layout struct with struct_size = sizeof(kvc_pool_layout) and zeros.
+ * @param layout the struct to fill (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1 */
 KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout);
 
 /**
  * @brief Describe the pool's block memory (see ::kvc_pool_layout). The base
  * pointer stays valid until kvc_pool_destroy().
+ * @param pool the pool (not NULL).
+ * @param layout filled up to layout->struct_size (set it with kvc_pool_layout_init()).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
  * @since 0.1
  */
@@ -382,6 +388,7 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
 /**
  * @brief Read back the pool's effective configuration (defaults resolved,
  * num_blocks computed from capacity_bytes when that was given).
+ * @param pool the pool (not NULL).
  * @param config filled up to config->struct_size (set struct_size first).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
  * @since 0.1
@@ -394,6 +401,7 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
 
 /**
  * @brief Create an empty sequence (length 0, no blocks).
+ * @param pool the pool (not NULL).
  * @param seq_id any 64-bit value chosen by the caller, unique among live sequences.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_EXISTS, ::KVC_ERR_OUT_OF_MEMORY.
  * @since 0.1
@@ -408,6 +416,9 @@ KVC_API kvc_status kvc_seq_create(kvc_pool *pool, uint64_t seq_id);
  * copied. The first write by either sequence into a shared block copies that
  * block first (kvc_seq_reserve() and kvc_append() do it), so each sees only
  * its own writes. O(blocks of the parent).
+ * @param pool the pool (not NULL).
+ * @param parent_id a live sequence.
+ * @param child_id an id no live sequence has.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND (parent),
  * ::KVC_ERR_SEQ_EXISTS (child), ::KVC_ERR_OUT_OF_MEMORY.
  * @since 0.1
@@ -418,6 +429,8 @@ KVC_API kvc_status kvc_seq_fork(kvc_pool *pool, uint64_t parent_id, uint64_t chi
  * @brief Drop every token at position >= `new_length` (llama.cpp's seq_rm
  * with an open end); blocks left empty are released. Later writes at those
  * positions replace them. Truncating to the current length or more is a no-op.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
  * @param new_length the sequence's new length in tokens.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND.
  * @since 0.1
@@ -427,6 +440,8 @@ KVC_API kvc_status kvc_seq_truncate(kvc_pool *pool, uint64_t seq_id, uint64_t ne
 /**
  * @brief Free a sequence: release its blocks (shared ones stay with their
  * other owners) and forget its id.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND (also for a
  * second free of the same id).
  * @since 0.1
@@ -436,6 +451,8 @@ KVC_API kvc_status kvc_seq_free(kvc_pool *pool, uint64_t seq_id);
 /**
  * @brief Length of a sequence: the next position to write (reserved
  * positions included).
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
  * @param length receives the length in tokens.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND.
  * @since 0.1
@@ -445,6 +462,9 @@ KVC_API kvc_status kvc_seq_length(kvc_pool *pool, uint64_t seq_id, uint64_t *len
 /**
  * @brief Number of tokens a layer of a sequence holds (reserved slots
  * included). Equals the length until eviction drops tokens from the layer.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
  * @param n_tokens receives the count.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,
  * ::KVC_ERR_OUT_OF_RANGE (layer >= num_layers).
@@ -459,6 +479,8 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  *
  * Allocates blocks as needed and first copies a shared, partly filled last
  * block (copy-on-write). Does not write K/V; kvc_append() does.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
  * @param n_new tokens to add, >= 1.
  * @param slot_mapping NULL, or receives `[num_layers][n_new]` int64 slots
  * (`block_id * block_size + offset`) of the new positions.
@@ -485,8 +507,14 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
  * writing a position again replaces it. A block shared with another sequence
  * is copied first (copy-on-write), so other sequences never see the write.
  * No heap allocation.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param pos position of the first token written.
+ * @param n_tokens tokens to write, >= 1.
  * @param k `[n_tokens][num_kv_heads][head_dim]` of src_dtype, row-major.
  * @param v same shape and dtype as k.
+ * @param src_dtype element type of k and v (f32, f16 or bf16).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_INVALID_ARGUMENT (n_tokens 0,
  * unknown src_dtype); ::KVC_ERR_NOT_RESERVED (a position at or beyond the
@@ -503,8 +531,14 @@ KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, u
  * [first, first + n_tokens) of that layer (index = order in the layer's block
  * table; equal to the position until eviction), converted to `dst_dtype`.
  * Reserved slots not written yet read as zeros or stale data.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param first index of the first token read.
+ * @param n_tokens tokens to read (0 is valid).
  * @param k_out NULL or `[n_tokens][num_kv_heads][head_dim]` of dst_dtype.
  * @param v_out NULL or the same shape for V.
+ * @param dst_dtype element type written to k_out and v_out (f32, f16 or bf16).
  * @param positions_out NULL or `[n_tokens]` int32: the position of each token.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (all three outputs NULL);
  * ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer, or the range
@@ -518,7 +552,11 @@ KVC_API kvc_status kvc_gather(kvc_pool *pool, uint64_t seq_id, uint32_t layer, u
 
 /**
  * @brief Copy the block table of one layer of a sequence.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
  * @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids, in order.
+ * @param capacity entries block_ids can hold.
  * @param n_blocks receives the number of blocks the table holds (also on ::KVC_ERR_BUFFER_TOO_SMALL).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n_blocks), ::KVC_ERR_SEQ_NOT_FOUND,
  * ::KVC_ERR_OUT_OF_RANGE (layer), ::KVC_ERR_BUFFER_TOO_SMALL.
@@ -534,10 +572,13 @@ KVC_API kvc_status kvc_seq_block_table(kvc_pool *pool, uint64_t seq_id, uint32_t
  * For sequence i, its pages are `indices[indptr[i] .. indptr[i+1])` and
  * `last_page_len[i]` tokens of its last page are valid (1..block_size; 0 for
  * an empty sequence, which has no pages). Counts include reserved slots.
+ * @param pool the pool (not NULL).
+ * @param layer 0..num_layers-1.
  * @param seq_ids `[n_seqs]` sequence ids (repeats allowed).
  * @param n_seqs 0..2^31-1.
  * @param indptr receives `[n_seqs + 1]` int32, indptr[0] = 0.
  * @param indices receives the block ids, int32, at most `indices_capacity`.
+ * @param indices_capacity entries indices can hold.
  * @param last_page_len receives `[n_seqs]` int32.
  * @param n_indices receives the total number of block ids (also on ::KVC_ERR_BUFFER_TOO_SMALL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
@@ -556,7 +597,11 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
 
 /**
  * @brief Convert `n` elements between f32, f16 and bf16 (round to nearest even).
- * @param src `[n]` of src_dtype. @param dst `[n]` of dst_dtype; may not overlap src.
+ * @param src `[n]` of src_dtype.
+ * @param src_dtype element type of src.
+ * @param dst `[n]` of dst_dtype; may not overlap src.
+ * @param dst_dtype element type of dst.
+ * @param n number of elements.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n > 0 and a NULL buffer),
  * ::KVC_ERR_INVALID_ARGUMENT (dtype).
  * @since 0.1
@@ -566,6 +611,7 @@ KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst, 
 
 /**
  * @brief Bytes of one element of a dtype (4 for f32, 2 for f16 and bf16).
+ * @param dtype the element type.
  * @param bytes receives the size.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_INVALID_ARGUMENT.
  * @since 0.1
