@@ -67,4 +67,61 @@ class BlockAllocator {
   uint32_t num_shared_ = 0;
 };
 
+inline int32_t BlockAllocator::allocate(int32_t *reclaimed) {
+  *reclaimed = -1;
+  int32_t b;
+  if (free_top_ > 0) {
+    b = free_stack_[--free_top_];
+  } else if (lru_head_ >= 0) {
+    b = lru_head_;
+    lru_remove(b);
+    --num_cached_;
+    *reclaimed = b;
+  } else {
+    return -1;
+  }
+  state_[b] = static_cast<uint8_t>(State::Used);
+  refcount_[b] = 1;
+  return b;
+}
+inline void BlockAllocator::ref(int32_t b) {
+  if (state_[b] == static_cast<uint8_t>(State::Cached)) {
+    lru_remove(b);
+    --num_cached_;
+    state_[b] = static_cast<uint8_t>(State::Used);
+  }
+  if (++refcount_[b] == 2) ++num_shared_;
+}
+inline bool BlockAllocator::release(int32_t b, bool keep_cached) {
+  if (refcount_[b]-- == 2) --num_shared_;
+  if (refcount_[b] != 0) return false;
+  if (keep_cached) {
+    state_[b] = static_cast<uint8_t>(State::Cached);
+    lru_push_back(b);
+    ++num_cached_;
+    return false;
+  }
+  state_[b] = static_cast<uint8_t>(State::Free);
+  free_stack_[free_top_++] = b;
+  return true;
+}
+inline void BlockAllocator::uncache(int32_t b) {
+  lru_remove(b);
+  --num_cached_;
+  state_[b] = static_cast<uint8_t>(State::Free);
+  free_stack_[free_top_++] = b;
+}
+inline void BlockAllocator::lru_push_back(int32_t b) {
+  lru_prev_[b] = lru_tail_;
+  lru_next_[b] = -1;
+  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b; else lru_head_ = b;
+  lru_tail_ = b;
+}
+inline void BlockAllocator::lru_remove(int32_t b) {
+  const int32_t p = lru_prev_[b], n = lru_next_[b];
+  if (p >= 0) lru_next_[p] = n; else lru_head_ = n;
+  if (n >= 0) lru_prev_[n] = p; else lru_tail_ = p;
+  lru_prev_[b] = lru_next_[b] = -1;
+}
+
 }  // namespace kvc::core

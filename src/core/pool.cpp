@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <shared_mutex>
 #include <new>
 
 #include "core/error.h"
@@ -125,9 +126,9 @@ Pool::~Pool() {
 }
 
 Sequence &Pool::find(uint64_t id) {
-  auto it = seqs_.find(id);
-  if (it == seqs_.end()) fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist");
-  return *it->second;
+  Sequence *s = seqs_.find(id);
+  if (!s) fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist");
+  return *s;
 }
 const Sequence &Pool::find(uint64_t id) const { return const_cast<Pool *>(this)->find(id); }
 
@@ -203,19 +204,18 @@ void Pool::reset_peak() {
 
 void Pool::seq_create(uint64_t id) {
   std::unique_lock lk(mu_);
-  if (seqs_.count(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
+  if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
   auto s = std::make_unique<Sequence>();
   s->layers.resize(cfg_.num_layers);
-  seqs_.emplace(id, std::move(s));
+  seqs_.insert(id, std::move(s));
 }
 
 void Pool::seq_fork(uint64_t parent, uint64_t child) {
   std::unique_lock lk(mu_);
   const Sequence &p = find(parent);
-  if (seqs_.count(child)) fail(Errc::SeqExists, "sequence " + u64s(child) + " already exists");
+  if (seqs_.find(child)) fail(Errc::SeqExists, "sequence " + u64s(child) + " already exists");
   auto c = std::make_unique<Sequence>(p);  // may throw: nothing changed yet
-  Sequence *cp = c.get();
-  seqs_.emplace(child, std::move(c));      // may throw: nothing changed yet
+  Sequence *cp = seqs_.insert(child, std::move(c));  // may throw: nothing changed yet
   for (const LayerTable &l : cp->layers)
     for (int32_t b : l.blocks) alloc_.ref(b);
 }
@@ -249,12 +249,11 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
 
 void Pool::seq_free(uint64_t id) {
   std::unique_lock lk(mu_);
-  auto it = seqs_.find(id);
-  if (it == seqs_.end())
-    fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist (freed twice?)");
-  for (const LayerTable &l : it->second->layers)
+  Sequence *s = seqs_.find(id);
+  if (!s) fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist (freed twice?)");
+  for (const LayerTable &l : s->layers)
     for (int32_t b : l.blocks) release_block(b);
-  seqs_.erase(it);
+  seqs_.erase(id);
 }
 
 uint64_t Pool::seq_length(uint64_t id) const {
@@ -286,8 +285,10 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                   u64s(needed) + " blocks, " + u64s(alloc_.available()) +
                                   " available");
-  for (LayerTable &l : s.layers)  // may throw bad_alloc: nothing changed yet
-    l.blocks.reserve(static_cast<size_t>((l.n_tokens + n_new + bs - 1) / bs));
+  for (LayerTable &l : s.layers) {  // may throw bad_alloc: nothing changed yet
+    const size_t target = static_cast<size_t>((l.n_tokens + n_new + bs - 1) / bs);
+    if (l.blocks.capacity() < target) l.blocks.reserve(std::max(target, 2 * l.blocks.capacity()));
+  }
   // From here on nothing throws.
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     LayerTable &l = s.layers[li];
@@ -461,37 +462,43 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
   return static_cast<size_t>(total);
 }
 
-std::string Pool::check_invariants() const {
-  std::shared_lock lk(mu_);
-  std::string e = alloc_.check();
-  if (!e.empty()) return e;
-  std::vector<uint64_t> refs(alloc_.num_blocks(), 0);
+std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs) const {
   const uint64_t bs = cfg_.block_size;
-  for (const auto &[id, sp] : seqs_) {
-    const Sequence &s = *sp;
-    if (s.layers.size() != cfg_.num_layers) return "sequence " + u64s(id) + " has wrong layer count";
-    for (const LayerTable &l : s.layers) {
-      if (l.blocks.size() != (l.n_tokens + bs - 1) / bs)
-        return "sequence " + u64s(id) + ": block table size disagrees with token count";
-      if (l.positions.size() != l.tail_index || l.tail_pos > s.length ||
-          l.n_tokens != l.tail_index + (s.length - l.tail_pos))
-        return "sequence " + u64s(id) + ": position bookkeeping inconsistent";
-      for (size_t i = 0; i < l.positions.size(); ++i)
-        if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
-            (i && l.positions[i] <= l.positions[i - 1]))
-          return "sequence " + u64s(id) + ": positions not increasing";
-      for (int32_t b : l.blocks) {
-        if (b < 0 || static_cast<uint64_t>(b) >= refs.size())
-          return "sequence " + u64s(id) + ": invalid block id";
-        ++refs[b];
-      }
+  if (s.layers.size() != cfg_.num_layers) return "sequence " + u64s(id) + " has wrong layer count";
+  for (const LayerTable &l : s.layers) {
+    if (l.blocks.size() != (l.n_tokens + bs - 1) / bs)
+      return "sequence " + u64s(id) + ": block table size disagrees with token count";
+    if (l.positions.size() != l.tail_index || l.tail_pos > s.length ||
+        l.n_tokens != l.tail_index + (s.length - l.tail_pos))
+      return "sequence " + u64s(id) + ": position bookkeeping inconsistent";
+    for (size_t i = 0; i < l.positions.size(); ++i)
+      if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
+          (i && l.positions[i] <= l.positions[i - 1]))
+        return "sequence " + u64s(id) + ": positions not increasing";
+    for (int32_t b : l.blocks) {
+      if (b < 0 || static_cast<uint64_t>(b) >= refs.size())
+        return "sequence " + u64s(id) + ": invalid block id";
+      ++refs[b];
     }
   }
+  return {};
+}
+
+std::string Pool::check_invariants() const {
+  std::shared_lock lk(mu_);
+  std::string err = alloc_.check();
+  if (!err.empty()) return err;
+  std::vector<uint64_t> refs(alloc_.num_blocks(), 0);
+  seqs_.for_each([&](uint64_t id, const Sequence &s) {
+    if (err.empty()) err = check_sequence(id, s, refs);
+  });
+  if (!err.empty()) return err;
   for (size_t b = 0; b < refs.size(); ++b) {
     const auto st = alloc_.state(static_cast<int32_t>(b));
     if (refs[b] != alloc_.refcount(static_cast<int32_t>(b)))
-      return "block " + u64s(b) + ": reference count " + u64s(alloc_.refcount(static_cast<int32_t>(b))) +
-             " but held by " + u64s(refs[b]) + " block tables";
+      return "block " + u64s(b) + ": reference count " +
+             u64s(alloc_.refcount(static_cast<int32_t>(b))) + " but held by " + u64s(refs[b]) +
+             " block tables";
     if (refs[b] > 0 && st != BlockAllocator::State::Used)
       return "block " + u64s(b) + " held by a block table but not used";
   }

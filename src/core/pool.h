@@ -4,13 +4,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <shared_mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "core/block_allocator.h"
 #include "core/convert.h"
+#include "core/rwlock.h"
+#include "core/seq_map.h"
 
 namespace kvc::core {
 
@@ -103,6 +103,12 @@ class Pool {
   // "" or the first violation.
   std::string check_invariants() const;
 
+  // Block-table entries per block and the seq ids, for the invariant check.
+ private:
+  std::string check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs) const;
+
+ public:
+
  private:
   Sequence &find(uint64_t id);
   const Sequence &find(uint64_t id) const;
@@ -120,9 +126,9 @@ class Pool {
   uint64_t k_token_stride_ = 0, k_head_stride_ = 0, v_token_stride_ = 0, v_head_stride_ = 0;
   uint8_t *arena_ = nullptr;
   BlockAllocator alloc_;
-  std::unordered_map<uint64_t, std::unique_ptr<Sequence>> seqs_;
+  SeqMap<Sequence> seqs_;
   uint64_t peak_blocks_ = 0;
-  mutable std::shared_mutex mu_;
+  mutable RwLock mu_;
 };
 
 }  // namespace kvc::core
