@@ -1,0 +1,490 @@
+#include "codec/codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "codec/fp8.h"
+#include "core/error.h"
+
+namespace kvc::codec {
+
+using core::Errc;
+using core::fail;
+
+namespace {
+
+std::string u64s(uint64_t v) { return std::to_string(v); }
+
+struct Params {
+  float scale = 0.0f;  // stored value
+  float inv = 0.0f;    // 1 / scale (0 when scale is 0)
+  float zero = 0.0f;   // stored zero point (asymmetric)
+};
+
+int qmax_sym(Dtype d) { return d == Dtype::INT8 ? 127 : d == Dtype::INT4 ? 7 : 1; }
+int qmax_asym(Dtype d) { return d == Dtype::INT8 ? 255 : d == Dtype::INT4 ? 15 : 3; }
+float fp8_max(Dtype d) { return d == Dtype::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max; }
+
+Params make_params(const Spec &s, float lo, float hi) {
+  Params p;
+  if (s.static_scale > 0.0) {
+    p.scale = static_cast<float>(s.static_scale);
+    p.inv = 1.0f / p.scale;
+    return p;
+  }
+  if (is_int(s.dtype) && s.asym) {
+    p.zero = round_zero_down(lo, s.scale_dtype);
+    const float range = hi - p.zero;
+    p.scale = range > 0.0f ? round_scale_up(range / static_cast<float>(qmax_asym(s.dtype)), s.scale_dtype)
+                           : 0.0f;
+  } else {
+    const float absmax = std::max(std::fabs(lo), std::fabs(hi));
+    const float qm = is_fp8(s.dtype) ? fp8_max(s.dtype) : static_cast<float>(qmax_sym(s.dtype));
+    p.scale = absmax > 0.0f ? round_scale_up(absmax / qm, s.scale_dtype) : 0.0f;
+  }
+  p.inv = p.scale > 0.0f ? 1.0f / p.scale : 0.0f;
+  return p;
+}
+
+inline int32_t quant_int(float x, const Params &p, bool asym, int32_t lo, int32_t hi) {
+  const float y = asym ? (x - p.zero) * p.inv : x * p.inv;
+  // nearbyint in the default rounding mode: round half to even.
+  int32_t q = static_cast<int32_t>(std::nearbyint(y));
+  return q < lo ? lo : q > hi ? hi : q;
+}
+
+// Encodes one row of d values; element j uses params[j / col_group].
+void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
+                uint64_t col_group, uint8_t *out) {
+  switch (s.dtype) {
+    case Dtype::INT8: {
+      if (s.asym) {
+        for (uint64_t j = 0; j < d; ++j)
+          out[j] = static_cast<uint8_t>(quant_int(x[j], params[j / col_group], true, 0, 255));
+      } else {
+        for (uint64_t j = 0; j < d; ++j)
+          out[j] = static_cast<uint8_t>(
+              static_cast<int8_t>(quant_int(x[j], params[j / col_group], false, -127, 127)));
+      }
+      break;
+    }
+    case Dtype::INT4: {
+      const int32_t off = s.asym ? 0 : 8, lo = s.asym ? 0 : -7, hi = s.asym ? 15 : 7;
+      std::memset(out, 0, (d + 1) / 2);
+      for (uint64_t j = 0; j < d; ++j) {
+        const uint32_t c = static_cast<uint32_t>(quant_int(x[j], params[j / col_group], s.asym, lo, hi) + off);
+        out[j >> 1] |= static_cast<uint8_t>(c << ((j & 1) * 4));
+      }
+      break;
+    }
+    case Dtype::INT2: {
+      const int32_t off = s.asym ? 0 : 2, lo = s.asym ? 0 : -1, hi = s.asym ? 3 : 1;
+      std::memset(out, 0, (d + 3) / 4);
+      for (uint64_t j = 0; j < d; ++j) {
+        const uint32_t c = static_cast<uint32_t>(quant_int(x[j], params[j / col_group], s.asym, lo, hi) + off);
+        out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
+      }
+      break;
+    }
+    case Dtype::FP8_E4M3:
+      for (uint64_t j = 0; j < d; ++j) out[j] = fp8_e4m3_encode(x[j] * params[j / col_group].inv);
+      break;
+    case Dtype::FP8_E5M2:
+      for (uint64_t j = 0; j < d; ++j) out[j] = fp8_e5m2_encode(x[j] * params[j / col_group].inv);
+      break;
+    case Dtype::F32:
+    case Dtype::F16:
+    case Dtype::BF16:
+      core::convert(x, core::DType::F32, out, static_cast<core::DType>(s.dtype), d);
+      break;
+  }
+}
+
+void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *params,
+                uint64_t col_group, float *x) {
+  switch (s.dtype) {
+    case Dtype::INT8:
+      if (s.asym) {
+        for (uint64_t j = 0; j < d; ++j) {
+          const Params &p = params[j / col_group];
+          x[j] = static_cast<float>(in[j]) * p.scale + p.zero;
+        }
+      } else {
+        for (uint64_t j = 0; j < d; ++j)
+          x[j] = static_cast<float>(static_cast<int8_t>(in[j])) * params[j / col_group].scale;
+      }
+      break;
+    case Dtype::INT4: {
+      const int32_t off = s.asym ? 0 : 8;
+      for (uint64_t j = 0; j < d; ++j) {
+        const Params &p = params[j / col_group];
+        const int32_t q = static_cast<int32_t>((in[j >> 1] >> ((j & 1) * 4)) & 0xf) - off;
+        x[j] = static_cast<float>(q) * p.scale + (s.asym ? p.zero : 0.0f);
+      }
+      break;
+    }
+    case Dtype::INT2: {
+      const int32_t off = s.asym ? 0 : 2;
+      for (uint64_t j = 0; j < d; ++j) {
+        const Params &p = params[j / col_group];
+        const int32_t q = static_cast<int32_t>((in[j >> 2] >> ((j & 3) * 2)) & 0x3) - off;
+        x[j] = static_cast<float>(q) * p.scale + (s.asym ? p.zero : 0.0f);
+      }
+      break;
+    }
+    case Dtype::FP8_E4M3: {
+      const float *t = fp8_e4m3_table();
+      for (uint64_t j = 0; j < d; ++j) x[j] = t[in[j]] * params[j / col_group].scale;
+      break;
+    }
+    case Dtype::FP8_E5M2: {
+      const float *t = fp8_e5m2_table();
+      for (uint64_t j = 0; j < d; ++j) x[j] = t[in[j]] * params[j / col_group].scale;
+      break;
+    }
+    case Dtype::F32:
+    case Dtype::F16:
+    case Dtype::BF16:
+      core::convert(in, static_cast<core::DType>(s.dtype), x, core::DType::F32, d);
+      break;
+  }
+}
+
+void min_max(const float *x, uint64_t n, uint64_t stride, float *lo, float *hi) {
+  float a = x[0], b = x[0];
+  for (uint64_t i = 1; i < n; ++i) {
+    const float v = x[i * stride];
+    a = v < a ? v : a;
+    b = v > b ? v : b;
+  }
+  *lo = a;
+  *hi = b;
+}
+
+bool has_scales(const Spec &s) { return !is_float(s.dtype); }
+
+}  // namespace
+
+int bits_of(Dtype d) {
+  switch (d) {
+    case Dtype::F32: return 32;
+    case Dtype::F16:
+    case Dtype::BF16: return 16;
+    case Dtype::FP8_E4M3:
+    case Dtype::FP8_E5M2:
+    case Dtype::INT8: return 8;
+    case Dtype::INT4: return 4;
+    case Dtype::INT2: return 2;
+  }
+  return 0;
+}
+
+const char *dtype_name(Dtype d) {
+  switch (d) {
+    case Dtype::F32: return "f32";
+    case Dtype::F16: return "f16";
+    case Dtype::BF16: return "bf16";
+    case Dtype::FP8_E4M3: return "fp8_e4m3";
+    case Dtype::FP8_E5M2: return "fp8_e5m2";
+    case Dtype::INT8: return "int8";
+    case Dtype::INT4: return "int4";
+    case Dtype::INT2: return "int2";
+  }
+  return "?";
+}
+
+float load_scale(const uint8_t *p, Dtype sd) {
+  if (sd == Dtype::F16) return core::f16_to_f32_scalar(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+  const uint32_t u = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                     static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
+  return core::bits_f32(u);
+}
+
+void store_scale(uint8_t *p, Dtype sd, float v) {
+  if (sd == Dtype::F16) {
+    const uint16_t h = core::f32_to_f16_scalar(v);
+    p[0] = static_cast<uint8_t>(h);
+    p[1] = static_cast<uint8_t>(h >> 8);
+    return;
+  }
+  const uint32_t u = core::f32_bits(v);
+  p[0] = static_cast<uint8_t>(u);
+  p[1] = static_cast<uint8_t>(u >> 8);
+  p[2] = static_cast<uint8_t>(u >> 16);
+  p[3] = static_cast<uint8_t>(u >> 24);
+}
+
+float round_scale_up(float v, Dtype sd) {
+  if (sd != Dtype::F16) return v;
+  const float big = 65504.0f;
+  if (v >= big) return big;
+  uint16_t h = core::f32_to_f16_scalar(v);
+  if (core::f16_to_f32_scalar(h) < v) ++h;  // next f16 up (v > 0)
+  return core::f16_to_f32_scalar(h);
+}
+
+float round_zero_down(float v, Dtype sd) {
+  if (sd != Dtype::F16) return v;
+  if (v <= -65504.0f) return -65504.0f;
+  if (v >= 65504.0f) return 65504.0f;
+  uint16_t h = core::f32_to_f16_scalar(v);
+  if (core::f16_to_f32_scalar(h) > v) {
+    // one step towards -inf
+    if (h == 0x0000) h = 0x8001;
+    else if (h & 0x8000) ++h;
+    else --h;
+  }
+  return core::f16_to_f32_scalar(h);
+}
+
+uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d) {
+  if (!has_scales(s)) return 0;
+  switch (s.gran) {
+    case Gran::None: return 0;
+    case Gran::Tensor: return 1;
+    case Gran::Token: return n;
+    case Gran::Group: return n * ((d + s.group - 1) / s.group);
+    case Gran::Channel: return ((n + s.group - 1) / s.group) * d;
+  }
+  return 0;
+}
+
+uint32_t default_rotation_block(uint64_t d) {
+  uint32_t b = 1;
+  while (b < 1024 && d % (static_cast<uint64_t>(b) * 2) == 0) b *= 2;
+  return b;
+}
+
+void validate(const Spec &s, uint64_t d) {
+  const int32_t dt = static_cast<int32_t>(s.dtype);
+  if (dt < 0 || dt > 7) fail(Errc::InvalidArgument, "dtype " + std::to_string(dt) + ": unknown storage dtype");
+  const int32_t g = static_cast<int32_t>(s.gran);
+  if (g < 0 || g > 4) fail(Errc::InvalidArgument, "granularity " + std::to_string(g) + ": unknown");
+  if (is_float(s.dtype)) {
+    if (s.gran != Gran::None)
+      fail(Errc::InvalidArgument, std::string("dtype ") + dtype_name(s.dtype) +
+                                      " stores values directly: granularity must be KVC_SCALE_NONE");
+    if (s.asym) fail(Errc::InvalidArgument, "asymmetric applies to integer dtypes only");
+    if (s.static_scale != 0.0) fail(Errc::InvalidScale, "a scale applies to fp8 and integer dtypes only");
+    if (s.rotation_block) fail(Errc::InvalidArgument, "rotation applies to fp8 and integer dtypes only");
+    return;
+  }
+  if (s.gran == Gran::None)
+    fail(Errc::InvalidArgument, std::string("dtype ") + dtype_name(s.dtype) +
+                                    " needs a scale granularity (tensor, token, group or channel)");
+  if (s.asym && is_fp8(s.dtype)) fail(Errc::InvalidArgument, "fp8 dtypes are symmetric only");
+  if (s.scale_dtype != Dtype::F32 && s.scale_dtype != Dtype::F16)
+    fail(Errc::InvalidArgument, "scale_dtype must be f32 or f16");
+  if (s.gran == Gran::Group || s.gran == Gran::Channel) {
+    if (s.group < 1 || s.group > 65536)
+      fail(Errc::InvalidArgument, "group_size " + u64s(s.group) + ": must be 1..65536");
+  }
+  if (std::isnan(s.static_scale) || s.static_scale < 0.0 || std::isinf(s.static_scale))
+    fail(Errc::InvalidScale, "scale " + std::to_string(s.static_scale) + ": must be a finite value > 0 (0 = dynamic)");
+  if (s.static_scale != 0.0) {
+    if (s.static_scale < 1e-30 || s.static_scale > 1e30)
+      fail(Errc::InvalidScale, "scale " + std::to_string(s.static_scale) +
+                                   ": must be in [1e-30, 1e30] (0 = dynamic)");
+    if (s.gran != Gran::Tensor)
+      fail(Errc::InvalidScale, "a static scale needs per-tensor granularity");
+    if (s.asym) fail(Errc::InvalidScale, "a static scale is symmetric: asymmetric must be off");
+  }
+  if (s.rotation_block) {
+    const uint32_t b = s.rotation_block;
+    if ((b & (b - 1)) != 0 || b > 65536)
+      fail(Errc::InvalidArgument, "rotation block " + u64s(b) + ": must be a power of two");
+    if (d % b != 0)
+      fail(Errc::InvalidArgument, "rotation block " + u64s(b) + " does not divide the row of " + u64s(d));
+  }
+}
+
+void hadamard(float *x, uint64_t d, uint32_t block) {
+  if (block <= 1) return;
+  const float norm = 1.0f / std::sqrt(static_cast<float>(block));
+  for (uint64_t base = 0; base < d; base += block) {
+    float *v = x + base;
+    for (uint32_t h = 1; h < block; h *= 2)
+      for (uint32_t i = 0; i < block; i += 2 * h)
+        for (uint32_t j = i; j < i + h; ++j) {
+          const float a = v[j], b = v[j + h];
+          v[j] = a + b;
+          v[j + h] = a - b;
+        }
+    for (uint32_t j = 0; j < block; ++j) v[j] *= norm;
+  }
+}
+
+void check_finite(const float *x, uint64_t n, const char *what) {
+  for (uint64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i]))
+      fail(Errc::NonFinite, std::string(what) + " element " + u64s(i) + " is " +
+                                (std::isnan(x[i]) ? "NaN" : "Inf") + ": nothing was written");
+}
+
+void encode(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *codes, uint8_t *scales,
+            uint8_t *zeros) {
+  const uint64_t rb = row_bytes(s.dtype, d);
+  if (!has_scales(s)) {
+    for (uint64_t r = 0; r < n; ++r) encode_row(s, x + r * d, d, nullptr, d, codes + r * rb);
+    return;
+  }
+  const uint64_t sb = scale_bytes(s);
+  auto put = [&](uint64_t idx, const Params &p) {
+    if (scales) store_scale(scales + idx * sb, s.scale_dtype, p.scale);
+    if (s.asym && zeros) store_scale(zeros + idx * sb, s.scale_dtype, p.zero);
+  };
+  switch (s.gran) {
+    case Gran::None: break;
+    case Gran::Tensor: {
+      float lo = 0, hi = 0;
+      if (n > 0 && d > 0) min_max(x, n * d, 1, &lo, &hi);
+      const Params p = make_params(s, lo, hi);
+      put(0, p);
+      for (uint64_t r = 0; r < n; ++r) encode_row(s, x + r * d, d, &p, d ? d : 1, codes + r * rb);
+      break;
+    }
+    case Gran::Token: {
+      for (uint64_t r = 0; r < n; ++r) {
+        float lo = 0, hi = 0;
+        if (d) min_max(x + r * d, d, 1, &lo, &hi);
+        const Params p = make_params(s, lo, hi);
+        put(r, p);
+        encode_row(s, x + r * d, d, &p, d ? d : 1, codes + r * rb);
+      }
+      break;
+    }
+    case Gran::Group: {
+      const uint64_t ng = (d + s.group - 1) / s.group;
+      std::vector<Params> ps(ng);
+      for (uint64_t r = 0; r < n; ++r) {
+        for (uint64_t g = 0; g < ng; ++g) {
+          const uint64_t b = g * s.group, len = std::min<uint64_t>(s.group, d - b);
+          float lo, hi;
+          min_max(x + r * d + b, len, 1, &lo, &hi);  // real values only: no padding
+          ps[g] = make_params(s, lo, hi);
+          put(r * ng + g, ps[g]);
+        }
+        encode_row(s, x + r * d, d, ps.data(), s.group, codes + r * rb);
+      }
+      break;
+    }
+    case Gran::Channel: {
+      std::vector<Params> ps(d);
+      for (uint64_t r0 = 0; r0 < n; r0 += s.group) {
+        const uint64_t rows = std::min<uint64_t>(s.group, n - r0);
+        for (uint64_t c = 0; c < d; ++c) {
+          float lo, hi;
+          min_max(x + r0 * d + c, rows, d, &lo, &hi);
+          ps[c] = make_params(s, lo, hi);
+          put((r0 / s.group) * d + c, ps[c]);
+        }
+        for (uint64_t r = r0; r < r0 + rows; ++r) encode_row(s, x + r * d, d, ps.data(), 1, codes + r * rb);
+      }
+      break;
+    }
+  }
+}
+
+void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
+            uint64_t n, uint64_t d, float *out) {
+  const uint64_t rb = row_bytes(s.dtype, d);
+  if (!has_scales(s)) {
+    for (uint64_t r = 0; r < n; ++r) decode_row(s, codes + r * rb, d, nullptr, d, out + r * d);
+    return;
+  }
+  const uint64_t sb = scale_bytes(s);
+  auto get = [&](uint64_t idx) {
+    Params p;
+    p.scale = load_scale(scales + idx * sb, s.scale_dtype);
+    if (s.asym) p.zero = load_scale(zeros + idx * sb, s.scale_dtype);
+    return p;
+  };
+  switch (s.gran) {
+    case Gran::None: break;
+    case Gran::Tensor: {
+      const Params p = get(0);
+      for (uint64_t r = 0; r < n; ++r) decode_row(s, codes + r * rb, d, &p, d ? d : 1, out + r * d);
+      break;
+    }
+    case Gran::Token:
+      for (uint64_t r = 0; r < n; ++r) {
+        const Params p = get(r);
+        decode_row(s, codes + r * rb, d, &p, d ? d : 1, out + r * d);
+      }
+      break;
+    case Gran::Group: {
+      const uint64_t ng = (d + s.group - 1) / s.group;
+      std::vector<Params> ps(ng);
+      for (uint64_t r = 0; r < n; ++r) {
+        for (uint64_t g = 0; g < ng; ++g) ps[g] = get(r * ng + g);
+        decode_row(s, codes + r * rb, d, ps.data(), s.group, out + r * d);
+      }
+      break;
+    }
+    case Gran::Channel: {
+      std::vector<Params> ps(d);
+      for (uint64_t r = 0; r < n; ++r) {
+        if (r % s.group == 0)
+          for (uint64_t c = 0; c < d; ++c) ps[c] = get((r / s.group) * d + c);
+        decode_row(s, codes + r * rb, d, ps.data(), 1, out + r * d);
+      }
+      break;
+    }
+  }
+}
+
+void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
+              uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
+  std::vector<float> x(n * d);
+  core::convert(src, src_type, x.data(), core::DType::F32, n * d);
+  check_finite(x.data(), n * d, "input");
+  if (s.rotation_block)
+    for (uint64_t r = 0; r < n; ++r) hadamard(x.data() + r * d, d, s.rotation_block);
+  encode(s, x.data(), n, d, codes, scales, zeros);
+}
+
+void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
+                uint64_t n, uint64_t d, void *dst, core::DType dst_type) {
+  std::vector<float> x(n * d);
+  decode(s, codes, scales, zeros, n, d, x.data());
+  if (s.rotation_block)
+    for (uint64_t r = 0; r < n; ++r) hadamard(x.data() + r * d, d, s.rotation_block);
+  core::convert(x.data(), core::DType::F32, dst, dst_type, n * d);
+}
+
+namespace {
+template <int kMant, int kBias, bool kHasInf>
+std::vector<float> make_table() {
+  std::vector<float> t(256);
+  for (int c = 0; c < 256; ++c) {
+    const int sign = c >> 7, e = (c >> kMant) & ((1 << (7 - kMant)) - 1), m = c & ((1 << kMant) - 1);
+    const int emax = (1 << (7 - kMant)) - 1;
+    float v;
+    if (e == 0) {
+      v = std::ldexp(static_cast<float>(m), 1 - kBias - kMant);
+    } else if (kHasInf && e == emax) {
+      v = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
+    } else if (!kHasInf && e == emax && m == (1 << kMant) - 1) {
+      v = std::numeric_limits<float>::quiet_NaN();
+    } else {
+      v = std::ldexp(1.0f + static_cast<float>(m) / static_cast<float>(1 << kMant), e - kBias);
+    }
+    t[c] = sign ? -v : v;
+  }
+  return t;
+}
+}  // namespace
+
+const float *fp8_e4m3_table() {
+  static const std::vector<float> t = make_table<3, 7, false>();
+  return t.data();
+}
+const float *fp8_e5m2_table() {
+  static const std::vector<float> t = make_table<2, 15, true>();
+  return t.data();
+}
+
+}  // namespace kvc::codec

@@ -1,0 +1,92 @@
+// Codecs: how K and V values are stored, and the quantize / dequantize
+// routines that the pool and the standalone kvc_quantize() API share.
+//
+// Methods and their sources:
+// - symmetric int8 / int4 / int2 with scale = absmax / qmax (per tensor,
+//   per token, per group): the standard absmax quantizer (LLM.int8, vLLM's
+//   int8 KV, llama.cpp's q8_0 / q4_0 use per-group scales of 32);
+// - asymmetric (min/max with a zero point): KIVI (arXiv 2402.02750);
+// - per channel over a group of G tokens (keys in KIVI);
+// - fp8 e4m3 / e5m2 with a scale (vLLM, TensorRT-LLM k_scale / v_scale);
+// - a Hadamard rotation before quantizing (QuaRot arXiv 2404.00456,
+//   TurboQuant arXiv 2504.19874).
+// Byte layouts are in docs/codecs.md; everything that leaves the process is
+// little-endian.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/convert.h"
+
+namespace kvc::codec {
+
+// Storage dtypes; values equal the public kvc_dtype.
+enum class Dtype : int32_t {
+  F32 = 0, F16 = 1, BF16 = 2, FP8_E4M3 = 3, FP8_E5M2 = 4, INT8 = 5, INT4 = 6, INT2 = 7,
+};
+// Values equal the public kvc_granularity.
+enum class Gran : int32_t { None = 0, Tensor = 1, Token = 2, Group = 3, Channel = 4 };
+
+struct Spec {
+  Dtype dtype = Dtype::F16;
+  Gran gran = Gran::None;
+  uint32_t group = 0;            // Group: values per group; Channel: tokens per group
+  bool asym = false;             // zero point (integer dtypes only)
+  Dtype scale_dtype = Dtype::F32;  // F32 or F16
+  double static_scale = 0.0;     // > 0: fixed scale (Tensor granularity), 0: dynamic
+  uint32_t rotation_block = 0;   // 0: none; else a Hadamard block (power of two)
+};
+
+inline bool is_float(Dtype d) { return d == Dtype::F32 || d == Dtype::F16 || d == Dtype::BF16; }
+inline bool is_int(Dtype d) { return d == Dtype::INT8 || d == Dtype::INT4 || d == Dtype::INT2; }
+inline bool is_fp8(Dtype d) { return d == Dtype::FP8_E4M3 || d == Dtype::FP8_E5M2; }
+int bits_of(Dtype d);
+const char *dtype_name(Dtype d);
+
+// Bytes of codes for one row of d values.
+inline uint64_t row_bytes(Dtype dt, uint64_t d) { return (d * static_cast<uint64_t>(bits_of(dt)) + 7) / 8; }
+
+// Number of scales (and of zero points when asymmetric) for an [n][d] array.
+uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d);
+inline uint64_t scale_bytes(const Spec &s) { return s.scale_dtype == Dtype::F16 ? 2 : 4; }
+
+// Checks a spec for rows of length d (throws core::Error: InvalidArgument,
+// InvalidScale).
+void validate(const Spec &s, uint64_t d);
+
+// Largest power of two dividing d (capped at 1024): the default Hadamard block.
+uint32_t default_rotation_block(uint64_t d);
+
+// Normalized fast Walsh-Hadamard transform of each block of `block` values of
+// x[0..d) (block divides d, power of two). Orthogonal and its own inverse.
+void hadamard(float *x, uint64_t d, uint32_t block);
+
+// Throws NonFinite when any of the n values is NaN or Inf.
+void check_finite(const float *x, uint64_t n, const char *what);
+
+// Quantize x[n][d] (f32, row stride d). codes: [n][row_bytes(d)];
+// scales/zeros: num_scales() entries of scale_dtype (zeros only if asym).
+// Rotation, if any, must already be applied by the caller (see quantize()).
+void encode(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *codes, uint8_t *scales,
+            uint8_t *zeros);
+// Inverse of encode (no rotation).
+void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
+            uint64_t n, uint64_t d, float *out);
+
+// The standalone array API: converts `src` from src_type, rotates, checks
+// finiteness, encodes; decode + inverse rotation + conversion. Allocates
+// scratch memory.
+void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
+              uint8_t *codes, uint8_t *scales, uint8_t *zeros);
+void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
+                uint64_t n, uint64_t d, void *dst, core::DType dst_type);
+
+// Scale helpers (little-endian f32 or f16 in memory).
+float load_scale(const uint8_t *p, Dtype sd);
+void store_scale(uint8_t *p, Dtype sd, float v);
+// Rounds a scale up (or a zero point down) to the nearest value of sd.
+float round_scale_up(float v, Dtype sd);
+float round_zero_down(float v, Dtype sd);
+
+}  // namespace kvc::codec

@@ -1,0 +1,385 @@
+// codec_*: every codec against its analytic bound (white-box, internal API).
+// - integer codecs, unrotated: every element within half a quantization step
+//   of its input (the step of its own group);
+// - fp8: decoding then re-encoding every code is the identity; encoding
+//   rounds to the nearest code (ties to even) and saturates;
+// - rotated codecs: the L2 error of each row equals the error in the rotated
+//   space, which is within the codec's bound there.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+#include "codec/fp8.h"
+#include "core/error.h"
+
+using namespace kvc::codec;
+
+static int g_fail = 0;
+#define CHECK(c)                                                                         \
+  do {                                                                                   \
+    if (!(c)) {                                                                          \
+      if (g_fail < 25) std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
+      ++g_fail;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+static std::mt19937 rng(20261129);
+
+static std::vector<float> gaussian(size_t n, float sigma, float mean = 0.0f) {
+  std::normal_distribution<float> g(mean, sigma);
+  std::vector<float> v(n);
+  for (auto &x : v) x = g(rng);
+  return v;
+}
+
+struct Quantized {
+  std::vector<uint8_t> codes, scales, zeros;
+  std::vector<float> out;
+};
+
+static Quantized roundtrip(const Spec &s, const std::vector<float> &x, uint64_t n, uint64_t d) {
+  Quantized q;
+  q.codes.resize(n * row_bytes(s.dtype, d));
+  q.scales.resize(num_scales(s, n, d) * scale_bytes(s));
+  q.zeros.resize(s.asym ? q.scales.size() : 0);
+  quantize(s, x.data(), kvc::core::DType::F32, n, d, q.codes.data(), q.scales.data(),
+           q.zeros.data());
+  q.out.resize(n * d);
+  dequantize(s, q.codes.data(), q.scales.data(), q.zeros.data(), n, d, q.out.data(),
+             kvc::core::DType::F32);
+  return q;
+}
+
+// The scale (step) that element (r, c) was quantized with.
+static float step_of(const Spec &s, const Quantized &q, uint64_t r, uint64_t c, uint64_t n,
+                     uint64_t d) {
+  (void)n;
+  uint64_t idx = 0;
+  switch (s.gran) {
+    case Gran::Tensor: idx = 0; break;
+    case Gran::Token: idx = r; break;
+    case Gran::Group: idx = r * ((d + s.group - 1) / s.group) + c / s.group; break;
+    case Gran::Channel: idx = (r / s.group) * d + c; break;
+    case Gran::None: return 0.0f;
+  }
+  return load_scale(q.scales.data() + idx * scale_bytes(s), s.scale_dtype);
+}
+
+static std::string describe(const Spec &s, uint64_t d) {
+  char b[160];
+  std::snprintf(b, sizeof b, "%s gran=%d G=%u %s scale=%s d=%llu", dtype_name(s.dtype),
+                static_cast<int>(s.gran), s.group, s.asym ? "asym" : "sym",
+                s.scale_dtype == Dtype::F16 ? "f16" : "f32", static_cast<unsigned long long>(d));
+  return b;
+}
+
+static void test_int_bounds() {
+  const uint64_t dims[] = {8, 64, 96, 128, 256};
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2})
+    for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
+      for (bool asym : {false, true})
+        for (Dtype sd : {Dtype::F32, Dtype::F16})
+          for (uint64_t d : dims) {
+            Spec s;
+            s.dtype = dt;
+            s.gran = g;
+            s.asym = asym;
+            s.scale_dtype = sd;
+            s.group = g == Gran::Group ? 32 : g == Gran::Channel ? 16 : 0;
+            const uint64_t n = 37;
+            // Real-looking data: a few outlier channels, a shifted mean.
+            std::vector<float> x = gaussian(n * d, 1.0f, asym ? 0.7f : 0.0f);
+            for (uint64_t r = 0; r < n; ++r) x[r * d + (d / 3)] *= 12.0f;
+            Quantized q = roundtrip(s, x, n, d);
+            float worst = 0.0f;
+            for (uint64_t r = 0; r < n; ++r)
+              for (uint64_t c = 0; c < d; ++c) {
+                const float step = step_of(s, q, r, c, n, d);
+                const float err = std::fabs(q.out[r * d + c] - x[r * d + c]);
+                // Half a step, plus float rounding of x * (1/step) and q * step.
+                const float bound = 0.5f * step * (1.0f + 1e-5f) + 4e-7f * std::fabs(x[r * d + c]);
+                if (err > bound) {
+                  if (worst == 0.0f)
+                    std::fprintf(stderr, "%s: r=%llu c=%llu x=%g out=%g step=%g\n",
+                                 describe(s, d).c_str(), (unsigned long long)r,
+                                 (unsigned long long)c, x[r * d + c], q.out[r * d + c], step);
+                  worst = err;
+                }
+              }
+            CHECK(worst == 0.0f);
+          }
+}
+
+static void test_zero_rows_exact() {
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+    for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
+      for (bool asym : {false, true}) {
+        if (asym && is_fp8(dt)) continue;
+        Spec s;
+        s.dtype = dt;
+        s.gran = g;
+        s.asym = asym;
+        s.group = 4;
+        const uint64_t n = 6, d = 24;
+        std::vector<float> x = gaussian(n * d, 2.0f);
+        for (uint64_t c = 0; c < d; ++c) x[2 * d + c] = 0.0f;  // an all-zero token
+        if (g == Gran::Tensor) std::fill(x.begin(), x.end(), 0.0f);
+        Quantized q = roundtrip(s, x, n, d);
+        for (uint64_t c = 0; c < d; ++c) {
+          // Per-channel groups mix the zero row with other rows: the
+          // symmetric codes still give exactly 0 for 0; asymmetric ones
+          // only when the whole group is zero.
+          if (g == Gran::Channel && asym) continue;
+          CHECK(q.out[2 * d + c] == 0.0f);
+        }
+        for (float v : q.out) CHECK(std::isfinite(v));
+      }
+}
+
+static uint8_t ref_fp8(float x, const float *table, int max_code) {
+  // Nearest finite code by value; ties to the even code; beyond max: saturate.
+  int best = 0;
+  double bd = INFINITY;
+  for (int c = 0; c <= max_code; ++c) {
+    const double v = table[c];
+    const double dd = std::fabs(std::fabs(static_cast<double>(x)) - v);
+    if (dd < bd || (dd == bd && (c & 1) == 0)) {
+      bd = dd;
+      best = c;
+    }
+  }
+  return static_cast<uint8_t>(best | (std::signbit(x) ? 0x80 : 0));
+}
+
+static void test_fp8() {
+  const float *t4 = fp8_e4m3_table(), *t5 = fp8_e5m2_table();
+  CHECK(t4[0x7e] == 448.0f);
+  CHECK(std::isnan(t4[0x7f]));
+  CHECK(t4[0x01] == std::ldexp(1.0f, -9));
+  CHECK(t5[0x7b] == 57344.0f);
+  CHECK(std::isinf(t5[0x7c]));
+  CHECK(t5[0x01] == std::ldexp(1.0f, -16));
+  for (int c = 0; c < 256; ++c) {
+    if (!std::isnan(t4[c])) CHECK(fp8_e4m3_encode(t4[c]) == c || (t4[c] == 0.0f && (c & 0x7f) == 0));
+    if (std::isfinite(t5[c])) CHECK(fp8_e5m2_encode(t5[c]) == c || (t5[c] == 0.0f && (c & 0x7f) == 0));
+  }
+  // Saturation, never NaN or Inf.
+  CHECK(fp8_e4m3_encode(500.0f) == 0x7e);
+  CHECK(fp8_e4m3_encode(-1000.0f) == 0xfe);
+  CHECK(fp8_e4m3_encode(INFINITY) == 0x7e);
+  CHECK(fp8_e5m2_encode(1e9f) == 0x7b);
+  // Random values against the nearest-code reference; midpoints included.
+  std::uniform_real_distribution<float> ue(-12.0f, 9.5f);
+  for (int i = 0; i < 40000; ++i) {
+    float x = std::ldexp(1.0f + std::uniform_real_distribution<float>(0, 1)(rng), static_cast<int>(ue(rng)));
+    if (i & 1) x = -x;
+    if (i % 7 == 0) {  // an exact midpoint between two e4m3 codes
+      const int c = static_cast<int>(rng() % 0x7e);
+      x = 0.5f * (t4[c] + t4[c + 1]);
+    }
+    CHECK(fp8_e4m3_encode(x) == ref_fp8(x, t4, 0x7e));
+    if (std::fabs(x) < 1e5f) CHECK(fp8_e5m2_encode(x) == ref_fp8(x, t5, 0x7b));
+  }
+  // Relative error of normal values within half an ulp: 2^-4 (e4m3), 2^-3 (e5m2).
+  for (float x : gaussian(20000, 30.0f)) {
+    const float a = std::fabs(x);
+    if (a >= std::ldexp(1.0f, -6) && a <= 448.0f) {
+      const float y = t4[fp8_e4m3_encode(x)];
+      CHECK(std::fabs(y - x) <= std::ldexp(1.0f, -4) * a * (1 + 1e-6f));
+    }
+    if (a >= std::ldexp(1.0f, -14)) {
+      const float y = t5[fp8_e5m2_encode(x)];
+      CHECK(std::fabs(y - x) <= std::ldexp(1.0f, -3) * a * (1 + 1e-6f));
+    }
+  }
+  // Through the quantizer with a static scale of 1: 500 -> 448, -1000 -> -448.
+  Spec s;
+  s.dtype = Dtype::FP8_E4M3;
+  s.gran = Gran::Tensor;
+  s.static_scale = 1.0;
+  std::vector<float> x = {500.0f, -1000.0f, 3.0f, 0.0f};
+  Quantized q = roundtrip(s, x, 1, 4);
+  CHECK(q.out[0] == 448.0f);
+  CHECK(q.out[1] == -448.0f);
+  CHECK(q.out[2] == 3.0f);
+  CHECK(q.out[3] == 0.0f);
+  // Dynamic per-token fp8: every normal value within half an ulp (relative).
+  s.static_scale = 0.0;
+  s.gran = Gran::Token;
+  for (Dtype dt : {Dtype::FP8_E4M3, Dtype::FP8_E5M2}) {
+    s.dtype = dt;
+    std::vector<float> y = gaussian(16 * 128, 3.0f);
+    Quantized r = roundtrip(s, y, 16, 128);
+    const float rel = dt == Dtype::FP8_E4M3 ? std::ldexp(1.0f, -4) : std::ldexp(1.0f, -3);
+    for (uint64_t t = 0; t < 16; ++t) {
+      const float sc = load_scale(r.scales.data() + t * 4, Dtype::F32);
+      for (uint64_t c = 0; c < 128; ++c) {
+        const float v = y[t * 128 + c], o = r.out[t * 128 + c];
+        const float smallest_normal = (dt == Dtype::FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14)) * sc;
+        if (std::fabs(v) >= smallest_normal) CHECK(std::fabs(o - v) <= rel * std::fabs(v) * 1.0001f);
+      }
+    }
+  }
+}
+
+static void expect_error(const std::function<void()> &f, kvc::core::Errc code) {
+  try {
+    f();
+    CHECK(!"expected an error");
+  } catch (const kvc::core::Error &e) {
+    CHECK(e.code() == code);
+  }
+}
+
+static void test_static_scales() {
+  for (Dtype dt : {Dtype::INT8, Dtype::FP8_E4M3, Dtype::FP8_E5M2, Dtype::INT4}) {
+    Spec s;
+    s.dtype = dt;
+    s.gran = Gran::Tensor;
+    for (double bad : {1e-50, 1e300, std::nan(""), -1.0, double(INFINITY)}) {
+      s.static_scale = bad;
+      expect_error([&] { validate(s, 8); }, kvc::core::Errc::InvalidScale);
+    }
+    s.static_scale = 0.5;
+    validate(s, 8);
+    std::vector<float> x = gaussian(64, 4.0f);
+    for (auto &v : x) v = std::max(-3.5f, std::min(3.5f, v));  // inside int4's static range
+    Quantized q = roundtrip(s, x, 8, 8);
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (is_int(dt)) CHECK(std::fabs(q.out[i] - x[i]) <= 0.25f * (1 + 1e-6f));
+      else CHECK(std::fabs(q.out[i] - x[i]) <= std::fabs(x[i]) * 0.125f + 1e-3f);
+    }
+  }
+}
+
+// int4 at head_dim 96 with group scales: values all in [5, 6] come back
+// within (6 - 5) / 15 / 2: the group range is over real values only, never
+// pulled towards 0 by padding (a group of 64 leaves a partial group of 32).
+static void test_int4_partial_group() {
+  for (uint32_t g : {32u, 64u, 96u, 128u}) {
+    Spec s;
+    s.dtype = Dtype::INT4;
+    s.gran = Gran::Group;
+    s.group = g;
+    s.asym = true;
+    std::uniform_real_distribution<float> u(5.0f, 6.0f);
+    std::vector<float> x(3 * 96);
+    for (auto &v : x) v = u(rng);
+    x[0] = 5.0f;
+    x[1] = 6.0f;
+    Quantized q = roundtrip(s, x, 3, 96);
+    for (size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(q.out[i] - x[i]) <= (6.0f - 5.0f) / 15.0f / 2.0f * 1.0001f);
+  }
+}
+
+static void test_rotation_bound() {
+  for (Dtype dt : {Dtype::INT4, Dtype::INT2, Dtype::INT8})
+    for (uint64_t d : {8ull, 64ull, 96ull, 128ull, 256ull}) {
+      Spec s;
+      s.dtype = dt;
+      s.gran = Gran::Group;
+      s.group = 32;
+      s.asym = dt == Dtype::INT2;
+      s.rotation_block = default_rotation_block(d);
+      const uint64_t n = 20;
+      std::vector<float> x = gaussian(n * d, 1.0f);
+      for (uint64_t r = 0; r < n; ++r) x[r * d + 1] += 25.0f;  // an outlier channel
+      Quantized q = roundtrip(s, x, n, d);
+      // The rotated input and the bound of the unrotated codec applied to it.
+      for (uint64_t r = 0; r < n; ++r) {
+        std::vector<float> xr(x.begin() + r * d, x.begin() + (r + 1) * d);
+        hadamard(xr.data(), d, s.rotation_block);
+        double bound2 = 0.0, err2 = 0.0;
+        for (uint64_t c = 0; c < d; ++c) {
+          const float step = step_of(s, q, r, c, n, d);
+          bound2 += 0.25 * step * step;
+          const double e = q.out[r * d + c] - x[r * d + c];
+          err2 += e * e;
+        }
+        CHECK(std::sqrt(err2) <= std::sqrt(bound2) * 1.001 + 1e-5);
+      }
+      // The transform is orthogonal and its own inverse.
+      std::vector<float> y(x.begin(), x.begin() + d), z = y;
+      hadamard(z.data(), d, s.rotation_block);
+      double n1 = 0, n2 = 0;
+      for (uint64_t c = 0; c < d; ++c) n1 += y[c] * y[c], n2 += z[c] * z[c];
+      CHECK(std::fabs(n1 - n2) <= 1e-4 * n1);
+      hadamard(z.data(), d, s.rotation_block);
+      for (uint64_t c = 0; c < d; ++c) CHECK(std::fabs(z[c] - y[c]) <= 1e-4f * (1 + std::fabs(y[c])));
+    }
+}
+
+static void test_nonfinite_rejected() {
+  Spec s;
+  s.dtype = Dtype::INT8;
+  s.gran = Gran::Token;
+  std::vector<float> x = gaussian(32, 1.0f);
+  x[17] = std::nanf("");
+  std::vector<uint8_t> codes(32, 0xaa), scales(4 * 4, 0xbb);
+  expect_error([&] { quantize(s, x.data(), kvc::core::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
+               kvc::core::Errc::NonFinite);
+  for (uint8_t c : codes) CHECK(c == 0xaa);  // nothing written
+  for (uint8_t c : scales) CHECK(c == 0xbb);
+  x[17] = INFINITY;
+  expect_error([&] { quantize(s, x.data(), kvc::core::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
+               kvc::core::Errc::NonFinite);
+}
+
+static void test_byte_layout() {
+  // int4 symmetric: element 0 in the low nibble, stored as q + 8.
+  Spec s;
+  s.dtype = Dtype::INT4;
+  s.gran = Gran::Token;
+  std::vector<float> x = {7.0f, -7.0f, 0.0f, 1.0f};
+  Quantized q = roundtrip(s, x, 1, 4);
+  CHECK(q.codes[0] == (0x1 << 4 | 0xf));  // 7 -> 15 (low), -7 -> 1 (high)
+  CHECK(q.codes[1] == (0x9 << 4 | 0x8));  // 0 -> 8, 1 -> 9
+  CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  CHECK(q.scales[0] == 0x00 && q.scales[3] == 0x3f);  // 1.0f little-endian
+  // int2 asymmetric: element j at bits 2j.
+  s.dtype = Dtype::INT2;
+  s.asym = true;
+  x = {0.0f, 1.0f, 2.0f, 3.0f};
+  q = roundtrip(s, x, 1, 4);
+  CHECK(q.codes[0] == (3 << 6 | 2 << 4 | 1 << 2 | 0));
+  CHECK(load_scale(q.zeros.data(), Dtype::F32) == 0.0f);
+  CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  // int8 symmetric: two's complement.
+  s.dtype = Dtype::INT8;
+  s.asym = false;
+  x = {-127.0f, 127.0f, -1.0f, 0.0f};
+  q = roundtrip(s, x, 1, 4);
+  CHECK(q.codes[0] == 0x81 && q.codes[1] == 0x7f && q.codes[2] == 0xff && q.codes[3] == 0);
+  // Round half to even: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2 (scale 1 via 127 max).
+  x = {127.0f, 0.5f, 1.5f, 2.5f};
+  q = roundtrip(s, x, 1, 4);
+  CHECK(q.codes[1] == 0 && q.codes[2] == 2 && q.codes[3] == 2);
+}
+
+int main(int argc, char **argv) {
+  const std::map<std::string, void (*)()> tests = {
+      {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
+      {"fp8", test_fp8},                     {"static_scales", test_static_scales},
+      {"int4_partial_group", test_int4_partial_group},
+      {"rotation_bound", test_rotation_bound}, {"nonfinite", test_nonfinite_rejected},
+      {"byte_layout", test_byte_layout},
+  };
+  int ran = 0;
+  for (const auto &[name, fn] : tests)
+    if (argc < 2 || name == argv[1]) {
+      fn();
+      ++ran;
+    }
+  if (!ran) {
+    std::fprintf(stderr, "no test named %s\n", argv[1]);
+    return 1;
+  }
+  std::printf("%d passed, %d failed\n", g_fail ? 0 : ran, g_fail ? 1 : 0);
+  return g_fail ? 1 : 0;
+}
