@@ -3,12 +3,14 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <new>
 
+#include "codec/fp8.h"
 #include "core/error.h"
 
 namespace kvc::core {
@@ -28,7 +30,44 @@ void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
          std::string(name) + " " + u64s(v) + ": must be " + u64s(lo) + ".." + u64s(hi));
 }
 
+// Bytes of part kv (0 = K, 1 = V) of one block; UINT64_MAX on overflow.
+// Per-thread scratch rows: grown on demand (the first call of a thread with a
+// larger row allocates once), so steady-state appends allocate nothing.
+float *scratch(std::vector<float> &v, uint64_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+thread_local std::vector<float> t_scratch_row, t_scratch_input;
+
+uint64_t part_bytes(const PoolConfig &c, int kv) {
+  const codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
+  const uint64_t h = c.num_kv_heads, d = c.head_dim, bs = c.block_size;
+  uint64_t row = 0, codes = 0;
+  if (mul_overflows(h, d, &row)) return UINT64_MAX;
+  if (codec::is_float(sp.dtype)) {
+    const uint64_t e = dtype_bytes(kv == 0 ? c.k_dtype : c.v_dtype);
+    if (mul_overflows(row, e, &row) || mul_overflows(row, bs, &codes)) return UINT64_MAX;
+    return codes;
+  }
+  if (mul_overflows(codec::row_bytes(sp.dtype, d), h, &row) || mul_overflows(row, bs, &codes))
+    return UINT64_MAX;
+  const uint64_t per_token = scales_per_token(sp, h, d);
+  const uint64_t sc = bs * per_token * codec::scale_bytes(sp) * (sp.asym ? 2 : 1);
+  return codes + sc;
+}
+
 }  // namespace
+
+float *scratch_f32(uint64_t n) { return scratch(t_scratch_row, n); }
+float *scratch_input(uint64_t n) { return scratch(t_scratch_input, n); }
+
+uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim) {
+  switch (sp.gran) {
+    case codec::Gran::Token: return num_kv_heads;  // one per (token, KV head)
+    case codec::Gran::Group: return (num_kv_heads * head_dim + sp.group - 1) / sp.group;
+    default: return 0;
+  }
+}
 
 void Pool::validate(PoolConfig &c) {
   check_range("num_layers", c.num_layers, 1, 4096);
@@ -51,6 +90,34 @@ void Pool::validate(PoolConfig &c) {
   if (!dtype_valid(static_cast<int32_t>(c.v_dtype)))
     fail(Errc::InvalidArgument, "v_dtype " + std::to_string(static_cast<int32_t>(c.v_dtype)) +
                                     ": unknown storage dtype");
+  for (int kv = 0; kv < 2; ++kv) {
+    codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
+    const char *name = kv == 0 ? "k_codec" : "v_codec";
+    if (codec::is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 &&
+        !sp.asym && sp.rotation_block == 0) {
+      sp.dtype = static_cast<codec::Dtype>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
+      continue;
+    }
+    try {
+      codec::validate(sp, c.head_dim);
+    } catch (const Error &e) {
+      fail(e.code(), std::string(name) + ": " + e.what());
+    }
+    if (codec::is_float(sp.dtype)) {
+      (kv == 0 ? c.k_dtype : c.v_dtype) = static_cast<DType>(sp.dtype);
+      continue;
+    }
+    if (sp.gran == codec::Gran::Channel)
+      fail(Errc::Unsupported, std::string(name) +
+                                  ": per-channel scales need a residual window of staged tokens, "
+                                  "which this version's pool does not have (kvc_quantize supports them)");
+    if ((static_cast<uint64_t>(c.head_dim) * codec::bits_of(sp.dtype)) % 8 != 0)
+      fail(Errc::InvalidArgument, std::string(name) + ": head_dim " + u64s(c.head_dim) + " x " +
+                                      std::to_string(codec::bits_of(sp.dtype)) +
+                                      " bits is not a whole number of bytes");
+    if (c.layout != Layout::NHD)
+      fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
+  }
   if (c.layout != Layout::NHD && c.layout != Layout::HND)
     fail(Errc::InvalidArgument,
          "layout " + std::to_string(static_cast<int32_t>(c.layout)) + ": must be NHD or HND");
@@ -62,12 +129,13 @@ void Pool::validate(PoolConfig &c) {
   if (c.device_index != 0)
     fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) +
                                     ": must be 0 for the CPU");
-  // Bytes of one block: block_size * kv_heads * head_dim * (k_elem + v_elem).
-  uint64_t row = 0, kb = 0, vb = 0, stride = 0;
-  if (mul_overflows(static_cast<uint64_t>(c.num_kv_heads) * c.head_dim, c.block_size, &row) ||
-      mul_overflows(row, dtype_bytes(c.k_dtype), &kb) ||
-      mul_overflows(row, dtype_bytes(c.v_dtype), &vb) || __builtin_add_overflow(kb, vb, &stride))
-    fail(Errc::Overflow, "block size in bytes overflows 64 bits");
+  // Bytes of one block (K and V parts, scales and zero points included).
+  uint64_t stride = 0;
+  for (int kv = 0; kv < 2; ++kv) {
+    const uint64_t part = part_bytes(c, kv);
+    if (part == UINT64_MAX || __builtin_add_overflow(stride, part, &stride))
+      fail(Errc::Overflow, "block size in bytes overflows 64 bits");
+  }
   if (c.num_blocks == 0 && c.capacity_bytes == 0)
     fail(Errc::InvalidArgument, "no capacity: set num_blocks or capacity_bytes");
   if (c.num_blocks != 0 && c.capacity_bytes != 0)
@@ -98,21 +166,36 @@ Pool::Pool(const PoolConfig &cfg)
       }()),
       alloc_(static_cast<uint32_t>(cfg_.num_blocks)) {
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, bs = cfg_.block_size;
-  const uint64_t ek = dtype_bytes(cfg_.k_dtype), ev = dtype_bytes(cfg_.v_dtype);
-  k_bytes_ = bs * h * hd * ek;
-  v_bytes_ = bs * h * hd * ev;
-  block_stride_ = k_bytes_ + v_bytes_;
-  if (cfg_.layout == Layout::NHD) {
-    k_token_stride_ = h * hd * ek;
-    k_head_stride_ = hd * ek;
-    v_token_stride_ = h * hd * ev;
-    v_head_stride_ = hd * ev;
-  } else {
-    k_token_stride_ = hd * ek;
-    k_head_stride_ = bs * hd * ek;
-    v_token_stride_ = hd * ev;
-    v_head_stride_ = bs * hd * ev;
+  uint64_t off = 0;
+  for (int kv = 0; kv < 2; ++kv) {
+    PartLayout &pl = part_[kv];
+    pl.spec = kv == 0 ? cfg_.k_codec : cfg_.v_codec;
+    pl.quantized = !codec::is_float(pl.spec.dtype);
+    pl.offset = off;
+    if (!pl.quantized) {
+      const uint64_t e = dtype_bytes(static_cast<DType>(pl.spec.dtype));
+      pl.codes_bytes = bs * h * hd * e;
+      pl.token_stride = cfg_.layout == Layout::NHD ? h * hd * e : hd * e;
+      pl.head_stride = cfg_.layout == Layout::NHD ? hd * e : bs * hd * e;
+    } else {
+      const uint64_t rb = codec::row_bytes(pl.spec.dtype, hd);
+      pl.codes_bytes = bs * h * rb;
+      pl.token_stride = h * rb;
+      pl.head_stride = rb;
+      pl.scales_per_token = scales_per_token(pl.spec, h, hd);
+      pl.scale_bytes = codec::scale_bytes(pl.spec);
+      pl.scale_offset = off + pl.codes_bytes;
+      pl.zero_offset = pl.scale_offset + bs * pl.scales_per_token * pl.scale_bytes;
+      pl.rotation_block = pl.spec.rotation_block;
+      tensor_scale_[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
+      const uint32_t fixed = pl.spec.static_scale > 0.0
+                                 ? f32_bits(static_cast<float>(pl.spec.static_scale)) : 0u;
+      for (uint32_t l = 0; l < cfg_.num_layers; ++l) tensor_scale_[kv][l].store(fixed);
+    }
+    pl.bytes = part_bytes(cfg_, kv);
+    off += pl.bytes;
   }
+  block_stride_ = off;
   arena_bytes_ = cfg_.num_blocks * block_stride_;
   // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
   void *p = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -173,7 +256,8 @@ PoolStats Pool::stats() const {
   s.blocks_used = alloc_.num_used();
   s.blocks_shared = alloc_.num_shared();
   s.bytes_per_block = block_stride_;
-  s.bytes_per_token = block_stride_ / cfg_.block_size * cfg_.num_layers;
+  // Exact: a block's bytes (codes, scales and zero points) over its tokens.
+  s.bytes_per_token = block_stride_ * cfg_.num_layers / cfg_.block_size;
   s.bytes_total = arena_bytes_;
   s.bytes_in_use = (s.blocks_used + s.blocks_cached) * block_stride_;
   s.peak_bytes_in_use = peak_blocks_ * block_stride_;
@@ -186,14 +270,8 @@ PoolLayout Pool::layout() const {
   l.base = arena_;
   l.num_blocks = cfg_.num_blocks;
   l.block_stride = block_stride_;
-  l.k_offset = 0;
-  l.k_token_stride = k_token_stride_;
-  l.k_head_stride = k_head_stride_;
-  l.k_bytes = k_bytes_;
-  l.v_offset = k_bytes_;
-  l.v_token_stride = v_token_stride_;
-  l.v_head_stride = v_head_stride_;
-  l.v_bytes = v_bytes_;
+  l.part[0] = part_[0];
+  l.part[1] = part_[1];
   return l;
 }
 
@@ -310,19 +388,109 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   note_usage();
 }
 
-void Pool::write_rows(uint8_t *dst_base, uint64_t token_stride, uint64_t head_stride, DType dst,
-                      const uint8_t *src, DType src_type, uint32_t slot, uint64_t count) const {
+float Pool::tensor_scale(int kv, uint32_t layer) const {
+  return bits_f32(tensor_scale_[kv][layer].load(std::memory_order_acquire));
+}
+
+// Dynamic per-tensor scale: fixed by the first write to the layer (as vLLM
+// computes k_scale / v_scale on the first forward pass); later values beyond
+// its range saturate.
+void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
+  if (tensor_scale_[kv][layer].load(std::memory_order_acquire) != 0) return;
+  const codec::Spec &sp = part_[kv].spec;
+  float absmax = 0.0f;
+  for (uint64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  const float qmax = sp.dtype == codec::Dtype::FP8_E4M3   ? codec::kFp8E4m3Max
+                     : sp.dtype == codec::Dtype::FP8_E5M2 ? codec::kFp8E5m2Max
+                     : sp.dtype == codec::Dtype::INT8     ? 127.0f
+                     : sp.dtype == codec::Dtype::INT4     ? 7.0f
+                                                          : 1.0f;
+  float scale = absmax > 0.0f ? codec::round_scale_up(absmax / qmax, sp.scale_dtype) : 1.0f;
+  if (!(scale > 0.0f)) scale = 1.0f;
+  uint32_t expected = 0;
+  tensor_scale_[kv][layer].compare_exchange_strong(expected, f32_bits(scale),
+                                                   std::memory_order_acq_rel);
+}
+
+// Writes `count` tokens into slots [slot, slot + count) of part kv of block
+// `blk`. Plain storage converts from `src`; quantized storage encodes the
+// (finite, already converted) f32 rows `src_f32`.
+void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
+                      const float *src_f32, uint32_t slot, uint64_t count) const {
+  const PartLayout &pl = part_[kv];
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
-  const uint64_t src_row = h * hd * dtype_bytes(src_type);
-  if (cfg_.layout == Layout::NHD) {
-    // count tokens are contiguous in the block: one conversion of the run.
-    convert(src, src_type, dst_base + slot * token_stride, dst, count * h * hd);
+  uint8_t *base = blk + pl.offset;
+  if (!pl.quantized) {
+    const DType dst = static_cast<DType>(pl.spec.dtype);
+    const uint64_t src_row = h * hd * dtype_bytes(src_type);
+    if (cfg_.layout == Layout::NHD) {
+      convert(src, src_type, base + slot * pl.token_stride, dst, count * h * hd);
+      return;
+    }
+    for (uint64_t t = 0; t < count; ++t)
+      for (uint64_t hh = 0; hh < h; ++hh)
+        convert(src + t * src_row + hh * hd * dtype_bytes(src_type), src_type,
+                base + hh * pl.head_stride + (slot + t) * pl.token_stride, dst, hd);
     return;
   }
-  for (uint64_t t = 0; t < count; ++t)
-    for (uint64_t hh = 0; hh < h; ++hh)
-      convert(src + t * src_row + hh * hd * dtype_bytes(src_type), src_type,
-              dst_base + hh * head_stride + (slot + t) * token_stride, dst, hd);
+  (void)src;
+  codec::Spec sp = pl.spec;
+  const uint64_t row = h * hd;
+  float *tmp = scratch_f32(row);
+  for (uint64_t t = 0; t < count; ++t) {
+    std::memcpy(tmp, src_f32 + t * row, row * sizeof(float));
+    if (pl.rotation_block) codec::hadamard(tmp, row, pl.rotation_block);
+    uint8_t *codes = base + (slot + t) * pl.token_stride;
+    uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    switch (sp.gran) {
+      case codec::Gran::Token: codec::encode(sp, tmp, h, hd, codes, scales, zeros); break;
+      case codec::Gran::Group: codec::encode(sp, tmp, 1, row, codes, scales, zeros); break;
+      default: {  // per tensor: the layer's scale
+        sp.static_scale = tensor_scale(kv, layer);
+        codec::encode(sp, tmp, 1, row, codes, nullptr, nullptr);
+      }
+    }
+  }
+}
+
+// Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of dst.
+void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
+                     uint8_t *out, DType dst) const {
+  const PartLayout &pl = part_[kv];
+  const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, row = h * hd;
+  const uint8_t *base = blk + pl.offset;
+  if (!pl.quantized) {
+    const DType st = static_cast<DType>(pl.spec.dtype);
+    if (cfg_.layout == Layout::NHD) {
+      convert(base + slot * pl.token_stride, st, out, dst, count * row);
+      return;
+    }
+    for (uint64_t t = 0; t < count; ++t)
+      for (uint64_t hh = 0; hh < h; ++hh)
+        convert(base + hh * pl.head_stride + (slot + t) * pl.token_stride, st,
+                out + (t * row + hh * hd) * dtype_bytes(dst), dst, hd);
+    return;
+  }
+  codec::Spec sp = pl.spec;
+  float *tmp = scratch_f32(row);
+  for (uint64_t t = 0; t < count; ++t) {
+    const uint8_t *codes = base + (slot + t) * pl.token_stride;
+    const uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    const uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    switch (sp.gran) {
+      case codec::Gran::Token: codec::decode(sp, codes, scales, zeros, h, hd, tmp); break;
+      case codec::Gran::Group: codec::decode(sp, codes, scales, zeros, 1, row, tmp); break;
+      default: {
+        uint8_t one[4];
+        sp.scale_dtype = codec::Dtype::F32;
+        codec::store_scale(one, codec::Dtype::F32, tensor_scale(kv, layer));
+        codec::decode(sp, codes, one, nullptr, 1, row, tmp);
+      }
+    }
+    if (pl.rotation_block) codec::hadamard(tmp, row, pl.rotation_block);
+    convert(tmp, DType::F32, out + t * row * dtype_bytes(dst), dst, row);
+  }
 }
 
 void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k,
@@ -348,19 +516,37 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       if (alloc_.refcount(l.blocks[b]) > 1) ++cnt;
     return cnt;
   };
+  // Quantized parts: convert the input to f32 once and reject NaN / Inf
+  // before anything is written.
+  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  const float *kf = nullptr, *vf = nullptr;
+  if (part_[0].quantized || part_[1].quantized) {
+    if (n > (uint64_t(1) << 40) / (row ? row : 1))
+      fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
+    float *buf = scratch_input(2 * n * row);
+    for (int kv = 0; kv < 2; ++kv) {
+      if (!part_[kv].quantized) continue;
+      float *dst = buf + kv * n * row;
+      convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
+      codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
+      (kv == 0 ? kf : vf) = dst;
+    }
+  }
   auto write = [&](LayerTable &l, uint64_t idx0) {
     const uint8_t *ks = static_cast<const uint8_t *>(k);
     const uint8_t *vs = static_cast<const uint8_t *>(v);
-    const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(src);
+    const uint64_t src_row = row * dtype_bytes(src);
+    for (int kv = 0; kv < 2; ++kv)
+      if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor)
+        calibrate(kv, layer, kv == 0 ? kf : vf, n * row);
     uint64_t done = 0;
     while (done < n) {
       const uint64_t idx = idx0 + done;
       const uint32_t slot = static_cast<uint32_t>(idx % bs);
       const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
       uint8_t *blk = block_ptr(l.blocks[idx / bs]);
-      write_rows(blk, k_token_stride_, k_head_stride_, cfg_.k_dtype, ks + done * row, src, slot, run);
-      write_rows(blk + k_bytes_, v_token_stride_, v_head_stride_, cfg_.v_dtype, vs + done * row, src,
-                 slot, run);
+      write_part(0, layer, blk, ks + done * src_row, src, kf ? kf + done * row : nullptr, slot, run);
+      write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr, slot, run);
       done += run;
     }
   };
@@ -408,22 +594,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
     const uint32_t slot = static_cast<uint32_t>(idx % bs);
     const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
     const uint8_t *blk = block_ptr(l.blocks[idx / bs]);
-    for (int kv = 0; kv < 2; ++kv) {
-      uint8_t *out = static_cast<uint8_t *>(kv == 0 ? k_out : v_out);
-      if (!out) continue;
-      const uint8_t *base = blk + (kv == 0 ? 0 : k_bytes_);
-      const uint64_t ts = kv == 0 ? k_token_stride_ : v_token_stride_;
-      const uint64_t hs = kv == 0 ? k_head_stride_ : v_head_stride_;
-      const DType st = kv == 0 ? cfg_.k_dtype : cfg_.v_dtype;
-      if (cfg_.layout == Layout::NHD) {
-        convert(base + slot * ts, st, out + done * row, dst, run * h * hd);
-      } else {
-        for (uint64_t t = 0; t < run; ++t)
-          for (uint64_t hh = 0; hh < h; ++hh)
-            convert(base + hh * hs + (slot + t) * ts, st,
-                    out + (done + t) * row + hh * hd * dtype_bytes(dst), dst, hd);
-      }
-    }
+    if (k_out) read_part(0, layer, blk, slot, run, static_cast<uint8_t *>(k_out) + done * row, dst);
+    if (v_out) read_part(1, layer, blk, slot, run, static_cast<uint8_t *>(v_out) + done * row, dst);
     done += run;
   }
   if (positions_out)

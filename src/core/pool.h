@@ -3,10 +3,12 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "core/block_allocator.h"
 #include "core/convert.h"
 #include "core/rwlock.h"
@@ -26,10 +28,21 @@ struct PoolConfig {
   uint64_t num_blocks = 0;
   uint64_t capacity_bytes = 0;
   DType k_dtype = DType::F16, v_dtype = DType::F16;
+  // Quantized storage (codecs): when k_codec.dtype is not a float dtype it
+  // overrides k_dtype (likewise for V). A float codec with no scales means
+  // plain k_dtype storage.
+  codec::Spec k_codec, v_codec;
   Layout layout = Layout::NHD;
   Device device = Device::CPU;
   int32_t device_index = 0;
 };
+
+// Scale entries per token slot in a block for a codec (per-token: one per
+// KV head; per-group: one per group of the [num_kv_heads * head_dim] row).
+uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim);
+// Per-thread f32 scratch buffers of at least n values.
+float *scratch_f32(uint64_t n);
+float *scratch_input(uint64_t n);
 
 struct PoolStats {
   uint64_t blocks_total, blocks_free, blocks_cached, blocks_used, blocks_shared;
@@ -37,11 +50,26 @@ struct PoolStats {
   uint64_t num_sequences;
 };
 
+// Where K (part 0) or V (part 1) sits inside a block.
+struct PartLayout {
+  codec::Spec spec;            // dtype, granularity, ... (float dtypes: gran None)
+  bool quantized = false;      // fp8 / int storage with scales
+  uint64_t offset = 0;         // codes (or plain values) from the block start
+  uint64_t token_stride = 0;   // bytes between token slots of the codes
+  uint64_t head_stride = 0;    // bytes between KV heads of the codes
+  uint64_t codes_bytes = 0;    // codes per block
+  uint64_t scale_offset = 0;   // scales from the block start
+  uint64_t zero_offset = 0;    // zero points from the block start (asymmetric)
+  uint64_t scales_per_token = 0;  // scale entries per token slot (0 for per-tensor)
+  uint64_t scale_bytes = 0;    // bytes of one scale entry (4 f32, 2 f16)
+  uint64_t bytes = 0;          // the part's bytes per block, scales and zeros included
+  uint32_t rotation_block = 0; // Hadamard block inside each head (0: none)
+};
+
 struct PoolLayout {
   uint8_t *base;
   uint64_t num_blocks, block_stride;
-  uint64_t k_offset, k_token_stride, k_head_stride, k_bytes;
-  uint64_t v_offset, v_token_stride, v_head_stride, v_bytes;
+  PartLayout part[2];
 };
 
 // One layer of a sequence. Tokens are held in block-table order; the tokens
@@ -118,12 +146,19 @@ class Pool {
   void release_block(int32_t b);     // reference - 1, zero on free
   int32_t cow_copy(int32_t b);       // fresh private copy of block b; releases b
   void note_usage();
-  void write_rows(uint8_t *dst_base, uint64_t token_stride, uint64_t head_stride, DType dst,
-                  const uint8_t *src, DType src_type, uint32_t slot, uint64_t count) const;
+  void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
+                  const float *src_f32, uint32_t slot, uint64_t count) const;
+  void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
+                 uint8_t *out, DType dst) const;
+  // The per-tensor scale of a layer (dynamic: calibrated by the first write).
+  float tensor_scale(int kv, uint32_t layer) const;
+  void calibrate(int kv, uint32_t layer, const float *x, uint64_t n);
 
   PoolConfig cfg_;
-  uint64_t k_bytes_ = 0, v_bytes_ = 0, block_stride_ = 0, arena_bytes_ = 0;
-  uint64_t k_token_stride_ = 0, k_head_stride_ = 0, v_token_stride_ = 0, v_head_stride_ = 0;
+  PartLayout part_[2];
+  uint64_t block_stride_ = 0, arena_bytes_ = 0;
+  // Per-layer per-tensor scales (bits of a float; 0 = not calibrated yet).
+  std::unique_ptr<std::atomic<uint32_t>[]> tensor_scale_[2];
   uint8_t *arena_ = nullptr;
   BlockAllocator alloc_;
   SeqMap<Sequence> seqs_;
