@@ -99,14 +99,14 @@ extern "C" {
 /** @brief Major version: changes only with an incompatible ABI (then the SONAME changes too). */
 #define KVC_VERSION_MAJOR 0
 /** @brief Minor version: grows when functions or struct fields are added. */
-#define KVC_VERSION_MINOR 1
+#define KVC_VERSION_MINOR 2
 /** @brief Patch version: fixes only. */
 #define KVC_VERSION_PATCH 0
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER \
   (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 1
+#define KVC_API_VERSION 2
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -180,13 +180,21 @@ KVC_API const char *kvc_last_error_message(void);
  *
  * f32: IEEE binary32. f16: IEEE binary16. bf16: the top 16 bits of binary32
  * (rounded to nearest even on conversion). Conversions to narrower types
- * round to nearest even; values beyond f16's range become +-Inf.
+ * round to nearest even; values beyond f16's range become +-Inf. K/V input
+ * and output (kvc_append(), kvc_gather(), kvc_convert()) take f32, f16 or
+ * bf16; the fp8 and integer dtypes are storage formats described by a
+ * ::kvc_codec (byte layouts in docs/codecs.md).
  * @since 0.1
  */
 typedef enum kvc_dtype {
-  KVC_DTYPE_F32 = 0,  /**< 32-bit float, 4 bytes. */
-  KVC_DTYPE_F16 = 1,  /**< IEEE half, 2 bytes. */
-  KVC_DTYPE_BF16 = 2, /**< bfloat16, 2 bytes. */
+  KVC_DTYPE_F32 = 0,      /**< 32-bit float, 4 bytes. */
+  KVC_DTYPE_F16 = 1,      /**< IEEE half, 2 bytes. */
+  KVC_DTYPE_BF16 = 2,     /**< bfloat16, 2 bytes. */
+  KVC_DTYPE_FP8_E4M3 = 3, /**< OCP fp8 E4M3 "FN" (max 448, no Inf), 1 byte; storage only, with a scale. @since 0.2 */
+  KVC_DTYPE_FP8_E5M2 = 4, /**< OCP fp8 E5M2 (max 57344), 1 byte; storage only, with a scale. @since 0.2 */
+  KVC_DTYPE_INT8 = 5,     /**< 8-bit integer codes with scales; storage only. @since 0.2 */
+  KVC_DTYPE_INT4 = 6,     /**< 4-bit integer codes, two per byte, with scales; storage only. @since 0.2 */
+  KVC_DTYPE_INT2 = 7,     /**< 2-bit integer codes, four per byte, with scales; storage only. @since 0.2 */
   KVC_DTYPE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
 } kvc_dtype;
 
@@ -217,6 +225,84 @@ typedef enum kvc_layout {
 /** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
  * one tenant's K/V never lingers in memory handed to another. @since 0.1 */
 #define KVC_POOL_ZERO_ON_FREE 0x1u
+
+/**
+ * @brief Which values share one scale (and zero point) of a quantized codec.
+ *
+ * For an array `[n][d]` (kvc_quantize()) or, in a pool, a token's row
+ * `[num_kv_heads * head_dim]`:
+ * - ::KVC_SCALE_PER_TENSOR: one scale for everything (a static, calibrated
+ *   `scale`, or dynamic: the array's absmax; in a pool, fixed per layer by the
+ *   layer's first write, as vLLM computes k_scale / v_scale on the first
+ *   forward pass);
+ * - ::KVC_SCALE_PER_TOKEN: one scale per row of `d`; in a pool one per
+ *   (token, KV head), i.e. per head_dim values (vLLM / TensorRT-LLM);
+ * - ::KVC_SCALE_PER_GROUP: one per `group_size` consecutive values of a row
+ *   (llama.cpp's q8_0 / q4_0 use 32); in a pool groups run over the token's
+ *   whole `[num_kv_heads * head_dim]` row, so they may be smaller than
+ *   head_dim or span heads; a last partial group's range covers only its
+ *   real values;
+ * - ::KVC_SCALE_PER_CHANNEL: one per column, over groups of `group_size`
+ *   rows (KIVI's keys, arXiv 2402.02750); kvc_quantize() only in this version.
+ * @since 0.2
+ */
+typedef enum kvc_granularity {
+  KVC_SCALE_NONE = 0,        /**< No scales: f32, f16, bf16 storage. */
+  KVC_SCALE_PER_TENSOR = 1,  /**< One scale per tensor (per layer, for K or V, in a pool). */
+  KVC_SCALE_PER_TOKEN = 2,   /**< One scale per row (per token and KV head in a pool). */
+  KVC_SCALE_PER_GROUP = 3,   /**< One scale per group of group_size values of a row. */
+  KVC_SCALE_PER_CHANNEL = 4, /**< One scale per column over group_size rows. */
+  KVC_GRANULARITY_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+} kvc_granularity;
+
+/**
+ * @brief An orthogonal rotation applied before quantizing (and undone after
+ * dequantizing). The normalized Walsh-Hadamard transform spreads outlier
+ * channels over the whole block, which keeps 4- and 2-bit codes accurate
+ * (QuaRot arXiv 2404.00456, TurboQuant arXiv 2504.19874). Scores are
+ * unchanged when the query is rotated the same way.
+ * @since 0.2
+ */
+typedef enum kvc_rotation {
+  KVC_ROTATION_NONE = 0,     /**< No rotation. */
+  KVC_ROTATION_HADAMARD = 1, /**< Block-diagonal normalized Hadamard (blocks of rotation_block values). */
+  KVC_ROTATION_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+} kvc_rotation;
+
+/**
+ * @brief A codec: how K or V values are stored. Fill with kvc_codec_init().
+ *
+ * Integer codes: symmetric `q = round(x / scale)` in [-qmax, qmax] with
+ * scale = absmax / qmax (qmax 127, 7, 1 for int8, int4, int2); asymmetric
+ * `q = round((x - zero) / scale)` in [0, 2^bits - 1] with zero = min and
+ * scale = (max - min) / (2^bits - 1) (KIVI). fp8: `code = fp8(x / scale)`
+ * with scale = absmax / fp8_max, saturating (never Inf or NaN). Rounding is
+ * to nearest even; an all-zero group is exact; stored scales are rounded up
+ * (zero points down) to scale_dtype so no value is clipped. NaN or Inf input
+ * is refused (::KVC_ERR_NON_FINITE) and nothing is written.
+ * @since 0.2
+ */
+typedef struct kvc_codec {
+  size_t struct_size;           /**< sizeof(kvc_codec) of the caller. */
+  kvc_dtype dtype;              /**< Storage dtype; default ::KVC_DTYPE_INT8. */
+  kvc_granularity granularity;  /**< Default ::KVC_SCALE_PER_TOKEN; ::KVC_SCALE_NONE for float dtypes. */
+  uint32_t group_size;          /**< Values (per-group) or rows (per-channel) per scale, 1..65536; default 32. */
+  uint32_t asymmetric;          /**< 1: zero points (integer dtypes only); default 0. */
+  kvc_dtype scale_dtype;        /**< ::KVC_DTYPE_F32 (default) or ::KVC_DTYPE_F16 for scales and zero points. */
+  kvc_rotation rotation;        /**< Default ::KVC_ROTATION_NONE. */
+  uint32_t rotation_block;      /**< Power of two dividing the row (pool: head_dim); 0 = the largest such, at most 1024. */
+  uint32_t static_scale;        /**< 1: use `scale` as a static (calibrated) per-tensor scale; 0 (default): dynamic scales. */
+  double scale;                 /**< With static_scale: the scale (vLLM's k_scale / v_scale), in [1e-30, 1e30]; 0, negative, NaN, Inf or out of range gives ::KVC_ERR_INVALID_SCALE. Ignored otherwise. */
+} kvc_codec;
+
+/**
+ * @brief Fill a codec with defaults: int8, per token, symmetric, f32 scales,
+ * group_size 32, no rotation, dynamic scales.
+ * @param codec the struct to fill (not NULL).
+ * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER.
+ * @since 0.2
+ */
+KVC_API kvc_status kvc_codec_init(kvc_codec *codec);
 
 /* ------------------------------------------------------------------------ */
 /* Opaque handles                                                            */
@@ -252,6 +338,8 @@ typedef struct kvc_pool_config {
   kvc_layout layout;      /**< Order inside a block; default ::KVC_LAYOUT_NHD. */
   kvc_device device;      /**< Where blocks live; default ::KVC_DEVICE_CPU. */
   int32_t device_index;   /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
+  const kvc_codec *k_codec; /**< NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype overrides k_dtype). @since 0.2 */
+  const kvc_codec *v_codec; /**< NULL (default): values stored as v_dtype; else their codec. @since 0.2 */
 } kvc_pool_config;
 
 /**
@@ -345,6 +433,12 @@ KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
  * ::KVC_LAYOUT_NHD and equal K/V dtypes this is FlashInfer's paged cache
  * `[num_blocks][2][block_size][num_kv_heads][head_dim]`; with HND,
  * `[num_blocks][2][num_kv_heads][block_size][head_dim]`.
+ *
+ * Quantized parts (docs/codecs.md): codes `[block_size][num_kv_heads][head_dim *
+ * bits / 8]` at k_offset, then the scales `[block_size][k_scales_per_token]` at
+ * k_scale_offset and, for asymmetric codecs, the zero points at k_zero_offset;
+ * k_bytes covers all three. Per-tensor scales live outside the blocks
+ * (kvc_pool_tensor_scales()).
  * @since 0.1
  */
 typedef struct kvc_pool_layout {
@@ -368,6 +462,16 @@ typedef struct kvc_pool_layout {
   uint64_t v_bytes;        /**< Bytes of V in one block. */
   kvc_device device;       /**< Where base points. */
   int32_t device_index;    /**< Device ordinal. */
+  uint64_t k_codes_bytes;  /**< Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points. @since 0.2 */
+  uint64_t k_scale_offset; /**< Byte offset of K's scales in a block: `[block_size][k_scales_per_token]` of k_scale_dtype. @since 0.2 */
+  uint64_t k_zero_offset;  /**< Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2 */
+  uint32_t k_scales_per_token; /**< Scale entries per token slot of K (0: none or per-tensor). @since 0.2 */
+  kvc_dtype k_scale_dtype; /**< Dtype of K's scales and zero points (f32 or f16). @since 0.2 */
+  uint64_t v_codes_bytes;  /**< As k_codes_bytes, for V. @since 0.2 */
+  uint64_t v_scale_offset; /**< As k_scale_offset, for V. @since 0.2 */
+  uint64_t v_zero_offset;  /**< As k_zero_offset, for V. @since 0.2 */
+  uint32_t v_scales_per_token; /**< As k_scales_per_token, for V. @since 0.2 */
+  kvc_dtype v_scale_dtype; /**< As k_scale_dtype, for V. @since 0.2 */
 } kvc_pool_layout;
 
 /** @brief Fill a layout struct with struct_size = sizeof(kvc_pool_layout) and zeros.
@@ -619,6 +723,94 @@ KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst, 
 KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes);
 
 /* ------------------------------------------------------------------------ */
+/* Codecs: per-tensor scales and the standalone quantizer                    */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief The per-tensor scales of one layer of a pool whose K and/or V codec
+ * is ::KVC_SCALE_PER_TENSOR (0 for a part that has none or is not calibrated
+ * yet: dynamic scales are fixed by the layer's first kvc_append()).
+ * @param pool the pool (not NULL).
+ * @param layer 0..num_layers-1.
+ * @param k_scale NULL or receives K's scale.
+ * @param v_scale NULL or receives V's scale.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (pool), ::KVC_ERR_OUT_OF_RANGE (layer).
+ * @since 0.2
+ */
+KVC_API kvc_status kvc_pool_tensor_scales(kvc_pool *pool, uint32_t layer, float *k_scale,
+                                          float *v_scale);
+
+/**
+ * @brief Buffer sizes kvc_quantize() needs for an array `[n][d]`. Init with kvc_quant_sizes_init().
+ * @since 0.2
+ */
+typedef struct kvc_quant_sizes {
+  size_t struct_size;    /**< sizeof(kvc_quant_sizes) of the caller. */
+  uint64_t codes_bytes;  /**< n rows of ceil(d * bits / 8) bytes. */
+  uint64_t scales_bytes; /**< num_scales entries of scale_dtype (0 for float dtypes). */
+  uint64_t zeros_bytes;  /**< Same as scales_bytes for asymmetric codecs, else 0. */
+  uint64_t num_scales;   /**< 1 (per tensor), n (per token), n * ceil(d / G) (per group), ceil(n / G) * d (per channel). */
+} kvc_quant_sizes;
+
+/** @brief Fill sizes with struct_size = sizeof(kvc_quant_sizes) and zeros.
+ * @param sizes the struct to fill (not NULL).
+ * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.2 */
+KVC_API kvc_status kvc_quant_sizes_init(kvc_quant_sizes *sizes);
+
+/**
+ * @brief Sizes of the buffers kvc_quantize() writes for `[n][d]`.
+ * @param codec the codec (not NULL).
+ * @param n rows (tokens), 0..2^40.
+ * @param d values per row, 1..2^24.
+ * @param sizes filled up to sizes->struct_size.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_INVALID_ARGUMENT (dtype, granularity, group size, rotation block
+ * not dividing d, n or d out of range); ::KVC_ERR_INVALID_SCALE.
+ * @since 0.2
+ */
+KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64_t d,
+                                      kvc_quant_sizes *sizes);
+
+/**
+ * @brief Quantize an array `[n][d]` with a codec (the pool's quantizer,
+ * standalone). Byte layouts: docs/codecs.md (little-endian scales; int4:
+ * element 2i in the low nibble of byte i; int2: element 4i+j in bits 2j..2j+1;
+ * symmetric int4 / int2 codes stored as q + 8 / q + 2).
+ * @param codec the codec (not NULL).
+ * @param src `[n][d]` of src_dtype (f32, f16 or bf16), row-major.
+ * @param src_dtype element type of src.
+ * @param n rows (as for kvc_quantize_sizes()).
+ * @param d values per row.
+ * @param codes receives codes_bytes bytes.
+ * @param scales receives scales_bytes bytes (NULL allowed when 0).
+ * @param zeros receives zeros_bytes bytes (NULL allowed when 0).
+ * @return ::KVC_OK; the statuses of kvc_quantize_sizes();
+ * ::KVC_ERR_NON_FINITE (NaN or Inf in src: nothing written);
+ * ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.2
+ */
+KVC_API kvc_status kvc_quantize(const kvc_codec *codec, const void *src, kvc_dtype src_dtype,
+                                uint64_t n, uint64_t d, void *codes, void *scales, void *zeros);
+
+/**
+ * @brief Dequantize what kvc_quantize() wrote back to `[n][d]` of dst_dtype
+ * (undoing the rotation, if any).
+ * @param codec the codec used to quantize (not NULL).
+ * @param codes the codes kvc_quantize() wrote.
+ * @param scales its scales (NULL allowed when there are none).
+ * @param zeros its zero points (NULL allowed when there are none).
+ * @param n rows.
+ * @param d values per row.
+ * @param dst receives `[n][d]` of dst_dtype.
+ * @param dst_dtype f32, f16 or bf16.
+ * @return ::KVC_OK; the statuses of kvc_quantize_sizes(); ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.2
+ */
+KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, const void *scales,
+                                  const void *zeros, uint64_t n, uint64_t d, void *dst,
+                                  kvc_dtype dst_dtype);
+
+/* ------------------------------------------------------------------------ */
 /* Loading with dlopen: the versioned function table                         */
 /* ------------------------------------------------------------------------ */
 
@@ -663,13 +855,23 @@ typedef struct kvc_api {
                                   int32_t *, size_t, int32_t *, size_t *); /**< kvc_export_page_table() */
   kvc_status (*convert)(const void *, kvc_dtype, void *, kvc_dtype, size_t); /**< kvc_convert() */
   kvc_status (*dtype_size)(kvc_dtype, size_t *);                /**< kvc_dtype_size() */
+  /* --- version 2 (0.2) --- */
+  kvc_status (*codec_init)(kvc_codec *);                        /**< kvc_codec_init() */
+  kvc_status (*pool_tensor_scales)(kvc_pool *, uint32_t, float *, float *); /**< kvc_pool_tensor_scales() */
+  kvc_status (*quant_sizes_init)(kvc_quant_sizes *);            /**< kvc_quant_sizes_init() */
+  kvc_status (*quantize_sizes)(const kvc_codec *, uint64_t, uint64_t, kvc_quant_sizes *); /**< kvc_quantize_sizes() */
+  kvc_status (*quantize)(const kvc_codec *, const void *, kvc_dtype, uint64_t, uint64_t, void *,
+                         void *, void *);                       /**< kvc_quantize() */
+  kvc_status (*dequantize)(const kvc_codec *, const void *, const void *, const void *, uint64_t,
+                           uint64_t, void *, kvc_dtype);        /**< kvc_dequantize() */
 } kvc_api;
 
 /**
  * @brief The function table for a requested version (the only symbol a
  * dlopen() host needs to look up).
  * @param api_version 1..KVC_API_VERSION of the library.
- * @return A static table whose first fields are those of `api_version`, or
+ * @return A static table whose first fields are those of `api_version` (the
+ * same table serves every version: newer fields follow the older ones), or
  * NULL when the library is older than asked (or api_version is 0). The
  * thread's last error message says why.
  * @since 0.1

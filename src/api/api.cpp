@@ -53,6 +53,12 @@ kvc::core::Pool &kvc::api::core_pool(kvc_pool *pool) { return pool->core; }
 
 namespace {
 
+std::string fmt_g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
+
 thread_local std::string t_last_error;
 
 // Minimum struct sizes accepted (docs/abi-policy.md): the fields of the first
@@ -104,6 +110,54 @@ DType dtype_arg(kvc_dtype d, const char *name) {
   return static_cast<DType>(d);
 }
 
+void codec_defaults(kvc_codec *c) {
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  c->dtype = KVC_DTYPE_INT8;
+  c->granularity = KVC_SCALE_PER_TOKEN;
+  c->group_size = 32;
+  c->scale_dtype = KVC_DTYPE_F32;
+  c->rotation = KVC_ROTATION_NONE;
+}
+
+constexpr size_t kCodecMin = offsetof(kvc_codec, scale) + sizeof(double);
+
+// Reads a caller's codec into the core's Spec. `rotation_row` is the length
+// whose largest power-of-two divisor is the default Hadamard block (the row
+// for arrays, head_dim in a pool).
+kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotation_row) {
+  kvc_codec c;
+  codec_defaults(&c);
+  kvc::api::read_input_struct(in, kCodecMin, name, &c);
+  const int32_t dt = static_cast<int32_t>(c.dtype);
+  if (dt < 0 || dt > 7)
+    fail(Errc::InvalidArgument, std::string(name) + ".dtype " + std::to_string(dt) + ": unknown dtype");
+  if (c.rotation != KVC_ROTATION_NONE && c.rotation != KVC_ROTATION_HADAMARD)
+    fail(Errc::InvalidArgument, std::string(name) + ".rotation " +
+                                    std::to_string(static_cast<int32_t>(c.rotation)) + ": unknown");
+  if (c.asymmetric > 1) fail(Errc::InvalidArgument, std::string(name) + ".asymmetric must be 0 or 1");
+  if (c.static_scale > 1) fail(Errc::InvalidArgument, std::string(name) + ".static_scale must be 0 or 1");
+  if (c.static_scale) {
+    const double v = c.scale;
+    if (!(v >= 1e-30 && v <= 1e30))  // also false for NaN
+      fail(Errc::InvalidScale, std::string(name) + ".scale " + fmt_g(v) +
+                                   ": a static scale must be a finite value in [1e-30, 1e30]");
+  }
+  kvc::codec::Spec sp;
+  sp.dtype = static_cast<kvc::codec::Dtype>(c.dtype);
+  sp.gran = static_cast<kvc::codec::Gran>(c.granularity);
+  sp.group = c.group_size;
+  sp.asym = c.asymmetric != 0;
+  sp.scale_dtype = static_cast<kvc::codec::Dtype>(c.scale_dtype);
+  sp.static_scale = c.static_scale ? c.scale : 0.0;
+  if (c.rotation == KVC_ROTATION_HADAMARD)
+    sp.rotation_block = c.rotation_block ? c.rotation_block
+                                         : kvc::codec::default_rotation_block(rotation_row);
+  else if (c.rotation_block != 0)
+    fail(Errc::InvalidArgument, std::string(name) + ".rotation_block set without a rotation");
+  return sp;
+}
+
 kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
   kvc::core::PoolConfig p;
   p.num_layers = c.num_layers;
@@ -119,6 +173,8 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
   p.layout = static_cast<kvc::core::Layout>(c.layout);
   p.device = static_cast<kvc::core::Device>(c.device);
   p.device_index = c.device_index;
+  if (c.k_codec) p.k_codec = to_spec(c.k_codec, "k_codec", c.head_dim);
+  if (c.v_codec) p.v_codec = to_spec(c.v_codec, "v_codec", c.head_dim);
   return p;
 }
 
@@ -251,8 +307,8 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout) 
     full.num_kv_heads = c.num_kv_heads;
     full.head_dim = c.head_dim;
     full.layout = static_cast<kvc_layout>(c.layout);
-    full.k_dtype = static_cast<kvc_dtype>(c.k_dtype);
-    full.v_dtype = static_cast<kvc_dtype>(c.v_dtype);
+    full.k_dtype = static_cast<kvc_dtype>(l.part[0].spec.dtype);
+    full.v_dtype = static_cast<kvc_dtype>(l.part[1].spec.dtype);
     full.k_offset = l.part[0].offset;
     full.k_token_stride = l.part[0].token_stride;
     full.k_head_stride = l.part[0].head_stride;
@@ -261,6 +317,16 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout) 
     full.v_token_stride = l.part[1].token_stride;
     full.v_head_stride = l.part[1].head_stride;
     full.v_bytes = l.part[1].bytes;
+    full.k_codes_bytes = l.part[0].codes_bytes;
+    full.k_scale_offset = l.part[0].scale_offset;
+    full.k_zero_offset = l.part[0].zero_offset;
+    full.k_scales_per_token = static_cast<uint32_t>(l.part[0].scales_per_token);
+    full.k_scale_dtype = static_cast<kvc_dtype>(l.part[0].spec.scale_dtype);
+    full.v_codes_bytes = l.part[1].codes_bytes;
+    full.v_scale_offset = l.part[1].scale_offset;
+    full.v_zero_offset = l.part[1].zero_offset;
+    full.v_scales_per_token = static_cast<uint32_t>(l.part[1].scales_per_token);
+    full.v_scale_dtype = static_cast<kvc_dtype>(l.part[1].spec.scale_dtype);
     full.device = static_cast<kvc_device>(c.device);
     full.device_index = c.device_index;
     kvc::api::write_output_struct(full, layout);
@@ -409,9 +475,104 @@ KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes) {
   });
 }
 
-static const kvc_api g_api_v1 = {
+KVC_API kvc_status kvc_codec_init(kvc_codec *codec) {
+  return guard([&] {
+    need(codec, "codec");
+    codec_defaults(codec);
+  });
+}
+
+KVC_API kvc_status kvc_pool_tensor_scales(kvc_pool *pool, uint32_t layer, float *k_scale,
+                                          float *v_scale) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    const auto ks = p.tensor_scales(layer);
+    if (k_scale) *k_scale = ks.first;
+    if (v_scale) *v_scale = ks.second;
+  });
+}
+
+KVC_API kvc_status kvc_quant_sizes_init(kvc_quant_sizes *sizes) {
+  return guard([&] {
+    need(sizes, "sizes");
+    std::memset(sizes, 0, sizeof *sizes);
+    sizes->struct_size = sizeof *sizes;
+  });
+}
+
+namespace {
+struct QuantPlan {
+  kvc::codec::Spec spec;
+  uint64_t codes, scales, zeros, num_scales;
+};
+
+QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
+  need(codec, "codec");
+  if (d < 1 || d > (1u << 24)) fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
+  if (n > (uint64_t(1) << 40)) fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
+  QuantPlan q;
+  q.spec = to_spec(codec, "codec", d);
+  kvc::codec::validate(q.spec, d);
+  q.codes = n * kvc::codec::row_bytes(q.spec.dtype, d);
+  q.num_scales = kvc::codec::num_scales(q.spec, n, d);
+  q.scales = q.num_scales * kvc::codec::scale_bytes(q.spec);
+  q.zeros = q.spec.asym ? q.scales : 0;
+  return q;
+}
+}  // namespace
+
+KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64_t d,
+                                      kvc_quant_sizes *sizes) {
+  return guard([&] {
+    need(sizes, "sizes");
+    kvc::api::check_output_struct(sizes, offsetof(kvc_quant_sizes, num_scales) + sizeof(uint64_t),
+                                  "kvc_quant_sizes");
+    const QuantPlan q = plan_quant(codec, n, d);
+    kvc_quant_sizes full{};
+    full.struct_size = sizeof full;
+    full.codes_bytes = q.codes;
+    full.scales_bytes = q.spec.dtype <= kvc::codec::Dtype::BF16 ? 0 : q.scales;
+    full.zeros_bytes = q.zeros;
+    full.num_scales = q.num_scales;
+    kvc::api::write_output_struct(full, sizes);
+  });
+}
+
+KVC_API kvc_status kvc_quantize(const kvc_codec *codec, const void *src, kvc_dtype src_dtype,
+                                uint64_t n, uint64_t d, void *codes, void *scales, void *zeros) {
+  return guard([&] {
+    const QuantPlan q = plan_quant(codec, n, d);
+    const DType st = dtype_arg(src_dtype, "src_dtype");
+    if (n == 0) return;
+    need(src, "src");
+    need(codes, "codes");
+    if (q.scales && !scales) fail(Errc::NullPointer, "scales is NULL but the codec has scales");
+    if (q.zeros && !zeros) fail(Errc::NullPointer, "zeros is NULL but the codec is asymmetric");
+    kvc::codec::quantize(q.spec, src, st, n, d, static_cast<uint8_t *>(codes),
+                         static_cast<uint8_t *>(scales), static_cast<uint8_t *>(zeros));
+  });
+}
+
+KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, const void *scales,
+                                  const void *zeros, uint64_t n, uint64_t d, void *dst,
+                                  kvc_dtype dst_dtype) {
+  return guard([&] {
+    const QuantPlan q = plan_quant(codec, n, d);
+    const DType dt = dtype_arg(dst_dtype, "dst_dtype");
+    if (n == 0) return;
+    need(codes, "codes");
+    need(dst, "dst");
+    if (q.scales && !scales) fail(Errc::NullPointer, "scales is NULL but the codec has scales");
+    if (q.zeros && !zeros) fail(Errc::NullPointer, "zeros is NULL but the codec is asymmetric");
+    kvc::codec::dequantize(q.spec, static_cast<const uint8_t *>(codes),
+                           static_cast<const uint8_t *>(scales), static_cast<const uint8_t *>(zeros),
+                           n, d, dst, dt);
+  });
+}
+
+static const kvc_api g_api = {
     sizeof(kvc_api),
-    1,
+    KVC_API_VERSION,
     0,
     kvc_version,
     kvc_version_string,
@@ -439,6 +600,12 @@ static const kvc_api g_api_v1 = {
     kvc_export_page_table,
     kvc_convert,
     kvc_dtype_size,
+    kvc_codec_init,
+    kvc_pool_tensor_scales,
+    kvc_quant_sizes_init,
+    kvc_quantize_sizes,
+    kvc_quantize,
+    kvc_dequantize,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {
@@ -449,7 +616,7 @@ KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {
     set_error(KVC_ERR_VERSION, msg);
     return nullptr;
   }
-  return &g_api_v1;
+  return &g_api;
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -15,6 +16,12 @@ using core::Errc;
 using core::fail;
 
 namespace {
+
+std::string fmt_g(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  return b;
+}
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
 
@@ -283,10 +290,10 @@ void validate(const Spec &s, uint64_t d) {
       fail(Errc::InvalidArgument, "group_size " + u64s(s.group) + ": must be 1..65536");
   }
   if (std::isnan(s.static_scale) || s.static_scale < 0.0 || std::isinf(s.static_scale))
-    fail(Errc::InvalidScale, "scale " + std::to_string(s.static_scale) + ": must be a finite value > 0 (0 = dynamic)");
+    fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) + ": must be a finite value > 0 (0 = dynamic)");
   if (s.static_scale != 0.0) {
     if (s.static_scale < 1e-30 || s.static_scale > 1e30)
-      fail(Errc::InvalidScale, "scale " + std::to_string(s.static_scale) +
+      fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
                                    ": must be in [1e-30, 1e30] (0 = dynamic)");
     if (s.gran != Gran::Tensor)
       fail(Errc::InvalidScale, "a static scale needs per-tensor granularity");

@@ -107,6 +107,10 @@ void Pool::validate(PoolConfig &c) {
       (kv == 0 ? c.k_dtype : c.v_dtype) = static_cast<DType>(sp.dtype);
       continue;
     }
+    if (sp.gran == codec::Gran::Tensor && sp.asym)
+      fail(Errc::InvalidArgument, std::string(name) +
+                                      ": per-tensor scales in a pool are symmetric (one scale per "
+                                      "layer); use per-token or per-group scales for zero points");
     if (sp.gran == codec::Gran::Channel)
       fail(Errc::Unsupported, std::string(name) +
                                   ": per-channel scales need a residual window of staged tokens, "
@@ -275,6 +279,14 @@ PoolLayout Pool::layout() const {
   return l;
 }
 
+std::pair<float, float> Pool::tensor_scales(uint32_t layer) const {
+  check_layer(layer);
+  float r[2] = {0.0f, 0.0f};
+  for (int kv = 0; kv < 2; ++kv)
+    if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor) r[kv] = tensor_scale(kv, layer);
+  return {r[0], r[1]};
+}
+
 void Pool::reset_peak() {
   std::unique_lock lk(mu_);
   peak_blocks_ = static_cast<uint64_t>(alloc_.num_used()) + alloc_.num_cached();
@@ -414,7 +426,7 @@ void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
 
 // Writes `count` tokens into slots [slot, slot + count) of part kv of block
 // `blk`. Plain storage converts from `src`; quantized storage encodes the
-// (finite, already converted) f32 rows `src_f32`.
+// f32 rows `src_f32` (already converted, checked finite and rotated).
 void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                       const float *src_f32, uint32_t slot, uint64_t count) const {
   const PartLayout &pl = part_[kv];
@@ -436,10 +448,8 @@ void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, 
   (void)src;
   codec::Spec sp = pl.spec;
   const uint64_t row = h * hd;
-  float *tmp = scratch_f32(row);
   for (uint64_t t = 0; t < count; ++t) {
-    std::memcpy(tmp, src_f32 + t * row, row * sizeof(float));
-    if (pl.rotation_block) codec::hadamard(tmp, row, pl.rotation_block);
+    const float *tmp = src_f32 + t * row;  // converted, checked and rotated by append()
     uint8_t *codes = base + (slot + t) * pl.token_stride;
     uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
     uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
@@ -529,6 +539,8 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       float *dst = buf + kv * n * row;
       convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
       codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
+      if (part_[kv].rotation_block)  // rotate each head before calibrating and encoding
+        for (uint64_t t = 0; t < n; ++t) codec::hadamard(dst + t * row, row, part_[kv].rotation_block);
       (kv == 0 ? kf : vf) = dst;
     }
   }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codec/codec.h"
@@ -109,6 +110,8 @@ class Pool {
   PoolStats stats() const;
   PoolLayout layout() const;
   void reset_peak();
+  // Per-tensor scales of a layer (K, V); 0 where there is none.
+  std::pair<float, float> tensor_scales(uint32_t layer) const;
 
   void seq_create(uint64_t id);
   void seq_fork(uint64_t parent, uint64_t child);

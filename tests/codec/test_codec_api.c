@@ -1,0 +1,384 @@
+/* codec_api_*: quantized pools and the standalone quantizer through the C API,
+ * including the cases reported against other KV systems. */
+#include "../core/test_common.h"
+
+#include <math.h>
+#include <stdio.h>
+
+static kvc_codec codec_of(kvc_dtype dt, kvc_granularity g, uint32_t group, int asym) {
+  kvc_codec c;
+  kvc_codec_init(&c);
+  c.dtype = dt;
+  c.granularity = g;
+  c.group_size = group;
+  c.asymmetric = (uint32_t)asym;
+  return c;
+}
+
+static kvc_pool *codec_pool(uint32_t layers, uint32_t heads, uint32_t hd, uint32_t bs,
+                            uint64_t blocks, const kvc_codec *k, const kvc_codec *v,
+                            kvc_status expect) {
+  kvc_pool_config c = test_config(layers, heads, hd, bs, blocks);
+  c.k_codec = k;
+  c.v_codec = v;
+  kvc_pool *p = NULL;
+  ASSERT_STATUS(expect, kvc_pool_create(&c, &p));
+  return p;
+}
+
+static uint32_t lcg = 12345;
+static float frand(void) { /* uniform in [-1, 1) */
+  lcg = lcg * 1664525u + 1013904223u;
+  return (float)(lcg >> 8) / (float)(1u << 23) - 1.0f;
+}
+
+/* int8 with an fp32 scale per (token, KV head), block_size 16, one KV head:
+ * 16 x (256 + 4) = 4160 bytes of K per block at head_dim 256 and 8256 at 512,
+ * as the layout query reports; distinct data reads back exactly; payload and
+ * scale regions of neighbouring blocks never overlap. */
+static void test_int8_block_bytes(void **state) {
+  (void)state;
+  const uint32_t dims[2] = {256, 512};
+  const uint64_t expect[2] = {4160, 8256};
+  for (int i = 0; i < 2; ++i) {
+    const uint32_t hd = dims[i];
+    kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+    kvc_pool *p = codec_pool(1, 1, hd, 16, 4, &k, &k, KVC_OK);
+    kvc_pool_layout l;
+    kvc_pool_layout_init(&l);
+    ASSERT_OK(kvc_pool_get_layout(p, &l));
+    assert_int_equal(l.k_bytes, expect[i]);
+    assert_int_equal(l.v_bytes, expect[i]);
+    assert_int_equal(l.k_codes_bytes, 16 * hd);
+    assert_int_equal(l.k_scales_per_token, 1);
+    assert_int_equal(l.k_scale_dtype, KVC_DTYPE_F32);
+    assert_int_equal(l.k_dtype, KVC_DTYPE_INT8);
+    /* Regions: [K codes][K scales][V codes][V scales], none overlapping,
+     * and the block stride covers both parts. */
+    assert_int_equal(l.k_offset, 0);
+    assert_int_equal(l.k_scale_offset, l.k_codes_bytes);
+    assert_true(l.k_scale_offset + 16 * 4 <= l.v_offset);
+    assert_int_equal(l.v_scale_offset, l.v_offset + l.v_codes_bytes);
+    assert_true(l.v_scale_offset + 16 * 4 <= l.block_stride);
+    assert_int_equal(l.block_stride, 2 * expect[i]);
+    kvc_stats s = get_stats(p);
+    assert_int_equal(s.bytes_per_block, 2 * expect[i]);
+    assert_int_equal(s.bytes_per_token, 2 * expect[i] / 16);
+    /* Three blocks of distinct integer data (scale 1 per row: exact). */
+    ASSERT_OK(kvc_seq_create(p, 1));
+    const uint64_t n = 40;
+    ASSERT_OK(kvc_seq_reserve(p, 1, n, NULL));
+    float *kin = malloc(sizeof(float) * n * hd), *vin = malloc(sizeof(float) * n * hd);
+    float *kout = malloc(sizeof(float) * n * hd), *vout = malloc(sizeof(float) * n * hd);
+    for (uint64_t t = 0; t < n; ++t)
+      for (uint32_t e = 0; e < hd; ++e) {
+        kin[t * hd + e] = (float)((int)((t * 7 + e * 3) % 255) - 127);
+        vin[t * hd + e] = (float)((int)((t * 5 + e * 11) % 255) - 127);
+      }
+    for (uint64_t t = 0; t < n; ++t) kin[t * hd] = vin[t * hd] = 127.0f; /* absmax 127 */
+    ASSERT_OK(kvc_append(p, 1, 0, 0, n, kin, vin, KVC_DTYPE_F32));
+    ASSERT_OK(kvc_gather(p, 1, 0, 0, n, kout, vout, KVC_DTYPE_F32, NULL));
+    assert_memory_equal(kin, kout, sizeof(float) * n * hd);
+    assert_memory_equal(vin, vout, sizeof(float) * n * hd);
+    free(kin);
+    free(vin);
+    free(kout);
+    free(vout);
+    kvc_pool_destroy(p);
+  }
+}
+
+/* Static scales of 1e-50, 1e300, NaN, 0 or -1 are refused with an
+ * invalid-scale status (pool and standalone); 0.5 is accepted and round-trips
+ * within half a step. */
+static void test_static_scales(void **state) {
+  (void)state;
+  const double bad[5] = {1e-50, 1e300, NAN, 0.0, -1.0};
+  const kvc_dtype dts[3] = {KVC_DTYPE_INT8, KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E5M2};
+  for (int d = 0; d < 3; ++d) {
+    kvc_codec k = codec_of(dts[d], KVC_SCALE_PER_TENSOR, 0, 0);
+    k.static_scale = 1;
+    for (int i = 0; i < 5; ++i) {
+      k.scale = bad[i];
+      kvc_pool *p = codec_pool(1, 2, 8, 4, 4, &k, NULL, KVC_ERR_INVALID_SCALE);
+      assert_null(p);
+      kvc_quant_sizes qs;
+      kvc_quant_sizes_init(&qs);
+      ASSERT_STATUS(KVC_ERR_INVALID_SCALE, kvc_quantize_sizes(&k, 4, 8, &qs));
+      float x[8] = {0};
+      uint8_t codes[8];
+      ASSERT_STATUS(KVC_ERR_INVALID_SCALE, kvc_quantize(&k, x, KVC_DTYPE_F32, 1, 8, codes, NULL, NULL));
+    }
+    k.scale = 0.5;
+    kvc_pool *p = codec_pool(1, 2, 8, 4, 4, &k, &k, KVC_OK);
+    ASSERT_OK(kvc_seq_create(p, 1));
+    ASSERT_OK(kvc_seq_reserve(p, 1, 3, NULL));
+    float in[3 * 16], out[3 * 16];
+    for (int i = 0; i < 48; ++i) in[i] = 20.0f * frand();
+    ASSERT_OK(kvc_append(p, 1, 0, 0, 3, in, in, KVC_DTYPE_F32));
+    ASSERT_OK(kvc_gather(p, 1, 0, 0, 3, out, NULL, KVC_DTYPE_F32, NULL));
+    for (int i = 0; i < 48; ++i) {
+      if (dts[d] == KVC_DTYPE_INT8) assert_true(fabsf(out[i] - in[i]) <= 0.25f);
+      else assert_true(fabsf(out[i] - in[i]) <= fabsf(in[i]) * 0.125f + 0.5f * 0.002f);
+    }
+    float ks = 0, vs = 0;
+    ASSERT_OK(kvc_pool_tensor_scales(p, 0, &ks, &vs));
+    assert_float_equal(ks, 0.5f, 0.0f);
+    kvc_pool_destroy(p);
+  }
+}
+
+/* fp8 e4m3 with scale 1: 500 and -1000 are stored as +448 and -448, never
+ * NaN or Inf. */
+static void test_fp8_saturates(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TENSOR, 0, 0);
+  k.static_scale = 1;
+  k.scale = 1.0;
+  kvc_pool *p = codec_pool(1, 1, 4, 4, 4, &k, &k, KVC_OK);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  const float in[4] = {500.0f, -1000.0f, 1.0f, 0.0f};
+  float out[4];
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 1, in, in, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, out, NULL, KVC_DTYPE_F32, NULL));
+  assert_float_equal(out[0], 448.0f, 0.0f);
+  assert_float_equal(out[1], -448.0f, 0.0f);
+  assert_float_equal(out[2], 1.0f, 0.0f);
+  assert_float_equal(out[3], 0.0f, 0.0f);
+  kvc_pool_destroy(p);
+}
+
+/* int8 with dynamic per-token scales: an all-zero token reads back as zeros. */
+static void test_int8_zero_token(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool *p = codec_pool(1, 2, 8, 4, 4, &k, &k, KVC_OK);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 3, NULL));
+  float in[3 * 16], out[3 * 16];
+  for (int i = 0; i < 48; ++i) in[i] = i >= 16 && i < 32 ? 0.0f : frand();
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 3, in, in, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 3, out, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 16; i < 32; ++i) assert_true(out[i] == 0.0f && !signbit(out[i]) == !signbit(in[i]));
+  for (int i = 0; i < 48; ++i) assert_true(isfinite(out[i]));
+  kvc_pool_destroy(p);
+}
+
+/* int4 at head_dim 96 with group scales: values all in [5, 6] come back
+ * within (6 - 5) / 15 / 2, the group range taken over real values only. */
+static void test_int4_hd96_groups(void **state) {
+  (void)state;
+  const uint32_t groups[3] = {32, 64, 96};
+  for (int g = 0; g < 3; ++g) {
+    kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, groups[g], 1);
+    kvc_pool *p = codec_pool(1, 1, 96, 16, 4, &k, &k, KVC_OK);
+    ASSERT_OK(kvc_seq_create(p, 1));
+    ASSERT_OK(kvc_seq_reserve(p, 1, 5, NULL));
+    float in[5 * 96], out[5 * 96];
+    for (int i = 0; i < 5 * 96; ++i) in[i] = 5.5f + 0.5f * frand();
+    in[0] = 5.0f;
+    in[1] = 6.0f;
+    ASSERT_OK(kvc_append(p, 1, 0, 0, 5, in, in, KVC_DTYPE_F32));
+    ASSERT_OK(kvc_gather(p, 1, 0, 0, 5, out, NULL, KVC_DTYPE_F32, NULL));
+    for (int i = 0; i < 5 * 96; ++i) assert_true(fabsf(out[i] - in[i]) <= (6.0f - 5.0f) / 15.0f / 2.0f * 1.0001f);
+    kvc_pool_destroy(p);
+  }
+}
+
+/* NaN or Inf in the input is rejected and nothing is written. */
+static void test_nonfinite_append(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 8, 0);
+  kvc_pool *p = codec_pool(1, 2, 8, 4, 4, &k, &k, KVC_OK);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 4, NULL));
+  float in[4 * 16], before[4 * 16], after[4 * 16];
+  for (int i = 0; i < 64; ++i) in[i] = frand();
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 4, in, in, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 4, before, NULL, KVC_DTYPE_F32, NULL));
+  float bad[4 * 16];
+  for (int i = 0; i < 64; ++i) bad[i] = 3.0f;
+  bad[50] = NAN;
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 4, in, bad, KVC_DTYPE_F32));
+  assert_non_null(strstr(kvc_last_error_message(), "NaN"));
+  bad[50] = INFINITY;
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 4, bad, in, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 4, after, NULL, KVC_DTYPE_F32, NULL));
+  assert_memory_equal(before, after, sizeof before);
+  kvc_pool_destroy(p);
+}
+
+/* Every codec family at head_dim 8, 64, 96, 128 and 256: append, gather, fork
+ * and CoW work; stats report the layout's bytes. */
+static void test_all_codecs_roundtrip(void **state) {
+  (void)state;
+  const uint32_t dims[5] = {8, 64, 96, 128, 256};
+  const kvc_dtype dts[5] = {KVC_DTYPE_INT8, KVC_DTYPE_INT4, KVC_DTYPE_INT2, KVC_DTYPE_FP8_E4M3,
+                            KVC_DTYPE_FP8_E5M2};
+  const kvc_granularity grans[3] = {KVC_SCALE_PER_TENSOR, KVC_SCALE_PER_TOKEN, KVC_SCALE_PER_GROUP};
+  for (int di = 0; di < 5; ++di)
+    for (int ti = 0; ti < 5; ++ti)
+      for (int gi = 0; gi < 3; ++gi)
+        for (int rot = 0; rot < 2; ++rot) {
+          const uint32_t hd = dims[di], H = 2, row = H * hd;
+          kvc_codec k = codec_of(dts[ti], grans[gi], 32, dts[ti] == KVC_DTYPE_INT2 && gi != 0);
+          k.rotation = rot ? KVC_ROTATION_HADAMARD : KVC_ROTATION_NONE;
+          k.scale_dtype = gi == 2 ? KVC_DTYPE_F16 : KVC_DTYPE_F32;
+          kvc_pool *p = codec_pool(2, H, hd, 16, 16, &k, &k, KVC_OK);
+          kvc_pool_layout l;
+          kvc_pool_layout_init(&l);
+          ASSERT_OK(kvc_pool_get_layout(p, &l));
+          kvc_stats st = get_stats(p);
+          assert_int_equal(st.bytes_per_block, l.block_stride);
+          ASSERT_OK(kvc_seq_create(p, 1));
+          const uint64_t n = 21;
+          ASSERT_OK(kvc_seq_reserve(p, 1, n, NULL));
+          float *in = malloc(sizeof(float) * n * row), *out = malloc(sizeof(float) * n * row);
+          for (uint64_t i = 0; i < n * row; ++i) in[i] = frand();
+          for (uint32_t layer = 0; layer < 2; ++layer)
+            ASSERT_OK(kvc_append(p, 1, layer, 0, n, in, in, KVC_DTYPE_F32));
+          ASSERT_OK(kvc_seq_fork(p, 1, 2));
+          ASSERT_OK(kvc_seq_reserve(p, 2, 1, NULL)); /* CoW of the partly filled block */
+          ASSERT_OK(kvc_append(p, 2, 1, n, 1, in, in, KVC_DTYPE_F32));
+          ASSERT_OK(kvc_gather(p, 2, 1, 0, n, out, NULL, KVC_DTYPE_F32, NULL));
+          double err = 0, norm = 0;
+          for (uint64_t i = 0; i < n * row; ++i) {
+            err += (out[i] - in[i]) * (out[i] - in[i]);
+            norm += in[i] * in[i];
+          }
+          const double rel = sqrt(err / norm);
+          const double limit = dts[ti] == KVC_DTYPE_INT2 ? (gi == 0 ? 1.01 : 0.85) : dts[ti] == KVC_DTYPE_INT4 ? 0.2 : 0.08;
+          if (!(rel < limit)) {
+            print_error("hd %u dtype %d gran %d rot %d: relative error %g\n", hd, dts[ti], grans[gi], rot, rel);
+            fail();
+          }
+          free(in);
+          free(out);
+          kvc_pool_destroy(p);
+        }
+}
+
+static void test_standalone_quantizer(void **state) {
+  (void)state;
+  kvc_codec c = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 1);
+  c.scale_dtype = KVC_DTYPE_F16;
+  kvc_quant_sizes qs;
+  kvc_quant_sizes_init(&qs);
+  ASSERT_OK(kvc_quantize_sizes(&c, 10, 96, &qs));
+  assert_int_equal(qs.codes_bytes, 10 * 48);
+  assert_int_equal(qs.num_scales, 10 * 3);
+  assert_int_equal(qs.scales_bytes, 10 * 3 * 2);
+  assert_int_equal(qs.zeros_bytes, 10 * 3 * 2);
+  c.granularity = KVC_SCALE_PER_CHANNEL;
+  c.group_size = 4;
+  ASSERT_OK(kvc_quantize_sizes(&c, 10, 96, &qs));
+  assert_int_equal(qs.num_scales, 3 * 96);
+  /* Round trip through f16 input and bf16 output. */
+  float x[10 * 96];
+  uint16_t xh[10 * 96], yb[10 * 96];
+  for (int i = 0; i < 960; ++i) x[i] = 3.0f * frand();
+  ASSERT_OK(kvc_convert(x, KVC_DTYPE_F32, xh, KVC_DTYPE_F16, 960));
+  uint8_t codes[480], scales[3 * 96 * 2], zeros[3 * 96 * 2];
+  ASSERT_OK(kvc_quantize(&c, xh, KVC_DTYPE_F16, 10, 96, codes, scales, zeros));
+  ASSERT_OK(kvc_dequantize(&c, codes, scales, zeros, 10, 96, yb, KVC_DTYPE_BF16));
+  float y[960];
+  ASSERT_OK(kvc_convert(yb, KVC_DTYPE_BF16, y, KVC_DTYPE_F32, 960));
+  for (int i = 0; i < 960; ++i) assert_true(fabsf(y[i] - x[i]) < 6.0f / 15.0f);
+  /* Errors. */
+  ASSERT_STATUS(KVC_ERR_NULL_POINTER, kvc_quantize_sizes(NULL, 1, 8, &qs));
+  ASSERT_STATUS(KVC_ERR_NULL_POINTER, kvc_quantize_sizes(&c, 1, 8, NULL));
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&c, 1, 0, &qs));
+  ASSERT_STATUS(KVC_ERR_NULL_POINTER, kvc_quantize(&c, x, KVC_DTYPE_F32, 10, 96, codes, NULL, zeros));
+  ASSERT_STATUS(KVC_ERR_NULL_POINTER, kvc_quantize(&c, x, KVC_DTYPE_F32, 10, 96, codes, scales, NULL));
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize(&c, x, KVC_DTYPE_INT8, 10, 96, codes, scales, zeros));
+  kvc_codec bad = c;
+  bad.dtype = (kvc_dtype)9;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  bad = c;
+  bad.granularity = KVC_SCALE_NONE;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  bad = c;
+  bad.group_size = 0;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  bad = c;
+  bad.rotation = KVC_ROTATION_HADAMARD;
+  bad.rotation_block = 64;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 96, &qs));
+  bad.rotation_block = 3;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 96, &qs));
+  bad = c;
+  bad.struct_size = 8;
+  ASSERT_STATUS(KVC_ERR_STRUCT_SIZE, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  x[5] = NAN;
+  memset(codes, 0x5a, sizeof codes);
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_quantize(&c, x, KVC_DTYPE_F32, 10, 96, codes, scales, zeros));
+  for (size_t i = 0; i < sizeof codes; ++i) assert_int_equal(codes[i], 0x5a);
+  /* Float codecs have no scales. */
+  kvc_codec f = codec_of(KVC_DTYPE_F16, KVC_SCALE_NONE, 0, 0);
+  ASSERT_OK(kvc_quantize_sizes(&f, 3, 8, &qs));
+  assert_int_equal(qs.codes_bytes, 48);
+  assert_int_equal(qs.scales_bytes, 0);
+}
+
+static void test_pool_codec_errors(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 16, 1);
+  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_UNSUPPORTED));
+  k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
+  assert_null(codec_pool(1, 2, 5, 16, 4, &k, NULL, KVC_ERR_INVALID_ARGUMENT)); /* 5 x 4 bits */
+  assert_non_null(strstr(kvc_last_error_message(), "k_codec"));
+  k = codec_of(KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 0, 1); /* fp8 is symmetric */
+  assert_null(codec_pool(1, 2, 8, 16, 4, NULL, &k, KVC_ERR_INVALID_ARGUMENT));
+  assert_non_null(strstr(kvc_last_error_message(), "v_codec"));
+  k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_NONE, 0, 0);
+  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_INVALID_ARGUMENT));
+  k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TENSOR, 0, 1);
+  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_INVALID_ARGUMENT));
+  k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  k.struct_size = 4;
+  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_STRUCT_SIZE));
+  k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool_config c = test_config(1, 2, 8, 16, 4);
+  c.k_codec = &k;
+  c.layout = KVC_LAYOUT_HND;
+  kvc_pool *p = NULL;
+  ASSERT_STATUS(KVC_ERR_UNSUPPORTED, kvc_pool_create(&c, &p));
+  /* K quantized, V plain bf16. */
+  c.layout = KVC_LAYOUT_NHD;
+  c.v_dtype = KVC_DTYPE_BF16;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool_layout l;
+  kvc_pool_layout_init(&l);
+  ASSERT_OK(kvc_pool_get_layout(p, &l));
+  assert_int_equal(l.k_dtype, KVC_DTYPE_INT8);
+  assert_int_equal(l.v_dtype, KVC_DTYPE_BF16);
+  assert_int_equal(l.k_bytes, 16 * 2 * 8 + 16 * 2 * 4);
+  assert_int_equal(l.v_bytes, 16 * 2 * 8 * 2);
+  assert_int_equal(l.v_scales_per_token, 0);
+  float ks = -1, vs = -1;
+  ASSERT_OK(kvc_pool_tensor_scales(p, 0, &ks, &vs));
+  assert_true(ks == 0.0f && vs == 0.0f);
+  ASSERT_STATUS(KVC_ERR_OUT_OF_RANGE, kvc_pool_tensor_scales(p, 1, &ks, &vs));
+  kvc_pool_destroy(p);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
+      cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
+      cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),
+      cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
+      cmocka_unit_test(test_pool_codec_errors),
+  };
+  if (argc > 1) {
+    int found = 0;
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; ++i) found |= strcmp(tests[i].name, argv[1]) == 0;
+    if (!found) {
+      fprintf(stderr, "no test named %s\n", argv[1]);
+      return 1;
+    }
+    cmocka_set_test_filter(argv[1]);
+  }
+  return cmocka_run_group_tests_name("codec_api", tests, NULL, NULL);
+}
