@@ -30,6 +30,13 @@ SIZE(kvc_status, 4);
 SIZE(kvc_dtype, 4);
 SIZE(kvc_device, 4);
 SIZE(kvc_layout, 4);
+SIZE(kvc_granularity, 4);
+SIZE(kvc_rotation, 4);
+_Static_assert(KVC_DTYPE_FP8_E4M3 == 3 && KVC_DTYPE_FP8_E5M2 == 4 && KVC_DTYPE_INT8 == 5 &&
+                   KVC_DTYPE_INT4 == 6 && KVC_DTYPE_INT2 == 7, "dtype values");
+_Static_assert(KVC_SCALE_NONE == 0 && KVC_SCALE_PER_TENSOR == 1 && KVC_SCALE_PER_TOKEN == 2 &&
+                   KVC_SCALE_PER_GROUP == 3 && KVC_SCALE_PER_CHANNEL == 4, "granularity values");
+_Static_assert(KVC_ROTATION_NONE == 0 && KVC_ROTATION_HADAMARD == 1, "rotation values");
 _Static_assert(KVC_OK == 0, "status value");
 _Static_assert(KVC_ERR_INVALID_ARGUMENT == 1, "status value");
 _Static_assert(KVC_ERR_NULL_POINTER == 2, "status value");
@@ -70,7 +77,9 @@ FIELD(kvc_pool_config, v_dtype, 52, 4);
 FIELD(kvc_pool_config, layout, 56, 4);
 FIELD(kvc_pool_config, device, 60, 4);
 FIELD(kvc_pool_config, device_index, 64, 4);
-SIZE(kvc_pool_config, 72);
+FIELD(kvc_pool_config, k_codec, 72, 8); /* 0.2 */
+FIELD(kvc_pool_config, v_codec, 80, 8); /* 0.2 */
+SIZE(kvc_pool_config, 88);
 
 /* ---- kvc_stats (minimum accepted size: through blocks_shared = 48) ---- */
 FIELD(kvc_stats, struct_size, 0, 8);
@@ -108,7 +117,38 @@ FIELD(kvc_pool_layout, v_head_stride, 104, 8);
 FIELD(kvc_pool_layout, v_bytes, 112, 8);
 FIELD(kvc_pool_layout, device, 120, 4);
 FIELD(kvc_pool_layout, device_index, 124, 4);
-SIZE(kvc_pool_layout, 128);
+FIELD(kvc_pool_layout, k_codes_bytes, 128, 8); /* 0.2 */
+FIELD(kvc_pool_layout, k_scale_offset, 136, 8);
+FIELD(kvc_pool_layout, k_zero_offset, 144, 8);
+FIELD(kvc_pool_layout, k_scales_per_token, 152, 4);
+FIELD(kvc_pool_layout, k_scale_dtype, 156, 4);
+FIELD(kvc_pool_layout, v_codes_bytes, 160, 8);
+FIELD(kvc_pool_layout, v_scale_offset, 168, 8);
+FIELD(kvc_pool_layout, v_zero_offset, 176, 8);
+FIELD(kvc_pool_layout, v_scales_per_token, 184, 4);
+FIELD(kvc_pool_layout, v_scale_dtype, 188, 4);
+SIZE(kvc_pool_layout, 192);
+
+/* ---- kvc_codec (0.2; minimum accepted size: all of it = 48) ---- */
+FIELD(kvc_codec, struct_size, 0, 8);
+FIELD(kvc_codec, dtype, 8, 4);
+FIELD(kvc_codec, granularity, 12, 4);
+FIELD(kvc_codec, group_size, 16, 4);
+FIELD(kvc_codec, asymmetric, 20, 4);
+FIELD(kvc_codec, scale_dtype, 24, 4);
+FIELD(kvc_codec, rotation, 28, 4);
+FIELD(kvc_codec, rotation_block, 32, 4);
+FIELD(kvc_codec, static_scale, 36, 4);
+FIELD(kvc_codec, scale, 40, 8);
+SIZE(kvc_codec, 48);
+
+/* ---- kvc_quant_sizes (0.2) ---- */
+FIELD(kvc_quant_sizes, struct_size, 0, 8);
+FIELD(kvc_quant_sizes, codes_bytes, 8, 8);
+FIELD(kvc_quant_sizes, scales_bytes, 16, 8);
+FIELD(kvc_quant_sizes, zeros_bytes, 24, 8);
+FIELD(kvc_quant_sizes, num_scales, 32, 8);
+SIZE(kvc_quant_sizes, 40);
 
 /* ---- kvc_api: the function table only grows at the end ---- */
 FIELD(kvc_api, struct_size, 0, 8);
@@ -140,8 +180,14 @@ FIELD(kvc_api, gather, 184, 8);
 FIELD(kvc_api, seq_block_table, 192, 8);
 FIELD(kvc_api, export_page_table, 200, 8);
 FIELD(kvc_api, convert, 208, 8);
-FIELD(kvc_api, dtype_size, 216, 8);
-SIZE(kvc_api, 224); /* end of version 1 */
+FIELD(kvc_api, dtype_size, 216, 8); /* end of version 1 (224 bytes) */
+FIELD(kvc_api, codec_init, 224, 8);
+FIELD(kvc_api, pool_tensor_scales, 232, 8);
+FIELD(kvc_api, quant_sizes_init, 240, 8);
+FIELD(kvc_api, quantize_sizes, 248, 8);
+FIELD(kvc_api, quantize, 256, 8);
+FIELD(kvc_api, dequantize, 264, 8);
+SIZE(kvc_api, 272); /* end of version 2 */
 #else
 #define KVC_LAYOUT_CHECKED 0
 #endif
