@@ -1,5 +1,9 @@
 #include "codec/codec.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -56,55 +60,187 @@ Params make_params(const Spec &s, float lo, float hi) {
   return p;
 }
 
-inline int32_t quant_int(float x, const Params &p, bool asym, int32_t lo, int32_t hi) {
-  const float y = asym ? (x - p.zero) * p.inv : x * p.inv;
-  // nearbyint in the default rounding mode: round half to even.
-  int32_t q = static_cast<int32_t>(std::nearbyint(y));
-  return q < lo ? lo : q > hi ? hi : q;
+// ---- run kernels: a contiguous run of values sharing one Params ----------
+// Scalar reference and AVX2 versions compute the same float operations in
+// the same order (multiply by the reciprocal, clamp, round half to even), so
+// their results are identical bit for bit (tests/codec checks it).
+
+inline int32_t quant_int(float x, const Params &p, bool asym, float lo, float hi) {
+  float y = asym ? (x - p.zero) * p.inv : x * p.inv;
+  y = y < lo ? lo : y > hi ? hi : y;
+  return static_cast<int32_t>(std::nearbyint(y));  // default rounding mode: half to even
+}
+
+struct IntFormat {
+  int bits;
+  int32_t off;  // stored code = q + off
+  float lo, hi;
+};
+inline IntFormat int_format(Dtype d, bool asym) {
+  switch (d) {
+    case Dtype::INT8: return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
+    case Dtype::INT4: return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
+    default: return asym ? IntFormat{2, 0, 0, 3} : IntFormat{2, 2, -1, 1};
+  }
+}
+
+// Stores code c of element j of a row (int4 / int2 rows are zeroed first).
+inline void put_code(uint8_t *out, int bits, uint64_t j, uint32_t c) {
+  if (bits == 8) out[j] = static_cast<uint8_t>(c);
+  else if (bits == 4) out[j >> 1] |= static_cast<uint8_t>(c << ((j & 1) * 4));
+  else out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
+}
+inline int32_t get_code(const uint8_t *in, int bits, uint64_t j) {
+  if (bits == 8) return in[j];
+  if (bits == 4) return (in[j >> 1] >> ((j & 1) * 4)) & 0xf;
+  return (in[j >> 2] >> ((j & 3) * 2)) & 0x3;
+}
+
+void encode_int_run_scalar(const IntFormat &f, bool asym, const float *x, uint64_t j0, uint64_t j1,
+                           const Params &p, uint8_t *out) {
+  for (uint64_t j = j0; j < j1; ++j)
+    put_code(out, f.bits, j, static_cast<uint32_t>(quant_int(x[j], p, asym, f.lo, f.hi) + f.off) &
+                                 ((1u << f.bits) - 1u));
+}
+
+void decode_int_run_scalar(const IntFormat &f, bool asym, const uint8_t *in, uint64_t j0,
+                           uint64_t j1, const Params &p, float *x) {
+  for (uint64_t j = j0; j < j1; ++j) {
+    int32_t c = get_code(in, f.bits, j);
+    if (f.bits == 8 && !asym) c = static_cast<int8_t>(c);
+    const float q = static_cast<float>(c - (f.bits == 8 ? 0 : f.off));
+    x[j] = asym ? q * p.scale + p.zero : q * p.scale;
+  }
+}
+
+#if defined(__x86_64__)
+#define KVC_CODEC_X86 1
+__attribute__((target("avx2"))) inline __m256i quant8_avx2(const float *x, __m256 inv, __m256 z,
+                                                             bool asym, __m256 lo, __m256 hi) {
+  __m256 y = _mm256_loadu_ps(x);
+  y = asym ? _mm256_mul_ps(_mm256_sub_ps(y, z), inv) : _mm256_mul_ps(y, inv);
+  y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+  y = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  return _mm256_cvtps_epi32(y);
+}
+
+// 32 values -> 32 byte codes (code = q + off, q already clamped), in order.
+__attribute__((target("avx2"))) inline __m256i codes32_avx2(const float *x, __m256 inv, __m256 z,
+                                                              bool asym, __m256 lo, __m256 hi,
+                                                              __m256i off, bool is_signed) {
+  const __m256i q0 = _mm256_add_epi32(quant8_avx2(x, inv, z, asym, lo, hi), off);
+  const __m256i q1 = _mm256_add_epi32(quant8_avx2(x + 8, inv, z, asym, lo, hi), off);
+  const __m256i q2 = _mm256_add_epi32(quant8_avx2(x + 16, inv, z, asym, lo, hi), off);
+  const __m256i q3 = _mm256_add_epi32(quant8_avx2(x + 24, inv, z, asym, lo, hi), off);
+  const __m256i a = _mm256_packs_epi32(q0, q1), b = _mm256_packs_epi32(q2, q3);
+  const __m256i c = is_signed ? _mm256_packs_epi16(a, b) : _mm256_packus_epi16(a, b);
+  return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+__attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, bool asym,
+                                                         const float *x, uint64_t j0, uint64_t j1,
+                                                         const Params &p, uint8_t *out) {
+  const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
+  const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
+  const __m256i off = _mm256_set1_epi32(f.off);
+  uint64_t j = j0;
+  // Vector part: 32 values at a time, starting on a byte boundary of the codes.
+  const uint64_t per_byte = 8 / f.bits;
+  if (f.bits == 2 || j % per_byte != 0) return encode_int_run_scalar(f, asym, x, j0, j1, p, out);
+  for (; j + 32 <= j1; j += 32) {
+    const __m256i c = codes32_avx2(x + j, inv, z, asym, lo, hi, off, f.bits == 8 && !asym);
+    if (f.bits == 8) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+    } else {  // int4: pairs of bytes -> one byte, low nibble first
+      const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
+                                          _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
+      _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+    }
+  }
+  encode_int_run_scalar(f, asym, x, j, j1, p, out);
+}
+
+__attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, bool asym,
+                                                         const uint8_t *in, uint64_t j0,
+                                                         uint64_t j1, const Params &p, float *x) {
+  const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
+  uint64_t j = j0;
+  if (f.bits == 2 || j % (8 / f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
+  if (f.bits == 8) {
+    for (; j + 8 <= j1; j += 8) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
+      const __m256i q = asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+      const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
+      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(v, z) : v);
+    }
+  } else {
+    const __m256i off = _mm256_set1_epi32(f.off);
+    for (; j + 8 <= j1; j += 8) {
+      uint32_t w;
+      std::memcpy(&w, in + j / 2, 4);
+      // Spread 8 nibbles over 8 lanes: lane i gets bits 4i..4i+3.
+      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+      const __m256i q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
+      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
+      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, z) : r);
+    }
+  }
+  decode_int_run_scalar(f, asym, in, j, j1, p, x);
+}
+
+bool detect_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+}
+#endif
+
+bool g_force_scalar = false;
+
+inline bool use_avx2() {
+#ifdef KVC_CODEC_X86
+  static const bool has = detect_avx2();
+  return has && !g_force_scalar;
+#else
+  return false;
+#endif
+}
+
+void encode_int_run(const IntFormat &f, bool asym, const float *x, uint64_t j0, uint64_t j1,
+                    const Params &p, uint8_t *out) {
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && j1 - j0 >= 32) return encode_int_run_avx2(f, asym, x, j0, j1, p, out);
+#endif
+  encode_int_run_scalar(f, asym, x, j0, j1, p, out);
+}
+
+void decode_int_run(const IntFormat &f, bool asym, const uint8_t *in, uint64_t j0, uint64_t j1,
+                    const Params &p, float *x) {
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && j1 - j0 >= 8) return decode_int_run_avx2(f, asym, in, j0, j1, p, x);
+#endif
+  decode_int_run_scalar(f, asym, in, j0, j1, p, x);
 }
 
 // Encodes one row of d values; element j uses params[j / col_group].
 void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
                 uint64_t col_group, uint8_t *out) {
+  if (is_int(s.dtype)) {
+    const IntFormat f = int_format(s.dtype, s.asym);
+    if (f.bits < 8) std::memset(out, 0, row_bytes(s.dtype, d));
+    for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
+      encode_int_run(f, s.asym, x, j0, std::min(d, j0 + col_group), params[g], out);
+    return;
+  }
   switch (s.dtype) {
-    case Dtype::INT8: {
-      if (s.asym) {
-        for (uint64_t j = 0; j < d; ++j)
-          out[j] = static_cast<uint8_t>(quant_int(x[j], params[j / col_group], true, 0, 255));
-      } else {
-        for (uint64_t j = 0; j < d; ++j)
-          out[j] = static_cast<uint8_t>(
-              static_cast<int8_t>(quant_int(x[j], params[j / col_group], false, -127, 127)));
-      }
-      break;
-    }
-    case Dtype::INT4: {
-      const int32_t off = s.asym ? 0 : 8, lo = s.asym ? 0 : -7, hi = s.asym ? 15 : 7;
-      std::memset(out, 0, (d + 1) / 2);
-      for (uint64_t j = 0; j < d; ++j) {
-        const uint32_t c = static_cast<uint32_t>(quant_int(x[j], params[j / col_group], s.asym, lo, hi) + off);
-        out[j >> 1] |= static_cast<uint8_t>(c << ((j & 1) * 4));
-      }
-      break;
-    }
-    case Dtype::INT2: {
-      const int32_t off = s.asym ? 0 : 2, lo = s.asym ? 0 : -1, hi = s.asym ? 3 : 1;
-      std::memset(out, 0, (d + 3) / 4);
-      for (uint64_t j = 0; j < d; ++j) {
-        const uint32_t c = static_cast<uint32_t>(quant_int(x[j], params[j / col_group], s.asym, lo, hi) + off);
-        out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
-      }
-      break;
-    }
     case Dtype::FP8_E4M3:
       for (uint64_t j = 0; j < d; ++j) out[j] = fp8_e4m3_encode(x[j] * params[j / col_group].inv);
       break;
     case Dtype::FP8_E5M2:
       for (uint64_t j = 0; j < d; ++j) out[j] = fp8_e5m2_encode(x[j] * params[j / col_group].inv);
       break;
-    case Dtype::F32:
-    case Dtype::F16:
-    case Dtype::BF16:
+    default:
       core::convert(x, core::DType::F32, out, static_cast<core::DType>(s.dtype), d);
       break;
   }
@@ -112,36 +248,13 @@ void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
 
 void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *params,
                 uint64_t col_group, float *x) {
+  if (is_int(s.dtype)) {
+    const IntFormat f = int_format(s.dtype, s.asym);
+    for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
+      decode_int_run(f, s.asym, in, j0, std::min(d, j0 + col_group), params[g], x);
+    return;
+  }
   switch (s.dtype) {
-    case Dtype::INT8:
-      if (s.asym) {
-        for (uint64_t j = 0; j < d; ++j) {
-          const Params &p = params[j / col_group];
-          x[j] = static_cast<float>(in[j]) * p.scale + p.zero;
-        }
-      } else {
-        for (uint64_t j = 0; j < d; ++j)
-          x[j] = static_cast<float>(static_cast<int8_t>(in[j])) * params[j / col_group].scale;
-      }
-      break;
-    case Dtype::INT4: {
-      const int32_t off = s.asym ? 0 : 8;
-      for (uint64_t j = 0; j < d; ++j) {
-        const Params &p = params[j / col_group];
-        const int32_t q = static_cast<int32_t>((in[j >> 1] >> ((j & 1) * 4)) & 0xf) - off;
-        x[j] = static_cast<float>(q) * p.scale + (s.asym ? p.zero : 0.0f);
-      }
-      break;
-    }
-    case Dtype::INT2: {
-      const int32_t off = s.asym ? 0 : 2;
-      for (uint64_t j = 0; j < d; ++j) {
-        const Params &p = params[j / col_group];
-        const int32_t q = static_cast<int32_t>((in[j >> 2] >> ((j & 3) * 2)) & 0x3) - off;
-        x[j] = static_cast<float>(q) * p.scale + (s.asym ? p.zero : 0.0f);
-      }
-      break;
-    }
     case Dtype::FP8_E4M3: {
       const float *t = fp8_e4m3_table();
       for (uint64_t j = 0; j < d; ++j) x[j] = t[in[j]] * params[j / col_group].scale;
@@ -152,9 +265,7 @@ void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *para
       for (uint64_t j = 0; j < d; ++j) x[j] = t[in[j]] * params[j / col_group].scale;
       break;
     }
-    case Dtype::F32:
-    case Dtype::F16:
-    case Dtype::BF16:
+    default:
       core::convert(in, static_cast<core::DType>(s.dtype), x, core::DType::F32, d);
       break;
   }
@@ -174,6 +285,9 @@ void min_max(const float *x, uint64_t n, uint64_t stride, float *lo, float *hi) 
 bool has_scales(const Spec &s) { return !is_float(s.dtype); }
 
 }  // namespace
+
+void set_force_scalar(bool on) { g_force_scalar = on; }
+bool simd_active() { return use_avx2(); }
 
 int bits_of(Dtype d) {
   switch (d) {

@@ -82,6 +82,10 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
 void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
                 uint64_t n, uint64_t d, void *dst, core::DType dst_type);
 
+// Testing: force the scalar reference kernels (true) or allow AVX2 (false).
+void set_force_scalar(bool on);
+bool simd_active();
+
 // Scale helpers (little-endian f32 or f16 in memory).
 float load_scale(const uint8_t *p, Dtype sd);
 void store_scale(uint8_t *p, Dtype sd, float v);
