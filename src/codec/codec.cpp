@@ -271,7 +271,68 @@ void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *para
   }
 }
 
+#ifdef KVC_CODEC_X86
+__attribute__((target("avx2"))) void min_max_avx2(const float *x, uint64_t n, float *lo, float *hi) {
+  __m256 a = _mm256_set1_ps(x[0]), b = a;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    a = _mm256_min_ps(a, v);
+    b = _mm256_max_ps(b, v);
+  }
+  float la[8], lb[8];
+  _mm256_storeu_ps(la, a);
+  _mm256_storeu_ps(lb, b);
+  float ra = la[0], rb = lb[0];
+  for (int k = 1; k < 8; ++k) {
+    ra = la[k] < ra ? la[k] : ra;
+    rb = lb[k] > rb ? lb[k] : rb;
+  }
+  for (; i < n; ++i) {
+    ra = x[i] < ra ? x[i] : ra;
+    rb = x[i] > rb ? x[i] : rb;
+  }
+  *lo = ra;
+  *hi = rb;
+}
+
+__attribute__((target("avx2"))) bool all_finite_avx2(const float *x, uint64_t n) {
+  const __m256i expo = _mm256_set1_epi32(0x7f800000);
+  __m256i bad = _mm256_setzero_si256();
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + i)), expo);
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(v, expo));
+  }
+  if (!_mm256_testz_si256(bad, bad)) return false;
+  for (; i < n; ++i)
+    if (!std::isfinite(x[i])) return false;
+  return true;
+}
+#endif
+
+#ifdef KVC_CODEC_X86
+// True when no 16-bit float has its exponent field all ones.
+__attribute__((target("avx2"))) bool all_finite_16_avx2(const uint16_t *h, uint64_t n, uint16_t mask) {
+  const __m256i m = _mm256_set1_epi16(static_cast<short>(mask));
+  __m256i bad = _mm256_setzero_si256();
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + i)), m);
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(v, m));
+  }
+  if (!_mm256_testz_si256(bad, bad)) return false;
+  for (; i < n; ++i)
+    if ((h[i] & mask) == mask) return false;
+  return true;
+}
+#endif
+
+// Min and max of n values x[0], x[stride], ... (exact in any order).
 void min_max(const float *x, uint64_t n, uint64_t stride, float *lo, float *hi) {
+#ifdef KVC_CODEC_X86
+  if (stride == 1 && n >= 16 && use_avx2()) return min_max_avx2(x, n, lo, hi);
+#endif
   float a = x[0], b = x[0];
   for (uint64_t i = 1; i < n; ++i) {
     const float v = x[i * stride];
@@ -439,6 +500,9 @@ void hadamard(float *x, uint64_t d, uint32_t block) {
 }
 
 void check_finite(const float *x, uint64_t n, const char *what) {
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && all_finite_avx2(x, n)) return;
+#endif
   for (uint64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
       fail(Errc::NonFinite, std::string(what) + " element " + u64s(i) + " is " +
@@ -557,23 +621,85 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
   }
 }
 
+namespace {
+// Per-thread scratch: grown on demand, never shrunk (no allocation per call
+// in steady state).
+float *scratch_floats(uint64_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf.data();
+}
+
+// Checks raw input for NaN / Inf without converting it (f16 / bf16: the
+// exponent field all ones).
+void check_finite_raw(const void *src, core::DType t, uint64_t n) {
+  if (t == core::DType::F32) return check_finite(static_cast<const float *>(src), n, "input");
+  const uint16_t *h = static_cast<const uint16_t *>(src);
+  const uint16_t mask = t == core::DType::F16 ? 0x7c00 : 0x7f80;
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && all_finite_16_avx2(h, n, mask)) return;
+#endif
+  uint16_t any = 0;
+  for (uint64_t i = 0; i < n; ++i) any |= static_cast<uint16_t>((h[i] & mask) == mask);
+  if (!any) return;
+  for (uint64_t i = 0; i < n; ++i)
+    if ((h[i] & mask) == mask)
+      fail(Errc::NonFinite, "input element " + u64s(i) + " is " +
+                                ((h[i] & (t == core::DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
+                                ": nothing was written");
+}
+}  // namespace
+
 void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
               uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
-  std::vector<float> x(n * d);
-  core::convert(src, src_type, x.data(), core::DType::F32, n * d);
-  check_finite(x.data(), n * d, "input");
+  check_finite_raw(src, src_type, n * d);  // before anything is written
+  const uint64_t esz = core::dtype_bytes(src_type);
+  if (s.gran == Gran::Token || s.gran == Gran::Group || s.gran == Gran::None) {
+    // Row by row through a small buffer that stays in cache.
+    float *row = scratch_floats(d);
+    const uint64_t rb = row_bytes(s.dtype, d);
+    const uint64_t per_row = n ? num_scales(s, n, d) / n : 0;
+    const uint64_t sb = scale_bytes(s);
+    for (uint64_t r = 0; r < n; ++r) {
+      core::convert(static_cast<const uint8_t *>(src) + r * d * esz, src_type, row, core::DType::F32, d);
+      if (s.rotation_block) hadamard(row, d, s.rotation_block);
+      encode(s, row, 1, d, codes + r * rb, scales ? scales + r * per_row * sb : nullptr,
+             zeros ? zeros + r * per_row * sb : nullptr);
+    }
+    return;
+  }
+  float *x = scratch_floats(n * d);
+  core::convert(src, src_type, x, core::DType::F32, n * d);
   if (s.rotation_block)
-    for (uint64_t r = 0; r < n; ++r) hadamard(x.data() + r * d, d, s.rotation_block);
-  encode(s, x.data(), n, d, codes, scales, zeros);
+    for (uint64_t r = 0; r < n; ++r) hadamard(x + r * d, d, s.rotation_block);
+  encode(s, x, n, d, codes, scales, zeros);
 }
 
 void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
                 uint64_t n, uint64_t d, void *dst, core::DType dst_type) {
-  std::vector<float> x(n * d);
-  decode(s, codes, scales, zeros, n, d, x.data());
+  const uint64_t esz = core::dtype_bytes(dst_type);
+  if (dst_type == core::DType::F32 && !s.rotation_block) {
+    decode(s, codes, scales, zeros, n, d, static_cast<float *>(dst));
+    return;
+  }
+  if (s.gran == Gran::Token || s.gran == Gran::Group || s.gran == Gran::None) {
+    float *row = scratch_floats(d);
+    const uint64_t rb = row_bytes(s.dtype, d);
+    const uint64_t per_row = n ? num_scales(s, n, d) / n : 0;
+    const uint64_t sb = scale_bytes(s);
+    for (uint64_t r = 0; r < n; ++r) {
+      decode(s, codes + r * rb, scales ? scales + r * per_row * sb : nullptr,
+             zeros ? zeros + r * per_row * sb : nullptr, 1, d, row);
+      if (s.rotation_block) hadamard(row, d, s.rotation_block);
+      core::convert(row, core::DType::F32, static_cast<uint8_t *>(dst) + r * d * esz, dst_type, d);
+    }
+    return;
+  }
+  float *x = scratch_floats(n * d);
+  decode(s, codes, scales, zeros, n, d, x);
   if (s.rotation_block)
-    for (uint64_t r = 0; r < n; ++r) hadamard(x.data() + r * d, d, s.rotation_block);
-  core::convert(x.data(), core::DType::F32, dst, dst_type, n * d);
+    for (uint64_t r = 0; r < n; ++r) hadamard(x + r * d, d, s.rotation_block);
+  core::convert(x, core::DType::F32, dst, dst_type, n * d);
 }
 
 namespace {
