@@ -243,7 +243,9 @@ typedef enum kvc_layout {
  *   head_dim or span heads; a last partial group's range covers only its
  *   real values;
  * - ::KVC_SCALE_PER_CHANNEL: one per column, over groups of `group_size`
- *   rows (KIVI's keys, arXiv 2402.02750); kvc_quantize() only in this version.
+ *   rows (KIVI's keys, arXiv 2402.02750); in a pool, tokens wait in the
+ *   residual until a group of group_size (which divides block_size) is
+ *   complete, then are encoded together.
  * @since 0.2
  */
 typedef enum kvc_granularity {
@@ -340,6 +342,10 @@ typedef struct kvc_pool_config {
   int32_t device_index;   /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
   const kvc_codec *k_codec; /**< NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype overrides k_dtype). @since 0.2 */
   const kvc_codec *v_codec; /**< NULL (default): values stored as v_dtype; else their codec. @since 0.2 */
+  uint32_t residual_window; /**< Residual window R (KIVI): the newest R tokens of each layer stay in residual_dtype and are encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec. @since 0.2 */
+  kvc_dtype residual_dtype; /**< Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2 */
+  double residual_fraction; /**< Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above residual_window), in [0, 1); 0 (default) = off. @since 0.2 */
+  uint64_t num_residual_blocks; /**< Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads); 0 (default) = num_blocks when a residual is used. @since 0.2 */
 } kvc_pool_config;
 
 /**
@@ -399,6 +405,10 @@ typedef struct kvc_stats {
   uint64_t bytes_in_use;       /**< Bytes of used + cached blocks. */
   uint64_t peak_bytes_in_use;  /**< Largest bytes_in_use since create or kvc_pool_reset_peak(). */
   uint64_t num_sequences;      /**< Live sequences. */
+  uint64_t residual_blocks_total;    /**< Blocks of the residual arena (0 without a residual window). @since 0.2 */
+  uint64_t residual_blocks_used;     /**< Residual blocks in use. @since 0.2 */
+  uint64_t residual_bytes_per_block; /**< Bytes of one residual block. @since 0.2 */
+  uint64_t tokens_stored;            /**< Tokens held, summed over sequences and layers (bits per element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim)). @since 0.2 */
 } kvc_stats;
 
 /** @brief Fill stats with struct_size = sizeof(kvc_stats) and zeros.
@@ -437,8 +447,12 @@ KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
  * Quantized parts (docs/codecs.md): codes `[block_size][num_kv_heads][head_dim *
  * bits / 8]` at k_offset, then the scales `[block_size][k_scales_per_token]` at
  * k_scale_offset and, for asymmetric codecs, the zero points at k_zero_offset;
- * k_bytes covers all three. Per-tensor scales live outside the blocks
- * (kvc_pool_tensor_scales()).
+ * k_bytes covers all three. Per-channel scales (group of G tokens) are
+ * `[block_size / G][num_kv_heads * head_dim]` instead. Per-tensor scales live
+ * outside the blocks (kvc_pool_tensor_scales()). With a residual window, a
+ * layer's newest tokens live in residual blocks (residual_base) until they
+ * are encoded; block tables and page tables list the codec blocks only, and
+ * kvc_gather() reads both.
  * @since 0.1
  */
 typedef struct kvc_pool_layout {
@@ -472,6 +486,15 @@ typedef struct kvc_pool_layout {
   uint64_t v_zero_offset;  /**< As k_zero_offset, for V. @since 0.2 */
   uint32_t v_scales_per_token; /**< As k_scales_per_token, for V. @since 0.2 */
   kvc_dtype v_scale_dtype; /**< As k_scale_dtype, for V. @since 0.2 */
+  kvc_granularity k_granularity; /**< K's scale granularity (::KVC_SCALE_NONE for float storage). @since 0.2 */
+  uint32_t k_group_size;   /**< K's group size (per group: values; per channel: tokens). @since 0.2 */
+  kvc_granularity v_granularity; /**< V's scale granularity. @since 0.2 */
+  uint32_t v_group_size;   /**< V's group size. @since 0.2 */
+  void *residual_base;     /**< First byte of residual block 0 (NULL without a residual window). Residual block r holds K then V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at `residual_base + r * residual_block_stride`. @since 0.2 */
+  uint64_t residual_num_blocks;   /**< Blocks of the residual arena. @since 0.2 */
+  uint64_t residual_block_stride; /**< Bytes from one residual block to the next. @since 0.2 */
+  kvc_dtype residual_dtype;       /**< Element type of residual blocks. @since 0.2 */
+  uint32_t reserved0;             /**< Zero. @since 0.2 */
 } kvc_pool_layout;
 
 /** @brief Fill a layout struct with struct_size = sizeof(kvc_pool_layout) and zeros.
@@ -533,10 +556,13 @@ KVC_API kvc_status kvc_seq_fork(kvc_pool *pool, uint64_t parent_id, uint64_t chi
  * @brief Drop every token at position >= `new_length` (llama.cpp's seq_rm
  * with an open end); blocks left empty are released. Later writes at those
  * positions replace them. Truncating to the current length or more is a no-op.
+ * Cutting a per-channel group of encoded tokens moves the group's remaining
+ * tokens back to the residual (dequantized), which needs a free residual block.
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.
  * @param new_length the sequence's new length in tokens.
- * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,
+ * ::KVC_ERR_POOL_EXHAUSTED (no residual block to re-stage a cut per-channel group; nothing changed).
  * @since 0.1
  */
 KVC_API kvc_status kvc_seq_truncate(kvc_pool *pool, uint64_t seq_id, uint64_t new_length);
@@ -587,7 +613,11 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * @param seq_id a live sequence.
  * @param n_new tokens to add, >= 1.
  * @param slot_mapping NULL, or receives `[num_layers][n_new]` int64 slots
- * (`block_id * block_size + offset`) of the new positions.
+ * (`block_id * block_size + offset`) of the new positions; with a residual
+ * window the new positions are in residual blocks and the slots index the
+ * residual arena. With a residual window, reserving also encodes the oldest
+ * residual tokens beyond the window (positions before this call, already
+ * written) into codec blocks and frees the residual blocks they leave.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_INVALID_ARGUMENT (n_new 0); ::KVC_ERR_OVERFLOW (length would
  * exceed 2^31 - 1); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all

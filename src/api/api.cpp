@@ -173,6 +173,10 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
   p.layout = static_cast<kvc::core::Layout>(c.layout);
   p.device = static_cast<kvc::core::Device>(c.device);
   p.device_index = c.device_index;
+  p.residual_window = c.residual_window;
+  p.residual_dtype = static_cast<DType>(c.residual_dtype);
+  p.residual_fraction = c.residual_fraction;
+  p.num_residual_blocks = c.num_residual_blocks;
   if (c.k_codec) p.k_codec = to_spec(c.k_codec, "k_codec", c.head_dim);
   if (c.v_codec) p.v_codec = to_spec(c.v_codec, "v_codec", c.head_dim);
   return p;
@@ -186,6 +190,7 @@ void defaults(kvc_pool_config *c) {
   c->v_dtype = KVC_DTYPE_F16;
   c->layout = KVC_LAYOUT_NHD;
   c->device = KVC_DEVICE_CPU;
+  c->residual_dtype = KVC_DTYPE_F16;
 }
 
 }  // namespace
@@ -275,6 +280,10 @@ KVC_API kvc_status kvc_pool_stats(kvc_pool *pool, kvc_stats *stats) {
     full.bytes_in_use = s.bytes_in_use;
     full.peak_bytes_in_use = s.peak_bytes_in_use;
     full.num_sequences = s.num_sequences;
+    full.residual_blocks_total = s.residual_blocks_total;
+    full.residual_blocks_used = s.residual_blocks_used;
+    full.residual_bytes_per_block = s.residual_bytes_per_block;
+    full.tokens_stored = s.tokens_stored;
     kvc::api::write_output_struct(full, stats);
   });
 }
@@ -327,6 +336,14 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout) 
     full.v_zero_offset = l.part[1].zero_offset;
     full.v_scales_per_token = static_cast<uint32_t>(l.part[1].scales_per_token);
     full.v_scale_dtype = static_cast<kvc_dtype>(l.part[1].spec.scale_dtype);
+    full.k_granularity = static_cast<kvc_granularity>(l.part[0].spec.gran);
+    full.k_group_size = l.part[0].spec.group;
+    full.v_granularity = static_cast<kvc_granularity>(l.part[1].spec.gran);
+    full.v_group_size = l.part[1].spec.group;
+    full.residual_base = l.residual_base;
+    full.residual_num_blocks = l.residual_num_blocks;
+    full.residual_block_stride = l.residual_block_stride;
+    full.residual_dtype = static_cast<kvc_dtype>(c.residual_dtype);
     full.device = static_cast<kvc_device>(c.device);
     full.device_index = c.device_index;
     kvc::api::write_output_struct(full, layout);
@@ -354,6 +371,10 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config) 
     full.layout = static_cast<kvc_layout>(c.layout);
     full.device = static_cast<kvc_device>(c.device);
     full.device_index = c.device_index;
+    full.residual_window = c.residual_window;
+    full.residual_dtype = static_cast<kvc_dtype>(c.residual_dtype);
+    full.residual_fraction = c.residual_fraction;
+    full.num_residual_blocks = c.num_residual_blocks;
     kvc::api::write_output_struct(full, config);
   });
 }

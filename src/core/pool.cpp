@@ -51,8 +51,7 @@ uint64_t part_bytes(const PoolConfig &c, int kv) {
   }
   if (mul_overflows(codec::row_bytes(sp.dtype, d), h, &row) || mul_overflows(row, bs, &codes))
     return UINT64_MAX;
-  const uint64_t per_token = scales_per_token(sp, h, d);
-  const uint64_t sc = bs * per_token * codec::scale_bytes(sp) * (sp.asym ? 2 : 1);
+  const uint64_t sc = scales_per_block(sp, h, d, bs) * codec::scale_bytes(sp) * (sp.asym ? 2 : 1);
   return codes + sc;
 }
 
@@ -60,6 +59,12 @@ uint64_t part_bytes(const PoolConfig &c, int kv) {
 
 float *scratch_f32(uint64_t n) { return scratch(t_scratch_row, n); }
 float *scratch_input(uint64_t n) { return scratch(t_scratch_input, n); }
+
+uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
+                          uint64_t block_size) {
+  if (sp.gran == codec::Gran::Channel) return block_size / sp.group * num_kv_heads * head_dim;
+  return block_size * scales_per_token(sp, num_kv_heads, head_dim);
+}
 
 uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim) {
   switch (sp.gran) {
@@ -111,10 +116,10 @@ void Pool::validate(PoolConfig &c) {
       fail(Errc::InvalidArgument, std::string(name) +
                                       ": per-tensor scales in a pool are symmetric (one scale per "
                                       "layer); use per-token or per-group scales for zero points");
-    if (sp.gran == codec::Gran::Channel)
-      fail(Errc::Unsupported, std::string(name) +
-                                  ": per-channel scales need a residual window of staged tokens, "
-                                  "which this version's pool does not have (kvc_quantize supports them)");
+    if (sp.gran == codec::Gran::Channel && (sp.group > c.block_size || c.block_size % sp.group != 0))
+      fail(Errc::InvalidArgument, std::string(name) + ": per-channel group_size " + u64s(sp.group) +
+                                      " must divide block_size " + u64s(c.block_size) +
+                                      " (a group of tokens is encoded inside one block)");
     if ((static_cast<uint64_t>(c.head_dim) * codec::bits_of(sp.dtype)) % 8 != 0)
       fail(Errc::InvalidArgument, std::string(name) + ": head_dim " + u64s(c.head_dim) + " x " +
                                       std::to_string(codec::bits_of(sp.dtype)) +
@@ -122,6 +127,18 @@ void Pool::validate(PoolConfig &c) {
     if (c.layout != Layout::NHD)
       fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
   }
+  const bool channel = c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
+  const bool wants_residual = c.residual_window > 0 || c.residual_fraction != 0.0 || channel;
+  if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
+    fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
+  if (c.residual_window > kMaxLength) fail(Errc::InvalidArgument, "residual_window above 2^31-1");
+  if (!dtype_valid(static_cast<int32_t>(c.residual_dtype)))
+    fail(Errc::InvalidArgument, "residual_dtype " + std::to_string(static_cast<int32_t>(c.residual_dtype)) +
+                                    ": must be f32, f16 or bf16");
+  if (wants_residual && codec::is_float(c.k_codec.dtype) && codec::is_float(c.v_codec.dtype))
+    fail(Errc::InvalidArgument, "a residual window needs a quantized K or V codec");
+  if (!wants_residual && c.num_residual_blocks != 0)
+    fail(Errc::InvalidArgument, "num_residual_blocks set without a residual window");
   if (c.layout != Layout::NHD && c.layout != Layout::HND)
     fail(Errc::InvalidArgument,
          "layout " + std::to_string(static_cast<int32_t>(c.layout)) + ": must be NHD or HND");
@@ -160,6 +177,18 @@ void Pool::validate(PoolConfig &c) {
       total > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
     fail(Errc::Overflow, "num_blocks " + u64s(c.num_blocks) + " x " + u64s(stride) +
                              " bytes per block overflows the address space");
+  if (wants_residual) {
+    if (c.num_residual_blocks == 0) c.num_residual_blocks = c.num_blocks;
+    if (c.num_residual_blocks > kMaxBlocks)
+      fail(Errc::InvalidArgument, "num_residual_blocks " + u64s(c.num_residual_blocks) +
+                                      ": must be 1.." + u64s(kMaxBlocks));
+    uint64_t rs = 0, rt = 0;
+    if (mul_overflows(static_cast<uint64_t>(c.block_size) * c.num_kv_heads * c.head_dim,
+                      2 * dtype_bytes(c.residual_dtype), &rs) ||
+        mul_overflows(rs, c.num_residual_blocks, &rt) ||
+        rt > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) - total)
+      fail(Errc::Overflow, "residual blocks overflow the address space");
+  }
 }
 
 Pool::Pool(const PoolConfig &cfg)
@@ -168,7 +197,8 @@ Pool::Pool(const PoolConfig &cfg)
         validate(c);
         return c;
       }()),
-      alloc_(static_cast<uint32_t>(cfg_.num_blocks)) {
+      alloc_(static_cast<uint32_t>(cfg_.num_blocks)),
+      res_alloc_(static_cast<uint32_t>(cfg_.num_residual_blocks)) {
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, bs = cfg_.block_size;
   uint64_t off = 0;
   for (int kv = 0; kv < 2; ++kv) {
@@ -189,7 +219,8 @@ Pool::Pool(const PoolConfig &cfg)
       pl.scales_per_token = scales_per_token(pl.spec, h, hd);
       pl.scale_bytes = codec::scale_bytes(pl.spec);
       pl.scale_offset = off + pl.codes_bytes;
-      pl.zero_offset = pl.scale_offset + bs * pl.scales_per_token * pl.scale_bytes;
+      pl.scales_per_block = scales_per_block(pl.spec, h, hd, bs);
+      pl.zero_offset = pl.scale_offset + pl.scales_per_block * pl.scale_bytes;
       pl.rotation_block = pl.spec.rotation_block;
       tensor_scale_[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
       const uint32_t fixed = pl.spec.static_scale > 0.0
@@ -206,10 +237,21 @@ Pool::Pool(const PoolConfig &cfg)
   if (p == MAP_FAILED)
     fail(Errc::OutOfMemory, "cannot map " + u64s(arena_bytes_) + " bytes of block memory");
   arena_ = static_cast<uint8_t *>(p);
+  if (cfg_.num_residual_blocks) {
+    res_stride_ = bs * h * hd * 2 * dtype_bytes(cfg_.residual_dtype);
+    res_arena_bytes_ = cfg_.num_residual_blocks * res_stride_;
+    void *r = mmap(nullptr, res_arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (r == MAP_FAILED) {
+      munmap(arena_, arena_bytes_);
+      fail(Errc::OutOfMemory, "cannot map " + u64s(res_arena_bytes_) + " bytes of residual blocks");
+    }
+    res_arena_ = static_cast<uint8_t *>(r);
+  }
 }
 
 Pool::~Pool() {
   if (arena_) munmap(arena_, arena_bytes_);
+  if (res_arena_) munmap(res_arena_, res_arena_bytes_);
 }
 
 Sequence &Pool::find(uint64_t id) {
@@ -225,9 +267,98 @@ void Pool::check_layer(uint32_t layer) const {
          "layer " + u64s(layer) + ": the pool has " + u64s(cfg_.num_layers) + " layers");
 }
 
-void Pool::note_usage() {
-  const uint64_t in_use = static_cast<uint64_t>(alloc_.num_used()) + alloc_.num_cached();
-  if (in_use > peak_blocks_) peak_blocks_ = in_use;
+uint64_t Pool::bytes_in_use() const {
+  return (static_cast<uint64_t>(alloc_.num_used()) + alloc_.num_cached()) * block_stride_ +
+         static_cast<uint64_t>(res_alloc_.num_used()) * res_stride_;
+}
+
+void Pool::note_usage() { peak_bytes_ = std::max(peak_bytes_, bytes_in_use()); }
+
+int32_t Pool::take_res() {
+  int32_t reclaimed;
+  const int32_t b = res_alloc_.allocate(&reclaimed);
+  if (b < 0) fail(Errc::Internal, "residual allocator empty after an availability check");
+  return b;
+}
+
+void Pool::release_res(int32_t b) {
+  if (res_alloc_.release(b, false) && (cfg_.flags & kFlagZeroOnFree)) std::memset(res_ptr(b), 0, res_stride_);
+}
+
+int32_t Pool::cow_res(int32_t b) {
+  const int32_t nb = take_res();
+  std::memcpy(res_ptr(nb), res_ptr(b), res_stride_);
+  release_res(b);
+  return nb;
+}
+
+uint64_t Pool::hp_target(uint64_t length) const {
+  const uint64_t frac = static_cast<uint64_t>(cfg_.residual_fraction * static_cast<double>(length));
+  return std::max<uint64_t>(cfg_.residual_window, frac);
+}
+
+uint32_t Pool::age_unit() const {
+  for (int kv = 0; kv < 2; ++kv)
+    if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Channel) return part_[kv].spec.group;
+  return 1;
+}
+
+// Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
+void Pool::write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
+                          uint64_t count) const {
+  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  const uint64_t e = dtype_bytes(cfg_.residual_dtype);
+  convert(k, src, blk + slot * row * e, cfg_.residual_dtype, count * row);
+  convert(v, src, blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, count * row);
+}
+
+void Pool::read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
+                         uint8_t *v_out, DType dst) const {
+  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  const uint64_t e = dtype_bytes(cfg_.residual_dtype);
+  if (k_out) convert(blk + slot * row * e, cfg_.residual_dtype, k_out, dst, count * row);
+  if (v_out) convert(blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, v_out, dst, count * row);
+}
+
+// Encodes the `count` oldest residual tokens of a layer (a multiple of
+// age_unit()) into its codec blocks and frees the residual blocks they leave.
+// The caller reserved the codec blocks it needs and made the last one
+// private. Never throws.
+void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
+  const uint64_t bs = cfg_.block_size;
+  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  const uint32_t unit = age_unit();
+  float *buf = scratch_input(2 * unit * row);
+  for (uint64_t done = 0; done < count; done += unit) {
+    // Gather `unit` residual tokens (they may straddle two residual blocks).
+    for (uint32_t t = 0; t < unit; ++t) {
+      const uint64_t r = l.res_off + done + t;
+      read_residual(res_ptr(l.res_blocks[r / bs]), static_cast<uint32_t>(r % bs), 1,
+                    reinterpret_cast<uint8_t *>(buf + t * row),
+                    reinterpret_cast<uint8_t *>(buf + (unit + t) * row), DType::F32);
+    }
+    for (int kv = 0; kv < 2; ++kv) {
+      const PartLayout &pl = part_[kv];
+      float *x = buf + kv * unit * row;
+      if (pl.rotation_block)
+        for (uint32_t t = 0; t < unit; ++t) codec::hadamard(x + t * row, row, pl.rotation_block);
+      if (pl.quantized && pl.spec.gran == codec::Gran::Tensor) calibrate(kv, layer, x, unit * row);
+    }
+    const uint64_t idx = l.n_lp + done;
+    if (l.blocks.size() <= idx / bs) l.blocks.push_back(take_block());
+    uint8_t *blk = block_ptr(l.blocks[idx / bs]);
+    // Plain parts convert from the f32 rows; quantized parts encode them.
+    for (int kv = 0; kv < 2; ++kv)
+      write_part(kv, layer, blk, reinterpret_cast<const uint8_t *>(buf + kv * unit * row), DType::F32,
+                 buf + kv * unit * row, static_cast<uint32_t>(idx % bs), unit);
+  }
+  l.n_lp += count;
+  const uint64_t off = l.res_off + count;
+  size_t drop = std::min(static_cast<size_t>(off / bs), l.res_blocks.size());
+  if (l.n_lp == l.n_tokens) drop = l.res_blocks.size();  // nothing left in the residual
+  for (size_t i = 0; i < drop; ++i) release_res(l.res_blocks[i]);
+  l.res_blocks.erase(l.res_blocks.begin(), l.res_blocks.begin() + static_cast<std::ptrdiff_t>(drop));
+  l.res_off = l.res_blocks.empty() ? 0 : static_cast<uint32_t>(off % bs);
 }
 
 int32_t Pool::take_block() {
@@ -262,10 +393,18 @@ PoolStats Pool::stats() const {
   s.bytes_per_block = block_stride_;
   // Exact: a block's bytes (codes, scales and zero points) over its tokens.
   s.bytes_per_token = block_stride_ * cfg_.num_layers / cfg_.block_size;
-  s.bytes_total = arena_bytes_;
-  s.bytes_in_use = (s.blocks_used + s.blocks_cached) * block_stride_;
-  s.peak_bytes_in_use = peak_blocks_ * block_stride_;
+  s.bytes_total = arena_bytes_ + res_arena_bytes_;
+  s.bytes_in_use = bytes_in_use();
+  s.peak_bytes_in_use = peak_bytes_;
   s.num_sequences = seqs_.size();
+  s.residual_blocks_total = res_alloc_.num_blocks();
+  s.residual_blocks_used = res_alloc_.num_used();
+  s.residual_bytes_per_block = res_stride_;
+  uint64_t tokens = 0;
+  seqs_.for_each([&](uint64_t, const Sequence &q) {
+    for (const LayerTable &l : q.layers) tokens += l.n_tokens;
+  });
+  s.tokens_stored = tokens;
   return s;
 }
 
@@ -276,6 +415,9 @@ PoolLayout Pool::layout() const {
   l.block_stride = block_stride_;
   l.part[0] = part_[0];
   l.part[1] = part_[1];
+  l.residual_base = res_arena_;
+  l.residual_num_blocks = cfg_.num_residual_blocks;
+  l.residual_block_stride = res_stride_;
   return l;
 }
 
@@ -289,7 +431,7 @@ std::pair<float, float> Pool::tensor_scales(uint32_t layer) const {
 
 void Pool::reset_peak() {
   std::unique_lock lk(mu_);
-  peak_blocks_ = static_cast<uint64_t>(alloc_.num_used()) + alloc_.num_cached();
+  peak_bytes_ = bytes_in_use();
 }
 
 void Pool::seq_create(uint64_t id) {
@@ -306,8 +448,10 @@ void Pool::seq_fork(uint64_t parent, uint64_t child) {
   if (seqs_.find(child)) fail(Errc::SeqExists, "sequence " + u64s(child) + " already exists");
   auto c = std::make_unique<Sequence>(p);  // may throw: nothing changed yet
   Sequence *cp = seqs_.insert(child, std::move(c));  // may throw: nothing changed yet
-  for (const LayerTable &l : cp->layers)
+  for (const LayerTable &l : cp->layers) {
     for (int32_t b : l.blocks) alloc_.ref(b);
+    for (int32_t b : l.res_blocks) res_alloc_.ref(b);
+  }
 }
 
 void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
@@ -315,34 +459,86 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
   Sequence &s = find(id);
   if (new_length >= s.length) return;
   const uint64_t bs = cfg_.block_size;
-  for (LayerTable &l : s.layers) {
+  const uint32_t unit = age_unit();
+  // Tokens each layer keeps, and the residual blocks needed to re-stage a
+  // per-channel group cut in the middle (checked before anything changes).
+  std::vector<uint64_t> keeps(cfg_.num_layers);
+  uint64_t res_needed = 0;
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    const LayerTable &l = s.layers[li];
     uint64_t keep;
-    if (new_length >= l.tail_pos) {
+    if (new_length >= l.tail_pos)
       keep = std::min(l.n_tokens, l.tail_index + (new_length - l.tail_pos));
-    } else {
-      keep = static_cast<uint64_t>(
-          std::lower_bound(l.positions.begin(), l.positions.end(), static_cast<int64_t>(new_length)) -
-          l.positions.begin());
+    else
+      keep = static_cast<uint64_t>(std::lower_bound(l.positions.begin(), l.positions.end(),
+                                                    static_cast<int64_t>(new_length)) -
+                                   l.positions.begin());
+    keeps[li] = keep;
+    if (keep < l.n_lp && keep % unit != 0) res_needed += (keep % unit + bs - 1) / bs;
+  }
+  if (res_needed > res_alloc_.available())
+    fail(Errc::PoolExhausted, "pool exhausted: truncating into a per-channel group re-stages its "
+                              "tokens and needs " + u64s(res_needed) + " residual blocks, " +
+                              u64s(res_alloc_.available()) + " available");
+  for (LayerTable &l : s.layers) l.res_blocks.reserve(l.res_blocks.size() + 2);  // may throw
+  // From here on nothing throws.
+  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    LayerTable &l = s.layers[li];
+    const uint64_t keep = keeps[li];
+    if (new_length < l.tail_pos) {
       l.positions.resize(keep);
       l.tail_index = keep;
       l.tail_pos = new_length;
     }
-    const size_t keep_blocks = static_cast<size_t>((keep + bs - 1) / bs);
-    while (l.blocks.size() > keep_blocks) {
-      release_block(l.blocks.back());
-      l.blocks.pop_back();
+    if (keep >= l.n_lp) {  // cut inside the residual
+      const size_t keep_res = keep == l.n_lp ? 0 : static_cast<size_t>((l.res_off + keep - l.n_lp + bs - 1) / bs);
+      while (l.res_blocks.size() > keep_res) {
+        release_res(l.res_blocks.back());
+        l.res_blocks.pop_back();
+      }
+      if (l.res_blocks.empty()) l.res_off = 0;
+    } else {  // cut inside the codec blocks: the residual goes entirely
+      for (int32_t b : l.res_blocks) release_res(b);
+      l.res_blocks.clear();
+      l.res_off = 0;
+      uint64_t lp = keep;
+      const uint64_t partial = keep % unit;
+      if (partial) {
+        // Per-channel: the cut group's tokens go back to the residual
+        // (dequantized), so the group can be completed and encoded again.
+        lp = keep - partial;
+        float *buf = scratch_input(2 * partial * row);
+        const uint8_t *blk = block_ptr(l.blocks[lp / bs]);
+        read_part(0, li, blk, static_cast<uint32_t>(lp % bs), partial,
+                  reinterpret_cast<uint8_t *>(buf), DType::F32);
+        read_part(1, li, blk, static_cast<uint32_t>(lp % bs), partial,
+                  reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
+        l.res_blocks.push_back(take_res());
+        write_residual(res_ptr(l.res_blocks[0]), 0, reinterpret_cast<const uint8_t *>(buf),
+                       reinterpret_cast<const uint8_t *>(buf + partial * row), DType::F32, partial);
+      }
+      l.n_lp = lp;
+      const size_t keep_blocks = static_cast<size_t>((lp + bs - 1) / bs);
+      while (l.blocks.size() > keep_blocks) {
+        release_block(l.blocks.back());
+        l.blocks.pop_back();
+      }
     }
     l.n_tokens = keep;
   }
   s.length = new_length;
+  note_usage();
 }
 
 void Pool::seq_free(uint64_t id) {
   std::unique_lock lk(mu_);
   Sequence *s = seqs_.find(id);
   if (!s) fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist (freed twice?)");
-  for (const LayerTable &l : s->layers)
+  for (const LayerTable &l : s->layers) {
     for (int32_t b : l.blocks) release_block(b);
+    for (int32_t b : l.res_blocks) release_res(b);
+  }
   seqs_.erase(id);
 }
 
@@ -366,32 +562,108 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     fail(Errc::Overflow, "length " + u64s(s.length) + " + " + u64s(n_new) +
                              " tokens exceeds the maximum of " + u64s(kMaxLength));
   const uint64_t bs = cfg_.block_size;
-  uint64_t needed = 0;
-  for (const LayerTable &l : s.layers) {
-    needed += (l.n_tokens + n_new + bs - 1) / bs - l.blocks.size();
-    if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++needed;  // copy-on-write
+  if (!residual()) {
+    uint64_t needed = 0;
+    for (const LayerTable &l : s.layers) {
+      needed += (l.n_tokens + n_new + bs - 1) / bs - l.blocks.size();
+      if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++needed;  // copy-on-write
+    }
+    if (needed > alloc_.available())
+      fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
+                                    u64s(needed) + " blocks, " + u64s(alloc_.available()) +
+                                    " available");
+    for (LayerTable &l : s.layers) {  // may throw bad_alloc: nothing changed yet
+      const size_t target = static_cast<size_t>((l.n_tokens + n_new + bs - 1) / bs);
+      if (l.blocks.capacity() < target) l.blocks.reserve(std::max(target, 2 * l.blocks.capacity()));
+    }
+    // From here on nothing throws.
+    for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+      LayerTable &l = s.layers[li];
+      if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1)
+        l.blocks.back() = cow_copy(l.blocks.back());
+      const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
+      while (l.blocks.size() < target) l.blocks.push_back(take_block());
+      if (slot_mapping) {
+        int64_t *out = slot_mapping + static_cast<uint64_t>(li) * n_new;
+        for (uint64_t i = 0; i < n_new; ++i) {
+          const uint64_t idx = l.n_tokens + i;
+          out[i] = static_cast<int64_t>(l.blocks[idx / bs]) * static_cast<int64_t>(bs) +
+                   static_cast<int64_t>(idx % bs);
+        }
+      }
+      l.n_tokens += n_new;
+      l.n_lp = l.n_tokens;
+    }
+    s.length += n_new;
+    note_usage();
+    return;
   }
-  if (needed > alloc_.available())
+  // With a residual: new tokens go to residual blocks; the oldest residual
+  // tokens beyond the window (already written: they precede this reserve)
+  // are encoded into codec blocks in units of age_unit().
+  const uint64_t target_hp = hp_target(s.length + n_new);
+  const uint32_t unit = age_unit();
+  std::vector<uint64_t> aged(cfg_.num_layers);
+  uint64_t need_lp = 0, need_res = 0;
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    const LayerTable &l = s.layers[li];
+    const uint64_t hp_old = l.n_tokens - l.n_lp, hp_after = hp_old + n_new;
+    uint64_t a = hp_after > target_hp ? std::min(hp_after - target_hp, hp_old) : 0;
+    a -= a % unit;
+    aged[li] = a;
+    if (a) {
+      need_lp += (l.n_lp + a + bs - 1) / bs - l.blocks.size();
+      if (l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++need_lp;
+    }
+    // Residual blocks after aging: the kept ones plus new ones (counted
+    // without the ones aging frees, so the check is conservative).
+    const uint64_t off = l.res_off + a;
+    const uint64_t kept = l.res_blocks.size() - std::min<uint64_t>(off / bs, l.res_blocks.size());
+    const uint64_t hp_left = hp_after - a;
+    const uint64_t first = hp_left == n_new ? 0 : off % bs;  // residual emptied: start afresh
+    const uint64_t total = (first + hp_left + bs - 1) / bs;
+    const uint64_t kept_used = hp_left == n_new ? 0 : kept;
+    need_res += total > kept_used ? total - kept_used : 0;
+    if (kept_used && (l.res_off + hp_old) % bs != 0 && res_alloc_.refcount(l.res_blocks.back()) > 1)
+      ++need_res;
+  }
+  if (need_lp > alloc_.available() || need_res > res_alloc_.available())
     fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
-                                  u64s(needed) + " blocks, " + u64s(alloc_.available()) +
-                                  " available");
-  for (LayerTable &l : s.layers) {  // may throw bad_alloc: nothing changed yet
-    const size_t target = static_cast<size_t>((l.n_tokens + n_new + bs - 1) / bs);
-    if (l.blocks.capacity() < target) l.blocks.reserve(std::max(target, 2 * l.blocks.capacity()));
+                                  u64s(need_lp) + " blocks (" + u64s(alloc_.available()) +
+                                  " available) and " + u64s(need_res) + " residual blocks (" +
+                                  u64s(res_alloc_.available()) + " available)");
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {  // may throw bad_alloc: nothing changed yet
+    LayerTable &l = s.layers[li];
+    const size_t lp_target = static_cast<size_t>((l.n_lp + aged[li] + bs - 1) / bs);
+    if (l.blocks.capacity() < lp_target) l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
+    const size_t res_target = l.res_blocks.size() + static_cast<size_t>((n_new + bs - 1) / bs) + 1;
+    if (l.res_blocks.capacity() < res_target)
+      l.res_blocks.reserve(std::max(res_target, 2 * l.res_blocks.capacity()));
   }
   // From here on nothing throws.
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     LayerTable &l = s.layers[li];
-    if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1)
-      l.blocks.back() = cow_copy(l.blocks.back());
-    const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
-    while (l.blocks.size() < target) l.blocks.push_back(take_block());
-    if (slot_mapping) {
+    if (aged[li]) {
+      if (l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1)
+        l.blocks.back() = cow_copy(l.blocks.back());
+      age(li, l, aged[li]);
+    }
+    const uint64_t hp = l.n_tokens - l.n_lp;
+    if (hp == 0) {
+      for (int32_t b : l.res_blocks) release_res(b);
+      l.res_blocks.clear();
+      l.res_off = 0;
+    } else if ((l.res_off + hp) % bs != 0 && res_alloc_.refcount(l.res_blocks.back()) > 1) {
+      l.res_blocks.back() = cow_res(l.res_blocks.back());
+    }
+    const uint64_t target = (l.res_off + hp + n_new + bs - 1) / bs;
+    while (l.res_blocks.size() < target) l.res_blocks.push_back(take_res());
+    if (slot_mapping) {  // slots in the residual arena
       int64_t *out = slot_mapping + static_cast<uint64_t>(li) * n_new;
       for (uint64_t i = 0; i < n_new; ++i) {
-        const uint64_t idx = l.n_tokens + i;
-        out[i] = static_cast<int64_t>(l.blocks[idx / bs]) * static_cast<int64_t>(bs) +
-                 static_cast<int64_t>(idx % bs);
+        const uint64_t r = l.res_off + hp + i;
+        out[i] = static_cast<int64_t>(l.res_blocks[r / bs]) * static_cast<int64_t>(bs) +
+                 static_cast<int64_t>(r % bs);
       }
     }
     l.n_tokens += n_new;
@@ -448,6 +720,15 @@ void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, 
   (void)src;
   codec::Spec sp = pl.spec;
   const uint64_t row = h * hd;
+  if (sp.gran == codec::Gran::Channel) {  // whole groups of G tokens (aging only)
+    for (uint64_t t = 0; t < count; t += sp.group) {
+      const uint64_t g = (slot + t) / sp.group;
+      codec::encode(sp, src_f32 + t * row, sp.group, row, base + (slot + t) * pl.token_stride,
+                    blk + pl.scale_offset + g * row * pl.scale_bytes,
+                    blk + pl.zero_offset + g * row * pl.scale_bytes);
+    }
+    return;
+  }
   for (uint64_t t = 0; t < count; ++t) {
     const float *tmp = src_f32 + t * row;  // converted, checked and rotated by append()
     uint8_t *codes = base + (slot + t) * pl.token_stride;
@@ -486,10 +767,13 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
   float *tmp = scratch_f32(row);
   for (uint64_t t = 0; t < count; ++t) {
     const uint8_t *codes = base + (slot + t) * pl.token_stride;
-    const uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
-    const uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    const uint64_t sidx = sp.gran == codec::Gran::Channel ? (slot + t) / sp.group * row
+                                                          : (slot + t) * pl.scales_per_token;
+    const uint8_t *scales = blk + pl.scale_offset + sidx * pl.scale_bytes;
+    const uint8_t *zeros = blk + pl.zero_offset + sidx * pl.scale_bytes;
     switch (sp.gran) {
       case codec::Gran::Token: codec::decode(sp, codes, scales, zeros, h, hd, tmp); break;
+      case codec::Gran::Channel: codec::decode(sp, codes, scales, zeros, 1, row, tmp); break;
       case codec::Gran::Group: codec::decode(sp, codes, scales, zeros, 1, row, tmp); break;
       default: {
         uint8_t one[4];
@@ -520,11 +804,26 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
                                   u64s(l.tail_pos) + " can be written");
     return l.tail_index + (pos - l.tail_pos);
   };
+  // Shared blocks the write touches: codec blocks (first) and residual blocks (second).
   auto shared_blocks = [&](const LayerTable &l, uint64_t idx0) {
-    uint64_t cnt = 0;
-    for (uint64_t b = idx0 / bs; b <= (idx0 + n - 1) / bs; ++b)
-      if (alloc_.refcount(l.blocks[b]) > 1) ++cnt;
+    std::pair<uint64_t, uint64_t> cnt{0, 0};
+    const uint64_t lp_end = std::min(idx0 + n, l.n_lp);
+    if (idx0 < lp_end)
+      for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b)
+        if (alloc_.refcount(l.blocks[b]) > 1) ++cnt.first;
+    const uint64_t hp_begin = std::max(idx0, l.n_lp);
+    if (hp_begin < idx0 + n) {
+      const uint64_t r0 = l.res_off + (hp_begin - l.n_lp), r1 = l.res_off + (idx0 + n - l.n_lp) - 1;
+      for (uint64_t b = r0 / bs; b <= r1 / bs; ++b)
+        if (res_alloc_.refcount(l.res_blocks[b]) > 1) ++cnt.second;
+    }
     return cnt;
+  };
+  auto check_lp_write = [&](const LayerTable &l, uint64_t idx0) {
+    if (idx0 < l.n_lp && age_unit() > 1)
+      fail(Errc::NotReserved, "position " + u64s(l.position_of(idx0)) + " of layer " + u64s(layer) +
+                                  " is already encoded in a per-channel group; only residual "
+                                  "(newest) positions can be written");
   };
   // Quantized parts: convert the input to f32 once and reject NaN / Inf
   // before anything is written.
@@ -554,12 +853,21 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     uint64_t done = 0;
     while (done < n) {
       const uint64_t idx = idx0 + done;
-      const uint32_t slot = static_cast<uint32_t>(idx % bs);
-      const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
-      uint8_t *blk = block_ptr(l.blocks[idx / bs]);
-      write_part(0, layer, blk, ks + done * src_row, src, kf ? kf + done * row : nullptr, slot, run);
-      write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr, slot, run);
-      done += run;
+      if (idx < l.n_lp) {
+        const uint32_t slot = static_cast<uint32_t>(idx % bs);
+        const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
+        uint8_t *blk = block_ptr(l.blocks[idx / bs]);
+        write_part(0, layer, blk, ks + done * src_row, src, kf ? kf + done * row : nullptr, slot, run);
+        write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr, slot, run);
+        done += run;
+      } else {
+        const uint64_t r = l.res_off + (idx - l.n_lp);
+        const uint32_t slot = static_cast<uint32_t>(r % bs);
+        const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
+        write_residual(res_ptr(l.res_blocks[r / bs]), slot, ks + done * src_row, vs + done * src_row,
+                       src, run);
+        done += run;
+      }
     }
   };
   {
@@ -567,7 +875,9 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     Sequence &s = find(id);
     const uint64_t idx0 = locate(s);
     LayerTable &l = s.layers[layer];
-    if (shared_blocks(l, idx0) == 0) {
+    check_lp_write(l, idx0);
+    const auto shared = shared_blocks(l, idx0);
+    if (shared.first == 0 && shared.second == 0) {
       write(l, idx0);
       return;
     }
@@ -577,13 +887,22 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   Sequence &s = find(id);
   const uint64_t idx0 = locate(s);
   LayerTable &l = s.layers[layer];
-  const uint64_t need = shared_blocks(l, idx0);
-  if (need > alloc_.available())
-    fail(Errc::PoolExhausted, "pool exhausted: copy-on-write of " + u64s(need) +
+  check_lp_write(l, idx0);
+  const auto need = shared_blocks(l, idx0);
+  if (need.first > alloc_.available() || need.second > res_alloc_.available())
+    fail(Errc::PoolExhausted, "pool exhausted: copy-on-write of " + u64s(need.first + need.second) +
                                   " shared blocks needs free blocks, " +
                                   u64s(alloc_.available()) + " available");
-  for (uint64_t b = idx0 / bs; b <= (idx0 + n - 1) / bs; ++b)
-    if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
+  const uint64_t lp_end = std::min(idx0 + n, l.n_lp);
+  if (idx0 < lp_end)
+    for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b)
+      if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
+  const uint64_t hp_begin = std::max(idx0, l.n_lp);
+  if (hp_begin < idx0 + n) {
+    const uint64_t r0 = l.res_off + (hp_begin - l.n_lp), r1 = l.res_off + (idx0 + n - l.n_lp) - 1;
+    for (uint64_t b = r0 / bs; b <= r1 / bs; ++b)
+      if (res_alloc_.refcount(l.res_blocks[b]) > 1) l.res_blocks[b] = cow_res(l.res_blocks[b]);
+  }
   note_usage();
   write(l, idx0);
 }
@@ -601,14 +920,24 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
   const uint64_t bs = cfg_.block_size, hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   const uint64_t row = h * hd * dtype_bytes(dst);
   uint64_t done = 0;
+  uint8_t *ko = static_cast<uint8_t *>(k_out), *vo = static_cast<uint8_t *>(v_out);
   while (done < n) {
     const uint64_t idx = first + done;
-    const uint32_t slot = static_cast<uint32_t>(idx % bs);
-    const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
-    const uint8_t *blk = block_ptr(l.blocks[idx / bs]);
-    if (k_out) read_part(0, layer, blk, slot, run, static_cast<uint8_t *>(k_out) + done * row, dst);
-    if (v_out) read_part(1, layer, blk, slot, run, static_cast<uint8_t *>(v_out) + done * row, dst);
-    done += run;
+    if (idx < l.n_lp) {
+      const uint32_t slot = static_cast<uint32_t>(idx % bs);
+      const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
+      const uint8_t *blk = block_ptr(l.blocks[idx / bs]);
+      if (ko) read_part(0, layer, blk, slot, run, ko + done * row, dst);
+      if (vo) read_part(1, layer, blk, slot, run, vo + done * row, dst);
+      done += run;
+    } else {
+      const uint64_t r = l.res_off + (idx - l.n_lp);
+      const uint32_t slot = static_cast<uint32_t>(r % bs);
+      const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
+      read_residual(res_ptr(l.res_blocks[r / bs]), slot, run, ko ? ko + done * row : nullptr,
+                    vo ? vo + done * row : nullptr, dst);
+      done += run;
+    }
   }
   if (positions_out)
     for (uint64_t i = 0; i < n; ++i) positions_out[i] = static_cast<int32_t>(l.position_of(first + i));
@@ -640,18 +969,32 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
     const LayerTable &l = find(seq_ids[i]).layers[layer];
     for (int32_t b : l.blocks) indices[off++] = b;
     indptr[i + 1] = off;
-    last_page_len[i] =
-        l.n_tokens == 0 ? 0 : static_cast<int32_t>(l.n_tokens - (l.blocks.size() - 1) * bs);
+    last_page_len[i] =  // codec blocks only: residual tokens are not in the page table
+        l.n_lp == 0 ? 0 : static_cast<int32_t>(l.n_lp - (l.blocks.size() - 1) * bs);
   }
   return static_cast<size_t>(total);
 }
 
-std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs) const {
+std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs,
+                                 std::vector<uint64_t> &res_refs) const {
   const uint64_t bs = cfg_.block_size;
   if (s.layers.size() != cfg_.num_layers) return "sequence " + u64s(id) + " has wrong layer count";
   for (const LayerTable &l : s.layers) {
-    if (l.blocks.size() != (l.n_tokens + bs - 1) / bs)
+    if (l.n_lp > l.n_tokens || (!residual() && l.n_lp != l.n_tokens))
+      return "sequence " + u64s(id) + ": codec token count above the layer's tokens";
+    if (l.blocks.size() != (l.n_lp + bs - 1) / bs)
       return "sequence " + u64s(id) + ": block table size disagrees with token count";
+    const uint64_t hp = l.n_tokens - l.n_lp;
+    if (hp == 0 ? (!l.res_blocks.empty() || l.res_off != 0)
+                : (l.res_off >= bs || l.res_blocks.size() != (l.res_off + hp + bs - 1) / bs))
+      return "sequence " + u64s(id) + ": residual block table disagrees with its token count";
+    if (l.n_lp % age_unit() != 0)
+      return "sequence " + u64s(id) + ": per-channel groups not whole";
+    for (int32_t b : l.res_blocks) {
+      if (b < 0 || static_cast<uint64_t>(b) >= res_refs.size())
+        return "sequence " + u64s(id) + ": invalid residual block id";
+      ++res_refs[b];
+    }
     if (l.positions.size() != l.tail_index || l.tail_pos > s.length ||
         l.n_tokens != l.tail_index + (s.length - l.tail_pos))
       return "sequence " + u64s(id) + ": position bookkeeping inconsistent";
@@ -672,11 +1015,16 @@ std::string Pool::check_invariants() const {
   std::shared_lock lk(mu_);
   std::string err = alloc_.check();
   if (!err.empty()) return err;
-  std::vector<uint64_t> refs(alloc_.num_blocks(), 0);
+  err = res_alloc_.check();
+  if (!err.empty()) return "residual: " + err;
+  std::vector<uint64_t> refs(alloc_.num_blocks(), 0), res_refs(res_alloc_.num_blocks(), 0);
   seqs_.for_each([&](uint64_t id, const Sequence &s) {
-    if (err.empty()) err = check_sequence(id, s, refs);
+    if (err.empty()) err = check_sequence(id, s, refs, res_refs);
   });
   if (!err.empty()) return err;
+  for (size_t b = 0; b < res_refs.size(); ++b)
+    if (res_refs[b] != res_alloc_.refcount(static_cast<int32_t>(b)))
+      return "residual block " + u64s(b) + ": reference count disagrees with the block tables";
   for (size_t b = 0; b < refs.size(); ++b) {
     const auto st = alloc_.state(static_cast<int32_t>(b));
     if (refs[b] != alloc_.refcount(static_cast<int32_t>(b)))

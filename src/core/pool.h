@@ -33,6 +33,15 @@ struct PoolConfig {
   // overrides k_dtype (likewise for V). A float codec with no scales means
   // plain k_dtype storage.
   codec::Spec k_codec, v_codec;
+  // Residual window (KIVI) and hybrid precision: the newest
+  // max(residual_window, floor(residual_fraction * length)) tokens of each
+  // layer stay in residual_dtype blocks of a second arena and are encoded
+  // with the codecs as they age. Per-channel codecs always stage tokens
+  // until a group of G is complete.
+  uint32_t residual_window = 0;
+  double residual_fraction = 0.0;
+  DType residual_dtype = DType::F16;
+  uint64_t num_residual_blocks = 0;  // 0: as many as num_blocks
   Layout layout = Layout::NHD;
   Device device = Device::CPU;
   int32_t device_index = 0;
@@ -41,6 +50,8 @@ struct PoolConfig {
 // Scale entries per token slot in a block for a codec (per-token: one per
 // KV head; per-group: one per group of the [num_kv_heads * head_dim] row).
 uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim);
+uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
+                          uint64_t block_size);
 // Per-thread f32 scratch buffers of at least n values.
 float *scratch_f32(uint64_t n);
 float *scratch_input(uint64_t n);
@@ -49,6 +60,8 @@ struct PoolStats {
   uint64_t blocks_total, blocks_free, blocks_cached, blocks_used, blocks_shared;
   uint64_t bytes_per_block, bytes_per_token, bytes_total, bytes_in_use, peak_bytes_in_use;
   uint64_t num_sequences;
+  uint64_t residual_blocks_total, residual_blocks_used, residual_bytes_per_block;
+  uint64_t tokens_stored;  // tokens held, summed over sequences and layers
 };
 
 // Where K (part 0) or V (part 1) sits inside a block.
@@ -61,7 +74,8 @@ struct PartLayout {
   uint64_t codes_bytes = 0;    // codes per block
   uint64_t scale_offset = 0;   // scales from the block start
   uint64_t zero_offset = 0;    // zero points from the block start (asymmetric)
-  uint64_t scales_per_token = 0;  // scale entries per token slot (0 for per-tensor)
+  uint64_t scales_per_token = 0;  // scale entries per token slot (per token / group)
+  uint64_t scales_per_block = 0;  // scale entries per block (all granularities)
   uint64_t scale_bytes = 0;    // bytes of one scale entry (4 f32, 2 f16)
   uint64_t bytes = 0;          // the part's bytes per block, scales and zeros included
   uint32_t rotation_block = 0; // Hadamard block inside each head (0: none)
@@ -71,6 +85,8 @@ struct PoolLayout {
   uint8_t *base;
   uint64_t num_blocks, block_stride;
   PartLayout part[2];
+  uint8_t *residual_base;  // residual blocks: [block_size][kv_heads][head_dim] K then V
+  uint64_t residual_num_blocks, residual_block_stride;
 };
 
 // One layer of a sequence. Tokens are held in block-table order; the tokens
@@ -78,8 +94,11 @@ struct PoolLayout {
 // ...; the positions of the first tail_index tokens (survivors of an
 // eviction) are listed in `positions`.
 struct LayerTable {
-  std::vector<int32_t> blocks;
+  std::vector<int32_t> blocks;      // main arena: tokens [0, n_lp)
+  std::vector<int32_t> res_blocks;  // residual arena: tokens [n_lp, n_tokens)
   uint64_t n_tokens = 0;
+  uint64_t n_lp = 0;     // tokens in codec format (== n_tokens without a residual)
+  uint32_t res_off = 0;  // slot of token n_lp in res_blocks[0]
   uint64_t tail_pos = 0;
   uint64_t tail_index = 0;
   std::vector<int32_t> positions;
@@ -136,7 +155,8 @@ class Pool {
 
   // Block-table entries per block and the seq ids, for the invariant check.
  private:
-  std::string check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs) const;
+  std::string check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs,
+                             std::vector<uint64_t> &res_refs) const;
 
  public:
 
@@ -149,6 +169,19 @@ class Pool {
   void release_block(int32_t b);     // reference - 1, zero on free
   int32_t cow_copy(int32_t b);       // fresh private copy of block b; releases b
   void note_usage();
+  bool residual() const { return res_alloc_.num_blocks() > 0; }
+  uint8_t *res_ptr(int32_t b) const { return res_arena_ + static_cast<uint64_t>(b) * res_stride_; }
+  int32_t take_res();
+  void release_res(int32_t b);
+  int32_t cow_res(int32_t b);
+  uint64_t hp_target(uint64_t length) const;  // tokens a layer keeps in the residual
+  uint32_t age_unit() const;                  // tokens encoded together when aging
+  void age(uint32_t layer, LayerTable &l, uint64_t count);
+  void write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
+                      uint64_t count) const;
+  void read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
+                     uint8_t *v_out, DType dst) const;
+  uint64_t bytes_in_use() const;
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                   const float *src_f32, uint32_t slot, uint64_t count) const;
   void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
@@ -160,12 +193,15 @@ class Pool {
   PoolConfig cfg_;
   PartLayout part_[2];
   uint64_t block_stride_ = 0, arena_bytes_ = 0;
+  uint64_t res_stride_ = 0, res_arena_bytes_ = 0;
+  uint8_t *res_arena_ = nullptr;
   // Per-layer per-tensor scales (bits of a float; 0 = not calibrated yet).
   std::unique_ptr<std::atomic<uint32_t>[]> tensor_scale_[2];
   uint8_t *arena_ = nullptr;
   BlockAllocator alloc_;
+  BlockAllocator res_alloc_;
   SeqMap<Sequence> seqs_;
-  uint64_t peak_blocks_ = 0;
+  uint64_t peak_bytes_ = 0;
   mutable RwLock mu_;
 };
 

@@ -79,7 +79,11 @@ FIELD(kvc_pool_config, device, 60, 4);
 FIELD(kvc_pool_config, device_index, 64, 4);
 FIELD(kvc_pool_config, k_codec, 72, 8); /* 0.2 */
 FIELD(kvc_pool_config, v_codec, 80, 8); /* 0.2 */
-SIZE(kvc_pool_config, 88);
+FIELD(kvc_pool_config, residual_window, 88, 4);
+FIELD(kvc_pool_config, residual_dtype, 92, 4);
+FIELD(kvc_pool_config, residual_fraction, 96, 8);
+FIELD(kvc_pool_config, num_residual_blocks, 104, 8);
+SIZE(kvc_pool_config, 112);
 
 /* ---- kvc_stats (minimum accepted size: through blocks_shared = 48) ---- */
 FIELD(kvc_stats, struct_size, 0, 8);
@@ -94,7 +98,11 @@ FIELD(kvc_stats, bytes_total, 64, 8);
 FIELD(kvc_stats, bytes_in_use, 72, 8);
 FIELD(kvc_stats, peak_bytes_in_use, 80, 8);
 FIELD(kvc_stats, num_sequences, 88, 8);
-SIZE(kvc_stats, 96);
+FIELD(kvc_stats, residual_blocks_total, 96, 8); /* 0.2 */
+FIELD(kvc_stats, residual_blocks_used, 104, 8);
+FIELD(kvc_stats, residual_bytes_per_block, 112, 8);
+FIELD(kvc_stats, tokens_stored, 120, 8);
+SIZE(kvc_stats, 128);
 
 /* ---- kvc_pool_layout (minimum accepted size: through v_bytes = 120) ---- */
 FIELD(kvc_pool_layout, struct_size, 0, 8);
@@ -127,7 +135,16 @@ FIELD(kvc_pool_layout, v_scale_offset, 168, 8);
 FIELD(kvc_pool_layout, v_zero_offset, 176, 8);
 FIELD(kvc_pool_layout, v_scales_per_token, 184, 4);
 FIELD(kvc_pool_layout, v_scale_dtype, 188, 4);
-SIZE(kvc_pool_layout, 192);
+FIELD(kvc_pool_layout, k_granularity, 192, 4);
+FIELD(kvc_pool_layout, k_group_size, 196, 4);
+FIELD(kvc_pool_layout, v_granularity, 200, 4);
+FIELD(kvc_pool_layout, v_group_size, 204, 4);
+FIELD(kvc_pool_layout, residual_base, 208, 8);
+FIELD(kvc_pool_layout, residual_num_blocks, 216, 8);
+FIELD(kvc_pool_layout, residual_block_stride, 224, 8);
+FIELD(kvc_pool_layout, residual_dtype, 232, 4);
+FIELD(kvc_pool_layout, reserved0, 236, 4);
+SIZE(kvc_pool_layout, 240);
 
 /* ---- kvc_codec (0.2; minimum accepted size: all of it = 48) ---- */
 FIELD(kvc_codec, struct_size, 0, 8);

@@ -323,8 +323,11 @@ static void test_standalone_quantizer(void **state) {
 
 static void test_pool_codec_errors(void **state) {
   (void)state;
-  kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 16, 1);
-  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_UNSUPPORTED));
+  kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 32, 1); /* group > block_size */
+  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_INVALID_ARGUMENT));
+  assert_non_null(strstr(kvc_last_error_message(), "divide block_size"));
+  k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 6, 1); /* does not divide 16 */
+  assert_null(codec_pool(1, 2, 8, 16, 4, &k, NULL, KVC_ERR_INVALID_ARGUMENT));
   k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
   assert_null(codec_pool(1, 2, 5, 16, 4, &k, NULL, KVC_ERR_INVALID_ARGUMENT)); /* 5 x 4 bits */
   assert_non_null(strstr(kvc_last_error_message(), "k_codec"));
@@ -363,13 +366,178 @@ static void test_pool_codec_errors(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* ---- residual window (KIVI) and hybrid precision ---------------------- */
+
+static kvc_pool *residual_pool(const kvc_codec *k, const kvc_codec *v, uint32_t window,
+                               double fraction, uint64_t res_blocks, uint32_t layers) {
+  kvc_pool_config c = test_config(layers, 2, 8, 16, 256);
+  c.k_codec = k;
+  c.v_codec = v;
+  c.residual_window = window;
+  c.residual_fraction = fraction;
+  c.num_residual_blocks = res_blocks;
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  return p;
+}
+
+/* Writes token `pos` (values depend on pos) into every layer. */
+static void step(kvc_pool *p, uint64_t seq, uint64_t pos, uint32_t layers, float *k, float *v) {
+  ASSERT_OK(kvc_seq_reserve(p, seq, 1, NULL));
+  for (int e = 0; e < 16; ++e) {
+    k[e] = sinf(0.37f * (float)pos + 0.9f * (float)e) * (1.0f + (float)(e % 4));
+    v[e] = cosf(0.21f * (float)pos - 0.5f * (float)e);
+  }
+  for (uint32_t l = 0; l < layers; ++l) ASSERT_OK(kvc_append(p, seq, l, pos, 1, k, v, KVC_DTYPE_F32));
+}
+
+/* KIVI: keys int2 per channel over groups of 16 tokens, values int2 per
+ * token, asymmetric, residual window 32. The newest tokens read back as
+ * f16; older ones within the codec's bound; the residual stays bounded and
+ * the bytes in use fall below an all-f16 cache. */
+static void test_kivi_residual(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT2, KVC_SCALE_PER_CHANNEL, 16, 1);
+  kvc_codec v = codec_of(KVC_DTYPE_INT2, KVC_SCALE_PER_GROUP, 8, 1);
+  kvc_pool *p = residual_pool(&k, &v, 32, 0.0, 64, 2);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  const uint64_t n = 150;
+  float *kin = malloc(sizeof(float) * n * 16), *vin = malloc(sizeof(float) * n * 16);
+  for (uint64_t pos = 0; pos < n; ++pos) {
+    step(p, 1, pos, 2, kin + pos * 16, vin + pos * 16);
+    kvc_stats st = get_stats(p);
+    /* Per layer at most window + group + 1 tokens in the residual: 4 blocks. */
+    assert_true(st.residual_blocks_used <= 2 * 4);
+    assert_int_equal(st.tokens_stored, 2 * (pos + 1));
+  }
+  kvc_stats st = get_stats(p);
+  assert_true(st.blocks_used >= 2 * 7); /* >= 112 tokens per layer encoded */
+  /* Memory: codes + scales + residual, below the f16 cache of the same tokens. */
+  const uint64_t f16_bytes = 2 * n * 2 * 16 * 2;
+  assert_true(st.bytes_in_use < f16_bytes);
+  float out_k[150 * 16], out_v[150 * 16];
+  int32_t pos[150];
+  ASSERT_OK(kvc_gather(p, 1, 1, 0, n, out_k, out_v, KVC_DTYPE_F32, pos));
+  for (uint64_t t = 0; t < n; ++t) {
+    assert_int_equal(pos[t], t);
+    for (int e = 0; e < 16; ++e) {
+      const float x = kin[t * 16 + e], y = out_k[t * 16 + e];
+      if (t >= n - 32) {
+        uint16_t h;
+        float r;
+        kvc_convert(&x, KVC_DTYPE_F32, &h, KVC_DTYPE_F16, 1);
+        kvc_convert(&h, KVC_DTYPE_F16, &r, KVC_DTYPE_F32, 1);
+        assert_float_equal(y, r, 0.0f); /* still in the f16 residual */
+      } else {
+        /* int2 asymmetric over the channel's group of 16 tokens: half a step
+         * of (max - min) / 3, at most (2 * amplitude) / 6. */
+        const float amp = 1.0f + (float)(e % 4);
+        assert_true(fabsf(y - x) <= 2.0f * amp / 6.0f * 1.001f + 1e-6f);
+      }
+    }
+  }
+  /* Fork: the child shares codec and residual blocks; its writes are its own. */
+  ASSERT_OK(kvc_seq_fork(p, 1, 2));
+  float kx[16], vx[16];
+  for (uint64_t q = n; q < n + 20; ++q) step(p, 2, q, 2, kx, vx);
+  float again[150 * 16];
+  ASSERT_OK(kvc_gather(p, 1, 1, 0, n, again, NULL, KVC_DTYPE_F32, NULL));
+  assert_memory_equal(again, out_k, sizeof again);
+  ASSERT_OK(kvc_gather(p, 2, 1, 0, n, again, NULL, KVC_DTYPE_F32, NULL));
+  /* The child aged some of the shared residual tokens into its own blocks:
+   * same values within the codec bound, the parent untouched (checked above). */
+  for (uint64_t t = 0; t < n * 16; ++t) assert_true(fabsf(again[t] - out_k[t]) <= 2.0f * 4.0f / 6.0f * 1.001f);
+  /* Truncate into the middle of an encoded per-channel group: the cut group's
+   * tokens go back to the residual with the values they had. */
+  float before[40 * 16], after[40 * 16];
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 40, before, NULL, KVC_DTYPE_F32, NULL));
+  ASSERT_OK(kvc_seq_truncate(p, 1, 40));
+  uint64_t nt;
+  ASSERT_OK(kvc_seq_layer_tokens(p, 1, 0, &nt));
+  assert_int_equal(nt, 40);
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 40, after, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 40 * 16; ++i) assert_true(fabsf(after[i] - before[i]) <= 1e-2f * (1.0f + fabsf(before[i])));
+  for (uint64_t q = 40; q < 80; ++q) step(p, 1, q, 2, kx, vx); /* and it goes on */
+  ASSERT_OK(kvc_seq_free(p, 1));
+  ASSERT_OK(kvc_seq_free(p, 2));
+  st = get_stats(p);
+  assert_int_equal(st.blocks_used, 0);
+  assert_int_equal(st.residual_blocks_used, 0);
+  free(kin);
+  free(vin);
+  kvc_pool_destroy(p);
+}
+
+/* Hybrid: the newest quarter of the sequence in f16, older tokens in int4;
+ * tokens are re-encoded as they age and the bytes follow. */
+static void test_hybrid_fraction(void **state) {
+  (void)state;
+  kvc_codec c = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 16, 1);
+  kvc_pool *p = residual_pool(&c, &c, 0, 0.25, 128, 1);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  float k[16], v[16];
+  uint64_t prev_lp = 0;
+  for (uint64_t pos = 0; pos < 256; ++pos) {
+    step(p, 1, pos, 1, k, v);
+    /* Codec blocks grow as the sequence does: never more than 3/4 encoded. */
+    size_t nb;
+    ASSERT_OK(kvc_seq_block_table(p, 1, 0, NULL, 0, &nb));
+    assert_true(nb * 16 <= (pos + 1) * 3 / 4 + 16);
+    assert_true(nb >= prev_lp);
+    prev_lp = nb;
+  }
+  kvc_stats st = get_stats(p);
+  /* 256 tokens: 64 in the f16 residual (4 or 5 blocks), 192 in int4 (12 blocks). */
+  assert_true(st.residual_blocks_used >= 4 && st.residual_blocks_used <= 5);
+  assert_int_equal(st.blocks_used, 12);
+  kvc_pool_layout l;
+  kvc_pool_layout_init(&l);
+  ASSERT_OK(kvc_pool_get_layout(p, &l));
+  assert_non_null(l.residual_base);
+  assert_int_equal(l.residual_block_stride, 16 * 16 * 2 * 2);
+  assert_int_equal(l.residual_dtype, KVC_DTYPE_F16);
+  assert_int_equal(st.bytes_in_use, st.blocks_used * l.block_stride + st.residual_blocks_used * l.residual_block_stride);
+  assert_true(st.bytes_in_use < 256 * 16 * 2 * 2);
+  kvc_pool_destroy(p);
+}
+
+/* A residual arena that runs out: a distinct status and nothing changed. */
+static void test_residual_exhausted(void **state) {
+  (void)state;
+  kvc_codec c = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool *p = residual_pool(&c, &c, 40, 0.0, 3, 1);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 40, NULL)); /* 3 residual blocks */
+  kvc_stats before = get_stats(p);
+  ASSERT_STATUS(KVC_ERR_POOL_EXHAUSTED, kvc_seq_reserve(p, 1, 10, NULL));
+  assert_non_null(strstr(kvc_last_error_message(), "residual"));
+  kvc_stats after = get_stats(p);
+  assert_memory_equal(&before, &after, sizeof before);
+  kvc_pool_destroy(p);
+  /* Bad residual settings. */
+  kvc_pool_config cfg = test_config(1, 2, 8, 16, 8);
+  cfg.residual_window = 8; /* no quantized codec */
+  p = NULL;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_create(&cfg, &p));
+  cfg.k_codec = &c;
+  cfg.residual_fraction = 1.0;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_create(&cfg, &p));
+  cfg.residual_fraction = NAN;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_create(&cfg, &p));
+  cfg.residual_fraction = 0.5;
+  cfg.residual_dtype = KVC_DTYPE_INT8;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_create(&cfg, &p));
+  assert_null(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
       cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
-      cmocka_unit_test(test_pool_codec_errors),
+      cmocka_unit_test(test_pool_codec_errors),    cmocka_unit_test(test_kivi_residual),
+      cmocka_unit_test(test_hybrid_fraction),      cmocka_unit_test(test_residual_exhausted),
   };
   if (argc > 1) {
     int found = 0;
