@@ -195,6 +195,27 @@ void defaults(kvc_pool_config *c) {
 
 }  // namespace
 
+namespace {
+struct QuantPlan {
+  kvc::codec::Spec spec;
+  uint64_t codes, scales, zeros, num_scales;
+};
+
+QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
+  need(codec, "codec");
+  if (d < 1 || d > (1u << 24)) fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
+  if (n > (uint64_t(1) << 40)) fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
+  QuantPlan q;
+  q.spec = to_spec(codec, "codec", d);
+  kvc::codec::validate(q.spec, d);
+  q.codes = n * kvc::codec::row_bytes(q.spec.dtype, d);
+  q.num_scales = kvc::codec::num_scales(q.spec, n, d);
+  q.scales = q.num_scales * kvc::codec::scale_bytes(q.spec);
+  q.zeros = q.spec.asym ? q.scales : 0;
+  return q;
+}
+}  // namespace
+
 extern "C" {
 
 KVC_API uint32_t kvc_version(void) { return KVC_VERSION_NUMBER; }
@@ -521,26 +542,6 @@ KVC_API kvc_status kvc_quant_sizes_init(kvc_quant_sizes *sizes) {
   });
 }
 
-namespace {
-struct QuantPlan {
-  kvc::codec::Spec spec;
-  uint64_t codes, scales, zeros, num_scales;
-};
-
-QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
-  need(codec, "codec");
-  if (d < 1 || d > (1u << 24)) fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
-  if (n > (uint64_t(1) << 40)) fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
-  QuantPlan q;
-  q.spec = to_spec(codec, "codec", d);
-  kvc::codec::validate(q.spec, d);
-  q.codes = n * kvc::codec::row_bytes(q.spec.dtype, d);
-  q.num_scales = kvc::codec::num_scales(q.spec, n, d);
-  q.scales = q.num_scales * kvc::codec::scale_bytes(q.spec);
-  q.zeros = q.spec.asym ? q.scales : 0;
-  return q;
-}
-}  // namespace
 
 KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64_t d,
                                       kvc_quant_sizes *sizes) {

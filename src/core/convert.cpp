@@ -1,6 +1,7 @@
 #include "core/convert.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVC_X86 1
 #endif
@@ -81,9 +82,17 @@ __attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t *s, float *
   for (; i < n; ++i) d[i] = bf16_to_f32_scalar(s[i]);
 }
 
+// AVX2 and F16C through CPUID, with the OS saving the YMM state (XGETBV).
 bool detect_simd() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+  const bool f16c = c & (1u << 29), osxsave = c & (1u << 27), avx = c & (1u << 28);
+  if (!f16c || !osxsave || !avx) return false;
+  unsigned lo, hi;
+  __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0x6) != 0x6) return false;  // XMM and YMM state enabled
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return b & (1u << 5);  // AVX2
 }
 #endif
 

@@ -9,7 +9,7 @@ namespace kvc_cli {
 struct BenchOptions {
   std::string model = "stories260k";
   int tokens = 4096;  ///< positions per cache kind and round
-  int rounds = 3;     ///< the fastest round counts
+  int rounds = 5;     ///< per window, the fastest round counts
   bool json = false;
 };
 

@@ -84,7 +84,8 @@ void KvPool::reset_peak() { check_kvc(kvc_pool_reset_peak(pool_), "kvc_pool_rese
 
 PoolSequence::PoolSequence(KvPool &pool, std::uint64_t seq_id, int num_layers)
     : pool_(pool.get()), seq_id_(seq_id), layout_(pool.layout()),
-      tables_(static_cast<std::size_t>(num_layers)), row_(layout_.head_dim),
+      tables_(static_cast<std::size_t>(num_layers)),
+      scratch_(std::size_t(layout_.block_size) * layout_.head_dim),
       f16_lut_(f16_table()) {
   check_kvc(kvc_seq_create(pool_, seq_id_), "kvc_seq_create");
 }

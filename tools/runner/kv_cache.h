@@ -7,7 +7,8 @@
 // Both expose the same small interface the templated forward pass uses:
 //   begin_token(pos), store(layer, pos, k, v),
 //   for_each_key(layer, n, kv_head, f), for_each_value(layer, n, kv_head, f)
-// where f(t, const float *row) sees the head_dim elements of token t.
+// where f(t0, count, rows, stride) sees tokens t0..t0+count-1 of one KV head:
+// token t0+r's head_dim f32 elements start at rows + r * stride.
 #pragma once
 
 #include <kvcache/kvcache.h>
@@ -51,19 +52,16 @@ class ArrayCache {
   }
   template <class F>
   void for_each_key(int layer, int n, int kv_head, F &&f) const {
-    rows(k_, layer, n, kv_head, f);
+    f(0, n, &k_[std::size_t(layer) * seq_len_ * kv_dim_ + std::size_t(kv_head) * head_dim_],
+      std::size_t(kv_dim_));
   }
   template <class F>
   void for_each_value(int layer, int n, int kv_head, F &&f) const {
-    rows(v_, layer, n, kv_head, f);
+    f(0, n, &v_[std::size_t(layer) * seq_len_ * kv_dim_ + std::size_t(kv_head) * head_dim_],
+      std::size_t(kv_dim_));
   }
 
  private:
-  template <class F>
-  void rows(const std::vector<float> &a, int layer, int n, int kv_head, F &f) const {
-    const float *p = &a[std::size_t(layer) * seq_len_ * kv_dim_ + std::size_t(kv_head) * head_dim_];
-    for (int t = 0; t < n; ++t, p += kv_dim_) f(t, p);
-  }
   int kv_dim_, head_dim_, seq_len_;
   std::vector<float> k_, v_;
 };
@@ -120,6 +118,8 @@ class PoolSequence {
  private:
   void refresh_block_tables();
 
+  // Walks the layer's block table; f32 blocks are handed over in place, f16
+  // and bf16 rows are widened into a scratch block first.
   template <class F>
   void rows(int layer, int n, std::uint64_t offset, std::uint64_t token_stride, kvc_dtype dtype,
             F &f) {
@@ -127,33 +127,27 @@ class PoolSequence {
     const char *base = static_cast<const char *>(layout_.base);
     const int block_size = static_cast<int>(layout_.block_size);
     const int head_dim = static_cast<int>(layout_.head_dim);
-    float *tmp = row_.data();
+    float *tmp = scratch_.data();
     int t = 0;
     for (std::size_t b = 0; t < n; ++b) {
       const char *p = base + std::uint64_t(table[b]) * layout_.block_stride + offset;
-      const int end = n < t + block_size ? n : t + block_size;
-      switch (dtype) {
-        case KVC_DTYPE_F32:
-          for (; t < end; ++t, p += token_stride) f(t, reinterpret_cast<const float *>(p));
-          break;
-        case KVC_DTYPE_F16: {
-          const float *lut = f16_lut_;
-          for (; t < end; ++t, p += token_stride) {
-            const std::uint16_t *h = reinterpret_cast<const std::uint16_t *>(p);
-            for (int i = 0; i < head_dim; ++i) tmp[i] = lut[h[i]];
-            f(t, static_cast<const float *>(tmp));
+      const int count = n - t < block_size ? n - t : block_size;
+      if (dtype == KVC_DTYPE_F32) {
+        f(t, count, reinterpret_cast<const float *>(p), std::size_t(token_stride / sizeof(float)));
+      } else {
+        const bool half = dtype == KVC_DTYPE_F16;
+        for (int r = 0; r < count; ++r, p += token_stride) {
+          const std::uint16_t *h = reinterpret_cast<const std::uint16_t *>(p);
+          float *out = tmp + std::size_t(r) * head_dim;
+          if (half) {
+            for (int i = 0; i < head_dim; ++i) out[i] = f16_lut_[h[i]];
+          } else {
+            for (int i = 0; i < head_dim; ++i) out[i] = bf16_to_f32(h[i]);
           }
-          break;
         }
-        default: {  // KVC_DTYPE_BF16
-          for (; t < end; ++t, p += token_stride) {
-            const std::uint16_t *h = reinterpret_cast<const std::uint16_t *>(p);
-            for (int i = 0; i < head_dim; ++i) tmp[i] = bf16_to_f32(h[i]);
-            f(t, static_cast<const float *>(tmp));
-          }
-          break;
-        }
+        f(t, count, static_cast<const float *>(tmp), std::size_t(head_dim));
       }
+      t += count;
     }
   }
 
@@ -161,7 +155,7 @@ class PoolSequence {
   std::uint64_t seq_id_;
   kvc_pool_layout layout_;
   std::vector<std::vector<std::int32_t>> tables_;  // cached block table per layer
-  std::vector<float> row_;                         // one widened row (f16/bf16 storage)
+  std::vector<float> scratch_;                     // one widened block (f16/bf16 storage)
   const float *f16_lut_;
 };
 

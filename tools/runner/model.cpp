@@ -86,7 +86,7 @@ Model Model::load(const std::string &path) {
   check_range(path, "n_layers", c.n_layers, 1, 4096);
   check_range(path, "n_heads", c.n_heads, 1, 1 << 16);
   check_range(path, "n_kv_heads", c.n_kv_heads, 1, 1 << 16);
-  check_range(path, "vocab_size", vocab, 1, 1 << 24);
+  check_range(path, "vocab_size", vocab, 3, 1 << 24);  // ids 0-2: unk, BOS, EOS
   check_range(path, "seq_len", c.seq_len, 1, 1 << 24);
   c.vocab_size = static_cast<int>(vocab);
   if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0) {

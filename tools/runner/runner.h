@@ -20,8 +20,9 @@ std::string shared_dir();
 
 /// A --model argument: a known name ("stories260k") or a path.
 std::string resolve_model_path(const std::string &name_or_path);
-/// A --tokenizer argument: a known name or a path; empty = the tokenizer of `model_arg`
-/// when that is a known name, else "tokenizer.bin"/"tok512.bin" next to the model... (see .cpp).
+/// A --tokenizer argument: a known name or a path. Empty: the tokenizer of
+/// `model_arg` when that is a known name, else tokenizer.bin or tok512.bin next
+/// to the checkpoint (an error naming --tokenizer when there is none).
 std::string resolve_tokenizer_path(const std::string &name_or_path, const std::string &model_arg);
 /// The list of known model names, for help texts.
 std::vector<std::string> known_models();

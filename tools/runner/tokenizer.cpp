@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <queue>
 
 #include "error.h"
 
@@ -102,25 +103,58 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
     }
     i = j;
   }
-  // Merge the best-scoring adjacent pair until none is in the vocabulary.
-  std::string pair;
-  for (;;) {
-    float best_score = -1e10f;
-    int best_id = -1;
-    std::size_t best_at = 0;
-    for (std::size_t k = 0; k + 1 < tokens.size(); ++k) {
-      pair = pieces_[tokens[k]];
-      pair += pieces_[tokens[k + 1]];
-      const int id = lookup(pair);
-      if (id >= 0 && scores_[id] > best_score) {
-        best_score = scores_[id];
-        best_id = id;
-        best_at = k;
-      }
+  // Merge the best-scoring adjacent pair (the leftmost on ties) until no pair
+  // is in the vocabulary. A max-heap of candidate pairs over a linked list
+  // makes this O(n log n) while picking exactly the pair a rescan would pick.
+  const std::size_t n = tokens.size();  // BOS takes part, as in llama2.c
+  int *ids = tokens.data();
+  if (n >= 2) {
+    struct Candidate {
+      float score;
+      std::uint32_t left, right, left_version, right_version;
+      int merged;
+    };
+    auto worse = [](const Candidate &a, const Candidate &b) {
+      if (a.score != b.score) return a.score < b.score;
+      return a.left > b.left;
+    };
+    std::vector<std::uint32_t> next(n), prev(n), version(n, 0);
+    std::vector<bool> alive(n, true);
+    constexpr std::uint32_t kNone = 0xFFFFFFFFu;
+    for (std::size_t k = 0; k < n; ++k) {
+      next[k] = k + 1 < n ? static_cast<std::uint32_t>(k + 1) : kNone;
+      prev[k] = k > 0 ? static_cast<std::uint32_t>(k - 1) : kNone;
     }
-    if (best_id < 0) break;
-    tokens[best_at] = best_id;
-    tokens.erase(tokens.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
+    std::priority_queue<Candidate, std::vector<Candidate>, decltype(worse)> heap(worse);
+    std::string pair;
+    auto consider = [&](std::uint32_t left, std::uint32_t right) {
+      if (left == kNone || right == kNone) return;
+      pair = pieces_[ids[left]];
+      pair += pieces_[ids[right]];
+      const int id = lookup(pair);
+      if (id >= 0 && scores_[id] > -1e10f) {
+        heap.push({scores_[id], left, right, version[left], version[right], id});
+      }
+    };
+    for (std::uint32_t k = 0; k + 1 < n; ++k) consider(k, k + 1);
+    while (!heap.empty()) {
+      const Candidate c = heap.top();
+      heap.pop();
+      if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right ||
+          version[c.left] != c.left_version || version[c.right] != c.right_version) {
+        continue;  // stale: one side was merged since
+      }
+      ids[c.left] = c.merged;
+      ++version[c.left];
+      alive[c.right] = false;
+      next[c.left] = next[c.right];
+      if (next[c.left] != kNone) prev[next[c.left]] = c.left;
+      consider(prev[c.left], c.left);
+      consider(c.left, next[c.left]);
+    }
+    std::size_t out = 0;
+    for (std::uint32_t k = 0; k != kNone && k < n; k = next[k]) ids[out++] = ids[k];
+    tokens.resize(out);
   }
   if (eos) tokens.push_back(kEosToken);
   return tokens;

@@ -34,6 +34,7 @@ class Tokenizer {
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
   const std::string &piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
+  float score(int id) const { return scores_.at(static_cast<std::size_t>(id)); }
 
  private:
   int lookup(std::string_view s) const;

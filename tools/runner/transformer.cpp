@@ -13,7 +13,7 @@ Transformer::Transformer(const Model &model) : model_(model), config_(model.conf
   q_.resize(c.dim);
   k_.resize(c.kv_dim());
   v_.resize(c.kv_dim());
-  att_.resize(c.seq_len);
+  att_.resize(std::size_t(c.n_heads) * c.seq_len);
   logits_.resize(c.vocab_size);
   // RoPE angles: pair (2i, 2i+1) of a head turns by pos * 10000^(-2i / head_dim).
   const int half = c.head_dim() / 2;

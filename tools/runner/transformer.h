@@ -56,31 +56,52 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
     rope(pos);
     cache.store(layer, pos, k_.data(), v_.data());
 
+    // Attention, one KV head at a time: the q_per_kv query heads that share
+    // it score and mix each cached row in one pass over the cache.
     const int n = pos + 1;
-    for (int h = 0; h < c.n_heads; ++h) {
-      const float *q = &q_[std::size_t(h) * head_dim];
-      float *att = att_.data();
-      const int kv_head = h / q_per_kv;
-      cache.for_each_key(layer, n, kv_head, [&](int t, const float *key) {
-        float score = 0.0f;
-        for (int i = 0; i < head_dim; ++i) score += q[i] * key[i];
-        att[t] = score / sqrt_head;
+    const std::size_t att_stride = static_cast<std::size_t>(c.seq_len);
+    for (int kv_head = 0; kv_head < c.n_kv_heads; ++kv_head) {
+      const int h0 = kv_head * q_per_kv;
+      const float *q0 = &q_[std::size_t(h0) * head_dim];
+      float *att0 = &att_[std::size_t(h0) * att_stride];
+      cache.for_each_key(layer, n, kv_head,
+                         [&](int t0, int count, const float *__restrict rows, std::size_t stride) {
+        float *__restrict att = att0 + t0;
+        for (int r = 0; r < count; ++r) {
+          const float *key = rows + std::size_t(r) * stride;
+          for (int g = 0; g < q_per_kv; ++g) {
+            const float *q = q0 + std::size_t(g) * head_dim;
+            float score = 0.0f;
+            for (int i = 0; i < head_dim; ++i) score += q[i] * key[i];
+            att[g * att_stride + r] = score / sqrt_head;
+          }
+        }
       });
-      float max_score = att[0];
-      for (int t = 1; t < n; ++t) {
-        if (att[t] > max_score) max_score = att[t];
+      for (int g = 0; g < q_per_kv; ++g) {
+        float *att = att0 + g * att_stride;
+        float max_score = att[0];
+        for (int t = 1; t < n; ++t) {
+          if (att[t] > max_score) max_score = att[t];
+        }
+        float sum = 0.0f;
+        for (int t = 0; t < n; ++t) {
+          att[t] = std::exp(att[t] - max_score);
+          sum += att[t];
+        }
+        for (int t = 0; t < n; ++t) att[t] /= sum;
       }
-      float sum = 0.0f;
-      for (int t = 0; t < n; ++t) {
-        att[t] = std::exp(att[t] - max_score);
-        sum += att[t];
-      }
-      for (int t = 0; t < n; ++t) att[t] /= sum;
-      float *out = &xb_[std::size_t(h) * head_dim];
-      for (int i = 0; i < head_dim; ++i) out[i] = 0.0f;
-      cache.for_each_value(layer, n, kv_head, [&](int t, const float *value) {
-        const float a = att[t];
-        for (int i = 0; i < head_dim; ++i) out[i] += a * value[i];
+      float *out0 = &xb_[std::size_t(h0) * head_dim];
+      for (int i = 0; i < q_per_kv * head_dim; ++i) out0[i] = 0.0f;
+      cache.for_each_value(layer, n, kv_head,
+                           [&](int t0, int count, const float *__restrict rows, std::size_t stride) {
+        for (int g = 0; g < q_per_kv; ++g) {
+          const float *__restrict a = att0 + g * att_stride + t0;
+          float *__restrict out = out0 + std::size_t(g) * head_dim;
+          for (int r = 0; r < count; ++r) {
+            const float *value = rows + std::size_t(r) * stride;
+            for (int i = 0; i < head_dim; ++i) out[i] += a[r] * value[i];
+          }
+        }
       });
     }
     matmul(xb2_.data(), xb_.data(), w.wo + l * dim * dim, dim, dim);

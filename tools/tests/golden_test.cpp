@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
+#include <unordered_map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -83,6 +85,28 @@ std::string join_ids(const std::vector<int> &v) {
   return s;
 }
 
+/// The merge loop written the slow, obvious way (rescan every pair after each
+/// merge, best score wins, leftmost on ties), to check the fast encoder.
+std::vector<int> slow_merge(const Tokenizer &tok, std::vector<int> ids) {
+  std::unordered_map<std::string, int> index;
+  for (int i = tok.vocab_size() - 1; i >= 0; --i) index[tok.piece(i)] = i;
+  for (;;) {
+    int best_at = -1, best_id = -1;
+    float best_score = -1e10f;
+    for (std::size_t k = 0; k + 1 < ids.size(); ++k) {
+      auto it = index.find(tok.piece(ids[k]) + tok.piece(ids[k + 1]));
+      if (it != index.end() && tok.score(it->second) > best_score) {
+        best_score = tok.score(it->second);
+        best_id = it->second;
+        best_at = static_cast<int>(k);
+      }
+    }
+    if (best_at < 0) return ids;
+    ids[best_at] = best_id;
+    ids.erase(ids.begin() + best_at + 1);
+  }
+}
+
 void test_tokenizer() {
   const Model model = Model::load(models_dir() + "/stories260K.bin");
   const Tokenizer tok = Tokenizer::load(models_dir() + "/tok512.bin", model.config().vocab_size);
@@ -104,6 +128,39 @@ void test_tokenizer() {
   bool has_13 = false;
   for (int t : nl) has_13 = has_13 || t == 13;
   if (!has_13) fail("encode(\"a\\nb\") has no <0x0A> (13): " + join_ids(nl));
+  // The fast merge equals the slow rescan on real text, paragraph by paragraph.
+  std::unordered_map<std::string, int> index;
+  for (int i = tok.vocab_size() - 1; i >= 0; --i) index[tok.piece(i)] = i;
+  for (const char *file : {"/data/tinystories-valid-sample.txt", "/data/out-of-domain.txt"}) {
+    const std::string sample = read_text_file(shared_dir() + file, "text file");
+    std::size_t start = 0;
+    for (int block = 0; block < 150 && start < sample.size(); ++block) {
+      std::size_t end = sample.find("\n\n", start);
+      if (end == std::string::npos) end = sample.size();
+      const std::string text = sample.substr(start, end + 2 - start);
+      start = end + 2;
+      // Unmerged ids built independently: BOS, the dummy-prefix space, then
+      // each UTF-8 code point's piece or its bytes as <0xNN> (3 + byte).
+      const std::vector<int> fast = tok.encode(text, true, false);
+      std::vector<int> units = {kBosToken, index.at(" ")};
+      for (std::size_t i = 0; i < text.size();) {
+        std::size_t j = i + 1;
+        while (j < text.size() && j - i < 4 && (static_cast<unsigned char>(text[j]) & 0xC0) == 0x80) ++j;
+        auto it = index.find(text.substr(i, j - i));
+        if (it != index.end()) {
+          units.push_back(it->second);
+        } else {
+          for (std::size_t b = i; b < j; ++b) units.push_back(3 + static_cast<unsigned char>(text[b]));
+        }
+        i = j;
+      }
+      const std::vector<int> slow = slow_merge(tok, units);
+      if (slow != fast) {
+        fail(std::string("fast and slow BPE merges differ on block ") + std::to_string(block) + " of " + file);
+        break;
+      }
+    }
+  }
   if (tok.decode(5, 13) != "\n") fail("decode(13) is not a newline");
   if (tok.decode(kBosToken, 403) != "Once") fail("decode after BOS keeps the leading space");
 }
