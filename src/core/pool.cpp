@@ -764,27 +764,38 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
     return;
   }
   codec::Spec sp = pl.spec;
-  float *tmp = scratch_f32(row);
-  for (uint64_t t = 0; t < count; ++t) {
-    const uint8_t *codes = base + (slot + t) * pl.token_stride;
-    const uint64_t sidx = sp.gran == codec::Gran::Channel ? (slot + t) / sp.group * row
-                                                          : (slot + t) * pl.scales_per_token;
-    const uint8_t *scales = blk + pl.scale_offset + sidx * pl.scale_bytes;
-    const uint8_t *zeros = blk + pl.zero_offset + sidx * pl.scale_bytes;
-    switch (sp.gran) {
-      case codec::Gran::Token: codec::decode(sp, codes, scales, zeros, h, hd, tmp); break;
-      case codec::Gran::Channel: codec::decode(sp, codes, scales, zeros, 1, row, tmp); break;
-      case codec::Gran::Group: codec::decode(sp, codes, scales, zeros, 1, row, tmp); break;
-      default: {
-        uint8_t one[4];
-        sp.scale_dtype = codec::Dtype::F32;
-        codec::store_scale(one, codec::Dtype::F32, tensor_scale(kv, layer));
-        codec::decode(sp, codes, one, nullptr, 1, row, tmp);
-      }
+  float *tmp = scratch_f32(row * count);
+  const uint8_t *codes = base + slot * pl.token_stride;  // `count` tokens, contiguous
+  switch (sp.gran) {
+    case codec::Gran::Token: {  // scales [slot][kv_heads], contiguous too
+      const uint64_t sidx = slot * pl.scales_per_token;
+      codec::decode(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                    blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp);
+      break;
     }
-    if (pl.rotation_block) codec::hadamard(tmp, row, pl.rotation_block);
-    convert(tmp, DType::F32, out + t * row * dtype_bytes(dst), dst, row);
+    case codec::Gran::Group: {
+      const uint64_t sidx = slot * pl.scales_per_token;
+      codec::decode(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                    blk + pl.zero_offset + sidx * pl.scale_bytes, count, row, tmp);
+      break;
+    }
+    case codec::Gran::Channel:
+      for (uint64_t t = 0; t < count; ++t) {
+        const uint64_t sidx = (slot + t) / sp.group * row;
+        codec::decode(sp, codes + t * pl.token_stride, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                      blk + pl.zero_offset + sidx * pl.scale_bytes, 1, row, tmp + t * row);
+      }
+      break;
+    default: {
+      uint8_t one[4];
+      sp.scale_dtype = codec::Dtype::F32;
+      codec::store_scale(one, codec::Dtype::F32, tensor_scale(kv, layer));
+      codec::decode(sp, codes, one, nullptr, count, row, tmp);
+    }
   }
+  if (pl.rotation_block)
+    for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
+  convert(tmp, DType::F32, out, dst, count * row);
 }
 
 void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k,

@@ -42,6 +42,9 @@ double thread_cpu_seconds() {
 struct WindowSums {
   double nll = 0, kl = 0, seconds = 0;
   std::int64_t top1 = 0, tokens = 0, positions = 0;
+  // Cache size at the end of the window (full windows only): bytes in use
+  // (codes, scales, zero points, residual blocks) and tokens held (all layers).
+  double bytes_at_end = 0, tokens_at_end = 0;
 };
 
 struct Window {
@@ -150,7 +153,17 @@ EvalReport run_eval(const EvalOptions &opt) {
       Transformer transformer(model);
       std::vector<std::unique_ptr<KvPool>> pools;
       for (const Strategy &s : rows) {
-        pools.push_back(std::make_unique<KvPool>(c, s.k_dtype, s.v_dtype, static_cast<std::uint32_t>(ctx)));
+        kvc_runner::PoolSettings ps;
+        ps.k_dtype = s.k_dtype;
+        ps.v_dtype = s.v_dtype;
+        if (s.quantized) {
+          ps.k_codec = &s.k_codec;
+          ps.v_codec = &s.v_codec;
+        }
+        ps.residual_window = s.residual_window;
+        ps.residual_fraction = s.residual_fraction;
+        ps.block_size = s.block_size;
+        pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx)));
       }
       std::unique_ptr<ArrayCache> array_cache;
       if (opt.overhead) array_cache = std::make_unique<ArrayCache>(c);
@@ -195,6 +208,11 @@ EvalReport run_eval(const EvalOptions &opt) {
             }
             acc.nll -= logp[target];
             ++acc.tokens;
+          }
+          if (n_pos == ctx || windows.size() == 1) {  // the cache of a whole window, measured
+            const kvc_stats st = pools[r]->stats();
+            acc.bytes_at_end += double(st.bytes_in_use);
+            acc.tokens_at_end += double(st.tokens_stored);
           }
           positions_done += n_pos;
         }
@@ -260,14 +278,21 @@ EvalReport run_eval(const EvalOptions &opt) {
       total.top1 += s.top1;
       total.tokens += s.tokens;
       total.positions += s.positions;
+      total.bytes_at_end += s.bytes_at_end;
+      total.tokens_at_end += s.tokens_at_end;
     }
     StrategyResult &res = row_results[r];
     res.strategy = rows[r].spec;
     res.reference = r == 0;
-    res.kv_bytes_per_token = row_stats[r].bytes_per_token;
-    res.bits_per_element = double(res.kv_bytes_per_token) * 8.0 / elements_per_token;
+    // Measured at the end of every full window: bytes in use over tokens held
+    // (so residual f16 tokens, scales and zero points all count).
+    const double bytes_per_token =
+        total.tokens_at_end > 0 ? total.bytes_at_end / (total.tokens_at_end / c.n_layers)
+                                : double(row_stats[r].bytes_per_token);
+    res.kv_bytes_per_token = static_cast<std::uint64_t>(std::llround(bytes_per_token));
+    res.bits_per_element = bytes_per_token * 8.0 / elements_per_token;
     res.peak_kv_bytes = row_peak[r];
-    res.compression_vs_f16 = res.kv_bytes_per_token ? double(f16_bytes_per_token) / double(res.kv_bytes_per_token) : 0.0;
+    res.compression_vs_f16 = bytes_per_token > 0 ? double(f16_bytes_per_token) / bytes_per_token : 0.0;
     res.ppl = std::exp(total.nll / double(total.tokens));
     res.kl_mean = total.kl / double(total.tokens);
     res.top1_agreement = double(total.top1) / double(total.tokens);

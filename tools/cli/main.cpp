@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   eval->add_option("--tokenizer", eval_opt.tokenizer, "Tokenizer path or known name (default: the model's)");
   eval->add_option("--text", eval_opt.text, "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
-  eval->add_option("--strategies", strategies_arg, "Comma-separated strategy specs (default: f32,f16,bf16)");
+  eval->add_option("--strategies", strategies_arg, "Comma-separated strategy specs (default: every strategy of --list-strategies)");
   eval->add_option("--ctx", eval_opt.ctx, "Window length in tokens, BOS included (default: the model's seq_len)");
   eval->add_option("--max-tokens", eval_opt.max_tokens, "Tokens to score (0: the whole text)")
       ->capture_default_str();
@@ -115,7 +115,11 @@ int main(int argc, char **argv) {
         for (const std::string &s : default_strategies()) std::printf("%s\n", s.c_str());
         return 0;
       }
-      eval_opt.strategies = parse_strategy_list(strategies_arg.empty() ? "f32,f16,bf16" : strategies_arg);
+      if (strategies_arg.empty()) {
+        for (const std::string &d : default_strategies())
+          strategies_arg += (strategies_arg.empty() ? "" : ",") + d;
+      }
+      eval_opt.strategies = parse_strategy_list(strategies_arg);
       if (!plot_path.empty()) check_plot_target(plot_path);  // fail before the long run
       eval_opt.progress = !no_progress;
       const EvalReport report = run_eval(eval_opt);

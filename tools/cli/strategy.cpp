@@ -2,6 +2,7 @@
 #include "strategy.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "../runner/error.h"
 
@@ -28,6 +29,29 @@ const std::vector<Component> &registry() {
       {"f32", Kind::Codec, "IEEE binary32 K and V (the dense reference)", KVC_DTYPE_F32, {}},
       {"f16", Kind::Codec, "IEEE binary16 K and V", KVC_DTYPE_F16, {}},
       {"bf16", Kind::Codec, "bfloat16 K and V", KVC_DTYPE_BF16, {}},
+      {"fp8_e4m3", Kind::Codec,
+       "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
+       "per-token: dynamic per token and KV head)",
+       KVC_DTYPE_FP8_E4M3, {"scale", "per-token"}},
+      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token"}},
+      {"int8", Kind::Codec,
+       "int8, symmetric, f16 scale per token and KV head (per-token, default) or per group of G values",
+       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f32", "hadamard"}},
+      {"int4", Kind::Codec,
+       "int4, f16 scale per group of G values of a token's row (default G=32, symmetric; "
+       "llama.cpp q4_0 style); hadamard: rotate heads first (QuaRot)",
+       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard"}},
+      {"int2", Kind::Codec, "int2, asymmetric f16 scale and zero per group of G values (default 32)",
+       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard"}},
+      {"kivi2", Kind::Codec,
+       "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
+       "asymmetric, newest R tokens in f16 (default G=32, R=32)",
+       KVC_DTYPE_INT2, {"group", "residual"}},
+      {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual"}},
+      {"hybrid", Kind::Codec,
+       "recent-high / old-low precision: newest fraction of the sequence in f16, older tokens "
+       "re-encoded as int4 (group 32) as they age (default fraction=0.25)",
+       KVC_DTYPE_INT4, {"fraction", "group"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
   };
   return r;
@@ -65,6 +89,89 @@ std::string part_text(const StrategyPart &p) {
   std::string s = p.name;
   for (const auto &[key, value] : p.params) s += ":" + (value.empty() ? key : key + "=" + value);
   return s;
+}
+
+double number(const std::string &where, const std::string &key, const std::string &value,
+              double lo, double hi) {
+  char *end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || !(v >= lo && v <= hi)) {
+    throw RunnerError(where + "parameter " + key + "=" + value + " must be a number in [" +
+                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return v;
+}
+
+// Turns the codec part into the pool's kvc_codec settings.
+void resolve_codec(Strategy &st, const std::string &where) {
+  const std::string &name = st.codec.name;
+  if (name == "f32" || name == "f16" || name == "bf16") return;
+  st.quantized = true;
+  st.k_dtype = st.v_dtype = KVC_DTYPE_F16;  // the codecs decide the storage
+  kvc_codec c;
+  kvc_codec_init(&c);
+  c.scale_dtype = KVC_DTYPE_F16;
+  bool per_token = false, asym = false, sym = false, hadamard = false;
+  std::uint32_t group = 32, residual = 32;
+  double scale = -1.0, fraction = 0.25;
+  for (const auto &[key, value] : st.codec.params) {
+    if (key == "per-token") per_token = true;
+    else if (key == "asym") asym = true;
+    else if (key == "sym") sym = true;
+    else if (key == "hadamard") hadamard = true;
+    else if (key == "scale-f32") c.scale_dtype = KVC_DTYPE_F32;
+    else if (key == "group") group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+    else if (key == "residual") residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
+    else if (key == "scale") scale = number(where, key, value, 1e-30, 1e30);
+    else if (key == "fraction") fraction = number(where, key, value, 0.0, 0.99);
+    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
+         key == "scale-f32") && !value.empty())
+      throw RunnerError(where + "'" + key + "' is a flag and takes no value");
+  }
+  const auto &reg = registry();
+  c.dtype = std::find_if(reg.begin(), reg.end(), [&](const Component &x) { return name == x.name; })->dtype;
+  if (name == "fp8_e4m3" || name == "fp8_e5m2") {
+    if (per_token) {
+      c.granularity = KVC_SCALE_PER_TOKEN;
+    } else {
+      c.granularity = KVC_SCALE_PER_TENSOR;
+      c.static_scale = 1;
+      c.scale = scale > 0 ? scale : 1.0;
+    }
+    st.k_codec = st.v_codec = c;
+    return;
+  }
+  if (name == "kivi2" || name == "kivi4") {
+    c.asymmetric = 1;
+    kvc_codec k = c, v = c;
+    k.granularity = KVC_SCALE_PER_CHANNEL;
+    k.group_size = group;
+    v.granularity = KVC_SCALE_PER_GROUP;
+    v.group_size = group;
+    st.k_codec = k;
+    st.v_codec = v;
+    st.residual_window = residual;
+    st.block_size = std::max<std::uint32_t>(16, group);
+    if (st.block_size % group != 0)
+      throw RunnerError(where + "group " + std::to_string(group) + " must divide 16 or be a multiple of it");
+    return;
+  }
+  if (name == "hybrid") {
+    c.granularity = KVC_SCALE_PER_GROUP;
+    c.group_size = group;
+    st.k_codec = st.v_codec = c;
+    st.residual_fraction = fraction;
+    return;
+  }
+  // int8 / int4 / int2
+  const bool has_group = std::any_of(st.codec.params.begin(), st.codec.params.end(),
+                                     [](const auto &kv) { return kv.first == "group"; });
+  if (name == "int8") c.granularity = has_group ? KVC_SCALE_PER_GROUP : KVC_SCALE_PER_TOKEN;
+  else c.granularity = per_token ? KVC_SCALE_PER_TOKEN : KVC_SCALE_PER_GROUP;
+  c.group_size = group;
+  c.asymmetric = name == "int2" ? (sym ? 0 : 1) : (asym ? 1 : 0);
+  if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
+  st.k_codec = st.v_codec = c;
 }
 
 }  // namespace
@@ -122,6 +229,7 @@ Strategy parse_strategy(const std::string &spec) {
     }
   }
   if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
+  resolve_codec(st, where);
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
   st.spec = st.has_policy ? part_text(st.policy) + "+" + part_text(st.codec) : part_text(st.codec);
@@ -137,7 +245,21 @@ std::vector<Strategy> parse_strategy_list(const std::string &list) {
   return out;
 }
 
-std::vector<std::string> default_strategies() { return {"f32", "f16", "bf16"}; }
+std::vector<std::string> default_strategies() {
+  return {"f32",
+          "f16",
+          "bf16",
+          "fp8_e4m3",
+          "fp8_e5m2",
+          "int8:per-token",
+          "int4:group=32",
+          "int4:group=32:hadamard",
+          "int2:group=32",
+          "int2:group=32:hadamard",
+          "kivi4:group=16:residual=32",
+          "kivi2:group=16:residual=32",
+          "hybrid:fraction=0.25"};
+}
 
 std::vector<std::pair<std::string, std::string>> known_codecs() {
   std::vector<std::pair<std::string, std::string>> out;

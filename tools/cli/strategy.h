@@ -12,6 +12,7 @@
 
 #include <kvcache/kvcache.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,11 @@ struct Strategy {
   // Resolved settings for the pool (what this build can run).
   kvc_dtype k_dtype = KVC_DTYPE_F16;
   kvc_dtype v_dtype = KVC_DTYPE_F16;
+  bool quantized = false;      ///< k_codec / v_codec apply (fp8 and integer codecs)
+  kvc_codec k_codec{}, v_codec{};
+  std::uint32_t residual_window = 0;   ///< KIVI residual (tokens kept in f16)
+  double residual_fraction = 0.0;      ///< hybrid: newest fraction kept in f16
+  std::uint32_t block_size = 16;       ///< pool block size (per-channel groups must divide it)
 };
 
 /// Parses and validates one spec; throws kvc_runner::RunnerError naming what is wrong.

@@ -43,7 +43,25 @@ const float *f16_table() {
 }
 
 KvPool::KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::uint32_t max_tokens,
-               std::uint32_t max_seqs, std::uint32_t block_size) {
+               std::uint32_t max_seqs, std::uint32_t block_size)
+    : KvPool(c, [&] {
+        PoolSettings s;
+        s.k_dtype = k_dtype;
+        s.v_dtype = v_dtype;
+        s.block_size = block_size;
+        return s;
+      }(), max_tokens, max_seqs) {}
+
+KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t max_tokens,
+               std::uint32_t max_seqs) {
+  settings_ = settings;
+  settings_.k_codec = settings_.v_codec = nullptr;  // not kept: the caller owns them
+  if (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL)
+    group_ = settings.k_codec->group_size;
+  if (settings.v_codec && settings.v_codec->granularity == KVC_SCALE_PER_CHANNEL)
+    group_ = std::max(group_, settings.v_codec->group_size);
+  const std::uint32_t block_size = settings.block_size;
+  const kvc_dtype k_dtype = settings.k_dtype, v_dtype = settings.v_dtype;
   kvc_pool_config config;
   check_kvc(kvc_pool_config_init(&config), "kvc_pool_config_init");
   config.num_layers = static_cast<std::uint32_t>(c.n_layers);
@@ -56,6 +74,13 @@ KvPool::KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::
   config.k_dtype = k_dtype;
   config.v_dtype = v_dtype;
   config.layout = KVC_LAYOUT_NHD;
+  config.k_codec = settings.k_codec;
+  config.v_codec = settings.v_codec;
+  config.residual_window = settings.residual_window;
+  config.residual_fraction = settings.residual_fraction;
+  if (settings.residual_window || settings.residual_fraction > 0 ||
+      (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL))
+    config.num_residual_blocks = config.num_blocks;
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
   kvc_pool_layout_init(&layout_);
   const kvc_status s = kvc_pool_get_layout(pool_, &layout_);
@@ -83,17 +108,46 @@ kvc_stats KvPool::stats() const {
 void KvPool::reset_peak() { check_kvc(kvc_pool_reset_peak(pool_), "kvc_pool_reset_peak"); }
 
 PoolSequence::PoolSequence(KvPool &pool, std::uint64_t seq_id, int num_layers)
-    : pool_(pool.get()), seq_id_(seq_id), layout_(pool.layout()),
+    : pool_(pool.get()), seq_id_(seq_id), layout_(pool.layout()), owner_(&pool),
       tables_(static_cast<std::size_t>(num_layers)),
       scratch_(std::size_t(layout_.block_size) * layout_.head_dim),
       f16_lut_(f16_table()) {
   check_kvc(kvc_seq_create(pool_, seq_id_), "kvc_seq_create");
+  const auto plain = [](kvc_dtype d) {
+    return d == KVC_DTYPE_F32 || d == KVC_DTYPE_F16 || d == KVC_DTYPE_BF16;
+  };
+  gathered_ = !plain(layout_.k_dtype) || !plain(layout_.v_dtype) || layout_.residual_base != nullptr;
+  if (gathered_) {
+    gk_.resize(std::size_t(num_layers));
+    gv_.resize(std::size_t(num_layers));
+    stable_.assign(std::size_t(num_layers), 0);
+  }
+}
+
+void PoolSequence::gather_layer(int layer, int n) {
+  const std::size_t row = std::size_t(layout_.num_kv_heads) * layout_.head_dim;
+  std::vector<float> &k = gk_[std::size_t(layer)], &v = gv_[std::size_t(layer)];
+  if (k.size() < std::size_t(n) * row) {
+    k.resize(std::size_t(n) * row * 2);
+    v.resize(std::size_t(n) * row * 2);
+  }
+  const std::uint64_t unstable = owner_->unstable_tokens(std::uint64_t(n));
+  const std::uint64_t from = std::min<std::uint64_t>(stable_[std::size_t(layer)], std::uint64_t(n));
+  check_kvc(kvc_gather(pool_, seq_id_, static_cast<std::uint32_t>(layer), from,
+                       static_cast<std::uint64_t>(n) - from, k.data() + from * row,
+                       v.data() + from * row, KVC_DTYPE_F32, nullptr),
+            "kvc_gather");
+  stable_[std::size_t(layer)] = std::uint64_t(n) > unstable ? std::uint64_t(n) - unstable : 0;
+  gathered_layer_ = layer;
+  gathered_n_ = n;
 }
 
 PoolSequence::~PoolSequence() { kvc_seq_free(pool_, seq_id_); }
 
 void PoolSequence::begin_token(int pos) {
   check_kvc(kvc_seq_reserve(pool_, seq_id_, 1, nullptr), "kvc_seq_reserve");
+  gathered_layer_ = -1;  // the cache changed: gather again
+  if (gathered_) return;
   const std::size_t blocks_needed = std::size_t(pos) / layout_.block_size + 1;
   if (tables_[0].size() < blocks_needed) refresh_block_tables();
 }

@@ -66,9 +66,21 @@ class ArrayCache {
   std::vector<float> k_, v_;
 };
 
+/// Storage settings of a pool: plain dtypes, or codecs with an optional
+/// residual window / hybrid fraction.
+struct PoolSettings {
+  kvc_dtype k_dtype = KVC_DTYPE_F16, v_dtype = KVC_DTYPE_F16;
+  const kvc_codec *k_codec = nullptr, *v_codec = nullptr;
+  std::uint32_t residual_window = 0;
+  double residual_fraction = 0.0;
+  std::uint32_t block_size = 16;
+};
+
 /// Owns a kvc_pool sized from the model geometry.
 class KvPool {
  public:
+  KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t max_tokens,
+         std::uint32_t max_seqs = 1);
   /// A pool for `max_seqs` sequences of up to `max_tokens` tokens each.
   KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::uint32_t max_tokens,
          std::uint32_t max_seqs = 1, std::uint32_t block_size = 16);
@@ -77,6 +89,13 @@ class KvPool {
   KvPool &operator=(const KvPool &) = delete;
 
   kvc_pool *get() const { return pool_; }
+  /// How many of a sequence's newest tokens may still change their stored
+  /// value (a residual window re-encodes tokens as they age); older tokens
+  /// keep their dequantized values, so readers may cache them.
+  std::uint64_t unstable_tokens(std::uint64_t length) const {
+    return settings_.residual_window + std::uint64_t(settings_.residual_fraction * double(length)) +
+           2 * std::uint64_t(group_) + 2;
+  }
   const kvc_pool_layout &layout() const { return layout_; }
   kvc_stats stats() const;
   void reset_peak();
@@ -84,6 +103,8 @@ class KvPool {
  private:
   kvc_pool *pool_ = nullptr;
   kvc_pool_layout layout_{};
+  PoolSettings settings_;
+  std::uint32_t group_ = 1;  // tokens encoded together (per-channel groups)
 };
 
 /// One sequence of a KvPool, used as the forward pass's cache. Creates the
@@ -106,17 +127,34 @@ class PoolSequence {
   }
   template <class F>
   void for_each_key(int layer, int n, int kv_head, F &&f) {
+    if (gathered_) return gathered_rows(layer, n, kv_head, 0, f);
     rows(layer, n, layout_.k_offset + kv_head * layout_.k_head_stride, layout_.k_token_stride,
          layout_.k_dtype, f);
   }
   template <class F>
   void for_each_value(int layer, int n, int kv_head, F &&f) {
+    if (gathered_) return gathered_rows(layer, n, kv_head, 1, f);
     rows(layer, n, layout_.v_offset + kv_head * layout_.v_head_stride, layout_.v_token_stride,
          layout_.v_dtype, f);
   }
 
  private:
   void refresh_block_tables();
+
+  // Quantized storage (or a residual window) cannot be read in place: the
+  // layer's K and V are dequantized with kvc_gather() once per token step and
+  // layer, then handed over like f32 blocks.
+  // Tokens older than the pool's unstable window keep their values, so each
+  // layer's dequantized rows are cached and only the newest are gathered again.
+  template <class F>
+  void gathered_rows(int layer, int n, int kv_head, int kv, F &f) {
+    if (gathered_layer_ != layer || gathered_n_ != n) gather_layer(layer, n);
+    const std::size_t row = std::size_t(layout_.num_kv_heads) * layout_.head_dim;
+    const float *base =
+        (kv == 0 ? gk_[layer].data() : gv_[layer].data()) + std::size_t(kv_head) * layout_.head_dim;
+    f(0, n, base, row);
+  }
+  void gather_layer(int layer, int n);
 
   // Walks the layer's block table; f32 blocks are handed over in place, f16
   // and bf16 rows are widened into a scratch block first.
@@ -154,9 +192,14 @@ class PoolSequence {
   kvc_pool *pool_;
   std::uint64_t seq_id_;
   kvc_pool_layout layout_;
+  const KvPool *owner_;
   std::vector<std::vector<std::int32_t>> tables_;  // cached block table per layer
   std::vector<float> scratch_;                     // one widened block (f16/bf16 storage)
   const float *f16_lut_;
+  bool gathered_ = false;                          // quantized storage: read through kvc_gather
+  int gathered_layer_ = -1, gathered_n_ = -1;
+  std::vector<std::vector<float>> gk_, gv_;        // per layer [n][kv_heads][head_dim], cached
+  std::vector<std::uint64_t> stable_;              // per layer: rows [0, stable) are final
 };
 
 }  // namespace kvc_runner
