@@ -35,14 +35,15 @@ const std::vector<Component> &registry() {
        KVC_DTYPE_FP8_E4M3, {"scale", "per-token"}},
       {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token"}},
       {"int8", Kind::Codec,
-       "int8, symmetric, f16 scale per token and KV head (per-token, default) or per group of G values",
-       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f32", "hadamard"}},
+       "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
+       "group of G values",
+       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard"}},
       {"int4", Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric; "
        "llama.cpp q4_0 style); hadamard: rotate heads first (QuaRot)",
-       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard"}},
+       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel"}},
       {"int2", Kind::Codec, "int2, asymmetric f16 scale and zero per group of G values (default 32)",
-       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard"}},
+       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel"}},
       {"kivi2", Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
        "asymmetric, newest R tokens in f16 (default G=32, R=32)",
@@ -50,8 +51,9 @@ const std::vector<Component> &registry() {
       {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual"}},
       {"hybrid", Kind::Codec,
        "recent-high / old-low precision: newest fraction of the sequence in f16, older tokens "
-       "re-encoded as int4 (group 32) as they age (default fraction=0.25)",
-       KVC_DTYPE_INT4, {"fraction", "group"}},
+       "re-encoded as int4 as they age (V per group of 32 values, K per channel over kchannel=16 "
+       "tokens; default fraction=0.25)",
+       KVC_DTYPE_INT4, {"fraction", "group", "kchannel"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
   };
   return r;
@@ -110,9 +112,9 @@ void resolve_codec(Strategy &st, const std::string &where) {
   st.k_dtype = st.v_dtype = KVC_DTYPE_F16;  // the codecs decide the storage
   kvc_codec c;
   kvc_codec_init(&c);
-  c.scale_dtype = KVC_DTYPE_F16;
+  c.scale_dtype = name == "int8" ? KVC_DTYPE_F32 : KVC_DTYPE_F16;
   bool per_token = false, asym = false, sym = false, hadamard = false;
-  std::uint32_t group = 32, residual = 32;
+  std::uint32_t group = 32, residual = 32, kchannel = 0;
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
     if (key == "per-token") per_token = true;
@@ -120,12 +122,14 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "sym") sym = true;
     else if (key == "hadamard") hadamard = true;
     else if (key == "scale-f32") c.scale_dtype = KVC_DTYPE_F32;
+    else if (key == "scale-f16") c.scale_dtype = KVC_DTYPE_F16;
     else if (key == "group") group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+    else if (key == "kchannel") kchannel = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "residual") residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
     else if (key == "scale") scale = number(where, key, value, 1e-30, 1e30);
     else if (key == "fraction") fraction = number(where, key, value, 0.0, 0.99);
     if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
-         key == "scale-f32") && !value.empty())
+         key == "scale-f32" || key == "scale-f16") && !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
   const auto &reg = registry();
@@ -156,10 +160,23 @@ void resolve_codec(Strategy &st, const std::string &where) {
       throw RunnerError(where + "group " + std::to_string(group) + " must divide 16 or be a multiple of it");
     return;
   }
+  // kchannel=G: keys per channel over G tokens (KIVI's key quantization; the
+  // pool stages up to G tokens in f16 until a group is complete).
+  auto key_channels = [&](kvc_codec &k) {
+    if (!kchannel) return;
+    k.granularity = KVC_SCALE_PER_CHANNEL;
+    k.group_size = kchannel;
+    k.rotation = KVC_ROTATION_NONE;
+    st.block_size = std::max<std::uint32_t>(16, kchannel);
+    if (st.block_size % kchannel != 0)
+      throw RunnerError(where + "kchannel " + std::to_string(kchannel) + " must divide 16 or be a multiple of it");
+  };
   if (name == "hybrid") {
+    if (!kchannel) kchannel = 16;
     c.granularity = KVC_SCALE_PER_GROUP;
     c.group_size = group;
     st.k_codec = st.v_codec = c;
+    key_channels(st.k_codec);
     st.residual_fraction = fraction;
     return;
   }
@@ -172,6 +189,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
   c.asymmetric = name == "int2" ? (sym ? 0 : 1) : (asym ? 1 : 0);
   if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
   st.k_codec = st.v_codec = c;
+  key_channels(st.k_codec);
 }
 
 }  // namespace
