@@ -195,7 +195,8 @@ typedef enum kvc_dtype {
   KVC_DTYPE_INT8 = 5,     /**< 8-bit integer codes with scales; storage only. @since 0.2 */
   KVC_DTYPE_INT4 = 6,     /**< 4-bit integer codes, two per byte, with scales; storage only. @since 0.2 */
   KVC_DTYPE_INT2 = 7,     /**< 2-bit integer codes, four per byte, with scales; storage only. @since 0.2 */
-  KVC_DTYPE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+  KVC_DTYPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
+  KVC_DTYPE_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_dtype;
 
 /**
@@ -205,7 +206,8 @@ typedef enum kvc_dtype {
 typedef enum kvc_device {
   KVC_DEVICE_CPU = 0,  /**< Host memory (the reference backend). */
   KVC_DEVICE_CUDA = 1, /**< An NVIDIA GPU; ::KVC_ERR_DEVICE_UNAVAILABLE in builds or on machines without one. */
-  KVC_DEVICE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+  KVC_DEVICE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
+  KVC_DEVICE_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_device;
 
 /**
@@ -219,7 +221,8 @@ typedef enum kvc_device {
 typedef enum kvc_layout {
   KVC_LAYOUT_NHD = 0, /**< tokens, then heads, then head_dim (vLLM / FlashInfer "NHD"). */
   KVC_LAYOUT_HND = 1, /**< heads, then tokens, then head_dim (FlashInfer "HND"). */
-  KVC_LAYOUT_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+  KVC_LAYOUT_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
+  KVC_LAYOUT_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_layout;
 
 /** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
@@ -254,7 +257,8 @@ typedef enum kvc_granularity {
   KVC_SCALE_PER_TOKEN = 2,   /**< One scale per row (per token and KV head in a pool). */
   KVC_SCALE_PER_GROUP = 3,   /**< One scale per group of group_size values of a row. */
   KVC_SCALE_PER_CHANNEL = 4, /**< One scale per column over group_size rows. */
-  KVC_GRANULARITY_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+  KVC_GRANULARITY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
+  KVC_GRANULARITY_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_granularity;
 
 /**
@@ -268,7 +272,8 @@ typedef enum kvc_granularity {
 typedef enum kvc_rotation {
   KVC_ROTATION_NONE = 0,     /**< No rotation. */
   KVC_ROTATION_HADAMARD = 1, /**< Block-diagonal normalized Hadamard (blocks of rotation_block values). */
-  KVC_ROTATION_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum. */
+  KVC_ROTATION_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
+  KVC_ROTATION_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_rotation;
 
 /**

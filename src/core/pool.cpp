@@ -22,6 +22,8 @@ constexpr uint64_t kMaxLength = static_cast<uint64_t>(std::numeric_limits<int32_
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
 
+uint64_t align16(uint64_t x) { return (x + 15) & ~uint64_t(15); }
+
 std::string u64s(uint64_t v) { return std::to_string(v); }
 
 void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
@@ -150,12 +152,14 @@ void Pool::validate(PoolConfig &c) {
   if (c.device_index != 0)
     fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) +
                                     ": must be 0 for the CPU");
-  // Bytes of one block (K and V parts, scales and zero points included).
+  // Bytes of one block (K and V parts, scales and zero points included; each
+  // part and the block start on 16 bytes so every element is aligned).
   uint64_t stride = 0;
   for (int kv = 0; kv < 2; ++kv) {
     const uint64_t part = part_bytes(c, kv);
-    if (part == UINT64_MAX || __builtin_add_overflow(stride, part, &stride))
+    if (part == UINT64_MAX || part > (uint64_t(1) << 60) || __builtin_add_overflow(stride, part, &stride))
       fail(Errc::Overflow, "block size in bytes overflows 64 bits");
+    stride = align16(stride);
   }
   if (c.num_blocks == 0 && c.capacity_bytes == 0)
     fail(Errc::InvalidArgument, "no capacity: set num_blocks or capacity_bytes");
@@ -228,7 +232,7 @@ Pool::Pool(const PoolConfig &cfg)
       for (uint32_t l = 0; l < cfg_.num_layers; ++l) tensor_scale_[kv][l].store(fixed);
     }
     pl.bytes = part_bytes(cfg_, kv);
-    off += pl.bytes;
+    off = align16(off + pl.bytes);
   }
   block_stride_ = off;
   arena_bytes_ = cfg_.num_blocks * block_stride_;

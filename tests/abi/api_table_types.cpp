@@ -37,5 +37,13 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(export_page_table, kvc_export_page_table);
   SAME(convert, kvc_convert);
   SAME(dtype_size, kvc_dtype_size);
+#if KVC_API_VERSION >= 2
+  SAME(codec_init, kvc_codec_init);
+  SAME(pool_tensor_scales, kvc_pool_tensor_scales);
+  SAME(quant_sizes_init, kvc_quant_sizes_init);
+  SAME(quantize_sizes, kvc_quantize_sizes);
+  SAME(quantize, kvc_quantize);
+  SAME(dequantize, kvc_dequantize);
+#endif
   return n;
 }

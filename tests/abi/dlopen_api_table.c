@@ -91,6 +91,17 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
   ENTRY(api, export_page_table);
   ENTRY(api, convert);
   ENTRY(api, dtype_size);
+#if KVC_API_VERSION >= 2
+  if (api->api_version >= 2) {
+    CHECK(api->struct_size >= offsetof(kvc_api, dequantize) + sizeof(api->dequantize));
+    ENTRY(api, codec_init);
+    ENTRY(api, pool_tensor_scales);
+    ENTRY(api, quant_sizes_init);
+    ENTRY(api, quantize_sizes);
+    ENTRY(api, quantize);
+    ENTRY(api, dequantize);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

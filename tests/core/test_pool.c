@@ -444,8 +444,12 @@ static void test_storage_dtypes_and_layouts(void **state) {
         size_t ek, ev;
         kvc_dtype_size(dts[kd], &ek);
         kvc_dtype_size(dts[vd], &ev);
-        assert_int_equal(s.bytes_per_block, bs * H * D * (ek + ev));
-        assert_int_equal(s.bytes_per_token, L * H * D * (ek + ev));
+        /* K part, then V part on the next 16-byte boundary; the block stride
+         * rounded to 16 bytes too (every element aligned). */
+        const uint64_t kb = bs * H * D * ek, vb = bs * H * D * ev;
+        const uint64_t stride = (((kb + 15) / 16 * 16 + vb) + 15) / 16 * 16;
+        assert_int_equal(s.bytes_per_block, stride);
+        assert_int_equal(s.bytes_per_token, stride * L / bs);
         assert_int_equal(s.bytes_in_use, 6 * s.bytes_per_block);
         kvc_pool_destroy(p);
       }

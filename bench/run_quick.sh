@@ -1,0 +1,45 @@
+#!/bin/sh
+# Quick benchmark run for CI: every benchmark of bench_pool briefly, JSON on
+# stdout (and in BUILD_DIR/bench-quick.json), then a summary against the
+# targets of issue 2. Timing targets are reported, not enforced (a shared CI
+# machine is noisy); a benchmark that fails to run fails the script.
+# Usage: bench/run_quick.sh BUILD_DIR [extra Google Benchmark flags]
+set -eu
+build=$1
+shift
+bin="$build/bench/bench_pool"
+[ -x "$bin" ] || { echo "no $bin (is libbenchmark-dev installed?)" >&2; exit 1; }
+out="$build/bench-quick.json"
+"$bin" --benchmark_min_time=0.05 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  --benchmark_format=json --benchmark_out="$out" --benchmark_out_format=json "$@" > /dev/null
+cat "$out"
+python3 - "$out" <<'PY'
+import json, sys
+runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
+def get(name, field="real_time"):
+    b = runs.get(name + "_median") or runs.get(name)
+    return None if b is None else b[field]
+def line(text, ok):
+    print(f"  {text:70s} {'meets target' if ok else 'MISSES target'}", file=sys.stderr)
+print("bench summary (medians of 3):", file=sys.stderr)
+for size in ("1024", "1048576"):
+    one = get(f"BM_ReserveFreeOneBlock/{size}")
+    bulk = get(f"BM_ReserveFree256Blocks/{size}")
+    if one is not None:
+        line(f"reserve+free 1 block, pool of {size} blocks: {one:.1f} ns", one < 50)
+    if bulk is not None:
+        line(f"reserve+free 256 blocks, pool of {size}: {bulk / 256:.2f} ns per block", bulk / 256 < 10)
+for name, per in (("BM_ReserveFreeOneBlock", 1), ("BM_ReserveFree256Blocks", 256)):
+    a, b = get(f"{name}/1024"), get(f"{name}/1048576")
+    if a and b:
+        r = max(a, b) / min(a, b)
+        line(f"{name}: 1M-block vs 1k-block pool time ratio {r:.2f} (O(1): within 1.5x)", r <= 1.5)
+app, mem = get("BM_AppendF16", "bytes_per_second"), get("BM_MemcpySamePattern", "bytes_per_second")
+if app and mem:
+    line(f"append f16 16 tokens x 8 heads x 128: {app / 1e9:.2f} GB/s, memcpy {mem / 1e9:.2f} GB/s, "
+         f"ratio {app / mem:.2f}", app / mem >= 0.5)
+for layers in ("1", "32"):
+    f = get(f"BM_ForkFree/{layers}")
+    if f is not None:
+        print(f"  fork+free of a 4096-token sequence, {layers} layer(s): {f / 1000:.2f} us", file=sys.stderr)
+PY

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The full test suite (README's test command; .ci/run runs it):
+#   1. setup        Debian packages (scripts/setup.sh)
+#   2. main         RelWithDebInfo build, -DKVC_WERROR=ON, every ctest test
+#   3. asan         ASan + UBSan build (tools included, bench not), every ctest test
+#   4. tsan         ThreadSanitizer build, the core_threads* tests
+#   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
+#   6. bench        bench/run_quick.sh on the main build (JSON)
+# Every stage runs even when an earlier one failed (the build stages a later
+# one needs excepted); the summary lists each with its time, and the exit
+# status is non-zero when any failed.
+# Environment: KVC_JOBS (2), KVC_BUILD_PREFIX (build-ci: build-ci-main, ...),
+# KVC_FUZZ_SECONDS (60), KVC_STAGES (all: "setup main asan tsan fuzz bench").
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=${KVC_JOBS:-2}
+prefix=${KVC_BUILD_PREFIX:-build-ci}
+fuzz_seconds=${KVC_FUZZ_SECONDS:-60}
+stages=${KVC_STAGES:-setup main asan tsan fuzz bench}
+export CTEST_OUTPUT_ON_FAILURE=1
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+declare -a summary=()
+failed=0
+t_all=$(date +%s)
+
+want() { [[ " $stages " == *" $1 "* ]]; }
+
+# run_stage NAME COMMAND...: runs the command, records PASS/FAIL and the time.
+run_stage() {
+  local name=$1
+  shift
+  local t0 rc
+  t0=$(date +%s)
+  echo
+  echo "=== [$name] $(date +%H:%M:%S)"
+  "$@"
+  rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  if [ $rc -eq 0 ]; then
+    summary+=("$(printf '%-6s PASS %5ds' "$name" "$dt")")
+  else
+    summary+=("$(printf '%-6s FAIL %5ds (exit %d)' "$name" "$dt" "$rc")")
+    failed=1
+  fi
+  return $rc
+}
+
+configure_build() {  # DIR CMAKE_ARGS...
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  cmake -S . -B "$dir" -G Ninja "$@" > "$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log"; return 1; }
+  # Full log in the build folder; on failure show the failing commands and errors.
+  if ! cmake --build "$dir" -j "$jobs" > "$dir/build.log" 2>&1; then
+    grep -E 'FAILED:|error' "$dir/build.log" | head -n 40
+    echo "build failed: $dir/build.log" >&2
+    return 1
+  fi
+  echo "built $dir ($(grep -c 'warning:' "$dir/build.log") warning lines; log: $dir/build.log)"
+  return 0
+}
+
+stage_main() {
+  configure_build "$prefix-main" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_WERROR=ON || return 1
+  ctest --test-dir "$prefix-main" -j "$jobs" --output-on-failure
+}
+
+# Sanitizer builds keep warnings but not -Werror: instrumentation makes GCC
+# report false positives (-Wmaybe-uninitialized in libstdc++'s <regex>, ...).
+stage_asan() {
+  configure_build "$prefix-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_SANITIZE=ON -DKVC_WERROR=OFF \
+    -DKVC_BUILD_BENCH=OFF || return 1
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1} \
+    ctest --test-dir "$prefix-asan" -j "$jobs" --output-on-failure
+}
+
+stage_tsan() {
+  configure_build "$prefix-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_TSAN=ON -DKVC_WERROR=OFF \
+    -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF || return 1
+  # TSan needs a fixed address-space layout on kernels with high mmap entropy.
+  local norand=()
+  if command -v setarch >/dev/null 2>&1 && setarch "$(uname -m)" -R true 2>/dev/null; then
+    norand=(setarch "$(uname -m)" -R)
+  fi
+  local n
+  n=$(ctest --test-dir "$prefix-tsan" -N -R '^core_threads' | grep -c 'Test *#')
+  if [ "$n" -eq 0 ]; then
+    echo "no core_threads* tests registered" >&2
+    return 1
+  fi
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
+    "${norand[@]}" ctest --test-dir "$prefix-tsan" -R '^core_threads' --output-on-failure
+}
+
+stage_fuzz() {
+  local dir="$prefix-fuzz"
+  mkdir -p "$dir"
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF > "$dir/configure.log" 2>&1 ||
+    { cat "$dir/configure.log"; return 1; }
+  cmake --build "$dir" -j "$jobs" --target fuzz_pool_api > "$dir/build.log" 2>&1 ||
+    { grep -E "FAILED:|error" "$dir/build.log" | head -n 40; return 1; }
+  sh tests/fuzz/run_fuzzer.sh "$dir" "$fuzz_seconds" 2>&1 |
+    grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)'
+  return "${PIPESTATUS[0]}"
+}
+
+stage_bench() {
+  [ -x "$prefix-main/bench/bench_pool" ] || { echo "main build has no bench_pool" >&2; return 1; }
+  sh bench/run_quick.sh "$prefix-main" > "$prefix-main/bench-quick.stdout.json"
+}
+
+if want setup; then
+  run_stage setup bash scripts/setup.sh || { echo "setup failed: stopping" >&2; exit 1; }
+fi
+want main && run_stage main stage_main
+want asan && run_stage asan stage_asan
+want tsan && run_stage tsan stage_tsan
+want fuzz && run_stage fuzz stage_fuzz
+want bench && run_stage bench stage_bench
+
+echo
+echo "=== summary ($(( $(date +%s) - t_all ))s in all)"
+printf '  %s\n' "${summary[@]}"
+if [ $failed -ne 0 ]; then
+  echo "FAILED"
+  exit 1
+fi
+echo "all stages passed"

@@ -1,0 +1,17 @@
+#!/bin/sh
+# Runs the libFuzzer target for a while (default 60 s), starting from the
+# committed corpus; new inputs go to a scratch corpus in the build folder,
+# crashes to <build>/fuzz-artifacts/. Exit status non-zero on any finding.
+# Usage: tests/fuzz/run_fuzzer.sh BUILD_DIR [SECONDS]
+set -eu
+build=$1
+secs=${2:-60}
+here=$(cd "$(dirname "$0")" && pwd)
+bin="$build/tests/fuzz/fuzz_pool_api"
+[ -x "$bin" ] || { echo "no $bin: configure with -DKVC_FUZZ=ON and clang" >&2; exit 1; }
+work="$build/fuzz-corpus"
+mkdir -p "$work" "$build/fuzz-artifacts"
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
+UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
+  "$bin" -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
+  -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/" "$work" "$here/corpus"
