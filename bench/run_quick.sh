@@ -13,7 +13,16 @@ out="$build/bench-quick.json"
 "$bin" --benchmark_min_time=0.05 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_format=json --benchmark_out="$out" --benchmark_out_format=json "$@" > /dev/null
 cat "$out"
-python3 - "$out" <<'PY'
+codec_bin="$build/bench/bench_codec"
+codec_out="$build/bench-codec-quick.json"
+if [ -x "$codec_bin" ]; then
+  "$codec_bin" --benchmark_min_time=0.05 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_format=json --benchmark_out="$codec_out" --benchmark_out_format=json > /dev/null
+  cat "$codec_out"
+else
+  codec_out=""
+fi
+python3 - "$out" $codec_out <<'PY'
 import json, sys
 runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
 def get(name, field="real_time"):
@@ -38,8 +47,25 @@ app, mem = get("BM_AppendF16", "bytes_per_second"), get("BM_MemcpySamePattern", 
 if app and mem:
     line(f"append f16 16 tokens x 8 heads x 128: {app / 1e9:.2f} GB/s, memcpy {mem / 1e9:.2f} GB/s, "
          f"ratio {app / mem:.2f}", app / mem >= 0.5)
+codec_out = sys.argv[2] if len(sys.argv) > 2 else None
 for layers in ("1", "32"):
     f = get(f"BM_ForkFree/{layers}")
     if f is not None:
         print(f"  fork+free of a 4096-token sequence, {layers} layer(s): {f / 1000:.2f} us", file=sys.stderr)
+if codec_out:
+    cr = {b["name"]: b for b in json.load(open(codec_out))["benchmarks"]}
+    def cget(name):
+        b = cr.get(name + "_median") or cr.get(name)
+        return None if b is None else b.get("bytes_per_second")
+    targets = {"int8_per_token": (1.0, 0.7)}
+    names = ["int8_per_token", "int4_group32", "int4_group32_hadamard", "int2_group32_asym",
+             "fp8_e4m3_per_token", "fp8_e5m2_per_token"]
+    for tokens in ("16", "4096"):
+        mem = cget(f"BM_CodecMemcpy/{tokens}")
+        for i, name in enumerate(names):
+            q, d = cget(f"BM_Quantize/{i}/{tokens}"), cget(f"BM_Dequantize/{i}/{tokens}")
+            if q and d and mem:
+                tq, td = targets.get(name, (0.5, 0.5))
+                line(f"{name} {tokens} tokens: quantize {q / mem:.2f}x, dequantize {d / mem:.2f}x memcpy",
+                     q / mem >= tq and d / mem >= td)
 PY
