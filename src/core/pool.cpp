@@ -24,6 +24,23 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul
 
 uint64_t align16(uint64_t x) { return (x + 15) & ~uint64_t(15); }
 
+// The block size as a divisor: a shift and a mask when it is a power of two
+// (the usual case), so the hot paths (reserve, truncate, append) pay no
+// 64-bit division, which costs tens of cycles.
+struct BlockDiv {
+  uint64_t v;
+  uint32_t shift;  // 64: not a power of two
+  operator uint64_t() const { return v; }
+};
+BlockDiv block_div(uint64_t v) {
+  const bool pow2 = (v & (v - 1)) == 0;
+  return {v, pow2 ? static_cast<uint32_t>(__builtin_ctzll(v)) : 64u};
+}
+inline uint64_t operator/(uint64_t x, BlockDiv d) { return d.shift < 64 ? x >> d.shift : x / d.v; }
+inline uint64_t operator%(uint64_t x, BlockDiv d) { return d.shift < 64 ? x & (d.v - 1) : x % d.v; }
+inline uint64_t operator/(uint32_t x, BlockDiv d) { return uint64_t(x) / d; }
+inline uint64_t operator%(uint32_t x, BlockDiv d) { return uint64_t(x) % d; }
+
 std::string u64s(uint64_t v) { return std::to_string(v); }
 
 void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
@@ -235,6 +252,9 @@ Pool::Pool(const PoolConfig &cfg)
     off = align16(off + pl.bytes);
   }
   block_stride_ = off;
+  for (int kv = 0; kv < 2; ++kv)
+    if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Channel)
+      unit_ = std::max(unit_, part_[kv].spec.group);
   arena_bytes_ = cfg_.num_blocks * block_stride_;
   // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
   void *p = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -301,11 +321,7 @@ uint64_t Pool::hp_target(uint64_t length) const {
   return std::max<uint64_t>(cfg_.residual_window, frac);
 }
 
-uint32_t Pool::age_unit() const {
-  for (int kv = 0; kv < 2; ++kv)
-    if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Channel) return part_[kv].spec.group;
-  return 1;
-}
+uint32_t Pool::age_unit() const { return unit_; }
 
 // Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
 void Pool::write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
@@ -329,7 +345,7 @@ void Pool::read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint
 // The caller reserved the codec blocks it needs and made the last one
 // private. Never throws.
 void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
-  const uint64_t bs = cfg_.block_size;
+  const BlockDiv bs = block_div(cfg_.block_size);
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const uint32_t unit = age_unit();
   float *buf = scratch_input(2 * unit * row);
@@ -462,34 +478,34 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
   if (new_length >= s.length) return;
-  const uint64_t bs = cfg_.block_size;
+  const BlockDiv bs = block_div(cfg_.block_size);
   const uint32_t unit = age_unit();
-  // Tokens each layer keeps, and the residual blocks needed to re-stage a
-  // per-channel group cut in the middle (checked before anything changes).
-  std::vector<uint64_t> keeps(cfg_.num_layers);
-  uint64_t res_needed = 0;
-  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
-    const LayerTable &l = s.layers[li];
-    uint64_t keep;
-    if (new_length >= l.tail_pos)
-      keep = std::min(l.n_tokens, l.tail_index + (new_length - l.tail_pos));
-    else
-      keep = static_cast<uint64_t>(std::lower_bound(l.positions.begin(), l.positions.end(),
-                                                    static_cast<int64_t>(new_length)) -
-                                   l.positions.begin());
-    keeps[li] = keep;
-    if (keep < l.n_lp && keep % unit != 0) res_needed += (keep % unit + bs - 1) / bs;
+  // Tokens a layer keeps (computed twice, without a heap allocation).
+  auto keep_of = [&](const LayerTable &l) -> uint64_t {
+    if (new_length >= l.tail_pos) return std::min(l.n_tokens, l.tail_index + (new_length - l.tail_pos));
+    return static_cast<uint64_t>(std::lower_bound(l.positions.begin(), l.positions.end(),
+                                                  static_cast<int64_t>(new_length)) -
+                                 l.positions.begin());
+  };
+  // A per-channel group cut in the middle is re-staged in the residual:
+  // check the residual blocks that needs before anything changes.
+  if (unit > 1) {
+    uint64_t res_needed = 0;
+    for (const LayerTable &l : s.layers) {
+      const uint64_t keep = keep_of(l);
+      if (keep < l.n_lp && keep % unit != 0) res_needed += (keep % unit + bs - 1) / bs;
+    }
+    if (res_needed > res_alloc_.available())
+      fail(Errc::PoolExhausted, "pool exhausted: truncating into a per-channel group re-stages its "
+                                "tokens and needs " + u64s(res_needed) + " residual blocks, " +
+                                u64s(res_alloc_.available()) + " available");
+    for (LayerTable &l : s.layers) l.res_blocks.reserve(l.res_blocks.size() + 2);  // may throw
   }
-  if (res_needed > res_alloc_.available())
-    fail(Errc::PoolExhausted, "pool exhausted: truncating into a per-channel group re-stages its "
-                              "tokens and needs " + u64s(res_needed) + " residual blocks, " +
-                              u64s(res_alloc_.available()) + " available");
-  for (LayerTable &l : s.layers) l.res_blocks.reserve(l.res_blocks.size() + 2);  // may throw
   // From here on nothing throws.
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     LayerTable &l = s.layers[li];
-    const uint64_t keep = keeps[li];
+    const uint64_t keep = keep_of(l);
     if (new_length < l.tail_pos) {
       l.positions.resize(keep);
       l.tail_index = keep;
@@ -532,7 +548,7 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
     l.n_tokens = keep;
   }
   s.length = new_length;
-  note_usage();
+  if (unit > 1) note_usage();  // re-staging may have taken residual blocks
 }
 
 void Pool::seq_free(uint64_t id) {
@@ -565,7 +581,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   if (n_new > kMaxLength - s.length)
     fail(Errc::Overflow, "length " + u64s(s.length) + " + " + u64s(n_new) +
                              " tokens exceeds the maximum of " + u64s(kMaxLength));
-  const uint64_t bs = cfg_.block_size;
+  const BlockDiv bs = block_div(cfg_.block_size);
   if (!residual()) {
     uint64_t needed = 0;
     for (const LayerTable &l : s.layers) {
@@ -804,7 +820,7 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
 
 void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k,
                   const void *v, DType src) {
-  const uint64_t bs = cfg_.block_size;
+  const BlockDiv bs = block_div(cfg_.block_size);
   auto locate = [&](Sequence &s) -> uint64_t {
     check_layer(layer);
     if (n == 0) fail(Errc::InvalidArgument, "n_tokens 0: append at least one token");
@@ -932,7 +948,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
     fail(Errc::OutOfRange, "tokens " + u64s(first) + ".." + u64s(first + n) + " (end excluded)" +
                                " are beyond the " + u64s(l.n_tokens) + " tokens of layer " +
                                u64s(layer));
-  const uint64_t bs = cfg_.block_size, hd = cfg_.head_dim, h = cfg_.num_kv_heads;
+  const BlockDiv bs = block_div(cfg_.block_size);
+  const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   const uint64_t row = h * hd * dtype_bytes(dst);
   uint64_t done = 0;
   uint8_t *ko = static_cast<uint8_t *>(k_out), *vo = static_cast<uint8_t *>(v_out);
@@ -977,7 +994,7 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
   if (total > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
     fail(Errc::Overflow, "page table of " + u64s(total) + " indices exceeds int32");
   if (total > capacity) return static_cast<size_t>(total);
-  const uint64_t bs = cfg_.block_size;
+  const BlockDiv bs = block_div(cfg_.block_size);
   int32_t off = 0;
   indptr[0] = 0;
   for (size_t i = 0; i < n_seqs; ++i) {
@@ -992,7 +1009,7 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
 
 std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uint64_t> &refs,
                                  std::vector<uint64_t> &res_refs) const {
-  const uint64_t bs = cfg_.block_size;
+  const BlockDiv bs = block_div(cfg_.block_size);
   if (s.layers.size() != cfg_.num_layers) return "sequence " + u64s(id) + " has wrong layer count";
   for (const LayerTable &l : s.layers) {
     if (l.n_lp > l.n_tokens || (!residual() && l.n_lp != l.n_tokens))
