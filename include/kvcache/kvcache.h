@@ -282,9 +282,11 @@ typedef enum kvc_rotation {
  * Integer codes: symmetric `q = round(x / scale)` in [-qmax, qmax] with
  * scale = absmax / qmax (qmax 127, 7, 1 for int8, int4, int2); asymmetric
  * `q = round((x - zero) / scale)` in [0, 2^bits - 1] with zero = min and
- * scale = (max - min) / (2^bits - 1) (KIVI). fp8: `code = fp8(x / scale)`
+ * scale = (max - min) / (2^bits - 1) (KIVI; values beyond +-1e38 saturate).
+ * fp8: `code = fp8(x / scale)`
  * with scale = absmax / fp8_max, saturating (never Inf or NaN). Rounding is
- * to nearest even; an all-zero group is exact; stored scales are rounded up
+ * to nearest even; an all-zero group is exact; with f16 scales a scale is
+ * at most 65504, so values beyond 65504 x qmax saturate; stored scales are rounded up
  * (zero points down) to scale_dtype so no value is clipped. NaN or Inf input
  * is refused (::KVC_ERR_NON_FINITE) and nothing is written.
  * @since 0.2
@@ -350,7 +352,7 @@ typedef struct kvc_pool_config {
   uint32_t residual_window; /**< Residual window R (KIVI): the newest R tokens of each layer stay in residual_dtype and are encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec. @since 0.2 */
   kvc_dtype residual_dtype; /**< Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2 */
   double residual_fraction; /**< Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above residual_window), in [0, 1); 0 (default) = off. @since 0.2 */
-  uint64_t num_residual_blocks; /**< Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads); 0 (default) = num_blocks when a residual is used. @since 0.2 */
+  uint64_t num_residual_blocks; /**< Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads, residual_dtype); 0 (default) = num_blocks when a residual is used. This arena is in addition to capacity_bytes, which sizes the codec blocks; kvc_stats.bytes_total reports both. @since 0.2 */
 } kvc_pool_config;
 
 /**
@@ -519,7 +521,9 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
 
 /**
  * @brief Read back the pool's effective configuration (defaults resolved,
- * num_blocks computed from capacity_bytes when that was given).
+ * num_blocks computed from capacity_bytes when that was given). The codec
+ * pointers come back NULL and k_dtype / v_dtype name the plain storage; the
+ * storage of quantized parts is described by kvc_pool_get_layout().
  * @param pool the pool (not NULL).
  * @param config filled up to config->struct_size (set struct_size first).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.

@@ -177,8 +177,22 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
   p.residual_dtype = static_cast<DType>(c.residual_dtype);
   p.residual_fraction = c.residual_fraction;
   p.num_residual_blocks = c.num_residual_blocks;
-  if (c.k_codec) p.k_codec = to_spec(c.k_codec, "k_codec", c.head_dim);
-  if (c.v_codec) p.v_codec = to_spec(c.v_codec, "v_codec", c.head_dim);
+  for (int kv = 0; kv < 2; ++kv) {
+    const kvc_codec *in = kv == 0 ? c.k_codec : c.v_codec;
+    if (!in) continue;
+    const char *name = kv == 0 ? "k_codec" : "v_codec";
+    kvc::codec::Spec sp = to_spec(in, name, c.head_dim);
+    if (kvc::codec::is_float(sp.dtype)) {  // a float codec: plain storage of that dtype
+      try {
+        kvc::codec::validate(sp, c.head_dim);
+      } catch (const kvc::core::Error &e) {
+        fail(e.code(), std::string(name) + ": " + e.what());
+      }
+      (kv == 0 ? p.k_dtype : p.v_dtype) = static_cast<DType>(sp.dtype);
+      continue;
+    }
+    (kv == 0 ? p.k_codec : p.v_codec) = sp;
+  }
   return p;
 }
 
@@ -208,6 +222,14 @@ QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
   QuantPlan q;
   q.spec = to_spec(codec, "codec", d);
   kvc::codec::validate(q.spec, d);
+  // Every size fits in the address space (n * d values are also staged as f32).
+  const uint64_t limit = uint64_t(1) << 56;
+  uint64_t nd = 0, groups = 0;
+  const uint64_t g = q.spec.group ? q.spec.group : 1;
+  if (__builtin_mul_overflow(n, d, &nd) || nd > limit / 4 ||
+      __builtin_mul_overflow(n, (d + g - 1) / g, &groups) || groups > limit / 8)
+    fail(Errc::Overflow, "an array of " + std::to_string(n) + " x " + std::to_string(d) +
+                             " values (or its scales) overflows the address space");
   q.codes = n * kvc::codec::row_bytes(q.spec.dtype, d);
   q.num_scales = kvc::codec::num_scales(q.spec, n, d);
   q.scales = q.num_scales * kvc::codec::scale_bytes(q.spec);
@@ -267,6 +289,25 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
     kvc_pool_config c;
     defaults(&c);
     kvc::api::read_input_struct(config, kPoolConfigMin, "kvc_pool_config", &c);
+    // A field the caller's struct_size covers only in part takes its default.
+    kvc_pool_config d;
+    defaults(&d);
+    const size_t ends[][2] = {
+        {offsetof(kvc_pool_config, k_dtype), sizeof c.k_dtype},
+        {offsetof(kvc_pool_config, v_dtype), sizeof c.v_dtype},
+        {offsetof(kvc_pool_config, layout), sizeof c.layout},
+        {offsetof(kvc_pool_config, device), sizeof c.device},
+        {offsetof(kvc_pool_config, device_index), sizeof c.device_index},
+        {offsetof(kvc_pool_config, k_codec), sizeof c.k_codec},
+        {offsetof(kvc_pool_config, v_codec), sizeof c.v_codec},
+        {offsetof(kvc_pool_config, residual_window), sizeof c.residual_window},
+        {offsetof(kvc_pool_config, residual_dtype), sizeof c.residual_dtype},
+        {offsetof(kvc_pool_config, residual_fraction), sizeof c.residual_fraction},
+        {offsetof(kvc_pool_config, num_residual_blocks), sizeof c.num_residual_blocks},
+    };
+    for (const auto &f : ends)
+      if (config->struct_size < f[0] + f[1])
+        std::memcpy(reinterpret_cast<char *>(&c) + f[0], reinterpret_cast<const char *>(&d) + f[0], f[1]);
     kvc::core::PoolConfig pc = to_core(c);
     *out = new kvc_pool(pc);
   });
@@ -513,6 +554,11 @@ KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst,
 KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes) {
   return guard([&] {
     need(bytes, "bytes");
+    const int32_t d = static_cast<int32_t>(dtype);
+    if (d >= 3 && d <= 7)
+      fail(Errc::InvalidArgument, "dtype " + std::to_string(d) +
+                                      " is a quantized storage format whose size depends on its "
+                                      "codec: use kvc_quantize_sizes() or kvc_pool_get_layout()");
     *bytes = kvc::core::dtype_bytes(dtype_arg(dtype, "dtype"));
   });
 }

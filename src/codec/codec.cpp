@@ -39,22 +39,36 @@ int qmax_sym(Dtype d) { return d == Dtype::INT8 ? 127 : d == Dtype::INT4 ? 7 : 1
 int qmax_asym(Dtype d) { return d == Dtype::INT8 ? 255 : d == Dtype::INT4 ? 15 : 3; }
 float fp8_max(Dtype d) { return d == Dtype::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max; }
 
+// Scales are computed in double (so max - min cannot overflow), never below
+// the smallest normal float (so 1 / scale stays finite: a group of tiny
+// values still quantizes within half a step instead of giving 0 * Inf), and
+// rounded up to the scale dtype (so no value of the group is clipped by it).
 Params make_params(const Spec &s, float lo, float hi) {
   Params p;
   if (s.static_scale > 0.0) {
-    p.scale = static_cast<float>(s.static_scale);
+    // The scale as stored (rounded to the scale dtype), so encoding and
+    // decoding use the same value.
+    p.scale = s.scale_dtype == Dtype::F16
+                  ? core::f16_to_f32_scalar(core::f32_to_f16_scalar(static_cast<float>(s.static_scale)))
+                  : static_cast<float>(s.static_scale);
     p.inv = 1.0f / p.scale;
     return p;
   }
+  double raw;
   if (is_int(s.dtype) && s.asym) {
+    // q * scale + zero must stay finite: asymmetric codes cover at most
+    // [-1e38, 1e38] (values beyond saturate).
+    lo = std::max(lo, -1e38f);
+    hi = std::min(hi, 1e38f);
     p.zero = round_zero_down(lo, s.scale_dtype);
-    const float range = hi - p.zero;
-    p.scale = range > 0.0f ? round_scale_up(range / static_cast<float>(qmax_asym(s.dtype)), s.scale_dtype)
-                           : 0.0f;
+    raw = (static_cast<double>(hi) - p.zero) / qmax_asym(s.dtype);
   } else {
-    const float absmax = std::max(std::fabs(lo), std::fabs(hi));
-    const float qm = is_fp8(s.dtype) ? fp8_max(s.dtype) : static_cast<float>(qmax_sym(s.dtype));
-    p.scale = absmax > 0.0f ? round_scale_up(absmax / qm, s.scale_dtype) : 0.0f;
+    const double absmax = std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi)));
+    raw = absmax / (is_fp8(s.dtype) ? fp8_max(s.dtype) : qmax_sym(s.dtype));
+  }
+  if (raw > 0.0) {
+    const float f = std::max(static_cast<float>(raw), std::numeric_limits<float>::min());
+    p.scale = round_scale_up(static_cast<double>(f) < raw ? std::nextafter(f, INFINITY) : f, s.scale_dtype);
   }
   p.inv = p.scale > 0.0f ? 1.0f / p.scale : 0.0f;
   return p;
@@ -471,8 +485,11 @@ void validate(const Spec &s, uint64_t d) {
       fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
                                    ": must be in [1e-30, 1e30] (0 = dynamic)");
     if (s.gran != Gran::Tensor)
-      fail(Errc::InvalidScale, "a static scale needs per-tensor granularity");
-    if (s.asym) fail(Errc::InvalidScale, "a static scale is symmetric: asymmetric must be off");
+      fail(Errc::InvalidArgument, "a static scale needs per-tensor granularity");
+    if (s.asym) fail(Errc::InvalidArgument, "a static scale is symmetric: asymmetric must be off");
+    if (s.scale_dtype == Dtype::F16 && (s.static_scale < 6.103515625e-05 || s.static_scale > 65504.0))
+      fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
+                                   ": with f16 scales a static scale must be in [6.1e-5, 65504]");
   }
   if (s.rotation_block) {
     const uint32_t b = s.rotation_block;

@@ -1,6 +1,7 @@
 #include "core/pool.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -108,12 +109,15 @@ void Pool::validate(PoolConfig &c) {
       std::snprintf(b, sizeof b, "%x", c.flags);
       return std::string(b);
     }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE)");
-  if (!dtype_valid(static_cast<int32_t>(c.k_dtype)))
-    fail(Errc::InvalidArgument, "k_dtype " + std::to_string(static_cast<int32_t>(c.k_dtype)) +
-                                    ": unknown storage dtype");
-  if (!dtype_valid(static_cast<int32_t>(c.v_dtype)))
-    fail(Errc::InvalidArgument, "v_dtype " + std::to_string(static_cast<int32_t>(c.v_dtype)) +
-                                    ": unknown storage dtype");
+  for (int kv = 0; kv < 2; ++kv) {
+    const int32_t d = static_cast<int32_t>(kv == 0 ? c.k_dtype : c.v_dtype);
+    if (!dtype_valid(d))
+      fail(Errc::InvalidArgument,
+           std::string(kv == 0 ? "k_dtype " : "v_dtype ") + std::to_string(d) +
+               (d >= 3 && d <= 7 ? ": fp8 and integer storage is described by a codec: set "
+                                   "k_codec / v_codec (kvc_codec) instead"
+                                 : ": unknown storage dtype (f32, f16 or bf16)"));
+  }
   for (int kv = 0; kv < 2; ++kv) {
     codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
     const char *name = kv == 0 ? "k_codec" : "v_codec";
@@ -147,6 +151,12 @@ void Pool::validate(PoolConfig &c) {
       fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
   }
   const bool channel = c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
+  if (c.k_codec.gran == codec::Gran::Channel && c.v_codec.gran == codec::Gran::Channel &&
+      !codec::is_float(c.k_codec.dtype) && !codec::is_float(c.v_codec.dtype) &&
+      c.k_codec.group != c.v_codec.group)
+    fail(Errc::InvalidArgument, "k_codec and v_codec are both per channel with group sizes " +
+                                    u64s(c.k_codec.group) + " and " + u64s(c.v_codec.group) +
+                                    ": they must be equal (tokens are encoded a group at a time)");
   const bool wants_residual = c.residual_window > 0 || c.residual_fraction != 0.0 || channel;
   if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
     fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
@@ -198,6 +208,7 @@ void Pool::validate(PoolConfig &c) {
       total > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
     fail(Errc::Overflow, "num_blocks " + u64s(c.num_blocks) + " x " + u64s(stride) +
                              " bytes per block overflows the address space");
+  uint64_t res_total = 0;
   if (wants_residual) {
     if (c.num_residual_blocks == 0) c.num_residual_blocks = c.num_blocks;
     if (c.num_residual_blocks > kMaxBlocks)
@@ -209,6 +220,18 @@ void Pool::validate(PoolConfig &c) {
         mul_overflows(rs, c.num_residual_blocks, &rt) ||
         rt > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) - total)
       fail(Errc::Overflow, "residual blocks overflow the address space");
+    res_total = rt;
+  }
+  // Block memory is mapped lazily, but the bookkeeping (about 20 bytes per
+  // block) is written at create: refuse pools this machine can never hold
+  // rather than let the kernel's OOM killer end the process.
+  const uint64_t book = (c.num_blocks + c.num_residual_blocks) * 20;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) {
+    const uint64_t phys = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    if (total / 2 + res_total / 2 + book / 2 > phys / 2)
+      fail(Errc::OutOfMemory, "the pool needs " + u64s(total + res_total + book) +
+                                  " bytes (blocks and bookkeeping); this machine has " + u64s(phys));
   }
 }
 
@@ -291,6 +314,21 @@ void Pool::check_layer(uint32_t layer) const {
          "layer " + u64s(layer) + ": the pool has " + u64s(cfg_.num_layers) + " layers");
 }
 
+// Like convert(), but values beyond f16's range become +-65504 instead of
+// +-Inf, as the codecs saturate: a finite input never turns into Inf (and
+// then NaN) in the residual.
+void convert_saturating(const void *src, DType st, void *dst, DType dt, uint64_t n) {
+  if (dt != DType::F16 || st == DType::F16) return convert(src, st, dst, dt, n);
+  float buf[256];
+  const uint64_t es = dtype_bytes(st);
+  for (uint64_t i = 0; i < n; i += 256) {
+    const uint64_t m = std::min<uint64_t>(256, n - i);
+    convert(static_cast<const uint8_t *>(src) + i * es, st, buf, DType::F32, m);
+    for (uint64_t j = 0; j < m; ++j) buf[j] = std::min(65504.0f, std::max(-65504.0f, buf[j]));
+    convert(buf, DType::F32, static_cast<uint8_t *>(dst) + i * 2, DType::F16, m);
+  }
+}
+
 uint64_t Pool::bytes_in_use() const {
   return (static_cast<uint64_t>(alloc_.num_used()) + alloc_.num_cached()) * block_stride_ +
          static_cast<uint64_t>(res_alloc_.num_used()) * res_stride_;
@@ -328,8 +366,8 @@ void Pool::write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const u
                           uint64_t count) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const uint64_t e = dtype_bytes(cfg_.residual_dtype);
-  convert(k, src, blk + slot * row * e, cfg_.residual_dtype, count * row);
-  convert(v, src, blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, count * row);
+  convert_saturating(k, src, blk + slot * row * e, cfg_.residual_dtype, count * row);
+  convert_saturating(v, src, blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, count * row);
 }
 
 void Pool::read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
@@ -709,8 +747,9 @@ void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
                      : sp.dtype == codec::Dtype::INT8     ? 127.0f
                      : sp.dtype == codec::Dtype::INT4     ? 7.0f
                                                           : 1.0f;
-  float scale = absmax > 0.0f ? codec::round_scale_up(absmax / qmax, sp.scale_dtype) : 1.0f;
-  if (!(scale > 0.0f)) scale = 1.0f;
+  if (!(absmax > 0.0f)) return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
+  const float scale = codec::round_scale_up(
+      std::max(absmax / qmax, std::numeric_limits<float>::min()), sp.scale_dtype);
   uint32_t expected = 0;
   tensor_scale_[kv][layer].compare_exchange_strong(expected, f32_bits(scale),
                                                    std::memory_order_acq_rel);
@@ -758,7 +797,8 @@ void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, 
       case codec::Gran::Token: codec::encode(sp, tmp, h, hd, codes, scales, zeros); break;
       case codec::Gran::Group: codec::encode(sp, tmp, 1, row, codes, scales, zeros); break;
       default: {  // per tensor: the layer's scale
-        sp.static_scale = tensor_scale(kv, layer);
+        sp.static_scale = tensor_scale(kv, layer);  // 0 only while every value written was 0
+        sp.scale_dtype = codec::Dtype::F32;          // per-tensor scales are kept as f32
         codec::encode(sp, tmp, 1, row, codes, nullptr, nullptr);
       }
     }
@@ -825,9 +865,9 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     check_layer(layer);
     if (n == 0) fail(Errc::InvalidArgument, "n_tokens 0: append at least one token");
     if (n > s.length || pos > s.length - n)
-      fail(Errc::NotReserved, "positions " + u64s(pos) + ".." + u64s(pos + n - 1) +
-                                  " are not reserved: sequence " + u64s(id) + " has length " +
-                                  u64s(s.length) + " (call kvc_seq_reserve first)");
+      fail(Errc::NotReserved, "positions from " + u64s(pos) + " (" + u64s(n) +
+                                  " tokens) are not reserved: sequence " + u64s(id) +
+                                  " has length " + u64s(s.length) + " (call kvc_seq_reserve first)");
     const LayerTable &l = s.layers[layer];
     if (pos < l.tail_pos)
       fail(Errc::NotReserved, "position " + u64s(pos) + " of layer " + u64s(layer) +
@@ -921,9 +961,10 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   check_lp_write(l, idx0);
   const auto need = shared_blocks(l, idx0);
   if (need.first > alloc_.available() || need.second > res_alloc_.available())
-    fail(Errc::PoolExhausted, "pool exhausted: copy-on-write of " + u64s(need.first + need.second) +
-                                  " shared blocks needs free blocks, " +
-                                  u64s(alloc_.available()) + " available");
+    fail(Errc::PoolExhausted, "pool exhausted: copy-on-write needs " + u64s(need.first) +
+                                  " blocks (" + u64s(alloc_.available()) + " available) and " +
+                                  u64s(need.second) + " residual blocks (" +
+                                  u64s(res_alloc_.available()) + " available)");
   const uint64_t lp_end = std::min(idx0 + n, l.n_lp);
   if (idx0 < lp_end)
     for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b)
@@ -945,9 +986,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
   check_layer(layer);
   const LayerTable &l = s.layers[layer];
   if (first > l.n_tokens || n > l.n_tokens - first)
-    fail(Errc::OutOfRange, "tokens " + u64s(first) + ".." + u64s(first + n) + " (end excluded)" +
-                               " are beyond the " + u64s(l.n_tokens) + " tokens of layer " +
-                               u64s(layer));
+    fail(Errc::OutOfRange, u64s(n) + " tokens from index " + u64s(first) + " are beyond the " +
+                               u64s(l.n_tokens) + " tokens of layer " + u64s(layer));
   const BlockDiv bs = block_div(cfg_.block_size);
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   const uint64_t row = h * hd * dtype_bytes(dst);

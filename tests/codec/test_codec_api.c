@@ -530,6 +530,104 @@ static void test_residual_exhausted(void **state) {
   assert_null(p);
 }
 
+/* Regressions found by attacking the API with bad input. */
+static void test_adversarial_regressions(void **state) {
+  (void)state;
+  /* Both parts per channel with different groups: refused (not a buffer overrun). */
+  kvc_codec kk = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 4, 0);
+  kvc_codec vv = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 8, 0);
+  assert_null(codec_pool(1, 1, 8, 8, 4, &kk, &vv, KVC_ERR_INVALID_ARGUMENT));
+  /* struct_size ending inside the k_codec pointer: the field takes its default. */
+  kvc_codec c8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool_config cfg = test_config(1, 2, 8, 16, 4);
+  cfg.k_codec = &c8;
+  cfg.struct_size = offsetof(kvc_pool_config, k_codec) + 4;
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&cfg, &p));
+  kvc_pool_layout l;
+  kvc_pool_layout_init(&l);
+  ASSERT_OK(kvc_pool_get_layout(p, &l));
+  assert_int_equal(l.k_dtype, KVC_DTYPE_F32); /* the codec was not read */
+  kvc_pool_destroy(p);
+  /* A float codec sets the storage dtype. */
+  cfg = test_config(1, 2, 8, 16, 4);
+  kvc_codec fc = codec_of(KVC_DTYPE_BF16, KVC_SCALE_NONE, 0, 0);
+  cfg.k_codec = &fc;
+  ASSERT_OK(kvc_pool_create(&cfg, &p));
+  ASSERT_OK(kvc_pool_get_layout(p, &l));
+  assert_int_equal(l.k_dtype, KVC_DTYPE_BF16);
+  kvc_pool_destroy(p);
+  /* A finite value beyond f16 in a residual window saturates, never NaN. */
+  kvc_codec i8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  p = residual_pool(&i8, &i8, 2, 0.0, 16, 1);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  float row[16], out[16];
+  for (int i = 0; i < 16; ++i) row[i] = 1.0f;
+  row[0] = 1e6f;
+  for (int t = 0; t < 6; ++t) {
+    ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, (uint64_t)t, 1, row, row, KVC_DTYPE_F32));
+  }
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, out, NULL, KVC_DTYPE_F32, NULL)); /* aged into int8 */
+  for (int i = 0; i < 16; ++i) assert_true(isfinite(out[i]));
+  assert_true(out[0] > 60000.0f);
+  kvc_pool_destroy(p);
+  /* Asymmetric range beyond float, tiny values, f16 static scales. */
+  kvc_codec a8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 1);
+  float big[8] = {-3e38f, 3e38f, 1, 2, 3, 4, 5, 6}, tiny[8] = {1e-37f, 0, 0, 0, 0, 0, 0, -2e-38f};
+  uint8_t codes[8], sc[8], zr[8];
+  float back[8];
+  ASSERT_OK(kvc_quantize(&a8, big, KVC_DTYPE_F32, 1, 8, codes, sc, zr));
+  ASSERT_OK(kvc_dequantize(&a8, codes, sc, zr, 1, 8, back, KVC_DTYPE_F32));
+  for (int i = 0; i < 8; ++i) assert_true(isfinite(back[i]));
+  kvc_codec s8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  ASSERT_OK(kvc_quantize(&s8, tiny, KVC_DTYPE_F32, 1, 8, codes, sc, NULL));
+  ASSERT_OK(kvc_dequantize(&s8, codes, sc, NULL, 1, 8, back, KVC_DTYPE_F32));
+  for (int i = 0; i < 8; ++i) {
+    assert_true(isfinite(back[i]));
+    assert_true(fabsf(back[i] - tiny[i]) <= 0.5f * 1.17549435e-38f * 1.001f); /* scale floored at FLT_MIN */
+  }
+  assert_true(back[1] == 0.0f);
+  kvc_codec st = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TENSOR, 0, 0);
+  st.static_scale = 1;
+  st.scale_dtype = KVC_DTYPE_F16;
+  st.scale = 1e5;
+  ASSERT_STATUS(KVC_ERR_INVALID_SCALE, kvc_quantize(&st, tiny, KVC_DTYPE_F32, 1, 8, codes, sc, NULL));
+  st.scale = 0.1; /* not exact in f16: used as stored */
+  float x[8] = {0.3f, -0.2f, 0.1f, 12.7f, 0, 0, 0, 0};
+  ASSERT_OK(kvc_quantize(&st, x, KVC_DTYPE_F32, 1, 8, codes, sc, NULL));
+  ASSERT_OK(kvc_dequantize(&st, codes, sc, NULL, 1, 8, back, KVC_DTYPE_F32));
+  for (int i = 0; i < 8; ++i) assert_true(fabsf(back[i] - x[i]) <= 0.05f + 1e-6f);
+  /* A static scale with the wrong granularity is an argument error. */
+  st = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  st.static_scale = 1;
+  st.scale = 1.0;
+  kvc_quant_sizes qs;
+  kvc_quant_sizes_init(&qs);
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&st, 1, 8, &qs));
+  /* Sizes that overflow are refused. */
+  ASSERT_STATUS(KVC_ERR_OVERFLOW, kvc_quantize_sizes(&s8, (uint64_t)1 << 40, (uint64_t)1 << 24, &qs));
+  kvc_codec g1 = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 1, 1);
+  ASSERT_STATUS(KVC_ERR_OVERFLOW, kvc_quantize_sizes(&g1, (uint64_t)1 << 40, (uint64_t)1 << 22, &qs));
+  /* A per-tensor scale is not fixed by an all-zero first write. */
+  kvc_codec pt = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TENSOR, 0, 0);
+  p = codec_pool(1, 1, 4, 4, 4, &pt, &pt, KVC_OK);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 2, NULL));
+  float zero4[4] = {0, 0, 0, 0}, some[4] = {0.3f, -0.2f, 0.1f, 0.4f}, got[4];
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 1, zero4, zero4, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_append(p, 1, 0, 1, 1, some, some, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, got, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 4; ++i) assert_true(got[i] == 0.0f);
+  ASSERT_OK(kvc_gather(p, 1, 0, 1, 1, got, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 4; ++i) assert_true(fabsf(got[i] - some[i]) <= 0.4f / 127.0f);
+  kvc_pool_destroy(p);
+  /* kvc_dtype_size names the storage formats. */
+  size_t b;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_dtype_size(KVC_DTYPE_INT4, &b));
+  assert_non_null(strstr(kvc_last_error_message(), "kvc_quantize_sizes"));
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
@@ -538,6 +636,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
       cmocka_unit_test(test_pool_codec_errors),    cmocka_unit_test(test_kivi_residual),
       cmocka_unit_test(test_hybrid_fraction),      cmocka_unit_test(test_residual_exhausted),
+      cmocka_unit_test(test_adversarial_regressions),
   };
   if (argc > 1) {
     int found = 0;
