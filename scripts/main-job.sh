@@ -10,5 +10,5 @@ bash scripts/setup.sh
 build=${KVC_MAIN_BUILD:-build}
 jobs=${KVC_JOBS:-2}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build "$build" -j "$jobs"
+cmake --build "$build" -j "$jobs" --target kvcache_cli
 exec "$build/tools/kvcache" eval "$@"

@@ -3,14 +3,15 @@
 # then build and run a small C program against the installed library twice:
 # with `pkg-config --cflags --libs kvcache` and with CMake's
 # find_package(kvcache) + kvcache::kvcache (and kvcache::kvcache_static).
-# Usage: install_consumer.sh BUILD_DIR WORK_DIR CONSUMER_SRC_DIR C_COMPILER GENERATOR [EXTRA_FLAGS]
+# Usage: install_consumer.sh BUILD_DIR WORK_DIR CONSUMER_SRC_DIR C_COMPILER GENERATOR VERSION [EXTRA_FLAGS]
 set -eu
 build=$1
 work=$2
 src=$3
 cc=$4
 gen=$5
-extra=${6:-}
+expect_version=$6
+extra=${7:-}
 prefix="$work/prefix"
 rm -rf "$work"
 mkdir -p "$work"
@@ -40,6 +41,13 @@ if command -v pkg-config >/dev/null 2>&1; then
   LD_LIBRARY_PATH="$libdir" "$work/consumer_pc"
   version=$(PKG_CONFIG_PATH="$(dirname "$pc")" pkg-config --modversion kvcache)
   echo "pkg-config --modversion kvcache: $version"
+  [ "$version" = "$expect_version" ] || { echo "kvcache.pc version $version, library $expect_version" >&2; exit 1; }
+  # Static linking from C with the flags pkg-config gives (--static adds Libs.private).
+  sflags=$(PKG_CONFIG_PATH="$(dirname "$pc")" pkg-config --static --cflags --libs kvcache)
+  # shellcheck disable=SC2086
+  "$cc" -std=c99 $extra "$src/consumer.c" -o "$work/consumer_pc_static" \
+    $(echo "$sflags" | sed "s|-lkvcache|$libdir/libkvcache.a|")
+  "$work/consumer_pc_static"
 else
   echo "pkg-config not installed: that half is not run" >&2
   exit 1
@@ -47,7 +55,7 @@ fi
 
 echo "== find_package(kvcache)"
 cmake -S "$src" -B "$work/cmake-build" -G "$gen" -DCMAKE_C_COMPILER="$cc" \
-  -DCMAKE_PREFIX_PATH="$prefix" -DKVC_CONSUMER_STATIC=ON \
+  -DCMAKE_PREFIX_PATH="$prefix" -DKVC_CONSUMER_STATIC=ON -DKVC_EXPECT_VERSION="$expect_version" \
   -DCMAKE_C_FLAGS="$extra" -DCMAKE_CXX_FLAGS="$extra" > "$work/consumer-configure.log" ||
   { cat "$work/consumer-configure.log"; exit 1; }
 cmake --build "$work/cmake-build" > "$work/consumer-build.log" ||

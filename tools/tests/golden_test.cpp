@@ -81,7 +81,10 @@ std::vector<GoldenRun> parse_golden_greedy() {
 
 std::string join_ids(const std::vector<int> &v) {
   std::string s;
-  for (int t : v) s += (s.empty() ? "" : " ") + std::to_string(t);
+  for (int t : v) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(t);
+  }
   return s;
 }
 
