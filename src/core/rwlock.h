@@ -50,13 +50,17 @@ class RwLock {
   static constexpr uint32_t kWaiters = 1u << 30;
   static constexpr uint32_t kReaders = kWaiters - 1;
 
-  void lock_slow() {
+  // Spins briefly, then sleeps on the word until `next(s)` can be stored:
+  // `next` returns the state to install, or kBusy when the lock is not free
+  // for this kind of holder.
+  static constexpr uint32_t kBusy = 0xffffffffu;
+  template <typename Next>
+  void acquire_slow(Next next) {
     for (int spin = 0;; ++spin) {
       uint32_t s = state_.load(std::memory_order_relaxed);
-      if ((s & ~kWaiters) == 0) {
-        // Free (maybe with waiters flagged): take it, keeping the flag so
-        // our unlock wakes the others.
-        if (state_.compare_exchange_weak(s, kWriter | (s & kWaiters), std::memory_order_acquire,
+      const uint32_t want = next(s);
+      if (want != kBusy) {
+        if (state_.compare_exchange_weak(s, want, std::memory_order_acquire,
                                          std::memory_order_relaxed))
           return;
         continue;
@@ -71,24 +75,12 @@ class RwLock {
       state_.wait(s | kWaiters, std::memory_order_relaxed);
     }
   }
+  // A writer takes a free lock, keeping the waiters flag so its unlock wakes them.
+  void lock_slow() {
+    acquire_slow([](uint32_t s) { return (s & ~kWaiters) == 0 ? kWriter | (s & kWaiters) : kBusy; });
+  }
   void lock_shared_slow() {
-    for (int spin = 0;; ++spin) {
-      uint32_t s = state_.load(std::memory_order_relaxed);
-      if (!(s & kWriter)) {
-        if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
-                                         std::memory_order_relaxed))
-          return;
-        continue;
-      }
-      if (spin < 64) {
-        cpu_relax();
-        continue;
-      }
-      if (!(s & kWaiters) &&
-          !state_.compare_exchange_weak(s, s | kWaiters, std::memory_order_relaxed))
-        continue;
-      state_.wait(s | kWaiters, std::memory_order_relaxed);
-    }
+    acquire_slow([](uint32_t s) { return (s & kWriter) ? kBusy : s + 1; });
   }
 
   std::atomic<uint32_t> state_{0};
