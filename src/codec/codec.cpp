@@ -68,7 +68,10 @@ Params make_params(const Spec &s, float lo, float hi) {
   }
   if (raw > 0.0) {
     const float f = std::max(static_cast<float>(raw), std::numeric_limits<float>::min());
-    p.scale = round_scale_up(static_cast<double>(f) < raw ? std::nextafter(f, INFINITY) : f, s.scale_dtype);
+    // Round up to a float: the next float above f when f fell short (f > 0,
+    // finite: a positive float's successor is its bit pattern plus one).
+    const float up = static_cast<double>(f) < raw ? core::bits_f32(core::f32_bits(f) + 1) : f;
+    p.scale = round_scale_up(up, s.scale_dtype);
   }
   p.inv = p.scale > 0.0f ? 1.0f / p.scale : 0.0f;
   return p;
@@ -667,10 +670,89 @@ void check_finite_raw(const void *src, core::DType t, uint64_t n) {
 }
 }  // namespace
 
+#ifdef KVC_CODEC_X86
+namespace {
+template <bool Half>
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const uint8_t *row, uint64_t j) {
+  if constexpr (Half) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(row + 2 * j)));
+  else return _mm256_loadu_ps(reinterpret_cast<const float *>(row) + j);
+}
+
+// Symmetric int8 / int4 with per-row or per-group scales, straight from f16
+// or f32 input: one pass for the absmax, one that converts, scales, rounds,
+// packs and stores, with the row in L1 in between. The same operations as
+// the scalar reference (convert, min/max, multiply by 1/scale, clamp, round
+// half to even), so the codes are identical.
+template <bool half>
+__attribute__((target("avx2,f16c"))) void quantize_sym_fast(const Spec &s, const void *src, uint64_t n,
+                                                            uint64_t d, uint8_t *codes, uint8_t *scales) {
+  const uint64_t g = s.gran == Gran::Token ? d : s.group, ng = d / g;
+  const uint64_t esz = half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+  const IntFormat f = int_format(s.dtype, false);
+  const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
+  const __m256i off = _mm256_set1_epi32(f.off);
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint8_t *row = static_cast<const uint8_t *>(src) + r * d * esz;
+    uint8_t *out = codes + r * rb;
+    for (uint64_t gi = 0; gi < ng; ++gi) {
+      const uint64_t j0 = gi * g;
+      __m256 m = _mm256_setzero_ps();
+      for (uint64_t j = j0; j < j0 + g; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, load8<half>(row, j)));
+      float lanes[8];
+      _mm256_storeu_ps(lanes, m);
+      float a = lanes[0];
+      for (int k = 1; k < 8; ++k) a = lanes[k] > a ? lanes[k] : a;
+      Params p;
+      if (a > 0.0f) {  // make_params' arithmetic, for the symmetric case
+        const double raw = static_cast<double>(a) / (f.bits == 8 ? 127 : 7);
+        const float fl = std::max(static_cast<float>(raw), std::numeric_limits<float>::min());
+        const float up = static_cast<double>(fl) < raw ? core::bits_f32(core::f32_bits(fl) + 1) : fl;
+        p.scale = s.scale_dtype == Dtype::F16 ? round_scale_up(up, Dtype::F16) : up;
+        p.inv = 1.0f / p.scale;
+      }
+      if (s.scale_dtype == Dtype::F32) std::memcpy(scales + (r * ng + gi) * 4, &p.scale, 4);
+      else store_scale(scales + (r * ng + gi) * sb, s.scale_dtype, p.scale);
+      const __m256 inv = _mm256_set1_ps(p.inv);
+      for (uint64_t j = j0; j < j0 + g; j += 32) {
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) {
+          __m256 y = _mm256_mul_ps(load8<half>(row, j + 8 * k), inv);
+          y = _mm256_round_ps(_mm256_min_ps(_mm256_max_ps(y, lo), hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          q[k] = _mm256_add_epi32(_mm256_cvtps_epi32(y), off);
+        }
+        const __m256i a16 = _mm256_packs_epi32(q[0], q[1]), b16 = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a16, b16),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        if (f.bits == 8) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+        } else {  // codes 1..15 fit in a signed byte: pack pairs of bytes into nibbles
+          const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
+                                              _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
+          const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
+          _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+        }
+      }
+    }
+  }
+}
+}  // namespace
+#endif
+
 void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
               uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
   check_finite_raw(src, src_type, n * d);  // before anything is written
   const uint64_t esz = core::dtype_bytes(src_type);
+#ifdef KVC_CODEC_X86
+  const bool fast_shape = (s.gran == Gran::Token && d % 32 == 0) ||
+                          (s.gran == Gran::Group && s.group % 32 == 0 && d % s.group == 0);
+  if (use_avx2() && core::convert_has_simd() && fast_shape && !s.asym && !s.rotation_block &&
+      s.static_scale == 0.0 && (s.dtype == Dtype::INT8 || s.dtype == Dtype::INT4) &&
+      (src_type == core::DType::F16 || src_type == core::DType::F32)) {
+    if (src_type == core::DType::F16) quantize_sym_fast<true>(s, src, n, d, codes, scales);
+    else quantize_sym_fast<false>(s, src, n, d, codes, scales);
+    return;
+  }
+#endif
   if (s.gran == Gran::Token || s.gran == Gran::Group || s.gran == Gran::None) {
     // Row by row through a small buffer that stays in cache.
     float *row = scratch_floats(d);
