@@ -240,6 +240,100 @@ void decode_int_run(const IntFormat &f, bool asym, const uint8_t *in, uint64_t j
   decode_int_run_scalar(f, asym, in, j0, j1, p, x);
 }
 
+// ---- fp8 run kernels -------------------------------------------------------
+#ifdef KVC_CODEC_X86
+// 8 floats -> 8 fp8 codes (in the low byte of each 32-bit lane), bit for bit
+// what fp8_encode<kMant, kBias, kMaxCode> gives: normal results by rebiasing
+// the exponent and rounding the mantissa half to even, subnormal results by a
+// per-lane variable shift, saturation at the largest finite code.
+template <int kMant, int kBias, uint32_t kMaxCode>
+__attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode8(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  const __m256i one = _mm256_set1_epi32(1);
+  constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
+  // Normal: rebias, round off kDrop bits half to even, saturate.
+  __m256i r = _mm256_sub_epi32(a, _mm256_set1_epi32((127 - kBias) << 23));
+  const __m256i rem = _mm256_and_si256(r, _mm256_set1_epi32((1 << kDrop) - 1));
+  r = _mm256_srli_epi32(r, kDrop);
+  const __m256i half = _mm256_set1_epi32(1 << (kDrop - 1));
+  __m256i up = _mm256_or_si256(_mm256_cmpgt_epi32(rem, half),
+                               _mm256_and_si256(_mm256_cmpeq_epi32(rem, half),
+                                                _mm256_cmpeq_epi32(_mm256_and_si256(r, one), one)));
+  r = _mm256_sub_epi32(r, up);  // up is -1 where rounding up
+  r = _mm256_min_epu32(r, _mm256_set1_epi32(kMaxCode));
+  // Subnormal: q = mant24 >> shift, shift = 23 + kEmin - kMant - e (clamped to 31).
+  const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(a, 23), _mm256_set1_epi32(127));
+  const __m256i mant = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7fffff)),
+                                       _mm256_set1_epi32(0x800000));
+  const __m256i shift = _mm256_min_epi32(_mm256_sub_epi32(_mm256_set1_epi32(23 + kEmin - kMant), e),
+                                         _mm256_set1_epi32(31));
+  __m256i q = _mm256_srlv_epi32(mant, shift);
+  const __m256i srem = _mm256_sub_epi32(mant, _mm256_sllv_epi32(q, shift));
+  const __m256i shalf = _mm256_sllv_epi32(one, _mm256_sub_epi32(shift, one));
+  const __m256i sup = _mm256_or_si256(_mm256_cmpgt_epi32(srem, shalf),
+                                      _mm256_and_si256(_mm256_cmpeq_epi32(srem, shalf),
+                                                       _mm256_cmpeq_epi32(_mm256_and_si256(q, one), one)));
+  q = _mm256_sub_epi32(q, sup);
+  // f32 subnormals and zeros encode to 0.
+  q = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x00800000), a), q);
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(kEmin), e);
+  const __m256i code = _mm256_blendv_epi8(r, q, is_sub);
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  return _mm256_or_si256(code, sign);
+}
+
+template <int kMant, int kBias, uint32_t kMaxCode>
+__attribute__((target("avx2"))) void encode_fp8_run_avx2(const float *x, uint64_t j0, uint64_t j1,
+                                                         float inv, uint8_t *out) {
+  const __m256 vinv = _mm256_set1_ps(inv);
+  uint64_t j = j0;
+  for (; j + 32 <= j1; j += 32) {
+    __m256i c[4];
+    for (int k = 0; k < 4; ++k)
+      c[k] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), vinv));
+    const __m256i a16 = _mm256_packus_epi32(c[0], c[1]), b16 = _mm256_packus_epi32(c[2], c[3]);
+    const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a16, b16),
+                                                  _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), b);
+  }
+  for (; j < j1; ++j) out[j] = fp8_encode<kMant, kBias, kMaxCode>(x[j] * inv);
+}
+
+__attribute__((target("avx2"))) void decode_fp8_run_avx2(const float *table, const uint8_t *in,
+                                                         uint64_t j0, uint64_t j1, float scale,
+                                                         float *x) {
+  const __m256 s = _mm256_set1_ps(scale);
+  uint64_t j = j0;
+  for (; j + 8 <= j1; j += 8) {
+    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j)));
+    _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), s));
+  }
+  for (; j < j1; ++j) x[j] = table[in[j]] * scale;
+}
+#endif
+
+void encode_fp8_run(Dtype dt, const float *x, uint64_t j0, uint64_t j1, float inv, uint8_t *out) {
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && j1 - j0 >= 32) {
+    if (dt == Dtype::FP8_E4M3) return encode_fp8_run_avx2<3, 7, 0x7eu>(x, j0, j1, inv, out);
+    return encode_fp8_run_avx2<2, 15, 0x7bu>(x, j0, j1, inv, out);
+  }
+#endif
+  if (dt == Dtype::FP8_E4M3)
+    for (uint64_t j = j0; j < j1; ++j) out[j] = fp8_e4m3_encode(x[j] * inv);
+  else
+    for (uint64_t j = j0; j < j1; ++j) out[j] = fp8_e5m2_encode(x[j] * inv);
+}
+
+void decode_fp8_run(Dtype dt, const uint8_t *in, uint64_t j0, uint64_t j1, float scale, float *x) {
+  const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && j1 - j0 >= 8) return decode_fp8_run_avx2(t, in, j0, j1, scale, x);
+#endif
+  for (uint64_t j = j0; j < j1; ++j) x[j] = t[in[j]] * scale;
+}
+
 // Encodes one row of d values; element j uses params[j / col_group].
 void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
                 uint64_t col_group, uint8_t *out) {
@@ -252,10 +346,9 @@ void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
   }
   switch (s.dtype) {
     case Dtype::FP8_E4M3:
-      for (uint64_t j = 0; j < d; ++j) out[j] = fp8_e4m3_encode(x[j] * params[j / col_group].inv);
-      break;
     case Dtype::FP8_E5M2:
-      for (uint64_t j = 0; j < d; ++j) out[j] = fp8_e5m2_encode(x[j] * params[j / col_group].inv);
+      for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
+        encode_fp8_run(s.dtype, x, j0, std::min(d, j0 + col_group), params[g].inv, out);
       break;
     default:
       core::convert(x, core::DType::F32, out, static_cast<core::DType>(s.dtype), d);
@@ -272,16 +365,11 @@ void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *para
     return;
   }
   switch (s.dtype) {
-    case Dtype::FP8_E4M3: {
-      const float *t = fp8_e4m3_table();
-      for (uint64_t j = 0; j < d; ++j) x[j] = t[in[j]] * params[j / col_group].scale;
+    case Dtype::FP8_E4M3:
+    case Dtype::FP8_E5M2:
+      for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
+        decode_fp8_run(s.dtype, in, j0, std::min(d, j0 + col_group), params[g].scale, x);
       break;
-    }
-    case Dtype::FP8_E5M2: {
-      const float *t = fp8_e5m2_table();
-      for (uint64_t j = 0; j < d; ++j) x[j] = t[in[j]] * params[j / col_group].scale;
-      break;
-    }
     default:
       core::convert(in, static_cast<core::DType>(s.dtype), x, core::DType::F32, d);
       break;

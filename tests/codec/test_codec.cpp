@@ -391,6 +391,45 @@ static void test_simd_matches_scalar() {
         }
 }
 
+// fp8 through the AVX2 path and the scalar path on the values where the
+// encoding is delicate: every code's value, every midpoint between codes,
+// f32 subnormals, values beyond the largest finite code, random exponents.
+static void test_fp8_simd_edges() {
+  for (Dtype dt : {Dtype::FP8_E4M3, Dtype::FP8_E5M2}) {
+    const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+    std::vector<float> x;
+    for (int c = 0; c < 256; ++c) {
+      if (!std::isfinite(t[c])) continue;
+      x.push_back(t[c]);
+      if (c < 255 && std::isfinite(t[c + 1]) && (c & 0x7f) != 0x7f) x.push_back(0.5f * (t[c] + t[c + 1]));
+    }
+    for (float v : {1e-45f, -1e-40f, 1.1754942e-38f, 3e-39f, 1e30f, -3e38f, 449.0f, 464.0f, 465.0f,
+                    57344.0f, 61440.0f, 61441.0f, -0.0f})
+      x.push_back(v);
+    std::uniform_int_distribution<int> ex(-30, 20);
+    std::uniform_real_distribution<float> m(1.0f, 2.0f);
+    while (x.size() % 32 != 0 || x.size() < 2048) x.push_back(std::ldexp(m(rng), ex(rng)) * ((x.size() & 1) ? -1.0f : 1.0f));
+    Spec s;
+    s.dtype = dt;
+    s.gran = Gran::Tensor;
+    s.static_scale = 1.0;
+    set_force_scalar(true);
+    Quantized a = roundtrip(s, x, x.size() / 32, 32);
+    set_force_scalar(false);
+    Quantized b = roundtrip(s, x, x.size() / 32, 32);
+    CHECK(a.codes == b.codes);
+    CHECK(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4) == 0);
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint8_t expect = dt == Dtype::FP8_E4M3 ? fp8_e4m3_encode(x[i]) : fp8_e5m2_encode(x[i]);
+      if (b.codes[i] != expect) {
+        std::fprintf(stderr, "fp8 %d: x=%g simd %02x scalar %02x\n", int(dt), x[i], b.codes[i], expect);
+        CHECK(false);
+        break;
+      }
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
@@ -398,6 +437,7 @@ int main(int argc, char **argv) {
       {"int4_partial_group", test_int4_partial_group},
       {"rotation_bound", test_rotation_bound}, {"nonfinite", test_nonfinite_rejected},
       {"byte_layout", test_byte_layout},      {"simd_matches_scalar", test_simd_matches_scalar},
+      {"fp8_simd_edges", test_fp8_simd_edges},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)
