@@ -591,9 +591,44 @@ void validate(const Spec &s, uint64_t d) {
   }
 }
 
+#ifdef KVC_CODEC_X86
+namespace {
+// The same butterflies as the scalar loop, in registers for h = 1, 2, 4
+// (lane permutes) and on whole vectors for h >= 8: each output is the same
+// a + b or a - b of the same operands, so the result is identical.
+__attribute__((target("avx2"))) void hadamard_avx2(float *x, uint64_t d, uint32_t block, float norm) {
+  const __m256 vn = _mm256_set1_ps(norm);
+  for (uint64_t base = 0; base < d; base += block) {
+    float *v = x + base;
+    for (uint32_t j = 0; j < block; j += 8) {
+      __m256 y = _mm256_loadu_ps(v + j);
+      __m256 t = _mm256_permute_ps(y, 0xb1);  // h = 1: [x1 x0 x3 x2 ...]
+      y = _mm256_blend_ps(_mm256_add_ps(y, t), _mm256_sub_ps(t, y), 0xaa);
+      t = _mm256_permute_ps(y, 0x4e);  // h = 2: [x2 x3 x0 x1 ...]
+      y = _mm256_blend_ps(_mm256_add_ps(y, t), _mm256_sub_ps(t, y), 0xcc);
+      t = _mm256_permute2f128_ps(y, y, 1);  // h = 4: swap the 128-bit halves
+      y = _mm256_blend_ps(_mm256_add_ps(y, t), _mm256_sub_ps(t, y), 0xf0);
+      _mm256_storeu_ps(v + j, y);
+    }
+    for (uint32_t h = 8; h < block; h *= 2)
+      for (uint32_t i = 0; i < block; i += 2 * h)
+        for (uint32_t j = i; j < i + h; j += 8) {
+          const __m256 a = _mm256_loadu_ps(v + j), b = _mm256_loadu_ps(v + j + h);
+          _mm256_storeu_ps(v + j, _mm256_add_ps(a, b));
+          _mm256_storeu_ps(v + j + h, _mm256_sub_ps(a, b));
+        }
+    for (uint32_t j = 0; j < block; j += 8) _mm256_storeu_ps(v + j, _mm256_mul_ps(_mm256_loadu_ps(v + j), vn));
+  }
+}
+}  // namespace
+#endif
+
 void hadamard(float *x, uint64_t d, uint32_t block) {
   if (block <= 1) return;
   const float norm = 1.0f / std::sqrt(static_cast<float>(block));
+#ifdef KVC_CODEC_X86
+  if (block >= 8 && use_avx2()) return hadamard_avx2(x, d, block, norm);
+#endif
   for (uint64_t base = 0; base < d; base += block) {
     float *v = x + base;
     for (uint32_t h = 1; h < block; h *= 2)

@@ -430,6 +430,18 @@ static void test_fp8_simd_edges() {
   }
 }
 
+// The AVX2 Walsh-Hadamard transform equals the scalar one bit for bit.
+static void test_hadamard_simd() {
+  for (uint32_t block : {8u, 16u, 32u, 64u, 128u, 256u, 1024u}) {
+    std::vector<float> x = gaussian(3 * block, 3.0f), y = x;
+    set_force_scalar(true);
+    hadamard(x.data(), x.size(), block);
+    set_force_scalar(false);
+    hadamard(y.data(), y.size(), block);
+    CHECK(std::memcmp(x.data(), y.data(), x.size() * 4) == 0);
+  }
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
@@ -437,7 +449,7 @@ int main(int argc, char **argv) {
       {"int4_partial_group", test_int4_partial_group},
       {"rotation_bound", test_rotation_bound}, {"nonfinite", test_nonfinite_rejected},
       {"byte_layout", test_byte_layout},      {"simd_matches_scalar", test_simd_matches_scalar},
-      {"fp8_simd_edges", test_fp8_simd_edges},
+      {"fp8_simd_edges", test_fp8_simd_edges},     {"hadamard_simd", test_hadamard_simd},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)
