@@ -39,8 +39,6 @@ BlockDiv block_div(uint64_t v) {
 }
 inline uint64_t operator/(uint64_t x, BlockDiv d) { return d.shift < 64 ? x >> d.shift : x / d.v; }
 inline uint64_t operator%(uint64_t x, BlockDiv d) { return d.shift < 64 ? x & (d.v - 1) : x % d.v; }
-inline uint64_t operator/(uint32_t x, BlockDiv d) { return uint64_t(x) / d; }
-inline uint64_t operator%(uint32_t x, BlockDiv d) { return uint64_t(x) % d; }
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
 
