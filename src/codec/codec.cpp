@@ -163,16 +163,22 @@ __attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, boo
   uint64_t j = j0;
   // Vector part: 32 values at a time, starting on a byte boundary of the codes.
   const uint64_t per_byte = 8 / f.bits;
-  if (f.bits == 2 || j % per_byte != 0) return encode_int_run_scalar(f, asym, x, j0, j1, p, out);
+  if (j % per_byte != 0) return encode_int_run_scalar(f, asym, x, j0, j1, p, out);
   for (; j + 32 <= j1; j += 32) {
     const __m256i c = codes32_avx2(x + j, inv, z, asym, lo, hi, off, f.bits == 8 && !asym);
     if (f.bits == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
-    } else {  // int4: pairs of bytes -> one byte, low nibble first
+    } else if (f.bits == 4) {  // int4: pairs of bytes -> one byte, low nibble first
       const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
                                           _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
       _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+    } else {  // int2: four bytes -> one byte, c0 | c1 << 2 | c2 << 4 | c3 << 6
+      const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));    // c0 + 4 c1
+      const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));  // + 16 (c2 + 4 c3)
+      const __m256i b8 = _mm256_packus_epi16(_mm256_packus_epi32(w32, w32), _mm256_setzero_si256());
+      const __m256i lanes = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+      _mm_storel_epi64(reinterpret_cast<__m128i *>(out + j / 4), _mm256_castsi256_si128(lanes));
     }
   }
   encode_int_run_scalar(f, asym, x, j, j1, p, out);
@@ -183,13 +189,25 @@ __attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, boo
                                                          uint64_t j1, const Params &p, float *x) {
   const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
   uint64_t j = j0;
-  if (f.bits == 2 || j % (8 / f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
+  if (j % (8 / f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
   if (f.bits == 8) {
     for (; j + 8 <= j1; j += 8) {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
       const __m256i q = asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
       const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
       _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(v, z) : v);
+    }
+  } else if (f.bits == 2) {
+    const __m256i off = _mm256_set1_epi32(f.off);
+    for (; j + 8 <= j1; j += 8) {
+      uint16_t w;
+      std::memcpy(&w, in + j / 4, 2);
+      // Spread 8 two-bit codes over 8 lanes: lane i gets bits 2i..2i+1.
+      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+      const __m256i q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
+      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
+      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, z) : r);
     }
   } else {
     const __m256i off = _mm256_set1_epi32(f.off);
