@@ -915,9 +915,67 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
   encode(s, x, n, d, codes, scales, zeros);
 }
 
+#ifdef KVC_CODEC_X86
+namespace {
+// Symmetric int8 / int4 per row or per group straight to f16 or f32 output:
+// q * scale in f32, then (for f16) the F16C conversion with round half to
+// even: the scalar path's operations, in one pass.
+template <bool Half, int Bits>
+__attribute__((target("avx2,f16c"))) void dequantize_sym_fast(const Spec &s, const uint8_t *codes,
+                                                              const uint8_t *scales, uint64_t n,
+                                                              uint64_t d, void *dst) {
+  const uint64_t g = s.gran == Gran::Token ? d : s.group, ng = d / g;
+  const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint8_t *in = codes + r * rb;
+    for (uint64_t gi = 0; gi < ng; ++gi) {
+      float sc;
+      if (s.scale_dtype == Dtype::F32) std::memcpy(&sc, scales + (r * ng + gi) * sb, 4);
+      else sc = load_scale(scales + (r * ng + gi) * sb, s.scale_dtype);
+      const __m256 vs = _mm256_set1_ps(sc);
+      for (uint64_t j = gi * g; j < (gi + 1) * g; j += 8) {
+        __m256i q;
+        if constexpr (Bits == 8) {
+          q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j)));
+        } else {
+          uint32_t w;
+          std::memcpy(&w, in + j / 2, 4);
+          const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+          q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), _mm256_set1_epi32(8));
+        }
+        const __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs);
+        if constexpr (Half)
+          _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(dst) + r * d + j),
+                           _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        else
+          _mm256_storeu_ps(static_cast<float *>(dst) + r * d + j, x);
+      }
+    }
+  }
+}
+}  // namespace
+#endif
+
 void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
                 uint64_t n, uint64_t d, void *dst, core::DType dst_type) {
   const uint64_t esz = core::dtype_bytes(dst_type);
+#ifdef KVC_CODEC_X86
+  const bool fast_shape = (s.gran == Gran::Token && d % 8 == 0) ||
+                          (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0);
+  if (use_avx2() && core::convert_has_simd() && fast_shape && !s.asym && !s.rotation_block &&
+      (s.dtype == Dtype::INT8 || s.dtype == Dtype::INT4) &&
+      (dst_type == core::DType::F16 || dst_type == core::DType::F32)) {
+    const bool half = dst_type == core::DType::F16;
+    if (s.dtype == Dtype::INT8)
+      half ? dequantize_sym_fast<true, 8>(s, codes, scales, n, d, dst)
+           : dequantize_sym_fast<false, 8>(s, codes, scales, n, d, dst);
+    else
+      half ? dequantize_sym_fast<true, 4>(s, codes, scales, n, d, dst)
+           : dequantize_sym_fast<false, 4>(s, codes, scales, n, d, dst);
+    return;
+  }
+#endif
   if (dst_type == core::DType::F32 && !s.rotation_block) {
     decode(s, codes, scales, zeros, n, d, static_cast<float *>(dst));
     return;

@@ -430,6 +430,28 @@ static void test_fp8_simd_edges() {
   }
 }
 
+// Dequantizing to f16 (the fused AVX2 path) equals the scalar path's bytes.
+static void test_dequant_f16_simd() {
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4})
+    for (Gran g : {Gran::Token, Gran::Group})
+      for (Dtype sd : {Dtype::F32, Dtype::F16}) {
+        Spec s;
+        s.dtype = dt;
+        s.gran = g;
+        s.group = 16;
+        s.scale_dtype = sd;
+        const uint64_t n = 9, d = 64;
+        std::vector<float> x = gaussian(n * d, 3.0f);
+        Quantized q = roundtrip(s, x, n, d);
+        std::vector<uint16_t> a(n * d), b(n * d);
+        set_force_scalar(true);
+        dequantize(s, q.codes.data(), q.scales.data(), nullptr, n, d, a.data(), kvc::core::DType::F16);
+        set_force_scalar(false);
+        dequantize(s, q.codes.data(), q.scales.data(), nullptr, n, d, b.data(), kvc::core::DType::F16);
+        CHECK(a == b);
+      }
+}
+
 // The AVX2 Walsh-Hadamard transform equals the scalar one bit for bit.
 static void test_hadamard_simd() {
   for (uint32_t block : {8u, 16u, 32u, 64u, 128u, 256u, 1024u}) {
@@ -450,6 +472,7 @@ int main(int argc, char **argv) {
       {"rotation_bound", test_rotation_bound}, {"nonfinite", test_nonfinite_rejected},
       {"byte_layout", test_byte_layout},      {"simd_matches_scalar", test_simd_matches_scalar},
       {"fp8_simd_edges", test_fp8_simd_edges},     {"hadamard_simd", test_hadamard_simd},
+      {"dequant_f16_simd", test_dequant_f16_simd},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)
