@@ -43,7 +43,7 @@ float fp8_max(Dtype d) { return d == Dtype::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max
 // the smallest normal float (so 1 / scale stays finite: a group of tiny
 // values still quantizes within half a step instead of giving 0 * Inf), and
 // rounded up to the scale dtype (so no value of the group is clipped by it).
-Params make_params(const Spec &s, float lo, float hi) {
+__attribute__((always_inline)) inline Params make_params(const Spec &s, float lo, float hi) {
   Params p;
   if (s.static_scale > 0.0) {
     // The scale as stored (rounded to the scale dtype), so encoding and
@@ -843,14 +843,7 @@ __attribute__((target("avx2,f16c"))) void quantize_sym_fast(const Spec &s, const
       _mm256_storeu_ps(lanes, m);
       float a = lanes[0];
       for (int k = 1; k < 8; ++k) a = lanes[k] > a ? lanes[k] : a;
-      Params p;
-      if (a > 0.0f) {  // make_params' arithmetic, for the symmetric case
-        const double raw = static_cast<double>(a) / (f.bits == 8 ? 127 : 7);
-        const float fl = std::max(static_cast<float>(raw), std::numeric_limits<float>::min());
-        const float up = static_cast<double>(fl) < raw ? core::bits_f32(core::f32_bits(fl) + 1) : fl;
-        p.scale = s.scale_dtype == Dtype::F16 ? round_scale_up(up, Dtype::F16) : up;
-        p.inv = 1.0f / p.scale;
-      }
+      const Params p = make_params(s, -a, a);  // inlined: no call out of AVX code per group
       if (s.scale_dtype == Dtype::F32) std::memcpy(scales + (r * ng + gi) * 4, &p.scale, 4);
       else store_scale(scales + (r * ng + gi) * sb, s.scale_dtype, p.scale);
       const __m256 inv = _mm256_set1_ps(p.inv);
