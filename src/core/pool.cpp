@@ -456,11 +456,7 @@ PoolStats Pool::stats() const {
   s.residual_blocks_total = res_alloc_.num_blocks();
   s.residual_blocks_used = res_alloc_.num_used();
   s.residual_bytes_per_block = res_stride_;
-  uint64_t tokens = 0;
-  seqs_.for_each([&](uint64_t, const Sequence &q) {
-    for (const LayerTable &l : q.layers) tokens += l.n_tokens;
-  });
-  s.tokens_stored = tokens;
+  s.tokens_stored = tokens_stored_;
   return s;
 }
 
@@ -505,6 +501,7 @@ void Pool::seq_fork(uint64_t parent, uint64_t child) {
   auto c = std::make_unique<Sequence>(p);  // may throw: nothing changed yet
   Sequence *cp = seqs_.insert(child, std::move(c));  // may throw: nothing changed yet
   for (const LayerTable &l : cp->layers) {
+    tokens_stored_ += l.n_tokens;
     for (int32_t b : l.blocks) alloc_.ref(b);
     for (int32_t b : l.res_blocks) res_alloc_.ref(b);
   }
@@ -581,6 +578,7 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
         l.blocks.pop_back();
       }
     }
+    tokens_stored_ -= l.n_tokens - keep;
     l.n_tokens = keep;
   }
   s.length = new_length;
@@ -592,6 +590,7 @@ void Pool::seq_free(uint64_t id) {
   Sequence *s = seqs_.find(id);
   if (!s) fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist (freed twice?)");
   for (const LayerTable &l : s->layers) {
+    tokens_stored_ -= l.n_tokens;
     for (int32_t b : l.blocks) release_block(b);
     for (int32_t b : l.res_blocks) release_res(b);
   }
@@ -648,6 +647,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
         }
       }
       l.n_tokens += n_new;
+      tokens_stored_ += n_new;
       l.n_lp = l.n_tokens;
     }
     s.length += n_new;
@@ -723,6 +723,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       }
     }
     l.n_tokens += n_new;
+    tokens_stored_ += n_new;
   }
   s.length += n_new;
   note_usage();
@@ -1088,10 +1089,13 @@ std::string Pool::check_invariants() const {
   err = res_alloc_.check();
   if (!err.empty()) return "residual: " + err;
   std::vector<uint64_t> refs(alloc_.num_blocks(), 0), res_refs(res_alloc_.num_blocks(), 0);
+  uint64_t tokens = 0;
   seqs_.for_each([&](uint64_t id, const Sequence &s) {
     if (err.empty()) err = check_sequence(id, s, refs, res_refs);
+    for (const LayerTable &l : s.layers) tokens += l.n_tokens;
   });
   if (!err.empty()) return err;
+  if (tokens != tokens_stored_) return "tokens_stored counter disagrees with the block tables";
   for (size_t b = 0; b < res_refs.size(); ++b)
     if (res_refs[b] != res_alloc_.refcount(static_cast<int32_t>(b)))
       return "residual block " + u64s(b) + ": reference count disagrees with the block tables";

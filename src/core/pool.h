@@ -202,6 +202,7 @@ class Pool {
   BlockAllocator res_alloc_;
   SeqMap<Sequence> seqs_;
   uint64_t peak_bytes_ = 0;
+  uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
   uint32_t unit_ = 1;  // tokens encoded together when aging (per-channel group size)
   mutable RwLock mu_;
 };
