@@ -54,6 +54,8 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     p.inv = 1.0f / p.scale;
     return p;
   }
+  lo += 0.0f;  // -0 -> +0: every path (any min/max order) gets the same zero point
+  hi += 0.0f;
   double raw;
   if (is_int(s.dtype) && s.asym) {
     // q * scale + zero must stay finite: asymmetric codes cover at most
@@ -132,40 +134,43 @@ void decode_int_run_scalar(const IntFormat &f, bool asym, const uint8_t *in, uin
 
 #if defined(__x86_64__)
 #define KVC_CODEC_X86 1
-__attribute__((target("avx2"))) inline __m256i quant8_avx2(const float *x, __m256 inv, __m256 z,
-                                                             bool asym, __m256 lo, __m256 hi) {
+// Clamped to the code range, then converted with the current rounding mode
+// (round half to even, as std::nearbyint in the scalar reference).
+template <bool Asym>
+__attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(const float *x, __m256 inv,
+                                                                           __m256 z, __m256 lo, __m256 hi) {
   __m256 y = _mm256_loadu_ps(x);
-  y = asym ? _mm256_mul_ps(_mm256_sub_ps(y, z), inv) : _mm256_mul_ps(y, inv);
+  y = Asym ? _mm256_mul_ps(_mm256_sub_ps(y, z), inv) : _mm256_mul_ps(y, inv);
   y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
-  y = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   return _mm256_cvtps_epi32(y);
 }
 
 // 32 values -> 32 byte codes (code = q + off, q already clamped), in order.
-__attribute__((target("avx2"))) inline __m256i codes32_avx2(const float *x, __m256 inv, __m256 z,
-                                                              bool asym, __m256 lo, __m256 hi,
-                                                              __m256i off, bool is_signed) {
-  const __m256i q0 = _mm256_add_epi32(quant8_avx2(x, inv, z, asym, lo, hi), off);
-  const __m256i q1 = _mm256_add_epi32(quant8_avx2(x + 8, inv, z, asym, lo, hi), off);
-  const __m256i q2 = _mm256_add_epi32(quant8_avx2(x + 16, inv, z, asym, lo, hi), off);
-  const __m256i q3 = _mm256_add_epi32(quant8_avx2(x + 24, inv, z, asym, lo, hi), off);
+template <bool Asym>
+__attribute__((target("avx2"), always_inline)) inline __m256i codes32_avx2(const float *x, __m256 inv,
+                                                                            __m256 z, __m256 lo, __m256 hi,
+                                                                            __m256i off, bool is_signed) {
+  const __m256i q0 = _mm256_add_epi32(quant8_avx2<Asym>(x, inv, z, lo, hi), off);
+  const __m256i q1 = _mm256_add_epi32(quant8_avx2<Asym>(x + 8, inv, z, lo, hi), off);
+  const __m256i q2 = _mm256_add_epi32(quant8_avx2<Asym>(x + 16, inv, z, lo, hi), off);
+  const __m256i q3 = _mm256_add_epi32(quant8_avx2<Asym>(x + 24, inv, z, lo, hi), off);
   const __m256i a = _mm256_packs_epi32(q0, q1), b = _mm256_packs_epi32(q2, q3);
   const __m256i c = is_signed ? _mm256_packs_epi16(a, b) : _mm256_packus_epi16(a, b);
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-__attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, bool asym,
-                                                         const float *x, uint64_t j0, uint64_t j1,
-                                                         const Params &p, uint8_t *out) {
+template <bool Asym>
+__attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, const float *x, uint64_t j0,
+                                                         uint64_t j1, const Params &p, uint8_t *out) {
   const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
   const __m256i off = _mm256_set1_epi32(f.off);
   uint64_t j = j0;
   // Vector part: 32 values at a time, starting on a byte boundary of the codes.
   const uint64_t per_byte = 8 / f.bits;
-  if (j % per_byte != 0) return encode_int_run_scalar(f, asym, x, j0, j1, p, out);
+  if (j % per_byte != 0) return encode_int_run_scalar(f, Asym, x, j0, j1, p, out);
   for (; j + 32 <= j1; j += 32) {
-    const __m256i c = codes32_avx2(x + j, inv, z, asym, lo, hi, off, f.bits == 8 && !asym);
+    const __m256i c = codes32_avx2<Asym>(x + j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
     if (f.bits == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
     } else if (f.bits == 4) {  // int4: pairs of bytes -> one byte, low nibble first
@@ -181,7 +186,7 @@ __attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, boo
       _mm_storel_epi64(reinterpret_cast<__m128i *>(out + j / 4), _mm256_castsi256_si128(lanes));
     }
   }
-  encode_int_run_scalar(f, asym, x, j, j1, p, out);
+  encode_int_run_scalar(f, Asym, x, j, j1, p, out);
 }
 
 __attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, bool asym,
@@ -245,7 +250,8 @@ inline bool use_avx2() {
 void encode_int_run(const IntFormat &f, bool asym, const float *x, uint64_t j0, uint64_t j1,
                     const Params &p, uint8_t *out) {
 #ifdef KVC_CODEC_X86
-  if (use_avx2() && j1 - j0 >= 32) return encode_int_run_avx2(f, asym, x, j0, j1, p, out);
+  if (use_avx2() && j1 - j0 >= 32)
+    return asym ? encode_int_run_avx2<true>(f, x, j0, j1, p, out) : encode_int_run_avx2<false>(f, x, j0, j1, p, out);
 #endif
   encode_int_run_scalar(f, asym, x, j0, j1, p, out);
 }
@@ -819,52 +825,87 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const ui
   else return _mm256_loadu_ps(reinterpret_cast<const float *>(row) + j);
 }
 
-// Symmetric int8 / int4 with per-row or per-group scales, straight from f16
-// or f32 input: one pass for the absmax, one that converts, scales, rounds,
-// packs and stores, with the row in L1 in between. The same operations as
-// the scalar reference (convert, min/max, multiply by 1/scale, clamp, round
-// half to even), so the codes are identical.
-template <bool half>
-__attribute__((target("avx2,f16c"))) void quantize_sym_fast(const Spec &s, const void *src, uint64_t n,
-                                                            uint64_t d, uint8_t *codes, uint8_t *scales) {
-  const uint64_t g = s.gran == Gran::Token ? d : s.group, ng = d / g;
-  const uint64_t esz = half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
-  const IntFormat f = int_format(s.dtype, false);
-  const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
-  const __m256i off = _mm256_set1_epi32(f.off);
+// Horizontal min and max of 8 lanes (exact in any order).
+__attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m256 b, float *lo, float *hi) {
+  __m128 l = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  l = _mm_min_ps(l, _mm_movehl_ps(l, l));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  l = _mm_min_ss(l, _mm_shuffle_ps(l, l, 1));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  *lo = _mm_cvtss_f32(l);
+  *hi = _mm_cvtss_f32(h);
+}
+
+// Every integer and fp8 codec with per-token, per-group or static
+// per-tensor scales, straight from f16 or f32 input, row by row: one pass
+// converts the row into an L1 buffer while taking each group's min and max
+// (after the rotation when there is one), then the run kernels encode each
+// group from the buffer. The same operations as the scalar reference, so the
+// codes, scales and zero points are identical bit for bit.
+template <bool Half>
+__attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const void *src, uint64_t n,
+                                                       uint64_t d, uint8_t *codes, uint8_t *scales,
+                                                       uint8_t *zeros, float *buf) {
+  const bool fixed = s.gran == Gran::Tensor;  // static scale (checked by the caller)
+  const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
+  const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+  const bool integer = is_int(s.dtype);
+  const IntFormat f = int_format(s.dtype, s.asym);
+  const Params fixed_p = fixed ? make_params(s, 0.0f, 0.0f) : Params{};
+  if (fixed) {
+    store_scale(scales, s.scale_dtype, fixed_p.scale);
+    if (s.asym && zeros) store_scale(zeros, s.scale_dtype, fixed_p.zero);
+  }
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *row = static_cast<const uint8_t *>(src) + r * d * esz;
     uint8_t *out = codes + r * rb;
+    if (f.bits < 8 && integer) std::memset(out, 0, rb);
+    const bool rotate = s.rotation_block != 0;
+    if (rotate || fixed) {
+      for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(buf + j, load8<Half>(row, j));
+      if (rotate) hadamard(buf, d, s.rotation_block);
+    }
     for (uint64_t gi = 0; gi < ng; ++gi) {
-      const uint64_t j0 = gi * g;
-      __m256 m = _mm256_setzero_ps();
-      for (uint64_t j = j0; j < j0 + g; j += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, load8<half>(row, j)));
-      float lanes[8];
-      _mm256_storeu_ps(lanes, m);
-      float a = lanes[0];
-      for (int k = 1; k < 8; ++k) a = lanes[k] > a ? lanes[k] : a;
-      const Params p = make_params(s, -a, a);  // inlined: no call out of AVX code per group
-      if (s.scale_dtype == Dtype::F32) std::memcpy(scales + (r * ng + gi) * 4, &p.scale, 4);
-      else store_scale(scales + (r * ng + gi) * sb, s.scale_dtype, p.scale);
-      const __m256 inv = _mm256_set1_ps(p.inv);
-      for (uint64_t j = j0; j < j0 + g; j += 32) {
-        __m256i q[4];
-        for (int k = 0; k < 4; ++k) {
-          __m256 y = _mm256_mul_ps(load8<half>(row, j + 8 * k), inv);
-          y = _mm256_round_ps(_mm256_min_ps(_mm256_max_ps(y, lo), hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          q[k] = _mm256_add_epi32(_mm256_cvtps_epi32(y), off);
+      const uint64_t j0 = gi * g, j1 = j0 + g;
+      Params p = fixed_p;
+      if (!fixed) {
+        __m256 lo0 = _mm256_set1_ps(std::numeric_limits<float>::infinity()), lo1 = lo0;
+        __m256 hi0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), hi1 = hi0;
+        uint64_t j = j0;
+        for (; j + 16 <= j1; j += 16) {
+          const __m256 a = rotate ? _mm256_loadu_ps(buf + j) : load8<Half>(row, j);
+          const __m256 b = rotate ? _mm256_loadu_ps(buf + j + 8) : load8<Half>(row, j + 8);
+          if (!rotate) {
+            _mm256_storeu_ps(buf + j, a);
+            _mm256_storeu_ps(buf + j + 8, b);
+          }
+          lo0 = _mm256_min_ps(lo0, a);
+          hi0 = _mm256_max_ps(hi0, a);
+          lo1 = _mm256_min_ps(lo1, b);
+          hi1 = _mm256_max_ps(hi1, b);
         }
-        const __m256i a16 = _mm256_packs_epi32(q[0], q[1]), b16 = _mm256_packs_epi32(q[2], q[3]);
-        const __m256i c = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(a16, b16),
-                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        if (f.bits == 8) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
-        } else {  // codes 1..15 fit in a signed byte: pack pairs of bytes into nibbles
-          const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
-                                              _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
-          const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
-          _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+        if (j < j1) {
+          const __m256 a = rotate ? _mm256_loadu_ps(buf + j) : load8<Half>(row, j);
+          if (!rotate) _mm256_storeu_ps(buf + j, a);
+          lo0 = _mm256_min_ps(lo0, a);
+          hi0 = _mm256_max_ps(hi0, a);
         }
+        float lo, hi;
+        hminmax(_mm256_min_ps(lo0, lo1), _mm256_max_ps(hi0, hi1), &lo, &hi);
+        p = make_params(s, lo, hi);  // inlined: no call out of AVX code per group
+        const uint64_t idx = r * ng + gi;
+        if (s.scale_dtype == Dtype::F32) std::memcpy(scales + idx * 4, &p.scale, 4);
+        else store_scale(scales + idx * sb, s.scale_dtype, p.scale);
+        if (s.asym && zeros) store_scale(zeros + idx * sb, s.scale_dtype, p.zero);
+      }
+      if (integer) {
+        if (s.asym) encode_int_run_avx2<true>(f, buf, j0, j1, p, out);
+        else encode_int_run_avx2<false>(f, buf, j0, j1, p, out);
+      } else if (s.dtype == Dtype::FP8_E4M3) {
+        encode_fp8_run_avx2<3, 7, 0x7eu>(buf, j0, j1, p.inv, out);
+      } else {
+        encode_fp8_run_avx2<2, 15, 0x7bu>(buf, j0, j1, p.inv, out);
       }
     }
   }
@@ -877,13 +918,16 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
   check_finite_raw(src, src_type, n * d);  // before anything is written
   const uint64_t esz = core::dtype_bytes(src_type);
 #ifdef KVC_CODEC_X86
-  const bool fast_shape = (s.gran == Gran::Token && d % 32 == 0) ||
-                          (s.gran == Gran::Group && s.group % 32 == 0 && d % s.group == 0);
-  if (use_avx2() && core::convert_has_simd() && fast_shape && !s.asym && !s.rotation_block &&
-      s.static_scale == 0.0 && (s.dtype == Dtype::INT8 || s.dtype == Dtype::INT4) &&
+  // Fused path: groups of whole 8-value vectors (per-channel scales and
+  // dynamic per-tensor scales need statistics over rows: general path).
+  const bool fast_shape = d % 8 == 0 && d > 0 &&
+                          (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
+                           (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  if (use_avx2() && core::convert_has_simd() && fast_shape && (is_int(s.dtype) || is_fp8(s.dtype)) &&
       (src_type == core::DType::F16 || src_type == core::DType::F32)) {
-    if (src_type == core::DType::F16) quantize_sym_fast<true>(s, src, n, d, codes, scales);
-    else quantize_sym_fast<false>(s, src, n, d, codes, scales);
+    float *buf = scratch_floats(d);
+    if (src_type == core::DType::F16) quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
+    else quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf);
     return;
   }
 #endif

@@ -391,6 +391,49 @@ static void test_simd_matches_scalar() {
         }
 }
 
+// The fused quantize path (f16 or f32 input, rotation, static scales, f16
+// scales) gives the scalar path's codes, scales and zero points bit for bit.
+static void test_fused_quantize_matches_scalar() {
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+    for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group})
+      for (bool asym : {false, true})
+        for (uint32_t rot : {0u, 8u})
+          for (Dtype sd : {Dtype::F32, Dtype::F16})
+            for (kvc::core::DType in : {kvc::core::DType::F32, kvc::core::DType::F16})
+              for (uint64_t d : {8ull, 24ull, 64ull, 128ull}) {
+                if (asym && is_fp8(dt)) continue;
+                Spec s;
+                s.dtype = dt;
+                s.gran = g;
+                s.asym = asym;
+                s.scale_dtype = sd;
+                s.rotation_block = rot;
+                s.group = d % 16 == 0 ? 16 : 8;
+                if (g == Gran::Tensor) s.static_scale = 0.37;
+                const uint64_t n = 7;
+                std::vector<float> x = gaussian(n * d, 2.0f, asym ? 0.5f : 0.0f);
+                x[3] = 0.0f;
+                for (uint64_t i = 0; i < x.size(); i += 13) x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
+                std::vector<uint16_t> h(x.size());
+                kvc::core::convert(x.data(), kvc::core::DType::F32, h.data(), kvc::core::DType::F16, x.size());
+                const void *src = in == kvc::core::DType::F16 ? static_cast<const void *>(h.data()) : x.data();
+                Quantized a, b;
+                for (Quantized *q : {&a, &b}) {
+                  q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+                  q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+                  q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
+                  set_force_scalar(q == &a);
+                  quantize(s, src, in, n, d, q->codes.data(), q->scales.data(), q->zeros.data());
+                }
+                set_force_scalar(false);
+                const bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
+                if (!same)
+                  std::fprintf(stderr, "fused quantize differs: dtype %d gran %d asym %d rot %u scale %d in %d d %llu\n",
+                               int(dt), int(g), int(asym), rot, int(sd), int(in), (unsigned long long)d);
+                CHECK(same);
+              }
+}
+
 // fp8 through the AVX2 path and the scalar path on the values where the
 // encoding is delicate: every code's value, every midpoint between codes,
 // f32 subnormals, values beyond the largest finite code, random exponents.
@@ -473,6 +516,7 @@ int main(int argc, char **argv) {
       {"byte_layout", test_byte_layout},      {"simd_matches_scalar", test_simd_matches_scalar},
       {"fp8_simd_edges", test_fp8_simd_edges},     {"hadamard_simd", test_hadamard_simd},
       {"dequant_f16_simd", test_dequant_f16_simd},
+      {"fused_quantize", test_fused_quantize_matches_scalar},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)
