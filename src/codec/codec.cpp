@@ -267,41 +267,26 @@ void decode_int_run(const IntFormat &f, bool asym, const uint8_t *in, uint64_t j
 // ---- fp8 run kernels -------------------------------------------------------
 #ifdef KVC_CODEC_X86
 // 8 floats -> 8 fp8 codes (in the low byte of each 32-bit lane), bit for bit
-// what fp8_encode<kMant, kBias, kMaxCode> gives: normal results by rebiasing
-// the exponent and rounding the mantissa half to even, subnormal results by a
-// per-lane variable shift, saturation at the largest finite code.
+// what fp8_encode<kMant, kBias, kMaxCode> gives. Normal results: rebias the
+// exponent and round the mantissa half to even in the integer domain (a carry
+// into the exponent is the correct next binade), saturating at the largest
+// finite code. Subnormal results (|x| below the smallest normal) are the
+// multiple of the subnormal step nearest to |x|: |x| / step is exact (a power
+// of two) and the conversion rounds half to even, and the boundary case
+// rounds to the smallest normal code, whose bits are the same integer.
 template <int kMant, int kBias, uint32_t kMaxCode>
 __attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode8(__m256 v) {
   const __m256i u = _mm256_castps_si256(v);
   const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  const __m256i one = _mm256_set1_epi32(1);
   constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
-  // Normal: rebias, round off kDrop bits half to even, saturate.
   __m256i r = _mm256_sub_epi32(a, _mm256_set1_epi32((127 - kBias) << 23));
-  const __m256i rem = _mm256_and_si256(r, _mm256_set1_epi32((1 << kDrop) - 1));
-  r = _mm256_srli_epi32(r, kDrop);
-  const __m256i half = _mm256_set1_epi32(1 << (kDrop - 1));
-  __m256i up = _mm256_or_si256(_mm256_cmpgt_epi32(rem, half),
-                               _mm256_and_si256(_mm256_cmpeq_epi32(rem, half),
-                                                _mm256_cmpeq_epi32(_mm256_and_si256(r, one), one)));
-  r = _mm256_sub_epi32(r, up);  // up is -1 where rounding up
-  r = _mm256_min_epu32(r, _mm256_set1_epi32(kMaxCode));
-  // Subnormal: q = mant24 >> shift, shift = 23 + kEmin - kMant - e (clamped to 31).
-  const __m256i e = _mm256_sub_epi32(_mm256_srli_epi32(a, 23), _mm256_set1_epi32(127));
-  const __m256i mant = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0x7fffff)),
-                                       _mm256_set1_epi32(0x800000));
-  const __m256i shift = _mm256_min_epi32(_mm256_sub_epi32(_mm256_set1_epi32(23 + kEmin - kMant), e),
-                                         _mm256_set1_epi32(31));
-  __m256i q = _mm256_srlv_epi32(mant, shift);
-  const __m256i srem = _mm256_sub_epi32(mant, _mm256_sllv_epi32(q, shift));
-  const __m256i shalf = _mm256_sllv_epi32(one, _mm256_sub_epi32(shift, one));
-  const __m256i sup = _mm256_or_si256(_mm256_cmpgt_epi32(srem, shalf),
-                                      _mm256_and_si256(_mm256_cmpeq_epi32(srem, shalf),
-                                                       _mm256_cmpeq_epi32(_mm256_and_si256(q, one), one)));
-  q = _mm256_sub_epi32(q, sup);
-  // f32 subnormals and zeros encode to 0.
-  q = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(0x00800000), a), q);
-  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(kEmin), e);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(r, kDrop), _mm256_set1_epi32(1));
+  r = _mm256_add_epi32(r, _mm256_add_epi32(odd, _mm256_set1_epi32((1 << (kDrop - 1)) - 1)));
+  r = _mm256_min_epu32(_mm256_srli_epi32(r, kDrop), _mm256_set1_epi32(kMaxCode));
+  // step = 2^(kEmin - kMant): multiply by its inverse (exact), round to even.
+  const __m256 inv_step = _mm256_castsi256_ps(_mm256_set1_epi32((127 - kEmin + kMant) << 23));
+  const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), inv_step));
+  const __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((127 + kEmin) << 23), a);
   const __m256i code = _mm256_blendv_epi8(r, q, is_sub);
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
   return _mm256_or_si256(code, sign);
