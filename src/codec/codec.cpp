@@ -823,11 +823,15 @@ __attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m
 }
 
 // Every integer and fp8 codec with per-token, per-group or static
-// per-tensor scales, straight from f16 or f32 input, row by row: one pass
-// converts the row into an L1 buffer while taking each group's min and max
-// (after the rotation when there is one), then the run kernels encode each
-// group from the buffer. The same operations as the scalar reference, so the
-// codes, scales and zero points are identical bit for bit.
+// per-tensor scales, straight from f16 or f32 input, a chunk of rows at a
+// time: one pass converts the rows into an L1 buffer while taking each
+// group's min and max (after the rotation when there is one); then the
+// parameters of all the chunk's groups (independent scalar work that the CPU
+// overlaps); then the run kernels encode each group from the buffer. The same
+// operations as the scalar reference, so the codes, scales and zero points
+// are identical bit for bit.
+constexpr uint64_t kChunkFloats = 2048;
+
 template <bool Half>
 __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const void *src, uint64_t n,
                                                        uint64_t d, uint8_t *codes, uint8_t *scales,
@@ -835,35 +839,38 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
   const bool fixed = s.gran == Gran::Tensor;  // static scale (checked by the caller)
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
-  const bool integer = is_int(s.dtype);
+  const uint64_t chunk = std::max<uint64_t>(1, kChunkFloats / d);
+  const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
   const IntFormat f = int_format(s.dtype, s.asym);
   const Params fixed_p = fixed ? make_params(s, 0.0f, 0.0f) : Params{};
   if (fixed) {
     store_scale(scales, s.scale_dtype, fixed_p.scale);
     if (s.asym && zeros) store_scale(zeros, s.scale_dtype, fixed_p.zero);
   }
-  for (uint64_t r = 0; r < n; ++r) {
-    const uint8_t *row = static_cast<const uint8_t *>(src) + r * d * esz;
-    uint8_t *out = codes + r * rb;
-    if (f.bits < 8 && integer) std::memset(out, 0, rb);
-    const bool rotate = s.rotation_block != 0;
-    if (rotate || fixed) {
-      for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(buf + j, load8<Half>(row, j));
-      if (rotate) hadamard(buf, d, s.rotation_block);
-    }
-    for (uint64_t gi = 0; gi < ng; ++gi) {
-      const uint64_t j0 = gi * g, j1 = j0 + g;
-      Params p = fixed_p;
-      if (!fixed) {
+  Params *ps = reinterpret_cast<Params *>(buf + chunk * d);  // chunk * ng of them
+  float *lohi = buf + chunk * d + chunk * ng * (sizeof(Params) / sizeof(float));
+  for (uint64_t r0 = 0; r0 < n; r0 += chunk) {
+    const uint64_t rows = std::min(chunk, n - r0);
+    // Pass 1: convert (and rotate), min and max per group.
+    for (uint64_t r = 0; r < rows; ++r) {
+      const uint8_t *row = static_cast<const uint8_t *>(src) + (r0 + r) * d * esz;
+      float *x = buf + r * d;
+      if (rotate || fixed) {
+        for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(x + j, load8<Half>(row, j));
+        if (rotate) hadamard(x, d, s.rotation_block);
+      }
+      if (fixed) continue;
+      for (uint64_t gi = 0; gi < ng; ++gi) {
+        const uint64_t j0 = gi * g, j1 = j0 + g;
         __m256 lo0 = _mm256_set1_ps(std::numeric_limits<float>::infinity()), lo1 = lo0;
         __m256 hi0 = _mm256_set1_ps(-std::numeric_limits<float>::infinity()), hi1 = hi0;
         uint64_t j = j0;
         for (; j + 16 <= j1; j += 16) {
-          const __m256 a = rotate ? _mm256_loadu_ps(buf + j) : load8<Half>(row, j);
-          const __m256 b = rotate ? _mm256_loadu_ps(buf + j + 8) : load8<Half>(row, j + 8);
+          const __m256 a = rotate ? _mm256_loadu_ps(x + j) : load8<Half>(row, j);
+          const __m256 b = rotate ? _mm256_loadu_ps(x + j + 8) : load8<Half>(row, j + 8);
           if (!rotate) {
-            _mm256_storeu_ps(buf + j, a);
-            _mm256_storeu_ps(buf + j + 8, b);
+            _mm256_storeu_ps(x + j, a);
+            _mm256_storeu_ps(x + j + 8, b);
           }
           lo0 = _mm256_min_ps(lo0, a);
           hi0 = _mm256_max_ps(hi0, a);
@@ -871,29 +878,53 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
           hi1 = _mm256_max_ps(hi1, b);
         }
         if (j < j1) {
-          const __m256 a = rotate ? _mm256_loadu_ps(buf + j) : load8<Half>(row, j);
-          if (!rotate) _mm256_storeu_ps(buf + j, a);
+          const __m256 a = rotate ? _mm256_loadu_ps(x + j) : load8<Half>(row, j);
+          if (!rotate) _mm256_storeu_ps(x + j, a);
           lo0 = _mm256_min_ps(lo0, a);
           hi0 = _mm256_max_ps(hi0, a);
         }
-        float lo, hi;
-        hminmax(_mm256_min_ps(lo0, lo1), _mm256_max_ps(hi0, hi1), &lo, &hi);
-        p = make_params(s, lo, hi);  // inlined: no call out of AVX code per group
-        const uint64_t idx = r * ng + gi;
-        if (s.scale_dtype == Dtype::F32) std::memcpy(scales + idx * 4, &p.scale, 4);
-        else store_scale(scales + idx * sb, s.scale_dtype, p.scale);
-        if (s.asym && zeros) store_scale(zeros + idx * sb, s.scale_dtype, p.zero);
+        hminmax(_mm256_min_ps(lo0, lo1), _mm256_max_ps(hi0, hi1), &lohi[2 * (r * ng + gi)],
+                &lohi[2 * (r * ng + gi) + 1]);
       }
-      if (integer) {
-        if (s.asym) encode_int_run_avx2<true>(f, buf, j0, j1, p, out);
-        else encode_int_run_avx2<false>(f, buf, j0, j1, p, out);
-      } else if (s.dtype == Dtype::FP8_E4M3) {
-        encode_fp8_run_avx2<3, 7, 0x7eu>(buf, j0, j1, p.inv, out);
+    }
+    // Parameters of every group of the chunk, and their scales and zeros.
+    if (!fixed) {
+      for (uint64_t k = 0; k < rows * ng; ++k) ps[k] = make_params(s, lohi[2 * k], lohi[2 * k + 1]);
+      const uint64_t base = r0 * ng;
+      if (s.scale_dtype == Dtype::F32) {
+        for (uint64_t k = 0; k < rows * ng; ++k) std::memcpy(scales + (base + k) * 4, &ps[k].scale, 4);
       } else {
-        encode_fp8_run_avx2<2, 15, 0x7bu>(buf, j0, j1, p.inv, out);
+        for (uint64_t k = 0; k < rows * ng; ++k) store_scale(scales + (base + k) * sb, s.scale_dtype, ps[k].scale);
+      }
+      if (s.asym && zeros)
+        for (uint64_t k = 0; k < rows * ng; ++k) store_scale(zeros + (base + k) * sb, s.scale_dtype, ps[k].zero);
+    }
+    // Pass 2: encode.
+    for (uint64_t r = 0; r < rows; ++r) {
+      uint8_t *out = codes + (r0 + r) * rb;
+      if (f.bits < 8 && integer) std::memset(out, 0, rb);
+      const float *x = buf + r * d;
+      for (uint64_t gi = 0; gi < ng; ++gi) {
+        const Params &p = fixed ? fixed_p : ps[r * ng + gi];
+        const uint64_t j0 = gi * g, j1 = j0 + g;
+        if (integer) {
+          if (s.asym) encode_int_run_avx2<true>(f, x, j0, j1, p, out);
+          else encode_int_run_avx2<false>(f, x, j0, j1, p, out);
+        } else if (s.dtype == Dtype::FP8_E4M3) {
+          encode_fp8_run_avx2<3, 7, 0x7eu>(x, j0, j1, p.inv, out);
+        } else {
+          encode_fp8_run_avx2<2, 15, 0x7bu>(x, j0, j1, p.inv, out);
+        }
       }
     }
   }
+}
+
+// Floats of scratch quantize_fast needs for rows of d values.
+uint64_t quantize_fast_scratch(const Spec &s, uint64_t d) {
+  const uint64_t chunk = std::max<uint64_t>(1, kChunkFloats / d);
+  const uint64_t ng = s.gran == Gran::Group ? d / s.group : 1;
+  return chunk * d + chunk * ng * (sizeof(Params) / sizeof(float) + 2);
 }
 }  // namespace
 #endif
@@ -910,7 +941,7 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
                            (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
   if (use_avx2() && core::convert_has_simd() && fast_shape && (is_int(s.dtype) || is_fp8(s.dtype)) &&
       (src_type == core::DType::F16 || src_type == core::DType::F32)) {
-    float *buf = scratch_floats(d);
+    float *buf = scratch_floats(quantize_fast_scratch(s, d));
     if (src_type == core::DType::F16) quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
     else quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf);
     return;
