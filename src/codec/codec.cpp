@@ -309,15 +309,38 @@ __attribute__((target("avx2"))) void encode_fp8_run_avx2(const float *x, uint64_
   for (; j < j1; ++j) out[j] = fp8_encode<kMant, kBias, kMaxCode>(x[j] * inv);
 }
 
+// 8 fp8 codes -> 8 floats, the table's values bit for bit: normal codes by
+// moving exponent and mantissa into place and rebiasing the exponent with one
+// integer add, subnormal codes (exponent field 0) as mantissa x step (exact).
+// A vector holding a NaN or Inf code (never written by the encoder, possible
+// in caller-supplied codes) takes the table.
+template <int kMant, int kBias>
+__attribute__((target("avx2"), always_inline)) inline __m256 fp8_decode8(const float *table, __m128i b8) {
+  const __m256i c = _mm256_cvtepu8_epi32(b8);
+  const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
+  constexpr int kExpMask = ((1 << (7 - kMant)) - 1) << kMant;
+  const __m256i special = kMant == 3 ? _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))
+                                     : _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(kExpMask)),
+                                                          _mm256_set1_epi32(kExpMask));
+  if (!_mm256_testz_si256(special, special)) return _mm256_i32gather_ps(table, c, 4);
+  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 23 - kMant), _mm256_set1_epi32((127 - kBias) << 23));
+  const __m256 step = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 1 - kBias - kMant) << 23));
+  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), step);  // exponent 0: mag is the mantissa
+  const __m256i is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(kExpMask)), _mm256_setzero_si256());
+  const __m256 v = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, _mm256_castsi256_ps(is_sub));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+
+template <int kMant, int kBias>
 __attribute__((target("avx2"))) void decode_fp8_run_avx2(const float *table, const uint8_t *in,
                                                          uint64_t j0, uint64_t j1, float scale,
                                                          float *x) {
   const __m256 s = _mm256_set1_ps(scale);
   uint64_t j = j0;
-  for (; j + 8 <= j1; j += 8) {
-    const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j)));
-    _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_i32gather_ps(table, idx, 4), s));
-  }
+  for (; j + 8 <= j1; j += 8)
+    _mm256_storeu_ps(x + j, _mm256_mul_ps(fp8_decode8<kMant, kBias>(
+                                              table, _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j))), s));
   for (; j < j1; ++j) x[j] = table[in[j]] * scale;
 }
 #endif
@@ -338,7 +361,9 @@ void encode_fp8_run(Dtype dt, const float *x, uint64_t j0, uint64_t j1, float in
 void decode_fp8_run(Dtype dt, const uint8_t *in, uint64_t j0, uint64_t j1, float scale, float *x) {
   const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
 #ifdef KVC_CODEC_X86
-  if (use_avx2() && j1 - j0 >= 8) return decode_fp8_run_avx2(t, in, j0, j1, scale, x);
+  if (use_avx2() && j1 - j0 >= 8)
+    return dt == Dtype::FP8_E4M3 ? decode_fp8_run_avx2<3, 7>(t, in, j0, j1, scale, x)
+                                 : decode_fp8_run_avx2<2, 15>(t, in, j0, j1, scale, x);
 #endif
   for (uint64_t j = j0; j < j1; ++j) x[j] = t[in[j]] * scale;
 }
@@ -1007,6 +1032,43 @@ __attribute__((target("avx2,f16c"))) void dequantize_sym_fast(const Spec &s, con
     }
   }
 }
+
+// Every integer and fp8 codec with per-tensor, per-token or per-group scales
+// (and the rotation) to f16 or f32: each group decoded by the run kernels
+// into an L1 row buffer (or straight into f32 output), the inverse rotation
+// applied there, then one F16C conversion pass. The scalar path's operations.
+template <bool Half>
+__attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const uint8_t *codes,
+                                                         const uint8_t *scales, const uint8_t *zeros,
+                                                         uint64_t n, uint64_t d, void *dst, float *buf) {
+  const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
+  const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+  const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
+  const IntFormat f = int_format(s.dtype, s.asym);
+  const float *table = s.dtype == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint8_t *in = codes + r * rb;
+    float *x = Half || rotate ? buf : static_cast<float *>(dst) + r * d;
+    for (uint64_t gi = 0; gi < ng; ++gi) {
+      const uint64_t idx = s.gran == Gran::Tensor ? 0 : r * ng + gi;
+      Params p;
+      p.scale = load_scale(scales + idx * sb, s.scale_dtype);
+      if (s.asym) p.zero = load_scale(zeros + idx * sb, s.scale_dtype);
+      if (integer) decode_int_run_avx2(f, s.asym, in, gi * g, (gi + 1) * g, p, x);
+      else if (s.dtype == Dtype::FP8_E4M3) decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+      else decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+    }
+    if (rotate) hadamard(buf, d, s.rotation_block);
+    if constexpr (Half) {
+      uint16_t *o = static_cast<uint16_t *>(dst) + r * d;
+      for (uint64_t j = 0; j < d; j += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(o + j),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(buf + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    } else if (rotate) {
+      std::memcpy(static_cast<float *>(dst) + r * d, buf, d * 4);
+    }
+  }
+}
 }  // namespace
 #endif
 
@@ -1026,6 +1088,16 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
     else
       half ? dequantize_sym_fast<true, 4>(s, codes, scales, n, d, dst)
            : dequantize_sym_fast<false, 4>(s, codes, scales, n, d, dst);
+    return;
+  }
+  const bool fast_any = d % 8 == 0 && d > 0 && has_scales(s) &&
+                        (s.gran == Gran::Token || s.gran == Gran::Tensor ||
+                         (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  if (use_avx2() && core::convert_has_simd() && fast_any &&
+      (dst_type == core::DType::F16 || dst_type == core::DType::F32)) {
+    float *buf = scratch_floats(d);
+    if (dst_type == core::DType::F16) dequantize_fast<true>(s, codes, scales, zeros, n, d, dst, buf);
+    else dequantize_fast<false>(s, codes, scales, zeros, n, d, dst, buf);
     return;
   }
 #endif

@@ -426,7 +426,16 @@ static void test_fused_quantize_matches_scalar() {
                   quantize(s, src, in, n, d, q->codes.data(), q->scales.data(), q->zeros.data());
                 }
                 set_force_scalar(false);
-                const bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
+                bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
+                // Dequantize the same codes both ways, to f32 and to f16.
+                for (kvc::core::DType out : {kvc::core::DType::F32, kvc::core::DType::F16}) {
+                  std::vector<uint8_t> da(n * d * 4, 0x5a), db(n * d * 4, 0x5a);
+                  set_force_scalar(true);
+                  dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, da.data(), out);
+                  set_force_scalar(false);
+                  dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, db.data(), out);
+                  same = same && da == db;
+                }
                 if (!same)
                   std::fprintf(stderr, "fused quantize differs: dtype %d gran %d asym %d rot %u scale %d in %d d %llu\n",
                                int(dt), int(g), int(asym), rot, int(sd), int(in), (unsigned long long)d);
@@ -495,6 +504,35 @@ static void test_dequant_f16_simd() {
       }
 }
 
+// Every one of the 256 fp8 codes (NaN and Inf codes included, which only a
+// caller can supply) decodes to the table's bits on the AVX2 path.
+static void test_fp8_decode_all_codes() {
+  for (Dtype dt : {Dtype::FP8_E4M3, Dtype::FP8_E5M2}) {
+    Spec s;
+    s.dtype = dt;
+    s.gran = Gran::Tensor;
+    s.static_scale = 0.75;
+    std::vector<uint8_t> codes(256 * 3);
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i < 256 ? i : (i * 37) & 0x7e);
+    const uint8_t scale[4] = {0x00, 0x00, 0x40, 0x3f};  // 0.75f little-endian
+    std::vector<float> a(codes.size()), b(codes.size());
+    set_force_scalar(true);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, a.data(), kvc::core::DType::F32);
+    set_force_scalar(false);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, b.data(), kvc::core::DType::F32);
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+    for (int c = 0; c < 256; ++c) {
+      const float want = t[c] * 0.75f;
+      if (std::memcmp(&want, &b[c], 4) != 0) {
+        std::fprintf(stderr, "fp8 %d code %02x: %g, table %g\n", int(dt), c, b[c], want);
+        CHECK(false);
+        break;
+      }
+    }
+  }
+}
+
 // The AVX2 Walsh-Hadamard transform equals the scalar one bit for bit.
 static void test_hadamard_simd() {
   for (uint32_t block : {8u, 16u, 32u, 64u, 128u, 256u, 1024u}) {
@@ -517,6 +555,7 @@ int main(int argc, char **argv) {
       {"fp8_simd_edges", test_fp8_simd_edges},     {"hadamard_simd", test_hadamard_simd},
       {"dequant_f16_simd", test_dequant_f16_simd},
       {"fused_quantize", test_fused_quantize_matches_scalar},
+      {"fp8_decode_all_codes", test_fp8_decode_all_codes},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)
