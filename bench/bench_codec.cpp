@@ -57,6 +57,7 @@ struct Buffers {
     codec.group_size = c.group ? c.group : 32;
     codec.asymmetric = static_cast<uint32_t>(c.asym);
     codec.rotation = c.hadamard ? KVC_ROTATION_HADAMARD : KVC_ROTATION_NONE;
+    codec.rotation_block = c.hadamard ? static_cast<uint32_t>(kHeadDim) : 0;  // per head, as a pool rotates
     shape(c, tokens, &n, &d);
     std::mt19937 rng(7);
     std::normal_distribution<float> g(0.0f, 1.0f);
