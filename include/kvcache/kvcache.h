@@ -99,14 +99,14 @@ extern "C" {
 /** @brief Major version: changes only with an incompatible ABI (then the SONAME changes too). */
 #define KVC_VERSION_MAJOR 0
 /** @brief Minor version: grows when functions or struct fields are added. */
-#define KVC_VERSION_MINOR 2
+#define KVC_VERSION_MINOR 3
 /** @brief Patch version: fixes only. */
 #define KVC_VERSION_PATCH 0
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER \
   (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 2
+#define KVC_API_VERSION 3
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -317,6 +317,21 @@ KVC_API kvc_status kvc_codec_init(kvc_codec *codec);
 /* Opaque handles                                                            */
 /* ------------------------------------------------------------------------ */
 
+/**
+ * @brief The rotary position embedding (RoPE) the engine applies to keys
+ * before kvc_append(). The pool needs it only to re-rotate keys whose
+ * positions shift (eviction with ::kvc_policy_config.shift_positions,
+ * StreamingLLM's positions within the cache).
+ * @since 0.3
+ */
+typedef enum kvc_rope_style {
+  KVC_ROPE_NONE = 0,        /**< Unknown or none: positions never shift (default). */
+  KVC_ROPE_INTERLEAVED = 1, /**< Pairs (2i, 2i+1) rotate by pos x theta^(-2i/dims): Meta LLaMA, llama2.c, GPT-J. */
+  KVC_ROPE_NEOX = 2,        /**< Pairs (i, i + dims/2) ("rotate half"): GPT-NeoX, Hugging Face LLaMA, llama.cpp NEOX. */
+  KVC_ROPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_ROPE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum (any int32 can be passed and is checked); not a value. */
+} kvc_rope_style;
+
 /** @brief A KV-cache pool. Create with kvc_pool_create(), destroy with kvc_pool_destroy(). @since 0.1 */
 typedef struct kvc_pool kvc_pool;
 
@@ -353,11 +368,14 @@ typedef struct kvc_pool_config {
   kvc_dtype residual_dtype; /**< Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2 */
   double residual_fraction; /**< Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above residual_window), in [0, 1); 0 (default) = off. @since 0.2 */
   uint64_t num_residual_blocks; /**< Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads, residual_dtype); 0 (default) = num_blocks when a residual is used. This arena is in addition to capacity_bytes, which sizes the codec blocks; kvc_stats.bytes_total reports both. @since 0.2 */
+  kvc_rope_style rope_style; /**< RoPE the engine applied to keys; default ::KVC_ROPE_NONE. @since 0.3 */
+  uint32_t rope_dims;       /**< Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3 */
+  double rope_theta;        /**< RoPE base; default 10000. @since 0.3 */
 } kvc_pool_config;
 
 /**
  * @brief Fill a config with defaults: struct_size = sizeof(kvc_pool_config),
- * block_size 16, f16 K and V, NHD, CPU, everything else 0.
+ * block_size 16, f16 K and V, NHD, CPU, rope_theta 10000, everything else 0.
  * @param config the struct to fill (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.1
@@ -853,6 +871,333 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
 /* Loading with dlopen: the versioned function table                         */
 /* ------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------ */
+/* Attention over the cache                                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief What an attention call records of each cached token's attention
+ * probability, for the eviction policies (kept per sequence, layer, token
+ * and KV head; summed over the query heads of each KV head).
+ * @since 0.3
+ */
+typedef enum kvc_observe {
+  KVC_OBSERVE_NONE = 0,       /**< Record nothing (default). */
+  KVC_OBSERVE_ACCUMULATE = 1, /**< Add to the running total (H2O's accumulated attention). */
+  KVC_OBSERVE_REPLACE = 2,    /**< Replace it with this call's (TOVA: the latest query only). */
+  KVC_OBSERVE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_OBSERVE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_observe;
+
+/**
+ * @brief Parameters of kvc_attention_decode() and kvc_attention_prefill().
+ * Init with kvc_attention_params_init().
+ * @since 0.3
+ */
+typedef struct kvc_attention_params {
+  size_t struct_size;     /**< sizeof(kvc_attention_params) of the caller. */
+  uint32_t num_q_heads;   /**< Query heads; must equal the pool's num_q_heads (query head h uses KV head h / (num_q_heads / num_kv_heads)). */
+  float scale;            /**< Multiplies q.k; 0 (default) = 1 / sqrt(head_dim). */
+  kvc_dtype q_dtype;      /**< Element type of q: f32 (default), f16 or bf16. */
+  kvc_dtype out_dtype;    /**< Element type of out: f32 (default), f16 or bf16. */
+  kvc_observe observe;    /**< Record attention for eviction policies; default none. */
+  uint64_t observe_from;  /**< Prefill: first query row whose attention is recorded (SnapKV's observation window = the last rows); default 0. */
+} kvc_attention_params;
+
+/**
+ * @brief Fill attention params with defaults: f32 q and out, scale 0
+ * (1/sqrt(head_dim)), no observation; num_q_heads 0 (must be set).
+ * @param params the struct to fill (not NULL).
+ * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params);
+
+/**
+ * @brief Decode attention: one query token per sequence against every token
+ * the layer holds for that sequence, for a batch of sequences.
+ *
+ * out = softmax(scale x q K^T) V per query head, computed over the pool's
+ * blocks block by block with an online softmax (running max and sum, as
+ * FlashAttention; no score matrix), dequantizing any codec on the fly and
+ * reading residual (high-precision) tokens from their own blocks. Grouped
+ * queries: query head h reads KV head h / (num_q_heads / num_kv_heads). A
+ * sequence holding no token gives zeros and a log-sum-exp of -inf (never
+ * NaN). The query's own K/V must be appended first if it should attend to
+ * itself (as vLLM and FlashInfer do).
+ * @param pool the pool (not NULL).
+ * @param layer 0..num_layers-1.
+ * @param seq_ids `[n_seqs]` live sequences (a sequence may appear more than once).
+ * @param n_seqs batch size, >= 1.
+ * @param q `[n_seqs][num_q_heads][head_dim]` of params->q_dtype, after RoPE.
+ * @param out `[n_seqs][num_q_heads][head_dim]` of params->out_dtype.
+ * @param lse NULL or `[n_seqs][num_q_heads]` f32: natural log of the sum of
+ * exp(scale x q.k) over the tokens (for merging partial results).
+ * @param params the parameters (not NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer);
+ * ::KVC_ERR_INVALID_ARGUMENT (n_seqs 0, num_q_heads not the pool's, bad
+ * scale, dtype or observe mode); ::KVC_ERR_NON_FINITE (NaN or Inf in q;
+ * nothing written); ::KVC_ERR_OVERFLOW. On failure out and lse are not
+ * written and no score is recorded. Concurrent calls are safe except two
+ * calls recording (observe) the same sequence and layer at once.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_attention_decode(kvc_pool *pool, uint32_t layer, const uint64_t *seq_ids,
+                                        size_t n_seqs, const void *q, void *out, float *lse,
+                                        const kvc_attention_params *params);
+
+/**
+ * @brief Prefill attention: the last `n_q` tokens the layer holds (a chunk
+ * whose K/V were just appended) attend causally to every token before them
+ * and to themselves: query i is the layer's token n - n_q + i and sees tokens
+ * [0, n - n_q + i].
+ * @param pool the pool (not NULL).
+ * @param layer 0..num_layers-1.
+ * @param seq_id a live sequence.
+ * @param q `[n_q][num_q_heads][head_dim]` of params->q_dtype.
+ * @param n_q query rows, 1..the layer's token count.
+ * @param out `[n_q][num_q_heads][head_dim]` of params->out_dtype.
+ * @param lse NULL or `[n_q][num_q_heads]` f32.
+ * @param params the parameters (not NULL); observe_from selects the rows
+ * whose attention is recorded.
+ * @return as kvc_attention_decode(), plus ::KVC_ERR_OUT_OF_RANGE when n_q
+ * exceeds the layer's tokens and ::KVC_ERR_INVALID_ARGUMENT when n_q is 0.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_attention_prefill(kvc_pool *pool, uint32_t layer, uint64_t seq_id,
+                                         const void *q, uint64_t n_q, void *out, float *lse,
+                                         const kvc_attention_params *params);
+
+/**
+ * @brief Feed attention scores computed by the engine's own kernels (the
+ * alternative to observing through kvc_attention_*).
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param scores `[n_tokens][num_kv_heads]` f32, finite and >= 0.
+ * @param n_tokens must equal the layer's token count.
+ * @param accumulate non-zero: add to the recorded scores; 0: replace them.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_INVALID_ARGUMENT (n_tokens);
+ * ::KVC_ERR_NON_FINITE (a negative, NaN or Inf score; nothing changed).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_observe_scores(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                          const float *scores, uint64_t n_tokens, int accumulate);
+
+/**
+ * @brief Read the recorded attention scores of a layer (zeros when nothing
+ * was recorded).
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param out `[n_tokens][num_kv_heads]` f32.
+ * @param n_tokens must equal the layer's token count.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_BUFFER_TOO_SMALL (n_tokens is not
+ * the layer's count; nothing written).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_scores(kvc_pool *pool, uint64_t seq_id, uint32_t layer, float *out,
+                                  uint64_t n_tokens);
+
+/**
+ * @brief The RoPE positions at which the engine must rotate the keys (and
+ * queries) of tokens at positions [pos, pos + n) of a layer: the positions
+ * themselves, or, once an eviction with shift_positions has re-rotated the
+ * layer (StreamingLLM), their indices within the cache.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param n number of positions.
+ * @param pos first position; [pos, pos + n) must be reserved and be the
+ * layer's tail (written since its last eviction).
+ * @param out `[n]` int32.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                          uint64_t pos, uint64_t n, int32_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* Eviction policies                                                         */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Eviction policy families.
+ * @since 0.3
+ */
+typedef enum kvc_policy_kind {
+  KVC_POLICY_NONE = 0,      /**< Keep every token. */
+  KVC_POLICY_STREAMING = 1, /**< StreamingLLM (Xiao et al., arXiv 2309.17453): the first sink_tokens (attention sinks) + the newest tokens. sink_tokens 0 = a sliding window. */
+  KVC_POLICY_H2O = 2,       /**< H2O (Zhang et al., arXiv 2306.14048): the newest floor(recent_fraction x budget) tokens + the heavy hitters (highest accumulated attention) among the rest. Needs observed scores (KVC_OBSERVE_ACCUMULATE). */
+  KVC_POLICY_SNAPKV = 3,    /**< SnapKV (Li et al., arXiv 2404.14469): after prefill, the last `window` tokens + the prefix tokens with the highest window attention, pooled along the tokens (kernel_size, pooling). Per layer (summed over KV heads). */
+  KVC_POLICY_PYRAMIDKV = 4, /**< PyramidKV (Cai et al., arXiv 2406.02069): SnapKV's selection under per-layer budgets that fall from the first layer to the last (schedule, beta). */
+  KVC_POLICY_TOVA = 5,      /**< TOVA (Oren et al., arXiv 2401.06104): the tokens with the highest attention from the latest query (KVC_OBSERVE_REPLACE), summed over heads. */
+  KVC_POLICY_PLUGIN = 6,    /**< Scores from a loaded plugin (kvcache_plugin.h) + the newest recent_tokens. */
+  KVC_POLICY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_POLICY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_policy_kind;
+
+/** @brief Pooling of SnapKV scores along the tokens. @since 0.3 */
+typedef enum kvc_pooling {
+  KVC_POOLING_MAX = 0, /**< Max over the kernel (default). */
+  KVC_POOLING_AVG = 1, /**< Mean over the kernel. */
+  KVC_POOLING_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_POOLING_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_pooling;
+
+/** @brief PyramidKV per-layer budget schedules. @since 0.3 */
+typedef enum kvc_pyramid_schedule {
+  KVC_PYRAMID_PAPER = 0,  /**< The paper's: linear from 2B - B/beta (first layer) to B/beta (last); the total stays L x B. */
+  KVC_PYRAMID_LINEAR = 1, /**< Linear from 1.0 x B (first layer) to 0.2 x B (last). */
+  KVC_PYRAMID_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_PYRAMID_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_pyramid_schedule;
+
+/** @brief A loaded scorer plugin (kvc_plugin_load()). @since 0.3 */
+typedef struct kvc_plugin kvc_plugin;
+/** @brief An eviction policy (kvc_policy_create()). @since 0.3 */
+typedef struct kvc_policy kvc_policy;
+
+/**
+ * @brief Configuration of an eviction policy. Init with
+ * kvc_policy_config_init().
+ *
+ * Budget of a layer holding n tokens (B): min(n, budget_tokens if set,
+ * max(1, floor(n x (1 - compression_ratio))) if set) and at least 1
+ * (compression_ratio is the fraction dropped, kvpress's convention; 0.7 =
+ * keep 30%). Streaming without either uses sink_tokens + recent_tokens.
+ * PyramidKV then gives each layer its share of B.
+ * @since 0.3
+ */
+typedef struct kvc_policy_config {
+  size_t struct_size;        /**< sizeof(kvc_policy_config) of the caller. */
+  kvc_policy_kind kind;      /**< The family; default ::KVC_POLICY_NONE. */
+  uint32_t sink_tokens;      /**< Streaming: attention sinks S (default 4). */
+  uint64_t budget_tokens;    /**< Per-layer cap in tokens; 0 (default) = none. */
+  double compression_ratio;  /**< Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
+  uint32_t recent_tokens;    /**< Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0. */
+  uint32_t window;           /**< SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32. */
+  double recent_fraction;    /**< H2O: share of the budget kept as the recent window, in [0, 1]; default 0.5 (the paper's equal split). */
+  uint32_t kernel_size;      /**< SnapKV / PyramidKV: odd pooling kernel, 1..1025; default 7. */
+  kvc_pooling pooling;       /**< SnapKV / PyramidKV pooling; default max. */
+  kvc_pyramid_schedule schedule; /**< PyramidKV schedule; default the paper's. */
+  double beta;               /**< PyramidKV (paper schedule): last layer's budget is B / beta; default 20. */
+  uint32_t shift_positions;  /**< Non-zero: after eviction, keys are re-rotated so token i of the cache has RoPE position i (StreamingLLM); needs the pool's rope_style. Default 0 (keys keep their positions). */
+  uint32_t auto_evict;       /**< Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs budget_tokens). That eviction stays even if the reservation then fails. Default 0. */
+  const kvc_plugin *plugin;  /**< ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded). */
+} kvc_policy_config;
+
+/**
+ * @brief Fill a policy config with defaults (see the field comments).
+ * @param config the struct to fill (not NULL).
+ * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_policy_config_init(kvc_policy_config *config);
+
+/**
+ * @brief Create a policy from a config (copied).
+ * @param config the configuration (read up to config->struct_size).
+ * @param out receives the policy; untouched on failure.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_UNSUPPORTED; ::KVC_ERR_INVALID_ARGUMENT (unknown kind, pooling
+ * or schedule; compression_ratio outside [0, 1) (1 would drop everything:
+ * refused), recent_fraction outside [0, 1], even or zero kernel_size, beta
+ * outside [1, 1e6], a plugin missing or set on another kind, streaming without
+ * a window, auto_evict without budget_tokens); ::KVC_ERR_OUT_OF_MEMORY.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy **out);
+
+/**
+ * @brief Release the caller's reference; sequences and pools it is attached
+ * to keep their own. NULL is a no-op.
+ * @param policy the policy or NULL.
+ * @since 0.3
+ */
+KVC_API void kvc_policy_destroy(kvc_policy *policy);
+
+/**
+ * @brief Attach a policy to a sequence (NULL detaches it: the pool's default
+ * applies). Policies that need attention scores start recording them here.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param policy the policy (the sequence keeps a reference), or NULL.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool); ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_INVALID_ARGUMENT (shift_positions without the pool's RoPE).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy);
+
+/**
+ * @brief Set the pool's default policy, for sequences without their own
+ * (NULL: none).
+ * @param pool the pool (not NULL).
+ * @param policy the policy (the pool keeps a reference), or NULL.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT
+ * (shift_positions without the pool's RoPE).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy);
+
+/**
+ * @brief Evict: each layer keeps its budget of tokens chosen by the policy.
+ *
+ * Survivors keep their order and are compacted into the fewest blocks; the
+ * emptied blocks are freed (kvc_pool_stats() shows it); blocks shared with
+ * other sequences (forks) are copied before they are written, so those
+ * sequences are unchanged. Survivors keep their positions (kvc_gather()
+ * reports them) unless the policy shifts positions, which re-rotates the keys
+ * (dequantized, rotated, re-encoded for fp8/integer codecs: within the
+ * codec's error). Recorded scores follow their tokens. All or nothing.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param policy the policy to apply, or NULL: the sequence's, else the pool's
+ * default, else nothing is evicted.
+ * @param dropped NULL or `[num_layers]`: tokens each layer dropped.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_POOL_EXHAUSTED (no free block for a copy-on-write; nothing
+ * changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window or hybrid
+ * precision); ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that
+ * failed); ::KVC_ERR_NON_FINITE (a plugin's score).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy,
+                             uint64_t *dropped);
+
+/**
+ * @brief Load a scorer plugin (a shared object implementing
+ * kvcache_plugin.h) with dlopen().
+ * @param path file path (as dlopen() takes it).
+ * @param out receives the plugin; untouched on failure.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the
+ * file cannot be loaded, has no kvc_plugin_get symbol, or its table lacks a
+ * name or a score function); ::KVC_ERR_VERSION (it does not provide
+ * the plugin ABI version of kvcache_plugin.h); ::KVC_ERR_STRUCT_SIZE (its table is too small).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_plugin_load(const char *path, kvc_plugin **out);
+
+/**
+ * @brief Release the caller's reference (policies using the plugin keep it
+ * loaded). NULL is a no-op.
+ * @param plugin the plugin or NULL.
+ * @since 0.3
+ */
+KVC_API void kvc_plugin_unload(kvc_plugin *plugin);
+
+/**
+ * @brief Name the plugin gave itself.
+ * @param plugin a loaded plugin, or NULL.
+ * @return a string owned by the plugin, or NULL for a NULL plugin.
+ * @since 0.3
+ */
+KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin);
+
 /**
  * @brief Table of every API function, for hosts that load the library with
  * dlopen(). Functions are only appended; a table of version N starts with the
@@ -903,6 +1248,24 @@ typedef struct kvc_api {
                          void *, void *);                       /**< kvc_quantize() */
   kvc_status (*dequantize)(const kvc_codec *, const void *, const void *, const void *, uint64_t,
                            uint64_t, void *, kvc_dtype);        /**< kvc_dequantize() */
+  /* --- version 3 (0.3) --- */
+  kvc_status (*attention_params_init)(kvc_attention_params *);  /**< kvc_attention_params_init() */
+  kvc_status (*attention_decode)(kvc_pool *, uint32_t, const uint64_t *, size_t, const void *, void *,
+                                 float *, const kvc_attention_params *); /**< kvc_attention_decode() */
+  kvc_status (*attention_prefill)(kvc_pool *, uint32_t, uint64_t, const void *, uint64_t, void *, float *,
+                                  const kvc_attention_params *); /**< kvc_attention_prefill() */
+  kvc_status (*seq_observe_scores)(kvc_pool *, uint64_t, uint32_t, const float *, uint64_t, int); /**< kvc_seq_observe_scores() */
+  kvc_status (*seq_scores)(kvc_pool *, uint64_t, uint32_t, float *, uint64_t); /**< kvc_seq_scores() */
+  kvc_status (*seq_rope_positions)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, int32_t *); /**< kvc_seq_rope_positions() */
+  kvc_status (*policy_config_init)(kvc_policy_config *);        /**< kvc_policy_config_init() */
+  kvc_status (*policy_create)(const kvc_policy_config *, kvc_policy **); /**< kvc_policy_create() */
+  void (*policy_destroy)(kvc_policy *);                         /**< kvc_policy_destroy() */
+  kvc_status (*seq_set_policy)(kvc_pool *, uint64_t, const kvc_policy *); /**< kvc_seq_set_policy() */
+  kvc_status (*pool_set_policy)(kvc_pool *, const kvc_policy *); /**< kvc_pool_set_policy() */
+  kvc_status (*evict)(kvc_pool *, uint64_t, const kvc_policy *, uint64_t *); /**< kvc_evict() */
+  kvc_status (*plugin_load)(const char *, kvc_plugin **);       /**< kvc_plugin_load() */
+  void (*plugin_unload)(kvc_plugin *);                          /**< kvc_plugin_unload() */
+  const char *(*plugin_name)(const kvc_plugin *);               /**< kvc_plugin_name() */
 } kvc_api;
 
 /**

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 
@@ -10,6 +11,7 @@
 #include "api/struct_io.h"
 #include "core/convert.h"
 #include "core/error.h"
+#include "core/plugin.h"
 #include "core/pool.h"
 #include "kvcache/kvcache.h"
 
@@ -177,6 +179,9 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
   p.residual_dtype = static_cast<DType>(c.residual_dtype);
   p.residual_fraction = c.residual_fraction;
   p.num_residual_blocks = c.num_residual_blocks;
+  p.rope_style = static_cast<kvc::core::RopeStyle>(c.rope_style);
+  p.rope_dims = c.rope_dims;
+  p.rope_theta = c.rope_theta;
   for (int kv = 0; kv < 2; ++kv) {
     const kvc_codec *in = kv == 0 ? c.k_codec : c.v_codec;
     if (!in) continue;
@@ -205,6 +210,7 @@ void defaults(kvc_pool_config *c) {
   c->layout = KVC_LAYOUT_NHD;
   c->device = KVC_DEVICE_CPU;
   c->residual_dtype = KVC_DTYPE_F16;
+  c->rope_theta = 10000.0;
 }
 
 }  // namespace
@@ -304,6 +310,9 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
         {offsetof(kvc_pool_config, residual_dtype), sizeof c.residual_dtype},
         {offsetof(kvc_pool_config, residual_fraction), sizeof c.residual_fraction},
         {offsetof(kvc_pool_config, num_residual_blocks), sizeof c.num_residual_blocks},
+        {offsetof(kvc_pool_config, rope_style), sizeof c.rope_style},
+        {offsetof(kvc_pool_config, rope_dims), sizeof c.rope_dims},
+        {offsetof(kvc_pool_config, rope_theta), sizeof c.rope_theta},
     };
     for (const auto &f : ends)
       if (config->struct_size < f[0] + f[1])
@@ -437,6 +446,9 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config) 
     full.residual_dtype = static_cast<kvc_dtype>(c.residual_dtype);
     full.residual_fraction = c.residual_fraction;
     full.num_residual_blocks = c.num_residual_blocks;
+    full.rope_style = static_cast<kvc_rope_style>(c.rope_style);
+    full.rope_dims = c.rope_dims;
+    full.rope_theta = c.rope_theta;
     kvc::api::write_output_struct(full, config);
   });
 }
@@ -638,6 +650,198 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
   });
 }
 
+}  // extern "C"
+
+struct kvc_policy {
+  std::shared_ptr<const kvc::core::PolicySpec> spec;
+};
+struct kvc_plugin {
+  std::shared_ptr<kvc::core::Plugin> core;
+};
+
+namespace {
+
+constexpr size_t kAttnParamsMin = offsetof(kvc_attention_params, observe_from) + sizeof(uint64_t);
+constexpr size_t kPolicyConfigMin = offsetof(kvc_policy_config, plugin) + sizeof(void *);
+
+void attn_defaults(kvc_attention_params *p) {
+  std::memset(p, 0, sizeof *p);
+  p->struct_size = sizeof *p;
+  p->q_dtype = KVC_DTYPE_F32;
+  p->out_dtype = KVC_DTYPE_F32;
+  p->observe = KVC_OBSERVE_NONE;
+}
+
+kvc::core::AttnParams to_attn(const kvc_attention_params *in) {
+  need(in, "params");
+  kvc_attention_params c;
+  attn_defaults(&c);
+  kvc::api::read_input_struct(in, kAttnParamsMin, "kvc_attention_params", &c);
+  kvc::core::AttnParams a;
+  a.num_q_heads = c.num_q_heads;
+  a.scale = c.scale;
+  a.q_dtype = dtype_arg(c.q_dtype, "q_dtype");
+  a.out_dtype = dtype_arg(c.out_dtype, "out_dtype");
+  const int32_t ob = static_cast<int32_t>(c.observe);
+  if (ob < 0 || ob > 2)
+    fail(Errc::InvalidArgument, "observe " + std::to_string(ob) + ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE)");
+  a.observe = static_cast<uint32_t>(ob);
+  a.observe_from = c.observe_from;
+  return a;
+}
+
+void policy_defaults(kvc_policy_config *c) {
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  c->kind = KVC_POLICY_NONE;
+  c->sink_tokens = 4;
+  c->window = 32;
+  c->recent_fraction = 0.5;
+  c->kernel_size = 7;
+  c->pooling = KVC_POOLING_MAX;
+  c->schedule = KVC_PYRAMID_PAPER;
+  c->beta = 20.0;
+}
+
+}  // namespace
+
+extern "C" {
+
+KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params) {
+  return guard([&] {
+    need(params, "params");
+    attn_defaults(params);
+  });
+}
+
+KVC_API kvc_status kvc_attention_decode(kvc_pool *pool, uint32_t layer, const uint64_t *seq_ids,
+                                        size_t n_seqs, const void *q, void *out, float *lse,
+                                        const kvc_attention_params *params) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(seq_ids, "seq_ids");
+    need(q, "q");
+    need(out, "out");
+    const kvc::core::AttnParams a = to_attn(params);
+    if (n_seqs == 0) fail(Errc::InvalidArgument, "n_seqs 0: pass at least one sequence");
+    p.attention(layer, seq_ids, n_seqs, q, 1, false, out, lse, a);
+  });
+}
+
+KVC_API kvc_status kvc_attention_prefill(kvc_pool *pool, uint32_t layer, uint64_t seq_id,
+                                         const void *q, uint64_t n_q, void *out, float *lse,
+                                         const kvc_attention_params *params) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(q, "q");
+    need(out, "out");
+    const kvc::core::AttnParams a = to_attn(params);
+    if (n_q == 0) fail(Errc::InvalidArgument, "n_q 0: pass at least one query row");
+    p.attention(layer, &seq_id, 1, q, n_q, true, out, lse, a);
+  });
+}
+
+KVC_API kvc_status kvc_seq_observe_scores(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                          const float *scores, uint64_t n_tokens, int accumulate) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(scores, "scores");
+    p.observe_scores(seq_id, layer, scores, n_tokens, accumulate != 0);
+  });
+}
+
+KVC_API kvc_status kvc_seq_scores(kvc_pool *pool, uint64_t seq_id, uint32_t layer, float *out,
+                                  uint64_t n_tokens) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(out, "out");
+    p.read_scores(seq_id, layer, out, n_tokens);
+  });
+}
+
+KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                          uint64_t pos, uint64_t n, int32_t *out) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (n) need(out, "out");
+    p.rope_positions(seq_id, layer, pos, n, out);
+  });
+}
+
+KVC_API kvc_status kvc_policy_config_init(kvc_policy_config *config) {
+  return guard([&] {
+    need(config, "config");
+    policy_defaults(config);
+  });
+}
+
+KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy **out) {
+  return guard([&] {
+    need(config, "config");
+    need(out, "out");
+    kvc_policy_config c;
+    policy_defaults(&c);
+    kvc::api::read_input_struct(config, kPolicyConfigMin, "kvc_policy_config", &c);
+    auto sp = std::make_shared<kvc::core::PolicySpec>();
+    sp->kind = static_cast<kvc::core::PolicyKind>(c.kind);
+    sp->budget_tokens = c.budget_tokens;
+    sp->compression_ratio = c.compression_ratio;
+    sp->sink_tokens = c.sink_tokens;
+    sp->recent_tokens = c.recent_tokens;
+    sp->recent_fraction = c.recent_fraction;
+    sp->window = c.window;
+    sp->kernel_size = c.kernel_size;
+    sp->pooling = static_cast<kvc::core::Pooling>(c.pooling);
+    sp->schedule = static_cast<kvc::core::Schedule>(c.schedule);
+    sp->beta = c.beta;
+    sp->shift_positions = c.shift_positions != 0;
+    sp->auto_evict = c.auto_evict != 0;
+    if (c.plugin) sp->plugin = c.plugin->core;
+    sp->validate();
+    auto *pol = new kvc_policy;
+    pol->spec = std::move(sp);
+    *out = pol;
+  });
+}
+
+KVC_API void kvc_policy_destroy(kvc_policy *policy) { delete policy; }
+
+KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    p.set_policy(seq_id, policy ? policy->spec : nullptr);
+  });
+}
+
+KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    p.set_default_policy(policy ? policy->spec : nullptr);
+  });
+}
+
+KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy, uint64_t *dropped) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    p.evict(seq_id, policy ? policy->spec.get() : nullptr, dropped);
+  });
+}
+
+KVC_API kvc_status kvc_plugin_load(const char *path, kvc_plugin **out) {
+  return guard([&] {
+    need(path, "path");
+    need(out, "out");
+    auto core = kvc::core::Plugin::load(path);
+    auto *pl = new kvc_plugin;
+    pl->core = std::move(core);
+    *out = pl;
+  });
+}
+
+KVC_API void kvc_plugin_unload(kvc_plugin *plugin) { delete plugin; }
+
+KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin) { return plugin ? plugin->core->name() : nullptr; }
+
 static const kvc_api g_api = {
     sizeof(kvc_api),
     KVC_API_VERSION,
@@ -674,6 +878,21 @@ static const kvc_api g_api = {
     kvc_quantize_sizes,
     kvc_quantize,
     kvc_dequantize,
+    kvc_attention_params_init,
+    kvc_attention_decode,
+    kvc_attention_prefill,
+    kvc_seq_observe_scores,
+    kvc_seq_scores,
+    kvc_seq_rope_positions,
+    kvc_policy_config_init,
+    kvc_policy_create,
+    kvc_policy_destroy,
+    kvc_seq_set_policy,
+    kvc_pool_set_policy,
+    kvc_evict,
+    kvc_plugin_load,
+    kvc_plugin_unload,
+    kvc_plugin_name,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

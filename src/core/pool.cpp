@@ -98,6 +98,18 @@ void Pool::validate(PoolConfig &c) {
   check_range("num_kv_heads", c.num_kv_heads, 1, 65536);
   check_range("head_dim", c.head_dim, 1, 1024);
   check_range("block_size", c.block_size, 1, 4096);
+  {
+    const int32_t rs = static_cast<int32_t>(c.rope_style);
+    if (rs < 0 || rs > 2)
+      fail(Errc::InvalidArgument, "rope_style " + std::to_string(rs) +
+                                      ": unknown (KVC_ROPE_NONE, KVC_ROPE_INTERLEAVED or KVC_ROPE_NEOX)");
+    if (c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim)
+      fail(Errc::InvalidArgument, "rope_dims " + u64s(c.rope_dims) + " must be even and at most head_dim (0: head_dim)");
+    if (c.rope_style != RopeStyle::None && c.rope_dims == 0 && c.head_dim % 2 != 0)
+      fail(Errc::InvalidArgument, "RoPE needs an even head_dim (or an even rope_dims)");
+    if (!(c.rope_theta > 1.0 && c.rope_theta <= 1e12))
+      fail(Errc::InvalidArgument, "rope_theta must be in (1, 1e12] (default 10000)");
+  }
   if (c.num_q_heads % c.num_kv_heads != 0)
     fail(Errc::InvalidArgument, "num_q_heads " + u64s(c.num_q_heads) +
                                     " is not a multiple of num_kv_heads " + u64s(c.num_kv_heads));
@@ -580,6 +592,7 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
     }
     tokens_stored_ -= l.n_tokens - keep;
     l.n_tokens = keep;
+    if (s.track_scores) l.scores.resize(keep * cfg_.num_kv_heads);
   }
   s.length = new_length;
   if (unit > 1) note_usage();  // re-staging may have taken residual blocks
@@ -616,6 +629,19 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   if (n_new > kMaxLength - s.length)
     fail(Errc::Overflow, "length " + u64s(s.length) + " + " + u64s(n_new) +
                              " tokens exceeds the maximum of " + u64s(kMaxLength));
+  // Auto-eviction (a policy with auto_evict and a budget): make room under
+  // the cap first. It stays done even if the reservation below then fails.
+  if (const PolicySpec *pol = policy_of(s); pol && pol->auto_evict && pol->budget_tokens) {
+    bool over = false;
+    for (const LayerTable &l : s.layers) over = over || l.n_tokens + n_new > pol->budget_tokens;
+    if (over) evict_locked(id, s, *pol, n_new, nullptr);
+  }
+  if (s.track_scores)  // capacity for the new tokens' scores (may throw: nothing changed yet)
+    for (LayerTable &l : s.layers) l.scores.reserve((l.n_tokens + n_new) * cfg_.num_kv_heads);
+  auto grow_scores = [&] {  // within the reserved capacity: cannot throw
+    if (s.track_scores)
+      for (LayerTable &l : s.layers) l.scores.resize(l.n_tokens * cfg_.num_kv_heads, 0.0f);
+  };
   const BlockDiv bs = block_div(cfg_.block_size);
   if (!residual()) {
     uint64_t needed = 0;
@@ -651,6 +677,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       l.n_lp = l.n_tokens;
     }
     s.length += n_new;
+    grow_scores();
     note_usage();
     return;
   }
@@ -726,6 +753,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     tokens_stored_ += n_new;
   }
   s.length += n_new;
+  grow_scores();
   note_usage();
 }
 
@@ -1073,6 +1101,8 @@ std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uin
       if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
           (i && l.positions[i] <= l.positions[i - 1]))
         return "sequence " + u64s(id) + ": positions not increasing";
+    if (s.track_scores ? l.scores.size() != l.n_tokens * cfg_.num_kv_heads : !l.scores.empty())
+      return "sequence " + u64s(id) + ": score array out of step with the token count";
     for (int32_t b : l.blocks) {
       if (b < 0 || static_cast<uint64_t>(b) >= refs.size())
         return "sequence " + u64s(id) + ": invalid block id";

@@ -11,6 +11,7 @@
 
 #include "codec/codec.h"
 #include "core/block_allocator.h"
+#include "core/policy.h"
 #include "core/convert.h"
 #include "core/rwlock.h"
 #include "core/seq_map.h"
@@ -19,6 +20,8 @@ namespace kvc::core {
 
 enum class Layout : int32_t { NHD = 0, HND = 1 };
 enum class Device : int32_t { CPU = 0, CUDA = 1 };
+// Values equal the public kvc_rope_style values.
+enum class RopeStyle : int32_t { None = 0, Interleaved = 1, Neox = 2 };
 
 constexpr uint32_t kFlagZeroOnFree = 0x1u;
 
@@ -45,6 +48,20 @@ struct PoolConfig {
   Layout layout = Layout::NHD;
   Device device = Device::CPU;
   int32_t device_index = 0;
+  // Rotary embedding the engine applied to the keys (needed to re-rotate
+  // keys whose positions shift; None: positions never shift).
+  RopeStyle rope_style = RopeStyle::None;
+  uint32_t rope_dims = 0;  // rotated dimensions per head (0: head_dim)
+  double rope_theta = 10000.0;
+};
+
+// Attention over the pool's blocks (attention.cpp).
+struct AttnParams {
+  uint32_t num_q_heads = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  DType q_dtype = DType::F32, out_dtype = DType::F32;
+  uint32_t observe = 0;       // 0: none, 1: accumulate attention mass (H2O), 2: replace (TOVA)
+  uint64_t observe_from = 0;  // prefill: first query row whose attention is observed
 };
 
 // Scale entries per token slot in a block for a codec (per-token: one per
@@ -102,16 +119,27 @@ struct LayerTable {
   uint64_t tail_pos = 0;
   uint64_t tail_index = 0;
   std::vector<int32_t> positions;
+  // Observed attention mass per token and KV head ([n_tokens][kv_heads]),
+  // kept only while the sequence tracks scores.
+  std::vector<float> scores;
+  // Keys were re-rotated to their in-cache index (StreamingLLM positions):
+  // the RoPE position of token i is i, not its text position.
+  bool rope_by_index = false;
 
   int64_t position_of(uint64_t index) const {
     return index >= tail_index ? static_cast<int64_t>(tail_pos + (index - tail_index))
                                : positions[index];
+  }
+  int64_t rope_position_of(uint64_t index) const {
+    return rope_by_index ? static_cast<int64_t>(index) : position_of(index);
   }
 };
 
 struct Sequence {
   uint64_t length = 0;  // next position to write
   std::vector<LayerTable> layers;
+  bool track_scores = false;  // layers keep `scores`
+  std::shared_ptr<const PolicySpec> policy;  // null: the pool's default
 };
 
 class Pool {
@@ -148,6 +176,23 @@ class Pool {
   size_t export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n_seqs, int32_t *indptr,
                            int32_t *indices, size_t capacity, int32_t *last_page_len) const;
 
+  // Attention of n_q query rows per sequence over one layer (attention.cpp).
+  // Decode (prefill false): every query sees all of its sequence's tokens.
+  // Prefill: one sequence; query i is the layer's token n - n_q + i and sees
+  // tokens [0, n - n_q + i] (causal).
+  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                 bool prefill, void *out, float *lse, const AttnParams &p);
+
+  // Eviction (evict.cpp).
+  void set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p);
+  void set_default_policy(std::shared_ptr<const PolicySpec> p);
+  // Applies `policy` (or the sequence's / the pool's) to every layer;
+  // dropped: NULL or [num_layers] tokens dropped per layer.
+  void evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped);
+  void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate);
+  void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
+  void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
+
   // Debug / fuzz support: verifies every invariant (block states, reference
   // counts equal to the number of block-table entries, token counts); returns
   // "" or the first violation.
@@ -182,6 +227,13 @@ class Pool {
   void read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
                      uint8_t *v_out, DType dst) const;
   uint64_t bytes_in_use() const;
+  void enable_scores(Sequence &s);  // exclusive lock held; may throw bad_alloc (nothing changed)
+  const PolicySpec *policy_of(const Sequence &s) const;
+  // Plans and applies an eviction of every layer of `s` (exclusive lock
+  // held): all checks first, then changes that cannot fail.
+  void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped);
+  void attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
+                  float *out, float *lse, const AttnParams &p, float *obs_scores) const;
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                   const float *src_f32, uint32_t slot, uint64_t count) const;
   void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
@@ -204,6 +256,7 @@ class Pool {
   uint64_t peak_bytes_ = 0;
   uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
   uint32_t unit_ = 1;  // tokens encoded together when aging (per-channel group size)
+  std::shared_ptr<const PolicySpec> default_policy_;
   mutable RwLock mu_;
 };
 

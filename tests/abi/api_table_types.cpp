@@ -45,5 +45,22 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(quantize, kvc_quantize);
   SAME(dequantize, kvc_dequantize);
 #endif
+#if KVC_API_VERSION >= 3
+  SAME(attention_params_init, kvc_attention_params_init);
+  SAME(attention_decode, kvc_attention_decode);
+  SAME(attention_prefill, kvc_attention_prefill);
+  SAME(seq_observe_scores, kvc_seq_observe_scores);
+  SAME(seq_scores, kvc_seq_scores);
+  SAME(seq_rope_positions, kvc_seq_rope_positions);
+  SAME(policy_config_init, kvc_policy_config_init);
+  SAME(policy_create, kvc_policy_create);
+  SAME(policy_destroy, kvc_policy_destroy);
+  SAME(seq_set_policy, kvc_seq_set_policy);
+  SAME(pool_set_policy, kvc_pool_set_policy);
+  SAME(evict, kvc_evict);
+  SAME(plugin_load, kvc_plugin_load);
+  SAME(plugin_unload, kvc_plugin_unload);
+  SAME(plugin_name, kvc_plugin_name);
+#endif
   return n;
 }

@@ -83,7 +83,10 @@ FIELD(kvc_pool_config, residual_window, 88, 4);
 FIELD(kvc_pool_config, residual_dtype, 92, 4);
 FIELD(kvc_pool_config, residual_fraction, 96, 8);
 FIELD(kvc_pool_config, num_residual_blocks, 104, 8);
-SIZE(kvc_pool_config, 112);
+FIELD(kvc_pool_config, rope_style, 112, 4); /* 0.3 */
+FIELD(kvc_pool_config, rope_dims, 116, 4);
+FIELD(kvc_pool_config, rope_theta, 120, 8);
+SIZE(kvc_pool_config, 128);
 
 /* ---- kvc_stats (minimum accepted size: through blocks_shared = 48) ---- */
 FIELD(kvc_stats, struct_size, 0, 8);
@@ -204,7 +207,56 @@ FIELD(kvc_api, quant_sizes_init, 240, 8);
 FIELD(kvc_api, quantize_sizes, 248, 8);
 FIELD(kvc_api, quantize, 256, 8);
 FIELD(kvc_api, dequantize, 264, 8);
-SIZE(kvc_api, 272); /* end of version 2 */
+/* end of version 2 (272 bytes) */
+FIELD(kvc_api, attention_params_init, 272, 8); /* version 3 */
+FIELD(kvc_api, attention_decode, 280, 8);
+FIELD(kvc_api, attention_prefill, 288, 8);
+FIELD(kvc_api, seq_observe_scores, 296, 8);
+FIELD(kvc_api, seq_scores, 304, 8);
+FIELD(kvc_api, seq_rope_positions, 312, 8);
+FIELD(kvc_api, policy_config_init, 320, 8);
+FIELD(kvc_api, policy_create, 328, 8);
+FIELD(kvc_api, policy_destroy, 336, 8);
+FIELD(kvc_api, seq_set_policy, 344, 8);
+FIELD(kvc_api, pool_set_policy, 352, 8);
+FIELD(kvc_api, evict, 360, 8);
+FIELD(kvc_api, plugin_load, 368, 8);
+FIELD(kvc_api, plugin_unload, 376, 8);
+FIELD(kvc_api, plugin_name, 384, 8);
+SIZE(kvc_api, 392); /* end of version 3 */
+
+/* ---- kvc_attention_params (0.3; minimum: the whole first version) ---- */
+FIELD(kvc_attention_params, struct_size, 0, 8);
+FIELD(kvc_attention_params, num_q_heads, 8, 4);
+FIELD(kvc_attention_params, scale, 12, 4);
+FIELD(kvc_attention_params, q_dtype, 16, 4);
+FIELD(kvc_attention_params, out_dtype, 20, 4);
+FIELD(kvc_attention_params, observe, 24, 4);
+FIELD(kvc_attention_params, observe_from, 32, 8);
+SIZE(kvc_attention_params, 40);
+
+/* ---- kvc_policy_config (0.3; minimum: the whole first version) ---- */
+FIELD(kvc_policy_config, struct_size, 0, 8);
+FIELD(kvc_policy_config, kind, 8, 4);
+FIELD(kvc_policy_config, sink_tokens, 12, 4);
+FIELD(kvc_policy_config, budget_tokens, 16, 8);
+FIELD(kvc_policy_config, compression_ratio, 24, 8);
+FIELD(kvc_policy_config, recent_tokens, 32, 4);
+FIELD(kvc_policy_config, window, 36, 4);
+FIELD(kvc_policy_config, recent_fraction, 40, 8);
+FIELD(kvc_policy_config, kernel_size, 48, 4);
+FIELD(kvc_policy_config, pooling, 52, 4);
+FIELD(kvc_policy_config, schedule, 56, 4);
+FIELD(kvc_policy_config, beta, 64, 8);
+FIELD(kvc_policy_config, shift_positions, 72, 4);
+FIELD(kvc_policy_config, auto_evict, 76, 4);
+FIELD(kvc_policy_config, plugin, 80, 8);
+SIZE(kvc_policy_config, 88);
+_Static_assert(KVC_POLICY_NONE == 0 && KVC_POLICY_STREAMING == 1 && KVC_POLICY_H2O == 2 &&
+                   KVC_POLICY_SNAPKV == 3 && KVC_POLICY_PYRAMIDKV == 4 && KVC_POLICY_TOVA == 5 &&
+                   KVC_POLICY_PLUGIN == 6, "policy kind values");
+_Static_assert(KVC_ROPE_NONE == 0 && KVC_ROPE_INTERLEAVED == 1 && KVC_ROPE_NEOX == 2, "rope values");
+_Static_assert(KVC_OBSERVE_NONE == 0 && KVC_OBSERVE_ACCUMULATE == 1 && KVC_OBSERVE_REPLACE == 2, "observe values");
 #else
 #define KVC_LAYOUT_CHECKED 0
 #endif

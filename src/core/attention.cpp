@@ -1,0 +1,267 @@
+// Attention over the pool's paged, possibly quantized blocks: decode (a
+// batch of sequences, one or more query rows each) and causal prefill, with
+// grouped-query heads, online softmax (FlashAttention's running max and sum;
+// no score matrix), optional log-sum-exp output and optional observation of
+// each cached token's attention mass for the eviction policies (H2O, TOVA,
+// SnapKV).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <shared_mutex>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "core/error.h"
+#include "core/pool.h"
+
+namespace kvc::core {
+
+namespace {
+
+std::string u64s(uint64_t v) { return std::to_string(v); }
+
+float dot_scalar(const float *a, const float *b, uint64_t n) {
+  float s = 0.0f;
+  for (uint64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+void axpy_scalar(float *y, float a, const float *x, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) float dot_avx2(const float *a, const float *b, uint64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  if (i + 8 <= n) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    i += 8;
+  }
+  s0 = _mm256_add_ps(s0, s1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  float s = _mm_cvtss_f32(h);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+__attribute__((target("avx2,fma"))) void axpy_avx2(float *y, float a, const float *x, uint64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+bool has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+struct Kernels {
+  float (*dot)(const float *, const float *, uint64_t);
+  void (*axpy)(float *, float, const float *, uint64_t);
+};
+const Kernels &kernels() {
+  static const Kernels k = [] {
+#if defined(__x86_64__)
+    if (has_avx2_fma()) return Kernels{dot_avx2, axpy_avx2};
+#endif
+    return Kernels{dot_scalar, axpy_scalar};
+  }();
+  return k;
+}
+
+// Per-thread buffers (grown, never shrunk).
+struct AttnScratch {
+  std::vector<float> q, out, tile, state, obs, sc;
+};
+AttnScratch &scratch() {
+  thread_local AttnScratch s;
+  return s;
+}
+float *grow(std::vector<float> &v, uint64_t n) {
+  if (v.size() < n) v.resize(n);
+  return v.data();
+}
+
+}  // namespace
+
+// One sequence's layer: n_q query rows (f32, already multiplied by the
+// scale) -> out rows (f32) and lse. obs_scores: null, or [n_tokens][kv_heads]
+// to which the attention probability of every observed row is added (summed
+// over the query heads of each KV head).
+void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
+                      float *out, float *lse, const AttnParams &p, float *obs_scores) const {
+  const Kernels &kr = kernels();
+  const uint64_t n = l.n_tokens, hq = p.num_q_heads, h = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  const uint64_t grp = hq / h, row = h * hd, bs = cfg_.block_size;
+  AttnScratch &sc = scratch();
+  float *tile = grow(sc.tile, 2 * bs * row);
+  float *kt = tile, *vt = tile + bs * row;
+  float *s_tok = grow(sc.sc, bs);
+  constexpr uint64_t kRows = 32;
+  for (uint64_t i0 = 0; i0 < n_q; i0 += kRows) {
+    const uint64_t rows = std::min(kRows, n_q - i0);
+    auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
+    const uint64_t max_vis = vis(i0 + rows - 1);
+    float *state = grow(sc.state, rows * hq * (hd + 2));
+    float *m = state, *ls = state + rows * hq, *acc = state + 2 * rows * hq;
+    std::fill(m, m + rows * hq, -std::numeric_limits<float>::infinity());
+    std::fill(ls, ls + rows * hq, 0.0f);
+    std::fill(acc, acc + rows * hq * hd, 0.0f);
+    // Raw scores of observed rows, kept for the probabilities at the end.
+    const uint64_t obs_first = obs_scores ? std::max(i0, std::min(p.observe_from, i0 + rows)) : i0 + rows;
+    const uint64_t obs_rows = i0 + rows - obs_first;
+    float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
+    for (uint64_t t0 = 0; t0 < max_vis;) {
+      uint64_t cnt;
+      if (t0 < l.n_lp) {
+        const uint32_t slot = static_cast<uint32_t>(t0 % bs);
+        cnt = std::min({bs - slot, l.n_lp - t0, max_vis - t0});
+        const uint8_t *blk = block_ptr(l.blocks[t0 / bs]);
+        read_part(0, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(kt), DType::F32);
+        read_part(1, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(vt), DType::F32);
+      } else {
+        const uint64_t r = l.res_off + (t0 - l.n_lp);
+        const uint32_t slot = static_cast<uint32_t>(r % bs);
+        cnt = std::min(bs - slot, max_vis - t0);
+        read_residual(res_ptr(l.res_blocks[r / bs]), slot, cnt, reinterpret_cast<uint8_t *>(kt),
+                      reinterpret_cast<uint8_t *>(vt), DType::F32);
+      }
+      for (uint64_t r = 0; r < rows; ++r) {
+        const uint64_t v_r = vis(i0 + r);
+        if (v_r <= t0) continue;
+        const uint64_t c = std::min(cnt, v_r - t0);
+        for (uint64_t hh = 0; hh < hq; ++hh) {
+          const uint64_t g = hh / grp, st = r * hq + hh;
+          const float *qv = q + ((i0 + r) * hq + hh) * hd;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (uint64_t t = 0; t < c; ++t) {
+            s_tok[t] = kr.dot(qv, kt + t * row + g * hd, hd);
+            mx = std::max(mx, s_tok[t]);
+          }
+          if (i0 + r >= obs_first)
+            std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * max_vis + t0, s_tok, c * sizeof(float));
+          const float m_new = std::max(m[st], mx);
+          const float corr = m[st] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[st] - m_new);
+          float *a = acc + st * hd;
+          if (corr != 1.0f) {
+            ls[st] *= corr;
+            for (uint64_t d = 0; d < hd; ++d) a[d] *= corr;
+          }
+          for (uint64_t t = 0; t < c; ++t) {
+            const float pt = std::exp(s_tok[t] - m_new);
+            ls[st] += pt;
+            kr.axpy(a, pt, vt + t * row + g * hd, hd);
+          }
+          m[st] = m_new;
+        }
+      }
+      t0 += cnt;
+    }
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t hh = 0; hh < hq; ++hh) {
+        const uint64_t st = r * hq + hh;
+        float *o = out + ((i0 + r) * hq + hh) * hd;
+        if (ls[st] > 0.0f) {
+          const float inv = 1.0f / ls[st];
+          for (uint64_t d = 0; d < hd; ++d) o[d] = acc[st * hd + d] * inv;
+          lse[(i0 + r) * hq + hh] = m[st] + std::log(ls[st]);
+        } else {  // nothing visible: zeros and -inf, never NaN
+          std::fill(o, o + hd, 0.0f);
+          lse[(i0 + r) * hq + hh] = -std::numeric_limits<float>::infinity();
+        }
+      }
+    for (uint64_t i = obs_first; i < i0 + rows; ++i)
+      for (uint64_t hh = 0; hh < hq; ++hh) {
+        const float ll = lse[i * hq + hh];
+        if (!(ll > -std::numeric_limits<float>::infinity())) continue;
+        const float *sr = obs + ((i - obs_first) * hq + hh) * max_vis;
+        const uint64_t g = hh / grp;
+        for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
+      }
+  }
+}
+
+void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                     bool prefill, void *out, float *lse, const AttnParams &p) {
+  const uint64_t hd = cfg_.head_dim;
+  if (p.num_q_heads == 0 || p.num_q_heads % cfg_.num_kv_heads != 0)
+    fail(Errc::InvalidArgument, "num_q_heads " + u64s(p.num_q_heads) + " must be a non-zero multiple of num_kv_heads " +
+                                    u64s(cfg_.num_kv_heads));
+  if (p.num_q_heads != cfg_.num_q_heads)
+    fail(Errc::InvalidArgument, "num_q_heads " + u64s(p.num_q_heads) + " differs from the pool's " +
+                                    u64s(cfg_.num_q_heads));
+  if (!(p.scale >= 0.0f) || !std::isfinite(p.scale))
+    fail(Errc::InvalidArgument, "scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
+  if (p.observe > 2) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));
+  if (prefill && n_seqs != 1) fail(Errc::InvalidArgument, "prefill attention takes one sequence");
+  const uint64_t per_seq = n_q * p.num_q_heads * hd;
+  if (n_q > (uint64_t(1) << 31) || (n_seqs && per_seq > (uint64_t(1) << 40) / n_seqs))
+    fail(Errc::Overflow, "query shape too large");
+  const float scale = p.scale > 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  // Queries to f32, checked finite, scaled (before any output is written).
+  AttnScratch &sc = scratch();
+  float *qf = grow(sc.q, per_seq * n_seqs);
+  convert(q, p.q_dtype, qf, DType::F32, per_seq * n_seqs);
+  for (uint64_t i = 0; i < per_seq * n_seqs; ++i) {
+    if (!std::isfinite(qf[i]))
+      fail(Errc::NonFinite, "query element " + u64s(i) + " is NaN or Inf: nothing was written");
+    qf[i] *= scale;
+  }
+  float *of = grow(sc.out, per_seq * n_seqs);
+  std::vector<float> lse_local;
+  float *lf = lse;
+  if (!lf) {
+    lse_local.resize(n_seqs * n_q * p.num_q_heads);
+    lf = lse_local.data();
+  }
+  if (p.observe) {
+    // Make sure every observed sequence tracks scores (exclusive, brief).
+    bool need = false;
+    {
+      std::shared_lock lk(mu_);
+      for (size_t i = 0; i < n_seqs; ++i) need = need || !find(ids[i]).track_scores;
+    }
+    if (need) {
+      std::unique_lock lk(mu_);
+      for (size_t i = 0; i < n_seqs; ++i) enable_scores(find(ids[i]));
+    }
+  }
+  std::shared_lock lk(mu_);
+  check_layer(layer);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const Sequence &s = find(ids[i]);
+    const LayerTable &l = s.layers[layer];
+    if (prefill && n_q > l.n_tokens)
+      fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
+                                 u64s(ids[i]) + " holds " + u64s(l.n_tokens) +
+                                 " tokens (append the chunk's K/V first)");
+    if (p.observe && l.scores.size() != l.n_tokens * cfg_.num_kv_heads)
+      fail(Errc::Internal, "score array out of step with the layer");
+  }
+  for (size_t i = 0; i < n_seqs; ++i) {
+    Sequence &s = const_cast<Sequence &>(find(ids[i]));
+    LayerTable &l = s.layers[layer];
+    float *obs = nullptr;
+    if (p.observe) {
+      obs = l.scores.data();
+      if (p.observe == 2) std::fill(l.scores.begin(), l.scores.end(), 0.0f);
+    }
+    attend_one(layer, l, qf + i * per_seq, n_q, prefill, of + i * per_seq, lf + i * n_q * p.num_q_heads, p,
+               obs);
+  }
+  convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
+}
+
+}  // namespace kvc::core

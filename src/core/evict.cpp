@@ -1,0 +1,277 @@
+// Eviction: a policy picks the tokens each layer keeps; the survivors are
+// compacted, in order, into the fewest blocks; emptied blocks are freed;
+// shared blocks are copied before they are written; positions (and, for
+// StreamingLLM's in-cache positions, the keys' rotary embedding) follow.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <vector>
+
+#include "core/error.h"
+#include "core/pool.h"
+
+namespace kvc::core {
+
+namespace {
+std::string u64s(uint64_t v) { return std::to_string(v); }
+}  // namespace
+
+void Pool::enable_scores(Sequence &s) {
+  if (s.track_scores) return;
+  std::vector<std::vector<float>> fresh(s.layers.size());  // may throw: nothing changed
+  for (size_t i = 0; i < s.layers.size(); ++i) fresh[i].assign(s.layers[i].n_tokens * cfg_.num_kv_heads, 0.0f);
+  for (size_t i = 0; i < s.layers.size(); ++i) s.layers[i].scores.swap(fresh[i]);
+  s.track_scores = true;
+}
+
+const PolicySpec *Pool::policy_of(const Sequence &s) const {
+  if (s.policy) return s.policy.get();
+  return default_policy_.get();
+}
+
+void Pool::set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p) {
+  std::unique_lock lk(mu_);
+  Sequence &s = find(id);
+  if (p && p->shift_positions && cfg_.rope_style == RopeStyle::None)
+    fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+  if (p && p->needs_scores()) enable_scores(s);
+  s.policy = std::move(p);
+}
+
+void Pool::set_default_policy(std::shared_ptr<const PolicySpec> p) {
+  std::unique_lock lk(mu_);
+  if (p && p->shift_positions && cfg_.rope_style == RopeStyle::None)
+    fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+  default_policy_ = std::move(p);
+}
+
+void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate) {
+  std::unique_lock lk(mu_);
+  Sequence &s = find(id);
+  check_layer(layer);
+  const uint64_t h = cfg_.num_kv_heads;
+  if (n != s.layers[layer].n_tokens)
+    fail(Errc::InvalidArgument, "scores for " + u64s(n) + " tokens but layer " + u64s(layer) + " holds " +
+                                    u64s(s.layers[layer].n_tokens));
+  for (uint64_t i = 0; i < n * h; ++i)
+    if (!std::isfinite(scores[i]) || scores[i] < 0.0f)
+      fail(Errc::NonFinite, "score " + u64s(i) + " is negative, NaN or Inf: nothing was changed");
+  enable_scores(s);
+  std::vector<float> &dst = s.layers[layer].scores;
+  for (uint64_t i = 0; i < n * h; ++i) dst[i] = accumulate ? dst[i] + scores[i] : scores[i];
+}
+
+void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const {
+  std::shared_lock lk(mu_);
+  const Sequence &s = find(id);
+  check_layer(layer);
+  const LayerTable &l = s.layers[layer];
+  if (n != l.n_tokens)
+    fail(Errc::BufferTooSmall, "layer " + u64s(layer) + " holds " + u64s(l.n_tokens) + " tokens, not " + u64s(n));
+  const uint64_t cnt = n * cfg_.num_kv_heads;
+  if (s.track_scores) std::memcpy(out, l.scores.data(), cnt * sizeof(float));
+  else std::fill(out, out + cnt, 0.0f);
+}
+
+void Pool::rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const {
+  std::shared_lock lk(mu_);
+  const Sequence &s = find(id);
+  check_layer(layer);
+  const LayerTable &l = s.layers[layer];
+  if (n > s.length || pos > s.length - n || pos < l.tail_pos)
+    fail(Errc::OutOfRange, "positions [" + u64s(pos) + ", " + u64s(pos + n) + ") are not the layer's tail (" +
+                               u64s(l.tail_pos) + " to " + u64s(s.length) + ")");
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t idx = l.tail_index + (pos + i - l.tail_pos);
+    out[i] = static_cast<int32_t>(l.rope_by_index ? idx : pos + i);
+  }
+}
+
+void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
+  std::unique_lock lk(mu_);
+  Sequence &s = find(id);
+  const PolicySpec *p = policy ? policy : policy_of(s);
+  if (!p) {  // no policy: nothing to do
+    if (dropped) std::fill(dropped, dropped + cfg_.num_layers, 0);
+    return;
+  }
+  evict_locked(id, s, *p, 0, dropped);
+}
+
+namespace {
+
+// Rotates one head's key by `delta` positions (RoPE is a rotation per pair
+// of dimensions: rotating by a then by b is rotating by a + b).
+void rope_rotate(float *x, uint32_t hd, uint32_t dims, RopeStyle style, double theta, int64_t delta) {
+  const uint32_t half = dims / 2;
+  for (uint32_t i = 0; i < half; ++i) {
+    const double freq = std::pow(theta, -2.0 * i / dims);
+    const double a = static_cast<double>(delta) * freq, c = std::cos(a), sn = std::sin(a);
+    const uint32_t i0 = style == RopeStyle::Interleaved ? 2 * i : i;
+    const uint32_t i1 = style == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
+    if (i1 >= hd) break;
+    const double x0 = x[i0], x1 = x[i1];
+    x[i0] = static_cast<float>(x0 * c - x1 * sn);
+    x[i1] = static_cast<float>(x0 * sn + x1 * c);
+  }
+}
+
+}  // namespace
+
+void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped) {
+  const uint32_t nl = cfg_.num_layers;
+  const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
+  // ---- plan: every check and allocation before the first change ----
+  std::vector<std::vector<uint32_t>> keep(nl);
+  std::vector<uint64_t> first_write(nl, UINT64_MAX);
+  std::vector<char> shift(nl, 0);
+  uint64_t cow_needed = 0;
+  std::vector<float> keys;  // plugin input
+  for (uint32_t li = 0; li < nl; ++li) {
+    const LayerTable &l = s.layers[li];
+    const uint64_t n = l.n_tokens;
+    uint64_t target;
+    if (reserve_new) {  // auto-eviction before a reservation: make room under the cap
+      if (n + reserve_new <= p.budget_tokens) continue;
+      target = p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1;
+      target = std::min(target, layer_target(p, li, nl, n));
+    } else {
+      target = layer_target(p, li, nl, n);
+    }
+    if (n == 0 || target >= n) continue;
+    if (residual())
+      fail(Errc::Unsupported, "eviction in a pool with a residual window or hybrid precision (KIVI, "
+                              "per-channel keys) is not supported: their tokens are encoded in groups");
+    LayerView v;
+    v.n = n;
+    v.kv_heads = static_cast<uint32_t>(h);
+    v.head_dim = static_cast<uint32_t>(hd);
+    v.layer = li;
+    v.num_layers = nl;
+    v.scores = s.track_scores ? l.scores.data() : nullptr;
+    std::vector<int32_t> pos;
+    if (p.kind == PolicyKind::Plugin) {
+      keys.resize(n * row);
+      pos.resize(n);
+      for (uint64_t t = 0; t < n;) {
+        const uint32_t slot = static_cast<uint32_t>(t % bs);
+        const uint64_t run = std::min(bs - slot, n - t);
+        read_part(0, li, block_ptr(l.blocks[t / bs]), slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
+                  DType::F32);
+        t += run;
+      }
+      for (uint64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(l.position_of(t));
+      v.keys = keys.data();
+      v.positions = pos.data();
+    }
+    select_keep(p, v, target, keep[li]);
+    const std::vector<uint32_t> &k = keep[li];
+    if (k.size() == n) continue;
+    const bool sh = p.shift_positions || l.rope_by_index;
+    if (sh && cfg_.rope_style == RopeStyle::None)
+      fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+    shift[li] = sh;
+    uint64_t fw = k.size();
+    for (uint64_t j = 0; j < k.size(); ++j)
+      if (k[j] != j || (sh && l.rope_position_of(k[j]) != static_cast<int64_t>(j))) {
+        fw = j;
+        break;
+      }
+    first_write[li] = fw;
+    const uint64_t kept_blocks = (k.size() + bs - 1) / bs;
+    for (uint64_t b = fw / bs; b < kept_blocks; ++b)
+      if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
+  }
+  if (cow_needed > alloc_.available())
+    fail(Errc::PoolExhausted, "pool exhausted: eviction must copy " + u64s(cow_needed) + " shared blocks, " +
+                                  u64s(alloc_.available()) + " available; nothing changed");
+  // Buffers the changes need (may throw: nothing changed yet).
+  std::vector<std::vector<int32_t>> new_pos(nl);
+  for (uint32_t li = 0; li < nl; ++li)
+    if (first_write[li] != UINT64_MAX) new_pos[li].reserve(keep[li].size());
+  float *krow = scratch_input(2 * row);
+  // ---- apply: nothing below throws ----
+  for (uint32_t li = 0; li < nl; ++li) {
+    if (dropped) dropped[li] = 0;
+    if (first_write[li] == UINT64_MAX) continue;
+    LayerTable &l = s.layers[li];
+    const std::vector<uint32_t> &k = keep[li];
+    const uint64_t n = l.n_tokens, kn = k.size(), kept_blocks = (kn + bs - 1) / bs;
+    for (uint64_t b = first_write[li] / bs; b < kept_blocks; ++b)
+      if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
+    // Move the survivors forward (destination index j <= source k[j]).
+    for (uint64_t j = first_write[li]; j < kn; ++j) {
+      if (k[j] == j) continue;
+      const uint8_t *src = block_ptr(l.blocks[k[j] / bs]);
+      uint8_t *dst = block_ptr(l.blocks[j / bs]);
+      const uint64_t ss = k[j] % bs, ds = j % bs;
+      for (int kv = 0; kv < 2; ++kv) {
+        const PartLayout &pl = part_[kv];
+        if (!pl.quantized && cfg_.layout == Layout::HND) {
+          const uint64_t e = dtype_bytes(static_cast<DType>(pl.spec.dtype));
+          for (uint64_t hh = 0; hh < h; ++hh)
+            std::memcpy(dst + pl.offset + hh * pl.head_stride + ds * pl.token_stride,
+                        src + pl.offset + hh * pl.head_stride + ss * pl.token_stride, hd * e);
+        } else {
+          std::memcpy(dst + pl.offset + ds * pl.token_stride, src + pl.offset + ss * pl.token_stride,
+                      pl.token_stride);
+        }
+        if (pl.quantized && pl.scales_per_token) {
+          const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
+          std::memcpy(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, sb);
+          if (pl.spec.asym) std::memcpy(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, sb);
+        }
+      }
+    }
+    // Re-rotate the keys whose in-cache position changed (llama.cpp's K-shift).
+    if (shift[li]) {
+      const uint32_t dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
+      for (uint64_t j = first_write[li]; j < kn; ++j) {
+        const int64_t delta = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
+        if (delta == 0) continue;
+        uint8_t *blk = block_ptr(l.blocks[j / bs]);
+        const uint32_t slot = static_cast<uint32_t>(j % bs);
+        read_part(0, li, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32);
+        for (uint64_t hh = 0; hh < h; ++hh)
+          rope_rotate(krow + hh * hd, cfg_.head_dim, dims, cfg_.rope_style, cfg_.rope_theta, delta);
+        if (part_[0].quantized) {
+          if (part_[0].rotation_block) codec::hadamard(krow, row, part_[0].rotation_block);
+          write_part(0, li, blk, nullptr, DType::F32, krow, slot, 1);
+        } else {
+          write_part(0, li, blk, reinterpret_cast<const uint8_t *>(krow), DType::F32, nullptr, slot, 1);
+        }
+      }
+    }
+    // Positions (text positions; the RoPE position is the index once shifted).
+    std::vector<int32_t> &np = new_pos[li];
+    for (uint64_t j = 0; j < kn; ++j) np.push_back(static_cast<int32_t>(l.position_of(k[j])));
+    uint64_t u = kn;  // the tail: the longest run of consecutive positions ending at length - 1
+    if (kn && static_cast<uint64_t>(np[kn - 1]) + 1 == s.length) {
+      u = kn - 1;
+      while (u > 0 && np[u - 1] + 1 == np[u]) --u;
+    }
+    l.tail_index = u;
+    l.tail_pos = u < kn ? static_cast<uint64_t>(np[u]) : s.length;
+    np.resize(u);
+    l.positions.swap(np);
+    if (shift[li]) l.rope_by_index = true;
+    if (s.track_scores) {
+      for (uint64_t j = 0; j < kn; ++j)
+        for (uint64_t hh = 0; hh < h; ++hh) l.scores[j * h + hh] = l.scores[k[j] * h + hh];
+      l.scores.resize(kn * h);
+    }
+    while (l.blocks.size() > kept_blocks) {
+      release_block(l.blocks.back());
+      l.blocks.pop_back();
+    }
+    tokens_stored_ -= n - kn;
+    l.n_tokens = kn;
+    l.n_lp = kn;
+    if (dropped) dropped[li] = n - kn;
+  }
+  (void)id;
+}
+
+}  // namespace kvc::core

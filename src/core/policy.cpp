@@ -1,0 +1,174 @@
+#include "core/policy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/plugin.h"
+
+namespace kvc::core {
+
+namespace {
+std::string u64s(uint64_t v) { return std::to_string(v); }
+}  // namespace
+
+void PolicySpec::validate() const {
+  const int32_t k = static_cast<int32_t>(kind);
+  if (k < 0 || k > static_cast<int32_t>(PolicyKind::Plugin))
+    fail(Errc::InvalidArgument, "policy kind " + std::to_string(k) + " is unknown");
+  if (!(compression_ratio >= 0.0 && compression_ratio < 1.0))
+    fail(Errc::InvalidArgument, "compression_ratio must be in [0, 1) (the fraction dropped; kvpress's convention)");
+  if (!(recent_fraction >= 0.0 && recent_fraction <= 1.0))
+    fail(Errc::InvalidArgument, "recent_fraction must be in [0, 1]");
+  if (kernel_size == 0 || kernel_size % 2 == 0 || kernel_size > 1025)
+    fail(Errc::InvalidArgument, "kernel_size " + u64s(kernel_size) + " must be odd, 1..1025");
+  if (pooling != Pooling::Max && pooling != Pooling::Avg)
+    fail(Errc::InvalidArgument, "pooling must be KVC_POOLING_MAX or KVC_POOLING_AVG");
+  if (schedule != Schedule::Paper && schedule != Schedule::Linear)
+    fail(Errc::InvalidArgument, "pyramid schedule must be KVC_PYRAMID_PAPER or KVC_PYRAMID_LINEAR");
+  if (!(beta >= 1.0 && beta <= 1e6)) fail(Errc::InvalidArgument, "beta must be in [1, 1e6]");
+  if (kind == PolicyKind::Plugin && !plugin)
+    fail(Errc::InvalidArgument, "a plugin policy needs a loaded plugin (kvc_plugin_load)");
+  if (kind != PolicyKind::Plugin && plugin)
+    fail(Errc::InvalidArgument, "a plugin is set on a policy whose kind is not KVC_POLICY_PLUGIN");
+  if (kind == PolicyKind::Streaming && budget_tokens == 0 && compression_ratio == 0.0 && recent_tokens == 0)
+    fail(Errc::InvalidArgument, "streaming needs a window: set recent_tokens (W), budget_tokens or compression_ratio");
+  if (auto_evict && budget_tokens == 0)
+    fail(Errc::InvalidArgument, "auto_evict needs budget_tokens (the per-layer cap it enforces)");
+}
+
+uint64_t base_target(const PolicySpec &p, uint64_t n) {
+  if (n == 0) return 0;
+  uint64_t t = n;
+  if (p.budget_tokens) t = std::min(t, p.budget_tokens);
+  if (p.compression_ratio > 0.0) {
+    const double keep = std::floor(static_cast<double>(n) * (1.0 - p.compression_ratio));
+    t = std::min(t, std::max<uint64_t>(1, static_cast<uint64_t>(keep)));
+  }
+  if (p.kind == PolicyKind::Streaming && !p.budget_tokens && p.compression_ratio == 0.0)
+    t = std::min<uint64_t>(n, static_cast<uint64_t>(p.sink_tokens) + p.recent_tokens);
+  return std::max<uint64_t>(t, 1);
+}
+
+uint64_t layer_target(const PolicySpec &p, uint32_t layer, uint32_t num_layers, uint64_t n) {
+  const uint64_t base = base_target(p, n);
+  if (p.kind != PolicyKind::PyramidKV || num_layers <= 1 || n == 0) return base;
+  // PyramidKV: budgets fall linearly from the first layer to the last. The
+  // paper's schedule keeps the total (last = base / beta, first = 2 base -
+  // last); the linear one goes from 1.0 to 0.2 of the base. Floors keep the
+  // sum at or below num_layers x base; every layer keeps at least 1.
+  const double b = static_cast<double>(base), frac = static_cast<double>(layer) / (num_layers - 1);
+  double t;
+  if (p.schedule == Schedule::Paper) {
+    const double last = b / p.beta, first = 2.0 * b - last;
+    t = first - (first - last) * frac;
+  } else {
+    t = b * (1.0 - 0.8 * frac);
+  }
+  return std::min<uint64_t>(n, std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(t))));
+}
+
+void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out) {
+  const uint64_t r = kernel / 2;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t lo = i >= r ? i - r : 0, hi = std::min(n - 1, i + r);
+    float acc = how == Pooling::Max ? x[lo] : 0.0f;
+    for (uint64_t j = lo; j <= hi; ++j) acc = how == Pooling::Max ? std::max(acc, x[j]) : acc + x[j];
+    out[i] = how == Pooling::Max ? acc : acc / static_cast<float>(hi - lo + 1);
+  }
+}
+
+namespace {
+
+// Appends to `keep` the `k` indices of [0, end) with the highest score
+// (ties: the newer token).
+void top_k(const std::vector<float> &score, uint64_t end, uint64_t k, std::vector<uint32_t> &keep) {
+  if (k == 0) return;
+  std::vector<uint32_t> idx(end);
+  std::iota(idx.begin(), idx.end(), 0u);
+  auto better = [&](uint32_t a, uint32_t b) { return score[a] > score[b] || (score[a] == score[b] && a > b); };
+  if (k < end) std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), better);
+  keep.insert(keep.end(), idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(std::min(k, end)));
+}
+
+// Per-token score summed over KV heads.
+std::vector<float> head_sum(const LayerView &v) {
+  std::vector<float> s(v.n, 0.0f);
+  if (v.scores)
+    for (uint64_t t = 0; t < v.n; ++t)
+      for (uint32_t h = 0; h < v.kv_heads; ++h) s[t] += v.scores[t * v.kv_heads + h];
+  return s;
+}
+
+}  // namespace
+
+void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::vector<uint32_t> &keep) {
+  keep.clear();
+  const uint64_t n = v.n;
+  target = std::min(target, n);
+  if (target == n || p.kind == PolicyKind::None) {
+    keep.resize(n);
+    std::iota(keep.begin(), keep.end(), 0u);
+    return;
+  }
+  keep.reserve(target);
+  switch (p.kind) {
+    case PolicyKind::Streaming: {
+      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
+      for (uint64_t i = 0; i < sinks; ++i) keep.push_back(static_cast<uint32_t>(i));
+      for (uint64_t i = n - (target - sinks); i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      break;
+    }
+    case PolicyKind::H2O:
+    case PolicyKind::Plugin: {
+      // A protected window of the newest tokens (floor: a window that rounds
+      // down to 0 protects nothing), then the highest-scoring older tokens.
+      uint64_t recent = p.kind == PolicyKind::H2O
+                            ? static_cast<uint64_t>(std::floor(static_cast<double>(target) * p.recent_fraction))
+                            : p.recent_tokens;
+      recent = std::min(recent, target);
+      std::vector<float> s;
+      if (p.kind == PolicyKind::H2O) {
+        s = head_sum(v);
+      } else {
+        s.assign(n, 0.0f);
+        kvc_plugin_layer_view pv{};
+        pv.struct_size = sizeof pv;
+        pv.layer = v.layer;
+        pv.num_layers = v.num_layers;
+        pv.n_tokens = n;
+        pv.num_kv_heads = v.kv_heads;
+        pv.head_dim = v.head_dim;
+        pv.keys = v.keys;
+        pv.positions = v.positions;
+        pv.attention = v.scores;
+        p.plugin->score(pv, s.data());
+      }
+      top_k(s, n - recent, target - recent, keep);
+      for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      break;
+    }
+    case PolicyKind::TOVA: {
+      const std::vector<float> s = head_sum(v);
+      top_k(s, n, target, keep);
+      break;
+    }
+    case PolicyKind::SnapKV:
+    case PolicyKind::PyramidKV: {
+      // The observation window (newest tokens) stays; the prefix is ranked
+      // by the window's attention, pooled along the tokens.
+      const uint64_t win = std::min<uint64_t>(p.window, target);
+      const uint64_t prefix = n - win;
+      std::vector<float> s = head_sum(v), pooled(prefix);
+      if (prefix) pool1d(s.data(), prefix, p.kernel_size, p.pooling, pooled.data());
+      top_k(pooled, prefix, target - win, keep);
+      for (uint64_t i = prefix; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      break;
+    }
+    case PolicyKind::None: break;
+  }
+  std::sort(keep.begin(), keep.end());
+}
+
+}  // namespace kvc::core

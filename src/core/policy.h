@@ -1,0 +1,76 @@
+// Eviction policies: which tokens of one layer to keep. Pure functions of a
+// layer's token count, observed attention scores and (for plugins) keys, so
+// they are tested on hand-made score patterns without a pool.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace kvc::core {
+
+// Values equal the public kvc_policy_kind values.
+enum class PolicyKind : int32_t {
+  None = 0,       // keep everything
+  Streaming = 1,  // StreamingLLM: S attention sinks + the newest tokens (arXiv 2309.17453)
+  H2O = 2,        // heavy hitters by accumulated attention + a recent window (arXiv 2306.14048)
+  SnapKV = 3,     // observation-window attention, pooled, top-k + the window (arXiv 2404.14469)
+  PyramidKV = 4,  // SnapKV scoring under per-layer pyramid budgets (arXiv 2406.02069)
+  TOVA = 5,       // the latest query's attention, top-k (arXiv 2401.06104)
+  Plugin = 6,     // scores from a loaded plugin (kvcache_plugin.h) + a recent window
+};
+enum class Pooling : int32_t { Max = 0, Avg = 1 };
+enum class Schedule : int32_t { Paper = 0, Linear = 1 };
+
+class Plugin;  // plugin.h
+
+struct PolicySpec {
+  PolicyKind kind = PolicyKind::None;
+  uint64_t budget_tokens = 0;      // per-layer cap (0: none)
+  double compression_ratio = 0.0;  // fraction dropped at evict time, in [0, 1) (0: none)
+  uint32_t sink_tokens = 4;        // streaming: S
+  uint32_t recent_tokens = 0;      // streaming: W (when no budget); plugin: protected newest tokens
+  double recent_fraction = 0.5;    // h2o: share of the budget kept as the recent window
+  uint32_t window = 32;            // snapkv / pyramidkv: observation window (newest tokens, kept)
+  uint32_t kernel_size = 7;        // snapkv / pyramidkv: pooling kernel over the token axis (odd)
+  Pooling pooling = Pooling::Max;
+  Schedule schedule = Schedule::Paper;
+  double beta = 20.0;              // pyramidkv (paper schedule): last layer gets budget / beta
+  bool shift_positions = false;    // re-rotate keys to their in-cache positions (needs RoPE)
+  bool auto_evict = false;         // evict in reserve when a layer would exceed budget_tokens
+  std::shared_ptr<Plugin> plugin;  // kind Plugin
+
+  // True when the policy reads observed attention scores.
+  bool needs_scores() const {
+    return kind == PolicyKind::H2O || kind == PolicyKind::SnapKV || kind == PolicyKind::PyramidKV ||
+           kind == PolicyKind::TOVA;
+  }
+  // Throws Error(InvalidArgument) describing the first bad parameter.
+  void validate() const;
+};
+
+// Tokens a layer keeps: the base budget min(n, budget_tokens, max(1,
+// floor(n * (1 - ratio)))), then (pyramidkv) the layer's share of it.
+// Never more than n, at least 1 when n >= 1.
+uint64_t base_target(const PolicySpec &p, uint64_t n);
+uint64_t layer_target(const PolicySpec &p, uint32_t layer, uint32_t num_layers, uint64_t n);
+
+struct LayerView {
+  uint64_t n = 0;                  // tokens of the layer
+  uint32_t kv_heads = 1;
+  uint32_t head_dim = 0;
+  uint32_t layer = 0, num_layers = 1;
+  const float *scores = nullptr;   // [n][kv_heads] observed attention (or null: all zero)
+  const float *keys = nullptr;     // [n][kv_heads][head_dim] f32 (plugins only; may be null)
+  const int32_t *positions = nullptr;  // [n] (plugins only; may be null)
+};
+
+// Fills `keep` with the sorted indices of the `target` tokens to keep
+// (target <= n). Deterministic: ties keep the newer token.
+void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::vector<uint32_t> &keep);
+
+// 1-D pooling of `x` (n values) with an odd kernel, "same" padding that
+// ignores the outside (max of the values inside; average over them).
+void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out);
+
+}  // namespace kvc::core
