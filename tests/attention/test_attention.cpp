@@ -1,0 +1,424 @@
+// Attention over the paged cache (kvc_attention_decode / _prefill): against a
+// dense float64 reference, over every storage codec, with batches of ragged
+// lengths, observation of attention mass, and bad input.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "../common/kvtest.h"
+#include "api/internal.h"
+
+namespace {
+
+struct Geo {
+  uint32_t layers = 2, hq = 8, hkv = 2, hd = 16, bs = 16;
+};
+
+kvc_pool *make_pool(const Geo &g, kvc_dtype kd = KVC_DTYPE_F32, const kvc_codec *kc = nullptr,
+                    const kvc_codec *vc = nullptr, uint32_t residual = 0, uint64_t blocks = 256) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = g.layers;
+  c.num_q_heads = g.hq;
+  c.num_kv_heads = g.hkv;
+  c.head_dim = g.hd;
+  c.block_size = g.bs;
+  c.num_blocks = blocks;
+  c.k_dtype = c.v_dtype = kd;
+  c.k_codec = kc;
+  c.v_codec = vc;
+  c.residual_window = residual;
+  kvc_pool *p = nullptr;
+  CHECK_OK(kvc_pool_create(&c, &p));
+  return p;
+}
+
+std::mt19937 &rng() {
+  static std::mt19937 r(1234);
+  return r;
+}
+std::vector<float> randn(size_t n, float sd = 1.0f) {
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float &x : v) x = d(rng());
+  return v;
+}
+
+// Appends n tokens of random K/V to every layer; returns them ([layer] -> rows).
+struct Seq {
+  std::vector<std::vector<float>> k, v;  // per layer, [n][hkv][hd]
+};
+Seq fill(kvc_pool *p, const Geo &g, uint64_t id, uint64_t n) {
+  Seq s;
+  s.k.resize(g.layers);
+  s.v.resize(g.layers);
+  CHECK_OK(kvc_seq_create(p, id));
+  if (n == 0) return s;
+  CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    s.k[l] = randn(n * g.hkv * g.hd);
+    s.v[l] = randn(n * g.hkv * g.hd);
+    CHECK_OK(kvc_append(p, id, l, 0, n, s.k[l].data(), s.v[l].data(), KVC_DTYPE_F32));
+  }
+  return s;
+}
+
+// Dense float64 attention of one query row over tokens [0, vis) of k, v;
+// mask (optional) drops tokens.
+void reference(const Geo &g, const float *q, const std::vector<float> &k, const std::vector<float> &v,
+               uint64_t vis, float scale, std::vector<double> &out, std::vector<double> &lse,
+               std::vector<double> *probs = nullptr, const std::vector<char> *mask = nullptr) {
+  out.assign(g.hq * g.hd, 0.0);
+  lse.assign(g.hq, -std::numeric_limits<double>::infinity());
+  if (probs) probs->assign(vis * g.hkv, 0.0);
+  const uint32_t grp = g.hq / g.hkv;
+  for (uint32_t h = 0; h < g.hq; ++h) {
+    const uint32_t kvh = h / grp;
+    std::vector<double> s(vis);
+    double mx = -std::numeric_limits<double>::infinity();
+    for (uint64_t t = 0; t < vis; ++t) {
+      if (mask && !(*mask)[t]) continue;
+      double d = 0;
+      for (uint32_t i = 0; i < g.hd; ++i)
+        d += static_cast<double>(q[h * g.hd + i]) * k[(t * g.hkv + kvh) * g.hd + i];
+      s[t] = d * scale;
+      mx = std::max(mx, s[t]);
+    }
+    if (mx == -std::numeric_limits<double>::infinity()) continue;
+    double sum = 0;
+    for (uint64_t t = 0; t < vis; ++t)
+      if (!mask || (*mask)[t]) sum += std::exp(s[t] - mx);
+    lse[h] = mx + std::log(sum);
+    for (uint64_t t = 0; t < vis; ++t) {
+      if (mask && !(*mask)[t]) continue;
+      const double pr = std::exp(s[t] - mx) / sum;
+      if (probs) (*probs)[t * g.hkv + kvh] += pr;
+      for (uint32_t i = 0; i < g.hd; ++i) out[h * g.hd + i] += pr * v[(t * g.hkv + kvh) * g.hd + i];
+    }
+  }
+}
+
+// Largest |a - b| relative to the largest |b| (the 1e-5 criterion).
+double rel_err(const float *a, const std::vector<double> &b) {
+  double err = 0, mag = 1e-30;
+  for (size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, std::fabs(a[i] - b[i]));
+    mag = std::max(mag, std::fabs(b[i]));
+  }
+  return err / mag;
+}
+
+kvc_attention_params params(const Geo &g) {
+  kvc_attention_params a;
+  kvc_attention_params_init(&a);
+  a.num_q_heads = g.hq;
+  return a;
+}
+
+}  // namespace
+
+// Decode over f32 storage matches float64 within 1e-5 (relative), lengths 0..70.
+KVTEST(decode_matches_reference) {
+  Geo g;
+  kvc_pool *p = make_pool(g);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(g.hd));
+  uint64_t id = 1;
+  for (uint64_t n : {0ull, 1ull, 2ull, 15ull, 16ull, 17ull, 33ull, 70ull}) {
+    Seq s = fill(p, g, id, n);
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      std::vector<float> q = randn(g.hq * g.hd, 2.0f), out(g.hq * g.hd, 7.0f), lse(g.hq);
+      kvc_attention_params a = params(g);
+      CHECK_OK(kvc_attention_decode(p, l, &id, 1, q.data(), out.data(), lse.data(), &a));
+      std::vector<double> ro, rl;
+      reference(g, q.data(), s.k[l], s.v[l], n, scale, ro, rl);
+      CHECK(rel_err(out.data(), ro) <= 1e-5);
+      for (uint32_t h = 0; h < g.hq; ++h) {
+        if (n == 0) CHECK(std::isinf(lse[h]) && lse[h] < 0);
+        else CHECK_NEAR(lse[h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
+      }
+      if (n == 0)
+        for (float x : out) CHECK(x == 0.0f);
+    }
+    ++id;
+  }
+  kvc_pool_destroy(p);
+}
+
+// Ragged batch [0, 17, 16] at block_size 16: each sequence as when run alone,
+// in any order; the empty one gives zeros and -inf, never NaN.
+KVTEST(decode_ragged_batch) {
+  Geo g;
+  g.layers = 1;
+  kvc_pool *p = make_pool(g);
+  fill(p, g, 10, 0);
+  fill(p, g, 11, 17);
+  fill(p, g, 12, 16);
+  std::vector<float> q = randn(3 * g.hq * g.hd);
+  const size_t row = g.hq * g.hd;
+  kvc_attention_params a = params(g);
+  std::vector<float> alone(3 * row), alone_lse(3 * g.hq);
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t id = 10 + i;
+    CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data() + i * row, alone.data() + i * row,
+                                  alone_lse.data() + i * g.hq, &a));
+  }
+  const uint64_t ids_a[3] = {10, 11, 12};
+  std::vector<float> out(3 * row), lse(3 * g.hq);
+  CHECK_OK(kvc_attention_decode(p, 0, ids_a, 3, q.data(), out.data(), lse.data(), &a));
+  CHECK(std::memcmp(out.data(), alone.data(), out.size() * 4) == 0);
+  CHECK(std::memcmp(lse.data(), alone_lse.data(), lse.size() * 4) == 0);
+  // Order [17, 0, 16]: permute the queries the same way.
+  const uint64_t ids_b[3] = {11, 10, 12};
+  std::vector<float> qb(3 * row), outb(3 * row), lseb(3 * g.hq);
+  const int perm[3] = {1, 0, 2};
+  for (int i = 0; i < 3; ++i) std::memcpy(qb.data() + i * row, q.data() + perm[i] * row, row * 4);
+  CHECK_OK(kvc_attention_decode(p, 0, ids_b, 3, qb.data(), outb.data(), lseb.data(), &a));
+  for (int i = 0; i < 3; ++i) {
+    CHECK(std::memcmp(outb.data() + i * row, alone.data() + perm[i] * row, row * 4) == 0);
+    CHECK(std::memcmp(lseb.data() + i * g.hq, alone_lse.data() + perm[i] * g.hq, g.hq * 4) == 0);
+  }
+  for (size_t i = 0; i < row; ++i) CHECK(out[i] == 0.0f);
+  for (uint32_t h = 0; h < g.hq; ++h) CHECK(std::isinf(lse[h]) && lse[h] < 0);
+  for (float x : out) CHECK(!std::isnan(x));
+  kvc_pool_destroy(p);
+}
+
+// Prefill: query i of the chunk sees tokens [0, n - n_q + i], matching the
+// reference row by row; a chunk of 1 equals decode.
+KVTEST(prefill_causal) {
+  Geo g;
+  g.hq = 4;
+  g.hkv = 4;
+  g.hd = 8;
+  g.bs = 4;
+  kvc_pool *p = make_pool(g);
+  const uint64_t n = 45, n_q = 29;
+  Seq s = fill(p, g, 3, n);
+  const float scale = 0.3f;
+  std::vector<float> q = randn(n_q * g.hq * g.hd), out(n_q * g.hq * g.hd), lse(n_q * g.hq);
+  kvc_attention_params a = params(g);
+  a.scale = scale;
+  CHECK_OK(kvc_attention_prefill(p, 1, 3, q.data(), n_q, out.data(), lse.data(), &a));
+  for (uint64_t i = 0; i < n_q; ++i) {
+    std::vector<double> ro, rl;
+    reference(g, q.data() + i * g.hq * g.hd, s.k[1], s.v[1], n - n_q + i + 1, scale, ro, rl);
+    CHECK(rel_err(out.data() + i * g.hq * g.hd, ro) <= 1e-5);
+    for (uint32_t h = 0; h < g.hq; ++h) CHECK_NEAR(lse[i * g.hq + h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
+  }
+  std::vector<float> d(g.hq * g.hd), dl(g.hq);
+  const uint64_t id = 3;
+  const float *last = q.data() + (n_q - 1) * g.hq * g.hd;
+  CHECK_OK(kvc_attention_decode(p, 1, &id, 1, last, d.data(), dl.data(), &a));
+  std::vector<float> p1(g.hq * g.hd), l1(g.hq);
+  CHECK_OK(kvc_attention_prefill(p, 1, 3, last, 1, p1.data(), l1.data(), &a));
+  CHECK(std::memcmp(d.data(), p1.data(), d.size() * 4) == 0);
+  // More queries than tokens: out of range, nothing written.
+  std::vector<float> big_q(46 * g.hq * g.hd, 0.5f), big_out(46 * g.hq * g.hd, 9.0f);
+  CHECK_STATUS(kvc_attention_prefill(p, 1, 3, big_q.data(), 46, big_out.data(), nullptr, &a), KVC_ERR_OUT_OF_RANGE);
+  for (float x : big_out) CHECK(x == 9.0f);
+  kvc_pool_destroy(p);
+}
+
+// Every codec and the residual window: attention equals the float64 reference
+// over the dequantized K/V the pool returns (kvc_gather), within 1e-5.
+KVTEST(codecs_match_dequantized) {
+  Geo g;
+  g.layers = 1;
+  g.hq = 8;
+  g.hkv = 2;
+  g.hd = 32;
+  struct Case {
+    const char *name;
+    kvc_dtype plain;
+    kvc_dtype dt;
+    kvc_granularity gran;
+    int asym;
+    int hadamard;
+    uint32_t residual;
+  };
+  const Case cases[] = {
+      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, KVC_SCALE_NONE, 0, 0, 0},
+      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, KVC_SCALE_NONE, 0, 0, 0},
+      {"int8 per-token", KVC_DTYPE_F16, KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0, 0},
+      {"int4 group", KVC_DTYPE_F16, KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 0, 0, 0},
+      {"int4 hadamard", KVC_DTYPE_F16, KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 0, 1, 0},
+      {"int2 asym", KVC_DTYPE_F16, KVC_DTYPE_INT2, KVC_SCALE_PER_GROUP, 1, 0, 0},
+      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 0, 0, 0},
+      {"kivi int4 + residual", KVC_DTYPE_F16, KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 1, 0, 20},
+  };
+  for (const Case &c : cases) {
+    kvc_codec codec;
+    kvc_codec_init(&codec);
+    codec.dtype = c.dt;
+    codec.granularity = c.gran;
+    codec.group_size = 16;
+    codec.asymmetric = static_cast<uint32_t>(c.asym);
+    codec.rotation = c.hadamard ? KVC_ROTATION_HADAMARD : KVC_ROTATION_NONE;
+    const bool q = c.gran != KVC_SCALE_NONE;
+    kvc_pool *p = make_pool(g, c.plain, q ? &codec : nullptr, q ? &codec : nullptr, c.residual);
+    const uint64_t n = 57;
+    fill(p, g, 1, n);
+    std::vector<float> k(n * g.hkv * g.hd), v(k.size());
+    CHECK_OK(kvc_gather(p, 1, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+    std::vector<float> qv = randn(g.hq * g.hd), out(g.hq * g.hd), lse(g.hq);
+    kvc_attention_params a = params(g);
+    const uint64_t id = 1;
+    CHECK_OK(kvc_attention_decode(p, 0, &id, 1, qv.data(), out.data(), lse.data(), &a));
+    std::vector<double> ro, rl;
+    reference(g, qv.data(), k, v, n, 1.0f / std::sqrt(32.0f), ro, rl);
+    const double e = rel_err(out.data(), ro);
+    if (!(e <= 1e-5)) std::fprintf(stderr, "%s: relative error %g\n", c.name, e);
+    CHECK(e <= 1e-5);
+    kvc_pool_destroy(p);
+  }
+}
+
+// f16 / bf16 queries and outputs: the same result as f32 within their rounding.
+KVTEST(half_precision_io) {
+  Geo g;
+  g.layers = 1;
+  kvc_pool *p = make_pool(g, KVC_DTYPE_F16);
+  fill(p, g, 5, 40);
+  std::vector<float> q = randn(g.hq * g.hd);
+  std::vector<uint16_t> qh(q.size()), oh(q.size());
+  CHECK_OK(kvc_convert(q.data(), KVC_DTYPE_F32, qh.data(), KVC_DTYPE_F16, q.size()));
+  std::vector<float> qr(q.size());
+  CHECK_OK(kvc_convert(qh.data(), KVC_DTYPE_F16, qr.data(), KVC_DTYPE_F32, q.size()));
+  kvc_attention_params a = params(g);
+  const uint64_t id = 5;
+  std::vector<float> ref(q.size()), got(q.size());
+  CHECK_OK(kvc_attention_decode(p, 0, &id, 1, qr.data(), ref.data(), nullptr, &a));
+  a.q_dtype = KVC_DTYPE_F16;
+  a.out_dtype = KVC_DTYPE_BF16;
+  CHECK_OK(kvc_attention_decode(p, 0, &id, 1, qh.data(), oh.data(), nullptr, &a));
+  CHECK_OK(kvc_convert(oh.data(), KVC_DTYPE_BF16, got.data(), KVC_DTYPE_F32, q.size()));
+  for (size_t i = 0; i < q.size(); ++i) CHECK_NEAR(got[i], ref[i], std::fabs(ref[i]) / 128.0 + 1e-6);
+  kvc_pool_destroy(p);
+}
+
+// Observation: accumulated scores equal the reference probabilities summed
+// over each KV head's query heads; replace mode keeps only the last call;
+// prefill observes only rows from observe_from on.
+KVTEST(observe_scores) {
+  Geo g;
+  g.layers = 1;
+  kvc_pool *p = make_pool(g);
+  const uint64_t n = 23, id = 4;
+  Seq s = fill(p, g, id, n);
+  kvc_attention_params a = params(g);
+  a.observe = KVC_OBSERVE_ACCUMULATE;
+  std::vector<double> total(n * g.hkv, 0.0);
+  std::vector<float> out(g.hq * g.hd);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> q = randn(g.hq * g.hd);
+    CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &a));
+    std::vector<double> ro, rl, pr;
+    reference(g, q.data(), s.k[0], s.v[0], n, 1.0f / 4.0f, ro, rl, &pr);
+    for (size_t i = 0; i < total.size(); ++i) total[i] += pr[i];
+  }
+  std::vector<float> sc(n * g.hkv);
+  CHECK_OK(kvc_seq_scores(p, id, 0, sc.data(), n));
+  for (size_t i = 0; i < sc.size(); ++i) CHECK_NEAR(sc[i], total[i], 1e-5);
+  double sum = 0;
+  for (float x : sc) sum += x;
+  CHECK_NEAR(sum, 3.0 * g.hq, 1e-3);  // each query head's probabilities sum to 1
+  // Replace: only the last call's.
+  a.observe = KVC_OBSERVE_REPLACE;
+  std::vector<float> q = randn(g.hq * g.hd);
+  CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &a));
+  std::vector<double> ro, rl, pr;
+  reference(g, q.data(), s.k[0], s.v[0], n, 0.25f, ro, rl, &pr);
+  CHECK_OK(kvc_seq_scores(p, id, 0, sc.data(), n));
+  for (size_t i = 0; i < sc.size(); ++i) CHECK_NEAR(sc[i], pr[i], 1e-5);
+  // Prefill observing the last 5 rows of a 9-row chunk.
+  a.observe = KVC_OBSERVE_REPLACE;
+  a.observe_from = 4;
+  std::vector<float> qc = randn(9 * g.hq * g.hd), oc(9 * g.hq * g.hd);
+  CHECK_OK(kvc_attention_prefill(p, 0, id, qc.data(), 9, oc.data(), nullptr, &a));
+  std::vector<double> want(n * g.hkv, 0.0);
+  for (uint64_t i = 4; i < 9; ++i) {
+    reference(g, qc.data() + i * g.hq * g.hd, s.k[0], s.v[0], n - 9 + i + 1, 0.25f, ro, rl, &pr);
+    for (size_t t = 0; t < pr.size(); ++t) want[t] += pr[t];
+  }
+  CHECK_OK(kvc_seq_scores(p, id, 0, sc.data(), n));
+  for (size_t i = 0; i < sc.size(); ++i) CHECK_NEAR(sc[i], want[i], 1e-5);
+  // Scores from the engine's own kernels.
+  std::vector<float> mine(n * g.hkv, 0.5f);
+  CHECK_OK(kvc_seq_observe_scores(p, id, 0, mine.data(), n, 0));
+  CHECK_OK(kvc_seq_observe_scores(p, id, 0, mine.data(), n, 1));
+  CHECK_OK(kvc_seq_scores(p, id, 0, sc.data(), n));
+  for (float x : sc) CHECK(x == 1.0f);
+  mine[3] = -1.0f;
+  CHECK_STATUS(kvc_seq_observe_scores(p, id, 0, mine.data(), n, 1), KVC_ERR_NON_FINITE);
+  mine[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_STATUS(kvc_seq_observe_scores(p, id, 0, mine.data(), n, 1), KVC_ERR_NON_FINITE);
+  CHECK_OK(kvc_seq_scores(p, id, 0, sc.data(), n));
+  for (float x : sc) CHECK(x == 1.0f);  // nothing changed
+  CHECK_STATUS(kvc_seq_scores(p, id, 0, sc.data(), n - 1), KVC_ERR_BUFFER_TOO_SMALL);
+  CHECK(kvc::api::core_pool(p).check_invariants().empty());
+  kvc_pool_destroy(p);
+}
+
+// Bad input: a clear status, nothing written.
+KVTEST(bad_input) {
+  Geo g;
+  g.layers = 1;
+  kvc_pool *p = make_pool(g);
+  fill(p, g, 1, 5);
+  const uint64_t id = 1, missing = 99;
+  std::vector<float> q(g.hq * g.hd, 0.1f), out(g.hq * g.hd, 3.0f), lse(g.hq, 3.0f);
+  kvc_attention_params a = params(g);
+  auto untouched = [&] {
+    for (float x : out) CHECK(x == 3.0f);
+    for (float x : lse) CHECK(x == 3.0f);
+  };
+  q[5] = std::numeric_limits<float>::infinity();
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NON_FINITE);
+  q[5] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NON_FINITE);
+  q[5] = 0.1f;
+  untouched();
+  CHECK_STATUS(kvc_attention_decode(p, 0, &missing, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_SEQ_NOT_FOUND);
+  const uint64_t mixed[2] = {1, 99};
+  std::vector<float> q2(2 * q.size(), 0.1f), out2(2 * q.size(), 3.0f);
+  CHECK_STATUS(kvc_attention_decode(p, 0, mixed, 2, q2.data(), out2.data(), nullptr, &a), KVC_ERR_SEQ_NOT_FOUND);
+  for (float x : out2) CHECK(x == 3.0f);
+  CHECK_STATUS(kvc_attention_decode(p, 1, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 0, q.data(), out.data(), lse.data(), &a), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(nullptr, 0, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, nullptr, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, nullptr, out.data(), lse.data(), &a), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), nullptr, lse.data(), &a), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), nullptr), KVC_ERR_NULL_POINTER);
+  kvc_attention_params b = a;
+  b.num_q_heads = 4;
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b = a;
+  b.num_q_heads = 7;
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b = a;
+  b.scale = -1.0f;
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b.scale = std::numeric_limits<float>::quiet_NaN();
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b = a;
+  b.observe = static_cast<kvc_observe>(7);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b.observe = static_cast<kvc_observe>(-3);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b = a;
+  b.q_dtype = KVC_DTYPE_INT8;
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  b = a;
+  b.struct_size = 8;
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_STRUCT_SIZE);
+  CHECK_STATUS(kvc_attention_prefill(p, 0, id, q.data(), 0, out.data(), lse.data(), &a), KVC_ERR_INVALID_ARGUMENT);
+  untouched();
+  CHECK_STATUS(kvc_attention_params_init(nullptr), KVC_ERR_NULL_POINTER);
+  kvc_pool_destroy(p);
+}
+
+int main(int argc, char **argv) { return kvtest_main(argc, argv); }
