@@ -1070,7 +1070,9 @@ typedef struct kvc_policy kvc_policy;
  * max(1, floor(n x (1 - compression_ratio))) if set) and at least 1
  * (compression_ratio is the fraction dropped, kvpress's convention; 0.7 =
  * keep 30%). Streaming without either uses sink_tokens + recent_tokens.
- * PyramidKV then gives each layer its share of B.
+ * PyramidKV then gives each layer its share of B: B is the layers' average
+ * (the first layers hold more, up to 2B; the sum stays at most L x B; every
+ * layer keeps at least 1).
  * @since 0.3
  */
 typedef struct kvc_policy_config {

@@ -64,9 +64,10 @@ uint64_t layer_target(const PolicySpec &p, uint32_t layer, uint32_t num_layers, 
     const double last = b / p.beta, first = 2.0 * b - last;
     t = first - (first - last) * frac;
   } else {
-    t = b * (1.0 - 0.8 * frac);
+    t = b * (5.0 - 4.0 * frac) / 5.0;  // 1.0 -> 0.2 (0.2 as 1/5: exact at the last layer)
   }
-  return std::min<uint64_t>(n, std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(t))));
+  // The epsilon absorbs rounding of exact values (e.g. 5.9999999 for 6).
+  return std::min<uint64_t>(n, std::max<uint64_t>(1, static_cast<uint64_t>(std::floor(t + 1e-9))));
 }
 
 void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out) {
