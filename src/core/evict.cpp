@@ -102,21 +102,44 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
 
 namespace {
 
-// Rotates one head's key by `delta` positions (RoPE is a rotation per pair
-// of dimensions: rotating by a then by b is rotating by a + b).
-void rope_rotate(float *x, uint32_t hd, uint32_t dims, RopeStyle style, double theta, int64_t delta) {
-  const uint32_t half = dims / 2;
-  for (uint32_t i = 0; i < half; ++i) {
-    const double freq = std::pow(theta, -2.0 * i / dims);
-    const double a = static_cast<double>(delta) * freq, c = std::cos(a), sn = std::sin(a);
-    const uint32_t i0 = style == RopeStyle::Interleaved ? 2 * i : i;
-    const uint32_t i1 = style == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
-    if (i1 >= hd) break;
-    const double x0 = x[i0], x1 = x[i1];
-    x[i0] = static_cast<float>(x0 * c - x1 * sn);
-    x[i1] = static_cast<float>(x0 * sn + x1 * c);
+// Rotates keys by `delta` positions (RoPE is a rotation per pair of
+// dimensions: rotating by a then by b is rotating by a + b). The cosines and
+// sines are computed in double once per distinct delta (consecutive tokens
+// usually share one).
+class RopeShift {
+ public:
+  RopeShift(uint32_t hd, uint32_t dims, RopeStyle style, double theta) : hd_(hd), style_(style) {
+    freq_.resize(dims / 2);
+    for (uint32_t i = 0; i < dims / 2; ++i) freq_[i] = std::pow(theta, -2.0 * i / dims);
+    c_.resize(freq_.size());
+    s_.resize(freq_.size());
   }
-}
+  void rotate(float *x, int64_t delta) {
+    if (delta != delta_) {
+      for (size_t i = 0; i < freq_.size(); ++i) {
+        const double a = static_cast<double>(delta) * freq_[i];
+        c_[i] = std::cos(a);
+        s_[i] = std::sin(a);
+      }
+      delta_ = delta;
+    }
+    const uint32_t half = static_cast<uint32_t>(freq_.size());
+    for (uint32_t i = 0; i < half; ++i) {
+      const uint32_t i0 = style_ == RopeStyle::Interleaved ? 2 * i : i;
+      const uint32_t i1 = style_ == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
+      if (i1 >= hd_) break;
+      const double x0 = x[i0], x1 = x[i1];
+      x[i0] = static_cast<float>(x0 * c_[i] - x1 * s_[i]);
+      x[i1] = static_cast<float>(x0 * s_[i] + x1 * c_[i]);
+    }
+  }
+
+ private:
+  uint32_t hd_;
+  RopeStyle style_;
+  std::vector<double> freq_, c_, s_;
+  int64_t delta_ = INT64_MIN;
+};
 
 }  // namespace
 
@@ -191,6 +214,8 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
   std::vector<std::vector<int32_t>> new_pos(nl);
   for (uint32_t li = 0; li < nl; ++li)
     if (first_write[li] != UINT64_MAX) new_pos[li].reserve(keep[li].size());
+  const uint32_t rope_dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
+  RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style, cfg_.rope_theta);
   float *krow = scratch_input(2 * row);
   // ---- apply: nothing below throws ----
   for (uint32_t li = 0; li < nl; ++li) {
@@ -227,15 +252,13 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     }
     // Re-rotate the keys whose in-cache position changed (llama.cpp's K-shift).
     if (shift[li]) {
-      const uint32_t dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
       for (uint64_t j = first_write[li]; j < kn; ++j) {
         const int64_t delta = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
         if (delta == 0) continue;
         uint8_t *blk = block_ptr(l.blocks[j / bs]);
         const uint32_t slot = static_cast<uint32_t>(j % bs);
         read_part(0, li, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32);
-        for (uint64_t hh = 0; hh < h; ++hh)
-          rope_rotate(krow + hh * hd, cfg_.head_dim, dims, cfg_.rope_style, cfg_.rope_theta, delta);
+        for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(krow + hh * hd, delta);
         if (part_[0].quantized) {
           if (part_[0].rotation_block) codec::hadamard(krow, row, part_[0].rotation_block);
           write_part(0, li, blk, nullptr, DType::F32, krow, slot, 1);

@@ -130,6 +130,36 @@ EvalReport run_eval(const EvalOptions &opt) {
   }
   const std::size_t n_rows = rows.size();
 
+  // Eviction policies (immutable, shared by every worker's pools).
+  struct PolicyHolder {
+    std::vector<kvc_policy *> p;
+    ~PolicyHolder() {
+      for (kvc_policy *x : p) kvc_policy_destroy(x);
+    }
+  } policies;
+  policies.p.assign(rows.size(), nullptr);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const Strategy &s = rows[r];
+    if (s.protocol == Strategy::Protocol::None) continue;
+    kvc_policy_config pc;
+    kvc_policy_config_init(&pc);
+    pc.kind = s.policy_kind;
+    pc.sink_tokens = s.sinks;
+    pc.recent_fraction = s.recent_fraction;
+    pc.window = s.obs_window;
+    pc.kernel_size = s.kernel;
+    pc.pooling = s.pooling;
+    pc.schedule = s.schedule;
+    pc.shift_positions = s.shift_positions ? 1u : 0u;
+    if (s.protocol == Strategy::Protocol::Stream) {
+      pc.budget_tokens = static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
+      pc.auto_evict = 1;
+    } else {
+      pc.compression_ratio = 1.0 - s.budget;  // kvpress: the fraction dropped from the prefill
+    }
+    check_kvc(kvc_policy_create(&pc, &policies.p[r]), "kvc_policy_create");
+  }
+
   unsigned hw = std::thread::hardware_concurrency();
   int threads = opt.threads > 0 ? opt.threads : static_cast<int>(hw == 0 ? 1 : hw);
   threads = std::max(1, std::min(threads, rep.windows));
@@ -183,7 +213,20 @@ EvalReport run_eval(const EvalOptions &opt) {
         auto token_at = [&](int pos) { return pos == 0 ? kBosToken : tokens[win.first + pos - 1]; };
         for (std::size_t r = 0; r < n_rows; ++r) {
           WindowSums &acc = sums[w][r];
-          PoolSequence seq(*pools[r], w, c.n_layers);
+          EvictionSettings ev;
+          if (rows[r].protocol != Strategy::Protocol::None) {
+            ev.policy = policies.p[r];
+            ev.observe = rows[r].observe;
+            ev.shift_positions = rows[r].shift_positions;
+            if (rows[r].protocol == Strategy::Protocol::Stream) {
+              ev.protocol = EvictionSettings::Protocol::Stream;
+            } else {
+              ev.protocol = EvictionSettings::Protocol::PrefillCompress;
+              ev.prefill_tokens = std::max(1, static_cast<int>(rows[r].prefill_fraction * n_pos));
+              ev.observe_window = static_cast<int>(rows[r].obs_window);
+            }
+          }
+          AttnSequence seq(*pools[r], w, c, ev);
           for (int pos = 0; pos < n_pos; ++pos) {
             const double t0 = thread_cpu_seconds();
             const float *logits = transformer.forward(seq, token_at(pos), pos);

@@ -55,6 +55,27 @@ const std::vector<Component> &registry() {
        "tokens; default fraction=0.25)",
        KVC_DTYPE_INT4, {"fraction", "group", "kchannel"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
+      {"streaming", Kind::Policy,
+       "StreamingLLM (arXiv 2309.17453): sinks=S first tokens + the newest, at most ceil(budget x ctx) "
+       "per layer, keys re-rotated to positions within the cache (stream protocol; default S=4, budget=0.3)",
+       KVC_DTYPE_F32, {"budget", "sinks"}},
+      {"window", Kind::Policy, "sliding window: streaming without sinks (stream protocol)", KVC_DTYPE_F32,
+       {"budget"}},
+      {"h2o", Kind::Policy,
+       "H2O (arXiv 2306.14048): heavy hitters by accumulated attention + a recent window of "
+       "recent x budget tokens (stream protocol; default recent=0.5, budget=0.3)",
+       KVC_DTYPE_F32, {"budget", "recent"}},
+      {"tova", Kind::Policy, "TOVA (arXiv 2401.06104): top tokens by the latest query's attention (stream protocol)",
+       KVC_DTYPE_F32, {"budget"}},
+      {"snapkv", Kind::Policy,
+       "SnapKV (arXiv 2404.14469): after a prefill of prefill x ctx tokens, keep budget x P by the "
+       "attention of the last window=W prefill queries, pooled (kernel, pool=max|avg) "
+       "(prefill-compress protocol; default W=16, kernel=7, prefill=0.5)",
+       KVC_DTYPE_F32, {"budget", "window", "kernel", "pool", "prefill"}},
+      {"pyramidkv", Kind::Policy,
+       "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
+       "(schedule=paper|linear) (prefill-compress protocol)",
+       KVC_DTYPE_F32, {"budget", "window", "kernel", "pool", "prefill", "schedule"}},
   };
   return r;
 }
@@ -192,6 +213,56 @@ void resolve_codec(Strategy &st, const std::string &where) {
   key_channels(st.k_codec);
 }
 
+// Turns the policy part into the eviction settings.
+void resolve_policy(Strategy &st, const std::string &where) {
+  if (!st.has_policy) return;
+  const std::string &name = st.policy.name;
+  if (name == "full") return;
+  if (st.residual_window || st.residual_fraction > 0.0 ||
+      (st.quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
+    throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision or "
+                              "per-channel keys (tokens are encoded in groups); use a per-token or "
+                              "group-wise codec");
+  st.budget = 0.3;
+  for (const auto &[key, value] : st.policy.params) {
+    if (key == "budget") st.budget = number(where, key, value, 0.001, 1.0);
+    else if (key == "sinks") st.sinks = static_cast<std::uint32_t>(number(where, key, value, 0, 4096));
+    else if (key == "recent") st.recent_fraction = number(where, key, value, 0.0, 1.0);
+    else if (key == "window") st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
+    else if (key == "kernel") {
+      st.kernel = static_cast<std::uint32_t>(number(where, key, value, 1, 1025));
+      if (st.kernel % 2 == 0) throw RunnerError(where + "kernel must be odd");
+    } else if (key == "pool") {
+      if (value == "max") st.pooling = KVC_POOLING_MAX;
+      else if (value == "avg") st.pooling = KVC_POOLING_AVG;
+      else throw RunnerError(where + "pool must be max or avg");
+    } else if (key == "prefill") st.prefill_fraction = number(where, key, value, 0.01, 0.99);
+    else if (key == "schedule") {
+      if (value == "paper") st.schedule = KVC_PYRAMID_PAPER;
+      else if (value == "linear") st.schedule = KVC_PYRAMID_LINEAR;
+      else throw RunnerError(where + "schedule must be paper or linear");
+    }
+  }
+  if (name == "streaming" || name == "window") {
+    st.policy_kind = KVC_POLICY_STREAMING;
+    if (name == "window") st.sinks = 0;
+    st.shift_positions = true;
+    st.protocol = Strategy::Protocol::Stream;
+  } else if (name == "h2o") {
+    st.policy_kind = KVC_POLICY_H2O;
+    st.observe = KVC_OBSERVE_ACCUMULATE;
+    st.protocol = Strategy::Protocol::Stream;
+  } else if (name == "tova") {
+    st.policy_kind = KVC_POLICY_TOVA;
+    st.observe = KVC_OBSERVE_REPLACE;
+    st.protocol = Strategy::Protocol::Stream;
+  } else if (name == "snapkv" || name == "pyramidkv") {
+    st.policy_kind = name == "snapkv" ? KVC_POLICY_SNAPKV : KVC_POLICY_PYRAMIDKV;
+    st.observe = KVC_OBSERVE_ACCUMULATE;
+    st.protocol = Strategy::Protocol::PrefillCompress;
+  }
+}
+
 }  // namespace
 
 Strategy parse_strategy(const std::string &spec) {
@@ -250,6 +321,7 @@ Strategy parse_strategy(const std::string &spec) {
   resolve_codec(st, where);
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
+  resolve_policy(st, where);
   st.spec = st.has_policy ? part_text(st.policy) + "+" + part_text(st.codec) : part_text(st.codec);
   return st;
 }
@@ -276,7 +348,14 @@ std::vector<std::string> default_strategies() {
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",
           "kivi2:group=16:residual=32",
-          "hybrid:fraction=0.25"};
+          "hybrid:fraction=0.25",
+          "streaming:budget=0.3",
+          "window:budget=0.3",
+          "h2o:budget=0.3",
+          "tova:budget=0.3",
+          "snapkv:budget=0.3",
+          "pyramidkv:budget=0.3",
+          "h2o:budget=0.3+int4:per-token:asym:hadamard"};
 }
 
 std::vector<std::pair<std::string, std::string>> known_codecs() {

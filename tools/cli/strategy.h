@@ -38,6 +38,20 @@ struct Strategy {
   std::uint32_t residual_window = 0;   ///< KIVI residual (tokens kept in f16)
   double residual_fraction = 0.0;      ///< hybrid: newest fraction kept in f16
   std::uint32_t block_size = 16;       ///< pool block size (per-channel groups must divide it)
+  // Eviction (when has_policy): the library policy and the eval protocol.
+  enum class Protocol { None, Stream, PrefillCompress };
+  Protocol protocol = Protocol::None;
+  kvc_policy_kind policy_kind = KVC_POLICY_NONE;
+  double budget = 1.0;                 ///< fraction kept: stream caps layers at ceil(budget x ctx); prefill keeps budget x P
+  std::uint32_t sinks = 4;             ///< streaming
+  double recent_fraction = 0.5;        ///< h2o
+  std::uint32_t obs_window = 16;       ///< snapkv / pyramidkv observation window
+  std::uint32_t kernel = 7;            ///< snapkv / pyramidkv pooling kernel
+  kvc_pooling pooling = KVC_POOLING_MAX;
+  kvc_pyramid_schedule schedule = KVC_PYRAMID_PAPER;
+  double prefill_fraction = 0.5;       ///< prefill-compress: P = prefill_fraction x window
+  bool shift_positions = false;        ///< StreamingLLM positions within the cache
+  kvc_observe observe = KVC_OBSERVE_NONE;
 };
 
 /// Parses and validates one spec; throws kvc_runner::RunnerError naming what is wrong.

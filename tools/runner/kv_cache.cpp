@@ -74,6 +74,8 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
   config.k_dtype = k_dtype;
   config.v_dtype = v_dtype;
   config.layout = KVC_LAYOUT_NHD;
+  config.rope_style = KVC_ROPE_INTERLEAVED;  // llama2.c rotates pairs (2i, 2i+1), theta 10000
+  config.rope_theta = 10000.0;
   config.k_codec = settings.k_codec;
   config.v_codec = settings.v_codec;
   config.residual_window = settings.residual_window;
@@ -167,6 +169,50 @@ void PoolSequence::refresh_block_tables() {
     check_kvc(s, "kvc_seq_block_table");
     table.resize(n);
   }
+}
+
+AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
+                           const EvictionSettings &ev)
+    : pool_(pool.get()), seq_id_(seq_id), ev_(ev) {
+  check_kvc(kvc_seq_create(pool_, seq_id_), "kvc_seq_create");
+  kvc_attention_params_init(&params_);
+  params_.num_q_heads = static_cast<std::uint32_t>(c.n_heads);
+  if (ev_.policy && ev_.protocol == EvictionSettings::Protocol::Stream) {
+    const kvc_status s = kvc_seq_set_policy(pool_, seq_id_, ev_.policy);
+    if (s != KVC_OK) {
+      kvc_seq_free(pool_, seq_id_);
+      check_kvc(s, "kvc_seq_set_policy");
+    }
+  }
+}
+
+AttnSequence::~AttnSequence() { kvc_seq_free(pool_, seq_id_); }
+
+void AttnSequence::begin_token(int pos) {
+  pos_ = pos;
+  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy && pos == ev_.prefill_tokens &&
+      pos > 0)
+    check_kvc(kvc_evict(pool_, seq_id_, ev_.policy, nullptr), "kvc_evict");
+  check_kvc(kvc_seq_reserve(pool_, seq_id_, 1, nullptr), "kvc_seq_reserve");
+}
+
+int AttnSequence::rope_position(int pos) const {
+  if (!ev_.shift_positions) return pos;
+  std::int32_t rp = 0;
+  check_kvc(kvc_seq_rope_positions(pool_, seq_id_, 0, static_cast<std::uint64_t>(pos), 1, &rp),
+            "kvc_seq_rope_positions");
+  return rp;
+}
+
+void AttnSequence::attend(int layer, const float *q, float *out) {
+  kvc_observe obs = ev_.observe;
+  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress &&
+      (pos_ >= ev_.prefill_tokens || pos_ < ev_.prefill_tokens - ev_.observe_window))
+    obs = KVC_OBSERVE_NONE;  // only the prefill's observation window is recorded
+  params_.observe = obs;
+  check_kvc(kvc_attention_decode(pool_, static_cast<std::uint32_t>(layer), &seq_id_, 1, q, out,
+                                 nullptr, &params_),
+            "kvc_attention_decode");
 }
 
 }  // namespace kvc_runner

@@ -202,4 +202,49 @@ class PoolSequence {
   std::vector<std::uint64_t> stable_;              // per layer: rows [0, stable) are final
 };
 
+/// How a sequence evicts (kvcache eval's protocols, docs/eval.md).
+struct EvictionSettings {
+  enum class Protocol { None, Stream, PrefillCompress };
+  Protocol protocol = Protocol::None;
+  const kvc_policy *policy = nullptr;  ///< owned by the caller; attached to the sequence
+  kvc_observe observe = KVC_OBSERVE_NONE;  ///< what attention records for the policy
+  int prefill_tokens = 0;    ///< PrefillCompress: positions [0, P) are the prefill
+  int observe_window = 0;    ///< PrefillCompress: only the last W prefill positions are observed
+  bool shift_positions = false;  ///< RoPE positions come from the pool (kvc_seq_rope_positions)
+};
+
+/// One sequence of a KvPool whose attention runs in the library
+/// (kvc_attention_decode over the paged, possibly quantized blocks), with an
+/// optional eviction policy. Creates the sequence on construction and frees
+/// it on destruction.
+class AttnSequence {
+ public:
+  AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
+               const EvictionSettings &ev = EvictionSettings{});
+  ~AttnSequence();
+  AttnSequence(const AttnSequence &) = delete;
+  AttnSequence &operator=(const AttnSequence &) = delete;
+
+  /// Reserves position `pos` (the attached policy may auto-evict first); at
+  /// the end of a prefill, compresses the cache once.
+  void begin_token(int pos);
+  /// The RoPE position of text position `pos` (itself, unless the policy
+  /// shifted the cache to in-cache positions).
+  int rope_position(int pos) const;
+  void store(int layer, int pos, const float *k, const float *v) {
+    check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer),
+                         static_cast<std::uint64_t>(pos), 1, k, v, KVC_DTYPE_F32),
+              "kvc_append");
+  }
+  /// q: [n_heads][head_dim] (after RoPE); out: [n_heads][head_dim].
+  void attend(int layer, const float *q, float *out);
+
+ private:
+  kvc_pool *pool_;
+  std::uint64_t seq_id_;
+  EvictionSettings ev_;
+  kvc_attention_params params_{};
+  int pos_ = 0;
+};
+
 }  // namespace kvc_runner

@@ -46,6 +46,14 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
   const float *embedding = w.token_embedding + std::size_t(token) * dim;
   for (int i = 0; i < dim; ++i) x_[i] = embedding[i];
   cache.begin_token(pos);
+  // Caches that run attention themselves (the library's kvc_attention_decode)
+  // may also place tokens at other RoPE positions (StreamingLLM).
+  constexpr bool kLibraryAttention = requires(Cache &ch, const float *qq, float *o) {
+    ch.attend(0, qq, o);
+    ch.rope_position(0);
+  };
+  int rope_pos = pos;
+  if constexpr (kLibraryAttention) rope_pos = cache.rope_position(pos);
 
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const std::size_t l = static_cast<std::size_t>(layer);
@@ -53,8 +61,11 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
     matmul(q_.data(), xb_.data(), w.wq + l * dim * dim, dim, dim);
     matmul(k_.data(), xb_.data(), w.wk + l * dim * kv_dim, dim, kv_dim);
     matmul(v_.data(), xb_.data(), w.wv + l * dim * kv_dim, dim, kv_dim);
-    rope(pos);
+    rope(rope_pos);
     cache.store(layer, pos, k_.data(), v_.data());
+    if constexpr (kLibraryAttention) {
+      cache.attend(layer, q_.data(), xb_.data());
+    } else {
 
     // Attention, one KV head at a time: the q_per_kv query heads that share
     // it score and mix each cached row in one pass over the cache.
@@ -104,6 +115,7 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
         }
       });
     }
+    }  // library attention
     matmul(xb2_.data(), xb_.data(), w.wo + l * dim * dim, dim, dim);
     for (int i = 0; i < dim; ++i) x_[i] += xb2_[i];
 

@@ -194,7 +194,7 @@ void test_greedy(bool array_cache) {
   }
 }
 
-void test_logprobs(bool array_cache) {
+void test_logprobs(bool array_cache, bool library_attention = false) {
   const Model model = Model::load(models_dir() + "/stories260K.bin");
   const ModelConfig &c = model.config();
   const Tokenizer tok = Tokenizer::load(models_dir() + "/tok512.bin", c.vocab_size);
@@ -234,12 +234,15 @@ void test_logprobs(bool array_cache) {
   for (int w = 0; w < 2; ++w) {
     std::unique_ptr<ArrayCache> array;
     std::unique_ptr<PoolSequence> seq;
+    std::unique_ptr<AttnSequence> attn;
     if (array_cache) array = std::make_unique<ArrayCache>(c);
+    else if (library_attention) attn = std::make_unique<AttnSequence>(*pool, static_cast<std::uint64_t>(w), c);
     else seq = std::make_unique<PoolSequence>(*pool, static_cast<std::uint64_t>(w), c.n_layers);
     for (int p = 0; p < window_len - 1; ++p) {
       const int token = p == 0 ? kBosToken : tokens[1 + (window_len - 1) * w + p - 1];
-      const float *logits = array_cache ? transformer.forward(*array, token, p)
-                                        : transformer.forward(*seq, token, p);
+      const float *logits = array_cache        ? transformer.forward(*array, token, p)
+                            : library_attention ? transformer.forward(*attn, token, p)
+                                                : transformer.forward(*seq, token, p);
       log_softmax(logits, c.vocab_size, logp);
       const int target = tokens[1 + (window_len - 1) * w + p];
       if (next >= rows.size()) break;
@@ -285,7 +288,7 @@ void test_cli(const std::string &kvcache) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s tokenizer | greedy [--array-cache] | logprobs [--array-cache] | cli KVCACHE\n", argv[0]);
+    std::fprintf(stderr, "usage: %s tokenizer | greedy [--array-cache] | logprobs [--array-cache | --library-attention] | cli KVCACHE\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
@@ -293,7 +296,7 @@ int main(int argc, char **argv) {
   try {
     if (mode == "tokenizer") test_tokenizer();
     else if (mode == "greedy") test_greedy(array_cache);
-    else if (mode == "logprobs") test_logprobs(array_cache);
+    else if (mode == "logprobs") test_logprobs(array_cache, argc > 2 && std::string(argv[2]) == "--library-attention");
     else if (mode == "cli" && argc > 2) test_cli(argv[2]);
     else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
