@@ -282,13 +282,18 @@ typedef enum kvc_rotation {
  * Integer codes: symmetric `q = round(x / scale)` in [-qmax, qmax] with
  * scale = absmax / qmax (qmax 127, 7, 1 for int8, int4, int2); asymmetric
  * `q = round((x - zero) / scale)` in [0, 2^bits - 1] with zero = min and
- * scale = (max - min) / (2^bits - 1) (KIVI; values beyond +-1e38 saturate).
+ * scale = (max - min) / (2^bits - 1) (KIVI). Integer codes cover at most
+ * [-1e38, 1e38]: values beyond saturate.
  * fp8: `code = fp8(x / scale)`
  * with scale = absmax / fp8_max, saturating (never Inf or NaN). Rounding is
  * to nearest even; an all-zero group is exact; with f16 scales a scale is
- * at most 65504, so values beyond 65504 x qmax saturate; stored scales are rounded up
- * (zero points down) to scale_dtype so no value is clipped. NaN or Inf input
- * is refused (::KVC_ERR_NON_FINITE) and nothing is written.
+ * at most 65504, so values beyond 65504 x qmax saturate, and a zero point is
+ * at least -65504, so asymmetric groups reaching below -65504 saturate there;
+ * otherwise stored scales are rounded up (zero points down) to scale_dtype so
+ * no value is clipped. Error bound: half a step (asymmetric: plus the rounding
+ * of x - zero, about one ulp of |zero|). A rotated codec refuses values whose
+ * magnitude reaches FLT_MAX / rotation_block (the transform would overflow).
+ * NaN or Inf input is refused (::KVC_ERR_NON_FINITE) and nothing is written.
  * @since 0.2
  */
 typedef struct kvc_codec {
@@ -680,7 +685,9 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
  * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_INVALID_ARGUMENT (n_tokens 0,
  * unknown src_dtype); ::KVC_ERR_NOT_RESERVED (a position at or beyond the
  * length, or no longer held by the layer); ::KVC_ERR_POOL_EXHAUSTED (no free
- * block for a copy-on-write; nothing written).
+ * block for a copy-on-write; nothing written); ::KVC_ERR_NON_FINITE (NaN or
+ * Inf in k or v for fp8 / integer storage, or values too large for its
+ * rotation; nothing written); ::KVC_ERR_OVERFLOW (n_tokens too large).
  * @since 0.1
  */
 KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t pos,

@@ -65,7 +65,10 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     p.zero = round_zero_down(lo, s.scale_dtype);
     raw = (static_cast<double>(hi) - p.zero) / qmax_asym(s.dtype);
   } else {
-    const double absmax = std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi)));
+    // Symmetric integer codes cover at most [-1e38, 1e38] too (q x scale must
+    // stay finite; values beyond saturate).
+    const double cap = is_int(s.dtype) ? 1e38 : std::numeric_limits<double>::infinity();
+    const double absmax = std::min(cap, std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi))));
     raw = absmax / (is_fp8(s.dtype) ? fp8_max(s.dtype) : qmax_sym(s.dtype));
   }
   if (raw > 0.0) {
@@ -619,7 +622,7 @@ void validate(const Spec &s, uint64_t d) {
   if (s.rotation_block) {
     const uint32_t b = s.rotation_block;
     if ((b & (b - 1)) != 0 || b > 65536)
-      fail(Errc::InvalidArgument, "rotation block " + u64s(b) + ": must be a power of two");
+      fail(Errc::InvalidArgument, "rotation block " + u64s(b) + ": must be a power of two, at most 65536");
     if (d % b != 0)
       fail(Errc::InvalidArgument, "rotation block " + u64s(b) + " does not divide the row of " + u64s(d));
   }
@@ -994,9 +997,30 @@ uint64_t quantize_fast_scratch(const Spec &s, uint64_t d) {
 }  // namespace
 #endif
 
+// The unnormalized butterfly grows a block's values by up to `block` times
+// before the final normalization: inputs at or above FLT_MAX / block could
+// overflow to Inf on the way, so they are refused (before anything is written).
+void check_rotatable(const float *x, uint64_t n, uint32_t block) {
+  if (!block) return;
+  const float limit = std::numeric_limits<float>::max() / static_cast<float>(block);
+  for (uint64_t i = 0; i < n; ++i)
+    if (!(std::fabs(x[i]) < limit))
+      fail(Errc::NonFinite, "element " + u64s(i) + " (" + fmt_g(x[i]) + ") is too large to rotate: the Hadamard "
+                            "transform of a block of " + u64s(block) + " would overflow (|x| must stay below " +
+                            fmt_g(limit) + "); nothing was written");
+}
+
 void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
               uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
   check_finite_raw(src, src_type, n * d);  // before anything is written
+  if (s.rotation_block && src_type == core::DType::F32)
+    check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);
+  // (f16 and bf16 inputs: f16 is always far below the limit; bf16 is checked after conversion below)
+  if (s.rotation_block && src_type == core::DType::BF16) {
+    float *tmp = scratch_floats(n * d);
+    core::convert(src, src_type, tmp, core::DType::F32, n * d);
+    check_rotatable(tmp, n * d, s.rotation_block);
+  }
   const uint64_t esz = core::dtype_bytes(src_type);
 #ifdef KVC_CODEC_X86
   // Fused path: groups of whole 8-value vectors (per-channel scales and

@@ -61,6 +61,8 @@ uint32_t default_rotation_block(uint64_t d);
 // Normalized fast Walsh-Hadamard transform of each block of `block` values of
 // x[0..d) (block divides d, power of two). Orthogonal and its own inverse.
 void hadamard(float *x, uint64_t d, uint32_t block);
+// Throws NonFinite when some |x| >= FLT_MAX / block (the butterfly could overflow).
+void check_rotatable(const float *x, uint64_t n, uint32_t block);
 
 // Throws NonFinite when any of the n values is NaN or Inf.
 void check_finite(const float *x, uint64_t n, const char *what);

@@ -277,8 +277,11 @@ Pool::Pool(const PoolConfig &cfg)
       pl.zero_offset = pl.scale_offset + pl.scales_per_block * pl.scale_bytes;
       pl.rotation_block = pl.spec.rotation_block;
       tensor_scale_[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
-      const uint32_t fixed = pl.spec.static_scale > 0.0
-                                 ? f32_bits(static_cast<float>(pl.spec.static_scale)) : 0u;
+      // A static scale as stored in scale_dtype (as kvc_quantize() rounds it),
+      // so pool and standalone quantizer agree.
+      float fixed_scale = static_cast<float>(pl.spec.static_scale);
+      if (pl.spec.scale_dtype == codec::Dtype::F16) fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
+      const uint32_t fixed = pl.spec.static_scale > 0.0 ? f32_bits(fixed_scale) : 0u;
       for (uint32_t l = 0; l < cfg_.num_layers; ++l) tensor_scale_[kv][l].store(fixed);
     }
     pl.bytes = part_bytes(cfg_, kv);
@@ -324,18 +327,20 @@ void Pool::check_layer(uint32_t layer) const {
          "layer " + u64s(layer) + ": the pool has " + u64s(cfg_.num_layers) + " layers");
 }
 
-// Like convert(), but values beyond f16's range become +-65504 instead of
-// +-Inf, as the codecs saturate: a finite input never turns into Inf (and
-// then NaN) in the residual.
+// Like convert(), but values beyond the destination's range become its
+// largest finite value (f16: +-65504; bf16: +-3.3895e38, where f32 values
+// near FLT_MAX would round to Inf) instead of +-Inf, as the codecs saturate:
+// a finite input never turns into Inf (and then NaN) in the residual.
 void convert_saturating(const void *src, DType st, void *dst, DType dt, uint64_t n) {
-  if (dt != DType::F16 || st == DType::F16) return convert(src, st, dst, dt, n);
+  if (dt == DType::F32 || st == dt) return convert(src, st, dst, dt, n);
+  const float big = dt == DType::F16 ? 65504.0f : 3.38953139e38f;  // 0x7f7f as bf16
   float buf[256];
   const uint64_t es = dtype_bytes(st);
   for (uint64_t i = 0; i < n; i += 256) {
     const uint64_t m = std::min<uint64_t>(256, n - i);
     convert(static_cast<const uint8_t *>(src) + i * es, st, buf, DType::F32, m);
-    for (uint64_t j = 0; j < m; ++j) buf[j] = std::min(65504.0f, std::max(-65504.0f, buf[j]));
-    convert(buf, DType::F32, static_cast<uint8_t *>(dst) + i * 2, DType::F16, m);
+    for (uint64_t j = 0; j < m; ++j) buf[j] = std::min(big, std::max(-big, buf[j]));
+    convert(buf, DType::F32, static_cast<uint8_t *>(dst) + i * 2, dt, m);
   }
 }
 
@@ -936,6 +941,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       float *dst = buf + kv * n * row;
       convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
       codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
+      codec::check_rotatable(dst, n * row, part_[kv].rotation_block);
       if (part_[kv].rotation_block)  // rotate each head before calibrating and encoding
         for (uint64_t t = 0; t < n; ++t) codec::hadamard(dst + t * row, row, part_[kv].rotation_block);
       (kv == 0 ? kf : vf) = dst;

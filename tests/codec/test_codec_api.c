@@ -628,8 +628,85 @@ static void test_adversarial_regressions(void **state) {
   assert_non_null(strstr(kvc_last_error_message(), "kvc_quantize_sizes"));
 }
 
+/* Second adversarial review (fused paths): rotation overflow, bf16 residual
+ * saturation, symmetric int8 at +-FLT_MAX, f16-rounded static scales in pools. */
+static void test_adversarial_regressions_2(void **state) {
+  (void)state;
+  /* The Hadamard butterfly of values near FLT_MAX would overflow: refused,
+   * nothing written (standalone and append). */
+  kvc_codec h = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  h.rotation = KVC_ROTATION_HADAMARD;
+  h.rotation_block = 8;
+  float big[8];
+  for (int i = 0; i < 8; ++i) big[i] = 1e38f;
+  uint8_t codes[8] = {0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5}, sc[4] = {0xa5, 0xa5, 0xa5, 0xa5};
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_quantize(&h, big, KVC_DTYPE_F32, 1, 8, codes, sc, NULL));
+  for (int i = 0; i < 8; ++i) assert_int_equal(codes[i], 0xa5);
+  for (int i = 0; i < 4; ++i) assert_int_equal(sc[i], 0xa5);
+  big[0] = 1e36f; /* below FLT_MAX / 8 everywhere: fine, and finite back */
+  for (int i = 1; i < 8; ++i) big[i] = -1e36f;
+  float back[8];
+  ASSERT_OK(kvc_quantize(&h, big, KVC_DTYPE_F32, 1, 8, codes, sc, NULL));
+  ASSERT_OK(kvc_dequantize(&h, codes, sc, NULL, 1, 8, back, KVC_DTYPE_F32));
+  for (int i = 0; i < 8; ++i) assert_true(isfinite(back[i]));
+  for (int i = 0; i < 8; ++i) big[i] = 1e38f;
+  kvc_pool *p = codec_pool(1, 1, 8, 4, 4, &h, &h, KVC_OK);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 1, big, big, KVC_DTYPE_F32));
+  kvc_pool_destroy(p);
+  /* A bf16 residual saturates at the largest finite bf16, never Inf / NaN. */
+  kvc_codec i8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool_config c = test_config(1, 2, 8, 16, 64);
+  c.k_codec = &i8;
+  c.v_codec = &i8;
+  c.residual_window = 1;
+  c.residual_dtype = KVC_DTYPE_BF16;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  float row[16], out[16];
+  for (int i = 0; i < 16; ++i) row[i] = 1.0f;
+  row[0] = 3.4028235e38f;
+  for (int t = 0; t < 3; ++t) {
+    ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, (uint64_t)t, 1, row, row, KVC_DTYPE_F32));
+    ASSERT_OK(kvc_gather(p, 1, 0, (uint64_t)t, 1, out, NULL, KVC_DTYPE_F32, NULL)); /* residual */
+    for (int i = 0; i < 16; ++i) assert_true(isfinite(out[i]));
+  }
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, out, NULL, KVC_DTYPE_F32, NULL)); /* aged into int8 */
+  for (int i = 0; i < 16; ++i) assert_true(isfinite(out[i]));
+  kvc_pool_destroy(p);
+  /* Symmetric int8 at +-FLT_MAX: finite codes and values (saturating at 1e38). */
+  kvc_codec s8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  float ext[2] = {-3.4028235e38f, 1.0f}, ext_back[2];
+  uint8_t c2[2], s2[4];
+  ASSERT_OK(kvc_quantize(&s8, ext, KVC_DTYPE_F32, 1, 2, c2, s2, NULL));
+  ASSERT_OK(kvc_dequantize(&s8, c2, s2, NULL, 1, 2, ext_back, KVC_DTYPE_F32));
+  assert_true(isfinite(ext_back[0]) && ext_back[0] <= -9.9e37f);
+  /* A static scale with f16 scale_dtype is the f16 value in a pool too. */
+  kvc_codec st = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TENSOR, 0, 0);
+  st.static_scale = 1;
+  st.scale = 0.1;
+  st.scale_dtype = KVC_DTYPE_F16;
+  p = codec_pool(1, 1, 8, 4, 4, &st, &st, KVC_OK);
+  float ks = 0, vs = 0;
+  ASSERT_OK(kvc_pool_tensor_scales(p, 0, &ks, &vs));
+  assert_true(ks == 0.0999755859375f && vs == ks);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  float x[8] = {1.25f, -0.5f, 0, 0, 0, 0, 0, 0}, from_pool[8], standalone[8];
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 1, x, x, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, from_pool, NULL, KVC_DTYPE_F32, NULL));
+  uint8_t q8[8], qs[2];
+  ASSERT_OK(kvc_quantize(&st, x, KVC_DTYPE_F32, 1, 8, q8, qs, NULL));
+  ASSERT_OK(kvc_dequantize(&st, q8, qs, NULL, 1, 8, standalone, KVC_DTYPE_F32));
+  assert_memory_equal(from_pool, standalone, sizeof from_pool);
+  kvc_pool_destroy(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_adversarial_regressions_2),
       cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
       cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),
