@@ -861,14 +861,16 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
   switch (sp.gran) {
     case codec::Gran::Token: {  // scales [slot][kv_heads], contiguous too
       const uint64_t sidx = slot * pl.scales_per_token;
-      codec::decode(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
-                    blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp);
+      sp.rotation_block = 0;  // the rotation is undone below, per head
+      codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                        blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp, DType::F32);
       break;
     }
     case codec::Gran::Group: {
       const uint64_t sidx = slot * pl.scales_per_token;
-      codec::decode(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
-                    blk + pl.zero_offset + sidx * pl.scale_bytes, count, row, tmp);
+      sp.rotation_block = 0;
+      codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                        blk + pl.zero_offset + sidx * pl.scale_bytes, count, row, tmp, DType::F32);
       break;
     }
     case codec::Gran::Channel:
