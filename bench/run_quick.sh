@@ -22,7 +22,16 @@ if [ -x "$codec_bin" ]; then
 else
   codec_out=""
 fi
-python3 - "$out" $codec_out <<'PY'
+attn_bin="$build/bench/bench_attention"
+attn_out="$build/bench-attention-quick.json"
+if [ -x "$attn_bin" ]; then
+  "$attn_bin" --benchmark_min_time=0.05 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_format=json --benchmark_out="$attn_out" --benchmark_out_format=json > /dev/null
+  cat "$attn_out"
+else
+  attn_out=""
+fi
+python3 - "$out" "${codec_out:-none}" "${attn_out:-none}" <<'PY'
 import json, sys
 runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
 def get(name, field="real_time"):
@@ -47,7 +56,8 @@ app, mem = get("BM_AppendF16", "bytes_per_second"), get("BM_MemcpySamePattern", 
 if app and mem:
     line(f"append f16 16 tokens x 8 heads x 128: {app / 1e9:.2f} GB/s, memcpy {mem / 1e9:.2f} GB/s, "
          f"ratio {app / mem:.2f}", app / mem >= 0.5)
-codec_out = sys.argv[2] if len(sys.argv) > 2 else None
+codec_out = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
+attn_out = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "none" else None
 for layers in ("1", "32"):
     f = get(f"BM_ForkFree/{layers}")
     if f is not None:
@@ -68,4 +78,24 @@ if codec_out:
                 tq, td = targets.get(name, (0.5, 0.5))
                 line(f"{name} {tokens} tokens: quantize {q / mem:.2f}x, dequantize {d / mem:.2f}x memcpy",
                      q / mem >= tq and d / mem >= td)
+if attn_out:
+    ar = {b["name"]: b for b in json.load(open(attn_out))["benchmarks"]}
+    def aget(name, field="real_time"):
+        b = ar.get(name + "/real_time_median") or ar.get(name + "_median") or ar.get(name)
+        return None if b is None else b.get(field)
+    for batch in ("1", "8"):
+        f16, dense = aget(f"BM_AttnPaged/0/{batch}"), aget(f"BM_AttnDense/{batch}")
+        bw, mem = aget(f"BM_AttnPaged/0/{batch}", "bytes_per_second"), aget(f"BM_AttnMemcpy/{batch}", "bytes_per_second")
+        if f16 and dense:
+            line(f"decode attention f16, batch {batch}: {f16:.2f} ms, dense loop {dense:.2f} ms, speed ratio {dense / f16:.2f}",
+                 dense / f16 >= 0.8)
+        if bw and mem:
+            line(f"decode attention f16, batch {batch}: {bw / mem:.2f}x memcpy bandwidth over its K/V bytes", bw / mem >= 0.4)
+        for st, name in (("1", "int8"), ("2", "int4")):
+            t = aget(f"BM_AttnPaged/{st}/{batch}")
+            if t and f16:
+                line(f"decode attention {name}, batch {batch}: {t:.2f} ms vs f16 {f16:.2f} ms", t <= f16)
+    ev, evm = aget("BM_EvictHalf", "bytes_per_second"), aget("BM_EvictMemcpy", "bytes_per_second")
+    if ev and evm:
+        line(f"evict half of 4096 tokens (f16, 8 x 128): {ev / evm:.2f}x memcpy of the bytes moved", ev / evm >= 0.5)
 PY

@@ -226,29 +226,38 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     const uint64_t n = l.n_tokens, kn = k.size(), kept_blocks = (kn + bs - 1) / bs;
     for (uint64_t b = first_write[li] / bs; b < kept_blocks; ++b)
       if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
-    // Move the survivors forward (destination index j <= source k[j]).
-    for (uint64_t j = first_write[li]; j < kn; ++j) {
-      if (k[j] == j) continue;
+    // Move the survivors forward (destination index j <= source k[j]), a run
+    // of consecutive tokens at a time (one memcpy per part and run). A run
+    // stays inside one source and one destination block; memmove because a
+    // run may overlap itself inside one block.
+    for (uint64_t j = first_write[li]; j < kn;) {
+      if (k[j] == j) {
+        ++j;
+        continue;
+      }
+      const uint64_t ss = k[j] % bs, ds = j % bs;
+      uint64_t run = 1;
+      while (j + run < kn && k[j + run] == k[j] + run && ss + run < bs && ds + run < bs) ++run;
       const uint8_t *src = block_ptr(l.blocks[k[j] / bs]);
       uint8_t *dst = block_ptr(l.blocks[j / bs]);
-      const uint64_t ss = k[j] % bs, ds = j % bs;
       for (int kv = 0; kv < 2; ++kv) {
         const PartLayout &pl = part_[kv];
         if (!pl.quantized && cfg_.layout == Layout::HND) {
           const uint64_t e = dtype_bytes(static_cast<DType>(pl.spec.dtype));
           for (uint64_t hh = 0; hh < h; ++hh)
-            std::memcpy(dst + pl.offset + hh * pl.head_stride + ds * pl.token_stride,
-                        src + pl.offset + hh * pl.head_stride + ss * pl.token_stride, hd * e);
+            std::memmove(dst + pl.offset + hh * pl.head_stride + ds * pl.token_stride,
+                         src + pl.offset + hh * pl.head_stride + ss * pl.token_stride, run * hd * e);
         } else {
-          std::memcpy(dst + pl.offset + ds * pl.token_stride, src + pl.offset + ss * pl.token_stride,
-                      pl.token_stride);
+          std::memmove(dst + pl.offset + ds * pl.token_stride, src + pl.offset + ss * pl.token_stride,
+                       run * pl.token_stride);
         }
         if (pl.quantized && pl.scales_per_token) {
           const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
-          std::memcpy(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, sb);
-          if (pl.spec.asym) std::memcpy(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, sb);
+          std::memmove(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, run * sb);
+          if (pl.spec.asym) std::memmove(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, run * sb);
         }
       }
+      j += run;
     }
     // Re-rotate the keys whose in-cache position changed (llama.cpp's K-shift).
     if (shift[li]) {

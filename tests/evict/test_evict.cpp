@@ -22,7 +22,7 @@ struct Geo {
 
 kvc_pool *make_pool(const Geo &g, uint64_t blocks = 512, kvc_dtype kd = KVC_DTYPE_F32,
                     const kvc_codec *codec = nullptr, kvc_rope_style rope = KVC_ROPE_NONE,
-                    uint32_t residual = 0) {
+                    uint32_t residual = 0, kvc_layout layout = KVC_LAYOUT_NHD) {
   kvc_pool_config c;
   kvc_pool_config_init(&c);
   c.num_layers = g.layers;
@@ -35,6 +35,7 @@ kvc_pool *make_pool(const Geo &g, uint64_t blocks = 512, kvc_dtype kd = KVC_DTYP
   c.k_codec = c.v_codec = codec;
   c.rope_style = rope;
   c.residual_window = residual;
+  c.layout = layout;
   kvc_pool *p = nullptr;
   CHECK_OK(kvc_pool_create(&c, &p));
   return p;
@@ -307,8 +308,9 @@ KVTEST(compaction_frees_blocks_exact) {
   codec.dtype = KVC_DTYPE_INT4;
   codec.granularity = KVC_SCALE_PER_GROUP;
   codec.group_size = 8;
-  for (int quant = 0; quant < 2; ++quant) {
-    kvc_pool *p = make_pool(g, 512, KVC_DTYPE_F16, quant ? &codec : nullptr);
+  for (int quant = 0; quant < 3; ++quant) {  // f16 NHD, int4, f16 HND
+    kvc_pool *p = make_pool(g, 512, KVC_DTYPE_F16, quant == 1 ? &codec : nullptr, KVC_ROPE_NONE, 0,
+                            quant == 2 ? KVC_LAYOUT_HND : KVC_LAYOUT_NHD);
     const uint64_t n = 41;
     fill(p, g, 1, n);
     std::vector<float> k_before(n * g.hkv * g.hd), v_before(k_before.size());
