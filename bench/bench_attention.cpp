@@ -1,5 +1,5 @@
 // Attention and eviction throughput (issue "Attention over the paged cache"):
-//  BM_AttnPaged/<storage>/<batch>   kvc_attention_decode, one query token per
+//  BM_AttnPaged/<storage>/<batch>/<threads>   kvc_attention_decode (1 or 2 threads), one query token per
 //      sequence over a 4096-token cache: head_dim 128, 32 query heads, 8 KV
 //      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32
 //  BM_AttnDense/<batch>             the same attention as a plain loop over
@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvcache/kvcache.h"
@@ -85,18 +86,21 @@ struct PagedSetup {
 
 void BM_AttnPaged(benchmark::State &state) {
   const int storage = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
+  const uint32_t threads = static_cast<uint32_t>(state.range(2));
   PagedSetup s(storage, batch);
   std::vector<uint16_t> q = random_f16(size_t(batch) * kHq * kHd, 2), out(q.size());
   kvc_attention_params a;
   kvc_attention_params_init(&a);
   a.num_q_heads = kHq;
   a.q_dtype = a.out_dtype = KVC_DTYPE_F16;
+  a.num_threads = threads;
   for (auto _ : state) {
     OK(kvc_attention_decode(s.pool, 0, s.ids.data(), s.ids.size(), q.data(), out.data(), nullptr, &a));
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * batch * kTokens * kRow * 2 * 2);  // f16 K+V equivalent
-  state.SetLabel(storage == 0 ? "f16" : storage == 1 ? "int8" : "int4");
+  state.SetLabel(std::string(storage == 0 ? "f16" : storage == 1 ? "int8" : "int4") + ", " +
+                 std::to_string(threads) + " thread(s)");
 }
 
 // The baseline: decode attention as a plain loop over contiguous f16 K/V
@@ -230,7 +234,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 }  // namespace
 
-BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2}, {1, 8}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnMemcpy)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EvictHalf)->Unit(benchmark::kMicrosecond)->UseRealTime();

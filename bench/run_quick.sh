@@ -84,17 +84,21 @@ if attn_out:
         b = ar.get(name + "/real_time_median") or ar.get(name + "_median") or ar.get(name)
         return None if b is None else b.get(field)
     for batch in ("1", "8"):
-        f16, dense = aget(f"BM_AttnPaged/0/{batch}"), aget(f"BM_AttnDense/{batch}")
-        bw, mem = aget(f"BM_AttnPaged/0/{batch}", "bytes_per_second"), aget(f"BM_AttnMemcpy/{batch}", "bytes_per_second")
-        if f16 and dense:
-            line(f"decode attention f16, batch {batch}: {f16:.2f} ms, dense loop {dense:.2f} ms, speed ratio {dense / f16:.2f}",
-                 dense / f16 >= 0.8)
-        if bw and mem:
-            line(f"decode attention f16, batch {batch}: {bw / mem:.2f}x memcpy bandwidth over its K/V bytes", bw / mem >= 0.4)
-        for st, name in (("1", "int8"), ("2", "int4")):
-            t = aget(f"BM_AttnPaged/{st}/{batch}")
-            if t and f16:
-                line(f"decode attention {name}, batch {batch}: {t:.2f} ms vs f16 {f16:.2f} ms", t <= f16)
+        dense = aget(f"BM_AttnDense/{batch}")
+        mem = aget(f"BM_AttnMemcpy/{batch}", "bytes_per_second")
+        for th in ("1", "2"):
+            f16 = aget(f"BM_AttnPaged/0/{batch}/{th}")
+            bw = aget(f"BM_AttnPaged/0/{batch}/{th}", "bytes_per_second")
+            tag = f"batch {batch}, {th} thread(s)"
+            if f16 and dense:
+                line(f"decode attention f16, {tag}: {f16:.2f} ms, dense loop (1 thread) {dense:.2f} ms, ratio {dense / f16:.2f}",
+                     dense / f16 >= 0.8)
+            if bw and mem:
+                line(f"decode attention f16, {tag}: {bw / mem:.2f}x memcpy bandwidth over its K/V bytes", bw / mem >= 0.4)
+            for st, name in (("1", "int8"), ("2", "int4")):
+                t = aget(f"BM_AttnPaged/{st}/{batch}/{th}")
+                if t and f16:
+                    line(f"decode attention {name}, {tag}: {t:.2f} ms vs f16 {f16:.2f} ms", t <= f16)
     ev, evm = aget("BM_EvictHalf", "bytes_per_second"), aget("BM_EvictMemcpy", "bytes_per_second")
     if ev and evm:
         line(f"evict half of 4096 tokens (f16, 8 x 128): {ev / evm:.2f}x memcpy of the bytes moved", ev / evm >= 0.5)

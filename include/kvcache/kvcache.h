@@ -908,6 +908,7 @@ typedef struct kvc_attention_params {
   kvc_dtype q_dtype;      /**< Element type of q: f32 (default), f16 or bf16. */
   kvc_dtype out_dtype;    /**< Element type of out: f32 (default), f16 or bf16. */
   kvc_observe observe;    /**< Record attention for eviction policies; default none. */
+  uint32_t num_threads;   /**< Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only; 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill and observing calls use the calling thread. */
   uint64_t observe_from;  /**< Prefill: first query row whose attention is recorded (SnapKV's observation window = the last rows); default 0. */
 } kvc_attention_params;
 

@@ -5,7 +5,10 @@
 // each cached token's attention mass for the eviction policies (H2O, TOVA,
 // SnapKV).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <thread>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -96,12 +99,15 @@ float *grow(std::vector<float> &v, uint64_t n) {
 
 }  // namespace
 
-// One sequence's layer: n_q query rows (f32, already multiplied by the
-// scale) -> out rows (f32) and lse. obs_scores: null, or [n_tokens][kv_heads]
-// to which the attention probability of every observed row is added (summed
-// over the query heads of each KV head).
-void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
-                      float *out, float *lse, const AttnParams &p, float *obs_scores) const {
+// Online-softmax state of `rows` query rows x hq heads: running max m,
+// running sum ls and accumulator acc[hd] (FlashAttention / FlashDecoding).
+// Adds tokens [t_begin, t_end) of the layer (row r also stops at its visible
+// length vis(r)) to the state. obs: null, or the raw scores of the rows
+// [obs_first, i0 + rows) as [row][hq][obs_stride], filled for the tokens read.
+void Pool::attend_range(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
+                        uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end, float *m, float *ls,
+                        float *acc, float *obs, uint64_t obs_first, uint64_t obs_stride,
+                        const AttnParams &p) const {
   const Kernels &kr = kernels();
   const uint64_t n = l.n_tokens, hq = p.num_q_heads, h = cfg_.num_kv_heads, hd = cfg_.head_dim;
   const uint64_t grp = hq / h, row = h * hd, bs = cfg_.block_size;
@@ -109,6 +115,105 @@ void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint6
   float *tile = grow(sc.tile, 2 * bs * row);
   float *kt = tile, *vt = tile + bs * row;
   float *s_tok = grow(sc.sc, bs);
+  auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
+  const uint64_t end = std::min(t_end, vis(i0 + rows - 1));
+  for (uint64_t t0 = t_begin; t0 < end;) {
+    uint64_t cnt;
+    if (t0 < l.n_lp) {
+      const uint32_t slot = static_cast<uint32_t>(t0 % bs);
+      cnt = std::min({bs - slot, l.n_lp - t0, end - t0});
+      const uint8_t *blk = block_ptr(l.blocks[t0 / bs]);
+      read_part(0, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(kt), DType::F32);
+      read_part(1, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(vt), DType::F32);
+    } else {
+      const uint64_t r = l.res_off + (t0 - l.n_lp);
+      const uint32_t slot = static_cast<uint32_t>(r % bs);
+      cnt = std::min(bs - slot, end - t0);
+      read_residual(res_ptr(l.res_blocks[r / bs]), slot, cnt, reinterpret_cast<uint8_t *>(kt),
+                    reinterpret_cast<uint8_t *>(vt), DType::F32);
+    }
+    for (uint64_t r = 0; r < rows; ++r) {
+      const uint64_t v_r = vis(i0 + r);
+      if (v_r <= t0) continue;
+      const uint64_t c = std::min(cnt, v_r - t0);
+      for (uint64_t hh = 0; hh < hq; ++hh) {
+        const uint64_t g = hh / grp, st = r * hq + hh;
+        const float *qv = q + ((i0 + r) * hq + hh) * hd;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (uint64_t t = 0; t < c; ++t) {
+          s_tok[t] = kr.dot(qv, kt + t * row + g * hd, hd);
+          mx = std::max(mx, s_tok[t]);
+        }
+        if (obs && i0 + r >= obs_first)
+          std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * obs_stride + t0, s_tok, c * sizeof(float));
+        const float m_new = std::max(m[st], mx);
+        const float corr = m[st] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[st] - m_new);
+        float *a = acc + st * hd;
+        if (corr != 1.0f) {
+          ls[st] *= corr;
+          for (uint64_t d = 0; d < hd; ++d) a[d] *= corr;
+        }
+        for (uint64_t t = 0; t < c; ++t) {
+          const float pt = std::exp(s_tok[t] - m_new);
+          ls[st] += pt;
+          kr.axpy(a, pt, vt + t * row + g * hd, hd);
+        }
+        m[st] = m_new;
+      }
+    }
+    t0 += cnt;
+  }
+}
+
+namespace {
+void init_state(float *m, float *ls, float *acc, uint64_t heads, uint64_t hd) {
+  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
+  std::fill(ls, ls + heads, 0.0f);
+  std::fill(acc, acc + heads * hd, 0.0f);
+}
+// out = acc / ls and lse = m + log(ls); nothing visible: zeros and -inf.
+void finalize(const float *m, const float *ls, const float *acc, uint64_t heads, uint64_t hd, float *out,
+              float *lse) {
+  for (uint64_t st = 0; st < heads; ++st) {
+    float *o = out + st * hd;
+    if (ls[st] > 0.0f) {
+      const float inv = 1.0f / ls[st];
+      for (uint64_t d = 0; d < hd; ++d) o[d] = acc[st * hd + d] * inv;
+      lse[st] = m[st] + std::log(ls[st]);
+    } else {
+      std::fill(o, o + hd, 0.0f);
+      lse[st] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+// Merges state b into a (the log-sum-exp merge of FlashDecoding's split-K).
+void merge_state(float *m, float *ls, float *acc, const float *mb, const float *lsb, const float *accb,
+                 uint64_t heads, uint64_t hd) {
+  for (uint64_t st = 0; st < heads; ++st) {
+    if (!(lsb[st] > 0.0f)) continue;
+    if (!(ls[st] > 0.0f)) {
+      m[st] = mb[st];
+      ls[st] = lsb[st];
+      std::copy(accb + st * hd, accb + (st + 1) * hd, acc + st * hd);
+      continue;
+    }
+    const float mm = std::max(m[st], mb[st]), ca = std::exp(m[st] - mm), cb = std::exp(mb[st] - mm);
+    ls[st] = ls[st] * ca + lsb[st] * cb;
+    for (uint64_t d = 0; d < hd; ++d) acc[st * hd + d] = acc[st * hd + d] * ca + accb[st * hd + d] * cb;
+    m[st] = mm;
+  }
+}
+}  // namespace
+
+// One sequence's layer: n_q query rows (f32, already multiplied by the
+// scale) -> out rows (f32) and lse. obs_scores: null, or [n_tokens][kv_heads]
+// to which the attention probability of every observed row is added (summed
+// over the query heads of each KV head).
+void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
+                      float *out, float *lse, const AttnParams &p, float *obs_scores) const {
+  const uint64_t n = l.n_tokens, hq = p.num_q_heads, h = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  const uint64_t grp = hq / h;
+  AttnScratch &sc = scratch();
   constexpr uint64_t kRows = 32;
   for (uint64_t i0 = 0; i0 < n_q; i0 += kRows) {
     const uint64_t rows = std::min(kRows, n_q - i0);
@@ -116,72 +221,13 @@ void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint6
     const uint64_t max_vis = vis(i0 + rows - 1);
     float *state = grow(sc.state, rows * hq * (hd + 2));
     float *m = state, *ls = state + rows * hq, *acc = state + 2 * rows * hq;
-    std::fill(m, m + rows * hq, -std::numeric_limits<float>::infinity());
-    std::fill(ls, ls + rows * hq, 0.0f);
-    std::fill(acc, acc + rows * hq * hd, 0.0f);
+    init_state(m, ls, acc, rows * hq, hd);
     // Raw scores of observed rows, kept for the probabilities at the end.
     const uint64_t obs_first = obs_scores ? std::max(i0, std::min(p.observe_from, i0 + rows)) : i0 + rows;
     const uint64_t obs_rows = i0 + rows - obs_first;
     float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
-    for (uint64_t t0 = 0; t0 < max_vis;) {
-      uint64_t cnt;
-      if (t0 < l.n_lp) {
-        const uint32_t slot = static_cast<uint32_t>(t0 % bs);
-        cnt = std::min({bs - slot, l.n_lp - t0, max_vis - t0});
-        const uint8_t *blk = block_ptr(l.blocks[t0 / bs]);
-        read_part(0, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(kt), DType::F32);
-        read_part(1, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(vt), DType::F32);
-      } else {
-        const uint64_t r = l.res_off + (t0 - l.n_lp);
-        const uint32_t slot = static_cast<uint32_t>(r % bs);
-        cnt = std::min(bs - slot, max_vis - t0);
-        read_residual(res_ptr(l.res_blocks[r / bs]), slot, cnt, reinterpret_cast<uint8_t *>(kt),
-                      reinterpret_cast<uint8_t *>(vt), DType::F32);
-      }
-      for (uint64_t r = 0; r < rows; ++r) {
-        const uint64_t v_r = vis(i0 + r);
-        if (v_r <= t0) continue;
-        const uint64_t c = std::min(cnt, v_r - t0);
-        for (uint64_t hh = 0; hh < hq; ++hh) {
-          const uint64_t g = hh / grp, st = r * hq + hh;
-          const float *qv = q + ((i0 + r) * hq + hh) * hd;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (uint64_t t = 0; t < c; ++t) {
-            s_tok[t] = kr.dot(qv, kt + t * row + g * hd, hd);
-            mx = std::max(mx, s_tok[t]);
-          }
-          if (i0 + r >= obs_first)
-            std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * max_vis + t0, s_tok, c * sizeof(float));
-          const float m_new = std::max(m[st], mx);
-          const float corr = m[st] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[st] - m_new);
-          float *a = acc + st * hd;
-          if (corr != 1.0f) {
-            ls[st] *= corr;
-            for (uint64_t d = 0; d < hd; ++d) a[d] *= corr;
-          }
-          for (uint64_t t = 0; t < c; ++t) {
-            const float pt = std::exp(s_tok[t] - m_new);
-            ls[st] += pt;
-            kr.axpy(a, pt, vt + t * row + g * hd, hd);
-          }
-          m[st] = m_new;
-        }
-      }
-      t0 += cnt;
-    }
-    for (uint64_t r = 0; r < rows; ++r)
-      for (uint64_t hh = 0; hh < hq; ++hh) {
-        const uint64_t st = r * hq + hh;
-        float *o = out + ((i0 + r) * hq + hh) * hd;
-        if (ls[st] > 0.0f) {
-          const float inv = 1.0f / ls[st];
-          for (uint64_t d = 0; d < hd; ++d) o[d] = acc[st * hd + d] * inv;
-          lse[(i0 + r) * hq + hh] = m[st] + std::log(ls[st]);
-        } else {  // nothing visible: zeros and -inf, never NaN
-          std::fill(o, o + hd, 0.0f);
-          lse[(i0 + r) * hq + hh] = -std::numeric_limits<float>::infinity();
-        }
-      }
+    attend_range(layer, l, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first, max_vis, p);
+    finalize(m, ls, acc, rows * hq, hd, out + i0 * hq * hd, lse + i0 * hq);
     for (uint64_t i = obs_first; i < i0 + rows; ++i)
       for (uint64_t hh = 0; hh < hq; ++hh) {
         const float ll = lse[i * hq + hh];
@@ -190,6 +236,65 @@ void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint6
         const uint64_t g = hh / grp;
         for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
       }
+  }
+}
+
+// Decode over several threads (the caller's included): work units are
+// (sequence, token range); a sequence longer than its share is split into
+// ranges whose partial states are merged by log-sum-exp (FlashDecoding).
+void Pool::attend_threads(uint32_t layer, const std::vector<const LayerTable *> &ls_tables, const float *q,
+                          float *out, float *lse, const AttnParams &p, uint32_t threads) const {
+  const uint64_t hq = p.num_q_heads, hd = cfg_.head_dim, n_seqs = ls_tables.size();
+  const uint64_t state_size = hq * (hd + 2);
+  struct Unit {
+    uint64_t seq, t0, t1;
+  };
+  std::vector<Unit> units;
+  const uint64_t per_seq_split = n_seqs >= threads ? 1 : (threads + n_seqs - 1) / n_seqs;
+  constexpr uint64_t kMinChunk = 256;  // tokens: below this a split costs more than it saves
+  for (uint64_t i = 0; i < n_seqs; ++i) {
+    const uint64_t n = ls_tables[i]->n_tokens;
+    const uint64_t parts = std::max<uint64_t>(1, std::min(per_seq_split, n / kMinChunk));
+    const uint64_t chunk = (n + parts - 1) / std::max<uint64_t>(parts, 1);
+    if (n == 0) units.push_back({i, 0, 0});
+    for (uint64_t t = 0; t < n; t += chunk) units.push_back({i, t, std::min(n, t + chunk)});
+  }
+  std::vector<float> states(units.size() * state_size);
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    try {
+      for (size_t u; (u = next.fetch_add(1)) < units.size();) {
+        float *st = states.data() + u * state_size;
+        init_state(st, st + hq, st + 2 * hq, hq, hd);
+        const Unit &un = units[u];
+        attend_range(layer, *ls_tables[un.seq], q + un.seq * hq * hd, 1, false, 0, 1, un.t0, un.t1, st, st + hq,
+                     st + 2 * hq, nullptr, 1, 0, p);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> g(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  const uint32_t extra = static_cast<uint32_t>(std::min<uint64_t>(threads, units.size())) - 1;
+  pool.reserve(extra);
+  for (uint32_t t = 0; t < extra; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread &t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  // Merge each sequence's ranges in token order, then finalize.
+  for (size_t u = 0; u < units.size();) {
+    float *st = states.data() + u * state_size;
+    size_t v = u + 1;
+    for (; v < units.size() && units[v].seq == units[u].seq; ++v) {
+      const float *sb = states.data() + v * state_size;
+      merge_state(st, st + hq, st + 2 * hq, sb, sb + hq, sb + 2 * hq, hq, hd);
+    }
+    const uint64_t i = units[u].seq;
+    finalize(st, st + hq, st + 2 * hq, hq, hd, out + i * hq * hd, lse + i * hq);
+    u = v;
   }
 }
 
@@ -205,6 +310,7 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
   if (!(p.scale >= 0.0f) || !std::isfinite(p.scale))
     fail(Errc::InvalidArgument, "scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
   if (p.observe > 2) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));
+  if (p.num_threads > 256) fail(Errc::InvalidArgument, "num_threads " + u64s(p.num_threads) + ": at most 256");
   if (prefill && n_seqs != 1) fail(Errc::InvalidArgument, "prefill attention takes one sequence");
   const uint64_t per_seq = n_q * p.num_q_heads * hd;
   if (n_q > (uint64_t(1) << 31) || (n_seqs && per_seq > (uint64_t(1) << 40) / n_seqs))
@@ -249,6 +355,13 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
                                  " tokens (append the chunk's K/V first)");
     if (p.observe && l.scores.size() != l.n_tokens * cfg_.num_kv_heads)
       fail(Errc::Internal, "score array out of step with the layer");
+  }
+  if (p.num_threads > 1 && !prefill && !p.observe) {
+    std::vector<const LayerTable *> tables(n_seqs);
+    for (size_t i = 0; i < n_seqs; ++i) tables[i] = &find(ids[i]).layers[layer];
+    attend_threads(layer, tables, qf, of, lf, p, p.num_threads);
+    convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
+    return;
   }
   for (size_t i = 0; i < n_seqs; ++i) {
     Sequence &s = const_cast<Sequence &>(find(ids[i]));

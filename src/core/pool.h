@@ -62,6 +62,7 @@ struct AttnParams {
   DType q_dtype = DType::F32, out_dtype = DType::F32;
   uint32_t observe = 0;       // 0: none, 1: accumulate attention mass (H2O), 2: replace (TOVA)
   uint64_t observe_from = 0;  // prefill: first query row whose attention is observed
+  uint32_t num_threads = 1;   // decode without observation: threads for this call
 };
 
 // Scale entries per token slot in a block for a codec (per-token: one per
@@ -234,6 +235,11 @@ class Pool {
   void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped);
   void attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
                   float *out, float *lse, const AttnParams &p, float *obs_scores) const;
+  void attend_range(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
+                    uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end, float *m, float *ls,
+                    float *acc, float *obs, uint64_t obs_first, uint64_t obs_stride, const AttnParams &p) const;
+  void attend_threads(uint32_t layer, const std::vector<const LayerTable *> &tables, const float *q,
+                      float *out, float *lse, const AttnParams &p, uint32_t threads) const;
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                   const float *src_f32, uint32_t slot, uint64_t count) const;
   void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,

@@ -232,6 +232,7 @@ FIELD(kvc_attention_params, scale, 12, 4);
 FIELD(kvc_attention_params, q_dtype, 16, 4);
 FIELD(kvc_attention_params, out_dtype, 20, 4);
 FIELD(kvc_attention_params, observe, 24, 4);
+FIELD(kvc_attention_params, num_threads, 28, 4);
 FIELD(kvc_attention_params, observe_from, 32, 8);
 SIZE(kvc_attention_params, 40);
 

@@ -362,6 +362,43 @@ KVTEST(observe_scores) {
   kvc_pool_destroy(p);
 }
 
+// Threads: sequences spread over threads and long sequences split into token
+// ranges merged by log-sum-exp give the single-thread result within 1e-5.
+KVTEST(threads_match_single) {
+  Geo g;
+  g.layers = 1;
+  g.hd = 64;
+  kvc_pool *p = make_pool(g, KVC_DTYPE_F16, nullptr, nullptr, 0, 1024);
+  const uint64_t lens[5] = {0, 17, 16, 700, 1300};
+  std::vector<uint64_t> ids;
+  for (uint64_t i = 0; i < 5; ++i) {
+    fill(p, g, 100 + i, lens[i]);
+    ids.push_back(100 + i);
+  }
+  const size_t row = g.hq * g.hd;
+  kvc_attention_params a = params(g);
+  for (size_t batch : {size_t(1), size_t(2), size_t(5)}) {
+    const uint64_t *first = batch == 1 ? &ids[4] : batch == 2 ? &ids[3] : ids.data();
+    std::vector<float> q = randn(batch * row), one(batch * row), lse1(batch * g.hq);
+    a.num_threads = 1;
+    CHECK_OK(kvc_attention_decode(p, 0, first, batch, q.data(), one.data(), lse1.data(), &a));
+    for (uint32_t t : {2u, 3u, 8u}) {
+      std::vector<float> many(batch * row, 5.0f), lsem(batch * g.hq);
+      a.num_threads = t;
+      CHECK_OK(kvc_attention_decode(p, 0, first, batch, q.data(), many.data(), lsem.data(), &a));
+      for (size_t i = 0; i < many.size(); ++i) CHECK_NEAR(many[i], one[i], 1e-5 * std::max(1.0f, std::fabs(one[i])));
+      for (size_t i = 0; i < lsem.size(); ++i) {
+        if (std::isinf(lse1[i])) CHECK(std::isinf(lsem[i]) && lsem[i] < 0);
+        else CHECK_NEAR(lsem[i], lse1[i], 1e-5 * std::max(1.0f, std::fabs(lse1[i])));
+      }
+    }
+  }
+  a.num_threads = 257;
+  std::vector<float> q = randn(row), out(row);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &ids[0], 1, q.data(), out.data(), nullptr, &a), KVC_ERR_INVALID_ARGUMENT);
+  kvc_pool_destroy(p);
+}
+
 // Bad input: a clear status, nothing written.
 KVTEST(bad_input) {
   Geo g;
