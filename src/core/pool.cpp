@@ -856,7 +856,9 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
     return;
   }
   codec::Spec sp = pl.spec;
-  float *tmp = scratch_f32(row * count);
+  // f32 output: decode straight into it (no staging copy).
+  const bool direct = dst == DType::F32 && reinterpret_cast<uintptr_t>(out) % alignof(float) == 0;
+  float *tmp = direct ? reinterpret_cast<float *>(out) : scratch_f32(row * count);
   const uint8_t *codes = base + slot * pl.token_stride;  // `count` tokens, contiguous
   switch (sp.gran) {
     case codec::Gran::Token: {  // scales [slot][kv_heads], contiguous too
@@ -889,7 +891,7 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
   }
   if (pl.rotation_block)
     for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
-  convert(tmp, DType::F32, out, dst, count * row);
+  if (!direct) convert(tmp, DType::F32, out, dst, count * row);
 }
 
 void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k,
