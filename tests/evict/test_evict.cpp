@@ -329,6 +329,14 @@ KVTEST(compaction_frees_blocks_exact) {
     CHECK(st.tokens_stored == 20);
     const std::vector<int32_t> pos = positions(p, 1, 1);
     CHECK(pos.size() == 10);
+    // The exported page table stays valid: 3 pages, the last holding 10 - 8 = 2 tokens.
+    {
+      const uint64_t id1 = 1;
+      int32_t indptr[2], indices[8], last = -1;
+      size_t need = 0;
+      CHECK_OK(kvc_export_page_table(p, 1, &id1, 1, indptr, indices, 8, &last, &need));
+      CHECK(need == 3 && indptr[1] == 3 && last == 2);
+    }
     std::vector<float> k(10 * g.hkv * g.hd), v(k.size());
     CHECK_OK(kvc_gather(p, 1, 1, 0, 10, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
     const size_t row = g.hkv * g.hd;
