@@ -3,7 +3,7 @@
 #   1. setup        Debian packages (scripts/setup.sh)
 #   2. main         RelWithDebInfo build, -DKVC_WERROR=ON, every ctest test
 #   3. asan         ASan + UBSan build (tools included, bench not), every ctest test
-#   4. tsan         ThreadSanitizer build, the core_threads* tests
+#   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*)
 #   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
 #   6. bench        bench/run_quick.sh on the main build (JSON)
 # Every stage runs even when an earlier one failed (the build stages a later
@@ -86,13 +86,14 @@ stage_tsan() {
     norand=(setarch "$(uname -m)" -R)
   fi
   local n
-  n=$(ctest --test-dir "$prefix-tsan" -N -R '^core_threads' | grep -c 'Test *#')
+  local tests='^(core_threads|prefix_threads|attention_threads)'
+  n=$(ctest --test-dir "$prefix-tsan" -N -R "$tests" | grep -c 'Test *#')
   if [ "$n" -eq 0 ]; then
-    echo "no core_threads* tests registered" >&2
+    echo "no threaded tests registered" >&2
     return 1
   fi
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-    "${norand[@]}" ctest --test-dir "$prefix-tsan" -R '^core_threads' --output-on-failure
+    "${norand[@]}" ctest --test-dir "$prefix-tsan" -R "$tests" --output-on-failure
 }
 
 stage_fuzz() {

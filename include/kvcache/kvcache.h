@@ -1208,6 +1208,235 @@ KVC_API void kvc_plugin_unload(kvc_plugin *plugin);
  */
 KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin);
 
+/* ------------------------------------------------------------------------ */
+/* Prefix cache                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Hash of the prefix cache's block keys (docs/prefix-cache.md).
+ * @since 0.3
+ */
+typedef enum kvc_prefix_hash {
+  KVC_PREFIX_HASH_SHA256 = 0,   /**< SHA-256 (OpenSSL), 32-byte keys: for tenants that do not trust each other (default). */
+  KVC_PREFIX_HASH_XXH3_128 = 1, /**< XXH3-128 (xxHash), 16-byte keys: fast, not collision resistant against an adversary. */
+  KVC_PREFIX_HASH_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_PREFIX_HASH_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_prefix_hash;
+
+/**
+ * @brief Prefix cache settings (kvc_pool_enable_prefix_cache()). Init with
+ * kvc_prefix_config_init().
+ * @since 0.3
+ */
+typedef struct kvc_prefix_config {
+  size_t struct_size;     /**< sizeof(kvc_prefix_config) of the caller. */
+  kvc_prefix_hash hash;   /**< Key hash; default SHA-256. */
+  uint32_t verify_tokens; /**< Non-zero (default): every hit compares the cached block's token ids with the query's, so even a forced hash collision never returns foreign KV. */
+  uint32_t seed_set;      /**< 0 (default): the chain's root is seeded with 32 random bytes (keys differ per pool); non-zero: with `seed` (keys survive restarts and match other pools with the same seed). */
+  uint8_t seed[32];       /**< The root seed when seed_set. */
+  const char *model_id;   /**< Caller's model identity mixed into the root (NULL = ""). Copied. */
+  const char *tokenizer_id; /**< Caller's tokenizer identity mixed into the root (NULL = ""). Copied. */
+} kvc_prefix_config;
+
+/** @brief One extra key mixed into every block key (tenant salt, adapter id, multimodal hash...). @since 0.3 */
+typedef struct kvc_prefix_extra {
+  const void *data; /**< Bytes (may be NULL when size is 0). */
+  size_t size;      /**< Byte count, at most 1 MiB. */
+} kvc_prefix_extra;
+
+/** @brief Result of kvc_prefix_lookup() / kvc_prefix_attach(). @since 0.3 */
+typedef struct kvc_prefix_result {
+  size_t struct_size;      /**< sizeof(kvc_prefix_result) of the caller. */
+  uint64_t hit_tokens;     /**< Leading tokens reusable as whole cached blocks (a multiple of block_size, at most n_tokens - 1). */
+  uint64_t hit_blocks;     /**< hit_tokens / block_size. */
+  uint64_t partial_tokens; /**< With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied into a fresh block by kvc_prefix_attach()); 0 otherwise. */
+} kvc_prefix_result;
+
+/** @brief Flag of kvc_prefix_lookup() / kvc_prefix_attach(): also reuse a partly matching next block (SGLang-style, token-granular). @since 0.3 */
+#define KVC_PREFIX_PARTIAL 0x1u
+
+/** @brief Prefix index events for an external router. @since 0.3 */
+typedef enum kvc_prefix_event_kind {
+  KVC_PREFIX_STORED = 0,  /**< A block was registered under `key`. */
+  KVC_PREFIX_REMOVED = 1, /**< A block left the index (reclaimed, rewritten or its parent left). */
+  KVC_PREFIX_EVENT_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; not a value. */
+} kvc_prefix_event_kind;
+
+/** @brief One prefix index event. @since 0.3 */
+typedef struct kvc_prefix_event {
+  size_t struct_size;          /**< sizeof(kvc_prefix_event) of the library. */
+  kvc_prefix_event_kind kind;  /**< Stored or removed. */
+  uint32_t key_size;           /**< Bytes of key and parent_key (32 for SHA-256, 16 for XXH3-128). */
+  const uint8_t *key;          /**< The block's key (valid during the callback only). */
+  const uint8_t *parent_key;   /**< Its parent's key (the root for the first block). */
+  uint64_t depth;              /**< 1 for a prompt's first block, 2 for the second... */
+} kvc_prefix_event;
+
+/**
+ * @brief Receives prefix index events. Called synchronously, from the thread
+ * whose call changed the index, while the pool is locked: it must not call
+ * into the pool.
+ * @since 0.3
+ */
+typedef void (*kvc_prefix_event_fn)(void *user, const kvc_prefix_event *event);
+
+/** @brief Prefix cache counters (kvc_prefix_get_stats()). @since 0.3 */
+typedef struct kvc_prefix_stats {
+  size_t struct_size;          /**< sizeof(kvc_prefix_stats) of the caller. */
+  uint64_t queried_tokens;     /**< Tokens passed to lookup and attach. */
+  uint64_t hit_tokens;         /**< Whole-block tokens they found. */
+  uint64_t partial_tokens;     /**< Token-granular matches they found. */
+  uint64_t registered_blocks;  /**< Blocks (each spanning all layers) in the index now. */
+  uint64_t reclaimable_blocks; /**< Of those, held by no sequence (cached; reclaimed in LRU order when room is needed). */
+  uint64_t referenced_blocks;  /**< Of those, held by a sequence (registered = reclaimable + referenced). */
+  uint64_t stored_total;       /**< Blocks ever registered. */
+  uint64_t removed_total;      /**< Blocks ever removed from the index. */
+  uint64_t reclaimed_total;    /**< Of those, reclaimed for reuse. */
+} kvc_prefix_stats;
+
+/**
+ * @brief Fill a prefix config with defaults: SHA-256, token verification on,
+ * a random seed, empty model and tokenizer ids.
+ * @param config the struct to fill (not NULL).
+ * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_config_init(kvc_prefix_config *config);
+
+/**
+ * @brief Turn on the prefix cache of a pool (once). Full blocks registered with
+ * kvc_prefix_insert() stay findable after their sequences are freed (cached,
+ * reference count 0) until the pool needs the room: reclaimed least recently
+ * released first, a chain from its end (children before parents).
+ *
+ * Block identity (docs/prefix-cache.md): a block's key chains its parent's
+ * key, its block_size token ids and the extra keys; the root mixes the seed,
+ * the pool's geometry and storage (a fingerprint) and the model and tokenizer
+ * ids. Like vLLM's chained block hashes, with SHA-256 by default and optional
+ * token verification.
+ * @param pool the pool (not NULL).
+ * @param config the settings (not NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_UNSUPPORTED (a pool with a residual window; unknown non-zero
+ * fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix_config *config);
+
+/**
+ * @brief How many leading tokens of a prompt are cached, without changing
+ * anything (reference counts, LRU order).
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param tokens `[n_tokens]` token ids.
+ * @param n_tokens prompt length; at most n_tokens - 1 tokens are reported
+ * reusable (the last token is always computed).
+ * @param extras `[n_extras]` extra keys (NULL when n_extras is 0), at most 64.
+ * @param n_extras number of extra keys.
+ * @param flags 0 or ::KVC_PREFIX_PARTIAL.
+ * @param result receives the counts.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown flags, too many or
+ * too large extras); ::KVC_ERR_OVERFLOW (n_tokens above 2^31).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                     const kvc_prefix_extra *extras, uint32_t n_extras, uint32_t flags,
+                                     kvc_prefix_result *result);
+
+/**
+ * @brief Create sequence `seq_id` holding the cached prefix of a prompt: the
+ * matching blocks are attached (reference counts up; cached blocks revived)
+ * and, with ::KVC_PREFIX_PARTIAL, the matching rows of a partly matching next
+ * block are copied into a fresh block. The sequence's length is
+ * hit_tokens + partial_tokens; the engine reserves and computes the rest.
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param seq_id a new sequence id.
+ * @param tokens `[n_tokens]` token ids of the whole prompt.
+ * @param n_tokens prompt length.
+ * @param extras extra keys, as for kvc_prefix_lookup().
+ * @param n_extras number of extra keys.
+ * @param flags 0 or ::KVC_PREFIX_PARTIAL (skipped when no block is free for the copies).
+ * @param result NULL or receives the counts.
+ * @return as kvc_prefix_lookup(), plus ::KVC_ERR_SEQ_EXISTS and
+ * ::KVC_ERR_OUT_OF_MEMORY; on failure no sequence is created.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
+                                     uint32_t flags, kvc_prefix_result *result);
+
+/**
+ * @brief Register the full blocks of a sequence's prompt (written by the
+ * engine) under their keys, so later prompts find them.
+ *
+ * Registers blocks [0, floor(n_tokens / block_size)) that every layer holds
+ * unevicted; blocks already registered are skipped. A registered block leaves
+ * the index (::KVC_PREFIX_REMOVED) before its content could change: before an
+ * in-place kvc_append() into it, before eviction rewrites it, and when a
+ * truncation cuts into it while one sequence alone holds it; shared blocks
+ * are copied on write instead and stay registered.
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param seq_id a live sequence whose first n_tokens positions hold `tokens`.
+ * @param tokens `[n_tokens]` token ids.
+ * @param n_tokens at most the sequence's length.
+ * @param extras extra keys, as for kvc_prefix_lookup().
+ * @param n_extras number of extra keys.
+ * @param n_registered NULL or receives the number of blocks newly registered.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (n_tokens above the length); ::KVC_ERR_INVALID_ARGUMENT.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
+                                     uint64_t *n_registered);
+
+/**
+ * @brief The chain keys of the full blocks of a prompt, as this pool computes
+ * them (for routers and other programs following docs/prefix-cache.md).
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param tokens `[n_tokens]` token ids.
+ * @param n_tokens prompt length; keys of floor(n_tokens / block_size) blocks.
+ * @param extras extra keys, as for kvc_prefix_lookup().
+ * @param n_extras number of extra keys.
+ * @param keys_out `[blocks][key_size]` bytes.
+ * @param capacity bytes of keys_out.
+ * @param key_size receives the key size (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_BUFFER_TOO_SMALL;
+ * ::KVC_ERR_INVALID_ARGUMENT.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint8_t *keys_out,
+                                   size_t capacity, size_t *key_size);
+
+/**
+ * @brief Zero a stats struct and set its struct_size.
+ * @param stats the struct (not NULL).
+ * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_stats_init(kvc_prefix_stats *stats);
+
+/**
+ * @brief Read the prefix cache counters.
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param stats receives the counters (struct_size set).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats);
+
+/**
+ * @brief Set (or clear, with NULL) the callback receiving prefix index events.
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param fn the callback or NULL.
+ * @param user passed to fn.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn fn, void *user);
+
 /**
  * @brief Table of every API function, for hosts that load the library with
  * dlopen(). Functions are only appended; a table of version N starts with the
@@ -1276,6 +1505,19 @@ typedef struct kvc_api {
   kvc_status (*plugin_load)(const char *, kvc_plugin **);       /**< kvc_plugin_load() */
   void (*plugin_unload)(kvc_plugin *);                          /**< kvc_plugin_unload() */
   const char *(*plugin_name)(const kvc_plugin *);               /**< kvc_plugin_name() */
+  kvc_status (*prefix_config_init)(kvc_prefix_config *);        /**< kvc_prefix_config_init() */
+  kvc_status (*pool_enable_prefix_cache)(kvc_pool *, const kvc_prefix_config *); /**< kvc_pool_enable_prefix_cache() */
+  kvc_status (*prefix_lookup)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint32_t,
+                              kvc_prefix_result *); /**< kvc_prefix_lookup() */
+  kvc_status (*prefix_attach)(kvc_pool *, uint64_t, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t,
+                              uint32_t, kvc_prefix_result *); /**< kvc_prefix_attach() */
+  kvc_status (*prefix_insert)(kvc_pool *, uint64_t, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t,
+                              uint64_t *); /**< kvc_prefix_insert() */
+  kvc_status (*prefix_keys)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint8_t *,
+                            size_t, size_t *); /**< kvc_prefix_keys() */
+  kvc_status (*prefix_stats_init)(kvc_prefix_stats *);          /**< kvc_prefix_stats_init() */
+  kvc_status (*prefix_get_stats)(kvc_pool *, kvc_prefix_stats *); /**< kvc_prefix_get_stats() */
+  kvc_status (*prefix_set_callback)(kvc_pool *, kvc_prefix_event_fn, void *); /**< kvc_prefix_set_callback() */
 } kvc_api;
 
 /**

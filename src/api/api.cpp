@@ -6,6 +6,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "api/internal.h"
 #include "api/struct_io.h"
@@ -22,6 +23,10 @@ using kvc::core::fail;
 struct kvc_pool {
   explicit kvc_pool(const kvc::core::PoolConfig &c) : core(c) {}
   kvc::core::Pool core;
+  struct Callback {
+    kvc_prefix_event_fn fn = nullptr;
+    void *user = nullptr;
+  } prefix_callback;
 };
 
 #define KVC_CHECK_ERRC(name, value) \
@@ -844,6 +849,192 @@ KVC_API void kvc_plugin_unload(kvc_plugin *plugin) { delete plugin; }
 
 KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin) { return plugin ? plugin->core->name() : nullptr; }
 
+
+namespace {
+constexpr size_t kPrefixConfigMin = offsetof(kvc_prefix_config, tokenizer_id) + sizeof(void *);
+constexpr size_t kPrefixResultMin = offsetof(kvc_prefix_result, partial_tokens) + sizeof(uint64_t);
+constexpr size_t kPrefixStatsMin = offsetof(kvc_prefix_stats, reclaimed_total) + sizeof(uint64_t);
+
+void prefix_defaults(kvc_prefix_config *c) {
+  std::memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  c->hash = KVC_PREFIX_HASH_SHA256;
+  c->verify_tokens = 1;
+}
+
+// Checks the prompt arguments and converts the extra keys.
+std::vector<kvc::core::PrefixExtra> prefix_args(const int32_t *tokens, uint64_t n, const kvc_prefix_extra *extras,
+                                                uint32_t n_extras) {
+  if (n) need(tokens, "tokens");
+  if (n > (uint64_t(1) << 31)) fail(Errc::Overflow, "n_tokens " + std::to_string(n) + " is above 2^31");
+  if (n_extras > 64) fail(Errc::InvalidArgument, "n_extras " + std::to_string(n_extras) + ": at most 64");
+  if (n_extras) need(extras, "extras");
+  std::vector<kvc::core::PrefixExtra> ex(n_extras);
+  for (uint32_t i = 0; i < n_extras; ++i) {
+    if (extras[i].size > (size_t(1) << 20))
+      fail(Errc::InvalidArgument, "extra key " + std::to_string(i) + " is larger than 1 MiB");
+    if (extras[i].size && !extras[i].data) fail(Errc::NullPointer, "extra key " + std::to_string(i) + " has no data");
+    ex[i] = {static_cast<const uint8_t *>(extras[i].data), extras[i].size};
+  }
+  return ex;
+}
+
+void write_result(const kvc::core::PrefixResult &r, kvc_prefix_result *out) {
+  kvc_prefix_result full{};
+  full.struct_size = sizeof full;
+  full.hit_tokens = r.hit_tokens;
+  full.hit_blocks = r.hit_blocks;
+  full.partial_tokens = r.partial_tokens;
+  kvc::api::write_output_struct(full, out);
+}
+
+struct CallbackBox {
+  kvc_prefix_event_fn fn;
+  void *user;
+};
+}  // namespace
+
+extern "C" {
+
+KVC_API kvc_status kvc_prefix_config_init(kvc_prefix_config *config) {
+  return guard([&] {
+    need(config, "config");
+    prefix_defaults(config);
+  });
+}
+
+KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix_config *config) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(config, "config");
+    kvc_prefix_config c;
+    prefix_defaults(&c);
+    kvc::api::read_input_struct(config, kPrefixConfigMin, "kvc_prefix_config", &c);
+    const int32_t h = static_cast<int32_t>(c.hash);
+    if (h != KVC_PREFIX_HASH_SHA256 && h != KVC_PREFIX_HASH_XXH3_128)
+      fail(Errc::InvalidArgument, "hash " + std::to_string(h) + ": unknown (KVC_PREFIX_HASH_SHA256 or _XXH3_128)");
+    kvc::core::PrefixConfig pc;
+    pc.hash = static_cast<kvc::core::PrefixHash>(h);
+    pc.verify_tokens = c.verify_tokens != 0;
+    pc.seed_set = c.seed_set != 0;
+    std::memcpy(pc.seed, c.seed, 32);
+    if (c.model_id) pc.model_id = c.model_id;
+    if (c.tokenizer_id) pc.tokenizer_id = c.tokenizer_id;
+    p.prefix_enable(pc);
+  });
+}
+
+KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                     const kvc_prefix_extra *extras, uint32_t n_extras, uint32_t flags,
+                                     kvc_prefix_result *result) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(result, "result");
+    kvc::api::check_output_struct(result, kPrefixResultMin, "kvc_prefix_result");
+    if (flags & ~KVC_PREFIX_PARTIAL) fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    write_result(p.prefix_lookup(tokens, n_tokens, ex.data(), n_extras, (flags & KVC_PREFIX_PARTIAL) != 0), result);
+  });
+}
+
+KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
+                                     uint32_t flags, kvc_prefix_result *result) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (result) kvc::api::check_output_struct(result, kPrefixResultMin, "kvc_prefix_result");
+    if (flags & ~KVC_PREFIX_PARTIAL) fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    const auto r = p.prefix_attach(seq_id, tokens, n_tokens, ex.data(), n_extras, (flags & KVC_PREFIX_PARTIAL) != 0);
+    if (result) write_result(r, result);
+  });
+}
+
+KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
+                                     uint64_t *n_registered) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    const uint64_t n = p.prefix_insert(seq_id, tokens, n_tokens, ex.data(), n_extras);
+    if (n_registered) *n_registered = n;
+  });
+}
+
+KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint8_t *keys_out,
+                                   size_t capacity, size_t *key_size) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(key_size, "key_size");
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    const uint64_t ks = p.prefix_key_size();
+    *key_size = ks;
+    const uint64_t blocks = n_tokens / p.config().block_size;
+    if (blocks * ks > capacity)
+      fail(Errc::BufferTooSmall, std::to_string(blocks) + " keys need " + std::to_string(blocks * ks) +
+                                     " bytes, capacity is " + std::to_string(capacity));
+    if (blocks) need(keys_out, "keys_out");
+    p.prefix_keys(tokens, n_tokens, ex.data(), n_extras, keys_out);
+  });
+}
+
+KVC_API kvc_status kvc_prefix_stats_init(kvc_prefix_stats *stats) {
+  return guard([&] {
+    need(stats, "stats");
+    std::memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+  });
+}
+
+KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(stats, "stats");
+    kvc::api::check_output_struct(stats, kPrefixStatsMin, "kvc_prefix_stats");
+    const auto c = p.prefix_counts();
+    kvc_prefix_stats full{};
+    full.struct_size = sizeof full;
+    full.queried_tokens = c.queried_tokens;
+    full.hit_tokens = c.hit_tokens;
+    full.partial_tokens = c.partial_tokens;
+    full.registered_blocks = c.registered;
+    full.reclaimable_blocks = c.reclaimable;
+    full.referenced_blocks = c.referenced;
+    full.stored_total = c.inserted;
+    full.removed_total = c.removed;
+    full.reclaimed_total = c.reclaimed;
+    kvc::api::write_output_struct(full, stats);
+  });
+}
+
+KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn fn, void *user) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    pool->prefix_callback.fn = fn;
+    pool->prefix_callback.user = user;
+    if (!fn) {
+      p.prefix_set_callback(nullptr, nullptr);
+      return;
+    }
+    p.prefix_set_callback(
+        [](void *u, int kind, const uint8_t *key, const uint8_t *parent, uint32_t ks, uint64_t depth) {
+          const auto *box = static_cast<const kvc_pool::Callback *>(u);
+          kvc_prefix_event ev{};
+          ev.struct_size = sizeof ev;
+          ev.kind = kind == 0 ? KVC_PREFIX_STORED : KVC_PREFIX_REMOVED;
+          ev.key_size = ks;
+          ev.key = key;
+          ev.parent_key = parent;
+          ev.depth = depth;
+          box->fn(box->user, &ev);
+        },
+        &pool->prefix_callback);
+  });
+}
+
+}  // extern "C"
+
 static const kvc_api g_api = {
     sizeof(kvc_api),
     KVC_API_VERSION,
@@ -895,6 +1086,15 @@ static const kvc_api g_api = {
     kvc_plugin_load,
     kvc_plugin_unload,
     kvc_plugin_name,
+    kvc_prefix_config_init,
+    kvc_pool_enable_prefix_cache,
+    kvc_prefix_lookup,
+    kvc_prefix_attach,
+    kvc_prefix_insert,
+    kvc_prefix_keys,
+    kvc_prefix_stats_init,
+    kvc_prefix_get_stats,
+    kvc_prefix_set_callback,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

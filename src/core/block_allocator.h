@@ -48,6 +48,11 @@ class BlockAllocator {
 
   // Moves a cached block to the free stack (its index entry was dropped).
   void uncache(int32_t b);
+  // Moves a cached block to the most recently released end of the LRU.
+  void touch(int32_t b) {
+    lru_remove(b);
+    lru_push_back(b);
+  }
 
   // Checks every block is in exactly one state and the counters agree;
   // returns "" or a description of the first violation.

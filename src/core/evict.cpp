@@ -224,8 +224,10 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     LayerTable &l = s.layers[li];
     const std::vector<uint32_t> &k = keep[li];
     const uint64_t n = l.n_tokens, kn = k.size(), kept_blocks = (kn + bs - 1) / bs;
-    for (uint64_t b = first_write[li] / bs; b < kept_blocks; ++b)
+    for (uint64_t b = first_write[li] / bs; b < kept_blocks; ++b) {
       if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
+      else prefix_drop_block(l.blocks[b]);  // rewritten in place: leaves the prefix index
+    }
     // Move the survivors forward (destination index j <= source k[j]), a run
     // of consecutive tokens at a time (one memcpy per part and run). A run
     // stays inside one source and one destination block; memmove because a

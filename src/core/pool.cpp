@@ -438,14 +438,15 @@ int32_t Pool::take_block() {
   int32_t reclaimed;
   const int32_t b = alloc_.allocate(&reclaimed);
   if (b < 0) fail(Errc::Internal, "block allocator empty after an availability check");
-  // `reclaimed` >= 0 would be a cached block leaving the prefix index; the
-  // prefix cache hooks in here.
+  if (reclaimed >= 0) prefix_on_reclaim(reclaimed);  // a cached block leaves the prefix index
   return b;
 }
 
 void Pool::release_block(int32_t b) {
-  if (alloc_.release(b, /*keep_cached=*/false) && (cfg_.flags & kFlagZeroOnFree))
+  const bool reg = registered(b);
+  if (alloc_.release(b, /*keep_cached=*/reg) && (cfg_.flags & kFlagZeroOnFree))
     std::memset(block_ptr(b), 0, block_stride_);
+  if (reg && alloc_.state(b) == BlockAllocator::State::Cached) prefix_on_cached(b);
 }
 
 int32_t Pool::cow_copy(int32_t b) {
@@ -556,6 +557,10 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     LayerTable &l = s.layers[li];
     const uint64_t keep = keep_of(l);
+    // Truncating into a registered block this sequence alone holds: the block
+    // will be rewritten in place, so it leaves the prefix index now.
+    if (keep < l.n_lp && keep % bs != 0 && alloc_.refcount(l.blocks[keep / bs]) == 1)
+      prefix_drop_block(l.blocks[keep / bs]);
     if (new_length < l.tail_pos) {
       l.positions.resize(keep);
       l.tail_index = keep;
@@ -607,11 +612,17 @@ void Pool::seq_free(uint64_t id) {
   std::unique_lock lk(mu_);
   Sequence *s = seqs_.find(id);
   if (!s) fail(Errc::SeqNotFound, "sequence " + u64s(id) + " does not exist (freed twice?)");
+  // Newest blocks first, so a prefix chain enters the LRU children before
+  // parents and is reclaimed from its end.
+  size_t most = 0;
   for (const LayerTable &l : s->layers) {
     tokens_stored_ -= l.n_tokens;
-    for (int32_t b : l.blocks) release_block(b);
+    most = std::max(most, l.blocks.size());
     for (int32_t b : l.res_blocks) release_res(b);
   }
+  for (size_t i = most; i-- > 0;)
+    for (const LayerTable &l : s->layers)
+      if (i < l.blocks.size()) release_block(l.blocks[i]);
   seqs_.erase(id);
 }
 
@@ -926,6 +937,15 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     }
     return cnt;
   };
+  // A registered block written in place (this sequence is its only holder)
+  // leaves the prefix index first (exclusive lock).
+  auto touches_registered = [&](const LayerTable &l, uint64_t idx0) {
+    const uint64_t lp_end = std::min(idx0 + n, l.n_lp);
+    if (!prefix_ || idx0 >= lp_end) return false;
+    for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b)
+      if (registered(l.blocks[b]) && alloc_.refcount(l.blocks[b]) == 1) return true;
+    return false;
+  };
   auto check_lp_write = [&](const LayerTable &l, uint64_t idx0) {
     if (idx0 < l.n_lp && age_unit() > 1)
       fail(Errc::NotReserved, "position " + u64s(l.position_of(idx0)) + " of layer " + u64s(layer) +
@@ -985,7 +1005,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     LayerTable &l = s.layers[layer];
     check_lp_write(l, idx0);
     const auto shared = shared_blocks(l, idx0);
-    if (shared.first == 0 && shared.second == 0) {
+    if (shared.first == 0 && shared.second == 0 && !touches_registered(l, idx0)) {
       write(l, idx0);
       return;
     }
@@ -1004,8 +1024,10 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
                                   u64s(res_alloc_.available()) + " available)");
   const uint64_t lp_end = std::min(idx0 + n, l.n_lp);
   if (idx0 < lp_end)
-    for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b)
+    for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b) {
       if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
+      else prefix_drop_block(l.blocks[b]);  // written in place: leaves the prefix index
+    }
   const uint64_t hp_begin = std::max(idx0, l.n_lp);
   if (hp_begin < idx0 + n) {
     const uint64_t r0 = l.res_off + (hp_begin - l.n_lp), r1 = l.res_off + (idx0 + n - l.n_lp) - 1;
@@ -1122,6 +1144,35 @@ std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uin
   return {};
 }
 
+std::string Pool::check_prefix() const {
+  if (!prefix_) {
+    if (alloc_.num_cached() != 0) return "cached blocks without a prefix cache";
+    return {};
+  }
+  const PrefixState &ps = *prefix_;
+  uint64_t live = 0;
+  for (size_t e = 0; e < ps.entries.size(); ++e) {
+    const PrefixEntry &en = ps.entries[e];
+    if (!en.live) continue;
+    ++live;
+    auto it = ps.map.find(en.key);
+    if (it == ps.map.end() || it->second != e) return "prefix entry not in the key map";
+    if (en.blocks.size() != cfg_.num_layers) return "prefix entry without a block per layer";
+    for (int32_t b : en.blocks) {
+      if (ps.block_entry[b] != static_cast<int32_t>(e)) return "prefix block not mapped to its entry";
+      if (alloc_.state(b) == BlockAllocator::State::Free) return "prefix entry holds a free block";
+    }
+  }
+  if (live != ps.map.size()) return "prefix key map and entries disagree";
+  for (size_t b = 0; b < ps.block_entry.size(); ++b) {
+    const int32_t e = ps.block_entry[b];
+    if (e >= 0 && !ps.entries[static_cast<size_t>(e)].live) return "block mapped to a dropped prefix entry";
+    if (alloc_.state(static_cast<int32_t>(b)) == BlockAllocator::State::Cached && e < 0)
+      return "cached block outside the prefix index";
+  }
+  return {};
+}
+
 std::string Pool::check_invariants() const {
   std::shared_lock lk(mu_);
   std::string err = alloc_.check();
@@ -1148,7 +1199,7 @@ std::string Pool::check_invariants() const {
     if (refs[b] > 0 && st != BlockAllocator::State::Used)
       return "block " + u64s(b) + " held by a block table but not used";
   }
-  return {};
+  return check_prefix();
 }
 
 }  // namespace kvc::core

@@ -12,6 +12,7 @@
 #include "codec/codec.h"
 #include "core/block_allocator.h"
 #include "core/policy.h"
+#include "core/prefix.h"
 #include "core/convert.h"
 #include "core/rwlock.h"
 #include "core/seq_map.h"
@@ -55,6 +56,24 @@ struct PoolConfig {
   double rope_theta = 10000.0;
 };
 
+// Prefix cache (prefix_pool.cpp).
+struct PrefixConfig {
+  PrefixHash hash = PrefixHash::Sha256;
+  bool verify_tokens = true;
+  bool seed_set = false;
+  uint8_t seed[32] = {};
+  std::string model_id, tokenizer_id;
+};
+struct PrefixResult {
+  uint64_t hit_tokens = 0, hit_blocks = 0, partial_tokens = 0;
+};
+struct PrefixCounts {
+  uint64_t queried_tokens, hit_tokens, partial_tokens, registered, reclaimable, referenced, inserted, removed,
+      reclaimed;
+};
+// kind 0: stored, 1: removed.
+using PrefixEventFn = void (*)(void *user, int kind, const uint8_t *key, const uint8_t *parent, uint32_t key_size,
+                               uint64_t depth);
 // Attention over the pool's blocks (attention.cpp).
 struct AttnParams {
   uint32_t num_q_heads = 0;
@@ -148,6 +167,7 @@ class Pool {
   // Validates `cfg` (throws Error) and allocates everything.
   explicit Pool(const PoolConfig &cfg);
   ~Pool();
+  friend struct PrefixState;
   Pool(const Pool &) = delete;
   Pool &operator=(const Pool &) = delete;
 
@@ -194,10 +214,27 @@ class Pool {
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
 
+  // Prefix cache (prefix_pool.cpp).
+  void prefix_enable(const PrefixConfig &c);
+  bool prefix_enabled() const { return prefix_ != nullptr; }
+  uint32_t prefix_key_size() const;
+  PrefixResult prefix_lookup(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+                             bool partial) const;
+  PrefixResult prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+                             bool partial);
+  uint64_t prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx);
+  // Chain keys of the full blocks of tokens[0, n): [n / block_size][key_size] bytes.
+  void prefix_keys(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, uint8_t *out) const;
+  PrefixCounts prefix_counts() const;
+  // White-box: the keys in the index (key_size bytes each, as strings).
+  std::vector<std::string> prefix_registered_keys() const;
+  void prefix_set_callback(PrefixEventFn fn, void *user);
+
   // Debug / fuzz support: verifies every invariant (block states, reference
   // counts equal to the number of block-table entries, token counts); returns
   // "" or the first violation.
   std::string check_invariants() const;
+  std::string check_prefix() const;  // part of check_invariants (lock held)
 
   // Block-table entries per block and the seq ids, for the invariant check.
  private:
@@ -263,6 +300,13 @@ class Pool {
   uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
   uint32_t unit_ = 1;  // tokens encoded together when aging (per-channel group size)
   std::shared_ptr<const PolicySpec> default_policy_;
+  std::unique_ptr<PrefixState> prefix_;
+  // Prefix index hooks (exclusive lock held).
+  bool registered(int32_t b) const;
+  void prefix_drop_block(int32_t b);                 // drops the entry holding block b (before an in-place write)
+  void prefix_on_reclaim(int32_t b);                 // block b left the LRU for reuse
+  void prefix_on_cached(int32_t b);                  // block b became cached: keep its chain's parents newer
+  void prefix_drop_entry(uint32_t e, int32_t taken);
   mutable RwLock mu_;
 };
 

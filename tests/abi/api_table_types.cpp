@@ -61,6 +61,15 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(plugin_load, kvc_plugin_load);
   SAME(plugin_unload, kvc_plugin_unload);
   SAME(plugin_name, kvc_plugin_name);
+  SAME(prefix_config_init, kvc_prefix_config_init);
+  SAME(pool_enable_prefix_cache, kvc_pool_enable_prefix_cache);
+  SAME(prefix_lookup, kvc_prefix_lookup);
+  SAME(prefix_attach, kvc_prefix_attach);
+  SAME(prefix_insert, kvc_prefix_insert);
+  SAME(prefix_keys, kvc_prefix_keys);
+  SAME(prefix_stats_init, kvc_prefix_stats_init);
+  SAME(prefix_get_stats, kvc_prefix_get_stats);
+  SAME(prefix_set_callback, kvc_prefix_set_callback);
 #endif
   return n;
 }

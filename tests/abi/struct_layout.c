@@ -223,7 +223,45 @@ FIELD(kvc_api, evict, 360, 8);
 FIELD(kvc_api, plugin_load, 368, 8);
 FIELD(kvc_api, plugin_unload, 376, 8);
 FIELD(kvc_api, plugin_name, 384, 8);
-SIZE(kvc_api, 392); /* end of version 3 */
+FIELD(kvc_api, prefix_config_init, 392, 8);
+FIELD(kvc_api, pool_enable_prefix_cache, 400, 8);
+FIELD(kvc_api, prefix_lookup, 408, 8);
+FIELD(kvc_api, prefix_attach, 416, 8);
+FIELD(kvc_api, prefix_insert, 424, 8);
+FIELD(kvc_api, prefix_keys, 432, 8);
+FIELD(kvc_api, prefix_stats_init, 440, 8);
+FIELD(kvc_api, prefix_get_stats, 448, 8);
+FIELD(kvc_api, prefix_set_callback, 456, 8);
+SIZE(kvc_api, 464); /* end of version 3 */
+
+/* ---- prefix cache structs (0.3) ---- */
+FIELD(kvc_prefix_config, struct_size, 0, 8);
+FIELD(kvc_prefix_config, hash, 8, 4);
+FIELD(kvc_prefix_config, verify_tokens, 12, 4);
+FIELD(kvc_prefix_config, seed_set, 16, 4);
+FIELD(kvc_prefix_config, seed, 20, 32);
+FIELD(kvc_prefix_config, model_id, 56, 8);
+FIELD(kvc_prefix_config, tokenizer_id, 64, 8);
+SIZE(kvc_prefix_config, 72);
+FIELD(kvc_prefix_extra, data, 0, 8);
+FIELD(kvc_prefix_extra, size, 8, 8);
+SIZE(kvc_prefix_extra, 16);
+FIELD(kvc_prefix_result, struct_size, 0, 8);
+FIELD(kvc_prefix_result, hit_tokens, 8, 8);
+FIELD(kvc_prefix_result, hit_blocks, 16, 8);
+FIELD(kvc_prefix_result, partial_tokens, 24, 8);
+SIZE(kvc_prefix_result, 32);
+FIELD(kvc_prefix_event, struct_size, 0, 8);
+FIELD(kvc_prefix_event, kind, 8, 4);
+FIELD(kvc_prefix_event, key_size, 12, 4);
+FIELD(kvc_prefix_event, key, 16, 8);
+FIELD(kvc_prefix_event, parent_key, 24, 8);
+FIELD(kvc_prefix_event, depth, 32, 8);
+SIZE(kvc_prefix_event, 40);
+FIELD(kvc_prefix_stats, struct_size, 0, 8);
+FIELD(kvc_prefix_stats, queried_tokens, 8, 8);
+FIELD(kvc_prefix_stats, reclaimed_total, 72, 8);
+SIZE(kvc_prefix_stats, 80);
 
 /* ---- kvc_attention_params (0.3; minimum: the whole first version) ---- */
 FIELD(kvc_attention_params, struct_size, 0, 8);

@@ -1,0 +1,406 @@
+// The prefix cache inside the pool: registering the full blocks of a
+// sequence under chained keys, looking prompts up, attaching cached blocks to
+// a new sequence, LRU reclaim that keeps chains whole, and the events an
+// external router can follow. Spec: docs/prefix-cache.md.
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+
+#include "core/error.h"
+#include "core/pool.h"
+
+namespace kvc::core {
+
+namespace {
+std::string u64s(uint64_t v) { return std::to_string(v); }
+
+void put_u32(std::vector<uint8_t> &b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_f64(std::vector<uint8_t> &b, double d) {
+  uint64_t v;
+  std::memcpy(&v, &d, 8);
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// The pool's fingerprint: geometry and storage, little-endian fields in a
+// fixed order (docs/prefix-cache.md).
+std::vector<uint8_t> fingerprint(const PoolConfig &c) {
+  std::vector<uint8_t> b;
+  for (uint32_t v : {c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                     static_cast<uint32_t>(c.k_dtype), static_cast<uint32_t>(c.v_dtype),
+                     static_cast<uint32_t>(c.layout)})
+    put_u32(b, v);
+  for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
+    for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
+                       static_cast<uint32_t>(sp->asym), static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
+      put_u32(b, v);
+    put_f64(b, sp->static_scale);
+  }
+  put_u32(b, c.residual_window);
+  put_u32(b, static_cast<uint32_t>(c.residual_dtype));
+  put_f64(b, c.residual_fraction);
+  return b;
+}
+
+PrefixKey extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
+  std::vector<uint8_t> b;
+  b.insert(b.end(), {'K', 'V', 'C', 'X'});
+  put_u32(b, nx);
+  for (uint32_t i = 0; i < nx; ++i) {
+    for (int k = 0; k < 8; ++k) b.push_back(static_cast<uint8_t>(ex[i].size >> (8 * k)));
+    b.insert(b.end(), ex[i].data, ex[i].data + ex[i].size);
+  }
+  return h.digest(b);
+}
+}  // namespace
+
+void Pool::prefix_enable(const PrefixConfig &c) {
+  std::unique_lock lk(mu_);
+  if (prefix_) fail(Errc::InvalidArgument, "the prefix cache of this pool is already enabled");
+  if (c.hash != PrefixHash::Sha256 && c.hash != PrefixHash::Xxh3_128)
+    fail(Errc::InvalidArgument, "unknown prefix hash " + std::to_string(static_cast<int32_t>(c.hash)));
+  if (residual())
+    fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window (tokens of the "
+                            "residual are re-encoded as they age)");
+  auto st = std::make_unique<PrefixState>(c.hash);
+  st->verify_tokens = c.verify_tokens;
+  uint8_t seed[32];
+  if (c.seed_set) {
+    std::memcpy(seed, c.seed, 32);
+  } else if (RAND_bytes(seed, 32) != 1) {
+    fail(Errc::Internal, "cannot draw a random prefix seed (OpenSSL RAND_bytes failed)");
+  }
+  st->root = st->hasher.root(seed, fingerprint(cfg_), c.model_id, c.tokenizer_id);
+  st->block_entry.assign(alloc_.num_blocks(), -1);
+  prefix_ = std::move(st);
+}
+
+uint32_t Pool::prefix_key_size() const {
+  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  return prefix_->hasher.key_size();
+}
+
+bool Pool::registered(int32_t b) const { return prefix_ && prefix_->block_entry[b] >= 0; }
+
+void Pool::prefix_set_callback(PrefixEventFn fn, void *user) {
+  std::unique_lock lk(mu_);
+  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  prefix_->callback = fn;
+  prefix_->user = user;
+}
+
+// Drops entry e and, recursively, its children (a chain never keeps a block
+// whose parent is gone). Cached blocks of dropped entries become free;
+// `taken` is a block the allocator already handed out (not to uncache).
+void Pool::prefix_drop_entry(uint32_t e, int32_t taken) {
+  PrefixState &ps = *prefix_;
+  std::vector<uint32_t> stack{e};
+  while (!stack.empty()) {
+    const uint32_t x = stack.back();
+    stack.pop_back();
+    PrefixEntry &en = ps.entries[x];
+    if (!en.live) continue;
+    for (uint32_t c : en.children) stack.push_back(c);
+    en.children.clear();
+    for (int32_t b : en.blocks) {
+      ps.block_entry[b] = -1;
+      if (b != taken && alloc_.state(b) == BlockAllocator::State::Cached) {
+        alloc_.uncache(b);
+        if (cfg_.flags & kFlagZeroOnFree) std::memset(block_ptr(b), 0, block_stride_);
+      }
+    }
+    ps.map.erase(en.key);
+    // Unlink from the parent's children.
+    std::vector<uint32_t> *siblings = &ps.root_children;
+    if (en.depth > 1) {
+      auto it = ps.map.find(en.parent);
+      siblings = it != ps.map.end() ? &ps.entries[it->second].children : nullptr;
+    }
+    if (siblings) siblings->erase(std::remove(siblings->begin(), siblings->end(), x), siblings->end());
+    en.live = false;
+    ++ps.stats.removed;
+    if (ps.callback) ps.callback(ps.user, 1, en.key.b.data(), en.parent.b.data(), ps.hasher.key_size(), en.depth);
+    en.blocks.clear();
+    en.tokens.clear();
+    ps.free_entries.push_back(x);
+  }
+}
+
+void Pool::prefix_drop_block(int32_t b) {
+  if (!registered(b)) return;
+  prefix_drop_entry(static_cast<uint32_t>(prefix_->block_entry[b]), -1);
+}
+
+void Pool::prefix_on_reclaim(int32_t b) {
+  if (!registered(b)) return;
+  ++prefix_->stats.reclaimed;
+  prefix_drop_entry(static_cast<uint32_t>(prefix_->block_entry[b]), b);
+}
+
+// A registered block became cached: its cached ancestors move to the newest
+// end of the LRU, so a chain is reclaimed from its end (children first).
+void Pool::prefix_on_cached(int32_t b) {
+  PrefixState &ps = *prefix_;
+  const PrefixEntry *en = &ps.entries[static_cast<uint32_t>(ps.block_entry[b])];
+  while (en->depth > 1) {
+    auto it = ps.map.find(en->parent);
+    if (it == ps.map.end()) break;
+    const PrefixEntry &par = ps.entries[it->second];
+    bool any = false;
+    for (int32_t pb : par.blocks)
+      if (alloc_.state(pb) == BlockAllocator::State::Cached) {
+        alloc_.touch(pb);
+        any = true;
+      }
+    if (!any) break;
+    en = &par;
+  }
+}
+
+void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, uint8_t *out) const {
+  std::shared_lock lk(mu_);
+  const PrefixState &ps = *prefix_;
+  const uint64_t bs = cfg_.block_size, ks = ps.hasher.key_size();
+  PrefixKey parent = ps.root;
+  std::vector<uint8_t> scratch;
+  for (uint64_t i = 0; i < n / bs; ++i) {
+    parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    std::memcpy(out + i * ks, parent.b.data(), ks);
+  }
+}
+
+namespace {
+// Walks the chain of tokens[0, limit) (whole blocks) through the index.
+struct Walk {
+  uint64_t hits = 0;
+  int64_t last = -1;  // entry of the last hit
+  std::vector<uint32_t> path;
+};
+}  // namespace
+
+PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+                                 bool partial) const {
+  std::shared_lock lk(mu_);
+  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  const PrefixState &ps = *prefix_;
+  const uint64_t bs = cfg_.block_size;
+  PrefixResult r;
+  ps.stats.queried_tokens.fetch_add(n, std::memory_order_relaxed);
+  if (n <= 1) return r;
+  const uint64_t usable = n - 1;  // at least one token is always left to compute
+  PrefixKey parent = ps.root;
+  std::vector<uint8_t> scratch;
+  int64_t last = -1;
+  for (uint64_t i = 0; i < usable / bs; ++i) {
+    const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    auto it = ps.map.find(k);
+    if (it == ps.map.end()) break;
+    const PrefixEntry &en = ps.entries[it->second];
+    if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;
+    ++r.hit_blocks;
+    last = it->second;
+    parent = k;
+  }
+  r.hit_tokens = r.hit_blocks * bs;
+  if (partial && r.hit_tokens < usable) {
+    const uint64_t want = std::min<uint64_t>(bs - 1, usable - r.hit_tokens);
+    const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
+    const std::vector<uint32_t> &cands = last >= 0 ? ps.entries[static_cast<uint64_t>(last)].children : ps.root_children;
+    for (uint32_t c : cands) {
+      const PrefixEntry &en = ps.entries[c];
+      if (!(en.extras == xd)) continue;
+      uint64_t m = 0;
+      while (m < want && en.tokens[m] == tokens[r.hit_tokens + m]) ++m;
+      r.partial_tokens = std::max(r.partial_tokens, m);
+    }
+  }
+  ps.stats.hit_tokens.fetch_add(r.hit_tokens, std::memory_order_relaxed);
+  ps.stats.partial_tokens.fetch_add(r.partial_tokens, std::memory_order_relaxed);
+  return r;
+}
+
+PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+                                 bool partial) {
+  std::unique_lock lk(mu_);
+  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
+  PrefixState &ps = *prefix_;
+  const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
+  PrefixResult r;
+  std::vector<uint32_t> path;
+  const PrefixEntry *part_src = nullptr;
+  if (n > 1) {
+    const uint64_t usable = n - 1;
+    PrefixKey parent = ps.root;
+    std::vector<uint8_t> scratch;
+    for (uint64_t i = 0; i < usable / bs; ++i) {
+      const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+      auto it = ps.map.find(k);
+      if (it == ps.map.end()) break;
+      const PrefixEntry &en = ps.entries[it->second];
+      if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;
+      path.push_back(it->second);
+      parent = k;
+    }
+    r.hit_blocks = path.size();
+    r.hit_tokens = r.hit_blocks * bs;
+    if (partial && r.hit_tokens < usable) {
+      const uint64_t want = std::min<uint64_t>(bs - 1, usable - r.hit_tokens);
+      const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
+      const std::vector<uint32_t> &cands = path.empty() ? ps.root_children : ps.entries[path.back()].children;
+      for (uint32_t c : cands) {
+        const PrefixEntry &en = ps.entries[c];
+        if (!(en.extras == xd)) continue;
+        uint64_t m = 0;
+        while (m < want && en.tokens[m] == tokens[r.hit_tokens + m]) ++m;
+        if (m > r.partial_tokens) {
+          r.partial_tokens = m;
+          part_src = &en;
+        }
+      }
+    }
+  }
+  if (r.partial_tokens && alloc_.available() < nl + (part_src ? 0 : 0)) {
+    // Not enough blocks for the copies: fall back to whole blocks only.
+    r.partial_tokens = 0;
+    part_src = nullptr;
+  }
+  // Build the sequence (may throw before anything is referenced).
+  auto s = std::make_unique<Sequence>();
+  s->layers.resize(nl);
+  for (uint64_t li = 0; li < nl; ++li) s->layers[li].blocks.reserve(path.size() + 1);
+  Sequence *sp = seqs_.insert(id, std::move(s));  // may throw: nothing changed yet
+  // From here on nothing throws.
+  for (uint32_t e : path)
+    for (uint64_t li = 0; li < nl; ++li) {
+      const int32_t b = ps.entries[e].blocks[li];
+      alloc_.ref(b);  // a cached block is revived
+      sp->layers[li].blocks.push_back(b);
+    }
+  if (part_src) {
+    const std::vector<int32_t> src_blocks = part_src->blocks;  // take_block may drop entries
+    for (uint64_t li = 0; li < nl; ++li) {
+      alloc_.ref(src_blocks[li]);  // pinned while copying: take_block cannot reclaim it
+    }
+    for (uint64_t li = 0; li < nl; ++li) {
+      const int32_t nb = take_block();
+      std::memcpy(block_ptr(nb), block_ptr(src_blocks[li]), block_stride_);
+      sp->layers[li].blocks.push_back(nb);
+    }
+    for (uint64_t li = 0; li < nl; ++li) release_block(src_blocks[li]);
+  }
+  const uint64_t len = r.hit_tokens + r.partial_tokens;
+  for (LayerTable &l : sp->layers) {
+    l.n_tokens = l.n_lp = len;
+    tokens_stored_ += len;
+  }
+  sp->length = len;
+  ps.stats.queried_tokens.fetch_add(n, std::memory_order_relaxed);
+  ps.stats.hit_tokens.fetch_add(r.hit_tokens, std::memory_order_relaxed);
+  ps.stats.partial_tokens.fetch_add(r.partial_tokens, std::memory_order_relaxed);
+  note_usage();
+  return r;
+}
+
+uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx) {
+  std::unique_lock lk(mu_);
+  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  Sequence &s = find(id);
+  PrefixState &ps = *prefix_;
+  const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
+  if (n > s.length)
+    fail(Errc::OutOfRange, u64s(n) + " tokens given but sequence " + u64s(id) + " has length " + u64s(s.length));
+  // Whole blocks held unevicted by every layer (positions 0.. in order).
+  uint64_t full = n / bs;
+  for (const LayerTable &l : s.layers) {
+    if (l.tail_index != 0 || l.tail_pos != 0) {
+      full = 0;  // evicted or shifted: not a plain prefix any more
+      break;
+    }
+    full = std::min(full, l.n_lp / bs);
+  }
+  const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
+  PrefixKey parent = ps.root;
+  std::vector<uint8_t> scratch;
+  uint64_t added = 0;
+  int64_t parent_entry = -1;
+  for (uint64_t i = 0; i < full; ++i) {
+    const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    auto it = ps.map.find(k);
+    if (it != ps.map.end()) {  // already registered (by this sequence or with the same content by another)
+      const PrefixEntry &en = ps.entries[it->second];
+      if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;  // collision
+      parent = k;
+      parent_entry = it->second;
+      continue;
+    }
+    bool free_blocks = true;
+    for (uint64_t li = 0; li < nl; ++li) free_blocks = free_blocks && ps.block_entry[s.layers[li].blocks[i]] < 0;
+    if (!free_blocks) break;  // a block registered under another key (cannot be: content is the key) - stop
+    uint32_t e;
+    if (!ps.free_entries.empty()) {
+      e = ps.free_entries.back();
+      ps.free_entries.pop_back();
+    } else {
+      e = static_cast<uint32_t>(ps.entries.size());
+      ps.entries.emplace_back();
+    }
+    PrefixEntry &en = ps.entries[e];
+    en.key = k;
+    en.parent = parent;
+    en.extras = xd;
+    en.depth = i + 1;
+    en.blocks.resize(nl);
+    for (uint64_t li = 0; li < nl; ++li) {
+      en.blocks[li] = s.layers[li].blocks[i];
+      ps.block_entry[en.blocks[li]] = static_cast<int32_t>(e);
+    }
+    en.tokens.assign(tokens + i * bs, tokens + (i + 1) * bs);
+    en.children.clear();
+    en.live = true;
+    ps.map.emplace(k, e);
+    (parent_entry >= 0 ? ps.entries[static_cast<uint64_t>(parent_entry)].children : ps.root_children).push_back(e);
+    ++ps.stats.inserted;
+    ++added;
+    if (ps.callback) ps.callback(ps.user, 0, k.b.data(), parent.b.data(), ps.hasher.key_size(), en.depth);
+    parent = k;
+    parent_entry = e;
+  }
+  return added;
+}
+
+std::vector<std::string> Pool::prefix_registered_keys() const {
+  std::shared_lock lk(mu_);
+  std::vector<std::string> out;
+  if (!prefix_) return out;
+  for (const PrefixEntry &en : prefix_->entries)
+    if (en.live) out.emplace_back(reinterpret_cast<const char *>(en.key.b.data()), prefix_->hasher.key_size());
+  return out;
+}
+
+PrefixCounts Pool::prefix_counts() const {
+  std::shared_lock lk(mu_);
+  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  const PrefixState &ps = *prefix_;
+  PrefixCounts c{};
+  c.queried_tokens = ps.stats.queried_tokens.load();
+  c.hit_tokens = ps.stats.hit_tokens.load();
+  c.partial_tokens = ps.stats.partial_tokens.load();
+  c.inserted = ps.stats.inserted;
+  c.removed = ps.stats.removed;
+  c.reclaimed = ps.stats.reclaimed;
+  for (const PrefixEntry &en : ps.entries) {
+    if (!en.live) continue;
+    ++c.registered;
+    bool all_cached = true;
+    for (int32_t b : en.blocks) all_cached = all_cached && alloc_.state(b) == BlockAllocator::State::Cached;
+    ++(all_cached ? c.reclaimable : c.referenced);
+  }
+  return c;
+}
+
+}  // namespace kvc::core

@@ -1,0 +1,501 @@
+// Prefix cache: block identity (chained keys, seeds, salts, the spec's byte
+// encoding), lookup / attach / insert, token verification against forced
+// collisions, token-granular reuse, LRU reclaim from the end of a chain,
+// removal before in-place writes, events, and lookups concurrent with appends.
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/kvtest.h"
+#include "api/internal.h"
+#include "core/prefix.h"
+
+namespace {
+
+kvc_pool *make_pool(uint32_t bs, uint64_t blocks, uint32_t layers = 2, const uint8_t *seed = nullptr,
+                    kvc_prefix_hash hash = KVC_PREFIX_HASH_SHA256, int verify = 1) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = layers;
+  c.num_q_heads = 2;
+  c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.block_size = bs;
+  c.num_blocks = blocks;
+  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  kvc_pool *p = nullptr;
+  CHECK_OK(kvc_pool_create(&c, &p));
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  pc.hash = hash;
+  pc.verify_tokens = static_cast<uint32_t>(verify);
+  if (seed) {
+    pc.seed_set = 1;
+    std::memcpy(pc.seed, seed, 32);
+  }
+  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  return p;
+}
+
+// K/V of token t at position pos: recognizable values.
+void kv_of(int32_t token, uint64_t pos, float *row) {
+  for (int i = 0; i < 8; ++i) row[i] = static_cast<float>(token) * 0.5f + static_cast<float>(pos) * 0.01f + i;
+}
+
+// Runs a "request": attaches the cached prefix (when asked), computes the
+// rest (reserve + append), registers the full blocks. Returns hit tokens.
+uint64_t request(kvc_pool *p, uint64_t id, const std::vector<int32_t> &toks, bool attach = true,
+                 const kvc_prefix_extra *ex = nullptr, uint32_t nx = 0, uint32_t flags = 0,
+                 kvc_prefix_result *out = nullptr) {
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  r.hit_tokens = r.partial_tokens = 0;
+  if (attach) CHECK_OK(kvc_prefix_attach(p, id, toks.data(), toks.size(), ex, nx, flags, &r));
+  else CHECK_OK(kvc_seq_create(p, id));
+  const uint64_t have = r.hit_tokens + r.partial_tokens;
+  uint32_t layers = 0;
+  {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    CHECK_OK(kvc_pool_get_config(p, &c));
+    layers = c.num_layers;
+  }
+  if (toks.size() > have) {
+    CHECK_OK(kvc_seq_reserve(p, id, toks.size() - have, nullptr));
+    for (uint64_t t = have; t < toks.size(); ++t) {
+      float row[8];
+      kv_of(toks[t], t, row);
+      for (uint32_t l = 0; l < layers; ++l) CHECK_OK(kvc_append(p, id, l, t, 1, row, row, KVC_DTYPE_F32));
+    }
+  }
+  CHECK_OK(kvc_prefix_insert(p, id, toks.data(), toks.size(), ex, nx, nullptr));
+  if (out) *out = r;
+  return r.hit_tokens;
+}
+
+kvc_prefix_result lookup(kvc_pool *p, const std::vector<int32_t> &toks, const kvc_prefix_extra *ex = nullptr,
+                         uint32_t nx = 0, uint32_t flags = 0) {
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_lookup(p, toks.data(), toks.size(), ex, nx, flags, &r));
+  return r;
+}
+
+kvc_prefix_stats stats(kvc_pool *p) {
+  kvc_prefix_stats s;
+  kvc_prefix_stats_init(&s);
+  CHECK_OK(kvc_prefix_get_stats(p, &s));
+  return s;
+}
+
+bool consistent(kvc_pool *p) {
+  const kvc_prefix_stats s = stats(p);
+  const std::string e = kvc::api::core_pool(p).check_invariants();
+  if (!e.empty()) std::fprintf(stderr, "invariant: %s\n", e.c_str());
+  return e.empty() && s.reclaimable_blocks + s.referenced_blocks == s.registered_blocks;
+}
+
+std::vector<int32_t> range(int32_t a, int32_t b) {
+  std::vector<int32_t> v(static_cast<size_t>(b - a));
+  std::iota(v.begin(), v.end(), a);
+  return v;
+}
+
+std::vector<uint8_t> keys_of(kvc_pool *p, const std::vector<int32_t> &toks, const kvc_prefix_extra *ex = nullptr,
+                             uint32_t nx = 0) {
+  std::vector<uint8_t> k(toks.size() * 32 + 32);
+  size_t ks = 0;
+  CHECK_OK(kvc_prefix_keys(p, toks.data(), toks.size(), ex, nx, k.data(), k.size(), &ks));
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  kvc_pool_get_config(p, &c);
+  k.resize(toks.size() / c.block_size * ks);
+  return k;
+}
+
+}  // namespace
+
+// block_size 4, tokens [5..12] cached: with a constant hash, [1,2,3,4] is
+// refused by token comparison (and would be served without it); the real
+// hash (SHA-256, 32-byte keys) hits [5..12]; seeds separate pools.
+KVTEST(collision_and_seeds) {
+  const uint8_t seed_a[32] = {1}, seed_b[32] = {2};
+  {
+    kvc::core::prefix_hash_force_constant(true);
+    kvc_pool *p = make_pool(4, 64, 2, seed_a);
+    request(p, 1, range(5, 13), false);
+    CHECK(lookup(p, {1, 2, 3, 4, 99}).hit_tokens == 0);  // same (constant) key, other tokens
+    CHECK(lookup(p, range(5, 14)).hit_tokens == 4);       // the second block collides with the first: refused
+    kvc_pool_destroy(p);
+    kvc_pool *unsafe = make_pool(4, 64, 2, seed_a, KVC_PREFIX_HASH_SHA256, /*verify=*/0);
+    request(unsafe, 1, range(5, 13), false);
+    CHECK(lookup(unsafe, {1, 2, 3, 4, 99}).hit_tokens == 4);  // what verification prevents
+    kvc_pool_destroy(unsafe);
+    kvc::core::prefix_hash_force_constant(false);
+  }
+  kvc_pool *p = make_pool(4, 64, 2, seed_a);
+  CHECK(lookup(p, range(5, 14)).hit_tokens == 0);  // nothing cached yet
+  request(p, 1, range(5, 13), false);
+  CHECK(lookup(p, range(5, 14)).hit_tokens == 8);  // caching works
+  CHECK(lookup(p, range(5, 13)).hit_tokens == 4);  // at most n - 1 tokens: the last block is recomputed
+  CHECK(lookup(p, {1, 2, 3, 4, 99}).hit_tokens == 0);
+  size_t ks = 0;
+  uint8_t k[64];
+  const std::vector<int32_t> t = range(5, 13);
+  CHECK_OK(kvc_prefix_keys(p, t.data(), t.size(), nullptr, 0, k, sizeof k, &ks));
+  CHECK(ks == 32);
+  kvc_pool *q = make_pool(4, 64, 2, seed_a), *r = make_pool(4, 64, 2, seed_b);
+  CHECK(keys_of(p, t) == keys_of(q, t));
+  CHECK(keys_of(p, t) != keys_of(r, t));
+  kvc_pool *rnd1 = make_pool(4, 64), *rnd2 = make_pool(4, 64);  // random seeds by default
+  CHECK(keys_of(rnd1, t) != keys_of(rnd2, t));
+  kvc_pool *x = make_pool(4, 64, 2, seed_a, KVC_PREFIX_HASH_XXH3_128);
+  CHECK_OK(kvc_prefix_keys(x, t.data(), t.size(), nullptr, 0, k, sizeof k, &ks));
+  CHECK(ks == 16);
+  CHECK(consistent(p));
+  for (kvc_pool *z : {p, q, r, rnd1, rnd2, x}) kvc_pool_destroy(z);
+}
+
+// The keys follow docs/prefix-cache.md byte for byte (recomputed here with
+// OpenSSL directly).
+KVTEST(spec_encoding) {
+  const uint8_t seed[32] = {7, 7, 7};
+  kvc_pool *p = make_pool(4, 16, 1, seed);
+  // Root: "KVCP" | u32 1 | u32 hash 0 | seed | u64 len + fingerprint | u64 0 | u64 0 (empty ids).
+  std::vector<uint8_t> b = {'K', 'V', 'C', 'P', 1, 0, 0, 0, 0, 0, 0, 0};
+  b.insert(b.end(), seed, seed + 32);
+  std::vector<uint8_t> fp;
+  auto u32 = [](std::vector<uint8_t> &v, uint32_t x) {
+    for (int i = 0; i < 4; ++i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
+  };
+  auto u64 = [](std::vector<uint8_t> &v, uint64_t x) {
+    for (int i = 0; i < 8; ++i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
+  };
+  // layers, q heads, kv heads, head_dim, block_size, k dtype (f32 = 0), v dtype, layout (NHD = 0)
+  for (uint32_t x : {1u, 2u, 2u, 4u, 4u, 0u, 0u, 0u}) u32(fp, x);
+  // K and V codecs of plain f32 storage: dtype 0, gran 0, group 0, asym 0, scale dtype 0, rotation 0, scale 0.0
+  for (int part = 0; part < 2; ++part) {
+    for (int i = 0; i < 6; ++i) u32(fp, 0);
+    u64(fp, 0);
+  }
+  u32(fp, 0);  // residual window
+  u32(fp, 1);  // residual dtype (f16, the default)
+  u64(fp, 0);  // residual fraction 0.0
+  u64(b, fp.size());
+  b.insert(b.end(), fp.begin(), fp.end());
+  u64(b, 0);
+  u64(b, 0);
+  uint8_t root[32];
+  SHA256(b.data(), b.size(), root);
+  // Block 1: "KVCB" | root | u32 4 | tokens | u32 0 extras.
+  std::vector<uint8_t> blk = {'K', 'V', 'C', 'B'};
+  blk.insert(blk.end(), root, root + 32);
+  u32(blk, 4);
+  for (uint32_t tk : {10u, 11u, 12u, 13u}) u32(blk, tk);
+  u32(blk, 0);
+  uint8_t want[32];
+  SHA256(blk.data(), blk.size(), want);
+  const std::vector<int32_t> t = {10, 11, 12, 13};
+  const std::vector<uint8_t> got = keys_of(p, t);
+  CHECK(got.size() == 32 && std::memcmp(got.data(), want, 32) == 0);
+  // With an extra key: u32 1 | u64 3 | "abc".
+  const kvc_prefix_extra salt = {"abc", 3};
+  blk.resize(blk.size() - 4);
+  u32(blk, 1);
+  u64(blk, 3);
+  blk.insert(blk.end(), {'a', 'b', 'c'});
+  SHA256(blk.data(), blk.size(), want);
+  const std::vector<uint8_t> got2 = keys_of(p, t, &salt, 1);
+  CHECK(got2.size() == 32 && std::memcmp(got2.data(), want, 32) == 0);
+  kvc_pool_destroy(p);
+}
+
+// block_size 16, a 32-token prompt: an identical request reuses exactly 16
+// (whole blocks, at most 31); so does a third; the second block stays
+// registered under the key chained from the first.
+KVTEST(whole_block_reuse) {
+  kvc_pool *p = make_pool(16, 64);
+  const std::vector<int32_t> prompt = range(100, 132);
+  CHECK(request(p, 1, prompt) == 0);
+  CHECK_OK(kvc_seq_free(p, 1));
+  CHECK(consistent(p));
+  CHECK(stats(p).registered_blocks == 2 && stats(p).reclaimable_blocks == 2);
+  CHECK(request(p, 2, prompt) == 16);
+  CHECK(consistent(p));
+  CHECK(stats(p).referenced_blocks == 1);  // request 2 holds block 1; block 2 is its own fresh copy (the cached one stays cached)
+  CHECK_OK(kvc_seq_free(p, 2));
+  CHECK(request(p, 3, prompt) == 16);
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(7);
+  CHECK(lookup(p, longer).hit_tokens == 32);  // block 2 under the chained key
+  // The attached data is the cached data.
+  std::vector<float> k(16 * 8);
+  CHECK_OK(kvc_gather(p, 3, 1, 0, 16, k.data(), nullptr, KVC_DTYPE_F32, nullptr));
+  float row[8];
+  kv_of(prompt[5], 5, row);
+  CHECK(std::memcmp(k.data() + 5 * 8, row, sizeof row) == 0);
+  const kvc_prefix_stats s = stats(p);
+  CHECK(s.hit_tokens >= 64 && s.queried_tokens >= 4 * 32);
+  CHECK(consistent(p));
+  kvc_pool_destroy(p);
+}
+
+// block_size 4, [1..8] cached: [1,2,3] matches no whole block and at most 2
+// tokens token-granularly, and leaves the index unchanged; attach copies them.
+KVTEST(partial_reuse) {
+  kvc_pool *p = make_pool(4, 64);
+  request(p, 1, range(1, 9), false);
+  CHECK_OK(kvc_seq_free(p, 1));
+  const kvc_prefix_stats before = stats(p);
+  kvc_prefix_result r = lookup(p, {1, 2, 3});
+  CHECK(r.hit_tokens == 0 && r.partial_tokens == 0);
+  r = lookup(p, {1, 2, 3}, nullptr, 0, KVC_PREFIX_PARTIAL);
+  CHECK(r.hit_tokens == 0 && r.partial_tokens == 2);
+  r = lookup(p, {1, 2, 3, 4, 5, 6, 9, 9}, nullptr, 0, KVC_PREFIX_PARTIAL);
+  CHECK(r.hit_tokens == 4 && r.partial_tokens == 2);
+  const kvc_prefix_stats after = stats(p);
+  CHECK(after.registered_blocks == before.registered_blocks && after.reclaimable_blocks == before.reclaimable_blocks);
+  CHECK(consistent(p));
+  kvc_prefix_result ar;
+  request(p, 2, {1, 2, 3, 4, 5, 6, 9, 9}, true, nullptr, 0, KVC_PREFIX_PARTIAL, &ar);
+  CHECK(ar.hit_tokens == 4 && ar.partial_tokens == 2);
+  std::vector<float> k(8 * 8);
+  CHECK_OK(kvc_gather(p, 2, 0, 0, 8, k.data(), nullptr, KVC_DTYPE_F32, nullptr));
+  for (uint64_t t = 0; t < 8; ++t) {
+    float row[8];
+    const int32_t tok = t < 6 ? static_cast<int32_t>(t) + 1 : 9;
+    kv_of(tok, t, row);
+    CHECK(std::memcmp(k.data() + t * 8, row, sizeof row) == 0);
+  }
+  CHECK(consistent(p));
+  kvc_pool_destroy(p);
+}
+
+// The same tokens with different salts never share a block (not even a partial one).
+KVTEST(salt_isolation) {
+  kvc_pool *p = make_pool(4, 64);
+  const kvc_prefix_extra a = {"tenant-a", 8}, b = {"tenant-b", 8};
+  request(p, 1, range(1, 13), false, &a, 1);
+  CHECK(lookup(p, range(1, 14), &a, 1).hit_tokens == 12);
+  const kvc_prefix_result rb = lookup(p, range(1, 14), &b, 1, KVC_PREFIX_PARTIAL);
+  CHECK(rb.hit_tokens == 0 && rb.partial_tokens == 0);
+  const kvc_prefix_result rn = lookup(p, range(1, 14), nullptr, 0, KVC_PREFIX_PARTIAL);
+  CHECK(rn.hit_tokens == 0 && rn.partial_tokens == 0);
+  CHECK(keys_of(p, range(1, 5), &a, 1) != keys_of(p, range(1, 5), &b, 1));
+  kvc_pool_destroy(p);
+}
+
+namespace {
+struct EventLog {
+  std::set<std::string> keys;
+  int stored = 0, removed = 0;
+};
+void on_event(void *user, const kvc_prefix_event *ev) {
+  EventLog *log = static_cast<EventLog *>(user);
+  const std::string k(reinterpret_cast<const char *>(ev->key), ev->key_size);
+  if (ev->kind == KVC_PREFIX_STORED) {
+    log->keys.insert(k);
+    ++log->stored;
+  } else {
+    log->keys.erase(k);
+    ++log->removed;
+  }
+}
+bool events_match(kvc_pool *p, const EventLog &log) {
+  const std::vector<std::string> reg = kvc::api::core_pool(p).prefix_registered_keys();
+  return std::set<std::string>(reg.begin(), reg.end()) == log.keys;
+}
+}  // namespace
+
+// LRU reclaim: a full pool reclaims cached chains from their end (children
+// first); hits revive blocks; the events alone rebuild the set of keys.
+KVTEST(reclaim_lru_chains_and_events) {
+  kvc_pool *p = make_pool(4, 24, 2);  // 12 blocks per layer-pair... 24 blocks: 2 layers x 12
+  EventLog log;
+  CHECK_OK(kvc_prefix_set_callback(p, on_event, &log));
+  const std::vector<int32_t> a = range(1, 17), b = range(50, 66);  // 4 blocks each
+  request(p, 1, a, false);
+  CHECK_OK(kvc_seq_free(p, 1));
+  request(p, 2, b, false);
+  CHECK_OK(kvc_seq_free(p, 2));
+  CHECK(events_match(p, log));
+  CHECK(stats(p).registered_blocks == 8 && stats(p).reclaimable_blocks == 8);
+  CHECK(consistent(p));
+  // A hit on chain a revives and re-releases it: chain b is now the oldest.
+  std::vector<int32_t> a1 = a;
+  a1.push_back(0);
+  CHECK(request(p, 3, a1) == 16);
+  CHECK_OK(kvc_seq_free(p, 3));
+  CHECK(consistent(p));
+  // 16 + 1 fresh tokens need 5 block pairs: 4 free pairs (24 - 16 used) then
+  // reclaim from the least recently used chain (b), from its end.
+  CHECK_OK(kvc_seq_create(p, 4));
+  CHECK_OK(kvc_seq_reserve(p, 4, 20, nullptr));
+  CHECK(consistent(p));
+  CHECK(events_match(p, log));
+  std::vector<int32_t> b1 = b;
+  b1.push_back(0);
+  const uint64_t bh = lookup(p, b1).hit_tokens, ah = lookup(p, a1).hit_tokens;
+  CHECK(ah == 16);              // the recently used chain survives whole
+  CHECK(bh == 12);              // b lost its last block only (children before parents)
+  CHECK(stats(p).reclaimed_total >= 1);
+  CHECK(log.removed >= 1);
+  CHECK_OK(kvc_seq_free(p, 4));
+  CHECK(consistent(p));
+  CHECK_OK(kvc_prefix_set_callback(p, nullptr, nullptr));
+  kvc_pool_destroy(p);
+}
+
+// A registered block leaves the index before its content changes in place:
+// rewriting a position it holds, truncating into it (sole holder), eviction
+// compaction. Shared blocks are copied instead and stay registered.
+KVTEST(removed_before_in_place_writes) {
+  kvc_pool *p = make_pool(4, 64, 1);
+  EventLog log;
+  CHECK_OK(kvc_prefix_set_callback(p, on_event, &log));
+  request(p, 1, range(1, 13), false);  // 3 blocks, held by sequence 1 only
+  CHECK(stats(p).registered_blocks == 3);
+  float row[8] = {0};
+  CHECK_OK(kvc_append(p, 1, 0, 9, 1, row, row, KVC_DTYPE_F32));  // rewrites block 3 in place
+  CHECK(stats(p).registered_blocks == 2);
+  CHECK(events_match(p, log));
+  CHECK_OK(kvc_seq_truncate(p, 1, 6));  // cuts into block 2: it and its child leave
+  CHECK(stats(p).registered_blocks == 1);
+  CHECK(events_match(p, log));
+  CHECK(consistent(p));
+  // Shared: a fork holds block 1; writing it copies, the entry stays.
+  request(p, 2, range(20, 28), false);
+  CHECK_OK(kvc_seq_fork(p, 2, 3));
+  CHECK_OK(kvc_append(p, 3, 0, 1, 1, row, row, KVC_DTYPE_F32));
+  std::vector<int32_t> q = range(20, 28);
+  q.push_back(0);
+  CHECK(lookup(p, q).hit_tokens == 8);
+  // Eviction compaction rewrites sequence 2's first block in place.
+  CHECK_OK(kvc_seq_free(p, 3));
+  kvc_policy_config pc;
+  kvc_policy_config_init(&pc);
+  pc.kind = KVC_POLICY_STREAMING;
+  pc.sink_tokens = 1;
+  pc.budget_tokens = 4;
+  kvc_policy *pol = nullptr;
+  CHECK_OK(kvc_policy_create(&pc, &pol));
+  CHECK_OK(kvc_evict(p, 2, pol, nullptr));
+  CHECK(lookup(p, q).hit_tokens == 0);
+  CHECK(events_match(p, log));
+  CHECK(consistent(p));
+  kvc_policy_destroy(pol);
+  kvc_pool_destroy(p);
+}
+
+// Lookups and attaches on some threads while others append and free
+// (ThreadSanitizer runs this in CI).
+KVTEST(threads_lookup_append) {
+  kvc_pool *p = make_pool(4, 4096, 2);
+  const std::vector<int32_t> base = range(1, 33);
+  request(p, 1, base, false);
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::vector<std::thread> th;
+  for (int w = 0; w < 2; ++w)
+    th.emplace_back([&, w] {
+      for (int i = 0; i < 200; ++i) {
+        const uint64_t id = 1000 + uint64_t(w) * 1000 + uint64_t(i);
+        std::vector<int32_t> t = base;
+        t.push_back(i);
+        kvc_prefix_result r;
+        r.struct_size = sizeof r;
+        if (kvc_prefix_attach(p, id, t.data(), t.size(), nullptr, 0, 0, &r) != KVC_OK) ++errors;
+        float row[8] = {1};
+        if (kvc_seq_reserve(p, id, 1, nullptr) != KVC_OK) ++errors;
+        for (uint32_t l = 0; l < 2; ++l)
+          if (kvc_append(p, id, l, r.hit_tokens, 1, row, row, KVC_DTYPE_F32) != KVC_OK) ++errors;
+        if (kvc_seq_free(p, id) != KVC_OK) ++errors;
+      }
+    });
+  th.emplace_back([&] {
+    std::vector<int32_t> t = base;
+    t.push_back(0);
+    while (!stop.load()) {
+      kvc_prefix_result r;
+      r.struct_size = sizeof r;
+      if (kvc_prefix_lookup(p, t.data(), t.size(), nullptr, 0, KVC_PREFIX_PARTIAL, &r) != KVC_OK || r.hit_tokens != 32)
+        ++errors;
+    }
+  });
+  th[0].join();
+  th[1].join();
+  stop = true;
+  th[2].join();
+  CHECK(errors.load() == 0);
+  CHECK(consistent(p));
+  kvc_pool_destroy(p);
+}
+
+// Bad input.
+KVTEST(bad_input) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = 1;
+  c.num_q_heads = c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.block_size = 4;
+  c.num_blocks = 8;
+  kvc_pool *p = nullptr;
+  CHECK_OK(kvc_pool_create(&c, &p));
+  const int32_t t[4] = {1, 2, 3, 4};
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, nullptr, 0, 0, &r), KVC_ERR_INVALID_ARGUMENT);  // not enabled
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  pc.hash = static_cast<kvc_prefix_hash>(9);
+  CHECK_STATUS(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_INVALID_ARGUMENT);
+  pc.hash = KVC_PREFIX_HASH_XXH3_128;
+  pc.struct_size = 12;
+  CHECK_STATUS(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_STRUCT_SIZE);
+  pc.struct_size = sizeof pc;
+  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  CHECK_STATUS(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_INVALID_ARGUMENT);  // twice
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, nullptr, 0, 0x10, &r), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_lookup(p, nullptr, 4, nullptr, 0, 0, &r), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, nullptr, 1, 0, &r), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, nullptr, 65, 0, &r), KVC_ERR_INVALID_ARGUMENT);
+  const kvc_prefix_extra bad = {nullptr, 5};
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, &bad, 1, 0, &r), KVC_ERR_NULL_POINTER);
+  const kvc_prefix_extra huge = {t, (size_t(1) << 20) + 1};
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, &huge, 1, 0, &r), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_lookup(p, t, uint64_t(1) << 40, nullptr, 0, 0, &r), KVC_ERR_OVERFLOW);
+  r.struct_size = 4;
+  CHECK_STATUS(kvc_prefix_lookup(p, t, 4, nullptr, 0, 0, &r), KVC_ERR_STRUCT_SIZE);
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_lookup(p, t, 0, nullptr, 0, 0, &r));
+  CHECK(r.hit_tokens == 0);
+  CHECK_STATUS(kvc_prefix_insert(p, 5, t, 4, nullptr, 0, nullptr), KVC_ERR_SEQ_NOT_FOUND);
+  CHECK_OK(kvc_seq_create(p, 5));
+  CHECK_STATUS(kvc_prefix_insert(p, 5, t, 4, nullptr, 0, nullptr), KVC_ERR_OUT_OF_RANGE);  // length 0
+  CHECK_STATUS(kvc_prefix_attach(p, 5, t, 4, nullptr, 0, 0, &r), KVC_ERR_SEQ_EXISTS);
+  uint8_t keys[8];
+  size_t ks = 0;
+  CHECK_STATUS(kvc_prefix_keys(p, t, 4, nullptr, 0, keys, sizeof keys, &ks), KVC_ERR_BUFFER_TOO_SMALL);
+  CHECK(ks == 16);
+  CHECK_STATUS(kvc_prefix_get_stats(p, nullptr), KVC_ERR_NULL_POINTER);
+  kvc_pool_destroy(p);
+  // A pool with a residual window refuses the prefix cache.
+  kvc_codec codec;
+  kvc_codec_init(&codec);
+  c.k_codec = c.v_codec = &codec;
+  c.residual_window = 4;
+  CHECK_OK(kvc_pool_create(&c, &p));
+  kvc_prefix_config_init(&pc);
+  CHECK_STATUS(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_UNSUPPORTED);
+  kvc_pool_destroy(p);
+}
+
+int main(int argc, char **argv) { return kvtest_main(argc, argv); }
