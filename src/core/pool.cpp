@@ -1155,8 +1155,7 @@ std::string Pool::check_prefix() const {
     const PrefixEntry &en = ps.entries[e];
     if (!en.live) continue;
     ++live;
-    auto it = ps.map.find(en.key);
-    if (it == ps.map.end() || it->second != e) return "prefix entry not in the key map";
+    if (ps.map.find(en.key) != static_cast<int64_t>(e)) return "prefix entry not in the key map";
     if (en.blocks.size() != cfg_.num_layers) return "prefix entry without a block per layer";
     for (int32_t b : en.blocks) {
       if (ps.block_entry[b] != static_cast<int32_t>(e)) return "prefix block not mapped to its entry";

@@ -1,9 +1,11 @@
 #include "core/prefix.h"
 
+#define OPENSSL_SUPPRESS_DEPRECATED 1
 #include <openssl/sha.h>
 #include <xxhash.h>
 
 #include <cstring>
+#include <stdexcept>
 
 namespace kvc::core {
 
@@ -24,6 +26,16 @@ void put_bytes(std::vector<uint8_t> &b, const void *p, size_t n) {
 
 void prefix_hash_force_constant(bool on) { g_constant.store(on); }
 
+namespace {
+// SHA-256 through OpenSSL's low-level interface: the EVP one-shot looks the
+// algorithm up on every call, which costs more than hashing a block of
+// tokens. (Deprecated in OpenSSL 3 in favour of EVP, still supported.)
+bool sha256(const uint8_t *data, size_t n, uint8_t out[32]) {
+  SHA256_CTX c;
+  return SHA256_Init(&c) == 1 && SHA256_Update(&c, data, n) == 1 && SHA256_Final(out, &c) == 1;
+}
+}  // namespace
+
 PrefixKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
   PrefixKey k;
   if (g_constant.load(std::memory_order_relaxed)) {
@@ -32,7 +44,7 @@ PrefixKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
     return k;
   }
   if (h_ == PrefixHash::Sha256) {
-    SHA256(bytes.data(), bytes.size(), k.b.data());
+    if (!sha256(bytes.data(), bytes.size(), k.b.data())) throw std::runtime_error("OpenSSL SHA-256 failed");
   } else {
     const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
     XXH128_canonical_t c;
@@ -60,15 +72,35 @@ PrefixKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> 
 
 PrefixKey PrefixHasher::block(const PrefixKey &parent, const int32_t *tokens, uint32_t n,
                               const PrefixExtra *extras, uint32_t n_extras, std::vector<uint8_t> &b) const {
-  b.clear();
-  put_bytes(b, "KVCB", 4);
-  put_bytes(b, parent.b.data(), key_size());
-  put_u32(b, n);
-  for (uint32_t i = 0; i < n; ++i) put_u32(b, static_cast<uint32_t>(tokens[i]));
-  put_u32(b, n_extras);
+  // Sized once, then filled in place (this runs once per block of every lookup).
+  uint64_t size = 4 + key_size() + 4 + 4ull * n + 4;
+  for (uint32_t i = 0; i < n_extras; ++i) size += 8 + extras[i].size;
+  b.resize(size);
+  uint8_t *p = b.data();
+  std::memcpy(p, "KVCB", 4);
+  p += 4;
+  std::memcpy(p, parent.b.data(), key_size());
+  p += key_size();
+  auto u32 = [&](uint32_t v) {
+    p[0] = static_cast<uint8_t>(v);
+    p[1] = static_cast<uint8_t>(v >> 8);
+    p[2] = static_cast<uint8_t>(v >> 16);
+    p[3] = static_cast<uint8_t>(v >> 24);
+    p += 4;
+  };
+  u32(n);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  std::memcpy(p, tokens, 4ull * n);  // already little-endian u32
+  p += 4ull * n;
+#else
+  for (uint32_t i = 0; i < n; ++i) u32(static_cast<uint32_t>(tokens[i]));
+#endif
+  u32(n_extras);
   for (uint32_t i = 0; i < n_extras; ++i) {
-    put_u64(b, extras[i].size);
-    put_bytes(b, extras[i].data, extras[i].size);
+    for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(extras[i].size >> (8 * k));
+    p += 8;
+    if (extras[i].size) std::memcpy(p, extras[i].data, extras[i].size);
+    p += extras[i].size;
   }
   return digest(b);
 }

@@ -65,14 +65,79 @@ struct PrefixStatsCore {
   uint64_t inserted = 0, removed = 0, reclaimed = 0;
 };
 
+// Open-addressing map from keys to entry ids: linear probing over slots of
+// (the key's first 8 bytes, entry id); a tag match is confirmed against the
+// entry's full key. Deletion shifts the following run back (no tombstones).
+class KeyIndex {
+ public:
+  explicit KeyIndex(const std::vector<PrefixEntry> *entries) : entries_(entries) { slots_.assign(16, Slot{}); }
+  size_t size() const { return size_; }
+  int64_t find(const PrefixKey &k) const {
+    const uint64_t tag = tag_of(k);
+    for (size_t i = tag & mask(); slots_[i].entry >= 0; i = (i + 1) & mask())
+      if (slots_[i].tag == tag && (*entries_)[static_cast<size_t>(slots_[i].entry)].key == k) return slots_[i].entry;
+    return -1;
+  }
+  void insert(const PrefixKey &k, uint32_t e) {
+    if ((size_ + 1) * 2 > slots_.size()) grow();
+    place(tag_of(k), static_cast<int64_t>(e));
+    ++size_;
+  }
+  void erase(const PrefixKey &k) {
+    const uint64_t tag = tag_of(k);
+    size_t i = tag & mask();
+    for (; slots_[i].entry >= 0; i = (i + 1) & mask())
+      if (slots_[i].tag == tag && (*entries_)[static_cast<size_t>(slots_[i].entry)].key == k) break;
+    if (slots_[i].entry < 0) return;
+    // Backward-shift deletion.
+    for (size_t j = (i + 1) & mask(); slots_[j].entry >= 0; j = (j + 1) & mask()) {
+      const size_t home = slots_[j].tag & mask();
+      const bool movable = i <= j ? (home <= i || home > j) : (home <= i && home > j);
+      if (movable) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = Slot{};
+    --size_;
+  }
+
+ private:
+  struct Slot {
+    uint64_t tag = 0;
+    int64_t entry = -1;
+  };
+  static uint64_t tag_of(const PrefixKey &k) {
+    uint64_t v;
+    __builtin_memcpy(&v, k.b.data(), 8);
+    return v;
+  }
+  size_t mask() const { return slots_.size() - 1; }
+  void place(uint64_t tag, int64_t e) {
+    size_t i = tag & mask();
+    while (slots_[i].entry >= 0) i = (i + 1) & mask();
+    slots_[i] = Slot{tag, e};
+  }
+  void grow() {
+    std::vector<Slot> old;
+    old.swap(slots_);
+    slots_.assign(old.size() * 2, Slot{});
+    for (const Slot &s : old)
+      if (s.entry >= 0) place(s.tag, s.entry);
+  }
+  const std::vector<PrefixEntry> *entries_;
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+};
+
 // The pool's prefix index (guarded by the pool lock; counters are atomic).
 struct PrefixState {
-  explicit PrefixState(PrefixHash h) : hasher(h) {}
+  explicit PrefixState(PrefixHash h) : hasher(h), map(&entries) {}
   PrefixHasher hasher;
   bool verify_tokens = true;
   PrefixKey root;
-  std::unordered_map<PrefixKey, uint32_t, PrefixKeyHash> map;
   std::vector<PrefixEntry> entries;
+  KeyIndex map;
   std::vector<uint32_t> free_entries;
   std::vector<uint32_t> root_children;
   std::vector<int32_t> block_entry;  // per pool block: its entry, or -1

@@ -113,12 +113,12 @@ void Pool::prefix_drop_entry(uint32_t e, int32_t taken) {
         if (cfg_.flags & kFlagZeroOnFree) std::memset(block_ptr(b), 0, block_stride_);
       }
     }
-    ps.map.erase(en.key);
+    ps.map.erase(en.key);  // before the entry is reused
     // Unlink from the parent's children.
     std::vector<uint32_t> *siblings = &ps.root_children;
     if (en.depth > 1) {
-      auto it = ps.map.find(en.parent);
-      siblings = it != ps.map.end() ? &ps.entries[it->second].children : nullptr;
+      const int64_t pe = ps.map.find(en.parent);
+      siblings = pe >= 0 ? &ps.entries[static_cast<size_t>(pe)].children : nullptr;
     }
     if (siblings) siblings->erase(std::remove(siblings->begin(), siblings->end(), x), siblings->end());
     en.live = false;
@@ -147,9 +147,9 @@ void Pool::prefix_on_cached(int32_t b) {
   PrefixState &ps = *prefix_;
   const PrefixEntry *en = &ps.entries[static_cast<uint32_t>(ps.block_entry[b])];
   while (en->depth > 1) {
-    auto it = ps.map.find(en->parent);
-    if (it == ps.map.end()) break;
-    const PrefixEntry &par = ps.entries[it->second];
+    const int64_t pe = ps.map.find(en->parent);
+    if (pe < 0) break;
+    const PrefixEntry &par = ps.entries[static_cast<size_t>(pe)];
     bool any = false;
     for (int32_t pb : par.blocks)
       if (alloc_.state(pb) == BlockAllocator::State::Cached) {
@@ -197,12 +197,12 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const Prefix
   int64_t last = -1;
   for (uint64_t i = 0; i < usable / bs; ++i) {
     const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
-    auto it = ps.map.find(k);
-    if (it == ps.map.end()) break;
-    const PrefixEntry &en = ps.entries[it->second];
+    const int64_t e = ps.map.find(k);
+    if (e < 0) break;
+    const PrefixEntry &en = ps.entries[static_cast<size_t>(e)];
     if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;
     ++r.hit_blocks;
-    last = it->second;
+    last = e;
     parent = k;
   }
   r.hit_tokens = r.hit_blocks * bs;
@@ -239,11 +239,11 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
     std::vector<uint8_t> scratch;
     for (uint64_t i = 0; i < usable / bs; ++i) {
       const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
-      auto it = ps.map.find(k);
-      if (it == ps.map.end()) break;
-      const PrefixEntry &en = ps.entries[it->second];
+      const int64_t e = ps.map.find(k);
+      if (e < 0) break;
+      const PrefixEntry &en = ps.entries[static_cast<size_t>(e)];
       if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;
-      path.push_back(it->second);
+      path.push_back(static_cast<uint32_t>(e));
       parent = k;
     }
     r.hit_blocks = path.size();
@@ -330,12 +330,12 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
   int64_t parent_entry = -1;
   for (uint64_t i = 0; i < full; ++i) {
     const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
-    auto it = ps.map.find(k);
-    if (it != ps.map.end()) {  // already registered (by this sequence or with the same content by another)
-      const PrefixEntry &en = ps.entries[it->second];
+    const int64_t found = ps.map.find(k);
+    if (found >= 0) {  // already registered (by this sequence or with the same content by another)
+      const PrefixEntry &en = ps.entries[static_cast<size_t>(found)];
       if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;  // collision
       parent = k;
-      parent_entry = it->second;
+      parent_entry = found;
       continue;
     }
     bool free_blocks = true;
@@ -362,7 +362,7 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     en.tokens.assign(tokens + i * bs, tokens + (i + 1) * bs);
     en.children.clear();
     en.live = true;
-    ps.map.emplace(k, e);
+    ps.map.insert(k, e);
     (parent_entry >= 0 ? ps.entries[static_cast<uint64_t>(parent_entry)].children : ps.root_children).push_back(e);
     ++ps.stats.inserted;
     ++added;

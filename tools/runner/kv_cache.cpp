@@ -84,6 +84,17 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
       (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL))
     config.num_residual_blocks = config.num_blocks;
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
+  if (settings.prefix_cache) {
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.seed_set = 1;  // reproducible keys (all zero seed)
+    const kvc_status s = kvc_pool_enable_prefix_cache(pool_, &pc);
+    if (s != KVC_OK) {
+      kvc_pool_destroy(pool_);
+      pool_ = nullptr;
+      check_kvc(s, "kvc_pool_enable_prefix_cache");
+    }
+  }
   kvc_pool_layout_init(&layout_);
   const kvc_status s = kvc_pool_get_layout(pool_, &layout_);
   if (s != KVC_OK) {
@@ -184,6 +195,22 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
       check_kvc(s, "kvc_seq_set_policy");
     }
   }
+}
+
+AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c, const std::vector<int> &prompt)
+    : pool_(pool.get()), seq_id_(seq_id) {
+  std::vector<std::int32_t> t(prompt.begin(), prompt.end());
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  check_kvc(kvc_prefix_attach(pool_, seq_id_, t.data(), t.size(), nullptr, 0, 0, &r), "kvc_prefix_attach");
+  cached_ = static_cast<int>(r.hit_tokens);
+  kvc_attention_params_init(&params_);
+  params_.num_q_heads = static_cast<std::uint32_t>(c.n_heads);
+}
+
+void AttnSequence::register_prefix(const std::vector<int> &prompt) {
+  std::vector<std::int32_t> t(prompt.begin(), prompt.end());
+  check_kvc(kvc_prefix_insert(pool_, seq_id_, t.data(), t.size(), nullptr, 0, nullptr), "kvc_prefix_insert");
 }
 
 AttnSequence::~AttnSequence() { kvc_seq_free(pool_, seq_id_); }

@@ -74,6 +74,7 @@ struct PoolSettings {
   std::uint32_t residual_window = 0;
   double residual_fraction = 0.0;
   std::uint32_t block_size = 16;
+  bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
 };
 
 /// Owns a kvc_pool sized from the model geometry.
@@ -221,6 +222,12 @@ class AttnSequence {
  public:
   AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
                const EvictionSettings &ev = EvictionSettings{});
+  /// A sequence that starts with the cached prefix of `prompt` (kvc_prefix_attach):
+  /// positions [0, cached_tokens()) are already in the cache.
+  AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c, const std::vector<int> &prompt);
+  int cached_tokens() const { return cached_; }
+  /// Registers the sequence's full blocks of `prompt` in the prefix cache.
+  void register_prefix(const std::vector<int> &prompt);
   ~AttnSequence();
   AttnSequence(const AttnSequence &) = delete;
   AttnSequence &operator=(const AttnSequence &) = delete;
@@ -245,6 +252,7 @@ class AttnSequence {
   EvictionSettings ev_;
   kvc_attention_params params_{};
   int pos_ = 0;
+  int cached_ = 0;
 };
 
 }  // namespace kvc_runner

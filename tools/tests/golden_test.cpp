@@ -7,6 +7,7 @@
 //   golden_test cli PATH_TO_KVCACHE
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <unordered_map>
@@ -268,6 +269,58 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
   if (std::fabs(ppl - 4.139753) > 1e-5) fail("perplexity " + std::to_string(ppl) + " != 4.139753");
 }
 
+// A request whose prompt shares a cached prefix gives exactly the log-
+// probabilities of the same request run cold (f32 storage, library attention).
+void test_prefix_reuse() {
+  const Model model = Model::load(models_dir() + "/stories260K.bin");
+  const ModelConfig &c = model.config();
+  const Tokenizer tok = Tokenizer::load(models_dir() + "/tok512.bin", c.vocab_size);
+  const std::string sample = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  const std::vector<int> all = tok.encode(sample, true, false);
+  if (all.size() < 600) throw RunnerError("sample too short");
+  // Request 1: 150 tokens. Request 2: the same first 128, then other text.
+  std::vector<int> r1(all.begin(), all.begin() + 150), r2(all.begin(), all.begin() + 128);
+  r2.insert(r2.end(), all.begin() + 400, all.begin() + 440);
+  Transformer transformer(model);
+  PoolSettings warm_settings;
+  warm_settings.k_dtype = warm_settings.v_dtype = KVC_DTYPE_F32;
+  warm_settings.prefix_cache = true;
+  KvPool warm(c, warm_settings, 512, 4);
+  {
+    AttnSequence s1(warm, 1, c);
+    for (int p = 0; p < static_cast<int>(r1.size()); ++p) transformer.forward(s1, r1[p], p);
+    s1.register_prefix(r1);
+  }  // freed: its blocks stay cached
+  std::vector<std::vector<float>> warm_logits, cold_logits;
+  int cached = 0;
+  {
+    AttnSequence s2(warm, 2, c, r2);
+    cached = s2.cached_tokens();
+    for (int p = cached; p < static_cast<int>(r2.size()); ++p) {
+      const float *l = transformer.forward(s2, r2[p], p);
+      warm_logits.emplace_back(l, l + c.vocab_size);
+    }
+  }
+  PoolSettings cold_settings;
+  cold_settings.k_dtype = cold_settings.v_dtype = KVC_DTYPE_F32;
+  KvPool cold(c, cold_settings, 512, 1);
+  {
+    AttnSequence s3(cold, 3, c);
+    for (int p = 0; p < static_cast<int>(r2.size()); ++p) {
+      const float *l = transformer.forward(s3, r2[p], p);
+      if (p >= cached) cold_logits.emplace_back(l, l + c.vocab_size);
+    }
+  }
+  std::printf("prefix reuse: %d of %zu prompt tokens from the cache\n", cached, r2.size());
+  if (cached != 128) fail("expected 128 cached tokens (8 blocks of 16), got " + std::to_string(cached));
+  if (warm_logits.size() != cold_logits.size()) fail("different numbers of computed positions");
+  for (size_t i = 0; i < warm_logits.size() && i < cold_logits.size(); ++i)
+    if (std::memcmp(warm_logits[i].data(), cold_logits[i].data(), warm_logits[i].size() * sizeof(float)) != 0) {
+      fail("position " + std::to_string(cached + static_cast<int>(i)) + ": warm and cold logits differ");
+      break;
+    }
+}
+
 void test_cli(const std::string &kvcache) {
   for (const GoldenRun &run : parse_golden_greedy()) {
     const ProcessResult r = run_process({kvcache, "generate", "--model", "stories260k", "-t", "0", "-n",
@@ -298,6 +351,7 @@ int main(int argc, char **argv) {
     else if (mode == "greedy") test_greedy(array_cache);
     else if (mode == "logprobs") test_logprobs(array_cache, argc > 2 && std::string(argv[2]) == "--library-attention");
     else if (mode == "cli" && argc > 2) test_cli(argv[2]);
+    else if (mode == "prefix") test_prefix_reuse();
     else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;
