@@ -31,7 +31,16 @@ if [ -x "$attn_bin" ]; then
 else
   attn_out=""
 fi
-python3 - "$out" "${codec_out:-none}" "${attn_out:-none}" <<'PY'
+prefix_bin="$build/bench/bench_prefix"
+prefix_out="$build/bench-prefix-quick.json"
+if [ -x "$prefix_bin" ]; then
+  "$prefix_bin" --benchmark_min_time=0.05 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_format=json --benchmark_out="$prefix_out" --benchmark_out_format=json > /dev/null
+  cat "$prefix_out"
+else
+  prefix_out=""
+fi
+python3 - "$out" "${codec_out:-none}" "${attn_out:-none}" "${prefix_out:-none}" <<'PY'
 import json, sys
 runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
 def get(name, field="real_time"):
@@ -58,6 +67,7 @@ if app and mem:
          f"ratio {app / mem:.2f}", app / mem >= 0.5)
 codec_out = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
 attn_out = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "none" else None
+prefix_out = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "none" else None
 for layers in ("1", "32"):
     f = get(f"BM_ForkFree/{layers}")
     if f is not None:
@@ -102,4 +112,20 @@ if attn_out:
     ev, evm = aget("BM_EvictHalf", "bytes_per_second"), aget("BM_EvictMemcpy", "bytes_per_second")
     if ev and evm:
         line(f"evict half of 4096 tokens (f16, 8 x 128): {ev / evm:.2f}x memcpy of the bytes moved", ev / evm >= 0.5)
+if prefix_out:
+    pr = {b["name"]: b for b in json.load(open(prefix_out))["benchmarks"]}
+    def pget(name):
+        b = pr.get(name + "_median") or pr.get(name)
+        return None if b is None else b.get("ns_per_token")
+    for h, name, target in (("0", "SHA-256", 10.0), ("1", "XXH3-128", 2.0)):
+        per = {}
+        for blocks in ("1", "64", "2048"):
+            t, base = pget(f"BM_PrefixLookup/{h}/{blocks}"), pget(f"BM_HashPass/{h}/{blocks}")
+            if t is not None:
+                per[blocks] = t
+                line(f"prefix lookup {name}, {blocks} cached blocks of 16: {t:.2f} ns/token (hash alone {base:.2f})",
+                     t < target)
+        if "64" in per and "2048" in per:
+            line(f"prefix lookup {name}: 2048 vs 64 blocks cost per token {per['2048'] / per['64']:.2f}x (flat: within 1.5x)",
+                 per["2048"] / per["64"] <= 1.5)
 PY

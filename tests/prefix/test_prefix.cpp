@@ -217,6 +217,49 @@ KVTEST(spec_encoding) {
   kvc_pool_destroy(p);
 }
 
+// The test vectors of docs/prefix-cache.md.
+KVTEST(test_vectors) {
+  const char *want[2][2][2] = {
+      {{"fb6ca8a8e2808f267ed596bf3760298379fb27898f5afb246bdda2ac6aa2fa0a",
+        "18e0c8b6c5881edca87e1750a4a23ed446f3467d7118802b8cc540c8467ee05b"},
+       {"b211fd461a050639e96ab7efd1dd5f7c980dbb707b1e510ca47ea23ae66abcee",
+        "0930fcb3b06c395e3ebd0d264c0972e081b13f333a03db1a259c8ee959676143"}},
+      {{"8e893e0ef814970d95d8517e4ef47c27", "38fab926b888a0d5020b457068e30377"},
+       {"44d7dc0acce68637f7909b5583b90a93", "0677cdca05bca1d74431eaa417d96318"}}};
+  for (int h = 0; h < 2; ++h) {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = 1;
+    c.num_q_heads = c.num_kv_heads = 2;
+    c.head_dim = 4;
+    c.block_size = 4;
+    c.num_blocks = 16;
+    c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+    kvc_pool *p = nullptr;
+    CHECK_OK(kvc_pool_create(&c, &p));
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.hash = h ? KVC_PREFIX_HASH_XXH3_128 : KVC_PREFIX_HASH_SHA256;
+    pc.seed_set = 1;
+    pc.model_id = "stories260K";
+    pc.tokenizer_id = "tok512";
+    CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+    const kvc_prefix_extra salt = {"abc", 3};
+    for (int e = 0; e < 2; ++e) {
+      const std::vector<uint8_t> k = keys_of(p, range(10, 18), e ? &salt : nullptr, e ? 1 : 0);
+      const size_t ks = h ? 16 : 32;
+      CHECK(k.size() == 2 * ks);
+      for (int b = 0; b < 2 && k.size() == 2 * ks; ++b) {
+        char hex[65] = {0};
+        for (size_t i = 0; i < ks; ++i) std::snprintf(hex + 2 * i, 3, "%02x", k[b * ks + i]);
+        if (std::string(hex) != want[h][e][b]) std::fprintf(stderr, "hash %d extras %d block %d: %s\n", h, e, b, hex);
+        CHECK(std::string(hex) == want[h][e][b]);
+      }
+    }
+    kvc_pool_destroy(p);
+  }
+}
+
 // block_size 16, a 32-token prompt: an identical request reuses exactly 16
 // (whole blocks, at most 31); so does a third; the second block stays
 // registered under the key chained from the first.
