@@ -653,7 +653,9 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_INVALID_ARGUMENT (n_new 0); ::KVC_ERR_OVERFLOW (length would
  * exceed 2^31 - 1); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
- * layers; nothing changed); ::KVC_ERR_OUT_OF_MEMORY.
+ * layers; nothing changed); ::KVC_ERR_OUT_OF_MEMORY; with an attached
+ * auto-evicting policy (::kvc_policy_config.auto_evict), also the statuses of
+ * kvc_evict() (e.g. ::KVC_ERR_NON_FINITE from a plugin's scores).
  * @since 0.1
  */
 KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_new,
@@ -945,10 +947,15 @@ KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params);
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer);
  * ::KVC_ERR_INVALID_ARGUMENT (n_seqs 0, num_q_heads not the pool's, bad
- * scale, dtype or observe mode); ::KVC_ERR_NON_FINITE (NaN or Inf in q;
- * nothing written); ::KVC_ERR_OVERFLOW. On failure out and lse are not
- * written and no score is recorded. Concurrent calls are safe except two
- * calls recording (observe) the same sequence and layer at once.
+ * scale, dtype or observe mode); ::KVC_ERR_NON_FINITE (NaN or Inf in q, or
+ * q x scale beyond f32; nothing written); ::KVC_ERR_OVERFLOW;
+ * ::KVC_ERR_OUT_OF_MEMORY. On failure out and lse are not written and no
+ * score is recorded. A score q.k beyond f32 (finite inputs can overflow) is
+ * clamped to +-FLT_MAX, so the output stays defined. Threads: calls run
+ * concurrently with each other and with kvc_seq_scores(); two calls recording
+ * the same sequence and layer at once give unspecified scores, and attention
+ * over a layer while kvc_append() writes the same sequence and layer reads
+ * old or new values (never a crash).
  * @since 0.3
  */
 KVC_API kvc_status kvc_attention_decode(kvc_pool *pool, uint32_t layer, const uint64_t *seq_ids,
@@ -1138,7 +1145,9 @@ KVC_API void kvc_policy_destroy(kvc_policy *policy);
  * @param seq_id a live sequence.
  * @param policy the policy (the sequence keeps a reference), or NULL.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool); ::KVC_ERR_SEQ_NOT_FOUND;
- * ::KVC_ERR_INVALID_ARGUMENT (shift_positions without the pool's RoPE).
+ * ::KVC_ERR_INVALID_ARGUMENT (shift_positions without the pool's RoPE);
+ * ::KVC_ERR_UNSUPPORTED (shift_positions with per-tensor key scales, which
+ * rotated keys can exceed; auto_evict in a pool with a residual window).
  * @since 0.3
  */
 KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy);
@@ -1149,7 +1158,8 @@ KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc
  * @param pool the pool (not NULL).
  * @param policy the policy (the pool keeps a reference), or NULL.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT
- * (shift_positions without the pool's RoPE).
+ * (shift_positions without the pool's RoPE); ::KVC_ERR_UNSUPPORTED (as for
+ * kvc_seq_set_policy()).
  * @since 0.3
  */
 KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy);
@@ -1172,8 +1182,9 @@ KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy)
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_POOL_EXHAUSTED (no free block for a copy-on-write; nothing
  * changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window or hybrid
- * precision); ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that
- * failed); ::KVC_ERR_NON_FINITE (a plugin's score).
+ * precision; shifting positions of keys with per-tensor scales);
+ * ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that failed);
+ * ::KVC_ERR_NON_FINITE (a plugin's score).
  * @since 0.3
  */
 KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy,

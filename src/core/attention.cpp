@@ -141,8 +141,13 @@ void Pool::attend_range(uint32_t layer, const LayerTable &l, const float *q, uin
         const float *qv = q + ((i0 + r) * hq + hh) * hd;
         float mx = -std::numeric_limits<float>::infinity();
         for (uint64_t t = 0; t < c; ++t) {
-          s_tok[t] = kr.dot(qv, kt + t * row + g * hd, hd);
-          mx = std::max(mx, s_tok[t]);
+          float sv = kr.dot(qv, kt + t * row + g * hd, hd);
+          // q.k beyond f32 (finite inputs can overflow): clamped, so the
+          // softmax stays defined; NaN (Inf - Inf in the sum) counts as -max.
+          sv = sv != sv ? -std::numeric_limits<float>::max()
+                        : std::min(std::numeric_limits<float>::max(), std::max(-std::numeric_limits<float>::max(), sv));
+          s_tok[t] = sv;
+          mx = std::max(mx, sv);
         }
         if (obs && i0 + r >= obs_first)
           std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * obs_stride + t0, s_tok, c * sizeof(float));
@@ -228,6 +233,8 @@ void Pool::attend_one(uint32_t layer, const LayerTable &l, const float *q, uint6
     float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
     attend_range(layer, l, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first, max_vis, p);
     finalize(m, ls, acc, rows * hq, hd, out + i0 * hq * hd, lse + i0 * hq);
+    std::unique_lock<std::mutex> sg(scores_mu_, std::defer_lock);  // recorded scores are shared state
+    if (obs_rows) sg.lock();
     for (uint64_t i = obs_first; i < i0 + rows; ++i)
       for (uint64_t hh = 0; hh < hq; ++hh) {
         const float ll = lse[i * hq + hh];
@@ -280,7 +287,13 @@ void Pool::attend_threads(uint32_t layer, const std::vector<const LayerTable *> 
   std::vector<std::thread> pool;
   const uint32_t extra = static_cast<uint32_t>(std::min<uint64_t>(threads, units.size())) - 1;
   pool.reserve(extra);
-  for (uint32_t t = 0; t < extra; ++t) pool.emplace_back(work);
+  for (uint32_t t = 0; t < extra; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (...) {  // no thread available: the others (and the caller) take its share
+      break;
+    }
+  }
   work();
   for (std::thread &t : pool) t.join();
   if (error) std::rethrow_exception(error);
@@ -316,6 +329,14 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
   if (n_q > (uint64_t(1) << 31) || (n_seqs && per_seq > (uint64_t(1) << 40) / n_seqs))
     fail(Errc::Overflow, "query shape too large");
   const float scale = p.scale > 0.0f ? p.scale : 1.0f / std::sqrt(static_cast<float>(hd));
+  if (prefill) {  // the range before any allocation sized by n_q
+    std::shared_lock lk(mu_);
+    check_layer(layer);
+    const LayerTable &l = find(ids[0]).layers[layer];
+    if (n_q > l.n_tokens)
+      fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
+                                 u64s(ids[0]) + " holds " + u64s(l.n_tokens) + " tokens (append the chunk's K/V first)");
+  }
   // Queries to f32, checked finite, scaled (before any output is written).
   AttnScratch &sc = scratch();
   float *qf = grow(sc.q, per_seq * n_seqs);
@@ -324,6 +345,8 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
     if (!std::isfinite(qf[i]))
       fail(Errc::NonFinite, "query element " + u64s(i) + " is NaN or Inf: nothing was written");
     qf[i] *= scale;
+    if (!std::isfinite(qf[i]))
+      fail(Errc::NonFinite, "query element " + u64s(i) + " times the scale overflows f32: nothing was written");
   }
   float *of = grow(sc.out, per_seq * n_seqs);
   std::vector<float> lse_local;
@@ -332,19 +355,20 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
     lse_local.resize(n_seqs * n_q * p.num_q_heads);
     lf = lse_local.data();
   }
-  if (p.observe) {
-    // Make sure every observed sequence tracks scores (exclusive, brief).
+  // Every observed sequence must track scores: enabling takes the pool lock
+  // exclusively; the state is checked again under the shared lock (a
+  // sequence may have been freed and created again in between).
+  std::shared_lock lk(mu_, std::defer_lock);
+  for (;;) {
+    lk.lock();
     bool need = false;
-    {
-      std::shared_lock lk(mu_);
+    if (p.observe)
       for (size_t i = 0; i < n_seqs; ++i) need = need || !find(ids[i]).track_scores;
-    }
-    if (need) {
-      std::unique_lock lk(mu_);
-      for (size_t i = 0; i < n_seqs; ++i) enable_scores(find(ids[i]));
-    }
+    if (!need) break;
+    lk.unlock();
+    std::unique_lock ex(mu_);
+    for (size_t i = 0; i < n_seqs; ++i) enable_scores(find(ids[i]));
   }
-  std::shared_lock lk(mu_);
   check_layer(layer);
   for (size_t i = 0; i < n_seqs; ++i) {
     const Sequence &s = find(ids[i]);
@@ -353,8 +377,6 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
       fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
                                  u64s(ids[i]) + " holds " + u64s(l.n_tokens) +
                                  " tokens (append the chunk's K/V first)");
-    if (p.observe && l.scores.size() != l.n_tokens * cfg_.num_kv_heads)
-      fail(Errc::Internal, "score array out of step with the layer");
   }
   if (p.num_threads > 1 && !prefill && !p.observe) {
     std::vector<const LayerTable *> tables(n_seqs);
@@ -363,16 +385,18 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
     convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
     return;
   }
+  if (p.observe == 2) {  // replace: clear every observed sequence first (an id may repeat in the batch)
+    std::lock_guard<std::mutex> g(scores_mu_);
+    for (size_t i = 0; i < n_seqs; ++i) {
+      LayerTable &l = const_cast<Sequence &>(find(ids[i])).layers[layer];
+      std::fill(l.scores.begin(), l.scores.end(), 0.0f);
+    }
+  }
   for (size_t i = 0; i < n_seqs; ++i) {
     Sequence &s = const_cast<Sequence &>(find(ids[i]));
     LayerTable &l = s.layers[layer];
-    float *obs = nullptr;
-    if (p.observe) {
-      obs = l.scores.data();
-      if (p.observe == 2) std::fill(l.scores.begin(), l.scores.end(), 0.0f);
-    }
     attend_one(layer, l, qf + i * per_seq, n_q, prefill, of + i * per_seq, lf + i * n_q * p.num_q_heads, p,
-               obs);
+               p.observe ? l.scores.data() : nullptr);
   }
   convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
 }

@@ -31,19 +31,30 @@ const PolicySpec *Pool::policy_of(const Sequence &s) const {
   return default_policy_.get();
 }
 
+// Policies this pool cannot run are refused when attached, not at the first
+// reservation that would evict.
+void Pool::check_policy_fits(const PolicySpec *p) const {
+  if (!p) return;
+  if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
+    fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+  if (p->shift_positions && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor)
+    fail(Errc::Unsupported, "the policy shifts positions but keys use one scale per tensor: rotated keys can "
+                            "exceed it (use per-token or per-group scales)");
+  if (p->auto_evict && p->kind != PolicyKind::None && residual())
+    fail(Errc::Unsupported, "auto-eviction in a pool with a residual window or hybrid precision is not supported");
+}
+
 void Pool::set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p) {
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
-  if (p && p->shift_positions && cfg_.rope_style == RopeStyle::None)
-    fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+  check_policy_fits(p.get());
   if (p && p->needs_scores()) enable_scores(s);
   s.policy = std::move(p);
 }
 
 void Pool::set_default_policy(std::shared_ptr<const PolicySpec> p) {
   std::unique_lock lk(mu_);
-  if (p && p->shift_positions && cfg_.rope_style == RopeStyle::None)
-    fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+  check_policy_fits(p.get());
   default_policy_ = std::move(p);
 }
 
@@ -71,6 +82,7 @@ void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) cons
   if (n != l.n_tokens)
     fail(Errc::BufferTooSmall, "layer " + u64s(layer) + " holds " + u64s(l.n_tokens) + " tokens, not " + u64s(n));
   const uint64_t cnt = n * cfg_.num_kv_heads;
+  std::lock_guard<std::mutex> g(scores_mu_);  // observing attention writes them under the shared lock
   if (s.track_scores) std::memcpy(out, l.scores.data(), cnt * sizeof(float));
   else std::fill(out, out + cnt, 0.0f);
 }
@@ -163,7 +175,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     } else {
       target = layer_target(p, li, nl, n);
     }
-    if (n == 0 || target >= n) continue;
+    if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
     if (residual())
       fail(Errc::Unsupported, "eviction in a pool with a residual window or hybrid precision (KIVI, "
                               "per-channel keys) is not supported: their tokens are encoded in groups");
@@ -195,6 +207,9 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     const bool sh = p.shift_positions || l.rope_by_index;
     if (sh && cfg_.rope_style == RopeStyle::None)
       fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+    if (sh && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor)
+      fail(Errc::Unsupported, "shifting positions re-rotates keys, which one scale per tensor cannot hold "
+                              "(use per-token or per-group key scales); nothing changed");
     shift[li] = sh;
     uint64_t fw = k.size();
     for (uint64_t j = 0; j < k.size(); ++j)

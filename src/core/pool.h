@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -267,6 +268,7 @@ class Pool {
   uint64_t bytes_in_use() const;
   void enable_scores(Sequence &s);  // exclusive lock held; may throw bad_alloc (nothing changed)
   const PolicySpec *policy_of(const Sequence &s) const;
+  void check_policy_fits(const PolicySpec *p) const;
   // Plans and applies an eviction of every layer of `s` (exclusive lock
   // held): all checks first, then changes that cannot fail.
   void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped);
@@ -308,6 +310,7 @@ class Pool {
   void prefix_on_cached(int32_t b);                  // block b became cached: keep its chain's parents newer
   void prefix_drop_entry(uint32_t e, int32_t taken);
   mutable RwLock mu_;
+  mutable std::mutex scores_mu_;  // recorded attention scores (written under the shared lock)
 };
 
 }  // namespace kvc::core

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <atomic>
+#include <thread>
 #include <vector>
 
 #include "../common/kvtest.h"
@@ -397,6 +399,66 @@ KVTEST(threads_match_single) {
   std::vector<float> q = randn(row), out(row);
   CHECK_STATUS(kvc_attention_decode(p, 0, &ids[0], 1, q.data(), out.data(), nullptr, &a), KVC_ERR_INVALID_ARGUMENT);
   kvc_pool_destroy(p);
+}
+
+// Regressions of the adversarial review: q.k overflow stays defined, q x
+// scale overflow is refused, huge prefill chunks are range errors, replace
+// mode with a repeated id keeps both queries' mass, scores can be read while
+// attention records them (TSan runs this in CI).
+KVTEST(threads_review_regressions) {
+  Geo g;
+  g.layers = 1;
+  g.hq = g.hkv = 1;
+  g.hd = 4;
+  kvc_pool *p = make_pool(g);
+  CHECK_OK(kvc_seq_create(p, 1));
+  CHECK_OK(kvc_seq_reserve(p, 1, 2, nullptr));
+  std::vector<float> k(8, 1e19f), v(8, 1.0f);
+  CHECK_OK(kvc_append(p, 1, 0, 0, 2, k.data(), v.data(), KVC_DTYPE_F32));
+  const uint64_t id = 1;
+  kvc_attention_params a = params(g);
+  a.scale = 1.0f;
+  std::vector<float> q(4, 1e19f), out(4), lse(1);
+  CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a));
+  for (float x : out) CHECK_NEAR(x, 1.0f, 1e-6);
+  CHECK(std::isfinite(lse[0]));
+  a.scale = 3e38f;
+  std::vector<float> q2(4, 2.0f);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q2.data(), out.data(), lse.data(), &a), KVC_ERR_NON_FINITE);
+  a.scale = 0.0f;
+  CHECK_STATUS(kvc_attention_prefill(p, 0, id, q2.data(), uint64_t(1) << 31, out.data(), nullptr, &a),
+               KVC_ERR_OUT_OF_RANGE);
+  kvc_pool_destroy(p);
+  // Replace mode with the same sequence twice: both queries' probabilities.
+  Geo g2;
+  g2.layers = 1;
+  kvc_pool *r = make_pool(g2);
+  Seq s = fill(r, g2, 5, 9);
+  const uint64_t twice[2] = {5, 5};
+  std::vector<float> qq = randn(2 * g2.hq * g2.hd), oo(qq.size());
+  kvc_attention_params b = params(g2);
+  b.observe = KVC_OBSERVE_REPLACE;
+  CHECK_OK(kvc_attention_decode(r, 0, twice, 2, qq.data(), oo.data(), nullptr, &b));
+  std::vector<double> want(9 * g2.hkv, 0.0), ro, rl, pr;
+  for (int i = 0; i < 2; ++i) {
+    reference(g2, qq.data() + i * g2.hq * g2.hd, s.k[0], s.v[0], 9, 0.25f, ro, rl, &pr);
+    for (size_t t = 0; t < pr.size(); ++t) want[t] += pr[t];
+  }
+  std::vector<float> sc(9 * g2.hkv);
+  CHECK_OK(kvc_seq_scores(r, 5, 0, sc.data(), 9));
+  for (size_t t = 0; t < sc.size(); ++t) CHECK_NEAR(sc[t], want[t], 1e-5);
+  // Reading scores while another thread records them.
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    std::vector<float> buf(9 * g2.hkv);
+    while (!stop.load()) kvc_seq_scores(r, 5, 0, buf.data(), 9);
+  });
+  b.observe = KVC_OBSERVE_ACCUMULATE;
+  const uint64_t one = 5;
+  for (int i = 0; i < 300; ++i) CHECK_OK(kvc_attention_decode(r, 0, &one, 1, qq.data(), oo.data(), nullptr, &b));
+  stop = true;
+  reader.join();
+  kvc_pool_destroy(r);
 }
 
 // Bad input: a clear status, nothing written.

@@ -551,6 +551,43 @@ KVTEST(auto_evict_on_reserve) {
   kvc_pool_destroy(p);
 }
 
+// Policies a pool cannot run are refused when attached: auto-eviction with a
+// residual window, shifted positions with per-tensor key scales.
+KVTEST(unfit_policies_refused) {
+  Geo g;
+  kvc_codec c;
+  kvc_codec_init(&c);
+  c.dtype = KVC_DTYPE_INT8;
+  c.granularity = KVC_SCALE_PER_TOKEN;
+  kvc_pool *p = make_pool(g, 512, KVC_DTYPE_F16, &c, KVC_ROPE_NONE, 2);
+  fill(p, g, 1, 6);
+  kvc_policy *pol = policy(KVC_POLICY_STREAMING, 4, 0, [](kvc_policy_config *x) { x->auto_evict = 1; });
+  CHECK_STATUS(kvc_seq_set_policy(p, 1, pol), KVC_ERR_UNSUPPORTED);
+  CHECK_STATUS(kvc_pool_set_policy(p, pol), KVC_ERR_UNSUPPORTED);
+  CHECK_OK(kvc_seq_reserve(p, 1, 3, nullptr));  // still grows
+  kvc_policy_destroy(pol);
+  // A policy of kind none with a budget never touches the residual.
+  kvc_policy *none = policy(KVC_POLICY_NONE, 2);
+  uint64_t dropped[2] = {9, 9};
+  CHECK_OK(kvc_evict(p, 1, none, dropped));
+  CHECK(dropped[0] == 0 && dropped[1] == 0);
+  kvc_policy_destroy(none);
+  kvc_pool_destroy(p);
+  kvc_codec pt;
+  kvc_codec_init(&pt);
+  pt.dtype = KVC_DTYPE_INT8;
+  pt.granularity = KVC_SCALE_PER_TENSOR;
+  kvc_pool *q = make_pool(g, 512, KVC_DTYPE_F16, &pt, KVC_ROPE_NEOX);
+  fill(q, g, 1, 6);
+  kvc_policy *sh = policy(KVC_POLICY_STREAMING, 2, 0, [](kvc_policy_config *x) { x->shift_positions = 1; });
+  CHECK_STATUS(kvc_seq_set_policy(q, 1, sh), KVC_ERR_UNSUPPORTED);
+  CHECK_STATUS(kvc_evict(q, 1, sh, nullptr), KVC_ERR_UNSUPPORTED);
+  CHECK(positions(q, 1, 0).size() == 6);
+  CHECK(invariants_ok(q));
+  kvc_policy_destroy(sh);
+  kvc_pool_destroy(q);
+}
+
 // Pools with a residual window refuse eviction and stay unchanged.
 KVTEST(residual_pool_unsupported) {
   Geo g;
