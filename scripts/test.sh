@@ -55,7 +55,7 @@ configure_build() {  # DIR CMAKE_ARGS...
     { cat "$dir/configure.log"; return 1; }
   # Full log in the build folder; on failure show the failing commands and errors.
   if ! cmake --build "$dir" -j "$jobs" > "$dir/build.log" 2>&1; then
-    grep -E 'FAILED:|error' "$dir/build.log" | head -n 40
+    grep -E 'FAILED:|error|undefined reference' "$dir/build.log" | head -n 40
     echo "build failed: $dir/build.log" >&2
     return 1
   fi
@@ -103,7 +103,7 @@ stage_fuzz() {
     -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
   cmake --build "$dir" -j "$jobs" --target fuzz_pool_api > "$dir/build.log" 2>&1 ||
-    { grep -E "FAILED:|error" "$dir/build.log" | head -n 40; return 1; }
+    { grep -E "FAILED:|error|undefined reference" "$dir/build.log" | head -n 40; return 1; }
   sh tests/fuzz/run_fuzzer.sh "$dir" "$fuzz_seconds" 2>&1 |
     grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)'
   return "${PIPESTATUS[0]}"

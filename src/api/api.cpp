@@ -850,6 +850,8 @@ KVC_API void kvc_plugin_unload(kvc_plugin *plugin) { delete plugin; }
 KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin) { return plugin ? plugin->core->name() : nullptr; }
 
 
+}  // extern "C"
+
 namespace {
 constexpr size_t kPrefixConfigMin = offsetof(kvc_prefix_config, tokenizer_id) + sizeof(void *);
 constexpr size_t kPrefixResultMin = offsetof(kvc_prefix_result, partial_tokens) + sizeof(uint64_t);
@@ -1034,6 +1036,8 @@ KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn f
 }
 
 }  // extern "C"
+
+extern "C" {
 
 static const kvc_api g_api = {
     sizeof(kvc_api),

@@ -47,12 +47,18 @@ std::vector<uint8_t> fingerprint(const PoolConfig &c) {
 }
 
 PrefixKey extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
-  std::vector<uint8_t> b;
-  b.insert(b.end(), {'K', 'V', 'C', 'X'});
-  put_u32(b, nx);
+  uint64_t size = 8;
+  for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
+  std::vector<uint8_t> b(size);
+  uint8_t *p = b.data();
+  std::memcpy(p, "KVCX", 4);
+  for (int k = 0; k < 4; ++k) p[4 + k] = static_cast<uint8_t>(nx >> (8 * k));
+  p += 8;
   for (uint32_t i = 0; i < nx; ++i) {
-    for (int k = 0; k < 8; ++k) b.push_back(static_cast<uint8_t>(ex[i].size >> (8 * k)));
-    b.insert(b.end(), ex[i].data, ex[i].data + ex[i].size);
+    for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(ex[i].size >> (8 * k));
+    p += 8;
+    if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
+    p += ex[i].size;
   }
   return h.digest(b);
 }
