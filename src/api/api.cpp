@@ -1013,10 +1013,12 @@ KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats)
 KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn fn, void *user) {
   return guard([&] {
     auto &p = core_of(pool);
-    pool->prefix_callback.fn = fn;
-    pool->prefix_callback.user = user;
+    auto set_box = [&] {
+      pool->prefix_callback.fn = fn;
+      pool->prefix_callback.user = user;
+    };
     if (!fn) {
-      p.prefix_set_callback(nullptr, nullptr);
+      p.prefix_set_callback(nullptr, nullptr, set_box);
       return;
     }
     p.prefix_set_callback(
@@ -1031,7 +1033,7 @@ KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn f
           ev.depth = depth;
           box->fn(box->user, &ev);
         },
-        &pool->prefix_callback);
+        &pool->prefix_callback, set_box);
   });
 }
 

@@ -438,7 +438,10 @@ int32_t Pool::take_block() {
   int32_t reclaimed;
   const int32_t b = alloc_.allocate(&reclaimed);
   if (b < 0) fail(Errc::Internal, "block allocator empty after an availability check");
-  if (reclaimed >= 0) prefix_on_reclaim(reclaimed);  // a cached block leaves the prefix index
+  if (reclaimed >= 0) {
+    prefix_on_reclaim(reclaimed);  // a cached block leaves the prefix index
+    if (cfg_.flags & kFlagZeroOnFree) std::memset(block_ptr(b), 0, block_stride_);  // no tenant's K/V lingers
+  }
   return b;
 }
 
@@ -678,6 +681,8 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       LayerTable &l = s.layers[li];
       if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1)
         l.blocks.back() = cow_copy(l.blocks.back());
+      else if (l.n_tokens % bs != 0)
+        prefix_drop_block(l.blocks.back());  // its free slots will be written: it leaves the prefix index
       const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
       while (l.blocks.size() < target) l.blocks.push_back(take_block());
       if (slot_mapping) {

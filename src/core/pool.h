@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -229,7 +230,7 @@ class Pool {
   PrefixCounts prefix_counts() const;
   // White-box: the keys in the index (key_size bytes each, as strings).
   std::vector<std::string> prefix_registered_keys() const;
-  void prefix_set_callback(PrefixEventFn fn, void *user);
+  void prefix_set_callback(PrefixEventFn fn, void *user, const std::function<void()> &under_lock);
 
   // Debug / fuzz support: verifies every invariant (block states, reference
   // counts equal to the number of block-table entries, token counts); returns

@@ -53,6 +53,8 @@ void prefix_hash_force_constant(bool on);
 struct PrefixEntry {
   PrefixKey key, parent;
   PrefixKey extras;             // digest of the extra keys (partial matches stay within them)
+  std::vector<uint8_t> extras_bytes;  // the extra keys as encoded (verified on hits with verify_tokens)
+  int64_t parent_entry = -1;    // the parent's entry (-1: the root); verified on hits
   uint64_t depth = 0;           // 1 for the first block of a prompt
   std::vector<int32_t> blocks;  // one per layer
   std::vector<int32_t> tokens;  // block_size token ids

@@ -46,6 +46,34 @@ std::vector<uint8_t> fingerprint(const PoolConfig &c) {
   return b;
 }
 
+// The extra keys as encoded in the spec ("KVCX", count, length-prefixed bytes).
+std::vector<uint8_t> extras_encoding(const PrefixExtra *ex, uint32_t nx) {
+  uint64_t size = 8;
+  for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
+  std::vector<uint8_t> b(size);
+  uint8_t *p = b.data();
+  std::memcpy(p, "KVCX", 4);
+  for (int k = 0; k < 4; ++k) p[4 + k] = static_cast<uint8_t>(nx >> (8 * k));
+  p += 8;
+  for (uint32_t i = 0; i < nx; ++i) {
+    for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(ex[i].size >> (8 * k));
+    p += 8;
+    if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
+    p += ex[i].size;
+  }
+  return b;
+}
+
+// With verify_tokens, a hit must be the block itself, not just its key: the
+// same tokens, the same extra keys and the same parent (so a forced
+// collision can never return another prompt's, tenant's or position's KV).
+bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens, const std::vector<uint8_t> &xb,
+              int64_t parent_entry, uint64_t depth) {
+  if (!ps.verify_tokens) return true;
+  return en.depth == depth && en.parent_entry == parent_entry && en.extras_bytes == xb &&
+         std::equal(en.tokens.begin(), en.tokens.end(), tokens);
+}
+
 PrefixKey extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
   uint64_t size = 8;
   for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
@@ -86,15 +114,17 @@ void Pool::prefix_enable(const PrefixConfig &c) {
 }
 
 uint32_t Pool::prefix_key_size() const {
+  std::shared_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   return prefix_->hasher.key_size();
 }
 
 bool Pool::registered(int32_t b) const { return prefix_ && prefix_->block_entry[b] >= 0; }
 
-void Pool::prefix_set_callback(PrefixEventFn fn, void *user) {
+void Pool::prefix_set_callback(PrefixEventFn fn, void *user, const std::function<void()> &under_lock) {
   std::unique_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  if (under_lock) under_lock();  // the caller's state the callback reads, changed while no event can run
   prefix_->callback = fn;
   prefix_->user = user;
 }
@@ -200,13 +230,14 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const Prefix
   const uint64_t usable = n - 1;  // at least one token is always left to compute
   PrefixKey parent = ps.root;
   std::vector<uint8_t> scratch;
+  const std::vector<uint8_t> xb = ps.verify_tokens ? extras_encoding(ex, nx) : std::vector<uint8_t>{};
   int64_t last = -1;
   for (uint64_t i = 0; i < usable / bs; ++i) {
     const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
     const int64_t e = ps.map.find(k);
     if (e < 0) break;
     const PrefixEntry &en = ps.entries[static_cast<size_t>(e)];
-    if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;
+    if (!verified(ps, en, tokens + i * bs, xb, last, i + 1)) break;
     ++r.hit_blocks;
     last = e;
     parent = k;
@@ -218,7 +249,7 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const Prefix
     const std::vector<uint32_t> &cands = last >= 0 ? ps.entries[static_cast<uint64_t>(last)].children : ps.root_children;
     for (uint32_t c : cands) {
       const PrefixEntry &en = ps.entries[c];
-      if (!(en.extras == xd)) continue;
+      if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
       uint64_t m = 0;
       while (m < want && en.tokens[m] == tokens[r.hit_tokens + m]) ++m;
       r.partial_tokens = std::max(r.partial_tokens, m);
@@ -243,12 +274,13 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
     const uint64_t usable = n - 1;
     PrefixKey parent = ps.root;
     std::vector<uint8_t> scratch;
+    const std::vector<uint8_t> xb = ps.verify_tokens ? extras_encoding(ex, nx) : std::vector<uint8_t>{};
     for (uint64_t i = 0; i < usable / bs; ++i) {
       const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
       const int64_t e = ps.map.find(k);
       if (e < 0) break;
       const PrefixEntry &en = ps.entries[static_cast<size_t>(e)];
-      if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;
+      if (!verified(ps, en, tokens + i * bs, xb, path.empty() ? -1 : static_cast<int64_t>(path.back()), i + 1)) break;
       path.push_back(static_cast<uint32_t>(e));
       parent = k;
     }
@@ -260,7 +292,7 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
       const std::vector<uint32_t> &cands = path.empty() ? ps.root_children : ps.entries[path.back()].children;
       for (uint32_t c : cands) {
         const PrefixEntry &en = ps.entries[c];
-        if (!(en.extras == xd)) continue;
+        if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
         uint64_t m = 0;
         while (m < want && en.tokens[m] == tokens[r.hit_tokens + m]) ++m;
         if (m > r.partial_tokens) {
@@ -270,10 +302,24 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
       }
     }
   }
-  if (r.partial_tokens && alloc_.available() < nl + (part_src ? 0 : 0)) {
-    // Not enough blocks for the copies: fall back to whole blocks only.
-    r.partial_tokens = 0;
-    part_src = nullptr;
+  if (part_src) {
+    // The copies need nl fresh blocks; cached blocks this call references
+    // (the whole-block path, the pinned source) stop being available.
+    uint64_t pinned = 0;
+    std::vector<int32_t> seen;
+    auto count = [&](int32_t b) {
+      if (alloc_.state(b) == BlockAllocator::State::Cached && std::find(seen.begin(), seen.end(), b) == seen.end()) {
+        seen.push_back(b);
+        ++pinned;
+      }
+    };
+    for (uint32_t e : path)
+      for (int32_t b : ps.entries[e].blocks) count(b);
+    for (int32_t b : part_src->blocks) count(b);
+    if (alloc_.available() < nl + pinned) {  // not enough room: whole blocks only
+      r.partial_tokens = 0;
+      part_src = nullptr;
+    }
   }
   // Build the sequence (may throw before anything is referenced).
   auto s = std::make_unique<Sequence>();
@@ -330,6 +376,7 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     full = std::min(full, l.n_lp / bs);
   }
   const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
+  const std::vector<uint8_t> xb = extras_encoding(ex, nx);
   PrefixKey parent = ps.root;
   std::vector<uint8_t> scratch;
   uint64_t added = 0;
@@ -339,7 +386,7 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     const int64_t found = ps.map.find(k);
     if (found >= 0) {  // already registered (by this sequence or with the same content by another)
       const PrefixEntry &en = ps.entries[static_cast<size_t>(found)];
-      if (ps.verify_tokens && !std::equal(en.tokens.begin(), en.tokens.end(), tokens + i * bs)) break;  // collision
+      if (!verified(ps, en, tokens + i * bs, xb, parent_entry, i + 1)) break;  // a collision: stop
       parent = k;
       parent_entry = found;
       continue;
@@ -359,6 +406,8 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     en.key = k;
     en.parent = parent;
     en.extras = xd;
+    en.extras_bytes = ps.verify_tokens ? xb : std::vector<uint8_t>{};
+    en.parent_entry = parent_entry;
     en.depth = i + 1;
     en.blocks.resize(nl);
     for (uint64_t li = 0; li < nl; ++li) {

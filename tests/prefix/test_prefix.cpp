@@ -481,6 +481,99 @@ KVTEST(threads_lookup_append) {
   kvc_pool_destroy(p);
 }
 
+// Regressions of the adversarial review: a partial attach on a full pool
+// falls back to whole blocks; reclaimed cached blocks are zeroed with
+// ZERO_ON_FREE; a forced collision never serves another tenant's, parent's or
+// depth's block; reserving into a registered block removes it first.
+KVTEST(review_regressions) {
+  {
+    kvc_pool *p = make_pool(4, 4, 1);
+    request(p, 1, range(1, 9), false);
+    CHECK_OK(kvc_seq_free(p, 1));
+    CHECK_OK(kvc_seq_create(p, 2));
+    CHECK_OK(kvc_seq_reserve(p, 2, 8, nullptr));  // takes both free blocks
+    kvc_prefix_result r;
+    r.struct_size = sizeof r;
+    const std::vector<int32_t> t = {1, 2, 3, 4, 5, 6, 9, 9};
+    CHECK_OK(kvc_prefix_attach(p, 3, t.data(), t.size(), nullptr, 0, KVC_PREFIX_PARTIAL, &r));
+    CHECK(r.hit_tokens == 4 && r.partial_tokens == 0);  // no room for the copy: skipped
+    uint64_t len = 0;
+    CHECK_OK(kvc_seq_length(p, 3, &len));
+    CHECK(len == 4);
+    CHECK(consistent(p));
+    kvc_pool_destroy(p);
+  }
+  {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = 1;
+    c.num_q_heads = c.num_kv_heads = 2;
+    c.head_dim = 4;
+    c.block_size = 4;
+    c.num_blocks = 2;
+    c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+    c.flags = KVC_POOL_ZERO_ON_FREE;
+    kvc_pool *p = nullptr;
+    CHECK_OK(kvc_pool_create(&c, &p));
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+    request(p, 1, range(1, 5), false);
+    CHECK_OK(kvc_seq_free(p, 1));  // cached
+    CHECK_OK(kvc_seq_create(p, 2));
+    CHECK_OK(kvc_seq_reserve(p, 2, 8, nullptr));  // reclaims it
+    std::vector<float> k(8 * 8, 7.0f);
+    CHECK_OK(kvc_gather(p, 2, 0, 0, 8, k.data(), nullptr, KVC_DTYPE_F32, nullptr));
+    for (float x : k) CHECK(x == 0.0f);
+    kvc_pool_destroy(p);
+  }
+  {
+    kvc::core::prefix_hash_force_constant(true);
+    kvc_pool *p = make_pool(4, 64, 1);
+    const kvc_prefix_extra a = {"tenantA", 7}, b = {"tenantB", 7};
+    request(p, 1, range(1, 5), false, &a, 1);
+    CHECK(lookup(p, {1, 2, 3, 4, 5}, &b, 1).hit_tokens == 0);
+    const kvc_prefix_result rp = lookup(p, {1, 2, 3, 9, 9}, &b, 1, KVC_PREFIX_PARTIAL);
+    CHECK(rp.partial_tokens == 0);
+    CHECK(lookup(p, {1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 9}, &a, 1).hit_tokens == 4);  // not the same block thrice
+    kvc_pool_destroy(p);
+    kvc::core::prefix_hash_force_constant(false);
+  }
+  {
+    kvc_pool *p = make_pool(4, 64, 1);
+    request(p, 1, range(1, 5), false);
+    CHECK_OK(kvc_seq_fork(p, 1, 2));
+    CHECK_OK(kvc_seq_truncate(p, 2, 2));  // shared: stays registered
+    CHECK_OK(kvc_seq_free(p, 1));
+    CHECK(stats(p).registered_blocks == 1);
+    CHECK_OK(kvc_seq_reserve(p, 2, 2, nullptr));  // its free slots will be written
+    CHECK(stats(p).registered_blocks == 0);
+    CHECK(consistent(p));
+    kvc_pool_destroy(p);
+  }
+}
+
+// Setting the event callback while another thread registers blocks (TSan in CI).
+KVTEST(threads_callback) {
+  kvc_pool *p = make_pool(4, 4096, 1);
+  EventLog log;
+  std::atomic<bool> stop{false};
+  std::thread toggler([&] {
+    while (!stop.load()) {
+      kvc_prefix_set_callback(p, on_event, &log);
+      kvc_prefix_set_callback(p, nullptr, nullptr);
+    }
+  });
+  for (int i = 0; i < 300; ++i) {
+    request(p, 100 + static_cast<uint64_t>(i), range(i * 8, i * 8 + 8), false);
+    CHECK_OK(kvc_seq_free(p, 100 + static_cast<uint64_t>(i)));
+  }
+  stop = true;
+  toggler.join();
+  CHECK(consistent(p));
+  kvc_pool_destroy(p);
+}
+
 // Bad input.
 KVTEST(bad_input) {
   kvc_pool_config c;
