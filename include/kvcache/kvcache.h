@@ -1383,9 +1383,10 @@ KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int3
  * Registers blocks [0, floor(n_tokens / block_size)) that every layer holds
  * unevicted; blocks already registered are skipped. A registered block leaves
  * the index (::KVC_PREFIX_REMOVED) before its content could change: before an
- * in-place kvc_append() into it, before eviction rewrites it, and when a
- * truncation cuts into it while one sequence alone holds it; shared blocks
- * are copied on write instead and stay registered.
+ * in-place kvc_append() into it, before eviction rewrites it, when a
+ * truncation cuts into it while one sequence alone holds it, and when
+ * kvc_seq_reserve() hands out free slots of it; shared blocks are copied on
+ * write instead and stay registered.
  * @param pool the pool (not NULL; prefix cache enabled).
  * @param seq_id a live sequence whose first n_tokens positions hold `tokens`.
  * @param tokens `[n_tokens]` token ids.
