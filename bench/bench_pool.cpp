@@ -18,19 +18,11 @@
 #include <cstring>
 #include <vector>
 
+#include "bench_common.h"
 #include "kvcache/kvcache.h"
 
 namespace {
 
-void die(const char *what, kvc_status s) {
-  std::fprintf(stderr, "%s: %s (%s)\n", what, kvc_status_string(s), kvc_last_error_message());
-  std::abort();
-}
-#define OK(call)                              \
-  do {                                        \
-    const kvc_status s_ = (call);             \
-    if (s_ != KVC_OK) die(#call, s_);         \
-  } while (0)
 
 kvc_pool *make_pool(uint32_t layers, uint32_t kv_heads, uint32_t head_dim, uint64_t blocks) {
   kvc_pool_config c;

@@ -17,19 +17,11 @@
 #include <numeric>
 #include <vector>
 
+#include "bench_common.h"
 #include "kvcache/kvcache.h"
 
 namespace {
 
-void die(const char *what, kvc_status s) {
-  std::fprintf(stderr, "%s: %s (%s)\n", what, kvc_status_string(s), kvc_last_error_message());
-  std::abort();
-}
-#define OK(call)                      \
-  do {                                \
-    const kvc_status s_ = (call);     \
-    if (s_ != KVC_OK) die(#call, s_); \
-  } while (0)
 
 constexpr uint32_t kBs = 16;
 

@@ -5,7 +5,6 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 namespace kvc::core {
@@ -15,13 +14,6 @@ enum class PrefixHash : int32_t { Sha256 = 0, Xxh3_128 = 1 };
 struct PrefixKey {
   std::array<uint8_t, 32> b{};  // SHA-256: 32 bytes; XXH3-128: 16 bytes, the rest 0
   bool operator==(const PrefixKey &o) const { return b == o.b; }
-};
-struct PrefixKeyHash {
-  size_t operator()(const PrefixKey &k) const {
-    uint64_t v;
-    __builtin_memcpy(&v, k.b.data(), 8);
-    return static_cast<size_t>(v);
-  }
 };
 
 struct PrefixExtra {

@@ -75,20 +75,7 @@ bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *token
 }
 
 PrefixKey extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
-  uint64_t size = 8;
-  for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
-  std::vector<uint8_t> b(size);
-  uint8_t *p = b.data();
-  std::memcpy(p, "KVCX", 4);
-  for (int k = 0; k < 4; ++k) p[4 + k] = static_cast<uint8_t>(nx >> (8 * k));
-  p += 8;
-  for (uint32_t i = 0; i < nx; ++i) {
-    for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(ex[i].size >> (8 * k));
-    p += 8;
-    if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
-    p += ex[i].size;
-  }
-  return h.digest(b);
+  return h.digest(extras_encoding(ex, nx));
 }
 }  // namespace
 
@@ -210,12 +197,48 @@ void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const PrefixExtra *ex,
 }
 
 namespace {
-// Walks the chain of tokens[0, limit) (whole blocks) through the index.
+// Walks a prompt's chain through the index: the whole blocks found (path)
+// among the first n - 1 tokens, and with `partial` the cached child block
+// whose start matches the most following tokens (same extra keys).
 struct Walk {
-  uint64_t hits = 0;
-  int64_t last = -1;  // entry of the last hit
   std::vector<uint32_t> path;
+  uint64_t partial_tokens = 0;
+  int64_t partial_entry = -1;
 };
+Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+          bool partial) {
+  Walk w;
+  if (n <= 1) return w;
+  const uint64_t usable = n - 1;  // at least one token is always left to compute
+  PrefixKey parent = ps.root;
+  std::vector<uint8_t> scratch;
+  const std::vector<uint8_t> xb = ps.verify_tokens ? extras_encoding(ex, nx) : std::vector<uint8_t>{};
+  for (uint64_t i = 0; i < usable / bs; ++i) {
+    const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    const int64_t e = ps.map.find(k);
+    if (e < 0) break;
+    const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
+    if (!verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1)) break;
+    w.path.push_back(static_cast<uint32_t>(e));
+    parent = k;
+  }
+  const uint64_t hit = w.path.size() * bs;
+  if (!partial || hit >= usable) return w;
+  const uint64_t want = std::min<uint64_t>(bs - 1, usable - hit);
+  const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
+  const std::vector<uint32_t> &cands = w.path.empty() ? ps.root_children : ps.entries[w.path.back()].children;
+  for (uint32_t c : cands) {
+    const PrefixEntry &en = ps.entries[c];
+    if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
+    uint64_t m = 0;
+    while (m < want && en.tokens[m] == tokens[hit + m]) ++m;
+    if (m > w.partial_tokens) {
+      w.partial_tokens = m;
+      w.partial_entry = c;
+    }
+  }
+  return w;
+}
 }  // namespace
 
 PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
@@ -225,36 +248,11 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const Prefix
   const PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size;
   PrefixResult r;
-  ps.stats.queried_tokens.fetch_add(n, std::memory_order_relaxed);
-  if (n <= 1) return r;
-  const uint64_t usable = n - 1;  // at least one token is always left to compute
-  PrefixKey parent = ps.root;
-  std::vector<uint8_t> scratch;
-  const std::vector<uint8_t> xb = ps.verify_tokens ? extras_encoding(ex, nx) : std::vector<uint8_t>{};
-  int64_t last = -1;
-  for (uint64_t i = 0; i < usable / bs; ++i) {
-    const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
-    const int64_t e = ps.map.find(k);
-    if (e < 0) break;
-    const PrefixEntry &en = ps.entries[static_cast<size_t>(e)];
-    if (!verified(ps, en, tokens + i * bs, xb, last, i + 1)) break;
-    ++r.hit_blocks;
-    last = e;
-    parent = k;
-  }
+  const Walk w = walk(ps, bs, tokens, n, ex, nx, partial);
+  r.hit_blocks = w.path.size();
   r.hit_tokens = r.hit_blocks * bs;
-  if (partial && r.hit_tokens < usable) {
-    const uint64_t want = std::min<uint64_t>(bs - 1, usable - r.hit_tokens);
-    const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
-    const std::vector<uint32_t> &cands = last >= 0 ? ps.entries[static_cast<uint64_t>(last)].children : ps.root_children;
-    for (uint32_t c : cands) {
-      const PrefixEntry &en = ps.entries[c];
-      if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
-      uint64_t m = 0;
-      while (m < want && en.tokens[m] == tokens[r.hit_tokens + m]) ++m;
-      r.partial_tokens = std::max(r.partial_tokens, m);
-    }
-  }
+  r.partial_tokens = w.partial_tokens;
+  ps.stats.queried_tokens.fetch_add(n, std::memory_order_relaxed);
   ps.stats.hit_tokens.fetch_add(r.hit_tokens, std::memory_order_relaxed);
   ps.stats.partial_tokens.fetch_add(r.partial_tokens, std::memory_order_relaxed);
   return r;
@@ -268,40 +266,12 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
   PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
   PrefixResult r;
-  std::vector<uint32_t> path;
-  const PrefixEntry *part_src = nullptr;
-  if (n > 1) {
-    const uint64_t usable = n - 1;
-    PrefixKey parent = ps.root;
-    std::vector<uint8_t> scratch;
-    const std::vector<uint8_t> xb = ps.verify_tokens ? extras_encoding(ex, nx) : std::vector<uint8_t>{};
-    for (uint64_t i = 0; i < usable / bs; ++i) {
-      const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
-      const int64_t e = ps.map.find(k);
-      if (e < 0) break;
-      const PrefixEntry &en = ps.entries[static_cast<size_t>(e)];
-      if (!verified(ps, en, tokens + i * bs, xb, path.empty() ? -1 : static_cast<int64_t>(path.back()), i + 1)) break;
-      path.push_back(static_cast<uint32_t>(e));
-      parent = k;
-    }
-    r.hit_blocks = path.size();
-    r.hit_tokens = r.hit_blocks * bs;
-    if (partial && r.hit_tokens < usable) {
-      const uint64_t want = std::min<uint64_t>(bs - 1, usable - r.hit_tokens);
-      const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
-      const std::vector<uint32_t> &cands = path.empty() ? ps.root_children : ps.entries[path.back()].children;
-      for (uint32_t c : cands) {
-        const PrefixEntry &en = ps.entries[c];
-        if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
-        uint64_t m = 0;
-        while (m < want && en.tokens[m] == tokens[r.hit_tokens + m]) ++m;
-        if (m > r.partial_tokens) {
-          r.partial_tokens = m;
-          part_src = &en;
-        }
-      }
-    }
-  }
+  const Walk w = walk(ps, bs, tokens, n, ex, nx, partial);
+  const std::vector<uint32_t> &path = w.path;
+  const PrefixEntry *part_src = w.partial_entry >= 0 ? &ps.entries[static_cast<size_t>(w.partial_entry)] : nullptr;
+  r.hit_blocks = path.size();
+  r.hit_tokens = r.hit_blocks * bs;
+  r.partial_tokens = w.partial_tokens;
   if (part_src) {
     // The copies need nl fresh blocks; cached blocks this call references
     // (the whole-block path, the pinned source) stop being available.
