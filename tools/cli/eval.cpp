@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -44,7 +45,12 @@ struct WindowSums {
   std::int64_t top1 = 0, tokens = 0, positions = 0;
   // Cache size at the end of the window (full windows only): bytes in use
   // (codes, scales, zero points, residual blocks) and tokens held (all layers).
-  double bytes_at_end = 0, tokens_at_end = 0;
+  double bytes_at_end = 0, tokens_at_end = 0, positions_at_end = 0;
+  // Negative log-likelihood and targets per segment of positions.
+  std::vector<double> seg_nll;
+  std::vector<std::int64_t> seg_tokens;
+  double late_nll = 0;  // targets at positions [ctx / 2, ctx)
+  std::int64_t late_tokens = 0;
 };
 
 struct Window {
@@ -91,13 +97,19 @@ EvalReport run_eval(const EvalOptions &opt) {
   rep.num_kv_heads = c.n_kv_heads;
   rep.head_dim = c.head_dim();
 
-  const int ctx = opt.ctx == 0 ? c.seq_len : opt.ctx;
-  if (ctx < 2 || ctx > c.seq_len) {
+  const int ctx = opt.ctx != 0 ? opt.ctx : opt.long_context ? kLongContextFactor * c.seq_len : c.seq_len;
+  if (ctx < 2 || ctx > kMaxEvalContext) {
     throw RunnerError("--ctx " + std::to_string(ctx) + " is out of range: must be 2.." +
-                      std::to_string(c.seq_len) + " (the model's seq_len)");
+                      std::to_string(kMaxEvalContext) + " (the model's trained context is " +
+                      std::to_string(c.seq_len) + ")");
   }
   if (opt.max_tokens < 0) throw RunnerError("--max-tokens must be >= 0");
+  if (opt.segment < 0) throw RunnerError("--segment must be >= 1 (0: the model's seq_len)");
   rep.ctx = ctx;
+  rep.trained_context = c.seq_len;
+  const int segment = opt.segment > 0 ? opt.segment : c.seq_len;
+  rep.segment = segment;
+  const std::size_t n_segments = static_cast<std::size_t>((ctx - 1) / segment + 1);
 
   std::vector<int> tokens = tokenizer.encode(text, false, false);
   if (tokens.empty()) throw RunnerError("text file '" + rep.text_path + "' holds no tokens");
@@ -152,7 +164,8 @@ EvalReport run_eval(const EvalOptions &opt) {
     pc.schedule = s.schedule;
     pc.shift_positions = s.shift_positions ? 1u : 0u;
     if (s.protocol == Strategy::Protocol::Stream) {
-      pc.budget_tokens = static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
+      pc.budget_tokens = s.budget_tokens ? s.budget_tokens
+                                         : static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
       pc.auto_evict = 1;
     } else {
       pc.compression_ratio = 1.0 - s.budget;  // kvpress: the fraction dropped from the prefill
@@ -165,7 +178,10 @@ EvalReport run_eval(const EvalOptions &opt) {
   threads = std::max(1, std::min(threads, rep.windows));
   rep.threads = threads;
 
-  std::vector<std::vector<WindowSums>> sums(windows.size(), std::vector<WindowSums>(n_rows));
+  WindowSums blank;
+  blank.seg_nll.assign(n_segments, 0.0);
+  blank.seg_tokens.assign(n_segments, 0);
+  std::vector<std::vector<WindowSums>> sums(windows.size(), std::vector<WindowSums>(n_rows, blank));
   std::vector<WindowSums> array_sums(windows.size());
   std::vector<kvc_stats> row_stats(n_rows);
   std::vector<std::uint64_t> row_peak(n_rows, 0);
@@ -180,7 +196,7 @@ EvalReport run_eval(const EvalOptions &opt) {
 
   auto worker = [&](int) {
     try {
-      Transformer transformer(model);
+      Transformer transformer(model, ctx);
       std::vector<std::unique_ptr<KvPool>> pools;
       for (const Strategy &s : rows) {
         kvc_runner::PoolSettings ps;
@@ -251,11 +267,19 @@ EvalReport run_eval(const EvalOptions &opt) {
             }
             acc.nll -= logp[target];
             ++acc.tokens;
+            const std::size_t seg = static_cast<std::size_t>((pos + 1) / segment);  // the target's position
+            acc.seg_nll[seg] -= logp[target];
+            ++acc.seg_tokens[seg];
+            if (2 * (pos + 1) >= ctx) {
+              acc.late_nll -= logp[target];
+              ++acc.late_tokens;
+            }
           }
           if (n_pos == ctx || windows.size() == 1) {  // the cache of a whole window, measured
             const kvc_stats st = pools[r]->stats();
             acc.bytes_at_end += double(st.bytes_in_use);
             acc.tokens_at_end += double(st.tokens_stored);
+            acc.positions_at_end += double(n_pos) * c.n_layers;
           }
           positions_done += n_pos;
         }
@@ -323,6 +347,17 @@ EvalReport run_eval(const EvalOptions &opt) {
       total.positions += s.positions;
       total.bytes_at_end += s.bytes_at_end;
       total.tokens_at_end += s.tokens_at_end;
+      total.positions_at_end += s.positions_at_end;
+      total.late_nll += s.late_nll;
+      total.late_tokens += s.late_tokens;
+      if (total.seg_nll.empty()) {
+        total.seg_nll.assign(n_segments, 0.0);
+        total.seg_tokens.assign(n_segments, 0);
+      }
+      for (std::size_t k = 0; k < n_segments; ++k) {
+        total.seg_nll[k] += s.seg_nll[k];
+        total.seg_tokens[k] += s.seg_tokens[k];
+      }
     }
     StrategyResult &res = row_results[r];
     res.strategy = rows[r].spec;
@@ -340,6 +375,13 @@ EvalReport run_eval(const EvalOptions &opt) {
     res.kl_mean = total.kl / double(total.tokens);
     res.top1_agreement = double(total.top1) / double(total.tokens);
     res.ms_per_token = total.seconds * 1000.0 / double(total.positions);
+    res.kept_fraction = total.positions_at_end > 0 ? total.tokens_at_end / total.positions_at_end : 1.0;
+    res.effective_bits_per_element = res.bits_per_element * res.kept_fraction;
+    for (std::size_t k = 0; k < n_segments; ++k) {
+      res.segment_ppl.push_back(total.seg_tokens[k] > 0 ? std::exp(total.seg_nll[k] / double(total.seg_tokens[k]))
+                                                        : 0.0);
+    }
+    res.second_half_ppl = total.late_tokens > 0 ? std::exp(total.late_nll / double(total.late_tokens)) : 0.0;
     if (r == 0) rep.positions_fed = total.positions;
   }
   for (StrategyResult &res : row_results) {
@@ -393,10 +435,17 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
   std::fprintf(out, "text    %s\n", rep.text_path.c_str());
   std::fprintf(out,
                "scored  %lld tokens in %d windows of ctx %d (teacher forcing, each window starts "
-               "with BOS); reference: dense f32\n\n",
+               "with BOS); reference: dense f32\n",
                static_cast<long long>(rep.tokens_scored), rep.windows, rep.ctx);
+  if (rep.ctx > rep.trained_context) {
+    std::fprintf(out,
+                 "note    ctx %d is above the model's trained context of %d positions: dense caches run "
+                 "positions it never saw\n",
+                 rep.ctx, rep.trained_context);
+  }
+  std::fprintf(out, "\n");
   std::vector<std::vector<std::string>> cells;
-  cells.push_back({"strategy", "bits/elem", "KV B/token", "peak KV", "vs f16", "ppl", "ppl Δ%",
+  cells.push_back({"strategy", "bits/elem", "KV B/token", "kept", "peak KV", "vs f16", "ppl", "ppl Δ%",
                    "KL mean", "top-1", "ms/token"});
   char buf[64];
   for (const StrategyResult &r : rep.results) {
@@ -405,6 +454,8 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     std::snprintf(buf, sizeof buf, "%.2f", r.bits_per_element);
     row.push_back(buf);
     row.push_back(std::to_string(r.kv_bytes_per_token));
+    std::snprintf(buf, sizeof buf, "%.1f%%", r.kept_fraction * 100.0);
+    row.push_back(buf);
     row.push_back(human_bytes(double(r.peak_kv_bytes)));
     std::snprintf(buf, sizeof buf, "%.2fx", r.compression_vs_f16);
     row.push_back(buf);
@@ -445,10 +496,39 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     }
   }
   std::fprintf(out,
-               "\nKL: mean KL(dense f32 || strategy) over the full vocabulary, nats per token; top-1: "
+               "\nkept: K/V tokens held at the end of a full window over positions fed (eviction); "
+               "KL: mean KL(dense f32 || strategy) over the full vocabulary, nats per token; top-1: "
                "share of positions whose argmax equals the dense one;\nms/token: CPU time of "
                "the forward pass with the cache, per position. Wall time %.1f s on %d thread(s).\n",
                rep.wall_seconds, rep.threads);
+  const std::size_t n_segments = rep.results.empty() ? 0 : rep.results[0].segment_ppl.size();
+  if (n_segments > 1) {
+    std::fprintf(out, "\nperplexity per segment of %d positions (targets at positions [from, to)):\n\n",
+                 rep.segment);
+    std::string head = "strategy";
+    std::size_t name_w = head.size();
+    for (const StrategyResult &r : rep.results) name_w = std::max(name_w, r.strategy.size());
+    std::string line = head + std::string(name_w - head.size(), ' ');
+    for (std::size_t k = 0; k < n_segments; ++k) {
+      const int from = static_cast<int>(k) * rep.segment, to = std::min(rep.ctx, from + rep.segment);
+      std::snprintf(buf, sizeof buf, "%d-%d", from, to);
+      line += "  " + std::string(std::max<int>(0, 10 - static_cast<int>(std::strlen(buf))), ' ') + buf;
+    }
+    std::snprintf(buf, sizeof buf, "%d-%d / 0-%d", rep.ctx / 2, rep.ctx, rep.segment);
+    line += "  " + std::string(buf);
+    std::fprintf(out, "%s\n%s\n", line.c_str(), std::string(line.size(), '-').c_str());
+    for (const StrategyResult &r : rep.results) {
+      line = r.strategy + std::string(name_w - r.strategy.size(), ' ');
+      for (double p : r.segment_ppl) {
+        std::snprintf(buf, sizeof buf, "%10.4f", p);
+        line += "  " + std::string(buf);
+      }
+      const double ratio = r.segment_ppl[0] > 0 ? r.second_half_ppl / r.segment_ppl[0] : 0.0;
+      std::snprintf(buf, sizeof buf, "%.3fx", ratio);
+      line += "  " + std::string(buf);
+      std::fprintf(out, "%s\n", line.c_str());
+    }
+  }
   if (rep.has_overhead) {
     std::fprintf(out,
                  "Overhead: plain array cache %.4f ms/token, f32 pool %.4f ms/token: %.3fx\n",
@@ -464,6 +544,8 @@ std::string eval_json(const EvalReport &rep) {
   j["tokenizer"] = rep.tokenizer_path;
   j["text"] = rep.text_path;
   j["ctx"] = rep.ctx;
+  j["trained_context"] = rep.trained_context;
+  j["segment"] = rep.segment;
   j["windows"] = rep.windows;
   j["tokens_scored"] = rep.tokens_scored;
   j["geometry"] = {{"num_layers", rep.num_layers},
@@ -486,6 +568,10 @@ std::string eval_json(const EvalReport &rep) {
     o["kl_mean"] = r.kl_mean;
     o["top1_agreement"] = r.top1_agreement;
     o["ms_per_token"] = r.ms_per_token;
+    o["kept_fraction"] = r.kept_fraction;
+    o["effective_bits_per_element"] = r.effective_bits_per_element;
+    o["segment_ppl"] = r.segment_ppl;
+    o["second_half_ppl"] = r.second_half_ppl;
     results.push_back(o);
   }
   j["results"] = results;
@@ -532,22 +618,51 @@ void write_plot(const EvalReport &rep, const std::string &path) {
   const std::string ext = extension_of(path);
   FILE *gp = popen("gnuplot", "w");
   if (gp == nullptr) throw RunnerError("cannot start gnuplot");
-  std::fprintf(gp, "set terminal %s size 900,600\n", ext == "svg" ? "svg" : "png");
+  std::fprintf(gp, "set terminal %s size 1000,650\n", ext == "svg" ? "svg" : "png");
   std::fprintf(gp, "set output %s\n", gnuplot_quote(path).c_str());
-  std::fprintf(gp, "set title %s\n",
-               gnuplot_quote("KV-cache quality loss vs storage size: " + rep.model + ", " +
-                             std::to_string(rep.tokens_scored) + " tokens, ctx " +
-                             std::to_string(rep.ctx)).c_str());
-  std::fprintf(gp, "set xlabel 'bits per stored K/V element'\n");
-  std::fprintf(gp, "set ylabel 'mean KL(dense f32 || strategy), nats per token'\n");
-  std::fprintf(gp, "set grid\nset key off\nset offsets graph 0.08, graph 0.08, graph 0.1, graph 0.1\n");
-  std::fprintf(gp, "$data << EOD\n");
-  for (const StrategyResult &r : rep.results) {
-    std::fprintf(gp, "%.6f %.9g \"%s\"\n", r.bits_per_element, r.kl_mean, r.strategy.c_str());
+  std::fprintf(gp, "set grid\n");
+  const std::size_t n_segments = rep.results.empty() ? 0 : rep.results[0].segment_ppl.size();
+  if (n_segments > 1) {
+    // Long context: perplexity per segment, one line per strategy.
+    std::fprintf(gp, "set title %s\n",
+                 gnuplot_quote("Perplexity per segment of " + std::to_string(rep.segment) + " positions: " +
+                               rep.model + ", ctx " + std::to_string(rep.ctx) + " (trained " +
+                               std::to_string(rep.trained_context) + "), " +
+                               std::to_string(rep.tokens_scored) + " tokens").c_str());
+    std::fprintf(gp, "set xlabel 'position (start of segment)'\nset ylabel 'perplexity'\n");
+    std::fprintf(gp, "set logscale y\nset key top left\n");
+    std::fprintf(gp, "set arrow from %d, graph 0 to %d, graph 1 nohead dashtype 2\n", rep.trained_context,
+                 rep.trained_context);
+    for (std::size_t r = 0; r < rep.results.size(); ++r) {
+      std::fprintf(gp, "$s%zu << EOD\n", r);
+      for (std::size_t k = 0; k < n_segments; ++k) {
+        if (rep.results[r].segment_ppl[k] > 0)
+          std::fprintf(gp, "%zu %.9g\n", k * static_cast<std::size_t>(rep.segment), rep.results[r].segment_ppl[k]);
+      }
+      std::fprintf(gp, "EOD\n");
+    }
+    std::string cmd = "plot ";
+    for (std::size_t r = 0; r < rep.results.size(); ++r) {
+      cmd += (r ? ", " : "") + std::string("$s") + std::to_string(r) + " using 1:2 with linespoints lw 2 title " +
+             gnuplot_quote(rep.results[r].strategy + (rep.results[r].reference ? " (dense)" : ""));
+    }
+    std::fprintf(gp, "%s\n", cmd.c_str());
+  } else {
+    std::fprintf(gp, "set title %s\n",
+                 gnuplot_quote("KV-cache quality loss vs storage size: " + rep.model + ", " +
+                               std::to_string(rep.tokens_scored) + " tokens, ctx " +
+                               std::to_string(rep.ctx)).c_str());
+    std::fprintf(gp, "set xlabel 'effective bits per K/V element (bits of a held token x share of tokens held)'\n");
+    std::fprintf(gp, "set ylabel 'perplexity change vs dense f32 (%%)'\n");
+    std::fprintf(gp, "set key off\nset offsets graph 0.08, graph 0.08, graph 0.1, graph 0.1\n");
+    std::fprintf(gp, "$data << EOD\n");
+    for (const StrategyResult &r : rep.results) {
+      std::fprintf(gp, "%.6f %.9g \"%s\"\n", r.effective_bits_per_element, r.ppl_delta_pct, r.strategy.c_str());
+    }
+    std::fprintf(gp, "EOD\n");
+    std::fprintf(gp, "plot $data using 1:2 with points pt 7 ps 1.5, "
+                     "$data using 1:2:3 with labels offset 0,1.2 rotate by 20 font ',8'\n");
   }
-  std::fprintf(gp, "EOD\n");
-  std::fprintf(gp, "plot $data using 1:2 with points pt 7 ps 1.5, "
-                   "$data using 1:2:3 with labels offset 0,1.2\n");
   const int rc = pclose(gp);
   if (rc != 0) throw RunnerError("gnuplot failed to write '" + path + "'");
 }

@@ -10,12 +10,21 @@
 
 namespace kvc_cli {
 
+/// The longest window `kvcache eval --ctx` accepts (positions, BOS included).
+constexpr int kMaxEvalContext = 65536;
+/// `kvcache eval --long`: windows of this many times the trained context...
+constexpr int kLongContextFactor = 8;
+/// ...and this many tokens scored by default (8 windows of 4,096 positions on stories260K).
+constexpr std::int64_t kLongEvalTokens = 32760;
+
 struct EvalOptions {
   std::string model = "stories260k";
   std::string tokenizer;     ///< empty: the model's own
   std::string text;          ///< empty: <shared>/data/tinystories-valid-sample.txt
   std::vector<Strategy> strategies;
-  int ctx = 0;               ///< 0: the model's seq_len
+  int ctx = 0;               ///< 0: the model's seq_len; above it runs past the trained context
+  bool long_context = false; ///< --long: ctx 0 means kLongContextFactor x seq_len
+  int segment = 0;           ///< perplexity per segment of this many positions (0: the model's seq_len)
   std::int64_t max_tokens = 32768;  ///< tokens scored (0: the whole text)
   int threads = 0;           ///< 0: one per core, at most one per window
   bool progress = true;      ///< progress bar on stderr (only when it is a terminal)
@@ -25,7 +34,9 @@ struct EvalOptions {
 struct StrategyResult {
   std::string strategy;
   bool reference = false;          ///< the dense f32 run every row is compared with
-  double bits_per_element = 0;
+  double bits_per_element = 0;     ///< of the tokens held (codes, scales, zero points, residual)
+  double kept_fraction = 1.0;      ///< tokens held at the end of a full window / positions fed
+  double effective_bits_per_element = 0;  ///< bits_per_element x kept_fraction
   std::uint64_t kv_bytes_per_token = 0;
   std::uint64_t peak_kv_bytes = 0;
   double compression_vs_f16 = 0;
@@ -34,11 +45,15 @@ struct StrategyResult {
   double kl_mean = 0;
   double top1_agreement = 0;
   double ms_per_token = 0;
+  std::vector<double> segment_ppl;  ///< perplexity of the targets at positions [k x segment, (k+1) x segment)
+  double second_half_ppl = 0;       ///< perplexity of the targets at positions [ctx / 2, ctx)
 };
 
 struct EvalReport {
   std::string model, model_path, tokenizer_path, text_path;
   int ctx = 0;
+  int trained_context = 0;  ///< the model's seq_len
+  int segment = 0;          ///< positions per segment of segment_ppl
   int windows = 0;
   std::int64_t tokens_scored = 0;
   std::int64_t positions_fed = 0;  ///< per strategy, BOS included
@@ -54,7 +69,9 @@ struct EvalReport {
 EvalReport run_eval(const EvalOptions &options);
 void print_eval_table(const EvalReport &report, std::FILE *out);
 std::string eval_json(const EvalReport &report);
-/// Quality loss (KL) against bits per element, with gnuplot; PNG or SVG by extension.
+/// With gnuplot, PNG or SVG by extension: perplexity change (%) against
+/// effective bits per element, one labelled point per strategy; with more than
+/// one segment per window, perplexity per segment instead (one line per strategy).
 void check_plot_target(const std::string &path);
 void write_plot(const EvalReport &report, const std::string &path);
 

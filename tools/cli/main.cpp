@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
   EvalOptions eval_opt;
   std::string strategies_arg;
   std::string plot_path;
-  bool eval_json_flag = false, list_strategies = false, no_progress = false;
+  bool eval_json_flag = false, list_strategies = false, no_progress = false, eval_long = false;
   CLI::App *eval = app.add_subcommand(
       "eval", "Compare KV-cache strategies with the dense f32 cache on a real model and text");
   eval->add_option("--model", eval_opt.model, "Checkpoint path or known name (stories260k)")
@@ -56,8 +56,14 @@ int main(int argc, char **argv) {
   eval->add_option("--text", eval_opt.text, "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
   eval->add_option("--strategies", strategies_arg, "Comma-separated strategy specs (default: every strategy of --list-strategies)");
   eval->add_option("--ctx", eval_opt.ctx, "Window length in tokens, BOS included (default: the model's seq_len)");
-  eval->add_option("--max-tokens", eval_opt.max_tokens, "Tokens to score (0: the whole text)")
-      ->capture_default_str();
+  CLI::Option *max_tokens_opt =
+      eval->add_option("--max-tokens", eval_opt.max_tokens, "Tokens to score (0: the whole text)")
+          ->capture_default_str();
+  eval->add_flag("--long", eval_long,
+                 "Long context: windows of 8x the model's trained context (--ctx to change) fed as one stream, "
+                 "dense vs window vs StreamingLLM by default, perplexity per segment");
+  eval->add_option("--segment", eval_opt.segment,
+                   "Positions per segment of the per-segment perplexity (default: the model's seq_len)");
   eval->add_option("--threads", eval_opt.threads, "Worker threads (default: one per core)");
   eval->add_flag("--json", eval_json_flag, "Write one JSON object to stdout instead of the table");
   eval->add_option("--plot", plot_path, "Write a plot of quality loss vs bits per element (.png or .svg; needs gnuplot)");
@@ -111,13 +117,17 @@ int main(int argc, char **argv) {
 
   try {
     if (eval->parsed()) {
+      const std::vector<std::string> defaults = eval_long ? default_long_strategies() : default_strategies();
       if (list_strategies) {
-        for (const std::string &s : default_strategies()) std::printf("%s\n", s.c_str());
+        for (const std::string &s : defaults) std::printf("%s\n", s.c_str());
         return 0;
       }
       if (strategies_arg.empty()) {
-        for (const std::string &d : default_strategies())
-          strategies_arg += (strategies_arg.empty() ? "" : ",") + d;
+        for (const std::string &d : defaults) strategies_arg += (strategies_arg.empty() ? "" : ",") + d;
+      }
+      if (eval_long) {
+        eval_opt.long_context = true;
+        if (max_tokens_opt->count() == 0) eval_opt.max_tokens = kLongEvalTokens;
       }
       eval_opt.strategies = parse_strategy_list(strategies_arg);
       if (!plot_path.empty()) check_plot_target(plot_path);  // fail before the long run

@@ -2,6 +2,7 @@
 #include "strategy.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 
 #include "../runner/error.h"
@@ -57,16 +58,19 @@ const std::vector<Component> &registry() {
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
       {"streaming", Kind::Policy,
        "StreamingLLM (arXiv 2309.17453): sinks=S first tokens + the newest, at most ceil(budget x ctx) "
-       "per layer, keys re-rotated to positions within the cache (stream protocol; default S=4, budget=0.3)",
-       KVC_DTYPE_F32, {"budget", "sinks"}},
-      {"window", Kind::Policy, "sliding window: streaming without sinks (stream protocol)", KVC_DTYPE_F32,
-       {"budget"}},
+       "per layer (or tokens=N), keys re-rotated to positions within the cache (stream protocol; default "
+       "S=4, budget=0.3)",
+       KVC_DTYPE_F32, {"budget", "tokens", "sinks", "keep-positions"}},
+      {"window", Kind::Policy,
+       "sliding window: streaming without sinks (stream protocol); keep-positions: keys keep their text "
+       "positions (no re-rotation), for both",
+       KVC_DTYPE_F32, {"budget", "tokens", "keep-positions"}},
       {"h2o", Kind::Policy,
        "H2O (arXiv 2306.14048): heavy hitters by accumulated attention + a recent window of "
        "recent x budget tokens (stream protocol; default recent=0.5, budget=0.3)",
-       KVC_DTYPE_F32, {"budget", "recent"}},
+       KVC_DTYPE_F32, {"budget", "tokens", "recent"}},
       {"tova", Kind::Policy, "TOVA (arXiv 2401.06104): top tokens by the latest query's attention (stream protocol)",
-       KVC_DTYPE_F32, {"budget"}},
+       KVC_DTYPE_F32, {"budget", "tokens"}},
       {"snapkv", Kind::Policy,
        "SnapKV (arXiv 2404.14469): after a prefill of prefill x ctx tokens, keep budget x P by the "
        "attention of the last window=W prefill queries, pooled (kernel, pool=max|avg) "
@@ -226,6 +230,13 @@ void resolve_policy(Strategy &st, const std::string &where) {
   st.budget = 0.3;
   for (const auto &[key, value] : st.policy.params) {
     if (key == "budget") st.budget = number(where, key, value, 0.001, 1.0);
+    else if (key == "keep-positions") {
+      if (!value.empty()) throw RunnerError(where + "'keep-positions' is a flag and takes no value");
+    } else if (key == "tokens") {
+      const double t = number(where, key, value, 1, 1 << 24);
+      if (t != std::floor(t)) throw RunnerError(where + "parameter tokens=" + value + " must be a whole number");
+      st.budget_tokens = static_cast<std::uint32_t>(t);
+    }
     else if (key == "sinks") st.sinks = static_cast<std::uint32_t>(number(where, key, value, 0, 4096));
     else if (key == "recent") st.recent_fraction = number(where, key, value, 0.0, 1.0);
     else if (key == "window") st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
@@ -243,10 +254,18 @@ void resolve_policy(Strategy &st, const std::string &where) {
       else throw RunnerError(where + "schedule must be paper or linear");
     }
   }
+  const bool has_budget = std::any_of(st.policy.params.begin(), st.policy.params.end(),
+                                      [](const auto &kv) { return kv.first == "budget"; });
+  if (has_budget && st.budget_tokens)
+    throw RunnerError(where + "give budget=FRACTION or tokens=N, not both");
   if (name == "streaming" || name == "window") {
+    if (st.budget_tokens && st.budget_tokens <= st.sinks)
+      throw RunnerError(where + "tokens=" + std::to_string(st.budget_tokens) + " leaves no room for the window after " +
+                        std::to_string(st.sinks) + " sinks");
     st.policy_kind = KVC_POLICY_STREAMING;
     if (name == "window") st.sinks = 0;
-    st.shift_positions = true;
+    st.shift_positions = std::none_of(st.policy.params.begin(), st.policy.params.end(),
+                                      [](const auto &kv) { return kv.first == "keep-positions"; });
     st.protocol = Strategy::Protocol::Stream;
   } else if (name == "h2o") {
     st.policy_kind = KVC_POLICY_H2O;
@@ -356,6 +375,11 @@ std::vector<std::string> default_strategies() {
           "snapkv:budget=0.3",
           "pyramidkv:budget=0.3",
           "h2o:budget=0.3+int4:per-token:asym:hadamard"};
+}
+
+std::vector<std::string> default_long_strategies() {
+  return {"f32", "window:tokens=512", "window:tokens=512:keep-positions", "streaming:tokens=512",
+          "streaming:tokens=512:keep-positions", "streaming:tokens=256"};
 }
 
 std::vector<std::pair<std::string, std::string>> known_codecs() {

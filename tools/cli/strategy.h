@@ -43,6 +43,7 @@ struct Strategy {
   Protocol protocol = Protocol::None;
   kvc_policy_kind policy_kind = KVC_POLICY_NONE;
   double budget = 1.0;                 ///< fraction kept: stream caps layers at ceil(budget x ctx); prefill keeps budget x P
+  std::uint32_t budget_tokens = 0;     ///< stream protocol: a fixed cap in tokens per layer instead of budget x ctx
   std::uint32_t sinks = 4;             ///< streaming
   double recent_fraction = 0.5;        ///< h2o
   std::uint32_t obs_window = 16;       ///< snapkv / pyramidkv observation window
@@ -60,6 +61,9 @@ Strategy parse_strategy(const std::string &spec);
 std::vector<Strategy> parse_strategy_list(const std::string &list);
 /// The strategies `kvcache eval` runs by default, one spec each.
 std::vector<std::string> default_strategies();
+/// The strategies of `kvcache eval --long`: dense, window-only and StreamingLLM
+/// with a cache of 512 tokens (the trained context of the shared model).
+std::vector<std::string> default_long_strategies();
 /// Known codec and policy names with a one-line description, for --list-strategies and errors.
 std::vector<std::pair<std::string, std::string>> known_codecs();
 std::vector<std::pair<std::string, std::string>> known_policies();

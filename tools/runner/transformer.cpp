@@ -3,8 +3,10 @@
 
 namespace kvc_runner {
 
-Transformer::Transformer(const Model &model) : model_(model), config_(model.config()) {
+Transformer::Transformer(const Model &model, int max_positions)
+    : model_(model), config_(model.config()), max_positions_(max_positions > 0 ? max_positions : model.config().seq_len) {
   const ModelConfig &c = config_;
+  const int n_pos = max_positions_;
   x_.resize(c.dim);
   xb_.resize(c.dim);
   xb2_.resize(c.dim);
@@ -13,13 +15,13 @@ Transformer::Transformer(const Model &model) : model_(model), config_(model.conf
   q_.resize(c.dim);
   k_.resize(c.kv_dim());
   v_.resize(c.kv_dim());
-  att_.resize(std::size_t(c.n_heads) * c.seq_len);
+  att_.resize(std::size_t(c.n_heads) * n_pos);
   logits_.resize(c.vocab_size);
   // RoPE angles: pair (2i, 2i+1) of a head turns by pos * 10000^(-2i / head_dim).
   const int half = c.head_dim() / 2;
-  rope_cos_.resize(std::size_t(c.seq_len) * half);
-  rope_sin_.resize(std::size_t(c.seq_len) * half);
-  for (int pos = 0; pos < c.seq_len; ++pos) {
+  rope_cos_.resize(std::size_t(n_pos) * half);
+  rope_sin_.resize(std::size_t(n_pos) * half);
+  for (int pos = 0; pos < n_pos; ++pos) {
     for (int i = 0; i < half; ++i) {
       const float freq =
           1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(c.head_dim()));

@@ -14,11 +14,15 @@ namespace kvc_runner {
 
 class Transformer {
  public:
-  explicit Transformer(const Model &model);
+  /// `max_positions`: the largest position forward() accepts, plus one
+  /// (0: the model's seq_len). Positions past seq_len run outside the
+  /// trained context (kvcache eval --long measures what that costs).
+  explicit Transformer(const Model &model, int max_positions = 0);
+  int max_positions() const { return max_positions_; }
 
   const ModelConfig &config() const { return config_; }
 
-  /// Runs token `token` at position `pos` (0-based, below seq_len) and returns
+  /// Runs token `token` at position `pos` (0-based, below max_positions()) and returns
   /// the logits [vocab_size], valid until the next call. The cache must hold
   /// positions 0..pos-1 of this sequence; this call adds position pos.
   template <class Cache>
@@ -31,8 +35,9 @@ class Transformer {
 
   const Model &model_;
   ModelConfig config_;
+  int max_positions_ = 0;
   std::vector<float> x_, xb_, xb2_, hb_, hb2_, q_, k_, v_, att_, logits_;
-  std::vector<float> rope_cos_, rope_sin_;  // [seq_len][head_dim / 2]
+  std::vector<float> rope_cos_, rope_sin_;  // [max_positions][head_dim / 2]
 };
 
 template <class Cache>
@@ -70,7 +75,7 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
     // Attention, one KV head at a time: the q_per_kv query heads that share
     // it score and mix each cached row in one pass over the cache.
     const int n = pos + 1;
-    const std::size_t att_stride = static_cast<std::size_t>(c.seq_len);
+    const std::size_t att_stride = static_cast<std::size_t>(max_positions_);
     for (int kv_head = 0; kv_head < c.n_kv_heads; ++kv_head) {
       const int h0 = kv_head * q_per_kv;
       const float *q0 = &q_[std::size_t(h0) * head_dim];
