@@ -12,6 +12,7 @@
 #include "../runner/runner.h"
 #include "bench.h"
 #include "eval.h"
+#include "eval_prefix.h"
 #include "memory.h"
 #include "strategy.h"
 
@@ -62,6 +63,17 @@ int main(int argc, char **argv) {
   eval->add_flag("--long", eval_long,
                  "Long context: windows of 8x the model's trained context (--ctx to change) fed as one stream, "
                  "dense vs window vs StreamingLLM by default, perplexity per segment");
+  PrefixEvalOptions prefix_opt;
+  bool eval_prefix = false;
+  eval->add_flag("--prefix", eval_prefix,
+                 "Prefix-cache scenario: requests sharing one prompt prefix, with and without the prefix "
+                 "cache (hit rate, tokens computed, time to first token, identical log-probabilities)");
+  eval->add_option("--requests", prefix_opt.requests, "--prefix: requests")->capture_default_str();
+  eval->add_option("--prefix-tokens", prefix_opt.prefix_tokens, "--prefix: shared prefix length, BOS included")
+      ->capture_default_str();
+  eval->add_option("--suffix-tokens", prefix_opt.suffix_tokens, "--prefix: tokens after the prefix, different per request")
+      ->capture_default_str();
+  eval->add_option("--block-size", prefix_opt.block_size, "--prefix: pool block size in tokens")->capture_default_str();
   eval->add_option("--segment", eval_opt.segment,
                    "Positions per segment of the per-segment perplexity (default: the model's seq_len)");
   eval->add_option("--threads", eval_opt.threads, "Worker threads (default: one per core)");
@@ -116,6 +128,18 @@ int main(int argc, char **argv) {
   }
 
   try {
+    if (eval->parsed() && eval_prefix) {
+      if (eval_long || !strategies_arg.empty() || list_strategies || !plot_path.empty() || eval_opt.ctx != 0)
+        throw RunnerError("--prefix runs its own scenario: it takes no --long, --strategies, "
+                          "--list-strategies, --plot or --ctx");
+      prefix_opt.model = eval_opt.model;
+      prefix_opt.tokenizer = eval_opt.tokenizer;
+      prefix_opt.text = eval_opt.text;
+      const PrefixReport report = run_prefix_eval(prefix_opt);
+      if (eval_json_flag) std::printf("%s\n", prefix_json(report).c_str());
+      else print_prefix_report(report, stdout);
+      return 0;
+    }
     if (eval->parsed()) {
       const std::vector<std::string> defaults = eval_long ? default_long_strategies() : default_strategies();
       if (list_strategies) {

@@ -6,6 +6,8 @@
 //   cli_check eval-json -- CMD ARGS...           checks an `eval --json` report
 //   cli_check memory KVCACHE                     checks `memory` against hand-computed sizes
 //   cli_check plot KVCACHE FILE.svg              a short eval writes a plot
+//   cli_check prefix KVCACHE                     `eval --prefix`: exact reuse counts, identical log-probs
+//   cli_check long KVCACHE FILE.svg              `eval --long`: segments, kept shares, StreamingLLM result
 #include <sys/stat.h>
 
 #include <cmath>
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -119,10 +122,23 @@ int eval_json(const std::vector<std::string> &cmd) {
   for (const auto &row : j["results"]) {
     for (const char *key : {"strategy", "bits_per_element", "kv_bytes_per_token", "peak_kv_bytes",
                             "compression_vs_f16", "ppl", "ppl_delta_pct", "kl_mean",
-                            "top1_agreement", "ms_per_token"}) {
+                            "top1_agreement", "ms_per_token", "kept_fraction", "effective_bits_per_element",
+                            "segment_ppl", "second_half_ppl"}) {
       check(row.contains(key), std::string("result row misses ") + key);
     }
     if (failures) return 1;
+    // Without eviction every position stays; with it, fewer. One segment (ctx = the trained context)
+    // whose ppl is the row's.
+    const std::string name = row["strategy"];
+    const double kept = row["kept_fraction"];
+    if (name.find("budget=") == std::string::npos) check(kept == 1.0, name + ": kept_fraction must be 1");
+    else check(kept > 0.2 && kept < 0.9, name + ": kept_fraction must be below 1 with eviction");
+    check(std::fabs(row["effective_bits_per_element"].get<double>() - kept * row["bits_per_element"].get<double>()) <
+              1e-9,
+          name + ": effective bits = bits x kept");
+    check(row["segment_ppl"].size() == 1 &&
+              std::fabs(row["segment_ppl"][0].get<double>() / row["ppl"].get<double>() - 1.0) < 1e-12,
+          "one segment, whose ppl is the row's ppl");
     const std::string s = row["strategy"];
     const double delta = row["ppl_delta_pct"], top1 = row["top1_agreement"], kl = row["kl_mean"];
     const double bits = row["bits_per_element"];
@@ -205,6 +221,99 @@ int plot(const std::string &kvcache, const std::string &file) {
   return failures ? 1 : 0;
 }
 
+nlohmann::json run_json(const std::vector<std::string> &cmd) {
+  const ProcessResult r = run_process(cmd);
+  if (!r.exited || r.exit_code != 0) {
+    fail(cmd[1] + " failed: " + describe(r) + ": " + r.err);
+    return nlohmann::json::object();
+  }
+  return nlohmann::json::parse(r.out);
+}
+
+// Prompts of P tokens shared + S different: every request after the first
+// reuses the prefix's whole blocks, floor(P / B) x B tokens, and computes the
+// rest; the first request computes all of its P + S.
+int prefix(const std::string &kvcache) {
+  struct Case {
+    int requests, prefix, suffix, block;
+  };
+  for (const Case k : {Case{32, 256, 64, 16}, Case{12, 100, 40, 24}}) {
+    const std::string name = "R=" + std::to_string(k.requests) + " P=" + std::to_string(k.prefix) +
+                             " S=" + std::to_string(k.suffix) + " B=" + std::to_string(k.block);
+    const nlohmann::json j = run_json({kvcache, "eval", "--prefix", "--json", "--requests", std::to_string(k.requests),
+                                       "--prefix-tokens", std::to_string(k.prefix), "--suffix-tokens",
+                                       std::to_string(k.suffix), "--block-size", std::to_string(k.block)});
+    if (failures) return 1;
+    const std::int64_t total = std::int64_t(k.requests) * (k.prefix + k.suffix);
+    const std::int64_t reused = std::int64_t(k.prefix / k.block) * k.block;
+    const std::int64_t computed = (k.prefix + k.suffix) + std::int64_t(k.requests - 1) * (k.prefix + k.suffix - reused);
+    std::printf("%s: expect %lld of %lld tokens computed with the cache\n", name.c_str(),
+                static_cast<long long>(computed), static_cast<long long>(total));
+    check(j["prompt_tokens_total"] == total, name + ": prompt_tokens_total");
+    check(j["without_cache"]["tokens_computed"] == total, name + ": the run without the cache computes everything");
+    check(j["without_cache"]["hit_tokens"] == 0, name + ": hits without the cache");
+    check(j["with_cache"]["tokens_computed"] == computed,
+          name + ": tokens computed with the cache = " + j["with_cache"]["tokens_computed"].dump());
+    check(j["with_cache"]["hit_tokens"] == total - computed, name + ": hit tokens");
+    check(j["with_cache"]["hit_requests"] == k.requests - 1, name + ": every request but the first hits");
+    check(j["with_cache"]["library_stats"]["hit_tokens"] == total - computed, name + ": the library's hit counter");
+    check(j["with_cache"]["library_stats"]["queried_tokens"] == total, name + ": the library's query counter");
+    check(j["logprobs_identical"] == true, name + ": log-probabilities differ between the runs");
+    check(j["positions_compared"] == std::int64_t(k.requests) * k.suffix, name + ": positions compared");
+    check(j["max_abs_logprob_diff"] == 0.0, name + ": max |logprob difference| must be 0");
+    check(j["with_cache"]["ttft_ms_mean"].get<double>() > 0 && j["without_cache"]["ttft_ms_mean"].get<double>() > 0,
+          name + ": time to first token must be measured");
+  }
+  return failures ? 1 : 0;
+}
+
+// One window of 4,096 positions, 8x the trained context: per-segment
+// perplexity, kept shares, and StreamingLLM's result (sinks + a window with
+// positions inside the cache stay flat; dense and sinks at their text
+// positions degrade far from the trained context).
+int long_context(const std::string &kvcache, const std::string &plot_file) {
+  std::remove(plot_file.c_str());
+  const nlohmann::json j =
+      run_json({kvcache, "eval", "--long", "--max-tokens", "4095", "--no-progress", "--json", "--plot", plot_file,
+                "--strategies", "f32,window:tokens=512,streaming:tokens=512,streaming:tokens=512:keep-positions"});
+  if (failures) return 1;
+  check(j["ctx"] == 4096 && j["trained_context"] == 512 && j["segment"] == 512, "ctx 4096, trained 512, segment 512");
+  check(j["windows"] == 1 && j["tokens_scored"] == 4095, "one window of 4095 scored tokens");
+  std::map<std::string, nlohmann::json> rows;
+  for (const auto &r : j["results"]) rows[r["strategy"].get<std::string>()] = r;
+  for (const char *name : {"f32", "window:tokens=512+f16", "streaming:tokens=512+f16",
+                           "streaming:tokens=512:keep-positions+f16"}) {
+    if (!rows.count(name)) {
+      fail(std::string("no row ") + name);
+      return 1;
+    }
+    const auto &r = rows[name];
+    check(r["segment_ppl"].size() == 8, std::string(name) + ": 8 segments");
+    for (const auto &p : r["segment_ppl"]) check(p.get<double>() > 1.0, std::string(name) + ": segment ppl > 1");
+    std::printf("%-40s kept %.4f  ppl[0,512) %.4f  ppl[2048,4096) %.4f\n", name, r["kept_fraction"].get<double>(),
+                r["segment_ppl"][0].get<double>(), r["second_half_ppl"].get<double>());
+  }
+  check(rows["f32"]["kept_fraction"] == 1.0, "dense keeps every token");
+  check(rows["streaming:tokens=512+f16"]["kept_fraction"] == 512.0 / 4096.0, "streaming keeps 512 of 4096");
+  check(rows["streaming:tokens=512+f16"]["effective_bits_per_element"] == 2.0, "f16 x 1/8 = 2 effective bits");
+  check(rows["window:tokens=512+f16"]["kept_fraction"] == 512.0 / 4096.0, "window keeps 512 of 4096");
+  auto ratio = [&](const char *name) {
+    return rows[name]["second_half_ppl"].get<double>() / rows[name]["segment_ppl"][0].get<double>();
+  };
+  check(ratio("streaming:tokens=512+f16") < 1.10, "StreamingLLM: ppl over 2048-4096 within 10% of the first 512");
+  check(ratio("f32") > 2.0, "dense far past the trained context degrades");
+  check(ratio("streaming:tokens=512:keep-positions+f16") > 1.5, "sinks at their text positions degrade");
+  // The first segment is the same computation for every strategy until the cache fills.
+  check(std::fabs(rows["streaming:tokens=512+f16"]["segment_ppl"][0].get<double>() -
+                  rows["f32"]["segment_ppl"][0].get<double>()) < 1e-2,
+        "first segment: streaming (f16) and dense agree");
+  std::ifstream in(plot_file);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  check(svg.find("<svg") != std::string::npos, "no SVG written to " + plot_file);
+  check(svg.find("keep-positions") != std::string::npos, "plot has no line label");
+  return failures ? 1 : 0;
+}
+
 std::vector<std::string> after_dashes(int argc, char **argv, int from) {
   std::vector<std::string> cmd;
   for (int i = from; i < argc; ++i) cmd.emplace_back(argv[i]);
@@ -223,6 +332,8 @@ int main(int argc, char **argv) {
       return eval_json(after_dashes(argc, argv, 3));
     if (mode == "memory" && argc == 3) return memory(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
+    if (mode == "prefix" && argc == 3) return prefix(argv[2]);
+    if (mode == "long" && argc == 4) return long_context(argv[2], argv[3]);
   } catch (const std::exception &e) {
     fail(e.what());
     return 1;
