@@ -5,7 +5,7 @@
 #   3. asan         ASan + UBSan build (tools included, bench not), every ctest test
 #   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*)
 #   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
-#   6. bench        bench/run_quick.sh on the main build (JSON)
+#   6. bench        bench/run_quick.sh on the main build (JSON), then `kvcache bench --quick`
 # Every stage runs even when an earlier one failed (the build stages a later
 # one needs excepted); the summary lists each with its time, and the exit
 # status is non-zero when any failed.
@@ -112,6 +112,9 @@ stage_fuzz() {
 stage_bench() {
   [ -x "$prefix-main/bench/bench_pool" ] || { echo "main build has no bench_pool" >&2; return 1; }
   sh bench/run_quick.sh "$prefix-main" > "$prefix-main/bench-quick.stdout.json"
+  # The tool's own suite: every case beside its baseline; fails on a crash or an
+  # error status, never on a slow figure.
+  "$prefix-main/tools/kvcache" bench --quick
 }
 
 if want setup; then

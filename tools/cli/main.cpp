@@ -115,10 +115,15 @@ int main(int argc, char **argv) {
 
   // --- bench --------------------------------------------------------------
   BenchOptions bench_opt;
-  CLI::App *bench = app.add_subcommand("bench", "Forward-pass cost per token: kvc_pool caches vs a plain array cache");
-  bench->add_option("--model", bench_opt.model, "Checkpoint path or known name")->capture_default_str();
-  bench->add_option("--tokens", bench_opt.tokens, "Positions per cache kind and round")->capture_default_str();
-  bench->add_option("--rounds", bench_opt.rounds, "Rounds (the fastest counts)")->capture_default_str();
+  CLI::App *bench = app.add_subcommand(
+      "bench", "Time the library's operations (pool, codecs, attention, eviction, prefix lookup) and the "
+               "model's forward pass, each beside a baseline measured in the same run");
+  bench->add_flag("--quick", bench_opt.quick, "Short rounds: the whole run in well under a minute");
+  bench->add_option("--filter", bench_opt.filter, "Run only the cases whose group/name contains this text");
+  bench->add_option("--model", bench_opt.model, "Checkpoint path or known name (forward-pass case)")
+      ->capture_default_str();
+  bench->add_option("--tokens", bench_opt.tokens, "Forward-pass case: positions per pass (default: the model's seq_len)");
+  bench->add_option("--rounds", bench_opt.rounds, "Rounds per case, the fastest counts (default 5, --quick 3)");
   bench->add_flag("--json", bench_opt.json, "Write one JSON object to stdout");
 
   try {
@@ -180,7 +185,9 @@ int main(int argc, char **argv) {
       return cmd_generate(gen_model, gen_tokenizer, gen_opt, gen_ids);
     }
     if (bench->parsed()) {
-      run_bench(bench_opt);
+      const std::vector<BenchResult> results = run_bench(bench_opt);
+      if (bench_opt.json) std::printf("%s\n", bench_json(bench_opt, results).c_str());
+      else print_bench(bench_opt, results);
       return 0;
     }
   } catch (const RunnerError &e) {

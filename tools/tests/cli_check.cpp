@@ -8,6 +8,7 @@
 //   cli_check plot KVCACHE FILE.svg              a short eval writes a plot
 //   cli_check prefix KVCACHE                     `eval --prefix`: exact reuse counts, identical log-probs
 //   cli_check long KVCACHE FILE.svg              `eval --long`: segments, kept shares, StreamingLLM result
+//   cli_check bench KVCACHE                      `bench --quick --json`: every group, sane figures
 #include <sys/stat.h>
 
 #include <cmath>
@@ -314,6 +315,30 @@ int long_context(const std::string &kvcache, const std::string &plot_file) {
   return failures ? 1 : 0;
 }
 
+// Every group of cases runs and reports a finite time beside its baseline;
+// the speed is their ratio. No timing is judged.
+int bench(const std::string &kvcache) {
+  const nlohmann::json j = run_json({kvcache, "bench", "--quick", "--json"});
+  if (failures) return 1;
+  std::map<std::string, int> groups;
+  for (const auto &r : j["results"]) {
+    const std::string name = r["group"].get<std::string>() + "/" + r["name"].get<std::string>();
+    ++groups[r["group"].get<std::string>()];
+    const double t = r["seconds"], b = r["baseline_seconds"], speed = r["speed_vs_baseline"];
+    check(std::isfinite(t) && t > 0 && std::isfinite(b) && b > 0, name + ": times must be positive");
+    check(std::fabs(speed - b / t) <= 1e-9 * speed, name + ": speed_vs_baseline = baseline / time");
+    check(!r["baseline"].get<std::string>().empty(), name + ": names its baseline");
+    std::printf("%-90s %.3fx\n", name.c_str(), speed);
+  }
+  for (const char *g : {"pool", "codec", "attention", "evict", "prefix", "model"})
+    check(groups[g] >= 1, std::string("no ") + g + " case");
+  check(groups["codec"] == 6 && groups["attention"] == 5 && groups["prefix"] == 2, "case counts per group");
+  // --filter narrows the run to matching cases.
+  const nlohmann::json f = run_json({kvcache, "bench", "--quick", "--json", "--filter", "prefix/"});
+  check(!failures && f["results"].size() == 2, "--filter prefix/ runs the two prefix cases");
+  return failures ? 1 : 0;
+}
+
 std::vector<std::string> after_dashes(int argc, char **argv, int from) {
   std::vector<std::string> cmd;
   for (int i = from; i < argc; ++i) cmd.emplace_back(argv[i]);
@@ -334,6 +359,7 @@ int main(int argc, char **argv) {
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
     if (mode == "long" && argc == 4) return long_context(argv[2], argv[3]);
+    if (mode == "bench" && argc == 3) return bench(argv[2]);
   } catch (const std::exception &e) {
     fail(e.what());
     return 1;
