@@ -620,7 +620,7 @@ void write_plot(const EvalReport &rep, const std::string &path) {
   if (gp == nullptr) throw RunnerError("cannot start gnuplot");
   std::fprintf(gp, "set terminal %s size 1000,650\n", ext == "svg" ? "svg" : "png");
   std::fprintf(gp, "set output %s\n", gnuplot_quote(path).c_str());
-  std::fprintf(gp, "set grid\n");
+  std::fprintf(gp, "set grid\nset termoption noenhanced\n");  // strategy names hold '_' and '^'
   const std::size_t n_segments = rep.results.empty() ? 0 : rep.results[0].segment_ppl.size();
   if (n_segments > 1) {
     // Long context: perplexity per segment, one line per strategy.
@@ -652,16 +652,41 @@ void write_plot(const EvalReport &rep, const std::string &path) {
                  gnuplot_quote("KV-cache quality loss vs storage size: " + rep.model + ", " +
                                std::to_string(rep.tokens_scored) + " tokens, ctx " +
                                std::to_string(rep.ctx)).c_str());
-    std::fprintf(gp, "set xlabel 'effective bits per K/V element (bits of a held token x share of tokens held)'\n");
-    std::fprintf(gp, "set ylabel 'perplexity change vs dense f32 (%%)'\n");
-    std::fprintf(gp, "set key off\nset offsets graph 0.08, graph 0.08, graph 0.1, graph 0.1\n");
-    std::fprintf(gp, "$data << EOD\n");
-    for (const StrategyResult &r : rep.results) {
-      std::fprintf(gp, "%.6f %.9g \"%s\"\n", r.effective_bits_per_element, r.ppl_delta_pct, r.strategy.c_str());
+    // Changes from -1 % to +3000 % on one axis: a symmetric log scale,
+    // y = sign(d) log10(1 + |d| / 0.1 %), linear below 0.1 %, labelled in percent.
+    auto symlog = [](double pct) { return (pct < 0 ? -1.0 : 1.0) * std::log10(1.0 + std::fabs(pct) / 0.1); };
+    std::fprintf(gp, "set xlabel 'effective bits per K/V element (bits of a held token x share of positions held; log scale)'\n");
+    std::fprintf(gp, "set ylabel 'perplexity change vs dense f32 (symmetric log scale)'\n");
+    std::fprintf(gp, "set logscale x 2\nset xtics (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)\n");
+    std::string tics;
+    for (const double pct : {-10.0, -1.0, -0.1, 0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0}) {
+      char t[64];
+      // (gnuplot reads tic labels as formats: '%%' there is a literal percent sign)
+      std::snprintf(t, sizeof t, "%s'%s%g%s' %.6f", tics.empty() ? "" : ", ", pct > 0 ? "+" : "", pct,
+                    pct == 0 ? "" : "%%", symlog(pct));
+      tics += t;
     }
-    std::fprintf(gp, "EOD\n");
-    std::fprintf(gp, "plot $data using 1:2 with points pt 7 ps 1.5, "
-                     "$data using 1:2:3 with labels offset 0,1.2 rotate by 20 font ',8'\n");
+    std::fprintf(gp, "set ytics (%s)\n", tics.c_str());
+    std::fprintf(gp, "set key top right\nset offsets graph 0.05, graph 0.2, graph 0.05, graph 0.05\n");
+    std::string cmd;
+    for (int evicting = 0; evicting < 2; ++evicting) {
+      std::string rows;
+      for (const StrategyResult &r : rep.results) {
+        if ((r.kept_fraction < 1.0) != (evicting == 1)) continue;
+        char line[512];
+        std::snprintf(line, sizeof line, "%.6f %.9g \"%s\"\n", r.effective_bits_per_element, symlog(r.ppl_delta_pct),
+                      r.strategy.c_str());
+        rows += line;
+      }
+      if (rows.empty()) continue;  // gnuplot warns about an empty series
+      std::fprintf(gp, "$d%d << EOD\n%sEOD\n", evicting, rows.c_str());
+      const std::string d = "$d" + std::to_string(evicting);
+      cmd += std::string(cmd.empty() ? "plot " : ", ") + d + " using 1:2 with points " +
+             (evicting ? "pt 5 ps 1.3 lc rgb '#d62728' title 'eviction (tokens dropped)'"
+                       : "pt 7 ps 1.3 lc rgb '#1f77b4' title 'all tokens held (codecs)'") +
+             ", " + d + " using 1:2:3 with labels left offset 0.6,0 font ',7' notitle";
+    }
+    std::fprintf(gp, "%s\n", cmd.c_str());
   }
   const int rc = pclose(gp);
   if (rc != 0) throw RunnerError("gnuplot failed to write '" + path + "'");
