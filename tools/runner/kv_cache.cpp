@@ -74,8 +74,8 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
   config.k_dtype = k_dtype;
   config.v_dtype = v_dtype;
   config.layout = KVC_LAYOUT_NHD;
-  config.rope_style = KVC_ROPE_INTERLEAVED;  // llama2.c rotates pairs (2i, 2i+1), theta 10000
-  config.rope_theta = 10000.0;
+  config.rope_style = KVC_ROPE_INTERLEAVED;  // the runner rotates pairs (2i, 2i+1)
+  config.rope_theta = c.rope_theta;
   config.k_codec = settings.k_codec;
   config.v_codec = settings.v_codec;
   config.residual_window = settings.residual_window;

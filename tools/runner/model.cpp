@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "error.h"
+#include "gguf.h"
 
 namespace kvc_runner {
 namespace {
@@ -45,7 +46,7 @@ std::uint64_t expected_floats(const ModelConfig &c) {
 }  // namespace
 
 Model::Model(Model &&other) noexcept
-    : path_(std::move(other.path_)), config_(other.config_), data_(std::move(other.data_)) {
+    : path_(std::move(other.path_)), config_(other.config_), data_(std::move(other.data_)), freq_cis_(other.freq_cis_) {
   bind_weights();
 }
 
@@ -53,6 +54,12 @@ Model Model::load(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw RunnerError("cannot open model file '" + path + "': " + std::strerror(errno));
+  }
+  {
+    char magic[4] = {0, 0, 0, 0};
+    in.read(magic, 4);
+    if (in && std::memcmp(magic, "GGUF", 4) == 0) return load_gguf(path);
+    in.clear();
   }
   in.seekg(0, std::ios::end);
   const std::streamoff size_off = in.tellg();
@@ -135,6 +142,80 @@ Model Model::load(const std::string &path) {
   return m;
 }
 
+Model Model::load_gguf(const std::string &path) {
+  const GgufFile g = GgufFile::load(path);
+  const std::string arch = g.get_string("general.architecture");
+  if (arch != "llama") {
+    throw RunnerError("model '" + path + "': architecture '" + arch + "' is not supported (llama)");
+  }
+  Model m;
+  m.path_ = path;
+  ModelConfig &c = m.config_;
+  c.gguf = true;
+  auto geti = [&](const char *key, std::int64_t lo, std::int64_t hi) {
+    const std::int64_t v = g.get_int(key);
+    check_range(path, key, v, lo, hi);
+    return static_cast<int>(v);
+  };
+  c.dim = geti("llama.embedding_length", 1, 1 << 16);
+  c.hidden_dim = geti("llama.feed_forward_length", 1, 1 << 20);
+  c.n_layers = geti("llama.block_count", 1, 4096);
+  c.n_heads = geti("llama.attention.head_count", 1, 1 << 16);
+  c.n_kv_heads = g.has("llama.attention.head_count_kv") ? geti("llama.attention.head_count_kv", 1, 1 << 16) : c.n_heads;
+  c.seq_len = geti("llama.context_length", 1, 1 << 24);
+  const std::vector<std::string> &tokens = g.get_strings("tokenizer.ggml.tokens");
+  check_range(path, "tokenizer.ggml.tokens (vocabulary size)", static_cast<std::int64_t>(tokens.size()), 3, 1 << 24);
+  c.vocab_size = static_cast<int>(tokens.size());
+  if (g.has("llama.vocab_size") && g.get_int("llama.vocab_size") != c.vocab_size)
+    throw RunnerError("model '" + path + "': llama.vocab_size does not match the tokenizer's " +
+                      std::to_string(c.vocab_size) + " tokens");
+  c.rope_theta = g.has("llama.rope.freq_base") ? static_cast<float>(g.get_float("llama.rope.freq_base")) : 10000.0f;
+  c.norm_eps = static_cast<float>(g.get_float("llama.attention.layer_norm_rms_epsilon"));
+  if (!(c.rope_theta > 1.0f) || !(c.norm_eps > 0.0f && c.norm_eps < 1.0f))
+    throw RunnerError("model '" + path + "': impossible rope.freq_base or layer_norm_rms_epsilon");
+  if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0 || c.dim % c.n_heads != 0 || c.head_dim() % 2 != 0 ||
+      c.head_dim() > 1024)
+    throw RunnerError("model '" + path + "': impossible head geometry (dim " + std::to_string(c.dim) + ", " +
+                      std::to_string(c.n_heads) + " heads, " + std::to_string(c.n_kv_heads) + " KV heads)");
+  if (g.has("llama.rope.dimension_count") && g.get_int("llama.rope.dimension_count") != c.head_dim())
+    throw RunnerError("model '" + path + "': partial RoPE (rope.dimension_count != head size) is not supported");
+  c.add_bos = g.get_bool("tokenizer.ggml.add_bos_token", true);
+  c.bos_token = g.has("tokenizer.ggml.bos_token_id") ? static_cast<int>(g.get_int("tokenizer.ggml.bos_token_id")) : 1;
+  if (c.bos_token < 0 || c.bos_token >= c.vocab_size) throw RunnerError("model '" + path + "': bos_token_id out of range");
+  const GgufTensor *out = g.find("output.weight");
+  c.shared_classifier = out == nullptr;
+
+  // The llama2.c order of Model::data (see bind_weights), dequantized to f32.
+  const std::uint64_t dim = c.dim, hidden = c.hidden_dim, kv = c.kv_dim(), vocab = c.vocab_size;
+  auto append = [&](const std::string &name, std::vector<std::uint64_t> ne) {
+    g.dequantize_into(g.require(name, ne), m.data_);
+  };
+  auto per_layer = [&](const char *suffix, std::vector<std::uint64_t> ne) {
+    for (int l = 0; l < c.n_layers; ++l) append("blk." + std::to_string(l) + "." + suffix, ne);
+  };
+  try {
+    m.data_.reserve(static_cast<std::size_t>(vocab * dim * (c.shared_classifier ? 1 : 2) +
+                                             std::uint64_t(c.n_layers) * (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden + 2 * dim) + dim));
+    append("token_embd.weight", {dim, vocab});
+    per_layer("attn_norm.weight", {dim});
+    per_layer("attn_q.weight", {dim, dim});
+    per_layer("attn_k.weight", {dim, kv});
+    per_layer("attn_v.weight", {dim, kv});
+    per_layer("attn_output.weight", {dim, dim});
+    per_layer("ffn_norm.weight", {dim});
+    per_layer("ffn_gate.weight", {dim, hidden});
+    per_layer("ffn_down.weight", {hidden, dim});
+    per_layer("ffn_up.weight", {dim, hidden});
+    append("output_norm.weight", {dim});
+    if (!c.shared_classifier) append("output.weight", {dim, vocab});
+  } catch (const std::bad_alloc &) {
+    throw RunnerError("model '" + path + "': out of memory for its weights in f32");
+  }
+  m.freq_cis_ = false;
+  m.bind_weights();
+  return m;
+}
+
 void Model::bind_weights() {
   if (data_.empty()) return;
   const ModelConfig &c = config_;
@@ -153,7 +234,7 @@ void Model::bind_weights() {
   w.w2 = p;              p += layers * hidden * dim;
   w.w3 = p;              p += layers * dim * hidden;
   w.rms_final = p;       p += dim;
-  p += std::size_t(c.seq_len) * head;  // freq_cis tables: RoPE is computed, not read
+  if (freq_cis_) p += std::size_t(c.seq_len) * head;  // llama2.c's freq_cis tables: RoPE is computed, not read
   w.classifier = c.shared_classifier ? w.token_embedding : p;
 }
 

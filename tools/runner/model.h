@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// A llama2.c checkpoint (legacy .bin format): header of seven int32 then float32 weights.
+// A model for the runner: a llama2.c checkpoint (legacy .bin format: header of
+// seven int32 then float32 weights) or a GGUF file of the LLaMA architecture
+// (weights dequantized to f32 at load, tokenizer in its metadata).
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,11 @@ struct ModelConfig {
   int vocab_size = 0;   ///< tokens (always positive here)
   int seq_len = 0;      ///< maximum context
   bool shared_classifier = true;  ///< header vocab_size > 0: logits use the token embedding
+  float rope_theta = 10000.0f;    ///< RoPE base
+  float norm_eps = 1e-5f;         ///< RMSNorm epsilon
+  bool gguf = false;              ///< loaded from a GGUF file
+  bool add_bos = true;            ///< sequences start with bos_token (llama2.c: always; GGUF: its metadata)
+  int bos_token = 1;
 
   int head_dim() const { return dim / n_heads; }
   int kv_dim() const { return n_kv_heads * head_dim(); }
@@ -56,10 +63,12 @@ class Model {
  private:
   Model() = default;
   void bind_weights();
+  static Model load_gguf(const std::string &path);
 
   std::string path_;
   ModelConfig config_;
   std::vector<float> data_;  // every float after the header
+  bool freq_cis_ = true;     // data_ holds llama2.c's (unused) RoPE tables before the classifier
   ModelWeights weights_;
 };
 

@@ -17,14 +17,15 @@ Transformer::Transformer(const Model &model, int max_positions)
   v_.resize(c.kv_dim());
   att_.resize(std::size_t(c.n_heads) * n_pos);
   logits_.resize(c.vocab_size);
-  // RoPE angles: pair (2i, 2i+1) of a head turns by pos * 10000^(-2i / head_dim).
+  // RoPE angles: pair (2i, 2i+1) of a head turns by pos * theta^(-2i / head_dim)
+  // (GGUF LLaMA weights are permuted at conversion so that this pairing holds).
   const int half = c.head_dim() / 2;
   rope_cos_.resize(std::size_t(n_pos) * half);
   rope_sin_.resize(std::size_t(n_pos) * half);
   for (int pos = 0; pos < n_pos; ++pos) {
     for (int i = 0; i < half; ++i) {
       const float freq =
-          1.0f / std::pow(10000.0f, static_cast<float>(2 * i) / static_cast<float>(c.head_dim()));
+          1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim()));
       const float angle = static_cast<float>(pos) * freq;
       rope_cos_[std::size_t(pos) * half + i] = std::cos(angle);
       rope_sin_[std::size_t(pos) * half + i] = std::sin(angle);
@@ -37,7 +38,7 @@ void Transformer::rmsnorm(float *out, const float *x, const float *weight) const
   float ss = 0.0f;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
   ss /= static_cast<float>(n);
-  ss += 1e-5f;
+  ss += config_.norm_eps;
   ss = 1.0f / std::sqrt(ss);
   for (int i = 0; i < n; ++i) out[i] = weight[i] * (ss * x[i]);
 }
