@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libcmocka-dev libbenchmark-dev libssl-dev libxxhash-dev libcli11-dev nlohmann-json3-dev
-  doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3
+  libicu-dev libopenblas-dev doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3 python3-pip unzip
 )
 
 missing=()

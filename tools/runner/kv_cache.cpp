@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kv_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 
@@ -229,6 +230,41 @@ int AttnSequence::rope_position(int pos) const {
   check_kvc(kvc_seq_rope_positions(pool_, seq_id_, 0, static_cast<std::uint64_t>(pos), 1, &rp),
             "kvc_seq_rope_positions");
   return rp;
+}
+
+void AttnSequence::begin_chunk(int pos, int n) {
+  pos_ = pos;
+  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy && pos == ev_.prefill_tokens &&
+      pos > 0)
+    check_kvc(kvc_evict(pool_, seq_id_, ev_.policy, nullptr), "kvc_evict");
+  check_kvc(kvc_seq_reserve(pool_, seq_id_, static_cast<std::uint64_t>(n), nullptr), "kvc_seq_reserve");
+}
+
+void AttnSequence::rope_positions(int pos, int n, int *out) const {
+  if (!ev_.shift_positions) {
+    for (int i = 0; i < n; ++i) out[i] = pos + i;
+    return;
+  }
+  std::vector<std::int32_t> rp(static_cast<std::size_t>(n));
+  check_kvc(kvc_seq_rope_positions(pool_, seq_id_, 0, static_cast<std::uint64_t>(pos), static_cast<std::uint64_t>(n),
+                                   rp.data()),
+            "kvc_seq_rope_positions");
+  for (int i = 0; i < n; ++i) out[i] = rp[static_cast<std::size_t>(i)];
+}
+
+void AttnSequence::attend_chunk(int layer, const float *q, int n, float *out) {
+  kvc_attention_params p = params_;
+  p.observe = ev_.observe;
+  p.observe_from = 0;
+  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress) {
+    // Only the prefill's last observe_window positions are recorded.
+    const int first_observed = ev_.prefill_tokens - ev_.observe_window;
+    if (pos_ >= ev_.prefill_tokens || pos_ + n <= first_observed) p.observe = KVC_OBSERVE_NONE;
+    else p.observe_from = static_cast<std::uint64_t>(std::max(0, first_observed - pos_));
+  }
+  check_kvc(kvc_attention_prefill(pool_, static_cast<std::uint32_t>(layer), seq_id_, q, static_cast<std::uint64_t>(n),
+                                  out, nullptr, &p),
+            "kvc_attention_prefill");
 }
 
 void AttnSequence::attend(int layer, const float *q, float *out) {

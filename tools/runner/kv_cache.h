@@ -246,6 +246,24 @@ class AttnSequence {
   /// q: [n_heads][head_dim] (after RoPE); out: [n_heads][head_dim].
   void attend(int layer, const float *q, float *out);
 
+  // Chunked prefill (Transformer::forward_chunk): n tokens at once.
+  /// Reserves positions [pos, pos + n) (an attached policy may auto-evict first).
+  void begin_chunk(int pos, int n);
+  /// The RoPE positions of text positions [pos, pos + n), after begin_chunk.
+  void rope_positions(int pos, int n, int *out) const;
+  /// k, v: [n][num_kv_heads][head_dim] f32.
+  void store_chunk(int layer, int pos, int n, const float *k, const float *v) {
+    check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer), static_cast<std::uint64_t>(pos),
+                         static_cast<std::uint64_t>(n), k, v, KVC_DTYPE_F32),
+              "kvc_append");
+  }
+  /// Causal attention of the chunk's queries (kvc_attention_prefill); q and out: [n][n_heads][head_dim].
+  void attend_chunk(int layer, const float *q, int n, float *out);
+  /// PrefillCompress: the prefill length (a chunk must not cross it), else 0.
+  int prefill_boundary() const {
+    return ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy ? ev_.prefill_tokens : 0;
+  }
+
  private:
   kvc_pool *pool_;
   std::uint64_t seq_id_;

@@ -31,12 +31,31 @@ std::string shared_dir() {
 namespace {
 struct KnownModel {
   const char *name;
-  const char *checkpoint;  // relative to the shared folder
-  const char *tokenizer;
+  const char *checkpoint;  // relative to the shared folder, or (cached) to model_cache_dir()
+  const char *tokenizer;   // the same; a GGUF model is its own tokenizer
+  bool cached;
 };
 constexpr KnownModel kKnownModels[] = {
-    {"stories260k", "models/stories260K.bin", "models/tok512.bin"},
+    {"stories260k", "models/stories260K.bin", "models/tok512.bin", false},
+    {"smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf", true},
 };
+
+std::string known_path(const KnownModel &m, const char *file) {
+  if (!m.cached) return shared_dir() + "/" + file;
+  const std::string path = model_cache_dir() + "/" + file;
+  if (!std::ifstream(path).good()) {
+    throw RunnerError("model '" + std::string(m.name) + "' is not in the model cache (" + path +
+                      "): fetch it with scripts/fetch-models.sh");
+  }
+  return path;
+}
+
+bool is_gguf(const std::string &path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {0, 0, 0, 0};
+  in.read(magic, 4);
+  return in && std::memcmp(magic, "GGUF", 4) == 0;
+}
 
 const KnownModel *find_known(const std::string &name) {
   std::string lower = name;
@@ -49,6 +68,13 @@ const KnownModel *find_known(const std::string &name) {
 }
 }  // namespace
 
+std::string model_cache_dir() {
+  if (const char *env = std::getenv("KVCACHE_MODEL_CACHE"); env != nullptr && env[0] != '\0') return env;
+  if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') return std::string(xdg) + "/kvcache";
+  if (const char *home = std::getenv("HOME"); home != nullptr && home[0] != '\0') return std::string(home) + "/.cache/kvcache";
+  return ".kvcache-models";
+}
+
 std::vector<std::string> known_models() {
   std::vector<std::string> names;
   for (const KnownModel &m : kKnownModels) names.emplace_back(m.name);
@@ -56,18 +82,20 @@ std::vector<std::string> known_models() {
 }
 
 std::string resolve_model_path(const std::string &name_or_path) {
-  if (const KnownModel *m = find_known(name_or_path)) return shared_dir() + "/" + m->checkpoint;
+  if (const KnownModel *m = find_known(name_or_path)) return known_path(*m, m->checkpoint);
   return name_or_path;
 }
 
 std::string resolve_tokenizer_path(const std::string &name_or_path, const std::string &model_arg) {
   if (!name_or_path.empty()) {
-    if (const KnownModel *m = find_known(name_or_path)) return shared_dir() + "/" + m->tokenizer;
+    if (const KnownModel *m = find_known(name_or_path)) return known_path(*m, m->tokenizer);
     return name_or_path;
   }
-  if (const KnownModel *m = find_known(model_arg)) return shared_dir() + "/" + m->tokenizer;
-  // A checkpoint given by path: look for the tokenizer next to it.
+  if (const KnownModel *m = find_known(model_arg)) return known_path(*m, m->tokenizer);
+  // A GGUF model carries its tokenizer; for a llama2.c checkpoint given by
+  // path, look for the tokenizer next to it.
   const std::string model_path = resolve_model_path(model_arg);
+  if (is_gguf(model_path)) return model_path;
   const std::size_t slash = model_path.find_last_of('/');
   const std::string folder = slash == std::string::npos ? "." : model_path.substr(0, slash);
   for (const char *candidate : {"tokenizer.bin", "tok512.bin"}) {

@@ -17,6 +17,9 @@ namespace kvc_runner {
 /// The folder with models/ and data/: $KVCACHE_SHARED_DIR if set, else the
 /// folder compiled in (CMake's KVC_SHARED_DIR).
 std::string shared_dir();
+/// Where models fetched from outside the repository live (scripts/fetch-models.sh):
+/// $KVCACHE_MODEL_CACHE, else $XDG_CACHE_HOME/kvcache, else $HOME/.cache/kvcache.
+std::string model_cache_dir();
 
 /// A --model argument: a known name ("stories260k") or a path.
 std::string resolve_model_path(const std::string &name_or_path);

@@ -9,7 +9,9 @@
 #include <iterator>
 #include <queue>
 
+#include "bpe.h"
 #include "error.h"
+#include "gguf.h"
 
 namespace kvc_runner {
 namespace {
@@ -35,6 +37,38 @@ Tokenizer Tokenizer::load(const std::string &path, int vocab_size) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw RunnerError("cannot open tokenizer file '" + path + "': " + std::strerror(errno));
+  }
+  {
+    char magic[4] = {0, 0, 0, 0};
+    in.read(magic, 4);
+    if (in && std::memcmp(magic, "GGUF", 4) == 0) {
+      const GgufFile g = GgufFile::load(path);
+      const std::string model = g.get_string("tokenizer.ggml.model");
+      if (model != "gpt2") {
+        throw RunnerError("tokenizer of '" + path + "': model '" + model + "' is not supported (gpt2 byte-level BPE)");
+      }
+      Tokenizer t;
+      t.pieces_ = g.get_strings("tokenizer.ggml.tokens");
+      if (static_cast<int>(t.pieces_.size()) != vocab_size) {
+        throw RunnerError("tokenizer '" + path + "' has " + std::to_string(t.pieces_.size()) +
+                          " tokens but the model's vocab_size is " + std::to_string(vocab_size) +
+                          " (tokenizer does not match the model)");
+      }
+      t.scores_.assign(t.pieces_.size(), 0.0f);
+      const std::string pre = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
+      t.bpe_ = std::make_shared<ByteBpe>(t.pieces_, g.get_strings("tokenizer.ggml.merges"), pre);
+      auto id = [&](const char *key, int fallback) {
+        if (!g.has(key)) return fallback;
+        const std::int64_t v = g.get_int(key);
+        if (v < 0 || v >= vocab_size) throw RunnerError("tokenizer '" + path + "': " + key + " out of range");
+        return static_cast<int>(v);
+      };
+      t.bos_ = id("tokenizer.ggml.bos_token_id", kBosToken);
+      t.eos_ = id("tokenizer.ggml.eos_token_id", kEosToken);
+      return t;
+    }
+    in.clear();
+    in.seekg(0);
   }
   std::vector<char> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::size_t off = 0;
@@ -75,6 +109,14 @@ int Tokenizer::lookup(std::string_view s) const {
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) const {
+  if (bpe_) {
+    std::vector<int> tokens;
+    if (bos) tokens.push_back(bos_);
+    const std::vector<int> body = bpe_->encode(text);
+    tokens.insert(tokens.end(), body.begin(), body.end());
+    if (eos) tokens.push_back(eos_);
+    return tokens;
+  }
   std::vector<int> tokens;
   tokens.reserve(text.size() + 3);
   if (bos) tokens.push_back(kBosToken);
@@ -162,6 +204,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
 
 std::string Tokenizer::decode(int prev, int token) const {
   if (token < 0 || token >= vocab_size()) return {};
+  if (bpe_) return bpe_->decode(token);
   std::string_view p = pieces_[token];
   if (prev == kBosToken && !p.empty() && p[0] == ' ') p.remove_prefix(1);
   if (p.size() == 6 && p.substr(0, 3) == "<0x" && p[5] == '>') {

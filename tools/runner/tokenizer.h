@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The llama2.c BPE tokenizer (tokenizer.bin format: uint32 max_token_length,
-// then per token: float32 score, int32 length, bytes).
+// Tokenizers of the runner's models: llama2.c's BPE (tokenizer.bin format:
+// uint32 max_token_length, then per token: float32 score, int32 length,
+// bytes), or the byte-level BPE stored in a GGUF model (bpe.h).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -14,9 +16,12 @@ constexpr int kUnkToken = 0;
 constexpr int kBosToken = 1;
 constexpr int kEosToken = 2;
 
+class ByteBpe;
+
 class Tokenizer {
  public:
-  /// Loads a tokenizer and checks that it holds exactly `vocab_size` pieces.
+  /// Loads a tokenizer (a llama2.c tokenizer.bin, or a GGUF file's) and checks
+  /// that it holds exactly `vocab_size` pieces.
   static Tokenizer load(const std::string &path, int vocab_size);
 
   /// SentencePiece-style BPE as llama2.c does it: optional BOS, a dummy-prefix
@@ -33,6 +38,8 @@ class Tokenizer {
   std::string printable(int prev, int token) const;
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
+  int bos_token() const { return bos_; }
+  bool byte_level() const { return bpe_ != nullptr; }
   const std::string &piece(int id) const { return pieces_.at(static_cast<std::size_t>(id)); }
   float score(int id) const { return scores_.at(static_cast<std::size_t>(id)); }
 
@@ -42,6 +49,8 @@ class Tokenizer {
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int> index_;
+  std::shared_ptr<const ByteBpe> bpe_;  // GGUF "gpt2" tokenizers
+  int bos_ = kBosToken, eos_ = kEosToken;
 };
 
 }  // namespace kvc_runner

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "transformer.h"
 
+#include <cblas.h>
+
+#include "error.h"
+
 namespace kvc_runner {
 
 Transformer::Transformer(const Model &model, int max_positions)
@@ -67,6 +71,30 @@ void Transformer::matmul(float *out, const float *x, const float *w, int n, int 
     float s = 0.0f;
     for (int j = 0; j < n; ++j) s += row[j] * x[j];
     out[i] = s;
+  }
+}
+
+void Transformer::gemm(float *y, const float *x, const float *w, int rows, int in, int out) {
+  // Row-major: Y[rows][out] = X[rows][in] * W[out][in]^T.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+}
+
+void Transformer::rmsnorm_rows(float *out, const float *x, const float *weight, int rows) const {
+  for (int t = 0; t < rows; ++t)
+    rmsnorm(out + std::size_t(t) * config_.dim, x + std::size_t(t) * config_.dim, weight);
+}
+
+void Transformer::rope_row(float *vec, int n, int pos) const {
+  if (pos < 0 || pos >= max_positions_) throw RunnerError("position " + std::to_string(pos) + " is beyond the RoPE table");
+  const int head_dim = config_.head_dim(), half = head_dim / 2;
+  const float *cos_row = &rope_cos_[std::size_t(pos) * half];
+  const float *sin_row = &rope_sin_[std::size_t(pos) * half];
+  for (int i = 0; i < n; i += 2) {
+    const int pair = (i % head_dim) / 2;
+    const float c = cos_row[pair], s = sin_row[pair];
+    const float a = vec[i], b = vec[i + 1];
+    vec[i] = a * c - b * s;
+    vec[i + 1] = a * s + b * c;
   }
 }
 

@@ -5,6 +5,7 @@
 // f32 cache reproduces its outputs bit for bit.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -28,17 +29,88 @@ class Transformer {
   template <class Cache>
   const float *forward(Cache &cache, int token, int pos);
 
+  /// Runs `n` tokens at positions [pos, pos + n) at once: the matrix products
+  /// as BLAS GEMMs over the chunk (weights read once per chunk, not once per
+  /// token) and the library's causal prefill attention over the cache
+  /// (AttnSequence). Returns the logits `[n][vocab]`, valid until the next
+  /// call. Not bit-identical to forward() (other summation order).
+  template <class Cache>
+  const float *forward_chunk(Cache &cache, const int *tokens, int n, int pos);
+
  private:
   void rmsnorm(float *out, const float *x, const float *weight) const;
   static void matmul(float *out, const float *x, const float *w, int n, int d);
   void rope(int pos);
+  /// Rotates one head-major row of `n_values` values (q: dim, k: kv_dim) to position `pos`.
+  void rope_row(float *v, int n_values, int pos) const;
+  /// y[t][out] = sum_i x[t][in_i] w[out][in_i] for t < rows (cblas_sgemm).
+  static void gemm(float *y, const float *x, const float *w, int rows, int in, int out);
+  void rmsnorm_rows(float *out, const float *x, const float *weight, int rows) const;
 
   const Model &model_;
   ModelConfig config_;
   int max_positions_ = 0;
   std::vector<float> x_, xb_, xb2_, hb_, hb2_, q_, k_, v_, att_, logits_;
   std::vector<float> rope_cos_, rope_sin_;  // [max_positions][head_dim / 2]
+  // Chunk buffers (forward_chunk), grown on demand.
+  std::vector<float> cx_, cxb_, cxb2_, cq_, ck_, cv_, ch1_, ch3_, clogits_;
+  std::vector<int> crope_;
 };
+
+template <class Cache>
+const float *Transformer::forward_chunk(Cache &cache, const int *tokens, int n, int pos) {
+  const ModelConfig &c = config_;
+  const ModelWeights &w = model_.weights();
+  const int dim = c.dim, kv_dim = c.kv_dim(), hidden = c.hidden_dim;
+  const std::size_t rows = static_cast<std::size_t>(n);
+  auto grow = [](std::vector<float> &v, std::size_t size) {
+    if (v.size() < size) v.resize(size);
+  };
+  grow(cx_, rows * dim);
+  grow(cxb_, rows * dim);
+  grow(cxb2_, rows * dim);
+  grow(cq_, rows * dim);
+  grow(ck_, rows * kv_dim);
+  grow(cv_, rows * kv_dim);
+  grow(ch1_, rows * hidden);
+  grow(ch3_, rows * hidden);
+  grow(clogits_, rows * c.vocab_size);
+  crope_.resize(rows);
+  for (int t = 0; t < n; ++t) {
+    const float *e = w.token_embedding + std::size_t(tokens[t]) * dim;
+    std::copy(e, e + dim, &cx_[std::size_t(t) * dim]);
+  }
+  cache.begin_chunk(pos, n);
+  cache.rope_positions(pos, n, crope_.data());
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const std::size_t l = static_cast<std::size_t>(layer);
+    rmsnorm_rows(cxb_.data(), cx_.data(), w.rms_att + l * dim, n);
+    gemm(cq_.data(), cxb_.data(), w.wq + l * dim * dim, n, dim, dim);
+    gemm(ck_.data(), cxb_.data(), w.wk + l * dim * kv_dim, n, dim, kv_dim);
+    gemm(cv_.data(), cxb_.data(), w.wv + l * dim * kv_dim, n, dim, kv_dim);
+    for (int t = 0; t < n; ++t) {
+      rope_row(&cq_[std::size_t(t) * dim], dim, crope_[t]);
+      rope_row(&ck_[std::size_t(t) * kv_dim], kv_dim, crope_[t]);
+    }
+    cache.store_chunk(layer, pos, n, ck_.data(), cv_.data());
+    cache.attend_chunk(layer, cq_.data(), n, cxb_.data());
+    gemm(cxb2_.data(), cxb_.data(), w.wo + l * dim * dim, n, dim, dim);
+    for (std::size_t i = 0; i < rows * dim; ++i) cx_[i] += cxb2_[i];
+    rmsnorm_rows(cxb_.data(), cx_.data(), w.rms_ffn + l * dim, n);
+    gemm(ch1_.data(), cxb_.data(), w.w1 + l * dim * hidden, n, dim, hidden);
+    gemm(ch3_.data(), cxb_.data(), w.w3 + l * dim * hidden, n, dim, hidden);
+    for (std::size_t i = 0; i < rows * hidden; ++i) {
+      float val = ch1_[i];
+      val *= 1.0f / (1.0f + std::exp(-val));  // SiLU
+      ch1_[i] = val * ch3_[i];
+    }
+    gemm(cxb_.data(), ch1_.data(), w.w2 + l * dim * hidden, n, hidden, dim);
+    for (std::size_t i = 0; i < rows * dim; ++i) cx_[i] += cxb_[i];
+  }
+  rmsnorm_rows(cx_.data(), cx_.data(), w.rms_final, n);
+  gemm(clogits_.data(), cx_.data(), w.classifier, n, dim, c.vocab_size);
+  return clogits_.data();
+}
 
 template <class Cache>
 const float *Transformer::forward(Cache &cache, int token, int pos) {
