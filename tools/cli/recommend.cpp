@@ -750,15 +750,12 @@ void run_recommend(const RecommendOptions &o) {
   std::vector<const Row *> order;
   for (const Row &r : rows) order.push_back(&r);
   std::stable_sort(order.begin(), order.end(), cheaper);
-  const Row *pick = nullptr, *closest = nullptr;
-  for (const Row *r : order) {
-    if (r->meets && !pick) pick = r;
-  }
-  if (!pick) {
-    for (const Row *r : order) {
-      if (!closest || r->m.ppl_delta_pct < closest->m.ppl_delta_pct) closest = r;
-    }
-  }
+  // The pick: the least memory among the rows meeting the floor; else the closest to it.
+  const auto meeting = std::find_if(order.begin(), order.end(), [](const Row *r) { return r->meets; });
+  const Row *pick = meeting == order.end() ? nullptr : *meeting;
+  const Row *closest = pick ? nullptr : *std::min_element(order.begin(), order.end(), [](const Row *a, const Row *b) {
+    return a->m.ppl_delta_pct < b->m.ppl_delta_pct;
+  });
   PrefixAnalysis pa;
   if (prefix.given) pa = analyze_prefix(prefix, t, rows, pick, *reference);
   const std::string prefix_how =
@@ -888,15 +885,22 @@ void run_recommend(const RecommendOptions &o) {
   if (!pa.subject_note.empty()) std::printf("  %s\n", pa.subject_note.c_str());
   std::printf("  %s\n", pa.verdict.c_str());
   if (pa.subject && pa.memory_shared) {
-    std::printf("  %s with the prefix shared: %s (%.1f%% of the budget): %s\n", pa.subject->m.strategy.c_str(),
+    std::printf("  %s with the prefix shared: %s, %.1f%% of the budget: %s\n", pa.subject->m.strategy.c_str(),
                 bytes_text(pa.total_with_sharing).c_str(), 100.0 * double(pa.total_with_sharing) / double(t.memory),
                 pa.total_with_sharing <= t.memory ? "fits" : "does not fit");
   }
   if (pick && pa.subject && pa.subject != pick) {
     const std::uint64_t with = pa.total_with_sharing;
-    std::printf("  %s without prefix sharing needs %s %s than %s with it (%s)\n", pick->m.strategy.c_str(),
-                bytes_text(pick->bytes_total).c_str(), pick->bytes_total <= with ? "less" : "more",
-                pa.subject->m.strategy.c_str(), bytes_text(with).c_str());
+    const std::string pick_bytes = human_bytes(static_cast<long double>(pick->bytes_total));
+    const std::string with_bytes = human_bytes(static_cast<long double>(with));
+    if (pick->bytes_total <= with) {
+      std::printf("  %s without prefix sharing still needs less memory (%s) than %s with it (%s): using it for "
+                  "the prefix cache trades memory for prefill compute\n",
+                  pick->m.strategy.c_str(), pick_bytes.c_str(), pa.subject->m.strategy.c_str(), with_bytes.c_str());
+    } else {
+      std::printf("  %s with the prefix shared needs less memory (%s) than %s without it (%s)\n",
+                  pa.subject->m.strategy.c_str(), with_bytes.c_str(), pick->m.strategy.c_str(), pick_bytes.c_str());
+    }
   }
   if (pick && pa.best_with_sharing && pa.best_with_sharing != pick) {
     std::printf("  with the prefix shared, %s needs less than the pick: %s\n", pa.best_with_sharing->m.strategy.c_str(),
@@ -918,7 +922,10 @@ void run_recommend(const RecommendOptions &o) {
                 "bytes across the batch of %s)\n",
                 u(t.seq_len).c_str(), g.num_layers, static_cast<unsigned long long>(kBlockTableEntryBytes), u(t.batch).c_str());
   }
-  std::printf("  %s\n", pa.block_verdict.c_str());
+  if (pa.subject && pa.subject != (pick ? pick : &*reference))
+    std::printf("  for %s: %s\n", pa.subject->m.strategy.c_str(), pa.block_verdict.c_str());
+  else
+    std::printf("  %s\n", pa.block_verdict.c_str());
 }
 
 }  // namespace kvc_cli
