@@ -3,9 +3,14 @@
 
 #include <kvcache/kvcache.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "../runner/error.h"
 #include "../runner/kv_cache.h"
@@ -27,8 +32,6 @@ const std::vector<ModelPreset> &model_presets() {
   return presets;
 }
 
-namespace {
-
 std::string human_bytes(long double bytes) {
   static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
@@ -42,6 +45,8 @@ std::string human_bytes(long double bytes) {
   return buf;
 }
 
+namespace {
+
 std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const char *what) {
   if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) {
     throw RunnerError(std::string("the ") + what + " overflows 64 bits");
@@ -51,32 +56,64 @@ std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, const char *what) {
 
 }  // namespace
 
-void run_memory(const MemoryOptions &o) {
-  std::uint32_t layers = o.num_layers, kv_heads = o.num_kv_heads, head_dim = o.head_dim;
-  std::string name = "custom";
-  std::string description = "explicit dimensions";
+Geometry resolve_geometry(const std::string &preset, std::uint32_t layers, std::uint32_t kv_heads,
+                          std::uint32_t head_dim) {
+  Geometry g{"custom", "explicit dimensions", layers, kv_heads, head_dim};
   const bool explicit_dims = layers || kv_heads || head_dim;
-  if (!o.preset.empty()) {
+  if (!preset.empty()) {
     if (explicit_dims) {
       throw RunnerError("give either --preset or --layers/--kv-heads/--head-dim, not both");
     }
     const ModelPreset *found = nullptr;
     for (const ModelPreset &p : model_presets()) {
-      if (o.preset == p.name) found = &p;
+      if (preset == p.name) found = &p;
     }
     if (found == nullptr) {
       std::string names;
       for (const ModelPreset &p : model_presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
-      throw RunnerError("unknown preset '" + o.preset + "' (known: " + names + ")");
+      throw RunnerError("unknown preset '" + preset + "' (known: " + names + ")");
     }
-    layers = found->num_layers;
-    kv_heads = found->num_kv_heads;
-    head_dim = found->head_dim;
-    name = found->name;
-    description = found->description;
+    g = {found->name, found->description, found->num_layers, found->num_kv_heads, found->head_dim};
   } else if (!(layers && kv_heads && head_dim)) {
     throw RunnerError("give --preset NAME, or all of --layers, --kv-heads and --head-dim (each >= 1)");
   }
+  return g;
+}
+
+std::uint64_t parse_byte_size(const std::string &text, const std::string &what) {
+  const std::string where = what + " '" + text + "': ";
+  // number [unit], spaces allowed around both
+  static const std::regex form(R"(^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*([A-Za-z]*)\s*$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, form)) {
+    throw RunnerError(where + "not a size (expected a number and an optional unit: B, KB, MB, GB, TB, "
+                              "KiB, MiB, GiB, TiB; e.g. 16GiB, 512MiB, 1e9)");
+  }
+  std::string unit = m[4].str();
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  static const std::pair<const char *, long double> units[] = {
+      {"", 1.0L},         {"b", 1.0L},
+      {"kb", 1e3L},       {"mb", 1e6L},        {"gb", 1e9L},        {"tb", 1e12L},
+      {"kib", 0x1p10L},   {"mib", 0x1p20L},    {"gib", 0x1p30L},    {"tib", 0x1p40L}};
+  long double scale = 0.0L;
+  for (const auto &[name, factor] : units) {
+    if (unit == name) scale = factor;
+  }
+  if (scale == 0.0L) {
+    throw RunnerError(where + "unknown unit '" + m[4].str() + "' (known: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+  }
+  const std::string number = m[1].str() + m[3].str();
+  const long double bytes = std::floor(std::strtold(number.c_str(), nullptr) * scale);
+  if (!(bytes >= 1.0L)) throw RunnerError(where + "must be at least 1 byte");
+  if (!(bytes <= 0x1p63L)) throw RunnerError(where + "is too large (at most 2^63 bytes)");
+  return static_cast<std::uint64_t>(bytes);
+}
+
+void run_memory(const MemoryOptions &o) {
+  const Geometry g = resolve_geometry(o.preset, o.num_layers, o.num_kv_heads, o.head_dim);
+  const std::uint32_t layers = g.num_layers, kv_heads = g.num_kv_heads, head_dim = g.head_dim;
+  const std::string &name = g.name;
+  const std::string &description = g.description;
   if (o.seq_len == 0) throw RunnerError("--seq-len must be >= 1");
   if (o.batch == 0) throw RunnerError("--batch must be >= 1");
   kvc_dtype dtype;

@@ -9,8 +9,11 @@
 //   cli_check prefix KVCACHE                     `eval --prefix`: exact reuse counts, identical log-probs
 //   cli_check long KVCACHE FILE.svg              `eval --long`: segments, kept shares, StreamingLLM result
 //   cli_check bench KVCACHE                      `bench --quick --json`: every group, sane figures
+//   cli_check recommend CASE KVCACHE DATA_DIR    checks `recommend` on the crafted eval reports
+//                                               of DATA_DIR (tools/tests/data/recommend)
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -339,6 +342,305 @@ int bench(const std::string &kvcache) {
   return failures ? 1 : 0;
 }
 
+// --- recommend -------------------------------------------------------------------
+// The crafted reports (tools/tests/data/recommend) have rows whose answers are
+// worked out by hand below. Llama-3-8B: 2 x 32 layers x 8 KV heads x 128 = 65,536
+// elements per token, so b bits per element make 8,192 x b bytes per token.
+
+constexpr std::uint64_t kGiB = 1ull << 30;
+
+nlohmann::json recommend_json(const std::string &kvcache, const std::vector<std::string> &args) {
+  std::vector<std::string> cmd = {kvcache, "recommend", "--json"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  const ProcessResult r = run_process(cmd);
+  if (!r.exited || r.exit_code != 0) {
+    fail("recommend failed: " + describe(r) + ": " + r.err);
+    return nlohmann::json::object();
+  }
+  try {
+    return nlohmann::json::parse(r.out);
+  } catch (const std::exception &e) {
+    fail(std::string("recommend --json: stdout is not JSON: ") + e.what());
+    return nlohmann::json::object();
+  }
+}
+
+std::vector<std::string> llama3(const std::string &from, const std::string &memory, const std::string &floor,
+                                std::vector<std::string> more = {}) {
+  std::vector<std::string> a = {"--preset", "llama-3-8b", "--seq-len", "4096", "--batch", "8", "--memory",
+                                memory, "--max-ppl-increase", floor, "--from", from};
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+const nlohmann::json *row_named(const nlohmann::json &j, const std::string &strategy) {
+  if (!j.contains("rows")) return nullptr;
+  for (const auto &r : j["rows"]) {
+    if (r["strategy"] == strategy) return &r;
+  }
+  return nullptr;
+}
+
+bool near(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)); }
+
+void check_pick(const nlohmann::json &j, const std::string &strategy, std::uint64_t bytes_per_token,
+                const std::string &what) {
+  if (!j.contains("pick") || !j["pick"].is_object()) {
+    fail(what + ": no pick");
+    return;
+  }
+  const auto &p = j["pick"];
+  check(j["verdict"] == "recommend", what + ": verdict is not recommend");
+  check(p["strategy"] == strategy, what + ": picked " + p["strategy"].dump() + ", expected " + strategy);
+  check(p["bytes_per_token"] == bytes_per_token,
+        what + ": bytes_per_token " + p["bytes_per_token"].dump() + ", expected " + std::to_string(bytes_per_token));
+  check(p["meets_floor"] == true, what + ": the pick does not meet the floor");
+}
+
+int recommend_pick(const std::string &k, const std::string &dir) {
+  const std::string basic = dir + "/eval-basic.json";
+  // Floor 1%: kivi4 (6.625 bits, +0.5%) over int4 (4.5 bits, +3%) and int2 (3 bits, +20%).
+  auto j = recommend_json(k, llama3(basic, "16GiB", "1"));
+  if (failures) return 1;
+  check_pick(j, "kivi4:group=16:residual=32", 54272, "floor 1");
+  for (const char *cheaper : {"int4:group=32", "int2:group=32", "int4:group=32:kchannel=16"}) {
+    const auto *r = row_named(j, cheaper);
+    check(r && (*r)["meets_floor"] == false && (*r)["bytes_total"] < j["pick"]["bytes_total"],
+          std::string(cheaper) + " must be cheaper than the pick and miss the floor");
+  }
+  check(j["rows"].size() == 8, "8 rows besides the reference");
+  for (std::size_t i = 1; i < j["rows"].size(); ++i)
+    check(j["rows"][i - 1]["bytes_total"] <= j["rows"][i]["bytes_total"], "rows are not sorted by total memory");
+  check(j["reference"]["strategy"] == "f32" && j["reference"]["bytes_per_token"] == 262144u, "reference f32: 262144 B/token");
+  check(j["measurements"]["source"] == "file" && j["measurements"]["strategies"] == 8, "measurements");
+  // The floor moves the pick: 2.5% -> int4 with per-channel keys (5 bits), 5% -> int4 (4.5 bits),
+  // 0.1% -> int8 (12 bits), 0.0002% (inclusive) -> f16.
+  check_pick(recommend_json(k, llama3(basic, "16GiB", "2.5")), "int4:group=32:kchannel=16", 40960, "floor 2.5");
+  check_pick(recommend_json(k, llama3(basic, "16GiB", "5")), "int4:group=32", 36864, "floor 5");
+  check_pick(recommend_json(k, llama3(basic, "16GiB", "0.1")), "int8:per-token", 98304, "floor 0.1");
+  check_pick(recommend_json(k, llama3(basic, "16GiB", "0.0002")), "f16", 131072, "floor 0.0002");
+  return failures ? 1 : 0;
+}
+
+int recommend_none(const std::string &k, const std::string &dir) {
+  // Nothing meets 0.0001%: a verdict with exit 0, the closest row (f16, +0.0002%).
+  auto j = recommend_json(k, llama3(dir + "/eval-basic.json", "16GiB", "0.0001"));
+  if (failures) return 1;
+  check(j["verdict"] == "nothing_meets_floor", "verdict must be nothing_meets_floor");
+  check(j["pick"].is_null() && j["fits"].is_null(), "no pick when nothing meets the floor");
+  check(j["closest"].is_object() && j["closest"]["strategy"] == "f16", "closest must be f16");
+  check(near(j["closest"]["ppl_delta_pct"].get<double>(), 0.0002), "closest ppl_delta_pct 0.0002");
+  for (const auto &r : j["rows"]) check(r["meets_floor"] == false, r["strategy"].get<std::string>() + " meets the floor");
+  const ProcessResult t = run_process({k, "recommend", "--preset", "llama-3-8b", "--seq-len", "4096", "--batch", "8",
+                                       "--memory", "16GiB", "--max-ppl-increase", "0.0001", "--from",
+                                       dir + "/eval-basic.json"});
+  std::printf("%s", t.out.c_str());
+  check(t.exited && t.exit_code == 0, "text run must exit 0: " + describe(t));
+  check(t.out.find("no strategy meets the floor") != std::string::npos, "text misses 'no strategy meets the floor'");
+  check(t.out.find("closest: f16") != std::string::npos, "text misses 'closest: f16'");
+  return failures ? 1 : 0;
+}
+
+int recommend_fits(const std::string &k, const std::string &dir) {
+  const std::string basic = dir + "/eval-basic.json";
+  // kivi4 at 4096 tokens x batch 8: 32,768 x 54,272 = 1,778,384,896 bytes = 10.35% of 16 GiB.
+  auto j = recommend_json(k, llama3(basic, "16GiB", "1"));
+  if (failures) return 1;
+  const auto &p = j["pick"];
+  check(j["target"]["memory_bytes"] == 16 * kGiB && j["target"]["elements_per_token"] == 65536u, "target");
+  check(p["tokens_held"] == 4096u && p["bytes_total"] == 1778384896ull, "kivi4 total != 1,778,384,896");
+  check(near(p["budget_share"].get<double>(), 0.103515625), "budget share != 0.103515625");
+  check(p["fits"] == true && j["fits"] == true, "must fit in 16 GiB");
+  // Headroom: floor(16 GiB / (4096 x 54272)) = 77 sequences; floor(16 GiB / (8 x 54272)) = 39,568 tokens.
+  check(p["largest_batch_that_fits"] == 77u && p["largest_seq_len_that_fits"] == 39568u, "headroom in 16 GiB");
+  // 1 GiB: does not fit; floor(2^30 / 222,298,112) = 4 sequences, floor(2^30 / 434,176) = 2,473 tokens.
+  j = recommend_json(k, llama3(basic, "1GiB", "1"));
+  check(j["fits"] == false && j["pick"]["fits"] == false, "must not fit in 1 GiB");
+  check(j["pick"]["strategy"] == "kivi4:group=16:residual=32", "the pick does not depend on the memory");
+  check(j["pick"]["largest_batch_that_fits"] == 4u, "largest batch in 1 GiB != 4");
+  check(j["pick"]["largest_seq_len_that_fits"] == 2473u, "largest seq-len in 1 GiB != 2473");
+  // 1e9 bytes: 4 sequences, floor(1e9 / 434,176) = 2,303 tokens; explicit dimensions = the preset.
+  j = recommend_json(k, {"--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--seq-len", "4096", "--batch", "8",
+                         "--memory", "1e9", "--max-ppl-increase", "1", "--from", basic});
+  check(j["target"]["memory_bytes"] == 1000000000u && j["target"]["model"] == "custom", "1e9 / custom geometry");
+  check(j["pick"]["bytes_total"] == 1778384896ull && j["pick"]["largest_seq_len_that_fits"] == 2303u, "1e9 bytes");
+  j = recommend_json(k, llama3(basic, "512 MiB", "1"));
+  check(j["target"]["memory_bytes"] == 536870912u, "512 MiB");
+  // f32 reference: 262,144 B/token x 32,768 tokens = 8 GiB.
+  check(j["reference"]["bytes_total"] == 8 * kGiB, "reference total != 8 GiB");
+  const ProcessResult t = run_process({k, "recommend", "--preset", "llama-3-8b", "--seq-len", "4096", "--batch", "8",
+                                       "--memory", "1GiB", "--max-ppl-increase", "1", "--from", basic});
+  std::printf("%s", t.out.c_str());
+  check(t.exited && t.exit_code == 0, "text run must exit 0: " + describe(t));
+  for (const char *s : {"DOES NOT FIT", "batch 4 at most", "seq-len 2473 at most", "1778384896 bytes"})
+    check(t.out.find(s) != std::string::npos, std::string("text misses '") + s + "'");
+  return failures ? 1 : 0;
+}
+
+int recommend_eviction(const std::string &k, const std::string &dir) {
+  // Eviction rows at 4096 tokens, 16.625 bits = 136,192 B/token; kivi4 (no eviction) 54,272 B/token.
+  auto j = recommend_json(k, llama3(dir + "/eval-eviction.json", "1GiB", "1"));
+  if (failures) return 1;
+  // streaming: measured kept_fraction 0.125 (its spec says 0.5): 512 tokens x 136,192 x 8 = 557,842,432.
+  check_pick(j, "streaming:budget=0.5+f16", 136192, "eviction");
+  const auto &p = j["pick"];
+  check(p["kept_fraction_source"] == "measured" && near(p["kept_fraction"].get<double>(), 0.125), "kept 0.125 measured");
+  check(p["tokens_held"] == 512u && p["bytes_total"] == 557842432ull && p["fits"] == true, "streaming total");
+  // Largest length at batch 8: floor(2^30 / (8 x 136,192)) = 985 tokens held = 12.5% of 7,880.
+  check(p["largest_seq_len_that_fits"] == 7880u && p["largest_batch_that_fits"] == 15u, "streaming headroom");
+  struct Want { const char *s; const char *source; double kept; std::uint64_t held, bpt; bool meets; };
+  const Want want[] = {
+      {"window:budget=0.3+f16", "spec", 0.3, 1229, 136192, true},                  // ceil(0.3 x 4096)
+      {"snapkv:budget=0.3:prefill=0.25+f16", "spec", 0.825, 3380, 133120, true},   // 1 - 0.7 x 0.25
+      {"pyramidkv:budget=0.3+f16", "measured", 0.65, 2663, 134144, true},          // ceil(0.65 x 4096)
+      {"h2o:budget=0.25+f16", "measured", 0.0625, 256, 136192, false},             // cheapest, +1.5%
+      {"kivi4:group=16:residual=32", "no eviction", 1.0, 4096, 54272, true}};
+  for (const Want &w : want) {
+    const auto *r = row_named(j, w.s);
+    if (!r) {
+      fail(std::string("no row ") + w.s);
+      continue;
+    }
+    check((*r)["kept_fraction_source"] == w.source, std::string(w.s) + ": kept_fraction_source");
+    check(near((*r)["kept_fraction"].get<double>(), w.kept), std::string(w.s) + ": kept_fraction");
+    check((*r)["tokens_held"] == w.held, std::string(w.s) + ": tokens_held " + (*r)["tokens_held"].dump());
+    check((*r)["bytes_per_token"] == w.bpt, std::string(w.s) + ": bytes_per_token");
+    check((*r)["bytes_total"] == 8 * w.held * w.bpt, std::string(w.s) + ": bytes_total");
+    check((*r)["meets_floor"] == w.meets, std::string(w.s) + ": meets_floor");
+    check((*r)["evicts"] == (w.kept < 1.0), std::string(w.s) + ": evicts");
+  }
+  // At a floor of 0.06% only snapkv (+0.05%) and f16 meet it: snapkv holds 3,380 x 133,120 bytes
+  // per sequence, f16 4,096 x 131,072.
+  check_pick(recommend_json(k, llama3(dir + "/eval-eviction.json", "16GiB", "0.06")),
+             "snapkv:budget=0.3:prefill=0.25+f16", 133120, "eviction floor 0.06");
+  return failures ? 1 : 0;
+}
+
+const nlohmann::json *block_option(const nlohmann::json &prefix, std::uint64_t block) {
+  for (const auto &o : prefix["block_size_options"]) {
+    if (o["block_size"] == block) return &o;
+  }
+  return nullptr;
+}
+
+int recommend_block_size(const std::string &k, const std::string &dir) {
+  const std::string basic = dir + "/eval-basic.json";
+  // int8 (98,304 B/token) at a 0.1% floor; a 100-token prefix of a 200-token prompt, batch 8.
+  // Block 16: 96 tokens reusable (4 lost); 8: 96; 4: all 100. Block tables: ceil(4096 / b) x 32 x 4 bytes
+  // per sequence = 32,768 / 65,536 / 131,072. Block 4 shares 7 x 4 x 98,304 = 2,752,512 bytes more
+  // for 8 x 98,304 = 786,432 bytes more block tables: net +1,966,080, so lower it to 4.
+  auto j = recommend_json(k, llama3(basic, "16GiB", "0.1", {"--prefix-tokens", "100", "--prefix-share", "0.5"}));
+  if (failures) return 1;
+  const auto &p = j["prefix"];
+  check(p["assessed"] == true && p["strategy"] == "int8:per-token", "prefix assessed for int8");
+  check(p["prompt_tokens"] == 200u && p["prompt_tokens_assumed"] == false, "prompt = 100 / 0.5 = 200 tokens");
+  check(p["reusable_tokens_per_request"] == 96u && p["lost_tokens_per_request"] == 4u, "96 reusable, 4 lost");
+  check(p["memory_saved_bytes"] == 7ull * 96 * 98304, "memory saved = 7 x 96 x 98,304");
+  check(p["bytes_total_with_sharing"] == 3221225472ull - 7ull * 96 * 98304, "total with sharing");
+  check(near(p["compute_saved_share_per_request"].get<double>(), 0.48), "compute saved 96 / 200");
+  check(near(p["compute_saved_share_batch"].get<double>(), 0.42), "compute saved across the batch 7/8 x 0.48");
+  check(p["pays"] == true, "prefix caching pays");
+  const auto *b4 = block_option(p, 4), *b8 = block_option(p, 8), *b16 = block_option(p, 16);
+  if (!b4 || !b8 || !b16) {
+    fail("block sizes 16, 8 and 4 expected");
+    return 1;
+  }
+  check((*b16)["block_table_bytes_per_sequence"] == 32768u && (*b4)["block_table_bytes_per_sequence"] == 131072u,
+        "block table bytes per sequence");
+  check((*b4)["reusable_tokens"] == 100u && (*b8)["reusable_tokens"] == 96u, "reusable at 4 and 8");
+  check((*b4)["extra_saved_bytes"] == 2752512 && (*b4)["extra_block_table_bytes"] == 786432 &&
+            (*b4)["net_bytes"] == 1966080,
+        "block 4: +2,752,512 shared, +786,432 tables");
+  check((*b8)["net_bytes"] == -262144, "block 8: net -262,144");
+  check(p["recommended_block_size"] == 4u, "lower the block size to 4");
+  // A prefix that is a whole number of blocks (96): smaller blocks reuse nothing more: keep 16.
+  j = recommend_json(k, llama3(basic, "16GiB", "0.1", {"--prefix-tokens", "96", "--prefix-share", "0.5"}));
+  check(j["prefix"]["recommended_block_size"] == 16u && j["prefix"]["lost_tokens_per_request"] == 0u, "96 tokens: keep 16");
+  // Batch 1 shares no memory: the 4 extra tokens never pay for the block tables.
+  auto one = llama3(basic, "16GiB", "0.1", {"--prefix-tokens", "100", "--prefix-share", "0.5"});
+  one[5] = "1";
+  j = recommend_json(k, one);
+  check(j["prefix"]["memory_saved_bytes"] == 0u && j["prefix"]["recommended_block_size"] == 16u, "batch 1: keep 16");
+  // --block-size 32: 96 of 100 at 32, 16 and 8 alike: keep 32.
+  j = recommend_json(k, llama3(basic, "16GiB", "0.1", {"--prefix-tokens", "100", "--prefix-share", "0.5", "--block-size", "32"}));
+  check(j["prefix"]["block_size"] == 32u && j["prefix"]["recommended_block_size"] == 32u, "block 32: keep");
+  // Keys per channel over 16 tokens: blocks of 8 or 4 are impossible, so 16 stays.
+  j = recommend_json(k, llama3(basic, "16GiB", "2.5", {"--prefix-tokens", "100", "--prefix-share", "0.5"}));
+  check(j["prefix"]["strategy"] == "int4:group=32:kchannel=16", "kchannel row assessed");
+  const auto *c4 = block_option(j["prefix"], 4);
+  check(c4 && (*c4)["valid"] == false && j["prefix"]["recommended_block_size"] == 16u, "kchannel=16: block 4 impossible");
+  // kivi4 keeps a residual window: no prefix cache; assessed for int8 (the cheapest that can).
+  j = recommend_json(k, llama3(basic, "16GiB", "1", {"--prefix-tokens", "100", "--prefix-share", "0.5"}));
+  check(j["pick"]["prefix_cache_ok"] == false && j["prefix"]["strategy"] == "int8:per-token", "kivi4 refuses the prefix cache");
+  check(j["prefix"].contains("note"), "a note says why another row is assessed");
+  // Share only: the prompt is taken as the whole --seq-len: 0.5 x 4096 = 2048 tokens shared.
+  j = recommend_json(k, llama3(basic, "16GiB", "0.1", {"--prefix-share", "0.5"}));
+  check(j["prefix"]["prefix_tokens"] == 2048u && j["prefix"]["prompt_tokens_assumed"] == true, "share only");
+  // No prefix information: not assessed.
+  j = recommend_json(k, llama3(basic, "16GiB", "0.1"));
+  check(j["prefix"]["assessed"] == false && j["prefix"].contains("how"), "no prefix flags: not assessed");
+  return failures ? 1 : 0;
+}
+
+int recommend_prefix_report(const std::string &k, const std::string &dir) {
+  // eval --prefix measured 32 requests of 256 + 64 tokens: 2,304 of 10,240 tokens computed.
+  auto j = recommend_json(k, llama3(dir + "/eval-basic.json", "16GiB", "0.1", {"--from-prefix", dir + "/prefix-report.json"}));
+  if (failures) return 1;
+  const auto &p = j["prefix"];
+  check(p["source"] == "file" && p["prefix_tokens"] == 256u && p["prompt_tokens"] == 320u, "prefix from the report");
+  check(near(p["measured"]["compute_saved_share"].get<double>(), 1.0 - 2304.0 / 10240.0), "measured compute saved");
+  check(near(p["measured"]["ttft_speedup"].get<double>(), 4.0), "measured TTFT speedup");
+  check(p["block_size"] == 16u && p["reusable_tokens_per_request"] == 256u, "256 of 256 reusable in blocks of 16");
+  check(p["memory_saved_bytes"] == 7ull * 256 * 98304, "memory saved = 7 x 256 x 98,304");
+  check(p["recommended_block_size"] == 16u, "a whole number of blocks: keep 16");
+  // With --block-size 48: 240 reusable (16 lost); 24 reuses 240 too; 12 reuses 252 and pays.
+  j = recommend_json(k, llama3(dir + "/eval-basic.json", "16GiB", "0.1",
+                               {"--from-prefix", dir + "/prefix-report.json", "--block-size", "48"}));
+  check(j["prefix"]["reusable_tokens_per_request"] == 240u && j["prefix"]["recommended_block_size"] == 12u,
+        "block 48: lower to 12");
+  // An eviction pick shares no memory (compaction copies shared blocks) but still skips prefill.
+  j = recommend_json(k, llama3(dir + "/eval-eviction.json", "16GiB", "1", {"--from-prefix", dir + "/prefix-report.json"}));
+  check(j["prefix"]["strategy"] == "streaming:budget=0.5+f16" && j["prefix"]["memory_saved_bytes"] == 0u &&
+            j["prefix"]["pays"] == true,
+        "eviction pick: no memory saved, compute saved");
+  return failures ? 1 : 0;
+}
+
+int recommend_eval_run(const std::string &k) {
+  // No --from: a short eval of two strategies on the shared model, then the same choice.
+  auto j = recommend_json(k, {"--preset", "llama-3-8b", "--seq-len", "4096", "--batch", "8", "--memory", "16GiB",
+                              "--max-ppl-increase", "1", "--eval-tokens", "300", "--strategies", "f16,int8:per-token",
+                              "--no-progress"});
+  if (failures) return 1;
+  std::printf("%s\n", j.dump(2).c_str());
+  check(j["measurements"]["source"] == "eval" && j["measurements"]["tokens_scored"] == 300, "an eval run of 300 tokens");
+  check(j["rows"].size() == 2 && j["reference"]["strategy"] == "f32", "f32 reference and two rows");
+  for (const auto &r : j["rows"]) {
+    const double bits = r["bits_per_element"];
+    const std::uint64_t bpt = r["bytes_per_token"];
+    check(bpt == static_cast<std::uint64_t>(std::ceil(bits * 65536 / 8 - 1e-6)), "bytes per token from measured bits");
+    check(r["bytes_total"] == 8ull * 4096 * bpt, "total = 8 x 4096 x bytes per token");
+    check(r["meets_floor"] == (r["ppl_delta_pct"].get<double>() <= 1.0), "meets_floor follows ppl_delta_pct");
+  }
+  if (j["verdict"] == "recommend") {
+    for (const auto &r : j["rows"])
+      if (r["meets_floor"] == true) check(j["pick"]["bytes_total"] <= r["bytes_total"], "the pick is the smallest that meets");
+  }
+  return failures ? 1 : 0;
+}
+
+int recommend(const std::string &which, const std::string &kvcache, const std::string &dir) {
+  if (which == "pick") return recommend_pick(kvcache, dir);
+  if (which == "none") return recommend_none(kvcache, dir);
+  if (which == "fits") return recommend_fits(kvcache, dir);
+  if (which == "eviction") return recommend_eviction(kvcache, dir);
+  if (which == "block-size") return recommend_block_size(kvcache, dir);
+  if (which == "prefix-report") return recommend_prefix_report(kvcache, dir);
+  if (which == "eval-run") return recommend_eval_run(kvcache);
+  fail("unknown recommend case '" + which + "'");
+  return 1;
+}
+
 std::vector<std::string> after_dashes(int argc, char **argv, int from) {
   std::vector<std::string> cmd;
   for (int i = from; i < argc; ++i) cmd.emplace_back(argv[i]);
@@ -360,6 +662,7 @@ int main(int argc, char **argv) {
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
     if (mode == "long" && argc == 4) return long_context(argv[2], argv[3]);
     if (mode == "bench" && argc == 3) return bench(argv[2]);
+    if (mode == "recommend" && argc == 5) return recommend(argv[2], argv[3], argv[4]);
   } catch (const std::exception &e) {
     fail(e.what());
     return 1;
