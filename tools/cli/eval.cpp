@@ -97,7 +97,9 @@ EvalReport run_eval(const EvalOptions &opt) {
   rep.num_kv_heads = c.n_kv_heads;
   rep.head_dim = c.head_dim();
 
-  const int ctx = opt.ctx != 0 ? opt.ctx : opt.long_context ? kLongContextFactor * c.seq_len : c.seq_len;
+  // Windows: the trained context, at most kDefaultWindow positions (SmolLM2 is trained on 8,192).
+  const int base_window = std::min(c.seq_len, kDefaultWindow);
+  const int ctx = opt.ctx != 0 ? opt.ctx : opt.long_context ? kLongContextFactor * base_window : base_window;
   if (ctx < 2 || ctx > kMaxEvalContext) {
     throw RunnerError("--ctx " + std::to_string(ctx) + " is out of range: must be 2.." +
                       std::to_string(kMaxEvalContext) + " (the model's trained context is " +
@@ -107,18 +109,28 @@ EvalReport run_eval(const EvalOptions &opt) {
   if (opt.segment < 0) throw RunnerError("--segment must be >= 1 (0: the model's seq_len)");
   rep.ctx = ctx;
   rep.trained_context = c.seq_len;
-  const int segment = opt.segment > 0 ? opt.segment : c.seq_len;
+  const int segment = opt.segment > 0 ? opt.segment : base_window;
   rep.segment = segment;
   const std::size_t n_segments = static_cast<std::size_t>((ctx - 1) / segment + 1);
 
+  // A window's position 0 is BOS when the model's sequences start with it
+  // (llama2.c); otherwise (SmolLM2's GGUF) the text token before the window's
+  // first scored token, so the text's very first token is context only.
+  const bool use_bos = c.add_bos;
+  const int bos = tokenizer.bos_token();
   std::vector<int> tokens = tokenizer.encode(text, false, false);
-  if (tokens.empty()) throw RunnerError("text file '" + rep.text_path + "' holds no tokens");
-  std::int64_t to_score = static_cast<std::int64_t>(tokens.size());
+  const std::int64_t lead = use_bos ? 0 : 1;
+  if (static_cast<std::int64_t>(tokens.size()) <= lead) throw RunnerError("text file '" + rep.text_path + "' holds too few tokens");
+  std::int64_t to_score = static_cast<std::int64_t>(tokens.size()) - lead;
   if (opt.max_tokens > 0) to_score = std::min(to_score, opt.max_tokens);
+  if (opt.chunk < 0) throw RunnerError("--chunk must be >= 1 (0: the model's default)");
+  const int chunk = opt.chunk > 0 ? opt.chunk : c.gguf ? kGgufChunk : 1;
+  rep.chunk = chunk;
+  rep.bos = use_bos;
   std::vector<Window> windows;
-  for (std::int64_t first = 0; first < to_score; first += ctx - 1) {
+  for (std::int64_t first = lead; first < lead + to_score; first += ctx - 1) {
     windows.push_back({static_cast<std::size_t>(first),
-                       static_cast<int>(std::min<std::int64_t>(ctx - 1, to_score - first))});
+                       static_cast<int>(std::min<std::int64_t>(ctx - 1, lead + to_score - first))});
   }
   rep.windows = static_cast<int>(windows.size());
   rep.tokens_scored = to_score;
@@ -226,7 +238,11 @@ EvalReport run_eval(const EvalOptions &opt) {
         }
         const Window &win = windows[w];
         const int n_pos = win.scored + 1;
-        auto token_at = [&](int pos) { return pos == 0 ? kBosToken : tokens[win.first + pos - 1]; };
+        auto token_at = [&](int pos) {
+          return pos > 0 ? tokens[win.first + pos - 1] : use_bos ? bos : tokens[win.first - 1];
+        };
+        std::vector<int> win_tokens(static_cast<std::size_t>(n_pos));
+        for (int pos = 0; pos < n_pos; ++pos) win_tokens[static_cast<std::size_t>(pos)] = token_at(pos);
         for (std::size_t r = 0; r < n_rows; ++r) {
           WindowSums &acc = sums[w][r];
           EvictionSettings ev;
@@ -243,11 +259,23 @@ EvalReport run_eval(const EvalOptions &opt) {
             }
           }
           AttnSequence seq(*pools[r], w, c, ev);
+          const float *chunk_logits = nullptr;
+          int chunk_from = 0, chunk_len = 0;
           for (int pos = 0; pos < n_pos; ++pos) {
-            const double t0 = thread_cpu_seconds();
-            const float *logits = transformer.forward(seq, token_at(pos), pos);
-            acc.seconds += thread_cpu_seconds() - t0;
-            ++acc.positions;
+            if (pos >= chunk_from + chunk_len) {
+              // The next chunk: up to `chunk` positions, never across SnapKV's prefill boundary.
+              chunk_from = pos;
+              chunk_len = std::min(chunk, n_pos - pos);
+              const int boundary = seq.prefill_boundary();
+              if (boundary > pos && boundary < pos + chunk_len) chunk_len = boundary - pos;
+              const double t0 = thread_cpu_seconds();
+              chunk_logits = chunk_len == 1 && chunk == 1
+                                 ? transformer.forward(seq, win_tokens[static_cast<std::size_t>(pos)], pos)
+                                 : transformer.forward_chunk(seq, &win_tokens[static_cast<std::size_t>(pos)], chunk_len, pos);
+              acc.seconds += thread_cpu_seconds() - t0;
+              acc.positions += chunk_len;
+            }
+            const float *logits = chunk_logits + std::size_t(pos - chunk_from) * vocab;
             if (pos + 1 >= n_pos) break;  // its prediction belongs to the next window
             const int target = tokens[win.first + pos];
             log_softmax(logits, vocab, logp);
@@ -287,7 +315,7 @@ EvalReport run_eval(const EvalOptions &opt) {
           WindowSums &acc = array_sums[w];
           for (int pos = 0; pos < n_pos; ++pos) {
             const double t0 = thread_cpu_seconds();
-            transformer.forward(*array_cache, token_at(pos), pos);
+            transformer.forward(*array_cache, win_tokens[static_cast<std::size_t>(pos)], pos);
             acc.seconds += thread_cpu_seconds() - t0;
             ++acc.positions;
           }
@@ -435,8 +463,10 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
   std::fprintf(out, "text    %s\n", rep.text_path.c_str());
   std::fprintf(out,
                "scored  %lld tokens in %d windows of ctx %d (teacher forcing, each window starts "
-               "with BOS); reference: dense f32\n",
-               static_cast<long long>(rep.tokens_scored), rep.windows, rep.ctx);
+               "with %s); reference: dense f32%s\n",
+               static_cast<long long>(rep.tokens_scored), rep.windows, rep.ctx,
+               rep.bos ? "BOS" : "the token before its first scored one",
+               rep.chunk > 1 ? (", forward pass in chunks of " + std::to_string(rep.chunk) + " positions").c_str() : "");
   if (rep.ctx > rep.trained_context) {
     std::fprintf(out,
                  "note    ctx %d is above the model's trained context of %d positions: dense caches run "
@@ -545,6 +575,7 @@ std::string eval_json(const EvalReport &rep) {
   j["text"] = rep.text_path;
   j["ctx"] = rep.ctx;
   j["trained_context"] = rep.trained_context;
+  j["chunk"] = rep.chunk;
   j["segment"] = rep.segment;
   j["windows"] = rep.windows;
   j["tokens_scored"] = rep.tokens_scored;

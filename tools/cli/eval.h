@@ -12,10 +12,15 @@ namespace kvc_cli {
 
 /// The longest window `kvcache eval --ctx` accepts (positions, BOS included).
 constexpr int kMaxEvalContext = 65536;
-/// `kvcache eval --long`: windows of this many times the trained context...
+/// Default window: the model's trained context, at most this many positions.
+constexpr int kDefaultWindow = 512;
+/// `kvcache eval --long`: windows of this many times the default window...
 constexpr int kLongContextFactor = 8;
 /// ...and this many tokens scored by default (8 windows of 4,096 positions on stories260K).
 constexpr std::int64_t kLongEvalTokens = 32760;
+
+/// Default chunk of the forward pass for GGUF models (BLAS GEMMs, prefill attention).
+constexpr int kGgufChunk = 64;
 
 struct EvalOptions {
   std::string model = "stories260k";
@@ -24,6 +29,7 @@ struct EvalOptions {
   std::vector<Strategy> strategies;
   int ctx = 0;               ///< 0: the model's seq_len; above it runs past the trained context
   bool long_context = false; ///< --long: ctx 0 means kLongContextFactor x seq_len
+  int chunk = 0;             ///< positions per forward pass (0: 1 for llama2.c models, kGgufChunk for GGUF)
   int segment = 0;           ///< perplexity per segment of this many positions (0: the model's seq_len)
   std::int64_t max_tokens = 32768;  ///< tokens scored (0: the whole text)
   int threads = 0;           ///< 0: one per core, at most one per window
@@ -53,6 +59,8 @@ struct EvalReport {
   std::string model, model_path, tokenizer_path, text_path;
   int ctx = 0;
   int trained_context = 0;  ///< the model's seq_len
+  int chunk = 1;            ///< positions per forward pass
+  bool bos = true;          ///< windows start with BOS (else with the token before the first scored one)
   int segment = 0;          ///< positions per segment of segment_ppl
   int windows = 0;
   std::int64_t tokens_scored = 0;

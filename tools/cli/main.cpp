@@ -75,6 +75,9 @@ int main(int argc, char **argv) {
   eval->add_option("--suffix-tokens", prefix_opt.suffix_tokens, "--prefix: tokens after the prefix, different per request")
       ->capture_default_str();
   eval->add_option("--block-size", prefix_opt.block_size, "--prefix: pool block size in tokens")->capture_default_str();
+  eval->add_option("--chunk", eval_opt.chunk,
+                   "Positions per forward pass: 1 decodes token by token; more batches the matrix products "
+                   "(BLAS) and runs the library's prefill attention (default: 1 for llama2.c models, 64 for GGUF)");
   eval->add_option("--segment", eval_opt.segment,
                    "Positions per segment of the per-segment perplexity (default: the model's seq_len)");
   eval->add_option("--threads", eval_opt.threads, "Worker threads (default: one per core)");
