@@ -122,7 +122,9 @@ EvalReport run_eval(const EvalOptions &opt) {
   const std::int64_t lead = use_bos ? 0 : 1;
   if (static_cast<std::int64_t>(tokens.size()) <= lead) throw RunnerError("text file '" + rep.text_path + "' holds too few tokens");
   std::int64_t to_score = static_cast<std::int64_t>(tokens.size()) - lead;
-  if (opt.max_tokens > 0) to_score = std::min(to_score, opt.max_tokens);
+  const std::int64_t max_tokens =
+      opt.max_tokens_default && c.gguf && !opt.long_context ? kGgufEvalTokens : opt.max_tokens;
+  if (max_tokens > 0) to_score = std::min(to_score, max_tokens);
   if (opt.chunk < 0) throw RunnerError("--chunk must be >= 1 (0: the model's default)");
   const int chunk = opt.chunk > 0 ? opt.chunk : c.gguf ? kGgufChunk : 1;
   rep.chunk = chunk;
@@ -189,6 +191,7 @@ EvalReport run_eval(const EvalOptions &opt) {
   int threads = opt.threads > 0 ? opt.threads : static_cast<int>(hw == 0 ? 1 : hw);
   threads = std::max(1, std::min(threads, rep.windows));
   rep.threads = threads;
+  set_blas_threads(1);  // parallel over windows: one BLAS thread per worker
 
   WindowSums blank;
   blank.seg_nll.assign(n_segments, 0.0);

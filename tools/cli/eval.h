@@ -19,6 +19,8 @@ constexpr int kLongContextFactor = 8;
 /// ...and this many tokens scored by default (8 windows of 4,096 positions on stories260K).
 constexpr std::int64_t kLongEvalTokens = 32760;
 
+/// Tokens scored by default on GGUF models (135M parameters and more: about 40x the work per token).
+constexpr std::int64_t kGgufEvalTokens = 4096;
 /// Default chunk of the forward pass for GGUF models (BLAS GEMMs, prefill attention).
 constexpr int kGgufChunk = 64;
 
@@ -32,6 +34,7 @@ struct EvalOptions {
   int chunk = 0;             ///< positions per forward pass (0: 1 for llama2.c models, kGgufChunk for GGUF)
   int segment = 0;           ///< perplexity per segment of this many positions (0: the model's seq_len)
   std::int64_t max_tokens = 32768;  ///< tokens scored (0: the whole text)
+  bool max_tokens_default = false;  ///< not given: 32768, or kGgufEvalTokens for GGUF models
   int threads = 0;           ///< 0: one per core, at most one per window
   bool progress = true;      ///< progress bar on stderr (only when it is a terminal)
   bool overhead = false;     ///< also time the bare forward pass on a plain array cache

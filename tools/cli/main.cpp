@@ -184,6 +184,7 @@ int main(int argc, char **argv) {
       if (strategies_arg.empty()) {
         for (const std::string &d : defaults) strategies_arg += (strategies_arg.empty() ? "" : ",") + d;
       }
+      eval_opt.max_tokens_default = max_tokens_opt->count() == 0;
       if (eval_long) {
         eval_opt.long_context = true;
         if (max_tokens_opt->count() == 0) eval_opt.max_tokens = kLongEvalTokens;

@@ -74,6 +74,8 @@ void Transformer::matmul(float *out, const float *x, const float *w, int n, int 
   }
 }
 
+void set_blas_threads(int n) { openblas_set_num_threads(n); }
+
 void Transformer::gemm(float *y, const float *x, const float *w, int rows, int in, int out) {
   // Row-major: Y[rows][out] = X[rows][in] * W[out][in]^T.
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);

@@ -13,6 +13,10 @@
 
 namespace kvc_runner {
 
+/// Threads of the BLAS library behind forward_chunk (OpenBLAS); callers that
+/// run one forward pass per thread set 1.
+void set_blas_threads(int n);
+
 class Transformer {
  public:
   /// `max_positions`: the largest position forward() accepts, plus one

@@ -1,0 +1,332 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tests of the GGUF model path of the runner (gguf_*, smollm2_*):
+// MODEL.gguf may be the known name "smollm2" (scripts/fetch-models.sh's cache).
+//   gguf_test bad-files MODEL.gguf DIR       malformed and truncated GGUF files give a clear
+//                                            RunnerError, never a crash
+//   gguf_test load MODEL.gguf                 SmolLM2-135M's geometry, tensors and tied classifier
+//   gguf_test tokenize MODEL.gguf FIXTURES    our byte-level BPE ids equal llama.cpp's on both texts
+//   gguf_test logprobs MODEL.gguf FIXTURES    our forward pass (f16 K/V) against llama.cpp's
+//                                            log-probabilities over 2,048 tokens
+//   gguf_test chunk MODEL.gguf                chunked forward passes agree with token-by-token ones
+// The shared text comes from <shared>/data (KVCACHE_SHARED_DIR).
+#include <openssl/evp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runner/error.h"
+#include "runner/gguf.h"
+#include "runner/kv_cache.h"
+#include "runner/model.h"
+#include "runner/runner.h"
+#include "runner/tokenizer.h"
+#include "runner/transformer.h"
+
+using namespace kvc_runner;
+
+namespace {
+
+int failures = 0;
+
+void fail(const std::string &msg) {
+  std::fprintf(stderr, "FAIL: %s\n", msg.c_str());
+  ++failures;
+}
+
+void check(bool ok, const std::string &msg) {
+  if (!ok) fail(msg);
+}
+
+std::vector<std::uint8_t> read_bytes(const std::string &path, std::size_t max = SIZE_MAX) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw RunnerError("cannot open " + path);
+  std::vector<std::uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (b.size() > max) b.resize(max);
+  return b;
+}
+
+void write_bytes(const std::string &path, const std::vector<std::uint8_t> &b) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char *>(b.data()), static_cast<std::streamsize>(b.size()));
+  if (!out) throw RunnerError("cannot write " + path);
+}
+
+/// `what` must fail with a RunnerError whose message contains `expect`.
+template <class F>
+void expect_error(const std::string &name, const std::string &expect, F &&what) {
+  try {
+    what();
+    fail(name + ": accepted, expected an error containing '" + expect + "'");
+  } catch (const RunnerError &e) {
+    const std::string msg = e.what();
+    if (msg.find(expect) == std::string::npos) fail(name + ": message '" + msg + "' lacks '" + expect + "'");
+    else std::printf("%-34s -> %s\n", name.c_str(), msg.c_str());
+  }
+}
+
+void put_u32(std::vector<std::uint8_t> &b, std::size_t at, std::uint32_t v) { std::memcpy(&b[at], &v, 4); }
+void put_u64(std::vector<std::uint8_t> &b, std::size_t at, std::uint64_t v) { std::memcpy(&b[at], &v, 8); }
+
+int bad_files(const std::string &model, const std::string &dir) {
+  // The header, metadata and tensor infos of SmolLM2's file fit in its first 2 MB.
+  const std::vector<std::uint8_t> head = read_bytes(model, 2u << 20);
+  const GgufFile good = GgufFile::load(model);
+  auto parse = [](std::vector<std::uint8_t> b) { return [b]() mutable { GgufFile::parse(std::move(b), "crafted"); }; };
+  {
+    auto b = head;
+    b[0] = 'X';
+    expect_error("bad magic", "not a GGUF file", parse(b));
+  }
+  {
+    auto b = head;
+    put_u32(b, 4, 4);
+    expect_error("version 4", "GGUF version 4 is not supported", parse(b));
+  }
+  {
+    auto b = head;
+    put_u64(b, 8, 1ull << 40);
+    expect_error("huge tensor count", "tensor count", parse(b));
+  }
+  {
+    auto b = head;
+    put_u64(b, 16, 1ull << 40);
+    expect_error("huge metadata count", "metadata count", parse(b));
+  }
+  {
+    auto b = head;
+    put_u64(b, 24, 1ull << 50);  // the first key's length
+    expect_error("huge key length", "implausible", parse(b));
+  }
+  {
+    auto b = head;
+    put_u32(b, 24 + 8 + std::strlen("general.architecture"), 99);  // its value type
+    expect_error("unknown value type", "unknown value type 99", parse(b));
+  }
+  // Cuts of the header region fail cleanly (cut points denser near the start, where the structure is).
+  int cuts = 0;
+  for (std::size_t cut = 0; cut < 1785664; cut += 1 + cut / 16 + (cut * 7919) % 97) {
+    std::vector<std::uint8_t> b(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(cut));
+    try {
+      GgufFile::parse(std::move(b), "cut");
+      fail("a file cut at byte " + std::to_string(cut) + " was accepted");
+    } catch (const RunnerError &e) {
+      if (std::string(e.what()).find("truncated") == std::string::npos &&
+          std::string(e.what()).find("not a GGUF") == std::string::npos)
+        fail("cut at " + std::to_string(cut) + ": unexpected message " + e.what());
+    }
+    ++cuts;
+  }
+  std::printf("%d cuts of the header region: all refused as truncated\n", cuts);
+  // The whole header but not all the data: a tensor runs past the end.
+  expect_error("data section cut", "runs past the end of the file", parse(head));
+  // A file on disk: the loader names it, a tensor shape that contradicts the metadata is refused.
+  write_bytes(dir + "/cut.gguf", head);
+  expect_error("load a cut file", "runs past the end", [&] { Model::load(dir + "/cut.gguf"); });
+  check(good.tensors().size() == 272, "SmolLM2 has 272 tensors");
+  // Flip one tensor's type to an unsupported one (q5_k = 13).
+  {
+    auto b = head;
+    // Find the type field of the first tensor info: after its name "token_embd.weight", n_dims, dims.
+    const std::string name = "token_embd.weight";
+    std::size_t at = std::string(b.begin(), b.end()).find(name);
+    check(at != std::string::npos, "tensor name found");
+    at += name.size() + 4 + 2 * 8;
+    put_u32(b, at, 13);
+    expect_error("unsupported tensor type", "ggml type 13 is not supported", parse(b));
+  }
+  return failures ? 1 : 0;
+}
+
+int load(const std::string &path) {
+  const Model m = Model::load(path);
+  const ModelConfig &c = m.config();
+  std::printf("dim %d hidden %d layers %d heads %d/%d head_dim %d vocab %d ctx %d theta %g eps %g\n", c.dim,
+              c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.vocab_size, c.seq_len, c.rope_theta,
+              c.norm_eps);
+  check(c.gguf && c.dim == 576 && c.hidden_dim == 1536 && c.n_layers == 30 && c.n_heads == 9 && c.n_kv_heads == 3 &&
+            c.head_dim() == 64 && c.vocab_size == 49152 && c.seq_len == 8192,
+        "SmolLM2-135M geometry");
+  check(c.rope_theta == 100000.0f && std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "rope base 100000, eps 1e-5");
+  check(c.shared_classifier && m.weights().classifier == m.weights().token_embedding, "tied classifier");
+  check(!c.add_bos && c.bos_token == 1, "no BOS added; bos id 1");
+  // Spot values: the embedding row of token 0 is finite and not all zero; norms near 1.
+  double sum = 0;
+  for (int i = 0; i < c.dim; ++i) sum += std::fabs(m.weights().token_embedding[i]);
+  check(std::isfinite(sum) && sum > 0, "embedding row 0");
+  return failures ? 1 : 0;
+}
+
+std::string sha256_ids(const std::vector<int> &ids) {
+  std::vector<std::uint8_t> bytes(ids.size() * 4);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const std::uint32_t v = static_cast<std::uint32_t>(ids[i]);
+    for (int k = 0; k < 4; ++k) bytes[4 * i + k] = static_cast<std::uint8_t>(v >> (8 * k));
+  }
+  unsigned char md[32];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr);
+  static const char *hex = "0123456789abcdef";
+  std::string s;
+  for (unsigned i = 0; i < len; ++i) {
+    s += hex[md[i] >> 4];
+    s += hex[md[i] & 15];
+  }
+  return s;
+}
+
+int tokenize(const std::string &model, const std::string &fixtures) {
+  const Model m = Model::load(model);
+  const Tokenizer tok = Tokenizer::load(model, m.config().vocab_size);
+  for (const char *name : {"tinystories-valid-sample", "out-of-domain"}) {
+    std::ifstream in(fixtures + "/tokens-" + name + ".txt");
+    if (!in) throw RunnerError(std::string("missing fixture tokens-") + name + ".txt");
+    std::string line, digest;
+    std::size_t count = 0;
+    std::vector<int> head;
+    while (std::getline(in, line)) {
+      if (line.empty() || line[0] == '#') continue;
+      std::istringstream ls(line);
+      if (line.rfind("count ", 0) == 0) ls.ignore(6) >> count;
+      else if (line.rfind("sha256 ", 0) == 0) ls.ignore(7) >> digest;
+      else
+        for (int id; ls >> id;) head.push_back(id);
+    }
+    const std::string text = read_text_file(shared_dir() + "/data/" + name + ".txt", "text file");
+    const std::vector<int> ids = tok.encode(text, false, false);
+    std::size_t first_diff = 0;
+    while (first_diff < head.size() && first_diff < ids.size() && ids[first_diff] == head[first_diff]) ++first_diff;
+    std::printf("%s: %zu ids (llama.cpp %zu); first %zu of llama.cpp's head agree\n", name, ids.size(), count,
+                first_diff);
+    if (first_diff < head.size() && first_diff < ids.size()) {
+      std::string ours, theirs;
+      for (std::size_t k = first_diff; k < first_diff + 8 && k < ids.size() && k < head.size(); ++k) {
+        ours += " " + std::to_string(ids[k]) + "'" + tok.decode(0, ids[k]) + "'";
+        theirs += " " + std::to_string(head[k]) + "'" + tok.decode(0, head[k]) + "'";
+      }
+      fail(std::string(name) + ": first difference at id " + std::to_string(first_diff) + ": ours" + ours +
+           " | llama.cpp" + theirs);
+    }
+    check(ids.size() == count, std::string(name) + ": token count differs from llama.cpp's");
+    check(sha256_ids(ids) == digest, std::string(name) + ": SHA-256 of the ids differs from llama.cpp's");
+  }
+  return failures ? 1 : 0;
+}
+
+int logprobs(const std::string &model, const std::string &fixtures) {
+  const Model m = Model::load(model);
+  const ModelConfig &c = m.config();
+  const Tokenizer tok = Tokenizer::load(model, c.vocab_size);
+  const std::string text = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  std::vector<int> ids = tok.encode(text, false, false);
+  const int n = 2048;
+  if (static_cast<int>(ids.size()) < n) throw RunnerError("text too short");
+  ids.resize(n);
+  std::ifstream in(fixtures + "/logprobs-2048.tsv");
+  if (!in) throw RunnerError("missing fixture logprobs-2048.tsv");
+  std::vector<int> target, top1;
+  std::vector<double> ref;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    int pos, t, k;
+    double lp;
+    if (!(ls >> pos >> t >> lp >> k) || pos != static_cast<int>(ref.size())) throw RunnerError("bad fixture line: " + line);
+    target.push_back(t);
+    ref.push_back(lp);
+    top1.push_back(k);
+  }
+  check(static_cast<int>(ref.size()) == n - 1, "fixture holds 2047 positions");
+  Transformer tr(m, n);
+  set_blas_threads(2);
+  KvPool pool(c, KVC_DTYPE_F16, KVC_DTYPE_F16, static_cast<std::uint32_t>(n));
+  AttnSequence seq(pool, 1, c);
+  std::vector<double> logp;
+  double abs_sum = 0, max_abs = 0;
+  int agree = 0, targets_match = 0;
+  const int chunk = 128;
+  for (int pos = 0; pos < n; pos += chunk) {
+    const int len = std::min(chunk, n - pos);
+    const float *logits = tr.forward_chunk(seq, ids.data() + pos, len, pos);
+    for (int i = 0; i < len; ++i) {
+      const int p = pos + i;
+      if (p >= n - 1) break;
+      const float *row = logits + std::size_t(i) * c.vocab_size;
+      log_softmax(row, c.vocab_size, logp);
+      int best = 0;
+      for (int v = 1; v < c.vocab_size; ++v)
+        if (row[v] > row[best]) best = v;
+      targets_match += ids[static_cast<std::size_t>(p) + 1] == target[static_cast<std::size_t>(p)];
+      const double d = std::fabs(logp[static_cast<std::size_t>(target[static_cast<std::size_t>(p)])] - ref[static_cast<std::size_t>(p)]);
+      abs_sum += d;
+      max_abs = std::max(max_abs, d);
+      agree += best == top1[static_cast<std::size_t>(p)];
+    }
+  }
+  const double mean_abs = abs_sum / (n - 1), agreement = double(agree) / (n - 1);
+  std::printf("2047 positions: top-1 agreement %.4f, mean |logprob diff| %.5f nats, max %.4f\n", agreement, mean_abs,
+              max_abs);
+  check(targets_match == n - 1, "the fixture's targets are our token ids");
+  check(agreement >= 0.99, "top-1 agreement with llama.cpp below 99%");
+  check(mean_abs < 0.02, "mean |logprob difference| with llama.cpp is 0.02 nats or more");
+  return failures ? 1 : 0;
+}
+
+int chunk(const std::string &model) {
+  const Model m = Model::load(model);
+  const ModelConfig &c = m.config();
+  const Tokenizer tok = Tokenizer::load(model, c.vocab_size);
+  const std::string text = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  std::vector<int> ids = tok.encode(text.substr(0, 1000), false, false);
+  const int n = 48;
+  Transformer tr(m, 64);
+  KvPool pool(c, KVC_DTYPE_F32, KVC_DTYPE_F32, 64, 2);
+  std::vector<float> one;
+  {
+    AttnSequence s(pool, 1, c);
+    for (int p = 0; p < n; ++p) {
+      const float *l = tr.forward(s, ids[static_cast<std::size_t>(p)], p);
+      one.insert(one.end(), l, l + c.vocab_size);
+    }
+  }
+  AttnSequence s(pool, 2, c);
+  double max_diff = 0, max_abs = 0;
+  for (int pos = 0; pos < n; pos += 20) {  // chunks of 20, 20 and 8
+    const int len = std::min(20, n - pos);
+    const float *l = tr.forward_chunk(s, ids.data() + pos, len, pos);
+    for (std::size_t i = 0; i < std::size_t(len) * c.vocab_size; ++i) {
+      const float a = one[std::size_t(pos) * c.vocab_size + i];
+      max_diff = std::max(max_diff, double(std::fabs(l[i] - a)));
+      max_abs = std::max(max_abs, double(std::fabs(a)));
+    }
+  }
+  std::printf("chunked vs token by token, %d positions: max |logit difference| %.3g (logits up to %.1f)\n", n, max_diff,
+              max_abs);
+  check(max_diff < 1e-3 * std::max(1.0, max_abs), "chunked logits differ from token-by-token ones");
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  try {
+    const std::string model = argc > 2 ? resolve_model_path(argv[2]) : "";  // "smollm2": the model cache
+    if (mode == "bad-files" && argc == 4) return bad_files(model, argv[3]);
+    if (mode == "load" && argc == 3) return load(model);
+    if (mode == "tokenize" && argc == 4) return tokenize(model, argv[3]);
+    if (mode == "logprobs" && argc == 4) return logprobs(model, argv[3]);
+    if (mode == "chunk" && argc == 3) return chunk(model);
+  } catch (const std::exception &e) {
+    fail(e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "usage: see the comment at the top of gguf_test.cpp\n");
+  return 2;
+}
