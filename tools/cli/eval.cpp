@@ -570,7 +570,59 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
   }
 }
 
-std::string eval_json(const EvalReport &rep) {
+std::string read_peer_report(const std::string &path) {
+  const std::string text = read_text_file(path, "peer report");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception &e) {
+    throw RunnerError("peer report '" + path + "' is not JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("results") || !j["results"].is_array() || j["results"].empty())
+    throw RunnerError("peer report '" + path + "' has no results (expected bench/peers/llamacpp_kv.py --json output)");
+  for (const auto &r : j["results"]) {
+    for (const char *k : {"strategy", "bits_per_element", "kv_bytes_per_token", "ppl", "ppl_delta_pct", "kl_mean"})
+      if (!r.contains(k)) throw RunnerError("peer report '" + path + "': a result lacks '" + k + "'");
+    if (!r["strategy"].is_string() || !r["bits_per_element"].is_number() || !r["ppl"].is_number() ||
+        !r["ppl_delta_pct"].is_number() || !r["kl_mean"].is_number() || !r["kv_bytes_per_token"].is_number())
+      throw RunnerError("peer report '" + path + "': a result has a field of the wrong type");
+  }
+  return text;
+}
+
+void print_peer_table(const EvalReport &rep, const std::string &peer, std::FILE *out) {
+  const nlohmann::json j = nlohmann::json::parse(peer);
+  std::fprintf(out, "\nside by side with %s (%s; %s windows of ctx %s, %s tokens scored). Our rows against dense "
+                    "f32, the peer's against its own f16 K/V:\n\n",
+               j.value("peer", std::string("peer")).c_str(), j.value("model", std::string("?")).c_str(),
+               j.contains("windows") ? j["windows"].dump().c_str() : "?", j.contains("ctx") ? j["ctx"].dump().c_str() : "?",
+               j.contains("tokens_scored") ? j["tokens_scored"].dump().c_str() : "?");
+  struct Row {
+    std::string name;
+    double bits, bytes, ppl, delta, kl;
+  };
+  std::vector<Row> rows;
+  for (const StrategyResult &r : rep.results)
+    rows.push_back({r.strategy, r.effective_bits_per_element, double(r.kv_bytes_per_token) * r.kept_fraction, r.ppl,
+                    r.ppl_delta_pct, r.kl_mean});
+  for (const auto &r : j["results"])
+    rows.push_back({r["strategy"].get<std::string>(), r["bits_per_element"].get<double>(),
+                    r["kv_bytes_per_token"].get<double>(), r["ppl"].get<double>(), r["ppl_delta_pct"].get<double>(),
+                    r["kl_mean"].get<double>()});
+  std::stable_sort(rows.begin(), rows.end(), [](const Row &a, const Row &b) { return a.bits < b.bits; });
+  std::size_t w = 8;
+  for (const Row &r : rows) w = std::max(w, r.name.size());
+  std::fprintf(out, "%-*s  %9s  %12s  %10s  %10s  %10s\n", static_cast<int>(w), "strategy", "eff. bits", "B/position",
+               "ppl", "ppl Δ%", "KL mean");
+  std::fprintf(out, "%s\n", std::string(w + 60, '-').c_str());
+  for (const Row &r : rows)
+    std::fprintf(out, "%-*s  %9.2f  %12.0f  %10.5f  %+10.4f  %10.3e\n", static_cast<int>(w), r.name.c_str(), r.bits,
+                 r.bytes, r.ppl, r.delta, r.kl);
+  std::fprintf(out, "\neff. bits: bits per element x share of positions held; B/position: KV bytes per position "
+                    "of the window.\n");
+}
+
+std::string eval_json(const EvalReport &rep, const std::string &peer) {
   nlohmann::ordered_json j;
   j["model"] = rep.model;
   j["model_path"] = rep.model_path;
@@ -609,6 +661,7 @@ std::string eval_json(const EvalReport &rep) {
     results.push_back(o);
   }
   j["results"] = results;
+  if (!peer.empty()) j["peer"] = nlohmann::ordered_json::parse(peer);
   if (rep.has_overhead) {
     j["overhead"] = {{"array_ms_per_token", rep.array_ms_per_token},
                      {"pool_f32_ms_per_token", rep.pool_f32_ms_per_token},

@@ -79,7 +79,13 @@ struct EvalReport {
 
 EvalReport run_eval(const EvalOptions &options);
 void print_eval_table(const EvalReport &report, std::FILE *out);
-std::string eval_json(const EvalReport &report);
+/// `peer`: empty, or a peer report (read_peer_report) added under "peer".
+std::string eval_json(const EvalReport &report, const std::string &peer = "");
+/// Reads and checks a bench/peers/llamacpp_kv.py --json report; returns its text.
+std::string read_peer_report(const std::string &path);
+/// Our rows and the peer's, side by side: bits per element, bytes per token,
+/// perplexity change and KL against each side's own 16-bit reference.
+void print_peer_table(const EvalReport &report, const std::string &peer, std::FILE *out);
 /// With gnuplot, PNG or SVG by extension: perplexity change (%) against
 /// effective bits per element, one labelled point per strategy; with more than
 /// one segment per window, perplexity per segment instead (one line per strategy).

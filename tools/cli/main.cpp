@@ -75,6 +75,10 @@ int main(int argc, char **argv) {
   eval->add_option("--suffix-tokens", prefix_opt.suffix_tokens, "--prefix: tokens after the prefix, different per request")
       ->capture_default_str();
   eval->add_option("--block-size", prefix_opt.block_size, "--prefix: pool block size in tokens")->capture_default_str();
+  std::string peer_path;
+  eval->add_option("--peer", peer_path,
+                   "JSON of bench/peers/llamacpp_kv.py (llama.cpp's KV types on the same windows): printed "
+                   "beside our rows");
   eval->add_option("--chunk", eval_opt.chunk,
                    "Positions per forward pass: 1 decodes token by token; more batches the matrix products "
                    "(BLAS) and runs the library's prefill attention (default: 1 for llama2.c models, 64 for GGUF)");
@@ -192,11 +196,14 @@ int main(int argc, char **argv) {
       eval_opt.strategies = parse_strategy_list(strategies_arg);
       if (!plot_path.empty()) check_plot_target(plot_path);  // fail before the long run
       eval_opt.progress = !no_progress;
+      std::string peer;
+      if (!peer_path.empty()) peer = read_peer_report(peer_path);  // fail before the long run
       const EvalReport report = run_eval(eval_opt);
       if (eval_json_flag) {
-        std::printf("%s\n", eval_json(report).c_str());
+        std::printf("%s\n", eval_json(report, peer).c_str());
       } else {
         print_eval_table(report, stdout);
+        if (!peer.empty()) print_peer_table(report, peer, stdout);
       }
       if (!plot_path.empty()) {
         write_plot(report, plot_path);
