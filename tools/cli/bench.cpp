@@ -474,7 +474,7 @@ std::string human_time(double s) {
 
 std::vector<BenchResult> run_bench(const BenchOptions &o) {
   if (o.tokens < 0) throw RunnerError("--tokens must be >= 1");
-  if (o.rounds < 0) throw RunnerError("--rounds must be >= 1");
+  if (o.rounds < 0 || o.rounds > 1000) throw RunnerError("--rounds must be in 1..1000 (0: the default)");
   BenchOptions opt = o;
   if (opt.tokens == 0) opt.tokens = o.quick ? 256 : 1 << 30;  // capped at the model's seq_len
   Bench b(opt);

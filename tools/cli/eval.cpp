@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -112,6 +113,10 @@ EvalReport run_eval(const EvalOptions &opt) {
   const int segment = opt.segment > 0 ? opt.segment : base_window;
   rep.segment = segment;
   const std::size_t n_segments = static_cast<std::size_t>((ctx - 1) / segment + 1);
+  if (n_segments > kMaxSegments) {
+    throw RunnerError("--segment " + std::to_string(segment) + " cuts a window of " + std::to_string(ctx) + " into " +
+                      std::to_string(n_segments) + " segments; at most " + std::to_string(kMaxSegments));
+  }
 
   // A window's position 0 is BOS when the model's sequences start with it
   // (llama2.c); otherwise (SmolLM2's GGUF) the text token before the window's
@@ -180,6 +185,11 @@ EvalReport run_eval(const EvalOptions &opt) {
     if (s.protocol == Strategy::Protocol::Stream) {
       pc.budget_tokens = s.budget_tokens ? s.budget_tokens
                                          : static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
+      if (s.policy_kind == KVC_POLICY_STREAMING && pc.budget_tokens <= s.sinks) {
+        throw RunnerError("strategy '" + s.spec + "': a cap of " + std::to_string(pc.budget_tokens) +
+                          " tokens at ctx " + std::to_string(ctx) + " leaves no room for the window after " +
+                          std::to_string(s.sinks) + " sinks");
+      }
       pc.auto_evict = 1;
     } else {
       pc.compression_ratio = 1.0 - s.budget;  // kvpress: the fraction dropped from the prefill
@@ -395,9 +405,12 @@ EvalReport run_eval(const EvalOptions &opt) {
     res.reference = r == 0;
     // Measured at the end of every full window: bytes in use over tokens held
     // (so residual f16 tokens, scales and zero points all count).
-    const double bytes_per_token =
-        total.tokens_at_end > 0 ? total.bytes_at_end / (total.tokens_at_end / c.n_layers)
-                                : double(row_stats[r].bytes_per_token);
+    // Without a full window (a text shorter than ctx) the last blocks are
+    // partly filled; the pool's exact per-token size is used instead.
+    const bool full_window = windows.front().scored + 1 == ctx;
+    const double bytes_per_token = full_window && total.tokens_at_end > 0
+                                       ? total.bytes_at_end / (total.tokens_at_end / c.n_layers)
+                                       : double(row_stats[r].bytes_per_token);
     res.kv_bytes_per_token = static_cast<std::uint64_t>(std::llround(bytes_per_token));
     res.bits_per_element = bytes_per_token * 8.0 / elements_per_token;
     res.peak_kv_bytes = row_peak[r];
@@ -553,11 +566,14 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     for (const StrategyResult &r : rep.results) {
       line = r.strategy + std::string(name_w - r.strategy.size(), ' ');
       for (double p : r.segment_ppl) {
-        std::snprintf(buf, sizeof buf, "%10.4f", p);
+        if (p > 0) std::snprintf(buf, sizeof buf, "%10.4f", p);
+        else std::snprintf(buf, sizeof buf, "%10s", "-");  // no scored target in this segment
         line += "  " + std::string(buf);
       }
-      const double ratio = r.segment_ppl[0] > 0 ? r.second_half_ppl / r.segment_ppl[0] : 0.0;
-      std::snprintf(buf, sizeof buf, "%.3fx", ratio);
+      if (r.segment_ppl[0] > 0 && r.second_half_ppl > 0)
+        std::snprintf(buf, sizeof buf, "%.3fx", r.second_half_ppl / r.segment_ppl[0]);
+      else
+        std::snprintf(buf, sizeof buf, "-");
       line += "  " + std::string(buf);
       std::fprintf(out, "%s\n", line.c_str());
     }
@@ -656,8 +672,11 @@ std::string eval_json(const EvalReport &rep, const std::string &peer) {
     o["ms_per_token"] = r.ms_per_token;
     o["kept_fraction"] = r.kept_fraction;
     o["effective_bits_per_element"] = r.effective_bits_per_element;
-    o["segment_ppl"] = r.segment_ppl;
-    o["second_half_ppl"] = r.second_half_ppl;
+    // A segment without a scored target (a text shorter than the window) is null.
+    nlohmann::ordered_json seg = nlohmann::ordered_json::array();
+    for (double p : r.segment_ppl) seg.push_back(p > 0 ? nlohmann::ordered_json(p) : nlohmann::ordered_json());
+    o["segment_ppl"] = seg;
+    o["second_half_ppl"] = r.second_half_ppl > 0 ? nlohmann::ordered_json(r.second_half_ppl) : nlohmann::ordered_json();
     results.push_back(o);
   }
   j["results"] = results;
@@ -694,6 +713,16 @@ void check_plot_target(const std::string &path) {
   if (ext != "png" && ext != "svg") {
     throw RunnerError("--plot '" + path + "': the file name must end in .png or .svg");
   }
+  if (path.find_first_of("\n\r") != std::string::npos)
+    throw RunnerError("--plot: the file name must not contain a line break");
+  std::error_code ec;
+  const std::filesystem::path p(path);
+  if (std::filesystem::is_directory(p, ec)) throw RunnerError("--plot '" + path + "' is a directory");
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::is_directory(dir, ec))
+    throw RunnerError("--plot '" + path + "': folder '" + dir.string() + "' does not exist");
+  if (access(dir.c_str(), W_OK) != 0)
+    throw RunnerError("--plot '" + path + "': folder '" + dir.string() + "' is not writable");
   if (std::system("gnuplot --version > /dev/null 2>&1") != 0) {
     throw RunnerError("--plot needs gnuplot, which was not found on PATH (install it, e.g. "
                       "apt-get install gnuplot-nox, or leave out --plot)");
@@ -703,7 +732,10 @@ void check_plot_target(const std::string &path) {
 void write_plot(const EvalReport &rep, const std::string &path) {
   check_plot_target(path);
   const std::string ext = extension_of(path);
-  FILE *gp = popen("gnuplot", "w");
+  // gnuplot's own output (should `set output` fail, the image itself) goes to
+  // stderr, never into our stdout (which may hold the JSON report).
+  std::fflush(stdout);
+  FILE *gp = popen("gnuplot 1>&2", "w");
   if (gp == nullptr) throw RunnerError("cannot start gnuplot");
   std::fprintf(gp, "set terminal %s size 1000,650\n", ext == "svg" ? "svg" : "png");
   std::fprintf(gp, "set output %s\n", gnuplot_quote(path).c_str());

@@ -2,6 +2,7 @@
 // `kvcache eval`: teacher-forced quality of KV-cache strategies against the dense f32 cache.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@ namespace kvc_cli {
 
 /// The longest window `kvcache eval --ctx` accepts (positions, BOS included).
 constexpr int kMaxEvalContext = 65536;
+/// At most this many segments per window (--segment).
+constexpr std::size_t kMaxSegments = 1024;
 /// Default window: the model's trained context, at most this many positions.
 constexpr int kDefaultWindow = 512;
 /// `kvcache eval --long`: windows of this many times the default window...

@@ -49,11 +49,12 @@ PrefixReport run_prefix_eval(const PrefixEvalOptions &o) {
   const Model model = Model::load(rep.model_path);
   const ModelConfig &c = model.config();
   const Tokenizer tokenizer = Tokenizer::load(resolve_tokenizer_path(o.tokenizer, o.model), c.vocab_size);
-  const int prompt_len = o.prefix_tokens + o.suffix_tokens;
-  if (prompt_len > c.seq_len) {
-    throw RunnerError("--prefix-tokens + --suffix-tokens = " + std::to_string(prompt_len) +
+  const std::int64_t prompt_len64 = std::int64_t(o.prefix_tokens) + o.suffix_tokens;
+  if (prompt_len64 > c.seq_len) {
+    throw RunnerError("--prefix-tokens + --suffix-tokens = " + std::to_string(prompt_len64) +
                       " is more than the model's context of " + std::to_string(c.seq_len));
   }
+  const int prompt_len = static_cast<int>(prompt_len64);
   rep.requests = o.requests;
   rep.prefix_tokens = o.prefix_tokens;
   rep.suffix_tokens = o.suffix_tokens;

@@ -163,14 +163,19 @@ int main(int argc, char **argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError &e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // Usage errors read like every other error: one line, exit status 1.
+    std::fprintf(stderr, "kvcache: error: %s (see --help)\n", e.what());
+    return 1;
   }
 
   try {
     if (eval->parsed() && eval_prefix) {
-      if (eval_long || !strategies_arg.empty() || list_strategies || !plot_path.empty() || eval_opt.ctx != 0)
-        throw RunnerError("--prefix runs its own scenario: it takes no --long, --strategies, "
-                          "--list-strategies, --plot or --ctx");
+      for (const char *name : {"--long", "--strategies", "--list-strategies", "--plot", "--ctx", "--max-tokens",
+                               "--segment", "--chunk", "--overhead", "--threads", "--peer"}) {
+        if (eval->count(name) > 0)
+          throw RunnerError(std::string("--prefix runs its own scenario: it takes no ") + name);
+      }
       prefix_opt.model = eval_opt.model;
       prefix_opt.tokenizer = eval_opt.tokenizer;
       prefix_opt.text = eval_opt.text;
@@ -180,6 +185,9 @@ int main(int argc, char **argv) {
       return 0;
     }
     if (eval->parsed()) {
+      for (const char *name : {"--requests", "--prefix-tokens", "--suffix-tokens", "--block-size"}) {
+        if (eval->count(name) > 0) throw RunnerError(std::string(name) + " applies to --prefix only");
+      }
       const std::vector<std::string> defaults = eval_long ? default_long_strategies() : default_strategies();
       if (list_strategies) {
         for (const std::string &s : defaults) std::printf("%s\n", s.c_str());

@@ -122,9 +122,11 @@ double number(const std::string &where, const std::string &key, const std::strin
               double lo, double hi) {
   char *end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
-  if (value.empty() || end != value.c_str() + value.size() || !(v >= lo && v <= hi)) {
-    throw RunnerError(where + "parameter " + key + "=" + value + " must be a number in [" +
-                      std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  const bool hex = value.find_first_of("xX") != std::string::npos;  // strtod reads 0x10 as 16
+  if (value.empty() || hex || end != value.c_str() + value.size() || !(v >= lo && v <= hi)) {
+    char range[96];
+    std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+    throw RunnerError(where + "parameter " + key + "=" + value + " must be a decimal number in " + range);
   }
   return v;
 }
@@ -233,7 +235,7 @@ void resolve_policy(Strategy &st, const std::string &where) {
     else if (key == "keep-positions") {
       if (!value.empty()) throw RunnerError(where + "'keep-positions' is a flag and takes no value");
     } else if (key == "tokens") {
-      const double t = number(where, key, value, 1, 1 << 24);
+      const double t = number(where, key, value, 2, 1 << 24);  // the library keeps one earlier token at least
       if (t != std::floor(t)) throw RunnerError(where + "parameter tokens=" + value + " must be a whole number");
       st.budget_tokens = static_cast<std::uint32_t>(t);
     }
@@ -258,12 +260,12 @@ void resolve_policy(Strategy &st, const std::string &where) {
                                       [](const auto &kv) { return kv.first == "budget"; });
   if (has_budget && st.budget_tokens)
     throw RunnerError(where + "give budget=FRACTION or tokens=N, not both");
+  if (name == "window") st.sinks = 0;
   if (name == "streaming" || name == "window") {
     if (st.budget_tokens && st.budget_tokens <= st.sinks)
       throw RunnerError(where + "tokens=" + std::to_string(st.budget_tokens) + " leaves no room for the window after " +
                         std::to_string(st.sinks) + " sinks");
     st.policy_kind = KVC_POLICY_STREAMING;
-    if (name == "window") st.sinks = 0;
     st.shift_positions = std::none_of(st.policy.params.begin(), st.policy.params.end(),
                                       [](const auto &kv) { return kv.first == "keep-positions"; });
     st.protocol = Strategy::Protocol::Stream;
@@ -323,6 +325,8 @@ Strategy parse_strategy(const std::string &spec) {
                           (accepted.empty() ? std::string(" (it has no parameters)")
                                             : " (accepted: " + accepted + ")"));
       }
+      if (std::any_of(part.params.begin(), part.params.end(), [&](const auto &kv) { return kv.first == key; }))
+        throw RunnerError(where + "parameter '" + key + "' of '" + part.name + "' is given twice");
       part.params.emplace_back(std::move(key), std::move(value));
     }
     if (it->kind == Kind::Codec) {

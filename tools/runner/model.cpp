@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -51,6 +52,9 @@ Model::Model(Model &&other) noexcept
 }
 
 Model Model::load(const std::string &path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw RunnerError("cannot read model file '" + path + "': it is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw RunnerError("cannot open model file '" + path + "': " + std::strerror(errno));

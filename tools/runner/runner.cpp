@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <numeric>
@@ -107,11 +108,17 @@ std::string resolve_tokenizer_path(const std::string &name_or_path, const std::s
 }
 
 std::string read_text_file(const std::string &path, const char *what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw RunnerError(std::string("cannot read ") + what + " '" + path + "': it is a directory");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw RunnerError(std::string("cannot open ") + what + " '" + path + "': " + std::strerror(errno));
   }
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw RunnerError(std::string("cannot read ") + what + " '" + path + "'");
+  return text;
 }
 
 bool parse_dtype(const std::string &name, kvc_dtype *out) {

@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <queue>
@@ -34,6 +35,9 @@ int hex_value(char c) {
 }  // namespace
 
 Tokenizer Tokenizer::load(const std::string &path, int vocab_size) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw RunnerError("cannot read tokenizer file '" + path + "': it is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw RunnerError("cannot open tokenizer file '" + path + "': " + std::strerror(errno));

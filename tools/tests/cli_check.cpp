@@ -61,6 +61,7 @@ std::string with_header(const std::string &model, std::vector<std::int32_t> head
 
 int make_bad_files(const std::string &model_path, const std::string &dir) {
   mkdir(dir.c_str(), 0755);
+  mkdir((dir + "/dir.svg").c_str(), 0755);  // a folder named like a plot file
   std::ifstream in(model_path, std::ios::binary);
   const std::string model((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (model.size() < 1000) {
