@@ -2,8 +2,10 @@
 #include "recommend.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -28,6 +30,9 @@ using ojson = nlohmann::ordered_json;
 constexpr std::uint64_t kBlockTableEntryBytes = 4;
 /// Largest byte count handled (sizes are signed in differences).
 constexpr std::uint64_t kMaxBytes = std::uint64_t(1) << 63;
+/// The largest --seq-len and --batch accepted; headroom is not searched beyond them.
+constexpr std::uint64_t kMaxSeqLen = std::uint64_t(1) << 40;
+constexpr std::uint64_t kMaxBatch = std::uint64_t(1) << 30;
 
 std::uint64_t mul(std::uint64_t a, std::uint64_t b, const std::string &what) {
   if (a != 0 && b > kMaxBytes / a) throw RunnerError(what + " exceeds 2^63: the target is too large");
@@ -47,6 +52,22 @@ std::string bytes_text(std::uint64_t b) {
 }
 
 std::string u(std::uint64_t v) { return std::to_string(v); }
+
+/// A number option as typed: the whole text must be a finite decimal number.
+double typed_number(const TypedOption &o, const std::string &flag, const std::string &expect) {
+  const std::string &s = o.text;
+  const std::string as_typed = flag + " '" + s + "'";
+  const char *first = s.data(), *last = s.data() + s.size();
+  if (first != last && *first == '+') ++first;  // from_chars takes no '+'
+  double v = 0;
+  const auto [end, ec] = std::from_chars(first, last, v);
+  if (s.empty() || ec == std::errc::invalid_argument || end != last)
+    throw RunnerError(as_typed + " is not a number (" + expect + ")");
+  if (ec == std::errc::result_out_of_range)
+    throw RunnerError(as_typed + " is out of the range of a double (" + expect + ")");
+  if (!std::isfinite(v)) throw RunnerError(as_typed + " is not a finite number (" + expect + ")");
+  return v;
+}
 
 // ---- measurements --------------------------------------------------------------
 
@@ -86,6 +107,8 @@ std::optional<std::int64_t> opt_integer(const json &o, const char *key, const st
   if (!o.contains(key)) return std::nullopt;
   const json &v = o[key];
   if (!v.is_number_integer()) throw RunnerError(where + "field '" + key + "' is not an integer");
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+    throw RunnerError(where + "field '" + key + "' is out of range (" + v.dump() + " > 2^63 - 1)");
   return v.get<std::int64_t>();
 }
 
@@ -102,14 +125,39 @@ const json &req_object(const json &o, const char *key, const std::string &where)
 }
 
 json read_json_file(const std::string &path, const std::string &what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw RunnerError(what + " '" + path + "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw RunnerError("cannot open " + what + " '" + path + "'");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  try {
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception &e) {
+    throw RunnerError("cannot read " + what + " '" + path + "': " + e.what());
+  }
+  if (in.bad()) throw RunnerError("cannot read " + what + " '" + path + "'");
   try {
     return json::parse(text);
   } catch (const json::parse_error &e) {
     throw RunnerError(what + " '" + path + "' is not JSON: " + e.what());
+  } catch (const json::out_of_range &e) {
+    throw RunnerError(what + " '" + path + "' holds a number out of range (a double holds at most about 1.8e308): " +
+                      e.what());
+  } catch (const json::exception &e) {
+    throw RunnerError(what + " '" + path + "' cannot be read as JSON: " + e.what());
   }
+}
+
+/// Every number in `v` (a row, nested arrays and objects included) must be finite.
+void check_finite(const json &v, const std::string &name, const std::string &where) {
+  if (v.is_number_float() && !std::isfinite(v.get<double>()))
+    throw RunnerError(where + "field '" + name + "' is not finite");
+  if (v.is_object())
+    for (auto it = v.begin(); it != v.end(); ++it)
+      check_finite(it.value(), name.empty() ? it.key() : name + "." + it.key(), where);
+  if (v.is_array())
+    for (std::size_t i = 0; i < v.size(); ++i) check_finite(v[i], name + "[" + std::to_string(i) + "]", where);
 }
 
 /// Reads an `eval --json` report; fields not named here are ignored.
@@ -119,6 +167,9 @@ Measurements load_eval(const json &j, const std::string &where) {
   if (j.contains("model") && j["model"].is_string()) m.model = j["model"].get<std::string>();
   m.ctx = opt_integer(j, "ctx", where);
   m.tokens_scored = opt_integer(j, "tokens_scored", where);
+  if (m.ctx && *m.ctx < 1) throw RunnerError(where + "ctx " + std::to_string(*m.ctx) + " must be >= 1");
+  if (m.tokens_scored && *m.tokens_scored < 1)
+    throw RunnerError(where + "tokens_scored " + std::to_string(*m.tokens_scored) + " must be >= 1");
   if (j.contains("geometry")) {
     const json &g = req_object(j, "geometry", where);
     m.num_layers = opt_integer(g, "num_layers", where + "geometry: ");
@@ -142,6 +193,7 @@ Measurements load_eval(const json &j, const std::string &where) {
     EvalRow row;
     row.strategy = r["strategy"].get<std::string>();
     at = where + "result '" + row.strategy + "': ";
+    check_finite(r, "", at);
     if (r.contains("reference")) {
       if (!r["reference"].is_boolean()) throw RunnerError(at + "field 'reference' is not true or false");
       row.reference = r["reference"].get<bool>();
@@ -155,6 +207,15 @@ Measurements load_eval(const json &j, const std::string &where) {
     row.ppl = opt_number(r, "ppl", at);
     row.kl_mean = opt_number(r, "kl_mean", at);
     row.top1_agreement = opt_number(r, "top1_agreement", at);
+    if (row.reference) {
+      // Every ppl_delta_pct and kl_mean is measured against this row: its own are 0 by definition.
+      if (row.ppl_delta_pct != 0.0)
+        throw RunnerError(at + "the reference row has ppl_delta_pct " + fmt("%g", row.ppl_delta_pct) +
+                          " (expected 0: every ppl_delta_pct is measured against it)");
+      if (row.kl_mean && *row.kl_mean != 0.0)
+        throw RunnerError(at + "the reference row has kl_mean " + fmt("%g", *row.kl_mean) +
+                          " (expected 0: every kl_mean is measured against it)");
+    }
     references += row.reference ? 1 : 0;
     m.rows.push_back(row);
   }
@@ -179,7 +240,8 @@ struct Target {
 struct Row {
   EvalRow m;
   bool evicts = false;
-  double kept = 1.0;
+  double kept = 1.0;               ///< the share held at seq_len
+  std::uint64_t cap_tokens = 0;    ///< a fixed cap (tokens=N in its spec): min(N, length) held, whatever the length
   std::string kept_source;  ///< "measured", "spec", "no eviction"
   bool prefix_ok = true;    ///< the pool can share its blocks through the prefix cache
   std::string prefix_refusal;
@@ -190,11 +252,17 @@ struct Row {
   double budget_share = 0;
   bool meets = false, fits = false;
   std::uint64_t largest_batch = 0, largest_seq_len = 0;
+  bool batch_unbounded = false;    ///< even batch kMaxBatch fits (largest_batch is clamped to it)
+  bool seq_len_unbounded = false;  ///< even seq-len kMaxSeqLen fits (largest_seq_len is clamped to it)
 
+  /// Tokens held per sequence of n tokens: a fixed cap holds min(cap, n); a share holds
+  /// ceil(kept x n), at least one token of a non-empty sequence.
   std::uint64_t held(std::uint64_t n) const {
-    if (kept >= 1.0) return n;
+    if (cap_tokens) return std::min(cap_tokens, n);
+    if (kept >= 1.0 || n == 0) return n;
     const double t = std::ceil(kept * static_cast<double>(n) - 1e-9);
-    return std::min<std::uint64_t>(n, static_cast<std::uint64_t>(std::max(0.0, t)));
+    if (!(t >= 1.0)) return 1;
+    return t >= static_cast<double>(n) ? n : static_cast<std::uint64_t>(t);
   }
 };
 
@@ -224,7 +292,12 @@ Row scale_row(const EvalRow &e, const Target &t) {
     r.prefix_ok = false;
     r.prefix_refusal = "this build does not know its spec";
   }
-  if (e.kept_fraction) {
+  if (st && st->protocol == Strategy::Protocol::Stream && st->budget_tokens > 0) {
+    // A fixed cap of N tokens per layer: it holds min(N, length) at any length, so neither a
+    // kept_fraction measured at the eval's ctx nor the default budget scales to --seq-len.
+    r.cap_tokens = st->budget_tokens;
+    r.kept_source = "spec";
+  } else if (e.kept_fraction) {
     r.kept = *e.kept_fraction;
     r.kept_source = "measured";
   } else if (!r.evicts) {
@@ -245,22 +318,29 @@ Row scale_row(const EvalRow &e, const Target &t) {
   r.bytes_per_token = static_cast<std::uint64_t>(std::ceil(bpt - 1e-6L));
   if (r.bytes_per_token == 0) r.bytes_per_token = 1;
   r.tokens_held = r.held(t.seq_len);
+  if (r.cap_tokens) r.kept = double(r.tokens_held) / double(t.seq_len);
   r.bytes_total = mul(mul(t.batch, r.tokens_held, "the token count"), r.bytes_per_token, "the total size");
   r.budget_share = double(r.bytes_total) / double(t.memory);
   r.meets = e.ppl_delta_pct <= t.max_ppl_increase;
   r.fits = r.bytes_total <= t.memory;
-  // Headroom: the largest batch at seq_len, the largest length at the batch.
+  // Headroom: the largest batch at seq_len, the largest length at the batch, each searched
+  // up to the largest --batch / --seq-len accepted (beyond them: "unbounded").
   const std::uint64_t per_seq = mul(r.tokens_held, r.bytes_per_token, "the size per sequence");
-  r.largest_batch = per_seq ? t.memory / per_seq : 0;
+  r.largest_batch = t.memory / per_seq;  // tokens_held >= 1, bytes_per_token >= 1
+  r.batch_unbounded = r.largest_batch >= kMaxBatch;
+  if (r.batch_unbounded) r.largest_batch = kMaxBatch;
   const std::uint64_t max_held = t.memory / mul(t.batch, r.bytes_per_token, "the size per token");
-  if (r.kept >= 1.0) {
-    r.largest_seq_len = max_held;
+  if (r.held(kMaxSeqLen) <= max_held) {
+    r.seq_len_unbounded = true;
+    r.largest_seq_len = kMaxSeqLen;
   } else {
-    const long double guess = std::floor(static_cast<long double>(max_held) / r.kept);
-    std::uint64_t n = guess >= static_cast<long double>(kMaxBytes) ? kMaxBytes : static_cast<std::uint64_t>(guess);
-    while (n > 0 && r.held(n) > max_held) --n;
-    while (n < kMaxBytes && r.held(n + 1) <= max_held) ++n;
-    r.largest_seq_len = n;
+    // held() never decreases with the length: the largest n in [0, kMaxSeqLen) with held(n) <= max_held.
+    std::uint64_t lo = 0, hi = kMaxSeqLen;  // held(lo) <= max_held < held(hi)
+    while (hi - lo > 1) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      (r.held(mid) <= max_held ? lo : hi) = mid;
+    }
+    r.largest_seq_len = lo;
   }
   return r;
 }
@@ -283,8 +363,11 @@ ojson row_json(const Row &r) {
   if (r.m.top1_agreement) o["top1_agreement"] = *r.m.top1_agreement;
   o["meets_floor"] = r.meets;
   o["fits"] = r.fits;
+  if (r.cap_tokens) o["fixed_cap_tokens"] = r.cap_tokens;
   o["largest_batch_that_fits"] = r.largest_batch;
   o["largest_seq_len_that_fits"] = r.largest_seq_len;
+  o["largest_batch_unbounded"] = r.batch_unbounded;
+  o["largest_seq_len_unbounded"] = r.seq_len_unbounded;
   o["prefix_cache_ok"] = r.prefix_ok;
   return o;
 }
@@ -312,14 +395,74 @@ struct PrefixInput {
   std::optional<double> m_hit_rate, m_ttft_without, m_ttft_with, m_speedup;
 };
 
+/// The measured fields of an `eval --prefix --json` report.
+void load_prefix_report(const json &j, const std::string &where, PrefixInput &in) {
+  if (!j.is_object()) throw RunnerError(where + "is not a JSON object");
+  if (j.contains("mode") && !(j["mode"].is_string() && j["mode"].get<std::string>() == "prefix"))
+    throw RunnerError(where + "mode is not \"prefix\" (is it a `kvcache eval --prefix --json` report?)");
+  const std::int64_t bs = req_integer(j, "block_size", where), requests = req_integer(j, "requests", where);
+  const std::int64_t prefix = req_integer(j, "prefix_tokens", where), suffix = req_integer(j, "suffix_tokens", where);
+  const json &without = req_object(j, "without_cache", where), &with = req_object(j, "with_cache", where);
+  const std::int64_t t_without = req_integer(without, "tokens_computed", where + "without_cache: ");
+  const std::int64_t t_with = req_integer(with, "tokens_computed", where + "with_cache: ");
+  if (bs < 1 || requests < 1 || prefix < 0 || suffix < 0 || t_without < 1 || t_with < 0)
+    throw RunnerError(where + "impossible values (block_size, requests and without_cache.tokens_computed must be "
+                              ">= 1; prefix_tokens, suffix_tokens and with_cache.tokens_computed >= 0)");
+  if (prefix > std::numeric_limits<std::int64_t>::max() - suffix)
+    throw RunnerError(where + "impossible values: prefix_tokens + suffix_tokens (" + std::to_string(prefix) + " + " +
+                      std::to_string(suffix) + ") overflows 64 bits");
+  if (prefix + suffix < 1) throw RunnerError(where + "impossible values: prefix_tokens + suffix_tokens is 0");
+  // Without the cache every request computes its whole prompt.
+  if (prefix + suffix > std::numeric_limits<std::int64_t>::max() / requests ||
+      t_without != requests * (prefix + suffix))
+    throw RunnerError(where + "impossible values: without_cache.tokens_computed (" + std::to_string(t_without) +
+                      ") is not requests x (prefix_tokens + suffix_tokens) = " + std::to_string(requests) + " x " +
+                      std::to_string(prefix + suffix));
+  if (t_with > t_without)
+    throw RunnerError(where + "impossible values: with_cache.tokens_computed (" + std::to_string(t_with) +
+                      ") is more than without_cache.tokens_computed (" + std::to_string(t_without) +
+                      "): the prefix cache only skips tokens");
+  in.prefix_tokens = static_cast<std::uint64_t>(prefix);
+  in.prompt_tokens = static_cast<std::uint64_t>(prefix + suffix);
+  in.share = double(prefix) / double(prefix + suffix);
+  in.m_block_size = static_cast<std::uint64_t>(bs);
+  in.m_requests = static_cast<std::uint64_t>(requests);
+  in.m_without = static_cast<std::uint64_t>(t_without);
+  in.m_with = static_cast<std::uint64_t>(t_with);
+  in.m_hit_rate = opt_number(with, "hit_rate_tokens", where + "with_cache: ");
+  in.m_ttft_without = opt_number(without, "ttft_ms_mean", where + "without_cache: ");
+  in.m_ttft_with = opt_number(with, "ttft_ms_mean", where + "with_cache: ");
+  in.m_speedup = opt_number(j, "ttft_speedup", where);
+  if (in.m_hit_rate && !(*in.m_hit_rate >= 0.0 && *in.m_hit_rate <= 1.0))
+    throw RunnerError(where + "impossible values: with_cache.hit_rate_tokens " + fmt("%g", *in.m_hit_rate) +
+                      " is not in [0, 1]");
+  if (in.m_ttft_without && !(*in.m_ttft_without >= 0.0))
+    throw RunnerError(where + "impossible values: without_cache.ttft_ms_mean " + fmt("%g", *in.m_ttft_without) +
+                      " is negative");
+  if (in.m_ttft_with && !(*in.m_ttft_with >= 0.0))
+    throw RunnerError(where + "impossible values: with_cache.ttft_ms_mean " + fmt("%g", *in.m_ttft_with) +
+                      " is negative");
+  if (in.m_speedup && !(*in.m_speedup > 0.0))
+    throw RunnerError(where + "impossible values: ttft_speedup " + fmt("%g", *in.m_speedup) + " must be > 0");
+}
+
 PrefixInput prefix_input(const RecommendOptions &o, std::uint64_t seq_len) {
   PrefixInput in;
-  const bool share_given = !std::isnan(o.prefix_share);
+  const bool share_given = o.prefix_share.given;
   const bool tokens_given = o.prefix_tokens != RecommendOptions::kUnset;
-  if (o.block_size != RecommendOptions::kUnset && o.block_size < 1)
+  const bool block_given = o.block_size != RecommendOptions::kUnset;
+  if (block_given && o.block_size < 1)
     throw RunnerError("--block-size " + std::to_string(o.block_size) + " must be >= 1");
-  if (share_given && !(o.prefix_share >= 0.0 && o.prefix_share <= 1.0))
-    throw RunnerError("--prefix-share " + fmt("%g", o.prefix_share) + " must be in [0, 1]");
+  if (block_given && !share_given && !tokens_given && o.from_prefix.empty())
+    throw RunnerError("--block-size " + std::to_string(o.block_size) + " is used only to assess prefix caching: "
+                      "give --prefix-share F and/or --prefix-tokens L, or --from-prefix FILE, with it");
+  double share = 0;
+  if (share_given) {
+    share = typed_number(o.prefix_share, "--prefix-share",
+                         "the share of each prompt that all requests share, in [0, 1]");
+    if (!(share >= 0.0 && share <= 1.0))
+      throw RunnerError("--prefix-share '" + o.prefix_share.text + "' must be in [0, 1]");
+  }
   if (tokens_given && o.prefix_tokens < 1)
     throw RunnerError("--prefix-tokens " + std::to_string(o.prefix_tokens) + " must be >= 1");
   if (!o.from_prefix.empty()) {
@@ -327,48 +470,34 @@ PrefixInput prefix_input(const RecommendOptions &o, std::uint64_t seq_len) {
       throw RunnerError("give either --from-prefix or --prefix-share/--prefix-tokens, not both");
     const json j = read_json_file(o.from_prefix, "prefix report");
     const std::string where = "prefix report '" + o.from_prefix + "': ";
-    if (!j.is_object()) throw RunnerError(where + "is not a JSON object");
-    if (j.contains("mode") && !(j["mode"].is_string() && j["mode"].get<std::string>() == "prefix"))
-      throw RunnerError(where + "mode is not \"prefix\" (is it a `kvcache eval --prefix --json` report?)");
-    const std::int64_t bs = req_integer(j, "block_size", where), requests = req_integer(j, "requests", where);
-    const std::int64_t prefix = req_integer(j, "prefix_tokens", where), suffix = req_integer(j, "suffix_tokens", where);
-    const json &without = req_object(j, "without_cache", where), &with = req_object(j, "with_cache", where);
-    const std::int64_t t_without = req_integer(without, "tokens_computed", where + "without_cache: ");
-    const std::int64_t t_with = req_integer(with, "tokens_computed", where + "with_cache: ");
-    if (bs < 1 || requests < 1 || prefix < 0 || suffix < 0 || prefix + suffix < 1 || t_without < 1 || t_with < 0)
-      throw RunnerError(where + "impossible values (block_size, requests, prefix_tokens + suffix_tokens and "
-                                "without_cache.tokens_computed must be >= 1)");
+    try {
+      load_prefix_report(j, where, in);
+    } catch (const json::exception &e) {
+      throw RunnerError(where + "cannot be read: " + e.what());
+    }
     in.given = true;
     in.source = "file";
     in.path = o.from_prefix;
-    in.prefix_tokens = static_cast<std::uint64_t>(prefix);
-    in.prompt_tokens = static_cast<std::uint64_t>(prefix + suffix);
-    in.share = double(prefix) / double(prefix + suffix);
-    in.m_block_size = static_cast<std::uint64_t>(bs);
-    in.block_size = o.block_size != RecommendOptions::kUnset ? static_cast<std::uint64_t>(o.block_size) : in.m_block_size;
-    in.m_requests = static_cast<std::uint64_t>(requests);
-    in.m_without = static_cast<std::uint64_t>(t_without);
-    in.m_with = static_cast<std::uint64_t>(t_with);
-    in.m_hit_rate = opt_number(with, "hit_rate_tokens", where + "with_cache: ");
-    in.m_ttft_without = opt_number(without, "ttft_ms_mean", where + "without_cache: ");
-    in.m_ttft_with = opt_number(with, "ttft_ms_mean", where + "with_cache: ");
-    in.m_speedup = opt_number(j, "ttft_speedup", where);
+    in.block_size = block_given ? static_cast<std::uint64_t>(o.block_size) : in.m_block_size;
     if (in.prompt_tokens > seq_len)
       throw RunnerError(where + "its prompts (" + u(in.prompt_tokens) + " tokens) are longer than --seq-len " + u(seq_len));
     return in;
   }
-  in.block_size = o.block_size != RecommendOptions::kUnset ? static_cast<std::uint64_t>(o.block_size) : 16;
+  in.block_size = block_given ? static_cast<std::uint64_t>(o.block_size) : 16;
   if (!share_given && !tokens_given) return in;
   in.given = true;
   in.source = "flags";
   if (share_given && tokens_given) {
-    if (o.prefix_share == 0.0) throw RunnerError("--prefix-share 0 contradicts --prefix-tokens " + std::to_string(o.prefix_tokens));
+    if (share == 0.0)
+      throw RunnerError("--prefix-share '" + o.prefix_share.text + "' contradicts --prefix-tokens " +
+                        std::to_string(o.prefix_tokens));
     in.prefix_tokens = static_cast<std::uint64_t>(o.prefix_tokens);
-    in.prompt_tokens = static_cast<std::uint64_t>(std::llround(double(o.prefix_tokens) / o.prefix_share));
-    in.share = o.prefix_share;
-    if (in.prompt_tokens > seq_len)
-      throw RunnerError("the prompt implied by --prefix-tokens / --prefix-share (" + u(in.prompt_tokens) +
+    const double prompt = std::round(double(o.prefix_tokens) / share);
+    if (!(prompt <= static_cast<double>(seq_len)))
+      throw RunnerError("the prompt implied by --prefix-tokens / --prefix-share (" + fmt("%.6g", prompt) +
                         " tokens) is longer than --seq-len " + u(seq_len));
+    in.prompt_tokens = static_cast<std::uint64_t>(prompt);
+    in.share = share;
   } else if (tokens_given) {
     if (static_cast<std::uint64_t>(o.prefix_tokens) > seq_len)
       throw RunnerError("--prefix-tokens " + std::to_string(o.prefix_tokens) + " is longer than --seq-len " + u(seq_len));
@@ -379,8 +508,8 @@ PrefixInput prefix_input(const RecommendOptions &o, std::uint64_t seq_len) {
   } else {
     in.prompt_tokens = seq_len;
     in.prompt_assumed = true;
-    in.share = o.prefix_share;
-    in.prefix_tokens = static_cast<std::uint64_t>(std::floor(o.prefix_share * double(seq_len)));
+    in.share = share;
+    in.prefix_tokens = static_cast<std::uint64_t>(std::floor(share * double(seq_len)));
   }
   return in;
 }
@@ -421,27 +550,54 @@ std::uint64_t shared_saving(const Row &r, const PrefixInput &in, const Target &t
   return mul(mul(t.batch - 1, reusable_tokens(in, block), "the shared tokens"), r.bytes_per_token, "the saving");
 }
 
+/// Whether the codec of `r` can use blocks of `block` tokens: keys quantized per channel over
+/// G tokens need blocks holding a multiple of G.
+bool codec_takes_block(const Row &r, std::uint64_t block) { return !r.channel_group || block % r.channel_group == 0; }
+
+std::string channel_group_reason(const Row &r) {
+  return r.m.strategy + " quantizes keys per channel over " + u(r.channel_group) +
+         " tokens: a block must hold a multiple of " + u(r.channel_group);
+}
+
+/// The memory of `r` with the prefix shared at `block` tokens per block.
+std::uint64_t with_sharing(const Row &r, const PrefixInput &in, const Target &t, std::uint64_t block) {
+  return r.bytes_total - shared_saving(r, in, t, block);
+}
+
+std::string join(const std::vector<std::string> &items, const std::string &sep) {
+  std::string s;
+  for (std::size_t i = 0; i < items.size(); ++i) s += (i == 0 ? "" : i + 1 == items.size() ? " and " : sep) + items[i];
+  return s;
+}
+
 PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const std::vector<Row> &rows,
                               const Row *pick, const Row &reference) {
   PrefixAnalysis a;
   const std::uint64_t B = in.block_size;
+  const auto can_share = [&](const Row &r) { return r.prefix_ok && codec_takes_block(r, B); };
   // The row assessed: the pick (or the reference when nothing meets the floor); when it
-  // cannot use the prefix cache, the cheapest row meeting the floor that can.
+  // cannot use the prefix cache at this block size, the cheapest row meeting the floor that can.
   const Row *first = pick ? pick : &reference;
-  if (first->prefix_ok) {
+  if (can_share(*first)) {
     a.subject = first;
   } else {
     for (const Row &r : rows) {
-      if (r.meets && r.prefix_ok && (!a.subject || cheaper(&r, a.subject))) a.subject = &r;
+      if (r.meets && can_share(r) && (!a.subject || cheaper(&r, a.subject))) a.subject = &r;
     }
-    a.subject_note = first->m.strategy + " cannot share blocks: " + first->prefix_refusal;
+    a.subject_note = first->m.strategy +
+                     (first->prefix_ok ? " cannot use blocks of " + u(B) + (B == 1 ? " token" : " tokens") +
+                                             ": it quantizes keys per channel over " + u(first->channel_group) +
+                                             " tokens, so a block must hold a multiple of " + u(first->channel_group)
+                                       : " cannot share blocks: " + first->prefix_refusal);
     if (a.subject) a.subject_note += "; assessed for " + a.subject->m.strategy + ", the cheapest row meeting the floor that can";
   }
+  // The least memory with the prefix shared among the rows meeting the floor that can use
+  // this block size (ties: the pick, then the cheaper without sharing).
   for (const Row &r : rows) {
-    if (!r.meets) continue;
-    if (!a.best_with_sharing ||
-        r.bytes_total - shared_saving(r, in, t, B) <
-            a.best_with_sharing->bytes_total - shared_saving(*a.best_with_sharing, in, t, B))
+    if (!r.meets || !codec_takes_block(r, B)) continue;
+    const Row *b = a.best_with_sharing;
+    const std::uint64_t cost = with_sharing(r, in, t, B), best_cost = b ? with_sharing(*b, in, t, B) : 0;
+    if (!b || cost < best_cost || (cost == best_cost && b != pick && (&r == pick || cheaper(&r, b))))
       a.best_with_sharing = &r;
   }
   if (!a.subject) {
@@ -479,20 +635,22 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const std:
       a.verdict += "; it saves no memory: " + a.no_memory_reason;
     }
   }
-  // Block size: B, B/2, B/4. Smaller blocks reuse more of a prefix that is not a whole
-  // number of blocks, and cost more block-table entries.
+  // Block size: B, B/2, B/4 (those that are whole numbers). Smaller blocks reuse more of a
+  // prefix that is not a whole number of blocks, and cost more block-table entries.
   const std::uint64_t table_B =
       mul(mul(ceil_div(t.seq_len, B), t.geometry.num_layers, "the block table"), kBlockTableEntryBytes, "the block table");
   const std::uint64_t saved_B = a.memory_saved;
-  const BlockOption *best = nullptr;
+  std::vector<std::string> not_whole;  // B / 2, B / 4 when they are not whole numbers
   for (std::uint64_t div : {1, 2, 4}) {
-    if (B % div != 0) continue;
+    if (B % div != 0) {
+      not_whole.push_back(u(B) + " / " + u(div));
+      continue;
+    }
     BlockOption o;
     o.block_size = B / div;
-    if (s.channel_group && o.block_size % s.channel_group != 0) {
+    if (!codec_takes_block(s, o.block_size)) {
       o.valid = false;
-      o.invalid_reason = s.m.strategy + " quantizes keys per channel over " + u(s.channel_group) +
-                         " tokens: a block must hold a multiple of " + u(s.channel_group);
+      o.invalid_reason = channel_group_reason(s);
     }
     o.reusable = reusable_tokens(in, o.block_size);
     o.lost = in.prefix_tokens - o.reusable;
@@ -504,6 +662,7 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const std:
     o.net = o.extra_saved - o.extra_table;
     a.options.push_back(o);
   }
+  const BlockOption *best = nullptr;
   for (const BlockOption &o : a.options) {
     if (o.block_size < B && o.valid && o.net > 0 && (!best || o.net > best->net)) best = &o;
   }
@@ -513,29 +672,56 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const std:
                       u(a.reusable) + " (" + u(best->lost) + " lost instead of " + u(a.lost) + "), saving " +
                       bytes_text(static_cast<std::uint64_t>(best->extra_saved)) + " across the batch for " +
                       bytes_text(static_cast<std::uint64_t>(best->extra_table)) + " more block tables";
-  } else {
-    a.recommended_block_size = B;
-    const BlockOption *smaller = nullptr;  // the best smaller size that is possible
-    for (const BlockOption &o : a.options)
-      if (o.block_size < B && o.valid && (!smaller || o.net > smaller->net)) smaller = &o;
-    a.block_verdict = "keep block size " + u(B) + ": ";
-    if (!smaller) {
-      a.block_verdict += "no smaller block size is possible for " + s.m.strategy;
-    } else if (smaller->reusable == a.reusable) {
-      a.block_verdict += "smaller blocks reuse no more of the prefix (" + u(a.reusable) + " tokens per request) and add " +
-                         u(static_cast<std::uint64_t>(smaller->extra_table)) + " bytes of block tables at block size " +
-                         u(smaller->block_size);
-    } else if (!a.memory_shared) {
-      a.block_verdict += "block size " + u(smaller->block_size) + " would reuse " + u(smaller->reusable - a.reusable) +
-                         " more prefix tokens per request (prefill skipped), but sharing saves no memory here (" +
-                         a.no_memory_reason + ") and its block tables take " +
-                         u(static_cast<std::uint64_t>(smaller->extra_table)) + " more bytes";
-    } else {
-      a.block_verdict += "block size " + u(smaller->block_size) + " would share " +
-                         u(static_cast<std::uint64_t>(smaller->extra_saved)) + " more bytes but its block tables take " +
-                         u(static_cast<std::uint64_t>(smaller->extra_table)) + " more (net " +
-                         std::to_string(smaller->net) + " bytes)";
+    return a;
+  }
+  a.recommended_block_size = B;
+  a.block_verdict = "keep block size " + u(B) + ": ";
+  std::vector<const BlockOption *> smaller;  // the smaller sizes the codec can use
+  std::vector<std::string> impossible;       // the smaller sizes it cannot
+  for (const BlockOption &o : a.options) {
+    if (o.block_size >= B) continue;
+    if (o.valid) smaller.push_back(&o);
+    else impossible.push_back(u(o.block_size));
+  }
+  if (smaller.empty()) {
+    std::vector<std::string> why;
+    if (!not_whole.empty())
+      why.push_back(join(not_whole, ", ") +
+                    (not_whole.size() == 1 ? " is not a whole number" : " are not whole numbers"));
+    if (!impossible.empty())
+      why.push_back("blocks of " + join(impossible, ", ") + " are not possible: " + channel_group_reason(s));
+    a.block_verdict += "no smaller block size to compare (" + join(why, "; ") + ")";
+    return a;
+  }
+  // Among the smaller sizes that reuse more of the prefix, the one closest to paying.
+  const BlockOption *more = nullptr;
+  for (const BlockOption *o : smaller)
+    if (o->reusable > a.reusable && (!more || o->net > more->net)) more = o;
+  if (!more) {
+    std::vector<std::string> sizes;
+    const BlockOption *least = nullptr;  // the smallest block-table cost among them
+    for (const BlockOption *o : smaller) {
+      sizes.push_back(u(o->block_size));
+      if (!least || o->extra_table < least->extra_table) least = o;
     }
+    const std::string tables = u(static_cast<std::uint64_t>(least->extra_table));
+    if (sizes.size() == 1)
+      a.block_verdict += "block size " + sizes[0] + " reuses no more of the prefix (" + u(a.reusable) +
+                         " tokens per request) and adds " + tables + " bytes of block tables";
+    else
+      a.block_verdict += "smaller blocks (" + join(sizes, ", ") + ") reuse no more of the prefix (" + u(a.reusable) +
+                         " tokens per request) and add block tables (" + tables + " bytes more at block size " +
+                         u(least->block_size) + ")";
+  } else if (!a.memory_shared) {
+    a.block_verdict += "block size " + u(more->block_size) + " would reuse " + u(more->reusable - a.reusable) +
+                       " more prefix tokens per request (prefill skipped), but sharing saves no memory here (" +
+                       a.no_memory_reason + ") and its block tables take " +
+                       u(static_cast<std::uint64_t>(more->extra_table)) + " more bytes";
+  } else {
+    a.block_verdict += "block size " + u(more->block_size) + " would share " +
+                       u(static_cast<std::uint64_t>(more->extra_saved)) + " more bytes but its block tables take " +
+                       u(static_cast<std::uint64_t>(more->extra_table)) + " more (net " + std::to_string(more->net) +
+                       " bytes)";
   }
   return a;
 }
@@ -624,10 +810,17 @@ void print_table(const std::vector<std::vector<std::string>> &cells, const std::
   }
 }
 
+/// A share in percent, never rounded to 0.0% when it is not 0.
+std::string share_text(double kept) {
+  if (kept > 0.0 && kept < 0.0005) return fmt("%.2g%%", 100.0 * kept);
+  return fmt("%.1f%%", 100.0 * kept);
+}
+
 std::string kept_text(const Row &r) {
   if (!r.evicts) return "all";
-  std::string s = fmt("%.1f%%", 100.0 * r.kept);
-  if (r.kept_source == "measured") s += " (measured)";
+  std::string s = share_text(r.kept);
+  if (r.cap_tokens) s += " (cap " + u(r.cap_tokens) + ")";
+  else if (r.kept_source == "measured") s += " (measured)";
   else if (r.kept_source == "spec") s += " (spec)";
   return s;
 }
@@ -652,10 +845,16 @@ void print_row_detail(const Row &r, const Target &t) {
   std::printf("  %.3f bits per element: %s bytes per token (%.3f x 2 x %u layers x %u KV heads x %u / 8)\n",
               r.m.bits_per_element, u(r.bytes_per_token).c_str(), r.m.bits_per_element, t.geometry.num_layers,
               t.geometry.num_kv_heads, t.geometry.head_dim);
-  if (r.evicts) {
-    std::printf("  keeps %s of the tokens (%s): %s of %s tokens held per sequence\n", fmt("%.1f%%", 100.0 * r.kept).c_str(),
+  if (r.cap_tokens) {
+    std::printf("  holds at most %s tokens (a fixed cap of %s tokens from its spec, whatever the length): %s of %s "
+                "tokens held per sequence (%s)\n",
+                u(r.cap_tokens).c_str(), u(r.cap_tokens).c_str(), u(r.tokens_held).c_str(), u(t.seq_len).c_str(),
+                share_text(r.kept).c_str());
+  } else if (r.evicts) {
+    std::printf("  keeps %s of the tokens (%s): %s of %s tokens held per sequence%s\n", share_text(r.kept).c_str(),
                 r.kept_source == "measured" ? "kept_fraction measured by eval" : "from its spec",
-                u(r.tokens_held).c_str(), u(t.seq_len).c_str());
+                u(r.tokens_held).c_str(), u(t.seq_len).c_str(),
+                r.kept * double(t.seq_len) < 1.0 ? " (at least one token is held)" : "");
   }
   std::printf("  %s tokens x %s bytes x batch %s = %s: %.1f%% of the budget of %s: %s\n", u(r.tokens_held).c_str(),
               u(r.bytes_per_token).c_str(), u(t.batch).c_str(), bytes_text(r.bytes_total).c_str(), 100.0 * r.budget_share,
@@ -663,21 +862,36 @@ void print_row_detail(const Row &r, const Target &t) {
 }
 
 void print_headroom(const Row &r, const Target &t) {
-  if (r.fits) {
-    std::printf("  headroom: up to batch %s at seq-len %s, or seq-len %s at batch %s\n", u(r.largest_batch).c_str(),
-                u(t.seq_len).c_str(), u(r.largest_seq_len).c_str(), u(t.batch).c_str());
-  } else if (r.largest_batch > 0) {
-    std::printf("  to fit: batch %s at most at seq-len %s, or seq-len %s at most at batch %s\n",
-                u(r.largest_batch).c_str(), u(t.seq_len).c_str(), u(r.largest_seq_len).c_str(), u(t.batch).c_str());
+  const std::string batch = "batch " + u(r.largest_batch) + (r.batch_unbounded ? " or more" : "");
+  std::string seq_len;
+  if (r.seq_len_unbounded && r.cap_tokens) {
+    seq_len = "any seq-len at batch " + u(t.batch) + " (it never holds more than " + u(r.cap_tokens) + " tokens)";
+  } else if (r.seq_len_unbounded) {
+    seq_len = "seq-len " + u(kMaxSeqLen) + " or more at batch " + u(t.batch);
+  } else if (r.largest_seq_len == 0) {
+    seq_len = "not even one token per sequence at batch " + u(t.batch);
   } else {
-    std::printf("  to fit: not even one sequence of %s tokens fits; seq-len %s at most at batch %s\n",
-                u(t.seq_len).c_str(), u(r.largest_seq_len).c_str(), u(t.batch).c_str());
+    seq_len = "seq-len " + u(r.largest_seq_len) + (r.fits ? "" : " at most") + " at batch " + u(t.batch);
+  }
+  if (r.fits) {
+    std::printf("  headroom: up to %s at seq-len %s, or %s\n", batch.c_str(), u(t.seq_len).c_str(), seq_len.c_str());
+  } else if (r.largest_batch > 0) {
+    std::printf("  to fit: %s at most at seq-len %s, or %s\n", batch.c_str(), u(t.seq_len).c_str(), seq_len.c_str());
+  } else {
+    std::printf("  to fit: not even one sequence of %s tokens fits; %s\n", u(t.seq_len).c_str(), seq_len.c_str());
   }
 }
 
 Measurements measure(const RecommendOptions &o) {
   if (!o.from.empty()) {
-    Measurements m = load_eval(read_json_file(o.from, "eval report"), "eval report '" + o.from + "': ");
+    const std::string where = "eval report '" + o.from + "': ";
+    const json j = read_json_file(o.from, "eval report");
+    Measurements m;
+    try {
+      m = load_eval(j, where);
+    } catch (const json::exception &e) {
+      throw RunnerError(where + "cannot be read: " + e.what());
+    }
     m.source = "file";
     m.path = o.from;
     return m;
@@ -731,11 +945,12 @@ void run_recommend(const RecommendOptions &o) {
   t.batch = positive(o.batch, "--batch", std::int64_t(1) << 30);
   if (o.memory.empty()) throw RunnerError("--memory SIZE is required (the KV-cache budget, e.g. 16GiB)");
   t.memory = parse_byte_size(o.memory, "--memory");
-  if (std::isnan(o.max_ppl_increase))
+  if (!o.max_ppl_increase.given)
     throw RunnerError("--max-ppl-increase PCT is required (the largest perplexity increase allowed, in percent)");
-  if (!(o.max_ppl_increase >= 0.0) || !std::isfinite(o.max_ppl_increase))
-    throw RunnerError("--max-ppl-increase " + fmt("%g", o.max_ppl_increase) + " must be a finite percentage >= 0");
-  t.max_ppl_increase = o.max_ppl_increase;
+  t.max_ppl_increase = typed_number(o.max_ppl_increase, "--max-ppl-increase",
+                                    "the largest perplexity increase allowed, in percent, e.g. 1");
+  if (!(t.max_ppl_increase >= 0.0))
+    throw RunnerError("--max-ppl-increase '" + o.max_ppl_increase.text + "' must be a finite percentage >= 0");
   t.elements_per_token = 2ull * t.geometry.num_layers * t.geometry.num_kv_heads * t.geometry.head_dim;
   const PrefixInput prefix = prefix_input(o, t.seq_len);  // checked before a long eval run
 
@@ -747,6 +962,10 @@ void run_recommend(const RecommendOptions &o) {
     if (e.reference) reference = scale_row(e, t);
     else rows.push_back(scale_row(e, t));
   }
+  if (reference->evicts)
+    throw RunnerError((m.source == "file" ? "eval report '" + m.path + "': " : std::string("eval run: ")) +
+                      "the reference row '" + reference->m.strategy +
+                      "' evicts tokens: the reference must be the dense cache every ppl_delta_pct is measured against");
   std::vector<const Row *> order;
   for (const Row &r : rows) order.push_back(&r);
   std::stable_sort(order.begin(), order.end(), cheaper);
@@ -825,10 +1044,13 @@ void run_recommend(const RecommendOptions &o) {
     if (!pick->fits) {
       std::printf("  no strategy that meets the floor fits: this is the smallest one\n");
     }
-    if (pick->evicts && m.ctx && static_cast<std::uint64_t>(*m.ctx) < t.seq_len) {
-      std::printf("  note: its quality was measured on windows of %lld tokens; at %s tokens it keeps the same share "
-                  "but drops %s tokens per sequence (not measured)\n",
-                  static_cast<long long>(*m.ctx), u(t.seq_len).c_str(), u(t.seq_len - pick->tokens_held).c_str());
+    if (pick->evicts && pick->tokens_held < t.seq_len && m.ctx && static_cast<std::uint64_t>(*m.ctx) < t.seq_len) {
+      std::printf("  note: its quality was measured on windows of %lld tokens; at %s tokens it %s but drops %s tokens "
+                  "per sequence (not measured)\n",
+                  static_cast<long long>(*m.ctx), u(t.seq_len).c_str(),
+                  pick->cap_tokens ? ("holds the same " + u(pick->cap_tokens) + " tokens").c_str()
+                                   : "keeps the same share",
+                  u(t.seq_len - pick->tokens_held).c_str());
     }
   } else {
     std::printf("no strategy meets the floor: the smallest ppl increase measured is %+.4f%% (%s), above %+.4f%%\n",
@@ -903,8 +1125,12 @@ void run_recommend(const RecommendOptions &o) {
     }
   }
   if (pick && pa.best_with_sharing && pa.best_with_sharing != pick) {
-    std::printf("  with the prefix shared, %s needs less than the pick: %s\n", pa.best_with_sharing->m.strategy.c_str(),
-                bytes_text(pa.best_with_sharing->bytes_total - shared_saving(*pa.best_with_sharing, prefix, t, prefix.block_size)).c_str());
+    // Against the pick with the prefix shared too, when its codec takes this block size.
+    const std::uint64_t B = prefix.block_size, best = with_sharing(*pa.best_with_sharing, prefix, t, B);
+    const std::uint64_t pick_cost = codec_takes_block(*pick, B) ? with_sharing(*pick, prefix, t, B) : pick->bytes_total;
+    if (best < pick_cost)
+      std::printf("  with the prefix shared, %s needs less than the pick: %s (the pick: %s)\n",
+                  pa.best_with_sharing->m.strategy.c_str(), bytes_text(best).c_str(), bytes_text(pick_cost).c_str());
   }
   if (!pa.options.empty()) {
     std::vector<std::vector<std::string>> bc;

@@ -11,6 +11,18 @@
 
 namespace kvc_cli {
 
+/// A number option kept as typed (the command line assigns the text), so that
+/// "", "nan" or "1e999" are refused naming exactly what was given.
+struct TypedOption {
+  std::string text;
+  bool given = false;
+  TypedOption &operator=(const std::string &typed) {
+    text = typed;
+    given = true;
+    return *this;
+  }
+};
+
 struct RecommendOptions {
   static constexpr std::int64_t kUnset = std::numeric_limits<std::int64_t>::min();
 
@@ -20,7 +32,7 @@ struct RecommendOptions {
   std::int64_t seq_len = kUnset;
   std::int64_t batch = 1;
   std::string memory;  ///< a byte size: 16GiB, 512MiB, 1e9
-  double max_ppl_increase = std::numeric_limits<double>::quiet_NaN();  ///< percent
+  TypedOption max_ppl_increase;  ///< percent
   // Measurements: an `eval --json` file, or an eval run here.
   std::string from;
   std::string model = "stories260k";  ///< the model of the eval run here
@@ -28,7 +40,7 @@ struct RecommendOptions {
   std::int64_t eval_tokens = 32768;   ///< tokens the eval run here scores
   bool progress = true;
   // Prefix caching: flags, or an `eval --prefix --json` file.
-  double prefix_share = std::numeric_limits<double>::quiet_NaN();
+  TypedOption prefix_share;  ///< 0..1
   std::int64_t prefix_tokens = kUnset;
   std::int64_t block_size = kUnset;  ///< unset: the prefix file's, else 16
   std::string from_prefix;

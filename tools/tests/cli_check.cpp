@@ -630,6 +630,186 @@ int recommend_eval_run(const std::string &k) {
   return failures ? 1 : 0;
 }
 
+int recommend_fixed_cap(const std::string &k, const std::string &dir) {
+  // tokens=N is a fixed cap: min(N, seq-len) tokens held at any length, whatever kept_fraction the
+  // eval measured at its ctx (4096) and never the default budget 0.3. 16 bits = 131,072 B/token.
+  const std::string caps = dir + "/eval-fixed-cap.json";
+  auto j = recommend_json(k, {"--preset", "llama-3-8b", "--seq-len", "16384", "--batch", "8", "--memory", "16GiB",
+                              "--max-ppl-increase", "1", "--from", caps});
+  if (failures) return 1;
+  // streaming:tokens=256 (no kept_fraction; not 0.3 x 16384 = 4,916): 8 x 256 x 131,072 = 268,435,456.
+  check_pick(j, "streaming:tokens=256+f16", 131072, "fixed cap");
+  const auto &p = j["pick"];
+  check(p["fixed_cap_tokens"] == 256u && p["tokens_held"] == 256u && p["bytes_total"] == 268435456ull,
+        "streaming:tokens=256 holds 256 tokens: " + p.dump());
+  check(near(p["kept_fraction"].get<double>(), 256.0 / 16384.0), "kept share at 16384 = 256 / 16384");
+  // floor(16 GiB / (256 x 131,072)) = 512 sequences; any length fits at batch 8 (clamped to 2^40).
+  check(p["largest_batch_that_fits"] == 512u && p["largest_batch_unbounded"] == false, "fixed cap: batch 512");
+  check(p["largest_seq_len_unbounded"] == true && p["largest_seq_len_that_fits"] == (1ull << 40),
+        "fixed cap: any seq-len fits");
+  // window:tokens=512 measured kept_fraction 0.125 at ctx 4096: 512 tokens held, not 0.125 x 16384 = 2048.
+  const auto *w = row_named(j, "window:tokens=512+f16");
+  check(w && (*w)["tokens_held"] == 512u && (*w)["bytes_total"] == 8ull * 512 * 131072 && (*w)["fixed_cap_tokens"] == 512u,
+        "window:tokens=512 holds 512 tokens");
+  const auto *h = row_named(j, "h2o:tokens=100+f16");
+  check(h && (*h)["tokens_held"] == 100u && (*h)["meets_floor"] == false, "h2o:tokens=100 holds 100 tokens");
+  // Shorter than the cap: every token is held.
+  j = recommend_json(k, {"--preset", "llama-3-8b", "--seq-len", "200", "--batch", "8", "--memory", "16GiB",
+                         "--max-ppl-increase", "1", "--from", caps});
+  w = row_named(j, "window:tokens=512+f16");
+  check(w && (*w)["tokens_held"] == 200u && near((*w)["kept_fraction"].get<double>(), 1.0), "seq-len 200 < cap 512");
+  // 200 MiB: does not fit; floor(209,715,200 / 33,554,432) = 6 sequences, and at batch 8
+  // floor(209,715,200 / (8 x 131,072)) = 200 tokens held: seq-len 200.
+  j = recommend_json(k, {"--preset", "llama-3-8b", "--seq-len", "16384", "--batch", "8", "--memory", "200MiB",
+                         "--max-ppl-increase", "1", "--from", caps});
+  check(j["pick"]["fits"] == false && j["pick"]["largest_batch_that_fits"] == 6u &&
+            j["pick"]["largest_seq_len_that_fits"] == 200u && j["pick"]["largest_seq_len_unbounded"] == false,
+        "fixed cap in 200 MiB: " + j["pick"].dump());
+  const ProcessResult t = run_process({k, "recommend", "--preset", "llama-3-8b", "--seq-len", "16384", "--batch", "8",
+                                       "--memory", "16GiB", "--max-ppl-increase", "1", "--from", caps});
+  std::printf("%s", t.out.c_str());
+  check(t.exited && t.exit_code == 0, "text run must exit 0: " + describe(t));
+  for (const char *s : {"a fixed cap of 256 tokens", "256 of 16384 tokens held", "1.6% (cap 256)",
+                        "any seq-len at batch 8 (it never holds more than 256 tokens)", "holds the same 256 tokens"})
+    check(t.out.find(s) != std::string::npos, std::string("text misses '") + s + "'");
+  return failures ? 1 : 0;
+}
+
+int recommend_tiny_kept(const std::string &k, const std::string &dir) {
+  // kept_fraction 1e-300: at least one token is held, so 8 x 1 x 131,072 bytes; floor(16 GiB / 131,072)
+  // = 131,072 sequences; any length (clamped to 2^40, the largest --seq-len) at batch 8.
+  auto j = recommend_json(k, llama3(dir + "/eval-tiny-kept.json", "16GiB", "1"));
+  if (failures) return 1;
+  check_pick(j, "streaming:budget=0.3+f16", 131072, "tiny kept_fraction");
+  const auto &p = j["pick"];
+  check(p["tokens_held"] == 1u && p["bytes_total"] == 1048576u, "at least one token held: " + p.dump());
+  check(p["largest_batch_that_fits"] == 131072u && p["largest_batch_unbounded"] == false, "batch 131072");
+  check(p["largest_seq_len_that_fits"] == (1ull << 40) && p["largest_seq_len_unbounded"] == true, "seq-len clamped");
+  const ProcessResult t = run_process({k, "recommend", "--preset", "llama-3-8b", "--seq-len", "4096", "--batch", "8",
+                                       "--memory", "16GiB", "--max-ppl-increase", "1", "--from",
+                                       dir + "/eval-tiny-kept.json"});
+  std::printf("%s", t.out.c_str());
+  check(t.exited && t.exit_code == 0, "text run must exit 0: " + describe(t));
+  for (const char *s : {"1 of 4096 tokens held per sequence (at least one token is held)", "up to batch 131072 at",
+                        "seq-len 1099511627776 or more at batch 8"})
+    check(t.out.find(s) != std::string::npos, std::string("text misses '") + s + "'");
+  check(t.out.find("batch 0") == std::string::npos && t.out.find("9223372036854775808") == std::string::npos,
+        "no batch 0, no seq-len 2^63");
+  return failures ? 1 : 0;
+}
+
+int recommend_block_advice(const std::string &k, const std::string &dir) {
+  const std::string basic = dir + "/eval-basic.json";
+  // Batch 1 shares no memory; block 8 reuses 96 of the 100 prefix tokens like 16, block 4 all
+  // 100: the advice names block 4 (4 more tokens), never "smaller blocks reuse no more".
+  auto one = llama3(basic, "16GiB", "0.1", {"--prefix-tokens", "100", "--prefix-share", "0.5"});
+  one[5] = "1";
+  auto j = recommend_json(k, one);
+  if (failures) return 1;
+  std::string v = j["prefix"]["block_size_verdict"];
+  check(j["prefix"]["recommended_block_size"] == 16u &&
+            v.find("block size 4 would reuse 4 more prefix tokens per request") != std::string::npos &&
+            v.find("reuse no more") == std::string::npos,
+        "batch 1: " + v);
+  // Block size 3: 3 / 2 and 3 / 4 are no block sizes; the codec is not to blame.
+  j = recommend_json(k, llama3(basic, "16GiB", "0.1", {"--prefix-tokens", "100", "--prefix-share", "0.5", "--block-size", "3"}));
+  v = j["prefix"]["block_size_verdict"];
+  check(j["prefix"]["block_size_options"].size() == 1 && v.find("3 / 2 and 3 / 4 are not whole numbers") != std::string::npos &&
+            v.find("int8") == std::string::npos,
+        "block 3: " + v);
+  // Block 16 with per-channel keys over 16: blocks of 8 and 4 are impossible for that codec.
+  j = recommend_json(k, llama3(basic, "16GiB", "2.5", {"--prefix-tokens", "100", "--prefix-share", "0.5"}));
+  v = j["prefix"]["block_size_verdict"];
+  check(v.find("blocks of 8 and 4 are not possible") != std::string::npos, "kchannel, block 16: " + v);
+  // Block 24: the kchannel=16 pick cannot use it (24 is no multiple of 16): int8 is assessed.
+  j = recommend_json(k, llama3(basic, "16GiB", "2.5", {"--prefix-tokens", "100", "--prefix-share", "0.5", "--block-size", "24"}));
+  check(j["pick"]["strategy"] == "int4:group=32:kchannel=16" && j["prefix"]["strategy"] == "int8:per-token" &&
+            j["prefix"]["note"].get<std::string>().find("cannot use blocks of 24 tokens") != std::string::npos,
+        "kchannel pick at block 24: " + j["prefix"].dump());
+  for (const auto &o : j["prefix"]["block_size_options"]) check(o["valid"] == true, "int8 takes blocks of 24, 12, 6");
+  // An evicting pick (streaming, 8 x 1,229 x 136,192 = 1,339,039,744 bytes) shares nothing. At block 16,
+  // int4:kchannel=16 with a 2000-token prefix shared needs 8 x 4096 x 40,960 - 7 x 2000 x 40,960
+  // = 768,737,280 bytes: less. At block 24 it cannot run, and int8 (3,221,225,472 - 7 x 1992 x 98,304
+  // = 1,850,474,496) needs more than the pick: nothing beats the pick.
+  const std::string codecs = dir + "/eval-prefix-codecs.json";
+  auto shared = [&](const std::string &block) {
+    return llama3(codecs, "16GiB", "1", {"--prefix-tokens", "2000", "--prefix-share", "0.5", "--block-size", block});
+  };
+  j = recommend_json(k, shared("16"));
+  check(j["pick"]["strategy"] == "streaming:budget=0.3+f16" && j["pick"]["bytes_total"] == 1339039744ull, "evicting pick");
+  check(j["prefix"]["best_with_sharing"] == "int4:group=32:kchannel=16", "block 16: kchannel=16 is best with sharing");
+  j = recommend_json(k, shared("24"));
+  check(j["prefix"]["best_with_sharing"] == "streaming:budget=0.3+f16", "block 24: " + j["prefix"].dump());
+  auto text = [&](const std::string &block) {
+    std::vector<std::string> cmd = {k, "recommend"};
+    for (const std::string &a : shared(block)) cmd.push_back(a);
+    const ProcessResult t = run_process(cmd);
+    check(t.exited && t.exit_code == 0, "text run must exit 0: " + describe(t));
+    return t.out;
+  };
+  const std::string at16 = text("16"), at24 = text("24");
+  std::printf("%s\n%s", at16.c_str(), at24.c_str());
+  check(at16.find("with the prefix shared, int4:group=32:kchannel=16 needs less than the pick: 733.12 MiB (768737280 bytes)") !=
+            std::string::npos,
+        "block 16: kchannel=16 needs less with sharing");
+  check(at24.find("needs less than the pick") == std::string::npos, "block 24: no row that cannot use it is suggested");
+  return failures ? 1 : 0;
+}
+
+/// `kvcache recommend ARGS` must fail with exit code 1 and "kvcache: error: ...WANT...".
+void expect_error(const std::string &k, const std::vector<std::string> &args, const std::string &want) {
+  std::vector<std::string> cmd = {k, "recommend"};
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  const ProcessResult r = run_process(cmd);
+  std::printf("%s: %s", describe(r).c_str(), r.err.c_str());
+  check(r.exited && r.exit_code == 1, "expected exit code 1 for '" + want + "', got " + describe(r) + ": " + r.err);
+  check(r.err.find("kvcache: error: ") != std::string::npos && r.err.find(want) != std::string::npos,
+        "stderr misses '" + want + "': " + r.err);
+}
+
+int recommend_errors(const std::string &k, const std::string &dir) {
+  const std::string basic = dir + "/eval-basic.json", report = dir + "/prefix-report.json";
+  auto target = [&](const std::string &from, std::vector<std::string> more = {}) {
+    std::vector<std::string> a = {"--preset", "llama-3-8b", "--seq-len", "4096", "--memory", "16GiB", "--from", from};
+    a.insert(a.end(), more.begin(), more.end());
+    if (std::find(a.begin(), a.end(), "--max-ppl-increase") == a.end()) {
+      a.push_back("--max-ppl-increase");
+      a.push_back("1");
+    }
+    return a;
+  };
+  // Numbers no double holds, a directory: read errors, not internal ones.
+  expect_error(k, target(dir + "/bad-number-overflow.json"), "holds a number out of range");
+  expect_error(k, target(dir + "/bad-number-overflow-negative.json"), "number overflow parsing '-1e400'");
+  expect_error(k, target(dir + "/bad-integer-overflow.json"), "holds a number out of range");
+  expect_error(k, target(dir), "eval report '" + dir + "' is a directory, not a file");
+  expect_error(k, target(basic, {"--from-prefix", dir}), "prefix report '" + dir + "' is a directory, not a file");
+  // A reference row that is not the reference.
+  expect_error(k, target(dir + "/bad-reference-delta.json"), "the reference row has ppl_delta_pct 3 (expected 0");
+  expect_error(k, target(dir + "/bad-reference-kl.json"), "the reference row has kl_mean 0.01 (expected 0");
+  // Impossible prefix reports.
+  expect_error(k, target(basic, {"--from-prefix", dir + "/bad-prefix-more-with-cache.json"}),
+               "with_cache.tokens_computed (12000) is more than without_cache.tokens_computed (10240)");
+  expect_error(k, target(basic, {"--from-prefix", dir + "/bad-prefix-speedup.json"}), "ttft_speedup -2 must be > 0");
+  expect_error(k, target(basic, {"--from-prefix", dir + "/bad-prefix-overflow.json"}),
+               "prefix_tokens + suffix_tokens (9223372036854775807 + 64) overflows 64 bits");
+  expect_error(k, target(basic, {"--from-prefix", dir + "/bad-prefix-without-cache.json"}),
+               "without_cache.tokens_computed (10240) is not requests x (prefix_tokens + suffix_tokens) = 32 x 64");
+  // Floors and shares named as typed.
+  expect_error(k, target(basic, {"--max-ppl-increase", ""}), "--max-ppl-increase '' is not a number");
+  expect_error(k, target(basic, {"--max-ppl-increase", "nan"}), "--max-ppl-increase 'nan' is not a finite number");
+  expect_error(k, target(basic, {"--max-ppl-increase", "inf"}), "--max-ppl-increase 'inf' is not a finite number");
+  expect_error(k, target(basic, {"--max-ppl-increase", "1e999"}), "--max-ppl-increase '1e999' is out of the range");
+  expect_error(k, target(basic, {"--max-ppl-increase", "-1"}), "--max-ppl-increase '-1' must be a finite percentage >= 0");
+  expect_error(k, target(basic, {"--prefix-share", "nan"}), "--prefix-share 'nan' is not a finite number");
+  expect_error(k, target(basic, {"--prefix-share", ""}), "--prefix-share '' is not a number");
+  // --block-size without prefix information has nothing to size.
+  expect_error(k, target(basic, {"--block-size", "8"}), "--block-size 8 is used only to assess prefix caching");
+  // With prefix information it is accepted (the report's own block size otherwise).
+  recommend_json(k, target(basic, {"--from-prefix", report, "--block-size", "8"}));
+  return failures ? 1 : 0;
+}
+
 int recommend(const std::string &which, const std::string &kvcache, const std::string &dir) {
   if (which == "pick") return recommend_pick(kvcache, dir);
   if (which == "none") return recommend_none(kvcache, dir);
@@ -638,6 +818,10 @@ int recommend(const std::string &which, const std::string &kvcache, const std::s
   if (which == "block-size") return recommend_block_size(kvcache, dir);
   if (which == "prefix-report") return recommend_prefix_report(kvcache, dir);
   if (which == "eval-run") return recommend_eval_run(kvcache);
+  if (which == "fixed-cap") return recommend_fixed_cap(kvcache, dir);
+  if (which == "tiny-kept") return recommend_tiny_kept(kvcache, dir);
+  if (which == "block-advice") return recommend_block_advice(kvcache, dir);
+  if (which == "errors") return recommend_errors(kvcache, dir);
   fail("unknown recommend case '" + which + "'");
   return 1;
 }
