@@ -229,18 +229,21 @@ int logprobs(const std::string &model, const std::string &fixtures) {
   ids.resize(n);
   std::ifstream in(fixtures + "/logprobs-2048.tsv");
   if (!in) throw RunnerError("missing fixture logprobs-2048.tsv");
-  std::vector<int> target, top1;
-  std::vector<double> ref;
+  std::vector<int> target, top1, top1_b;
+  std::vector<double> ref, ref_b;
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ls(line);
-    int pos, t, k;
-    double lp;
-    if (!(ls >> pos >> t >> lp >> k) || pos != static_cast<int>(ref.size())) throw RunnerError("bad fixture line: " + line);
+    int pos, t, k, kb;
+    double lp, lpb;
+    if (!(ls >> pos >> t >> lp >> k >> lpb >> kb) || pos != static_cast<int>(ref.size()))
+      throw RunnerError("bad fixture line: " + line);
     target.push_back(t);
     ref.push_back(lp);
     top1.push_back(k);
+    ref_b.push_back(lpb);
+    top1_b.push_back(kb);
   }
   check(static_cast<int>(ref.size()) == n - 1, "fixture holds 2047 positions");
   Transformer tr(m, n);
@@ -248,8 +251,8 @@ int logprobs(const std::string &model, const std::string &fixtures) {
   KvPool pool(c, KVC_DTYPE_F16, KVC_DTYPE_F16, static_cast<std::uint32_t>(n));
   AttnSequence seq(pool, 1, c);
   std::vector<double> logp;
-  double abs_sum = 0, max_abs = 0;
-  int agree = 0, targets_match = 0;
+  double abs_sum = 0, max_abs = 0, peer_abs_sum = 0;
+  int agree = 0, targets_match = 0, peer_agree = 0;
   const int chunk = 128;
   for (int pos = 0; pos < n; pos += chunk) {
     const int len = std::min(chunk, n - pos);
@@ -267,14 +270,25 @@ int logprobs(const std::string &model, const std::string &fixtures) {
       abs_sum += d;
       max_abs = std::max(max_abs, d);
       agree += best == top1[static_cast<std::size_t>(p)];
+      peer_abs_sum += std::fabs(ref_b[static_cast<std::size_t>(p)] - ref[static_cast<std::size_t>(p)]);
+      peer_agree += top1_b[static_cast<std::size_t>(p)] == top1[static_cast<std::size_t>(p)];
     }
   }
   const double mean_abs = abs_sum / (n - 1), agreement = double(agree) / (n - 1);
-  std::printf("2047 positions: top-1 agreement %.4f, mean |logprob diff| %.5f nats, max %.4f\n", agreement, mean_abs,
-              max_abs);
+  const double peer_mean = peer_abs_sum / (n - 1), peer_agreement = double(peer_agree) / (n - 1);
+  std::printf("ours (f16 K/V) vs llama.cpp (f16 K/V, flash attention), 2047 positions: top-1 agreement %.4f, "
+              "mean |logprob diff| %.5f nats, max %.4f\n",
+              agreement, mean_abs, max_abs);
+  std::printf("llama.cpp (f32 K/V, no flash attention) vs the same: top-1 agreement %.4f, mean |logprob diff| %.5f "
+              "nats\n",
+              peer_agreement, peer_mean);
   check(targets_match == n - 1, "the fixture's targets are our token ids");
-  check(agreement >= 0.99, "top-1 agreement with llama.cpp below 99%");
-  check(mean_abs < 0.02, "mean |logprob difference| with llama.cpp is 0.02 nats or more");
+  // This Q4_1 model amplifies rounding: llama.cpp moves by ~0.05 nats when only
+  // its attention numerics change. We must be no farther from llama.cpp than
+  // llama.cpp is from itself, and close in absolute terms.
+  check(mean_abs <= peer_mean * 1.05, "farther from llama.cpp than llama.cpp's own two configurations are");
+  check(agreement >= peer_agreement - 0.005, "top-1 agreement below llama.cpp's own across configurations");
+  check(mean_abs < 0.06 && agreement > 0.96, "absolute agreement with llama.cpp");
   return failures ? 1 : 0;
 }
 
