@@ -127,8 +127,11 @@ EvalReport run_eval(const EvalOptions &opt) {
   const std::int64_t lead = use_bos ? 0 : 1;
   if (static_cast<std::int64_t>(tokens.size()) <= lead) throw RunnerError("text file '" + rep.text_path + "' holds too few tokens");
   std::int64_t to_score = static_cast<std::int64_t>(tokens.size()) - lead;
-  const std::int64_t max_tokens =
-      opt.max_tokens_default && c.gguf && !opt.long_context ? kGgufEvalTokens : opt.max_tokens;
+  // GGUF models cost ~40x more per token: 4,096 tokens by default, and two
+  // windows with --long.
+  const std::int64_t max_tokens = !(opt.max_tokens_default && c.gguf) ? opt.max_tokens
+                                  : opt.long_context                   ? 2 * std::int64_t(ctx - 1)
+                                                                       : kGgufEvalTokens;
   if (max_tokens > 0) to_score = std::min(to_score, max_tokens);
   if (opt.chunk < 0) throw RunnerError("--chunk must be >= 1 (0: the model's default)");
   const int chunk = opt.chunk > 0 ? opt.chunk : c.gguf ? kGgufChunk : 1;
