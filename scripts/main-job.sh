@@ -5,10 +5,12 @@
 # Extra arguments go to `kvcache eval`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
-bash scripts/setup.sh
+bash "$root/scripts/setup.sh" >&2
 build=${KVC_MAIN_BUILD:-build}
+case $build in /*) ;; *) build="$root/$build" ;; esac
 jobs=${KVC_JOBS:-2}
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build "$build" -j "$jobs" --target kvcache_cli
+# The build's progress goes to stderr: stdout holds only the report.
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake --build "$build" -j "$jobs" --target kvcache_cli >&2
+# Run from the caller's folder, so relative paths (--plot FILE, --text FILE) are theirs.
 exec "$build/tools/kvcache" eval "$@"

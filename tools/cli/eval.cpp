@@ -481,9 +481,9 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
                rep.num_kv_heads, rep.head_dim);
   std::fprintf(out, "text    %s\n", rep.text_path.c_str());
   std::fprintf(out,
-               "scored  %lld tokens in %d windows of ctx %d (teacher forcing, each window starts "
+               "scored  %lld tokens in %d window%s of ctx %d (teacher forcing, each window starts "
                "with %s); reference: dense f32%s\n",
-               static_cast<long long>(rep.tokens_scored), rep.windows, rep.ctx,
+               static_cast<long long>(rep.tokens_scored), rep.windows, rep.windows == 1 ? "" : "s", rep.ctx,
                rep.bos ? "BOS" : "the token before its first scored one",
                rep.chunk > 1 ? (", forward pass in chunks of " + std::to_string(rep.chunk) + " positions").c_str() : "");
   if (rep.ctx > rep.trained_context) {

@@ -206,8 +206,9 @@ int tokenize(const std::string &model, const std::string &fixtures) {
     if (first_diff < head.size() && first_diff < ids.size()) {
       std::string ours, theirs;
       for (std::size_t k = first_diff; k < first_diff + 8 && k < ids.size() && k < head.size(); ++k) {
-        ours += " " + std::to_string(ids[k]) + "'" + tok.decode(0, ids[k]) + "'";
-        theirs += " " + std::to_string(head[k]) + "'" + tok.decode(0, head[k]) + "'";
+        for (auto [out, id] : {std::pair<std::string *, int>{&ours, ids[k]}, {&theirs, head[k]}}) {
+          out->append(" ").append(std::to_string(id)).append("'").append(tok.decode(0, id)).append("'");
+        }
       }
       fail(std::string(name) + ": first difference at id " + std::to_string(first_diff) + ": ours" + ours +
            " | llama.cpp" + theirs);
