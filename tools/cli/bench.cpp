@@ -34,6 +34,9 @@ double now_seconds() { return std::chrono::duration<double>(Clock::now().time_si
 // Keeps results alive so the compiler cannot drop the work.
 volatile std::uint64_t g_sink = 0;
 
+/// Rounds per case: --rounds, else 5 (--quick: 3).
+int bench_rounds(const BenchOptions &o) { return o.rounds > 0 ? o.rounds : o.quick ? 3 : 5; }
+
 /// Something timed: `run` once per operation, `setup` (not timed) before each when set.
 struct Timed {
   std::function<void()> setup;
@@ -60,7 +63,7 @@ double time_reps(const Timed &t, int reps) {
 class Bench {
  public:
   explicit Bench(const BenchOptions &o) : o_(o) {
-    rounds_ = o.rounds > 0 ? o.rounds : o.quick ? 3 : 5;
+    rounds_ = bench_rounds(o);
     round_seconds_ = o.quick ? 0.02 : 0.1;
   }
 
@@ -96,7 +99,6 @@ class Bench {
   }
 
   std::vector<BenchResult> &results() { return results_; }
-  int rounds() const { return rounds_; }
 
  private:
   const BenchOptions &o_;
@@ -492,7 +494,7 @@ void print_bench(const BenchOptions &o, const std::vector<BenchResult> &results)
   std::printf("kvcache bench%s (libkvcache %s): wall time per operation, the fastest of %d rounds; each case "
               "beside its baseline,\ntimed in alternating rounds of the same run. speed = baseline time / "
               "time (> 1: faster than the baseline).\n\n",
-              o.quick ? " --quick" : "", kvc_version_string(), o.rounds > 0 ? o.rounds : o.quick ? 3 : 5);
+              o.quick ? " --quick" : "", kvc_version_string(), bench_rounds(o));
   std::string group;
   for (const BenchResult &r : results) {
     if (r.group != group) {
@@ -512,7 +514,7 @@ std::string bench_json(const BenchOptions &o, const std::vector<BenchResult> &re
   nlohmann::ordered_json j;
   j["version"] = kvc_version_string();
   j["quick"] = o.quick;
-  j["rounds"] = o.rounds > 0 ? o.rounds : o.quick ? 3 : 5;
+  j["rounds"] = bench_rounds(o);
   nlohmann::ordered_json arr = nlohmann::ordered_json::array();
   for (const BenchResult &r : results) {
     nlohmann::ordered_json x;

@@ -23,6 +23,7 @@
 #include "../runner/kv_cache.h"
 #include "../runner/runner.h"
 #include "../runner/transformer.h"
+#include "memory.h"
 
 namespace kvc_cli {
 using namespace kvc_runner;
@@ -458,22 +459,6 @@ EvalReport run_eval(const EvalOptions &opt) {
   return rep;
 }
 
-namespace {
-
-std::string human_bytes(double bytes) {
-  static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  int u = 0;
-  while (bytes >= 1024.0 && u < 5) {
-    bytes /= 1024.0;
-    ++u;
-  }
-  char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%.0f %s", bytes, units[u]);
-  else std::snprintf(buf, sizeof buf, "%.2f %s", bytes, units[u]);
-  return buf;
-}
-
-}  // namespace
 
 void print_eval_table(const EvalReport &rep, std::FILE *out) {
   std::fprintf(out, "model   %s (%s): %d layers, %d query heads, %d KV heads, head_dim %d\n",
@@ -505,7 +490,7 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     row.push_back(std::to_string(r.kv_bytes_per_token));
     std::snprintf(buf, sizeof buf, "%.1f%%", r.kept_fraction * 100.0);
     row.push_back(buf);
-    row.push_back(human_bytes(double(r.peak_kv_bytes)));
+    row.push_back(human_bytes(static_cast<long double>(r.peak_kv_bytes)));
     std::snprintf(buf, sizeof buf, "%.2fx", r.compression_vs_f16);
     row.push_back(buf);
     std::snprintf(buf, sizeof buf, "%.6f", r.ppl);
