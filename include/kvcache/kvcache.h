@@ -554,6 +554,76 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
  */
 KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
 
+/**
+ * @brief Queue the pool's device work on an engine's CUDA stream.
+ *
+ * Pools on ::KVC_DEVICE_CUDA queue every kernel and copy (kvc_append(),
+ * kvc_gather(), kvc_attention_decode(), kvc_attention_prefill(), copy-on-write,
+ * eviction compaction, kvc_pool_copy_blocks()) on this stream, in call order.
+ * Until it is set, a pool uses a non-blocking stream of its own. Calls whose
+ * pointers are all device memory return as soon as their work is queued;
+ * calls given host memory (pageable or pinned) wait for their work. Pass the
+ * stream as `cudaStream_t` cast to `void *`; NULL selects the legacy default
+ * stream. The stream must stay valid while the pool uses it.
+ * @param pool the pool (not NULL).
+ * @param stream a CUDA stream of the pool's device, or NULL.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool); ::KVC_ERR_INVALID_ARGUMENT
+ * (a non-NULL stream for a CPU pool, whose work runs on the calling thread).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_set_stream(kvc_pool *pool, void *stream);
+
+/**
+ * @brief Wait for the pool's queued device work and report device-side errors.
+ *
+ * Kernels cannot report a bad value when they run without stopping the
+ * engine, so a CUDA pool records them in a device-side error flag: an
+ * kvc_append() whose K or V holds NaN or Inf (for quantized parts) writes
+ * nothing, sets the flag and returns ::KVC_OK at once. The next kvc_pool_sync()
+ * waits for the stream, returns ::KVC_ERR_NON_FINITE with a message naming how
+ * many appends were refused, and clears the flag. CPU pools check on the
+ * calling thread and have nothing to wait for.
+ * @param pool the pool (not NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_NON_FINITE (appends
+ * refused since the last sync, none of their values written);
+ * ::KVC_ERR_INTERNAL (the CUDA runtime reported an error; the message names it).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_sync(kvc_pool *pool);
+
+/** @brief Direction of kvc_pool_copy_blocks(). @since 0.3 */
+typedef enum kvc_copy_direction {
+  KVC_COPY_TO_HOST = 0,   /**< Blocks to a host buffer (swap out). */
+  KVC_COPY_FROM_HOST = 1, /**< A host buffer into blocks (swap in). */
+  KVC_COPY_DIRECTION_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_COPY_DIRECTION_FORCE_SIGNED = -0x7fffffff - 1 /**< Forces a signed enum; not a value. */
+} kvc_copy_direction;
+
+/**
+ * @brief Copy whole blocks between the pool and a host buffer (swap out and
+ * in, as vLLM's swap_blocks).
+ *
+ * Block `blocks[i]` occupies bytes `[i * bytes_per_block, (i + 1) *
+ * bytes_per_block)` of `host` (kvc_stats::bytes_per_block), codes, scales and
+ * zero points exactly as the pool stores them. The pool's block tables are
+ * not changed: the engine decides which blocks it swaps (block ids from
+ * kvc_seq_block_table()). On a CUDA pool the copies are queued on the pool's
+ * stream and the call returns at once when `host` is page-locked memory
+ * (cudaHostAlloc / cudaHostRegister); with pageable memory it waits. Blocks
+ * written from the host leave the prefix index (their content changed).
+ * @param pool the pool (not NULL).
+ * @param blocks `[n_blocks]` block ids, each 0..num_blocks-1.
+ * @param n_blocks number of blocks (0 does nothing).
+ * @param host `[n_blocks * bytes_per_block]` bytes.
+ * @param direction ::KVC_COPY_TO_HOST or ::KVC_COPY_FROM_HOST.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_OUT_OF_RANGE (a block
+ * id; nothing copied); ::KVC_ERR_INVALID_ARGUMENT (direction); ::KVC_ERR_OVERFLOW;
+ * ::KVC_ERR_INTERNAL (the CUDA runtime failed).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks, void *host,
+                                        kvc_copy_direction direction);
+
 /* ------------------------------------------------------------------------ */
 /* Sequences                                                                 */
 /* ------------------------------------------------------------------------ */
@@ -1530,6 +1600,9 @@ typedef struct kvc_api {
   kvc_status (*prefix_stats_init)(kvc_prefix_stats *);          /**< kvc_prefix_stats_init() */
   kvc_status (*prefix_get_stats)(kvc_pool *, kvc_prefix_stats *); /**< kvc_prefix_get_stats() */
   kvc_status (*prefix_set_callback)(kvc_pool *, kvc_prefix_event_fn, void *); /**< kvc_prefix_set_callback() */
+  kvc_status (*pool_set_stream)(kvc_pool *, void *);            /**< kvc_pool_set_stream() */
+  kvc_status (*pool_sync)(kvc_pool *);                          /**< kvc_pool_sync() */
+  kvc_status (*pool_copy_blocks)(kvc_pool *, const int32_t *, size_t, void *, kvc_copy_direction); /**< kvc_pool_copy_blocks() */
 } kvc_api;
 
 /**

@@ -368,6 +368,29 @@ KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool) {
   return guard([&] { core_of(pool).reset_peak(); });
 }
 
+KVC_API kvc_status kvc_pool_set_stream(kvc_pool *pool, void *stream) {
+  return guard([&] { core_of(pool).set_stream(stream); });
+}
+
+KVC_API kvc_status kvc_pool_sync(kvc_pool *pool) {
+  return guard([&] { core_of(pool).sync(); });
+}
+
+KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks, void *host,
+                                        kvc_copy_direction direction) {
+  return guard([&] {
+    kvc::core::Pool &p = core_of(pool);
+    const int32_t d = static_cast<int32_t>(direction);
+    if (d != KVC_COPY_TO_HOST && d != KVC_COPY_FROM_HOST)
+      kvc::core::fail(kvc::core::Errc::InvalidArgument,
+                      "direction " + std::to_string(d) + ": must be KVC_COPY_TO_HOST or KVC_COPY_FROM_HOST");
+    if (n_blocks == 0) return;
+    need(blocks, "blocks");
+    need(host, "host");
+    p.copy_blocks(blocks, n_blocks, host, d == KVC_COPY_TO_HOST);
+  });
+}
+
 KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout) {
   return guard([&] {
     need(layout, "layout");
@@ -1101,6 +1124,9 @@ static const kvc_api g_api = {
     kvc_prefix_stats_init,
     kvc_prefix_get_stats,
     kvc_prefix_set_callback,
+    kvc_pool_set_stream,
+    kvc_pool_sync,
+    kvc_pool_copy_blocks,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

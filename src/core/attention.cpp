@@ -337,6 +337,7 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
       fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
                                  u64s(ids[0]) + " holds " + u64s(l.n_tokens) + " tokens (append the chunk's K/V first)");
   }
+  if (dev_) return attention_device(layer, ids, n_seqs, q, n_q, prefill, out, lse, p, scale);
   // Queries to f32, checked finite, scaled (before any output is written).
   AttnScratch &sc = scratch();
   float *qf = grow(sc.q, per_seq * n_seqs);
@@ -399,6 +400,47 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
                p.observe ? l.scores.data() : nullptr);
   }
   convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
+}
+
+// CUDA pools: the block tables go to the device with the call; q, out and
+// lse may be device or host memory (cuda/kernels.cu). Queries are not
+// checked for NaN / Inf on the device (documented in kvcache.h).
+void Pool::attention_device(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                            bool prefill, void *out, float *lse, const AttnParams &p, float scale) {
+  if (p.observe)
+    fail(Errc::Unsupported, "device CUDA: observing attention (H2O, TOVA, SnapKV scores) is CPU-only in this "
+                            "version; feed scores with kvc_seq_observe_scores()");
+  std::shared_lock lk(mu_);
+  check_layer(layer);
+  std::vector<int32_t> blocks;
+  std::vector<uint64_t> start, count, row;
+  const uint64_t bs = cfg_.block_size;
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const LayerTable &l = find(ids[i]).layers[layer];
+    if (prefill && n_q > l.n_tokens)
+      fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
+                                 u64s(ids[i]) + " holds " + u64s(l.n_tokens) + " tokens (append the chunk's K/V first)");
+    const uint64_t b0 = blocks.size();
+    const uint64_t nb = (l.n_tokens + bs - 1) / bs;
+    blocks.insert(blocks.end(), l.blocks.begin(), l.blocks.begin() + static_cast<std::ptrdiff_t>(nb));
+    for (uint64_t r = 0; r < n_q; ++r) {
+      start.push_back(b0);
+      count.push_back(prefill ? l.n_tokens - n_q + r + 1 : l.n_tokens);
+      row.push_back(i * n_q + r);
+    }
+  }
+  cuda::Device::AttnBatch b;
+  b.block_ids = blocks.data();
+  b.block_start = start.data();
+  b.n_tokens = count.data();
+  b.q_row = row.data();
+  b.n_items = start.size();
+  b.n_blocks = blocks.size();
+  b.n_rows = n_seqs * n_q;
+  const float ts[2] = {part_[0].quantized ? tensor_scale(0, layer) : 0.0f,
+                       part_[1].quantized ? tensor_scale(1, layer) : 0.0f};
+  dev_->attention(b, p.num_q_heads, scale, q, static_cast<int32_t>(p.q_dtype), out, static_cast<int32_t>(p.out_dtype),
+                  lse, ts);
 }
 
 }  // namespace kvc::core

@@ -190,7 +190,12 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     if (p.kind == PolicyKind::Plugin) {
       keys.resize(n * row);
       pos.resize(n);
-      for (uint64_t t = 0; t < n;) {
+      if (dev_) {  // keys from the device, decoded to host f32
+        const float ts[2] = {part_[0].quantized ? tensor_scale(0, li) : 0.0f, 0.0f};
+        const std::vector<cuda::Slot> sl = slots_of(l, 0, n);
+        if (n) dev_->gather(sl.data(), n, keys.data(), nullptr, static_cast<int32_t>(DType::F32), ts);
+      }
+      for (uint64_t t = 0; t < n && !dev_;) {
         const uint32_t slot = static_cast<uint32_t>(t % bs);
         const uint64_t run = std::min(bs - slot, n - t);
         read_part(0, li, block_ptr(l.blocks[t / bs]), slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
@@ -247,7 +252,16 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     // of consecutive tokens at a time (one memcpy per part and run). A run
     // stays inside one source and one destination block; memmove because a
     // run may overlap itself inside one block.
-    for (uint64_t j = first_write[li]; j < kn;) {
+    if (dev_) {  // all moves in two device passes (every source staged first)
+      std::vector<cuda::Slot> from, to;
+      for (uint64_t j = first_write[li]; j < kn; ++j)
+        if (k[j] != j) {
+          from.push_back(static_cast<cuda::Slot>(l.blocks[k[j] / bs]) * static_cast<cuda::Slot>(bs) + k[j] % bs);
+          to.push_back(static_cast<cuda::Slot>(l.blocks[j / bs]) * static_cast<cuda::Slot>(bs) + j % bs);
+        }
+      dev_->move_tokens(from.data(), to.data(), from.size());
+    }
+    for (uint64_t j = first_write[li]; j < kn && !dev_;) {
       if (k[j] == j) {
         ++j;
         continue;
@@ -277,7 +291,26 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
       j += run;
     }
     // Re-rotate the keys whose in-cache position changed (llama.cpp's K-shift).
-    if (shift[li]) {
+    if (shift[li] && dev_) {  // decode on the device, rotate here, encode on the device
+      std::vector<uint64_t> idx;
+      std::vector<int64_t> delta;
+      for (uint64_t j = first_write[li]; j < kn; ++j) {
+        const int64_t d = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
+        if (d != 0) idx.push_back(j), delta.push_back(d);
+      }
+      if (!idx.empty()) {
+        std::vector<cuda::Slot> sl(idx.size());
+        for (size_t i = 0; i < idx.size(); ++i)
+          sl[i] = static_cast<cuda::Slot>(l.blocks[idx[i] / bs]) * static_cast<cuda::Slot>(bs) + idx[i] % bs;
+        std::vector<float> rows(idx.size() * row);
+        float ts[2] = {part_[0].quantized ? tensor_scale(0, li) : 0.0f, 0.0f};
+        dev_->gather(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts);
+        for (size_t i = 0; i < idx.size(); ++i)
+          for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(rows.data() + i * row + hh * hd, delta[i]);
+        dev_->append(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts, 1);
+      }
+    }
+    if (shift[li] && !dev_) {
       for (uint64_t j = first_write[li]; j < kn; ++j) {
         const int64_t delta = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
         if (delta == 0) continue;

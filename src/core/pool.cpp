@@ -181,14 +181,38 @@ void Pool::validate(PoolConfig &c) {
   if (c.layout != Layout::NHD && c.layout != Layout::HND)
     fail(Errc::InvalidArgument,
          "layout " + std::to_string(static_cast<int32_t>(c.layout)) + ": must be NHD or HND");
-  if (c.device == Device::CUDA)
-    fail(Errc::DeviceUnavailable, "device CUDA: this build of libkvcache has no CUDA backend");
-  if (c.device != Device::CPU)
+  if (c.device != Device::CPU && c.device != Device::CUDA)
     fail(Errc::InvalidArgument,
          "device " + std::to_string(static_cast<int32_t>(c.device)) + ": unknown device");
-  if (c.device_index != 0)
+  if (c.device == Device::CPU && c.device_index != 0)
     fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) +
                                     ": must be 0 for the CPU");
+  if (c.device == Device::CUDA) {
+    if (!cuda::Device::compiled())
+      fail(Errc::DeviceUnavailable,
+           "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with KVC_CUDA=OFF)");
+    if (c.device_index < 0)
+      fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) + ": must be >= 0");
+    // What the kernels support (cuda/kernels.cu): a token's row in shared
+    // memory, head rows of up to 256 values read 8 at a time (or up to 32
+    // one at a time), no residual arena.
+    if (wants_residual)
+      fail(Errc::Unsupported, "device CUDA: residual windows, hybrid precision and per-channel (KIVI) keys "
+                              "are CPU-only in this version");
+    if (c.head_dim > 256 || (c.head_dim % 8 != 0 && c.head_dim > 32))
+      fail(Errc::Unsupported, "device CUDA: head_dim " + u64s(c.head_dim) +
+                                  " is not supported (a multiple of 8 up to 256, or up to 32)");
+    uint64_t groups = 1;
+    for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
+      if (sp->gran == codec::Gran::Token) groups = std::max<uint64_t>(groups, c.num_kv_heads);
+      if (sp->gran == codec::Gran::Group)
+        groups = std::max<uint64_t>(groups, (uint64_t(c.num_kv_heads) * c.head_dim + sp->group - 1) / sp->group);
+    }
+    if (uint64_t(c.num_kv_heads) * c.head_dim + 2 * groups > 12288)
+      fail(Errc::Unsupported, "device CUDA: a token row of " + u64s(uint64_t(c.num_kv_heads) * c.head_dim) +
+                                  " values and " + u64s(groups) +
+                                  " scale groups does not fit the kernels' shared memory (row + 2 x groups <= 12288)");
+  }
   // Bytes of one block (K and V parts, scales and zero points included; each
   // part and the block start on 16 bytes so every element is aligned).
   uint64_t stride = 0;
@@ -239,7 +263,8 @@ void Pool::validate(PoolConfig &c) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0) {
     const uint64_t phys = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-    if (total / 2 + res_total / 2 + book / 2 > phys / 2)
+    const uint64_t host = c.device == Device::CPU ? total / 2 + res_total / 2 : 0;  // CUDA blocks: device memory
+    if (host + book / 2 > phys / 2)
       fail(Errc::OutOfMemory, "the pool needs " + u64s(total + res_total + book) +
                                   " bytes (blocks and bookkeeping); this machine has " + u64s(phys));
   }
@@ -292,6 +317,11 @@ Pool::Pool(const PoolConfig &cfg)
     if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Channel)
       unit_ = std::max(unit_, part_[kv].spec.group);
   arena_bytes_ = cfg_.num_blocks * block_stride_;
+  if (cfg_.device == Device::CUDA) {  // one zeroed device allocation (validate() refused residuals)
+    dev_ = cuda::Device::open(cfg_.device_index, arena_bytes_, geometry());
+    arena_ = dev_->arena();
+    return;
+  }
   // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
   void *p = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
@@ -309,7 +339,89 @@ Pool::Pool(const PoolConfig &cfg)
   }
 }
 
+cuda::Geometry Pool::geometry() const {
+  cuda::Geometry g;
+  g.kv_heads = cfg_.num_kv_heads;
+  g.head_dim = cfg_.head_dim;
+  g.block_size = cfg_.block_size;
+  g.block_stride = block_stride_;
+  for (int kv = 0; kv < 2; ++kv) {
+    const PartLayout &pl = part_[kv];
+    cuda::PartDesc &d = g.part[kv];
+    d.dtype = static_cast<int32_t>(pl.spec.dtype);
+    d.gran = static_cast<int32_t>(pl.spec.gran);
+    d.group = pl.spec.group;
+    d.asym = pl.spec.asym;
+    d.scale_f16 = pl.spec.scale_dtype == codec::Dtype::F16;
+    d.rotation = pl.rotation_block;
+    d.quantized = pl.quantized;
+    d.offset = pl.offset, d.token_stride = pl.token_stride, d.head_stride = pl.head_stride;
+    d.scale_offset = pl.scale_offset, d.zero_offset = pl.zero_offset;
+    d.scales_per_token = pl.scales_per_token, d.scale_bytes = pl.scale_bytes;
+    d.static_scale = pl.spec.static_scale;
+  }
+  return g;
+}
+
+void Pool::zero_block(int32_t b) {
+  if (dev_) dev_->zero(static_cast<uint64_t>(b) * block_stride_, block_stride_);
+  else std::memset(block_ptr(b), 0, block_stride_);
+}
+
+void Pool::copy_block(int32_t dst, int32_t src) {
+  if (dev_) dev_->copy(static_cast<uint64_t>(dst) * block_stride_, static_cast<uint64_t>(src) * block_stride_, block_stride_);
+  else std::memcpy(block_ptr(dst), block_ptr(src), block_stride_);
+}
+
+std::vector<cuda::Slot> Pool::slots_of(const LayerTable &l, uint64_t first, uint64_t n) const {
+  std::vector<cuda::Slot> v(n);
+  const uint64_t bs = cfg_.block_size;
+  for (uint64_t i = 0; i < n; ++i)
+    v[i] = static_cast<cuda::Slot>(l.blocks[(first + i) / bs]) * static_cast<cuda::Slot>(bs) + (first + i) % bs;
+  return v;
+}
+
+void Pool::set_stream(void *stream) {
+  if (!dev_) {
+    if (stream) fail(Errc::InvalidArgument, "a CPU pool runs on the calling thread: only a NULL stream is accepted");
+    return;
+  }
+  std::unique_lock lk(mu_);
+  dev_->set_stream(stream);
+}
+
+void Pool::sync() {
+  if (!dev_) return;
+  const uint64_t refused = dev_->sync();
+  if (refused)
+    fail(Errc::NonFinite, u64s(refused) + (refused == 1 ? " append" : " appends") +
+                              " since the last sync held NaN or Inf (or values too large to rotate) in a "
+                              "quantized part; none of their values were written");
+}
+
+void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host) {
+  if (n && (!blocks || !host)) fail(Errc::NullPointer, "blocks or host is NULL");
+  if (n > (uint64_t(1) << 40) / block_stride_) fail(Errc::Overflow, "n_blocks " + u64s(n) + " is too large");
+  std::unique_lock lk(mu_);
+  for (size_t i = 0; i < n; ++i)
+    if (blocks[i] < 0 || static_cast<uint64_t>(blocks[i]) >= cfg_.num_blocks)
+      fail(Errc::OutOfRange, "block " + std::to_string(blocks[i]) + " (index " + u64s(i) + "): the pool has " +
+                                 u64s(cfg_.num_blocks) + " blocks; nothing copied");
+  if (!to_host)
+    for (size_t i = 0; i < n; ++i) prefix_drop_block(blocks[i]);  // content changes
+  if (dev_) return dev_->copy_blocks(blocks, n, host, to_host);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t *h = static_cast<uint8_t *>(host) + i * block_stride_;
+    if (to_host) std::memcpy(h, block_ptr(blocks[i]), block_stride_);
+    else std::memcpy(block_ptr(blocks[i]), h, block_stride_);
+  }
+}
+
 Pool::~Pool() {
+  if (dev_) {
+    dev_.reset();
+    return;
+  }
   if (arena_) munmap(arena_, arena_bytes_);
   if (res_arena_) munmap(res_arena_, res_arena_bytes_);
 }
@@ -440,21 +552,20 @@ int32_t Pool::take_block() {
   if (b < 0) fail(Errc::Internal, "block allocator empty after an availability check");
   if (reclaimed >= 0) {
     prefix_on_reclaim(reclaimed);  // a cached block leaves the prefix index
-    if (cfg_.flags & kFlagZeroOnFree) std::memset(block_ptr(b), 0, block_stride_);  // no tenant's K/V lingers
+    if (cfg_.flags & kFlagZeroOnFree) zero_block(b);  // no tenant's K/V lingers
   }
   return b;
 }
 
 void Pool::release_block(int32_t b) {
   const bool reg = registered(b);
-  if (alloc_.release(b, /*keep_cached=*/reg) && (cfg_.flags & kFlagZeroOnFree))
-    std::memset(block_ptr(b), 0, block_stride_);
+  if (alloc_.release(b, /*keep_cached=*/reg) && (cfg_.flags & kFlagZeroOnFree)) zero_block(b);
   if (reg && alloc_.state(b) == BlockAllocator::State::Cached) prefix_on_cached(b);
 }
 
 int32_t Pool::cow_copy(int32_t b) {
   const int32_t nb = take_block();
-  std::memcpy(block_ptr(nb), block_ptr(b), block_stride_);
+  copy_block(nb, b);
   release_block(b);
   return nb;
 }
@@ -787,9 +898,13 @@ float Pool::tensor_scale(int kv, uint32_t layer) const {
 // its range saturate.
 void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
   if (tensor_scale_[kv][layer].load(std::memory_order_acquire) != 0) return;
-  const codec::Spec &sp = part_[kv].spec;
   float absmax = 0.0f;
   for (uint64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  calibrate_absmax(kv, layer, absmax);
+}
+
+void Pool::calibrate_absmax(int kv, uint32_t layer, float absmax) {
+  const codec::Spec &sp = part_[kv].spec;
   const float qmax = sp.dtype == codec::Dtype::FP8_E4M3   ? codec::kFp8E4m3Max
                      : sp.dtype == codec::Dtype::FP8_E5M2 ? codec::kFp8E5m2Max
                      : sp.dtype == codec::Dtype::INT8     ? 127.0f
@@ -961,9 +1076,10 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   // before anything is written.
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const float *kf = nullptr, *vf = nullptr;
-  if (part_[0].quantized || part_[1].quantized) {
-    if (n > (uint64_t(1) << 40) / (row ? row : 1))
-      fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
+  if ((part_[0].quantized || part_[1].quantized) && n > (uint64_t(1) << 40) / (row ? row : 1))
+    fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
+  // CUDA pools check, rotate and encode on the device (cuda/kernels.cu).
+  if (!dev_ && (part_[0].quantized || part_[1].quantized)) {
     float *buf = scratch_input(2 * n * row);
     for (int kv = 0; kv < 2; ++kv) {
       if (!part_[kv].quantized) continue;
@@ -977,6 +1093,18 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     }
   }
   auto write = [&](LayerTable &l, uint64_t idx0) {
+    if (dev_) {
+      float ts[2] = {0.0f, 0.0f};
+      for (int kv = 0; kv < 2; ++kv)
+        if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor) {
+          if (tensor_scale_[kv][layer].load(std::memory_order_acquire) == 0)
+            calibrate_absmax(kv, layer, dev_->absmax(kv, n, kv == 0 ? k : v, static_cast<int32_t>(src)));
+          ts[kv] = tensor_scale(kv, layer);
+        }
+      const std::vector<cuda::Slot> slots = slots_of(l, idx0, n);
+      dev_->append(slots.data(), n, k, v, static_cast<int32_t>(src), ts, 3);
+      return;
+    }
     const uint8_t *ks = static_cast<const uint8_t *>(k);
     const uint8_t *vs = static_cast<const uint8_t *>(v);
     const uint64_t src_row = row * dtype_bytes(src);
@@ -1052,6 +1180,15 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
   if (first > l.n_tokens || n > l.n_tokens - first)
     fail(Errc::OutOfRange, u64s(n) + " tokens from index " + u64s(first) + " are beyond the " +
                                u64s(l.n_tokens) + " tokens of layer " + u64s(layer));
+  if (dev_) {
+    const float ts[2] = {part_[0].quantized ? tensor_scale(0, layer) : 0.0f,
+                         part_[1].quantized ? tensor_scale(1, layer) : 0.0f};
+    const std::vector<cuda::Slot> slots = slots_of(l, first, n);
+    if (n) dev_->gather(slots.data(), n, k_out, v_out, static_cast<int32_t>(dst), ts);
+    if (positions_out)
+      for (uint64_t i = 0; i < n; ++i) positions_out[i] = static_cast<int32_t>(l.position_of(first + i));
+    return;
+  }
   const BlockDiv bs = block_div(cfg_.block_size);
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   const uint64_t row = h * hd * dtype_bytes(dst);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "cuda/backend.h"
 #include "core/block_allocator.h"
 #include "core/policy.h"
 #include "core/prefix.h"
@@ -177,6 +178,12 @@ class Pool {
   static void validate(PoolConfig &cfg);
 
   const PoolConfig &config() const { return cfg_; }
+  bool on_device() const { return dev_ != nullptr; }
+  // CUDA pools: the stream work is queued on; waits and reports refused appends.
+  void set_stream(void *stream);
+  void sync();
+  // Whole blocks to or from host memory (kvc_pool_copy_blocks).
+  void copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host);
   PoolStats stats() const;
   PoolLayout layout() const;
   void reset_peak();
@@ -250,6 +257,11 @@ class Pool {
   const Sequence &find(uint64_t id) const;
   void check_layer(uint32_t layer) const;
   uint8_t *block_ptr(int32_t b) const { return arena_ + static_cast<uint64_t>(b) * block_stride_; }
+  cuda::Geometry geometry() const;
+  void zero_block(int32_t b);
+  void copy_block(int32_t dst, int32_t src);
+  // Slots (block * block_size + slot) of tokens [first, first + n) of a layer's main arena.
+  std::vector<cuda::Slot> slots_of(const LayerTable &l, uint64_t first, uint64_t n) const;
   int32_t take_block();              // allocate (caller checked availability)
   void release_block(int32_t b);     // reference - 1, zero on free
   int32_t cow_copy(int32_t b);       // fresh private copy of block b; releases b
@@ -278,6 +290,8 @@ class Pool {
   void attend_range(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
                     uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end, float *m, float *ls,
                     float *acc, float *obs, uint64_t obs_first, uint64_t obs_stride, const AttnParams &p) const;
+  void attention_device(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                        bool prefill, void *out, float *lse, const AttnParams &p, float scale);
   void attend_threads(uint32_t layer, const std::vector<const LayerTable *> &tables, const float *q,
                       float *out, float *lse, const AttnParams &p, uint32_t threads) const;
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
@@ -287,6 +301,7 @@ class Pool {
   // The per-tensor scale of a layer (dynamic: calibrated by the first write).
   float tensor_scale(int kv, uint32_t layer) const;
   void calibrate(int kv, uint32_t layer, const float *x, uint64_t n);
+  void calibrate_absmax(int kv, uint32_t layer, float absmax);
 
   PoolConfig cfg_;
   PartLayout part_[2];
@@ -295,7 +310,8 @@ class Pool {
   uint8_t *res_arena_ = nullptr;
   // Per-layer per-tensor scales (bits of a float; 0 = not calibrated yet).
   std::unique_ptr<std::atomic<uint32_t>[]> tensor_scale_[2];
-  uint8_t *arena_ = nullptr;
+  uint8_t *arena_ = nullptr;  // host memory, or device memory owned by dev_
+  std::unique_ptr<cuda::Device> dev_;  // CUDA pools only
   BlockAllocator alloc_;
   BlockAllocator res_alloc_;
   SeqMap<Sequence> seqs_;

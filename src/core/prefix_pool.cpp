@@ -133,7 +133,7 @@ void Pool::prefix_drop_entry(uint32_t e, int32_t taken) {
       ps.block_entry[b] = -1;
       if (b != taken && alloc_.state(b) == BlockAllocator::State::Cached) {
         alloc_.uncache(b);
-        if (cfg_.flags & kFlagZeroOnFree) std::memset(block_ptr(b), 0, block_stride_);
+        if (cfg_.flags & kFlagZeroOnFree) zero_block(b);
       }
     }
     ps.map.erase(en.key);  // before the entry is reused
@@ -310,7 +310,7 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
     }
     for (uint64_t li = 0; li < nl; ++li) {
       const int32_t nb = take_block();
-      std::memcpy(block_ptr(nb), block_ptr(src_blocks[li]), block_stride_);
+      copy_block(nb, src_blocks[li]);
       sp->layers[li].blocks.push_back(nb);
     }
     for (uint64_t li = 0; li < nl; ++li) release_block(src_blocks[li]);

@@ -70,6 +70,9 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(prefix_stats_init, kvc_prefix_stats_init);
   SAME(prefix_get_stats, kvc_prefix_get_stats);
   SAME(prefix_set_callback, kvc_prefix_set_callback);
+  SAME(pool_set_stream, kvc_pool_set_stream);
+  SAME(pool_sync, kvc_pool_sync);
+  SAME(pool_copy_blocks, kvc_pool_copy_blocks);
 #endif
   return n;
 }

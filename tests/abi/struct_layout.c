@@ -30,6 +30,7 @@ SIZE(kvc_status, 4);
 SIZE(kvc_dtype, 4);
 SIZE(kvc_device, 4);
 SIZE(kvc_layout, 4);
+SIZE(kvc_copy_direction, 4);
 SIZE(kvc_granularity, 4);
 SIZE(kvc_rotation, 4);
 _Static_assert(KVC_DTYPE_FP8_E4M3 == 3 && KVC_DTYPE_FP8_E5M2 == 4 && KVC_DTYPE_INT8 == 5 &&
@@ -232,7 +233,10 @@ FIELD(kvc_api, prefix_keys, 432, 8);
 FIELD(kvc_api, prefix_stats_init, 440, 8);
 FIELD(kvc_api, prefix_get_stats, 448, 8);
 FIELD(kvc_api, prefix_set_callback, 456, 8);
-SIZE(kvc_api, 464); /* end of version 3 */
+FIELD(kvc_api, pool_set_stream, 464, 8);
+FIELD(kvc_api, pool_sync, 472, 8);
+FIELD(kvc_api, pool_copy_blocks, 480, 8);
+SIZE(kvc_api, 488); /* end of version 3 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);
