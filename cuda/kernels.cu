@@ -3,6 +3,7 @@
 // no fused multiply-add), so a CUDA pool stores the same bytes as a CPU pool
 // given the same rows.
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -92,15 +93,24 @@ __device__ inline float fp8_decode(uint32_t c) {
 
 // Scales and zero points: little-endian f32 or f16 at any byte address.
 __device__ inline float load_scale(const uint8_t *p, int f16) {
+  const uintptr_t al = reinterpret_cast<uintptr_t>(p);
+  if (f16 && (al & 1u) == 0) return h2f(*reinterpret_cast<const uint16_t *>(p));
+  if (!f16 && (al & 3u) == 0) return *reinterpret_cast<const float *>(p);
   if (f16) return h2f(static_cast<uint16_t>(p[0] | (p[1] << 8)));
   return __uint_as_float(static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
                          static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24);
 }
 __device__ inline void store_scale(uint8_t *p, int f16, float v) {
   if (f16) {
-    const uint16_t h = f2h(v);
-    p[0] = static_cast<uint8_t>(h);
-    p[1] = static_cast<uint8_t>(h >> 8);
+    // A 16-bit store where aligned. (Two byte stores of the converted value
+    // lost its low byte on sm_90 with CUDA 13.0: seen on the H200.)
+    const uint32_t h = __half_as_ushort(__float2half_rn(v));
+    if ((reinterpret_cast<uintptr_t>(p) & 1u) == 0) {
+      *reinterpret_cast<uint16_t *>(p) = static_cast<uint16_t>(h);
+    } else {
+      p[0] = static_cast<uint8_t>(h & 0xffu);
+      p[1] = static_cast<uint8_t>(h >> 8);
+    }
     return;
   }
   const uint32_t u = __float_as_uint(v);
@@ -381,6 +391,77 @@ __global__ void append_kernel(AppendArgs a) {
   }
 }
 
+// The common case at full speed: one warp per (token, KV head, part), each
+// lane holding VPL = head_dim / 32 consecutive values (vector loads and
+// stores). Used when head_dim is a multiple of 32, there is no rotation and
+// scale groups do not cross heads (per tensor, per token, per group of G
+// dividing head_dim with G / VPL lanes a power of two); the same operations
+// as append_kernel, so the same bytes.
+template <int VPL>
+__global__ void append_warp_kernel(AppendArgs a, uint64_t n) {
+  const Geometry &g = a.g;
+  const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const uint32_t lane = threadIdx.x % 32;
+  const uint64_t units = n * g.kv_heads * 2;
+  if (warp >= units || *a.bad) return;
+  const int kv = static_cast<int>(warp % 2);
+  const uint32_t head = static_cast<uint32_t>((warp / 2) % g.kv_heads);
+  const uint64_t t = warp / 2 / g.kv_heads;
+  if (!((a.parts >> kv) & 1)) return;
+  const PartDesc &d = g.part[kv];
+  const uint32_t hd = g.head_dim, d0 = lane * VPL;
+  const Slot slot = a.slots[t];
+  uint8_t *blk = a.arena + static_cast<uint64_t>(slot / g.block_size) * g.block_stride;
+  const uint32_t s = static_cast<uint32_t>(slot % g.block_size);
+  // Load VPL values (f32 / f16 / bf16 input).
+  float x[VPL];
+  const uint64_t base = (t * g.kv_heads + head) * hd + d0;
+  if (a.src_dtype == F32) {
+    const float *p = static_cast<const float *>(a.src[kv]) + base;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) x[i] = p[i];
+  } else {
+    const uint16_t *p = static_cast<const uint16_t *>(a.src[kv]) + base;
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) x[i] = a.src_dtype == F16 ? h2f(p[i]) : bf2f(p[i]);
+  }
+  if (!d.quantized) {
+    uint8_t *o = blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) store_plain(o + i * plain_bytes(d.dtype), d.dtype, x[i]);
+    return;
+  }
+  Params p;
+  if (d.gran == G_TENSOR) {
+    p = tensor_params(a.ts[kv]);
+  } else {
+    // Lanes per scale group: a power of two (checked by the host).
+    const uint32_t glanes = d.gran == G_TOKEN ? 32u : d.group / VPL;
+    float lo = x[0], hi = x[0];
+#pragma unroll
+    for (int i = 1; i < VPL; ++i) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+    for (uint32_t o = glanes / 2; o; o /= 2) {
+      lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    p = make_params(d, lo, hi);
+    if (lane % glanes == 0) {
+      const uint32_t gi = d.gran == G_TOKEN ? head : (head * hd + d0) / d.group;
+      const uint64_t idx = s * d.scales_per_token + gi;
+      store_scale(blk + d.scale_offset + idx * d.scale_bytes, d.scale_f16, p.scale);
+      if (d.asym) store_scale(blk + d.zero_offset + idx * d.scale_bytes, d.scale_f16, p.zero);
+    }
+  }
+  const int bits = bits_of(d.dtype);
+  uint8_t *codes = blk + d.offset + s * d.token_stride + head * d.head_stride + d0 * bits / 8;
+  uint32_t w[VPL / 4 + 1] = {};
+#pragma unroll
+  for (int i = 0; i < VPL; ++i) w[(i * bits) / 32] |= encode_one(d, x[i], p) << ((i * bits) % 32);
+  const int nbytes = VPL * bits / 8;
+#pragma unroll
+  for (int b = 0; b < nbytes; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> ((b % 4) * 8));
+}
+
 // ---- gather --------------------------------------------------------------
 struct GatherArgs {
   const uint8_t *arena;
@@ -436,7 +517,9 @@ struct AttnArgs {
   float scale;
   uint32_t hq, group, hchunks, split_len, n_splits;
   float ts[2];
-  float *ws;  // [items][hq][n_splits][hd + 2]: acc, m, l
+  float *ws;     // [items][hq][n_splits][hd + 2]: acc, m, l
+  int bs_shift;  // log2(block_size) when a power of two, else -1
+  uint32_t tile; // attn_fast_kernel: tokens per shared-memory tile
 };
 
 // Loads the EPT consecutive values [d0, d0 + EPT) of one head's row with
@@ -520,9 +603,21 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
   const uint32_t qh0 = kh * a.group + hc * GM;
   const uint32_t ng = min(static_cast<uint32_t>(GM), a.group - hc * GM);
   const uint32_t split = blockIdx.x;
-  const uint64_t bstart = a.meta[item * 3], n = a.meta[item * 3 + 1], qrow = a.meta[item * 3 + 2];
-  const uint64_t t_begin = static_cast<uint64_t>(split) * a.split_len;
-  const uint64_t t_end = min(n, t_begin + a.split_len);
+  const uint64_t qrow = a.meta[item * 3 + 2];
+  // This item's block ids; token indices fit 32 bits (lengths < 2^31), and
+  // block / slot come from a shift where block_size is a power of two (no
+  // 64-bit division in the loops).
+  const int32_t *ids = a.block_ids + a.meta[item * 3];
+  const uint32_t n = static_cast<uint32_t>(a.meta[item * 3 + 1]);
+  const uint32_t t_begin = split * a.split_len;
+  const uint32_t t_end = min(n, t_begin + a.split_len);
+  const int bsh = a.bs_shift;
+  auto token_blk = [&](uint32_t t, uint32_t &slot) {
+    uint32_t b;
+    if (bsh >= 0) b = t >> bsh, slot = t & (bs - 1);
+    else b = t / bs, slot = t - b * bs;
+    return a.arena + static_cast<uint64_t>(__ldg(ids + b)) * g.block_stride;
+  };
 
   __shared__ float q_s[GM][256];
   __shared__ float sc[GM][kTile];
@@ -556,8 +651,8 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
 
   const unsigned full = 0xffffffffu;
   const uint32_t step = ntg * kUnroll;
-  for (uint64_t t0 = t_begin; t0 < t_end; t0 += kTile) {
-    const uint32_t nt = static_cast<uint32_t>(min(static_cast<uint64_t>(kTile), t_end - t0));
+  for (uint32_t t0 = t_begin; t0 < t_end; t0 += kTile) {
+    const uint32_t nt = min(static_cast<uint32_t>(kTile), t_end - t0);
     const uint32_t bound = (nt + step - 1) / step * step;  // every lane runs the same iterations (shuffles)
     // Scores of the tile.
     for (uint32_t base = tg; base < bound; base += step) {
@@ -566,9 +661,9 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
       for (int u = 0; u < kUnroll; ++u) {
         const uint32_t tt = base + u * ntg;
         if (tt < nt && active) {
-          const uint64_t t = t0 + tt;
-          const uint8_t *blk = a.arena + static_cast<uint64_t>(a.block_ids[bstart + t / bs]) * g.block_stride;
-          load_vals<EPT>(g, 0, blk, static_cast<uint32_t>(t % bs), kh, d0, a.ts[0], k[u]);
+          uint32_t slot;
+          const uint8_t *blk = token_blk(t0 + tt, slot);
+          load_vals<EPT>(g, 0, blk, slot, kh, d0, a.ts[0], k[u]);
         } else {
 #pragma unroll
           for (int i = 0; i < EPT; ++i) k[u][i] = 0.0f;
@@ -626,9 +721,9 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
         for (int u = 0; u < kUnroll; ++u) {
           const uint32_t tt = base + u * ntg;
           if (tt < nt) {
-            const uint64_t t = t0 + tt;
-            const uint8_t *blk = a.arena + static_cast<uint64_t>(a.block_ids[bstart + t / bs]) * g.block_stride;
-            load_vals<EPT>(g, 1, blk, static_cast<uint32_t>(t % bs), kh, d0, a.ts[1], v[u]);
+            uint32_t slot;
+            const uint8_t *blk = token_blk(t0 + tt, slot);
+            load_vals<EPT>(g, 1, blk, slot, kh, d0, a.ts[1], v[u]);
           }
         }
 #pragma unroll
@@ -659,6 +754,262 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
     for (uint32_t k = 0; k < ntg; ++k) s += red[(k * GM + gi) * hd + e];
     float *w = a.ws + (((item * a.hq) + qh0 + gi) * a.n_splits + split) * (hd + 2);
     w[e] = s;
+    if (e == 0) w[hd] = m_s[gi], w[hd + 1] = l_s[gi];
+  }
+}
+
+// ---- specialized attention: storage known at compile time ----------------
+// Loaders of 8 consecutive values of one head row (d0 a multiple of 8).
+// Quantized loaders take one scale for the 8 values (per-token, per-tensor,
+// or per-group with group_size a multiple of 8) and symmetric codes.
+__device__ inline float scale_at(const PartDesc &d, const uint8_t *blk, uint32_t s, uint32_t head, uint32_t d0,
+                                 uint32_t hd, float ts) {
+  if (d.gran == G_TENSOR) return ts;
+  const uint32_t gi = d.gran == G_TOKEN ? head : (head * hd + d0) / d.group;
+  return load_scale(blk + d.scale_offset + (s * d.scales_per_token + gi) * d.scale_bytes, d.scale_f16);
+}
+// Loaders decode 8 consecutive values from a row chunk already in shared
+// memory (16-bit storage: 16 bytes; 8-bit: 8; 4-bit: 4), times the scale.
+struct LoadF16 {
+  static constexpr int kBits = 16;
+  static constexpr bool kQuant = false;
+  static __device__ void load(const uint8_t *p, float, float *v) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w[i]));
+      v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+  }
+};
+struct LoadBF16 {
+  static constexpr int kBits = 16;
+  static constexpr bool kQuant = false;
+  static __device__ void load(const uint8_t *p, float, float *v) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+};
+struct LoadI8 {
+  static constexpr int kBits = 8;
+  static constexpr bool kQuant = true;
+  static __device__ void load(const uint8_t *p, float sc, float *v) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(static_cast<int8_t>(w[i / 4] >> (8 * (i % 4)))) * sc;
+  }
+};
+struct LoadE4M3 {
+  static constexpr int kBits = 8;
+  static constexpr bool kQuant = true;
+  static __device__ void load(const uint8_t *p, float sc, float *v) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const uint32_t w[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // hardware conversion of two e4m3 values to two f16 (exact)
+      const __half2_raw h =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+      v[2 * i] = f.x * sc, v[2 * i + 1] = f.y * sc;
+    }
+  }
+};
+struct LoadI4 {
+  static constexpr int kBits = 4;
+  static constexpr bool kQuant = true;
+  static __device__ void load(const uint8_t *p, float sc, float *v) {
+    const uint32_t w = *reinterpret_cast<const uint32_t *>(p);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)  // 2^23 + nibble as a float, minus 2^23 + 8: the signed code, exactly
+      v[i] = (__uint_as_float(0x4b000000u | ((w >> (4 * i)) & 0xfu)) - 8388616.0f) * sc;
+  }
+};
+
+__device__ inline void cp_async16(void *dst, const void *src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+
+// As attn_kernel for the common storages: 4 query heads per block (larger
+// groups run in chunks of 4), 8 values per lane, L = head_dim / 8 >= 4 lanes
+// per token. The K and V rows of the next tile are copied into shared memory
+// with cp.async while the current tile is computed (double buffering: the
+// memory system always has a tile in flight); the queries live in registers
+// and the 4 partial dot products are reduced with a transposing butterfly
+// (5 shuffles instead of 4 x log2 L). Writes the split's softmax state.
+template <class KL, class VL>
+__global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
+  constexpr int GM = 4, EPT = 8;
+  const Geometry &g = a.g;
+  const uint32_t hd = g.head_dim, bs = g.block_size;
+  const uint64_t item = blockIdx.z;
+  const uint32_t kh = blockIdx.y / a.hchunks, hc = blockIdx.y % a.hchunks;
+  const uint32_t qh0 = kh * a.group + hc * GM;
+  const uint32_t ng = min(static_cast<uint32_t>(GM), a.group - hc * GM);
+  const uint32_t split = blockIdx.x;
+  const uint64_t qrow = a.meta[item * 3 + 2];
+  const int32_t *ids = a.block_ids + a.meta[item * 3];
+  const uint32_t n = static_cast<uint32_t>(a.meta[item * 3 + 1]);
+  const uint32_t t_begin = split * a.split_len;
+  const uint32_t t_end = min(n, t_begin + a.split_len);
+  const int bsh = a.bs_shift;
+  const PartDesc &dk = g.part[0], &dv = g.part[1];
+  const uint32_t rk = hd * KL::kBits / 8, rv = hd * VL::kBits / 8;  // row bytes, multiples of 16
+  const uint32_t T = a.tile;  // tokens per tile (<= kTile)
+
+  __shared__ float q_s[GM][256];
+  __shared__ float sc[GM][kTile];
+  __shared__ float m_s[GM], l_s[GM], alpha_s[GM];
+  extern __shared__ __align__(16) uint8_t dyn[];  // K tiles [2][T][rk], V tiles [2][T][rv]; later the reduction
+  uint8_t *kbuf = dyn, *vbuf = dyn + 2 * T * rk;
+
+  const uint32_t L = hd / EPT;
+  const uint32_t ntg = kThreads / L, tg = threadIdx.x / L, ln = threadIdx.x % L, d0 = ln * EPT;
+  auto token_blk = [&](uint32_t t, uint32_t &slot) {
+    uint32_t b;
+    if (bsh >= 0) b = t >> bsh, slot = t & (bs - 1);
+    else b = t / bs, slot = t - b * bs;
+    return a.arena + static_cast<uint64_t>(__ldg(ids + b)) * g.block_stride;
+  };
+  // Queues the copies of tile `t0` into buffer `buf` (one commit group).
+  auto issue = [&](uint32_t t0, int buf) {
+    const uint32_t nt = min(T, t_end - t0);
+    const uint32_t ck = rk / 16, cv = rv / 16;
+    for (uint32_t c = threadIdx.x; c < nt * (ck + cv); c += kThreads) {
+      const bool isk = c < nt * ck;
+      const uint32_t cc = isk ? c : c - nt * ck, per = isk ? ck : cv;
+      const uint32_t tok = cc / per, part = cc % per;
+      uint32_t slot;
+      const uint8_t *blk = token_blk(t0 + tok, slot);
+      const PartDesc &d = isk ? dk : dv;
+      const uint8_t *src = blk + d.offset + kh * d.head_stride + slot * d.token_stride + part * 16;
+      uint8_t *dst = (isk ? kbuf + (buf * T + tok) * rk : vbuf + (buf * T + tok) * rv) + part * 16;
+      cp_async16(dst, src);
+    }
+    cp_async_commit();
+  };
+
+  for (uint32_t i = threadIdx.x; i < GM * hd; i += kThreads) {
+    const uint32_t gi = i / hd, e = i % hd;
+    q_s[gi][e] = gi < ng ? load_src(a.q, a.q_dtype, (qrow * a.hq + qh0 + gi) * hd + e) * a.scale : 0.0f;
+  }
+  if (threadIdx.x < GM) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
+  if (t_begin < t_end) issue(t_begin, 0);
+  __syncthreads();
+  if (dk.quantized && dk.rotation > 1)
+    for (uint32_t gi = 0; gi < ng; ++gi) hadamard_smem(q_s[gi], hd, dk.rotation);
+  float qr[GM][EPT], acc[GM][EPT];
+#pragma unroll
+  for (int gi = 0; gi < GM; ++gi)
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) qr[gi][i] = q_s[gi][d0 + i], acc[gi][i] = 0.0f;
+  const uint32_t half = L / 2, quarter = L / 4;
+  const bool up1 = ln & half, up2 = ln & quarter;
+  const uint32_t my_head = (up1 ? 2 : 0) + (up2 ? 1 : 0);
+  const unsigned full = 0xffffffffu;
+  const uint32_t bound_step = ntg * 2;
+
+  int buf = 0;
+  for (uint32_t t0 = t_begin; t0 < t_end; t0 += T, buf ^= 1) {
+    const uint32_t nt = min(T, t_end - t0);
+    if (t0 + T < t_end) issue(t0 + T, buf ^ 1);
+    else cp_async_commit();  // an empty group keeps "all but the newest" meaning this tile
+    cp_async_wait1();
+    __syncthreads();
+    const uint8_t *kt = kbuf + buf * T * rk, *vt = vbuf + buf * T * rv;
+    // Scores of the tile (two tokens per lane group at a time).
+    const uint32_t bound = (nt + bound_step - 1) / bound_step * bound_step;
+    for (uint32_t base = tg; base < bound; base += bound_step) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const uint32_t tt = base + u * ntg;
+        float k[EPT];
+        float scl = 1.0f;
+        if (KL::kQuant && tt < nt) {
+          uint32_t slot;
+          const uint8_t *blk = token_blk(t0 + tt, slot);
+          scl = scale_at(dk, blk, slot, kh, d0, hd, a.ts[0]);
+        }
+        KL::load(kt + min(tt, nt - 1) * rk + d0 * KL::kBits / 8, scl, k);
+        float p[GM];
+#pragma unroll
+        for (int gi = 0; gi < GM; ++gi) {
+          p[gi] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < EPT; ++i) p[gi] = __fmaf_rn(qr[gi][i], k[i], p[gi]);
+        }
+        float k0 = up1 ? p[2] : p[0], k1 = up1 ? p[3] : p[1];
+        k0 += __shfl_xor_sync(full, up1 ? p[0] : p[2], half);
+        k1 += __shfl_xor_sync(full, up1 ? p[1] : p[3], half);
+        float r = up2 ? k1 : k0;
+        r += __shfl_xor_sync(full, up2 ? k0 : k1, quarter);
+        for (uint32_t o = quarter / 2; o; o /= 2) r += __shfl_xor_sync(full, r, o);
+        if ((ln & (quarter - 1)) == 0 && tt < nt && my_head < ng) sc[my_head][tt] = fminf(FLT_MAX, fmaxf(-FLT_MAX, r));
+      }
+    }
+    __syncthreads();
+    const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (uint32_t gi = warp; gi < ng; gi += kThreads / 32) {
+      float mx = -INFINITY;
+      for (uint32_t i = lane; i < nt; i += 32) mx = fmaxf(mx, sc[gi][i]);
+      for (int o = 16; o; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(full, mx, o));
+      const float m_old = m_s[gi], m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+      for (uint32_t i = lane; i < nt; i += 32) {
+        const float e = __expf(sc[gi][i] - m_new);
+        sc[gi][i] = e;
+        sum += e;
+      }
+      for (int o = 16; o; o /= 2) sum += __shfl_xor_sync(full, sum, o);
+      if (lane == 0) {
+        const float al = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
+        alpha_s[gi] = al;
+        l_s[gi] = l_s[gi] * al + sum;
+        m_s[gi] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int gi = 0; gi < GM; ++gi) {
+      const float al = gi < static_cast<int>(ng) ? alpha_s[gi] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < EPT; ++i) acc[gi][i] *= al;
+    }
+    for (uint32_t tt = tg; tt < nt; tt += ntg) {
+      float scl = 1.0f;
+      if (VL::kQuant) {
+        uint32_t slot;
+        const uint8_t *blk = token_blk(t0 + tt, slot);
+        scl = scale_at(dv, blk, slot, kh, d0, hd, a.ts[1]);
+      }
+      float v[EPT];
+      VL::load(vt + tt * rv + d0 * VL::kBits / 8, scl, v);
+#pragma unroll
+      for (int gi = 0; gi < GM; ++gi) {
+        const float pr = gi < static_cast<int>(ng) ? sc[gi][tt] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < EPT; ++i) acc[gi][i] = __fmaf_rn(pr, v[i], acc[gi][i]);
+      }
+    }
+    __syncthreads();
+  }
+  float *red = reinterpret_cast<float *>(dyn);  // [token groups][GM][hd]
+  for (uint32_t gi = 0; gi < ng; ++gi)
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) red[(tg * GM + gi) * hd + d0 + i] = acc[gi][i];
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < ng * hd; i += kThreads) {
+    const uint32_t gi = i / hd, e = i % hd;
+    float sum = 0.0f;
+    for (uint32_t k = 0; k < ntg; ++k) sum += red[(k * GM + gi) * hd + e];
+    float *w = a.ws + (((item * a.hq) + qh0 + gi) * a.n_splits + split) * (hd + 2);
+    w[e] = sum;
     if (e == 0) w[hd] = m_s[gi], w[hd + 1] = l_s[gi];
   }
 }
@@ -852,6 +1203,19 @@ class CudaDevice final : public Device {
       check_kernel<<<blocks, 256, 0, stream_>>>(src[kv], src_dtype, count, limit, bad, flags_);
     }
     AppendArgs a{arena_, g_, dslots, {src[0], src[1]}, src_dtype, {ts[0], ts[1]}, bad, parts};
+    const int vpl = warp_vpl();
+    if (vpl) {
+      const uint64_t warps = n * g_.kv_heads * 2, blocks = (warps * 32 + 255) / 256;
+      switch (vpl) {
+        case 1: append_warp_kernel<1><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
+        case 2: append_warp_kernel<2><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
+        case 4: append_warp_kernel<4><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
+        default: append_warp_kernel<8><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
+      }
+      check(cudaGetLastError(), "append kernel launch");
+      if (host) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      return;
+    }
     const size_t smem = (row + 2 * max_groups()) * sizeof(float);
     for (uint64_t t0 = 0; t0 < n; t0 += 65535u * 16) {
       const uint64_t cnt = std::min<uint64_t>(n - t0, 65535u * 16);
@@ -934,8 +1298,10 @@ class CudaDevice final : public Device {
     // Values per lane: 16 when a part stores 8 bits or fewer (16-byte code
     // loads), else 8 (16-byte f16 loads); 1 for head sizes not a multiple of 8.
     const bool narrow = bits_of(g_.part[0].dtype) <= 8 || bits_of(g_.part[1].dtype) <= 8;
-    const int ept = hd % 16 == 0 && narrow ? 16 : hd % 8 == 0 ? 8 : 1;
-    const uint32_t gm = ept == 16 || group <= 4 ? 4 : kMaxGroup;
+    const int fast = fast_kind();  // a specialized kernel for this storage, or -1
+    const int ept = fast >= 0 ? 8 : hd % 16 == 0 && narrow ? 16 : hd % 8 == 0 ? 8 : 1;
+    // Query heads per block: must match the kernel instantiated below.
+    const uint32_t gm = fast >= 0 || ept == 16 || (ept == 8 && group <= 4) ? 4 : kMaxGroup;
     const uint32_t hchunks = (group + gm - 1) / gm;
     Temp tmp(stream_);
     const uint64_t qbytes = b.n_rows * hq * hd * plain_bytes(q_dtype), obytes = b.n_rows * hq * hd * plain_bytes(out_dtype);
@@ -970,19 +1336,34 @@ class CudaDevice final : public Device {
     split = (split + kTile - 1) / kTile * kTile;
     const uint64_t n_splits = std::max<uint64_t>(1, (max_n + split - 1) / split);
     float *ws = static_cast<float *>(tmp.get(b.n_items * hq * n_splits * (hd + 2) * sizeof(float)));
+    int bs_shift = -1;
+    for (int sh = 0; sh < 31; ++sh)
+      if ((1u << sh) == g_.block_size) bs_shift = sh;
+    // Fast kernel: tiles of up to kTile tokens, at most 16 KiB per part.
+    const uint32_t rk = hd * bits_of(g_.part[0].dtype) / 8, rv = hd * bits_of(g_.part[1].dtype) / 8;
+    const uint32_t tile = std::max<uint32_t>(8, std::min<uint32_t>(kTile, 16384 / std::max(rk, rv)));
     AttnArgs a{arena_, g_, dblocks, dmeta, dq, q_dtype, scale, hq, group, hchunks,
-               static_cast<uint32_t>(split), static_cast<uint32_t>(n_splits), {ts[0], ts[1]}, ws};
+               static_cast<uint32_t>(split), static_cast<uint32_t>(n_splits), {ts[0], ts[1]}, ws, bs_shift, tile};
     const uint32_t per_tok = (hd + ept - 1) / ept;
     uint32_t L = 1;
     while (L < per_tok) L *= 2;
-    const size_t red = static_cast<size_t>(kThreads / L) * gm * hd * sizeof(float);
+    size_t red = static_cast<size_t>(kThreads / L) * gm * hd * sizeof(float);
+    if (fast >= 0) {
+      red = std::max<size_t>(red, 2ull * tile * (rk + rv));
+      set_smem(fast, red);
+    }
     for (uint64_t z0 = 0; z0 < b.n_items; z0 += 65535) {
       const uint64_t nz = std::min<uint64_t>(65535, b.n_items - z0);
       AttnArgs c = a;
       c.meta = dmeta + z0 * 3;
       c.ws = ws + z0 * hq * n_splits * (hd + 2);
       const dim3 grid(static_cast<unsigned>(n_splits), h * hchunks, static_cast<unsigned>(nz));
-      if (ept == 16) attn_kernel<16, 4><<<grid, kThreads, red, stream_>>>(c);
+      if (fast == F16) attn_fast_kernel<LoadF16, LoadF16><<<grid, kThreads, red, stream_>>>(c);
+      else if (fast == BF16) attn_fast_kernel<LoadBF16, LoadBF16><<<grid, kThreads, red, stream_>>>(c);
+      else if (fast == I8) attn_fast_kernel<LoadI8, LoadI8><<<grid, kThreads, red, stream_>>>(c);
+      else if (fast == E4M3) attn_fast_kernel<LoadE4M3, LoadE4M3><<<grid, kThreads, red, stream_>>>(c);
+      else if (fast == I4) attn_fast_kernel<LoadI4, LoadI4><<<grid, kThreads, red, stream_>>>(c);
+      else if (ept == 16) attn_kernel<16, 4><<<grid, kThreads, red, stream_>>>(c);
       else if (ept == 8 && gm == 4) attn_kernel<8, 4><<<grid, kThreads, red, stream_>>>(c);
       else if (ept == 8) attn_kernel<8, kMaxGroup><<<grid, kThreads, red, stream_>>>(c);
       else attn_kernel<1, kMaxGroup><<<grid, kThreads, red, stream_>>>(c);
@@ -1076,6 +1457,57 @@ class CudaDevice final : public Device {
     }
     int prev_ = -1;
   };
+  // Lets the fast kernel use more than 48 KiB of dynamic shared memory.
+  void set_smem(int fast, size_t bytes) {
+    cudaError_t e = cudaSuccess;
+    const int b = static_cast<int>(bytes);
+    switch (fast) {
+      case F16: e = cudaFuncSetAttribute(attn_fast_kernel<LoadF16, LoadF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
+      case BF16: e = cudaFuncSetAttribute(attn_fast_kernel<LoadBF16, LoadBF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
+      case I8: e = cudaFuncSetAttribute(attn_fast_kernel<LoadI8, LoadI8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
+      case E4M3: e = cudaFuncSetAttribute(attn_fast_kernel<LoadE4M3, LoadE4M3>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
+      default: e = cudaFuncSetAttribute(attn_fast_kernel<LoadI4, LoadI4>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
+    }
+    check(e, "cudaFuncSetAttribute");
+  }
+  // The storage the specialized attention kernel handles: K and V of one
+  // dtype among f16, bf16, int8, fp8 e4m3 and int4 (symmetric, one scale per
+  // 8 values), head_dim / 8 a power of two from 4 to 32; else -1.
+  int fast_kind() const {
+    const uint32_t hd = g_.head_dim;
+    if (hd % 8 != 0 || hd / 8 < 4 || hd / 8 > 32 || ((hd / 8) & (hd / 8 - 1))) return -1;
+    if ((hd * bits_of(g_.part[0].dtype) / 8) % 16 != 0) return -1;  // whole 16-byte copies per row
+    const PartDesc &k = g_.part[0], &v = g_.part[1];
+    if (k.dtype != v.dtype || k.quantized != v.quantized) return -1;
+    if (!k.quantized) return k.dtype == F16 || k.dtype == BF16 ? k.dtype : -1;
+    if (k.dtype != I8 && k.dtype != E4M3 && k.dtype != I4) return -1;
+    for (const PartDesc *d : {&k, &v}) {
+      if (d->asym) return -1;
+      if (d->gran == G_GROUP && d->group % 8 != 0) return -1;
+      if (d->gran != G_TOKEN && d->gran != G_TENSOR && d->gran != G_GROUP) return -1;
+    }
+    return k.dtype;
+  }
+  // Values per lane of append_warp_kernel, or 0 where it does not apply.
+  int warp_vpl() const {
+    const uint32_t hd = g_.head_dim;
+    if (hd % 32 != 0 || hd > 256) return 0;
+    const int vpl = static_cast<int>(hd / 32);
+    if (vpl == 3 || vpl > 4 && vpl != 8) return 0;  // 1, 2, 4 or 8 values
+    for (const PartDesc &d : g_.part) {
+      if (!d.quantized) continue;
+      if (d.rotation > 1) return 0;
+      if ((vpl * bits_of(d.dtype)) % 8 != 0) return 0;
+      if (d.gran == G_GROUP) {
+        if (hd % d.group != 0 || d.group % vpl != 0) return 0;
+        const uint32_t lanes = d.group / vpl;
+        if (lanes & (lanes - 1)) return 0;
+      } else if (d.gran != G_TOKEN && d.gran != G_TENSOR) {
+        return 0;
+      }
+    }
+    return vpl;
+  }
   uint32_t max_groups() const {
     uint32_t m = 1;
     for (const PartDesc &d : g_.part) {

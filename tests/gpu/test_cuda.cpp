@@ -195,6 +195,15 @@ void same_blocks(Pools &p, uint64_t seq, uint32_t layers, const char *what) {
     CHECK(first == SIZE_MAX, "%s: layer %u block bytes differ first at byte %zu of %zu (block %zu, offset %zu): cpu %02x gpu %02x",
           what, l, first, ca.size(), first / st.bytes_per_block, first % st.bytes_per_block,
           first == SIZE_MAX ? 0 : ca[first], first == SIZE_MAX ? 0 : cb[first]);
+    if (first != SIZE_MAX) {
+      size_t ndiff = 0;
+      for (size_t i = 0; i < ca.size(); ++i) ndiff += ca[i] != cb[i];
+      std::printf("    %zu bytes differ; from the first: cpu", ndiff);
+      for (size_t i = first; i < first + 12 && i < ca.size(); ++i) std::printf(" %02x", ca[i]);
+      std::printf(" | gpu");
+      for (size_t i = first; i < first + 12 && i < ca.size(); ++i) std::printf(" %02x", cb[i]);
+      std::printf("\n");
+    }
   }
 }
 
@@ -473,6 +482,38 @@ void test_stream() {
   cudaStreamDestroy(st);
 }
 
+// Prints the scale bytes of one token written by each pool (diagnostics).
+void probe() {
+  for (uint32_t hd : {64u, 8u}) {
+    const Case c{"probe", 4, 2, hd, KVC_LAYOUT_NHD, KVC_DTYPE_F16, KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 32, 0,
+                 KVC_DTYPE_F16};
+    Pools p;
+    OK(make_pools(c, 1, 4, p));
+    const uint64_t row = 2ull * hd;
+    std::vector<float> k(row, 1.0f), v(row, 0.5f);
+    for (uint64_t i = 0; i < row; ++i) k[i] = 1.0f + 0.01f * static_cast<float>(i);
+    for (kvc_pool *pool : {p.cpu, p.gpu}) {
+      OK(kvc_seq_create(pool, 1));
+      OK(kvc_seq_reserve(pool, 1, 1, nullptr));
+      OK(kvc_append(pool, 1, 0, 0, 1, k.data(), v.data(), KVC_DTYPE_F32));
+      OK(kvc_pool_sync(pool));
+      kvc_stats st;
+      kvc_stats_init(&st);
+      OK(kvc_pool_stats(pool, &st));
+      std::vector<uint8_t> b(st.bytes_per_block);
+      int32_t id = 0;
+      OK(kvc_pool_copy_blocks(pool, &id, 1, b.data(), KVC_COPY_TO_HOST));
+      const size_t so = 16 * row;  // K scales follow K's codes
+      std::printf("hd %u %s: K codes[0..3] %02x %02x %02x %02x; K scales", hd, pool == p.cpu ? "cpu" : "gpu", b[0], b[1],
+                  b[2], b[3]);
+      for (size_t i = so; i < so + 8; ++i) std::printf(" %02x", b[i]);
+      std::vector<float> g(row);
+      OK(kvc_gather(pool, 1, 0, 0, 1, g.data(), nullptr, KVC_DTYPE_F32, nullptr));
+      std::printf("; gathered k[0] %.6f k[last] %.6f\n", g[0], g[row - 1]);
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -491,6 +532,8 @@ int main(int argc, char **argv) {
     }
   } else if (mode == "errors") {
     test_errors();
+  } else if (mode == "probe") {
+    probe();
   } else if (mode == "stream") {
     test_stream();
   } else {
