@@ -10,6 +10,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -293,6 +294,7 @@ struct AppendArgs {
   float ts[2];
   int *bad;   // set by check_kernel: the whole call writes nothing
   int parts;  // bit 0: write K, bit 1: write V
+  int bs_shift = -1;  // log2(block_size) when a power of two
 };
 
 // Flags NaN / Inf (and values too large to rotate) in the rows of quantized parts.
@@ -397,69 +399,130 @@ __global__ void append_kernel(AppendArgs a) {
 // scale groups do not cross heads (per tensor, per token, per group of G
 // dividing head_dim with G / VPL lanes a power of two); the same operations
 // as append_kernel, so the same bytes.
+// VPL consecutive values at element index i of a row array (f32 / f16 /
+// bf16), with one vector load when the address allows.
+template <int VPL>
+__device__ inline void load_run(const void *src, int32_t dt, uint64_t i, float *x) {
+  if (dt == F32) {
+    const float *p = static_cast<const float *>(src) + i;
+    if (VPL % 4 == 0 && (reinterpret_cast<uintptr_t>(p) & 15u) == 0) {
+#pragma unroll
+      for (int j = 0; j < VPL / 4; ++j) {
+        const float4 f = reinterpret_cast<const float4 *>(p)[j];
+        x[4 * j] = f.x, x[4 * j + 1] = f.y, x[4 * j + 2] = f.z, x[4 * j + 3] = f.w;
+      }
+      return;
+    }
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) x[j] = p[j];
+    return;
+  }
+  const uint16_t *p = static_cast<const uint16_t *>(src) + i;
+  uint16_t h[VPL];
+  if (VPL >= 4 && (reinterpret_cast<uintptr_t>(p) & (2 * VPL - 1)) == 0) {
+    if (VPL == 8) {
+      const uint4 u = *reinterpret_cast<const uint4 *>(p);
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) h[2 * j] = static_cast<uint16_t>(w[j]), h[2 * j + 1] = static_cast<uint16_t>(w[j] >> 16);
+    } else {
+      const uint2 u = *reinterpret_cast<const uint2 *>(p);
+      h[0] = static_cast<uint16_t>(u.x), h[1] = static_cast<uint16_t>(u.x >> 16);
+      h[2] = static_cast<uint16_t>(u.y), h[3] = static_cast<uint16_t>(u.y >> 16);
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) h[j] = p[j];
+  }
+#pragma unroll
+  for (int j = 0; j < VPL; ++j) x[j] = dt == F16 ? h2f(h[j]) : bf2f(h[j]);
+}
+
+// The common case at full speed: one warp per (token, KV head, part) in a
+// grid-stride loop, each lane holding VPL = head_dim / 32 consecutive values
+// (vector loads and stores). Used when head_dim is a multiple of 32, there
+// is no rotation and scale groups do not cross heads (per tensor, per
+// token, per group of G dividing head_dim with G / VPL lanes a power of
+// two); the same operations as append_kernel, so the same bytes.
 template <int VPL>
 __global__ void append_warp_kernel(AppendArgs a, uint64_t n) {
   const Geometry &g = a.g;
-  const uint64_t warp = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (*a.bad) return;
   const uint32_t lane = threadIdx.x % 32;
-  const uint64_t units = n * g.kv_heads * 2;
-  if (warp >= units || *a.bad) return;
-  const int kv = static_cast<int>(warp % 2);
-  const uint32_t head = static_cast<uint32_t>((warp / 2) % g.kv_heads);
-  const uint64_t t = warp / 2 / g.kv_heads;
-  if (!((a.parts >> kv) & 1)) return;
-  const PartDesc &d = g.part[kv];
+  const uint32_t units = static_cast<uint32_t>(n) * g.kv_heads * 2;  // < 2^31 (the host splits larger calls)
+  const uint32_t nwarps = gridDim.x * blockDim.x / 32;
   const uint32_t hd = g.head_dim, d0 = lane * VPL;
-  const Slot slot = a.slots[t];
-  uint8_t *blk = a.arena + static_cast<uint64_t>(slot / g.block_size) * g.block_stride;
-  const uint32_t s = static_cast<uint32_t>(slot % g.block_size);
-  // Load VPL values (f32 / f16 / bf16 input).
-  float x[VPL];
-  const uint64_t base = (t * g.kv_heads + head) * hd + d0;
-  if (a.src_dtype == F32) {
-    const float *p = static_cast<const float *>(a.src[kv]) + base;
-#pragma unroll
-    for (int i = 0; i < VPL; ++i) x[i] = p[i];
-  } else {
-    const uint16_t *p = static_cast<const uint16_t *>(a.src[kv]) + base;
-#pragma unroll
-    for (int i = 0; i < VPL; ++i) x[i] = a.src_dtype == F16 ? h2f(p[i]) : bf2f(p[i]);
-  }
-  if (!d.quantized) {
-    uint8_t *o = blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
-#pragma unroll
-    for (int i = 0; i < VPL; ++i) store_plain(o + i * plain_bytes(d.dtype), d.dtype, x[i]);
-    return;
-  }
-  Params p;
-  if (d.gran == G_TENSOR) {
-    p = tensor_params(a.ts[kv]);
-  } else {
-    // Lanes per scale group: a power of two (checked by the host).
-    const uint32_t glanes = d.gran == G_TOKEN ? 32u : d.group / VPL;
-    float lo = x[0], hi = x[0];
-#pragma unroll
-    for (int i = 1; i < VPL; ++i) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
-    for (uint32_t o = glanes / 2; o; o /= 2) {
-      lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  for (uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32; warp < units; warp += nwarps) {
+    const int kv = static_cast<int>(warp & 1u);
+    const uint32_t th = warp >> 1, t = th / g.kv_heads, head = th - t * g.kv_heads;
+    if (!((a.parts >> kv) & 1)) continue;
+    const PartDesc &d = g.part[kv];
+    const Slot slot = a.slots[t];
+    uint8_t *blk;
+    uint32_t s;
+    if (a.bs_shift >= 0) {
+      blk = a.arena + static_cast<uint64_t>(slot >> a.bs_shift) * g.block_stride;
+      s = static_cast<uint32_t>(slot) & (g.block_size - 1);
+    } else {
+      blk = a.arena + static_cast<uint64_t>(slot / g.block_size) * g.block_stride;
+      s = static_cast<uint32_t>(slot % g.block_size);
     }
-    p = make_params(d, lo, hi);
-    if (lane % glanes == 0) {
-      const uint32_t gi = d.gran == G_TOKEN ? head : (head * hd + d0) / d.group;
-      const uint64_t idx = s * d.scales_per_token + gi;
-      store_scale(blk + d.scale_offset + idx * d.scale_bytes, d.scale_f16, p.scale);
-      if (d.asym) store_scale(blk + d.zero_offset + idx * d.scale_bytes, d.scale_f16, p.zero);
+    float x[VPL];
+    load_run<VPL>(a.src[kv], a.src_dtype, (static_cast<uint64_t>(t) * g.kv_heads + head) * hd + d0, x);
+    if (!d.quantized) {
+      uint8_t *o = blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
+      if (d.dtype != F32 && VPL >= 4 && (reinterpret_cast<uintptr_t>(o) & (2 * VPL - 1)) == 0) {
+        uint32_t w[VPL / 2 + 1] = {};
+#pragma unroll
+        for (int j = 0; j < VPL / 2; ++j) {
+          const uint32_t lo = d.dtype == F16 ? f2h(x[2 * j]) : f2bf(x[2 * j]);
+          const uint32_t hi = d.dtype == F16 ? f2h(x[2 * j + 1]) : f2bf(x[2 * j + 1]);
+          w[j] = lo | hi << 16;
+        }
+        if (VPL == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[VPL >= 8 ? 2 : 0], w[VPL >= 8 ? 3 : 0]);
+        else *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
+        continue;
+      }
+#pragma unroll
+      for (int i = 0; i < VPL; ++i) store_plain(o + i * plain_bytes(d.dtype), d.dtype, x[i]);
+      continue;
+    }
+    Params p;
+    if (d.gran == G_TENSOR) {
+      p = tensor_params(a.ts[kv]);
+    } else {
+      // Lanes per scale group: a power of two (checked by the host).
+      const uint32_t glanes = d.gran == G_TOKEN ? 32u : d.group / VPL;
+      float lo = x[0], hi = x[0];
+#pragma unroll
+      for (int i = 1; i < VPL; ++i) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+      for (uint32_t o = glanes / 2; o; o /= 2) {
+        lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+      }
+      p = make_params(d, lo, hi);
+      if (lane % glanes == 0) {
+        const uint32_t gi = d.gran == G_TOKEN ? head : (head * hd + d0) / d.group;
+        const uint64_t idx = s * d.scales_per_token + gi;
+        store_scale(blk + d.scale_offset + idx * d.scale_bytes, d.scale_f16, p.scale);
+        if (d.asym) store_scale(blk + d.zero_offset + idx * d.scale_bytes, d.scale_f16, p.zero);
+      }
+    }
+    const int bits = bits_of(d.dtype);
+    uint8_t *codes = blk + d.offset + s * d.token_stride + head * d.head_stride + d0 * bits / 8;
+    uint32_t w[VPL / 4 + 1] = {};
+#pragma unroll
+    for (int i = 0; i < VPL; ++i) w[(i * bits) / 32] |= encode_one(d, x[i], p) << ((i * bits) % 32);
+    const int nbytes = VPL * bits / 8;
+    if (nbytes == 4 && (reinterpret_cast<uintptr_t>(codes) & 3u) == 0) {
+      *reinterpret_cast<uint32_t *>(codes) = w[0];
+    } else if (nbytes == 8 && (reinterpret_cast<uintptr_t>(codes) & 7u) == 0) {
+      *reinterpret_cast<uint2 *>(codes) = make_uint2(w[0], w[1]);
+    } else {
+#pragma unroll
+      for (int b = 0; b < nbytes; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> ((b % 4) * 8));
     }
   }
-  const int bits = bits_of(d.dtype);
-  uint8_t *codes = blk + d.offset + s * d.token_stride + head * d.head_stride + d0 * bits / 8;
-  uint32_t w[VPL / 4 + 1] = {};
-#pragma unroll
-  for (int i = 0; i < VPL; ++i) w[(i * bits) / 32] |= encode_one(d, x[i], p) << ((i * bits) % 32);
-  const int nbytes = VPL * bits / 8;
-#pragma unroll
-  for (int b = 0; b < nbytes; ++b) codes[b] = static_cast<uint8_t>(w[b / 4] >> ((b % 4) * 8));
 }
 
 // ---- gather --------------------------------------------------------------
@@ -868,14 +931,22 @@ __global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
   __shared__ float m_s[GM], l_s[GM], alpha_s[GM];
   extern __shared__ __align__(16) uint8_t dyn[];  // K tiles [2][T][rk], V tiles [2][T][rv]; later the reduction
   uint8_t *kbuf = dyn, *vbuf = dyn + 2 * T * rk;
-
   const uint32_t L = hd / EPT;
   const uint32_t ntg = kThreads / L, tg = threadIdx.x / L, ln = threadIdx.x % L, d0 = ln * EPT;
+  // The split's block ids, read once into shared memory (the copies below
+  // need them without a dependent global load each).
+  int32_t *ids_s = reinterpret_cast<int32_t *>(dyn + 2 * T * (rk + rv));
+  const uint32_t b0 = bsh >= 0 ? t_begin >> bsh : t_begin / bs;
+  if (t_begin < t_end) {
+    const uint32_t b1 = bsh >= 0 ? (t_end - 1) >> bsh : (t_end - 1) / bs;
+    for (uint32_t i = threadIdx.x; i <= b1 - b0; i += kThreads) ids_s[i] = __ldg(ids + b0 + i);
+  }
+  __syncthreads();
   auto token_blk = [&](uint32_t t, uint32_t &slot) {
     uint32_t b;
     if (bsh >= 0) b = t >> bsh, slot = t & (bs - 1);
     else b = t / bs, slot = t - b * bs;
-    return a.arena + static_cast<uint64_t>(__ldg(ids + b)) * g.block_stride;
+    return a.arena + static_cast<uint64_t>(ids_s[b - b0]) * g.block_stride;
   };
   // Queues the copies of tile `t0` into buffer `buf` (one commit group).
   auto issue = [&](uint32_t t0, int buf) {
@@ -894,13 +965,41 @@ __global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
     }
     cp_async_commit();
   };
+  // Per-token scales of quantized parts ([2 parts][2 buffers][T]), loaded
+  // one tile ahead into registers and stored after the current tile.
+  __shared__ float ssc[2][2][kTile];
+  const bool kq_tok = KL::kQuant && dk.gran == G_TOKEN, vq_tok = VL::kQuant && dv.gran == G_TOKEN;
+  float pend = 0.0f;
+  int pend_idx = -1;
+  auto fetch_scale = [&](uint32_t t0, int buf) {  // one scale per thread at most (2 x T <= kThreads)
+    pend_idx = -1;
+    const uint32_t nt = min(T, t_end - t0);
+    const uint32_t c = threadIdx.x;
+    if (c >= 2 * nt) return;
+    const int kv = c >= nt;
+    const uint32_t tok = kv ? c - nt : c;
+    if (!(kv ? vq_tok : kq_tok)) return;
+    const PartDesc &d = kv ? dv : dk;
+    uint32_t slot;
+    const uint8_t *blk = token_blk(t0 + tok, slot);
+    pend = load_scale(blk + d.scale_offset + (slot * d.scales_per_token + kh) * d.scale_bytes, d.scale_f16);
+    pend_idx = (kv * 2 + buf) * kTile + tok;
+  };
+  auto store_scale_s = [&]() {
+    if (pend_idx >= 0) (&ssc[0][0][0])[pend_idx] = pend;
+  };
+
 
   for (uint32_t i = threadIdx.x; i < GM * hd; i += kThreads) {
     const uint32_t gi = i / hd, e = i % hd;
     q_s[gi][e] = gi < ng ? load_src(a.q, a.q_dtype, (qrow * a.hq + qh0 + gi) * hd + e) * a.scale : 0.0f;
   }
   if (threadIdx.x < GM) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
-  if (t_begin < t_end) issue(t_begin, 0);
+  if (t_begin < t_end) {
+    issue(t_begin, 0);
+    fetch_scale(t_begin, 0);
+    store_scale_s();
+  }
   __syncthreads();
   if (dk.quantized && dk.rotation > 1)
     for (uint32_t gi = 0; gi < ng; ++gi) hadamard_smem(q_s[gi], hd, dk.rotation);
@@ -918,8 +1017,13 @@ __global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
   int buf = 0;
   for (uint32_t t0 = t_begin; t0 < t_end; t0 += T, buf ^= 1) {
     const uint32_t nt = min(T, t_end - t0);
-    if (t0 + T < t_end) issue(t0 + T, buf ^ 1);
-    else cp_async_commit();  // an empty group keeps "all but the newest" meaning this tile
+    if (t0 + T < t_end) {
+      issue(t0 + T, buf ^ 1);
+      fetch_scale(t0 + T, buf ^ 1);
+    } else {
+      cp_async_commit();  // an empty group keeps "all but the newest" meaning this tile
+      pend_idx = -1;
+    }
     cp_async_wait1();
     __syncthreads();
     const uint8_t *kt = kbuf + buf * T * rk, *vt = vbuf + buf * T * rv;
@@ -932,9 +1036,15 @@ __global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
         float k[EPT];
         float scl = 1.0f;
         if (KL::kQuant && tt < nt) {
-          uint32_t slot;
-          const uint8_t *blk = token_blk(t0 + tt, slot);
-          scl = scale_at(dk, blk, slot, kh, d0, hd, a.ts[0]);
+          if (kq_tok) {
+            scl = ssc[0][buf][tt];
+          } else if (dk.gran == G_TENSOR) {
+            scl = a.ts[0];
+          } else {
+            uint32_t slot;
+            const uint8_t *blk = token_blk(t0 + tt, slot);
+            scl = scale_at(dk, blk, slot, kh, d0, hd, a.ts[0]);
+          }
         }
         KL::load(kt + min(tt, nt - 1) * rk + d0 * KL::kBits / 8, scl, k);
         float p[GM];
@@ -984,9 +1094,15 @@ __global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
     for (uint32_t tt = tg; tt < nt; tt += ntg) {
       float scl = 1.0f;
       if (VL::kQuant) {
-        uint32_t slot;
-        const uint8_t *blk = token_blk(t0 + tt, slot);
-        scl = scale_at(dv, blk, slot, kh, d0, hd, a.ts[1]);
+        if (vq_tok) {
+          scl = ssc[1][buf][tt];
+        } else if (dv.gran == G_TENSOR) {
+          scl = a.ts[1];
+        } else {
+          uint32_t slot;
+          const uint8_t *blk = token_blk(t0 + tt, slot);
+          scl = scale_at(dv, blk, slot, kh, d0, hd, a.ts[1]);
+        }
       }
       float v[EPT];
       VL::load(vt + tt * rv + d0 * VL::kBits / 8, scl, v);
@@ -997,6 +1113,7 @@ __global__ void __launch_bounds__(kThreads, 3) attn_fast_kernel(AttnArgs a) {
         for (int i = 0; i < EPT; ++i) acc[gi][i] = __fmaf_rn(pr, v[i], acc[gi][i]);
       }
     }
+    store_scale_s();  // the next tile's scales (its buffer is no longer read)
     __syncthreads();
   }
   float *red = reinterpret_cast<float *>(dyn);  // [token groups][GM][hd]
@@ -1154,6 +1271,8 @@ class CudaDevice final : public Device {
   ~CudaDevice() override {
     Guard gd(index_);
     cudaStreamSynchronize(stream_);
+    if (stage_event_) cudaEventDestroy(stage_event_);
+    if (stage_) cudaFreeHost(stage_);
     cudaFree(arena_);
     cudaFree(flags_);
     cudaStreamDestroy(own_);
@@ -1191,7 +1310,7 @@ class CudaDevice final : public Device {
         src[kv] = d;
       }
     Slot *dslots = static_cast<Slot *>(tmp.get(n * sizeof(Slot)));
-    check(cudaMemcpyAsync(dslots, slots, n * sizeof(Slot), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (slots)");
+    upload(dslots, slots, n * sizeof(Slot), nullptr, 0);
     int *bad = static_cast<int *>(tmp.get(sizeof(int)));  // this call's flag
     check(cudaMemsetAsync(bad, 0, sizeof(int), stream_), "cudaMemsetAsync");
     for (int kv = 0; kv < 2; ++kv) {
@@ -1199,18 +1318,29 @@ class CudaDevice final : public Device {
       if (!d.quantized || !(parts >> kv & 1)) continue;
       const float limit = d.rotation ? FLT_MAX / static_cast<float>(d.rotation) : 0.0f;
       const uint64_t count = n * row;
-      const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 4096));
+      const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 64ull * sms_));
       check_kernel<<<blocks, 256, 0, stream_>>>(src[kv], src_dtype, count, limit, bad, flags_);
     }
     AppendArgs a{arena_, g_, dslots, {src[0], src[1]}, src_dtype, {ts[0], ts[1]}, bad, parts};
+    for (int sh = 0; sh < 31; ++sh)
+      if ((1u << sh) == g_.block_size) a.bs_shift = sh;
     const int vpl = warp_vpl();
     if (vpl) {
-      const uint64_t warps = n * g_.kv_heads * 2, blocks = (warps * 32 + 255) / 256;
-      switch (vpl) {
-        case 1: append_warp_kernel<1><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
-        case 2: append_warp_kernel<2><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
-        case 4: append_warp_kernel<4><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
-        default: append_warp_kernel<8><<<static_cast<unsigned>(blocks), 256, 0, stream_>>>(a, n); break;
+      const uint64_t per = (uint64_t(1) << 30) / (g_.kv_heads * 2);  // tokens per launch: 32-bit unit indices
+      for (uint64_t t0 = 0; t0 < n; t0 += per) {
+        const uint64_t cnt = std::min(per, n - t0);
+        AppendArgs b = a;
+        b.slots = dslots + t0;
+        for (int kv = 0; kv < 2; ++kv)
+          if (src[kv]) b.src[kv] = static_cast<const uint8_t *>(src[kv]) + t0 * row * plain_bytes(src_dtype);
+        const uint64_t warps = cnt * g_.kv_heads * 2;
+        const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((warps * 32 + 255) / 256, 32ull * sms_));
+        switch (vpl) {
+          case 1: append_warp_kernel<1><<<blocks, 256, 0, stream_>>>(b, cnt); break;
+          case 2: append_warp_kernel<2><<<blocks, 256, 0, stream_>>>(b, cnt); break;
+          case 4: append_warp_kernel<4><<<blocks, 256, 0, stream_>>>(b, cnt); break;
+          default: append_warp_kernel<8><<<blocks, 256, 0, stream_>>>(b, cnt); break;
+        }
       }
       check(cudaGetLastError(), "append kernel launch");
       if (host) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -1276,7 +1406,7 @@ class CudaDevice final : public Device {
     for (int kv = 0; kv < 2; ++kv)
       if (outs[kv] && !is_device_ptr(outs[kv])) dev_out[kv] = tmp.get(out_bytes), host = true;
     Slot *dslots = static_cast<Slot *>(tmp.get(n * sizeof(Slot)));
-    check(cudaMemcpyAsync(dslots, slots, n * sizeof(Slot), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (slots)");
+    upload(dslots, slots, n * sizeof(Slot), nullptr, 0);
     for (uint64_t t0 = 0; t0 < n; t0 += 65535) {
       const uint64_t cnt = std::min<uint64_t>(n - t0, 65535);
       GatherArgs a{arena_, g_, dslots + t0, {nullptr, nullptr}, dt, {ts[0], ts[1]}};
@@ -1323,16 +1453,16 @@ class CudaDevice final : public Device {
       meta[3 * i] = b.block_start[i], meta[3 * i + 1] = b.n_tokens[i], meta[3 * i + 2] = b.q_row[i];
       max_n = std::max(max_n, b.n_tokens[i]);
     }
-    uint64_t *dmeta = static_cast<uint64_t *>(tmp.get(meta.size() * 8 + b.n_blocks * 4 + 16));
+    const uint64_t meta_bytes = meta.size() * 8 + b.n_blocks * 4;
+    uint64_t *dmeta = static_cast<uint64_t *>(tmp.get(meta_bytes + 16));
     int32_t *dblocks = reinterpret_cast<int32_t *>(dmeta + meta.size());
-    check(cudaMemcpyAsync(dmeta, meta.data(), meta.size() * 8, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
-    if (b.n_blocks)
-      check(cudaMemcpyAsync(dblocks, b.block_ids, b.n_blocks * 4, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    upload(dmeta, meta.data(), meta.size() * 8, b.block_ids, b.n_blocks * 4);
     // Splits: enough thread blocks for several waves on the device, at
     // least 256 tokens each.
     const uint64_t base = b.n_items * h * hchunks;
     const uint64_t want = (16ull * sms_ + base - 1) / base;
     uint64_t split = std::max<uint64_t>(256, (max_n + want - 1) / std::max<uint64_t>(want, 1));
+    split = std::min<uint64_t>(split, 4096);  // bounds the fast kernel's block ids in shared memory
     split = (split + kTile - 1) / kTile * kTile;
     const uint64_t n_splits = std::max<uint64_t>(1, (max_n + split - 1) / split);
     float *ws = static_cast<float *>(tmp.get(b.n_items * hq * n_splits * (hd + 2) * sizeof(float)));
@@ -1341,15 +1471,15 @@ class CudaDevice final : public Device {
       if ((1u << sh) == g_.block_size) bs_shift = sh;
     // Fast kernel: tiles of up to kTile tokens, at most 16 KiB per part.
     const uint32_t rk = hd * bits_of(g_.part[0].dtype) / 8, rv = hd * bits_of(g_.part[1].dtype) / 8;
-    const uint32_t tile = std::max<uint32_t>(8, std::min<uint32_t>(kTile, 16384 / std::max(rk, rv)));
+    const uint32_t tile = std::max<uint32_t>(8, std::min<uint32_t>(kThreads / 2, 16384 / std::max(rk, rv)));
     AttnArgs a{arena_, g_, dblocks, dmeta, dq, q_dtype, scale, hq, group, hchunks,
                static_cast<uint32_t>(split), static_cast<uint32_t>(n_splits), {ts[0], ts[1]}, ws, bs_shift, tile};
     const uint32_t per_tok = (hd + ept - 1) / ept;
     uint32_t L = 1;
     while (L < per_tok) L *= 2;
     size_t red = static_cast<size_t>(kThreads / L) * gm * hd * sizeof(float);
-    if (fast >= 0) {
-      red = std::max<size_t>(red, 2ull * tile * (rk + rv));
+    if (fast >= 0) {  // tiles, then the split's block ids
+      red = std::max<size_t>(red, 2ull * tile * (rk + rv) + ((split + g_.block_size - 1) / g_.block_size + 2) * 4);
       set_smem(fast, red);
     }
     for (uint64_t z0 = 0; z0 < b.n_items; z0 += 65535) {
@@ -1457,8 +1587,32 @@ class CudaDevice final : public Device {
     }
     int prev_ = -1;
   };
-  // Lets the fast kernel use more than 48 KiB of dynamic shared memory.
+  // Copies two host arrays (back to back) to device memory at dst through a
+  // page-locked staging buffer, so the copy is queued without the driver's
+  // synchronous staging of pageable memory. The buffer is reused once the
+  // previous copy from it has completed (an event).
+  void upload(void *dst, const void *a, size_t na, const void *b, size_t nb) {
+    std::lock_guard<std::mutex> lk(stage_mu_);
+    if (stage_event_) check(cudaEventSynchronize(stage_event_), "cudaEventSynchronize");
+    else check(cudaEventCreateWithFlags(&stage_event_, cudaEventDisableTiming), "cudaEventCreate");
+    if (stage_size_ < na + nb) {
+      if (stage_) cudaFreeHost(stage_);
+      stage_ = nullptr;
+      stage_size_ = 0;
+      check(cudaMallocHost(&stage_, std::max<size_t>(na + nb, 1 << 16)), "cudaMallocHost");
+      stage_size_ = std::max<size_t>(na + nb, 1 << 16);
+    }
+    if (na) std::memcpy(stage_, a, na);
+    if (nb) std::memcpy(static_cast<uint8_t *>(stage_) + na, b, nb);
+    check(cudaMemcpyAsync(dst, stage_, na + nb, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check(cudaEventRecord(stage_event_, stream_), "cudaEventRecord");
+  }
+  // Lets the fast kernel use more than 48 KiB of dynamic shared memory (set
+  // once per kernel and size).
   void set_smem(int fast, size_t bytes) {
+    std::lock_guard<std::mutex> lk(stage_mu_);
+    if (smem_set_[fast & 7] >= bytes) return;
+    smem_set_[fast & 7] = bytes;
     cudaError_t e = cudaSuccess;
     const int b = static_cast<int>(bytes);
     switch (fast) {
@@ -1519,6 +1673,11 @@ class CudaDevice final : public Device {
 
   int index_;
   Geometry g_;
+  std::mutex stage_mu_;
+  void *stage_ = nullptr;  // page-locked staging of per-call metadata
+  size_t stage_size_ = 0;
+  cudaEvent_t stage_event_ = nullptr;
+  size_t smem_set_[8] = {};
   uint8_t *arena_ = nullptr;
   unsigned long long *flags_ = nullptr;  // appends refused since the last sync()
   cudaStream_t own_ = nullptr, stream_ = nullptr;
