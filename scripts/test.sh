@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The full test suite (README's test command; .ci/run runs it):
 #   1. setup        Debian packages (scripts/setup.sh)
-#   2. main         RelWithDebInfo build, -DKVC_WERROR=ON, every ctest test
+#   2. main         RelWithDebInfo build, -DKVC_WERROR=ON, every ctest test; the only
+#                   build with the CUDA kernels (when nvcc is found: cuda_* tests skip
+#                   without a GPU)
 #   3. asan         ASan + UBSan build (tools included, bench not), every ctest test
 #   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*)
 #   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
@@ -72,14 +74,14 @@ stage_main() {
 # report false positives (-Wmaybe-uninitialized in libstdc++'s <regex>, ...).
 stage_asan() {
   configure_build "$prefix-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_SANITIZE=ON -DKVC_WERROR=OFF \
-    -DKVC_BUILD_BENCH=OFF || return 1
+    -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF || return 1
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1} \
     ctest --test-dir "$prefix-asan" -j "$jobs" --output-on-failure
 }
 
 stage_tsan() {
   configure_build "$prefix-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_TSAN=ON -DKVC_WERROR=OFF \
-    -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF || return 1
+    -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF || return 1
   # TSan needs a fixed address-space layout on kernels with high mmap entropy.
   local norand=()
   if command -v setarch >/dev/null 2>&1 && setarch "$(uname -m)" -R true 2>/dev/null; then
@@ -100,7 +102,7 @@ stage_fuzz() {
   local dir="$prefix-fuzz"
   mkdir -p "$dir"
   CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF > "$dir/configure.log" 2>&1 ||
+    -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
   cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_gguf > "$dir/build.log" 2>&1 ||
     { grep -E "FAILED:|error|undefined reference" "$dir/build.log" | head -n 40; return 1; }

@@ -205,7 +205,7 @@ typedef enum kvc_dtype {
  */
 typedef enum kvc_device {
   KVC_DEVICE_CPU = 0,  /**< Host memory (the reference backend). */
-  KVC_DEVICE_CUDA = 1, /**< An NVIDIA GPU; ::KVC_ERR_DEVICE_UNAVAILABLE in builds or on machines without one. */
+  KVC_DEVICE_CUDA = 1, /**< An NVIDIA GPU (docs/cuda.md); ::KVC_ERR_DEVICE_UNAVAILABLE in builds without CUDA, on machines without a driver or device, or for a device_index that does not exist. */
   KVC_DEVICE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
   KVC_DEVICE_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_device;
@@ -365,7 +365,7 @@ typedef struct kvc_pool_config {
   kvc_dtype k_dtype;      /**< Storage dtype of keys; default ::KVC_DTYPE_F16. */
   kvc_dtype v_dtype;      /**< Storage dtype of values; default ::KVC_DTYPE_F16. */
   kvc_layout layout;      /**< Order inside a block; default ::KVC_LAYOUT_NHD. */
-  kvc_device device;      /**< Where blocks live; default ::KVC_DEVICE_CPU. */
+  kvc_device device;      /**< Where blocks live; default ::KVC_DEVICE_CPU. ::KVC_DEVICE_CUDA: one device allocation, the same layout; data arguments may then be device memory (docs/cuda.md lists what is CPU-only). */
   int32_t device_index;   /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
   const kvc_codec *k_codec; /**< NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype overrides k_dtype). @since 0.2 */
   const kvc_codec *v_codec; /**< NULL (default): values stored as v_dtype; else their codec. @since 0.2 */
@@ -396,8 +396,11 @@ KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config);
  * ::KVC_ERR_INVALID_ARGUMENT (a dimension out of range, num_q_heads not a
  * multiple of num_kv_heads, no capacity or both kinds given, unknown flags,
  * dtype or layout); ::KVC_ERR_UNSUPPORTED (non-zero fields unknown to this
- * version); ::KVC_ERR_OVERFLOW (sizes overflow); ::KVC_ERR_DEVICE_UNAVAILABLE;
- * ::KVC_ERR_OUT_OF_MEMORY.
+ * version; on ::KVC_DEVICE_CUDA a residual window, hybrid precision,
+ * per-channel scales, or a head_dim the kernels do not take: docs/cuda.md);
+ * ::KVC_ERR_OVERFLOW (sizes overflow); ::KVC_ERR_DEVICE_UNAVAILABLE (no CUDA
+ * backend, driver or device); ::KVC_ERR_OUT_OF_MEMORY (host or device
+ * memory).
  * @since 0.1
  */
 KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out);
@@ -760,6 +763,11 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
  * block for a copy-on-write; nothing written); ::KVC_ERR_NON_FINITE (NaN or
  * Inf in k or v for fp8 / integer storage, or values too large for its
  * rotation; nothing written); ::KVC_ERR_OVERFLOW (n_tokens too large).
+ * CUDA pools: k and v may be device or host memory (host memory makes the
+ * call wait for its work); NaN / Inf is found on the device, so the call
+ * returns ::KVC_OK, writes nothing, and kvc_pool_sync() reports
+ * ::KVC_ERR_NON_FINITE (see there); ::KVC_ERR_INTERNAL when the CUDA runtime
+ * fails.
  * @since 0.1
  */
 KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t pos,
@@ -783,7 +791,9 @@ KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, u
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (all three outputs NULL);
  * ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer, or the range
  * beyond the layer's tokens); ::KVC_ERR_INVALID_ARGUMENT (dst_dtype).
- * n_tokens 0 is valid and writes nothing.
+ * n_tokens 0 is valid and writes nothing. CUDA pools: k_out and v_out may
+ * be device or host memory (host memory makes the call wait); positions_out
+ * is host memory; ::KVC_ERR_INTERNAL when the CUDA runtime fails.
  * @since 0.1
  */
 KVC_API kvc_status kvc_gather(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t first,
@@ -1025,7 +1035,10 @@ KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params);
  * concurrently with each other and with kvc_seq_scores(); two calls recording
  * the same sequence and layer at once give unspecified scores, and attention
  * over a layer while kvc_append() writes the same sequence and layer reads
- * old or new values (never a crash).
+ * old or new values (never a crash). CUDA pools: q, out and lse may be device
+ * or host memory (host memory makes the call wait); q is not checked for
+ * NaN / Inf on the device (a NaN query gives NaN in its rows); observation
+ * gives ::KVC_ERR_UNSUPPORTED; num_threads is ignored.
  * @since 0.3
  */
 KVC_API kvc_status kvc_attention_decode(kvc_pool *pool, uint32_t layer, const uint64_t *seq_ids,
