@@ -613,15 +613,20 @@ typedef enum kvc_copy_direction {
  * kvc_seq_block_table()). On a CUDA pool the copies are queued on the pool's
  * stream and the call returns at once when `host` is page-locked memory
  * (cudaHostAlloc / cudaHostRegister); with pageable memory it waits. Blocks
- * written from the host leave the prefix index (their content changed).
+ * written from the host must be held by a sequence; they leave the prefix
+ * index (their content changed), and every sequence sharing one (forks,
+ * attached prefixes) sees the new content: no copy-on-write. `host` must not
+ * overlap the pool's memory.
  * @param pool the pool (not NULL).
  * @param blocks `[n_blocks]` block ids, each 0..num_blocks-1.
  * @param n_blocks number of blocks (0 does nothing).
  * @param host `[n_blocks * bytes_per_block]` bytes.
  * @param direction ::KVC_COPY_TO_HOST or ::KVC_COPY_FROM_HOST.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_OUT_OF_RANGE (a block
- * id; nothing copied); ::KVC_ERR_INVALID_ARGUMENT (direction); ::KVC_ERR_OVERFLOW;
- * ::KVC_ERR_INTERNAL (the CUDA runtime failed).
+ * id; nothing copied); ::KVC_ERR_INVALID_ARGUMENT (direction, or a block
+ * written from the host that no sequence holds; nothing copied);
+ * ::KVC_ERR_OVERFLOW (more than 2^40 bytes); ::KVC_ERR_INTERNAL (the CUDA
+ * runtime failed).
  * @since 0.3
  */
 KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks, void *host,

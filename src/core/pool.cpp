@@ -211,7 +211,7 @@ void Pool::validate(PoolConfig &c) {
     if (uint64_t(c.num_kv_heads) * c.head_dim + 2 * groups > 12288)
       fail(Errc::Unsupported, "device CUDA: a token row of " + u64s(uint64_t(c.num_kv_heads) * c.head_dim) +
                                   " values and " + u64s(groups) +
-                                  " scale groups does not fit the kernels' shared memory (row + 2 x groups <= 12288)");
+                                  " scale group(s) does not fit the kernels' shared memory (row + 2 x groups <= 12288)");
   }
   // Bytes of one block (K and V parts, scales and zero points included; each
   // part and the block start on 16 bytes so every element is aligned).
@@ -407,8 +407,14 @@ void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host
     if (blocks[i] < 0 || static_cast<uint64_t>(blocks[i]) >= cfg_.num_blocks)
       fail(Errc::OutOfRange, "block " + std::to_string(blocks[i]) + " (index " + u64s(i) + "): the pool has " +
                                  u64s(cfg_.num_blocks) + " blocks; nothing copied");
-  if (!to_host)
+  if (!to_host) {
+    for (size_t i = 0; i < n; ++i)
+      if (alloc_.refcount(blocks[i]) == 0)
+        fail(Errc::InvalidArgument, "block " + std::to_string(blocks[i]) + " (index " + u64s(i) +
+                                        ") is not held by any sequence (free or only cached): copy into blocks "
+                                        "a sequence holds; nothing copied");
     for (size_t i = 0; i < n; ++i) prefix_drop_block(blocks[i]);  // content changes
+  }
   if (dev_) return dev_->copy_blocks(blocks, n, host, to_host);
   for (size_t i = 0; i < n; ++i) {
     uint8_t *h = static_cast<uint8_t *>(host) + i * block_stride_;

@@ -853,6 +853,73 @@ static void test_get_api_table(void **state) {
   assert_non_null(strstr(kvc_last_error_message(), "API version"));
 }
 
+/* kvc_pool_copy_blocks on a CPU pool (swap out / in), kvc_pool_set_stream and
+ * kvc_pool_sync: round trip, all-or-nothing on a bad id, blocks written from
+ * the host must be held by a sequence, a stream only for CUDA pools. */
+static void test_copy_blocks_and_stream(void **state) {
+  (void)state;
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = 1, c.num_q_heads = 2, c.num_kv_heads = 2, c.head_dim = 8, c.block_size = 4, c.num_blocks = 8;
+  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  kvc_pool *p = NULL;
+  assert_int_equal(kvc_pool_create(&c, &p), KVC_OK);
+  assert_int_equal(kvc_seq_create(p, 1), KVC_OK);
+  assert_int_equal(kvc_seq_reserve(p, 1, 8, NULL), KVC_OK);
+  float k[8 * 16], v[8 * 16];
+  for (int i = 0; i < 8 * 16; ++i) k[i] = (float)i, v[i] = (float)-i;
+  assert_int_equal(kvc_append(p, 1, 0, 0, 8, k, v, KVC_DTYPE_F32), KVC_OK);
+  kvc_stats st;
+  kvc_stats_init(&st);
+  assert_int_equal(kvc_pool_stats(p, &st), KVC_OK);
+  const size_t bb = (size_t)st.bytes_per_block;
+  int32_t ids[2];
+  size_t nb = 0;
+  assert_int_equal(kvc_seq_block_table(p, 1, 0, ids, 2, &nb), KVC_OK);
+  assert_int_equal(nb, 2);
+  unsigned char *out = malloc(2 * bb), *zero = calloc(2, bb), *again = malloc(2 * bb);
+  assert_non_null(out);
+  assert_non_null(zero);
+  assert_non_null(again);
+  /* Swap out, overwrite with zeros, swap back in: the sequence reads its data again. */
+  assert_int_equal(kvc_pool_copy_blocks(p, ids, 2, out, KVC_COPY_TO_HOST), KVC_OK);
+  assert_int_equal(kvc_pool_copy_blocks(p, ids, 2, zero, KVC_COPY_FROM_HOST), KVC_OK);
+  float g[8 * 16];
+  assert_int_equal(kvc_gather(p, 1, 0, 0, 8, g, NULL, KVC_DTYPE_F32, NULL), KVC_OK);
+  assert_true(g[17] == 0.0f);
+  assert_int_equal(kvc_pool_copy_blocks(p, ids, 2, out, KVC_COPY_FROM_HOST), KVC_OK);
+  assert_int_equal(kvc_gather(p, 1, 0, 0, 8, g, NULL, KVC_DTYPE_F32, NULL), KVC_OK);
+  assert_memory_equal(g, k, sizeof g);
+  /* A bad id anywhere: nothing copied, in either direction. */
+  int32_t mixed[2] = {ids[0], 8};
+  memset(again, 0x5a, 2 * bb);
+  assert_int_equal(kvc_pool_copy_blocks(p, mixed, 2, again, KVC_COPY_TO_HOST), KVC_ERR_OUT_OF_RANGE);
+  assert_true(again[0] == 0x5a && again[bb - 1] == 0x5a);
+  assert_int_equal(kvc_pool_copy_blocks(p, mixed, 2, zero, KVC_COPY_FROM_HOST), KVC_ERR_OUT_OF_RANGE);
+  assert_int_equal(kvc_gather(p, 1, 0, 0, 8, g, NULL, KVC_DTYPE_F32, NULL), KVC_OK);
+  assert_memory_equal(g, k, sizeof g);
+  /* Writing into a block no sequence holds is refused; reading one is fine. */
+  int32_t free_id = -1;
+  for (int32_t b = 0; b < 8 && free_id < 0; ++b)
+    if (b != ids[0] && b != ids[1]) free_id = b;
+  assert_int_equal(kvc_pool_copy_blocks(p, &free_id, 1, out, KVC_COPY_FROM_HOST), KVC_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(kvc_last_error_message(), "not held by any sequence"));
+  assert_int_equal(kvc_pool_copy_blocks(p, &free_id, 1, again, KVC_COPY_TO_HOST), KVC_OK);
+  assert_memory_equal(again, zero, bb);
+  assert_int_equal(kvc_pool_copy_blocks(p, ids, 1, out, (kvc_copy_direction)2), KVC_ERR_INVALID_ARGUMENT);
+  assert_int_equal(kvc_pool_copy_blocks(p, NULL, 0, NULL, KVC_COPY_TO_HOST), KVC_OK);
+  assert_int_equal(kvc_pool_copy_blocks(p, NULL, 1, out, KVC_COPY_TO_HOST), KVC_ERR_NULL_POINTER);
+  /* CPU pools: no stream, nothing to wait for. */
+  assert_int_equal(kvc_pool_set_stream(p, NULL), KVC_OK);
+  assert_int_equal(kvc_pool_set_stream(p, (void *)out), KVC_ERR_INVALID_ARGUMENT);
+  assert_int_equal(kvc_pool_sync(p), KVC_OK);
+  assert_int_equal(kvc_pool_sync(NULL), KVC_ERR_NULL_POINTER);
+  free(out);
+  free(zero);
+  free(again);
+  kvc_pool_destroy(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version_and_strings),
@@ -876,6 +943,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_layout_fields),
       cmocka_unit_test(test_zero_on_free),
       cmocka_unit_test(test_get_api_table),
+      cmocka_unit_test(test_copy_blocks_and_stream),
   };
   if (argc > 1) { /* one ctest per test function: the name must exist */
     int found = 0;
