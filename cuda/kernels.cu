@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "codec/fp8.h"
 #include "core/error.h"
 
 namespace kvc::cuda {
@@ -44,39 +45,6 @@ __device__ inline uint16_t f2bf(float f) {
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-// fp8 encode: round to nearest even, saturate (src/codec/fp8.h).
-template <int kMant, int kBias, uint32_t kMaxCode>
-__device__ inline uint8_t fp8_encode(float f) {
-  const uint32_t u = __float_as_uint(f);
-  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  const uint32_t a = u & 0x7fffffffu;
-  constexpr int kEmin = 1 - kBias;
-  const int e = static_cast<int>(a >> 23) - 127;
-  uint32_t code;
-  if (a >= 0x7f800000u) {
-    code = kMaxCode;
-  } else if (e < kEmin) {
-    const int shift = 23 + kEmin - kMant - e;
-    if (a < 0x00800000u || shift >= 25) {
-      code = 0;
-    } else {
-      const uint32_t mant = (a & 0x7fffffu) | 0x800000u;
-      uint32_t q = mant >> shift;
-      const uint32_t rem = mant & ((1u << shift) - 1u);
-      const uint32_t half = 1u << (shift - 1);
-      if (rem > half || (rem == half && (q & 1u))) ++q;
-      code = q;
-    }
-  } else {
-    uint32_t r = a - (static_cast<uint32_t>(127 - kBias) << 23);
-    constexpr int kDrop = 23 - kMant;
-    const uint32_t rem = r & ((1u << kDrop) - 1u);
-    r >>= kDrop;
-    if (rem > (1u << (kDrop - 1)) || (rem == (1u << (kDrop - 1)) && (r & 1u))) ++r;
-    code = r > kMaxCode ? kMaxCode : r;
-  }
-  return static_cast<uint8_t>(sign | code);
-}
 // fp8 decode (exact in f32).
 template <int kMant, int kBias>
 __device__ inline float fp8_decode(uint32_t c) {
@@ -182,8 +150,8 @@ __device__ inline Params tensor_params(float ts) {
 }
 
 __device__ inline uint32_t encode_one(const PartDesc &d, float x, const Params &p) {
-  if (d.dtype == E4M3) return fp8_encode<3, 7, 0x7eu>(__fmul_rn(x, p.inv));
-  if (d.dtype == E5M2) return fp8_encode<2, 15, 0x7bu>(__fmul_rn(x, p.inv));
+  if (d.dtype == E4M3) return codec::fp8_e4m3_encode(__fmul_rn(x, p.inv));
+  if (d.dtype == E5M2) return codec::fp8_e5m2_encode(__fmul_rn(x, p.inv));
   const int bits = bits_of(d.dtype);
   float lo, hi;
   int32_t off = 0;

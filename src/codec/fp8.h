@@ -8,14 +8,21 @@
 // (never produces Inf or NaN from finite input).
 #pragma once
 #include <cstdint>
-#include <cstring>
+
+// The encoder is shared with the CUDA kernels (cuda/kernels.cu), which must
+// store the same bytes: callable from device code when nvcc compiles it.
+#if defined(__CUDACC__)
+#define KVC_HOST_DEVICE __host__ __device__
+#else
+#define KVC_HOST_DEVICE
+#endif
 
 namespace kvc::codec {
 
 template <int kMant, int kBias, uint32_t kMaxCode>
-inline uint8_t fp8_encode(float f) {
+KVC_HOST_DEVICE inline uint8_t fp8_encode(float f) {
   uint32_t u;
-  std::memcpy(&u, &f, 4);
+  __builtin_memcpy(&u, &f, 4);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
   constexpr int kEmin = 1 - kBias;  // exponent of the smallest normal
@@ -48,8 +55,8 @@ inline uint8_t fp8_encode(float f) {
   return static_cast<uint8_t>(sign | code);
 }
 
-inline uint8_t fp8_e4m3_encode(float f) { return fp8_encode<3, 7, 0x7eu>(f); }
-inline uint8_t fp8_e5m2_encode(float f) { return fp8_encode<2, 15, 0x7bu>(f); }
+KVC_HOST_DEVICE inline uint8_t fp8_e4m3_encode(float f) { return fp8_encode<3, 7, 0x7eu>(f); }
+KVC_HOST_DEVICE inline uint8_t fp8_e5m2_encode(float f) { return fp8_encode<2, 15, 0x7bu>(f); }
 
 // Decoding tables (256 entries each), built once.
 const float *fp8_e4m3_table();
