@@ -7,7 +7,21 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libcmocka-dev libbenchmark-dev libssl-dev libxxhash-dev libcli11-dev nlohmann-json3-dev
   libicu-dev libopenblas-dev doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3 python3-pip unzip
+  bindgen libclang-dev  # Rust bindings: bindgen regenerates kvcache-sys (cargo, rustc: rustup, ~/.cargo/bin)
+  swig golang-go openjdk-17-jdk-headless junit4  # SWIG bindings: Python, Go (cgo), Java (JNI, JUnit 4)
 )
+
+# Python test tools of the bindings (PyPI): numpy and pytest for the tests,
+# wheel so pip can build the package with the preinstalled setuptools.
+python_setup() {
+  if python3 -c "import numpy, pytest, wheel, setuptools" 2>/dev/null; then
+    echo "setup: python packages present"
+    return 0
+  fi
+  echo "setup: pip install numpy pytest wheel setuptools"
+  python3 -m pip install -q numpy pytest wheel setuptools 2>&1 | grep -v -i "warning: running pip as" || true
+  python3 -c "import numpy, pytest, wheel, setuptools"
+}
 
 missing=()
 for p in "${packages[@]}"; do
@@ -18,6 +32,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
+  python_setup
   exit 0
 fi
 
@@ -31,3 +46,4 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 echo "setup: done"
+python_setup

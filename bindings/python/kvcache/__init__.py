@@ -1,0 +1,175 @@
+"""Python binding of libkvcache (paged, quantized, shareable KV cache).
+
+The classes come from the SWIG interface bindings/swig/kvcache_common.i
+(module ``kvcache.native``); this file adds what is Python-specific:
+
+* ``KvcError``: every failed call raises it with the library's status and
+  message (``err.status``, ``err.status_name``, ``err.message``);
+* numpy in and out: ``Pool.append`` takes arrays ``[n, num_kv_heads, head_dim]``
+  of float32 or float16 (or any object with ``__dlpack__``), passed without a
+  copy when C-contiguous; ``Pool.gather`` returns new arrays; ``Codec.quantize``
+  / ``Codec.dequantize`` work on ``[n, d]`` arrays;
+* context managers: ``with Pool(cfg) as pool: ...`` closes the pool at the end
+  (closing also happens when the object is collected).
+
+Example::
+
+    import numpy as np, kvcache
+    cfg = kvcache.PoolConfig()
+    cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = 2, 4, 2, 64
+    cfg.num_blocks = 64
+    with kvcache.Pool(cfg) as pool:
+        pool.seq_create(1)
+        pool.reserve(1, 20)
+        k = np.ones((20, 2, 64), np.float32)
+        pool.append(1, 0, 0, k, k)
+        k2, v2 = pool.gather(1, 0)
+"""
+
+import numpy as _np
+
+from . import native as _native
+from .native import *  # noqa: F401,F403  (classes, enum constants, version())
+
+
+class KvcError(Exception):
+    """A libkvcache call failed: ``status`` is the kvc_status value (e.g.
+    ``kvcache.ERR_SEQ_NOT_FOUND``), ``message`` the library's explanation."""
+
+    def __init__(self, status, message):
+        super().__init__(status, message)
+        self.status = int(status)
+        self.message = message
+
+    @property
+    def status_name(self):
+        return _native.status_name(self.status)
+
+    def __str__(self):
+        return "%s: %s" % (self.status_name, self.message)
+
+
+_native._register_error(KvcError)
+
+_NP_TO_DTYPE = {
+    _np.dtype(_np.float32): _native.DTYPE_F32,
+    _np.dtype(_np.float16): _native.DTYPE_F16,
+}
+_DTYPE_TO_NP = {
+    _native.DTYPE_F32: _np.float32,
+    _native.DTYPE_F16: _np.float16,
+    _native.DTYPE_BF16: _np.uint16,  # raw bfloat16 bits
+}
+
+
+def _as_array(x, name):
+    """A C-contiguous numpy view of x (numpy array, buffer or DLPack tensor);
+    copies only when x is not contiguous."""
+    if isinstance(x, _np.ndarray):
+        arr = x
+    elif hasattr(x, "__dlpack__") and not isinstance(x, (bytes, bytearray, memoryview)):
+        arr = _np.from_dlpack(x)
+    else:
+        arr = _np.asarray(x)
+    if not arr.flags.c_contiguous:
+        arr = _np.ascontiguousarray(arr)
+    return arr
+
+
+def _dtype_of(arr, dtype, name):
+    if dtype is not None:
+        return int(dtype)
+    if arr.dtype.name == "bfloat16":  # ml_dtypes / torch-exported bfloat16
+        return _native.DTYPE_BF16
+    try:
+        return _NP_TO_DTYPE[arr.dtype]
+    except KeyError:
+        raise TypeError("%s: dtype %s is not float32 or float16; pass dtype= for raw bfloat16 (uint16) data"
+                        % (name, arr.dtype)) from None
+
+
+def _pool_append(self, seq_id, layer, pos, k, v, dtype=None):
+    """Write K and V of n tokens at positions [pos, pos + n) of one layer.
+
+    k, v: arrays ``[n, num_kv_heads, head_dim]`` (any shape with that many
+    elements) of float32 or float16, or bfloat16 given as uint16 bits with
+    ``dtype=kvcache.DTYPE_BF16``; numpy arrays or DLPack tensors on the CPU.
+    Positions must be reserved (``reserve``). Returns n.
+    Raises KvcError (ERR_NOT_RESERVED, ERR_SEQ_NOT_FOUND, ERR_OUT_OF_RANGE,
+    ERR_INVALID_ARGUMENT for sizes that are not whole token rows, ...)."""
+    k = _as_array(k, "k")
+    v = _as_array(v, "v")
+    dk = _dtype_of(k, dtype, "k")
+    dv = _dtype_of(v, dtype, "v")
+    if dk != dv:
+        raise TypeError("k and v have different dtypes (%s, %s)" % (k.dtype, v.dtype))
+    return self._append(seq_id, layer, pos, k, v, dk)
+
+
+def _pool_gather(self, seq_id, layer, first=0, n=None, dtype=_native.DTYPE_F32, k=True, v=True):
+    """Read K and V of the layer's tokens [first, first + n) (n: to the end).
+
+    Returns ``(k, v)``, new arrays ``[n, num_kv_heads, head_dim]`` of float32
+    (dtype DTYPE_F32), float16 (DTYPE_F16) or uint16 bfloat16 bits (DTYPE_BF16);
+    k or v is None when not asked for."""
+    if n is None:
+        n = self.layer_tokens(seq_id, layer) - first
+    cfg = self.config()
+    shape = (int(n), cfg.num_kv_heads, cfg.head_dim)
+    npdt = _DTYPE_TO_NP.get(int(dtype))
+    if npdt is None:
+        raise TypeError("dtype must be DTYPE_F32, DTYPE_F16 or DTYPE_BF16")
+    ko = _np.empty(shape, npdt) if k else None
+    vo = _np.empty(shape, npdt) if v else None
+    if n > 0:
+        self._gather(seq_id, layer, first, ko, vo, int(dtype))
+    return ko, vo
+
+
+def _pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype=None):
+    """Read into caller arrays (writable, C-contiguous; either may be None);
+    n = the arrays' token rows. Returns n."""
+    ref = k_out if k_out is not None else v_out
+    if ref is None:
+        raise TypeError("k_out and v_out are both None")
+    dt = _dtype_of(ref, dtype, "k_out" if k_out is not None else "v_out")
+    return self._gather(seq_id, layer, first, k_out, v_out, dt)
+
+
+def _codec_quantize(self, x, dtype=None):
+    """Quantize ``x`` (``[n, d]`` float32 / float16) with this codec.
+
+    Returns ``(codes, scales, zeros)`` as uint8 arrays (scales / zeros empty
+    when the codec has none); byte layouts as docs/codecs.md describes."""
+    arr = _as_array(x, "x")
+    if arr.ndim != 2:
+        raise ValueError("x must be 2-D [n, d], got shape %s" % (arr.shape,))
+    dt = _dtype_of(arr, dtype, "x")
+    n, d = arr.shape
+    sizes = self.sizes(n, d)
+    codes = _np.empty(sizes.codes_bytes, _np.uint8)
+    scales = _np.empty(sizes.scales_bytes, _np.uint8)
+    zeros = _np.empty(sizes.zeros_bytes, _np.uint8)
+    self._quantize(arr, dt, d, codes, scales, zeros)
+    return codes, scales, zeros
+
+
+def _codec_dequantize(self, codes, scales, zeros, n, d, dtype=_native.DTYPE_F32):
+    """Dequantize what quantize() returned back to an ``[n, d]`` array."""
+    npdt = _DTYPE_TO_NP.get(int(dtype))
+    if npdt is None:
+        raise TypeError("dtype must be DTYPE_F32, DTYPE_F16 or DTYPE_BF16")
+    out = _np.empty((int(n), int(d)), npdt)
+    def buf(b):
+        return None if b is None or len(b) == 0 else _as_array(b, "codes")
+    self._dequantize(_as_array(codes, "codes"), buf(scales), buf(zeros), n, d, out, int(dtype))
+    return out
+
+
+Pool.append = _pool_append  # noqa: F405
+Pool.gather = _pool_gather  # noqa: F405
+Pool.gather_into = _pool_gather_into  # noqa: F405
+Codec.quantize = _codec_quantize  # noqa: F405
+Codec.dequantize = _codec_dequantize  # noqa: F405
+
+__version__ = _native.version()

@@ -1,0 +1,473 @@
+"""Tests of the Python binding (ctest: python_tests). K/V come from the shared
+stories260K model run by a numpy forward pass (model.py); the quantizer is
+checked against the C library called directly through ctypes."""
+
+import ctypes
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import kvcache
+from model import Model, golden_window0, log_softmax, shared_dir
+
+N_TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def model():
+    path = os.path.join(shared_dir(), "models", "stories260K.bin")
+    if not os.path.exists(path):
+        pytest.skip("shared model not found (set KVCACHE_SHARED_DIR)")
+    return Model(path)
+
+
+@pytest.fixture(scope="module")
+def captured(model):
+    """K/V of the first N_TOKENS golden tokens, per layer [n, kv_heads, head_dim],
+    from the numpy forward pass with a numpy cache; plus its log-probs."""
+    toks, _ = golden_window0(N_TOKENS)
+    ks = [[] for _ in range(model.n_layers)]
+    vs = [[] for _ in range(model.n_layers)]
+
+    def kv(layer, pos, k, v):
+        ks[layer].append(k)
+        vs[layer].append(v)
+        return np.stack(ks[layer]), np.stack(vs[layer])
+
+    lps = []
+    for pos in range(N_TOKENS):
+        logits = model.step(toks[pos], pos, kv)
+        lps.append(log_softmax(logits)[toks[pos + 1]])
+    return [np.stack(x) for x in ks], [np.stack(x) for x in vs], np.array(lps)
+
+
+def model_config(model, blocks=64, block_size=16):
+    cfg = kvcache.PoolConfig()
+    cfg.num_layers = model.n_layers
+    cfg.num_q_heads = model.n_heads
+    cfg.num_kv_heads = model.n_kv_heads
+    cfg.head_dim = model.head_dim
+    cfg.block_size = block_size
+    cfg.num_blocks = blocks
+    return cfg
+
+
+def small_config(blocks=64):
+    cfg = kvcache.PoolConfig()
+    cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = 2, 4, 2, 64
+    cfg.num_blocks = blocks
+    return cfg
+
+
+def fill(pool, seq, ks, vs):
+    n = ks[0].shape[0]
+    pool.seq_create(seq)
+    pool.reserve(seq, n)
+    for layer, (k, v) in enumerate(zip(ks, vs)):
+        assert pool.append(seq, layer, 0, k, v) == n
+
+
+# ---------------------------------------------------------------- model K/V
+
+def test_numpy_forward_matches_golden(captured):
+    """The reference itself: the numpy model reproduces run.c's log-probs."""
+    _, lps = golden_window0(N_TOKENS)
+    assert np.max(np.abs(captured[2] - np.array(lps))) < 2e-4
+
+
+def test_model_kv_roundtrip_f32_and_f16(model, captured):
+    ks, vs, _ = captured
+    cfg = model_config(model)
+    cfg.k_dtype = cfg.v_dtype = kvcache.DTYPE_F32
+    with kvcache.Pool(cfg) as pool:
+        fill(pool, 1, ks, vs)
+        for layer in range(model.n_layers):
+            k, v = pool.gather(1, layer)
+            assert k.shape == (N_TOKENS, model.n_kv_heads, model.head_dim)
+            np.testing.assert_array_equal(k, ks[layer])
+            np.testing.assert_array_equal(v, vs[layer])
+    with kvcache.Pool(model_config(model)) as pool:  # f16 storage (default)
+        fill(pool, 1, ks, vs)
+        for layer in range(model.n_layers):
+            k, v = pool.gather(1, layer)
+            np.testing.assert_array_equal(k, ks[layer].astype(np.float16).astype(np.float32))
+            np.testing.assert_array_equal(v, vs[layer].astype(np.float16).astype(np.float32))
+            k16, _ = pool.gather(1, layer, dtype=kvcache.DTYPE_F16, v=False)
+            assert k16.dtype == np.float16
+            np.testing.assert_array_equal(k16, ks[layer].astype(np.float16))
+
+
+def int8_per_token_reference(x):
+    """numpy int8 symmetric per-token (per token and KV head) quantization."""
+    amax = np.max(np.abs(x), axis=-1, keepdims=True).astype(np.float32)
+    scale = (amax / np.float32(127)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1))
+    q = np.clip(np.rint(x / safe), -127, 127)
+    return (q * scale).astype(np.float32), scale
+
+
+def test_model_kv_int8_codec_against_numpy(model, captured):
+    ks, vs, _ = captured
+    codec = kvcache.Codec()  # int8, per token
+    assert codec.dtype == kvcache.DTYPE_INT8 and codec.granularity == kvcache.SCALE_PER_TOKEN
+    with kvcache.Pool(model_config(model), codec, codec) as pool:
+        fill(pool, 1, ks, vs)
+        for layer in range(model.n_layers):
+            k, v = pool.gather(1, layer)
+            for got, x in ((k, ks[layer]), (v, vs[layer])):
+                ref, scale = int8_per_token_reference(x)
+                safe = np.where(scale > 0, scale, 1)
+                # Within half a step of the input, the same integer codes as
+                # numpy's (ties aside), each value code x scale to float rounding.
+                assert np.all(np.abs(got - x) <= scale * 0.5 * (1 + 1e-5) + 1e-12)
+                q_got, q_ref = np.rint(got / safe), np.rint(ref / safe)
+                assert np.mean(q_got == q_ref) > 0.999
+                assert np.all(np.abs(got - q_got * scale) <= 1e-6 * np.abs(got) + 1e-30)
+
+
+def test_model_decode_reads_kv_from_pool(model, captured):
+    """Run the model with attention over K/V written to and gathered from the
+    pool: f32 storage gives the golden log-probs, f16 stays close."""
+    toks, golden = golden_window0(N_TOKENS)
+    for dtype, tol in ((kvcache.DTYPE_F32, 2e-4), (kvcache.DTYPE_F16, 2e-2)):
+        cfg = model_config(model, block_size=8)
+        cfg.k_dtype = cfg.v_dtype = dtype
+        with kvcache.Pool(cfg) as pool:
+            pool.seq_create(7)
+
+            def kv(layer, pos, k, v):
+                if layer == 0:
+                    pool.reserve(7, 1)
+                pool.append(7, layer, pos, k[None], v[None])
+                return pool.gather(7, layer)
+
+            lps = [log_softmax(model.step(toks[p], p, kv))[toks[p + 1]] for p in range(N_TOKENS)]
+            assert pool.seq_length(7) == N_TOKENS
+            assert len(pool.block_table(7, 0)) == N_TOKENS // 8
+        assert np.max(np.abs(np.array(lps) - np.array(golden))) < tol, dtype
+
+
+# ---------------------------------------------------------------- pool operations
+
+def test_fork_copy_on_write(model, captured):
+    ks, vs, _ = captured
+    with kvcache.Pool(model_config(model, block_size=16)) as pool:
+        fill(pool, 1, ks, vs)
+        pool.seq_fork(1, 2)
+        assert pool.seq_length(2) == N_TOKENS
+        assert pool.block_table(2, 0) == pool.block_table(1, 0)
+        assert pool.stats().blocks_shared == model.n_layers * (N_TOKENS // 16)
+        # The child writes a new token: its last block is copied, the parent keeps its bytes.
+        pool.seq_truncate(2, N_TOKENS - 1)
+        pool.reserve(2, 1)
+        new = np.full((1, model.n_kv_heads, model.head_dim), 3.0, np.float32)
+        pool.append(2, 0, N_TOKENS - 1, new, new)
+        kc, _ = pool.gather(2, 0)
+        kp, _ = pool.gather(1, 0)
+        np.testing.assert_array_equal(kc[-1], new[0])
+        np.testing.assert_array_equal(kp, ks[0].astype(np.float16).astype(np.float32))
+        assert pool.block_table(2, 0)[-1] != pool.block_table(1, 0)[-1]
+        pool.seq_free(2)
+        pool.seq_free(1)
+        assert pool.stats().blocks_used == 0
+
+
+def test_streaming_eviction(model, captured):
+    ks, vs, _ = captured
+    pc = kvcache.PolicyConfig()
+    pc.kind = kvcache.POLICY_STREAMING
+    pc.sink_tokens = 4
+    pc.recent_tokens = 12
+    with kvcache.Pool(model_config(model)) as pool, kvcache.Policy(pc) as policy:
+        fill(pool, 1, ks, vs)
+        dropped = pool.evict(1, policy)
+        assert dropped == model.n_layers * (N_TOKENS - 16)
+        expect = list(range(4)) + list(range(N_TOKENS - 12, N_TOKENS))
+        for layer in range(model.n_layers):
+            assert pool.layer_tokens(1, layer) == 16
+            assert list(pool.positions(1, layer, 0, 16)) == expect
+            k, _ = pool.gather(1, layer)
+            np.testing.assert_array_equal(k, ks[layer][expect].astype(np.float16).astype(np.float32))
+
+
+def test_prefix_cache_lookup_attach_and_salt(model, captured):
+    ks, vs, _ = captured
+    toks, _ = golden_window0(N_TOKENS)
+    prompt = np.array(toks[:N_TOKENS], np.int32)
+    with kvcache.Pool(model_config(model)) as pool:
+        pool.enable_prefix_cache(None, "stories260K", "tok512")
+        fill(pool, 1, ks, vs)
+        assert pool.prefix_insert(1, prompt, "tenant-a") == N_TOKENS // 16
+        hit = pool.prefix_lookup(prompt, 0, "tenant-a")
+        assert hit.hit_tokens == N_TOKENS - 16 and hit.hit_blocks == 2  # the last token is always computed
+        assert pool.prefix_lookup(list(prompt), 0, "tenant-a").hit_tokens == N_TOKENS - 16  # a list works too
+        assert pool.prefix_lookup(prompt, 0, "tenant-b").hit_tokens == 0
+        assert pool.prefix_lookup(prompt).hit_tokens == 0
+        res = pool.prefix_attach(2, prompt, 0, "tenant-a")
+        assert res.hit_tokens == N_TOKENS - 16 and pool.seq_length(2) == N_TOKENS - 16
+        k2, _ = pool.gather(2, 3)
+        k1, _ = pool.gather(1, 3, 0, N_TOKENS - 16)
+        np.testing.assert_array_equal(k2, k1)
+        st = pool.prefix_stats()
+        assert st.registered_blocks == 3 and st.hit_tokens >= 2 * (N_TOKENS - 16)
+
+
+# ---------------------------------------------------------------- quantizer vs C
+
+class CCodec(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("dtype", ctypes.c_int), ("granularity", ctypes.c_int),
+                ("group_size", ctypes.c_uint32), ("asymmetric", ctypes.c_uint32), ("scale_dtype", ctypes.c_int),
+                ("rotation", ctypes.c_int), ("rotation_block", ctypes.c_uint32), ("static_scale", ctypes.c_uint32),
+                ("scale", ctypes.c_double)]
+
+
+def c_library():
+    """libkvcache loaded by ctypes (the same file the extension links)."""
+    import kvcache._native as ext  # noqa: F401
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if "/libkvcache.so" in path:
+                return ctypes.CDLL(path)
+    pytest.skip("libkvcache.so not found in the process")
+
+
+@pytest.mark.parametrize("dtype,gran,asym", [
+    (kvcache.DTYPE_INT8, kvcache.SCALE_PER_TOKEN, 0),
+    (kvcache.DTYPE_INT4, kvcache.SCALE_PER_GROUP, 1),
+    (kvcache.DTYPE_INT2, kvcache.SCALE_PER_GROUP, 1),
+    (kvcache.DTYPE_FP8_E4M3, kvcache.SCALE_PER_TOKEN, 0),
+])
+def test_quantizer_matches_c(captured, dtype, gran, asym):
+    x = np.ascontiguousarray(captured[0][2].reshape(N_TOKENS, -1))  # layer 2 keys [48, 32]
+    codec = kvcache.Codec()
+    codec.dtype, codec.granularity, codec.asymmetric, codec.group_size = dtype, gran, asym, 16
+    codes, scales, zeros = codec.quantize(x)
+    assert codes.nbytes == codec.sizes(*x.shape).codes_bytes > 0
+
+    lib = c_library()
+    cc = CCodec(ctypes.sizeof(CCodec), dtype, gran, 16, asym, kvcache.DTYPE_F32, 0, 0, 0, 0.0)
+    c_codes = np.zeros_like(codes)
+    c_scales = np.zeros_like(scales)
+    c_zeros = np.zeros_like(zeros)
+    ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+    st = lib.kvc_quantize(ctypes.byref(cc), ptr(x), kvcache.DTYPE_F32, ctypes.c_uint64(x.shape[0]),
+                          ctypes.c_uint64(x.shape[1]), ptr(c_codes), ptr(c_scales),
+                          ptr(c_zeros) if zeros.nbytes else None)
+    assert st == 0
+    np.testing.assert_array_equal(codes, c_codes)
+    np.testing.assert_array_equal(scales, c_scales)
+    np.testing.assert_array_equal(zeros, c_zeros)
+
+    back = codec.dequantize(codes, scales, zeros, *x.shape)
+    c_back = np.zeros_like(x)
+    st = lib.kvc_dequantize(ctypes.byref(cc), ptr(c_codes), ptr(c_scales), ptr(c_zeros) if zeros.nbytes else None,
+                            ctypes.c_uint64(x.shape[0]), ctypes.c_uint64(x.shape[1]), ptr(c_back),
+                            kvcache.DTYPE_F32)
+    assert st == 0
+    np.testing.assert_array_equal(back, c_back)
+    # And it is a quantization of x: error well below the value range.
+    bits = {kvcache.DTYPE_INT8: 8, kvcache.DTYPE_INT4: 4, kvcache.DTYPE_INT2: 2, kvcache.DTYPE_FP8_E4M3: 4}[dtype]
+    assert np.max(np.abs(back - x)) <= np.max(np.abs(x)) * 2.0 ** (1 - bits) + 1e-6
+
+
+# ---------------------------------------------------------------- errors
+
+def status_of(excinfo):
+    return excinfo.value.status
+
+
+def test_error_bad_dimensions():
+    cfg = small_config()
+    cfg.head_dim = 0
+    with pytest.raises(kvcache.KvcError) as e:
+        kvcache.Pool(cfg)
+    assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT
+    assert e.value.status_name == "KVC_ERR_INVALID_ARGUMENT"
+    assert "head_dim" in e.value.message
+    cfg.head_dim, cfg.num_q_heads = 64, 3  # not a multiple of num_kv_heads
+    with pytest.raises(kvcache.KvcError) as e:
+        kvcache.Pool(cfg)
+    assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT
+
+
+def test_error_unknown_sequence():
+    with kvcache.Pool(small_config()) as pool:
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.seq_length(12345)
+        assert status_of(e) == kvcache.ERR_SEQ_NOT_FOUND and "12345" in e.value.message
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.seq_fork(1, 2)
+        assert status_of(e) == kvcache.ERR_SEQ_NOT_FOUND
+        pool.seq_create(1)
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.seq_create(1)
+        assert status_of(e) == kvcache.ERR_SEQ_EXISTS
+
+
+def test_error_exhausted_pool_changes_nothing():
+    with kvcache.Pool(small_config(blocks=8)) as pool:  # 8 blocks of 16 tokens for 2 layers
+        pool.seq_create(1)
+        pool.reserve(1, 48)  # 3 blocks per layer
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.reserve(1, 32)
+        assert status_of(e) == kvcache.ERR_POOL_EXHAUSTED and e.value.message
+        assert pool.seq_length(1) == 48 and pool.stats().blocks_used == 6
+
+
+def test_error_bad_buffers():
+    with kvcache.Pool(small_config()) as pool:
+        pool.seq_create(1)
+        pool.reserve(1, 4)
+        k = np.zeros((4, 2, 64), np.float32)
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.append(1, 0, 0, k[:, :, :63].copy(), k[:, :, :63].copy())  # not whole token rows
+        assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT and "token rows" in e.value.message
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.append(1, 0, 0, k, k[:2])
+        assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.append(1, 0, 2, k, k)  # positions 2..5: 4, 5 not reserved
+        assert status_of(e) == kvcache.ERR_NOT_RESERVED
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.append(1, 9, 0, k, k)
+        assert status_of(e) == kvcache.ERR_OUT_OF_RANGE
+        with pytest.raises(TypeError):
+            pool.append(1, 0, 0, k.astype(np.int32), k.astype(np.int32))
+        with pytest.raises(TypeError):
+            pool.append(1, 0, 0, "not an array", k)
+        bad = np.full((4, 2, 64), np.nan, np.float32)
+        with kvcache.Pool(small_config(), kvcache.Codec(), kvcache.Codec()) as qpool:
+            qpool.seq_create(1)
+            qpool.reserve(1, 4)
+            with pytest.raises(kvcache.KvcError) as e:
+                qpool.append(1, 0, 0, bad, bad)
+            assert status_of(e) == kvcache.ERR_NON_FINITE
+        with pytest.raises(TypeError):
+            pool.prefix_lookup(np.zeros(4, np.int64))
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.prefix_lookup([1, 2, 3])  # prefix cache not enabled
+        assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT
+        ro = np.zeros((4, 2, 64), np.float32)
+        ro.flags.writeable = False
+        with pytest.raises(TypeError):
+            pool.gather_into(1, 0, 0, ro, None)
+        # Nothing was written by the failed calls.
+        got, _ = pool.gather(1, 0)
+        np.testing.assert_array_equal(got, np.zeros((4, 2, 64), np.float32))
+
+
+def test_closed_handles():
+    pool = kvcache.Pool(small_config())
+    pool.seq_create(1)
+    pool.close()
+    pool.close()  # idempotent
+    assert pool.closed()
+    with pytest.raises(kvcache.KvcError) as e:
+        pool.seq_length(1)
+    assert status_of(e) == kvcache.ERR_NULL_POINTER and "closed" in e.value.message
+    pc = kvcache.PolicyConfig()
+    pc.kind = kvcache.POLICY_STREAMING
+    pc.recent_tokens = 4
+    policy = kvcache.Policy(pc)
+    policy.close()
+    with kvcache.Pool(small_config()) as p2:
+        p2.seq_create(1)
+        with pytest.raises(kvcache.KvcError) as e:
+            p2.evict(1, policy)
+        assert "policy is closed" in e.value.message
+
+
+# ---------------------------------------------------------------- DLPack and threads
+
+class DLPackOnly:
+    """Exposes only the DLPack protocol (like a tensor of another framework)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_input():
+    k = np.arange(3 * 2 * 64, dtype=np.float32).reshape(3, 2, 64) / 100
+    with kvcache.Pool(small_config()) as pool:
+        pool.seq_create(1)
+        pool.reserve(1, 3)
+        assert pool.append(1, 0, 0, DLPackOnly(k), DLPackOnly(k * 2)) == 3
+        kg, vg = pool.gather(1, 0)
+        np.testing.assert_array_equal(kg, k.astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(vg, (k * 2).astype(np.float16).astype(np.float32))
+
+
+def test_torch_tensor_input():
+    torch = pytest.importorskip("torch")
+    k = torch.arange(2 * 2 * 64, dtype=torch.float32).reshape(2, 2, 64) / 100
+    with kvcache.Pool(small_config()) as pool:
+        pool.seq_create(1)
+        pool.reserve(1, 2)
+        pool.append(1, 0, 0, k, k)
+        kg, _ = pool.gather(1, 0)
+        np.testing.assert_array_equal(kg, k.numpy().astype(np.float16).astype(np.float32))
+
+
+def test_error_message_is_per_call_across_threads():
+    """Each thread's failure carries its own message (read inside the failing call)."""
+    import threading
+    with kvcache.Pool(small_config()) as pool:
+        errors = {}
+
+        def worker(i):
+            msgs = set()
+            for _ in range(200):
+                try:
+                    pool.seq_length(1000 + i)
+                except kvcache.KvcError as e:
+                    msgs.add(e.message)
+            errors[i] = msgs
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(4):
+            assert errors[i] == {"sequence %d does not exist" % (1000 + i)}
+
+
+# ---------------------------------------------------------------- leaks
+
+def rss_kib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    pytest.skip("no /proc/self/status")
+
+
+def test_leak_10000_pools():
+    cfg = small_config(blocks=4)
+
+    def cycle(n):
+        for i in range(n):
+            if i % 2:
+                with kvcache.Pool(cfg) as p:
+                    p.seq_create(1)
+            else:
+                p = kvcache.Pool(cfg)  # dropped without close: the finalizer frees it
+                p.seq_create(1)
+                del p
+
+    cycle(1000)
+    gc.collect()
+    before = rss_kib()
+    cycle(10000)
+    gc.collect()
+    after = rss_kib()
+    assert after - before < 4096, (before, after)

@@ -1,0 +1,562 @@
+/*
+ * bindings/swig/kvcache_common.i: the one SWIG interface that Python, Java and
+ * Go share. Each language's overlay (python/, java/, go/) %includes this file
+ * after it has defined, for its language:
+ *
+ *   - %exception: clear kvc_swig_err, run $action, and when
+ *     kvc_swig_err.status is not KVC_OK raise the language's error from it
+ *     (Python exception, Java exception, Go error). The status and the message
+ *     are both captured inside the wrapper's own native call, so a Go
+ *     goroutine that moves between OS threads still gets its own message;
+ *   - typemaps for the buffer patterns used below:
+ *       (const void *IN_BUF, size_t IN_BYTES)   read-only bytes of K/V or codes
+ *       (void *OUT_BUF, size_t OUT_BYTES)       caller-owned output bytes
+ *       (const int32_t *TOKENS, size_t N_TOKENS) token ids
+ *     A NULL / None / nil buffer arrives as (NULL, 0).
+ *
+ * The C structs keep their C field names; handles become classes:
+ *   kvc_pool -> Pool, kvc_policy -> Policy, kvc_codec -> Codec,
+ *   kvc_pool_config -> PoolConfig, kvc_policy_config -> PolicyConfig, ...
+ * Constructors fill the defaults (kvc_*_init) and destructors free handles.
+ * The raw kvc_* functions are not wrapped: the methods below call them and
+ * check every status. Enum constants lose their KVC_ prefix (DTYPE_F16,
+ * POLICY_STREAMING, ERR_SEQ_NOT_FOUND...).
+ */
+
+%{
+#include <kvcache/kvcache.h>
+#include <stdio.h>
+#include <string.h>
+#include <string>
+#include <vector>
+
+/* The failure of the current wrapper call: set by kvc_swig_check() inside the
+ * method and read by the overlay's %exception in the same native call. */
+struct kvc_swig_error {
+  kvc_status status;
+  std::string message;
+};
+static thread_local kvc_swig_error kvc_swig_err;
+
+/* Records a failed library call with the library's own message. */
+static bool kvc_swig_check(kvc_status status) {
+  if (status == KVC_OK) return false;
+  kvc_swig_err.status = status;
+  kvc_swig_err.message = kvc_last_error_message();
+  return true;
+}
+
+/* Records a failure found by the binding itself (buffer sizes). */
+static void kvc_swig_fail(kvc_status status, const std::string &message) {
+  kvc_swig_err.status = status;
+  kvc_swig_err.message = message;
+}
+
+/* Size of one element of an input or output dtype (f32, f16, bf16), 0 if unknown. */
+static size_t kvc_swig_elem(kvc_dtype dtype) {
+  size_t bytes = 0;
+  if (kvc_dtype_size(dtype, &bytes) != KVC_OK) return 0;
+  return bytes;
+}
+
+/* Bytes of one token's row of K (or V) of a pool in `dtype`; 0 after a failure. */
+static size_t kvc_swig_row_bytes(kvc_pool *pool, kvc_dtype dtype) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  if (kvc_swig_check(kvc_pool_get_config(pool, &c))) return 0;
+  size_t elem = kvc_swig_elem(dtype);
+  if (elem == 0) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "dtype " + std::to_string((int)dtype) + ": K/V data must be f32, f16 or bf16");
+    return 0;
+  }
+  return (size_t)c.num_kv_heads * c.head_dim * elem;
+}
+
+/* Token count of one K or V buffer; sets an error and returns false when the
+ * byte count is not a whole, non-zero number of rows. */
+static bool kvc_swig_tokens(const char *what, size_t bytes, size_t row, uint64_t *n) {
+  if (bytes == 0 || bytes % row != 0) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, std::string(what) + " holds " + std::to_string(bytes) +
+                  " bytes: not a whole, non-zero number of " + std::to_string(row) +
+                  "-byte token rows [num_kv_heads][head_dim]");
+    return false;
+  }
+  *n = bytes / row;
+  return true;
+}
+
+static bool kvc_swig_need(const char *what, size_t have, uint64_t need) {
+  if (have < need) {
+    kvc_swig_fail(KVC_ERR_BUFFER_TOO_SMALL, std::string(what) + " holds " + std::to_string(have) +
+                  " bytes; " + std::to_string(need) + " needed");
+    return false;
+  }
+  return true;
+}
+
+static kvc_prefix_extra kvc_swig_salt(const std::string &salt, uint32_t *n_extras) {
+  kvc_prefix_extra e;
+  e.data = salt.data();
+  e.size = salt.size();
+  *n_extras = salt.empty() ? 0u : 1u;
+  return e;
+}
+
+/* Handles as the bindings hold them: close() frees the library object and
+ * leaves NULL, so a closed handle gives an error, never a dangling pointer. */
+struct kvc_swig_pool {
+  kvc_pool *p;
+};
+struct kvc_swig_policy {
+  kvc_policy *p;
+};
+
+static kvc_pool *kvc_swig_pool_of(kvc_swig_pool *h) {
+  if (h == NULL || h->p == NULL) {
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the pool is closed");
+    return NULL;
+  }
+  return h->p;
+}
+/* A policy argument: null means none; a closed policy is an error (*ok = false). */
+static const kvc_policy *kvc_swig_policy_of(const kvc_swig_policy *h, bool *ok) {
+  *ok = true;
+  if (h == NULL) return NULL;
+  if (h->p == NULL) {
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the policy is closed");
+    *ok = false;
+  }
+  return h->p;
+}
+
+/* In a method: the live pool (pool_), or return `ret` after recording the error. */
+#define KVC_POOL(ret) \
+  kvc_pool *pool_ = kvc_swig_pool_of(self); \
+  if (pool_ == NULL) return ret
+/* In a method: the policy argument `arg` as `var` (null: none), or return `ret`. */
+#define KVC_POLICY(arg, var, ret) \
+  bool var##_ok; \
+  const kvc_policy *var = kvc_swig_policy_of(arg, &var##_ok); \
+  if (!var##_ok) return ret
+%}
+
+%include <stdint.i>
+%include <std_string.i>
+%include <std_vector.i>
+namespace std {
+  %template(Int32Vector) vector<int32_t>;
+  %template(ByteVector) vector<uint8_t>;
+}
+
+/* ---- what the header gives: enums, constants and the plain structs ---- */
+#define KVC_API
+%rename("$ignore", regextarget=1, fullname=1) "FORCE_";
+%rename("%(strip:[KVC_])s", %$isenumitem) "";
+%rename("%(strip:[KVC_])s", %$isconstant) "";
+/* Functions are reached through the methods below, never directly. */
+%rename("$ignore", %$isfunction, regextarget=1) "^kvc_";
+/* Function tables, callbacks, raw pointers and version-1 layouts: C only. */
+%ignore kvc_api;
+%ignore kvc_prefix_event;
+%ignore kvc_prefix_extra;
+%ignore kvc_pool_layout;
+%ignore kvc_prefix_event_fn;
+%ignore kvc_copy_direction;
+/* Pointer fields: set through constructor and method arguments instead. */
+%ignore kvc_pool_config::k_codec;
+%ignore kvc_pool_config::v_codec;
+%ignore kvc_policy_config::plugin;
+%ignore kvc_prefix_config::model_id;
+%ignore kvc_prefix_config::tokenizer_id;
+%immutable kvc_pool_config::struct_size;
+%immutable kvc_codec::struct_size;
+%immutable kvc_policy_config::struct_size;
+%immutable kvc_prefix_config::struct_size;
+
+%rename(PoolConfig) kvc_pool_config;
+%rename(Codec) kvc_codec;
+%rename(PolicyConfig) kvc_policy_config;
+%rename(PrefixConfig) kvc_prefix_config;
+%rename(Stats) kvc_stats;
+%rename(PrefixResult) kvc_prefix_result;
+%rename(PrefixStats) kvc_prefix_stats;
+%rename(QuantSizes) kvc_quant_sizes;
+%rename(Pool) kvc_swig_pool;
+%rename(Policy) kvc_swig_policy;
+
+/* ---- buffer arguments (typemaps in each overlay); before the header, whose
+ * structs the methods below extend ---- */
+%apply (const void *IN_BUF, size_t IN_BYTES) {
+  (const void *k, size_t k_bytes), (const void *v, size_t v_bytes),
+  (const void *src, size_t src_bytes), (const void *codes, size_t codes_bytes),
+  (const void *scales, size_t scales_bytes), (const void *zeros, size_t zeros_bytes)
+};
+%apply (void *OUT_BUF, size_t OUT_BYTES) {
+  (void *k_out, size_t k_out_bytes), (void *v_out, size_t v_out_bytes),
+  (void *codes_out, size_t codes_out_bytes), (void *scales_out, size_t scales_out_bytes),
+  (void *zeros_out, size_t zeros_out_bytes), (void *dst, size_t dst_bytes)
+};
+
+%include "kvcache/kvcache.h"
+
+
+/* ---- defaults on construction ---- */
+%extend kvc_pool_config {
+  kvc_pool_config() {
+    kvc_pool_config *c = new kvc_pool_config;
+    kvc_pool_config_init(c);
+    return c;
+  }
+  ~kvc_pool_config() { delete $self; }
+}
+%extend kvc_codec {
+  kvc_codec() {
+    kvc_codec *c = new kvc_codec;
+    kvc_codec_init(c);
+    return c;
+  }
+  ~kvc_codec() { delete $self; }
+
+  /** Buffer sizes quantize() needs for `[n][d]` values. */
+  kvc_quant_sizes sizes(uint64_t n, uint64_t d) {
+    kvc_quant_sizes s;
+    kvc_quant_sizes_init(&s);
+    kvc_swig_check(kvc_quantize_sizes($self, n, d, &s));
+    return s;
+  }
+
+  /**
+   * Quantize `src` (`[n][d]` of src_dtype, n = bytes / (d x element size))
+   * into caller buffers of at least sizes(n, d) bytes each (scales and zeros
+   * may be empty when the codec has none). Returns n.
+   */
+  uint64_t quantize(const void *src, size_t src_bytes, kvc_dtype src_dtype, uint64_t d,
+                    void *codes_out, size_t codes_out_bytes, void *scales_out, size_t scales_out_bytes,
+                    void *zeros_out, size_t zeros_out_bytes) {
+    size_t elem = kvc_swig_elem(src_dtype);
+    if (elem == 0 || d == 0 || src_bytes % (elem * d) != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "src holds " + std::to_string(src_bytes) +
+                    " bytes: not whole rows of d = " + std::to_string(d) + " f32/f16/bf16 values");
+      return 0;
+    }
+    uint64_t n = src_bytes / (elem * d);
+    kvc_quant_sizes s;
+    kvc_quant_sizes_init(&s);
+    if (kvc_swig_check(kvc_quantize_sizes($self, n, d, &s))) return 0;
+    if (!kvc_swig_need("codes", codes_out_bytes, s.codes_bytes) ||
+        !kvc_swig_need("scales", scales_out_bytes, s.scales_bytes) ||
+        !kvc_swig_need("zeros", zeros_out_bytes, s.zeros_bytes))
+      return 0;
+    kvc_swig_check(kvc_quantize($self, src, src_dtype, n, d, codes_out, scales_out, zeros_out));
+    return n;
+  }
+
+  /** Dequantize `[n][d]` values into `dst` (at least n x d elements of dst_dtype). */
+  void dequantize(const void *codes, size_t codes_bytes, const void *scales, size_t scales_bytes,
+                  const void *zeros, size_t zeros_bytes, uint64_t n, uint64_t d,
+                  void *dst, size_t dst_bytes, kvc_dtype dst_dtype) {
+    kvc_quant_sizes s;
+    kvc_quant_sizes_init(&s);
+    if (kvc_swig_check(kvc_quantize_sizes($self, n, d, &s))) return;
+    size_t elem = kvc_swig_elem(dst_dtype);
+    if (elem == 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "dst_dtype " + std::to_string((int)dst_dtype) + ": must be f32, f16 or bf16");
+      return;
+    }
+    if (!kvc_swig_need("codes", codes_bytes, s.codes_bytes) ||
+        !kvc_swig_need("scales", scales_bytes, s.scales_bytes) ||
+        !kvc_swig_need("zeros", zeros_bytes, s.zeros_bytes) ||
+        !kvc_swig_need("dst", dst_bytes, n * d * elem))
+      return;
+    kvc_swig_check(kvc_dequantize($self, codes, scales, zeros, n, d, dst, dst_dtype));
+  }
+}
+%extend kvc_policy_config {
+  kvc_policy_config() {
+    kvc_policy_config *c = new kvc_policy_config;
+    kvc_policy_config_init(c);
+    return c;
+  }
+  ~kvc_policy_config() { delete $self; }
+}
+%extend kvc_prefix_config {
+  kvc_prefix_config() {
+    kvc_prefix_config *c = new kvc_prefix_config;
+    kvc_prefix_config_init(c);
+    return c;
+  }
+  ~kvc_prefix_config() { delete $self; }
+}
+
+/* ---- handles ---- */
+struct kvc_swig_policy {};
+%extend kvc_swig_policy {
+  /** An eviction policy (kvc_policy_create). */
+  kvc_swig_policy(const kvc_policy_config *config) {
+    kvc_policy *p = NULL;
+    if (kvc_swig_check(kvc_policy_create(config, &p))) return NULL;
+    return new kvc_swig_policy{p};
+  }
+  ~kvc_swig_policy() {
+    kvc_policy_destroy($self->p);
+    delete $self;
+  }
+  /** Release the policy now (pools and sequences it is attached to keep theirs). Idempotent. */
+  void close() {
+    kvc_policy_destroy($self->p);
+    $self->p = NULL;
+  }
+  bool closed() const { return $self->p == NULL; }
+}
+
+struct kvc_swig_pool {};
+%extend kvc_swig_pool {
+  /** A pool (kvc_pool_create); k_codec / v_codec: null or the quantizer of K / V. */
+  kvc_swig_pool(const kvc_pool_config *config, const kvc_codec *k_codec = NULL,
+                const kvc_codec *v_codec = NULL) {
+    if (config == NULL) {
+      kvc_swig_fail(KVC_ERR_NULL_POINTER, "config is null");
+      return NULL;
+    }
+    kvc_pool_config c = *config;
+    c.k_codec = k_codec;
+    c.v_codec = v_codec;
+    kvc_pool *p = NULL;
+    if (kvc_swig_check(kvc_pool_create(&c, &p))) return NULL;
+    return new kvc_swig_pool{p};
+  }
+  ~kvc_swig_pool() {
+    kvc_pool_destroy($self->p);
+    delete $self;
+  }
+  /** Destroy the pool now; later calls fail with ERR_NULL_POINTER. Idempotent. */
+  void close() {
+    kvc_pool_destroy($self->p);
+    $self->p = NULL;
+  }
+  bool closed() const { return $self->p == NULL; }
+
+  kvc_pool_config config() {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    KVC_POOL(c);
+    kvc_swig_check(kvc_pool_get_config(pool_, &c));
+    c.k_codec = NULL;
+    c.v_codec = NULL;
+    return c;
+  }
+  kvc_stats stats() {
+    kvc_stats s;
+    kvc_stats_init(&s);
+    KVC_POOL(s);
+    kvc_swig_check(kvc_pool_stats(pool_, &s));
+    return s;
+  }
+
+  void seq_create(uint64_t seq_id) {
+    KVC_POOL();
+    kvc_swig_check(kvc_seq_create(pool_, seq_id));
+  }
+  void seq_fork(uint64_t parent_id, uint64_t child_id) {
+    KVC_POOL();
+    kvc_swig_check(kvc_seq_fork(pool_, parent_id, child_id));
+  }
+  void seq_truncate(uint64_t seq_id, uint64_t new_length) {
+    KVC_POOL();
+    kvc_swig_check(kvc_seq_truncate(pool_, seq_id, new_length));
+  }
+  void seq_free(uint64_t seq_id) {
+    KVC_POOL();
+    kvc_swig_check(kvc_seq_free(pool_, seq_id));
+  }
+  uint64_t seq_length(uint64_t seq_id) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    kvc_swig_check(kvc_seq_length(pool_, seq_id, &n));
+    return n;
+  }
+  uint64_t layer_tokens(uint64_t seq_id, uint32_t layer) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    kvc_swig_check(kvc_seq_layer_tokens(pool_, seq_id, layer, &n));
+    return n;
+  }
+  /** Reserve n_new positions in every layer (all or nothing). */
+  void reserve(uint64_t seq_id, uint64_t n_new) {
+    KVC_POOL();
+    kvc_swig_check(kvc_seq_reserve(pool_, seq_id, n_new, NULL));
+  }
+
+  /**
+   * Write K and V of n tokens at positions [pos, pos + n) of one layer:
+   * each `[n][num_kv_heads][head_dim]` of dtype (f32, f16 or bf16),
+   * n = bytes / row bytes. Returns n.
+   */
+  uint64_t append(uint64_t seq_id, uint32_t layer, uint64_t pos, const void *k, size_t k_bytes,
+                  const void *v, size_t v_bytes, kvc_dtype dtype = KVC_DTYPE_F32) {
+    KVC_POOL(0);
+    size_t row = kvc_swig_row_bytes(pool_, dtype);
+    uint64_t n = 0;
+    if (row == 0 || !kvc_swig_tokens("k", k_bytes, row, &n)) return 0;
+    if (v_bytes != k_bytes) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "v holds " + std::to_string(v_bytes) + " bytes, k " +
+                    std::to_string(k_bytes) + ": K and V must have the same shape");
+      return 0;
+    }
+    kvc_swig_check(kvc_append(pool_, seq_id, layer, pos, n, k, v, dtype));
+    return n;
+  }
+
+  /**
+   * Read K and/or V of the layer's tokens [first, first + n) into caller
+   * buffers of `[n][num_kv_heads][head_dim]` dtype each (either may be
+   * empty; n from the buffer sizes). Returns n.
+   */
+  uint64_t gather(uint64_t seq_id, uint32_t layer, uint64_t first, void *k_out, size_t k_out_bytes,
+                  void *v_out, size_t v_out_bytes, kvc_dtype dtype = KVC_DTYPE_F32) {
+    KVC_POOL(0);
+    size_t row = kvc_swig_row_bytes(pool_, dtype);
+    if (row == 0) return 0;
+    if (k_out == NULL && v_out == NULL) {
+      kvc_swig_fail(KVC_ERR_NULL_POINTER, "k_out and v_out are both empty");
+      return 0;
+    }
+    uint64_t nk = 0, nv = 0;
+    if (k_out != NULL && !kvc_swig_tokens("k_out", k_out_bytes, row, &nk)) return 0;
+    if (v_out != NULL && !kvc_swig_tokens("v_out", v_out_bytes, row, &nv)) return 0;
+    if (k_out != NULL && v_out != NULL && nk != nv) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "k_out and v_out hold different token counts");
+      return 0;
+    }
+    uint64_t n = k_out != NULL ? nk : nv;
+    kvc_swig_check(kvc_gather(pool_, seq_id, layer, first, n, k_out, v_out, dtype, NULL));
+    return n;
+  }
+
+  /** Positions of the layer's tokens [first, first + n). */
+  std::vector<int32_t> positions(uint64_t seq_id, uint32_t layer, uint64_t first, uint64_t n) {
+    std::vector<int32_t> out;
+    KVC_POOL(out);
+    if (n > (uint64_t)1 << 31) {
+      kvc_swig_fail(KVC_ERR_OUT_OF_RANGE, "n " + std::to_string(n) + " is above 2^31");
+      return out;
+    }
+    out.resize(n);
+    if (n == 0) return out;
+    if (kvc_swig_check(kvc_gather(pool_, seq_id, layer, first, n, NULL, NULL, KVC_DTYPE_F32, out.data())))
+      out.clear();
+    return out;
+  }
+
+  /** Block ids of one layer of a sequence, in order. */
+  std::vector<int32_t> block_table(uint64_t seq_id, uint32_t layer) {
+    std::vector<int32_t> out;
+    KVC_POOL(out);
+    size_t n = 0;
+    kvc_status st = kvc_seq_block_table(pool_, seq_id, layer, NULL, 0, &n);
+    if (st != KVC_OK && st != KVC_ERR_BUFFER_TOO_SMALL) {
+      kvc_swig_check(st);
+      return out;
+    }
+    out.resize(n);
+    if (n > 0 && kvc_swig_check(kvc_seq_block_table(pool_, seq_id, layer, out.data(), n, &n))) out.clear();
+    return out;
+  }
+
+  /** Set the pool's default eviction policy (null: none). */
+  void set_policy(const kvc_swig_policy *policy) {
+    KVC_POOL();
+    KVC_POLICY(policy, p, );
+    kvc_swig_check(kvc_pool_set_policy(pool_, p));
+  }
+  /** Attach a policy to one sequence (null: the pool's default). */
+  void seq_set_policy(uint64_t seq_id, const kvc_swig_policy *policy) {
+    KVC_POOL();
+    KVC_POLICY(policy, p, );
+    kvc_swig_check(kvc_seq_set_policy(pool_, seq_id, p));
+  }
+  /**
+   * Evict with `policy` (null: the sequence's or the pool's); returns the
+   * tokens dropped, summed over the layers (layer_tokens() gives each
+   * layer's count after it).
+   */
+  uint64_t evict(uint64_t seq_id, const kvc_swig_policy *policy = NULL) {
+    KVC_POOL(0);
+    KVC_POLICY(policy, p, 0);
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return 0;
+    std::vector<uint64_t> dropped(c.num_layers, 0);
+    if (kvc_swig_check(kvc_evict(pool_, seq_id, p, dropped.data()))) return 0;
+    uint64_t total = 0;
+    for (uint64_t d : dropped) total += d;
+    return total;
+  }
+
+  /** Turn on the prefix cache (config null: defaults). */
+  void enable_prefix_cache(const kvc_prefix_config *config = NULL, const std::string &model_id = std::string(),
+                           const std::string &tokenizer_id = std::string()) {
+    KVC_POOL();
+    kvc_prefix_config c;
+    kvc_prefix_config_init(&c);
+    if (config != NULL) c = *config;
+    c.model_id = model_id.c_str();
+    c.tokenizer_id = tokenizer_id.c_str();
+    kvc_swig_check(kvc_pool_enable_prefix_cache(pool_, &c));
+  }
+  /** Cached leading tokens of a prompt (salt: the tenant's extra key, empty for none). */
+  kvc_prefix_result prefix_lookup(const int32_t *TOKENS, size_t N_TOKENS, uint32_t flags = 0,
+                                  const std::string &salt = std::string()) {
+    kvc_prefix_result r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    KVC_POOL(r);
+    uint32_t n_extras = 0;
+    kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
+    kvc_swig_check(kvc_prefix_lookup(pool_, TOKENS, N_TOKENS, &e, n_extras, flags, &r));
+    return r;
+  }
+  /** Create seq_id holding the cached prefix of the prompt. */
+  kvc_prefix_result prefix_attach(uint64_t seq_id, const int32_t *TOKENS, size_t N_TOKENS, uint32_t flags = 0,
+                                  const std::string &salt = std::string()) {
+    kvc_prefix_result r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    KVC_POOL(r);
+    uint32_t n_extras = 0;
+    kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
+    kvc_swig_check(kvc_prefix_attach(pool_, seq_id, TOKENS, N_TOKENS, &e, n_extras, flags, &r));
+    return r;
+  }
+  /** Register the full blocks of a sequence's prompt; returns the blocks newly registered. */
+  uint64_t prefix_insert(uint64_t seq_id, const int32_t *TOKENS, size_t N_TOKENS,
+                         const std::string &salt = std::string()) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    uint32_t n_extras = 0;
+    kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
+    kvc_swig_check(kvc_prefix_insert(pool_, seq_id, TOKENS, N_TOKENS, &e, n_extras, &n));
+    return n;
+  }
+  kvc_prefix_stats prefix_stats() {
+    kvc_prefix_stats s;
+    kvc_prefix_stats_init(&s);
+    KVC_POOL(s);
+    kvc_swig_check(kvc_prefix_get_stats(pool_, &s));
+    return s;
+  }
+}
+
+/* ---- free functions ---- */
+%inline %{
+/** The library's version, e.g. "0.3.0". */
+static const char *version() { return kvc_version_string(); }
+/** Name of a status code, e.g. "KVC_ERR_POOL_EXHAUSTED". */
+static const char *status_name(int status) { return kvc_status_string((kvc_status)status); }
+/** Bytes of one element of f32, f16 or bf16. */
+static size_t dtype_size(kvc_dtype dtype) {
+  size_t n = 0;
+  kvc_swig_check(kvc_dtype_size(dtype, &n));
+  return n;
+}
+%}
