@@ -1,0 +1,317 @@
+//! The prefix cache: reuse of the K/V of prompts' leading blocks.
+
+use crate::error::{check, Error, Result, Status};
+use crate::pool::Pool;
+use crate::sys;
+use crate::types::c_enum;
+use std::ffi::CString;
+use std::ptr;
+
+c_enum! {
+    /// Hash of the prefix cache's block keys.
+    pub enum PrefixHash => kvc_prefix_hash {
+        /// SHA-256, 32-byte keys (default): safe between tenants that do not trust each other.
+        Sha256 = KVC_PREFIX_HASH_SHA256,
+        /// XXH3-128, 16-byte keys: fast, not collision resistant against an adversary.
+        Xxh3_128 = KVC_PREFIX_HASH_XXH3_128,
+    }
+}
+
+/// Prefix cache settings, from the library's defaults: SHA-256, token
+/// verification on, a random seed, empty model and tokenizer ids.
+#[derive(Clone, Debug)]
+pub struct PrefixConfig {
+    hash: PrefixHash,
+    verify_tokens: bool,
+    seed: Option<[u8; 32]>,
+    model_id: CString,
+    tokenizer_id: CString,
+}
+
+impl Default for PrefixConfig {
+    fn default() -> PrefixConfig {
+        PrefixConfig::new()
+    }
+}
+
+/// `text` as a C string, cut at its first NUL character (C cannot see past it).
+fn c_string(text: &str) -> CString {
+    let end = text.find('\0').unwrap_or(text.len());
+    CString::new(&text[..end]).expect("no NUL before the first one")
+}
+
+impl PrefixConfig {
+    /// The defaults.
+    pub fn new() -> PrefixConfig {
+        PrefixConfig {
+            hash: PrefixHash::Sha256,
+            verify_tokens: true,
+            seed: None,
+            model_id: CString::default(),
+            tokenizer_id: CString::default(),
+        }
+    }
+    /// The key hash.
+    pub fn hash(mut self, hash: PrefixHash) -> PrefixConfig {
+        self.hash = hash;
+        self
+    }
+    /// Compare cached token ids on every hit (default on).
+    pub fn verify_tokens(mut self, on: bool) -> PrefixConfig {
+        self.verify_tokens = on;
+        self
+    }
+    /// A fixed root seed (keys then survive restarts and match other pools).
+    pub fn seed(mut self, seed: [u8; 32]) -> PrefixConfig {
+        self.seed = Some(seed);
+        self
+    }
+    /// The model's identity mixed into every key (cut at a NUL character).
+    pub fn model_id(mut self, id: &str) -> PrefixConfig {
+        self.model_id = c_string(id);
+        self
+    }
+    /// The tokenizer's identity mixed into every key (cut at a NUL character).
+    pub fn tokenizer_id(mut self, id: &str) -> PrefixConfig {
+        self.tokenizer_id = c_string(id);
+        self
+    }
+}
+
+/// How much of a prompt the cache holds (`kvc_prefix_result`), in tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Leading tokens reusable as whole cached blocks (a multiple of
+    /// block_size, at most n_tokens - 1).
+    pub hit_tokens: u64,
+    /// hit_tokens / block_size.
+    pub hit_blocks: u64,
+    /// With `partial`: tokens after hit_tokens matching a cached block's start.
+    pub partial_tokens: u64,
+}
+
+/// Prefix cache counters (`kvc_prefix_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// Tokens passed to lookup and attach.
+    pub queried_tokens: u64,
+    /// Whole-block tokens they found.
+    pub hit_tokens: u64,
+    /// Token-granular matches they found.
+    pub partial_tokens: u64,
+    /// Blocks (each spanning all layers) in the index now.
+    pub registered_blocks: u64,
+    /// Of those, held by no sequence.
+    pub reclaimable_blocks: u64,
+    /// Of those, held by a sequence.
+    pub referenced_blocks: u64,
+    /// Blocks ever registered.
+    pub stored_total: u64,
+    /// Blocks ever removed from the index.
+    pub removed_total: u64,
+    /// Of those, reclaimed for reuse.
+    pub reclaimed_total: u64,
+}
+
+/// Extra keys (tenant salt, adapter id...) as the C array; borrows `extras`.
+fn raw_extras(extras: &[&[u8]]) -> Result<Vec<sys::kvc_prefix_extra>> {
+    if u32::try_from(extras.len()).is_err() {
+        return Err(Error::new(Status::InvalidArgument, "too many extra keys"));
+    }
+    Ok(extras
+        .iter()
+        .map(|e| sys::kvc_prefix_extra {
+            data: if e.is_empty() {
+                ptr::null()
+            } else {
+                e.as_ptr().cast()
+            },
+            size: e.len(),
+        })
+        .collect())
+}
+
+fn extras_ptr(extras: &[sys::kvc_prefix_extra]) -> *const sys::kvc_prefix_extra {
+    if extras.is_empty() {
+        ptr::null()
+    } else {
+        extras.as_ptr()
+    }
+}
+
+fn flags(partial: bool) -> u32 {
+    if partial {
+        sys::KVC_PREFIX_PARTIAL
+    } else {
+        0
+    }
+}
+
+/// An empty result struct (the C API has no init function for it).
+fn new_result() -> sys::kvc_prefix_result {
+    sys::kvc_prefix_result {
+        struct_size: std::mem::size_of::<sys::kvc_prefix_result>(),
+        hit_tokens: 0,
+        hit_blocks: 0,
+        partial_tokens: 0,
+    }
+}
+
+fn to_match(r: &sys::kvc_prefix_result) -> PrefixMatch {
+    PrefixMatch {
+        hit_tokens: r.hit_tokens,
+        hit_blocks: r.hit_blocks,
+        partial_tokens: r.partial_tokens,
+    }
+}
+
+/// The prefix cache of a pool. `tokens` are a prompt's token ids; `extras`
+/// are extra keys mixed into every block key (at most 64, each at most 1 MiB);
+/// `partial` also reuses a partly matching next block (token-granular).
+impl Pool {
+    /// Turn on the prefix cache (once per pool).
+    pub fn enable_prefix_cache(&self, config: &PrefixConfig) -> Result<()> {
+        // SAFETY: plain data (NULL id pointers are valid); init fills it.
+        let mut raw: sys::kvc_prefix_config = unsafe { std::mem::zeroed() };
+        // SAFETY: `raw` is a valid struct to fill.
+        check(unsafe { sys::kvc_prefix_config_init(&mut raw) })?;
+        raw.hash = config.hash.to_raw();
+        raw.verify_tokens = config.verify_tokens as u32;
+        if let Some(seed) = config.seed {
+            raw.seed_set = 1;
+            raw.seed = seed;
+        }
+        raw.model_id = config.model_id.as_ptr();
+        raw.tokenizer_id = config.tokenizer_id.as_ptr();
+        // SAFETY: valid pool; the strings outlive the call (the library copies them).
+        check(unsafe { sys::kvc_pool_enable_prefix_cache(self.as_ptr(), &raw) })
+    }
+
+    /// How many leading tokens of a prompt are cached (changes nothing).
+    pub fn prefix_lookup(
+        &self,
+        tokens: &[i32],
+        extras: &[&[u8]],
+        partial: bool,
+    ) -> Result<PrefixMatch> {
+        let ex = raw_extras(extras)?;
+        let mut r = new_result();
+        // SAFETY: tokens and extras are valid for their lengths during the call.
+        check(unsafe {
+            sys::kvc_prefix_lookup(
+                self.as_ptr(),
+                tokens.as_ptr(),
+                tokens.len() as u64,
+                extras_ptr(&ex),
+                ex.len() as u32,
+                flags(partial),
+                &mut r,
+            )
+        })?;
+        Ok(to_match(&r))
+    }
+
+    /// Create sequence `seq_id` holding the cached prefix of a prompt; its
+    /// length is hit_tokens + partial_tokens.
+    pub fn prefix_attach(
+        &self,
+        seq_id: u64,
+        tokens: &[i32],
+        extras: &[&[u8]],
+        partial: bool,
+    ) -> Result<PrefixMatch> {
+        let ex = raw_extras(extras)?;
+        let mut r = new_result();
+        // SAFETY: tokens and extras are valid for their lengths during the call.
+        check(unsafe {
+            sys::kvc_prefix_attach(
+                self.as_ptr(),
+                seq_id,
+                tokens.as_ptr(),
+                tokens.len() as u64,
+                extras_ptr(&ex),
+                ex.len() as u32,
+                flags(partial),
+                &mut r,
+            )
+        })?;
+        Ok(to_match(&r))
+    }
+
+    /// Register the full blocks of a sequence's prompt (its first
+    /// tokens.len() positions hold `tokens`); returns the blocks newly registered.
+    pub fn prefix_insert(&self, seq_id: u64, tokens: &[i32], extras: &[&[u8]]) -> Result<u64> {
+        let ex = raw_extras(extras)?;
+        let mut registered = 0u64;
+        // SAFETY: tokens and extras are valid for their lengths during the call.
+        check(unsafe {
+            sys::kvc_prefix_insert(
+                self.as_ptr(),
+                seq_id,
+                tokens.as_ptr(),
+                tokens.len() as u64,
+                extras_ptr(&ex),
+                ex.len() as u32,
+                &mut registered,
+            )
+        })?;
+        Ok(registered)
+    }
+
+    /// The chain keys of a prompt's full blocks, one `Vec` of key-size bytes
+    /// (32 for SHA-256, 16 for XXH3-128) per block.
+    pub fn prefix_keys(&self, tokens: &[i32], extras: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        let ex = raw_extras(extras)?;
+        let blocks = tokens.len() / self.block_size() as usize;
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let mut key_size = 0usize;
+            // SAFETY: tokens and extras valid; buf holds buf.len() bytes.
+            let status = unsafe {
+                sys::kvc_prefix_keys(
+                    self.as_ptr(),
+                    tokens.as_ptr(),
+                    tokens.len() as u64,
+                    extras_ptr(&ex),
+                    ex.len() as u32,
+                    buf.as_mut_ptr(),
+                    buf.len(),
+                    &mut key_size,
+                )
+            };
+            if status == sys::kvc_status::KVC_ERR_BUFFER_TOO_SMALL && buf.len() < blocks * key_size
+            {
+                buf = vec![0; blocks * key_size];
+                continue;
+            }
+            check(status)?;
+            if key_size == 0 {
+                return Ok(Vec::new());
+            }
+            return Ok(buf[..blocks * key_size]
+                .chunks(key_size)
+                .map(<[u8]>::to_vec)
+                .collect());
+        }
+    }
+
+    /// The prefix cache counters.
+    pub fn prefix_stats(&self) -> Result<PrefixStats> {
+        // SAFETY: plain data; kvc_prefix_stats_init fills it.
+        let mut s: sys::kvc_prefix_stats = unsafe { std::mem::zeroed() };
+        // SAFETY: valid pool and struct.
+        check(unsafe { sys::kvc_prefix_stats_init(&mut s) })?;
+        check(unsafe { sys::kvc_prefix_get_stats(self.as_ptr(), &mut s) })?;
+        Ok(PrefixStats {
+            queried_tokens: s.queried_tokens,
+            hit_tokens: s.hit_tokens,
+            partial_tokens: s.partial_tokens,
+            registered_blocks: s.registered_blocks,
+            reclaimable_blocks: s.reclaimable_blocks,
+            referenced_blocks: s.referenced_blocks,
+            stored_total: s.stored_total,
+            removed_total: s.removed_total,
+            reclaimed_total: s.reclaimed_total,
+        })
+    }
+}
