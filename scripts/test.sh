@@ -3,7 +3,7 @@
 #   1. setup        Debian packages (scripts/setup.sh)
 #   2. main         RelWithDebInfo build, -DKVC_WERROR=ON, every ctest test; the only
 #                   build with the CUDA kernels (when nvcc is found: cuda_* tests skip
-#                   without a GPU)
+#                   without a GPU) and the language bindings (python_, java_, go_, rust_)
 #   3. asan         ASan + UBSan build (tools included, bench not), every ctest test
 #   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*)
 #   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
