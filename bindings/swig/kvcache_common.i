@@ -3,8 +3,9 @@
  * Go share. Each language's overlay (python/, java/, go/) %includes this file
  * after it has defined, for its language:
  *
- *   - %exception: clear kvc_swig_err, run $action, and when
- *     kvc_swig_err.status is not KVC_OK raise the language's error from it
+ *   - %exception: clear kvc_swig_err, run $action inside
+ *     `try { } catch (const std::exception &e) { kvc_swig_on_exception(e); }`,
+ *     and when kvc_swig_err.status is not KVC_OK raise the language's error from it
  *     (Python exception, Java exception, Go error). The status and the message
  *     are both captured inside the wrapper's own native call, so a Go
  *     goroutine that moves between OS threads still gets its own message;
@@ -27,6 +28,10 @@
 #include <kvcache/kvcache.h>
 #include <stdio.h>
 #include <string.h>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -103,20 +108,25 @@ static kvc_prefix_extra kvc_swig_salt(const std::string &salt, uint32_t *n_extra
 }
 
 /* Handles as the bindings hold them: close() frees the library object and
- * leaves NULL, so a closed handle gives an error, never a dangling pointer. */
+ * leaves NULL, so a closed handle gives an error, never a dangling pointer.
+ * Methods hold the handle's lock shared for the whole library call (the
+ * languages run calls without their global locks), close() holds it
+ * exclusively: a close waits for the calls in flight, and two closes free once. */
 struct kvc_swig_pool {
   kvc_pool *p;
+  std::shared_mutex mu;
 };
 struct kvc_swig_policy {
   kvc_policy *p;
+  std::shared_mutex mu;
 };
 
-static kvc_pool *kvc_swig_pool_of(kvc_swig_pool *h) {
-  if (h == NULL || h->p == NULL) {
+static bool kvc_swig_pool_live(const kvc_swig_pool *h) {
+  if (h->p == NULL) {
     kvc_swig_fail(KVC_ERR_NULL_POINTER, "the pool is closed");
-    return NULL;
+    return false;
   }
-  return h->p;
+  return true;
 }
 /* A policy argument: null means none; a closed policy is an error (*ok = false). */
 static const kvc_policy *kvc_swig_policy_of(const kvc_swig_policy *h, bool *ok) {
@@ -129,15 +139,41 @@ static const kvc_policy *kvc_swig_policy_of(const kvc_swig_policy *h, bool *ok) 
   return h->p;
 }
 
-/* In a method: the live pool (pool_), or return `ret` after recording the error. */
+/* In a method: the live pool (pool_) under the handle's shared lock, or
+ * return `ret` after recording the error. */
 #define KVC_POOL(ret) \
-  kvc_pool *pool_ = kvc_swig_pool_of(self); \
-  if (pool_ == NULL) return ret
-/* In a method: the policy argument `arg` as `var` (null: none), or return `ret`. */
+  std::shared_lock<std::shared_mutex> pool_lock_(self->mu); \
+  if (!kvc_swig_pool_live(self)) return ret; \
+  kvc_pool *pool_ = self->p
+/* In a method: the policy argument `arg` as `var` (null: none) under its
+ * shared lock, or return `ret`. */
 #define KVC_POLICY(arg, var, ret) \
+  std::shared_lock<std::shared_mutex> var##_lock_; \
+  if (arg != NULL) var##_lock_ = std::shared_lock<std::shared_mutex>(const_cast<kvc_swig_policy *>(arg)->mu); \
   bool var##_ok; \
   const kvc_policy *var = kvc_swig_policy_of(arg, &var##_ok); \
   if (!var##_ok) return ret
+
+/* For the overlays' %exception, `try { $action } catch (const std::exception &e)
+ * { kvc_swig_on_exception(e); }`: a C++ exception escaping a wrapper (an
+ * allocation that failed, a vector too long) becomes a status, never an abort. */
+static void kvc_swig_on_exception(const std::exception &e) {
+  if (dynamic_cast<const std::bad_alloc *>(&e) != NULL)
+    kvc_swig_fail(KVC_ERR_OUT_OF_MEMORY, "out of memory in the binding");
+  else if (dynamic_cast<const std::length_error *>(&e) != NULL)
+    kvc_swig_fail(KVC_ERR_OUT_OF_MEMORY, std::string("too large: ") + e.what());
+  else
+    kvc_swig_fail(KVC_ERR_INTERNAL, std::string("unexpected C++ exception in the binding: ") + e.what());
+}
+
+/* A string argument that is passed to C as a NUL-terminated string. */
+static bool kvc_swig_c_string(const char *what, const std::string &s) {
+  if (s.find('\0') != std::string::npos) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, std::string(what) + " contains a NUL character");
+    return false;
+  }
+  return true;
+}
 %}
 
 %include <stdint.i>
@@ -145,7 +181,6 @@ static const kvc_policy *kvc_swig_policy_of(const kvc_swig_policy *h, bool *ok) 
 %include <std_vector.i>
 namespace std {
   %template(Int32Vector) vector<int32_t>;
-  %template(ByteVector) vector<uint8_t>;
 }
 
 /* ---- what the header gives: enums, constants and the plain structs ---- */
@@ -168,6 +203,7 @@ namespace std {
 %ignore kvc_policy_config::plugin;
 %ignore kvc_prefix_config::model_id;
 %ignore kvc_prefix_config::tokenizer_id;
+%ignore kvc_prefix_config::seed; /* set_seed() */
 %immutable kvc_pool_config::struct_size;
 %immutable kvc_codec::struct_size;
 %immutable kvc_policy_config::struct_size;
@@ -189,7 +225,8 @@ namespace std {
 %apply (const void *IN_BUF, size_t IN_BYTES) {
   (const void *k, size_t k_bytes), (const void *v, size_t v_bytes),
   (const void *src, size_t src_bytes), (const void *codes, size_t codes_bytes),
-  (const void *scales, size_t scales_bytes), (const void *zeros, size_t zeros_bytes)
+  (const void *scales, size_t scales_bytes), (const void *zeros, size_t zeros_bytes),
+  (const void *seed, size_t seed_bytes)
 };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *k_out, size_t k_out_bytes), (void *v_out, size_t v_out_bytes),
@@ -219,9 +256,10 @@ namespace std {
 
   /** Buffer sizes quantize() needs for `[n][d]` values. */
   kvc_quant_sizes sizes(uint64_t n, uint64_t d) {
+    const kvc_codec codec = *$self;
     kvc_quant_sizes s;
     kvc_quant_sizes_init(&s);
-    kvc_swig_check(kvc_quantize_sizes($self, n, d, &s));
+    kvc_swig_check(kvc_quantize_sizes(&codec, n, d, &s));
     return s;
   }
 
@@ -233,8 +271,11 @@ namespace std {
   uint64_t quantize(const void *src, size_t src_bytes, kvc_dtype src_dtype, uint64_t d,
                     void *codes_out, size_t codes_out_bytes, void *scales_out, size_t scales_out_bytes,
                     void *zeros_out, size_t zeros_out_bytes) {
+    /* One copy of the codec for the size check and the call: another thread
+     * may change the object's fields meanwhile. */
+    const kvc_codec codec = *$self;
     size_t elem = kvc_swig_elem(src_dtype);
-    if (elem == 0 || d == 0 || src_bytes % (elem * d) != 0) {
+    if (elem == 0 || d == 0 || d > ((uint64_t)1 << 24) || src_bytes % (elem * d) != 0) {
       kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "src holds " + std::to_string(src_bytes) +
                     " bytes: not whole rows of d = " + std::to_string(d) + " f32/f16/bf16 values");
       return 0;
@@ -242,12 +283,12 @@ namespace std {
     uint64_t n = src_bytes / (elem * d);
     kvc_quant_sizes s;
     kvc_quant_sizes_init(&s);
-    if (kvc_swig_check(kvc_quantize_sizes($self, n, d, &s))) return 0;
+    if (kvc_swig_check(kvc_quantize_sizes(&codec, n, d, &s))) return 0;
     if (!kvc_swig_need("codes", codes_out_bytes, s.codes_bytes) ||
         !kvc_swig_need("scales", scales_out_bytes, s.scales_bytes) ||
         !kvc_swig_need("zeros", zeros_out_bytes, s.zeros_bytes))
       return 0;
-    kvc_swig_check(kvc_quantize($self, src, src_dtype, n, d, codes_out, scales_out, zeros_out));
+    kvc_swig_check(kvc_quantize(&codec, src, src_dtype, n, d, codes_out, scales_out, zeros_out));
     return n;
   }
 
@@ -255,9 +296,10 @@ namespace std {
   void dequantize(const void *codes, size_t codes_bytes, const void *scales, size_t scales_bytes,
                   const void *zeros, size_t zeros_bytes, uint64_t n, uint64_t d,
                   void *dst, size_t dst_bytes, kvc_dtype dst_dtype) {
+    const kvc_codec codec = *$self;
     kvc_quant_sizes s;
     kvc_quant_sizes_init(&s);
-    if (kvc_swig_check(kvc_quantize_sizes($self, n, d, &s))) return;
+    if (kvc_swig_check(kvc_quantize_sizes(&codec, n, d, &s))) return;
     size_t elem = kvc_swig_elem(dst_dtype);
     if (elem == 0) {
       kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "dst_dtype " + std::to_string((int)dst_dtype) + ": must be f32, f16 or bf16");
@@ -268,7 +310,7 @@ namespace std {
         !kvc_swig_need("zeros", zeros_bytes, s.zeros_bytes) ||
         !kvc_swig_need("dst", dst_bytes, n * d * elem))
       return;
-    kvc_swig_check(kvc_dequantize($self, codes, scales, zeros, n, d, dst, dst_dtype));
+    kvc_swig_check(kvc_dequantize(&codec, codes, scales, zeros, n, d, dst, dst_dtype));
   }
 }
 %extend kvc_policy_config {
@@ -286,6 +328,15 @@ namespace std {
     return c;
   }
   ~kvc_prefix_config() { delete $self; }
+  /** Seed the key chain's root with exactly 32 bytes (sets seed_set), so keys match across pools and restarts. */
+  void set_seed(const void *seed, size_t seed_bytes) {
+    if (seed == NULL || seed_bytes != sizeof $self->seed) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "the seed must be exactly 32 bytes, got " + std::to_string(seed_bytes));
+      return;
+    }
+    memcpy($self->seed, seed, sizeof $self->seed);
+    $self->seed_set = 1;
+  }
 }
 
 /* ---- handles ---- */
@@ -295,18 +346,24 @@ struct kvc_swig_policy {};
   kvc_swig_policy(const kvc_policy_config *config) {
     kvc_policy *p = NULL;
     if (kvc_swig_check(kvc_policy_create(config, &p))) return NULL;
-    return new kvc_swig_policy{p};
+    kvc_swig_policy *h = new kvc_swig_policy;
+    h->p = p;
+    return h;
   }
   ~kvc_swig_policy() {
     kvc_policy_destroy($self->p);
     delete $self;
   }
-  /** Release the policy now (pools and sequences it is attached to keep theirs). Idempotent. */
+  /** Release the policy now (pools and sequences it is attached to keep theirs); waits for calls using it. Idempotent. */
   void close() {
+    std::unique_lock<std::shared_mutex> lock($self->mu);
     kvc_policy_destroy($self->p);
     $self->p = NULL;
   }
-  bool closed() const { return $self->p == NULL; }
+  bool closed() {
+    std::shared_lock<std::shared_mutex> lock($self->mu);
+    return $self->p == NULL;
+  }
 }
 
 struct kvc_swig_pool {};
@@ -323,18 +380,24 @@ struct kvc_swig_pool {};
     c.v_codec = v_codec;
     kvc_pool *p = NULL;
     if (kvc_swig_check(kvc_pool_create(&c, &p))) return NULL;
-    return new kvc_swig_pool{p};
+    kvc_swig_pool *h = new kvc_swig_pool;
+    h->p = p;
+    return h;
   }
   ~kvc_swig_pool() {
     kvc_pool_destroy($self->p);
     delete $self;
   }
-  /** Destroy the pool now; later calls fail with ERR_NULL_POINTER. Idempotent. */
+  /** Destroy the pool now, after the calls in flight; later calls fail with ERR_NULL_POINTER. Idempotent. */
   void close() {
+    std::unique_lock<std::shared_mutex> lock($self->mu);
     kvc_pool_destroy($self->p);
     $self->p = NULL;
   }
-  bool closed() const { return $self->p == NULL; }
+  bool closed() {
+    std::shared_lock<std::shared_mutex> lock($self->mu);
+    return $self->p == NULL;
+  }
 
   kvc_pool_config config() {
     kvc_pool_config c;
@@ -437,8 +500,11 @@ struct kvc_swig_pool {};
   std::vector<int32_t> positions(uint64_t seq_id, uint32_t layer, uint64_t first, uint64_t n) {
     std::vector<int32_t> out;
     KVC_POOL(out);
-    if (n > (uint64_t)1 << 31) {
-      kvc_swig_fail(KVC_ERR_OUT_OF_RANGE, "n " + std::to_string(n) + " is above 2^31");
+    uint64_t held = 0;
+    if (kvc_swig_check(kvc_seq_layer_tokens(pool_, seq_id, layer, &held))) return out;
+    if (first > held || n > held - first) {
+      kvc_swig_fail(KVC_ERR_OUT_OF_RANGE, "tokens [" + std::to_string(first) + ", " + std::to_string(first) + " + " +
+                    std::to_string(n) + ") are beyond the " + std::to_string(held) + " the layer holds");
       return out;
     }
     out.resize(n);
@@ -497,6 +563,7 @@ struct kvc_swig_pool {};
   void enable_prefix_cache(const kvc_prefix_config *config = NULL, const std::string &model_id = std::string(),
                            const std::string &tokenizer_id = std::string()) {
     KVC_POOL();
+    if (!kvc_swig_c_string("model_id", model_id) || !kvc_swig_c_string("tokenizer_id", tokenizer_id)) return;
     kvc_prefix_config c;
     kvc_prefix_config_init(&c);
     if (config != NULL) c = *config;

@@ -26,6 +26,8 @@ Example::
         k2, v2 = pool.gather(1, 0)
 """
 
+import operator as _operator
+
 import numpy as _np
 
 from . import native as _native
@@ -65,27 +67,52 @@ _DTYPE_TO_NP = {
 def _as_array(x, name):
     """A C-contiguous numpy view of x (numpy array, buffer or DLPack tensor);
     copies only when x is not contiguous."""
+    if x is None:
+        raise TypeError("%s: expected an array, got None" % name)
     if isinstance(x, _np.ndarray):
         arr = x
-    elif hasattr(x, "__dlpack__") and not isinstance(x, (bytes, bytearray, memoryview)):
+    elif isinstance(x, (bytes, bytearray)):
+        arr = _np.frombuffer(x, _np.uint8)  # raw bytes, read in place
+    elif hasattr(x, "__dlpack__") and not isinstance(x, memoryview):
         arr = _np.from_dlpack(x)
     else:
         arr = _np.asarray(x)
+    if arr.dtype.hasobject:
+        raise TypeError("%s: an array of Python objects is not K/V data" % name)
     if not arr.flags.c_contiguous:
         arr = _np.ascontiguousarray(arr)
     return arr
 
 
+_DTYPE_NAMES = {_native.DTYPE_F32: "f32", _native.DTYPE_F16: "f16", _native.DTYPE_BF16: "bf16"}
+
+# Array element types each library dtype may be given as: the type itself,
+# its raw bits (16-bit integers for f16 / bf16), or raw bytes (uint8).
+_COMPATIBLE = {
+    _native.DTYPE_F32: {"float32", "uint8"},
+    _native.DTYPE_F16: {"float16", "uint16", "int16", "uint8"},
+    _native.DTYPE_BF16: {"bfloat16", "uint16", "int16", "uint8"},
+}
+
+
 def _dtype_of(arr, dtype, name):
+    """The library dtype of arr's elements; with an explicit dtype, checks
+    that arr's element type can hold it (so sizes are never reinterpreted)."""
     if dtype is not None:
-        return int(dtype)
+        dt = _operator.index(dtype)
+        allowed = _COMPATIBLE.get(dt)
+        if allowed is None:
+            raise TypeError("%s: dtype must be DTYPE_F32, DTYPE_F16 or DTYPE_BF16, got %d" % (name, dt))
+        if arr.dtype.name not in allowed:
+            raise TypeError("%s: a %s array cannot hold %s data" % (name, arr.dtype, _DTYPE_NAMES[dt]))
+        return dt
     if arr.dtype.name == "bfloat16":  # ml_dtypes / torch-exported bfloat16
         return _native.DTYPE_BF16
     try:
         return _NP_TO_DTYPE[arr.dtype]
     except KeyError:
-        raise TypeError("%s: dtype %s is not float32 or float16; pass dtype= for raw bfloat16 (uint16) data"
-                        % (name, arr.dtype)) from None
+        raise TypeError("%s: dtype %s is not float32 or float16; pass dtype= for raw float16 / bfloat16 bits "
+                        "(uint16) or bytes (uint8)" % (name, arr.dtype)) from None
 
 
 def _pool_append(self, seq_id, layer, pos, k, v, dtype=None):
@@ -112,28 +139,36 @@ def _pool_gather(self, seq_id, layer, first=0, n=None, dtype=_native.DTYPE_F32, 
     Returns ``(k, v)``, new arrays ``[n, num_kv_heads, head_dim]`` of float32
     (dtype DTYPE_F32), float16 (DTYPE_F16) or uint16 bfloat16 bits (DTYPE_BF16);
     k or v is None when not asked for."""
-    if n is None:
-        n = self.layer_tokens(seq_id, layer) - first
+    first = _operator.index(first)
+    held = self.layer_tokens(seq_id, layer)
+    n = held - first if n is None else _operator.index(n)
+    if first < 0 or n < 0 or first > held or n > held - first:
+        raise KvcError(ERR_OUT_OF_RANGE, "tokens [%d, %d + %d) are beyond the %d layer %d of sequence %d holds"  # noqa: F405
+                       % (first, first, n, held, layer, seq_id))
     cfg = self.config()
     shape = (int(n), cfg.num_kv_heads, cfg.head_dim)
-    npdt = _DTYPE_TO_NP.get(int(dtype))
+    npdt = _DTYPE_TO_NP.get(_operator.index(dtype))
     if npdt is None:
         raise TypeError("dtype must be DTYPE_F32, DTYPE_F16 or DTYPE_BF16")
     ko = _np.empty(shape, npdt) if k else None
     vo = _np.empty(shape, npdt) if v else None
     if n > 0:
-        self._gather(seq_id, layer, first, ko, vo, int(dtype))
+        self._gather(seq_id, layer, first, ko, vo, _operator.index(dtype))
     return ko, vo
 
 
 def _pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype=None):
     """Read into caller arrays (writable, C-contiguous; either may be None);
     n = the arrays' token rows. Returns n."""
-    ref = k_out if k_out is not None else v_out
-    if ref is None:
+    if k_out is None and v_out is None:
         raise TypeError("k_out and v_out are both None")
-    dt = _dtype_of(ref, dtype, "k_out" if k_out is not None else "v_out")
-    return self._gather(seq_id, layer, first, k_out, v_out, dt)
+    dts = set()
+    for name, out in (("k_out", k_out), ("v_out", v_out)):
+        if out is not None:
+            dts.add(_dtype_of(_np.asarray(out), dtype, name))
+    if len(dts) != 1:
+        raise TypeError("k_out and v_out have different element types")
+    return self._gather(seq_id, layer, first, k_out, v_out, dts.pop())
 
 
 def _codec_quantize(self, x, dtype=None):
@@ -156,20 +191,23 @@ def _codec_quantize(self, x, dtype=None):
 
 def _codec_dequantize(self, codes, scales, zeros, n, d, dtype=_native.DTYPE_F32):
     """Dequantize what quantize() returned back to an ``[n, d]`` array."""
-    npdt = _DTYPE_TO_NP.get(int(dtype))
+    npdt = _DTYPE_TO_NP.get(_operator.index(dtype))
     if npdt is None:
         raise TypeError("dtype must be DTYPE_F32, DTYPE_F16 or DTYPE_BF16")
-    out = _np.empty((int(n), int(d)), npdt)
+    sizes = self.sizes(n, d)  # checks n and d before anything is allocated
+    del sizes
+    out = _np.empty((_operator.index(n), _operator.index(d)), npdt)
     def buf(b):
         return None if b is None or len(b) == 0 else _as_array(b, "codes")
     self._dequantize(_as_array(codes, "codes"), buf(scales), buf(zeros), n, d, out, int(dtype))
     return out
 
 
-Pool.append = _pool_append  # noqa: F405
-Pool.gather = _pool_gather  # noqa: F405
-Pool.gather_into = _pool_gather_into  # noqa: F405
-Codec.quantize = _codec_quantize  # noqa: F405
-Codec.dequantize = _codec_dequantize  # noqa: F405
+# The classes' numpy-aware methods forward to these (kvcache_python.i).
+_native._py_pool_append = _pool_append
+_native._py_pool_gather = _pool_gather
+_native._py_pool_gather_into = _pool_gather_into
+_native._py_codec_quantize = _codec_quantize
+_native._py_codec_dequantize = _codec_dequantize
 
 __version__ = _native.version()

@@ -471,3 +471,105 @@ def test_leak_10000_pools():
     gc.collect()
     after = rss_kib()
     assert after - before < 4096, (before, after)
+
+
+# ---------------------------------------------------------------- bad input (regressions)
+
+def test_close_waits_for_calls_in_flight():
+    """close() from one thread while others are inside calls: each call either
+    completes or raises ERR_NULL_POINTER; no crash, one destroy."""
+    import threading
+    for _ in range(5):
+        pool = kvcache.Pool(small_config(blocks=64))
+        pool.seq_create(1)
+        pool.reserve(1, 256)
+        outcomes = []
+
+        def reader():
+            try:
+                while True:
+                    pool.gather(1, 0)
+            except kvcache.KvcError as e:
+                outcomes.append(e.status)
+
+        threads = [threading.Thread(target=reader) for _ in range(3)]
+        for t in threads:
+            t.start()
+        closers = [threading.Thread(target=pool.close) for _ in range(3)]
+        for t in closers:
+            t.start()
+        for t in closers + threads:
+            t.join()
+        assert outcomes == [kvcache.ERR_NULL_POINTER] * 3
+
+
+def test_sizes_checked_before_allocating():
+    with kvcache.Pool(small_config()) as pool:
+        pool.seq_create(1)
+        pool.reserve(1, 4)
+        for call in (lambda: pool.positions(1, 0, 0, 2 ** 31), lambda: pool.gather(1, 0, 0, 10 ** 12),
+                     lambda: pool.gather(1, 0, 20), lambda: pool.positions(1, 0, 5, 0)):
+            with pytest.raises(kvcache.KvcError) as e:
+                call()
+            assert status_of(e) == kvcache.ERR_OUT_OF_RANGE
+    with pytest.raises(kvcache.KvcError) as e:
+        kvcache.Int32Vector(2 ** 62)  # a C++ length_error: a status, not an abort
+    assert status_of(e) == kvcache.ERR_OUT_OF_MEMORY
+    codec = kvcache.Codec()
+    with pytest.raises(kvcache.KvcError) as e:
+        codec._quantize(np.zeros(8, np.float32), kvcache.DTYPE_F32, 2 ** 62, bytearray(8), bytearray(8), None)
+    assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT
+    with pytest.raises(kvcache.KvcError) as e:
+        codec.dequantize(np.zeros(8, np.uint8), None, None, 2 ** 40, 2 ** 24)
+    assert status_of(e) == kvcache.ERR_OVERFLOW
+    with pytest.raises(TypeError):
+        codec.dequantize(None, None, None, 1, 8)
+
+
+def test_explicit_dtype_must_match_the_array():
+    with kvcache.Pool(small_config()) as pool:
+        pool.seq_create(1)
+        pool.reserve(1, 6)
+        k = np.ones((3, 2, 64), np.float32)
+        with pytest.raises(TypeError):
+            pool.append(1, 0, 0, k, k, dtype=kvcache.DTYPE_F16)  # would be read as 6 f16 tokens
+        with pytest.raises(TypeError):
+            pool.append(1, 0, 0, k.astype(np.float64), k.astype(np.float64), dtype=kvcache.DTYPE_F32)
+        bits = k.astype(np.float16).view(np.uint16)
+        assert pool.append(1, 0, 0, bits, bits, dtype=kvcache.DTYPE_F16) == 3  # raw f16 bits are fine
+        assert pool.append(1, 0, 3, k.tobytes(), k.tobytes(), dtype=kvcache.DTYPE_F32) == 3  # raw bytes
+        got, _ = pool.gather(1, 0)
+        np.testing.assert_array_equal(got, np.ones((6, 2, 64), np.float32))
+        with pytest.raises(TypeError):
+            pool.gather_into(1, 0, 0, np.zeros((4, 2, 64), np.float16), np.zeros((4, 2, 64), np.float32))
+        kb = bytearray(6 * 2 * 64 * 4)
+        assert pool.gather_into(1, 0, 0, kb, None, dtype=kvcache.DTYPE_F32) == 6
+        np.testing.assert_array_equal(np.frombuffer(kb, np.float32), 1.0)
+
+
+def test_python_side_argument_checks():
+    cfg = small_config()
+    with pytest.raises(AttributeError):
+        cfg.num_block = 5  # a typo is an error, not an ignored setting
+    with pytest.raises(AttributeError):
+        cfg.k_codec = kvcache.Codec()  # codecs are Pool() arguments
+    with kvcache.Pool(cfg) as pool:
+        pool.seq_create(np.int64(5))  # numpy integers are integers
+        assert pool.layer_tokens(np.uint64(5), np.int32(0)) == 0
+        with pytest.raises(OverflowError):
+            pool.seq_create(-1)
+        with pytest.raises(TypeError):
+            pool.seq_create(2.5)
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.enable_prefix_cache(None, "model\0other")
+        assert status_of(e) == kvcache.ERR_INVALID_ARGUMENT and "NUL" in e.value.message
+        pc = kvcache.PrefixConfig()
+        with pytest.raises(kvcache.KvcError):
+            pc.set_seed(b"x" * 31)
+        pc.set_seed(bytes(range(32)))
+        assert pc.seed_set == 1
+        pool.enable_prefix_cache(pc, model_id="m")
+        toks = np.arange(40, dtype=np.int32)
+        with pytest.raises(TypeError):
+            pool.prefix_lookup(toks.astype(">i4"))  # big-endian ids are not read as native
+        assert pool.prefix_lookup(np.arange(80, dtype=np.int32)[::2], salt="a").hit_tokens == 0  # strided: converted

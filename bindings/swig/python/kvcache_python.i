@@ -16,11 +16,50 @@
 
 %exception {
   kvc_swig_err.status = KVC_OK;
-  $action
+  try {
+    $action
+  } catch (const std::exception &e) {
+    kvc_swig_on_exception(e);
+  }
   if (kvc_swig_err.status != KVC_OK) {
     kvc_py_raise();
     SWIG_fail;
   }
+}
+
+/* Default arguments as Python defaults (one wrapper, keyword arguments), and
+ * no attributes that C does not have: `cfg.num_block = 5` is an error, not a
+ * silently ignored setting. */
+%feature("compactdefaultargs");
+%feature("kwargs");
+%pythonnondynamic;
+
+/* Integers: anything with __index__ (numpy integer scalars too), range-checked. */
+%typemap(in) uint64_t {
+  PyObject *idx = PyNumber_Index($input);
+  if (idx == NULL) SWIG_fail;
+  unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+  Py_DECREF(idx);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Format(PyExc_OverflowError, "%s: %s", "$1_name", "must be an integer in [0, 2^64)");
+    SWIG_fail;
+  }
+  $1 = (uint64_t)v;
+}
+%typemap(in) uint32_t {
+  PyObject *idx = PyNumber_Index($input);
+  if (idx == NULL) SWIG_fail;
+  unsigned long long v = PyLong_AsUnsignedLongLong(idx);
+  Py_DECREF(idx);
+  if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_OverflowError, "%s: %s", "$1_name", "must be an integer in [0, 2^32)");
+    SWIG_fail;
+  }
+  $1 = (uint32_t)v;
+}
+%typemap(typecheck, precedence=SWIG_TYPECHECK_UINT64) uint64_t, uint32_t {
+  $1 = PyIndex_Check($input) ? 1 : 0;
 }
 
 /* ---- read-only bytes ---- */
@@ -65,18 +104,37 @@
 
 /* ---- token ids: an int32 buffer (no copy) or any sequence of ints ---- */
 %typemap(in) (const int32_t *TOKENS, size_t N_TOKENS) (Py_buffer view, int have = 0, std::vector<int32_t> tmp) {
-  if (PyObject_CheckBuffer($input)) {
-    if (PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) SWIG_fail;
+  /* A C-contiguous native-order int32 buffer is read in place; anything else
+   * iterable (a list, a strided int32 array) is converted element by element. */
+  if (PyObject_CheckBuffer($input) && PyObject_GetBuffer($input, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
     have = 1;
     const char *f = view.format ? view.format : "B";
     size_t fl = strlen(f);
-    if (view.itemsize != 4 || fl == 0 || (f[fl - 1] != 'i' && !(f[fl - 1] == 'l' && sizeof(long) == 4))) {
-      PyErr_Format(PyExc_TypeError, "tokens: expected int32 token ids, got a buffer of format '%s'", f);
+    bool native = fl == 1 || (fl == 2 && (f[0] == '@' || f[0] == '=' || (f[0] == '<' && SWIG_IsLittleEndian())));
+    char c = fl ? f[fl - 1] : 0;
+    if (view.itemsize != 4 || !native || (c != 'i' && !(c == 'l' && sizeof(long) == 4))) {
+      PyErr_Format(PyExc_TypeError, "tokens: expected native-order int32 token ids, got a buffer of format '%s'", f);
       SWIG_fail;
     }
     $1 = ($1_ltype)view.buf;
     $2 = (size_t)(view.len / 4);
   } else {
+    PyErr_Clear();
+    if (PyObject_CheckBuffer($input)) {
+      /* A strided buffer: only integer formats may be converted. */
+      Py_buffer probe;
+      if (PyObject_GetBuffer($input, &probe, PyBUF_FULL_RO) == 0) {
+        const char *f = probe.format ? probe.format : "B";
+        char c = f[strlen(f) - 1];
+        bool ok = probe.itemsize == 4 && c == 'i' && f[0] != '>' && f[0] != '!';
+        PyBuffer_Release(&probe);
+        if (!ok) {
+          PyErr_Format(PyExc_TypeError, "tokens: expected int32 token ids, got a buffer of format '%s'", f);
+          SWIG_fail;
+        }
+      }
+      PyErr_Clear();
+    }
     PyObject *seq = PySequence_Fast($input, "tokens: expected a sequence of ints or an int32 array");
     if (seq == NULL) SWIG_fail;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
@@ -121,6 +179,10 @@
 %include "../kvcache_common.i"
 
 %{
+static int SWIG_IsLittleEndian(void) {
+  const uint16_t one = 1;
+  return *(const uint8_t *)&one == 1;
+}
 static PyObject *kvc_py_error_type = NULL;
 
 /* Raises kvcache.KvcError(status, message) from kvc_swig_err. */
@@ -146,8 +208,33 @@ static void _register_error(PyObject *type) {
 }
 %}
 
+/* The numpy-aware methods: thin forwarders to the package's functions
+ * (bindings/python/kvcache/__init__.py installs _py_* in this module). */
+%extend kvc_codec {
+  %pythoncode %{
+    def quantize(self, x, dtype=None):
+        """Quantize an [n, d] array; returns (codes, scales, zeros) uint8 arrays."""
+        return _py_codec_quantize(self, x, dtype)
+
+    def dequantize(self, codes, scales, zeros, n, d, dtype=DTYPE_F32):
+        """Dequantize what quantize() returned into a new [n, d] array."""
+        return _py_codec_dequantize(self, codes, scales, zeros, n, d, dtype)
+  %}
+}
 %extend kvc_swig_pool {
   %pythoncode %{
+    def append(self, seq_id, layer, pos, k, v, dtype=None):
+        """Write K and V ([n, num_kv_heads, head_dim] arrays) at positions [pos, pos + n); returns n."""
+        return _py_pool_append(self, seq_id, layer, pos, k, v, dtype)
+
+    def gather(self, seq_id, layer, first=0, n=None, dtype=DTYPE_F32, k=True, v=True):
+        """Read the layer's tokens [first, first + n) into new arrays; returns (k, v)."""
+        return _py_pool_gather(self, seq_id, layer, first, n, dtype, k, v)
+
+    def gather_into(self, seq_id, layer, first, k_out, v_out, dtype=None):
+        """Read into caller arrays (either may be None); returns n."""
+        return _py_pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype)
+
     def __enter__(self):
         return self
 
