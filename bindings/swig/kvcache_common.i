@@ -142,6 +142,10 @@ static const kvc_policy *kvc_swig_policy_of(const kvc_swig_policy *h, bool *ok) 
 /* In a method: the live pool (pool_) under the handle's shared lock, or
  * return `ret` after recording the error. */
 #define KVC_POOL(ret) \
+  if (self == NULL) { \
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the pool was deleted"); \
+    return ret; \
+  } \
   std::shared_lock<std::shared_mutex> pool_lock_(self->mu); \
   if (!kvc_swig_pool_live(self)) return ret; \
   kvc_pool *pool_ = self->p
@@ -185,9 +189,10 @@ namespace std {
 
 /* ---- what the header gives: enums, constants and the plain structs ---- */
 #define KVC_API
-%rename("$ignore", regextarget=1, fullname=1) "FORCE_";
 %rename("%(strip:[KVC_])s", %$isenumitem) "";
 %rename("%(strip:[KVC_])s", %$isconstant) "";
+/* After the strip rules (the last matching rule wins): the FORCE_ markers are not values. */
+%rename("$ignore", %$isenumitem, regextarget=1) "FORCE_";
 /* Functions are reached through the methods below, never directly. */
 %rename("$ignore", %$isfunction, regextarget=1) "^kvc_";
 /* Function tables, callbacks, raw pointers and version-1 layouts: C only. */
@@ -197,6 +202,7 @@ namespace std {
 %ignore kvc_pool_layout;
 %ignore kvc_prefix_event_fn;
 %ignore kvc_copy_direction;
+%ignore kvc_attention_params; /* attention is not wrapped yet */
 /* Pointer fields: set through constructor and method arguments instead. */
 %ignore kvc_pool_config::k_codec;
 %ignore kvc_pool_config::v_codec;
@@ -208,6 +214,10 @@ namespace std {
 %immutable kvc_codec::struct_size;
 %immutable kvc_policy_config::struct_size;
 %immutable kvc_prefix_config::struct_size;
+%immutable kvc_stats::struct_size;
+%immutable kvc_prefix_result::struct_size;
+%immutable kvc_prefix_stats::struct_size;
+%immutable kvc_quant_sizes::struct_size;
 
 %rename(PoolConfig) kvc_pool_config;
 %rename(Codec) kvc_codec;
@@ -228,6 +238,7 @@ namespace std {
   (const void *scales, size_t scales_bytes), (const void *zeros, size_t zeros_bytes),
   (const void *seed, size_t seed_bytes)
 };
+%apply (const int32_t *TOKENS, size_t N_TOKENS) { (const int32_t *tokens, size_t n_tokens) };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *k_out, size_t k_out_bytes), (void *v_out, size_t v_out_bytes),
   (void *codes_out, size_t codes_out_bytes), (void *scales_out, size_t scales_out_bytes),
@@ -572,7 +583,7 @@ struct kvc_swig_pool {};
     kvc_swig_check(kvc_pool_enable_prefix_cache(pool_, &c));
   }
   /** Cached leading tokens of a prompt (salt: the tenant's extra key, empty for none). */
-  kvc_prefix_result prefix_lookup(const int32_t *TOKENS, size_t N_TOKENS, uint32_t flags = 0,
+  kvc_prefix_result prefix_lookup(const int32_t *tokens, size_t n_tokens, uint32_t flags = 0,
                                   const std::string &salt = std::string()) {
     kvc_prefix_result r;
     memset(&r, 0, sizeof r);
@@ -580,11 +591,11 @@ struct kvc_swig_pool {};
     KVC_POOL(r);
     uint32_t n_extras = 0;
     kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
-    kvc_swig_check(kvc_prefix_lookup(pool_, TOKENS, N_TOKENS, &e, n_extras, flags, &r));
+    kvc_swig_check(kvc_prefix_lookup(pool_, tokens, n_tokens, &e, n_extras, flags, &r));
     return r;
   }
   /** Create seq_id holding the cached prefix of the prompt. */
-  kvc_prefix_result prefix_attach(uint64_t seq_id, const int32_t *TOKENS, size_t N_TOKENS, uint32_t flags = 0,
+  kvc_prefix_result prefix_attach(uint64_t seq_id, const int32_t *tokens, size_t n_tokens, uint32_t flags = 0,
                                   const std::string &salt = std::string()) {
     kvc_prefix_result r;
     memset(&r, 0, sizeof r);
@@ -592,17 +603,17 @@ struct kvc_swig_pool {};
     KVC_POOL(r);
     uint32_t n_extras = 0;
     kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
-    kvc_swig_check(kvc_prefix_attach(pool_, seq_id, TOKENS, N_TOKENS, &e, n_extras, flags, &r));
+    kvc_swig_check(kvc_prefix_attach(pool_, seq_id, tokens, n_tokens, &e, n_extras, flags, &r));
     return r;
   }
   /** Register the full blocks of a sequence's prompt; returns the blocks newly registered. */
-  uint64_t prefix_insert(uint64_t seq_id, const int32_t *TOKENS, size_t N_TOKENS,
+  uint64_t prefix_insert(uint64_t seq_id, const int32_t *tokens, size_t n_tokens,
                          const std::string &salt = std::string()) {
     uint64_t n = 0;
     KVC_POOL(0);
     uint32_t n_extras = 0;
     kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
-    kvc_swig_check(kvc_prefix_insert(pool_, seq_id, TOKENS, N_TOKENS, &e, n_extras, &n));
+    kvc_swig_check(kvc_prefix_insert(pool_, seq_id, tokens, n_tokens, &e, n_extras, &n));
     return n;
   }
   kvc_prefix_stats prefix_stats() {

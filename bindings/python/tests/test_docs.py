@@ -30,7 +30,7 @@ def source_of(path, lang):
 
 def test_examples_match_their_files():
     examples = doc_examples()
-    assert {lang for _, lang, _ in examples} >= {"python", "rust"}
+    assert {lang for _, lang, _ in examples} >= {"python", "java", "go", "rust"}
     for path, lang, block in examples:
         assert block.strip() == source_of(path, lang).strip(), "docs/bindings.md differs from " + path
 

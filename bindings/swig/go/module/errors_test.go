@@ -1,0 +1,175 @@
+package kvcache
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// assertStatus: err is an *Error with this status and a non-empty message.
+func assertStatus(t *testing.T, err error, status Status) *Error {
+	t.Helper()
+	var e *Error
+	if !errors.As(err, &e) {
+		t.Fatalf("err = %v (%T), want an *Error with %v", err, err, status)
+	}
+	if e.Status != status || e.Message == "" {
+		t.Fatalf("err = %+v, want status %v and a message", e, status)
+	}
+	if !errors.Is(err, status) {
+		t.Fatalf("errors.Is(%v, %v) is false", err, status)
+	}
+	if !strings.HasPrefix(err.Error(), status.String()+": ") {
+		t.Fatalf("Error() = %q", err.Error())
+	}
+	return e
+}
+
+func TestErrorsBadDimensions(t *testing.T) {
+	cfg := testConfig()
+	cfg.NumKVHeads = 3 // 4 query heads are not a multiple of 3
+	p, err := NewPool(cfg)
+	if p != nil {
+		t.Fatal("NewPool returned a pool")
+	}
+	assertStatus(t, err, ERR_INVALID_ARGUMENT)
+	cfg = testConfig()
+	cfg.HeadDim = 0
+	_, err = NewPool(cfg)
+	assertStatus(t, err, ERR_INVALID_ARGUMENT)
+}
+
+func TestErrorsUnknownSequence(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	_, err := p.SeqLength(99)
+	e := assertStatus(t, err, ERR_SEQ_NOT_FOUND)
+	if !strings.Contains(e.Message, "99") {
+		t.Fatalf("message %q does not name the sequence", e.Message)
+	}
+	assertStatus(t, p.SeqFork(99, 100), ERR_SEQ_NOT_FOUND)
+	must(t, p.SeqCreate(1))
+	assertStatus(t, p.SeqCreate(1), ERR_SEQ_EXISTS)
+	if errors.Is(p.SeqCreate(1), ERR_SEQ_NOT_FOUND) {
+		t.Fatal("errors.Is matched another status")
+	}
+}
+
+func TestErrorsExhaustedPool(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	must(t, p.SeqCreate(1))
+	// 64 blocks of 16 tokens over 2 layers hold 512 tokens of one sequence.
+	assertStatus(t, p.Reserve(1, 513), ERR_POOL_EXHAUSTED)
+	if n := must1[uint64](t)(p.SeqLength(1)); n != 0 {
+		t.Fatalf("length %d after a failed reserve", n)
+	}
+	must(t, p.Reserve(1, 512))
+}
+
+func TestErrorsBadBuffers(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	must(t, p.SeqCreate(1))
+	must(t, p.Reserve(1, 2))
+	r := random(row, 1)
+	_, err := p.Append(1, 0, 0, make([]float32, row+1), make([]float32, row+1))
+	assertStatus(t, err, ERR_INVALID_ARGUMENT) // not whole rows: the binding's check
+	_, err = p.Append(1, 0, 0, r, make([]float32, 2*row))
+	assertStatus(t, err, ERR_INVALID_ARGUMENT) // K and V differ
+	_, err = p.Append(1, 0, 2, r, r)
+	assertStatus(t, err, ERR_NOT_RESERVED)
+	_, err = p.Append(1, 0, 0, nil, nil)
+	assertStatus(t, err, ERR_INVALID_ARGUMENT) // no data
+	_, err = p.Gather(1, 0, 0, nil, []float32{})
+	assertStatus(t, err, ERR_NULL_POINTER) // empty = nil: no output
+	_, err = p.Positions(1, 5, 0, 1)
+	assertStatus(t, err, ERR_OUT_OF_RANGE) // layer 5
+	_, err = p.BlockTable(42, 0)
+	assertStatus(t, err, ERR_SEQ_NOT_FOUND)
+	must1[uint64](t)(p.Append(1, 0, 0, r, r)) // the pool still works
+}
+
+func TestErrorsCloseTwiceAndUseAfterClose(t *testing.T) {
+	p, err := NewPool(testConfig())
+	must(t, err)
+	must(t, p.SeqCreate(1))
+	if p.Closed() {
+		t.Fatal("Closed() before Close")
+	}
+	must(t, p.Close())
+	must(t, p.Close()) // harmless
+	if !p.Closed() {
+		t.Fatal("Closed() after Close is false")
+	}
+	_, err = p.SeqLength(1)
+	if e := assertStatus(t, err, ERR_NULL_POINTER); !strings.Contains(e.Message, "closed") {
+		t.Fatalf("message %q", e.Message)
+	}
+	_, err = p.Stats()
+	assertStatus(t, err, ERR_NULL_POINTER)
+	_, err = p.Append(1, 0, 0, make([]float32, row), make([]float32, row))
+	assertStatus(t, err, ERR_NULL_POINTER)
+
+	cfg := DefaultPolicyConfig()
+	cfg.Kind, cfg.RecentTokens = POLICY_STREAMING, 8
+	pol, err := NewPolicy(cfg)
+	must(t, err)
+	must(t, pol.Close())
+	must(t, pol.Close())
+	if !pol.Closed() {
+		t.Fatal("policy Closed() is false")
+	}
+	other := newTestPool(t, testConfig())
+	must(t, other.SeqCreate(1))
+	assertStatus(t, other.SetPolicy(pol), ERR_NULL_POINTER)
+	_, err = other.Evict(1, pol)
+	assertStatus(t, err, ERR_NULL_POINTER)
+}
+
+// Goroutines move between OS threads between calls: every failure must still
+// carry its own call's message (status and message are read in the same
+// native call). Each goroutine asks for its own unknown sequence id.
+func TestErrorsConcurrentMessages(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	must(t, p.SeqCreate(1))
+	const workers, iters = 8, 2000
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			seq := uint64(1000 + w)
+			for i := 0; i < iters; i++ {
+				_, err := p.SeqLength(seq)
+				var e *Error
+				if !errors.As(err, &e) || e.Status != ERR_SEQ_NOT_FOUND ||
+					!strings.Contains(e.Message, fmt.Sprint(seq)) {
+					errs <- fmt.Errorf("worker %d: %v", w, err)
+					return
+				}
+				if _, err := p.SeqLength(1); err != nil { // a success in between
+					errs <- err
+					return
+				}
+				runtime.Gosched()
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// Panics that are not library failures go through (here: SWIG's own).
+func TestErrorsOtherPanicsPropagate(t *testing.T) {
+	defer func() {
+		if r := recover(); r == nil {
+			t.Fatal("no panic")
+		}
+	}()
+	_ = call(func() { panic("not a kvcache failure") })
+}

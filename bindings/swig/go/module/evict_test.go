@@ -1,0 +1,95 @@
+package kvcache
+
+import (
+	"reflect"
+	"testing"
+)
+
+const (
+	evictN  = 40
+	sink    = 4
+	recent  = 16
+	dropped = layers * (evictN - sink - recent) // Evict sums over the layers
+)
+
+func streaming(t *testing.T) *Policy {
+	cfg := DefaultPolicyConfig()
+	cfg.Kind, cfg.SinkTokens, cfg.RecentTokens = POLICY_STREAMING, sink, recent
+	pol, err := NewPolicy(cfg)
+	must(t, err)
+	t.Cleanup(func() { pol.Close() })
+	return pol
+}
+
+func fill(t *testing.T, p *Pool, seq uint64) [][]float32 {
+	must(t, p.SeqCreate(seq))
+	must(t, p.Reserve(seq, evictN))
+	k := make([][]float32, layers)
+	for l := range k {
+		k[l] = random(evictN*row, int64(100*seq)+int64(l))
+		must1[uint64](t)(p.Append(seq, uint32(l), 0, k[l], random(evictN*row, int64(100*seq)+50+int64(l))))
+	}
+	return k
+}
+
+// StreamingLLM keeps the 4 sinks and the 16 newest tokens of each layer, with their positions.
+func TestEvictStreaming(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	pol := streaming(t)
+	k := fill(t, p, 1)
+	before := must1[Stats](t)(p.Stats()).BlocksUsed
+	if got := must1[uint64](t)(p.Evict(1, pol)); got != dropped {
+		t.Fatalf("Evict dropped %d, want %d", got, dropped)
+	}
+	const kept = sink + recent
+	want := make([]int32, 0, kept)
+	for i := 0; i < sink; i++ {
+		want = append(want, int32(i))
+	}
+	for i := 0; i < recent; i++ {
+		want = append(want, int32(evictN-recent+i))
+	}
+	for l := uint32(0); l < layers; l++ {
+		if n := must1[uint64](t)(p.LayerTokens(1, l)); n != kept {
+			t.Fatalf("layer %d holds %d tokens", l, n)
+		}
+		if pos := must1[[]int32](t)(p.Positions(1, l, 0, kept)); !reflect.DeepEqual(pos, want) {
+			t.Fatalf("layer %d positions %v, want %v", l, pos, want)
+		}
+		ko := make([]float32, kept*row)
+		must1[uint64](t)(p.Gather(1, l, 0, ko, nil))
+		for i, pos := range want {
+			assertF16Close(t, "survivor", k[l][int(pos)*row:int(pos+1)*row], ko[i*row:(i+1)*row])
+		}
+	}
+	if n := must1[uint64](t)(p.SeqLength(1)); n != evictN {
+		t.Fatalf("length %d after eviction, want %d", n, evictN)
+	}
+	if used := must1[Stats](t)(p.Stats()).BlocksUsed; used != before-layers {
+		t.Fatalf("blocks used %d -> %d", before, used)
+	}
+	if got := must1[uint64](t)(p.Evict(1, pol)); got != 0 {
+		t.Fatalf("second Evict dropped %d", got)
+	}
+}
+
+// The sequence's own policy and the pool's default apply when Evict gets nil.
+func TestEvictAttachedPolicies(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	pol := streaming(t)
+	for seq := uint64(1); seq <= 3; seq++ {
+		fill(t, p, seq)
+	}
+	must(t, p.SeqSetPolicy(1, pol))
+	if got := must1[uint64](t)(p.Evict(1, nil)); got != dropped {
+		t.Fatalf("Evict(1) = %d", got)
+	}
+	if got := must1[uint64](t)(p.Evict(2, nil)); got != 0 {
+		t.Fatalf("Evict(2) with no policy = %d", got)
+	}
+	must(t, p.SetPolicy(pol))
+	must(t, pol.Close()) // the pool keeps its own reference
+	if got := must1[uint64](t)(p.Evict(3, nil)); got != dropped {
+		t.Fatalf("Evict(3) = %d", got)
+	}
+}

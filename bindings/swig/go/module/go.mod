@@ -1,0 +1,3 @@
+module libkvcache.org/kvcache
+
+go 1.19
