@@ -286,7 +286,15 @@ namespace std {
      * may change the object's fields meanwhile. */
     const kvc_codec codec = *$self;
     size_t elem = kvc_swig_elem(src_dtype);
-    if (elem == 0 || d == 0 || d > ((uint64_t)1 << 24) || src_bytes % (elem * d) != 0) {
+    if (elem == 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "src_dtype " + std::to_string((int)src_dtype) + ": must be f32, f16 or bf16");
+      return 0;
+    }
+    if (d == 0 || d > ((uint64_t)1 << 24)) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "d " + std::to_string(d) + ": must be 1..2^24");
+      return 0;
+    }
+    if (src_bytes % (elem * d) != 0) {
       kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "src holds " + std::to_string(src_bytes) +
                     " bytes: not whole rows of d = " + std::to_string(d) + " f32/f16/bf16 values");
       return 0;
@@ -529,15 +537,22 @@ struct kvc_swig_pool {};
   std::vector<int32_t> block_table(uint64_t seq_id, uint32_t layer) {
     std::vector<int32_t> out;
     KVC_POOL(out);
-    size_t n = 0;
-    kvc_status st = kvc_seq_block_table(pool_, seq_id, layer, NULL, 0, &n);
-    if (st != KVC_OK && st != KVC_ERR_BUFFER_TOO_SMALL) {
-      kvc_swig_check(st);
-      return out;
+    /* Another thread may grow or shrink the table between two calls: size
+     * to what the last call reported until one fits. */
+    for (;;) {
+      size_t n = 0;
+      const kvc_status st = kvc_seq_block_table(pool_, seq_id, layer, out.empty() ? NULL : out.data(), out.size(), &n);
+      if (st == KVC_OK && n <= out.size()) {  /* (a NULL buffer only counts) */
+        out.resize(n);
+        return out;
+      }
+      if (st != KVC_OK && st != KVC_ERR_BUFFER_TOO_SMALL) {
+        kvc_swig_check(st);
+        out.clear();
+        return out;
+      }
+      out.resize(n);
     }
-    out.resize(n);
-    if (n > 0 && kvc_swig_check(kvc_seq_block_table(pool_, seq_id, layer, out.data(), n, &n))) out.clear();
-    return out;
   }
 
   /** Set the pool's default eviction policy (null: none). */
@@ -616,6 +631,39 @@ struct kvc_swig_pool {};
     kvc_swig_check(kvc_prefix_insert(pool_, seq_id, tokens, n_tokens, &e, n_extras, &n));
     return n;
   }
+  /** Bytes of the sequence's record (save_into needs this much). */
+  uint64_t save_size(uint64_t seq_id) {
+    size_t n = 0;
+    KVC_POOL(0);
+    const kvc_status st = kvc_seq_save(pool_, seq_id, NULL, 0, &n);
+    if (st != KVC_ERR_BUFFER_TOO_SMALL) kvc_swig_check(st);
+    return n;
+  }
+  /** Save the sequence's record (kvc_seq_save) into a caller buffer; returns its size. */
+  uint64_t save_into(uint64_t seq_id, void *dst, size_t dst_bytes) {
+    size_t n = 0;
+    KVC_POOL(0);
+    kvc_swig_check(kvc_seq_save(pool_, seq_id, dst, dst_bytes, &n));
+    return n;
+  }
+  /** Create seq_id from a record of save_into (kvc_seq_restore). */
+  void restore(uint64_t seq_id, const void *src, size_t src_bytes) {
+    KVC_POOL();
+    kvc_swig_check(kvc_seq_restore(pool_, seq_id, src, src_bytes));
+  }
+  /** Save the sequence into a file, atomically (kvc_seq_save_file). */
+  void save_file(uint64_t seq_id, const std::string &path) {
+    KVC_POOL();
+    if (!kvc_swig_c_string("path", path)) return;
+    kvc_swig_check(kvc_seq_save_file(pool_, seq_id, path.c_str()));
+  }
+  /** Create seq_id from a file written by save_file (kvc_seq_restore_file). */
+  void restore_file(uint64_t seq_id, const std::string &path) {
+    KVC_POOL();
+    if (!kvc_swig_c_string("path", path)) return;
+    kvc_swig_check(kvc_seq_restore_file(pool_, seq_id, path.c_str()));
+  }
+
   kvc_prefix_stats prefix_stats() {
     kvc_prefix_stats s;
     kvc_prefix_stats_init(&s);

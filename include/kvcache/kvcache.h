@@ -150,6 +150,9 @@ typedef enum kvc_status {
   KVC_ERR_INVALID_SCALE = 15,      /**< A quantization scale is zero, negative, NaN, Inf or out of range. */
   KVC_ERR_NON_FINITE = 16,         /**< Input data contains NaN or Inf where it is not allowed. */
   KVC_ERR_INTERNAL = 17,           /**< A bug in the library (an unexpected C++ exception); please report it. */
+  KVC_ERR_INCOMPATIBLE = 18,       /**< Saved data (a sequence record) comes from a pool of another configuration or a format this library does not read. @since 0.3 */
+  KVC_ERR_CORRUPT = 19,            /**< Saved data fails its checksum or structure checks (damaged, truncated or not a record). @since 0.3 */
+  KVC_ERR_IO = 20,                 /**< A file could not be read or written (the message has the system's reason). @since 0.3 */
   KVC_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; never returned. */
 } kvc_status;
 
@@ -962,6 +965,80 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
                                   kvc_dtype dst_dtype);
 
 /* ------------------------------------------------------------------------ */
+/* Saving and restoring sequences                                            */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Save one sequence as a self-describing record (llama.cpp's state
+ * save, vLLM / LMCache's store by request): its length, per-layer block
+ * tables, positions (after eviction), observed attention scores and the
+ * bytes of its blocks exactly as the pool stores them (codes, scales and
+ * zero points: a restore re-quantizes nothing). The record carries a
+ * fingerprint of the pool's geometry, dtypes, codecs (granularity, group
+ * size, scale dtype, rotation, static scales), block size, layout, residual
+ * window and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
+ * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
+ * over all layers) plus 100 bytes per layer. The sequence is unchanged.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param buffer NULL (to query the size) or receives the record.
+ * @param capacity bytes buffer can hold.
+ * @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only
+ * size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
+ * CUDA pools: the blocks are copied to the host before the call returns.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity, size_t *size);
+
+/**
+ * @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this
+ * pool or another whose fingerprint is equal (another process, a CUDA pool
+ * from a CPU pool's record and back). All checks run before the pool
+ * changes: on failure nothing is created and no block is taken. Per-tensor
+ * scales: a layer that has none yet takes the record's; one that has
+ * another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly).
+ * @param pool the pool (not NULL).
+ * @param seq_id an id no live sequence has.
+ * @param data the record.
+ * @param size its size in bytes.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;
+ * ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this
+ * library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another
+ * configuration: the message names the fields that differ; another record
+ * format; a different per-tensor scale); ::KVC_ERR_POOL_EXHAUSTED (not enough
+ * free blocks); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size);
+
+/**
+ * @brief kvc_seq_save() into a file, atomically: the record is written to a
+ * temporary file in the same folder, flushed to disk (fsync) and renamed
+ * over `path`, so a reader sees the old file or the whole new one, never a
+ * part (a crash mid-write leaves at most the temporary file behind).
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param path the file to create or replace.
+ * @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no
+ * such folder, permission denied, disk full...; `path` is then unchanged).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char *path);
+
+/**
+ * @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or
+ * any file holding exactly one record).
+ * @param pool the pool (not NULL).
+ * @param seq_id an id no live sequence has.
+ * @param path the file.
+ * @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path);
+
+/* ------------------------------------------------------------------------ */
 /* Loading with dlopen: the versioned function table                         */
 /* ------------------------------------------------------------------------ */
 
@@ -1621,6 +1698,10 @@ typedef struct kvc_api {
   kvc_status (*pool_set_stream)(kvc_pool *, void *);            /**< kvc_pool_set_stream() */
   kvc_status (*pool_sync)(kvc_pool *);                          /**< kvc_pool_sync() */
   kvc_status (*pool_copy_blocks)(kvc_pool *, const int32_t *, size_t, void *, kvc_copy_direction); /**< kvc_pool_copy_blocks() */
+  kvc_status (*seq_save)(kvc_pool *, uint64_t, void *, size_t, size_t *);  /**< kvc_seq_save() */
+  kvc_status (*seq_restore)(kvc_pool *, uint64_t, const void *, size_t);   /**< kvc_seq_restore() */
+  kvc_status (*seq_save_file)(kvc_pool *, uint64_t, const char *);         /**< kvc_seq_save_file() */
+  kvc_status (*seq_restore_file)(kvc_pool *, uint64_t, const char *);      /**< kvc_seq_restore_file() */
 } kvc_api;
 
 /**

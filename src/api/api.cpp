@@ -1,5 +1,11 @@
 // C entry points: check arguments, call the core, turn C++ errors into
 // kvc_status plus the thread's last error message. No logic lives here.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +54,9 @@ KVC_CHECK_ERRC(Version, KVC_ERR_VERSION);
 KVC_CHECK_ERRC(InvalidScale, KVC_ERR_INVALID_SCALE);
 KVC_CHECK_ERRC(NonFinite, KVC_ERR_NON_FINITE);
 KVC_CHECK_ERRC(Internal, KVC_ERR_INTERNAL);
+KVC_CHECK_ERRC(Incompatible, KVC_ERR_INCOMPATIBLE);
+KVC_CHECK_ERRC(Corrupt, KVC_ERR_CORRUPT);
+KVC_CHECK_ERRC(Io, KVC_ERR_IO);
 static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 &&
               static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
               static_cast<int>(DType::BF16) == KVC_DTYPE_BF16);
@@ -98,6 +107,90 @@ kvc_status guard(F &&f) noexcept {
   } catch (...) {
     return set_error(KVC_ERR_INTERNAL, "unknown internal error");
   }
+}
+
+[[noreturn]] void fail_io(const std::string &what, const std::string &path, int err) {
+  fail(Errc::Io, what + " " + path + ": " + std::strerror(err));
+}
+
+// Writes a whole file atomically: a temporary file in the same folder,
+// fsync, rename over `path`, fsync of the folder. On failure `path` is
+// unchanged and the temporary file removed.
+void write_file_atomic(const std::string &path, const uint8_t *data, size_t size) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) fail_io("cannot create", tmp, errno);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t w = write(fd, data + done, size - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      const int err = w < 0 ? errno : ENOSPC;
+      close(fd);
+      unlink(tmp.c_str());
+      fail_io("cannot write", tmp, err);
+    }
+    done += static_cast<size_t>(w);
+  }
+  if (fsync(fd) != 0) {
+    const int err = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    fail_io("cannot flush", tmp, err);
+  }
+  if (close(fd) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    fail_io("cannot close", tmp, err);
+  }
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    unlink(tmp.c_str());
+    fail_io("cannot rename the record to", path, err);
+  }
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {  // the rename itself reaches the disk
+    fsync(dfd);
+    close(dfd);
+  }
+}
+
+std::vector<uint8_t> read_file(const std::string &path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail_io("cannot open", path, errno);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    fail_io("cannot read", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    fail_io("cannot read", path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
+  }
+  std::vector<uint8_t> b;
+  try {
+    b.resize(static_cast<size_t>(st.st_size));
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  size_t done = 0;
+  while (done < b.size()) {
+    const ssize_t r = read(fd, b.data() + done, b.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      const int err = r < 0 ? errno : EIO;
+      close(fd);
+      fail_io("cannot read", path, err);
+    }
+    done += static_cast<size_t>(r);
+  }
+  close(fd);
+  return b;
 }
 
 void need(const void *p, const char *name) {
@@ -279,6 +372,9 @@ KVC_API const char *kvc_status_string(kvc_status s) {
     case KVC_ERR_INVALID_SCALE: return "KVC_ERR_INVALID_SCALE";
     case KVC_ERR_NON_FINITE: return "KVC_ERR_NON_FINITE";
     case KVC_ERR_INTERNAL: return "KVC_ERR_INTERNAL";
+    case KVC_ERR_INCOMPATIBLE: return "KVC_ERR_INCOMPATIBLE";
+    case KVC_ERR_CORRUPT: return "KVC_ERR_CORRUPT";
+    case KVC_ERR_IO: return "KVC_ERR_IO";
     case KVC_STATUS_FORCE_32BIT: break;
   }
   return "KVC_ERR_UNKNOWN";
@@ -1004,6 +1100,46 @@ KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64
   });
 }
 
+KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity, size_t *size) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(size, "size");
+    const std::vector<uint8_t> rec = p.seq_save(seq_id);
+    *size = rec.size();
+    if (!buffer || capacity < rec.size())
+      fail(Errc::BufferTooSmall, "the record of sequence " + std::to_string(seq_id) + " is " +
+                                     std::to_string(rec.size()) + " bytes, capacity is " +
+                                     std::to_string(buffer ? capacity : 0));
+    std::memcpy(buffer, rec.data(), rec.size());
+  });
+}
+
+KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(data, "data");
+    p.seq_restore(seq_id, static_cast<const uint8_t *>(data), size);
+  });
+}
+
+KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char *path) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(path, "path");
+    const std::vector<uint8_t> rec = p.seq_save(seq_id);
+    write_file_atomic(path, rec.data(), rec.size());
+  });
+}
+
+KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(path, "path");
+    const std::vector<uint8_t> rec = read_file(path);
+    p.seq_restore(seq_id, rec.data(), rec.size());
+  });
+}
+
 KVC_API kvc_status kvc_prefix_stats_init(kvc_prefix_stats *stats) {
   return guard([&] {
     need(stats, "stats");
@@ -1127,6 +1263,10 @@ static const kvc_api g_api = {
     kvc_pool_set_stream,
     kvc_pool_sync,
     kvc_pool_copy_blocks,
+    kvc_seq_save,
+    kvc_seq_restore,
+    kvc_seq_save_file,
+    kvc_seq_restore_file,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

@@ -27,6 +27,9 @@ enum class Errc : int32_t {
   InvalidScale = 15,
   NonFinite = 16,
   Internal = 17,
+  Incompatible = 18,
+  Corrupt = 19,
+  Io = 20,
 };
 
 class Error : public std::runtime_error {

@@ -87,6 +87,10 @@ struct AttnParams {
   uint32_t num_threads = 1;   // decode without observation: threads for this call
 };
 
+// The pool's geometry and storage as bytes (docs/prefix-cache.md): equal
+// fingerprints mean equal block layouts and codecs (prefix_pool.cpp).
+std::vector<uint8_t> pool_fingerprint(const PoolConfig &c);
+
 // Scale entries per token slot in a block for a codec (per-token: one per
 // KV head; per-group: one per group of the [num_kv_heads * head_dim] row).
 uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim);
@@ -222,6 +226,11 @@ class Pool {
   void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate);
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
+
+  // One sequence as a self-describing record (state.cpp, docs/tiers.md).
+  std::vector<uint8_t> seq_save(uint64_t id) const;
+  // Creates sequence `id` from a record (all checks first: nothing changes on failure).
+  void seq_restore(uint64_t id, const uint8_t *data, size_t size);
 
   // Prefix cache (prefix_pool.cpp).
   void prefix_enable(const PrefixConfig &c);

@@ -26,25 +26,6 @@ void put_f64(std::vector<uint8_t> &b, double d) {
   for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
-// The pool's fingerprint: geometry and storage, little-endian fields in a
-// fixed order (docs/prefix-cache.md).
-std::vector<uint8_t> fingerprint(const PoolConfig &c) {
-  std::vector<uint8_t> b;
-  for (uint32_t v : {c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
-                     static_cast<uint32_t>(c.k_dtype), static_cast<uint32_t>(c.v_dtype),
-                     static_cast<uint32_t>(c.layout)})
-    put_u32(b, v);
-  for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
-    for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
-                       static_cast<uint32_t>(sp->asym), static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
-      put_u32(b, v);
-    put_f64(b, sp->static_scale);
-  }
-  put_u32(b, c.residual_window);
-  put_u32(b, static_cast<uint32_t>(c.residual_dtype));
-  put_f64(b, c.residual_fraction);
-  return b;
-}
 
 // The extra keys as encoded in the spec ("KVCX", count, length-prefixed bytes).
 std::vector<uint8_t> extras_encoding(const PrefixExtra *ex, uint32_t nx) {
@@ -79,6 +60,26 @@ PrefixKey extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t n
 }
 }  // namespace
 
+// The pool's fingerprint: geometry and storage, little-endian fields in a
+// fixed order (docs/prefix-cache.md).
+std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
+  std::vector<uint8_t> b;
+  for (uint32_t v : {c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                     static_cast<uint32_t>(c.k_dtype), static_cast<uint32_t>(c.v_dtype),
+                     static_cast<uint32_t>(c.layout)})
+    put_u32(b, v);
+  for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
+    for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
+                       static_cast<uint32_t>(sp->asym), static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
+      put_u32(b, v);
+    put_f64(b, sp->static_scale);
+  }
+  put_u32(b, c.residual_window);
+  put_u32(b, static_cast<uint32_t>(c.residual_dtype));
+  put_f64(b, c.residual_fraction);
+  return b;
+}
+
 void Pool::prefix_enable(const PrefixConfig &c) {
   std::unique_lock lk(mu_);
   if (prefix_) fail(Errc::InvalidArgument, "the prefix cache of this pool is already enabled");
@@ -95,7 +96,7 @@ void Pool::prefix_enable(const PrefixConfig &c) {
   } else if (RAND_bytes(seed, 32) != 1) {
     fail(Errc::Internal, "cannot draw a random prefix seed (OpenSSL RAND_bytes failed)");
   }
-  st->root = st->hasher.root(seed, fingerprint(cfg_), c.model_id, c.tokenizer_id);
+  st->root = st->hasher.root(seed, pool_fingerprint(cfg_), c.model_id, c.tokenizer_id);
   st->block_entry.assign(alloc_.num_blocks(), -1);
   prefix_ = std::move(st);
 }

@@ -73,6 +73,10 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(pool_set_stream, kvc_pool_set_stream);
   SAME(pool_sync, kvc_pool_sync);
   SAME(pool_copy_blocks, kvc_pool_copy_blocks);
+  SAME(seq_save, kvc_seq_save);
+  SAME(seq_restore, kvc_seq_restore);
+  SAME(seq_save_file, kvc_seq_save_file);
+  SAME(seq_restore_file, kvc_seq_restore_file);
 #endif
   return n;
 }

@@ -56,6 +56,9 @@ _Static_assert(KVC_ERR_VERSION == 14, "status value");
 _Static_assert(KVC_ERR_INVALID_SCALE == 15, "status value");
 _Static_assert(KVC_ERR_NON_FINITE == 16, "status value");
 _Static_assert(KVC_ERR_INTERNAL == 17, "status value");
+_Static_assert(KVC_ERR_INCOMPATIBLE == 18, "status value");
+_Static_assert(KVC_ERR_CORRUPT == 19, "status value");
+_Static_assert(KVC_ERR_IO == 20, "status value");
 _Static_assert(KVC_STATUS_FORCE_32BIT == 0x7fffffff, "status sentinel");
 _Static_assert(KVC_DTYPE_F32 == 0 && KVC_DTYPE_F16 == 1 && KVC_DTYPE_BF16 == 2, "dtype values");
 _Static_assert(KVC_DEVICE_CPU == 0 && KVC_DEVICE_CUDA == 1, "device values");
@@ -236,7 +239,11 @@ FIELD(kvc_api, prefix_set_callback, 456, 8);
 FIELD(kvc_api, pool_set_stream, 464, 8);
 FIELD(kvc_api, pool_sync, 472, 8);
 FIELD(kvc_api, pool_copy_blocks, 480, 8);
-SIZE(kvc_api, 488); /* end of version 3 */
+FIELD(kvc_api, seq_save, 488, 8);
+FIELD(kvc_api, seq_restore, 496, 8);
+FIELD(kvc_api, seq_save_file, 504, 8);
+FIELD(kvc_api, seq_restore_file, 512, 8);
+SIZE(kvc_api, 520); /* end of version 3 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);

@@ -60,7 +60,7 @@ constexpr uint64_t kMaxLength = 0x7fffffffu;
 
 std::string st(kvc_status s) { return kvc_status_string(s); }
 
-bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_INTERNAL; }
+bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_IO; }
 
 class Input {
  public:
@@ -381,7 +381,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int op_i = 0; op_i < kMaxOps && !in.empty(); ++op_i) {
     const kvc_stats before = h.stats;
     const Tables tables_before = h.tables;
-    const uint8_t op = in.u8() % 16;
+    const uint8_t op = in.u8() % 17;
     const char *name = "?";
     bool must_fail = false;   // the model says the call is invalid
     bool may_fail = false;    // valid, but may run out of blocks
@@ -761,6 +761,36 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (kvc_status x : all) FCHECK(x == KVC_ERR_NULL_POINTER, st(x));
         r = KVC_ERR_NULL_POINTER;
         kvc_pool_destroy(nullptr);
+        break;
+      }
+      case 16: {  // save a sequence and restore it under another id, the record intact or damaged
+        name = "kvc_seq_restore";
+        const uint64_t src = pick_id(in), dst = pick_id(in);
+        const uint8_t damage = in.u8();
+        size_t size = 0;
+        const kvc_status rs = kvc_seq_save(h.pool, src, nullptr, 0, &size);
+        if (!h.seqs.count(src)) {
+          FCHECK(rs == KVC_ERR_SEQ_NOT_FOUND, "save of a missing sequence: " + st(rs));
+          must_fail = true;
+          r = rs;
+          break;
+        }
+        FCHECK(rs == KVC_ERR_BUFFER_TOO_SMALL && size > 24, "save size query: " + st(rs));
+        std::vector<uint8_t> rec(size);
+        FCHECK(kvc_seq_save(h.pool, src, rec.data(), rec.size(), &size) == KVC_OK, "save");
+        size_t len = rec.size();
+        if (damage & 1) rec[8 + (static_cast<size_t>(in.u8()) * 131 + damage) % (rec.size() - 8)] ^= 1u << (damage >> 5);
+        else if (damage & 2) len = static_cast<size_t>(in.u8()) % rec.size();
+        must_fail = h.seqs.count(dst) != 0 || (damage & 3) != 0;
+        may_fail = true;  // a record may need more blocks than are free
+        r = kvc_seq_restore(h.pool, dst, rec.data(), len);
+        mr = core_status([&] { mirror.seq_restore(dst, rec.data(), len); });
+        if (r == KVC_OK) {
+          h.seqs[dst] = h.seqs[src];
+        } else {
+          FCHECK(r == KVC_ERR_SEQ_EXISTS || r == KVC_ERR_CORRUPT || r == KVC_ERR_POOL_EXHAUSTED, st(r));
+          if (damage & 3 && !h.seqs.count(dst)) FCHECK(r == KVC_ERR_CORRUPT, "damaged record: " + st(r));
+        }
         break;
       }
       default: {  // 15: conversions and dtype sizes

@@ -52,6 +52,7 @@ class KvcError(Exception):
 
 
 _native._register_error(KvcError)
+_native.KvcError = KvcError  # for the methods written in Python (kvcache_python.i)
 
 _NP_TO_DTYPE = {
     _np.dtype(_np.float32): _native.DTYPE_F32,

@@ -573,3 +573,39 @@ def test_python_side_argument_checks():
         with pytest.raises(TypeError):
             pool.prefix_lookup(toks.astype(">i4"))  # big-endian ids are not read as native
         assert pool.prefix_lookup(np.arange(80, dtype=np.int32)[::2], salt="a").hit_tokens == 0  # strided: converted
+
+
+# ---------------------------------------------------------------- save / restore
+
+def test_save_and_restore_sequence(model, captured, tmp_path):
+    ks, vs, _ = captured
+    codec = kvcache.Codec()
+    codec.dtype, codec.granularity, codec.group_size = kvcache.DTYPE_INT4, kvcache.SCALE_PER_GROUP, 8
+    cfg = model_config(model)
+    with kvcache.Pool(cfg, codec, codec) as a, kvcache.Pool(cfg, codec, codec) as b:
+        fill(a, 1, ks, vs)
+        rec = a.save(1)
+        assert rec[:4] == b"KVCS" and len(rec) == a.save_size(1)
+        b.restore(5, rec)
+        path = str(tmp_path / "seq1.kvcs")
+        a.save_file(1, path)
+        b.restore_file(6, path)
+        for layer in range(model.n_layers):
+            want = a.gather(1, layer)
+            for seq in (5, 6):
+                got = b.gather(seq, layer)
+                np.testing.assert_array_equal(got[0], want[0])
+                np.testing.assert_array_equal(got[1], want[1])
+        damaged = bytearray(rec)
+        damaged[len(rec) // 2] ^= 1
+        with pytest.raises(kvcache.KvcError) as e:
+            b.restore(7, damaged)
+        assert status_of(e) == kvcache.ERR_CORRUPT
+    other = model_config(model, block_size=8)
+    with kvcache.Pool(other) as c:
+        with pytest.raises(kvcache.KvcError) as e:
+            c.restore(1, rec)
+        assert status_of(e) == kvcache.ERR_INCOMPATIBLE and "block_size" in e.value.message
+        with pytest.raises(kvcache.KvcError) as e:
+            c.restore_file(1, str(tmp_path / "missing.kvcs"))
+        assert status_of(e) == kvcache.ERR_IO

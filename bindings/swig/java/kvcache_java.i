@@ -6,8 +6,11 @@
  *
  * Names: Java style (lowerCamelCase methods and field accessors: seqCreate,
  * setNumLayers...); enum constants are int constants of the module class Kvc
- * (Kvc.DTYPE_F16, Kvc.ERR_SEQ_NOT_FOUND...); uint64_t is a Java long (values
- * above 2^63 read as negative: Long.toUnsignedString shows them).
+ * (Kvc.DTYPE_F16, Kvc.ERR_SEQ_NOT_FOUND...). uint64_t is a Java long: values
+ * at or above 2^63 read as negative longs (Long.toUnsignedString shows them)
+ * and are passed as negative longs (Long.parseUnsignedLong makes them).
+ * uint32_t is a Java long too, checked: a value outside 0..2^32-1 throws
+ * IllegalArgumentException (never truncated).
  *
  * Errors: a failed call throws org.libkvcache.KvcException(status, message),
  * both read inside the failing native call (%exception below).
@@ -20,15 +23,30 @@
  * Arrays are read (and written back, for outputs) with Get/Release<T>ArrayElements,
  * which may copy (HotSpot does); use direct ByteBuffers to avoid the copy.
  * Anything else throws IllegalArgumentException. Token ids: int[].
+ * The K/V methods (Pool.append / gather, Codec.quantize / dequantize) are
+ * Java methods (Buffers.java) over private raw natives: they check the array
+ * type against the dtype first (float[]: DTYPE_F32 only; short[]: DTYPE_F16 /
+ * DTYPE_BF16 only; byte[] and direct ByteBuffers: raw bytes of any dtype), so
+ * data is never reinterpreted as another dtype.
  *
- * Lifetime: Pool and Policy are AutoCloseable; close() frees the library
- * object once the calls in flight are done (idempotent; later calls throw
- * KvcException ERR_NULL_POINTER "the pool is closed"). Every proxy object
- * that owns native memory (Pool and Policy handles, PoolConfig, Stats...) is
- * registered with a java.lang.ref.Cleaner, which frees it once unreachable
- * unless delete() did: finalize() is deprecated since Java 9 (SWIG's default
- * javafinalize is replaced by an empty one). A Pool never closed is destroyed
- * by the Cleaner. After delete(), calls throw KvcException (check typemaps).
+ * Strings: passed as their UTF-8 bytes (String.getBytes(UTF_8) -> byte[] ->
+ * std::string of exactly those bytes), NUL characters included, not JNI's
+ * modified UTF-8: a salt or model id gives the same key as from Go or Python.
+ *
+ * Lifetime: Pool and Policy are AutoCloseable; close() and delete() both
+ * destroy the library object under the handle's exclusive lock, once the calls
+ * in flight are done (idempotent; later calls throw KvcException
+ * ERR_NULL_POINTER "the pool is closed"). Their small native handle (the lock
+ * and the pointer) is freed only by a java.lang.ref.Cleaner once the proxy is
+ * unreachable, when no thread can be inside a call on it. Every other proxy
+ * object that owns native memory (PoolConfig, Stats, Codec, Int32Vector...)
+ * is freed by delete() or else by the Cleaner; using it after delete() throws
+ * KvcException ERR_NULL_POINTER ("the object was deleted", check typemap), and
+ * passing it as an argument too (javain typemap): never a NULL dereference,
+ * and never "null = none". These smaller objects are not thread-safe: do not
+ * delete() one while another thread uses it. finalize() is not used
+ * (deprecated since Java 9; SWIG's default javafinalize is replaced by an
+ * empty one).
  */
 %module(jniclassname="KvcJNI") Kvc
 
@@ -64,9 +82,24 @@
 %rename("%(lowercamelcase)s", %$isfunction, %$not %$isconstructor, %$not %$isdestructor) "";
 %rename("%(lowercamelcase)s", %$isvariable) "";
 
-/* uint64_t as long (sequence ids, positions, counts), not BigInteger. */
+/* uint64_t as long (sequence ids, positions, counts), not BigInteger: a
+ * negative long passes a value >= 2^63 (its two's complement bits). */
 %apply long long { uint64_t };
 %apply const long long & { const uint64_t & };
+
+/* uint32_t (layers, flags, config fields) is a Java long, like stdint.i's,
+ * but range-checked instead of cast: 1L << 32 must not become layer 0. This
+ * is the `in` typemap of arguments and of field setters (memberin assigns
+ * the converted value). */
+%include <stdint.i>
+%typemap(in) uint32_t %{
+  if ($input < 0 || $input > (jlong)0xFFFFFFFFLL) {
+    kvc_java_throw(jenv, "java/lang/IllegalArgumentException",
+                   "$1_name: " + std::to_string((long long)$input) + " is outside the uint32_t range 0..4294967295");
+    return $null;
+  }
+  $1 = ($1_ltype)$input;
+%}
 
 %exception {
   kvc_swig_err.status = KVC_OK;
@@ -81,8 +114,9 @@
   }
 }
 
-/* A Pool or Policy whose handle delete() freed (swigCPtr 0): an exception,
- * not a NULL dereference (the common methods lock self->mu first). */
+/* A Pool or Policy whose handle is gone (swigCPtr 0): an exception, not a
+ * NULL dereference (the common methods lock self->mu first). delete() no
+ * longer frees the handle (javadestruct below), so this is only a guard. */
 %typemap(check) kvc_swig_pool *self, const kvc_swig_pool *self %{
   if ($1 == NULL) {
     kvc_swig_fail(KVC_ERR_NULL_POINTER, "the pool is closed (deleted)");
@@ -96,6 +130,33 @@
     kvc_java_raise(jenv);
     return $null;
   }
+%}
+/* Every other proxy (PoolConfig, Stats, Codec, Int32Vector...) after
+ * delete(): its getters, setters and methods throw KvcException
+ * ERR_NULL_POINTER instead of dereferencing NULL. */
+%typemap(check) SWIGTYPE *self, const SWIGTYPE *self %{
+  if ($1 == NULL) {
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the object was deleted");
+    kvc_java_raise(jenv);
+    return $null;
+  }
+%}
+/* A proxy argument: null means none (or is refused by the method), but a
+ * deleted object (non-null, pointer 0) throws KvcException ERR_NULL_POINTER
+ * ("k_codec: the Codec was deleted") instead of passing as null, which would
+ * mean no policy, no codec or the default prefix settings. swigLiveCPtr is
+ * in javabody below. */
+%typemap(javain) SWIGTYPE *, const SWIGTYPE *, SWIGTYPE & "$javaclassname.swigLiveCPtr($javainput, \"$javainput\")"
+
+/* ---- strings: their exact UTF-8 bytes, not JNI's modified UTF-8 ---- */
+%include <std_string.i> /* first: the common file's %include of it then adds nothing after this */
+%typemap(jni) const std::string & "jbyteArray"
+%typemap(jtype) const std::string & "byte[]"
+%typemap(jstype) const std::string & "String"
+%typemap(javain) const std::string & "Buffers.utf8($javainput, \"$javainput\")"
+%typemap(in) const std::string & ($*1_ltype temp) %{
+  if (!kvc_java_string(jenv, $input, &temp)) return $null;
+  $1 = &temp;
 %}
 
 /* ---- bytes: float[], short[], byte[], direct ByteBuffer or null ---- */
@@ -153,6 +214,14 @@
     return (obj == null) ? 0 : obj.swigCPtr;
   }
 
+  /* An argument (javain typemap): 0 for null, an exception for a deleted object. */
+  static long swigLiveCPtr($javaclassname obj, String what) {
+    if (obj == null) return 0;
+    long ptr = obj.swigCPtr;
+    if (ptr == 0) throw new KvcException(Kvc.ERR_NULL_POINTER, what + ": the $javaclassname was deleted");
+    return ptr;
+  }
+
   protected static long swigRelease($javaclassname obj) {
     long ptr = 0;
     if (obj != null) {
@@ -178,11 +247,19 @@
     }
   }
 
-/* Pool and Policy: AutoCloseable. close() is the common close(): it frees the
- * library object now and keeps the small handle, so later calls (and passing a
- * closed Policy) throw KvcException ERR_NULL_POINTER; the handle itself is
- * freed by delete() or the Cleaner. The Java close()/closed() guard against a
- * handle already freed by delete(), which the common ones would dereference. */
+/* Pool and Policy: AutoCloseable; delete() is close(). Both run the common
+ * close(): it destroys the library object under the handle's exclusive lock,
+ * so after the calls other threads have in flight, and keeps the small handle
+ * (pointer + lock), so later calls (and passing a closed Policy) throw
+ * KvcException ERR_NULL_POINTER. The handle itself is freed only by the
+ * Cleaner (the common destructor), once the proxy is unreachable: every call
+ * passes the proxy to its native method, so no thread can be inside one then.
+ * Freeing the handle in delete() would free the lock and the pointer a
+ * running call on another thread uses. */
+%typemap(javadestruct, methodname="delete", methodmodifiers="public synchronized", parameters="")
+    kvc_swig_pool, kvc_swig_policy {
+    close();
+  }
 %rename(closeNative) kvc_swig_pool::close;
 %rename(closedNative) kvc_swig_pool::closed;
 %rename(closeNative) kvc_swig_policy::close;
@@ -192,8 +269,27 @@
 %javamethodmodifiers kvc_swig_policy::close "private";
 %javamethodmodifiers kvc_swig_policy::closed "private";
 %typemap(javainterfaces) kvc_swig_pool, kvc_swig_policy "AutoCloseable"
-%typemap(javacode) kvc_swig_pool, kvc_swig_policy %{
-  /** Frees the library object now; idempotent. Later calls throw KvcException (ERR_NULL_POINTER). */
+
+/* K/V data: the generated natives are private raw methods; the public
+ * methods (javacode below) check the array type against the dtype first
+ * (Buffers.java). */
+%rename(appendRaw) kvc_swig_pool::append;
+%rename(gatherRaw) kvc_swig_pool::gather;
+%rename(quantizeRaw) kvc_codec::quantize;
+%rename(dequantizeRaw) kvc_codec::dequantize;
+%rename(setSeedRaw) kvc_prefix_config::set_seed;
+%javamethodmodifiers kvc_swig_pool::append "private";
+%javamethodmodifiers kvc_swig_pool::gather "private";
+%javamethodmodifiers kvc_codec::quantize "private";
+%javamethodmodifiers kvc_codec::dequantize "private";
+%javamethodmodifiers kvc_prefix_config::set_seed "private";
+
+%typemap(javacode) kvc_swig_policy %{
+  /**
+   * Releases the policy now, after the calls using it on other threads;
+   * idempotent. Pools and sequences it is attached to keep their own
+   * reference. Passing it afterwards throws KvcException (ERR_NULL_POINTER).
+   */
   @Override
   public synchronized void close() {
     if (swigCPtr != 0) closeNative();
@@ -202,6 +298,104 @@
   /** Whether close() (or delete()) was called. */
   public synchronized boolean closed() {
     return swigCPtr == 0 || closedNative();
+  }
+%}
+
+%typemap(javacode) kvc_swig_pool %{
+  /**
+   * Destroys the pool now, after the calls in flight on other threads;
+   * idempotent. Later calls throw KvcException (ERR_NULL_POINTER, "the pool
+   * is closed"). delete() does the same.
+   */
+  @Override
+  public synchronized void close() {
+    if (swigCPtr != 0) closeNative();
+  }
+
+  /** Whether close() (or delete()) was called. */
+  public synchronized boolean closed() {
+    return swigCPtr == 0 || closedNative();
+  }
+
+  /**
+   * Writes K and V of n tokens at positions [pos, pos + n) of one layer, each
+   * [n][num_kv_heads][head_dim] of {@code dtype}: float[] for DTYPE_F32,
+   * short[] (bit patterns) for DTYPE_F16 / DTYPE_BF16, or byte[] / a direct
+   * ByteBuffer holding that dtype's bytes (native order). n = bytes / row
+   * bytes. Returns n.
+   *
+   * @throws IllegalArgumentException an array type that does not hold {@code dtype}
+   */
+  public long append(long seqId, long layer, long pos, Object k, Object v, int dtype) {
+    Buffers.checkData("k", k, dtype);
+    Buffers.checkData("v", v, dtype);
+    return appendRaw(seqId, layer, pos, k, v, dtype);
+  }
+
+  /** {@link #append(long, long, long, Object, Object, int)} of f32 data (float[], or f32 bytes). */
+  public long append(long seqId, long layer, long pos, Object k, Object v) {
+    Buffers.checkData("k", k, Buffers.NO_DTYPE);
+    Buffers.checkData("v", v, Buffers.NO_DTYPE);
+    return appendRaw(seqId, layer, pos, k, v, Kvc.DTYPE_F32);
+  }
+
+  /**
+   * Reads K and/or V of the layer's tokens [first, first + n) into kOut and
+   * vOut ([n][num_kv_heads][head_dim] of {@code dtype} each, as in append;
+   * either may be null; n from their sizes). Returns n.
+   *
+   * @throws IllegalArgumentException an array type that does not hold {@code dtype}
+   */
+  public long gather(long seqId, long layer, long first, Object kOut, Object vOut, int dtype) {
+    Buffers.checkData("k_out", kOut, dtype);
+    Buffers.checkData("v_out", vOut, dtype);
+    return gatherRaw(seqId, layer, first, kOut, vOut, dtype);
+  }
+
+  /** {@link #gather(long, long, long, Object, Object, int)} into f32 (float[], or f32 bytes). */
+  public long gather(long seqId, long layer, long first, Object kOut, Object vOut) {
+    Buffers.checkData("k_out", kOut, Buffers.NO_DTYPE);
+    Buffers.checkData("v_out", vOut, Buffers.NO_DTYPE);
+    return gatherRaw(seqId, layer, first, kOut, vOut, Kvc.DTYPE_F32);
+  }
+%}
+
+%typemap(javacode) kvc_codec %{
+  /**
+   * Quantizes {@code src} ([n][d] of srcDtype: float[] for DTYPE_F32, short[]
+   * for DTYPE_F16 / DTYPE_BF16, or byte[] / a direct ByteBuffer of that
+   * dtype's bytes; n = bytes / (d x element size)) into codes, scales and
+   * zeros of at least sizes(n, d) bytes each (scales and zeros may be null
+   * when the codec has none). Returns n.
+   *
+   * @throws IllegalArgumentException an array type that does not hold {@code srcDtype}
+   */
+  public long quantize(Object src, int srcDtype, long d, Object codes, Object scales, Object zeros) {
+    Buffers.checkData("src", src, srcDtype);
+    return quantizeRaw(src, srcDtype, d, codes, scales, zeros);
+  }
+
+  /**
+   * Dequantizes [n][d] values into {@code dst} (at least n x d elements of
+   * dstDtype: float[] for DTYPE_F32, short[] for DTYPE_F16 / DTYPE_BF16, or
+   * byte[] / a direct ByteBuffer).
+   *
+   * @throws IllegalArgumentException an array type that does not hold {@code dstDtype}
+   */
+  public void dequantize(Object codes, Object scales, Object zeros, long n, long d, Object dst, int dstDtype) {
+    Buffers.checkData("dst", dst, dstDtype);
+    dequantizeRaw(codes, scales, zeros, n, d, dst, dstDtype);
+  }
+%}
+
+%typemap(javacode) kvc_prefix_config %{
+  /**
+   * Seeds the prefix keys' root with exactly 32 bytes (sets seedSet), so keys
+   * match across pools and restarts. Anything but 32 bytes throws
+   * KvcException (ERR_INVALID_ARGUMENT).
+   */
+  public void setSeed(byte[] seed) {
+    setSeedRaw(seed);
   }
 %}
 
@@ -239,6 +433,25 @@ static void kvc_java_throw(JNIEnv *jenv, const char *cls_name, const std::string
   jclass cls = jenv->FindClass(cls_name);
   if (cls != NULL) jenv->ThrowNew(cls, msg.c_str());
   jenv->DeleteLocalRef(cls);
+}
+
+/* A String argument: Buffers.utf8() made its UTF-8 bytes (String.getBytes),
+ * copied here into *out as they are, NULs included; false with a Java
+ * exception pending (NullPointerException for null). */
+static bool kvc_java_string(JNIEnv *jenv, jbyteArray bytes, std::string *out) {
+  if (bytes == NULL) {
+    kvc_java_throw(jenv, "java/lang/NullPointerException", "null string");
+    return false;
+  }
+  const jsize n = jenv->GetArrayLength(bytes);
+  try {
+    out->resize((size_t)n);
+  } catch (const std::exception &) {
+    kvc_java_throw(jenv, "java/lang/OutOfMemoryError", "string argument too large");
+    return false;
+  }
+  if (n > 0) jenv->GetByteArrayRegion(bytes, 0, n, (jbyte *)&(*out)[0]);
+  return !jenv->ExceptionCheck();
 }
 
 /* A global reference to a class, looked up once. */
@@ -372,4 +585,16 @@ struct kvc_java_buf {
     return false;
   }
 };
+%}
+
+/* Test hook, package-private in Java (Kvc.stringBytes(String, byte[])): the
+ * bytes a String argument arrives as in C++, copied into probe_out (as many
+ * as fit); returns their count. StringsTest checks real UTF-8 with it. */
+%apply (void *OUT_BUF, size_t OUT_BYTES) { (void *probe_out, size_t probe_out_bytes) };
+%javamethodmodifiers string_bytes "";
+%inline %{
+static uint64_t string_bytes(const std::string &s, void *probe_out, size_t probe_out_bytes) {
+  if (probe_out != NULL) memcpy(probe_out, s.data(), s.size() < probe_out_bytes ? s.size() : probe_out_bytes);
+  return s.size();
+}
 %}

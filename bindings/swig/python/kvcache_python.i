@@ -235,6 +235,16 @@ static void _register_error(PyObject *type) {
         """Read into caller arrays (either may be None); returns n."""
         return _py_pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype)
 
+    def save(self, seq_id):
+        """The sequence's record (kvc_seq_save) as bytes; restore() takes it back."""
+        while True:
+            buf = bytearray(self.save_size(seq_id))
+            try:
+                return bytes(buf[:self.save_into(seq_id, buf)])
+            except KvcError as e:  # the sequence grew meanwhile: size again
+                if e.status != ERR_BUFFER_TOO_SMALL:
+                    raise
+
     def __enter__(self):
         return self
 

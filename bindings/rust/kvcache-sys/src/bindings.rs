@@ -99,6 +99,18 @@ impl kvc_status {
     pub const KVC_ERR_INTERNAL: kvc_status = kvc_status(17);
 }
 impl kvc_status {
+    #[doc = "< Saved data (a sequence record) comes from a pool of another configuration or a format this library does not read. @since 0.3"]
+    pub const KVC_ERR_INCOMPATIBLE: kvc_status = kvc_status(18);
+}
+impl kvc_status {
+    #[doc = "< Saved data fails its checksum or structure checks (damaged, truncated or not a record). @since 0.3"]
+    pub const KVC_ERR_CORRUPT: kvc_status = kvc_status(19);
+}
+impl kvc_status {
+    #[doc = "< A file could not be read or written (the message has the system's reason). @since 0.3"]
+    pub const KVC_ERR_IO: kvc_status = kvc_status(20);
+}
+impl kvc_status {
     #[doc = "< Forces a 32-bit enum; never returned."]
     pub const KVC_STATUS_FORCE_32BIT: kvc_status = kvc_status(2147483647);
 }
@@ -2763,6 +2775,91 @@ extern "C" {
         dst_dtype: kvc_dtype,
     ) -> kvc_status;
 }
+extern "C" {
+    #[doc = " @brief Save one sequence as a self-describing record (llama.cpp's state"]
+    #[doc = " save, vLLM / LMCache's store by request): its length, per-layer block"]
+    #[doc = " tables, positions (after eviction), observed attention scores and the"]
+    #[doc = " bytes of its blocks exactly as the pool stores them (codes, scales and"]
+    #[doc = " zero points: a restore re-quantizes nothing). The record carries a"]
+    #[doc = " fingerprint of the pool's geometry, dtypes, codecs (granularity, group"]
+    #[doc = " size, scale dtype, rotation, static scales), block size, layout, residual"]
+    #[doc = " window and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
+    #[doc = " Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block"]
+    #[doc = " over all layers) plus 100 bytes per layer. The sequence is unchanged."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param buffer NULL (to query the size) or receives the record."]
+    #[doc = " @param capacity bytes buffer can hold."]
+    #[doc = " @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only"]
+    #[doc = " size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime)."]
+    #[doc = " CUDA pools: the blocks are copied to the host before the call returns."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_save(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        buffer: *mut ::std::os::raw::c_void,
+        capacity: usize,
+        size: *mut usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this"]
+    #[doc = " pool or another whose fingerprint is equal (another process, a CUDA pool"]
+    #[doc = " from a CPU pool's record and back). All checks run before the pool"]
+    #[doc = " changes: on failure nothing is created and no block is taken. Per-tensor"]
+    #[doc = " scales: a layer that has none yet takes the record's; one that has"]
+    #[doc = " another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id an id no live sequence has."]
+    #[doc = " @param data the record."]
+    #[doc = " @param size its size in bytes."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;"]
+    #[doc = " ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this"]
+    #[doc = " library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another"]
+    #[doc = " configuration: the message names the fields that differ; another record"]
+    #[doc = " format; a different per-tensor scale); ::KVC_ERR_POOL_EXHAUSTED (not enough"]
+    #[doc = " free blocks); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_restore(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        data: *const ::std::os::raw::c_void,
+        size: usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_save() into a file, atomically: the record is written to a"]
+    #[doc = " temporary file in the same folder, flushed to disk (fsync) and renamed"]
+    #[doc = " over `path`, so a reader sees the old file or the whole new one, never a"]
+    #[doc = " part (a crash mid-write leaves at most the temporary file behind)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param path the file to create or replace."]
+    #[doc = " @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no"]
+    #[doc = " such folder, permission denied, disk full...; `path` is then unchanged)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_save_file(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        path: *const ::std::os::raw::c_char,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or"]
+    #[doc = " any file holding exactly one record)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id an id no live sequence has."]
+    #[doc = " @param path the file."]
+    #[doc = " @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_restore_file(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        path: *const ::std::os::raw::c_char,
+    ) -> kvc_status;
+}
 impl kvc_observe {
     #[doc = "< Record nothing (default)."]
     pub const KVC_OBSERVE_NONE: kvc_observe = kvc_observe(0);
@@ -4872,12 +4969,47 @@ pub struct kvc_api {
             arg5: kvc_copy_direction,
         ) -> kvc_status,
     >,
+    #[doc = "< kvc_seq_save()"]
+    pub seq_save: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: *mut ::std::os::raw::c_void,
+            arg4: usize,
+            arg5: *mut usize,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_seq_restore()"]
+    pub seq_restore: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: *const ::std::os::raw::c_void,
+            arg4: usize,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_seq_save_file()"]
+    pub seq_save_file: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: *const ::std::os::raw::c_char,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_seq_restore_file()"]
+    pub seq_restore_file: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: *const ::std::os::raw::c_char,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        488usize,
+        520usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -5939,6 +6071,74 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_pool_copy_blocks();
+    fn test_field_seq_save() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_save) as usize - ptr as usize
+            },
+            488usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_save)
+            )
+        );
+    }
+    test_field_seq_save();
+    fn test_field_seq_restore() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_restore) as usize - ptr as usize
+            },
+            496usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_restore)
+            )
+        );
+    }
+    test_field_seq_restore();
+    fn test_field_seq_save_file() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_save_file) as usize - ptr as usize
+            },
+            504usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_save_file)
+            )
+        );
+    }
+    test_field_seq_save_file();
+    fn test_field_seq_restore_file() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_restore_file) as usize - ptr as usize
+            },
+            512usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_restore_file)
+            )
+        );
+    }
+    test_field_seq_restore_file();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]

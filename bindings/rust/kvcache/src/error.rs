@@ -46,11 +46,17 @@ pub enum Status {
     NonFinite,
     /// `KVC_ERR_INTERNAL`: a bug in the library.
     Internal,
+    /// `KVC_ERR_INCOMPATIBLE`: saved data from a pool of another configuration or format.
+    Incompatible,
+    /// `KVC_ERR_CORRUPT`: saved data that fails its checksum or structure checks.
+    Corrupt,
+    /// `KVC_ERR_IO`: a file could not be read or written.
+    Io,
     /// A code this crate does not know.
     Other(u32),
 }
 
-const KNOWN: [(Status, sys::kvc_status); 17] = [
+const KNOWN: [(Status, sys::kvc_status); 20] = [
     (
         Status::InvalidArgument,
         sys::kvc_status::KVC_ERR_INVALID_ARGUMENT,
@@ -80,6 +86,9 @@ const KNOWN: [(Status, sys::kvc_status); 17] = [
     (Status::InvalidScale, sys::kvc_status::KVC_ERR_INVALID_SCALE),
     (Status::NonFinite, sys::kvc_status::KVC_ERR_NON_FINITE),
     (Status::Internal, sys::kvc_status::KVC_ERR_INTERNAL),
+    (Status::Incompatible, sys::kvc_status::KVC_ERR_INCOMPATIBLE),
+    (Status::Corrupt, sys::kvc_status::KVC_ERR_CORRUPT),
+    (Status::Io, sys::kvc_status::KVC_ERR_IO),
 ];
 
 impl Status {

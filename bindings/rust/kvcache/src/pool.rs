@@ -468,6 +468,39 @@ impl Pool {
         check(unsafe { sys::kvc_seq_free(self.as_ptr(), seq_id) })
     }
 
+    /// The sequence as a self-describing record (`kvc_seq_save`, docs/tiers.md):
+    /// block bytes as stored, positions, scores and a fingerprint of the pool's
+    /// configuration. [`Pool::seq_restore`] takes it back, in this pool or another
+    /// with the same configuration.
+    pub fn seq_save(&self, seq_id: u64) -> Result<Vec<u8>> {
+        loop {
+            let mut size = 0usize;
+            // SAFETY: valid pool; a NULL buffer only queries the size.
+            let st = unsafe { sys::kvc_seq_save(self.as_ptr(), seq_id, std::ptr::null_mut(), 0, &mut size) };
+            if st != sys::kvc_status::KVC_ERR_BUFFER_TOO_SMALL {
+                check(st)?;
+            }
+            let mut buf = vec![0u8; size];
+            // SAFETY: buf holds `size` writable bytes.
+            let st = unsafe {
+                sys::kvc_seq_save(self.as_ptr(), seq_id, buf.as_mut_ptr().cast(), buf.len(), &mut size)
+            };
+            if st == sys::kvc_status::KVC_ERR_BUFFER_TOO_SMALL {
+                continue; // the sequence grew between the two calls
+            }
+            check(st)?;
+            buf.truncate(size);
+            return Ok(buf);
+        }
+    }
+
+    /// Creates `seq_id` from a record of [`Pool::seq_save`]; on any error
+    /// (`Corrupt`, `Incompatible`, `PoolExhausted`, `SeqExists`) nothing changes.
+    pub fn seq_restore(&self, seq_id: u64, record: &[u8]) -> Result<()> {
+        // SAFETY: valid pool; record is readable for its length.
+        check(unsafe { sys::kvc_seq_restore(self.as_ptr(), seq_id, record.as_ptr().cast(), record.len()) })
+    }
+
     /// Length in tokens: the next position to write (reserved positions included).
     pub fn seq_length(&self, seq_id: u64) -> Result<u64> {
         let mut length = 0u64;

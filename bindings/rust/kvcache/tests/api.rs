@@ -519,3 +519,34 @@ fn a_pool_is_shared_between_threads() {
     });
     assert_eq!(pool.stats().unwrap().num_sequences, 4);
 }
+
+#[test]
+fn save_and_restore_round_trip() {
+    let config = PoolConfig::new(2, 4, 2, 64).block_size(16).num_blocks(64);
+    let a = Pool::new(&config).unwrap();
+    let b = Pool::new(&config).unwrap();
+    let row = a.row_len();
+    a.seq_create(1).unwrap();
+    a.seq_reserve(1, 21).unwrap();
+    let k: Vec<f32> = (0..21 * row).map(|i| (i % 97) as f32 / 97.0).collect();
+    for layer in 0..2 {
+        a.append(1, layer, 0, &k, &k).unwrap();
+    }
+    let rec = a.seq_save(1).unwrap();
+    assert_eq!(&rec[..4], b"KVCS");
+    b.seq_restore(3, &rec).unwrap();
+    for layer in 0..2 {
+        let x = a.gather::<f32>(1, layer, 0, 21).unwrap();
+        let y = b.gather::<f32>(3, layer, 0, 21).unwrap();
+        assert_eq!(x.k, y.k);
+        assert_eq!(x.v, y.v);
+    }
+    let mut bad = rec.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    assert_eq!(b.seq_restore(4, &bad).unwrap_err().status, Status::Corrupt);
+    let other = Pool::new(&PoolConfig::new(2, 4, 2, 32).block_size(16).num_blocks(64)).unwrap();
+    let err = other.seq_restore(1, &rec).unwrap_err();
+    assert_eq!(err.status, Status::Incompatible);
+    assert!(err.message.contains("head_dim"), "{}", err.message);
+}

@@ -20,8 +20,12 @@ func (c Codec) Quantize(src []float32, d uint64, codes, scales, zeros []byte) (u
 	return c.quantize(bytesOf(src), DTYPE_F32, d, codes, scales, zeros)
 }
 
-// Quantize16 is Quantize of f16 or bf16 data (dtype DTYPE_F16 or DTYPE_BF16).
+// Quantize16 is Quantize of f16 or bf16 data: dtype must be DTYPE_F16 or
+// DTYPE_BF16 (ERR_INVALID_ARGUMENT otherwise: the data is not reinterpreted).
 func (c Codec) Quantize16(src []Float16, dtype DType, d uint64, codes, scales, zeros []byte) (uint64, error) {
+	if err := check16("Quantize16", dtype); err != nil {
+		return 0, err
+	}
 	return c.quantize(bytesOf(src), dtype, d, codes, scales, zeros)
 }
 
@@ -37,8 +41,12 @@ func (c Codec) Dequantize(codes, scales, zeros []byte, n, d uint64, dst []float3
 	return c.dequantize(codes, scales, zeros, n, d, bytesOf(dst), DTYPE_F32)
 }
 
-// Dequantize16 is Dequantize into f16 or bf16 (dtype DTYPE_F16 or DTYPE_BF16).
+// Dequantize16 is Dequantize into f16 or bf16: dtype must be DTYPE_F16 or
+// DTYPE_BF16 (ERR_INVALID_ARGUMENT otherwise).
 func (c Codec) Dequantize16(codes, scales, zeros []byte, n, d uint64, dst []Float16, dtype DType) error {
+	if err := check16("Dequantize16", dtype); err != nil {
+		return err
+	}
 	return c.dequantize(codes, scales, zeros, n, d, bytesOf(dst), dtype)
 }
 

@@ -12,7 +12,6 @@
 package kvcache
 
 import (
-	"runtime"
 	"unsafe"
 
 	"libkvcache.org/kvcache/internal/native"
@@ -81,7 +80,3 @@ func takeInts(v native.Int32Vector) []int32 {
 	}
 	return out
 }
-
-// keep is runtime.KeepAlive under a shorter name: an object with a finalizer
-// stays reachable until its native call has returned.
-func keep(x interface{}) { runtime.KeepAlive(x) }

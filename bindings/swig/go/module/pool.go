@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"fmt"
 	"runtime"
 	"sync/atomic"
 
@@ -10,8 +11,24 @@ import (
 // Pool is a KV cache pool (kvc_pool): blocks of BlockSize tokens shared by
 // sequences. Its methods may be called from several goroutines at once.
 // Close it when done; one never closed is freed by a finalizer after a GC.
+//
+// A Pool holds a pointer to its state, which carries the finalizer: a copy
+// of a Pool value is the same pool (closing one closes both) and keeps it
+// alive. A nil *Pool or a zero Pool (not made by NewPool) is no pool: every
+// method returns an *Error with ERR_NULL_POINTER (Closed reports true).
 type Pool struct {
+	s *poolState
+}
+
+// poolState is what a Pool and its copies share; its finalizer frees the
+// native handle once no Pool refers to it.
+type poolState struct {
 	h native.Pool
+}
+
+// errNoPool is returned by the methods of a nil or zero Pool.
+func errNoPool() error {
+	return &Error{Status: ERR_NULL_POINTER, Message: "the pool is nil or zero (not made by NewPool)"}
 }
 
 // NewPool creates a pool (kvc_pool_create).
@@ -31,34 +48,44 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 	if err := call(func() { h = native.NewPool(nc, kc, vc) }); err != nil {
 		return nil, err
 	}
-	p := &Pool{h: h}
-	runtime.SetFinalizer(p, func(p *Pool) {
-		native.DeletePool(p.h) // destroys the library pool unless closed, frees the handle
+	s := &poolState{h: h}
+	runtime.SetFinalizer(s, func(s *poolState) {
+		native.DeletePool(s.h) // destroys the library pool unless closed, frees the handle
 		if f := finalized.Load(); f != nil {
 			(*f)()
 		}
 	})
-	return p, nil
+	return &Pool{s: s}, nil
+}
+
+// do runs f on the pool's handle as one native call (see call), keeping the
+// state (and so the handle) alive until f has returned.
+func (p *Pool) do(f func(h native.Pool)) error {
+	if p == nil || p.s == nil {
+		return errNoPool()
+	}
+	s := p.s
+	defer runtime.KeepAlive(s)
+	return call(func() { f(s.h) })
 }
 
 // Close destroys the pool once the calls other goroutines have in flight
 // are done; later calls fail with ERR_NULL_POINTER. Closing again does nothing.
 func (p *Pool) Close() error {
-	defer keep(p)
-	return call(func() { p.h.Close() })
+	return p.do(func(h native.Pool) { h.Close() })
 }
 
-// Closed reports whether Close was called.
+// Closed reports whether Close was called (true for a nil or zero Pool).
 func (p *Pool) Closed() bool {
-	defer keep(p)
-	return p.h.Closed()
+	closed := true
+	_ = p.do(func(h native.Pool) { closed = h.Closed() })
+	return closed
 }
 
 // Config is the pool's configuration (without codecs).
 func (p *Pool) Config() (cfg PoolConfig, err error) {
-	defer keep(p)
 	var n native.PoolConfig
-	if err = call(func() { n = p.h.Config() }); err != nil {
+	if err = p.do(func(h native.Pool) { n = h.Config() }); err != nil {
 		return cfg, err
 	}
 	defer native.DeletePoolConfig(n)
@@ -67,9 +94,8 @@ func (p *Pool) Config() (cfg PoolConfig, err error) {
 
 // Stats are the pool's counters.
 func (p *Pool) Stats() (Stats, error) {
-	defer keep(p)
 	var n native.Stats
-	if err := call(func() { n = p.h.Stats() }); err != nil {
+	if err := p.do(func(h native.Pool) { n = h.Stats() }); err != nil {
 		return Stats{}, err
 	}
 	return statsFrom(n), nil
@@ -77,46 +103,39 @@ func (p *Pool) Stats() (Stats, error) {
 
 // SeqCreate creates an empty sequence.
 func (p *Pool) SeqCreate(seq uint64) error {
-	defer keep(p)
-	return call(func() { p.h.Seq_create(seq) })
+	return p.do(func(h native.Pool) { h.Seq_create(seq) })
 }
 
 // SeqFork creates child sharing every block of parent (copy-on-write).
 func (p *Pool) SeqFork(parent, child uint64) error {
-	defer keep(p)
-	return call(func() { p.h.Seq_fork(parent, child) })
+	return p.do(func(h native.Pool) { h.Seq_fork(parent, child) })
 }
 
 // SeqTruncate drops every token at position >= length.
 func (p *Pool) SeqTruncate(seq, length uint64) error {
-	defer keep(p)
-	return call(func() { p.h.Seq_truncate(seq, length) })
+	return p.do(func(h native.Pool) { h.Seq_truncate(seq, length) })
 }
 
 // SeqFree frees a sequence.
 func (p *Pool) SeqFree(seq uint64) error {
-	defer keep(p)
-	return call(func() { p.h.Seq_free(seq) })
+	return p.do(func(h native.Pool) { h.Seq_free(seq) })
 }
 
 // SeqLength is the next position to write.
 func (p *Pool) SeqLength(seq uint64) (n uint64, err error) {
-	defer keep(p)
-	err = call(func() { n = p.h.Seq_length(seq) })
+	err = p.do(func(h native.Pool) { n = h.Seq_length(seq) })
 	return n, err
 }
 
 // LayerTokens is the number of tokens one layer holds (fewer than the length after eviction).
 func (p *Pool) LayerTokens(seq uint64, layer uint32) (n uint64, err error) {
-	defer keep(p)
-	err = call(func() { n = p.h.Layer_tokens(seq, uint(layer)) })
+	err = p.do(func(h native.Pool) { n = h.Layer_tokens(seq, uint(layer)) })
 	return n, err
 }
 
 // Reserve adds n positions to every layer (all or nothing).
 func (p *Pool) Reserve(seq, n uint64) error {
-	defer keep(p)
-	return call(func() { p.h.Reserve(seq, n) })
+	return p.do(func(h native.Pool) { h.Reserve(seq, n) })
 }
 
 // Append writes K and V of n tokens at positions [pos, pos+n) of a layer:
@@ -125,14 +144,17 @@ func (p *Pool) Append(seq uint64, layer uint32, pos uint64, k, v []float32) (uin
 	return p.append(seq, layer, pos, bytesOf(k), bytesOf(v), DTYPE_F32)
 }
 
-// Append16 is Append with f16 or bf16 data (dtype DTYPE_F16 or DTYPE_BF16).
+// Append16 is Append with f16 or bf16 data: dtype must be DTYPE_F16 or
+// DTYPE_BF16 (ERR_INVALID_ARGUMENT otherwise: the data is not reinterpreted).
 func (p *Pool) Append16(seq uint64, layer uint32, pos uint64, k, v []Float16, dtype DType) (uint64, error) {
+	if err := check16("Append16", dtype); err != nil {
+		return 0, err
+	}
 	return p.append(seq, layer, pos, bytesOf(k), bytesOf(v), dtype)
 }
 
 func (p *Pool) append(seq uint64, layer uint32, pos uint64, k, v []byte, dtype DType) (n uint64, err error) {
-	defer keep(p)
-	err = call(func() { n = p.h.Append(seq, uint(layer), pos, k, v, native.Kvc_dtype(dtype)) })
+	err = p.do(func(h native.Pool) { n = h.Append(seq, uint(layer), pos, k, v, native.Kvc_dtype(dtype)) })
 	return n, err
 }
 
@@ -142,22 +164,24 @@ func (p *Pool) Gather(seq uint64, layer uint32, first uint64, kOut, vOut []float
 	return p.gather(seq, layer, first, bytesOf(kOut), bytesOf(vOut), DTYPE_F32)
 }
 
-// Gather16 is Gather into f16 or bf16 (dtype DTYPE_F16 or DTYPE_BF16).
+// Gather16 is Gather into f16 or bf16: dtype must be DTYPE_F16 or
+// DTYPE_BF16 (ERR_INVALID_ARGUMENT otherwise).
 func (p *Pool) Gather16(seq uint64, layer uint32, first uint64, kOut, vOut []Float16, dtype DType) (uint64, error) {
+	if err := check16("Gather16", dtype); err != nil {
+		return 0, err
+	}
 	return p.gather(seq, layer, first, bytesOf(kOut), bytesOf(vOut), dtype)
 }
 
 func (p *Pool) gather(seq uint64, layer uint32, first uint64, k, v []byte, dtype DType) (n uint64, err error) {
-	defer keep(p)
-	err = call(func() { n = p.h.Gather(seq, uint(layer), first, k, v, native.Kvc_dtype(dtype)) })
+	err = p.do(func(h native.Pool) { n = h.Gather(seq, uint(layer), first, k, v, native.Kvc_dtype(dtype)) })
 	return n, err
 }
 
 // Positions are the positions of a layer's tokens [first, first+n).
 func (p *Pool) Positions(seq uint64, layer uint32, first, n uint64) ([]int32, error) {
-	defer keep(p)
 	var v native.Int32Vector
-	if err := call(func() { v = p.h.Positions(seq, uint(layer), first, n) }); err != nil {
+	if err := p.do(func(h native.Pool) { v = h.Positions(seq, uint(layer), first, n) }); err != nil {
 		return nil, err
 	}
 	return takeInts(v), nil
@@ -165,40 +189,53 @@ func (p *Pool) Positions(seq uint64, layer uint32, first, n uint64) ([]int32, er
 
 // BlockTable is the block ids of one layer of a sequence, in order.
 func (p *Pool) BlockTable(seq uint64, layer uint32) ([]int32, error) {
-	defer keep(p)
 	var v native.Int32Vector
-	if err := call(func() { v = p.h.Block_table(seq, uint(layer)) }); err != nil {
+	if err := p.do(func(h native.Pool) { v = h.Block_table(seq, uint(layer)) }); err != nil {
 		return nil, err
 	}
 	return takeInts(v), nil
 }
 
-// SetPolicy sets the pool's default eviction policy (nil: none).
+// SetPolicy sets the pool's default eviction policy (nil: none). A zero
+// Policy (not made by NewPolicy) is an error (ERR_NULL_POINTER), not none.
 func (p *Pool) SetPolicy(policy *Policy) error {
-	defer keep(p)
-	defer keep(policy)
-	return call(func() { p.h.Set_policy(policy.handle()) })
+	return p.withPolicy(policy, func(h native.Pool, ph native.Policy) { h.Set_policy(ph) })
 }
 
 // SeqSetPolicy attaches a policy to one sequence (nil: the pool's default).
 func (p *Pool) SeqSetPolicy(seq uint64, policy *Policy) error {
-	defer keep(p)
-	defer keep(policy)
-	return call(func() { p.h.Seq_set_policy(seq, policy.handle()) })
+	return p.withPolicy(policy, func(h native.Pool, ph native.Policy) { h.Seq_set_policy(seq, ph) })
 }
 
 // Evict applies policy (nil: the sequence's, else the pool's) and returns
 // the tokens dropped, summed over the layers.
 func (p *Pool) Evict(seq uint64, policy *Policy) (dropped uint64, err error) {
-	defer keep(p)
-	defer keep(policy)
-	err = call(func() { dropped = p.h.Evict(seq, policy.handle()) })
+	err = p.withPolicy(policy, func(h native.Pool, ph native.Policy) { dropped = h.Evict(seq, ph) })
 	return dropped, err
+}
+
+// withPolicy is do with a policy argument (nil: none; zero: an error),
+// kept alive until f has returned.
+func (p *Pool) withPolicy(policy *Policy, f func(h native.Pool, ph native.Policy)) error {
+	if p == nil || p.s == nil {
+		return errNoPool()
+	}
+	ph := native.Policy(native.SwigcptrPolicy(0))
+	if policy != nil {
+		if policy.s == nil {
+			return errNoPolicy()
+		}
+		ph = policy.s.h
+		defer runtime.KeepAlive(policy.s)
+	}
+	return p.do(func(h native.Pool) { f(h, ph) })
 }
 
 // EnablePrefixCache turns the prefix cache on (cfg nil: the defaults).
 func (p *Pool) EnablePrefixCache(cfg *PrefixConfig) error {
-	defer keep(p)
+	if p == nil || p.s == nil {
+		return errNoPool()
+	}
 	nc := native.PrefixConfig(native.SwigcptrPrefixConfig(0))
 	model, tokenizer := "", ""
 	if cfg != nil {
@@ -206,15 +243,14 @@ func (p *Pool) EnablePrefixCache(cfg *PrefixConfig) error {
 		defer native.DeletePrefixConfig(nc)
 		model, tokenizer = cfg.ModelID, cfg.TokenizerID
 	}
-	return call(func() { p.h.Enable_prefix_cache(nc, model, tokenizer) })
+	return p.do(func(h native.Pool) { h.Enable_prefix_cache(nc, model, tokenizer) })
 }
 
 // PrefixLookup finds the cached leading tokens of a prompt. flags: 0 or
 // PREFIX_PARTIAL; salt: the tenant's extra key ("" for none).
 func (p *Pool) PrefixLookup(tokens []int32, flags uint32, salt string) (r PrefixResult, err error) {
-	defer keep(p)
 	var n native.PrefixResult
-	if err = call(func() { n = p.h.Prefix_lookup(tokens, uint(flags), salt) }); err != nil {
+	if err = p.do(func(h native.Pool) { n = h.Prefix_lookup(tokens, uint(flags), salt) }); err != nil {
 		return r, err
 	}
 	return prefixResultFrom(n), nil
@@ -222,9 +258,8 @@ func (p *Pool) PrefixLookup(tokens []int32, flags uint32, salt string) (r Prefix
 
 // PrefixAttach creates seq holding the cached prefix of the prompt.
 func (p *Pool) PrefixAttach(seq uint64, tokens []int32, flags uint32, salt string) (r PrefixResult, err error) {
-	defer keep(p)
 	var n native.PrefixResult
-	if err = call(func() { n = p.h.Prefix_attach(seq, tokens, uint(flags), salt) }); err != nil {
+	if err = p.do(func(h native.Pool) { n = h.Prefix_attach(seq, tokens, uint(flags), salt) }); err != nil {
 		return r, err
 	}
 	return prefixResultFrom(n), nil
@@ -232,16 +267,14 @@ func (p *Pool) PrefixAttach(seq uint64, tokens []int32, flags uint32, salt strin
 
 // PrefixInsert registers the full blocks of a sequence's prompt; returns the blocks newly registered.
 func (p *Pool) PrefixInsert(seq uint64, tokens []int32, salt string) (n uint64, err error) {
-	defer keep(p)
-	err = call(func() { n = p.h.Prefix_insert(seq, tokens, salt) })
+	err = p.do(func(h native.Pool) { n = h.Prefix_insert(seq, tokens, salt) })
 	return n, err
 }
 
 // PrefixStats are the prefix cache's counters.
 func (p *Pool) PrefixStats() (PrefixStats, error) {
-	defer keep(p)
 	var n native.PrefixStats
-	if err := call(func() { n = p.h.Prefix_stats() }); err != nil {
+	if err := p.do(func(h native.Pool) { n = h.Prefix_stats() }); err != nil {
 		return PrefixStats{}, err
 	}
 	return prefixStatsFrom(n), nil
@@ -252,8 +285,19 @@ var finalized atomic.Pointer[func()]
 
 // Policy is an eviction policy (kvc_policy). Pools and sequences it is
 // attached to keep their own reference: it may be closed after attaching.
+// Like a Pool, it holds a pointer to its state (copies are the same policy);
+// a zero Policy (not made by NewPolicy) is an error wherever it is passed or
+// called (ERR_NULL_POINTER), never "no policy": that is a nil *Policy.
 type Policy struct {
+	s *policyState
+}
+
+type policyState struct {
 	h native.Policy
+}
+
+func errNoPolicy() error {
+	return &Error{Status: ERR_NULL_POINTER, Message: "the policy is zero (not made by NewPolicy)"}
 }
 
 // NewPolicy creates a policy (kvc_policy_create).
@@ -264,27 +308,40 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	if err := call(func() { h = native.NewPolicy(nc) }); err != nil {
 		return nil, err
 	}
-	pol := &Policy{h: h}
-	runtime.SetFinalizer(pol, func(pol *Policy) { native.DeletePolicy(pol.h) })
-	return pol, nil
+	s := &policyState{h: h}
+	runtime.SetFinalizer(s, func(s *policyState) { native.DeletePolicy(s.h) })
+	return &Policy{s: s}, nil
+}
+
+func (pol *Policy) do(f func(h native.Policy)) error {
+	if pol == nil {
+		return &Error{Status: ERR_NULL_POINTER, Message: "the policy is nil"}
+	}
+	if pol.s == nil {
+		return errNoPolicy()
+	}
+	s := pol.s
+	defer runtime.KeepAlive(s)
+	return call(func() { f(s.h) })
 }
 
 // Close releases the policy; passing it afterwards fails with ERR_NULL_POINTER. Idempotent.
 func (pol *Policy) Close() error {
-	defer keep(pol)
-	return call(func() { pol.h.Close() })
+	return pol.do(func(h native.Policy) { h.Close() })
 }
 
-// Closed reports whether Close was called.
+// Closed reports whether Close was called (true for a nil or zero Policy).
 func (pol *Policy) Closed() bool {
-	defer keep(pol)
-	return pol.h.Closed()
+	closed := true
+	_ = pol.do(func(h native.Policy) { closed = h.Closed() })
+	return closed
 }
 
-// handle is the native argument: NULL for a nil *Policy.
-func (pol *Policy) handle() native.Policy {
-	if pol == nil {
-		return native.SwigcptrPolicy(0)
+// check16 refuses a dtype that []Float16 data cannot hold.
+func check16(what string, dtype DType) error {
+	if dtype == DTYPE_F16 || dtype == DTYPE_BF16 {
+		return nil
 	}
-	return pol.h
+	return &Error{Status: ERR_INVALID_ARGUMENT,
+		Message: fmt.Sprintf("%s: []Float16 holds f16 or bf16 bit patterns, not dtype %d: pass DTYPE_F16 or DTYPE_BF16", what, int(dtype))}
 }

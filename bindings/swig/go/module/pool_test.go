@@ -125,3 +125,49 @@ func TestPoolTruncateAndFree(t *testing.T) {
 		t.Fatalf("%+v", st)
 	}
 }
+
+// copiedPool returns a copy of a new pool's value (seq 1 holding data), the
+// original *Pool unreachable once it returns.
+func copiedPool(t *testing.T, data []float32) Pool {
+	p, err := NewPool(testConfig())
+	must(t, err)
+	must(t, p.SeqCreate(1))
+	must(t, p.Reserve(1, 1))
+	must1[uint64](t)(p.Append(1, 0, 0, data, data))
+	return *p
+}
+
+// A copy of a Pool value is the same pool and keeps it alive: collecting the
+// original must not free the handle the copy uses (it did: the finalizer was
+// on the original *Pool).
+func TestPoolCopyOutlivesOriginal(t *testing.T) {
+	data := random(row, 77)
+	q := copiedPool(t, data)
+	cfg := DefaultPolicyConfig()
+	cfg.Kind, cfg.RecentTokens = POLICY_STREAMING, 8
+	pol, err := NewPolicy(cfg)
+	must(t, err)
+	polCopy := *pol
+	pol = nil
+	settle() // runs the finalizers of everything unreachable
+	settle()
+	if q.Closed() {
+		t.Fatal("the copy is closed")
+	}
+	if n := must1[uint64](t)(q.SeqLength(1)); n != 1 {
+		t.Fatalf("SeqLength = %d", n)
+	}
+	out := make([]float32, row)
+	must1[uint64](t)(q.Gather(1, 0, 0, out, nil))
+	assertF16Close(t, "K of the copy", data, out)
+	must(t, q.SetPolicy(&polCopy))
+	must(t, polCopy.Close())
+	// Copies share the state: closing one closes the other.
+	q2 := q
+	must(t, q.Close())
+	if !q2.Closed() {
+		t.Fatal("a copy of a closed pool is open")
+	}
+	_, err = q2.SeqLength(1)
+	assertStatus(t, err, ERR_NULL_POINTER)
+}

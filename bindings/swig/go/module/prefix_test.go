@@ -71,3 +71,41 @@ func TestPrefixSeedAndPartial(t *testing.T) {
 		t.Fatal("second EnablePrefixCache succeeded")
 	}
 }
+
+// Strings reach the library as their bytes: a NUL in the model or tokenizer
+// id is refused (C strings), a salt with a NUL or an emoji hits only itself.
+func TestPrefixStringBytes(t *testing.T) {
+	p := newTestPool(t, testConfig())
+	pc := DefaultPrefixConfig()
+	pc.ModelID = "m\x00x"
+	assertStatus(t, p.EnablePrefixCache(&pc), ERR_INVALID_ARGUMENT)
+	pc.ModelID, pc.TokenizerID = "m", "\x00"
+	assertStatus(t, p.EnablePrefixCache(&pc), ERR_INVALID_ARGUMENT)
+	pc.ModelID, pc.TokenizerID = "model\U0001F600", "tok"
+	must(t, p.EnablePrefixCache(&pc))
+	const n = 40
+	prompt := tokens(n, 4)
+	salts := []string{"a\x00b", "x\U0001F600"}
+	for i, salt := range salts {
+		seq := uint64(1 + i)
+		must(t, p.SeqCreate(seq))
+		must(t, p.Reserve(seq, n))
+		for l := uint32(0); l < layers; l++ {
+			must1[uint64](t)(p.Append(seq, l, 0, random(n*row, int64(l)), random(n*row, int64(10+l))))
+		}
+		if got := must1[uint64](t)(p.PrefixInsert(seq, prompt, salt)); got != 2 {
+			t.Fatalf("salt %q: registered %d", salt, got)
+		}
+	}
+	for _, c := range []struct {
+		salt string
+		hit  uint64
+	}{
+		{"a\x00b", 32}, {"x\U0001F600", 32}, {"a", 0}, {"ab", 0}, {"a\x00", 0}, {"a\x00c", 0},
+		{"x", 0}, {"x\xf0\x9f\x98", 0}, {"x\U0001F601", 0}, {"", 0},
+	} {
+		if r := must1[PrefixResult](t)(p.PrefixLookup(prompt, 0, c.salt)); r.HitTokens != c.hit {
+			t.Errorf("salt %q: %d hit tokens, want %d", c.salt, r.HitTokens, c.hit)
+		}
+	}
+}

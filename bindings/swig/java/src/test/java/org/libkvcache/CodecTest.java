@@ -2,6 +2,7 @@ package org.libkvcache;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 import static org.libkvcache.TestData.*;
 
@@ -90,5 +91,37 @@ public class CodecTest {
       assertEquals(Kvc.ERR_BUFFER_TOO_SMALL, e.status());
       assertTrue(e.detail(), e.detail().contains("codes"));
     }
+  }
+
+  /** quantize() / dequantize() refuse an array that does not hold the dtype they are given. */
+  @Test
+  public void arrayTypeMustMatchDtype() {
+    final int rows = 4, d = HEAD_DIM;
+    Codec c = new Codec();
+    QuantSizes s = c.sizes(rows, d);
+    float[] src = random(rows * d, 700);
+    short[] half = new short[rows * d];
+    byte[] codes = new byte[(int) s.getCodesBytes()], scales = new byte[(int) s.getScalesBytes()];
+    IllegalArgumentException e = assertThrows(IllegalArgumentException.class,
+        () -> c.quantize(src, Kvc.DTYPE_F16, d, codes, scales, null));
+    assertTrue(e.getMessage(), e.getMessage().startsWith("src: float[]"));
+    assertThrows(IllegalArgumentException.class, () -> c.quantize(src, Kvc.DTYPE_INT8, d, codes, scales, null));
+    assertThrows(IllegalArgumentException.class, () -> c.quantize(half, Kvc.DTYPE_F32, d, codes, scales, null));
+
+    assertEquals(rows, c.quantize(src, Kvc.DTYPE_F32, d, codes, scales, null));
+    float[] dst = new float[rows * d];
+    c.dequantize(codes, scales, null, rows, d, dst, Kvc.DTYPE_F32);
+    e = assertThrows(IllegalArgumentException.class,
+        () -> c.dequantize(codes, scales, null, rows, d, half, Kvc.DTYPE_F32));
+    assertTrue(e.getMessage(), e.getMessage().startsWith("dst: short[]"));
+    assertThrows(IllegalArgumentException.class,
+        () -> c.dequantize(codes, scales, null, rows, d, new float[rows * d], Kvc.DTYPE_F16));
+
+    // short[] with f16: the same values, rounded to f16; and quantized back from them.
+    c.dequantize(codes, scales, null, rows, d, half, Kvc.DTYPE_F16);
+    for (int i = 0; i < dst.length; ++i)
+      assertEquals(dst[i], halfToFloat(half[i]), Math.abs(dst[i]) * 1e-3f + 1e-7f);
+    byte[] codes2 = new byte[codes.length], scales2 = new byte[scales.length];
+    assertEquals(rows, c.quantize(half, Kvc.DTYPE_F16, d, codes2, scales2, null));
   }
 }

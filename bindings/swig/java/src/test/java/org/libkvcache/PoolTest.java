@@ -2,6 +2,7 @@ package org.libkvcache;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 import static org.libkvcache.TestData.*;
 
@@ -131,6 +132,63 @@ public class PoolTest {
       pool.seqFree(3);
       assertEquals(0, pool.stats().getNumSequences());
       assertEquals(NUM_BLOCKS, pool.stats().getBlocksFree());
+    }
+  }
+
+  /**
+   * The array type must hold the dtype it is passed with (float[]: f32,
+   * short[]: f16 / bf16, k and v alike): the data used to be reinterpreted.
+   * byte[] and direct ByteBuffers are raw bytes of any dtype.
+   */
+  @Test
+  public void arrayTypeMustMatchDtype() {
+    final int n = 4;
+    try (Pool pool = new Pool(config())) {
+      pool.seqCreate(1);
+      pool.reserve(1, n);
+      float[] f = random(n * ROW, 60);
+      short[] h = new short[n * ROW];
+      assertEquals(n, pool.append(1, 0, 0, f, f));
+      assertEquals(n, pool.gather(1, 0, 0, h, null, Kvc.DTYPE_F16)); // f as f16 bits
+
+      // short[] without a dtype (the default is f32), float[] as f16 / bf16, short[] as f32.
+      IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, h, h));
+      assertTrue(e.getMessage(), e.getMessage().startsWith("k: short[]"));
+      e = assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, f, f, Kvc.DTYPE_F16));
+      assertTrue(e.getMessage(), e.getMessage().startsWith("k: float[] holds f32 values, not DTYPE_F16"));
+      assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, f, f, Kvc.DTYPE_BF16));
+      assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, h, h, Kvc.DTYPE_F32));
+      // k and v of different types: one of them does not hold the dtype.
+      e = assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, f, h, Kvc.DTYPE_F32));
+      assertTrue(e.getMessage(), e.getMessage().startsWith("v: short[]"));
+      e = assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, f, h, Kvc.DTYPE_F16));
+      assertTrue(e.getMessage(), e.getMessage().startsWith("k: float[]"));
+      e = assertThrows(IllegalArgumentException.class, () -> pool.append(1, 1, 0, f, h));
+      assertTrue(e.getMessage(), e.getMessage().startsWith("v: short[]"));
+      // Outputs alike.
+      e = assertThrows(IllegalArgumentException.class, () -> pool.gather(1, 0, 0, new short[n * ROW], null));
+      assertTrue(e.getMessage(), e.getMessage().startsWith("k_out: short[]"));
+      assertThrows(IllegalArgumentException.class, () -> pool.gather(1, 0, 0, null, new float[n * ROW], Kvc.DTYPE_BF16));
+      assertThrows(IllegalArgumentException.class,
+          () -> pool.gather(1, 0, 0, new float[n * ROW], new short[n * ROW], Kvc.DTYPE_F16));
+      assertThrows(IllegalArgumentException.class,
+          () -> pool.gather(1, 0, 0, new float[n * ROW], new short[2 * n * ROW], Kvc.DTYPE_F32));
+
+      // Raw bytes: f16 bits in a direct ByteBuffer (native order) and in a byte[].
+      ByteBuffer hb = ByteBuffer.allocateDirect(n * ROW * 2).order(ByteOrder.nativeOrder());
+      hb.asShortBuffer().put(h);
+      byte[] hbytes = new byte[n * ROW * 2];
+      hb.duplicate().get(hbytes);
+      assertEquals(n, pool.append(1, 1, 0, hb, hbytes, Kvc.DTYPE_F16));
+      short[] kBack = new short[n * ROW], vBack = new short[n * ROW];
+      assertEquals(n, pool.gather(1, 1, 0, kBack, vBack, Kvc.DTYPE_F16));
+      assertArrayEquals(h, kBack);
+      assertArrayEquals(h, vBack);
+      ByteBuffer out = ByteBuffer.allocateDirect(n * ROW * 2).order(ByteOrder.nativeOrder());
+      assertEquals(n, pool.gather(1, 1, 0, out, null, Kvc.DTYPE_BF16)); // any dtype into raw bytes
+      float[] back = new float[n * ROW];
+      assertEquals(n, pool.gather(1, 1, 0, back, null));
+      assertF16Close(f, back);
     }
   }
 }

@@ -1,0 +1,289 @@
+// Saving and restoring one sequence (kvc_seq_save / kvc_seq_restore): its
+// block tables, positions, scores and the raw bytes of its blocks as the pool
+// stores them (codes, scales and zero points), so a restore is exact: no
+// re-quantization. Record format: docs/tiers.md ("Sequence records").
+#include <xxhash.h>
+
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+
+#include "core/error.h"
+#include "core/pool.h"
+
+namespace kvc::core {
+
+namespace {
+
+constexpr char kMagic[4] = {'K', 'V', 'C', 'S'};
+constexpr uint32_t kFormat = 1;
+constexpr uint64_t kHeader = 24;  // magic, format, total size, checksum
+
+std::string u64s(uint64_t v) { return std::to_string(v); }
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t> &b) : b_(b) {}
+  void u32(uint32_t v) { put(&v, 4); }
+  void u64(uint64_t v) { put(&v, 8); }
+  void put(const void *p, size_t n) {
+    const auto *c = static_cast<const uint8_t *>(p);
+    b_.insert(b_.end(), c, c + n);
+  }
+
+ private:
+  std::vector<uint8_t> &b_;  // little-endian hosts only (as the rest of the pool's formats)
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t *p, size_t n) : p_(p), n_(n) {}
+  uint32_t u32() {
+    uint32_t v;
+    get(&v, 4);
+    return v;
+  }
+  uint64_t u64() {
+    uint64_t v;
+    get(&v, 8);
+    return v;
+  }
+  const uint8_t *take(uint64_t n) {
+    if (n > n_ - off_) corrupt("ends early");
+    const uint8_t *p = p_ + off_;
+    off_ += n;
+    return p;
+  }
+  void get(void *dst, size_t n) { std::memcpy(dst, take(n), n); }
+  size_t left() const { return n_ - off_; }
+  [[noreturn]] static void corrupt(const std::string &what) {
+    fail(Errc::Corrupt, "the sequence record " + what + "; nothing restored");
+  }
+
+ private:
+  const uint8_t *p_;
+  size_t n_, off_ = 0;
+};
+
+// What a restore needs to match: the geometry and storage (the prefix cache's
+// fingerprint) plus the RoPE settings (positions of re-rotated keys).
+std::vector<uint8_t> state_fingerprint(const PoolConfig &c) {
+  std::vector<uint8_t> b = pool_fingerprint(c);
+  Writer w(b);
+  w.u32(static_cast<uint32_t>(c.rope_style));
+  w.u32(c.rope_dims ? c.rope_dims : c.head_dim);
+  double theta = c.rope_theta;
+  w.put(&theta, 8);
+  return b;
+}
+
+// The first fields of a fingerprint, for a message saying what differs.
+std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t *theirs, uint64_t n) {
+  static const char *const names[] = {"num_layers", "num_q_heads", "num_kv_heads", "head_dim",
+                                      "block_size", "k_dtype",     "v_dtype",      "layout"};
+  std::string diff;
+  for (size_t i = 0; i < 8 && (i + 1) * 4 <= n && (i + 1) * 4 <= mine.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, mine.data() + 4 * i, 4);
+    std::memcpy(&b, theirs + 4 * i, 4);
+    if (a != b) diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) + " (this pool: " + u64s(a) + ")";
+  }
+  return diff.empty() ? "codecs, scales, residual window or RoPE settings differ" : diff;
+}
+
+}  // namespace
+
+std::vector<uint8_t> Pool::seq_save(uint64_t id) const {
+  std::shared_lock lk(mu_);
+  const Sequence &s = find(id);
+  std::vector<uint8_t> out;
+  uint64_t blocks = 0, res_blocks = 0;
+  for (const LayerTable &l : s.layers) blocks += l.blocks.size(), res_blocks += l.res_blocks.size();
+  out.reserve(kHeader + 256 + blocks * block_stride_ + res_blocks * res_stride_);
+  Writer w(out);
+  w.put(kMagic, 4);
+  w.u32(kFormat);
+  w.u64(0);  // total size, set below
+  w.u64(0);  // checksum, set below
+  const std::vector<uint8_t> fp = state_fingerprint(cfg_);
+  w.u32(static_cast<uint32_t>(fp.size()));
+  w.put(fp.data(), fp.size());
+  w.u64(s.length);
+  w.u32(cfg_.num_layers);
+  w.u32(s.track_scores ? 1u : 0u);
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    const LayerTable &l = s.layers[li];
+    w.u64(l.n_tokens);
+    w.u64(l.n_lp);
+    w.u64(l.tail_pos);
+    w.u64(l.tail_index);
+    w.u32(l.res_off);
+    w.u32(l.rope_by_index ? 1u : 0u);
+    w.u32(static_cast<uint32_t>(l.blocks.size()));
+    w.u32(static_cast<uint32_t>(l.res_blocks.size()));
+    for (int kv = 0; kv < 2; ++kv) {
+      const bool per_tensor = part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor;
+      w.u32(per_tensor ? tensor_scale_[kv][li].load(std::memory_order_acquire) : 0u);
+    }
+    w.u64(l.positions.size());
+    w.put(l.positions.data(), l.positions.size() * sizeof(int32_t));
+    w.u64(l.scores.size());
+    w.put(l.scores.data(), l.scores.size() * sizeof(float));
+  }
+  // The blocks' bytes, layer by layer: the main arena, then the residual.
+  for (const LayerTable &l : s.layers) {
+    const size_t at = out.size();
+    out.resize(at + l.blocks.size() * block_stride_);
+    if (dev_) {
+      if (!l.blocks.empty()) dev_->copy_blocks(l.blocks.data(), l.blocks.size(), out.data() + at, true);
+    } else {
+      for (size_t i = 0; i < l.blocks.size(); ++i)
+        std::memcpy(out.data() + at + i * block_stride_, block_ptr(l.blocks[i]), block_stride_);
+    }
+    for (int32_t b : l.res_blocks) w.put(res_ptr(b), res_stride_);
+  }
+  const uint64_t total = out.size();
+  std::memcpy(out.data() + 8, &total, 8);
+  const uint64_t sum = XXH3_64bits(out.data() + kHeader, total - kHeader);
+  std::memcpy(out.data() + 16, &sum, 8);
+  return out;
+}
+
+void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
+  // Parse and check everything before the pool is touched.
+  if (size < kHeader) Reader::corrupt("is " + u64s(size) + " bytes, shorter than its header");
+  if (std::memcmp(data, kMagic, 4) != 0) Reader::corrupt("does not start with \"KVCS\" (not a sequence record)");
+  Reader r(data, size);
+  r.take(4);
+  const uint32_t format = r.u32();
+  if (format != kFormat)
+    fail(Errc::Incompatible, "sequence record format " + u64s(format) + ": this library reads format " +
+                                 u64s(kFormat) + "; nothing restored");
+  const uint64_t total = r.u64();
+  if (total != size) Reader::corrupt("says it is " + u64s(total) + " bytes, " + u64s(size) + " were given");
+  const uint64_t sum = r.u64();
+  if (XXH3_64bits(data + kHeader, size - kHeader) != sum) Reader::corrupt("fails its checksum (damaged)");
+  const uint32_t fp_n = r.u32();
+  const uint8_t *fp = r.take(fp_n);
+  const std::vector<uint8_t> mine = state_fingerprint(cfg_);
+  if (fp_n != mine.size() || std::memcmp(fp, mine.data(), fp_n) != 0)
+    fail(Errc::Incompatible, "the sequence record was saved from a pool of another configuration: " +
+                                 describe_difference(mine, fp, fp_n) + "; nothing restored");
+  const uint64_t length = r.u64();
+  const uint32_t layers = r.u32();
+  const bool track = (r.u32() & 1u) != 0;
+  if (layers != cfg_.num_layers) Reader::corrupt("has " + u64s(layers) + " layers");
+  const uint64_t bs = cfg_.block_size, heads = cfg_.num_kv_heads;
+  if (length > (uint64_t(1) << 31) - 1) Reader::corrupt("has length " + u64s(length));
+
+  struct Saved {
+    LayerTable t;
+    uint32_t n_blocks = 0, n_res = 0;
+    uint32_t scale[2] = {0, 0};
+  };
+  std::vector<Saved> saved(layers);  // may throw bad_alloc: nothing changed
+  uint64_t need_blocks = 0, need_res = 0;
+  for (uint32_t li = 0; li < layers; ++li) {
+    Saved &sv = saved[li];
+    LayerTable &l = sv.t;
+    l.n_tokens = r.u64();
+    l.n_lp = r.u64();
+    l.tail_pos = r.u64();
+    l.tail_index = r.u64();
+    l.res_off = r.u32();
+    l.rope_by_index = (r.u32() & 1u) != 0;
+    sv.n_blocks = r.u32();
+    sv.n_res = r.u32();
+    sv.scale[0] = r.u32();
+    sv.scale[1] = r.u32();
+    const uint64_t n_pos = r.u64();
+    if (n_pos > r.left() / 4) Reader::corrupt("ends early");
+    l.positions.resize(n_pos);
+    r.get(l.positions.data(), n_pos * 4);
+    const uint64_t n_sc = r.u64();
+    if (n_sc > r.left() / 4) Reader::corrupt("ends early");
+    l.scores.resize(n_sc);
+    r.get(l.scores.data(), n_sc * 4);
+    // The table must describe a sequence this pool could have built.
+    const std::string at = " (layer " + u64s(li) + ")";
+    if (l.n_lp > l.n_tokens || l.n_tokens > length || l.tail_index > l.n_tokens || n_pos != l.tail_index ||
+        l.tail_pos + (l.n_tokens - l.tail_index) > length)
+      Reader::corrupt("has inconsistent token counts" + at);
+    for (uint64_t i = 0; i < n_pos; ++i)
+      if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
+          (i && l.positions[i] <= l.positions[i - 1]))
+        Reader::corrupt("has positions out of order" + at);
+    if (sv.n_blocks != (l.n_lp + bs - 1) / bs) Reader::corrupt("has " + u64s(sv.n_blocks) + " blocks for " + u64s(l.n_lp) + " tokens" + at);
+    const uint64_t res_tokens = l.n_tokens - l.n_lp;
+    if (!residual() ? (sv.n_res != 0 || res_tokens != 0 || l.res_off != 0)
+                    : (l.res_off >= bs || sv.n_res != (res_tokens ? (l.res_off + res_tokens + bs - 1) / bs : 0)))
+      Reader::corrupt("has a residual that does not match its token counts" + at);
+    if (n_sc != (track ? l.n_tokens * heads : 0)) Reader::corrupt("has scores of the wrong size" + at);
+    for (int kv = 0; kv < 2; ++kv) {
+      const bool per_tensor = part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor;
+      if (!per_tensor && sv.scale[kv] != 0) Reader::corrupt("has a per-tensor scale for a part without one" + at);
+    }
+    need_blocks += sv.n_blocks;
+    need_res += sv.n_res;
+  }
+  const uint8_t *bytes = r.take(r.left());
+  uint64_t expect = 0;
+  for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * res_stride_;
+  if (expect != static_cast<uint64_t>(size - (bytes - data)))
+    Reader::corrupt("holds " + u64s(size - (bytes - data)) + " bytes of blocks, " + u64s(expect) + " expected");
+
+  std::unique_lock lk(mu_);
+  if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists; nothing restored");
+  // Per-tensor scales: an uncalibrated layer takes the record's; a calibrated
+  // one must already have it (the codes are relative to it).
+  for (uint32_t li = 0; li < layers; ++li)
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint32_t want = saved[li].scale[kv];
+      if (!want) continue;
+      const uint32_t have = tensor_scale_[kv][li].load(std::memory_order_acquire);
+      if (have && have != want)
+        fail(Errc::Incompatible, std::string("layer ") + u64s(li) + "'s per-tensor " + (kv ? "V" : "K") +
+                                     " scale is " + std::to_string(bits_f32(have)) + " in this pool and " +
+                                     std::to_string(bits_f32(want)) + " in the record; nothing restored");
+    }
+  if (need_blocks > alloc_.available() || need_res > res_alloc_.available())
+    fail(Errc::PoolExhausted, "pool exhausted: restoring needs " + u64s(need_blocks) + " blocks (" +
+                                  u64s(alloc_.available()) + " available) and " + u64s(need_res) +
+                                  " residual blocks (" + u64s(res_alloc_.available()) + " available); nothing restored");
+  auto s = std::make_unique<Sequence>();  // allocations first: may throw, nothing changed
+  s->length = length;
+  s->track_scores = track;
+  s->layers.resize(layers);
+  for (uint32_t li = 0; li < layers; ++li) {
+    s->layers[li] = std::move(saved[li].t);
+    s->layers[li].blocks.reserve(saved[li].n_blocks);
+    s->layers[li].res_blocks.reserve(saved[li].n_res);
+  }
+  Sequence *sp = seqs_.insert(id, std::move(s));  // may throw: nothing changed yet
+  // From here on nothing throws (device copies excepted: CUDA errors are internal).
+  const uint8_t *p = bytes;
+  for (uint32_t li = 0; li < layers; ++li) {
+    LayerTable &l = sp->layers[li];
+    for (uint32_t i = 0; i < saved[li].n_blocks; ++i) l.blocks.push_back(take_block());
+    if (dev_) {
+      if (!l.blocks.empty()) dev_->copy_blocks(l.blocks.data(), l.blocks.size(), const_cast<uint8_t *>(p), false);
+    } else {
+      for (size_t i = 0; i < l.blocks.size(); ++i) std::memcpy(block_ptr(l.blocks[i]), p + i * block_stride_, block_stride_);
+    }
+    p += l.blocks.size() * block_stride_;
+    for (uint32_t i = 0; i < saved[li].n_res; ++i) {
+      l.res_blocks.push_back(take_res());
+      std::memcpy(res_ptr(l.res_blocks.back()), p, res_stride_);
+      p += res_stride_;
+    }
+    for (int kv = 0; kv < 2; ++kv) {
+      uint32_t expected = 0;
+      if (saved[li].scale[kv])
+        tensor_scale_[kv][li].compare_exchange_strong(expected, saved[li].scale[kv], std::memory_order_acq_rel);
+    }
+    tokens_stored_ += l.n_tokens;
+  }
+  note_usage();
+}
+
+}  // namespace kvc::core
