@@ -32,6 +32,9 @@ const (
 	ERR_INVALID_SCALE      Status = 15
 	ERR_NON_FINITE         Status = 16
 	ERR_INTERNAL           Status = 17
+	ERR_INCOMPATIBLE       Status = 18
+	ERR_CORRUPT            Status = 19
+	ERR_IO                 Status = 20
 )
 
 // DType is an element type (kvc_dtype).

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"sync/atomic"
@@ -119,6 +120,46 @@ func (p *Pool) SeqTruncate(seq, length uint64) error {
 // SeqFree frees a sequence.
 func (p *Pool) SeqFree(seq uint64) error {
 	return p.do(func(h native.Pool) { h.Seq_free(seq) })
+}
+
+// Save returns the sequence as a self-describing record (kvc_seq_save,
+// docs/tiers.md): block bytes as stored, positions, scores and a fingerprint
+// of the pool's configuration. Restore takes it back, in this pool or another
+// of the same configuration.
+func (p *Pool) Save(seq uint64) ([]byte, error) {
+	for {
+		var size uint64
+		if err := p.do(func(h native.Pool) { size = h.Save_size(seq) }); err != nil {
+			return nil, err
+		}
+		buf := make([]byte, size)
+		var n uint64
+		err := p.do(func(h native.Pool) { n = h.Save_into(seq, buf) })
+		if errors.Is(err, ERR_BUFFER_TOO_SMALL) {
+			continue // the sequence grew between the two calls
+		}
+		if err != nil {
+			return nil, err
+		}
+		return buf[:n], nil
+	}
+}
+
+// Restore creates sequence seq from a record of Save (kvc_seq_restore); on
+// any error (ERR_CORRUPT, ERR_INCOMPATIBLE, ERR_POOL_EXHAUSTED,
+// ERR_SEQ_EXISTS) nothing changes.
+func (p *Pool) Restore(seq uint64, record []byte) error {
+	return p.do(func(h native.Pool) { h.Restore(seq, record) })
+}
+
+// SaveFile writes the sequence's record to path atomically (kvc_seq_save_file).
+func (p *Pool) SaveFile(seq uint64, path string) error {
+	return p.do(func(h native.Pool) { h.Save_file(seq, path) })
+}
+
+// RestoreFile creates sequence seq from a file written by SaveFile.
+func (p *Pool) RestoreFile(seq uint64, path string) error {
+	return p.do(func(h native.Pool) { h.Restore_file(seq, path) })
 }
 
 // SeqLength is the next position to write.

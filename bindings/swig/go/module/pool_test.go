@@ -1,6 +1,8 @@
 package kvcache
 
 import (
+	"errors"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -170,4 +172,52 @@ func TestPoolCopyOutlivesOriginal(t *testing.T) {
 	}
 	_, err = q2.SeqLength(1)
 	assertStatus(t, err, ERR_NULL_POINTER)
+}
+
+func TestPoolSaveRestore(t *testing.T) {
+	a := newTestPool(t, testConfig())
+	b := newTestPool(t, testConfig())
+	const n = 21
+	must(t, a.SeqCreate(1))
+	must(t, a.Reserve(1, n))
+	for layer := uint32(0); layer < layers; layer++ {
+		k, v := random(n*row, int64(layer)), random(n*row, int64(layer)+7)
+		if _, err := a.Append(1, layer, 0, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec, err := a.Save(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rec[:4]) != "KVCS" {
+		t.Fatalf("record starts with %q", rec[:4])
+	}
+	must(t, b.Restore(3, rec))
+	path := filepath.Join(t.TempDir(), "seq.kvcs")
+	must(t, a.SaveFile(1, path))
+	must(t, b.RestoreFile(4, path))
+	for _, seq := range []uint64{3, 4} {
+		for layer := uint32(0); layer < layers; layer++ {
+			wk, wv := make([]float32, n*row), make([]float32, n*row)
+			gk, gv := make([]float32, n*row), make([]float32, n*row)
+			if _, err := a.Gather(1, layer, 0, wk, wv); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Gather(seq, layer, 0, gk, gv); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(wk, gk) || !reflect.DeepEqual(wv, gv) {
+				t.Fatalf("sequence %d layer %d differs after restore", seq, layer)
+			}
+		}
+	}
+	bad := append([]byte(nil), rec...)
+	bad[len(bad)/2] ^= 1
+	if err := b.Restore(5, bad); !errors.Is(err, ERR_CORRUPT) {
+		t.Fatalf("damaged record: %v", err)
+	}
+	if err := b.RestoreFile(5, filepath.Join(t.TempDir(), "missing")); !errors.Is(err, ERR_IO) {
+		t.Fatalf("missing file: %v", err)
+	}
 }

@@ -34,6 +34,38 @@ public class PoolTest {
     }
   }
 
+  /** A sequence saved into a byte[] and a file comes back byte-identical in another pool. */
+  @Test
+  public void saveAndRestore() throws Exception {
+    final int n = 21;
+    try (Pool a = new Pool(config()); Pool b = new Pool(config())) {
+      a.seqCreate(1);
+      a.reserve(1, n);
+      for (int l = 0; l < LAYERS; ++l) a.append(1, l, 0, random(n * ROW, 40 + l), random(n * ROW, 50 + l));
+      byte[] rec = new byte[(int) a.saveSize(1)];
+      assertEquals(rec.length, a.saveInto(1, rec));
+      assertEquals('K', rec[0]);
+      b.restore(3, rec);
+      java.io.File f = java.io.File.createTempFile("kvc", ".kvcs");
+      try {
+        a.saveFile(1, f.getPath());
+        b.restoreFile(4, f.getPath());
+      } finally {
+        f.delete();
+      }
+      for (long seq : new long[] {3, 4})
+        for (int l = 0; l < LAYERS; ++l) {
+          float[] wk = new float[n * ROW], gk = new float[n * ROW];
+          a.gather(1, l, 0, wk, null);
+          b.gather(seq, l, 0, gk, null);
+          assertArrayEquals(wk, gk, 0f);
+        }
+      rec[rec.length / 2] ^= 1;
+      KvcException e = assertThrows(KvcException.class, () -> b.restore(5, rec));
+      assertEquals(Kvc.ERR_CORRUPT, e.status());
+    }
+  }
+
   /** Append to two layers, fork, write into the child (copy-on-write), read both back. */
   @Test
   public void appendForkGather() {
