@@ -27,6 +27,7 @@ class Writer {
   void u32(uint32_t v) { put(&v, 4); }
   void u64(uint64_t v) { put(&v, 8); }
   void put(const void *p, size_t n) {
+    if (n == 0) return;  // p may be NULL (an empty vector's data)
     const auto *c = static_cast<const uint8_t *>(p);
     b_.insert(b_.end(), c, c + n);
   }
@@ -54,7 +55,10 @@ class Reader {
     off_ += n;
     return p;
   }
-  void get(void *dst, size_t n) { std::memcpy(dst, take(n), n); }
+  void get(void *dst, size_t n) {
+    const uint8_t *src = take(n);
+    if (n) std::memcpy(dst, src, n);  // dst may be NULL for n == 0 (an empty vector)
+  }
   size_t left() const { return n_ - off_; }
   [[noreturn]] static void corrupt(const std::string &what) {
     fail(Errc::Corrupt, "the sequence record " + what + "; nothing restored");
