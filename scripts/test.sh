@@ -5,7 +5,8 @@
 #                   build with the CUDA kernels (when nvcc is found: cuda_* tests skip
 #                   without a GPU) and the language bindings (python_, java_, go_, rust_)
 #   3. asan         ASan + UBSan build (tools included, bench not), every ctest test
-#   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*)
+#   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*,
+#                   the tiers' concurrent tests)
 #   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
 #   6. bench        bench/run_quick.sh on the main build (JSON), then `kvcache bench --quick`
 # Every stage runs even when an earlier one failed (the build stages a later
@@ -88,7 +89,7 @@ stage_tsan() {
     norand=(setarch "$(uname -m)" -R)
   fi
   local n
-  local tests='^(core_threads|prefix_threads|attention_threads)'
+  local tests='^(core_threads|prefix_threads|attention_threads|tier_host_threads|tier_disk_readers_and_writers_race)'
   n=$(ctest --test-dir "$prefix-tsan" -N -R "$tests" | grep -c 'Test *#')
   if [ "$n" -eq 0 ]; then
     echo "no threaded tests registered" >&2

@@ -1,0 +1,111 @@
+// The host-memory tier: payloads in a hash map, least recently used first out
+// when the byte capacity is reached.
+#include <cstring>
+
+#include "tier/tier.h"
+
+namespace kvc::tier {
+
+std::string Key::hex() const {
+  static const char d[] = "0123456789abcdef";
+  std::string s(64, '0');
+  for (size_t i = 0; i < 32; ++i) s[2 * i] = d[b[i] >> 4], s[2 * i + 1] = d[b[i] & 15];
+  return s;
+}
+
+namespace {
+
+class HostTier final : public Tier {
+ public:
+  explicit HostTier(uint64_t cap) : cap_(cap) {}
+  const char *name() const override { return "host"; }
+
+  bool put(const Key &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
+    const uint64_t need = n + fp.size();
+    std::unique_lock lk(mu_);
+    if (need > cap_) {
+      ++st_.errors;
+      err_ = "a block of " + std::to_string(need) + " bytes is larger than the tier (" + std::to_string(cap_) + ")";
+      return false;
+    }
+    Entry e;
+    try {  // copy first: a failed allocation changes nothing
+      e.fp = fp;
+      e.data.assign(payload, payload + n);
+    } catch (const std::bad_alloc &) {
+      ++st_.errors;
+      err_ = "out of host memory";
+      return false;
+    }
+    drop(key);
+    while (st_.bytes + need > cap_) {
+      drop(lru_.back());
+      ++st_.evictions;
+    }
+    lru_.push_front(key);
+    e.pos = lru_.begin();
+    map_.emplace(key, std::move(e));
+    st_.bytes += need;
+    ++st_.entries;
+    ++st_.puts;
+    return true;
+  }
+
+  bool get(const Key &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.fp != fp) {
+      ++st_.misses;
+      return false;
+    }
+    out = it->second.data;
+    lru_.splice(lru_.begin(), lru_, it->second.pos);  // most recently used
+    ++st_.hits;
+    return true;
+  }
+
+  bool contains(const Key &key) override {
+    std::unique_lock lk(mu_);
+    return map_.count(key) != 0;
+  }
+  bool erase(const Key &key) override {
+    std::unique_lock lk(mu_);
+    return drop(key);
+  }
+  Stats stats() const override {
+    std::unique_lock lk(mu_);
+    return st_;
+  }
+  std::string last_error() const override {
+    std::unique_lock lk(mu_);
+    return err_;
+  }
+
+ private:
+  struct Entry {
+    std::vector<uint8_t> fp, data;
+    std::list<Key>::iterator pos;
+  };
+  bool drop(const Key &key) {
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    st_.bytes -= it->second.data.size() + it->second.fp.size();
+    --st_.entries;
+    lru_.erase(it->second.pos);
+    map_.erase(it);
+    return true;
+  }
+
+  const uint64_t cap_;
+  mutable std::mutex mu_;
+  std::unordered_map<Key, Entry, KeyHash> map_;
+  std::list<Key> lru_;  // front: most recently used
+  Stats st_;
+  std::string err_;
+};
+
+}  // namespace
+
+std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes) { return std::make_unique<HostTier>(capacity_bytes); }
+
+}  // namespace kvc::tier

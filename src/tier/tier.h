@@ -1,0 +1,80 @@
+// Offload tiers (issue 9, docs/tiers.md): stores of blocks' K/V bytes below
+// the pool, addressed by the block's prefix-cache key. Internal for now: the
+// pool's demotion / promotion and the public API come next.
+//
+// A key is the prefix cache's chain key (docs/prefix-cache.md): it already
+// mixes the pool's seed, fingerprint, model and tokenizer ids and every
+// extra key (tenant salt, adapter), so two tenants or models never share one.
+// A tier keeps, with each payload, the fingerprint of the pool that wrote it
+// (geometry and codecs); a reader with another fingerprint gets a miss.
+#pragma once
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace kvc::tier {
+
+struct Key {
+  std::array<uint8_t, 32> b{};  // SHA-256: 32 bytes; XXH3-128: 16, the rest 0
+  bool operator==(const Key &o) const { return b == o.b; }
+  std::string hex() const;
+};
+struct KeyHash {
+  size_t operator()(const Key &k) const noexcept {
+    size_t h;
+    __builtin_memcpy(&h, k.b.data(), sizeof h);  // keys are digests: any 8 bytes are uniform
+    return h;
+  }
+};
+
+// Counters of one tier (monotonic except bytes / entries).
+struct Stats {
+  uint64_t bytes = 0, entries = 0;            // held now
+  uint64_t hits = 0, misses = 0;              // get()
+  uint64_t puts = 0, evictions = 0;           // stored; dropped for capacity (LRU)
+  uint64_t errors = 0;                        // failed writes / reads, refused records
+};
+
+class Tier {
+ public:
+  virtual ~Tier() = default;
+  virtual const char *name() const = 0;
+  // Stores a copy of `payload` under `key` with the writer's fingerprint,
+  // replacing an older one; evicts least recently used entries for room.
+  // False (counted as an error, nothing stored) when it cannot: larger than
+  // the capacity, an I/O error. Never partly visible.
+  virtual bool put(const Key &key, const std::vector<uint8_t> &fingerprint, const uint8_t *payload,
+                   size_t n) = 0;
+  // The payload of `key` written with `fingerprint`, whole, or false (a miss:
+  // absent, another fingerprint, or a damaged record, which is removed).
+  virtual bool get(const Key &key, const std::vector<uint8_t> &fingerprint, std::vector<uint8_t> &out) = 0;
+  virtual bool contains(const Key &key) = 0;
+  virtual bool erase(const Key &key) = 0;
+  virtual Stats stats() const = 0;
+  // The reason of the last error, "" if none.
+  virtual std::string last_error() const = 0;
+};
+
+// Host memory with a byte capacity and LRU replacement (thread-safe).
+std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes);
+
+// A directory of one file per block with a byte capacity and LRU replacement
+// (thread-safe within a process; other processes may read and write the same
+// directory: records are written to a temporary file and renamed, so a reader
+// sees the old record, the new one or none, never a part). Opening scans the
+// directory: records left by earlier processes are found (LRU order from
+// their modification times), temporary files of killed writers are removed.
+// Each record carries a checksum (XXH3-64) and the writer's fingerprint; a
+// record failing either is removed, never served. fsync_each: flush every
+// record to disk before it is visible (survives power loss, slower).
+std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes, bool fsync_each,
+                                     std::string *error);
+
+}  // namespace kvc::tier
