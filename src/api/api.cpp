@@ -1104,12 +1104,19 @@ KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, s
   return guard([&] {
     auto &p = core_of(pool);
     need(size, "size");
+    // The size first (no copy of the blocks), then the record itself.
+    const uint64_t want = p.seq_record_size(seq_id);
+    *size = want;
+    if (!buffer || capacity < want)
+      fail(Errc::BufferTooSmall, "the record of sequence " + std::to_string(seq_id) + " is " +
+                                     std::to_string(want) + " bytes, capacity is " +
+                                     std::to_string(buffer ? capacity : 0));
     const std::vector<uint8_t> rec = p.seq_save(seq_id);
     *size = rec.size();
-    if (!buffer || capacity < rec.size())
+    if (rec.size() > capacity)  // the sequence grew between the two reads
       fail(Errc::BufferTooSmall, "the record of sequence " + std::to_string(seq_id) + " is " +
                                      std::to_string(rec.size()) + " bytes, capacity is " +
-                                     std::to_string(buffer ? capacity : 0));
+                                     std::to_string(capacity));
     std::memcpy(buffer, rec.data(), rec.size());
   });
 }

@@ -229,6 +229,7 @@ class Pool {
 
   // One sequence as a self-describing record (state.cpp, docs/tiers.md).
   std::vector<uint8_t> seq_save(uint64_t id) const;
+  uint64_t seq_record_size(uint64_t id) const;  // bytes seq_save(id) returns now
   // Creates sequence `id` from a record (all checks first: nothing changes on failure).
   void seq_restore(uint64_t id, const uint8_t *data, size_t size);
 

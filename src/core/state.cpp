@@ -97,6 +97,17 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
 
 }  // namespace
 
+uint64_t Pool::seq_record_size(uint64_t id) const {
+  std::shared_lock lk(mu_);
+  const Sequence &s = find(id);
+  uint64_t n = kHeader + 4 + state_fingerprint(cfg_).size() + 8 + 4 + 4;
+  for (const LayerTable &l : s.layers) {
+    n += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 + l.scores.size() * sizeof(float);
+    n += l.blocks.size() * block_stride_ + l.res_blocks.size() * res_stride_;
+  }
+  return n;
+}
+
 std::vector<uint8_t> Pool::seq_save(uint64_t id) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
