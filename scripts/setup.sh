@@ -9,6 +9,7 @@ packages=(
   libicu-dev libopenblas-dev doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3 python3-pip unzip
   bindgen libclang-dev  # Rust bindings: bindgen regenerates kvcache-sys (cargo, rustc: rustup, ~/.cargo/bin)
   swig golang-go openjdk-17-jdk-headless junit4  # SWIG bindings: Python, Go (cgo), Java (JNI, JUnit 4)
+  libhiredis-dev redis-server redis-tools  # Redis tier: hiredis client; the tests start their own servers and a 3-node cluster
 )
 
 # Python test tools of the bindings (PyPI): numpy and pytest for the tests,

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvc::tier {
@@ -57,6 +58,12 @@ class Tier {
   virtual bool get(const Key &key, const std::vector<uint8_t> &fingerprint, std::vector<uint8_t> &out) = 0;
   virtual bool contains(const Key &key) = 0;
   virtual bool erase(const Key &key) = 0;
+  // Pins `key`: LRU replacement never evicts a pinned entry (a put that would
+  // need its room fails instead). Pins count: each pin needs one unpin.
+  // False when the key is absent or the tier cannot pin (Redis).
+  virtual bool pin(const Key &) { return false; }
+  // False (nothing changes) when the key is not pinned: counts never go negative.
+  virtual bool unpin(const Key &) { return false; }
   virtual Stats stats() const = 0;
   // The reason of the last error, "" if none.
   virtual std::string last_error() const = 0;
@@ -76,5 +83,22 @@ std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes);
 // record to disk before it is visible (survives power loss, slower).
 std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes, bool fsync_each,
                                      std::string *error);
+
+// Redis (hiredis): one server, or a Redis Cluster whose slot map is read from
+// the seed nodes (CRC16 key slots with hash tags, MOVED and ASK redirects
+// followed). Records are stored as single values (SET is atomic: a reader
+// gets the old value, the new one or none), each with a checksum (XXH3-64)
+// and the writer's fingerprint; a damaged record is deleted, never served.
+struct RedisConfig {
+  std::vector<std::pair<std::string, int>> nodes;  // one server, or cluster seed nodes (host, port)
+  bool cluster = false;
+  uint32_t timeout_ms = 1000;     // connect and command timeout
+  uint64_t ttl_seconds = 0;       // 0: records never expire
+  std::string key_prefix = "kvc:";  // Redis keys: key_prefix + the key's hex digits
+};
+// Null with *error set when the library was built without hiredis or the
+// config is invalid. A server that is down is not an error here: operations
+// fail (misses, counted errors) until it answers again.
+std::unique_ptr<Tier> make_redis_tier(const RedisConfig &cfg, std::string *error);
 
 }  // namespace kvc::tier
