@@ -153,6 +153,8 @@ typedef enum kvc_status {
   KVC_ERR_INCOMPATIBLE = 18,       /**< Saved data (a sequence record) comes from a pool of another configuration or a format this library does not read. @since 0.3 */
   KVC_ERR_CORRUPT = 19,            /**< Saved data fails its checksum or structure checks (damaged, truncated or not a record). @since 0.3 */
   KVC_ERR_IO = 20,                 /**< A file could not be read or written (the message has the system's reason). @since 0.3 */
+  KVC_ERR_PENDING = 21,            /**< An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3 */
+  KVC_ERR_TIMEOUT = 22,            /**< An offload tier did not answer within the load timeout; the blocks reserved for it went back to the pool. @since 0.3 */
   KVC_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; never returned. */
 } kvc_status;
 
@@ -1426,10 +1428,14 @@ typedef struct kvc_prefix_result {
   uint64_t hit_tokens;     /**< Leading tokens reusable as whole cached blocks (a multiple of block_size, at most n_tokens - 1). */
   uint64_t hit_blocks;     /**< hit_tokens / block_size. */
   uint64_t partial_tokens; /**< With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied into a fresh block by kvc_prefix_attach()); 0 otherwise. */
+  uint64_t tier_tokens;    /**< kvc_prefix_lookup() of a pool with offload tiers: whole-block tokens after hit_tokens that the tiers hold (kvc_prefix_load() brings them into the pool); 0 otherwise. @since 0.3 */
+  uint64_t pin;            /**< With ::KVC_PREFIX_PIN: the pin handle for kvc_prefix_unpin() (0: nothing was pinned). @since 0.3 */
 } kvc_prefix_result;
 
 /** @brief Flag of kvc_prefix_lookup() / kvc_prefix_attach(): also reuse a partly matching next block (SGLang-style, token-granular). @since 0.3 */
 #define KVC_PREFIX_PARTIAL 0x1u
+/** @brief Flag of kvc_prefix_lookup(): pin the tier blocks counted in tier_tokens (host and disk tiers) so LRU replacement keeps them until kvc_prefix_unpin(). @since 0.3 */
+#define KVC_PREFIX_PIN 0x2u
 
 /** @brief Prefix index events for an external router. @since 0.3 */
 typedef enum kvc_prefix_event_kind {
@@ -1508,7 +1514,10 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
  * reusable (the last token is always computed).
  * @param extras `[n_extras]` extra keys (NULL when n_extras is 0), at most 64.
  * @param n_extras number of extra keys.
- * @param flags 0 or ::KVC_PREFIX_PARTIAL.
+ * With offload tiers (kvc_pool_add_tier()) the lookup goes on past the
+ * pool's hit through the tiers, in order, block by block (no pool lock is
+ * held meanwhile), and reports the whole blocks they hold in tier_tokens.
+ * @param flags 0, or ::KVC_PREFIX_PARTIAL and / or ::KVC_PREFIX_PIN.
  * @param result receives the counts.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown flags, too many or
@@ -1614,6 +1623,228 @@ KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats)
  */
 KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn fn, void *user);
 
+/* ------------------------------------------------------------------------ */
+/* Offload tiers                                                             */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Kind of an offload tier (docs/tiers.md).
+ * @since 0.3
+ */
+typedef enum kvc_tier_kind {
+  KVC_TIER_HOST = 0,  /**< Host memory with a byte capacity and LRU replacement. */
+  KVC_TIER_DISK = 1,  /**< A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU; survives restarts. */
+  KVC_TIER_REDIS = 2, /**< A Redis server or Redis Cluster (hiredis), shared by processes and machines. */
+  KVC_TIER_KIND_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_TIER_KIND_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_tier_kind;
+
+/** @brief Tier flag: a disk tier flushes every record to stable storage (fsync) before it is visible. @since 0.3 */
+#define KVC_TIER_FSYNC 0x1u
+/** @brief Tier flag: `address` lists seed nodes of a Redis Cluster (slot map, MOVED / ASK redirects). @since 0.3 */
+#define KVC_TIER_REDIS_CLUSTER 0x2u
+
+/**
+ * @brief Settings of one offload tier (kvc_pool_add_tier()). Init with
+ * kvc_tier_config_init().
+ * @since 0.3
+ */
+typedef struct kvc_tier_config {
+  size_t struct_size;      /**< sizeof(kvc_tier_config) of the caller. */
+  kvc_tier_kind kind;      /**< Host, disk or Redis. */
+  uint32_t flags;          /**< ::KVC_TIER_FSYNC (disk), ::KVC_TIER_REDIS_CLUSTER (Redis), or 0. */
+  uint64_t capacity_bytes; /**< Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for Redis (the server's maxmemory rules). */
+  const char *path;        /**< Disk: the directory (created if missing; records of earlier processes are found). Copied. */
+  const char *address;     /**< Redis: "host:port", or for a cluster "host:port,host:port,..." seed nodes. Copied. */
+  uint32_t timeout_ms;     /**< Redis: connect and command timeout in milliseconds (default 1000). */
+  uint32_t reserved;       /**< Zero. */
+  uint64_t ttl_seconds;    /**< Redis: records expire after this many seconds (0: never). */
+} kvc_tier_config;
+
+/**
+ * @brief Counters of one tier (kvc_pool_tier_stats()).
+ * @since 0.3
+ */
+typedef struct kvc_tier_stats {
+  size_t struct_size;   /**< sizeof(kvc_tier_stats) of the caller. */
+  kvc_tier_kind kind;   /**< The tier's kind. */
+  uint32_t reserved;    /**< Zero. */
+  uint64_t bytes;       /**< Bytes held now (Redis: written minus deleted by this process, an estimate). */
+  uint64_t entries;     /**< Blocks held now (Redis: estimate, as bytes). */
+  uint64_t hits;        /**< Reads that returned a block. */
+  uint64_t misses;      /**< Reads that found nothing usable (absent, another fingerprint, damaged, tier down). */
+  uint64_t demotions;   /**< Blocks written to this tier by the offload writer. */
+  uint64_t promotions;  /**< Blocks loaded from this tier into the pool. */
+  uint64_t drops;       /**< Demotions dropped because the writer's queue was full (the pool's count, the same in every tier). */
+  uint64_t evictions;   /**< Blocks this tier removed for room (LRU). */
+  uint64_t errors;      /**< Failed writes and reads, refused (damaged) records, connection failures. */
+  uint64_t pinned;      /**< Blocks pinned now through kvc_prefix_lookup() with ::KVC_PREFIX_PIN. */
+  char last_error[256]; /**< The reason of the tier's last error, "" if none (NUL-terminated, truncated). */
+} kvc_tier_stats;
+
+/**
+ * @brief Fill a tier config with defaults for `kind`: no flags, capacity 0
+ * (must be set for host and disk), no path or address, timeout 1000 ms, no TTL.
+ * @param config the struct to fill (not NULL).
+ * @param kind the tier's kind.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (unknown kind).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_tier_config_init(kvc_tier_config *config, kvc_tier_kind kind);
+
+/**
+ * @brief Add an offload tier below the pool (after the ones already added).
+ *
+ * Tiers hold prefix-cache blocks (docs/tiers.md), under their chain keys:
+ * a key mixes the prefix seed, the pool's fingerprint (geometry, codecs),
+ * the model and tokenizer ids and the extra keys (tenant salt, adapter), so
+ * pools of other models or tenants never see each other's blocks; pools in
+ * other processes share blocks only with the same seed
+ * (kvc_prefix_config::seed_set). Each record also carries the fingerprint
+ * and is refused by a pool with another.
+ *
+ * Demotion: when the pool reclaims a cached prefix block (LRU), its bytes
+ * (all layers) are copied at once and queued for a background writer that
+ * stores them in every tier (write-through, as LMCache stores each chunk in
+ * every backend); a full queue drops the block and counts it, never blocks.
+ * kvc_prefix_offload() queues a prompt's blocks while they are still in the
+ * pool. Promotion: kvc_prefix_lookup() reports tier_tokens;
+ * kvc_prefix_load() / kvc_prefix_prefetch() load them back.
+ *
+ * A tier that fails (disk full, permission denied, Redis down) turns into
+ * misses and counted errors (kvc_pool_tier_stats()); the pool keeps working.
+ * @param pool the pool (not NULL; prefix cache enabled).
+ * @param config the tier (not NULL).
+ * @param tier_index NULL or receives the tier's index (0 for the first).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown kind or flags, capacity
+ * 0, no path or address, a malformed address, more than 8 tiers);
+ * ::KVC_ERR_UNSUPPORTED (Redis in a build without hiredis; non-zero reserved);
+ * ::KVC_ERR_IO (the disk directory cannot be created or read).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *config, uint32_t *tier_index);
+
+/**
+ * @brief Set the offload queue and load timeout (defaults: 256 blocks, 10000 ms).
+ * @param pool the pool (not NULL; with at least one tier).
+ * @param queue_blocks demotions that may wait for the writer, in [1, 2^20];
+ * one more is dropped (counted in kvc_tier_stats::drops).
+ * @param load_timeout_ms how long a load's reserved blocks wait for the
+ * tiers, in [1, 3600000] ms; then they go back to the pool and a late answer
+ * is dropped.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (a
+ * value out of range, no tier).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, uint32_t load_timeout_ms);
+
+/**
+ * @brief Zero a tier stats struct and set its struct_size.
+ * @param stats the struct (not NULL).
+ * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_tier_stats_init(kvc_tier_stats *stats);
+
+/**
+ * @brief Read the counters of one tier.
+ * @param pool the pool (not NULL).
+ * @param tier_index 0 for the first tier added.
+ * @param stats receives the counters (struct_size set).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * ::KVC_ERR_OUT_OF_RANGE (no such tier).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_tier_stats *stats);
+
+/**
+ * @brief Queue the prompt's blocks that are registered in the pool for writing
+ * to every tier now (write-through, before the pool reclaims them; e.g. so
+ * that a later process finds them on disk or in Redis).
+ * @param pool the pool (not NULL; prefix cache enabled; with tiers).
+ * @param tokens `[n_tokens]` token ids.
+ * @param n_tokens prompt length; every whole block registered in the pool is queued.
+ * @param extras extra keys, as for kvc_prefix_lookup().
+ * @param n_extras number of extra keys.
+ * @param n_queued NULL or receives the blocks queued (the others were dropped: queue full).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (no
+ * prefix cache or tier, extras); ::KVC_ERR_OVERFLOW.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                      const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *n_queued);
+
+/**
+ * @brief Wait until the offload writer has written every queued block.
+ * @param pool the pool (not NULL).
+ * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER (a pool without tiers returns at once).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_pool_flush_tiers(kvc_pool *pool);
+
+/**
+ * @brief Load the tier blocks that follow the pool's hit of a prompt into the
+ * pool, and wait: afterwards kvc_prefix_attach() finds them.
+ *
+ * The blocks are reserved in the pool first (as many as are free or
+ * reclaimable, the prompt's own cached chain excepted), read from the first
+ * tier that has each (no pool lock is held), checked (fingerprint, tier
+ * checksum, the block's token ids, extra keys and chain position) and
+ * registered as cached prefix blocks. The chain stops at the first block no
+ * tier returns whole.
+ * @param pool the pool (not NULL; prefix cache enabled; with tiers).
+ * @param tokens `[n_tokens]` token ids of the prompt.
+ * @param n_tokens prompt length (as for kvc_prefix_lookup(), the last token is never loaded).
+ * @param extras extra keys, as for kvc_prefix_lookup().
+ * @param n_extras number of extra keys.
+ * @param loaded_tokens NULL or receives the tokens loaded (whole blocks).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT;
+ * ::KVC_ERR_OVERFLOW; ::KVC_ERR_TIMEOUT (the tiers did not answer within the
+ * load timeout: nothing loaded, the reserved blocks are back in the pool).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *loaded_tokens);
+
+/**
+ * @brief Start loading, as kvc_prefix_load(), and return at once with a
+ * ticket for kvc_prefix_poll() (the reads run on the offload loader thread).
+ * @param pool the pool (not NULL; prefix cache enabled; with tiers).
+ * @param tokens `[n_tokens]` token ids (copied).
+ * @param n_tokens prompt length.
+ * @param extras extra keys (copied).
+ * @param n_extras number of extra keys.
+ * @param ticket receives the ticket (not NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT; ::KVC_ERR_OVERFLOW.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                       const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *ticket);
+
+/**
+ * @brief Poll a prefetch. Once it returns ::KVC_OK or ::KVC_ERR_TIMEOUT the
+ * ticket is forgotten.
+ * @param pool the pool (not NULL).
+ * @param ticket from kvc_prefix_prefetch().
+ * @param loaded_tokens NULL or receives the tokens loaded (0 unless ::KVC_OK).
+ * @return ::KVC_OK (done); ::KVC_ERR_PENDING (still reading; poll again);
+ * ::KVC_ERR_TIMEOUT (see kvc_prefix_load()); ::KVC_ERR_NULL_POINTER;
+ * ::KVC_ERR_INVALID_ARGUMENT (unknown or already reported ticket).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *loaded_tokens);
+
+/**
+ * @brief Release the pins of a kvc_prefix_lookup() with ::KVC_PREFIX_PIN.
+ * @param pool the pool (not NULL).
+ * @param pin the handle from kvc_prefix_result::pin.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (not a
+ * pin this pool holds: unknown, 0, or already unpinned; nothing changes).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin);
+
 /**
  * @brief Table of every API function, for hosts that load the library with
  * dlopen(). Functions are only appended; a table of version N starts with the
@@ -1702,6 +1933,17 @@ typedef struct kvc_api {
   kvc_status (*seq_restore)(kvc_pool *, uint64_t, const void *, size_t);   /**< kvc_seq_restore() */
   kvc_status (*seq_save_file)(kvc_pool *, uint64_t, const char *);         /**< kvc_seq_save_file() */
   kvc_status (*seq_restore_file)(kvc_pool *, uint64_t, const char *);      /**< kvc_seq_restore_file() */
+  kvc_status (*tier_config_init)(kvc_tier_config *, kvc_tier_kind);       /**< kvc_tier_config_init() */
+  kvc_status (*pool_add_tier)(kvc_pool *, const kvc_tier_config *, uint32_t *); /**< kvc_pool_add_tier() */
+  kvc_status (*pool_set_offload)(kvc_pool *, uint32_t, uint32_t);         /**< kvc_pool_set_offload() */
+  kvc_status (*tier_stats_init)(kvc_tier_stats *);                         /**< kvc_tier_stats_init() */
+  kvc_status (*pool_tier_stats)(kvc_pool *, uint32_t, kvc_tier_stats *);   /**< kvc_pool_tier_stats() */
+  kvc_status (*prefix_offload)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_offload() */
+  kvc_status (*pool_flush_tiers)(kvc_pool *);                              /**< kvc_pool_flush_tiers() */
+  kvc_status (*prefix_load)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_load() */
+  kvc_status (*prefix_prefetch)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_prefetch() */
+  kvc_status (*prefix_poll)(kvc_pool *, uint64_t, uint64_t *);             /**< kvc_prefix_poll() */
+  kvc_status (*prefix_unpin)(kvc_pool *, uint64_t);                        /**< kvc_prefix_unpin() */
 } kvc_api;
 
 /**

@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/plugin.h"
 #include "core/pool.h"
+#include "tier/tier.h"
 #include "kvcache/kvcache.h"
 
 using kvc::core::DType;
@@ -375,6 +376,8 @@ KVC_API const char *kvc_status_string(kvc_status s) {
     case KVC_ERR_INCOMPATIBLE: return "KVC_ERR_INCOMPATIBLE";
     case KVC_ERR_CORRUPT: return "KVC_ERR_CORRUPT";
     case KVC_ERR_IO: return "KVC_ERR_IO";
+    case KVC_ERR_PENDING: return "KVC_ERR_PENDING";
+    case KVC_ERR_TIMEOUT: return "KVC_ERR_TIMEOUT";
     case KVC_STATUS_FORCE_32BIT: break;
   }
   return "KVC_ERR_UNKNOWN";
@@ -1006,6 +1009,8 @@ void write_result(const kvc::core::PrefixResult &r, kvc_prefix_result *out) {
   full.hit_tokens = r.hit_tokens;
   full.hit_blocks = r.hit_blocks;
   full.partial_tokens = r.partial_tokens;
+  full.tier_tokens = r.tier_tokens;
+  full.pin = r.pin;
   kvc::api::write_output_struct(full, out);
 }
 
@@ -1052,9 +1057,14 @@ KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint
     auto &p = core_of(pool);
     need(result, "result");
     kvc::api::check_output_struct(result, kPrefixResultMin, "kvc_prefix_result");
-    if (flags & ~KVC_PREFIX_PARTIAL) fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
+    if (flags & ~(KVC_PREFIX_PARTIAL | KVC_PREFIX_PIN))
+      fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL, KVC_PREFIX_PIN)");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    write_result(p.prefix_lookup(tokens, n_tokens, ex.data(), n_extras, (flags & KVC_PREFIX_PARTIAL) != 0), result);
+    const bool pin = (flags & KVC_PREFIX_PIN) != 0;
+    if (pin && result->struct_size < offsetof(kvc_prefix_result, pin) + sizeof(uint64_t))
+      fail(Errc::StructSize, "KVC_PREFIX_PIN needs a kvc_prefix_result with the pin field (0.3)");
+    const auto r = p.prefix_lookup_tiers(tokens, n_tokens, ex.data(), n_extras, (flags & KVC_PREFIX_PARTIAL) != 0, pin);
+    write_result(r, result);
   });
 }
 
@@ -1145,6 +1155,200 @@ KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const c
     const std::vector<uint8_t> rec = read_file(path);
     p.seq_restore(seq_id, rec.data(), rec.size());
   });
+}
+
+// ---------------------------------------------------------------------------
+// Offload tiers
+
+namespace {
+constexpr size_t kTierConfigMin = offsetof(kvc_tier_config, ttl_seconds) + sizeof(uint64_t);
+constexpr size_t kTierStatsMin = sizeof(kvc_tier_stats);
+
+// "host:port[,host:port...]" (IPv6 hosts in brackets: "[::1]:6379").
+std::vector<std::pair<std::string, int>> parse_nodes(const char *address) {
+  std::vector<std::pair<std::string, int>> out;
+  std::string a(address);
+  size_t start = 0;
+  while (start <= a.size()) {
+    size_t end = a.find(',', start);
+    if (end == std::string::npos) end = a.size();
+    std::string node = a.substr(start, end - start);
+    const size_t colon = node.rfind(':');
+    if (node.empty() || colon == std::string::npos || colon == 0 || colon + 1 == node.size())
+      fail(Errc::InvalidArgument, "address \"" + a + "\": expected host:port[,host:port...]");
+    std::string host = node.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    const std::string port = node.substr(colon + 1);
+    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
+        std::stoi(port) > 65535)
+      fail(Errc::InvalidArgument, "address \"" + a + "\": port \"" + port + "\" is not in 1..65535");
+    out.emplace_back(host, std::stoi(port));
+    if (out.size() > 64) fail(Errc::InvalidArgument, "address lists more than 64 nodes");
+    start = end + 1;
+  }
+  return out;
+}
+}  // namespace
+
+KVC_API kvc_status kvc_tier_config_init(kvc_tier_config *config, kvc_tier_kind kind) {
+  return guard([&] {
+    need(config, "config");
+    if (kind != KVC_TIER_HOST && kind != KVC_TIER_DISK && kind != KVC_TIER_REDIS)
+      fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(kind)) +
+                                      ": unknown (KVC_TIER_HOST, KVC_TIER_DISK or KVC_TIER_REDIS)");
+    std::memset(config, 0, sizeof *config);
+    config->struct_size = sizeof *config;
+    config->kind = kind;
+    config->timeout_ms = 1000;
+  });
+}
+
+KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *config, uint32_t *tier_index) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(config, "config");
+    kvc_tier_config c;
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = sizeof c;
+    c.timeout_ms = 1000;
+    kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
+    if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
+    const uint32_t known = c.kind == KVC_TIER_DISK ? KVC_TIER_FSYNC : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER : 0u;
+    std::unique_ptr<kvc::tier::Tier> t;
+    switch (c.kind) {
+      case KVC_TIER_HOST:
+      case KVC_TIER_DISK:
+        if (c.flags & ~known) fail(Errc::InvalidArgument, "unknown flags for this tier kind");
+        if (c.capacity_bytes == 0) fail(Errc::InvalidArgument, "capacity_bytes is 0 (a host or disk tier needs a capacity)");
+        if (c.kind == KVC_TIER_HOST) {
+          t = kvc::tier::make_host_tier(c.capacity_bytes);
+        } else {
+          if (!c.path || !*c.path) fail(Errc::InvalidArgument, "a disk tier needs a path (a directory)");
+          std::string err;
+          t = kvc::tier::make_disk_tier(c.path, c.capacity_bytes, (c.flags & KVC_TIER_FSYNC) != 0, &err);
+          if (!t) fail(Errc::Io, err);
+        }
+        break;
+      case KVC_TIER_REDIS: {
+        if (c.flags & ~known) fail(Errc::InvalidArgument, "unknown flags for a Redis tier");
+        if (!c.address || !*c.address) fail(Errc::InvalidArgument, "a Redis tier needs an address (host:port)");
+        if (c.timeout_ms == 0) fail(Errc::InvalidArgument, "timeout_ms is 0");
+        kvc::tier::RedisConfig rc;
+        rc.nodes = parse_nodes(c.address);
+        rc.cluster = (c.flags & KVC_TIER_REDIS_CLUSTER) != 0;
+        if (!rc.cluster && rc.nodes.size() != 1)
+          fail(Errc::InvalidArgument, "a single Redis server has one address (several: KVC_TIER_REDIS_CLUSTER)");
+        rc.timeout_ms = c.timeout_ms;
+        rc.ttl_seconds = c.ttl_seconds;
+        std::string err;
+        t = kvc::tier::make_redis_tier(rc, &err);
+        if (!t) fail(Errc::Unsupported, err);
+        break;
+      }
+      default:
+        fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
+    }
+    const uint32_t i = p.add_tier(std::move(t), static_cast<int32_t>(c.kind));
+    if (tier_index) *tier_index = i;
+  });
+}
+
+KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, uint32_t load_timeout_ms) {
+  return guard([&] { core_of(pool).set_offload(queue_blocks, load_timeout_ms); });
+}
+
+KVC_API kvc_status kvc_tier_stats_init(kvc_tier_stats *stats) {
+  return guard([&] {
+    need(stats, "stats");
+    std::memset(stats, 0, sizeof *stats);
+    stats->struct_size = sizeof *stats;
+  });
+}
+
+KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_tier_stats *stats) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(stats, "stats");
+    kvc::api::check_output_struct(stats, kTierStatsMin, "kvc_tier_stats");
+    const kvc::core::TierCounts c = p.tier_counts(tier_index);
+    kvc_tier_stats full;
+    std::memset(&full, 0, sizeof full);
+    full.struct_size = sizeof full;
+    full.kind = static_cast<kvc_tier_kind>(c.kind);
+    full.bytes = c.bytes;
+    full.entries = c.entries;
+    full.hits = c.hits;
+    full.misses = c.misses;
+    full.demotions = c.demotions;
+    full.promotions = c.promotions;
+    full.drops = c.drops;
+    full.evictions = c.evictions;
+    full.errors = c.errors;
+    full.pinned = c.pinned;
+    std::snprintf(full.last_error, sizeof full.last_error, "%s", c.last_error.c_str());
+    kvc::api::write_output_struct(full, stats);
+  });
+}
+
+KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                      const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *n_queued) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    const uint64_t q = p.prefix_offload(tokens, n_tokens, ex.data(), n_extras);
+    if (n_queued) *n_queued = q;
+  });
+}
+
+KVC_API kvc_status kvc_pool_flush_tiers(kvc_pool *pool) {
+  return guard([&] { core_of(pool).flush_tiers(); });
+}
+
+KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                       const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *ticket) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(ticket, "ticket");
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    *ticket = p.prefix_prefetch(tokens, n_tokens, ex.data(), n_extras);
+  });
+}
+
+namespace {
+void poll_status(kvc::core::LoadState s, uint64_t ticket) {
+  if (s == kvc::core::LoadState::Pending)
+    fail(Errc::Pending, "load " + std::to_string(ticket) + " is still reading from the tiers");
+  if (s == kvc::core::LoadState::TimedOut)
+    fail(Errc::Timeout, "load " + std::to_string(ticket) +
+                            ": the tiers did not answer within the load timeout; its reserved blocks are back in the pool");
+}
+}  // namespace
+
+KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
+                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *loaded_tokens) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    if (loaded_tokens) *loaded_tokens = 0;
+    const uint64_t t = p.prefix_prefetch(tokens, n_tokens, ex.data(), n_extras);
+    uint64_t loaded = 0;
+    poll_status(p.prefix_poll(t, /*wait=*/true, &loaded), t);
+    if (loaded_tokens) *loaded_tokens = loaded;
+  });
+}
+
+KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *loaded_tokens) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (loaded_tokens) *loaded_tokens = 0;
+    uint64_t loaded = 0;
+    poll_status(p.prefix_poll(ticket, /*wait=*/false, &loaded), ticket);
+    if (loaded_tokens) *loaded_tokens = loaded;
+  });
+}
+
+KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin) {
+  return guard([&] { core_of(pool).prefix_unpin(pin); });
 }
 
 KVC_API kvc_status kvc_prefix_stats_init(kvc_prefix_stats *stats) {
@@ -1274,6 +1478,17 @@ static const kvc_api g_api = {
     kvc_seq_restore,
     kvc_seq_save_file,
     kvc_seq_restore_file,
+    kvc_tier_config_init,
+    kvc_pool_add_tier,
+    kvc_pool_set_offload,
+    kvc_tier_stats_init,
+    kvc_pool_tier_stats,
+    kvc_prefix_offload,
+    kvc_pool_flush_tiers,
+    kvc_prefix_load,
+    kvc_prefix_prefetch,
+    kvc_prefix_poll,
+    kvc_prefix_unpin,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {
@@ -1288,3 +1503,11 @@ KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {
 }
 
 }  // extern "C"
+
+// Until the Redis tier lands (src/tier/redis_tier.cpp), a weak fallback.
+namespace kvc::tier {
+__attribute__((weak)) std::unique_ptr<Tier> make_redis_tier(const RedisConfig &, std::string *error) {
+  if (error) *error = "this build has no Redis tier";
+  return nullptr;
+}
+}  // namespace kvc::tier

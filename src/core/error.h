@@ -30,6 +30,8 @@ enum class Errc : int32_t {
   Incompatible = 18,
   Corrupt = 19,
   Io = 20,
+  Pending = 21,
+  Timeout = 22,
 };
 
 class Error : public std::runtime_error {

@@ -1,4 +1,5 @@
 #include "core/pool.h"
+#include "core/offload.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -424,6 +425,7 @@ void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host
 }
 
 Pool::~Pool() {
+  offload_.reset();  // stops the offload threads first (they call into the pool)
   if (dev_) {
     dev_.reset();
     return;
@@ -1333,6 +1335,11 @@ std::string Pool::check_invariants() const {
     for (const LayerTable &l : s.layers) tokens += l.n_tokens;
   });
   if (!err.empty()) return err;
+  if (offload_) {  // blocks reserved for pending loads hold one reference each
+    std::lock_guard g(offload_->m);
+    for (const auto &[t, l] : offload_->loads)
+      for (int32_t b : l.reserved) ++refs[static_cast<size_t>(b)];
+  }
   if (tokens != tokens_stored_) return "tokens_stored counter disagrees with the block tables";
   for (size_t b = 0; b < res_refs.size(); ++b)
     if (res_refs[b] != res_alloc_.refcount(static_cast<int32_t>(b)))

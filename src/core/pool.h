@@ -20,6 +20,10 @@
 #include "core/rwlock.h"
 #include "core/seq_map.h"
 
+namespace kvc::tier {
+class Tier;
+}
+
 namespace kvc::core {
 
 enum class Layout : int32_t { NHD = 0, HND = 1 };
@@ -69,7 +73,19 @@ struct PrefixConfig {
 };
 struct PrefixResult {
   uint64_t hit_tokens = 0, hit_blocks = 0, partial_tokens = 0;
+  uint64_t tier_tokens = 0;  // whole-block tokens after hit_tokens the offload tiers hold
+  uint64_t pin = 0;          // pin handle (lookup with pin), 0: none
 };
+// Offload tiers (tier_pool.cpp, docs/tiers.md).
+struct OffloadState;
+struct TierCounts {
+  int32_t kind = 0;  // kvc_tier_kind
+  uint64_t bytes = 0, entries = 0, hits = 0, misses = 0, demotions = 0, promotions = 0, drops = 0,
+           evictions = 0, errors = 0, pinned = 0;
+  std::string last_error;
+};
+// Outcome of polling an asynchronous load.
+enum class LoadState : int32_t { Pending = 0, Done = 1, TimedOut = 2 };
 struct PrefixCounts {
   uint64_t queried_tokens, hit_tokens, partial_tokens, registered, reclaimable, referenced, inserted, removed,
       reclaimed;
@@ -245,6 +261,25 @@ class Pool {
   // Chain keys of the full blocks of tokens[0, n): [n / block_size][key_size] bytes.
   void prefix_keys(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, uint8_t *out) const;
   PrefixCounts prefix_counts() const;
+
+  // Offload tiers (tier_pool.cpp, docs/tiers.md). Tiers need the prefix cache.
+  uint32_t add_tier(std::unique_ptr<tier::Tier> t, int32_t kind);
+  void set_offload(uint32_t queue_blocks, uint32_t load_timeout_ms);
+  uint32_t num_tiers() const;
+  TierCounts tier_counts(uint32_t index) const;
+  // Lookup through the pool and then the tiers; `pin`: pins the tier blocks found.
+  PrefixResult prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+                                   bool partial, bool pin);
+  void prefix_unpin(uint64_t pin);
+  // Queues the registered blocks of a prompt for writing to every tier; returns blocks queued.
+  uint64_t prefix_offload(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx);
+  void flush_tiers();
+  // Loads the tier blocks following the pool's hit into cached pool blocks
+  // (registered, reference count 0). prefetch returns a ticket; poll reports
+  // its state (wait: until it is no longer pending) and on Done / TimedOut
+  // forgets the ticket.
+  uint64_t prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx);
+  LoadState prefix_poll(uint64_t ticket, bool wait, uint64_t *loaded_tokens);
   // White-box: the keys in the index (key_size bytes each, as strings).
   std::vector<std::string> prefix_registered_keys() const;
   void prefix_set_callback(PrefixEventFn fn, void *user, const std::function<void()> &under_lock);
@@ -330,6 +365,19 @@ class Pool {
   uint32_t unit_ = 1;  // tokens encoded together when aging (per-channel group size)
   std::shared_ptr<const PolicySpec> default_policy_;
   std::unique_ptr<PrefixState> prefix_;
+  std::unique_ptr<OffloadState> offload_;
+  friend struct OffloadState;
+  // Offload internals (tier_pool.cpp; exclusive lock held unless noted).
+  std::vector<uint8_t> stage_entry(uint32_t e) const;  // a registered entry as a tier payload
+  void demote_entry(uint32_t e);                       // stage + queue (drops when the queue is full)
+  void install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>> &payloads,
+                    const std::vector<uint32_t> &from);
+  void expire_loads();                                 // frees reservations past their deadline
+  // Registers blocks[nl] under key k (tokens of one block) as a child of
+  // parent_entry (-1: root); returns the entry.
+  uint32_t prefix_register(const PrefixKey &k, const PrefixKey &parent, int64_t parent_entry, uint64_t depth,
+                           const int32_t *tokens, const PrefixKey &xd, const std::vector<uint8_t> &xb,
+                           const int32_t *blocks);
   // Prefix index hooks (exclusive lock held).
   bool registered(int32_t b) const;
   void prefix_drop_block(int32_t b);                 // drops the entry holding block b (before an in-place write)

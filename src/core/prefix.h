@@ -140,4 +140,11 @@ struct PrefixState {
   void *user = nullptr;
 };
 
+// Helpers of prefix_pool.cpp used by the offload tiers (tier_pool.cpp).
+std::vector<uint8_t> prefix_extras_encoding(const PrefixExtra *ex, uint32_t nx);
+PrefixKey prefix_extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx);
+// The entries of the whole cached blocks among the first n - 1 tokens.
+std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
+                                       const PrefixExtra *ex, uint32_t nx);
+
 }  // namespace kvc::core

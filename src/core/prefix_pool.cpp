@@ -162,6 +162,9 @@ void Pool::prefix_drop_block(int32_t b) {
 void Pool::prefix_on_reclaim(int32_t b) {
   if (!registered(b)) return;
   ++prefix_->stats.reclaimed;
+  // Demotion (docs/tiers.md): the entry's blocks are copied before any of
+  // them can be handed out again, then written by the offload writer.
+  if (offload_) demote_entry(static_cast<uint32_t>(prefix_->block_entry[b]));
   prefix_drop_entry(static_cast<uint32_t>(prefix_->block_entry[b]), b);
 }
 
@@ -241,6 +244,16 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   return w;
 }
 }  // namespace
+
+// For tier_pool.cpp.
+std::vector<uint8_t> prefix_extras_encoding(const PrefixExtra *ex, uint32_t nx) { return extras_encoding(ex, nx); }
+PrefixKey prefix_extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
+  return extras_digest(h, ex, nx);
+}
+std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
+                                       const PrefixExtra *ex, uint32_t nx) {
+  return walk(ps, bs, tokens, n, ex, nx, false).path;
+}
 
 PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
                                  bool partial) const {
@@ -329,6 +342,38 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
   return r;
 }
 
+uint32_t Pool::prefix_register(const PrefixKey &k, const PrefixKey &parent, int64_t parent_entry, uint64_t depth,
+                               const int32_t *tokens, const PrefixKey &xd, const std::vector<uint8_t> &xb,
+                               const int32_t *blocks) {
+  PrefixState &ps = *prefix_;
+  const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
+  uint32_t e;
+  if (!ps.free_entries.empty()) {
+    e = ps.free_entries.back();
+    ps.free_entries.pop_back();
+  } else {
+    e = static_cast<uint32_t>(ps.entries.size());
+    ps.entries.emplace_back();
+  }
+  PrefixEntry &en = ps.entries[e];
+  en.key = k;
+  en.parent = parent;
+  en.extras = xd;
+  en.extras_bytes = ps.verify_tokens ? xb : std::vector<uint8_t>{};
+  en.parent_entry = parent_entry;
+  en.depth = depth;
+  en.blocks.assign(blocks, blocks + nl);
+  for (uint64_t li = 0; li < nl; ++li) ps.block_entry[en.blocks[li]] = static_cast<int32_t>(e);
+  en.tokens.assign(tokens, tokens + bs);
+  en.children.clear();
+  en.live = true;
+  ps.map.insert(k, e);
+  (parent_entry >= 0 ? ps.entries[static_cast<uint64_t>(parent_entry)].children : ps.root_children).push_back(e);
+  ++ps.stats.inserted;
+  if (ps.callback) ps.callback(ps.user, 0, k.b.data(), parent.b.data(), ps.hasher.key_size(), en.depth);
+  return e;
+}
+
 uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx) {
   std::unique_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
@@ -365,34 +410,10 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     bool free_blocks = true;
     for (uint64_t li = 0; li < nl; ++li) free_blocks = free_blocks && ps.block_entry[s.layers[li].blocks[i]] < 0;
     if (!free_blocks) break;  // a block registered under another key (cannot be: content is the key) - stop
-    uint32_t e;
-    if (!ps.free_entries.empty()) {
-      e = ps.free_entries.back();
-      ps.free_entries.pop_back();
-    } else {
-      e = static_cast<uint32_t>(ps.entries.size());
-      ps.entries.emplace_back();
-    }
-    PrefixEntry &en = ps.entries[e];
-    en.key = k;
-    en.parent = parent;
-    en.extras = xd;
-    en.extras_bytes = ps.verify_tokens ? xb : std::vector<uint8_t>{};
-    en.parent_entry = parent_entry;
-    en.depth = i + 1;
-    en.blocks.resize(nl);
-    for (uint64_t li = 0; li < nl; ++li) {
-      en.blocks[li] = s.layers[li].blocks[i];
-      ps.block_entry[en.blocks[li]] = static_cast<int32_t>(e);
-    }
-    en.tokens.assign(tokens + i * bs, tokens + (i + 1) * bs);
-    en.children.clear();
-    en.live = true;
-    ps.map.insert(k, e);
-    (parent_entry >= 0 ? ps.entries[static_cast<uint64_t>(parent_entry)].children : ps.root_children).push_back(e);
-    ++ps.stats.inserted;
+    std::vector<int32_t> blocks(nl);
+    for (uint64_t li = 0; li < nl; ++li) blocks[li] = s.layers[li].blocks[i];
+    const uint32_t e = prefix_register(k, parent, parent_entry, i + 1, tokens + i * bs, xd, xb, blocks.data());
     ++added;
-    if (ps.callback) ps.callback(ps.user, 0, k.b.data(), parent.b.data(), ps.hasher.key_size(), en.depth);
     parent = k;
     parent_entry = e;
   }

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 
 #include "tier/tier.h"
 
@@ -96,6 +97,12 @@ class DiskTier final : public Tier {
     std::unique_lock lk(mu_);
     if (total > cap_) return error("a block record of " + std::to_string(total) + " bytes is larger than the tier (" +
                                    std::to_string(cap_) + ")");
+    auto old = map_.find(key);
+    const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
+    const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.bytes : 0);
+    if (total > cap_ - pinned_other)  // checked first: a refused put changes nothing
+      return error("no room for a block record of " + std::to_string(total) + " bytes: " +
+                   std::to_string(pinned_other) + " of the tier's " + std::to_string(cap_) + " bytes are pinned");
     uint8_t h[kHeader] = {};
     std::memcpy(h, kMagic, 4);
     const uint32_t v = kVersion, f = static_cast<uint32_t>(fp.size());
@@ -127,9 +134,15 @@ class DiskTier final : public Tier {
     }
     unindex(key);
     index(key, total);
+    if (pins) {  // a rewrite keeps its pins
+      map_[key].pins = pins;
+      pinned_bytes_ += total;
+    }
     ++st_.puts;
-    while (st_.bytes > cap_ && lru_.size() > 1) {
-      remove_file(lru_.back());
+    while (st_.bytes > cap_) {  // cannot run out: unpinned bytes suffice
+      auto victim = std::prev(lru_.end());
+      while (map_.at(*victim).pins || *victim == key) --victim;
+      remove_file(*victim);
       ++st_.evictions;
     }
     return true;
@@ -186,6 +199,22 @@ class DiskTier final : public Tier {
     remove_file(key);
     return had;
   }
+  // Pins hold in this process (another process sharing the directory may
+  // still remove the file; a load then misses).
+  bool pin(const Key &key) override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    if (it->second.pins++ == 0) pinned_bytes_ += it->second.bytes;
+    return true;
+  }
+  bool unpin(const Key &key) override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.pins == 0) return false;
+    if (--it->second.pins == 0) pinned_bytes_ -= it->second.bytes;
+    return true;
+  }
   Stats stats() const override {
     std::unique_lock lk(mu_);
     return st_;
@@ -199,6 +228,7 @@ class DiskTier final : public Tier {
   struct Entry {
     uint64_t bytes;
     std::list<Key>::iterator pos;
+    uint32_t pins = 0;
   };
   std::string path_of(const Key &k) const { return dir_ + "/" + k.hex() + kExt; }
   bool fail_open(std::string *error, const char *what) {
@@ -228,7 +258,7 @@ class DiskTier final : public Tier {
   }
   void index(const Key &k, uint64_t bytes) {
     lru_.push_front(k);
-    map_[k] = Entry{bytes, lru_.begin()};
+    map_[k] = Entry{bytes, lru_.begin(), 0};
     st_.bytes += bytes;
     ++st_.entries;
   }
@@ -236,6 +266,7 @@ class DiskTier final : public Tier {
     auto it = map_.find(k);
     if (it == map_.end()) return;
     st_.bytes -= it->second.bytes;
+    if (it->second.pins) pinned_bytes_ -= it->second.bytes;
     --st_.entries;
     lru_.erase(it->second.pos);
     map_.erase(it);
@@ -253,6 +284,7 @@ class DiskTier final : public Tier {
   std::unordered_map<Key, Entry, KeyHash> map_;
   std::list<Key> lru_;
   Stats st_;
+  uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
   std::string err_;
   uint64_t seq_ = 0;
 };

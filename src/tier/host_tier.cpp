@@ -1,6 +1,7 @@
 // The host-memory tier: payloads in a hash map, least recently used first out
 // when the byte capacity is reached.
 #include <cstring>
+#include <iterator>
 
 #include "tier/tier.h"
 
@@ -28,6 +29,15 @@ class HostTier final : public Tier {
       err_ = "a block of " + std::to_string(need) + " bytes is larger than the tier (" + std::to_string(cap_) + ")";
       return false;
     }
+    auto old = map_.find(key);
+    const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
+    const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.data.size() + old->second.fp.size() : 0);
+    if (need > cap_ - pinned_other) {  // checked first: a refused put changes nothing
+      ++st_.errors;
+      err_ = "no room for a block of " + std::to_string(need) + " bytes: " + std::to_string(pinned_other) +
+             " of the tier's " + std::to_string(cap_) + " bytes are pinned";
+      return false;
+    }
     Entry e;
     try {  // copy first: a failed allocation changes nothing
       e.fp = fp;
@@ -38,14 +48,18 @@ class HostTier final : public Tier {
       return false;
     }
     drop(key);
-    while (st_.bytes + need > cap_) {
-      drop(lru_.back());
+    while (st_.bytes + need > cap_) {  // cannot run out: unpinned bytes suffice
+      auto victim = std::prev(lru_.end());
+      while (map_.at(*victim).pins) --victim;
+      drop(*victim);
       ++st_.evictions;
     }
     lru_.push_front(key);
     e.pos = lru_.begin();
+    e.pins = pins;  // a rewrite keeps its pins
     map_.emplace(key, std::move(e));
     st_.bytes += need;
+    if (pins) pinned_bytes_ += need;
     ++st_.entries;
     ++st_.puts;
     return true;
@@ -72,6 +86,20 @@ class HostTier final : public Tier {
     std::unique_lock lk(mu_);
     return drop(key);
   }
+  bool pin(const Key &key) override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) return false;
+    if (it->second.pins++ == 0) pinned_bytes_ += it->second.data.size() + it->second.fp.size();
+    return true;
+  }
+  bool unpin(const Key &key) override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end() || it->second.pins == 0) return false;
+    if (--it->second.pins == 0) pinned_bytes_ -= it->second.data.size() + it->second.fp.size();
+    return true;
+  }
   Stats stats() const override {
     std::unique_lock lk(mu_);
     return st_;
@@ -85,11 +113,13 @@ class HostTier final : public Tier {
   struct Entry {
     std::vector<uint8_t> fp, data;
     std::list<Key>::iterator pos;
+    uint32_t pins = 0;
   };
   bool drop(const Key &key) {
     auto it = map_.find(key);
     if (it == map_.end()) return false;
     st_.bytes -= it->second.data.size() + it->second.fp.size();
+    if (it->second.pins) pinned_bytes_ -= it->second.data.size() + it->second.fp.size();
     --st_.entries;
     lru_.erase(it->second.pos);
     map_.erase(it);
@@ -101,6 +131,7 @@ class HostTier final : public Tier {
   std::unordered_map<Key, Entry, KeyHash> map_;
   std::list<Key> lru_;  // front: most recently used
   Stats st_;
+  uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
   std::string err_;
 };
 

@@ -60,7 +60,7 @@ constexpr uint64_t kMaxLength = 0x7fffffffu;
 
 std::string st(kvc_status s) { return kvc_status_string(s); }
 
-bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_IO; }
+bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_TIMEOUT; }
 
 class Input {
  public:

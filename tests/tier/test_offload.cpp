@@ -1,0 +1,715 @@
+// Offload tiers of a pool through the public API (docs/tiers.md): demotion on
+// reclaim with a bounded queue, lookups and loads (synchronous and
+// prefetch + poll) with the loaded bytes compared, pins, load timeouts,
+// namespaces (salt, model), injected write failures, damaged records, a full
+// disk and restart persistence. Test hooks (src/core/offload.h) pause the
+// writer, block reads and inject failures.
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <dirent.h>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "../common/kvtest.h"
+#include "api/internal.h"
+#include "core/offload.h"
+
+namespace {
+
+constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 8, kBs = 4;
+constexpr uint64_t kRow = kHeads * kDim;  // floats per token and layer
+
+struct Pool {
+  kvc_pool *p = nullptr;
+  Pool(uint64_t blocks, const char *model = "m1") {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = kLayers;
+    c.num_q_heads = kHeads;
+    c.num_kv_heads = kHeads;
+    c.head_dim = kDim;
+    c.block_size = kBs;
+    c.num_blocks = blocks;
+    c.k_dtype = KVC_DTYPE_F32;
+    c.v_dtype = KVC_DTYPE_F32;
+    CHECK_OK(kvc_pool_create(&c, &p));
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.seed_set = 1;
+    for (int i = 0; i < 32; ++i) pc.seed[i] = static_cast<uint8_t>(i * 7 + 1);
+    pc.model_id = model;
+    CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  }
+  ~Pool() { kvc_pool_destroy(p); }
+  operator kvc_pool *() const { return p; }
+};
+
+// K / V of a token: a function of its id, position, layer and part only, so a
+// prompt's prefix has the same bytes in every pool.
+float value(int32_t tok, uint64_t pos, uint32_t layer, int kv, uint64_t j) {
+  return static_cast<float>((tok * 31 + static_cast<int64_t>(pos) * 7 + layer * 13 + kv * 5 + static_cast<int64_t>(j)) % 97) / 8.0f;
+}
+
+std::vector<int32_t> prompt(int32_t base, uint64_t n) {
+  std::vector<int32_t> t(n);
+  for (uint64_t i = 0; i < n; ++i) t[i] = base + static_cast<int32_t>(i * 3 % 11);
+  return t;
+}
+
+kvc_prefix_extra salt_of(const char *s) { return kvc_prefix_extra{s, std::strlen(s)}; }
+
+// Creates seq `id` holding tokens (computed K/V) and registers its blocks.
+void write_seq(kvc_pool *p, uint64_t id, const std::vector<int32_t> &t, const kvc_prefix_extra *ex = nullptr,
+               uint32_t nx = 0, bool garbage = false) {
+  CHECK_OK(kvc_seq_create(p, id));
+  CHECK_OK(kvc_seq_reserve(p, id, t.size(), nullptr));
+  std::vector<float> k(t.size() * kRow), v(t.size() * kRow);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (uint64_t i = 0; i < t.size(); ++i)
+      for (uint64_t j = 0; j < kRow; ++j) {
+        k[i * kRow + j] = garbage ? -1.0f - static_cast<float>(id) : value(t[i], i, l, 0, j);
+        v[i * kRow + j] = garbage ? -2.0f - static_cast<float>(id) : value(t[i], i, l, 1, j);
+      }
+    CHECK_OK(kvc_append(p, id, l, 0, t.size(), k.data(), v.data(), KVC_DTYPE_F32));
+  }
+  if (!garbage) CHECK_OK(kvc_prefix_insert(p, id, t.data(), t.size(), ex, nx, nullptr));
+}
+
+// The first n tokens of seq `id` hold exactly the computed K/V of t.
+bool seq_matches(kvc_pool *p, uint64_t id, const std::vector<int32_t> &t, uint64_t n) {
+  std::vector<float> k(n * kRow), v(n * kRow);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    if (kvc_gather(p, id, l, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr) != KVC_OK) return false;
+    for (uint64_t i = 0; i < n; ++i)
+      for (uint64_t j = 0; j < kRow; ++j)
+        if (k[i * kRow + j] != value(t[i], i, l, 0, j) || v[i * kRow + j] != value(t[i], i, l, 1, j)) return false;
+  }
+  return true;
+}
+
+bool seq_is_garbage(kvc_pool *p, uint64_t id, uint64_t n) {
+  std::vector<float> k(n * kRow), v(n * kRow);
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    if (kvc_gather(p, id, l, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr) != KVC_OK) return false;
+    for (uint64_t i = 0; i < n * kRow; ++i)
+      if (k[i] != -1.0f - static_cast<float>(id) || v[i] != -2.0f - static_cast<float>(id)) return false;
+  }
+  return true;
+}
+
+uint32_t add_host(kvc_pool *p, uint64_t cap = 1 << 20) {
+  kvc_tier_config c;
+  CHECK_OK(kvc_tier_config_init(&c, KVC_TIER_HOST));
+  c.capacity_bytes = cap;
+  uint32_t i = 99;
+  CHECK_OK(kvc_pool_add_tier(p, &c, &i));
+  return i;
+}
+
+uint32_t add_disk(kvc_pool *p, const std::string &dir, uint64_t cap = 1 << 24) {
+  kvc_tier_config c;
+  CHECK_OK(kvc_tier_config_init(&c, KVC_TIER_DISK));
+  c.capacity_bytes = cap;
+  c.path = dir.c_str();
+  uint32_t i = 99;
+  CHECK_OK(kvc_pool_add_tier(p, &c, &i));
+  return i;
+}
+
+kvc_tier_stats tier_stats(kvc_pool *p, uint32_t i) {
+  kvc_tier_stats s;
+  kvc_tier_stats_init(&s);
+  CHECK_OK(kvc_pool_tier_stats(p, i, &s));
+  return s;
+}
+
+kvc_stats pool_stats(kvc_pool *p) {
+  kvc_stats s;
+  kvc_stats_init(&s);
+  CHECK_OK(kvc_pool_stats(p, &s));
+  return s;
+}
+
+kvc_prefix_result lookup(kvc_pool *p, const std::vector<int32_t> &t, const kvc_prefix_extra *ex = nullptr,
+                         uint32_t nx = 0, uint32_t flags = 0) {
+  kvc_prefix_result r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_lookup(p, t.data(), t.size(), ex, nx, flags, &r));
+  return r;
+}
+
+// Takes every free and reclaimable block with garbage sequences (ids from
+// `first`), so the pool's cached prefix blocks are reclaimed (demoted).
+uint64_t squeeze(kvc_pool *p, uint64_t first) {
+  uint64_t id = first;
+  for (;;) {
+    const kvc_stats s = pool_stats(p);
+    if (s.blocks_free + s.blocks_cached < kLayers) break;
+    std::vector<int32_t> t(kBs, 0);
+    write_seq(p, id++, t, nullptr, 0, /*garbage=*/true);
+  }
+  return id;
+}
+void free_range(kvc_pool *p, uint64_t first, uint64_t end) {
+  for (uint64_t id = first; id < end; ++id) CHECK_OK(kvc_seq_free(p, id));
+}
+
+bool invariants(kvc_pool *p) {
+  const std::string e = kvc::api::core_pool(p).check_invariants();
+  if (!e.empty()) std::fprintf(stderr, "invariant: %s\n", e.c_str());
+  return e.empty();
+}
+
+std::string temp_dir() {
+  char t[] = "/tmp/kvc_offload_XXXXXX";
+  if (!mkdtemp(t)) std::abort();
+  return t;
+}
+void remove_dir(const std::string &d) {
+  if (DIR *dp = opendir(d.c_str())) {
+    for (dirent *e; (e = readdir(dp)) != nullptr;)
+      if (e->d_name[0] != '.') unlink((d + "/" + e->d_name).c_str());
+    closedir(dp);
+  }
+  rmdir(d.c_str());
+}
+
+// A latch the test hooks wait on.
+struct Gate {
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false;
+  int waiting = 0;
+  void wait() {
+    std::unique_lock lk(m);
+    ++waiting;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+  }
+  void release() {
+    std::lock_guard g(m);
+    open = true;
+    cv.notify_all();
+  }
+  bool wait_for_waiter(int ms) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::milliseconds(ms), [&] { return waiting > 0; });
+  }
+};
+
+struct HooksReset {
+  ~HooksReset() { kvc::tier::set_test_hooks({}); }
+};
+
+}  // namespace
+
+// Demoted on reclaim, found by lookup, loaded back synchronously: the
+// attached sequence holds the original bytes.
+KVTEST(host_demote_and_load) {
+  Pool p(16);
+  const uint32_t ti = add_host(p);
+  CHECK(ti == 0);
+  const auto t = prompt(100, 13);  // 3 whole blocks usable
+  write_seq(p, 1, t);
+  CHECK_OK(kvc_seq_free(p, 1));
+  const uint64_t end = squeeze(p, 100);  // reclaims the 3 cached entries
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  kvc_tier_stats s = tier_stats(p, 0);
+  CHECK(s.kind == KVC_TIER_HOST);
+  CHECK(s.demotions == 3);
+  CHECK(s.entries == 3);
+  CHECK(s.drops == 0);
+  free_range(p, 100, end);
+  kvc_prefix_result r = lookup(p, t);
+  CHECK(r.hit_tokens == 0);
+  CHECK(r.tier_tokens == 12);
+  CHECK(r.pin == 0);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 12);
+  r = lookup(p, t);
+  CHECK(r.hit_tokens == 12);
+  CHECK(r.tier_tokens == 0);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, &r));
+  CHECK(r.hit_tokens == 12);
+  CHECK(seq_matches(p, 2, t, 12));
+  s = tier_stats(p, 0);
+  CHECK(s.promotions == 3);
+  CHECK(s.hits == 3);
+  CHECK(invariants(p));
+}
+
+// Prefetch + poll: pending while the read is held, then done with the bytes.
+KVTEST(host_prefetch_poll) {
+  HooksReset reset;
+  Pool p(16);
+  add_host(p);
+  const auto t = prompt(200, 9);  // 2 blocks
+  write_seq(p, 1, t);
+  uint64_t queued = 0;
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, &queued));
+  CHECK(queued == 2);
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK_OK(kvc_seq_free(p, 1));
+  free_range(p, 100, squeeze(p, 100));
+  Gate gate;
+  kvc::tier::TestHooks h;
+  h.before_get = [&](const kvc::tier::Key &) { gate.wait(); };
+  kvc::tier::set_test_hooks(h);
+  uint64_t ticket = 0, loaded = 7;
+  CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
+  CHECK(ticket != 0);
+  CHECK(gate.wait_for_waiter(5000));
+  CHECK_STATUS(kvc_prefix_poll(p, ticket, &loaded), KVC_ERR_PENDING);
+  CHECK(loaded == 0);
+  CHECK(pool_stats(p).blocks_used == 2 * kLayers);  // reserved for the load
+  CHECK(invariants(p));
+  gate.release();
+  kvc_status st = KVC_ERR_PENDING;
+  for (int i = 0; i < 5000 && st == KVC_ERR_PENDING; ++i) {
+    st = kvc_prefix_poll(p, ticket, &loaded);
+    if (st == KVC_ERR_PENDING) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(st == KVC_OK);
+  CHECK(loaded == 8);
+  CHECK_STATUS(kvc_prefix_poll(p, ticket, &loaded), KVC_ERR_INVALID_ARGUMENT);  // reported once
+  CHECK(pool_stats(p).blocks_used == 0);
+  CHECK(pool_stats(p).blocks_cached == 2 * kLayers);
+  kvc_prefix_result r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, &r));
+  CHECK(r.hit_tokens == 8);
+  CHECK(seq_matches(p, 2, t, 8));
+  CHECK(invariants(p));
+}
+
+// A paused writer and a queue of N: N + 1 demotions give exactly one drop,
+// and the call that reclaimed them returned without waiting.
+KVTEST(host_queue_full_drops_one) {
+  HooksReset reset;
+  constexpr uint32_t N = 3;
+  Pool p(kLayers * (N + 2));  // a prompt of N + 1 whole blocks and one partial
+  add_host(p);
+  CHECK_OK(kvc_pool_set_offload(p, N, 10000));
+  kvc::tier::TestHooks h;
+  h.pause_writer = true;
+  kvc::tier::set_test_hooks(h);
+  const auto t = prompt(300, kBs * (N + 1) + 1);
+  write_seq(p, 1, t);
+  CHECK_OK(kvc_seq_free(p, 1));
+  CHECK(pool_stats(p).blocks_cached == kLayers * (N + 1));
+  const auto t0 = std::chrono::steady_clock::now();
+  const uint64_t end = squeeze(p, 100);  // reclaims N + 1 entries
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(ms < 5000);  // did not wait for the paused writer
+  kvc_tier_stats s = tier_stats(p, 0);
+  CHECK(s.drops == 1);
+  CHECK(s.demotions == 0);
+  kvc::tier::set_test_hooks({});
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  s = tier_stats(p, 0);
+  CHECK(s.demotions == N);
+  CHECK(s.entries == N);
+  CHECK(s.drops == 1);
+  free_range(p, 100, end);
+  CHECK(invariants(p));
+}
+
+// Blocks being demoted are copied before they are handed out again: with the
+// writer paused, the reclaimed blocks are overwritten by another sequence,
+// yet the tier stores the original bytes under each key.
+KVTEST(host_demotion_copy_isolated) {
+  HooksReset reset;
+  Pool p(12);
+  add_host(p);
+  kvc::tier::TestHooks h;
+  h.pause_writer = true;
+  kvc::tier::set_test_hooks(h);
+  const auto t = prompt(400, 17);  // 4 blocks
+  write_seq(p, 1, t);
+  CHECK_OK(kvc_seq_free(p, 1));
+  const uint64_t end = squeeze(p, 100);  // reuses every block with other bytes
+  for (uint64_t id = 100; id < end; ++id) CHECK(seq_is_garbage(p, id, kBs));
+  kvc::tier::set_test_hooks({});
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK(tier_stats(p, 0).demotions == 4);
+  free_range(p, 100, end);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 16);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(seq_matches(p, 2, t, 16));
+  CHECK(invariants(p));
+}
+
+// A load whose tier never answers: its reserved blocks come back after the
+// timeout, and the late answer is dropped, never written into blocks that
+// now belong to another sequence.
+KVTEST(host_load_timeout_returns_blocks) {
+  HooksReset reset;
+  Pool p(12);
+  add_host(p);
+  CHECK_OK(kvc_pool_set_offload(p, 64, 200));
+  const auto t = prompt(500, 13);
+  write_seq(p, 1, t);
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK_OK(kvc_seq_free(p, 1));
+  free_range(p, 100, squeeze(p, 100));
+  CHECK(lookup(p, t).tier_tokens == 12);
+  const uint64_t free0 = pool_stats(p).blocks_free;
+  Gate gate;
+  kvc::tier::TestHooks h;
+  h.before_get = [&](const kvc::tier::Key &) { gate.wait(); };
+  kvc::tier::set_test_hooks(h);
+  uint64_t ticket = 0, loaded = 0;
+  CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
+  CHECK(gate.wait_for_waiter(5000));
+  CHECK(pool_stats(p).blocks_free == free0 - 3 * kLayers);
+  // The synchronous form times out too.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  CHECK_STATUS(kvc_prefix_poll(p, ticket, &loaded), KVC_ERR_TIMEOUT);
+  CHECK(pool_stats(p).blocks_free == free0);
+  CHECK(invariants(p));
+  // Another sequence takes every block now and writes its own bytes.
+  const uint64_t end = squeeze(p, 200);
+  gate.release();  // the late answer arrives
+  kvc::tier::set_test_hooks({});
+  for (int i = 0; i < 200 && tier_stats(p, 0).hits < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (uint64_t id = 200; id < end; ++id) CHECK(seq_is_garbage(p, id, kBs));
+  CHECK(kvc::api::core_pool(p).prefix_registered_keys().empty());
+  CHECK(invariants(p));
+  free_range(p, 200, end);
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 12);
+}
+
+// Pins keep the promised blocks through LRU pressure; unpinning twice is an error.
+KVTEST(host_pin_survives_pressure) {
+  Pool p(40);
+  const auto t = prompt(600, 13);
+  write_seq(p, 1, t);
+  // Room for 4 records: 3 pinned, 1 for everything else.
+  uint64_t rec = 0;
+  {
+    Pool q(16);
+    add_host(q);
+    write_seq(q, 1, t);
+    CHECK_OK(kvc_prefix_offload(q, t.data(), t.size(), nullptr, 0, nullptr));
+    CHECK_OK(kvc_pool_flush_tiers(q));
+    rec = tier_stats(q, 0).bytes / 3;
+  }
+  add_host(p, rec * 4);
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK_OK(kvc_seq_free(p, 1));
+  free_range(p, 100, squeeze(p, 100));  // pool copies gone (their demotions rewrite the same keys)
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  kvc_prefix_result r = lookup(p, t, nullptr, 0, KVC_PREFIX_PIN);
+  CHECK(r.tier_tokens == 12);
+  CHECK(r.pin != 0);
+  CHECK(tier_stats(p, 0).pinned == 3);
+  // Pressure: 6 other prompts' blocks go through the tier.
+  for (int i = 0; i < 6; ++i) {
+    const auto o = prompt(1000 + 50 * i, 5);
+    write_seq(p, 10 + i, o);
+    CHECK_OK(kvc_prefix_offload(p, o.data(), o.size(), nullptr, 0, nullptr));
+    CHECK_OK(kvc_pool_flush_tiers(p));
+    CHECK_OK(kvc_seq_free(p, 10 + i));
+  }
+  kvc_tier_stats s = tier_stats(p, 0);
+  CHECK(s.evictions >= 5);
+  CHECK(s.entries <= 4);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 12);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(seq_matches(p, 2, t, 12));
+  CHECK_OK(kvc_prefix_unpin(p, r.pin));
+  CHECK(tier_stats(p, 0).pinned == 0);
+  CHECK_STATUS(kvc_prefix_unpin(p, r.pin), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_unpin(p, 0), KVC_ERR_INVALID_ARGUMENT);
+  CHECK(tier_stats(p, 0).pinned == 0);
+  CHECK(invariants(p));
+}
+
+// A store that fails for the second of three chained blocks: a lookup finds
+// one block, a load loads one.
+KVTEST(host_failed_store_breaks_chain) {
+  HooksReset reset;
+  Pool p(16);
+  add_host(p);
+  const auto t = prompt(700, 13);
+  uint8_t keys[3 * 32];
+  size_t ks = 0;
+  CHECK_OK(kvc_prefix_keys(p, t.data(), 12, nullptr, 0, keys, sizeof keys, &ks));
+  CHECK(ks == 32);
+  kvc::tier::Key second;
+  std::memcpy(second.b.data(), keys + ks, ks);
+  kvc::tier::TestHooks h;
+  h.fail_put = [second](const kvc::tier::Key &k) { return k == second; };
+  kvc::tier::set_test_hooks(h);
+  write_seq(p, 1, t);
+  CHECK_OK(kvc_seq_free(p, 1));
+  free_range(p, 100, squeeze(p, 100));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  const kvc_tier_stats s = tier_stats(p, 0);
+  CHECK(s.demotions == 2);
+  CHECK(s.errors == 1);
+  CHECK(std::strlen(s.last_error) > 0);
+  CHECK(lookup(p, t).tier_tokens == 4);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 4);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(seq_matches(p, 2, t, 4));
+  CHECK(invariants(p));
+}
+
+// Tier keys carry the pool's namespace: a tenant's blocks (salt s1) are never
+// found with salt s2, and no tier read is issued for them; the same tenant
+// finds them all, byte-identical. Another model id (same seed, same directory)
+// finds nothing either.
+KVTEST(disk_salt_and_model_isolation) {
+  const std::string dir = temp_dir();
+  const auto t = prompt(800, 13);
+  const kvc_prefix_extra s1 = salt_of("tenant-1"), s2 = salt_of("tenant-2");
+  {
+    Pool p(16);
+    add_host(p);
+    add_disk(p, dir);
+    write_seq(p, 1, t, &s1, 1);
+    CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), &s1, 1, nullptr));
+    CHECK_OK(kvc_pool_flush_tiers(p));
+    CHECK(tier_stats(p, 0).entries == 3);
+    CHECK(tier_stats(p, 1).entries == 3);
+    CHECK_OK(kvc_seq_free(p, 1));
+    free_range(p, 100, squeeze(p, 100));
+    CHECK_OK(kvc_pool_flush_tiers(p));
+    const kvc_tier_stats h0 = tier_stats(p, 0), d0 = tier_stats(p, 1);
+    CHECK(lookup(p, t, &s2, 1).tier_tokens == 0);
+    CHECK(lookup(p, t).tier_tokens == 0);
+    uint64_t loaded = 9;
+    CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), &s2, 1, &loaded));
+    CHECK(loaded == 0);
+    const kvc_tier_stats h1 = tier_stats(p, 0), d1 = tier_stats(p, 1);
+    CHECK(h1.hits + h1.misses == h0.hits + h0.misses);  // no read issued
+    CHECK(d1.hits + d1.misses == d0.hits + d0.misses);
+    CHECK(lookup(p, t, &s1, 1).tier_tokens == 12);
+    CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), &s1, 1, &loaded));
+    CHECK(loaded == 12);
+    CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), &s1, 1, 0, nullptr));
+    CHECK(seq_matches(p, 2, t, 12));
+  }
+  {
+    Pool other(16, "m2");  // same seed and directory, another model
+    add_disk(other, dir);
+    CHECK(lookup(other, t, &s1, 1).tier_tokens == 0);
+  }
+  {
+    Pool same(16, "m1");
+    add_disk(same, dir);
+    CHECK(lookup(same, t, &s1, 1).tier_tokens == 12);
+  }
+  remove_dir(dir);
+}
+
+// A new process that opens the same directory serves the prefix from disk.
+KVTEST(disk_restart_serves_prefix) {
+  const std::string dir = temp_dir();
+  const auto t = prompt(900, 21);  // 5 blocks
+  const pid_t pid = fork();
+  if (pid == 0) {  // the writer process
+    int rc = 0;
+    {
+      Pool p(32);
+      add_disk(p, dir);
+      write_seq(p, 1, t);
+      uint64_t q = 0;
+      rc |= kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, &q) != KVC_OK || q != 5;
+      rc |= kvc_pool_flush_tiers(p) != KVC_OK;
+    }
+    _exit(rc | (g_kvtest_fail != 0));
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  Pool p(32);
+  add_disk(p, dir);
+  CHECK(tier_stats(p, 0).entries == 5);
+  CHECK(lookup(p, t).tier_tokens == 20);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 20);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(seq_matches(p, 2, t, 20));
+  CHECK(tier_stats(p, 0).promotions == 5);
+  CHECK(invariants(p));
+  remove_dir(dir);
+}
+
+// A flipped byte in a disk record: the load stops before that block, the
+// record is removed, the error counted; the lookup then reports one block.
+KVTEST(disk_flipped_byte_is_miss) {
+  const std::string dir = temp_dir();
+  const auto t = prompt(1100, 13);
+  Pool p(16);
+  add_disk(p, dir);
+  write_seq(p, 1, t);
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK_OK(kvc_seq_free(p, 1));
+  free_range(p, 100, squeeze(p, 100));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  uint8_t keys[3 * 32];
+  size_t ks = 0;
+  CHECK_OK(kvc_prefix_keys(p, t.data(), 12, nullptr, 0, keys, sizeof keys, &ks));
+  static const char hx[] = "0123456789abcdef";
+  std::string name;
+  for (size_t i = 0; i < 32; ++i) name += hx[keys[ks + i] >> 4], name += hx[keys[ks + i] & 15];
+  const std::string path = dir + "/" + name + ".kvct";
+  FILE *f = std::fopen(path.c_str(), "r+b");
+  CHECK(f != nullptr);
+  if (f) {
+    std::fseek(f, 200, SEEK_SET);
+    const int c = std::fgetc(f);
+    std::fseek(f, 200, SEEK_SET);
+    std::fputc(c ^ 0x10, f);
+    std::fclose(f);
+  }
+  const uint64_t err0 = tier_stats(p, 0).errors;
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 4);
+  CHECK(access(path.c_str(), F_OK) != 0);  // removed
+  CHECK(tier_stats(p, 0).errors == err0 + 1);
+  CHECK(lookup(p, t).hit_tokens == 4);
+  CHECK(lookup(p, t).tier_tokens == 0);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(seq_matches(p, 2, t, 4));
+  CHECK(invariants(p));
+  remove_dir(dir);
+}
+
+// A full disk (a file size limit: writes fail with EFBIG): demotions turn into
+// counted errors with a readable reason, the pool's own blocks stay intact.
+KVTEST(disk_full_turns_into_errors) {
+  const std::string dir = temp_dir();
+  const auto t = prompt(1200, 13);
+  Pool p(16);
+  add_disk(p, dir);
+  write_seq(p, 1, t);
+  struct rlimit old;
+  getrlimit(RLIMIT_FSIZE, &old);
+  void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = old;
+  small.rlim_cur = 100;
+  CHECK(setrlimit(RLIMIT_FSIZE, &small) == 0);
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  setrlimit(RLIMIT_FSIZE, &old);
+  signal(SIGXFSZ, prev);
+  const kvc_tier_stats s = tier_stats(p, 0);
+  CHECK(s.errors == 3);
+  CHECK(s.demotions == 0);
+  CHECK(s.entries == 0);
+  CHECK(std::strstr(s.last_error, "cannot write") != nullptr);
+  CHECK(seq_matches(p, 1, t, 13));  // the pool keeps its blocks
+  CHECK(lookup(p, t).hit_tokens == 12);
+  CHECK(lookup(p, t).tier_tokens == 0);
+  // The disk has room again: the same call now stores them.
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK(tier_stats(p, 0).entries == 3);
+  CHECK(invariants(p));
+  remove_dir(dir);
+}
+
+// Bad input gets a status and a message, never a half applied change.
+KVTEST(host_bad_input) {
+  Pool p(8);
+  kvc_tier_config c;
+  CHECK_STATUS(kvc_tier_config_init(nullptr, KVC_TIER_HOST), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_tier_config_init(&c, static_cast<kvc_tier_kind>(7)), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_OK(kvc_tier_config_init(&c, KVC_TIER_HOST));
+  CHECK_STATUS(kvc_pool_add_tier(p, &c, nullptr), KVC_ERR_INVALID_ARGUMENT);  // capacity 0
+  c.capacity_bytes = 1 << 20;
+  c.flags = KVC_TIER_REDIS_CLUSTER;
+  CHECK_STATUS(kvc_pool_add_tier(p, &c, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  c.flags = 0;
+  c.reserved = 1;
+  CHECK_STATUS(kvc_pool_add_tier(p, &c, nullptr), KVC_ERR_UNSUPPORTED);
+  c.reserved = 0;
+  c.struct_size = 8;
+  CHECK_STATUS(kvc_pool_add_tier(p, &c, nullptr), KVC_ERR_STRUCT_SIZE);
+  c.struct_size = sizeof c;
+  CHECK_STATUS(kvc_pool_add_tier(nullptr, &c, nullptr), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_pool_add_tier(p, nullptr, nullptr), KVC_ERR_NULL_POINTER);
+  kvc_tier_config d;
+  CHECK_OK(kvc_tier_config_init(&d, KVC_TIER_DISK));
+  d.capacity_bytes = 1 << 20;
+  CHECK_STATUS(kvc_pool_add_tier(p, &d, nullptr), KVC_ERR_INVALID_ARGUMENT);  // no path
+  d.path = "/proc/kvc-no-such-dir/x";
+  CHECK_STATUS(kvc_pool_add_tier(p, &d, nullptr), KVC_ERR_IO);
+  kvc_tier_config r;
+  CHECK_OK(kvc_tier_config_init(&r, KVC_TIER_REDIS));
+  CHECK_STATUS(kvc_pool_add_tier(p, &r, nullptr), KVC_ERR_INVALID_ARGUMENT);  // no address
+  for (const char *bad : {"localhost", ":6379", "host:", "host:0", "host:65536", "host:12x", "a:1,", "a:1,b:2"}) {
+    r.address = bad;
+    CHECK_STATUS(kvc_pool_add_tier(p, &r, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  }
+  // No tier was added by any of these.
+  kvc_tier_stats s;
+  kvc_tier_stats_init(&s);
+  CHECK_STATUS(kvc_pool_tier_stats(p, 0, &s), KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_pool_set_offload(p, 4, 100), KVC_ERR_INVALID_ARGUMENT);  // no tier
+  CHECK_STATUS(kvc_pool_flush_tiers(nullptr), KVC_ERR_NULL_POINTER);
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  uint64_t ticket = 0;
+  const int32_t tok[5] = {1, 2, 3, 4, 5};
+  CHECK_STATUS(kvc_prefix_prefetch(p, tok, 5, nullptr, 0, &ticket), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_load(p, tok, 5, nullptr, 0, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_offload(p, tok, 5, nullptr, 0, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_unpin(p, 1), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_poll(p, 1, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  add_host(p);
+  CHECK_STATUS(kvc_pool_set_offload(p, 0, 100), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_pool_set_offload(p, 4, 0), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_prefix_prefetch(p, tok, 5, nullptr, 0, nullptr), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_prefix_prefetch(p, nullptr, 5, nullptr, 0, &ticket), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_prefix_poll(p, 12345, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_OK(kvc_prefix_prefetch(p, tok, 5, nullptr, 0, &ticket));  // nothing to load: done at once
+  uint64_t loaded = 5;
+  CHECK_OK(kvc_prefix_poll(p, ticket, &loaded));
+  CHECK(loaded == 0);
+  kvc_prefix_result old;
+  std::memset(&old, 0, sizeof old);
+  old.struct_size = offsetof(kvc_prefix_result, tier_tokens);  // a 0.2-sized result
+  CHECK_OK(kvc_prefix_lookup(p, tok, 5, nullptr, 0, 0, &old));
+  CHECK_STATUS(kvc_prefix_lookup(p, tok, 5, nullptr, 0, KVC_PREFIX_PIN, &old), KVC_ERR_STRUCT_SIZE);
+  CHECK_STATUS(kvc_prefix_lookup(p, tok, 5, nullptr, 0, 0x4, &old), KVC_ERR_INVALID_ARGUMENT);
+  kvc_pool *plain = nullptr;
+  kvc_pool_config pc;
+  kvc_pool_config_init(&pc);
+  pc.num_layers = 1, pc.num_q_heads = 1, pc.num_kv_heads = 1, pc.head_dim = 8, pc.num_blocks = 4;
+  CHECK_OK(kvc_pool_create(&pc, &plain));
+  CHECK_OK(kvc_tier_config_init(&c, KVC_TIER_HOST));
+  c.capacity_bytes = 1 << 20;
+  CHECK_STATUS(kvc_pool_add_tier(plain, &c, nullptr), KVC_ERR_INVALID_ARGUMENT);  // no prefix cache
+  kvc_pool_destroy(plain);
+  CHECK(invariants(p));
+}
+
+int main(int argc, char **argv) { return kvtest_main(argc, argv); }
