@@ -210,6 +210,8 @@ namespace std {
 %ignore kvc_prefix_config::model_id;
 %ignore kvc_prefix_config::tokenizer_id;
 %ignore kvc_prefix_config::seed; /* set_seed() */
+%ignore kvc_tier_config::path;    /* Pool.add_tier() takes them as strings */
+%ignore kvc_tier_config::address;
 %immutable kvc_pool_config::struct_size;
 %immutable kvc_codec::struct_size;
 %immutable kvc_policy_config::struct_size;

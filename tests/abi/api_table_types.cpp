@@ -77,6 +77,17 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(seq_restore, kvc_seq_restore);
   SAME(seq_save_file, kvc_seq_save_file);
   SAME(seq_restore_file, kvc_seq_restore_file);
+  SAME(tier_config_init, kvc_tier_config_init);
+  SAME(pool_add_tier, kvc_pool_add_tier);
+  SAME(pool_set_offload, kvc_pool_set_offload);
+  SAME(tier_stats_init, kvc_tier_stats_init);
+  SAME(pool_tier_stats, kvc_pool_tier_stats);
+  SAME(prefix_offload, kvc_prefix_offload);
+  SAME(pool_flush_tiers, kvc_pool_flush_tiers);
+  SAME(prefix_load, kvc_prefix_load);
+  SAME(prefix_prefetch, kvc_prefix_prefetch);
+  SAME(prefix_poll, kvc_prefix_poll);
+  SAME(prefix_unpin, kvc_prefix_unpin);
 #endif
   return n;
 }

@@ -18,6 +18,24 @@ struct PrefixEvalOptions {
   int prefix_tokens = 256;  ///< shared by every request, BOS included
   int suffix_tokens = 64;   ///< different in every request
   int block_size = 16;
+  /// Tiered run (docs/tiers.md): a directory for the disk tier (empty: no
+  /// tiered run), a Redis address (empty: no Redis phase), and the phase a
+  /// child process runs ("disk" or "redis"; internal).
+  std::string tier_dir, redis, tier_child;
+};
+
+/// One phase of the tiered run: each request starts with the shared prefix
+/// only in one place (recomputed, the pool, or one tier) and is timed from
+/// its start (lookup and load included) to the logits of its last prompt position.
+struct TierPhase {
+  std::string name;          ///< "compute", "pool", "host", "disk (new process)", "redis (new process)"
+  bool ran = false;
+  std::string skipped;       ///< why it did not run
+  int requests = 0;
+  std::int64_t tokens_loaded = 0, tokens_hit = 0, tokens_computed = 0;
+  double ttft_ms_mean = 0, ttft_ms_p50 = 0, ttft_ms_max = 0, load_ms_mean = 0;
+  double suffix_nll_mean = 0;
+  bool nll_equal = false;    ///< suffix NLL equal, bit for bit, to the compute phase's
 };
 
 /// One pass over all requests, one after the other on one thread.
@@ -42,10 +60,14 @@ struct PrefixReport {
   bool logprobs_identical = false;   ///< every logit of every suffix position, bit for bit
   std::int64_t positions_compared = 0;
   double max_abs_logprob_diff = 0;
+  std::vector<TierPhase> tiers;  ///< the tiered run (empty without --tier-dir)
 };
 
 PrefixReport run_prefix_eval(const PrefixEvalOptions &options);
+/// A child process's phase of the tiered run (--tier-child): one JSON line.
+std::string run_tier_child(const PrefixEvalOptions &options);
 void print_prefix_report(const PrefixReport &report, std::FILE *out);
+void print_tier_report(const PrefixReport &report, std::FILE *out);
 std::string prefix_json(const PrefixReport &report);
 
 }  // namespace kvc_cli

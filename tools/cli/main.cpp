@@ -75,6 +75,13 @@ int main(int argc, char **argv) {
   eval->add_option("--suffix-tokens", prefix_opt.suffix_tokens, "--prefix: tokens after the prefix, different per request")
       ->capture_default_str();
   eval->add_option("--block-size", prefix_opt.block_size, "--prefix: pool block size in tokens")->capture_default_str();
+  eval->add_option("--tier-dir", prefix_opt.tier_dir,
+                   "--prefix: also the tiered run (docs/tiers.md): the prefix served from host memory, then from "
+                   "this directory's disk tier by a new process");
+  eval->add_option("--redis", prefix_opt.redis,
+                   "--prefix --tier-dir: also from Redis (host:port, or cluster seeds host:port,host:port) by a new "
+                   "process");
+  eval->add_option("--tier-child", prefix_opt.tier_child, "internal: one phase of the tiered run")->group("");
   std::string peer_path;
   eval->add_option("--peer", peer_path,
                    "JSON of bench/peers/llamacpp_kv.py (llama.cpp's KV types on the same windows): printed "
@@ -179,13 +186,23 @@ int main(int argc, char **argv) {
       prefix_opt.model = eval_opt.model;
       prefix_opt.tokenizer = eval_opt.tokenizer;
       prefix_opt.text = eval_opt.text;
+      if (!prefix_opt.tier_child.empty()) {
+        std::printf("%s\n", run_tier_child(prefix_opt).c_str());
+        return 0;
+      }
+      if (!prefix_opt.redis.empty() && prefix_opt.tier_dir.empty()) throw RunnerError("--redis needs --tier-dir");
       const PrefixReport report = run_prefix_eval(prefix_opt);
-      if (eval_json_flag) std::printf("%s\n", prefix_json(report).c_str());
-      else print_prefix_report(report, stdout);
+      if (eval_json_flag) {
+        std::printf("%s\n", prefix_json(report).c_str());
+      } else {
+        print_prefix_report(report, stdout);
+        print_tier_report(report, stdout);
+      }
       return 0;
     }
     if (eval->parsed()) {
-      for (const char *name : {"--requests", "--prefix-tokens", "--suffix-tokens", "--block-size"}) {
+      for (const char *name : {"--requests", "--prefix-tokens", "--suffix-tokens", "--block-size", "--tier-dir", "--redis",
+                               "--tier-child"}) {
         if (eval->count(name) > 0) throw RunnerError(std::string(name) + " applies to --prefix only");
       }
       const std::vector<std::string> defaults = eval_long ? default_long_strategies() : default_strategies();

@@ -58,6 +58,9 @@
 %javaconstvalue(3) KVC_API_VERSION;
 %javaconstvalue(1) KVC_POOL_ZERO_ON_FREE;
 %javaconstvalue(1) KVC_PREFIX_PARTIAL;
+%javaconstvalue(2) KVC_PREFIX_PIN;
+%javaconstvalue(1) KVC_TIER_FSYNC;
+%javaconstvalue(2) KVC_TIER_REDIS_CLUSTER;
 %javaconst(0) KVC_VERSION_NUMBER;
 
 /* The enums' FORCE_32BIT / FORCE_SIGNED markers are not values. The common
@@ -77,6 +80,7 @@
 %ignore KVC_PYRAMID_FORCE_SIGNED; %ignore KVC_ROPE_FORCE_32BIT;
 %ignore KVC_ROPE_FORCE_SIGNED; %ignore KVC_ROTATION_FORCE_32BIT;
 %ignore KVC_ROTATION_FORCE_SIGNED; %ignore KVC_STATUS_FORCE_32BIT;
+%ignore KVC_TIER_KIND_FORCE_32BIT; %ignore KVC_TIER_KIND_FORCE_SIGNED;
 
 /* Java naming: lowerCamelCase methods and field accessors. */
 %rename("%(lowercamelcase)s", %$isfunction, %$not %$isconstructor, %$not %$isdestructor) "";

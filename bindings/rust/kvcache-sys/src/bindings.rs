@@ -9,6 +9,9 @@ pub const KVC_VERSION_NUMBER: u32 = 300;
 pub const KVC_API_VERSION: u32 = 3;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_PREFIX_PARTIAL: u32 = 1;
+pub const KVC_PREFIX_PIN: u32 = 2;
+pub const KVC_TIER_FSYNC: u32 = 1;
+pub const KVC_TIER_REDIS_CLUSTER: u32 = 2;
 pub type __uint8_t = ::std::os::raw::c_uchar;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
@@ -109,6 +112,14 @@ impl kvc_status {
 impl kvc_status {
     #[doc = "< A file could not be read or written (the message has the system's reason). @since 0.3"]
     pub const KVC_ERR_IO: kvc_status = kvc_status(20);
+}
+impl kvc_status {
+    #[doc = "< An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3"]
+    pub const KVC_ERR_PENDING: kvc_status = kvc_status(21);
+}
+impl kvc_status {
+    #[doc = "< An offload tier did not answer within the load timeout; the blocks reserved for it went back to the pool. @since 0.3"]
+    pub const KVC_ERR_TIMEOUT: kvc_status = kvc_status(22);
 }
 impl kvc_status {
     #[doc = "< Forces a 32-bit enum; never returned."]
@@ -3971,12 +3982,16 @@ pub struct kvc_prefix_result {
     pub hit_blocks: u64,
     #[doc = "< With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied into a fresh block by kvc_prefix_attach()); 0 otherwise."]
     pub partial_tokens: u64,
+    #[doc = "< kvc_prefix_lookup() of a pool with offload tiers: whole-block tokens after hit_tokens that the tiers hold (kvc_prefix_load() brings them into the pool); 0 otherwise. @since 0.3"]
+    pub tier_tokens: u64,
+    #[doc = "< With ::KVC_PREFIX_PIN: the pin handle for kvc_prefix_unpin() (0: nothing was pinned). @since 0.3"]
+    pub pin: u64,
 }
 #[test]
 fn bindgen_test_layout_kvc_prefix_result() {
     assert_eq!(
         ::std::mem::size_of::<kvc_prefix_result>(),
-        32usize,
+        48usize,
         concat!("Size of: ", stringify!(kvc_prefix_result))
     );
     assert_eq!(
@@ -4052,6 +4067,40 @@ fn bindgen_test_layout_kvc_prefix_result() {
         );
     }
     test_field_partial_tokens();
+    fn test_field_tier_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_prefix_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tier_tokens) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_prefix_result),
+                "::",
+                stringify!(tier_tokens)
+            )
+        );
+    }
+    test_field_tier_tokens();
+    fn test_field_pin() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_prefix_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pin) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_prefix_result),
+                "::",
+                stringify!(pin)
+            )
+        );
+    }
+    test_field_pin();
 }
 impl kvc_prefix_event_kind {
     #[doc = "< A block was registered under `key`."]
@@ -4456,7 +4505,10 @@ extern "C" {
     #[doc = " reusable (the last token is always computed)."]
     #[doc = " @param extras `[n_extras]` extra keys (NULL when n_extras is 0), at most 64."]
     #[doc = " @param n_extras number of extra keys."]
-    #[doc = " @param flags 0 or ::KVC_PREFIX_PARTIAL."]
+    #[doc = " With offload tiers (kvc_pool_add_tier()) the lookup goes on past the"]
+    #[doc = " pool's hit through the tiers, in order, block by block (no pool lock is"]
+    #[doc = " held meanwhile), and reports the whole blocks they hold in tier_tokens."]
+    #[doc = " @param flags 0, or ::KVC_PREFIX_PARTIAL and / or ::KVC_PREFIX_PIN."]
     #[doc = " @param result receives the counts."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown flags, too many or"]
@@ -4584,6 +4636,690 @@ extern "C" {
         fn_: kvc_prefix_event_fn,
         user: *mut ::std::os::raw::c_void,
     ) -> kvc_status;
+}
+impl kvc_tier_kind {
+    #[doc = "< Host memory with a byte capacity and LRU replacement."]
+    pub const KVC_TIER_HOST: kvc_tier_kind = kvc_tier_kind(0);
+}
+impl kvc_tier_kind {
+    #[doc = "< A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU; survives restarts."]
+    pub const KVC_TIER_DISK: kvc_tier_kind = kvc_tier_kind(1);
+}
+impl kvc_tier_kind {
+    #[doc = "< A Redis server or Redis Cluster (hiredis), shared by processes and machines."]
+    pub const KVC_TIER_REDIS: kvc_tier_kind = kvc_tier_kind(2);
+}
+impl kvc_tier_kind {
+    #[doc = "< Forces a 32-bit enum; not a value."]
+    pub const KVC_TIER_KIND_FORCE_32BIT: kvc_tier_kind = kvc_tier_kind(2147483647);
+}
+impl kvc_tier_kind {
+    #[doc = "< Forces a signed enum; not a value."]
+    pub const KVC_TIER_KIND_FORCE_SIGNED: kvc_tier_kind = kvc_tier_kind(-2147483648);
+}
+#[repr(transparent)]
+#[doc = " @brief Kind of an offload tier (docs/tiers.md)."]
+#[doc = " @since 0.3"]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct kvc_tier_kind(pub ::std::os::raw::c_int);
+#[doc = " @brief Settings of one offload tier (kvc_pool_add_tier()). Init with"]
+#[doc = " kvc_tier_config_init()."]
+#[doc = " @since 0.3"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_tier_config {
+    #[doc = "< sizeof(kvc_tier_config) of the caller."]
+    pub struct_size: usize,
+    #[doc = "< Host, disk or Redis."]
+    pub kind: kvc_tier_kind,
+    #[doc = "< ::KVC_TIER_FSYNC (disk), ::KVC_TIER_REDIS_CLUSTER (Redis), or 0."]
+    pub flags: u32,
+    #[doc = "< Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for Redis (the server's maxmemory rules)."]
+    pub capacity_bytes: u64,
+    #[doc = "< Disk: the directory (created if missing; records of earlier processes are found). Copied."]
+    pub path: *const ::std::os::raw::c_char,
+    #[doc = "< Redis: \"host:port\", or for a cluster \"host:port,host:port,...\" seed nodes. Copied."]
+    pub address: *const ::std::os::raw::c_char,
+    #[doc = "< Redis: connect and command timeout in milliseconds (default 1000)."]
+    pub timeout_ms: u32,
+    #[doc = "< Zero."]
+    pub reserved: u32,
+    #[doc = "< Redis: records expire after this many seconds (0: never)."]
+    pub ttl_seconds: u64,
+}
+#[test]
+fn bindgen_test_layout_kvc_tier_config() {
+    assert_eq!(
+        ::std::mem::size_of::<kvc_tier_config>(),
+        56usize,
+        concat!("Size of: ", stringify!(kvc_tier_config))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kvc_tier_config>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kvc_tier_config))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_kind() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kind) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(kind)
+            )
+        );
+    }
+    test_field_kind();
+    fn test_field_flags() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).flags) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(flags)
+            )
+        );
+    }
+    test_field_flags();
+    fn test_field_capacity_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).capacity_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(capacity_bytes)
+            )
+        );
+    }
+    test_field_capacity_bytes();
+    fn test_field_path() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).path) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(path)
+            )
+        );
+    }
+    test_field_path();
+    fn test_field_address() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).address) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(address)
+            )
+        );
+    }
+    test_field_address();
+    fn test_field_timeout_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).timeout_ms) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(timeout_ms)
+            )
+        );
+    }
+    test_field_timeout_ms();
+    fn test_field_reserved() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved) as usize - ptr as usize
+            },
+            44usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(reserved)
+            )
+        );
+    }
+    test_field_reserved();
+    fn test_field_ttl_seconds() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).ttl_seconds) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_config),
+                "::",
+                stringify!(ttl_seconds)
+            )
+        );
+    }
+    test_field_ttl_seconds();
+}
+#[doc = " @brief Counters of one tier (kvc_pool_tier_stats())."]
+#[doc = " @since 0.3"]
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_tier_stats {
+    #[doc = "< sizeof(kvc_tier_stats) of the caller."]
+    pub struct_size: usize,
+    #[doc = "< The tier's kind."]
+    pub kind: kvc_tier_kind,
+    #[doc = "< Zero."]
+    pub reserved: u32,
+    #[doc = "< Bytes held now (Redis: written minus deleted by this process, an estimate)."]
+    pub bytes: u64,
+    #[doc = "< Blocks held now (Redis: estimate, as bytes)."]
+    pub entries: u64,
+    #[doc = "< Reads that returned a block."]
+    pub hits: u64,
+    #[doc = "< Reads that found nothing usable (absent, another fingerprint, damaged, tier down)."]
+    pub misses: u64,
+    #[doc = "< Blocks written to this tier by the offload writer."]
+    pub demotions: u64,
+    #[doc = "< Blocks loaded from this tier into the pool."]
+    pub promotions: u64,
+    #[doc = "< Demotions dropped because the writer's queue was full (the pool's count, the same in every tier)."]
+    pub drops: u64,
+    #[doc = "< Blocks this tier removed for room (LRU)."]
+    pub evictions: u64,
+    #[doc = "< Failed writes and reads, refused (damaged) records, connection failures."]
+    pub errors: u64,
+    #[doc = "< Blocks pinned now through kvc_prefix_lookup() with ::KVC_PREFIX_PIN."]
+    pub pinned: u64,
+    #[doc = "< The reason of the tier's last error, \"\" if none (NUL-terminated, truncated)."]
+    pub last_error: [::std::os::raw::c_char; 256usize],
+}
+#[test]
+fn bindgen_test_layout_kvc_tier_stats() {
+    assert_eq!(
+        ::std::mem::size_of::<kvc_tier_stats>(),
+        352usize,
+        concat!("Size of: ", stringify!(kvc_tier_stats))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kvc_tier_stats>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kvc_tier_stats))
+    );
+    fn test_field_struct_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).struct_size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(struct_size)
+            )
+        );
+    }
+    test_field_struct_size();
+    fn test_field_kind() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).kind) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(kind)
+            )
+        );
+    }
+    test_field_kind();
+    fn test_field_reserved() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(reserved)
+            )
+        );
+    }
+    test_field_reserved();
+    fn test_field_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(bytes)
+            )
+        );
+    }
+    test_field_bytes();
+    fn test_field_entries() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).entries) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(entries)
+            )
+        );
+    }
+    test_field_entries();
+    fn test_field_hits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).hits) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(hits)
+            )
+        );
+    }
+    test_field_hits();
+    fn test_field_misses() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).misses) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(misses)
+            )
+        );
+    }
+    test_field_misses();
+    fn test_field_demotions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).demotions) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(demotions)
+            )
+        );
+    }
+    test_field_demotions();
+    fn test_field_promotions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).promotions) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(promotions)
+            )
+        );
+    }
+    test_field_promotions();
+    fn test_field_drops() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).drops) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(drops)
+            )
+        );
+    }
+    test_field_drops();
+    fn test_field_evictions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).evictions) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(evictions)
+            )
+        );
+    }
+    test_field_evictions();
+    fn test_field_errors() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).errors) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(errors)
+            )
+        );
+    }
+    test_field_errors();
+    fn test_field_pinned() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pinned) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(pinned)
+            )
+        );
+    }
+    test_field_pinned();
+    fn test_field_last_error() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_tier_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).last_error) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_tier_stats),
+                "::",
+                stringify!(last_error)
+            )
+        );
+    }
+    test_field_last_error();
+}
+extern "C" {
+    #[doc = " @brief Fill a tier config with defaults for `kind`: no flags, capacity 0"]
+    #[doc = " (must be set for host and disk), no path or address, timeout 1000 ms, no TTL."]
+    #[doc = " @param config the struct to fill (not NULL)."]
+    #[doc = " @param kind the tier's kind."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (unknown kind)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_tier_config_init(config: *mut kvc_tier_config, kind: kvc_tier_kind) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Add an offload tier below the pool (after the ones already added)."]
+    #[doc = ""]
+    #[doc = " Tiers hold prefix-cache blocks (docs/tiers.md), under their chain keys:"]
+    #[doc = " a key mixes the prefix seed, the pool's fingerprint (geometry, codecs),"]
+    #[doc = " the model and tokenizer ids and the extra keys (tenant salt, adapter), so"]
+    #[doc = " pools of other models or tenants never see each other's blocks; pools in"]
+    #[doc = " other processes share blocks only with the same seed"]
+    #[doc = " (kvc_prefix_config::seed_set). Each record also carries the fingerprint"]
+    #[doc = " and is refused by a pool with another."]
+    #[doc = ""]
+    #[doc = " Demotion: when the pool reclaims a cached prefix block (LRU), its bytes"]
+    #[doc = " (all layers) are copied at once and queued for a background writer that"]
+    #[doc = " stores them in every tier (write-through, as LMCache stores each chunk in"]
+    #[doc = " every backend); a full queue drops the block and counts it, never blocks."]
+    #[doc = " kvc_prefix_offload() queues a prompt's blocks while they are still in the"]
+    #[doc = " pool. Promotion: kvc_prefix_lookup() reports tier_tokens;"]
+    #[doc = " kvc_prefix_load() / kvc_prefix_prefetch() load them back."]
+    #[doc = ""]
+    #[doc = " A tier that fails (disk full, permission denied, Redis down) turns into"]
+    #[doc = " misses and counted errors (kvc_pool_tier_stats()); the pool keeps working."]
+    #[doc = " @param pool the pool (not NULL; prefix cache enabled)."]
+    #[doc = " @param config the tier (not NULL)."]
+    #[doc = " @param tier_index NULL or receives the tier's index (0 for the first)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown kind or flags, capacity"]
+    #[doc = " 0, no path or address, a malformed address, more than 8 tiers);"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (Redis in a build without hiredis; non-zero reserved);"]
+    #[doc = " ::KVC_ERR_IO (the disk directory cannot be created or read)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_pool_add_tier(
+        pool: *mut kvc_pool,
+        config: *const kvc_tier_config,
+        tier_index: *mut u32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Set the offload queue and load timeout (defaults: 256 blocks, 10000 ms)."]
+    #[doc = " @param pool the pool (not NULL; with at least one tier)."]
+    #[doc = " @param queue_blocks demotions that may wait for the writer, in [1, 2^20];"]
+    #[doc = " one more is dropped (counted in kvc_tier_stats::drops)."]
+    #[doc = " @param load_timeout_ms how long a load's reserved blocks wait for the"]
+    #[doc = " tiers, in [1, 3600000] ms; then they go back to the pool and a late answer"]
+    #[doc = " is dropped."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (a"]
+    #[doc = " value out of range, no tier)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_pool_set_offload(
+        pool: *mut kvc_pool,
+        queue_blocks: u32,
+        load_timeout_ms: u32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Zero a tier stats struct and set its struct_size."]
+    #[doc = " @param stats the struct (not NULL)."]
+    #[doc = " @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_tier_stats_init(stats: *mut kvc_tier_stats) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Read the counters of one tier."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param tier_index 0 for the first tier added."]
+    #[doc = " @param stats receives the counters (struct_size set)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (no such tier)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_pool_tier_stats(
+        pool: *mut kvc_pool,
+        tier_index: u32,
+        stats: *mut kvc_tier_stats,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Queue the prompt's blocks that are registered in the pool for writing"]
+    #[doc = " to every tier now (write-through, before the pool reclaims them; e.g. so"]
+    #[doc = " that a later process finds them on disk or in Redis)."]
+    #[doc = " @param pool the pool (not NULL; prefix cache enabled; with tiers)."]
+    #[doc = " @param tokens `[n_tokens]` token ids."]
+    #[doc = " @param n_tokens prompt length; every whole block registered in the pool is queued."]
+    #[doc = " @param extras extra keys, as for kvc_prefix_lookup()."]
+    #[doc = " @param n_extras number of extra keys."]
+    #[doc = " @param n_queued NULL or receives the blocks queued (the others were dropped: queue full)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (no"]
+    #[doc = " prefix cache or tier, extras); ::KVC_ERR_OVERFLOW."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_prefix_offload(
+        pool: *mut kvc_pool,
+        tokens: *const i32,
+        n_tokens: u64,
+        extras: *const kvc_prefix_extra,
+        n_extras: u32,
+        n_queued: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Wait until the offload writer has written every queued block."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @return ::KVC_OK or ::KVC_ERR_NULL_POINTER (a pool without tiers returns at once)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_pool_flush_tiers(pool: *mut kvc_pool) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Load the tier blocks that follow the pool's hit of a prompt into the"]
+    #[doc = " pool, and wait: afterwards kvc_prefix_attach() finds them."]
+    #[doc = ""]
+    #[doc = " The blocks are reserved in the pool first (as many as are free or"]
+    #[doc = " reclaimable, the prompt's own cached chain excepted), read from the first"]
+    #[doc = " tier that has each (no pool lock is held), checked (fingerprint, tier"]
+    #[doc = " checksum, the block's token ids, extra keys and chain position) and"]
+    #[doc = " registered as cached prefix blocks. The chain stops at the first block no"]
+    #[doc = " tier returns whole."]
+    #[doc = " @param pool the pool (not NULL; prefix cache enabled; with tiers)."]
+    #[doc = " @param tokens `[n_tokens]` token ids of the prompt."]
+    #[doc = " @param n_tokens prompt length (as for kvc_prefix_lookup(), the last token is never loaded)."]
+    #[doc = " @param extras extra keys, as for kvc_prefix_lookup()."]
+    #[doc = " @param n_extras number of extra keys."]
+    #[doc = " @param loaded_tokens NULL or receives the tokens loaded (whole blocks)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT;"]
+    #[doc = " ::KVC_ERR_OVERFLOW; ::KVC_ERR_TIMEOUT (the tiers did not answer within the"]
+    #[doc = " load timeout: nothing loaded, the reserved blocks are back in the pool)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_prefix_load(
+        pool: *mut kvc_pool,
+        tokens: *const i32,
+        n_tokens: u64,
+        extras: *const kvc_prefix_extra,
+        n_extras: u32,
+        loaded_tokens: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Start loading, as kvc_prefix_load(), and return at once with a"]
+    #[doc = " ticket for kvc_prefix_poll() (the reads run on the offload loader thread)."]
+    #[doc = " @param pool the pool (not NULL; prefix cache enabled; with tiers)."]
+    #[doc = " @param tokens `[n_tokens]` token ids (copied)."]
+    #[doc = " @param n_tokens prompt length."]
+    #[doc = " @param extras extra keys (copied)."]
+    #[doc = " @param n_extras number of extra keys."]
+    #[doc = " @param ticket receives the ticket (not NULL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT; ::KVC_ERR_OVERFLOW."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_prefix_prefetch(
+        pool: *mut kvc_pool,
+        tokens: *const i32,
+        n_tokens: u64,
+        extras: *const kvc_prefix_extra,
+        n_extras: u32,
+        ticket: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Poll a prefetch. Once it returns ::KVC_OK or ::KVC_ERR_TIMEOUT the"]
+    #[doc = " ticket is forgotten."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param ticket from kvc_prefix_prefetch()."]
+    #[doc = " @param loaded_tokens NULL or receives the tokens loaded (0 unless ::KVC_OK)."]
+    #[doc = " @return ::KVC_OK (done); ::KVC_ERR_PENDING (still reading; poll again);"]
+    #[doc = " ::KVC_ERR_TIMEOUT (see kvc_prefix_load()); ::KVC_ERR_NULL_POINTER;"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (unknown or already reported ticket)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_prefix_poll(pool: *mut kvc_pool, ticket: u64, loaded_tokens: *mut u64)
+        -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Release the pins of a kvc_prefix_lookup() with ::KVC_PREFIX_PIN."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param pin the handle from kvc_prefix_result::pin."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (not a"]
+    #[doc = " pin this pool holds: unknown, 0, or already unpinned; nothing changes)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_prefix_unpin(pool: *mut kvc_pool, pin: u64) -> kvc_status;
 }
 #[doc = " @brief Table of every API function, for hosts that load the library with"]
 #[doc = " dlopen(). Functions are only appended; a table of version N starts with the"]
@@ -5004,12 +5740,82 @@ pub struct kvc_api {
             arg3: *const ::std::os::raw::c_char,
         ) -> kvc_status,
     >,
+    #[doc = "< kvc_tier_config_init()"]
+    pub tier_config_init: ::std::option::Option<
+        unsafe extern "C" fn(arg1: *mut kvc_tier_config, arg2: kvc_tier_kind) -> kvc_status,
+    >,
+    #[doc = "< kvc_pool_add_tier()"]
+    pub pool_add_tier: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: *const kvc_tier_config,
+            arg3: *mut u32,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_pool_set_offload()"]
+    pub pool_set_offload: ::std::option::Option<
+        unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: u32, arg3: u32) -> kvc_status,
+    >,
+    #[doc = "< kvc_tier_stats_init()"]
+    pub tier_stats_init:
+        ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_tier_stats) -> kvc_status>,
+    #[doc = "< kvc_pool_tier_stats()"]
+    pub pool_tier_stats: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u32,
+            arg3: *mut kvc_tier_stats,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_prefix_offload()"]
+    pub prefix_offload: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: *const i32,
+            arg3: u64,
+            arg4: *const kvc_prefix_extra,
+            arg5: u32,
+            arg6: *mut u64,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_pool_flush_tiers()"]
+    pub pool_flush_tiers:
+        ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_pool) -> kvc_status>,
+    #[doc = "< kvc_prefix_load()"]
+    pub prefix_load: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: *const i32,
+            arg3: u64,
+            arg4: *const kvc_prefix_extra,
+            arg5: u32,
+            arg6: *mut u64,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_prefix_prefetch()"]
+    pub prefix_prefetch: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: *const i32,
+            arg3: u64,
+            arg4: *const kvc_prefix_extra,
+            arg5: u32,
+            arg6: *mut u64,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_prefix_poll()"]
+    pub prefix_poll: ::std::option::Option<
+        unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: u64, arg3: *mut u64) -> kvc_status,
+    >,
+    #[doc = "< kvc_prefix_unpin()"]
+    pub prefix_unpin:
+        ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: u64) -> kvc_status>,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        520usize,
+        608usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -6139,6 +6945,193 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_seq_restore_file();
+    fn test_field_tier_config_init() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tier_config_init) as usize - ptr as usize
+            },
+            520usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(tier_config_init)
+            )
+        );
+    }
+    test_field_tier_config_init();
+    fn test_field_pool_add_tier() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_add_tier) as usize - ptr as usize
+            },
+            528usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_add_tier)
+            )
+        );
+    }
+    test_field_pool_add_tier();
+    fn test_field_pool_set_offload() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_set_offload) as usize - ptr as usize
+            },
+            536usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_set_offload)
+            )
+        );
+    }
+    test_field_pool_set_offload();
+    fn test_field_tier_stats_init() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tier_stats_init) as usize - ptr as usize
+            },
+            544usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(tier_stats_init)
+            )
+        );
+    }
+    test_field_tier_stats_init();
+    fn test_field_pool_tier_stats() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_tier_stats) as usize - ptr as usize
+            },
+            552usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_tier_stats)
+            )
+        );
+    }
+    test_field_pool_tier_stats();
+    fn test_field_prefix_offload() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).prefix_offload) as usize - ptr as usize
+            },
+            560usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(prefix_offload)
+            )
+        );
+    }
+    test_field_prefix_offload();
+    fn test_field_pool_flush_tiers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_flush_tiers) as usize - ptr as usize
+            },
+            568usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_flush_tiers)
+            )
+        );
+    }
+    test_field_pool_flush_tiers();
+    fn test_field_prefix_load() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).prefix_load) as usize - ptr as usize
+            },
+            576usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(prefix_load)
+            )
+        );
+    }
+    test_field_prefix_load();
+    fn test_field_prefix_prefetch() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).prefix_prefetch) as usize - ptr as usize
+            },
+            584usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(prefix_prefetch)
+            )
+        );
+    }
+    test_field_prefix_prefetch();
+    fn test_field_prefix_poll() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).prefix_poll) as usize - ptr as usize
+            },
+            592usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(prefix_poll)
+            )
+        );
+    }
+    test_field_prefix_poll();
+    fn test_field_prefix_unpin() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).prefix_unpin) as usize - ptr as usize
+            },
+            600usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(prefix_unpin)
+            )
+        );
+    }
+    test_field_prefix_unpin();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]

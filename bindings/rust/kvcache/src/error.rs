@@ -52,11 +52,15 @@ pub enum Status {
     Corrupt,
     /// `KVC_ERR_IO`: a file could not be read or written.
     Io,
+    /// `KVC_ERR_PENDING`: an asynchronous load has not finished; poll again.
+    Pending,
+    /// `KVC_ERR_TIMEOUT`: an offload tier did not answer within the load timeout.
+    Timeout,
     /// A code this crate does not know.
     Other(u32),
 }
 
-const KNOWN: [(Status, sys::kvc_status); 20] = [
+const KNOWN: [(Status, sys::kvc_status); 22] = [
     (
         Status::InvalidArgument,
         sys::kvc_status::KVC_ERR_INVALID_ARGUMENT,
@@ -89,6 +93,8 @@ const KNOWN: [(Status, sys::kvc_status); 20] = [
     (Status::Incompatible, sys::kvc_status::KVC_ERR_INCOMPATIBLE),
     (Status::Corrupt, sys::kvc_status::KVC_ERR_CORRUPT),
     (Status::Io, sys::kvc_status::KVC_ERR_IO),
+    (Status::Pending, sys::kvc_status::KVC_ERR_PENDING),
+    (Status::Timeout, sys::kvc_status::KVC_ERR_TIMEOUT),
 ];
 
 impl Status {

@@ -88,6 +88,9 @@ pub struct PrefixMatch {
     pub hit_blocks: u64,
     /// With `partial`: tokens after hit_tokens matching a cached block's start.
     pub partial_tokens: u64,
+    /// Lookups of a pool with offload tiers: whole-block tokens after
+    /// hit_tokens that the tiers hold (docs/tiers.md).
+    pub tier_tokens: u64,
 }
 
 /// Prefix cache counters (`kvc_prefix_stats`).
@@ -154,6 +157,8 @@ fn new_result() -> sys::kvc_prefix_result {
         hit_tokens: 0,
         hit_blocks: 0,
         partial_tokens: 0,
+        tier_tokens: 0,
+        pin: 0,
     }
 }
 
@@ -162,6 +167,7 @@ fn to_match(r: &sys::kvc_prefix_result) -> PrefixMatch {
         hit_tokens: r.hit_tokens,
         hit_blocks: r.hit_blocks,
         partial_tokens: r.partial_tokens,
+        tier_tokens: r.tier_tokens,
     }
 }
 

@@ -257,11 +257,14 @@ type PrefixResult struct {
 	HitTokens     uint64 // leading tokens reusable as whole cached blocks (a multiple of the block size)
 	HitBlocks     uint64
 	PartialTokens uint64 // with PREFIX_PARTIAL
+	TierTokens    uint64 // lookups of a pool with offload tiers: whole-block tokens after HitTokens the tiers hold
+	Pin           uint64 // with PREFIX_PIN: the pin handle (0: nothing pinned)
 }
 
 func prefixResultFrom(n native.PrefixResult) PrefixResult {
 	defer native.DeletePrefixResult(n)
-	return PrefixResult{HitTokens: n.GetHit_tokens(), HitBlocks: n.GetHit_blocks(), PartialTokens: n.GetPartial_tokens()}
+	return PrefixResult{HitTokens: n.GetHit_tokens(), HitBlocks: n.GetHit_blocks(), PartialTokens: n.GetPartial_tokens(),
+		TierTokens: n.GetTier_tokens(), Pin: n.GetPin()}
 }
 
 // PrefixStats is kvc_prefix_stats.

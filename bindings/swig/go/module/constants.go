@@ -35,6 +35,8 @@ const (
 	ERR_INCOMPATIBLE       Status = 18
 	ERR_CORRUPT            Status = 19
 	ERR_IO                 Status = 20
+	ERR_PENDING            Status = 21
+	ERR_TIMEOUT            Status = 22
 )
 
 // DType is an element type (kvc_dtype).

@@ -35,6 +35,8 @@ func TestNativeConstants(t *testing.T) {
 		{"ERR_INCOMPATIBLE", int64(ERR_INCOMPATIBLE), int64(native.ERR_INCOMPATIBLE)},
 		{"ERR_CORRUPT", int64(ERR_CORRUPT), int64(native.ERR_CORRUPT)},
 		{"ERR_IO", int64(ERR_IO), int64(native.ERR_IO)},
+		{"ERR_PENDING", int64(ERR_PENDING), int64(native.ERR_PENDING)},
+		{"ERR_TIMEOUT", int64(ERR_TIMEOUT), int64(native.ERR_TIMEOUT)},
 		{"DTYPE_F32", int64(DTYPE_F32), int64(native.DTYPE_F32)},
 		{"DTYPE_F16", int64(DTYPE_F16), int64(native.DTYPE_F16)},
 		{"DTYPE_BF16", int64(DTYPE_BF16), int64(native.DTYPE_BF16)},
