@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -268,6 +269,46 @@ int prefix(const std::string &kvcache) {
     check(j["max_abs_logprob_diff"] == 0.0, name + ": max |logprob difference| must be 0");
     check(j["with_cache"]["ttft_ms_mean"].get<double>() > 0 && j["without_cache"]["ttft_ms_mean"].get<double>() > 0,
           name + ": time to first token must be measured");
+  }
+  return failures ? 1 : 0;
+}
+
+// The tiered run: the prefix served from the pool, host memory, a disk tier
+// read by a new process (and Redis when an address is given): each phase
+// loads exactly the prefix's whole blocks and scores the suffix exactly as
+// the run that computes everything.
+int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::string &redis) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // a fresh disk tier
+  std::vector<std::string> cmd = {kvcache, "eval", "--prefix", "--json", "--requests", "6", "--prefix-tokens", "100",
+                                  "--suffix-tokens", "40", "--block-size", "16", "--tier-dir", dir};
+  if (!redis.empty()) cmd.insert(cmd.end(), {"--redis", redis});
+  const nlohmann::json j = run_json(cmd);
+  if (failures) return 1;
+  if (!j.contains("tiers") || j["tiers"].size() != 5) {
+    fail("tiers: 5 phases expected");
+    return 1;
+  }
+  const char *names[] = {"compute", "pool", "host", "disk (new process)", "redis (new process)"};
+  for (int i = 0; i < 5; ++i) {
+    const nlohmann::json &p = j["tiers"][i];
+    const std::string name = names[i];
+    check(p["name"] == name, "phase " + std::to_string(i) + " is " + p["name"].dump());
+    if (name == "redis (new process)" && redis.empty()) {
+      check(p["ran"] == false && p["skipped"] == "no --redis address", "redis skipped without an address");
+      continue;
+    }
+    check(p["ran"] == true, name + ": did not run: " + p.value("skipped", std::string()));
+    if (p["ran"] != true) continue;
+    const bool computes_all = name == "compute";
+    const bool loads = !computes_all && name != "pool";
+    check(p["requests"] == 6, name + ": 6 requests");
+    check(p["tokens_computed"] == (computes_all ? 6 * 140 : 6 * (140 - 96)),
+          name + ": tokens computed " + p["tokens_computed"].dump());
+    check(p["tokens_loaded"] == (loads ? 6 * 96 : 0), name + ": tokens loaded " + p["tokens_loaded"].dump());
+    check(p["tokens_hit"] == (computes_all ? 0 : 6 * 96), name + ": tokens hit " + p["tokens_hit"].dump());
+    check(p["nll_equal_to_compute"] == true, name + ": suffix NLL differs from the compute phase");
+    check(p["ttft_ms_mean"].get<double>() > 0, name + ": TTFT measured");
   }
   return failures ? 1 : 0;
 }
@@ -845,6 +886,7 @@ int main(int argc, char **argv) {
     if (mode == "memory" && argc == 3) return memory(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
+    if (mode == "prefix-tiers" && (argc == 4 || argc == 5)) return prefix_tiers(argv[2], argv[3], argc == 5 ? argv[4] : "");
     if (mode == "long" && argc == 4) return long_context(argv[2], argv[3]);
     if (mode == "bench" && argc == 3) return bench(argv[2]);
     if (mode == "recommend" && argc == 5) return recommend(argv[2], argv[3], argv[4]);
