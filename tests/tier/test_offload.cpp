@@ -14,7 +14,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <dirent.h>
+#include <map>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -86,6 +88,7 @@ void write_seq(kvc_pool *p, uint64_t id, const std::vector<int32_t> &t, const kv
 
 // The first n tokens of seq `id` hold exactly the computed K/V of t.
 bool seq_matches(kvc_pool *p, uint64_t id, const std::vector<int32_t> &t, uint64_t n) {
+  if (n == 0) return true;
   std::vector<float> k(n * kRow), v(n * kRow);
   for (uint32_t l = 0; l < kLayers; ++l) {
     if (kvc_gather(p, id, l, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr) != KVC_OK) return false;
@@ -634,6 +637,208 @@ KVTEST(disk_full_turns_into_errors) {
   CHECK_OK(kvc_pool_flush_tiers(p));
   CHECK(tier_stats(p, 0).entries == 3);
   CHECK(invariants(p));
+  remove_dir(dir);
+}
+
+// Random operations on a small pool with a small host tier: prompts drawn
+// from a few shared prefixes are written, attached, loaded (sync and async),
+// pinned and unpinned, offloaded and reclaimed. After every operation the
+// pool's invariants hold, and every attached sequence holds the computed
+// bytes of its prompt.
+KVTEST(host_random_ops) {
+  uint64_t total_loaded = 0, total_demoted = 0, total_attached = 0;
+  for (uint32_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937 rng(seed);
+    Pool p(8 + seed * 4);
+    add_host(p, 6000 + seed * 3000);  // a few records: LRU replacement is exercised
+    CHECK_OK(kvc_pool_set_offload(p, 1 + seed % 4, 2000));
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 6; ++i) {
+      auto t = prompt(100 * (i % 3), 3 + (i * 5 + seed) % 14);  // shared starts
+      for (size_t j = t.size() / 2; j < t.size(); ++j) t[j] += i;
+      prompts.push_back(t);
+    }
+    struct Live {
+      size_t prompt;
+      uint64_t valid;  // leading tokens that must hold the computed bytes
+    };
+    std::map<uint64_t, Live> live;
+    std::vector<uint64_t> pins, tickets;
+    uint64_t next = 1;
+    for (int op = 0; op < 300; ++op) {
+      const size_t pi = rng() % prompts.size();
+      const auto &t = prompts[pi];
+      switch (rng() % 9) {
+        case 0: {  // compute and register a prompt (if it fits)
+          const kvc_stats s = pool_stats(p);
+          if ((s.blocks_free + s.blocks_cached) / kLayers < (t.size() + kBs - 1) / kBs + 1) break;
+          write_seq(p, next, t);
+          live[next++] = {pi, t.size()};
+          break;
+        }
+        case 1: {  // attach the cached prefix
+          kvc_prefix_result r;
+          std::memset(&r, 0, sizeof r);
+          r.struct_size = sizeof r;
+          const kvc_status st = kvc_prefix_attach(p, next, t.data(), t.size(), nullptr, 0, rng() % 2, &r);
+          CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED);
+          if (st == KVC_OK) live[next++] = {pi, r.hit_tokens + r.partial_tokens};
+          if (st == KVC_OK) total_attached += r.hit_tokens;
+          break;
+        }
+        case 2:
+        case 3:
+          if (!live.empty()) {  // free one
+            auto it = live.begin();
+            std::advance(it, rng() % live.size());
+            CHECK_OK(kvc_seq_free(p, it->first));
+            live.erase(it);
+          }
+          break;
+        case 4: {  // synchronous load
+          uint64_t loaded = 0;
+          const kvc_status st = kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded);
+          CHECK(st == KVC_OK);
+          CHECK(loaded % kBs == 0 && loaded < t.size());
+          total_loaded += loaded;
+          break;
+        }
+        case 5: {  // prefetch, polled later
+          uint64_t ticket = 0;
+          CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
+          tickets.push_back(ticket);
+          break;
+        }
+        case 6:
+          if (!tickets.empty()) {
+            uint64_t loaded = 0;
+            const kvc_status st = kvc_prefix_poll(p, tickets.back(), &loaded);
+            CHECK(st == KVC_OK || st == KVC_ERR_PENDING);
+            if (st == KVC_OK) tickets.pop_back();
+          }
+          break;
+        case 7: {  // pin through a lookup, or unpin
+          if (!pins.empty() && rng() % 2) {
+            CHECK_OK(kvc_prefix_unpin(p, pins.back()));
+            CHECK_STATUS(kvc_prefix_unpin(p, pins.back()), KVC_ERR_INVALID_ARGUMENT);
+            pins.pop_back();
+          } else {
+            const kvc_prefix_result r = lookup(p, t, nullptr, 0, KVC_PREFIX_PIN);
+            CHECK(r.hit_tokens + r.tier_tokens < t.size());
+            if (r.pin) pins.push_back(r.pin);
+          }
+          break;
+        }
+        default: {  // offload, or reclaim everything cached
+          if (rng() % 2) {
+            CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+          } else {
+            const uint64_t end = squeeze(p, 1u << 20);
+            free_range(p, 1u << 20, end);
+          }
+          break;
+        }
+      }
+      if (!invariants(p)) {
+        std::fprintf(stderr, "seed %u op %d\n", seed, op);
+        ++g_kvtest_fail;
+        return;
+      }
+    }
+    for (auto &[id, l] : live) {
+      const bool ok = seq_matches(p, id, prompts[l.prompt], l.valid);
+      if (!ok) std::fprintf(stderr, "seed %u seq %llu prompt %zu valid %llu\n", seed, (unsigned long long)id, l.prompt, (unsigned long long)l.valid);
+      CHECK(ok);
+    }
+    for (uint64_t tk : tickets) {
+      uint64_t loaded = 0;
+      kvc_status st = KVC_ERR_PENDING;
+      for (int i = 0; i < 5000 && st == KVC_ERR_PENDING; ++i) {
+        st = kvc_prefix_poll(p, tk, &loaded);
+        if (st == KVC_ERR_PENDING) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      CHECK(st == KVC_OK);
+    }
+    for (uint64_t pin : pins) CHECK_OK(kvc_prefix_unpin(p, pin));
+    CHECK(tier_stats(p, 0).pinned == 0);
+    CHECK_OK(kvc_pool_flush_tiers(p));
+    CHECK(invariants(p));
+    total_demoted += tier_stats(p, 0).demotions;
+  }
+  std::printf("loaded %llu tokens, demoted %llu blocks, attached %llu tokens\n", (unsigned long long)total_loaded,
+              (unsigned long long)total_demoted, (unsigned long long)total_attached);
+  CHECK(total_loaded > 0 && total_demoted > 0 && total_attached > 0);  // the paths were exercised
+}
+
+// Threads attach, load, prefetch, reclaim and offload on one pool with a host
+// and a disk tier at the same time (ThreadSanitizer runs this): every
+// attached sequence holds its prompt's computed bytes.
+KVTEST(host_threads_offload) {
+  const std::string dir = temp_dir();
+  {
+    Pool p(64);
+    add_host(p, 20000);
+    add_disk(p, dir, 60000);
+    CHECK_OK(kvc_pool_set_offload(p, 8, 5000));
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < 4; ++i) prompts.push_back(prompt(50 * i, 13));
+    for (int i = 0; i < 4; ++i) {
+      write_seq(p, 1 + i, prompts[i]);
+      CHECK_OK(kvc_seq_free(p, 1 + i));
+    }
+    std::atomic<int> bad{0};
+    std::vector<std::thread> th;
+    for (int w = 0; w < 3; ++w) {
+      th.emplace_back([&, w] {
+        std::mt19937 rng(w + 11);
+        for (int i = 0; i < 60; ++i) {
+          const auto &t = prompts[rng() % prompts.size()];
+          const uint64_t id = 1000 + uint64_t(w) * 1000 + i;
+          uint64_t loaded = 0;
+          if (rng() % 2) {
+            if (kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded) != KVC_OK) ++bad;
+          } else {
+            uint64_t ticket = 0;
+            if (kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket) != KVC_OK) ++bad;
+            kvc_status st = KVC_ERR_PENDING;
+            while (st == KVC_ERR_PENDING) st = kvc_prefix_poll(p, ticket, &loaded);
+            if (st != KVC_OK) ++bad;
+          }
+          kvc_prefix_result r;
+          std::memset(&r, 0, sizeof r);
+          r.struct_size = sizeof r;
+          const kvc_status st = kvc_prefix_attach(p, id, t.data(), t.size(), nullptr, 0, 0, &r);
+          if (st == KVC_OK) {
+            if (!seq_matches(p, id, t, r.hit_tokens)) ++bad;
+            kvc_seq_free(p, id);
+          } else if (st != KVC_ERR_POOL_EXHAUSTED) {
+            ++bad;
+          }
+        }
+      });
+    }
+    th.emplace_back([&] {  // pressure: garbage sequences reclaim cached blocks
+      for (int i = 0; i < 40; ++i) {
+        const uint64_t id = 50000 + i;
+        std::vector<int32_t> g(kBs * 3, 0);
+        if (kvc_seq_create(p, id) != KVC_OK) ++bad;
+        if (kvc_seq_reserve(p, id, g.size(), nullptr) == KVC_OK) {
+          std::vector<float> k(g.size() * kRow, -1.0f);
+          for (uint32_t l = 0; l < kLayers; ++l)
+            if (kvc_append(p, id, l, 0, g.size(), k.data(), k.data(), KVC_DTYPE_F32) != KVC_OK) ++bad;
+        }
+        kvc_seq_free(p, id);
+        const auto &t = prompts[i % prompts.size()];
+        kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr);
+        kvc_prefix_result r = lookup(p, t, nullptr, 0, KVC_PREFIX_PIN);
+        if (r.pin && kvc_prefix_unpin(p, r.pin) != KVC_OK) ++bad;
+      }
+    });
+    for (auto &x : th) x.join();
+    CHECK(bad.load() == 0);
+    CHECK_OK(kvc_pool_flush_tiers(p));
+    CHECK(invariants(p));
+  }
   remove_dir(dir);
 }
 
