@@ -842,6 +842,55 @@ KVTEST(host_threads_offload) {
   remove_dir(dir);
 }
 
+// The seed's store / retrieve by sequence id, with the public API: a request's
+// sequence is stored to a file named by its id, the pool forgets it, and a
+// new process retrieves it into its own pool, byte-identical and able to go on.
+KVTEST(disk_store_retrieve_by_sequence) {
+  const std::string dir = temp_dir();
+  const auto t = prompt(1300, 23);
+  const uint64_t seq_id = 77;
+  const std::string path = dir + "/seq-" + std::to_string(seq_id) + ".kvcs";
+  {
+    Pool p(16);
+    write_seq(p, seq_id, t);
+    CHECK_OK(kvc_seq_save_file(p, seq_id, path.c_str()));  // store
+    CHECK_OK(kvc_seq_free(p, seq_id));
+    CHECK_STATUS(kvc_seq_save_file(p, seq_id, path.c_str()), KVC_ERR_SEQ_NOT_FOUND);
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {  // retrieve in another process
+    int rc = 0;
+    {
+      Pool q(16);
+      rc |= kvc_seq_restore_file(q, seq_id, path.c_str()) != KVC_OK;
+      uint64_t len = 0;
+      rc |= kvc_seq_length(q, seq_id, &len) != KVC_OK || len != t.size();
+      rc |= !seq_matches(q, seq_id, t, t.size());
+      rc |= kvc_seq_restore_file(q, seq_id, path.c_str()) != KVC_ERR_SEQ_EXISTS;
+      // It goes on: one more token appended after the restored ones.
+      rc |= kvc_seq_reserve(q, seq_id, 1, nullptr) != KVC_OK;
+      std::vector<float> k(kRow, 0.5f);
+      for (uint32_t l = 0; l < kLayers; ++l)
+        rc |= kvc_append(q, seq_id, l, t.size(), 1, k.data(), k.data(), KVC_DTYPE_F32) != KVC_OK;
+      rc |= !seq_matches(q, seq_id, t, t.size());
+    }
+    _exit(rc | (g_kvtest_fail != 0));
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  // A pool of another geometry refuses the record with its own status.
+  kvc_pool *other = nullptr;
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = kLayers, c.num_q_heads = kHeads, c.num_kv_heads = kHeads, c.head_dim = kDim;
+  c.block_size = kBs * 2, c.num_blocks = 16, c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  CHECK_OK(kvc_pool_create(&c, &other));
+  CHECK_STATUS(kvc_seq_restore_file(other, seq_id, path.c_str()), KVC_ERR_INCOMPATIBLE);
+  kvc_pool_destroy(other);
+  remove_dir(dir);
+}
+
 // Bad input gets a status and a message, never a half applied change.
 KVTEST(host_bad_input) {
   Pool p(8);
