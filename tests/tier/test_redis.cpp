@@ -3,6 +3,7 @@
 // 3-node cluster on free loopback ports and writes them to $KVC_REDIS_DIR/ports.
 // Without redis-server (or hiredis) every test exits 77: skipped.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
