@@ -1503,11 +1503,3 @@ KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {
 }
 
 }  // extern "C"
-
-// Until the Redis tier lands (src/tier/redis_tier.cpp), a weak fallback.
-namespace kvc::tier {
-__attribute__((weak)) std::unique_ptr<Tier> make_redis_tier(const RedisConfig &, std::string *error) {
-  if (error) *error = "this build has no Redis tier";
-  return nullptr;
-}
-}  // namespace kvc::tier
