@@ -67,7 +67,10 @@ struct PinRecord {
 
 struct OffloadState {
   explicit OffloadState(Pool *p);
-  ~OffloadState();  // stops the threads (a queued demotion is still written)
+  ~OffloadState();  // shutdown()
+  // Stops and joins the threads (a queued demotion is still written). The
+  // pool calls it before it starts to go away: the threads call into it.
+  void shutdown();
   OffloadState(const OffloadState &) = delete;
   OffloadState &operator=(const OffloadState &) = delete;
 

@@ -425,7 +425,8 @@ void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host
 }
 
 Pool::~Pool() {
-  offload_.reset();  // stops the offload threads first (they call into the pool)
+  if (offload_) offload_->shutdown();  // the offload threads call into the pool: stopped first
+  offload_.reset();
   if (dev_) {
     dev_.reset();
     return;

@@ -57,7 +57,9 @@ bool has_tensor_scales(const PoolConfig &c) {
 
 OffloadState::OffloadState(Pool *p) : pool(p) {}
 
-OffloadState::~OffloadState() {
+OffloadState::~OffloadState() { shutdown(); }
+
+void OffloadState::shutdown() {
   {
     std::lock_guard g(m);
     stop = true;
