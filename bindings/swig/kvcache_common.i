@@ -170,6 +170,13 @@ static void kvc_swig_on_exception(const std::exception &e) {
     kvc_swig_fail(KVC_ERR_INTERNAL, std::string("unexpected C++ exception in the binding: ") + e.what());
 }
 
+/* The answer of Pool.prefix_poll(): done with the tokens loaded, or still
+ * pending (KVC_ERR_PENDING is this answer, not an error). */
+struct kvc_swig_poll {
+  bool done;
+  uint64_t loaded_tokens;
+};
+
 /* A string argument that is passed to C as a NUL-terminated string. */
 static bool kvc_swig_c_string(const char *what, const std::string &s) {
   if (s.find('\0') != std::string::npos) {
@@ -220,6 +227,16 @@ namespace std {
 %immutable kvc_prefix_result::struct_size;
 %immutable kvc_prefix_stats::struct_size;
 %immutable kvc_quant_sizes::struct_size;
+%immutable kvc_tier_config::struct_size;
+%immutable kvc_tier_stats::struct_size;
+/* The char[256] is read as the language's string instead: the %extend
+ * member last_error_str below, renamed to last_error (Java: lastError). */
+%ignore kvc_tier_stats::last_error;
+#ifdef SWIGJAVA
+%rename(lastError) kvc_tier_stats::last_error_str;
+#else
+%rename(last_error) kvc_tier_stats::last_error_str;
+#endif
 
 %rename(PoolConfig) kvc_pool_config;
 %rename(Codec) kvc_codec;
@@ -229,6 +246,9 @@ namespace std {
 %rename(PrefixResult) kvc_prefix_result;
 %rename(PrefixStats) kvc_prefix_stats;
 %rename(QuantSizes) kvc_quant_sizes;
+%rename(TierConfig) kvc_tier_config;
+%rename(TierStats) kvc_tier_stats;
+%rename(PrefixPoll) kvc_swig_poll;
 %rename(Pool) kvc_swig_pool;
 %rename(Policy) kvc_swig_policy;
 
@@ -359,6 +379,45 @@ namespace std {
     $self->seed_set = 1;
   }
 }
+
+%extend kvc_tier_config {
+  /** Defaults of kvc_tier_config_init() for `kind` (path and address are arguments of Pool.add_tier()). */
+  kvc_tier_config(kvc_tier_kind kind = KVC_TIER_HOST) {
+    kvc_tier_config c;
+    if (kvc_swig_check(kvc_tier_config_init(&c, kind))) return NULL;
+    return new kvc_tier_config(c);
+  }
+  ~kvc_tier_config() { delete $self; }
+}
+%extend kvc_tier_stats {
+  kvc_tier_stats() {
+    kvc_tier_stats *s = new kvc_tier_stats;
+    kvc_tier_stats_init(s);
+    return s;
+  }
+  ~kvc_tier_stats() { delete $self; }
+  /** The reason of the tier's last error, "" if none (the C field's bytes up to its NUL). */
+  %immutable;
+  std::string last_error_str;
+  %mutable;
+}
+%{
+/* The getter's wrapper takes the address of the result and converts it at
+ * once: a per-thread copy, bounded by the array even without a NUL. */
+static const std::string &kvc_tier_stats_last_error_str_get(kvc_tier_stats *s) {
+  static thread_local std::string out;
+  out.assign(s->last_error, strnlen(s->last_error, sizeof s->last_error));
+  return out;
+}
+%}
+
+/* Pool.prefix_poll()'s answer: done (loaded_tokens valid) or pending. */
+%immutable kvc_swig_poll::done;
+%immutable kvc_swig_poll::loaded_tokens;
+struct kvc_swig_poll {
+  bool done;
+  uint64_t loaded_tokens;
+};
 
 /* ---- handles ---- */
 struct kvc_swig_policy {};
@@ -664,6 +723,99 @@ struct kvc_swig_pool {};
     KVC_POOL();
     if (!kvc_swig_c_string("path", path)) return;
     kvc_swig_check(kvc_seq_restore_file(pool_, seq_id, path.c_str()));
+  }
+
+  /**
+   * Add an offload tier below the pool (kvc_pool_add_tier, docs/tiers.md);
+   * returns its index (0 for the first). path: the disk tier's directory,
+   * address: Redis "host:port[,host:port...]" (empty: none); flags:
+   * TIER_FSYNC, TIER_REDIS_CLUSTER or 0.
+   */
+  uint32_t add_tier(kvc_tier_kind kind, uint64_t capacity_bytes, const std::string &path = std::string(),
+                    const std::string &address = std::string(), uint32_t flags = 0, uint32_t timeout_ms = 1000,
+                    uint64_t ttl_seconds = 0) {
+    uint32_t index = 0;
+    KVC_POOL(0);
+    if (!kvc_swig_c_string("path", path) || !kvc_swig_c_string("address", address)) return 0;
+    kvc_tier_config c;
+    if (kvc_swig_check(kvc_tier_config_init(&c, kind))) return 0;
+    c.capacity_bytes = capacity_bytes;
+    c.path = path.empty() ? NULL : path.c_str();
+    c.address = address.empty() ? NULL : address.c_str();
+    c.flags = flags;
+    c.timeout_ms = timeout_ms;
+    c.ttl_seconds = ttl_seconds;
+    kvc_swig_check(kvc_pool_add_tier(pool_, &c, &index));
+    return index;
+  }
+  /** The offload writer's queue (blocks) and the load timeout (ms) (kvc_pool_set_offload). */
+  void set_offload(uint32_t queue_blocks, uint32_t load_timeout_ms) {
+    KVC_POOL();
+    kvc_swig_check(kvc_pool_set_offload(pool_, queue_blocks, load_timeout_ms));
+  }
+  /** Counters of tier `index` (kvc_pool_tier_stats). */
+  kvc_tier_stats tier_stats(uint32_t index) {
+    kvc_tier_stats s;
+    kvc_tier_stats_init(&s);
+    KVC_POOL(s);
+    kvc_swig_check(kvc_pool_tier_stats(pool_, index, &s));
+    return s;
+  }
+  /** Queue the prompt's registered blocks for writing to every tier; returns the blocks queued. */
+  uint64_t prefix_offload(const int32_t *tokens, size_t n_tokens, const std::string &salt = std::string()) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    uint32_t n_extras = 0;
+    kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
+    kvc_swig_check(kvc_prefix_offload(pool_, tokens, n_tokens, &e, n_extras, &n));
+    return n;
+  }
+  /** Wait until the offload writer has written every queued block. */
+  void flush_tiers() {
+    KVC_POOL();
+    kvc_swig_check(kvc_pool_flush_tiers(pool_));
+  }
+  /** Load the tier blocks after the pool's hit of a prompt and wait; returns the tokens loaded (ERR_TIMEOUT: none). */
+  uint64_t prefix_load(const int32_t *tokens, size_t n_tokens, const std::string &salt = std::string()) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    uint32_t n_extras = 0;
+    kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
+    kvc_swig_check(kvc_prefix_load(pool_, tokens, n_tokens, &e, n_extras, &n));
+    return n;
+  }
+  /** Start loading as prefix_load() does, in the background; returns the ticket for prefix_poll(). */
+  uint64_t prefix_prefetch(const int32_t *tokens, size_t n_tokens, const std::string &salt = std::string()) {
+    uint64_t ticket = 0;
+    KVC_POOL(0);
+    uint32_t n_extras = 0;
+    kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
+    kvc_swig_check(kvc_prefix_prefetch(pool_, tokens, n_tokens, &e, n_extras, &ticket));
+    return ticket;
+  }
+  /**
+   * The state of a prefetch: done (loaded_tokens set; the ticket is then
+   * forgotten) or not yet (done false: poll again). A load that timed out
+   * is an error (ERR_TIMEOUT), an unknown or already reported ticket too
+   * (ERR_INVALID_ARGUMENT).
+   */
+  kvc_swig_poll prefix_poll(uint64_t ticket) {
+    kvc_swig_poll r;
+    r.done = false;
+    r.loaded_tokens = 0;
+    KVC_POOL(r);
+    uint64_t n = 0;
+    const kvc_status st = kvc_prefix_poll(pool_, ticket, &n);
+    if (st == KVC_ERR_PENDING) return r;
+    if (kvc_swig_check(st)) return r;
+    r.done = true;
+    r.loaded_tokens = n;
+    return r;
+  }
+  /** Release the pins of a prefix_lookup() with PREFIX_PIN (its result's pin). */
+  void prefix_unpin(uint64_t pin) {
+    KVC_POOL();
+    kvc_swig_check(kvc_prefix_unpin(pool_, pin));
   }
 
   kvc_prefix_stats prefix_stats() {

@@ -42,3 +42,16 @@ def test_python_example_runs():
     assert out.returncode == 0, out.stderr
     assert "dropped 48 kept positions (0, 1, 2, 3, 28," in out.stdout
     assert "KVC_ERR_SEQ_NOT_FOUND - sequence 99 does not exist" in out.stdout
+
+
+def test_tiers_example_runs():
+    script = os.path.join(ROOT, "bindings", "python", "examples", "tiers.py")
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, cwd=os.path.dirname(script),
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "queued 3",
+        "pool 0 tiers 48",
+        "loaded 48 attached 48",
+        "host tier: demotions 6 hits 3 last error ''",
+    ]

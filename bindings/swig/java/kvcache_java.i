@@ -162,6 +162,15 @@
   if (!kvc_java_string(jenv, $input, &temp)) return $null;
   $1 = &temp;
 %}
+/* Results (TierStats.getLastError()): the bytes as UTF-8, back into a String. */
+%typemap(out) const std::string & %{
+  $result = jenv->NewByteArray((jsize)$1->size());
+  if ($result != NULL && !$1->empty())
+    jenv->SetByteArrayRegion($result, 0, (jsize)$1->size(), (const jbyte *)$1->data());
+%}
+%typemap(javaout) const std::string & {
+    return new String($jnicall, java.nio.charset.StandardCharsets.UTF_8);
+  }
 
 /* ---- bytes: float[], short[], byte[], direct ByteBuffer or null ---- */
 %typemap(jni) (const void *IN_BUF, size_t IN_BYTES), (void *OUT_BUF, size_t OUT_BYTES) "jobject"

@@ -35,7 +35,7 @@ impl Default for PrefixConfig {
 }
 
 /// `text` as a C string, cut at its first NUL character (C cannot see past it).
-fn c_string(text: &str) -> CString {
+pub(crate) fn c_string(text: &str) -> CString {
     let end = text.find('\0').unwrap_or(text.len());
     CString::new(&text[..end]).expect("no NUL before the first one")
 }
@@ -91,6 +91,9 @@ pub struct PrefixMatch {
     /// Lookups of a pool with offload tiers: whole-block tokens after
     /// hit_tokens that the tiers hold (docs/tiers.md).
     pub tier_tokens: u64,
+    /// From [`Pool::prefix_lookup_pinned`]: the pin handle for
+    /// [`Pool::prefix_unpin`] (0: nothing was pinned).
+    pub pin: u64,
 }
 
 /// Prefix cache counters (`kvc_prefix_stats`).
@@ -117,7 +120,7 @@ pub struct PrefixStats {
 }
 
 /// Extra keys (tenant salt, adapter id...) as the C array; borrows `extras`.
-fn raw_extras(extras: &[&[u8]]) -> Result<Vec<sys::kvc_prefix_extra>> {
+pub(crate) fn raw_extras(extras: &[&[u8]]) -> Result<Vec<sys::kvc_prefix_extra>> {
     if u32::try_from(extras.len()).is_err() {
         return Err(Error::new(Status::InvalidArgument, "too many extra keys"));
     }
@@ -134,7 +137,7 @@ fn raw_extras(extras: &[&[u8]]) -> Result<Vec<sys::kvc_prefix_extra>> {
         .collect())
 }
 
-fn extras_ptr(extras: &[sys::kvc_prefix_extra]) -> *const sys::kvc_prefix_extra {
+pub(crate) fn extras_ptr(extras: &[sys::kvc_prefix_extra]) -> *const sys::kvc_prefix_extra {
     if extras.is_empty() {
         ptr::null()
     } else {
@@ -168,6 +171,7 @@ fn to_match(r: &sys::kvc_prefix_result) -> PrefixMatch {
         hit_blocks: r.hit_blocks,
         partial_tokens: r.partial_tokens,
         tier_tokens: r.tier_tokens,
+        pin: r.pin,
     }
 }
 
@@ -200,6 +204,22 @@ impl Pool {
         extras: &[&[u8]],
         partial: bool,
     ) -> Result<PrefixMatch> {
+        self.lookup_flags(tokens, extras, flags(partial))
+    }
+
+    /// [`Pool::prefix_lookup`] that also pins the tier blocks counted in
+    /// `tier_tokens` (`KVC_PREFIX_PIN`), so the tiers keep them until
+    /// [`Pool::prefix_unpin`] of the result's `pin` (0: nothing pinned).
+    pub fn prefix_lookup_pinned(
+        &self,
+        tokens: &[i32],
+        extras: &[&[u8]],
+        partial: bool,
+    ) -> Result<PrefixMatch> {
+        self.lookup_flags(tokens, extras, flags(partial) | sys::KVC_PREFIX_PIN)
+    }
+
+    fn lookup_flags(&self, tokens: &[i32], extras: &[&[u8]], flags: u32) -> Result<PrefixMatch> {
         let ex = raw_extras(extras)?;
         let mut r = new_result();
         // SAFETY: tokens and extras are valid for their lengths during the call.
@@ -210,7 +230,7 @@ impl Pool {
                 tokens.len() as u64,
                 extras_ptr(&ex),
                 ex.len() as u32,
-                flags(partial),
+                flags,
                 &mut r,
             )
         })?;

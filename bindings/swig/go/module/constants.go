@@ -134,10 +134,25 @@ const (
 	PREFIX_HASH_XXH3_128 PrefixHash = 1
 )
 
+// TierKind is the kind of an offload tier (kvc_tier_kind).
+type TierKind int32
+
+const (
+	TIER_HOST  TierKind = 0
+	TIER_DISK  TierKind = 1
+	TIER_REDIS TierKind = 2
+)
+
 // Flags.
 const (
 	// POOL_ZERO_ON_FREE (PoolConfig.Flags): zero blocks when they are freed.
 	POOL_ZERO_ON_FREE uint32 = 0x1
 	// PREFIX_PARTIAL (PrefixLookup / PrefixAttach flags): also reuse a partly matching next block.
 	PREFIX_PARTIAL uint32 = 0x1
+	// PREFIX_PIN (PrefixLookup flags): pin the tier blocks counted in TierTokens until PrefixUnpin.
+	PREFIX_PIN uint32 = 0x2
+	// TIER_FSYNC (TierConfig.Flags, disk): fsync every record before it is visible.
+	TIER_FSYNC uint32 = 0x1
+	// TIER_REDIS_CLUSTER (TierConfig.Flags, Redis): Address lists seed nodes of a Redis Cluster.
+	TIER_REDIS_CLUSTER uint32 = 0x2
 )

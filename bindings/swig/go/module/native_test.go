@@ -74,6 +74,12 @@ func TestNativeConstants(t *testing.T) {
 		{"PREFIX_HASH_XXH3_128", int64(PREFIX_HASH_XXH3_128), int64(native.PREFIX_HASH_XXH3_128)},
 		{"POOL_ZERO_ON_FREE", int64(POOL_ZERO_ON_FREE), int64(native.POOL_ZERO_ON_FREE)},
 		{"PREFIX_PARTIAL", int64(PREFIX_PARTIAL), int64(native.PREFIX_PARTIAL)},
+		{"PREFIX_PIN", int64(PREFIX_PIN), int64(native.PREFIX_PIN)},
+		{"TIER_HOST", int64(TIER_HOST), int64(native.TIER_HOST)},
+		{"TIER_DISK", int64(TIER_DISK), int64(native.TIER_DISK)},
+		{"TIER_REDIS", int64(TIER_REDIS), int64(native.TIER_REDIS)},
+		{"TIER_FSYNC", int64(TIER_FSYNC), int64(native.TIER_FSYNC)},
+		{"TIER_REDIS_CLUSTER", int64(TIER_REDIS_CLUSTER), int64(native.TIER_REDIS_CLUSTER)},
 	}
 	for _, p := range pairs {
 		if p.got != p.want {
@@ -101,6 +107,8 @@ func TestNativeFieldsCovered(t *testing.T) {
 		{reflect.TypeOf((*native.PrefixResult)(nil)).Elem(), reflect.TypeOf(PrefixResult{}), nil},
 		{reflect.TypeOf((*native.PrefixStats)(nil)).Elem(), reflect.TypeOf(PrefixStats{}), nil},
 		{reflect.TypeOf((*native.QuantSizes)(nil)).Elem(), reflect.TypeOf(QuantSizes{}), nil},
+		{reflect.TypeOf((*native.TierConfig)(nil)).Elem(), reflect.TypeOf(TierConfig{}), []string{"reserved"}},
+		{reflect.TypeOf((*native.TierStats)(nil)).Elem(), reflect.TypeOf(TierStats{}), []string{"reserved"}},
 	}
 	for _, c := range cases {
 		fields := map[string]bool{}
