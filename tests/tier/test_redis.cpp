@@ -19,6 +19,7 @@
 #include "../common/kvtest.h"
 #include "tier/redis_cluster.h"
 #include "tier/tier.h"
+#include "pool_util.h"
 
 #ifdef KVC_TEST_HAVE_HIREDIS
 #include <hiredis/hiredis.h>
@@ -705,6 +706,145 @@ KVTEST(redis_node_down) {
         out == payload(0, 1500));
   for (int i = 0; i < 60; ++i) t->erase(key(i));
 }
+
+// ---------------------------------------------------------------------------
+// Through pools and the public API (docs/tiers.md)
+
+namespace {
+
+std::string address_of(const Servers &s, bool cluster) {
+  if (!cluster) return "127.0.0.1:" + std::to_string(s.standalone);
+  std::string a;
+  for (int p : s.cluster) a += (a.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(p);
+  return a;
+}
+
+uint32_t add_redis(kvc_pool *p, const std::string &address, bool cluster, uint32_t timeout_ms = 1000) {
+  kvc_tier_config c;
+  CHECK_OK(kvc_tier_config_init(&c, KVC_TIER_REDIS));
+  c.address = address.c_str();
+  c.flags = cluster ? KVC_TIER_REDIS_CLUSTER : 0u;
+  c.timeout_ms = timeout_ms;
+  uint32_t i = 99;
+  CHECK_OK(kvc_pool_add_tier(p, &c, &i));
+  return i;
+}
+
+// A process writes a prompt's blocks through its pool to Redis; another
+// process, with a pool of its own, finds them, loads them and holds the same
+// bytes. Another tenant (salt) finds nothing.
+void share_prefix(bool cluster) {
+  Servers s;
+  if (!servers(s)) return;
+  const std::string addr = address_of(s, cluster);
+  // A model id of its own per run: the servers are shared by the tests.
+  const std::string model = "share-" + std::to_string(getpid()) + (cluster ? "-cluster" : "");
+  const auto t = tier_test::prompt(2000, 8 * tier_test::kBs + 1);  // 8 whole blocks
+  const pid_t pid = fork();
+  if (pid == 0) {  // the writer process
+    int rc = 0;
+    {
+      tier_test::Pool p(40, model.c_str());
+      add_redis(p, addr, cluster);
+      tier_test::write_seq(p, 1, t);
+      uint64_t q = 0;
+      rc |= kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, &q) != KVC_OK || q != 8;
+      rc |= kvc_pool_flush_tiers(p) != KVC_OK;
+      const kvc_tier_stats st = tier_test::tier_stats(p, 0);
+      rc |= st.demotions != 8 || st.errors != 0 || st.kind != KVC_TIER_REDIS;
+    }
+    _exit(rc | (g_kvtest_fail != 0));
+  }
+  int status = 0;
+  CHECK(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  tier_test::Pool p(40, model.c_str());
+  add_redis(p, addr, cluster);
+  const kvc_prefix_extra salt = tier_test::salt_of("another-tenant");
+  CHECK(tier_test::lookup(p, t, &salt, 1).tier_tokens == 0);
+  CHECK(tier_test::lookup(p, t).tier_tokens == 32);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 32);
+  CHECK_OK(kvc_prefix_attach(p, 2, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(tier_test::seq_matches(p, 2, t, 32));
+  const kvc_tier_stats st = tier_test::tier_stats(p, 0);
+  CHECK(st.promotions == 8);
+  CHECK(st.hits == 8);
+  CHECK(st.errors == 0);
+  CHECK(tier_test::invariants(p));
+}
+
+}  // namespace
+
+KVTEST(redis_pool_two_processes_share_prefix) { share_prefix(false); }
+KVTEST(redis_pool_cluster_share_prefix) { share_prefix(true); }
+
+// Redis stopped during a run and started again: demotions and lookups turn
+// into counted errors and misses with a readable reason, the pool keeps its
+// blocks and works on; once the server is back the same pool stores and
+// loads again.
+KVTEST(redis_pool_server_down_and_back) {
+  Servers s;
+  if (!servers(s)) return;
+  const char *script = std::getenv("KVC_REDIS_FIXTURE");
+  CHECK(script != nullptr);
+  if (!script) return;
+  const std::string name = "pool-down-" + std::to_string(getpid());
+  FILE *f = popen((std::string("bash '") + script + "' server '" + s.dir + "' " + name).c_str(), "r");
+  int port = 0;
+  if (!f || std::fscanf(f, "%d", &port) != 1) port = 0;
+  if (f) pclose(f);
+  CHECK(port > 0);
+  if (port <= 0) return;
+  const std::string sdir = s.dir + "/" + name;
+  const auto t = tier_test::prompt(3000, 13);  // 3 whole blocks
+  tier_test::Pool p(32);
+  add_redis(p, "127.0.0.1:" + std::to_string(port), false, 300);
+  tier_test::write_seq(p, 1, t);
+  {
+    Raw raw(port);
+    raw.cmd({"SHUTDOWN", "NOSAVE"});
+  }
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  kvc_tier_stats st = tier_test::tier_stats(p, 0);
+  CHECK(st.errors >= 3);
+  CHECK(st.demotions == 0);
+  CHECK(std::strstr(st.last_error, std::to_string(port).c_str()) != nullptr);
+  std::fprintf(stderr, "while down: %s\n", st.last_error);
+  CHECK(tier_test::lookup(p, t).hit_tokens == 12);  // the pool's own blocks
+  CHECK(tier_test::seq_matches(p, 1, t, 13));
+  CHECK_OK(kvc_seq_free(p, 1));
+  tier_test::free_range(p, 100, tier_test::squeeze(p, 100));  // reclaimed: the demotions fail too
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK(tier_test::lookup(p, t).tier_tokens == 0);
+  uint64_t loaded = 9;
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 0);
+  CHECK(tier_test::invariants(p));
+  // Back (empty): the same pool stores and loads again.
+  CHECK(run_shell("sh '" + sdir + "/start.sh'") == 0);
+  tier_test::write_seq(p, 2, t);
+  CHECK_OK(kvc_prefix_offload(p, t.data(), t.size(), nullptr, 0, nullptr));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  st = tier_test::tier_stats(p, 0);
+  CHECK(st.demotions == 3);
+  CHECK_OK(kvc_seq_free(p, 2));
+  tier_test::free_range(p, 200, tier_test::squeeze(p, 200));
+  CHECK_OK(kvc_pool_flush_tiers(p));
+  CHECK(tier_test::lookup(p, t).tier_tokens == 12);
+  CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));
+  CHECK(loaded == 12);
+  CHECK_OK(kvc_prefix_attach(p, 3, t.data(), t.size(), nullptr, 0, 0, nullptr));
+  CHECK(tier_test::seq_matches(p, 3, t, 12));
+  CHECK(tier_test::invariants(p));
+  {
+    Raw raw(port);
+    raw.cmd({"SHUTDOWN", "NOSAVE"});
+  }
+}
+
 #endif  // KVC_TEST_HAVE_HIREDIS
 
 int main(int argc, char **argv) {

@@ -277,7 +277,20 @@ int prefix(const std::string &kvcache) {
 // read by a new process (and Redis when an address is given): each phase
 // loads exactly the prefix's whole blocks and scores the suffix exactly as
 // the run that computes everything.
-int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::string &redis) {
+int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::string &ports_file) {
+  // The Redis phase uses the standalone server of the tier tests' fixture
+  // (tests/tier/redis_fixture.sh writes "standalone PORT" to its ports file).
+  std::string redis;
+  if (!ports_file.empty()) {
+    std::ifstream pf(ports_file);
+    std::string what;
+    int port = 0;
+    while (pf >> what) {
+      if (what == "standalone" && pf >> port) redis = "127.0.0.1:" + std::to_string(port);
+      std::getline(pf, what);
+    }
+    std::printf("redis phase: %s\n", redis.empty() ? "no server (skipped)" : redis.c_str());
+  }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);  // a fresh disk tier
   std::vector<std::string> cmd = {kvcache, "eval", "--prefix", "--json", "--requests", "6", "--prefix-tokens", "100",
