@@ -130,3 +130,51 @@ if prefix_out:
             line(f"prefix lookup {name}: 2048 vs 64 blocks cost per token {per['2048'] / per['64']:.2f}x (flat: within 1.5x)",
                  per["2048"] / per["64"] <= 1.5)
 PY
+# The offload tiers (issue 9): host and disk tiers against memcpy and plain
+# file I/O of the same bytes, the Redis tier's 64 KiB get against
+# redis-benchmark's one-client GET of the same size (bench/redis_baseline.sh).
+tier_bin="$build/bench/bench_tier"
+if [ -x "$tier_bin" ]; then
+  tier_out="$build/bench-tier-quick.json"
+  "$tier_bin" --benchmark_min_time=0.05 --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_format=json --benchmark_out="$tier_out" --benchmark_out_format=json > /dev/null
+  cat "$tier_out"
+  rb=""
+  if rb_out=$(bash "$(dirname "$0")/redis_baseline.sh" 2000 65536 2>/dev/null); then
+    rb=$(printf '%s\n' "$rb_out" | awk '/one client/ {getline; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) { print $i; exit }}')
+  fi
+  python3 - "$tier_out" "${rb:-none}" <<'PY'
+import json, sys
+runs = {b["name"]: b for b in json.load(open(sys.argv[1]))["benchmarks"]}
+def get(name, field="bytes_per_second"):
+    for suffix in ("/real_time_median", "_median", ""):
+        b = runs.get(name + suffix)
+        if b is not None and field in b:
+            return b[field]
+    return None
+def line(text, ok):
+    print(f"  {text:78s} {'meets target' if ok else 'MISSES target'}", file=sys.stderr)
+print("bench summary, offload tiers (medians of 3; target >= 0.5x the baseline):", file=sys.stderr)
+for size, label in (("65536", "64 KiB"), ("1048576", "1 MiB")):
+    for case, base, what in (("BM_HostPut", "BM_Memcpy", "host put vs memcpy"),
+                             ("BM_HostGet", "BM_MemcpyFrom", "host get vs memcpy"),
+                             ("BM_DiskPut", "BM_FileWrite", "disk put vs plain file write"),
+                             ("BM_DiskGet", "BM_FileRead", "disk get vs plain file read")):
+        a, b = get(f"{case}/{size}"), get(f"{base}/{size}")
+        if a and b:
+            line(f"{what}, {label}: {a / 1e9:.2f} vs {b / 1e9:.2f} GB/s = {a / b:.2f}x", a / b >= 0.5)
+rt = get("BM_RedisGet/65536", "real_time")
+if rt is not None:
+    unit = runs.get("BM_RedisGet/65536/real_time_median", {}).get("time_unit", "ns")
+    us = rt / 1000.0 if unit == "ns" else rt
+    rps = None if sys.argv[2] == "none" else float(sys.argv[2])
+    if rps:
+        base = 1e6 / rps
+        print(f"  Redis get 64 KiB on loopback: {us:.1f} us per get; redis-benchmark GET (1 client): {base:.1f} us "
+              f"({us / base:.2f}x its round trip)", file=sys.stderr)
+    else:
+        print(f"  Redis get 64 KiB on loopback: {us:.1f} us per get (redis-benchmark not run)", file=sys.stderr)
+else:
+    print("  Redis get: not measured (no redis-server)", file=sys.stderr)
+PY
+fi

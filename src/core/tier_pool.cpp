@@ -105,6 +105,10 @@ void OffloadState::writer_loop() {
         t->injected_errors.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
+      // A block the tier already holds is not written again: its key fixes its
+      // content (tokens, position, model, codecs), and a hot prefix is
+      // reclaimed and loaded back many times.
+      if (t->t->contains(d.key)) continue;
       if (t->t->put(d.key, fp, d.payload.data(), d.payload.size()))
         t->demotions.fetch_add(1, std::memory_order_relaxed);
     }

@@ -5,14 +5,18 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <iterator>
+#include <memory>
 
+#include "tier/checksum.h"
 #include "tier/tier.h"
 
 namespace kvc::tier {
@@ -39,15 +43,36 @@ bool parse_hex_key(const std::string &name, Key &k) {
   return true;
 }
 
-bool write_all(int fd, const uint8_t *p, size_t n) {
+bool read_all(int fd, uint8_t *p, size_t n) {
   while (n) {
-    const ssize_t w = write(fd, p, n);
+    const ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r, n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+// Writes header, fingerprint and payload with as few system calls as the
+// kernel allows (writev, continued after a short write).
+bool write_record(int fd, const uint8_t *h, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) {
+  iovec iv[3] = {{const_cast<uint8_t *>(h), kHeader},
+                 {const_cast<uint8_t *>(fp.data()), fp.size()},
+                 {const_cast<uint8_t *>(payload), n}};
+  int first = 0;
+  while (first < 3) {
+    const ssize_t w = writev(fd, iv + first, 3 - first);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       if (w == 0) errno = ENOSPC;
       return false;
     }
-    p += w, n -= static_cast<size_t>(w);
+    size_t left = static_cast<size_t>(w);
+    while (first < 3 && left >= iv[first].iov_len) left -= iv[first++].iov_len;
+    if (first < 3) {
+      iv[first].iov_base = static_cast<uint8_t *>(iv[first].iov_base) + left;
+      iv[first].iov_len -= left;
+    }
   }
   return true;
 }
@@ -110,19 +135,18 @@ class DiskTier final : public Tier {
     std::memcpy(h + 4, &v, 4);
     std::memcpy(h + 8, &f, 4);
     std::memcpy(h + 16, &p, 8);
-    XXH3_state_t *xs = XXH3_createState();
-    if (!xs) return error("out of memory");
-    XXH3_64bits_reset(xs);
-    XXH3_64bits_update(xs, fp.data(), fp.size());
-    XXH3_64bits_update(xs, payload, n);
-    const uint64_t sum = XXH3_64bits_digest(xs);
-    XXH3_freeState(xs);
+    uint64_t sum;
+    try {
+      sum = xxh3_pair(fp.data(), fp.size(), payload, n);
+    } catch (const std::bad_alloc &) {
+      return error("out of memory");
+    }
     std::memcpy(h + 24, &sum, 8);
 
     const std::string tmp = dir_ + "/" + key.hex() + ".tmp." + std::to_string(getpid()) + "." + std::to_string(seq_++);
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return error("cannot create " + tmp + ": " + std::strerror(errno));
-    bool ok = write_all(fd, h, kHeader) && write_all(fd, fp.data(), fp.size()) && write_all(fd, payload, n) &&
+    bool ok = write_record(fd, h, fp, payload, n) &&
               (!fsync_ || fsync(fd) == 0);
     const int werr = errno;
     if (::close(fd) != 0 && ok) ok = false;
@@ -157,34 +181,69 @@ class DiskTier final : public Tier {
       ++st_.misses;
       return false;
     }
-    std::vector<uint8_t> rec;
+    // The header and a fingerprint of the reader's size in one read, then the
+    // payload straight into `out` in pieces, each hashed while still in cache
+    // (out's capacity is reused: no second copy, no allocation in steady state).
+    std::vector<uint8_t> head;
     struct stat st;
-    bool ok = fstat(fd, &st) == 0 && st.st_size >= static_cast<off_t>(kHeader);
-    if (ok) {
-      rec.resize(static_cast<size_t>(st.st_size));
-      size_t done = 0;
-      while (ok && done < rec.size()) {
-        const ssize_t r = read(fd, rec.data() + done, rec.size() - done);
-        if (r < 0 && errno == EINTR) continue;
-        ok = r > 0;
-        if (ok) done += static_cast<size_t>(r);
+    std::string why;
+    uint64_t total = 0, sum = 0;
+    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeader + fp.size()) {
+      why = "cannot be read (or is shorter than a header)";
+    } else {
+      total = static_cast<uint64_t>(st.st_size);
+      try {
+        head.resize(kHeader + fp.size());
+        out.resize(total - kHeader - fp.size());
+        if (!hash_) hash_ = std::make_unique<Xxh3Stream>();
+      } catch (const std::bad_alloc &) {
+        why = "does not fit in memory";
       }
     }
+    if (why.empty() && !read_all(fd, head.data(), head.size())) why = "cannot be read";
+    if (why.empty()) why = check_header(head.data(), total);
+    if (why.empty()) {
+      uint32_t f;
+      std::memcpy(&f, head.data() + 8, 4);
+      std::memcpy(&sum, head.data() + 24, 8);
+      if (f != fp.size() || std::memcmp(head.data() + kHeader, fp.data(), fp.size()) != 0)
+        why = "was written by a pool of another configuration (fingerprint)";
+    }
+    if (why.empty()) {
+      hash_->reset();
+      hash_->update(head.data() + kHeader, fp.size());
+      constexpr size_t kPiece = 256 << 10;
+      for (size_t off = 0; why.empty() && off < out.size(); off += kPiece) {
+        const size_t n = std::min(kPiece, out.size() - off);
+        if (!read_all(fd, out.data() + off, n)) why = "cannot be read";
+        else hash_->update(out.data() + off, n);
+      }
+      if (why.empty() && hash_->digest() != sum) why = "fails its checksum";
+    }
     ::close(fd);
-    std::string why = ok ? check(rec, fp) : "cannot be read";
     if (!why.empty()) {  // refused and removed, never served
+      out.clear();
       remove_file(key);
       ++st_.misses;
       ++st_.errors;
       err_ = "block record " + path + " " + why + ": removed";
       return false;
     }
-    uint32_t f;
-    std::memcpy(&f, rec.data() + 8, 4);
-    out.assign(rec.begin() + static_cast<std::ptrdiff_t>(kHeader + f), rec.end());
-    if (!map_.count(key)) index(key, rec.size());  // written by another process
-    else lru_.splice(lru_.begin(), lru_, map_[key].pos);
-    utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // recency survives a restart
+    auto it = map_.find(key);
+    if (it == map_.end()) {  // written by another process
+      index(key, total);
+      it = map_.find(key);
+    } else {
+      lru_.splice(lru_.begin(), lru_, it->second.pos);
+    }
+    // Recency survives a restart through the file's modification time; it is
+    // refreshed at most once a second per record (a metadata write each read
+    // would cost more than the read).
+    const auto now = std::chrono::steady_clock::now();
+    if (now - it->second.touched > std::chrono::seconds(1)) {
+      utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
+      it->second.touched = now;
+    }
     ++st_.hits;
     return true;
   }
@@ -229,6 +288,7 @@ class DiskTier final : public Tier {
     uint64_t bytes;
     std::list<Key>::iterator pos;
     uint32_t pins = 0;
+    std::chrono::steady_clock::time_point touched{};  // last modification-time refresh
   };
   std::string path_of(const Key &k) const { return dir_ + "/" + k.hex() + kExt; }
   bool fail_open(std::string *error, const char *what) {
@@ -240,25 +300,21 @@ class DiskTier final : public Tier {
     err_ = why;
     return false;
   }
-  // "" when the record is whole, of this format and written with fingerprint fp.
-  static std::string check(const std::vector<uint8_t> &rec, const std::vector<uint8_t> &fp) {
-    if (std::memcmp(rec.data(), kMagic, 4) != 0) return "is not a block record";
+  // "" when a header says: this format, and sizes that add up to the file's.
+  static std::string check_header(const uint8_t *h, uint64_t file_size) {
+    if (std::memcmp(h, kMagic, 4) != 0) return "is not a block record";
     uint32_t v, f;
-    uint64_t p, sum;
-    std::memcpy(&v, rec.data() + 4, 4);
-    std::memcpy(&f, rec.data() + 8, 4);
-    std::memcpy(&p, rec.data() + 16, 8);
-    std::memcpy(&sum, rec.data() + 24, 8);
+    uint64_t p;
+    std::memcpy(&v, h + 4, 4);
+    std::memcpy(&f, h + 8, 4);
+    std::memcpy(&p, h + 16, 8);
     if (v != kVersion) return "has format version " + std::to_string(v);
-    if (kHeader + static_cast<uint64_t>(f) + p != rec.size()) return "has the wrong size (truncated?)";
-    if (XXH3_64bits(rec.data() + kHeader, rec.size() - kHeader) != sum) return "fails its checksum";
-    if (f != fp.size() || std::memcmp(rec.data() + kHeader, fp.data(), f) != 0)
-      return "was written by a pool of another configuration (fingerprint)";
+    if (p > file_size || kHeader + static_cast<uint64_t>(f) + p != file_size) return "has the wrong size (truncated?)";
     return "";
   }
   void index(const Key &k, uint64_t bytes) {
     lru_.push_front(k);
-    map_[k] = Entry{bytes, lru_.begin(), 0};
+    map_[k] = Entry{bytes, lru_.begin(), 0, std::chrono::steady_clock::now()};
     st_.bytes += bytes;
     ++st_.entries;
   }
@@ -284,6 +340,7 @@ class DiskTier final : public Tier {
   std::unordered_map<Key, Entry, KeyHash> map_;
   std::list<Key> lru_;
   Stats st_;
+  std::unique_ptr<Xxh3Stream> hash_;  // reads' checksum state (under mu_)
   uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
   std::string err_;
   uint64_t seq_ = 0;

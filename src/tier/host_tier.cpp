@@ -2,6 +2,8 @@
 // when the byte capacity is reached.
 #include <cstring>
 #include <iterator>
+#include <memory>
+#include <utility>
 
 #include "tier/tier.h"
 
@@ -31,7 +33,7 @@ class HostTier final : public Tier {
     }
     auto old = map_.find(key);
     const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
-    const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.data.size() + old->second.fp.size() : 0);
+    const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.n + old->second.fp.size() : 0);
     if (need > cap_ - pinned_other) {  // checked first: a refused put changes nothing
       ++st_.errors;
       err_ = "no room for a block of " + std::to_string(need) + " bytes: " + std::to_string(pinned_other) +
@@ -41,7 +43,9 @@ class HostTier final : public Tier {
     Entry e;
     try {  // copy first: a failed allocation changes nothing
       e.fp = fp;
-      e.data.assign(payload, payload + n);
+      e.data = take_buffer(n);
+      e.n = n;
+      if (n) std::memcpy(e.data.get(), payload, n);
     } catch (const std::bad_alloc &) {
       ++st_.errors;
       err_ = "out of host memory";
@@ -72,7 +76,7 @@ class HostTier final : public Tier {
       ++st_.misses;
       return false;
     }
-    out = it->second.data;
+    out.assign(it->second.data.get(), it->second.data.get() + it->second.n);
     lru_.splice(lru_.begin(), lru_, it->second.pos);  // most recently used
     ++st_.hits;
     return true;
@@ -90,14 +94,14 @@ class HostTier final : public Tier {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return false;
-    if (it->second.pins++ == 0) pinned_bytes_ += it->second.data.size() + it->second.fp.size();
+    if (it->second.pins++ == 0) pinned_bytes_ += it->second.n + it->second.fp.size();
     return true;
   }
   bool unpin(const Key &key) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end() || it->second.pins == 0) return false;
-    if (--it->second.pins == 0) pinned_bytes_ -= it->second.data.size() + it->second.fp.size();
+    if (--it->second.pins == 0) pinned_bytes_ -= it->second.n + it->second.fp.size();
     return true;
   }
   Stats stats() const override {
@@ -111,15 +115,36 @@ class HostTier final : public Tier {
 
  private:
   struct Entry {
-    std::vector<uint8_t> fp, data;
+    std::vector<uint8_t> fp;
+    std::unique_ptr<uint8_t[]> data;  // n bytes (not value-initialized: written once by put)
+    size_t n = 0;
     std::list<Key>::iterator pos;
     uint32_t pins = 0;
   };
+  // A buffer of n bytes: a recycled one of that size (blocks of one pool all
+  // have one size, so replacement reuses the buffers it frees), else a new
+  // one. Fresh allocations of large blocks would be returned to the system
+  // and faulted in again on every put.
+  std::unique_ptr<uint8_t[]> take_buffer(size_t n) {
+    for (size_t i = 0; i < spare_.size(); ++i)
+      if (spare_[i].second == n) {
+        std::unique_ptr<uint8_t[]> b = std::move(spare_[i].first);
+        spare_.erase(spare_.begin() + static_cast<std::ptrdiff_t>(i));
+        return b;
+      }
+    return std::unique_ptr<uint8_t[]>(new uint8_t[n ? n : 1]);
+  }
   bool drop(const Key &key) {
     auto it = map_.find(key);
     if (it == map_.end()) return false;
-    st_.bytes -= it->second.data.size() + it->second.fp.size();
-    if (it->second.pins) pinned_bytes_ -= it->second.data.size() + it->second.fp.size();
+    st_.bytes -= it->second.n + it->second.fp.size();
+    if (it->second.pins) pinned_bytes_ -= it->second.n + it->second.fp.size();
+    if (spare_.size() < kSpares) {
+      try {
+        spare_.emplace_back(std::move(it->second.data), it->second.n);
+      } catch (const std::bad_alloc &) {  // not kept: freed with the entry
+      }
+    }
     --st_.entries;
     lru_.erase(it->second.pos);
     map_.erase(it);
@@ -132,6 +157,8 @@ class HostTier final : public Tier {
   std::list<Key> lru_;  // front: most recently used
   Stats st_;
   uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
+  static constexpr size_t kSpares = 4;
+  std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> spare_;  // freed buffers for reuse
   std::string err_;
 };
 

@@ -11,6 +11,7 @@
 // (ASKING then the command at the named node, the map unchanged), at most
 // kMaxRedirects redirects per command.
 #include "tier/redis_cluster.h"
+#include "tier/checksum.h"
 #include "tier/tier.h"
 
 #ifdef KVC_HAVE_HIREDIS
@@ -312,7 +313,7 @@ class RedisTier final : public Tier {
     std::memcpy(h + 16, &p, 8);
     if (!fp.empty()) std::memcpy(h + kHeader, fp.data(), fp.size());
     if (n) std::memcpy(h + kHeader + fp.size(), payload, n);
-    const uint64_t sum = XXH3_64bits(h + kHeader, fp.size() + n);
+    const uint64_t sum = xxh3(h + kHeader, fp.size() + n);
     std::memcpy(h + 24, &sum, 8);
 
     const std::string k = redis_key(key), ttl = std::to_string(ttl_);
@@ -439,7 +440,7 @@ class RedisTier final : public Tier {
     if (v != kVersion) return "has format version " + std::to_string(v);
     if (p > len || kHeader + static_cast<uint64_t>(f) + p != len)
       return "has the wrong size (truncated?)";
-    if (XXH3_64bits(rec + kHeader, len - kHeader) != sum) return "fails its checksum";
+    if (xxh3(rec + kHeader, len - kHeader) != sum) return "fails its checksum";
     return "";
   }
 

@@ -12,7 +12,10 @@
 #include <thread>
 
 #include "../common/kvtest.h"
+#include "tier/checksum.h"
 #include "tier/tier.h"
+
+#include <xxhash.h>
 
 using kvc::tier::Key;
 using kvc::tier::Tier;
@@ -255,6 +258,20 @@ KVTEST(disk_io_errors) {
   t.reset();
   unlink(file.c_str());
   rmdir(d.c_str());
+}
+
+// The records' checksum (an AVX2 build of XXH3 where the CPU has it) equals
+// xxHash's XXH3-64 of the two ranges' concatenation, for every size class of
+// XXH3 (0-16, 17-128, 129-240, long inputs, stripes and blocks).
+KVTEST(host_checksum_matches_xxhash) {
+  std::vector<uint8_t> all(3 << 20);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint8_t>(i * 131 + (i >> 7));
+  for (size_t n : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 1025, 65536, 1048583, 3145728}) {
+    const uint64_t want = XXH3_64bits(all.data(), n);
+    CHECK(kvc::tier::xxh3(all.data(), n) == want);
+    for (size_t split : {size_t(0), n / 3, n})
+      CHECK(kvc::tier::xxh3_pair(all.data(), split, all.data() + split, n - split) == want);
+  }
 }
 
 int main(int argc, char **argv) { return kvtest_main(argc, argv); }
