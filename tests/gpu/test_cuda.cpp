@@ -4,12 +4,13 @@
 // bit), gathers must match bit for bit, attention within 1e-3 relative.
 //
 // Usage: test_cuda MODE, MODE one of codecs, attention, evict, errors,
-// stream. Exits 77 (ctest: skipped) with a message when there is no CUDA
+// stream, tiers. Exits 77 (ctest: skipped) with a message when there is no CUDA
 // device or driver.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -514,6 +515,80 @@ void probe() {
   }
 }
 
+
+// Offload tiers with a CUDA pool (docs/tiers.md): a GPU pool's prefix blocks
+// go to a disk tier (offload, and demotion when the pool reclaims them); a
+// CPU pool and a second GPU pool load them back. Every gather equals the
+// first GPU pool's, bit for bit.
+void test_tiers() {
+  const Case c{"int8 token", 8, 2, 128, KVC_LAYOUT_NHD, KVC_DTYPE_F16, KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN};
+  char dir[] = "/tmp/kvc_cuda_tiers_XXXXXX";
+  if (!mkdtemp(dir)) return;
+  const uint32_t layers = 2;
+  const uint64_t n = 16 * 4 + 1, row = uint64_t(c.h) * c.hd;
+  std::vector<int32_t> tokens(n);
+  for (uint64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(7 + i);
+  auto setup = [&](kvc_pool *pool) -> kvc_status {
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.seed_set = 1;
+    kvc_status s = kvc_pool_enable_prefix_cache(pool, &pc);
+    if (s != KVC_OK) return s;
+    kvc_tier_config t;
+    kvc_tier_config_init(&t, KVC_TIER_DISK);
+    t.capacity_bytes = 1ull << 30;
+    t.path = dir;
+    return kvc_pool_add_tier(pool, &t, nullptr);
+  };
+  Pools a, b;
+  OK(make_pools(c, layers, 16, a));
+  OK(make_pools(c, layers, 16, b));
+  OK(setup(a.gpu));
+  OK(setup(a.cpu));
+  OK(setup(b.gpu));
+  std::mt19937 rng(5);
+  const std::vector<float> k = rows(rng, n, row), v = rows(rng, n, row);
+  OK(kvc_seq_create(a.gpu, 1));
+  OK(kvc_seq_reserve(a.gpu, 1, n, nullptr));
+  for (uint32_t l = 0; l < layers; ++l) OK(kvc_append(a.gpu, 1, l, 0, n, k.data(), v.data(), KVC_DTYPE_F32));
+  OK(kvc_prefix_insert(a.gpu, 1, tokens.data(), n, nullptr, 0, nullptr));
+  std::vector<float> want_k((n - 1) * row * layers), want_v((n - 1) * row * layers);
+  for (uint32_t l = 0; l < layers; ++l)
+    OK(kvc_gather(a.gpu, 1, l, 0, n - 1, want_k.data() + l * (n - 1) * row, want_v.data() + l * (n - 1) * row,
+                  KVC_DTYPE_F32, nullptr));
+  OK(kvc_seq_free(a.gpu, 1));
+  // The pool reclaims the cached blocks: demoted from device memory.
+  OK(kvc_seq_create(a.gpu, 2));
+  OK(kvc_seq_reserve(a.gpu, 2, 16 / layers * 16, nullptr));
+  OK(kvc_seq_free(a.gpu, 2));
+  OK(kvc_pool_flush_tiers(a.gpu));
+  kvc_tier_stats st;
+  kvc_tier_stats_init(&st);
+  OK(kvc_pool_tier_stats(a.gpu, 0, &st));
+  CHECK(st.demotions == 4 && st.errors == 0, "4 blocks demoted from the GPU pool, got %llu (%llu errors: %s)",
+        (unsigned long long)st.demotions, (unsigned long long)st.errors, st.last_error);
+  for (kvc_pool *pool : {a.gpu, a.cpu, b.gpu}) {
+    uint64_t loaded = 0;
+    OK(kvc_prefix_load(pool, tokens.data(), n, nullptr, 0, &loaded));
+    CHECK(loaded == 64, "loaded %llu tokens", (unsigned long long)loaded);
+    kvc_prefix_result r;
+    std::memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    OK(kvc_prefix_attach(pool, 3, tokens.data(), n, nullptr, 0, 0, &r));
+    CHECK(r.hit_tokens == 64, "attached %llu tokens", (unsigned long long)r.hit_tokens);
+    std::vector<float> gk((n - 1) * row), gv((n - 1) * row);
+    for (uint32_t l = 0; l < layers; ++l) {
+      OK(kvc_gather(pool, 3, l, 0, 64, gk.data(), gv.data(), KVC_DTYPE_F32, nullptr));
+      CHECK(std::memcmp(gk.data(), want_k.data() + l * (n - 1) * row, 64 * row * 4) == 0 &&
+                std::memcmp(gv.data(), want_v.data() + l * (n - 1) * row, 64 * row * 4) == 0,
+            "%s pool, layer %u: loaded K/V differ", pool == a.cpu ? "CPU" : "GPU", l);
+    }
+    OK(kvc_seq_free(pool, 3));
+  }
+  std::string cmd = std::string("rm -rf '") + dir + "'";
+  if (std::system(cmd.c_str()) != 0) std::printf("cannot remove %s\n", dir);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -536,6 +611,8 @@ int main(int argc, char **argv) {
     probe();
   } else if (mode == "stream") {
     test_stream();
+  } else if (mode == "tiers") {
+    test_tiers();
   } else {
     std::printf("unknown mode %s\n", mode.c_str());
     return 2;
