@@ -1713,12 +1713,16 @@ KVC_API kvc_status kvc_tier_config_init(kvc_tier_config *config, kvc_tier_kind k
  *
  * A tier that fails (disk full, permission denied, Redis down) turns into
  * misses and counted errors (kvc_pool_tier_stats()); the pool keeps working.
+ * kvc_pool_destroy() writes the blocks still queued unless a tier fails
+ * meanwhile (then the rest is dropped and counted: it waits for at most one
+ * timeout per tier); kvc_pool_flush_tiers() first keeps them all.
  * @param pool the pool (not NULL; prefix cache enabled).
  * @param config the tier (not NULL).
  * @param tier_index NULL or receives the tier's index (0 for the first).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown kind or flags, capacity
- * 0, no path or address, a malformed address, more than 8 tiers);
+ * 0, no path or address, a malformed address, more than 8 tiers: checked
+ * before the tier is opened, so a refused call leaves a disk directory as it was);
  * ::KVC_ERR_UNSUPPORTED (Redis in a build without hiredis; non-zero reserved);
  * ::KVC_ERR_IO (the disk directory cannot be created or read).
  * @since 0.3
@@ -1830,7 +1834,8 @@ KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, ui
  * @param loaded_tokens NULL or receives the tokens loaded (0 unless ::KVC_OK).
  * @return ::KVC_OK (done); ::KVC_ERR_PENDING (still reading; poll again);
  * ::KVC_ERR_TIMEOUT (see kvc_prefix_load()); ::KVC_ERR_NULL_POINTER;
- * ::KVC_ERR_INVALID_ARGUMENT (unknown or already reported ticket).
+ * ::KVC_ERR_INVALID_ARGUMENT (a ticket this pool's kvc_prefix_prefetch() did
+ * not give, or already reported; tickets are unique in the process).
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *loaded_tokens);

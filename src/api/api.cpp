@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <string>
@@ -1214,21 +1215,29 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
     kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
     if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
     const uint32_t known = c.kind == KVC_TIER_DISK ? KVC_TIER_FSYNC : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER : 0u;
-    std::unique_ptr<kvc::tier::Tier> t;
+    // Everything checked first; the tier is made by the pool once it can take it.
+    std::function<std::unique_ptr<kvc::tier::Tier>()> make;
     switch (c.kind) {
       case KVC_TIER_HOST:
-      case KVC_TIER_DISK:
+      case KVC_TIER_DISK: {
         if (c.flags & ~known) fail(Errc::InvalidArgument, "unknown flags for this tier kind");
         if (c.capacity_bytes == 0) fail(Errc::InvalidArgument, "capacity_bytes is 0 (a host or disk tier needs a capacity)");
+        const uint64_t cap = c.capacity_bytes;
         if (c.kind == KVC_TIER_HOST) {
-          t = kvc::tier::make_host_tier(c.capacity_bytes);
+          make = [cap] { return kvc::tier::make_host_tier(cap); };
         } else {
           if (!c.path || !*c.path) fail(Errc::InvalidArgument, "a disk tier needs a path (a directory)");
-          std::string err;
-          t = kvc::tier::make_disk_tier(c.path, c.capacity_bytes, (c.flags & KVC_TIER_FSYNC) != 0, &err);
-          if (!t) fail(Errc::Io, err);
+          const std::string path = c.path;
+          const bool sync = (c.flags & KVC_TIER_FSYNC) != 0;
+          make = [path, cap, sync] {
+            std::string err;
+            auto t = kvc::tier::make_disk_tier(path, cap, sync, &err);
+            if (!t) fail(Errc::Io, err);
+            return t;
+          };
         }
         break;
+      }
       case KVC_TIER_REDIS: {
         if (c.flags & ~known) fail(Errc::InvalidArgument, "unknown flags for a Redis tier");
         if (!c.address || !*c.address) fail(Errc::InvalidArgument, "a Redis tier needs an address (host:port)");
@@ -1240,15 +1249,18 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
           fail(Errc::InvalidArgument, "a single Redis server has one address (several: KVC_TIER_REDIS_CLUSTER)");
         rc.timeout_ms = c.timeout_ms;
         rc.ttl_seconds = c.ttl_seconds;
-        std::string err;
-        t = kvc::tier::make_redis_tier(rc, &err);
-        if (!t) fail(Errc::Unsupported, err);
+        make = [rc] {
+          std::string err;
+          auto t = kvc::tier::make_redis_tier(rc, &err);
+          if (!t) fail(Errc::Unsupported, err);
+          return t;
+        };
         break;
       }
       default:
         fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
     }
-    const uint32_t i = p.add_tier(std::move(t), static_cast<int32_t>(c.kind));
+    const uint32_t i = p.add_tier(make, static_cast<int32_t>(c.kind));
     if (tier_index) *tier_index = i;
   });
 }
@@ -1330,7 +1342,7 @@ KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
     if (loaded_tokens) *loaded_tokens = 0;
-    const uint64_t t = p.prefix_prefetch(tokens, n_tokens, ex.data(), n_extras);
+    const uint64_t t = p.prefix_prefetch(tokens, n_tokens, ex.data(), n_extras, /*sync=*/true);
     uint64_t loaded = 0;
     poll_status(p.prefix_poll(t, /*wait=*/true, &loaded), t);
     if (loaded_tokens) *loaded_tokens = loaded;

@@ -39,7 +39,7 @@ namespace kvc::core {
 struct TierSlot {
   std::unique_ptr<tier::Tier> t;
   int32_t kind = 0;
-  std::atomic<uint64_t> demotions{0}, promotions{0}, injected_errors{0};
+  std::atomic<uint64_t> demotions{0}, promotions{0}, other_errors{0};
   uint64_t pinned = 0;  // keys pinned through pool pins (under OffloadState::m)
 };
 
@@ -59,6 +59,7 @@ struct PendingLoad {
   std::chrono::steady_clock::time_point deadline;
   LoadState state = LoadState::Pending;
   uint64_t loaded_tokens = 0;
+  bool sync = false;  // kvc_prefix_load's own: only its caller waits for it
 };
 
 struct PinRecord {
@@ -75,6 +76,7 @@ struct OffloadState {
   OffloadState &operator=(const OffloadState &) = delete;
 
   std::vector<TierSlot *> snapshot();  // m held
+  bool stopping();                     // m not held
   void start();                        // m not held; starts the threads once
   void writer_loop();
   void loader_loop();
@@ -94,7 +96,6 @@ struct OffloadState {
   std::deque<uint64_t> load_q;
   std::unordered_map<uint64_t, PendingLoad> loads;
   std::unordered_map<uint64_t, PinRecord> pins;
-  uint64_t next_ticket = 1, next_pin = 1;
   bool stop = false, started = false;
   std::thread writer, loader, reaper;
 };

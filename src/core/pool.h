@@ -263,7 +263,8 @@ class Pool {
   PrefixCounts prefix_counts() const;
 
   // Offload tiers (tier_pool.cpp, docs/tiers.md). Tiers need the prefix cache.
-  uint32_t add_tier(std::unique_ptr<tier::Tier> t, int32_t kind);
+  // Makes the tier with `make` (which may throw) once the pool can take it.
+  uint32_t add_tier(const std::function<std::unique_ptr<tier::Tier>()> &make, int32_t kind);
   void set_offload(uint32_t queue_blocks, uint32_t load_timeout_ms);
   uint32_t num_tiers() const;
   TierCounts tier_counts(uint32_t index) const;
@@ -278,7 +279,8 @@ class Pool {
   // (registered, reference count 0). prefetch returns a ticket; poll reports
   // its state (wait: until it is no longer pending) and on Done / TimedOut
   // forgets the ticket.
-  uint64_t prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx);
+  // sync: kvc_prefix_load's own ticket, reported only to prefix_poll(wait = true).
+  uint64_t prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, bool sync = false);
   LoadState prefix_poll(uint64_t ticket, bool wait, uint64_t *loaded_tokens);
   // White-box: the keys in the index (key_size bytes each, as strings).
   std::vector<std::string> prefix_registered_keys() const;
@@ -369,7 +371,8 @@ class Pool {
   friend struct OffloadState;
   // Offload internals (tier_pool.cpp; exclusive lock held unless noted).
   std::vector<uint8_t> stage_entry(uint32_t e) const;  // a registered entry as a tier payload
-  void demote_entry(uint32_t e);                       // stage + queue (drops when the queue is full)
+  uint32_t tensor_scale_parts() const { return (tensor_scale_[0] ? 1u : 0u) + (tensor_scale_[1] ? 1u : 0u); }
+  bool demote_entry(uint32_t e);                       // stage + queue; false: dropped (queue full)
   void install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>> &payloads,
                     const std::vector<uint32_t> &from);
   void expire_loads();                                 // frees reservations past their deadline

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <system_error>
 
 #include "core/error.h"
 #include "core/offload.h"
@@ -47,9 +48,8 @@ T get(const uint8_t *p) {
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-bool has_tensor_scales(const PoolConfig &c) {
-  return c.k_codec.gran == codec::Gran::Tensor || c.v_codec.gran == codec::Gran::Tensor;
-}
+// Process-wide ticket and pin numbers: one pool never accepts another's.
+std::atomic<uint64_t> g_next_ticket{1}, g_next_pin{1};
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -72,6 +72,11 @@ void OffloadState::shutdown() {
   if (reaper.joinable()) reaper.join();
 }
 
+bool OffloadState::stopping() {
+  std::lock_guard g(m);
+  return stop;
+}
+
 std::vector<TierSlot *> OffloadState::snapshot() {
   std::vector<TierSlot *> v;
   for (auto &t : tiers) v.push_back(t.get());
@@ -79,21 +84,44 @@ std::vector<TierSlot *> OffloadState::snapshot() {
 }
 
 void OffloadState::start() {
-  std::lock_guard g(m);
+  std::unique_lock g(m);
   if (started) return;
+  // All three or none: a thread that cannot be created undoes the others.
+  try {
+    writer = std::thread([this] { writer_loop(); });
+    loader = std::thread([this] { loader_loop(); });
+    reaper = std::thread([this] { reaper_loop(); });
+  } catch (...) {
+    stop = true;
+    g.unlock();
+    writer_cv.notify_all();
+    loader_cv.notify_all();
+    reaper_cv.notify_all();
+    for (std::thread *t : {&writer, &loader, &reaper})
+      if (t->joinable()) t->join();
+    g.lock();
+    stop = false;
+    throw;
+  }
   started = true;
-  writer = std::thread([this] { writer_loop(); });
-  loader = std::thread([this] { loader_loop(); });
-  reaper = std::thread([this] { reaper_loop(); });
 }
 
 void OffloadState::writer_loop() {
   std::unique_lock lk(m);
+  bool drain_failed = false;  // while the pool goes away, a tier failed
   for (;;) {
     // A paused writer (test hook) polls; otherwise it sleeps until work comes.
     while (!stop && (demote_q.empty() || tier::get_test_hooks().pause_writer))
       writer_cv.wait_for(lk, std::chrono::milliseconds(demote_q.empty() ? 1000 : 5));
-    if (demote_q.empty()) break;  // stopping and drained
+    // The pool goes away: the queue is still written, unless a tier fails
+    // meanwhile (a server that does not answer would make every write wait
+    // for its timeout): then the rest is dropped and counted.
+    if (stop && (demote_q.empty() || drain_failed)) {
+      drops.fetch_add(demote_q.size(), std::memory_order_relaxed);
+      demote_q.clear();
+      idle_cv.notify_all();
+      return;
+    }
     Demotion d = std::move(demote_q.front());
     demote_q.pop_front();
     ++writing;
@@ -102,15 +130,21 @@ void OffloadState::writer_loop() {
     const tier::TestHooks hooks = tier::get_test_hooks();
     for (TierSlot *t : ts) {  // write-through: every tier gets the block
       if (hooks.fail_put && hooks.fail_put(d.key)) {
-        t->injected_errors.fetch_add(1, std::memory_order_relaxed);
+        t->other_errors.fetch_add(1, std::memory_order_relaxed);
         continue;
       }
-      // A block the tier already holds is not written again: its key fixes its
-      // content (tokens, position, model, codecs), and a hot prefix is
-      // reclaimed and loaded back many times.
-      if (t->t->contains(d.key)) continue;
-      if (t->t->put(d.key, fp, d.payload.data(), d.payload.size()))
-        t->demotions.fetch_add(1, std::memory_order_relaxed);
+      try {
+        // A block the tier already holds is not written again: its key fixes
+        // its content (tokens, position, model, codecs), and a hot prefix is
+        // reclaimed and loaded back many times.
+        if (t->t->contains(d.key)) continue;
+        if (t->t->put(d.key, fp, d.payload.data(), d.payload.size()))
+          t->demotions.fetch_add(1, std::memory_order_relaxed);
+        else if (stopping())
+          drain_failed = true;
+      } catch (...) {  // a tier never takes the thread down
+        t->other_errors.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     lk.lock();
     --writing;
@@ -133,17 +167,35 @@ void OffloadState::loader_loop() {
     const tier::TestHooks hooks = tier::get_test_hooks();
     std::vector<std::vector<uint8_t>> payloads;
     std::vector<uint32_t> from;
+    // Still wanted? (not timed out, the pool not going away) - checked before
+    // each block, so a slow tier holds the loader for one read at most after
+    // the load's deadline.
+    auto wanted = [&] {
+      std::lock_guard g(m);
+      auto i = loads.find(ticket);
+      return !stop && i != loads.end() && i->second.state == LoadState::Pending;
+    };
     for (const tier::Key &k : keys) {
+      if (!wanted()) break;
       if (hooks.before_get) hooks.before_get(k);
       std::vector<uint8_t> out;
       bool got = false;
-      for (uint32_t t = 0; t < ts.size() && !got; ++t)
-        if (ts[t]->t->get(k, fp, out)) {
-          got = true;
-          from.push_back(t);
+      for (uint32_t t = 0; t < ts.size() && !got; ++t) {
+        try {
+          if (ts[t]->t->get(k, fp, out)) {
+            got = true;
+            from.push_back(t);
+          }
+        } catch (...) {  // a tier that throws (out of memory) is a miss
+          ts[t]->other_errors.fetch_add(1, std::memory_order_relaxed);
         }
+      }
       if (!got) break;  // the chain ends at the first block no tier returns
-      payloads.push_back(std::move(out));
+      try {
+        payloads.push_back(std::move(out));
+      } catch (...) {
+        break;
+      }
     }
     try {
       pool->install_load(ticket, payloads, from);
@@ -178,26 +230,33 @@ void OffloadState::reaper_loop() {
 // ---------------------------------------------------------------------------
 // Pool: configuration and counters
 
-uint32_t Pool::add_tier(std::unique_ptr<tier::Tier> t, int32_t kind) {
+uint32_t Pool::add_tier(const std::function<std::unique_ptr<tier::Tier>()> &make, int32_t kind) {
   std::unique_lock lk(mu_);
   if (!prefix_)
     fail(Errc::InvalidArgument, "tiers hold prefix blocks: enable the prefix cache first (kvc_pool_enable_prefix_cache)");
-  if (!offload_) {
+  if (offload_) {
+    std::lock_guard g(offload_->m);
+    if (offload_->tiers.size() >= 8) fail(Errc::InvalidArgument, "a pool has at most 8 tiers");
+  }
+  // The tier is made only when the pool can take it (a disk tier's directory
+  // scan removes files: a refused call must not have run it).
+  auto slot = std::make_unique<TierSlot>();
+  slot->t = make();  // throws: nothing changed
+  slot->kind = kind;
+  const bool fresh = !offload_;
+  if (fresh) {
     offload_ = std::make_unique<OffloadState>(this);
     offload_->fp = pool_fingerprint(cfg_);
   }
-  auto slot = std::make_unique<TierSlot>();
-  slot->t = std::move(t);
-  slot->kind = kind;
-  uint32_t index;
-  {
-    std::lock_guard g(offload_->m);
-    if (offload_->tiers.size() >= 8) fail(Errc::InvalidArgument, "a pool has at most 8 tiers");
-    offload_->tiers.push_back(std::move(slot));
-    index = static_cast<uint32_t>(offload_->tiers.size() - 1);
+  try {
+    offload_->start();
+  } catch (const std::system_error &e) {
+    if (fresh) offload_.reset();
+    fail(Errc::OutOfMemory, std::string("cannot start the offload threads: ") + e.what());
   }
-  offload_->start();
-  return index;
+  std::lock_guard g(offload_->m);
+  offload_->tiers.push_back(std::move(slot));  // reserved below 8 under the pool lock: cannot fail
+  return static_cast<uint32_t>(offload_->tiers.size() - 1);
 }
 
 void Pool::set_offload(uint32_t queue_blocks, uint32_t load_timeout_ms) {
@@ -242,10 +301,11 @@ TierCounts Pool::tier_counts(uint32_t index) const {
   c.promotions = t->promotions.load();
   c.drops = offload_->drops.load();
   c.evictions = s.evictions;
-  c.errors = s.errors + t->injected_errors.load();
+  c.errors = s.errors + t->other_errors.load();
   c.pinned = pinned;
   c.last_error = t->t->last_error();
-  if (c.last_error.empty() && t->injected_errors.load()) c.last_error = "injected write error (test hook)";
+  if (c.last_error.empty() && t->other_errors.load())
+    c.last_error = "a write or read failed outside the tier (out of memory, or an injected test error)";
   return c;
 }
 
@@ -259,7 +319,7 @@ std::vector<uint8_t> Pool::stage_entry(uint32_t e) const {
   const PrefixState &ps = *prefix_;
   const PrefixEntry &en = ps.entries[e];
   const uint64_t nl = cfg_.num_layers, bs = cfg_.block_size;
-  const uint32_t n_scales = has_tensor_scales(cfg_) ? static_cast<uint32_t>(2 * nl) : 0u;
+  const uint32_t n_scales = static_cast<uint32_t>(tensor_scale_parts() * nl);
   const std::vector<uint8_t> &xb = en.extras_bytes;
   const uint64_t head = kPayloadHeader + bs * 4 + xb.size() + uint64_t(n_scales) * 4;
   std::vector<uint8_t> p(head + nl * block_stride_);
@@ -277,7 +337,12 @@ std::vector<uint8_t> Pool::stage_entry(uint32_t e) const {
   uint8_t *x = q + kPayloadHeader + bs * 4;
   if (!xb.empty()) std::memcpy(x, xb.data(), xb.size());
   x += xb.size();
-  for (uint32_t i = 0; i < n_scales; ++i) put<float>(x + 4 * i, tensor_scale(static_cast<int>(i / nl), i % nl));
+  {  // per-tensor scales: the layers of K (if per-tensor), then of V
+    uint32_t i = 0;
+    for (int kv = 0; kv < 2; ++kv)
+      if (tensor_scale_[kv])
+        for (uint64_t l = 0; l < nl; ++l) put<uint32_t>(x + 4 * i++, tensor_scale_[kv][l].load(std::memory_order_acquire));
+  }
   x += uint64_t(n_scales) * 4;
   if (dev_) {
     dev_->copy_blocks(en.blocks.data(), nl, x, /*to_host=*/true);
@@ -289,15 +354,15 @@ std::vector<uint8_t> Pool::stage_entry(uint32_t e) const {
 
 // Never throws (called while a block is being handed out): a block that
 // cannot be queued is dropped and counted.
-void Pool::demote_entry(uint32_t e) {
+bool Pool::demote_entry(uint32_t e) {
   OffloadState &o = *offload_;
   try {
     {
       std::lock_guard g(o.m);
-      if (o.tiers.empty()) return;
+      if (o.tiers.empty() || o.stop) return false;
       if (o.demote_q.size() >= o.queue_cap) {  // full: drop, never wait
         o.drops.fetch_add(1, std::memory_order_relaxed);
-        return;
+        return false;
       }
     }
     Demotion d;
@@ -307,13 +372,15 @@ void Pool::demote_entry(uint32_t e) {
       std::lock_guard g(o.m);
       if (o.demote_q.size() >= o.queue_cap) {
         o.drops.fetch_add(1, std::memory_order_relaxed);
-        return;
+        return false;
       }
       o.demote_q.push_back(std::move(d));
     }
     o.writer_cv.notify_one();
+    return true;
   } catch (...) {
     o.drops.fetch_add(1, std::memory_order_relaxed);
+    return false;
   }
 }
 
@@ -324,11 +391,7 @@ uint64_t Pool::prefix_offload(const int32_t *tokens, uint64_t n, const PrefixExt
   // Every whole block of the prompt (the last token included: n + 1).
   const std::vector<uint32_t> path = prefix_walk_path(*prefix_, cfg_.block_size, tokens, n + 1, ex, nx);
   uint64_t queued = 0;
-  for (uint32_t e : path) {
-    const uint64_t before = offload_->drops.load();
-    demote_entry(e);
-    if (offload_->drops.load() == before) ++queued;
-  }
+  for (uint32_t e : path) queued += demote_entry(e) ? 1 : 0;
   return queued;
 }
 
@@ -394,7 +457,7 @@ PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const 
   if (pin && !rec.keys.empty()) {
     std::lock_guard g(o->m);
     for (auto &[t, k] : rec.keys) ++t->pinned;
-    r.pin = o->next_pin++;
+    r.pin = g_next_pin.fetch_add(1, std::memory_order_relaxed);
     o->pins.emplace(r.pin, std::move(rec));
   }
   return r;
@@ -422,8 +485,9 @@ void Pool::prefix_unpin(uint64_t pin) {
 // ---------------------------------------------------------------------------
 // Loads
 
-uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx) {
+uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, bool sync) {
   PendingLoad L;
+  L.sync = sync;
   OffloadState *o;
   {
     std::shared_lock lk(mu_);
@@ -480,7 +544,7 @@ uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixEx
   uint64_t ticket;
   {
     std::lock_guard g(o->m);
-    ticket = o->next_ticket++;
+    ticket = g_next_ticket.fetch_add(1, std::memory_order_relaxed);
     L.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(o->timeout_ms);
     if (k == 0) L.state = LoadState::Done;
     o->loads.emplace(ticket, PendingLoad{});  // may throw: nothing reserved yet
@@ -514,7 +578,7 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
   }
   PrefixState &ps = *prefix_;
   const uint64_t nl = cfg_.num_layers, bs = cfg_.block_size;
-  const uint32_t n_scales = has_tensor_scales(cfg_) ? static_cast<uint32_t>(2 * nl) : 0u;
+  const uint32_t n_scales = static_cast<uint32_t>(tensor_scale_parts() * nl);
   const uint64_t head = kPayloadHeader + bs * 4 + L.xb.size() + uint64_t(n_scales) * 4;
   // The chain's parent must still be in the index (it may have been reclaimed meanwhile).
   int64_t parent_entry = -1;
@@ -542,16 +606,23 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
       o.load_errors.fetch_add(1, std::memory_order_relaxed);
       break;
     }
+    // Per-tensor scales: a calibrated layer must have the record's; all are
+    // checked before an uncalibrated one takes the record's (no change when
+    // refused). The exclusive lock keeps appends from calibrating meanwhile.
     const uint8_t *sc = q + kPayloadHeader + bs * 4 + L.xb.size();
     bool scales_ok = true;
-    for (uint32_t s = 0; s < n_scales && scales_ok; ++s) {
-      const float want = get<float>(sc + 4 * s);
-      std::atomic<uint32_t> &cur = tensor_scale_[s / nl][s % nl];
-      uint32_t bits;
-      std::memcpy(&bits, &want, 4);
-      uint32_t expected = 0;
-      // An uncalibrated layer takes the record's scale; a calibrated one must match.
-      if (!cur.compare_exchange_strong(expected, bits) && expected != bits) scales_ok = false;
+    for (int pass = 0; pass < 2 && scales_ok; ++pass) {
+      uint32_t i = 0;
+      for (int kv = 0; kv < 2; ++kv) {
+        if (!tensor_scale_[kv]) continue;
+        for (uint64_t l = 0; l < nl; ++l, ++i) {
+          const uint32_t want = get<uint32_t>(sc + 4 * i);
+          std::atomic<uint32_t> &cur = tensor_scale_[kv][l];
+          const uint32_t have = cur.load(std::memory_order_acquire);
+          if (pass == 0 && want != 0 && have != 0 && have != want) scales_ok = false;
+          if (pass == 1 && have == 0 && want != 0) cur.store(want, std::memory_order_release);
+        }
+      }
     }
     if (!scales_ok) {
       o.load_errors.fetch_add(1, std::memory_order_relaxed);
@@ -607,8 +678,18 @@ LoadState Pool::prefix_poll(uint64_t ticket, bool wait, uint64_t *loaded_tokens)
   if (!o) fail(Errc::InvalidArgument, "ticket " + u64s(ticket) + " is unknown (the pool has no tiers)");
   std::unique_lock g(o->m);
   auto it = o->loads.find(ticket);
-  if (it == o->loads.end()) fail(Errc::InvalidArgument, "ticket " + u64s(ticket) + " is unknown (never given, or already reported)");
-  if (wait) o->done_cv.wait(g, [&] { return it->second.state != LoadState::Pending; });
+  // A synchronous load's ticket is its own (never polled by anyone else).
+  if (it == o->loads.end() || it->second.sync != wait)
+    fail(Errc::InvalidArgument, "ticket " + u64s(ticket) +
+                                    " is unknown to this pool (never given by kvc_prefix_prefetch, or already reported)");
+  if (wait) {
+    // Looked up again after each wake: the map may have rehashed meanwhile.
+    o->done_cv.wait(g, [&] {
+      it = o->loads.find(ticket);
+      return it == o->loads.end() || it->second.state != LoadState::Pending;
+    });
+    if (it == o->loads.end()) fail(Errc::Internal, "load " + u64s(ticket) + " vanished while waited for");
+  }
   const LoadState s = it->second.state;
   if (loaded_tokens) *loaded_tokens = s == LoadState::Done ? it->second.loaded_tokens : 0;
   if (s != LoadState::Pending) o->loads.erase(it);

@@ -3,6 +3,7 @@
 // bytes P, u64 XXH3-64 of the F + P bytes that follow, the fingerprint, the
 // payload (little-endian). Written to `<key hex>.tmp.<pid>.<n>` and renamed.
 #include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -12,6 +13,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cerrno>
+#include <cstdlib>
+#include <ctime>
 #include <cstring>
 #include <iterator>
 #include <memory>
@@ -55,6 +58,17 @@ bool read_all(int fd, uint8_t *p, size_t n) {
 
 // Writes header, fingerprint and payload with as few system calls as the
 // kernel allows (writev, continued after a short write).
+// A temporary record "<key>.tmp.<pid>.<n>" belongs to a live writer when its
+// process exists and the file is recent (a pid can be reused: a file older
+// than ten minutes is left over whatever the pid says).
+bool writer_alive(const std::string &name, int dfd) {
+  const long pid = std::strtol(name.c_str() + 69, nullptr, 10);
+  struct stat st;
+  if (pid <= 0 || fstatat(dfd, name.c_str(), &st, 0) != 0) return false;
+  if (time(nullptr) - st.st_mtime > 600) return false;
+  return kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
 bool write_record(int fd, const uint8_t *h, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) {
   iovec iv[3] = {{const_cast<uint8_t *>(h), kHeader},
                  {const_cast<uint8_t *>(fp.data()), fp.size()},
@@ -95,8 +109,8 @@ class DiskTier final : public Tier {
     std::vector<Found> found;
     for (dirent *e; (e = readdir(d)) != nullptr;) {
       const std::string n = e->d_name;
-      if (n.size() > 64 && n.compare(64, 5, ".tmp.") == 0) {  // a writer that died before its rename
-        unlinkat(dirfd(d), n.c_str(), 0);
+      if (n.size() > 64 && n.compare(64, 5, ".tmp.") == 0) {  // a writer's record before its rename
+        if (!writer_alive(n, dirfd(d))) unlinkat(dirfd(d), n.c_str(), 0);
         continue;
       }
       Key k;
@@ -190,6 +204,8 @@ class DiskTier final : public Tier {
     uint64_t total = 0, sum = 0;
     if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeader + fp.size()) {
       why = "cannot be read (or is shorter than a header)";
+    } else if (static_cast<uint64_t>(st.st_size) > cap_) {  // put never writes one: damaged or foreign
+      why = "is larger than the tier's capacity";
     } else {
       total = static_cast<uint64_t>(st.st_size);
       try {
@@ -230,8 +246,16 @@ class DiskTier final : public Tier {
       return false;
     }
     auto it = map_.find(key);
-    if (it == map_.end()) {  // written by another process
+    if (it == map_.end()) {  // written by another process: indexed, within the capacity
       index(key, total);
+      it = map_.find(key);
+      while (st_.bytes > cap_) {
+        auto victim = std::prev(lru_.end());
+        while (victim != lru_.begin() && (map_.at(*victim).pins || *victim == key)) --victim;
+        if (map_.at(*victim).pins || *victim == key) break;  // everything else pinned
+        remove_file(*victim);
+        ++st_.evictions;
+      }
       it = map_.find(key);
     } else {
       lru_.splice(lru_.begin(), lru_, it->second.pos);

@@ -3,8 +3,7 @@
 // promises (a clear status and message, no crash, no half-applied change, no
 // lost data, pool invariants, no leak or race).
 //
-// Tests that FAIL on the commit they were written against (see the report on
-// branch attack-tiers):
+// Defects these tests found (each fixed since; the test guards the fix):
 //   host_k_only_per_tensor_offload      crash (SEGV): per-tensor K codec + plain V
 //   disk_refused_load_changes_scales    a refused load calibrates the pool's scales
 //   host_poll_steals_sync_load          heap-use-after-free in kvc_prefix_load
@@ -379,7 +378,7 @@ KVTEST(host_many_extras_round_trip) {
 // ---------------------------------------------------------------------------
 // Codecs
 
-// FAILS (SIGSEGV): a pool with a per-tensor K codec and plain V. The payload
+// Found a defect (fixed; was: SIGSEGV): a pool with a per-tensor K codec and plain V. The payload
 // asks for 2 x layers scales (has_tensor_scales: K or V per tensor) and
 // stage_entry reads tensor_scale_[1][l], which exists only for quantized
 // parts. Any demotion (here kvc_prefix_offload) dereferences a null pointer.
@@ -436,7 +435,7 @@ KVTEST(disk_per_tensor_fp8_round_trip) {
   remove_dir(d);
 }
 
-// FAILS: a load refused because one layer's scale differs must not change
+// Found a defect (fixed): a load refused because one layer's scale differs must not change
 // anything, but install_load sets the scales of the uncalibrated layers it
 // checked before the mismatching one (compare_exchange per scale, no
 // rollback). Pool b then quantizes later appends to layer 0 with pool a's
@@ -603,7 +602,7 @@ KVTEST(host_same_prompt_concurrent_prefetch) {
 // ---------------------------------------------------------------------------
 // Tickets and pins
 
-// FAILS (heap-use-after-free, under ASan): kvc_prefix_load waits on
+// Found a defect (fixed; was: heap-use-after-free, under ASan): kvc_prefix_load waits on
 // done_cv with an iterator into OffloadState::loads; a kvc_prefix_poll of the
 // same ticket from another thread (tickets are small sequential numbers:
 // a stale ticket, another pool's ticket, a guess) reports it and erases the
@@ -631,15 +630,20 @@ KVTEST(host_poll_steals_sync_load) {
     kvc_status sync_st = KVC_OK;
     std::thread loader([&] { sync_st = kvc_prefix_load(b, ts[i].data(), ts[i].size(), nullptr, 0, nullptr); });
     CHECK(gate->wait_for_waiter(5000));
-    const uint64_t ticket = static_cast<uint64_t>(i) + 1;  // b's tickets: 1, 2, ...
+    // Guesses of the load's ticket (numbers near the ones this process gave):
+    // a synchronous load's ticket is its own, never reported to a poll.
+    uint64_t probe = 0;
+    CHECK_OK(kvc_prefix_prefetch(b, ts[i].data(), 1, nullptr, 0, &probe));  // a ticket of nothing to load
     uint64_t n = 0;
-    kvc_status st = kvc_prefix_poll(b, ticket, &n);
-    CHECK(st == KVC_ERR_PENDING);
-    gate->release();
-    while ((st = kvc_prefix_poll(b, ticket, &n)) == KVC_ERR_PENDING) {
+    CHECK_OK(kvc_prefix_poll(b, probe, &n));
+    for (uint64_t guess = probe > 8 ? probe - 8 : 1; guess < probe + 8; ++guess) {
+      const kvc_status st = kvc_prefix_poll(b, guess, &n);
+      CHECK(st == KVC_ERR_INVALID_ARGUMENT);
+      if (st == KVC_OK || st == KVC_ERR_PENDING) ++stolen;
     }
-    if (st == KVC_OK) ++stolen;
+    gate->release();
     loader.join();
+    CHECK(sync_st == KVC_OK);
     kvc::tier::set_test_hooks({});
   }
   std::fprintf(stderr, "a foreign poll reported %d of %d synchronous loads\n", stolen, kRounds);
@@ -650,7 +654,7 @@ KVTEST(host_poll_steals_sync_load) {
   remove_dir(d);
 }
 
-// FAILS: tickets are numbered per pool from 1, so pool a's ticket polled on
+// Found a defect (fixed): tickets are numbered per pool from 1, so pool a's ticket polled on
 // pool b reports (and forgets) b's load; b's owner then gets "unknown ticket"
 // and never learns the result. The header says an unknown ticket is
 // KVC_ERR_INVALID_ARGUMENT.
@@ -673,7 +677,7 @@ KVTEST(host_ticket_of_other_pool) {
   CHECK(n == 8);
 }
 
-// FAILS: pins are numbered per pool from 1; kvc_prefix_unpin(b, pin of a)
+// Found a defect (fixed): pins are numbered per pool from 1; kvc_prefix_unpin(b, pin of a)
 // releases b's pin 1 (its blocks may then be evicted under its owner) and
 // returns OK, though the header promises KVC_ERR_INVALID_ARGUMENT for "not a
 // pin this pool holds ... nothing changes".
@@ -722,7 +726,7 @@ KVTEST(host_pins_stack_and_release) {
 // ---------------------------------------------------------------------------
 // Disk tier state
 
-// FAILS: kvc_pool_add_tier opens (scans) the disk directory before it checks
+// Found a defect (fixed): kvc_pool_add_tier opens (scans) the disk directory before it checks
 // the pool: make_disk_tier's open_dir removes temporary files and evicts
 // records down to the new capacity, then Pool::add_tier refuses (no prefix
 // cache, or a 9th tier). The refused call has deleted another pool's records.
@@ -770,7 +774,7 @@ KVTEST(disk_rejected_add_tier_deletes_records) {
   remove_dir(d);
 }
 
-// FAILS (crash): a record whose file is huge (a damaged file system, a
+// Found a defect (fixed; was: crash): a record whose file is huge (a damaged file system, a
 // truncate) makes DiskTier::get resize a vector to the file's size on the
 // loader thread, outside any try: ASan aborts (allocation-size-too-big), a
 // plain build throws std::bad_alloc out of the thread (std::terminate). The
@@ -871,7 +875,7 @@ KVTEST(disk_open_removes_live_writers_temp_files) {
 // ---------------------------------------------------------------------------
 // Slow tiers, timeouts, destroy
 
-// FAILS: a load that timed out keeps the single loader thread reading the
+// Found a defect (fixed): a load that timed out keeps the single loader thread reading the
 // rest of its chain (the loader never checks the load's state or `stop`
 // between blocks), so the next load, whose block is in a fast tier, times out
 // too, and kvc_pool_destroy waits for the whole dead chain.
