@@ -23,7 +23,7 @@ with kvcache.Pool(cfg) as pool, tempfile.TemporaryDirectory() as tier_dir:
     pool.seq_free(1)
     pool.seq_create(2)
     pool.reserve(2, 128)  # 8 blocks of each layer: all 16, the cached ones reclaimed
-    pool.flush_tiers()    # (their demotions too)
+    pool.flush_tiers()    # (their demotions: skipped, the tiers hold them already)
     r = pool.prefix_lookup(prompt, kvcache.PREFIX_PIN)
     print("pool", r.hit_tokens, "tiers", r.tier_tokens)
     pool.seq_free(2)

@@ -53,5 +53,5 @@ def test_tiers_example_runs():
         "queued 3",
         "pool 0 tiers 48",
         "loaded 48 attached 48",
-        "host tier: demotions 6 hits 3 last error ''",
+        "host tier: demotions 3 hits 3 last error ''",
     ]

@@ -101,7 +101,7 @@ def test_offload_reclaim_lookup_load_prefetch_pin(tmp_path):
             assert s.last_error == "" and isinstance(s.last_error, str)
         assert len([f for f in os.listdir(tmp_path) if not f.startswith(".")]) == 3
 
-        # The pool's copy reclaimed: its demotions rewrite the same 3 keys.
+        # The pool's copy reclaimed: its demotions are skipped (the tiers hold the 3 keys).
         pool.seq_free(1)
         end = squeeze(pool, 100)
         pool.flush_tiers()
