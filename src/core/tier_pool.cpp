@@ -436,29 +436,40 @@ PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const 
   }
   PinRecord rec;
   uint64_t found = 0;
-  for (const PrefixKey &pk : keys) {  // no pool lock held: tiers may be slow
-    const tier::Key k = to_key(pk);
-    bool any = false;
-    for (TierSlot *t : ts) {
-      if (pin && t->t->pin(k)) {  // pinning doubles as the presence check
-        rec.keys.emplace_back(t, k);
-        any = true;
-        break;
+  try {
+    for (const PrefixKey &pk : keys) {  // no pool lock held: tiers may be slow
+      const tier::Key k = to_key(pk);
+      bool any = false;
+      for (TierSlot *t : ts) {
+        if (pin && t->t->pin(k)) {  // pinning doubles as the presence check
+          try {
+            rec.keys.emplace_back(t, k);
+          } catch (...) {
+            t->t->unpin(k);
+            throw;
+          }
+          any = true;
+          break;
+        }
+        if (t->t->contains(k)) {
+          any = true;
+          break;
+        }
       }
-      if (t->t->contains(k)) {
-        any = true;
-        break;
-      }
+      if (!any) break;
+      ++found;
     }
-    if (!any) break;
-    ++found;
-  }
-  r.tier_tokens = found * cfg_.block_size;
-  if (pin && !rec.keys.empty()) {
-    std::lock_guard g(o->m);
-    for (auto &[t, k] : rec.keys) ++t->pinned;
-    r.pin = g_next_pin.fetch_add(1, std::memory_order_relaxed);
-    o->pins.emplace(r.pin, std::move(rec));
+    r.tier_tokens = found * cfg_.block_size;
+    if (pin && !rec.keys.empty()) {
+      std::lock_guard g(o->m);
+      const uint64_t id = g_next_pin.fetch_add(1, std::memory_order_relaxed);
+      o->pins.emplace(id, rec);  // may throw: the pins are released below
+      for (auto &[t, k] : rec.keys) ++t->pinned;
+      r.pin = id;
+    }
+  } catch (...) {  // no pin is left behind by a failed lookup
+    for (auto &[t, k] : rec.keys) t->t->unpin(k);
+    throw;
   }
   return r;
 }
