@@ -242,21 +242,24 @@ TierPhase phase_from_json(const nlohmann::json &j) {
   return p;
 }
 
-// A phase in a fresh pool per request whose only copy of the prefix is in one
-// tier (a process that just started: disk, or Redis written by another process).
+// A phase in a process that just started, whose only copy of the prefix is in
+// one tier (disk, or Redis written by another process): before each request
+// the pool's copy is reclaimed (the tier already holds it: nothing is written),
+// so every request loads the prefix from the tier.
 TierPhase child_phase(const PrefixEvalOptions &o, const Setup &st, const std::string &kind) {
   TierPhase ph;
   ph.name = kind + " (new process)";
   const ModelConfig &c = st.model.config();
   Transformer tf(st.model);
+  PoolSettings ps;
+  ps.k_dtype = ps.v_dtype = KVC_DTYPE_F32;
+  ps.block_size = static_cast<std::uint32_t>(o.block_size);
+  ps.prefix_cache = true;
+  KvPool pool(c, ps, static_cast<std::uint32_t>(st.prompt_len), 4);
+  add_tier(pool, kind == "disk" ? KVC_TIER_DISK : KVC_TIER_REDIS, o);
   std::vector<RequestResult> rs;
   for (std::size_t r = 0; r < st.prompts.size(); ++r) {
-    PoolSettings ps;
-    ps.k_dtype = ps.v_dtype = KVC_DTYPE_F32;
-    ps.block_size = static_cast<std::uint32_t>(o.block_size);
-    ps.prefix_cache = true;
-    KvPool pool(c, ps, static_cast<std::uint32_t>(st.prompt_len), 4);
-    add_tier(pool, kind == "disk" ? KVC_TIER_DISK : KVC_TIER_REDIS, o);
+    squeeze(pool, c, o.block_size);
     rs.push_back(run_request(pool, tf, c, st.prompts[r], r, o.prefix_tokens, true));
   }
   finish(ph, rs);
