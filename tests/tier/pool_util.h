@@ -3,12 +3,20 @@
 // a token's id and position (so a prompt's prefix has the same bytes in every
 // pool and process), and checks of what a sequence holds.
 #pragma once
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "../common/kvtest.h"
 #include "api/internal.h"
+#include "core/offload.h"
 #include "core/pool.h"
 
 namespace tier_test {
@@ -158,5 +166,51 @@ inline bool invariants(kvc_pool *p) {
   if (!e.empty()) std::fprintf(stderr, "invariant: %s\n", e.c_str());
   return e.empty();
 }
+
+// A fresh temporary folder, and its removal (recursive).
+inline std::string temp_dir(const char *name = "kvc_tier_test") {
+  std::string t = std::string("/tmp/") + name + "_XXXXXX";
+  if (!mkdtemp(t.data())) std::abort();
+  return t;
+}
+inline void remove_dir(const std::string &d) {
+  if (DIR *dp = opendir(d.c_str())) {
+    for (dirent *e; (e = readdir(dp)) != nullptr;)
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        const std::string p = d + "/" + e->d_name;
+        if (unlink(p.c_str()) != 0) remove_dir(p);
+      }
+    closedir(dp);
+  }
+  rmdir(d.c_str());
+}
+
+// A latch the test hooks wait on (a tier read that does not answer until released).
+struct Gate {
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false;
+  int waiting = 0;
+  void wait() {
+    std::unique_lock lk(m);
+    ++waiting;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+  }
+  void release() {
+    std::lock_guard g(m);
+    open = true;
+    cv.notify_all();
+  }
+  bool wait_for_waiter(int ms) {
+    std::unique_lock lk(m);
+    return cv.wait_for(lk, std::chrono::milliseconds(ms), [&] { return waiting > 0; });
+  }
+};
+
+// Clears the test hooks when a test ends, however it ends.
+struct HooksReset {
+  ~HooksReset() { kvc::tier::set_test_hooks({}); }
+};
 
 }  // namespace tier_test

@@ -42,22 +42,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-std::string temp_dir() {
-  char t[] = "/tmp/kvc_attack_XXXXXX";
-  if (!mkdtemp(t)) std::abort();
-  return t;
-}
-void remove_dir(const std::string &d) {
-  if (DIR *dp = opendir(d.c_str())) {
-    for (dirent *e; (e = readdir(dp)) != nullptr;)
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        const std::string p = d + "/" + e->d_name;
-        if (unlink(p.c_str()) != 0) remove_dir(p);
-      }
-    closedir(dp);
-  }
-  rmdir(d.c_str());
-}
 std::vector<std::string> records(const std::string &d) {
   std::vector<std::string> out;
   if (DIR *dp = opendir(d.c_str())) {
@@ -69,31 +53,6 @@ std::vector<std::string> records(const std::string &d) {
   }
   return out;
 }
-
-struct Gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool open = false;
-  int waiting = 0;
-  void wait() {
-    std::unique_lock lk(m);
-    ++waiting;
-    cv.notify_all();
-    cv.wait(lk, [&] { return open; });
-  }
-  void release() {
-    std::lock_guard g(m);
-    open = true;
-    cv.notify_all();
-  }
-  bool wait_for_waiter(int ms) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::milliseconds(ms), [&] { return waiting > 0; });
-  }
-};
-struct HooksReset {
-  ~HooksReset() { kvc::tier::set_test_hooks({}); }
-};
 
 // A pool of the pool_util geometry (kLayers x kHeads x kDim) with optional
 // codecs, block size, flags and block count; prefix cache with pool_util's seed.

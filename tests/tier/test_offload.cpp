@@ -28,51 +28,6 @@
 
 using namespace tier_test;
 
-namespace {
-
-std::string temp_dir() {
-  char t[] = "/tmp/kvc_offload_XXXXXX";
-  if (!mkdtemp(t)) std::abort();
-  return t;
-}
-void remove_dir(const std::string &d) {
-  if (DIR *dp = opendir(d.c_str())) {
-    for (dirent *e; (e = readdir(dp)) != nullptr;)
-      if (e->d_name[0] != '.') unlink((d + "/" + e->d_name).c_str());
-    closedir(dp);
-  }
-  rmdir(d.c_str());
-}
-
-// A latch the test hooks wait on.
-struct Gate {
-  std::mutex m;
-  std::condition_variable cv;
-  bool open = false;
-  int waiting = 0;
-  void wait() {
-    std::unique_lock lk(m);
-    ++waiting;
-    cv.notify_all();
-    cv.wait(lk, [&] { return open; });
-  }
-  void release() {
-    std::lock_guard g(m);
-    open = true;
-    cv.notify_all();
-  }
-  bool wait_for_waiter(int ms) {
-    std::unique_lock lk(m);
-    return cv.wait_for(lk, std::chrono::milliseconds(ms), [&] { return waiting > 0; });
-  }
-};
-
-struct HooksReset {
-  ~HooksReset() { kvc::tier::set_test_hooks({}); }
-};
-
-}  // namespace
-
 // Demoted on reclaim, found by lookup, loaded back synchronously: the
 // attached sequence holds the original bytes.
 KVTEST(host_demote_and_load) {
