@@ -123,7 +123,9 @@ class DiskTier final : public Tier {
       return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec : a.mtime.tv_nsec < b.mtime.tv_nsec;
     });
     std::unique_lock lk(mu_);
-    for (const Found &f : found) index(f.k, f.bytes);  // oldest first: newest ends at the front
+    // Oldest first: the newest ends at the front. Never refreshed by this
+    // process yet: the first read sets the file's time.
+    for (const Found &f : found) index(f.k, f.bytes, {});
     while (st_.bytes > cap_ && !lru_.empty()) {
       remove_file(lru_.back());
       ++st_.evictions;
@@ -171,7 +173,7 @@ class DiskTier final : public Tier {
       return error("cannot write " + path + ": " + std::strerror(e));
     }
     unindex(key);
-    index(key, total);
+    index(key, total, std::chrono::steady_clock::now());  // its time: just written
     if (pins) {  // a rewrite keeps its pins
       map_[key].pins = pins;
       pinned_bytes_ += total;
@@ -247,7 +249,7 @@ class DiskTier final : public Tier {
     }
     auto it = map_.find(key);
     if (it == map_.end()) {  // written by another process: indexed, within the capacity
-      index(key, total);
+      index(key, total, {});  // written by another process: its time is refreshed below
       it = map_.find(key);
       while (st_.bytes > cap_) {
         auto victim = std::prev(lru_.end());
@@ -262,9 +264,10 @@ class DiskTier final : public Tier {
     }
     // Recency survives a restart through the file's modification time; it is
     // refreshed at most once a second per record (a metadata write each read
-    // would cost more than the read).
+    // would cost more than the read), always at its first read in a process.
     const auto now = std::chrono::steady_clock::now();
-    if (now - it->second.touched > std::chrono::seconds(1)) {
+    if (it->second.touched == std::chrono::steady_clock::time_point{} ||
+        now - it->second.touched > std::chrono::seconds(1)) {
       utimensat(AT_FDCWD, path.c_str(), nullptr, 0);
       it->second.touched = now;
     }
@@ -336,9 +339,9 @@ class DiskTier final : public Tier {
     if (p > file_size || kHeader + static_cast<uint64_t>(f) + p != file_size) return "has the wrong size (truncated?)";
     return "";
   }
-  void index(const Key &k, uint64_t bytes) {
+  void index(const Key &k, uint64_t bytes, std::chrono::steady_clock::time_point touched) {
     lru_.push_front(k);
-    map_[k] = Entry{bytes, lru_.begin(), 0, std::chrono::steady_clock::now()};
+    map_[k] = Entry{bytes, lru_.begin(), 0, touched};
     st_.bytes += bytes;
     ++st_.entries;
   }
