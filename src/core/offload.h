@@ -92,7 +92,7 @@ struct OffloadState {
   std::condition_variable writer_cv, idle_cv, loader_cv, reaper_cv, done_cv;
   std::deque<Demotion> demote_q;
   uint32_t writing = 0;
-  std::atomic<uint64_t> drops{0}, late_drops{0}, load_errors{0};
+  std::atomic<uint64_t> drops{0};
   std::deque<uint64_t> load_q;
   std::unordered_map<uint64_t, PendingLoad> loads;
   std::unordered_map<uint64_t, PinRecord> pins;

@@ -200,7 +200,6 @@ void OffloadState::loader_loop() {
     try {
       pool->install_load(ticket, payloads, from);
     } catch (...) {  // cannot happen by construction; never let the thread die
-      load_errors.fetch_add(1, std::memory_order_relaxed);
     }
     lk.lock();
   }
@@ -305,7 +304,8 @@ TierCounts Pool::tier_counts(uint32_t index) const {
   c.pinned = pinned;
   c.last_error = t->t->last_error();
   if (c.last_error.empty() && t->other_errors.load())
-    c.last_error = "a write or read failed outside the tier (out of memory, or an injected test error)";
+    c.last_error = "a record was refused by the pool (another prompt's, layout's or per-tensor scales), or a write or "
+                   "read failed outside the tier (out of memory, an injected test error)";
   return c;
 }
 
@@ -583,10 +583,7 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
   auto it = o.loads.find(ticket);
   if (it == o.loads.end()) return;
   PendingLoad &L = it->second;
-  if (L.state != LoadState::Pending) {  // timed out: its blocks went back to the pool; drop the late answer
-    o.late_drops.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  if (L.state != LoadState::Pending) return;  // timed out: its blocks went back to the pool; the late answer is dropped
   PrefixState &ps = *prefix_;
   const uint64_t nl = cfg_.num_layers, bs = cfg_.block_size;
   const uint32_t n_scales = static_cast<uint32_t>(tensor_scale_parts() * nl);
@@ -613,8 +610,8 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
                        get<uint32_t>(q + 36) == n_scales && std::memcmp(q + 40, parent.b.data(), 32) == 0 &&
                        std::memcmp(q + kPayloadHeader, L.tokens[i].data(), bs * 4) == 0 &&
                        (L.xb.empty() || std::memcmp(q + kPayloadHeader + bs * 4, L.xb.data(), L.xb.size()) == 0);
-    if (!valid) {  // not this block (a collision, another layout): stop the chain here
-      o.load_errors.fetch_add(1, std::memory_order_relaxed);
+    if (!valid) {  // not this block (a collision, another layout): a refused record, the chain stops here
+      if (from[i] < ts.size()) ts[from[i]]->other_errors.fetch_add(1, std::memory_order_relaxed);
       break;
     }
     // Per-tensor scales: a calibrated layer must have the record's; all are
@@ -623,11 +620,11 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
     const uint8_t *sc = q + kPayloadHeader + bs * 4 + L.xb.size();
     bool scales_ok = true;
     for (int pass = 0; pass < 2 && scales_ok; ++pass) {
-      uint32_t i = 0;
+      uint32_t si = 0;
       for (int kv = 0; kv < 2; ++kv) {
         if (!tensor_scale_[kv]) continue;
-        for (uint64_t l = 0; l < nl; ++l, ++i) {
-          const uint32_t want = get<uint32_t>(sc + 4 * i);
+        for (uint64_t l = 0; l < nl; ++l, ++si) {
+          const uint32_t want = get<uint32_t>(sc + 4 * si);
           std::atomic<uint32_t> &cur = tensor_scale_[kv][l];
           const uint32_t have = cur.load(std::memory_order_acquire);
           if (pass == 0 && want != 0 && have != 0 && have != want) scales_ok = false;
@@ -635,8 +632,8 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
         }
       }
     }
-    if (!scales_ok) {
-      o.load_errors.fetch_add(1, std::memory_order_relaxed);
+    if (!scales_ok) {  // written with other per-tensor scales: refused
+      if (from[i] < ts.size()) ts[from[i]]->other_errors.fetch_add(1, std::memory_order_relaxed);
       break;
     }
     const int64_t existing = ps.map.find(k);

@@ -54,38 +54,6 @@ std::vector<std::string> records(const std::string &d) {
   return out;
 }
 
-// A pool of the pool_util geometry (kLayers x kHeads x kDim) with optional
-// codecs, block size, flags and block count; prefix cache with pool_util's seed.
-kvc_pool *make_pool(uint64_t blocks, const kvc_codec *kc = nullptr, const kvc_codec *vc = nullptr, uint32_t bs = kBs,
-                    uint32_t flags = 0, const char *model = "m1") {
-  kvc_pool_config c;
-  kvc_pool_config_init(&c);
-  c.num_layers = kLayers;
-  c.num_q_heads = kHeads;
-  c.num_kv_heads = kHeads;
-  c.head_dim = kDim;
-  c.block_size = bs;
-  c.num_blocks = blocks;
-  c.k_dtype = KVC_DTYPE_F32;
-  c.v_dtype = KVC_DTYPE_F32;
-  c.k_codec = kc;
-  c.v_codec = vc;
-  c.flags = flags;
-  kvc_pool *p = nullptr;
-  const kvc_status st = kvc_pool_create(&c, &p);
-  if (st != KVC_OK) {
-    std::fprintf(stderr, "pool create: %s\n", kvc_last_error_message());
-    std::abort();
-  }
-  kvc_prefix_config pc;
-  kvc_prefix_config_init(&pc);
-  pc.seed_set = 1;
-  for (int i = 0; i < 32; ++i) pc.seed[i] = static_cast<uint8_t>(i * 7 + 1);
-  pc.model_id = model;
-  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
-  return p;
-}
-
 kvc_prefix_result new_result() {
   kvc_prefix_result r;
   std::memset(&r, 0, sizeof r);
