@@ -15,8 +15,17 @@ vocabulary, top-1 agreement with f16, and KV bytes per token
 (2 x layers x KV heads x head_dim x bits / 8; q8_0 = 8.5 bits, q4_0 = 4.5,
 q4_1 = 5, q5_0 = 5.5: a 32-value block plus its f16 scale / min).
 
+Since llama.cpp PR 21038 (March 2026, in llama-cpp-python 0.3.36), a quantized
+K or V cache turns on llama.cpp's attention rotation: Q, K and V are multiplied
+by a normalized Hadamard matrix of the head size before K/V are stored, and the
+attention output is rotated back. A type named `T-norot` (e.g. `q4_0-norot`)
+measures the same cache type with that rotation off (LLAMA_ATTN_ROT_DISABLE=1
+while its context is created), i.e. the plain q4_0 rounding of K and V; the
+plain name is llama.cpp's default (rotated where llama.cpp rotates).
+
   python3 bench/peers/llamacpp_kv.py [--model PATH] [--text PATH] [--ctx 512]
-      [--max-tokens 4096] [--types f16,q8_0,q4_0,q4_1,q5_0] [--json OUT] [--venv DIR]
+      [--max-tokens 4096] [--types f16,q8_0,q4_0,q4_1,q5_0,q4_0-norot] [--json OUT]
+      [--venv DIR]
 
 `kvcache eval --model smollm2 --peer FILE` prints our strategies and these rows in
 one table (FILE is this script's --json output).
@@ -32,6 +41,12 @@ import time
 GGML_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8}
 BITS = {"f32": 32.0, "f16": 16.0, "q8_0": 8.5, "q4_0": 4.5, "q4_1": 5.0, "q5_0": 5.5, "q5_1": 6.0}
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+NOROT = "-norot"
+
+
+def base_type(t):
+    """The ggml type of a --types entry: 'q4_0-norot' -> 'q4_0'."""
+    return t[:-len(NOROT)] if t.endswith(NOROT) else t
 
 
 def ensure_llama_cpp(venv):
@@ -66,15 +81,16 @@ def main():
                                                    "data", "tinystories-valid-sample.txt"))
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=4096)
-    ap.add_argument("--types", default="f16,q8_0,q4_0,q4_1,q5_0")
+    ap.add_argument("--types", default="f16,q8_0,q4_0,q4_1,q5_0,q8_0-norot,q4_0-norot")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--json", help="write the results as JSON to this file")
     ap.add_argument("--venv", default=os.path.join(root, ".venv-peers"))
     a = ap.parse_args()
     types = a.types.split(",")
     for t in types:
-        if t not in GGML_TYPES:
-            sys.exit(f"llamacpp_kv: unknown KV type '{t}' (known: {', '.join(GGML_TYPES)})")
+        if base_type(t) not in GGML_TYPES or (t.endswith(NOROT) and base_type(t) in ("f16", "f32")):
+            sys.exit(f"llamacpp_kv: unknown KV type '{t}' (known: {', '.join(GGML_TYPES)}; "
+                     f"quantized ones also as TYPE{NOROT})")
     if "f16" not in types:
         types.insert(0, "f16")
     if a.ctx < 2 or a.max_tokens < 1:
@@ -89,9 +105,16 @@ def main():
         text = f.read()
     models = {}
     for t in types:
+        # llama.cpp reads LLAMA_ATTN_ROT_DISABLE when a context's KV cache is made.
+        if t.endswith(NOROT):
+            os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+        else:
+            os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+        g = GGML_TYPES[base_type(t)]
         models[t] = llama_cpp.Llama(model_path=a.model, n_ctx=a.ctx, n_batch=a.ctx, n_ubatch=a.ctx, logits_all=True,
-                                    flash_attn=True, type_k=GGML_TYPES[t], type_v=GGML_TYPES[t],
+                                    flash_attn=True, type_k=g, type_v=g,
                                     n_threads=a.threads, seed=0, verbose=False)
+    os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
     ref = models["f16"]
     tokens = ref.tokenize(text, add_bos=False, special=False)
     n_scored = min(a.max_tokens, len(tokens) - 1)
@@ -137,8 +160,9 @@ def main():
         results.append({
             "strategy": f"llama.cpp {t}",
             "kv_type": t,
-            "bits_per_element": BITS[t],
-            "kv_bytes_per_token": int(round(2 * layers * kv_heads * head_dim * BITS[t] / 8)),
+            "attn_rotation": base_type(t) not in ("f16", "f32") and not t.endswith(NOROT),
+            "bits_per_element": BITS[base_type(t)],
+            "kv_bytes_per_token": int(round(2 * layers * kv_heads * head_dim * BITS[base_type(t)] / 8)),
             "ppl": ppl,
             "ppl_delta_pct": (ppl - ppl_ref) / ppl_ref * 100.0,
             "kl_mean": s["kl"] / s["n"],
@@ -159,9 +183,9 @@ def main():
     }
     print(f"llama.cpp (llama-cpp-python {llama_cpp.__version__}) on {report['model']}: {n_scored} tokens in "
           f"{len(windows)} windows of ctx {a.ctx}; reference: llama.cpp f16 K/V")
-    print(f"{'KV type':10s} {'bits/elem':>9s} {'KV B/token':>10s} {'ppl':>10s} {'ppl Δ%':>10s} {'KL mean':>10s} {'top-1':>7s}")
+    print(f"{'KV type':12s} {'bits/elem':>9s} {'KV B/token':>10s} {'ppl':>10s} {'ppl Δ%':>10s} {'KL mean':>10s} {'top-1':>7s}")
     for r in results:
-        print(f"{r['kv_type']:10s} {r['bits_per_element']:9.2f} {r['kv_bytes_per_token']:10d} {r['ppl']:10.5f} "
+        print(f"{r['kv_type']:12s} {r['bits_per_element']:9.2f} {r['kv_bytes_per_token']:10d} {r['ppl']:10.5f} "
               f"{r['ppl_delta_pct']:+10.4f} {r['kl_mean']:10.3e} {r['top1_agreement']:7.4f}")
     if a.json:
         with open(a.json, "w") as f:

@@ -231,10 +231,8 @@ EvalReport run_eval(const EvalOptions &opt) {
         kvc_runner::PoolSettings ps;
         ps.k_dtype = s.k_dtype;
         ps.v_dtype = s.v_dtype;
-        if (s.quantized) {
-          ps.k_codec = &s.k_codec;
-          ps.v_codec = &s.v_codec;
-        }
+        if (s.k_quantized) ps.k_codec = &s.k_codec;
+        if (s.v_quantized) ps.v_codec = &s.v_codec;
         ps.residual_window = s.residual_window;
         ps.residual_fraction = s.residual_fraction;
         ps.block_size = s.block_size;

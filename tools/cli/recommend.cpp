@@ -283,7 +283,7 @@ Row scale_row(const EvalRow &e, const Target &t) {
       r.prefix_refusal = "its codec re-encodes tokens as they age (residual window / hybrid precision), and "
                          "such pools refuse the prefix cache";
     }
-    if (st->quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL)
+    if (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL)
       r.channel_group = st->k_codec.group_size;
   } else if (!e.kept_fraction) {
     throw RunnerError("result '" + e.strategy + "' has no kept_fraction and this build cannot read its spec: " +

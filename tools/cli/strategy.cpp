@@ -135,7 +135,7 @@ double number(const std::string &where, const std::string &key, const std::strin
 void resolve_codec(Strategy &st, const std::string &where) {
   const std::string &name = st.codec.name;
   if (name == "f32" || name == "f16" || name == "bf16") return;
-  st.quantized = true;
+  st.quantized = st.k_quantized = st.v_quantized = true;
   st.k_dtype = st.v_dtype = KVC_DTYPE_F16;  // the codecs decide the storage
   kvc_codec c;
   kvc_codec_init(&c);
@@ -225,7 +225,7 @@ void resolve_policy(Strategy &st, const std::string &where) {
   const std::string &name = st.policy.name;
   if (name == "full") return;
   if (st.residual_window || st.residual_fraction > 0.0 ||
-      (st.quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
+      (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
     throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision or "
                               "per-channel keys (tokens are encoded in groups); use a per-token or "
                               "group-wise codec");
@@ -299,6 +299,14 @@ Strategy parse_strategy(const std::string &spec) {
     const std::vector<std::string> fields = split(part_str, ':');
     StrategyPart part;
     part.name = fields[0];
+    // "k-NAME" / "v-NAME": a codec for keys or values only.
+    char side = 0;
+    std::string prefix;
+    if (part.name.size() > 2 && (part.name[0] == 'k' || part.name[0] == 'v') && part.name[1] == '-') {
+      side = part.name[0];
+      prefix = part.name.substr(0, 2);
+      part.name = part.name.substr(2);
+    }
     if (!valid_word(part.name, false)) {
       throw RunnerError(where + "malformed name '" + part.name + "' (use lower-case letters, digits, '_', '.', '-')");
     }
@@ -330,22 +338,68 @@ Strategy parse_strategy(const std::string &spec) {
       part.params.emplace_back(std::move(key), std::move(value));
     }
     if (it->kind == Kind::Codec) {
+      if (side != 0) {
+        if (has_codec) throw RunnerError(where + "give one codec for K and V or k-/v- codecs, not both");
+        StrategyPart &slot = side == 'k' ? st.k_part : st.v_part;
+        if (!slot.name.empty())
+          throw RunnerError(where + "more than one " + (side == 'k' ? "key" : "value") + " codec ('" + prefix +
+                            slot.name + "' and '" + prefix + part.name + "')");
+        if (part.name == "kivi2" || part.name == "kivi4" || part.name == "hybrid")
+          throw RunnerError(where + "'" + part.name + "' sets keys and values together; it takes no k-/v- prefix");
+        if (side == 'v' && std::any_of(part.params.begin(), part.params.end(),
+                                       [](const auto &kv) { return kv.first == "kchannel"; }))
+          throw RunnerError(where + "kchannel quantizes keys; use it on the k- codec");
+        st.split_kv = true;
+        slot = part;
+        continue;
+      }
+      if (st.split_kv) throw RunnerError(where + "give one codec for K and V or k-/v- codecs, not both");
       if (has_codec) throw RunnerError(where + "more than one codec ('" + st.codec.name + "' and '" + part.name + "')");
       has_codec = true;
       st.codec = part;
       st.k_dtype = st.v_dtype = it->dtype;
     } else {
+      if (side != 0) throw RunnerError(where + "'" + prefix + part.name + "': only codecs take a k- or v- prefix");
       if (st.has_policy) throw RunnerError(where + "more than one policy ('" + st.policy.name + "' and '" + part.name + "')");
       st.has_policy = true;
       st.policy = part;
     }
   }
-  if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
-  resolve_codec(st, where);
+  if (st.split_kv) {
+    // Each side is resolved as if it stored both, then keeps its own half.
+    auto side_of = [&](const StrategyPart &p) {
+      Strategy one;
+      one.codec = p;
+      if (one.codec.name.empty()) one.codec.name = "f16";  // the pool's default storage dtype
+      const auto &reg = registry();
+      one.k_dtype = one.v_dtype =
+          std::find_if(reg.begin(), reg.end(), [&](const Component &x) { return one.codec.name == x.name; })->dtype;
+      resolve_codec(one, where);
+      return one;
+    };
+    const Strategy k = side_of(st.k_part), v = side_of(st.v_part);
+    st.k_dtype = k.k_dtype;
+    st.k_codec = k.k_codec;
+    st.k_quantized = k.k_quantized;
+    st.v_dtype = v.v_dtype;
+    st.v_codec = v.v_codec;
+    st.v_quantized = v.v_quantized;
+    st.quantized = st.k_quantized || st.v_quantized;
+    st.block_size = std::max(k.block_size, v.block_size);
+  } else {
+    if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
+    resolve_codec(st, where);
+  }
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
   resolve_policy(st, where);
-  st.spec = st.has_policy ? part_text(st.policy) + "+" + part_text(st.codec) : part_text(st.codec);
+  std::string codec_text = part_text(st.codec);
+  if (st.split_kv) {
+    codec_text.clear();
+    if (!st.k_part.name.empty()) codec_text = "k-" + part_text(st.k_part);
+    if (!st.v_part.name.empty()) codec_text += (codec_text.empty() ? "v-" : "+v-") + part_text(st.v_part);
+  }
+  st.spec = st.has_policy ? part_text(st.policy) + "+" + codec_text : codec_text;
   return st;
 }
 

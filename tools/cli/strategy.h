@@ -2,12 +2,15 @@
 // KV-cache strategies of `kvcache eval`: one string names a storage codec and
 // an optional eviction policy with their parameters. Grammar (docs/eval.md):
 //
-//   strategy := part ( '+' part )*          at most one codec, at most one policy
-//   part     := name ( ':' param )*
+//   strategy := part ( '+' part )*          at most one codec (or one k- and one
+//                                           v- codec), at most one policy
+//   part     := [ 'k-' | 'v-' ] name ( ':' param )*
 //   param    := key '=' value | flag
 //   name, key, flag := [a-z0-9_.-]+         value := [A-Za-z0-9_.-]+
 //
-// e.g. "f16", "int8:per-token", "h2o:budget=0.3+int4:group=32".
+// e.g. "f16", "int8:per-token", "h2o:budget=0.3+int4:group=32",
+// "k-int4:group=48:asym:hadamard+v-int4:per-token:hadamard" (keys and values
+// stored with different codecs; an unnamed side stays f16).
 #pragma once
 
 #include <kvcache/kvcache.h>
@@ -27,13 +30,17 @@ struct StrategyPart {
 
 struct Strategy {
   std::string spec;         ///< canonical text: policy first, then codec
-  StrategyPart codec;       ///< storage format of K and V (default f16)
+  StrategyPart codec;       ///< storage format of K and V (default f16); unused when split_kv
+  bool split_kv = false;    ///< K and V have their own codec parts (k-NAME / v-NAME)
+  StrategyPart k_part, v_part;  ///< when split_kv: the parts without their prefix (name "" = f16)
   bool has_policy = false;  ///< false: every token is kept
   StrategyPart policy;      ///< eviction policy when has_policy
   // Resolved settings for the pool (what this build can run).
   kvc_dtype k_dtype = KVC_DTYPE_F16;
   kvc_dtype v_dtype = KVC_DTYPE_F16;
-  bool quantized = false;      ///< k_codec / v_codec apply (fp8 and integer codecs)
+  bool quantized = false;      ///< k_codec or v_codec applies (fp8 and integer codecs)
+  bool k_quantized = false;    ///< k_codec applies to keys (else keys are stored as k_dtype)
+  bool v_quantized = false;    ///< v_codec applies to values
   kvc_codec k_codec{}, v_codec{};
   std::uint32_t residual_window = 0;   ///< KIVI residual (tokens kept in f16)
   double residual_fraction = 0.0;      ///< hybrid: newest fraction kept in f16

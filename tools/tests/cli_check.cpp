@@ -236,6 +236,46 @@ nlohmann::json run_json(const std::vector<std::string> &cmd) {
   return nlohmann::json::parse(r.out);
 }
 
+// Keys and values with their own codecs (k-NAME / v-NAME). stories260K: 5
+// layers, 4 KV heads, head_dim 8, so a token's row is 32 values per layer.
+// - k-f32+v-f32 stores exactly what f32 stores: the same log-probabilities.
+// - k-int8+v-int8 is int8 on both sides: equal to int8:per-token.
+// - k-int8:per-token alone: K int8 with an f32 scale per token and head
+//   (8 + 32 / 8 = 12 bits), V in the pool's default f16 (16 bits): 14 bits per
+//   element, 5 x 32 x (12 + 16) / 8 = 560 bytes per token.
+// - v-int4:group=32 alone: K f16, V int4 with an f16 scale per 32 values
+//   (4.5 bits): 10.25 bits, 5 x 32 x 20.5 / 8 = 410 bytes per token; it must
+//   lose more than the K-int8 row, whose error is far smaller.
+int split_kv(const std::string &kvcache) {
+  const nlohmann::json j =
+      run_json({kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies",
+                "f32,k-f32+v-f32,int8:per-token,k-int8:per-token+v-int8:per-token,k-int8:per-token,v-int4:group=32"});
+  if (!j.contains("results")) return 1;
+  std::map<std::string, nlohmann::json> by;
+  for (const auto &r : j["results"]) by[r["strategy"].get<std::string>()] = r;
+  for (const char *name : {"f32", "k-f32+v-f32", "int8:per-token", "k-int8:per-token+v-int8:per-token",
+                           "k-int8:per-token", "v-int4:group=32"})
+    if (!by.count(name)) {
+      fail(std::string("no row ") + name);
+      return 1;
+    }
+  check(by["k-f32+v-f32"]["ppl"] == by["f32"]["ppl"], "k-f32+v-f32 differs from f32");
+  check(by["k-int8:per-token+v-int8:per-token"]["ppl"] == by["int8:per-token"]["ppl"] &&
+            by["k-int8:per-token+v-int8:per-token"]["kl_mean"] == by["int8:per-token"]["kl_mean"],
+        "k-int8+v-int8 differs from int8:per-token");
+  check(std::fabs(by["k-int8:per-token"]["bits_per_element"].get<double>() - 14.0) < 1e-9,
+        "k-int8:per-token: bits " + by["k-int8:per-token"]["bits_per_element"].dump() + ", expected 14");
+  check(by["k-int8:per-token"]["kv_bytes_per_token"].get<double>() == 560.0,
+        "k-int8:per-token: bytes per token " + by["k-int8:per-token"]["kv_bytes_per_token"].dump() + ", expected 560");
+  check(std::fabs(by["v-int4:group=32"]["bits_per_element"].get<double>() - 10.25) < 1e-9,
+        "v-int4:group=32: bits " + by["v-int4:group=32"]["bits_per_element"].dump() + ", expected 10.25");
+  check(by["v-int4:group=32"]["kv_bytes_per_token"].get<double>() == 410.0,
+        "v-int4:group=32: bytes per token " + by["v-int4:group=32"]["kv_bytes_per_token"].dump() + ", expected 410");
+  const double k8 = by["k-int8:per-token"]["kl_mean"].get<double>(), v4 = by["v-int4:group=32"]["kl_mean"].get<double>();
+  check(k8 > 0 && v4 > k8, "expected 0 < KL(k-int8) < KL(v-int4): " + std::to_string(k8) + ", " + std::to_string(v4));
+  return failures ? 1 : 0;
+}
+
 // Prompts of P tokens shared + S different: every request after the first
 // reuses the prefix's whole blocks, floor(P / B) x B tokens, and computes the
 // rest; the first request computes all of its P + S.
@@ -897,6 +937,7 @@ int main(int argc, char **argv) {
     if (mode == "eval-json" && argc > 3 && std::string(argv[2]) == "--")
       return eval_json(after_dashes(argc, argv, 3));
     if (mode == "memory" && argc == 3) return memory(argv[2]);
+    if (mode == "split-kv" && argc == 3) return split_kv(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
     if (mode == "prefix-tiers" && (argc == 4 || argc == 5)) return prefix_tiers(argv[2], argv[3], argc == 5 ? argv[4] : "");
