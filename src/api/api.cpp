@@ -239,6 +239,11 @@ kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotatio
                                     std::to_string(static_cast<int32_t>(c.rotation)) + ": unknown");
   if (c.asymmetric > 1) fail(Errc::InvalidArgument, std::string(name) + ".asymmetric must be 0 or 1");
   if (c.static_scale > 1) fail(Errc::InvalidArgument, std::string(name) + ".static_scale must be 0 or 1");
+  if (c.full_range > 1) fail(Errc::InvalidArgument, std::string(name) + ".full_range must be 0 or 1");
+  if (c.full_range && (dt < static_cast<int32_t>(KVC_DTYPE_INT8) || c.asymmetric || c.static_scale))
+    fail(Errc::InvalidArgument, std::string(name) +
+                                    ".full_range applies to symmetric integer codecs (int8, int4, int2) with "
+                                    "dynamic scales only");
   if (c.static_scale) {
     const double v = c.scale;
     if (!(v >= 1e-30 && v <= 1e30))  // also false for NaN
@@ -250,6 +255,7 @@ kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotatio
   sp.gran = static_cast<kvc::codec::Gran>(c.granularity);
   sp.group = c.group_size;
   sp.asym = c.asymmetric != 0;
+  sp.full_range = c.full_range != 0;
   sp.scale_dtype = static_cast<kvc::codec::Dtype>(c.scale_dtype);
   sp.static_scale = c.static_scale ? c.scale : 0.0;
   if (c.rotation == KVC_ROTATION_HADAMARD)

@@ -64,6 +64,22 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     hi = std::min(hi, 1e38f);
     p.zero = round_zero_down(lo, s.scale_dtype);
     raw = (static_cast<double>(hi) - p.zero) / qmax_asym(s.dtype);
+  } else if (is_int(s.dtype) && s.full_range) {
+    // Full range (llama.cpp q4_0's rule): the value of largest magnitude (the
+    // larger one on a tie) maps to the code -2^(b-1), so the scale is negative
+    // when that value is positive, and all 2^b codes are used; values of the
+    // other sign beyond (2^(b-1) - 1) steps clamp. Magnitudes capped as below.
+    const double h = std::min(1e38, static_cast<double>(hi)), l = std::max(-1e38, static_cast<double>(lo));
+    const bool positive = h >= -l;
+    const double mag = (positive ? h : -l) / (qmax_sym(s.dtype) + 1);
+    if (mag > 0.0) {
+      const float f = std::max(static_cast<float>(mag), std::numeric_limits<float>::min());
+      const float up = static_cast<double>(f) < mag ? core::bits_f32(core::f32_bits(f) + 1) : f;
+      const float m = round_scale_up(up, s.scale_dtype);
+      p.scale = positive ? -m : m;
+      p.inv = positive ? -(1.0f / m) : 1.0f / m;
+    }
+    return p;
   } else {
     // Symmetric integer codes cover at most [-1e38, 1e38] too (q x scale must
     // stay finite; values beyond saturate).
@@ -98,7 +114,14 @@ struct IntFormat {
   int32_t off;  // stored code = q + off
   float lo, hi;
 };
-inline IntFormat int_format(Dtype d, bool asym) {
+inline IntFormat int_format(Dtype d, bool asym, bool full_range = false) {
+  if (full_range && !asym) {  // codes -2^(b-1) .. 2^(b-1) - 1
+    switch (d) {
+      case Dtype::INT8: return IntFormat{8, 0, -128, 127};
+      case Dtype::INT4: return IntFormat{4, 8, -8, 7};
+      default: return IntFormat{2, 2, -2, 1};
+    }
+  }
   switch (d) {
     case Dtype::INT8: return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
     case Dtype::INT4: return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
@@ -375,7 +398,7 @@ void decode_fp8_run(Dtype dt, const uint8_t *in, uint64_t j0, uint64_t j1, float
 void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
                 uint64_t col_group, uint8_t *out) {
   if (is_int(s.dtype)) {
-    const IntFormat f = int_format(s.dtype, s.asym);
+    const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
     if (f.bits < 8) std::memset(out, 0, row_bytes(s.dtype, d));
     for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
       encode_int_run(f, s.asym, x, j0, std::min(d, j0 + col_group), params[g], out);
@@ -396,7 +419,7 @@ void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
 void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *params,
                 uint64_t col_group, float *x) {
   if (is_int(s.dtype)) {
-    const IntFormat f = int_format(s.dtype, s.asym);
+    const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
     for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
       decode_int_run(f, s.asym, in, j0, std::min(d, j0 + col_group), params[g], x);
     return;
@@ -909,7 +932,7 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
   const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const uint64_t chunk = std::max<uint64_t>(1, kChunkFloats / d);
   const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
-  const IntFormat f = int_format(s.dtype, s.asym);
+  const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const Params fixed_p = fixed ? make_params(s, 0.0f, 0.0f) : Params{};
   if (fixed) {
     store_scale(scales, s.scale_dtype, fixed_p.scale);
@@ -1108,7 +1131,7 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
-  const IntFormat f = int_format(s.dtype, s.asym);
+  const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const float *table = s.dtype == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;

@@ -33,6 +33,7 @@ struct Spec {
   Gran gran = Gran::None;
   uint32_t group = 0;            // Group: values per group; Channel: tokens per group
   bool asym = false;             // zero point (integer dtypes only)
+  bool full_range = false;       // symmetric integers: all 2^b codes, scale = signed extreme / -2^(b-1)
   Dtype scale_dtype = Dtype::F32;  // F32 or F16
   double static_scale = 0.0;     // > 0: fixed scale (Tensor granularity), 0: dynamic
   uint32_t rotation_block = 0;   // 0: none; else a Hadamard block (power of two)

@@ -200,6 +200,9 @@ void Pool::validate(PoolConfig &c) {
     if (wants_residual)
       fail(Errc::Unsupported, "device CUDA: residual windows, hybrid precision and per-channel (KIVI) keys "
                               "are CPU-only in this version");
+    if (c.k_codec.full_range || c.v_codec.full_range)
+      fail(Errc::Unsupported, "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
+                              "in this version");
     if (c.head_dim > 256 || (c.head_dim % 8 != 0 && c.head_dim > 32))
       fail(Errc::Unsupported, "device CUDA: head_dim " + u64s(c.head_dim) +
                                   " is not supported (a multiple of 8 up to 256, or up to 32)");

@@ -70,7 +70,9 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
     put_u32(b, v);
   for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
     for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
-                       static_cast<uint32_t>(sp->asym), static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
+                       // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
+                       static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
+                       static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
       put_u32(b, v);
     put_f64(b, sp->static_scale);
   }

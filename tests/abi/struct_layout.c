@@ -155,7 +155,7 @@ FIELD(kvc_pool_layout, residual_dtype, 232, 4);
 FIELD(kvc_pool_layout, reserved0, 236, 4);
 SIZE(kvc_pool_layout, 240);
 
-/* ---- kvc_codec (0.2; minimum accepted size: all of it = 48) ---- */
+/* ---- kvc_codec (0.2; minimum accepted size: 48, up to scale; full_range 0.3) ---- */
 FIELD(kvc_codec, struct_size, 0, 8);
 FIELD(kvc_codec, dtype, 8, 4);
 FIELD(kvc_codec, granularity, 12, 4);
@@ -166,7 +166,8 @@ FIELD(kvc_codec, rotation, 28, 4);
 FIELD(kvc_codec, rotation_block, 32, 4);
 FIELD(kvc_codec, static_scale, 36, 4);
 FIELD(kvc_codec, scale, 40, 8);
-SIZE(kvc_codec, 48);
+FIELD(kvc_codec, full_range, 48, 4);
+SIZE(kvc_codec, 56);
 
 /* ---- kvc_quant_sizes (0.2) ---- */
 FIELD(kvc_quant_sizes, struct_size, 0, 8);

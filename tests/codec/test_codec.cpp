@@ -369,13 +369,15 @@ static void test_simd_matches_scalar() {
   }
   for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
-      for (bool asym : {false, true})
+      for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint64_t d : {8ull, 40ull, 64ull, 96ull, 128ull, 200ull, 256ull}) {
-          if (asym && is_fp8(dt)) continue;
+          const bool asym = mode == 1;
+          if (mode != 0 && is_fp8(dt)) continue;
           Spec s;
           s.dtype = dt;
           s.gran = g;
           s.asym = asym;
+          s.full_range = mode == 2;
           s.group = g == Gran::Group ? (d % 64 == 0 ? 64 : 32) : 8;
           const uint64_t n = 19;
           std::vector<float> x = gaussian(n * d, 2.0f, asym ? 0.5f : 0.0f);
@@ -396,16 +398,19 @@ static void test_simd_matches_scalar() {
 static void test_fused_quantize_matches_scalar() {
   for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group})
-      for (bool asym : {false, true})
+      for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint32_t rot : {0u, 8u})
           for (Dtype sd : {Dtype::F32, Dtype::F16})
             for (kvc::core::DType in : {kvc::core::DType::F32, kvc::core::DType::F16})
               for (uint64_t d : {8ull, 24ull, 64ull, 128ull}) {
-                if (asym && is_fp8(dt)) continue;
+                const bool asym = mode == 1;
+                if (mode != 0 && is_fp8(dt)) continue;
+                if (mode == 2 && g == Gran::Tensor) continue;  // full range: dynamic scales only
                 Spec s;
                 s.dtype = dt;
                 s.gran = g;
                 s.asym = asym;
+                s.full_range = mode == 2;
                 s.scale_dtype = sd;
                 s.rotation_block = rot;
                 s.group = d % 16 == 0 ? 16 : 8;
@@ -437,8 +442,8 @@ static void test_fused_quantize_matches_scalar() {
                   same = same && da == db;
                 }
                 if (!same)
-                  std::fprintf(stderr, "fused quantize differs: dtype %d gran %d asym %d rot %u scale %d in %d d %llu\n",
-                               int(dt), int(g), int(asym), rot, int(sd), int(in), (unsigned long long)d);
+                  std::fprintf(stderr, "fused quantize differs: dtype %d gran %d mode %d rot %u scale %d in %d d %llu\n",
+                               int(dt), int(g), mode, rot, int(sd), int(in), (unsigned long long)d);
                 CHECK(same);
               }
 }
@@ -545,6 +550,97 @@ static void test_hadamard_simd() {
   }
 }
 
+
+// Full range (llama.cpp q4_0's rule): the group's value of largest magnitude
+// m (the positive one on a tie) maps to code -2^(b-1), scale = -m / 2^(b-1)
+// (its magnitude rounded up to the scale dtype); every element is within half
+// a step except values of the other sign beyond (2^(b-1) - 1) steps, which
+// clamp to within one step. Hand-computed int4 codes, zero groups and dynamic
+// per-tensor scales too.
+static void test_full_range() {
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2})
+    for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
+      for (Dtype sd : {Dtype::F32, Dtype::F16})
+        for (uint64_t d : {8ull, 64ull, 96ull, 128ull}) {
+          Spec s;
+          s.dtype = dt;
+          s.gran = g;
+          s.full_range = true;
+          s.scale_dtype = sd;
+          s.group = g == Gran::Group ? 32 : g == Gran::Channel ? 16 : 0;
+          const uint64_t n = 37;
+          std::vector<float> x = gaussian(n * d, 1.0f);
+          for (uint64_t r = 0; r < n; ++r) x[r * d + (d / 3)] *= (r % 2 ? 12.0f : -12.0f);  // outliers of both signs
+          Quantized q = roundtrip(s, x, n, d);
+          const double half = dt == Dtype::INT8 ? 128 : dt == Dtype::INT4 ? 8 : 2;
+          // The extreme of each scale's elements.
+          std::map<uint64_t, float> ext;
+          auto idx_of = [&](uint64_t r, uint64_t c) -> uint64_t {
+            switch (g) {
+              case Gran::Tensor: return 0;
+              case Gran::Token: return r;
+              case Gran::Group: return r * ((d + s.group - 1) / s.group) + c / s.group;
+              default: return (r / s.group) * d + c;
+            }
+          };
+          for (uint64_t r = 0; r < n; ++r)
+            for (uint64_t c = 0; c < d; ++c) {
+              const float v = x[r * d + c];
+              float &e = ext[idx_of(r, c)];
+              if (std::fabs(v) > std::fabs(e) || (std::fabs(v) == std::fabs(e) && v > e)) e = v;
+            }
+          int bad = 0;
+          for (uint64_t r = 0; r < n; ++r)
+            for (uint64_t c = 0; c < d; ++c) {
+              const float m = ext[idx_of(r, c)], scale = step_of(s, q, r, c, n, d), v = x[r * d + c];
+              const double want = std::fabs(m) / half, got = std::fabs(scale);
+              const bool scale_ok = (m > 0 ? scale < 0 : scale > 0) && got >= want &&
+                                    got <= want * (1.0 + (sd == Dtype::F16 ? 1.0 / 1024 : 1e-6)) + 1e-30;
+              const float err = std::fabs(q.out[r * d + c] - v);
+              const bool clamps = (v > 0) != (m > 0) && std::fabs(v) > (half - 1) * got;
+              const float bound = (clamps ? 1.0f : 0.5f) * got * (1.0f + 1e-5f) + 4e-7f * std::fabs(v);
+              const bool extreme_exact = v != m || q.out[r * d + c] == static_cast<float>(-half * scale);
+              if (!scale_ok || err > bound || !extreme_exact) {
+                if (bad++ < 3)
+                  std::fprintf(stderr, "%s full range: r=%llu c=%llu x=%g out=%g m=%g scale=%g\n",
+                               describe(s, d).c_str(), (unsigned long long)r, (unsigned long long)c, v,
+                               q.out[r * d + c], m, scale);
+              }
+            }
+          CHECK(bad == 0);
+        }
+  // int4, one group of 8, hand-computed: m = 6 -> scale -0.75; 6 -> -8,
+  // -5 -> 6.67 -> 7, 1 -> -1.33 -> -1, -6 -> 8 clamps to 7 (-5.25, one step
+  // off), 0.375 -> -0.5 -> 0 (ties to even), 3 -> -4, -0.75 -> 1, 2.25 -> -3.
+  {
+    Spec s;
+    s.dtype = Dtype::INT4;
+    s.gran = Gran::Token;
+    s.full_range = true;
+    const std::vector<float> x = {6.0f, -5.0f, 1.0f, -6.0f, 0.375f, 3.0f, -0.75f, 2.25f};
+    Quantized q = roundtrip(s, x, 1, 8);
+    CHECK(load_scale(q.scales.data(), Dtype::F32) == -0.75f);
+    const int want_q[8] = {-8, 7, -1, 7, 0, -4, 1, -3};
+    for (int j = 0; j < 8; ++j) {
+      const int stored = (q.codes[j / 2] >> ((j & 1) * 4)) & 0xf;
+      CHECK(stored == want_q[j] + 8);
+      CHECK(q.out[j] == static_cast<float>(want_q[j]) * -0.75f);
+    }
+    // A tie of magnitudes picks the positive value: scale -3 / 8.
+    const std::vector<float> t = {-3.0f, 3.0f, 0, 0, 0, 0, 0, 0};
+    Quantized qt = roundtrip(s, t, 1, 8);
+    CHECK(load_scale(qt.scales.data(), Dtype::F32) == -0.375f);
+    CHECK(qt.out[1] == 3.0f && qt.out[0] == -2.625f);  // -3 -> 8 clamps to 7
+    // A zero row: scale 0 and exact zeros, for every dtype.
+    for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2}) {
+      s.dtype = dt;
+      Quantized z = roundtrip(s, std::vector<float>(8, 0.0f), 1, 8);
+      CHECK(load_scale(z.scales.data(), Dtype::F32) == 0.0f);
+      for (float v : z.out) CHECK(v == 0.0f && !std::signbit(v));
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
@@ -556,6 +652,7 @@ int main(int argc, char **argv) {
       {"dequant_f16_simd", test_dequant_f16_simd},
       {"fused_quantize", test_fused_quantize_matches_scalar},
       {"fp8_decode_all_codes", test_fp8_decode_all_codes},
+      {"full_range", test_full_range},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)

@@ -321,6 +321,76 @@ static void test_standalone_quantizer(void **state) {
   assert_int_equal(qs.scales_bytes, 0);
 }
 
+
+/* Full range (kvc_codec.full_range, llama.cpp q4_0's rule): the hand-computed
+ * int4 codes through kvc_quantize, a pool storing them, the refusals (asym,
+ * fp8, static scale, a value of 2, a CUDA pool), and a caller built against
+ * 0.2 (struct_size 48, no full_range field) still getting [-7, 7] codes. */
+static void test_full_range(void **state) {
+  (void)state;
+  kvc_codec c = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
+  c.full_range = 1;
+  const float x[8] = {6.0f, -5.0f, 1.0f, -6.0f, 0.375f, 3.0f, -0.75f, 2.25f};
+  uint8_t codes[4];
+  float scale = 0, y[8];
+  ASSERT_OK(kvc_quantize(&c, x, KVC_DTYPE_F32, 1, 8, codes, &scale, NULL));
+  assert_true(scale == -0.75f);
+  /* q = {-8, 7, -1, 7, 0, -4, 1, -3}, stored q + 8, low nibble first. */
+  assert_int_equal(codes[0], 0 | (15 << 4));
+  assert_int_equal(codes[1], 7 | (15 << 4));
+  assert_int_equal(codes[2], 8 | (4 << 4));
+  assert_int_equal(codes[3], 9 | (5 << 4));
+  ASSERT_OK(kvc_dequantize(&c, codes, &scale, NULL, 1, 8, y, KVC_DTYPE_F32));
+  assert_true(y[0] == 6.0f && y[1] == -5.25f && y[3] == -5.25f && y[5] == 3.0f);
+  /* 0.2's struct: full_range is not read, codes are symmetric [-7, 7]. */
+  kvc_codec old = c;
+  old.struct_size = offsetof(kvc_codec, full_range);
+  ASSERT_OK(kvc_quantize(&old, x, KVC_DTYPE_F32, 1, 8, codes, &scale, NULL));
+  assert_true(scale == 6.0f / 7.0f);
+  /* A pool stores the same bytes and reads them back. */
+  kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0);
+  k.full_range = 1;
+  k.rotation = KVC_ROTATION_HADAMARD;
+  kvc_pool *p = codec_pool(1, 2, 64, 16, 4, &k, &k, KVC_OK);
+  float kv[2 * 64], back[2 * 64];
+  for (int i = 0; i < 128; ++i) kv[i] = 2.0f * frand();
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 1, kv, kv, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, back, NULL, KVC_DTYPE_F32, NULL));
+  float err = 0;
+  for (int i = 0; i < 128; ++i) err += (back[i] - kv[i]) * (back[i] - kv[i]);
+  /* Rotated groups of 32 with a step of at most max|x| x sqrt(64) / 8 / 8:
+   * the squared error of 128 values stays well below 128 x (2 x 8 / 64)^2 / 12 x 4. */
+  assert_true(err > 0.0f && err < 128.0f * 0.0625f * 4.0f / 12.0f);
+  kvc_pool_destroy(p);
+  /* Refusals. */
+  kvc_quant_sizes qs;
+  kvc_quant_sizes_init(&qs);
+  kvc_codec bad = c;
+  bad.asymmetric = 1;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  assert_non_null(strstr(kvc_last_error_message(), "full_range"));
+  bad = c;
+  bad.dtype = KVC_DTYPE_FP8_E4M3;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  bad = c;
+  bad.granularity = KVC_SCALE_PER_TENSOR;
+  bad.static_scale = 1;
+  bad.scale = 0.5;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  bad = c;
+  bad.full_range = 2;
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  kvc_pool_config cfg = test_config(1, 2, 64, 16, 4);
+  cfg.k_codec = &k;
+  cfg.device = KVC_DEVICE_CUDA;
+  kvc_pool *none = NULL;
+  ASSERT_STATUS(KVC_ERR_UNSUPPORTED, kvc_pool_create(&cfg, &none));
+  assert_null(none);
+  assert_non_null(strstr(kvc_last_error_message(), "full_range"));
+}
+
 static void test_pool_codec_errors(void **state) {
   (void)state;
   kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 32, 1); /* group > block_size */
@@ -706,7 +776,7 @@ static void test_adversarial_regressions_2(void **state) {
 
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_adversarial_regressions_2),
+      cmocka_unit_test(test_adversarial_regressions_2), cmocka_unit_test(test_full_range),
       cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
       cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),

@@ -38,13 +38,15 @@ const std::vector<Component> &registry() {
       {"int8", Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
-       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard"}},
+       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range"}},
       {"int4", Kind::Codec,
-       "int4, f16 scale per group of G values of a token's row (default G=32, symmetric; "
-       "llama.cpp q4_0 style); hadamard: rotate heads first (QuaRot)",
-       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel"}},
-      {"int2", Kind::Codec, "int2, asymmetric f16 scale and zero per group of G values (default 32)",
-       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel"}},
+       "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
+       "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
+       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range"}},
+      {"int2", Kind::Codec,
+       "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
+       "symmetric",
+       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range"}},
       {"kivi2", Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
        "asymmetric, newest R tokens in f16 (default G=32, R=32)",
@@ -140,7 +142,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
   kvc_codec c;
   kvc_codec_init(&c);
   c.scale_dtype = name == "int8" ? KVC_DTYPE_F32 : KVC_DTYPE_F16;
-  bool per_token = false, asym = false, sym = false, hadamard = false;
+  bool per_token = false, asym = false, sym = false, hadamard = false, full_range = false;
   std::uint32_t group = 32, residual = 32, kchannel = 0;
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
@@ -148,6 +150,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "asym") asym = true;
     else if (key == "sym") sym = true;
     else if (key == "hadamard") hadamard = true;
+    else if (key == "full-range") full_range = true;
     else if (key == "scale-f32") c.scale_dtype = KVC_DTYPE_F32;
     else if (key == "scale-f16") c.scale_dtype = KVC_DTYPE_F16;
     else if (key == "group") group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
@@ -155,7 +158,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "residual") residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
     else if (key == "scale") scale = number(where, key, value, 1e-30, 1e30);
     else if (key == "fraction") fraction = number(where, key, value, 0.0, 0.99);
-    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
+    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" || key == "full-range" ||
          key == "scale-f32" || key == "scale-f16") && !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
@@ -213,7 +216,9 @@ void resolve_codec(Strategy &st, const std::string &where) {
   if (name == "int8") c.granularity = has_group ? KVC_SCALE_PER_GROUP : KVC_SCALE_PER_TOKEN;
   else c.granularity = per_token ? KVC_SCALE_PER_TOKEN : KVC_SCALE_PER_GROUP;
   c.group_size = group;
-  c.asymmetric = name == "int2" ? (sym ? 0 : 1) : (asym ? 1 : 0);
+  if (full_range && asym) throw RunnerError(where + "full-range is symmetric: it cannot be combined with asym");
+  c.asymmetric = name == "int2" ? (sym || full_range ? 0 : 1) : (asym ? 1 : 0);
+  c.full_range = full_range ? 1 : 0;
   if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
   st.k_codec = st.v_codec = c;
   key_channels(st.k_codec);
@@ -417,10 +422,12 @@ std::vector<std::string> default_strategies() {
           "f16",
           "bf16",
           "fp8_e4m3",
+          "fp8_e4m3:per-token",
           "fp8_e5m2",
           "int8:per-token",
-          "int4:group=32",
-          "int4:group=32:hadamard",
+          "int4:group=32:full-range",
+          "int4:group=32:full-range:hadamard",
+          "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
           "int2:group=32",
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",

@@ -338,7 +338,18 @@ pub struct kvc_rotation(pub ::std::os::raw::c_int);
 #[doc = " of x - zero, about one ulp of |zero|). A rotated codec refuses values whose"]
 #[doc = " magnitude reaches FLT_MAX / rotation_block (the transform would overflow)."]
 #[doc = " NaN or Inf input is refused (::KVC_ERR_NON_FINITE) and nothing is written."]
-#[doc = " @since 0.2"]
+#[doc = ""]
+#[doc = " Full range (`full_range` = 1, llama.cpp's q4_0 rule, symmetric integer"]
+#[doc = " codes only): `q = round(x / scale)` in [-2^(bits-1), 2^(bits-1) - 1]"]
+#[doc = " (int8 [-128, 127], int4 [-8, 7], int2 [-2, 1]) with scale = -m / 2^(bits-1),"]
+#[doc = " where m is the group's value of largest magnitude (the positive one on a"]
+#[doc = " tie): m itself maps to -2^(bits-1), and the scale is negative when m is"]
+#[doc = " positive. All 2^bits codes are used (one more level than [-qmax, qmax]: a"]
+#[doc = " step of |m| / 8 instead of |m| / 7 at int4, which lowers the squared error"]
+#[doc = " by about a quarter). Error bound: half a step, except for values of the"]
+#[doc = " sign opposite to m beyond (2^(bits-1) - 1) steps, which clamp: within one"]
+#[doc = " step. The magnitude of the scale is rounded up to scale_dtype as above."]
+#[doc = " @since 0.2 (full_range 0.3)"]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvc_codec {
@@ -362,12 +373,14 @@ pub struct kvc_codec {
     pub static_scale: u32,
     #[doc = "< With static_scale: the scale (vLLM's k_scale / v_scale), in [1e-30, 1e30]; 0, negative, NaN, Inf or out of range gives ::KVC_ERR_INVALID_SCALE. Ignored otherwise."]
     pub scale: f64,
+    #[doc = "< 1: symmetric integer codes use all 2^bits values, llama.cpp q4_0's rule (see above); 0 (default): [-qmax, qmax]. Dynamic symmetric integer codecs only, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). @since 0.3"]
+    pub full_range: u32,
 }
 #[test]
 fn bindgen_test_layout_kvc_codec() {
     assert_eq!(
         ::std::mem::size_of::<kvc_codec>(),
-        48usize,
+        56usize,
         concat!("Size of: ", stringify!(kvc_codec))
     );
     assert_eq!(
@@ -545,6 +558,23 @@ fn bindgen_test_layout_kvc_codec() {
         );
     }
     test_field_scale();
+    fn test_field_full_range() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_codec>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).full_range) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_codec),
+                "::",
+                stringify!(full_range)
+            )
+        );
+    }
+    test_field_full_range();
 }
 extern "C" {
     #[doc = " @brief Fill a codec with defaults: int8, per token, symmetric, f32 scales,"]

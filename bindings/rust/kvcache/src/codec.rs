@@ -142,6 +142,14 @@ impl Codec {
         self
     }
 
+    /// Symmetric integer codes over all 2^bits values (llama.cpp q4_0's rule:
+    /// the value of largest magnitude maps to -2^(bits-1)); dynamic symmetric
+    /// integer codecs only, CPU pools only.
+    pub fn full_range(mut self, on: bool) -> Codec {
+        self.raw.full_range = on as u32;
+        self
+    }
+
     /// The storage dtype.
     pub fn dtype(&self) -> Option<Dtype> {
         Dtype::from_raw(self.raw.dtype)

@@ -192,6 +192,7 @@ type Codec struct {
 	RotationBlock uint32
 	StaticScale   bool    // use Scale as a calibrated per-tensor scale
 	Scale         float64 // with StaticScale
+	FullRange     bool    // symmetric integer codes use all 2^bits values (llama.cpp q4_0's rule)
 }
 
 // DefaultCodec is kvc_codec_init's defaults: int8, one f32 scale per token.
@@ -212,6 +213,7 @@ func codecFrom(n native.Codec) Codec {
 		RotationBlock: uint32(n.GetRotation_block()),
 		StaticScale:   n.GetStatic_scale() != 0,
 		Scale:         n.GetScale(),
+		FullRange:     n.GetFull_range() != 0,
 	}
 }
 
@@ -226,6 +228,7 @@ func (c *Codec) native() native.Codec {
 	n.SetRotation_block(uint(c.RotationBlock))
 	n.SetStatic_scale(boolU(c.StaticScale))
 	n.SetScale(c.Scale)
+	n.SetFull_range(boolU(c.FullRange))
 	return n
 }
 
