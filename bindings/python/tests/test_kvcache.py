@@ -234,6 +234,22 @@ def c_library():
     pytest.skip("libkvcache.so not found in the process")
 
 
+def test_full_range_codec():
+    """kvc_codec.full_range through the binding: llama.cpp q4_0's rule, by hand."""
+    codec = kvcache.Codec()
+    codec.dtype, codec.granularity, codec.full_range = kvcache.DTYPE_INT4, kvcache.SCALE_PER_TOKEN, 1
+    x = np.array([[6.0, -5.0, 1.0, -6.0, 0.375, 3.0, -0.75, 2.25]], np.float32)
+    codes, scales, zeros = codec.quantize(x)
+    assert scales.view(np.float32).tolist() == [-0.75]  # 6 maps to -8
+    assert bytes(codes.view(np.uint8)) == bytes([0xF0, 0xF7, 0x48, 0x59])  # q + 8, low nibble first
+    back = codec.dequantize(codes, scales, zeros, 1, 8)
+    assert back[0].tolist() == [6.0, -5.25, 0.75, -5.25, -0.0, 3.0, -0.75, 2.25]
+    codec.asymmetric = 1
+    with pytest.raises(kvcache.KvcError) as e:
+        codec.quantize(x)
+    assert e.value.status == kvcache.ERR_INVALID_ARGUMENT and "full_range" in str(e.value)
+
+
 @pytest.mark.parametrize("dtype,gran,asym", [
     (kvcache.DTYPE_INT8, kvcache.SCALE_PER_TOKEN, 0),
     (kvcache.DTYPE_INT4, kvcache.SCALE_PER_GROUP, 1),
