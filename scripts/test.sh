@@ -110,7 +110,7 @@ stage_fuzz() {
   CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
-  cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_gguf > "$dir/build.log" 2>&1 ||
+  cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_codec fuzz_gguf > "$dir/build.log" 2>&1 ||
     { grep -E "FAILED:|error|undefined reference" "$dir/build.log" | head -n 40; return 1; }
   sh tests/fuzz/run_fuzzer.sh "$dir" "$fuzz_seconds" 2>&1 |
     grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)'
