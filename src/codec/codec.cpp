@@ -69,9 +69,11 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     // larger one on a tie) maps to the code -2^(b-1), so the scale is negative
     // when that value is positive, and all 2^b codes are used; values of the
     // other sign beyond (2^(b-1) - 1) steps clamp. Magnitudes capped as below.
-    const double h = std::min(1e38, static_cast<double>(hi)), l = std::max(-1e38, static_cast<double>(lo));
-    const bool positive = h >= -l;
-    const double mag = (positive ? h : -l) / (qmax_sym(s.dtype) + 1);
+    // The sign is chosen on the values as given (capping first would make a
+    // tie of -2e38 and 1.5e38, and pick the positive one).
+    const bool positive = static_cast<double>(hi) >= -static_cast<double>(lo);
+    const double mag = std::min(1e38, positive ? static_cast<double>(hi) : -static_cast<double>(lo)) /
+                       (qmax_sym(s.dtype) + 1);
     if (mag > 0.0) {
       const float f = std::max(static_cast<float>(mag), std::numeric_limits<float>::min());
       const float up = static_cast<double>(f) < mag ? core::bits_f32(core::f32_bits(f) + 1) : f;
