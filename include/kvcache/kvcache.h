@@ -897,7 +897,8 @@ KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes);
 /**
  * @brief The per-tensor scales of one layer of a pool whose K and/or V codec
  * is ::KVC_SCALE_PER_TENSOR (0 for a part that has none or is not calibrated
- * yet: dynamic scales are fixed by the layer's first kvc_append()).
+ * yet: dynamic scales are fixed by the layer's first kvc_append(); a
+ * full-range codec's is negative when that write's extreme value is positive).
  * @param pool the pool (not NULL).
  * @param layer 0..num_layers-1.
  * @param k_scale NULL or receives K's scale.

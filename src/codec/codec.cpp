@@ -45,9 +45,11 @@ float fp8_max(Dtype d) { return d == Dtype::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max
 // rounded up to the scale dtype (so no value of the group is clipped by it).
 __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo, float hi) {
   Params p;
-  if (s.static_scale > 0.0) {
+  if (s.static_scale != 0.0) {
     // The scale as stored (rounded to the scale dtype), so encoding and
-    // decoding use the same value.
+    // decoding use the same value. (Negative only for a pool's per-tensor
+    // full-range scale, calibrated by dynamic_scale(); callers' static scales
+    // are validated positive.)
     p.scale = s.scale_dtype == Dtype::F16
                   ? core::f16_to_f32_scalar(core::f32_to_f16_scalar(static_cast<float>(s.static_scale)))
                   : static_cast<float>(s.static_scale);
@@ -69,9 +71,11 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     // larger one on a tie) maps to the code -2^(b-1), so the scale is negative
     // when that value is positive, and all 2^b codes are used; values of the
     // other sign beyond (2^(b-1) - 1) steps clamp. Magnitudes capped as below.
-    const double h = std::min(1e38, static_cast<double>(hi)), l = std::max(-1e38, static_cast<double>(lo));
-    const bool positive = h >= -l;
-    const double mag = (positive ? h : -l) / (qmax_sym(s.dtype) + 1);
+    // The sign is chosen on the values as given (capping first would make a
+    // tie of -2e38 and 1.5e38, and pick the positive one).
+    const bool positive = static_cast<double>(hi) >= -static_cast<double>(lo);
+    const double mag = std::min(1e38, positive ? static_cast<double>(hi) : -static_cast<double>(lo)) /
+                       (qmax_sym(s.dtype) + 1);
     if (mag > 0.0) {
       const float f = std::max(static_cast<float>(mag), std::numeric_limits<float>::min());
       const float up = static_cast<double>(f) < mag ? core::bits_f32(core::f32_bits(f) + 1) : f;
@@ -562,6 +566,12 @@ void store_scale(uint8_t *p, Dtype sd, float v) {
   p[1] = static_cast<uint8_t>(u >> 8);
   p[2] = static_cast<uint8_t>(u >> 16);
   p[3] = static_cast<uint8_t>(u >> 24);
+}
+
+float dynamic_scale(const Spec &s, float lo, float hi) {
+  Spec d = s;
+  d.static_scale = 0.0;
+  return make_params(d, lo, hi).scale;
 }
 
 float round_scale_up(float v, Dtype sd) {

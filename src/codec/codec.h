@@ -92,6 +92,9 @@ bool simd_active();
 // Scale helpers (little-endian f32 or f16 in memory).
 float load_scale(const uint8_t *p, Dtype sd);
 void store_scale(uint8_t *p, Dtype sd, float v);
+// The dynamic scale of a group whose values span [lo, hi] (as the encoder
+// computes it: negative for a full-range group whose extreme is positive).
+float dynamic_scale(const Spec &s, float lo, float hi);
 // Rounds a scale up (or a zero point down) to the nearest value of sd.
 float round_scale_up(float v, Dtype sd);
 float round_zero_down(float v, Dtype sd);

@@ -907,9 +907,24 @@ float Pool::tensor_scale(int kv, uint32_t layer) const {
 
 // Dynamic per-tensor scale: fixed by the first write to the layer (as vLLM
 // computes k_scale / v_scale on the first forward pass); later values beyond
-// its range saturate.
+// its range saturate. A full-range codec takes the full-range rule's signed
+// scale (-m / 2^(bits-1), negative when the extreme m is positive), as
+// kvc_quantize() computes it for a per-tensor array.
 void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
   if (tensor_scale_[kv][layer].load(std::memory_order_acquire) != 0) return;
+  const codec::Spec &sp = part_[kv].spec;
+  if (sp.full_range) {
+    float lo = 0.0f, hi = 0.0f;
+    for (uint64_t i = 0; i < n; ++i) {
+      lo = std::min(lo, x[i]);
+      hi = std::max(hi, x[i]);
+    }
+    const float scale = codec::dynamic_scale(sp, lo, hi);
+    if (scale == 0.0f) return;  // all zeros: stay uncalibrated
+    uint32_t expected = 0;
+    tensor_scale_[kv][layer].compare_exchange_strong(expected, f32_bits(scale), std::memory_order_acq_rel);
+    return;
+  }
   float absmax = 0.0f;
   for (uint64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
   calibrate_absmax(kv, layer, absmax);

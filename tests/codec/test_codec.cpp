@@ -631,6 +631,26 @@ static void test_full_range() {
     Quantized qt = roundtrip(s, t, 1, 8);
     CHECK(load_scale(qt.scales.data(), Dtype::F32) == -0.375f);
     CHECK(qt.out[1] == 3.0f && qt.out[0] == -2.625f);  // -3 -> 8 clamps to 7
+    // Beyond the 1e38 cap the sign still follows the value of largest
+    // magnitude: -2e38 (not the positive 1.5e38, which caps to the same
+    // magnitude) gives a positive scale, and it saturates to the code -128.
+    {
+      Spec s8 = s;
+      s8.dtype = Dtype::INT8;
+      const std::vector<float> big = {1.5e38f, -2e38f, 1.0f, 0, 0, 0, 0, 0};
+      for (bool scalar : {true, false}) {
+        set_force_scalar(scalar);
+        Quantized qb = roundtrip(s8, big, 1, 8);
+        const float sc = load_scale(qb.scales.data(), Dtype::F32);
+        CHECK(sc > 0.0f && sc >= static_cast<float>(1e38 / 128) && sc < 7.82e35f);
+        CHECK(static_cast<int8_t>(qb.codes[1]) == -128 && qb.out[1] == -128.0f * sc);
+        CHECK(static_cast<int8_t>(qb.codes[0]) == 127 && qb.out[0] == 127.0f * sc);
+        // A true tie picks the positive extreme.
+        Quantized qt2 = roundtrip(s8, {-3e38f, 3e38f, 0, 0, 0, 0, 0, 0}, 1, 8);
+        CHECK(load_scale(qt2.scales.data(), Dtype::F32) < 0.0f && static_cast<int8_t>(qt2.codes[1]) == -128);
+      }
+      set_force_scalar(false);
+    }
     // A zero row: scale 0 and exact zeros, for every dtype.
     for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2}) {
       s.dtype = dt;

@@ -382,13 +382,75 @@ static void test_full_range(void **state) {
   bad = c;
   bad.full_range = 2;
   ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_quantize_sizes(&bad, 1, 8, &qs));
+  /* A CUDA pool: KVC_ERR_UNSUPPORTED naming full_range, except in a build
+   * without the CUDA backend, where every CUDA pool is KVC_ERR_DEVICE_UNAVAILABLE
+   * (KVC_DEVICE_CUDA's documentation; a plain CUDA pool shows which build this is). */
   kvc_pool_config cfg = test_config(1, 2, 64, 16, 4);
-  cfg.k_codec = &k;
   cfg.device = KVC_DEVICE_CUDA;
   kvc_pool *none = NULL;
-  ASSERT_STATUS(KVC_ERR_UNSUPPORTED, kvc_pool_create(&cfg, &none));
+  const kvc_status plain = kvc_pool_create(&cfg, &none);
+  const int no_backend = plain == KVC_ERR_DEVICE_UNAVAILABLE && strstr(kvc_last_error_message(), "no CUDA backend");
+  if (none) kvc_pool_destroy(none);
+  none = NULL;
+  cfg.k_codec = &k;
+  ASSERT_STATUS(no_backend ? KVC_ERR_DEVICE_UNAVAILABLE : KVC_ERR_UNSUPPORTED, kvc_pool_create(&cfg, &none));
   assert_null(none);
-  assert_non_null(strstr(kvc_last_error_message(), "full_range"));
+  assert_non_null(strstr(kvc_last_error_message(), no_backend ? "no CUDA backend" : "full_range"));
+}
+
+/* Full range with a dynamic per-tensor scale in a pool: the layer's scale,
+ * fixed by the first write, follows the full-range rule (-m / 2^(bits-1),
+ * m = 6 here: -0.75) like kvc_quantize() on the same values, so the pool
+ * reads back what the standalone quantizer gives. (It was calibrated as
+ * absmax / 7 = 0.857, the [-7, 7] rule, with the -8 code left unused.) */
+static void test_full_range_tensor_pool(void **state) {
+  (void)state;
+  kvc_codec c = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TENSOR, 0, 0);
+  c.full_range = 1;
+  kvc_pool *p = codec_pool(1, 1, 8, 16, 4, &c, &c, KVC_OK);
+  const float x[8] = {6.0f, -5.0f, 1.0f, -6.0f, 0.375f, 3.0f, -0.75f, 2.25f};
+  float y[8], standalone[8], ks = 0, vs = 0, scale = 0;
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 2, NULL));
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 1, x, x, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_pool_tensor_scales(p, 0, &ks, &vs));
+  assert_true(ks == -0.75f && vs == -0.75f);
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 1, y, NULL, KVC_DTYPE_F32, NULL));
+  uint8_t codes[4];
+  ASSERT_OK(kvc_quantize(&c, x, KVC_DTYPE_F32, 1, 8, codes, &scale, NULL));
+  assert_true(scale == -0.75f);
+  ASSERT_OK(kvc_dequantize(&c, codes, &scale, NULL, 1, 8, standalone, KVC_DTYPE_F32));
+  assert_memory_equal(y, standalone, sizeof y);
+  assert_true(y[0] == 6.0f && y[1] == -5.25f && y[3] == -5.25f && y[5] == 3.0f);
+  /* A later token uses the layer's scale: 7.5 is beyond -8 steps, saturates to 6. */
+  const float x2[8] = {7.5f, -1.5f, 0, 0, 0, 0, 0, 0};
+  ASSERT_OK(kvc_append(p, 1, 0, 1, 1, x2, x2, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 1, 1, y, NULL, KVC_DTYPE_F32, NULL));
+  assert_true(y[0] == 6.0f && y[1] == -1.5f);
+  /* A sequence record carries the negative scale to a fresh pool of the same configuration. */
+  size_t size = 0;
+  ASSERT_STATUS(KVC_ERR_BUFFER_TOO_SMALL, kvc_seq_save(p, 1, NULL, 0, &size));
+  void *rec = malloc(size);
+  ASSERT_OK(kvc_seq_save(p, 1, rec, size, &size));
+  kvc_pool *q = codec_pool(1, 1, 8, 16, 4, &c, &c, KVC_OK);
+  ASSERT_OK(kvc_seq_restore(q, 1, rec, size));
+  ASSERT_OK(kvc_pool_tensor_scales(q, 0, &ks, &vs));
+  assert_true(ks == -0.75f && vs == -0.75f);
+  ASSERT_OK(kvc_gather(q, 1, 0, 0, 1, y, NULL, KVC_DTYPE_F32, NULL));
+  assert_memory_equal(y, standalone, sizeof y);
+  /* A pool with [-7, 7] codes refuses it (same per-tensor layout, other decoding rule). */
+  kvc_codec plain = c;
+  plain.full_range = 0;
+  kvc_pool *r = codec_pool(1, 1, 8, 16, 4, &plain, &plain, KVC_OK);
+  ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(r, 1, rec, size));
+  uint64_t len = 0;
+  ASSERT_STATUS(KVC_ERR_SEQ_NOT_FOUND, kvc_seq_length(r, 1, &len));
+  ASSERT_OK(kvc_pool_tensor_scales(r, 0, &ks, &vs));
+  assert_true(ks == 0.0f && vs == 0.0f);
+  kvc_pool_destroy(r);
+  free(rec);
+  kvc_pool_destroy(q);
+  kvc_pool_destroy(p);
 }
 
 static void test_pool_codec_errors(void **state) {
@@ -777,6 +839,7 @@ static void test_adversarial_regressions_2(void **state) {
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adversarial_regressions_2), cmocka_unit_test(test_full_range),
+      cmocka_unit_test(test_full_range_tensor_pool),
       cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
       cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),

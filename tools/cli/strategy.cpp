@@ -351,9 +351,14 @@ Strategy parse_strategy(const std::string &spec) {
                             slot.name + "' and '" + prefix + part.name + "')");
         if (part.name == "kivi2" || part.name == "kivi4" || part.name == "hybrid")
           throw RunnerError(where + "'" + part.name + "' sets keys and values together; it takes no k-/v- prefix");
-        if (side == 'v' && std::any_of(part.params.begin(), part.params.end(),
-                                       [](const auto &kv) { return kv.first == "kchannel"; }))
-          throw RunnerError(where + "kchannel quantizes keys; use it on the k- codec");
+        auto has = [&](const char *key) {
+          return std::any_of(part.params.begin(), part.params.end(), [&](const auto &kv) { return kv.first == key; });
+        };
+        if (side == 'v' && has("kchannel")) throw RunnerError(where + "kchannel quantizes keys; use it on the k- codec");
+        // Per-channel keys are stored unrotated: on a k- codec the flag would do nothing.
+        if (side == 'k' && has("kchannel") && has("hadamard"))
+          throw RunnerError(where + "'hadamard' does not apply to per-channel keys (kchannel): they are stored "
+                                    "unrotated; drop one of them");
         st.split_kv = true;
         slot = part;
         continue;
