@@ -2613,7 +2613,8 @@ extern "C" {
 extern "C" {
     #[doc = " @brief The per-tensor scales of one layer of a pool whose K and/or V codec"]
     #[doc = " is ::KVC_SCALE_PER_TENSOR (0 for a part that has none or is not calibrated"]
-    #[doc = " yet: dynamic scales are fixed by the layer's first kvc_append())."]
+    #[doc = " yet: dynamic scales are fixed by the layer's first kvc_append(); a"]
+    #[doc = " full-range codec's is negative when that write's extreme value is positive)."]
     #[doc = " @param pool the pool (not NULL)."]
     #[doc = " @param layer 0..num_layers-1."]
     #[doc = " @param k_scale NULL or receives K's scale."]
