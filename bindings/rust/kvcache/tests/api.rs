@@ -263,6 +263,22 @@ fn prefix_cache_finds_an_inserted_prompt() {
 }
 
 #[test]
+fn full_range_codec_follows_the_q4_0_rule() {
+    // The value of largest magnitude, 6, maps to -8: scale -0.75; -6 clamps to 7.
+    let src: Vec<f32> = vec![6.0, -5.0, 1.0, -6.0, 0.375, 3.0, -0.75, 2.25];
+    let codec = Codec::new(Dtype::Int4)
+        .granularity(Granularity::PerToken)
+        .full_range(true);
+    let q = codec.quantize(&src, 8).unwrap();
+    assert_eq!(q.scales, (-0.75f32).to_le_bytes().to_vec());
+    assert_eq!(q.codes, vec![0xF0, 0xF7, 0x48, 0x59]);
+    let back: Vec<f32> = codec.dequantize(&q).unwrap();
+    assert_eq!(back, vec![6.0, -5.25, 0.75, -5.25, 0.0, 3.0, -0.75, 2.25]);
+    let err = codec.asymmetric(true).quantize(&src, 8).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+}
+
+#[test]
 fn quantizer_matches_the_raw_call_and_its_error_bound() {
     let (n, d, group) = (8usize, ROW, 32usize);
     let src = Rng::new(4).values(n * d, 3.0);
