@@ -56,7 +56,8 @@ int main(int argc, char **argv) {
       ->capture_default_str();
   eval->add_option("--tokenizer", eval_opt.tokenizer, "Tokenizer path or known name (default: the model's)");
   eval->add_option("--text", eval_opt.text, "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
-  eval->add_option("--strategies", strategies_arg, "Comma-separated strategy specs (default: every strategy of --list-strategies)");
+  eval->add_option("--strategies", strategies_arg, "Comma-separated strategy specs, e.g. int4:group=32:full-range:hadamard or k-int8:per-token+v-int4:group=32 "
+                  "(grammar in docs/eval.md; default: every strategy of --list-strategies)");
   eval->add_option("--ctx", eval_opt.ctx, "Window length in tokens, BOS included (default: the model's seq_len)");
   CLI::Option *max_tokens_opt =
       eval->add_option("--max-tokens", eval_opt.max_tokens, "Tokens to score (0: the whole text)")
