@@ -56,19 +56,22 @@ static Quantized roundtrip(const Spec &s, const std::vector<float> &x, uint64_t 
   return q;
 }
 
+// Index of the scale that element (r, c) of an [n][d] array shares.
+static uint64_t scale_index(const Spec &s, uint64_t r, uint64_t c, uint64_t d) {
+  switch (s.gran) {
+    case Gran::Token: return r;
+    case Gran::Group: return r * ((d + s.group - 1) / s.group) + c / s.group;
+    case Gran::Channel: return (r / s.group) * d + c;
+    default: return 0;  // Tensor (None has no scales)
+  }
+}
+
 // The scale (step) that element (r, c) was quantized with.
 static float step_of(const Spec &s, const Quantized &q, uint64_t r, uint64_t c, uint64_t n,
                      uint64_t d) {
   (void)n;
-  uint64_t idx = 0;
-  switch (s.gran) {
-    case Gran::Tensor: idx = 0; break;
-    case Gran::Token: idx = r; break;
-    case Gran::Group: idx = r * ((d + s.group - 1) / s.group) + c / s.group; break;
-    case Gran::Channel: idx = (r / s.group) * d + c; break;
-    case Gran::None: return 0.0f;
-  }
-  return load_scale(q.scales.data() + idx * scale_bytes(s), s.scale_dtype);
+  if (s.gran == Gran::None) return 0.0f;
+  return load_scale(q.scales.data() + scale_index(s, r, c, d) * scale_bytes(s), s.scale_dtype);
 }
 
 static std::string describe(const Spec &s, uint64_t d) {
@@ -575,14 +578,7 @@ static void test_full_range() {
           const double half = dt == Dtype::INT8 ? 128 : dt == Dtype::INT4 ? 8 : 2;
           // The extreme of each scale's elements.
           std::map<uint64_t, float> ext;
-          auto idx_of = [&](uint64_t r, uint64_t c) -> uint64_t {
-            switch (g) {
-              case Gran::Tensor: return 0;
-              case Gran::Token: return r;
-              case Gran::Group: return r * ((d + s.group - 1) / s.group) + c / s.group;
-              default: return (r / s.group) * d + c;
-            }
-          };
+          auto idx_of = [&](uint64_t r, uint64_t c) { return scale_index(s, r, c, d); };
           for (uint64_t r = 0; r < n; ++r)
             for (uint64_t c = 0; c < d; ++c) {
               const float v = x[r * d + c];

@@ -12,25 +12,21 @@ secs=${2:-60}
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$build/tests/fuzz/fuzz_pool_api"
 [ -x "$bin" ] || { echo "no $bin: configure with -DKVC_FUZZ=ON and clang" >&2; exit 1; }
-work="$build/fuzz-corpus"
-mkdir -p "$work" "$build/fuzz-artifacts"
-ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
-UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-  "$bin" -max_total_time="$secs" -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-  -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/" "$work" "$here/corpus"
-codec="$build/tests/fuzz/fuzz_codec"
-if [ -x "$codec" ]; then
-  mkdir -p "$build/fuzz-corpus-codec"
+mkdir -p "$build/fuzz-artifacts"
+# run BINARY SECONDS MAX_LEN NAME SEEDS: new inputs go to $build/fuzz-corpus[-NAME],
+# crashes to $build/fuzz-artifacts/[NAME-].
+run() {
+  suffix=${4:+-$4}
+  mkdir -p "$build/fuzz-corpus$suffix"
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    "$codec" -max_total_time=$((secs / 3 + 1)) -max_len=4096 -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/codec-" "$build/fuzz-corpus-codec" "$here/corpus-codec"
-fi
-gguf="$build/tests/fuzz/fuzz_gguf"
-if [ -x "$gguf" ]; then
-  mkdir -p "$build/fuzz-corpus-gguf"
-  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} \
-  UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    "$gguf" -max_total_time=$((secs / 3 + 1)) -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/gguf-" "$build/fuzz-corpus-gguf" "$here/corpus-gguf"
-fi
+    "$1" -max_total_time="$2" -max_len="$3" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$build/fuzz-artifacts/${4:+$4-}" "$build/fuzz-corpus$suffix" "$5"
+}
+run "$bin" "$secs" 4096 "" "$here/corpus"
+for name in codec gguf; do
+  [ -x "$build/tests/fuzz/fuzz_$name" ] || continue
+  len=4096
+  [ "$name" = gguf ] && len=8192
+  run "$build/tests/fuzz/fuzz_$name" $((secs / 3 + 1)) "$len" "$name" "$here/corpus-$name"
+done
