@@ -166,41 +166,53 @@ void decode_int_run_scalar(const IntFormat &f, bool asym, const uint8_t *in, uin
 #define KVC_CODEC_X86 1
 // Clamped to the code range, then converted with the current rounding mode
 // (round half to even, as std::nearbyint in the scalar reference).
-template <bool Asym>
-__attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(const float *x, __m256 inv,
-                                                                           __m256 z, __m256 lo, __m256 hi) {
-  __m256 y = _mm256_loadu_ps(x);
+// 8 values of a row of f16 (Half) or f32 from element j (exact conversion).
+template <bool Half>
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const void *row, uint64_t j) {
+  if constexpr (Half)
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(row) + j)));
+  else return _mm256_loadu_ps(static_cast<const float *>(row) + j);
+}
+
+// Clamp false: the caller knows |y * inv| stays below qmax + 1/2 (a
+// symmetric group's own absmax scale), where the clamp changes nothing.
+template <bool Asym, bool Clamp = true>
+__attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(__m256 y, __m256 inv, __m256 z,
+                                                                           __m256 lo, __m256 hi) {
   y = Asym ? _mm256_mul_ps(_mm256_sub_ps(y, z), inv) : _mm256_mul_ps(y, inv);
-  y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
+  if constexpr (Clamp) y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
   return _mm256_cvtps_epi32(y);
 }
 
-// 32 values -> 32 byte codes (code = q + off, q already clamped), in order.
-template <bool Asym>
-__attribute__((target("avx2"), always_inline)) inline __m256i codes32_avx2(const float *x, __m256 inv,
-                                                                            __m256 z, __m256 lo, __m256 hi,
-                                                                            __m256i off, bool is_signed) {
-  const __m256i q0 = _mm256_add_epi32(quant8_avx2<Asym>(x, inv, z, lo, hi), off);
-  const __m256i q1 = _mm256_add_epi32(quant8_avx2<Asym>(x + 8, inv, z, lo, hi), off);
-  const __m256i q2 = _mm256_add_epi32(quant8_avx2<Asym>(x + 16, inv, z, lo, hi), off);
-  const __m256i q3 = _mm256_add_epi32(quant8_avx2<Asym>(x + 24, inv, z, lo, hi), off);
+// 32 values from element j of x (f16 or f32) -> 32 byte codes (code = q +
+// off, q already clamped), in order.
+template <bool Asym, bool Half, bool Clamp = true>
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256i codes32_avx2(const void *x, uint64_t j,
+                                                                                 __m256 inv, __m256 z, __m256 lo,
+                                                                                 __m256 hi, __m256i off,
+                                                                                 bool is_signed) {
+  const __m256i q0 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j), inv, z, lo, hi), off);
+  const __m256i q1 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 8), inv, z, lo, hi), off);
+  const __m256i q2 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 16), inv, z, lo, hi), off);
+  const __m256i q3 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 24), inv, z, lo, hi), off);
   const __m256i a = _mm256_packs_epi32(q0, q1), b = _mm256_packs_epi32(q2, q3);
   const __m256i c = is_signed ? _mm256_packs_epi16(a, b) : _mm256_packus_epi16(a, b);
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-template <bool Asym>
-__attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, const float *x, uint64_t j0,
-                                                         uint64_t j1, const Params &p, uint8_t *out) {
+// Codes of elements [j0, j1) of a row x of f32 or (Half) f16 values.
+template <bool Asym, bool Half = false, bool Clamp = true>
+__attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f, const void *x, uint64_t j0,
+                                                              uint64_t j1, const Params &p, uint8_t *out) {
   const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
   const __m256i off = _mm256_set1_epi32(f.off);
   uint64_t j = j0;
   // Vector part: 32 values at a time, starting on a byte boundary of the codes.
   const uint64_t per_byte = 8 / f.bits;
-  if (j % per_byte != 0) return encode_int_run_scalar(f, Asym, x, j0, j1, p, out);
-  for (; j + 32 <= j1; j += 32) {
-    const __m256i c = codes32_avx2<Asym>(x + j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
+  if (j % per_byte != 0 && !Half) return encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j0, j1, p, out);
+  for (; j + 32 <= j1 && j % per_byte == 0; j += 32) {
+    const __m256i c = codes32_avx2<Asym, Half, Clamp>(x, j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
     if (f.bits == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
     } else if (f.bits == 4) {  // int4: pairs of bytes -> one byte, low nibble first
@@ -216,7 +228,14 @@ __attribute__((target("avx2"))) void encode_int_run_avx2(const IntFormat &f, con
       _mm_storel_epi64(reinterpret_cast<__m128i *>(out + j / 4), _mm256_castsi256_si128(lanes));
     }
   }
-  encode_int_run_scalar(f, Asym, x, j, j1, p, out);
+  if constexpr (Half) {
+    const uint16_t *h = static_cast<const uint16_t *>(x);
+    for (; j < j1; ++j)
+      put_code(out, f.bits, j, static_cast<uint32_t>(quant_int(core::f16_to_f32_scalar(h[j]), p, Asym, f.lo, f.hi) +
+                                                     f.off) & ((1u << f.bits) - 1u));
+  } else {
+    encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j, j1, p, out);
+  }
 }
 
 __attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, bool asym,
@@ -322,21 +341,25 @@ __attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode8(__m256
   return _mm256_or_si256(code, sign);
 }
 
-template <int kMant, int kBias, uint32_t kMaxCode>
-__attribute__((target("avx2"))) void encode_fp8_run_avx2(const float *x, uint64_t j0, uint64_t j1,
-                                                         float inv, uint8_t *out) {
+template <int kMant, int kBias, uint32_t kMaxCode, bool Half = false>
+__attribute__((target("avx2,f16c"))) void encode_fp8_run_avx2(const void *x, uint64_t j0, uint64_t j1,
+                                                              float inv, uint8_t *out) {
   const __m256 vinv = _mm256_set1_ps(inv);
   uint64_t j = j0;
   for (; j + 32 <= j1; j += 32) {
     __m256i c[4];
     for (int k = 0; k < 4; ++k)
-      c[k] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), vinv));
+      c[k] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(load8<Half>(x, j + 8 * k), vinv));
     const __m256i a16 = _mm256_packus_epi32(c[0], c[1]), b16 = _mm256_packus_epi32(c[2], c[3]);
     const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a16, b16),
                                                   _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), b);
   }
-  for (; j < j1; ++j) out[j] = fp8_encode<kMant, kBias, kMaxCode>(x[j] * inv);
+  for (; j < j1; ++j) {
+    const float v = Half ? core::f16_to_f32_scalar(static_cast<const uint16_t *>(x)[j])
+                         : static_cast<const float *>(x)[j];
+    out[j] = fp8_encode<kMant, kBias, kMaxCode>(v * inv);
+  }
 }
 
 // 8 fp8 codes -> 8 floats, the table's values bit for bit: normal codes by
@@ -905,11 +928,6 @@ void check_finite_raw(const void *src, core::DType t, uint64_t n) {
 
 #ifdef KVC_CODEC_X86
 namespace {
-template <bool Half>
-__attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const uint8_t *row, uint64_t j) {
-  if constexpr (Half) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(row + 2 * j)));
-  else return _mm256_loadu_ps(reinterpret_cast<const float *>(row) + j);
-}
 
 // Horizontal min and max of 8 lanes (exact in any order).
 __attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m256 b, float *lo, float *hi) {
@@ -1021,6 +1039,188 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
   }
 }
 
+// ---- f16 input, dynamic per-token / per-group scales, no rotation ---------
+// The common case of a KV append (an engine's f16 K and V rows): two passes
+// over the input and no float staging.
+//
+// Pass 1 reads every row once and takes each group's extremes on the f16
+// bits themselves: for finite values, |x| orders as the integer h & 0x7fff,
+// and x orders as the unsigned key h ^ (sign ? 0xffff : 0x8000). A key at or
+// beyond Inf's marks a NaN or Inf, so this pass is also the finiteness check
+// that must come before anything is written. Pass 2 turns each group's
+// extremes into its parameters (make_params on the same floats the other
+// paths see: f16 -> f32 is exact and monotonic, and -0 / +0 are normalized
+// there) and encodes straight from the f16 row. Codes, scales and zero points
+// are those of the scalar reference, bit for bit.
+
+// Largest u16 of a vector of 16 (as the minimum of the complement).
+__attribute__((target("avx2"), always_inline)) inline uint16_t hmax_epu16(__m256i v) {
+  const __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return static_cast<uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(m, _mm_set1_epi32(-1)))));
+}
+__attribute__((target("avx2"), always_inline)) inline uint16_t hmin_epu16(__m256i v) {
+  const __m128i m = _mm_min_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  return static_cast<uint16_t>(_mm_cvtsi128_si32(_mm_minpos_epu16(m)));
+}
+
+// 16 f16 values from h (8 when only 8 remain: the upper half repeats them,
+// which changes no extreme).
+__attribute__((target("avx2"), always_inline)) inline __m256i load16h(const uint16_t *h, uint64_t left) {
+  if (left >= 16) return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h));
+  return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h)));
+}
+
+// Pass 1. Signed: lo[k] / hi[k] = the ordered keys of group k's minimum and
+// maximum; otherwise hi[k] = the largest |x| bits of group k. Returns false
+// (having looked at every value) when any is NaN or Inf.
+template <bool Signed>
+__attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t groups, uint64_t g,
+                                                    uint16_t *lo_keys, uint16_t *hi_keys) {
+  const __m256i abs_mask = _mm256_set1_epi16(0x7fff), top = _mm256_set1_epi16(static_cast<short>(0x8000));
+  __m256i bad = _mm256_setzero_si256();  // max of |x| bits: >= 0x7c00 means NaN or Inf
+  for (uint64_t k = 0; k < groups; ++k, h += g) {
+    if constexpr (Signed) {
+      __m256i lo = _mm256_set1_epi16(-1), hi = _mm256_setzero_si256();
+      for (uint64_t j = 0; j < g; j += 16) {
+        const __m256i v = load16h(h + j, g - j);
+        bad = _mm256_max_epu16(bad, _mm256_and_si256(v, abs_mask));
+        const __m256i key = _mm256_xor_si256(v, _mm256_or_si256(_mm256_srai_epi16(v, 15), top));
+        lo = _mm256_min_epu16(lo, key);
+        hi = _mm256_max_epu16(hi, key);
+      }
+      lo_keys[k] = hmin_epu16(lo);
+      hi_keys[k] = hmax_epu16(hi);
+    } else {
+      __m256i m0 = _mm256_setzero_si256(), m1 = m0;
+      uint64_t j = 0;
+      for (; j + 32 <= g; j += 32) {
+        m0 = _mm256_max_epu16(m0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j)), abs_mask));
+        m1 = _mm256_max_epu16(m1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j + 16)), abs_mask));
+      }
+      for (; j < g; j += 16) m1 = _mm256_max_epu16(m1, _mm256_and_si256(load16h(h + j, g - j), abs_mask));
+      const __m256i m = _mm256_max_epu16(m0, m1);
+      bad = _mm256_max_epu16(bad, m);
+      hi_keys[k] = hmax_epu16(m);
+    }
+  }
+  return hmax_epu16(bad) < 0x7c00;
+}
+
+// 4 ordered keys -> their f16 values as floats.
+__attribute__((target("avx2,f16c"), always_inline)) inline __m128 f16_of_keys4(const uint16_t *keys) {
+  const __m128i k = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(keys));
+  const __m128i neg = _mm_srai_epi16(k, 15);  // key top bit set: a value >= +0
+  const __m128i flip = _mm_or_si128(_mm_andnot_si128(neg, _mm_set1_epi32(-1)), _mm_set1_epi16(static_cast<short>(0x8000)));
+  return _mm_cvtph_ps(_mm_xor_si128(k, flip));
+}
+
+// The parameters of 4 groups from their extremes: make_params's operations
+// for dynamic scales (in double where it uses double), 4 lanes at a time.
+// Mode 0: symmetric (integer or fp8), 1: asymmetric, 2: full range. For f16
+// input only: the extremes are f16 values, so round_zero_down leaves them as
+// they are and the 1e38 caps never bind.
+template <int Mode>
+__attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 lo, __m128 hi, double q, bool f16_scale,
+                                                                       float *scale, float *inv, float *zero) {
+  lo = _mm_add_ps(lo, _mm_setzero_ps());  // -0 -> +0
+  hi = _mm_add_ps(hi, _mm_setzero_ps());
+  const __m256d vq = _mm256_set1_pd(q);
+  __m256d raw;
+  __m128 positive = _mm_setzero_ps();
+  if constexpr (Mode == 1) {
+    raw = _mm256_div_pd(_mm256_sub_pd(_mm256_cvtps_pd(hi), _mm256_cvtps_pd(lo)), vq);
+    _mm_storeu_ps(zero, lo);
+  } else if constexpr (Mode == 2) {
+    const __m128 nlo = _mm_sub_ps(_mm_setzero_ps(), lo);
+    positive = _mm_cmpge_ps(hi, nlo);
+    raw = _mm256_div_pd(_mm256_cvtps_pd(_mm_blendv_ps(nlo, hi, positive)), vq);
+  } else {
+    const __m128 abs = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
+    raw = _mm256_div_pd(_mm256_cvtps_pd(_mm_max_ps(_mm_and_ps(lo, abs), _mm_and_ps(hi, abs))), vq);
+  }
+  const __m128 f = _mm_max_ps(_mm256_cvtpd_ps(raw), _mm_set1_ps(std::numeric_limits<float>::min()));
+  // 64-bit compare masks -> 32-bit lanes (the even halves).
+  const __m256i even = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  const __m128i below = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(_mm256_cmp_pd(_mm256_cvtps_pd(f), raw, _CMP_LT_OQ)), even));
+  const __m128i valid = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(_mm256_cmp_pd(raw, _mm256_setzero_pd(), _CMP_GT_OQ)), even));
+  __m128 up = _mm_castsi128_ps(_mm_sub_epi32(_mm_castps_si128(f), below));  // + 1 ulp where f < raw
+  if (f16_scale) up = _mm_cvtph_ps(_mm_cvtps_ph(_mm_min_ps(up, _mm_set1_ps(65504.0f)), _MM_FROUND_TO_POS_INF));
+  const __m128 m = _mm_and_ps(up, _mm_castsi128_ps(valid));
+  const __m128 r = _mm_and_ps(_mm_div_ps(_mm_set1_ps(1.0f), m), _mm_castsi128_ps(valid));
+  if constexpr (Mode == 2) {
+    const __m128 sign = _mm_and_ps(positive, _mm_set1_ps(-0.0f));
+    _mm_storeu_ps(scale, _mm_and_ps(_mm_xor_ps(m, sign), _mm_castsi128_ps(valid)));
+    _mm_storeu_ps(inv, _mm_and_ps(_mm_xor_ps(r, sign), _mm_castsi128_ps(valid)));
+  } else {
+    _mm_storeu_ps(scale, m);
+    _mm_storeu_ps(inv, r);
+  }
+}
+
+// Returns false, having written nothing, when the input holds a NaN or Inf.
+template <int Mode>
+__attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, const uint16_t *src, uint64_t n,
+                                                              uint64_t d, uint8_t *codes, uint8_t *scales,
+                                                              uint8_t *zeros) {
+  constexpr bool Signed = Mode != 0;
+  const uint64_t g = s.gran == Gran::Group ? s.group : d, groups = n * (d / g);
+  // Keys of every group (the whole input is checked before anything is
+  // written), then chunks of groups: parameters, scales, codes. Every group
+  // of the flat input is g consecutive values, its codes g * bits / 8
+  // consecutive bytes and its scale the next one (d is a multiple of g).
+  constexpr uint64_t kChunk = 256;
+  thread_local std::vector<uint16_t> keys_buf;
+  thread_local std::vector<float> par_buf;
+  const uint64_t padded = (groups + 3) / 4 * 4;
+  if (keys_buf.size() < 2 * padded) keys_buf.resize(2 * padded);
+  if (par_buf.size() < 3 * kChunk) par_buf.resize(3 * kChunk);
+  uint16_t *lo_keys = keys_buf.data(), *hi_keys = lo_keys + padded;
+  for (uint64_t k = groups; k < padded; ++k) lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
+  if (!f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)) return false;
+  const uint64_t sb = scale_bytes(s);
+  const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == Dtype::F16;
+  const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
+  const uint64_t gb = g * (integer ? static_cast<uint64_t>(f.bits) : 8) / 8;  // code bytes per group
+  const double q = Mode == 1 ? qmax_asym(s.dtype)
+                   : Mode == 2 ? qmax_sym(s.dtype) + 1
+                   : is_fp8(s.dtype) ? static_cast<double>(fp8_max(s.dtype))
+                                     : qmax_sym(s.dtype);
+  float *sc = par_buf.data(), *iv = sc + kChunk, *zp = iv + kChunk;
+  for (uint64_t k0 = 0; k0 < groups; k0 += kChunk) {
+    const uint64_t m = std::min(kChunk, groups - k0);
+    for (uint64_t k = 0; k < m; k += 4) {
+      const uint64_t kk = k0 + k;
+      const __m128 hi = Signed ? f16_of_keys4(hi_keys + kk)
+                               : _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(hi_keys + kk)));
+      const __m128 lo = Signed ? f16_of_keys4(lo_keys + kk) : _mm_sub_ps(_mm_setzero_ps(), hi);
+      params4<Mode>(lo, hi, q, f16_scale, sc + k, iv + k, zp + k);
+    }
+    if (f16_scale) {
+      for (uint64_t k = 0; k < m; ++k) store_scale(scales + (k0 + k) * sb, s.scale_dtype, sc[k]);
+      if (Mode == 1 && zeros)
+        for (uint64_t k = 0; k < m; ++k) store_scale(zeros + (k0 + k) * sb, s.scale_dtype, zp[k]);
+    } else {
+      std::memcpy(scales + k0 * 4, sc, m * 4);  // little-endian f32, as store_scale writes
+      if (Mode == 1 && zeros) std::memcpy(zeros + k0 * 4, zp, m * 4);
+    }
+    if (integer && f.bits < 8 && g % 32 != 0) std::memset(codes + k0 * gb, 0, m * gb);  // scalar tails OR codes in
+    for (uint64_t k = 0; k < m; ++k) {
+      const uint16_t *x = src + (k0 + k) * g;
+      uint8_t *out = codes + (k0 + k) * gb;
+      Params p;
+      p.scale = sc[k];
+      p.inv = iv[k];
+      p.zero = Mode == 1 ? zp[k] : 0.0f;
+      if (integer) encode_int_run_avx2<Mode == 1, true, Mode != 0>(f, x, 0, g, p, out);
+      else if (s.dtype == Dtype::FP8_E4M3) encode_fp8_run_avx2<3, 7, 0x7eu, true>(x, 0, g, p.inv, out);
+      else encode_fp8_run_avx2<2, 15, 0x7bu, true>(x, 0, g, p.inv, out);
+    }
+  }
+  return true;
+}
+
 // Floats of scratch quantize_fast needs for rows of d values.
 uint64_t quantize_fast_scratch(const Spec &s, uint64_t d) {
   const uint64_t chunk = std::max<uint64_t>(1, kChunkFloats / d);
@@ -1045,6 +1245,20 @@ void check_rotatable(const float *x, uint64_t n, uint32_t block) {
 
 void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
               uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
+#ifdef KVC_CODEC_X86
+  // f16 rows with dynamic per-token or per-group scales and no rotation: the
+  // direct path, whose first pass is also the finiteness check (on a NaN or
+  // Inf it writes nothing and the check below reports the element).
+  if (src_type == core::DType::F16 && use_avx2() && core::convert_has_simd() && !s.rotation_block &&
+      s.static_scale == 0.0 && d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
+      (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
+    const uint16_t *h = static_cast<const uint16_t *>(src);
+    const bool done = s.asym        ? quantize_f16_direct<1>(s, h, n, d, codes, scales, zeros)
+                      : s.full_range ? quantize_f16_direct<2>(s, h, n, d, codes, scales, zeros)
+                                     : quantize_f16_direct<0>(s, h, n, d, codes, scales, zeros);
+    if (done) return;
+  }
+#endif
   check_finite_raw(src, src_type, n * d);  // before anything is written
   if (s.rotation_block && src_type == core::DType::F32)
     check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);

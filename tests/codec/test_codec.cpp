@@ -657,6 +657,83 @@ static void test_full_range() {
   }
 }
 
+// f16 rows with dynamic per-token or per-group scales take the direct path
+// (extremes on the f16 bits, parameters 4 groups at a time, codes straight
+// from f16): bit for bit the scalar reference, on the f16 values where the
+// order of bits and values is delicate (signed zeros, subnormals, the largest
+// finite, constant and one-signed groups) and on random finite bit patterns.
+static void test_f16_direct_matches_scalar() {
+  std::uniform_int_distribution<int> bits(0, 0xffff), pick(0, 9);
+  const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x83ff, 0x0400, 0x7bff, 0xfbff, 0x3c00, 0xbc00};
+  auto make = [&](uint64_t count, uint64_t g) {
+    std::vector<uint16_t> h(count);
+    for (uint64_t i = 0; i < count; i += g) {
+      const int kind = pick(rng);  // per group
+      const uint16_t c = specials[bits(rng) % (sizeof specials / sizeof specials[0])];
+      for (uint64_t j = i; j < i + g && j < count; ++j) {
+        uint16_t v;
+        do v = static_cast<uint16_t>(bits(rng));
+        while ((v & 0x7c00) == 0x7c00);  // finite
+        if (kind == 0) v = c;                                             // constant group
+        else if (kind == 1) v = specials[bits(rng) % (sizeof specials / sizeof specials[0])];
+        else if (kind == 2) v |= 0x8000;                                  // all negative
+        else if (kind == 3) v &= 0x7fff;                                  // all positive
+        else if (kind == 4) v = static_cast<uint16_t>(v & 0x83ff);        // subnormals and zeros
+        else if (kind == 5 && j == i) v = c;                              // one special among randoms
+        h[j] = v;
+      }
+    }
+    return h;
+  };
+  int cases = 0;
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+    for (int mode : {0, 1, 2})
+      for (Dtype sd : {Dtype::F32, Dtype::F16})
+        for (uint64_t d : {64ull, 96ull, 128ull, 200ull})
+          for (uint32_t group : {0u, 8u, 16u, 24u, 32u, 64u}) {
+            if (mode != 0 && is_fp8(dt)) continue;
+            if (group && d % group != 0) continue;
+            Spec s;
+            s.dtype = dt;
+            s.gran = group ? Gran::Group : Gran::Token;
+            s.group = group;
+            s.asym = mode == 1;
+            s.full_range = mode == 2;
+            s.scale_dtype = sd;
+            const uint64_t n = 9;
+            const std::vector<uint16_t> h = make(n * d, group ? group : d);
+            Quantized a, b;
+            for (Quantized *q : {&a, &b}) {
+              q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+              q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+              q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
+              set_force_scalar(q == &a);
+              quantize(s, h.data(), kvc::core::DType::F16, n, d, q->codes.data(), q->scales.data(), q->zeros.data());
+            }
+            set_force_scalar(false);
+            const bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
+            if (!same)
+              std::fprintf(stderr, "f16 direct path differs: dtype %d mode %d scale %d d %llu group %u\n", int(dt),
+                           mode, int(sd), (unsigned long long)d, group);
+            CHECK(same);
+            // A NaN or Inf of either sign in the last value: refused, nothing written.
+            for (uint16_t badv : {0x7c00, 0xfc00, 0x7e00, 0xfe01}) {
+              std::vector<uint16_t> hb = h;
+              hb.back() = badv;
+              std::vector<uint8_t> codes(a.codes.size(), 0x5a), scales(a.scales.size(), 0x5a), zeros(a.zeros.size(), 0x5a);
+              expect_error([&] { quantize(s, hb.data(), kvc::core::DType::F16, n, d, codes.data(), scales.data(), zeros.data()); },
+                           kvc::core::Errc::NonFinite);
+              bool untouched = true;
+              for (uint8_t c : codes) untouched = untouched && c == 0x5a;
+              for (uint8_t c : scales) untouched = untouched && c == 0x5a;
+              for (uint8_t c : zeros) untouched = untouched && c == 0x5a;
+              CHECK(untouched);
+            }
+            ++cases;
+          }
+  CHECK(cases > 200);
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
@@ -669,6 +746,7 @@ int main(int argc, char **argv) {
       {"fused_quantize", test_fused_quantize_matches_scalar},
       {"fp8_decode_all_codes", test_fp8_decode_all_codes},
       {"full_range", test_full_range},
+      {"f16_direct", test_f16_direct_matches_scalar},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)
