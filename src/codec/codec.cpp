@@ -1080,16 +1080,28 @@ __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t 
   __m256i bad = _mm256_setzero_si256();  // max of |x| bits: >= 0x7c00 means NaN or Inf
   for (uint64_t k = 0; k < groups; ++k, h += g) {
     if constexpr (Signed) {
-      __m256i lo = _mm256_set1_epi16(-1), hi = _mm256_setzero_si256();
-      for (uint64_t j = 0; j < g; j += 16) {
+      // (NaN and Inf are caught on the keys: at or above Inf's, or at or
+      // below -Inf's.)
+      __m256i lo = _mm256_set1_epi16(-1), hi = _mm256_setzero_si256(), lo1 = lo, hi1 = hi;
+      uint64_t j = 0;
+      for (; j + 32 <= g; j += 32) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j));
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j + 16));
+        const __m256i kv = _mm256_xor_si256(v, _mm256_or_si256(_mm256_srai_epi16(v, 15), top));
+        const __m256i kw = _mm256_xor_si256(w, _mm256_or_si256(_mm256_srai_epi16(w, 15), top));
+        lo = _mm256_min_epu16(lo, kv);
+        hi = _mm256_max_epu16(hi, kv);
+        lo1 = _mm256_min_epu16(lo1, kw);
+        hi1 = _mm256_max_epu16(hi1, kw);
+      }
+      for (; j < g; j += 16) {
         const __m256i v = load16h(h + j, g - j);
-        bad = _mm256_max_epu16(bad, _mm256_and_si256(v, abs_mask));
         const __m256i key = _mm256_xor_si256(v, _mm256_or_si256(_mm256_srai_epi16(v, 15), top));
         lo = _mm256_min_epu16(lo, key);
         hi = _mm256_max_epu16(hi, key);
       }
-      lo_keys[k] = hmin_epu16(lo);
-      hi_keys[k] = hmax_epu16(hi);
+      lo_keys[k] = hmin_epu16(_mm256_min_epu16(lo, lo1));
+      hi_keys[k] = hmax_epu16(_mm256_max_epu16(hi, hi1));
     } else {
       __m256i m0 = _mm256_setzero_si256(), m1 = m0;
       uint64_t j = 0;
@@ -1103,7 +1115,25 @@ __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t 
       hi_keys[k] = hmax_epu16(m);
     }
   }
-  return hmax_epu16(bad) < 0x7c00;
+  if constexpr (Signed) {
+    // Keys of +Inf and above (NaN) are >= 0xfc00; of -Inf and below, <= 0x03ff.
+    (void)bad;
+    const __m256i hi_bad = _mm256_set1_epi16(static_cast<short>(0xfc00 - 0x8000)), lo_bad = _mm256_set1_epi16(0x03ff - 0x8000);
+    const __m256i flip = _mm256_set1_epi16(static_cast<short>(0x8000));
+    __m256i any = _mm256_setzero_si256();
+    uint64_t k = 0;
+    for (; k + 16 <= groups; k += 16) {  // signed compares on keys - 0x8000
+      const __m256i a = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(lo_keys + k)), flip);
+      const __m256i b = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(hi_keys + k)), flip);
+      any = _mm256_or_si256(any, _mm256_or_si256(_mm256_cmpgt_epi16(_mm256_add_epi16(lo_bad, _mm256_set1_epi16(1)), a),
+                                                 _mm256_cmpgt_epi16(b, _mm256_sub_epi16(hi_bad, _mm256_set1_epi16(1)))));
+    }
+    bool ok = _mm256_testz_si256(any, any);
+    for (; k < groups; ++k) ok = ok && lo_keys[k] > 0x03ff && hi_keys[k] < 0xfc00;
+    return ok;
+  } else {
+    return hmax_epu16(bad) < 0x7c00;
+  }
 }
 
 // 4 ordered keys -> their f16 values as floats.
@@ -1159,6 +1189,69 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 l
   }
 }
 
+// Codes of m integer groups of g values (g a multiple of 32) straight from
+// f16, the run kernel's operations with the constants kept in registers
+// across groups. No clamp for symmetric and asymmetric groups: each group's
+// own scale (rounded up) and zero point (its minimum, exact for f16 input)
+// keep y = (x - zero) / scale within [0, qmax] or [-qmax, qmax] up to a few
+// ulps, which round to the same codes the clamp gives. Full-range groups
+// clamp (values of the other sign may exceed 2^(b-1) - 1 steps).
+template <int Bits, int Mode>
+__attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, uint64_t m, uint64_t g,
+                                                            const float *iv, const float *zp, const IntFormat &f,
+                                                            uint8_t *out) {
+  constexpr bool Asym = Mode == 1;
+  const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
+  const __m256i off = _mm256_set1_epi32(f.off);
+  for (uint64_t k = 0; k < m; ++k, x += g, out += g * Bits / 8) {
+    const __m256 inv = _mm256_set1_ps(iv[k]), z = Asym ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps();
+    for (uint64_t j = 0; j < g; j += 32) {
+      const __m256i c = codes32_avx2<Asym, true, Mode == 2>(x, j, inv, z, lo, hi, off, Bits == 8 && !Asym);
+      if constexpr (Bits == 8) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+      } else if constexpr (Bits == 4) {
+        const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
+                                            _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
+        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+      } else {
+        const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));
+        const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));
+        const __m256i b8 = _mm256_packus_epi16(_mm256_packus_epi32(w32, w32), _mm256_setzero_si256());
+        const __m256i lanes = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+        _mm_storel_epi64(reinterpret_cast<__m128i *>(out + j / 4), _mm256_castsi256_si128(lanes));
+      }
+    }
+  }
+}
+
+template <int kMant, int kBias, uint32_t kMaxCode>
+__attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *x, uint64_t m, uint64_t g,
+                                                                const float *iv, uint8_t *out) {
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (uint64_t k = 0; k < m; ++k, x += g, out += g) {
+    const __m256 vinv = _mm256_set1_ps(iv[k]);
+    for (uint64_t j = 0; j < g; j += 32) {
+      __m256i c[4];
+      for (int t = 0; t < 4; ++t)
+        c[t] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(load8<true>(x, j + 8 * t), vinv));
+      const __m256i a16 = _mm256_packus_epi32(c[0], c[1]), b16 = _mm256_packus_epi32(c[2], c[3]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j),
+                          _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a16, b16), order));
+    }
+  }
+}
+
+// m floats (f16 values already, so the conversion is exact) as little-endian
+// f16 scales or zero points.
+__attribute__((target("avx2,f16c"))) void store_f16_values(uint8_t *dst, const float *v, uint64_t m) {
+  uint64_t k = 0;
+  for (; k + 8 <= m; k += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + k * 2),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(v + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; k < m; ++k) store_scale(dst + k * 2, Dtype::F16, v[k]);
+}
+
 // Returns false, having written nothing, when the input holds a NaN or Inf.
 template <int Mode>
 __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, const uint16_t *src, uint64_t n,
@@ -1179,7 +1272,6 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
   uint16_t *lo_keys = keys_buf.data(), *hi_keys = lo_keys + padded;
   for (uint64_t k = groups; k < padded; ++k) lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
   if (!f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)) return false;
-  const uint64_t sb = scale_bytes(s);
   const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == Dtype::F16;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const uint64_t gb = g * (integer ? static_cast<uint64_t>(f.bits) : 8) / 8;  // code bytes per group
@@ -1197,15 +1289,29 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
       const __m128 lo = Signed ? f16_of_keys4(lo_keys + kk) : _mm_sub_ps(_mm_setzero_ps(), hi);
       params4<Mode>(lo, hi, q, f16_scale, sc + k, iv + k, zp + k);
     }
-    if (f16_scale) {
-      for (uint64_t k = 0; k < m; ++k) store_scale(scales + (k0 + k) * sb, s.scale_dtype, sc[k]);
-      if (Mode == 1 && zeros)
-        for (uint64_t k = 0; k < m; ++k) store_scale(zeros + (k0 + k) * sb, s.scale_dtype, zp[k]);
+    if (f16_scale) {  // (the values are f16 already: the conversion is exact; x86 is little-endian)
+      store_f16_values(scales + k0 * 2, sc, m);
+      if (Mode == 1 && zeros) store_f16_values(zeros + k0 * 2, zp, m);
     } else {
       std::memcpy(scales + k0 * 4, sc, m * 4);  // little-endian f32, as store_scale writes
       if (Mode == 1 && zeros) std::memcpy(zeros + k0 * 4, zp, m * 4);
     }
-    if (integer && f.bits < 8 && g % 32 != 0) std::memset(codes + k0 * gb, 0, m * gb);  // scalar tails OR codes in
+    if (g % 32 == 0) {
+      const uint16_t *x = src + k0 * g;
+      uint8_t *out = codes + k0 * gb;
+      if (!integer) {
+        if (s.dtype == Dtype::FP8_E4M3) encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
+        else encode_fp8_groups_f16<2, 15, 0x7bu>(x, m, g, iv, out);
+      } else if (f.bits == 8) {
+        encode_groups_f16<8, Mode>(x, m, g, iv, zp, f, out);
+      } else if (f.bits == 4) {
+        encode_groups_f16<4, Mode>(x, m, g, iv, zp, f, out);
+      } else {
+        encode_groups_f16<2, Mode>(x, m, g, iv, zp, f, out);
+      }
+      continue;
+    }
+    if (integer && f.bits < 8) std::memset(codes + k0 * gb, 0, m * gb);  // scalar tails OR codes in
     for (uint64_t k = 0; k < m; ++k) {
       const uint16_t *x = src + (k0 + k) * g;
       uint8_t *out = codes + (k0 + k) * gb;
