@@ -348,6 +348,7 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_run_avx2(const void *x, uin
   uint64_t j = j0;
   for (; j + 32 <= j1; j += 32) {
     __m256i c[4];
+    #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k)
       c[k] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(load8<Half>(x, j + 8 * k), vinv));
     const __m256i a16 = _mm256_packus_epi32(c[0], c[1]), b16 = _mm256_packus_epi32(c[2], c[3]);
@@ -1225,21 +1226,51 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
   }
 }
 
+// fp8 codes of m groups of g values (g a multiple of 32) straight from f16:
+// fp8_encode8's operations on magnitudes, with the subnormal branch taken only
+// for the 32 values that need it and the signs added after packing (the
+// saturating packs keep each value's sign in the top bit of its byte). Each
+// group's own scale keeps |y| within the largest finite code up to a few
+// ulps, which round to it: fp8_encode8's saturation never binds.
 template <int kMant, int kBias, uint32_t kMaxCode>
 __attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *x, uint64_t m, uint64_t g,
                                                                 const float *iv, uint8_t *out) {
+  constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), rebias = _mm256_set1_epi32((127 - kBias) << 23);
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32((1 << (kDrop - 1)) - 1);
+  const __m256i min_normal = _mm256_set1_epi32((127 + kEmin) << 23);
+  const __m256 inv_step = _mm256_castsi256_ps(_mm256_set1_epi32((127 - kEmin + kMant) << 23));
   for (uint64_t k = 0; k < m; ++k, x += g, out += g) {
     const __m256 vinv = _mm256_set1_ps(iv[k]);
     for (uint64_t j = 0; j < g; j += 32) {
-      __m256i c[4];
-      for (int t = 0; t < 4; ++t)
-        c[t] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(load8<true>(x, j + 8 * t), vinv));
-      const __m256i a16 = _mm256_packus_epi32(c[0], c[1]), b16 = _mm256_packus_epi32(c[2], c[3]);
+      __m256i u[4], a[4], c[4];
+      #pragma GCC unroll 4
+      for (int t = 0; t < 4; ++t) {
+        u[t] = _mm256_castps_si256(_mm256_mul_ps(load8<true>(x, j + 8 * t), vinv));
+        a[t] = _mm256_and_si256(u[t], abs_mask);
+        const __m256i r = _mm256_sub_epi32(a[t], rebias);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(r, kDrop), one);
+        c[t] = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_add_epi32(odd, half)), kDrop);
+      }
+      const __m256i amin = _mm256_min_epu32(_mm256_min_epu32(a[0], a[1]), _mm256_min_epu32(a[2], a[3]));
+      const __m256i any_sub = _mm256_cmpgt_epi32(min_normal, amin);
+      if (!_mm256_testz_si256(any_sub, any_sub)) {
+        #pragma GCC unroll 4
+        for (int t = 0; t < 4; ++t) {
+          const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a[t]), inv_step));
+          c[t] = _mm256_blendv_epi8(c[t], q, _mm256_cmpgt_epi32(min_normal, a[t]));
+        }
+      }
+      const __m256i codes = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+      const __m256i signs = _mm256_and_si256(
+          _mm256_packs_epi16(_mm256_packs_epi32(u[0], u[1]), _mm256_packs_epi32(u[2], u[3])),
+          _mm256_set1_epi8(static_cast<char>(0x80)));
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j),
-                          _mm256_permutevar8x32_epi32(_mm256_packus_epi16(a16, b16), order));
+                          _mm256_permutevar8x32_epi32(_mm256_or_si256(codes, signs), order));
     }
   }
+  (void)kMaxCode;
 }
 
 // m floats (f16 values already, so the conversion is exact) as little-endian

@@ -558,6 +558,46 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
   l.res_off = l.res_blocks.empty() ? 0 : static_cast<uint32_t>(off % bs);
 }
 
+// Tokens of a layer an append that wrote up to index `written_end` lets age
+// now: the residual tokens beyond the window, in whole aging units, all
+// already written (index < written_end, every earlier position being written
+// before, as reserve() assumes too). 0 when none.
+static uint64_t written_agable(uint64_t hp, uint64_t target, uint64_t n_lp, uint64_t written_end, uint32_t unit) {
+  uint64_t a = hp > target ? hp - target : 0;
+  if (written_end < n_lp) return 0;
+  a = std::min(a, written_end - n_lp);
+  return a - a % unit;
+}
+
+bool Pool::age_due(const Sequence &s, uint32_t layer, uint64_t written_end) const {
+  if (!residual() || dev_) return false;
+  const LayerTable &l = s.layers[layer];
+  return written_agable(l.n_tokens - l.n_lp, hp_target(s.length), l.n_lp, written_end, age_unit()) > 0;
+}
+
+// After an append that wrote the layer's newest positions: the residual
+// tokens that left the window in whole aging units are encoded now instead of
+// at the next reserve, so a per-channel group (KIVI) leaves its f16 staging as
+// soon as it is complete and kvc_pool_stats() reports the bytes the layer
+// really needs at this length. Best effort: without the free blocks it needs
+// nothing changes, and the next reserve ages them. Caller holds the exclusive
+// lock. Never throws (bar bad_alloc before any change).
+void Pool::age_written(Sequence &s, uint32_t layer, uint64_t written_end) {
+  LayerTable &l = s.layers[layer];
+  const BlockDiv bs = block_div(cfg_.block_size);
+  const uint64_t a = written_agable(l.n_tokens - l.n_lp, hp_target(s.length), l.n_lp, written_end, age_unit());
+  if (!a) return;
+  const bool cow = l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1;
+  const uint64_t need = (l.n_lp + a + bs - 1) / bs - l.blocks.size() + (cow ? 1 : 0);
+  if (need > alloc_.available()) return;
+  const size_t lp_target = static_cast<size_t>((l.n_lp + a + bs - 1) / bs);
+  if (l.blocks.capacity() < lp_target) l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
+  // From here on nothing throws.
+  if (cow) l.blocks.back() = cow_copy(l.blocks.back());
+  age(layer, l, a);
+  note_usage();
+}
+
 int32_t Pool::take_block() {
   int32_t reclaimed;
   const int32_t b = alloc_.allocate(&reclaimed);
@@ -1167,6 +1207,16 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     const auto shared = shared_blocks(l, idx0);
     if (shared.first == 0 && shared.second == 0 && !touches_registered(l, idx0)) {
       write(l, idx0);
+      if (!age_due(s, layer, idx0 + n)) return;
+      // Aging moves blocks: exclusive lock, and only if the layer is as this
+      // write left it (otherwise the next reserve ages it).
+      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length;
+      lk.unlock();
+      std::unique_lock ulk(mu_);
+      Sequence *sp = seqs_.find(id);
+      if (sp && sp->length == seen_len && sp->layers[layer].n_tokens == seen_tokens &&
+          sp->layers[layer].n_lp == seen_lp)
+        age_written(*sp, layer, idx0 + n);
       return;
     }
   }
@@ -1196,6 +1246,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   }
   note_usage();
   write(l, idx0);
+  age_written(s, layer, idx0 + n);
 }
 
 void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void *k_out,

@@ -321,6 +321,8 @@ class Pool {
   uint64_t hp_target(uint64_t length) const;  // tokens a layer keeps in the residual
   uint32_t age_unit() const;                  // tokens encoded together when aging
   void age(uint32_t layer, LayerTable &l, uint64_t count);
+  bool age_due(const Sequence &s, uint32_t layer, uint64_t written_end) const;
+  void age_written(Sequence &s, uint32_t layer, uint64_t written_end);
   void write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
                       uint64_t count) const;
   void read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,

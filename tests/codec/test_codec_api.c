@@ -600,6 +600,80 @@ static void test_kivi_residual(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* Per-channel keys without a residual window: a group of G tokens leaves its
+ * f16 staging in the append that completes it (not at the next reserve), so
+ * the bytes in use at a multiple of G are the codec's alone; a partial group
+ * stays staged; multi-token appends age whole groups; a forked child ages its
+ * own copy and the parent keeps its staged values. */
+static void test_kchannel_ages_on_append(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_CHANNEL, 16, 1);
+  kvc_codec v = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool *p = residual_pool(&k, &v, 0, 0.0, 64, 2);
+  kvc_pool_layout l;
+  kvc_pool_layout_init(&l);
+  ASSERT_OK(kvc_pool_get_layout(p, &l));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  float kin[16], vin[16];
+  for (uint64_t pos = 0; pos < 16; ++pos) {
+    step(p, 1, pos, 2, kin, vin);
+    kvc_stats st = get_stats(p);
+    if (pos < 15) {
+      assert_int_equal(st.residual_blocks_used, 2); /* one staging block per layer */
+      assert_int_equal(st.blocks_used, 0);
+    } else {
+      assert_int_equal(st.residual_blocks_used, 0); /* the 16th token completed the group */
+      assert_int_equal(st.blocks_used, 2);
+      assert_int_equal(st.bytes_in_use, 2 * l.block_stride);
+    }
+  }
+  /* 20 tokens in one append per layer: one group of 16 ages, 4 stay staged. */
+  float k20[20 * 16], v20[20 * 16];
+  for (int i = 0; i < 20 * 16; ++i) {
+    k20[i] = sinf(0.1f * (float)i);
+    v20[i] = cosf(0.2f * (float)i);
+  }
+  ASSERT_OK(kvc_seq_reserve(p, 1, 20, NULL));
+  for (uint32_t layer = 0; layer < 2; ++layer) ASSERT_OK(kvc_append(p, 1, layer, 16, 20, k20, v20, KVC_DTYPE_F32));
+  kvc_stats st = get_stats(p);
+  assert_int_equal(st.blocks_used, 4);
+  assert_int_equal(st.residual_blocks_used, 2);
+  float staged[4 * 16];
+  ASSERT_OK(kvc_gather(p, 1, 0, 32, 4, staged, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 4 * 16; ++i) { /* still f16 */
+    uint16_t h;
+    float r;
+    kvc_convert(&k20[16 * 16 + i], KVC_DTYPE_F32, &h, KVC_DTYPE_F16, 1);
+    kvc_convert(&h, KVC_DTYPE_F16, &r, KVC_DTYPE_F32, 1);
+    assert_float_equal(staged[i], r, 0.0f);
+  }
+  /* Fork, then complete the group in the child only. */
+  ASSERT_OK(kvc_seq_fork(p, 1, 2));
+  for (uint64_t pos = 36; pos < 48; ++pos) step(p, 2, pos, 2, kin, vin);
+  float parent[4 * 16];
+  ASSERT_OK(kvc_gather(p, 1, 0, 32, 4, parent, NULL, KVC_DTYPE_F32, NULL));
+  assert_memory_equal(parent, staged, sizeof parent);
+  uint64_t nt;
+  ASSERT_OK(kvc_seq_layer_tokens(p, 2, 1, &nt));
+  assert_int_equal(nt, 48);
+  float child[4 * 16];
+  ASSERT_OK(kvc_gather(p, 2, 0, 32, 4, child, NULL, KVC_DTYPE_F32, NULL));
+  /* int4 asymmetric over the channel's 16 tokens (values within [-4, 4]):
+   * half a step of (max - min) / 15, and not the staged f16 values any more. */
+  int moved = 0;
+  for (int i = 0; i < 4 * 16; ++i) {
+    assert_true(fabsf(child[i] - staged[i]) <= 8.0f / 15.0f / 2.0f * 1.01f);
+    moved += child[i] != staged[i];
+  }
+  assert_true(moved > 32);
+  ASSERT_OK(kvc_seq_free(p, 1));
+  ASSERT_OK(kvc_seq_free(p, 2));
+  st = get_stats(p);
+  assert_int_equal(st.blocks_used, 0);
+  assert_int_equal(st.residual_blocks_used, 0);
+  kvc_pool_destroy(p);
+}
+
 /* Hybrid: the newest quarter of the sequence in f16, older tokens in int4;
  * tokens are re-encoded as they age and the bytes follow. */
 static void test_hybrid_fraction(void **state) {
@@ -845,6 +919,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
       cmocka_unit_test(test_pool_codec_errors),    cmocka_unit_test(test_kivi_residual),
+      cmocka_unit_test(test_kchannel_ages_on_append),
       cmocka_unit_test(test_hybrid_fraction),      cmocka_unit_test(test_residual_exhausted),
       cmocka_unit_test(test_adversarial_regressions),
   };
