@@ -559,12 +559,13 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
 }
 
 // Tokens of a layer an append that wrote up to index `written_end` lets age
-// now: the residual tokens beyond the window, in whole aging units, all
-// already written (index < written_end, every earlier position being written
-// before, as reserve() assumes too). 0 when none.
+// now: none unless the append wrote the layer's newest reserved position;
+// then the residual tokens beyond the window, in whole aging units (every
+// earlier position is taken as written, as reserve() takes the positions
+// before a reserve). 0 when none.
 static uint64_t written_agable(uint64_t hp, uint64_t target, uint64_t n_lp, uint64_t written_end, uint32_t unit) {
   uint64_t a = hp > target ? hp - target : 0;
-  if (written_end < n_lp) return 0;
+  if (written_end != n_lp + hp) return 0;  // only an append of the layer's newest positions
   a = std::min(a, written_end - n_lp);
   return a - a % unit;
 }
@@ -579,9 +580,9 @@ bool Pool::age_due(const Sequence &s, uint32_t layer, uint64_t written_end) cons
 // tokens that left the window in whole aging units are encoded now instead of
 // at the next reserve, so a per-channel group (KIVI) leaves its f16 staging as
 // soon as it is complete and kvc_pool_stats() reports the bytes the layer
-// really needs at this length. Best effort: without the free blocks it needs
-// nothing changes, and the next reserve ages them. Caller holds the exclusive
-// lock. Never throws (bar bad_alloc before any change).
+// really needs at this length. Best effort: without the free blocks (or
+// memory) it needs nothing changes, and the next reserve ages them. Caller
+// holds the exclusive lock. Never throws.
 void Pool::age_written(Sequence &s, uint32_t layer, uint64_t written_end) {
   LayerTable &l = s.layers[layer];
   const BlockDiv bs = block_div(cfg_.block_size);
@@ -591,7 +592,12 @@ void Pool::age_written(Sequence &s, uint32_t layer, uint64_t written_end) {
   const uint64_t need = (l.n_lp + a + bs - 1) / bs - l.blocks.size() + (cow ? 1 : 0);
   if (need > alloc_.available()) return;
   const size_t lp_target = static_cast<size_t>((l.n_lp + a + bs - 1) / bs);
-  if (l.blocks.capacity() < lp_target) l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
+  try {  // the block table's room and age()'s buffer, before any change
+    if (l.blocks.capacity() < lp_target) l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
+    scratch_input(2 * static_cast<uint64_t>(age_unit()) * cfg_.num_kv_heads * cfg_.head_dim);
+  } catch (const std::bad_alloc &) {
+    return;  // the write stands; the next reserve ages these tokens
+  }
   // From here on nothing throws.
   if (cow) l.blocks.back() = cow_copy(l.blocks.back());
   age(layer, l, a);
