@@ -1443,39 +1443,117 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
 
 #ifdef KVC_CODEC_X86
 namespace {
-// Symmetric int8 / int4 per row or per group straight to f16 or f32 output:
-// q * scale in f32, then (for f16) the F16C conversion with round half to
-// even: the scalar path's operations, in one pass.
-template <bool Half, int Bits>
-__attribute__((target("avx2,f16c"))) void dequantize_sym_fast(const Spec &s, const uint8_t *codes,
-                                                              const uint8_t *scales, uint64_t n,
-                                                              uint64_t d, void *dst) {
-  const uint64_t g = s.gran == Gran::Token ? d : s.group, ng = d / g;
+// A scale or zero point as stored (f16 through F16C: exact, as load_scale).
+__attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast(const uint8_t *p, Dtype sd) {
+  if (sd == Dtype::F32) {
+    float v;
+    std::memcpy(&v, p, 4);  // little-endian, as store_scale writes
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+// 8 codes from element j of a row of `Bits`-bit codes, as int32 q = code - off
+// (int8 symmetric: the signed byte).
+template <int Bits, bool Asym>
+__attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint8_t *in, uint64_t j, __m256i off) {
+  if constexpr (Bits == 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
+    return Asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+  } else if constexpr (Bits == 4) {
+    uint32_t w;
+    std::memcpy(&w, in + j / 2, 4);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
+  } else {
+    uint16_t w;
+    std::memcpy(&w, in + j / 4, 2);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
+  }
+}
+
+template <bool Half>
+__attribute__((target("avx2,f16c"), always_inline)) inline void store8(void *dst, uint64_t i, __m256 x) {
+  if constexpr (Half)
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(dst) + i),
+                     _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  else
+    _mm256_storeu_ps(static_cast<float *>(dst) + i, x);
+}
+
+// Integer codes (any width, symmetric, asymmetric or full range) with
+// per-tensor, per-token or per-group scales, no rotation, straight to f16 or
+// f32: q * scale (+ zero) in f32, then (for f16) the F16C conversion with
+// round half to even: the scalar path's operations, in one pass.
+template <bool Half, int Bits, bool Asym>
+__attribute__((target("avx2,f16c"))) void dequantize_int_direct(const Spec &s, const uint8_t *codes,
+                                                               const uint8_t *scales, const uint8_t *zeros,
+                                                               uint64_t n, uint64_t d, void *dst) {
+  const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+  const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
+  const __m256i off = _mm256_set1_epi32(Bits == 8 ? 0 : f.off);
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;
     for (uint64_t gi = 0; gi < ng; ++gi) {
-      float sc;
-      if (s.scale_dtype == Dtype::F32) std::memcpy(&sc, scales + (r * ng + gi) * sb, 4);
-      else sc = load_scale(scales + (r * ng + gi) * sb, s.scale_dtype);
+      const uint64_t idx = s.gran == Gran::Tensor ? 0 : r * ng + gi;
+      const __m256 vs = _mm256_set1_ps(load_scale_fast(scales + idx * sb, s.scale_dtype));
+      const __m256 vz = Asym ? _mm256_set1_ps(load_scale_fast(zeros + idx * sb, s.scale_dtype)) : _mm256_setzero_ps();
+      for (uint64_t j = gi * g; j < (gi + 1) * g; j += 8) {
+        const __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(unpack8<Bits, Asym>(in, j, off)), vs);
+        store8<Half>(dst, r * d + j, Asym ? _mm256_add_ps(x, vz) : x);
+      }
+    }
+  }
+}
+
+// fp8 codes with per-tensor, per-token or per-group scales, no rotation,
+// straight to f16 or f32. A code moved into the f16 fields is the code's value
+// exactly: e5m2 is f16's top byte; e4m3's sign, exponent and mantissa placed
+// as f16's give value x 2^-8 for normal and subnormal codes alike (x 256 is
+// exact). Then x scale in f32 (the table's value times the scale, as the
+// scalar path computes it) and the F16C conversion. A group holding e4m3's
+// NaN code (0x7f / 0xff) or an e5m2 Inf / NaN code (never written by the
+// encoder, possible in caller-supplied codes) takes the table.
+template <bool Half, bool E4M3>
+__attribute__((target("avx2,f16c"))) void dequantize_fp8_direct(const Spec &s, const uint8_t *codes,
+                                                               const uint8_t *scales, uint64_t n, uint64_t d,
+                                                               void *dst) {
+  const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
+  const uint64_t sb = scale_bytes(s);
+  const float *table = E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+  const __m256 two8 = _mm256_set1_ps(256.0f);
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint8_t *in = codes + r * d;
+    for (uint64_t gi = 0; gi < ng; ++gi) {
+      const uint64_t idx = s.gran == Gran::Tensor ? 0 : r * ng + gi;
+      const float sc = load_scale_fast(scales + idx * sb, s.scale_dtype);
       const __m256 vs = _mm256_set1_ps(sc);
       for (uint64_t j = gi * g; j < (gi + 1) * g; j += 8) {
-        __m256i q;
-        if constexpr (Bits == 8) {
-          q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j)));
-        } else {
-          uint32_t w;
-          std::memcpy(&w, in + j / 2, 4);
-          const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-          q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), _mm256_set1_epi32(8));
+        const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
+        __m128i h = _mm_unpacklo_epi8(_mm_setzero_si128(), b);  // code << 8 in 8 u16 lanes
+        __m256 x;
+        // e4m3: 0x7f / 0xff (NaN); e5m2: exponent field all ones (Inf, NaN).
+        const __m128i special = E4M3 ? _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),
+                                                       _mm_set1_epi8(static_cast<char>(0xff)))
+                                     : _mm_cmpeq_epi8(_mm_and_si128(b, _mm_set1_epi8(0x7c)), _mm_set1_epi8(0x7c));
+        if (_mm_movemask_epi8(special) & 0xff) {
+          float t[8];
+          for (int k = 0; k < 8; ++k) t[k] = table[in[j + k]] * sc;
+          store8<Half>(dst, r * d + j, _mm256_loadu_ps(t));
+          continue;
         }
-        const __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(q), vs);
-        if constexpr (Half)
-          _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(dst) + r * d + j),
-                           _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        else
-          _mm256_storeu_ps(static_cast<float *>(dst) + r * d + j, x);
+        if constexpr (E4M3) {
+          h = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(static_cast<short>(0x8000))),
+                           _mm_srli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f00)), 1));
+          x = _mm256_mul_ps(_mm256_cvtph_ps(h), two8);
+        } else {
+          x = _mm256_cvtph_ps(h);
+        }
+        store8<Half>(dst, r * d + j, _mm256_mul_ps(x, vs));
       }
     }
   }
@@ -1524,19 +1602,43 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
                 uint64_t n, uint64_t d, void *dst, core::DType dst_type) {
   const uint64_t esz = core::dtype_bytes(dst_type);
 #ifdef KVC_CODEC_X86
-  const bool fast_shape = (s.gran == Gran::Token && d % 8 == 0) ||
-                          (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0);
-  if (use_avx2() && core::convert_has_simd() && fast_shape && !s.asym && !s.rotation_block &&
-      (s.dtype == Dtype::INT8 || s.dtype == Dtype::INT4) &&
+  const bool fast_shape = d % 8 == 0 && d > 0 &&
+                          (s.gran == Gran::Token || s.gran == Gran::Tensor ||
+                           (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  if (use_avx2() && core::convert_has_simd() && fast_shape && has_scales(s) && !s.rotation_block &&
       (dst_type == core::DType::F16 || dst_type == core::DType::F32)) {
-    const bool half = dst_type == core::DType::F16;
-    if (s.dtype == Dtype::INT8)
-      half ? dequantize_sym_fast<true, 8>(s, codes, scales, n, d, dst)
-           : dequantize_sym_fast<false, 8>(s, codes, scales, n, d, dst);
-    else
-      half ? dequantize_sym_fast<true, 4>(s, codes, scales, n, d, dst)
-           : dequantize_sym_fast<false, 4>(s, codes, scales, n, d, dst);
-    return;
+    const bool h = dst_type == core::DType::F16;
+    const uint8_t *z = zeros;
+    switch (s.dtype) {
+      case Dtype::INT8:
+        if (s.asym) h ? dequantize_int_direct<true, 8, true>(s, codes, scales, z, n, d, dst)
+                      : dequantize_int_direct<false, 8, true>(s, codes, scales, z, n, d, dst);
+        else h ? dequantize_int_direct<true, 8, false>(s, codes, scales, z, n, d, dst)
+               : dequantize_int_direct<false, 8, false>(s, codes, scales, z, n, d, dst);
+        return;
+      case Dtype::INT4:
+        if (s.asym) h ? dequantize_int_direct<true, 4, true>(s, codes, scales, z, n, d, dst)
+                      : dequantize_int_direct<false, 4, true>(s, codes, scales, z, n, d, dst);
+        else h ? dequantize_int_direct<true, 4, false>(s, codes, scales, z, n, d, dst)
+               : dequantize_int_direct<false, 4, false>(s, codes, scales, z, n, d, dst);
+        return;
+      case Dtype::INT2:
+        if (s.asym) h ? dequantize_int_direct<true, 2, true>(s, codes, scales, z, n, d, dst)
+                      : dequantize_int_direct<false, 2, true>(s, codes, scales, z, n, d, dst);
+        else h ? dequantize_int_direct<true, 2, false>(s, codes, scales, z, n, d, dst)
+               : dequantize_int_direct<false, 2, false>(s, codes, scales, z, n, d, dst);
+        return;
+      case Dtype::FP8_E4M3:
+        h ? dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst)
+          : dequantize_fp8_direct<false, true>(s, codes, scales, n, d, dst);
+        return;
+      case Dtype::FP8_E5M2:
+        h ? dequantize_fp8_direct<true, false>(s, codes, scales, n, d, dst)
+          : dequantize_fp8_direct<false, false>(s, codes, scales, n, d, dst);
+        return;
+      default:
+        break;
+    }
   }
   const bool fast_any = d % 8 == 0 && d > 0 && has_scales(s) &&
                         (s.gran == Gran::Token || s.gran == Gran::Tensor ||

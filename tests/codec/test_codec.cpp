@@ -529,6 +529,13 @@ static void test_fp8_decode_all_codes() {
     set_force_scalar(false);
     dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, b.data(), kvc::core::DType::F32);
     CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+    // To f16 as well (the direct path converts each code through f16's fields).
+    std::vector<uint16_t> ha(codes.size()), hb(codes.size());
+    set_force_scalar(true);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, ha.data(), kvc::core::DType::F16);
+    set_force_scalar(false);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, hb.data(), kvc::core::DType::F16);
+    CHECK(ha == hb);
     const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
     for (int c = 0; c < 256; ++c) {
       const float want = t[c] * 0.75f;
