@@ -1197,7 +1197,10 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 l
 // keep y = (x - zero) / scale within [0, qmax] or [-qmax, qmax] up to a few
 // ulps, which round to the same codes the clamp gives. Full-range groups
 // clamp (values of the other sign may exceed 2^(b-1) - 1 steps).
-template <int Bits, int Mode>
+// Stream: the codes go around the caches (non-temporal stores, for outputs
+// far larger than the caches; out 16-byte aligned, g * Bits / 8 a multiple of
+// 32).
+template <int Bits, int Mode, bool Stream = false>
 __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, uint64_t m, uint64_t g,
                                                             const float *iv, const float *zp, const IntFormat &f,
                                                             uint8_t *out) {
@@ -1209,7 +1212,12 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
     for (uint64_t j = 0; j < g; j += 32) {
       const __m256i c = codes32_avx2<Asym, true, Mode == 2>(x, j, inv, z, lo, hi, off, Bits == 8 && !Asym);
       if constexpr (Bits == 8) {
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+        if constexpr (Stream) {
+          _mm_stream_si128(reinterpret_cast<__m128i *>(out + j), _mm256_castsi256_si128(c));
+          _mm_stream_si128(reinterpret_cast<__m128i *>(out + j + 16), _mm256_extracti128_si256(c, 1));
+        } else {
+          _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+        }
       } else if constexpr (Bits == 4) {
         const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
                                             _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
@@ -1311,6 +1319,10 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
                    : is_fp8(s.dtype) ? static_cast<double>(fp8_max(s.dtype))
                                      : qmax_sym(s.dtype);
   float *sc = par_buf.data(), *iv = sc + kChunk, *zp = iv + kChunk;
+  // Outputs beyond a few MiB bypass the caches (the input is read twice and
+  // should stay in them).
+  const bool stream = integer && f.bits == 8 && g % 32 == 0 && groups * gb >= (uint64_t(4) << 20) &&
+                      reinterpret_cast<uintptr_t>(codes) % 16 == 0;
   for (uint64_t k0 = 0; k0 < groups; k0 += kChunk) {
     const uint64_t m = std::min(kChunk, groups - k0);
     for (uint64_t k = 0; k < m; k += 4) {
@@ -1334,7 +1346,8 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
         if (s.dtype == Dtype::FP8_E4M3) encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
         else encode_fp8_groups_f16<2, 15, 0x7bu>(x, m, g, iv, out);
       } else if (f.bits == 8) {
-        encode_groups_f16<8, Mode>(x, m, g, iv, zp, f, out);
+        if (stream) encode_groups_f16<8, Mode, true>(x, m, g, iv, zp, f, out);
+        else encode_groups_f16<8, Mode>(x, m, g, iv, zp, f, out);
       } else if (f.bits == 4) {
         encode_groups_f16<4, Mode>(x, m, g, iv, zp, f, out);
       } else {
@@ -1355,6 +1368,7 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
       else encode_fp8_run_avx2<2, 15, 0x7bu, true>(x, 0, g, p.inv, out);
     }
   }
+  if (stream) _mm_sfence();  // the streamed codes are visible before we return
   return true;
 }
 

@@ -739,6 +739,23 @@ static void test_f16_direct_matches_scalar() {
             ++cases;
           }
   CHECK(cases > 200);
+  // An output of 4 MiB or more streams its int8 codes around the caches.
+  {
+    Spec s;
+    s.dtype = Dtype::INT8;
+    s.gran = Gran::Token;
+    const uint64_t n = 4096 * 8, d = 128;
+    const std::vector<uint16_t> h = make(n * d, d);
+    Quantized a, b;
+    for (Quantized *q : {&a, &b}) {
+      q->codes.assign(n * d, 0xa5);
+      q->scales.assign(n * 4, 0xa5);
+      set_force_scalar(q == &a);
+      quantize(s, h.data(), kvc::core::DType::F16, n, d, q->codes.data(), q->scales.data(), nullptr);
+    }
+    set_force_scalar(false);
+    CHECK(a.codes == b.codes && a.scales == b.scales);
+  }
 }
 
 int main(int argc, char **argv) {
