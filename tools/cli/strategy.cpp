@@ -434,6 +434,7 @@ std::vector<std::string> default_strategies() {
           "int4:group=32:full-range:hadamard",
           "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
           "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
+          "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
           "int2:group=32",
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",
