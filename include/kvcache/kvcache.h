@@ -771,9 +771,10 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
  * is copied first (copy-on-write), so other sequences never see the write.
  * With a residual window (or per-channel keys), a write that ends at the
  * layer's newest reserved position also encodes the layer's residual tokens
- * that left the window, as kvc_seq_reserve() would (positions before it are
- * taken as written), so a per-channel group leaves its staging in the append
- * that completes it; without free blocks they wait for the next reserve.
+ * that left the window, as kvc_seq_reserve() would (positions before the last
+ * reserve are taken as written; that reserve's own positions only when this
+ * write covers them all), so a per-channel group leaves its staging in the
+ * append that completes it; without free blocks they wait for the next reserve.
  * No heap allocation (except, then, growing the layer's block table).
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.

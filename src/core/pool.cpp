@@ -558,22 +558,25 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
   l.res_off = l.res_blocks.empty() ? 0 : static_cast<uint32_t>(off % bs);
 }
 
-// Tokens of a layer an append that wrote up to index `written_end` lets age
-// now: none unless the append wrote the layer's newest reserved position;
-// then the residual tokens beyond the window, in whole aging units (every
-// earlier position is taken as written, as reserve() takes the positions
-// before a reserve). 0 when none.
-static uint64_t written_agable(uint64_t hp, uint64_t target, uint64_t n_lp, uint64_t written_end, uint32_t unit) {
+// Tokens of a layer an append of indices [idx0, written_end) lets age now:
+// none unless the append wrote the layer's newest reserved position; then
+// the residual tokens beyond the window, in whole aging units, among those
+// known written: every token before the layer's last reserve (as reserve()
+// takes them), and the last reserve's own tokens only when this append
+// covered them all (an append of its newest positions ahead of its older
+// ones must not encode positions not written yet). 0 when none.
+static uint64_t written_agable(const LayerTable &l, uint64_t target, uint64_t idx0, uint64_t written_end,
+                               uint32_t unit) {
+  const uint64_t hp = l.n_tokens - l.n_lp;
   uint64_t a = hp > target ? hp - target : 0;
-  if (written_end != n_lp + hp) return 0;  // only an append of the layer's newest positions
-  a = std::min(a, written_end - n_lp);
+  if (written_end != l.n_tokens) return 0;  // only an append of the layer's newest positions
+  if (idx0 > l.reserved_at) a = std::min(a, l.reserved_at > l.n_lp ? l.reserved_at - l.n_lp : 0);
   return a - a % unit;
 }
 
-bool Pool::age_due(const Sequence &s, uint32_t layer, uint64_t written_end) const {
+bool Pool::age_due(const Sequence &s, uint32_t layer, uint64_t idx0, uint64_t written_end) const {
   if (!residual() || dev_) return false;
-  const LayerTable &l = s.layers[layer];
-  return written_agable(l.n_tokens - l.n_lp, hp_target(s.length), l.n_lp, written_end, age_unit()) > 0;
+  return written_agable(s.layers[layer], hp_target(s.length), idx0, written_end, age_unit()) > 0;
 }
 
 // After an append that wrote the layer's newest positions: the residual
@@ -583,10 +586,10 @@ bool Pool::age_due(const Sequence &s, uint32_t layer, uint64_t written_end) cons
 // really needs at this length. Best effort: without the free blocks (or
 // memory) it needs nothing changes, and the next reserve ages them. Caller
 // holds the exclusive lock. Never throws.
-void Pool::age_written(Sequence &s, uint32_t layer, uint64_t written_end) {
+void Pool::age_written(Sequence &s, uint32_t layer, uint64_t idx0, uint64_t written_end) {
   LayerTable &l = s.layers[layer];
   const BlockDiv bs = block_div(cfg_.block_size);
-  const uint64_t a = written_agable(l.n_tokens - l.n_lp, hp_target(s.length), l.n_lp, written_end, age_unit());
+  const uint64_t a = written_agable(l, hp_target(s.length), idx0, written_end, age_unit());
   if (!a) return;
   const bool cow = l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1;
   const uint64_t need = (l.n_lp + a + bs - 1) / bs - l.blocks.size() + (cow ? 1 : 0);
@@ -774,6 +777,7 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
     }
     tokens_stored_ -= l.n_tokens - keep;
     l.n_tokens = keep;
+    l.reserved_at = std::min(l.reserved_at, keep);
     if (s.track_scores) l.scores.resize(keep * cfg_.num_kv_heads);
   }
   s.length = new_length;
@@ -939,6 +943,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
                  static_cast<int64_t>(r % bs);
       }
     }
+    l.reserved_at = l.n_tokens;
     l.n_tokens += n_new;
     tokens_stored_ += n_new;
   }
@@ -1213,16 +1218,16 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     const auto shared = shared_blocks(l, idx0);
     if (shared.first == 0 && shared.second == 0 && !touches_registered(l, idx0)) {
       write(l, idx0);
-      if (!age_due(s, layer, idx0 + n)) return;
+      if (!age_due(s, layer, idx0, idx0 + n)) return;
       // Aging moves blocks: exclusive lock, and only if the layer is as this
       // write left it (otherwise the next reserve ages it).
-      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length;
+      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length, seen_at = l.reserved_at;
       lk.unlock();
       std::unique_lock ulk(mu_);
       Sequence *sp = seqs_.find(id);
       if (sp && sp->length == seen_len && sp->layers[layer].n_tokens == seen_tokens &&
-          sp->layers[layer].n_lp == seen_lp)
-        age_written(*sp, layer, idx0 + n);
+          sp->layers[layer].n_lp == seen_lp && sp->layers[layer].reserved_at == seen_at)
+        age_written(*sp, layer, idx0, idx0 + n);
       return;
     }
   }
@@ -1252,7 +1257,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   }
   note_usage();
   write(l, idx0);
-  age_written(s, layer, idx0 + n);
+  age_written(s, layer, idx0, idx0 + n);
 }
 
 void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void *k_out,

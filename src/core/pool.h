@@ -159,6 +159,11 @@ struct LayerTable {
   uint64_t n_tokens = 0;
   uint64_t n_lp = 0;     // tokens in codec format (== n_tokens without a residual)
   uint32_t res_off = 0;  // slot of token n_lp in res_blocks[0]
+  // Residual pools: the layer's token count when the last reserve began.
+  // Tokens below it are taken as written (the reserve contract); tokens of
+  // that reserve only once one append covered them all, so an append does not
+  // age (encode) reserved positions an out-of-order write has not reached.
+  uint64_t reserved_at = 0;
   uint64_t tail_pos = 0;
   uint64_t tail_index = 0;
   std::vector<int32_t> positions;
@@ -321,8 +326,8 @@ class Pool {
   uint64_t hp_target(uint64_t length) const;  // tokens a layer keeps in the residual
   uint32_t age_unit() const;                  // tokens encoded together when aging
   void age(uint32_t layer, LayerTable &l, uint64_t count);
-  bool age_due(const Sequence &s, uint32_t layer, uint64_t written_end) const;
-  void age_written(Sequence &s, uint32_t layer, uint64_t written_end);
+  bool age_due(const Sequence &s, uint32_t layer, uint64_t idx0, uint64_t written_end) const;
+  void age_written(Sequence &s, uint32_t layer, uint64_t idx0, uint64_t written_end);
   void write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
                       uint64_t count) const;
   void read_residual(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,

@@ -204,6 +204,7 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     LayerTable &l = sv.t;
     l.n_tokens = r.u64();
     l.n_lp = r.u64();
+    l.reserved_at = l.n_tokens;  // restored tokens were written
     l.tail_pos = r.u64();
     l.tail_index = r.u64();
     l.res_off = r.u32();

@@ -674,6 +674,48 @@ static void test_kchannel_ages_on_append(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* A reserve's positions written newest first: the append of the newest
+ * positions must not encode (age) the older ones it did not write, which
+ * were still legal to write (per-channel keys: once encoded they are refused
+ * and their group holds whatever the slots held). They age in the append that
+ * covers the whole reserve, or at the next reserve; tokens before the last
+ * reserve still age at once. */
+static void test_append_out_of_order_no_early_aging(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 16, 1);
+  kvc_codec v = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool *p = residual_pool(&k, &v, 0, 0.0, 64, 1);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  float kin[48 * 16], vin[48 * 16], out[48 * 16];
+  for (int i = 0; i < 48 * 16; ++i) {
+    kin[i] = sinf(0.13f * (float)i);
+    vin[i] = cosf(0.07f * (float)i);
+  }
+  ASSERT_OK(kvc_seq_reserve(p, 1, 32, NULL));
+  ASSERT_OK(kvc_append(p, 1, 0, 16, 16, kin + 16 * 16, vin + 16 * 16, KVC_DTYPE_F32)); /* newest half first */
+  kvc_stats st = get_stats(p);
+  assert_int_equal(st.blocks_used, 0); /* positions 0..15 not written: nothing aged */
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 16, kin, vin, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 32, out, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 32 * 16; ++i) assert_true(fabsf(out[i] - kin[i]) <= 1e-3f); /* still f16 */
+  /* The next reserve ages both groups; a newest-first write of its own
+   * positions then ages nothing more, the covering write does. */
+  ASSERT_OK(kvc_seq_reserve(p, 1, 16, NULL));
+  st = get_stats(p);
+  assert_int_equal(st.blocks_used, 2);
+  ASSERT_OK(kvc_append(p, 1, 0, 40, 8, kin + 40 * 16, vin + 40 * 16, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_append(p, 1, 0, 32, 8, kin + 32 * 16, vin + 32 * 16, KVC_DTYPE_F32));
+  st = get_stats(p);
+  assert_int_equal(st.residual_blocks_used, 1);
+  ASSERT_OK(kvc_append(p, 1, 0, 32, 16, kin + 32 * 16, vin + 32 * 16, KVC_DTYPE_F32));
+  st = get_stats(p);
+  assert_int_equal(st.residual_blocks_used, 0);
+  assert_int_equal(st.blocks_used, 3);
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 48, out, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 48 * 16; ++i) assert_true(fabsf(out[i] - kin[i]) <= 2.0f / 255.0f); /* int8 asym, range 2 */
+  kvc_pool_destroy(p);
+}
+
 /* Hybrid: the newest quarter of the sequence in f16, older tokens in int4;
  * tokens are re-encoded as they age and the bytes follow. */
 static void test_hybrid_fraction(void **state) {
@@ -920,6 +962,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
       cmocka_unit_test(test_pool_codec_errors),    cmocka_unit_test(test_kivi_residual),
       cmocka_unit_test(test_kchannel_ages_on_append),
+      cmocka_unit_test(test_append_out_of_order_no_early_aging),
       cmocka_unit_test(test_hybrid_fraction),      cmocka_unit_test(test_residual_exhausted),
       cmocka_unit_test(test_adversarial_regressions),
   };
