@@ -51,23 +51,31 @@ float scale_at(const std::vector<uint8_t> &scales, kvc_dtype sd, uint64_t idx) {
 struct Out {
   std::vector<uint8_t> codes, scales, zeros;
   std::vector<float> back;
-  kvc_status q = KVC_OK, dq = KVC_OK;
+  std::vector<uint16_t> back16;  // the same codes dequantized to f16
+  kvc_status q = KVC_OK, dq = KVC_OK, dq16 = KVC_OK;
 };
 
 constexpr uint8_t kGuard = 0xa5;
 constexpr size_t kPad = 16;
 
-Out run(const kvc_codec &c, const kvc_quant_sizes &qs, const std::vector<float> &x, uint64_t n, uint64_t d) {
+// Input as f32, or (h non-empty) as the f16 values h.
+Out run(const kvc_codec &c, const kvc_quant_sizes &qs, const std::vector<float> &x, const std::vector<uint16_t> &h,
+        uint64_t n, uint64_t d) {
   Out o;
   o.codes.assign(qs.codes_bytes + kPad, kGuard);
   o.scales.assign(qs.scales_bytes + kPad, kGuard);
   o.zeros.assign(qs.zeros_bytes + kPad, kGuard);
-  o.q = kvc_quantize(&c, x.data(), KVC_DTYPE_F32, n, d, o.codes.data(), o.scales.data(),
-                     qs.zeros_bytes ? o.zeros.data() : nullptr);
+  o.q = h.empty() ? kvc_quantize(&c, x.data(), KVC_DTYPE_F32, n, d, o.codes.data(), o.scales.data(),
+                                 qs.zeros_bytes ? o.zeros.data() : nullptr)
+                  : kvc_quantize(&c, h.data(), KVC_DTYPE_F16, n, d, o.codes.data(), o.scales.data(),
+                                 qs.zeros_bytes ? o.zeros.data() : nullptr);
   if (o.q == KVC_OK) {
     o.back.assign(n * d + kPad, 1234.5f);
     o.dq = kvc_dequantize(&c, o.codes.data(), o.scales.data(), qs.zeros_bytes ? o.zeros.data() : nullptr, n, d,
                           o.back.data(), KVC_DTYPE_F32);
+    o.back16.assign(n * d + kPad, 0x5a5a);
+    o.dq16 = kvc_dequantize(&c, o.codes.data(), o.scales.data(), qs.zeros_bytes ? o.zeros.data() : nullptr, n, d,
+                            o.back16.data(), KVC_DTYPE_F16);
   }
   return o;
 }
@@ -105,6 +113,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (tame) v = std::isfinite(v) ? std::fmod(v, 1000.0f) * (1.0f + float(i % 7)) : float(i % 5) - 2.0f;
     x[i] = v;
   }
+  // Half the inputs arrive as f16 (the KV append case, with its own direct
+  // path): x becomes the f16 values, so every check below applies to them.
+  std::vector<uint16_t> h;
+  if (data[22] % 2) {
+    h.resize(n * d);
+    kvc_convert(x.data(), KVC_DTYPE_F32, h.data(), KVC_DTYPE_F16, n * d);
+    kvc_convert(h.data(), KVC_DTYPE_F16, x.data(), KVC_DTYPE_F32, n * d);
+  }
 
   kvc_quant_sizes qs;
   kvc_quant_sizes_init(&qs);
@@ -116,9 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (qs.codes_bytes == 0 || qs.codes_bytes > (64u << 20)) die("implausible codes_bytes", c, n, d);
 
   kvc::codec::set_force_scalar(true);
-  const Out a = run(c, qs, x, n, d);
+  const Out a = run(c, qs, x, h, n, d);
   kvc::codec::set_force_scalar(false);
-  const Out b = run(c, qs, x, n, d);
+  const Out b = run(c, qs, x, h, n, d);
   if (a.q != b.q) die("scalar and SIMD statuses differ", c, n, d);
   if (b.q != KVC_OK) {
     if (b.q != KVC_ERR_NON_FINITE) die("unexpected status from kvc_quantize", c, n, d);
@@ -127,7 +143,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (byte != kGuard) die("a refused quantize wrote bytes", c, n, d);
     return 0;
   }
-  if (a.dq != KVC_OK || b.dq != KVC_OK) die("dequantize of fresh codes failed", c, n, d);
+  if (a.dq != KVC_OK || b.dq != KVC_OK || a.dq16 != KVC_OK || b.dq16 != KVC_OK)
+    die("dequantize of fresh codes failed", c, n, d);
+  if (a.back16 != b.back16) die("scalar and SIMD f16 decodings differ", c, n, d);
+  for (size_t i = 0; i < kPad; ++i)
+    if (b.back16[n * d + i] != 0x5a5a) die("f16 write past the sizes", c, n, d);
   for (const Out *o : {&a, &b}) {
     for (size_t i = 0; i < kPad; ++i)
       if (o->codes[qs.codes_bytes + i] != kGuard || o->scales[qs.scales_bytes + i] != kGuard ||
