@@ -8,7 +8,7 @@
 #                   longest SmolLM2 agreement runs (they run in main)
 #   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*,
 #                   the tiers' concurrent tests)
-#   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60)
+#   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60), then fuzz_codec and fuzz_gguf for a third of it each
 #   6. bench        bench/run_quick.sh on the main build (JSON), then `kvcache bench --quick`
 # Every stage runs even when an earlier one failed (the build stages a later
 # one needs excepted); the summary lists each with its time, and the exit

@@ -59,8 +59,9 @@
  * create / fork / truncate / free, reserve, stats) are serialized by one
  * pool lock, held for O(blocks touched). kvc_append() and kvc_gather() on
  * different sequences, or on different layers of one sequence, run in
- * parallel (a shared lock); an append that must copy a shared block takes the
- * pool lock exclusively. Two calls writing the same positions of the same
+ * parallel (a shared lock); an append that must copy a shared block, or that
+ * ages residual tokens (see kvc_append()), takes the pool lock exclusively for
+ * that part. Two calls writing the same positions of the same
  * sequence and layer at once give unspecified data (never a crash). Memory
  * reached through kvc_pool_get_layout() is not synchronized by the library.
  *
