@@ -1078,7 +1078,7 @@ template <bool Signed>
 __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t groups, uint64_t g,
                                                     uint16_t *lo_keys, uint16_t *hi_keys) {
   const __m256i abs_mask = _mm256_set1_epi16(0x7fff), top = _mm256_set1_epi16(static_cast<short>(0x8000));
-  __m256i bad = _mm256_setzero_si256();  // max of |x| bits: >= 0x7c00 means NaN or Inf
+  [[maybe_unused]] __m256i bad = _mm256_setzero_si256();  // unsigned keys: max of |x| bits, >= 0x7c00 is NaN / Inf
   for (uint64_t k = 0; k < groups; ++k, h += g) {
     if constexpr (Signed) {
       // (NaN and Inf are caught on the keys: at or above Inf's, or at or
@@ -1118,7 +1118,6 @@ __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t 
   }
   if constexpr (Signed) {
     // Keys of +Inf and above (NaN) are >= 0xfc00; of -Inf and below, <= 0x03ff.
-    (void)bad;
     const __m256i hi_bad = _mm256_set1_epi16(static_cast<short>(0xfc00 - 0x8000)), lo_bad = _mm256_set1_epi16(0x03ff - 0x8000);
     const __m256i flip = _mm256_set1_epi16(static_cast<short>(0x8000));
     __m256i any = _mm256_setzero_si256();
@@ -1524,6 +1523,18 @@ __attribute__((target("avx2,f16c"))) void dequantize_int_direct(const Spec &s, c
   }
 }
 
+// dequantize_int_direct for the output type (f16 or f32) and the mode.
+template <int Bits>
+void dequantize_int_direct_any(const Spec &s, bool half, const uint8_t *codes, const uint8_t *scales,
+                               const uint8_t *zeros, uint64_t n, uint64_t d, void *dst) {
+  if (s.asym)
+    half ? dequantize_int_direct<true, Bits, true>(s, codes, scales, zeros, n, d, dst)
+         : dequantize_int_direct<false, Bits, true>(s, codes, scales, zeros, n, d, dst);
+  else
+    half ? dequantize_int_direct<true, Bits, false>(s, codes, scales, zeros, n, d, dst)
+         : dequantize_int_direct<false, Bits, false>(s, codes, scales, zeros, n, d, dst);
+}
+
 // fp8 codes with per-tensor, per-token or per-group scales, no rotation,
 // straight to f16 or f32. A code moved into the f16 fields is the code's value
 // exactly: e5m2 is f16's top byte; e4m3's sign, exponent and mantissa placed
@@ -1622,34 +1633,16 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
   if (use_avx2() && core::convert_has_simd() && fast_shape && has_scales(s) && !s.rotation_block &&
       (dst_type == core::DType::F16 || dst_type == core::DType::F32)) {
     const bool h = dst_type == core::DType::F16;
-    const uint8_t *z = zeros;
     switch (s.dtype) {
-      case Dtype::INT8:
-        if (s.asym) h ? dequantize_int_direct<true, 8, true>(s, codes, scales, z, n, d, dst)
-                      : dequantize_int_direct<false, 8, true>(s, codes, scales, z, n, d, dst);
-        else h ? dequantize_int_direct<true, 8, false>(s, codes, scales, z, n, d, dst)
-               : dequantize_int_direct<false, 8, false>(s, codes, scales, z, n, d, dst);
-        return;
-      case Dtype::INT4:
-        if (s.asym) h ? dequantize_int_direct<true, 4, true>(s, codes, scales, z, n, d, dst)
-                      : dequantize_int_direct<false, 4, true>(s, codes, scales, z, n, d, dst);
-        else h ? dequantize_int_direct<true, 4, false>(s, codes, scales, z, n, d, dst)
-               : dequantize_int_direct<false, 4, false>(s, codes, scales, z, n, d, dst);
-        return;
-      case Dtype::INT2:
-        if (s.asym) h ? dequantize_int_direct<true, 2, true>(s, codes, scales, z, n, d, dst)
-                      : dequantize_int_direct<false, 2, true>(s, codes, scales, z, n, d, dst);
-        else h ? dequantize_int_direct<true, 2, false>(s, codes, scales, z, n, d, dst)
-               : dequantize_int_direct<false, 2, false>(s, codes, scales, z, n, d, dst);
-        return;
+      case Dtype::INT8: return dequantize_int_direct_any<8>(s, h, codes, scales, zeros, n, d, dst);
+      case Dtype::INT4: return dequantize_int_direct_any<4>(s, h, codes, scales, zeros, n, d, dst);
+      case Dtype::INT2: return dequantize_int_direct_any<2>(s, h, codes, scales, zeros, n, d, dst);
       case Dtype::FP8_E4M3:
-        h ? dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst)
-          : dequantize_fp8_direct<false, true>(s, codes, scales, n, d, dst);
-        return;
+        return h ? dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst)
+                 : dequantize_fp8_direct<false, true>(s, codes, scales, n, d, dst);
       case Dtype::FP8_E5M2:
-        h ? dequantize_fp8_direct<true, false>(s, codes, scales, n, d, dst)
-          : dequantize_fp8_direct<false, false>(s, codes, scales, n, d, dst);
-        return;
+        return h ? dequantize_fp8_direct<true, false>(s, codes, scales, n, d, dst)
+                 : dequantize_fp8_direct<false, false>(s, codes, scales, n, d, dst);
       default:
         break;
     }

@@ -88,13 +88,8 @@ void observer(kvc_pool *p, std::atomic<bool> *stop) {
   }
 }
 
-// Residual pool (keys int8 per channel over 8 tokens, values int8 per
-// token, window 4): per sequence, one reserve per chunk, then one thread per
-// layer appends the chunk at once (an append of a layer's newest positions
-// ages that layer under the exclusive lock, racing the other layers'
-// appends), while a reader gathers. Values read back within the codecs'
-// bounds.
-int residual_run() {
+// The tests' pool geometry with num_blocks blocks (f32 K and V unless set).
+kvc_pool_config make_config(uint64_t num_blocks) {
   kvc_pool_config c;
   kvc_pool_config_init(&c);
   c.num_layers = kLayers;
@@ -102,7 +97,18 @@ int residual_run() {
   c.num_kv_heads = kHeads;
   c.head_dim = kDim;
   c.block_size = kBlock;
-  c.num_blocks = 2 * kLayers * 64;
+  c.num_blocks = num_blocks;
+  return c;
+}
+
+// Residual pool (keys int8 per channel over 8 tokens, values int8 per
+// token, window 4): per sequence, one reserve per chunk, then one thread per
+// layer appends the chunk at once (an append of a layer's newest positions
+// ages that layer under the exclusive lock, racing the other layers'
+// appends), while a reader gathers. Values read back within the codecs'
+// bounds.
+int residual_run() {
+  kvc_pool_config c = make_config(2 * kLayers * 64);
   kvc_codec kc, vc;
   kvc_codec_init(&kc);
   kvc_codec_init(&vc);
@@ -176,14 +182,7 @@ int residual_run() {
 
 int main(int argc, char **argv) {
   if (argc > 1 && std::strcmp(argv[1], "residual") == 0) return residual_run();
-  kvc_pool_config c;
-  kvc_pool_config_init(&c);
-  c.num_layers = kLayers;
-  c.num_q_heads = kHeads * 2;
-  c.num_kv_heads = kHeads;
-  c.head_dim = kDim;
-  c.block_size = kBlock;
-  c.num_blocks = 4 * 5 * kLayers * ((200 + kBlock - 1) / kBlock) + 64;
+  kvc_pool_config c = make_config(4 * 5 * kLayers * ((200 + kBlock - 1) / kBlock) + 64);
   c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&c, &p) != KVC_OK) return 1;
