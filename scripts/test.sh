@@ -5,7 +5,7 @@
 #                   build with the CUDA kernels (when nvcc is found: cuda_* tests skip
 #                   without a GPU) and the language bindings (python_, java_, go_, rust_)
 #   3. asan         ASan + UBSan build (tools included, bench not), every ctest test but the two
-#                   longest SmolLM2 agreement runs (they run in main)
+#                   longest SmolLM2 agreement runs and eval_long (they run in main)
 #   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*,
 #                   the tiers' concurrent tests)
 #   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60), then fuzz_codec and fuzz_gguf for a third of it each
@@ -78,11 +78,12 @@ stage_asan() {
   configure_build "$prefix-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVC_SANITIZE=ON -DKVC_WERROR=OFF \
     -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF || return 1
   # The two longest model-agreement runs (SmolLM2 against llama.cpp's numbers,
-  # ~4 min under ASan) stay in the main stage; the same runner code is checked
-  # here by the shorter smollm2_* and the stories260K tests.
+  # ~4 min under ASan) and eval_long (stories260K at 8x its trained context,
+  # ~1.2 min under ASan) stay in the main stage; the same runner and eval code
+  # is checked here by the shorter smollm2_* and eval_* tests.
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1} \
     ctest --test-dir "$prefix-asan" -j "$jobs" --output-on-failure \
-    -E '^(smollm2_logprobs_match_llamacpp|smollm2_eval_short)$'
+    -E '^(smollm2_logprobs_match_llamacpp|smollm2_eval_short|eval_long)$'
 }
 
 stage_tsan() {
