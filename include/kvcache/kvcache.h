@@ -394,6 +394,7 @@ typedef struct kvc_pool_config {
   kvc_rope_style rope_style; /**< RoPE the engine applied to keys; default ::KVC_ROPE_NONE. @since 0.3 */
   uint32_t rope_dims;       /**< Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3 */
   double rope_theta;        /**< RoPE base; default 10000. @since 0.3 */
+  uint32_t residual_sinks;  /**< Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16; IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read that copy. 0 (default) = none; at most block_size. Needs a residual arena (residual_window, residual_fraction or per-channel scales). The copies take ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first token and counted by kvc_pool_stats(); readers of the raw block tables see the codec values. @since 0.3 */
 } kvc_pool_config;
 
 /**
@@ -998,7 +999,7 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
  * zero points: a restore re-quantizes nothing). The record carries a
  * fingerprint of the pool's geometry, dtypes, codecs (granularity, group
  * size, scale dtype, rotation, static scales), block size, layout, residual
- * window and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
+ * window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
  * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
  * over all layers) plus 100 bytes per layer. The sequence is unchanged.
  * @param pool the pool (not NULL).

@@ -288,6 +288,7 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
   p.rope_style = static_cast<kvc::core::RopeStyle>(c.rope_style);
   p.rope_dims = c.rope_dims;
   p.rope_theta = c.rope_theta;
+  p.residual_sinks = c.residual_sinks;
   for (int kv = 0; kv < 2; ++kv) {
     const kvc_codec *in = kv == 0 ? c.k_codec : c.v_codec;
     if (!in) continue;
@@ -424,6 +425,7 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
         {offsetof(kvc_pool_config, rope_style), sizeof c.rope_style},
         {offsetof(kvc_pool_config, rope_dims), sizeof c.rope_dims},
         {offsetof(kvc_pool_config, rope_theta), sizeof c.rope_theta},
+        {offsetof(kvc_pool_config, residual_sinks), sizeof c.residual_sinks},
     };
     for (const auto &f : ends)
       if (config->struct_size < f[0] + f[1])
@@ -583,6 +585,7 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config) 
     full.rope_style = static_cast<kvc_rope_style>(c.rope_style);
     full.rope_dims = c.rope_dims;
     full.rope_theta = c.rope_theta;
+    full.residual_sinks = c.residual_sinks;
     kvc::api::write_output_struct(full, config);
   });
 }

@@ -179,6 +179,13 @@ void Pool::validate(PoolConfig &c) {
     fail(Errc::InvalidArgument, "a residual window needs a quantized K or V codec");
   if (!wants_residual && c.num_residual_blocks != 0)
     fail(Errc::InvalidArgument, "num_residual_blocks set without a residual window");
+  if (c.residual_sinks && !wants_residual)
+    fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) +
+                                    " without a residual arena: set residual_window or residual_fraction, or "
+                                    "use a per-channel codec");
+  if (c.residual_sinks > c.block_size)
+    fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) + " above block_size " +
+                                    u64s(c.block_size));
   if (c.layout != Layout::NHD && c.layout != Layout::HND)
     fail(Errc::InvalidArgument,
          "layout " + std::to_string(static_cast<int32_t>(c.layout)) + ": must be NHD or HND");
@@ -500,6 +507,44 @@ uint64_t Pool::hp_target(uint64_t length) const {
 
 uint32_t Pool::age_unit() const { return unit_; }
 
+// Attention sinks (residual_sinks = S): layer l's copies of its first S
+// tokens are at slots (l % per) * S + i of its sequence's sink block
+// l / per, per = floor(block_size / S) layers to a residual block.
+uint64_t Pool::sink_blocks_needed() const {
+  if (!cfg_.residual_sinks) return 0;
+  const uint64_t per = cfg_.block_size / cfg_.residual_sinks;
+  return (cfg_.num_layers + per - 1) / per;
+}
+
+void Pool::assign_sinks(Sequence &s) const {
+  const uint64_t per = cfg_.residual_sinks ? cfg_.block_size / cfg_.residual_sinks : 1;
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li)
+    s.layers[li].sink_block = s.sink_blocks.empty() ? -1 : s.sink_blocks[li / per];
+}
+
+// Copies of tokens [idx0, idx0 + n) of a layer (rows of src from k and v),
+// those below S.
+void Pool::write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, const uint8_t *k,
+                       const uint8_t *v, DType src) const {
+  const uint64_t S = cfg_.residual_sinks;
+  if (l.sink_block < 0 || idx0 >= S) return;
+  const uint32_t base = static_cast<uint32_t>((layer % (cfg_.block_size / S)) * S);
+  write_residual(res_ptr(l.sink_block), base + static_cast<uint32_t>(idx0), k, v, src, std::min(n, S - idx0));
+}
+
+// Rows of tokens [idx0, idx0 + n) read from codec blocks into k_out / v_out
+// (either NULL) as dst: the encoded sinks among them are replaced by their
+// copies.
+void Pool::overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, uint8_t *k_out,
+                         uint8_t *v_out, DType dst) const {
+  const uint64_t S = cfg_.residual_sinks;
+  if (l.sink_block < 0) return;
+  const uint64_t end = std::min({idx0 + n, S, l.n_lp});
+  if (idx0 >= end) return;
+  const uint32_t base = static_cast<uint32_t>((layer % (cfg_.block_size / S)) * S);
+  read_residual(res_ptr(l.sink_block), base + static_cast<uint32_t>(idx0), end - idx0, k_out, v_out, dst);
+}
+
 // Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
 void Pool::write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
                           uint64_t count) const {
@@ -534,6 +579,9 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
                     reinterpret_cast<uint8_t *>(buf + t * row),
                     reinterpret_cast<uint8_t *>(buf + (unit + t) * row), DType::F32);
     }
+    // Attention sinks keep their residual rows (exact: residual_dtype in and out).
+    write_sinks(layer, l, l.n_lp + done, unit, reinterpret_cast<const uint8_t *>(buf),
+                reinterpret_cast<const uint8_t *>(buf + unit * row), DType::F32);
     for (int kv = 0; kv < 2; ++kv) {
       const PartLayout &pl = part_[kv];
       float *x = buf + kv * unit * row;
@@ -691,12 +739,27 @@ void Pool::seq_fork(uint64_t parent, uint64_t child) {
   std::unique_lock lk(mu_);
   const Sequence &p = find(parent);
   if (seqs_.find(child)) fail(Errc::SeqExists, "sequence " + u64s(child) + " already exists");
+  // Attention-sink copies are private (an append may rewrite a sink): the
+  // child gets its own.
+  if (p.sink_blocks.size() > res_alloc_.available())
+    fail(Errc::PoolExhausted, "pool exhausted: the child's attention-sink copies need " +
+                                  u64s(p.sink_blocks.size()) + " residual blocks, " +
+                                  u64s(res_alloc_.available()) + " available");
   auto c = std::make_unique<Sequence>(p);  // may throw: nothing changed yet
   Sequence *cp = seqs_.insert(child, std::move(c));  // may throw: nothing changed yet
   for (const LayerTable &l : cp->layers) {
     tokens_stored_ += l.n_tokens;
     for (int32_t b : l.blocks) alloc_.ref(b);
     for (int32_t b : l.res_blocks) res_alloc_.ref(b);
+  }
+  if (!cp->sink_blocks.empty()) {
+    for (int32_t &b : cp->sink_blocks) {
+      const int32_t nb = take_res();
+      std::memcpy(res_ptr(nb), res_ptr(b), res_stride_);
+      b = nb;
+    }
+    assign_sinks(*cp);
+    note_usage();
   }
 }
 
@@ -764,6 +827,8 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
                   reinterpret_cast<uint8_t *>(buf), DType::F32);
         read_part(1, li, blk, static_cast<uint32_t>(lp % bs), partial,
                   reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
+        overlay_sinks(li, l, lp, partial, reinterpret_cast<uint8_t *>(buf),
+                      reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
         l.res_blocks.push_back(take_res());
         write_residual(res_ptr(l.res_blocks[0]), 0, reinterpret_cast<const uint8_t *>(buf),
                        reinterpret_cast<const uint8_t *>(buf + partial * row), DType::F32, partial);
@@ -796,6 +861,7 @@ void Pool::seq_free(uint64_t id) {
     most = std::max(most, l.blocks.size());
     for (int32_t b : l.res_blocks) release_res(b);
   }
+  for (int32_t b : s->sink_blocks) release_res(b);
   for (size_t i = most; i-- > 0;)
     for (const LayerTable &l : s->layers)
       if (i < l.blocks.size()) release_block(l.blocks[i]);
@@ -904,6 +970,9 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     if (kept_used && (l.res_off + hp_old) % bs != 0 && res_alloc_.refcount(l.res_blocks.back()) > 1)
       ++need_res;
   }
+  // The sequence's attention-sink copies come with its first reserve.
+  const uint64_t need_sinks = s.sink_blocks.empty() ? sink_blocks_needed() : 0;
+  need_res += need_sinks;
   if (need_lp > alloc_.available() || need_res > res_alloc_.available())
     fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                   u64s(need_lp) + " blocks (" + u64s(alloc_.available()) +
@@ -917,7 +986,12 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     if (l.res_blocks.capacity() < res_target)
       l.res_blocks.reserve(std::max(res_target, 2 * l.res_blocks.capacity()));
   }
+  s.sink_blocks.reserve(need_sinks);
   // From here on nothing throws.
+  if (need_sinks) {
+    while (s.sink_blocks.size() < need_sinks) s.sink_blocks.push_back(take_res());
+    assign_sinks(s);
+  }
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     LayerTable &l = s.layers[li];
     if (aged[li]) {
@@ -1198,6 +1272,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
         uint8_t *blk = block_ptr(l.blocks[idx / bs]);
         write_part(0, layer, blk, ks + done * src_row, src, kf ? kf + done * row : nullptr, slot, run);
         write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr, slot, run);
+        write_sinks(layer, l, idx, run, ks + done * src_row, vs + done * src_row, src);
         done += run;
       } else {
         const uint64_t r = l.res_off + (idx - l.n_lp);
@@ -1291,6 +1366,7 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
       const uint8_t *blk = block_ptr(l.blocks[idx / bs]);
       if (ko) read_part(0, layer, blk, slot, run, ko + done * row, dst);
       if (vo) read_part(1, layer, blk, slot, run, vo + done * row, dst);
+      overlay_sinks(layer, l, idx, run, ko ? ko + done * row : nullptr, vo ? vo + done * row : nullptr, dst);
       done += run;
     } else {
       const uint64_t r = l.res_off + (idx - l.n_lp);
@@ -1341,6 +1417,16 @@ std::string Pool::check_sequence(uint64_t id, const Sequence &s, std::vector<uin
                                  std::vector<uint64_t> &res_refs) const {
   const BlockDiv bs = block_div(cfg_.block_size);
   if (s.layers.size() != cfg_.num_layers) return "sequence " + u64s(id) + " has wrong layer count";
+  if (!s.sink_blocks.empty() && s.sink_blocks.size() != sink_blocks_needed())
+    return "sequence " + u64s(id) + ": wrong number of attention-sink blocks";
+  for (int32_t b : s.sink_blocks) {
+    if (b < 0 || static_cast<uint64_t>(b) >= res_refs.size()) return "sequence " + u64s(id) + ": invalid sink block id";
+    ++res_refs[b];
+  }
+  for (uint32_t li = 0; li < s.layers.size(); ++li) {
+    const int32_t want = s.sink_blocks.empty() ? -1 : s.sink_blocks[li / (cfg_.block_size / cfg_.residual_sinks)];
+    if (s.layers[li].sink_block != want) return "sequence " + u64s(id) + ": a layer's sink block is not its sequence's";
+  }
   for (const LayerTable &l : s.layers) {
     if (l.n_lp > l.n_tokens || (!residual() && l.n_lp != l.n_tokens))
       return "sequence " + u64s(id) + ": codec token count above the layer's tokens";

@@ -53,6 +53,9 @@ struct PoolConfig {
   double residual_fraction = 0.0;
   DType residual_dtype = DType::F16;
   uint64_t num_residual_blocks = 0;  // 0: as many as num_blocks
+  // Attention sinks: the first residual_sinks tokens of each layer keep a
+  // residual_dtype copy once encoded (sink blocks of the residual arena).
+  uint32_t residual_sinks = 0;
   Layout layout = Layout::NHD;
   Device device = Device::CPU;
   int32_t device_index = 0;
@@ -170,6 +173,10 @@ struct LayerTable {
   // Observed attention mass per token and KV head ([n_tokens][kv_heads]),
   // kept only while the sequence tracks scores.
   std::vector<float> scores;
+  // Residual block with this layer's attention-sink copies (tokens
+  // [0, residual_sinks) at slots (layer % per block) x residual_sinks + i);
+  // -1 without. One of its sequence's sink_blocks.
+  int32_t sink_block = -1;
   // Keys were re-rotated to their in-cache index (StreamingLLM positions):
   // the RoPE position of token i is i, not its text position.
   bool rope_by_index = false;
@@ -186,6 +193,10 @@ struct LayerTable {
 struct Sequence {
   uint64_t length = 0;  // next position to write
   std::vector<LayerTable> layers;
+  // Residual blocks with the high-precision copies of every layer's first
+  // residual_sinks tokens (Pool::sink_at): taken with the first reserve,
+  // private to the sequence (a fork copies them), freed with it.
+  std::vector<int32_t> sink_blocks;
   bool track_scores = false;  // layers keep `scores`
   std::shared_ptr<const PolicySpec> policy;  // null: the pool's default
 };
@@ -323,6 +334,14 @@ class Pool {
   int32_t take_res();
   void release_res(int32_t b);
   int32_t cow_res(int32_t b);
+  // Attention sinks: blocks a sequence needs for its copies, where layer
+  // `layer`'s copy of token i lives (block, slot + i), writes and overlays.
+  uint64_t sink_blocks_needed() const;
+  void assign_sinks(Sequence &s) const;  // each layer's sink_block from s.sink_blocks
+  void write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, const uint8_t *k,
+                   const uint8_t *v, DType src) const;
+  void overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, uint8_t *k_out,
+                     uint8_t *v_out, DType dst) const;
   uint64_t hp_target(uint64_t length) const;  // tokens a layer keeps in the residual
   uint32_t age_unit() const;                  // tokens encoded together when aging
   void age(uint32_t layer, LayerTable &l, uint64_t count);

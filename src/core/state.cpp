@@ -79,6 +79,7 @@ std::vector<uint8_t> state_fingerprint(const PoolConfig &c) {
   w.u32(c.rope_dims ? c.rope_dims : c.head_dim);
   double theta = c.rope_theta;
   w.put(&theta, 8);
+  if (c.residual_sinks) w.u32(c.residual_sinks);  // (absent when 0: older records still match)
   return b;
 }
 
@@ -93,7 +94,7 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
     std::memcpy(&b, theirs + 4 * i, 4);
     if (a != b) diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) + " (this pool: " + u64s(a) + ")";
   }
-  return diff.empty() ? "codecs, scales, residual window or RoPE settings differ" : diff;
+  return diff.empty() ? "codecs, scales, residual window, attention sinks or RoPE settings differ" : diff;
 }
 
 }  // namespace
@@ -106,6 +107,7 @@ uint64_t Pool::seq_record_size(uint64_t id) const {
     n += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 + l.scores.size() * sizeof(float);
     n += l.blocks.size() * block_stride_ + l.res_blocks.size() * res_stride_;
   }
+  if (cfg_.residual_sinks) n += 4 + s.sink_blocks.size() * res_stride_;
   return n;
 }
 
@@ -146,6 +148,8 @@ std::vector<uint8_t> Pool::seq_save(uint64_t id) const {
     w.u64(l.scores.size());
     w.put(l.scores.data(), l.scores.size() * sizeof(float));
   }
+  // Pools with attention sinks: the count of sink blocks (their bytes end the record).
+  if (cfg_.residual_sinks) w.u32(static_cast<uint32_t>(s.sink_blocks.size()));
   // The blocks' bytes, layer by layer: the main arena, then the residual.
   for (const LayerTable &l : s.layers) {
     const size_t at = out.size();
@@ -158,6 +162,7 @@ std::vector<uint8_t> Pool::seq_save(uint64_t id) const {
     }
     for (int32_t b : l.res_blocks) w.put(res_ptr(b), res_stride_);
   }
+  for (int32_t b : s.sink_blocks) w.put(res_ptr(b), res_stride_);
   const uint64_t total = out.size();
   std::memcpy(out.data() + 8, &total, 8);
   const uint64_t sum = XXH3_64bits(out.data() + kHeader, total - kHeader);
@@ -243,8 +248,19 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     need_blocks += sv.n_blocks;
     need_res += sv.n_res;
   }
+  uint64_t n_sinks = 0;
+  if (cfg_.residual_sinks) {
+    n_sinks = r.u32();
+    bool any = false;
+    for (const Saved &sv : saved) any = any || sv.t.n_tokens > 0;
+    // The copies come with the first reserve (and stay through truncation).
+    if (n_sinks != 0 && n_sinks != sink_blocks_needed())
+      Reader::corrupt("has " + u64s(n_sinks) + " attention-sink blocks (" + u64s(sink_blocks_needed()) + " or 0 expected)");
+    if (any && n_sinks == 0) Reader::corrupt("has tokens but no attention-sink blocks");
+    need_res += n_sinks;
+  }
   const uint8_t *bytes = r.take(r.left());
-  uint64_t expect = 0;
+  uint64_t expect = n_sinks * res_stride_;
   for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * res_stride_;
   if (expect != static_cast<uint64_t>(size - (bytes - data)))
     Reader::corrupt("holds " + u64s(size - (bytes - data)) + " bytes of blocks, " + u64s(expect) + " expected");
@@ -271,6 +287,7 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   s->length = length;
   s->track_scores = track;
   s->layers.resize(layers);
+  s->sink_blocks.reserve(n_sinks);
   for (uint32_t li = 0; li < layers; ++li) {
     s->layers[li] = std::move(saved[li].t);
     s->layers[li].blocks.reserve(saved[li].n_blocks);
@@ -300,6 +317,12 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     }
     tokens_stored_ += l.n_tokens;
   }
+  for (uint64_t i = 0; i < n_sinks; ++i) {
+    sp->sink_blocks.push_back(take_res());
+    std::memcpy(res_ptr(sp->sink_blocks.back()), p, res_stride_);
+    p += res_stride_;
+  }
+  if (n_sinks) assign_sinks(*sp);
   note_usage();
 }
 

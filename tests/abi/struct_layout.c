@@ -92,7 +92,8 @@ FIELD(kvc_pool_config, num_residual_blocks, 104, 8);
 FIELD(kvc_pool_config, rope_style, 112, 4); /* 0.3 */
 FIELD(kvc_pool_config, rope_dims, 116, 4);
 FIELD(kvc_pool_config, rope_theta, 120, 8);
-SIZE(kvc_pool_config, 128);
+FIELD(kvc_pool_config, residual_sinks, 128, 4);
+SIZE(kvc_pool_config, 136);
 
 /* ---- kvc_stats (minimum accepted size: through blocks_shared = 48) ---- */
 FIELD(kvc_stats, struct_size, 0, 8);

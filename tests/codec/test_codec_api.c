@@ -674,6 +674,200 @@ static void test_kchannel_ages_on_append(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* Rows of token `pos` of seq-specific values (`salt` changes them). */
+static void sink_rows(uint64_t pos, float salt, float *k, float *v) {
+  for (int e = 0; e < 16; ++e) {
+    k[e] = sinf(0.37f * (float)pos + 0.9f * (float)e + salt) * (1.0f + (float)(e % 4));
+    v[e] = cosf(0.21f * (float)pos - 0.5f * (float)e + salt);
+  }
+}
+
+static float f16_round(float x) {
+  uint16_t h;
+  float r;
+  kvc_convert(&x, KVC_DTYPE_F32, &h, KVC_DTYPE_F16, 1);
+  kvc_convert(&h, KVC_DTYPE_F16, &r, KVC_DTYPE_F32, 1);
+  return r;
+}
+
+/* Gathered rows of tokens [first, first + n) of every layer equal the f16 of
+ * sink_rows(salt) exactly. */
+static void assert_sinks_exact(kvc_pool *p, uint64_t seq, uint32_t layers, uint64_t first, uint64_t n, float salt) {
+  for (uint32_t layer = 0; layer < layers; ++layer) {
+    float kg[4 * 16], vg[4 * 16];
+    ASSERT_OK(kvc_gather(p, seq, layer, first, n, kg, vg, KVC_DTYPE_F32, NULL));
+    for (uint64_t t = 0; t < n; ++t) {
+      float k[16], v[16];
+      sink_rows(first + t, salt, k, v);
+      for (int e = 0; e < 16; ++e) {
+        assert_float_equal(kg[t * 16 + e], f16_round(k[e]), 0.0f);
+        assert_float_equal(vg[t * 16 + e], f16_round(v[e]), 0.0f);
+      }
+    }
+  }
+}
+
+/* Elements of token `pos` that read back different from their f16 value
+ * (encoded: int2 moves most of them). */
+static int moved_elements(kvc_pool *p, uint64_t seq, uint64_t pos, float salt) {
+  float kg[16], vg[16], k[16], v[16];
+  ASSERT_OK(kvc_gather(p, seq, 0, pos, 1, kg, vg, KVC_DTYPE_F32, NULL));
+  sink_rows(pos, salt, k, v);
+  int moved = 0;
+  for (int e = 0; e < 16; ++e) moved += (kg[e] != f16_round(k[e])) + (vg[e] != f16_round(v[e]));
+  return moved;
+}
+
+static void append_rows(kvc_pool *p, uint64_t seq, uint64_t pos, uint32_t layers, float salt) {
+  float k[16], v[16];
+  ASSERT_OK(kvc_seq_reserve(p, seq, 1, NULL));
+  sink_rows(pos, salt, k, v);
+  for (uint32_t l = 0; l < layers; ++l) ASSERT_OK(kvc_append(p, seq, l, pos, 1, k, v, KVC_DTYPE_F32));
+}
+
+/* Attention sinks (residual_sinks): the first tokens of each layer keep
+ * their f16 rows after their per-channel group is encoded (int2 keys per
+ * channel over 16 tokens, int2 values per token); gather and attention read
+ * them; the copies take one residual block per sequence (3 layers, 2 sinks:
+ * 8 layers to a block of 16), follow forks privately, truncation and
+ * save / restore; bad settings and a full arena fail with nothing changed. */
+static void test_residual_sinks(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT2, KVC_SCALE_PER_CHANNEL, 16, 1);
+  kvc_codec v = codec_of(KVC_DTYPE_INT2, KVC_SCALE_PER_TOKEN, 0, 1);
+  const uint32_t layers = 3;
+  kvc_pool_config c = test_config(layers, 2, 8, 16, 64);
+  c.k_codec = &k;
+  c.v_codec = &v;
+  c.num_residual_blocks = 16;
+  c.residual_sinks = 2;
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool_config back;
+  kvc_pool_config_init(&back);
+  ASSERT_OK(kvc_pool_get_config(p, &back));
+  assert_int_equal(back.residual_sinks, 2);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  for (uint64_t pos = 0; pos < 40; ++pos) append_rows(p, 1, pos, layers, 0.0f);
+  kvc_stats st = get_stats(p);
+  assert_int_equal(st.blocks_used, layers * 2);           /* two groups of 16 encoded per layer */
+  assert_int_equal(st.residual_blocks_used, layers + 1);  /* 8 staged tokens per layer + the sink block */
+  assert_sinks_exact(p, 1, layers, 0, 2, 0.0f);
+  assert_true(moved_elements(p, 1, 2, 0.0f) > 16); /* token 2 is encoded */
+  assert_true(moved_elements(p, 1, 17, 0.0f) > 16);
+
+  /* Attention reads the copies: decode against a softmax over the gathered
+   * rows (which hold them). */
+  kvc_attention_params ap;
+  kvc_attention_params_init(&ap);
+  ap.num_q_heads = 4;
+  float q[4 * 8], out[4 * 8], kg[40 * 16], vg[40 * 16];
+  for (int i = 0; i < 32; ++i) q[i] = 0.3f * (float)((i * 7) % 11) - 1.5f;
+  ASSERT_OK(kvc_attention_decode(p, 1, &(uint64_t){1}, 1, q, out, NULL, &ap));
+  ASSERT_OK(kvc_gather(p, 1, 1, 0, 40, kg, vg, KVC_DTYPE_F32, NULL));
+  for (int h = 0; h < 4; ++h) {
+    const int g = h / 2;
+    double sc[40], mx = -1e30, sum = 0.0;
+    for (int t = 0; t < 40; ++t) {
+      double d = 0.0;
+      for (int e = 0; e < 8; ++e) d += (double)q[h * 8 + e] * kg[t * 16 + g * 8 + e];
+      sc[t] = d / sqrt(8.0);
+      if (sc[t] > mx) mx = sc[t];
+    }
+    for (int t = 0; t < 40; ++t) sum += exp(sc[t] - mx);
+    for (int e = 0; e < 8; ++e) {
+      double o = 0.0;
+      for (int t = 0; t < 40; ++t) o += exp(sc[t] - mx) / sum * vg[t * 16 + g * 8 + e];
+      assert_float_equal(out[h * 8 + e], (float)o, 1e-5f);
+    }
+  }
+
+  /* Fork: the child takes its own copies; rewriting its token 1 (truncate
+   * into the first group, which is re-staged with the sinks exact) leaves
+   * the parent's copy alone. */
+  ASSERT_OK(kvc_seq_fork(p, 1, 2));
+  assert_int_equal(get_stats(p).residual_blocks_used, layers + 2);
+  ASSERT_OK(kvc_seq_truncate(p, 2, 1));
+  assert_sinks_exact(p, 2, layers, 0, 1, 0.0f);
+  for (uint64_t pos = 1; pos < 16; ++pos) append_rows(p, 2, pos, layers, 1.0f);
+  assert_int_equal(get_stats(p).blocks_used, layers * 2 + layers); /* the child's group encoded (parent's kept) */
+  assert_sinks_exact(p, 2, layers, 1, 1, 1.0f);
+  assert_sinks_exact(p, 1, layers, 0, 2, 0.0f);
+
+  /* Save / restore keeps the copies. */
+  size_t need = 0;
+  assert_int_equal(kvc_seq_save(p, 1, NULL, 0, &need), KVC_ERR_BUFFER_TOO_SMALL);
+  uint8_t *rec = malloc(need);
+  assert_non_null(rec);
+  ASSERT_OK(kvc_seq_save(p, 1, rec, need, &need));
+  ASSERT_OK(kvc_seq_restore(p, 3, rec, need));
+  assert_sinks_exact(p, 3, layers, 0, 2, 0.0f);
+  assert_true(moved_elements(p, 3, 2, 0.0f) > 16);
+  ASSERT_OK(kvc_seq_free(p, 3));
+  ASSERT_OK(kvc_seq_free(p, 2));
+  ASSERT_OK(kvc_seq_free(p, 1));
+  st = get_stats(p);
+  assert_int_equal(st.blocks_used, 0);
+  assert_int_equal(st.residual_blocks_used, 0);
+
+  /* A record of a pool without sinks does not restore here. */
+  kvc_pool_config c0 = c;
+  c0.residual_sinks = 0;
+  kvc_pool *p0 = NULL;
+  ASSERT_OK(kvc_pool_create(&c0, &p0));
+  ASSERT_OK(kvc_seq_create(p0, 1));
+  for (uint64_t pos = 0; pos < 20; ++pos) append_rows(p0, 1, pos, layers, 0.0f);
+  size_t need0 = 0;
+  assert_int_equal(kvc_seq_save(p0, 1, NULL, 0, &need0), KVC_ERR_BUFFER_TOO_SMALL);
+  uint8_t *rec0 = malloc(need0);
+  assert_non_null(rec0);
+  ASSERT_OK(kvc_seq_save(p0, 1, rec0, need0, &need0));
+  assert_int_equal(kvc_seq_restore(p, 4, rec0, need0), KVC_ERR_INCOMPATIBLE);
+  assert_int_equal(kvc_seq_restore(p0, 4, rec, need), KVC_ERR_INCOMPATIBLE);
+  free(rec0);
+  free(rec);
+  kvc_pool_destroy(p0);
+
+  kvc_pool_destroy(p);
+
+  /* The first reserve needs the sink block besides one staging block per
+   * layer: with 3 residual blocks it fails and nothing changes; with 4 it
+   * fits, and a fork (whose copy needs a fifth) fails with no child. */
+  for (uint64_t res = 3; res <= 4; ++res) {
+    kvc_pool_config small = c;
+    small.num_residual_blocks = res;
+    ASSERT_OK(kvc_pool_create(&small, &p));
+    ASSERT_OK(kvc_seq_create(p, 5));
+    if (res == 3) {
+      assert_int_equal(kvc_seq_reserve(p, 5, 1, NULL), KVC_ERR_POOL_EXHAUSTED);
+      uint64_t len = 99;
+      ASSERT_OK(kvc_seq_length(p, 5, &len));
+      assert_int_equal(len, 0);
+      assert_int_equal(get_stats(p).residual_blocks_used, 0);
+    } else {
+      append_rows(p, 5, 0, layers, 0.0f);
+      assert_int_equal(get_stats(p).residual_blocks_used, 4);
+      assert_int_equal(kvc_seq_fork(p, 5, 6), KVC_ERR_POOL_EXHAUSTED);
+      uint64_t len = 0;
+      assert_int_equal(kvc_seq_length(p, 6, &len), KVC_ERR_SEQ_NOT_FOUND);
+      assert_int_equal(get_stats(p).residual_blocks_used, 4);
+      assert_sinks_exact(p, 5, layers, 0, 1, 0.0f);
+    }
+    kvc_pool_destroy(p);
+  }
+
+  /* Bad settings. */
+  kvc_pool_config bad = c;
+  bad.residual_sinks = 17; /* above block_size */
+  assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
+  kvc_codec kt = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
+  bad = test_config(layers, 2, 8, 16, 64);
+  bad.k_codec = &kt;
+  bad.residual_sinks = 1; /* no residual arena */
+  assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(kvc_last_error_message(), "residual_sinks"));
+}
+
 /* A reserve's positions written newest first: the append of the newest
  * positions must not encode (age) the older ones it did not write, which
  * were still legal to write (per-channel keys: once encoded they are refused
@@ -961,7 +1155,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
       cmocka_unit_test(test_pool_codec_errors),    cmocka_unit_test(test_kivi_residual),
-      cmocka_unit_test(test_kchannel_ages_on_append),
+      cmocka_unit_test(test_kchannel_ages_on_append),      cmocka_unit_test(test_residual_sinks),
       cmocka_unit_test(test_append_out_of_order_no_early_aging),
       cmocka_unit_test(test_hybrid_fraction),      cmocka_unit_test(test_residual_exhausted),
       cmocka_unit_test(test_adversarial_regressions),

@@ -3,7 +3,8 @@
 // hybrid fractions), checking after every call the pool's internal
 // invariants (blocks and residual blocks in exactly one state, reference
 // counts equal to the number of tables holding them, token counts) and that
-// every sequence reads back what it wrote, within two int8 steps.
+// every sequence reads back what it wrote, within two int8 steps; with
+// attention sinks (residual_sinks), its first tokens exactly as f16.
 #include <kvcache/kvcache.h>
 
 #include <cmath>
@@ -36,7 +37,15 @@ float value(uint64_t tag, uint64_t pos, uint32_t e, int kv) {
                   0.3f * static_cast<float>(tag % 7) + (kv ? 1.1f : 0.0f));
 }
 
-void run(uint32_t seed, uint32_t window, double fraction, bool channel) {
+float f16_of(float x) {
+  uint16_t h;
+  float r;
+  kvc_convert(&x, KVC_DTYPE_F32, &h, KVC_DTYPE_F16, 1);
+  kvc_convert(&h, KVC_DTYPE_F16, &r, KVC_DTYPE_F32, 1);
+  return r;
+}
+
+void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t sinks = 0) {
   std::mt19937 rng(seed);
   kvc_codec k, v;
   kvc_codec_init(&k);
@@ -59,6 +68,7 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel) {
   c.v_codec = &v;
   c.residual_window = window;
   c.residual_fraction = fraction;
+  c.residual_sinks = sinks;
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&c, &p) != KVC_OK) {
     CHECK(false, "create");
@@ -128,6 +138,10 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel) {
               CHECK(std::fabs(ko[t * kRow + e] - ek) <= 2.5f / 127.0f, "seq %llu layer %u pos %llu k %g vs %g",
                     (unsigned long long)id, l, (unsigned long long)t, ko[t * kRow + e], ek);
               CHECK(std::fabs(vo[t * kRow + e] - ev) <= 2.5f / 127.0f, "v");
+              if (t < sinks)
+                CHECK(ko[t * kRow + e] == f16_of(ek) && vo[t * kRow + e] == f16_of(ev),
+                      "seq %llu layer %u sink %llu: %g / %g, f16 of %g / %g", (unsigned long long)id, l,
+                      (unsigned long long)t, ko[t * kRow + e], vo[t * kRow + e], ek, ev);
             }
         }
       }
@@ -145,6 +159,8 @@ int main() {
     run(seed + 200, 5, 0.0, true);    // KIVI: window + channel groups
     run(seed + 300, 2, 0.3, false);   // hybrid
     run(seed + 400, 0, 0.5, true);    // hybrid + channel
+    run(seed + 500, 2, 0.0, false, 3);  // attention sinks, per-token codecs (writes into codec blocks)
+    run(seed + 600, 0, 0.0, true, 5);   // attention sinks + channel groups (re-staged by truncation)
   }
   std::printf("%d passed, %d failed\n", g_fail ? 0 : 1, g_fail ? 1 : 0);
   return g_fail ? 1 : 0;

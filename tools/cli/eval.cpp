@@ -235,6 +235,7 @@ EvalReport run_eval(const EvalOptions &opt) {
         if (s.v_quantized) ps.v_codec = &s.v_codec;
         ps.residual_window = s.residual_window;
         ps.residual_fraction = s.residual_fraction;
+        ps.residual_sinks = s.residual_sinks;
         ps.block_size = s.block_size;
         pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx)));
       }

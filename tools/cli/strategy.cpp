@@ -38,25 +38,25 @@ const std::vector<Component> &registry() {
       {"int8", Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
-       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range"}},
+       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks"}},
       {"int4", Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
-       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range"}},
+       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
       {"int2", Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
-       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range"}},
+       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
       {"kivi2", Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
        "asymmetric, newest R tokens in f16 (default G=32, R=32)",
-       KVC_DTYPE_INT2, {"group", "residual"}},
-      {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual"}},
+       KVC_DTYPE_INT2, {"group", "residual", "sinks"}},
+      {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual", "sinks"}},
       {"hybrid", Kind::Codec,
        "recent-high / old-low precision: newest fraction of the sequence in f16, older tokens "
        "re-encoded as int4 as they age (V per group of 32 values, K per channel over kchannel=16 "
        "tokens; default fraction=0.25)",
-       KVC_DTYPE_INT4, {"fraction", "group", "kchannel"}},
+       KVC_DTYPE_INT4, {"fraction", "group", "kchannel", "sinks"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
       {"streaming", Kind::Policy,
        "StreamingLLM (arXiv 2309.17453): sinks=S first tokens + the newest, at most ceil(budget x ctx) "
@@ -156,6 +156,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "group") group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "kchannel") kchannel = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "residual") residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
+    else if (key == "sinks") st.residual_sinks = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "scale") scale = number(where, key, value, 1e-30, 1e30);
     else if (key == "fraction") fraction = number(where, key, value, 0.0, 0.99);
     if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" || key == "full-range" ||
@@ -396,9 +397,25 @@ Strategy parse_strategy(const std::string &spec) {
     st.v_quantized = v.v_quantized;
     st.quantized = st.k_quantized || st.v_quantized;
     st.block_size = std::max(k.block_size, v.block_size);
+    if (k.residual_sinks && v.residual_sinks)
+      throw RunnerError(where + "sinks= keeps keys and values of the first tokens: give it once (on the k- or the v- codec)");
+    st.residual_sinks = std::max(k.residual_sinks, v.residual_sinks);
   } else {
     if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
     resolve_codec(st, where);
+  }
+  // Attention sinks are kept by the residual arena: they need a residual
+  // window, hybrid precision or per-channel keys, and fit in one block.
+  if (st.residual_sinks) {
+    const bool arena = st.residual_window || st.residual_fraction > 0.0 ||
+                       (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL) ||
+                       (st.v_quantized && st.v_codec.granularity == KVC_SCALE_PER_CHANNEL);
+    if (!arena)
+      throw RunnerError(where + "sinks= needs tokens staged in f16: kivi2, kivi4, hybrid, or keys per channel "
+                                "(kchannel=G)");
+    if (st.residual_sinks > st.block_size)
+      throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) + " is above the block size of " +
+                        std::to_string(st.block_size));
   }
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;

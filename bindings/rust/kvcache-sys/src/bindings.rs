@@ -672,12 +672,14 @@ pub struct kvc_pool_config {
     pub rope_dims: u32,
     #[doc = "< RoPE base; default 10000. @since 0.3"]
     pub rope_theta: f64,
+    #[doc = "< Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16; IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read that copy. 0 (default) = none; at most block_size. Needs a residual arena (residual_window, residual_fraction or per-channel scales). The copies take ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first token and counted by kvc_pool_stats(); readers of the raw block tables see the codec values. @since 0.3"]
+    pub residual_sinks: u32,
 }
 #[test]
 fn bindgen_test_layout_kvc_pool_config() {
     assert_eq!(
         ::std::mem::size_of::<kvc_pool_config>(),
-        128usize,
+        136usize,
         concat!("Size of: ", stringify!(kvc_pool_config))
     );
     assert_eq!(
@@ -1076,6 +1078,23 @@ fn bindgen_test_layout_kvc_pool_config() {
         );
     }
     test_field_rope_theta();
+    fn test_field_residual_sinks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_pool_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).residual_sinks) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_pool_config),
+                "::",
+                stringify!(residual_sinks)
+            )
+        );
+    }
+    test_field_residual_sinks();
 }
 extern "C" {
     #[doc = " @brief Fill a config with defaults: struct_size = sizeof(kvc_pool_config),"]
@@ -2831,7 +2850,7 @@ extern "C" {
     #[doc = " zero points: a restore re-quantizes nothing). The record carries a"]
     #[doc = " fingerprint of the pool's geometry, dtypes, codecs (granularity, group"]
     #[doc = " size, scale dtype, rotation, static scales), block size, layout, residual"]
-    #[doc = " window and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
+    #[doc = " window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
     #[doc = " Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block"]
     #[doc = " over all layers) plus 100 bytes per layer. The sequence is unchanged."]
     #[doc = " @param pool the pool (not NULL)."]

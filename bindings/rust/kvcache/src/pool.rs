@@ -129,6 +129,14 @@ impl PoolConfig {
         self
     }
 
+    /// Attention sinks: the first `tokens` of each layer keep a copy in the
+    /// residual dtype once encoded (KVQuant, IntactKV); at most block_size,
+    /// needs a residual arena.
+    pub fn residual_sinks(mut self, tokens: u32) -> PoolConfig {
+        self.raw.residual_sinks = tokens;
+        self
+    }
+
     /// Capacity of the residual arena in blocks (0 = num_blocks).
     pub fn num_residual_blocks(mut self, blocks: u64) -> PoolConfig {
         self.raw.num_residual_blocks = blocks;

@@ -28,6 +28,7 @@ type PoolConfig struct {
 	RopeStyle         RopeStyle
 	RopeDims          uint32
 	RopeTheta         float64
+	ResidualSinks     uint32 // first tokens of each layer kept in ResidualDType once encoded (attention sinks)
 	// KCodec and VCodec quantize K and V (nil: plain KDType / VDType storage).
 	KCodec, VCodec *Codec
 }
@@ -62,6 +63,7 @@ func poolConfigFrom(n native.PoolConfig) PoolConfig {
 		RopeStyle:         RopeStyle(n.GetRope_style()),
 		RopeDims:          uint32(n.GetRope_dims()),
 		RopeTheta:         n.GetRope_theta(),
+		ResidualSinks:     uint32(n.GetResidual_sinks()),
 	}
 }
 
@@ -88,6 +90,7 @@ func (c *PoolConfig) native() native.PoolConfig {
 	n.SetRope_style(native.Kvc_rope_style(c.RopeStyle))
 	n.SetRope_dims(uint(c.RopeDims))
 	n.SetRope_theta(c.RopeTheta)
+	n.SetResidual_sinks(uint(c.ResidualSinks))
 	return n
 }
 
