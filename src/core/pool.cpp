@@ -168,7 +168,9 @@ void Pool::validate(PoolConfig &c) {
     fail(Errc::InvalidArgument, "k_codec and v_codec are both per channel with group sizes " +
                                     u64s(c.k_codec.group) + " and " + u64s(c.v_codec.group) +
                                     ": they must be equal (tokens are encoded a group at a time)");
-  const bool wants_residual = c.residual_window > 0 || c.residual_fraction != 0.0 || channel;
+  // (Attention sinks alone make a residual arena too: every token passes
+  // through it, aged by the append that writes it.)
+  const bool wants_residual = c.residual_window > 0 || c.residual_fraction != 0.0 || channel || c.residual_sinks > 0;
   if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
     fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
   if (c.residual_window > kMaxLength) fail(Errc::InvalidArgument, "residual_window above 2^31-1");
@@ -176,13 +178,12 @@ void Pool::validate(PoolConfig &c) {
     fail(Errc::InvalidArgument, "residual_dtype " + std::to_string(static_cast<int32_t>(c.residual_dtype)) +
                                     ": must be f32, f16 or bf16");
   if (wants_residual && codec::is_float(c.k_codec.dtype) && codec::is_float(c.v_codec.dtype))
-    fail(Errc::InvalidArgument, "a residual window needs a quantized K or V codec");
+    fail(Errc::InvalidArgument, c.residual_sinks && !c.residual_window && c.residual_fraction == 0.0
+                                    ? "residual_sinks needs a quantized K or V codec (the sinks are kept "
+                                      "from being encoded)"
+                                    : "a residual window needs a quantized K or V codec");
   if (!wants_residual && c.num_residual_blocks != 0)
     fail(Errc::InvalidArgument, "num_residual_blocks set without a residual window");
-  if (c.residual_sinks && !wants_residual)
-    fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) +
-                                    " without a residual arena: set residual_window or residual_fraction, or "
-                                    "use a per-channel codec");
   if (c.residual_sinks > c.block_size)
     fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) + " above block_size " +
                                     u64s(c.block_size));

@@ -856,14 +856,36 @@ static void test_residual_sinks(void **state) {
     kvc_pool_destroy(p);
   }
 
+  /* Sinks alone (int4 per token, no window): each token is staged and
+   * encoded by its append, so only the sink block stays in the residual; a
+   * rewrite of an encoded sink updates its copy. */
+  kvc_codec k4 = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool_config ct = test_config(layers, 2, 8, 16, 64);
+  ct.k_codec = &k4;
+  ct.v_codec = &k4;
+  ct.residual_sinks = 1;
+  ASSERT_OK(kvc_pool_create(&ct, &p));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  for (uint64_t pos = 0; pos < 20; ++pos) append_rows(p, 1, pos, layers, 0.0f);
+  st = get_stats(p);
+  assert_int_equal(st.residual_blocks_used, 1);
+  assert_int_equal(st.blocks_used, layers * 2);
+  assert_sinks_exact(p, 1, layers, 0, 1, 0.0f);
+  assert_true(moved_elements(p, 1, 1, 0.0f) > 8);
+  {
+    float k0[16], v0[16];
+    sink_rows(0, 2.0f, k0, v0);
+    for (uint32_t l = 0; l < layers; ++l) ASSERT_OK(kvc_append(p, 1, l, 0, 1, k0, v0, KVC_DTYPE_F32));
+  }
+  assert_sinks_exact(p, 1, layers, 0, 1, 2.0f);
+  kvc_pool_destroy(p);
+
   /* Bad settings. */
   kvc_pool_config bad = c;
   bad.residual_sinks = 17; /* above block_size */
   assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
-  kvc_codec kt = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
   bad = test_config(layers, 2, 8, 16, 64);
-  bad.k_codec = &kt;
-  bad.residual_sinks = 1; /* no residual arena */
+  bad.residual_sinks = 1; /* f32 K and V: nothing is encoded */
   assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(kvc_last_error_message(), "residual_sinks"));
 }

@@ -161,6 +161,7 @@ int main() {
     run(seed + 400, 0, 0.5, true);    // hybrid + channel
     run(seed + 500, 2, 0.0, false, 3);  // attention sinks, per-token codecs (writes into codec blocks)
     run(seed + 600, 0, 0.0, true, 5);   // attention sinks + channel groups (re-staged by truncation)
+    run(seed + 700, 0, 0.0, false, 2);  // attention sinks alone (every token staged, encoded by its append)
   }
   std::printf("%d passed, %d failed\n", g_fail ? 0 : 1, g_fail ? 1 : 0);
   return g_fail ? 1 : 0;

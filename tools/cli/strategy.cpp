@@ -33,8 +33,8 @@ const std::vector<Component> &registry() {
       {"fp8_e4m3", Kind::Codec,
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
-       KVC_DTYPE_FP8_E4M3, {"scale", "per-token"}},
-      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token"}},
+       KVC_DTYPE_FP8_E4M3, {"scale", "per-token", "sinks"}},
+      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token", "sinks"}},
       {"int8", Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
@@ -404,15 +404,10 @@ Strategy parse_strategy(const std::string &spec) {
     if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
     resolve_codec(st, where);
   }
-  // Attention sinks are kept by the residual arena: they need a residual
-  // window, hybrid precision or per-channel keys, and fit in one block.
+  // Attention sinks are kept from a quantized codec, in one block.
   if (st.residual_sinks) {
-    const bool arena = st.residual_window || st.residual_fraction > 0.0 ||
-                       (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL) ||
-                       (st.v_quantized && st.v_codec.granularity == KVC_SCALE_PER_CHANNEL);
-    if (!arena)
-      throw RunnerError(where + "sinks= needs tokens staged in f16: kivi2, kivi4, hybrid, or keys per channel "
-                                "(kchannel=G)");
+    if (!st.quantized)
+      throw RunnerError(where + "sinks= keeps the first tokens from being quantized: it needs an fp8 or integer codec");
     if (st.residual_sinks > st.block_size)
       throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) + " is above the block size of " +
                         std::to_string(st.block_size));

@@ -249,7 +249,8 @@ nlohmann::json run_json(const std::vector<std::string> &cmd) {
 int split_kv(const std::string &kvcache) {
   const nlohmann::json j =
       run_json({kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies",
-                "f32,k-f32+v-f32,int8:per-token,k-int8:per-token+v-int8:per-token,k-int8:per-token,v-int4:group=32"});
+                "f32,k-f32+v-f32,int8:per-token,k-int8:per-token+v-int8:per-token,k-int8:per-token,v-int4:group=32,"
+                "kivi4:group=16:residual=32,kivi4:group=16:residual=32:sinks=2"});
   if (!j.contains("results")) return 1;
   std::map<std::string, nlohmann::json> by;
   for (const auto &r : j["results"]) by[r["strategy"].get<std::string>()] = r;
@@ -273,6 +274,21 @@ int split_kv(const std::string &kvcache) {
         "v-int4:group=32: bytes per token " + by["v-int4:group=32"]["kv_bytes_per_token"].dump() + ", expected 410");
   const double k8 = by["k-int8:per-token"]["kl_mean"].get<double>(), v4 = by["v-int4:group=32"]["kl_mean"].get<double>();
   check(k8 > 0 && v4 > k8, "expected 0 < KL(k-int8) < KL(v-int4): " + std::to_string(k8) + ", " + std::to_string(v4));
+  // Attention sinks: the copies of every layer's first 2 tokens share one
+  // residual block per sequence (floor(16 / 2) = 8 layers to a block of 16
+  // tokens x K and V x f16), measured at the end of each window of ctx tokens.
+  const nlohmann::json &geo = j["geometry"];
+  const double layers = geo["num_layers"].get<double>(), row = geo["num_kv_heads"].get<double>() * geo["head_dim"].get<double>();
+  const double sink_blocks = std::ceil(layers / 8.0), ctx = j["ctx"].get<double>();
+  const double extra = sink_blocks * 16 * 2 * row * 2 / ctx;  // bytes per token (all layers)
+  const nlohmann::json &k0 = by["kivi4:group=16:residual=32"], &k2 = by["kivi4:group=16:residual=32:sinks=2"];
+  if (k0.is_null() || k2.is_null()) {
+    fail("no kivi4 rows");
+    return 1;
+  }
+  const double got = k2["kv_bytes_per_token"].get<double>() - k0["kv_bytes_per_token"].get<double>();
+  check(std::fabs(got - extra) <= 1.0, "sinks=2 adds " + std::to_string(got) + " bytes per token, expected " + std::to_string(extra));
+  check(k2["kl_mean"] != k0["kl_mean"], "sinks=2 changed nothing");
   return failures ? 1 : 0;
 }
 
