@@ -1369,8 +1369,8 @@ KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy)
  * @param dropped NULL or `[num_layers]`: tokens each layer dropped.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_POOL_EXHAUSTED (no free block for a copy-on-write; nothing
- * changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window or hybrid
- * precision; shifting positions of keys with per-tensor scales);
+ * changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window, hybrid
+ * precision or attention sinks; shifting positions of keys with per-tensor scales);
  * ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that failed);
  * ::KVC_ERR_NON_FINITE (a plugin's score).
  * @since 0.3
@@ -1520,8 +1520,8 @@ KVC_API kvc_status kvc_prefix_config_init(kvc_prefix_config *config);
  * @param pool the pool (not NULL).
  * @param config the settings (not NULL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
- * ::KVC_ERR_UNSUPPORTED (a pool with a residual window; unknown non-zero
- * fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash).
+ * ::KVC_ERR_UNSUPPORTED (a pool with a residual window, hybrid precision or
+ * attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash).
  * @since 0.3
  */
 KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix_config *config);

@@ -41,7 +41,8 @@ void Pool::check_policy_fits(const PolicySpec *p) const {
     fail(Errc::Unsupported, "the policy shifts positions but keys use one scale per tensor: rotated keys can "
                             "exceed it (use per-token or per-group scales)");
   if (p->auto_evict && p->kind != PolicyKind::None && residual())
-    fail(Errc::Unsupported, "auto-eviction in a pool with a residual window or hybrid precision is not supported");
+    fail(Errc::Unsupported, "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
+                            "is not supported");
 }
 
 void Pool::set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p) {
@@ -177,8 +178,9 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     }
     if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
     if (residual())
-      fail(Errc::Unsupported, "eviction in a pool with a residual window or hybrid precision (KIVI, "
-                              "per-channel keys) is not supported: their tokens are encoded in groups");
+      fail(Errc::Unsupported, "eviction in a pool with a residual window, hybrid precision or attention "
+                              "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
+                              "are staged and encoded as they age");
     LayerView v;
     v.n = n;
     v.kv_heads = static_cast<uint32_t>(h);

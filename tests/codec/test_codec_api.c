@@ -878,6 +878,23 @@ static void test_residual_sinks(void **state) {
     for (uint32_t l = 0; l < layers; ++l) ASSERT_OK(kvc_append(p, 1, l, 0, 1, k0, v0, KVC_DTYPE_F32));
   }
   assert_sinks_exact(p, 1, layers, 0, 1, 2.0f);
+  /* Eviction and the prefix cache refuse a pool with sinks, nothing changed. */
+  kvc_policy_config pcfg;
+  kvc_policy_config_init(&pcfg);
+  pcfg.kind = KVC_POLICY_STREAMING;
+  pcfg.budget_tokens = 8;
+  pcfg.sink_tokens = 2;
+  kvc_policy *pol = NULL;
+  ASSERT_OK(kvc_policy_create(&pcfg, &pol));
+  assert_int_equal(kvc_evict(p, 1, pol, NULL), KVC_ERR_UNSUPPORTED);
+  assert_non_null(strstr(kvc_last_error_message(), "attention sinks"));
+  kvc_policy_destroy(pol);
+  uint64_t nt = 0;
+  ASSERT_OK(kvc_seq_layer_tokens(p, 1, 0, &nt));
+  assert_int_equal(nt, 20);
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  assert_int_equal(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_UNSUPPORTED);
   kvc_pool_destroy(p);
 
   /* Bad settings. */

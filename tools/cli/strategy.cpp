@@ -230,11 +230,11 @@ void resolve_policy(Strategy &st, const std::string &where) {
   if (!st.has_policy) return;
   const std::string &name = st.policy.name;
   if (name == "full") return;
-  if (st.residual_window || st.residual_fraction > 0.0 ||
+  if (st.residual_window || st.residual_fraction > 0.0 || st.residual_sinks ||
       (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
-    throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision or "
-                              "per-channel keys (tokens are encoded in groups); use a per-token or "
-                              "group-wise codec");
+    throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision, "
+                              "per-channel keys or sinks= (tokens are staged and encoded as they age); use a "
+                              "per-token or group-wise codec");
   st.budget = 0.3;
   for (const auto &[key, value] : st.policy.params) {
     if (key == "budget") st.budget = number(where, key, value, 0.001, 1.0);
