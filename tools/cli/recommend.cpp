@@ -278,10 +278,10 @@ Row scale_row(const EvalRow &e, const Target &t) {
   }
   if (st) {
     r.evicts = st->protocol != Strategy::Protocol::None;
-    if (st->residual_window > 0 || st->residual_fraction > 0.0) {
+    if (st->residual_window > 0 || st->residual_fraction > 0.0 || st->residual_sinks > 0) {
       r.prefix_ok = false;
-      r.prefix_refusal = "its codec re-encodes tokens as they age (residual window / hybrid precision), and "
-                         "such pools refuse the prefix cache";
+      r.prefix_refusal = "its codec stages tokens and encodes them as they age (residual window, hybrid "
+                         "precision or attention sinks), and such pools refuse the prefix cache";
     }
     if (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL)
       r.channel_group = st->k_codec.group_size;
