@@ -1520,8 +1520,8 @@ KVC_API kvc_status kvc_prefix_config_init(kvc_prefix_config *config);
  * @param pool the pool (not NULL).
  * @param config the settings (not NULL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
- * ::KVC_ERR_UNSUPPORTED (a pool with a residual window, hybrid precision or
- * attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash).
+ * ::KVC_ERR_UNSUPPORTED (a pool with a residual window, hybrid precision,
+ * a per-channel codec or attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash).
  * @since 0.3
  */
 KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix_config *config);

@@ -88,8 +88,9 @@ void Pool::prefix_enable(const PrefixConfig &c) {
   if (c.hash != PrefixHash::Sha256 && c.hash != PrefixHash::Xxh3_128)
     fail(Errc::InvalidArgument, "unknown prefix hash " + std::to_string(static_cast<int32_t>(c.hash)));
   if (residual())
-    fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision or "
-                            "attention sinks (tokens of the residual are re-encoded as they age)");
+    fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision, "
+                            "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
+                            "as they age)");
   auto st = std::make_unique<PrefixState>(c.hash);
   st->verify_tokens = c.verify_tokens;
   uint8_t seed[32];

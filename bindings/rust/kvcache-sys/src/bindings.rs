@@ -672,7 +672,7 @@ pub struct kvc_pool_config {
     pub rope_dims: u32,
     #[doc = "< RoPE base; default 10000. @since 0.3"]
     pub rope_theta: f64,
-    #[doc = "< Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16; IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read that copy. 0 (default) = none; at most block_size. Needs a residual arena (residual_window, residual_fraction or per-channel scales). The copies take ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first token and counted by kvc_pool_stats(); readers of the raw block tables see the codec values. @since 0.3"]
+    #[doc = "< Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16; IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read that copy. 0 (default) = none; at most block_size. Needs a quantized K or V codec; without a residual window, hybrid fraction or per-channel codec it makes the residual arena itself (each token is staged there and encoded by the append that writes it). The copies take ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first token and counted by kvc_pool_stats(); readers of the raw block tables see the codec values. @since 0.3"]
     pub residual_sinks: u32,
 }
 #[test]
@@ -3755,8 +3755,8 @@ extern "C" {
     #[doc = " @param dropped NULL or `[num_layers]`: tokens each layer dropped."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
     #[doc = " ::KVC_ERR_POOL_EXHAUSTED (no free block for a copy-on-write; nothing"]
-    #[doc = " changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window or hybrid"]
-    #[doc = " precision; shifting positions of keys with per-tensor scales);"]
+    #[doc = " changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window, hybrid"]
+    #[doc = " precision or attention sinks; shifting positions of keys with per-tensor scales);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that failed);"]
     #[doc = " ::KVC_ERR_NON_FINITE (a plugin's score)."]
     #[doc = " @since 0.3"]
@@ -4544,8 +4544,8 @@ extern "C" {
     #[doc = " @param pool the pool (not NULL)."]
     #[doc = " @param config the settings (not NULL)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
-    #[doc = " ::KVC_ERR_UNSUPPORTED (a pool with a residual window; unknown non-zero"]
-    #[doc = " fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash)."]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (a pool with a residual window, hybrid precision,"]
+    #[doc = " a per-channel codec or attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash)."]
     #[doc = " @since 0.3"]
     pub fn kvc_pool_enable_prefix_cache(
         pool: *mut kvc_pool,
