@@ -803,6 +803,43 @@ void plain_nonfinite() {
   }
 }
 
+// The residual arena runs out at the first reserve (the sinks fit, the
+// staging does not) and at a fork: both fail and change nothing.
+void exhaustion() {
+  uint64_t used = 0;
+  auto res_used = [&](kvc_pool *p) {
+    kvc_stats st;
+    kvc_stats_init(&st);
+    kvc_pool_stats(p, &st);
+    return st.residual_blocks_used;
+  };
+  // 3 layers, block 4, 4 sinks: 3 sink blocks; a token needs 1 staging block per layer.
+  kvc_pool *p = make_pool(3, 4, 4, KVC_SCALE_PER_TOKEN, 0, 5);
+  kvc_seq_create(p, 1);
+  CHECK(kvc_seq_reserve(p, 1, 1, nullptr) == KVC_ERR_POOL_EXHAUSTED, "first reserve: 6 of 5");
+  CHECK(res_used(p) == 0, "failed first reserve took %llu residual blocks", (unsigned long long)res_used(p));
+  uint64_t len = 1;
+  kvc_seq_length(p, 1, &len);
+  CHECK(len == 0, "failed first reserve: length %llu", (unsigned long long)len);
+  std::string inv = kvc::api::core_pool(p).check_invariants();
+  CHECK(inv.empty(), "%s", inv.c_str());
+  kvc_pool_destroy(p);
+  p = make_pool(3, 4, 4, KVC_SCALE_PER_TOKEN, 0, 8);
+  kvc_seq_create(p, 1);
+  put_tokens(p, 1, 3, 4, 1);  // 3 sink blocks; tokens encoded: staging freed
+  used = res_used(p);
+  CHECK(used == 3, "3 sink blocks, %llu held", (unsigned long long)used);
+  CHECK(kvc_seq_fork(p, 1, 2) == KVC_OK, "fork: 3 of 5");
+  CHECK(kvc_seq_fork(p, 1, 3) == KVC_ERR_POOL_EXHAUSTED, "fork: 3 of 2");
+  CHECK(res_used(p) == 6, "failed fork: %llu held", (unsigned long long)res_used(p));
+  CHECK(kvc_seq_free(p, 3) == KVC_ERR_SEQ_NOT_FOUND, "the failed fork made its child");
+  inv = kvc::api::core_pool(p).check_invariants();
+  CHECK(inv.empty(), "%s", inv.c_str());
+  CHECK(kvc_seq_free(p, 1) == KVC_OK && kvc_seq_free(p, 2) == KVC_OK, "free");
+  CHECK(res_used(p) == 0, "after free: %llu held", (unsigned long long)res_used(p));
+  kvc_pool_destroy(p);
+}
+
 // A record restores only into a pool with the same residual_sinks.
 void restore_other_sinks() {
   kvc_pool *a = make_pool(2, 4, 2, KVC_SCALE_PER_TOKEN, 0);
@@ -836,6 +873,7 @@ int main(int argc, char **argv) {
     if (want("other")) restore_other_sinks();
     if (want("long")) long_decode();
     if (want("nonfinite")) plain_nonfinite();
+    if (want("exhaustion")) exhaustion();
     std::printf("%s\n", g_fail ? "FAILED" : "passed");
     return g_fail ? 1 : 0;
   }
