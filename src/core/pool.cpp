@@ -462,7 +462,8 @@ void Pool::check_layer(uint32_t layer) const {
 // Like convert(), but values beyond the destination's range become its
 // largest finite value (f16: +-65504; bf16: +-3.3895e38, where f32 values
 // near FLT_MAX would round to Inf) instead of +-Inf, as the codecs saturate:
-// a finite input never turns into Inf (and then NaN) in the residual.
+// a finite input never turns into Inf (and then NaN) in the residual. NaN and
+// Inf (which plain parts store as written) are kept.
 void convert_saturating(const void *src, DType st, void *dst, DType dt, uint64_t n) {
   if (dt == DType::F32 || st == dt) return convert(src, st, dst, dt, n);
   const float big = dt == DType::F16 ? 65504.0f : 3.38953139e38f;  // 0x7f7f as bf16
@@ -471,7 +472,10 @@ void convert_saturating(const void *src, DType st, void *dst, DType dt, uint64_t
   for (uint64_t i = 0; i < n; i += 256) {
     const uint64_t m = std::min<uint64_t>(256, n - i);
     convert(static_cast<const uint8_t *>(src) + i * es, st, buf, DType::F32, m);
-    for (uint64_t j = 0; j < m; ++j) buf[j] = std::min(big, std::max(-big, buf[j]));
+    // Only finite values saturate: NaN and +-Inf (plain parts accept them)
+    // stay what they are (std::max(-big, NaN) would give -big).
+    for (uint64_t j = 0; j < m; ++j)
+      if (std::isfinite(buf[j])) buf[j] = std::min(big, std::max(-big, buf[j]));
     convert(buf, DType::F32, static_cast<uint8_t *>(dst) + i * 2, dt, m);
   }
 }

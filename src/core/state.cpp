@@ -229,8 +229,10 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     // The table must describe a sequence this pool could have built.
     const std::string at = " (layer " + u64s(li) + ")";
     if (l.n_lp > l.n_tokens || l.n_tokens > length || l.tail_index > l.n_tokens || n_pos != l.tail_index ||
-        l.tail_pos + (l.n_tokens - l.tail_index) > length)
+        l.tail_pos > length || l.n_tokens - l.tail_index != length - l.tail_pos)
       Reader::corrupt("has inconsistent token counts" + at);
+    // Codec tokens come in whole aging units (per-channel groups).
+    if (l.n_lp % age_unit() != 0) Reader::corrupt("has a per-channel group cut in its codec blocks" + at);
     for (uint64_t i = 0; i < n_pos; ++i)
       if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
           (i && l.positions[i] <= l.positions[i - 1]))
@@ -238,7 +240,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     if (sv.n_blocks != (l.n_lp + bs - 1) / bs) Reader::corrupt("has " + u64s(sv.n_blocks) + " blocks for " + u64s(l.n_lp) + " tokens" + at);
     const uint64_t res_tokens = l.n_tokens - l.n_lp;
     if (!residual() ? (sv.n_res != 0 || res_tokens != 0 || l.res_off != 0)
-                    : (l.res_off >= bs || sv.n_res != (res_tokens ? (l.res_off + res_tokens + bs - 1) / bs : 0)))
+                    : (l.res_off >= bs || (res_tokens == 0 && l.res_off != 0) ||
+                       sv.n_res != (res_tokens ? (l.res_off + res_tokens + bs - 1) / bs : 0)))
       Reader::corrupt("has a residual that does not match its token counts" + at);
     if (n_sc != (track ? l.n_tokens * heads : 0)) Reader::corrupt("has scores of the wrong size" + at);
     for (int kv = 0; kv < 2; ++kv) {
