@@ -671,12 +671,15 @@ KVC_API kvc_status kvc_seq_create(kvc_pool *pool, uint64_t seq_id);
  * each shared block's reference count goes up by one. No K/V bytes are
  * copied. The first write by either sequence into a shared block copies that
  * block first (kvc_seq_reserve() and kvc_append() do it), so each sees only
- * its own writes. O(blocks of the parent).
+ * its own writes. O(blocks of the parent). Pools with attention sinks
+ * (kvc_pool_config.residual_sinks) copy the parent's sink blocks: the child
+ * gets its own.
  * @param pool the pool (not NULL).
  * @param parent_id a live sequence.
  * @param child_id an id no live sequence has.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND (parent),
- * ::KVC_ERR_SEQ_EXISTS (child), ::KVC_ERR_OUT_OF_MEMORY.
+ * ::KVC_ERR_SEQ_EXISTS (child), ::KVC_ERR_POOL_EXHAUSTED (no free residual
+ * blocks for the sink copies; no child), ::KVC_ERR_OUT_OF_MEMORY.
  * @since 0.1
  */
 KVC_API kvc_status kvc_seq_fork(kvc_pool *pool, uint64_t parent_id, uint64_t child_id);
@@ -750,7 +753,9 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_INVALID_ARGUMENT (n_new 0); ::KVC_ERR_OVERFLOW (length would
  * exceed 2^31 - 1); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
- * layers; nothing changed); ::KVC_ERR_OUT_OF_MEMORY; with an attached
+ * layers, or residual blocks for the residual and, at a sequence's first
+ * reserve, its attention-sink copies; nothing changed);
+ * ::KVC_ERR_OUT_OF_MEMORY; with an attached
  * auto-evicting policy (::kvc_policy_config.auto_evict), also the statuses of
  * kvc_evict() (e.g. ::KVC_ERR_NON_FINITE from a plugin's scores).
  * @since 0.1
