@@ -278,10 +278,15 @@ Row scale_row(const EvalRow &e, const Target &t) {
   }
   if (st) {
     r.evicts = st->protocol != Strategy::Protocol::None;
-    if (st->residual_window > 0 || st->residual_fraction > 0.0 || st->residual_sinks > 0) {
+    // Every pool with a residual arena refuses the prefix cache (kvc_pool_enable_prefix_cache):
+    // residual windows, hybrid precision, per-channel codecs (they stage a group) and sinks.
+    const bool channel = (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL) ||
+                         (st->v_quantized && st->v_codec.granularity == KVC_SCALE_PER_CHANNEL);
+    if (st->residual_window > 0 || st->residual_fraction > 0.0 || st->residual_sinks > 0 || channel) {
       r.prefix_ok = false;
       r.prefix_refusal = "its codec stages tokens and encodes them as they age (residual window, hybrid "
-                         "precision or attention sinks), and such pools refuse the prefix cache";
+                         "precision, per-channel groups or attention sinks), and such pools refuse the prefix "
+                         "cache";
     }
     if (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL)
       r.channel_group = st->k_codec.group_size;
