@@ -521,6 +521,12 @@ uint64_t Pool::sink_blocks_needed() const {
   return (cfg_.num_layers + per - 1) / per;
 }
 
+// Slot of layer `layer`'s first sink copy in its sink block.
+uint32_t Pool::sink_slot(uint32_t layer) const {
+  const uint32_t S = cfg_.residual_sinks;
+  return (layer % (cfg_.block_size / S)) * S;
+}
+
 void Pool::assign_sinks(Sequence &s) const {
   const uint64_t per = cfg_.residual_sinks ? cfg_.block_size / cfg_.residual_sinks : 1;
   for (uint32_t li = 0; li < cfg_.num_layers; ++li)
@@ -533,8 +539,8 @@ void Pool::write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint6
                        const uint8_t *v, DType src) const {
   const uint64_t S = cfg_.residual_sinks;
   if (l.sink_block < 0 || idx0 >= S) return;
-  const uint32_t base = static_cast<uint32_t>((layer % (cfg_.block_size / S)) * S);
-  write_residual(res_ptr(l.sink_block), base + static_cast<uint32_t>(idx0), k, v, src, std::min(n, S - idx0));
+  write_residual(res_ptr(l.sink_block), sink_slot(layer) + static_cast<uint32_t>(idx0), k, v, src,
+                 std::min(n, S - idx0));
 }
 
 // Rows of tokens [idx0, idx0 + n) read from codec blocks into k_out / v_out
@@ -546,8 +552,8 @@ void Pool::overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uin
   if (l.sink_block < 0) return;
   const uint64_t end = std::min({idx0 + n, S, l.n_lp});
   if (idx0 >= end) return;
-  const uint32_t base = static_cast<uint32_t>((layer % (cfg_.block_size / S)) * S);
-  read_residual(res_ptr(l.sink_block), base + static_cast<uint32_t>(idx0), end - idx0, k_out, v_out, dst);
+  read_residual(res_ptr(l.sink_block), sink_slot(layer) + static_cast<uint32_t>(idx0), end - idx0, k_out, v_out,
+                dst);
 }
 
 // Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.

@@ -337,6 +337,7 @@ class Pool {
   // Attention sinks: blocks a sequence needs for its copies, where layer
   // `layer`'s copy of token i lives (block, slot + i), writes and overlays.
   uint64_t sink_blocks_needed() const;
+  uint32_t sink_slot(uint32_t layer) const;  // slot of the layer's first copy in its sink block
   void assign_sinks(Sequence &s) const;  // each layer's sink_block from s.sink_blocks
   void write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, const uint8_t *k,
                    const uint8_t *v, DType src) const;
