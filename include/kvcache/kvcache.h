@@ -414,8 +414,9 @@ KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config);
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_INVALID_ARGUMENT (a dimension out of range, num_q_heads not a
  * multiple of num_kv_heads, no capacity or both kinds given, unknown flags,
- * dtype or layout); ::KVC_ERR_UNSUPPORTED (non-zero fields unknown to this
- * version; on ::KVC_DEVICE_CUDA a residual window, hybrid precision,
+ * dtype or layout, residual_sinks above block_size or without a quantized
+ * codec); ::KVC_ERR_UNSUPPORTED (non-zero fields unknown to this
+ * version; on ::KVC_DEVICE_CUDA a residual window, attention sinks, hybrid precision,
  * per-channel scales, or a head_dim the kernels do not take: docs/cuda.md);
  * ::KVC_ERR_OVERFLOW (sizes overflow); ::KVC_ERR_DEVICE_UNAVAILABLE (no CUDA
  * backend, driver or device); ::KVC_ERR_OUT_OF_MEMORY (host or device
