@@ -201,6 +201,7 @@ typedef enum kvc_dtype {
   KVC_DTYPE_INT8 = 5,     /**< 8-bit integer codes with scales; storage only. @since 0.2 */
   KVC_DTYPE_INT4 = 6,     /**< 4-bit integer codes, two per byte, with scales; storage only. @since 0.2 */
   KVC_DTYPE_INT2 = 7,     /**< 2-bit integer codes, four per byte, with scales; storage only. @since 0.2 */
+  KVC_DTYPE_INT3 = 8,     /**< 3-bit integer codes, eight in three bytes (a little-endian bit string), with scales; storage only; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). A pool needs head_dim a multiple of 8. Source: KVQuant (arXiv 2401.18079) measures 3-bit KV caches (with per-channel keys) close to f16. @since 0.3 */
   KVC_DTYPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
   KVC_DTYPE_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_dtype;
@@ -286,7 +287,7 @@ typedef enum kvc_rotation {
  * @brief A codec: how K or V values are stored. Fill with kvc_codec_init().
  *
  * Integer codes: symmetric `q = round(x / scale)` in [-qmax, qmax] with
- * scale = absmax / qmax (qmax 127, 7, 1 for int8, int4, int2); asymmetric
+ * scale = absmax / qmax (qmax 127, 7, 3, 1 for int8, int4, int3, int2); asymmetric
  * `q = round((x - zero) / scale)` in [0, 2^bits - 1] with zero = min and
  * scale = (max - min) / (2^bits - 1) (KIVI). Integer codes cover at most
  * [-1e38, 1e38]: values beyond saturate.
@@ -303,7 +304,7 @@ typedef enum kvc_rotation {
  *
  * Full range (`full_range` = 1, llama.cpp's q4_0 rule, symmetric integer
  * codes only): `q = round(x / scale)` in [-2^(bits-1), 2^(bits-1) - 1]
- * (int8 [-128, 127], int4 [-8, 7], int2 [-2, 1]) with scale = -m / 2^(bits-1),
+ * (int8 [-128, 127], int4 [-8, 7], int3 [-4, 3], int2 [-2, 1]) with scale = -m / 2^(bits-1),
  * where m is the group's value of largest magnitude (the positive one on a
  * tie): m itself maps to -2^(bits-1), and the scale is negative when m is
  * positive. All 2^bits codes are used (one more level than [-qmax, qmax]: a
@@ -958,7 +959,9 @@ KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64
  * @brief Quantize an array `[n][d]` with a codec (the pool's quantizer,
  * standalone). Byte layouts: docs/codecs.md (little-endian scales; int4:
  * element 2i in the low nibble of byte i; int2: element 4i+j in bits 2j..2j+1;
- * symmetric int4 / int2 codes stored as q + 8 / q + 2).
+ * int3: element j in bits 3j..3j+2 of the row's bytes read as one
+ * little-endian bit string, 8 elements in 3 bytes, a row padded to whole
+ * bytes; symmetric int4 / int3 / int2 codes stored as q + 8 / q + 4 / q + 2).
  * @param codec the codec (not NULL).
  * @param src `[n][d]` of src_dtype (f32, f16 or bf16), row-major.
  * @param src_dtype element type of src.

@@ -232,7 +232,7 @@ kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotatio
   codec_defaults(&c);
   kvc::api::read_input_struct(in, kCodecMin, name, &c);
   const int32_t dt = static_cast<int32_t>(c.dtype);
-  if (dt < 0 || dt > 7)
+  if (dt < 0 || dt > 8)
     fail(Errc::InvalidArgument, std::string(name) + ".dtype " + std::to_string(dt) + ": unknown dtype");
   if (c.rotation != KVC_ROTATION_NONE && c.rotation != KVC_ROTATION_HADAMARD)
     fail(Errc::InvalidArgument, std::string(name) + ".rotation " +
@@ -242,7 +242,7 @@ kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotatio
   if (c.full_range > 1) fail(Errc::InvalidArgument, std::string(name) + ".full_range must be 0 or 1");
   if (c.full_range && (dt < static_cast<int32_t>(KVC_DTYPE_INT8) || c.asymmetric || c.static_scale))
     fail(Errc::InvalidArgument, std::string(name) +
-                                    ".full_range applies to symmetric integer codecs (int8, int4, int2) with "
+                                    ".full_range applies to symmetric integer codecs (int8, int4, int3, int2) with "
                                     "dynamic scales only");
   if (c.static_scale) {
     const double v = c.scale;
@@ -704,7 +704,7 @@ KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes) {
   return guard([&] {
     need(bytes, "bytes");
     const int32_t d = static_cast<int32_t>(dtype);
-    if (d >= 3 && d <= 7)
+    if (d >= 3 && d <= 8)
       fail(Errc::InvalidArgument, "dtype " + std::to_string(d) +
                                       " is a quantized storage format whose size depends on its "
                                       "codec: use kvc_quantize_sizes() or kvc_pool_get_layout()");

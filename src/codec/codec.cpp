@@ -35,8 +35,8 @@ struct Params {
   float zero = 0.0f;   // stored zero point (asymmetric)
 };
 
-int qmax_sym(Dtype d) { return d == Dtype::INT8 ? 127 : d == Dtype::INT4 ? 7 : 1; }
-int qmax_asym(Dtype d) { return d == Dtype::INT8 ? 255 : d == Dtype::INT4 ? 15 : 3; }
+int qmax_sym(Dtype d) { return d == Dtype::INT8 ? 127 : d == Dtype::INT4 ? 7 : d == Dtype::INT3 ? 3 : 1; }
+int qmax_asym(Dtype d) { return d == Dtype::INT8 ? 255 : d == Dtype::INT4 ? 15 : d == Dtype::INT3 ? 7 : 3; }
 float fp8_max(Dtype d) { return d == Dtype::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max; }
 
 // Scales are computed in double (so max - min cannot overflow), never below
@@ -123,27 +123,46 @@ inline IntFormat int_format(Dtype d, bool asym, bool full_range = false) {
     switch (d) {
       case Dtype::INT8: return IntFormat{8, 0, -128, 127};
       case Dtype::INT4: return IntFormat{4, 8, -8, 7};
+      case Dtype::INT3: return IntFormat{3, 4, -4, 3};
       default: return IntFormat{2, 2, -2, 1};
     }
   }
   switch (d) {
     case Dtype::INT8: return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
     case Dtype::INT4: return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
+    case Dtype::INT3: return asym ? IntFormat{3, 0, 0, 7} : IntFormat{3, 4, -3, 3};
     default: return asym ? IntFormat{2, 0, 0, 3} : IntFormat{2, 2, -1, 1};
   }
 }
 
-// Stores code c of element j of a row (int4 / int2 rows are zeroed first).
+// Stores code c of element j of a row (int4 / int3 / int2 rows are zeroed
+// first). int3: code j holds bits 3j .. 3j + 2 of the row read as one
+// little-endian bit string (8 codes in 3 bytes; a code may straddle two bytes).
 inline void put_code(uint8_t *out, int bits, uint64_t j, uint32_t c) {
   if (bits == 8) out[j] = static_cast<uint8_t>(c);
   else if (bits == 4) out[j >> 1] |= static_cast<uint8_t>(c << ((j & 1) * 4));
-  else out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
+  else if (bits == 3) {
+    const uint64_t b = 3 * j;
+    const unsigned sh = static_cast<unsigned>(b & 7);
+    out[b >> 3] |= static_cast<uint8_t>(c << sh);
+    if (sh > 5) out[(b >> 3) + 1] |= static_cast<uint8_t>(c >> (8 - sh));
+  } else out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
 }
 inline int32_t get_code(const uint8_t *in, int bits, uint64_t j) {
   if (bits == 8) return in[j];
   if (bits == 4) return (in[j >> 1] >> ((j & 1) * 4)) & 0xf;
+  if (bits == 3) {
+    const uint64_t b = 3 * j;
+    const unsigned sh = static_cast<unsigned>(b & 7);
+    uint32_t w = in[b >> 3];
+    if (sh > 5) w |= static_cast<uint32_t>(in[(b >> 3) + 1]) << 8;
+    return static_cast<int32_t>((w >> sh) & 0x7);
+  }
   return (in[j >> 2] >> ((j & 3) * 2)) & 0x3;
 }
+// Elements per whole number of code bytes: a vector kernel starts at a
+// multiple of it (int3: 8 codes = 3 bytes).
+inline uint64_t code_unit(int bits) { return bits == 3 ? 8 : static_cast<uint64_t>(8 / bits); }
 
 void encode_int_run_scalar(const IntFormat &f, bool asym, const float *x, uint64_t j0, uint64_t j1,
                            const Params &p, uint8_t *out) {
@@ -200,6 +219,30 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m256i codes32_avx2(
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// 32 byte codes (each < 8, in order) -> the 12 bytes of their int3 bit
+// string: c0 + 8 c1 per 16-bit lane, then 4 codes (12 bits) per 32-bit lane,
+// then 8 codes (24 bits) per 64-bit lane, 3 bytes each.
+__attribute__((target("avx2"), always_inline)) inline void store_int3_32(__m256i c, uint8_t *out) {
+  const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0801));    // c0 + 8 c1
+  const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00400001));  // + 64 (c2 + 8 c3)
+  const __m256i w64 = _mm256_and_si256(_mm256_or_si256(w32, _mm256_srli_epi64(w32, 20)),
+                                       _mm256_set1_epi64x(0xffffff));
+  const uint64_t lo = static_cast<uint64_t>(_mm256_extract_epi64(w64, 0)) |
+                      static_cast<uint64_t>(_mm256_extract_epi64(w64, 1)) << 24;
+  const uint64_t hi = static_cast<uint64_t>(_mm256_extract_epi64(w64, 2)) |
+                      static_cast<uint64_t>(_mm256_extract_epi64(w64, 3)) << 24;
+  std::memcpy(out, &lo, 6);  // little-endian (x86)
+  std::memcpy(out + 6, &hi, 6);
+}
+
+// The 8 int3 codes of elements j .. j + 7 (j a multiple of 8) in 8 lanes.
+__attribute__((target("avx2"), always_inline)) inline __m256i load_int3_8(const uint8_t *in, uint64_t j) {
+  const uint8_t *p = in + j / 8 * 3;
+  const uint32_t w = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16;
+  const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21));
+  return _mm256_and_si256(v, _mm256_set1_epi32(0x7));
+}
+
 // Codes of elements [j0, j1) of a row x of f32 or (Half) f16 values.
 template <bool Asym, bool Half = false, bool Clamp = true>
 __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f, const void *x, uint64_t j0,
@@ -209,7 +252,7 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   const __m256i off = _mm256_set1_epi32(f.off);
   uint64_t j = j0;
   // Vector part: 32 values at a time, starting on a byte boundary of the codes.
-  const uint64_t per_byte = 8 / f.bits;
+  const uint64_t per_byte = code_unit(f.bits);
   if (j % per_byte != 0 && !Half) return encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j0, j1, p, out);
   for (; j + 32 <= j1 && j % per_byte == 0; j += 32) {
     const __m256i c = codes32_avx2<Asym, Half, Clamp>(x, j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
@@ -220,6 +263,8 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
                                           _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
       _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+    } else if (f.bits == 3) {
+      store_int3_32(c, out + j / 8 * 3);
     } else {  // int2: four bytes -> one byte, c0 | c1 << 2 | c2 << 4 | c3 << 6
       const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));    // c0 + 4 c1
       const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));  // + 16 (c2 + 4 c3)
@@ -243,13 +288,20 @@ __attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, boo
                                                          uint64_t j1, const Params &p, float *x) {
   const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
   uint64_t j = j0;
-  if (j % (8 / f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
+  if (j % code_unit(f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
   if (f.bits == 8) {
     for (; j + 8 <= j1; j += 8) {
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
       const __m256i q = asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
       const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
       _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(v, z) : v);
+    }
+  } else if (f.bits == 3) {
+    const __m256i off = _mm256_set1_epi32(f.off);
+    for (; j + 8 <= j1; j += 8) {
+      const __m256i q = _mm256_sub_epi32(load_int3_8(in, j), off);
+      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
+      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, z) : r);
     }
   } else if (f.bits == 2) {
     const __m256i off = _mm256_set1_epi32(f.off);
@@ -552,6 +604,7 @@ int bits_of(Dtype d) {
     case Dtype::FP8_E5M2:
     case Dtype::INT8: return 8;
     case Dtype::INT4: return 4;
+    case Dtype::INT3: return 3;
     case Dtype::INT2: return 2;
   }
   return 0;
@@ -566,6 +619,7 @@ const char *dtype_name(Dtype d) {
     case Dtype::FP8_E5M2: return "fp8_e5m2";
     case Dtype::INT8: return "int8";
     case Dtype::INT4: return "int4";
+    case Dtype::INT3: return "int3";
     case Dtype::INT2: return "int2";
   }
   return "?";
@@ -641,7 +695,7 @@ uint32_t default_rotation_block(uint64_t d) {
 
 void validate(const Spec &s, uint64_t d) {
   const int32_t dt = static_cast<int32_t>(s.dtype);
-  if (dt < 0 || dt > 7) fail(Errc::InvalidArgument, "dtype " + std::to_string(dt) + ": unknown storage dtype");
+  if (dt < 0 || dt > 8) fail(Errc::InvalidArgument, "dtype " + std::to_string(dt) + ": unknown storage dtype");
   const int32_t g = static_cast<int32_t>(s.gran);
   if (g < 0 || g > 4) fail(Errc::InvalidArgument, "granularity " + std::to_string(g) + ": unknown");
   if (is_float(s.dtype)) {
@@ -1222,6 +1276,8 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
                                             _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
         _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+      } else if constexpr (Bits == 3) {
+        store_int3_32(c, out + j / 8 * 3);
       } else {
         const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));
         const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));
@@ -1349,6 +1405,8 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
         else encode_groups_f16<8, Mode>(x, m, g, iv, zp, f, out);
       } else if (f.bits == 4) {
         encode_groups_f16<4, Mode>(x, m, g, iv, zp, f, out);
+      } else if (f.bits == 3) {
+        encode_groups_f16<3, Mode>(x, m, g, iv, zp, f, out);
       } else {
         encode_groups_f16<2, Mode>(x, m, g, iv, zp, f, out);
       }
@@ -1475,6 +1533,8 @@ __attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint
   if constexpr (Bits == 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
     return Asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+  } else if constexpr (Bits == 3) {
+    return _mm256_sub_epi32(load_int3_8(in, j), off);
   } else if constexpr (Bits == 4) {
     uint32_t w;
     std::memcpy(&w, in + j / 2, 4);
@@ -1636,6 +1696,7 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
     switch (s.dtype) {
       case Dtype::INT8: return dequantize_int_direct_any<8>(s, h, codes, scales, zeros, n, d, dst);
       case Dtype::INT4: return dequantize_int_direct_any<4>(s, h, codes, scales, zeros, n, d, dst);
+      case Dtype::INT3: return dequantize_int_direct_any<3>(s, h, codes, scales, zeros, n, d, dst);
       case Dtype::INT2: return dequantize_int_direct_any<2>(s, h, codes, scales, zeros, n, d, dst);
       case Dtype::FP8_E4M3:
         return h ? dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst)

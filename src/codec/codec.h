@@ -2,7 +2,7 @@
 // routines that the pool and the standalone kvc_quantize() API share.
 //
 // Methods and their sources:
-// - symmetric int8 / int4 / int2 with scale = absmax / qmax (per tensor,
+// - symmetric int8 / int4 / int3 / int2 with scale = absmax / qmax (per tensor,
 //   per token, per group): the standard absmax quantizer (LLM.int8, vLLM's
 //   int8 KV, llama.cpp's q8_0 / q4_0 use per-group scales of 32);
 // - asymmetric (min/max with a zero point): KIVI (arXiv 2402.02750);
@@ -23,7 +23,7 @@ namespace kvc::codec {
 
 // Storage dtypes; values equal the public kvc_dtype.
 enum class Dtype : int32_t {
-  F32 = 0, F16 = 1, BF16 = 2, FP8_E4M3 = 3, FP8_E5M2 = 4, INT8 = 5, INT4 = 6, INT2 = 7,
+  F32 = 0, F16 = 1, BF16 = 2, FP8_E4M3 = 3, FP8_E5M2 = 4, INT8 = 5, INT4 = 6, INT2 = 7, INT3 = 8,
 };
 // Values equal the public kvc_granularity.
 enum class Gran : int32_t { None = 0, Tensor = 1, Token = 2, Group = 3, Channel = 4 };
@@ -40,7 +40,7 @@ struct Spec {
 };
 
 inline bool is_float(Dtype d) { return d == Dtype::F32 || d == Dtype::F16 || d == Dtype::BF16; }
-inline bool is_int(Dtype d) { return d == Dtype::INT8 || d == Dtype::INT4 || d == Dtype::INT2; }
+inline bool is_int(Dtype d) { return d == Dtype::INT8 || d == Dtype::INT4 || d == Dtype::INT3 || d == Dtype::INT2; }
 inline bool is_fp8(Dtype d) { return d == Dtype::FP8_E4M3 || d == Dtype::FP8_E5M2; }
 int bits_of(Dtype d);
 const char *dtype_name(Dtype d);

@@ -125,7 +125,7 @@ void Pool::validate(PoolConfig &c) {
     if (!dtype_valid(d))
       fail(Errc::InvalidArgument,
            std::string(kv == 0 ? "k_dtype " : "v_dtype ") + std::to_string(d) +
-               (d >= 3 && d <= 7 ? ": fp8 and integer storage is described by a codec: set "
+               (d >= 3 && d <= 8 ? ": fp8 and integer storage is described by a codec: set "
                                    "k_codec / v_codec (kvc_codec) instead"
                                  : ": unknown storage dtype (f32, f16 or bf16)"));
   }
@@ -211,6 +211,8 @@ void Pool::validate(PoolConfig &c) {
     if (c.k_codec.full_range || c.v_codec.full_range)
       fail(Errc::Unsupported, "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
                               "in this version");
+    if (c.k_codec.dtype == codec::Dtype::INT3 || c.v_codec.dtype == codec::Dtype::INT3)
+      fail(Errc::Unsupported, "device CUDA: int3 storage (KVC_DTYPE_INT3) is CPU-only in this version");
     if (c.head_dim > 256 || (c.head_dim % 8 != 0 && c.head_dim > 32))
       fail(Errc::Unsupported, "device CUDA: head_dim " + u64s(c.head_dim) +
                                   " is not supported (a multiple of 8 up to 256, or up to 32)");
@@ -1072,6 +1074,7 @@ void Pool::calibrate_absmax(int kv, uint32_t layer, float absmax) {
                      : sp.dtype == codec::Dtype::FP8_E5M2 ? codec::kFp8E5m2Max
                      : sp.dtype == codec::Dtype::INT8     ? 127.0f
                      : sp.dtype == codec::Dtype::INT4     ? 7.0f
+                     : sp.dtype == codec::Dtype::INT3     ? 3.0f
                                                           : 1.0f;
   if (!(absmax > 0.0f)) return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
   const float scale = codec::round_scale_up(

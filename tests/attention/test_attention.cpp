@@ -248,6 +248,8 @@ KVTEST(codecs_match_dequantized) {
       {"int4 group", KVC_DTYPE_F16, KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 0, 0, 0},
       {"int4 hadamard", KVC_DTYPE_F16, KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 0, 1, 0},
       {"int2 asym", KVC_DTYPE_F16, KVC_DTYPE_INT2, KVC_SCALE_PER_GROUP, 1, 0, 0},
+      {"int3 group", KVC_DTYPE_F16, KVC_DTYPE_INT3, KVC_SCALE_PER_GROUP, 0, 0, 0},
+      {"int3 asym hadamard", KVC_DTYPE_F16, KVC_DTYPE_INT3, KVC_SCALE_PER_GROUP, 1, 1, 0},
       {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 0, 0, 0},
       {"kivi int4 + residual", KVC_DTYPE_F16, KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 1, 0, 20},
   };

@@ -84,7 +84,7 @@ static std::string describe(const Spec &s, uint64_t d) {
 
 static void test_int_bounds() {
   const uint64_t dims[] = {8, 64, 96, 128, 256};
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2})
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (bool asym : {false, true})
         for (Dtype sd : {Dtype::F32, Dtype::F16})
@@ -120,7 +120,7 @@ static void test_int_bounds() {
 }
 
 static void test_zero_rows_exact() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (bool asym : {false, true}) {
         if (asym && is_fp8(dt)) continue;
@@ -282,7 +282,7 @@ static void test_int4_partial_group() {
 }
 
 static void test_rotation_bound() {
-  for (Dtype dt : {Dtype::INT4, Dtype::INT2, Dtype::INT8})
+  for (Dtype dt : {Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::INT8})
     for (uint64_t d : {8ull, 64ull, 96ull, 128ull, 256ull}) {
       Spec s;
       s.dtype = dt;
@@ -353,6 +353,28 @@ static void test_byte_layout() {
   CHECK(q.codes[0] == (3 << 6 | 2 << 4 | 1 << 2 | 0));
   CHECK(load_scale(q.zeros.data(), Dtype::F32) == 0.0f);
   CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  // int3 symmetric: element j at bits 3j.. of the row's little-endian bit
+  // string, stored as q + 4 (absmax 3: scale 1).
+  s.dtype = Dtype::INT3;
+  s.asym = false;
+  x = {3.0f, -3.0f, 0.0f, 1.0f, 2.0f, -1.0f, -2.0f, 3.0f};  // codes 7 1 4 5 6 3 2 7
+  q = roundtrip(s, x, 1, 8);
+  CHECK(q.codes.size() == 3);
+  CHECK(q.codes[0] == 0x0f && q.codes[1] == 0xeb && q.codes[2] == 0xe9);
+  CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  for (int j = 0; j < 8; ++j) CHECK(q.out[j] == x[j]);
+  // int3 asymmetric over 16 values (two 3-byte units), codes 0..7 and back.
+  s.asym = true;
+  x.clear();
+  for (int j = 0; j < 16; ++j) x.push_back(static_cast<float>((j * 5) % 8));
+  q = roundtrip(s, x, 1, 16);
+  CHECK(q.codes.size() == 6 && load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  for (int j = 0; j < 16; ++j) {
+    const uint64_t bit = 3 * static_cast<uint64_t>(j);
+    const uint32_t w = q.codes[bit / 8] | (bit / 8 + 1 < 6 ? q.codes[bit / 8 + 1] << 8 : 0u);
+    CHECK(((w >> (bit % 8)) & 7u) == static_cast<uint32_t>(x[j]));
+    CHECK(q.out[j] == x[j]);
+  }
   // int8 symmetric: two's complement.
   s.dtype = Dtype::INT8;
   s.asym = false;
@@ -370,7 +392,7 @@ static void test_simd_matches_scalar() {
   if (!simd_active()) {
     std::printf("no AVX2 on this machine: the scalar path is the only one\n");
   }
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint64_t d : {8ull, 40ull, 64ull, 96ull, 128ull, 200ull, 256ull}) {
@@ -399,7 +421,7 @@ static void test_simd_matches_scalar() {
 // The fused quantize path (f16 or f32 input, rotation, static scales, f16
 // scales) gives the scalar path's codes, scales and zero points bit for bit.
 static void test_fused_quantize_matches_scalar() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group})
       for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint32_t rot : {0u, 8u})
@@ -568,7 +590,7 @@ static void test_hadamard_simd() {
 // clamp to within one step. Hand-computed int4 codes, zero groups and dynamic
 // per-tensor scales too.
 static void test_full_range() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2})
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (Dtype sd : {Dtype::F32, Dtype::F16})
         for (uint64_t d : {8ull, 64ull, 96ull, 128ull}) {
@@ -582,7 +604,7 @@ static void test_full_range() {
           std::vector<float> x = gaussian(n * d, 1.0f);
           for (uint64_t r = 0; r < n; ++r) x[r * d + (d / 3)] *= (r % 2 ? 12.0f : -12.0f);  // outliers of both signs
           Quantized q = roundtrip(s, x, n, d);
-          const double half = dt == Dtype::INT8 ? 128 : dt == Dtype::INT4 ? 8 : 2;
+          const double half = dt == Dtype::INT8 ? 128 : dt == Dtype::INT4 ? 8 : dt == Dtype::INT3 ? 4 : 2;
           // The extreme of each scale's elements.
           std::map<uint64_t, float> ext;
           auto idx_of = [&](uint64_t r, uint64_t c) { return scale_index(s, r, c, d); };
@@ -655,7 +677,7 @@ static void test_full_range() {
       set_force_scalar(false);
     }
     // A zero row: scale 0 and exact zeros, for every dtype.
-    for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2}) {
+    for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2}) {
       s.dtype = dt;
       Quantized z = roundtrip(s, std::vector<float>(8, 0.0f), 1, 8);
       CHECK(load_scale(z.scales.data(), Dtype::F32) == 0.0f);
@@ -693,7 +715,7 @@ static void test_f16_direct_matches_scalar() {
     return h;
   };
   int cases = 0;
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
     for (int mode : {0, 1, 2})
       for (Dtype sd : {Dtype::F32, Dtype::F16})
         for (uint64_t d : {64ull, 96ull, 128ull, 200ull})

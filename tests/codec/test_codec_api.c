@@ -88,6 +88,60 @@ static void test_int8_block_bytes(void **state) {
   }
 }
 
+/* int3: eight codes in three bytes. Symmetric per-token f32 scales, block
+ * size 16, two KV heads of 64: 16 x (2 x 24 + 2 x 4) = 896 bytes per part;
+ * head_dim 12 (36 bits) is refused, head_dim 8 and 96 work; integer data
+ * within [-3, 3] per head (scale 1) reads back exactly; CUDA pools refuse
+ * int3 (or CUDA is absent). */
+static void test_int3_pool(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT3, KVC_SCALE_PER_TOKEN, 0, 0);
+  kvc_pool *p = codec_pool(1, 2, 64, 16, 4, &k, &k, KVC_OK);
+  kvc_pool_layout l;
+  kvc_pool_layout_init(&l);
+  ASSERT_OK(kvc_pool_get_layout(p, &l));
+  assert_int_equal(l.k_dtype, KVC_DTYPE_INT3);
+  assert_int_equal(l.k_codes_bytes, 16 * 2 * 24);
+  assert_int_equal(l.k_bytes, 16 * (2 * 24 + 2 * 4));
+  assert_int_equal(l.v_bytes, 16 * (2 * 24 + 2 * 4));
+  kvc_stats st = get_stats(p);
+  assert_int_equal(st.bytes_per_block, 2 * 896);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  const uint64_t n = 37, row = 128;
+  ASSERT_OK(kvc_seq_reserve(p, 1, n, NULL));
+  float *kin = malloc(sizeof(float) * n * row), *vin = malloc(sizeof(float) * n * row);
+  float *kout = malloc(sizeof(float) * n * row), *vout = malloc(sizeof(float) * n * row);
+  for (uint64_t t = 0; t < n; ++t)
+    for (uint64_t e = 0; e < row; ++e) {
+      kin[t * row + e] = (float)((int)((t * 7 + e * 3) % 7) - 3);
+      vin[t * row + e] = (float)((int)((t * 5 + e * 11) % 7) - 3);
+    }
+  for (uint64_t t = 0; t < n; ++t) kin[t * row] = kin[t * row + 64] = vin[t * row] = vin[t * row + 64] = 3.0f;
+  ASSERT_OK(kvc_append(p, 1, 0, 0, n, kin, vin, KVC_DTYPE_F32));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, n, kout, vout, KVC_DTYPE_F32, NULL));
+  assert_memory_equal(kin, kout, sizeof(float) * n * row);
+  assert_memory_equal(vin, vout, sizeof(float) * n * row);
+  free(kin);
+  free(vin);
+  free(kout);
+  free(vout);
+  kvc_pool_destroy(p);
+  assert_null(codec_pool(1, 2, 12, 16, 4, &k, &k, KVC_ERR_INVALID_ARGUMENT)); /* 12 x 3 bits */
+  assert_non_null(strstr(kvc_last_error_message(), "k_codec"));
+  for (int i = 0; i < 2; ++i) {
+    p = codec_pool(1, 2, i ? 96 : 8, 16, 4, &k, &k, KVC_OK);
+    kvc_pool_destroy(p);
+  }
+  kvc_pool_config c = test_config(1, 2, 64, 16, 4);
+  c.k_codec = &k;
+  c.device = KVC_DEVICE_CUDA;
+  kvc_pool *cp = NULL;
+  const kvc_status cs = kvc_pool_create(&c, &cp);
+  assert_true(cs == KVC_ERR_UNSUPPORTED || cs == KVC_ERR_DEVICE_UNAVAILABLE);
+  assert_null(cp);
+  if (cs == KVC_ERR_UNSUPPORTED) assert_non_null(strstr(kvc_last_error_message(), "int3"));
+}
+
 /* Static scales of 1e-50, 1e300, NaN, 0 or -1 are refused with an
  * invalid-scale status (pool and standalone); 0.5 is accepted and round-trips
  * within half a step. */
@@ -214,11 +268,11 @@ static void test_nonfinite_append(void **state) {
 static void test_all_codecs_roundtrip(void **state) {
   (void)state;
   const uint32_t dims[5] = {8, 64, 96, 128, 256};
-  const kvc_dtype dts[5] = {KVC_DTYPE_INT8, KVC_DTYPE_INT4, KVC_DTYPE_INT2, KVC_DTYPE_FP8_E4M3,
-                            KVC_DTYPE_FP8_E5M2};
+  const kvc_dtype dts[6] = {KVC_DTYPE_INT8, KVC_DTYPE_INT4, KVC_DTYPE_INT2, KVC_DTYPE_FP8_E4M3,
+                            KVC_DTYPE_FP8_E5M2, KVC_DTYPE_INT3};
   const kvc_granularity grans[3] = {KVC_SCALE_PER_TENSOR, KVC_SCALE_PER_TOKEN, KVC_SCALE_PER_GROUP};
   for (int di = 0; di < 5; ++di)
-    for (int ti = 0; ti < 5; ++ti)
+    for (int ti = 0; ti < 6; ++ti)
       for (int gi = 0; gi < 3; ++gi)
         for (int rot = 0; rot < 2; ++rot) {
           const uint32_t hd = dims[di], H = 2, row = H * hd;
@@ -248,7 +302,10 @@ static void test_all_codecs_roundtrip(void **state) {
             norm += in[i] * in[i];
           }
           const double rel = sqrt(err / norm);
-          const double limit = dts[ti] == KVC_DTYPE_INT2 ? (gi == 0 ? 1.01 : 0.85) : dts[ti] == KVC_DTYPE_INT4 ? 0.2 : 0.08;
+          const double limit = dts[ti] == KVC_DTYPE_INT2   ? (gi == 0 ? 1.01 : 0.85)
+                               : dts[ti] == KVC_DTYPE_INT3 ? (gi == 0 ? 0.5 : 0.4)
+                               : dts[ti] == KVC_DTYPE_INT4 ? 0.2
+                                                           : 0.08;
           if (!(rel < limit)) {
             print_error("hd %u dtype %d gran %d rot %d: relative error %g\n", hd, dts[ti], grans[gi], rot, rel);
             fail();
@@ -1189,7 +1246,8 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_adversarial_regressions_2), cmocka_unit_test(test_full_range),
       cmocka_unit_test(test_full_range_tensor_pool),
-      cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_static_scales),
+      cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_int3_pool),
+           cmocka_unit_test(test_static_scales),
       cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),

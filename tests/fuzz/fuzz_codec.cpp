@@ -86,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 24) return 0;
   kvc_codec c;
   kvc_codec_init(&c);
-  c.dtype = static_cast<kvc_dtype>(data[0] % 9);  // 8: unknown
+  c.dtype = static_cast<kvc_dtype>(data[0] % 10);  // 9: unknown
   c.granularity = static_cast<kvc_granularity>(data[1] % 6);  // 5: unknown
   uint16_t group;
   std::memcpy(&group, data + 2, 2);

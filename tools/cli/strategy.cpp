@@ -43,6 +43,10 @@ const std::vector<Component> &registry() {
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
+      {"int3", Kind::Codec,
+       "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, symmetric), like "
+       "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
+       KVC_DTYPE_INT3, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
       {"int2", Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
@@ -211,7 +215,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
     st.residual_fraction = fraction;
     return;
   }
-  // int8 / int4 / int2
+  // int8 / int4 / int3 / int2
   const bool has_group = std::any_of(st.codec.params.begin(), st.codec.params.end(),
                                      [](const auto &kv) { return kv.first == "group"; });
   if (name == "int8") c.granularity = has_group ? KVC_SCALE_PER_GROUP : KVC_SCALE_PER_TOKEN;
@@ -447,6 +451,7 @@ std::vector<std::string> default_strategies() {
           "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
           "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
           "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
+          "k-int3:kchannel=128:asym+v-int2:group=32:full-range",
           "int2:group=32",
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",

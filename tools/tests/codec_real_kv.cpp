@@ -96,7 +96,7 @@ int main() {
     tensors.push_back(std::move(k));
     tensors.push_back(std::move(v));
   }
-  const kvc_dtype ints[3] = {KVC_DTYPE_INT8, KVC_DTYPE_INT4, KVC_DTYPE_INT2};
+  const kvc_dtype ints[4] = {KVC_DTYPE_INT8, KVC_DTYPE_INT4, KVC_DTYPE_INT3, KVC_DTYPE_INT2};
   for (const std::vector<float> &x : tensors) {
     // Integer codecs, per token (rows of head_dim), per group of 16 / 32 values
     // of a token's row, per channel over 16 tokens; symmetric and asymmetric.

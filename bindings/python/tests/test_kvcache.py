@@ -254,6 +254,8 @@ def test_full_range_codec():
     (kvcache.DTYPE_INT8, kvcache.SCALE_PER_TOKEN, 0),
     (kvcache.DTYPE_INT4, kvcache.SCALE_PER_GROUP, 1),
     (kvcache.DTYPE_INT2, kvcache.SCALE_PER_GROUP, 1),
+    (kvcache.DTYPE_INT3, kvcache.SCALE_PER_GROUP, 1),
+    (kvcache.DTYPE_INT3, kvcache.SCALE_PER_TOKEN, 0),
     (kvcache.DTYPE_FP8_E4M3, kvcache.SCALE_PER_TOKEN, 0),
 ])
 def test_quantizer_matches_c(captured, dtype, gran, asym):
@@ -285,7 +287,8 @@ def test_quantizer_matches_c(captured, dtype, gran, asym):
     assert st == 0
     np.testing.assert_array_equal(back, c_back)
     # And it is a quantization of x: error well below the value range.
-    bits = {kvcache.DTYPE_INT8: 8, kvcache.DTYPE_INT4: 4, kvcache.DTYPE_INT2: 2, kvcache.DTYPE_FP8_E4M3: 4}[dtype]
+    bits = {kvcache.DTYPE_INT8: 8, kvcache.DTYPE_INT4: 4, kvcache.DTYPE_INT2: 2, kvcache.DTYPE_INT3: 3,
+            kvcache.DTYPE_FP8_E4M3: 4}[dtype]
     assert np.max(np.abs(back - x)) <= np.max(np.abs(x)) * 2.0 ** (1 - bits) + 1e-6
 
 

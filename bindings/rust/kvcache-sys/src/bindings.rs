@@ -180,6 +180,10 @@ impl kvc_dtype {
     pub const KVC_DTYPE_INT2: kvc_dtype = kvc_dtype(7);
 }
 impl kvc_dtype {
+    #[doc = "< 3-bit integer codes, eight in three bytes (a little-endian bit string), with scales; storage only; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). A pool needs head_dim a multiple of 8. Source: KVQuant (arXiv 2401.18079) measures 3-bit KV caches (with per-channel keys) close to f16. @since 0.3"]
+    pub const KVC_DTYPE_INT3: kvc_dtype = kvc_dtype(8);
+}
+impl kvc_dtype {
     #[doc = "< Forces a 32-bit enum."]
     pub const KVC_DTYPE_FORCE_32BIT: kvc_dtype = kvc_dtype(2147483647);
 }
@@ -324,7 +328,7 @@ pub struct kvc_rotation(pub ::std::os::raw::c_int);
 #[doc = " @brief A codec: how K or V values are stored. Fill with kvc_codec_init()."]
 #[doc = ""]
 #[doc = " Integer codes: symmetric `q = round(x / scale)` in [-qmax, qmax] with"]
-#[doc = " scale = absmax / qmax (qmax 127, 7, 1 for int8, int4, int2); asymmetric"]
+#[doc = " scale = absmax / qmax (qmax 127, 7, 3, 1 for int8, int4, int3, int2); asymmetric"]
 #[doc = " `q = round((x - zero) / scale)` in [0, 2^bits - 1] with zero = min and"]
 #[doc = " scale = (max - min) / (2^bits - 1) (KIVI). Integer codes cover at most"]
 #[doc = " [-1e38, 1e38]: values beyond saturate."]
@@ -341,7 +345,7 @@ pub struct kvc_rotation(pub ::std::os::raw::c_int);
 #[doc = ""]
 #[doc = " Full range (`full_range` = 1, llama.cpp's q4_0 rule, symmetric integer"]
 #[doc = " codes only): `q = round(x / scale)` in [-2^(bits-1), 2^(bits-1) - 1]"]
-#[doc = " (int8 [-128, 127], int4 [-8, 7], int2 [-2, 1]) with scale = -m / 2^(bits-1),"]
+#[doc = " (int8 [-128, 127], int4 [-8, 7], int3 [-4, 3], int2 [-2, 1]) with scale = -m / 2^(bits-1),"]
 #[doc = " where m is the group's value of largest magnitude (the positive one on a"]
 #[doc = " tie): m itself maps to -2^(bits-1), and the scale is negative when m is"]
 #[doc = " positive. All 2^bits codes are used (one more level than [-qmax, qmax]: a"]
@@ -2800,7 +2804,9 @@ extern "C" {
     #[doc = " @brief Quantize an array `[n][d]` with a codec (the pool's quantizer,"]
     #[doc = " standalone). Byte layouts: docs/codecs.md (little-endian scales; int4:"]
     #[doc = " element 2i in the low nibble of byte i; int2: element 4i+j in bits 2j..2j+1;"]
-    #[doc = " symmetric int4 / int2 codes stored as q + 8 / q + 2)."]
+    #[doc = " int3: element j in bits 3j..3j+2 of the row's bytes read as one"]
+    #[doc = " little-endian bit string, 8 elements in 3 bytes, a row padded to whole"]
+    #[doc = " bytes; symmetric int4 / int3 / int2 codes stored as q + 8 / q + 4 / q + 2)."]
     #[doc = " @param codec the codec (not NULL)."]
     #[doc = " @param src `[n][d]` of src_dtype (f32, f16 or bf16), row-major."]
     #[doc = " @param src_dtype element type of src."]

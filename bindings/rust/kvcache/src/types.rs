@@ -55,6 +55,8 @@ c_enum! {
         Int4 = KVC_DTYPE_INT4,
         /// 2-bit integer codes (four per byte) with scales; storage only.
         Int2 = KVC_DTYPE_INT2,
+        /// 3-bit integer codes (eight in three bytes) with scales; storage only, CPU pools only.
+        Int3 = KVC_DTYPE_INT3,
     }
 }
 

@@ -51,6 +51,7 @@ const (
 	DTYPE_INT8     DType = 5
 	DTYPE_INT4     DType = 6
 	DTYPE_INT2     DType = 7
+	DTYPE_INT3     DType = 8
 )
 
 // Device is where a pool's blocks live (kvc_device).

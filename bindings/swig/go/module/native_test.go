@@ -45,6 +45,7 @@ func TestNativeConstants(t *testing.T) {
 		{"DTYPE_INT8", int64(DTYPE_INT8), int64(native.DTYPE_INT8)},
 		{"DTYPE_INT4", int64(DTYPE_INT4), int64(native.DTYPE_INT4)},
 		{"DTYPE_INT2", int64(DTYPE_INT2), int64(native.DTYPE_INT2)},
+		{"DTYPE_INT3", int64(DTYPE_INT3), int64(native.DTYPE_INT3)},
 		{"DEVICE_CPU", int64(DEVICE_CPU), int64(native.DEVICE_CPU)},
 		{"DEVICE_CUDA", int64(DEVICE_CUDA), int64(native.DEVICE_CUDA)},
 		{"LAYOUT_NHD", int64(LAYOUT_NHD), int64(native.LAYOUT_NHD)},

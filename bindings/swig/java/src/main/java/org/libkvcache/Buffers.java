@@ -54,6 +54,7 @@ final class Buffers {
       case Kvc.DTYPE_INT8: return "DTYPE_INT8";
       case Kvc.DTYPE_INT4: return "DTYPE_INT4";
       case Kvc.DTYPE_INT2: return "DTYPE_INT2";
+      case Kvc.DTYPE_INT3: return "DTYPE_INT3";
       default: return "dtype " + dtype;
     }
   }
