@@ -236,6 +236,20 @@ typedef enum kvc_layout {
  * one tenant's K/V never lingers in memory handed to another. @since 0.1 */
 #define KVC_POOL_ZERO_ON_FREE 0x1u
 
+/** @brief Pool flag: quantize keys in their pre-RoPE space (KVQuant, arXiv
+ * 2401.18079, section 3.2). The engine still appends keys after RoPE and
+ * reads them back after RoPE; the pool undoes the rotation of each key at
+ * its position before encoding it and applies it again after decoding
+ * (kvc_gather(), attention), so per-channel scales see channel statistics
+ * that do not turn with the position. A token's RoPE position is its
+ * position in the sequence. Needs the pool's rope_style (and rope_dims,
+ * rope_theta, as the engine applies them) and a quantized k_codec, else
+ * ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives
+ * ::KVC_ERR_UNSUPPORTED). Eviction and the prefix cache refuse such pools
+ * (::KVC_ERR_UNSUPPORTED). Values and float keys are unaffected.
+ * @since 0.3 */
+#define KVC_POOL_PRE_ROPE_KEYS 0x2u
+
 /**
  * @brief Which values share one scale (and zero point) of a quantized codec.
  *

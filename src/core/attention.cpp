@@ -123,8 +123,8 @@ void Pool::attend_range(uint32_t layer, const LayerTable &l, const float *q, uin
       const uint32_t slot = static_cast<uint32_t>(t0 % bs);
       cnt = std::min({bs - slot, l.n_lp - t0, end - t0});
       const uint8_t *blk = block_ptr(l.blocks[t0 / bs]);
-      read_part(0, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(kt), DType::F32);
-      read_part(1, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(vt), DType::F32);
+      read_part(0, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(kt), DType::F32, l, t0);
+      read_part(1, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(vt), DType::F32, l, t0);
       overlay_sinks(layer, l, t0, cnt, reinterpret_cast<uint8_t *>(kt), reinterpret_cast<uint8_t *>(vt), DType::F32);
     } else {
       const uint64_t r = l.res_off + (t0 - l.n_lp);

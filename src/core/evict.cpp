@@ -43,6 +43,8 @@ void Pool::check_policy_fits(const PolicySpec *p) const {
   if (p->auto_evict && p->kind != PolicyKind::None && residual())
     fail(Errc::Unsupported, "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
                             "is not supported");
+  if (p->auto_evict && p->kind != PolicyKind::None && pre_rope_)
+    fail(Errc::Unsupported, "auto-eviction in a pool with pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) is not supported");
 }
 
 void Pool::set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p) {
@@ -177,6 +179,9 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
       target = layer_target(p, li, nl, n);
     }
     if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
+    if (pre_rope_)
+      fail(Errc::Unsupported, "eviction in a pool with pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) is not supported: "
+                              "their codes are tied to their positions");
     if (residual())
       fail(Errc::Unsupported, "eviction in a pool with a residual window, hybrid precision or attention "
                               "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
@@ -201,7 +206,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
         const uint32_t slot = static_cast<uint32_t>(t % bs);
         const uint64_t run = std::min(bs - slot, n - t);
         read_part(0, li, block_ptr(l.blocks[t / bs]), slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
-                  DType::F32);
+                  DType::F32, l, t);
         t += run;
       }
       for (uint64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(l.position_of(t));
@@ -318,7 +323,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
         if (delta == 0) continue;
         uint8_t *blk = block_ptr(l.blocks[j / bs]);
         const uint32_t slot = static_cast<uint32_t>(j % bs);
-        read_part(0, li, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32);
+        read_part(0, li, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32, l, j);
         for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(krow + hh * hd, delta);
         if (part_[0].quantized) {
           if (part_[0].rotation_block) codec::hadamard(krow, row, part_[0].rotation_block);

@@ -114,12 +114,12 @@ void Pool::validate(PoolConfig &c) {
   if (c.num_q_heads % c.num_kv_heads != 0)
     fail(Errc::InvalidArgument, "num_q_heads " + u64s(c.num_q_heads) +
                                     " is not a multiple of num_kv_heads " + u64s(c.num_kv_heads));
-  if (c.flags & ~kFlagZeroOnFree)
+  if (c.flags & ~(kFlagZeroOnFree | kFlagPreRopeKeys))
     fail(Errc::InvalidArgument, "flags 0x" + [&] {
       char b[16];
       std::snprintf(b, sizeof b, "%x", c.flags);
       return std::string(b);
-    }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE)");
+    }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS)");
   for (int kv = 0; kv < 2; ++kv) {
     const int32_t d = static_cast<int32_t>(kv == 0 ? c.k_dtype : c.v_dtype);
     if (!dtype_valid(d))
@@ -187,6 +187,16 @@ void Pool::validate(PoolConfig &c) {
   if (c.residual_sinks > c.block_size)
     fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) + " above block_size " +
                                     u64s(c.block_size));
+  if (c.flags & kFlagPreRopeKeys) {
+    if (c.rope_style == RopeStyle::None)
+      fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS needs the RoPE the engine applies to keys (rope_style, "
+                                  "rope_dims, rope_theta)");
+    if (codec::is_float(c.k_codec.dtype))
+      fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS applies to quantized keys: set a k_codec with an fp8 or "
+                                  "integer dtype");
+    if (c.device == Device::CUDA)
+      fail(Errc::Unsupported, "device CUDA: pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) are CPU-only in this version");
+  }
   if (c.layout != Layout::NHD && c.layout != Layout::HND)
     fail(Errc::InvalidArgument,
          "layout " + std::to_string(static_cast<int32_t>(c.layout)) + ": must be NHD or HND");
@@ -330,6 +340,9 @@ Pool::Pool(const PoolConfig &cfg)
   for (int kv = 0; kv < 2; ++kv)
     if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Channel)
       unit_ = std::max(unit_, part_[kv].spec.group);
+  if (cfg_.flags & kFlagPreRopeKeys)
+    pre_rope_ = std::make_unique<RopeTable>(cfg_.head_dim, cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim,
+                                            cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
   arena_bytes_ = cfg_.num_blocks * block_stride_;
   if (cfg_.device == Device::CUDA) {  // one zeroed device allocation (validate() refused residuals)
     dev_ = cuda::Device::open(cfg_.device_index, arena_bytes_, geometry());
@@ -595,6 +608,7 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
     // Attention sinks keep their residual rows (exact: residual_dtype in and out).
     write_sinks(layer, l, l.n_lp + done, unit, reinterpret_cast<const uint8_t *>(buf),
                 reinterpret_cast<const uint8_t *>(buf + unit * row), DType::F32);
+    if (pre_rope_) rope_rows(buf, unit, static_cast<uint64_t>(l.rope_position_of(l.n_lp + done)), -1);
     for (int kv = 0; kv < 2; ++kv) {
       const PartLayout &pl = part_[kv];
       float *x = buf + kv * unit * row;
@@ -837,9 +851,9 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
         float *buf = scratch_input(2 * partial * row);
         const uint8_t *blk = block_ptr(l.blocks[lp / bs]);
         read_part(0, li, blk, static_cast<uint32_t>(lp % bs), partial,
-                  reinterpret_cast<uint8_t *>(buf), DType::F32);
+                  reinterpret_cast<uint8_t *>(buf), DType::F32, l, lp);
         read_part(1, li, blk, static_cast<uint32_t>(lp % bs), partial,
-                  reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
+                  reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32, l, lp);
         overlay_sinks(li, l, lp, partial, reinterpret_cast<uint8_t *>(buf),
                       reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
         l.res_blocks.push_back(take_res());
@@ -1135,8 +1149,13 @@ void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, 
 }
 
 // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of dst.
+void Pool::rope_rows(float *rows, uint64_t count, uint64_t pos0, int sign) const {
+  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  for (uint64_t t = 0; t < count; ++t) pre_rope_->rotate(rows + t * row, cfg_.num_kv_heads, pos0 + t, sign);
+}
+
 void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
-                     uint8_t *out, DType dst) const {
+                     uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const {
   const PartLayout &pl = part_[kv];
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, row = h * hd;
   const uint8_t *base = blk + pl.offset;
@@ -1188,6 +1207,9 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
   }
   if (pl.rotation_block)
     for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
+  if (kv == 0 && pre_rope_)
+    for (uint64_t t = 0; t < count; ++t)
+      pre_rope_->rotate(tmp + t * row, cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(idx0 + t)), 1);
   if (!direct) convert(tmp, DType::F32, out, dst, count * row);
 }
 
@@ -1253,6 +1275,8 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
       codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
       codec::check_rotatable(dst, n * row, part_[kv].rotation_block);
+      // Pre-RoPE keys: without eviction (refused) a token's RoPE position is its position.
+      if (kv == 0 && pre_rope_) rope_rows(dst, n, pos, -1);
       if (part_[kv].rotation_block)  // rotate each head before calibrating and encoding
         for (uint64_t t = 0; t < n; ++t) codec::hadamard(dst + t * row, row, part_[kv].rotation_block);
       (kv == 0 ? kf : vf) = dst;
@@ -1378,8 +1402,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
       const uint32_t slot = static_cast<uint32_t>(idx % bs);
       const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
       const uint8_t *blk = block_ptr(l.blocks[idx / bs]);
-      if (ko) read_part(0, layer, blk, slot, run, ko + done * row, dst);
-      if (vo) read_part(1, layer, blk, slot, run, vo + done * row, dst);
+      if (ko) read_part(0, layer, blk, slot, run, ko + done * row, dst, l, idx);
+      if (vo) read_part(1, layer, blk, slot, run, vo + done * row, dst, l, idx);
       overlay_sinks(layer, l, idx, run, ko ? ko + done * row : nullptr, vo ? vo + done * row : nullptr, dst);
       done += run;
     } else {

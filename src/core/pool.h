@@ -17,6 +17,7 @@
 #include "core/policy.h"
 #include "core/prefix.h"
 #include "core/convert.h"
+#include "core/rope.h"
 #include "core/rwlock.h"
 #include "core/seq_map.h"
 
@@ -32,6 +33,7 @@ enum class Device : int32_t { CPU = 0, CUDA = 1 };
 enum class RopeStyle : int32_t { None = 0, Interleaved = 1, Neox = 2 };
 
 constexpr uint32_t kFlagZeroOnFree = 0x1u;
+constexpr uint32_t kFlagPreRopeKeys = 0x2u;
 
 struct PoolConfig {
   uint32_t num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -370,8 +372,14 @@ class Pool {
                       float *out, float *lse, const AttnParams &p, uint32_t threads) const;
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                   const float *src_f32, uint32_t slot, uint64_t count) const;
+  // Reads `count` tokens from slots [slot, ...) of part kv; `l` and `idx0`
+  // (the layer's index of the first) give the RoPE positions that pre-RoPE
+  // keys are rotated back to.
   void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
-                 uint8_t *out, DType dst) const;
+                 uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const;
+  // Pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS): undoes the RoPE of `count` f32
+  // key rows at positions pos0, pos0 + 1, ... (sign -1), or applies it (+1).
+  void rope_rows(float *rows, uint64_t count, uint64_t pos0, int sign) const;
   // The per-tensor scale of a layer (dynamic: calibrated by the first write).
   float tensor_scale(int kv, uint32_t layer) const;
   void calibrate(int kv, uint32_t layer, const float *x, uint64_t n);
@@ -392,6 +400,7 @@ class Pool {
   uint64_t peak_bytes_ = 0;
   uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
   uint32_t unit_ = 1;  // tokens encoded together when aging (per-channel group size)
+  std::unique_ptr<RopeTable> pre_rope_;  // KVC_POOL_PRE_ROPE_KEYS only
   std::shared_ptr<const PolicySpec> default_policy_;
   std::unique_ptr<PrefixState> prefix_;
   std::unique_ptr<OffloadState> offload_;

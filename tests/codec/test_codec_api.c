@@ -555,6 +555,172 @@ static void test_pool_codec_errors(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* ---- pre-RoPE keys (KVQuant) ------------------------------------------ */
+
+/* Key e of head h at position pos: a fixed pre-RoPE row b[h][e] rotated by
+ * interleaved RoPE (pairs (2i, 2i+1), theta 10000, head_dim 8), in double. */
+static void rope_key(uint64_t pos, float *row /* [2][8] */) {
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 4; ++i) {
+      const double b0 = 0.5 + 0.37 * (double)(h * 8 + 2 * i) - 0.11 * (double)i * (double)i;
+      const double b1 = -1.25 + 0.29 * (double)(h * 8 + 2 * i + 1);
+      const double a = (double)pos * pow(10000.0, -2.0 * i / 8.0);
+      row[h * 8 + 2 * i] = (float)(b0 * cos(a) - b1 * sin(a));
+      row[h * 8 + 2 * i + 1] = (float)(b0 * sin(a) + b1 * cos(a));
+    }
+}
+
+/* Largest |gathered - appended| key over tokens [t0, t1) of sequence seq. */
+static double pre_rope_err(kvc_pool *p, uint64_t seq, uint64_t t0, uint64_t t1) {
+  float got[64 * 16], want[16];
+  assert_true(t1 <= 64);
+  ASSERT_OK(kvc_gather(p, seq, 0, 0, t1, got, NULL, KVC_DTYPE_F32, NULL));
+  double worst = 0.0;
+  for (uint64_t t = t0; t < t1; ++t) {
+    rope_key(t, want);
+    for (int e = 0; e < 16; ++e) worst = fmax(worst, fabs((double)got[t * 16 + e] - want[e]));
+  }
+  return worst;
+}
+
+/* Keys that are one constant row before RoPE: per channel over 16 tokens,
+ * their pre-RoPE codes are exact (each channel's group is constant; f32
+ * staging), so the gathered keys (encoded tokens, and tokens re-staged by a
+ * truncation) are the appended ones up to float rounding; without the flag the same keys
+ * lose about a step. Attention reads them; fork, save / restore keep them;
+ * the settings it needs, eviction and the prefix cache are checked. */
+static void test_pre_rope_keys(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_CHANNEL, 16, 1);
+  kvc_pool_config c = test_config(1, 2, 8, 16, 16);
+  c.k_codec = &k;
+  c.rope_style = KVC_ROPE_INTERLEAVED;
+  c.flags = KVC_POOL_PRE_ROPE_KEYS;
+  c.residual_dtype = KVC_DTYPE_F32; /* staging without rounding */
+  kvc_pool *p = NULL, *plain = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool_config c0 = c;
+  c0.flags = 0;
+  ASSERT_OK(kvc_pool_create(&c0, &plain));
+  float kr[16], vr[16];
+  for (kvc_pool *q = p; q; q = q == p ? plain : NULL) {
+    ASSERT_OK(kvc_seq_create(q, 1));
+    for (uint64_t pos = 0; pos < 40; ++pos) {
+      rope_key(pos, kr);
+      for (int e = 0; e < 16; ++e) vr[e] = 0.1f * (float)((pos * 3 + (uint64_t)e) % 7);
+      ASSERT_OK(kvc_seq_reserve(q, 1, 1, NULL));
+      ASSERT_OK(kvc_append(q, 1, 0, pos, 1, kr, vr, KVC_DTYPE_F32));
+    }
+  }
+  const double err_pre = pre_rope_err(p, 1, 0, 32), err_plain = pre_rope_err(plain, 1, 0, 32);
+  if (!(err_pre < 2e-6 && err_plain > 1e-2)) {
+    print_error("pre-RoPE max error %g, post-RoPE %g\n", err_pre, err_plain);
+    fail();
+  }
+  assert_true(pre_rope_err(p, 1, 32, 40) == 0.0); /* staged as appended */
+
+  /* Attention: decode against a softmax over the gathered rows. */
+  kvc_attention_params ap;
+  kvc_attention_params_init(&ap);
+  ap.num_q_heads = 4;
+  float q[4 * 8], out[4 * 8], kg[40 * 16], vg[40 * 16];
+  for (int i = 0; i < 32; ++i) q[i] = 0.3f * (float)((i * 7) % 11) - 1.5f;
+  ASSERT_OK(kvc_attention_decode(p, 0, &(uint64_t){1}, 1, q, out, NULL, &ap));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 40, kg, vg, KVC_DTYPE_F32, NULL));
+  for (int h = 0; h < 4; ++h) {
+    const int g = h / 2;
+    double sc[40], mx = -1e30, sum = 0.0;
+    for (int t = 0; t < 40; ++t) {
+      double d = 0.0;
+      for (int e = 0; e < 8; ++e) d += (double)q[h * 8 + e] * kg[t * 16 + g * 8 + e];
+      sc[t] = d / sqrt(8.0);
+      if (sc[t] > mx) mx = sc[t];
+    }
+    for (int t = 0; t < 40; ++t) sum += exp(sc[t] - mx);
+    for (int e = 0; e < 8; ++e) {
+      double o = 0.0;
+      for (int t = 0; t < 40; ++t) o += exp(sc[t] - mx) / sum * vg[t * 16 + g * 8 + e];
+      assert_float_equal(out[h * 8 + e], (float)o, 1e-5f);
+    }
+  }
+
+  /* Fork, then truncate the child into its second group: tokens 16..19 go
+   * back to the staging (decoded and rotated back), and the rewritten tail
+   * is encoded again at its positions. */
+  ASSERT_OK(kvc_seq_fork(p, 1, 2));
+  ASSERT_OK(kvc_seq_truncate(p, 2, 20));
+  assert_true(pre_rope_err(p, 2, 0, 16) < 2e-6);
+  assert_true(pre_rope_err(p, 2, 16, 20) < 2e-6);
+  for (uint64_t pos = 20; pos < 48; ++pos) {
+    rope_key(pos, kr);
+    ASSERT_OK(kvc_seq_reserve(p, 2, 1, NULL));
+    ASSERT_OK(kvc_append(p, 2, 0, pos, 1, kr, kr, KVC_DTYPE_F32));
+  }
+  assert_true(pre_rope_err(p, 2, 0, 16) < 2e-6);
+  assert_true(pre_rope_err(p, 2, 16, 48) < 2e-6);
+  assert_true(pre_rope_err(p, 1, 0, 32) < 2e-6);          /* the parent is untouched */
+
+  /* Save / restore in a pool with the flag; a pool without it refuses. */
+  size_t need = 0;
+  assert_int_equal(kvc_seq_save(p, 1, NULL, 0, &need), KVC_ERR_BUFFER_TOO_SMALL);
+  uint8_t *rec = malloc(need);
+  assert_non_null(rec);
+  ASSERT_OK(kvc_seq_save(p, 1, rec, need, &need));
+  ASSERT_OK(kvc_seq_restore(p, 3, rec, need));
+  assert_true(pre_rope_err(p, 3, 0, 32) < 2e-6);
+  assert_int_equal(kvc_seq_restore(plain, 3, rec, need), KVC_ERR_INCOMPATIBLE);
+  free(rec);
+  kvc_pool_destroy(plain);
+  kvc_pool_destroy(p);
+
+  /* Per-token keys: eviction and the prefix cache refuse the pool. */
+  kvc_codec kt = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
+  c.k_codec = &kt;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  for (uint64_t pos = 0; pos < 20; ++pos) {
+    rope_key(pos, kr);
+    ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, pos, 1, kr, kr, KVC_DTYPE_F32));
+  }
+  assert_true(pre_rope_err(p, 1, 0, 20) < 0.02); /* int8 per token and head */
+  kvc_policy_config pcfg;
+  kvc_policy_config_init(&pcfg);
+  pcfg.kind = KVC_POLICY_STREAMING;
+  pcfg.budget_tokens = 8;
+  pcfg.sink_tokens = 2;
+  kvc_policy *pol = NULL;
+  ASSERT_OK(kvc_policy_create(&pcfg, &pol));
+  assert_int_equal(kvc_evict(p, 1, pol, NULL), KVC_ERR_UNSUPPORTED);
+  assert_non_null(strstr(kvc_last_error_message(), "pre-RoPE"));
+  kvc_policy_destroy(pol);
+  uint64_t nt = 0;
+  ASSERT_OK(kvc_seq_layer_tokens(p, 1, 0, &nt));
+  assert_int_equal(nt, 20);
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  assert_int_equal(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_UNSUPPORTED);
+  assert_non_null(strstr(kvc_last_error_message(), "pre-RoPE"));
+  kvc_pool_destroy(p);
+
+  /* Settings it needs. */
+  kvc_pool_config bad = c;
+  bad.rope_style = KVC_ROPE_NONE;
+  assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(kvc_last_error_message(), "rope_style"));
+  bad = c;
+  bad.k_codec = NULL;
+  assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(kvc_last_error_message(), "quantized keys"));
+  bad = c;
+  bad.flags = 0x4;
+  assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
+  bad = c;
+  bad.device = KVC_DEVICE_CUDA;
+  const kvc_status cs = kvc_pool_create(&bad, &p);
+  assert_true(cs == KVC_ERR_UNSUPPORTED || cs == KVC_ERR_DEVICE_UNAVAILABLE);
+}
+
 /* ---- residual window (KIVI) and hybrid precision ---------------------- */
 
 static kvc_pool *residual_pool(const kvc_codec *k, const kvc_codec *v, uint32_t window,
@@ -1247,6 +1413,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_adversarial_regressions_2), cmocka_unit_test(test_full_range),
       cmocka_unit_test(test_full_range_tensor_pool),
       cmocka_unit_test(test_int8_block_bytes),     cmocka_unit_test(test_int3_pool),
+      cmocka_unit_test(test_pre_rope_keys),
            cmocka_unit_test(test_static_scales),
       cmocka_unit_test(test_fp8_saturates),        cmocka_unit_test(test_int8_zero_token),
       cmocka_unit_test(test_int4_hd96_groups),     cmocka_unit_test(test_nonfinite_append),

@@ -236,6 +236,7 @@ EvalReport run_eval(const EvalOptions &opt) {
         ps.residual_window = s.residual_window;
         ps.residual_fraction = s.residual_fraction;
         ps.residual_sinks = s.residual_sinks;
+        ps.pre_rope_keys = s.pre_rope_keys;
         ps.block_size = s.block_size;
         pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx)));
       }

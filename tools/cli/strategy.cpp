@@ -33,34 +33,34 @@ const std::vector<Component> &registry() {
       {"fp8_e4m3", Kind::Codec,
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
-       KVC_DTYPE_FP8_E4M3, {"scale", "per-token", "sinks"}},
-      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token", "sinks"}},
+       KVC_DTYPE_FP8_E4M3, {"scale", "per-token", "sinks", "pre-rope"}},
+      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token", "sinks", "pre-rope"}},
       {"int8", Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
-       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks"}},
+       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope"}},
       {"int4", Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
-       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
+       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks", "pre-rope"}},
       {"int3", Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, symmetric), like "
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
-       KVC_DTYPE_INT3, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
+       KVC_DTYPE_INT3, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks", "pre-rope"}},
       {"int2", Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
-       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks"}},
+       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks", "pre-rope"}},
       {"kivi2", Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
        "asymmetric, newest R tokens in f16 (default G=32, R=32)",
-       KVC_DTYPE_INT2, {"group", "residual", "sinks"}},
-      {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual", "sinks"}},
+       KVC_DTYPE_INT2, {"group", "residual", "sinks", "pre-rope"}},
+      {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual", "sinks", "pre-rope"}},
       {"hybrid", Kind::Codec,
        "recent-high / old-low precision: newest fraction of the sequence in f16, older tokens "
        "re-encoded as int4 as they age (V per group of 32 values, K per channel over kchannel=16 "
        "tokens; default fraction=0.25)",
-       KVC_DTYPE_INT4, {"fraction", "group", "kchannel", "sinks"}},
+       KVC_DTYPE_INT4, {"fraction", "group", "kchannel", "sinks", "pre-rope"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
       {"streaming", Kind::Policy,
        "StreamingLLM (arXiv 2309.17453): sinks=S first tokens + the newest, at most ceil(budget x ctx) "
@@ -160,10 +160,11 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "group") group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "kchannel") kchannel = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "residual") residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
+    else if (key == "pre-rope") st.pre_rope_keys = true;
     else if (key == "sinks") st.residual_sinks = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
     else if (key == "scale") scale = number(where, key, value, 1e-30, 1e30);
     else if (key == "fraction") fraction = number(where, key, value, 0.0, 0.99);
-    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" || key == "full-range" ||
+    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" || key == "full-range" || key == "pre-rope" ||
          key == "scale-f32" || key == "scale-f16") && !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
@@ -234,6 +235,9 @@ void resolve_policy(Strategy &st, const std::string &where) {
   if (!st.has_policy) return;
   const std::string &name = st.policy.name;
   if (name == "full") return;
+  if (st.pre_rope_keys)
+    throw RunnerError(where + "eviction cannot be combined with pre-rope (the pool refuses it: a key's codes are "
+                              "tied to its position)");
   if (st.residual_window || st.residual_fraction > 0.0 || st.residual_sinks ||
       (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
     throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision, "
@@ -404,6 +408,9 @@ Strategy parse_strategy(const std::string &spec) {
     if (k.residual_sinks && v.residual_sinks)
       throw RunnerError(where + "sinks= keeps keys and values of the first tokens: give it once (on the k- or the v- codec)");
     st.residual_sinks = std::max(k.residual_sinks, v.residual_sinks);
+    if (v.pre_rope_keys)
+      throw RunnerError(where + "pre-rope quantizes keys before RoPE: give it on the k- codec");
+    st.pre_rope_keys = k.pre_rope_keys;
   } else {
     if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
     resolve_codec(st, where);
@@ -416,6 +423,8 @@ Strategy parse_strategy(const std::string &spec) {
       throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) + " is above the block size of " +
                         std::to_string(st.block_size));
   }
+  if (st.pre_rope_keys && !st.k_quantized)
+    throw RunnerError(where + "pre-rope quantizes keys before RoPE: it needs an fp8 or integer key codec");
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
   resolve_policy(st, where);

@@ -45,6 +45,7 @@ struct Strategy {
   std::uint32_t residual_window = 0;   ///< KIVI residual (tokens kept in f16)
   double residual_fraction = 0.0;      ///< hybrid: newest fraction kept in f16
   std::uint32_t residual_sinks = 0;    ///< sinks=N: first N tokens of each layer kept in f16 (KVQuant / IntactKV)
+  bool pre_rope_keys = false;          ///< pre-rope: keys quantized before RoPE (KVQuant; KVC_POOL_PRE_ROPE_KEYS)
   std::uint32_t block_size = 16;       ///< pool block size (per-channel groups must divide it)
   // Eviction (when has_policy): the library policy and the eval protocol.
   enum class Protocol { None, Stream, PrefillCompress };

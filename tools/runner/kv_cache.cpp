@@ -82,6 +82,7 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
   config.residual_window = settings.residual_window;
   config.residual_fraction = settings.residual_fraction;
   config.residual_sinks = settings.residual_sinks;
+  if (settings.pre_rope_keys) config.flags |= KVC_POOL_PRE_ROPE_KEYS;
   if (settings.residual_window || settings.residual_fraction > 0 || settings.residual_sinks ||
       (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL))
     config.num_residual_blocks = config.num_blocks;

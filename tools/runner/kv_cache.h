@@ -74,6 +74,7 @@ struct PoolSettings {
   std::uint32_t residual_window = 0;
   double residual_fraction = 0.0;
   std::uint32_t residual_sinks = 0;  ///< first tokens of each layer kept in f16 (kvc_pool_config.residual_sinks)
+  bool pre_rope_keys = false;        ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
   std::uint32_t block_size = 16;
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
 };

@@ -57,6 +57,7 @@
  * literal here, or javac fails on KvcConstants.java. */
 %javaconstvalue(3) KVC_API_VERSION;
 %javaconstvalue(1) KVC_POOL_ZERO_ON_FREE;
+%javaconstvalue(2) KVC_POOL_PRE_ROPE_KEYS;
 %javaconstvalue(1) KVC_PREFIX_PARTIAL;
 %javaconstvalue(2) KVC_PREFIX_PIN;
 %javaconstvalue(1) KVC_TIER_FSYNC;

@@ -8,6 +8,7 @@ pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 300;
 pub const KVC_API_VERSION: u32 = 3;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
+pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
 pub const KVC_PREFIX_PARTIAL: u32 = 1;
 pub const KVC_PREFIX_PIN: u32 = 2;
 pub const KVC_TIER_FSYNC: u32 = 1;

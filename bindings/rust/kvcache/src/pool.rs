@@ -95,6 +95,17 @@ impl PoolConfig {
         self
     }
 
+    /// Quantize keys before RoPE (`KVC_POOL_PRE_ROPE_KEYS`, KVQuant): needs
+    /// [`rope`](PoolConfig::rope) and a quantized key codec; CPU pools only.
+    pub fn pre_rope_keys(mut self, on: bool) -> PoolConfig {
+        if on {
+            self.raw.flags |= sys::KVC_POOL_PRE_ROPE_KEYS;
+        } else {
+            self.raw.flags &= !sys::KVC_POOL_PRE_ROPE_KEYS;
+        }
+        self
+    }
+
     /// Where blocks live and the device ordinal (0 for the CPU).
     pub fn device(mut self, device: Device, index: i32) -> PoolConfig {
         self.raw.device = device.to_raw();

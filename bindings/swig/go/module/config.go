@@ -13,7 +13,7 @@ type PoolConfig struct {
 	NumKVHeads        uint32 // KV heads
 	HeadDim           uint32 // elements per head, 1..1024
 	BlockSize         uint32 // tokens per block (default 16)
-	Flags             uint32 // POOL_ZERO_ON_FREE
+	Flags             uint32 // POOL_ZERO_ON_FREE, POOL_PRE_ROPE_KEYS
 	NumBlocks         uint64 // capacity in blocks, all layers together (0: CapacityBytes)
 	CapacityBytes     uint64 // capacity as a byte budget when NumBlocks is 0
 	KDType            DType  // storage of keys (default f16)

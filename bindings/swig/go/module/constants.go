@@ -148,6 +148,8 @@ const (
 const (
 	// POOL_ZERO_ON_FREE (PoolConfig.Flags): zero blocks when they are freed.
 	POOL_ZERO_ON_FREE uint32 = 0x1
+	// POOL_PRE_ROPE_KEYS (PoolConfig.Flags): quantize keys before RoPE (needs the RoPE settings and a key codec).
+	POOL_PRE_ROPE_KEYS uint32 = 0x2
 	// PREFIX_PARTIAL (PrefixLookup / PrefixAttach flags): also reuse a partly matching next block.
 	PREFIX_PARTIAL uint32 = 0x1
 	// PREFIX_PIN (PrefixLookup flags): pin the tier blocks counted in TierTokens until PrefixUnpin.
