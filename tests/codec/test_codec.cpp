@@ -780,6 +780,143 @@ static void test_f16_direct_matches_scalar() {
   }
 }
 
+// int3 with odd shapes (rows not a multiple of 8 values, groups not a
+// multiple of 8, per-channel groups, one row), every mode, scale dtype,
+// input and output type, rotation and static scales: the AVX2 paths give the
+// scalar path's codes, scales, zero points and outputs bit for bit, nothing
+// is written past the sizes row_bytes / num_scales give, every code reads
+// back (from its bits 3j .. 3j + 2) as the decoded value, and unrotated
+// dynamic codes are within half a step (full range: one step for values of
+// the other sign than the extreme).
+static void test_int3_random() {
+  using kvc::core::DType;
+  std::mt19937 r3(20261130);
+  auto pick = [&](std::initializer_list<uint64_t> v) { return v.begin()[r3() % v.size()]; };
+  constexpr size_t kGuard = 64;
+  constexpr uint8_t kCanary = 0x5a;
+  auto guarded = [&](size_t bytes, uint8_t fill) { return std::vector<uint8_t>(bytes + kGuard, fill); };
+  auto intact = [&](const std::vector<uint8_t> &b) {
+    for (size_t i = b.size() - kGuard; i < b.size(); ++i)
+      if (b[i] != kCanary) return false;
+    return true;
+  };
+  int cases = 0, bad = 0;
+  for (int it = 0; it < 20000; ++it) {
+    const uint64_t d = pick({1, 2, 3, 5, 7, 8, 9, 13, 16, 24, 31, 33, 40, 64, 100, 127, 128, 200, 256});
+    const uint64_t n = pick({1, 1, 2, 3, 5, 8, 17, 64});
+    Spec s;
+    s.dtype = Dtype::INT3;
+    s.gran = static_cast<Gran>(1 + r3() % 4);  // Tensor, Token, Group, Channel
+    const int mode = static_cast<int>(r3() % 3);  // symmetric, asymmetric, full range
+    s.asym = mode == 1;
+    s.full_range = mode == 2;
+    s.scale_dtype = r3() % 2 ? Dtype::F16 : Dtype::F32;
+    if (s.gran == Gran::Group) s.group = static_cast<uint32_t>(pick({1, 3, 5, 8, 12, 16, 20, 24, 32, 40, 64, d}));
+    if (s.gran == Gran::Channel) s.group = static_cast<uint32_t>(pick({1, 2, 3, n}));
+    if (r3() % 4 == 0 && default_rotation_block(d) > 1) s.rotation_block = default_rotation_block(d) >> (r3() % 2);
+    if (s.rotation_block == 1) s.rotation_block = 0;
+    if (s.gran == Gran::Tensor && mode == 0 && r3() % 3 == 0) s.static_scale = pick({1, 2, 4}) * 0.25;
+    const DType src_t = static_cast<DType>(r3() % 3), dst_t = static_cast<DType>(r3() % 3);
+    const uint64_t esz = kvc::core::dtype_bytes(src_t), osz = kvc::core::dtype_bytes(dst_t);
+    // Values: gaussian, a shifted mean for asymmetric codes, an outlier, and
+    // sometimes a zero row or a group of equal values.
+    std::vector<float> xf = gaussian(n * d, 1.0f, s.asym ? 0.7f : 0.0f);
+    for (uint64_t r = 0; r < n; ++r) xf[r * d + (r3() % d)] *= (r % 2 ? 9.0f : -9.0f);
+    if (r3() % 8 == 0) std::fill(xf.begin(), xf.begin() + d, 0.0f);
+    if (r3() % 8 == 0) std::fill(xf.begin() + (n - 1) * d, xf.end(), 1.5f);
+    std::vector<uint8_t> src(n * d * esz);
+    kvc::core::convert_scalar(xf.data(), DType::F32, src.data(), src_t, n * d);
+    std::vector<float> x(n * d);  // the values as given (exact)
+    kvc::core::convert_scalar(src.data(), src_t, x.data(), DType::F32, n * d);
+    const uint64_t rb = row_bytes(s.dtype, d), cb = n * rb, sbytes = num_scales(s, n, d) * scale_bytes(s);
+    const uint64_t zb = s.asym ? sbytes : 0;
+    CHECK(rb == (d * 3 + 7) / 8);
+    std::vector<uint8_t> codes[2], scales[2], zeros[2], outs[2];
+    for (int simd = 0; simd < 2; ++simd) {
+      set_force_scalar(simd == 0);
+      codes[simd] = guarded(cb, kCanary);
+      std::fill(codes[simd].begin(), codes[simd].begin() + cb, static_cast<uint8_t>(0xff));  // garbage to overwrite
+      scales[simd] = guarded(sbytes, kCanary);
+      zeros[simd] = guarded(zb, kCanary);
+      quantize(s, src.data(), src_t, n, d, codes[simd].data(), scales[simd].data(),
+               s.asym ? zeros[simd].data() : nullptr);
+      outs[simd] = guarded(n * d * osz, kCanary);
+      dequantize(s, codes[simd].data(), scales[simd].data(), s.asym ? zeros[simd].data() : nullptr, n, d,
+                 outs[simd].data(), dst_t);
+    }
+    set_force_scalar(false);
+    ++cases;
+    char what[256];
+    std::snprintf(what, sizeof what, "%s full_range=%d rot=%u static=%g src=%d dst=%d n=%llu",
+                  describe(s, d).c_str(), s.full_range ? 1 : 0, s.rotation_block, s.static_scale,
+                  static_cast<int>(src_t), static_cast<int>(dst_t), static_cast<unsigned long long>(n));
+    bool ok = true;
+    for (int k = 0; k < 2; ++k)
+      ok = ok && intact(codes[k]) && intact(scales[k]) && intact(zeros[k]) && intact(outs[k]);
+    if (!ok) std::fprintf(stderr, "int3 random: write past the end: %s\n", what);
+    const bool same = codes[0] == codes[1] && scales[0] == scales[1] && zeros[0] == zeros[1] && outs[0] == outs[1];
+    if (!same) std::fprintf(stderr, "int3 random: scalar and AVX2 differ: %s\n", what);
+    ok = ok && same;
+    // Full range: the value of largest magnitude of each scale's elements
+    // (the positive one on a tie).
+    std::map<uint64_t, float> ext;
+    if (s.full_range)
+      for (uint64_t r = 0; r < n; ++r)
+        for (uint64_t c = 0; c < d; ++c) {
+          const float v = x[r * d + c];
+          float &e = ext[scale_index(s, r, c, d)];
+          if (std::fabs(v) > std::fabs(e) || (std::fabs(v) == std::fabs(e) && v > e)) e = v;
+        }
+    // Each row's padding bits are zero, and every code decodes as stored.
+    Quantized q;
+    q.scales.assign(scales[1].begin(), scales[1].end() - kGuard);
+    std::vector<float> out(n * d);
+    kvc::core::convert_scalar(outs[1].data(), dst_t, out.data(), DType::F32, n * d);
+    for (uint64_t r = 0; r < n && ok; ++r) {
+      const uint8_t *row = codes[1].data() + r * rb;
+      if (d * 3 % 8 && (row[rb - 1] >> (d * 3 % 8)) != 0) {
+        std::fprintf(stderr, "int3 random: padding bits set in row %llu: %s\n", (unsigned long long)r, what);
+        ok = false;
+      }
+      if (s.rotation_block || dst_t != DType::F32) continue;
+      for (uint64_t c = 0; c < d; ++c) {
+        const uint64_t bit = 3 * c;
+        uint32_t w = row[bit / 8];
+        if (bit / 8 + 1 < rb) w |= static_cast<uint32_t>(row[bit / 8 + 1]) << 8;
+        const int code = static_cast<int>((w >> (bit % 8)) & 7u);
+        const uint64_t si = s.gran == Gran::Tensor ? 0 : scale_index(s, r, c, d);
+        const float sc = load_scale(q.scales.data() + si * scale_bytes(s), s.scale_dtype);
+        const float z = s.asym ? load_scale(zeros[1].data() + si * scale_bytes(s), s.scale_dtype) : 0.0f;
+        const float want = s.asym ? static_cast<float>(code) * sc + z : static_cast<float>(code - 4) * sc;
+        if (out[r * d + c] != want) {
+          std::fprintf(stderr, "int3 random: r=%llu c=%llu code %d decodes to %g, not %g: %s\n",
+                       (unsigned long long)r, (unsigned long long)c, code, out[r * d + c], want, what);
+          ok = false;
+          break;
+        }
+        if (s.static_scale == 0.0) {
+          const float step = std::fabs(sc), v = x[r * d + c], err = std::fabs(out[r * d + c] - v);
+          // Full range: a value of the other sign than the extreme beyond 3
+          // steps clamps to code 3 (within one step); all others round.
+          const float m = s.full_range ? ext[scale_index(s, r, c, d)] : 0.0f;
+          const bool clamps = s.full_range && (v > 0) != (m > 0) && std::fabs(v) > 3.0f * step;
+          const float bound = (clamps ? 1.0f : 0.5f) * step * (1.0f + 1e-5f) + 4e-7f * std::fabs(v) +
+                              (s.asym ? 4e-7f * std::fabs(z) : 0.0f);
+          if (err > bound) {
+            std::fprintf(stderr, "int3 random: r=%llu c=%llu x=%g out=%g step=%g: %s\n", (unsigned long long)r,
+                         (unsigned long long)c, v, out[r * d + c], step, what);
+            ok = false;
+            break;
+          }
+        }
+      }
+    }
+    if (!ok) ++bad;
+  }
+  std::printf("int3 random: %d cases, %d bad\n", cases, bad);
+  CHECK(bad == 0);
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
@@ -793,6 +930,7 @@ int main(int argc, char **argv) {
       {"fp8_decode_all_codes", test_fp8_decode_all_codes},
       {"full_range", test_full_range},
       {"f16_direct", test_f16_direct_matches_scalar},
+      {"int3_random", test_int3_random},
   };
   int ran = 0;
   for (const auto &[name, fn] : tests)

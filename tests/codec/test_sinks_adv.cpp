@@ -499,7 +499,7 @@ class Fuzz {
   std::map<uint64_t, Seq> m_;
 };
 
-const kvc_dtype I8 = KVC_DTYPE_INT8, I4 = KVC_DTYPE_INT4, F16 = KVC_DTYPE_F16;
+const kvc_dtype I8 = KVC_DTYPE_INT8, I4 = KVC_DTYPE_INT4, I3 = KVC_DTYPE_INT3, F16 = KVC_DTYPE_F16;
 const kvc_granularity TOK = KVC_SCALE_PER_TOKEN, GRP = KVC_SCALE_PER_GROUP, CH = KVC_SCALE_PER_CHANNEL,
                       TEN = KVC_SCALE_PER_TENSOR, NONE = KVC_SCALE_NONE;
 
@@ -514,6 +514,10 @@ const Cfg kCfgs[] = {
     {"k-tensor-v-plain", 2, 2, 4, 4, 3, I8, F16, TEN, NONE, 0, 0, 0.0, KVC_DTYPE_F16, 50, 16, 0.05f},
     {"k-plain-v-chan", 2, 1, 8, 8, 8, F16, I8, NONE, CH, 8, 0, 0.0, KVC_DTYPE_F16, 50, 24, 0.08f},
     {"bs3-S2", 4, 1, 4, 3, 2, I8, I8, TOK, TOK, 0, 1, 0.0, KVC_DTYPE_F16, 80, 30, 0.03f},
+    // int3 (head_dim a multiple of 8): groups of 12 straddle the 3-byte units.
+    {"int3-tok-grp12", 3, 2, 8, 4, 2, I3, I3, TOK, GRP, 12, 0, 0.0, KVC_DTYPE_F16, 60, 20, 0.23f},
+    {"int3-kivi", 2, 2, 8, 8, 3, I3, I3, CH, TOK, 4, 3, 0.0, KVC_DTYPE_F32, 50, 24, 0.23f},
+    {"int3-hybrid", 3, 1, 16, 4, 2, I3, I3, TOK, GRP, 4, 2, 0.3, KVC_DTYPE_BF16, 60, 30, 0.23f},
 };
 
 // Targeted reproducers.
