@@ -241,12 +241,14 @@ typedef enum kvc_layout {
  * reads them back after RoPE; the pool undoes the rotation of each key at
  * its position before encoding it and applies it again after decoding
  * (kvc_gather(), attention), so per-channel scales see channel statistics
- * that do not turn with the position. A token's RoPE position is its
- * position in the sequence. Needs the pool's rope_style (and rope_dims,
- * rope_theta, as the engine applies them) and a quantized k_codec, else
- * ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives
- * ::KVC_ERR_UNSUPPORTED). Eviction and the prefix cache refuse such pools
- * (::KVC_ERR_UNSUPPORTED). Values and float keys are unaffected.
+ * that do not turn with the position. A token's RoPE position is the one
+ * kvc_seq_rope_positions() reports (its position in the sequence until an
+ * eviction with ::kvc_policy_config.shift_positions, which then re-encodes
+ * nothing: the keys are read at their new positions). Needs the pool's
+ * rope_style (and rope_dims, rope_theta, as the engine applies them) and a
+ * quantized k_codec, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a
+ * CUDA pool gives ::KVC_ERR_UNSUPPORTED). The prefix cache refuses such
+ * pools (::KVC_ERR_UNSUPPORTED). Values and float keys are unaffected.
  * @since 0.3 */
 #define KVC_POOL_PRE_ROPE_KEYS 0x2u
 
@@ -1358,7 +1360,8 @@ KVC_API void kvc_policy_destroy(kvc_policy *policy);
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool); ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_INVALID_ARGUMENT (shift_positions without the pool's RoPE);
  * ::KVC_ERR_UNSUPPORTED (shift_positions with per-tensor key scales, which
- * rotated keys can exceed; auto_evict in a pool with a residual window).
+ * rotated keys can exceed, unless the keys are pre-RoPE
+ * (::KVC_POOL_PRE_ROPE_KEYS); auto_evict in a pool with a residual window).
  * @since 0.3
  */
 KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy);
@@ -1393,7 +1396,8 @@ KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy)
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_POOL_EXHAUSTED (no free block for a copy-on-write; nothing
  * changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window, hybrid
- * precision or attention sinks; shifting positions of keys with per-tensor scales);
+ * precision or attention sinks; shifting positions of keys with per-tensor scales,
+ * unless they are pre-RoPE);
  * ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that failed);
  * ::KVC_ERR_NON_FINITE (a plugin's score).
  * @since 0.3

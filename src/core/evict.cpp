@@ -37,14 +37,12 @@ void Pool::check_policy_fits(const PolicySpec *p) const {
   if (!p) return;
   if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
     fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-  if (p->shift_positions && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor)
+  if (p->shift_positions && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor && !pre_rope_)
     fail(Errc::Unsupported, "the policy shifts positions but keys use one scale per tensor: rotated keys can "
                             "exceed it (use per-token or per-group scales)");
   if (p->auto_evict && p->kind != PolicyKind::None && residual())
     fail(Errc::Unsupported, "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
                             "is not supported");
-  if (p->auto_evict && p->kind != PolicyKind::None && pre_rope_)
-    fail(Errc::Unsupported, "auto-eviction in a pool with pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) is not supported");
 }
 
 void Pool::set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p) {
@@ -179,9 +177,6 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
       target = layer_target(p, li, nl, n);
     }
     if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
-    if (pre_rope_)
-      fail(Errc::Unsupported, "eviction in a pool with pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) is not supported: "
-                              "their codes are tied to their positions");
     if (residual())
       fail(Errc::Unsupported, "eviction in a pool with a residual window, hybrid precision or attention "
                               "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
@@ -219,7 +214,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     const bool sh = p.shift_positions || l.rope_by_index;
     if (sh && cfg_.rope_style == RopeStyle::None)
       fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-    if (sh && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor)
+    if (sh && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor && !pre_rope_)
       fail(Errc::Unsupported, "shifting positions re-rotates keys, which one scale per tensor cannot hold "
                               "(use per-token or per-group key scales); nothing changed");
     shift[li] = sh;
@@ -317,7 +312,10 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
         dev_->append(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts, 1);
       }
     }
-    if (shift[li] && !dev_) {
+    // Pre-RoPE keys are stored unrotated: a shift only changes the
+    // positions they are rotated to when read (rope_by_index below), with no
+    // re-encoding and no new quantization error.
+    if (shift[li] && !dev_ && !pre_rope_) {
       for (uint64_t j = first_write[li]; j < kn; ++j) {
         const int64_t delta = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
         if (delta == 0) continue;

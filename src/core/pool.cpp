@@ -1267,20 +1267,26 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   if ((part_[0].quantized || part_[1].quantized) && n > (uint64_t(1) << 40) / (row ? row : 1))
     fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
   // CUDA pools check, rotate and encode on the device (cuda/kernels.cu).
+  // Pre-RoPE keys are rotated back (then Hadamard-rotated) by write(), at
+  // the RoPE positions of the layer's indices they land on, into kpre.
+  float *kpre = nullptr;
   if (!dev_ && (part_[0].quantized || part_[1].quantized)) {
-    float *buf = scratch_input(2 * n * row);
+    float *buf = scratch_input((pre_rope_ ? 3 : 2) * n * row);
     for (int kv = 0; kv < 2; ++kv) {
       if (!part_[kv].quantized) continue;
       float *dst = buf + kv * n * row;
       convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
       codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
-      codec::check_rotatable(dst, n * row, part_[kv].rotation_block);
-      // Pre-RoPE keys: without eviction (refused) a token's RoPE position is its position.
-      if (kv == 0 && pre_rope_) rope_rows(dst, n, pos, -1);
-      if (part_[kv].rotation_block)  // rotate each head before calibrating and encoding
+      const bool pre = kv == 0 && pre_rope_;
+      // Undoing RoPE can grow a value to its pair's norm (up to sqrt(2) x):
+      // pre-RoPE keys are checked as if the rotation block were twice as large.
+      codec::check_rotatable(dst, n * row, pre ? std::max<uint32_t>(2, 2 * part_[kv].rotation_block)
+                                               : part_[kv].rotation_block);
+      if (part_[kv].rotation_block && !pre)  // rotate each head before calibrating and encoding
         for (uint64_t t = 0; t < n; ++t) codec::hadamard(dst + t * row, row, part_[kv].rotation_block);
       (kv == 0 ? kf : vf) = dst;
     }
+    if (pre_rope_) kpre = buf + 2 * n * row;
   }
   auto write = [&](LayerTable &l, uint64_t idx0) {
     if (dev_) {
@@ -1298,9 +1304,19 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     const uint8_t *ks = static_cast<const uint8_t *>(k);
     const uint8_t *vs = static_cast<const uint8_t *>(v);
     const uint64_t src_row = row * dtype_bytes(src);
+    const float *kq = kf;
+    if (kpre) {  // pre-RoPE keys: undo RoPE at each token's RoPE position, then the Hadamard rotation
+      std::memcpy(kpre, kf, n * row * sizeof(float));
+      for (uint64_t t = 0; t < n; ++t) {
+        float *x = kpre + t * row;
+        pre_rope_->rotate(x, cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
+        if (part_[0].rotation_block) codec::hadamard(x, row, part_[0].rotation_block);
+      }
+      kq = kpre;
+    }
     for (int kv = 0; kv < 2; ++kv)
       if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor)
-        calibrate(kv, layer, kv == 0 ? kf : vf, n * row);
+        calibrate(kv, layer, kv == 0 ? kq : vf, n * row);
     uint64_t done = 0;
     while (done < n) {
       const uint64_t idx = idx0 + done;
@@ -1308,7 +1324,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
         const uint32_t slot = static_cast<uint32_t>(idx % bs);
         const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
         uint8_t *blk = block_ptr(l.blocks[idx / bs]);
-        write_part(0, layer, blk, ks + done * src_row, src, kf ? kf + done * row : nullptr, slot, run);
+        write_part(0, layer, blk, ks + done * src_row, src, kq ? kq + done * row : nullptr, slot, run);
         write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr, slot, run);
         write_sinks(layer, l, idx, run, ks + done * src_row, vs + done * src_row, src);
         done += run;

@@ -588,7 +588,8 @@ static double pre_rope_err(kvc_pool *p, uint64_t seq, uint64_t t0, uint64_t t1) 
  * staging), so the gathered keys (encoded tokens, and tokens re-staged by a
  * truncation) are the appended ones up to float rounding; without the flag the same keys
  * lose about a step. Attention reads them; fork, save / restore keep them;
- * the settings it needs, eviction and the prefix cache are checked. */
+ * eviction with shifted positions, the prefix cache's refusal and the
+ * settings it needs are checked. */
 static void test_pre_rope_keys(void **state) {
   (void)state;
   kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_CHANNEL, 16, 1);
@@ -673,7 +674,11 @@ static void test_pre_rope_keys(void **state) {
   kvc_pool_destroy(plain);
   kvc_pool_destroy(p);
 
-  /* Per-token keys: eviction and the prefix cache refuse the pool. */
+  /* Per-token keys. StreamingLLM eviction with shifted positions re-encodes
+   * nothing: the kept keys are read at their new in-cache positions, and a
+   * key appended afterwards at the RoPE position the pool reports is read
+   * back at it. Every key here is the same row before RoPE, so the gathered
+   * key j is rope_key(j) within int8's error. The prefix cache refuses. */
   kvc_codec kt = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
   c.k_codec = &kt;
   ASSERT_OK(kvc_pool_create(&c, &p));
@@ -683,25 +688,74 @@ static void test_pre_rope_keys(void **state) {
     ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
     ASSERT_OK(kvc_append(p, 1, 0, pos, 1, kr, kr, KVC_DTYPE_F32));
   }
-  assert_true(pre_rope_err(p, 1, 0, 20) < 0.02); /* int8 per token and head */
+  const double err_int8 = pre_rope_err(p, 1, 0, 20);
+  assert_true(err_int8 > 0.0 && err_int8 < 0.02); /* int8 per token and head */
+  float before[20 * 16];
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 20, before, NULL, KVC_DTYPE_F32, NULL));
   kvc_policy_config pcfg;
   kvc_policy_config_init(&pcfg);
   pcfg.kind = KVC_POLICY_STREAMING;
   pcfg.budget_tokens = 8;
   pcfg.sink_tokens = 2;
+  pcfg.shift_positions = 1;
   kvc_policy *pol = NULL;
   ASSERT_OK(kvc_policy_create(&pcfg, &pol));
-  assert_int_equal(kvc_evict(p, 1, pol, NULL), KVC_ERR_UNSUPPORTED);
-  assert_non_null(strstr(kvc_last_error_message(), "pre-RoPE"));
+  uint64_t dropped = 0;
+  ASSERT_OK(kvc_evict(p, 1, pol, &dropped));
   kvc_policy_destroy(pol);
+  assert_int_equal(dropped, 12);
   uint64_t nt = 0;
   ASSERT_OK(kvc_seq_layer_tokens(p, 1, 0, &nt));
-  assert_int_equal(nt, 20);
+  assert_int_equal(nt, 8);
+  assert_true(pre_rope_err(p, 1, 0, 8) <= err_int8 + 1e-6);
+  {
+    /* Same codes: the sinks' keys read the same bits as before; the kept
+     * tokens 14..19 (now 2..7) are their old keys turned by -12 positions. */
+    float after[8 * 16], turned[16];
+    ASSERT_OK(kvc_gather(p, 1, 0, 0, 8, after, NULL, KVC_DTYPE_F32, NULL));
+    assert_memory_equal(after, before, 2 * 16 * sizeof(float));
+    for (int j = 2; j < 8; ++j) {
+      /* rope_key(j) against the old key's error at 12 + j: equal within float rounding */
+      rope_key((uint64_t)j, turned);
+      double e_new = 0.0, e_old = 0.0;
+      float old_want[16];
+      rope_key((uint64_t)(12 + j), old_want);
+      for (int e = 0; e < 16; ++e) {
+        e_new += ((double)after[j * 16 + e] - turned[e]) * ((double)after[j * 16 + e] - turned[e]);
+        e_old += ((double)before[(12 + j) * 16 + e] - old_want[e]) * ((double)before[(12 + j) * 16 + e] - old_want[e]);
+      }
+      assert_true(fabs(sqrt(e_new) - sqrt(e_old)) < 1e-5); /* a rotation keeps the error's norm */
+    }
+  }
+  int32_t rp = -1;
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  ASSERT_OK(kvc_seq_rope_positions(p, 1, 0, 20, 1, &rp));
+  assert_int_equal(rp, 8);
+  rope_key((uint64_t)rp, kr);
+  ASSERT_OK(kvc_append(p, 1, 0, 20, 1, kr, kr, KVC_DTYPE_F32));
+  assert_true(pre_rope_err(p, 1, 0, 9) <= err_int8 + 1e-6);
   kvc_prefix_config pc;
   kvc_prefix_config_init(&pc);
   assert_int_equal(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_UNSUPPORTED);
   assert_non_null(strstr(kvc_last_error_message(), "pre-RoPE"));
   kvc_pool_destroy(p);
+
+  /* Per-tensor key scales can shift positions here (nothing is re-encoded). */
+  kvc_codec kten = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TENSOR, 0, 0);
+  c.k_codec = &kten;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  for (uint64_t pos = 0; pos < 20; ++pos) {
+    rope_key(pos, kr);
+    ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, pos, 1, kr, kr, KVC_DTYPE_F32));
+  }
+  ASSERT_OK(kvc_policy_create(&pcfg, &pol));
+  ASSERT_OK(kvc_evict(p, 1, pol, NULL));
+  kvc_policy_destroy(pol);
+  assert_true(pre_rope_err(p, 1, 0, 8) < 0.05);
+  kvc_pool_destroy(p);
+  c.k_codec = &kt;
 
   /* Settings it needs. */
   kvc_pool_config bad = c;

@@ -235,9 +235,6 @@ void resolve_policy(Strategy &st, const std::string &where) {
   if (!st.has_policy) return;
   const std::string &name = st.policy.name;
   if (name == "full") return;
-  if (st.pre_rope_keys)
-    throw RunnerError(where + "eviction cannot be combined with pre-rope (the pool refuses it: a key's codes are "
-                              "tied to its position)");
   if (st.residual_window || st.residual_fraction > 0.0 || st.residual_sinks ||
       (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
     throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision, "
@@ -423,8 +420,6 @@ Strategy parse_strategy(const std::string &spec) {
       throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) + " is above the block size of " +
                         std::to_string(st.block_size));
   }
-  if (st.pre_rope_keys && !st.k_quantized)
-    throw RunnerError(where + "pre-rope quantizes keys before RoPE: it needs an fp8 or integer key codec");
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
   resolve_policy(st, where);
@@ -460,7 +455,8 @@ std::vector<std::string> default_strategies() {
           "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
           "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
           "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
-          "k-int3:kchannel=128:asym+v-int2:group=32:full-range",
+          "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
+          "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
           "int2:group=32",
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",

@@ -3732,7 +3732,8 @@ extern "C" {
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool); ::KVC_ERR_SEQ_NOT_FOUND;"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (shift_positions without the pool's RoPE);"]
     #[doc = " ::KVC_ERR_UNSUPPORTED (shift_positions with per-tensor key scales, which"]
-    #[doc = " rotated keys can exceed; auto_evict in a pool with a residual window)."]
+    #[doc = " rotated keys can exceed, unless the keys are pre-RoPE"]
+    #[doc = " (::KVC_POOL_PRE_ROPE_KEYS); auto_evict in a pool with a residual window)."]
     #[doc = " @since 0.3"]
     pub fn kvc_seq_set_policy(
         pool: *mut kvc_pool,
@@ -3769,7 +3770,8 @@ extern "C" {
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
     #[doc = " ::KVC_ERR_POOL_EXHAUSTED (no free block for a copy-on-write; nothing"]
     #[doc = " changed); ::KVC_ERR_UNSUPPORTED (pools with a residual window, hybrid"]
-    #[doc = " precision or attention sinks; shifting positions of keys with per-tensor scales);"]
+    #[doc = " precision or attention sinks; shifting positions of keys with per-tensor scales,"]
+    #[doc = " unless they are pre-RoPE);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (shift without RoPE; a plugin that failed);"]
     #[doc = " ::KVC_ERR_NON_FINITE (a plugin's score)."]
     #[doc = " @since 0.3"]
