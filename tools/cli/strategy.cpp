@@ -468,7 +468,8 @@ std::vector<std::string> default_strategies() {
           "tova:budget=0.3",
           "snapkv:budget=0.3",
           "pyramidkv:budget=0.3",
-          "h2o:budget=0.3+int4:per-token:asym:hadamard"};
+          "h2o:budget=0.3+int4:per-token:asym:hadamard",
+          "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }
 
 std::vector<std::string> default_long_strategies() {

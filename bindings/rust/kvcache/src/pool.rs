@@ -495,14 +495,22 @@ impl Pool {
         loop {
             let mut size = 0usize;
             // SAFETY: valid pool; a NULL buffer only queries the size.
-            let st = unsafe { sys::kvc_seq_save(self.as_ptr(), seq_id, std::ptr::null_mut(), 0, &mut size) };
+            let st = unsafe {
+                sys::kvc_seq_save(self.as_ptr(), seq_id, std::ptr::null_mut(), 0, &mut size)
+            };
             if st != sys::kvc_status::KVC_ERR_BUFFER_TOO_SMALL {
                 check(st)?;
             }
             let mut buf = vec![0u8; size];
             // SAFETY: buf holds `size` writable bytes.
             let st = unsafe {
-                sys::kvc_seq_save(self.as_ptr(), seq_id, buf.as_mut_ptr().cast(), buf.len(), &mut size)
+                sys::kvc_seq_save(
+                    self.as_ptr(),
+                    seq_id,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    &mut size,
+                )
             };
             if st == sys::kvc_status::KVC_ERR_BUFFER_TOO_SMALL {
                 continue; // the sequence grew between the two calls
@@ -517,7 +525,9 @@ impl Pool {
     /// (`Corrupt`, `Incompatible`, `PoolExhausted`, `SeqExists`) nothing changes.
     pub fn seq_restore(&self, seq_id: u64, record: &[u8]) -> Result<()> {
         // SAFETY: valid pool; record is readable for its length.
-        check(unsafe { sys::kvc_seq_restore(self.as_ptr(), seq_id, record.as_ptr().cast(), record.len()) })
+        check(unsafe {
+            sys::kvc_seq_restore(self.as_ptr(), seq_id, record.as_ptr().cast(), record.len())
+        })
     }
 
     /// Length in tokens: the next position to write (reserved positions included).

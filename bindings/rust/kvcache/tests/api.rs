@@ -5,7 +5,7 @@
 use kvcache::sys;
 use kvcache::{
     convert_vec, last_error_message, AttentionParams, Codec, Dtype, Error, Granularity, Policy,
-    PolicyConfig, Pool, PoolConfig, PrefixConfig, Status, F16,
+    PolicyConfig, Pool, PoolConfig, PrefixConfig, RopeStyle, Status, F16,
 };
 
 const LAYERS: u32 = 2;
@@ -565,4 +565,58 @@ fn save_and_restore_round_trip() {
     let err = other.seq_restore(1, &rec).unwrap_err();
     assert_eq!(err.status, Status::Incompatible);
     assert!(err.message.contains("head_dim"), "{}", err.message);
+}
+
+#[test]
+fn pre_rope_keys_need_rope_and_read_back_post_rope() {
+    // Keys that are one row before RoPE (interleaved pairs, theta 10000):
+    // per-channel int4 codes over 16 tokens hold them exactly (f32 staging).
+    let (hd, heads) = (8usize, 2usize);
+    let key = |pos: u64| -> Vec<f32> {
+        let mut row = vec![0f32; heads * hd];
+        for h in 0..heads {
+            for i in 0..hd / 2 {
+                let (b0, b1) = (0.5 + 0.3 * (h * hd + i) as f64, -1.0 + 0.2 * i as f64);
+                let a = pos as f64 * 10000f64.powf(-2.0 * i as f64 / hd as f64);
+                row[h * hd + 2 * i] = (b0 * a.cos() - b1 * a.sin()) as f32;
+                row[h * hd + 2 * i + 1] = (b0 * a.sin() + b1 * a.cos()) as f32;
+            }
+        }
+        row
+    };
+    let codec = Codec::new(Dtype::Int4)
+        .granularity(Granularity::PerChannel)
+        .group_size(16)
+        .asymmetric(true);
+    let base = PoolConfig::new(1, 4, heads as u32, hd as u32)
+        .block_size(16)
+        .num_blocks(8)
+        .residual_window(0, Dtype::F32)
+        .k_codec(codec)
+        .pre_rope_keys(true);
+    let err = Pool::new(&base).unwrap_err();
+    assert_eq!(
+        err.status,
+        Status::InvalidArgument,
+        "needs the RoPE settings"
+    );
+    let pool = Pool::new(&base.rope(RopeStyle::Interleaved, 0, 10000.0)).unwrap();
+    pool.seq_create(1).unwrap();
+    for pos in 0..32u64 {
+        pool.seq_reserve(1, 1).unwrap();
+        let k = key(pos);
+        pool.append(1, 0, pos, &k, &k).unwrap();
+    }
+    let k = pool.gather::<f32>(1, 0, 0, 32).unwrap().k;
+    for pos in 0..32u64 {
+        let want = key(pos);
+        for e in 0..heads * hd {
+            let got = k[pos as usize * heads * hd + e];
+            assert!(
+                (got - want[e]).abs() < 2e-6,
+                "pos {pos} elem {e}: {got} vs {}",
+                want[e]
+            );
+        }
+    }
 }
