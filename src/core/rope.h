@@ -15,13 +15,15 @@
 
 namespace kvc::core {
 
-
 class RopeTable {
  public:
   // dims: rotated dimensions per head (even, <= head_dim); interleaved pairs
   // (2i, 2i+1) or NeoX pairs (i, i + dims/2), frequency theta^(-2i/dims).
   RopeTable(uint32_t head_dim, uint32_t dims, bool interleaved, double theta)
-      : hd_(head_dim), half_(dims / 2), interleaved_(interleaved), cs_(size_t(4) * 256 * half_ * 2) {
+      : hd_(head_dim),
+        half_(dims / 2),
+        interleaved_(interleaved),
+        cs_(size_t(4) * 256 * half_ * 2) {
     for (uint32_t i = 0; i < half_; ++i) {
       const double f = std::pow(theta, -2.0 * i / dims);
       for (int level = 0; level < 4; ++level)
@@ -65,7 +67,9 @@ class RopeTable {
   }
 
  private:
-  double *entry(int level, int b, uint32_t i) { return cs_.data() + ((size_t(level) * 256 + b) * half_ + i) * 2; }
+  double *entry(int level, int b, uint32_t i) {
+    return cs_.data() + ((size_t(level) * 256 + b) * half_ + i) * 2;
+  }
   const double *entry(int level, int b, uint32_t i) const {
     return cs_.data() + ((size_t(level) * 256 + b) * half_ + i) * 2;
   }
