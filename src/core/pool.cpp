@@ -608,7 +608,9 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
     // Attention sinks keep their residual rows (exact: residual_dtype in and out).
     write_sinks(layer, l, l.n_lp + done, unit, reinterpret_cast<const uint8_t *>(buf),
                 reinterpret_cast<const uint8_t *>(buf + unit * row), DType::F32);
-    if (pre_rope_) rope_rows(buf, unit, static_cast<uint64_t>(l.rope_position_of(l.n_lp + done)), -1);
+    if (pre_rope_)  // keys before RoPE: undo it at each token's RoPE position
+      for (uint32_t t = 0; t < unit; ++t)
+        pre_rope_->rotate(buf + t * row, cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(l.n_lp + done + t)), -1);
     for (int kv = 0; kv < 2; ++kv) {
       const PartLayout &pl = part_[kv];
       float *x = buf + kv * unit * row;
@@ -1149,11 +1151,6 @@ void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, 
 }
 
 // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of dst.
-void Pool::rope_rows(float *rows, uint64_t count, uint64_t pos0, int sign) const {
-  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
-  for (uint64_t t = 0; t < count; ++t) pre_rope_->rotate(rows + t * row, cfg_.num_kv_heads, pos0 + t, sign);
-}
-
 void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
                      uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const {
   const PartLayout &pl = part_[kv];

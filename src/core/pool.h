@@ -377,9 +377,6 @@ class Pool {
   // keys are rotated back to.
   void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
                  uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const;
-  // Pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS): undoes the RoPE of `count` f32
-  // key rows at positions pos0, pos0 + 1, ... (sign -1), or applies it (+1).
-  void rope_rows(float *rows, uint64_t count, uint64_t pos0, int sign) const;
   // The per-tensor scale of a layer (dynamic: calibrated by the first write).
   float tensor_scale(int kv, uint32_t layer) const;
   void calibrate(int kv, uint32_t layer, const float *x, uint64_t n);
