@@ -33,8 +33,9 @@ const std::vector<Component> &registry() {
       {"fp8_e4m3", Kind::Codec,
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
-       KVC_DTYPE_FP8_E4M3, {"scale", "per-token", "sinks", "pre-rope"}},
-      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2, {"scale", "per-token", "sinks", "pre-rope"}},
+       KVC_DTYPE_FP8_E4M3, {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
+      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2,
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
       {"int8", Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
@@ -178,6 +179,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
       c.static_scale = 1;
       c.scale = scale > 0 ? scale : 1.0;
     }
+    if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
     st.k_codec = st.v_codec = c;
     return;
   }
