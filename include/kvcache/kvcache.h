@@ -763,9 +763,10 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * @param seq_id a live sequence.
  * @param n_new tokens to add, >= 1.
  * @param slot_mapping NULL, or receives `[num_layers][n_new]` int64 slots
- * (`block_id * block_size + offset`) of the new positions; with a residual
- * window the new positions are in residual blocks and the slots index the
- * residual arena. With a residual window, reserving also encodes the oldest
+ * (`block_id * block_size + offset`) of the new positions; in a pool with a
+ * residual arena (a residual window, hybrid precision, a per-channel codec or
+ * residual_sinks) the new positions are in residual blocks and the slots
+ * index the residual arena. With a residual window, reserving also encodes the oldest
  * residual tokens beyond the window (positions before this call, already
  * written) into codec blocks and frees the residual blocks they leave.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;

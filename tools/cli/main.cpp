@@ -52,7 +52,7 @@ int main(int argc, char **argv) {
   bool eval_json_flag = false, list_strategies = false, no_progress = false, eval_long = false;
   CLI::App *eval = app.add_subcommand(
       "eval", "Compare KV-cache strategies with the dense f32 cache on a real model and text");
-  eval->add_option("--model", eval_opt.model, "Checkpoint path or known name (stories260k)")
+  eval->add_option("--model", eval_opt.model, "Checkpoint path, GGUF file or known name (stories260k, smollm2)")
       ->capture_default_str();
   eval->add_option("--tokenizer", eval_opt.tokenizer, "Tokenizer path or known name (default: the model's)");
   eval->add_option("--text", eval_opt.text, "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
