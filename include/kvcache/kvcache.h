@@ -247,8 +247,10 @@ typedef enum kvc_layout {
  * nothing: the keys are read at their new positions). Needs the pool's
  * rope_style (and rope_dims, rope_theta, as the engine applies them) and a
  * quantized k_codec, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a
- * CUDA pool gives ::KVC_ERR_UNSUPPORTED). The prefix cache refuses such
- * pools (::KVC_ERR_UNSUPPORTED). Values and float keys are unaffected. A
+ * CUDA pool gives ::KVC_ERR_UNSUPPORTED). Prefix-cache keys, offloaded
+ * blocks and kvc_seq_save() records of such a pool carry the flag and the
+ * RoPE settings, so they match only pools with the same ones. Values and
+ * float keys are unaffected. A
  * static key scale (::kvc_codec.static_scale) applies to the pre-RoPE keys,
  * whose values reach up to sqrt(2) times those after RoPE: calibrate it
  * before RoPE (a k_scale measured after RoPE can clip).

@@ -79,10 +79,14 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
   put_u32(b, c.residual_window);
   put_u32(b, static_cast<uint32_t>(c.residual_dtype));
   put_f64(b, c.residual_fraction);
-  // Pre-RoPE keys (absent without: older keys and records still match). The
-  // RoPE settings they depend on follow in the state fingerprint; the prefix
-  // cache refuses such pools.
-  if (c.flags & kFlagPreRopeKeys) put_u32(b, kFlagPreRopeKeys);
+  // Pre-RoPE keys (absent without: older keys and records still match),
+  // with the RoPE settings their codes depend on.
+  if (c.flags & kFlagPreRopeKeys) {
+    put_u32(b, kFlagPreRopeKeys);
+    put_u32(b, static_cast<uint32_t>(c.rope_style));
+    put_u32(b, c.rope_dims ? c.rope_dims : c.head_dim);
+    put_f64(b, c.rope_theta);
+  }
   return b;
 }
 
@@ -95,9 +99,6 @@ void Pool::prefix_enable(const PrefixConfig &c) {
     fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision, "
                             "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
                             "as they age)");
-  if (pre_rope_)
-    fail(Errc::Unsupported, "the prefix cache needs a pool without pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) in this "
-                            "version");
   auto st = std::make_unique<PrefixState>(c.hash);
   st->verify_tokens = c.verify_tokens;
   uint8_t seed[32];

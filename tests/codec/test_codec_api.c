@@ -588,8 +588,8 @@ static double pre_rope_err(kvc_pool *p, uint64_t seq, uint64_t t0, uint64_t t1) 
  * staging), so the gathered keys (encoded tokens, and tokens re-staged by a
  * truncation) are the appended ones up to float rounding; without the flag the same keys
  * lose about a step. Attention reads them; fork, save / restore keep them;
- * eviction with shifted positions, the prefix cache's refusal and the
- * settings it needs are checked. */
+ * eviction with shifted positions, the prefix cache (sharing, and keys that
+ * depend on the RoPE settings) and the settings it needs are checked. */
 static void test_pre_rope_keys(void **state) {
   (void)state;
   kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_CHANNEL, 16, 1);
@@ -678,7 +678,7 @@ static void test_pre_rope_keys(void **state) {
    * nothing: the kept keys are read at their new in-cache positions, and a
    * key appended afterwards at the RoPE position the pool reports is read
    * back at it. Every key here is the same row before RoPE, so the gathered
-   * key j is rope_key(j) within int8's error. The prefix cache refuses. */
+   * key j is rope_key(j) within int8's error. */
   kvc_codec kt = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
   c.k_codec = &kt;
   ASSERT_OK(kvc_pool_create(&c, &p));
@@ -734,11 +734,53 @@ static void test_pre_rope_keys(void **state) {
   rope_key((uint64_t)rp, kr);
   ASSERT_OK(kvc_append(p, 1, 0, 20, 1, kr, kr, KVC_DTYPE_F32));
   assert_true(pre_rope_err(p, 1, 0, 9) <= err_int8 + 1e-6);
-  kvc_prefix_config pc;
-  kvc_prefix_config_init(&pc);
-  assert_int_equal(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_UNSUPPORTED);
-  assert_non_null(strstr(kvc_last_error_message(), "pre-RoPE"));
   kvc_pool_destroy(p);
+
+  /* The prefix cache: a prompt's blocks registered by one sequence are
+   * attached by another at the same positions and read back the same bits;
+   * a pool with another rope_theta computes other keys. */
+  {
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.seed_set = 1;
+    int32_t toks[33]; /* 32 cached, and one to compute */
+    for (int i = 0; i < 33; ++i) toks[i] = 100 + i;
+    uint8_t keys[2][2 * 32];
+    for (int variant = 0; variant < 2; ++variant) {
+      kvc_pool_config cp = c;
+      if (variant) cp.rope_theta = 500000.0;
+      ASSERT_OK(kvc_pool_create(&cp, &p));
+      ASSERT_OK(kvc_pool_enable_prefix_cache(p, &pc));
+      size_t ks = 0;
+      ASSERT_OK(kvc_prefix_keys(p, toks, 32, NULL, 0, keys[variant], sizeof keys[variant], &ks));
+      assert_int_equal(ks, 32);
+      if (variant) {
+        kvc_pool_destroy(p);
+        break;
+      }
+      ASSERT_OK(kvc_seq_create(p, 1));
+      ASSERT_OK(kvc_seq_reserve(p, 1, 32, NULL));
+      for (uint64_t pos = 0; pos < 32; ++pos) {
+        rope_key(pos, kr);
+        ASSERT_OK(kvc_append(p, 1, 0, pos, 1, kr, kr, KVC_DTYPE_F32));
+      }
+      uint64_t reg = 0;
+      ASSERT_OK(kvc_prefix_insert(p, 1, toks, 32, NULL, 0, &reg));
+      assert_int_equal(reg, 2);
+      kvc_prefix_result r;
+      memset(&r, 0, sizeof r);
+      r.struct_size = sizeof r;
+      ASSERT_OK(kvc_prefix_attach(p, 2, toks, 33, NULL, 0, 0, &r));
+      assert_int_equal(r.hit_tokens, 32);
+      float a1[32 * 16], a2[32 * 16];
+      ASSERT_OK(kvc_gather(p, 1, 0, 0, 32, a1, NULL, KVC_DTYPE_F32, NULL));
+      ASSERT_OK(kvc_gather(p, 2, 0, 0, 32, a2, NULL, KVC_DTYPE_F32, NULL));
+      assert_memory_equal(a1, a2, sizeof a1);
+      assert_true(pre_rope_err(p, 2, 0, 32) < 0.02);
+      kvc_pool_destroy(p);
+    }
+    assert_true(memcmp(keys[0], keys[1], sizeof keys[0]) != 0);
+  }
 
   /* Per-tensor key scales can shift positions here (nothing is re-encoded). */
   kvc_codec kten = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TENSOR, 0, 0);

@@ -287,9 +287,6 @@ Row scale_row(const EvalRow &e, const Target &t) {
       r.prefix_refusal = "its codec stages tokens and encodes them as they age (residual window, hybrid "
                          "precision, per-channel groups or attention sinks), and such pools refuse the prefix "
                          "cache";
-    } else if (st->pre_rope_keys) {
-      r.prefix_ok = false;
-      r.prefix_refusal = "its keys are quantized before RoPE (pre-rope), and such pools refuse the prefix cache";
     }
     if (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL)
       r.channel_group = st->k_codec.group_size;
