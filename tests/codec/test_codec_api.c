@@ -555,6 +555,34 @@ static void test_pool_codec_errors(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* kvc_attention_decode() of sequence `seq` (40 tokens, 4 query heads over 2
+ * KV heads of 8) against a softmax over the rows kvc_gather() returns. */
+static void assert_decode_matches_gather(kvc_pool *p, uint64_t seq, uint32_t layer) {
+  kvc_attention_params ap;
+  kvc_attention_params_init(&ap);
+  ap.num_q_heads = 4;
+  float q[4 * 8], out[4 * 8], kg[40 * 16], vg[40 * 16];
+  for (int i = 0; i < 32; ++i) q[i] = 0.3f * (float)((i * 7) % 11) - 1.5f;
+  ASSERT_OK(kvc_attention_decode(p, layer, &seq, 1, q, out, NULL, &ap));
+  ASSERT_OK(kvc_gather(p, seq, layer, 0, 40, kg, vg, KVC_DTYPE_F32, NULL));
+  for (int h = 0; h < 4; ++h) {
+    const int g = h / 2;
+    double sc[40], mx = -1e30, sum = 0.0;
+    for (int t = 0; t < 40; ++t) {
+      double d = 0.0;
+      for (int e = 0; e < 8; ++e) d += (double)q[h * 8 + e] * kg[t * 16 + g * 8 + e];
+      sc[t] = d / sqrt(8.0);
+      if (sc[t] > mx) mx = sc[t];
+    }
+    for (int t = 0; t < 40; ++t) sum += exp(sc[t] - mx);
+    for (int e = 0; e < 8; ++e) {
+      double o = 0.0;
+      for (int t = 0; t < 40; ++t) o += exp(sc[t] - mx) / sum * vg[t * 16 + g * 8 + e];
+      assert_float_equal(out[h * 8 + e], (float)o, 1e-5f);
+    }
+  }
+}
+
 /* ---- pre-RoPE keys (KVQuant) ------------------------------------------ */
 
 /* Key e of head h at position pos: a fixed pre-RoPE row b[h][e] rotated by
@@ -621,29 +649,7 @@ static void test_pre_rope_keys(void **state) {
   assert_true(pre_rope_err(p, 1, 32, 40) == 0.0); /* staged as appended */
 
   /* Attention: decode against a softmax over the gathered rows. */
-  kvc_attention_params ap;
-  kvc_attention_params_init(&ap);
-  ap.num_q_heads = 4;
-  float q[4 * 8], out[4 * 8], kg[40 * 16], vg[40 * 16];
-  for (int i = 0; i < 32; ++i) q[i] = 0.3f * (float)((i * 7) % 11) - 1.5f;
-  ASSERT_OK(kvc_attention_decode(p, 0, &(uint64_t){1}, 1, q, out, NULL, &ap));
-  ASSERT_OK(kvc_gather(p, 1, 0, 0, 40, kg, vg, KVC_DTYPE_F32, NULL));
-  for (int h = 0; h < 4; ++h) {
-    const int g = h / 2;
-    double sc[40], mx = -1e30, sum = 0.0;
-    for (int t = 0; t < 40; ++t) {
-      double d = 0.0;
-      for (int e = 0; e < 8; ++e) d += (double)q[h * 8 + e] * kg[t * 16 + g * 8 + e];
-      sc[t] = d / sqrt(8.0);
-      if (sc[t] > mx) mx = sc[t];
-    }
-    for (int t = 0; t < 40; ++t) sum += exp(sc[t] - mx);
-    for (int e = 0; e < 8; ++e) {
-      double o = 0.0;
-      for (int t = 0; t < 40; ++t) o += exp(sc[t] - mx) / sum * vg[t * 16 + g * 8 + e];
-      assert_float_equal(out[h * 8 + e], (float)o, 1e-5f);
-    }
-  }
+  assert_decode_matches_gather(p, 1, 0);
 
   /* Fork, then truncate the child into its second group: tokens 16..19 go
    * back to the staging (decoded and rotated back), and the rewritten tail
@@ -1077,29 +1083,7 @@ static void test_residual_sinks(void **state) {
 
   /* Attention reads the copies: decode against a softmax over the gathered
    * rows (which hold them). */
-  kvc_attention_params ap;
-  kvc_attention_params_init(&ap);
-  ap.num_q_heads = 4;
-  float q[4 * 8], out[4 * 8], kg[40 * 16], vg[40 * 16];
-  for (int i = 0; i < 32; ++i) q[i] = 0.3f * (float)((i * 7) % 11) - 1.5f;
-  ASSERT_OK(kvc_attention_decode(p, 1, &(uint64_t){1}, 1, q, out, NULL, &ap));
-  ASSERT_OK(kvc_gather(p, 1, 1, 0, 40, kg, vg, KVC_DTYPE_F32, NULL));
-  for (int h = 0; h < 4; ++h) {
-    const int g = h / 2;
-    double sc[40], mx = -1e30, sum = 0.0;
-    for (int t = 0; t < 40; ++t) {
-      double d = 0.0;
-      for (int e = 0; e < 8; ++e) d += (double)q[h * 8 + e] * kg[t * 16 + g * 8 + e];
-      sc[t] = d / sqrt(8.0);
-      if (sc[t] > mx) mx = sc[t];
-    }
-    for (int t = 0; t < 40; ++t) sum += exp(sc[t] - mx);
-    for (int e = 0; e < 8; ++e) {
-      double o = 0.0;
-      for (int t = 0; t < 40; ++t) o += exp(sc[t] - mx) / sum * vg[t * 16 + g * 8 + e];
-      assert_float_equal(out[h * 8 + e], (float)o, 1e-5f);
-    }
-  }
+  assert_decode_matches_gather(p, 1, 1);
 
   /* Fork: the child takes its own copies; rewriting its token 1 (truncate
    * into the first group, which is re-staged with the sinks exact) leaves

@@ -35,20 +35,10 @@
 #include <thread>
 #include <vector>
 
+#include "../common/kvtest.h"
+
 namespace {
 
-int g_fail = 0;
-#define CHECK(c, ...)                                                \
-  do {                                                               \
-    if (!(c)) {                                                      \
-      if (g_fail < 25) {                                             \
-        std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #c); \
-        std::fprintf(stderr, __VA_ARGS__);                           \
-        std::fprintf(stderr, " (%s)\n", kvc_last_error_message());   \
-      }                                                              \
-      ++g_fail;                                                      \
-    }                                                                \
-  } while (0)
 
 struct Rope {
   kvc_rope_style style;
@@ -158,7 +148,7 @@ kvc_pool *make_pool(const Case &c, const Geo &g, kvc_codec *k, bool pre, bool ro
   pc.flags = pre ? KVC_POOL_PRE_ROPE_KEYS : 0u;
   kvc_pool *p = nullptr;
   const kvc_status st = kvc_pool_create(&pc, &p);
-  CHECK(st == KVC_OK, "%s/%s: create (pre %d)", c.name, g.name, pre);
+  CHECKF(st == KVC_OK, "%s/%s: create (pre %d)", c.name, g.name, pre);
   return st == KVC_OK ? p : nullptr;
 }
 
@@ -226,24 +216,24 @@ void oracle(const Case &c, const Geo &g, uint32_t seed, bool constant) {
     for (uint32_t e = 0; e < row; ++e) kf[t * row + e] = static_cast<float>(y[e]);
   }
   for (kvc_pool *p : {pre, ref, post}) {
-    CHECK(kvc_seq_create(p, 7) == KVC_OK, "seq");
+    CHECKF(kvc_seq_create(p, 7) == KVC_OK, "seq");
     uint64_t t = 0;
     std::mt19937 chunks(seed + 1);
     while (t < T) {
       const uint64_t n = std::min<uint64_t>(T - t, 1 + chunks() % 7);
-      CHECK(kvc_seq_reserve(p, 7, n, nullptr) == KVC_OK, "reserve");
+      CHECKF(kvc_seq_reserve(p, 7, n, nullptr) == KVC_OK, "reserve");
       const float *src = p == ref ? xf.data() : kf.data();
-      CHECK(kvc_append(p, 7, 0, t, n, src + t * row, vf.data() + t * row, KVC_DTYPE_F32) == KVC_OK,
+      CHECKF(kvc_append(p, 7, 0, t, n, src + t * row, vf.data() + t * row, KVC_DTYPE_F32) == KVC_OK,
             "%s/%s: append", c.name, g.name);
       t += n;
     }
   }
   std::vector<float> gp(T * row), gr(T * row), gq(T * row), vp(T * row);
-  CHECK(kvc_gather(pre, 7, 0, 0, T, gp.data(), vp.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
+  CHECKF(kvc_gather(pre, 7, 0, 0, T, gp.data(), vp.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
         "gather");
-  CHECK(kvc_gather(ref, 7, 0, 0, T, gr.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
+  CHECKF(kvc_gather(ref, 7, 0, 0, T, gr.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
         "gather");
-  CHECK(kvc_gather(post, 7, 0, 0, T, gq.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
+  CHECKF(kvc_gather(post, 7, 0, 0, T, gq.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
         "gather");
   // Errors per pair (rotation-invariant): pre-RoPE pool against the truth,
   // the pool handed x (its decode turned here) against the truth.
@@ -267,16 +257,16 @@ void oracle(const Case &c, const Geo &g, uint32_t seed, bool constant) {
         sum_pre += ep;
         sum_ref += er;
         scale = std::max(scale, std::fabs(double(kf[a])));
-        CHECK(std::isfinite(gp[a]), "%s/%s: non-finite key", c.name, g.name);
+        CHECKF(std::isfinite(gp[a]), "%s/%s: non-finite key", c.name, g.name);
       }
   }
   const double slack = 2e-6 * scale;
   if (constant) {
     // One pre-RoPE row repeated: per-channel groups (and their staging) are exact.
-    CHECK(max_pre <= slack, "%s/%s: constant rows read back with error %g (scale %g)", c.name,
+    CHECKF(max_pre <= slack, "%s/%s: constant rows read back with error %g (scale %g)", c.name,
           g.name, max_pre, scale);
   } else {
-    CHECK(max_pre <= 1.05 * max_ref + slack && sum_pre <= 1.03 * sum_ref + slack * T,
+    CHECKF(max_pre <= 1.05 * max_ref + slack && sum_pre <= 1.03 * sum_ref + slack * T,
           "%s/%s seed %u: pre-RoPE error max %g mean %g, the pool handed x: max %g mean %g "
           "(post-RoPE max %g)",
           c.name, g.name, seed, max_pre, sum_pre / T, max_ref, sum_ref / T, max_post);
@@ -290,28 +280,28 @@ void oracle(const Case &c, const Geo &g, uint32_t seed, bool constant) {
   for (float &v : q) v = static_cast<float>(0.5 * nd(rng));
   std::vector<double> want(qrow);
   const uint64_t one = 7;
-  CHECK(kvc_attention_decode(pre, 0, &one, 1, q.data(), out.data(), nullptr, &ap) == KVC_OK,
+  CHECKF(kvc_attention_decode(pre, 0, &one, 1, q.data(), out.data(), nullptr, &ap) == KVC_OK,
         "decode");
   attend(q.data(), gp.data(), vp.data(), T, g.heads, g.qheads, g.hd, want.data());
   for (uint32_t e = 0; e < qrow; ++e)
-    CHECK(std::fabs(out[e] - want[e]) <= 2e-5 * (1 + std::fabs(want[e])), "%s/%s: decode %g vs %g",
+    CHECKF(std::fabs(out[e] - want[e]) <= 2e-5 * (1 + std::fabs(want[e])), "%s/%s: decode %g vs %g",
           c.name, g.name, out[e], want[e]);
-  CHECK(kvc_attention_prefill(pre, 0, 7, q.data(), 5, out.data(), nullptr, &ap) == KVC_OK,
+  CHECKF(kvc_attention_prefill(pre, 0, 7, q.data(), 5, out.data(), nullptr, &ap) == KVC_OK,
         "prefill");
   for (uint32_t i = 0; i < 5; ++i) {
     attend(q.data() + i * qrow, gp.data(), vp.data(), T - 5 + i + 1, g.heads, g.qheads, g.hd,
            want.data());
     for (uint32_t e = 0; e < qrow; ++e)
-      CHECK(std::fabs(out[i * qrow + e] - want[e]) <= 2e-5 * (1 + std::fabs(want[e])),
+      CHECKF(std::fabs(out[i * qrow + e] - want[e]) <= 2e-5 * (1 + std::fabs(want[e])),
             "%s/%s: prefill %g vs %g", c.name, g.name, out[i * qrow + e], want[e]);
   }
   // Gathering any sub-range reads the same bits.
   for (int rep = 0; rep < 8; ++rep) {
     const uint64_t a = rng() % T, n = 1 + rng() % (T - a);
     std::vector<float> part(n * row);
-    CHECK(kvc_gather(pre, 7, 0, a, n, part.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
+    CHECKF(kvc_gather(pre, 7, 0, a, n, part.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
           "gather part");
-    CHECK(std::memcmp(part.data(), gp.data() + a * row, n * row * sizeof(float)) == 0,
+    CHECKF(std::memcmp(part.data(), gp.data() + a * row, n * row * sizeof(float)) == 0,
           "%s/%s: gather [%llu, +%llu) differs", c.name, g.name, (unsigned long long)a,
           (unsigned long long)n);
   }
@@ -342,8 +332,8 @@ class EvictFuzz {
 
   void run(int ops) {
     if (!p_) return;
-    const int fails = g_fail;
-    for (int op = 0; op < ops && g_fail == fails; ++op) {
+    const int fails = g_kvtest_fail;
+    for (int op = 0; op < ops && g_kvtest_fail == fails; ++op) {
       const int what = static_cast<int>(rng_() % 100);
       if (std::getenv("PREROPE_TRACE"))
         std::fprintf(stderr, "op %d: %d\n", op, what);  // which step failed
@@ -363,7 +353,7 @@ class EvictFuzz {
         attention();
       verify();
     }
-    CHECK(evictions_ > 0 || residual(c_) || g_fail != fails, "%s/%s: no eviction ran", c_.name,
+    CHECKF(evictions_ > 0 || residual(c_) || g_kvtest_fail != fails, "%s/%s: no eviction ran", c_.name,
           g_.name);
   }
 
@@ -390,7 +380,7 @@ class EvictFuzz {
   void grow() {
     if (seqs_.size() < 3 && (seqs_.empty() || rng_() % 4 == 0)) {
       const uint64_t id = next_id_++;
-      CHECK(kvc_seq_create(p_, id) == KVC_OK, "create");
+      CHECKF(kvc_seq_create(p_, id) == KVC_OK, "create");
       SeqModel m;
       m.x.resize(kLayers);
       m.decoded.resize(kLayers);
@@ -402,7 +392,7 @@ class EvictFuzz {
     const uint64_t n = 1 + rng_() % 9;
     const kvc_status st = kvc_seq_reserve(p_, id, n, nullptr);
     if (st == KVC_ERR_POOL_EXHAUSTED) return;
-    CHECK(st == KVC_OK, "reserve");
+    CHECKF(st == KVC_OK, "reserve");
     if (st) return;
     // Auto-eviction may have run inside the reservation: resync what the
     // model knows from the pool's positions (nothing else changes).
@@ -411,12 +401,12 @@ class EvictFuzz {
     m.length += n;
     for (uint32_t l = 0; l < kLayers; ++l) {
       std::vector<int32_t> rp(n);
-      CHECK(kvc_seq_rope_positions(p_, id, l, pos0, n, rp.data()) == KVC_OK, "rope positions");
+      CHECKF(kvc_seq_rope_positions(p_, id, l, pos0, n, rp.data()) == KVC_OK, "rope positions");
       uint64_t ntok = 0;
       kvc_seq_layer_tokens(p_, id, l, &ntok);
       for (uint64_t i = 0; i < n; ++i) {
         const int64_t want = m.by_index[l] ? int64_t(ntok - n + i) : int64_t(pos0 + i);
-        CHECK(rp[i] == want, "%s/%s: layer %u position %llu: RoPE position %d, model %lld", c_.name,
+        CHECKF(rp[i] == want, "%s/%s: layer %u position %llu: RoPE position %d, model %lld", c_.name,
               g_.name, l, (unsigned long long)(pos0 + i), rp[i], (long long)want);
       }
       std::vector<float> kb(n * row_), vb(n * row_);
@@ -433,16 +423,16 @@ class EvictFuzz {
       // Appends in one or two calls (the second part first, sometimes).
       const uint64_t cut = n > 1 && rng_() % 3 == 0 ? 1 + rng_() % (n - 1) : n;
       if (cut < n && !residual(c_) && rng_() % 2) {
-        CHECK(kvc_append(p_, id, l, pos0 + cut, n - cut, kb.data() + cut * row_,
+        CHECKF(kvc_append(p_, id, l, pos0 + cut, n - cut, kb.data() + cut * row_,
                          vb.data() + cut * row_, KVC_DTYPE_F32) == KVC_OK,
               "append");
-        CHECK(kvc_append(p_, id, l, pos0, cut, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
+        CHECKF(kvc_append(p_, id, l, pos0, cut, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
               "append");
       } else {
-        CHECK(kvc_append(p_, id, l, pos0, cut, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
+        CHECKF(kvc_append(p_, id, l, pos0, cut, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
               "append");
         if (cut < n)
-          CHECK(kvc_append(p_, id, l, pos0 + cut, n - cut, kb.data() + cut * row_,
+          CHECKF(kvc_append(p_, id, l, pos0 + cut, n - cut, kb.data() + cut * row_,
                            vb.data() + cut * row_, KVC_DTYPE_F32) == KVC_OK,
                 "append");
       }
@@ -458,7 +448,7 @@ class EvictFuzz {
       std::vector<int32_t> pos(n);
       std::vector<float> kb(n * row_);
       if (n)
-        CHECK(kvc_gather(p_, id, l, 0, n, kb.data(), nullptr, KVC_DTYPE_F32, pos.data()) == KVC_OK,
+        CHECKF(kvc_gather(p_, id, l, 0, n, kb.data(), nullptr, KVC_DTYPE_F32, pos.data()) == KVC_OK,
               "gather");
       std::map<uint64_t, std::vector<double>> x, d;
       for (uint64_t j = 0; j < n; ++j) {
@@ -506,23 +496,23 @@ class EvictFuzz {
         kvc_seq_layer_tokens(p_, id, l, &n);
         std::vector<float> sc(n * g_.heads);
         for (float &v : sc) v = static_cast<float>(rng_() % 1000) / 100.0f;
-        if (n) CHECK(kvc_seq_observe_scores(p_, id, l, sc.data(), n, 1) == KVC_OK, "scores");
+        if (n) CHECKF(kvc_seq_observe_scores(p_, id, l, sc.data(), n, 1) == KVC_OK, "scores");
       }
     }
     kvc_policy *pol = nullptr;
-    CHECK(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
+    CHECKF(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
     if (!pol) return;
     if (pc.auto_evict) {
       const kvc_status st = kvc_seq_set_policy(p_, id, pol);
       if (residual(c_)) {
-        CHECK(st == KVC_ERR_UNSUPPORTED, "auto-eviction with a residual: %d", st);
+        CHECKF(st == KVC_ERR_UNSUPPORTED, "auto-eviction with a residual: %d", st);
       } else {
-        CHECK(st == KVC_OK, "set policy");
+        CHECKF(st == KVC_OK, "set policy");
         auto_ = true;
         shift_ = pc.shift_positions;
         for (int i = 0; i < 4; ++i) grow_id(id);
         auto_ = false;
-        CHECK(kvc_seq_set_policy(p_, id, nullptr) == KVC_OK, "unset policy");
+        CHECKF(kvc_seq_set_policy(p_, id, nullptr) == KVC_OK, "unset policy");
         ++evictions_;
       }
       kvc_policy_destroy(pol);
@@ -534,11 +524,11 @@ class EvictFuzz {
     if (residual(c_)) {
       uint64_t n = 0;
       kvc_seq_layer_tokens(p_, id, 0, &n);
-      CHECK(st == KVC_OK || st == KVC_ERR_UNSUPPORTED, "evict with a residual: %d", st);
+      CHECKF(st == KVC_OK || st == KVC_ERR_UNSUPPORTED, "evict with a residual: %d", st);
       return;
     }
     if (st == KVC_ERR_POOL_EXHAUSTED) return;
-    CHECK(st == KVC_OK, "%s/%s: evict kind %d", c_.name, g_.name, kind);
+    CHECKF(st == KVC_OK, "%s/%s: evict kind %d", c_.name, g_.name, kind);
     if (st) return;
     ++evictions_;
     SeqModel &m = seqs_[id];
@@ -570,7 +560,7 @@ class EvictFuzz {
     const uint64_t n = 1 + rng_() % 9;
     const kvc_status st = kvc_seq_reserve(p_, id, n, nullptr);
     if (st) {
-      CHECK(st == KVC_ERR_POOL_EXHAUSTED, "reserve");
+      CHECKF(st == KVC_ERR_POOL_EXHAUSTED, "reserve");
       resync(id);
       return;
     }
@@ -579,13 +569,13 @@ class EvictFuzz {
     m.length += n;
     for (uint32_t l = 0; l < kLayers; ++l) {
       std::vector<int32_t> rp(n);
-      CHECK(kvc_seq_rope_positions(p_, id, l, pos0, n, rp.data()) == KVC_OK, "rope positions");
+      CHECKF(kvc_seq_rope_positions(p_, id, l, pos0, n, rp.data()) == KVC_OK, "rope positions");
       uint64_t ntok = 0;
       kvc_seq_layer_tokens(p_, id, l, &ntok);
       std::vector<float> kb(n * row_), vb(n * row_);
       for (uint64_t i = 0; i < n; ++i) {
         const int64_t want = m.by_index[l] ? int64_t(ntok - n + i) : int64_t(pos0 + i);
-        CHECK(rp[i] == want, "auto: layer %u RoPE position %d, model %lld", l, rp[i],
+        CHECKF(rp[i] == want, "auto: layer %u RoPE position %d, model %lld", l, rp[i],
               (long long)want);
         std::vector<double> x = fresh_row(), y = x;
         m.x[l][pos0 + i] = x;
@@ -596,7 +586,7 @@ class EvictFuzz {
           vb[i * row_ + e] = static_cast<float>(x[e]);
         }
       }
-      CHECK(kvc_append(p_, id, l, pos0, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
+      CHECKF(kvc_append(p_, id, l, pos0, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
             "append");
     }
   }
@@ -606,7 +596,7 @@ class EvictFuzz {
     const uint64_t id = pick(), child = next_id_++;
     const kvc_status st = kvc_seq_fork(p_, id, child);
     if (st == KVC_ERR_POOL_EXHAUSTED) return;
-    CHECK(st == KVC_OK, "fork");
+    CHECKF(st == KVC_OK, "fork");
     if (!st) seqs_[child] = seqs_[id];
   }
 
@@ -617,7 +607,7 @@ class EvictFuzz {
     const uint64_t nl = rng_() % m.length;
     const kvc_status st = kvc_seq_truncate(p_, id, nl);
     if (st == KVC_ERR_POOL_EXHAUSTED) return;
-    CHECK(st == KVC_OK, "truncate");
+    CHECKF(st == KVC_OK, "truncate");
     if (st) return;
     m.length = nl;
     for (uint32_t l = 0; l < kLayers; ++l) {
@@ -631,13 +621,13 @@ class EvictFuzz {
   void save_restore() {
     const uint64_t id = pick();
     size_t need = 0;
-    CHECK(kvc_seq_save(p_, id, nullptr, 0, &need) == KVC_ERR_BUFFER_TOO_SMALL, "save size");
+    CHECKF(kvc_seq_save(p_, id, nullptr, 0, &need) == KVC_ERR_BUFFER_TOO_SMALL, "save size");
     std::vector<uint8_t> rec(need);
-    CHECK(kvc_seq_save(p_, id, rec.data(), rec.size(), &need) == KVC_OK, "save");
+    CHECKF(kvc_seq_save(p_, id, rec.data(), rec.size(), &need) == KVC_OK, "save");
     const uint64_t nid = next_id_++;
     const kvc_status st = kvc_seq_restore(p_, nid, rec.data(), need);
     if (st == KVC_ERR_POOL_EXHAUSTED) return;
-    CHECK(st == KVC_OK, "restore");
+    CHECKF(st == KVC_OK, "restore");
     if (!st) seqs_[nid] = seqs_[id];
     // A pool without the flag (or with other RoPE settings) refuses it, and
     // this pool refuses such a pool's records.
@@ -648,17 +638,17 @@ class EvictFuzz {
       kvc_pool *other = make_pool(c_, g_, &k, false, true, kLayers, 64);
       kvc_pool *theta = make_pool(c_, g2, &k, true, true, kLayers, 64);
       if (other && theta) {
-        CHECK(kvc_seq_restore(other, 1, rec.data(), need) == KVC_ERR_INCOMPATIBLE,
+        CHECKF(kvc_seq_restore(other, 1, rec.data(), need) == KVC_ERR_INCOMPATIBLE,
               "restore without the flag");
-        CHECK(kvc_seq_restore(theta, 1, rec.data(), need) == KVC_ERR_INCOMPATIBLE,
+        CHECKF(kvc_seq_restore(theta, 1, rec.data(), need) == KVC_ERR_INCOMPATIBLE,
               "restore with another theta");
-        CHECK(kvc_seq_create(other, 2) == KVC_OK && kvc_seq_reserve(other, 2, 3, nullptr) == KVC_OK,
+        CHECKF(kvc_seq_create(other, 2) == KVC_OK && kvc_seq_reserve(other, 2, 3, nullptr) == KVC_OK,
               "seq");
         size_t n2 = 0;
         kvc_seq_save(other, 2, nullptr, 0, &n2);
         std::vector<uint8_t> rec2(n2);
-        CHECK(kvc_seq_save(other, 2, rec2.data(), n2, &n2) == KVC_OK, "save");
-        CHECK(kvc_seq_restore(p_, next_id_++, rec2.data(), n2) == KVC_ERR_INCOMPATIBLE,
+        CHECKF(kvc_seq_save(other, 2, rec2.data(), n2, &n2) == KVC_OK, "save");
+        CHECKF(kvc_seq_restore(p_, next_id_++, rec2.data(), n2) == KVC_ERR_INCOMPATIBLE,
               "restore a record without the flag");
       }
       if (other) kvc_pool_destroy(other);
@@ -669,7 +659,7 @@ class EvictFuzz {
   void drop() {
     if (seqs_.size() < 2) return;
     const uint64_t id = pick();
-    CHECK(kvc_seq_free(p_, id) == KVC_OK, "free");
+    CHECKF(kvc_seq_free(p_, id) == KVC_OK, "free");
     seqs_.erase(id);
   }
 
@@ -680,7 +670,7 @@ class EvictFuzz {
     kvc_seq_layer_tokens(p_, id, l, &n);
     if (!n) return;
     std::vector<float> kb(n * row_), vb(n * row_), q(g_.qheads * g_.hd), out(q.size());
-    CHECK(kvc_gather(p_, id, l, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
+    CHECKF(kvc_gather(p_, id, l, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
           "gather");
     std::normal_distribution<double> nd;
     for (float &v : q) v = static_cast<float>(0.4 * nd(rng_));
@@ -688,12 +678,12 @@ class EvictFuzz {
     kvc_attention_params_init(&ap);
     ap.num_q_heads = g_.qheads;
     ap.num_threads = 1 + rng_() % 3;
-    CHECK(kvc_attention_decode(p_, l, &id, 1, q.data(), out.data(), nullptr, &ap) == KVC_OK,
+    CHECKF(kvc_attention_decode(p_, l, &id, 1, q.data(), out.data(), nullptr, &ap) == KVC_OK,
           "decode");
     std::vector<double> want(q.size());
     attend(q.data(), kb.data(), vb.data(), n, g_.heads, g_.qheads, g_.hd, want.data());
     for (size_t e = 0; e < q.size(); ++e)
-      CHECK(std::fabs(out[e] - want[e]) <= 3e-5 * (1 + std::fabs(want[e])),
+      CHECKF(std::fabs(out[e] - want[e]) <= 3e-5 * (1 + std::fabs(want[e])),
             "%s/%s: decode %g vs %g", c_.name, g_.name, out[e], want[e]);
   }
 
@@ -702,19 +692,19 @@ class EvictFuzz {
     for (auto &[id, m] : seqs_)
       for (uint32_t l = 0; l < kLayers; ++l) {
         uint64_t n = 0;
-        CHECK(kvc_seq_layer_tokens(p_, id, l, &n) == KVC_OK, "tokens");
-        CHECK(n == m.x[l].size(), "%s/%s: seq %llu layer %u holds %llu tokens, model %zu", c_.name,
+        CHECKF(kvc_seq_layer_tokens(p_, id, l, &n) == KVC_OK, "tokens");
+        CHECKF(n == m.x[l].size(), "%s/%s: seq %llu layer %u holds %llu tokens, model %zu", c_.name,
               g_.name, (unsigned long long)id, l, (unsigned long long)n, m.x[l].size());
         if (n != m.x[l].size()) return;
         std::vector<float> kb(n * row_);
         std::vector<int32_t> pos(n);
         if (n)
-          CHECK(
+          CHECKF(
               kvc_gather(p_, id, l, 0, n, kb.data(), nullptr, KVC_DTYPE_F32, pos.data()) == KVC_OK,
               "gather");
         uint64_t j = 0;
         for (auto &[p, x] : m.x[l]) {
-          CHECK(pos[j] == int64_t(p), "seq %llu layer %u index %llu: position %d, model %llu",
+          CHECKF(pos[j] == int64_t(p), "seq %llu layer %u index %llu: position %d, model %llu",
                 (unsigned long long)id, l, (unsigned long long)j, pos[j], (unsigned long long)p);
           const double rp = m.by_index[l] ? double(j) : double(p);
           std::vector<double> d(kb.begin() + j * row_, kb.begin() + (j + 1) * row_);
@@ -729,7 +719,7 @@ class EvictFuzz {
               const uint32_t a = h * g_.hd + i0, b = h * g_.hd + i1;
               const double e0 = d[a] - x[a], e1 = i0 == i1 ? 0.0 : d[b] - x[b];
               const double err = std::sqrt(e0 * e0 + e1 * e1);
-              CHECK(err <= c_.tol * ref * 1.5 + 1e-5,
+              CHECKF(err <= c_.tol * ref * 1.5 + 1e-5,
                     "%s/%s: seq %llu layer %u index %llu (pos %llu, RoPE %g): "
                     "pair error %g (ref %g)",
                     c_.name, g_.name, (unsigned long long)id, l, (unsigned long long)j,
@@ -746,7 +736,7 @@ class EvictFuzz {
             double worst = 0;
             for (uint32_t e = 0; e < row_; ++e)
               worst = std::max(worst, std::fabs(d[e] - it->second[e]));
-            CHECK(worst <= 2e-5 * (1 + xmax),
+            CHECKF(worst <= 2e-5 * (1 + xmax),
                   "%s/%s: seq %llu layer %u index %llu (pos %llu, RoPE %g): decoded "
                   "pre-RoPE row moved by %g",
                   c_.name, g_.name, (unsigned long long)id, l, (unsigned long long)j,
@@ -819,7 +809,7 @@ void threads(const Case &c, const Geo &g, uint32_t seed) {
   for (int t = 0; t < kThreads; ++t) th.emplace_back(work, par, t, &b[t]);
   for (auto &x : th) x.join();
   for (int t = 0; t < kThreads; ++t)
-    CHECK(a[t].size() == T * row && a[t] == b[t],
+    CHECKF(a[t].size() == T * row && a[t] == b[t],
           "%s/%s: thread %d reads other bits than a serial run", c.name, g.name, t);
   kvc_pool_destroy(serial);
   kvc_pool_destroy(par);
@@ -840,10 +830,10 @@ void long_decode(const Case &c, const Geo &g, uint32_t seed) {
   const uint64_t ids[2] = {1, 2};
   const uint64_t T = 1300;
   for (uint64_t id : ids) {
-    CHECK(kvc_seq_create(p, id) == KVC_OK, "seq");
+    CHECKF(kvc_seq_create(p, id) == KVC_OK, "seq");
     for (uint64_t t = 0; t < T;) {
       const uint64_t n = std::min<uint64_t>(T - t, 1 + rng() % 64);
-      CHECK(kvc_seq_reserve(p, id, n, nullptr) == KVC_OK, "reserve");
+      CHECKF(kvc_seq_reserve(p, id, n, nullptr) == KVC_OK, "reserve");
       std::vector<float> kb(n * row), vb(n * row);
       for (uint64_t i = 0; i < n; ++i) {
         std::vector<double> y(row);
@@ -853,7 +843,7 @@ void long_decode(const Case &c, const Geo &g, uint32_t seed) {
         r.apply(y.data(), g.heads, double(t + i), 1);
         for (uint32_t e = 0; e < row; ++e) kb[i * row + e] = static_cast<float>(y[e]);
       }
-      CHECK(kvc_append(p, id, 0, t, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK, "append");
+      CHECKF(kvc_append(p, id, 0, t, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK, "append");
       t += n;
     }
   }
@@ -864,18 +854,18 @@ void long_decode(const Case &c, const Geo &g, uint32_t seed) {
     kvc_attention_params_init(&ap);
     ap.num_q_heads = g.qheads;
     ap.num_threads = 4;
-    CHECK(kvc_attention_decode(p, 0, ids, 2, q.data(), out.data(), nullptr, &ap) == KVC_OK,
+    CHECKF(kvc_attention_decode(p, 0, ids, 2, q.data(), out.data(), nullptr, &ap) == KVC_OK,
           "decode");
     for (int i = 0; i < 2; ++i) {
       uint64_t n = 0;
       kvc_seq_layer_tokens(p, ids[i], 0, &n);
       std::vector<float> kb(n * row), vb(n * row);
-      CHECK(kvc_gather(p, ids[i], 0, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
+      CHECKF(kvc_gather(p, ids[i], 0, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
             "gather");
       std::vector<double> want(qrow);
       attend(q.data() + i * qrow, kb.data(), vb.data(), n, g.heads, g.qheads, g.hd, want.data());
       for (uint32_t e = 0; e < qrow; ++e)
-        CHECK(std::fabs(out[i * qrow + e] - want[e]) <= 3e-5 * (1 + std::fabs(want[e])),
+        CHECKF(std::fabs(out[i * qrow + e] - want[e]) <= 3e-5 * (1 + std::fabs(want[e])),
               "%s/%s: long decode %g vs %g (round %d)", c.name, g.name, out[i * qrow + e], want[e],
               round);
     }
@@ -887,8 +877,8 @@ void long_decode(const Case &c, const Geo &g, uint32_t seed) {
       pc.budget_tokens = 700;
       pc.shift_positions = 1;
       kvc_policy *pol = nullptr;
-      CHECK(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
-      CHECK(kvc_evict(p, 1, pol, nullptr) == KVC_OK, "evict");
+      CHECKF(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
+      CHECKF(kvc_evict(p, 1, pol, nullptr) == KVC_OK, "evict");
       kvc_policy_destroy(pol);
     }
   }
@@ -907,7 +897,7 @@ void huge(const Case &c, const Geo &g, uint32_t seed) {
   const uint32_t row = g.heads * g.hd;
   const float lim = FLT_MAX / (c.hadamard ? 16.0f : 2.0f);  // rotation block 8
   const float big = std::nextafter(lim, 0.0f);
-  CHECK(kvc_seq_create(p, 1) == KVC_OK, "seq");
+  CHECKF(kvc_seq_create(p, 1) == KVC_OK, "seq");
   std::vector<float> kb(row), vb(row, 1.0f);
   uint64_t len = 0;
   for (int t = 0; t < 120; ++t) {
@@ -918,27 +908,27 @@ void huge(const Case &c, const Geo &g, uint32_t seed) {
                    : big * (static_cast<float>(int(rng() % 2001) - 1000) / 1000.0f);
     }
     if (kvc_seq_reserve(p, 1, 1, nullptr) != KVC_OK) break;
-    CHECK(kvc_append(p, 1, 0, len, 1, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
+    CHECKF(kvc_append(p, 1, 0, len, 1, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
           "%s/%s: huge append", c.name, g.name);
     ++len;
   }
   // At the limit: refused, the slot keeps what it held.
   std::vector<float> before(row), after(row);
-  CHECK(kvc_gather(p, 1, 0, len - 1, 1, before.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
+  CHECKF(kvc_gather(p, 1, 0, len - 1, 1, before.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
         "gather");
   kb[rng() % row] = -lim;
-  CHECK(kvc_append(p, 1, 0, len - 1, 1, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_ERR_NON_FINITE,
+  CHECKF(kvc_append(p, 1, 0, len - 1, 1, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_ERR_NON_FINITE,
         "%s/%s: a key at the limit", c.name, g.name);
-  CHECK(kvc_gather(p, 1, 0, len - 1, 1, after.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
+  CHECKF(kvc_gather(p, 1, 0, len - 1, 1, after.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
         "gather");
-  CHECK(before == after, "%s/%s: a refused append wrote", c.name, g.name);
+  CHECKF(before == after, "%s/%s: a refused append wrote", c.name, g.name);
   uint64_t n = 0;
   kvc_seq_layer_tokens(p, 1, 0, &n);
   std::vector<float> all(n * row);
-  CHECK(kvc_gather(p, 1, 0, 0, n, all.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+  CHECKF(kvc_gather(p, 1, 0, 0, n, all.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
   int bad = 0;
   for (float v : all) bad += !std::isfinite(v);
-  CHECK(bad == 0, "%s/%s: %d non-finite values read back", c.name, g.name, bad);
+  CHECKF(bad == 0, "%s/%s: %d non-finite values read back", c.name, g.name, bad);
   if (!residual(c)) {  // a shift reads them at other positions
     kvc_policy_config pc;
     kvc_policy_config_init(&pc);
@@ -947,14 +937,14 @@ void huge(const Case &c, const Geo &g, uint32_t seed) {
     pc.budget_tokens = 40;
     pc.shift_positions = 1;
     kvc_policy *pol = nullptr;
-    CHECK(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
-    CHECK(kvc_evict(p, 1, pol, nullptr) == KVC_OK, "evict");
+    CHECKF(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
+    CHECKF(kvc_evict(p, 1, pol, nullptr) == KVC_OK, "evict");
     kvc_policy_destroy(pol);
     std::vector<float> kept(40 * row);
-    CHECK(kvc_gather(p, 1, 0, 0, 40, kept.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
+    CHECKF(kvc_gather(p, 1, 0, 0, 40, kept.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
           "gather");
     for (float v : kept) bad += !std::isfinite(v);
-    CHECK(bad == 0, "%s/%s: %d non-finite values after a shift", c.name, g.name, bad);
+    CHECKF(bad == 0, "%s/%s: %d non-finite values after a shift", c.name, g.name, bad);
   }
   kvc_pool_destroy(p);
 }
@@ -968,7 +958,7 @@ int main(int argc, char **argv) {
   for (const Case &c : kCases) {
     if (only && std::strcmp(only, c.name) != 0) continue;
     for (const Geo &g : kGeos) {
-      const int fails = g_fail;
+      const int fails = g_kvtest_fail;
       if (c.kd == KVC_DTYPE_INT3 && g.hd % 8) continue;                  // int3 needs head_dim % 8
       if (c.kg == KVC_SCALE_PER_CHANNEL && g.block % c.group) continue;  // groups inside a block
       for (uint32_t s = 1; s <= seeds; ++s) {
@@ -981,12 +971,12 @@ int main(int argc, char **argv) {
       long_decode(c, g, 11);
       if (c.kg != KVC_SCALE_PER_TENSOR)
         threads(c, g, 9);  // (a per-tensor scale is set by the first writer)
-      if (g_fail != fails)
-        std::fprintf(stderr, "FAILED: %s/%s (%d)\n", c.name, g.name, g_fail - fails);
+      if (g_kvtest_fail != fails)
+        std::fprintf(stderr, "FAILED: %s/%s (%d)\n", c.name, g.name, g_kvtest_fail - fails);
     }
   }
-  if (g_fail) {
-    std::fprintf(stderr, "codec_prerope_adv: %d failures\n", g_fail);
+  if (g_kvtest_fail) {
+    std::fprintf(stderr, "codec_prerope_adv: %d failures\n", g_kvtest_fail);
     return 1;
   }
   std::printf("codec_prerope_adv: ok\n");

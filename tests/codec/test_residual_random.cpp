@@ -16,19 +16,9 @@
 
 #include "api/internal.h"
 
+#include "../common/kvtest.h"
+
 namespace {
-int g_fail = 0;
-#define CHECK(c, ...)                                                    \
-  do {                                                                   \
-    if (!(c)) {                                                          \
-      if (g_fail < 10) {                                                 \
-        std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #c);     \
-        std::fprintf(stderr, __VA_ARGS__);                               \
-        std::fprintf(stderr, " (%s)\n", kvc_last_error_message());       \
-      }                                                                  \
-      ++g_fail;                                                          \
-    }                                                                    \
-  } while (0)
 
 constexpr uint32_t kLayers = 2, kHeads = 2, kDim = 8, kRow = kHeads * kDim, kBlock = 8;
 
@@ -71,7 +61,7 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
   c.residual_sinks = sinks;
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&c, &p) != KVC_OK) {
-    CHECK(false, "create");
+    CHECKF(false, "create");
     return;
   }
   // Model: per sequence, the tag that wrote each position.
@@ -84,7 +74,7 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
     for (auto &[id, _] : model) ids.push_back(id);
     const uint64_t pick = ids.empty() ? 0 : ids[rng() % ids.size()];
     if (what == 0 || ids.empty()) {
-      CHECK(kvc_seq_create(p, next_id) == KVC_OK, "create %llu", (unsigned long long)next_id);
+      CHECKF(kvc_seq_create(p, next_id) == KVC_OK, "create %llu", (unsigned long long)next_id);
       model[next_id++] = {};
     } else if (what == 1) {
       if (kvc_seq_fork(p, pick, next_id) == KVC_OK) model[next_id] = model[pick];
@@ -93,16 +83,16 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
       const uint64_t len = model[pick].size();
       const uint64_t to = len ? rng() % (len + 1) : 0;
       const kvc_status st = kvc_seq_truncate(p, pick, to);
-      CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "truncate");
+      CHECKF(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "truncate");
       if (st == KVC_OK) model[pick].resize(to);
     } else if (what == 3 && ids.size() > 2) {
-      CHECK(kvc_seq_free(p, pick) == KVC_OK, "free");
+      CHECKF(kvc_seq_free(p, pick) == KVC_OK, "free");
       model.erase(pick);
     } else {
       const uint64_t n = 1 + rng() % (what == 4 ? 8 : 2);
       const uint64_t len = model[pick].size();
       const kvc_status st = kvc_seq_reserve(p, pick, n, nullptr);
-      CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "reserve");
+      CHECKF(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "reserve");
       if (st == KVC_OK) {
         const uint64_t tag = static_cast<uint64_t>(op);
         for (uint64_t t = 0; t < n; ++t)
@@ -112,7 +102,7 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
           }
         for (uint32_t l = 0; l < kLayers; ++l) {
           const kvc_status a = kvc_append(p, pick, l, len, n, kb.data(), vb.data(), KVC_DTYPE_F32);
-          CHECK(a == KVC_OK || a == KVC_ERR_POOL_EXHAUSTED, "append");
+          CHECKF(a == KVC_OK || a == KVC_ERR_POOL_EXHAUSTED, "append");
           if (a != KVC_OK) {  // a copy-on-write had no block: free something and retry later
             kvc_seq_truncate(p, pick, len);
             goto next;
@@ -123,30 +113,30 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
     }
   next:
     const std::string inv = kvc::api::core_pool(p).check_invariants();
-    CHECK(inv.empty(), "op %d: %s", op, inv.c_str());
+    CHECKF(inv.empty(), "op %d: %s", op, inv.c_str());
     if (op % 20 == 0 || !inv.empty()) {
       for (auto &[id, tags] : model) {
         uint64_t len = 0;
-        CHECK(kvc_seq_length(p, id, &len) == KVC_OK && len == tags.size(), "length");
+        CHECKF(kvc_seq_length(p, id, &len) == KVC_OK && len == tags.size(), "length");
         if (tags.empty()) continue;
         std::vector<float> ko(tags.size() * kRow), vo(tags.size() * kRow);
         for (uint32_t l = 0; l < kLayers; ++l) {
-          CHECK(kvc_gather(p, id, l, 0, tags.size(), ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+          CHECKF(kvc_gather(p, id, l, 0, tags.size(), ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
           for (uint64_t t = 0; t < tags.size(); ++t)
             for (uint32_t e = 0; e < kRow; ++e) {
               const float ek = value(tags[t], t, e, 0), ev = value(tags[t], t, e, 1);
-              CHECK(std::fabs(ko[t * kRow + e] - ek) <= 2.5f / 127.0f, "seq %llu layer %u pos %llu k %g vs %g",
+              CHECKF(std::fabs(ko[t * kRow + e] - ek) <= 2.5f / 127.0f, "seq %llu layer %u pos %llu k %g vs %g",
                     (unsigned long long)id, l, (unsigned long long)t, ko[t * kRow + e], ek);
-              CHECK(std::fabs(vo[t * kRow + e] - ev) <= 2.5f / 127.0f, "v");
+              CHECKF(std::fabs(vo[t * kRow + e] - ev) <= 2.5f / 127.0f, "v");
               if (t < sinks)
-                CHECK(ko[t * kRow + e] == f16_of(ek) && vo[t * kRow + e] == f16_of(ev),
+                CHECKF(ko[t * kRow + e] == f16_of(ek) && vo[t * kRow + e] == f16_of(ev),
                       "seq %llu layer %u sink %llu: %g / %g, f16 of %g / %g", (unsigned long long)id, l,
                       (unsigned long long)t, ko[t * kRow + e], vo[t * kRow + e], ek, ev);
             }
         }
       }
     }
-    if (g_fail) break;
+    if (g_kvtest_fail) break;
   }
   kvc_pool_destroy(p);
 }
@@ -163,6 +153,6 @@ int main() {
     run(seed + 600, 0, 0.0, true, 5);   // attention sinks + channel groups (re-staged by truncation)
     run(seed + 700, 0, 0.0, false, 2);  // attention sinks alone (every token staged, encoded by its append)
   }
-  std::printf("%d passed, %d failed\n", g_fail ? 0 : 1, g_fail ? 1 : 0);
-  return g_fail ? 1 : 0;
+  std::printf("%d passed, %d failed\n", g_kvtest_fail ? 0 : 1, g_kvtest_fail ? 1 : 0);
+  return g_kvtest_fail ? 1 : 0;
 }

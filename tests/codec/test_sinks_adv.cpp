@@ -25,24 +25,14 @@
 
 #include "api/internal.h"
 
+#include "../common/kvtest.h"
+
 namespace {
-int g_fail = 0;
 std::map<std::string, uint64_t> g_count;  // outcomes seen (printed with -v)
 const bool g_trace = std::getenv("SINKS_ADV_TRACE") != nullptr;
 #define TRACE(...)                         \
   do {                                     \
     if (g_trace) std::fprintf(stderr, __VA_ARGS__); \
-  } while (0)
-#define CHECK(c, ...)                                                    \
-  do {                                                                   \
-    if (!(c)) {                                                          \
-      if (g_fail < 20) {                                                 \
-        std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #c);     \
-        std::fprintf(stderr, __VA_ARGS__);                               \
-        std::fprintf(stderr, " (%s)\n", kvc_last_error_message());       \
-      }                                                                  \
-      ++g_fail;                                                          \
-    }                                                                    \
   } while (0)
 
 struct Cfg {
@@ -107,7 +97,7 @@ class Fuzz {
     pc.residual_sinks = c.sinks;
     cfg_ = pc;
     const kvc_status st = kvc_pool_create(&pc, &p_);
-    CHECK(st == KVC_OK, "%s: create", c.name);
+    CHECKF(st == KVC_OK, "%s: create", c.name);
     channel_ = c.kg == KVC_SCALE_PER_CHANNEL || c.vg == KVC_SCALE_PER_CHANNEL;
   }
   ~Fuzz() {
@@ -156,39 +146,39 @@ class Fuzz {
   }
   void same(const Snapshot &a, const char *what) {
     Snapshot b = snap();
-    CHECK(a.st.residual_blocks_used == b.st.residual_blocks_used && a.st.blocks_used == b.st.blocks_used &&
+    CHECKF(a.st.residual_blocks_used == b.st.residual_blocks_used && a.st.blocks_used == b.st.blocks_used &&
               a.st.tokens_stored == b.st.tokens_stored && a.st.num_sequences == b.st.num_sequences,
           "%s: failed %s changed the pool's counts (res %llu -> %llu, blocks %llu -> %llu)", c_.name, what,
           (unsigned long long)a.st.residual_blocks_used, (unsigned long long)b.st.residual_blocks_used,
           (unsigned long long)a.st.blocks_used, (unsigned long long)b.st.blocks_used);
-    CHECK(a.lens == b.lens, "%s: failed %s changed a length", c_.name, what);
+    CHECKF(a.lens == b.lens, "%s: failed %s changed a length", c_.name, what);
     bool eq = a.data.size() == b.data.size();
     for (auto &[id, d] : a.data) {
       auto it = b.data.find(id);
       eq = eq && it != b.data.end() && it->second.size() == d.size() &&
            (d.empty() || std::memcmp(d.data(), it->second.data(), d.size() * 4) == 0);
     }
-    CHECK(eq, "%s: failed %s changed the data", c_.name, what);
+    CHECKF(eq, "%s: failed %s changed the data", c_.name, what);
   }
 
   void verify(const char *after) {
     const std::string inv = kvc::api::core_pool(p_).check_invariants();
-    CHECK(inv.empty(), "%s after %s: %s", c_.name, after, inv.c_str());
+    CHECKF(inv.empty(), "%s after %s: %s", c_.name, after, inv.c_str());
     for (auto &[id, sq] : m_) {
       uint64_t len = 0;
-      CHECK(kvc_seq_length(p_, id, &len) == KVC_OK && len == sq.len(), "%s: length of %llu", c_.name,
+      CHECKF(kvc_seq_length(p_, id, &len) == KVC_OK && len == sq.len(), "%s: length of %llu", c_.name,
             (unsigned long long)id);
       if (!len) continue;
       std::vector<float> ko(len * row_), vo(len * row_);
       for (uint32_t l = 0; l < c_.layers; ++l) {
-        CHECK(kvc_gather(p_, id, l, 0, len, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+        CHECKF(kvc_gather(p_, id, l, 0, len, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
         {  // a sub-range, K or V only, as f16 / bf16: the same values
           const uint64_t first = rng_() % len, n = 1 + rng_() % (len - first);
           const kvc_dtype dt = static_cast<kvc_dtype>(rng_() % 3);
           const int which = static_cast<int>(rng_() % 3);  // 0 both, 1 K only, 2 V only
           std::vector<uint8_t> ks(n * row_ * 4), vs(n * row_ * 4);
           std::vector<float> kf(n * row_), vf(n * row_);
-          CHECK(kvc_gather(p_, id, l, first, n, which == 2 ? nullptr : ks.data(), which == 1 ? nullptr : vs.data(),
+          CHECKF(kvc_gather(p_, id, l, first, n, which == 2 ? nullptr : ks.data(), which == 1 ? nullptr : vs.data(),
                            dt, nullptr) == KVC_OK,
                 "gather range");
           kvc_convert(ks.data(), dt, kf.data(), KVC_DTYPE_F32, n * row_);
@@ -196,7 +186,7 @@ class Fuzz {
           for (uint64_t i = 0; i < n * row_; ++i) {
             const float wk = round_to(ko[first * row_ + i], dt), wv = round_to(vo[first * row_ + i], dt);
             if ((which != 2 && kf[i] != wk) || (which != 1 && vf[i] != wv)) {
-              CHECK(false, "%s after %s: gather of [%llu, +%llu) as dtype %d differs at %llu", c_.name, after,
+              CHECKF(false, "%s after %s: gather of [%llu, +%llu) as dtype %d differs at %llu", c_.name, after,
                     (unsigned long long)first, (unsigned long long)n, (int)dt, (unsigned long long)i);
               return;
             }
@@ -210,13 +200,13 @@ class Fuzz {
             const float gk = ko[t * row_ + e], gv = vo[t * row_ + e];
             if (t < c_.sinks) {
               if (!(gk == round_to(ek, c_.res) && gv == round_to(ev, c_.res))) {
-                CHECK(false, "%s after %s: seq %llu layer %u sink %llu e %u: %g / %g, want %g / %g (tag %lld)",
+                CHECKF(false, "%s after %s: seq %llu layer %u sink %llu e %u: %g / %g, want %g / %g (tag %lld)",
                       c_.name, after, (unsigned long long)id, l, (unsigned long long)t, e, gk, gv,
                       round_to(ek, c_.res), round_to(ev, c_.res), (long long)tag);
                 return;
               }
             } else if (!(std::fabs(gk - ek) <= c_.tol && std::fabs(gv - ev) <= c_.tol)) {
-              CHECK(false, "%s after %s: seq %llu layer %u pos %llu e %u: %g / %g, want %g / %g", c_.name, after,
+              CHECKF(false, "%s after %s: seq %llu layer %u pos %llu e %u: %g / %g, want %g / %g", c_.name, after,
                     (unsigned long long)id, l, (unsigned long long)t, e, gk, gv, ek, ev);
               return;
             }
@@ -232,7 +222,7 @@ class Fuzz {
     const uint64_t n = sq.len();
     if (!n) return;
     std::vector<float> ko(n * row_), vo(n * row_);
-    CHECK(kvc_gather(p_, id, l, 0, n, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+    CHECKF(kvc_gather(p_, id, l, 0, n, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
     const uint64_t nq = 1 + rng_() % std::min<uint64_t>(n, 3);
     std::vector<float> q(nq * row_), out(nq * row_), ref(nq * row_, 0.0f);
     for (auto &x : q) x = std::uniform_real_distribution<float>(-2, 2)(rng_);
@@ -260,20 +250,20 @@ class Fuzz {
     kvc_attention_params ap;
     kvc_attention_params_init(&ap);
     ap.num_q_heads = c_.heads;
-    CHECK(kvc_attention_prefill(p_, l, id, q.data(), nq, out.data(), nullptr, &ap) == KVC_OK, "prefill");
+    CHECKF(kvc_attention_prefill(p_, l, id, q.data(), nq, out.data(), nullptr, &ap) == KVC_OK, "prefill");
     for (size_t i = 0; i < out.size(); ++i)
       if (!(std::fabs(out[i] - ref[i]) <= 1e-4f)) {
-        CHECK(false, "%s: prefill seq %llu layer %u: out[%zu] %g, ref %g", c_.name, (unsigned long long)id, l, i,
+        CHECKF(false, "%s: prefill seq %llu layer %u: out[%zu] %g, ref %g", c_.name, (unsigned long long)id, l, i,
               out[i], ref[i]);
         break;
       }
     // Decode: the last query row sees everything.
     std::vector<float> o1(row_);
-    CHECK(kvc_attention_decode(p_, l, &id, 1, q.data() + (nq - 1) * row_, o1.data(), nullptr, &ap) == KVC_OK,
+    CHECKF(kvc_attention_decode(p_, l, &id, 1, q.data() + (nq - 1) * row_, o1.data(), nullptr, &ap) == KVC_OK,
           "decode");
     for (uint32_t i = 0; i < row_; ++i)
       if (!(std::fabs(o1[i] - ref[(nq - 1) * row_ + i]) <= 1e-4f)) {
-        CHECK(false, "%s: decode seq %llu layer %u: out[%u] %g, ref %g", c_.name, (unsigned long long)id, l, i,
+        CHECKF(false, "%s: decode seq %llu layer %u: out[%u] %g, ref %g", c_.name, (unsigned long long)id, l, i,
               o1[i], ref[(nq - 1) * row_ + i]);
         break;
       }
@@ -287,13 +277,13 @@ class Fuzz {
   bool save(uint64_t id, std::vector<uint8_t> &b) {
     size_t need = 0;
     if (kvc_seq_save(p_, id, nullptr, 0, &need) != KVC_ERR_BUFFER_TOO_SMALL && need == 0) {
-      CHECK(false, "%s: save size", c_.name);
+      CHECKF(false, "%s: save size", c_.name);
       return false;
     }
     b.resize(need);
     size_t got = 0;
     const kvc_status st = kvc_seq_save(p_, id, b.data(), b.size(), &got);
-    CHECK(st == KVC_OK && got == need, "%s: save (%zu vs %zu)", c_.name, got, need);
+    CHECKF(st == KVC_OK && got == need, "%s: save (%zu vs %zu)", c_.name, got, need);
     return st == KVC_OK;
   }
 
@@ -306,7 +296,7 @@ class Fuzz {
     ++g_count[std::string(len ? "reserve " : "first reserve ") + std::to_string(st)];
     TRACE("reserve seq %llu len %llu n %llu: %d\n", (unsigned long long)id, (unsigned long long)len,
           (unsigned long long)n, (int)st);
-    CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "%s: reserve %d", c_.name, (int)st);
+    CHECKF(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "%s: reserve %d", c_.name, (int)st);
     if (st != KVC_OK) {
       same(before, "reserve");
       return;
@@ -342,7 +332,7 @@ class Fuzz {
     if (a == KVC_OK) {
       for (uint64_t t = 0; t < m; ++t) m_[id].tags[l][p + t] = tag;
     } else {
-      CHECK(a == KVC_ERR_POOL_EXHAUSTED || (channel_ && a == KVC_ERR_NOT_RESERVED), "%s: append %d", c_.name,
+      CHECKF(a == KVC_ERR_POOL_EXHAUSTED || (channel_ && a == KVC_ERR_NOT_RESERVED), "%s: append %d", c_.name,
             (int)a);
       if (check) same(before, "append");
     }
@@ -351,7 +341,7 @@ class Fuzz {
   void run(int ops) {
     if (!p_) return;
     uint64_t next = 1;
-    for (int op = 0; op < ops && !g_fail; ++op) {
+    for (int op = 0; op < ops && !g_kvtest_fail; ++op) {
       std::vector<uint64_t> ids;
       for (auto &[id, _] : m_) ids.push_back(id);
       const uint64_t pick = ids.empty() ? 0 : ids[rng_() % ids.size()];
@@ -361,7 +351,7 @@ class Fuzz {
       if (ids.empty() || what == 0) {
         name = "create";
         TRACE("create %llu\n", (unsigned long long)next);
-        CHECK(kvc_seq_create(p_, next) == KVC_OK, "create");
+        CHECKF(kvc_seq_create(p_, next) == KVC_OK, "create");
         m_[next].tags.assign(c_.layers, {});
         ++next;
       } else if (what == 1 || what == 2) {
@@ -370,7 +360,7 @@ class Fuzz {
         const kvc_status st = kvc_seq_fork(p_, pick, next);
         ++g_count[std::string("fork ") + std::to_string(st)];
         TRACE("fork %llu -> %llu: %d\n", (unsigned long long)pick, (unsigned long long)next, (int)st);
-        CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "fork %d", (int)st);
+        CHECKF(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "fork %d", (int)st);
         if (st == KVC_OK) m_[next] = m_[pick];
         else same(before, "fork");
         ++next;
@@ -383,13 +373,13 @@ class Fuzz {
         const kvc_status st = kvc_seq_truncate(p_, pick, to);
         ++g_count[std::string("truncate ") + std::to_string(st)];
         TRACE("truncate seq %llu to %llu: %d\n", (unsigned long long)pick, (unsigned long long)to, (int)st);
-        CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "truncate %d", (int)st);
+        CHECKF(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "truncate %d", (int)st);
         if (st == KVC_OK) for (auto &t : m_[pick].tags) t.resize(std::min<uint64_t>(t.size(), to));
         else same(before, "truncate");
       } else if (what == 4 && ids.size() > 1) {
         name = "free";
         TRACE("free %llu\n", (unsigned long long)pick);
-        CHECK(kvc_seq_free(p_, pick) == KVC_OK, "free");
+        CHECKF(kvc_seq_free(p_, pick) == KVC_OK, "free");
         m_.erase(pick);
       } else if (what == 5) {
         name = "rewrite";
@@ -408,11 +398,11 @@ class Fuzz {
           Snapshot before = snap();
           // Restore as a copy, compare, free the copy.
           const kvc_status st = kvc_seq_restore(p_, next, b.data(), b.size());
-          CHECK(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "restore %d", (int)st);
+          CHECKF(st == KVC_OK || st == KVC_ERR_POOL_EXHAUSTED, "restore %d", (int)st);
           if (st == KVC_OK) {
             m_[next] = m_[pick];
             verify("restore");
-            CHECK(kvc_seq_free(p_, next) == KVC_OK, "free");
+            CHECKF(kvc_seq_free(p_, next) == KVC_OK, "free");
             m_.erase(next);
             same(before, "restore + free");
           } else {
@@ -423,7 +413,7 @@ class Fuzz {
           if (kvc_seq_free(p_, pick) == KVC_OK) {
             const kvc_status st2 = kvc_seq_restore(p_, pick, b.data(), b.size());
             // (Blocks shared with forks stay held: the record may not fit.)
-            CHECK(st2 == KVC_OK || st2 == KVC_ERR_POOL_EXHAUSTED, "restore in place %d", (int)st2);
+            CHECKF(st2 == KVC_OK || st2 == KVC_ERR_POOL_EXHAUSTED, "restore in place %d", (int)st2);
             if (st2 != KVC_OK) m_.erase(pick);
           }
         }
@@ -443,12 +433,12 @@ class Fuzz {
           Snapshot before = snap();
           const kvc_status st = kvc_seq_restore(p_, next, b.data(), b.size());
           ++g_count[std::string("damaged restore ") + std::to_string(st)];
-          CHECK(st == KVC_OK || st == KVC_ERR_CORRUPT || st == KVC_ERR_INCOMPATIBLE ||
+          CHECKF(st == KVC_OK || st == KVC_ERR_CORRUPT || st == KVC_ERR_INCOMPATIBLE ||
                     st == KVC_ERR_POOL_EXHAUSTED,
                 "%s: damaged restore %d", c_.name, (int)st);
           if (st == KVC_OK) {
             const std::string inv = kvc::api::core_pool(p_).check_invariants();
-            CHECK(inv.empty(), "%s after a damaged restore: %s", c_.name, inv.c_str());
+            CHECKF(inv.empty(), "%s after a damaged restore: %s", c_.name, inv.c_str());
             // Reading it must not crash.
             for (uint32_t l = 0; l < c_.layers; ++l) {
               uint64_t n = 0;
@@ -456,7 +446,7 @@ class Fuzz {
               std::vector<float> ko(n * row_ + 1), vo(n * row_ + 1);
               if (n) kvc_gather(p_, next, l, 0, n, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr);
             }
-            CHECK(kvc_seq_free(p_, next) == KVC_OK, "free");
+            CHECKF(kvc_seq_free(p_, next) == KVC_OK, "free");
             same(before, "damaged restore + free");
           } else {
             same(before, "damaged restore");
@@ -473,17 +463,17 @@ class Fuzz {
       verify(name);
     }
     // Free everything: nothing may stay held.
-    for (auto &[id, _] : m_) CHECK(kvc_seq_free(p_, id) == KVC_OK, "free");
+    for (auto &[id, _] : m_) CHECKF(kvc_seq_free(p_, id) == KVC_OK, "free");
     m_.clear();
     kvc_stats st;
     kvc_stats_init(&st);
     kvc_pool_stats(p_, &st);
-    CHECK(st.residual_blocks_used == 0 && st.blocks_used == 0 && st.tokens_stored == 0,
+    CHECKF(st.residual_blocks_used == 0 && st.blocks_used == 0 && st.tokens_stored == 0,
           "%s: after freeing all: %llu residual blocks, %llu blocks, %llu tokens", c_.name,
           (unsigned long long)st.residual_blocks_used, (unsigned long long)st.blocks_used,
           (unsigned long long)st.tokens_stored);
     const std::string inv = kvc::api::core_pool(p_).check_invariants();
-    CHECK(inv.empty(), "%s at the end: %s", c_.name, inv.c_str());
+    CHECKF(inv.empty(), "%s at the end: %s", c_.name, inv.c_str());
   }
 
   kvc_pool *pool() { return p_; }
@@ -543,26 +533,26 @@ kvc_pool *make_pool(uint32_t layers, uint32_t block, uint32_t sinks, kvc_granula
   c.residual_sinks = sinks;
   c.residual_window = window;
   kvc_pool *p = nullptr;
-  CHECK(kvc_pool_create(&c, &p) == KVC_OK, "create");
+  CHECKF(kvc_pool_create(&c, &p) == KVC_OK, "create");
   return p;
 }
 
 void put_tokens(kvc_pool *p, uint64_t id, uint32_t layers, uint64_t n, int64_t tag) {
   uint64_t len = 0;
   kvc_seq_length(p, id, &len);
-  CHECK(kvc_seq_reserve(p, id, n, nullptr) == KVC_OK, "reserve");
+  CHECKF(kvc_seq_reserve(p, id, n, nullptr) == KVC_OK, "reserve");
   std::vector<float> kb(n * 4), vb(n * 4);
   for (uint64_t t = 0; t < n; ++t)
     for (uint32_t e = 0; e < 4; ++e) kb[t * 4 + e] = value(tag, len + t, e, 0), vb[t * 4 + e] = value(tag, len + t, e, 1);
   for (uint32_t l = 0; l < layers; ++l)
-    CHECK(kvc_append(p, id, l, len, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK, "append");
+    CHECKF(kvc_append(p, id, l, len, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK, "append");
 }
 
 std::vector<uint8_t> save_record(kvc_pool *p, uint64_t id) {
   size_t need = 0;
   kvc_seq_save(p, id, nullptr, 0, &need);
   std::vector<uint8_t> b(need);
-  CHECK(kvc_seq_save(p, id, b.data(), b.size(), &need) == KVC_OK, "save");
+  CHECKF(kvc_seq_save(p, id, b.data(), b.size(), &need) == KVC_OK, "save");
   return b;
 }
 
@@ -591,10 +581,10 @@ void repro_length_above_tokens() {
   std::memcpy(b.data() + length_at(b), &len, 8);
   reseal(b);
   const kvc_status st = kvc_seq_restore(p, 2, b.data(), b.size());
-  CHECK(st == KVC_ERR_CORRUPT, "length above the layer's tokens: restore gave %d", (int)st);
+  CHECKF(st == KVC_ERR_CORRUPT, "length above the layer's tokens: restore gave %d", (int)st);
   if (st == KVC_OK) {
     const std::string inv = kvc::api::core_pool(p).check_invariants();
-    CHECK(inv.empty(), "after restore: %s", inv.c_str());
+    CHECKF(inv.empty(), "after restore: %s", inv.c_str());
     float kb[4] = {1, 2, 3, 4};
     // idx 2 of a layer with 2 tokens: past the residual table.
     kvc_append(p, 2, 0, 2, 1, kb, kb, KVC_DTYPE_F32);
@@ -615,7 +605,7 @@ void repro_lp_not_whole_group() {
   uint64_t n_tokens, n_lp;
   std::memcpy(&n_tokens, b.data() + t, 8);
   std::memcpy(&n_lp, b.data() + t + 8, 8);
-  CHECK(n_tokens == 7 && n_lp == 6, "setup: %llu tokens, %llu encoded", (unsigned long long)n_tokens,
+  CHECKF(n_tokens == 7 && n_lp == 6, "setup: %llu tokens, %llu encoded", (unsigned long long)n_tokens,
         (unsigned long long)n_lp);
   n_lp = 7;  // same codec block count (1), residual 0 tokens: n_res must then be 0
   std::memcpy(b.data() + t + 8, &n_lp, 8);
@@ -634,10 +624,10 @@ void repro_lp_not_whole_group() {
   std::memcpy(b.data() + 8, &total, 8);
   reseal(b);
   const kvc_status st = kvc_seq_restore(p, 2, b.data(), b.size());
-  CHECK(st == KVC_ERR_CORRUPT, "codec tokens cutting a per-channel group: restore gave %d", (int)st);
+  CHECKF(st == KVC_ERR_CORRUPT, "codec tokens cutting a per-channel group: restore gave %d", (int)st);
   if (st == KVC_OK) {
     const std::string inv = kvc::api::core_pool(p).check_invariants();
-    CHECK(inv.empty(), "after restore: %s", inv.c_str());
+    CHECKF(inv.empty(), "after restore: %s", inv.c_str());
     put_tokens(p, 2, 1, 3, 3);  // ages a group from token 7: slots 7 and 8 of an 8-slot block
   }
   kvc_pool_destroy(p);
@@ -711,14 +701,14 @@ void threads() {
   std::vector<std::thread> th;
   for (uint64_t i = 1; i <= 4; ++i) th.emplace_back(worker, i);
   for (auto &t : th) t.join();
-  CHECK(bad.load() == 0, "threads: %d bad results", bad.load());
+  CHECKF(bad.load() == 0, "threads: %d bad results", bad.load());
   kvc_stats st;
   kvc_stats_init(&st);
   kvc_pool_stats(p, &st);
-  CHECK(st.residual_blocks_used == 0 && st.blocks_used == 0, "threads: %llu residual blocks left",
+  CHECKF(st.residual_blocks_used == 0 && st.blocks_used == 0, "threads: %llu residual blocks left",
         (unsigned long long)st.residual_blocks_used);
   const std::string inv = kvc::api::core_pool(p).check_invariants();
-  CHECK(inv.empty(), "threads: %s", inv.c_str());
+  CHECKF(inv.empty(), "threads: %s", inv.c_str());
   kvc_pool_destroy(p);
 }
 
@@ -729,19 +719,19 @@ void long_decode() {
   kvc_seq_create(p, 1);
   // Sinks with a large magnitude so their copies matter.
   const uint64_t n = 1100;
-  CHECK(kvc_seq_reserve(p, 1, n, nullptr) == KVC_OK, "reserve");
+  CHECKF(kvc_seq_reserve(p, 1, n, nullptr) == KVC_OK, "reserve");
   std::vector<float> kb(n * 4), vb(n * 4);
   for (uint64_t t = 0; t < n; ++t)
     for (uint32_t e = 0; e < 4; ++e) {
       kb[t * 4 + e] = value(1, t, e, 0) * (t < 4 ? 7.0f : 1.0f);
       vb[t * 4 + e] = value(1, t, e, 1) * (t < 4 ? 7.0f : 1.0f);
     }
-  CHECK(kvc_append(p, 1, 0, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK, "append");
+  CHECKF(kvc_append(p, 1, 0, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK, "append");
   std::vector<float> ko(n * 4), vo(n * 4);
-  CHECK(kvc_gather(p, 1, 0, 0, n, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+  CHECKF(kvc_gather(p, 1, 0, 0, n, ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
   for (uint64_t t = 0; t < 4; ++t)
     for (uint32_t e = 0; e < 4; ++e)
-      CHECK(ko[t * 4 + e] == round_to(kb[t * 4 + e], KVC_DTYPE_F16), "sink %llu", (unsigned long long)t);
+      CHECKF(ko[t * 4 + e] == round_to(kb[t * 4 + e], KVC_DTYPE_F16), "sink %llu", (unsigned long long)t);
   float q[4] = {0.9f, -1.3f, 0.4f, 1.1f};
   double ref[4] = {0, 0, 0, 0}, mx = -1e300, sum = 0;
   std::vector<double> sc(n);
@@ -763,9 +753,9 @@ void long_decode() {
     ap.num_threads = threads;
     float out[4];
     const uint64_t id = 1;
-    CHECK(kvc_attention_decode(p, 0, &id, 1, q, out, nullptr, &ap) == KVC_OK, "decode");
+    CHECKF(kvc_attention_decode(p, 0, &id, 1, q, out, nullptr, &ap) == KVC_OK, "decode");
     for (int x = 0; x < 4; ++x)
-      CHECK(std::fabs(out[x] - ref[x] / sum) < 1e-4, "decode with %u threads: out[%d] %g, ref %g", threads, x,
+      CHECKF(std::fabs(out[x] - ref[x] / sum) < 1e-4, "decode with %u threads: out[%d] %g, ref %g", threads, x,
             out[x], ref[x] / sum);
   }
   kvc_pool_destroy(p);
@@ -790,17 +780,17 @@ void plain_nonfinite() {
     c.residual_sinks = sinks;
     c.residual_window = sinks ? 0 : 2;
     kvc_pool *p = nullptr;
-    CHECK(kvc_pool_create(&c, &p) == KVC_OK, "create");
+    CHECKF(kvc_pool_create(&c, &p) == KVC_OK, "create");
     kvc_seq_create(p, 1);
-    CHECK(kvc_seq_reserve(p, 1, 3, nullptr) == KVC_OK, "reserve");
+    CHECKF(kvc_seq_reserve(p, 1, 3, nullptr) == KVC_OK, "reserve");
     const float inf = INFINITY, nan = NAN;
     float kb[12] = {1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4};
     float vb[12] = {nan, inf, -inf, 1, nan, inf, -inf, 1, nan, inf, -inf, 1};
-    CHECK(kvc_append(p, 1, 0, 0, 3, kb, vb, KVC_DTYPE_F32) == KVC_OK, "append");
+    CHECKF(kvc_append(p, 1, 0, 0, 3, kb, vb, KVC_DTYPE_F32) == KVC_OK, "append");
     float vo[12];
-    CHECK(kvc_gather(p, 1, 0, 0, 3, nullptr, vo, KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+    CHECKF(kvc_gather(p, 1, 0, 0, 3, nullptr, vo, KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
     for (int t = 0; t < 3; ++t)
-      CHECK(std::isnan(vo[4 * t]) && vo[4 * t + 1] == inf && vo[4 * t + 2] == -inf && vo[4 * t + 3] == 1.0f,
+      CHECKF(std::isnan(vo[4 * t]) && vo[4 * t + 1] == inf && vo[4 * t + 2] == -inf && vo[4 * t + 3] == 1.0f,
             "sinks %u: plain V of token %d read back as %g %g %g %g, written NaN Inf -Inf 1", sinks, t, vo[4 * t],
             vo[4 * t + 1], vo[4 * t + 2], vo[4 * t + 3]);
     kvc_pool_destroy(p);
@@ -820,27 +810,27 @@ void exhaustion() {
   // 3 layers, block 4, 4 sinks: 3 sink blocks; a token needs 1 staging block per layer.
   kvc_pool *p = make_pool(3, 4, 4, KVC_SCALE_PER_TOKEN, 0, 5);
   kvc_seq_create(p, 1);
-  CHECK(kvc_seq_reserve(p, 1, 1, nullptr) == KVC_ERR_POOL_EXHAUSTED, "first reserve: 6 of 5");
-  CHECK(res_used(p) == 0, "failed first reserve took %llu residual blocks", (unsigned long long)res_used(p));
+  CHECKF(kvc_seq_reserve(p, 1, 1, nullptr) == KVC_ERR_POOL_EXHAUSTED, "first reserve: 6 of 5");
+  CHECKF(res_used(p) == 0, "failed first reserve took %llu residual blocks", (unsigned long long)res_used(p));
   uint64_t len = 1;
   kvc_seq_length(p, 1, &len);
-  CHECK(len == 0, "failed first reserve: length %llu", (unsigned long long)len);
+  CHECKF(len == 0, "failed first reserve: length %llu", (unsigned long long)len);
   std::string inv = kvc::api::core_pool(p).check_invariants();
-  CHECK(inv.empty(), "%s", inv.c_str());
+  CHECKF(inv.empty(), "%s", inv.c_str());
   kvc_pool_destroy(p);
   p = make_pool(3, 4, 4, KVC_SCALE_PER_TOKEN, 0, 8);
   kvc_seq_create(p, 1);
   put_tokens(p, 1, 3, 4, 1);  // 3 sink blocks; tokens encoded: staging freed
   used = res_used(p);
-  CHECK(used == 3, "3 sink blocks, %llu held", (unsigned long long)used);
-  CHECK(kvc_seq_fork(p, 1, 2) == KVC_OK, "fork: 3 of 5");
-  CHECK(kvc_seq_fork(p, 1, 3) == KVC_ERR_POOL_EXHAUSTED, "fork: 3 of 2");
-  CHECK(res_used(p) == 6, "failed fork: %llu held", (unsigned long long)res_used(p));
-  CHECK(kvc_seq_free(p, 3) == KVC_ERR_SEQ_NOT_FOUND, "the failed fork made its child");
+  CHECKF(used == 3, "3 sink blocks, %llu held", (unsigned long long)used);
+  CHECKF(kvc_seq_fork(p, 1, 2) == KVC_OK, "fork: 3 of 5");
+  CHECKF(kvc_seq_fork(p, 1, 3) == KVC_ERR_POOL_EXHAUSTED, "fork: 3 of 2");
+  CHECKF(res_used(p) == 6, "failed fork: %llu held", (unsigned long long)res_used(p));
+  CHECKF(kvc_seq_free(p, 3) == KVC_ERR_SEQ_NOT_FOUND, "the failed fork made its child");
   inv = kvc::api::core_pool(p).check_invariants();
-  CHECK(inv.empty(), "%s", inv.c_str());
-  CHECK(kvc_seq_free(p, 1) == KVC_OK && kvc_seq_free(p, 2) == KVC_OK, "free");
-  CHECK(res_used(p) == 0, "after free: %llu held", (unsigned long long)res_used(p));
+  CHECKF(inv.empty(), "%s", inv.c_str());
+  CHECKF(kvc_seq_free(p, 1) == KVC_OK && kvc_seq_free(p, 2) == KVC_OK, "free");
+  CHECKF(res_used(p) == 0, "after free: %llu held", (unsigned long long)res_used(p));
   kvc_pool_destroy(p);
 }
 
@@ -852,15 +842,15 @@ void restore_other_sinks() {
   kvc_seq_create(a, 1);
   put_tokens(a, 1, 2, 5, 1);
   std::vector<uint8_t> rec = save_record(a, 1);
-  CHECK(kvc_seq_restore(b, 1, rec.data(), rec.size()) == KVC_ERR_INCOMPATIBLE, "sinks 2 into 3");
-  CHECK(kvc_seq_restore(c, 1, rec.data(), rec.size()) == KVC_ERR_INCOMPATIBLE, "sinks 2 into 0");
+  CHECKF(kvc_seq_restore(b, 1, rec.data(), rec.size()) == KVC_ERR_INCOMPATIBLE, "sinks 2 into 3");
+  CHECKF(kvc_seq_restore(c, 1, rec.data(), rec.size()) == KVC_ERR_INCOMPATIBLE, "sinks 2 into 0");
   kvc_seq_create(c, 2);
   put_tokens(c, 2, 2, 5, 1);
   rec = save_record(c, 2);
-  CHECK(kvc_seq_restore(a, 2, rec.data(), rec.size()) == KVC_ERR_INCOMPATIBLE, "sinks 0 into 2");
+  CHECKF(kvc_seq_restore(a, 2, rec.data(), rec.size()) == KVC_ERR_INCOMPATIBLE, "sinks 0 into 2");
   for (kvc_pool *p : {a, b, c}) {
     const std::string inv = kvc::api::core_pool(p).check_invariants();
-    CHECK(inv.empty(), "%s", inv.c_str());
+    CHECKF(inv.empty(), "%s", inv.c_str());
     kvc_pool_destroy(p);
   }
 }
@@ -878,14 +868,14 @@ int main(int argc, char **argv) {
     if (want("long")) long_decode();
     if (want("nonfinite")) plain_nonfinite();
     if (want("exhaustion")) exhaustion();
-    std::printf("%s\n", g_fail ? "FAILED" : "passed");
-    return g_fail ? 1 : 0;
+    std::printf("%s\n", g_kvtest_fail ? "FAILED" : "passed");
+    return g_kvtest_fail ? 1 : 0;
   }
   const int ops = argc > 1 ? std::atoi(argv[1]) : 300;
   const uint32_t seeds = argc > 2 ? static_cast<uint32_t>(std::atoi(argv[2])) : 4;
   const char *only = argc > 3 ? argv[3] : nullptr;  // one configuration by name
   for (const Cfg &c : kCfgs)
-    for (uint32_t s = 1; s <= seeds && !g_fail; ++s) {
+    for (uint32_t s = 1; s <= seeds && !g_kvtest_fail; ++s) {
       if (only && std::strcmp(only, c.name) != 0) continue;
       if (std::getenv("SINKS_ADV_VERBOSE")) std::fprintf(stderr, "%s seed %u\n", c.name, s);
       Fuzz f(c, s * 7919u + static_cast<uint32_t>(c.layers));
@@ -893,6 +883,6 @@ int main(int argc, char **argv) {
     }
   if (std::getenv("SINKS_ADV_VERBOSE"))
     for (auto &[k, n] : g_count) std::printf("%s: %llu\n", k.c_str(), (unsigned long long)n);
-  std::printf("%s\n", g_fail ? "FAILED" : "passed");
-  return g_fail ? 1 : 0;
+  std::printf("%s\n", g_kvtest_fail ? "FAILED" : "passed");
+  return g_kvtest_fail ? 1 : 0;
 }

@@ -20,6 +20,20 @@ inline int g_kvtest_fail = 0;
     }                                                                             \
   } while (0)
 
+// CHECK with a printf-style explanation and the library's last error
+// message; prints the first 25 failures (randomized tests can fail often).
+#define CHECKF(cond, ...)                                                   \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      if (g_kvtest_fail < 25) {                                             \
+        std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #cond);     \
+        std::fprintf(stderr, __VA_ARGS__);                                  \
+        std::fprintf(stderr, " (%s)\n", kvc_last_error_message());          \
+      }                                                                     \
+      ++g_kvtest_fail;                                                      \
+    }                                                                       \
+  } while (0)
+
 // A call that must return `want`.
 #define CHECK_STATUS(call, want)                                                             \
   do {                                                                                       \
