@@ -111,6 +111,21 @@ const Geo kGeos[] = {
     {"neox", KVC_ROPE_NEOX, 3, 6, 8, 0, 1e6, 16},
 };
 
+// StreamingLLM eviction of sequence id with shifted positions (keys re-read
+// at their in-cache index).
+void shift_evict(kvc_pool *p, uint64_t id, uint32_t sinks, uint32_t budget) {
+  kvc_policy_config pc;
+  kvc_policy_config_init(&pc);
+  pc.kind = KVC_POLICY_STREAMING;
+  pc.sink_tokens = sinks;
+  pc.budget_tokens = budget;
+  pc.shift_positions = 1;
+  kvc_policy *pol = nullptr;
+  CHECKF(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
+  CHECKF(kvc_evict(p, id, pol, nullptr) == KVC_OK, "evict");
+  kvc_policy_destroy(pol);
+}
+
 bool residual(const Case &c) {
   return c.window || c.sinks || c.fraction > 0.0 || c.kg == KVC_SCALE_PER_CHANNEL;
 }
@@ -224,17 +239,17 @@ void oracle(const Case &c, const Geo &g, uint32_t seed, bool constant) {
       CHECKF(kvc_seq_reserve(p, 7, n, nullptr) == KVC_OK, "reserve");
       const float *src = p == ref ? xf.data() : kf.data();
       CHECKF(kvc_append(p, 7, 0, t, n, src + t * row, vf.data() + t * row, KVC_DTYPE_F32) == KVC_OK,
-            "%s/%s: append", c.name, g.name);
+             "%s/%s: append", c.name, g.name);
       t += n;
     }
   }
   std::vector<float> gp(T * row), gr(T * row), gq(T * row), vp(T * row);
   CHECKF(kvc_gather(pre, 7, 0, 0, T, gp.data(), vp.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
-        "gather");
+         "gather");
   CHECKF(kvc_gather(ref, 7, 0, 0, T, gr.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
-        "gather");
+         "gather");
   CHECKF(kvc_gather(post, 7, 0, 0, T, gq.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
-        "gather");
+         "gather");
   // Errors per pair (rotation-invariant): pre-RoPE pool against the truth,
   // the pool handed x (its decode turned here) against the truth.
   const auto pairs = r.pairs();
@@ -264,12 +279,12 @@ void oracle(const Case &c, const Geo &g, uint32_t seed, bool constant) {
   if (constant) {
     // One pre-RoPE row repeated: per-channel groups (and their staging) are exact.
     CHECKF(max_pre <= slack, "%s/%s: constant rows read back with error %g (scale %g)", c.name,
-          g.name, max_pre, scale);
+           g.name, max_pre, scale);
   } else {
     CHECKF(max_pre <= 1.05 * max_ref + slack && sum_pre <= 1.03 * sum_ref + slack * T,
-          "%s/%s seed %u: pre-RoPE error max %g mean %g, the pool handed x: max %g mean %g "
-          "(post-RoPE max %g)",
-          c.name, g.name, seed, max_pre, sum_pre / T, max_ref, sum_ref / T, max_post);
+           "%s/%s seed %u: pre-RoPE error max %g mean %g, the pool handed x: max %g mean %g "
+           "(post-RoPE max %g)",
+           c.name, g.name, seed, max_pre, sum_pre / T, max_ref, sum_ref / T, max_post);
   }
   // Attention (decode over all, prefill over the last rows) against the gathered rows.
   kvc_attention_params ap;
@@ -281,29 +296,29 @@ void oracle(const Case &c, const Geo &g, uint32_t seed, bool constant) {
   std::vector<double> want(qrow);
   const uint64_t one = 7;
   CHECKF(kvc_attention_decode(pre, 0, &one, 1, q.data(), out.data(), nullptr, &ap) == KVC_OK,
-        "decode");
+         "decode");
   attend(q.data(), gp.data(), vp.data(), T, g.heads, g.qheads, g.hd, want.data());
   for (uint32_t e = 0; e < qrow; ++e)
     CHECKF(std::fabs(out[e] - want[e]) <= 2e-5 * (1 + std::fabs(want[e])), "%s/%s: decode %g vs %g",
-          c.name, g.name, out[e], want[e]);
+           c.name, g.name, out[e], want[e]);
   CHECKF(kvc_attention_prefill(pre, 0, 7, q.data(), 5, out.data(), nullptr, &ap) == KVC_OK,
-        "prefill");
+         "prefill");
   for (uint32_t i = 0; i < 5; ++i) {
     attend(q.data() + i * qrow, gp.data(), vp.data(), T - 5 + i + 1, g.heads, g.qheads, g.hd,
            want.data());
     for (uint32_t e = 0; e < qrow; ++e)
       CHECKF(std::fabs(out[i * qrow + e] - want[e]) <= 2e-5 * (1 + std::fabs(want[e])),
-            "%s/%s: prefill %g vs %g", c.name, g.name, out[i * qrow + e], want[e]);
+             "%s/%s: prefill %g vs %g", c.name, g.name, out[i * qrow + e], want[e]);
   }
   // Gathering any sub-range reads the same bits.
   for (int rep = 0; rep < 8; ++rep) {
     const uint64_t a = rng() % T, n = 1 + rng() % (T - a);
     std::vector<float> part(n * row);
     CHECKF(kvc_gather(pre, 7, 0, a, n, part.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
-          "gather part");
+           "gather part");
     CHECKF(std::memcmp(part.data(), gp.data() + a * row, n * row * sizeof(float)) == 0,
-          "%s/%s: gather [%llu, +%llu) differs", c.name, g.name, (unsigned long long)a,
-          (unsigned long long)n);
+           "%s/%s: gather [%llu, +%llu) differs", c.name, g.name, (unsigned long long)a,
+           (unsigned long long)n);
   }
   kvc_pool_destroy(pre);
   kvc_pool_destroy(ref);
@@ -354,7 +369,7 @@ class EvictFuzz {
       verify();
     }
     CHECKF(evictions_ > 0 || residual(c_) || g_kvtest_fail != fails, "%s/%s: no eviction ran", c_.name,
-          g_.name);
+           g_.name);
   }
 
  private:
@@ -407,7 +422,7 @@ class EvictFuzz {
       for (uint64_t i = 0; i < n; ++i) {
         const int64_t want = m.by_index[l] ? int64_t(ntok - n + i) : int64_t(pos0 + i);
         CHECKF(rp[i] == want, "%s/%s: layer %u position %llu: RoPE position %d, model %lld", c_.name,
-              g_.name, l, (unsigned long long)(pos0 + i), rp[i], (long long)want);
+               g_.name, l, (unsigned long long)(pos0 + i), rp[i], (long long)want);
       }
       std::vector<float> kb(n * row_), vb(n * row_);
       for (uint64_t i = 0; i < n; ++i) {
@@ -425,16 +440,16 @@ class EvictFuzz {
       if (cut < n && !residual(c_) && rng_() % 2) {
         CHECKF(kvc_append(p_, id, l, pos0 + cut, n - cut, kb.data() + cut * row_,
                          vb.data() + cut * row_, KVC_DTYPE_F32) == KVC_OK,
-              "append");
+               "append");
         CHECKF(kvc_append(p_, id, l, pos0, cut, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
-              "append");
+               "append");
       } else {
         CHECKF(kvc_append(p_, id, l, pos0, cut, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
-              "append");
+               "append");
         if (cut < n)
           CHECKF(kvc_append(p_, id, l, pos0 + cut, n - cut, kb.data() + cut * row_,
                            vb.data() + cut * row_, KVC_DTYPE_F32) == KVC_OK,
-                "append");
+                 "append");
       }
     }
   }
@@ -449,7 +464,7 @@ class EvictFuzz {
       std::vector<float> kb(n * row_);
       if (n)
         CHECKF(kvc_gather(p_, id, l, 0, n, kb.data(), nullptr, KVC_DTYPE_F32, pos.data()) == KVC_OK,
-              "gather");
+               "gather");
       std::map<uint64_t, std::vector<double>> x, d;
       for (uint64_t j = 0; j < n; ++j) {
         x[pos[j]] = m.x[l][pos[j]];
@@ -576,7 +591,7 @@ class EvictFuzz {
       for (uint64_t i = 0; i < n; ++i) {
         const int64_t want = m.by_index[l] ? int64_t(ntok - n + i) : int64_t(pos0 + i);
         CHECKF(rp[i] == want, "auto: layer %u RoPE position %d, model %lld", l, rp[i],
-              (long long)want);
+               (long long)want);
         std::vector<double> x = fresh_row(), y = x;
         m.x[l][pos0 + i] = x;
         m.decoded[l].erase(pos0 + i);
@@ -587,7 +602,7 @@ class EvictFuzz {
         }
       }
       CHECKF(kvc_append(p_, id, l, pos0, n, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
-            "append");
+             "append");
     }
   }
 
@@ -639,17 +654,17 @@ class EvictFuzz {
       kvc_pool *theta = make_pool(c_, g2, &k, true, true, kLayers, 64);
       if (other && theta) {
         CHECKF(kvc_seq_restore(other, 1, rec.data(), need) == KVC_ERR_INCOMPATIBLE,
-              "restore without the flag");
+               "restore without the flag");
         CHECKF(kvc_seq_restore(theta, 1, rec.data(), need) == KVC_ERR_INCOMPATIBLE,
-              "restore with another theta");
+               "restore with another theta");
         CHECKF(kvc_seq_create(other, 2) == KVC_OK && kvc_seq_reserve(other, 2, 3, nullptr) == KVC_OK,
-              "seq");
+               "seq");
         size_t n2 = 0;
         kvc_seq_save(other, 2, nullptr, 0, &n2);
         std::vector<uint8_t> rec2(n2);
         CHECKF(kvc_seq_save(other, 2, rec2.data(), n2, &n2) == KVC_OK, "save");
         CHECKF(kvc_seq_restore(p_, next_id_++, rec2.data(), n2) == KVC_ERR_INCOMPATIBLE,
-              "restore a record without the flag");
+               "restore a record without the flag");
       }
       if (other) kvc_pool_destroy(other);
       if (theta) kvc_pool_destroy(theta);
@@ -671,7 +686,7 @@ class EvictFuzz {
     if (!n) return;
     std::vector<float> kb(n * row_), vb(n * row_), q(g_.qheads * g_.hd), out(q.size());
     CHECKF(kvc_gather(p_, id, l, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
-          "gather");
+           "gather");
     std::normal_distribution<double> nd;
     for (float &v : q) v = static_cast<float>(0.4 * nd(rng_));
     kvc_attention_params ap;
@@ -679,12 +694,12 @@ class EvictFuzz {
     ap.num_q_heads = g_.qheads;
     ap.num_threads = 1 + rng_() % 3;
     CHECKF(kvc_attention_decode(p_, l, &id, 1, q.data(), out.data(), nullptr, &ap) == KVC_OK,
-          "decode");
+           "decode");
     std::vector<double> want(q.size());
     attend(q.data(), kb.data(), vb.data(), n, g_.heads, g_.qheads, g_.hd, want.data());
     for (size_t e = 0; e < q.size(); ++e)
       CHECKF(std::fabs(out[e] - want[e]) <= 3e-5 * (1 + std::fabs(want[e])),
-            "%s/%s: decode %g vs %g", c_.name, g_.name, out[e], want[e]);
+             "%s/%s: decode %g vs %g", c_.name, g_.name, out[e], want[e]);
   }
 
   void verify() {
@@ -694,7 +709,7 @@ class EvictFuzz {
         uint64_t n = 0;
         CHECKF(kvc_seq_layer_tokens(p_, id, l, &n) == KVC_OK, "tokens");
         CHECKF(n == m.x[l].size(), "%s/%s: seq %llu layer %u holds %llu tokens, model %zu", c_.name,
-              g_.name, (unsigned long long)id, l, (unsigned long long)n, m.x[l].size());
+               g_.name, (unsigned long long)id, l, (unsigned long long)n, m.x[l].size());
         if (n != m.x[l].size()) return;
         std::vector<float> kb(n * row_);
         std::vector<int32_t> pos(n);
@@ -705,7 +720,7 @@ class EvictFuzz {
         uint64_t j = 0;
         for (auto &[p, x] : m.x[l]) {
           CHECKF(pos[j] == int64_t(p), "seq %llu layer %u index %llu: position %d, model %llu",
-                (unsigned long long)id, l, (unsigned long long)j, pos[j], (unsigned long long)p);
+                 (unsigned long long)id, l, (unsigned long long)j, pos[j], (unsigned long long)p);
           const double rp = m.by_index[l] ? double(j) : double(p);
           std::vector<double> d(kb.begin() + j * row_, kb.begin() + (j + 1) * row_);
           r_.apply(d.data(), g_.heads, rp, -1);  // back to pre-RoPE
@@ -720,10 +735,10 @@ class EvictFuzz {
               const double e0 = d[a] - x[a], e1 = i0 == i1 ? 0.0 : d[b] - x[b];
               const double err = std::sqrt(e0 * e0 + e1 * e1);
               CHECKF(err <= c_.tol * ref * 1.5 + 1e-5,
-                    "%s/%s: seq %llu layer %u index %llu (pos %llu, RoPE %g): "
-                    "pair error %g (ref %g)",
-                    c_.name, g_.name, (unsigned long long)id, l, (unsigned long long)j,
-                    (unsigned long long)p, rp, err, ref);
+                     "%s/%s: seq %llu layer %u index %llu (pos %llu, RoPE %g): "
+                     "pair error %g (ref %g)",
+                     c_.name, g_.name, (unsigned long long)id, l, (unsigned long long)j,
+                     (unsigned long long)p, rp, err, ref);
             }
           }
           // The decoded pre-RoPE row never changes while the key stays
@@ -737,10 +752,10 @@ class EvictFuzz {
             for (uint32_t e = 0; e < row_; ++e)
               worst = std::max(worst, std::fabs(d[e] - it->second[e]));
             CHECKF(worst <= 2e-5 * (1 + xmax),
-                  "%s/%s: seq %llu layer %u index %llu (pos %llu, RoPE %g): decoded "
-                  "pre-RoPE row moved by %g",
-                  c_.name, g_.name, (unsigned long long)id, l, (unsigned long long)j,
-                  (unsigned long long)p, rp, worst);
+                   "%s/%s: seq %llu layer %u index %llu (pos %llu, RoPE %g): decoded "
+                   "pre-RoPE row moved by %g",
+                   c_.name, g_.name, (unsigned long long)id, l, (unsigned long long)j,
+                   (unsigned long long)p, rp, worst);
           }
           ++j;
         }
@@ -810,7 +825,7 @@ void threads(const Case &c, const Geo &g, uint32_t seed) {
   for (auto &x : th) x.join();
   for (int t = 0; t < kThreads; ++t)
     CHECKF(a[t].size() == T * row && a[t] == b[t],
-          "%s/%s: thread %d reads other bits than a serial run", c.name, g.name, t);
+           "%s/%s: thread %d reads other bits than a serial run", c.name, g.name, t);
   kvc_pool_destroy(serial);
   kvc_pool_destroy(par);
 }
@@ -855,31 +870,22 @@ void long_decode(const Case &c, const Geo &g, uint32_t seed) {
     ap.num_q_heads = g.qheads;
     ap.num_threads = 4;
     CHECKF(kvc_attention_decode(p, 0, ids, 2, q.data(), out.data(), nullptr, &ap) == KVC_OK,
-          "decode");
+           "decode");
     for (int i = 0; i < 2; ++i) {
       uint64_t n = 0;
       kvc_seq_layer_tokens(p, ids[i], 0, &n);
       std::vector<float> kb(n * row), vb(n * row);
       CHECKF(kvc_gather(p, ids[i], 0, 0, n, kb.data(), vb.data(), KVC_DTYPE_F32, nullptr) == KVC_OK,
-            "gather");
+             "gather");
       std::vector<double> want(qrow);
       attend(q.data() + i * qrow, kb.data(), vb.data(), n, g.heads, g.qheads, g.hd, want.data());
       for (uint32_t e = 0; e < qrow; ++e)
         CHECKF(std::fabs(out[i * qrow + e] - want[e]) <= 3e-5 * (1 + std::fabs(want[e])),
-              "%s/%s: long decode %g vs %g (round %d)", c.name, g.name, out[i * qrow + e], want[e],
-              round);
+               "%s/%s: long decode %g vs %g (round %d)", c.name, g.name, out[i * qrow + e], want[e],
+               round);
     }
     if (round == 0 && !residual(c)) {
-      kvc_policy_config pc;
-      kvc_policy_config_init(&pc);
-      pc.kind = KVC_POLICY_STREAMING;
-      pc.sink_tokens = 4;
-      pc.budget_tokens = 700;
-      pc.shift_positions = 1;
-      kvc_policy *pol = nullptr;
-      CHECKF(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
-      CHECKF(kvc_evict(p, 1, pol, nullptr) == KVC_OK, "evict");
-      kvc_policy_destroy(pol);
+      shift_evict(p, 1, 4, 700);
     }
   }
   kvc_pool_destroy(p);
@@ -909,18 +915,18 @@ void huge(const Case &c, const Geo &g, uint32_t seed) {
     }
     if (kvc_seq_reserve(p, 1, 1, nullptr) != KVC_OK) break;
     CHECKF(kvc_append(p, 1, 0, len, 1, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_OK,
-          "%s/%s: huge append", c.name, g.name);
+           "%s/%s: huge append", c.name, g.name);
     ++len;
   }
   // At the limit: refused, the slot keeps what it held.
   std::vector<float> before(row), after(row);
   CHECKF(kvc_gather(p, 1, 0, len - 1, 1, before.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
-        "gather");
+         "gather");
   kb[rng() % row] = -lim;
   CHECKF(kvc_append(p, 1, 0, len - 1, 1, kb.data(), vb.data(), KVC_DTYPE_F32) == KVC_ERR_NON_FINITE,
-        "%s/%s: a key at the limit", c.name, g.name);
+         "%s/%s: a key at the limit", c.name, g.name);
   CHECKF(kvc_gather(p, 1, 0, len - 1, 1, after.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
-        "gather");
+         "gather");
   CHECKF(before == after, "%s/%s: a refused append wrote", c.name, g.name);
   uint64_t n = 0;
   kvc_seq_layer_tokens(p, 1, 0, &n);
@@ -930,19 +936,10 @@ void huge(const Case &c, const Geo &g, uint32_t seed) {
   for (float v : all) bad += !std::isfinite(v);
   CHECKF(bad == 0, "%s/%s: %d non-finite values read back", c.name, g.name, bad);
   if (!residual(c)) {  // a shift reads them at other positions
-    kvc_policy_config pc;
-    kvc_policy_config_init(&pc);
-    pc.kind = KVC_POLICY_STREAMING;
-    pc.sink_tokens = 3;
-    pc.budget_tokens = 40;
-    pc.shift_positions = 1;
-    kvc_policy *pol = nullptr;
-    CHECKF(kvc_policy_create(&pc, &pol) == KVC_OK, "policy");
-    CHECKF(kvc_evict(p, 1, pol, nullptr) == KVC_OK, "evict");
-    kvc_policy_destroy(pol);
+    shift_evict(p, 1, 3, 40);
     std::vector<float> kept(40 * row);
     CHECKF(kvc_gather(p, 1, 0, 0, 40, kept.data(), nullptr, KVC_DTYPE_F32, nullptr) == KVC_OK,
-          "gather");
+           "gather");
     for (float v : kept) bad += !std::isfinite(v);
     CHECKF(bad == 0, "%s/%s: %d non-finite values after a shift", c.name, g.name, bad);
   }

@@ -126,12 +126,12 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
             for (uint32_t e = 0; e < kRow; ++e) {
               const float ek = value(tags[t], t, e, 0), ev = value(tags[t], t, e, 1);
               CHECKF(std::fabs(ko[t * kRow + e] - ek) <= 2.5f / 127.0f, "seq %llu layer %u pos %llu k %g vs %g",
-                    (unsigned long long)id, l, (unsigned long long)t, ko[t * kRow + e], ek);
+                     (unsigned long long)id, l, (unsigned long long)t, ko[t * kRow + e], ek);
               CHECKF(std::fabs(vo[t * kRow + e] - ev) <= 2.5f / 127.0f, "v");
               if (t < sinks)
                 CHECKF(ko[t * kRow + e] == f16_of(ek) && vo[t * kRow + e] == f16_of(ev),
-                      "seq %llu layer %u sink %llu: %g / %g, f16 of %g / %g", (unsigned long long)id, l,
-                      (unsigned long long)t, ko[t * kRow + e], vo[t * kRow + e], ek, ev);
+                       "seq %llu layer %u sink %llu: %g / %g, f16 of %g / %g", (unsigned long long)id, l,
+                       (unsigned long long)t, ko[t * kRow + e], vo[t * kRow + e], ek, ev);
             }
         }
       }

@@ -148,9 +148,9 @@ class Fuzz {
     Snapshot b = snap();
     CHECKF(a.st.residual_blocks_used == b.st.residual_blocks_used && a.st.blocks_used == b.st.blocks_used &&
               a.st.tokens_stored == b.st.tokens_stored && a.st.num_sequences == b.st.num_sequences,
-          "%s: failed %s changed the pool's counts (res %llu -> %llu, blocks %llu -> %llu)", c_.name, what,
-          (unsigned long long)a.st.residual_blocks_used, (unsigned long long)b.st.residual_blocks_used,
-          (unsigned long long)a.st.blocks_used, (unsigned long long)b.st.blocks_used);
+           "%s: failed %s changed the pool's counts (res %llu -> %llu, blocks %llu -> %llu)", c_.name, what,
+           (unsigned long long)a.st.residual_blocks_used, (unsigned long long)b.st.residual_blocks_used,
+           (unsigned long long)a.st.blocks_used, (unsigned long long)b.st.blocks_used);
     CHECKF(a.lens == b.lens, "%s: failed %s changed a length", c_.name, what);
     bool eq = a.data.size() == b.data.size();
     for (auto &[id, d] : a.data) {
@@ -167,7 +167,7 @@ class Fuzz {
     for (auto &[id, sq] : m_) {
       uint64_t len = 0;
       CHECKF(kvc_seq_length(p_, id, &len) == KVC_OK && len == sq.len(), "%s: length of %llu", c_.name,
-            (unsigned long long)id);
+             (unsigned long long)id);
       if (!len) continue;
       std::vector<float> ko(len * row_), vo(len * row_);
       for (uint32_t l = 0; l < c_.layers; ++l) {
@@ -180,14 +180,14 @@ class Fuzz {
           std::vector<float> kf(n * row_), vf(n * row_);
           CHECKF(kvc_gather(p_, id, l, first, n, which == 2 ? nullptr : ks.data(), which == 1 ? nullptr : vs.data(),
                            dt, nullptr) == KVC_OK,
-                "gather range");
+                 "gather range");
           kvc_convert(ks.data(), dt, kf.data(), KVC_DTYPE_F32, n * row_);
           kvc_convert(vs.data(), dt, vf.data(), KVC_DTYPE_F32, n * row_);
           for (uint64_t i = 0; i < n * row_; ++i) {
             const float wk = round_to(ko[first * row_ + i], dt), wv = round_to(vo[first * row_ + i], dt);
             if ((which != 2 && kf[i] != wk) || (which != 1 && vf[i] != wv)) {
               CHECKF(false, "%s after %s: gather of [%llu, +%llu) as dtype %d differs at %llu", c_.name, after,
-                    (unsigned long long)first, (unsigned long long)n, (int)dt, (unsigned long long)i);
+                     (unsigned long long)first, (unsigned long long)n, (int)dt, (unsigned long long)i);
               return;
             }
           }
@@ -201,13 +201,13 @@ class Fuzz {
             if (t < c_.sinks) {
               if (!(gk == round_to(ek, c_.res) && gv == round_to(ev, c_.res))) {
                 CHECKF(false, "%s after %s: seq %llu layer %u sink %llu e %u: %g / %g, want %g / %g (tag %lld)",
-                      c_.name, after, (unsigned long long)id, l, (unsigned long long)t, e, gk, gv,
-                      round_to(ek, c_.res), round_to(ev, c_.res), (long long)tag);
+                       c_.name, after, (unsigned long long)id, l, (unsigned long long)t, e, gk, gv,
+                       round_to(ek, c_.res), round_to(ev, c_.res), (long long)tag);
                 return;
               }
             } else if (!(std::fabs(gk - ek) <= c_.tol && std::fabs(gv - ev) <= c_.tol)) {
               CHECKF(false, "%s after %s: seq %llu layer %u pos %llu e %u: %g / %g, want %g / %g", c_.name, after,
-                    (unsigned long long)id, l, (unsigned long long)t, e, gk, gv, ek, ev);
+                     (unsigned long long)id, l, (unsigned long long)t, e, gk, gv, ek, ev);
               return;
             }
           }
@@ -254,17 +254,17 @@ class Fuzz {
     for (size_t i = 0; i < out.size(); ++i)
       if (!(std::fabs(out[i] - ref[i]) <= 1e-4f)) {
         CHECKF(false, "%s: prefill seq %llu layer %u: out[%zu] %g, ref %g", c_.name, (unsigned long long)id, l, i,
-              out[i], ref[i]);
+               out[i], ref[i]);
         break;
       }
     // Decode: the last query row sees everything.
     std::vector<float> o1(row_);
     CHECKF(kvc_attention_decode(p_, l, &id, 1, q.data() + (nq - 1) * row_, o1.data(), nullptr, &ap) == KVC_OK,
-          "decode");
+           "decode");
     for (uint32_t i = 0; i < row_; ++i)
       if (!(std::fabs(o1[i] - ref[(nq - 1) * row_ + i]) <= 1e-4f)) {
         CHECKF(false, "%s: decode seq %llu layer %u: out[%u] %g, ref %g", c_.name, (unsigned long long)id, l, i,
-              o1[i], ref[(nq - 1) * row_ + i]);
+               o1[i], ref[(nq - 1) * row_ + i]);
         break;
       }
   }
@@ -333,7 +333,7 @@ class Fuzz {
       for (uint64_t t = 0; t < m; ++t) m_[id].tags[l][p + t] = tag;
     } else {
       CHECKF(a == KVC_ERR_POOL_EXHAUSTED || (channel_ && a == KVC_ERR_NOT_RESERVED), "%s: append %d", c_.name,
-            (int)a);
+             (int)a);
       if (check) same(before, "append");
     }
   }
@@ -435,7 +435,7 @@ class Fuzz {
           ++g_count[std::string("damaged restore ") + std::to_string(st)];
           CHECKF(st == KVC_OK || st == KVC_ERR_CORRUPT || st == KVC_ERR_INCOMPATIBLE ||
                     st == KVC_ERR_POOL_EXHAUSTED,
-                "%s: damaged restore %d", c_.name, (int)st);
+                 "%s: damaged restore %d", c_.name, (int)st);
           if (st == KVC_OK) {
             const std::string inv = kvc::api::core_pool(p_).check_invariants();
             CHECKF(inv.empty(), "%s after a damaged restore: %s", c_.name, inv.c_str());
@@ -469,9 +469,9 @@ class Fuzz {
     kvc_stats_init(&st);
     kvc_pool_stats(p_, &st);
     CHECKF(st.residual_blocks_used == 0 && st.blocks_used == 0 && st.tokens_stored == 0,
-          "%s: after freeing all: %llu residual blocks, %llu blocks, %llu tokens", c_.name,
-          (unsigned long long)st.residual_blocks_used, (unsigned long long)st.blocks_used,
-          (unsigned long long)st.tokens_stored);
+           "%s: after freeing all: %llu residual blocks, %llu blocks, %llu tokens", c_.name,
+           (unsigned long long)st.residual_blocks_used, (unsigned long long)st.blocks_used,
+           (unsigned long long)st.tokens_stored);
     const std::string inv = kvc::api::core_pool(p_).check_invariants();
     CHECKF(inv.empty(), "%s at the end: %s", c_.name, inv.c_str());
   }
@@ -606,7 +606,7 @@ void repro_lp_not_whole_group() {
   std::memcpy(&n_tokens, b.data() + t, 8);
   std::memcpy(&n_lp, b.data() + t + 8, 8);
   CHECKF(n_tokens == 7 && n_lp == 6, "setup: %llu tokens, %llu encoded", (unsigned long long)n_tokens,
-        (unsigned long long)n_lp);
+         (unsigned long long)n_lp);
   n_lp = 7;  // same codec block count (1), residual 0 tokens: n_res must then be 0
   std::memcpy(b.data() + t + 8, &n_lp, 8);
   // Drop the residual block from the record (n_res 0) so the counts agree.
@@ -706,7 +706,7 @@ void threads() {
   kvc_stats_init(&st);
   kvc_pool_stats(p, &st);
   CHECKF(st.residual_blocks_used == 0 && st.blocks_used == 0, "threads: %llu residual blocks left",
-        (unsigned long long)st.residual_blocks_used);
+         (unsigned long long)st.residual_blocks_used);
   const std::string inv = kvc::api::core_pool(p).check_invariants();
   CHECKF(inv.empty(), "threads: %s", inv.c_str());
   kvc_pool_destroy(p);
@@ -756,7 +756,7 @@ void long_decode() {
     CHECKF(kvc_attention_decode(p, 0, &id, 1, q, out, nullptr, &ap) == KVC_OK, "decode");
     for (int x = 0; x < 4; ++x)
       CHECKF(std::fabs(out[x] - ref[x] / sum) < 1e-4, "decode with %u threads: out[%d] %g, ref %g", threads, x,
-            out[x], ref[x] / sum);
+             out[x], ref[x] / sum);
   }
   kvc_pool_destroy(p);
 }
@@ -791,8 +791,8 @@ void plain_nonfinite() {
     CHECKF(kvc_gather(p, 1, 0, 0, 3, nullptr, vo, KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
     for (int t = 0; t < 3; ++t)
       CHECKF(std::isnan(vo[4 * t]) && vo[4 * t + 1] == inf && vo[4 * t + 2] == -inf && vo[4 * t + 3] == 1.0f,
-            "sinks %u: plain V of token %d read back as %g %g %g %g, written NaN Inf -Inf 1", sinks, t, vo[4 * t],
-            vo[4 * t + 1], vo[4 * t + 2], vo[4 * t + 3]);
+             "sinks %u: plain V of token %d read back as %g %g %g %g, written NaN Inf -Inf 1", sinks, t, vo[4 * t],
+             vo[4 * t + 1], vo[4 * t + 2], vo[4 * t + 3]);
     kvc_pool_destroy(p);
   }
 }
