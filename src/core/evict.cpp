@@ -113,49 +113,6 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
   evict_locked(id, s, *p, 0, dropped);
 }
 
-namespace {
-
-// Rotates keys by `delta` positions (RoPE is a rotation per pair of
-// dimensions: rotating by a then by b is rotating by a + b). The cosines and
-// sines are computed in double once per distinct delta (consecutive tokens
-// usually share one).
-class RopeShift {
- public:
-  RopeShift(uint32_t hd, uint32_t dims, RopeStyle style, double theta) : hd_(hd), style_(style) {
-    freq_.resize(dims / 2);
-    for (uint32_t i = 0; i < dims / 2; ++i) freq_[i] = std::pow(theta, -2.0 * i / dims);
-    c_.resize(freq_.size());
-    s_.resize(freq_.size());
-  }
-  void rotate(float *x, int64_t delta) {
-    if (delta != delta_) {
-      for (size_t i = 0; i < freq_.size(); ++i) {
-        const double a = static_cast<double>(delta) * freq_[i];
-        c_[i] = std::cos(a);
-        s_[i] = std::sin(a);
-      }
-      delta_ = delta;
-    }
-    const uint32_t half = static_cast<uint32_t>(freq_.size());
-    for (uint32_t i = 0; i < half; ++i) {
-      const uint32_t i0 = style_ == RopeStyle::Interleaved ? 2 * i : i;
-      const uint32_t i1 = style_ == RopeStyle::Interleaved ? 2 * i + 1 : i + half;
-      if (i1 >= hd_) break;
-      const double x0 = x[i0], x1 = x[i1];
-      x[i0] = static_cast<float>(x0 * c_[i] - x1 * s_[i]);
-      x[i1] = static_cast<float>(x0 * s_[i] + x1 * c_[i]);
-    }
-  }
-
- private:
-  uint32_t hd_;
-  RopeStyle style_;
-  std::vector<double> freq_, c_, s_;
-  int64_t delta_ = INT64_MIN;
-};
-
-}  // namespace
-
 void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers;
   const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
@@ -237,7 +194,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
   for (uint32_t li = 0; li < nl; ++li)
     if (first_write[li] != UINT64_MAX) new_pos[li].reserve(keep[li].size());
   const uint32_t rope_dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
-  RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style, cfg_.rope_theta);
+  RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
   float *krow = scratch_input(2 * row);
   // ---- apply: nothing below throws ----
   for (uint32_t li = 0; li < nl; ++li) {
