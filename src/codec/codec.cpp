@@ -610,6 +610,8 @@ int bits_of(Dtype d) {
   return 0;
 }
 
+float sym_max(Dtype d) { return is_fp8(d) ? fp8_max(d) : static_cast<float>(qmax_sym(d)); }
+
 const char *dtype_name(Dtype d) {
   switch (d) {
     case Dtype::F32: return "f32";

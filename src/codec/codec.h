@@ -43,6 +43,9 @@ inline bool is_float(Dtype d) { return d == Dtype::F32 || d == Dtype::F16 || d =
 inline bool is_int(Dtype d) { return d == Dtype::INT8 || d == Dtype::INT4 || d == Dtype::INT3 || d == Dtype::INT2; }
 inline bool is_fp8(Dtype d) { return d == Dtype::FP8_E4M3 || d == Dtype::FP8_E5M2; }
 int bits_of(Dtype d);
+// The largest magnitude a symmetric (non-full-range) fp8 or integer code
+// stands for: 448 / 57344 for fp8, qmax (127, 7, 3, 1) for integers.
+float sym_max(Dtype d);
 const char *dtype_name(Dtype d);
 
 // Bytes of codes for one row of d values.

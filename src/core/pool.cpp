@@ -1086,12 +1086,7 @@ void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
 
 void Pool::calibrate_absmax(int kv, uint32_t layer, float absmax) {
   const codec::Spec &sp = part_[kv].spec;
-  const float qmax = sp.dtype == codec::Dtype::FP8_E4M3   ? codec::kFp8E4m3Max
-                     : sp.dtype == codec::Dtype::FP8_E5M2 ? codec::kFp8E5m2Max
-                     : sp.dtype == codec::Dtype::INT8     ? 127.0f
-                     : sp.dtype == codec::Dtype::INT4     ? 7.0f
-                     : sp.dtype == codec::Dtype::INT3     ? 3.0f
-                                                          : 1.0f;
+  const float qmax = codec::sym_max(sp.dtype);
   if (!(absmax > 0.0f)) return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
   const float scale = codec::round_scale_up(
       std::max(absmax / qmax, std::numeric_limits<float>::min()), sp.scale_dtype);
