@@ -437,9 +437,12 @@ KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config);
  * ::KVC_ERR_INVALID_ARGUMENT (a dimension out of range, num_q_heads not a
  * multiple of num_kv_heads, no capacity or both kinds given, unknown flags,
  * dtype or layout, residual_sinks above block_size or without a quantized
- * codec); ::KVC_ERR_UNSUPPORTED (non-zero fields unknown to this
+ * codec, an int3 codec with head_dim not a multiple of 8,
+ * ::KVC_POOL_PRE_ROPE_KEYS without rope_style or a quantized k_codec);
+ * ::KVC_ERR_UNSUPPORTED (non-zero fields unknown to this
  * version; on ::KVC_DEVICE_CUDA a residual window, attention sinks, hybrid precision,
- * per-channel scales, or a head_dim the kernels do not take: docs/cuda.md);
+ * per-channel scales, full-range or int3 codecs, pre-RoPE keys, or a head_dim
+ * the kernels do not take: docs/cuda.md);
  * ::KVC_ERR_OVERFLOW (sizes overflow); ::KVC_ERR_DEVICE_UNAVAILABLE (no CUDA
  * backend, driver or device); ::KVC_ERR_OUT_OF_MEMORY (host or device
  * memory).
