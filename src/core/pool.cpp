@@ -572,6 +572,36 @@ void Pool::overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uin
 }
 
 // Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
+// Rows [0, result) of `n` rows at sequence indices idx0.. are attention
+// sinks with exact copies, and some rows after them are not: the rows to
+// leave out of the statistics of a scale that other tokens share. 0 when
+// there are no such sinks, or only sinks.
+uint64_t Pool::leading_sinks(const LayerTable &l, uint64_t idx0, uint64_t n) const {
+  const uint64_t S = cfg_.residual_sinks;
+  if (l.sink_block < 0 || idx0 >= S || idx0 + n <= S) return 0;
+  return S - idx0;
+}
+
+// Scales shared by tokens (per channel, per tensor) leave the attention
+// sinks out. Readers take the sinks from their exact copies, and their keys
+// are often far outside the other tokens' range (the first token's key is an
+// outlier in many heads: StreamingLLM arXiv 2309.17453, KVQuant arXiv
+// 2401.18079 section 3.5, which keeps it in fp16 for this reason). So a
+// per-channel group's range comes from its other rows: the sink rows are
+// clamped into it and their codes hold the nearest value in range.
+void Pool::clamp_sinks(const LayerTable &l, uint64_t idx0, uint32_t unit, float *x, uint64_t row) const {
+  const uint64_t first = leading_sinks(l, idx0, unit);
+  if (!first) return;
+  for (uint64_t c = 0; c < row; ++c) {
+    float lo = x[first * row + c], hi = lo;
+    for (uint64_t t = first + 1; t < unit; ++t) {
+      lo = std::min(lo, x[t * row + c]);
+      hi = std::max(hi, x[t * row + c]);
+    }
+    for (uint64_t t = 0; t < first; ++t) x[t * row + c] = std::clamp(x[t * row + c], lo, hi);
+  }
+}
+
 void Pool::write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
                           uint64_t count) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
@@ -616,7 +646,12 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
       float *x = buf + kv * unit * row;
       if (pl.rotation_block)
         for (uint32_t t = 0; t < unit; ++t) codec::hadamard(x + t * row, row, pl.rotation_block);
-      if (pl.quantized && pl.spec.gran == codec::Gran::Tensor) calibrate(kv, layer, x, unit * row);
+      if (pl.quantized && pl.spec.gran == codec::Gran::Channel)
+        clamp_sinks(l, l.n_lp + done, unit, x, row);
+      if (pl.quantized && pl.spec.gran == codec::Gran::Tensor) {
+        const uint64_t skip = leading_sinks(l, l.n_lp + done, unit);  // sinks saturate: read from their copies
+        calibrate(kv, layer, x + skip * row, (unit - skip) * row);
+      }
     }
     const uint64_t idx = l.n_lp + done;
     if (l.blocks.size() <= idx / bs) l.blocks.push_back(take_block());
@@ -875,6 +910,7 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
     if (s.track_scores) l.scores.resize(keep * cfg_.num_kv_heads);
   }
   s.length = new_length;
+  s.stamp = seqs_.new_stamp();
   if (unit > 1) note_usage();  // re-staging may have taken residual blocks
 }
 
@@ -1306,9 +1342,10 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       }
       kq = kpre;
     }
+    const uint64_t skip = leading_sinks(l, idx0, n);  // sinks saturate: read from their copies
     for (int kv = 0; kv < 2; ++kv)
       if (part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor)
-        calibrate(kv, layer, kv == 0 ? kq : vf, n * row);
+        calibrate(kv, layer, (kv == 0 ? kq : vf) + skip * row, (n - skip) * row);
     uint64_t done = 0;
     while (done < n) {
       const uint64_t idx = idx0 + done;
@@ -1341,12 +1378,15 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       write(l, idx0);
       if (!age_due(s, layer, idx0, idx0 + n)) return;
       // Aging moves blocks: exclusive lock, and only if the layer is as this
-      // write left it (otherwise the next reserve ages it).
-      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length, seen_at = l.reserved_at;
+      // write left it (otherwise the next reserve ages it). The stamp tells
+      // a sequence truncated, or freed and made again, that grew back to the
+      // same lengths (ABA) with positions not written yet.
+      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length, seen_at = l.reserved_at,
+                     seen_stamp = s.stamp;
       lk.unlock();
       std::unique_lock ulk(mu_);
       Sequence *sp = seqs_.find(id);
-      if (sp && sp->length == seen_len && sp->layers[layer].n_tokens == seen_tokens &&
+      if (sp && sp->stamp == seen_stamp && sp->length == seen_len && sp->layers[layer].n_tokens == seen_tokens &&
           sp->layers[layer].n_lp == seen_lp && sp->layers[layer].reserved_at == seen_at)
         age_written(*sp, layer, idx0, idx0 + n);
       return;

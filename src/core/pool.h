@@ -194,6 +194,10 @@ struct LayerTable {
 
 struct Sequence {
   uint64_t length = 0;  // next position to write
+  // New when the sequence is made (SeqMap::insert) and when it is truncated:
+  // with its lengths, it tells whether a sequence is still as an append that
+  // let go of the lock left it (lengths only grow between stamps).
+  uint64_t stamp = 0;
   std::vector<LayerTable> layers;
   // Residual blocks with the high-precision copies of every layer's first
   // residual_sinks tokens (Pool::sink_at): taken with the first reserve,
@@ -341,6 +345,11 @@ class Pool {
   uint64_t sink_blocks_needed() const;
   uint32_t sink_slot(uint32_t layer) const;  // slot of the layer's first copy in its sink block
   void assign_sinks(Sequence &s) const;  // each layer's sink_block from s.sink_blocks
+  // Shared scales leave the attention sinks out: the leading sink rows of n
+  // rows at idx0 (0 unless others follow), and a per-channel group's sink
+  // rows clamped into its other rows' per-column range.
+  uint64_t leading_sinks(const LayerTable &l, uint64_t idx0, uint64_t n) const;
+  void clamp_sinks(const LayerTable &l, uint64_t idx0, uint32_t unit, float *x, uint64_t row) const;
   void write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, const uint8_t *k,
                    const uint8_t *v, DType src) const;
   void overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, uint8_t *k_out,

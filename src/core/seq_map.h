@@ -25,15 +25,20 @@ class SeqMap {
     }
   }
 
-  // Inserts a new key (the caller checked it is absent). May throw
-  // bad_alloc before anything changes.
+  // Inserts a new key (the caller checked it is absent) and gives the value
+  // a new stamp (V::stamp). May throw bad_alloc before anything changes.
   V *insert(uint64_t key, std::unique_ptr<V> value) {
     if ((size_ + 1) * 4 > slots_.size() * 3) grow();
     V *raw = value.get();
+    raw->stamp = new_stamp();
     place(slots_, key, std::move(value));
     ++size_;
     return raw;
   }
+
+  // A value never given before: stamps tell a value apart from one that
+  // replaced it (or that it became) under the same key.
+  uint64_t new_stamp() { return ++stamps_; }
 
   // Removes a key; returns false when absent.
   bool erase(uint64_t key) {
@@ -93,6 +98,7 @@ class SeqMap {
 
   std::vector<Slot> slots_;
   size_t size_ = 0;
+  uint64_t stamps_ = 0;
 };
 
 }  // namespace kvc::core

@@ -1210,6 +1210,87 @@ static void test_residual_sinks(void **state) {
   assert_non_null(strstr(kvc_last_error_message(), "residual_sinks"));
 }
 
+/* Scales shared by tokens leave the attention sinks out (they are read from
+ * their copies). Per-channel int4 keys over groups of 16 with one sink whose
+ * key is 100x the others: the other 15 tokens keep half a step of their own
+ * range (without sinks, the sink's range makes them 15 such steps off); per-tensor
+ * int8: the first write's scale is the non-sink rows' absmax / 127 (1 / 127,
+ * not 50 / 127), unless that write holds the sink alone. */
+static float sink_test_key(uint64_t t, int e) {
+  if (t == 0) return (e % 2 ? -100.0f : 100.0f) * (1.0f + 0.01f * (float)e);
+  return sinf(0.7f * (float)t + 1.3f * (float)e);
+}
+
+static void test_sinks_leave_shared_scales(void **state) {
+  (void)state;
+  kvc_codec k = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_CHANNEL, 16, 1);
+  kvc_codec v = codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 0, 0);
+  for (int sinks = 0; sinks <= 1; ++sinks) {
+    kvc_pool_config c = test_config(1, 2, 8, 16, 8);
+    c.k_codec = &k;
+    c.v_codec = &v;
+    c.residual_sinks = (uint32_t)sinks;
+    kvc_pool *p = NULL;
+    ASSERT_OK(kvc_pool_create(&c, &p));
+    ASSERT_OK(kvc_seq_create(p, 1));
+    float kin[16 * 16], vin[16 * 16], kout[16 * 16], vout[16 * 16];
+    for (uint64_t t = 0; t < 16; ++t)
+      for (int e = 0; e < 16; ++e) {
+        kin[t * 16 + e] = sink_test_key(t, e);
+        vin[t * 16 + e] = 0.25f * (float)(e % 5) - 0.5f;
+      }
+    ASSERT_OK(kvc_seq_reserve(p, 1, 16, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, 0, 16, kin, vin, KVC_DTYPE_F32));
+    assert_int_equal(get_stats(p).blocks_used, 1); /* the group is encoded */
+    ASSERT_OK(kvc_gather(p, 1, 0, 0, 16, kout, vout, KVC_DTYPE_F32, NULL));
+    double worst = 0.0; /* error of tokens 1..15 in steps of their own range */
+    for (int e = 0; e < 16; ++e) {
+      float lo = kin[16 + e], hi = lo;
+      for (uint64_t t = 2; t < 16; ++t) {
+        lo = fminf(lo, kin[t * 16 + e]);
+        hi = fmaxf(hi, kin[t * 16 + e]);
+      }
+      const double step = ((double)hi - lo) / 15.0;
+      for (uint64_t t = 1; t < 16; ++t) {
+        const double err = fabs((double)kout[t * 16 + e] - kin[t * 16 + e]) / step;
+        if (err > worst) worst = err;
+      }
+      if (sinks) assert_float_equal(kout[e], f16_round(kin[e]), 0.0f);
+    }
+    if (sinks) /* half a step, plus the f16 staging of the rows (2.5e-4 of a value at most) */
+      assert_true(worst <= 0.5 + 0.01);
+    else
+      assert_true(worst > 5.0); /* the sink's range sets the step */
+    kvc_pool_destroy(p);
+  }
+
+  kvc_codec t8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TENSOR, 0, 0);
+  for (int pass = 0; pass < 3; ++pass) { /* sinks with a 4-token write, without, with the sink alone */
+    kvc_pool_config c = test_config(1, 2, 8, 16, 8);
+    c.k_codec = &t8;
+    c.v_codec = &t8;
+    c.residual_sinks = pass == 1 ? 0 : 1;
+    kvc_pool *p = NULL;
+    ASSERT_OK(kvc_pool_create(&c, &p));
+    ASSERT_OK(kvc_seq_create(p, 1));
+    float kin[4 * 16], kout[4 * 16];
+    for (uint64_t t = 0; t < 4; ++t)
+      for (int e = 0; e < 16; ++e) kin[t * 16 + e] = t == 0 ? -50.0f : (float)((int)(t * 16 + e) % 9 - 4) / 4.0f;
+    const uint64_t first = pass == 2 ? 1 : 4;
+    ASSERT_OK(kvc_seq_reserve(p, 1, 4, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, 0, first, kin, kin, KVC_DTYPE_F32));
+    if (first < 4) ASSERT_OK(kvc_append(p, 1, 0, first, 4 - first, kin + first * 16, kin + first * 16, KVC_DTYPE_F32));
+    float ks = 0.0f, vs = 0.0f;
+    ASSERT_OK(kvc_pool_tensor_scales(p, 0, &ks, &vs));
+    const float want = (pass == 0 ? 1.0f : 50.0f) / 127.0f;
+    assert_true(fabsf(ks - want) <= 1e-6f * want);
+    assert_true(vs == ks);
+    ASSERT_OK(kvc_gather(p, 1, 0, 0, 4, kout, NULL, KVC_DTYPE_F32, NULL));
+    for (int i = 0; i < 4 * 16; ++i) assert_true(fabsf(kout[i] - kin[i]) <= 0.5f * ks * 1.0001f);
+    kvc_pool_destroy(p);
+  }
+}
+
 /* A reserve's positions written newest first: the append of the newest
  * positions must not encode (age) the older ones it did not write, which
  * were still legal to write (per-channel keys: once encoded they are refused
@@ -1500,6 +1581,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_all_codecs_roundtrip), cmocka_unit_test(test_standalone_quantizer),
       cmocka_unit_test(test_pool_codec_errors),    cmocka_unit_test(test_kivi_residual),
       cmocka_unit_test(test_kchannel_ages_on_append),      cmocka_unit_test(test_residual_sinks),
+      cmocka_unit_test(test_sinks_leave_shared_scales),
       cmocka_unit_test(test_append_out_of_order_no_early_aging),
       cmocka_unit_test(test_hybrid_fraction),      cmocka_unit_test(test_residual_exhausted),
       cmocka_unit_test(test_adversarial_regressions),
