@@ -48,6 +48,9 @@ struct WindowSums {
   // Cache size at the end of the window (full windows only): bytes in use
   // (codes, scales, zero points, residual blocks) and tokens held (all layers).
   double bytes_at_end = 0, tokens_at_end = 0, positions_at_end = 0;
+  // Cache size after every forward pass, weighted by the positions it fed:
+  // sum of bytes in use x positions, of tokens held x positions.
+  double bytes_time = 0, tokens_time = 0;
   // Negative log-likelihood and targets per segment of positions.
   std::vector<double> seg_nll;
   std::vector<std::int64_t> seg_tokens;
@@ -291,6 +294,9 @@ EvalReport run_eval(const EvalOptions &opt) {
                                  : transformer.forward_chunk(seq, &win_tokens[static_cast<std::size_t>(pos)], chunk_len, pos);
               acc.seconds += thread_cpu_seconds() - t0;
               acc.positions += chunk_len;
+              const kvc_stats now = pools[r]->stats();
+              acc.bytes_time += double(now.bytes_in_use) * chunk_len;
+              acc.tokens_time += double(now.tokens_stored) * chunk_len;
             }
             const float *logits = chunk_logits + std::size_t(pos - chunk_from) * vocab;
             if (pos + 1 >= n_pos) break;  // its prediction belongs to the next window
@@ -393,6 +399,8 @@ EvalReport run_eval(const EvalOptions &opt) {
       total.bytes_at_end += s.bytes_at_end;
       total.tokens_at_end += s.tokens_at_end;
       total.positions_at_end += s.positions_at_end;
+      total.bytes_time += s.bytes_time;
+      total.tokens_time += s.tokens_time;
       total.late_nll += s.late_nll;
       total.late_tokens += s.late_tokens;
       if (total.seg_nll.empty()) {
@@ -417,6 +425,9 @@ EvalReport run_eval(const EvalOptions &opt) {
                                        : double(row_stats[r].bytes_per_token);
     res.kv_bytes_per_token = static_cast<std::uint64_t>(std::llround(bytes_per_token));
     res.bits_per_element = bytes_per_token * 8.0 / elements_per_token;
+    res.mean_bits_per_element =
+        total.tokens_time > 0 ? total.bytes_time / (total.tokens_time / c.n_layers) * 8.0 / elements_per_token
+                              : res.bits_per_element;
     res.peak_kv_bytes = row_peak[r];
     res.compression_vs_f16 = bytes_per_token > 0 ? double(f16_bytes_per_token) / bytes_per_token : 0.0;
     res.ppl = std::exp(total.nll / double(total.tokens));
@@ -479,13 +490,15 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
   }
   std::fprintf(out, "\n");
   std::vector<std::vector<std::string>> cells;
-  cells.push_back({"strategy", "bits/elem", "KV B/token", "kept", "peak KV", "vs f16", "ppl", "ppl Δ%",
+  cells.push_back({"strategy", "bits/elem", "mean bits", "KV B/token", "kept", "peak KV", "vs f16", "ppl", "ppl Δ%",
                    "KL mean", "top-1", "ms/token"});
   char buf[64];
   for (const StrategyResult &r : rep.results) {
     std::vector<std::string> row;
     row.push_back(r.strategy);
     std::snprintf(buf, sizeof buf, "%.2f", r.bits_per_element);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.2f", r.mean_bits_per_element);
     row.push_back(buf);
     row.push_back(std::to_string(r.kv_bytes_per_token));
     std::snprintf(buf, sizeof buf, "%.1f%%", r.kept_fraction * 100.0);
@@ -530,7 +543,9 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     }
   }
   std::fprintf(out,
-               "\nkept: K/V tokens held at the end of a full window over positions fed (eviction); "
+               "\nbits/elem: bytes held per element at the end of each full window; mean bits: the same "
+               "averaged over every forward pass (staged tokens count while they wait);\n"
+               "kept: K/V tokens held at the end of a full window over positions fed (eviction); "
                "KL: mean KL(dense f32 || strategy) over the full vocabulary, nats per token; top-1: "
                "share of positions whose argmax equals the dense one;\nms/token: CPU time of "
                "the forward pass with the cache, per position. Wall time %.1f s on %d thread(s).\n",
@@ -660,6 +675,7 @@ std::string eval_json(const EvalReport &rep, const std::string &peer) {
     o["ms_per_token"] = r.ms_per_token;
     o["kept_fraction"] = r.kept_fraction;
     o["effective_bits_per_element"] = r.effective_bits_per_element;
+    o["mean_bits_per_element"] = r.mean_bits_per_element;
     // A segment without a scored target (a text shorter than the window) is null.
     nlohmann::ordered_json seg = nlohmann::ordered_json::array();
     for (double p : r.segment_ppl) seg.push_back(p > 0 ? nlohmann::ordered_json(p) : nlohmann::ordered_json());

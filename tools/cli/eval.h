@@ -47,6 +47,10 @@ struct StrategyResult {
   std::string strategy;
   bool reference = false;          ///< the dense f32 run every row is compared with
   double bits_per_element = 0;     ///< of the tokens held (codes, scales, zero points, residual)
+  /// The same over the whole run: bytes in use / tokens held after every
+  /// forward pass, weighted by the positions it fed (staged per-channel
+  /// groups and partly filled blocks count while they exist).
+  double mean_bits_per_element = 0;
   double kept_fraction = 1.0;      ///< tokens held at the end of a full window / positions fed
   double effective_bits_per_element = 0;  ///< bits_per_element x kept_fraction
   std::uint64_t kv_bytes_per_token = 0;
