@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/plugin.h"
 #include "core/pool.h"
+#include "core/scratch.h"
 #include "tier/tier.h"
 #include "kvcache/kvcache.h"
 
@@ -97,6 +98,10 @@ kvc_status set_error(kvc_status s, const char *msg) {
 
 template <typename F>
 kvc_status guard(F &&f) noexcept {
+  // Large per-thread scratch goes back when the call returns, however it ends.
+  struct Trim {
+    ~Trim() { kvc::core::trim_thread_scratch(); }
+  } trim;
   try {
     f();
     return KVC_OK;

@@ -13,6 +13,7 @@
 
 #include "codec/fp8.h"
 #include "core/error.h"
+#include "core/scratch.h"
 
 namespace kvc::codec {
 
@@ -955,12 +956,11 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
 }
 
 namespace {
-// Per-thread scratch: grown on demand, never shrunk (no allocation per call
-// in steady state).
+// Per-thread scratch (core/scratch.h): grown on demand (no allocation per
+// call in steady state), released after a call that made it large.
 float *scratch_floats(uint64_t n) {
-  thread_local std::vector<float> buf;
-  if (buf.size() < n) buf.resize(n);
-  return buf.data();
+  thread_local core::ScratchBuffer<float> buf;
+  return buf.get(n);
 }
 
 // Checks raw input for NaN / Inf without converting it (f16 / bf16: the
@@ -1360,12 +1360,11 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
   // of the flat input is g consecutive values, its codes g * bits / 8
   // consecutive bytes and its scale the next one (d is a multiple of g).
   constexpr uint64_t kChunk = 256;
-  thread_local std::vector<uint16_t> keys_buf;
-  thread_local std::vector<float> par_buf;
+  thread_local core::ScratchBuffer<uint16_t> keys_buf;
+  thread_local std::vector<float> par_buf;  // fixed size: 3 x kChunk
   const uint64_t padded = (groups + 3) / 4 * 4;
-  if (keys_buf.size() < 2 * padded) keys_buf.resize(2 * padded);
   if (par_buf.size() < 3 * kChunk) par_buf.resize(3 * kChunk);
-  uint16_t *lo_keys = keys_buf.data(), *hi_keys = lo_keys + padded;
+  uint16_t *lo_keys = keys_buf.get(2 * padded), *hi_keys = lo_keys + padded;
   for (uint64_t k = groups; k < padded; ++k) lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
   if (!f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)) return false;
   const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == Dtype::F16;

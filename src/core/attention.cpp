@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/pool.h"
+#include "core/scratch.h"
 
 namespace kvc::core {
 
@@ -84,18 +85,16 @@ const Kernels &kernels() {
   return k;
 }
 
-// Per-thread buffers (grown, never shrunk).
+// Per-thread buffers (core/scratch.h: grown on demand, large ones released
+// when the API call returns).
 struct AttnScratch {
-  std::vector<float> q, out, tile, state, obs, sc;
+  ScratchBuffer<float> q, out, tile, state, obs, sc;
 };
 AttnScratch &scratch() {
   thread_local AttnScratch s;
   return s;
 }
-float *grow(std::vector<float> &v, uint64_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
+float *grow(ScratchBuffer<float> &v, uint64_t n) { return v.get(n); }
 
 }  // namespace
 

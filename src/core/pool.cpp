@@ -1,5 +1,6 @@
 #include "core/pool.h"
 #include "core/offload.h"
+#include "core/scratch.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -50,13 +51,9 @@ void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
 }
 
 // Bytes of part kv (0 = K, 1 = V) of one block; UINT64_MAX on overflow.
-// Per-thread scratch rows: grown on demand (the first call of a thread with a
-// larger row allocates once), so steady-state appends allocate nothing.
-float *scratch(std::vector<float> &v, uint64_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-thread_local std::vector<float> t_scratch_row, t_scratch_input;
+// Per-thread scratch rows (core/scratch.h): grown on demand, so steady-state
+// appends allocate nothing; large ones are released when the API call returns.
+thread_local ScratchBuffer<float> t_scratch_row, t_scratch_input;
 
 uint64_t part_bytes(const PoolConfig &c, int kv) {
   const codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
@@ -76,8 +73,8 @@ uint64_t part_bytes(const PoolConfig &c, int kv) {
 
 }  // namespace
 
-float *scratch_f32(uint64_t n) { return scratch(t_scratch_row, n); }
-float *scratch_input(uint64_t n) { return scratch(t_scratch_input, n); }
+float *scratch_f32(uint64_t n) { return t_scratch_row.get(n); }
+float *scratch_input(uint64_t n) { return t_scratch_input.get(n); }
 
 uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
                           uint64_t block_size) {
