@@ -231,16 +231,7 @@ EvalReport run_eval(const EvalOptions &opt) {
       Transformer transformer(model, ctx);
       std::vector<std::unique_ptr<KvPool>> pools;
       for (const Strategy &s : rows) {
-        kvc_runner::PoolSettings ps;
-        ps.k_dtype = s.k_dtype;
-        ps.v_dtype = s.v_dtype;
-        if (s.k_quantized) ps.k_codec = &s.k_codec;
-        if (s.v_quantized) ps.v_codec = &s.v_codec;
-        ps.residual_window = s.residual_window;
-        ps.residual_fraction = s.residual_fraction;
-        ps.residual_sinks = s.residual_sinks;
-        ps.pre_rope_keys = s.pre_rope_keys;
-        ps.block_size = s.block_size;
+        const kvc_runner::PoolSettings ps = pool_settings(s);
         pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx)));
       }
       std::unique_ptr<ArrayCache> array_cache;

@@ -16,6 +16,7 @@
 #include "../runner/error.h"
 #include "eval.h"
 #include "memory.h"
+#include "seq_bytes.h"
 #include "strategy.h"
 
 namespace kvc_cli {
@@ -246,9 +247,16 @@ struct Row {
   bool prefix_ok = true;    ///< the pool can share its blocks through the prefix cache
   std::string prefix_refusal;
   std::uint32_t channel_group = 0;  ///< keys per channel over G tokens: blocks hold a multiple of G
-  std::uint64_t bytes_per_token = 0;
+  std::uint64_t bytes_per_token = 0;  ///< bytes_per_seq / tokens_held, rounded up
   std::uint64_t tokens_held = 0;  ///< per sequence of seq_len tokens
-  std::uint64_t bytes_total = 0;  ///< batch x tokens_held x bytes_per_token
+  std::uint64_t bytes_per_seq = 0;  ///< the most one sequence holds on its way to seq_len tokens
+  std::uint64_t bytes_total = 0;  ///< batch x bytes_per_seq
+  /// The pool's layout at the target geometry (from the library); without it
+  /// (a spec this build cannot read, or a pool the library refuses) the
+  /// measured bits per element carry over: carried_bytes_per_token per token held.
+  std::optional<SeqBytes> layout;
+  std::string layout_refusal;
+  std::uint64_t carried_bytes_per_token = 0;
   double budget_share = 0;
   bool meets = false, fits = false;
   std::uint64_t largest_batch = 0, largest_seq_len = 0;
@@ -263,6 +271,14 @@ struct Row {
     const double t = std::ceil(kept * static_cast<double>(n) - 1e-9);
     if (!(t >= 1.0)) return 1;
     return t >= static_cast<double>(n) ? n : static_cast<std::uint64_t>(t);
+  }
+  /// Bytes one sequence needs to reach n tokens: the most its pool holds on the
+  /// way (staged groups are released as they are encoded, so a length can hold
+  /// less than a shorter one). Never decreases with n.
+  std::uint64_t seq_bytes_at(std::uint64_t n) const {
+    if (!layout) return mul(held(n), carried_bytes_per_token, "the size per sequence");
+    if (evicts) return layout->bytes(held(n));  // evicting pools have no residual: whole blocks of the held tokens
+    return layout->peak(n);
   }
 };
 
@@ -317,33 +333,42 @@ Row scale_row(const EvalRow &e, const Target &t) {
     r.kept_source = "spec";
   }
   r.evicts = r.evicts || r.kept < 1.0;
-  // The codec's bits per element (scales, zero points, whole blocks included) carry over.
-  const long double bpt = static_cast<long double>(e.bits_per_element) * t.elements_per_token / 8.0L;
-  if (!(bpt < static_cast<long double>(kMaxBytes))) throw RunnerError("bytes per token exceed 2^63");
-  r.bytes_per_token = static_cast<std::uint64_t>(std::ceil(bpt - 1e-6L));
-  if (r.bytes_per_token == 0) r.bytes_per_token = 1;
+  // Bytes at the target: the pool's blocks at the target geometry, measured from the
+  // library, with the rules by which its tokens are staged and encoded (seq_bytes.h).
+  if (st) {
+    r.layout = seq_bytes(*st, t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim, &r.layout_refusal);
+  } else {
+    r.layout_refusal = "this build does not know its spec";
+  }
+  if (!r.layout) {  // the measured bits per element carry over
+    const long double bpt = static_cast<long double>(e.bits_per_element) * t.elements_per_token / 8.0L;
+    if (!(bpt < static_cast<long double>(kMaxBytes))) throw RunnerError("bytes per token exceed 2^63");
+    r.carried_bytes_per_token = static_cast<std::uint64_t>(std::ceil(bpt - 1e-6L));
+    if (r.carried_bytes_per_token == 0) r.carried_bytes_per_token = 1;
+  }
   r.tokens_held = r.held(t.seq_len);
   if (r.cap_tokens) r.kept = double(r.tokens_held) / double(t.seq_len);
-  r.bytes_total = mul(mul(t.batch, r.tokens_held, "the token count"), r.bytes_per_token, "the total size");
+  r.bytes_per_seq = r.seq_bytes_at(t.seq_len);
+  r.bytes_per_token = ceil_div(r.bytes_per_seq, r.tokens_held);  // tokens_held >= 1
+  r.bytes_total = mul(t.batch, r.bytes_per_seq, "the total size");
   r.budget_share = double(r.bytes_total) / double(t.memory);
   r.meets = e.ppl_delta_pct <= t.max_ppl_increase;
   r.fits = r.bytes_total <= t.memory;
   // Headroom: the largest batch at seq_len, the largest length at the batch, each searched
   // up to the largest --batch / --seq-len accepted (beyond them: "unbounded").
-  const std::uint64_t per_seq = mul(r.tokens_held, r.bytes_per_token, "the size per sequence");
-  r.largest_batch = t.memory / per_seq;  // tokens_held >= 1, bytes_per_token >= 1
+  r.largest_batch = t.memory / std::max<std::uint64_t>(r.bytes_per_seq, 1);
   r.batch_unbounded = r.largest_batch >= kMaxBatch;
   if (r.batch_unbounded) r.largest_batch = kMaxBatch;
-  const std::uint64_t max_held = t.memory / mul(t.batch, r.bytes_per_token, "the size per token");
-  if (r.held(kMaxSeqLen) <= max_held) {
+  const std::uint64_t max_seq = t.memory / t.batch;  // bytes one sequence may take
+  if (r.seq_bytes_at(kMaxSeqLen) <= max_seq) {
     r.seq_len_unbounded = true;
     r.largest_seq_len = kMaxSeqLen;
   } else {
-    // held() never decreases with the length: the largest n in [0, kMaxSeqLen) with held(n) <= max_held.
-    std::uint64_t lo = 0, hi = kMaxSeqLen;  // held(lo) <= max_held < held(hi)
+    // seq_bytes_at() never decreases with the length: the largest n in [0, kMaxSeqLen) that fits.
+    std::uint64_t lo = 0, hi = kMaxSeqLen;  // seq_bytes_at(lo) <= max_seq < seq_bytes_at(hi)
     while (hi - lo > 1) {
       const std::uint64_t mid = lo + (hi - lo) / 2;
-      (r.held(mid) <= max_held ? lo : hi) = mid;
+      (r.seq_bytes_at(mid) <= max_seq ? lo : hi) = mid;
     }
     r.largest_seq_len = lo;
   }
@@ -359,7 +384,9 @@ ojson row_json(const Row &r) {
   o["kept_fraction_source"] = r.kept_source;
   o["evicts"] = r.evicts;
   o["bytes_per_token"] = r.bytes_per_token;
+  o["bytes_source"] = r.layout ? "pool layout" : "bits_per_element";
   o["tokens_held"] = r.tokens_held;
+  o["bytes_per_sequence"] = r.bytes_per_seq;
   o["bytes_total"] = r.bytes_total;
   o["budget_share"] = r.budget_share;
   o["ppl_delta_pct"] = r.m.ppl_delta_pct;
@@ -847,9 +874,21 @@ void print_row_detail(const Row &r, const Target &t) {
   if (r.m.kl_mean) std::printf(", KL %.3e", *r.m.kl_mean);
   if (r.m.top1_agreement) std::printf(", top-1 %.4f", *r.m.top1_agreement);
   std::printf("\n");
-  std::printf("  %.3f bits per element: %s bytes per token (%.3f x 2 x %u layers x %u KV heads x %u / 8)\n",
-              r.m.bits_per_element, u(r.bytes_per_token).c_str(), r.m.bits_per_element, t.geometry.num_layers,
-              t.geometry.num_kv_heads, t.geometry.head_dim);
+  if (r.layout) {
+    const SeqBytes &l = *r.layout;
+    std::printf("  its pool at %u layers x %u KV heads x %u: blocks of %s tokens, %s bytes per block and layer",
+                t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim, u(l.block_size).c_str(),
+                u(l.block_bytes).c_str());
+    if (l.residual_block_bytes) std::printf(", %s per residual (f16 staging) block", u(l.residual_block_bytes).c_str());
+    std::printf(" (eval measured %.3f bits per element on its model)\n", r.m.bits_per_element);
+    std::printf("  one sequence takes up to %s bytes on its way to %s tokens (%s bytes per token held)\n",
+                u(r.bytes_per_seq).c_str(), u(t.seq_len).c_str(), u(r.bytes_per_token).c_str());
+  } else {
+    std::printf("  %.3f bits per element: %s bytes per token (%.3f x 2 x %u layers x %u KV heads x %u / 8; the "
+                "pool's layout is unknown: %s)\n",
+                r.m.bits_per_element, u(r.bytes_per_token).c_str(), r.m.bits_per_element, t.geometry.num_layers,
+                t.geometry.num_kv_heads, t.geometry.head_dim, r.layout_refusal.c_str());
+  }
   if (r.cap_tokens) {
     std::printf("  holds at most %s tokens (a fixed cap of %s tokens from its spec, whatever the length): %s of %s "
                 "tokens held per sequence (%s)\n",
@@ -861,8 +900,8 @@ void print_row_detail(const Row &r, const Target &t) {
                 u(r.tokens_held).c_str(), u(t.seq_len).c_str(),
                 r.kept * double(t.seq_len) < 1.0 ? " (at least one token is held)" : "");
   }
-  std::printf("  %s tokens x %s bytes x batch %s = %s: %.1f%% of the budget of %s: %s\n", u(r.tokens_held).c_str(),
-              u(r.bytes_per_token).c_str(), u(t.batch).c_str(), bytes_text(r.bytes_total).c_str(), 100.0 * r.budget_share,
+  std::printf("  %s bytes per sequence x batch %s = %s: %.1f%% of the budget of %s: %s\n", u(r.bytes_per_seq).c_str(),
+              u(t.batch).c_str(), bytes_text(r.bytes_total).c_str(), 100.0 * r.budget_share,
               human_bytes(static_cast<long double>(t.memory)).c_str(), r.fits ? "fits" : "DOES NOT FIT");
 }
 
@@ -1088,9 +1127,14 @@ void run_recommend(const RecommendOptions &o) {
     std::printf("(%zu more row%s cost%s more than the runners-up; --json lists every row)\n", more,
                 more == 1 ? "" : "s", more == 1 ? "s" : "");
   }
-  std::printf("bytes per token = bits/elem x 2 x %u x %u x %u / 8, rounded up; total = batch x tokens held x bytes "
-              "per token; kept: tokens held / seq-len\n",
+  std::printf("bits/elem: measured by eval on its model; B/token: the most one sequence holds on its way to seq-len, "
+              "in whole blocks of its pool at %u x %u x %u (codes, scales, f16 staging), over the tokens held; total = "
+              "batch x that; kept: tokens held / seq-len\n",
               g.num_layers, g.num_kv_heads, g.head_dim);
+  for (const Row *r : order)
+    if (!r->layout)
+      std::printf("  %s: %s; its bits per element carry over (bits x 2 x %u x %u x %u / 8 per token held)\n",
+                  r->m.strategy.c_str(), r->layout_refusal.c_str(), g.num_layers, g.num_kv_heads, g.head_dim);
 
   std::printf("\n");
   if (!prefix.given) {

@@ -496,3 +496,21 @@ std::vector<std::pair<std::string, std::string>> known_policies() {
 }
 
 }  // namespace kvc_cli
+
+namespace kvc_cli {
+
+kvc_runner::PoolSettings pool_settings(const Strategy &s) {
+  kvc_runner::PoolSettings ps;
+  ps.k_dtype = s.k_dtype;
+  ps.v_dtype = s.v_dtype;
+  if (s.k_quantized) ps.k_codec = &s.k_codec;
+  if (s.v_quantized) ps.v_codec = &s.v_codec;
+  ps.residual_window = s.residual_window;
+  ps.residual_fraction = s.residual_fraction;
+  ps.residual_sinks = s.residual_sinks;
+  ps.pre_rope_keys = s.pre_rope_keys;
+  ps.block_size = s.block_size;
+  return ps;
+}
+
+}  // namespace kvc_cli

@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "../runner/kv_cache.h"
+
 namespace kvc_cli {
 
 /// One named component with its parameters, in the order given.
@@ -63,6 +65,9 @@ struct Strategy {
   bool shift_positions = false;        ///< StreamingLLM positions within the cache
   kvc_observe observe = KVC_OBSERVE_NONE;
 };
+
+/// The pool settings of a strategy (its codecs are pointed to: `s` must outlive them).
+kvc_runner::PoolSettings pool_settings(const Strategy &s);
 
 /// Parses and validates one spec; throws kvc_runner::RunnerError naming what is wrong.
 Strategy parse_strategy(const std::string &spec);

@@ -53,27 +53,17 @@ KvPool::KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::
         return s;
       }(), max_tokens, max_seqs) {}
 
-KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t max_tokens,
-               std::uint32_t max_seqs) {
-  settings_ = settings;
-  settings_.k_codec = settings_.v_codec = nullptr;  // not kept: the caller owns them
-  if (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL)
-    group_ = settings.k_codec->group_size;
-  if (settings.v_codec && settings.v_codec->granularity == KVC_SCALE_PER_CHANNEL)
-    group_ = std::max(group_, settings.v_codec->group_size);
-  const std::uint32_t block_size = settings.block_size;
-  const kvc_dtype k_dtype = settings.k_dtype, v_dtype = settings.v_dtype;
+kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings, std::uint64_t num_blocks) {
   kvc_pool_config config;
   check_kvc(kvc_pool_config_init(&config), "kvc_pool_config_init");
   config.num_layers = static_cast<std::uint32_t>(c.n_layers);
   config.num_q_heads = static_cast<std::uint32_t>(c.n_heads);
   config.num_kv_heads = static_cast<std::uint32_t>(c.n_kv_heads);
   config.head_dim = static_cast<std::uint32_t>(c.head_dim());
-  config.block_size = block_size;
-  const std::uint64_t blocks_per_layer = (std::uint64_t(max_tokens) + block_size - 1) / block_size;
-  config.num_blocks = blocks_per_layer * std::uint64_t(c.n_layers) * max_seqs;
-  config.k_dtype = k_dtype;
-  config.v_dtype = v_dtype;
+  config.block_size = settings.block_size;
+  config.num_blocks = num_blocks;
+  config.k_dtype = settings.k_dtype;
+  config.v_dtype = settings.v_dtype;
   config.layout = KVC_LAYOUT_NHD;
   config.rope_style = KVC_ROPE_INTERLEAVED;  // the runner rotates pairs (2i, 2i+1)
   config.rope_theta = c.rope_theta;
@@ -86,6 +76,20 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
   if (settings.residual_window || settings.residual_fraction > 0 || settings.residual_sinks ||
       (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL))
     config.num_residual_blocks = config.num_blocks;
+  return config;
+}
+
+KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t max_tokens,
+               std::uint32_t max_seqs) {
+  settings_ = settings;
+  settings_.k_codec = settings_.v_codec = nullptr;  // not kept: the caller owns them
+  if (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL)
+    group_ = settings.k_codec->group_size;
+  if (settings.v_codec && settings.v_codec->granularity == KVC_SCALE_PER_CHANNEL)
+    group_ = std::max(group_, settings.v_codec->group_size);
+  const std::uint32_t block_size = settings.block_size;
+  const std::uint64_t blocks_per_layer = (std::uint64_t(max_tokens) + block_size - 1) / block_size;
+  const kvc_pool_config config = pool_config(c, settings, blocks_per_layer * std::uint64_t(c.n_layers) * max_seqs);
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
   if (settings.prefix_cache) {
     kvc_prefix_config pc;

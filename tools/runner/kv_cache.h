@@ -79,6 +79,10 @@ struct PoolSettings {
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
 };
 
+/// The kvc_pool_config of a pool of `num_blocks` blocks with these settings
+/// for the model's geometry (what KvPool creates; the codecs are pointed to).
+kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings, std::uint64_t num_blocks);
+
 /// Owns a kvc_pool sized from the model geometry.
 class KvPool {
  public:
