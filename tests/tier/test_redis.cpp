@@ -715,7 +715,11 @@ namespace {
 std::string address_of(const Servers &s, bool cluster) {
   if (!cluster) return "127.0.0.1:" + std::to_string(s.standalone);
   std::string a;
-  for (int p : s.cluster) a += (a.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(p);
+  for (int p : s.cluster) {  // appended piece by piece: GCC 12 -O3 warns (-Wrestrict) on a temporary's concatenation
+    if (!a.empty()) a += ',';
+    a += "127.0.0.1:";
+    a += std::to_string(p);
+  }
   return a;
 }
 
