@@ -1096,6 +1096,16 @@ void run_recommend(const RecommendOptions &o) {
                                    : "keeps the same share",
                   u(t.seq_len - pick->tokens_held).c_str());
     }
+    // Staged tokens (a residual window, a hybrid share, a per-channel group waiting) are read
+    // exactly: in short windows they are a larger share of the cache than at a longer seq-len.
+    const SeqBytes *l = pick->layout ? &*pick->layout : nullptr;
+    const std::uint64_t staged = l && l->residual_block_bytes ? l->window + l->unit - 1 : 0;
+    if (staged > 1 && l->fraction == 0.0 && m.ctx && static_cast<std::uint64_t>(*m.ctx) < t.seq_len) {
+      std::printf("  note: up to %s of its newest tokens wait in f16 and are read without error; in the eval's "
+                  "windows of %lld tokens that is a larger share of the cache than at %s tokens, where its loss may "
+                  "be larger than measured\n",
+                  u(staged).c_str(), static_cast<long long>(*m.ctx), u(t.seq_len).c_str());
+    }
   } else {
     std::printf("no strategy meets the floor: the smallest ppl increase measured is %+.4f%% (%s), above %+.4f%%\n",
                 closest->m.ppl_delta_pct, closest->m.strategy.c_str(), t.max_ppl_increase);
