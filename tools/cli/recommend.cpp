@@ -276,7 +276,10 @@ struct Row {
   /// way (staged groups are released as they are encoded, so a length can hold
   /// less than a shorter one). Never decreases with n.
   std::uint64_t seq_bytes_at(std::uint64_t n) const {
-    if (!layout) return mul(held(n), carried_bytes_per_token, "the size per sequence");
+    if (!layout) {  // saturating like SeqBytes: the headroom search asks about lengths far beyond seq_len
+      std::uint64_t b;
+      return __builtin_mul_overflow(held(n), carried_bytes_per_token, &b) ? UINT64_MAX : b;
+    }
     if (evicts) return layout->bytes(held(n));  // evicting pools have no residual: whole blocks of the held tokens
     return layout->peak(n);
   }

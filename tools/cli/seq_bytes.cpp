@@ -21,9 +21,6 @@ std::uint64_t hp_target(const SeqBytes &m, std::uint64_t n) {
   return std::max(m.window, static_cast<std::uint64_t>(m.fraction * static_cast<double>(n)));
 }
 
-// The pool's steps for tokens 1..n, each reserved then appended (Pool::reserve
-// ages what the new length leaves beyond the target, but never the token it
-// reserves; the append ages the rest; a residual left empty restarts at offset 0).
 // Saturating arithmetic: sizes beyond 2^64 read as UINT64_MAX (never fit).
 std::uint64_t sat_mul(std::uint64_t a, std::uint64_t b) {
   std::uint64_t r;
@@ -41,37 +38,6 @@ std::uint64_t bytes_of(const SeqBytes &m, const Staging &st) {
   return sat_add(sat_mul(m.layers, per_layer), sat_mul(m.sink_blocks, m.residual_block_bytes));
 }
 
-// (*peak: the most bytes after any of the n steps.)
-Staging simulate(const SeqBytes &m, std::uint64_t n, std::uint64_t *encoded_at_reset, std::uint64_t *peak = nullptr) {
-  Staging st;
-  std::uint64_t reset = 0;
-  auto age = [&](std::uint64_t a) {
-    st.encoded += a;
-    st.staged -= a;
-    st.offset = (st.offset + a) % m.block_size;
-    if (st.staged == 0) {
-      st.offset = 0;
-      reset = st.encoded;
-    }
-  };
-  for (std::uint64_t len = 1; len <= n; ++len) {
-    const std::uint64_t target = hp_target(m, len);
-    if (st.staged + 1 > target) {
-      std::uint64_t a = std::min(st.staged + 1 - target, st.staged);
-      a -= a % m.unit;
-      if (a) age(a);
-    }
-    ++st.staged;  // the token reserved and written
-    if (st.staged > target) {
-      std::uint64_t a = st.staged - target;
-      a -= a % m.unit;
-      if (a) age(a);
-    }
-    if (peak) *peak = std::max(*peak, bytes_of(m, st));
-  }
-  if (encoded_at_reset) *encoded_at_reset = reset;
-  return st;
-}
 }  // namespace
 
 std::uint64_t SeqBytes::bytes(std::uint64_t n) const {
@@ -79,14 +45,13 @@ std::uint64_t SeqBytes::bytes(std::uint64_t n) const {
   Staging st;
   if (!residual_block_bytes) {
     st.encoded = n;
-  } else if (n <= settle) {
-    st = simulate(*this, n, nullptr);
   } else {
     const std::uint64_t hp = hp_target(*this, n);
     st.encoded = n > hp ? (n - hp) / unit * unit : 0;
     st.staged = n - st.encoded;
-    // A target of 0 (no window, no fraction) empties the residual at every encoding.
-    st.offset = window == 0 && fraction == 0.0 ? 0 : (st.encoded - encoded_at_reset) % block_size;
+    // While the target is at most 1 (n < settle) every encoding empties the
+    // residual, and the next token starts a fresh block at offset 0.
+    st.offset = n < settle ? 0 : (st.encoded - encoded_at_reset) % block_size;
   }
   return bytes_of(*this, st);
 }
@@ -97,12 +62,8 @@ std::uint64_t SeqBytes::peak(std::uint64_t n) const {
   // unit + 2 block_size lengths' rise (tests/seq_bytes_test.cpp checks this
   // against the running maximum).
   std::uint64_t best = 0;
-  if (residual_block_bytes && settle) {  // the steps up to settle, simulated once
-    simulate(*this, std::min(n, settle), nullptr, &best);
-    if (n <= settle) return best;
-  }
   const std::uint64_t span = unit + 2 * block_size + 1;
-  for (std::uint64_t m = n > span ? std::max(n - span, settle) : settle; m <= n; ++m) best = std::max(best, bytes(m));
+  for (std::uint64_t m = n > span ? n - span : 1; m <= n; ++m) best = std::max(best, bytes(m));
   return best;
 }
 
@@ -142,10 +103,24 @@ std::optional<SeqBytes> seq_bytes(const Strategy &s, std::uint32_t layers, std::
   for (const kvc_codec *codec : {ps.k_codec, ps.v_codec})
     if (codec && codec->granularity == KVC_SCALE_PER_CHANNEL) m.unit = std::max<std::uint64_t>(m.unit, codec->group_size);
   if (cfg.residual_sinks) m.sink_blocks = ceil_div(layers, cfg.block_size / cfg.residual_sinks);
-  // Emptying needs a target of at most 1: a window below 2 and floor(fraction x n) <= 1, n < 2 / fraction.
-  if (m.residual_block_bytes && m.window < 2 && m.fraction > 0.0) {
-    m.settle = static_cast<std::uint64_t>(std::ceil(2.0 / m.fraction)) + 1;
-    simulate(m, m.settle, &m.encoded_at_reset);
+  // Emptying needs a target of at most 1. While it is (n < settle), each
+  // encoding empties the residual (a target of 0 encodes what it stages once
+  // a unit is complete; a target of 1 ages every staged token at the reserve
+  // after a unit is staged), so the encoded count then is the last emptying's.
+  // settle: the first n whose target is 2 or more (it stays so: the target
+  // never falls with n), found without stepping through every length (a tiny
+  // hybrid fraction puts it beyond any length; UINT64_MAX: never).
+  if (m.residual_block_bytes && m.window < 2) {
+    if (m.fraction > 0.0 && 2.0 / m.fraction < 0x1p62) {
+      std::uint64_t n1 = static_cast<std::uint64_t>(std::ceil(2.0 / m.fraction));
+      while (n1 > 1 && hp_target(m, n1 - 1) >= 2) --n1;
+      while (hp_target(m, n1) < 2) ++n1;
+      m.settle = n1;
+      const std::uint64_t last = n1 - 1, hp = hp_target(m, last);
+      m.encoded_at_reset = last > hp ? (last - hp) / m.unit * m.unit : 0;
+    } else {
+      m.settle = UINT64_MAX;
+    }
   }
   return m;
 }

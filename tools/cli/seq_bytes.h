@@ -23,10 +23,11 @@ struct SeqBytes {
   double fraction = 0;                     ///< hybrid: floor(fraction x n) newest tokens stay in the residual
   std::uint64_t unit = 1;                  ///< tokens encoded together (a per-channel group)
   std::uint64_t sink_blocks = 0;           ///< residual blocks of the attention-sink copies, per sequence
-  /// While the residual target max(window, floor(fraction x n)) is at most 1,
-  /// aging can empty the residual, and the next staged token starts a fresh
-  /// block: up to `settle` tokens the offsets are simulated step by step;
-  /// `encoded_at_reset` is the encoded count at the last such emptying.
+  /// While the residual target max(window, floor(fraction x n)) is at most 1
+  /// (n < settle: the first length with a target of 2 or more; UINT64_MAX
+  /// when there is none), every encoding empties the residual and the next
+  /// staged token starts a fresh block (offset 0); `encoded_at_reset` is the
+  /// encoded count at the last such emptying (the one at settle - 1).
   std::uint64_t settle = 0, encoded_at_reset = 0;
 
   /// Bytes in use by one sequence holding n tokens, appended one at a time

@@ -885,6 +885,18 @@ int recommend_layout_fallback(const std::string &k, const std::string &dir) {
             t.out.find("its bits per element carry over") != std::string::npos &&
             t.out.find("future-codec:x: this build does not know its spec") != std::string::npos,
         "the text says which rows carry their bits over, and why");
+  // future-codec:x carries 2 bits x 2 x 2^31 elements = 2^30 bytes per token: 10 tokens take
+  // 10 GiB; the headroom search asks about 2^40 tokens (2^70 bytes: never fits), which must
+  // not fail the run ("the size per sequence exceeds 2^63").
+  const std::vector<std::string> huge = {"--layers", "1", "--kv-heads", "2048", "--head-dim", "1048576",
+                                         "--seq-len", "10", "--memory", "1e18", "--max-ppl-increase", "5", "--from",
+                                         dir + "/eval-layout-fallback.json"};
+  auto h = recommend_json(k, huge);
+  if (failures) return 1;
+  const auto *hf = row_named(h, "future-codec:x");
+  check(hf && (*hf)["bytes_source"] == "bits_per_element" && (*hf)["bytes_per_sequence"] == 10 * (1ull << 30) &&
+            (*hf)["largest_seq_len_that_fits"] == 1000000000000000000ull / (1ull << 30),
+        "a carried row at a huge geometry: " + (hf ? hf->dump() : h.dump()));
   return failures ? 1 : 0;
 }
 

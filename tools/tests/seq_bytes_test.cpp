@@ -3,7 +3,8 @@
 // recommend` (cli/seq_bytes.h) against real pools. For each strategy, one
 // sequence grows token by token to 700 tokens (3 layers, 2 KV heads of 64);
 // after every token the pool's bytes_in_use must equal SeqBytes::bytes(n),
-// and the running maximum SeqBytes::peak(n).
+// and the running maximum SeqBytes::peak(n); then peak(n) must be the running
+// maximum of bytes(n) up to 20,000 tokens.
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -29,6 +30,8 @@ int main() {
       "int4:per-token:sinks=2",
       "k-int4:kchannel=128:asym:pre-rope:sinks=1+v-int4:per-token:full-range:hadamard",
       "k-int3:kchannel=64:asym+v-int2:group=32:full-range",
+      "hybrid:fraction=0.004:kchannel=2",  // the residual empties until 500 tokens
+      "hybrid:fraction=1e-9:kchannel=4",   // ... until 2e9 tokens: not stepped through (it hung recommend)
   };
   const std::uint32_t layers = 3, heads = 2, hd = 64, row = heads * hd;
   const std::uint64_t n_max = 700;
@@ -73,6 +76,16 @@ int main() {
         std::fprintf(stderr, "%s: at %llu tokens the pool holds %llu bytes (peak %llu), the model says %llu (%llu)\n",
                      spec, (unsigned long long)n, (unsigned long long)used, (unsigned long long)running,
                      (unsigned long long)model->bytes(n), (unsigned long long)model->peak(n));
+        ++bad;
+      }
+    }
+    // Beyond the pool: peak(n) is the running maximum of bytes(n) over many more lengths.
+    std::uint64_t most = 0;
+    for (std::uint64_t n = 1; n <= 20000 && bad < 5; ++n) {
+      most = std::max(most, model->bytes(n));
+      if (most != model->peak(n)) {
+        std::fprintf(stderr, "%s: at %llu tokens the most bytes so far are %llu, peak() says %llu\n", spec,
+                     (unsigned long long)n, (unsigned long long)most, (unsigned long long)model->peak(n));
         ++bad;
       }
     }
