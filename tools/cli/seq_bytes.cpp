@@ -79,7 +79,9 @@ std::optional<SeqBytes> seq_bytes(const Strategy &s, std::uint32_t layers, std::
     return std::nullopt;
   }
   // One block is enough: block sizes do not depend on the capacity.
-  const kvc_pool_config cfg = kvc_runner::pool_config(c, ps, 1);
+  kvc_pool_config cfg = kvc_runner::pool_config(c, ps, 1);
+  // Sizes do not depend on RoPE; only pre-RoPE keys need it (and an even head_dim).
+  if (!ps.pre_rope_keys) cfg.rope_style = KVC_ROPE_NONE;
   kvc_pool *pool = nullptr;
   if (kvc_pool_create(&cfg, &pool) != KVC_OK) {
     if (why) *why = kvc_last_error_message();

@@ -897,6 +897,14 @@ int recommend_layout_fallback(const std::string &k, const std::string &dir) {
   check(hf && (*hf)["bytes_source"] == "bits_per_element" && (*hf)["bytes_per_sequence"] == 10 * (1ull << 30) &&
             (*hf)["largest_seq_len_that_fits"] == 1000000000000000000ull / (1ull << 30),
         "a carried row at a huge geometry: " + (hf ? hf->dump() : h.dump()));
+  // An odd head_dim: no RoPE can rotate it, but sizes do not need RoPE: f16 comes from its pool
+  // (2 layers x 7 blocks of 16 x 7 x 2 x 2 bytes = 6,272), int4 (7 x 4 bits, no whole byte) does not.
+  auto odd = recommend_json(k, {"--layers", "2", "--kv-heads", "1", "--head-dim", "7", "--seq-len", "100", "--batch",
+                                "1", "--memory", "1GiB", "--max-ppl-increase", "1", "--from", dir + "/eval-basic.json"});
+  const auto *f16 = row_named(odd, "f16"), *i4 = row_named(odd, "int4:group=32");
+  check(f16 && (*f16)["bytes_source"] == "pool layout" && (*f16)["bytes_per_sequence"] == 6272u,
+        "f16 at head_dim 7 from its pool");
+  check(i4 && (*i4)["bytes_source"] == "bits_per_element", "int4 at head_dim 7 carries its bits over");
   return failures ? 1 : 0;
 }
 
