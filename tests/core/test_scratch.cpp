@@ -9,19 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include "../common/kvtest.h"
 #include "core/scratch.h"
 
 namespace {
-
-int g_failures = 0;
-#define CHECK(cond)                                                                                   \
-  do {                                                                                                \
-    if (!(cond)) {                                                                                    \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s (%s)\n", __FILE__, __LINE__, #cond,               \
-                   kvc_last_error_message());                                                         \
-      __atomic_add_fetch(&g_failures, 1, __ATOMIC_RELAXED);                                           \
-    }                                                                                                 \
-  } while (0)
 
 constexpr uint32_t kHeads = 8, kDim = 128, kRow = kHeads * kDim;  // 4 KiB of f32 per token
 constexpr size_t kKeep = size_t(1) << 20;
@@ -117,7 +108,7 @@ int main() {
   // Another thread: its own buffers, released the same way; its exit frees them.
   std::thread t([] { run(true); });
   t.join();
-  if (g_failures) std::fprintf(stderr, "core_scratch: %d failure(s)\n", g_failures);
+  if (g_kvtest_fail) std::fprintf(stderr, "core_scratch: %d failure(s)\n", g_kvtest_fail);
   else std::printf("core_scratch: ok\n");
-  return g_failures ? 1 : 0;
+  return g_kvtest_fail ? 1 : 0;
 }
