@@ -568,7 +568,6 @@ void Pool::overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uin
                 dst);
 }
 
-// Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
 // Rows [0, result) of `n` rows at sequence indices idx0.. are attention
 // sinks with exact copies, and some rows after them are not: the rows to
 // leave out of the statistics of a scale that other tokens share. 0 when
@@ -599,6 +598,7 @@ void Pool::clamp_sinks(const LayerTable &l, uint64_t idx0, uint32_t unit, float 
   }
 }
 
+// Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
 void Pool::write_residual(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
                           uint64_t count) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;

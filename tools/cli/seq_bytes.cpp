@@ -10,9 +10,7 @@ namespace kvc_cli {
 
 namespace {
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
-}  // namespace
 
-namespace {
 struct Staging {
   std::uint64_t encoded = 0, staged = 0, offset = 0;  // offset: of the first staged token in its residual block
 };
