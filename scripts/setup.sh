@@ -21,6 +21,18 @@ python_setup() {
   fi
   echo "setup: pip install numpy pytest wheel setuptools"
   python3 -m pip install -q numpy pytest wheel setuptools 2>&1 | grep -v -i "warning: running pip as" || true
+  if ! python3 -c "import numpy, pytest, wheel, setuptools" 2>/dev/null; then
+    # Debian 12's own python3 refuses pip installs into it (PEP 668,
+    # "externally-managed-environment"): take Debian's packages instead.
+    if [ "$(command -v python3)" = /usr/bin/python3 ] && command -v apt-get >/dev/null 2>&1; then
+      echo "setup: python3 is Debian's: apt-get install python3-numpy python3-pytest python3-wheel python3-setuptools"
+      local sudo=""
+      [ "$(id -u)" -ne 0 ] && sudo="sudo"
+      $sudo apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+        python3-numpy python3-pytest python3-wheel python3-setuptools > /dev/null
+    fi
+  fi
   python3 -c "import numpy, pytest, wheel, setuptools"
 }
 

@@ -534,8 +534,9 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     }
   }
   std::fprintf(out,
-               "\nbits/elem: bytes held per element at the end of each full window; mean bits: the same "
-               "averaged over every forward pass (staged tokens count while they wait);\n"
+               "\nbits/elem: bits held per stored element at the end of each full window; mean bits: the same "
+               "averaged over every forward pass (partly filled blocks and tokens staged in f16 count while they "
+               "exist);\n"
                "kept: K/V tokens held at the end of a full window over positions fed (eviction); "
                "KL: mean KL(dense f32 || strategy) over the full vocabulary, nats per token; top-1: "
                "share of positions whose argmax equals the dense one;\nms/token: CPU time of "
