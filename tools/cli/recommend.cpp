@@ -280,8 +280,10 @@ struct Row {
       std::uint64_t b;
       return __builtin_mul_overflow(held(n), carried_bytes_per_token, &b) ? UINT64_MAX : b;
     }
-    if (evicts) return layout->bytes(held(n));  // evicting pools have no residual: whole blocks of the held tokens
-    return layout->peak(n);
+    // held(n) is n without eviction. Evicting pools have no residual (their peak is whole
+    // blocks of the held tokens); peak() keeps the size monotone even for a crafted
+    // kept_fraction on a pool that stages.
+    return layout->peak(held(n));
   }
 };
 
