@@ -42,6 +42,13 @@ kvc_pool *make_pool(int hash, uint64_t blocks) {
   return p;
 }
 
+// Only written blocks register in the prefix cache: the K/V (zeros) of n
+// tokens of the one layer (1 KV head of 8).
+void write_zeros(kvc_pool *p, uint64_t id, uint64_t n) {
+  const std::vector<float> zeros(n * 8, 0.0f);
+  OK(kvc_append(p, id, 0, 0, n, zeros.data(), zeros.data(), KVC_DTYPE_F32));
+}
+
 void BM_PrefixLookup(benchmark::State &state) {
   const int hash = static_cast<int>(state.range(0));
   const uint64_t blocks = static_cast<uint64_t>(state.range(1));
@@ -50,6 +57,7 @@ void BM_PrefixLookup(benchmark::State &state) {
   std::iota(toks.begin(), toks.end(), 1000);
   OK(kvc_seq_create(p, 1));
   OK(kvc_seq_reserve(p, 1, blocks * kBs, nullptr));
+  write_zeros(p, 1, blocks * kBs);
   OK(kvc_prefix_insert(p, 1, toks.data(), blocks * kBs, nullptr, 0, nullptr));
   kvc_prefix_result r;
   r.struct_size = sizeof r;
@@ -99,6 +107,7 @@ void BM_RegisterReclaim(benchmark::State &state) {
     next += kBs;
     OK(kvc_seq_create(p, id));
     OK(kvc_seq_reserve(p, id, kBs, nullptr));  // reclaims the oldest cached block once the pool is full
+    write_zeros(p, id, kBs);
     OK(kvc_prefix_insert(p, id, toks.data(), kBs, nullptr, 0, nullptr));
     OK(kvc_seq_free(p, id));  // cached
     ++id;

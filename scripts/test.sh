@@ -110,7 +110,7 @@ stage_tsan() {
     norand=(setarch "$(uname -m)" -R)
   fi
   local n
-  local tests='^(core_threads|prefix_threads|attention_threads|tier_host_threads|tier_host_random_ops|tier_host_prefetch_poll|tier_host_load_timeout|tier_disk_readers_and_writers_race|tier_redis_readers_race_writer)'
+  local tests='^(core_threads|core_state_concurrent|prefix_threads|attention_threads|tier_host_threads|tier_host_random_ops|tier_host_prefetch_poll|tier_host_load_timeout|tier_disk_readers_and_writers_race|tier_redis_readers_race_writer)'
   n=$(ctest --test-dir "$prefix-tsan" -N -R "$tests" | grep -c 'Test *#')
   if [ "$n" -eq 0 ]; then
     echo "no threaded tests registered" >&2

@@ -156,6 +156,7 @@ typedef enum kvc_status {
   KVC_ERR_IO = 20,                 /**< A file could not be read or written (the message has the system's reason). @since 0.3 */
   KVC_ERR_PENDING = 21,            /**< An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3 */
   KVC_ERR_TIMEOUT = 22,            /**< An offload tier did not answer within the load timeout; the blocks reserved for it went back to the pool. @since 0.3 */
+  KVC_ERR_EXCEEDS_CAPACITY = 23,   /**< The request cannot fit even in an empty pool (more blocks than the pool has, or would hold with its eviction budget): retrying never helps, unlike ::KVC_ERR_POOL_EXHAUSTED ("not now"). The message gives the blocks needed and the pool's total. @since 0.4 */
   KVC_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; never returned. */
 } kvc_status;
 
@@ -233,7 +234,11 @@ typedef enum kvc_layout {
 } kvc_layout;
 
 /** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
- * one tenant's K/V never lingers in memory handed to another. @since 0.1 */
+ * one tenant's K/V never lingers in memory handed to another, also for
+ * engines that read the blocks directly (kvc_pool_get_layout()). Without it
+ * the library's own readers still never return another sequence's bytes
+ * (kvc_gather(), attention and records return zeros for slots no append
+ * wrote, since 0.4); only the raw block memory keeps them. @since 0.1 */
 #define KVC_POOL_ZERO_ON_FREE 0x1u
 
 /** @brief Pool flag: quantize keys in their pre-RoPE space (KVQuant, arXiv
@@ -582,7 +587,11 @@ KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout);
 
 /**
  * @brief Describe the pool's block memory (see ::kvc_pool_layout). The base
- * pointer stays valid until kvc_pool_destroy().
+ * pointer stays valid until kvc_pool_destroy(). The raw memory is not
+ * filtered: a slot that was reserved but not written yet holds whatever
+ * bytes were there before (another sequence's, unless the pool was made
+ * with ::KVC_POOL_ZERO_ON_FREE); engine kernels reading it directly must
+ * read only the slots they wrote.
  * @param pool the pool (not NULL).
  * @param layout filled up to layout->struct_size (set it with kvc_pool_layout_init()).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
@@ -777,9 +786,23 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * index the residual arena. With a residual window, reserving also encodes the oldest
  * residual tokens beyond the window (positions before this call, already
  * written) into codec blocks and frees the residual blocks they leave.
+ * The new slots count as unwritten until kvc_append() writes them: readers
+ * (kvc_gather(), attention, records) return zeros for them, and
+ * kvc_prefix_insert() does not register their blocks.
+ *
+ * Admission (since 0.4): ::KVC_ERR_EXCEEDS_CAPACITY when the request can
+ * never fit: the sequence alone would hold more blocks than the pool has
+ * (its blocks shared with other sequences counted once, cached blocks as
+ * room, since an empty pool would have them; residual and attention-sink
+ * blocks against the residual arena's total), so re-queuing it never
+ * helps; the message gives the blocks needed and the total. With an
+ * auto-evicting policy the count is of what the sequence holds after that
+ * eviction. ::KVC_ERR_POOL_EXHAUSTED only when it would fit once other
+ * sequences free blocks ("not now"; the message gives needed and available).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_INVALID_ARGUMENT (n_new 0); ::KVC_ERR_OVERFLOW (length would
- * exceed 2^31 - 1); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
+ * exceed 2^31 - 1); ::KVC_ERR_EXCEEDS_CAPACITY (never fits, above; nothing
+ * changed); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
  * layers, or residual blocks for the residual and, at a sequence's first
  * reserve, its attention-sink copies; nothing changed);
  * ::KVC_ERR_OUT_OF_MEMORY; with an attached
@@ -840,7 +863,10 @@ KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, u
  * @brief Gather one layer's K and/or V for the tokens with indices
  * [first, first + n_tokens) of that layer (index = order in the layer's block
  * table; equal to the position until eviction), converted to `dst_dtype`.
- * Reserved slots not written yet read as zeros or stale data.
+ * A token whose slot was reserved but not written by kvc_append() (or
+ * restored, loaded or copied in from the host) reads as zeros, never as
+ * bytes another sequence left there (since 0.4; CPU pools check the
+ * written-slot bits, CUDA pools zero the reserved slots on the device).
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.
  * @param layer 0..num_layers-1.
@@ -883,7 +909,8 @@ KVC_API kvc_status kvc_seq_block_table(kvc_pool *pool, uint64_t seq_id, uint32_t
  *
  * For sequence i, its pages are `indices[indptr[i] .. indptr[i+1])` and
  * `last_page_len[i]` tokens of its last page are valid (1..block_size; 0 for
- * an empty sequence, which has no pages). Counts include reserved slots.
+ * an empty sequence, which has no pages). Counts include reserved slots,
+ * which hold stale bytes until written (see kvc_pool_get_layout()).
  * @param pool the pool (not NULL).
  * @param layer 0..num_layers-1.
  * @param seq_ids `[n_seqs]` sequence ids (repeats allowed).
@@ -1036,6 +1063,16 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
  * window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
  * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
  * over all layers) plus 100 bytes per layer. The sequence is unchanged.
+ *
+ * The record is the sequence at one instant (since 0.4): appends to this
+ * sequence from other threads wait while it is written (other sequences go
+ * on), so it never mixes rows from before and after an append. It is
+ * written straight into `buffer` (no second copy of the sequence). Slots of
+ * its blocks the sequence does not hold (the end of a last block) are zero
+ * in the record. Positions reserved but not written yet are saved as such
+ * (zero bytes and a list of unwritten ranges, record format 2): after a
+ * restore they read as zeros, can be appended, and keep their blocks out
+ * of the prefix cache until written.
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.
  * @param buffer NULL (to query the size) or receives the record.
@@ -1064,8 +1101,10 @@ KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, s
  * ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this
  * library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another
  * configuration: the message names the fields that differ; another record
- * format; a different per-tensor scale); ::KVC_ERR_POOL_EXHAUSTED (not enough
- * free blocks); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
+ * format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the
+ * record needs more blocks or residual blocks than the pool has in all);
+ * ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;
+ * ::KVC_ERR_INTERNAL (CUDA runtime).
  * @since 0.3
  */
 KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size);
@@ -1074,7 +1113,9 @@ KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *
  * @brief kvc_seq_save() into a file, atomically: the record is written to a
  * temporary file in the same folder, flushed to disk (fsync) and renamed
  * over `path`, so a reader sees the old file or the whole new one, never a
- * part (a crash mid-write leaves at most the temporary file behind).
+ * part (a crash mid-write leaves at most the temporary file behind). The
+ * record is streamed to the file (no copy of the whole record in memory)
+ * while appends to the sequence wait, as for kvc_seq_save().
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.
  * @param path the file to create or replace.
@@ -1153,7 +1194,8 @@ KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params);
  * queries: query head h reads KV head h / (num_q_heads / num_kv_heads). A
  * sequence holding no token gives zeros and a log-sum-exp of -inf (never
  * NaN). The query's own K/V must be appended first if it should attend to
- * itself (as vLLM and FlashInfer do).
+ * itself (as vLLM and FlashInfer do). A token whose slot was reserved but
+ * not written counts as a zero key and value row (as kvc_gather() reads it).
  * @param pool the pool (not NULL).
  * @param layer 0..num_layers-1.
  * @param seq_ids `[n_seqs]` live sequences (a sequence may appear more than once).
@@ -1612,7 +1654,12 @@ KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int3
  * engine) under their keys, so later prompts find them.
  *
  * Registers blocks [0, floor(n_tokens / block_size)) that every layer holds
- * unevicted; blocks already registered are skipped. A registered block leaves
+ * unevicted; blocks already registered are skipped. Since 0.4 every slot of
+ * those blocks must have been written (kvc_append(), a restore, a tier load
+ * or kvc_pool_copy_blocks() from the host): a block with a reserved slot no
+ * one wrote refuses the call with ::KVC_ERR_INVALID_ARGUMENT (the message
+ * names the first such position) and nothing is registered, so no prompt
+ * ever finds bytes no append wrote. A registered block leaves
  * the index (::KVC_PREFIX_REMOVED) before its content could change: before an
  * in-place kvc_append() into it, before eviction rewrites it, when a
  * truncation cuts into it while one sequence alone holds it, and when

@@ -60,6 +60,9 @@ KVC_CHECK_ERRC(Internal, KVC_ERR_INTERNAL);
 KVC_CHECK_ERRC(Incompatible, KVC_ERR_INCOMPATIBLE);
 KVC_CHECK_ERRC(Corrupt, KVC_ERR_CORRUPT);
 KVC_CHECK_ERRC(Io, KVC_ERR_IO);
+KVC_CHECK_ERRC(Pending, KVC_ERR_PENDING);
+KVC_CHECK_ERRC(Timeout, KVC_ERR_TIMEOUT);
+KVC_CHECK_ERRC(ExceedsCapacity, KVC_ERR_EXCEEDS_CAPACITY);
 static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 &&
               static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
               static_cast<int>(DType::BF16) == KVC_DTYPE_BF16);
@@ -120,50 +123,111 @@ kvc_status guard(F &&f) noexcept {
   fail(Errc::Io, what + " " + path + ": " + std::strerror(err));
 }
 
-// Writes a whole file atomically: a temporary file in the same folder,
-// fsync, rename over `path`, fsync of the folder. On failure `path` is
-// unchanged and the temporary file removed.
-void write_file_atomic(const std::string &path, const uint8_t *data, size_t size) {
-  static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) fail_io("cannot create", tmp, errno);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t w = write(fd, data + done, size - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      const int err = w < 0 ? errno : ENOSPC;
-      close(fd);
-      unlink(tmp.c_str());
-      fail_io("cannot write", tmp, err);
+// A file written atomically: a temporary file in the same folder, written
+// (streamed) piece by piece, fsync, rename over `path`, fsync of the folder.
+// Until commit() succeeds `path` is unchanged; a failure or a destruction
+// without commit removes the temporary file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::string path) : path_(std::move(path)) {
+    static std::atomic<uint64_t> counter{0};
+    tmp_ = path_ + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
+    fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail_io("cannot create", tmp_, errno);
+  }
+  ~AtomicFile() {
+    if (fd_ >= 0) close(fd_);
+    if (!committed_) unlink(tmp_.c_str());
+  }
+  AtomicFile(const AtomicFile &) = delete;
+  AtomicFile &operator=(const AtomicFile &) = delete;
+  void write_all(const uint8_t *data, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t w = ::write(fd_, data + done, size - done);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail_io("cannot write", tmp_, w < 0 ? errno : ENOSPC);
+      done += static_cast<size_t>(w);
     }
-    done += static_cast<size_t>(w);
   }
-  if (fsync(fd) != 0) {
-    const int err = errno;
-    close(fd);
-    unlink(tmp.c_str());
-    fail_io("cannot flush", tmp, err);
+  void write_at(uint64_t off, const uint8_t *data, size_t size) {
+    size_t done = 0;
+    while (done < size) {
+      const ssize_t w = pwrite(fd_, data + done, size - done, static_cast<off_t>(off + done));
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) fail_io("cannot write", tmp_, w < 0 ? errno : ENOSPC);
+      done += static_cast<size_t>(w);
+    }
   }
-  if (close(fd) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    fail_io("cannot close", tmp, err);
+  void commit() {
+    if (fsync(fd_) != 0) fail_io("cannot flush", tmp_, errno);
+    const int fd = fd_;
+    fd_ = -1;
+    if (close(fd) != 0) fail_io("cannot close", tmp_, errno);
+    if (rename(tmp_.c_str(), path_.c_str()) != 0) fail_io("cannot rename the record to", path_, errno);
+    committed_ = true;
+    const size_t slash = path_.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+    const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {  // the rename itself reaches the disk
+      fsync(dfd);
+      close(dfd);
+    }
   }
-  if (rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    unlink(tmp.c_str());
-    fail_io("cannot rename the record to", path, err);
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// A sequence record written straight into the caller's buffer.
+class BufferSink final : public kvc::core::RecordSink {
+ public:
+  BufferSink(uint8_t *buf, size_t capacity) : buf_(buf), cap_(capacity) {}
+  bool begin(uint64_t total) override { return buf_ && total <= cap_; }
+  void write(const uint8_t *p, uint64_t n) override {
+    std::memcpy(buf_ + at_, p, n);
+    at_ += n;
   }
-  const size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {  // the rename itself reaches the disk
-    fsync(dfd);
-    close(dfd);
+  void finish(uint64_t checksum) override { std::memcpy(buf_ + 16, &checksum, 8); }
+
+ private:
+  uint8_t *buf_;
+  size_t cap_, at_ = 0;
+};
+
+// A sequence record streamed into a file through a 1 MiB buffer.
+class FileSink final : public kvc::core::RecordSink {
+ public:
+  explicit FileSink(AtomicFile &f) : f_(f) {}
+  bool begin(uint64_t) override {
+    buf_.reserve(kChunk);
+    return true;
   }
-}
+  void write(const uint8_t *p, uint64_t n) override {
+    if (n >= kChunk) {
+      flush();
+      f_.write_all(p, n);
+      return;
+    }
+    if (buf_.size() + n > kChunk) flush();
+    buf_.insert(buf_.end(), p, p + n);
+  }
+  void finish(uint64_t checksum) override {
+    flush();
+    f_.write_at(16, reinterpret_cast<const uint8_t *>(&checksum), 8);
+  }
+
+ private:
+  static constexpr size_t kChunk = size_t(1) << 20;
+  void flush() {
+    if (!buf_.empty()) f_.write_all(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  AtomicFile &f_;
+  std::vector<uint8_t> buf_;
+};
 
 std::vector<uint8_t> read_file(const std::string &path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -391,6 +455,7 @@ KVC_API const char *kvc_status_string(kvc_status s) {
     case KVC_ERR_IO: return "KVC_ERR_IO";
     case KVC_ERR_PENDING: return "KVC_ERR_PENDING";
     case KVC_ERR_TIMEOUT: return "KVC_ERR_TIMEOUT";
+    case KVC_ERR_EXCEEDS_CAPACITY: return "KVC_ERR_EXCEEDS_CAPACITY";
     case KVC_STATUS_FORCE_32BIT: break;
   }
   return "KVC_ERR_UNKNOWN";
@@ -1129,20 +1194,15 @@ KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, s
   return guard([&] {
     auto &p = core_of(pool);
     need(size, "size");
-    // The size first (no copy of the blocks), then the record itself.
-    const uint64_t want = p.seq_record_size(seq_id);
+    // One pass under the sequence's lock: the size, then (when it fits) the
+    // record straight into the buffer.
+    BufferSink sink(static_cast<uint8_t *>(buffer), capacity);
+    const uint64_t want = p.seq_save(seq_id, sink);
     *size = want;
     if (!buffer || capacity < want)
       fail(Errc::BufferTooSmall, "the record of sequence " + std::to_string(seq_id) + " is " +
                                      std::to_string(want) + " bytes, capacity is " +
                                      std::to_string(buffer ? capacity : 0));
-    const std::vector<uint8_t> rec = p.seq_save(seq_id);
-    *size = rec.size();
-    if (rec.size() > capacity)  // the sequence grew between the two reads
-      fail(Errc::BufferTooSmall, "the record of sequence " + std::to_string(seq_id) + " is " +
-                                     std::to_string(rec.size()) + " bytes, capacity is " +
-                                     std::to_string(capacity));
-    std::memcpy(buffer, rec.data(), rec.size());
   });
 }
 
@@ -1158,8 +1218,10 @@ KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char
   return guard([&] {
     auto &p = core_of(pool);
     need(path, "path");
-    const std::vector<uint8_t> rec = p.seq_save(seq_id);
-    write_file_atomic(path, rec.data(), rec.size());
+    AtomicFile file(path);
+    FileSink sink(file);
+    p.seq_save(seq_id, sink);  // streamed: no copy of the whole record in memory
+    file.commit();
   });
 }
 

@@ -125,12 +125,16 @@ void Pool::attend_range(uint32_t layer, const LayerTable &l, const float *q, uin
       read_part(0, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(kt), DType::F32, l, t0);
       read_part(1, layer, blk, slot, cnt, reinterpret_cast<uint8_t *>(vt), DType::F32, l, t0);
       overlay_sinks(layer, l, t0, cnt, reinterpret_cast<uint8_t *>(kt), reinterpret_cast<uint8_t *>(vt), DType::F32);
+      zero_unwritten_rows(false, l.blocks[t0 / bs], slot, cnt, reinterpret_cast<uint8_t *>(kt),
+                          reinterpret_cast<uint8_t *>(vt), row * sizeof(float));
     } else {
       const uint64_t r = l.res_off + (t0 - l.n_lp);
       const uint32_t slot = static_cast<uint32_t>(r % bs);
       cnt = std::min(bs - slot, end - t0);
       read_residual(res_ptr(l.res_blocks[r / bs]), slot, cnt, reinterpret_cast<uint8_t *>(kt),
                     reinterpret_cast<uint8_t *>(vt), DType::F32);
+      zero_unwritten_rows(true, l.res_blocks[r / bs], slot, cnt, reinterpret_cast<uint8_t *>(kt),
+                          reinterpret_cast<uint8_t *>(vt), row * sizeof(float));
     }
     for (uint64_t r = 0; r < rows; ++r) {
       const uint64_t v_r = vis(i0 + r);

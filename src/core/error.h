@@ -32,6 +32,7 @@ enum class Errc : int32_t {
   Io = 20,
   Pending = 21,
   Timeout = 22,
+  ExceedsCapacity = 23,
 };
 
 class Error : public std::runtime_error {

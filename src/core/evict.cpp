@@ -159,6 +159,8 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
         const uint64_t run = std::min(bs - slot, n - t);
         read_part(0, li, block_ptr(l.blocks[t / bs]), slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
                   DType::F32, l, t);
+        zero_unwritten_rows(false, l.blocks[t / bs], slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
+                            nullptr, row * sizeof(float));
         t += run;
       }
       for (uint64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(l.position_of(t));
@@ -207,6 +209,12 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
       if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
       else prefix_drop_block(l.blocks[b]);  // rewritten in place: leaves the prefix index
     }
+    // Survivors keep their written state (sources are read before a later
+    // destination could overwrite them: k[j] >= j, in increasing j).
+    for (uint64_t j = first_write[li]; j < kn; ++j)
+      if (k[j] != j)
+        written_.put(l.blocks[j / bs], static_cast<uint32_t>(j % bs),
+                     written_.test(l.blocks[k[j] / bs], static_cast<uint32_t>(k[j] % bs)));
     // Move the survivors forward (destination index j <= source k[j]), a run
     // of consecutive tokens at a time (one memcpy per part and run). A run
     // stays inside one source and one destination block; memmove because a

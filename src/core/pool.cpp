@@ -298,7 +298,9 @@ Pool::Pool(const PoolConfig &cfg)
         return c;
       }()),
       alloc_(static_cast<uint32_t>(cfg_.num_blocks)),
-      res_alloc_(static_cast<uint32_t>(cfg_.num_residual_blocks)) {
+      res_alloc_(static_cast<uint32_t>(cfg_.num_residual_blocks)),
+      written_(cfg_.num_blocks, cfg_.block_size),
+      res_written_(cfg_.num_residual_blocks, cfg_.block_size) {
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, bs = cfg_.block_size;
   uint64_t off = 0;
   for (int kv = 0; kv < 2; ++kv) {
@@ -392,7 +394,90 @@ void Pool::zero_block(int32_t b) {
   else std::memset(block_ptr(b), 0, block_stride_);
 }
 
+template <typename F>
+void Pool::for_runs(const LayerTable &l, uint64_t idx0, uint64_t n, F &&f) const {
+  const BlockDiv bs = block_div(cfg_.block_size);
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t idx = idx0 + done;
+    uint64_t run;
+    if (idx < l.n_lp) {
+      const uint32_t slot = static_cast<uint32_t>(idx % bs);
+      run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
+      f(false, l.blocks[idx / bs], slot, run, done);
+    } else {
+      const uint64_t r = l.res_off + (idx - l.n_lp);
+      const uint32_t slot = static_cast<uint32_t>(r % bs);
+      run = std::min<uint64_t>(n - done, bs - slot);
+      f(true, l.res_blocks[r / bs], slot, run, done);
+    }
+    done += run;
+  }
+}
+
+void Pool::mark_written(const LayerTable &l, uint64_t idx0, uint64_t n, bool written) {
+  for_runs(l, idx0, n, [&](bool res, int32_t b, uint32_t slot, uint64_t run, uint64_t) {
+    SlotBits &bits = res ? res_written_ : written_;
+    if (written) bits.set(b, slot, run);
+    else bits.clear(b, slot, run);
+  });
+}
+
+uint64_t Pool::first_unwritten(const LayerTable &l, uint64_t idx0, uint64_t n) const {
+  uint64_t first = UINT64_MAX;
+  for_runs(l, idx0, n, [&](bool res, int32_t b, uint32_t slot, uint64_t run, uint64_t done) {
+    const SlotBits &bits = res ? res_written_ : written_;
+    if (first != UINT64_MAX || bits.all(b, slot, run)) return;
+    for (uint64_t i = 0; i < run; ++i)
+      if (!bits.test(b, static_cast<uint32_t>(slot + i))) {
+        first = idx0 + done + i;
+        return;
+      }
+  });
+  return first;
+}
+
+void Pool::zero_unwritten_rows(bool residual, int32_t b, uint32_t slot, uint64_t run, uint8_t *k_out,
+                               uint8_t *v_out, uint64_t row_bytes) const {
+  const SlotBits &bits = residual ? res_written_ : written_;
+  if (bits.all(b, slot, run)) return;
+  for (uint64_t i = 0; i < run; ++i)
+    if (!bits.test(b, static_cast<uint32_t>(slot + i))) {
+      if (k_out) std::memset(k_out + i * row_bytes, 0, row_bytes);
+      if (v_out) std::memset(v_out + i * row_bytes, 0, row_bytes);
+    }
+}
+
+template <typename F>
+void Pool::for_slot_bytes(uint32_t slot, uint64_t count, F &&f) const {
+  for (int kv = 0; kv < 2; ++kv) {
+    const PartLayout &pl = part_[kv];
+    if (!pl.quantized && cfg_.layout == Layout::HND) {
+      for (uint64_t hh = 0; hh < cfg_.num_kv_heads; ++hh)
+        f(pl.offset + hh * pl.head_stride + slot * pl.token_stride, count * pl.token_stride);
+    } else {
+      f(pl.offset + slot * pl.token_stride, count * pl.token_stride);
+    }
+    if (pl.quantized && pl.scales_per_token) {
+      const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
+      f(pl.scale_offset + slot * sb, count * sb);
+      if (pl.spec.asym) f(pl.zero_offset + slot * sb, count * sb);
+    }
+  }
+}
+
+void Pool::zero_slots(uint8_t *blk, bool residual, uint32_t slot, uint64_t count) const {
+  if (!count) return;
+  if (residual) {
+    const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.residual_dtype);
+    std::memset(blk + slot * row, 0, count * row);
+    std::memset(blk + (cfg_.block_size + slot) * row, 0, count * row);
+    return;
+  }
+  for_slot_bytes(slot, count, [&](uint64_t off, uint64_t len) { std::memset(blk + off, 0, len); });
+}
+
 void Pool::copy_block(int32_t dst, int32_t src) {
+  written_.copy_block(dst, src);
   if (dev_) dev_->copy(static_cast<uint64_t>(dst) * block_stride_, static_cast<uint64_t>(src) * block_stride_, block_stride_);
   else std::memcpy(block_ptr(dst), block_ptr(src), block_stride_);
 }
@@ -439,6 +524,8 @@ void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host
                                         "a sequence holds; nothing copied");
     for (size_t i = 0; i < n; ++i) prefix_drop_block(blocks[i]);  // content changes
   }
+  if (!to_host)  // the engine wrote every slot of these blocks
+    for (size_t i = 0; i < n; ++i) written_.set(blocks[i], 0, cfg_.block_size);
   if (dev_) return dev_->copy_blocks(blocks, n, host, to_host);
   for (size_t i = 0; i < n; ++i) {
     uint8_t *h = static_cast<uint8_t *>(host) + i * block_stride_;
@@ -513,6 +600,7 @@ void Pool::release_res(int32_t b) {
 int32_t Pool::cow_res(int32_t b) {
   const int32_t nb = take_res();
   std::memcpy(res_ptr(nb), res_ptr(b), res_stride_);
+  res_written_.copy_block(nb, b);
   release_res(b);
   return nb;
 }
@@ -631,6 +719,11 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
       read_residual(res_ptr(l.res_blocks[r / bs]), static_cast<uint32_t>(r % bs), 1,
                     reinterpret_cast<uint8_t *>(buf + t * row),
                     reinterpret_cast<uint8_t *>(buf + (unit + t) * row), DType::F32);
+      // A staged token no append wrote enters its group as zeros (no stale
+      // bytes in a shared scale) and stays unwritten.
+      zero_unwritten_rows(true, l.res_blocks[r / bs], static_cast<uint32_t>(r % bs), 1,
+                          reinterpret_cast<uint8_t *>(buf + t * row),
+                          reinterpret_cast<uint8_t *>(buf + (unit + t) * row), row * sizeof(float));
     }
     // Attention sinks keep their residual rows (exact: residual_dtype in and out).
     write_sinks(layer, l, l.n_lp + done, unit, reinterpret_cast<const uint8_t *>(buf),
@@ -657,6 +750,11 @@ void Pool::age(uint32_t layer, LayerTable &l, uint64_t count) {
     for (int kv = 0; kv < 2; ++kv)
       write_part(kv, layer, blk, reinterpret_cast<const uint8_t *>(buf + kv * unit * row), DType::F32,
                  buf + kv * unit * row, static_cast<uint32_t>(idx % bs), unit);
+    for (uint32_t t = 0; t < unit; ++t) {
+      const uint64_t r = l.res_off + done + t;
+      written_.put(l.blocks[idx / bs], static_cast<uint32_t>((idx + t) % bs),
+                   res_written_.test(l.res_blocks[r / bs], static_cast<uint32_t>(r % bs)));
+    }
   }
   l.n_lp += count;
   const uint64_t off = l.res_off + count;
@@ -893,6 +991,9 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
         l.res_blocks.push_back(take_res());
         write_residual(res_ptr(l.res_blocks[0]), 0, reinterpret_cast<const uint8_t *>(buf),
                        reinterpret_cast<const uint8_t *>(buf + partial * row), DType::F32, partial);
+        for (uint64_t t = 0; t < partial; ++t)  // the re-staged tokens keep their written state
+          res_written_.put(l.res_blocks[0], static_cast<uint32_t>(t),
+                           written_.test(l.blocks[lp / bs], static_cast<uint32_t>(lp % bs + t)));
       }
       l.n_lp = lp;
       const size_t keep_blocks = static_cast<size_t>((lp + bs - 1) / bs);
@@ -964,11 +1065,20 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   };
   const BlockDiv bs = block_div(cfg_.block_size);
   if (!residual()) {
-    uint64_t needed = 0;
+    uint64_t needed = 0, held_after = 0;
     for (const LayerTable &l : s.layers) {
       needed += (l.n_tokens + n_new + bs - 1) / bs - l.blocks.size();
+      held_after += (l.n_tokens + n_new + bs - 1) / bs;
       if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++needed;  // copy-on-write
     }
+    // Never fits: the sequence alone would hold more blocks than the pool
+    // has (its shared blocks counted once, no copy-on-write then needed).
+    if (held_after > alloc_.num_blocks())
+      fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
+                                      " more tokens needs " + u64s(held_after) + " blocks (" +
+                                      u64s(cfg_.num_layers) + " layers of " +
+                                      u64s((s.layers[0].n_tokens + n_new + bs - 1) / bs) +
+                                      "), the pool has " + u64s(alloc_.num_blocks()) + " in all");
     if (needed > alloc_.available())
       fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                     u64s(needed) + " blocks, " + u64s(alloc_.available()) +
@@ -986,6 +1096,20 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
         prefix_drop_block(l.blocks.back());  // its free slots will be written: it leaves the prefix index
       const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
       while (l.blocks.size() < target) l.blocks.push_back(take_block());
+      // The new slots are unwritten until an append writes them (device
+      // pools also zero them: their kernels read the arena directly).
+      for (uint64_t i = 0; i < n_new;) {
+        const uint64_t idx = l.n_tokens + i;
+        const uint32_t slot = static_cast<uint32_t>(idx % bs);
+        const uint64_t run = std::min<uint64_t>(n_new - i, bs - slot);
+        const int32_t b = l.blocks[idx / bs];
+        written_.clear(b, slot, run);
+        if (dev_)
+          for_slot_bytes(slot, run, [&](uint64_t off, uint64_t len) {
+            dev_->zero(static_cast<uint64_t>(b) * block_stride_ + off, len);
+          });
+        i += run;
+      }
       if (slot_mapping) {
         int64_t *out = slot_mapping + static_cast<uint64_t>(li) * n_new;
         for (uint64_t i = 0; i < n_new; ++i) {
@@ -1010,6 +1134,14 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   const uint32_t unit = age_unit();
   std::vector<uint64_t> aged(cfg_.num_layers);
   uint64_t need_lp = 0, need_res = 0;
+  // The sequence's attention-sink copies come with its first reserve.
+  const uint64_t need_sinks = s.sink_blocks.empty() ? sink_blocks_needed() : 0;
+  need_res += need_sinks;
+  // Residual blocks in the order the changes below take and free them: the
+  // sinks first, then per layer aging frees the blocks it leaves (those no
+  // other sequence shares) before the layer's new ones are taken.
+  bool res_fits = need_sinks <= res_alloc_.available();
+  uint64_t res_avail = res_fits ? res_alloc_.available() - need_sinks : 0;
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     const LayerTable &l = s.layers[li];
     const uint64_t hp_old = l.n_tokens - l.n_lp, hp_after = hp_old + n_new;
@@ -1020,26 +1152,40 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       need_lp += (l.n_lp + a + bs - 1) / bs - l.blocks.size();
       if (l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++need_lp;
     }
-    // Residual blocks after aging: the kept ones plus new ones (counted
-    // without the ones aging frees, so the check is conservative).
+    // Residual blocks after aging: the kept ones plus new ones.
     const uint64_t off = l.res_off + a;
     const uint64_t kept = l.res_blocks.size() - std::min<uint64_t>(off / bs, l.res_blocks.size());
     const uint64_t hp_left = hp_after - a;
     const uint64_t first = hp_left == n_new ? 0 : off % bs;  // residual emptied: start afresh
     const uint64_t total = (first + hp_left + bs - 1) / bs;
     const uint64_t kept_used = hp_left == n_new ? 0 : kept;
-    need_res += total > kept_used ? total - kept_used : 0;
-    if (kept_used && (l.res_off + hp_old) % bs != 0 && res_alloc_.refcount(l.res_blocks.back()) > 1)
-      ++need_res;
+    uint64_t take = total > kept_used ? total - kept_used : 0;
+    if (kept_used && (l.res_off + hp_old) % bs != 0 && res_alloc_.refcount(l.res_blocks.back()) > 1) ++take;
+    need_res += take;
+    const size_t dropped = static_cast<size_t>(l.res_blocks.size() - kept_used);
+    for (size_t i = 0; i < dropped; ++i) res_avail += res_alloc_.refcount(l.res_blocks[i]) == 1 ? 1 : 0;
+    if (take > res_avail) res_fits = false;
+    else res_avail -= take;
   }
-  // The sequence's attention-sink copies come with its first reserve.
-  const uint64_t need_sinks = s.sink_blocks.empty() ? sink_blocks_needed() : 0;
-  need_res += need_sinks;
-  if (need_lp > alloc_.available() || need_res > res_alloc_.available())
+  {  // Never fits: what the sequence alone would hold after this reserve.
+    uint64_t lp_after = 0, res_after = s.sink_blocks.size() + need_sinks;
+    for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+      const LayerTable &l = s.layers[li];
+      const uint64_t hp_left = l.n_tokens - l.n_lp + n_new - aged[li];
+      lp_after += (l.n_lp + aged[li] + bs - 1) / bs;
+      res_after += (hp_left + bs - 1) / bs;  // at least this many, wherever the residual starts
+    }
+    if (lp_after > alloc_.num_blocks() || res_after > res_alloc_.num_blocks())
+      fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
+                                      " more tokens needs " + u64s(lp_after) + " blocks (the pool has " +
+                                      u64s(alloc_.num_blocks()) + ") and " + u64s(res_after) +
+                                      " residual blocks (the pool has " + u64s(res_alloc_.num_blocks()) + ")");
+  }
+  if (need_lp > alloc_.available() || !res_fits)
     fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                   u64s(need_lp) + " blocks (" + u64s(alloc_.available()) +
                                   " available) and " + u64s(need_res) + " residual blocks (" +
-                                  u64s(res_alloc_.available()) + " available)");
+                                  u64s(res_alloc_.available()) + " available, more as aging frees some)");
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {  // may throw bad_alloc: nothing changed yet
     LayerTable &l = s.layers[li];
     const size_t lp_target = static_cast<size_t>((l.n_lp + aged[li] + bs - 1) / bs);
@@ -1071,6 +1217,12 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     }
     const uint64_t target = (l.res_off + hp + n_new + bs - 1) / bs;
     while (l.res_blocks.size() < target) l.res_blocks.push_back(take_res());
+    for (uint64_t i = 0; i < n_new;) {  // unwritten until an append writes them
+      const uint64_t r = l.res_off + hp + i;
+      const uint64_t run = std::min<uint64_t>(n_new - i, bs - r % bs);
+      res_written_.clear(l.res_blocks[r / bs], static_cast<uint32_t>(r % bs), run);
+      i += run;
+    }
     if (slot_mapping) {  // slots in the residual arena
       int64_t *out = slot_mapping + static_cast<uint64_t>(li) * n_new;
       for (uint64_t i = 0; i < n_new; ++i) {
@@ -1324,6 +1476,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
         }
       const std::vector<cuda::Slot> slots = slots_of(l, idx0, n);
       dev_->append(slots.data(), n, k, v, static_cast<int32_t>(src), ts, 3);
+      mark_written(l, idx0, n, true);
       return;
     }
     const uint8_t *ks = static_cast<const uint8_t *>(k);
@@ -1363,6 +1516,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
         done += run;
       }
     }
+    mark_written(l, idx0, n, true);
   };
   {
     std::shared_lock lk(mu_);
@@ -1372,7 +1526,10 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     check_lp_write(l, idx0);
     const auto shared = shared_blocks(l, idx0);
     if (shared.first == 0 && shared.second == 0 && !touches_registered(l, idx0)) {
-      write(l, idx0);
+      {  // kvc_seq_save of this sequence waits (and holds writes off) meanwhile
+        std::shared_lock wl(s.writers.mu);
+        write(l, idx0);
+      }
       if (!age_due(s, layer, idx0, idx0 + n)) return;
       // Aging moves blocks: exclusive lock, and only if the layer is as this
       // write left it (otherwise the next reserve ages it). The stamp tells
@@ -1450,6 +1607,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
       if (ko) read_part(0, layer, blk, slot, run, ko + done * row, dst, l, idx);
       if (vo) read_part(1, layer, blk, slot, run, vo + done * row, dst, l, idx);
       overlay_sinks(layer, l, idx, run, ko ? ko + done * row : nullptr, vo ? vo + done * row : nullptr, dst);
+      zero_unwritten_rows(false, l.blocks[idx / bs], slot, run, ko ? ko + done * row : nullptr,
+                          vo ? vo + done * row : nullptr, row);
       done += run;
     } else {
       const uint64_t r = l.res_off + (idx - l.n_lp);
@@ -1457,6 +1616,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
       const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
       read_residual(res_ptr(l.res_blocks[r / bs]), slot, run, ko ? ko + done * row : nullptr,
                     vo ? vo + done * row : nullptr, dst);
+      zero_unwritten_rows(true, l.res_blocks[r / bs], slot, run, ko ? ko + done * row : nullptr,
+                          vo ? vo + done * row : nullptr, row);
       done += run;
     }
   }

@@ -20,6 +20,7 @@
 #include "core/rope.h"
 #include "core/rwlock.h"
 #include "core/seq_map.h"
+#include "core/written.h"
 
 namespace kvc::tier {
 class Tier;
@@ -204,7 +205,24 @@ struct Sequence {
   // private to the sequence (a fork copies them), freed with it.
   std::vector<int32_t> sink_blocks;
   bool track_scores = false;  // layers keep `scores`
+  // Appends hold it shared while they write the sequence's bytes (under the
+  // pool's shared lock); kvc_seq_save holds it exclusively, so a record is
+  // the sequence at one instant. A copy (fork) gets a fresh lock.
+  struct WriteLock {
+    mutable RwLock mu;
+    WriteLock() = default;
+    WriteLock(const WriteLock &) {}
+    WriteLock &operator=(const WriteLock &) { return *this; }
+  } writers;
   std::shared_ptr<const PolicySpec> policy;  // null: the pool's default
+};
+
+// Receives a sequence record (Pool::seq_save).
+struct RecordSink {
+  virtual ~RecordSink() = default;
+  virtual bool begin(uint64_t total) = 0;
+  virtual void write(const uint8_t *p, uint64_t n) = 0;
+  virtual void finish(uint64_t checksum) = 0;
 };
 
 class Pool {
@@ -265,8 +283,13 @@ class Pool {
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
 
-  // One sequence as a self-describing record (state.cpp, docs/tiers.md).
-  std::vector<uint8_t> seq_save(uint64_t id) const;
+  // One sequence as a self-describing record (state.cpp, docs/tiers.md),
+  // as it is at one instant (appends to it wait meanwhile): begin(total)
+  // first (false: stop, e.g. a buffer too small), then the bytes in order
+  // through write(), then finish(checksum) for header bytes 16..24 (written
+  // as zero). Returns the record's size. Refuses a sequence with reserved
+  // positions no append wrote.
+  uint64_t seq_save(uint64_t id, RecordSink &out) const;
   uint64_t seq_record_size(uint64_t id) const;  // bytes seq_save(id) returns now
   // Creates sequence `id` from a record (all checks first: nothing changes on failure).
   void seq_restore(uint64_t id, const uint8_t *data, size_t size);
@@ -329,6 +352,25 @@ class Pool {
   cuda::Geometry geometry() const;
   void zero_block(int32_t b);
   void copy_block(int32_t dst, int32_t src);
+  // Written-slot tracking (core/written.h). Calls f(residual, block, slot,
+  // run, done) for the runs of tokens [idx0, idx0 + n) of a layer, one block
+  // at a time (done: tokens before the run).
+  template <typename F>
+  void for_runs(const LayerTable &l, uint64_t idx0, uint64_t n, F &&f) const;
+  void mark_written(const LayerTable &l, uint64_t idx0, uint64_t n, bool written);
+  // The first of tokens [idx0, idx0 + n) of a layer no append wrote, or UINT64_MAX.
+  uint64_t first_unwritten(const LayerTable &l, uint64_t idx0, uint64_t n) const;
+  // Zeroes the output rows (row_bytes each, K and / or V) of the tokens of a
+  // run [slot, slot + run) of block b that no append wrote.
+  void zero_unwritten_rows(bool residual, int32_t b, uint32_t slot, uint64_t run, uint8_t *k_out,
+                           uint8_t *v_out, uint64_t row_bytes) const;
+  // Byte ranges (offset in a main-arena block, length) that hold token slots
+  // [slot, slot + count): codes, per-token scales and zero points of K and V.
+  template <typename F>
+  void for_slot_bytes(uint32_t slot, uint64_t count, F &&f) const;
+  // Zeroes slots [slot, slot + count) of a copy of a block (residual: of the
+  // residual arena) in host memory.
+  void zero_slots(uint8_t *blk, bool residual, uint32_t slot, uint64_t count) const;
   // Slots (block * block_size + slot) of tokens [first, first + n) of a layer's main arena.
   std::vector<cuda::Slot> slots_of(const LayerTable &l, uint64_t first, uint64_t n) const;
   int32_t take_block();              // allocate (caller checked availability)
@@ -429,6 +471,7 @@ class Pool {
   void prefix_on_reclaim(int32_t b);                 // block b left the LRU for reuse
   void prefix_on_cached(int32_t b);                  // block b became cached: keep its chain's parents newer
   void prefix_drop_entry(uint32_t e, int32_t taken);
+  SlotBits written_, res_written_;  // slots an append wrote (main arena, residual arena)
   mutable RwLock mu_;
   mutable std::mutex scores_mu_;  // recorded attention scores (written under the shared lock)
 };

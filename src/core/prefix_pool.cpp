@@ -402,6 +402,14 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     }
     full = std::min(full, l.n_lp / bs);
   }
+  // Only what appends wrote becomes findable: a block with a slot that was
+  // reserved but never written refuses the whole call (nothing registered).
+  for (uint32_t li = 0; li < nl; ++li)
+    if (const uint64_t u = first_unwritten(s.layers[li], 0, full * bs); u != UINT64_MAX)
+      fail(Errc::InvalidArgument, "position " + u64s(s.layers[li].position_of(u)) + " of layer " + u64s(li) +
+                                      " of sequence " + u64s(id) +
+                                      " was reserved but never written (kvc_append): prefix blocks are registered "
+                                      "only once every slot is written; nothing registered");
   const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
   const std::vector<uint8_t> xb = extras_encoding(ex, nx);
   PrefixKey parent = ps.root;

@@ -16,7 +16,9 @@ namespace kvc::core {
 namespace {
 
 constexpr char kMagic[4] = {'K', 'V', 'C', 'S'};
-constexpr uint32_t kFormat = 1;
+// Format 1; format 2 adds the ranges of reserved tokens no append wrote
+// (written only when a sequence has some, so other records stay format 1).
+constexpr uint32_t kFormat = 1, kFormatUnwritten = 2;
 constexpr uint64_t kHeader = 24;  // magic, format, total size, checksum
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
@@ -111,19 +113,75 @@ uint64_t Pool::seq_record_size(uint64_t id) const {
   return n;
 }
 
-std::vector<uint8_t> Pool::seq_save(uint64_t id) const {
+namespace {
+
+// Streams a record to a RecordSink: the header first (checksum 0), the rest
+// hashed as it goes.
+class Emitter {
+ public:
+  explicit Emitter(RecordSink &out) : out_(out), st_(XXH3_createState()) {
+    if (!st_) throw std::bad_alloc();
+    XXH3_64bits_reset(st_);
+  }
+  ~Emitter() { XXH3_freeState(st_); }
+  Emitter(const Emitter &) = delete;
+  Emitter &operator=(const Emitter &) = delete;
+  void u32(uint32_t v) { put(&v, 4); }
+  void u64(uint64_t v) { put(&v, 8); }
+  void put(const void *p, size_t n) {
+    if (n == 0) return;
+    if (at_ >= kHeader) XXH3_64bits_update(st_, p, n);
+    out_.write(static_cast<const uint8_t *>(p), n);
+    at_ += n;
+  }
+  uint64_t digest() const { return XXH3_64bits_digest(st_); }
+
+ private:
+  RecordSink &out_;
+  XXH3_state_t *st_;
+  uint64_t at_ = 0;
+};
+
+}  // namespace
+
+uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  std::vector<uint8_t> out;
-  uint64_t blocks = 0, res_blocks = 0;
-  for (const LayerTable &l : s.layers) blocks += l.blocks.size(), res_blocks += l.res_blocks.size();
-  out.reserve(kHeader + 256 + blocks * block_stride_ + res_blocks * res_stride_);
-  Writer w(out);
-  w.put(kMagic, 4);
-  w.u32(kFormat);
-  w.u64(0);  // total size, set below
-  w.u64(0);  // checksum, set below
+  // Appends to this sequence wait while it is read: the record is the
+  // sequence at one instant (other sequences go on).
+  std::unique_lock wl(s.writers.mu);
+  const uint64_t bs = cfg_.block_size;
+  // Tokens reserved but not written, per layer as [first, first + count)
+  // index ranges: the record says so (format 2), and their bytes are zero.
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> unwritten(cfg_.num_layers);
+  bool any_unwritten = false;
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    const LayerTable &l = s.layers[li];
+    for (uint64_t from = 0; from < l.n_tokens;) {
+      const uint64_t u = first_unwritten(l, from, l.n_tokens - from);
+      if (u == UINT64_MAX) break;
+      uint64_t e = u + 1;
+      while (e < l.n_tokens && first_unwritten(l, e, 1) == e) ++e;
+      unwritten[li].emplace_back(u, e - u);
+      any_unwritten = true;
+      from = e;
+    }
+  }
   const std::vector<uint8_t> fp = state_fingerprint(cfg_);
+  uint64_t total = kHeader + 4 + fp.size() + 8 + 4 + 4;
+  for (const LayerTable &l : s.layers) {
+    total += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 + l.scores.size() * sizeof(float);
+    total += l.blocks.size() * block_stride_ + l.res_blocks.size() * res_stride_;
+  }
+  if (cfg_.residual_sinks) total += 4 + s.sink_blocks.size() * res_stride_;
+  if (any_unwritten)
+    for (const auto &r : unwritten) total += 4 + 16 * r.size();
+  if (!out.begin(total)) return total;
+  Emitter w(out);
+  w.put(kMagic, 4);
+  w.u32(any_unwritten ? kFormatUnwritten : kFormat);
+  w.u64(total);
+  w.u64(0);  // checksum: RecordSink::finish
   w.u32(static_cast<uint32_t>(fp.size()));
   w.put(fp.data(), fp.size());
   w.u64(s.length);
@@ -150,24 +208,74 @@ std::vector<uint8_t> Pool::seq_save(uint64_t id) const {
   }
   // Pools with attention sinks: the count of sink blocks (their bytes end the record).
   if (cfg_.residual_sinks) w.u32(static_cast<uint32_t>(s.sink_blocks.size()));
-  // The blocks' bytes, layer by layer: the main arena, then the residual.
-  for (const LayerTable &l : s.layers) {
-    const size_t at = out.size();
-    out.resize(at + l.blocks.size() * block_stride_);
-    if (dev_) {
-      if (!l.blocks.empty()) dev_->copy_blocks(l.blocks.data(), l.blocks.size(), out.data() + at, true);
-    } else {
-      for (size_t i = 0; i < l.blocks.size(); ++i)
-        std::memcpy(out.data() + at + i * block_stride_, block_ptr(l.blocks[i]), block_stride_);
+  if (any_unwritten)  // format 2: per layer u32 R, then R x (u64 first index, u64 count)
+    for (const auto &r : unwritten) {
+      w.u32(static_cast<uint32_t>(r.size()));
+      for (const auto &[first, count] : r) w.u64(first), w.u64(count);
     }
-    for (int32_t b : l.res_blocks) w.put(res_ptr(b), res_stride_);
+  // The blocks' bytes, layer by layer: the main arena, then the residual.
+  // Blocks the layer holds whole and written go straight from the arena to
+  // the sink; slots it does not hold (the end of its last block, the
+  // residual's start and end) or never wrote are zeroed in a copy, so a
+  // record never carries bytes of a slot's earlier owner.
+  std::vector<uint8_t> tmp(std::max(block_stride_, res_stride_));
+  std::vector<uint8_t> dev_buf;
+  for (const LayerTable &l : s.layers) {
+    for (size_t i = 0; i < l.blocks.size(); ++i) {
+      const uint64_t first = i * bs, held = std::min<uint64_t>(bs, l.n_lp - first);
+      const uint8_t *src = nullptr;
+      if (dev_) {
+        dev_->copy_blocks(&l.blocks[i], 1, tmp.data(), true);
+        src = tmp.data();
+      } else if (held < bs) {
+        std::memcpy(tmp.data(), block_ptr(l.blocks[i]), block_stride_);
+        src = tmp.data();
+      } else {
+        src = block_ptr(l.blocks[i]);
+      }
+      const bool clean = held == bs && written_.all(l.blocks[i], 0, bs);
+      if (!clean && src != tmp.data()) {
+        std::memcpy(tmp.data(), block_ptr(l.blocks[i]), block_stride_);
+        src = tmp.data();
+      }
+      if (held < bs) zero_slots(tmp.data(), false, static_cast<uint32_t>(held), bs - held);
+      if (!clean)
+        for (uint64_t t = 0; t < held; ++t)
+          if (!written_.test(l.blocks[i], static_cast<uint32_t>(t))) zero_slots(tmp.data(), false, static_cast<uint32_t>(t), 1);
+      w.put(src, block_stride_);
+    }
+    const uint64_t hp = l.n_tokens - l.n_lp;
+    for (size_t i = 0; i < l.res_blocks.size(); ++i) {
+      const uint64_t b0 = i * bs, lo = l.res_off, hi = l.res_off + hp;  // held residual slots [lo, hi)
+      const uint64_t from = std::max(b0, lo) - b0, to = std::min(b0 + bs, hi) - b0;
+      if (from == 0 && to == bs && res_written_.all(l.res_blocks[i], 0, bs)) {
+        w.put(res_ptr(l.res_blocks[i]), res_stride_);
+        continue;
+      }
+      std::memcpy(tmp.data(), res_ptr(l.res_blocks[i]), res_stride_);
+      zero_slots(tmp.data(), true, 0, static_cast<uint32_t>(from));
+      zero_slots(tmp.data(), true, static_cast<uint32_t>(to), bs - to);
+      for (uint64_t t = from; t < to; ++t)
+        if (!res_written_.test(l.res_blocks[i], static_cast<uint32_t>(t))) zero_slots(tmp.data(), true, static_cast<uint32_t>(t), 1);
+      w.put(tmp.data(), res_stride_);
+    }
   }
-  for (int32_t b : s.sink_blocks) w.put(res_ptr(b), res_stride_);
-  const uint64_t total = out.size();
-  std::memcpy(out.data() + 8, &total, 8);
-  const uint64_t sum = XXH3_64bits(out.data() + kHeader, total - kHeader);
-  std::memcpy(out.data() + 16, &sum, 8);
-  return out;
+  // Sink blocks: each layer's copies of the tokens it holds; the rest zeroed.
+  const uint64_t per = cfg_.residual_sinks ? cfg_.block_size / cfg_.residual_sinks : 1;
+  for (size_t i = 0; i < s.sink_blocks.size(); ++i) {
+    std::memcpy(tmp.data(), res_ptr(s.sink_blocks[i]), res_stride_);
+    std::vector<uint8_t> keep(bs, 0);
+    for (uint32_t li = 0; li < cfg_.num_layers; ++li)
+      if (li / per == i) {
+        const uint64_t held = std::min<uint64_t>(s.layers[li].n_tokens, cfg_.residual_sinks);
+        for (uint64_t t = 0; t < held; ++t) keep[sink_slot(li) + t] = 1;
+      }
+    for (uint32_t t = 0; t < bs; ++t)
+      if (!keep[t]) zero_slots(tmp.data(), true, t, 1);
+    w.put(tmp.data(), res_stride_);
+  }
+  out.finish(w.digest());
+  return total;
 }
 
 void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
@@ -177,9 +285,9 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   Reader r(data, size);
   r.take(4);
   const uint32_t format = r.u32();
-  if (format != kFormat)
-    fail(Errc::Incompatible, "sequence record format " + u64s(format) + ": this library reads format " +
-                                 u64s(kFormat) + "; nothing restored");
+  if (format != kFormat && format != kFormatUnwritten)
+    fail(Errc::Incompatible, "sequence record format " + u64s(format) + ": this library reads formats " +
+                                 u64s(kFormat) + " and " + u64s(kFormatUnwritten) + "; nothing restored");
   const uint64_t total = r.u64();
   if (total != size) Reader::corrupt("says it is " + u64s(total) + " bytes, " + u64s(size) + " were given");
   const uint64_t sum = r.u64();
@@ -262,6 +370,20 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     if (any && n_sinks == 0) Reader::corrupt("has tokens but no attention-sink blocks");
     need_res += n_sinks;
   }
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> unwritten(layers);
+  if (format == kFormatUnwritten)
+    for (uint32_t li = 0; li < layers; ++li) {
+      const uint32_t n_ranges = r.u32();
+      if (n_ranges > r.left() / 16) Reader::corrupt("ends early");
+      uint64_t end = 0;
+      for (uint32_t i = 0; i < n_ranges; ++i) {
+        const uint64_t first = r.u64(), count = r.u64();
+        if (count == 0 || first < end || first >= saved[li].t.n_tokens || count > saved[li].t.n_tokens - first)
+          Reader::corrupt("has unwritten ranges out of order or beyond the layer's tokens (layer " + u64s(li) + ")");
+        unwritten[li].emplace_back(first, count);
+        end = first + count;
+      }
+    }
   const uint8_t *bytes = r.take(r.left());
   uint64_t expect = n_sinks * res_stride_;
   for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * res_stride_;
@@ -282,6 +404,11 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
                                      " scale is " + std::to_string(bits_f32(have)) + " in this pool and " +
                                      std::to_string(bits_f32(want)) + " in the record; nothing restored");
     }
+  if (need_blocks > alloc_.num_blocks() || need_res > res_alloc_.num_blocks())
+    fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: restoring needs " + u64s(need_blocks) +
+                                    " blocks (the pool has " + u64s(alloc_.num_blocks()) + ") and " +
+                                    u64s(need_res) + " residual blocks (the pool has " +
+                                    u64s(res_alloc_.num_blocks()) + "); nothing restored");
   if (need_blocks > alloc_.available() || need_res > res_alloc_.available())
     fail(Errc::PoolExhausted, "pool exhausted: restoring needs " + u64s(need_blocks) + " blocks (" +
                                   u64s(alloc_.available()) + " available) and " + u64s(need_res) +
@@ -318,6 +445,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
       if (saved[li].scale[kv])
         tensor_scale_[kv][li].compare_exchange_strong(expected, saved[li].scale[kv], std::memory_order_acq_rel);
     }
+    mark_written(l, 0, l.n_tokens, true);  // as the record says: all but its unwritten ranges
+    for (const auto &[first, count] : unwritten[li]) mark_written(l, first, count, false);
     tokens_stored_ += l.n_tokens;
   }
   for (uint64_t i = 0; i < n_sinks; ++i) {

@@ -649,6 +649,7 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
     } else {
       for (uint64_t li = 0; li < nl; ++li) std::memcpy(block_ptr(dst[li]), blocks + li * block_stride_, block_stride_);
     }
+    for (uint64_t li = 0; li < nl; ++li) written_.set(dst[li], 0, cfg_.block_size);  // a whole registered block
     parent_entry = prefix_register(k, parent, parent_entry, L.first_depth + i, L.tokens[i].data(), L.xd, L.xb, dst);
     parent = k;
     if (from[i] < ts.size()) ts[from[i]]->promotions.fetch_add(1, std::memory_order_relaxed);

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
@@ -67,6 +68,19 @@ static inline kvc_stats get_stats(kvc_pool *p) {
   kvc_status st = kvc_pool_stats(p, &s);
   assert_int_equal(st, KVC_OK);
   return s;
+}
+
+/* Runs one test by name (argv[1]: ctest runs each alone) or all of them. */
+#define run_named_tests(group, tests, n, argc, argv)                                 \
+  (((argc) > 1 && !has_test((tests), (n), (argv)[1]))                                \
+       ? (fprintf(stderr, "no test named %s\n", (argv)[1]), 1)                      \
+       : ((argc) > 1 ? cmocka_set_test_filter((argv)[1]) : (void)0,                  \
+          _cmocka_run_group_tests((group), (tests), (n), NULL, NULL)))
+
+static inline int has_test(const struct CMUnitTest *tests, size_t n, const char *name) {
+  for (size_t i = 0; i < n; ++i)
+    if (strcmp(tests[i].name, name) == 0) return 1;
+  return 0;
 }
 
 #endif

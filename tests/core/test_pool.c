@@ -635,13 +635,16 @@ static void test_truncate_and_rewrite(void **state) {
 static void test_exhaustion_changes_nothing(void **state) {
   (void)state;
   const uint32_t L = 3, H = 1, D = 4, row = 4, bs = 4;
-  kvc_pool *p = make_pool(L, H, D, bs, 8);
+  kvc_pool *p = make_pool(L, H, D, bs, 11);
   ASSERT_OK(kvc_seq_create(p, 1));
-  write_tokens(p, 1, 1, 6, L, row); /* 2 blocks per layer: 6 used, 2 free */
+  write_tokens(p, 1, 1, 6, L, row); /* 2 blocks per layer: 6 used, 5 free */
+  ASSERT_OK(kvc_seq_create(p, 2));
+  ASSERT_OK(kvc_seq_reserve(p, 2, 1, NULL)); /* 1 more in each layer: 2 free */
   kvc_stats before = get_stats(p);
   assert_int_equal(before.blocks_free, 2);
-  /* 3 more tokens need 1 more block in each of 3 layers: only 2 free. The
-   * first two layers could be served; the reserve must not half-apply. */
+  /* 3 more tokens need 1 more block in each of 3 layers: only 2 free (9 in
+   * of 11 would do, so "not now"). The first two layers could be served; the
+   * reserve must not half-apply. */
   int64_t slots[3 * 3];
   memset(slots, 0x11, sizeof slots);
   ASSERT_STATUS(KVC_ERR_POOL_EXHAUSTED, kvc_seq_reserve(p, 1, 3, slots));

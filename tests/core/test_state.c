@@ -232,8 +232,8 @@ static void test_other_configuration_refused(void **state) {
     ASSERT_STATUS(KVC_ERR_SEQ_NOT_FOUND, kvc_seq_length(q, 1, &len));
     kvc_pool_destroy(q);
   }
-  /* A record of another format version. */
-  rec[4] = 2;
+  /* A record of another format version (1 and 2 are read). */
+  rec[4] = 3;
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(p, 2, rec, size));
   free(rec);
   kvc_pool_destroy(p);

@@ -60,7 +60,7 @@ constexpr uint64_t kMaxLength = 0x7fffffffu;
 
 std::string st(kvc_status s) { return kvc_status_string(s); }
 
-bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_TIMEOUT; }
+bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_EXCEEDS_CAPACITY; }
 
 class Input {
  public:
@@ -420,14 +420,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const uint64_t n = op == 12 ? 1 : pick_count(in, h.BS, cap_tokens);
         const bool with_slots = (in.u8() & 3) != 0;
         auto it = h.seqs.find(id);
-        uint64_t need = 0;
+        uint64_t need = 0, held_after = 0;
         if (it != h.seqs.end() && n != 0 && n <= kMaxLength - it->second.len) {
           const uint64_t len = it->second.len;
           for (uint32_t l = 0; l < h.L; ++l) {
             need += h.blocks_for(len + n) - h.blocks_for(len);
+            held_after += h.blocks_for(len + n);
             if (len % h.BS && h.is_shared(h.tables[id][l].back())) ++need;
           }
         }
+        // Admission: more blocks than the whole pool is "never", the rest "not now".
+        const bool never = held_after > h.stats.blocks_total;
         must_fail = it == h.seqs.end() || n == 0 || n > kMaxLength - it->second.len;
         may_fail = !must_fail && need > h.free_blocks();
         std::vector<int64_t> slots;
@@ -465,8 +468,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           }
         } else {
           FCHECK(r == KVC_ERR_SEQ_NOT_FOUND || r == KVC_ERR_INVALID_ARGUMENT ||
-                     r == KVC_ERR_OVERFLOW || r == KVC_ERR_POOL_EXHAUSTED, st(r));
-          if (!must_fail) FCHECK(r == KVC_ERR_POOL_EXHAUSTED, st(r));
+                     r == KVC_ERR_OVERFLOW || r == KVC_ERR_POOL_EXHAUSTED || r == KVC_ERR_EXCEEDS_CAPACITY, st(r));
+          if (!must_fail) FCHECK(r == (never ? KVC_ERR_EXCEEDS_CAPACITY : KVC_ERR_POOL_EXHAUSTED), st(r));
         }
         break;
       }
@@ -589,7 +592,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             kvc_convert(raw.data(), d, back.data(), KVC_DTYPE_F32, n * h.row);
             for (uint64_t i = 0; i < n; ++i) {
               const int tag = it->second.tags[layer][first + i];
-              if (tag < 0) continue;
+              if (tag < 0) {  // reserved, never written: zeros, never another sequence's bytes
+                for (uint64_t e = 0; e < h.row; ++e)
+                  FCHECK(back[i * h.row + e] == 0.0f, std::string(kv ? "V" : "K") + " of unwritten position " +
+                                                          std::to_string(first + i) + " is not zero");
+                continue;
+              }
               for (uint64_t e = 0; e < h.row; ++e)
                 FCHECK(back[i * h.row + e] == value_of(tag + kv * 97, e),
                        std::string(kv ? "V" : "K") + " of sequence " + std::to_string(id) +
@@ -775,6 +783,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           r = rs;
           break;
         }
+        bool unwritten = false;  // records hold written tokens only
+        for (const auto &lt : h.seqs[src].tags)
+          for (int t : lt) unwritten = unwritten || t < 0;
+        if (unwritten) {
+          FCHECK(rs == KVC_ERR_INVALID_ARGUMENT, "save with unwritten positions: " + st(rs));
+          must_fail = true;
+          r = rs;
+          break;
+        }
         FCHECK(rs == KVC_ERR_BUFFER_TOO_SMALL && size > 24, "save size query: " + st(rs));
         std::vector<uint8_t> rec(size);
         FCHECK(kvc_seq_save(h.pool, src, rec.data(), rec.size(), &size) == KVC_OK, "save");
@@ -788,7 +805,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r == KVC_OK) {
           h.seqs[dst] = h.seqs[src];
         } else {
-          FCHECK(r == KVC_ERR_SEQ_EXISTS || r == KVC_ERR_CORRUPT || r == KVC_ERR_POOL_EXHAUSTED, st(r));
+          FCHECK(r == KVC_ERR_SEQ_EXISTS || r == KVC_ERR_CORRUPT || r == KVC_ERR_POOL_EXHAUSTED ||
+                     r == KVC_ERR_EXCEEDS_CAPACITY, st(r));
           if (damage & 3 && !h.seqs.count(dst)) FCHECK(r == KVC_ERR_CORRUPT, "damaged record: " + st(r));
         }
         break;

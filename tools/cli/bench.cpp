@@ -421,6 +421,14 @@ void prefix_cases(Bench &b) {
     auto pool = make_pool(tokens, KVC_DTYPE_F16, nullptr, true, hash, 8, 1);
     ok(kvc_seq_create(pool->p, 1), "kvc_seq_create");
     ok(kvc_seq_reserve(pool->p, 1, tokens, nullptr), "kvc_seq_reserve");
+    {  // only written blocks register: write the prompt's K/V (zeros)
+      kvc_pool_config pc;
+      kvc_pool_config_init(&pc);
+      ok(kvc_pool_get_config(pool->p, &pc), "kvc_pool_get_config");
+      const std::vector<float> zeros(static_cast<size_t>(tokens) * pc.num_kv_heads * pc.head_dim, 0.0f);
+      for (uint32_t l = 0; l < pc.num_layers; ++l)
+        ok(kvc_append(pool->p, 1, l, 0, tokens, zeros.data(), zeros.data(), KVC_DTYPE_F32), "kvc_append");
+    }
     ok(kvc_prefix_insert(pool->p, 1, toks.data(), tokens, nullptr, 0, nullptr), "kvc_prefix_insert");
     kvc_prefix_result r;
     std::memset(&r, 0, sizeof r);
