@@ -331,9 +331,15 @@ def test_error_exhausted_pool_changes_nothing():
         pool.seq_create(1)
         pool.reserve(1, 48)  # 3 blocks per layer
         with pytest.raises(kvcache.KvcError) as e:
-            pool.reserve(1, 32)
-        assert status_of(e) == kvcache.ERR_POOL_EXHAUSTED and e.value.message
+            pool.reserve(1, 32)  # 5 per layer: more than the pool has, never fits
+        assert status_of(e) == kvcache.ERR_EXCEEDS_CAPACITY and e.value.message
         assert pool.seq_length(1) == 48 and pool.stats().blocks_used == 6
+        pool.seq_create(2)
+        pool.reserve(2, 16)
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.reserve(1, 16)  # fits once sequence 2 is gone: not now
+        assert status_of(e) == kvcache.ERR_POOL_EXHAUSTED and e.value.message
+        assert pool.seq_length(1) == 48 and pool.stats().blocks_used == 8
 
 
 def test_error_bad_buffers():

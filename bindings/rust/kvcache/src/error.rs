@@ -56,11 +56,14 @@ pub enum Status {
     Pending,
     /// `KVC_ERR_TIMEOUT`: an offload tier did not answer within the load timeout.
     Timeout,
+    /// `KVC_ERR_EXCEEDS_CAPACITY`: the request cannot fit even in an empty pool
+    /// (retrying never helps, unlike `PoolExhausted`).
+    ExceedsCapacity,
     /// A code this crate does not know.
     Other(u32),
 }
 
-const KNOWN: [(Status, sys::kvc_status); 22] = [
+const KNOWN: [(Status, sys::kvc_status); 23] = [
     (
         Status::InvalidArgument,
         sys::kvc_status::KVC_ERR_INVALID_ARGUMENT,
@@ -95,6 +98,7 @@ const KNOWN: [(Status, sys::kvc_status); 22] = [
     (Status::Io, sys::kvc_status::KVC_ERR_IO),
     (Status::Pending, sys::kvc_status::KVC_ERR_PENDING),
     (Status::Timeout, sys::kvc_status::KVC_ERR_TIMEOUT),
+    (Status::ExceedsCapacity, sys::kvc_status::KVC_ERR_EXCEEDS_CAPACITY),
 ];
 
 impl Status {

@@ -414,14 +414,25 @@ fn unknown_sequences_are_not_found() {
 fn an_exhausted_pool_changes_nothing() {
     let pool = model_pool(4); // two blocks per layer: 32 tokens
     pool.seq_create(1).unwrap();
+    // 40 tokens never fit (three blocks per layer); 32 fit but not while
+    // another sequence holds blocks.
     let err = pool.seq_reserve(1, 40).unwrap_err();
-    assert_library_error(&err, Status::PoolExhausted, "");
+    assert_library_error(&err, Status::ExceedsCapacity, "has 4 in all");
     assert_eq!(pool.seq_length(1).unwrap(), 0);
     assert_eq!(pool.stats().unwrap().blocks_free, 4);
+    pool.seq_create(2).unwrap();
+    pool.seq_reserve(2, 1).unwrap();
+    assert_library_error(
+        &pool.seq_reserve(1, 32).unwrap_err(),
+        Status::PoolExhausted,
+        "available",
+    );
+    assert_eq!(pool.seq_length(1).unwrap(), 0);
+    pool.seq_free(2).unwrap();
     pool.seq_reserve(1, 32).unwrap();
     assert_library_error(
         &pool.seq_reserve(1, 1).unwrap_err(),
-        Status::PoolExhausted,
+        Status::ExceedsCapacity,
         "",
     );
     assert_eq!(pool.seq_length(1).unwrap(), 32);

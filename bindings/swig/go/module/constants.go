@@ -37,6 +37,9 @@ const (
 	ERR_IO                 Status = 20
 	ERR_PENDING            Status = 21
 	ERR_TIMEOUT            Status = 22
+	// ERR_EXCEEDS_CAPACITY: the request never fits, even in an empty pool
+	// (ERR_POOL_EXHAUSTED: not now).
+	ERR_EXCEEDS_CAPACITY Status = 23
 )
 
 // DType is an element type (kvc_dtype).

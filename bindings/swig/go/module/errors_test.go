@@ -60,11 +60,17 @@ func TestErrorsUnknownSequence(t *testing.T) {
 func TestErrorsExhaustedPool(t *testing.T) {
 	p := newTestPool(t, testConfig())
 	must(t, p.SeqCreate(1))
-	// 64 blocks of 16 tokens over 2 layers hold 512 tokens of one sequence.
-	assertStatus(t, p.Reserve(1, 513), ERR_POOL_EXHAUSTED)
+	// 64 blocks of 16 tokens over 2 layers hold 512 tokens of one sequence:
+	// 513 never fit.
+	assertStatus(t, p.Reserve(1, 513), ERR_EXCEEDS_CAPACITY)
 	if n := must1[uint64](t)(p.SeqLength(1)); n != 0 {
 		t.Fatalf("length %d after a failed reserve", n)
 	}
+	// Room another sequence holds: not now.
+	must(t, p.SeqCreate(2))
+	must(t, p.Reserve(2, 16))
+	assertStatus(t, p.Reserve(1, 512), ERR_POOL_EXHAUSTED)
+	must(t, p.SeqFree(2))
 	must(t, p.Reserve(1, 512))
 }
 

@@ -37,6 +37,7 @@ func TestNativeConstants(t *testing.T) {
 		{"ERR_IO", int64(ERR_IO), int64(native.ERR_IO)},
 		{"ERR_PENDING", int64(ERR_PENDING), int64(native.ERR_PENDING)},
 		{"ERR_TIMEOUT", int64(ERR_TIMEOUT), int64(native.ERR_TIMEOUT)},
+		{"ERR_EXCEEDS_CAPACITY", int64(ERR_EXCEEDS_CAPACITY), int64(native.ERR_EXCEEDS_CAPACITY)},
 		{"DTYPE_F32", int64(DTYPE_F32), int64(native.DTYPE_F32)},
 		{"DTYPE_F16", int64(DTYPE_F16), int64(native.DTYPE_F16)},
 		{"DTYPE_BF16", int64(DTYPE_BF16), int64(native.DTYPE_BF16)},

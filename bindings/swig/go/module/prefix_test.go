@@ -1,6 +1,9 @@
 package kvcache
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 func TestPrefixInsertLookupAttach(t *testing.T) {
 	const n = 40
@@ -60,6 +63,13 @@ func TestPrefixSeedAndPartial(t *testing.T) {
 	must(t, p.EnablePrefixCache(&pc))
 	must(t, p.SeqCreate(1))
 	must(t, p.Reserve(1, 33))
+	// Only written blocks register.
+	if _, err := p.PrefixInsert(1, prompt, ""); !errors.Is(err, ERR_INVALID_ARGUMENT) {
+		t.Fatalf("insert of unwritten blocks: %v", err)
+	}
+	for l := uint32(0); l < layers; l++ {
+		must1[uint64](t)(p.Append(1, l, 0, random(33*row, int64(l)), random(33*row, int64(10+l))))
+	}
 	if got := must1[uint64](t)(p.PrefixInsert(1, prompt, "")); got != 2 {
 		t.Fatalf("registered %d", got)
 	}

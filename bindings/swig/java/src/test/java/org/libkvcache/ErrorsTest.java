@@ -50,9 +50,15 @@ public class ErrorsTest {
   public void exhaustedPool() {
     try (Pool pool = new Pool(config())) {
       pool.seqCreate(1);
-      // 64 blocks of 16 tokens over 2 layers hold 512 tokens of one sequence.
-      assertFailure(Kvc.ERR_POOL_EXHAUSTED, assertThrows(KvcException.class, () -> pool.reserve(1, 513)));
+      // 64 blocks of 16 tokens over 2 layers hold 512 tokens of one sequence:
+      // 513 never fit.
+      assertFailure(Kvc.ERR_EXCEEDS_CAPACITY, assertThrows(KvcException.class, () -> pool.reserve(1, 513)));
       assertEquals(0, pool.seqLength(1)); // nothing changed
+      // Room another sequence holds: not now.
+      pool.seqCreate(2);
+      pool.reserve(2, 16);
+      assertFailure(Kvc.ERR_POOL_EXHAUSTED, assertThrows(KvcException.class, () -> pool.reserve(1, 512)));
+      pool.seqFree(2);
       pool.reserve(1, 512);
       assertEquals(0, pool.stats().getBlocksFree());
     }

@@ -64,6 +64,9 @@ public class PrefixTest {
       pool.enablePrefixCache(pc);
       pool.seqCreate(1);
       pool.reserve(1, 33);
+      // Only written blocks register.
+      assertThrows(KvcException.class, () -> pool.prefixInsert(1, prompt));
+      for (int l = 0; l < LAYERS; ++l) pool.append(1, l, 0, random(33 * ROW, l), random(33 * ROW, 10 + l));
       assertEquals(2, pool.prefixInsert(1, prompt));
       assertEquals(32, pool.prefixLookup(prompt, Kvc.PREFIX_PARTIAL).getHitTokens());
     }
