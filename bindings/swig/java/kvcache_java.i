@@ -55,7 +55,8 @@
 /* Enum items and #defines become compile-time constants (usable in switch).
  * A #define whose C value Java cannot compile (a macro, a u suffix) needs a
  * literal here, or javac fails on KvcConstants.java. */
-%javaconstvalue(3) KVC_API_VERSION;
+%javaconstvalue(4) KVC_API_VERSION;
+%javaconstvalue(65536) KVC_STRUCT_SIZE_MAX;
 %javaconstvalue(1) KVC_POOL_ZERO_ON_FREE;
 %javaconstvalue(2) KVC_POOL_PRE_ROPE_KEYS;
 %javaconstvalue(1) KVC_PREFIX_PARTIAL;
@@ -76,11 +77,11 @@
 %ignore KVC_OBSERVE_FORCE_32BIT; %ignore KVC_OBSERVE_FORCE_SIGNED;
 %ignore KVC_POLICY_FORCE_32BIT; %ignore KVC_POLICY_FORCE_SIGNED;
 %ignore KVC_POOLING_FORCE_32BIT; %ignore KVC_POOLING_FORCE_SIGNED;
-%ignore KVC_PREFIX_EVENT_FORCE_32BIT; %ignore KVC_PREFIX_HASH_FORCE_32BIT;
+%ignore KVC_PREFIX_EVENT_FORCE_32BIT; %ignore KVC_PREFIX_EVENT_FORCE_SIGNED; %ignore KVC_PREFIX_HASH_FORCE_32BIT;
 %ignore KVC_PREFIX_HASH_FORCE_SIGNED; %ignore KVC_PYRAMID_FORCE_32BIT;
 %ignore KVC_PYRAMID_FORCE_SIGNED; %ignore KVC_ROPE_FORCE_32BIT;
 %ignore KVC_ROPE_FORCE_SIGNED; %ignore KVC_ROTATION_FORCE_32BIT;
-%ignore KVC_ROTATION_FORCE_SIGNED; %ignore KVC_STATUS_FORCE_32BIT;
+%ignore KVC_ROTATION_FORCE_SIGNED; %ignore KVC_STATUS_FORCE_32BIT; %ignore KVC_STATUS_FORCE_SIGNED;
 %ignore KVC_TIER_KIND_FORCE_32BIT; %ignore KVC_TIER_KIND_FORCE_SIGNED;
 
 /* Java naming: lowerCamelCase methods and field accessors. */

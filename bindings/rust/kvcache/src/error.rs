@@ -56,8 +56,9 @@ pub enum Status {
     Pending,
     /// `KVC_ERR_TIMEOUT`: an offload tier did not answer within the load timeout.
     Timeout,
-    /// A code this crate does not know.
-    Other(u32),
+    /// A code this crate does not know (`kvc_status` is a signed 32-bit
+    /// enum, as every enum of the header).
+    Other(i32),
 }
 
 const KNOWN: [(Status, sys::kvc_status); 22] = [
@@ -124,7 +125,7 @@ impl Status {
     }
 
     /// The numeric code (`KVC_ERR_POOL_EXHAUSTED` is 7).
-    pub fn code(self) -> u32 {
+    pub fn code(self) -> i32 {
         self.to_raw().0
     }
 
