@@ -5439,8 +5439,8 @@ extern "C" {
     #[doc = " @param struct_size the caller's sizeof(kvc_tier_config): at least 56 (the whole 0.3 struct),"]
     #[doc = " not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size"]
-    #[doc = " refused as above; the message names the field it cuts); ::KVC_ERR_INVALID_ARGUMENT (unknown kind). Nothing is"]
-    #[doc = " written on failure."]
+    #[doc = " refused as above; the message names the field it cuts);"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (unknown kind). Nothing is written on failure."]
     #[doc = " @since 0.4"]
     pub fn kvc_tier_config_init_sized(
         config: *mut kvc_tier_config,
