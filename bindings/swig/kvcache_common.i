@@ -18,7 +18,11 @@
  * The C structs keep their C field names; handles become classes:
  *   kvc_pool -> Pool, kvc_policy -> Policy, kvc_codec -> Codec,
  *   kvc_pool_config -> PoolConfig, kvc_policy_config -> PolicyConfig, ...
- * Constructors fill the defaults (kvc_*_init) and destructors free handles.
+ * Constructors fill the defaults (kvc_<thing>_init_sized with the binding's
+ * sizeof) and destructors free handles. Each config and result class has a
+ * static init_sized(buffer, struct_size) that initialises a caller's buffer
+ * as a struct of another header's size (an older or newer caller), through
+ * the same library call.
  * The raw kvc_* functions are not wrapped: the methods below call them and
  * check every status. Enum constants lose their KVC_ prefix (DTYPE_F16,
  * POLICY_STREAMING, ERR_SEQ_NOT_FOUND...).
@@ -64,10 +68,30 @@ static size_t kvc_swig_elem(kvc_dtype dtype) {
   return bytes;
 }
 
+/* A caller buffer that a static init_sized() initialises as a struct of
+ * struct_size bytes: present, large enough and aligned for the struct's
+ * fields (8 bytes); the library then writes exactly struct_size bytes. */
+static bool kvc_swig_struct_buffer(void *dst, size_t dst_bytes, size_t struct_size) {
+  if (dst == NULL) {
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the buffer is empty");
+    return false;
+  }
+  if (dst_bytes < struct_size) {
+    kvc_swig_fail(KVC_ERR_BUFFER_TOO_SMALL, "the buffer holds " + std::to_string(dst_bytes) +
+                  " bytes; struct_size is " + std::to_string(struct_size));
+    return false;
+  }
+  if ((uintptr_t)dst % 8 != 0) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "the buffer is not 8-byte aligned");
+    return false;
+  }
+  return true;
+}
+
 /* Bytes of one token's row of K (or V) of a pool in `dtype`; 0 after a failure. */
 static size_t kvc_swig_row_bytes(kvc_pool *pool, kvc_dtype dtype) {
   kvc_pool_config c;
-  kvc_pool_config_init(&c);
+  kvc_pool_config_init_sized(&c, sizeof c);
   if (kvc_swig_check(kvc_pool_get_config(pool, &c))) return 0;
   size_t elem = kvc_swig_elem(dtype);
   if (elem == 0) {
@@ -192,6 +216,8 @@ static bool kvc_swig_c_string(const char *what, const std::string &s) {
 %include <std_vector.i>
 namespace std {
   %template(Int32Vector) vector<int32_t>;
+  /* (SWIG's uint64_t is unsigned long long; the method copies into it.) */
+  %template(UInt64Vector) vector<unsigned long long>;
 }
 
 /* ---- what the header gives: enums, constants and the plain structs ---- */
@@ -274,24 +300,34 @@ namespace std {
 %extend kvc_pool_config {
   kvc_pool_config() {
     kvc_pool_config *c = new kvc_pool_config;
-    kvc_pool_config_init(c);
+    kvc_pool_config_init_sized(c, sizeof *c);
     return c;
   }
   ~kvc_pool_config() { delete $self; }
+  /** Initialise a caller buffer as a kvc_pool_config of struct_size bytes (another header's size): kvc_pool_config_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_pool_config_init_sized((kvc_pool_config *)dst, struct_size));
+  }
 }
 %extend kvc_codec {
   kvc_codec() {
     kvc_codec *c = new kvc_codec;
-    kvc_codec_init(c);
+    kvc_codec_init_sized(c, sizeof *c);
     return c;
   }
   ~kvc_codec() { delete $self; }
+  /** Initialise a caller buffer as a kvc_codec of struct_size bytes (another header's size): kvc_codec_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_codec_init_sized((kvc_codec *)dst, struct_size));
+  }
 
   /** Buffer sizes quantize() needs for `[n][d]` values. */
   kvc_quant_sizes sizes(uint64_t n, uint64_t d) {
     const kvc_codec codec = *$self;
     kvc_quant_sizes s;
-    kvc_quant_sizes_init(&s);
+    kvc_quant_sizes_init_sized(&s, sizeof s);
     kvc_swig_check(kvc_quantize_sizes(&codec, n, d, &s));
     return s;
   }
@@ -323,7 +359,7 @@ namespace std {
     }
     uint64_t n = src_bytes / (elem * d);
     kvc_quant_sizes s;
-    kvc_quant_sizes_init(&s);
+    kvc_quant_sizes_init_sized(&s, sizeof s);
     if (kvc_swig_check(kvc_quantize_sizes(&codec, n, d, &s))) return 0;
     if (!kvc_swig_need("codes", codes_out_bytes, s.codes_bytes) ||
         !kvc_swig_need("scales", scales_out_bytes, s.scales_bytes) ||
@@ -339,7 +375,7 @@ namespace std {
                   void *dst, size_t dst_bytes, kvc_dtype dst_dtype) {
     const kvc_codec codec = *$self;
     kvc_quant_sizes s;
-    kvc_quant_sizes_init(&s);
+    kvc_quant_sizes_init_sized(&s, sizeof s);
     if (kvc_swig_check(kvc_quantize_sizes(&codec, n, d, &s))) return;
     size_t elem = kvc_swig_elem(dst_dtype);
     if (elem == 0) {
@@ -357,18 +393,28 @@ namespace std {
 %extend kvc_policy_config {
   kvc_policy_config() {
     kvc_policy_config *c = new kvc_policy_config;
-    kvc_policy_config_init(c);
+    kvc_policy_config_init_sized(c, sizeof *c);
     return c;
   }
   ~kvc_policy_config() { delete $self; }
+  /** Initialise a caller buffer as a kvc_policy_config of struct_size bytes (another header's size): kvc_policy_config_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_policy_config_init_sized((kvc_policy_config *)dst, struct_size));
+  }
 }
 %extend kvc_prefix_config {
   kvc_prefix_config() {
     kvc_prefix_config *c = new kvc_prefix_config;
-    kvc_prefix_config_init(c);
+    kvc_prefix_config_init_sized(c, sizeof *c);
     return c;
   }
   ~kvc_prefix_config() { delete $self; }
+  /** Initialise a caller buffer as a kvc_prefix_config of struct_size bytes (another header's size): kvc_prefix_config_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_prefix_config_init_sized((kvc_prefix_config *)dst, struct_size));
+  }
   /** Seed the key chain's root with exactly 32 bytes (sets seed_set), so keys match across pools and restarts. */
   void set_seed(const void *seed, size_t seed_bytes) {
     if (seed == NULL || seed_bytes != sizeof $self->seed) {
@@ -380,22 +426,73 @@ namespace std {
   }
 }
 
+/* Result structs: the library's defaults (zeros) on construction too. */
+%extend kvc_stats {
+  kvc_stats() {
+    kvc_stats *s = new kvc_stats;
+    kvc_stats_init_sized(s, sizeof *s);
+    return s;
+  }
+  ~kvc_stats() { delete $self; }
+  /** Initialise a caller buffer as a kvc_stats of struct_size bytes: kvc_stats_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_stats_init_sized((kvc_stats *)dst, struct_size));
+  }
+}
+%extend kvc_prefix_stats {
+  kvc_prefix_stats() {
+    kvc_prefix_stats *s = new kvc_prefix_stats;
+    kvc_prefix_stats_init_sized(s, sizeof *s);
+    return s;
+  }
+  ~kvc_prefix_stats() { delete $self; }
+  /** Initialise a caller buffer as a kvc_prefix_stats of struct_size bytes: kvc_prefix_stats_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_prefix_stats_init_sized((kvc_prefix_stats *)dst, struct_size));
+  }
+}
+%extend kvc_quant_sizes {
+  kvc_quant_sizes() {
+    kvc_quant_sizes *s = new kvc_quant_sizes;
+    kvc_quant_sizes_init_sized(s, sizeof *s);
+    return s;
+  }
+  ~kvc_quant_sizes() { delete $self; }
+  /** Initialise a caller buffer as a kvc_quant_sizes of struct_size bytes: kvc_quant_sizes_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_quant_sizes_init_sized((kvc_quant_sizes *)dst, struct_size));
+  }
+}
+
 %extend kvc_tier_config {
   /** Defaults of kvc_tier_config_init() for `kind` (path and address are arguments of Pool.add_tier()). */
   kvc_tier_config(kvc_tier_kind kind = KVC_TIER_HOST) {
     kvc_tier_config c;
-    if (kvc_swig_check(kvc_tier_config_init(&c, kind))) return NULL;
+    if (kvc_swig_check(kvc_tier_config_init_sized(&c, kind, sizeof c))) return NULL;
     return new kvc_tier_config(c);
   }
   ~kvc_tier_config() { delete $self; }
+  /** Initialise a caller buffer as a kvc_tier_config of struct_size bytes for `kind`: kvc_tier_config_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size, kvc_tier_kind kind = KVC_TIER_HOST) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_tier_config_init_sized((kvc_tier_config *)dst, kind, struct_size));
+  }
 }
 %extend kvc_tier_stats {
   kvc_tier_stats() {
     kvc_tier_stats *s = new kvc_tier_stats;
-    kvc_tier_stats_init(s);
+    kvc_tier_stats_init_sized(s, sizeof *s);
     return s;
   }
   ~kvc_tier_stats() { delete $self; }
+  /** Initialise a caller buffer as a kvc_tier_stats of struct_size bytes: kvc_tier_stats_init_sized. */
+  static void init_sized(void *dst, size_t dst_bytes, size_t struct_size) {
+    if (kvc_swig_struct_buffer(dst, dst_bytes, struct_size))
+      kvc_swig_check(kvc_tier_stats_init_sized((kvc_tier_stats *)dst, struct_size));
+  }
   /** The reason of the tier's last error, "" if none (the C field's bytes up to its NUL). */
   %immutable;
   std::string last_error_str;
@@ -481,7 +578,7 @@ struct kvc_swig_pool {};
 
   kvc_pool_config config() {
     kvc_pool_config c;
-    kvc_pool_config_init(&c);
+    kvc_pool_config_init_sized(&c, sizeof c);
     KVC_POOL(c);
     kvc_swig_check(kvc_pool_get_config(pool_, &c));
     c.k_codec = NULL;
@@ -490,7 +587,7 @@ struct kvc_swig_pool {};
   }
   kvc_stats stats() {
     kvc_stats s;
-    kvc_stats_init(&s);
+    kvc_stats_init_sized(&s, sizeof s);
     KVC_POOL(s);
     kvc_swig_check(kvc_pool_stats(pool_, &s));
     return s;
@@ -630,20 +727,20 @@ struct kvc_swig_pool {};
   }
   /**
    * Evict with `policy` (null: the sequence's or the pool's); returns the
-   * tokens dropped, summed over the layers (layer_tokens() gives each
-   * layer's count after it).
+   * tokens each layer dropped, `[num_layers]`, as kvc_evict() does (empty
+   * after a failure).
    */
-  uint64_t evict(uint64_t seq_id, const kvc_swig_policy *policy = NULL) {
-    KVC_POOL(0);
-    KVC_POLICY(policy, p, 0);
+  std::vector<unsigned long long> evict(uint64_t seq_id, const kvc_swig_policy *policy = NULL) {
+    std::vector<unsigned long long> out;
+    KVC_POOL(out);
+    KVC_POLICY(policy, p, out);
     kvc_pool_config c;
-    kvc_pool_config_init(&c);
-    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return 0;
+    kvc_pool_config_init_sized(&c, sizeof c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return out;
     std::vector<uint64_t> dropped(c.num_layers, 0);
-    if (kvc_swig_check(kvc_evict(pool_, seq_id, p, dropped.data()))) return 0;
-    uint64_t total = 0;
-    for (uint64_t d : dropped) total += d;
-    return total;
+    if (kvc_swig_check(kvc_evict(pool_, seq_id, p, dropped.data()))) return out;
+    out.assign(dropped.begin(), dropped.end());
+    return out;
   }
 
   /** Turn on the prefix cache (config null: defaults). */
@@ -652,7 +749,7 @@ struct kvc_swig_pool {};
     KVC_POOL();
     if (!kvc_swig_c_string("model_id", model_id) || !kvc_swig_c_string("tokenizer_id", tokenizer_id)) return;
     kvc_prefix_config c;
-    kvc_prefix_config_init(&c);
+    kvc_prefix_config_init_sized(&c, sizeof c);
     if (config != NULL) c = *config;
     c.model_id = model_id.c_str();
     c.tokenizer_id = tokenizer_id.c_str();
@@ -738,7 +835,7 @@ struct kvc_swig_pool {};
     KVC_POOL(0);
     if (!kvc_swig_c_string("path", path) || !kvc_swig_c_string("address", address)) return 0;
     kvc_tier_config c;
-    if (kvc_swig_check(kvc_tier_config_init(&c, kind))) return 0;
+    if (kvc_swig_check(kvc_tier_config_init_sized(&c, kind, sizeof c))) return 0;
     c.capacity_bytes = capacity_bytes;
     c.path = path.empty() ? NULL : path.c_str();
     c.address = address.empty() ? NULL : address.c_str();
@@ -756,7 +853,7 @@ struct kvc_swig_pool {};
   /** Counters of tier `index` (kvc_pool_tier_stats). */
   kvc_tier_stats tier_stats(uint32_t index) {
     kvc_tier_stats s;
-    kvc_tier_stats_init(&s);
+    kvc_tier_stats_init_sized(&s, sizeof s);
     KVC_POOL(s);
     kvc_swig_check(kvc_pool_tier_stats(pool_, index, &s));
     return s;
@@ -820,7 +917,7 @@ struct kvc_swig_pool {};
 
   kvc_prefix_stats prefix_stats() {
     kvc_prefix_stats s;
-    kvc_prefix_stats_init(&s);
+    kvc_prefix_stats_init_sized(&s, sizeof s);
     KVC_POOL(s);
     kvc_swig_check(kvc_prefix_get_stats(pool_, &s));
     return s;

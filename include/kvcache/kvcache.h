@@ -46,13 +46,24 @@
  *
  * ## Structs that grow (see docs/abi-policy.md)
  * Every config and result struct starts with `size_t struct_size`, which the
- * caller sets to its `sizeof` (the `kvc_<thing>_init()` functions do that and
- * fill defaults). Fields are only ever appended. The library reads only the
- * fields the caller's size covers (missing fields take their defaults) and
- * writes only those. A larger struct from a newer header is accepted when
- * every byte the library does not know is zero, and refused with
- * ::KVC_ERR_UNSUPPORTED otherwise. A size smaller than the first release's
- * struct is refused with ::KVC_ERR_STRUCT_SIZE.
+ * caller sets to its `sizeof`. Fields are only ever appended. The library
+ * reads only the fields the caller's size covers (missing fields take their
+ * defaults) and writes only those. A larger struct from a newer header is
+ * accepted when every byte the library does not know is zero, and refused
+ * with ::KVC_ERR_UNSUPPORTED otherwise. A size smaller than the first
+ * release's struct, one that ends inside a field, or one above
+ * ::KVC_STRUCT_SIZE_MAX is refused with ::KVC_ERR_STRUCT_SIZE.
+ *
+ * Initialise every struct with its `kvc_<thing>_init(&s)` macro: it calls
+ * `kvc_<thing>_init_sized(&s, sizeof s)`, which fills the defaults of
+ * exactly the bytes of the caller's struct, so a program built against an
+ * older (smaller) header never has memory past its struct written by a newer
+ * library, and a program built against a newer (larger) header gets its
+ * fields unknown to the library zeroed. New fields are designed so that zero
+ * means their default (off): a struct whose unknown tail is zero means the
+ * same to every library version. The functions of the same names as the
+ * macros (the 0.3 ABI, still in the ::kvc_api table) fill the struct's 0.3
+ * size, forever.
  *
  * ## Threads
  * All functions are thread-safe. Per pool, structural calls (sequence
@@ -100,14 +111,14 @@ extern "C" {
 /** @brief Major version: changes only with an incompatible ABI (then the SONAME changes too). */
 #define KVC_VERSION_MAJOR 0
 /** @brief Minor version: grows when functions or struct fields are added. */
-#define KVC_VERSION_MINOR 3
+#define KVC_VERSION_MINOR 4
 /** @brief Patch version: fixes only. */
 #define KVC_VERSION_PATCH 0
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER \
   (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 3
+#define KVC_API_VERSION 4
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -123,6 +134,14 @@ KVC_API uint32_t kvc_version(void);
  */
 KVC_API const char *kvc_version_string(void);
 
+/**
+ * @brief The largest struct_size any function of this API accepts (64 KiB):
+ * a larger one is refused with ::KVC_ERR_STRUCT_SIZE (a garbage size, never
+ * a struct of a newer header).
+ * @since 0.4
+ */
+#define KVC_STRUCT_SIZE_MAX 65536u
+
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                              */
 /* ------------------------------------------------------------------------ */
@@ -136,7 +155,7 @@ typedef enum kvc_status {
   KVC_OK = 0,                      /**< Success. */
   KVC_ERR_INVALID_ARGUMENT = 1,    /**< An argument has a value outside its documented range. */
   KVC_ERR_NULL_POINTER = 2,        /**< A required pointer argument is NULL. */
-  KVC_ERR_STRUCT_SIZE = 3,         /**< A struct's struct_size is smaller than the oldest supported one. */
+  KVC_ERR_STRUCT_SIZE = 3,         /**< A struct's struct_size is smaller than the oldest supported one, ends inside a field (since 0.4) or is above ::KVC_STRUCT_SIZE_MAX (since 0.4). */
   KVC_ERR_UNSUPPORTED = 4,         /**< Valid request this build or version does not support (dtype, device, non-zero unknown struct fields). */
   KVC_ERR_OVERFLOW = 5,            /**< Sizes whose product or sum overflows 64 bits (or the address space). */
   KVC_ERR_OUT_OF_MEMORY = 6,       /**< The host allocator failed. */
@@ -157,7 +176,8 @@ typedef enum kvc_status {
   KVC_ERR_PENDING = 21,            /**< An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3 */
   KVC_ERR_TIMEOUT = 22,            /**< An offload tier did not answer within the load timeout; the blocks reserved for it went back to the pool. @since 0.3 */
   KVC_ERR_EXCEEDS_CAPACITY = 23,   /**< The request cannot fit even in an empty pool (more blocks than the pool has, or would hold with its eviction budget): retrying never helps, unlike ::KVC_ERR_POOL_EXHAUSTED ("not now"). The message gives the blocks needed and the pool's total. @since 0.4 */
-  KVC_STATUS_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; never returned. */
+  KVC_STATUS_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; never returned. */
+  KVC_STATUS_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum, as every other enum of this header (bindings see int32); never returned. @since 0.4 */
 } kvc_status;
 
 /**
@@ -357,11 +377,40 @@ typedef struct kvc_codec {
 /**
  * @brief Fill a codec with defaults: int8, per token, symmetric, f32 scales,
  * group_size 32, no rotation, dynamic scales.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (56 bytes on x86-64), forever; source code calling
+ * kvc_codec_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_codec_init_sized().
  * @param codec the struct to fill (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER.
  * @since 0.2
  */
 KVC_API kvc_status kvc_codec_init(kvc_codec *codec);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a codec as kvc_codec_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_codec) (fields of a newer header) are zeroed.
+ * @param codec the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_codec): at least 48 (through scale, the 0.2 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
+
+/**
+ * @brief kvc_codec_init() in source code: kvc_codec_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param codec a `kvc_codec *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_codec_init(codec) kvc_codec_init_sized((codec), sizeof *(codec))
 
 /* ------------------------------------------------------------------------ */
 /* Opaque handles                                                            */
@@ -425,13 +474,42 @@ typedef struct kvc_pool_config {
 } kvc_pool_config;
 
 /**
- * @brief Fill a config with defaults: struct_size = sizeof(kvc_pool_config),
+ * @brief Fill a config with defaults: struct_size (the 0.3 size, below),
  * block_size 16, f16 K and V, NHD, CPU, rope_theta 10000, everything else 0.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (136 bytes on x86-64), forever; source code calling
+ * kvc_pool_config_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_pool_config_init_sized().
  * @param config the struct to fill (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.1
  */
 KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a pool config as kvc_pool_config_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_pool_config) (fields of a newer header) are zeroed.
+ * @param config the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_pool_config): at least 48 (through capacity_bytes),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_pool_config_init_sized(kvc_pool_config *config, size_t struct_size);
+
+/**
+ * @brief kvc_pool_config_init() in source code: kvc_pool_config_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param config a `kvc_pool_config *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_pool_config_init(config) kvc_pool_config_init_sized((config), sizeof *(config))
 
 /**
  * @brief Create a pool: validates the config, allocates all block memory at
@@ -494,10 +572,39 @@ typedef struct kvc_stats {
   uint64_t tokens_stored;            /**< Tokens held, summed over sequences and layers (bits per element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim)). @since 0.2 */
 } kvc_stats;
 
-/** @brief Fill stats with struct_size = sizeof(kvc_stats) and zeros.
+/** @brief Fill stats with struct_size (the 0.3 size, below) and zeros.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (128 bytes on x86-64), forever; source code calling
+ * kvc_stats_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_stats_init_sized().
  * @param stats the struct to fill (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1 */
 KVC_API kvc_status kvc_stats_init(kvc_stats *stats);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a stats struct as kvc_stats_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_stats) (fields of a newer header) are zeroed.
+ * @param stats the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_stats): at least 48 (through blocks_shared),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_stats_init_sized(kvc_stats *stats, size_t struct_size);
+
+/**
+ * @brief kvc_stats_init() in source code: kvc_stats_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param stats a `kvc_stats *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_stats_init(stats) kvc_stats_init_sized((stats), sizeof *(stats))
 
 /**
  * @brief Read the pool's counters (a consistent snapshot).
@@ -580,10 +687,39 @@ typedef struct kvc_pool_layout {
   uint32_t reserved0;             /**< Zero. @since 0.2 */
 } kvc_pool_layout;
 
-/** @brief Fill a layout struct with struct_size = sizeof(kvc_pool_layout) and zeros.
+/** @brief Fill a layout struct with struct_size (the 0.3 size, below) and zeros.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (240 bytes on x86-64), forever; source code calling
+ * kvc_pool_layout_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_pool_layout_init_sized().
  * @param layout the struct to fill (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.1 */
 KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a layout struct as kvc_pool_layout_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_pool_layout) (fields of a newer header) are zeroed.
+ * @param layout the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_pool_layout): at least 120 (through v_bytes),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_pool_layout_init_sized(kvc_pool_layout *layout, size_t struct_size);
+
+/**
+ * @brief kvc_pool_layout_init() in source code: kvc_pool_layout_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param layout a `kvc_pool_layout *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_pool_layout_init(layout) kvc_pool_layout_init_sized((layout), sizeof *(layout))
 
 /**
  * @brief Describe the pool's block memory (see ::kvc_pool_layout). The base
@@ -988,10 +1124,39 @@ typedef struct kvc_quant_sizes {
   uint64_t num_scales;   /**< 1 (per tensor), n (per token), n * ceil(d / G) (per group), ceil(n / G) * d (per channel). */
 } kvc_quant_sizes;
 
-/** @brief Fill sizes with struct_size = sizeof(kvc_quant_sizes) and zeros.
+/** @brief Fill sizes with struct_size (the 0.3 size, below) and zeros.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (40 bytes on x86-64), forever; source code calling
+ * kvc_quant_sizes_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_quant_sizes_init_sized().
  * @param sizes the struct to fill (not NULL).
  * @return ::KVC_OK or ::KVC_ERR_NULL_POINTER. @since 0.2 */
 KVC_API kvc_status kvc_quant_sizes_init(kvc_quant_sizes *sizes);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a sizes struct as kvc_quant_sizes_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_quant_sizes) (fields of a newer header) are zeroed.
+ * @param sizes the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_quant_sizes): at least 40 (the whole 0.2 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_quant_sizes_init_sized(kvc_quant_sizes *sizes, size_t struct_size);
+
+/**
+ * @brief kvc_quant_sizes_init() in source code: kvc_quant_sizes_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param sizes a `kvc_quant_sizes *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_quant_sizes_init(sizes) kvc_quant_sizes_init_sized((sizes), sizeof *(sizes))
 
 /**
  * @brief Sizes of the buffers kvc_quantize() writes for `[n][d]`.
@@ -1177,11 +1342,42 @@ typedef struct kvc_attention_params {
 /**
  * @brief Fill attention params with defaults: f32 q and out, scale 0
  * (1/sqrt(head_dim)), no observation; num_q_heads 0 (must be set).
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (40 bytes on x86-64), forever; source code calling
+ * kvc_attention_params_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_attention_params_init_sized().
  * @param params the struct to fill (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.3
  */
 KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params);
+
+/**
+ * @brief Fill the first `struct_size` bytes of attention params as kvc_attention_params_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_attention_params) (fields of a newer header) are zeroed.
+ * @param params the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_attention_params): at least 40 (the whole 0.3 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_attention_params_init_sized(kvc_attention_params *params,
+                                                   size_t struct_size);
+
+/**
+ * @brief kvc_attention_params_init() in source code: kvc_attention_params_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param params a `kvc_attention_params *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_attention_params_init(params) \
+  kvc_attention_params_init_sized((params), sizeof *(params))
 
 /**
  * @brief Decode attention: one query token per sequence against every token
@@ -1374,11 +1570,40 @@ typedef struct kvc_policy_config {
 
 /**
  * @brief Fill a policy config with defaults (see the field comments).
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (88 bytes on x86-64), forever; source code calling
+ * kvc_policy_config_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_policy_config_init_sized().
  * @param config the struct to fill (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.3
  */
 KVC_API kvc_status kvc_policy_config_init(kvc_policy_config *config);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a policy config as kvc_policy_config_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_policy_config) (fields of a newer header) are zeroed.
+ * @param config the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_policy_config): at least 88 (the whole 0.3 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_policy_config_init_sized(kvc_policy_config *config, size_t struct_size);
+
+/**
+ * @brief kvc_policy_config_init() in source code: kvc_policy_config_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param config a `kvc_policy_config *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_policy_config_init(config) kvc_policy_config_init_sized((config), sizeof *(config))
 
 /**
  * @brief Create a policy from a config (copied).
@@ -1540,7 +1765,8 @@ typedef struct kvc_prefix_result {
 typedef enum kvc_prefix_event_kind {
   KVC_PREFIX_STORED = 0,  /**< A block was registered under `key`. */
   KVC_PREFIX_REMOVED = 1, /**< A block left the index (reclaimed, rewritten or its parent left). */
-  KVC_PREFIX_EVENT_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; not a value. */
+  KVC_PREFIX_EVENT_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_PREFIX_EVENT_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum, as every other enum of this header; not a value. @since 0.4 */
 } kvc_prefix_event_kind;
 
 /** @brief One prefix index event. @since 0.3 */
@@ -1578,11 +1804,40 @@ typedef struct kvc_prefix_stats {
 /**
  * @brief Fill a prefix config with defaults: SHA-256, token verification on,
  * a random seed, empty model and tokenizer ids.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (72 bytes on x86-64), forever; source code calling
+ * kvc_prefix_config_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_prefix_config_init_sized().
  * @param config the struct to fill (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_config_init(kvc_prefix_config *config);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a prefix config as kvc_prefix_config_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_prefix_config) (fields of a newer header) are zeroed.
+ * @param config the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_prefix_config): at least 72 (the whole 0.3 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_prefix_config_init_sized(kvc_prefix_config *config, size_t struct_size);
+
+/**
+ * @brief kvc_prefix_config_init() in source code: kvc_prefix_config_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param config a `kvc_prefix_config *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_prefix_config_init(config) kvc_prefix_config_init_sized((config), sizeof *(config))
 
 /**
  * @brief Turn on the prefix cache of a pool (once). Full blocks registered with
@@ -1701,11 +1956,40 @@ KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64
 
 /**
  * @brief Zero a stats struct and set its struct_size.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (80 bytes on x86-64), forever; source code calling
+ * kvc_prefix_stats_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_prefix_stats_init_sized().
  * @param stats the struct (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_stats_init(kvc_prefix_stats *stats);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a prefix stats struct as kvc_prefix_stats_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_prefix_stats) (fields of a newer header) are zeroed.
+ * @param stats the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_prefix_stats): at least 80 (the whole 0.3 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_prefix_stats_init_sized(kvc_prefix_stats *stats, size_t struct_size);
+
+/**
+ * @brief kvc_prefix_stats_init() in source code: kvc_prefix_stats_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param stats a `kvc_prefix_stats *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_prefix_stats_init(stats) kvc_prefix_stats_init_sized((stats), sizeof *(stats))
 
 /**
  * @brief Read the prefix cache counters.
@@ -1789,12 +2073,45 @@ typedef struct kvc_tier_stats {
 /**
  * @brief Fill a tier config with defaults for `kind`: no flags, capacity 0
  * (must be set for host and disk), no path or address, timeout 1000 ms, no TTL.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (56 bytes on x86-64), forever; source code calling
+ * kvc_tier_config_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_tier_config_init_sized().
  * @param config the struct to fill (not NULL).
  * @param kind the tier's kind.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (unknown kind).
  * @since 0.3
  */
 KVC_API kvc_status kvc_tier_config_init(kvc_tier_config *config, kvc_tier_kind kind);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a tier config as kvc_tier_config_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_tier_config) (fields of a newer header) are zeroed.
+ * @param config the caller's struct (not NULL), `struct_size` bytes.
+ * @param kind the tier's kind (as for kvc_tier_config_init()).
+ * @param struct_size the caller's sizeof(kvc_tier_config): at least 56 (the whole 0.3 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts);
+ * ::KVC_ERR_INVALID_ARGUMENT (unknown kind). Nothing is written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_tier_config_init_sized(kvc_tier_config *config, kvc_tier_kind kind,
+                                              size_t struct_size);
+
+/**
+ * @brief kvc_tier_config_init() in source code: kvc_tier_config_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param config a `kvc_tier_config *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @param kind the tier's kind (as for kvc_tier_config_init()).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_tier_config_init(config, kind) \
+  kvc_tier_config_init_sized((config), (kind), sizeof *(config))
 
 /**
  * @brief Add an offload tier below the pool (after the ones already added).
@@ -1849,11 +2166,40 @@ KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, u
 
 /**
  * @brief Zero a tier stats struct and set its struct_size.
+ * The function of this name is the 0.3 entry point (for binaries built
+ * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
+ * size (352 bytes on x86-64), forever; source code calling
+ * kvc_tier_stats_init() gets the macro of that name, which passes the caller's
+ * sizeof to kvc_tier_stats_init_sized().
  * @param stats the struct (not NULL).
  * @return ::KVC_OK, or ::KVC_ERR_NULL_POINTER.
  * @since 0.3
  */
 KVC_API kvc_status kvc_tier_stats_init(kvc_tier_stats *stats);
+
+/**
+ * @brief Fill the first `struct_size` bytes of a tier stats struct as kvc_tier_stats_init()
+ * does, with struct_size set to `struct_size`: the caller's struct, of its
+ * header's size. Never writes past `struct_size` bytes; the bytes past this
+ * library's sizeof(kvc_tier_stats) (fields of a newer header) are zeroed.
+ * @param stats the caller's struct (not NULL), `struct_size` bytes.
+ * @param struct_size the caller's sizeof(kvc_tier_stats): at least 352 (the whole 0.3 struct),
+ * not ending inside a field, at most ::KVC_STRUCT_SIZE_MAX.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE (a size
+ * refused as above; the message names the field it cuts). Nothing is
+ * written on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_tier_stats_init_sized(kvc_tier_stats *stats, size_t struct_size);
+
+/**
+ * @brief kvc_tier_stats_init() in source code: kvc_tier_stats_init_sized() with
+ * the caller's sizeof, so it fills exactly the caller's struct.
+ * @param stats a `kvc_tier_stats *` (evaluated once; a literal NULL has no
+ * struct type: call kvc_<thing>_init_sized() for that).
+ * @since 0.4 (a function before, which remains exported for 0.3 binaries)
+ */
+#define kvc_tier_stats_init(stats) kvc_tier_stats_init_sized((stats), sizeof *(stats))
 
 /**
  * @brief Read the counters of one tier.
@@ -1957,7 +2303,9 @@ KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin);
 /**
  * @brief Table of every API function, for hosts that load the library with
  * dlopen(). Functions are only appended; a table of version N starts with the
- * fields of every version below N, in the same order.
+ * fields of every version below N, in the same order. The `*_init` members
+ * are the 0.3 functions (they fill a struct's 0.3 size); version 4 appends
+ * the `*_init_sized` ones, which a host should use (with its sizeof).
  * @since 0.1
  */
 typedef struct kvc_api {
@@ -2053,6 +2401,18 @@ typedef struct kvc_api {
   kvc_status (*prefix_prefetch)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_prefetch() */
   kvc_status (*prefix_poll)(kvc_pool *, uint64_t, uint64_t *);             /**< kvc_prefix_poll() */
   kvc_status (*prefix_unpin)(kvc_pool *, uint64_t);                        /**< kvc_prefix_unpin() */
+  /* --- version 4 (0.4) --- */
+  kvc_status (*pool_config_init_sized)(kvc_pool_config *, size_t);         /**< kvc_pool_config_init_sized() */
+  kvc_status (*stats_init_sized)(kvc_stats *, size_t);                     /**< kvc_stats_init_sized() */
+  kvc_status (*pool_layout_init_sized)(kvc_pool_layout *, size_t);         /**< kvc_pool_layout_init_sized() */
+  kvc_status (*codec_init_sized)(kvc_codec *, size_t);                     /**< kvc_codec_init_sized() */
+  kvc_status (*quant_sizes_init_sized)(kvc_quant_sizes *, size_t);         /**< kvc_quant_sizes_init_sized() */
+  kvc_status (*attention_params_init_sized)(kvc_attention_params *, size_t); /**< kvc_attention_params_init_sized() */
+  kvc_status (*policy_config_init_sized)(kvc_policy_config *, size_t);     /**< kvc_policy_config_init_sized() */
+  kvc_status (*prefix_config_init_sized)(kvc_prefix_config *, size_t);     /**< kvc_prefix_config_init_sized() */
+  kvc_status (*prefix_stats_init_sized)(kvc_prefix_stats *, size_t);       /**< kvc_prefix_stats_init_sized() */
+  kvc_status (*tier_config_init_sized)(kvc_tier_config *, kvc_tier_kind, size_t); /**< kvc_tier_config_init_sized() */
+  kvc_status (*tier_stats_init_sized)(kvc_tier_stats *, size_t);           /**< kvc_tier_stats_init_sized() */
 } kvc_api;
 
 /**

@@ -90,6 +90,15 @@ constexpr size_t kPoolConfigMin = offsetof(kvc_pool_config, capacity_bytes) + si
 constexpr size_t kPoolStatsMin = offsetof(kvc_stats, blocks_shared) + sizeof(uint64_t);
 constexpr size_t kPoolLayoutMin = offsetof(kvc_pool_layout, v_bytes) + sizeof(uint64_t);
 
+// A struct of zeros but for struct_size (the output structs' defaults).
+template <typename T>
+T zeroed_struct() {
+  T t;
+  std::memset(&t, 0, sizeof t);
+  t.struct_size = sizeof t;
+  return t;
+}
+
 kvc_status set_error(kvc_status s, const char *msg) {
   try {
     t_last_error = msg;
@@ -292,6 +301,7 @@ void codec_defaults(kvc_codec *c) {
 }
 
 constexpr size_t kCodecMin = offsetof(kvc_codec, scale) + sizeof(double);
+constexpr size_t kQuantSizesMin = offsetof(kvc_quant_sizes, num_scales) + sizeof(uint64_t);
 
 // Reads a caller's codec into the core's Spec. `rotation_row` is the length
 // whose largest power-of-two divisor is the default Hadamard block (the row
@@ -456,17 +466,27 @@ KVC_API const char *kvc_status_string(kvc_status s) {
     case KVC_ERR_PENDING: return "KVC_ERR_PENDING";
     case KVC_ERR_TIMEOUT: return "KVC_ERR_TIMEOUT";
     case KVC_ERR_EXCEEDS_CAPACITY: return "KVC_ERR_EXCEEDS_CAPACITY";
-    case KVC_STATUS_FORCE_32BIT: break;
+    case KVC_STATUS_FORCE_32BIT:
+    case KVC_STATUS_FORCE_SIGNED:
+      break;
   }
   return "KVC_ERR_UNKNOWN";
 }
 
 KVC_API const char *kvc_last_error_message(void) { return t_last_error.c_str(); }
 
-KVC_API kvc_status kvc_pool_config_init(kvc_pool_config *config) {
+// The 0.3 symbols of the init functions (the header's macros of the same
+// names call the _sized functions): parenthesized, so the macros do not apply.
+KVC_API kvc_status(kvc_pool_config_init)(kvc_pool_config *config) {
+  return kvc_pool_config_init_sized(config, kvc::api::size_0_3<kvc_pool_config>);
+}
+
+KVC_API kvc_status kvc_pool_config_init_sized(kvc_pool_config *config, size_t struct_size) {
   return guard([&] {
     need(config, "config");
-    defaults(config);
+    kvc_pool_config d;
+    defaults(&d);
+    kvc::api::init_sized(config, struct_size, kPoolConfigMin, d);
   });
 }
 
@@ -476,30 +496,9 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
     need(out, "out");
     kvc_pool_config c;
     defaults(&c);
+    // (A struct_size ending inside a field is refused: every field is
+    // either the caller's or its default.)
     kvc::api::read_input_struct(config, kPoolConfigMin, "kvc_pool_config", &c);
-    // A field the caller's struct_size covers only in part takes its default.
-    kvc_pool_config d;
-    defaults(&d);
-    const size_t ends[][2] = {
-        {offsetof(kvc_pool_config, k_dtype), sizeof c.k_dtype},
-        {offsetof(kvc_pool_config, v_dtype), sizeof c.v_dtype},
-        {offsetof(kvc_pool_config, layout), sizeof c.layout},
-        {offsetof(kvc_pool_config, device), sizeof c.device},
-        {offsetof(kvc_pool_config, device_index), sizeof c.device_index},
-        {offsetof(kvc_pool_config, k_codec), sizeof c.k_codec},
-        {offsetof(kvc_pool_config, v_codec), sizeof c.v_codec},
-        {offsetof(kvc_pool_config, residual_window), sizeof c.residual_window},
-        {offsetof(kvc_pool_config, residual_dtype), sizeof c.residual_dtype},
-        {offsetof(kvc_pool_config, residual_fraction), sizeof c.residual_fraction},
-        {offsetof(kvc_pool_config, num_residual_blocks), sizeof c.num_residual_blocks},
-        {offsetof(kvc_pool_config, rope_style), sizeof c.rope_style},
-        {offsetof(kvc_pool_config, rope_dims), sizeof c.rope_dims},
-        {offsetof(kvc_pool_config, rope_theta), sizeof c.rope_theta},
-        {offsetof(kvc_pool_config, residual_sinks), sizeof c.residual_sinks},
-    };
-    for (const auto &f : ends)
-      if (config->struct_size < f[0] + f[1])
-        std::memcpy(reinterpret_cast<char *>(&c) + f[0], reinterpret_cast<const char *>(&d) + f[0], f[1]);
     kvc::core::PoolConfig pc = to_core(c);
     *out = new kvc_pool(pc);
   });
@@ -507,11 +506,14 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
 
 KVC_API void kvc_pool_destroy(kvc_pool *pool) { delete pool; }
 
-KVC_API kvc_status kvc_stats_init(kvc_stats *stats) {
+KVC_API kvc_status(kvc_stats_init)(kvc_stats *stats) {
+  return kvc_stats_init_sized(stats, kvc::api::size_0_3<kvc_stats>);
+}
+
+KVC_API kvc_status kvc_stats_init_sized(kvc_stats *stats, size_t struct_size) {
   return guard([&] {
     need(stats, "stats");
-    std::memset(stats, 0, sizeof *stats);
-    stats->struct_size = sizeof *stats;
+    kvc::api::init_sized(stats, struct_size, kPoolStatsMin, zeroed_struct<kvc_stats>());
   });
 }
 
@@ -569,11 +571,14 @@ KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, s
   });
 }
 
-KVC_API kvc_status kvc_pool_layout_init(kvc_pool_layout *layout) {
+KVC_API kvc_status(kvc_pool_layout_init)(kvc_pool_layout *layout) {
+  return kvc_pool_layout_init_sized(layout, kvc::api::size_0_3<kvc_pool_layout>);
+}
+
+KVC_API kvc_status kvc_pool_layout_init_sized(kvc_pool_layout *layout, size_t struct_size) {
   return guard([&] {
     need(layout, "layout");
-    std::memset(layout, 0, sizeof *layout);
-    layout->struct_size = sizeof *layout;
+    kvc::api::init_sized(layout, struct_size, kPoolLayoutMin, zeroed_struct<kvc_pool_layout>());
   });
 }
 
@@ -782,10 +787,16 @@ KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes) {
   });
 }
 
-KVC_API kvc_status kvc_codec_init(kvc_codec *codec) {
+KVC_API kvc_status(kvc_codec_init)(kvc_codec *codec) {
+  return kvc_codec_init_sized(codec, kvc::api::size_0_3<kvc_codec>);
+}
+
+KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size) {
   return guard([&] {
     need(codec, "codec");
-    codec_defaults(codec);
+    kvc_codec d;
+    codec_defaults(&d);
+    kvc::api::init_sized(codec, struct_size, kCodecMin, d);
   });
 }
 
@@ -799,21 +810,22 @@ KVC_API kvc_status kvc_pool_tensor_scales(kvc_pool *pool, uint32_t layer, float 
   });
 }
 
-KVC_API kvc_status kvc_quant_sizes_init(kvc_quant_sizes *sizes) {
-  return guard([&] {
-    need(sizes, "sizes");
-    std::memset(sizes, 0, sizeof *sizes);
-    sizes->struct_size = sizeof *sizes;
-  });
+KVC_API kvc_status(kvc_quant_sizes_init)(kvc_quant_sizes *sizes) {
+  return kvc_quant_sizes_init_sized(sizes, kvc::api::size_0_3<kvc_quant_sizes>);
 }
 
+KVC_API kvc_status kvc_quant_sizes_init_sized(kvc_quant_sizes *sizes, size_t struct_size) {
+  return guard([&] {
+    need(sizes, "sizes");
+    kvc::api::init_sized(sizes, struct_size, kQuantSizesMin, zeroed_struct<kvc_quant_sizes>());
+  });
+}
 
 KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64_t d,
                                       kvc_quant_sizes *sizes) {
   return guard([&] {
     need(sizes, "sizes");
-    kvc::api::check_output_struct(sizes, offsetof(kvc_quant_sizes, num_scales) + sizeof(uint64_t),
-                                  "kvc_quant_sizes");
+    kvc::api::check_output_struct(sizes, kQuantSizesMin, "kvc_quant_sizes");
     const QuantPlan q = plan_quant(codec, n, d);
     kvc_quant_sizes full{};
     full.struct_size = sizeof full;
@@ -916,10 +928,17 @@ void policy_defaults(kvc_policy_config *c) {
 
 extern "C" {
 
-KVC_API kvc_status kvc_attention_params_init(kvc_attention_params *params) {
+KVC_API kvc_status(kvc_attention_params_init)(kvc_attention_params *params) {
+  return kvc_attention_params_init_sized(params, kvc::api::size_0_3<kvc_attention_params>);
+}
+
+KVC_API kvc_status kvc_attention_params_init_sized(kvc_attention_params *params,
+                                                   size_t struct_size) {
   return guard([&] {
     need(params, "params");
-    attn_defaults(params);
+    kvc_attention_params d;
+    attn_defaults(&d);
+    kvc::api::init_sized(params, struct_size, kAttnParamsMin, d);
   });
 }
 
@@ -977,10 +996,16 @@ KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint3
   });
 }
 
-KVC_API kvc_status kvc_policy_config_init(kvc_policy_config *config) {
+KVC_API kvc_status(kvc_policy_config_init)(kvc_policy_config *config) {
+  return kvc_policy_config_init_sized(config, kvc::api::size_0_3<kvc_policy_config>);
+}
+
+KVC_API kvc_status kvc_policy_config_init_sized(kvc_policy_config *config, size_t struct_size) {
   return guard([&] {
     need(config, "config");
-    policy_defaults(config);
+    kvc_policy_config d;
+    policy_defaults(&d);
+    kvc::api::init_sized(config, struct_size, kPolicyConfigMin, d);
   });
 }
 
@@ -1102,10 +1127,16 @@ struct CallbackBox {
 
 extern "C" {
 
-KVC_API kvc_status kvc_prefix_config_init(kvc_prefix_config *config) {
+KVC_API kvc_status(kvc_prefix_config_init)(kvc_prefix_config *config) {
+  return kvc_prefix_config_init_sized(config, kvc::api::size_0_3<kvc_prefix_config>);
+}
+
+KVC_API kvc_status kvc_prefix_config_init_sized(kvc_prefix_config *config, size_t struct_size) {
   return guard([&] {
     need(config, "config");
-    prefix_defaults(config);
+    kvc_prefix_config d;
+    prefix_defaults(&d);
+    kvc::api::init_sized(config, struct_size, kPrefixConfigMin, d);
   });
 }
 
@@ -1239,7 +1270,17 @@ KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const c
 
 namespace {
 constexpr size_t kTierConfigMin = offsetof(kvc_tier_config, ttl_seconds) + sizeof(uint64_t);
-constexpr size_t kTierStatsMin = sizeof(kvc_tier_stats);
+// The whole 0.3 struct (not sizeof: the minimum stays when the struct grows).
+constexpr size_t kTierStatsMin = kvc::api::size_0_3<kvc_tier_stats>;
+
+kvc_tier_config tier_defaults() {
+  kvc_tier_config c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.kind = KVC_TIER_HOST;
+  c.timeout_ms = 1000;
+  return c;
+}
 
 // "host:port[,host:port...]" (IPv6 hosts in brackets: "[::1]:6379").
 std::vector<std::pair<std::string, int>> parse_nodes(const char *address) {
@@ -1267,16 +1308,20 @@ std::vector<std::pair<std::string, int>> parse_nodes(const char *address) {
 }
 }  // namespace
 
-KVC_API kvc_status kvc_tier_config_init(kvc_tier_config *config, kvc_tier_kind kind) {
+KVC_API kvc_status(kvc_tier_config_init)(kvc_tier_config *config, kvc_tier_kind kind) {
+  return kvc_tier_config_init_sized(config, kind, kvc::api::size_0_3<kvc_tier_config>);
+}
+
+KVC_API kvc_status kvc_tier_config_init_sized(kvc_tier_config *config, kvc_tier_kind kind,
+                                              size_t struct_size) {
   return guard([&] {
     need(config, "config");
     if (kind != KVC_TIER_HOST && kind != KVC_TIER_DISK && kind != KVC_TIER_REDIS)
       fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(kind)) +
                                       ": unknown (KVC_TIER_HOST, KVC_TIER_DISK or KVC_TIER_REDIS)");
-    std::memset(config, 0, sizeof *config);
-    config->struct_size = sizeof *config;
-    config->kind = kind;
-    config->timeout_ms = 1000;
+    kvc_tier_config d = tier_defaults();
+    d.kind = kind;
+    kvc::api::init_sized(config, struct_size, kTierConfigMin, d);
   });
 }
 
@@ -1284,10 +1329,7 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
   return guard([&] {
     auto &p = core_of(pool);
     need(config, "config");
-    kvc_tier_config c;
-    std::memset(&c, 0, sizeof c);
-    c.struct_size = sizeof c;
-    c.timeout_ms = 1000;
+    kvc_tier_config c = tier_defaults();
     kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
     if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
     const uint32_t known = c.kind == KVC_TIER_DISK ? KVC_TIER_FSYNC : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER : 0u;
@@ -1345,11 +1387,14 @@ KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, u
   return guard([&] { core_of(pool).set_offload(queue_blocks, load_timeout_ms); });
 }
 
-KVC_API kvc_status kvc_tier_stats_init(kvc_tier_stats *stats) {
+KVC_API kvc_status(kvc_tier_stats_init)(kvc_tier_stats *stats) {
+  return kvc_tier_stats_init_sized(stats, kvc::api::size_0_3<kvc_tier_stats>);
+}
+
+KVC_API kvc_status kvc_tier_stats_init_sized(kvc_tier_stats *stats, size_t struct_size) {
   return guard([&] {
     need(stats, "stats");
-    std::memset(stats, 0, sizeof *stats);
-    stats->struct_size = sizeof *stats;
+    kvc::api::init_sized(stats, struct_size, kTierStatsMin, zeroed_struct<kvc_tier_stats>());
   });
 }
 
@@ -1439,11 +1484,14 @@ KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin) {
   return guard([&] { core_of(pool).prefix_unpin(pin); });
 }
 
-KVC_API kvc_status kvc_prefix_stats_init(kvc_prefix_stats *stats) {
+KVC_API kvc_status(kvc_prefix_stats_init)(kvc_prefix_stats *stats) {
+  return kvc_prefix_stats_init_sized(stats, kvc::api::size_0_3<kvc_prefix_stats>);
+}
+
+KVC_API kvc_status kvc_prefix_stats_init_sized(kvc_prefix_stats *stats, size_t struct_size) {
   return guard([&] {
     need(stats, "stats");
-    std::memset(stats, 0, sizeof *stats);
-    stats->struct_size = sizeof *stats;
+    kvc::api::init_sized(stats, struct_size, kPrefixStatsMin, zeroed_struct<kvc_prefix_stats>());
   });
 }
 
@@ -1577,6 +1625,18 @@ static const kvc_api g_api = {
     kvc_prefix_prefetch,
     kvc_prefix_poll,
     kvc_prefix_unpin,
+    // version 4 (0.4)
+    kvc_pool_config_init_sized,
+    kvc_stats_init_sized,
+    kvc_pool_layout_init_sized,
+    kvc_codec_init_sized,
+    kvc_quant_sizes_init_sized,
+    kvc_attention_params_init_sized,
+    kvc_policy_config_init_sized,
+    kvc_prefix_config_init_sized,
+    kvc_prefix_stats_init_sized,
+    kvc_tier_config_init_sized,
+    kvc_tier_stats_init_sized,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

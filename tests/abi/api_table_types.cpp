@@ -89,5 +89,18 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(prefix_poll, kvc_prefix_poll);
   SAME(prefix_unpin, kvc_prefix_unpin);
 #endif
+#if KVC_API_VERSION >= 4
+  SAME(pool_config_init_sized, kvc_pool_config_init_sized);
+  SAME(stats_init_sized, kvc_stats_init_sized);
+  SAME(pool_layout_init_sized, kvc_pool_layout_init_sized);
+  SAME(codec_init_sized, kvc_codec_init_sized);
+  SAME(quant_sizes_init_sized, kvc_quant_sizes_init_sized);
+  SAME(attention_params_init_sized, kvc_attention_params_init_sized);
+  SAME(policy_config_init_sized, kvc_policy_config_init_sized);
+  SAME(prefix_config_init_sized, kvc_prefix_config_init_sized);
+  SAME(prefix_stats_init_sized, kvc_prefix_stats_init_sized);
+  SAME(tier_config_init_sized, kvc_tier_config_init_sized);
+  SAME(tier_stats_init_sized, kvc_tier_stats_init_sized);
+#endif
   return n;
 }

@@ -2,8 +2,10 @@
  * A host that loads libkvcache at run time: dlopen() of the SONAME
  * (libkvcache.so.0), no link-time dependency on the library, everything
  * through kvc_get_api(). Checks the oldest table version (1) and the newest
- * (KVC_API_VERSION), that each table entry is the direct export, a full round
- * trip through the table, and that unknown versions give NULL plus a message.
+ * (KVC_API_VERSION), that each table entry is the direct export (version 3's
+ * and 4's too), a full round trip through the table (version 4 initialising
+ * structs with kvc_<thing>_init_sized and its own sizeof), and that unknown
+ * versions give NULL plus a message.
  *
  * Usage: dlopen_api_table [library]   (default "libkvcache.so.0", found via
  * LD_LIBRARY_PATH, which the ctest registration sets).
@@ -102,6 +104,70 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, dequantize);
   }
 #endif
+#if KVC_API_VERSION >= 3
+  if (api->api_version >= 3) {
+    CHECK(api->struct_size >= offsetof(kvc_api, prefix_unpin) + sizeof(api->prefix_unpin));
+    ENTRY(api, attention_params_init);
+    ENTRY(api, attention_decode);
+    ENTRY(api, attention_prefill);
+    ENTRY(api, seq_observe_scores);
+    ENTRY(api, seq_scores);
+    ENTRY(api, seq_rope_positions);
+    ENTRY(api, policy_config_init);
+    ENTRY(api, policy_create);
+    ENTRY(api, policy_destroy);
+    ENTRY(api, seq_set_policy);
+    ENTRY(api, pool_set_policy);
+    ENTRY(api, evict);
+    ENTRY(api, plugin_load);
+    ENTRY(api, plugin_unload);
+    ENTRY(api, plugin_name);
+    ENTRY(api, prefix_config_init);
+    ENTRY(api, pool_enable_prefix_cache);
+    ENTRY(api, prefix_lookup);
+    ENTRY(api, prefix_attach);
+    ENTRY(api, prefix_insert);
+    ENTRY(api, prefix_keys);
+    ENTRY(api, prefix_stats_init);
+    ENTRY(api, prefix_get_stats);
+    ENTRY(api, prefix_set_callback);
+    ENTRY(api, pool_set_stream);
+    ENTRY(api, pool_sync);
+    ENTRY(api, pool_copy_blocks);
+    ENTRY(api, seq_save);
+    ENTRY(api, seq_restore);
+    ENTRY(api, seq_save_file);
+    ENTRY(api, seq_restore_file);
+    ENTRY(api, tier_config_init);
+    ENTRY(api, pool_add_tier);
+    ENTRY(api, pool_set_offload);
+    ENTRY(api, tier_stats_init);
+    ENTRY(api, pool_tier_stats);
+    ENTRY(api, prefix_offload);
+    ENTRY(api, pool_flush_tiers);
+    ENTRY(api, prefix_load);
+    ENTRY(api, prefix_prefetch);
+    ENTRY(api, prefix_poll);
+    ENTRY(api, prefix_unpin);
+  }
+#endif
+#if KVC_API_VERSION >= 4
+  if (api->api_version >= 4) {
+    CHECK(api->struct_size >=
+          offsetof(kvc_api, tier_stats_init_sized) + sizeof(api->tier_stats_init_sized));
+    ENTRY(api, pool_config_init_sized);
+    ENTRY(api, stats_init_sized);
+    ENTRY(api, pool_layout_init_sized);
+    ENTRY(api, codec_init_sized);
+    ENTRY(api, quant_sizes_init_sized);
+    ENTRY(api, attention_params_init_sized);
+    ENTRY(api, policy_config_init_sized);
+    ENTRY(api, prefix_config_init_sized);
+    ENTRY(api, prefix_stats_init_sized);
+    ENTRY(api, tier_config_init_sized);
+    ENTRY(api, tier_stats_init_sized);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */
@@ -122,7 +188,15 @@ static void round_trip(const kvc_api *api) {
   CHECK(api->version_string() != NULL && api->version_string()[0] != '\0');
   CHECK(strcmp(api->status_string(KVC_ERR_POOL_EXHAUSTED), "KVC_ERR_POOL_EXHAUSTED") == 0);
 
-  CHECK_OK(api, api->pool_config_init(&cfg));
+  /* A host of version 4 initialises with its own sizeof; the 0.3 member
+   * fills the 0.3 size (this header's sizeof or less). */
+#if KVC_API_VERSION >= 4
+  if (api->api_version >= 4)
+    CHECK_OK(api, api->pool_config_init_sized(&cfg, sizeof cfg));
+  else
+#endif
+    CHECK_OK(api, api->pool_config_init(&cfg));
+  CHECK(api->api_version >= 4 ? cfg.struct_size == sizeof cfg : cfg.struct_size <= sizeof cfg);
   cfg.num_layers = LAYERS;
   cfg.num_q_heads = 4;
   cfg.num_kv_heads = KV_HEADS;
@@ -155,7 +229,12 @@ static void round_trip(const kvc_api *api) {
   /* Slots of layer 1 agree with its block table. */
   for (i = 0; i < N; ++i) CHECK(slots[N + i] == (int64_t)table[i / BLOCK] * BLOCK + (int64_t)(i % BLOCK));
 
-  CHECK_OK(api, api->stats_init(&st));
+#if KVC_API_VERSION >= 4
+  if (api->api_version >= 4)
+    CHECK_OK(api, api->stats_init_sized(&st, sizeof st));
+  else
+#endif
+    CHECK_OK(api, api->stats_init(&st));
   CHECK_OK(api, api->pool_stats(pool, &st));
   CHECK(st.blocks_total == 16);
   CHECK(st.blocks_used == LAYERS * n_blocks);

@@ -9,6 +9,7 @@
  * checks applied: exit 77 (skipped) on other targets.
  */
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "kvcache/kvcache.h"
@@ -62,6 +63,27 @@ _Static_assert(KVC_ERR_IO == 20, "status value");
 _Static_assert(KVC_ERR_PENDING == 21, "status value");
 _Static_assert(KVC_ERR_TIMEOUT == 22, "status value");
 _Static_assert(KVC_STATUS_FORCE_32BIT == 0x7fffffff, "status sentinel");
+_Static_assert(KVC_STATUS_FORCE_SIGNED == INT32_MIN && KVC_PREFIX_EVENT_FORCE_SIGNED == INT32_MIN,
+               "signed enums (0.4)");
+_Static_assert(KVC_STRUCT_SIZE_MAX == 65536u, "struct_size bound (0.4)");
+/* Every enum is signed (a FORCE_SIGNED member, 0.4 for kvc_status and
+ * kvc_prefix_event_kind): bindgen and every binding see int32. */
+#define SIGNED_ENUM(type) _Static_assert((type)-1 < 0, #type " is not signed")
+SIGNED_ENUM(kvc_status);
+SIGNED_ENUM(kvc_dtype);
+SIGNED_ENUM(kvc_device);
+SIGNED_ENUM(kvc_layout);
+SIGNED_ENUM(kvc_granularity);
+SIGNED_ENUM(kvc_rotation);
+SIGNED_ENUM(kvc_rope_style);
+SIGNED_ENUM(kvc_copy_direction);
+SIGNED_ENUM(kvc_observe);
+SIGNED_ENUM(kvc_policy_kind);
+SIGNED_ENUM(kvc_pooling);
+SIGNED_ENUM(kvc_pyramid_schedule);
+SIGNED_ENUM(kvc_prefix_hash);
+SIGNED_ENUM(kvc_prefix_event_kind);
+SIGNED_ENUM(kvc_tier_kind);
 _Static_assert(KVC_DTYPE_F32 == 0 && KVC_DTYPE_F16 == 1 && KVC_DTYPE_BF16 == 2, "dtype values");
 _Static_assert(KVC_DEVICE_CPU == 0 && KVC_DEVICE_CUDA == 1, "device values");
 _Static_assert(KVC_LAYOUT_NHD == 0 && KVC_LAYOUT_HND == 1, "layout values");
@@ -257,8 +279,19 @@ FIELD(kvc_api, pool_flush_tiers, 568, 8);
 FIELD(kvc_api, prefix_load, 576, 8);
 FIELD(kvc_api, prefix_prefetch, 584, 8);
 FIELD(kvc_api, prefix_poll, 592, 8);
-FIELD(kvc_api, prefix_unpin, 600, 8);
-SIZE(kvc_api, 608); /* end of version 3 */
+FIELD(kvc_api, prefix_unpin, 600, 8);           /* end of version 3 (608 bytes) */
+FIELD(kvc_api, pool_config_init_sized, 608, 8); /* version 4 (0.4) */
+FIELD(kvc_api, stats_init_sized, 616, 8);
+FIELD(kvc_api, pool_layout_init_sized, 624, 8);
+FIELD(kvc_api, codec_init_sized, 632, 8);
+FIELD(kvc_api, quant_sizes_init_sized, 640, 8);
+FIELD(kvc_api, attention_params_init_sized, 648, 8);
+FIELD(kvc_api, policy_config_init_sized, 656, 8);
+FIELD(kvc_api, prefix_config_init_sized, 664, 8);
+FIELD(kvc_api, prefix_stats_init_sized, 672, 8);
+FIELD(kvc_api, tier_config_init_sized, 680, 8);
+FIELD(kvc_api, tier_stats_init_sized, 688, 8);
+SIZE(kvc_api, 696); /* end of version 4 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);

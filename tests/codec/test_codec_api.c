@@ -1402,12 +1402,18 @@ static void test_adversarial_regressions(void **state) {
   kvc_codec kk = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 4, 0);
   kvc_codec vv = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_CHANNEL, 8, 0);
   assert_null(codec_pool(1, 1, 8, 8, 4, &kk, &vv, KVC_ERR_INVALID_ARGUMENT));
-  /* struct_size ending inside the k_codec pointer: the field takes its default. */
+  /* struct_size ending inside the k_codec pointer: refused (0.4; it took the
+   * field's default before), naming the field; ending before it, the codec
+   * is not read. */
   kvc_codec c8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);
   kvc_pool_config cfg = test_config(1, 2, 8, 16, 4);
   cfg.k_codec = &c8;
   cfg.struct_size = offsetof(kvc_pool_config, k_codec) + 4;
   kvc_pool *p = NULL;
+  ASSERT_STATUS(KVC_ERR_STRUCT_SIZE, kvc_pool_create(&cfg, &p));
+  assert_non_null(strstr(kvc_last_error_message(), "k_codec"));
+  assert_null(p);
+  cfg.struct_size = offsetof(kvc_pool_config, k_codec);
   ASSERT_OK(kvc_pool_create(&cfg, &p));
   kvc_pool_layout l;
   kvc_pool_layout_init(&l);

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "api/internal.h"
+#include "api/struct_fields.h"
 #include "core/error.h"
 #include "core/pool.h"
 #include "kvcache/kvcache.h"
@@ -61,6 +62,44 @@ constexpr uint64_t kMaxLength = 0x7fffffffu;
 std::string st(kvc_status s) { return kvc_status_string(s); }
 
 bool known_status(kvc_status s) { return s >= KVC_OK && s <= KVC_ERR_EXCEEDS_CAPACITY; }
+
+// The struct_size rule's oracle: a size is accepted when it is at least the
+// minimum, at most KVC_STRUCT_SIZE_MAX and ends on no field of T.
+template <typename T>
+bool size_ok(size_t sz, size_t min_size) {
+  if (sz < min_size || sz > KVC_STRUCT_SIZE_MAX) return false;
+  for (const auto &f : kvc::api::StructInfo<T>::fields)
+    if (sz > f.offset && sz < f.offset + f.size) return false;
+  return true;
+}
+
+// kvc_<thing>_init_sized of T with a fuzzed size over guard bytes: accepted
+// exactly when the oracle says so, never a byte written past the size (or at
+// all when refused), struct_size = the size.
+template <typename T, typename F>
+void fuzz_init_sized(size_t sz, size_t min_size, F &&init, const char *what) {
+  static union {
+    uint64_t align;
+    uint8_t b[KVC_STRUCT_SIZE_MAX + 64];
+  } buf;
+  std::memset(buf.b, 0xab, sizeof buf.b);
+  const kvc_status r = init(reinterpret_cast<T *>(buf.b), sz);
+  const bool ok = size_ok<T>(sz, min_size);
+  FCHECK((r == KVC_OK) == ok,
+         std::string(what) + " struct_size " + std::to_string(sz) + ": " + st(r));
+  if (!ok) {
+    FCHECK(r == KVC_ERR_STRUCT_SIZE, std::string(what) + ": " + st(r));
+    for (uint8_t x : buf.b) FCHECK(x == 0xab, std::string(what) + " wrote on failure");
+    return;
+  }
+  size_t got = 0;
+  std::memcpy(&got, buf.b, sizeof got);
+  FCHECK(got == sz, std::string(what) + ": struct_size " + std::to_string(got));
+  for (size_t i = sz; i < sizeof buf.b; ++i)
+    FCHECK(buf.b[i] == 0xab, std::string(what) + " wrote past struct_size");
+  for (size_t i = sizeof(T); i < sz; ++i)
+    FCHECK(buf.b[i] == 0, std::string(what) + ": unknown tail not zeroed");
+}
 
 class Input {
  public:
@@ -712,7 +751,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         std::memset(&big, 0xab, sizeof big);
         big.s.struct_size = (b & 0x80) ? sizeof big : b % 100;
         r = kvc_pool_stats(h.pool, (b & 0x40) && b < 0x50 ? nullptr : &big.s);
-        must_fail = ((b & 0x40) && b < 0x50) || big.s.struct_size < 48;
+        must_fail = ((b & 0x40) && b < 0x50) || !size_ok<kvc_stats>(big.s.struct_size, 48);
         if (r == KVC_OK) {
           FCHECK(big.s.blocks_total == before.blocks_total && big.s.blocks_used == before.blocks_used,
                  "stats");
@@ -738,7 +777,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kvc_pool_layout_init(&lay);
         if (b & 1) lay.struct_size = b % 160;
         r = kvc_pool_get_layout(h.pool, &lay);
-        must_fail = lay.struct_size < 120;
+        must_fail = !size_ok<kvc_pool_layout>(lay.struct_size, 120);
         if (r == KVC_OK) {
           FCHECK(lay.num_blocks == h.stats.blocks_total && lay.block_stride == h.stats.bytes_per_block,
                  "layout");
@@ -749,8 +788,60 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kvc_pool_config_init(&got);
         if (b & 2) got.struct_size = b % 80;
         const kvc_status r2 = kvc_pool_get_config(h.pool, &got);
-        FCHECK((r2 == KVC_OK) == (got.struct_size >= 48), "kvc_pool_get_config: " + st(r2));
+        FCHECK((r2 == KVC_OK) == size_ok<kvc_pool_config>(got.struct_size, 48),
+               "kvc_pool_get_config: " + st(r2));
         if (r2 == KVC_OK) FCHECK(got.num_layers == h.L && got.num_blocks == h.stats.blocks_total, "config");
+        // The sized init functions with a fuzzed size (0..sizeof + 64).
+        const uint8_t which = in.u8();
+        const size_t isz = in.u8() % 2 ? in.u8() * 2u : 0x10000u - 8u + in.u8() % 24u;
+        switch (which % 11) {
+          case 0:
+            fuzz_init_sized<kvc_codec>(isz, 48, kvc_codec_init_sized, "kvc_codec_init_sized");
+            break;
+          case 1:
+            fuzz_init_sized<kvc_pool_config>(isz, 48, kvc_pool_config_init_sized,
+                                             "kvc_pool_config_init_sized");
+            break;
+          case 2:
+            fuzz_init_sized<kvc_stats>(isz, 48, kvc_stats_init_sized, "kvc_stats_init_sized");
+            break;
+          case 3:
+            fuzz_init_sized<kvc_pool_layout>(isz, 120, kvc_pool_layout_init_sized,
+                                             "kvc_pool_layout_init_sized");
+            break;
+          case 4:
+            fuzz_init_sized<kvc_quant_sizes>(isz, 40, kvc_quant_sizes_init_sized,
+                                             "kvc_quant_sizes_init_sized");
+            break;
+          case 5:
+            fuzz_init_sized<kvc_attention_params>(isz, 40, kvc_attention_params_init_sized,
+                                                  "kvc_attention_params_init_sized");
+            break;
+          case 6:
+            fuzz_init_sized<kvc_policy_config>(isz, 88, kvc_policy_config_init_sized,
+                                               "kvc_policy_config_init_sized");
+            break;
+          case 7:
+            fuzz_init_sized<kvc_prefix_config>(isz, 72, kvc_prefix_config_init_sized,
+                                               "kvc_prefix_config_init_sized");
+            break;
+          case 8:
+            fuzz_init_sized<kvc_prefix_stats>(isz, 80, kvc_prefix_stats_init_sized,
+                                              "kvc_prefix_stats_init_sized");
+            break;
+          case 9:
+            fuzz_init_sized<kvc_tier_config>(
+                isz, 56,
+                [](kvc_tier_config *c, size_t n) {
+                  return kvc_tier_config_init_sized(c, KVC_TIER_HOST, n);
+                },
+                "kvc_tier_config_init_sized");
+            break;
+          default:
+            fuzz_init_sized<kvc_tier_stats>(isz, 352, kvc_tier_stats_init_sized,
+                                            "kvc_tier_stats_init_sized");
+            break;
+        }
         break;
       }
       case 14: {  // NULL pool: every call refuses it

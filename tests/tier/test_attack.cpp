@@ -114,7 +114,8 @@ KVTEST(host_bad_input_battery) {
   CHECK_STATUS(kvc_pool_add_tier(p, &c, nullptr), KVC_ERR_STRUCT_SIZE);
   c.struct_size = sizeof c;
   kvc_tier_stats s;
-  CHECK_STATUS(kvc_tier_stats_init(nullptr), KVC_ERR_NULL_POINTER);
+  // The 0.3 function: the header's macro needs a typed pointer.
+  CHECK_STATUS((kvc_tier_stats_init)(nullptr), KVC_ERR_NULL_POINTER);
   kvc_tier_stats_init(&s);
   CHECK_STATUS(kvc_pool_tier_stats(p, 0, &s), KVC_ERR_OUT_OF_RANGE);
   // A huge capacity is fine (it is a limit, not an allocation).

@@ -27,7 +27,8 @@ with kvcache.Pool(cfg, codec, codec) as pool:
     policy_cfg.kind = kvcache.POLICY_STREAMING  # StreamingLLM: sinks + recent window
     policy_cfg.sink_tokens, policy_cfg.recent_tokens = 4, 12
     with kvcache.Policy(policy_cfg) as policy:
-        dropped = pool.evict(2, policy)  # sequence 1 keeps all 40 tokens
+        dropped = pool.evict(2, policy)  # per layer; sequence 1 keeps all 40 tokens
+        assert dropped == [24, 24]  # 40 - (4 sinks + 12 recent) in each of the 2 layers
     print("dropped", dropped, "kept positions", pool.positions(2, 0, 0, 16))
 
     try:

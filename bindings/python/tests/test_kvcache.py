@@ -183,7 +183,8 @@ def test_streaming_eviction(model, captured):
     with kvcache.Pool(model_config(model)) as pool, kvcache.Policy(pc) as policy:
         fill(pool, 1, ks, vs)
         dropped = pool.evict(1, policy)
-        assert dropped == model.n_layers * (N_TOKENS - 16)
+        assert dropped == [N_TOKENS - 16] * model.n_layers  # per layer, as kvc_evict
+        assert pool.evict(1, policy) == [0] * model.n_layers
         expect = list(range(4)) + list(range(N_TOKENS - 12, N_TOKENS))
         for layer in range(model.n_layers):
             assert pool.layer_tokens(1, layer) == 16

@@ -14,8 +14,8 @@
  * lets every other panic through. The panic unwinds the wrapper's C++ frame
  * without running destructors, so nothing that owns memory may be alive in
  * it at that point: string arguments live in thread-local buffers (typemap
- * below) and the vector results are emptied first (%exception of positions
- * and block_table).
+ * below) and the vector results are emptied first (%exception of positions,
+ * evict and block_table).
  *
  * Buffers: []byte (the public package passes []float32 / []uint16 as bytes,
  * no copy). An empty or nil slice arrives as (NULL, 0). Token ids: []int32.
@@ -48,6 +48,18 @@
   }
   if (kvc_swig_err.status != KVC_OK) {
     std::vector<int32_t>().swap(result);
+    kvc_go_raise();
+  }
+}
+%exception kvc_swig_pool::evict {
+  kvc_swig_err.status = KVC_OK;
+  try {
+    $action
+  } catch (const std::exception &e) {
+    kvc_swig_on_exception(e);
+  }
+  if (kvc_swig_err.status != KVC_OK) {
+    std::vector<unsigned long long>().swap(result);
     kvc_go_raise();
   }
 }

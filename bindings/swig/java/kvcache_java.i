@@ -55,7 +55,8 @@
 /* Enum items and #defines become compile-time constants (usable in switch).
  * A #define whose C value Java cannot compile (a macro, a u suffix) needs a
  * literal here, or javac fails on KvcConstants.java. */
-%javaconstvalue(3) KVC_API_VERSION;
+%javaconstvalue(4) KVC_API_VERSION;
+%javaconstvalue(65536) KVC_STRUCT_SIZE_MAX;
 %javaconstvalue(1) KVC_POOL_ZERO_ON_FREE;
 %javaconstvalue(2) KVC_POOL_PRE_ROPE_KEYS;
 %javaconstvalue(1) KVC_PREFIX_PARTIAL;
@@ -76,11 +77,11 @@
 %ignore KVC_OBSERVE_FORCE_32BIT; %ignore KVC_OBSERVE_FORCE_SIGNED;
 %ignore KVC_POLICY_FORCE_32BIT; %ignore KVC_POLICY_FORCE_SIGNED;
 %ignore KVC_POOLING_FORCE_32BIT; %ignore KVC_POOLING_FORCE_SIGNED;
-%ignore KVC_PREFIX_EVENT_FORCE_32BIT; %ignore KVC_PREFIX_HASH_FORCE_32BIT;
+%ignore KVC_PREFIX_EVENT_FORCE_32BIT; %ignore KVC_PREFIX_EVENT_FORCE_SIGNED; %ignore KVC_PREFIX_HASH_FORCE_32BIT;
 %ignore KVC_PREFIX_HASH_FORCE_SIGNED; %ignore KVC_PYRAMID_FORCE_32BIT;
 %ignore KVC_PYRAMID_FORCE_SIGNED; %ignore KVC_ROPE_FORCE_32BIT;
 %ignore KVC_ROPE_FORCE_SIGNED; %ignore KVC_ROTATION_FORCE_32BIT;
-%ignore KVC_ROTATION_FORCE_SIGNED; %ignore KVC_STATUS_FORCE_32BIT;
+%ignore KVC_ROTATION_FORCE_SIGNED; %ignore KVC_STATUS_FORCE_32BIT; %ignore KVC_STATUS_FORCE_SIGNED;
 %ignore KVC_TIER_KIND_FORCE_32BIT; %ignore KVC_TIER_KIND_FORCE_SIGNED;
 
 /* Java naming: lowerCamelCase methods and field accessors. */
@@ -91,6 +92,9 @@
  * negative long passes a value >= 2^63 (its two's complement bits). */
 %apply long long { uint64_t };
 %apply const long long & { const uint64_t & };
+/* The same for the elements of UInt64Vector (Pool.evict's per-layer counts). */
+%apply long long { unsigned long long };
+%apply const long long & { const unsigned long long & };
 
 /* uint32_t (layers, flags, config fields) is a Java long, like stdint.i's,
  * but range-checked instead of cast: 1L << 32 must not become layer 0. This
@@ -292,6 +296,8 @@
 %rename(quantizeRaw) kvc_codec::quantize;
 %rename(dequantizeRaw) kvc_codec::dequantize;
 %rename(setSeedRaw) kvc_prefix_config::set_seed;
+%rename(evictRaw) kvc_swig_pool::evict;
+%javamethodmodifiers kvc_swig_pool::evict "private";
 %javamethodmodifiers kvc_swig_pool::append "private";
 %javamethodmodifiers kvc_swig_pool::gather "private";
 %javamethodmodifiers kvc_codec::quantize "private";
@@ -371,6 +377,30 @@
     Buffers.checkData("k_out", kOut, Buffers.NO_DTYPE);
     Buffers.checkData("v_out", vOut, Buffers.NO_DTYPE);
     return gatherRaw(seqId, layer, first, kOut, vOut, Kvc.DTYPE_F32);
+  }
+
+  /**
+   * Evicts with {@code policy} (null: the sequence's, else the pool's);
+   * returns the tokens each layer dropped, one entry per layer, as
+   * kvc_evict() does.
+   */
+  public long[] evict(long seqId, Policy policy) {
+    return toLongs(evictRaw(seqId, policy));
+  }
+
+  /** {@link #evict(long, Policy)} with the sequence's or the pool's policy. */
+  public long[] evict(long seqId) {
+    return toLongs(evictRaw(seqId));
+  }
+
+  private static long[] toLongs(UInt64Vector v) {
+    try {
+      long[] out = new long[v.size()];
+      for (int i = 0; i < out.length; ++i) out[i] = v.get(i);
+      return out;
+    } finally {
+      v.delete();
+    }
   }
 %}
 

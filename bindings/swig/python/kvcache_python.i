@@ -175,6 +175,7 @@
 %rename(_gather) kvc_swig_pool::gather;
 %rename(_quantize) kvc_codec::quantize;
 %rename(_dequantize) kvc_codec::dequantize;
+%rename(_evict) kvc_swig_pool::evict;
 
 %include "../kvcache_common.i"
 
@@ -234,6 +235,10 @@ static void _register_error(PyObject *type) {
     def gather_into(self, seq_id, layer, first, k_out, v_out, dtype=None):
         """Read into caller arrays (either may be None); returns n."""
         return _py_pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype)
+
+    def evict(self, seq_id, policy=None):
+        """Evict with policy (None: the sequence's or the pool's); returns the tokens each layer dropped, a list of num_layers ints."""
+        return list(self._evict(seq_id, policy))
 
     def save(self, seq_id):
         """The sequence's record (kvc_seq_save) as bytes; restore() takes it back."""

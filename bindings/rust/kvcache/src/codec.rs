@@ -1,6 +1,7 @@
 //! Codecs (how K or V values are stored) and the standalone quantizer.
 
 use crate::error::{check, Error, Result, Status};
+use crate::sized::init_struct;
 use crate::sys;
 use crate::types::{Dtype, Element, Granularity, Rotation};
 use std::ptr;
@@ -89,11 +90,8 @@ impl Codec {
     /// group size 32, no rotation, dynamic scales (no scales for f32, f16 and
     /// bf16).
     pub fn new(dtype: Dtype) -> Codec {
-        // SAFETY: kvc_codec is plain data; kvc_codec_init fills every field.
-        let mut raw: sys::kvc_codec = unsafe { std::mem::zeroed() };
-        // SAFETY: `raw` is a valid kvc_codec to fill.
-        let status = unsafe { sys::kvc_codec_init(&mut raw) };
-        debug_assert_eq!(status, sys::kvc_status::KVC_OK);
+        // kvc_codec_init_sized with this crate's size never fails.
+        let mut raw: sys::kvc_codec = init_struct().expect("kvc_codec_init_sized");
         raw.dtype = dtype.to_raw();
         if dtype.is_float() {
             raw.granularity = Granularity::None.to_raw();
@@ -162,10 +160,8 @@ impl Codec {
 
     /// Bytes the quantizer writes for `[n][d]`.
     pub fn sizes(&self, n: u64, d: u64) -> Result<QuantSizes> {
-        // SAFETY: kvc_quant_sizes is plain data, initialised by kvc_quant_sizes_init.
-        let mut raw: sys::kvc_quant_sizes = unsafe { std::mem::zeroed() };
+        let mut raw: sys::kvc_quant_sizes = init_struct()?;
         // SAFETY: valid pointers to a codec and a sizes struct.
-        check(unsafe { sys::kvc_quant_sizes_init(&mut raw) })?;
         check(unsafe { sys::kvc_quantize_sizes(&self.raw, n, d, &mut raw) })?;
         Ok(QuantSizes {
             codes_bytes: raw.codes_bytes,

@@ -59,8 +59,9 @@ pub enum Status {
     /// `KVC_ERR_EXCEEDS_CAPACITY`: the request cannot fit even in an empty pool
     /// (retrying never helps, unlike `PoolExhausted`).
     ExceedsCapacity,
-    /// A code this crate does not know.
-    Other(u32),
+    /// A code this crate does not know (`kvc_status` is a signed 32-bit
+    /// enum, as every enum of the header).
+    Other(i32),
 }
 
 const KNOWN: [(Status, sys::kvc_status); 23] = [
@@ -128,7 +129,7 @@ impl Status {
     }
 
     /// The numeric code (`KVC_ERR_POOL_EXHAUSTED` is 7).
-    pub fn code(self) -> u32 {
+    pub fn code(self) -> i32 {
         self.to_raw().0
     }
 

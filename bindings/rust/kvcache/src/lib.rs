@@ -13,6 +13,9 @@
 //!   gives the token count. Sizes are in bytes or tokens as named.
 //! - [`Codec`] describes quantized storage and runs the standalone quantizer.
 //! - [`Policy`] is an eviction policy (released on drop).
+//! - Every C struct is initialised with `kvc_<thing>_init_sized` and this
+//!   crate's size; [`init_sized_bytes`] initialises a buffer of another
+//!   header's size (the struct_size rule, docs/abi-policy.md).
 //!
 //! Linking: the kvcache-sys build script finds libkvcache through
 //! `KVC_LIB_DIR` (the folder of libkvcache.so) or `pkg-config kvcache`, and
@@ -32,6 +35,7 @@ mod error;
 mod policy;
 mod pool;
 mod prefix;
+mod sized;
 mod tier;
 mod types;
 
@@ -40,6 +44,7 @@ pub use error::{last_error_message, Error, Result, Status};
 pub use policy::{Policy, PolicyConfig, PolicyKind, Pooling, PyramidSchedule};
 pub use pool::{AttentionParams, Gathered, Observe, PageTable, Pool, PoolConfig, Stats};
 pub use prefix::{PrefixConfig, PrefixHash, PrefixMatch, PrefixStats};
+pub use sized::{init_sized_bytes, SizedStruct};
 pub use tier::{Poll, TierConfig, TierKind, TierStats};
 pub use types::{
     convert, convert_vec, Bf16, Device, Dtype, Element, Granularity, Layout, RopeStyle, Rotation,
@@ -54,7 +59,7 @@ pub fn version() -> u32 {
     unsafe { sys::kvc_version() }
 }
 
-/// Version of the loaded library as text, e.g. `"0.3.0"`.
+/// Version of the loaded library as text, e.g. `"0.4.0"`.
 pub fn version_string() -> &'static str {
     // SAFETY: the library returns a static NUL-terminated ASCII string.
     unsafe { CStr::from_ptr(sys::kvc_version_string()) }

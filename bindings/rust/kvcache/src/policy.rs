@@ -1,6 +1,7 @@
 //! Eviction policies.
 
 use crate::error::{check, Error, Result, Status};
+use crate::sized::init_struct;
 use crate::sys;
 use crate::types::c_enum;
 use std::ptr::{self, NonNull};
@@ -61,11 +62,8 @@ unsafe impl Sync for PolicyConfig {}
 impl PolicyConfig {
     /// The defaults for a policy family (sinks 4, window 32, kernel 7, ...).
     pub fn new(kind: PolicyKind) -> PolicyConfig {
-        // SAFETY: plain data (NULL plugin pointer is valid); init fills it.
-        let mut raw: sys::kvc_policy_config = unsafe { std::mem::zeroed() };
-        // SAFETY: `raw` is a valid struct to fill.
-        let status = unsafe { sys::kvc_policy_config_init(&mut raw) };
-        debug_assert_eq!(status, sys::kvc_status::KVC_OK);
+        // kvc_policy_config_init_sized with this crate's size never fails.
+        let mut raw: sys::kvc_policy_config = init_struct().expect("kvc_policy_config_init_sized");
         raw.kind = kind.to_raw();
         PolicyConfig { raw }
     }

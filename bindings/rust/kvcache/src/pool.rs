@@ -3,6 +3,7 @@
 use crate::codec::Codec;
 use crate::error::{check, Error, Result, Status};
 use crate::policy::Policy;
+use crate::sized::init_struct;
 use crate::sys;
 use crate::types::{c_enum, Device, Dtype, Element, Layout, RopeStyle};
 use std::ptr::{self, NonNull};
@@ -30,12 +31,8 @@ impl PoolConfig {
     /// heads 1..65536 (query heads a multiple of KV heads), head_dim elements
     /// per head 1..1024. Ranges are checked by [`Pool::new`].
     pub fn new(num_layers: u32, num_q_heads: u32, num_kv_heads: u32, head_dim: u32) -> PoolConfig {
-        // SAFETY: kvc_pool_config is plain data (NULL pointers are valid);
-        // kvc_pool_config_init fills every field.
-        let mut raw: sys::kvc_pool_config = unsafe { std::mem::zeroed() };
-        // SAFETY: `raw` is a valid struct to fill.
-        let status = unsafe { sys::kvc_pool_config_init(&mut raw) };
-        debug_assert_eq!(status, sys::kvc_status::KVC_OK);
+        // kvc_pool_config_init_sized with this crate's size never fails.
+        let mut raw: sys::kvc_pool_config = init_struct().expect("kvc_pool_config_init_sized");
         raw.num_layers = num_layers;
         raw.num_q_heads = num_q_heads;
         raw.num_kv_heads = num_kv_heads;
@@ -308,17 +305,6 @@ fn invalid(message: String) -> Error {
     Error::new(Status::InvalidArgument, message)
 }
 
-/// Fill a C struct whose init function sets struct_size and the defaults.
-fn init_struct<T>(init: unsafe extern "C" fn(*mut T) -> sys::kvc_status) -> Result<T> {
-    let mut value = std::mem::MaybeUninit::<T>::zeroed();
-    // SAFETY: `value` is writable storage for one T; the init functions fill
-    // the whole struct (and the zeroed start is a valid T for the plain-data
-    // C structs this is used with).
-    check(unsafe { init(value.as_mut_ptr()) })?;
-    // SAFETY: initialised above.
-    Ok(unsafe { value.assume_init() })
-}
-
 impl Pool {
     /// Create a pool: the config is validated, all block memory allocated
     /// (zeroed) at once. Bad dimensions give [`Status::InvalidArgument`].
@@ -393,7 +379,7 @@ impl Pool {
     /// The effective configuration (defaults resolved, num_blocks computed);
     /// codecs are not reported (see [`layout`](Pool::layout)).
     pub fn config(&self) -> Result<PoolConfig> {
-        let mut raw = init_struct(sys::kvc_pool_config_init)?;
+        let mut raw = init_struct::<sys::kvc_pool_config>()?;
         // SAFETY: valid pool and struct with struct_size set.
         check(unsafe { sys::kvc_pool_get_config(self.as_ptr(), &mut raw) })?;
         raw.k_codec = ptr::null();
@@ -407,7 +393,7 @@ impl Pool {
 
     /// A consistent snapshot of the pool's counters.
     pub fn stats(&self) -> Result<Stats> {
-        let mut s = init_struct(sys::kvc_stats_init)?;
+        let mut s = init_struct::<sys::kvc_stats>()?;
         // SAFETY: valid pool and struct with struct_size set.
         check(unsafe { sys::kvc_pool_stats(self.as_ptr(), &mut s) })?;
         Ok(Stats {
@@ -439,7 +425,7 @@ impl Pool {
     /// The `base` pointers are for engines' own kernels: reading or writing
     /// through them is `unsafe` and not synchronized by the library.
     pub fn layout(&self) -> Result<sys::kvc_pool_layout> {
-        let mut layout = init_struct(sys::kvc_pool_layout_init)?;
+        let mut layout = init_struct::<sys::kvc_pool_layout>()?;
         // SAFETY: valid pool and struct with struct_size set.
         check(unsafe { sys::kvc_pool_get_layout(self.as_ptr(), &mut layout) })?;
         Ok(layout)
@@ -847,7 +833,7 @@ impl Pool {
         &self,
         params: &AttentionParams,
     ) -> Result<sys::kvc_attention_params> {
-        let mut raw = init_struct(sys::kvc_attention_params_init)?;
+        let mut raw = init_struct::<sys::kvc_attention_params>()?;
         raw.num_q_heads = self.num_q_heads;
         raw.scale = params.scale;
         raw.q_dtype = Q::DTYPE.to_raw();

@@ -2,6 +2,7 @@
 
 use crate::error::{check, Error, Result, Status};
 use crate::pool::Pool;
+use crate::sized::init_struct;
 use crate::sys;
 use crate::types::c_enum;
 use std::ffi::CString;
@@ -181,10 +182,7 @@ fn to_match(r: &sys::kvc_prefix_result) -> PrefixMatch {
 impl Pool {
     /// Turn on the prefix cache (once per pool).
     pub fn enable_prefix_cache(&self, config: &PrefixConfig) -> Result<()> {
-        // SAFETY: plain data (NULL id pointers are valid); init fills it.
-        let mut raw: sys::kvc_prefix_config = unsafe { std::mem::zeroed() };
-        // SAFETY: `raw` is a valid struct to fill.
-        check(unsafe { sys::kvc_prefix_config_init(&mut raw) })?;
+        let mut raw: sys::kvc_prefix_config = init_struct()?;
         raw.hash = config.hash.to_raw();
         raw.verify_tokens = config.verify_tokens as u32;
         if let Some(seed) = config.seed {
@@ -323,10 +321,8 @@ impl Pool {
 
     /// The prefix cache counters.
     pub fn prefix_stats(&self) -> Result<PrefixStats> {
-        // SAFETY: plain data; kvc_prefix_stats_init fills it.
-        let mut s: sys::kvc_prefix_stats = unsafe { std::mem::zeroed() };
+        let mut s: sys::kvc_prefix_stats = init_struct()?;
         // SAFETY: valid pool and struct.
-        check(unsafe { sys::kvc_prefix_stats_init(&mut s) })?;
         check(unsafe { sys::kvc_prefix_get_stats(self.as_ptr(), &mut s) })?;
         Ok(PrefixStats {
             queried_tokens: s.queried_tokens,

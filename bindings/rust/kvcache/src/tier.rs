@@ -5,6 +5,7 @@
 use crate::error::{check, Result};
 use crate::pool::Pool;
 use crate::prefix::{c_string, extras_ptr, raw_extras};
+use crate::sized::init_struct;
 use crate::sys;
 use crate::types::c_enum;
 use std::ffi::CString;
@@ -139,8 +140,14 @@ impl Pool {
     pub fn add_tier(&self, config: &TierConfig) -> Result<u32> {
         // SAFETY: plain data (NULL pointers are valid); init fills it.
         let mut raw: sys::kvc_tier_config = unsafe { std::mem::zeroed() };
-        // SAFETY: `raw` is a valid struct to fill.
-        check(unsafe { sys::kvc_tier_config_init(&mut raw, config.kind.to_raw()) })?;
+        // SAFETY: `raw` is a valid struct of size_of::<kvc_tier_config>() bytes.
+        check(unsafe {
+            sys::kvc_tier_config_init_sized(
+                &mut raw,
+                config.kind.to_raw(),
+                std::mem::size_of_val(&raw),
+            )
+        })?;
         raw.flags = config.flags;
         raw.capacity_bytes = config.capacity_bytes;
         raw.path = config.path.as_ref().map_or(ptr::null(), |p| p.as_ptr());
@@ -162,10 +169,8 @@ impl Pool {
 
     /// The counters of tier `index` ([`crate::Status::OutOfRange`]: no such tier).
     pub fn tier_stats(&self, index: u32) -> Result<TierStats> {
-        // SAFETY: plain data; kvc_tier_stats_init fills it.
-        let mut s: sys::kvc_tier_stats = unsafe { std::mem::zeroed() };
+        let mut s: sys::kvc_tier_stats = init_struct()?;
         // SAFETY: valid pool and struct.
-        check(unsafe { sys::kvc_tier_stats_init(&mut s) })?;
         check(unsafe { sys::kvc_pool_tier_stats(self.as_ptr(), index, &mut s) })?;
         // The array up to its first NUL (all of it if the library wrote none).
         let bytes: Vec<u8> = s.last_error.iter().map(|&c| c as u8).collect();

@@ -456,7 +456,7 @@ fn slices_of_the_wrong_shape_are_refused_before_the_call() {
 
 #[test]
 fn status_codes_and_names() {
-    for code in 1..=17u32 {
+    for code in 1..=17i32 {
         let status = Status::from_raw(sys::kvc_status(code)).unwrap();
         assert!(!matches!(status, Status::Other(_)), "code {code} is named");
         assert_eq!(status.code(), code);
@@ -470,6 +470,20 @@ fn status_codes_and_names() {
         Some(Status::Other(999))
     );
     assert_eq!(Status::Other(999).name(), "KVC_ERR_UNKNOWN");
+    // Every C enum is a signed 32-bit newtype (each has a FORCE_SIGNED
+    // member): a negative code is representable, as in C.
+    let signed: [i32; 4] = [
+        sys::kvc_status::KVC_OK.0,
+        sys::kvc_prefix_event_kind::KVC_PREFIX_STORED.0,
+        sys::kvc_dtype::KVC_DTYPE_F32.0,
+        sys::kvc_tier_kind::KVC_TIER_HOST.0,
+    ];
+    assert_eq!(signed, [0, 0, 0, 0]);
+    assert_eq!(
+        Status::from_raw(sys::kvc_status(-1)),
+        Some(Status::Other(-1))
+    );
+    assert_eq!(Status::Other(-1).name(), "KVC_ERR_UNKNOWN");
 }
 
 #[test]

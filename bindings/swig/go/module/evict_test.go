@@ -9,8 +9,17 @@ const (
 	evictN  = 40
 	sink    = 4
 	recent  = 16
-	dropped = layers * (evictN - sink - recent) // Evict sums over the layers
+	dropped = evictN - sink - recent // per layer
 )
+
+// perLayer is what Evict returns when every layer dropped n tokens.
+func perLayer(n uint64) []uint64 {
+	out := make([]uint64, layers)
+	for i := range out {
+		out[i] = n
+	}
+	return out
+}
 
 func streaming(t *testing.T) *Policy {
 	cfg := DefaultPolicyConfig()
@@ -38,8 +47,8 @@ func TestEvictStreaming(t *testing.T) {
 	pol := streaming(t)
 	k := fill(t, p, 1)
 	before := must1[Stats](t)(p.Stats()).BlocksUsed
-	if got := must1[uint64](t)(p.Evict(1, pol)); got != dropped {
-		t.Fatalf("Evict dropped %d, want %d", got, dropped)
+	if got := must1[[]uint64](t)(p.Evict(1, pol)); !reflect.DeepEqual(got, perLayer(dropped)) {
+		t.Fatalf("Evict dropped %v, want %v (per layer)", got, perLayer(dropped))
 	}
 	const kept = sink + recent
 	want := make([]int32, 0, kept)
@@ -68,8 +77,8 @@ func TestEvictStreaming(t *testing.T) {
 	if used := must1[Stats](t)(p.Stats()).BlocksUsed; used != before-layers {
 		t.Fatalf("blocks used %d -> %d", before, used)
 	}
-	if got := must1[uint64](t)(p.Evict(1, pol)); got != 0 {
-		t.Fatalf("second Evict dropped %d", got)
+	if got := must1[[]uint64](t)(p.Evict(1, pol)); !reflect.DeepEqual(got, perLayer(0)) {
+		t.Fatalf("second Evict dropped %v", got)
 	}
 }
 
@@ -81,15 +90,15 @@ func TestEvictAttachedPolicies(t *testing.T) {
 		fill(t, p, seq)
 	}
 	must(t, p.SeqSetPolicy(1, pol))
-	if got := must1[uint64](t)(p.Evict(1, nil)); got != dropped {
-		t.Fatalf("Evict(1) = %d", got)
+	if got := must1[[]uint64](t)(p.Evict(1, nil)); !reflect.DeepEqual(got, perLayer(dropped)) {
+		t.Fatalf("Evict(1) = %v", got)
 	}
-	if got := must1[uint64](t)(p.Evict(2, nil)); got != 0 {
-		t.Fatalf("Evict(2) with no policy = %d", got)
+	if got := must1[[]uint64](t)(p.Evict(2, nil)); !reflect.DeepEqual(got, perLayer(0)) {
+		t.Fatalf("Evict(2) with no policy = %v", got)
 	}
 	must(t, p.SetPolicy(pol))
 	must(t, pol.Close()) // the pool keeps its own reference
-	if got := must1[uint64](t)(p.Evict(3, nil)); got != dropped {
-		t.Fatalf("Evict(3) = %d", got)
+	if got := must1[[]uint64](t)(p.Evict(3, nil)); !reflect.DeepEqual(got, perLayer(dropped)) {
+		t.Fatalf("Evict(3) = %v", got)
 	}
 }

@@ -51,7 +51,7 @@ func call(f func()) (err error) {
 	return nil
 }
 
-// Version is the library's version, e.g. "0.3.0".
+// Version is the library's version, e.g. "0.4.0".
 func Version() string { return native.Version() }
 
 // DTypeSize is the size in bytes of one element of f32, f16 or bf16.
@@ -69,6 +69,16 @@ func bytesOf[T float32 | uint16](s []T) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+// takeUints copies a native vector of uint64 and frees it.
+func takeUints(v native.UInt64Vector) []uint64 {
+	defer native.DeleteUInt64Vector(v)
+	out := make([]uint64, v.Size())
+	for i := range out {
+		out[i] = uint64(v.Get(i))
+	}
+	return out
 }
 
 // takeInts copies a native vector of int32 and frees it.

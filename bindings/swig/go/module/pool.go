@@ -249,10 +249,13 @@ func (p *Pool) SeqSetPolicy(seq uint64, policy *Policy) error {
 }
 
 // Evict applies policy (nil: the sequence's, else the pool's) and returns
-// the tokens dropped, summed over the layers.
-func (p *Pool) Evict(seq uint64, policy *Policy) (dropped uint64, err error) {
-	err = p.withPolicy(policy, func(h native.Pool, ph native.Policy) { dropped = h.Evict(seq, ph) })
-	return dropped, err
+// the tokens each layer dropped, one entry per layer (as kvc_evict).
+func (p *Pool) Evict(seq uint64, policy *Policy) ([]uint64, error) {
+	var v native.UInt64Vector
+	if err := p.withPolicy(policy, func(h native.Pool, ph native.Policy) { v = h.Evict(seq, ph) }); err != nil {
+		return nil, err
+	}
+	return takeUints(v), nil
 }
 
 // withPolicy is do with a policy argument (nil: none; zero: an error),

@@ -34,8 +34,8 @@ public class EvictTest {
     try (Pool pool = new Pool(config()); Policy policy = streaming()) {
       float[][] k = fill(pool, 1);
       long before = pool.stats().getBlocksUsed();
-      long dropped = pool.evict(1, policy);
-      assertEquals((long) LAYERS * (N - SINK - RECENT), dropped); // summed over the layers
+      long[] dropped = pool.evict(1, policy);
+      assertArrayEquals(perLayer(N - SINK - RECENT), dropped); // per layer, as kvc_evict
       int kept = SINK + RECENT;
       int[] want = new int[kept];
       for (int i = 0; i < SINK; ++i) want[i] = i;
@@ -49,7 +49,7 @@ public class EvictTest {
       }
       assertEquals(N, pool.seqLength(1)); // the next position to write is unchanged
       assertEquals(before - LAYERS * 1, pool.stats().getBlocksUsed()); // 40 -> 20 tokens: 3 -> 2 blocks per layer
-      assertEquals(0, pool.evict(1, policy)); // nothing left to drop
+      assertArrayEquals(perLayer(0), pool.evict(1, policy)); // nothing left to drop
     }
   }
 
@@ -62,11 +62,11 @@ public class EvictTest {
       fill(pool, 2);
       fill(pool, 3);
       pool.seqSetPolicy(1, policy);
-      assertEquals((long) LAYERS * (N - SINK - RECENT), pool.evict(1));
-      assertEquals(0, pool.evict(2)); // no policy anywhere: nothing dropped
+      assertArrayEquals(perLayer(N - SINK - RECENT), pool.evict(1));
+      assertArrayEquals(perLayer(0), pool.evict(2)); // no policy anywhere: nothing dropped
       pool.setPolicy(policy);
       policy.close(); // the pool keeps its own reference
-      assertEquals((long) LAYERS * (N - SINK - RECENT), pool.evict(3));
+      assertArrayEquals(perLayer(N - SINK - RECENT), pool.evict(3));
       assertEquals(SINK + RECENT, pool.layerTokens(3, 1));
     }
   }

@@ -36,6 +36,13 @@ final class TestData {
     return c;
   }
 
+  /** What Pool.evict() returns when every layer dropped n tokens. */
+  static long[] perLayer(long n) {
+    long[] out = new long[LAYERS];
+    java.util.Arrays.fill(out, n);
+    return out;
+  }
+
   /** n values uniform in [-1, 1), the same for the same seed. */
   static float[] random(int n, long seed) {
     SplittableRandom r = new SplittableRandom(seed);
