@@ -217,6 +217,8 @@ namespace std {
 %ignore kvc_prefix_config::model_id;
 %ignore kvc_prefix_config::tokenizer_id;
 %ignore kvc_prefix_config::seed; /* set_seed() */
+%ignore kvc_prefix_config::extra_key_names;   /* Pool.enable_prefix_cache() takes the names */
+%ignore kvc_prefix_config::n_extra_key_names;
 %ignore kvc_tier_config::path;    /* Pool.add_tier() takes them as strings */
 %ignore kvc_tier_config::address;
 %immutable kvc_pool_config::struct_size;
