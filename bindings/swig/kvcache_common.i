@@ -139,6 +139,10 @@ static kvc_prefix_extra kvc_swig_salt(const std::string &salt, uint32_t *n_extra
 struct kvc_swig_pool {
   kvc_pool *p;
   std::shared_mutex mu;
+  /* The extra-key names the prefix cache declares (enable_prefix_cache),
+   * for the languages' by-name calls; written once, under names_mu. */
+  std::mutex names_mu;
+  std::vector<std::string> names;
 };
 struct kvc_swig_policy {
   kvc_policy *p;
@@ -201,6 +205,33 @@ struct kvc_swig_poll {
   uint64_t loaded_tokens;
 };
 
+/* Values of a pool's named extra keys as a binding passes them (the
+ * language orders them by the declared names): one per name, each as a u32
+ * little-endian byte count and its bytes. The extras point into `blob`. */
+static bool kvc_swig_values(const void *blob, size_t bytes, std::vector<kvc_prefix_extra> *out) {
+  const unsigned char *p = (const unsigned char *)blob;
+  size_t at = 0;
+  out->clear();
+  while (at < bytes) {
+    if (bytes - at < 4) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "extra-key values: a truncated size field");
+      return false;
+    }
+    const size_t n = (size_t)p[at] | (size_t)p[at + 1] << 8 | (size_t)p[at + 2] << 16 | (size_t)p[at + 3] << 24;
+    at += 4;
+    if (n > bytes - at) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "extra-key values: a value runs past the end");
+      return false;
+    }
+    kvc_prefix_extra e;
+    e.data = n ? p + at : NULL;
+    e.size = n;
+    out->push_back(e);
+    at += n;
+  }
+  return true;
+}
+
 /* A string argument that is passed to C as a NUL-terminated string. */
 static bool kvc_swig_c_string(const char *what, const std::string &s) {
   if (s.find('\0') != std::string::npos) {
@@ -218,6 +249,7 @@ namespace std {
   %template(Int32Vector) vector<int32_t>;
   /* (SWIG's uint64_t is unsigned long long; the method copies into it.) */
   %template(UInt64Vector) vector<unsigned long long>;
+  %template(StringVector) vector<std::string>;
 }
 
 /* ---- what the header gives: enums, constants and the plain structs ---- */
@@ -243,6 +275,8 @@ namespace std {
 %ignore kvc_prefix_config::model_id;
 %ignore kvc_prefix_config::tokenizer_id;
 %ignore kvc_prefix_config::seed; /* set_seed() */
+%ignore kvc_prefix_config::extra_key_names;   /* Pool.enable_prefix_cache() takes the names */
+%ignore kvc_prefix_config::n_extra_key_names;
 %ignore kvc_tier_config::path;    /* Pool.add_tier() takes them as strings */
 %ignore kvc_tier_config::address;
 %immutable kvc_pool_config::struct_size;
@@ -290,8 +324,9 @@ namespace std {
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *k_out, size_t k_out_bytes), (void *v_out, size_t v_out_bytes),
   (void *codes_out, size_t codes_out_bytes), (void *scales_out, size_t scales_out_bytes),
-  (void *zeros_out, size_t zeros_out_bytes), (void *dst, size_t dst_bytes)
+  (void *zeros_out, size_t zeros_out_bytes), (void *dst, size_t dst_bytes), (void *keys_out, size_t keys_out_bytes)
 };
+%apply (const void *IN_BUF, size_t IN_BYTES) { (const void *values, size_t values_bytes) };
 
 %include "kvcache/kvcache.h"
 
@@ -743,17 +778,39 @@ struct kvc_swig_pool {};
     return out;
   }
 
-  /** Turn on the prefix cache (config null: defaults). */
+  /**
+   * Turn on the prefix cache (config null: defaults). extra_key_names: the
+   * names of the extra keys (docs/prefix-cache.md), empty for positional
+   * extra keys; the languages' prefix calls then take the values by name.
+   */
   void enable_prefix_cache(const kvc_prefix_config *config = NULL, const std::string &model_id = std::string(),
-                           const std::string &tokenizer_id = std::string()) {
+                           const std::string &tokenizer_id = std::string(),
+                           const std::vector<std::string> &extra_key_names = std::vector<std::string>()) {
     KVC_POOL();
     if (!kvc_swig_c_string("model_id", model_id) || !kvc_swig_c_string("tokenizer_id", tokenizer_id)) return;
+    std::vector<const char *> names;
+    for (size_t i = 0; i < extra_key_names.size(); ++i) {
+      if (!kvc_swig_c_string("extra_key_names", extra_key_names[i])) return;
+      names.push_back(extra_key_names[i].c_str());
+    }
     kvc_prefix_config c;
     kvc_prefix_config_init_sized(&c, sizeof c);
     if (config != NULL) c = *config;
     c.model_id = model_id.c_str();
     c.tokenizer_id = tokenizer_id.c_str();
-    kvc_swig_check(kvc_pool_enable_prefix_cache(pool_, &c));
+    c.extra_key_names = names.empty() ? NULL : names.data();
+    c.n_extra_key_names = names.size() > 0xffffffffu ? 0xffffffffu : (uint32_t)names.size(); /* over 64: refused */
+    std::lock_guard<std::mutex> g(self->names_mu);
+    if (kvc_swig_check(kvc_pool_enable_prefix_cache(pool_, &c))) return;
+    self->names = extra_key_names;
+  }
+  /** The extra-key names the prefix cache declares, in order (empty: positional or not enabled). */
+  std::vector<std::string> extra_key_names() {
+    std::vector<std::string> out;
+    KVC_POOL(out);
+    std::lock_guard<std::mutex> g(self->names_mu);
+    out = self->names;
+    return out;
   }
   /** Cached leading tokens of a prompt (salt: the tenant's extra key, empty for none). */
   kvc_prefix_result prefix_lookup(const int32_t *tokens, size_t n_tokens, uint32_t flags = 0,
@@ -788,6 +845,78 @@ struct kvc_swig_pool {};
     kvc_prefix_extra e = kvc_swig_salt(salt, &n_extras);
     kvc_swig_check(kvc_prefix_insert(pool_, seq_id, tokens, n_tokens, &e, n_extras, &n));
     return n;
+  }
+  /*
+   * The same calls with the extra keys as `values`: one value per declared
+   * name, in the pool's order, each as a u32 little-endian size and its
+   * bytes (the languages' by-name methods build it; positional pools take
+   * any number). prefix_keys_values writes [blocks][key size] bytes into
+   * keys_out and returns the key size.
+   */
+  kvc_prefix_result prefix_lookup_values(const int32_t *tokens, size_t n_tokens, uint32_t flags,
+                                         const void *values, size_t values_bytes) {
+    kvc_prefix_result r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    KVC_POOL(r);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return r;
+    kvc_swig_check(kvc_prefix_lookup(pool_, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), flags, &r));
+    return r;
+  }
+  kvc_prefix_result prefix_attach_values(uint64_t seq_id, const int32_t *tokens, size_t n_tokens, uint32_t flags,
+                                         const void *values, size_t values_bytes) {
+    kvc_prefix_result r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    KVC_POOL(r);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return r;
+    kvc_swig_check(kvc_prefix_attach(pool_, seq_id, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), flags, &r));
+    return r;
+  }
+  uint64_t prefix_insert_values(uint64_t seq_id, const int32_t *tokens, size_t n_tokens, const void *values,
+                                size_t values_bytes) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return 0;
+    kvc_swig_check(kvc_prefix_insert(pool_, seq_id, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), &n));
+    return n;
+  }
+  uint64_t prefix_keys_values(const int32_t *tokens, size_t n_tokens, const void *values, size_t values_bytes,
+                              void *keys_out, size_t keys_out_bytes) {
+    size_t ks = 0;
+    KVC_POOL(0);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return 0;
+    kvc_swig_check(kvc_prefix_keys(pool_, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), (uint8_t *)keys_out,
+                                   keys_out_bytes, &ks));
+    return ks;
+  }
+  uint64_t prefix_offload_values(const int32_t *tokens, size_t n_tokens, const void *values, size_t values_bytes) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return 0;
+    kvc_swig_check(kvc_prefix_offload(pool_, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), &n));
+    return n;
+  }
+  uint64_t prefix_load_values(const int32_t *tokens, size_t n_tokens, const void *values, size_t values_bytes) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return 0;
+    kvc_swig_check(kvc_prefix_load(pool_, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), &n));
+    return n;
+  }
+  uint64_t prefix_prefetch_values(const int32_t *tokens, size_t n_tokens, const void *values, size_t values_bytes) {
+    uint64_t ticket = 0;
+    KVC_POOL(0);
+    std::vector<kvc_prefix_extra> ex;
+    if (!kvc_swig_values(values, values_bytes, &ex)) return 0;
+    kvc_swig_check(kvc_prefix_prefetch(pool_, tokens, n_tokens, ex.data(), (uint32_t)ex.size(), &ticket));
+    return ticket;
   }
   /** Bytes of the sequence's record (save_into needs this much). */
   uint64_t save_size(uint64_t seq_id) {

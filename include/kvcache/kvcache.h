@@ -1738,9 +1738,43 @@ typedef struct kvc_prefix_config {
   uint8_t seed[32];       /**< The root seed when seed_set. */
   const char *model_id;   /**< Caller's model identity mixed into the root (NULL = ""). Copied. */
   const char *tokenizer_id; /**< Caller's tokenizer identity mixed into the root (NULL = ""). Copied. */
+  /**
+   * Names of the extra keys (`[n_extra_key_names]` NUL-terminated strings,
+   * e.g. "salt", "adapter", "media"; NULL when n_extra_key_names is 0).
+   * Copied at kvc_pool_enable_prefix_cache(). Each name is non-empty, at most
+   * ::KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES bytes and unique. With names, every
+   * call taking extra keys passes exactly one value per name, in this order
+   * (size 0: none), and the block keys mix the names with the values (the
+   * named encoding of docs/prefix-cache.md): salt "x" and adapter "x" never
+   * share a key, while the declaration order and names left empty do not
+   * change a key. Without names (default) extra keys are positional, as in
+   * 0.3 (the legacy form: keys, tier records and their contents unchanged).
+   * @since 0.4
+   */
+  const char *const *extra_key_names;
+  /**
+   * Number of extra_key_names, at most ::KVC_PREFIX_MAX_EXTRA_KEY_NAMES
+   * (0, the default: positional extra keys).
+   * @since 0.4
+   */
+  uint32_t n_extra_key_names;
 } kvc_prefix_config;
 
-/** @brief One extra key mixed into every block key (tenant salt, adapter id, multimodal hash...). @since 0.3 */
+/** @brief Most extra-key names a prefix configuration declares
+ * (kvc_prefix_config::n_extra_key_names). @since 0.4 */
+#define KVC_PREFIX_MAX_EXTRA_KEY_NAMES 64
+/** @brief Most bytes of one extra-key name, without its NUL (kvc_prefix_config::extra_key_names).
+ * @since 0.4 */
+#define KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES 64
+
+/**
+ * @brief One extra key mixed into every block key (tenant salt, adapter id,
+ * multimodal hash...). A pool with declared names
+ * (kvc_prefix_config::extra_key_names) takes one per name, in declaration
+ * order (size 0: no value for that name); a pool without names takes any
+ * number, positionally (the legacy form).
+ * @since 0.3
+ */
 typedef struct kvc_prefix_extra {
   const void *data; /**< Bytes (may be NULL when size is 0). */
   size_t size;      /**< Byte count, at most 1 MiB. */
@@ -1849,12 +1883,18 @@ KVC_API kvc_status kvc_prefix_config_init_sized(kvc_prefix_config *config, size_
  * key, its block_size token ids and the extra keys; the root mixes the seed,
  * the pool's geometry and storage (a fingerprint) and the model and tokenizer
  * ids. Like vLLM's chained block hashes, with SHA-256 by default and optional
- * token verification.
+ * token verification. With declared extra-key names
+ * (kvc_prefix_config::extra_key_names, 0.4) the names enter the keys with
+ * their values.
  * @param pool the pool (not NULL).
  * @param config the settings (not NULL).
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (also extra_key_names NULL with
+ * n_extra_key_names above 0, or one of its names NULL); ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_UNSUPPORTED (a pool with a residual window, hybrid precision,
- * a per-channel codec or attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash).
+ * a per-channel codec or attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT
+ * (already enabled, unknown hash; more than ::KVC_PREFIX_MAX_EXTRA_KEY_NAMES extra-key names, an
+ * empty name, one longer than ::KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES bytes, a name declared twice).
+ * A refused call leaves the prefix cache off.
  * @since 0.3
  */
 KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix_config *config);
@@ -1867,7 +1907,11 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
  * @param n_tokens prompt length; at most n_tokens - 1 tokens are reported
  * reusable (the last token is always computed).
  * @param extras `[n_extras]` extra keys (NULL when n_extras is 0), at most 64.
- * @param n_extras number of extra keys.
+ * A pool with declared extra-key names (kvc_prefix_config::extra_key_names)
+ * takes one value per name, in declaration order (size 0: none).
+ * @param n_extras number of extra keys: with declared names, exactly their
+ * number (any other count is ::KVC_ERR_INVALID_ARGUMENT, with a message
+ * giving the names); without, at most 64.
  * With offload tiers (kvc_pool_add_tier()) the lookup goes on past the
  * pool's hit through the tiers, in order, block by block (no pool lock is
  * held meanwhile), and reports the whole blocks they hold in tier_tokens.
@@ -1875,7 +1919,8 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
  * @param result receives the counts.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown flags, too many or
- * too large extras); ::KVC_ERR_OVERFLOW (n_tokens above 2^31).
+ * too large extras, an n_extras other than the declared names' count);
+ * ::KVC_ERR_OVERFLOW (n_tokens above 2^31). A refused call changes nothing.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
@@ -1928,7 +1973,9 @@ KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int3
  * @param n_extras number of extra keys.
  * @param n_registered NULL or receives the number of blocks newly registered.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
- * ::KVC_ERR_OUT_OF_RANGE (n_tokens above the length); ::KVC_ERR_INVALID_ARGUMENT.
+ * ::KVC_ERR_OUT_OF_RANGE (n_tokens above the length); ::KVC_ERR_INVALID_ARGUMENT
+ * (prefix cache off; extra keys refused as by kvc_prefix_lookup(), e.g. a
+ * count other than the declared names'); a refused call registers nothing.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
@@ -1947,7 +1994,8 @@ KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int3
  * @param capacity bytes of keys_out.
  * @param key_size receives the key size (also on ::KVC_ERR_BUFFER_TOO_SMALL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_BUFFER_TOO_SMALL;
- * ::KVC_ERR_INVALID_ARGUMENT.
+ * ::KVC_ERR_INVALID_ARGUMENT (prefix cache off; extra keys refused as by
+ * kvc_prefix_lookup()); ::KVC_ERR_OVERFLOW.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
@@ -2223,7 +2271,8 @@ KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_
  * @param n_extras number of extra keys.
  * @param n_queued NULL or receives the blocks queued (the others were dropped: queue full).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (no
- * prefix cache or tier, extras); ::KVC_ERR_OVERFLOW.
+ * prefix cache or tier; extra keys refused as by kvc_prefix_lookup());
+ * ::KVC_ERR_OVERFLOW.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
@@ -2253,8 +2302,9 @@ KVC_API kvc_status kvc_pool_flush_tiers(kvc_pool *pool);
  * @param extras extra keys, as for kvc_prefix_lookup().
  * @param n_extras number of extra keys.
  * @param loaded_tokens NULL or receives the tokens loaded (whole blocks).
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT;
- * ::KVC_ERR_OVERFLOW; ::KVC_ERR_TIMEOUT (the tiers did not answer within the
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (no
+ * prefix cache or tier; extra keys refused as by kvc_prefix_lookup(): nothing
+ * is reserved); ::KVC_ERR_OVERFLOW; ::KVC_ERR_TIMEOUT (the tiers did not answer within the
  * load timeout: nothing loaded, the reserved blocks are back in the pool).
  * @since 0.3
  */
@@ -2270,7 +2320,8 @@ KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64
  * @param extras extra keys (copied).
  * @param n_extras number of extra keys.
  * @param ticket receives the ticket (not NULL).
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT; ::KVC_ERR_OVERFLOW.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (as for
+ * kvc_prefix_load(): no ticket is made); ::KVC_ERR_OVERFLOW.
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,

@@ -1157,6 +1157,16 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
     std::memcpy(pc.seed, c.seed, 32);
     if (c.model_id) pc.model_id = c.model_id;
     if (c.tokenizer_id) pc.tokenizer_id = c.tokenizer_id;
+    // Extra-key names (0.4): bounded reads; the core checks them.
+    if (c.n_extra_key_names > kvc::core::kMaxExtraKeyNames)
+      fail(Errc::InvalidArgument, "n_extra_key_names " + std::to_string(c.n_extra_key_names) +
+                                      ": at most " + std::to_string(kvc::core::kMaxExtraKeyNames));
+    if (c.n_extra_key_names) need(c.extra_key_names, "extra_key_names");
+    for (uint32_t i = 0; i < c.n_extra_key_names; ++i) {
+      const char *name = c.extra_key_names[i];
+      if (!name) fail(Errc::NullPointer, "extra_key_names[" + std::to_string(i) + "] is NULL");
+      pc.extra_key_names.emplace_back(name, strnlen(name, kvc::core::kMaxExtraKeyNameBytes + 1));
+    }
     p.prefix_enable(pc);
   });
 }
@@ -1174,7 +1184,9 @@ KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint
     const bool pin = (flags & KVC_PREFIX_PIN) != 0;
     if (pin && result->struct_size < offsetof(kvc_prefix_result, pin) + sizeof(uint64_t))
       fail(Errc::StructSize, "KVC_PREFIX_PIN needs a kvc_prefix_result with the pin field (0.3)");
-    const auto r = p.prefix_lookup_tiers(tokens, n_tokens, ex.data(), n_extras, (flags & KVC_PREFIX_PARTIAL) != 0, pin);
+    const auto kx = p.prefix_extra_keys(ex.data(), n_extras);
+    const auto r =
+        p.prefix_lookup_tiers(tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0, pin);
     write_result(r, result);
   });
 }
@@ -1187,7 +1199,8 @@ KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int3
     if (result) kvc::api::check_output_struct(result, kPrefixResultMin, "kvc_prefix_result");
     if (flags & ~KVC_PREFIX_PARTIAL) fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const auto r = p.prefix_attach(seq_id, tokens, n_tokens, ex.data(), n_extras, (flags & KVC_PREFIX_PARTIAL) != 0);
+    const auto kx = p.prefix_extra_keys(ex.data(), n_extras);
+    const auto r = p.prefix_attach(seq_id, tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0);
     if (result) write_result(r, result);
   });
 }
@@ -1198,7 +1211,8 @@ KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int3
   return guard([&] {
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const uint64_t n = p.prefix_insert(seq_id, tokens, n_tokens, ex.data(), n_extras);
+    const uint64_t n =
+        p.prefix_insert(seq_id, tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras));
     if (n_registered) *n_registered = n;
   });
 }
@@ -1210,6 +1224,7 @@ KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64
     auto &p = core_of(pool);
     need(key_size, "key_size");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
+    const auto kx = p.prefix_extra_keys(ex.data(), n_extras);
     const uint64_t ks = p.prefix_key_size();
     *key_size = ks;
     const uint64_t blocks = n_tokens / p.config().block_size;
@@ -1217,7 +1232,7 @@ KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64
       fail(Errc::BufferTooSmall, std::to_string(blocks) + " keys need " + std::to_string(blocks * ks) +
                                      " bytes, capacity is " + std::to_string(capacity));
     if (blocks) need(keys_out, "keys_out");
-    p.prefix_keys(tokens, n_tokens, ex.data(), n_extras, keys_out);
+    p.prefix_keys(tokens, n_tokens, kx, keys_out);
   });
 }
 
@@ -1428,7 +1443,7 @@ KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uin
   return guard([&] {
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const uint64_t q = p.prefix_offload(tokens, n_tokens, ex.data(), n_extras);
+    const uint64_t q = p.prefix_offload(tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras));
     if (n_queued) *n_queued = q;
   });
 }
@@ -1443,7 +1458,7 @@ KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, ui
     auto &p = core_of(pool);
     need(ticket, "ticket");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    *ticket = p.prefix_prefetch(tokens, n_tokens, ex.data(), n_extras);
+    *ticket = p.prefix_prefetch(tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras));
   });
 }
 
@@ -1463,7 +1478,8 @@ KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
     if (loaded_tokens) *loaded_tokens = 0;
-    const uint64_t t = p.prefix_prefetch(tokens, n_tokens, ex.data(), n_extras, /*sync=*/true);
+    const uint64_t t = p.prefix_prefetch(tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras),
+                                         /*sync=*/true);
     uint64_t loaded = 0;
     poll_status(p.prefix_poll(t, /*wait=*/true, &loaded), t);
     if (loaded_tokens) *loaded_tokens = loaded;

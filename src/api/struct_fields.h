@@ -200,7 +200,8 @@ struct StructInfo<kvc_prefix_config> {
       KVC_FIELD(kvc_prefix_config, struct_size),   KVC_FIELD(kvc_prefix_config, hash),
       KVC_FIELD(kvc_prefix_config, verify_tokens), KVC_FIELD(kvc_prefix_config, seed_set),
       KVC_FIELD(kvc_prefix_config, seed),          KVC_FIELD(kvc_prefix_config, model_id),
-      KVC_FIELD(kvc_prefix_config, tokenizer_id),
+      KVC_FIELD(kvc_prefix_config, tokenizer_id),  KVC_FIELD(kvc_prefix_config, extra_key_names),
+      KVC_FIELD(kvc_prefix_config, n_extra_key_names),
   };
   static constexpr size_t size_0_3 = 72;
   static constexpr size_t end_0_3 = KVC_FIELD_END(kvc_prefix_config, tokenizer_id);

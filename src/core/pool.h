@@ -76,6 +76,7 @@ struct PrefixConfig {
   bool seed_set = false;
   uint8_t seed[32] = {};
   std::string model_id, tokenizer_id;
+  std::vector<std::string> extra_key_names;  // declared names (empty: positional extra keys)
 };
 struct PrefixResult {
   uint64_t hit_tokens = 0, hit_blocks = 0, partial_tokens = 0;
@@ -298,13 +299,16 @@ class Pool {
   void prefix_enable(const PrefixConfig &c);
   bool prefix_enabled() const { return prefix_ != nullptr; }
   uint32_t prefix_key_size() const;
-  PrefixResult prefix_lookup(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+  // A call's extra keys in their key form, checked against the declared
+  // names (docs/prefix-cache.md); the calls below take it.
+  ExtraKeys prefix_extra_keys(const PrefixExtra *ex, uint32_t nx) const;
+  PrefixResult prefix_lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                              bool partial) const;
-  PrefixResult prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+  PrefixResult prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                              bool partial);
-  uint64_t prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx);
+  uint64_t prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx);
   // Chain keys of the full blocks of tokens[0, n): [n / block_size][key_size] bytes.
-  void prefix_keys(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, uint8_t *out) const;
+  void prefix_keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, uint8_t *out) const;
   PrefixCounts prefix_counts() const;
 
   // Offload tiers (tier_pool.cpp, docs/tiers.md). Tiers need the prefix cache.
@@ -314,18 +318,19 @@ class Pool {
   uint32_t num_tiers() const;
   TierCounts tier_counts(uint32_t index) const;
   // Lookup through the pool and then the tiers; `pin`: pins the tier blocks found.
-  PrefixResult prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+  PrefixResult prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                                    bool partial, bool pin);
   void prefix_unpin(uint64_t pin);
   // Queues the registered blocks of a prompt for writing to every tier; returns blocks queued.
-  uint64_t prefix_offload(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx);
+  uint64_t prefix_offload(const int32_t *tokens, uint64_t n, const ExtraKeys &kx);
   void flush_tiers();
   // Loads the tier blocks following the pool's hit into cached pool blocks
   // (registered, reference count 0). prefetch returns a ticket; poll reports
   // its state (wait: until it is no longer pending) and on Done / TimedOut
   // forgets the ticket.
   // sync: kvc_prefix_load's own ticket, reported only to prefix_poll(wait = true).
-  uint64_t prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, bool sync = false);
+  uint64_t prefix_prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
+                           bool sync = false);
   LoadState prefix_poll(uint64_t ticket, bool wait, uint64_t *loaded_tokens);
   // White-box: the keys in the index (key_size bytes each, as strings).
   std::vector<std::string> prefix_registered_keys() const;

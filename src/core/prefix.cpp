@@ -71,13 +71,13 @@ PrefixKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> 
 }
 
 PrefixKey PrefixHasher::block(const PrefixKey &parent, const int32_t *tokens, uint32_t n,
-                              const PrefixExtra *extras, uint32_t n_extras, std::vector<uint8_t> &b) const {
+                              const ExtraKeys &extras, std::vector<uint8_t> &b) const {
   // Sized once, then filled in place (this runs once per block of every lookup).
-  uint64_t size = 4 + key_size() + 4 + 4ull * n + 4;
-  for (uint32_t i = 0; i < n_extras; ++i) size += 8 + extras[i].size;
-  b.resize(size);
+  // The extra keys' encoding without its own 4-byte tag follows the tokens.
+  const uint64_t xs = extras.enc.size() - 4;
+  b.resize(4 + key_size() + 4 + 4ull * n + xs);
   uint8_t *p = b.data();
-  std::memcpy(p, "KVCB", 4);
+  std::memcpy(p, extras.named ? "KVCN" : "KVCB", 4);
   p += 4;
   std::memcpy(p, parent.b.data(), key_size());
   p += key_size();
@@ -95,13 +95,7 @@ PrefixKey PrefixHasher::block(const PrefixKey &parent, const int32_t *tokens, ui
 #else
   for (uint32_t i = 0; i < n; ++i) u32(static_cast<uint32_t>(tokens[i]));
 #endif
-  u32(n_extras);
-  for (uint32_t i = 0; i < n_extras; ++i) {
-    for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(extras[i].size >> (8 * k));
-    p += 8;
-    if (extras[i].size) std::memcpy(p, extras[i].data, extras[i].size);
-    p += extras[i].size;
-  }
+  std::memcpy(p, extras.enc.data() + 4, xs);
   return digest(b);
 }
 

@@ -21,6 +21,21 @@ struct PrefixExtra {
   uint64_t size;
 };
 
+// Limits of declared extra-key names (kvc_prefix_config::extra_key_names).
+constexpr uint32_t kMaxExtraKeyNames = 64;
+constexpr uint32_t kMaxExtraKeyNameBytes = 64;
+
+// The extra keys of one call as they enter block keys (docs/prefix-cache.md):
+// `enc` is "KVCX" | u32 n | n x (u64 size | bytes) for the positional
+// (legacy) form, or "KVCN" | u32 n | n x (u64 len | name | u64 size | bytes)
+// for named values (the non-empty ones, sorted by name). A block key hashes
+// the tag ("KVCB" positional, "KVCN" named) and then enc without its first 4
+// bytes; the index and tier records keep enc whole (verified on hits).
+struct ExtraKeys {
+  bool named = false;
+  std::vector<uint8_t> enc;
+};
+
 // Hashing by the spec. key_size() bytes of a key are significant.
 class PrefixHasher {
  public:
@@ -31,9 +46,10 @@ class PrefixHasher {
   // Root: "KVCP", version 1, hash id, seed, fingerprint, model id, tokenizer id.
   PrefixKey root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint, const std::string &model_id,
                  const std::string &tokenizer_id) const;
-  // Block: "KVCB", parent key, token count and ids, extra keys.
-  PrefixKey block(const PrefixKey &parent, const int32_t *tokens, uint32_t n, const PrefixExtra *extras,
-                  uint32_t n_extras, std::vector<uint8_t> &scratch) const;
+  // Block: "KVCB" (or "KVCN" for named extra keys), parent key, token count
+  // and ids, extra keys.
+  PrefixKey block(const PrefixKey &parent, const int32_t *tokens, uint32_t n,
+                  const ExtraKeys &extras, std::vector<uint8_t> &scratch) const;
 
  private:
   PrefixHash h_;
@@ -129,6 +145,12 @@ struct PrefixState {
   explicit PrefixState(PrefixHash h) : hasher(h), map(&entries) {}
   PrefixHasher hasher;
   bool verify_tokens = true;
+  std::vector<std::string>
+      extra_names;  // declared extra-key names, in declaration order (empty: positional)
+  std::vector<uint32_t> names_sorted;  // their indices, sorted by name bytes
+  // The extra keys of a call in their key form; refuses a count other than
+  // the declared names' (InvalidArgument).
+  ExtraKeys extra_keys(const PrefixExtra *ex, uint32_t nx) const;
   PrefixKey root;
   std::vector<PrefixEntry> entries;
   KeyIndex map;
@@ -140,11 +162,14 @@ struct PrefixState {
   void *user = nullptr;
 };
 
+// Checks declared extra-key names (non-empty, at most kMaxExtraKeyNameBytes
+// bytes, unique, at most kMaxExtraKeyNames of them); throws InvalidArgument.
+void check_extra_key_names(const std::vector<std::string> &names);
+
 // Helpers of prefix_pool.cpp used by the offload tiers (tier_pool.cpp).
-std::vector<uint8_t> prefix_extras_encoding(const PrefixExtra *ex, uint32_t nx);
-PrefixKey prefix_extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx);
+PrefixKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx);
 // The entries of the whole cached blocks among the first n - 1 tokens.
-std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
-                                       const PrefixExtra *ex, uint32_t nx);
+std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,
+                                       uint64_t n, const ExtraKeys &kx);
 
 }  // namespace kvc::core

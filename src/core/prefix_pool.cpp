@@ -26,25 +26,37 @@ void put_f64(std::vector<uint8_t> &b, double d) {
   for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
+void put_u64(uint8_t *p, uint64_t v) {
+  for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
+}
+void put_u32(uint8_t *p, uint32_t v) {
+  for (int k = 0; k < 4; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
+}
 
-// The extra keys as encoded in the spec ("KVCX", count, length-prefixed bytes).
-std::vector<uint8_t> extras_encoding(const PrefixExtra *ex, uint32_t nx) {
+// The positional (legacy) form: "KVCX" | u32 count | count x (u64 size | bytes).
+ExtraKeys positional_extras(const PrefixExtra *ex, uint32_t nx) {
   uint64_t size = 8;
   for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
-  std::vector<uint8_t> b(size);
-  uint8_t *p = b.data();
+  ExtraKeys kx;
+  kx.enc.resize(size);
+  uint8_t *p = kx.enc.data();
   std::memcpy(p, "KVCX", 4);
-  for (int k = 0; k < 4; ++k) p[4 + k] = static_cast<uint8_t>(nx >> (8 * k));
+  put_u32(p + 4, nx);
   p += 8;
   for (uint32_t i = 0; i < nx; ++i) {
-    for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(ex[i].size >> (8 * k));
+    put_u64(p, ex[i].size);
     p += 8;
     if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
     p += ex[i].size;
   }
-  return b;
+  return kx;
 }
 
+std::string joined(const std::vector<std::string> &names) {
+  std::string s;
+  for (const std::string &n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
 // With verify_tokens, a hit must be the block itself, not just its key: the
 // same tokens, the same extra keys and the same parent (so a forced
 // collision can never return another prompt's, tenant's or position's KV).
@@ -55,10 +67,71 @@ bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *token
          std::equal(en.tokens.begin(), en.tokens.end(), tokens);
 }
 
-PrefixKey extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
-  return h.digest(extras_encoding(ex, nx));
+PrefixKey extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
+  return h.digest(kx.enc);
 }
 }  // namespace
+
+void check_extra_key_names(const std::vector<std::string> &names) {
+  if (names.size() > kMaxExtraKeyNames)
+    fail(Errc::InvalidArgument,
+         "n_extra_key_names " + u64s(names.size()) + ": at most " + u64s(kMaxExtraKeyNames));
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string &n = names[i];
+    if (n.empty()) fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] is empty");
+    if (n.size() > kMaxExtraKeyNameBytes)
+      fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] is longer than " +
+                                      u64s(kMaxExtraKeyNameBytes) + " bytes");
+    if (n.find('\0') != std::string::npos)
+      fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] contains a NUL byte");
+    for (size_t j = 0; j < i; ++j)
+      if (names[j] == n)
+        fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] \"" + n +
+                                        "\" is declared twice (also [" + u64s(j) + "])");
+  }
+}
+
+// Named form (docs/prefix-cache.md): one value per declared name, in
+// declaration order; the key depends only on the assignment {name: non-empty
+// value}: "KVCN" | u32 m | m x (u64 len | name | u64 size | bytes), names
+// sorted by their bytes. With no non-empty value the call has no extra keys
+// and takes the positional form of zero extras (the key of a pool without
+// names and without extras).
+ExtraKeys PrefixState::extra_keys(const PrefixExtra *ex, uint32_t nx) const {
+  if (extra_names.empty()) return positional_extras(ex, nx);
+  if (nx != extra_names.size())
+    fail(Errc::InvalidArgument,
+         "this pool declares " + u64s(extra_names.size()) + " extra-key names (" +
+             joined(extra_names) +
+             "): pass one value per name, in that order (empty for none); got " + u64s(nx) +
+             " extra keys");
+  uint64_t size = 8;
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < nx; ++i)
+    if (ex[i].size) {
+      size += 16 + extra_names[i].size() + ex[i].size;
+      ++m;
+    }
+  if (m == 0) return positional_extras(nullptr, 0);
+  ExtraKeys kx;
+  kx.named = true;
+  kx.enc.resize(size);
+  uint8_t *p = kx.enc.data();
+  std::memcpy(p, "KVCN", 4);
+  put_u32(p + 4, m);
+  p += 8;
+  for (uint32_t i : names_sorted) {
+    if (!ex[i].size) continue;
+    const std::string &name = extra_names[i];
+    put_u64(p, name.size());
+    std::memcpy(p + 8, name.data(), name.size());
+    p += 8 + name.size();
+    put_u64(p, ex[i].size);
+    std::memcpy(p + 8, ex[i].data, ex[i].size);
+    p += 8 + ex[i].size;
+  }
+  return kx;
+}
 
 // The pool's fingerprint: geometry and storage, little-endian fields in a
 // fixed order (docs/prefix-cache.md).
@@ -99,8 +172,14 @@ void Pool::prefix_enable(const PrefixConfig &c) {
     fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision, "
                             "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
                             "as they age)");
+  check_extra_key_names(c.extra_key_names);
   auto st = std::make_unique<PrefixState>(c.hash);
   st->verify_tokens = c.verify_tokens;
+  st->extra_names = c.extra_key_names;
+  st->names_sorted.resize(st->extra_names.size());
+  for (uint32_t i = 0; i < st->names_sorted.size(); ++i) st->names_sorted[i] = i;
+  std::sort(st->names_sorted.begin(), st->names_sorted.end(),
+            [&](uint32_t a, uint32_t b) { return st->extra_names[a] < st->extra_names[b]; });
   uint8_t seed[32];
   if (c.seed_set) {
     std::memcpy(seed, c.seed, 32);
@@ -199,14 +278,23 @@ void Pool::prefix_on_cached(int32_t b) {
   }
 }
 
-void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, uint8_t *out) const {
+ExtraKeys Pool::prefix_extra_keys(const PrefixExtra *ex, uint32_t nx) const {
   std::shared_lock lk(mu_);
+  if (!prefix_)
+    fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  return prefix_->extra_keys(ex, nx);
+}
+
+void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, uint8_t *out) const {
+  std::shared_lock lk(mu_);
+  if (!prefix_)
+    fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   const PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size, ks = ps.hasher.key_size();
   PrefixKey parent = ps.root;
   std::vector<uint8_t> scratch;
   for (uint64_t i = 0; i < n / bs; ++i) {
-    parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
     std::memcpy(out + i * ks, parent.b.data(), ks);
   }
 }
@@ -220,16 +308,18 @@ struct Walk {
   uint64_t partial_tokens = 0;
   int64_t partial_entry = -1;
 };
-Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
-          bool partial) {
+Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
+          const ExtraKeys &kx, bool partial) {
   Walk w;
   if (n <= 1) return w;
   const uint64_t usable = n - 1;  // at least one token is always left to compute
   PrefixKey parent = ps.root;
   std::vector<uint8_t> scratch;
-  const std::vector<uint8_t> xb = ps.verify_tokens ? extras_encoding(ex, nx) : std::vector<uint8_t>{};
+  static const std::vector<uint8_t> none;
+  const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
   for (uint64_t i = 0; i < usable / bs; ++i) {
-    const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    const PrefixKey k =
+        ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
     const int64_t e = ps.map.find(k);
     if (e < 0) break;
     const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
@@ -240,7 +330,7 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   const uint64_t hit = w.path.size() * bs;
   if (!partial || hit >= usable) return w;
   const uint64_t want = std::min<uint64_t>(bs - 1, usable - hit);
-  const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
+  const PrefixKey xd = extras_digest(ps.hasher, kx);
   const std::vector<uint32_t> &cands = w.path.empty() ? ps.root_children : ps.entries[w.path.back()].children;
   for (uint32_t c : cands) {
     const PrefixEntry &en = ps.entries[c];
@@ -257,23 +347,22 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
 }  // namespace
 
 // For tier_pool.cpp.
-std::vector<uint8_t> prefix_extras_encoding(const PrefixExtra *ex, uint32_t nx) { return extras_encoding(ex, nx); }
-PrefixKey prefix_extras_digest(const PrefixHasher &h, const PrefixExtra *ex, uint32_t nx) {
-  return extras_digest(h, ex, nx);
+PrefixKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
+  return extras_digest(h, kx);
 }
-std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
-                                       const PrefixExtra *ex, uint32_t nx) {
-  return walk(ps, bs, tokens, n, ex, nx, false).path;
+std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,
+                                       uint64_t n, const ExtraKeys &kx) {
+  return walk(ps, bs, tokens, n, kx, false).path;
 }
 
-PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                                  bool partial) const {
   std::shared_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   const PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size;
   PrefixResult r;
-  const Walk w = walk(ps, bs, tokens, n, ex, nx, partial);
+  const Walk w = walk(ps, bs, tokens, n, kx, partial);
   r.hit_blocks = w.path.size();
   r.hit_tokens = r.hit_blocks * bs;
   r.partial_tokens = w.partial_tokens;
@@ -283,15 +372,15 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const Prefix
   return r;
 }
 
-PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
-                                 bool partial) {
+PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
+                                 const ExtraKeys &kx, bool partial) {
   std::unique_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
   PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
   PrefixResult r;
-  const Walk w = walk(ps, bs, tokens, n, ex, nx, partial);
+  const Walk w = walk(ps, bs, tokens, n, kx, partial);
   const std::vector<uint32_t> &path = w.path;
   const PrefixEntry *part_src = w.partial_entry >= 0 ? &ps.entries[static_cast<size_t>(w.partial_entry)] : nullptr;
   r.hit_blocks = path.size();
@@ -385,7 +474,7 @@ uint32_t Pool::prefix_register(const PrefixKey &k, const PrefixKey &parent, int6
   return e;
 }
 
-uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx) {
+uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx) {
   std::unique_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   Sequence &s = find(id);
@@ -410,14 +499,15 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
                                       " of sequence " + u64s(id) +
                                       " was reserved but never written (kvc_append): prefix blocks are registered "
                                       "only once every slot is written; nothing registered");
-  const PrefixKey xd = extras_digest(ps.hasher, ex, nx);
-  const std::vector<uint8_t> xb = extras_encoding(ex, nx);
+  const PrefixKey xd = extras_digest(ps.hasher, kx);
+  const std::vector<uint8_t> &xb = kx.enc;
   PrefixKey parent = ps.root;
   std::vector<uint8_t> scratch;
   uint64_t added = 0;
   int64_t parent_entry = -1;
   for (uint64_t i = 0; i < full; ++i) {
-    const PrefixKey k = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+    const PrefixKey k =
+        ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
     const int64_t found = ps.map.find(k);
     if (found >= 0) {  // already registered (by this sequence or with the same content by another)
       const PrefixEntry &en = ps.entries[static_cast<size_t>(found)];

@@ -384,12 +384,12 @@ bool Pool::demote_entry(uint32_t e) {
   }
 }
 
-uint64_t Pool::prefix_offload(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx) {
+uint64_t Pool::prefix_offload(const int32_t *tokens, uint64_t n, const ExtraKeys &kx) {
   std::unique_lock lk(mu_);
   if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   if (!offload_) fail(Errc::InvalidArgument, "the pool has no tiers (kvc_pool_add_tier)");
   // Every whole block of the prompt (the last token included: n + 1).
-  const std::vector<uint32_t> path = prefix_walk_path(*prefix_, cfg_.block_size, tokens, n + 1, ex, nx);
+  const std::vector<uint32_t> path = prefix_walk_path(*prefix_, cfg_.block_size, tokens, n + 1, kx);
   uint64_t queued = 0;
   for (uint32_t e : path) queued += demote_entry(e) ? 1 : 0;
   return queued;
@@ -409,9 +409,9 @@ void Pool::flush_tiers() {
 // ---------------------------------------------------------------------------
 // Lookup, pins
 
-PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx,
+PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                                        bool partial, bool pin) {
-  PrefixResult r = prefix_lookup(tokens, n, ex, nx, partial);
+  PrefixResult r = prefix_lookup(tokens, n, kx, partial);
   std::vector<PrefixKey> keys;
   OffloadState *o;
   {
@@ -420,12 +420,12 @@ PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const 
     if (!o || n <= 1) return r;
     const PrefixState &ps = *prefix_;
     const uint64_t bs = cfg_.block_size;
-    const std::vector<uint32_t> path = prefix_walk_path(ps, bs, tokens, n, ex, nx);
+    const std::vector<uint32_t> path = prefix_walk_path(ps, bs, tokens, n, kx);
     PrefixKey parent = path.empty() ? ps.root : ps.entries[path.back()].key;
     std::vector<uint8_t> scratch;
     const uint64_t last = std::min<uint64_t>((n - 1) / bs, path.size() + alloc_.num_blocks() / cfg_.num_layers);
     for (uint64_t i = path.size(); i < last; ++i) {
-      parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+      parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
       keys.push_back(parent);
     }
   }
@@ -496,7 +496,7 @@ void Pool::prefix_unpin(uint64_t pin) {
 // ---------------------------------------------------------------------------
 // Loads
 
-uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixExtra *ex, uint32_t nx, bool sync) {
+uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool sync) {
   PendingLoad L;
   L.sync = sync;
   OffloadState *o;
@@ -508,16 +508,16 @@ uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixEx
     const PrefixState &ps = *prefix_;
     const uint64_t bs = cfg_.block_size;
     if (n > 1) {
-      const std::vector<uint32_t> path = prefix_walk_path(ps, bs, tokens, n, ex, nx);
+      const std::vector<uint32_t> path = prefix_walk_path(ps, bs, tokens, n, kx);
       L.parent = path.empty() ? ps.root : ps.entries[path.back()].key;
       L.first_depth = path.size() + 1;
-      L.xb = prefix_extras_encoding(ex, nx);
-      L.xd = prefix_extras_digest(ps.hasher, ex, nx);
+      L.xb = kx.enc;
+      L.xd = prefix_extras_digest(ps.hasher, kx);
       PrefixKey parent = L.parent;
       std::vector<uint8_t> scratch;
       const uint64_t last = std::min<uint64_t>((n - 1) / bs, path.size() + alloc_.num_blocks() / cfg_.num_layers);
       for (uint64_t i = path.size(); i < last; ++i) {
-        parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), ex, nx, scratch);
+        parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
         L.keys.push_back(to_key(parent));
         L.tokens.emplace_back(tokens + i * bs, tokens + (i + 1) * bs);
       }
@@ -542,7 +542,7 @@ uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const PrefixEx
   const uint64_t nl = cfg_.num_layers;
   // Reserve the blocks now (the pool's own prefix path stays: referenced
   // while reserving, so the reservation cannot reclaim the chain it extends).
-  const std::vector<uint32_t> path = prefix_walk_path(*prefix_, cfg_.block_size, tokens, n, ex, nx);
+  const std::vector<uint32_t> path = prefix_walk_path(*prefix_, cfg_.block_size, tokens, n, kx);
   std::vector<int32_t> held_path;
   for (uint32_t e : path)
     for (int32_t b : prefix_->entries[e].blocks)
@@ -587,7 +587,6 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
   PrefixState &ps = *prefix_;
   const uint64_t nl = cfg_.num_layers, bs = cfg_.block_size;
   const uint32_t n_scales = static_cast<uint32_t>(tensor_scale_parts() * nl);
-  const uint64_t head = kPayloadHeader + bs * 4 + L.xb.size() + uint64_t(n_scales) * 4;
   // The chain's parent must still be in the index (it may have been reclaimed meanwhile).
   int64_t parent_entry = -1;
   PrefixKey parent = L.parent;
@@ -603,13 +602,24 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
     const uint8_t *q = p.data();
     PrefixKey k;
     k.b = L.keys[i].b;
-    const bool valid = p.size() == head + nl * block_stride_ && std::memcmp(q, "KVCD", 4) == 0 &&
-                       get<uint32_t>(q + 4) == kPayloadVersion && get<uint32_t>(q + 8) == nl &&
-                       get<uint32_t>(q + 12) == bs && get<uint64_t>(q + 16) == block_stride_ &&
-                       get<uint64_t>(q + 24) == L.first_depth + i && get<uint32_t>(q + 32) == L.xb.size() &&
-                       get<uint32_t>(q + 36) == n_scales && std::memcmp(q + 40, parent.b.data(), 32) == 0 &&
-                       std::memcmp(q + kPayloadHeader, L.tokens[i].data(), bs * 4) == 0 &&
-                       (L.xb.empty() || std::memcmp(q + kPayloadHeader + bs * 4, L.xb.data(), L.xb.size()) == 0);
+    // The record's extra keys (X bytes: their encoding, docs/tiers.md) must be
+    // the query's with verify_tokens. A pool without it trusts the key, as
+    // its index does, and skips them: its own records carry none (X = 0).
+    const uint64_t xsize = p.size() >= kPayloadHeader ? get<uint32_t>(q + 32) : 0;
+    const uint64_t head = kPayloadHeader + bs * 4 + xsize + uint64_t(n_scales) * 4;
+    // (Read only once the size is known to cover them.)
+    auto extras_ok = [&] {
+      return !ps.verify_tokens ||
+             (xsize == L.xb.size() &&
+              std::memcmp(q + kPayloadHeader + bs * 4, L.xb.data(), L.xb.size()) == 0);
+    };
+    const bool valid =
+        p.size() >= kPayloadHeader && p.size() == head + nl * block_stride_ &&
+        std::memcmp(q, "KVCD", 4) == 0 && get<uint32_t>(q + 4) == kPayloadVersion &&
+        get<uint32_t>(q + 8) == nl && get<uint32_t>(q + 12) == bs &&
+        get<uint64_t>(q + 16) == block_stride_ && get<uint64_t>(q + 24) == L.first_depth + i &&
+        get<uint32_t>(q + 36) == n_scales && std::memcmp(q + 40, parent.b.data(), 32) == 0 &&
+        std::memcmp(q + kPayloadHeader, L.tokens[i].data(), bs * 4) == 0 && extras_ok();
     if (!valid) {  // not this block (a collision, another layout): a refused record, the chain stops here
       if (from[i] < ts.size()) ts[from[i]]->other_errors.fetch_add(1, std::memory_order_relaxed);
       break;
@@ -617,7 +627,7 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
     // Per-tensor scales: a calibrated layer must have the record's; all are
     // checked before an uncalibrated one takes the record's (no change when
     // refused). The exclusive lock keeps appends from calibrating meanwhile.
-    const uint8_t *sc = q + kPayloadHeader + bs * 4 + L.xb.size();
+    const uint8_t *sc = q + kPayloadHeader + bs * 4 + xsize;
     bool scales_ok = true;
     for (int pass = 0; pass < 2 && scales_ok; ++pass) {
       uint32_t si = 0;

@@ -156,7 +156,8 @@ static const field prefix_config_fields[] = {
     F(kvc_prefix_config, struct_size),   F(kvc_prefix_config, hash),
     F(kvc_prefix_config, verify_tokens), F(kvc_prefix_config, seed_set),
     F(kvc_prefix_config, seed),          F(kvc_prefix_config, model_id),
-    F(kvc_prefix_config, tokenizer_id)};
+    F(kvc_prefix_config, tokenizer_id), F(kvc_prefix_config, extra_key_names),
+    F(kvc_prefix_config, n_extra_key_names)};
 static const field prefix_stats_fields[] = {
     F(kvc_prefix_stats, struct_size),       F(kvc_prefix_stats, queried_tokens),
     F(kvc_prefix_stats, hit_tokens),        F(kvc_prefix_stats, partial_tokens),

@@ -301,7 +301,11 @@ FIELD(kvc_prefix_config, seed_set, 16, 4);
 FIELD(kvc_prefix_config, seed, 20, 32);
 FIELD(kvc_prefix_config, model_id, 56, 8);
 FIELD(kvc_prefix_config, tokenizer_id, 64, 8);
-SIZE(kvc_prefix_config, 72);
+FIELD(kvc_prefix_config, extra_key_names, 72, 8);   /* 0.4 */
+FIELD(kvc_prefix_config, n_extra_key_names, 80, 4); /* 0.4 */
+SIZE(kvc_prefix_config, 88);
+_Static_assert(KVC_PREFIX_MAX_EXTRA_KEY_NAMES == 64 && KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES == 64,
+               "name limits");
 FIELD(kvc_prefix_extra, data, 0, 8);
 FIELD(kvc_prefix_extra, size, 8, 8);
 SIZE(kvc_prefix_extra, 16);

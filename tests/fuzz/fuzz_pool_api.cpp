@@ -20,7 +20,15 @@
 //    kvc::api::core_pool()) after every call;
 //  - a mirror kvc::core::Pool driven with the same structural calls returns
 //    the same statuses and passes Pool::check_invariants() (every block in
-//    one state, reference counts = number of block tables holding a block).
+//    one state, reference counts = number of block tables holding a block);
+//  - the prefix cache (enable with or without declared extra-key names, bad
+//    declarations, lookup / attach / insert / keys with the declared count
+//    of values or another): a bad declaration or a wrong count is refused
+//    with KVC_ERR_INVALID_ARGUMENT (NULL names: KVC_ERR_NULL_POINTER) and
+//    changes nothing (prefix counters included); the mirror declares the
+//    same names in another order plus one more left empty, gets the values
+//    in its own order, and must compute the same keys and hits and keep the
+//    same blocks (named keys depend on the assignment, not the declaration).
 // Any violation prints a description and aborts (a crash for libFuzzer, a
 // failed test for fuzz_replay).
 #include <algorithm>
@@ -149,6 +157,12 @@ struct Harness {
   Tables tables;     // after the last call
   std::map<int32_t, int> mult;  // block id -> number of block-table entries
   kvc_stats stats{};
+  // Prefix cache: off, or on with `names` declared (empty: positional); the
+  // mirror declares mirror_names, where mirror_of[j] is the index in `names`
+  // of its name j (-1: its extra name, always empty).
+  bool prefix = false;
+  std::vector<std::string> names, mirror_names;
+  std::vector<int> mirror_of;
 
   ~Harness() { kvc_pool_destroy(pool); }
 
@@ -352,6 +366,70 @@ void bad_configs(Input &in, const kvc_pool_config &good) {
   FCHECK(kvc_pool_create(&good, nullptr) == KVC_ERR_NULL_POINTER, "out NULL");
 }
 
+const char *const kNameVocab[] = {"salt", "adapter", "media", "lora", "s", "salt2"};
+const char *const kValueVocab[] = {"", "x", "tenant-1", "lora-7"};
+const uint8_t kFuzzSeed[32] = {5, 5, 5, 5};
+
+kvc_prefix_stats prefix_stats(kvc_pool *p) {
+  kvc_prefix_stats s;
+  kvc_prefix_stats_init(&s);
+  const kvc_status r = kvc_prefix_get_stats(p, &s);
+  FCHECK(r == KVC_OK, "prefix stats: " + st(r));
+  return s;
+}
+
+// Token ids of a prompt: a small alphabet, so prompts share prefixes.
+std::vector<int32_t> prompt_of(uint64_t n, uint8_t variant) {
+  std::vector<int32_t> t(n);
+  for (uint64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 3 + (variant & 1)) % 11);
+  return t;
+}
+
+// Refused declarations of extra-key names: each fails and leaves the prefix
+// cache off (the later valid enable still works).
+void bad_declarations(Input &in, kvc_pool *pool) {
+  const uint8_t sel = in.u8();
+  if (sel >= 96) return;
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  const std::string long_name(KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES + 1 + sel % 3, 'n');
+  std::vector<std::string> many(KVC_PREFIX_MAX_EXTRA_KEY_NAMES + 1 + sel % 2);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = "n" + std::to_string(i);
+  std::vector<const char *> names = {"salt", "adapter"};
+  kvc_status expect = KVC_ERR_INVALID_ARGUMENT;
+  switch (sel % 6) {
+    case 0:
+      names.push_back("");
+      break;
+    case 1:
+      names.push_back(long_name.c_str());
+      break;
+    case 2:
+      names.push_back(names[in.u8() % 2]);
+      break;  // declared twice
+    case 3:
+      names.clear();
+      for (const std::string &m : many) names.push_back(m.c_str());
+      break;
+    case 4:
+      names.insert(names.begin() + in.u8() % 3, nullptr);
+      expect = KVC_ERR_NULL_POINTER;
+      break;
+    default:
+      expect = KVC_ERR_NULL_POINTER;
+      break;  // a count without an array
+  }
+  pc.extra_key_names = sel % 6 == 5 ? nullptr : names.data();
+  pc.n_extra_key_names = static_cast<uint32_t>(names.size());
+  const kvc_status r = kvc_pool_enable_prefix_cache(pool, &pc);
+  FCHECK(r == expect, "bad extra-key names case " + std::to_string(sel % 6) + ": " + st(r));
+  FCHECK(kvc_last_error_message()[0] != '\0', "no message");
+  kvc_prefix_stats s;
+  kvc_prefix_stats_init(&s);
+  FCHECK(kvc_prefix_get_stats(pool, &s) == KVC_ERR_INVALID_ARGUMENT,
+         "a refused enable turned the cache on");
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -420,7 +498,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int op_i = 0; op_i < kMaxOps && !in.empty(); ++op_i) {
     const kvc_stats before = h.stats;
     const Tables tables_before = h.tables;
-    const uint8_t op = in.u8() % 17;
+    const uint8_t raw_op = in.u8();
+    const uint8_t op = raw_op < 238 ? raw_op % 17 : 17 + raw_op % 2;  // 17, 18: the prefix cache
     const char *name = "?";
     bool must_fail = false;   // the model says the call is invalid
     bool may_fail = false;    // valid, but may run out of blocks
@@ -895,6 +974,173 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         break;
       }
+      case 17: {  // enable the prefix cache: bad declarations, then names (or none) in the fuzzer's
+                  // order
+        name = "kvc_pool_enable_prefix_cache";
+        if (!h.prefix) bad_declarations(in, h.pool);
+        const uint8_t b = in.u8();
+        std::vector<std::string> names;
+        const uint32_t k = b % 5;  // 0: positional
+        for (uint32_t i = 0; i < k; ++i)
+          names.push_back(kNameVocab[(b / 5 + i * (1 + in.u8() % 5)) % 6]);
+        std::sort(names.begin(), names.end());
+        names.erase(std::unique(names.begin(), names.end()), names.end());
+        for (size_t i = names.size(); i > 1; --i) std::swap(names[i - 1], names[in.u8() % i]);
+        std::vector<const char *> cn;
+        for (const std::string &n : names) cn.push_back(n.c_str());
+        kvc_prefix_config pc;
+        kvc_prefix_config_init(&pc);
+        pc.seed_set = 1;
+        std::memcpy(pc.seed, kFuzzSeed, 32);
+        pc.verify_tokens = (b >> 7) ? 0u : 1u;
+        pc.extra_key_names = cn.empty() ? nullptr : cn.data();
+        pc.n_extra_key_names = static_cast<uint32_t>(cn.size());
+        must_fail = h.prefix;  // once per pool
+        r = kvc_pool_enable_prefix_cache(h.pool, &pc);
+        // The mirror: the names rotated, plus one more that calls leave empty.
+        kvc::core::PrefixConfig mc;
+        mc.seed_set = true;
+        std::memcpy(mc.seed, kFuzzSeed, 32);
+        mc.verify_tokens = pc.verify_tokens != 0;
+        std::vector<int> of;
+        if (!names.empty()) {
+          const size_t rot = in.u8() % names.size();
+          for (size_t j = 0; j < names.size(); ++j) {
+            of.push_back(static_cast<int>((j + rot) % names.size()));
+            mc.extra_key_names.push_back(names[(j + rot) % names.size()]);
+          }
+          mc.extra_key_names.push_back("zz-unused");
+          of.push_back(-1);
+        }
+        mr = core_status([&] { mirror.prefix_enable(mc); });
+        if (r == KVC_OK) {
+          h.prefix = true;
+          h.names = names;
+          h.mirror_names = mc.extra_key_names;
+          h.mirror_of = of;
+        } else {
+          FCHECK(r == KVC_ERR_INVALID_ARGUMENT && h.prefix, st(r));
+        }
+        break;
+      }
+      case 18: {  // lookup / attach / insert / keys with the declared count of values, or another
+        const uint8_t b = in.u8();
+        const uint32_t what = b % 4;
+        name = what == 0   ? "kvc_prefix_lookup"
+               : what == 1 ? "kvc_prefix_attach"
+               : what == 2 ? "kvc_prefix_insert"
+                           : "kvc_prefix_keys";
+        const uint32_t declared = static_cast<uint32_t>(h.names.size());
+        uint32_t nx = declared;
+        const uint8_t cb = in.u8();
+        if (cb >= 200)
+          nx = cb % 3 == 0 ? declared + 1 : cb % 3 == 1 ? (declared ? declared - 1 : 65) : 0;
+        if (h.names.empty() && cb < 200)
+          nx = cb < 120 ? 0 : cb % 3;  // positional: any count up to 64
+        const bool count_ok = h.names.empty() ? nx <= 64 : nx == declared;
+        std::vector<kvc_prefix_extra> ex(nx);
+        std::vector<int> vi(nx);
+        for (uint32_t i = 0; i < nx; ++i) {
+          const uint8_t u =
+              i < 8 ? in.u8() : 0;  // mostly "" or "x", so assignments repeat and lookups hit
+          vi[i] = u < 192 ? u % 2 : u % 4;
+          ex[i] = {kValueVocab[vi[i]], std::strlen(kValueVocab[vi[i]])};
+        }
+        // The mirror's values: its own declaration order (positional: the same list).
+        std::vector<kvc_prefix_extra> mex;
+        if (h.names.empty()) {
+          mex = ex;
+        } else if (count_ok) {
+          for (int j : h.mirror_of)
+            mex.push_back(j < 0 ? kvc_prefix_extra{nullptr, 0} : ex[static_cast<size_t>(j)]);
+        }
+        const bool mirrored = h.prefix && count_ok;
+        std::vector<kvc::core::PrefixExtra> cex;
+        for (const kvc_prefix_extra &e : mex)
+          cex.push_back({static_cast<const uint8_t *>(e.data), e.size});
+        auto mkx = [&] {
+          return mirror.prefix_extra_keys(cex.data(), static_cast<uint32_t>(cex.size()));
+        };
+        const kvc_prefix_stats ps_before = h.prefix ? prefix_stats(h.pool) : kvc_prefix_stats{};
+        must_fail = !h.prefix || !count_ok;
+        const kvc_prefix_extra *exp = nx ? ex.data() : nullptr;
+        if (what == 2) {  // insert the prompt a sequence holds (or more than its length)
+          const uint8_t pick = in.u8();  // mostly a live sequence
+          uint64_t id = pick_id(in);
+          if ((pick & 3) && !h.seqs.empty())
+            id = std::next(h.seqs.begin(), pick % h.seqs.size())->first;
+          auto it = h.seqs.find(id);
+          const uint64_t len = it == h.seqs.end() ? 0 : it->second.len;
+          const uint64_t n =
+              (in.u8() & 7) ? len - std::min<uint64_t>(len, in.u8() % 3) : len + 1 + in.u8() % 3;
+          const std::vector<int32_t> t = prompt_of(n, b >> 7);
+          must_fail = must_fail || it == h.seqs.end() || n > len;
+          uint64_t added = 777;
+          r = kvc_prefix_insert(h.pool, id, t.data(), n, exp, nx, &added);
+          if (mirrored) mr = core_status([&] { mirror.prefix_insert(id, t.data(), n, mkx()); });
+          if (r != KVC_OK) FCHECK(added == 777, "insert wrote n_registered on failure");
+          if (r != KVC_OK)
+            FCHECK(r == KVC_ERR_INVALID_ARGUMENT || r == KVC_ERR_SEQ_NOT_FOUND ||
+                       r == KVC_ERR_OUT_OF_RANGE,
+                   st(r));
+        } else {
+          const uint64_t n = in.u8() % 40;
+          const std::vector<int32_t> t = prompt_of(n, b >> 7);
+          const bool partial = (b >> 6) & 1;
+          kvc_prefix_result res;
+          std::memset(&res, 0, sizeof res);
+          res.struct_size = sizeof res;
+          kvc::core::PrefixResult mres;
+          if (what == 0) {
+            r = kvc_prefix_lookup(h.pool, t.data(), n, exp, nx, partial ? KVC_PREFIX_PARTIAL : 0u,
+                                  &res);
+            if (mirrored)
+              mr = core_status([&] { mres = mirror.prefix_lookup(t.data(), n, mkx(), partial); });
+          } else if (what == 1) {
+            const uint64_t id = pick_id(in);
+            must_fail = must_fail || h.seqs.count(id) != 0;
+            may_fail = partial;  // the partial copy needs a block (skipped when none is free)
+            r = kvc_prefix_attach(h.pool, id, t.data(), n, exp, nx,
+                                  partial ? KVC_PREFIX_PARTIAL : 0u, &res);
+            if (mirrored)
+              mr = core_status(
+                  [&] { mres = mirror.prefix_attach(id, t.data(), n, mkx(), partial); });
+            if (r == KVC_OK) {
+              SeqModel m;  // what attached blocks hold is not modelled: positions unchecked
+              m.len = res.hit_tokens + res.partial_tokens;
+              m.tags.assign(h.L, std::vector<int>(m.len, -1));
+              h.seqs[id] = m;
+            } else {
+              FCHECK(r == KVC_ERR_INVALID_ARGUMENT || r == KVC_ERR_SEQ_EXISTS, st(r));
+            }
+          } else {
+            std::vector<uint8_t> keys(40 / h.BS * 32 + 32), mkeys(keys.size());
+            size_t ks = 0;
+            r = kvc_prefix_keys(h.pool, t.data(), n, exp, nx, keys.data(), keys.size(), &ks);
+            if (mirrored)
+              mr = core_status([&] { mirror.prefix_keys(t.data(), n, mkx(), mkeys.data()); });
+            if (r == KVC_OK)
+              FCHECK(keys == mkeys, "keys differ from the mirror's (another declaration order)");
+          }
+          if (r == KVC_OK && what < 2) {
+            FCHECK(res.hit_tokens == mres.hit_tokens && res.partial_tokens == mres.partial_tokens,
+                   "hits differ from the mirror's: " + std::to_string(res.hit_tokens) + " vs " +
+                       std::to_string(mres.hit_tokens));
+            FCHECK(res.hit_tokens % h.BS == 0 && (n == 0 || res.hit_tokens < n), "hit tokens");
+          }
+        }
+        if (r == KVC_OK && h.prefix && !count_ok)
+          FCHECK(false, "a wrong count of values was accepted");
+        if (r != KVC_OK && h.prefix) {
+          const kvc_prefix_stats ps_after = prefix_stats(h.pool);
+          FCHECK(std::memcmp(&ps_after, &ps_before, sizeof ps_after) == 0,
+                 std::string(name) + " failed but changed the prefix counters");
+        }
+        if (r == KVC_ERR_INVALID_ARGUMENT && h.prefix && !count_ok && !h.names.empty())
+          FCHECK(std::strstr(kvc_last_error_message(), "extra-key names (") != nullptr,
+                 "wrong-count message");
+        break;
+      }
       default: {  // 15: conversions and dtype sizes
         name = "kvc_convert";
         const kvc_dtype a = pick_dtype(in), b = pick_dtype(in);
@@ -930,7 +1176,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   }
   h.snapshot_and_check("freeing every sequence");
   FCHECK(h.stats.blocks_used == 0 && h.stats.blocks_shared == 0, "blocks still used");
-  if (c.flags & KVC_POOL_ZERO_ON_FREE) {  // freed memory reads as zeros
+  if ((c.flags & KVC_POOL_ZERO_ON_FREE) &&
+      h.stats.blocks_cached ==
+          0) {  // freed memory reads as zeros (cached prefix blocks keep theirs)
     kvc_pool_layout lay;
     kvc_pool_layout_init(&lay);
     FCHECK(kvc_pool_get_layout(h.pool, &lay) == KVC_OK, "layout");

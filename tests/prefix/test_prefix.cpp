@@ -3,6 +3,7 @@
 // collisions, token-granular reuse, LRU reclaim from the end of a chain,
 // removal before in-place writes, events, and lookups concurrent with appends.
 #include <openssl/sha.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -632,6 +633,408 @@ KVTEST(bad_input) {
   kvc_prefix_config_init(&pc);
   CHECK_STATUS(kvc_pool_enable_prefix_cache(p, &pc), KVC_ERR_UNSUPPORTED);
   kvc_pool_destroy(p);
+}
+
+// ---------------------------------------------------------------------------
+// Named extra keys (kvc_prefix_config::extra_key_names, 0.4; docs/prefix-cache.md)
+
+namespace {
+
+const uint8_t kNamedSeed[32] = {9, 8, 7};
+
+// A pool of make_pool's geometry whose prefix cache declares `names`.
+kvc_pool *make_named_pool(const std::vector<const char *> &names, uint32_t bs = 4,
+                          uint64_t blocks = 64, const uint8_t *seed = kNamedSeed, int verify = 1) {
+  kvc_pool *p = nullptr;
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = 2;
+  c.num_q_heads = c.num_kv_heads = 2;
+  c.head_dim = 4;
+  c.block_size = bs;
+  c.num_blocks = blocks;
+  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  CHECK_OK(kvc_pool_create(&c, &p));
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  pc.verify_tokens = static_cast<uint32_t>(verify);
+  pc.seed_set = 1;
+  std::memcpy(pc.seed, seed, 32);
+  pc.extra_key_names = names.data();
+  pc.n_extra_key_names = static_cast<uint32_t>(names.size());
+  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  return p;
+}
+
+// One value per declared name, in declaration order ("" = none).
+std::vector<kvc_prefix_extra> values(const std::vector<const char *> &v) {
+  std::vector<kvc_prefix_extra> out;
+  for (const char *s : v) out.push_back({s, std::strlen(s)});
+  return out;
+}
+
+std::vector<uint8_t> named_keys(kvc_pool *p, const std::vector<int32_t> &t,
+                                const std::vector<const char *> &v) {
+  const std::vector<kvc_prefix_extra> ex = values(v);
+  return keys_of(p, t, ex.data(), static_cast<uint32_t>(ex.size()));
+}
+
+bool message_has(const char *what) {
+  return std::strstr(kvc_last_error_message(), what) != nullptr;
+}
+
+}  // namespace
+
+// Tenant "salt=x" and adapter "adapter=x" never share a key or a block: not
+// in one pool (lookup, attach, insert, partial reuse), not between a pool
+// declaring only "salt" and one declaring only "adapter" (positionally their
+// values would sit in the same place), and not with the positional form.
+KVTEST(named_keys_salt_vs_adapter) {
+  kvc_pool *p = make_named_pool({"salt", "adapter"});
+  const std::vector<int32_t> t = range(1, 13);
+  CHECK(named_keys(p, t, {"x", ""}) != named_keys(p, t, {"", "x"}));
+  const std::vector<kvc_prefix_extra> salt_x = values({"x", ""}), adapter_x = values({"", "x"});
+  request(p, 1, t, false, salt_x.data(), 2);  // insert under salt=x
+  CHECK(lookup(p, range(1, 14), salt_x.data(), 2).hit_tokens == 12);
+  const kvc_prefix_result ra = lookup(p, range(1, 14), adapter_x.data(), 2, KVC_PREFIX_PARTIAL);
+  CHECK(ra.hit_tokens == 0 && ra.partial_tokens == 0);
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  CHECK_OK(
+      kvc_prefix_attach(p, 2, t.data(), t.size(), adapter_x.data(), 2, KVC_PREFIX_PARTIAL, &r));
+  CHECK(r.hit_tokens == 0 && r.partial_tokens == 0);
+  CHECK_OK(kvc_prefix_attach(p, 3, t.data(), t.size(), salt_x.data(), 2, 0, &r));
+  CHECK(r.hit_tokens == 8);  // at most n - 1 tokens: the last block is computed
+  // The same tokens computed under adapter=x are other blocks, not "already registered".
+  const uint64_t registered = stats(p).registered_blocks;
+  CHECK(request(p, 4, t, true, adapter_x.data(), 2) == 0);
+  CHECK(stats(p).registered_blocks == registered + 3);
+  CHECK(lookup(p, range(1, 14), adapter_x.data(), 2).hit_tokens == 12);
+  CHECK(lookup(p, range(1, 14), salt_x.data(), 2).hit_tokens == 12);
+  CHECK(consistent(p));
+  kvc_pool *ps = make_named_pool({"salt"}), *pa = make_named_pool({"adapter"});
+  kvc_pool *legacy = make_pool(4, 64, 2, kNamedSeed);
+  const kvc_prefix_extra x = {"x", 1};
+  CHECK(named_keys(ps, t, {"x"}) != named_keys(pa, t, {"x"}));
+  CHECK(named_keys(ps, t, {"x"}) == named_keys(p, t, {"x", ""}));
+  CHECK(named_keys(pa, t, {"x"}) == named_keys(p, t, {"", "x"}));
+  CHECK(named_keys(ps, t, {"x"}) != keys_of(legacy, t, &x, 1));
+  CHECK(named_keys(pa, t, {"x"}) != keys_of(legacy, t, &x, 1));
+  for (kvc_pool *z : {p, ps, pa, legacy}) kvc_pool_destroy(z);
+}
+
+// The key depends only on the assignment {name: non-empty value}: another
+// declaration order, or a declared name left empty, gives the same keys;
+// with no value at all a call has the keys of a pool without names and
+// without extra keys. Every other assignment differs.
+KVTEST(named_keys_order_and_empty_names) {
+  kvc_pool *a = make_named_pool({"salt", "adapter"});
+  kvc_pool *b = make_named_pool({"adapter", "media", "salt"});
+  kvc_pool *legacy = make_pool(4, 64, 2, kNamedSeed);
+  const std::vector<int32_t> t = range(40, 52);
+  const std::vector<uint8_t> k = named_keys(a, t, {"tenant-1", "lora-7"});
+  CHECK(k.size() == 3 * 32);
+  CHECK(named_keys(b, t, {"lora-7", "", "tenant-1"}) == k);
+  CHECK(named_keys(b, t, {"lora-7", "img", "tenant-1"}) != k);  // one more value
+  CHECK(named_keys(b, t, {"tenant-1", "", "lora-7"}) != k);     // values swapped between names
+  CHECK(named_keys(a, t, {"tenant-1", ""}) == named_keys(b, t, {"", "", "tenant-1"}));
+  CHECK(named_keys(a, t, {"tenant-1", ""}) != k);
+  CHECK(named_keys(a, t, {"", ""}) == keys_of(legacy, t));
+  CHECK(named_keys(b, t, {"", "", ""}) == keys_of(legacy, t));
+  // Lengths are encoded: moving a byte between two values changes the key.
+  CHECK(named_keys(a, t, {"ab", "c"}) != named_keys(a, t, {"a", "bc"}));
+  // In the pool: registered under one order's values, found under the same assignment only.
+  const std::vector<kvc_prefix_extra> ex = values({"tenant-1", "lora-7"}),
+                                      only_salt = values({"tenant-1", ""});
+  request(a, 1, t, false, ex.data(), 2);
+  CHECK(lookup(a, range(40, 53), ex.data(), 2).hit_tokens == 12);
+  CHECK(lookup(a, range(40, 53), only_salt.data(), 2).hit_tokens == 0);
+  for (kvc_pool *z : {a, b, legacy}) kvc_pool_destroy(z);
+}
+
+// A call with another number of values than the pool declares names is
+// refused (KVC_ERR_INVALID_ARGUMENT, the message names them) and changes
+// nothing: no sequence attached, no block registered, no counter moved.
+KVTEST(named_keys_wrong_count) {
+  kvc_pool *p = make_named_pool({"salt", "adapter"});
+  const std::vector<int32_t> t = range(1, 13);
+  const std::vector<kvc_prefix_extra> two = values({"x", ""}), three = values({"x", "", "z"});
+  request(p, 1, t, false, two.data(), 2);
+  const kvc_prefix_stats before = stats(p);
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  for (uint32_t n : {0u, 1u, 3u}) {
+    const kvc_prefix_extra *ex = n ? three.data() : nullptr;
+    CHECK_STATUS(kvc_prefix_lookup(p, t.data(), t.size(), ex, n, 0, &r), KVC_ERR_INVALID_ARGUMENT);
+    CHECK(message_has("2 extra-key names (salt, adapter)"));
+    CHECK(message_has(("got " + std::to_string(n)).c_str()));
+    CHECK_STATUS(kvc_prefix_attach(p, 7, t.data(), t.size(), ex, n, 0, &r),
+                 KVC_ERR_INVALID_ARGUMENT);
+    uint64_t len = 0;
+    CHECK_STATUS(kvc_seq_length(p, 7, &len), KVC_ERR_SEQ_NOT_FOUND);  // not created
+    uint64_t added = 99;
+    CHECK_STATUS(kvc_prefix_insert(p, 1, t.data(), t.size(), ex, n, &added),
+                 KVC_ERR_INVALID_ARGUMENT);
+    CHECK(added == 99);
+    uint8_t keys[3 * 32];
+    size_t ks = 0;
+    CHECK_STATUS(kvc_prefix_keys(p, t.data(), t.size(), ex, n, keys, sizeof keys, &ks),
+                 KVC_ERR_INVALID_ARGUMENT);
+  }
+  const kvc_prefix_stats after = stats(p);
+  CHECK(after.registered_blocks == before.registered_blocks &&
+        after.stored_total == before.stored_total);
+  CHECK(after.queried_tokens == before.queried_tokens && after.hit_tokens == before.hit_tokens);
+  CHECK(lookup(p, range(1, 14), two.data(), 2).hit_tokens == 12);  // still there, still found
+  CHECK(consistent(p));
+  kvc_pool_destroy(p);
+}
+
+// Bad declarations are refused with a clear message and leave the prefix
+// cache off (a later valid enable works); the limits themselves are accepted.
+KVTEST(named_keys_bad_declarations) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = 1;
+  c.num_q_heads = c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.block_size = 4;
+  c.num_blocks = 8;
+  kvc_pool *p = nullptr;
+  CHECK_OK(kvc_pool_create(&c, &p));
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  CHECK(pc.extra_key_names == nullptr && pc.n_extra_key_names == 0);  // default: positional
+  const std::string long_name(KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES + 1, 'n');
+  std::vector<std::string> many_s;
+  for (int i = 0; i <= KVC_PREFIX_MAX_EXTRA_KEY_NAMES; ++i)
+    many_s.push_back("name" + std::to_string(i));
+  std::vector<const char *> many;
+  for (const std::string &s : many_s) many.push_back(s.c_str());
+  struct Bad {
+    std::vector<const char *> names;
+    uint32_t n;
+    kvc_status want;
+    const char *message;
+  };
+  const std::vector<Bad> bad = {
+      {{"salt", ""}, 2, KVC_ERR_INVALID_ARGUMENT, "extra_key_names[1] is empty"},
+      {{"salt", long_name.c_str()},
+       2,
+       KVC_ERR_INVALID_ARGUMENT,
+       "extra_key_names[1] is longer than 64 bytes"},
+      {{"salt", "adapter", "salt"},
+       3,
+       KVC_ERR_INVALID_ARGUMENT,
+       "extra_key_names[2] \"salt\" is declared twice"},
+      {many, static_cast<uint32_t>(many.size()), KVC_ERR_INVALID_ARGUMENT,
+       "n_extra_key_names 65: at most 64"},
+      {{"salt", nullptr}, 2, KVC_ERR_NULL_POINTER, "extra_key_names[1] is NULL"},
+      {{}, 1, KVC_ERR_NULL_POINTER, "extra_key_names"},
+  };
+  const int32_t t[5] = {1, 2, 3, 4, 5};
+  for (const Bad &b : bad) {
+    pc.extra_key_names = b.names.empty() ? nullptr : b.names.data();
+    pc.n_extra_key_names = b.n;
+    CHECK_STATUS(kvc_pool_enable_prefix_cache(p, &pc), b.want);
+    CHECKF(message_has(b.message), "want \"%s\"", b.message);
+    kvc_prefix_result r;
+    r.struct_size = sizeof r;
+    CHECK_STATUS(kvc_prefix_lookup(p, t, 5, nullptr, 0, 0, &r),
+                 KVC_ERR_INVALID_ARGUMENT);  // still off
+    CHECK(message_has("not enabled"));
+  }
+  // At the limits: 64 names of 64 bytes.
+  std::vector<std::string> max_s;
+  for (int i = 0; i < KVC_PREFIX_MAX_EXTRA_KEY_NAMES; ++i) {
+    std::string s(KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES, 'a');
+    s[0] = static_cast<char>('0' + i / 10);
+    s[1] = static_cast<char>('0' + i % 10);
+    max_s.push_back(s);
+  }
+  std::vector<const char *> max;
+  for (const std::string &s : max_s) max.push_back(s.c_str());
+  pc.extra_key_names = max.data();
+  pc.n_extra_key_names = KVC_PREFIX_MAX_EXTRA_KEY_NAMES;
+  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  std::vector<kvc_prefix_extra> ex(KVC_PREFIX_MAX_EXTRA_KEY_NAMES, kvc_prefix_extra{"v", 1});
+  kvc_prefix_result r;
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_lookup(p, t, 5, ex.data(), KVC_PREFIX_MAX_EXTRA_KEY_NAMES, 0, &r));
+  // The names were copied: the caller's strings may go.
+  for (std::string &s : max_s) s.assign(s.size(), 'z');
+  CHECK_OK(kvc_prefix_lookup(p, t, 5, ex.data(), KVC_PREFIX_MAX_EXTRA_KEY_NAMES, 0, &r));
+  kvc_pool_destroy(p);
+  // An older caller (0.3 struct, without the names) still gets positional keys.
+  CHECK_OK(kvc_pool_create(&c, &p));
+  kvc_prefix_config_init(&pc);
+  pc.struct_size = offsetof(kvc_prefix_config, extra_key_names);
+  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  const kvc_prefix_extra three[3] = {{"a", 1}, {"b", 1}, {"c", 1}};
+  CHECK_OK(kvc_prefix_lookup(p, t, 5, three, 3, 0, &r));
+  kvc_pool_destroy(p);
+}
+
+// The named encoding of docs/prefix-cache.md byte for byte, recomputed here
+// with OpenSSL and xxHash directly: "KVCN" | parent | u32 B | tokens | u32 m
+// | m x (u64 len | name | u64 size | value), the names with a value sorted.
+KVTEST(named_keys_spec_encoding) {
+  const std::vector<int32_t> t = {10, 11, 12, 13, 14, 15, 16, 17};
+  for (int h = 0; h < 2; ++h) {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = 1;
+    c.num_q_heads = c.num_kv_heads = 2;
+    c.head_dim = 4;
+    c.block_size = 4;
+    c.num_blocks = 16;
+    c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+    kvc_pool *legacy = nullptr, *p = nullptr;
+    CHECK_OK(kvc_pool_create(&c, &legacy));
+    CHECK_OK(kvc_pool_create(&c, &p));
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.hash = h ? KVC_PREFIX_HASH_XXH3_128 : KVC_PREFIX_HASH_SHA256;
+    pc.seed_set = 1;
+    pc.model_id = "stories260K";
+    pc.tokenizer_id = "tok512";
+    CHECK_OK(kvc_pool_enable_prefix_cache(legacy, &pc));
+    const char *names[] = {"salt", "adapter", "media"};
+    pc.extra_key_names = names;
+    pc.n_extra_key_names = 3;
+    CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+    const size_t ks = h ? 16 : 32;
+    auto digest = [&](const std::vector<uint8_t> &b) {
+      std::vector<uint8_t> d(ks);
+      if (h == 0) {
+        SHA256(b.data(), b.size(), d.data());
+      } else {
+        XXH128_canonical_t cn;
+        XXH128_canonicalFromHash(&cn, XXH3_128bits(b.data(), b.size()));
+        std::memcpy(d.data(), cn.digest, 16);
+      }
+      return d;
+    };
+    auto u32 = [](std::vector<uint8_t> &v, uint32_t x) {
+      for (int i = 0; i < 4; ++i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
+    };
+    auto u64 = [](std::vector<uint8_t> &v, uint64_t x) {
+      for (int i = 0; i < 8; ++i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
+    };
+    auto str = [&](std::vector<uint8_t> &v, const char *s) {
+      u64(v, std::strlen(s));
+      v.insert(v.end(), s, s + std::strlen(s));
+    };
+    // The root (names are not in it): "KVCP" | u32 1 | u32 hash | seed | fp | model | tokenizer.
+    std::vector<uint8_t> root_in = {'K', 'V', 'C', 'P', 1, 0, 0, 0, static_cast<uint8_t>(h),
+                                    0,   0,   0};
+    root_in.insert(root_in.end(), 32, 0);  // seed: 32 zero bytes
+    std::vector<uint8_t> fp;
+    for (uint32_t x : {1u, 2u, 2u, 4u, 4u, 0u, 0u, 0u}) u32(fp, x);
+    for (int part = 0; part < 2; ++part) {
+      for (int i = 0; i < 6; ++i) u32(fp, 0);
+      u64(fp, 0);
+    }
+    u32(fp, 0);
+    u32(fp, 1);
+    u64(fp, 0);
+    u64(root_in, fp.size());
+    root_in.insert(root_in.end(), fp.begin(), fp.end());
+    str(root_in, "stories260K");
+    str(root_in, "tok512");
+    const std::vector<uint8_t> root = digest(root_in);
+    // Legacy block 1 without extras: checks the root against the legacy pool.
+    std::vector<uint8_t> lb = {'K', 'V', 'C', 'B'};
+    lb.insert(lb.end(), root.begin(), root.end());
+    u32(lb, 4);
+    for (int i = 0; i < 4; ++i) u32(lb, static_cast<uint32_t>(t[i]));
+    u32(lb, 0);
+    const std::vector<uint8_t> legacy_keys = keys_of(legacy, t);
+    CHECK(legacy_keys.size() == 2 * ks &&
+          std::memcmp(legacy_keys.data(), digest(lb).data(), ks) == 0);
+    // Named: salt "abc", adapter "lora-7", media empty (left out); "adapter" sorts first.
+    std::vector<uint8_t> parent = root, want;
+    for (int b = 0; b < 2; ++b) {
+      std::vector<uint8_t> nb = {'K', 'V', 'C', 'N'};
+      nb.insert(nb.end(), parent.begin(), parent.end());
+      u32(nb, 4);
+      for (int i = 0; i < 4; ++i) u32(nb, static_cast<uint32_t>(t[b * 4 + i]));
+      u32(nb, 2);
+      str(nb, "adapter");
+      str(nb, "lora-7");
+      str(nb, "salt");
+      str(nb, "abc");
+      parent = digest(nb);
+      want.insert(want.end(), parent.begin(), parent.end());
+    }
+    CHECK(named_keys(p, t, {"abc", "lora-7", ""}) == want);
+    CHECK(named_keys(p, t, {"", "", ""}) == legacy_keys);
+    kvc_pool_destroy(p);
+    kvc_pool_destroy(legacy);
+  }
+}
+
+// The named-key test vectors of docs/prefix-cache.md (the pool of
+// test_vectors, names declared "salt", "adapter").
+KVTEST(named_keys_test_vectors) {
+  struct Vec {
+    std::vector<const char *> v;
+    const char *want[2][2];  // [hash][block]
+  };
+  const std::vector<Vec> vecs = {
+      {{"abc", ""},
+       {{"e64bb76e36ae1605cdf852ca4c55a412c413acd709fc73ad8876d620998fada4",
+         "936f379f3b88aa60754094a587dbe45fcfda06a911a0f8db0662c4265d4df7c1"},
+        {"8c341104630584d34cb3bfcc52f1e250", "b42b16770f635e4f48846d31611435aa"}}},
+      {{"", "abc"},
+       {{"a56f4e5afbc3ed88b60f0b1b9a5693035b86800e3f7268c7929332a5cc32effa",
+         "721a8ad653e6211764ee093883b4d4de52743e9ae29e0700f407b29735864edb"},
+        {"f19397bda2fd33b317405de7bcdb1792", "c2e8406fbcd363ea0d168bae21573eaa"}}},
+      {{"abc", "lora-7"},
+       {{"4b39a455995209a14f0fc08fe5a3dded304a1a2290be2ab53f3c347aff3f6843",
+         "7ec33c152d328c65c85f4917878cc9b696ea528441ffde46065b21b4a04e19cb"},
+        {"5d0bbebfe355fb6347388c74c4c471f8", "b9da7c6ead2be0cb57d196cc99b7f2ac"}}},
+      {{"", ""},
+       {{"fb6ca8a8e2808f267ed596bf3760298379fb27898f5afb246bdda2ac6aa2fa0a",
+         "18e0c8b6c5881edca87e1750a4a23ed446f3467d7118802b8cc540c8467ee05b"},
+        {"8e893e0ef814970d95d8517e4ef47c27", "38fab926b888a0d5020b457068e30377"}}},
+  };
+  for (int h = 0; h < 2; ++h) {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = 1;
+    c.num_q_heads = c.num_kv_heads = 2;
+    c.head_dim = 4;
+    c.block_size = 4;
+    c.num_blocks = 16;
+    c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+    kvc_pool *p = nullptr;
+    CHECK_OK(kvc_pool_create(&c, &p));
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    pc.hash = h ? KVC_PREFIX_HASH_XXH3_128 : KVC_PREFIX_HASH_SHA256;
+    pc.seed_set = 1;
+    pc.model_id = "stories260K";
+    pc.tokenizer_id = "tok512";
+    const char *names[] = {"salt", "adapter"};
+    pc.extra_key_names = names;
+    pc.n_extra_key_names = 2;
+    CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+    const size_t ks = h ? 16 : 32;
+    for (const Vec &vec : vecs) {
+      const std::vector<uint8_t> k = named_keys(p, range(10, 18), vec.v);
+      CHECK(k.size() == 2 * ks);
+      for (int b = 0; b < 2 && k.size() == 2 * ks; ++b) {
+        char hex[65] = {0};
+        for (size_t i = 0; i < ks; ++i) std::snprintf(hex + 2 * i, 3, "%02x", k[b * ks + i]);
+        if (std::string(hex) != vec.want[h][b])
+          std::fprintf(stderr, "hash %d salt '%s' adapter '%s' block %d: %s\n", h, vec.v[0],
+                       vec.v[1], b, hex);
+        CHECK(std::string(hex) == vec.want[h][b]);
+      }
+    }
+    kvc_pool_destroy(p);
+  }
 }
 
 int main(int argc, char **argv) { return kvtest_main(argc, argv); }

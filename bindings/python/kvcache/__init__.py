@@ -27,6 +27,7 @@ Example::
 """
 
 import operator as _operator
+import struct as _struct
 
 import numpy as _np
 
@@ -204,11 +205,63 @@ def _codec_dequantize(self, codes, scales, zeros, n, d, dtype=_native.DTYPE_F32)
     return out
 
 
+def _value_bytes(v, name):
+    """An extra key's value as bytes: None is none (empty), str is UTF-8."""
+    if v is None:
+        return b""
+    if isinstance(v, str):
+        return v.encode("utf-8")
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    raise TypeError("extra key %r: expected str or bytes, got %s" % (name, type(v).__name__))
+
+
+def _extra_values(pool, salt, extras, values):
+    """The extra keys of a prefix call, in the pool's declared order, as the
+    binding passes them to the library (each a u32 little-endian size and
+    its bytes). See Pool.prefix_lookup."""
+    names = pool.extra_key_names()
+    if not names:  # positional (the legacy form): the salt, if any
+        if extras or values:
+            given = sorted(set(extras or ()) | set(values))
+            raise TypeError("extra keys by name (%s) need a pool that declares them "
+                            "(enable_prefix_cache(extra_key_names=[...])); this one takes the salt only"
+                            % ", ".join(map(str, given)))
+        vals = [] if salt is None or len(salt) == 0 else [_value_bytes(salt, "salt")]
+    else:
+        given = {}
+        if extras is not None:
+            for k, v in dict(extras).items():
+                if k not in names:
+                    raise KeyError("extra key %r is not declared by this pool (it declares %s)"
+                                   % (k, ", ".join(names)))
+                given[k] = v
+        for k, v in ([("salt", salt)] if salt is not None else []) + list(values.items()):
+            if k not in names:
+                raise TypeError("unexpected keyword argument %r: this pool declares the extra-key names %s"
+                                % (k, ", ".join(names)))
+            if k in given:
+                raise TypeError("extra key %r given twice" % k)
+            given[k] = v
+        vals = [_value_bytes(given.get(n), n) for n in names]
+    return b"".join(_struct.pack("<I", len(v)) + v for v in vals)
+
+
+def _prefix_keys(pool, tokens, blob):
+    """Pool.prefix_keys: one bytes key per full block of the prompt."""
+    blocks = len(tokens) // pool.config().block_size
+    buf = bytearray(max(blocks, 1) * 32)
+    ks = pool._prefix_keys_values(tokens, blob, buf)
+    return [bytes(buf[i * ks:(i + 1) * ks]) for i in range(blocks)]
+
+
 # The classes' numpy-aware methods forward to these (kvcache_python.i).
 _native._py_pool_append = _pool_append
 _native._py_pool_gather = _pool_gather
 _native._py_pool_gather_into = _pool_gather_into
 _native._py_codec_quantize = _codec_quantize
 _native._py_codec_dequantize = _codec_dequantize
+_native._py_extra_values = _extra_values
+_native._py_prefix_keys = _prefix_keys
 
 __version__ = _native.version()

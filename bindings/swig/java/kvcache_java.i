@@ -303,6 +303,22 @@
 %javamethodmodifiers kvc_codec::quantize "private";
 %javamethodmodifiers kvc_codec::dequantize "private";
 %javamethodmodifiers kvc_prefix_config::set_seed "private";
+/* Extra keys by name: the public overloads taking a Map (javacode below)
+ * order the values by the pool's declared names and call these. */
+%rename(prefixLookupValuesRaw) kvc_swig_pool::prefix_lookup_values;
+%rename(prefixAttachValuesRaw) kvc_swig_pool::prefix_attach_values;
+%rename(prefixInsertValuesRaw) kvc_swig_pool::prefix_insert_values;
+%rename(prefixKeysValuesRaw) kvc_swig_pool::prefix_keys_values;
+%rename(prefixOffloadValuesRaw) kvc_swig_pool::prefix_offload_values;
+%rename(prefixLoadValuesRaw) kvc_swig_pool::prefix_load_values;
+%rename(prefixPrefetchValuesRaw) kvc_swig_pool::prefix_prefetch_values;
+%javamethodmodifiers kvc_swig_pool::prefix_lookup_values "private";
+%javamethodmodifiers kvc_swig_pool::prefix_attach_values "private";
+%javamethodmodifiers kvc_swig_pool::prefix_insert_values "private";
+%javamethodmodifiers kvc_swig_pool::prefix_keys_values "private";
+%javamethodmodifiers kvc_swig_pool::prefix_offload_values "private";
+%javamethodmodifiers kvc_swig_pool::prefix_load_values "private";
+%javamethodmodifiers kvc_swig_pool::prefix_prefetch_values "private";
 
 %typemap(javacode) kvc_swig_policy %{
   /**
@@ -401,6 +417,123 @@
     } finally {
       v.delete();
     }
+  }
+
+  /*
+   * Extra keys by name (docs/prefix-cache.md). On a pool whose prefix cache
+   * declares extra-key names (enablePrefixCache with a list of names), these
+   * overloads take the values as a Map from name to bytes (a name left out,
+   * a null or an empty value: none) and pass them in the pool's declared
+   * order. A name the pool does not declare, or names on a pool without
+   * declared names, throws IllegalArgumentException; a null map
+   * NullPointerException. The String-salt overloads are the positional form.
+   */
+
+  /** Turns on the prefix cache with the given extra-key names (empty: positional extra keys). */
+  public void enablePrefixCache(PrefixConfig config, String modelId, String tokenizerId,
+                                java.util.List<String> extraKeyNames) {
+    StringVector names = new StringVector();
+    try {
+      for (String n : extraKeyNames) names.add(java.util.Objects.requireNonNull(n, "extraKeyNames: a null name"));
+      enablePrefixCache(config, modelId, tokenizerId, names);
+    } finally {
+      names.delete();
+    }
+  }
+
+  /** The extra-key names the prefix cache declares, in order (empty: positional, or not enabled). */
+  public java.util.List<String> extraKeyNameList() {
+    StringVector v = extraKeyNames();
+    try {
+      return java.util.List.copyOf(v);
+    } finally {
+      v.delete();
+    }
+  }
+
+  private byte[] extraValues(java.util.Map<String, byte[]> extras) {
+    java.util.Objects.requireNonNull(extras, "extras");
+    java.util.List<String> names = extraKeyNameList();
+    if (names.isEmpty() && !extras.isEmpty())
+      throw new IllegalArgumentException("extra keys by name " + new java.util.TreeSet<>(extras.keySet())
+          + " need a pool that declares them (enablePrefixCache with extra-key names); this one takes a salt");
+    for (String k : extras.keySet())
+      if (!names.contains(k))
+        throw new IllegalArgumentException("extra key \"" + k + "\" is not declared by this pool (it declares "
+            + String.join(", ", names) + ")");
+    java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream();
+    for (String n : names) {
+      byte[] v = extras.get(n);
+      int len = v == null ? 0 : v.length;
+      out.write(len);
+      out.write(len >>> 8);
+      out.write(len >>> 16);
+      out.write(len >>> 24);
+      if (v != null) out.write(v, 0, v.length);
+    }
+    return out.toByteArray();
+  }
+
+  private static byte[] saltValues(String salt) {
+    byte[] s = salt.getBytes(java.nio.charset.StandardCharsets.UTF_8);
+    if (s.length == 0) return new byte[0];
+    java.nio.ByteBuffer b = java.nio.ByteBuffer.allocate(4 + s.length).order(java.nio.ByteOrder.LITTLE_ENDIAN);
+    return b.putInt(s.length).put(s).array();
+  }
+
+  /** Cached leading tokens of a prompt, the extra keys by name. */
+  public PrefixResult prefixLookup(int[] tokens, long flags, java.util.Map<String, byte[]> extras) {
+    return prefixLookupValuesRaw(tokens, flags, extraValues(extras));
+  }
+
+  /** Creates seqId holding the cached prefix of the prompt, the extra keys by name. */
+  public PrefixResult prefixAttach(long seqId, int[] tokens, long flags, java.util.Map<String, byte[]> extras) {
+    return prefixAttachValuesRaw(seqId, tokens, flags, extraValues(extras));
+  }
+
+  /** Registers the full blocks of a sequence's prompt, the extra keys by name; returns the blocks newly registered. */
+  public long prefixInsert(long seqId, int[] tokens, java.util.Map<String, byte[]> extras) {
+    return prefixInsertValuesRaw(seqId, tokens, extraValues(extras));
+  }
+
+  /** The chain keys of the prompt's full blocks (docs/prefix-cache.md), one array per block, the extra keys by name. */
+  public byte[][] prefixKeys(int[] tokens, java.util.Map<String, byte[]> extras) {
+    return prefixKeys(tokens, extraValues(extras));
+  }
+
+  /** The chain keys of the prompt's full blocks with the positional salt ("" for none). */
+  public byte[][] prefixKeys(int[] tokens, String salt) {
+    return prefixKeys(tokens, saltValues(salt));
+  }
+
+  private byte[][] prefixKeys(int[] tokens, byte[] values) {
+    PoolConfig c = config();
+    int blocks;
+    try {
+      blocks = (int) (tokens.length / c.getBlockSize());
+    } finally {
+      c.delete();
+    }
+    byte[] buf = new byte[(blocks + 1) * 32];
+    int ks = (int) prefixKeysValuesRaw(tokens, values, buf);
+    byte[][] keys = new byte[blocks][];
+    for (int i = 0; i < blocks; ++i) keys[i] = java.util.Arrays.copyOfRange(buf, i * ks, (i + 1) * ks);
+    return keys;
+  }
+
+  /** Queues the prompt's registered blocks for writing to every tier, the extra keys by name; returns the blocks queued. */
+  public long prefixOffload(int[] tokens, java.util.Map<String, byte[]> extras) {
+    return prefixOffloadValuesRaw(tokens, extraValues(extras));
+  }
+
+  /** Loads the tier blocks after the pool's hit and waits, the extra keys by name; returns the tokens loaded. */
+  public long prefixLoad(int[] tokens, java.util.Map<String, byte[]> extras) {
+    return prefixLoadValuesRaw(tokens, extraValues(extras));
+  }
+
+  /** Starts loading as prefixLoad does, the extra keys by name; returns the ticket for prefixPoll. */
+  public long prefixPrefetch(int[] tokens, java.util.Map<String, byte[]> extras) {
+    return prefixPrefetchValuesRaw(tokens, extraValues(extras));
   }
 %}
 

@@ -176,6 +176,21 @@
 %rename(_quantize) kvc_codec::quantize;
 %rename(_dequantize) kvc_codec::dequantize;
 %rename(_evict) kvc_swig_pool::evict;
+/* The prefix calls take extra keys by name (or the positional salt) in
+ * Python (__init__.py) and reach the library through the _values methods. */
+%rename(_prefix_lookup) kvc_swig_pool::prefix_lookup;
+%rename(_prefix_attach) kvc_swig_pool::prefix_attach;
+%rename(_prefix_insert) kvc_swig_pool::prefix_insert;
+%rename(_prefix_offload) kvc_swig_pool::prefix_offload;
+%rename(_prefix_load) kvc_swig_pool::prefix_load;
+%rename(_prefix_prefetch) kvc_swig_pool::prefix_prefetch;
+%rename(_prefix_lookup_values) kvc_swig_pool::prefix_lookup_values;
+%rename(_prefix_attach_values) kvc_swig_pool::prefix_attach_values;
+%rename(_prefix_insert_values) kvc_swig_pool::prefix_insert_values;
+%rename(_prefix_keys_values) kvc_swig_pool::prefix_keys_values;
+%rename(_prefix_offload_values) kvc_swig_pool::prefix_offload_values;
+%rename(_prefix_load_values) kvc_swig_pool::prefix_load_values;
+%rename(_prefix_prefetch_values) kvc_swig_pool::prefix_prefetch_values;
 
 %include "../kvcache_common.i"
 
@@ -240,6 +255,35 @@ static void _register_error(PyObject *type) {
         """Evict with policy (None: the sequence's or the pool's); returns the tokens each layer dropped, a list of num_layers ints."""
         return list(self._evict(seq_id, policy))
 
+    def prefix_lookup(self, tokens, flags=0, salt=None, extras=None, **values):
+        """Cached leading tokens of a prompt (a PrefixResult).
+
+        Extra keys: on a pool that declares names
+        (``enable_prefix_cache(extra_key_names=[...])``) by name, as keyword
+        arguments (``salt="tenant-a", adapter="lora-7"``) or a dict
+        (``extras={"media": h}``); str (UTF-8) or bytes; a name left out has
+        no value. An unknown name raises TypeError (keyword) or KeyError
+        (dict). On a pool without names, ``salt`` is the one positional extra
+        key (empty or None: none)."""
+        return self._prefix_lookup_values(tokens, flags, _py_extra_values(self, salt, extras, values))
+    def prefix_attach(self, seq_id, tokens, flags=0, salt=None, extras=None, **values):
+        """Create seq_id holding the cached prefix of the prompt (extra keys as prefix_lookup)."""
+        return self._prefix_attach_values(seq_id, tokens, flags, _py_extra_values(self, salt, extras, values))
+    def prefix_insert(self, seq_id, tokens, salt=None, extras=None, **values):
+        """Register the full blocks of a sequence's prompt; returns the blocks newly registered (extra keys as prefix_lookup)."""
+        return self._prefix_insert_values(seq_id, tokens, _py_extra_values(self, salt, extras, values))
+    def prefix_keys(self, tokens, salt=None, extras=None, **values):
+        """The chain keys of the prompt's full blocks (docs/prefix-cache.md): a list of bytes, one per block (extra keys as prefix_lookup)."""
+        return _py_prefix_keys(self, tokens, _py_extra_values(self, salt, extras, values))
+    def prefix_offload(self, tokens, salt=None, extras=None, **values):
+        """Queue the prompt's registered blocks for writing to every tier; returns the blocks queued (extra keys as prefix_lookup)."""
+        return self._prefix_offload_values(tokens, _py_extra_values(self, salt, extras, values))
+    def prefix_load(self, tokens, salt=None, extras=None, **values):
+        """Load the tier blocks after the pool's hit of a prompt and wait; returns the tokens loaded (extra keys as prefix_lookup)."""
+        return self._prefix_load_values(tokens, _py_extra_values(self, salt, extras, values))
+    def prefix_prefetch(self, tokens, salt=None, extras=None, **values):
+        """Start loading as prefix_load() does, in the background; returns the ticket for prefix_poll()."""
+        return self._prefix_prefetch_values(tokens, _py_extra_values(self, salt, extras, values))
     def save(self, seq_id):
         """The sequence's record (kvc_seq_save) as bytes; restore() takes it back."""
         while True:

@@ -10,6 +10,8 @@ pub const KVC_API_VERSION: u32 = 4;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
+pub const KVC_PREFIX_MAX_EXTRA_KEY_NAMES: u32 = 64;
+pub const KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES: u32 = 64;
 pub const KVC_PREFIX_PARTIAL: u32 = 1;
 pub const KVC_PREFIX_PIN: u32 = 2;
 pub const KVC_TIER_FSYNC: u32 = 1;
@@ -4050,12 +4052,28 @@ pub struct kvc_prefix_config {
     pub model_id: *const ::std::os::raw::c_char,
     #[doc = "< Caller's tokenizer identity mixed into the root (NULL = \"\"). Copied."]
     pub tokenizer_id: *const ::std::os::raw::c_char,
+    #[doc = " Names of the extra keys (`[n_extra_key_names]` NUL-terminated strings,"]
+    #[doc = " e.g. \"salt\", \"adapter\", \"media\"; NULL when n_extra_key_names is 0)."]
+    #[doc = " Copied at kvc_pool_enable_prefix_cache(). Each name is non-empty, at most"]
+    #[doc = " ::KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES bytes and unique. With names, every"]
+    #[doc = " call taking extra keys passes exactly one value per name, in this order"]
+    #[doc = " (size 0: none), and the block keys mix the names with the values (the"]
+    #[doc = " named encoding of docs/prefix-cache.md): salt \"x\" and adapter \"x\" never"]
+    #[doc = " share a key, while the declaration order and names left empty do not"]
+    #[doc = " change a key. Without names (default) extra keys are positional, as in"]
+    #[doc = " 0.3 (the legacy form: keys, tier records and their contents unchanged)."]
+    #[doc = " @since 0.4"]
+    pub extra_key_names: *const *const ::std::os::raw::c_char,
+    #[doc = " Number of extra_key_names, at most ::KVC_PREFIX_MAX_EXTRA_KEY_NAMES"]
+    #[doc = " (0, the default: positional extra keys)."]
+    #[doc = " @since 0.4"]
+    pub n_extra_key_names: u32,
 }
 #[test]
 fn bindgen_test_layout_kvc_prefix_config() {
     assert_eq!(
         ::std::mem::size_of::<kvc_prefix_config>(),
-        72usize,
+        88usize,
         concat!("Size of: ", stringify!(kvc_prefix_config))
     );
     assert_eq!(
@@ -4182,8 +4200,47 @@ fn bindgen_test_layout_kvc_prefix_config() {
         );
     }
     test_field_tokenizer_id();
+    fn test_field_extra_key_names() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_prefix_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).extra_key_names) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_prefix_config),
+                "::",
+                stringify!(extra_key_names)
+            )
+        );
+    }
+    test_field_extra_key_names();
+    fn test_field_n_extra_key_names() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_prefix_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_extra_key_names) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_prefix_config),
+                "::",
+                stringify!(n_extra_key_names)
+            )
+        );
+    }
+    test_field_n_extra_key_names();
 }
-#[doc = " @brief One extra key mixed into every block key (tenant salt, adapter id, multimodal hash...). @since 0.3"]
+#[doc = " @brief One extra key mixed into every block key (tenant salt, adapter id,"]
+#[doc = " multimodal hash...). A pool with declared names"]
+#[doc = " (kvc_prefix_config::extra_key_names) takes one per name, in declaration"]
+#[doc = " order (size 0: no value for that name); a pool without names takes any"]
+#[doc = " number, positionally (the legacy form)."]
+#[doc = " @since 0.3"]
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvc_prefix_extra {
@@ -4780,12 +4837,18 @@ extern "C" {
     #[doc = " key, its block_size token ids and the extra keys; the root mixes the seed,"]
     #[doc = " the pool's geometry and storage (a fingerprint) and the model and tokenizer"]
     #[doc = " ids. Like vLLM's chained block hashes, with SHA-256 by default and optional"]
-    #[doc = " token verification."]
+    #[doc = " token verification. With declared extra-key names"]
+    #[doc = " (kvc_prefix_config::extra_key_names, 0.4) the names enter the keys with"]
+    #[doc = " their values."]
     #[doc = " @param pool the pool (not NULL)."]
     #[doc = " @param config the settings (not NULL)."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (also extra_key_names NULL with"]
+    #[doc = " n_extra_key_names above 0, or one of its names NULL); ::KVC_ERR_STRUCT_SIZE;"]
     #[doc = " ::KVC_ERR_UNSUPPORTED (a pool with a residual window, hybrid precision,"]
-    #[doc = " a per-channel codec or attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT (already enabled, unknown hash)."]
+    #[doc = " a per-channel codec or attention sinks; unknown non-zero fields); ::KVC_ERR_INVALID_ARGUMENT"]
+    #[doc = " (already enabled, unknown hash; more than ::KVC_PREFIX_MAX_EXTRA_KEY_NAMES extra-key names, an"]
+    #[doc = " empty name, one longer than ::KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES bytes, a name declared twice)."]
+    #[doc = " A refused call leaves the prefix cache off."]
     #[doc = " @since 0.3"]
     pub fn kvc_pool_enable_prefix_cache(
         pool: *mut kvc_pool,
@@ -4800,7 +4863,11 @@ extern "C" {
     #[doc = " @param n_tokens prompt length; at most n_tokens - 1 tokens are reported"]
     #[doc = " reusable (the last token is always computed)."]
     #[doc = " @param extras `[n_extras]` extra keys (NULL when n_extras is 0), at most 64."]
-    #[doc = " @param n_extras number of extra keys."]
+    #[doc = " A pool with declared extra-key names (kvc_prefix_config::extra_key_names)"]
+    #[doc = " takes one value per name, in declaration order (size 0: none)."]
+    #[doc = " @param n_extras number of extra keys: with declared names, exactly their"]
+    #[doc = " number (any other count is ::KVC_ERR_INVALID_ARGUMENT, with a message"]
+    #[doc = " giving the names); without, at most 64."]
     #[doc = " With offload tiers (kvc_pool_add_tier()) the lookup goes on past the"]
     #[doc = " pool's hit through the tiers, in order, block by block (no pool lock is"]
     #[doc = " held meanwhile), and reports the whole blocks they hold in tier_tokens."]
@@ -4808,7 +4875,8 @@ extern "C" {
     #[doc = " @param result receives the counts."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (prefix cache off, unknown flags, too many or"]
-    #[doc = " too large extras); ::KVC_ERR_OVERFLOW (n_tokens above 2^31)."]
+    #[doc = " too large extras, an n_extras other than the declared names' count);"]
+    #[doc = " ::KVC_ERR_OVERFLOW (n_tokens above 2^31). A refused call changes nothing."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_lookup(
         pool: *mut kvc_pool,
@@ -4872,7 +4940,9 @@ extern "C" {
     #[doc = " @param n_extras number of extra keys."]
     #[doc = " @param n_registered NULL or receives the number of blocks newly registered."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
-    #[doc = " ::KVC_ERR_OUT_OF_RANGE (n_tokens above the length); ::KVC_ERR_INVALID_ARGUMENT."]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (n_tokens above the length); ::KVC_ERR_INVALID_ARGUMENT"]
+    #[doc = " (prefix cache off; extra keys refused as by kvc_prefix_lookup(), e.g. a"]
+    #[doc = " count other than the declared names'); a refused call registers nothing."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_insert(
         pool: *mut kvc_pool,
@@ -4896,7 +4966,8 @@ extern "C" {
     #[doc = " @param capacity bytes of keys_out."]
     #[doc = " @param key_size receives the key size (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_BUFFER_TOO_SMALL;"]
-    #[doc = " ::KVC_ERR_INVALID_ARGUMENT."]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (prefix cache off; extra keys refused as by"]
+    #[doc = " kvc_prefix_lookup()); ::KVC_ERR_OVERFLOW."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_keys(
         pool: *mut kvc_pool,
@@ -5602,7 +5673,8 @@ extern "C" {
     #[doc = " @param n_extras number of extra keys."]
     #[doc = " @param n_queued NULL or receives the blocks queued (the others were dropped: queue full)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (no"]
-    #[doc = " prefix cache or tier, extras); ::KVC_ERR_OVERFLOW."]
+    #[doc = " prefix cache or tier; extra keys refused as by kvc_prefix_lookup());"]
+    #[doc = " ::KVC_ERR_OVERFLOW."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_offload(
         pool: *mut kvc_pool,
@@ -5636,8 +5708,9 @@ extern "C" {
     #[doc = " @param extras extra keys, as for kvc_prefix_lookup()."]
     #[doc = " @param n_extras number of extra keys."]
     #[doc = " @param loaded_tokens NULL or receives the tokens loaded (whole blocks)."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT;"]
-    #[doc = " ::KVC_ERR_OVERFLOW; ::KVC_ERR_TIMEOUT (the tiers did not answer within the"]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (no"]
+    #[doc = " prefix cache or tier; extra keys refused as by kvc_prefix_lookup(): nothing"]
+    #[doc = " is reserved); ::KVC_ERR_OVERFLOW; ::KVC_ERR_TIMEOUT (the tiers did not answer within the"]
     #[doc = " load timeout: nothing loaded, the reserved blocks are back in the pool)."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_load(
@@ -5658,7 +5731,8 @@ extern "C" {
     #[doc = " @param extras extra keys (copied)."]
     #[doc = " @param n_extras number of extra keys."]
     #[doc = " @param ticket receives the ticket (not NULL)."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT; ::KVC_ERR_OVERFLOW."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (as for"]
+    #[doc = " kvc_prefix_load(): no ticket is made); ::KVC_ERR_OVERFLOW."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_prefetch(
         pool: *mut kvc_pool,

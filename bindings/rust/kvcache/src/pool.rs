@@ -284,6 +284,9 @@ pub struct Pool {
     head_dim: u32,
     block_size: u32,
     device: Device,
+    /// The extra-key names the prefix cache declares (set once, by
+    /// [`Pool::enable_prefix_cache`]; docs/prefix-cache.md).
+    pub(crate) extra_key_names: std::sync::OnceLock<Vec<String>>,
 }
 
 // SAFETY: the C API is thread-safe for every call on a pool (header,
@@ -332,6 +335,7 @@ impl Pool {
             head_dim: 0,
             block_size: 0,
             device: Device::Cpu,
+            extra_key_names: std::sync::OnceLock::new(),
         };
         // The effective geometry (on error, drop destroys the pool).
         let effective = pool.config()?;

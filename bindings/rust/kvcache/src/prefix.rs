@@ -5,6 +5,7 @@ use crate::pool::Pool;
 use crate::sized::init_struct;
 use crate::sys;
 use crate::types::c_enum;
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::ptr;
 
@@ -27,6 +28,7 @@ pub struct PrefixConfig {
     seed: Option<[u8; 32]>,
     model_id: CString,
     tokenizer_id: CString,
+    extra_key_names: Vec<String>,
 }
 
 impl Default for PrefixConfig {
@@ -50,6 +52,7 @@ impl PrefixConfig {
             seed: None,
             model_id: CString::default(),
             tokenizer_id: CString::default(),
+            extra_key_names: Vec::new(),
         }
     }
     /// The key hash.
@@ -76,6 +79,48 @@ impl PrefixConfig {
     pub fn tokenizer_id(mut self, id: &str) -> PrefixConfig {
         self.tokenizer_id = c_string(id);
         self
+    }
+    /// Declare the names of the extra keys ("salt", "adapter", "media"...;
+    /// docs/prefix-cache.md): the `_named` methods then take the values by
+    /// name ([`ExtraKeys`]) and the keys depend on the assignment {name:
+    /// value}, not on the order. At most 64 names of 1 to 64 bytes, unique,
+    /// without NUL ([`Pool::enable_prefix_cache`] refuses others). Empty (the
+    /// default): positional extra keys.
+    pub fn extra_key_names(mut self, names: &[&str]) -> PrefixConfig {
+        self.extra_key_names = names.iter().map(|n| n.to_string()).collect();
+        self
+    }
+}
+
+/// The values of a pool's named extra keys, set by name; the `_named`
+/// methods pass them in the pool's declared order (a declared name not set,
+/// or set to an empty value, has none). A name the pool does not declare is
+/// refused with [`Status::InvalidArgument`].
+///
+/// ```
+/// # use kvcache::ExtraKeys;
+/// let keys = ExtraKeys::new().set("salt", "tenant-1").set("adapter", b"lora-7");
+/// assert_eq!(keys.get("salt"), Some(&b"tenant-1"[..]));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExtraKeys {
+    values: BTreeMap<String, Vec<u8>>,
+}
+
+impl ExtraKeys {
+    /// No values.
+    pub fn new() -> ExtraKeys {
+        ExtraKeys::default()
+    }
+    /// The value of `name` (replacing an earlier one).
+    pub fn set(mut self, name: &str, value: impl AsRef<[u8]>) -> ExtraKeys {
+        self.values
+            .insert(name.to_string(), value.as_ref().to_vec());
+        self
+    }
+    /// The value set for `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.values.get(name).map(Vec::as_slice)
     }
 }
 
@@ -177,8 +222,11 @@ fn to_match(r: &sys::kvc_prefix_result) -> PrefixMatch {
 }
 
 /// The prefix cache of a pool. `tokens` are a prompt's token ids; `extras`
-/// are extra keys mixed into every block key (at most 64, each at most 1 MiB);
-/// `partial` also reuses a partly matching next block (token-granular).
+/// are extra keys mixed into every block key (at most 64, each at most 1 MiB):
+/// positional on a pool without declared names (the legacy form), one value
+/// per declared name, in declaration order, on a pool with names (the
+/// `_named` methods take them by name instead); `partial` also reuses a
+/// partly matching next block (token-granular).
 impl Pool {
     /// Turn on the prefix cache (once per pool).
     pub fn enable_prefix_cache(&self, config: &PrefixConfig) -> Result<()> {
@@ -191,8 +239,104 @@ impl Pool {
         }
         raw.model_id = config.model_id.as_ptr();
         raw.tokenizer_id = config.tokenizer_id.as_ptr();
-        // SAFETY: valid pool; the strings outlive the call (the library copies them).
-        check(unsafe { sys::kvc_pool_enable_prefix_cache(self.as_ptr(), &raw) })
+        let names = config
+            .extra_key_names
+            .iter()
+            .map(|n| {
+                CString::new(n.as_str()).map_err(|_| {
+                    Error::new(
+                        Status::InvalidArgument,
+                        format!("extra-key name {n:?} contains a NUL character"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<CString>>>()?;
+        let ptrs: Vec<*const std::os::raw::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        raw.extra_key_names = if ptrs.is_empty() {
+            ptr::null()
+        } else {
+            ptrs.as_ptr()
+        };
+        raw.n_extra_key_names = u32::try_from(ptrs.len()).unwrap_or(u32::MAX);
+        // SAFETY: valid pool; the strings and the name array outlive the call
+        // (the library copies them).
+        check(unsafe { sys::kvc_pool_enable_prefix_cache(self.as_ptr(), &raw) })?;
+        let _ = self.extra_key_names.set(config.extra_key_names.clone());
+        Ok(())
+    }
+
+    /// The extra-key names the prefix cache declares, in order (empty:
+    /// positional extra keys, or the prefix cache is off).
+    pub fn extra_key_names(&self) -> &[String] {
+        self.extra_key_names.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// The values of `keys` in the pool's declared order (empty: none).
+    pub(crate) fn ordered<'a>(&self, keys: &'a ExtraKeys) -> Result<Vec<&'a [u8]>> {
+        let names = self.extra_key_names();
+        if names.is_empty() && !keys.values.is_empty() {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                "extra keys by name need a pool that declares them (PrefixConfig::extra_key_names); \
+                 this one takes positional extra keys",
+            ));
+        }
+        if let Some(unknown) = keys.values.keys().find(|k| !names.contains(k)) {
+            return Err(Error::new(
+                Status::InvalidArgument,
+                format!(
+                    "extra key {unknown:?} is not declared by this pool (it declares {})",
+                    names.join(", ")
+                ),
+            ));
+        }
+        Ok(names.iter().map(|n| keys.get(n).unwrap_or(&[])).collect())
+    }
+
+    /// [`Pool::prefix_lookup`] with the extra keys by name.
+    pub fn prefix_lookup_named(
+        &self,
+        tokens: &[i32],
+        keys: &ExtraKeys,
+        partial: bool,
+    ) -> Result<PrefixMatch> {
+        self.prefix_lookup(tokens, &self.ordered(keys)?, partial)
+    }
+
+    /// [`Pool::prefix_lookup_pinned`] with the extra keys by name.
+    pub fn prefix_lookup_pinned_named(
+        &self,
+        tokens: &[i32],
+        keys: &ExtraKeys,
+        partial: bool,
+    ) -> Result<PrefixMatch> {
+        self.prefix_lookup_pinned(tokens, &self.ordered(keys)?, partial)
+    }
+
+    /// [`Pool::prefix_attach`] with the extra keys by name.
+    pub fn prefix_attach_named(
+        &self,
+        seq_id: u64,
+        tokens: &[i32],
+        keys: &ExtraKeys,
+        partial: bool,
+    ) -> Result<PrefixMatch> {
+        self.prefix_attach(seq_id, tokens, &self.ordered(keys)?, partial)
+    }
+
+    /// [`Pool::prefix_insert`] with the extra keys by name.
+    pub fn prefix_insert_named(
+        &self,
+        seq_id: u64,
+        tokens: &[i32],
+        keys: &ExtraKeys,
+    ) -> Result<u64> {
+        self.prefix_insert(seq_id, tokens, &self.ordered(keys)?)
+    }
+
+    /// [`Pool::prefix_keys`] with the extra keys by name.
+    pub fn prefix_keys_named(&self, tokens: &[i32], keys: &ExtraKeys) -> Result<Vec<Vec<u8>>> {
+        self.prefix_keys(tokens, &self.ordered(keys)?)
     }
 
     /// How many leading tokens of a prompt are cached (changes nothing).

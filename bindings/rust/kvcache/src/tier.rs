@@ -4,7 +4,7 @@
 
 use crate::error::{check, Result};
 use crate::pool::Pool;
-use crate::prefix::{c_string, extras_ptr, raw_extras};
+use crate::prefix::{c_string, extras_ptr, raw_extras, ExtraKeys};
 use crate::sized::init_struct;
 use crate::sys;
 use crate::types::c_enum;
@@ -254,6 +254,21 @@ impl Pool {
             )
         })?;
         Ok(ticket)
+    }
+
+    /// [`Pool::prefix_offload`] with the extra keys by name ([`ExtraKeys`]).
+    pub fn prefix_offload_named(&self, tokens: &[i32], keys: &ExtraKeys) -> Result<u64> {
+        self.prefix_offload(tokens, &self.ordered(keys)?)
+    }
+
+    /// [`Pool::prefix_load`] with the extra keys by name ([`ExtraKeys`]).
+    pub fn prefix_load_named(&self, tokens: &[i32], keys: &ExtraKeys) -> Result<u64> {
+        self.prefix_load(tokens, &self.ordered(keys)?)
+    }
+
+    /// [`Pool::prefix_prefetch`] with the extra keys by name ([`ExtraKeys`]).
+    pub fn prefix_prefetch_named(&self, tokens: &[i32], keys: &ExtraKeys) -> Result<u64> {
+        self.prefix_prefetch(tokens, &self.ordered(keys)?)
     }
 
     /// The state of a prefetch: [`Poll::Pending`] or [`Poll::Done`] with the

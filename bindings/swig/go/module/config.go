@@ -161,6 +161,10 @@ type PrefixConfig struct {
 	Seed         *[32]byte // nil (default): a random root seed per pool
 	ModelID      string    // mixed into the root key
 	TokenizerID  string    // mixed into the root key
+	// ExtraKeyNames are the names of the extra keys ("salt", "adapter",
+	// "media"...; docs/prefix-cache.md): the ...Named methods then take the
+	// values by name. nil: positional extra keys (the salt string).
+	ExtraKeyNames []string
 }
 
 // DefaultPrefixConfig is kvc_prefix_config_init's defaults.

@@ -282,12 +282,17 @@ func (p *Pool) EnablePrefixCache(cfg *PrefixConfig) error {
 	}
 	nc := native.PrefixConfig(native.SwigcptrPrefixConfig(0))
 	model, tokenizer := "", ""
+	names := native.NewStringVector()
+	defer native.DeleteStringVector(names)
 	if cfg != nil {
 		nc = cfg.native()
 		defer native.DeletePrefixConfig(nc)
 		model, tokenizer = cfg.ModelID, cfg.TokenizerID
+		for _, n := range cfg.ExtraKeyNames {
+			names.Add(n)
+		}
 	}
-	return p.do(func(h native.Pool) { h.Enable_prefix_cache(nc, model, tokenizer) })
+	return p.do(func(h native.Pool) { h.Enable_prefix_cache(nc, model, tokenizer, names) })
 }
 
 // PrefixLookup finds the cached leading tokens of a prompt. flags: 0 or

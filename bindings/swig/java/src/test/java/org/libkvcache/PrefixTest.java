@@ -106,7 +106,8 @@ public class PrefixTest {
         assertEquals(32, pool.prefixLookup(prompt, 0, new String(c[0].toCharArray())).getHitTokens());
         for (int i = 1; i < c.length; ++i)
           assertEquals("salt " + i + " of " + c[0], 0, pool.prefixLookup(prompt, 0, c[i]).getHitTokens());
-        assertThrows(NullPointerException.class, () -> pool.prefixLookup(prompt, 0, null));
+        assertThrows(NullPointerException.class, () -> pool.prefixLookup(prompt, 0, (String) null));
+        assertThrows(NullPointerException.class, () -> pool.prefixLookup(prompt, 0, (java.util.Map<String, byte[]>) null));
       }
     }
   }
@@ -136,5 +137,111 @@ public class PrefixTest {
     assertEquals(0, pc.getSeedSet());
     pc.setSeed(new byte[32]);
     assertEquals(1, pc.getSeedSet());
+  }
+
+  // ---- named extra keys (docs/prefix-cache.md): values by name, ordered by the pool's declaration ----
+
+  static java.util.Map<String, byte[]> values(String... kv) {
+    java.util.Map<String, byte[]> m = new java.util.HashMap<>();
+    for (int i = 0; i + 1 < kv.length; i += 2) m.put(kv[i], kv[i + 1].getBytes(java.nio.charset.StandardCharsets.UTF_8));
+    return m;
+  }
+
+  static String hex(byte[] b) {
+    StringBuilder s = new StringBuilder();
+    for (byte x : b) s.append(String.format("%02x", x & 0xff));
+    return s.toString();
+  }
+
+  static Pool namedPool(String... names) {
+    Pool pool = new Pool(config());
+    PrefixConfig pc = new PrefixConfig();
+    byte[] seed = new byte[32];
+    for (int i = 0; i < 32; ++i) seed[i] = (byte) (3 + i);
+    pc.setSeed(seed);
+    pool.enablePrefixCache(pc, "named-model", "", java.util.List.of(names));
+    return pool;
+  }
+
+  /** The spec's named test vectors (the test-vector pool, names "salt", "adapter"). */
+  @Test
+  public void namedKeysSpecVectors() {
+    PoolConfig c = new PoolConfig();
+    c.setNumLayers(1);
+    c.setNumQHeads(2);
+    c.setNumKvHeads(2);
+    c.setHeadDim(4);
+    c.setBlockSize(4);
+    c.setNumBlocks(16);
+    c.setKDtype(Kvc.DTYPE_F32);
+    c.setVDtype(Kvc.DTYPE_F32);
+    try (Pool pool = new Pool(c)) {
+      PrefixConfig pc = new PrefixConfig();
+      pc.setSeed(new byte[32]);
+      pool.enablePrefixCache(pc, "stories260K", "tok512", java.util.List.of("salt", "adapter"));
+      assertEquals(java.util.List.of("salt", "adapter"), pool.extraKeyNameList());
+      int[] toks = {10, 11, 12, 13, 14, 15, 16, 17};
+      byte[][] k = pool.prefixKeys(toks, values("adapter", "lora-7", "salt", "abc"));
+      assertEquals(2, k.length);
+      assertEquals("4b39a455995209a14f0fc08fe5a3dded304a1a2290be2ab53f3c347aff3f6843", hex(k[0]));
+      assertEquals("7ec33c152d328c65c85f4917878cc9b696ea528441ffde46065b21b4a04e19cb", hex(k[1]));
+      assertEquals("a56f4e5afbc3ed88b60f0b1b9a5693035b86800e3f7268c7929332a5cc32effa",
+                   hex(pool.prefixKeys(toks, values("adapter", "abc"))[0]));
+      assertEquals("fb6ca8a8e2808f267ed596bf3760298379fb27898f5afb246bdda2ac6aa2fa0a",
+                   hex(pool.prefixKeys(toks, values())[0]));
+    }
+  }
+
+  /** Declaration order and names left empty do not change keys; salt=x and adapter=x never share a block. */
+  @Test
+  public void namedKeysByName() {
+    int[] toks = tokens(48, 4);
+    try (Pool a = namedPool("salt", "adapter"); Pool b = namedPool("adapter", "media", "salt");
+         Pool legacy = namedPool()) {
+      byte[][] ka = a.prefixKeys(toks, values("salt", "tenant-1", "adapter", "lora-7"));
+      byte[][] kb = b.prefixKeys(toks, values("adapter", "lora-7", "salt", "tenant-1", "media", ""));
+      assertEquals(3, ka.length);
+      for (int i = 0; i < 3; ++i) assertArrayEquals(ka[i], kb[i]);
+      byte[] sx = a.prefixKeys(toks, values("salt", "x"))[0], ax = a.prefixKeys(toks, values("adapter", "x"))[0];
+      byte[] lx = legacy.prefixKeys(toks, "x")[0];
+      assertTrue(!java.util.Arrays.equals(sx, ax) && !java.util.Arrays.equals(sx, lx) && !java.util.Arrays.equals(ax, lx));
+      assertArrayEquals(legacy.prefixKeys(toks, "")[1], a.prefixKeys(toks, values())[1]);
+
+      final int n = 40;
+      int[] prompt = tokens(n, 5);
+      a.seqCreate(1);
+      a.reserve(1, n);
+      for (int l = 0; l < LAYERS; ++l) a.append(1, l, 0, random(n * ROW, l), random(n * ROW, 10 + l));
+      assertEquals(2, a.prefixInsert(1, prompt, values("salt", "x")));
+      assertEquals(32, a.prefixLookup(prompt, 0, values("salt", "x")).getHitTokens());
+      assertEquals(0, a.prefixLookup(prompt, Kvc.PREFIX_PARTIAL, values("adapter", "x")).getHitTokens());
+      assertEquals(0, a.prefixLookup(prompt, 0, values("salt", "x", "adapter", "y")).getHitTokens());
+      assertEquals(0, a.prefixAttach(2, prompt, 0, values("adapter", "x")).getHitTokens());
+      assertEquals(32, a.prefixAttach(3, prompt, 0, values("salt", "x")).getHitTokens());
+      assertEquals(32, a.seqLength(3));
+    }
+  }
+
+  /** An undeclared name, or names on a positional pool, is an IllegalArgumentException; bad declarations are refused. */
+  @Test
+  public void namedKeysUnknownNameAndBadDeclarations() {
+    int[] toks = tokens(20, 6);
+    try (Pool a = namedPool("salt", "adapter"); Pool legacy = namedPool()) {
+      IllegalArgumentException e =
+          assertThrows(IllegalArgumentException.class, () -> a.prefixLookup(toks, 0, values("tenant", "x")));
+      assertTrue(e.getMessage(), e.getMessage().contains("\"tenant\" is not declared"));
+      assertThrows(IllegalArgumentException.class, () -> legacy.prefixKeys(toks, values("salt", "x")));
+      assertEquals(0, a.prefixStats().getQueriedTokens());
+    }
+    try (Pool pool = new Pool(config())) {
+      for (java.util.List<String> names : java.util.List.of(java.util.List.of("salt", "salt"), java.util.List.of("salt", ""),
+                                                           java.util.List.of("n".repeat(65)))) {
+        KvcException e = assertThrows(KvcException.class,
+                                      () -> pool.enablePrefixCache(new PrefixConfig(), "m", "t", names));
+        assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+      }
+      assertTrue(pool.extraKeyNameList().isEmpty());
+      assertThrows(KvcException.class, () -> pool.prefixStats()); // still off
+    }
   }
 }

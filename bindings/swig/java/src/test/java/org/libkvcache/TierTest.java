@@ -305,4 +305,68 @@ public class TierTest {
     assertEquals(Kvc.ERR_NULL_POINTER, status(() -> pool.flushTiers()));
     assertTrue(pool.closed());
   }
+
+  /** Named extra keys through a disk tier: a pool declaring the names in another order loads the blocks; other assignments miss. */
+  @Test
+  public void namedKeysDiskTier() throws IOException {
+    Path dir = Files.createTempDirectory("kvc-java-named");
+    int[] p = prompt(3 * BLOCK + 1);
+    java.util.Map<String, byte[]> values = PrefixTest.values("salt", "tenant-1", "adapter", "lora-7");
+    float[][][] kv;
+    try (Pool w = namedTierPool("salt", "adapter")) {
+      w.addTier(Kvc.TIER_DISK, 1L << 24, dir.toString());
+      w.seqCreate(1);
+      w.reserve(1, p.length);
+      kv = new float[LAYERS][][];
+      for (int l = 0; l < LAYERS; ++l) {
+        kv[l] = new float[][] {TestData.random(p.length * ROW, 60 + l), TestData.random(p.length * ROW, 70 + l)};
+        w.append(1, l, 0, kv[l][0], kv[l][1]);
+      }
+      assertEquals(3, w.prefixInsert(1, p, values));
+      assertEquals(3, w.prefixOffload(p, values));
+      w.flushTiers();
+    }
+    try (Pool r = namedTierPool("media", "adapter", "salt")) {
+      r.addTier(Kvc.TIER_DISK, 1L << 24, dir.toString());
+      assertEquals(0, r.prefixLookup(p, 0, PrefixTest.values("salt", "lora-7", "adapter", "tenant-1")).getTierTokens());
+      assertEquals(0, r.prefixLookup(p, 0, PrefixTest.values("salt", "tenant-1")).getTierTokens());
+      assertEquals(48, r.prefixLookup(p, 0, values).getTierTokens());
+      long ticket = r.prefixPrefetch(p, values);
+      PrefixPoll poll;
+      while (!(poll = r.prefixPoll(ticket)).getDone()) Thread.yield();
+      assertEquals(48, poll.getLoadedTokens());
+      assertEquals(0, r.prefixLoad(p, values)); // already in the pool
+      assertEquals(48, r.prefixAttach(2, p, 0, values).getHitTokens());
+      for (int l = 0; l < LAYERS; ++l) {
+        float[] k = new float[48 * ROW], v = new float[48 * ROW];
+        r.gather(2, l, 0, k, v);
+        assertArrayEquals(java.util.Arrays.copyOf(kv[l][0], 48 * ROW), k, 0f);
+        assertArrayEquals(java.util.Arrays.copyOf(kv[l][1], 48 * ROW), v, 0f);
+      }
+    } finally {
+      try (java.util.stream.Stream<Path> files = Files.list(dir)) {
+        for (Path f : (Iterable<Path>) files::iterator) Files.delete(f);
+      }
+      Files.delete(dir);
+    }
+  }
+
+  static Pool namedTierPool(String... names) {
+    PoolConfig c = new PoolConfig();
+    c.setNumLayers(LAYERS);
+    c.setNumQHeads(4);
+    c.setNumKvHeads(KV_HEADS);
+    c.setHeadDim(HEAD_DIM);
+    c.setBlockSize(BLOCK);
+    c.setNumBlocks(16);
+    c.setKDtype(Kvc.DTYPE_F32);
+    c.setVDtype(Kvc.DTYPE_F32);
+    Pool pool = new Pool(c);
+    PrefixConfig pc = new PrefixConfig();
+    byte[] seed = new byte[32];
+    for (int i = 0; i < 32; ++i) seed[i] = (byte) (7 + i);
+    pc.setSeed(seed);
+    pool.enablePrefixCache(pc, "named-tier-model", "", java.util.List.of(names));
+    return pool;
+  }
 }
