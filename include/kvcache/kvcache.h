@@ -727,7 +727,11 @@ KVC_API kvc_status kvc_pool_layout_init_sized(kvc_pool_layout *layout, size_t st
  * filtered: a slot that was reserved but not written yet holds whatever
  * bytes were there before (another sequence's, unless the pool was made
  * with ::KVC_POOL_ZERO_ON_FREE); engine kernels reading it directly must
- * read only the slots they wrote.
+ * read only the slots they wrote. Bytes an engine writes into this memory
+ * itself are not known to the library as written: its readers (kvc_gather(),
+ * attention, records, kvc_pool_copy_blocks() to the host) return zeros for
+ * those slots and kvc_prefix_insert() refuses their blocks; write K/V with
+ * kvc_append() or kvc_pool_copy_blocks() from the host.
  * @param pool the pool (not NULL).
  * @param layout filled up to layout->struct_size (set it with kvc_pool_layout_init()).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE.
@@ -805,7 +809,12 @@ typedef enum kvc_copy_direction {
  * (cudaHostAlloc / cudaHostRegister); with pageable memory it waits. Blocks
  * written from the host must be held by a sequence; they leave the prefix
  * index (their content changed), and every sequence sharing one (forks,
- * attached prefixes) sees the new content: no copy-on-write. `host` must not
+ * attached prefixes) sees the new content: no copy-on-write. A copy from the
+ * host counts as writing every slot of the block (since 0.4); a copy to the
+ * host carries zeros in the slots no one wrote since the block was taken, so
+ * a swap out and back in never turns an earlier owner's bytes into this
+ * sequence's (CPU pools zero them in the host buffer, CUDA pools zero a block
+ * on the device when it is taken and reserved slots at reserve). `host` must not
  * overlap the pool's memory.
  * @param pool the pool (not NULL).
  * @param blocks `[n_blocks]` block ids, each 0..num_blocks-1.

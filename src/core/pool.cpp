@@ -526,11 +526,21 @@ void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host
   }
   if (!to_host)  // the engine wrote every slot of these blocks
     for (size_t i = 0; i < n; ++i) written_.set(blocks[i], 0, cfg_.block_size);
-  if (dev_) return dev_->copy_blocks(blocks, n, host, to_host);
+  if (dev_) dev_->copy_blocks(blocks, n, host, to_host);
   for (size_t i = 0; i < n; ++i) {
     uint8_t *h = static_cast<uint8_t *>(host) + i * block_stride_;
-    if (to_host) std::memcpy(h, block_ptr(blocks[i]), block_stride_);
-    else std::memcpy(block_ptr(blocks[i]), h, block_stride_);
+    if (!dev_) {
+      if (to_host) std::memcpy(h, block_ptr(blocks[i]), block_stride_);
+      else std::memcpy(block_ptr(blocks[i]), h, block_stride_);
+    }
+    // The copy out carries zeros, not an earlier owner's bytes, in the slots
+    // no one wrote since the block was taken (a swap out and in keeps them so).
+    // (CUDA pools zero a block on the device when it is taken, and reserved
+    // slots at reserve: the device copy is clean already, and an
+    // asynchronous copy must not be touched here.)
+    if (to_host && !dev_ && !written_.all(blocks[i], 0, cfg_.block_size))
+      for (uint32_t t = 0; t < cfg_.block_size; ++t)
+        if (!written_.test(blocks[i], t)) zero_slots(h, false, t, 1);
   }
 }
 
@@ -590,6 +600,7 @@ int32_t Pool::take_res() {
   int32_t reclaimed;
   const int32_t b = res_alloc_.allocate(&reclaimed);
   if (b < 0) fail(Errc::Internal, "residual allocator empty after an availability check");
+  res_written_.clear(b, 0, cfg_.block_size);  // a new owner has written nothing yet
   return b;
 }
 
@@ -822,6 +833,8 @@ int32_t Pool::take_block() {
     prefix_on_reclaim(reclaimed);  // a cached block leaves the prefix index
     if (cfg_.flags & kFlagZeroOnFree) zero_block(b);  // no tenant's K/V lingers
   }
+  written_.clear(b, 0, cfg_.block_size);  // a new owner has written nothing yet
+  if (dev_) zero_block(b);  // device kernels and copies read whole blocks: none of an earlier owner's bytes
   return b;
 }
 
@@ -1142,6 +1155,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   // other sequence shares) before the layer's new ones are taken.
   bool res_fits = need_sinks <= res_alloc_.available();
   uint64_t res_avail = res_fits ? res_alloc_.available() - need_sinks : 0;
+  uint64_t res_after = s.sink_blocks.size() + need_sinks;  // residual blocks held after the reserve
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     const LayerTable &l = s.layers[li];
     const uint64_t hp_old = l.n_tokens - l.n_lp, hp_after = hp_old + n_new;
@@ -1159,6 +1173,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     const uint64_t first = hp_left == n_new ? 0 : off % bs;  // residual emptied: start afresh
     const uint64_t total = (first + hp_left + bs - 1) / bs;
     const uint64_t kept_used = hp_left == n_new ? 0 : kept;
+    res_after += total;
     uint64_t take = total > kept_used ? total - kept_used : 0;
     if (kept_used && (l.res_off + hp_old) % bs != 0 && res_alloc_.refcount(l.res_blocks.back()) > 1) ++take;
     need_res += take;
@@ -1168,13 +1183,11 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     else res_avail -= take;
   }
   {  // Never fits: what the sequence alone would hold after this reserve.
-    uint64_t lp_after = 0, res_after = s.sink_blocks.size() + need_sinks;
-    for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
-      const LayerTable &l = s.layers[li];
-      const uint64_t hp_left = l.n_tokens - l.n_lp + n_new - aged[li];
-      lp_after += (l.n_lp + aged[li] + bs - 1) / bs;
-      res_after += (hp_left + bs - 1) / bs;  // at least this many, wherever the residual starts
-    }
+    // (The residual keeps its offset in its first block: what no one else's
+    // freeing can change.)
+    uint64_t lp_after = 0;
+    for (uint32_t li = 0; li < cfg_.num_layers; ++li)
+      lp_after += (s.layers[li].n_lp + aged[li] + bs - 1) / bs;
     if (lp_after > alloc_.num_blocks() || res_after > res_alloc_.num_blocks())
       fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
                                       " more tokens needs " + u64s(lp_after) + " blocks (the pool has " +

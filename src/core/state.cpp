@@ -267,8 +267,11 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
     std::vector<uint8_t> keep(bs, 0);
     for (uint32_t li = 0; li < cfg_.num_layers; ++li)
       if (li / per == i) {
-        const uint64_t held = std::min<uint64_t>(s.layers[li].n_tokens, cfg_.residual_sinks);
-        for (uint64_t t = 0; t < held; ++t) keep[sink_slot(li) + t] = 1;
+        // A copy exists once its token is encoded (index < n_lp) and was written.
+        const LayerTable &l = s.layers[li];
+        const uint64_t held = std::min<uint64_t>(l.n_lp, cfg_.residual_sinks);
+        for (uint64_t t = 0; t < held; ++t)
+          if (written_.test(l.blocks[t / bs], static_cast<uint32_t>(t % bs))) keep[sink_slot(li) + t] = 1;
       }
     for (uint32_t t = 0; t < bs; ++t)
       if (!keep[t]) zero_slots(tmp.data(), true, t, 1);

@@ -130,6 +130,34 @@ static void test_residual_arena(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* A residual that no longer starts at its block's first slot needs one more
+ * block: a lone sequence decoding token by token into a residual arena too
+ * small for that is told "never", not "not now" for ever. */
+static void test_residual_offset(void **state) {
+  (void)state;
+  kvc_pool_config c = test_config(LAYERS, HEADS, HD, 16, 64);
+  kvc_codec cod;
+  kvc_codec_init(&cod);
+  cod.dtype = KVC_DTYPE_INT8;
+  c.k_codec = &cod;
+  c.v_codec = &cod;
+  c.residual_window = 8;
+  c.num_residual_blocks = 2; /* one per layer */
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  kvc_status st = KVC_OK;
+  uint64_t pos = 0;
+  for (; pos < 64 && st == KVC_OK; ++pos) {
+    st = kvc_seq_reserve(p, 1, 1, NULL);
+    if (st == KVC_OK) write_all(p, 1, pos, 1);
+  }
+  /* It stops at some token, and says it never fits. */
+  assert_true(pos < 64);
+  ASSERT_STATUS(KVC_ERR_EXCEEDS_CAPACITY, st);
+  kvc_pool_destroy(p);
+}
+
 /* kvc_seq_restore: a record larger than the whole pool never fits. */
 static void test_restore(void **state) {
   (void)state;
@@ -190,6 +218,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_shared_blocks_count_once),
       cmocka_unit_test(test_cached_blocks_are_room),
       cmocka_unit_test(test_residual_arena),
+      cmocka_unit_test(test_residual_offset),
       cmocka_unit_test(test_restore),
       cmocka_unit_test(test_auto_evict),
   };

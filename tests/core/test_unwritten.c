@@ -21,8 +21,10 @@ static void write_rows(kvc_pool *p, uint64_t id, uint32_t tag, uint32_t layer, u
 static void leave_old_bytes(kvc_pool *p) {
   const uint64_t n = (uint64_t)BLOCKS / LAYERS * BS;
   ASSERT_OK(kvc_seq_create(p, 99));
-  ASSERT_OK(kvc_seq_reserve(p, 99, n, NULL));
-  for (uint32_t l = 0; l < LAYERS; ++l) write_rows(p, 99, 7, l, 0, n);
+  for (uint64_t pos = 0; pos < n; pos += BS) { /* a block at a time: staging pools age as they go */
+    ASSERT_OK(kvc_seq_reserve(p, 99, BS, NULL));
+    for (uint32_t l = 0; l < LAYERS; ++l) write_rows(p, 99, 7, l, pos, BS);
+  }
   ASSERT_OK(kvc_seq_free(p, 99));
 }
 
@@ -214,12 +216,75 @@ static void test_records(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* A swap out and back in (kvc_pool_copy_blocks to the host and from it)
+ * carries zeros for the slots no one wrote: they never become readable as an
+ * earlier owner's bytes, nor registrable. */
+static void test_copy_blocks_swap(void **state) {
+  (void)state;
+  kvc_pool *p = make_pool(LAYERS, HEADS, HD, BS, BLOCKS);
+  leave_old_bytes(p);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 3, NULL)); /* slot 3 of the block never reserved */
+  for (uint32_t l = 0; l < LAYERS; ++l) write_rows(p, 1, 1, l, 0, 2); /* position 2 unwritten */
+  kvc_stats st = get_stats(p);
+  int32_t blocks[LAYERS];
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    size_t n = 0;
+    ASSERT_OK(kvc_seq_block_table(p, 1, l, &blocks[l], 1, &n));
+    assert_int_equal(n, 1);
+  }
+  uint8_t *host = malloc(LAYERS * st.bytes_per_block);
+  ASSERT_OK(kvc_pool_copy_blocks(p, blocks, LAYERS, host, KVC_COPY_TO_HOST));
+  for (size_t i = 0; i + 4 <= LAYERS * st.bytes_per_block; i += 4) {
+    float x;
+    memcpy(&x, host + i, 4);
+    assert_false(x >= 7000.0f && x < 7000.0f + LAYERS * 100.0f); /* sequence 99's values */
+  }
+  ASSERT_OK(kvc_pool_copy_blocks(p, blocks, LAYERS, host, KVC_COPY_FROM_HOST));
+  int w[3] = {1, 1, 0};
+  for (uint32_t l = 0; l < LAYERS; ++l) expect_rows(p, 1, l, 3, w, 1, 0.0f);
+  free(host);
+  kvc_pool_destroy(p);
+}
+
+/* Records of pools with attention sinks: a sink copy not made yet (its token
+ * unwritten, or still staged) is zero in the record. */
+static void test_records_sinks(void **state) {
+  (void)state;
+  kvc_pool_config c = test_config(LAYERS, HEADS, HD, BS, BLOCKS);
+  kvc_codec cod;
+  kvc_codec_init(&cod);
+  cod.dtype = KVC_DTYPE_INT8;
+  c.k_codec = &cod;
+  c.v_codec = &cod;
+  c.residual_sinks = 2;
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  leave_old_bytes(p);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 3, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) write_rows(p, 1, 1, l, 1, 2); /* position 0 unwritten */
+  size_t size = 0;
+  ASSERT_STATUS(KVC_ERR_BUFFER_TOO_SMALL, kvc_seq_save(p, 1, NULL, 0, &size));
+  uint8_t *rec = malloc(size);
+  ASSERT_OK(kvc_seq_save(p, 1, rec, size, &size));
+  /* Sequence 99's rows are ~7000 (f16 in the residual and sink blocks). */
+  for (size_t i = 0; i + 2 <= size; i += 2) {
+    uint16_t h;
+    memcpy(&h, rec + i, 2);
+    assert_false(h >= 0x6ed0 && h <= 0x6f80); /* f16 ~6990 .. 7680 */
+  }
+  free(rec);
+  kvc_pool_destroy(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_gather_plain),       cmocka_unit_test(test_gather_hnd_f16),
       cmocka_unit_test(test_gather_int8),        cmocka_unit_test(test_gather_residual),
       cmocka_unit_test(test_fork_copy_on_write), cmocka_unit_test(test_truncate_then_reserve),
       cmocka_unit_test(test_attention_decode),   cmocka_unit_test(test_records),
+      cmocka_unit_test(test_copy_blocks_swap),   cmocka_unit_test(test_records_sinks),
   };
   return run_named_tests("core_unwritten_read", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
