@@ -407,7 +407,8 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
  * @brief kvc_codec_init() in source code: kvc_codec_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param codec a `kvc_codec *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_codec_init(codec) kvc_codec_init_sized((codec), sizeof *(codec))
@@ -475,7 +476,8 @@ typedef struct kvc_pool_config {
 
 /**
  * @brief Fill a config with defaults: struct_size (the 0.3 size, below),
- * block_size 16, f16 K and V, NHD, CPU, rope_theta 10000, everything else 0.
+ * block_size 16, f16 K and V, NHD, CPU, rope_theta 10000, residual_dtype
+ * f16, everything else 0.
  * The function of this name is the 0.3 entry point (for binaries built
  * against 0.3 headers and the ::kvc_api table): it fills the struct's 0.3
  * size (136 bytes on x86-64), forever; source code calling
@@ -506,7 +508,8 @@ KVC_API kvc_status kvc_pool_config_init_sized(kvc_pool_config *config, size_t st
  * @brief kvc_pool_config_init() in source code: kvc_pool_config_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param config a `kvc_pool_config *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_pool_config_init(config) kvc_pool_config_init_sized((config), sizeof *(config))
@@ -601,7 +604,8 @@ KVC_API kvc_status kvc_stats_init_sized(kvc_stats *stats, size_t struct_size);
  * @brief kvc_stats_init() in source code: kvc_stats_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param stats a `kvc_stats *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_stats_init(stats) kvc_stats_init_sized((stats), sizeof *(stats))
@@ -716,7 +720,8 @@ KVC_API kvc_status kvc_pool_layout_init_sized(kvc_pool_layout *layout, size_t st
  * @brief kvc_pool_layout_init() in source code: kvc_pool_layout_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param layout a `kvc_pool_layout *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_pool_layout_init(layout) kvc_pool_layout_init_sized((layout), sizeof *(layout))
@@ -1162,7 +1167,8 @@ KVC_API kvc_status kvc_quant_sizes_init_sized(kvc_quant_sizes *sizes, size_t str
  * @brief kvc_quant_sizes_init() in source code: kvc_quant_sizes_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param sizes a `kvc_quant_sizes *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_quant_sizes_init(sizes) kvc_quant_sizes_init_sized((sizes), sizeof *(sizes))
@@ -1382,7 +1388,8 @@ KVC_API kvc_status kvc_attention_params_init_sized(kvc_attention_params *params,
  * @brief kvc_attention_params_init() in source code: kvc_attention_params_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param params a `kvc_attention_params *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_attention_params_init(params) \
@@ -1609,7 +1616,8 @@ KVC_API kvc_status kvc_policy_config_init_sized(kvc_policy_config *config, size_
  * @brief kvc_policy_config_init() in source code: kvc_policy_config_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param config a `kvc_policy_config *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_policy_config_init(config) kvc_policy_config_init_sized((config), sizeof *(config))
@@ -1877,7 +1885,8 @@ KVC_API kvc_status kvc_prefix_config_init_sized(kvc_prefix_config *config, size_
  * @brief kvc_prefix_config_init() in source code: kvc_prefix_config_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param config a `kvc_prefix_config *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_prefix_config_init(config) kvc_prefix_config_init_sized((config), sizeof *(config))
@@ -2043,7 +2052,8 @@ KVC_API kvc_status kvc_prefix_stats_init_sized(kvc_prefix_stats *stats, size_t s
  * @brief kvc_prefix_stats_init() in source code: kvc_prefix_stats_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param stats a `kvc_prefix_stats *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_prefix_stats_init(stats) kvc_prefix_stats_init_sized((stats), sizeof *(stats))
@@ -2163,7 +2173,8 @@ KVC_API kvc_status kvc_tier_config_init_sized(kvc_tier_config *config, kvc_tier_
  * @brief kvc_tier_config_init() in source code: kvc_tier_config_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param config a `kvc_tier_config *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @param kind the tier's kind (as for kvc_tier_config_init()).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
@@ -2253,7 +2264,8 @@ KVC_API kvc_status kvc_tier_stats_init_sized(kvc_tier_stats *stats, size_t struc
  * @brief kvc_tier_stats_init() in source code: kvc_tier_stats_init_sized() with
  * the caller's sizeof, so it fills exactly the caller's struct.
  * @param stats a `kvc_tier_stats *` (evaluated once; a literal NULL has no
- * struct type: call kvc_<thing>_init_sized() for that).
+ * struct type in C++ (GNU C takes sizeof(void) as 1 and the call then returns
+ * ::KVC_ERR_NULL_POINTER): call kvc_<thing>_init_sized() for that).
  * @since 0.4 (a function before, which remains exported for 0.3 binaries)
  */
 #define kvc_tier_stats_init(stats) kvc_tier_stats_init_sized((stats), sizeof *(stats))
