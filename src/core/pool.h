@@ -291,7 +291,6 @@ class Pool {
   // as zero). Returns the record's size. Refuses a sequence with reserved
   // positions no append wrote.
   uint64_t seq_save(uint64_t id, RecordSink &out) const;
-  uint64_t seq_record_size(uint64_t id) const;  // bytes seq_save(id) returns now
   // Creates sequence `id` from a record (all checks first: nothing changes on failure).
   void seq_restore(uint64_t id, const uint8_t *data, size_t size);
 

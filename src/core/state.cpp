@@ -99,22 +99,6 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
   return diff.empty() ? "codecs, scales, residual window, attention sinks or RoPE settings differ" : diff;
 }
 
-}  // namespace
-
-uint64_t Pool::seq_record_size(uint64_t id) const {
-  std::shared_lock lk(mu_);
-  const Sequence &s = find(id);
-  uint64_t n = kHeader + 4 + state_fingerprint(cfg_).size() + 8 + 4 + 4;
-  for (const LayerTable &l : s.layers) {
-    n += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 + l.scores.size() * sizeof(float);
-    n += l.blocks.size() * block_stride_ + l.res_blocks.size() * res_stride_;
-  }
-  if (cfg_.residual_sinks) n += 4 + s.sink_blocks.size() * res_stride_;
-  return n;
-}
-
-namespace {
-
 // Streams a record to a RecordSink: the header first (checksum 0), the rest
 // hashed as it goes.
 class Emitter {
