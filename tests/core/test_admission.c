@@ -107,15 +107,9 @@ static void test_cached_blocks_are_room(void **state) {
 static void test_residual_arena(void **state) {
   (void)state;
   kvc_pool_config c = test_config(LAYERS, HEADS, HD, BS, BLOCKS);
-  kvc_codec cod;
-  kvc_codec_init(&cod);
-  cod.dtype = KVC_DTYPE_INT8;
-  c.k_codec = &cod;
-  c.v_codec = &cod;
   c.residual_window = 8;
   c.num_residual_blocks = 4; /* 2 per layer: 8 staged tokens at most */
-  kvc_pool *p = NULL;
-  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool *p = quantized_pool(c, KVC_DTYPE_INT8);
   ASSERT_OK(kvc_seq_create(p, 1));
   /* 9 new tokens stay staged (nothing older to age): 3 residual blocks per layer. */
   ASSERT_STATUS(KVC_ERR_EXCEEDS_CAPACITY, kvc_seq_reserve(p, 1, 9, NULL));
@@ -136,15 +130,9 @@ static void test_residual_arena(void **state) {
 static void test_residual_offset(void **state) {
   (void)state;
   kvc_pool_config c = test_config(LAYERS, HEADS, HD, 16, 64);
-  kvc_codec cod;
-  kvc_codec_init(&cod);
-  cod.dtype = KVC_DTYPE_INT8;
-  c.k_codec = &cod;
-  c.v_codec = &cod;
   c.residual_window = 8;
   c.num_residual_blocks = 2; /* one per layer */
-  kvc_pool *p = NULL;
-  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool *p = quantized_pool(c, KVC_DTYPE_INT8);
   ASSERT_OK(kvc_seq_create(p, 1));
   kvc_status st = KVC_OK;
   uint64_t pos = 0;

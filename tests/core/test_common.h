@@ -47,6 +47,19 @@ static inline kvc_pool *make_pool(uint32_t layers, uint32_t kv_heads, uint32_t h
   return p;
 }
 
+/* A pool of config `c` whose K and V use a default codec of `dtype` (int8,
+ * int4, ... per token); the codec is copied by kvc_pool_create. */
+static inline kvc_pool *quantized_pool(kvc_pool_config c, kvc_dtype dtype) {
+  kvc_codec cod;
+  kvc_codec_init(&cod);
+  cod.dtype = dtype;
+  c.k_codec = &cod;
+  c.v_codec = &cod;
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  return p;
+}
+
 /* A deterministic value for (seq tag, layer, position, element, k-or-v). */
 static inline float kv_value(uint32_t tag, uint32_t layer, uint64_t pos, uint32_t e, int is_v) {
   return (float)(tag * 1000 + layer * 100) + (float)pos + (float)e / 64.0f + (is_v ? 0.5f : 0.0f);

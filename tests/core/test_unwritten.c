@@ -91,13 +91,7 @@ static void test_gather_hnd_f16(void **state) {
 static void test_gather_int8(void **state) {
   (void)state;
   kvc_pool_config c = test_config(LAYERS, HEADS, HD, BS, BLOCKS);
-  kvc_codec cod;
-  kvc_codec_init(&cod);
-  cod.dtype = KVC_DTYPE_INT8;
-  c.k_codec = &cod;
-  c.v_codec = &cod;
-  kvc_pool *p = NULL;
-  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool *p = quantized_pool(c, KVC_DTYPE_INT8);
   run_gather_case(p, 2e-2f);
   kvc_pool_destroy(p);
 }
@@ -105,14 +99,8 @@ static void test_gather_int8(void **state) {
 static void test_gather_residual(void **state) {
   (void)state;
   kvc_pool_config c = test_config(LAYERS, HEADS, HD, BS, BLOCKS);
-  kvc_codec cod;
-  kvc_codec_init(&cod);
-  cod.dtype = KVC_DTYPE_INT4;
-  c.k_codec = &cod;
-  c.v_codec = &cod;
   c.residual_window = 8;
-  kvc_pool *p = NULL;
-  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool *p = quantized_pool(c, KVC_DTYPE_INT4);
   run_gather_case(p, 1e-3f); /* all six stay in the f16 residual */
   kvc_pool_destroy(p);
 }
@@ -252,14 +240,8 @@ static void test_copy_blocks_swap(void **state) {
 static void test_records_sinks(void **state) {
   (void)state;
   kvc_pool_config c = test_config(LAYERS, HEADS, HD, BS, BLOCKS);
-  kvc_codec cod;
-  kvc_codec_init(&cod);
-  cod.dtype = KVC_DTYPE_INT8;
-  c.k_codec = &cod;
-  c.v_codec = &cod;
   c.residual_sinks = 2;
-  kvc_pool *p = NULL;
-  ASSERT_OK(kvc_pool_create(&c, &p));
+  kvc_pool *p = quantized_pool(c, KVC_DTYPE_INT8);
   leave_old_bytes(p);
   ASSERT_OK(kvc_seq_create(p, 1));
   ASSERT_OK(kvc_seq_reserve(p, 1, 3, NULL));
