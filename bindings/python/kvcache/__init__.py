@@ -66,11 +66,46 @@ _DTYPE_TO_NP = {
 }
 
 
+def _is_torch(x):
+    """True for a torch.Tensor (without importing torch)."""
+    t = type(x)
+    return t.__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "is_contiguous")
+
+
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
+
+
+def _torch_view(t, name, writable=False):
+    """A numpy view sharing a CPU torch tensor's memory, and its library dtype.
+
+    Refuses (TypeError / ValueError naming the argument) what cannot be read
+    in place: a device other than the CPU, a dtype other than float32 /
+    float16 / bfloat16, a non-contiguous stride, a tensor that needs grad."""
+    if t.device.type != "cpu":
+        raise ValueError("%s: tensor is on %s; libkvcache's Python binding reads CPU tensors only" % (name, t.device))
+    kind = _TORCH_DTYPES.get(str(t.dtype))
+    if kind is None:
+        raise TypeError("%s: tensor dtype %s is not float32, float16 or bfloat16" % (name, t.dtype))
+    if not t.is_contiguous():
+        raise ValueError("%s: tensor of shape %s has strides %s, not C-contiguous; call .contiguous() first"
+                         % (name, tuple(t.shape), tuple(t.stride())))
+    if t.requires_grad:
+        t = t.detach()
+    if kind == "bf16":
+        import torch  # only reached with a torch tensor in hand
+        arr = t.view(torch.int16).numpy()
+        return arr, _native.DTYPE_BF16
+    arr = t.numpy()
+    return arr, (_native.DTYPE_F32 if kind == "f32" else _native.DTYPE_F16)
+
+
 def _as_array(x, name):
     """A C-contiguous numpy view of x (numpy array, buffer or DLPack tensor);
     copies only when x is not contiguous."""
     if x is None:
         raise TypeError("%s: expected an array, got None" % name)
+    if _is_torch(x):
+        return _torch_view(x, name)[0]
     if isinstance(x, _np.ndarray):
         arr = x
     elif isinstance(x, (bytes, bytearray)):
@@ -126,10 +161,25 @@ def _pool_append(self, seq_id, layer, pos, k, v, dtype=None):
     Positions must be reserved (``reserve``). Returns n.
     Raises KvcError (ERR_NOT_RESERVED, ERR_SEQ_NOT_FOUND, ERR_OUT_OF_RANGE,
     ERR_INVALID_ARGUMENT for sizes that are not whole token rows, ...)."""
-    k = _as_array(k, "k")
-    v = _as_array(v, "v")
-    dk = _dtype_of(k, dtype, "k")
-    dv = _dtype_of(v, dtype, "v")
+    if _is_torch(k) or _is_torch(v):
+        cfg = self.config()
+        row = (cfg.num_kv_heads, cfg.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if not _is_torch(t):
+                raise TypeError("%s: k and v must both be torch tensors or both arrays" % name)
+            shape = tuple(t.shape)
+            if not ((len(shape) == 3 and shape[1:] == row) or (len(shape) == 2 and shape[1] == row[0] * row[1])):
+                raise ValueError("%s: tensor shape %s is not [n, num_kv_heads=%d, head_dim=%d]" % ((name, shape) + row))
+        if tuple(k.shape) != tuple(v.shape):
+            raise ValueError("k and v shapes differ: %s and %s" % (tuple(k.shape), tuple(v.shape)))
+        (k, dk), (v, dv) = _torch_view(k, "k"), _torch_view(v, "v")
+        if dtype is not None and _operator.index(dtype) != dk:
+            raise TypeError("dtype=%d does not match the tensors' %s" % (dtype, _DTYPE_NAMES[dk]))
+    else:
+        k = _as_array(k, "k")
+        v = _as_array(v, "v")
+        dk = _dtype_of(k, dtype, "k")
+        dv = _dtype_of(v, dtype, "v")
     if dk != dv:
         raise TypeError("k and v have different dtypes (%s, %s)" % (k.dtype, v.dtype))
     return self._append(seq_id, layer, pos, k, v, dk)
@@ -164,6 +214,28 @@ def _pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype=None):
     n = the arrays' token rows. Returns n."""
     if k_out is None and v_out is None:
         raise TypeError("k_out and v_out are both None")
+    if _is_torch(k_out) or _is_torch(v_out):
+        cfg = self.config()
+        views, dts = [], set()
+        for name, t in (("k_out", k_out), ("v_out", v_out)):
+            if t is None:
+                views.append(None)
+                continue
+            if not _is_torch(t):
+                raise TypeError("%s: k_out and v_out must both be torch tensors (or None)" % name)
+            shape = tuple(t.shape)
+            if not (len(shape) == 3 and shape[1:] == (cfg.num_kv_heads, cfg.head_dim)):
+                raise ValueError("%s: tensor shape %s is not [n, num_kv_heads=%d, head_dim=%d]"
+                                 % (name, shape, cfg.num_kv_heads, cfg.head_dim))
+            arr, dt = _torch_view(t, name)
+            views.append(arr)
+            dts.add(dt)
+        if len(dts) != 1:
+            raise TypeError("k_out and v_out have different dtypes")
+        dt = dts.pop()
+        if dtype is not None and _operator.index(dtype) != dt:
+            raise TypeError("dtype=%d does not match the tensors' %s" % (dtype, _DTYPE_NAMES[dt]))
+        return self._gather(seq_id, layer, first, views[0], views[1], dt)
     dts = set()
     for name, out in (("k_out", k_out), ("v_out", v_out)):
         if out is not None:
@@ -202,6 +274,103 @@ def _codec_dequantize(self, codes, scales, zeros, n, d, dtype=_native.DTYPE_F32)
     def buf(b):
         return None if b is None or len(b) == 0 else _as_array(b, "codes")
     self._dequantize(_as_array(codes, "codes"), buf(scales), buf(zeros), n, d, out, int(dtype))
+    return out
+
+
+def _float_operand(x, name):
+    """(numpy view, library dtype) of a q / out operand: a CPU torch tensor or
+    a numpy array of float32 / float16 (bfloat16: torch tensors only)."""
+    if _is_torch(x):
+        return _torch_view(x, name)
+    if not isinstance(x, _np.ndarray):
+        raise TypeError("%s: expected a torch tensor or a numpy array, got %s" % (name, type(x).__name__))
+    if not x.flags.c_contiguous:
+        raise ValueError("%s: array of shape %s is not C-contiguous" % (name, x.shape))
+    dt = _NP_TO_DTYPE.get(x.dtype)
+    if dt is None:
+        raise TypeError("%s: dtype %s is not float32 or float16" % (name, x.dtype))
+    return x, dt
+
+
+def _check_shape(x, want, name):
+    if tuple(x.shape) != tuple(want):
+        raise ValueError("%s: shape %s, expected %s" % (name, tuple(x.shape), tuple(want)))
+
+
+def _new_like(q, shape, dt):
+    """A new output of q's kind (torch tensor or numpy array) of library dtype dt."""
+    if _is_torch(q):
+        import torch
+        tdt = {_native.DTYPE_F32: torch.float32, _native.DTYPE_F16: torch.float16, _native.DTYPE_BF16: torch.bfloat16}[dt]
+        return torch.empty(shape, dtype=tdt)
+    return _np.empty(shape, _DTYPE_TO_NP[dt])
+
+
+def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype):
+    """Pool.attention_decode: see kvc_attention_decode (include/kvcache/kvcache.h).
+
+    seq_ids: sequence ids [n] (ints, or an int/uint64 array); q: [n, num_q_heads,
+    head_dim] float32 / float16 (bfloat16 as a torch tensor), CPU, contiguous;
+    out: None (a new tensor / array of q's kind, q's dtype unless out_dtype)
+    or a caller tensor of that shape; lse: None or [n, num_q_heads] float32.
+    Returns out. Raises ValueError / TypeError (shape, dtype, device, stride)
+    or KvcError (the library's checks) with nothing written."""
+    ids = _np.ascontiguousarray(_np.asarray(seq_ids, dtype=_np.uint64).reshape(-1))
+    cfg = self.config()
+    shape = (ids.shape[0], cfg.num_q_heads, cfg.head_dim)
+    qa, qdt = _float_operand(q, "q")
+    _check_shape(q, shape, "q")
+    if out is None:
+        out = _new_like(q, shape, qdt if out_dtype is None else _operator.index(out_dtype))
+    oa, odt = _float_operand(out, "out")
+    _check_shape(out, shape, "out")
+    la = None
+    if lse is not None:
+        la, ldt = _float_operand(lse, "lse")
+        if ldt != _native.DTYPE_F32:
+            raise TypeError("lse: must be float32")
+        _check_shape(lse, shape[:2], "lse")
+    self._attention_decode(layer, ids, qa, oa, la, qdt, odt, float(scale), int(observe), int(num_threads))
+    return out
+
+
+def _attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe_from, out_dtype):
+    """Pool.attention_prefill: see kvc_attention_prefill. q: [n_q, num_q_heads,
+    head_dim] (the layer's last n_q tokens attend causally); out / lse as
+    attention_decode. Returns out."""
+    cfg = self.config()
+    qa, qdt = _float_operand(q, "q")
+    if q.ndim != 3 or tuple(q.shape[1:]) != (cfg.num_q_heads, cfg.head_dim):
+        raise ValueError("q: shape %s is not [n_q, num_q_heads=%d, head_dim=%d]"
+                         % (tuple(q.shape), cfg.num_q_heads, cfg.head_dim))
+    shape = tuple(q.shape)
+    if out is None:
+        out = _new_like(q, shape, qdt if out_dtype is None else _operator.index(out_dtype))
+    oa, odt = _float_operand(out, "out")
+    _check_shape(out, shape, "out")
+    la = None
+    if lse is not None:
+        la, ldt = _float_operand(lse, "lse")
+        if ldt != _native.DTYPE_F32:
+            raise TypeError("lse: must be float32")
+        _check_shape(lse, shape[:2], "lse")
+    self._attention_prefill(layer, seq_id, qa, oa, la, qdt, odt, float(scale), int(observe), int(observe_from))
+    return out
+
+
+def _observe_scores(self, seq_id, layer, scores, accumulate):
+    arr = _np.ascontiguousarray(scores.numpy() if _is_torch(scores) else _np.asarray(scores), dtype=_np.float32)
+    cfg = self.config()
+    if arr.ndim != 2 or arr.shape[1] != cfg.num_kv_heads:
+        raise ValueError("scores: shape %s is not [n_tokens, num_kv_heads=%d]" % (arr.shape, cfg.num_kv_heads))
+    self._observe_scores(seq_id, layer, arr, bool(accumulate))
+
+
+def _scores(self, seq_id, layer):
+    cfg = self.config()
+    out = _np.empty((self.layer_tokens(seq_id, layer), cfg.num_kv_heads), _np.float32)
+    if out.size:
+        self._scores(seq_id, layer, out)
     return out
 
 
@@ -263,5 +432,9 @@ _native._py_codec_quantize = _codec_quantize
 _native._py_codec_dequantize = _codec_dequantize
 _native._py_extra_values = _extra_values
 _native._py_prefix_keys = _prefix_keys
+_native._py_attention_decode = _attention_decode
+_native._py_attention_prefill = _attention_prefill
+_native._py_observe_scores = _observe_scores
+_native._py_scores = _scores
 
 __version__ = _native.version()

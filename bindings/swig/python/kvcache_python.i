@@ -192,6 +192,42 @@
 %rename(_prefix_load_values) kvc_swig_pool::prefix_load_values;
 %rename(_prefix_prefetch_values) kvc_swig_pool::prefix_prefetch_values;
 
+%{
+#include <string>
+#include <kvcache/kvcache.h>
+#include "strategy.h"
+static void kvc_swig_fail(kvc_status status, const std::string &message);
+
+/* Element bytes of a q / out dtype (f32, f16, bf16), or 0 after recording the error. */
+static size_t kvc_py_float_bytes(const char *what, int dtype) {
+  if (dtype == KVC_DTYPE_F32) return 4;
+  if (dtype == KVC_DTYPE_F16 || dtype == KVC_DTYPE_BF16) return 2;
+  kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, std::string(what) + ": dtype " + std::to_string(dtype) +
+                " is not f32, f16 or bf16");
+  return 0;
+}
+/* Checks that a buffer holds exactly `want` bytes. */
+static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::string &shape) {
+  if (have == want) return true;
+  kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, std::string(what) + " holds " + std::to_string(have) + " bytes; " +
+                shape + " needs " + std::to_string(want));
+  return false;
+}
+%}
+
+/* Attention and scores (Python only for now): buffers as above. */
+%apply (const void *IN_BUF, size_t IN_BYTES) {
+  (const void *seq_ids, size_t seq_ids_bytes), (const void *q, size_t q_bytes),
+  (const void *scores, size_t scores_bytes)
+};
+%apply (void *OUT_BUF, size_t OUT_BYTES) {
+  (void *out, size_t out_bytes), (void *lse, size_t lse_bytes), (void *scores_out, size_t scores_out_bytes)
+};
+%rename(_attention_decode) kvc_swig_pool::attention_decode;
+%rename(_attention_prefill) kvc_swig_pool::attention_prefill;
+%rename(_observe_scores) kvc_swig_pool::observe_scores;
+%rename(_scores) kvc_swig_pool::scores;
+
 %include "../kvcache_common.i"
 
 %{
@@ -224,6 +260,202 @@ static void _register_error(PyObject *type) {
 }
 %}
 
+
+/* ---- attention, scores, strategies (Python overlay) ---- */
+
+%inline %{
+/** A parsed `kvcache eval` strategy (tools/cli/strategy.h, the same parser). */
+struct kvc_py_strategy {
+  std::string spec;            /* canonical spelling: policy first, then codec */
+  std::string policy_name;     /* "" without a policy */
+  int k_dtype = KVC_DTYPE_F16, v_dtype = KVC_DTYPE_F16;
+  bool k_quantized = false, v_quantized = false;
+  kvc_codec k_codec, v_codec;  /* meaningful when k_quantized / v_quantized */
+  uint32_t residual_window = 0;
+  double residual_fraction = 0.0;
+  uint32_t residual_sinks = 0;
+  bool pre_rope_keys = false;
+  uint32_t block_size = 16;
+  int protocol = 0;            /* 0 none, 1 stream (cap per layer, auto-evict), 2 prefill-compress */
+  int policy_kind = KVC_POLICY_NONE;
+  double budget = 1.0;         /* fraction kept */
+  uint32_t budget_tokens = 0;  /* stream: fixed cap per layer (0: budget x context) */
+  uint32_t sinks = 4;
+  double recent_fraction = 0.5;
+  uint32_t obs_window = 16;
+  uint32_t kernel = 7;
+  int pooling = KVC_POOLING_MAX;
+  int schedule = KVC_PYRAMID_PAPER;
+  double prefill_fraction = 0.5;
+  bool shift_positions = false;
+  int observe = KVC_OBSERVE_NONE;
+};
+
+/** Parses one strategy spec with `kvcache eval`'s parser; raises ERR_INVALID_ARGUMENT naming what is wrong. */
+static kvc_py_strategy parse_strategy(const std::string &spec) {
+  kvc_py_strategy r;
+  kvc_codec_init(&r.k_codec);
+  kvc_codec_init(&r.v_codec);
+  try {
+    const kvc_cli::Strategy s = kvc_cli::parse_strategy(spec);
+    r.spec = s.spec;
+    r.policy_name = s.has_policy ? s.policy.name : std::string();
+    r.k_dtype = s.k_dtype;
+    r.v_dtype = s.v_dtype;
+    r.k_quantized = s.k_quantized;
+    r.v_quantized = s.v_quantized;
+    r.k_codec = s.k_codec;
+    r.v_codec = s.v_codec;
+    r.residual_window = s.residual_window;
+    r.residual_fraction = s.residual_fraction;
+    r.residual_sinks = s.residual_sinks;
+    r.pre_rope_keys = s.pre_rope_keys;
+    r.block_size = s.block_size;
+    r.protocol = (int)s.protocol;
+    r.policy_kind = s.policy_kind;
+    r.budget = s.budget;
+    r.budget_tokens = s.budget_tokens;
+    r.sinks = s.sinks;
+    r.recent_fraction = s.recent_fraction;
+    r.obs_window = s.obs_window;
+    r.kernel = s.kernel;
+    r.pooling = s.pooling;
+    r.schedule = s.schedule;
+    r.prefill_fraction = s.prefill_fraction;
+    r.shift_positions = s.shift_positions;
+    r.observe = s.observe;
+  } catch (const std::exception &e) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, e.what());
+  }
+  return r;
+}
+
+/** The default strategies of `kvcache eval` (one spec each). */
+static std::vector<std::string> default_strategies() { return kvc_cli::default_strategies(); }
+%}
+
+%extend kvc_swig_pool {
+  /**
+   * kvc_attention_decode over raw buffers: seq_ids `[n]` uint64, q `[n][num_q_heads][head_dim]`
+   * of q_dtype, out the same shape of out_dtype, lse empty or `[n][num_q_heads]` f32.
+   * Every size is checked before the library runs; nothing is written on failure.
+   */
+  void attention_decode(uint32_t layer, const void *seq_ids, size_t seq_ids_bytes, const void *q, size_t q_bytes,
+                        void *out, size_t out_bytes, void *lse, size_t lse_bytes, int q_dtype = KVC_DTYPE_F32,
+                        int out_dtype = KVC_DTYPE_F32, double scale = 0.0, int observe = KVC_OBSERVE_NONE,
+                        uint32_t num_threads = 1) {
+    KVC_POOL();
+    kvc_pool_config c;
+    kvc_pool_config_init_sized(&c, sizeof c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return;
+    if (seq_ids == NULL || seq_ids_bytes == 0 || seq_ids_bytes % 8 != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "seq_ids must hold one or more uint64 ids, got " +
+                    std::to_string(seq_ids_bytes) + " bytes");
+      return;
+    }
+    if (((uintptr_t)seq_ids) % 8 != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "seq_ids is not 8-byte aligned");
+      return;
+    }
+    const size_t n = seq_ids_bytes / 8;
+    const size_t qe = kvc_py_float_bytes("q", q_dtype), oe = kvc_py_float_bytes("out", out_dtype);
+    if (qe == 0 || oe == 0) return;
+    const size_t elems = n * c.num_q_heads * c.head_dim;
+    const std::string shape = "[" + std::to_string(n) + "][" + std::to_string(c.num_q_heads) + "][" +
+                              std::to_string(c.head_dim) + "]";
+    if (q == NULL || out == NULL) {
+      kvc_swig_fail(KVC_ERR_NULL_POINTER, "q and out are required");
+      return;
+    }
+    if (!kvc_py_exact("q", q_bytes, elems * qe, shape) || !kvc_py_exact("out", out_bytes, elems * oe, shape)) return;
+    if (lse != NULL && !kvc_py_exact("lse", lse_bytes, n * c.num_q_heads * 4,
+                                     "[" + std::to_string(n) + "][" + std::to_string(c.num_q_heads) + "] f32"))
+      return;
+    kvc_attention_params p;
+    kvc_attention_params_init_sized(&p, sizeof p);
+    p.num_q_heads = c.num_q_heads;
+    p.scale = (float)scale;
+    p.q_dtype = (kvc_dtype)q_dtype;
+    p.out_dtype = (kvc_dtype)out_dtype;
+    p.observe = (kvc_observe)observe;
+    p.num_threads = num_threads;
+    kvc_swig_check(kvc_attention_decode(pool_, layer, (const uint64_t *)seq_ids, n, q, out, (float *)lse, &p));
+  }
+
+  /**
+   * kvc_attention_prefill: the layer's last n_q tokens attend causally; q `[n_q][num_q_heads][head_dim]`
+   * (n_q from q's size), out the same shape, lse empty or `[n_q][num_q_heads]` f32.
+   */
+  void attention_prefill(uint32_t layer, uint64_t seq_id, const void *q, size_t q_bytes, void *out,
+                         size_t out_bytes, void *lse, size_t lse_bytes, int q_dtype = KVC_DTYPE_F32,
+                         int out_dtype = KVC_DTYPE_F32, double scale = 0.0, int observe = KVC_OBSERVE_NONE,
+                         uint64_t observe_from = 0) {
+    KVC_POOL();
+    kvc_pool_config c;
+    kvc_pool_config_init_sized(&c, sizeof c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return;
+    const size_t qe = kvc_py_float_bytes("q", q_dtype), oe = kvc_py_float_bytes("out", out_dtype);
+    if (qe == 0 || oe == 0) return;
+    if (q == NULL || out == NULL) {
+      kvc_swig_fail(KVC_ERR_NULL_POINTER, "q and out are required");
+      return;
+    }
+    const size_t row = (size_t)c.num_q_heads * c.head_dim;
+    if (q_bytes == 0 || q_bytes % (row * qe) != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "q holds " + std::to_string(q_bytes) + " bytes, not a whole number of [" +
+                    std::to_string(c.num_q_heads) + "][" + std::to_string(c.head_dim) + "] query rows");
+      return;
+    }
+    const uint64_t n_q = q_bytes / (row * qe);
+    const std::string shape = "[" + std::to_string(n_q) + "][" + std::to_string(c.num_q_heads) + "][" +
+                              std::to_string(c.head_dim) + "]";
+    if (!kvc_py_exact("out", out_bytes, n_q * row * oe, shape)) return;
+    if (lse != NULL && !kvc_py_exact("lse", lse_bytes, n_q * c.num_q_heads * 4,
+                                     "[" + std::to_string(n_q) + "][" + std::to_string(c.num_q_heads) + "] f32"))
+      return;
+    kvc_attention_params p;
+    kvc_attention_params_init_sized(&p, sizeof p);
+    p.num_q_heads = c.num_q_heads;
+    p.scale = (float)scale;
+    p.q_dtype = (kvc_dtype)q_dtype;
+    p.out_dtype = (kvc_dtype)out_dtype;
+    p.observe = (kvc_observe)observe;
+    p.observe_from = observe_from;
+    kvc_swig_check(kvc_attention_prefill(pool_, layer, seq_id, q, n_q, out, (float *)lse, &p));
+  }
+
+  /** kvc_seq_observe_scores: scores `[n_tokens][num_kv_heads]` f32 (n_tokens = the layer's count). */
+  void observe_scores(uint64_t seq_id, uint32_t layer, const void *scores, size_t scores_bytes, bool accumulate) {
+    KVC_POOL();
+    kvc_pool_config c;
+    kvc_pool_config_init_sized(&c, sizeof c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return;
+    const size_t row = (size_t)c.num_kv_heads * 4;
+    if (scores == NULL || scores_bytes % row != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "scores must be [n_tokens][" + std::to_string(c.num_kv_heads) +
+                    "] f32, got " + std::to_string(scores_bytes) + " bytes");
+      return;
+    }
+    kvc_swig_check(kvc_seq_observe_scores(pool_, seq_id, layer, (const float *)scores, scores_bytes / row,
+                                          accumulate ? 1 : 0));
+  }
+
+  /** kvc_seq_scores into scores_out `[n_tokens][num_kv_heads]` f32. */
+  void scores(uint64_t seq_id, uint32_t layer, void *scores_out, size_t scores_out_bytes) {
+    KVC_POOL();
+    kvc_pool_config c;
+    kvc_pool_config_init_sized(&c, sizeof c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return;
+    const size_t row = (size_t)c.num_kv_heads * 4;
+    if (scores_out == NULL || scores_out_bytes % row != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "scores_out must be [n_tokens][" + std::to_string(c.num_kv_heads) +
+                    "] f32, got " + std::to_string(scores_out_bytes) + " bytes");
+      return;
+    }
+    kvc_swig_check(kvc_seq_scores(pool_, seq_id, layer, (float *)scores_out, scores_out_bytes / row));
+  }
+}
+
 /* The numpy-aware methods: thin forwarders to the package's functions
  * (bindings/python/kvcache/__init__.py installs _py_* in this module). */
 %extend kvc_codec {
@@ -250,6 +482,24 @@ static void _register_error(PyObject *type) {
     def gather_into(self, seq_id, layer, first, k_out, v_out, dtype=None):
         """Read into caller arrays (either may be None); returns n."""
         return _py_pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype)
+
+    def attention_decode(self, layer, seq_ids, q, out=None, lse=None, scale=0.0, observe=0, num_threads=1,
+                         out_dtype=None):
+        """Decode attention (kvc_attention_decode) for a batch: q [n, num_q_heads, head_dim]; returns out."""
+        return _py_attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype)
+
+    def attention_prefill(self, layer, seq_id, q, out=None, lse=None, scale=0.0, observe=0, observe_from=0,
+                          out_dtype=None):
+        """Prefill attention (kvc_attention_prefill): q [n_q, num_q_heads, head_dim]; returns out."""
+        return _py_attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe_from, out_dtype)
+
+    def observe_scores(self, seq_id, layer, scores, accumulate=False):
+        """Feed scores [n_tokens, num_kv_heads] f32 (kvc_seq_observe_scores)."""
+        return _py_observe_scores(self, seq_id, layer, scores, accumulate)
+
+    def scores(self, seq_id, layer):
+        """The recorded scores of a layer, [n_tokens, num_kv_heads] f32 (kvc_seq_scores)."""
+        return _py_scores(self, seq_id, layer)
 
     def evict(self, seq_id, policy=None):
         """Evict with policy (None: the sequence's or the pool's); returns the tokens each layer dropped, a list of num_layers ints."""
