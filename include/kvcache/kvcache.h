@@ -1699,6 +1699,34 @@ KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *
                              uint64_t *dropped);
 
 /**
+ * @brief Keep exactly the listed tokens of one layer and drop the others: an
+ * eviction whose survivors the caller chose (kvpress's presses, an engine's
+ * own scorer), applied as kvc_evict() applies a policy's choice.
+ *
+ * Survivors keep their order and positions and are compacted into the
+ * fewest blocks; the emptied blocks are freed; blocks shared with other
+ * sequences (forks, the prefix cache) are copied before they are written.
+ * Other layers are unchanged. Recorded scores follow their tokens.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param keep `[n_keep]` indices into the layer's tokens (0 = its oldest
+ * held token, as kvc_gather() numbers them), strictly increasing, each below
+ * the layer's token count; NULL only when n_keep is 0 (drop every token).
+ * @param n_keep survivors, at most the layer's token count (equal: nothing changes).
+ * @param dropped NULL or `[1]`: the tokens dropped.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer; an index not below the token count);
+ * ::KVC_ERR_INVALID_ARGUMENT (indices not strictly increasing; n_keep above
+ * the token count); ::KVC_ERR_POOL_EXHAUSTED (no free block for a
+ * copy-on-write); ::KVC_ERR_UNSUPPORTED (pools with a residual window,
+ * hybrid precision or attention sinks). Nothing changes on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer, const uint64_t *keep,
+                                uint64_t n_keep, uint64_t *dropped);
+
+/**
  * @brief Load a scorer plugin (a shared object implementing
  * kvcache_plugin.h) with dlopen().
  * @param path file path (as dlopen() takes it).
@@ -2485,6 +2513,7 @@ typedef struct kvc_api {
   kvc_status (*prefix_stats_init_sized)(kvc_prefix_stats *, size_t);       /**< kvc_prefix_stats_init_sized() */
   kvc_status (*tier_config_init_sized)(kvc_tier_config *, kvc_tier_kind, size_t); /**< kvc_tier_config_init_sized() */
   kvc_status (*tier_stats_init_sized)(kvc_tier_stats *, size_t);           /**< kvc_tier_stats_init_sized() */
+  kvc_status (*seq_keep)(kvc_pool *, uint64_t, uint32_t, const uint64_t *, uint64_t, uint64_t *); /**< kvc_seq_keep() */
 } kvc_api;
 
 /**

@@ -1061,6 +1061,17 @@ KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *
   });
 }
 
+KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer, const uint64_t *keep,
+                                uint64_t n_keep, uint64_t *dropped) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (n_keep > 0) need(keep, "keep");
+    uint64_t d = 0;
+    p.keep_tokens(seq_id, layer, keep, n_keep, &d);
+    if (dropped) *dropped = d;
+  });
+}
+
 KVC_API kvc_status kvc_plugin_load(const char *path, kvc_plugin **out) {
   return guard([&] {
     need(path, "path");
@@ -1653,6 +1664,7 @@ static const kvc_api g_api = {
     kvc_prefix_stats_init_sized,
     kvc_tier_config_init_sized,
     kvc_tier_stats_init_sized,
+    kvc_seq_keep,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

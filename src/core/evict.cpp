@@ -188,6 +188,65 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     for (uint64_t b = fw / bs; b < kept_blocks; ++b)
       if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
   }
+  apply_keep_locked(s, keep, first_write, shift, cow_needed, dropped);
+  (void)id;
+}
+
+void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep, uint64_t *dropped) {
+  // dropped: [1], the tokens this layer lost.
+  std::unique_lock lk(mu_);
+  Sequence &s = find(id);
+  if (layer >= cfg_.num_layers)
+    fail(Errc::OutOfRange, "layer " + u64s(layer) + " of a pool of " + u64s(cfg_.num_layers) + " layers");
+  const uint32_t nl = cfg_.num_layers;
+  const uint64_t bs = cfg_.block_size;
+  const LayerTable &l = s.layers[layer];
+  const uint64_t n = l.n_tokens;
+  if (n_keep > n)
+    fail(Errc::InvalidArgument, "n_keep " + u64s(n_keep) + " exceeds the " + u64s(n) + " tokens layer " +
+                                    u64s(layer) + " holds; nothing changed");
+  std::vector<std::vector<uint32_t>> keep(nl);
+  std::vector<uint64_t> first_write(nl, UINT64_MAX);
+  std::vector<char> shift(nl, 0);
+  std::vector<uint32_t> &k = keep[layer];
+  k.reserve(n_keep);
+  for (uint64_t j = 0; j < n_keep; ++j) {
+    const uint64_t t = keep_idx[j];
+    if (t >= n)
+      fail(Errc::OutOfRange, "keep[" + u64s(j) + "] = " + u64s(t) + " is not below the " + u64s(n) +
+                                 " tokens layer " + u64s(layer) + " holds; nothing changed");
+    if (j > 0 && t <= keep_idx[j - 1])
+      fail(Errc::InvalidArgument, "keep[" + u64s(j) + "] = " + u64s(t) + " does not follow keep[" + u64s(j - 1) +
+                                      "] = " + u64s(keep_idx[j - 1]) + ": indices must increase strictly; nothing changed");
+    k.push_back(static_cast<uint32_t>(t));
+  }
+  uint64_t cow_needed = 0;
+  if (n_keep < n) {
+    if (residual())
+      fail(Errc::Unsupported, "dropping tokens from a pool with a residual window, hybrid precision or attention "
+                              "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
+                              "are staged and encoded as they age; nothing changed");
+    uint64_t fw = n_keep;
+    for (uint64_t j = 0; j < n_keep; ++j)
+      if (k[j] != j) {
+        fw = j;
+        break;
+      }
+    first_write[layer] = fw;
+    const uint64_t kept_blocks = (n_keep + bs - 1) / bs;
+    for (uint64_t b = fw / bs; b < kept_blocks; ++b)
+      if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
+  }
+  std::vector<uint64_t> per_layer(nl, 0);
+  apply_keep_locked(s, keep, first_write, shift, cow_needed, per_layer.data());
+  if (dropped) *dropped = per_layer[layer];
+}
+
+void Pool::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
+                             const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
+                             uint64_t cow_needed, uint64_t *dropped) {
+  const uint32_t nl = cfg_.num_layers;
+  const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
   if (cow_needed > alloc_.available())
     fail(Errc::PoolExhausted, "pool exhausted: eviction must copy " + u64s(cow_needed) + " shared blocks, " +
                                   u64s(alloc_.available()) + " available; nothing changed");
@@ -323,7 +382,6 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     l.n_lp = kn;
     if (dropped) dropped[li] = n - kn;
   }
-  (void)id;
 }
 
 }  // namespace kvc::core

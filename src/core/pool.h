@@ -280,6 +280,9 @@ class Pool {
   // Applies `policy` (or the sequence's / the pool's) to every layer;
   // dropped: NULL or [num_layers] tokens dropped per layer.
   void evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped);
+  // Keeps exactly the tokens keep_idx[0..n_keep) (strictly increasing) of one
+  // layer and drops the others, as an eviction does (kvc_seq_keep).
+  void keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep, uint64_t *dropped);
   void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate);
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
@@ -416,6 +419,12 @@ class Pool {
   // Plans and applies an eviction of every layer of `s` (exclusive lock
   // held): all checks first, then changes that cannot fail.
   void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped);
+  // The apply half of an eviction: keep[li] (the survivors of layer li, for
+  // the layers whose first_write is set), copy-on-write first. Throws only
+  // before the first change (PoolExhausted when cow_needed blocks are missing).
+  void apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
+                         const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
+                         uint64_t cow_needed, uint64_t *dropped);
   void attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
                   float *out, float *lse, const AttnParams &p, float *obs_scores) const;
   void attend_range(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,

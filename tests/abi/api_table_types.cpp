@@ -101,6 +101,7 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(prefix_stats_init_sized, kvc_prefix_stats_init_sized);
   SAME(tier_config_init_sized, kvc_tier_config_init_sized);
   SAME(tier_stats_init_sized, kvc_tier_stats_init_sized);
+  SAME(seq_keep, kvc_seq_keep);
 #endif
   return n;
 }

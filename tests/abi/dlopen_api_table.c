@@ -154,7 +154,7 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
 #if KVC_API_VERSION >= 4
   if (api->api_version >= 4) {
     CHECK(api->struct_size >=
-          offsetof(kvc_api, tier_stats_init_sized) + sizeof(api->tier_stats_init_sized));
+          offsetof(kvc_api, seq_keep) + sizeof(api->seq_keep));
     ENTRY(api, pool_config_init_sized);
     ENTRY(api, stats_init_sized);
     ENTRY(api, pool_layout_init_sized);
@@ -166,6 +166,7 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, prefix_stats_init_sized);
     ENTRY(api, tier_config_init_sized);
     ENTRY(api, tier_stats_init_sized);
+    ENTRY(api, seq_keep);
   }
 #endif
 }

@@ -218,7 +218,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 /* Attention and scores (Python only for now): buffers as above. */
 %apply (const void *IN_BUF, size_t IN_BYTES) {
   (const void *seq_ids, size_t seq_ids_bytes), (const void *q, size_t q_bytes),
-  (const void *scores, size_t scores_bytes)
+  (const void *scores, size_t scores_bytes), (const void *keep, size_t keep_bytes)
 };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *out, size_t out_bytes), (void *lse, size_t lse_bytes), (void *scores_out, size_t scores_out_bytes)
@@ -227,6 +227,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %rename(_attention_prefill) kvc_swig_pool::attention_prefill;
 %rename(_observe_scores) kvc_swig_pool::observe_scores;
 %rename(_scores) kvc_swig_pool::scores;
+%rename(_keep) kvc_swig_pool::keep;
 
 %include "../kvcache_common.i"
 
@@ -440,6 +441,20 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
                                           accumulate ? 1 : 0));
   }
 
+  /** kvc_seq_keep: keep `[n]` uint64 token indices (strictly increasing) of one layer; returns the tokens dropped. */
+  uint64_t keep(uint64_t seq_id, uint32_t layer, const void *keep, size_t keep_bytes) {
+    KVC_POOL(0);
+    if (keep_bytes % 8 != 0 || (keep != NULL && ((uintptr_t)keep) % 8 != 0)) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "keep must be an aligned uint64 array, got " +
+                    std::to_string(keep_bytes) + " bytes");
+      return 0;
+    }
+    uint64_t dropped = 0;
+    kvc_swig_check(kvc_seq_keep(pool_, seq_id, layer, keep_bytes ? (const uint64_t *)keep : NULL, keep_bytes / 8,
+                                &dropped));
+    return dropped;
+  }
+
   /** kvc_seq_scores into scores_out `[n_tokens][num_kv_heads]` f32. */
   void scores(uint64_t seq_id, uint32_t layer, void *scores_out, size_t scores_out_bytes) {
     KVC_POOL();
@@ -496,6 +511,14 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     def observe_scores(self, seq_id, layer, scores, accumulate=False):
         """Feed scores [n_tokens, num_kv_heads] f32 (kvc_seq_observe_scores)."""
         return _py_observe_scores(self, seq_id, layer, scores, accumulate)
+
+    def keep(self, seq_id, layer, indices):
+        """Keep exactly these token indices of one layer (kvc_seq_keep; strictly increasing); returns the tokens dropped."""
+        import numpy as _np
+        idx = _np.ascontiguousarray(_np.asarray(indices, dtype=_np.int64).reshape(-1))
+        if idx.size and idx.min() < 0:
+            raise ValueError("keep: negative token index %d" % idx.min())
+        return self._keep(seq_id, layer, idx.view(_np.uint64) if idx.size else None)
 
     def scores(self, seq_id, layer):
         """The recorded scores of a layer, [n_tokens, num_kv_heads] f32 (kvc_seq_scores)."""

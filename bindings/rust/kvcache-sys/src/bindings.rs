@@ -3993,6 +3993,39 @@ extern "C" {
     ) -> kvc_status;
 }
 extern "C" {
+    #[doc = " @brief Keep exactly the listed tokens of one layer and drop the others: an"]
+    #[doc = " eviction whose survivors the caller chose (kvpress's presses, an engine's"]
+    #[doc = " own scorer), applied as kvc_evict() applies a policy's choice."]
+    #[doc = ""]
+    #[doc = " Survivors keep their order and positions and are compacted into the"]
+    #[doc = " fewest blocks; the emptied blocks are freed; blocks shared with other"]
+    #[doc = " sequences (forks, the prefix cache) are copied before they are written."]
+    #[doc = " Other layers are unchanged. Recorded scores follow their tokens."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param keep `[n_keep]` indices into the layer's tokens (0 = its oldest"]
+    #[doc = " held token, as kvc_gather() numbers them), strictly increasing, each below"]
+    #[doc = " the layer's token count; NULL only when n_keep is 0 (drop every token)."]
+    #[doc = " @param n_keep survivors, at most the layer's token count (equal: nothing changes)."]
+    #[doc = " @param dropped NULL or `[1]`: the tokens dropped."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer; an index not below the token count);"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (indices not strictly increasing; n_keep above"]
+    #[doc = " the token count); ::KVC_ERR_POOL_EXHAUSTED (no free block for a"]
+    #[doc = " copy-on-write); ::KVC_ERR_UNSUPPORTED (pools with a residual window,"]
+    #[doc = " hybrid precision or attention sinks). Nothing changes on failure."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_seq_keep(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        layer: u32,
+        keep: *const u64,
+        n_keep: u64,
+        dropped: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
     #[doc = " @brief Load a scorer plugin (a shared object implementing"]
     #[doc = " kvcache_plugin.h) with dlopen()."]
     #[doc = " @param path file path (as dlopen() takes it)."]
@@ -6315,12 +6348,23 @@ pub struct kvc_api {
     pub tier_stats_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_tier_stats, arg2: usize) -> kvc_status,
     >,
+    #[doc = "< kvc_seq_keep()"]
+    pub seq_keep: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: u32,
+            arg4: *const u64,
+            arg5: u64,
+            arg6: *mut u64,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        696usize,
+        704usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -7824,6 +7868,23 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_tier_stats_init_sized();
+    fn test_field_seq_keep() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_keep) as usize - ptr as usize
+            },
+            696usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_keep)
+            )
+        );
+    }
+    test_field_seq_keep();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]
