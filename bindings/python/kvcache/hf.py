@@ -1,0 +1,892 @@
+"""Hugging Face transformers on libkvcache: a paged ``Cache`` and a paged
+attention backend.
+
+``PagedCache(model.config, strategy="int8:per-token")`` is a transformers
+``Cache`` whose layers keep their K/V in one ``kvcache.Pool``: the strategy
+is exactly ``kvcache eval``'s (docs/eval.md, parsed by the same code), so the
+best row of an eval table is copied into a program as is. After
+``import kvcache.hf``, ``attn_implementation="kvcache"`` runs
+``kvc_attention_prefill`` / ``kvc_attention_decode`` over the pool's blocks
+(quantized or not), so the K/V history is never materialised as dense
+tensors; with sdpa or eager attention the cache returns dense K/V instead.
+
+Works with ``model.generate`` (greedy, sampling, beam search) and plain
+forward loops on transformers 5.2.x and 5.24; docs/hf.md maps every Cache
+method to the library. ``KvcPress`` offers our eviction policies as a kvpress
+press, and kvpress's own presses run on a PagedCache (the tokens they keep
+are found by matching rows and the others dropped in the pool with
+``kvc_seq_keep``).
+"""
+
+import math
+import threading
+import weakref
+
+import numpy as _np
+import torch
+import transformers
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from . import native as _native
+from . import KvcError, parse_strategy
+
+__all__ = ["PagedCache", "PagedLayer", "KvcPress", "kvcache_attention", "kvcache_mask", "ATTN_IMPLEMENTATION"]
+
+ATTN_IMPLEMENTATION = "kvcache"
+
+# transformers >= 5.3 changed the Cache API: crop(tokens_to_remove),
+# get_mask_sizes(query_length), get_max_length(), the `cache` keyword.
+_NEW_CACHE_API = hasattr(Cache, "get_query_offset")
+
+_TORCH_TO_KVC = {torch.float32: _native.DTYPE_F32, torch.float16: _native.DTYPE_F16, torch.bfloat16: _native.DTYPE_BF16}
+
+# eval's protocols (tools/cli/strategy.h: Strategy::Protocol).
+_PROTO_NONE, _PROTO_STREAM, _PROTO_PREFILL = 0, 1, 2
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if get is not None else config
+
+
+def _geometry(config):
+    """(layers, q_heads, kv_heads, head_dim, rope_theta) of a Llama-architecture config, or ValueError."""
+    c = _text_config(config)
+    missing = [a for a in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+               if getattr(c, a, None) is None]
+    if missing:
+        raise ValueError("PagedCache: the config (%s) has no %s; it holds Llama-architecture models "
+                         "(num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim)"
+                         % (type(c).__name__, ", ".join(missing)))
+    layers, hq, hk = int(c.num_hidden_layers), int(c.num_attention_heads), int(c.num_key_value_heads)
+    head_dim = getattr(c, "head_dim", None)
+    if head_dim is None:
+        hidden = getattr(c, "hidden_size", None)
+        if hidden is None or hidden % hq:
+            raise ValueError("PagedCache: the config has no head_dim and no hidden_size divisible by "
+                             "num_attention_heads")
+        head_dim = hidden // hq
+    if hq % hk:
+        raise ValueError("PagedCache: num_attention_heads %d is not a multiple of num_key_value_heads %d" % (hq, hk))
+    types = getattr(c, "layer_types", None)
+    if types and any(t != "full_attention" for t in types):
+        raise ValueError("PagedCache: layer types %s: only full-attention layers are held (no sliding "
+                         "window, chunked or linear-attention layers)" % sorted(set(types)))
+    if getattr(c, "sliding_window", None) and getattr(c, "use_sliding_window", True):
+        raise ValueError("PagedCache: sliding-window attention (sliding_window=%s) is not held" % c.sliding_window)
+    theta = getattr(c, "rope_theta", None)
+    rp = getattr(c, "rope_parameters", None)
+    if theta is None and isinstance(rp, dict):
+        theta = rp.get("rope_theta")
+    return layers, hq, hk, int(head_dim), float(theta) if theta else 10000.0
+
+
+class PagedLayer(CacheLayerMixin):
+    """One layer of a PagedCache: a view of the pool's layer ``layer_idx``.
+
+    ``keys`` / ``values`` read the layer's K/V as dense ``[batch, kv_heads,
+    tokens, head_dim]`` tensors (gathered from the pool, for code that reads
+    them, such as kvpress); assigning a subset of those rows (what a kvpress
+    press does) keeps exactly those tokens in the pool (kvc_seq_keep) and
+    frees the rest."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = True
+    supports_early_init = False
+
+    def __init__(self, cache, layer_idx):
+        # CacheLayerMixin.__init__ assigns keys / values: not called.
+        self._cache_ref = weakref.ref(cache)
+        self.layer_idx = layer_idx
+        self._dense = None  # (version, keys, values) last read, for the kvpress bridge
+        self._new_keys = None
+
+    def __repr__(self):
+        return "PagedLayer(%d)" % self.layer_idx
+
+    @property
+    def _cache(self):
+        c = self._cache_ref()
+        if c is None:
+            raise RuntimeError("the PagedCache of this layer was deleted")
+        return c
+
+    @property
+    def is_initialized(self):
+        return self._cache._seqs is not None
+
+    @is_initialized.setter
+    def is_initialized(self, value):  # transformers' reset paths assign it
+        pass
+
+    @property
+    def device(self):
+        return torch.device("cpu")
+
+    @property
+    def dtype(self):
+        return self._cache._dtype or torch.float32
+
+    def lazy_initialization(self, key_states, value_states):
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        return self._cache._update(key_states, value_states, self.layer_idx)
+
+    def get_seq_length(self):
+        return self._cache._layer_length(self.layer_idx)
+
+    def get_mask_sizes(self, query_length_or_cache_position):
+        q = query_length_or_cache_position
+        q = int(q.shape[0]) if isinstance(q, torch.Tensor) else int(q)
+        return self.get_seq_length() + q, 0
+
+    def get_max_cache_shape(self):
+        return -1
+
+    def get_max_length(self):
+        return -1
+
+    def offload(self):
+        pass
+
+    def prefetch(self):
+        pass
+
+    def reset(self):
+        self._dense = None
+
+    # Batch-wide operations run once, on the cache (these are no-ops so that
+    # transformers' per-layer loops do not repeat them).
+    def reorder_cache(self, beam_idx):
+        pass
+
+    def crop(self, n):
+        pass
+
+    def batch_repeat_interleave(self, repeats):
+        pass
+
+    def batch_select_indices(self, indices):
+        pass
+
+    @property
+    def keys(self):
+        k, _ = self._read_dense()
+        return k
+
+    @keys.setter
+    def keys(self, new):
+        if new is None:
+            return
+        self._new_keys = new
+
+    @property
+    def values(self):
+        _, v = self._read_dense()
+        return v
+
+    @values.setter
+    def values(self, new):
+        if new is None:
+            return
+        k = self._new_keys
+        self._new_keys = None
+        if k is None:
+            raise ValueError("PagedLayer: assign keys before values (as kvpress does)")
+        self._cache._assign_subset(self.layer_idx, k, new, self._dense)
+        self._dense = None
+
+    def _read_dense(self):
+        cache = self._cache
+        if cache._seqs is None:
+            return None, None
+        if self._dense is not None and self._dense[0] == cache._version:
+            return self._dense[1], self._dense[2]
+        k, v = cache._dense(self.layer_idx)
+        self._dense = (cache._version, k, v)
+        return k, v
+
+
+class PagedCache(Cache):
+    """A transformers Cache whose K/V live in one libkvcache pool.
+
+    Args:
+        config: the model's config (``model.config``; a Llama-architecture
+            decoder: num_hidden_layers, num_attention_heads,
+            num_key_value_heads, head_dim or hidden_size).
+        strategy: a ``kvcache eval`` strategy (docs/eval.md): a codec
+            (``f32``, ``f16``, ``bf16``, ``int8:per-token``, ``int4:group=32``,
+            ``kivi2``, ``k-int4:...+v-int8:...``) and optionally a policy
+            (``streaming``, ``window``, ``h2o``, ``tova``, ``snapkv``,
+            ``pyramidkv``). Policies that read attention (h2o, tova, snapkv,
+            pyramidkv) need ``attn_implementation="kvcache"``. StreamingLLM
+            and window keep text positions here (``keep-positions``):
+            transformers rotates queries at their text positions.
+        block_size: tokens per block (default the strategy's, 16).
+        num_blocks / pool_bytes: the pool's capacity; neither: the cache
+            sizes its pool at the first forward pass and grows it (moving
+            the sequences into a pool twice as large) when it fills.
+        threads: threads of decode attention (default torch's).
+        prefix_cache: share prompt prefixes across requests
+            (``attach_prefix`` / ``register_prefix``; docs/prefix-cache.md).
+        tiers: offload tiers below the prefix cache, a list of dicts
+            ``{"kind": "host"|"disk"|"redis", "capacity_bytes": N, "path": ...,
+            "address": ...}`` (docs/tiers.md); needs prefix_cache.
+        context: the context length a ``budget=F`` of a streaming-protocol
+            policy (streaming, window, h2o, tova) is a fraction of (eval's
+            ctx); default the length of the first forward pass (the prompt).
+        model_id: the prefix cache's model identity (default config.name_or_path).
+
+    Raises ValueError for a config it cannot hold, a malformed strategy
+    (the parser's message) or bad options; kvcache.KvcError for the
+    library's refusals (a pool too small for the prompt says how many
+    blocks it needs)."""
+
+    def __init__(self, config, strategy="f16", *, block_size=None, num_blocks=None, pool_bytes=None, threads=None,
+                 prefix_cache=False, tiers=None, context=None, model_id=None):
+        self._layers_n, self._hq, self._hk, self._hd, self._theta = _geometry(config)
+        try:
+            self._st = parse_strategy(str(strategy))
+        except KvcError as e:
+            raise ValueError(e.message) from None
+        st = self._st
+        self.strategy = st.spec
+        attn = getattr(config, "_attn_implementation", None)
+        self._paged_attention = attn == ATTN_IMPLEMENTATION
+        if st.observe != _native.OBSERVE_NONE and not self._paged_attention:
+            raise ValueError("PagedCache: strategy '%s' reads attention scores; load the model with "
+                             "attn_implementation=\"kvcache\" (after import kvcache.hf), not %r" % (st.spec, attn))
+        if num_blocks is not None and pool_bytes is not None:
+            raise ValueError("PagedCache: give num_blocks or pool_bytes, not both")
+        for name, val in (("num_blocks", num_blocks), ("pool_bytes", pool_bytes), ("block_size", block_size),
+                          ("context", context)):
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val <= 0):
+                raise ValueError("PagedCache: %s must be a positive int, got %r" % (name, val))
+        if tiers and not prefix_cache:
+            raise ValueError("PagedCache: tiers hold prefix-cache blocks: set prefix_cache=True")
+        if block_size is not None and block_size != st.block_size and st.block_size != 16:
+            raise ValueError("PagedCache: strategy '%s' needs block_size %d" % (st.spec, st.block_size))
+        self._block_size = block_size or st.block_size
+        self._num_blocks, self._pool_bytes = num_blocks, pool_bytes
+        self._threads = int(threads) if threads else max(1, torch.get_num_threads())
+        self._prefix, self._tiers = bool(prefix_cache), list(tiers or [])
+        self._context = context
+        self._model_id = model_id or getattr(config, "name_or_path", None) or "hf-model"
+        self._pool = None
+        self._policy = None
+        self._seqs = None  # sequence id per batch row
+        self._next_id = 1
+        self._version = 0  # bumped by every change of the pool's contents
+        self._dtype = None
+        self._pos0 = None  # per row: the first position of the current forward pass
+        self._forward_q = 0  # tokens per row of the current forward (0: between passes)
+        self._prefilled = False
+        self._evict_pending = False
+        self._lock = threading.RLock()
+        layers = [PagedLayer(self, i) for i in range(self._layers_n)]
+        super().__init__(layers=layers)
+        if num_blocks is not None or pool_bytes is not None:
+            self._make_pool(num_blocks, pool_bytes)
+
+    # ---------------------------------------------------------------- pool
+    def _pool_config(self, blocks, nbytes):
+        st = self._st
+        c = _native.PoolConfig()
+        c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim = self._layers_n, self._hq, self._hk, self._hd
+        c.block_size = self._block_size
+        c.k_dtype, c.v_dtype = st.k_dtype, st.v_dtype
+        if blocks:
+            c.num_blocks = int(blocks)
+        else:
+            c.capacity_bytes = int(nbytes)
+        c.residual_window = st.residual_window
+        c.residual_fraction = st.residual_fraction
+        c.residual_sinks = st.residual_sinks
+        c.rope_style = _native.ROPE_NEOX  # Hugging Face Llama rotates halves
+        c.rope_theta = self._theta
+        if st.pre_rope_keys:
+            c.flags = c.flags | _native.POOL_PRE_ROPE_KEYS
+        return c
+
+    def _make_pool(self, blocks, nbytes=None):
+        st = self._st
+        cfg = self._pool_config(blocks, nbytes)
+        pool = _native.Pool(cfg, st.k_codec if st.k_quantized else None, st.v_codec if st.v_quantized else None)
+        if self._prefix:
+            pool.enable_prefix_cache(None, str(self._model_id))
+            kinds = {"host": _native.TIER_HOST, "disk": _native.TIER_DISK, "redis": _native.TIER_REDIS}
+            for t in self._tiers:
+                t = dict(t)
+                kind = kinds.get(t.pop("kind", None))
+                if kind is None:
+                    raise ValueError("PagedCache: a tier's kind must be host, disk or redis")
+                pool.add_tier(kind, int(t.pop("capacity_bytes", 1 << 30)), str(t.pop("path", "")),
+                              str(t.pop("address", "")), int(t.pop("flags", 0)), int(t.pop("timeout_ms", 1000)),
+                              int(t.pop("ttl_seconds", 0)))
+                if t:
+                    raise ValueError("PagedCache: unknown tier options %s" % sorted(t))
+        self._pool = pool
+        return pool
+
+    def _blocks_for(self, rows, tokens):
+        per_layer = -(-tokens // self._block_size)
+        return rows * self._layers_n * per_layer
+
+    def _ensure_pool(self, rows, tokens):
+        if self._pool is None:
+            self._make_pool(self._blocks_for(rows, max(tokens + 256, 512)))
+
+    def _grow(self, need_blocks):
+        """Moves every sequence into a pool at least twice as large (records:
+        kvc_seq_save / kvc_seq_restore; forks are copied). Only for a cache
+        that sizes its own pool."""
+        if self._num_blocks is not None or self._pool_bytes is not None:
+            return False
+        old = self._pool
+        total = old.stats().blocks_total
+        records = [(sid, old.save(sid)) for sid in self._seqs]
+        new = self._make_pool(max(2 * total, total + need_blocks))
+        for sid, rec in records:
+            new.restore(sid, rec)
+            if self._policy is not None and self._st.protocol == _PROTO_STREAM and self._prefilled:
+                new.seq_set_policy(sid, self._policy)
+        old.close()
+        self._version += 1
+        return True
+
+    @property
+    def pool(self):
+        """The kvcache.Pool (None before the first forward pass of a self-sized cache)."""
+        return self._pool
+
+    # ---------------------------------------------------------------- rows
+    def _new_id(self):
+        sid = self._next_id
+        self._next_id += 1
+        return sid
+
+    def _start_rows(self, rows):
+        self._seqs = []
+        for _ in range(rows):
+            sid = self._new_id()
+            self._pool.seq_create(sid)
+            self._seqs.append(sid)
+
+    def _make_policy(self, first_len):
+        st = self._st
+        if st.protocol == _PROTO_NONE:
+            return None
+        pc = _native.PolicyConfig()
+        pc.kind = st.policy_kind
+        pc.sink_tokens = st.sinks
+        pc.recent_fraction = st.recent_fraction
+        pc.window = st.obs_window
+        pc.kernel_size = st.kernel
+        pc.pooling = st.pooling
+        pc.schedule = st.schedule
+        pc.shift_positions = 0  # text positions: transformers rotates queries at their text position
+        if st.protocol == _PROTO_STREAM:
+            ctx = self._context or first_len
+            cap = st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
+            if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
+                raise ValueError("PagedCache: strategy '%s': a cap of %d tokens at context %d leaves no room "
+                                 "after %d sinks" % (st.spec, cap, ctx, st.sinks))
+            pc.budget_tokens = max(1, cap)
+            pc.auto_evict = 1
+        else:
+            pc.compression_ratio = 1.0 - st.budget
+        return _native.Policy(pc)
+
+    def _begin_forward(self, counts, dtype):
+        """Layer 0 of a forward pass: evict if a policy is due, reserve `counts[b]` positions per row."""
+        rows = len(counts)
+        if self._dtype is None:
+            self._dtype = dtype
+        fresh = self._seqs is None
+        if fresh:
+            self._ensure_pool(rows, max(counts))
+            self._start_rows(rows)
+            self._policy = self._make_policy(max(counts))
+        elif rows != len(self._seqs):
+            raise ValueError("PagedCache: a forward pass of batch %d on a cache of batch %d (reset() first, or "
+                             "use reorder_cache / batch_select_indices)" % (rows, len(self._seqs)))
+        if self._evict_pending:
+            self._evict_pending = False
+            for sid in self._seqs:
+                self._pool.evict(sid, self._policy)
+            if self._st.protocol == _PROTO_STREAM:
+                for sid in self._seqs:
+                    self._pool.seq_set_policy(sid, self._policy)
+        pos0 = [self._pool.seq_length(sid) for sid in self._seqs]
+        done = []
+        try:
+            for sid, n in zip(self._seqs, counts):
+                self._reserve(sid, int(n))
+                done.append(sid)
+        except Exception:
+            for sid, p in zip(done, pos0):  # nothing half-applied: undo the reservations made
+                self._pool.seq_truncate(sid, p)
+            raise
+        self._pos0 = pos0
+        self._forward_q = max(counts)
+        self._forward_prefill = fresh or not self._prefilled
+        self._version += 1
+
+    def _reserve(self, sid, n):
+        if n == 0:
+            return
+        while True:
+            try:
+                self._pool.reserve(sid, n)
+                return
+            except KvcError as e:
+                if e.status not in (_native.ERR_POOL_EXHAUSTED, _native.ERR_EXCEEDS_CAPACITY):
+                    raise
+                need = self._blocks_for(1, n + self._block_size)
+                if not self._grow(need):
+                    st = self._pool.stats()
+                    raise KvcError(e.status, "%s (the cache needs about %d more blocks for %d tokens; pool of "
+                                   "%d blocks, %d free: raise num_blocks / pool_bytes)"
+                                   % (e.message, need, n, st.blocks_total, st.blocks_free)) from None
+
+    def _end_forward(self, layer):
+        if layer != self._layers_n - 1:
+            return
+        if self._forward_prefill and self._st.protocol != _PROTO_NONE:
+            self._evict_pending = True  # as eval: the first step after the prefill evicts
+        self._prefilled = True
+        self._forward_q = 0
+
+    def _rows_kv(self, t, b, valid=None):
+        """Row b of a [batch, heads, q, d] tensor as contiguous [n, heads, d]."""
+        x = t[b] if valid is None else t[b][:, valid]
+        return x.transpose(0, 1).contiguous()
+
+    # ------------------------------------------------------------- updates
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def _update(self, k, v, layer):
+        if k.device.type != "cpu":
+            raise ValueError("PagedCache: key_states are on %s; this cache holds CPU tensors" % k.device)
+        if k.dtype not in _TORCH_TO_KVC:
+            raise TypeError("PagedCache: key_states dtype %s is not float32, float16 or bfloat16" % k.dtype)
+        b, hk, q, d = k.shape
+        if hk != self._hk or d != self._hd or tuple(v.shape) != tuple(k.shape):
+            raise ValueError("PagedCache: key/value states of shape %s / %s, expected [batch, %d, q, %d]"
+                             % (tuple(k.shape), tuple(v.shape), self._hk, self._hd))
+        with self._lock:
+            if self._paged_attention:
+                # kvcache attention appends (it knows the padding) and attends.
+                _PENDING.put(k, self, layer)
+                return k, v
+            if layer == 0:
+                self._begin_forward([q] * b, k.dtype)
+            for row, sid in enumerate(self._seqs):
+                self._pool.append(sid, layer, self._pos0[row], self._rows_kv(k, row), self._rows_kv(v, row))
+            out = self._dense(layer, k.dtype)
+            self._end_forward(layer)
+            return out
+
+    def _dense(self, layer, dtype=None):
+        """The layer's K/V as [batch, kv_heads, n, head_dim] tensors (rows of fewer tokens left-padded with zeros)."""
+        dtype = dtype or self._dtype or torch.float32
+        lens = [self._pool.layer_tokens(sid, layer) for sid in self._seqs]
+        n = max(lens) if lens else 0
+        kk = torch.zeros((len(lens), n, self._hk, self._hd), dtype=dtype)
+        vv = torch.zeros_like(kk)
+        for row, (sid, m) in enumerate(zip(self._seqs, lens)):
+            if m:
+                self._pool.gather_into(sid, layer, 0, kk[row, n - m:], vv[row, n - m:])
+        return kk.transpose(1, 2), vv.transpose(1, 2)
+
+    # ------------------------------------------------------------ attention
+    def _attend(self, layer, query, key, value, mask, scaling):
+        b, hq, q, d = query.shape
+        if hq != self._hq or d != self._hd:
+            raise ValueError("kvcache attention: query of shape %s, expected [batch, %d, q, %d]"
+                             % (tuple(query.shape), self._hq, self._hd))
+        valid = None
+        if mask is not None:
+            valid = mask[:, -q:].to(torch.bool)
+            if bool(valid.all()):
+                valid = None
+        counts = [q] * b if valid is None else [int(x) for x in valid.sum(dim=1).tolist()]
+        st = self._st
+        with self._lock:
+            if layer == 0:
+                self._begin_forward(counts, key.dtype)
+            for row, sid in enumerate(self._seqs):
+                vr = None if valid is None else valid[row]
+                if counts[row]:
+                    self._pool.append(sid, layer, self._pos0[row], self._rows_kv(key, row, vr),
+                                      self._rows_kv(value, row, vr))
+            observe = _native.OBSERVE_NONE
+            if st.protocol == _PROTO_STREAM:
+                observe = st.observe
+            elif st.protocol == _PROTO_PREFILL and self._forward_prefill:
+                observe = st.observe
+            scale = float(scaling) if scaling else 0.0
+            if q == 1 and valid is None:
+                qd = query[:, :, 0, :].contiguous()
+                ids = _np.asarray(self._seqs, dtype=_np.uint64)
+                out = self._pool.attention_decode(layer, ids, qd, scale=scale, observe=observe,
+                                                  num_threads=1 if observe else self._threads)
+                result = out.view(b, 1, hq, d)
+            else:
+                result = torch.zeros((b, q, hq, d), dtype=query.dtype)
+                for row, sid in enumerate(self._seqs):
+                    n = counts[row]
+                    if n == 0:
+                        continue
+                    vr = None if valid is None else valid[row]
+                    qr = self._rows_kv(query, row, vr)
+                    frm = max(0, n - st.obs_window) if st.protocol == _PROTO_PREFILL else 0
+                    o = self._pool.attention_prefill(layer, sid, qr, scale=scale, observe=observe, observe_from=frm)
+                    if vr is None:
+                        result[row] = o
+                    else:
+                        result[row, vr] = o
+            self._end_forward(layer)
+        return result
+
+    # ----------------------------------------------------------- kvpress
+    def _assign_subset(self, layer, new_k, new_v, dense):
+        """A press assigned new_k / new_v [batch, kv_heads, m, head_dim]: find which of the layer's
+        tokens they are (per row and head, by matching rows against the dense tensors read before)
+        and keep those in the pool (one token set per layer: the m tokens most heads kept)."""
+        if dense is None or dense[0] != self._version:
+            raise ValueError("PagedLayer: keys / values assigned without reading them first (or after the "
+                             "cache changed): only a subset of the rows read can be assigned")
+        old_k, old_v = dense[1], dense[2]
+        if new_k.dim() != 4 or new_k.shape[0] != old_k.shape[0] or new_k.shape[1] != self._hk or \
+                new_k.shape[3] != self._hd or tuple(new_v.shape) != tuple(new_k.shape):
+            raise ValueError("PagedLayer: assigned keys / values of shape %s / %s do not fit the layer's %s"
+                             % (tuple(new_k.shape), tuple(new_v.shape), tuple(old_k.shape)))
+        m = new_k.shape[2]
+        n = old_k.shape[2]
+        with self._lock:
+            plans = []
+            for row, sid in enumerate(self._seqs):
+                held = self._pool.layer_tokens(sid, layer)
+                pad = n - held  # rows of fewer tokens were left-padded
+                votes = _np.zeros(n, _np.float64)
+                for h in range(self._hk):
+                    idx = _match_rows(old_k[row, h], new_k[row, h], old_v[row, h], new_v[row, h])
+                    if idx is None:
+                        raise NotImplementedError(
+                            "PagedLayer: the assigned K/V of layer %d are not a subset of the layer's rows (a "
+                            "press that merges or rewrites K/V); PagedCache supports presses that select "
+                            "tokens" % layer)
+                    votes[idx] += 1.0 + (m - _np.arange(m)) / (m + 1.0) / (self._hk + 1.0)
+                votes[:pad] = -1.0
+                take = min(m, held)
+                keep = _np.sort(_np.argsort(-votes, kind="stable")[:take]) - pad
+                plans.append((sid, keep))
+            for sid, keep in plans:
+                self._pool.keep(sid, layer, keep)
+            self._version += 1
+
+    # ------------------------------------------------------ Cache interface
+    def _layer_length(self, layer):
+        if self._seqs is None or self._pool is None:
+            return 0
+        return max(self._pool.layer_tokens(sid, layer) for sid in self._seqs) if self._seqs else 0
+
+    def get_seq_length(self, layer_idx=0):
+        return self._layer_length(layer_idx)
+
+    def get_query_offset(self, layer_idx=0):
+        return self.get_seq_length(layer_idx)
+
+    def get_mask_sizes(self, query_length_or_cache_position, layer_idx=0):
+        return self.layers[layer_idx].get_mask_sizes(query_length_or_cache_position)
+
+    def get_max_cache_shape(self, layer_idx=0):
+        return -1
+
+    def get_max_length(self, layer_idx=None):
+        return -1
+
+    @property
+    def is_compileable(self):
+        return False
+
+    @property
+    def is_initialized(self):
+        return self._seqs is not None
+
+    @property
+    def batch_size(self):
+        return len(self._seqs) if self._seqs else -1
+
+    @property
+    def max_batch_size(self):
+        return self.batch_size
+
+    def reset(self):
+        """Frees every sequence (the pool, its prefix cache and tiers stay)."""
+        with self._lock:
+            if self._seqs is not None and self._pool is not None:
+                for sid in self._seqs:
+                    self._pool.seq_free(sid)
+            self._seqs = None
+            self._pos0 = None
+            self._prefilled = False
+            self._evict_pending = False
+            self._policy = None
+            self._version += 1
+            for layer in self.layers:
+                layer.reset()
+
+    def _remap(self, sources):
+        """New rows: row i a fork (copy-on-write) of old row sources[i]; old rows freed."""
+        with self._lock:
+            if self._seqs is None:
+                return
+            old = self._seqs
+            new = []
+            try:
+                for src in sources:
+                    sid = self._new_id()
+                    self._pool.seq_fork(old[int(src)], sid)
+                    new.append(sid)
+            except Exception:
+                for sid in new:
+                    self._pool.seq_free(sid)
+                raise
+            for sid in old:
+                self._pool.seq_free(sid)
+            self._seqs = new
+            self._version += 1
+
+    def reorder_cache(self, beam_idx):
+        """Beam search: row i becomes a fork of row beam_idx[i] (no K/V copy)."""
+        self._remap([int(i) for i in torch.as_tensor(beam_idx).tolist()])
+
+    def batch_repeat_interleave(self, repeats):
+        if self._seqs is not None:
+            self._remap([i for i in range(len(self._seqs)) for _ in range(int(repeats))])
+
+    def batch_select_indices(self, indices):
+        self._remap([int(i) for i in torch.as_tensor(indices).reshape(-1).tolist()])
+
+    def crop(self, n):
+        """Speculative-decoding rollback: drop tokens from the end of every row (kvc_seq_truncate).
+        transformers 5.3+: crop(-k) removes k tokens; 5.2: crop(n >= 0) keeps the first n, crop(-k) removes k."""
+        n = int(n)
+        with self._lock:
+            if self._seqs is None:
+                return
+            if n > 0 and _NEW_CACHE_API:
+                raise ValueError("crop(%d): pass a negative number of tokens to remove" % n)
+            remove = -n if n < 0 else max(0, self.get_seq_length() - n)
+            if remove == 0:
+                return
+            for sid in self._seqs:
+                length = self._pool.seq_length(sid)
+                self._pool.seq_truncate(sid, max(0, length - remove))
+            self._version += 1
+
+    def stats(self):
+        """The pool's counters (kvc_stats field names) plus bits_per_element (bytes in use x 8 over
+        the K and V elements held) and strategy."""
+        out = {"strategy": self.strategy}
+        if self._pool is None:
+            return out
+        s = self._pool.stats()
+        for name in dir(type(s)):
+            if not name.startswith("_") and name not in ("this", "thisown", "struct_size"):
+                val = getattr(s, name)
+                if isinstance(val, int):
+                    out[name] = val
+        elems = s.tokens_stored * 2 * self._hk * self._hd
+        out["bits_per_element"] = (8.0 * s.bytes_in_use / elems) if elems else 0.0
+        return out
+
+    # -------------------------------------------------------- prefix cache
+    def _tokens(self, input_ids):
+        t = torch.as_tensor(input_ids)
+        if t.dim() == 2:
+            if t.shape[0] != 1:
+                raise ValueError("prefix reuse runs one prompt at a time (batch 1), got batch %d" % t.shape[0])
+            t = t[0]
+        return _np.ascontiguousarray(t.to(torch.int64).numpy().astype(_np.int32))
+
+    def attach_prefix(self, input_ids):
+        """Before generate(): attach the cached prefix of the prompt (kvc_prefix_attach; with tiers, their
+        blocks are loaded first). Returns the tokens attached (whole blocks, at most len - 1, so the model
+        computes at least the last token); generate() then computes only the rest."""
+        if not self._prefix:
+            raise ValueError("attach_prefix needs PagedCache(..., prefix_cache=True)")
+        toks = self._tokens(input_ids)
+        with self._lock:
+            if self._seqs is not None:
+                raise ValueError("attach_prefix needs an empty cache (reset() first)")
+            self._ensure_pool(1, len(toks))
+            head = toks[:max(0, len(toks) - 1)]
+            if self._tiers and len(head):
+                self._pool.prefix_load(head)
+            sid = self._new_id()
+            res = self._pool.prefix_attach(sid, head)
+            self._seqs = [sid]
+            self._prefilled = False
+            self._version += 1
+            return int(res.hit_tokens)
+
+    def register_prefix(self, input_ids):
+        """After a prompt was computed: register its full blocks in the prefix cache (kvc_prefix_insert)
+        and, with tiers, queue them for offload. Returns the blocks newly registered."""
+        if not self._prefix:
+            raise ValueError("register_prefix needs PagedCache(..., prefix_cache=True)")
+        toks = self._tokens(input_ids)
+        with self._lock:
+            if not self._seqs or len(self._seqs) != 1:
+                raise ValueError("register_prefix needs a cache holding one prompt")
+            n = self._pool.prefix_insert(self._seqs[0], toks)
+            if self._tiers:
+                self._pool.prefix_offload(toks)
+                self._pool.flush_tiers()
+            return int(n)
+
+
+def _row_keys(x):
+    """One uint64 per row of a [n, d] float tensor (a hash of its bits)."""
+    a = _np.ascontiguousarray(x.detach().contiguous().numpy()).view(_np.uint32).astype(_np.uint64)
+    w = _np.random.default_rng(12345).integers(1, 2**63 - 1, size=a.shape[1], dtype=_np.uint64) | _np.uint64(1)
+    with _np.errstate(over="ignore"):
+        return (a * w).sum(axis=1, dtype=_np.uint64)
+
+
+def _match_rows(old_k, new_k, old_v, new_v):
+    """Indices i of old rows such that new_k[j] == old_k[i[j]] (and values equal), or None."""
+    if new_k.shape[0] == 0:
+        return _np.zeros(0, _np.int64)
+    ok, nk = _row_keys(old_k), _row_keys(new_k)
+    order = _np.argsort(ok, kind="stable")
+    pos = _np.searchsorted(ok[order], nk)
+    pos = _np.minimum(pos, len(order) - 1)
+    idx = order[pos]
+    t = torch.as_tensor(idx)
+    if not (torch.equal(old_k[t], new_k) and torch.equal(old_v[t], new_v)):
+        return None
+    if len(_np.unique(idx)) != len(idx):
+        return None
+    return idx
+
+
+# ------------------------------------------------------------------ attention
+class _Pending:
+    """key tensor id -> (cache, layer) between Cache.update and the attention call (per thread)."""
+
+    def __init__(self):
+        self._local = threading.local()
+
+    def put(self, key, cache, layer):
+        self._local.entry = (id(key), weakref.ref(key), weakref.ref(cache), layer)
+
+    def take(self, key):
+        e = getattr(self._local, "entry", None)
+        if e is None or e[0] != id(key) or e[1]() is not key:
+            return None
+        self._local.entry = None
+        cache = e[2]()
+        return None if cache is None else (cache, e[3])
+
+
+_PENDING = _Pending()
+
+
+def kvcache_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention function "kvcache": with a PagedCache, runs kvc_attention_prefill /
+    kvc_attention_decode over the pool's blocks for layer module.layer_idx (the K/V history is never
+    materialised); returns ([batch, q, heads, head_dim], None). Without a PagedCache (another cache, no
+    cache) it computes the same attention densely with torch's sdpa."""
+    entry = _PENDING.take(key)
+    if entry is not None:
+        cache, layer = entry
+        return cache._attend(layer, query, key, value, attention_mask, scaling), None
+    return _dense_attention(query, key, value, attention_mask, scaling), None
+
+
+def _dense_attention(query, key, value, mask, scaling):
+    b, hq, q, d = query.shape
+    hk, n = key.shape[1], key.shape[2]
+    if hk != hq:
+        key = key.repeat_interleave(hq // hk, dim=1)
+        value = value.repeat_interleave(hq // hk, dim=1)
+    qpos = torch.arange(n - q, n).view(q, 1)
+    allowed = (torch.arange(n).view(1, n) <= qpos).view(1, 1, q, n)
+    if mask is not None:
+        allowed = allowed & mask[:, -n:].to(torch.bool).view(b, 1, 1, n)
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=scaling)
+    return out.transpose(1, 2).contiguous()
+
+
+def kvcache_mask(batch_size, *args, attention_mask=None, **kwargs):
+    """Mask function of "kvcache": the 2-D padding mask [batch, kv_length] (None when nothing is padded).
+    Causality is the kernels' own (a query sees the tokens before it and itself)."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        return attention_mask
+    m = attention_mask.to(torch.bool)
+    return None if bool(m.all()) else m
+
+
+def _register():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, kvcache_attention)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, kvcache_mask)
+
+
+_register()
+
+
+# -------------------------------------------------------------------- kvpress
+class KvcPress:
+    """One of our eviction policies as a kvpress press (``with KvcPress("snapkv:budget=0.5")(model): ...``),
+    so kvpress's pipeline compares it with its presses on the same model. Needs a PagedCache built with
+    the same strategy (``press.cache(model.config)``); the compression then happens in the pool, as
+    PagedCache does it (eval's protocols), and the press's hooks only check that a PagedCache is used."""
+
+    def __init__(self, strategy):
+        self.strategy = str(strategy)
+        st = parse_strategy(self.strategy)
+        if st.protocol == _PROTO_NONE:
+            raise ValueError("KvcPress: strategy '%s' has no eviction policy" % st.spec)
+        self.compression_ratio = 1.0 - st.budget
+
+    def cache(self, config, **options):
+        """A PagedCache running this press's strategy."""
+        return PagedCache(config, self.strategy, **options)
+
+    def __call__(self, model):
+        import contextlib
+
+        press = self
+
+        @contextlib.contextmanager
+        def ctx():
+            hooks = []
+
+            def check(module, args, kwargs):
+                cache = kwargs.get("past_key_values", kwargs.get("cache"))
+                if cache is not None and not isinstance(cache, PagedCache):
+                    raise TypeError("KvcPress(%r) compresses in a PagedCache; pass past_key_values="
+                                    "press.cache(model.config)" % press.strategy)
+
+            base = model.model.language_model if hasattr(model.model, "language_model") else model.model
+            for layer in base.layers:
+                hooks.append(layer.self_attn.register_forward_pre_hook(check, with_kwargs=True))
+            try:
+                yield
+            finally:
+                for h in hooks:
+                    h.remove()
+
+        return ctx()

@@ -1,0 +1,76 @@
+"""SmolLM2-135M-Instruct (Q4_1 GGUF, the file scripts/fetch-models.sh fetches) through transformers.
+
+The GGUF is decoded by transformers once per machine and transformers
+version (``from_pretrained(gguf_file=...)``, ~45 s on 2 cores); the decoded
+weights, config and tokenizer are kept next to the GGUF
+(``hf-<transformers version>/``) and later loads take a few seconds. The
+weights are the same tensors either way (f32, de-quantized by transformers)."""
+
+import hashlib
+import os
+import subprocess
+
+import torch
+import transformers
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", "..", ".."))
+
+
+def model_cache():
+    d = os.environ.get("KVCACHE_MODEL_CACHE")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "kvcache")
+    return d
+
+
+def gguf_path():
+    """The GGUF, fetched with scripts/fetch-models.sh when missing."""
+    path = os.path.join(model_cache(), GGUF)
+    if not os.path.exists(path):
+        subprocess.run(["bash", os.path.join(ROOT, "scripts", "fetch-models.sh")], check=True)
+    return path
+
+
+def shared_dir():
+    return os.environ.get("KVCACHE_SHARED_DIR") or os.path.join(ROOT, "..", "shared")
+
+
+def shared_text(name="tinystories-valid-sample.txt"):
+    with open(os.path.join(shared_dir(), "data", name), encoding="utf-8") as f:
+        return f.read()
+
+
+_LOADED = {}
+
+
+def load(attn_implementation="sdpa"):
+    """(model, tokenizer), the model in eval mode with the given attention."""
+    key = attn_implementation
+    if key in _LOADED:
+        return _LOADED[key]
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = gguf_path()
+    conv = os.path.join(model_cache(), "hf-%s" % transformers.__version__)
+    weights = os.path.join(conv, "weights.pt")
+    if not os.path.exists(weights):
+        os.makedirs(conv, exist_ok=True)
+        tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=GGUF)
+        m = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=GGUF)
+        tok.save_pretrained(conv)
+        m.config.save_pretrained(conv)
+        tmp = weights + ".tmp%d" % os.getpid()
+        torch.save(m.state_dict(), tmp)
+        os.replace(tmp, weights)
+    tok = AutoTokenizer.from_pretrained(conv)
+    config = AutoConfig.from_pretrained(conv)
+    config._attn_implementation = attn_implementation
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+    model.load_state_dict(torch.load(weights, weights_only=True))
+    model.tie_weights()
+    model.eval()
+    _LOADED[key] = (model, tok)
+    return model, tok
