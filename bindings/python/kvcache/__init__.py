@@ -27,12 +27,39 @@ Example::
 """
 
 import operator as _operator
+import os as _os
 import struct as _struct
 
 import numpy as _np
 
 from . import native as _native
-from .native import *  # noqa: F401,F403  (classes, enum constants, version())
+from ._version import __version__  # the library version this package was built with
+
+
+def _loaded_library():
+    """The path of the libkvcache the process has loaded (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(None, 5)[-1].strip()
+                if _os.path.basename(path).startswith("libkvcache."):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+# The extension loads libkvcache from the package's folder (RPATH $ORIGIN), but
+# a library on LD_LIBRARY_PATH comes first: refuse one of another version.
+if _native.version() != __version__:
+    raise ImportError(
+        "kvcache %s was built with libkvcache %s, but the process loaded libkvcache %s (%s)%s; "
+        "unset LD_LIBRARY_PATH or reinstall kvcache"
+        % (__version__, __version__, _native.version(), _loaded_library() or "path unknown",
+           ", with LD_LIBRARY_PATH=%s" % _os.environ["LD_LIBRARY_PATH"] if _os.environ.get("LD_LIBRARY_PATH")
+           else ""))
+
+from .native import *  # noqa: F401,F403,E402  (classes, enum constants, version())
 
 
 class KvcError(Exception):
@@ -263,5 +290,3 @@ _native._py_codec_quantize = _codec_quantize
 _native._py_codec_dequantize = _codec_dequantize
 _native._py_extra_values = _extra_values
 _native._py_prefix_keys = _prefix_keys
-
-__version__ = _native.version()
