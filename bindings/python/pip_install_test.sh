@@ -58,7 +58,7 @@ if command -v readelf > /dev/null 2>&1; then
   runpath=$(readelf -d "$pkg"/_native*.so | grep -E 'R(UN)?PATH' || true)
   echo "_native: $runpath"
   case $runpath in
-    *'[$ORIGIN]'*) ;;
+    *"[\$ORIGIN]"*) ;;
     *) echo "FAILED: _native's RUNPATH is not \$ORIGIN"; exit 1 ;;
   esac
 fi
