@@ -21,7 +21,7 @@ python=${PYTHON:-python3}
 
 torch_pins=(torch==2.10.0 numpy==2.3.5 pytest==9.0.2)
 hf_pins=(transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0 optimum-quanto==0.2.7 hqq==0.2.8.post1
-  scikit-build-core==0.12.2 build==1.6.1 cmake==4.4.5 ninja==1.13.2 swig==4.5.1)
+  scikit-build-core==1.1.2 build==1.6.1 cmake==4.4.5 ninja==1.13.2 swig==4.5.1)
 kvpress_pins=(kvpress==0.5.5 transformers==5.2.0 gguf==0.19.0 accelerate==1.15.0)
 
 # make_venv NAME BASE_SITE PINS...: (re)creates $root/NAME unless its record matches.

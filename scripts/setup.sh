@@ -6,34 +6,35 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libcmocka-dev libbenchmark-dev libssl-dev libxxhash-dev libcli11-dev nlohmann-json3-dev
-  libicu-dev libopenblas-dev doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3 python3-pip unzip
+  libicu-dev libopenblas-dev doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3 python3-pip python3-venv python3-dev unzip
   bindgen libclang-dev  # Rust bindings: bindgen regenerates kvcache-sys (cargo, rustc: rustup, ~/.cargo/bin)
   swig golang-go openjdk-17-jdk-headless junit4  # SWIG bindings: Python, Go (cgo), Java (JNI, JUnit 4)
   libhiredis-dev redis-server redis-tools  # Redis tier: hiredis client; the tests start their own servers and a 3-node cluster
 )
 
-# Python test tools of the bindings (PyPI): numpy and pytest for the tests,
-# wheel so pip can build the package with the preinstalled setuptools.
+# Python test tools of the bindings (PyPI): numpy and pytest for the tests
+# (the pip package's tests reuse them in their virtual environments; pip
+# fetches the package's build tools, scikit-build-core and swig, itself).
 python_setup() {
-  if python3 -c "import numpy, pytest, wheel, setuptools" 2>/dev/null; then
+  if python3 -c "import numpy, pytest" 2>/dev/null; then
     echo "setup: python packages present"
     return 0
   fi
-  echo "setup: pip install numpy pytest wheel setuptools"
-  python3 -m pip install -q numpy pytest wheel setuptools 2>&1 | grep -v -i "warning: running pip as" || true
-  if ! python3 -c "import numpy, pytest, wheel, setuptools" 2>/dev/null; then
+  echo "setup: pip install numpy pytest"
+  python3 -m pip install -q numpy pytest 2>&1 | grep -v -i "warning: running pip as" || true
+  if ! python3 -c "import numpy, pytest" 2>/dev/null; then
     # Debian 12's own python3 refuses pip installs into it (PEP 668,
     # "externally-managed-environment"): take Debian's packages instead.
     if [ "$(command -v python3)" = /usr/bin/python3 ] && command -v apt-get >/dev/null 2>&1; then
-      echo "setup: python3 is Debian's: apt-get install python3-numpy python3-pytest python3-wheel python3-setuptools"
+      echo "setup: python3 is Debian's: apt-get install python3-numpy python3-pytest"
       local sudo=""
       [ "$(id -u)" -ne 0 ] && sudo="sudo"
       $sudo apt-get update -qq
       DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
-        python3-numpy python3-pytest python3-wheel python3-setuptools > /dev/null
+        python3-numpy python3-pytest > /dev/null
     fi
   fi
-  python3 -c "import numpy, pytest, wheel, setuptools"
+  python3 -c "import numpy, pytest"
 }
 
 missing=()

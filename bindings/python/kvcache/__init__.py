@@ -27,12 +27,51 @@ Example::
 """
 
 import operator as _operator
+import os as _os
 import struct as _struct
 
 import numpy as _np
 
-from . import native as _native
-from .native import *  # noqa: F401,F403  (classes, enum constants, version())
+from ._version import __version__  # the library version this package was built with
+
+
+def _ld_library_path():
+    ld = _os.environ.get("LD_LIBRARY_PATH")
+    return ", with LD_LIBRARY_PATH=%s" % ld if ld else ""
+
+
+# The extension loads libkvcache from the package's folder (RUNPATH $ORIGIN),
+# but a library on LD_LIBRARY_PATH comes first: one that lacks a function the
+# extension needs fails here, one of another version below.
+try:
+    from . import native as _native
+except ImportError as _e:
+    if "libkvcache" not in str(_e) and "undefined symbol: kvc_" not in str(_e):
+        raise
+    raise ImportError("kvcache %s: its extension could not be loaded with the libkvcache found (%s)%s; "
+                      "unset LD_LIBRARY_PATH or reinstall kvcache" % (__version__, _e, _ld_library_path())) from _e
+
+
+def _loaded_library():
+    """The path of the libkvcache the process has loaded (Linux), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(None, 5)[-1].strip()
+                if _os.path.basename(path).startswith("libkvcache."):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+if _native.version() != __version__:
+    raise ImportError("kvcache %s was built with libkvcache %s, but the process loaded libkvcache %s (%s)%s; "
+                      "unset LD_LIBRARY_PATH or reinstall kvcache"
+                      % (__version__, __version__, _native.version(), _loaded_library() or "path unknown",
+                         _ld_library_path()))
+
+from .native import *  # noqa: F401,F403,E402  (classes, enum constants, version())
 
 
 class KvcError(Exception):
@@ -436,5 +475,3 @@ _native._py_attention_decode = _attention_decode
 _native._py_attention_prefill = _attention_prefill
 _native._py_observe_scores = _observe_scores
 _native._py_scores = _scores
-
-__version__ = _native.version()

@@ -74,3 +74,38 @@ def load(attn_implementation="sdpa"):
     model.eval()
     _LOADED[key] = (model, tok)
     return model, tok
+
+
+def cache_kw():
+    """generate()'s cache keyword: `cache` from transformers 5.3, `past_key_values` before."""
+    import kvcache.hf
+
+    return "cache" if kvcache.hf._NEW_CACHE_API else "past_key_values"
+
+
+def generate(model, inputs, cache, **kw):
+    """model.generate(**inputs, <cache keyword>=cache, do_sample=False unless given, ...)."""
+    kw.setdefault("do_sample", False)
+    kw.setdefault("pad_token_id", 0)
+    return model.generate(**inputs, **{cache_kw(): cache}, **kw)
+
+
+def prompts(tok, n=3, tokens=96):
+    """n prompts of about `tokens` tokens from the shared text (different places)."""
+    text = shared_text()
+    out = []
+    step = len(text) // (n + 1)
+    for i in range(n):
+        chunk = text[i * step:i * step + 4 * tokens]
+        ids = tok(chunk, return_tensors="pt")["input_ids"][:, :tokens]
+        out.append({"input_ids": ids, "attention_mask": ids.new_ones(ids.shape)})
+    return out
+
+
+def first_difference(a, b):
+    """Index of the first differing token of two 1-D tensors (len when equal)."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if int(a[i]) != int(b[i]):
+            return i
+    return n

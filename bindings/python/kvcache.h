@@ -1,0 +1,1 @@
+../../include/kvcache/kvcache.h
