@@ -1,0 +1,84 @@
+"""Eviction policies of a strategy evict in the pool during generate(), and the freed blocks are free."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+import hfmodel
+import kvcache.hf as kh
+
+
+@pytest.fixture(scope="module")
+def sdpa():
+    return hfmodel.load("sdpa")
+
+
+@pytest.fixture(scope="module")
+def paged():
+    return hfmodel.load(kh.ATTN_IMPLEMENTATION)
+
+
+def held(cache, layer=0):
+    return [cache.pool.layer_tokens(sid, layer) for sid in cache._seqs]
+
+
+@pytest.mark.parametrize("spec", ["streaming:tokens=64:sinks=4", "window:tokens=64"])
+def test_stream_policies_cap_every_layer(sdpa, spec):
+    model, tok = sdpa
+    inputs = hfmodel.prompts(tok, n=1, tokens=96)[0]
+    full = kh.PagedCache(model.config, "f16")
+    hfmodel.generate(model, inputs, full, max_new_tokens=24)
+    cache = kh.PagedCache(model.config, spec + "+f16")
+    out = hfmodel.generate(model, inputs, cache, max_new_tokens=24)
+    ref = hfmodel.generate(model, inputs, DynamicCache(config=model.config), max_new_tokens=24)
+    n = inputs["input_ids"].shape[1]
+    assert int(out[0, n]) == int(ref[0, n])  # the first token comes from the whole prompt
+    for layer in range(model.config.num_hidden_layers):
+        assert held(cache, layer) == [64]
+    s, f = cache.stats(), full.stats()
+    layers = model.config.num_hidden_layers
+    assert s["tokens_stored"] == 64 * layers
+    assert f["tokens_stored"] == (n + 23) * layers
+    assert s["blocks_used"] == 4 * layers < f["blocks_used"]  # 64 tokens in 4 blocks of 16 per layer
+    assert s["blocks_free"] > f["blocks_free"] - (s["blocks_total"] - f["blocks_total"])
+    # Text positions are kept: the pool's positions of layer 0 are the sinks and the newest tokens.
+    pos = cache.pool.positions(cache._seqs[0], 0, 0, 64)
+    if spec.startswith("streaming"):
+        assert list(pos[:4]) == [0, 1, 2, 3] and pos[-1] == n + 22
+    else:
+        assert list(pos) == list(range(n + 23 - 64, n + 23))
+
+
+def test_score_policies_need_kvcache_attention(sdpa):
+    model, _ = sdpa
+    with pytest.raises(ValueError, match="kvcache"):
+        kh.PagedCache(model.config, "h2o:tokens=64+f16")
+
+
+@pytest.mark.parametrize("spec", ["h2o:tokens=64", "tova:tokens=64"])
+def test_h2o_tova_with_kvcache_attention(paged, spec):
+    model, tok = paged
+    inputs = hfmodel.prompts(tok, n=1, tokens=96)[0]
+    cache = kh.PagedCache(model.config, spec + "+f16")
+    out = hfmodel.generate(model, inputs, cache, max_new_tokens=24)
+    assert out.shape[1] == inputs["input_ids"].shape[1] + 24
+    for layer in (0, 15, 29):
+        assert held(cache, layer) == [64]
+    assert cache.stats()["tokens_stored"] == 64 * model.config.num_hidden_layers
+    # Heavy hitters: some kept tokens are neither the newest 32 nor the oldest.
+    pos = cache.pool.positions(cache._seqs[0], 0, 0, 64)
+    assert any(8 <= p < 96 - 40 for p in pos)
+
+
+@pytest.mark.parametrize("spec", ["snapkv:budget=0.5", "pyramidkv:budget=0.5"])
+def test_prefill_compression(paged, spec):
+    """SnapKV / PyramidKV compress the prompt once after the prefill (eval's protocol, kvpress's too)."""
+    model, tok = paged
+    inputs = hfmodel.prompts(tok, n=1, tokens=96)[0]
+    cache = kh.PagedCache(model.config, spec + "+f16")
+    hfmodel.generate(model, inputs, cache, max_new_tokens=8)
+    per_layer = [held(cache, layer)[0] - 7 for layer in range(model.config.num_hidden_layers)]
+    if spec.startswith("snapkv"):
+        assert per_layer == [48] * len(per_layer)
+    else:
+        assert per_layer[0] > per_layer[-1] and sum(per_layer) <= 48 * len(per_layer) + len(per_layer)
