@@ -238,6 +238,10 @@ class PagedCache(Cache):
             policy (streaming, window, h2o, tova) is a fraction of (eval's
             ctx); default the length of the first forward pass (the prompt).
         model_id: the prefix cache's model identity (default config.name_or_path).
+        prefix_seed: 32 bytes seeding the prefix cache's block keys; pools
+            (and processes) that share tier blocks need the same seed.
+            Default: random per pool without tiers; with tiers, derived from
+            model_id and the strategy (so a new process finds the blocks).
 
     Raises ValueError for a config it cannot hold, a malformed strategy
     (the parser's message) or bad options; kvcache.KvcError for the
@@ -245,7 +249,7 @@ class PagedCache(Cache):
     blocks it needs)."""
 
     def __init__(self, config, strategy="f16", *, block_size=None, num_blocks=None, pool_bytes=None, threads=None,
-                 prefix_cache=False, tiers=None, context=None, model_id=None):
+                 prefix_cache=False, tiers=None, context=None, model_id=None, prefix_seed=None):
         self._layers_n, self._hq, self._hk, self._hd, self._theta = _geometry(config)
         try:
             self._st = parse_strategy(str(strategy))
@@ -274,6 +278,13 @@ class PagedCache(Cache):
         self._prefix, self._tiers = bool(prefix_cache), list(tiers or [])
         self._context = context
         self._model_id = model_id or getattr(config, "name_or_path", None) or "hf-model"
+        if prefix_seed is not None and (not isinstance(prefix_seed, (bytes, bytearray)) or len(prefix_seed) != 32):
+            raise ValueError("PagedCache: prefix_seed must be 32 bytes")
+        if prefix_seed is None and self._tiers:
+            import hashlib
+
+            prefix_seed = hashlib.sha256(("kvcache.hf|%s|%s" % (self._model_id, st.spec)).encode()).digest()
+        self._prefix_seed = bytes(prefix_seed) if prefix_seed is not None else None
         self._pool = None
         self._policy = None
         self._seqs = None  # sequence id per batch row
@@ -315,7 +326,10 @@ class PagedCache(Cache):
         cfg = self._pool_config(blocks, nbytes)
         pool = _native.Pool(cfg, st.k_codec if st.k_quantized else None, st.v_codec if st.v_quantized else None)
         if self._prefix:
-            pool.enable_prefix_cache(None, str(self._model_id))
+            pc = _native.PrefixConfig()
+            if self._prefix_seed is not None:
+                pc.set_seed(self._prefix_seed)
+            pool.enable_prefix_cache(pc, str(self._model_id))
             kinds = {"host": _native.TIER_HOST, "disk": _native.TIER_DISK, "redis": _native.TIER_REDIS}
             for t in self._tiers:
                 t = dict(t)
