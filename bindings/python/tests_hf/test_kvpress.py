@@ -67,3 +67,28 @@ def test_press_on_paged_cache_matches_dynamic_cache(setup, name):
 def test_no_press_answer_equals_dynamic(setup):
     model, _, pipe, context = setup
     assert run(pipe, context, None, kh.PagedCache(model.config, "f32")) == run(pipe, context, None, DynamicCache())
+
+
+@pytest.mark.parametrize("spec", ["snapkv:budget=0.5", "streaming:budget=0.5:sinks=4", "h2o:budget=0.5"])
+def test_kvc_press_in_kvpress_pipeline(setup, spec):
+    """Our policies as a press: the same tokens kept on a DynamicCache and on a PagedCache (where the
+    selection becomes kvc_seq_keep), and the same answer."""
+    model, tok, pipe, context = setup
+    press = kh.KvcPress(spec)
+    dyn = DynamicCache()
+    a_dyn = run(pipe, context, press, dyn)
+    paged = kh.PagedCache(model.config, "f32")
+    a_paged = run(pipe, context, press, paged)
+    n_ctx = len(tok(context)["input_ids"])
+    want = held_dynamic(dyn)
+    assert held_paged(paged) == want
+    assert abs(want[0] - 0.5 * n_ctx) <= 16  # budget 0.5 of the context (the chat template adds a few tokens)
+    assert a_paged == a_dyn
+    # The kept tokens are the same rows on both caches (layer 3's keys).
+    assert torch.equal(dyn.layers[3].keys, paged.layers[3].keys)
+    print("%s: %d of %d tokens per layer, answer %r" % (spec, want[0], n_ctx, a_paged))
+
+
+def test_kvc_press_refuses_a_codec_only_strategy():
+    with pytest.raises(ValueError, match="no eviction policy"):
+        kh.KvcPress("int8:per-token")
