@@ -5,7 +5,7 @@
 # Extra arguments go to `kvcache eval`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-bash "$root/scripts/setup.sh" >&2
+KVC_SETUP_PYTHON=0 bash "$root/scripts/setup.sh" >&2  # the eval needs no torch
 build=${KVC_MAIN_BUILD:-build}
 case $build in /*) ;; *) build="$root/$build" ;; esac
 jobs=${KVC_JOBS:-2}

@@ -54,4 +54,4 @@ make_venv hf "$torch_site" "${hf_pins[@]}"
 make_venv kvpress "$torch_site" "${kvpress_pins[@]}"
 
 "$root/hf/bin/python" -c 'import torch, transformers, gguf, accelerate; print("setup-python: hf venv: torch", torch.__version__, "transformers", transformers.__version__)'
-"$root/kvpress/bin/python" -c 'import torch, transformers, kvpress; print("setup-python: kvpress venv: torch", torch.__version__, "transformers", transformers.__version__, "kvpress", kvpress.__version__ if hasattr(kvpress, "__version__") else "")'
+"$root/kvpress/bin/python" -c 'import importlib.metadata as m, torch, transformers, kvpress; print("setup-python: kvpress venv: torch", torch.__version__, "transformers", transformers.__version__, "kvpress", m.version("kvpress"))'

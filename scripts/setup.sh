@@ -1,7 +1,16 @@
 #!/usr/bin/env bash
-# Installs every Debian package libkvcache's build, tests, tools and CI need.
+# Installs every Debian package libkvcache's build, tests, tools and CI need,
+# then (unless KVC_SETUP_PYTHON=0, as the main job sets it) the Python venvs of
+# the transformers / kvpress tests (scripts/setup-python.sh: outside the
+# repository, once per machine; torch alone is ~5.6 GB).
 # Idempotent and quiet: apt-get runs only when something is missing.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+python_venvs() {
+  if [ "${KVC_SETUP_PYTHON:-1}" != 0 ]; then
+    bash "$here/setup-python.sh"
+  fi
+}
 
 packages=(
   build-essential cmake ninja-build pkg-config
@@ -47,6 +56,7 @@ done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#packages[@]} packages present"
   python_setup
+  python_venvs
   exit 0
 fi
 
@@ -61,3 +71,4 @@ $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 echo "setup: done"
 python_setup
+python_venvs

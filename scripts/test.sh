@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite (README's test command; .ci/run runs it):
-#   1. setup        Debian packages (scripts/setup.sh), the SmolLM2 GGUF (scripts/fetch-models.sh) and the
-#                   Python venvs of the hf_* / kvpress_* tests (scripts/setup-python.sh: once per machine)
+#   1. setup        Debian packages and the Python venvs of the hf_* / kvpress_* tests (scripts/setup.sh;
+#                   the venvs once per machine), the SmolLM2 GGUF (scripts/fetch-models.sh)
 #   2. main         RelWithDebInfo build, -DKVC_WERROR=ON, every ctest test; the only
 #                   build with the CUDA kernels (when nvcc is found: cuda_* tests skip
 #                   without a GPU) and the language bindings (python_, java_, go_, rust_)
@@ -143,7 +143,7 @@ stage_bench() {
 }
 
 if want setup; then
-  run_stage setup bash -c 'bash scripts/setup.sh && bash scripts/fetch-models.sh && bash scripts/setup-python.sh' ||
+  run_stage setup bash -c 'bash scripts/setup.sh && bash scripts/fetch-models.sh' ||
     { echo "setup failed: stopping" >&2; exit 1; }
 fi
 want main && run_stage main stage_main
