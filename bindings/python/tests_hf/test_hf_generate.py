@@ -73,7 +73,7 @@ def test_int8_per_token_first_tokens_and_bytes(sdpa, paged, refs, attn):
         assert 8.0 < s8["bits_per_element"] < 16.0 <= s16["bits_per_element"]
 
 
-def test_beam_search_identical_to_dynamic_cache(sdpa, paged):
+def test_beam_search_identical_to_dynamic_cache(sdpa):
     model, tok = sdpa
     inputs = hfmodel.prompts(tok, n=1, tokens=64)[0]
     kw = dict(max_new_tokens=16, num_beams=4, early_stopping=True)
@@ -82,9 +82,6 @@ def test_beam_search_identical_to_dynamic_cache(sdpa, paged):
     out = hfmodel.generate(model, inputs, cache, **kw)
     assert torch.equal(out, ref)
     assert cache.stats()["blocks_shared"] > 0  # the beams share their prompt blocks (forks)
-    pmodel = paged[0]
-    out2 = hfmodel.generate(pmodel, inputs, kh.PagedCache(pmodel.config, "f32"), **kw)
-    assert hfmodel.first_difference(out2[0], ref[0]) >= inputs["input_ids"].shape[1] + 12
 
 
 def test_sampling_identical_to_dynamic_cache(sdpa):
