@@ -471,6 +471,14 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
   }
 }
 
+%extend kvc_py_strategy {
+  %pythoncode %{
+    def __repr__(self):
+        return "Strategy(%r, policy=%r, k_dtype=%d, v_dtype=%d, protocol=%d, budget=%g)" % (
+            self.spec, self.policy_name, self.k_dtype, self.v_dtype, self.protocol, self.budget)
+  %}
+}
+
 /* The numpy-aware methods: thin forwarders to the package's functions
  * (bindings/python/kvcache/__init__.py installs _py_* in this module). */
 %extend kvc_codec {
