@@ -202,11 +202,12 @@ class PagedLayer(CacheLayerMixin):
         cache = self._cache
         if cache._seqs is None:
             return None, None
-        if self._dense is not None and self._dense[0] == cache._version:
-            return self._dense[1], self._dense[2]
-        k, v = cache._dense(self.layer_idx)
-        self._dense = (cache._version, k, v)
-        return k, v
+        if self._dense is None or self._dense[0] != cache._version:
+            k, v = cache._dense(self.layer_idx)
+            self._dense = (cache._version, k, v)
+        # A copy: a press that edits what it read in place (ThinK) then assigns rows that are not
+        # the layer's, which the assignment refuses, instead of silently changing nothing.
+        return self._dense[1].clone(), self._dense[2].clone()
 
 
 class PagedCache(Cache):
@@ -274,7 +275,10 @@ class PagedCache(Cache):
             raise ValueError("PagedCache: strategy '%s' needs block_size %d" % (st.spec, st.block_size))
         self._block_size = block_size or st.block_size
         self._num_blocks, self._pool_bytes = num_blocks, pool_bytes
-        self._threads = int(threads) if threads else max(1, torch.get_num_threads())
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or
+                                    not 1 <= threads <= 256):
+            raise ValueError("PagedCache: threads must be an int in 1..256, got %r" % (threads,))
+        self._threads = threads if threads else max(1, min(256, torch.get_num_threads()))
         self._prefix, self._tiers = bool(prefix_cache), list(tiers or [])
         self._context = context
         self._model_id = model_id or getattr(config, "name_or_path", None) or "hf-model"
@@ -420,12 +424,15 @@ class PagedCache(Cache):
             self._dtype = dtype
         fresh = self._seqs is None
         if fresh:
+            policy = self._make_policy(max(counts))  # may refuse the strategy: before any row exists
             self._ensure_pool(rows, max(counts))
             self._start_rows(rows)
-            self._policy = self._make_policy(max(counts))
+            self._policy = policy
         elif rows != len(self._seqs):
             raise ValueError("PagedCache: a forward pass of batch %d on a cache of batch %d (reset() first, or "
                              "use reorder_cache / batch_select_indices)" % (rows, len(self._seqs)))
+        elif self._policy is None and self._st.protocol != _PROTO_NONE:  # rows made by attach_prefix
+            self._policy = self._make_policy(max(counts) + self._pool.seq_length(self._seqs[0]))
         if self._evict_pending:
             self._evict_pending = False
             for sid in self._seqs:
@@ -465,6 +472,18 @@ class PagedCache(Cache):
                                    "%d blocks, %d free: raise num_blocks / pool_bytes)"
                                    % (e.message, need, n, st.blocks_total, st.blocks_free)) from None
 
+    def _abort_forward(self):
+        """A forward pass that raised: every row back to where the pass began (all layers), so a
+        failed pass leaves nothing behind (kvc_seq_truncate)."""
+        if self._pos0 is not None and self._seqs is not None and self._forward_q:
+            for sid, p in zip(self._seqs, self._pos0):
+                try:
+                    self._pool.seq_truncate(sid, p)
+                except KvcError:
+                    pass
+        self._forward_q = 0
+        self._version += 1
+
     def _end_forward(self, layer):
         if layer != self._layers_n - 1:
             return
@@ -480,6 +499,9 @@ class PagedCache(Cache):
 
     # ------------------------------------------------------------- updates
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if not isinstance(layer_idx, int) or not 0 <= layer_idx < self._layers_n:
+            raise ValueError("PagedCache: layer %r of a cache of %d layers (built for another model?)"
+                             % (layer_idx, self._layers_n))
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
     def _update(self, k, v, layer):
@@ -494,14 +516,22 @@ class PagedCache(Cache):
         with self._lock:
             if self._paged_attention:
                 # kvcache attention appends (it knows the padding) and attends.
-                _PENDING.put(k, self, layer)
+                if _PENDING.put(k, self, layer):
+                    raise RuntimeError("PagedCache: built for attn_implementation=\"kvcache\" but the previous "
+                                       "layer's K/V never reached the kvcache attention: the model runs another "
+                                       "attention implementation; build the cache from that model's config")
                 return k, v
-            if layer == 0:
-                self._begin_forward([q] * b, k.dtype)
-            for row, sid in enumerate(self._seqs):
-                self._pool.append(sid, layer, self._pos0[row], self._rows_kv(k, row), self._rows_kv(v, row))
-            out = self._dense(layer, k.dtype)
-            self._end_forward(layer)
+            try:
+                if layer == 0:
+                    self._begin_forward([q] * b, k.dtype)
+                for row, sid in enumerate(self._seqs):
+                    self._pool.append(sid, layer, self._pos0[row], self._rows_kv(k, row), self._rows_kv(v, row))
+                out = self._dense(layer, k.dtype)
+                self._end_forward(layer)
+            except BaseException:
+                if layer != 0 or self._forward_q:
+                    self._abort_forward()
+                raise
             return out
 
     def _dense(self, layer, dtype=None):
@@ -530,40 +560,49 @@ class PagedCache(Cache):
         counts = [q] * b if valid is None else [int(x) for x in valid.sum(dim=1).tolist()]
         st = self._st
         with self._lock:
-            if layer == 0:
-                self._begin_forward(counts, key.dtype)
+            try:
+                return self._attend_locked(layer, query, key, value, valid, counts, scaling, b, hq, q, d)
+            except BaseException:
+                if layer != 0 or self._forward_q:
+                    self._abort_forward()
+                raise
+
+    def _attend_locked(self, layer, query, key, value, valid, counts, scaling, b, hq, q, d):
+        st = self._st
+        if layer == 0:
+            self._begin_forward(counts, key.dtype)
+        for row, sid in enumerate(self._seqs):
+            vr = None if valid is None else valid[row]
+            if counts[row]:
+                self._pool.append(sid, layer, self._pos0[row], self._rows_kv(key, row, vr),
+                                  self._rows_kv(value, row, vr))
+        observe = _native.OBSERVE_NONE
+        if st.protocol == _PROTO_STREAM:
+            observe = st.observe
+        elif st.protocol == _PROTO_PREFILL and self._forward_prefill:
+            observe = st.observe
+        scale = float(scaling) if scaling else 0.0
+        if q == 1 and valid is None:
+            qd = query[:, :, 0, :].contiguous()
+            ids = _np.asarray(self._seqs, dtype=_np.uint64)
+            out = self._pool.attention_decode(layer, ids, qd, scale=scale, observe=observe,
+                                              num_threads=1 if observe else self._threads)
+            result = out.view(b, 1, hq, d)
+        else:
+            result = torch.zeros((b, q, hq, d), dtype=query.dtype)
             for row, sid in enumerate(self._seqs):
+                n = counts[row]
+                if n == 0:
+                    continue
                 vr = None if valid is None else valid[row]
-                if counts[row]:
-                    self._pool.append(sid, layer, self._pos0[row], self._rows_kv(key, row, vr),
-                                      self._rows_kv(value, row, vr))
-            observe = _native.OBSERVE_NONE
-            if st.protocol == _PROTO_STREAM:
-                observe = st.observe
-            elif st.protocol == _PROTO_PREFILL and self._forward_prefill:
-                observe = st.observe
-            scale = float(scaling) if scaling else 0.0
-            if q == 1 and valid is None:
-                qd = query[:, :, 0, :].contiguous()
-                ids = _np.asarray(self._seqs, dtype=_np.uint64)
-                out = self._pool.attention_decode(layer, ids, qd, scale=scale, observe=observe,
-                                                  num_threads=1 if observe else self._threads)
-                result = out.view(b, 1, hq, d)
-            else:
-                result = torch.zeros((b, q, hq, d), dtype=query.dtype)
-                for row, sid in enumerate(self._seqs):
-                    n = counts[row]
-                    if n == 0:
-                        continue
-                    vr = None if valid is None else valid[row]
-                    qr = self._rows_kv(query, row, vr)
-                    frm = max(0, n - st.obs_window) if st.protocol == _PROTO_PREFILL else 0
-                    o = self._pool.attention_prefill(layer, sid, qr, scale=scale, observe=observe, observe_from=frm)
-                    if vr is None:
-                        result[row] = o
-                    else:
-                        result[row, vr] = o
-            self._end_forward(layer)
+                qr = self._rows_kv(query, row, vr)
+                frm = max(0, n - st.obs_window) if st.protocol == _PROTO_PREFILL else 0
+                o = self._pool.attention_prefill(layer, sid, qr, scale=scale, observe=observe, observe_from=frm)
+                if vr is None:
+                    result[row] = o
+                else:
+                    result[row, vr] = o
+        self._end_forward(layer)
         return result
 
     # ----------------------------------------------------------- kvpress
@@ -661,6 +700,9 @@ class PagedCache(Cache):
             if self._seqs is None:
                 return
             old = self._seqs
+            for src in sources:
+                if not 0 <= src < len(old):
+                    raise ValueError("PagedCache: row index %d outside the batch of %d" % (src, len(old)))
             new = []
             try:
                 for src in sources:
@@ -676,23 +718,33 @@ class PagedCache(Cache):
             self._seqs = new
             self._version += 1
 
+    @staticmethod
+    def _row_indices(idx, what):
+        t = torch.as_tensor(idx)
+        if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+            raise TypeError("PagedCache.%s: row indices must be integers, got %s" % (what, t.dtype))
+        return [int(i) for i in t.reshape(-1).tolist()]
+
     def reorder_cache(self, beam_idx):
         """Beam search: row i becomes a fork of row beam_idx[i] (no K/V copy)."""
-        self._remap([int(i) for i in torch.as_tensor(beam_idx).tolist()])
+        self._remap(self._row_indices(beam_idx, "reorder_cache"))
 
     def batch_repeat_interleave(self, repeats):
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError("PagedCache.batch_repeat_interleave: repeats must be an int >= 1, got %r" % (repeats,))
         if self._seqs is not None:
-            self._remap([i for i in range(len(self._seqs)) for _ in range(int(repeats))])
+            self._remap([i for i in range(len(self._seqs)) for _ in range(repeats)])
 
     def batch_select_indices(self, indices):
-        self._remap([int(i) for i in torch.as_tensor(indices).reshape(-1).tolist()])
+        self._remap(self._row_indices(indices, "batch_select_indices"))
 
     def crop(self, n):
         """Speculative-decoding rollback: drop tokens from the end of every row (kvc_seq_truncate).
         transformers 5.3+: crop(-k) removes k tokens; 5.2: crop(n >= 0) keeps the first n, crop(-k) removes k."""
-        n = int(n)
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError("crop: an int number of tokens, got %r" % (n,))
         with self._lock:
-            if self._seqs is None:
+            if self._seqs is None or (n == 0 and _NEW_CACHE_API):  # 5.3+: crop(0) removes nothing
                 return
             if n > 0 and _NEW_CACHE_API:
                 raise ValueError("crop(%d): pass a negative number of tokens to remove" % n)
@@ -799,7 +851,11 @@ class _Pending:
         self._local = threading.local()
 
     def put(self, key, cache, layer):
+        """Records the entry; returns True when an earlier entry of the same cache was never taken."""
+        old = getattr(self._local, "entry", None)
+        stale = old is not None and old[2]() is cache
         self._local.entry = (id(key), weakref.ref(key), weakref.ref(cache), layer)
+        return stale
 
     def take(self, key):
         e = getattr(self._local, "entry", None)
@@ -882,6 +938,9 @@ class KvcPress:
             raise ValueError(e.message) from None
         if st.protocol == _PROTO_NONE:
             raise ValueError("KvcPress: strategy '%s' has no eviction policy" % st.spec)
+        if "+" in st.spec:
+            raise ValueError("KvcPress: strategy '%s' names a codec; a press selects tokens only (give the "
+                             "codec to the PagedCache)" % st.spec)
         self._st = st
         self.compression_ratio = 1.0 - st.budget
 
@@ -928,7 +987,7 @@ class KvcPress:
         c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim = layers, hq, hk, d
         c.k_dtype = c.v_dtype = _native.DTYPE_F32
         c.block_size = 16
-        c.num_blocks = layers * (-(-n // 16))
+        c.num_blocks = b * layers * (-(-n // 16))
         pool = _native.Pool(c)
         policy = self._policy(n)
         observe_rows = {_native.POLICY_SNAPKV: min(n, st.obs_window), _native.POLICY_PYRAMIDKV: min(n, st.obs_window),
