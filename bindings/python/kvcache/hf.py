@@ -81,6 +81,31 @@ def _geometry(config):
     return layers, hq, hk, int(head_dim), float(theta) if theta else 10000.0
 
 
+def _policy(st, ctx, auto_evict):
+    """The kvcache.Policy of a parsed strategy (eval's protocols, tools/cli/eval.cpp): stream policies cap
+    every layer at budget_tokens or ceil(budget x ctx) tokens; prefill policies drop 1 - budget of the
+    prompt. Positions are never shifted: transformers rotates queries at their text positions."""
+    pc = _native.PolicyConfig()
+    pc.kind = st.policy_kind
+    pc.sink_tokens = st.sinks
+    pc.recent_fraction = st.recent_fraction
+    pc.window = st.obs_window
+    pc.kernel_size = st.kernel
+    pc.pooling = st.pooling
+    pc.schedule = st.schedule
+    pc.shift_positions = 0
+    if st.protocol == _PROTO_STREAM:
+        cap = st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
+        if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
+            raise ValueError("strategy '%s': a cap of %d tokens at context %d leaves no room after %d sinks"
+                             % (st.spec, cap, ctx, st.sinks))
+        pc.budget_tokens = max(1, cap)
+        pc.auto_evict = 1 if auto_evict else 0
+    else:
+        pc.compression_ratio = 1.0 - st.budget
+    return _native.Policy(pc)
+
+
 class PagedLayer(CacheLayerMixin):
     """One layer of a PagedCache: a view of the pool's layer ``layer_idx``.
 
@@ -393,29 +418,9 @@ class PagedCache(Cache):
             self._seqs.append(sid)
 
     def _make_policy(self, first_len):
-        st = self._st
-        if st.protocol == _PROTO_NONE:
+        if self._st.protocol == _PROTO_NONE:
             return None
-        pc = _native.PolicyConfig()
-        pc.kind = st.policy_kind
-        pc.sink_tokens = st.sinks
-        pc.recent_fraction = st.recent_fraction
-        pc.window = st.obs_window
-        pc.kernel_size = st.kernel
-        pc.pooling = st.pooling
-        pc.schedule = st.schedule
-        pc.shift_positions = 0  # text positions: transformers rotates queries at their text position
-        if st.protocol == _PROTO_STREAM:
-            ctx = self._context or first_len
-            cap = st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
-            if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
-                raise ValueError("PagedCache: strategy '%s': a cap of %d tokens at context %d leaves no room "
-                                 "after %d sinks" % (st.spec, cap, ctx, st.sinks))
-            pc.budget_tokens = max(1, cap)
-            pc.auto_evict = 1
-        else:
-            pc.compression_ratio = 1.0 - st.budget
-        return _native.Policy(pc)
+        return _policy(self._st, self._context or first_len, auto_evict=True)
 
     def _begin_forward(self, counts, dtype):
         """Layer 0 of a forward pass: evict if a policy is due, reserve `counts[b]` positions per row."""
@@ -938,7 +943,7 @@ class KvcPress:
             raise ValueError(e.message) from None
         if st.protocol == _PROTO_NONE:
             raise ValueError("KvcPress: strategy '%s' has no eviction policy" % st.spec)
-        if "+" in st.spec:
+        if len(self.strategy.split("+")) > 1:  # one policy part; any other part is a codec
             raise ValueError("KvcPress: strategy '%s' names a codec; a press selects tokens only (give the "
                              "codec to the PagedCache)" % st.spec)
         self._st = st
@@ -950,21 +955,6 @@ class KvcPress:
     def post_init_from_model(self, model):
         pass
 
-    def _policy(self, n):
-        st = self._st
-        pc = _native.PolicyConfig()
-        pc.kind = st.policy_kind
-        pc.sink_tokens = st.sinks
-        pc.recent_fraction = st.recent_fraction
-        pc.window = st.obs_window
-        pc.kernel_size = st.kernel
-        pc.pooling = st.pooling
-        pc.schedule = st.schedule
-        if st.protocol == _PROTO_STREAM:
-            pc.budget_tokens = max(1, st.budget_tokens or int(math.ceil(st.budget * n - 1e-9)))
-        else:
-            pc.compression_ratio = 1.0 - st.budget
-        return _native.Policy(pc)
 
     def _queries(self, module, hidden_states, kwargs, rows):
         """Post-RoPE queries [b, heads, rows, head_dim] of the last `rows` positions."""
@@ -989,7 +979,7 @@ class KvcPress:
         c.block_size = 16
         c.num_blocks = b * layers * (-(-n // 16))
         pool = _native.Pool(c)
-        policy = self._policy(n)
+        policy = _policy(st, n, auto_evict=False)
         observe_rows = {_native.POLICY_SNAPKV: min(n, st.obs_window), _native.POLICY_PYRAMIDKV: min(n, st.obs_window),
                         _native.POLICY_H2O: n, _native.POLICY_TOVA: 1}.get(st.policy_kind, 0)
         q = self._queries(module, hidden_states, kwargs, observe_rows) if observe_rows else None

@@ -7,7 +7,26 @@ pytest counts as a failure."""
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="session")
+def sdpa():
+    """(model, tokenizer): SmolLM2 with sdpa attention, loaded once per test process."""
+    import hfmodel
+
+    return hfmodel.load("sdpa")
+
+
+@pytest.fixture(scope="session")
+def paged():
+    """(model, tokenizer): SmolLM2 with attn_implementation="kvcache"."""
+    import hfmodel
+    import kvcache.hf as kh
+
+    return hfmodel.load(kh.ATTN_IMPLEMENTATION)
 
 
 def pytest_sessionfinish(session, exitstatus):

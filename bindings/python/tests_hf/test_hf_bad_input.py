@@ -10,11 +10,6 @@ import kvcache
 import kvcache.hf as kh
 
 
-@pytest.fixture(scope="module")
-def sdpa():
-    return hfmodel.load("sdpa")
-
-
 def test_config_it_cannot_hold():
     cfg = types.SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, hidden_size=64)
     with pytest.raises(ValueError, match="num_key_value_heads"):

@@ -10,16 +10,6 @@ import hfmodel
 import kvcache.hf as kh
 
 
-@pytest.fixture(scope="module")
-def sdpa():
-    return hfmodel.load("sdpa")
-
-
-@pytest.fixture(scope="module")
-def paged():
-    return hfmodel.load(kh.ATTN_IMPLEMENTATION)
-
-
 def forward(model, ids, cache, past=0):
     pos = torch.arange(past, past + ids.shape[1]).unsqueeze(0)
     out = model(input_ids=ids, position_ids=pos, use_cache=True, **{hfmodel.cache_kw(): cache})

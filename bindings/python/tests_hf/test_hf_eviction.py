@@ -8,16 +8,6 @@ import hfmodel
 import kvcache.hf as kh
 
 
-@pytest.fixture(scope="module")
-def sdpa():
-    return hfmodel.load("sdpa")
-
-
-@pytest.fixture(scope="module")
-def paged():
-    return hfmodel.load(kh.ATTN_IMPLEMENTATION)
-
-
 def held(cache, layer=0):
     return [cache.pool.layer_tokens(sid, layer) for sid in cache._seqs]
 

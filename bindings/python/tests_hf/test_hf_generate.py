@@ -12,16 +12,6 @@ NEW = 40
 
 
 @pytest.fixture(scope="module")
-def sdpa():
-    return hfmodel.load("sdpa")
-
-
-@pytest.fixture(scope="module")
-def paged():
-    return hfmodel.load(kh.ATTN_IMPLEMENTATION)
-
-
-@pytest.fixture(scope="module")
 def refs(sdpa):
     """(inputs, DynamicCache + sdpa greedy output) for two prompts of 96 tokens of the shared text."""
     model, tok = sdpa
