@@ -345,6 +345,25 @@ def _new_like(q, shape, dt):
     return _np.empty(shape, _DTYPE_TO_NP[dt])
 
 
+def _out_and_lse(q, qdt, shape, out, lse, out_dtype):
+    """The attention output (a new one of q's kind unless given) and lse, checked against
+    shape: (out, its numpy view, its library dtype, lse's numpy view or None)."""
+    if out is None:
+        odt = qdt if out_dtype is None else _operator.index(out_dtype)
+        if odt not in _DTYPE_NAMES:
+            raise TypeError("out_dtype must be DTYPE_F32, DTYPE_F16 or DTYPE_BF16, got %r" % (out_dtype,))
+        out = _new_like(q, shape, odt)
+    oa, odt = _float_operand(out, "out")
+    _check_shape(out, shape, "out")
+    la = None
+    if lse is not None:
+        la, ldt = _float_operand(lse, "lse")
+        if ldt != _native.DTYPE_F32:
+            raise TypeError("lse: must be float32")
+        _check_shape(lse, shape[:2], "lse")
+    return out, oa, odt, la
+
+
 def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype):
     """Pool.attention_decode: see kvc_attention_decode (include/kvcache/kvcache.h).
 
@@ -359,16 +378,7 @@ def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_thr
     shape = (ids.shape[0], cfg.num_q_heads, cfg.head_dim)
     qa, qdt = _float_operand(q, "q")
     _check_shape(q, shape, "q")
-    if out is None:
-        out = _new_like(q, shape, qdt if out_dtype is None else _operator.index(out_dtype))
-    oa, odt = _float_operand(out, "out")
-    _check_shape(out, shape, "out")
-    la = None
-    if lse is not None:
-        la, ldt = _float_operand(lse, "lse")
-        if ldt != _native.DTYPE_F32:
-            raise TypeError("lse: must be float32")
-        _check_shape(lse, shape[:2], "lse")
+    out, oa, odt, la = _out_and_lse(q, qdt, shape, out, lse, out_dtype)
     self._attention_decode(layer, ids, qa, oa, la, qdt, odt, float(scale), int(observe), int(num_threads))
     return out
 
@@ -383,16 +393,7 @@ def _attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe
         raise ValueError("q: shape %s is not [n_q, num_q_heads=%d, head_dim=%d]"
                          % (tuple(q.shape), cfg.num_q_heads, cfg.head_dim))
     shape = tuple(q.shape)
-    if out is None:
-        out = _new_like(q, shape, qdt if out_dtype is None else _operator.index(out_dtype))
-    oa, odt = _float_operand(out, "out")
-    _check_shape(out, shape, "out")
-    la = None
-    if lse is not None:
-        la, ldt = _float_operand(lse, "lse")
-        if ldt != _native.DTYPE_F32:
-            raise TypeError("lse: must be float32")
-        _check_shape(lse, shape[:2], "lse")
+    out, oa, odt, la = _out_and_lse(q, qdt, shape, out, lse, out_dtype)
     self._attention_prefill(layer, seq_id, qa, oa, la, qdt, odt, float(scale), int(observe), int(observe_from))
     return out
 
