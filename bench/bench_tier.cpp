@@ -36,12 +36,12 @@ extern char **environ;
 
 namespace {
 
-using kvc::tier::Key;
+using kvc::BlockKey;
 
 const std::vector<uint8_t> kFp = {1, 2, 3, 4, 5, 6, 7, 8};
 
-Key key(int i) {
-  Key k;
+BlockKey key(int i) {
+  BlockKey k;
   for (size_t j = 0; j < 32; ++j) k.b[j] = static_cast<uint8_t>(i * 37 + j);
   return k;
 }

@@ -26,7 +26,7 @@ namespace kvc::cuda {
 // How one part (K or V) sits in a block (a copy of core::PartLayout plus
 // the codec fields the kernels use).
 struct PartDesc {
-  int32_t dtype = 1;        // codec::Dtype value
+  int32_t dtype = 1;        // DType value
   int32_t gran = 0;         // codec::Gran value
   uint32_t group = 0;       // values per group (Group)
   int32_t asym = 0;
@@ -50,7 +50,7 @@ using Slot = int64_t;
 class Device {
  public:
   // Allocates `bytes` of device memory on device `index` (zeroed). Throws
-  // core::Error: DeviceUnavailable (no CUDA build, no driver, no device),
+  // Error: DeviceUnavailable (no CUDA build, no driver, no device),
   // OutOfMemory.
   static std::unique_ptr<Device> open(int index, uint64_t bytes, const Geometry &g);
   // Whether this build has the CUDA backend compiled in.

@@ -15,17 +15,15 @@
 #include <vector>
 
 #include "backend.h"
-#include "codec/fp8.h"
-#include "core/error.h"
+#include "common/fp8.h"
+#include "common/error.h"
 
 namespace kvc::cuda {
 
-using core::Errc;
-using core::fail;
 
 namespace {
 
-// ---- dtypes (values of codec::Dtype / core::DType) ----
+// ---- dtypes (values of kvc::DType, common/dtype.h) ----
 enum : int32_t { F32 = 0, F16 = 1, BF16 = 2, E4M3 = 3, E5M2 = 4, I8 = 5, I4 = 6, I2 = 7 };
 enum : int32_t { G_NONE = 0, G_TENSOR = 1, G_TOKEN = 2, G_GROUP = 3, G_CHANNEL = 4 };
 
@@ -150,8 +148,8 @@ __device__ inline Params tensor_params(float ts) {
 }
 
 __device__ inline uint32_t encode_one(const PartDesc &d, float x, const Params &p) {
-  if (d.dtype == E4M3) return codec::fp8_e4m3_encode(__fmul_rn(x, p.inv));
-  if (d.dtype == E5M2) return codec::fp8_e5m2_encode(__fmul_rn(x, p.inv));
+  if (d.dtype == E4M3) return fp8_e4m3_encode(__fmul_rn(x, p.inv));
+  if (d.dtype == E5M2) return fp8_e5m2_encode(__fmul_rn(x, p.inv));
   const int bits = bits_of(d.dtype);
   float lo, hi;
   int32_t off = 0;

@@ -17,17 +17,18 @@
 
 #include "api/internal.h"
 #include "api/struct_io.h"
-#include "core/convert.h"
-#include "core/error.h"
-#include "core/plugin.h"
+#include "common/convert.h"
+#include "common/error.h"
+#include "policy/plugin.h"
 #include "core/pool.h"
-#include "core/scratch.h"
+#include "common/atomic_file.h"
+#include "common/scratch.h"
 #include "tier/tier.h"
 #include "kvcache/kvcache.h"
 
-using kvc::core::DType;
-using kvc::core::Errc;
-using kvc::core::fail;
+using kvc::DType;
+using kvc::Errc;
+using kvc::fail;
 
 struct kvc_pool {
   explicit kvc_pool(const kvc::core::PoolConfig &c) : core(c) {}
@@ -112,12 +113,12 @@ template <typename F>
 kvc_status guard(F &&f) noexcept {
   // Large per-thread scratch goes back when the call returns, however it ends.
   struct Trim {
-    ~Trim() { kvc::core::trim_thread_scratch(); }
+    ~Trim() { kvc::trim_thread_scratch(); }
   } trim;
   try {
     f();
     return KVC_OK;
-  } catch (const kvc::core::Error &e) {
+  } catch (const kvc::Error &e) {
     return set_error(static_cast<kvc_status>(e.code()), e.what());
   } catch (const std::bad_alloc &) {
     return set_error(KVC_ERR_OUT_OF_MEMORY, "out of host memory");
@@ -127,68 +128,6 @@ kvc_status guard(F &&f) noexcept {
     return set_error(KVC_ERR_INTERNAL, "unknown internal error");
   }
 }
-
-[[noreturn]] void fail_io(const std::string &what, const std::string &path, int err) {
-  fail(Errc::Io, what + " " + path + ": " + std::strerror(err));
-}
-
-// A file written atomically: a temporary file in the same folder, written
-// (streamed) piece by piece, fsync, rename over `path`, fsync of the folder.
-// Until commit() succeeds `path` is unchanged; a failure or a destruction
-// without commit removes the temporary file.
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path) : path_(std::move(path)) {
-    static std::atomic<uint64_t> counter{0};
-    tmp_ = path_ + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-    fd_ = open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail_io("cannot create", tmp_, errno);
-  }
-  ~AtomicFile() {
-    if (fd_ >= 0) close(fd_);
-    if (!committed_) unlink(tmp_.c_str());
-  }
-  AtomicFile(const AtomicFile &) = delete;
-  AtomicFile &operator=(const AtomicFile &) = delete;
-  void write_all(const uint8_t *data, size_t size) {
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t w = ::write(fd_, data + done, size - done);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail_io("cannot write", tmp_, w < 0 ? errno : ENOSPC);
-      done += static_cast<size_t>(w);
-    }
-  }
-  void write_at(uint64_t off, const uint8_t *data, size_t size) {
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t w = pwrite(fd_, data + done, size - done, static_cast<off_t>(off + done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) fail_io("cannot write", tmp_, w < 0 ? errno : ENOSPC);
-      done += static_cast<size_t>(w);
-    }
-  }
-  void commit() {
-    if (fsync(fd_) != 0) fail_io("cannot flush", tmp_, errno);
-    const int fd = fd_;
-    fd_ = -1;
-    if (close(fd) != 0) fail_io("cannot close", tmp_, errno);
-    if (rename(tmp_.c_str(), path_.c_str()) != 0) fail_io("cannot rename the record to", path_, errno);
-    committed_ = true;
-    const size_t slash = path_.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
-    const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {  // the rename itself reaches the disk
-      fsync(dfd);
-      close(dfd);
-    }
-  }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 // A sequence record written straight into the caller's buffer.
 class BufferSink final : public kvc::core::RecordSink {
@@ -209,7 +148,7 @@ class BufferSink final : public kvc::core::RecordSink {
 // A sequence record streamed into a file through a 1 MiB buffer.
 class FileSink final : public kvc::core::RecordSink {
  public:
-  explicit FileSink(AtomicFile &f) : f_(f) {}
+  explicit FileSink(kvc::AtomicFile &f) : f_(f) {}
   bool begin(uint64_t) override {
     buf_.reserve(kChunk);
     return true;
@@ -234,44 +173,10 @@ class FileSink final : public kvc::core::RecordSink {
     if (!buf_.empty()) f_.write_all(buf_.data(), buf_.size());
     buf_.clear();
   }
-  AtomicFile &f_;
+  kvc::AtomicFile &f_;
   std::vector<uint8_t> buf_;
 };
 
-std::vector<uint8_t> read_file(const std::string &path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail_io("cannot open", path, errno);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    fail_io("cannot read", path, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
-    fail_io("cannot read", path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
-  }
-  std::vector<uint8_t> b;
-  try {
-    b.resize(static_cast<size_t>(st.st_size));
-  } catch (...) {
-    close(fd);
-    throw;
-  }
-  size_t done = 0;
-  while (done < b.size()) {
-    const ssize_t r = read(fd, b.data() + done, b.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      const int err = r < 0 ? errno : EIO;
-      close(fd);
-      fail_io("cannot read", path, err);
-    }
-    done += static_cast<size_t>(r);
-  }
-  close(fd);
-  return b;
-}
 
 void need(const void *p, const char *name) {
   if (!p) fail(Errc::NullPointer, std::string(name) + " is NULL");
@@ -283,7 +188,7 @@ kvc::core::Pool &core_of(kvc_pool *pool) {
 }
 
 DType dtype_arg(kvc_dtype d, const char *name) {
-  if (!kvc::core::dtype_valid(static_cast<int32_t>(d)))
+  if (!kvc::dtype_is_plain(static_cast<int32_t>(d)))
     fail(Errc::InvalidArgument,
          std::string(name) + " " + std::to_string(static_cast<int32_t>(d)) +
              ": unknown dtype (KVC_DTYPE_F32, KVC_DTYPE_F16 or KVC_DTYPE_BF16)");
@@ -330,12 +235,12 @@ kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotatio
                                    ": a static scale must be a finite value in [1e-30, 1e30]");
   }
   kvc::codec::Spec sp;
-  sp.dtype = static_cast<kvc::codec::Dtype>(c.dtype);
+  sp.dtype = static_cast<kvc::DType>(c.dtype);
   sp.gran = static_cast<kvc::codec::Gran>(c.granularity);
   sp.group = c.group_size;
   sp.asym = c.asymmetric != 0;
   sp.full_range = c.full_range != 0;
-  sp.scale_dtype = static_cast<kvc::codec::Dtype>(c.scale_dtype);
+  sp.scale_dtype = static_cast<kvc::DType>(c.scale_dtype);
   sp.static_scale = c.static_scale ? c.scale : 0.0;
   if (c.rotation == KVC_ROTATION_HADAMARD)
     sp.rotation_block = c.rotation_block ? c.rotation_block
@@ -373,10 +278,10 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
     if (!in) continue;
     const char *name = kv == 0 ? "k_codec" : "v_codec";
     kvc::codec::Spec sp = to_spec(in, name, c.head_dim);
-    if (kvc::codec::is_float(sp.dtype)) {  // a float codec: plain storage of that dtype
+    if (kvc::is_float(sp.dtype)) {  // a float codec: plain storage of that dtype
       try {
         kvc::codec::validate(sp, c.head_dim);
-      } catch (const kvc::core::Error &e) {
+      } catch (const kvc::Error &e) {
         fail(e.code(), std::string(name) + ": " + e.what());
       }
       (kv == 0 ? p.k_dtype : p.v_dtype) = static_cast<DType>(sp.dtype);
@@ -562,7 +467,7 @@ KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, s
     kvc::core::Pool &p = core_of(pool);
     const int32_t d = static_cast<int32_t>(direction);
     if (d != KVC_COPY_TO_HOST && d != KVC_COPY_FROM_HOST)
-      kvc::core::fail(kvc::core::Errc::InvalidArgument,
+      kvc::fail(kvc::Errc::InvalidArgument,
                       "direction " + std::to_string(d) + ": must be KVC_COPY_TO_HOST or KVC_COPY_FROM_HOST");
     if (n_blocks == 0) return;
     need(blocks, "blocks");
@@ -771,7 +676,7 @@ KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst,
     need(src, "src");
     need(dst, "dst");
     if (n > SIZE_MAX / 4) fail(Errc::Overflow, "n elements overflow the address space");
-    kvc::core::convert(src, s, dst, d, n);
+    kvc::convert(src, s, dst, d, n);
   });
 }
 
@@ -783,7 +688,7 @@ KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes) {
       fail(Errc::InvalidArgument, "dtype " + std::to_string(d) +
                                       " is a quantized storage format whose size depends on its "
                                       "codec: use kvc_quantize_sizes() or kvc_pool_get_layout()");
-    *bytes = kvc::core::dtype_bytes(dtype_arg(dtype, "dtype"));
+    *bytes = kvc::dtype_bytes(dtype_arg(dtype, "dtype"));
   });
 }
 
@@ -830,7 +735,7 @@ KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64
     kvc_quant_sizes full{};
     full.struct_size = sizeof full;
     full.codes_bytes = q.codes;
-    full.scales_bytes = q.spec.dtype <= kvc::codec::Dtype::BF16 ? 0 : q.scales;
+    full.scales_bytes = q.spec.dtype <= kvc::DType::BF16 ? 0 : q.scales;
     full.zeros_bytes = q.zeros;
     full.num_scales = q.num_scales;
     kvc::api::write_output_struct(full, sizes);
@@ -1025,8 +930,8 @@ KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy
     sp->recent_fraction = c.recent_fraction;
     sp->window = c.window;
     sp->kernel_size = c.kernel_size;
-    sp->pooling = static_cast<kvc::core::Pooling>(c.pooling);
-    sp->schedule = static_cast<kvc::core::Schedule>(c.schedule);
+    sp->pooling = static_cast<kvc::policy::Pooling>(c.pooling);
+    sp->schedule = static_cast<kvc::policy::Schedule>(c.schedule);
     sp->beta = c.beta;
     sp->shift_positions = c.shift_positions != 0;
     sp->auto_evict = c.auto_evict != 0;
@@ -1169,14 +1074,14 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
     if (c.model_id) pc.model_id = c.model_id;
     if (c.tokenizer_id) pc.tokenizer_id = c.tokenizer_id;
     // Extra-key names (0.4): bounded reads; the core checks them.
-    if (c.n_extra_key_names > kvc::core::kMaxExtraKeyNames)
+    if (c.n_extra_key_names > kvc::prefix::kMaxExtraKeyNames)
       fail(Errc::InvalidArgument, "n_extra_key_names " + std::to_string(c.n_extra_key_names) +
-                                      ": at most " + std::to_string(kvc::core::kMaxExtraKeyNames));
+                                      ": at most " + std::to_string(kvc::prefix::kMaxExtraKeyNames));
     if (c.n_extra_key_names) need(c.extra_key_names, "extra_key_names");
     for (uint32_t i = 0; i < c.n_extra_key_names; ++i) {
       const char *name = c.extra_key_names[i];
       if (!name) fail(Errc::NullPointer, "extra_key_names[" + std::to_string(i) + "] is NULL");
-      pc.extra_key_names.emplace_back(name, strnlen(name, kvc::core::kMaxExtraKeyNameBytes + 1));
+      pc.extra_key_names.emplace_back(name, strnlen(name, kvc::prefix::kMaxExtraKeyNameBytes + 1));
     }
     p.prefix_enable(pc);
   });
@@ -1275,7 +1180,7 @@ KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char
   return guard([&] {
     auto &p = core_of(pool);
     need(path, "path");
-    AtomicFile file(path);
+    kvc::AtomicFile file(path, kvc::AtomicFile::Options{});
     FileSink sink(file);
     p.seq_save(seq_id, sink);  // streamed: no copy of the whole record in memory
     file.commit();
@@ -1286,7 +1191,7 @@ KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const c
   return guard([&] {
     auto &p = core_of(pool);
     need(path, "path");
-    const std::vector<uint8_t> rec = read_file(path);
+    const std::vector<uint8_t> rec = kvc::read_whole_file(path);
     p.seq_restore(seq_id, rec.data(), rec.size());
   });
 }

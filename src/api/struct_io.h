@@ -6,7 +6,7 @@
 #include <string>
 
 #include "api/struct_fields.h"
-#include "core/error.h"
+#include "common/error.h"
 
 namespace kvc::api {
 
@@ -18,14 +18,14 @@ template <typename T>
 void check_struct_size(size_t sz, size_t min_size, const std::string &name) {
   const std::string what = name + ".struct_size " + std::to_string(sz);
   if (sz < min_size)
-    core::fail(core::Errc::StructSize, what + ": must be at least " + std::to_string(min_size) +
+    fail(Errc::StructSize, what + ": must be at least " + std::to_string(min_size) +
                                            " (set it with sizeof or the _init function)");
   if (sz > KVC_STRUCT_SIZE_MAX)
-    core::fail(core::Errc::StructSize,
+    fail(Errc::StructSize,
                what + ": above KVC_STRUCT_SIZE_MAX (" + std::to_string(KVC_STRUCT_SIZE_MAX) + ")");
   for (const Field &f : StructInfo<T>::fields)
     if (sz > f.offset && sz < f.offset + f.size)
-      core::fail(core::Errc::StructSize, what + ": ends inside field " + f.name + " (bytes " +
+      fail(Errc::StructSize, what + ": ends inside field " + f.name + " (bytes " +
                                              std::to_string(f.offset) + ".." +
                                              std::to_string(f.offset + f.size - 1) +
                                              "); a struct_size ends on a field boundary");
@@ -43,7 +43,7 @@ void read_input_struct(const T *in, size_t min_size, const char *name, T *out) {
     const unsigned char *extra = reinterpret_cast<const unsigned char *>(in) + sizeof(T);
     for (size_t i = 0; i < sz - sizeof(T); ++i)
       if (extra[i] != 0)
-        core::fail(core::Errc::Unsupported,
+        fail(Errc::Unsupported,
                    std::string(name) + ": field at byte offset " + std::to_string(sizeof(T) + i) +
                        " is unknown to this library version (" + std::to_string(sizeof(T)) +
                        "-byte struct) and not zero");

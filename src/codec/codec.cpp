@@ -11,14 +11,12 @@
 #include <limits>
 #include <vector>
 
-#include "codec/fp8.h"
-#include "core/error.h"
-#include "core/scratch.h"
+#include "common/fp8.h"
+#include "common/error.h"
+#include "common/scratch.h"
 
 namespace kvc::codec {
 
-using core::Errc;
-using core::fail;
 
 namespace {
 
@@ -36,9 +34,9 @@ struct Params {
   float zero = 0.0f;   // stored zero point (asymmetric)
 };
 
-int qmax_sym(Dtype d) { return d == Dtype::INT8 ? 127 : d == Dtype::INT4 ? 7 : d == Dtype::INT3 ? 3 : 1; }
-int qmax_asym(Dtype d) { return d == Dtype::INT8 ? 255 : d == Dtype::INT4 ? 15 : d == Dtype::INT3 ? 7 : 3; }
-float fp8_max(Dtype d) { return d == Dtype::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max; }
+int qmax_sym(DType d) { return d == DType::INT8 ? 127 : d == DType::INT4 ? 7 : d == DType::INT3 ? 3 : 1; }
+int qmax_asym(DType d) { return d == DType::INT8 ? 255 : d == DType::INT4 ? 15 : d == DType::INT3 ? 7 : 3; }
+float fp8_max(DType d) { return d == DType::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max; }
 
 // Scales are computed in double (so max - min cannot overflow), never below
 // the smallest normal float (so 1 / scale stays finite: a group of tiny
@@ -51,8 +49,8 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     // decoding use the same value. (Negative only for a pool's per-tensor
     // full-range scale, calibrated by dynamic_scale(); callers' static scales
     // are validated positive.)
-    p.scale = s.scale_dtype == Dtype::F16
-                  ? core::f16_to_f32_scalar(core::f32_to_f16_scalar(static_cast<float>(s.static_scale)))
+    p.scale = s.scale_dtype == DType::F16
+                  ? f16_to_f32_scalar(f32_to_f16_scalar(static_cast<float>(s.static_scale)))
                   : static_cast<float>(s.static_scale);
     p.inv = 1.0f / p.scale;
     return p;
@@ -79,7 +77,7 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
                        (qmax_sym(s.dtype) + 1);
     if (mag > 0.0) {
       const float f = std::max(static_cast<float>(mag), std::numeric_limits<float>::min());
-      const float up = static_cast<double>(f) < mag ? core::bits_f32(core::f32_bits(f) + 1) : f;
+      const float up = static_cast<double>(f) < mag ? bits_f32(f32_bits(f) + 1) : f;
       const float m = round_scale_up(up, s.scale_dtype);
       p.scale = positive ? -m : m;
       p.inv = positive ? -(1.0f / m) : 1.0f / m;
@@ -96,7 +94,7 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     const float f = std::max(static_cast<float>(raw), std::numeric_limits<float>::min());
     // Round up to a float: the next float above f when f fell short (f > 0,
     // finite: a positive float's successor is its bit pattern plus one).
-    const float up = static_cast<double>(f) < raw ? core::bits_f32(core::f32_bits(f) + 1) : f;
+    const float up = static_cast<double>(f) < raw ? bits_f32(f32_bits(f) + 1) : f;
     p.scale = round_scale_up(up, s.scale_dtype);
   }
   p.inv = p.scale > 0.0f ? 1.0f / p.scale : 0.0f;
@@ -119,19 +117,19 @@ struct IntFormat {
   int32_t off;  // stored code = q + off
   float lo, hi;
 };
-inline IntFormat int_format(Dtype d, bool asym, bool full_range = false) {
+inline IntFormat int_format(DType d, bool asym, bool full_range = false) {
   if (full_range && !asym) {  // codes -2^(b-1) .. 2^(b-1) - 1
     switch (d) {
-      case Dtype::INT8: return IntFormat{8, 0, -128, 127};
-      case Dtype::INT4: return IntFormat{4, 8, -8, 7};
-      case Dtype::INT3: return IntFormat{3, 4, -4, 3};
+      case DType::INT8: return IntFormat{8, 0, -128, 127};
+      case DType::INT4: return IntFormat{4, 8, -8, 7};
+      case DType::INT3: return IntFormat{3, 4, -4, 3};
       default: return IntFormat{2, 2, -2, 1};
     }
   }
   switch (d) {
-    case Dtype::INT8: return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
-    case Dtype::INT4: return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
-    case Dtype::INT3: return asym ? IntFormat{3, 0, 0, 7} : IntFormat{3, 4, -3, 3};
+    case DType::INT8: return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
+    case DType::INT4: return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
+    case DType::INT3: return asym ? IntFormat{3, 0, 0, 7} : IntFormat{3, 4, -3, 3};
     default: return asym ? IntFormat{2, 0, 0, 3} : IntFormat{2, 2, -1, 1};
   }
 }
@@ -277,7 +275,7 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   if constexpr (Half) {
     const uint16_t *h = static_cast<const uint16_t *>(x);
     for (; j < j1; ++j)
-      put_code(out, f.bits, j, static_cast<uint32_t>(quant_int(core::f16_to_f32_scalar(h[j]), p, Asym, f.lo, f.hi) +
+      put_code(out, f.bits, j, static_cast<uint32_t>(quant_int(f16_to_f32_scalar(h[j]), p, Asym, f.lo, f.hi) +
                                                      f.off) & ((1u << f.bits) - 1u));
   } else {
     encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j, j1, p, out);
@@ -410,7 +408,7 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_run_avx2(const void *x, uin
     _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), b);
   }
   for (; j < j1; ++j) {
-    const float v = Half ? core::f16_to_f32_scalar(static_cast<const uint16_t *>(x)[j])
+    const float v = Half ? f16_to_f32_scalar(static_cast<const uint16_t *>(x)[j])
                          : static_cast<const float *>(x)[j];
     out[j] = fp8_encode<kMant, kBias, kMaxCode>(v * inv);
   }
@@ -452,24 +450,24 @@ __attribute__((target("avx2"))) void decode_fp8_run_avx2(const float *table, con
 }
 #endif
 
-void encode_fp8_run(Dtype dt, const float *x, uint64_t j0, uint64_t j1, float inv, uint8_t *out) {
+void encode_fp8_run(DType dt, const float *x, uint64_t j0, uint64_t j1, float inv, uint8_t *out) {
 #ifdef KVC_CODEC_X86
   if (use_avx2() && j1 - j0 >= 32) {
-    if (dt == Dtype::FP8_E4M3) return encode_fp8_run_avx2<3, 7, 0x7eu>(x, j0, j1, inv, out);
+    if (dt == DType::FP8_E4M3) return encode_fp8_run_avx2<3, 7, 0x7eu>(x, j0, j1, inv, out);
     return encode_fp8_run_avx2<2, 15, 0x7bu>(x, j0, j1, inv, out);
   }
 #endif
-  if (dt == Dtype::FP8_E4M3)
+  if (dt == DType::FP8_E4M3)
     for (uint64_t j = j0; j < j1; ++j) out[j] = fp8_e4m3_encode(x[j] * inv);
   else
     for (uint64_t j = j0; j < j1; ++j) out[j] = fp8_e5m2_encode(x[j] * inv);
 }
 
-void decode_fp8_run(Dtype dt, const uint8_t *in, uint64_t j0, uint64_t j1, float scale, float *x) {
-  const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+void decode_fp8_run(DType dt, const uint8_t *in, uint64_t j0, uint64_t j1, float scale, float *x) {
+  const float *t = dt == DType::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
 #ifdef KVC_CODEC_X86
   if (use_avx2() && j1 - j0 >= 8)
-    return dt == Dtype::FP8_E4M3 ? decode_fp8_run_avx2<3, 7>(t, in, j0, j1, scale, x)
+    return dt == DType::FP8_E4M3 ? decode_fp8_run_avx2<3, 7>(t, in, j0, j1, scale, x)
                                  : decode_fp8_run_avx2<2, 15>(t, in, j0, j1, scale, x);
 #endif
   for (uint64_t j = j0; j < j1; ++j) x[j] = t[in[j]] * scale;
@@ -486,13 +484,13 @@ void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
     return;
   }
   switch (s.dtype) {
-    case Dtype::FP8_E4M3:
-    case Dtype::FP8_E5M2:
+    case DType::FP8_E4M3:
+    case DType::FP8_E5M2:
       for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
         encode_fp8_run(s.dtype, x, j0, std::min(d, j0 + col_group), params[g].inv, out);
       break;
     default:
-      core::convert(x, core::DType::F32, out, static_cast<core::DType>(s.dtype), d);
+      convert(x, DType::F32, out, static_cast<DType>(s.dtype), d);
       break;
   }
 }
@@ -506,13 +504,13 @@ void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *para
     return;
   }
   switch (s.dtype) {
-    case Dtype::FP8_E4M3:
-    case Dtype::FP8_E5M2:
+    case DType::FP8_E4M3:
+    case DType::FP8_E5M2:
       for (uint64_t j0 = 0, g = 0; j0 < d; j0 += col_group, ++g)
         decode_fp8_run(s.dtype, in, j0, std::min(d, j0 + col_group), params[g].scale, x);
       break;
     default:
-      core::convert(in, static_cast<core::DType>(s.dtype), x, core::DType::F32, d);
+      convert(in, static_cast<DType>(s.dtype), x, DType::F32, d);
       break;
   }
 }
@@ -596,53 +594,21 @@ bool has_scales(const Spec &s) { return !is_float(s.dtype); }
 void set_force_scalar(bool on) { g_force_scalar = on; }
 bool simd_active() { return use_avx2(); }
 
-int bits_of(Dtype d) {
-  switch (d) {
-    case Dtype::F32: return 32;
-    case Dtype::F16:
-    case Dtype::BF16: return 16;
-    case Dtype::FP8_E4M3:
-    case Dtype::FP8_E5M2:
-    case Dtype::INT8: return 8;
-    case Dtype::INT4: return 4;
-    case Dtype::INT3: return 3;
-    case Dtype::INT2: return 2;
-  }
-  return 0;
-}
-
-float sym_max(Dtype d) { return is_fp8(d) ? fp8_max(d) : static_cast<float>(qmax_sym(d)); }
-
-const char *dtype_name(Dtype d) {
-  switch (d) {
-    case Dtype::F32: return "f32";
-    case Dtype::F16: return "f16";
-    case Dtype::BF16: return "bf16";
-    case Dtype::FP8_E4M3: return "fp8_e4m3";
-    case Dtype::FP8_E5M2: return "fp8_e5m2";
-    case Dtype::INT8: return "int8";
-    case Dtype::INT4: return "int4";
-    case Dtype::INT3: return "int3";
-    case Dtype::INT2: return "int2";
-  }
-  return "?";
-}
-
-float load_scale(const uint8_t *p, Dtype sd) {
-  if (sd == Dtype::F16) return core::f16_to_f32_scalar(static_cast<uint16_t>(p[0] | (p[1] << 8)));
+float load_scale(const uint8_t *p, DType sd) {
+  if (sd == DType::F16) return f16_to_f32_scalar(static_cast<uint16_t>(p[0] | (p[1] << 8)));
   const uint32_t u = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
                      static_cast<uint32_t>(p[2]) << 16 | static_cast<uint32_t>(p[3]) << 24;
-  return core::bits_f32(u);
+  return bits_f32(u);
 }
 
-void store_scale(uint8_t *p, Dtype sd, float v) {
-  if (sd == Dtype::F16) {
-    const uint16_t h = core::f32_to_f16_scalar(v);
+void store_scale(uint8_t *p, DType sd, float v) {
+  if (sd == DType::F16) {
+    const uint16_t h = f32_to_f16_scalar(v);
     p[0] = static_cast<uint8_t>(h);
     p[1] = static_cast<uint8_t>(h >> 8);
     return;
   }
-  const uint32_t u = core::f32_bits(v);
+  const uint32_t u = f32_bits(v);
   p[0] = static_cast<uint8_t>(u);
   p[1] = static_cast<uint8_t>(u >> 8);
   p[2] = static_cast<uint8_t>(u >> 16);
@@ -655,27 +621,27 @@ float dynamic_scale(const Spec &s, float lo, float hi) {
   return make_params(d, lo, hi).scale;
 }
 
-float round_scale_up(float v, Dtype sd) {
-  if (sd != Dtype::F16) return v;
+float round_scale_up(float v, DType sd) {
+  if (sd != DType::F16) return v;
   const float big = 65504.0f;
   if (v >= big) return big;
-  uint16_t h = core::f32_to_f16_scalar(v);
-  if (core::f16_to_f32_scalar(h) < v) ++h;  // next f16 up (v > 0)
-  return core::f16_to_f32_scalar(h);
+  uint16_t h = f32_to_f16_scalar(v);
+  if (f16_to_f32_scalar(h) < v) ++h;  // next f16 up (v > 0)
+  return f16_to_f32_scalar(h);
 }
 
-float round_zero_down(float v, Dtype sd) {
-  if (sd != Dtype::F16) return v;
+float round_zero_down(float v, DType sd) {
+  if (sd != DType::F16) return v;
   if (v <= -65504.0f) return -65504.0f;
   if (v >= 65504.0f) return 65504.0f;
-  uint16_t h = core::f32_to_f16_scalar(v);
-  if (core::f16_to_f32_scalar(h) > v) {
+  uint16_t h = f32_to_f16_scalar(v);
+  if (f16_to_f32_scalar(h) > v) {
     // one step towards -inf
     if (h == 0x0000) h = 0x8001;
     else if (h & 0x8000) ++h;
     else --h;
   }
-  return core::f16_to_f32_scalar(h);
+  return f16_to_f32_scalar(h);
 }
 
 uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d) {
@@ -714,7 +680,7 @@ void validate(const Spec &s, uint64_t d) {
     fail(Errc::InvalidArgument, std::string("dtype ") + dtype_name(s.dtype) +
                                     " needs a scale granularity (tensor, token, group or channel)");
   if (s.asym && is_fp8(s.dtype)) fail(Errc::InvalidArgument, "fp8 dtypes are symmetric only");
-  if (s.scale_dtype != Dtype::F32 && s.scale_dtype != Dtype::F16)
+  if (s.scale_dtype != DType::F32 && s.scale_dtype != DType::F16)
     fail(Errc::InvalidArgument, "scale_dtype must be f32 or f16");
   if (s.gran == Gran::Group || s.gran == Gran::Channel) {
     if (s.group < 1 || s.group > 65536)
@@ -729,7 +695,7 @@ void validate(const Spec &s, uint64_t d) {
     if (s.gran != Gran::Tensor)
       fail(Errc::InvalidArgument, "a static scale needs per-tensor granularity");
     if (s.asym) fail(Errc::InvalidArgument, "a static scale is symmetric: asymmetric must be off");
-    if (s.scale_dtype == Dtype::F16 && (s.static_scale < 6.103515625e-05 || s.static_scale > 65504.0))
+    if (s.scale_dtype == DType::F16 && (s.static_scale < 6.103515625e-05 || s.static_scale > 65504.0))
       fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
                                    ": with f16 scales a static scale must be in [6.1e-5, 65504]");
   }
@@ -959,16 +925,16 @@ namespace {
 // Per-thread scratch (core/scratch.h): grown on demand (no allocation per
 // call in steady state), released after a call that made it large.
 float *scratch_floats(uint64_t n) {
-  thread_local core::ScratchBuffer<float> buf;
+  thread_local ScratchBuffer<float> buf;
   return buf.get(n);
 }
 
 // Checks raw input for NaN / Inf without converting it (f16 / bf16: the
 // exponent field all ones).
-void check_finite_raw(const void *src, core::DType t, uint64_t n) {
-  if (t == core::DType::F32) return check_finite(static_cast<const float *>(src), n, "input");
+void check_finite_raw(const void *src, DType t, uint64_t n) {
+  if (t == DType::F32) return check_finite(static_cast<const float *>(src), n, "input");
   const uint16_t *h = static_cast<const uint16_t *>(src);
-  const uint16_t mask = t == core::DType::F16 ? 0x7c00 : 0x7f80;
+  const uint16_t mask = t == DType::F16 ? 0x7c00 : 0x7f80;
 #ifdef KVC_CODEC_X86
   if (use_avx2() && all_finite_16_avx2(h, n, mask)) return;
 #endif
@@ -978,7 +944,7 @@ void check_finite_raw(const void *src, core::DType t, uint64_t n) {
   for (uint64_t i = 0; i < n; ++i)
     if ((h[i] & mask) == mask)
       fail(Errc::NonFinite, "input element " + u64s(i) + " is " +
-                                ((h[i] & (t == core::DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
+                                ((h[i] & (t == DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
                                 ": nothing was written");
 }
 }  // namespace
@@ -1067,7 +1033,7 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
     if (!fixed) {
       for (uint64_t k = 0; k < rows * ng; ++k) ps[k] = make_params(s, lohi[2 * k], lohi[2 * k + 1]);
       const uint64_t base = r0 * ng;
-      if (s.scale_dtype == Dtype::F32) {
+      if (s.scale_dtype == DType::F32) {
         for (uint64_t k = 0; k < rows * ng; ++k) std::memcpy(scales + (base + k) * 4, &ps[k].scale, 4);
       } else {
         for (uint64_t k = 0; k < rows * ng; ++k) store_scale(scales + (base + k) * sb, s.scale_dtype, ps[k].scale);
@@ -1086,7 +1052,7 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
         if (integer) {
           if (s.asym) encode_int_run_avx2<true>(f, x, j0, j1, p, out);
           else encode_int_run_avx2<false>(f, x, j0, j1, p, out);
-        } else if (s.dtype == Dtype::FP8_E4M3) {
+        } else if (s.dtype == DType::FP8_E4M3) {
           encode_fp8_run_avx2<3, 7, 0x7eu>(x, j0, j1, p.inv, out);
         } else {
           encode_fp8_run_avx2<2, 15, 0x7bu>(x, j0, j1, p.inv, out);
@@ -1345,7 +1311,7 @@ __attribute__((target("avx2,f16c"))) void store_f16_values(uint8_t *dst, const f
   for (; k + 8 <= m; k += 8)
     _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + k * 2),
                      _mm256_cvtps_ph(_mm256_loadu_ps(v + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  for (; k < m; ++k) store_scale(dst + k * 2, Dtype::F16, v[k]);
+  for (; k < m; ++k) store_scale(dst + k * 2, DType::F16, v[k]);
 }
 
 // Returns false, having written nothing, when the input holds a NaN or Inf.
@@ -1360,14 +1326,14 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
   // of the flat input is g consecutive values, its codes g * bits / 8
   // consecutive bytes and its scale the next one (d is a multiple of g).
   constexpr uint64_t kChunk = 256;
-  thread_local core::ScratchBuffer<uint16_t> keys_buf;
+  thread_local ScratchBuffer<uint16_t> keys_buf;
   thread_local std::vector<float> par_buf;  // fixed size: 3 x kChunk
   const uint64_t padded = (groups + 3) / 4 * 4;
   if (par_buf.size() < 3 * kChunk) par_buf.resize(3 * kChunk);
   uint16_t *lo_keys = keys_buf.get(2 * padded), *hi_keys = lo_keys + padded;
   for (uint64_t k = groups; k < padded; ++k) lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
   if (!f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)) return false;
-  const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == Dtype::F16;
+  const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == DType::F16;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const uint64_t gb = g * (integer ? static_cast<uint64_t>(f.bits) : 8) / 8;  // code bytes per group
   const double q = Mode == 1 ? qmax_asym(s.dtype)
@@ -1399,7 +1365,7 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
       const uint16_t *x = src + k0 * g;
       uint8_t *out = codes + k0 * gb;
       if (!integer) {
-        if (s.dtype == Dtype::FP8_E4M3) encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
+        if (s.dtype == DType::FP8_E4M3) encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
         else encode_fp8_groups_f16<2, 15, 0x7bu>(x, m, g, iv, out);
       } else if (f.bits == 8) {
         if (stream) encode_groups_f16<8, Mode, true>(x, m, g, iv, zp, f, out);
@@ -1422,7 +1388,7 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
       p.inv = iv[k];
       p.zero = Mode == 1 ? zp[k] : 0.0f;
       if (integer) encode_int_run_avx2<Mode == 1, true, Mode != 0>(f, x, 0, g, p, out);
-      else if (s.dtype == Dtype::FP8_E4M3) encode_fp8_run_avx2<3, 7, 0x7eu, true>(x, 0, g, p.inv, out);
+      else if (s.dtype == DType::FP8_E4M3) encode_fp8_run_avx2<3, 7, 0x7eu, true>(x, 0, g, p.inv, out);
       else encode_fp8_run_avx2<2, 15, 0x7bu, true>(x, 0, g, p.inv, out);
     }
   }
@@ -1452,13 +1418,13 @@ void check_rotatable(const float *x, uint64_t n, uint32_t block) {
                             fmt_g(limit) + "); nothing was written");
 }
 
-void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
+void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64_t d,
               uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
 #ifdef KVC_CODEC_X86
   // f16 rows with dynamic per-token or per-group scales and no rotation: the
   // direct path, whose first pass is also the finiteness check (on a NaN or
   // Inf it writes nothing and the check below reports the element).
-  if (src_type == core::DType::F16 && use_avx2() && core::convert_has_simd() && !s.rotation_block &&
+  if (src_type == DType::F16 && use_avx2() && convert_has_simd() && !s.rotation_block &&
       s.static_scale == 0.0 && d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
       (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
     const uint16_t *h = static_cast<const uint16_t *>(src);
@@ -1469,25 +1435,25 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
   }
 #endif
   check_finite_raw(src, src_type, n * d);  // before anything is written
-  if (s.rotation_block && src_type == core::DType::F32)
+  if (s.rotation_block && src_type == DType::F32)
     check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);
   // (f16 and bf16 inputs: f16 is always far below the limit; bf16 is checked after conversion below)
-  if (s.rotation_block && src_type == core::DType::BF16) {
+  if (s.rotation_block && src_type == DType::BF16) {
     float *tmp = scratch_floats(n * d);
-    core::convert(src, src_type, tmp, core::DType::F32, n * d);
+    convert(src, src_type, tmp, DType::F32, n * d);
     check_rotatable(tmp, n * d, s.rotation_block);
   }
-  const uint64_t esz = core::dtype_bytes(src_type);
+  const uint64_t esz = dtype_bytes(src_type);
 #ifdef KVC_CODEC_X86
   // Fused path: groups of whole 8-value vectors (per-channel scales and
   // dynamic per-tensor scales need statistics over rows: general path).
   const bool fast_shape = d % 8 == 0 && d > 0 &&
                           (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
                            (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
-  if (use_avx2() && core::convert_has_simd() && fast_shape && (is_int(s.dtype) || is_fp8(s.dtype)) &&
-      (src_type == core::DType::F16 || src_type == core::DType::F32)) {
+  if (use_avx2() && convert_has_simd() && fast_shape && (is_int(s.dtype) || is_fp8(s.dtype)) &&
+      (src_type == DType::F16 || src_type == DType::F32)) {
     float *buf = scratch_floats(quantize_fast_scratch(s, d));
-    if (src_type == core::DType::F16) quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
+    if (src_type == DType::F16) quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
     else quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf);
     return;
   }
@@ -1499,7 +1465,7 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
     const uint64_t per_row = n ? num_scales(s, n, d) / n : 0;
     const uint64_t sb = scale_bytes(s);
     for (uint64_t r = 0; r < n; ++r) {
-      core::convert(static_cast<const uint8_t *>(src) + r * d * esz, src_type, row, core::DType::F32, d);
+      convert(static_cast<const uint8_t *>(src) + r * d * esz, src_type, row, DType::F32, d);
       if (s.rotation_block) hadamard(row, d, s.rotation_block);
       encode(s, row, 1, d, codes + r * rb, scales ? scales + r * per_row * sb : nullptr,
              zeros ? zeros + r * per_row * sb : nullptr);
@@ -1507,7 +1473,7 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
     return;
   }
   float *x = scratch_floats(n * d);
-  core::convert(src, src_type, x, core::DType::F32, n * d);
+  convert(src, src_type, x, DType::F32, n * d);
   if (s.rotation_block)
     for (uint64_t r = 0; r < n; ++r) hadamard(x + r * d, d, s.rotation_block);
   encode(s, x, n, d, codes, scales, zeros);
@@ -1516,8 +1482,8 @@ void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, 
 #ifdef KVC_CODEC_X86
 namespace {
 // A scale or zero point as stored (f16 through F16C: exact, as load_scale).
-__attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast(const uint8_t *p, Dtype sd) {
-  if (sd == Dtype::F32) {
+__attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast(const uint8_t *p, DType sd) {
+  if (sd == DType::F32) {
     float v;
     std::memcpy(&v, p, 4);  // little-endian, as store_scale writes
     return v;
@@ -1657,7 +1623,7 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
   const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
-  const float *table = s.dtype == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+  const float *table = s.dtype == DType::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;
     float *x = Half || rotate ? buf : static_cast<float *>(dst) + r * d;
@@ -1667,7 +1633,7 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
       p.scale = load_scale(scales + idx * sb, s.scale_dtype);
       if (s.asym) p.zero = load_scale(zeros + idx * sb, s.scale_dtype);
       if (integer) decode_int_run_avx2(f, s.asym, in, gi * g, (gi + 1) * g, p, x);
-      else if (s.dtype == Dtype::FP8_E4M3) decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+      else if (s.dtype == DType::FP8_E4M3) decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
       else decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
     }
     if (rotate) hadamard(buf, d, s.rotation_block);
@@ -1685,24 +1651,24 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
 #endif
 
 void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
-                uint64_t n, uint64_t d, void *dst, core::DType dst_type) {
-  const uint64_t esz = core::dtype_bytes(dst_type);
+                uint64_t n, uint64_t d, void *dst, DType dst_type) {
+  const uint64_t esz = dtype_bytes(dst_type);
 #ifdef KVC_CODEC_X86
   const bool fast_shape = d % 8 == 0 && d > 0 &&
                           (s.gran == Gran::Token || s.gran == Gran::Tensor ||
                            (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
-  if (use_avx2() && core::convert_has_simd() && fast_shape && has_scales(s) && !s.rotation_block &&
-      (dst_type == core::DType::F16 || dst_type == core::DType::F32)) {
-    const bool h = dst_type == core::DType::F16;
+  if (use_avx2() && convert_has_simd() && fast_shape && has_scales(s) && !s.rotation_block &&
+      (dst_type == DType::F16 || dst_type == DType::F32)) {
+    const bool h = dst_type == DType::F16;
     switch (s.dtype) {
-      case Dtype::INT8: return dequantize_int_direct_any<8>(s, h, codes, scales, zeros, n, d, dst);
-      case Dtype::INT4: return dequantize_int_direct_any<4>(s, h, codes, scales, zeros, n, d, dst);
-      case Dtype::INT3: return dequantize_int_direct_any<3>(s, h, codes, scales, zeros, n, d, dst);
-      case Dtype::INT2: return dequantize_int_direct_any<2>(s, h, codes, scales, zeros, n, d, dst);
-      case Dtype::FP8_E4M3:
+      case DType::INT8: return dequantize_int_direct_any<8>(s, h, codes, scales, zeros, n, d, dst);
+      case DType::INT4: return dequantize_int_direct_any<4>(s, h, codes, scales, zeros, n, d, dst);
+      case DType::INT3: return dequantize_int_direct_any<3>(s, h, codes, scales, zeros, n, d, dst);
+      case DType::INT2: return dequantize_int_direct_any<2>(s, h, codes, scales, zeros, n, d, dst);
+      case DType::FP8_E4M3:
         return h ? dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst)
                  : dequantize_fp8_direct<false, true>(s, codes, scales, n, d, dst);
-      case Dtype::FP8_E5M2:
+      case DType::FP8_E5M2:
         return h ? dequantize_fp8_direct<true, false>(s, codes, scales, n, d, dst)
                  : dequantize_fp8_direct<false, false>(s, codes, scales, n, d, dst);
       default:
@@ -1712,15 +1678,15 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
   const bool fast_any = d % 8 == 0 && d > 0 && has_scales(s) &&
                         (s.gran == Gran::Token || s.gran == Gran::Tensor ||
                          (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
-  if (use_avx2() && core::convert_has_simd() && fast_any &&
-      (dst_type == core::DType::F16 || dst_type == core::DType::F32)) {
+  if (use_avx2() && convert_has_simd() && fast_any &&
+      (dst_type == DType::F16 || dst_type == DType::F32)) {
     float *buf = scratch_floats(d);
-    if (dst_type == core::DType::F16) dequantize_fast<true>(s, codes, scales, zeros, n, d, dst, buf);
+    if (dst_type == DType::F16) dequantize_fast<true>(s, codes, scales, zeros, n, d, dst, buf);
     else dequantize_fast<false>(s, codes, scales, zeros, n, d, dst, buf);
     return;
   }
 #endif
-  if (dst_type == core::DType::F32 && !s.rotation_block) {
+  if (dst_type == DType::F32 && !s.rotation_block) {
     decode(s, codes, scales, zeros, n, d, static_cast<float *>(dst));
     return;
   }
@@ -1733,7 +1699,7 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
       decode(s, codes + r * rb, scales ? scales + r * per_row * sb : nullptr,
              zeros ? zeros + r * per_row * sb : nullptr, 1, d, row);
       if (s.rotation_block) hadamard(row, d, s.rotation_block);
-      core::convert(row, core::DType::F32, static_cast<uint8_t *>(dst) + r * d * esz, dst_type, d);
+      convert(row, DType::F32, static_cast<uint8_t *>(dst) + r * d * esz, dst_type, d);
     }
     return;
   }
@@ -1741,39 +1707,7 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
   decode(s, codes, scales, zeros, n, d, x);
   if (s.rotation_block)
     for (uint64_t r = 0; r < n; ++r) hadamard(x + r * d, d, s.rotation_block);
-  core::convert(x, core::DType::F32, dst, dst_type, n * d);
-}
-
-namespace {
-template <int kMant, int kBias, bool kHasInf>
-std::vector<float> make_table() {
-  std::vector<float> t(256);
-  for (int c = 0; c < 256; ++c) {
-    const int sign = c >> 7, e = (c >> kMant) & ((1 << (7 - kMant)) - 1), m = c & ((1 << kMant) - 1);
-    const int emax = (1 << (7 - kMant)) - 1;
-    float v;
-    if (e == 0) {
-      v = std::ldexp(static_cast<float>(m), 1 - kBias - kMant);
-    } else if (kHasInf && e == emax) {
-      v = m == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
-    } else if (!kHasInf && e == emax && m == (1 << kMant) - 1) {
-      v = std::numeric_limits<float>::quiet_NaN();
-    } else {
-      v = std::ldexp(1.0f + static_cast<float>(m) / static_cast<float>(1 << kMant), e - kBias);
-    }
-    t[c] = sign ? -v : v;
-  }
-  return t;
-}
-}  // namespace
-
-const float *fp8_e4m3_table() {
-  static const std::vector<float> t = make_table<3, 7, false>();
-  return t.data();
-}
-const float *fp8_e5m2_table() {
-  static const std::vector<float> t = make_table<2, 15, true>();
-  return t.data();
+  convert(x, DType::F32, dst, dst_type, n * d);
 }
 
 }  // namespace kvc::codec

@@ -17,45 +17,35 @@
 #include <cstdint>
 #include <string>
 
-#include "core/convert.h"
+#include "common/convert.h"
+#include "common/dtype.h"
 
 namespace kvc::codec {
 
-// Storage dtypes; values equal the public kvc_dtype.
-enum class Dtype : int32_t {
-  F32 = 0, F16 = 1, BF16 = 2, FP8_E4M3 = 3, FP8_E5M2 = 4, INT8 = 5, INT4 = 6, INT2 = 7, INT3 = 8,
-};
 // Values equal the public kvc_granularity.
 enum class Gran : int32_t { None = 0, Tensor = 1, Token = 2, Group = 3, Channel = 4 };
 
 struct Spec {
-  Dtype dtype = Dtype::F16;
+  DType dtype = DType::F16;
   Gran gran = Gran::None;
   uint32_t group = 0;            // Group: values per group; Channel: tokens per group
   bool asym = false;             // zero point (integer dtypes only)
   bool full_range = false;       // symmetric integers: all 2^b codes, scale = signed extreme / -2^(b-1)
-  Dtype scale_dtype = Dtype::F32;  // F32 or F16
+  DType scale_dtype = DType::F32;  // F32 or F16
   double static_scale = 0.0;     // > 0: fixed scale (Tensor granularity), 0: dynamic
   uint32_t rotation_block = 0;   // 0: none; else a Hadamard block (power of two)
 };
 
-inline bool is_float(Dtype d) { return d == Dtype::F32 || d == Dtype::F16 || d == Dtype::BF16; }
-inline bool is_int(Dtype d) { return d == Dtype::INT8 || d == Dtype::INT4 || d == Dtype::INT3 || d == Dtype::INT2; }
-inline bool is_fp8(Dtype d) { return d == Dtype::FP8_E4M3 || d == Dtype::FP8_E5M2; }
-int bits_of(Dtype d);
-// The largest magnitude a symmetric (non-full-range) fp8 or integer code
-// stands for: 448 / 57344 for fp8, qmax (127, 7, 3, 1) for integers.
-float sym_max(Dtype d);
-const char *dtype_name(Dtype d);
+// Storage dtypes and their facts (bits, is_float, sym_max, ...): common/dtype.h.
 
 // Bytes of codes for one row of d values.
-inline uint64_t row_bytes(Dtype dt, uint64_t d) { return (d * static_cast<uint64_t>(bits_of(dt)) + 7) / 8; }
+inline uint64_t row_bytes(DType dt, uint64_t d) { return (d * static_cast<uint64_t>(bits_of(dt)) + 7) / 8; }
 
 // Number of scales (and of zero points when asymmetric) for an [n][d] array.
 uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d);
-inline uint64_t scale_bytes(const Spec &s) { return s.scale_dtype == Dtype::F16 ? 2 : 4; }
+inline uint64_t scale_bytes(const Spec &s) { return s.scale_dtype == DType::F16 ? 2 : 4; }
 
-// Checks a spec for rows of length d (throws core::Error: InvalidArgument,
+// Checks a spec for rows of length d (throws Error: InvalidArgument,
 // InvalidScale).
 void validate(const Spec &s, uint64_t d);
 
@@ -83,23 +73,23 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
 // The standalone array API: converts `src` from src_type, rotates, checks
 // finiteness, encodes; decode + inverse rotation + conversion. Allocates
 // scratch memory.
-void quantize(const Spec &s, const void *src, core::DType src_type, uint64_t n, uint64_t d,
+void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64_t d,
               uint8_t *codes, uint8_t *scales, uint8_t *zeros);
 void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
-                uint64_t n, uint64_t d, void *dst, core::DType dst_type);
+                uint64_t n, uint64_t d, void *dst, DType dst_type);
 
 // Testing: force the scalar reference kernels (true) or allow AVX2 (false).
 void set_force_scalar(bool on);
 bool simd_active();
 
 // Scale helpers (little-endian f32 or f16 in memory).
-float load_scale(const uint8_t *p, Dtype sd);
-void store_scale(uint8_t *p, Dtype sd, float v);
+float load_scale(const uint8_t *p, DType sd);
+void store_scale(uint8_t *p, DType sd, float v);
 // The dynamic scale of a group whose values span [lo, hi] (as the encoder
 // computes it: negative for a full-range group whose extreme is positive).
 float dynamic_scale(const Spec &s, float lo, float hi);
 // Rounds a scale up (or a zero point down) to the nearest value of sd.
-float round_scale_up(float v, Dtype sd);
-float round_zero_down(float v, Dtype sd);
+float round_scale_up(float v, DType sd);
+float round_zero_down(float v, DType sd);
 
 }  // namespace kvc::codec

@@ -19,9 +19,9 @@
 #include <immintrin.h>
 #endif
 
-#include "core/error.h"
+#include "common/error.h"
 #include "core/pool.h"
-#include "core/scratch.h"
+#include "common/scratch.h"
 
 namespace kvc::core {
 

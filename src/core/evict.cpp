@@ -9,7 +9,7 @@
 #include <shared_mutex>
 #include <vector>
 
-#include "core/error.h"
+#include "common/error.h"
 #include "core/pool.h"
 
 namespace kvc::core {

@@ -26,8 +26,8 @@ namespace kvc::tier {
 // runs or from the test thread; they are copied under a mutex before use.
 struct TestHooks {
   bool pause_writer = false;                     // the demotion writer takes nothing from its queue
-  std::function<void(const Key &)> before_get;   // loader, before each tier read (may block: a tier that never answers)
-  std::function<bool(const Key &)> fail_put;     // true: this demotion write fails (an injected error)
+  std::function<void(const BlockKey &)> before_get;   // loader, before each tier read (may block: a tier that never answers)
+  std::function<bool(const BlockKey &)> fail_put;     // true: this demotion write fails (an injected error)
 };
 TestHooks get_test_hooks();
 void set_test_hooks(const TestHooks &h);
@@ -44,17 +44,17 @@ struct TierSlot {
 };
 
 struct Demotion {
-  tier::Key key;
+  BlockKey key;
   std::vector<uint8_t> payload;
 };
 
 struct PendingLoad {
-  std::vector<tier::Key> keys;            // blocks to load, in chain order
+  std::vector<BlockKey> keys;            // blocks to load, in chain order
   std::vector<std::vector<int32_t>> tokens;  // their token ids (verified against the record)
-  PrefixKey parent;                       // key before keys[0] (the root for depth 1)
+  BlockKey parent;                       // key before keys[0] (the root for depth 1)
   uint64_t first_depth = 1;
   std::vector<uint8_t> xb;                // extras encoding
-  PrefixKey xd;                           // extras digest
+  BlockKey xd;                           // extras digest
   std::vector<int32_t> reserved;          // [keys.size()][num_layers] pool blocks (reference 1)
   std::chrono::steady_clock::time_point deadline;
   LoadState state = LoadState::Pending;
@@ -63,7 +63,7 @@ struct PendingLoad {
 };
 
 struct PinRecord {
-  std::vector<std::pair<TierSlot *, tier::Key>> keys;
+  std::vector<std::pair<TierSlot *, BlockKey>> keys;
 };
 
 struct OffloadState {

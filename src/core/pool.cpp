@@ -1,6 +1,6 @@
 #include "core/pool.h"
 #include "core/offload.h"
-#include "core/scratch.h"
+#include "common/scratch.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,8 +13,8 @@
 #include <shared_mutex>
 #include <new>
 
-#include "codec/fp8.h"
-#include "core/error.h"
+#include "common/fp8.h"
+#include "common/error.h"
 
 namespace kvc::core {
 
@@ -60,7 +60,7 @@ uint64_t part_bytes(const PoolConfig &c, int kv) {
   const uint64_t h = c.num_kv_heads, d = c.head_dim, bs = c.block_size;
   uint64_t row = 0, codes = 0;
   if (mul_overflows(h, d, &row)) return UINT64_MAX;
-  if (codec::is_float(sp.dtype)) {
+  if (is_float(sp.dtype)) {
     const uint64_t e = dtype_bytes(kv == 0 ? c.k_dtype : c.v_dtype);
     if (mul_overflows(row, e, &row) || mul_overflows(row, bs, &codes)) return UINT64_MAX;
     return codes;
@@ -119,7 +119,7 @@ void Pool::validate(PoolConfig &c) {
     }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS)");
   for (int kv = 0; kv < 2; ++kv) {
     const int32_t d = static_cast<int32_t>(kv == 0 ? c.k_dtype : c.v_dtype);
-    if (!dtype_valid(d))
+    if (!dtype_is_plain(d))
       fail(Errc::InvalidArgument,
            std::string(kv == 0 ? "k_dtype " : "v_dtype ") + std::to_string(d) +
                (d >= 3 && d <= 8 ? ": fp8 and integer storage is described by a codec: set "
@@ -129,9 +129,9 @@ void Pool::validate(PoolConfig &c) {
   for (int kv = 0; kv < 2; ++kv) {
     codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
     const char *name = kv == 0 ? "k_codec" : "v_codec";
-    if (codec::is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 &&
+    if (is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 &&
         !sp.asym && sp.rotation_block == 0) {
-      sp.dtype = static_cast<codec::Dtype>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
+      sp.dtype = static_cast<DType>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
       continue;
     }
     try {
@@ -139,7 +139,7 @@ void Pool::validate(PoolConfig &c) {
     } catch (const Error &e) {
       fail(e.code(), std::string(name) + ": " + e.what());
     }
-    if (codec::is_float(sp.dtype)) {
+    if (is_float(sp.dtype)) {
       (kv == 0 ? c.k_dtype : c.v_dtype) = static_cast<DType>(sp.dtype);
       continue;
     }
@@ -151,16 +151,16 @@ void Pool::validate(PoolConfig &c) {
       fail(Errc::InvalidArgument, std::string(name) + ": per-channel group_size " + u64s(sp.group) +
                                       " must divide block_size " + u64s(c.block_size) +
                                       " (a group of tokens is encoded inside one block)");
-    if ((static_cast<uint64_t>(c.head_dim) * codec::bits_of(sp.dtype)) % 8 != 0)
+    if ((static_cast<uint64_t>(c.head_dim) * bits_of(sp.dtype)) % 8 != 0)
       fail(Errc::InvalidArgument, std::string(name) + ": head_dim " + u64s(c.head_dim) + " x " +
-                                      std::to_string(codec::bits_of(sp.dtype)) +
+                                      std::to_string(bits_of(sp.dtype)) +
                                       " bits is not a whole number of bytes");
     if (c.layout != Layout::NHD)
       fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
   }
   const bool channel = c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
   if (c.k_codec.gran == codec::Gran::Channel && c.v_codec.gran == codec::Gran::Channel &&
-      !codec::is_float(c.k_codec.dtype) && !codec::is_float(c.v_codec.dtype) &&
+      !is_float(c.k_codec.dtype) && !is_float(c.v_codec.dtype) &&
       c.k_codec.group != c.v_codec.group)
     fail(Errc::InvalidArgument, "k_codec and v_codec are both per channel with group sizes " +
                                     u64s(c.k_codec.group) + " and " + u64s(c.v_codec.group) +
@@ -171,10 +171,10 @@ void Pool::validate(PoolConfig &c) {
   if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
     fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
   if (c.residual_window > kMaxLength) fail(Errc::InvalidArgument, "residual_window above 2^31-1");
-  if (!dtype_valid(static_cast<int32_t>(c.residual_dtype)))
+  if (!dtype_is_plain(static_cast<int32_t>(c.residual_dtype)))
     fail(Errc::InvalidArgument, "residual_dtype " + std::to_string(static_cast<int32_t>(c.residual_dtype)) +
                                     ": must be f32, f16 or bf16");
-  if (wants_residual && codec::is_float(c.k_codec.dtype) && codec::is_float(c.v_codec.dtype))
+  if (wants_residual && is_float(c.k_codec.dtype) && is_float(c.v_codec.dtype))
     fail(Errc::InvalidArgument, c.residual_sinks && !c.residual_window && c.residual_fraction == 0.0
                                     ? "residual_sinks needs a quantized K or V codec (the sinks are kept "
                                       "from being encoded)"
@@ -188,7 +188,7 @@ void Pool::validate(PoolConfig &c) {
     if (c.rope_style == RopeStyle::None)
       fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS needs the RoPE the engine applies to keys (rope_style, "
                                   "rope_dims, rope_theta)");
-    if (codec::is_float(c.k_codec.dtype))
+    if (is_float(c.k_codec.dtype))
       fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS applies to quantized keys: set a k_codec with an fp8 or "
                                   "integer dtype");
     if (c.device == Device::CUDA)
@@ -218,7 +218,7 @@ void Pool::validate(PoolConfig &c) {
     if (c.k_codec.full_range || c.v_codec.full_range)
       fail(Errc::Unsupported, "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
                               "in this version");
-    if (c.k_codec.dtype == codec::Dtype::INT3 || c.v_codec.dtype == codec::Dtype::INT3)
+    if (c.k_codec.dtype == DType::INT3 || c.v_codec.dtype == DType::INT3)
       fail(Errc::Unsupported, "device CUDA: int3 storage (KVC_DTYPE_INT3) is CPU-only in this version");
     if (c.head_dim > 256 || (c.head_dim % 8 != 0 && c.head_dim > 32))
       fail(Errc::Unsupported, "device CUDA: head_dim " + u64s(c.head_dim) +
@@ -306,7 +306,7 @@ Pool::Pool(const PoolConfig &cfg)
   for (int kv = 0; kv < 2; ++kv) {
     PartLayout &pl = part_[kv];
     pl.spec = kv == 0 ? cfg_.k_codec : cfg_.v_codec;
-    pl.quantized = !codec::is_float(pl.spec.dtype);
+    pl.quantized = !is_float(pl.spec.dtype);
     pl.offset = off;
     if (!pl.quantized) {
       const uint64_t e = dtype_bytes(static_cast<DType>(pl.spec.dtype));
@@ -328,7 +328,7 @@ Pool::Pool(const PoolConfig &cfg)
       // A static scale as stored in scale_dtype (as kvc_quantize() rounds it),
       // so pool and standalone quantizer agree.
       float fixed_scale = static_cast<float>(pl.spec.static_scale);
-      if (pl.spec.scale_dtype == codec::Dtype::F16) fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
+      if (pl.spec.scale_dtype == DType::F16) fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
       const uint32_t fixed = pl.spec.static_scale > 0.0 ? f32_bits(fixed_scale) : 0u;
       for (uint32_t l = 0; l < cfg_.num_layers; ++l) tensor_scale_[kv][l].store(fixed);
     }
@@ -378,7 +378,7 @@ cuda::Geometry Pool::geometry() const {
     d.gran = static_cast<int32_t>(pl.spec.gran);
     d.group = pl.spec.group;
     d.asym = pl.spec.asym;
-    d.scale_f16 = pl.spec.scale_dtype == codec::Dtype::F16;
+    d.scale_f16 = pl.spec.scale_dtype == DType::F16;
     d.rotation = pl.rotation_block;
     d.quantized = pl.quantized;
     d.offset = pl.offset, d.token_stride = pl.token_stride, d.head_stride = pl.head_stride;
@@ -1284,7 +1284,7 @@ void Pool::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
 
 void Pool::calibrate_absmax(int kv, uint32_t layer, float absmax) {
   const codec::Spec &sp = part_[kv].spec;
-  const float qmax = codec::sym_max(sp.dtype);
+  const float qmax = sym_max(sp.dtype);
   if (!(absmax > 0.0f)) return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
   const float scale = codec::round_scale_up(
       std::max(absmax / qmax, std::numeric_limits<float>::min()), sp.scale_dtype);
@@ -1336,7 +1336,7 @@ void Pool::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, 
       case codec::Gran::Group: codec::encode(sp, tmp, 1, row, codes, scales, zeros); break;
       default: {  // per tensor: the layer's scale
         sp.static_scale = tensor_scale(kv, layer);  // 0 only while every value written was 0
-        sp.scale_dtype = codec::Dtype::F32;          // per-tensor scales are kept as f32
+        sp.scale_dtype = DType::F32;          // per-tensor scales are kept as f32
         codec::encode(sp, tmp, 1, row, codes, nullptr, nullptr);
       }
     }
@@ -1390,8 +1390,8 @@ void Pool::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, 
       break;
     default: {
       uint8_t one[4];
-      sp.scale_dtype = codec::Dtype::F32;
-      codec::store_scale(one, codec::Dtype::F32, tensor_scale(kv, layer));
+      sp.scale_dtype = DType::F32;
+      codec::store_scale(one, DType::F32, tensor_scale(kv, layer));
       codec::decode(sp, codes, one, nullptr, count, row, tmp);
     }
   }

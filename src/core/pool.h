@@ -14,11 +14,11 @@
 #include "codec/codec.h"
 #include "cuda/backend.h"
 #include "core/block_allocator.h"
-#include "core/policy.h"
-#include "core/prefix.h"
-#include "core/convert.h"
-#include "core/rope.h"
-#include "core/rwlock.h"
+#include "policy/policy.h"
+#include "prefix/prefix.h"
+#include "common/convert.h"
+#include "common/rope.h"
+#include "common/rwlock.h"
 #include "core/seq_map.h"
 #include "core/written.h"
 
@@ -27,6 +27,20 @@ class Tier;
 }
 
 namespace kvc::core {
+
+// Names core takes from the policy and prefix modules.
+using policy::LayerView;
+using policy::layer_target;
+using policy::Plugin;
+using policy::PolicyKind;
+using policy::PolicySpec;
+using policy::select_keep;
+using prefix::ExtraKeys;
+using prefix::PrefixEntry;
+using prefix::PrefixExtra;
+using prefix::PrefixHash;
+using prefix::PrefixHasher;
+using prefix::PrefixState;
 
 enum class Layout : int32_t { NHD = 0, HND = 1 };
 enum class Device : int32_t { CPU = 0, CUDA = 1 };
@@ -475,8 +489,8 @@ class Pool {
   void expire_loads();                                 // frees reservations past their deadline
   // Registers blocks[nl] under key k (tokens of one block) as a child of
   // parent_entry (-1: root); returns the entry.
-  uint32_t prefix_register(const PrefixKey &k, const PrefixKey &parent, int64_t parent_entry, uint64_t depth,
-                           const int32_t *tokens, const PrefixKey &xd, const std::vector<uint8_t> &xb,
+  uint32_t prefix_register(const BlockKey &k, const BlockKey &parent, int64_t parent_entry, uint64_t depth,
+                           const int32_t *tokens, const BlockKey &xd, const std::vector<uint8_t> &xb,
                            const int32_t *blocks);
   // Prefix index hooks (exclusive lock held).
   bool registered(int32_t b) const;

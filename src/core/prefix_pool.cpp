@@ -9,7 +9,7 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include "core/error.h"
+#include "common/error.h"
 #include "core/pool.h"
 
 namespace kvc::core {
@@ -26,112 +26,7 @@ void put_f64(std::vector<uint8_t> &b, double d) {
   for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
-void put_u64(uint8_t *p, uint64_t v) {
-  for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
-}
-void put_u32(uint8_t *p, uint32_t v) {
-  for (int k = 0; k < 4; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
-}
-
-// The positional (legacy) form: "KVCX" | u32 count | count x (u64 size | bytes).
-ExtraKeys positional_extras(const PrefixExtra *ex, uint32_t nx) {
-  uint64_t size = 8;
-  for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
-  ExtraKeys kx;
-  kx.enc.resize(size);
-  uint8_t *p = kx.enc.data();
-  std::memcpy(p, "KVCX", 4);
-  put_u32(p + 4, nx);
-  p += 8;
-  for (uint32_t i = 0; i < nx; ++i) {
-    put_u64(p, ex[i].size);
-    p += 8;
-    if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
-    p += ex[i].size;
-  }
-  return kx;
-}
-
-std::string joined(const std::vector<std::string> &names) {
-  std::string s;
-  for (const std::string &n : names) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-// With verify_tokens, a hit must be the block itself, not just its key: the
-// same tokens, the same extra keys and the same parent (so a forced
-// collision can never return another prompt's, tenant's or position's KV).
-bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens, const std::vector<uint8_t> &xb,
-              int64_t parent_entry, uint64_t depth) {
-  if (!ps.verify_tokens) return true;
-  return en.depth == depth && en.parent_entry == parent_entry && en.extras_bytes == xb &&
-         std::equal(en.tokens.begin(), en.tokens.end(), tokens);
-}
-
-PrefixKey extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
-  return h.digest(kx.enc);
-}
 }  // namespace
-
-void check_extra_key_names(const std::vector<std::string> &names) {
-  if (names.size() > kMaxExtraKeyNames)
-    fail(Errc::InvalidArgument,
-         "n_extra_key_names " + u64s(names.size()) + ": at most " + u64s(kMaxExtraKeyNames));
-  for (size_t i = 0; i < names.size(); ++i) {
-    const std::string &n = names[i];
-    if (n.empty()) fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] is empty");
-    if (n.size() > kMaxExtraKeyNameBytes)
-      fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] is longer than " +
-                                      u64s(kMaxExtraKeyNameBytes) + " bytes");
-    if (n.find('\0') != std::string::npos)
-      fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] contains a NUL byte");
-    for (size_t j = 0; j < i; ++j)
-      if (names[j] == n)
-        fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] \"" + n +
-                                        "\" is declared twice (also [" + u64s(j) + "])");
-  }
-}
-
-// Named form (docs/prefix-cache.md): one value per declared name, in
-// declaration order; the key depends only on the assignment {name: non-empty
-// value}: "KVCN" | u32 m | m x (u64 len | name | u64 size | bytes), names
-// sorted by their bytes. With no non-empty value the call has no extra keys
-// and takes the positional form of zero extras (the key of a pool without
-// names and without extras).
-ExtraKeys PrefixState::extra_keys(const PrefixExtra *ex, uint32_t nx) const {
-  if (extra_names.empty()) return positional_extras(ex, nx);
-  if (nx != extra_names.size())
-    fail(Errc::InvalidArgument,
-         "this pool declares " + u64s(extra_names.size()) + " extra-key names (" +
-             joined(extra_names) +
-             "): pass one value per name, in that order (empty for none); got " + u64s(nx) +
-             " extra keys");
-  uint64_t size = 8;
-  uint32_t m = 0;
-  for (uint32_t i = 0; i < nx; ++i)
-    if (ex[i].size) {
-      size += 16 + extra_names[i].size() + ex[i].size;
-      ++m;
-    }
-  if (m == 0) return positional_extras(nullptr, 0);
-  ExtraKeys kx;
-  kx.named = true;
-  kx.enc.resize(size);
-  uint8_t *p = kx.enc.data();
-  std::memcpy(p, "KVCN", 4);
-  put_u32(p + 4, m);
-  p += 8;
-  for (uint32_t i : names_sorted) {
-    if (!ex[i].size) continue;
-    const std::string &name = extra_names[i];
-    put_u64(p, name.size());
-    std::memcpy(p + 8, name.data(), name.size());
-    p += 8 + name.size();
-    put_u64(p, ex[i].size);
-    std::memcpy(p + 8, ex[i].data, ex[i].size);
-    p += 8 + ex[i].size;
-  }
-  return kx;
-}
 
 // The pool's fingerprint: geometry and storage, little-endian fields in a
 // fixed order (docs/prefix-cache.md).
@@ -172,7 +67,7 @@ void Pool::prefix_enable(const PrefixConfig &c) {
     fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision, "
                             "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
                             "as they age)");
-  check_extra_key_names(c.extra_key_names);
+  prefix::check_extra_key_names(c.extra_key_names);
   auto st = std::make_unique<PrefixState>(c.hash);
   st->verify_tokens = c.verify_tokens;
   st->extra_names = c.extra_key_names;
@@ -291,68 +186,12 @@ void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, u
     fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   const PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size, ks = ps.hasher.key_size();
-  PrefixKey parent = ps.root;
+  BlockKey parent = ps.root;
   std::vector<uint8_t> scratch;
   for (uint64_t i = 0; i < n / bs; ++i) {
     parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
     std::memcpy(out + i * ks, parent.b.data(), ks);
   }
-}
-
-namespace {
-// Walks a prompt's chain through the index: the whole blocks found (path)
-// among the first n - 1 tokens, and with `partial` the cached child block
-// whose start matches the most following tokens (same extra keys).
-struct Walk {
-  std::vector<uint32_t> path;
-  uint64_t partial_tokens = 0;
-  int64_t partial_entry = -1;
-};
-Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
-          const ExtraKeys &kx, bool partial) {
-  Walk w;
-  if (n <= 1) return w;
-  const uint64_t usable = n - 1;  // at least one token is always left to compute
-  PrefixKey parent = ps.root;
-  std::vector<uint8_t> scratch;
-  static const std::vector<uint8_t> none;
-  const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
-  for (uint64_t i = 0; i < usable / bs; ++i) {
-    const PrefixKey k =
-        ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
-    const int64_t e = ps.map.find(k);
-    if (e < 0) break;
-    const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
-    if (!verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1)) break;
-    w.path.push_back(static_cast<uint32_t>(e));
-    parent = k;
-  }
-  const uint64_t hit = w.path.size() * bs;
-  if (!partial || hit >= usable) return w;
-  const uint64_t want = std::min<uint64_t>(bs - 1, usable - hit);
-  const PrefixKey xd = extras_digest(ps.hasher, kx);
-  const std::vector<uint32_t> &cands = w.path.empty() ? ps.root_children : ps.entries[w.path.back()].children;
-  for (uint32_t c : cands) {
-    const PrefixEntry &en = ps.entries[c];
-    if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
-    uint64_t m = 0;
-    while (m < want && en.tokens[m] == tokens[hit + m]) ++m;
-    if (m > w.partial_tokens) {
-      w.partial_tokens = m;
-      w.partial_entry = c;
-    }
-  }
-  return w;
-}
-}  // namespace
-
-// For tier_pool.cpp.
-PrefixKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
-  return extras_digest(h, kx);
-}
-std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,
-                                       uint64_t n, const ExtraKeys &kx) {
-  return walk(ps, bs, tokens, n, kx, false).path;
 }
 
 PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
@@ -362,7 +201,7 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const ExtraK
   const PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size;
   PrefixResult r;
-  const Walk w = walk(ps, bs, tokens, n, kx, partial);
+  const prefix::Walk w = prefix::walk(ps, bs, tokens, n, kx, partial);
   r.hit_blocks = w.path.size();
   r.hit_tokens = r.hit_blocks * bs;
   r.partial_tokens = w.partial_tokens;
@@ -380,7 +219,7 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
   PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
   PrefixResult r;
-  const Walk w = walk(ps, bs, tokens, n, kx, partial);
+  const prefix::Walk w = prefix::walk(ps, bs, tokens, n, kx, partial);
   const std::vector<uint32_t> &path = w.path;
   const PrefixEntry *part_src = w.partial_entry >= 0 ? &ps.entries[static_cast<size_t>(w.partial_entry)] : nullptr;
   r.hit_blocks = path.size();
@@ -442,8 +281,8 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
   return r;
 }
 
-uint32_t Pool::prefix_register(const PrefixKey &k, const PrefixKey &parent, int64_t parent_entry, uint64_t depth,
-                               const int32_t *tokens, const PrefixKey &xd, const std::vector<uint8_t> &xb,
+uint32_t Pool::prefix_register(const BlockKey &k, const BlockKey &parent, int64_t parent_entry, uint64_t depth,
+                               const int32_t *tokens, const BlockKey &xd, const std::vector<uint8_t> &xb,
                                const int32_t *blocks) {
   PrefixState &ps = *prefix_;
   const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
@@ -499,19 +338,19 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
                                       " of sequence " + u64s(id) +
                                       " was reserved but never written (kvc_append): prefix blocks are registered "
                                       "only once every slot is written; nothing registered");
-  const PrefixKey xd = extras_digest(ps.hasher, kx);
+  const BlockKey xd = prefix::prefix_extras_digest(ps.hasher, kx);
   const std::vector<uint8_t> &xb = kx.enc;
-  PrefixKey parent = ps.root;
+  BlockKey parent = ps.root;
   std::vector<uint8_t> scratch;
   uint64_t added = 0;
   int64_t parent_entry = -1;
   for (uint64_t i = 0; i < full; ++i) {
-    const PrefixKey k =
+    const BlockKey k =
         ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
     const int64_t found = ps.map.find(k);
     if (found >= 0) {  // already registered (by this sequence or with the same content by another)
       const PrefixEntry &en = ps.entries[static_cast<size_t>(found)];
-      if (!verified(ps, en, tokens + i * bs, xb, parent_entry, i + 1)) break;  // a collision: stop
+      if (!prefix::verified(ps, en, tokens + i * bs, xb, parent_entry, i + 1)) break;  // a collision: stop
       parent = k;
       parent_entry = found;
       continue;

@@ -8,7 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include "core/error.h"
+#include "common/error.h"
 #include "core/pool.h"
 
 namespace kvc::core {

@@ -8,7 +8,7 @@
 #include <shared_mutex>
 #include <system_error>
 
-#include "core/error.h"
+#include "common/error.h"
 #include "core/offload.h"
 
 namespace kvc::tier {
@@ -33,11 +33,6 @@ constexpr uint32_t kPayloadVersion = 1;
 constexpr size_t kPayloadHeader = 72;  // up to the tokens
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
-tier::Key to_key(const PrefixKey &k) {
-  tier::Key t;
-  t.b = k.b;
-  return t;
-}
 template <class T>
 void put(uint8_t *p, T v) {
   std::memcpy(p, &v, sizeof v);
@@ -161,7 +156,7 @@ void OffloadState::loader_loop() {
     load_q.pop_front();
     auto it = loads.find(ticket);
     if (it == loads.end() || it->second.state != LoadState::Pending) continue;
-    const std::vector<tier::Key> keys = it->second.keys;
+    const std::vector<BlockKey> keys = it->second.keys;
     const std::vector<TierSlot *> ts = snapshot();
     lk.unlock();
     const tier::TestHooks hooks = tier::get_test_hooks();
@@ -175,7 +170,7 @@ void OffloadState::loader_loop() {
       auto i = loads.find(ticket);
       return !stop && i != loads.end() && i->second.state == LoadState::Pending;
     };
-    for (const tier::Key &k : keys) {
+    for (const BlockKey &k : keys) {
       if (!wanted()) break;
       if (hooks.before_get) hooks.before_get(k);
       std::vector<uint8_t> out;
@@ -366,7 +361,7 @@ bool Pool::demote_entry(uint32_t e) {
       }
     }
     Demotion d;
-    d.key = to_key(prefix_->entries[e].key);
+    d.key = prefix_->entries[e].key;
     d.payload = stage_entry(e);  // copied now: the block may be reused as soon as this returns
     {
       std::lock_guard g(o.m);
@@ -412,7 +407,7 @@ void Pool::flush_tiers() {
 PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                                        bool partial, bool pin) {
   PrefixResult r = prefix_lookup(tokens, n, kx, partial);
-  std::vector<PrefixKey> keys;
+  std::vector<BlockKey> keys;
   OffloadState *o;
   {
     std::shared_lock lk(mu_);
@@ -421,7 +416,7 @@ PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const 
     const PrefixState &ps = *prefix_;
     const uint64_t bs = cfg_.block_size;
     const std::vector<uint32_t> path = prefix_walk_path(ps, bs, tokens, n, kx);
-    PrefixKey parent = path.empty() ? ps.root : ps.entries[path.back()].key;
+    BlockKey parent = path.empty() ? ps.root : ps.entries[path.back()].key;
     std::vector<uint8_t> scratch;
     const uint64_t last = std::min<uint64_t>((n - 1) / bs, path.size() + alloc_.num_blocks() / cfg_.num_layers);
     for (uint64_t i = path.size(); i < last; ++i) {
@@ -437,8 +432,8 @@ PrefixResult Pool::prefix_lookup_tiers(const int32_t *tokens, uint64_t n, const 
   PinRecord rec;
   uint64_t found = 0;
   try {
-    for (const PrefixKey &pk : keys) {  // no pool lock held: tiers may be slow
-      const tier::Key k = to_key(pk);
+    for (const BlockKey &pk : keys) {  // no pool lock held: tiers may be slow
+      const BlockKey k = pk;
       bool any = false;
       for (TierSlot *t : ts) {
         if (pin && t->t->pin(k)) {  // pinning doubles as the presence check
@@ -513,12 +508,12 @@ uint64_t Pool::prefix_prefetch(const int32_t *tokens, uint64_t n, const ExtraKey
       L.first_depth = path.size() + 1;
       L.xb = kx.enc;
       L.xd = prefix_extras_digest(ps.hasher, kx);
-      PrefixKey parent = L.parent;
+      BlockKey parent = L.parent;
       std::vector<uint8_t> scratch;
       const uint64_t last = std::min<uint64_t>((n - 1) / bs, path.size() + alloc_.num_blocks() / cfg_.num_layers);
       for (uint64_t i = path.size(); i < last; ++i) {
         parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
-        L.keys.push_back(to_key(parent));
+        L.keys.push_back(parent);
         L.tokens.emplace_back(tokens + i * bs, tokens + (i + 1) * bs);
       }
     }
@@ -589,7 +584,7 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
   const uint32_t n_scales = static_cast<uint32_t>(tensor_scale_parts() * nl);
   // The chain's parent must still be in the index (it may have been reclaimed meanwhile).
   int64_t parent_entry = -1;
-  PrefixKey parent = L.parent;
+  BlockKey parent = L.parent;
   bool ok = true;
   if (L.first_depth > 1) {
     parent_entry = ps.map.find(parent);
@@ -600,7 +595,7 @@ void Pool::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>>
   for (size_t i = 0; ok && i < payloads.size() && i < L.keys.size(); ++i) {
     const std::vector<uint8_t> &p = payloads[i];
     const uint8_t *q = p.data();
-    PrefixKey k;
+    BlockKey k;
     k.b = L.keys[i].b;
     // The record's extra keys (X bytes: their encoding, docs/tiers.md) must be
     // the query's with verify_tokens. A pool without it trusts the key, as

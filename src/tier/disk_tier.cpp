@@ -19,6 +19,8 @@
 #include <iterator>
 #include <memory>
 
+#include "common/atomic_file.h"
+#include "common/error.h"
 #include "tier/checksum.h"
 #include "tier/tier.h"
 
@@ -31,7 +33,7 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kHeader = 32;
 constexpr const char *kExt = ".kvct";
 
-bool parse_hex_key(const std::string &name, Key &k) {
+bool parse_hex_key(const std::string &name, BlockKey &k) {
   if (name.size() != 64 + std::strlen(kExt) || name.compare(64, std::string::npos, kExt) != 0) return false;
   for (size_t i = 0; i < 32; ++i) {
     int v = 0;
@@ -69,28 +71,6 @@ bool writer_alive(const std::string &name, int dfd) {
   return kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
 }
 
-bool write_record(int fd, const uint8_t *h, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) {
-  iovec iv[3] = {{const_cast<uint8_t *>(h), kHeader},
-                 {const_cast<uint8_t *>(fp.data()), fp.size()},
-                 {const_cast<uint8_t *>(payload), n}};
-  int first = 0;
-  while (first < 3) {
-    const ssize_t w = writev(fd, iv + first, 3 - first);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = ENOSPC;
-      return false;
-    }
-    size_t left = static_cast<size_t>(w);
-    while (first < 3 && left >= iv[first].iov_len) left -= iv[first++].iov_len;
-    if (first < 3) {
-      iv[first].iov_base = static_cast<uint8_t *>(iv[first].iov_base) + left;
-      iv[first].iov_len -= left;
-    }
-  }
-  return true;
-}
-
 class DiskTier final : public Tier {
  public:
   DiskTier(std::string dir, uint64_t cap, bool fsync_each) : dir_(std::move(dir)), cap_(cap), fsync_(fsync_each) {}
@@ -102,7 +82,7 @@ class DiskTier final : public Tier {
     DIR *d = opendir(dir_.c_str());
     if (!d) return fail_open(error, "cannot open");
     struct Found {
-      Key k;
+      BlockKey k;
       uint64_t bytes;
       timespec mtime;
     };
@@ -113,7 +93,7 @@ class DiskTier final : public Tier {
         if (!writer_alive(n, dirfd(d))) unlinkat(dirfd(d), n.c_str(), 0);
         continue;
       }
-      Key k;
+      BlockKey k;
       struct stat st;
       if (parse_hex_key(n, k) && fstatat(dirfd(d), n.c_str(), &st, 0) == 0 && S_ISREG(st.st_mode))
         found.push_back({k, static_cast<uint64_t>(st.st_size), st.st_mtim});
@@ -133,7 +113,7 @@ class DiskTier final : public Tier {
     return true;
   }
 
-  bool put(const Key &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
+  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
     const uint64_t total = kHeader + fp.size() + n;
     std::unique_lock lk(mu_);
     if (total > cap_) return error("a block record of " + std::to_string(total) + " bytes is larger than the tier (" +
@@ -159,18 +139,20 @@ class DiskTier final : public Tier {
     }
     std::memcpy(h + 24, &sum, 8);
 
-    const std::string tmp = dir_ + "/" + key.hex() + ".tmp." + std::to_string(getpid()) + "." + std::to_string(seq_++);
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) return error("cannot create " + tmp + ": " + std::strerror(errno));
-    bool ok = write_record(fd, h, fp, payload, n) &&
-              (!fsync_ || fsync(fd) == 0);
-    const int werr = errno;
-    if (::close(fd) != 0 && ok) ok = false;
+    // Written to "<key hex>.tmp.<pid>.<n>" (what the directory scan of another
+    // process recognises as a writer's record) and renamed.
     const std::string path = path_of(key);
-    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-      const int e = ok ? errno : werr;
-      unlink(tmp.c_str());
-      return error("cannot write " + path + ": " + std::strerror(e));
+    try {
+      AtomicFile f(path, AtomicFile::Options{fsync_, false}, dir_ + "/" + key.hex());
+      const iovec iv[3] = {{h, kHeader},
+                           {const_cast<uint8_t *>(fp.data()), fp.size()},
+                           {const_cast<uint8_t *>(payload), n}};
+      f.write_vec(iv, 3);
+      f.commit();
+    } catch (const Error &e) {
+      return error(e.what());
+    } catch (const std::bad_alloc &) {
+      return error("out of memory");
     }
     unindex(key);
     index(key, total, std::chrono::steady_clock::now());  // its time: just written
@@ -188,7 +170,7 @@ class DiskTier final : public Tier {
     return true;
   }
 
-  bool get(const Key &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+  bool get(const BlockKey &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     const std::string path = path_of(key);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -275,11 +257,11 @@ class DiskTier final : public Tier {
     return true;
   }
 
-  bool contains(const Key &key) override {
+  bool contains(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     return access(path_of(key).c_str(), F_OK) == 0;
   }
-  bool erase(const Key &key) override {
+  bool erase(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     const bool had = access(path_of(key).c_str(), F_OK) == 0;
     remove_file(key);
@@ -287,14 +269,14 @@ class DiskTier final : public Tier {
   }
   // Pins hold in this process (another process sharing the directory may
   // still remove the file; a load then misses).
-  bool pin(const Key &key) override {
+  bool pin(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return false;
     if (it->second.pins++ == 0) pinned_bytes_ += it->second.bytes;
     return true;
   }
-  bool unpin(const Key &key) override {
+  bool unpin(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end() || it->second.pins == 0) return false;
@@ -313,11 +295,11 @@ class DiskTier final : public Tier {
  private:
   struct Entry {
     uint64_t bytes;
-    std::list<Key>::iterator pos;
+    std::list<BlockKey>::iterator pos;
     uint32_t pins = 0;
     std::chrono::steady_clock::time_point touched{};  // last modification-time refresh
   };
-  std::string path_of(const Key &k) const { return dir_ + "/" + k.hex() + kExt; }
+  std::string path_of(const BlockKey &k) const { return dir_ + "/" + k.hex() + kExt; }
   bool fail_open(std::string *error, const char *what) {
     if (error) *error = std::string(what) + " the disk tier directory " + dir_ + ": " + std::strerror(errno);
     return false;
@@ -339,13 +321,13 @@ class DiskTier final : public Tier {
     if (p > file_size || kHeader + static_cast<uint64_t>(f) + p != file_size) return "has the wrong size (truncated?)";
     return "";
   }
-  void index(const Key &k, uint64_t bytes, std::chrono::steady_clock::time_point touched) {
+  void index(const BlockKey &k, uint64_t bytes, std::chrono::steady_clock::time_point touched) {
     lru_.push_front(k);
     map_[k] = Entry{bytes, lru_.begin(), 0, touched};
     st_.bytes += bytes;
     ++st_.entries;
   }
-  void unindex(const Key &k) {
+  void unindex(const BlockKey &k) {
     auto it = map_.find(k);
     if (it == map_.end()) return;
     st_.bytes -= it->second.bytes;
@@ -354,8 +336,8 @@ class DiskTier final : public Tier {
     lru_.erase(it->second.pos);
     map_.erase(it);
   }
-  void remove_file(const Key &k) {
-    const Key copy = k;  // k may refer into lru_
+  void remove_file(const BlockKey &k) {
+    const BlockKey copy = k;  // k may refer into lru_
     unlink(path_of(copy).c_str());
     unindex(copy);
   }
@@ -364,13 +346,12 @@ class DiskTier final : public Tier {
   const uint64_t cap_;
   const bool fsync_;
   mutable std::mutex mu_;
-  std::unordered_map<Key, Entry, KeyHash> map_;
-  std::list<Key> lru_;
+  std::unordered_map<BlockKey, Entry, BlockKeyHash> map_;
+  std::list<BlockKey> lru_;
   Stats st_;
   std::unique_ptr<Xxh3Stream> hash_;  // reads' checksum state (under mu_)
   uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
   std::string err_;
-  uint64_t seq_ = 0;
 };
 
 }  // namespace

@@ -9,13 +9,6 @@
 
 namespace kvc::tier {
 
-std::string Key::hex() const {
-  static const char d[] = "0123456789abcdef";
-  std::string s(64, '0');
-  for (size_t i = 0; i < 32; ++i) s[2 * i] = d[b[i] >> 4], s[2 * i + 1] = d[b[i] & 15];
-  return s;
-}
-
 namespace {
 
 class HostTier final : public Tier {
@@ -23,7 +16,7 @@ class HostTier final : public Tier {
   explicit HostTier(uint64_t cap) : cap_(cap) {}
   const char *name() const override { return "host"; }
 
-  bool put(const Key &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
+  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
     const uint64_t need = n + fp.size();
     std::unique_lock lk(mu_);
     if (need > cap_) {
@@ -69,7 +62,7 @@ class HostTier final : public Tier {
     return true;
   }
 
-  bool get(const Key &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+  bool get(const BlockKey &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end() || it->second.fp != fp) {
@@ -82,22 +75,22 @@ class HostTier final : public Tier {
     return true;
   }
 
-  bool contains(const Key &key) override {
+  bool contains(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     return map_.count(key) != 0;
   }
-  bool erase(const Key &key) override {
+  bool erase(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     return drop(key);
   }
-  bool pin(const Key &key) override {
+  bool pin(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end()) return false;
     if (it->second.pins++ == 0) pinned_bytes_ += it->second.n + it->second.fp.size();
     return true;
   }
-  bool unpin(const Key &key) override {
+  bool unpin(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end() || it->second.pins == 0) return false;
@@ -118,7 +111,7 @@ class HostTier final : public Tier {
     std::vector<uint8_t> fp;
     std::unique_ptr<uint8_t[]> data;  // n bytes (not value-initialized: written once by put)
     size_t n = 0;
-    std::list<Key>::iterator pos;
+    std::list<BlockKey>::iterator pos;
     uint32_t pins = 0;
   };
   // A buffer of n bytes: a recycled one of that size (blocks of one pool all
@@ -134,7 +127,7 @@ class HostTier final : public Tier {
       }
     return std::unique_ptr<uint8_t[]>(new uint8_t[n ? n : 1]);
   }
-  bool drop(const Key &key) {
+  bool drop(const BlockKey &key) {
     auto it = map_.find(key);
     if (it == map_.end()) return false;
     st_.bytes -= it->second.n + it->second.fp.size();
@@ -153,8 +146,8 @@ class HostTier final : public Tier {
 
   const uint64_t cap_;
   mutable std::mutex mu_;
-  std::unordered_map<Key, Entry, KeyHash> map_;
-  std::list<Key> lru_;  // front: most recently used
+  std::unordered_map<BlockKey, Entry, BlockKeyHash> map_;
+  std::list<BlockKey> lru_;  // front: most recently used
   Stats st_;
   uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
   static constexpr size_t kSpares = 4;

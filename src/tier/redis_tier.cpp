@@ -295,7 +295,7 @@ class RedisTier final : public Tier {
       : prefix_(cfg.key_prefix), ttl_(cfg.ttl_seconds), client_(cfg) {}
   const char *name() const override { return "redis"; }
 
-  bool put(const Key &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
+  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
            size_t n) override {
     std::string rec;
     try {
@@ -331,7 +331,7 @@ class RedisTier final : public Tier {
     return true;
   }
 
-  bool get(const Key &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+  bool get(const BlockKey &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
     const std::string k = redis_key(key);
     std::string why;
     Reply r = command({"GET", k}, why);
@@ -367,7 +367,7 @@ class RedisTier final : public Tier {
     return true;
   }
 
-  bool contains(const Key &key) override {
+  bool contains(const BlockKey &key) override {
     const std::string k = redis_key(key);
     std::string why;
     Reply r = command({"EXISTS", k}, why);
@@ -376,7 +376,7 @@ class RedisTier final : public Tier {
     return r->integer > 0;
   }
 
-  bool erase(const Key &key) override {
+  bool erase(const BlockKey &key) override {
     const std::string k = redis_key(key);
     std::string why;
     Reply r = command({"DEL", k}, why);
@@ -407,7 +407,7 @@ class RedisTier final : public Tier {
     std::unique_lock lk(io_mu_);
     return client_.run(argv, why);
   }
-  std::string redis_key(const Key &k) const { return prefix_ + k.hex(); }
+  std::string redis_key(const BlockKey &k) const { return prefix_ + k.hex(); }
   static std::string reply_text(const redisReply *r) {
     if (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS)
       return std::string(r->str, r->len);

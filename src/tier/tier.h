@@ -20,20 +20,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/block_key.h"
+
 namespace kvc::tier {
 
-struct Key {
-  std::array<uint8_t, 32> b{};  // SHA-256: 32 bytes; XXH3-128: 16, the rest 0
-  bool operator==(const Key &o) const { return b == o.b; }
-  std::string hex() const;
-};
-struct KeyHash {
-  size_t operator()(const Key &k) const noexcept {
-    size_t h;
-    __builtin_memcpy(&h, k.b.data(), sizeof h);  // keys are digests: any 8 bytes are uniform
-    return h;
-  }
-};
 
 // Counters of one tier (monotonic except bytes / entries).
 struct Stats {
@@ -51,19 +41,19 @@ class Tier {
   // replacing an older one; evicts least recently used entries for room.
   // False (counted as an error, nothing stored) when it cannot: larger than
   // the capacity, an I/O error. Never partly visible.
-  virtual bool put(const Key &key, const std::vector<uint8_t> &fingerprint, const uint8_t *payload,
+  virtual bool put(const BlockKey &key, const std::vector<uint8_t> &fingerprint, const uint8_t *payload,
                    size_t n) = 0;
   // The payload of `key` written with `fingerprint`, whole, or false (a miss:
   // absent, another fingerprint, or a damaged record, which is removed).
-  virtual bool get(const Key &key, const std::vector<uint8_t> &fingerprint, std::vector<uint8_t> &out) = 0;
-  virtual bool contains(const Key &key) = 0;
-  virtual bool erase(const Key &key) = 0;
+  virtual bool get(const BlockKey &key, const std::vector<uint8_t> &fingerprint, std::vector<uint8_t> &out) = 0;
+  virtual bool contains(const BlockKey &key) = 0;
+  virtual bool erase(const BlockKey &key) = 0;
   // Pins `key`: LRU replacement never evicts a pinned entry (a put that would
   // need its room fails instead). Pins count: each pin needs one unpin.
   // False when the key is absent or the tier cannot pin (Redis).
-  virtual bool pin(const Key &) { return false; }
+  virtual bool pin(const BlockKey &) { return false; }
   // False (nothing changes) when the key is not pinned: counts never go negative.
-  virtual bool unpin(const Key &) { return false; }
+  virtual bool unpin(const BlockKey &) { return false; }
   virtual Stats stats() const = 0;
   // The reason of the last error, "" if none.
   virtual std::string last_error() const = 0;

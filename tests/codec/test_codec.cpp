@@ -15,9 +15,10 @@
 #include <vector>
 
 #include "codec/codec.h"
-#include "codec/fp8.h"
-#include "core/error.h"
+#include "common/fp8.h"
+#include "common/error.h"
 
+using namespace kvc;
 using namespace kvc::codec;
 
 static int g_fail = 0;
@@ -48,11 +49,11 @@ static Quantized roundtrip(const Spec &s, const std::vector<float> &x, uint64_t 
   q.codes.resize(n * row_bytes(s.dtype, d));
   q.scales.resize(num_scales(s, n, d) * scale_bytes(s));
   q.zeros.resize(s.asym ? q.scales.size() : 0);
-  quantize(s, x.data(), kvc::core::DType::F32, n, d, q.codes.data(), q.scales.data(),
+  quantize(s, x.data(), kvc::DType::F32, n, d, q.codes.data(), q.scales.data(),
            q.zeros.data());
   q.out.resize(n * d);
   dequantize(s, q.codes.data(), q.scales.data(), q.zeros.data(), n, d, q.out.data(),
-             kvc::core::DType::F32);
+             kvc::DType::F32);
   return q;
 }
 
@@ -78,16 +79,16 @@ static std::string describe(const Spec &s, uint64_t d) {
   char b[160];
   std::snprintf(b, sizeof b, "%s gran=%d G=%u %s scale=%s d=%llu", dtype_name(s.dtype),
                 static_cast<int>(s.gran), s.group, s.asym ? "asym" : "sym",
-                s.scale_dtype == Dtype::F16 ? "f16" : "f32", static_cast<unsigned long long>(d));
+                s.scale_dtype == DType::F16 ? "f16" : "f32", static_cast<unsigned long long>(d));
   return b;
 }
 
 static void test_int_bounds() {
   const uint64_t dims[] = {8, 64, 96, 128, 256};
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2})
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (bool asym : {false, true})
-        for (Dtype sd : {Dtype::F32, Dtype::F16})
+        for (DType sd : {DType::F32, DType::F16})
           for (uint64_t d : dims) {
             Spec s;
             s.dtype = dt;
@@ -120,7 +121,7 @@ static void test_int_bounds() {
 }
 
 static void test_zero_rows_exact() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (bool asym : {false, true}) {
         if (asym && is_fp8(dt)) continue;
@@ -203,7 +204,7 @@ static void test_fp8() {
   }
   // Through the quantizer with a static scale of 1: 500 -> 448, -1000 -> -448.
   Spec s;
-  s.dtype = Dtype::FP8_E4M3;
+  s.dtype = DType::FP8_E4M3;
   s.gran = Gran::Tensor;
   s.static_scale = 1.0;
   std::vector<float> x = {500.0f, -1000.0f, 3.0f, 0.0f};
@@ -215,39 +216,39 @@ static void test_fp8() {
   // Dynamic per-token fp8: every normal value within half an ulp (relative).
   s.static_scale = 0.0;
   s.gran = Gran::Token;
-  for (Dtype dt : {Dtype::FP8_E4M3, Dtype::FP8_E5M2}) {
+  for (DType dt : {DType::FP8_E4M3, DType::FP8_E5M2}) {
     s.dtype = dt;
     std::vector<float> y = gaussian(16 * 128, 3.0f);
     Quantized r = roundtrip(s, y, 16, 128);
-    const float rel = dt == Dtype::FP8_E4M3 ? std::ldexp(1.0f, -4) : std::ldexp(1.0f, -3);
+    const float rel = dt == DType::FP8_E4M3 ? std::ldexp(1.0f, -4) : std::ldexp(1.0f, -3);
     for (uint64_t t = 0; t < 16; ++t) {
-      const float sc = load_scale(r.scales.data() + t * 4, Dtype::F32);
+      const float sc = load_scale(r.scales.data() + t * 4, DType::F32);
       for (uint64_t c = 0; c < 128; ++c) {
         const float v = y[t * 128 + c], o = r.out[t * 128 + c];
-        const float smallest_normal = (dt == Dtype::FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14)) * sc;
+        const float smallest_normal = (dt == DType::FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14)) * sc;
         if (std::fabs(v) >= smallest_normal) CHECK(std::fabs(o - v) <= rel * std::fabs(v) * 1.0001f);
       }
     }
   }
 }
 
-static void expect_error(const std::function<void()> &f, kvc::core::Errc code) {
+static void expect_error(const std::function<void()> &f, kvc::Errc code) {
   try {
     f();
     CHECK(!"expected an error");
-  } catch (const kvc::core::Error &e) {
+  } catch (const kvc::Error &e) {
     CHECK(e.code() == code);
   }
 }
 
 static void test_static_scales() {
-  for (Dtype dt : {Dtype::INT8, Dtype::FP8_E4M3, Dtype::FP8_E5M2, Dtype::INT4}) {
+  for (DType dt : {DType::INT8, DType::FP8_E4M3, DType::FP8_E5M2, DType::INT4}) {
     Spec s;
     s.dtype = dt;
     s.gran = Gran::Tensor;
     for (double bad : {1e-50, 1e300, std::nan(""), -1.0, double(INFINITY)}) {
       s.static_scale = bad;
-      expect_error([&] { validate(s, 8); }, kvc::core::Errc::InvalidScale);
+      expect_error([&] { validate(s, 8); }, kvc::Errc::InvalidScale);
     }
     s.static_scale = 0.5;
     validate(s, 8);
@@ -267,7 +268,7 @@ static void test_static_scales() {
 static void test_int4_partial_group() {
   for (uint32_t g : {32u, 64u, 96u, 128u}) {
     Spec s;
-    s.dtype = Dtype::INT4;
+    s.dtype = DType::INT4;
     s.gran = Gran::Group;
     s.group = g;
     s.asym = true;
@@ -282,13 +283,13 @@ static void test_int4_partial_group() {
 }
 
 static void test_rotation_bound() {
-  for (Dtype dt : {Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::INT8})
+  for (DType dt : {DType::INT4, DType::INT3, DType::INT2, DType::INT8})
     for (uint64_t d : {8ull, 64ull, 96ull, 128ull, 256ull}) {
       Spec s;
       s.dtype = dt;
       s.gran = Gran::Group;
       s.group = 32;
-      s.asym = dt == Dtype::INT2;
+      s.asym = dt == DType::INT2;
       s.rotation_block = default_rotation_block(d);
       const uint64_t n = 20;
       std::vector<float> x = gaussian(n * d, 1.0f);
@@ -320,55 +321,55 @@ static void test_rotation_bound() {
 
 static void test_nonfinite_rejected() {
   Spec s;
-  s.dtype = Dtype::INT8;
+  s.dtype = DType::INT8;
   s.gran = Gran::Token;
   std::vector<float> x = gaussian(32, 1.0f);
   x[17] = std::nanf("");
   std::vector<uint8_t> codes(32, 0xaa), scales(4 * 4, 0xbb);
-  expect_error([&] { quantize(s, x.data(), kvc::core::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
-               kvc::core::Errc::NonFinite);
+  expect_error([&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
+               kvc::Errc::NonFinite);
   for (uint8_t c : codes) CHECK(c == 0xaa);  // nothing written
   for (uint8_t c : scales) CHECK(c == 0xbb);
   x[17] = INFINITY;
-  expect_error([&] { quantize(s, x.data(), kvc::core::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
-               kvc::core::Errc::NonFinite);
+  expect_error([&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
+               kvc::Errc::NonFinite);
 }
 
 static void test_byte_layout() {
   // int4 symmetric: element 0 in the low nibble, stored as q + 8.
   Spec s;
-  s.dtype = Dtype::INT4;
+  s.dtype = DType::INT4;
   s.gran = Gran::Token;
   std::vector<float> x = {7.0f, -7.0f, 0.0f, 1.0f};
   Quantized q = roundtrip(s, x, 1, 4);
   CHECK(q.codes[0] == (0x1 << 4 | 0xf));  // 7 -> 15 (low), -7 -> 1 (high)
   CHECK(q.codes[1] == (0x9 << 4 | 0x8));  // 0 -> 8, 1 -> 9
-  CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  CHECK(load_scale(q.scales.data(), DType::F32) == 1.0f);
   CHECK(q.scales[0] == 0x00 && q.scales[3] == 0x3f);  // 1.0f little-endian
   // int2 asymmetric: element j at bits 2j.
-  s.dtype = Dtype::INT2;
+  s.dtype = DType::INT2;
   s.asym = true;
   x = {0.0f, 1.0f, 2.0f, 3.0f};
   q = roundtrip(s, x, 1, 4);
   CHECK(q.codes[0] == (3 << 6 | 2 << 4 | 1 << 2 | 0));
-  CHECK(load_scale(q.zeros.data(), Dtype::F32) == 0.0f);
-  CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  CHECK(load_scale(q.zeros.data(), DType::F32) == 0.0f);
+  CHECK(load_scale(q.scales.data(), DType::F32) == 1.0f);
   // int3 symmetric: element j at bits 3j.. of the row's little-endian bit
   // string, stored as q + 4 (absmax 3: scale 1).
-  s.dtype = Dtype::INT3;
+  s.dtype = DType::INT3;
   s.asym = false;
   x = {3.0f, -3.0f, 0.0f, 1.0f, 2.0f, -1.0f, -2.0f, 3.0f};  // codes 7 1 4 5 6 3 2 7
   q = roundtrip(s, x, 1, 8);
   CHECK(q.codes.size() == 3);
   CHECK(q.codes[0] == 0x0f && q.codes[1] == 0xeb && q.codes[2] == 0xe9);
-  CHECK(load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  CHECK(load_scale(q.scales.data(), DType::F32) == 1.0f);
   for (int j = 0; j < 8; ++j) CHECK(q.out[j] == x[j]);
   // int3 asymmetric over 16 values (two 3-byte units), codes 0..7 and back.
   s.asym = true;
   x.clear();
   for (int j = 0; j < 16; ++j) x.push_back(static_cast<float>((j * 5) % 8));
   q = roundtrip(s, x, 1, 16);
-  CHECK(q.codes.size() == 6 && load_scale(q.scales.data(), Dtype::F32) == 1.0f);
+  CHECK(q.codes.size() == 6 && load_scale(q.scales.data(), DType::F32) == 1.0f);
   for (int j = 0; j < 16; ++j) {
     const uint64_t bit = 3 * static_cast<uint64_t>(j);
     const uint32_t w = q.codes[bit / 8] | (bit / 8 + 1 < 6 ? q.codes[bit / 8 + 1] << 8 : 0u);
@@ -376,7 +377,7 @@ static void test_byte_layout() {
     CHECK(q.out[j] == x[j]);
   }
   // int8 symmetric: two's complement.
-  s.dtype = Dtype::INT8;
+  s.dtype = DType::INT8;
   s.asym = false;
   x = {-127.0f, 127.0f, -1.0f, 0.0f};
   q = roundtrip(s, x, 1, 4);
@@ -392,7 +393,7 @@ static void test_simd_matches_scalar() {
   if (!simd_active()) {
     std::printf("no AVX2 on this machine: the scalar path is the only one\n");
   }
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint64_t d : {8ull, 40ull, 64ull, 96ull, 128ull, 200ull, 256ull}) {
@@ -421,12 +422,12 @@ static void test_simd_matches_scalar() {
 // The fused quantize path (f16 or f32 input, rotation, static scales, f16
 // scales) gives the scalar path's codes, scales and zero points bit for bit.
 static void test_fused_quantize_matches_scalar() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group})
       for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint32_t rot : {0u, 8u})
-          for (Dtype sd : {Dtype::F32, Dtype::F16})
-            for (kvc::core::DType in : {kvc::core::DType::F32, kvc::core::DType::F16})
+          for (DType sd : {DType::F32, DType::F16})
+            for (kvc::DType in : {kvc::DType::F32, kvc::DType::F16})
               for (uint64_t d : {8ull, 24ull, 64ull, 128ull}) {
                 const bool asym = mode == 1;
                 if (mode != 0 && is_fp8(dt)) continue;
@@ -445,8 +446,8 @@ static void test_fused_quantize_matches_scalar() {
                 x[3] = 0.0f;
                 for (uint64_t i = 0; i < x.size(); i += 13) x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
                 std::vector<uint16_t> h(x.size());
-                kvc::core::convert(x.data(), kvc::core::DType::F32, h.data(), kvc::core::DType::F16, x.size());
-                const void *src = in == kvc::core::DType::F16 ? static_cast<const void *>(h.data()) : x.data();
+                kvc::convert(x.data(), kvc::DType::F32, h.data(), kvc::DType::F16, x.size());
+                const void *src = in == kvc::DType::F16 ? static_cast<const void *>(h.data()) : x.data();
                 Quantized a, b;
                 for (Quantized *q : {&a, &b}) {
                   q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
@@ -458,7 +459,7 @@ static void test_fused_quantize_matches_scalar() {
                 set_force_scalar(false);
                 bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
                 // Dequantize the same codes both ways, to f32 and to f16.
-                for (kvc::core::DType out : {kvc::core::DType::F32, kvc::core::DType::F16}) {
+                for (kvc::DType out : {kvc::DType::F32, kvc::DType::F16}) {
                   std::vector<uint8_t> da(n * d * 4, 0x5a), db(n * d * 4, 0x5a);
                   set_force_scalar(true);
                   dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, da.data(), out);
@@ -477,8 +478,8 @@ static void test_fused_quantize_matches_scalar() {
 // encoding is delicate: every code's value, every midpoint between codes,
 // f32 subnormals, values beyond the largest finite code, random exponents.
 static void test_fp8_simd_edges() {
-  for (Dtype dt : {Dtype::FP8_E4M3, Dtype::FP8_E5M2}) {
-    const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+  for (DType dt : {DType::FP8_E4M3, DType::FP8_E5M2}) {
+    const float *t = dt == DType::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
     std::vector<float> x;
     for (int c = 0; c < 256; ++c) {
       if (!std::isfinite(t[c])) continue;
@@ -502,7 +503,7 @@ static void test_fp8_simd_edges() {
     CHECK(a.codes == b.codes);
     CHECK(std::memcmp(a.out.data(), b.out.data(), a.out.size() * 4) == 0);
     for (size_t i = 0; i < x.size(); ++i) {
-      const uint8_t expect = dt == Dtype::FP8_E4M3 ? fp8_e4m3_encode(x[i]) : fp8_e5m2_encode(x[i]);
+      const uint8_t expect = dt == DType::FP8_E4M3 ? fp8_e4m3_encode(x[i]) : fp8_e5m2_encode(x[i]);
       if (b.codes[i] != expect) {
         std::fprintf(stderr, "fp8 %d: x=%g simd %02x scalar %02x\n", int(dt), x[i], b.codes[i], expect);
         CHECK(false);
@@ -514,9 +515,9 @@ static void test_fp8_simd_edges() {
 
 // Dequantizing to f16 (the fused AVX2 path) equals the scalar path's bytes.
 static void test_dequant_f16_simd() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4})
+  for (DType dt : {DType::INT8, DType::INT4})
     for (Gran g : {Gran::Token, Gran::Group})
-      for (Dtype sd : {Dtype::F32, Dtype::F16}) {
+      for (DType sd : {DType::F32, DType::F16}) {
         Spec s;
         s.dtype = dt;
         s.gran = g;
@@ -527,9 +528,9 @@ static void test_dequant_f16_simd() {
         Quantized q = roundtrip(s, x, n, d);
         std::vector<uint16_t> a(n * d), b(n * d);
         set_force_scalar(true);
-        dequantize(s, q.codes.data(), q.scales.data(), nullptr, n, d, a.data(), kvc::core::DType::F16);
+        dequantize(s, q.codes.data(), q.scales.data(), nullptr, n, d, a.data(), kvc::DType::F16);
         set_force_scalar(false);
-        dequantize(s, q.codes.data(), q.scales.data(), nullptr, n, d, b.data(), kvc::core::DType::F16);
+        dequantize(s, q.codes.data(), q.scales.data(), nullptr, n, d, b.data(), kvc::DType::F16);
         CHECK(a == b);
       }
 }
@@ -537,7 +538,7 @@ static void test_dequant_f16_simd() {
 // Every one of the 256 fp8 codes (NaN and Inf codes included, which only a
 // caller can supply) decodes to the table's bits on the AVX2 path.
 static void test_fp8_decode_all_codes() {
-  for (Dtype dt : {Dtype::FP8_E4M3, Dtype::FP8_E5M2}) {
+  for (DType dt : {DType::FP8_E4M3, DType::FP8_E5M2}) {
     Spec s;
     s.dtype = dt;
     s.gran = Gran::Tensor;
@@ -547,18 +548,18 @@ static void test_fp8_decode_all_codes() {
     const uint8_t scale[4] = {0x00, 0x00, 0x40, 0x3f};  // 0.75f little-endian
     std::vector<float> a(codes.size()), b(codes.size());
     set_force_scalar(true);
-    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, a.data(), kvc::core::DType::F32);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, a.data(), kvc::DType::F32);
     set_force_scalar(false);
-    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, b.data(), kvc::core::DType::F32);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, b.data(), kvc::DType::F32);
     CHECK(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
     // To f16 as well (the direct path converts each code through f16's fields).
     std::vector<uint16_t> ha(codes.size()), hb(codes.size());
     set_force_scalar(true);
-    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, ha.data(), kvc::core::DType::F16);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, ha.data(), kvc::DType::F16);
     set_force_scalar(false);
-    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, hb.data(), kvc::core::DType::F16);
+    dequantize(s, codes.data(), scale, nullptr, codes.size() / 32, 32, hb.data(), kvc::DType::F16);
     CHECK(ha == hb);
-    const float *t = dt == Dtype::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+    const float *t = dt == DType::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
     for (int c = 0; c < 256; ++c) {
       const float want = t[c] * 0.75f;
       if (std::memcmp(&want, &b[c], 4) != 0) {
@@ -590,9 +591,9 @@ static void test_hadamard_simd() {
 // clamp to within one step. Hand-computed int4 codes, zero groups and dynamic
 // per-tensor scales too.
 static void test_full_range() {
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2})
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
-      for (Dtype sd : {Dtype::F32, Dtype::F16})
+      for (DType sd : {DType::F32, DType::F16})
         for (uint64_t d : {8ull, 64ull, 96ull, 128ull}) {
           Spec s;
           s.dtype = dt;
@@ -604,7 +605,7 @@ static void test_full_range() {
           std::vector<float> x = gaussian(n * d, 1.0f);
           for (uint64_t r = 0; r < n; ++r) x[r * d + (d / 3)] *= (r % 2 ? 12.0f : -12.0f);  // outliers of both signs
           Quantized q = roundtrip(s, x, n, d);
-          const double half = dt == Dtype::INT8 ? 128 : dt == Dtype::INT4 ? 8 : dt == Dtype::INT3 ? 4 : 2;
+          const double half = dt == DType::INT8 ? 128 : dt == DType::INT4 ? 8 : dt == DType::INT3 ? 4 : 2;
           // The extreme of each scale's elements.
           std::map<uint64_t, float> ext;
           auto idx_of = [&](uint64_t r, uint64_t c) { return scale_index(s, r, c, d); };
@@ -620,7 +621,7 @@ static void test_full_range() {
               const float m = ext[idx_of(r, c)], scale = step_of(s, q, r, c, n, d), v = x[r * d + c];
               const double want = std::fabs(m) / half, got = std::fabs(scale);
               const bool scale_ok = (m > 0 ? scale < 0 : scale > 0) && got >= want &&
-                                    got <= want * (1.0 + (sd == Dtype::F16 ? 1.0 / 1024 : 1e-6)) + 1e-30;
+                                    got <= want * (1.0 + (sd == DType::F16 ? 1.0 / 1024 : 1e-6)) + 1e-30;
               const float err = std::fabs(q.out[r * d + c] - v);
               const bool clamps = (v > 0) != (m > 0) && std::fabs(v) > (half - 1) * got;
               const float bound = (clamps ? 1.0f : 0.5f) * got * (1.0f + 1e-5f) + 4e-7f * std::fabs(v);
@@ -639,12 +640,12 @@ static void test_full_range() {
   // off), 0.375 -> -0.5 -> 0 (ties to even), 3 -> -4, -0.75 -> 1, 2.25 -> -3.
   {
     Spec s;
-    s.dtype = Dtype::INT4;
+    s.dtype = DType::INT4;
     s.gran = Gran::Token;
     s.full_range = true;
     const std::vector<float> x = {6.0f, -5.0f, 1.0f, -6.0f, 0.375f, 3.0f, -0.75f, 2.25f};
     Quantized q = roundtrip(s, x, 1, 8);
-    CHECK(load_scale(q.scales.data(), Dtype::F32) == -0.75f);
+    CHECK(load_scale(q.scales.data(), DType::F32) == -0.75f);
     const int want_q[8] = {-8, 7, -1, 7, 0, -4, 1, -3};
     for (int j = 0; j < 8; ++j) {
       const int stored = (q.codes[j / 2] >> ((j & 1) * 4)) & 0xf;
@@ -654,33 +655,33 @@ static void test_full_range() {
     // A tie of magnitudes picks the positive value: scale -3 / 8.
     const std::vector<float> t = {-3.0f, 3.0f, 0, 0, 0, 0, 0, 0};
     Quantized qt = roundtrip(s, t, 1, 8);
-    CHECK(load_scale(qt.scales.data(), Dtype::F32) == -0.375f);
+    CHECK(load_scale(qt.scales.data(), DType::F32) == -0.375f);
     CHECK(qt.out[1] == 3.0f && qt.out[0] == -2.625f);  // -3 -> 8 clamps to 7
     // Beyond the 1e38 cap the sign still follows the value of largest
     // magnitude: -2e38 (not the positive 1.5e38, which caps to the same
     // magnitude) gives a positive scale, and it saturates to the code -128.
     {
       Spec s8 = s;
-      s8.dtype = Dtype::INT8;
+      s8.dtype = DType::INT8;
       const std::vector<float> big = {1.5e38f, -2e38f, 1.0f, 0, 0, 0, 0, 0};
       for (bool scalar : {true, false}) {
         set_force_scalar(scalar);
         Quantized qb = roundtrip(s8, big, 1, 8);
-        const float sc = load_scale(qb.scales.data(), Dtype::F32);
+        const float sc = load_scale(qb.scales.data(), DType::F32);
         CHECK(sc > 0.0f && sc >= static_cast<float>(1e38 / 128) && sc < 7.82e35f);
         CHECK(static_cast<int8_t>(qb.codes[1]) == -128 && qb.out[1] == -128.0f * sc);
         CHECK(static_cast<int8_t>(qb.codes[0]) == 127 && qb.out[0] == 127.0f * sc);
         // A true tie picks the positive extreme.
         Quantized qt2 = roundtrip(s8, {-3e38f, 3e38f, 0, 0, 0, 0, 0, 0}, 1, 8);
-        CHECK(load_scale(qt2.scales.data(), Dtype::F32) < 0.0f && static_cast<int8_t>(qt2.codes[1]) == -128);
+        CHECK(load_scale(qt2.scales.data(), DType::F32) < 0.0f && static_cast<int8_t>(qt2.codes[1]) == -128);
       }
       set_force_scalar(false);
     }
     // A zero row: scale 0 and exact zeros, for every dtype.
-    for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2}) {
+    for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2}) {
       s.dtype = dt;
       Quantized z = roundtrip(s, std::vector<float>(8, 0.0f), 1, 8);
-      CHECK(load_scale(z.scales.data(), Dtype::F32) == 0.0f);
+      CHECK(load_scale(z.scales.data(), DType::F32) == 0.0f);
       for (float v : z.out) CHECK(v == 0.0f && !std::signbit(v));
     }
   }
@@ -715,9 +716,9 @@ static void test_f16_direct_matches_scalar() {
     return h;
   };
   int cases = 0;
-  for (Dtype dt : {Dtype::INT8, Dtype::INT4, Dtype::INT3, Dtype::INT2, Dtype::FP8_E4M3, Dtype::FP8_E5M2})
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (int mode : {0, 1, 2})
-      for (Dtype sd : {Dtype::F32, Dtype::F16})
+      for (DType sd : {DType::F32, DType::F16})
         for (uint64_t d : {64ull, 96ull, 128ull, 200ull})
           for (uint32_t group : {0u, 8u, 16u, 24u, 32u, 64u}) {
             if (mode != 0 && is_fp8(dt)) continue;
@@ -737,7 +738,7 @@ static void test_f16_direct_matches_scalar() {
               q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
               q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
               set_force_scalar(q == &a);
-              quantize(s, h.data(), kvc::core::DType::F16, n, d, q->codes.data(), q->scales.data(), q->zeros.data());
+              quantize(s, h.data(), kvc::DType::F16, n, d, q->codes.data(), q->scales.data(), q->zeros.data());
             }
             set_force_scalar(false);
             const bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
@@ -750,8 +751,8 @@ static void test_f16_direct_matches_scalar() {
               std::vector<uint16_t> hb = h;
               hb.back() = badv;
               std::vector<uint8_t> codes(a.codes.size(), 0x5a), scales(a.scales.size(), 0x5a), zeros(a.zeros.size(), 0x5a);
-              expect_error([&] { quantize(s, hb.data(), kvc::core::DType::F16, n, d, codes.data(), scales.data(), zeros.data()); },
-                           kvc::core::Errc::NonFinite);
+              expect_error([&] { quantize(s, hb.data(), kvc::DType::F16, n, d, codes.data(), scales.data(), zeros.data()); },
+                           kvc::Errc::NonFinite);
               bool untouched = true;
               for (uint8_t c : codes) untouched = untouched && c == 0x5a;
               for (uint8_t c : scales) untouched = untouched && c == 0x5a;
@@ -764,7 +765,7 @@ static void test_f16_direct_matches_scalar() {
   // An output of 4 MiB or more streams its int8 codes around the caches.
   {
     Spec s;
-    s.dtype = Dtype::INT8;
+    s.dtype = DType::INT8;
     s.gran = Gran::Token;
     const uint64_t n = 4096 * 8, d = 128;
     const std::vector<uint16_t> h = make(n * d, d);
@@ -773,7 +774,7 @@ static void test_f16_direct_matches_scalar() {
       q->codes.assign(n * d, 0xa5);
       q->scales.assign(n * 4, 0xa5);
       set_force_scalar(q == &a);
-      quantize(s, h.data(), kvc::core::DType::F16, n, d, q->codes.data(), q->scales.data(), nullptr);
+      quantize(s, h.data(), kvc::DType::F16, n, d, q->codes.data(), q->scales.data(), nullptr);
     }
     set_force_scalar(false);
     CHECK(a.codes == b.codes && a.scales == b.scales);
@@ -789,7 +790,7 @@ static void test_f16_direct_matches_scalar() {
 // dynamic codes are within half a step (full range: one step for values of
 // the other sign than the extreme).
 static void test_int3_random() {
-  using kvc::core::DType;
+  using kvc::DType;
   std::mt19937 r3(20261130);
   auto pick = [&](std::initializer_list<uint64_t> v) { return v.begin()[r3() % v.size()]; };
   constexpr size_t kGuard = 64;
@@ -805,19 +806,19 @@ static void test_int3_random() {
     const uint64_t d = pick({1, 2, 3, 5, 7, 8, 9, 13, 16, 24, 31, 33, 40, 64, 100, 127, 128, 200, 256});
     const uint64_t n = pick({1, 1, 2, 3, 5, 8, 17, 64});
     Spec s;
-    s.dtype = Dtype::INT3;
+    s.dtype = DType::INT3;
     s.gran = static_cast<Gran>(1 + r3() % 4);  // Tensor, Token, Group, Channel
     const int mode = static_cast<int>(r3() % 3);  // symmetric, asymmetric, full range
     s.asym = mode == 1;
     s.full_range = mode == 2;
-    s.scale_dtype = r3() % 2 ? Dtype::F16 : Dtype::F32;
+    s.scale_dtype = r3() % 2 ? DType::F16 : DType::F32;
     if (s.gran == Gran::Group) s.group = static_cast<uint32_t>(pick({1, 3, 5, 8, 12, 16, 20, 24, 32, 40, 64, d}));
     if (s.gran == Gran::Channel) s.group = static_cast<uint32_t>(pick({1, 2, 3, n}));
     if (r3() % 4 == 0 && default_rotation_block(d) > 1) s.rotation_block = default_rotation_block(d) >> (r3() % 2);
     if (s.rotation_block == 1) s.rotation_block = 0;
     if (s.gran == Gran::Tensor && mode == 0 && r3() % 3 == 0) s.static_scale = pick({1, 2, 4}) * 0.25;
     const DType src_t = static_cast<DType>(r3() % 3), dst_t = static_cast<DType>(r3() % 3);
-    const uint64_t esz = kvc::core::dtype_bytes(src_t), osz = kvc::core::dtype_bytes(dst_t);
+    const uint64_t esz = kvc::dtype_bytes(src_t), osz = kvc::dtype_bytes(dst_t);
     // Values: gaussian, a shifted mean for asymmetric codes, an outlier, and
     // sometimes a zero row or a group of equal values.
     std::vector<float> xf = gaussian(n * d, 1.0f, s.asym ? 0.7f : 0.0f);
@@ -825,9 +826,9 @@ static void test_int3_random() {
     if (r3() % 8 == 0) std::fill(xf.begin(), xf.begin() + d, 0.0f);
     if (r3() % 8 == 0) std::fill(xf.begin() + (n - 1) * d, xf.end(), 1.5f);
     std::vector<uint8_t> src(n * d * esz);
-    kvc::core::convert_scalar(xf.data(), DType::F32, src.data(), src_t, n * d);
+    kvc::convert_scalar(xf.data(), DType::F32, src.data(), src_t, n * d);
     std::vector<float> x(n * d);  // the values as given (exact)
-    kvc::core::convert_scalar(src.data(), src_t, x.data(), DType::F32, n * d);
+    kvc::convert_scalar(src.data(), src_t, x.data(), DType::F32, n * d);
     const uint64_t rb = row_bytes(s.dtype, d), cb = n * rb, sbytes = num_scales(s, n, d) * scale_bytes(s);
     const uint64_t zb = s.asym ? sbytes : 0;
     CHECK(rb == (d * 3 + 7) / 8);
@@ -871,7 +872,7 @@ static void test_int3_random() {
     Quantized q;
     q.scales.assign(scales[1].begin(), scales[1].end() - kGuard);
     std::vector<float> out(n * d);
-    kvc::core::convert_scalar(outs[1].data(), dst_t, out.data(), DType::F32, n * d);
+    kvc::convert_scalar(outs[1].data(), dst_t, out.data(), DType::F32, n * d);
     for (uint64_t r = 0; r < n && ok; ++r) {
       const uint8_t *row = codes[1].data() + r * rb;
       if (d * 3 % 8 && (row[rb - 1] >> (d * 3 % 8)) != 0) {

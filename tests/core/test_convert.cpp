@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "core/convert.h"
+#include "common/convert.h"
 
-using namespace kvc::core;
+using namespace kvc;
 
 static int failures = 0;
 #define CHECK(c)                                                                  \

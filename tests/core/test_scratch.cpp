@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "../common/kvtest.h"
-#include "core/scratch.h"
+#include "common/scratch.h"
 
 namespace {
 
@@ -49,19 +49,19 @@ void append_and_check(kvc_pool *p, uint64_t from, uint64_t n) {
 }
 
 void run(bool on_thread) {
-  CHECK(kvc::core::thread_scratch_bytes() == 0);  // nothing yet on this thread
+  CHECK(kvc::thread_scratch_bytes() == 0);  // nothing yet on this thread
   kvc_pool *p = int8_pool();
   CHECK(kvc_seq_create(p, 1) == KVC_OK);
   // 16 tokens: two 64 KiB rows of scratch (K and V in f32), below the keep size: kept.
   append_and_check(p, 0, 16);
-  const size_t small = kvc::core::thread_scratch_bytes();
+  const size_t small = kvc::thread_scratch_bytes();
   CHECK(small >= 2 * 16 * kRow * sizeof(float) && small <= kKeep);
   append_and_check(p, 16, 16);
-  CHECK(kvc::core::thread_scratch_bytes() == small);  // reused, not grown
+  CHECK(kvc::thread_scratch_bytes() == small);  // reused, not grown
   // 512 tokens: 4 MiB of scratch, released as the append returns (the gather
   // after it is small); the data is intact.
   append_and_check(p, 32, 512);
-  CHECK(kvc::core::thread_scratch_bytes() <= kKeep);
+  CHECK(kvc::thread_scratch_bytes() <= kKeep);
   // kvc_quantize of 2,048 rows of 1,024 values: 8 MiB of f32 scratch for the f16 input, released.
   {
     kvc_codec c;
@@ -78,7 +78,7 @@ void run(bool on_thread) {
     CHECK(kvc_quantize_sizes(&c, n, kRow, &sz) == KVC_OK);
     std::vector<uint8_t> codes(sz.codes_bytes), scales(sz.scales_bytes), zeros(sz.zeros_bytes + 1);
     CHECK(kvc_quantize(&c, in.data(), KVC_DTYPE_F16, n, kRow, codes.data(), scales.data(), zeros.data()) == KVC_OK);
-    CHECK(kvc::core::thread_scratch_bytes() <= kKeep);
+    CHECK(kvc::thread_scratch_bytes() <= kKeep);
     std::vector<float> out(n * kRow);
     CHECK(kvc_dequantize(&c, codes.data(), scales.data(), zeros.data(), n, kRow, out.data(), KVC_DTYPE_F32) ==
           KVC_OK);
@@ -94,7 +94,7 @@ void run(bool on_thread) {
     x.back() = NAN;
     CHECK(kvc_seq_reserve(p, 1, n, nullptr) == KVC_OK);
     CHECK(kvc_append(p, 1, 0, 544, n, x.data(), x.data(), KVC_DTYPE_F32) == KVC_ERR_NON_FINITE);
-    CHECK(kvc::core::thread_scratch_bytes() <= kKeep);
+    CHECK(kvc::thread_scratch_bytes() <= kKeep);
   }
   kvc_pool_destroy(p);
   (void)on_thread;
@@ -103,7 +103,7 @@ void run(bool on_thread) {
 }  // namespace
 
 int main() {
-  kvc::core::set_scratch_keep_bytes(kKeep);
+  kvc::set_scratch_keep_bytes(kKeep);
   run(false);
   // Another thread: its own buffers, released the same way; its exit frees them.
   std::thread t([] { run(true); });

@@ -41,7 +41,7 @@ float scale_at(const std::vector<uint8_t> &scales, kvc_dtype sd, uint64_t idx) {
   if (sd == KVC_DTYPE_F16) {
     uint16_t h;
     std::memcpy(&h, scales.data() + idx * 2, 2);
-    return kvc::core::f16_to_f32_scalar(h);
+    return kvc::f16_to_f32_scalar(h);
   }
   float f;
   std::memcpy(&f, scales.data() + idx * 4, 4);

@@ -47,7 +47,7 @@
 
 #include "api/internal.h"
 #include "api/struct_fields.h"
-#include "core/error.h"
+#include "common/error.h"
 #include "core/pool.h"
 #include "kvcache/kvcache.h"
 
@@ -257,7 +257,7 @@ int core_status(const std::function<void()> &f) {
   try {
     f();
     return 0;
-  } catch (const kvc::core::Error &e) {
+  } catch (const kvc::Error &e) {
     return static_cast<int>(e.code());
   } catch (const std::bad_alloc &) {
     return KVC_ERR_OUT_OF_MEMORY;
@@ -489,8 +489,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pc.flags = c.flags;
     pc.num_blocks = c.num_blocks;
     pc.capacity_bytes = c.capacity_bytes;
-    pc.k_dtype = static_cast<kvc::core::DType>(c.k_dtype);
-    pc.v_dtype = static_cast<kvc::core::DType>(c.v_dtype);
+    pc.k_dtype = static_cast<kvc::DType>(c.k_dtype);
+    pc.v_dtype = static_cast<kvc::DType>(c.v_dtype);
     pc.layout = static_cast<kvc::core::Layout>(c.layout);
     h.mirror = std::make_unique<kvc::core::Pool>(pc);
   }
@@ -583,7 +583,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
               const kvc_status a = kvc_append(h.pool, id, l, old, 1, k.data(), v.data(), KVC_DTYPE_F32);
               FCHECK(a == KVC_OK, "decode-step append: " + st(a));  // new block, never shared
               const int am = core_status([&] {
-                mirror.append(id, l, old, 1, k.data(), v.data(), kvc::core::DType::F32);
+                mirror.append(id, l, old, 1, k.data(), v.data(), kvc::DType::F32);
               });
               FCHECK(am == 0, "mirror append");
               m.tags[l][old] = tag;
@@ -641,7 +641,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                        v_null ? nullptr : v.data(), d);
         if (!k_null && !v_null && dtype_ok(d))  // the core refuses bad ranges before reading
           mr = core_status([&] {
-            mirror.append(id, layer, pos, n, k.data(), v.data(), static_cast<kvc::core::DType>(d));
+            mirror.append(id, layer, pos, n, k.data(), v.data(), static_cast<kvc::DType>(d));
           });
         if (r == KVC_OK) {
           for (uint64_t i = 0; i < n; ++i) it->second.tags[layer][pos + i] = tags[i];

@@ -16,7 +16,7 @@
 
 #include "../common/kvtest.h"
 #include "api/internal.h"
-#include "core/prefix.h"
+#include "prefix/prefix.h"
 
 namespace {
 
@@ -129,7 +129,7 @@ std::vector<uint8_t> keys_of(kvc_pool *p, const std::vector<int32_t> &toks, cons
 KVTEST(collision_and_seeds) {
   const uint8_t seed_a[32] = {1}, seed_b[32] = {2};
   {
-    kvc::core::prefix_hash_force_constant(true);
+    kvc::prefix::prefix_hash_force_constant(true);
     kvc_pool *p = make_pool(4, 64, 2, seed_a);
     request(p, 1, range(5, 13), false);
     CHECK(lookup(p, {1, 2, 3, 4, 99}).hit_tokens == 0);  // same (constant) key, other tokens
@@ -139,7 +139,7 @@ KVTEST(collision_and_seeds) {
     request(unsafe, 1, range(5, 13), false);
     CHECK(lookup(unsafe, {1, 2, 3, 4, 99}).hit_tokens == 4);  // what verification prevents
     kvc_pool_destroy(unsafe);
-    kvc::core::prefix_hash_force_constant(false);
+    kvc::prefix::prefix_hash_force_constant(false);
   }
   kvc_pool *p = make_pool(4, 64, 2, seed_a);
   CHECK(lookup(p, range(5, 14)).hit_tokens == 0);  // nothing cached yet
@@ -529,7 +529,7 @@ KVTEST(review_regressions) {
     kvc_pool_destroy(p);
   }
   {
-    kvc::core::prefix_hash_force_constant(true);
+    kvc::prefix::prefix_hash_force_constant(true);
     kvc_pool *p = make_pool(4, 64, 1);
     const kvc_prefix_extra a = {"tenantA", 7}, b = {"tenantB", 7};
     request(p, 1, range(1, 5), false, &a, 1);
@@ -538,7 +538,7 @@ KVTEST(review_regressions) {
     CHECK(rp.partial_tokens == 0);
     CHECK(lookup(p, {1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 9}, &a, 1).hit_tokens == 4);  // not the same block thrice
     kvc_pool_destroy(p);
-    kvc::core::prefix_hash_force_constant(false);
+    kvc::prefix::prefix_hash_force_constant(false);
   }
   {
     kvc_pool *p = make_pool(4, 64, 1);

@@ -553,7 +553,7 @@ KVTEST(host_poll_steals_sync_load) {
   for (int i = 0; i < kRounds; ++i) {
     auto gate = std::make_shared<Gate>();
     kvc::tier::TestHooks h;
-    h.before_get = [gate](const kvc::tier::Key &) { gate->wait(); };
+    h.before_get = [gate](const kvc::BlockKey &) { gate->wait(); };
     kvc::tier::set_test_hooks(h);
     kvc_status sync_st = KVC_OK;
     std::thread loader([&] { sync_st = kvc_prefix_load(b, ts[i].data(), ts[i].size(), nullptr, 0, nullptr); });
@@ -827,7 +827,7 @@ KVTEST(host_expired_load_blocks_loader) {
   auto slow_reads_p = std::make_shared<std::atomic<int>>(0);
   std::atomic<int> &slow_reads = *slow_reads_p;
   kvc::tier::TestHooks h;
-  h.before_get = [slow_keys, slow_reads_p, ks](const kvc::tier::Key &k) {
+  h.before_get = [slow_keys, slow_reads_p, ks](const kvc::BlockKey &k) {
     if (slow_keys->count(std::string(reinterpret_cast<const char *>(k.b.data()), ks))) {
       ++*slow_reads_p;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -862,7 +862,7 @@ KVTEST(host_destroy_with_pending_prefetch) {
   const auto t = prompt(3900, 13);
   to_tiers_only(p, 1, t);
   kvc::tier::TestHooks h;
-  h.before_get = [](const kvc::tier::Key &) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
+  h.before_get = [](const kvc::BlockKey &) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
   kvc::tier::set_test_hooks(h);
   uint64_t ticket = 0;
   CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "core/prefix.h"
+#include "prefix/prefix.h"
 #include "pool_util.h"
 
 namespace {
@@ -277,15 +277,15 @@ KVTEST(named_keys_unverified_pools) {
   tier_test::remove_dir(dir);
 }
 
-// With a constant hash (every key collides: kvc::core::prefix_hash_force_constant)
+// With a constant hash (every key collides: kvc::prefix::prefix_hash_force_constant)
 // verification keeps named assignments apart in the pool and in tier records:
 // pool A (names "salt") writes salt=x to disk; pool B (names "adapter") with
 // adapter=x finds the colliding key but refuses the record, whose extra keys
 // are another assignment (positionally both would be the one value "x").
 KVTEST(named_keys_forced_collision) {
   struct ConstantHash {
-    ConstantHash() { kvc::core::prefix_hash_force_constant(true); }
-    ~ConstantHash() { kvc::core::prefix_hash_force_constant(false); }
+    ConstantHash() { kvc::prefix::prefix_hash_force_constant(true); }
+    ~ConstantHash() { kvc::prefix::prefix_hash_force_constant(false); }
   } constant;
   const std::string dir = tier_test::temp_dir("kvc_named_col");
   const std::string model = model_of("collision");

@@ -79,7 +79,7 @@ KVTEST(host_prefetch_poll) {
   free_range(p, 100, squeeze(p, 100));
   Gate gate;
   kvc::tier::TestHooks h;
-  h.before_get = [&](const kvc::tier::Key &) { gate.wait(); };
+  h.before_get = [&](const kvc::BlockKey &) { gate.wait(); };
   kvc::tier::set_test_hooks(h);
   uint64_t ticket = 0, loaded = 7;
   CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
@@ -186,7 +186,7 @@ KVTEST(host_load_timeout_returns_blocks) {
   const uint64_t free0 = pool_stats(p).blocks_free;
   Gate gate;
   kvc::tier::TestHooks h;
-  h.before_get = [&](const kvc::tier::Key &) { gate.wait(); };
+  h.before_get = [&](const kvc::BlockKey &) { gate.wait(); };
   kvc::tier::set_test_hooks(h);
   uint64_t ticket = 0, loaded = 0;
   CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
@@ -271,10 +271,10 @@ KVTEST(host_failed_store_breaks_chain) {
   size_t ks = 0;
   CHECK_OK(kvc_prefix_keys(p, t.data(), 12, nullptr, 0, keys, sizeof keys, &ks));
   CHECK(ks == 32);
-  kvc::tier::Key second;
+  kvc::BlockKey second;
   std::memcpy(second.b.data(), keys + ks, ks);
   kvc::tier::TestHooks h;
-  h.fail_put = [second](const kvc::tier::Key &k) { return k == second; };
+  h.fail_put = [second](const kvc::BlockKey &k) { return k == second; };
   kvc::tier::set_test_hooks(h);
   write_seq(p, 1, t);
   CHECK_OK(kvc_seq_free(p, 1));

@@ -17,13 +17,13 @@
 
 #include <xxhash.h>
 
-using kvc::tier::Key;
+using kvc::BlockKey;
 using kvc::tier::Tier;
 
 namespace {
 
-Key key(int i) {
-  Key k;
+BlockKey key(int i) {
+  BlockKey k;
   for (size_t j = 0; j < 32; ++j) k.b[j] = static_cast<uint8_t>((i * 131 + j * 7 + (i >> 8)) & 0xff);
   k.b[0] = static_cast<uint8_t>(i), k.b[1] = static_cast<uint8_t>(i >> 8);
   return k;

@@ -1,9 +1,9 @@
-#include "core/scratch.h"
+#include "common/scratch.h"
 
 #include <algorithm>
 #include <atomic>
 
-namespace kvc::core {
+namespace kvc {
 namespace {
 
 struct Entry {
@@ -47,4 +47,4 @@ size_t thread_scratch_bytes() noexcept {
 size_t scratch_keep_bytes() noexcept { return g_keep.load(std::memory_order_relaxed); }
 void set_scratch_keep_bytes(size_t bytes) noexcept { g_keep.store(bytes, std::memory_order_relaxed); }
 
-}  // namespace kvc::core
+}  // namespace kvc

@@ -1,12 +1,12 @@
 // Errors inside the core. The core never sees kvc_status or C strings: it
-// throws kvc::core::Error with an Errc; src/api turns it into a kvc_status and
+// throws kvc::Error with an Errc; src/api turns it into a kvc_status and
 // the thread's last error message.
 #pragma once
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
-namespace kvc::core {
+namespace kvc {
 
 // Values equal the public kvc_status values (checked by static_assert in src/api).
 enum class Errc : int32_t {
@@ -46,4 +46,4 @@ class Error : public std::runtime_error {
 
 [[noreturn]] inline void fail(Errc code, const std::string &what) { throw Error(code, what); }
 
-}  // namespace kvc::core
+}  // namespace kvc

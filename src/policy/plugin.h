@@ -5,7 +5,7 @@
 
 #include "kvcache/kvcache_plugin.h"
 
-namespace kvc::core {
+namespace kvc::policy {
 
 class Plugin {
  public:
@@ -29,4 +29,4 @@ class Plugin {
   void *state_;
 };
 
-}  // namespace kvc::core
+}  // namespace kvc::policy

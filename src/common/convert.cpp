@@ -1,4 +1,4 @@
-#include "core/convert.h"
+#include "common/convert.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -6,7 +6,7 @@
 #define KVC_X86 1
 #endif
 
-namespace kvc::core {
+namespace kvc {
 
 namespace {
 
@@ -20,8 +20,8 @@ float load_elem(const void *src, DType t, size_t i) {
     case DType::F32: return static_cast<const float *>(src)[i];
     case DType::F16: return f16_to_f32_scalar(static_cast<const uint16_t *>(src)[i]);
     case DType::BF16: return bf16_to_f32_scalar(static_cast<const uint16_t *>(src)[i]);
+    default: return 0.0f;  // convert() takes plain types only
   }
-  return 0.0f;
 }
 
 void store_elem(void *dst, DType t, size_t i, float v) {
@@ -29,6 +29,7 @@ void store_elem(void *dst, DType t, size_t i, float v) {
     case DType::F32: static_cast<float *>(dst)[i] = v; break;
     case DType::F16: static_cast<uint16_t *>(dst)[i] = f32_to_f16_scalar(v); break;
     case DType::BF16: static_cast<uint16_t *>(dst)[i] = f32_to_bf16_scalar(v); break;
+    default: break;  // convert() takes plain types only
   }
 }
 
@@ -135,4 +136,4 @@ void convert(const void *src, DType st, void *dst, DType dt, size_t n) {
   convert_scalar(src, st, dst, dt, n);
 }
 
-}  // namespace kvc::core
+}  // namespace kvc

@@ -6,12 +6,9 @@
 #include <cstdint>
 #include <cstring>
 
-namespace kvc::core {
+#include "common/dtype.h"
 
-enum class DType : int32_t { F32 = 0, F16 = 1, BF16 = 2 };
-
-inline bool dtype_valid(int32_t d) { return d >= 0 && d <= 2; }
-inline size_t dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+namespace kvc {
 
 inline uint32_t f32_bits(float f) {
   uint32_t u;
@@ -90,4 +87,4 @@ void convert_scalar(const void *src, DType src_type, void *dst, DType dst_type, 
 // True when the F16C/AVX2 path is in use.
 bool convert_has_simd();
 
-}  // namespace kvc::core
+}  // namespace kvc

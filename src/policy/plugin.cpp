@@ -1,4 +1,4 @@
-#include "core/plugin.h"
+#include "policy/plugin.h"
 
 #include <dlfcn.h>
 
@@ -6,9 +6,9 @@
 #include <cstddef>
 #include <string>
 
-#include "core/error.h"
+#include "common/error.h"
 
-namespace kvc::core {
+namespace kvc::policy {
 
 Plugin::Plugin(void *handle, const kvc_plugin_scorer *table, void *state)
     : handle_(handle), table_(table), state_(state) {}
@@ -65,4 +65,4 @@ void Plugin::score(const kvc_plugin_layer_view &view, float *scores_out) const {
                                 std::to_string(i) + " of layer " + std::to_string(view.layer));
 }
 
-}  // namespace kvc::core
+}  // namespace kvc::policy

@@ -1,13 +1,13 @@
-#include "core/policy.h"
+#include "policy/policy.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "core/error.h"
-#include "core/plugin.h"
+#include "common/error.h"
+#include "policy/plugin.h"
 
-namespace kvc::core {
+namespace kvc::policy {
 
 namespace {
 std::string u64s(uint64_t v) { return std::to_string(v); }
@@ -172,4 +172,4 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::
   std::sort(keep.begin(), keep.end());
 }
 
-}  // namespace kvc::core
+}  // namespace kvc::policy

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace kvc::core {
+namespace kvc {
 
 // Registry of the calling thread's buffers (internal to ScratchBuffer).
 void register_scratch(void *buffer, void (*trim)(void *buffer, size_t keep), size_t (*bytes)(const void *buffer));
@@ -56,4 +56,4 @@ class ScratchBuffer {
   std::vector<T> v_;
 };
 
-}  // namespace kvc::core
+}  // namespace kvc

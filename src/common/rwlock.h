@@ -8,7 +8,7 @@
 #include <atomic>
 #include <cstdint>
 
-namespace kvc::core {
+namespace kvc {
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -86,4 +86,4 @@ class RwLock {
   std::atomic<uint32_t> state_{0};
 };
 
-}  // namespace kvc::core
+}  // namespace kvc

@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <vector>
 
-namespace kvc::core {
+namespace kvc {
 
 // Turns pair i of each of the `heads` rows of head_dim values at x by the
 // angle whose cosine and sine are cs[2i] and cs[2i + 1] (in double):
@@ -120,4 +120,4 @@ class RopeTable {
   std::vector<double> cs_;  // [level][byte][pair] (cos, sin)
 };
 
-}  // namespace kvc::core
+}  // namespace kvc

@@ -1,4 +1,4 @@
-#include "core/prefix.h"
+#include "prefix/prefix.h"
 
 #define OPENSSL_SUPPRESS_DEPRECATED 1
 #include <openssl/sha.h>
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
-namespace kvc::core {
+namespace kvc::prefix {
 
 namespace {
 std::atomic<bool> g_constant{false};
@@ -36,8 +36,8 @@ bool sha256(const uint8_t *data, size_t n, uint8_t out[32]) {
 }
 }  // namespace
 
-PrefixKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
-  PrefixKey k;
+BlockKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
+  BlockKey k;
   if (g_constant.load(std::memory_order_relaxed)) {
     k.b.fill(0x42);
     if (h_ == PrefixHash::Xxh3_128) std::fill(k.b.begin() + 16, k.b.end(), 0);
@@ -54,7 +54,7 @@ PrefixKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
   return k;
 }
 
-PrefixKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint,
+BlockKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint,
                              const std::string &model_id, const std::string &tokenizer_id) const {
   std::vector<uint8_t> b;
   put_bytes(b, "KVCP", 4);
@@ -70,7 +70,7 @@ PrefixKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> 
   return digest(b);
 }
 
-PrefixKey PrefixHasher::block(const PrefixKey &parent, const int32_t *tokens, uint32_t n,
+BlockKey PrefixHasher::block(const BlockKey &parent, const int32_t *tokens, uint32_t n,
                               const ExtraKeys &extras, std::vector<uint8_t> &b) const {
   // Sized once, then filled in place (this runs once per block of every lookup).
   // The extra keys' encoding without its own 4-byte tag follows the tokens.
@@ -99,4 +99,4 @@ PrefixKey PrefixHasher::block(const PrefixKey &parent, const int32_t *tokens, ui
   return digest(b);
 }
 
-}  // namespace kvc::core
+}  // namespace kvc::prefix

@@ -7,14 +7,12 @@
 #include <string>
 #include <vector>
 
-namespace kvc::core {
+#include "common/block_key.h"
+
+namespace kvc::prefix {
 
 enum class PrefixHash : int32_t { Sha256 = 0, Xxh3_128 = 1 };
 
-struct PrefixKey {
-  std::array<uint8_t, 32> b{};  // SHA-256: 32 bytes; XXH3-128: 16 bytes, the rest 0
-  bool operator==(const PrefixKey &o) const { return b == o.b; }
-};
 
 struct PrefixExtra {
   const uint8_t *data;
@@ -42,13 +40,13 @@ class PrefixHasher {
   explicit PrefixHasher(PrefixHash h) : h_(h) {}
   PrefixHash kind() const { return h_; }
   uint32_t key_size() const { return h_ == PrefixHash::Sha256 ? 32u : 16u; }
-  PrefixKey digest(const std::vector<uint8_t> &bytes) const;
+  BlockKey digest(const std::vector<uint8_t> &bytes) const;
   // Root: "KVCP", version 1, hash id, seed, fingerprint, model id, tokenizer id.
-  PrefixKey root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint, const std::string &model_id,
+  BlockKey root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint, const std::string &model_id,
                  const std::string &tokenizer_id) const;
   // Block: "KVCB" (or "KVCN" for named extra keys), parent key, token count
   // and ids, extra keys.
-  PrefixKey block(const PrefixKey &parent, const int32_t *tokens, uint32_t n,
+  BlockKey block(const BlockKey &parent, const int32_t *tokens, uint32_t n,
                   const ExtraKeys &extras, std::vector<uint8_t> &scratch) const;
 
  private:
@@ -59,8 +57,8 @@ class PrefixHasher {
 void prefix_hash_force_constant(bool on);
 
 struct PrefixEntry {
-  PrefixKey key, parent;
-  PrefixKey extras;             // digest of the extra keys (partial matches stay within them)
+  BlockKey key, parent;
+  BlockKey extras;             // digest of the extra keys (partial matches stay within them)
   std::vector<uint8_t> extras_bytes;  // the extra keys as encoded (verified on hits with verify_tokens)
   int64_t parent_entry = -1;    // the parent's entry (-1: the root); verified on hits
   uint64_t depth = 0;           // 1 for the first block of a prompt
@@ -82,18 +80,18 @@ class KeyIndex {
  public:
   explicit KeyIndex(const std::vector<PrefixEntry> *entries) : entries_(entries) { slots_.assign(16, Slot{}); }
   size_t size() const { return size_; }
-  int64_t find(const PrefixKey &k) const {
+  int64_t find(const BlockKey &k) const {
     const uint64_t tag = tag_of(k);
     for (size_t i = tag & mask(); slots_[i].entry >= 0; i = (i + 1) & mask())
       if (slots_[i].tag == tag && (*entries_)[static_cast<size_t>(slots_[i].entry)].key == k) return slots_[i].entry;
     return -1;
   }
-  void insert(const PrefixKey &k, uint32_t e) {
+  void insert(const BlockKey &k, uint32_t e) {
     if ((size_ + 1) * 2 > slots_.size()) grow();
     place(tag_of(k), static_cast<int64_t>(e));
     ++size_;
   }
-  void erase(const PrefixKey &k) {
+  void erase(const BlockKey &k) {
     const uint64_t tag = tag_of(k);
     size_t i = tag & mask();
     for (; slots_[i].entry >= 0; i = (i + 1) & mask())
@@ -117,7 +115,7 @@ class KeyIndex {
     uint64_t tag = 0;
     int64_t entry = -1;
   };
-  static uint64_t tag_of(const PrefixKey &k) {
+  static uint64_t tag_of(const BlockKey &k) {
     uint64_t v;
     __builtin_memcpy(&v, k.b.data(), 8);
     return v;
@@ -151,7 +149,7 @@ struct PrefixState {
   // The extra keys of a call in their key form; refuses a count other than
   // the declared names' (InvalidArgument).
   ExtraKeys extra_keys(const PrefixExtra *ex, uint32_t nx) const;
-  PrefixKey root;
+  BlockKey root;
   std::vector<PrefixEntry> entries;
   KeyIndex map;
   std::vector<uint32_t> free_entries;
@@ -166,10 +164,25 @@ struct PrefixState {
 // bytes, unique, at most kMaxExtraKeyNames of them); throws InvalidArgument.
 void check_extra_key_names(const std::vector<std::string> &names);
 
-// Helpers of prefix_pool.cpp used by the offload tiers (tier_pool.cpp).
-PrefixKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx);
+// The digest of a call's extra keys (partial matches stay within them).
+BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx);
+// With verify_tokens, whether entry `en` is the block itself, not just its
+// key: the same tokens, extra keys (xb: their encoding), parent and depth.
+bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens, const std::vector<uint8_t> &xb,
+              int64_t parent_entry, uint64_t depth);
+
+// A prompt's chain walked through the index: the whole blocks found (path)
+// among the first n - 1 tokens, and with `partial` the cached child block
+// whose start matches the most following tokens (same extra keys).
+struct Walk {
+  std::vector<uint32_t> path;
+  uint64_t partial_tokens = 0;
+  int64_t partial_entry = -1;
+};
+Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial);
+
 // The entries of the whole cached blocks among the first n - 1 tokens.
 std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,
                                        uint64_t n, const ExtraKeys &kx);
 
-}  // namespace kvc::core
+}  // namespace kvc::prefix

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace kvc::core {
+namespace kvc::policy {
 
 // Values equal the public kvc_policy_kind values.
 enum class PolicyKind : int32_t {
@@ -73,4 +73,4 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::
 // ignores the outside (max of the values inside; average over them).
 void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out);
 
-}  // namespace kvc::core
+}  // namespace kvc::policy

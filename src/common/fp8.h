@@ -17,7 +17,7 @@
 #define KVC_HOST_DEVICE
 #endif
 
-namespace kvc::codec {
+namespace kvc {
 
 template <int kMant, int kBias, uint32_t kMaxCode>
 KVC_HOST_DEVICE inline uint8_t fp8_encode(float f) {
@@ -65,4 +65,4 @@ const float *fp8_e5m2_table();
 constexpr float kFp8E4m3Max = 448.0f;
 constexpr float kFp8E5m2Max = 57344.0f;
 
-}  // namespace kvc::codec
+}  // namespace kvc

@@ -1,0 +1,166 @@
+// The prefix index's key side (prefix/prefix.h): extra keys in their key
+// form, and walks of a prompt's chain of block keys through the index.
+// Spec: docs/prefix-cache.md.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "prefix/prefix.h"
+
+namespace kvc::prefix {
+
+namespace {
+std::string u64s(uint64_t v) { return std::to_string(v); }
+
+void put_u64(uint8_t *p, uint64_t v) {
+  for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
+}
+void put_u32(uint8_t *p, uint32_t v) {
+  for (int k = 0; k < 4; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
+}
+
+// The positional (legacy) form: "KVCX" | u32 count | count x (u64 size | bytes).
+ExtraKeys positional_extras(const PrefixExtra *ex, uint32_t nx) {
+  uint64_t size = 8;
+  for (uint32_t i = 0; i < nx; ++i) size += 8 + ex[i].size;
+  ExtraKeys kx;
+  kx.enc.resize(size);
+  uint8_t *p = kx.enc.data();
+  std::memcpy(p, "KVCX", 4);
+  put_u32(p + 4, nx);
+  p += 8;
+  for (uint32_t i = 0; i < nx; ++i) {
+    put_u64(p, ex[i].size);
+    p += 8;
+    if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
+    p += ex[i].size;
+  }
+  return kx;
+}
+
+std::string joined(const std::vector<std::string> &names) {
+  std::string s;
+  for (const std::string &n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+}  // namespace
+
+BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) { return h.digest(kx.enc); }
+
+// With verify_tokens, a hit must be the block itself, not just its key: the
+// same tokens, the same extra keys and the same parent (so a forced
+// collision can never return another prompt's, tenant's or position's KV).
+bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens, const std::vector<uint8_t> &xb,
+              int64_t parent_entry, uint64_t depth) {
+  if (!ps.verify_tokens) return true;
+  return en.depth == depth && en.parent_entry == parent_entry && en.extras_bytes == xb &&
+         std::equal(en.tokens.begin(), en.tokens.end(), tokens);
+}
+
+
+void check_extra_key_names(const std::vector<std::string> &names) {
+  if (names.size() > kMaxExtraKeyNames)
+    fail(Errc::InvalidArgument,
+         "n_extra_key_names " + u64s(names.size()) + ": at most " + u64s(kMaxExtraKeyNames));
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string &n = names[i];
+    if (n.empty()) fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] is empty");
+    if (n.size() > kMaxExtraKeyNameBytes)
+      fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] is longer than " +
+                                      u64s(kMaxExtraKeyNameBytes) + " bytes");
+    if (n.find('\0') != std::string::npos)
+      fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] contains a NUL byte");
+    for (size_t j = 0; j < i; ++j)
+      if (names[j] == n)
+        fail(Errc::InvalidArgument, "extra_key_names[" + u64s(i) + "] \"" + n +
+                                        "\" is declared twice (also [" + u64s(j) + "])");
+  }
+}
+
+// Named form (docs/prefix-cache.md): one value per declared name, in
+// declaration order; the key depends only on the assignment {name: non-empty
+// value}: "KVCN" | u32 m | m x (u64 len | name | u64 size | bytes), names
+// sorted by their bytes. With no non-empty value the call has no extra keys
+// and takes the positional form of zero extras (the key of a pool without
+// names and without extras).
+ExtraKeys PrefixState::extra_keys(const PrefixExtra *ex, uint32_t nx) const {
+  if (extra_names.empty()) return positional_extras(ex, nx);
+  if (nx != extra_names.size())
+    fail(Errc::InvalidArgument,
+         "this pool declares " + u64s(extra_names.size()) + " extra-key names (" +
+             joined(extra_names) +
+             "): pass one value per name, in that order (empty for none); got " + u64s(nx) +
+             " extra keys");
+  uint64_t size = 8;
+  uint32_t m = 0;
+  for (uint32_t i = 0; i < nx; ++i)
+    if (ex[i].size) {
+      size += 16 + extra_names[i].size() + ex[i].size;
+      ++m;
+    }
+  if (m == 0) return positional_extras(nullptr, 0);
+  ExtraKeys kx;
+  kx.named = true;
+  kx.enc.resize(size);
+  uint8_t *p = kx.enc.data();
+  std::memcpy(p, "KVCN", 4);
+  put_u32(p + 4, m);
+  p += 8;
+  for (uint32_t i : names_sorted) {
+    if (!ex[i].size) continue;
+    const std::string &name = extra_names[i];
+    put_u64(p, name.size());
+    std::memcpy(p + 8, name.data(), name.size());
+    p += 8 + name.size();
+    put_u64(p, ex[i].size);
+    std::memcpy(p + 8, ex[i].data, ex[i].size);
+    p += 8 + ex[i].size;
+  }
+  return kx;
+}
+
+Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
+          const ExtraKeys &kx, bool partial) {
+  Walk w;
+  if (n <= 1) return w;
+  const uint64_t usable = n - 1;  // at least one token is always left to compute
+  BlockKey parent = ps.root;
+  std::vector<uint8_t> scratch;
+  static const std::vector<uint8_t> none;
+  const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
+  for (uint64_t i = 0; i < usable / bs; ++i) {
+    const BlockKey k =
+        ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
+    const int64_t e = ps.map.find(k);
+    if (e < 0) break;
+    const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
+    if (!verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1)) break;
+    w.path.push_back(static_cast<uint32_t>(e));
+    parent = k;
+  }
+  const uint64_t hit = w.path.size() * bs;
+  if (!partial || hit >= usable) return w;
+  const uint64_t want = std::min<uint64_t>(bs - 1, usable - hit);
+  const BlockKey xd = prefix_extras_digest(ps.hasher, kx);
+  const std::vector<uint32_t> &cands = w.path.empty() ? ps.root_children : ps.entries[w.path.back()].children;
+  for (uint32_t c : cands) {
+    const PrefixEntry &en = ps.entries[c];
+    if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;
+    uint64_t m = 0;
+    while (m < want && en.tokens[m] == tokens[hit + m]) ++m;
+    if (m > w.partial_tokens) {
+      w.partial_tokens = m;
+      w.partial_entry = c;
+    }
+  }
+  return w;
+}
+
+std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,
+                                       uint64_t n, const ExtraKeys &kx) {
+  return walk(ps, bs, tokens, n, kx, false).path;
+}
+
+}  // namespace kvc::prefix
