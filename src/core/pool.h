@@ -439,15 +439,9 @@ class Pool {
   void apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
                          const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
                          uint64_t cow_needed, uint64_t *dropped);
-  void attend_one(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
-                  float *out, float *lse, const AttnParams &p, float *obs_scores) const;
-  void attend_range(uint32_t layer, const LayerTable &l, const float *q, uint64_t n_q, bool prefill,
-                    uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end, float *m, float *ls,
-                    float *acc, float *obs, uint64_t obs_first, uint64_t obs_stride, const AttnParams &p) const;
+  class LayerTiles;  // attention.cpp: a layer's blocks as attention tiles
   void attention_device(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
                         bool prefill, void *out, float *lse, const AttnParams &p, float scale);
-  void attend_threads(uint32_t layer, const std::vector<const LayerTable *> &tables, const float *q,
-                      float *out, float *lse, const AttnParams &p, uint32_t threads) const;
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                   const float *src_f32, uint32_t slot, uint64_t count) const;
   // Reads `count` tokens from slots [slot, ...) of part kv; `l` and `idx0`

@@ -1,0 +1,286 @@
+// Online-softmax attention over tiles of a TileSource (attention/attention.h).
+#include "attention/attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "common/scratch.h"
+
+namespace kvc::attention {
+
+namespace {
+
+float dot_scalar(const float *a, const float *b, uint64_t n) {
+  float s = 0.0f;
+  for (uint64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+void axpy_scalar(float *y, float a, const float *x, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) float dot_avx2(const float *a, const float *b, uint64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  if (i + 8 <= n) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    i += 8;
+  }
+  s0 = _mm256_add_ps(s0, s1);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  float s = _mm_cvtss_f32(h);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+__attribute__((target("avx2,fma"))) void axpy_avx2(float *y, float a, const float *x, uint64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+bool has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+struct Kernels {
+  float (*dot)(const float *, const float *, uint64_t);
+  void (*axpy)(float *, float, const float *, uint64_t);
+};
+const Kernels &kernels() {
+  static const Kernels k = [] {
+#if defined(__x86_64__)
+    if (has_avx2_fma()) return Kernels{dot_avx2, axpy_avx2};
+#endif
+    return Kernels{dot_scalar, axpy_scalar};
+  }();
+  return k;
+}
+
+// Per-thread buffers (common/scratch.h: grown on demand, large ones released
+// when the API call returns).
+struct AttnScratch {
+  ScratchBuffer<float> q, out, tile, state, obs, sc;
+};
+AttnScratch &scratch() {
+  thread_local AttnScratch s;
+  return s;
+}
+float *grow(ScratchBuffer<float> &v, uint64_t n) { return v.get(n); }
+
+// Online-softmax state of `rows` query rows x hq heads: running max m,
+// running sum ls and accumulator acc[hd] (FlashAttention / FlashDecoding).
+// Adds tokens [t_begin, t_end) of the layer (row r also stops at its visible
+// length vis(r)) to the state. obs: null, or the raw scores of the rows
+// [obs_first, i0 + rows) as [row][hq][obs_stride], filled for the tokens read.
+void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q, bool prefill,
+                  uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end, float *m, float *ls, float *acc,
+                  float *obs, uint64_t obs_first, uint64_t obs_stride) {
+  const Kernels &kr = kernels();
+  const uint64_t hq = sh.q_heads, h = sh.kv_heads, hd = sh.head_dim;
+  const uint64_t grp = hq / h, row = h * hd, bs = sh.max_tile;
+  AttnScratch &sc = scratch();
+  float *tile = grow(sc.tile, 2 * bs * row);
+  float *kt = tile, *vt = tile + bs * row;
+  float *s_tok = grow(sc.sc, bs);
+  auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
+  const uint64_t end = std::min(t_end, vis(i0 + rows - 1));
+  for (uint64_t t0 = t_begin; t0 < end;) {
+    const uint64_t cnt = src.read(t0, std::min(bs, end - t0), kt, vt);
+    for (uint64_t r = 0; r < rows; ++r) {
+      const uint64_t v_r = vis(i0 + r);
+      if (v_r <= t0) continue;
+      const uint64_t c = std::min(cnt, v_r - t0);
+      for (uint64_t hh = 0; hh < hq; ++hh) {
+        const uint64_t g = hh / grp, st = r * hq + hh;
+        const float *qv = q + ((i0 + r) * hq + hh) * hd;
+        float mx = -std::numeric_limits<float>::infinity();
+        for (uint64_t t = 0; t < c; ++t) {
+          float sv = kr.dot(qv, kt + t * row + g * hd, hd);
+          // q.k beyond f32 (finite inputs can overflow): clamped, so the
+          // softmax stays defined; NaN (Inf - Inf in the sum) counts as -max.
+          sv = sv != sv ? -std::numeric_limits<float>::max()
+                        : std::min(std::numeric_limits<float>::max(), std::max(-std::numeric_limits<float>::max(), sv));
+          s_tok[t] = sv;
+          mx = std::max(mx, sv);
+        }
+        if (obs && i0 + r >= obs_first)
+          std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * obs_stride + t0, s_tok, c * sizeof(float));
+        const float m_new = std::max(m[st], mx);
+        const float corr = m[st] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[st] - m_new);
+        float *a = acc + st * hd;
+        if (corr != 1.0f) {
+          ls[st] *= corr;
+          for (uint64_t d = 0; d < hd; ++d) a[d] *= corr;
+        }
+        for (uint64_t t = 0; t < c; ++t) {
+          const float pt = std::exp(s_tok[t] - m_new);
+          ls[st] += pt;
+          kr.axpy(a, pt, vt + t * row + g * hd, hd);
+        }
+        m[st] = m_new;
+      }
+    }
+    t0 += cnt;
+  }
+}
+
+
+void init_state(float *m, float *ls, float *acc, uint64_t heads, uint64_t hd) {
+  std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
+  std::fill(ls, ls + heads, 0.0f);
+  std::fill(acc, acc + heads * hd, 0.0f);
+}
+// out = acc / ls and lse = m + log(ls); nothing visible: zeros and -inf.
+void finalize(const float *m, const float *ls, const float *acc, uint64_t heads, uint64_t hd, float *out,
+              float *lse) {
+  for (uint64_t st = 0; st < heads; ++st) {
+    float *o = out + st * hd;
+    if (ls[st] > 0.0f) {
+      const float inv = 1.0f / ls[st];
+      for (uint64_t d = 0; d < hd; ++d) o[d] = acc[st * hd + d] * inv;
+      lse[st] = m[st] + std::log(ls[st]);
+    } else {
+      std::fill(o, o + hd, 0.0f);
+      lse[st] = -std::numeric_limits<float>::infinity();
+    }
+  }
+}
+// Merges state b into a (the log-sum-exp merge of FlashDecoding's split-K).
+void merge_state(float *m, float *ls, float *acc, const float *mb, const float *lsb, const float *accb,
+                 uint64_t heads, uint64_t hd) {
+  for (uint64_t st = 0; st < heads; ++st) {
+    if (!(lsb[st] > 0.0f)) continue;
+    if (!(ls[st] > 0.0f)) {
+      m[st] = mb[st];
+      ls[st] = lsb[st];
+      std::copy(accb + st * hd, accb + (st + 1) * hd, acc + st * hd);
+      continue;
+    }
+    const float mm = std::max(m[st], mb[st]), ca = std::exp(m[st] - mm), cb = std::exp(mb[st] - mm);
+    ls[st] = ls[st] * ca + lsb[st] * cb;
+    for (uint64_t d = 0; d < hd; ++d) acc[st * hd + d] = acc[st * hd + d] * ca + accb[st * hd + d] * cb;
+    m[st] = mm;
+  }
+}
+
+}  // namespace
+
+void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q, bool prefill,
+            float *out, float *lse, float *obs_scores, uint64_t observe_from, std::mutex *obs_mu) {
+  const uint64_t hq = sh.q_heads, h = sh.kv_heads, hd = sh.head_dim;
+  const uint64_t grp = hq / h;
+  AttnScratch &sc = scratch();
+  constexpr uint64_t kRows = 32;
+  for (uint64_t i0 = 0; i0 < n_q; i0 += kRows) {
+    const uint64_t rows = std::min(kRows, n_q - i0);
+    auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
+    const uint64_t max_vis = vis(i0 + rows - 1);
+    float *state = grow(sc.state, rows * hq * (hd + 2));
+    float *m = state, *ls = state + rows * hq, *acc = state + 2 * rows * hq;
+    init_state(m, ls, acc, rows * hq, hd);
+    // Raw scores of observed rows, kept for the probabilities at the end.
+    const uint64_t obs_first = obs_scores ? std::max(i0, std::min(observe_from, i0 + rows)) : i0 + rows;
+    const uint64_t obs_rows = i0 + rows - obs_first;
+    float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
+    attend_range(sh, src, n, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first, max_vis);
+    finalize(m, ls, acc, rows * hq, hd, out + i0 * hq * hd, lse + i0 * hq);
+    std::unique_lock<std::mutex> sg;  // recorded scores are shared state
+    if (obs_rows && obs_mu) sg = std::unique_lock<std::mutex>(*obs_mu);
+    for (uint64_t i = obs_first; i < i0 + rows; ++i)
+      for (uint64_t hh = 0; hh < hq; ++hh) {
+        const float ll = lse[i * hq + hh];
+        if (!(ll > -std::numeric_limits<float>::infinity())) continue;
+        const float *sr = obs + ((i - obs_first) * hq + hh) * max_vis;
+        const uint64_t g = hh / grp;
+        for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
+      }
+  }
+}
+
+// Decode over several threads (the caller's included): work units are
+// (sequence, token range); a sequence longer than its share is split into
+// ranges whose partial states are merged by log-sum-exp (FlashDecoding).
+void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src, const std::vector<uint64_t> &ns,
+                    const float *q, float *out, float *lse, uint32_t threads) {
+  const uint64_t hq = sh.q_heads, hd = sh.head_dim, n_seqs = src.size();
+  const uint64_t state_size = hq * (hd + 2);
+  struct Unit {
+    uint64_t seq, t0, t1;
+  };
+  std::vector<Unit> units;
+  const uint64_t per_seq_split = n_seqs >= threads ? 1 : (threads + n_seqs - 1) / n_seqs;
+  constexpr uint64_t kMinChunk = 256;  // tokens: below this a split costs more than it saves
+  for (uint64_t i = 0; i < n_seqs; ++i) {
+    const uint64_t n = ns[i];
+    const uint64_t parts = std::max<uint64_t>(1, std::min(per_seq_split, n / kMinChunk));
+    const uint64_t chunk = (n + parts - 1) / std::max<uint64_t>(parts, 1);
+    if (n == 0) units.push_back({i, 0, 0});
+    for (uint64_t t = 0; t < n; t += chunk) units.push_back({i, t, std::min(n, t + chunk)});
+  }
+  std::vector<float> states(units.size() * state_size);
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    try {
+      for (size_t u; (u = next.fetch_add(1)) < units.size();) {
+        float *st = states.data() + u * state_size;
+        init_state(st, st + hq, st + 2 * hq, hq, hd);
+        const Unit &un = units[u];
+        attend_range(sh, *src[un.seq], ns[un.seq], q + un.seq * hq * hd, 1, false, 0, 1, un.t0, un.t1, st,
+                     st + hq, st + 2 * hq, nullptr, 1, 0);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> g(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  const uint32_t extra = static_cast<uint32_t>(std::min<uint64_t>(threads, units.size())) - 1;
+  pool.reserve(extra);
+  for (uint32_t t = 0; t < extra; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (...) {  // no thread available: the others (and the caller) take its share
+      break;
+    }
+  }
+  work();
+  for (std::thread &t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  // Merge each sequence's ranges in token order, then finalize.
+  for (size_t u = 0; u < units.size();) {
+    float *st = states.data() + u * state_size;
+    size_t v = u + 1;
+    for (; v < units.size() && units[v].seq == units[u].seq; ++v) {
+      const float *sb = states.data() + v * state_size;
+      merge_state(st, st + hq, st + 2 * hq, sb, sb + hq, sb + 2 * hq, hq, hd);
+    }
+    const uint64_t i = units[u].seq;
+    finalize(st, st + hq, st + 2 * hq, hq, hd, out + i * hq * hd, lse + i * hq);
+    u = v;
+  }
+}
+
+}  // namespace kvc::attention

@@ -1,0 +1,55 @@
+// Attention over a cached sequence: decode (one or more query rows per
+// sequence) and causal prefill, with grouped-query heads and online softmax
+// (FlashAttention's running max and sum, FlashDecoding's split-K with a
+// log-sum-exp merge; no score matrix), an optional log-sum-exp output and
+// optional observation of each cached token's attention probability for the
+// eviction policies (H2O, TOVA, SnapKV).
+//
+// The K/V come from a TileSource a tile at a time (a pool block, dequantized
+// by the caller's codec path), so this module knows no pool: core/ provides
+// the source over its blocks.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace kvc::attention {
+
+// K and V of one sequence's layer, read a tile at a time. Reads may run on
+// several threads at once (attend_threads).
+class TileSource {
+ public:
+  virtual ~TileSource() = default;
+  // Tokens [t0, t0 + c) with 1 <= c <= max_count (the source picks c, e.g. up
+  // to the end of a block): K into k and V into v, each [c][kv_heads][head_dim]
+  // f32. Returns c.
+  virtual uint64_t read(uint64_t t0, uint64_t max_count, float *k, float *v) const = 0;
+};
+
+struct Shape {
+  uint64_t q_heads = 0;   // query heads; q_heads / kv_heads query heads share a KV head (GQA)
+  uint64_t kv_heads = 0;
+  uint64_t head_dim = 0;
+  uint64_t max_tile = 0;  // the most tokens one read returns (a block)
+};
+
+// One sequence of n tokens: n_q query rows q [n_q][q_heads][head_dim] (f32,
+// already scaled) -> out [n_q][q_heads][head_dim] (f32) and lse [n_q][q_heads].
+// Decode (prefill false): every row sees all n tokens. Prefill: row i sees
+// tokens [0, n - n_q + i] (causal). Rows that see nothing give zeros and a
+// log-sum-exp of -inf.
+// obs_scores: null, or [n][kv_heads], to which the attention probability of
+// every row i >= observe_from is added (summed over the query heads of each
+// KV head), under *obs_mu when given.
+void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q, bool prefill,
+            float *out, float *lse, float *obs_scores, uint64_t observe_from, std::mutex *obs_mu);
+
+// Decode of one query row per sequence over up to `threads` threads (the
+// caller's included): work units are (sequence, token range); a sequence
+// longer than its share is split into ranges whose partial states are merged
+// by log-sum-exp (FlashDecoding). src[i] holds n[i] tokens; q, out and lse
+// are as for attend() with n_q = 1, row i for sequence i.
+void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src, const std::vector<uint64_t> &n,
+                    const float *q, float *out, float *lse, uint32_t threads);
+
+}  // namespace kvc::attention
