@@ -23,7 +23,7 @@
 #include "core/pool.h"
 #include "common/atomic_file.h"
 #include "common/scratch.h"
-#include "tier/tier.h"
+#include "tier/factory.h"
 #include "kvcache/kvcache.h"
 
 using kvc::DType;
@@ -64,9 +64,17 @@ KVC_CHECK_ERRC(Io, KVC_ERR_IO);
 KVC_CHECK_ERRC(Pending, KVC_ERR_PENDING);
 KVC_CHECK_ERRC(Timeout, KVC_ERR_TIMEOUT);
 KVC_CHECK_ERRC(ExceedsCapacity, KVC_ERR_EXCEEDS_CAPACITY);
-static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 &&
-              static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
-              static_cast<int>(DType::BF16) == KVC_DTYPE_BF16);
+// The one DType enum (common/dtype.h) equals kvc_dtype value for value.
+static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 && static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
+              static_cast<int>(DType::BF16) == KVC_DTYPE_BF16 &&
+              static_cast<int>(DType::FP8_E4M3) == KVC_DTYPE_FP8_E4M3 &&
+              static_cast<int>(DType::FP8_E5M2) == KVC_DTYPE_FP8_E5M2 &&
+              static_cast<int>(DType::INT8) == KVC_DTYPE_INT8 && static_cast<int>(DType::INT4) == KVC_DTYPE_INT4 &&
+              static_cast<int>(DType::INT2) == KVC_DTYPE_INT2 && static_cast<int>(DType::INT3) == KVC_DTYPE_INT3 &&
+              kvc::kNumDTypes == 9);
+static_assert(static_cast<int>(kvc::tier::Kind::Host) == KVC_TIER_HOST &&
+              static_cast<int>(kvc::tier::Kind::Disk) == KVC_TIER_DISK &&
+              static_cast<int>(kvc::tier::Kind::Redis) == KVC_TIER_REDIS);
 static_assert(static_cast<int>(kvc::core::Layout::NHD) == KVC_LAYOUT_NHD &&
               static_cast<int>(kvc::core::Layout::HND) == KVC_LAYOUT_HND);
 static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&
@@ -1213,30 +1221,6 @@ kvc_tier_config tier_defaults() {
   return c;
 }
 
-// "host:port[,host:port...]" (IPv6 hosts in brackets: "[::1]:6379").
-std::vector<std::pair<std::string, int>> parse_nodes(const char *address) {
-  std::vector<std::pair<std::string, int>> out;
-  std::string a(address);
-  size_t start = 0;
-  while (start <= a.size()) {
-    size_t end = a.find(',', start);
-    if (end == std::string::npos) end = a.size();
-    std::string node = a.substr(start, end - start);
-    const size_t colon = node.rfind(':');
-    if (node.empty() || colon == std::string::npos || colon == 0 || colon + 1 == node.size())
-      fail(Errc::InvalidArgument, "address \"" + a + "\": expected host:port[,host:port...]");
-    std::string host = node.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    const std::string port = node.substr(colon + 1);
-    if (port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos || std::stoi(port) < 1 ||
-        std::stoi(port) > 65535)
-      fail(Errc::InvalidArgument, "address \"" + a + "\": port \"" + port + "\" is not in 1..65535");
-    out.emplace_back(host, std::stoi(port));
-    if (out.size() > 64) fail(Errc::InvalidArgument, "address lists more than 64 nodes");
-    start = end + 1;
-  }
-  return out;
-}
 }  // namespace
 
 KVC_API kvc_status(kvc_tier_config_init)(kvc_tier_config *config, kvc_tier_kind kind) {
@@ -1263,52 +1247,22 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
     kvc_tier_config c = tier_defaults();
     kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
     if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
+    if (c.kind != KVC_TIER_HOST && c.kind != KVC_TIER_DISK && c.kind != KVC_TIER_REDIS)
+      fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
     const uint32_t known = c.kind == KVC_TIER_DISK ? KVC_TIER_FSYNC : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER : 0u;
+    if (c.flags & ~known)
+      fail(Errc::InvalidArgument, c.kind == KVC_TIER_REDIS ? "unknown flags for a Redis tier" : "unknown flags for this tier kind");
+    kvc::tier::Spec ts;
+    ts.kind = static_cast<kvc::tier::Kind>(c.kind);
+    ts.capacity_bytes = c.capacity_bytes;
+    ts.path = c.path ? c.path : "";
+    ts.fsync = (c.flags & KVC_TIER_FSYNC) != 0;
+    ts.address = c.address ? c.address : "";
+    ts.cluster = (c.flags & KVC_TIER_REDIS_CLUSTER) != 0;
+    ts.timeout_ms = c.timeout_ms;
+    ts.ttl_seconds = c.ttl_seconds;
     // Everything checked first; the tier is made by the pool once it can take it.
-    std::function<std::unique_ptr<kvc::tier::Tier>()> make;
-    switch (c.kind) {
-      case KVC_TIER_HOST:
-      case KVC_TIER_DISK: {
-        if (c.flags & ~known) fail(Errc::InvalidArgument, "unknown flags for this tier kind");
-        if (c.capacity_bytes == 0) fail(Errc::InvalidArgument, "capacity_bytes is 0 (a host or disk tier needs a capacity)");
-        const uint64_t cap = c.capacity_bytes;
-        if (c.kind == KVC_TIER_HOST) {
-          make = [cap] { return kvc::tier::make_host_tier(cap); };
-        } else {
-          if (!c.path || !*c.path) fail(Errc::InvalidArgument, "a disk tier needs a path (a directory)");
-          const std::string path = c.path;
-          const bool sync = (c.flags & KVC_TIER_FSYNC) != 0;
-          make = [path, cap, sync] {
-            std::string err;
-            auto t = kvc::tier::make_disk_tier(path, cap, sync, &err);
-            if (!t) fail(Errc::Io, err);
-            return t;
-          };
-        }
-        break;
-      }
-      case KVC_TIER_REDIS: {
-        if (c.flags & ~known) fail(Errc::InvalidArgument, "unknown flags for a Redis tier");
-        if (!c.address || !*c.address) fail(Errc::InvalidArgument, "a Redis tier needs an address (host:port)");
-        if (c.timeout_ms == 0) fail(Errc::InvalidArgument, "timeout_ms is 0");
-        kvc::tier::RedisConfig rc;
-        rc.nodes = parse_nodes(c.address);
-        rc.cluster = (c.flags & KVC_TIER_REDIS_CLUSTER) != 0;
-        if (!rc.cluster && rc.nodes.size() != 1)
-          fail(Errc::InvalidArgument, "a single Redis server has one address (several: KVC_TIER_REDIS_CLUSTER)");
-        rc.timeout_ms = c.timeout_ms;
-        rc.ttl_seconds = c.ttl_seconds;
-        make = [rc] {
-          std::string err;
-          auto t = kvc::tier::make_redis_tier(rc, &err);
-          if (!t) fail(Errc::Unsupported, err);
-          return t;
-        };
-        break;
-      }
-      default:
-        fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
-    }
+    const auto make = kvc::tier::tier_maker(ts);
     const uint32_t i = p.add_tier(make, static_cast<int32_t>(c.kind));
     if (tier_index) *tier_index = i;
   });
