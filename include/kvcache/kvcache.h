@@ -105,7 +105,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/* Version                                                                   */
+/* Version                                                                  */
 /* ------------------------------------------------------------------------ */
 
 /** @brief Major version: changes only with an incompatible ABI (then the SONAME changes too). */
@@ -143,7 +143,7 @@ KVC_API const char *kvc_version_string(void);
 #define KVC_STRUCT_SIZE_MAX 65536u
 
 /* ------------------------------------------------------------------------ */
-/* Status codes                                                              */
+/* Status codes                                                             */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -199,7 +199,19 @@ KVC_API const char *kvc_status_string(kvc_status status);
 KVC_API const char *kvc_last_error_message(void);
 
 /* ------------------------------------------------------------------------ */
-/* Enumerations                                                              */
+/* Opaque handles                                                           */
+/* ------------------------------------------------------------------------ */
+
+/** @brief A KV-cache pool. Create with kvc_pool_create(), destroy with kvc_pool_destroy(). @since 0.1 */
+typedef struct kvc_pool kvc_pool;
+
+/** @brief A loaded scorer plugin (kvc_plugin_load()). @since 0.3 */
+typedef struct kvc_plugin kvc_plugin;
+/** @brief An eviction policy (kvc_policy_create()). @since 0.3 */
+typedef struct kvc_policy kvc_policy;
+
+/* ------------------------------------------------------------------------ */
+/* Enumerations every area uses (an area's own are in its section)          */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -253,34 +265,9 @@ typedef enum kvc_layout {
   KVC_LAYOUT_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
 } kvc_layout;
 
-/** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
- * one tenant's K/V never lingers in memory handed to another, also for
- * engines that read the blocks directly (kvc_pool_get_layout()). Without it
- * the library's own readers still never return another sequence's bytes
- * (kvc_gather(), attention and records return zeros for slots no append
- * wrote, since 0.4); only the raw block memory keeps them. @since 0.1 */
-#define KVC_POOL_ZERO_ON_FREE 0x1u
-
-/** @brief Pool flag: quantize keys in their pre-RoPE space (KVQuant, arXiv
- * 2401.18079, section 3.2). The engine still appends keys after RoPE and
- * reads them back after RoPE; the pool undoes the rotation of each key at
- * its position before encoding it and applies it again after decoding
- * (kvc_gather(), attention), so per-channel scales see channel statistics
- * that do not turn with the position. A token's RoPE position is the one
- * kvc_seq_rope_positions() reports (its position in the sequence until an
- * eviction with ::kvc_policy_config.shift_positions, which then re-encodes
- * nothing: the keys are read at their new positions). Needs the pool's
- * rope_style (and rope_dims, rope_theta, as the engine applies them) and a
- * quantized k_codec, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a
- * CUDA pool gives ::KVC_ERR_UNSUPPORTED). Prefix-cache keys, offloaded
- * blocks and kvc_seq_save() records of such a pool carry the flag and the
- * RoPE settings, so they match only pools with the same ones. Values and
- * float keys are unaffected. A
- * static key scale (::kvc_codec.static_scale) applies to the pre-RoPE keys,
- * whose values reach up to sqrt(2) times those after RoPE: calibrate it
- * before RoPE (a k_scale measured after RoPE can clip).
- * @since 0.3 */
-#define KVC_POOL_PRE_ROPE_KEYS 0x2u
+/* ------------------------------------------------------------------------ */
+/* Codecs: how K and V are stored                                           */
+/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Which values share one scale (and zero point) of a quantized codec.
@@ -414,8 +401,37 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
 #define kvc_codec_init(codec) kvc_codec_init_sized((codec), sizeof *(codec))
 
 /* ------------------------------------------------------------------------ */
-/* Opaque handles                                                            */
+/* Pool configuration and lifecycle                                         */
 /* ------------------------------------------------------------------------ */
+
+/** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
+ * one tenant's K/V never lingers in memory handed to another, also for
+ * engines that read the blocks directly (kvc_pool_get_layout()). Without it
+ * the library's own readers still never return another sequence's bytes
+ * (kvc_gather(), attention and records return zeros for slots no append
+ * wrote, since 0.4); only the raw block memory keeps them. @since 0.1 */
+#define KVC_POOL_ZERO_ON_FREE 0x1u
+
+/** @brief Pool flag: quantize keys in their pre-RoPE space (KVQuant, arXiv
+ * 2401.18079, section 3.2). The engine still appends keys after RoPE and
+ * reads them back after RoPE; the pool undoes the rotation of each key at
+ * its position before encoding it and applies it again after decoding
+ * (kvc_gather(), attention), so per-channel scales see channel statistics
+ * that do not turn with the position. A token's RoPE position is the one
+ * kvc_seq_rope_positions() reports (its position in the sequence until an
+ * eviction with ::kvc_policy_config.shift_positions, which then re-encodes
+ * nothing: the keys are read at their new positions). Needs the pool's
+ * rope_style (and rope_dims, rope_theta, as the engine applies them) and a
+ * quantized k_codec, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a
+ * CUDA pool gives ::KVC_ERR_UNSUPPORTED). Prefix-cache keys, offloaded
+ * blocks and kvc_seq_save() records of such a pool carry the flag and the
+ * RoPE settings, so they match only pools with the same ones. Values and
+ * float keys are unaffected. A
+ * static key scale (::kvc_codec.static_scale) applies to the pre-RoPE keys,
+ * whose values reach up to sqrt(2) times those after RoPE: calibrate it
+ * before RoPE (a k_scale measured after RoPE can clip).
+ * @since 0.3 */
+#define KVC_POOL_PRE_ROPE_KEYS 0x2u
 
 /**
  * @brief The rotary position embedding (RoPE) the engine applies to keys
@@ -431,13 +447,6 @@ typedef enum kvc_rope_style {
   KVC_ROPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_ROPE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum (any int32 can be passed and is checked); not a value. */
 } kvc_rope_style;
-
-/** @brief A KV-cache pool. Create with kvc_pool_create(), destroy with kvc_pool_destroy(). @since 0.1 */
-typedef struct kvc_pool kvc_pool;
-
-/* ------------------------------------------------------------------------ */
-/* Pool configuration and lifecycle                                          */
-/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Configuration of a pool. Fill with kvc_pool_config_init(), then set
@@ -545,7 +554,7 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
 KVC_API void kvc_pool_destroy(kvc_pool *pool);
 
 /* ------------------------------------------------------------------------ */
-/* Statistics and memory layout                                              */
+/* Statistics and memory layout                                             */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -756,6 +765,10 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
  */
 KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
 
+/* ------------------------------------------------------------------------ */
+/* Device streams and block copies                                          */
+/* ------------------------------------------------------------------------ */
+
 /**
  * @brief Queue the pool's device work on an engine's CUDA stream.
  *
@@ -837,7 +850,7 @@ KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, s
                                         kvc_copy_direction direction);
 
 /* ------------------------------------------------------------------------ */
-/* Sequences                                                                 */
+/* Sequences                                                                */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -964,7 +977,7 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
                                    int64_t *slot_mapping);
 
 /* ------------------------------------------------------------------------ */
-/* Writing and reading K/V                                                   */
+/* Writing and reading K/V                                                  */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1081,7 +1094,7 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
                                          size_t *n_indices);
 
 /* ------------------------------------------------------------------------ */
-/* Element conversion                                                        */
+/* Element conversion                                                       */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1108,7 +1121,7 @@ KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst, 
 KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes);
 
 /* ------------------------------------------------------------------------ */
-/* Codecs: per-tensor scales and the standalone quantizer                    */
+/* Codecs: per-tensor scales and the standalone quantizer                   */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1229,99 +1242,7 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
                                   kvc_dtype dst_dtype);
 
 /* ------------------------------------------------------------------------ */
-/* Saving and restoring sequences                                            */
-/* ------------------------------------------------------------------------ */
-
-/**
- * @brief Save one sequence as a self-describing record (llama.cpp's state
- * save, vLLM / LMCache's store by request): its length, per-layer block
- * tables, positions (after eviction), observed attention scores and the
- * bytes of its blocks exactly as the pool stores them (codes, scales and
- * zero points: a restore re-quantizes nothing). The record carries a
- * fingerprint of the pool's geometry, dtypes, codecs (granularity, group
- * size, scale dtype, rotation, static scales), block size, layout, residual
- * window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
- * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
- * over all layers) plus 100 bytes per layer. The sequence is unchanged.
- *
- * The record is the sequence at one instant (since 0.4): appends to this
- * sequence from other threads wait while it is written (other sequences go
- * on), so it never mixes rows from before and after an append. It is
- * written straight into `buffer` (no second copy of the sequence). Slots of
- * its blocks the sequence does not hold (the end of a last block) are zero
- * in the record. Positions reserved but not written yet are saved as such
- * (zero bytes and a list of unwritten ranges, record format 2): after a
- * restore they read as zeros, can be appended, and keep their blocks out
- * of the prefix cache until written.
- * @param pool the pool (not NULL).
- * @param seq_id a live sequence.
- * @param buffer NULL (to query the size) or receives the record.
- * @param capacity bytes buffer can hold.
- * @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL).
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;
- * ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only
- * size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
- * CUDA pools: the blocks are copied to the host before the call returns.
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity, size_t *size);
-
-/**
- * @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this
- * pool or another whose fingerprint is equal (another process, a CUDA pool
- * from a CPU pool's record and back). All checks run before the pool
- * changes: on failure nothing is created and no block is taken. Per-tensor
- * scales: a layer that has none yet takes the record's; one that has
- * another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly).
- * @param pool the pool (not NULL).
- * @param seq_id an id no live sequence has.
- * @param data the record.
- * @param size its size in bytes.
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;
- * ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this
- * library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another
- * configuration: the message names the fields that differ; another record
- * format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the
- * record needs more blocks or residual blocks than the pool has in all);
- * ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;
- * ::KVC_ERR_INTERNAL (CUDA runtime).
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size);
-
-/**
- * @brief kvc_seq_save() into a file, atomically: the record is written to a
- * temporary file in the same folder, flushed to disk (fsync) and renamed
- * over `path`, so a reader sees the old file or the whole new one, never a
- * part (a crash mid-write leaves at most the temporary file behind). The
- * record is streamed to the file (no copy of the whole record in memory)
- * while appends to the sequence wait, as for kvc_seq_save().
- * @param pool the pool (not NULL).
- * @param seq_id a live sequence.
- * @param path the file to create or replace.
- * @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no
- * such folder, permission denied, disk full...; `path` is then unchanged).
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char *path);
-
-/**
- * @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or
- * any file holding exactly one record).
- * @param pool the pool (not NULL).
- * @param seq_id an id no live sequence has.
- * @param path the file.
- * @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read).
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path);
-
-/* ------------------------------------------------------------------------ */
-/* Loading with dlopen: the versioned function table                         */
-/* ------------------------------------------------------------------------ */
-
-/* ------------------------------------------------------------------------ */
-/* Attention over the cache                                                  */
+/* Attention over the cache                                                 */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1513,7 +1434,7 @@ KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint3
                                           uint64_t pos, uint64_t n, int32_t *out);
 
 /* ------------------------------------------------------------------------ */
-/* Eviction policies                                                         */
+/* Eviction policies and scorer plugins                                     */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1547,11 +1468,6 @@ typedef enum kvc_pyramid_schedule {
   KVC_PYRAMID_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_PYRAMID_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_pyramid_schedule;
-
-/** @brief A loaded scorer plugin (kvc_plugin_load()). @since 0.3 */
-typedef struct kvc_plugin kvc_plugin;
-/** @brief An eviction policy (kvc_policy_create()). @since 0.3 */
-typedef struct kvc_policy kvc_policy;
 
 /**
  * @brief Configuration of an eviction policy. Init with
@@ -1756,7 +1672,7 @@ KVC_API void kvc_plugin_unload(kvc_plugin *plugin);
 KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin);
 
 /* ------------------------------------------------------------------------ */
-/* Prefix cache                                                              */
+/* Prefix cache                                                             */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -2107,7 +2023,7 @@ KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats)
 KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn fn, void *user);
 
 /* ------------------------------------------------------------------------ */
-/* Offload tiers                                                             */
+/* Offload tiers                                                            */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -2399,6 +2315,98 @@ KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *lo
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin);
+
+/* ------------------------------------------------------------------------ */
+/* Records: saving and restoring sequences                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Save one sequence as a self-describing record (llama.cpp's state
+ * save, vLLM / LMCache's store by request): its length, per-layer block
+ * tables, positions (after eviction), observed attention scores and the
+ * bytes of its blocks exactly as the pool stores them (codes, scales and
+ * zero points: a restore re-quantizes nothing). The record carries a
+ * fingerprint of the pool's geometry, dtypes, codecs (granularity, group
+ * size, scale dtype, rotation, static scales), block size, layout, residual
+ * window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
+ * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
+ * over all layers) plus 100 bytes per layer. The sequence is unchanged.
+ *
+ * The record is the sequence at one instant (since 0.4): appends to this
+ * sequence from other threads wait while it is written (other sequences go
+ * on), so it never mixes rows from before and after an append. It is
+ * written straight into `buffer` (no second copy of the sequence). Slots of
+ * its blocks the sequence does not hold (the end of a last block) are zero
+ * in the record. Positions reserved but not written yet are saved as such
+ * (zero bytes and a list of unwritten ranges, record format 2): after a
+ * restore they read as zeros, can be appended, and keep their blocks out
+ * of the prefix cache until written.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param buffer NULL (to query the size) or receives the record.
+ * @param capacity bytes buffer can hold.
+ * @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only
+ * size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
+ * CUDA pools: the blocks are copied to the host before the call returns.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity, size_t *size);
+
+/**
+ * @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this
+ * pool or another whose fingerprint is equal (another process, a CUDA pool
+ * from a CPU pool's record and back). All checks run before the pool
+ * changes: on failure nothing is created and no block is taken. Per-tensor
+ * scales: a layer that has none yet takes the record's; one that has
+ * another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly).
+ * @param pool the pool (not NULL).
+ * @param seq_id an id no live sequence has.
+ * @param data the record.
+ * @param size its size in bytes.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;
+ * ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this
+ * library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another
+ * configuration: the message names the fields that differ; another record
+ * format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the
+ * record needs more blocks or residual blocks than the pool has in all);
+ * ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;
+ * ::KVC_ERR_INTERNAL (CUDA runtime).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size);
+
+/**
+ * @brief kvc_seq_save() into a file, atomically: the record is written to a
+ * temporary file in the same folder, flushed to disk (fsync) and renamed
+ * over `path`, so a reader sees the old file or the whole new one, never a
+ * part (a crash mid-write leaves at most the temporary file behind). The
+ * record is streamed to the file (no copy of the whole record in memory)
+ * while appends to the sequence wait, as for kvc_seq_save().
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param path the file to create or replace.
+ * @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no
+ * such folder, permission denied, disk full...; `path` is then unchanged).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char *path);
+
+/**
+ * @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or
+ * any file holding exactly one record).
+ * @param pool the pool (not NULL).
+ * @param seq_id an id no live sequence has.
+ * @param path the file.
+ * @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Loading with dlopen: the versioned function table                        */
+/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Table of every API function, for hosts that load the library with

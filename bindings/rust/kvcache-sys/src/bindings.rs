@@ -159,6 +159,21 @@ extern "C" {
     #[doc = " @since 0.1"]
     pub fn kvc_last_error_message() -> *const ::std::os::raw::c_char;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_pool {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_plugin {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_policy {
+    _unused: [u8; 0],
+}
 impl kvc_dtype {
     #[doc = "< 32-bit float, 4 bytes."]
     pub const KVC_DTYPE_F32: kvc_dtype = kvc_dtype(0);
@@ -647,11 +662,6 @@ impl kvc_rope_style {
 #[doc = " @since 0.3"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_rope_style(pub ::std::os::raw::c_int);
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct kvc_pool {
-    _unused: [u8; 0],
-}
 #[doc = " @brief Configuration of a pool. Fill with kvc_pool_config_init(), then set"]
 #[doc = " the geometry and capacity."]
 #[doc = ""]
@@ -3006,105 +3016,6 @@ extern "C" {
         dst_dtype: kvc_dtype,
     ) -> kvc_status;
 }
-extern "C" {
-    #[doc = " @brief Save one sequence as a self-describing record (llama.cpp's state"]
-    #[doc = " save, vLLM / LMCache's store by request): its length, per-layer block"]
-    #[doc = " tables, positions (after eviction), observed attention scores and the"]
-    #[doc = " bytes of its blocks exactly as the pool stores them (codes, scales and"]
-    #[doc = " zero points: a restore re-quantizes nothing). The record carries a"]
-    #[doc = " fingerprint of the pool's geometry, dtypes, codecs (granularity, group"]
-    #[doc = " size, scale dtype, rotation, static scales), block size, layout, residual"]
-    #[doc = " window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
-    #[doc = " Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block"]
-    #[doc = " over all layers) plus 100 bytes per layer. The sequence is unchanged."]
-    #[doc = ""]
-    #[doc = " The record is the sequence at one instant (since 0.4): appends to this"]
-    #[doc = " sequence from other threads wait while it is written (other sequences go"]
-    #[doc = " on), so it never mixes rows from before and after an append. It is"]
-    #[doc = " written straight into `buffer` (no second copy of the sequence). Slots of"]
-    #[doc = " its blocks the sequence does not hold (the end of a last block) are zero"]
-    #[doc = " in the record. Positions reserved but not written yet are saved as such"]
-    #[doc = " (zero bytes and a list of unwritten ranges, record format 2): after a"]
-    #[doc = " restore they read as zeros, can be appended, and keep their blocks out"]
-    #[doc = " of the prefix cache until written."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id a live sequence."]
-    #[doc = " @param buffer NULL (to query the size) or receives the record."]
-    #[doc = " @param capacity bytes buffer can hold."]
-    #[doc = " @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;"]
-    #[doc = " ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only"]
-    #[doc = " size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime)."]
-    #[doc = " CUDA pools: the blocks are copied to the host before the call returns."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_save(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        buffer: *mut ::std::os::raw::c_void,
-        capacity: usize,
-        size: *mut usize,
-    ) -> kvc_status;
-}
-extern "C" {
-    #[doc = " @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this"]
-    #[doc = " pool or another whose fingerprint is equal (another process, a CUDA pool"]
-    #[doc = " from a CPU pool's record and back). All checks run before the pool"]
-    #[doc = " changes: on failure nothing is created and no block is taken. Per-tensor"]
-    #[doc = " scales: a layer that has none yet takes the record's; one that has"]
-    #[doc = " another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly)."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id an id no live sequence has."]
-    #[doc = " @param data the record."]
-    #[doc = " @param size its size in bytes."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;"]
-    #[doc = " ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this"]
-    #[doc = " library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another"]
-    #[doc = " configuration: the message names the fields that differ; another record"]
-    #[doc = " format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the"]
-    #[doc = " record needs more blocks or residual blocks than the pool has in all);"]
-    #[doc = " ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;"]
-    #[doc = " ::KVC_ERR_INTERNAL (CUDA runtime)."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_restore(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        data: *const ::std::os::raw::c_void,
-        size: usize,
-    ) -> kvc_status;
-}
-extern "C" {
-    #[doc = " @brief kvc_seq_save() into a file, atomically: the record is written to a"]
-    #[doc = " temporary file in the same folder, flushed to disk (fsync) and renamed"]
-    #[doc = " over `path`, so a reader sees the old file or the whole new one, never a"]
-    #[doc = " part (a crash mid-write leaves at most the temporary file behind). The"]
-    #[doc = " record is streamed to the file (no copy of the whole record in memory)"]
-    #[doc = " while appends to the sequence wait, as for kvc_seq_save()."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id a live sequence."]
-    #[doc = " @param path the file to create or replace."]
-    #[doc = " @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no"]
-    #[doc = " such folder, permission denied, disk full...; `path` is then unchanged)."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_save_file(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        path: *const ::std::os::raw::c_char,
-    ) -> kvc_status;
-}
-extern "C" {
-    #[doc = " @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or"]
-    #[doc = " any file holding exactly one record)."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id an id no live sequence has."]
-    #[doc = " @param path the file."]
-    #[doc = " @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read)."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_restore_file(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        path: *const ::std::os::raw::c_char,
-    ) -> kvc_status;
-}
 impl kvc_observe {
     #[doc = "< Record nothing (default)."]
     pub const KVC_OBSERVE_NONE: kvc_observe = kvc_observe(0);
@@ -3558,16 +3469,6 @@ impl kvc_pyramid_schedule {
 #[doc = " @brief PyramidKV per-layer budget schedules. @since 0.3"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_pyramid_schedule(pub ::std::os::raw::c_int);
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct kvc_plugin {
-    _unused: [u8; 0],
-}
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct kvc_policy {
-    _unused: [u8; 0],
-}
 #[doc = " @brief Configuration of an eviction policy. Init with"]
 #[doc = " kvc_policy_config_init()."]
 #[doc = ""]
@@ -5808,6 +5709,105 @@ extern "C" {
     #[doc = " pin this pool holds: unknown, 0, or already unpinned; nothing changes)."]
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_unpin(pool: *mut kvc_pool, pin: u64) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Save one sequence as a self-describing record (llama.cpp's state"]
+    #[doc = " save, vLLM / LMCache's store by request): its length, per-layer block"]
+    #[doc = " tables, positions (after eviction), observed attention scores and the"]
+    #[doc = " bytes of its blocks exactly as the pool stores them (codes, scales and"]
+    #[doc = " zero points: a restore re-quantizes nothing). The record carries a"]
+    #[doc = " fingerprint of the pool's geometry, dtypes, codecs (granularity, group"]
+    #[doc = " size, scale dtype, rotation, static scales), block size, layout, residual"]
+    #[doc = " window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
+    #[doc = " Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block"]
+    #[doc = " over all layers) plus 100 bytes per layer. The sequence is unchanged."]
+    #[doc = ""]
+    #[doc = " The record is the sequence at one instant (since 0.4): appends to this"]
+    #[doc = " sequence from other threads wait while it is written (other sequences go"]
+    #[doc = " on), so it never mixes rows from before and after an append. It is"]
+    #[doc = " written straight into `buffer` (no second copy of the sequence). Slots of"]
+    #[doc = " its blocks the sequence does not hold (the end of a last block) are zero"]
+    #[doc = " in the record. Positions reserved but not written yet are saved as such"]
+    #[doc = " (zero bytes and a list of unwritten ranges, record format 2): after a"]
+    #[doc = " restore they read as zeros, can be appended, and keep their blocks out"]
+    #[doc = " of the prefix cache until written."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param buffer NULL (to query the size) or receives the record."]
+    #[doc = " @param capacity bytes buffer can hold."]
+    #[doc = " @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only"]
+    #[doc = " size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime)."]
+    #[doc = " CUDA pools: the blocks are copied to the host before the call returns."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_save(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        buffer: *mut ::std::os::raw::c_void,
+        capacity: usize,
+        size: *mut usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this"]
+    #[doc = " pool or another whose fingerprint is equal (another process, a CUDA pool"]
+    #[doc = " from a CPU pool's record and back). All checks run before the pool"]
+    #[doc = " changes: on failure nothing is created and no block is taken. Per-tensor"]
+    #[doc = " scales: a layer that has none yet takes the record's; one that has"]
+    #[doc = " another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id an id no live sequence has."]
+    #[doc = " @param data the record."]
+    #[doc = " @param size its size in bytes."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;"]
+    #[doc = " ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this"]
+    #[doc = " library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another"]
+    #[doc = " configuration: the message names the fields that differ; another record"]
+    #[doc = " format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the"]
+    #[doc = " record needs more blocks or residual blocks than the pool has in all);"]
+    #[doc = " ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;"]
+    #[doc = " ::KVC_ERR_INTERNAL (CUDA runtime)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_restore(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        data: *const ::std::os::raw::c_void,
+        size: usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_save() into a file, atomically: the record is written to a"]
+    #[doc = " temporary file in the same folder, flushed to disk (fsync) and renamed"]
+    #[doc = " over `path`, so a reader sees the old file or the whole new one, never a"]
+    #[doc = " part (a crash mid-write leaves at most the temporary file behind). The"]
+    #[doc = " record is streamed to the file (no copy of the whole record in memory)"]
+    #[doc = " while appends to the sequence wait, as for kvc_seq_save()."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param path the file to create or replace."]
+    #[doc = " @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no"]
+    #[doc = " such folder, permission denied, disk full...; `path` is then unchanged)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_save_file(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        path: *const ::std::os::raw::c_char,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or"]
+    #[doc = " any file holding exactly one record)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id an id no live sequence has."]
+    #[doc = " @param path the file."]
+    #[doc = " @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_restore_file(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        path: *const ::std::os::raw::c_char,
+    ) -> kvc_status;
 }
 #[doc = " @brief Table of every API function, for hosts that load the library with"]
 #[doc = " dlopen(). Functions are only appended; a table of version N starts with the"]
