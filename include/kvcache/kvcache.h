@@ -105,7 +105,7 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/* Version                                                                   */
+/* Version                                                                  */
 /* ------------------------------------------------------------------------ */
 
 /** @brief Major version: changes only with an incompatible ABI (then the SONAME changes too). */
@@ -143,7 +143,7 @@ KVC_API const char *kvc_version_string(void);
 #define KVC_STRUCT_SIZE_MAX 65536u
 
 /* ------------------------------------------------------------------------ */
-/* Status codes                                                              */
+/* Status codes                                                             */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -155,29 +155,69 @@ typedef enum kvc_status {
   KVC_OK = 0,                      /**< Success. */
   KVC_ERR_INVALID_ARGUMENT = 1,    /**< An argument has a value outside its documented range. */
   KVC_ERR_NULL_POINTER = 2,        /**< A required pointer argument is NULL. */
-  KVC_ERR_STRUCT_SIZE = 3,         /**< A struct's struct_size is smaller than the oldest supported one, ends inside a field (since 0.4) or is above ::KVC_STRUCT_SIZE_MAX (since 0.4). */
-  KVC_ERR_UNSUPPORTED = 4,         /**< Valid request this build or version does not support (dtype, device, non-zero unknown struct fields). */
-  KVC_ERR_OVERFLOW = 5,            /**< Sizes whose product or sum overflows 64 bits (or the address space). */
+  /**
+   * A struct's struct_size is smaller than the oldest supported one, ends inside a field
+   * (since 0.4) or is above ::KVC_STRUCT_SIZE_MAX (since 0.4).
+   */
+  KVC_ERR_STRUCT_SIZE = 3,
+  /**
+   * Valid request this build or version does not support (dtype, device, non-zero unknown
+   * struct fields).
+   */
+  KVC_ERR_UNSUPPORTED = 4,
+  /** Sizes whose product or sum overflows 64 bits (or the address space). */
+  KVC_ERR_OVERFLOW = 5,
   KVC_ERR_OUT_OF_MEMORY = 6,       /**< The host allocator failed. */
-  KVC_ERR_POOL_EXHAUSTED = 7,      /**< Not enough free (or reclaimable) blocks in the pool; nothing changed. */
+  /** Not enough free (or reclaimable) blocks in the pool; nothing changed. */
+  KVC_ERR_POOL_EXHAUSTED = 7,
   KVC_ERR_SEQ_NOT_FOUND = 8,       /**< No live sequence has this id (never created, or freed). */
   KVC_ERR_SEQ_EXISTS = 9,          /**< A sequence with this id already exists. */
-  KVC_ERR_OUT_OF_RANGE = 10,       /**< A position, token index or layer is outside what the sequence holds. */
+  /** A position, token index or layer is outside what the sequence holds. */
+  KVC_ERR_OUT_OF_RANGE = 10,
   KVC_ERR_NOT_RESERVED = 11,       /**< A write outside the sequence's reserved slots. */
-  KVC_ERR_BUFFER_TOO_SMALL = 12,   /**< A caller buffer is too small; the required size is reported. */
+  /** A caller buffer is too small; the required size is reported. */
+  KVC_ERR_BUFFER_TOO_SMALL = 12,
   KVC_ERR_DEVICE_UNAVAILABLE = 13, /**< The requested device does not exist or has no driver. */
   KVC_ERR_VERSION = 14,            /**< An API or ABI version the library does not provide. */
-  KVC_ERR_INVALID_SCALE = 15,      /**< A quantization scale is zero, negative, NaN, Inf or out of range. */
+  /** A quantization scale is zero, negative, NaN, Inf or out of range. */
+  KVC_ERR_INVALID_SCALE = 15,
   KVC_ERR_NON_FINITE = 16,         /**< Input data contains NaN or Inf where it is not allowed. */
-  KVC_ERR_INTERNAL = 17,           /**< A bug in the library (an unexpected C++ exception); please report it. */
-  KVC_ERR_INCOMPATIBLE = 18,       /**< Saved data (a sequence record) comes from a pool of another configuration or a format this library does not read. @since 0.3 */
-  KVC_ERR_CORRUPT = 19,            /**< Saved data fails its checksum or structure checks (damaged, truncated or not a record). @since 0.3 */
-  KVC_ERR_IO = 20,                 /**< A file could not be read or written (the message has the system's reason). @since 0.3 */
-  KVC_ERR_PENDING = 21,            /**< An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3 */
-  KVC_ERR_TIMEOUT = 22,            /**< An offload tier did not answer within the load timeout; the blocks reserved for it went back to the pool. @since 0.3 */
-  KVC_ERR_EXCEEDS_CAPACITY = 23,   /**< The request cannot fit even in an empty pool (more blocks than the pool has, or would hold with its eviction budget): retrying never helps, unlike ::KVC_ERR_POOL_EXHAUSTED ("not now"). The message gives the blocks needed and the pool's total. @since 0.4 */
+  /** A bug in the library (an unexpected C++ exception); please report it. */
+  KVC_ERR_INTERNAL = 17,
+  /**
+   * Saved data (a sequence record) comes from a pool of another configuration or a format this
+   * library does not read.
+   * @since 0.3
+   */
+  KVC_ERR_INCOMPATIBLE = 18,
+  /**
+   * Saved data fails its checksum or structure checks (damaged, truncated or not a record).
+   * @since 0.3
+   */
+  KVC_ERR_CORRUPT = 19,
+  /** A file could not be read or written (the message has the system's reason). @since 0.3 */
+  KVC_ERR_IO = 20,
+  /** An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3 */
+  KVC_ERR_PENDING = 21,
+  /**
+   * An offload tier did not answer within the load timeout; the blocks reserved for it went back to
+   * the pool.
+   * @since 0.3
+   */
+  KVC_ERR_TIMEOUT = 22,
+  /**
+   * The request cannot fit even in an empty pool (more blocks than the pool has, or would hold with
+   * its eviction budget): retrying never helps, unlike ::KVC_ERR_POOL_EXHAUSTED ("not now"). The
+   * message gives the blocks needed and the pool's total.
+   * @since 0.4
+   */
+  KVC_ERR_EXCEEDS_CAPACITY = 23,
   KVC_STATUS_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; never returned. */
-  KVC_STATUS_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum, as every other enum of this header (bindings see int32); never returned. @since 0.4 */
+  /**
+   * Forces a signed enum, as every other enum of this header (bindings see int32); never returned.
+   * @since 0.4
+   */
+  KVC_STATUS_FORCE_SIGNED = INT32_MIN
 } kvc_status;
 
 /**
@@ -199,7 +239,22 @@ KVC_API const char *kvc_status_string(kvc_status status);
 KVC_API const char *kvc_last_error_message(void);
 
 /* ------------------------------------------------------------------------ */
-/* Enumerations                                                              */
+/* Opaque handles                                                           */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief A KV-cache pool. Create with kvc_pool_create(), destroy with kvc_pool_destroy().
+ * @since 0.1
+ */
+typedef struct kvc_pool kvc_pool;
+
+/** @brief A loaded scorer plugin (kvc_plugin_load()). @since 0.3 */
+typedef struct kvc_plugin kvc_plugin;
+/** @brief An eviction policy (kvc_policy_create()). @since 0.3 */
+typedef struct kvc_policy kvc_policy;
+
+/* ------------------------------------------------------------------------ */
+/* Enumerations every area uses (an area's own are in its section)          */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -217,14 +272,29 @@ typedef enum kvc_dtype {
   KVC_DTYPE_F32 = 0,      /**< 32-bit float, 4 bytes. */
   KVC_DTYPE_F16 = 1,      /**< IEEE half, 2 bytes. */
   KVC_DTYPE_BF16 = 2,     /**< bfloat16, 2 bytes. */
-  KVC_DTYPE_FP8_E4M3 = 3, /**< OCP fp8 E4M3 "FN" (max 448, no Inf), 1 byte; storage only, with a scale. @since 0.2 */
-  KVC_DTYPE_FP8_E5M2 = 4, /**< OCP fp8 E5M2 (max 57344), 1 byte; storage only, with a scale. @since 0.2 */
+  /** OCP fp8 E4M3 "FN" (max 448, no Inf), 1 byte; storage only, with a scale. @since 0.2 */
+  KVC_DTYPE_FP8_E4M3 = 3,
+  /** OCP fp8 E5M2 (max 57344), 1 byte; storage only, with a scale. @since 0.2 */
+  KVC_DTYPE_FP8_E5M2 = 4,
   KVC_DTYPE_INT8 = 5,     /**< 8-bit integer codes with scales; storage only. @since 0.2 */
-  KVC_DTYPE_INT4 = 6,     /**< 4-bit integer codes, two per byte, with scales; storage only. @since 0.2 */
-  KVC_DTYPE_INT2 = 7,     /**< 2-bit integer codes, four per byte, with scales; storage only. @since 0.2 */
-  KVC_DTYPE_INT3 = 8,     /**< 3-bit integer codes, eight in three bytes (a little-endian bit string), with scales; storage only; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). A pool needs head_dim a multiple of 8. Source: KVQuant (arXiv 2401.18079) measures 3-bit KV caches (with per-channel keys) close to f16. @since 0.3 */
+  /** 4-bit integer codes, two per byte, with scales; storage only. @since 0.2 */
+  KVC_DTYPE_INT4 = 6,
+  /** 2-bit integer codes, four per byte, with scales; storage only. @since 0.2 */
+  KVC_DTYPE_INT2 = 7,
+  /**
+   * 3-bit integer codes, eight in three bytes (a little-endian bit string), with scales; storage
+   * only; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). A pool needs head_dim a
+   * multiple of 8. Source: KVQuant (arXiv 2401.18079) measures 3-bit KV caches (with per-channel
+   * keys) close to f16.
+   * @since 0.3
+   */
+  KVC_DTYPE_INT3 = 8,
   KVC_DTYPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
-  KVC_DTYPE_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
+  /**
+   * Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,
+   * not undefined behaviour; never valid.
+   */
+  KVC_DTYPE_FORCE_SIGNED = -0x7fffffff - 1
 } kvc_dtype;
 
 /**
@@ -233,9 +303,17 @@ typedef enum kvc_dtype {
  */
 typedef enum kvc_device {
   KVC_DEVICE_CPU = 0,  /**< Host memory (the reference backend). */
-  KVC_DEVICE_CUDA = 1, /**< An NVIDIA GPU (docs/cuda.md); ::KVC_ERR_DEVICE_UNAVAILABLE in builds without CUDA, on machines without a driver or device, or for a device_index that does not exist. */
+  /**
+   * An NVIDIA GPU (docs/cuda.md); ::KVC_ERR_DEVICE_UNAVAILABLE in builds without CUDA, on machines
+   * without a driver or device, or for a device_index that does not exist.
+   */
+  KVC_DEVICE_CUDA = 1,
   KVC_DEVICE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
-  KVC_DEVICE_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
+  /**
+   * Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,
+   * not undefined behaviour; never valid.
+   */
+  KVC_DEVICE_FORCE_SIGNED = -0x7fffffff - 1
 } kvc_device;
 
 /**
@@ -250,37 +328,16 @@ typedef enum kvc_layout {
   KVC_LAYOUT_NHD = 0, /**< tokens, then heads, then head_dim (vLLM / FlashInfer "NHD"). */
   KVC_LAYOUT_HND = 1, /**< heads, then tokens, then head_dim (FlashInfer "HND"). */
   KVC_LAYOUT_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
-  KVC_LAYOUT_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
+  /**
+   * Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,
+   * not undefined behaviour; never valid.
+   */
+  KVC_LAYOUT_FORCE_SIGNED = -0x7fffffff - 1
 } kvc_layout;
 
-/** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
- * one tenant's K/V never lingers in memory handed to another, also for
- * engines that read the blocks directly (kvc_pool_get_layout()). Without it
- * the library's own readers still never return another sequence's bytes
- * (kvc_gather(), attention and records return zeros for slots no append
- * wrote, since 0.4); only the raw block memory keeps them. @since 0.1 */
-#define KVC_POOL_ZERO_ON_FREE 0x1u
-
-/** @brief Pool flag: quantize keys in their pre-RoPE space (KVQuant, arXiv
- * 2401.18079, section 3.2). The engine still appends keys after RoPE and
- * reads them back after RoPE; the pool undoes the rotation of each key at
- * its position before encoding it and applies it again after decoding
- * (kvc_gather(), attention), so per-channel scales see channel statistics
- * that do not turn with the position. A token's RoPE position is the one
- * kvc_seq_rope_positions() reports (its position in the sequence until an
- * eviction with ::kvc_policy_config.shift_positions, which then re-encodes
- * nothing: the keys are read at their new positions). Needs the pool's
- * rope_style (and rope_dims, rope_theta, as the engine applies them) and a
- * quantized k_codec, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a
- * CUDA pool gives ::KVC_ERR_UNSUPPORTED). Prefix-cache keys, offloaded
- * blocks and kvc_seq_save() records of such a pool carry the flag and the
- * RoPE settings, so they match only pools with the same ones. Values and
- * float keys are unaffected. A
- * static key scale (::kvc_codec.static_scale) applies to the pre-RoPE keys,
- * whose values reach up to sqrt(2) times those after RoPE: calibrate it
- * before RoPE (a k_scale measured after RoPE can clip).
- * @since 0.3 */
-#define KVC_POOL_PRE_ROPE_KEYS 0x2u
+/* ------------------------------------------------------------------------ */
+/* Codecs: how K and V are stored                                           */
+/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Which values share one scale (and zero point) of a quantized codec.
@@ -311,7 +368,11 @@ typedef enum kvc_granularity {
   KVC_SCALE_PER_GROUP = 3,   /**< One scale per group of group_size values of a row. */
   KVC_SCALE_PER_CHANNEL = 4, /**< One scale per column over group_size rows. */
   KVC_GRANULARITY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
-  KVC_GRANULARITY_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
+  /**
+   * Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,
+   * not undefined behaviour; never valid.
+   */
+  KVC_GRANULARITY_FORCE_SIGNED = -0x7fffffff - 1
 } kvc_granularity;
 
 /**
@@ -324,9 +385,14 @@ typedef enum kvc_granularity {
  */
 typedef enum kvc_rotation {
   KVC_ROTATION_NONE = 0,     /**< No rotation. */
-  KVC_ROTATION_HADAMARD = 1, /**< Block-diagonal normalized Hadamard (blocks of rotation_block values). */
+  /** Block-diagonal normalized Hadamard (blocks of rotation_block values). */
+  KVC_ROTATION_HADAMARD = 1,
   KVC_ROTATION_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
-  KVC_ROTATION_FORCE_SIGNED = -0x7fffffff - 1 /**< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid. */
+  /**
+   * Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,
+   * not undefined behaviour; never valid.
+   */
+  KVC_ROTATION_FORCE_SIGNED = -0x7fffffff - 1
 } kvc_rotation;
 
 /**
@@ -363,15 +429,30 @@ typedef enum kvc_rotation {
 typedef struct kvc_codec {
   size_t struct_size;           /**< sizeof(kvc_codec) of the caller. */
   kvc_dtype dtype;              /**< Storage dtype; default ::KVC_DTYPE_INT8. */
-  kvc_granularity granularity;  /**< Default ::KVC_SCALE_PER_TOKEN; ::KVC_SCALE_NONE for float dtypes. */
-  uint32_t group_size;          /**< Values (per-group) or rows (per-channel) per scale, 1..65536; default 32. */
+  /** Default ::KVC_SCALE_PER_TOKEN; ::KVC_SCALE_NONE for float dtypes. */
+  kvc_granularity granularity;
+  /** Values (per-group) or rows (per-channel) per scale, 1..65536; default 32. */
+  uint32_t group_size;
   uint32_t asymmetric;          /**< 1: zero points (integer dtypes only); default 0. */
-  kvc_dtype scale_dtype;        /**< ::KVC_DTYPE_F32 (default) or ::KVC_DTYPE_F16 for scales and zero points. */
+  /** ::KVC_DTYPE_F32 (default) or ::KVC_DTYPE_F16 for scales and zero points. */
+  kvc_dtype scale_dtype;
   kvc_rotation rotation;        /**< Default ::KVC_ROTATION_NONE. */
-  uint32_t rotation_block;      /**< Power of two dividing the row (pool: head_dim); 0 = the largest such, at most 1024. */
-  uint32_t static_scale;        /**< 1: use `scale` as a static (calibrated) per-tensor scale; 0 (default): dynamic scales. */
-  double scale;                 /**< With static_scale: the scale (vLLM's k_scale / v_scale), in [1e-30, 1e30]; 0, negative, NaN, Inf or out of range gives ::KVC_ERR_INVALID_SCALE. Ignored otherwise. */
-  uint32_t full_range;          /**< 1: symmetric integer codes use all 2^bits values, llama.cpp q4_0's rule (see above); 0 (default): [-qmax, qmax]. Dynamic symmetric integer codecs only, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). @since 0.3 */
+  /** Power of two dividing the row (pool: head_dim); 0 = the largest such, at most 1024. */
+  uint32_t rotation_block;
+  /** 1: use `scale` as a static (calibrated) per-tensor scale; 0 (default): dynamic scales. */
+  uint32_t static_scale;
+  /**
+   * With static_scale: the scale (vLLM's k_scale / v_scale), in [1e-30, 1e30]; 0, negative, NaN,
+   * Inf or out of range gives ::KVC_ERR_INVALID_SCALE. Ignored otherwise.
+   */
+  double scale;
+  /**
+   * 1: symmetric integer codes use all 2^bits values, llama.cpp q4_0's rule (see above);
+   * 0 (default): [-qmax, qmax]. Dynamic symmetric integer codecs only, else
+   * ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED).
+   * @since 0.3
+   */
+  uint32_t full_range;
 } kvc_codec;
 
 /**
@@ -414,8 +495,37 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
 #define kvc_codec_init(codec) kvc_codec_init_sized((codec), sizeof *(codec))
 
 /* ------------------------------------------------------------------------ */
-/* Opaque handles                                                            */
+/* Pool configuration and lifecycle                                         */
 /* ------------------------------------------------------------------------ */
+
+/** @brief Pool flag: fill a block with zero bytes whenever it becomes free, so
+ * one tenant's K/V never lingers in memory handed to another, also for
+ * engines that read the blocks directly (kvc_pool_get_layout()). Without it
+ * the library's own readers still never return another sequence's bytes
+ * (kvc_gather(), attention and records return zeros for slots no append
+ * wrote, since 0.4); only the raw block memory keeps them. @since 0.1 */
+#define KVC_POOL_ZERO_ON_FREE 0x1u
+
+/** @brief Pool flag: quantize keys in their pre-RoPE space (KVQuant, arXiv
+ * 2401.18079, section 3.2). The engine still appends keys after RoPE and
+ * reads them back after RoPE; the pool undoes the rotation of each key at
+ * its position before encoding it and applies it again after decoding
+ * (kvc_gather(), attention), so per-channel scales see channel statistics
+ * that do not turn with the position. A token's RoPE position is the one
+ * kvc_seq_rope_positions() reports (its position in the sequence until an
+ * eviction with ::kvc_policy_config.shift_positions, which then re-encodes
+ * nothing: the keys are read at their new positions). Needs the pool's
+ * rope_style (and rope_dims, rope_theta, as the engine applies them) and a
+ * quantized k_codec, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a
+ * CUDA pool gives ::KVC_ERR_UNSUPPORTED). Prefix-cache keys, offloaded
+ * blocks and kvc_seq_save() records of such a pool carry the flag and the
+ * RoPE settings, so they match only pools with the same ones. Values and
+ * float keys are unaffected. A
+ * static key scale (::kvc_codec.static_scale) applies to the pre-RoPE keys,
+ * whose values reach up to sqrt(2) times those after RoPE: calibrate it
+ * before RoPE (a k_scale measured after RoPE can clip).
+ * @since 0.3 */
+#define KVC_POOL_PRE_ROPE_KEYS 0x2u
 
 /**
  * @brief The rotary position embedding (RoPE) the engine applies to keys
@@ -426,18 +536,14 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
  */
 typedef enum kvc_rope_style {
   KVC_ROPE_NONE = 0,        /**< Unknown or none: positions never shift (default). */
-  KVC_ROPE_INTERLEAVED = 1, /**< Pairs (2i, 2i+1) rotate by pos x theta^(-2i/dims): Meta LLaMA, llama2.c, GPT-J. */
-  KVC_ROPE_NEOX = 2,        /**< Pairs (i, i + dims/2) ("rotate half"): GPT-NeoX, Hugging Face LLaMA, llama.cpp NEOX. */
+  /** Pairs (2i, 2i+1) rotate by pos x theta^(-2i/dims): Meta LLaMA, llama2.c, GPT-J. */
+  KVC_ROPE_INTERLEAVED = 1,
+  /** Pairs (i, i + dims/2) ("rotate half"): GPT-NeoX, Hugging Face LLaMA, llama.cpp NEOX. */
+  KVC_ROPE_NEOX = 2,
   KVC_ROPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
-  KVC_ROPE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum (any int32 can be passed and is checked); not a value. */
+  /** Forces a signed enum (any int32 can be passed and is checked); not a value. */
+  KVC_ROPE_FORCE_SIGNED = INT32_MIN
 } kvc_rope_style;
-
-/** @brief A KV-cache pool. Create with kvc_pool_create(), destroy with kvc_pool_destroy(). @since 0.1 */
-typedef struct kvc_pool kvc_pool;
-
-/* ------------------------------------------------------------------------ */
-/* Pool configuration and lifecycle                                          */
-/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Configuration of a pool. Fill with kvc_pool_config_init(), then set
@@ -456,22 +562,66 @@ typedef struct kvc_pool_config {
   uint32_t block_size;    /**< Tokens per block, 1..4096; default 16. */
   uint32_t flags;         /**< Bitwise OR of KVC_POOL_* flags; default 0. */
   uint64_t num_blocks;    /**< Capacity in blocks (all layers together), 0 = use capacity_bytes. */
-  uint64_t capacity_bytes;/**< Capacity as a byte budget for block memory, used when num_blocks is 0. */
+  /** Capacity as a byte budget for block memory, used when num_blocks is 0. */
+  uint64_t capacity_bytes;
   kvc_dtype k_dtype;      /**< Storage dtype of keys; default ::KVC_DTYPE_F16. */
   kvc_dtype v_dtype;      /**< Storage dtype of values; default ::KVC_DTYPE_F16. */
   kvc_layout layout;      /**< Order inside a block; default ::KVC_LAYOUT_NHD. */
-  kvc_device device;      /**< Where blocks live; default ::KVC_DEVICE_CPU. ::KVC_DEVICE_CUDA: one device allocation, the same layout; data arguments may then be device memory (docs/cuda.md lists what is CPU-only). */
+  /**
+   * Where blocks live; default ::KVC_DEVICE_CPU. ::KVC_DEVICE_CUDA: one device allocation, the same
+   * layout; data arguments may then be device memory (docs/cuda.md lists what is CPU-only).
+   */
+  kvc_device device;
   int32_t device_index;   /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
-  const kvc_codec *k_codec; /**< NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype overrides k_dtype). @since 0.2 */
-  const kvc_codec *v_codec; /**< NULL (default): values stored as v_dtype; else their codec. @since 0.2 */
-  uint32_t residual_window; /**< Residual window R (KIVI): the newest R tokens of each layer stay in residual_dtype and are encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec. @since 0.2 */
-  kvc_dtype residual_dtype; /**< Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2 */
-  double residual_fraction; /**< Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above residual_window), in [0, 1); 0 (default) = off. @since 0.2 */
-  uint64_t num_residual_blocks; /**< Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads, residual_dtype); 0 (default) = num_blocks when a residual is used. This arena is in addition to capacity_bytes, which sizes the codec blocks; kvc_stats.bytes_total reports both. @since 0.2 */
-  kvc_rope_style rope_style; /**< RoPE the engine applied to keys; default ::KVC_ROPE_NONE. @since 0.3 */
-  uint32_t rope_dims;       /**< Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3 */
+  /**
+   * NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype
+   * overrides k_dtype).
+   * @since 0.2
+   */
+  const kvc_codec *k_codec;
+  /** NULL (default): values stored as v_dtype; else their codec. @since 0.2 */
+  const kvc_codec *v_codec;
+  /**
+   * Residual window R (KIVI): the newest R tokens of each layer stay in residual_dtype and are
+   * encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec.
+   * @since 0.2
+   */
+  uint32_t residual_window;
+  /** Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2 */
+  kvc_dtype residual_dtype;
+  /**
+   * Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above
+   * residual_window), in [0, 1); 0 (default) = off.
+   * @since 0.2
+   */
+  double residual_fraction;
+  /**
+   * Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads,
+   * residual_dtype); 0 (default) = num_blocks when a residual is used. This arena is in addition to
+   * capacity_bytes, which sizes the codec blocks; kvc_stats.bytes_total reports both.
+   * @since 0.2
+   */
+  uint64_t num_residual_blocks;
+  /** RoPE the engine applied to keys; default ::KVC_ROPE_NONE. @since 0.3 */
+  kvc_rope_style rope_style;
+  /** Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3 */
+  uint32_t rope_dims;
   double rope_theta;        /**< RoPE base; default 10000. @since 0.3 */
-  uint32_t residual_sinks;  /**< Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16; IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read that copy. 0 (default) = none; at most block_size. Needs a quantized K or V codec; without a residual window, hybrid fraction or per-channel codec it makes the residual arena itself (each token is staged there and encoded by the append that writes it). The copies take ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first token and counted by kvc_pool_stats(). Scales shared with other tokens leave the sinks out: a per-channel group's range is its other rows' (the sink rows are clamped into it before encoding), a per-tensor scale comes from the other rows of the layer's first write; readers of the raw block tables see those codes, not the copies. @since 0.3 */
+  /**
+   * Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype
+   * copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16;
+   * IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read
+   * that copy. 0 (default) = none; at most block_size. Needs a quantized K or V codec; without a
+   * residual window, hybrid fraction or per-channel codec it makes the residual arena itself (each
+   * token is staged there and encoded by the append that writes it). The copies take
+   * ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first
+   * token and counted by kvc_pool_stats(). Scales shared with other tokens leave the sinks out: a
+   * per-channel group's range is its other rows' (the sink rows are clamped into it before
+   * encoding), a per-tensor scale comes from the other rows of the layer's first write; readers of
+   * the raw block tables see those codes, not the copies.
+   * @since 0.3
+   */
+  uint32_t residual_sinks;
 } kvc_pool_config;
 
 /**
@@ -545,7 +695,7 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
 KVC_API void kvc_pool_destroy(kvc_pool *pool);
 
 /* ------------------------------------------------------------------------ */
-/* Statistics and memory layout                                              */
+/* Statistics and memory layout                                             */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -564,15 +714,22 @@ typedef struct kvc_stats {
   uint64_t blocks_used;        /**< Blocks with reference count >= 1. */
   uint64_t blocks_shared;      /**< Used blocks with reference count >= 2. */
   uint64_t bytes_per_block;    /**< Bytes of one block (K and V, one layer, all KV heads). */
-  uint64_t bytes_per_token;    /**< Bytes one token takes in all layers (K and V), metadata included. */
+  /** Bytes one token takes in all layers (K and V), metadata included. */
+  uint64_t bytes_per_token;
   uint64_t bytes_total;        /**< Bytes of block memory allocated at create. */
   uint64_t bytes_in_use;       /**< Bytes of used + cached blocks. */
   uint64_t peak_bytes_in_use;  /**< Largest bytes_in_use since create or kvc_pool_reset_peak(). */
   uint64_t num_sequences;      /**< Live sequences. */
-  uint64_t residual_blocks_total;    /**< Blocks of the residual arena (0 without a residual window). @since 0.2 */
+  /** Blocks of the residual arena (0 without a residual window). @since 0.2 */
+  uint64_t residual_blocks_total;
   uint64_t residual_blocks_used;     /**< Residual blocks in use. @since 0.2 */
   uint64_t residual_bytes_per_block; /**< Bytes of one residual block. @since 0.2 */
-  uint64_t tokens_stored;            /**< Tokens held, summed over sequences and layers (bits per element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim)). @since 0.2 */
+  /**
+   * Tokens held, summed over sequences and layers (bits per
+   * element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim)).
+   * @since 0.2
+   */
+  uint64_t tokens_stored;
 } kvc_stats;
 
 /** @brief Fill stats with struct_size (the 0.3 size, below) and zeros.
@@ -651,7 +808,8 @@ KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
  */
 typedef struct kvc_pool_layout {
   size_t struct_size;      /**< sizeof(kvc_pool_layout) of the caller. */
-  void *base;              /**< First byte of block 0 (host pointer for the CPU, device pointer for CUDA). */
+  /** First byte of block 0 (host pointer for the CPU, device pointer for CUDA). */
+  void *base;
   uint64_t num_blocks;     /**< Blocks in the pool. */
   uint64_t block_stride;   /**< Bytes from one block to the next. */
   uint32_t block_size;     /**< Token slots per block. */
@@ -670,21 +828,39 @@ typedef struct kvc_pool_layout {
   uint64_t v_bytes;        /**< Bytes of V in one block. */
   kvc_device device;       /**< Where base points. */
   int32_t device_index;    /**< Device ordinal. */
-  uint64_t k_codes_bytes;  /**< Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points. @since 0.2 */
-  uint64_t k_scale_offset; /**< Byte offset of K's scales in a block: `[block_size][k_scales_per_token]` of k_scale_dtype. @since 0.2 */
-  uint64_t k_zero_offset;  /**< Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2 */
-  uint32_t k_scales_per_token; /**< Scale entries per token slot of K (0: none or per-tensor). @since 0.2 */
+  /**
+   * Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points.
+   * @since 0.2
+   */
+  uint64_t k_codes_bytes;
+  /**
+   * Byte offset of K's scales in a block: `[block_size][k_scales_per_token]` of k_scale_dtype.
+   * @since 0.2
+   */
+  uint64_t k_scale_offset;
+  /** Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2 */
+  uint64_t k_zero_offset;
+  /** Scale entries per token slot of K (0: none or per-tensor). @since 0.2 */
+  uint32_t k_scales_per_token;
   kvc_dtype k_scale_dtype; /**< Dtype of K's scales and zero points (f32 or f16). @since 0.2 */
   uint64_t v_codes_bytes;  /**< As k_codes_bytes, for V. @since 0.2 */
   uint64_t v_scale_offset; /**< As k_scale_offset, for V. @since 0.2 */
   uint64_t v_zero_offset;  /**< As k_zero_offset, for V. @since 0.2 */
   uint32_t v_scales_per_token; /**< As k_scales_per_token, for V. @since 0.2 */
   kvc_dtype v_scale_dtype; /**< As k_scale_dtype, for V. @since 0.2 */
-  kvc_granularity k_granularity; /**< K's scale granularity (::KVC_SCALE_NONE for float storage). @since 0.2 */
-  uint32_t k_group_size;   /**< K's group size (per group: values; per channel: tokens). @since 0.2 */
+  /** K's scale granularity (::KVC_SCALE_NONE for float storage). @since 0.2 */
+  kvc_granularity k_granularity;
+  /** K's group size (per group: values; per channel: tokens). @since 0.2 */
+  uint32_t k_group_size;
   kvc_granularity v_granularity; /**< V's scale granularity. @since 0.2 */
   uint32_t v_group_size;   /**< V's group size. @since 0.2 */
-  void *residual_base;     /**< First byte of residual block 0 (NULL without a residual window). Residual block r holds K then V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at `residual_base + r * residual_block_stride`. @since 0.2 */
+  /**
+   * First byte of residual block 0 (NULL without a residual window). Residual block r holds K then
+   * V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at
+   * `residual_base + r * residual_block_stride`.
+   * @since 0.2
+   */
+  void *residual_base;
   uint64_t residual_num_blocks;   /**< Blocks of the residual arena. @since 0.2 */
   uint64_t residual_block_stride; /**< Bytes from one residual block to the next. @since 0.2 */
   kvc_dtype residual_dtype;       /**< Element type of residual blocks. @since 0.2 */
@@ -755,6 +931,10 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
  * @since 0.1
  */
 KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
+
+/* ------------------------------------------------------------------------ */
+/* Device streams and block copies                                          */
+/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Queue the pool's device work on an engine's CUDA stream.
@@ -833,11 +1013,11 @@ typedef enum kvc_copy_direction {
  * runtime failed).
  * @since 0.3
  */
-KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks, void *host,
-                                        kvc_copy_direction direction);
+KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks,
+                                        void *host, kvc_copy_direction direction);
 
 /* ------------------------------------------------------------------------ */
-/* Sequences                                                                 */
+/* Sequences                                                                */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -879,7 +1059,8 @@ KVC_API kvc_status kvc_seq_fork(kvc_pool *pool, uint64_t parent_id, uint64_t chi
  * @param seq_id a live sequence.
  * @param new_length the sequence's new length in tokens.
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,
- * ::KVC_ERR_POOL_EXHAUSTED (no residual block to re-stage a cut per-channel group; nothing changed).
+ * ::KVC_ERR_POOL_EXHAUSTED (no residual block to re-stage a cut per-channel group;
+ * nothing changed).
  * @since 0.1
  */
 KVC_API kvc_status kvc_seq_truncate(kvc_pool *pool, uint64_t seq_id, uint64_t new_length);
@@ -964,7 +1145,7 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
                                    int64_t *slot_mapping);
 
 /* ------------------------------------------------------------------------ */
-/* Writing and reading K/V                                                   */
+/* Writing and reading K/V                                                  */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1043,9 +1224,11 @@ KVC_API kvc_status kvc_gather(kvc_pool *pool, uint64_t seq_id, uint32_t layer, u
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.
  * @param layer 0..num_layers-1.
- * @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids, in order.
+ * @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids,
+ * in order.
  * @param capacity entries block_ids can hold.
- * @param n_blocks receives the number of blocks the table holds (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @param n_blocks receives the number of blocks the table holds (also
+ * on ::KVC_ERR_BUFFER_TOO_SMALL).
  * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n_blocks), ::KVC_ERR_SEQ_NOT_FOUND,
  * ::KVC_ERR_OUT_OF_RANGE (layer), ::KVC_ERR_BUFFER_TOO_SMALL.
  * @since 0.1
@@ -1081,7 +1264,7 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
                                          size_t *n_indices);
 
 /* ------------------------------------------------------------------------ */
-/* Element conversion                                                        */
+/* Element conversion                                                       */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1108,7 +1291,7 @@ KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst, 
 KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes);
 
 /* ------------------------------------------------------------------------ */
-/* Codecs: per-tensor scales and the standalone quantizer                    */
+/* Codecs: per-tensor scales and the standalone quantizer                   */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1135,7 +1318,8 @@ typedef struct kvc_quant_sizes {
   uint64_t codes_bytes;  /**< n rows of ceil(d * bits / 8) bytes. */
   uint64_t scales_bytes; /**< num_scales entries of scale_dtype (0 for float dtypes). */
   uint64_t zeros_bytes;  /**< Same as scales_bytes for asymmetric codecs, else 0. */
-  uint64_t num_scales;   /**< 1 (per tensor), n (per token), n * ceil(d / G) (per group), ceil(n / G) * d (per channel). */
+  /** 1 (per tensor), n (per token), n * ceil(d / G) (per group), ceil(n / G) * d (per channel). */
+  uint64_t num_scales;
 } kvc_quant_sizes;
 
 /** @brief Fill sizes with struct_size (the 0.3 size, below) and zeros.
@@ -1229,99 +1413,7 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
                                   kvc_dtype dst_dtype);
 
 /* ------------------------------------------------------------------------ */
-/* Saving and restoring sequences                                            */
-/* ------------------------------------------------------------------------ */
-
-/**
- * @brief Save one sequence as a self-describing record (llama.cpp's state
- * save, vLLM / LMCache's store by request): its length, per-layer block
- * tables, positions (after eviction), observed attention scores and the
- * bytes of its blocks exactly as the pool stores them (codes, scales and
- * zero points: a restore re-quantizes nothing). The record carries a
- * fingerprint of the pool's geometry, dtypes, codecs (granularity, group
- * size, scale dtype, rotation, static scales), block size, layout, residual
- * window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
- * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
- * over all layers) plus 100 bytes per layer. The sequence is unchanged.
- *
- * The record is the sequence at one instant (since 0.4): appends to this
- * sequence from other threads wait while it is written (other sequences go
- * on), so it never mixes rows from before and after an append. It is
- * written straight into `buffer` (no second copy of the sequence). Slots of
- * its blocks the sequence does not hold (the end of a last block) are zero
- * in the record. Positions reserved but not written yet are saved as such
- * (zero bytes and a list of unwritten ranges, record format 2): after a
- * restore they read as zeros, can be appended, and keep their blocks out
- * of the prefix cache until written.
- * @param pool the pool (not NULL).
- * @param seq_id a live sequence.
- * @param buffer NULL (to query the size) or receives the record.
- * @param capacity bytes buffer can hold.
- * @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL).
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;
- * ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only
- * size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
- * CUDA pools: the blocks are copied to the host before the call returns.
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity, size_t *size);
-
-/**
- * @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this
- * pool or another whose fingerprint is equal (another process, a CUDA pool
- * from a CPU pool's record and back). All checks run before the pool
- * changes: on failure nothing is created and no block is taken. Per-tensor
- * scales: a layer that has none yet takes the record's; one that has
- * another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly).
- * @param pool the pool (not NULL).
- * @param seq_id an id no live sequence has.
- * @param data the record.
- * @param size its size in bytes.
- * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;
- * ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this
- * library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another
- * configuration: the message names the fields that differ; another record
- * format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the
- * record needs more blocks or residual blocks than the pool has in all);
- * ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;
- * ::KVC_ERR_INTERNAL (CUDA runtime).
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size);
-
-/**
- * @brief kvc_seq_save() into a file, atomically: the record is written to a
- * temporary file in the same folder, flushed to disk (fsync) and renamed
- * over `path`, so a reader sees the old file or the whole new one, never a
- * part (a crash mid-write leaves at most the temporary file behind). The
- * record is streamed to the file (no copy of the whole record in memory)
- * while appends to the sequence wait, as for kvc_seq_save().
- * @param pool the pool (not NULL).
- * @param seq_id a live sequence.
- * @param path the file to create or replace.
- * @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no
- * such folder, permission denied, disk full...; `path` is then unchanged).
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char *path);
-
-/**
- * @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or
- * any file holding exactly one record).
- * @param pool the pool (not NULL).
- * @param seq_id an id no live sequence has.
- * @param path the file.
- * @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read).
- * @since 0.3
- */
-KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path);
-
-/* ------------------------------------------------------------------------ */
-/* Loading with dlopen: the versioned function table                         */
-/* ------------------------------------------------------------------------ */
-
-/* ------------------------------------------------------------------------ */
-/* Attention over the cache                                                  */
+/* Attention over the cache                                                 */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1345,13 +1437,27 @@ typedef enum kvc_observe {
  */
 typedef struct kvc_attention_params {
   size_t struct_size;     /**< sizeof(kvc_attention_params) of the caller. */
-  uint32_t num_q_heads;   /**< Query heads; must equal the pool's num_q_heads (query head h uses KV head h / (num_q_heads / num_kv_heads)). */
+  /**
+   * Query heads; must equal the pool's num_q_heads (query head h uses KV head
+   * h / (num_q_heads / num_kv_heads)).
+   */
+  uint32_t num_q_heads;
   float scale;            /**< Multiplies q.k; 0 (default) = 1 / sqrt(head_dim). */
   kvc_dtype q_dtype;      /**< Element type of q: f32 (default), f16 or bf16. */
   kvc_dtype out_dtype;    /**< Element type of out: f32 (default), f16 or bf16. */
   kvc_observe observe;    /**< Record attention for eviction policies; default none. */
-  uint32_t num_threads;   /**< Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only; 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill and observing calls use the calling thread. */
-  uint64_t observe_from;  /**< Prefill: first query row whose attention is recorded (SnapKV's observation window = the last rows); default 0. */
+  /**
+   * Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only;
+   * 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread
+   * count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill
+   * and observing calls use the calling thread.
+   */
+  uint32_t num_threads;
+  /**
+   * Prefill: first query row whose attention is recorded (SnapKV's observation window = the last
+   * rows); default 0.
+   */
+  uint64_t observe_from;
 } kvc_attention_params;
 
 /**
@@ -1513,7 +1619,7 @@ KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint3
                                           uint64_t pos, uint64_t n, int32_t *out);
 
 /* ------------------------------------------------------------------------ */
-/* Eviction policies                                                         */
+/* Eviction policies and scorer plugins                                     */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1522,12 +1628,35 @@ KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint3
  */
 typedef enum kvc_policy_kind {
   KVC_POLICY_NONE = 0,      /**< Keep every token. */
-  KVC_POLICY_STREAMING = 1, /**< StreamingLLM (Xiao et al., arXiv 2309.17453): the first sink_tokens (attention sinks) + the newest tokens. sink_tokens 0 = a sliding window. */
-  KVC_POLICY_H2O = 2,       /**< H2O (Zhang et al., arXiv 2306.14048): the newest floor(recent_fraction x budget) tokens + the heavy hitters (highest accumulated attention) among the rest. Needs observed scores (KVC_OBSERVE_ACCUMULATE). */
-  KVC_POLICY_SNAPKV = 3,    /**< SnapKV (Li et al., arXiv 2404.14469): after prefill, the last `window` tokens + the prefix tokens with the highest window attention, pooled along the tokens (kernel_size, pooling). Per layer (summed over KV heads). */
-  KVC_POLICY_PYRAMIDKV = 4, /**< PyramidKV (Cai et al., arXiv 2406.02069): SnapKV's selection under per-layer budgets that fall from the first layer to the last (schedule, beta). */
-  KVC_POLICY_TOVA = 5,      /**< TOVA (Oren et al., arXiv 2401.06104): the tokens with the highest attention from the latest query (KVC_OBSERVE_REPLACE), summed over heads. */
-  KVC_POLICY_PLUGIN = 6,    /**< Scores from a loaded plugin (kvcache_plugin.h) + the newest recent_tokens. */
+  /**
+   * StreamingLLM (Xiao et al., arXiv 2309.17453): the first sink_tokens (attention sinks) + the
+   * newest tokens. sink_tokens 0 = a sliding window.
+   */
+  KVC_POLICY_STREAMING = 1,
+  /**
+   * H2O (Zhang et al., arXiv 2306.14048): the newest floor(recent_fraction x budget) tokens + the
+   * heavy hitters (highest accumulated attention) among the rest. Needs observed
+   * scores (KVC_OBSERVE_ACCUMULATE).
+   */
+  KVC_POLICY_H2O = 2,
+  /**
+   * SnapKV (Li et al., arXiv 2404.14469): after prefill, the last `window` tokens + the prefix
+   * tokens with the highest window attention, pooled along the tokens (kernel_size, pooling). Per
+   * layer (summed over KV heads).
+   */
+  KVC_POLICY_SNAPKV = 3,
+  /**
+   * PyramidKV (Cai et al., arXiv 2406.02069): SnapKV's selection under per-layer budgets that fall
+   * from the first layer to the last (schedule, beta).
+   */
+  KVC_POLICY_PYRAMIDKV = 4,
+  /**
+   * TOVA (Oren et al., arXiv 2401.06104): the tokens with the highest attention from the latest
+   * query (KVC_OBSERVE_REPLACE), summed over heads.
+   */
+  KVC_POLICY_TOVA = 5,
+  /** Scores from a loaded plugin (kvcache_plugin.h) + the newest recent_tokens. */
+  KVC_POLICY_PLUGIN = 6,
   KVC_POLICY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_POLICY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_policy_kind;
@@ -1542,16 +1671,12 @@ typedef enum kvc_pooling {
 
 /** @brief PyramidKV per-layer budget schedules. @since 0.3 */
 typedef enum kvc_pyramid_schedule {
-  KVC_PYRAMID_PAPER = 0,  /**< The paper's: linear from 2B - B/beta (first layer) to B/beta (last); the total stays L x B. */
+  /** The paper's: linear from 2B - B/beta (first layer) to B/beta (last); the total stays L x B. */
+  KVC_PYRAMID_PAPER = 0,
   KVC_PYRAMID_LINEAR = 1, /**< Linear from 1.0 x B (first layer) to 0.2 x B (last). */
   KVC_PYRAMID_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_PYRAMID_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_pyramid_schedule;
-
-/** @brief A loaded scorer plugin (kvc_plugin_load()). @since 0.3 */
-typedef struct kvc_plugin kvc_plugin;
-/** @brief An eviction policy (kvc_policy_create()). @since 0.3 */
-typedef struct kvc_policy kvc_policy;
 
 /**
  * @brief Configuration of an eviction policy. Init with
@@ -1571,17 +1696,34 @@ typedef struct kvc_policy_config {
   kvc_policy_kind kind;      /**< The family; default ::KVC_POLICY_NONE. */
   uint32_t sink_tokens;      /**< Streaming: attention sinks S (default 4). */
   uint64_t budget_tokens;    /**< Per-layer cap in tokens; 0 (default) = none. */
-  double compression_ratio;  /**< Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
-  uint32_t recent_tokens;    /**< Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0. */
-  uint32_t window;           /**< SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32. */
-  double recent_fraction;    /**< H2O: share of the budget kept as the recent window, in [0, 1]; default 0.5 (the paper's equal split). */
+  /** Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
+  double compression_ratio;
+  /** Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0. */
+  uint32_t recent_tokens;
+  /** SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32. */
+  uint32_t window;
+  /**
+   * H2O: share of the budget kept as the recent window, in [0, 1]; default 0.5 (the paper's
+   * equal split).
+   */
+  double recent_fraction;
   uint32_t kernel_size;      /**< SnapKV / PyramidKV: odd pooling kernel, 1..1025; default 7. */
   kvc_pooling pooling;       /**< SnapKV / PyramidKV pooling; default max. */
   kvc_pyramid_schedule schedule; /**< PyramidKV schedule; default the paper's. */
-  double beta;               /**< PyramidKV (paper schedule): last layer's budget is B / beta; default 20. */
-  uint32_t shift_positions;  /**< Non-zero: after eviction, keys are re-rotated so token i of the cache has RoPE position i (StreamingLLM); needs the pool's rope_style. Default 0 (keys keep their positions). */
-  uint32_t auto_evict;       /**< Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs budget_tokens). That eviction stays even if the reservation then fails. Default 0. */
-  const kvc_plugin *plugin;  /**< ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded). */
+  /** PyramidKV (paper schedule): last layer's budget is B / beta; default 20. */
+  double beta;
+  /**
+   * Non-zero: after eviction, keys are re-rotated so token i of the cache has RoPE position i
+   * (StreamingLLM); needs the pool's rope_style. Default 0 (keys keep their positions).
+   */
+  uint32_t shift_positions;
+  /**
+   * Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs
+   * budget_tokens). That eviction stays even if the reservation then fails. Default 0.
+   */
+  uint32_t auto_evict;
+  /** ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded). */
+  const kvc_plugin *plugin;
 } kvc_policy_config;
 
 /**
@@ -1723,8 +1865,8 @@ KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *
  * hybrid precision or attention sinks). Nothing changes on failure.
  * @since 0.4
  */
-KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer, const uint64_t *keep,
-                                uint64_t n_keep, uint64_t *dropped);
+KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                const uint64_t *keep, uint64_t n_keep, uint64_t *dropped);
 
 /**
  * @brief Load a scorer plugin (a shared object implementing
@@ -1756,7 +1898,7 @@ KVC_API void kvc_plugin_unload(kvc_plugin *plugin);
 KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin);
 
 /* ------------------------------------------------------------------------ */
-/* Prefix cache                                                              */
+/* Prefix cache                                                             */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -1764,8 +1906,10 @@ KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin);
  * @since 0.3
  */
 typedef enum kvc_prefix_hash {
-  KVC_PREFIX_HASH_SHA256 = 0,   /**< SHA-256 (OpenSSL), 32-byte keys: for tenants that do not trust each other (default). */
-  KVC_PREFIX_HASH_XXH3_128 = 1, /**< XXH3-128 (xxHash), 16-byte keys: fast, not collision resistant against an adversary. */
+  /** SHA-256 (OpenSSL), 32-byte keys: for tenants that do not trust each other (default). */
+  KVC_PREFIX_HASH_SHA256 = 0,
+  /** XXH3-128 (xxHash), 16-byte keys: fast, not collision resistant against an adversary. */
+  KVC_PREFIX_HASH_XXH3_128 = 1,
   KVC_PREFIX_HASH_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_PREFIX_HASH_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_prefix_hash;
@@ -1778,11 +1922,20 @@ typedef enum kvc_prefix_hash {
 typedef struct kvc_prefix_config {
   size_t struct_size;     /**< sizeof(kvc_prefix_config) of the caller. */
   kvc_prefix_hash hash;   /**< Key hash; default SHA-256. */
-  uint32_t verify_tokens; /**< Non-zero (default): every hit compares the cached block's token ids with the query's, so even a forced hash collision never returns foreign KV. */
-  uint32_t seed_set;      /**< 0 (default): the chain's root is seeded with 32 random bytes (keys differ per pool); non-zero: with `seed` (keys survive restarts and match other pools with the same seed). */
+  /**
+   * Non-zero (default): every hit compares the cached block's token ids with the query's, so even a
+   * forced hash collision never returns foreign KV.
+   */
+  uint32_t verify_tokens;
+  /**
+   * 0 (default): the chain's root is seeded with 32 random bytes (keys differ per pool); non-zero:
+   * with `seed` (keys survive restarts and match other pools with the same seed).
+   */
+  uint32_t seed_set;
   uint8_t seed[32];       /**< The root seed when seed_set. */
   const char *model_id;   /**< Caller's model identity mixed into the root (NULL = ""). Copied. */
-  const char *tokenizer_id; /**< Caller's tokenizer identity mixed into the root (NULL = ""). Copied. */
+  /** Caller's tokenizer identity mixed into the root (NULL = ""). Copied. */
+  const char *tokenizer_id;
   /**
    * Names of the extra keys (`[n_extra_key_names]` NUL-terminated strings,
    * e.g. "salt", "adapter", "media"; NULL when n_extra_key_names is 0).
@@ -1828,16 +1981,41 @@ typedef struct kvc_prefix_extra {
 /** @brief Result of kvc_prefix_lookup() / kvc_prefix_attach(). @since 0.3 */
 typedef struct kvc_prefix_result {
   size_t struct_size;      /**< sizeof(kvc_prefix_result) of the caller. */
-  uint64_t hit_tokens;     /**< Leading tokens reusable as whole cached blocks (a multiple of block_size, at most n_tokens - 1). */
+  /**
+   * Leading tokens reusable as whole cached blocks (a multiple of block_size, at most
+   * n_tokens - 1).
+   */
+  uint64_t hit_tokens;
   uint64_t hit_blocks;     /**< hit_tokens / block_size. */
-  uint64_t partial_tokens; /**< With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied into a fresh block by kvc_prefix_attach()); 0 otherwise. */
-  uint64_t tier_tokens;    /**< kvc_prefix_lookup() of a pool with offload tiers: whole-block tokens after hit_tokens that the tiers hold (kvc_prefix_load() brings them into the pool); 0 otherwise. @since 0.3 */
-  uint64_t pin;            /**< With ::KVC_PREFIX_PIN: the pin handle for kvc_prefix_unpin() (0: nothing was pinned). @since 0.3 */
+  /**
+   * With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied
+   * into a fresh block by kvc_prefix_attach()); 0 otherwise.
+   */
+  uint64_t partial_tokens;
+  /**
+   * kvc_prefix_lookup() of a pool with offload tiers: whole-block tokens after hit_tokens that the
+   * tiers hold (kvc_prefix_load() brings them into the pool); 0 otherwise.
+   * @since 0.3
+   */
+  uint64_t tier_tokens;
+  /**
+   * With ::KVC_PREFIX_PIN: the pin handle for kvc_prefix_unpin() (0: nothing was pinned).
+   * @since 0.3
+   */
+  uint64_t pin;
 } kvc_prefix_result;
 
-/** @brief Flag of kvc_prefix_lookup() / kvc_prefix_attach(): also reuse a partly matching next block (SGLang-style, token-granular). @since 0.3 */
+/**
+ * @brief Flag of kvc_prefix_lookup() / kvc_prefix_attach(): also reuse a partly matching next block
+ * (SGLang-style, token-granular).
+ * @since 0.3
+ */
 #define KVC_PREFIX_PARTIAL 0x1u
-/** @brief Flag of kvc_prefix_lookup(): pin the tier blocks counted in tier_tokens (host and disk tiers) so LRU replacement keeps them until kvc_prefix_unpin(). @since 0.3 */
+/**
+ * @brief Flag of kvc_prefix_lookup(): pin the tier blocks counted in tier_tokens (host and disk
+ * tiers) so LRU replacement keeps them until kvc_prefix_unpin().
+ * @since 0.3
+ */
 #define KVC_PREFIX_PIN 0x2u
 
 /** @brief Prefix index events for an external router. @since 0.3 */
@@ -1845,14 +2023,16 @@ typedef enum kvc_prefix_event_kind {
   KVC_PREFIX_STORED = 0,  /**< A block was registered under `key`. */
   KVC_PREFIX_REMOVED = 1, /**< A block left the index (reclaimed, rewritten or its parent left). */
   KVC_PREFIX_EVENT_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
-  KVC_PREFIX_EVENT_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum, as every other enum of this header; not a value. @since 0.4 */
+  /** Forces a signed enum, as every other enum of this header; not a value. @since 0.4 */
+  KVC_PREFIX_EVENT_FORCE_SIGNED = INT32_MIN
 } kvc_prefix_event_kind;
 
 /** @brief One prefix index event. @since 0.3 */
 typedef struct kvc_prefix_event {
   size_t struct_size;          /**< sizeof(kvc_prefix_event) of the library. */
   kvc_prefix_event_kind kind;  /**< Stored or removed. */
-  uint32_t key_size;           /**< Bytes of key and parent_key (32 for SHA-256, 16 for XXH3-128). */
+  /** Bytes of key and parent_key (32 for SHA-256, 16 for XXH3-128). */
+  uint32_t key_size;
   const uint8_t *key;          /**< The block's key (valid during the callback only). */
   const uint8_t *parent_key;   /**< Its parent's key (the root for the first block). */
   uint64_t depth;              /**< 1 for a prompt's first block, 2 for the second... */
@@ -1873,8 +2053,10 @@ typedef struct kvc_prefix_stats {
   uint64_t hit_tokens;         /**< Whole-block tokens they found. */
   uint64_t partial_tokens;     /**< Token-granular matches they found. */
   uint64_t registered_blocks;  /**< Blocks (each spanning all layers) in the index now. */
-  uint64_t reclaimable_blocks; /**< Of those, held by no sequence (cached; reclaimed in LRU order when room is needed). */
-  uint64_t referenced_blocks;  /**< Of those, held by a sequence (registered = reclaimable + referenced). */
+  /** Of those, held by no sequence (cached; reclaimed in LRU order when room is needed). */
+  uint64_t reclaimable_blocks;
+  /** Of those, held by a sequence (registered = reclaimable + referenced). */
+  uint64_t referenced_blocks;
   uint64_t stored_total;       /**< Blocks ever registered. */
   uint64_t removed_total;      /**< Blocks ever removed from the index. */
   uint64_t reclaimed_total;    /**< Of those, reclaimed for reuse. */
@@ -1970,8 +2152,8 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                     const kvc_prefix_extra *extras, uint32_t n_extras, uint32_t flags,
-                                     kvc_prefix_result *result);
+                                     const kvc_prefix_extra *extras, uint32_t n_extras,
+                                     uint32_t flags, kvc_prefix_result *result);
 
 /**
  * @brief Create sequence `seq_id` holding the cached prefix of a prompt: the
@@ -1992,8 +2174,8 @@ KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
-                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
-                                     uint32_t flags, kvc_prefix_result *result);
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras,
+                                     uint32_t n_extras, uint32_t flags, kvc_prefix_result *result);
 
 /**
  * @brief Register the full blocks of a sequence's prompt (written by the
@@ -2025,8 +2207,8 @@ KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int3
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
-                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
-                                     uint64_t *n_registered);
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras,
+                                     uint32_t n_extras, uint64_t *n_registered);
 
 /**
  * @brief The chain keys of the full blocks of a prompt, as this pool computes
@@ -2045,8 +2227,8 @@ KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int3
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint8_t *keys_out,
-                                   size_t capacity, size_t *key_size);
+                                   const kvc_prefix_extra *extras, uint32_t n_extras,
+                                   uint8_t *keys_out, size_t capacity, size_t *key_size);
 
 /**
  * @brief Zero a stats struct and set its struct_size.
@@ -2107,7 +2289,7 @@ KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats)
 KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn fn, void *user);
 
 /* ------------------------------------------------------------------------ */
-/* Offload tiers                                                             */
+/* Offload tiers                                                            */
 /* ------------------------------------------------------------------------ */
 
 /**
@@ -2116,15 +2298,28 @@ KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn f
  */
 typedef enum kvc_tier_kind {
   KVC_TIER_HOST = 0,  /**< Host memory with a byte capacity and LRU replacement. */
-  KVC_TIER_DISK = 1,  /**< A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU; survives restarts. */
-  KVC_TIER_REDIS = 2, /**< A Redis server or Redis Cluster (hiredis), shared by processes and machines. */
+  /**
+   * A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU;
+   * survives restarts.
+   */
+  KVC_TIER_DISK = 1,
+  /** A Redis server or Redis Cluster (hiredis), shared by processes and machines. */
+  KVC_TIER_REDIS = 2,
   KVC_TIER_KIND_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_TIER_KIND_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_tier_kind;
 
-/** @brief Tier flag: a disk tier flushes every record to stable storage (fsync) before it is visible. @since 0.3 */
+/**
+ * @brief Tier flag: a disk tier flushes every record to stable storage (fsync) before it
+ * is visible.
+ * @since 0.3
+ */
 #define KVC_TIER_FSYNC 0x1u
-/** @brief Tier flag: `address` lists seed nodes of a Redis Cluster (slot map, MOVED / ASK redirects). @since 0.3 */
+/**
+ * @brief Tier flag: `address` lists seed nodes of a Redis Cluster (slot map, MOVED /
+ * ASK redirects).
+ * @since 0.3
+ */
 #define KVC_TIER_REDIS_CLUSTER 0x2u
 
 /**
@@ -2136,10 +2331,17 @@ typedef struct kvc_tier_config {
   size_t struct_size;      /**< sizeof(kvc_tier_config) of the caller. */
   kvc_tier_kind kind;      /**< Host, disk or Redis. */
   uint32_t flags;          /**< ::KVC_TIER_FSYNC (disk), ::KVC_TIER_REDIS_CLUSTER (Redis), or 0. */
-  uint64_t capacity_bytes; /**< Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for Redis (the server's maxmemory rules). */
-  const char *path;        /**< Disk: the directory (created if missing; records of earlier processes are found). Copied. */
-  const char *address;     /**< Redis: "host:port", or for a cluster "host:port,host:port,..." seed nodes. Copied. */
-  uint32_t timeout_ms;     /**< Redis: connect and command timeout in milliseconds (default 1000). */
+  /**
+   * Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for
+   * Redis (the server's maxmemory rules).
+   */
+  uint64_t capacity_bytes;
+  /** Disk: the directory (created if missing; records of earlier processes are found). Copied. */
+  const char *path;
+  /** Redis: "host:port", or for a cluster "host:port,host:port,..." seed nodes. Copied. */
+  const char *address;
+  /** Redis: connect and command timeout in milliseconds (default 1000). */
+  uint32_t timeout_ms;
   uint32_t reserved;       /**< Zero. */
   uint64_t ttl_seconds;    /**< Redis: records expire after this many seconds (0: never). */
 } kvc_tier_config;
@@ -2152,17 +2354,25 @@ typedef struct kvc_tier_stats {
   size_t struct_size;   /**< sizeof(kvc_tier_stats) of the caller. */
   kvc_tier_kind kind;   /**< The tier's kind. */
   uint32_t reserved;    /**< Zero. */
-  uint64_t bytes;       /**< Bytes held now (Redis: written minus deleted by this process, an estimate). */
+  /** Bytes held now (Redis: written minus deleted by this process, an estimate). */
+  uint64_t bytes;
   uint64_t entries;     /**< Blocks held now (Redis: estimate, as bytes). */
   uint64_t hits;        /**< Reads that returned a block. */
-  uint64_t misses;      /**< Reads that found nothing usable (absent, another fingerprint, damaged, tier down). */
+  /** Reads that found nothing usable (absent, another fingerprint, damaged, tier down). */
+  uint64_t misses;
   uint64_t demotions;   /**< Blocks written to this tier by the offload writer. */
   uint64_t promotions;  /**< Blocks loaded from this tier into the pool. */
-  uint64_t drops;       /**< Demotions dropped because the writer's queue was full (the pool's count, the same in every tier). */
+  /**
+   * Demotions dropped because the writer's queue was full (the pool's count, the same in
+   * every tier).
+   */
+  uint64_t drops;
   uint64_t evictions;   /**< Blocks this tier removed for room (LRU). */
-  uint64_t errors;      /**< Failed writes and reads, refused (damaged) records, connection failures. */
+  /** Failed writes and reads, refused (damaged) records, connection failures. */
+  uint64_t errors;
   uint64_t pinned;      /**< Blocks pinned now through kvc_prefix_lookup() with ::KVC_PREFIX_PIN. */
-  char last_error[256]; /**< The reason of the tier's last error, "" if none (NUL-terminated, truncated). */
+  /** The reason of the tier's last error, "" if none (NUL-terminated, truncated). */
+  char last_error[256];
 } kvc_tier_stats;
 
 /**
@@ -2244,7 +2454,8 @@ KVC_API kvc_status kvc_tier_config_init_sized(kvc_tier_config *config, kvc_tier_
  * ::KVC_ERR_IO (the disk directory cannot be created or read).
  * @since 0.3
  */
-KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *config, uint32_t *tier_index);
+KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *config,
+                                     uint32_t *tier_index);
 
 /**
  * @brief Set the offload queue and load timeout (defaults: 256 blocks, 10000 ms).
@@ -2258,7 +2469,8 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
  * value out of range, no tier).
  * @since 0.3
  */
-KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, uint32_t load_timeout_ms);
+KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks,
+                                        uint32_t load_timeout_ms);
 
 /**
  * @brief Zero a tier stats struct and set its struct_size.
@@ -2325,7 +2537,8 @@ KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                      const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *n_queued);
+                                      const kvc_prefix_extra *extras, uint32_t n_extras,
+                                      uint64_t *n_queued);
 
 /**
  * @brief Wait until the offload writer has written every queued block.
@@ -2358,7 +2571,8 @@ KVC_API kvc_status kvc_pool_flush_tiers(kvc_pool *pool);
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *loaded_tokens);
+                                   const kvc_prefix_extra *extras, uint32_t n_extras,
+                                   uint64_t *loaded_tokens);
 
 /**
  * @brief Start loading, as kvc_prefix_load(), and return at once with a
@@ -2374,7 +2588,8 @@ KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                       const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *ticket);
+                                       const kvc_prefix_extra *extras, uint32_t n_extras,
+                                       uint64_t *ticket);
 
 /**
  * @brief Poll a prefetch. Once it returns ::KVC_OK or ::KVC_ERR_TIMEOUT the
@@ -2399,6 +2614,99 @@ KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *lo
  * @since 0.3
  */
 KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin);
+
+/* ------------------------------------------------------------------------ */
+/* Records: saving and restoring sequences                                  */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief Save one sequence as a self-describing record (llama.cpp's state
+ * save, vLLM / LMCache's store by request): its length, per-layer block
+ * tables, positions (after eviction), observed attention scores and the
+ * bytes of its blocks exactly as the pool stores them (codes, scales and
+ * zero points: a restore re-quantizes nothing). The record carries a
+ * fingerprint of the pool's geometry, dtypes, codecs (granularity, group
+ * size, scale dtype, rotation, static scales), block size, layout, residual
+ * window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md.
+ * Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block
+ * over all layers) plus 100 bytes per layer. The sequence is unchanged.
+ *
+ * The record is the sequence at one instant (since 0.4): appends to this
+ * sequence from other threads wait while it is written (other sequences go
+ * on), so it never mixes rows from before and after an append. It is
+ * written straight into `buffer` (no second copy of the sequence). Slots of
+ * its blocks the sequence does not hold (the end of a last block) are zero
+ * in the record. Positions reserved but not written yet are saved as such
+ * (zero bytes and a list of unwritten ranges, record format 2): after a
+ * restore they read as zeros, can be appended, and keep their blocks out
+ * of the prefix cache until written.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param buffer NULL (to query the size) or receives the record.
+ * @param capacity bytes buffer can hold.
+ * @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only
+ * size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime).
+ * CUDA pools: the blocks are copied to the host before the call returns.
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity,
+                                size_t *size);
+
+/**
+ * @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this
+ * pool or another whose fingerprint is equal (another process, a CUDA pool
+ * from a CPU pool's record and back). All checks run before the pool
+ * changes: on failure nothing is created and no block is taken. Per-tensor
+ * scales: a layer that has none yet takes the record's; one that has
+ * another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly).
+ * @param pool the pool (not NULL).
+ * @param seq_id an id no live sequence has.
+ * @param data the record.
+ * @param size its size in bytes.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;
+ * ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this
+ * library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another
+ * configuration: the message names the fields that differ; another record
+ * format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the
+ * record needs more blocks or residual blocks than the pool has in all);
+ * ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;
+ * ::KVC_ERR_INTERNAL (CUDA runtime).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_restore(kvc_pool *pool, uint64_t seq_id, const void *data, size_t size);
+
+/**
+ * @brief kvc_seq_save() into a file, atomically: the record is written to a
+ * temporary file in the same folder, flushed to disk (fsync) and renamed
+ * over `path`, so a reader sees the old file or the whole new one, never a
+ * part (a crash mid-write leaves at most the temporary file behind). The
+ * record is streamed to the file (no copy of the whole record in memory)
+ * while appends to the sequence wait, as for kvc_seq_save().
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param path the file to create or replace.
+ * @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no
+ * such folder, permission denied, disk full...; `path` is then unchanged).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char *path);
+
+/**
+ * @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or
+ * any file holding exactly one record).
+ * @param pool the pool (not NULL).
+ * @param seq_id an id no live sequence has.
+ * @param path the file.
+ * @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read).
+ * @since 0.3
+ */
+KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Loading with dlopen: the versioned function table                        */
+/* ------------------------------------------------------------------------ */
 
 /**
  * @brief Table of every API function, for hosts that load the library with
@@ -2431,89 +2739,118 @@ typedef struct kvc_api {
   kvc_status (*seq_truncate)(kvc_pool *, uint64_t, uint64_t);   /**< kvc_seq_truncate() */
   kvc_status (*seq_free)(kvc_pool *, uint64_t);                 /**< kvc_seq_free() */
   kvc_status (*seq_length)(kvc_pool *, uint64_t, uint64_t *);   /**< kvc_seq_length() */
-  kvc_status (*seq_layer_tokens)(kvc_pool *, uint64_t, uint32_t, uint64_t *); /**< kvc_seq_layer_tokens() */
-  kvc_status (*seq_reserve)(kvc_pool *, uint64_t, uint64_t, int64_t *);       /**< kvc_seq_reserve() */
+  /** kvc_seq_layer_tokens() */
+  kvc_status (*seq_layer_tokens)(kvc_pool *, uint64_t, uint32_t, uint64_t *);
+  kvc_status (*seq_reserve)(kvc_pool *, uint64_t, uint64_t, int64_t *); /**< kvc_seq_reserve() */
   kvc_status (*append)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, const void *,
                        const void *, kvc_dtype);                /**< kvc_append() */
   kvc_status (*gather)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, void *, void *,
                        kvc_dtype, int32_t *);                   /**< kvc_gather() */
   kvc_status (*seq_block_table)(kvc_pool *, uint64_t, uint32_t, int32_t *, size_t,
                                 size_t *);                      /**< kvc_seq_block_table() */
+  /** kvc_export_page_table() */
   kvc_status (*export_page_table)(kvc_pool *, uint32_t, const uint64_t *, size_t, int32_t *,
-                                  int32_t *, size_t, int32_t *, size_t *); /**< kvc_export_page_table() */
+                                  int32_t *, size_t, int32_t *, size_t *);
   kvc_status (*convert)(const void *, kvc_dtype, void *, kvc_dtype, size_t); /**< kvc_convert() */
   kvc_status (*dtype_size)(kvc_dtype, size_t *);                /**< kvc_dtype_size() */
   /* --- version 2 (0.2) --- */
   kvc_status (*codec_init)(kvc_codec *);                        /**< kvc_codec_init() */
-  kvc_status (*pool_tensor_scales)(kvc_pool *, uint32_t, float *, float *); /**< kvc_pool_tensor_scales() */
+  /** kvc_pool_tensor_scales() */
+  kvc_status (*pool_tensor_scales)(kvc_pool *, uint32_t, float *, float *);
   kvc_status (*quant_sizes_init)(kvc_quant_sizes *);            /**< kvc_quant_sizes_init() */
-  kvc_status (*quantize_sizes)(const kvc_codec *, uint64_t, uint64_t, kvc_quant_sizes *); /**< kvc_quantize_sizes() */
+  /** kvc_quantize_sizes() */
+  kvc_status (*quantize_sizes)(const kvc_codec *, uint64_t, uint64_t, kvc_quant_sizes *);
   kvc_status (*quantize)(const kvc_codec *, const void *, kvc_dtype, uint64_t, uint64_t, void *,
                          void *, void *);                       /**< kvc_quantize() */
   kvc_status (*dequantize)(const kvc_codec *, const void *, const void *, const void *, uint64_t,
                            uint64_t, void *, kvc_dtype);        /**< kvc_dequantize() */
   /* --- version 3 (0.3) --- */
   kvc_status (*attention_params_init)(kvc_attention_params *);  /**< kvc_attention_params_init() */
-  kvc_status (*attention_decode)(kvc_pool *, uint32_t, const uint64_t *, size_t, const void *, void *,
-                                 float *, const kvc_attention_params *); /**< kvc_attention_decode() */
-  kvc_status (*attention_prefill)(kvc_pool *, uint32_t, uint64_t, const void *, uint64_t, void *, float *,
-                                  const kvc_attention_params *); /**< kvc_attention_prefill() */
-  kvc_status (*seq_observe_scores)(kvc_pool *, uint64_t, uint32_t, const float *, uint64_t, int); /**< kvc_seq_observe_scores() */
-  kvc_status (*seq_scores)(kvc_pool *, uint64_t, uint32_t, float *, uint64_t); /**< kvc_seq_scores() */
-  kvc_status (*seq_rope_positions)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, int32_t *); /**< kvc_seq_rope_positions() */
+  /** kvc_attention_decode() */
+  kvc_status (*attention_decode)(kvc_pool *, uint32_t, const uint64_t *, size_t, const void *,
+                                 void *, float *, const kvc_attention_params *);
+  /** kvc_attention_prefill() */
+  kvc_status (*attention_prefill)(kvc_pool *, uint32_t, uint64_t, const void *, uint64_t, void *,
+                                  float *, const kvc_attention_params *);
+  /** kvc_seq_observe_scores() */
+  kvc_status (*seq_observe_scores)(kvc_pool *, uint64_t, uint32_t, const float *, uint64_t, int);
+  /** kvc_seq_scores() */
+  kvc_status (*seq_scores)(kvc_pool *, uint64_t, uint32_t, float *, uint64_t);
+  /** kvc_seq_rope_positions() */
+  kvc_status (*seq_rope_positions)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, int32_t *);
   kvc_status (*policy_config_init)(kvc_policy_config *);        /**< kvc_policy_config_init() */
   kvc_status (*policy_create)(const kvc_policy_config *, kvc_policy **); /**< kvc_policy_create() */
   void (*policy_destroy)(kvc_policy *);                         /**< kvc_policy_destroy() */
-  kvc_status (*seq_set_policy)(kvc_pool *, uint64_t, const kvc_policy *); /**< kvc_seq_set_policy() */
+  /** kvc_seq_set_policy() */
+  kvc_status (*seq_set_policy)(kvc_pool *, uint64_t, const kvc_policy *);
   kvc_status (*pool_set_policy)(kvc_pool *, const kvc_policy *); /**< kvc_pool_set_policy() */
   kvc_status (*evict)(kvc_pool *, uint64_t, const kvc_policy *, uint64_t *); /**< kvc_evict() */
   kvc_status (*plugin_load)(const char *, kvc_plugin **);       /**< kvc_plugin_load() */
   void (*plugin_unload)(kvc_plugin *);                          /**< kvc_plugin_unload() */
   const char *(*plugin_name)(const kvc_plugin *);               /**< kvc_plugin_name() */
   kvc_status (*prefix_config_init)(kvc_prefix_config *);        /**< kvc_prefix_config_init() */
-  kvc_status (*pool_enable_prefix_cache)(kvc_pool *, const kvc_prefix_config *); /**< kvc_pool_enable_prefix_cache() */
-  kvc_status (*prefix_lookup)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint32_t,
-                              kvc_prefix_result *); /**< kvc_prefix_lookup() */
-  kvc_status (*prefix_attach)(kvc_pool *, uint64_t, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t,
-                              uint32_t, kvc_prefix_result *); /**< kvc_prefix_attach() */
-  kvc_status (*prefix_insert)(kvc_pool *, uint64_t, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t,
-                              uint64_t *); /**< kvc_prefix_insert() */
-  kvc_status (*prefix_keys)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint8_t *,
-                            size_t, size_t *); /**< kvc_prefix_keys() */
+  /** kvc_pool_enable_prefix_cache() */
+  kvc_status (*pool_enable_prefix_cache)(kvc_pool *, const kvc_prefix_config *);
+  kvc_status (*prefix_lookup)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
+                              uint32_t, uint32_t, kvc_prefix_result *); /**< kvc_prefix_lookup() */
+  /** kvc_prefix_attach() */
+  kvc_status (*prefix_attach)(kvc_pool *, uint64_t, const int32_t *, uint64_t,
+                              const kvc_prefix_extra *, uint32_t, uint32_t, kvc_prefix_result *);
+  /** kvc_prefix_insert() */
+  kvc_status (*prefix_insert)(kvc_pool *, uint64_t, const int32_t *, uint64_t,
+                              const kvc_prefix_extra *, uint32_t, uint64_t *);
+  kvc_status (*prefix_keys)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
+                            uint32_t, uint8_t *, size_t, size_t *); /**< kvc_prefix_keys() */
   kvc_status (*prefix_stats_init)(kvc_prefix_stats *);          /**< kvc_prefix_stats_init() */
   kvc_status (*prefix_get_stats)(kvc_pool *, kvc_prefix_stats *); /**< kvc_prefix_get_stats() */
-  kvc_status (*prefix_set_callback)(kvc_pool *, kvc_prefix_event_fn, void *); /**< kvc_prefix_set_callback() */
+  /** kvc_prefix_set_callback() */
+  kvc_status (*prefix_set_callback)(kvc_pool *, kvc_prefix_event_fn, void *);
   kvc_status (*pool_set_stream)(kvc_pool *, void *);            /**< kvc_pool_set_stream() */
   kvc_status (*pool_sync)(kvc_pool *);                          /**< kvc_pool_sync() */
-  kvc_status (*pool_copy_blocks)(kvc_pool *, const int32_t *, size_t, void *, kvc_copy_direction); /**< kvc_pool_copy_blocks() */
+  /** kvc_pool_copy_blocks() */
+  kvc_status (*pool_copy_blocks)(kvc_pool *, const int32_t *, size_t, void *, kvc_copy_direction);
   kvc_status (*seq_save)(kvc_pool *, uint64_t, void *, size_t, size_t *);  /**< kvc_seq_save() */
   kvc_status (*seq_restore)(kvc_pool *, uint64_t, const void *, size_t);   /**< kvc_seq_restore() */
-  kvc_status (*seq_save_file)(kvc_pool *, uint64_t, const char *);         /**< kvc_seq_save_file() */
-  kvc_status (*seq_restore_file)(kvc_pool *, uint64_t, const char *);      /**< kvc_seq_restore_file() */
-  kvc_status (*tier_config_init)(kvc_tier_config *, kvc_tier_kind);       /**< kvc_tier_config_init() */
-  kvc_status (*pool_add_tier)(kvc_pool *, const kvc_tier_config *, uint32_t *); /**< kvc_pool_add_tier() */
-  kvc_status (*pool_set_offload)(kvc_pool *, uint32_t, uint32_t);         /**< kvc_pool_set_offload() */
-  kvc_status (*tier_stats_init)(kvc_tier_stats *);                         /**< kvc_tier_stats_init() */
-  kvc_status (*pool_tier_stats)(kvc_pool *, uint32_t, kvc_tier_stats *);   /**< kvc_pool_tier_stats() */
-  kvc_status (*prefix_offload)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_offload() */
-  kvc_status (*pool_flush_tiers)(kvc_pool *);                              /**< kvc_pool_flush_tiers() */
-  kvc_status (*prefix_load)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_load() */
-  kvc_status (*prefix_prefetch)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *, uint32_t, uint64_t *); /**< kvc_prefix_prefetch() */
+  kvc_status (*seq_save_file)(kvc_pool *, uint64_t, const char *); /**< kvc_seq_save_file() */
+  kvc_status (*seq_restore_file)(kvc_pool *, uint64_t, const char *); /**< kvc_seq_restore_file() */
+  kvc_status (*tier_config_init)(kvc_tier_config *, kvc_tier_kind); /**< kvc_tier_config_init() */
+  /** kvc_pool_add_tier() */
+  kvc_status (*pool_add_tier)(kvc_pool *, const kvc_tier_config *, uint32_t *);
+  kvc_status (*pool_set_offload)(kvc_pool *, uint32_t, uint32_t); /**< kvc_pool_set_offload() */
+  kvc_status (*tier_stats_init)(kvc_tier_stats *); /**< kvc_tier_stats_init() */
+  /** kvc_pool_tier_stats() */
+  kvc_status (*pool_tier_stats)(kvc_pool *, uint32_t, kvc_tier_stats *);
+  kvc_status (*prefix_offload)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
+                               uint32_t, uint64_t *); /**< kvc_prefix_offload() */
+  kvc_status (*pool_flush_tiers)(kvc_pool *); /**< kvc_pool_flush_tiers() */
+  kvc_status (*prefix_load)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
+                            uint32_t, uint64_t *); /**< kvc_prefix_load() */
+  kvc_status (*prefix_prefetch)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
+                                uint32_t, uint64_t *); /**< kvc_prefix_prefetch() */
   kvc_status (*prefix_poll)(kvc_pool *, uint64_t, uint64_t *);             /**< kvc_prefix_poll() */
-  kvc_status (*prefix_unpin)(kvc_pool *, uint64_t);                        /**< kvc_prefix_unpin() */
+  kvc_status (*prefix_unpin)(kvc_pool *, uint64_t); /**< kvc_prefix_unpin() */
   /* --- version 4 (0.4) --- */
-  kvc_status (*pool_config_init_sized)(kvc_pool_config *, size_t);         /**< kvc_pool_config_init_sized() */
-  kvc_status (*stats_init_sized)(kvc_stats *, size_t);                     /**< kvc_stats_init_sized() */
-  kvc_status (*pool_layout_init_sized)(kvc_pool_layout *, size_t);         /**< kvc_pool_layout_init_sized() */
-  kvc_status (*codec_init_sized)(kvc_codec *, size_t);                     /**< kvc_codec_init_sized() */
-  kvc_status (*quant_sizes_init_sized)(kvc_quant_sizes *, size_t);         /**< kvc_quant_sizes_init_sized() */
-  kvc_status (*attention_params_init_sized)(kvc_attention_params *, size_t); /**< kvc_attention_params_init_sized() */
-  kvc_status (*policy_config_init_sized)(kvc_policy_config *, size_t);     /**< kvc_policy_config_init_sized() */
-  kvc_status (*prefix_config_init_sized)(kvc_prefix_config *, size_t);     /**< kvc_prefix_config_init_sized() */
-  kvc_status (*prefix_stats_init_sized)(kvc_prefix_stats *, size_t);       /**< kvc_prefix_stats_init_sized() */
-  kvc_status (*tier_config_init_sized)(kvc_tier_config *, kvc_tier_kind, size_t); /**< kvc_tier_config_init_sized() */
-  kvc_status (*tier_stats_init_sized)(kvc_tier_stats *, size_t);           /**< kvc_tier_stats_init_sized() */
-  kvc_status (*seq_keep)(kvc_pool *, uint64_t, uint32_t, const uint64_t *, uint64_t, uint64_t *); /**< kvc_seq_keep() */
+  /** kvc_pool_config_init_sized() */
+  kvc_status (*pool_config_init_sized)(kvc_pool_config *, size_t);
+  kvc_status (*stats_init_sized)(kvc_stats *, size_t); /**< kvc_stats_init_sized() */
+  /** kvc_pool_layout_init_sized() */
+  kvc_status (*pool_layout_init_sized)(kvc_pool_layout *, size_t);
+  kvc_status (*codec_init_sized)(kvc_codec *, size_t); /**< kvc_codec_init_sized() */
+  /** kvc_quant_sizes_init_sized() */
+  kvc_status (*quant_sizes_init_sized)(kvc_quant_sizes *, size_t);
+  /** kvc_attention_params_init_sized() */
+  kvc_status (*attention_params_init_sized)(kvc_attention_params *, size_t);
+  /** kvc_policy_config_init_sized() */
+  kvc_status (*policy_config_init_sized)(kvc_policy_config *, size_t);
+  /** kvc_prefix_config_init_sized() */
+  kvc_status (*prefix_config_init_sized)(kvc_prefix_config *, size_t);
+  /** kvc_prefix_stats_init_sized() */
+  kvc_status (*prefix_stats_init_sized)(kvc_prefix_stats *, size_t);
+  /** kvc_tier_config_init_sized() */
+  kvc_status (*tier_config_init_sized)(kvc_tier_config *, kvc_tier_kind, size_t);
+  kvc_status (*tier_stats_init_sized)(kvc_tier_stats *, size_t); /**< kvc_tier_stats_init_sized() */
+  /** kvc_seq_keep() */
+  kvc_status (*seq_keep)(kvc_pool *, uint64_t, uint32_t, const uint64_t *, uint64_t, uint64_t *);
 } kvc_api;
 
 /**

@@ -46,15 +46,17 @@ impl kvc_status {
     pub const KVC_ERR_NULL_POINTER: kvc_status = kvc_status(2);
 }
 impl kvc_status {
-    #[doc = "< A struct's struct_size is smaller than the oldest supported one, ends inside a field (since 0.4) or is above ::KVC_STRUCT_SIZE_MAX (since 0.4)."]
+    #[doc = " A struct's struct_size is smaller than the oldest supported one, ends inside a field"]
+    #[doc = " (since 0.4) or is above ::KVC_STRUCT_SIZE_MAX (since 0.4)."]
     pub const KVC_ERR_STRUCT_SIZE: kvc_status = kvc_status(3);
 }
 impl kvc_status {
-    #[doc = "< Valid request this build or version does not support (dtype, device, non-zero unknown struct fields)."]
+    #[doc = " Valid request this build or version does not support (dtype, device, non-zero unknown"]
+    #[doc = " struct fields)."]
     pub const KVC_ERR_UNSUPPORTED: kvc_status = kvc_status(4);
 }
 impl kvc_status {
-    #[doc = "< Sizes whose product or sum overflows 64 bits (or the address space)."]
+    #[doc = " Sizes whose product or sum overflows 64 bits (or the address space)."]
     pub const KVC_ERR_OVERFLOW: kvc_status = kvc_status(5);
 }
 impl kvc_status {
@@ -62,7 +64,7 @@ impl kvc_status {
     pub const KVC_ERR_OUT_OF_MEMORY: kvc_status = kvc_status(6);
 }
 impl kvc_status {
-    #[doc = "< Not enough free (or reclaimable) blocks in the pool; nothing changed."]
+    #[doc = " Not enough free (or reclaimable) blocks in the pool; nothing changed."]
     pub const KVC_ERR_POOL_EXHAUSTED: kvc_status = kvc_status(7);
 }
 impl kvc_status {
@@ -74,7 +76,7 @@ impl kvc_status {
     pub const KVC_ERR_SEQ_EXISTS: kvc_status = kvc_status(9);
 }
 impl kvc_status {
-    #[doc = "< A position, token index or layer is outside what the sequence holds."]
+    #[doc = " A position, token index or layer is outside what the sequence holds."]
     pub const KVC_ERR_OUT_OF_RANGE: kvc_status = kvc_status(10);
 }
 impl kvc_status {
@@ -82,7 +84,7 @@ impl kvc_status {
     pub const KVC_ERR_NOT_RESERVED: kvc_status = kvc_status(11);
 }
 impl kvc_status {
-    #[doc = "< A caller buffer is too small; the required size is reported."]
+    #[doc = " A caller buffer is too small; the required size is reported."]
     pub const KVC_ERR_BUFFER_TOO_SMALL: kvc_status = kvc_status(12);
 }
 impl kvc_status {
@@ -94,7 +96,7 @@ impl kvc_status {
     pub const KVC_ERR_VERSION: kvc_status = kvc_status(14);
 }
 impl kvc_status {
-    #[doc = "< A quantization scale is zero, negative, NaN, Inf or out of range."]
+    #[doc = " A quantization scale is zero, negative, NaN, Inf or out of range."]
     pub const KVC_ERR_INVALID_SCALE: kvc_status = kvc_status(15);
 }
 impl kvc_status {
@@ -102,31 +104,39 @@ impl kvc_status {
     pub const KVC_ERR_NON_FINITE: kvc_status = kvc_status(16);
 }
 impl kvc_status {
-    #[doc = "< A bug in the library (an unexpected C++ exception); please report it."]
+    #[doc = " A bug in the library (an unexpected C++ exception); please report it."]
     pub const KVC_ERR_INTERNAL: kvc_status = kvc_status(17);
 }
 impl kvc_status {
-    #[doc = "< Saved data (a sequence record) comes from a pool of another configuration or a format this library does not read. @since 0.3"]
+    #[doc = " Saved data (a sequence record) comes from a pool of another configuration or a format this"]
+    #[doc = " library does not read."]
+    #[doc = " @since 0.3"]
     pub const KVC_ERR_INCOMPATIBLE: kvc_status = kvc_status(18);
 }
 impl kvc_status {
-    #[doc = "< Saved data fails its checksum or structure checks (damaged, truncated or not a record). @since 0.3"]
+    #[doc = " Saved data fails its checksum or structure checks (damaged, truncated or not a record)."]
+    #[doc = " @since 0.3"]
     pub const KVC_ERR_CORRUPT: kvc_status = kvc_status(19);
 }
 impl kvc_status {
-    #[doc = "< A file could not be read or written (the message has the system's reason). @since 0.3"]
+    #[doc = " A file could not be read or written (the message has the system's reason). @since 0.3"]
     pub const KVC_ERR_IO: kvc_status = kvc_status(20);
 }
 impl kvc_status {
-    #[doc = "< An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3"]
+    #[doc = " An asynchronous operation (kvc_prefix_poll()) has not finished yet; poll again. @since 0.3"]
     pub const KVC_ERR_PENDING: kvc_status = kvc_status(21);
 }
 impl kvc_status {
-    #[doc = "< An offload tier did not answer within the load timeout; the blocks reserved for it went back to the pool. @since 0.3"]
+    #[doc = " An offload tier did not answer within the load timeout; the blocks reserved for it went back to"]
+    #[doc = " the pool."]
+    #[doc = " @since 0.3"]
     pub const KVC_ERR_TIMEOUT: kvc_status = kvc_status(22);
 }
 impl kvc_status {
-    #[doc = "< The request cannot fit even in an empty pool (more blocks than the pool has, or would hold with its eviction budget): retrying never helps, unlike ::KVC_ERR_POOL_EXHAUSTED (\"not now\"). The message gives the blocks needed and the pool's total. @since 0.4"]
+    #[doc = " The request cannot fit even in an empty pool (more blocks than the pool has, or would hold with"]
+    #[doc = " its eviction budget): retrying never helps, unlike ::KVC_ERR_POOL_EXHAUSTED (\"not now\"). The"]
+    #[doc = " message gives the blocks needed and the pool's total."]
+    #[doc = " @since 0.4"]
     pub const KVC_ERR_EXCEEDS_CAPACITY: kvc_status = kvc_status(23);
 }
 impl kvc_status {
@@ -134,7 +144,8 @@ impl kvc_status {
     pub const KVC_STATUS_FORCE_32BIT: kvc_status = kvc_status(2147483647);
 }
 impl kvc_status {
-    #[doc = "< Forces a signed enum, as every other enum of this header (bindings see int32); never returned. @since 0.4"]
+    #[doc = " Forces a signed enum, as every other enum of this header (bindings see int32); never returned."]
+    #[doc = " @since 0.4"]
     pub const KVC_STATUS_FORCE_SIGNED: kvc_status = kvc_status(-2147483648);
 }
 #[repr(transparent)]
@@ -159,6 +170,21 @@ extern "C" {
     #[doc = " @since 0.1"]
     pub fn kvc_last_error_message() -> *const ::std::os::raw::c_char;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_pool {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_plugin {
+    _unused: [u8; 0],
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_policy {
+    _unused: [u8; 0],
+}
 impl kvc_dtype {
     #[doc = "< 32-bit float, 4 bytes."]
     pub const KVC_DTYPE_F32: kvc_dtype = kvc_dtype(0);
@@ -172,11 +198,11 @@ impl kvc_dtype {
     pub const KVC_DTYPE_BF16: kvc_dtype = kvc_dtype(2);
 }
 impl kvc_dtype {
-    #[doc = "< OCP fp8 E4M3 \"FN\" (max 448, no Inf), 1 byte; storage only, with a scale. @since 0.2"]
+    #[doc = " OCP fp8 E4M3 \"FN\" (max 448, no Inf), 1 byte; storage only, with a scale. @since 0.2"]
     pub const KVC_DTYPE_FP8_E4M3: kvc_dtype = kvc_dtype(3);
 }
 impl kvc_dtype {
-    #[doc = "< OCP fp8 E5M2 (max 57344), 1 byte; storage only, with a scale. @since 0.2"]
+    #[doc = " OCP fp8 E5M2 (max 57344), 1 byte; storage only, with a scale. @since 0.2"]
     pub const KVC_DTYPE_FP8_E5M2: kvc_dtype = kvc_dtype(4);
 }
 impl kvc_dtype {
@@ -184,15 +210,19 @@ impl kvc_dtype {
     pub const KVC_DTYPE_INT8: kvc_dtype = kvc_dtype(5);
 }
 impl kvc_dtype {
-    #[doc = "< 4-bit integer codes, two per byte, with scales; storage only. @since 0.2"]
+    #[doc = " 4-bit integer codes, two per byte, with scales; storage only. @since 0.2"]
     pub const KVC_DTYPE_INT4: kvc_dtype = kvc_dtype(6);
 }
 impl kvc_dtype {
-    #[doc = "< 2-bit integer codes, four per byte, with scales; storage only. @since 0.2"]
+    #[doc = " 2-bit integer codes, four per byte, with scales; storage only. @since 0.2"]
     pub const KVC_DTYPE_INT2: kvc_dtype = kvc_dtype(7);
 }
 impl kvc_dtype {
-    #[doc = "< 3-bit integer codes, eight in three bytes (a little-endian bit string), with scales; storage only; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). A pool needs head_dim a multiple of 8. Source: KVQuant (arXiv 2401.18079) measures 3-bit KV caches (with per-channel keys) close to f16. @since 0.3"]
+    #[doc = " 3-bit integer codes, eight in three bytes (a little-endian bit string), with scales; storage"]
+    #[doc = " only; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). A pool needs head_dim a"]
+    #[doc = " multiple of 8. Source: KVQuant (arXiv 2401.18079) measures 3-bit KV caches (with per-channel"]
+    #[doc = " keys) close to f16."]
+    #[doc = " @since 0.3"]
     pub const KVC_DTYPE_INT3: kvc_dtype = kvc_dtype(8);
 }
 impl kvc_dtype {
@@ -200,7 +230,8 @@ impl kvc_dtype {
     pub const KVC_DTYPE_FORCE_32BIT: kvc_dtype = kvc_dtype(2147483647);
 }
 impl kvc_dtype {
-    #[doc = "< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid."]
+    #[doc = " Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,"]
+    #[doc = " not undefined behaviour; never valid."]
     pub const KVC_DTYPE_FORCE_SIGNED: kvc_dtype = kvc_dtype(-2147483648);
 }
 #[repr(transparent)]
@@ -220,7 +251,8 @@ impl kvc_device {
     pub const KVC_DEVICE_CPU: kvc_device = kvc_device(0);
 }
 impl kvc_device {
-    #[doc = "< An NVIDIA GPU (docs/cuda.md); ::KVC_ERR_DEVICE_UNAVAILABLE in builds without CUDA, on machines without a driver or device, or for a device_index that does not exist."]
+    #[doc = " An NVIDIA GPU (docs/cuda.md); ::KVC_ERR_DEVICE_UNAVAILABLE in builds without CUDA, on machines"]
+    #[doc = " without a driver or device, or for a device_index that does not exist."]
     pub const KVC_DEVICE_CUDA: kvc_device = kvc_device(1);
 }
 impl kvc_device {
@@ -228,7 +260,8 @@ impl kvc_device {
     pub const KVC_DEVICE_FORCE_32BIT: kvc_device = kvc_device(2147483647);
 }
 impl kvc_device {
-    #[doc = "< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid."]
+    #[doc = " Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,"]
+    #[doc = " not undefined behaviour; never valid."]
     pub const KVC_DEVICE_FORCE_SIGNED: kvc_device = kvc_device(-2147483648);
 }
 #[repr(transparent)]
@@ -249,7 +282,8 @@ impl kvc_layout {
     pub const KVC_LAYOUT_FORCE_32BIT: kvc_layout = kvc_layout(2147483647);
 }
 impl kvc_layout {
-    #[doc = "< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid."]
+    #[doc = " Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,"]
+    #[doc = " not undefined behaviour; never valid."]
     pub const KVC_LAYOUT_FORCE_SIGNED: kvc_layout = kvc_layout(-2147483648);
 }
 #[repr(transparent)]
@@ -286,7 +320,8 @@ impl kvc_granularity {
     pub const KVC_GRANULARITY_FORCE_32BIT: kvc_granularity = kvc_granularity(2147483647);
 }
 impl kvc_granularity {
-    #[doc = "< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid."]
+    #[doc = " Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,"]
+    #[doc = " not undefined behaviour; never valid."]
     pub const KVC_GRANULARITY_FORCE_SIGNED: kvc_granularity = kvc_granularity(-2147483648);
 }
 #[repr(transparent)]
@@ -317,7 +352,7 @@ impl kvc_rotation {
     pub const KVC_ROTATION_NONE: kvc_rotation = kvc_rotation(0);
 }
 impl kvc_rotation {
-    #[doc = "< Block-diagonal normalized Hadamard (blocks of rotation_block values)."]
+    #[doc = " Block-diagonal normalized Hadamard (blocks of rotation_block values)."]
     pub const KVC_ROTATION_HADAMARD: kvc_rotation = kvc_rotation(1);
 }
 impl kvc_rotation {
@@ -325,7 +360,8 @@ impl kvc_rotation {
     pub const KVC_ROTATION_FORCE_32BIT: kvc_rotation = kvc_rotation(2147483647);
 }
 impl kvc_rotation {
-    #[doc = "< Makes every int32 value a value of the type in C++, so a bad value from a caller is reported, not undefined behaviour; never valid."]
+    #[doc = " Makes every int32 value a value of the type in C++, so a bad value from a caller is reported,"]
+    #[doc = " not undefined behaviour; never valid."]
     pub const KVC_ROTATION_FORCE_SIGNED: kvc_rotation = kvc_rotation(-2147483648);
 }
 #[repr(transparent)]
@@ -373,23 +409,27 @@ pub struct kvc_codec {
     pub struct_size: usize,
     #[doc = "< Storage dtype; default ::KVC_DTYPE_INT8."]
     pub dtype: kvc_dtype,
-    #[doc = "< Default ::KVC_SCALE_PER_TOKEN; ::KVC_SCALE_NONE for float dtypes."]
+    #[doc = " Default ::KVC_SCALE_PER_TOKEN; ::KVC_SCALE_NONE for float dtypes."]
     pub granularity: kvc_granularity,
-    #[doc = "< Values (per-group) or rows (per-channel) per scale, 1..65536; default 32."]
+    #[doc = " Values (per-group) or rows (per-channel) per scale, 1..65536; default 32."]
     pub group_size: u32,
     #[doc = "< 1: zero points (integer dtypes only); default 0."]
     pub asymmetric: u32,
-    #[doc = "< ::KVC_DTYPE_F32 (default) or ::KVC_DTYPE_F16 for scales and zero points."]
+    #[doc = " ::KVC_DTYPE_F32 (default) or ::KVC_DTYPE_F16 for scales and zero points."]
     pub scale_dtype: kvc_dtype,
     #[doc = "< Default ::KVC_ROTATION_NONE."]
     pub rotation: kvc_rotation,
-    #[doc = "< Power of two dividing the row (pool: head_dim); 0 = the largest such, at most 1024."]
+    #[doc = " Power of two dividing the row (pool: head_dim); 0 = the largest such, at most 1024."]
     pub rotation_block: u32,
-    #[doc = "< 1: use `scale` as a static (calibrated) per-tensor scale; 0 (default): dynamic scales."]
+    #[doc = " 1: use `scale` as a static (calibrated) per-tensor scale; 0 (default): dynamic scales."]
     pub static_scale: u32,
-    #[doc = "< With static_scale: the scale (vLLM's k_scale / v_scale), in [1e-30, 1e30]; 0, negative, NaN, Inf or out of range gives ::KVC_ERR_INVALID_SCALE. Ignored otherwise."]
+    #[doc = " With static_scale: the scale (vLLM's k_scale / v_scale), in [1e-30, 1e30]; 0, negative, NaN,"]
+    #[doc = " Inf or out of range gives ::KVC_ERR_INVALID_SCALE. Ignored otherwise."]
     pub scale: f64,
-    #[doc = "< 1: symmetric integer codes use all 2^bits values, llama.cpp q4_0's rule (see above); 0 (default): [-qmax, qmax]. Dynamic symmetric integer codecs only, else ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED). @since 0.3"]
+    #[doc = " 1: symmetric integer codes use all 2^bits values, llama.cpp q4_0's rule (see above);"]
+    #[doc = " 0 (default): [-qmax, qmax]. Dynamic symmetric integer codecs only, else"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED)."]
+    #[doc = " @since 0.3"]
     pub full_range: u32,
 }
 #[test]
@@ -624,11 +664,11 @@ impl kvc_rope_style {
     pub const KVC_ROPE_NONE: kvc_rope_style = kvc_rope_style(0);
 }
 impl kvc_rope_style {
-    #[doc = "< Pairs (2i, 2i+1) rotate by pos x theta^(-2i/dims): Meta LLaMA, llama2.c, GPT-J."]
+    #[doc = " Pairs (2i, 2i+1) rotate by pos x theta^(-2i/dims): Meta LLaMA, llama2.c, GPT-J."]
     pub const KVC_ROPE_INTERLEAVED: kvc_rope_style = kvc_rope_style(1);
 }
 impl kvc_rope_style {
-    #[doc = "< Pairs (i, i + dims/2) (\"rotate half\"): GPT-NeoX, Hugging Face LLaMA, llama.cpp NEOX."]
+    #[doc = " Pairs (i, i + dims/2) (\"rotate half\"): GPT-NeoX, Hugging Face LLaMA, llama.cpp NEOX."]
     pub const KVC_ROPE_NEOX: kvc_rope_style = kvc_rope_style(2);
 }
 impl kvc_rope_style {
@@ -636,7 +676,7 @@ impl kvc_rope_style {
     pub const KVC_ROPE_FORCE_32BIT: kvc_rope_style = kvc_rope_style(2147483647);
 }
 impl kvc_rope_style {
-    #[doc = "< Forces a signed enum (any int32 can be passed and is checked); not a value."]
+    #[doc = " Forces a signed enum (any int32 can be passed and is checked); not a value."]
     pub const KVC_ROPE_FORCE_SIGNED: kvc_rope_style = kvc_rope_style(-2147483648);
 }
 #[repr(transparent)]
@@ -647,11 +687,6 @@ impl kvc_rope_style {
 #[doc = " @since 0.3"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_rope_style(pub ::std::os::raw::c_int);
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct kvc_pool {
-    _unused: [u8; 0],
-}
 #[doc = " @brief Configuration of a pool. Fill with kvc_pool_config_init(), then set"]
 #[doc = " the geometry and capacity."]
 #[doc = ""]
@@ -677,7 +712,7 @@ pub struct kvc_pool_config {
     pub flags: u32,
     #[doc = "< Capacity in blocks (all layers together), 0 = use capacity_bytes."]
     pub num_blocks: u64,
-    #[doc = "< Capacity as a byte budget for block memory, used when num_blocks is 0."]
+    #[doc = " Capacity as a byte budget for block memory, used when num_blocks is 0."]
     pub capacity_bytes: u64,
     #[doc = "< Storage dtype of keys; default ::KVC_DTYPE_F16."]
     pub k_dtype: kvc_dtype,
@@ -685,29 +720,50 @@ pub struct kvc_pool_config {
     pub v_dtype: kvc_dtype,
     #[doc = "< Order inside a block; default ::KVC_LAYOUT_NHD."]
     pub layout: kvc_layout,
-    #[doc = "< Where blocks live; default ::KVC_DEVICE_CPU. ::KVC_DEVICE_CUDA: one device allocation, the same layout; data arguments may then be device memory (docs/cuda.md lists what is CPU-only)."]
+    #[doc = " Where blocks live; default ::KVC_DEVICE_CPU. ::KVC_DEVICE_CUDA: one device allocation, the same"]
+    #[doc = " layout; data arguments may then be device memory (docs/cuda.md lists what is CPU-only)."]
     pub device: kvc_device,
     #[doc = "< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU."]
     pub device_index: i32,
-    #[doc = "< NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype overrides k_dtype). @since 0.2"]
+    #[doc = " NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype"]
+    #[doc = " overrides k_dtype)."]
+    #[doc = " @since 0.2"]
     pub k_codec: *const kvc_codec,
-    #[doc = "< NULL (default): values stored as v_dtype; else their codec. @since 0.2"]
+    #[doc = " NULL (default): values stored as v_dtype; else their codec. @since 0.2"]
     pub v_codec: *const kvc_codec,
-    #[doc = "< Residual window R (KIVI): the newest R tokens of each layer stay in residual_dtype and are encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec. @since 0.2"]
+    #[doc = " Residual window R (KIVI): the newest R tokens of each layer stay in residual_dtype and are"]
+    #[doc = " encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec."]
+    #[doc = " @since 0.2"]
     pub residual_window: u32,
-    #[doc = "< Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2"]
+    #[doc = " Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2"]
     pub residual_dtype: kvc_dtype,
-    #[doc = "< Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above residual_window), in [0, 1); 0 (default) = off. @since 0.2"]
+    #[doc = " Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above"]
+    #[doc = " residual_window), in [0, 1); 0 (default) = off."]
+    #[doc = " @since 0.2"]
     pub residual_fraction: f64,
-    #[doc = "< Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads, residual_dtype); 0 (default) = num_blocks when a residual is used. This arena is in addition to capacity_bytes, which sizes the codec blocks; kvc_stats.bytes_total reports both. @since 0.2"]
+    #[doc = " Capacity of the residual arena in blocks of block_size tokens (K and V of all KV heads,"]
+    #[doc = " residual_dtype); 0 (default) = num_blocks when a residual is used. This arena is in addition to"]
+    #[doc = " capacity_bytes, which sizes the codec blocks; kvc_stats.bytes_total reports both."]
+    #[doc = " @since 0.2"]
     pub num_residual_blocks: u64,
-    #[doc = "< RoPE the engine applied to keys; default ::KVC_ROPE_NONE. @since 0.3"]
+    #[doc = " RoPE the engine applied to keys; default ::KVC_ROPE_NONE. @since 0.3"]
     pub rope_style: kvc_rope_style,
-    #[doc = "< Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3"]
+    #[doc = " Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3"]
     pub rope_dims: u32,
     #[doc = "< RoPE base; default 10000. @since 0.3"]
     pub rope_theta: f64,
-    #[doc = "< Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16; IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read that copy. 0 (default) = none; at most block_size. Needs a quantized K or V codec; without a residual window, hybrid fraction or per-channel codec it makes the residual arena itself (each token is staged there and encoded by the append that writes it). The copies take ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first token and counted by kvc_pool_stats(). Scales shared with other tokens leave the sinks out: a per-channel group's range is its other rows' (the sink rows are clamped into it before encoding), a per-tensor scale comes from the other rows of the layer's first write; readers of the raw block tables see those codes, not the copies. @since 0.3"]
+    #[doc = " Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype"]
+    #[doc = " copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16;"]
+    #[doc = " IntactKV, arXiv 2403.01241, keeps such pivot tokens lossless); kvc_gather() and attention read"]
+    #[doc = " that copy. 0 (default) = none; at most block_size. Needs a quantized K or V codec; without a"]
+    #[doc = " residual window, hybrid fraction or per-channel codec it makes the residual arena itself (each"]
+    #[doc = " token is staged there and encoded by the append that writes it). The copies take"]
+    #[doc = " ceil(num_layers / floor(block_size / N)) residual blocks per sequence, reserved with its first"]
+    #[doc = " token and counted by kvc_pool_stats(). Scales shared with other tokens leave the sinks out: a"]
+    #[doc = " per-channel group's range is its other rows' (the sink rows are clamped into it before"]
+    #[doc = " encoding), a per-tensor scale comes from the other rows of the layer's first write; readers of"]
+    #[doc = " the raw block tables see those codes, not the copies."]
+    #[doc = " @since 0.3"]
     pub residual_sinks: u32,
 }
 #[test]
@@ -1213,7 +1269,7 @@ pub struct kvc_stats {
     pub blocks_shared: u64,
     #[doc = "< Bytes of one block (K and V, one layer, all KV heads)."]
     pub bytes_per_block: u64,
-    #[doc = "< Bytes one token takes in all layers (K and V), metadata included."]
+    #[doc = " Bytes one token takes in all layers (K and V), metadata included."]
     pub bytes_per_token: u64,
     #[doc = "< Bytes of block memory allocated at create."]
     pub bytes_total: u64,
@@ -1223,13 +1279,15 @@ pub struct kvc_stats {
     pub peak_bytes_in_use: u64,
     #[doc = "< Live sequences."]
     pub num_sequences: u64,
-    #[doc = "< Blocks of the residual arena (0 without a residual window). @since 0.2"]
+    #[doc = " Blocks of the residual arena (0 without a residual window). @since 0.2"]
     pub residual_blocks_total: u64,
     #[doc = "< Residual blocks in use. @since 0.2"]
     pub residual_blocks_used: u64,
     #[doc = "< Bytes of one residual block. @since 0.2"]
     pub residual_bytes_per_block: u64,
-    #[doc = "< Tokens held, summed over sequences and layers (bits per element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim)). @since 0.2"]
+    #[doc = " Tokens held, summed over sequences and layers (bits per"]
+    #[doc = " element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim))."]
+    #[doc = " @since 0.2"]
     pub tokens_stored: u64,
 }
 #[test]
@@ -1582,7 +1640,7 @@ extern "C" {
 pub struct kvc_pool_layout {
     #[doc = "< sizeof(kvc_pool_layout) of the caller."]
     pub struct_size: usize,
-    #[doc = "< First byte of block 0 (host pointer for the CPU, device pointer for CUDA)."]
+    #[doc = " First byte of block 0 (host pointer for the CPU, device pointer for CUDA)."]
     pub base: *mut ::std::os::raw::c_void,
     #[doc = "< Blocks in the pool."]
     pub num_blocks: u64,
@@ -1620,13 +1678,15 @@ pub struct kvc_pool_layout {
     pub device: kvc_device,
     #[doc = "< Device ordinal."]
     pub device_index: i32,
-    #[doc = "< Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points. @since 0.2"]
+    #[doc = " Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points."]
+    #[doc = " @since 0.2"]
     pub k_codes_bytes: u64,
-    #[doc = "< Byte offset of K's scales in a block: `[block_size][k_scales_per_token]` of k_scale_dtype. @since 0.2"]
+    #[doc = " Byte offset of K's scales in a block: `[block_size][k_scales_per_token]` of k_scale_dtype."]
+    #[doc = " @since 0.2"]
     pub k_scale_offset: u64,
-    #[doc = "< Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2"]
+    #[doc = " Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2"]
     pub k_zero_offset: u64,
-    #[doc = "< Scale entries per token slot of K (0: none or per-tensor). @since 0.2"]
+    #[doc = " Scale entries per token slot of K (0: none or per-tensor). @since 0.2"]
     pub k_scales_per_token: u32,
     #[doc = "< Dtype of K's scales and zero points (f32 or f16). @since 0.2"]
     pub k_scale_dtype: kvc_dtype,
@@ -1640,15 +1700,18 @@ pub struct kvc_pool_layout {
     pub v_scales_per_token: u32,
     #[doc = "< As k_scale_dtype, for V. @since 0.2"]
     pub v_scale_dtype: kvc_dtype,
-    #[doc = "< K's scale granularity (::KVC_SCALE_NONE for float storage). @since 0.2"]
+    #[doc = " K's scale granularity (::KVC_SCALE_NONE for float storage). @since 0.2"]
     pub k_granularity: kvc_granularity,
-    #[doc = "< K's group size (per group: values; per channel: tokens). @since 0.2"]
+    #[doc = " K's group size (per group: values; per channel: tokens). @since 0.2"]
     pub k_group_size: u32,
     #[doc = "< V's scale granularity. @since 0.2"]
     pub v_granularity: kvc_granularity,
     #[doc = "< V's group size. @since 0.2"]
     pub v_group_size: u32,
-    #[doc = "< First byte of residual block 0 (NULL without a residual window). Residual block r holds K then V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at `residual_base + r * residual_block_stride`. @since 0.2"]
+    #[doc = " First byte of residual block 0 (NULL without a residual window). Residual block r holds K then"]
+    #[doc = " V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at"]
+    #[doc = " `residual_base + r * residual_block_stride`."]
+    #[doc = " @since 0.2"]
     pub residual_base: *mut ::std::os::raw::c_void,
     #[doc = "< Blocks of the residual arena. @since 0.2"]
     pub residual_num_blocks: u64,
@@ -2525,7 +2588,8 @@ extern "C" {
     #[doc = " @param seq_id a live sequence."]
     #[doc = " @param new_length the sequence's new length in tokens."]
     #[doc = " @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,"]
-    #[doc = " ::KVC_ERR_POOL_EXHAUSTED (no residual block to re-stage a cut per-channel group; nothing changed)."]
+    #[doc = " ::KVC_ERR_POOL_EXHAUSTED (no residual block to re-stage a cut per-channel group;"]
+    #[doc = " nothing changed)."]
     #[doc = " @since 0.1"]
     pub fn kvc_seq_truncate(pool: *mut kvc_pool, seq_id: u64, new_length: u64) -> kvc_status;
 }
@@ -2701,9 +2765,11 @@ extern "C" {
     #[doc = " @param pool the pool (not NULL)."]
     #[doc = " @param seq_id a live sequence."]
     #[doc = " @param layer 0..num_layers-1."]
-    #[doc = " @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids, in order."]
+    #[doc = " @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids,"]
+    #[doc = " in order."]
     #[doc = " @param capacity entries block_ids can hold."]
-    #[doc = " @param n_blocks receives the number of blocks the table holds (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @param n_blocks receives the number of blocks the table holds (also"]
+    #[doc = " on ::KVC_ERR_BUFFER_TOO_SMALL)."]
     #[doc = " @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n_blocks), ::KVC_ERR_SEQ_NOT_FOUND,"]
     #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer), ::KVC_ERR_BUFFER_TOO_SMALL."]
     #[doc = " @since 0.1"]
@@ -2806,7 +2872,7 @@ pub struct kvc_quant_sizes {
     pub scales_bytes: u64,
     #[doc = "< Same as scales_bytes for asymmetric codecs, else 0."]
     pub zeros_bytes: u64,
-    #[doc = "< 1 (per tensor), n (per token), n * ceil(d / G) (per group), ceil(n / G) * d (per channel)."]
+    #[doc = " 1 (per tensor), n (per token), n * ceil(d / G) (per group), ceil(n / G) * d (per channel)."]
     pub num_scales: u64,
 }
 #[test]
@@ -3006,105 +3072,6 @@ extern "C" {
         dst_dtype: kvc_dtype,
     ) -> kvc_status;
 }
-extern "C" {
-    #[doc = " @brief Save one sequence as a self-describing record (llama.cpp's state"]
-    #[doc = " save, vLLM / LMCache's store by request): its length, per-layer block"]
-    #[doc = " tables, positions (after eviction), observed attention scores and the"]
-    #[doc = " bytes of its blocks exactly as the pool stores them (codes, scales and"]
-    #[doc = " zero points: a restore re-quantizes nothing). The record carries a"]
-    #[doc = " fingerprint of the pool's geometry, dtypes, codecs (granularity, group"]
-    #[doc = " size, scale dtype, rotation, static scales), block size, layout, residual"]
-    #[doc = " window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
-    #[doc = " Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block"]
-    #[doc = " over all layers) plus 100 bytes per layer. The sequence is unchanged."]
-    #[doc = ""]
-    #[doc = " The record is the sequence at one instant (since 0.4): appends to this"]
-    #[doc = " sequence from other threads wait while it is written (other sequences go"]
-    #[doc = " on), so it never mixes rows from before and after an append. It is"]
-    #[doc = " written straight into `buffer` (no second copy of the sequence). Slots of"]
-    #[doc = " its blocks the sequence does not hold (the end of a last block) are zero"]
-    #[doc = " in the record. Positions reserved but not written yet are saved as such"]
-    #[doc = " (zero bytes and a list of unwritten ranges, record format 2): after a"]
-    #[doc = " restore they read as zeros, can be appended, and keep their blocks out"]
-    #[doc = " of the prefix cache until written."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id a live sequence."]
-    #[doc = " @param buffer NULL (to query the size) or receives the record."]
-    #[doc = " @param capacity bytes buffer can hold."]
-    #[doc = " @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;"]
-    #[doc = " ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only"]
-    #[doc = " size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime)."]
-    #[doc = " CUDA pools: the blocks are copied to the host before the call returns."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_save(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        buffer: *mut ::std::os::raw::c_void,
-        capacity: usize,
-        size: *mut usize,
-    ) -> kvc_status;
-}
-extern "C" {
-    #[doc = " @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this"]
-    #[doc = " pool or another whose fingerprint is equal (another process, a CUDA pool"]
-    #[doc = " from a CPU pool's record and back). All checks run before the pool"]
-    #[doc = " changes: on failure nothing is created and no block is taken. Per-tensor"]
-    #[doc = " scales: a layer that has none yet takes the record's; one that has"]
-    #[doc = " another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly)."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id an id no live sequence has."]
-    #[doc = " @param data the record."]
-    #[doc = " @param size its size in bytes."]
-    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;"]
-    #[doc = " ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this"]
-    #[doc = " library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another"]
-    #[doc = " configuration: the message names the fields that differ; another record"]
-    #[doc = " format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the"]
-    #[doc = " record needs more blocks or residual blocks than the pool has in all);"]
-    #[doc = " ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;"]
-    #[doc = " ::KVC_ERR_INTERNAL (CUDA runtime)."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_restore(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        data: *const ::std::os::raw::c_void,
-        size: usize,
-    ) -> kvc_status;
-}
-extern "C" {
-    #[doc = " @brief kvc_seq_save() into a file, atomically: the record is written to a"]
-    #[doc = " temporary file in the same folder, flushed to disk (fsync) and renamed"]
-    #[doc = " over `path`, so a reader sees the old file or the whole new one, never a"]
-    #[doc = " part (a crash mid-write leaves at most the temporary file behind). The"]
-    #[doc = " record is streamed to the file (no copy of the whole record in memory)"]
-    #[doc = " while appends to the sequence wait, as for kvc_seq_save()."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id a live sequence."]
-    #[doc = " @param path the file to create or replace."]
-    #[doc = " @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no"]
-    #[doc = " such folder, permission denied, disk full...; `path` is then unchanged)."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_save_file(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        path: *const ::std::os::raw::c_char,
-    ) -> kvc_status;
-}
-extern "C" {
-    #[doc = " @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or"]
-    #[doc = " any file holding exactly one record)."]
-    #[doc = " @param pool the pool (not NULL)."]
-    #[doc = " @param seq_id an id no live sequence has."]
-    #[doc = " @param path the file."]
-    #[doc = " @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read)."]
-    #[doc = " @since 0.3"]
-    pub fn kvc_seq_restore_file(
-        pool: *mut kvc_pool,
-        seq_id: u64,
-        path: *const ::std::os::raw::c_char,
-    ) -> kvc_status;
-}
 impl kvc_observe {
     #[doc = "< Record nothing (default)."]
     pub const KVC_OBSERVE_NONE: kvc_observe = kvc_observe(0);
@@ -3140,7 +3107,8 @@ pub struct kvc_observe(pub ::std::os::raw::c_int);
 pub struct kvc_attention_params {
     #[doc = "< sizeof(kvc_attention_params) of the caller."]
     pub struct_size: usize,
-    #[doc = "< Query heads; must equal the pool's num_q_heads (query head h uses KV head h / (num_q_heads / num_kv_heads))."]
+    #[doc = " Query heads; must equal the pool's num_q_heads (query head h uses KV head"]
+    #[doc = " h / (num_q_heads / num_kv_heads))."]
     pub num_q_heads: u32,
     #[doc = "< Multiplies q.k; 0 (default) = 1 / sqrt(head_dim)."]
     pub scale: f32,
@@ -3150,9 +3118,13 @@ pub struct kvc_attention_params {
     pub out_dtype: kvc_dtype,
     #[doc = "< Record attention for eviction policies; default none."]
     pub observe: kvc_observe,
-    #[doc = "< Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only; 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill and observing calls use the calling thread."]
+    #[doc = " Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only;"]
+    #[doc = " 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread"]
+    #[doc = " count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill"]
+    #[doc = " and observing calls use the calling thread."]
     pub num_threads: u32,
-    #[doc = "< Prefill: first query row whose attention is recorded (SnapKV's observation window = the last rows); default 0."]
+    #[doc = " Prefill: first query row whose attention is recorded (SnapKV's observation window = the last"]
+    #[doc = " rows); default 0."]
     pub observe_from: u64,
 }
 #[test]
@@ -3482,27 +3454,34 @@ impl kvc_policy_kind {
     pub const KVC_POLICY_NONE: kvc_policy_kind = kvc_policy_kind(0);
 }
 impl kvc_policy_kind {
-    #[doc = "< StreamingLLM (Xiao et al., arXiv 2309.17453): the first sink_tokens (attention sinks) + the newest tokens. sink_tokens 0 = a sliding window."]
+    #[doc = " StreamingLLM (Xiao et al., arXiv 2309.17453): the first sink_tokens (attention sinks) + the"]
+    #[doc = " newest tokens. sink_tokens 0 = a sliding window."]
     pub const KVC_POLICY_STREAMING: kvc_policy_kind = kvc_policy_kind(1);
 }
 impl kvc_policy_kind {
-    #[doc = "< H2O (Zhang et al., arXiv 2306.14048): the newest floor(recent_fraction x budget) tokens + the heavy hitters (highest accumulated attention) among the rest. Needs observed scores (KVC_OBSERVE_ACCUMULATE)."]
+    #[doc = " H2O (Zhang et al., arXiv 2306.14048): the newest floor(recent_fraction x budget) tokens + the"]
+    #[doc = " heavy hitters (highest accumulated attention) among the rest. Needs observed"]
+    #[doc = " scores (KVC_OBSERVE_ACCUMULATE)."]
     pub const KVC_POLICY_H2O: kvc_policy_kind = kvc_policy_kind(2);
 }
 impl kvc_policy_kind {
-    #[doc = "< SnapKV (Li et al., arXiv 2404.14469): after prefill, the last `window` tokens + the prefix tokens with the highest window attention, pooled along the tokens (kernel_size, pooling). Per layer (summed over KV heads)."]
+    #[doc = " SnapKV (Li et al., arXiv 2404.14469): after prefill, the last `window` tokens + the prefix"]
+    #[doc = " tokens with the highest window attention, pooled along the tokens (kernel_size, pooling). Per"]
+    #[doc = " layer (summed over KV heads)."]
     pub const KVC_POLICY_SNAPKV: kvc_policy_kind = kvc_policy_kind(3);
 }
 impl kvc_policy_kind {
-    #[doc = "< PyramidKV (Cai et al., arXiv 2406.02069): SnapKV's selection under per-layer budgets that fall from the first layer to the last (schedule, beta)."]
+    #[doc = " PyramidKV (Cai et al., arXiv 2406.02069): SnapKV's selection under per-layer budgets that fall"]
+    #[doc = " from the first layer to the last (schedule, beta)."]
     pub const KVC_POLICY_PYRAMIDKV: kvc_policy_kind = kvc_policy_kind(4);
 }
 impl kvc_policy_kind {
-    #[doc = "< TOVA (Oren et al., arXiv 2401.06104): the tokens with the highest attention from the latest query (KVC_OBSERVE_REPLACE), summed over heads."]
+    #[doc = " TOVA (Oren et al., arXiv 2401.06104): the tokens with the highest attention from the latest"]
+    #[doc = " query (KVC_OBSERVE_REPLACE), summed over heads."]
     pub const KVC_POLICY_TOVA: kvc_policy_kind = kvc_policy_kind(5);
 }
 impl kvc_policy_kind {
-    #[doc = "< Scores from a loaded plugin (kvcache_plugin.h) + the newest recent_tokens."]
+    #[doc = " Scores from a loaded plugin (kvcache_plugin.h) + the newest recent_tokens."]
     pub const KVC_POLICY_PLUGIN: kvc_policy_kind = kvc_policy_kind(6);
 }
 impl kvc_policy_kind {
@@ -3539,7 +3518,7 @@ impl kvc_pooling {
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_pooling(pub ::std::os::raw::c_int);
 impl kvc_pyramid_schedule {
-    #[doc = "< The paper's: linear from 2B - B/beta (first layer) to B/beta (last); the total stays L x B."]
+    #[doc = " The paper's: linear from 2B - B/beta (first layer) to B/beta (last); the total stays L x B."]
     pub const KVC_PYRAMID_PAPER: kvc_pyramid_schedule = kvc_pyramid_schedule(0);
 }
 impl kvc_pyramid_schedule {
@@ -3558,16 +3537,6 @@ impl kvc_pyramid_schedule {
 #[doc = " @brief PyramidKV per-layer budget schedules. @since 0.3"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_pyramid_schedule(pub ::std::os::raw::c_int);
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct kvc_plugin {
-    _unused: [u8; 0],
-}
-#[repr(C)]
-#[derive(Debug, Copy, Clone)]
-pub struct kvc_policy {
-    _unused: [u8; 0],
-}
 #[doc = " @brief Configuration of an eviction policy. Init with"]
 #[doc = " kvc_policy_config_init()."]
 #[doc = ""]
@@ -3590,13 +3559,14 @@ pub struct kvc_policy_config {
     pub sink_tokens: u32,
     #[doc = "< Per-layer cap in tokens; 0 (default) = none."]
     pub budget_tokens: u64,
-    #[doc = "< Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none."]
+    #[doc = " Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none."]
     pub compression_ratio: f64,
-    #[doc = "< Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0."]
+    #[doc = " Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0."]
     pub recent_tokens: u32,
-    #[doc = "< SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32."]
+    #[doc = " SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32."]
     pub window: u32,
-    #[doc = "< H2O: share of the budget kept as the recent window, in [0, 1]; default 0.5 (the paper's equal split)."]
+    #[doc = " H2O: share of the budget kept as the recent window, in [0, 1]; default 0.5 (the paper's"]
+    #[doc = " equal split)."]
     pub recent_fraction: f64,
     #[doc = "< SnapKV / PyramidKV: odd pooling kernel, 1..1025; default 7."]
     pub kernel_size: u32,
@@ -3604,13 +3574,15 @@ pub struct kvc_policy_config {
     pub pooling: kvc_pooling,
     #[doc = "< PyramidKV schedule; default the paper's."]
     pub schedule: kvc_pyramid_schedule,
-    #[doc = "< PyramidKV (paper schedule): last layer's budget is B / beta; default 20."]
+    #[doc = " PyramidKV (paper schedule): last layer's budget is B / beta; default 20."]
     pub beta: f64,
-    #[doc = "< Non-zero: after eviction, keys are re-rotated so token i of the cache has RoPE position i (StreamingLLM); needs the pool's rope_style. Default 0 (keys keep their positions)."]
+    #[doc = " Non-zero: after eviction, keys are re-rotated so token i of the cache has RoPE position i"]
+    #[doc = " (StreamingLLM); needs the pool's rope_style. Default 0 (keys keep their positions)."]
     pub shift_positions: u32,
-    #[doc = "< Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs budget_tokens). That eviction stays even if the reservation then fails. Default 0."]
+    #[doc = " Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs"]
+    #[doc = " budget_tokens). That eviction stays even if the reservation then fails. Default 0."]
     pub auto_evict: u32,
-    #[doc = "< ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded)."]
+    #[doc = " ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded)."]
     pub plugin: *const kvc_plugin,
 }
 #[test]
@@ -4055,11 +4027,11 @@ extern "C" {
     pub fn kvc_plugin_name(plugin: *const kvc_plugin) -> *const ::std::os::raw::c_char;
 }
 impl kvc_prefix_hash {
-    #[doc = "< SHA-256 (OpenSSL), 32-byte keys: for tenants that do not trust each other (default)."]
+    #[doc = " SHA-256 (OpenSSL), 32-byte keys: for tenants that do not trust each other (default)."]
     pub const KVC_PREFIX_HASH_SHA256: kvc_prefix_hash = kvc_prefix_hash(0);
 }
 impl kvc_prefix_hash {
-    #[doc = "< XXH3-128 (xxHash), 16-byte keys: fast, not collision resistant against an adversary."]
+    #[doc = " XXH3-128 (xxHash), 16-byte keys: fast, not collision resistant against an adversary."]
     pub const KVC_PREFIX_HASH_XXH3_128: kvc_prefix_hash = kvc_prefix_hash(1);
 }
 impl kvc_prefix_hash {
@@ -4085,15 +4057,17 @@ pub struct kvc_prefix_config {
     pub struct_size: usize,
     #[doc = "< Key hash; default SHA-256."]
     pub hash: kvc_prefix_hash,
-    #[doc = "< Non-zero (default): every hit compares the cached block's token ids with the query's, so even a forced hash collision never returns foreign KV."]
+    #[doc = " Non-zero (default): every hit compares the cached block's token ids with the query's, so even a"]
+    #[doc = " forced hash collision never returns foreign KV."]
     pub verify_tokens: u32,
-    #[doc = "< 0 (default): the chain's root is seeded with 32 random bytes (keys differ per pool); non-zero: with `seed` (keys survive restarts and match other pools with the same seed)."]
+    #[doc = " 0 (default): the chain's root is seeded with 32 random bytes (keys differ per pool); non-zero:"]
+    #[doc = " with `seed` (keys survive restarts and match other pools with the same seed)."]
     pub seed_set: u32,
     #[doc = "< The root seed when seed_set."]
     pub seed: [u8; 32usize],
     #[doc = "< Caller's model identity mixed into the root (NULL = \"\"). Copied."]
     pub model_id: *const ::std::os::raw::c_char,
-    #[doc = "< Caller's tokenizer identity mixed into the root (NULL = \"\"). Copied."]
+    #[doc = " Caller's tokenizer identity mixed into the root (NULL = \"\"). Copied."]
     pub tokenizer_id: *const ::std::os::raw::c_char,
     #[doc = " Names of the extra keys (`[n_extra_key_names]` NUL-terminated strings,"]
     #[doc = " e.g. \"salt\", \"adapter\", \"media\"; NULL when n_extra_key_names is 0)."]
@@ -4345,15 +4319,20 @@ fn bindgen_test_layout_kvc_prefix_extra() {
 pub struct kvc_prefix_result {
     #[doc = "< sizeof(kvc_prefix_result) of the caller."]
     pub struct_size: usize,
-    #[doc = "< Leading tokens reusable as whole cached blocks (a multiple of block_size, at most n_tokens - 1)."]
+    #[doc = " Leading tokens reusable as whole cached blocks (a multiple of block_size, at most"]
+    #[doc = " n_tokens - 1)."]
     pub hit_tokens: u64,
     #[doc = "< hit_tokens / block_size."]
     pub hit_blocks: u64,
-    #[doc = "< With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied into a fresh block by kvc_prefix_attach()); 0 otherwise."]
+    #[doc = " With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied"]
+    #[doc = " into a fresh block by kvc_prefix_attach()); 0 otherwise."]
     pub partial_tokens: u64,
-    #[doc = "< kvc_prefix_lookup() of a pool with offload tiers: whole-block tokens after hit_tokens that the tiers hold (kvc_prefix_load() brings them into the pool); 0 otherwise. @since 0.3"]
+    #[doc = " kvc_prefix_lookup() of a pool with offload tiers: whole-block tokens after hit_tokens that the"]
+    #[doc = " tiers hold (kvc_prefix_load() brings them into the pool); 0 otherwise."]
+    #[doc = " @since 0.3"]
     pub tier_tokens: u64,
-    #[doc = "< With ::KVC_PREFIX_PIN: the pin handle for kvc_prefix_unpin() (0: nothing was pinned). @since 0.3"]
+    #[doc = " With ::KVC_PREFIX_PIN: the pin handle for kvc_prefix_unpin() (0: nothing was pinned)."]
+    #[doc = " @since 0.3"]
     pub pin: u64,
 }
 #[test]
@@ -4485,7 +4464,7 @@ impl kvc_prefix_event_kind {
         kvc_prefix_event_kind(2147483647);
 }
 impl kvc_prefix_event_kind {
-    #[doc = "< Forces a signed enum, as every other enum of this header; not a value. @since 0.4"]
+    #[doc = " Forces a signed enum, as every other enum of this header; not a value. @since 0.4"]
     pub const KVC_PREFIX_EVENT_FORCE_SIGNED: kvc_prefix_event_kind =
         kvc_prefix_event_kind(-2147483648);
 }
@@ -4501,7 +4480,7 @@ pub struct kvc_prefix_event {
     pub struct_size: usize,
     #[doc = "< Stored or removed."]
     pub kind: kvc_prefix_event_kind,
-    #[doc = "< Bytes of key and parent_key (32 for SHA-256, 16 for XXH3-128)."]
+    #[doc = " Bytes of key and parent_key (32 for SHA-256, 16 for XXH3-128)."]
     pub key_size: u32,
     #[doc = "< The block's key (valid during the callback only)."]
     pub key: *const u8,
@@ -4646,9 +4625,9 @@ pub struct kvc_prefix_stats {
     pub partial_tokens: u64,
     #[doc = "< Blocks (each spanning all layers) in the index now."]
     pub registered_blocks: u64,
-    #[doc = "< Of those, held by no sequence (cached; reclaimed in LRU order when room is needed)."]
+    #[doc = " Of those, held by no sequence (cached; reclaimed in LRU order when room is needed)."]
     pub reclaimable_blocks: u64,
-    #[doc = "< Of those, held by a sequence (registered = reclaimable + referenced)."]
+    #[doc = " Of those, held by a sequence (registered = reclaimable + referenced)."]
     pub referenced_blocks: u64,
     #[doc = "< Blocks ever registered."]
     pub stored_total: u64,
@@ -5079,11 +5058,12 @@ impl kvc_tier_kind {
     pub const KVC_TIER_HOST: kvc_tier_kind = kvc_tier_kind(0);
 }
 impl kvc_tier_kind {
-    #[doc = "< A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU; survives restarts."]
+    #[doc = " A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU;"]
+    #[doc = " survives restarts."]
     pub const KVC_TIER_DISK: kvc_tier_kind = kvc_tier_kind(1);
 }
 impl kvc_tier_kind {
-    #[doc = "< A Redis server or Redis Cluster (hiredis), shared by processes and machines."]
+    #[doc = " A Redis server or Redis Cluster (hiredis), shared by processes and machines."]
     pub const KVC_TIER_REDIS: kvc_tier_kind = kvc_tier_kind(2);
 }
 impl kvc_tier_kind {
@@ -5111,13 +5091,14 @@ pub struct kvc_tier_config {
     pub kind: kvc_tier_kind,
     #[doc = "< ::KVC_TIER_FSYNC (disk), ::KVC_TIER_REDIS_CLUSTER (Redis), or 0."]
     pub flags: u32,
-    #[doc = "< Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for Redis (the server's maxmemory rules)."]
+    #[doc = " Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for"]
+    #[doc = " Redis (the server's maxmemory rules)."]
     pub capacity_bytes: u64,
-    #[doc = "< Disk: the directory (created if missing; records of earlier processes are found). Copied."]
+    #[doc = " Disk: the directory (created if missing; records of earlier processes are found). Copied."]
     pub path: *const ::std::os::raw::c_char,
-    #[doc = "< Redis: \"host:port\", or for a cluster \"host:port,host:port,...\" seed nodes. Copied."]
+    #[doc = " Redis: \"host:port\", or for a cluster \"host:port,host:port,...\" seed nodes. Copied."]
     pub address: *const ::std::os::raw::c_char,
-    #[doc = "< Redis: connect and command timeout in milliseconds (default 1000)."]
+    #[doc = " Redis: connect and command timeout in milliseconds (default 1000)."]
     pub timeout_ms: u32,
     #[doc = "< Zero."]
     pub reserved: u32,
@@ -5301,27 +5282,28 @@ pub struct kvc_tier_stats {
     pub kind: kvc_tier_kind,
     #[doc = "< Zero."]
     pub reserved: u32,
-    #[doc = "< Bytes held now (Redis: written minus deleted by this process, an estimate)."]
+    #[doc = " Bytes held now (Redis: written minus deleted by this process, an estimate)."]
     pub bytes: u64,
     #[doc = "< Blocks held now (Redis: estimate, as bytes)."]
     pub entries: u64,
     #[doc = "< Reads that returned a block."]
     pub hits: u64,
-    #[doc = "< Reads that found nothing usable (absent, another fingerprint, damaged, tier down)."]
+    #[doc = " Reads that found nothing usable (absent, another fingerprint, damaged, tier down)."]
     pub misses: u64,
     #[doc = "< Blocks written to this tier by the offload writer."]
     pub demotions: u64,
     #[doc = "< Blocks loaded from this tier into the pool."]
     pub promotions: u64,
-    #[doc = "< Demotions dropped because the writer's queue was full (the pool's count, the same in every tier)."]
+    #[doc = " Demotions dropped because the writer's queue was full (the pool's count, the same in"]
+    #[doc = " every tier)."]
     pub drops: u64,
     #[doc = "< Blocks this tier removed for room (LRU)."]
     pub evictions: u64,
-    #[doc = "< Failed writes and reads, refused (damaged) records, connection failures."]
+    #[doc = " Failed writes and reads, refused (damaged) records, connection failures."]
     pub errors: u64,
     #[doc = "< Blocks pinned now through kvc_prefix_lookup() with ::KVC_PREFIX_PIN."]
     pub pinned: u64,
-    #[doc = "< The reason of the tier's last error, \"\" if none (NUL-terminated, truncated)."]
+    #[doc = " The reason of the tier's last error, \"\" if none (NUL-terminated, truncated)."]
     pub last_error: [::std::os::raw::c_char; 256usize],
 }
 #[test]
@@ -5809,6 +5791,105 @@ extern "C" {
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_unpin(pool: *mut kvc_pool, pin: u64) -> kvc_status;
 }
+extern "C" {
+    #[doc = " @brief Save one sequence as a self-describing record (llama.cpp's state"]
+    #[doc = " save, vLLM / LMCache's store by request): its length, per-layer block"]
+    #[doc = " tables, positions (after eviction), observed attention scores and the"]
+    #[doc = " bytes of its blocks exactly as the pool stores them (codes, scales and"]
+    #[doc = " zero points: a restore re-quantizes nothing). The record carries a"]
+    #[doc = " fingerprint of the pool's geometry, dtypes, codecs (granularity, group"]
+    #[doc = " size, scale dtype, rotation, static scales), block size, layout, residual"]
+    #[doc = " window, attention sinks and RoPE settings, and an XXH3-64 checksum. Format: docs/tiers.md."]
+    #[doc = " Size: about the sequence's blocks (blocks x kvc_stats.bytes_per_block"]
+    #[doc = " over all layers) plus 100 bytes per layer. The sequence is unchanged."]
+    #[doc = ""]
+    #[doc = " The record is the sequence at one instant (since 0.4): appends to this"]
+    #[doc = " sequence from other threads wait while it is written (other sequences go"]
+    #[doc = " on), so it never mixes rows from before and after an append. It is"]
+    #[doc = " written straight into `buffer` (no second copy of the sequence). Slots of"]
+    #[doc = " its blocks the sequence does not hold (the end of a last block) are zero"]
+    #[doc = " in the record. Positions reserved but not written yet are saved as such"]
+    #[doc = " (zero bytes and a list of unwritten ranges, record format 2): after a"]
+    #[doc = " restore they read as zeros, can be appended, and keep their blocks out"]
+    #[doc = " of the prefix cache until written."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param buffer NULL (to query the size) or receives the record."]
+    #[doc = " @param capacity bytes buffer can hold."]
+    #[doc = " @param size receives the record's size in bytes (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool or size); ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_BUFFER_TOO_SMALL (buffer NULL or capacity below the size: only"]
+    #[doc = " size written); ::KVC_ERR_OUT_OF_MEMORY; ::KVC_ERR_INTERNAL (CUDA runtime)."]
+    #[doc = " CUDA pools: the blocks are copied to the host before the call returns."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_save(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        buffer: *mut ::std::os::raw::c_void,
+        capacity: usize,
+        size: *mut usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Create sequence `seq_id` from a record of kvc_seq_save(), in this"]
+    #[doc = " pool or another whose fingerprint is equal (another process, a CUDA pool"]
+    #[doc = " from a CPU pool's record and back). All checks run before the pool"]
+    #[doc = " changes: on failure nothing is created and no block is taken. Per-tensor"]
+    #[doc = " scales: a layer that has none yet takes the record's; one that has"]
+    #[doc = " another is ::KVC_ERR_INCOMPATIBLE (its codes would decode wrongly)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id an id no live sequence has."]
+    #[doc = " @param data the record."]
+    #[doc = " @param size its size in bytes."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;"]
+    #[doc = " ::KVC_ERR_CORRUPT (wrong size, checksum or structure: not a record of this"]
+    #[doc = " library, truncated or damaged); ::KVC_ERR_INCOMPATIBLE (another"]
+    #[doc = " configuration: the message names the fields that differ; another record"]
+    #[doc = " format; a different per-tensor scale); ::KVC_ERR_EXCEEDS_CAPACITY (the"]
+    #[doc = " record needs more blocks or residual blocks than the pool has in all);"]
+    #[doc = " ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks now); ::KVC_ERR_OUT_OF_MEMORY;"]
+    #[doc = " ::KVC_ERR_INTERNAL (CUDA runtime)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_restore(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        data: *const ::std::os::raw::c_void,
+        size: usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_save() into a file, atomically: the record is written to a"]
+    #[doc = " temporary file in the same folder, flushed to disk (fsync) and renamed"]
+    #[doc = " over `path`, so a reader sees the old file or the whole new one, never a"]
+    #[doc = " part (a crash mid-write leaves at most the temporary file behind). The"]
+    #[doc = " record is streamed to the file (no copy of the whole record in memory)"]
+    #[doc = " while appends to the sequence wait, as for kvc_seq_save()."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param path the file to create or replace."]
+    #[doc = " @return as kvc_seq_save(), plus ::KVC_ERR_IO (the system's reason: no"]
+    #[doc = " such folder, permission denied, disk full...; `path` is then unchanged)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_save_file(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        path: *const ::std::os::raw::c_char,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_restore() from a file written by kvc_seq_save_file() (or"]
+    #[doc = " any file holding exactly one record)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id an id no live sequence has."]
+    #[doc = " @param path the file."]
+    #[doc = " @return as kvc_seq_restore(), plus ::KVC_ERR_IO (cannot open or read)."]
+    #[doc = " @since 0.3"]
+    pub fn kvc_seq_restore_file(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        path: *const ::std::os::raw::c_char,
+    ) -> kvc_status;
+}
 #[doc = " @brief Table of every API function, for hosts that load the library with"]
 #[doc = " dlopen(). Functions are only appended; a table of version N starts with the"]
 #[doc = " fields of every version below N, in the same order. The `*_init` members"]
@@ -5883,7 +5964,7 @@ pub struct kvc_api {
     pub seq_length: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: u64, arg3: *mut u64) -> kvc_status,
     >,
-    #[doc = "< kvc_seq_layer_tokens()"]
+    #[doc = " kvc_seq_layer_tokens()"]
     pub seq_layer_tokens: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -5936,6 +6017,7 @@ pub struct kvc_api {
             arg6: *mut usize,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_export_page_table()"]
     pub export_page_table: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -5965,7 +6047,7 @@ pub struct kvc_api {
     >,
     #[doc = "< kvc_codec_init()"]
     pub codec_init: ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_codec) -> kvc_status>,
-    #[doc = "< kvc_pool_tensor_scales()"]
+    #[doc = " kvc_pool_tensor_scales()"]
     pub pool_tensor_scales: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -5977,7 +6059,7 @@ pub struct kvc_api {
     #[doc = "< kvc_quant_sizes_init()"]
     pub quant_sizes_init:
         ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_quant_sizes) -> kvc_status>,
-    #[doc = "< kvc_quantize_sizes()"]
+    #[doc = " kvc_quantize_sizes()"]
     pub quantize_sizes: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *const kvc_codec,
@@ -6013,6 +6095,7 @@ pub struct kvc_api {
     #[doc = "< kvc_attention_params_init()"]
     pub attention_params_init:
         ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_attention_params) -> kvc_status>,
+    #[doc = " kvc_attention_decode()"]
     pub attention_decode: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6025,6 +6108,7 @@ pub struct kvc_api {
             arg8: *const kvc_attention_params,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_attention_prefill()"]
     pub attention_prefill: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6037,7 +6121,7 @@ pub struct kvc_api {
             arg8: *const kvc_attention_params,
         ) -> kvc_status,
     >,
-    #[doc = "< kvc_seq_observe_scores()"]
+    #[doc = " kvc_seq_observe_scores()"]
     pub seq_observe_scores: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6048,7 +6132,7 @@ pub struct kvc_api {
             arg6: ::std::os::raw::c_int,
         ) -> kvc_status,
     >,
-    #[doc = "< kvc_seq_scores()"]
+    #[doc = " kvc_seq_scores()"]
     pub seq_scores: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6058,7 +6142,7 @@ pub struct kvc_api {
             arg5: u64,
         ) -> kvc_status,
     >,
-    #[doc = "< kvc_seq_rope_positions()"]
+    #[doc = " kvc_seq_rope_positions()"]
     pub seq_rope_positions: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6081,7 +6165,7 @@ pub struct kvc_api {
     >,
     #[doc = "< kvc_policy_destroy()"]
     pub policy_destroy: ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_policy)>,
-    #[doc = "< kvc_seq_set_policy()"]
+    #[doc = " kvc_seq_set_policy()"]
     pub seq_set_policy: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: u64, arg3: *const kvc_policy) -> kvc_status,
     >,
@@ -6114,7 +6198,7 @@ pub struct kvc_api {
     #[doc = "< kvc_prefix_config_init()"]
     pub prefix_config_init:
         ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_prefix_config) -> kvc_status>,
-    #[doc = "< kvc_pool_enable_prefix_cache()"]
+    #[doc = " kvc_pool_enable_prefix_cache()"]
     pub pool_enable_prefix_cache: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: *const kvc_prefix_config) -> kvc_status,
     >,
@@ -6129,6 +6213,7 @@ pub struct kvc_api {
             arg7: *mut kvc_prefix_result,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_prefix_attach()"]
     pub prefix_attach: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6141,6 +6226,7 @@ pub struct kvc_api {
             arg8: *mut kvc_prefix_result,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_prefix_insert()"]
     pub prefix_insert: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6171,7 +6257,7 @@ pub struct kvc_api {
     pub prefix_get_stats: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: *mut kvc_prefix_stats) -> kvc_status,
     >,
-    #[doc = "< kvc_prefix_set_callback()"]
+    #[doc = " kvc_prefix_set_callback()"]
     pub prefix_set_callback: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6185,7 +6271,7 @@ pub struct kvc_api {
     >,
     #[doc = "< kvc_pool_sync()"]
     pub pool_sync: ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_pool) -> kvc_status>,
-    #[doc = "< kvc_pool_copy_blocks()"]
+    #[doc = " kvc_pool_copy_blocks()"]
     pub pool_copy_blocks: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6234,7 +6320,7 @@ pub struct kvc_api {
     pub tier_config_init: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_tier_config, arg2: kvc_tier_kind) -> kvc_status,
     >,
-    #[doc = "< kvc_pool_add_tier()"]
+    #[doc = " kvc_pool_add_tier()"]
     pub pool_add_tier: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6249,7 +6335,7 @@ pub struct kvc_api {
     #[doc = "< kvc_tier_stats_init()"]
     pub tier_stats_init:
         ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_tier_stats) -> kvc_status>,
-    #[doc = "< kvc_pool_tier_stats()"]
+    #[doc = " kvc_pool_tier_stats()"]
     pub pool_tier_stats: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6257,7 +6343,6 @@ pub struct kvc_api {
             arg3: *mut kvc_tier_stats,
         ) -> kvc_status,
     >,
-    #[doc = "< kvc_prefix_offload()"]
     pub prefix_offload: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6271,7 +6356,6 @@ pub struct kvc_api {
     #[doc = "< kvc_pool_flush_tiers()"]
     pub pool_flush_tiers:
         ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_pool) -> kvc_status>,
-    #[doc = "< kvc_prefix_load()"]
     pub prefix_load: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6282,7 +6366,6 @@ pub struct kvc_api {
             arg6: *mut u64,
         ) -> kvc_status,
     >,
-    #[doc = "< kvc_prefix_prefetch()"]
     pub prefix_prefetch: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
@@ -6300,7 +6383,7 @@ pub struct kvc_api {
     #[doc = "< kvc_prefix_unpin()"]
     pub prefix_unpin:
         ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_pool, arg2: u64) -> kvc_status>,
-    #[doc = "< kvc_pool_config_init_sized()"]
+    #[doc = " kvc_pool_config_init_sized()"]
     pub pool_config_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_pool_config, arg2: usize) -> kvc_status,
     >,
@@ -6308,7 +6391,7 @@ pub struct kvc_api {
     pub stats_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_stats, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_pool_layout_init_sized()"]
+    #[doc = " kvc_pool_layout_init_sized()"]
     pub pool_layout_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_pool_layout, arg2: usize) -> kvc_status,
     >,
@@ -6316,27 +6399,27 @@ pub struct kvc_api {
     pub codec_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_codec, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_quant_sizes_init_sized()"]
+    #[doc = " kvc_quant_sizes_init_sized()"]
     pub quant_sizes_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_quant_sizes, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_attention_params_init_sized()"]
+    #[doc = " kvc_attention_params_init_sized()"]
     pub attention_params_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_attention_params, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_policy_config_init_sized()"]
+    #[doc = " kvc_policy_config_init_sized()"]
     pub policy_config_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_policy_config, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_prefix_config_init_sized()"]
+    #[doc = " kvc_prefix_config_init_sized()"]
     pub prefix_config_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_prefix_config, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_prefix_stats_init_sized()"]
+    #[doc = " kvc_prefix_stats_init_sized()"]
     pub prefix_stats_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_prefix_stats, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_tier_config_init_sized()"]
+    #[doc = " kvc_tier_config_init_sized()"]
     pub tier_config_init_sized: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_tier_config,
@@ -6348,7 +6431,7 @@ pub struct kvc_api {
     pub tier_stats_init_sized: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_tier_stats, arg2: usize) -> kvc_status,
     >,
-    #[doc = "< kvc_seq_keep()"]
+    #[doc = " kvc_seq_keep()"]
     pub seq_keep: ::std::option::Option<
         unsafe extern "C" fn(
             arg1: *mut kvc_pool,
