@@ -195,7 +195,7 @@
 %{
 #include <string>
 #include <kvcache/kvcache.h>
-#include "strategy.h"
+#include "tools/cli/strategy.h"
 static void kvc_swig_fail(kvc_status status, const std::string &message);
 
 /* Element bytes of a q / out dtype (f32, f16, bf16), or 0 after recording the error. */
