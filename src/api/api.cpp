@@ -19,11 +19,11 @@
 #include "api/struct_io.h"
 #include "common/convert.h"
 #include "common/error.h"
-#include "policy/plugin.h"
 #include "core/pool.h"
-#include "common/atomic_file.h"
 #include "common/scratch.h"
-#include "tier/factory.h"
+#include "core/offload.h"
+#include "core/prefix_cache.h"
+#include "core/state.h"
 #include "kvcache/kvcache.h"
 
 using kvc::DType;
@@ -137,53 +137,6 @@ kvc_status guard(F &&f) noexcept {
   }
 }
 
-// A sequence record written straight into the caller's buffer.
-class BufferSink final : public kvc::core::RecordSink {
- public:
-  BufferSink(uint8_t *buf, size_t capacity) : buf_(buf), cap_(capacity) {}
-  bool begin(uint64_t total) override { return buf_ && total <= cap_; }
-  void write(const uint8_t *p, uint64_t n) override {
-    std::memcpy(buf_ + at_, p, n);
-    at_ += n;
-  }
-  void finish(uint64_t checksum) override { std::memcpy(buf_ + 16, &checksum, 8); }
-
- private:
-  uint8_t *buf_;
-  size_t cap_, at_ = 0;
-};
-
-// A sequence record streamed into a file through a 1 MiB buffer.
-class FileSink final : public kvc::core::RecordSink {
- public:
-  explicit FileSink(kvc::AtomicFile &f) : f_(f) {}
-  bool begin(uint64_t) override {
-    buf_.reserve(kChunk);
-    return true;
-  }
-  void write(const uint8_t *p, uint64_t n) override {
-    if (n >= kChunk) {
-      flush();
-      f_.write_all(p, n);
-      return;
-    }
-    if (buf_.size() + n > kChunk) flush();
-    buf_.insert(buf_.end(), p, p + n);
-  }
-  void finish(uint64_t checksum) override {
-    flush();
-    f_.write_at(16, reinterpret_cast<const uint8_t *>(&checksum), 8);
-  }
-
- private:
-  static constexpr size_t kChunk = size_t(1) << 20;
-  void flush() {
-    if (!buf_.empty()) f_.write_all(buf_.data(), buf_.size());
-    buf_.clear();
-  }
-  kvc::AtomicFile &f_;
-  std::vector<uint8_t> buf_;
-};
 
 
 void need(const void *p, const char *name) {
@@ -788,7 +741,7 @@ struct kvc_policy {
   std::shared_ptr<const kvc::core::PolicySpec> spec;
 };
 struct kvc_plugin {
-  std::shared_ptr<kvc::core::Plugin> core;
+  std::shared_ptr<kvc::policy::Plugin> core;
 };
 
 namespace {
@@ -963,7 +916,7 @@ KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc
 KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy) {
   return guard([&] {
     auto &p = core_of(pool);
-    p.set_default_policy(policy ? policy->spec : nullptr);
+    p.set_policy(std::nullopt, policy ? policy->spec : nullptr);
   });
 }
 
@@ -989,7 +942,7 @@ KVC_API kvc_status kvc_plugin_load(const char *path, kvc_plugin **out) {
   return guard([&] {
     need(path, "path");
     need(out, "out");
-    auto core = kvc::core::Plugin::load(path);
+    auto core = kvc::policy::Plugin::load(path);
     auto *pl = new kvc_plugin;
     pl->core = std::move(core);
     *out = pl;
@@ -1091,7 +1044,7 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
       if (!name) fail(Errc::NullPointer, "extra_key_names[" + std::to_string(i) + "] is NULL");
       pc.extra_key_names.emplace_back(name, strnlen(name, kvc::prefix::kMaxExtraKeyNameBytes + 1));
     }
-    p.prefix_enable(pc);
+    p.prefix().enable(pc);
   });
 }
 
@@ -1108,9 +1061,9 @@ KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint
     const bool pin = (flags & KVC_PREFIX_PIN) != 0;
     if (pin && result->struct_size < offsetof(kvc_prefix_result, pin) + sizeof(uint64_t))
       fail(Errc::StructSize, "KVC_PREFIX_PIN needs a kvc_prefix_result with the pin field (0.3)");
-    const auto kx = p.prefix_extra_keys(ex.data(), n_extras);
+    const auto kx = p.prefix().extra_keys(ex.data(), n_extras);
     const auto r =
-        p.prefix_lookup_tiers(tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0, pin);
+        p.prefix().tiers().lookup(tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0, pin);
     write_result(r, result);
   });
 }
@@ -1123,8 +1076,8 @@ KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int3
     if (result) kvc::api::check_output_struct(result, kPrefixResultMin, "kvc_prefix_result");
     if (flags & ~KVC_PREFIX_PARTIAL) fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const auto kx = p.prefix_extra_keys(ex.data(), n_extras);
-    const auto r = p.prefix_attach(seq_id, tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0);
+    const auto kx = p.prefix().extra_keys(ex.data(), n_extras);
+    const auto r = p.prefix().attach(seq_id, tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0);
     if (result) write_result(r, result);
   });
 }
@@ -1136,7 +1089,7 @@ KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int3
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
     const uint64_t n =
-        p.prefix_insert(seq_id, tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras));
+        p.prefix().insert(seq_id, tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
     if (n_registered) *n_registered = n;
   });
 }
@@ -1148,15 +1101,15 @@ KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64
     auto &p = core_of(pool);
     need(key_size, "key_size");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const auto kx = p.prefix_extra_keys(ex.data(), n_extras);
-    const uint64_t ks = p.prefix_key_size();
+    const auto kx = p.prefix().extra_keys(ex.data(), n_extras);
+    const uint64_t ks = p.prefix().key_size();
     *key_size = ks;
     const uint64_t blocks = n_tokens / p.config().block_size;
     if (blocks * ks > capacity)
       fail(Errc::BufferTooSmall, std::to_string(blocks) + " keys need " + std::to_string(blocks * ks) +
                                      " bytes, capacity is " + std::to_string(capacity));
     if (blocks) need(keys_out, "keys_out");
-    p.prefix_keys(tokens, n_tokens, kx, keys_out);
+    p.prefix().keys(tokens, n_tokens, kx, keys_out);
   });
 }
 
@@ -1166,7 +1119,7 @@ KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, s
     need(size, "size");
     // One pass under the sequence's lock: the size, then (when it fits) the
     // record straight into the buffer.
-    BufferSink sink(static_cast<uint8_t *>(buffer), capacity);
+    kvc::core::BufferSink sink(static_cast<uint8_t *>(buffer), capacity);
     const uint64_t want = p.seq_save(seq_id, sink);
     *size = want;
     if (!buffer || capacity < want)
@@ -1188,10 +1141,7 @@ KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char
   return guard([&] {
     auto &p = core_of(pool);
     need(path, "path");
-    kvc::AtomicFile file(path, kvc::AtomicFile::Options{});
-    FileSink sink(file);
-    p.seq_save(seq_id, sink);  // streamed: no copy of the whole record in memory
-    file.commit();
+    kvc::core::save_file(p, seq_id, path);  // streamed: no copy of the whole record in memory
   });
 }
 
@@ -1199,8 +1149,7 @@ KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const c
   return guard([&] {
     auto &p = core_of(pool);
     need(path, "path");
-    const std::vector<uint8_t> rec = kvc::read_whole_file(path);
-    p.seq_restore(seq_id, rec.data(), rec.size());
+    kvc::core::restore_file(p, seq_id, path);
   });
 }
 
@@ -1262,14 +1211,13 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
     ts.timeout_ms = c.timeout_ms;
     ts.ttl_seconds = c.ttl_seconds;
     // Everything checked first; the tier is made by the pool once it can take it.
-    const auto make = kvc::tier::tier_maker(ts);
-    const uint32_t i = p.add_tier(make, static_cast<int32_t>(c.kind));
+    const uint32_t i = p.prefix().tiers().add_tier(ts);
     if (tier_index) *tier_index = i;
   });
 }
 
 KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, uint32_t load_timeout_ms) {
-  return guard([&] { core_of(pool).set_offload(queue_blocks, load_timeout_ms); });
+  return guard([&] { core_of(pool).prefix().tiers().set_offload(queue_blocks, load_timeout_ms); });
 }
 
 KVC_API kvc_status(kvc_tier_stats_init)(kvc_tier_stats *stats) {
@@ -1288,7 +1236,7 @@ KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_
     auto &p = core_of(pool);
     need(stats, "stats");
     kvc::api::check_output_struct(stats, kTierStatsMin, "kvc_tier_stats");
-    const kvc::core::TierCounts c = p.tier_counts(tier_index);
+    const kvc::core::TierCounts c = p.prefix().tiers().counts(tier_index);
     kvc_tier_stats full;
     std::memset(&full, 0, sizeof full);
     full.struct_size = sizeof full;
@@ -1313,13 +1261,13 @@ KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uin
   return guard([&] {
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const uint64_t q = p.prefix_offload(tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras));
+    const uint64_t q = p.prefix().tiers().offload(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
     if (n_queued) *n_queued = q;
   });
 }
 
 KVC_API kvc_status kvc_pool_flush_tiers(kvc_pool *pool) {
-  return guard([&] { core_of(pool).flush_tiers(); });
+  return guard([&] { core_of(pool).prefix().tiers().flush(); });
 }
 
 KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
@@ -1328,7 +1276,7 @@ KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, ui
     auto &p = core_of(pool);
     need(ticket, "ticket");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    *ticket = p.prefix_prefetch(tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras));
+    *ticket = p.prefix().tiers().prefetch(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
   });
 }
 
@@ -1348,10 +1296,10 @@ KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
     if (loaded_tokens) *loaded_tokens = 0;
-    const uint64_t t = p.prefix_prefetch(tokens, n_tokens, p.prefix_extra_keys(ex.data(), n_extras),
+    const uint64_t t = p.prefix().tiers().prefetch(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras),
                                          /*sync=*/true);
     uint64_t loaded = 0;
-    poll_status(p.prefix_poll(t, /*wait=*/true, &loaded), t);
+    poll_status(p.prefix().tiers().poll(t, /*wait=*/true, &loaded), t);
     if (loaded_tokens) *loaded_tokens = loaded;
   });
 }
@@ -1361,13 +1309,13 @@ KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *lo
     auto &p = core_of(pool);
     if (loaded_tokens) *loaded_tokens = 0;
     uint64_t loaded = 0;
-    poll_status(p.prefix_poll(ticket, /*wait=*/false, &loaded), ticket);
+    poll_status(p.prefix().tiers().poll(ticket, /*wait=*/false, &loaded), ticket);
     if (loaded_tokens) *loaded_tokens = loaded;
   });
 }
 
 KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin) {
-  return guard([&] { core_of(pool).prefix_unpin(pin); });
+  return guard([&] { core_of(pool).prefix().tiers().unpin(pin); });
 }
 
 KVC_API kvc_status(kvc_prefix_stats_init)(kvc_prefix_stats *stats) {
@@ -1386,7 +1334,7 @@ KVC_API kvc_status kvc_prefix_get_stats(kvc_pool *pool, kvc_prefix_stats *stats)
     auto &p = core_of(pool);
     need(stats, "stats");
     kvc::api::check_output_struct(stats, kPrefixStatsMin, "kvc_prefix_stats");
-    const auto c = p.prefix_counts();
+    const auto c = p.prefix().counts();
     kvc_prefix_stats full{};
     full.struct_size = sizeof full;
     full.queried_tokens = c.queried_tokens;
@@ -1410,10 +1358,10 @@ KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn f
       pool->prefix_callback.user = user;
     };
     if (!fn) {
-      p.prefix_set_callback(nullptr, nullptr, set_box);
+      p.prefix().set_callback(nullptr, nullptr, set_box);
       return;
     }
-    p.prefix_set_callback(
+    p.prefix().set_callback(
         [](void *u, int kind, const uint8_t *key, const uint8_t *parent, uint32_t ks, uint64_t depth) {
           const auto *box = static_cast<const kvc_pool::Callback *>(u);
           kvc_prefix_event ev{};

@@ -11,14 +11,11 @@
 
 #include "common/error.h"
 #include "core/pool.h"
+#include "policy/plugin.h"
 
 namespace kvc::core {
 
-namespace {
-std::string u64s(uint64_t v) { return std::to_string(v); }
-}  // namespace
-
-void Pool::enable_scores(Sequence &s) {
+void PoolCore::enable_scores(Sequence &s) {
   if (s.track_scores) return;
   std::vector<std::vector<float>> fresh(s.layers.size());  // may throw: nothing changed
   for (size_t i = 0; i < s.layers.size(); ++i) fresh[i].assign(s.layers[i].n_tokens * cfg_.num_kv_heads, 0.0f);
@@ -26,37 +23,36 @@ void Pool::enable_scores(Sequence &s) {
   s.track_scores = true;
 }
 
-const PolicySpec *Pool::policy_of(const Sequence &s) const {
+const PolicySpec *PoolCore::policy_of(const Sequence &s) const {
   if (s.policy) return s.policy.get();
   return default_policy_.get();
 }
 
 // Policies this pool cannot run are refused when attached, not at the first
 // reservation that would evict.
-void Pool::check_policy_fits(const PolicySpec *p) const {
+void PoolCore::check_policy_fits(const PolicySpec *p) const {
   if (!p) return;
   if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
     fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-  if (p->shift_positions && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor && !pre_rope_)
+  if (p->shift_positions && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor && !fmt_.pre_rope)
     fail(Errc::Unsupported, "the policy shifts positions but keys use one scale per tensor: rotated keys can "
                             "exceed it (use per-token or per-group scales)");
-  if (p->auto_evict && p->kind != PolicyKind::None && residual())
+  if (p->auto_evict && p->kind != PolicyKind::None && stage_.active)
     fail(Errc::Unsupported, "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
                             "is not supported");
 }
 
-void Pool::set_policy(uint64_t id, std::shared_ptr<const PolicySpec> p) {
+void Pool::set_policy(std::optional<uint64_t> id, std::shared_ptr<const PolicySpec> p) {
   std::unique_lock lk(mu_);
-  Sequence &s = find(id);
+  if (!id) {
+    check_policy_fits(p.get());
+    default_policy_ = std::move(p);
+    return;
+  }
+  Sequence &s = find(*id);
   check_policy_fits(p.get());
   if (p && p->needs_scores()) enable_scores(s);
   s.policy = std::move(p);
-}
-
-void Pool::set_default_policy(std::shared_ptr<const PolicySpec> p) {
-  std::unique_lock lk(mu_);
-  check_policy_fits(p.get());
-  default_policy_ = std::move(p);
 }
 
 void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate) {
@@ -113,7 +109,7 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
   evict_locked(id, s, *p, 0, dropped);
 }
 
-void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped) {
+void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers;
   const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
   // ---- plan: every check and allocation before the first change ----
@@ -134,7 +130,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
       target = layer_target(p, li, nl, n);
     }
     if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
-    if (residual())
+    if (stage_.active)
       fail(Errc::Unsupported, "eviction in a pool with a residual window, hybrid precision or attention "
                               "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
                               "are staged and encoded as they age");
@@ -149,20 +145,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     if (p.kind == PolicyKind::Plugin) {
       keys.resize(n * row);
       pos.resize(n);
-      if (dev_) {  // keys from the device, decoded to host f32
-        const float ts[2] = {part_[0].quantized ? tensor_scale(0, li) : 0.0f, 0.0f};
-        const std::vector<cuda::Slot> sl = slots_of(l, 0, n);
-        if (n) dev_->gather(sl.data(), n, keys.data(), nullptr, static_cast<int32_t>(DType::F32), ts);
-      }
-      for (uint64_t t = 0; t < n && !dev_;) {
-        const uint32_t slot = static_cast<uint32_t>(t % bs);
-        const uint64_t run = std::min(bs - slot, n - t);
-        read_part(0, li, block_ptr(l.blocks[t / bs]), slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
-                  DType::F32, l, t);
-        zero_unwritten_rows(false, l.blocks[t / bs], slot, run, reinterpret_cast<uint8_t *>(keys.data() + t * row),
-                            nullptr, row * sizeof(float));
-        t += run;
-      }
+      store_->read(li, l, 0, n, keys.data(), nullptr, DType::F32);
       for (uint64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(l.position_of(t));
       v.keys = keys.data();
       v.positions = pos.data();
@@ -173,7 +156,7 @@ void Pool::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t 
     const bool sh = p.shift_positions || l.rope_by_index;
     if (sh && cfg_.rope_style == RopeStyle::None)
       fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-    if (sh && part_[0].quantized && part_[0].spec.gran == codec::Gran::Tensor && !pre_rope_)
+    if (sh && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor && !fmt_.pre_rope)
       fail(Errc::Unsupported, "shifting positions re-rotates keys, which one scale per tensor cannot hold "
                               "(use per-token or per-group key scales); nothing changed");
     shift[li] = sh;
@@ -222,7 +205,7 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
   }
   uint64_t cow_needed = 0;
   if (n_keep < n) {
-    if (residual())
+    if (stage_.active)
       fail(Errc::Unsupported, "dropping tokens from a pool with a residual window, hybrid precision or attention "
                               "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
                               "are staged and encoded as they age; nothing changed");
@@ -242,7 +225,7 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
   if (dropped) *dropped = per_layer[layer];
 }
 
-void Pool::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
+void PoolCore::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
                              const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
                              uint64_t cow_needed, uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers;
@@ -256,7 +239,16 @@ void Pool::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t
     if (first_write[li] != UINT64_MAX) new_pos[li].reserve(keep[li].size());
   const uint32_t rope_dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
   RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
-  float *krow = scratch_input(2 * row);
+  scratch_input(2 * row);  // the CPU store's row buffer for rotate_keys, grown before any change
+  std::vector<uint64_t> idx;  // keys to re-rotate and by how much (room for the largest layer)
+  std::vector<int64_t> delta;
+  {
+    size_t most = 0;
+    for (uint32_t li = 0; li < nl; ++li)
+      if (shift[li]) most = std::max(most, keep[li].size());
+    idx.reserve(most);
+    delta.reserve(most);
+  }
   // ---- apply: nothing below throws ----
   for (uint32_t li = 0; li < nl; ++li) {
     if (dropped) dropped[li] = 0;
@@ -274,86 +266,20 @@ void Pool::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t
       if (k[j] != j)
         written_.put(l.blocks[j / bs], static_cast<uint32_t>(j % bs),
                      written_.test(l.blocks[k[j] / bs], static_cast<uint32_t>(k[j] % bs)));
-    // Move the survivors forward (destination index j <= source k[j]), a run
-    // of consecutive tokens at a time (one memcpy per part and run). A run
-    // stays inside one source and one destination block; memmove because a
-    // run may overlap itself inside one block.
-    if (dev_) {  // all moves in two device passes (every source staged first)
-      std::vector<cuda::Slot> from, to;
-      for (uint64_t j = first_write[li]; j < kn; ++j)
-        if (k[j] != j) {
-          from.push_back(static_cast<cuda::Slot>(l.blocks[k[j] / bs]) * static_cast<cuda::Slot>(bs) + k[j] % bs);
-          to.push_back(static_cast<cuda::Slot>(l.blocks[j / bs]) * static_cast<cuda::Slot>(bs) + j % bs);
-        }
-      dev_->move_tokens(from.data(), to.data(), from.size());
-    }
-    for (uint64_t j = first_write[li]; j < kn && !dev_;) {
-      if (k[j] == j) {
-        ++j;
-        continue;
-      }
-      const uint64_t ss = k[j] % bs, ds = j % bs;
-      uint64_t run = 1;
-      while (j + run < kn && k[j + run] == k[j] + run && ss + run < bs && ds + run < bs) ++run;
-      const uint8_t *src = block_ptr(l.blocks[k[j] / bs]);
-      uint8_t *dst = block_ptr(l.blocks[j / bs]);
-      for (int kv = 0; kv < 2; ++kv) {
-        const PartLayout &pl = part_[kv];
-        if (!pl.quantized && cfg_.layout == Layout::HND) {
-          const uint64_t e = dtype_bytes(static_cast<DType>(pl.spec.dtype));
-          for (uint64_t hh = 0; hh < h; ++hh)
-            std::memmove(dst + pl.offset + hh * pl.head_stride + ds * pl.token_stride,
-                         src + pl.offset + hh * pl.head_stride + ss * pl.token_stride, run * hd * e);
-        } else {
-          std::memmove(dst + pl.offset + ds * pl.token_stride, src + pl.offset + ss * pl.token_stride,
-                       run * pl.token_stride);
-        }
-        if (pl.quantized && pl.scales_per_token) {
-          const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
-          std::memmove(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, run * sb);
-          if (pl.spec.asym) std::memmove(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, run * sb);
-        }
-      }
-      j += run;
-    }
-    // Re-rotate the keys whose in-cache position changed (llama.cpp's K-shift).
-    if (shift[li] && dev_) {  // decode on the device, rotate here, encode on the device
-      std::vector<uint64_t> idx;
-      std::vector<int64_t> delta;
+    // Move the survivors forward (destination index j <= source k[j]).
+    store_->move_tokens(l, k, first_write[li]);
+    // Re-rotate the keys whose in-cache position changed (llama.cpp's
+    // K-shift). Pre-RoPE keys are stored unrotated: a shift only changes the
+    // positions they are rotated to when read (rope_by_index below), with no
+    // re-encoding and no new quantization error.
+    if (shift[li] && !fmt_.pre_rope) {
+      idx.clear();
+      delta.clear();
       for (uint64_t j = first_write[li]; j < kn; ++j) {
         const int64_t d = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
         if (d != 0) idx.push_back(j), delta.push_back(d);
       }
-      if (!idx.empty()) {
-        std::vector<cuda::Slot> sl(idx.size());
-        for (size_t i = 0; i < idx.size(); ++i)
-          sl[i] = static_cast<cuda::Slot>(l.blocks[idx[i] / bs]) * static_cast<cuda::Slot>(bs) + idx[i] % bs;
-        std::vector<float> rows(idx.size() * row);
-        float ts[2] = {part_[0].quantized ? tensor_scale(0, li) : 0.0f, 0.0f};
-        dev_->gather(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts);
-        for (size_t i = 0; i < idx.size(); ++i)
-          for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(rows.data() + i * row + hh * hd, delta[i]);
-        dev_->append(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts, 1);
-      }
-    }
-    // Pre-RoPE keys are stored unrotated: a shift only changes the
-    // positions they are rotated to when read (rope_by_index below), with no
-    // re-encoding and no new quantization error.
-    if (shift[li] && !dev_ && !pre_rope_) {
-      for (uint64_t j = first_write[li]; j < kn; ++j) {
-        const int64_t delta = static_cast<int64_t>(j) - l.rope_position_of(k[j]);
-        if (delta == 0) continue;
-        uint8_t *blk = block_ptr(l.blocks[j / bs]);
-        const uint32_t slot = static_cast<uint32_t>(j % bs);
-        read_part(0, li, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32, l, j);
-        for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(krow + hh * hd, delta);
-        if (part_[0].quantized) {
-          if (part_[0].rotation_block) codec::hadamard(krow, row, part_[0].rotation_block);
-          write_part(0, li, blk, nullptr, DType::F32, krow, slot, 1);
-        } else {
-          write_part(0, li, blk, reinterpret_cast<const uint8_t *>(krow), DType::F32, nullptr, slot, 1);
-        }
-      }
+      store_->rotate_keys(li, l, idx, delta, rope);
     }
     // Positions (text positions; the RoPE position is the index once shifted).
     std::vector<int32_t> &np = new_pos[li];

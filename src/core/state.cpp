@@ -1,4 +1,5 @@
-// Saving and restoring one sequence (kvc_seq_save / kvc_seq_restore): its
+// Saving and restoring one sequence (kvc_seq_save / kvc_seq_restore and their
+// file forms): its
 // block tables, positions, scores and the raw bytes of its blocks as the pool
 // stores them (codes, scales and zero points), so a restore is exact: no
 // re-quantization. Record format: docs/tiers.md ("Sequence records").
@@ -9,7 +10,9 @@
 #include <shared_mutex>
 
 #include "common/error.h"
+#include "common/atomic_file.h"
 #include "core/pool.h"
+#include "core/state.h"
 
 namespace kvc::core {
 
@@ -20,8 +23,6 @@ constexpr char kMagic[4] = {'K', 'V', 'C', 'S'};
 // (written only when a sequence has some, so other records stay format 1).
 constexpr uint32_t kFormat = 1, kFormatUnwritten = 2;
 constexpr uint64_t kHeader = 24;  // magic, format, total size, checksum
-
-std::string u64s(uint64_t v) { return std::to_string(v); }
 
 class Writer {
  public:
@@ -155,9 +156,9 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
   uint64_t total = kHeader + 4 + fp.size() + 8 + 4 + 4;
   for (const LayerTable &l : s.layers) {
     total += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 + l.scores.size() * sizeof(float);
-    total += l.blocks.size() * block_stride_ + l.res_blocks.size() * res_stride_;
+    total += l.blocks.size() * block_stride_ + l.res_blocks.size() * stage_.stride;
   }
-  if (cfg_.residual_sinks) total += 4 + s.sink_blocks.size() * res_stride_;
+  if (cfg_.residual_sinks) total += 4 + s.sink_blocks.size() * stage_.stride;
   if (any_unwritten)
     for (const auto &r : unwritten) total += 4 + 16 * r.size();
   if (!out.begin(total)) return total;
@@ -182,8 +183,8 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
     w.u32(static_cast<uint32_t>(l.blocks.size()));
     w.u32(static_cast<uint32_t>(l.res_blocks.size()));
     for (int kv = 0; kv < 2; ++kv) {
-      const bool per_tensor = part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor;
-      w.u32(per_tensor ? tensor_scale_[kv][li].load(std::memory_order_acquire) : 0u);
+      const bool per_tensor = fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
+      w.u32(per_tensor ? fmt_.scale[kv][li].load(std::memory_order_acquire) : 0u);
     }
     w.u64(l.positions.size());
     w.put(l.positions.data(), l.positions.size() * sizeof(int32_t));
@@ -202,52 +203,42 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
   // the sink; slots it does not hold (the end of its last block, the
   // residual's start and end) or never wrote are zeroed in a copy, so a
   // record never carries bytes of a slot's earlier owner.
-  std::vector<uint8_t> tmp(std::max(block_stride_, res_stride_));
-  std::vector<uint8_t> dev_buf;
+  std::vector<uint8_t> tmp(std::max(block_stride_, stage_.stride));
   for (const LayerTable &l : s.layers) {
     for (size_t i = 0; i < l.blocks.size(); ++i) {
       const uint64_t first = i * bs, held = std::min<uint64_t>(bs, l.n_lp - first);
-      const uint8_t *src = nullptr;
-      if (dev_) {
-        dev_->copy_blocks(&l.blocks[i], 1, tmp.data(), true);
-        src = tmp.data();
-      } else if (held < bs) {
-        std::memcpy(tmp.data(), block_ptr(l.blocks[i]), block_stride_);
-        src = tmp.data();
-      } else {
-        src = block_ptr(l.blocks[i]);
-      }
       const bool clean = held == bs && written_.all(l.blocks[i], 0, bs);
-      if (!clean && src != tmp.data()) {
-        std::memcpy(tmp.data(), block_ptr(l.blocks[i]), block_stride_);
+      const uint8_t *src = clean ? store_->host_block(l.blocks[i]) : nullptr;
+      if (!src) {
+        store_->to_host(&l.blocks[i], 1, tmp.data());
         src = tmp.data();
+        if (held < bs) fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(held), bs - held);
+        if (!clean)
+          for (uint64_t t = 0; t < held; ++t)
+            if (!written_.test(l.blocks[i], static_cast<uint32_t>(t))) fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
       }
-      if (held < bs) zero_slots(tmp.data(), false, static_cast<uint32_t>(held), bs - held);
-      if (!clean)
-        for (uint64_t t = 0; t < held; ++t)
-          if (!written_.test(l.blocks[i], static_cast<uint32_t>(t))) zero_slots(tmp.data(), false, static_cast<uint32_t>(t), 1);
       w.put(src, block_stride_);
     }
     const uint64_t hp = l.n_tokens - l.n_lp;
     for (size_t i = 0; i < l.res_blocks.size(); ++i) {
       const uint64_t b0 = i * bs, lo = l.res_off, hi = l.res_off + hp;  // held residual slots [lo, hi)
       const uint64_t from = std::max(b0, lo) - b0, to = std::min(b0 + bs, hi) - b0;
-      if (from == 0 && to == bs && res_written_.all(l.res_blocks[i], 0, bs)) {
-        w.put(res_ptr(l.res_blocks[i]), res_stride_);
+      if (from == 0 && to == bs && stage_.written.all(l.res_blocks[i], 0, bs)) {
+        w.put(stage_.ptr(l.res_blocks[i]), stage_.stride);
         continue;
       }
-      std::memcpy(tmp.data(), res_ptr(l.res_blocks[i]), res_stride_);
-      zero_slots(tmp.data(), true, 0, static_cast<uint32_t>(from));
-      zero_slots(tmp.data(), true, static_cast<uint32_t>(to), bs - to);
+      std::memcpy(tmp.data(), stage_.ptr(l.res_blocks[i]), stage_.stride);
+      stage_.zero_slots(tmp.data(), 0, static_cast<uint32_t>(from));
+      stage_.zero_slots(tmp.data(), static_cast<uint32_t>(to), bs - to);
       for (uint64_t t = from; t < to; ++t)
-        if (!res_written_.test(l.res_blocks[i], static_cast<uint32_t>(t))) zero_slots(tmp.data(), true, static_cast<uint32_t>(t), 1);
-      w.put(tmp.data(), res_stride_);
+        if (!stage_.written.test(l.res_blocks[i], static_cast<uint32_t>(t))) stage_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
+      w.put(tmp.data(), stage_.stride);
     }
   }
   // Sink blocks: each layer's copies of the tokens it holds; the rest zeroed.
   const uint64_t per = cfg_.residual_sinks ? cfg_.block_size / cfg_.residual_sinks : 1;
   for (size_t i = 0; i < s.sink_blocks.size(); ++i) {
-    std::memcpy(tmp.data(), res_ptr(s.sink_blocks[i]), res_stride_);
+    std::memcpy(tmp.data(), stage_.ptr(s.sink_blocks[i]), stage_.stride);
     std::vector<uint8_t> keep(bs, 0);
     for (uint32_t li = 0; li < cfg_.num_layers; ++li)
       if (li / per == i) {
@@ -255,11 +246,11 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
         const LayerTable &l = s.layers[li];
         const uint64_t held = std::min<uint64_t>(l.n_lp, cfg_.residual_sinks);
         for (uint64_t t = 0; t < held; ++t)
-          if (written_.test(l.blocks[t / bs], static_cast<uint32_t>(t % bs))) keep[sink_slot(li) + t] = 1;
+          if (written_.test(l.blocks[t / bs], static_cast<uint32_t>(t % bs))) keep[stage_.sink_slot(li) + t] = 1;
       }
     for (uint32_t t = 0; t < bs; ++t)
-      if (!keep[t]) zero_slots(tmp.data(), true, t, 1);
-    w.put(tmp.data(), res_stride_);
+      if (!keep[t]) stage_.zero_slots(tmp.data(), t, 1);
+    w.put(tmp.data(), stage_.stride);
   }
   out.finish(w.digest());
   return total;
@@ -327,20 +318,20 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
         l.tail_pos > length || l.n_tokens - l.tail_index != length - l.tail_pos)
       Reader::corrupt("has inconsistent token counts" + at);
     // Codec tokens come in whole aging units (per-channel groups).
-    if (l.n_lp % age_unit() != 0) Reader::corrupt("has a per-channel group cut in its codec blocks" + at);
+    if (l.n_lp % stage_.unit != 0) Reader::corrupt("has a per-channel group cut in its codec blocks" + at);
     for (uint64_t i = 0; i < n_pos; ++i)
       if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
           (i && l.positions[i] <= l.positions[i - 1]))
         Reader::corrupt("has positions out of order" + at);
     if (sv.n_blocks != (l.n_lp + bs - 1) / bs) Reader::corrupt("has " + u64s(sv.n_blocks) + " blocks for " + u64s(l.n_lp) + " tokens" + at);
     const uint64_t res_tokens = l.n_tokens - l.n_lp;
-    if (!residual() ? (sv.n_res != 0 || res_tokens != 0 || l.res_off != 0)
+    if (!stage_.active ? (sv.n_res != 0 || res_tokens != 0 || l.res_off != 0)
                     : (l.res_off >= bs || (res_tokens == 0 && l.res_off != 0) ||
                        sv.n_res != (res_tokens ? (l.res_off + res_tokens + bs - 1) / bs : 0)))
       Reader::corrupt("has a residual that does not match its token counts" + at);
     if (n_sc != (track ? l.n_tokens * heads : 0)) Reader::corrupt("has scores of the wrong size" + at);
     for (int kv = 0; kv < 2; ++kv) {
-      const bool per_tensor = part_[kv].quantized && part_[kv].spec.gran == codec::Gran::Tensor;
+      const bool per_tensor = fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
       if (!per_tensor && sv.scale[kv] != 0) Reader::corrupt("has a per-tensor scale for a part without one" + at);
     }
     need_blocks += sv.n_blocks;
@@ -352,8 +343,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     bool any = false;
     for (const Saved &sv : saved) any = any || sv.t.n_tokens > 0;
     // The copies come with the first reserve (and stay through truncation).
-    if (n_sinks != 0 && n_sinks != sink_blocks_needed())
-      Reader::corrupt("has " + u64s(n_sinks) + " attention-sink blocks (" + u64s(sink_blocks_needed()) + " or 0 expected)");
+    if (n_sinks != 0 && n_sinks != stage_.sink_blocks_needed())
+      Reader::corrupt("has " + u64s(n_sinks) + " attention-sink blocks (" + u64s(stage_.sink_blocks_needed()) + " or 0 expected)");
     if (any && n_sinks == 0) Reader::corrupt("has tokens but no attention-sink blocks");
     need_res += n_sinks;
   }
@@ -372,8 +363,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
       }
     }
   const uint8_t *bytes = r.take(r.left());
-  uint64_t expect = n_sinks * res_stride_;
-  for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * res_stride_;
+  uint64_t expect = n_sinks * stage_.stride;
+  for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * stage_.stride;
   if (expect != static_cast<uint64_t>(size - (bytes - data)))
     Reader::corrupt("holds " + u64s(size - (bytes - data)) + " bytes of blocks, " + u64s(expect) + " expected");
 
@@ -385,21 +376,21 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     for (int kv = 0; kv < 2; ++kv) {
       const uint32_t want = saved[li].scale[kv];
       if (!want) continue;
-      const uint32_t have = tensor_scale_[kv][li].load(std::memory_order_acquire);
+      const uint32_t have = fmt_.scale[kv][li].load(std::memory_order_acquire);
       if (have && have != want)
         fail(Errc::Incompatible, std::string("layer ") + u64s(li) + "'s per-tensor " + (kv ? "V" : "K") +
                                      " scale is " + std::to_string(bits_f32(have)) + " in this pool and " +
                                      std::to_string(bits_f32(want)) + " in the record; nothing restored");
     }
-  if (need_blocks > alloc_.num_blocks() || need_res > res_alloc_.num_blocks())
+  if (need_blocks > alloc_.num_blocks() || need_res > stage_.alloc.num_blocks())
     fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: restoring needs " + u64s(need_blocks) +
                                     " blocks (the pool has " + u64s(alloc_.num_blocks()) + ") and " +
                                     u64s(need_res) + " residual blocks (the pool has " +
-                                    u64s(res_alloc_.num_blocks()) + "); nothing restored");
-  if (need_blocks > alloc_.available() || need_res > res_alloc_.available())
+                                    u64s(stage_.alloc.num_blocks()) + "); nothing restored");
+  if (need_blocks > alloc_.available() || need_res > stage_.alloc.available())
     fail(Errc::PoolExhausted, "pool exhausted: restoring needs " + u64s(need_blocks) + " blocks (" +
                                   u64s(alloc_.available()) + " available) and " + u64s(need_res) +
-                                  " residual blocks (" + u64s(res_alloc_.available()) + " available); nothing restored");
+                                  " residual blocks (" + u64s(stage_.alloc.available()) + " available); nothing restored");
   auto s = std::make_unique<Sequence>();  // allocations first: may throw, nothing changed
   s->length = length;
   s->track_scores = track;
@@ -416,33 +407,81 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   for (uint32_t li = 0; li < layers; ++li) {
     LayerTable &l = sp->layers[li];
     for (uint32_t i = 0; i < saved[li].n_blocks; ++i) l.blocks.push_back(take_block());
-    if (dev_) {
-      if (!l.blocks.empty()) dev_->copy_blocks(l.blocks.data(), l.blocks.size(), const_cast<uint8_t *>(p), false);
-    } else {
-      for (size_t i = 0; i < l.blocks.size(); ++i) std::memcpy(block_ptr(l.blocks[i]), p + i * block_stride_, block_stride_);
-    }
+    store_->from_host(l.blocks.data(), l.blocks.size(), p);
     p += l.blocks.size() * block_stride_;
     for (uint32_t i = 0; i < saved[li].n_res; ++i) {
-      l.res_blocks.push_back(take_res());
-      std::memcpy(res_ptr(l.res_blocks.back()), p, res_stride_);
-      p += res_stride_;
+      l.res_blocks.push_back(stage_.take());
+      std::memcpy(stage_.ptr(l.res_blocks.back()), p, stage_.stride);
+      p += stage_.stride;
     }
     for (int kv = 0; kv < 2; ++kv) {
       uint32_t expected = 0;
       if (saved[li].scale[kv])
-        tensor_scale_[kv][li].compare_exchange_strong(expected, saved[li].scale[kv], std::memory_order_acq_rel);
+        fmt_.scale[kv][li].compare_exchange_strong(expected, saved[li].scale[kv], std::memory_order_acq_rel);
     }
     mark_written(l, 0, l.n_tokens, true);  // as the record says: all but its unwritten ranges
     for (const auto &[first, count] : unwritten[li]) mark_written(l, first, count, false);
     tokens_stored_ += l.n_tokens;
   }
   for (uint64_t i = 0; i < n_sinks; ++i) {
-    sp->sink_blocks.push_back(take_res());
-    std::memcpy(res_ptr(sp->sink_blocks.back()), p, res_stride_);
-    p += res_stride_;
+    sp->sink_blocks.push_back(stage_.take());
+    std::memcpy(stage_.ptr(sp->sink_blocks.back()), p, stage_.stride);
+    p += stage_.stride;
   }
-  if (n_sinks) assign_sinks(*sp);
+  if (n_sinks) stage_.assign_sinks(*sp);
   note_usage();
+}
+
+namespace {
+// A sequence record streamed into a file through a 1 MiB buffer.
+class FileSink final : public RecordSink {
+ public:
+  explicit FileSink(AtomicFile &f) : f_(f) {}
+  bool begin(uint64_t) override {
+    buf_.reserve(kChunk);
+    return true;
+  }
+  void write(const uint8_t *p, uint64_t n) override {
+    if (n >= kChunk) {
+      flush();
+      f_.write_all(p, n);
+      return;
+    }
+    if (buf_.size() + n > kChunk) flush();
+    buf_.insert(buf_.end(), p, p + n);
+  }
+  void finish(uint64_t checksum) override {
+    flush();
+    f_.write_at(16, reinterpret_cast<const uint8_t *>(&checksum), 8);
+  }
+
+ private:
+  static constexpr size_t kChunk = size_t(1) << 20;
+  void flush() {
+    if (!buf_.empty()) f_.write_all(buf_.data(), buf_.size());
+    buf_.clear();
+  }
+  AtomicFile &f_;
+  std::vector<uint8_t> buf_;
+};
+}  // namespace
+
+void BufferSink::write(const uint8_t *p, uint64_t n) {
+  std::memcpy(buf_ + at_, p, n);
+  at_ += n;
+}
+void BufferSink::finish(uint64_t checksum) { std::memcpy(buf_ + 16, &checksum, 8); }
+
+void save_file(const Pool &pool, uint64_t id, const std::string &path) {
+  AtomicFile file(path, AtomicFile::Options{});
+  FileSink sink(file);
+  pool.seq_save(id, sink);  // streamed: no copy of the whole record in memory
+  file.commit();
+}
+
+void restore_file(Pool &pool, uint64_t id, const std::string &path) {
+  const std::vector<uint8_t> rec = read_whole_file(path);
+  pool.seq_restore(id, rec.data(), rec.size());
 }
 
 }  // namespace kvc::core

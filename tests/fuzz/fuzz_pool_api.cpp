@@ -49,6 +49,7 @@
 #include "api/struct_fields.h"
 #include "common/error.h"
 #include "core/pool.h"
+#include "core/prefix_cache.h"
 #include "kvcache/kvcache.h"
 
 namespace {
@@ -1018,7 +1019,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
           mc.extra_key_names.push_back("zz-unused");
           of.push_back(-1);
         }
-        mr = core_status([&] { mirror.prefix_enable(mc); });
+        mr = core_status([&] { mirror.prefix().enable(mc); });
         if (r == KVC_OK) {
           h.prefix = true;
           h.names = names;
@@ -1065,7 +1066,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         for (const kvc_prefix_extra &e : mex)
           cex.push_back({static_cast<const uint8_t *>(e.data), e.size});
         auto mkx = [&] {
-          return mirror.prefix_extra_keys(cex.data(), static_cast<uint32_t>(cex.size()));
+          return mirror.prefix().extra_keys(cex.data(), static_cast<uint32_t>(cex.size()));
         };
         const kvc_prefix_stats ps_before = h.prefix ? prefix_stats(h.pool) : kvc_prefix_stats{};
         must_fail = !h.prefix || !count_ok;
@@ -1088,7 +1089,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
               for (uint64_t i = 0; i < n / h.BS * h.BS && i < lt.size(); ++i) must_fail = must_fail || lt[i] == -1;
           uint64_t added = 777;
           r = kvc_prefix_insert(h.pool, id, t.data(), n, exp, nx, &added);
-          if (mirrored) mr = core_status([&] { mirror.prefix_insert(id, t.data(), n, mkx()); });
+          if (mirrored) mr = core_status([&] { mirror.prefix().insert(id, t.data(), n, mkx()); });
           if (r != KVC_OK) FCHECK(added == 777, "insert wrote n_registered on failure");
           if (r != KVC_OK)
             FCHECK(r == KVC_ERR_INVALID_ARGUMENT || r == KVC_ERR_SEQ_NOT_FOUND ||
@@ -1106,7 +1107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             r = kvc_prefix_lookup(h.pool, t.data(), n, exp, nx, partial ? KVC_PREFIX_PARTIAL : 0u,
                                   &res);
             if (mirrored)
-              mr = core_status([&] { mres = mirror.prefix_lookup(t.data(), n, mkx(), partial); });
+              mr = core_status([&] { mres = mirror.prefix().lookup(t.data(), n, mkx(), partial); });
           } else if (what == 1) {
             const uint64_t id = pick_id(in);
             must_fail = must_fail || h.seqs.count(id) != 0;
@@ -1115,7 +1116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                                   partial ? KVC_PREFIX_PARTIAL : 0u, &res);
             if (mirrored)
               mr = core_status(
-                  [&] { mres = mirror.prefix_attach(id, t.data(), n, mkx(), partial); });
+                  [&] { mres = mirror.prefix().attach(id, t.data(), n, mkx(), partial); });
             if (r == KVC_OK) {
               SeqModel m;  // what attached blocks hold is not modelled: positions unchecked
               m.len = res.hit_tokens + res.partial_tokens;
@@ -1129,7 +1130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             size_t ks = 0;
             r = kvc_prefix_keys(h.pool, t.data(), n, exp, nx, keys.data(), keys.size(), &ks);
             if (mirrored)
-              mr = core_status([&] { mirror.prefix_keys(t.data(), n, mkx(), mkeys.data()); });
+              mr = core_status([&] { mirror.prefix().keys(t.data(), n, mkx(), mkeys.data()); });
             if (r == KVC_OK)
               FCHECK(keys == mkeys, "keys differ from the mirror's (another declaration order)");
           }

@@ -16,6 +16,7 @@
 
 #include "../common/kvtest.h"
 #include "api/internal.h"
+#include "core/prefix_cache.h"
 #include "prefix/prefix.h"
 
 namespace {
@@ -353,7 +354,7 @@ void on_event(void *user, const kvc_prefix_event *ev) {
   }
 }
 bool events_match(kvc_pool *p, const EventLog &log) {
-  const std::vector<std::string> reg = kvc::api::core_pool(p).prefix_registered_keys();
+  const std::vector<std::string> reg = kvc::api::core_pool(p).prefix().registered_keys();
   return std::set<std::string>(reg.begin(), reg.end()) == log.keys;
 }
 }  // namespace

@@ -24,6 +24,7 @@
 #include "../common/kvtest.h"
 #include "api/internal.h"
 #include "core/offload.h"
+#include "core/prefix_cache.h"
 #include "pool_util.h"
 
 using namespace tier_test;
@@ -204,7 +205,7 @@ KVTEST(host_load_timeout_returns_blocks) {
   for (int i = 0; i < 200 && tier_stats(p, 0).hits < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   for (uint64_t id = 200; id < end; ++id) CHECK(seq_is_garbage(p, id, kBs));
-  CHECK(kvc::api::core_pool(p).prefix_registered_keys().empty());
+  CHECK(kvc::api::core_pool(p).prefix().registered_keys().empty());
   CHECK(invariants(p));
   free_range(p, 200, end);
   CHECK_OK(kvc_prefix_load(p, t.data(), t.size(), nullptr, 0, &loaded));

@@ -1,7 +1,4 @@
-// The prefix cache inside the pool: registering the full blocks of a
-// sequence under chained keys, looking prompts up, attaching cached blocks to
-// a new sequence, LRU reclaim that keeps chains whole, and the events an
-// external router can follow. Spec: docs/prefix-cache.md.
+// The prefix cache of a pool (core/prefix_cache.h). Spec: docs/prefix-cache.md.
 #include <openssl/rand.h>
 
 #include <algorithm>
@@ -10,60 +7,25 @@
 #include <shared_mutex>
 
 #include "common/error.h"
-#include "core/pool.h"
+#include "core/offload.h"
+#include "core/prefix_cache.h"
 
 namespace kvc::core {
 
-namespace {
-std::string u64s(uint64_t v) { return std::to_string(v); }
+PrefixCache::PrefixCache(PoolCore &c) : c_(c), offload_(std::make_unique<Offload>(c, *this)) {}
 
-void put_u32(std::vector<uint8_t> &b, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put_f64(std::vector<uint8_t> &b, double d) {
-  uint64_t v;
-  std::memcpy(&v, &d, 8);
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+PrefixCache::~PrefixCache() = default;
+
+void PrefixCache::need_enabled() const {
+  if (!st_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
 }
 
-}  // namespace
-
-// The pool's fingerprint: geometry and storage, little-endian fields in a
-// fixed order (docs/prefix-cache.md).
-std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
-  std::vector<uint8_t> b;
-  for (uint32_t v : {c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
-                     static_cast<uint32_t>(c.k_dtype), static_cast<uint32_t>(c.v_dtype),
-                     static_cast<uint32_t>(c.layout)})
-    put_u32(b, v);
-  for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
-    for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
-                       // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
-                       static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
-                       static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
-      put_u32(b, v);
-    put_f64(b, sp->static_scale);
-  }
-  put_u32(b, c.residual_window);
-  put_u32(b, static_cast<uint32_t>(c.residual_dtype));
-  put_f64(b, c.residual_fraction);
-  // Pre-RoPE keys (absent without: older keys and records still match),
-  // with the RoPE settings their codes depend on.
-  if (c.flags & kFlagPreRopeKeys) {
-    put_u32(b, kFlagPreRopeKeys);
-    put_u32(b, static_cast<uint32_t>(c.rope_style));
-    put_u32(b, c.rope_dims ? c.rope_dims : c.head_dim);
-    put_f64(b, c.rope_theta);
-  }
-  return b;
-}
-
-void Pool::prefix_enable(const PrefixConfig &c) {
-  std::unique_lock lk(mu_);
-  if (prefix_) fail(Errc::InvalidArgument, "the prefix cache of this pool is already enabled");
+void PrefixCache::enable(const PrefixConfig &c) {
+  std::unique_lock lk(c_.mu_);
+  if (st_) fail(Errc::InvalidArgument, "the prefix cache of this pool is already enabled");
   if (c.hash != PrefixHash::Sha256 && c.hash != PrefixHash::Xxh3_128)
     fail(Errc::InvalidArgument, "unknown prefix hash " + std::to_string(static_cast<int32_t>(c.hash)));
-  if (residual())
+  if (c_.stage_.active)
     fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision, "
                             "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
                             "as they age)");
@@ -81,32 +43,31 @@ void Pool::prefix_enable(const PrefixConfig &c) {
   } else if (RAND_bytes(seed, 32) != 1) {
     fail(Errc::Internal, "cannot draw a random prefix seed (OpenSSL RAND_bytes failed)");
   }
-  st->root = st->hasher.root(seed, pool_fingerprint(cfg_), c.model_id, c.tokenizer_id);
-  st->block_entry.assign(alloc_.num_blocks(), -1);
-  prefix_ = std::move(st);
+  st->root = st->hasher.root(seed, pool_fingerprint(c_.cfg_), c.model_id, c.tokenizer_id);
+  st->block_entry.assign(c_.alloc_.num_blocks(), -1);
+  st_ = std::move(st);
+  c_.events_ = this;
 }
 
-uint32_t Pool::prefix_key_size() const {
-  std::shared_lock lk(mu_);
-  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  return prefix_->hasher.key_size();
+uint32_t PrefixCache::key_size() const {
+  std::shared_lock lk(c_.mu_);
+  need_enabled();
+  return st_->hasher.key_size();
 }
 
-bool Pool::registered(int32_t b) const { return prefix_ && prefix_->block_entry[b] >= 0; }
-
-void Pool::prefix_set_callback(PrefixEventFn fn, void *user, const std::function<void()> &under_lock) {
-  std::unique_lock lk(mu_);
-  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+void PrefixCache::set_callback(PrefixEventFn fn, void *user, const std::function<void()> &under_lock) {
+  std::unique_lock lk(c_.mu_);
+  need_enabled();
   if (under_lock) under_lock();  // the caller's state the callback reads, changed while no event can run
-  prefix_->callback = fn;
-  prefix_->user = user;
+  st_->callback = fn;
+  st_->user = user;
 }
 
 // Drops entry e and, recursively, its children (a chain never keeps a block
 // whose parent is gone). Cached blocks of dropped entries become free;
 // `taken` is a block the allocator already handed out (not to uncache).
-void Pool::prefix_drop_entry(uint32_t e, int32_t taken) {
-  PrefixState &ps = *prefix_;
+void PrefixCache::drop_entry(uint32_t e, int32_t taken) {
+  PrefixState &ps = *st_;
   std::vector<uint32_t> stack{e};
   while (!stack.empty()) {
     const uint32_t x = stack.back();
@@ -117,9 +78,9 @@ void Pool::prefix_drop_entry(uint32_t e, int32_t taken) {
     en.children.clear();
     for (int32_t b : en.blocks) {
       ps.block_entry[b] = -1;
-      if (b != taken && alloc_.state(b) == BlockAllocator::State::Cached) {
-        alloc_.uncache(b);
-        if (cfg_.flags & kFlagZeroOnFree) zero_block(b);
+      if (b != taken && c_.alloc_.state(b) == BlockAllocator::State::Cached) {
+        c_.alloc_.uncache(b);
+        if (c_.cfg_.flags & kFlagZeroOnFree) c_.zero_block(b);
       }
     }
     ps.map.erase(en.key);  // before the entry is reused
@@ -139,24 +100,24 @@ void Pool::prefix_drop_entry(uint32_t e, int32_t taken) {
   }
 }
 
-void Pool::prefix_drop_block(int32_t b) {
+void PrefixCache::before_write(int32_t b) {
   if (!registered(b)) return;
-  prefix_drop_entry(static_cast<uint32_t>(prefix_->block_entry[b]), -1);
+  drop_entry(static_cast<uint32_t>(st_->block_entry[b]), -1);
 }
 
-void Pool::prefix_on_reclaim(int32_t b) {
+void PrefixCache::reclaimed(int32_t b) {
   if (!registered(b)) return;
-  ++prefix_->stats.reclaimed;
+  ++st_->stats.reclaimed;
   // Demotion (docs/tiers.md): the entry's blocks are copied before any of
   // them can be handed out again, then written by the offload writer.
-  if (offload_) demote_entry(static_cast<uint32_t>(prefix_->block_entry[b]));
-  prefix_drop_entry(static_cast<uint32_t>(prefix_->block_entry[b]), b);
+  if (offload_->active()) offload_->demote_entry(static_cast<uint32_t>(st_->block_entry[b]));
+  drop_entry(static_cast<uint32_t>(st_->block_entry[b]), b);
 }
 
 // A registered block became cached: its cached ancestors move to the newest
 // end of the LRU, so a chain is reclaimed from its end (children first).
-void Pool::prefix_on_cached(int32_t b) {
-  PrefixState &ps = *prefix_;
+void PrefixCache::cached(int32_t b) {
+  PrefixState &ps = *st_;
   const PrefixEntry *en = &ps.entries[static_cast<uint32_t>(ps.block_entry[b])];
   while (en->depth > 1) {
     const int64_t pe = ps.map.find(en->parent);
@@ -164,8 +125,8 @@ void Pool::prefix_on_cached(int32_t b) {
     const PrefixEntry &par = ps.entries[static_cast<size_t>(pe)];
     bool any = false;
     for (int32_t pb : par.blocks)
-      if (alloc_.state(pb) == BlockAllocator::State::Cached) {
-        alloc_.touch(pb);
+      if (c_.alloc_.state(pb) == BlockAllocator::State::Cached) {
+        c_.alloc_.touch(pb);
         any = true;
       }
     if (!any) break;
@@ -173,19 +134,17 @@ void Pool::prefix_on_cached(int32_t b) {
   }
 }
 
-ExtraKeys Pool::prefix_extra_keys(const PrefixExtra *ex, uint32_t nx) const {
-  std::shared_lock lk(mu_);
-  if (!prefix_)
-    fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  return prefix_->extra_keys(ex, nx);
+ExtraKeys PrefixCache::extra_keys(const PrefixExtra *ex, uint32_t nx) const {
+  std::shared_lock lk(c_.mu_);
+  need_enabled();
+  return st_->extra_keys(ex, nx);
 }
 
-void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, uint8_t *out) const {
-  std::shared_lock lk(mu_);
-  if (!prefix_)
-    fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  const PrefixState &ps = *prefix_;
-  const uint64_t bs = cfg_.block_size, ks = ps.hasher.key_size();
+void PrefixCache::keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, uint8_t *out) const {
+  std::shared_lock lk(c_.mu_);
+  need_enabled();
+  const PrefixState &ps = *st_;
+  const uint64_t bs = c_.cfg_.block_size, ks = ps.hasher.key_size();
   BlockKey parent = ps.root;
   std::vector<uint8_t> scratch;
   for (uint64_t i = 0; i < n / bs; ++i) {
@@ -194,12 +153,12 @@ void Pool::prefix_keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, u
   }
 }
 
-PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
+PrefixResult PrefixCache::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
                                  bool partial) const {
-  std::shared_lock lk(mu_);
-  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  const PrefixState &ps = *prefix_;
-  const uint64_t bs = cfg_.block_size;
+  std::shared_lock lk(c_.mu_);
+  need_enabled();
+  const PrefixState &ps = *st_;
+  const uint64_t bs = c_.cfg_.block_size;
   PrefixResult r;
   const prefix::Walk w = prefix::walk(ps, bs, tokens, n, kx, partial);
   r.hit_blocks = w.path.size();
@@ -211,13 +170,13 @@ PrefixResult Pool::prefix_lookup(const int32_t *tokens, uint64_t n, const ExtraK
   return r;
 }
 
-PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
+PrefixResult PrefixCache::attach(uint64_t id, const int32_t *tokens, uint64_t n,
                                  const ExtraKeys &kx, bool partial) {
-  std::unique_lock lk(mu_);
-  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
-  PrefixState &ps = *prefix_;
-  const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
+  std::unique_lock lk(c_.mu_);
+  need_enabled();
+  if (c_.seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
+  PrefixState &ps = *st_;
+  const uint64_t bs = c_.cfg_.block_size, nl = c_.cfg_.num_layers;
   PrefixResult r;
   const prefix::Walk w = prefix::walk(ps, bs, tokens, n, kx, partial);
   const std::vector<uint32_t> &path = w.path;
@@ -231,7 +190,7 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
     uint64_t pinned = 0;
     std::vector<int32_t> seen;
     auto count = [&](int32_t b) {
-      if (alloc_.state(b) == BlockAllocator::State::Cached && std::find(seen.begin(), seen.end(), b) == seen.end()) {
+      if (c_.alloc_.state(b) == BlockAllocator::State::Cached && std::find(seen.begin(), seen.end(), b) == seen.end()) {
         seen.push_back(b);
         ++pinned;
       }
@@ -239,7 +198,7 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
     for (uint32_t e : path)
       for (int32_t b : ps.entries[e].blocks) count(b);
     for (int32_t b : part_src->blocks) count(b);
-    if (alloc_.available() < nl + pinned) {  // not enough room: whole blocks only
+    if (c_.alloc_.available() < nl + pinned) {  // not enough room: whole blocks only
       r.partial_tokens = 0;
       part_src = nullptr;
     }
@@ -248,44 +207,44 @@ PrefixResult Pool::prefix_attach(uint64_t id, const int32_t *tokens, uint64_t n,
   auto s = std::make_unique<Sequence>();
   s->layers.resize(nl);
   for (uint64_t li = 0; li < nl; ++li) s->layers[li].blocks.reserve(path.size() + 1);
-  Sequence *sp = seqs_.insert(id, std::move(s));  // may throw: nothing changed yet
+  Sequence *sp = c_.seqs_.insert(id, std::move(s));  // may throw: nothing changed yet
   // From here on nothing throws.
   for (uint32_t e : path)
     for (uint64_t li = 0; li < nl; ++li) {
       const int32_t b = ps.entries[e].blocks[li];
-      alloc_.ref(b);  // a cached block is revived
+      c_.alloc_.ref(b);  // a cached block is revived
       sp->layers[li].blocks.push_back(b);
     }
   if (part_src) {
     const std::vector<int32_t> src_blocks = part_src->blocks;  // take_block may drop entries
     for (uint64_t li = 0; li < nl; ++li) {
-      alloc_.ref(src_blocks[li]);  // pinned while copying: take_block cannot reclaim it
+      c_.alloc_.ref(src_blocks[li]);  // pinned while copying: take_block cannot reclaim it
     }
     for (uint64_t li = 0; li < nl; ++li) {
-      const int32_t nb = take_block();
-      copy_block(nb, src_blocks[li]);
+      const int32_t nb = c_.take_block();
+      c_.copy_block(nb, src_blocks[li]);
       sp->layers[li].blocks.push_back(nb);
     }
-    for (uint64_t li = 0; li < nl; ++li) release_block(src_blocks[li]);
+    for (uint64_t li = 0; li < nl; ++li) c_.release_block(src_blocks[li]);
   }
   const uint64_t len = r.hit_tokens + r.partial_tokens;
   for (LayerTable &l : sp->layers) {
     l.n_tokens = l.n_lp = len;
-    tokens_stored_ += len;
+    c_.tokens_stored_ += len;
   }
   sp->length = len;
   ps.stats.queried_tokens.fetch_add(n, std::memory_order_relaxed);
   ps.stats.hit_tokens.fetch_add(r.hit_tokens, std::memory_order_relaxed);
   ps.stats.partial_tokens.fetch_add(r.partial_tokens, std::memory_order_relaxed);
-  note_usage();
+  c_.note_usage();
   return r;
 }
 
-uint32_t Pool::prefix_register(const BlockKey &k, const BlockKey &parent, int64_t parent_entry, uint64_t depth,
+uint32_t PrefixCache::register_entry(const BlockKey &k, const BlockKey &parent, int64_t parent_entry, uint64_t depth,
                                const int32_t *tokens, const BlockKey &xd, const std::vector<uint8_t> &xb,
                                const int32_t *blocks) {
-  PrefixState &ps = *prefix_;
-  const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
+  PrefixState &ps = *st_;
+  const uint64_t bs = c_.cfg_.block_size, nl = c_.cfg_.num_layers;
   uint32_t e;
   if (!ps.free_entries.empty()) {
     e = ps.free_entries.back();
@@ -313,12 +272,12 @@ uint32_t Pool::prefix_register(const BlockKey &k, const BlockKey &parent, int64_
   return e;
 }
 
-uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx) {
-  std::unique_lock lk(mu_);
-  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  Sequence &s = find(id);
-  PrefixState &ps = *prefix_;
-  const uint64_t bs = cfg_.block_size, nl = cfg_.num_layers;
+uint64_t PrefixCache::insert(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx) {
+  std::unique_lock lk(c_.mu_);
+  need_enabled();
+  Sequence &s = c_.find(id);
+  PrefixState &ps = *st_;
+  const uint64_t bs = c_.cfg_.block_size, nl = c_.cfg_.num_layers;
   if (n > s.length)
     fail(Errc::OutOfRange, u64s(n) + " tokens given but sequence " + u64s(id) + " has length " + u64s(s.length));
   // Whole blocks held unevicted by every layer (positions 0.. in order).
@@ -333,7 +292,7 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
   // Only what appends wrote becomes findable: a block with a slot that was
   // reserved but never written refuses the whole call (nothing registered).
   for (uint32_t li = 0; li < nl; ++li)
-    if (const uint64_t u = first_unwritten(s.layers[li], 0, full * bs); u != UINT64_MAX)
+    if (const uint64_t u = c_.first_unwritten(s.layers[li], 0, full * bs); u != UINT64_MAX)
       fail(Errc::InvalidArgument, "position " + u64s(s.layers[li].position_of(u)) + " of layer " + u64s(li) +
                                       " of sequence " + u64s(id) +
                                       " was reserved but never written (kvc_append): prefix blocks are registered "
@@ -360,7 +319,7 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     if (!free_blocks) break;  // a block registered under another key (cannot be: content is the key) - stop
     std::vector<int32_t> blocks(nl);
     for (uint64_t li = 0; li < nl; ++li) blocks[li] = s.layers[li].blocks[i];
-    const uint32_t e = prefix_register(k, parent, parent_entry, i + 1, tokens + i * bs, xd, xb, blocks.data());
+    const uint32_t e = register_entry(k, parent, parent_entry, i + 1, tokens + i * bs, xd, xb, blocks.data());
     ++added;
     parent = k;
     parent_entry = e;
@@ -368,19 +327,19 @@ uint64_t Pool::prefix_insert(uint64_t id, const int32_t *tokens, uint64_t n, con
   return added;
 }
 
-std::vector<std::string> Pool::prefix_registered_keys() const {
-  std::shared_lock lk(mu_);
+std::vector<std::string> PrefixCache::registered_keys() const {
+  std::shared_lock lk(c_.mu_);
   std::vector<std::string> out;
-  if (!prefix_) return out;
-  for (const PrefixEntry &en : prefix_->entries)
-    if (en.live) out.emplace_back(reinterpret_cast<const char *>(en.key.b.data()), prefix_->hasher.key_size());
+  if (!st_) return out;
+  for (const PrefixEntry &en : st_->entries)
+    if (en.live) out.emplace_back(reinterpret_cast<const char *>(en.key.b.data()), st_->hasher.key_size());
   return out;
 }
 
-PrefixCounts Pool::prefix_counts() const {
-  std::shared_lock lk(mu_);
-  if (!prefix_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
-  const PrefixState &ps = *prefix_;
+PrefixCounts PrefixCache::counts() const {
+  std::shared_lock lk(c_.mu_);
+  need_enabled();
+  const PrefixState &ps = *st_;
   PrefixCounts c{};
   c.queried_tokens = ps.stats.queried_tokens.load();
   c.hit_tokens = ps.stats.hit_tokens.load();
@@ -392,10 +351,35 @@ PrefixCounts Pool::prefix_counts() const {
     if (!en.live) continue;
     ++c.registered;
     bool all_cached = true;
-    for (int32_t b : en.blocks) all_cached = all_cached && alloc_.state(b) == BlockAllocator::State::Cached;
+    for (int32_t b : en.blocks) all_cached = all_cached && c_.alloc_.state(b) == BlockAllocator::State::Cached;
     ++(all_cached ? c.reclaimable : c.referenced);
   }
   return c;
+}
+
+std::string PrefixCache::check() const {
+  if (!st_) return {};
+  const PrefixState &ps = *st_;
+  uint64_t live = 0;
+  for (size_t e = 0; e < ps.entries.size(); ++e) {
+    const PrefixEntry &en = ps.entries[e];
+    if (!en.live) continue;
+    ++live;
+    if (ps.map.find(en.key) != static_cast<int64_t>(e)) return "prefix entry not in the key map";
+    if (en.blocks.size() != c_.cfg_.num_layers) return "prefix entry without a block per layer";
+    for (int32_t b : en.blocks) {
+      if (ps.block_entry[b] != static_cast<int32_t>(e)) return "prefix block not mapped to its entry";
+      if (c_.alloc_.state(b) == BlockAllocator::State::Free) return "prefix entry holds a free block";
+    }
+  }
+  if (live != ps.map.size()) return "prefix key map and entries disagree";
+  for (size_t b = 0; b < ps.block_entry.size(); ++b) {
+    const int32_t e = ps.block_entry[b];
+    if (e >= 0 && !ps.entries[static_cast<size_t>(e)].live) return "block mapped to a dropped prefix entry";
+    if (c_.alloc_.state(static_cast<int32_t>(b)) == BlockAllocator::State::Cached && e < 0)
+      return "cached block outside the prefix index";
+  }
+  return {};
 }
 
 }  // namespace kvc::core

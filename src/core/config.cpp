@@ -1,0 +1,274 @@
+// A pool's configuration: the checks of kvc_pool_create (ranges, what each
+// device and codec supports, overflow of every size product) and the
+// fingerprint of its geometry and storage (docs/prefix-cache.md).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "codec/codec.h"
+#include "common/error.h"
+#include "core/format.h"
+#include "core/pool_int.h"
+#include "cuda/backend.h"
+
+namespace kvc::core {
+
+namespace {
+
+constexpr uint64_t kMaxBlocks = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
+uint64_t align16(uint64_t x) { return (x + 15) & ~uint64_t(15); }
+
+void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
+  if (v < lo || v > hi)
+    fail(Errc::InvalidArgument,
+         std::string(name) + " " + u64s(v) + ": must be " + u64s(lo) + ".." + u64s(hi));
+}
+
+void put_u32(std::vector<uint8_t> &b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_f64(std::vector<uint8_t> &b, double d) {
+  uint64_t v;
+  std::memcpy(&v, &d, 8);
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+}  // namespace
+
+void validate_config(PoolConfig &c) {
+  check_range("num_layers", c.num_layers, 1, 4096);
+  check_range("num_q_heads", c.num_q_heads, 1, 65536);
+  check_range("num_kv_heads", c.num_kv_heads, 1, 65536);
+  check_range("head_dim", c.head_dim, 1, 1024);
+  check_range("block_size", c.block_size, 1, 4096);
+  {
+    const int32_t rs = static_cast<int32_t>(c.rope_style);
+    if (rs < 0 || rs > 2)
+      fail(Errc::InvalidArgument, "rope_style " + std::to_string(rs) +
+                                      ": unknown (KVC_ROPE_NONE, KVC_ROPE_INTERLEAVED or KVC_ROPE_NEOX)");
+    if (c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim)
+      fail(Errc::InvalidArgument, "rope_dims " + u64s(c.rope_dims) + " must be even and at most head_dim (0: head_dim)");
+    if (c.rope_style != RopeStyle::None && c.rope_dims == 0 && c.head_dim % 2 != 0)
+      fail(Errc::InvalidArgument, "RoPE needs an even head_dim (or an even rope_dims)");
+    if (!(c.rope_theta > 1.0 && c.rope_theta <= 1e12))
+      fail(Errc::InvalidArgument, "rope_theta must be in (1, 1e12] (default 10000)");
+  }
+  if (c.num_q_heads % c.num_kv_heads != 0)
+    fail(Errc::InvalidArgument, "num_q_heads " + u64s(c.num_q_heads) +
+                                    " is not a multiple of num_kv_heads " + u64s(c.num_kv_heads));
+  if (c.flags & ~(kFlagZeroOnFree | kFlagPreRopeKeys))
+    fail(Errc::InvalidArgument, "flags 0x" + [&] {
+      char b[16];
+      std::snprintf(b, sizeof b, "%x", c.flags);
+      return std::string(b);
+    }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS)");
+  for (int kv = 0; kv < 2; ++kv) {
+    const int32_t d = static_cast<int32_t>(kv == 0 ? c.k_dtype : c.v_dtype);
+    if (!dtype_is_plain(d))
+      fail(Errc::InvalidArgument,
+           std::string(kv == 0 ? "k_dtype " : "v_dtype ") + std::to_string(d) +
+               (d >= 3 && d <= 8 ? ": fp8 and integer storage is described by a codec: set "
+                                   "k_codec / v_codec (kvc_codec) instead"
+                                 : ": unknown storage dtype (f32, f16 or bf16)"));
+  }
+  for (int kv = 0; kv < 2; ++kv) {
+    codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
+    const char *name = kv == 0 ? "k_codec" : "v_codec";
+    if (is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 &&
+        !sp.asym && sp.rotation_block == 0) {
+      sp.dtype = static_cast<DType>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
+      continue;
+    }
+    try {
+      codec::validate(sp, c.head_dim);
+    } catch (const Error &e) {
+      fail(e.code(), std::string(name) + ": " + e.what());
+    }
+    if (is_float(sp.dtype)) {
+      (kv == 0 ? c.k_dtype : c.v_dtype) = static_cast<DType>(sp.dtype);
+      continue;
+    }
+    if (sp.gran == codec::Gran::Tensor && sp.asym)
+      fail(Errc::InvalidArgument, std::string(name) +
+                                      ": per-tensor scales in a pool are symmetric (one scale per "
+                                      "layer); use per-token or per-group scales for zero points");
+    if (sp.gran == codec::Gran::Channel && (sp.group > c.block_size || c.block_size % sp.group != 0))
+      fail(Errc::InvalidArgument, std::string(name) + ": per-channel group_size " + u64s(sp.group) +
+                                      " must divide block_size " + u64s(c.block_size) +
+                                      " (a group of tokens is encoded inside one block)");
+    if ((static_cast<uint64_t>(c.head_dim) * bits_of(sp.dtype)) % 8 != 0)
+      fail(Errc::InvalidArgument, std::string(name) + ": head_dim " + u64s(c.head_dim) + " x " +
+                                      std::to_string(bits_of(sp.dtype)) +
+                                      " bits is not a whole number of bytes");
+    if (c.layout != Layout::NHD)
+      fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
+  }
+  const bool channel = c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
+  if (c.k_codec.gran == codec::Gran::Channel && c.v_codec.gran == codec::Gran::Channel &&
+      !is_float(c.k_codec.dtype) && !is_float(c.v_codec.dtype) &&
+      c.k_codec.group != c.v_codec.group)
+    fail(Errc::InvalidArgument, "k_codec and v_codec are both per channel with group sizes " +
+                                    u64s(c.k_codec.group) + " and " + u64s(c.v_codec.group) +
+                                    ": they must be equal (tokens are encoded a group at a time)");
+  // (Attention sinks alone make a residual arena too: every token passes
+  // through it, aged by the append that writes it.)
+  const bool wants_residual = c.residual_window > 0 || c.residual_fraction != 0.0 || channel || c.residual_sinks > 0;
+  if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
+    fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
+  if (c.residual_window > kMaxLength) fail(Errc::InvalidArgument, "residual_window above 2^31-1");
+  if (!dtype_is_plain(static_cast<int32_t>(c.residual_dtype)))
+    fail(Errc::InvalidArgument, "residual_dtype " + std::to_string(static_cast<int32_t>(c.residual_dtype)) +
+                                    ": must be f32, f16 or bf16");
+  if (wants_residual && is_float(c.k_codec.dtype) && is_float(c.v_codec.dtype))
+    fail(Errc::InvalidArgument, c.residual_sinks && !c.residual_window && c.residual_fraction == 0.0
+                                    ? "residual_sinks needs a quantized K or V codec (the sinks are kept "
+                                      "from being encoded)"
+                                    : "a residual window needs a quantized K or V codec");
+  if (!wants_residual && c.num_residual_blocks != 0)
+    fail(Errc::InvalidArgument, "num_residual_blocks set without a residual window");
+  if (c.residual_sinks > c.block_size)
+    fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) + " above block_size " +
+                                    u64s(c.block_size));
+  if (c.flags & kFlagPreRopeKeys) {
+    if (c.rope_style == RopeStyle::None)
+      fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS needs the RoPE the engine applies to keys (rope_style, "
+                                  "rope_dims, rope_theta)");
+    if (is_float(c.k_codec.dtype))
+      fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS applies to quantized keys: set a k_codec with an fp8 or "
+                                  "integer dtype");
+    if (c.device == Device::CUDA)
+      fail(Errc::Unsupported, "device CUDA: pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) are CPU-only in this version");
+  }
+  if (c.layout != Layout::NHD && c.layout != Layout::HND)
+    fail(Errc::InvalidArgument,
+         "layout " + std::to_string(static_cast<int32_t>(c.layout)) + ": must be NHD or HND");
+  if (c.device != Device::CPU && c.device != Device::CUDA)
+    fail(Errc::InvalidArgument,
+         "device " + std::to_string(static_cast<int32_t>(c.device)) + ": unknown device");
+  if (c.device == Device::CPU && c.device_index != 0)
+    fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) +
+                                    ": must be 0 for the CPU");
+  if (c.device == Device::CUDA) {
+    if (!cuda::Device::compiled())
+      fail(Errc::DeviceUnavailable,
+           "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with KVC_CUDA=OFF)");
+    if (c.device_index < 0)
+      fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) + ": must be >= 0");
+    // What the kernels support (cuda/kernels.cu): a token's row in shared
+    // memory, head rows of up to 256 values read 8 at a time (or up to 32
+    // one at a time), no residual arena.
+    if (wants_residual)
+      fail(Errc::Unsupported, "device CUDA: residual windows, hybrid precision and per-channel (KIVI) keys "
+                              "are CPU-only in this version");
+    if (c.k_codec.full_range || c.v_codec.full_range)
+      fail(Errc::Unsupported, "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
+                              "in this version");
+    if (c.k_codec.dtype == DType::INT3 || c.v_codec.dtype == DType::INT3)
+      fail(Errc::Unsupported, "device CUDA: int3 storage (KVC_DTYPE_INT3) is CPU-only in this version");
+    if (c.head_dim > 256 || (c.head_dim % 8 != 0 && c.head_dim > 32))
+      fail(Errc::Unsupported, "device CUDA: head_dim " + u64s(c.head_dim) +
+                                  " is not supported (a multiple of 8 up to 256, or up to 32)");
+    uint64_t groups = 1;
+    for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
+      if (sp->gran == codec::Gran::Token) groups = std::max<uint64_t>(groups, c.num_kv_heads);
+      if (sp->gran == codec::Gran::Group)
+        groups = std::max<uint64_t>(groups, (uint64_t(c.num_kv_heads) * c.head_dim + sp->group - 1) / sp->group);
+    }
+    if (uint64_t(c.num_kv_heads) * c.head_dim + 2 * groups > 12288)
+      fail(Errc::Unsupported, "device CUDA: a token row of " + u64s(uint64_t(c.num_kv_heads) * c.head_dim) +
+                                  " values and " + u64s(groups) +
+                                  " scale group(s) does not fit the kernels' shared memory (row + 2 x groups <= 12288)");
+  }
+  // Bytes of one block (K and V parts, scales and zero points included; each
+  // part and the block start on 16 bytes so every element is aligned).
+  uint64_t stride = 0;
+  for (int kv = 0; kv < 2; ++kv) {
+    const uint64_t part = part_bytes(c, kv);
+    if (part == UINT64_MAX || part > (uint64_t(1) << 60) || __builtin_add_overflow(stride, part, &stride))
+      fail(Errc::Overflow, "block size in bytes overflows 64 bits");
+    stride = align16(stride);
+  }
+  if (c.num_blocks == 0 && c.capacity_bytes == 0)
+    fail(Errc::InvalidArgument, "no capacity: set num_blocks or capacity_bytes");
+  if (c.num_blocks != 0 && c.capacity_bytes != 0)
+    fail(Errc::InvalidArgument, "both num_blocks and capacity_bytes are set: give one");
+  if (c.num_blocks == 0) {
+    c.num_blocks = c.capacity_bytes / stride;
+    if (c.num_blocks == 0)
+      fail(Errc::InvalidArgument, "capacity_bytes " + u64s(c.capacity_bytes) +
+                                      " holds no block of " + u64s(stride) + " bytes");
+    c.num_blocks = std::min(c.num_blocks, kMaxBlocks);
+    c.capacity_bytes = 0;
+  }
+  if (c.num_blocks > kMaxBlocks)
+    fail(Errc::InvalidArgument,
+         "num_blocks " + u64s(c.num_blocks) + ": must be 1.." + u64s(kMaxBlocks));
+  uint64_t total = 0;
+  if (mul_overflows(c.num_blocks, stride, &total) ||
+      total > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+    fail(Errc::Overflow, "num_blocks " + u64s(c.num_blocks) + " x " + u64s(stride) +
+                             " bytes per block overflows the address space");
+  uint64_t res_total = 0;
+  if (wants_residual) {
+    if (c.num_residual_blocks == 0) c.num_residual_blocks = c.num_blocks;
+    if (c.num_residual_blocks > kMaxBlocks)
+      fail(Errc::InvalidArgument, "num_residual_blocks " + u64s(c.num_residual_blocks) +
+                                      ": must be 1.." + u64s(kMaxBlocks));
+    uint64_t rs = 0, rt = 0;
+    if (mul_overflows(static_cast<uint64_t>(c.block_size) * c.num_kv_heads * c.head_dim,
+                      2 * dtype_bytes(c.residual_dtype), &rs) ||
+        mul_overflows(rs, c.num_residual_blocks, &rt) ||
+        rt > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) - total)
+      fail(Errc::Overflow, "residual blocks overflow the address space");
+    res_total = rt;
+  }
+  // Block memory is mapped lazily, but the bookkeeping (about 20 bytes per
+  // block) is written at create: refuse pools this machine can never hold
+  // rather than let the kernel's OOM killer end the process.
+  const uint64_t book = (c.num_blocks + c.num_residual_blocks) * 20;
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) {
+    const uint64_t phys = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+    const uint64_t host = c.device == Device::CPU ? total / 2 + res_total / 2 : 0;  // CUDA blocks: device memory
+    if (host + book / 2 > phys / 2)
+      fail(Errc::OutOfMemory, "the pool needs " + u64s(total + res_total + book) +
+                                  " bytes (blocks and bookkeeping); this machine has " + u64s(phys));
+  }
+}
+
+// The pool's fingerprint: geometry and storage, little-endian fields in a
+// fixed order (docs/prefix-cache.md).
+std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
+  std::vector<uint8_t> b;
+  for (uint32_t v : {c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                     static_cast<uint32_t>(c.k_dtype), static_cast<uint32_t>(c.v_dtype),
+                     static_cast<uint32_t>(c.layout)})
+    put_u32(b, v);
+  for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
+    for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
+                       // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
+                       static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
+                       static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
+      put_u32(b, v);
+    put_f64(b, sp->static_scale);
+  }
+  put_u32(b, c.residual_window);
+  put_u32(b, static_cast<uint32_t>(c.residual_dtype));
+  put_f64(b, c.residual_fraction);
+  // Pre-RoPE keys (absent without: older keys and records still match),
+  // with the RoPE settings their codes depend on.
+  if (c.flags & kFlagPreRopeKeys) {
+    put_u32(b, kFlagPreRopeKeys);
+    put_u32(b, static_cast<uint32_t>(c.rope_style));
+    put_u32(b, c.rope_dims ? c.rope_dims : c.head_dim);
+    put_f64(b, c.rope_theta);
+  }
+  return b;
+}
+
+}  // namespace kvc::core

@@ -1,0 +1,257 @@
+// The block format (core/format.h): part layouts, per-tensor scales, and
+// writing / reading tokens through the codecs.
+#include "core/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/convert.h"
+#include "core/pool_int.h"
+
+namespace kvc::core {
+
+namespace {
+uint64_t align16(uint64_t x) { return (x + 15) & ~uint64_t(15); }
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
+}  // namespace
+
+uint64_t part_bytes(const PoolConfig &c, int kv) {
+  const codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
+  const uint64_t h = c.num_kv_heads, d = c.head_dim, bs = c.block_size;
+  uint64_t row = 0, codes = 0;
+  if (mul_overflows(h, d, &row)) return UINT64_MAX;
+  if (is_float(sp.dtype)) {
+    const uint64_t e = dtype_bytes(kv == 0 ? c.k_dtype : c.v_dtype);
+    if (mul_overflows(row, e, &row) || mul_overflows(row, bs, &codes)) return UINT64_MAX;
+    return codes;
+  }
+  if (mul_overflows(codec::row_bytes(sp.dtype, d), h, &row) || mul_overflows(row, bs, &codes))
+    return UINT64_MAX;
+  const uint64_t sc = scales_per_block(sp, h, d, bs) * codec::scale_bytes(sp) * (sp.asym ? 2 : 1);
+  return codes + sc;
+}
+
+BlockFormat::BlockFormat(const PoolConfig &cfg) : cfg_(cfg) {
+  const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, bs = cfg_.block_size;
+  uint64_t off = 0;
+  for (int kv = 0; kv < 2; ++kv) {
+    PartLayout &pl = part[kv];
+    pl.spec = kv == 0 ? cfg_.k_codec : cfg_.v_codec;
+    pl.quantized = !is_float(pl.spec.dtype);
+    pl.offset = off;
+    if (!pl.quantized) {
+      const uint64_t e = dtype_bytes(pl.spec.dtype);
+      pl.codes_bytes = bs * h * hd * e;
+      pl.token_stride = cfg_.layout == Layout::NHD ? h * hd * e : hd * e;
+      pl.head_stride = cfg_.layout == Layout::NHD ? hd * e : bs * hd * e;
+    } else {
+      const uint64_t rb = codec::row_bytes(pl.spec.dtype, hd);
+      pl.codes_bytes = bs * h * rb;
+      pl.token_stride = h * rb;
+      pl.head_stride = rb;
+      pl.scales_per_token = scales_per_token(pl.spec, h, hd);
+      pl.scale_bytes = codec::scale_bytes(pl.spec);
+      pl.scale_offset = off + pl.codes_bytes;
+      pl.scales_per_block = scales_per_block(pl.spec, h, hd, bs);
+      pl.zero_offset = pl.scale_offset + pl.scales_per_block * pl.scale_bytes;
+      pl.rotation_block = pl.spec.rotation_block;
+      scale[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
+      // A static scale as stored in scale_dtype (as kvc_quantize() rounds it),
+      // so pool and standalone quantizer agree.
+      float fixed_scale = static_cast<float>(pl.spec.static_scale);
+      if (pl.spec.scale_dtype == DType::F16) fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
+      const uint32_t fixed = pl.spec.static_scale > 0.0 ? f32_bits(fixed_scale) : 0u;
+      for (uint32_t l = 0; l < cfg_.num_layers; ++l) scale[kv][l].store(fixed);
+    }
+    pl.bytes = part_bytes(cfg_, kv);
+    off = align16(off + pl.bytes);
+  }
+  stride = off;
+  if (cfg_.flags & kFlagPreRopeKeys)
+    pre_rope = std::make_unique<RopeTable>(cfg_.head_dim, cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim,
+                                           cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
+}
+
+float BlockFormat::tensor_scale(int kv, uint32_t layer) const {
+  return bits_f32(scale[kv][layer].load(std::memory_order_acquire));
+}
+
+void BlockFormat::tensor_scales(uint32_t layer, float out[2]) const {
+  for (int kv = 0; kv < 2; ++kv) out[kv] = part[kv].quantized ? tensor_scale(kv, layer) : 0.0f;
+}
+
+// Dynamic per-tensor scale: fixed by the first write to the layer (as vLLM
+// computes k_scale / v_scale on the first forward pass); later values beyond
+// its range saturate. A full-range codec takes the full-range rule's signed
+// scale (-m / 2^(bits-1), negative when the extreme m is positive), as
+// kvc_quantize() computes it for a per-tensor array.
+void BlockFormat::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
+  if (scale[kv][layer].load(std::memory_order_acquire) != 0) return;
+  const codec::Spec &sp = part[kv].spec;
+  if (sp.full_range) {
+    float lo = 0.0f, hi = 0.0f;
+    for (uint64_t i = 0; i < n; ++i) {
+      lo = std::min(lo, x[i]);
+      hi = std::max(hi, x[i]);
+    }
+    const float scale = codec::dynamic_scale(sp, lo, hi);
+    if (scale == 0.0f) return;  // all zeros: stay uncalibrated
+    uint32_t expected = 0;
+    this->scale[kv][layer].compare_exchange_strong(expected, f32_bits(scale), std::memory_order_acq_rel);
+    return;
+  }
+  float absmax = 0.0f;
+  for (uint64_t i = 0; i < n; ++i) absmax = std::max(absmax, std::fabs(x[i]));
+  calibrate_absmax(kv, layer, absmax);
+}
+
+void BlockFormat::calibrate_absmax(int kv, uint32_t layer, float absmax) {
+  const codec::Spec &sp = part[kv].spec;
+  const float qmax = sym_max(sp.dtype);
+  if (!(absmax > 0.0f)) return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
+  const float scale = codec::round_scale_up(
+      std::max(absmax / qmax, std::numeric_limits<float>::min()), sp.scale_dtype);
+  uint32_t expected = 0;
+  this->scale[kv][layer].compare_exchange_strong(expected, f32_bits(scale),
+                                                   std::memory_order_acq_rel);
+}
+
+// Writes `count` tokens into slots [slot, slot + count) of part kv of block
+// `blk`. Plain storage converts from `src`; quantized storage encodes the
+// f32 rows `src_f32` (already converted, checked finite and rotated).
+void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
+                      const float *src_f32, uint32_t slot, uint64_t count) const {
+  const PartLayout &pl = part[kv];
+  const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
+  uint8_t *base = blk + pl.offset;
+  if (!pl.quantized) {
+    const DType dst = static_cast<DType>(pl.spec.dtype);
+    const uint64_t src_row = h * hd * dtype_bytes(src_type);
+    if (cfg_.layout == Layout::NHD) {
+      convert(src, src_type, base + slot * pl.token_stride, dst, count * h * hd);
+      return;
+    }
+    for (uint64_t t = 0; t < count; ++t)
+      for (uint64_t hh = 0; hh < h; ++hh)
+        convert(src + t * src_row + hh * hd * dtype_bytes(src_type), src_type,
+                base + hh * pl.head_stride + (slot + t) * pl.token_stride, dst, hd);
+    return;
+  }
+  (void)src;
+  codec::Spec sp = pl.spec;
+  const uint64_t row = h * hd;
+  if (sp.gran == codec::Gran::Channel) {  // whole groups of G tokens (aging only)
+    for (uint64_t t = 0; t < count; t += sp.group) {
+      const uint64_t g = (slot + t) / sp.group;
+      codec::encode(sp, src_f32 + t * row, sp.group, row, base + (slot + t) * pl.token_stride,
+                    blk + pl.scale_offset + g * row * pl.scale_bytes,
+                    blk + pl.zero_offset + g * row * pl.scale_bytes);
+    }
+    return;
+  }
+  for (uint64_t t = 0; t < count; ++t) {
+    const float *tmp = src_f32 + t * row;  // converted, checked and rotated by append()
+    uint8_t *codes = base + (slot + t) * pl.token_stride;
+    uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    switch (sp.gran) {
+      case codec::Gran::Token: codec::encode(sp, tmp, h, hd, codes, scales, zeros); break;
+      case codec::Gran::Group: codec::encode(sp, tmp, 1, row, codes, scales, zeros); break;
+      default: {  // per tensor: the layer's scale
+        sp.static_scale = tensor_scale(kv, layer);  // 0 only while every value written was 0
+        sp.scale_dtype = DType::F32;          // per-tensor scales are kept as f32
+        codec::encode(sp, tmp, 1, row, codes, nullptr, nullptr);
+      }
+    }
+  }
+}
+
+// Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of dst.
+void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
+                     uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const {
+  const PartLayout &pl = part[kv];
+  const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, row = h * hd;
+  const uint8_t *base = blk + pl.offset;
+  if (!pl.quantized) {
+    const DType st = static_cast<DType>(pl.spec.dtype);
+    if (cfg_.layout == Layout::NHD) {
+      convert(base + slot * pl.token_stride, st, out, dst, count * row);
+      return;
+    }
+    for (uint64_t t = 0; t < count; ++t)
+      for (uint64_t hh = 0; hh < h; ++hh)
+        convert(base + hh * pl.head_stride + (slot + t) * pl.token_stride, st,
+                out + (t * row + hh * hd) * dtype_bytes(dst), dst, hd);
+    return;
+  }
+  codec::Spec sp = pl.spec;
+  // f32 output: decode straight into it (no staging copy).
+  const bool direct = dst == DType::F32 && reinterpret_cast<uintptr_t>(out) % alignof(float) == 0;
+  float *tmp = direct ? reinterpret_cast<float *>(out) : scratch_f32(row * count);
+  const uint8_t *codes = base + slot * pl.token_stride;  // `count` tokens, contiguous
+  switch (sp.gran) {
+    case codec::Gran::Token: {  // scales [slot][kv_heads], contiguous too
+      const uint64_t sidx = slot * pl.scales_per_token;
+      sp.rotation_block = 0;  // the rotation is undone below, per head
+      codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                        blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp, DType::F32);
+      break;
+    }
+    case codec::Gran::Group: {
+      const uint64_t sidx = slot * pl.scales_per_token;
+      sp.rotation_block = 0;
+      codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                        blk + pl.zero_offset + sidx * pl.scale_bytes, count, row, tmp, DType::F32);
+      break;
+    }
+    case codec::Gran::Channel:
+      for (uint64_t t = 0; t < count; ++t) {
+        const uint64_t sidx = (slot + t) / sp.group * row;
+        codec::decode(sp, codes + t * pl.token_stride, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                      blk + pl.zero_offset + sidx * pl.scale_bytes, 1, row, tmp + t * row);
+      }
+      break;
+    default: {
+      uint8_t one[4];
+      sp.scale_dtype = DType::F32;
+      codec::store_scale(one, DType::F32, tensor_scale(kv, layer));
+      codec::decode(sp, codes, one, nullptr, count, row, tmp);
+    }
+  }
+  if (pl.rotation_block)
+    for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
+  if (kv == 0 && pre_rope)
+    for (uint64_t t = 0; t < count; ++t)
+      pre_rope->rotate(tmp + t * row, cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(idx0 + t)), 1);
+  if (!direct) convert(tmp, DType::F32, out, dst, count * row);
+}
+
+void BlockFormat::zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const {
+  if (!count) return;
+  for_slot_bytes(slot, count, [&](uint64_t off, uint64_t len) { std::memset(blk + off, 0, len); });
+}
+
+void BlockFormat::move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64_t ss, uint64_t run) const {
+  const uint64_t h = cfg_.num_kv_heads, hd = cfg_.head_dim;
+  for (int kv = 0; kv < 2; ++kv) {
+    const PartLayout &pl = part[kv];
+    if (!pl.quantized && cfg_.layout == Layout::HND) {
+      const uint64_t e = dtype_bytes(pl.spec.dtype);
+      for (uint64_t hh = 0; hh < h; ++hh)
+        std::memmove(dst + pl.offset + hh * pl.head_stride + ds * pl.token_stride,
+                     src + pl.offset + hh * pl.head_stride + ss * pl.token_stride, run * hd * e);
+    } else {
+      std::memmove(dst + pl.offset + ds * pl.token_stride, src + pl.offset + ss * pl.token_stride,
+                   run * pl.token_stride);
+    }
+    if (pl.quantized && pl.scales_per_token) {
+      const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
+      std::memmove(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, run * sb);
+      if (pl.spec.asym) std::memmove(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, run * sb);
+    }
+  }
+}
+
+}  // namespace kvc::core

@@ -1,0 +1,90 @@
+// How a pool block stores its tokens: the K part then the V part, each plain
+// (f32 / f16 / bf16, NHD or HND) or in a codec's codes + scales + zero points
+// (docs/codecs.md), plus what writing and reading a token needs beyond the
+// block: the layers' per-tensor scales (calibrated by the first write) and,
+// for pre-RoPE keys, the RoPE table. The CPU codec path of the pool.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "codec/codec.h"
+#include "common/rope.h"
+#include "core/types.h"
+
+namespace kvc::core {
+
+struct LayerTable;
+
+class BlockFormat {
+ public:
+  // Lays the parts out for a validated configuration.
+  explicit BlockFormat(const PoolConfig &cfg);
+
+  PartLayout part[2];     // K (0) and V (1)
+  uint64_t stride = 0;    // bytes of one block (K and V, each part on 16 bytes)
+  // Per-layer per-tensor scales (bits of a float; 0: not calibrated yet),
+  // for quantized parts; null otherwise.
+  std::unique_ptr<std::atomic<uint32_t>[]> scale[2];
+  std::unique_ptr<RopeTable> pre_rope;  // KVC_POOL_PRE_ROPE_KEYS only
+
+  bool quantized(int kv) const { return part[kv].quantized; }
+  bool per_tensor(int kv) const { return part[kv].quantized && part[kv].spec.gran == codec::Gran::Tensor; }
+  // Parts with per-tensor scales (0, 1 or 2).
+  uint32_t scale_parts() const { return (scale[0] ? 1u : 0u) + (scale[1] ? 1u : 0u); }
+  // The per-tensor scale of a layer (dynamic: calibrated by the first write).
+  float tensor_scale(int kv, uint32_t layer) const;
+  // The per-tensor scales of a layer for the CUDA kernels (0 for other parts).
+  void tensor_scales(uint32_t layer, float out[2]) const;
+  // Dynamic per-tensor scale: fixed by the first write to the layer (as vLLM
+  // computes k_scale / v_scale on the first forward pass).
+  void calibrate(int kv, uint32_t layer, const float *x, uint64_t n);
+  void calibrate_absmax(int kv, uint32_t layer, float absmax);
+
+  // Writes `count` tokens into slots [slot, slot + count) of part kv of block
+  // `blk`. Plain storage converts from `src`; quantized storage encodes the
+  // f32 rows `src_f32` (already converted, checked finite and rotated).
+  void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type, const float *src_f32,
+                  uint32_t slot, uint64_t count) const;
+  // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of
+  // dst; `l` and `idx0` (the layer's index of the first) give the RoPE
+  // positions that pre-RoPE keys are rotated back to.
+  void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *out,
+                 DType dst, const LayerTable &l, uint64_t idx0) const;
+  // Byte ranges (offset in a block, length) that hold token slots [slot,
+  // slot + count): codes, per-token scales and zero points of K and V.
+  template <typename F>
+  void for_slot_bytes(uint32_t slot, uint64_t count, F &&f) const;
+  // Zeroes slots [slot, slot + count) of a copy of a block in host memory.
+  void zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const;
+  // Moves a run of tokens of both parts from slot ss of block src to slot ds
+  // of block dst (codes, scales and zero points as bytes: bit-exact; the
+  // ranges may overlap inside one block).
+  void move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64_t ss, uint64_t run) const;
+
+ private:
+  PoolConfig cfg_;
+};
+
+// Bytes of part kv (0 = K, 1 = V) of one block; UINT64_MAX on overflow.
+uint64_t part_bytes(const PoolConfig &c, int kv);
+
+template <typename F>
+void BlockFormat::for_slot_bytes(uint32_t slot, uint64_t count, F &&f) const {
+  for (int kv = 0; kv < 2; ++kv) {
+    const PartLayout &pl = part[kv];
+    if (!pl.quantized && cfg_.layout == Layout::HND) {
+      for (uint64_t hh = 0; hh < cfg_.num_kv_heads; ++hh)
+        f(pl.offset + hh * pl.head_stride + slot * pl.token_stride, count * pl.token_stride);
+    } else {
+      f(pl.offset + slot * pl.token_stride, count * pl.token_stride);
+    }
+    if (pl.quantized && pl.scales_per_token) {
+      const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
+      f(pl.scale_offset + slot * sb, count * sb);
+      if (pl.spec.asym) f(pl.zero_offset + slot * sb, count * sb);
+    }
+  }
+}
+
+}  // namespace kvc::core

@@ -1,0 +1,225 @@
+// The pool's internals (as SQLite keeps X.h and XInt.h): a sequence's
+// per-layer tables, the shared state of one pool and the helpers core's units
+// share. Only src/core includes it; callers use core/pool.h.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/rwlock.h"
+#include "core/block_allocator.h"
+#include "core/format.h"
+#include "core/seq_map.h"
+#include "core/staging.h"
+#include "core/store.h"
+#include "core/types.h"
+#include "core/written.h"
+#include "policy/policy.h"
+
+namespace kvc::core {
+
+using policy::LayerView;
+using policy::layer_target;
+using policy::PolicyKind;
+using policy::PolicySpec;
+using policy::select_keep;
+
+// One layer of a sequence. Tokens are held in block-table order; the tokens
+// with index >= tail_index have the contiguous positions tail_pos, tail_pos+1,
+// ...; the positions of the first tail_index tokens (survivors of an
+// eviction) are listed in `positions`.
+struct LayerTable {
+  std::vector<int32_t> blocks;      // main arena: tokens [0, n_lp)
+  std::vector<int32_t> res_blocks;  // residual arena: tokens [n_lp, n_tokens)
+  uint64_t n_tokens = 0;
+  uint64_t n_lp = 0;     // tokens in codec format (== n_tokens without a residual)
+  uint32_t res_off = 0;  // slot of token n_lp in res_blocks[0]
+  // Residual pools: the layer's token count when the last reserve began.
+  // Tokens below it are taken as written (the reserve contract); tokens of
+  // that reserve only once one append covered them all, so an append does not
+  // age (encode) reserved positions an out-of-order write has not reached.
+  uint64_t reserved_at = 0;
+  uint64_t tail_pos = 0;
+  uint64_t tail_index = 0;
+  std::vector<int32_t> positions;
+  // Observed attention mass per token and KV head ([n_tokens][kv_heads]),
+  // kept only while the sequence tracks scores.
+  std::vector<float> scores;
+  // Residual block with this layer's attention-sink copies (tokens
+  // [0, residual_sinks) at slots (layer % per block) x residual_sinks + i);
+  // -1 without. One of its sequence's sink_blocks.
+  int32_t sink_block = -1;
+  // Keys were re-rotated to their in-cache index (StreamingLLM positions):
+  // the RoPE position of token i is i, not its text position.
+  bool rope_by_index = false;
+
+  int64_t position_of(uint64_t index) const {
+    return index >= tail_index ? static_cast<int64_t>(tail_pos + (index - tail_index))
+                               : positions[index];
+  }
+  int64_t rope_position_of(uint64_t index) const {
+    return rope_by_index ? static_cast<int64_t>(index) : position_of(index);
+  }
+};
+
+struct Sequence {
+  uint64_t length = 0;  // next position to write
+  // New when the sequence is made (SeqMap::insert) and when it is truncated:
+  // with its lengths, it tells whether a sequence is still as an append that
+  // let go of the lock left it (lengths only grow between stamps).
+  uint64_t stamp = 0;
+  std::vector<LayerTable> layers;
+  // Residual blocks with the high-precision copies of every layer's first
+  // residual_sinks tokens (Pool::sink_at): taken with the first reserve,
+  // private to the sequence (a fork copies them), freed with it.
+  std::vector<int32_t> sink_blocks;
+  bool track_scores = false;  // layers keep `scores`
+  // Appends hold it shared while they write the sequence's bytes (under the
+  // pool's shared lock); kvc_seq_save holds it exclusively, so a record is
+  // the sequence at one instant. A copy (fork) gets a fresh lock.
+  struct WriteLock {
+    mutable RwLock mu;
+    WriteLock() = default;
+    WriteLock(const WriteLock &) {}
+    WriteLock &operator=(const WriteLock &) { return *this; }
+  } writers;
+  std::shared_ptr<const PolicySpec> policy;  // null: the pool's default
+};
+
+// The prefix cache's hooks on the life of a block (core/prefix_cache.h;
+// exclusive pool lock held).
+class BlockEvents {
+ public:
+  virtual ~BlockEvents() = default;
+  virtual bool registered(int32_t b) const = 0;
+  // Block b is about to be written in place: its entry leaves the index.
+  virtual void before_write(int32_t b) = 0;
+  // A cached block b was taken for reuse.
+  virtual void reclaimed(int32_t b) = 0;
+  // Registered block b became cached (reference count 0).
+  virtual void cached(int32_t b) = 0;
+};
+
+// The block size as a divisor: a shift and a mask when it is a power of two
+// (the usual case), so the hot paths (reserve, truncate, append) pay no
+// 64-bit division, which costs tens of cycles.
+struct BlockDiv {
+  uint64_t v;
+  uint32_t shift;  // 64: not a power of two
+  operator uint64_t() const { return v; }
+};
+inline BlockDiv block_div(uint64_t v) {
+  const bool pow2 = (v & (v - 1)) == 0;
+  return {v, pow2 ? static_cast<uint32_t>(__builtin_ctzll(v)) : 64u};
+}
+inline uint64_t operator/(uint64_t x, BlockDiv d) { return d.shift < 64 ? x >> d.shift : x / d.v; }
+inline uint64_t operator%(uint64_t x, BlockDiv d) { return d.shift < 64 ? x & (d.v - 1) : x % d.v; }
+
+inline std::string u64s(uint64_t v) { return std::to_string(v); }
+
+// Largest token count and block id (block tables hold int32).
+constexpr uint64_t kMaxLength = 0x7fffffffu;
+
+// Per-thread f32 scratch buffers of at least n values (blocks.cpp).
+float *scratch_f32(uint64_t n);
+float *scratch_input(uint64_t n);
+
+// One pool's state: the configuration, the block format, the store of the
+// block bytes, the main arena's allocator and written-slot bits, the residual
+// staging, the sequences and the lock. Pool (core/pool.h) is its public face;
+// the prefix cache and the offload tiers reach it through their own classes.
+struct PoolCore {
+  explicit PoolCore(const PoolConfig &validated);
+  ~PoolCore();
+  PoolCore(const PoolCore &) = delete;
+  PoolCore &operator=(const PoolCore &) = delete;
+
+  PoolConfig cfg_;
+  BlockFormat fmt_;
+  uint64_t block_stride_ = 0, arena_bytes_ = 0;
+  BlockAllocator alloc_;
+  SlotBits written_;  // slots an append wrote (main arena)
+  Staging stage_;
+  std::unique_ptr<BlockStore> store_;
+  uint8_t *arena_ = nullptr;  // store_->arena()
+  SeqMap<Sequence> seqs_;
+  uint64_t peak_bytes_ = 0;
+  uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
+  std::shared_ptr<const PolicySpec> default_policy_;
+  BlockEvents *events_ = nullptr;  // the prefix cache, once enabled
+  mutable RwLock mu_;
+  mutable std::mutex scores_mu_;  // recorded attention scores (written under the shared lock)
+
+  // ---- sequences ----
+  Sequence &find(uint64_t id);
+  const Sequence &find(uint64_t id) const;
+  void check_layer(uint32_t layer) const;
+
+  // ---- blocks (exclusive lock held) ----
+  uint8_t *block_ptr(int32_t b) const { return arena_ + static_cast<uint64_t>(b) * block_stride_; }
+  int32_t take_block();           // allocate (caller checked availability)
+  void release_block(int32_t b);  // reference - 1, zero on free
+  int32_t cow_copy(int32_t b);    // fresh private copy of block b; releases b
+  void copy_block(int32_t dst, int32_t src);
+  void zero_block(int32_t b);
+  uint64_t bytes_in_use() const;
+  void note_usage();
+  // Prefix-index hooks (no-ops without a prefix cache).
+  bool registered(int32_t b) const { return events_ && events_->registered(b); }
+  void prefix_drop_block(int32_t b) {
+    if (events_) events_->before_write(b);
+  }
+
+  // ---- written slots (core/written.h) ----
+  // Calls f(residual, block, slot, run, done) for the runs of tokens
+  // [idx0, idx0 + n) of a layer, one block at a time (done: tokens before the run).
+  template <typename F>
+  void for_runs(const LayerTable &l, uint64_t idx0, uint64_t n, F &&f) const;
+  void mark_written(const LayerTable &l, uint64_t idx0, uint64_t n, bool written);
+  // The first of tokens [idx0, idx0 + n) of a layer no append wrote, or UINT64_MAX.
+  uint64_t first_unwritten(const LayerTable &l, uint64_t idx0, uint64_t n) const;
+  // Zeroes the output rows (row_bytes each, K and / or V) of the tokens of a
+  // run [slot, slot + run) of block b that no append wrote.
+  void zero_unwritten_rows(bool residual, int32_t b, uint32_t slot, uint64_t run, uint8_t *k_out,
+                           uint8_t *v_out, uint64_t row_bytes) const;
+
+  // ---- eviction (evict.cpp; exclusive lock held) ----
+  void enable_scores(Sequence &s);  // may throw bad_alloc (nothing changed)
+  const PolicySpec *policy_of(const Sequence &s) const;
+  void check_policy_fits(const PolicySpec *p) const;
+  // Plans and applies an eviction of every layer of `s`: all checks first,
+  // then changes that cannot fail.
+  void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped);
+  // The apply half of an eviction: keep[li] (the survivors of layer li, for
+  // the layers whose first_write is set), copy-on-write first. Throws only
+  // before the first change (PoolExhausted when cow_needed blocks are missing).
+  void apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
+                         const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
+                         uint64_t cow_needed, uint64_t *dropped);
+};
+
+template <typename F>
+void PoolCore::for_runs(const LayerTable &l, uint64_t idx0, uint64_t n, F &&f) const {
+  const BlockDiv bs = block_div(cfg_.block_size);
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t idx = idx0 + done;
+    uint64_t run;
+    if (idx < l.n_lp) {
+      const uint32_t slot = static_cast<uint32_t>(idx % bs);
+      run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
+      f(false, l.blocks[idx / bs], slot, run, done);
+    } else {
+      const uint64_t r = l.res_off + (idx - l.n_lp);
+      const uint32_t slot = static_cast<uint32_t>(r % bs);
+      run = std::min<uint64_t>(n - done, bs - slot);
+      f(true, l.res_blocks[r / bs], slot, run, done);
+    }
+    done += run;
+  }
+}
+
+}  // namespace kvc::core

@@ -1,0 +1,160 @@
+// The pool's vocabulary as core's callers see it: configuration, statistics,
+// layout, attention parameters, prefix-cache and tier results. Values of the
+// enums equal the public ones (checked in src/api).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "codec/codec.h"
+#include "common/dtype.h"
+#include "prefix/prefix.h"
+
+namespace kvc::core {
+
+// Names core takes from the policy and prefix modules.
+using prefix::ExtraKeys;
+using prefix::PrefixEntry;
+using prefix::PrefixExtra;
+using prefix::PrefixHash;
+using prefix::PrefixHasher;
+using prefix::PrefixState;
+
+enum class Layout : int32_t { NHD = 0, HND = 1 };
+enum class Device : int32_t { CPU = 0, CUDA = 1 };
+// Values equal the public kvc_rope_style values.
+enum class RopeStyle : int32_t { None = 0, Interleaved = 1, Neox = 2 };
+
+constexpr uint32_t kFlagZeroOnFree = 0x1u;
+constexpr uint32_t kFlagPreRopeKeys = 0x2u;
+
+struct PoolConfig {
+  uint32_t num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  uint32_t block_size = 16;
+  uint32_t flags = 0;
+  uint64_t num_blocks = 0;
+  uint64_t capacity_bytes = 0;
+  DType k_dtype = DType::F16, v_dtype = DType::F16;
+  // Quantized storage (codecs): when k_codec.dtype is not a float dtype it
+  // overrides k_dtype (likewise for V). A float codec with no scales means
+  // plain k_dtype storage.
+  codec::Spec k_codec, v_codec;
+  // Residual window (KIVI) and hybrid precision: the newest
+  // max(residual_window, floor(residual_fraction * length)) tokens of each
+  // layer stay in residual_dtype blocks of a second arena and are encoded
+  // with the codecs as they age. Per-channel codecs always stage tokens
+  // until a group of G is complete.
+  uint32_t residual_window = 0;
+  double residual_fraction = 0.0;
+  DType residual_dtype = DType::F16;
+  uint64_t num_residual_blocks = 0;  // 0: as many as num_blocks
+  // Attention sinks: the first residual_sinks tokens of each layer keep a
+  // residual_dtype copy once encoded (sink blocks of the residual arena).
+  uint32_t residual_sinks = 0;
+  Layout layout = Layout::NHD;
+  Device device = Device::CPU;
+  int32_t device_index = 0;
+  // Rotary embedding the engine applied to the keys (needed to re-rotate
+  // keys whose positions shift; None: positions never shift).
+  RopeStyle rope_style = RopeStyle::None;
+  uint32_t rope_dims = 0;  // rotated dimensions per head (0: head_dim)
+  double rope_theta = 10000.0;
+};
+
+// Prefix cache (prefix_pool.cpp).
+struct PrefixConfig {
+  PrefixHash hash = PrefixHash::Sha256;
+  bool verify_tokens = true;
+  bool seed_set = false;
+  uint8_t seed[32] = {};
+  std::string model_id, tokenizer_id;
+  std::vector<std::string> extra_key_names;  // declared names (empty: positional extra keys)
+};
+struct PrefixResult {
+  uint64_t hit_tokens = 0, hit_blocks = 0, partial_tokens = 0;
+  uint64_t tier_tokens = 0;  // whole-block tokens after hit_tokens the offload tiers hold
+  uint64_t pin = 0;          // pin handle (lookup with pin), 0: none
+};
+// Offload tiers (tier_pool.cpp, docs/tiers.md).
+struct TierCounts {
+  int32_t kind = 0;  // kvc_tier_kind
+  uint64_t bytes = 0, entries = 0, hits = 0, misses = 0, demotions = 0, promotions = 0, drops = 0,
+           evictions = 0, errors = 0, pinned = 0;
+  std::string last_error;
+};
+// Outcome of polling an asynchronous load.
+enum class LoadState : int32_t { Pending = 0, Done = 1, TimedOut = 2 };
+struct PrefixCounts {
+  uint64_t queried_tokens, hit_tokens, partial_tokens, registered, reclaimable, referenced, inserted, removed,
+      reclaimed;
+};
+// kind 0: stored, 1: removed.
+using PrefixEventFn = void (*)(void *user, int kind, const uint8_t *key, const uint8_t *parent, uint32_t key_size,
+                               uint64_t depth);
+// Attention over the pool's blocks (attention.cpp).
+struct AttnParams {
+  uint32_t num_q_heads = 0;
+  float scale = 0.0f;  // 0: 1 / sqrt(head_dim)
+  DType q_dtype = DType::F32, out_dtype = DType::F32;
+  uint32_t observe = 0;       // 0: none, 1: accumulate attention mass (H2O), 2: replace (TOVA)
+  uint64_t observe_from = 0;  // prefill: first query row whose attention is observed
+  uint32_t num_threads = 1;   // decode without observation: threads for this call
+};
+
+// The pool's geometry and storage as bytes (docs/prefix-cache.md): equal
+// fingerprints mean equal block layouts and codecs (prefix_pool.cpp).
+std::vector<uint8_t> pool_fingerprint(const PoolConfig &c);
+
+// Scale entries per token slot in a block for a codec (per-token: one per
+// KV head; per-group: one per group of the [num_kv_heads * head_dim] row).
+uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim);
+uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
+                          uint64_t block_size);
+struct PoolStats {
+  uint64_t blocks_total, blocks_free, blocks_cached, blocks_used, blocks_shared;
+  uint64_t bytes_per_block, bytes_per_token, bytes_total, bytes_in_use, peak_bytes_in_use;
+  uint64_t num_sequences;
+  uint64_t residual_blocks_total, residual_blocks_used, residual_bytes_per_block;
+  uint64_t tokens_stored;  // tokens held, summed over sequences and layers
+};
+
+// Where K (part 0) or V (part 1) sits inside a block.
+struct PartLayout {
+  codec::Spec spec;            // dtype, granularity, ... (float dtypes: gran None)
+  bool quantized = false;      // fp8 / int storage with scales
+  uint64_t offset = 0;         // codes (or plain values) from the block start
+  uint64_t token_stride = 0;   // bytes between token slots of the codes
+  uint64_t head_stride = 0;    // bytes between KV heads of the codes
+  uint64_t codes_bytes = 0;    // codes per block
+  uint64_t scale_offset = 0;   // scales from the block start
+  uint64_t zero_offset = 0;    // zero points from the block start (asymmetric)
+  uint64_t scales_per_token = 0;  // scale entries per token slot (per token / group)
+  uint64_t scales_per_block = 0;  // scale entries per block (all granularities)
+  uint64_t scale_bytes = 0;    // bytes of one scale entry (4 f32, 2 f16)
+  uint64_t bytes = 0;          // the part's bytes per block, scales and zeros included
+  uint32_t rotation_block = 0; // Hadamard block inside each head (0: none)
+};
+
+struct PoolLayout {
+  uint8_t *base;
+  uint64_t num_blocks, block_stride;
+  PartLayout part[2];
+  uint8_t *residual_base;  // residual blocks: [block_size][kv_heads][head_dim] K then V
+  uint64_t residual_num_blocks, residual_block_stride;
+};
+
+// Receives a sequence record (Pool::seq_save).
+struct RecordSink {
+  virtual ~RecordSink() = default;
+  virtual bool begin(uint64_t total) = 0;
+  virtual void write(const uint8_t *p, uint64_t n) = 0;
+  virtual void finish(uint64_t checksum) = 0;
+};
+
+// Checks and completes a configuration (num_blocks from capacity_bytes,
+// plain codecs folded into k_dtype / v_dtype, ...); throws Error describing
+// the first problem (core/config.cpp).
+void validate_config(PoolConfig &cfg);
+
+}  // namespace kvc::core
