@@ -24,8 +24,8 @@ struct EvalWindow {
 
 /// The model, the tokenizer and the text of an eval run, cut into windows.
 struct EvalInput {
-  kvc_runner::Model model;
-  kvc_runner::Tokenizer tokenizer;
+  kvc_runner::Model model;          ///< the checkpoint or GGUF file, loaded and checked
+  kvc_runner::Tokenizer tokenizer;  ///< its tokenizer, as many pieces as the model's vocabulary
   std::vector<int> tokens;           ///< the whole text, without BOS
   std::vector<EvalWindow> windows;   ///< in text order, each of at most ctx - 1 scored tokens
   int ctx = 0;                       ///< positions per window, context token included

@@ -24,8 +24,9 @@ namespace kvc_cli::recommend {
 constexpr std::uint64_t kBlockTableEntryBytes = 4;
 /// Largest byte count handled (sizes are signed in differences).
 constexpr std::uint64_t kMaxBytes = std::uint64_t(1) << 63;
-/// The largest --seq-len and --batch accepted; headroom is not searched beyond them.
+/// The largest --seq-len accepted; headroom is not searched beyond it.
 constexpr std::uint64_t kMaxSeqLen = std::uint64_t(1) << 40;
+/// The largest --batch accepted; headroom is not searched beyond it.
 constexpr std::uint64_t kMaxBatch = std::uint64_t(1) << 30;
 
 /// `v` printed with a printf `format` that takes one double.
@@ -47,10 +48,11 @@ inline std::string u(std::uint64_t v) { return std::to_string(v); }
 
 /// One result row of an `eval --json` report: the fields recommend reads.
 struct EvalRow {
-  std::string strategy;
-  bool reference = false;
-  double bits_per_element = 0;
-  double ppl_delta_pct = 0;
+  std::string strategy;         ///< its spec, as eval printed it
+  bool reference = false;       ///< the dense row every ppl_delta_pct is measured against
+  double bits_per_element = 0;  ///< on the eval's model
+  double ppl_delta_pct = 0;     ///< perplexity change against the reference, percent
+  /// Optional fields: the share of positions held (eviction), and the quality figures printed beside.
   std::optional<double> kept_fraction, ppl, kl_mean, top1_agreement;
 };
 
@@ -58,22 +60,22 @@ struct EvalRow {
 struct Measurements {
   std::string source;  ///< "file" or "eval"
   std::string path;    ///< the file (source "file")
-  std::string model;
-  std::optional<std::int64_t> ctx, tokens_scored;
-  std::optional<std::int64_t> num_layers, num_kv_heads, head_dim;
-  std::vector<EvalRow> rows;
+  std::string model;   ///< the eval's model ("" when the report names none)
+  std::optional<std::int64_t> ctx, tokens_scored;                   ///< the eval's windows and tokens
+  std::optional<std::int64_t> num_layers, num_kv_heads, head_dim;  ///< the eval model's geometry
+  std::vector<EvalRow> rows;  ///< exactly one of them the reference
 };
 
 /// The shared prompt prefix, from the flags or an `eval --prefix --json` file.
 struct PrefixInput {
-  bool given = false;
+  bool given = false;  ///< assessed at all (a flag or a file given)
   std::string source;  ///< "flags" or "file"
-  std::string path;
+  std::string path;    ///< the file (source "file")
   std::uint64_t prefix_tokens = 0;  ///< L
   std::uint64_t prompt_tokens = 0;  ///< P
   bool prompt_assumed = false;      ///< P taken as the whole seq_len
   double share = 0;                 ///< L / P
-  std::uint64_t block_size = 16;
+  std::uint64_t block_size = 16;    ///< the pool's block size assessed
   // Measured by `eval --prefix` (source "file").
   std::uint64_t m_block_size = 0, m_requests = 0, m_without = 0, m_with = 0;
   std::optional<double> m_hit_rate, m_ttft_without, m_ttft_with, m_speedup;
@@ -98,21 +100,21 @@ Measurements measure(const RecommendOptions &o);
 
 /// The target: a geometry, a length, a batch, a memory budget and a quality floor.
 struct Target {
-  Geometry geometry;
+  Geometry geometry;  ///< a preset or explicit dimensions
   std::uint64_t elements_per_token = 0;  ///< 2 (K, V) x layers x KV heads x head_dim
-  std::uint64_t seq_len = 0, batch = 0, memory = 0;
-  double max_ppl_increase = 0;
+  std::uint64_t seq_len = 0, batch = 0, memory = 0;  ///< tokens, sequences, bytes
+  double max_ppl_increase = 0;                        ///< the quality floor, percent
 };
 
 /// One measured strategy scaled to the target.
 struct Row {
-  EvalRow m;
-  bool evicts = false;
+  EvalRow m;            ///< as measured
+  bool evicts = false;  ///< it holds fewer tokens than it was fed
   double kept = 1.0;               ///< the share held at seq_len
   std::uint64_t cap_tokens = 0;    ///< a fixed cap (tokens=N in its spec): min(N, length) held, whatever the length
   std::string kept_source;  ///< "measured", "spec", "no eviction"
   bool prefix_ok = true;    ///< the pool can share its blocks through the prefix cache
-  std::string prefix_refusal;
+  std::string prefix_refusal;  ///< why it cannot (prefix_ok false)
   std::uint32_t channel_group = 0;  ///< keys per channel over G tokens: blocks hold a multiple of G
   std::uint64_t bytes_per_token = 0;  ///< bytes_per_seq / tokens_held, rounded up
   std::uint64_t tokens_held = 0;  ///< per sequence of seq_len tokens
@@ -122,11 +124,11 @@ struct Row {
   /// (a spec this build cannot read, or a pool the library refuses) the
   /// measured bits per element carry over: carried_bytes_per_token per token held.
   std::optional<SeqBytes> layout;
-  std::string layout_refusal;
+  std::string layout_refusal;  ///< why there is no layout
   std::uint64_t carried_bytes_per_token = 0;
-  double budget_share = 0;
-  bool meets = false, fits = false;
-  std::uint64_t largest_batch = 0, largest_seq_len = 0;
+  double budget_share = 0;                               ///< bytes_total / the memory budget
+  bool meets = false, fits = false;                      ///< the quality floor; the memory budget
+  std::uint64_t largest_batch = 0, largest_seq_len = 0;  ///< the headroom: at seq_len; at the batch
   bool batch_unbounded = false;    ///< even batch kMaxBatch fits (largest_batch is clamped to it)
   bool seq_len_unbounded = false;  ///< even seq-len kMaxSeqLen fits (largest_seq_len is clamped to it)
 
@@ -170,27 +172,28 @@ struct Choice {
 /// A block size compared with the current one for prefix sharing.
 struct BlockOption {
   std::uint64_t block_size = 0;
-  bool valid = true;
-  std::string invalid_reason;
-  std::uint64_t reusable = 0, lost = 0;
-  std::uint64_t table_bytes_per_seq = 0;
+  bool valid = true;           ///< the codec can use blocks of this size
+  std::string invalid_reason;  ///< why not (valid false)
+  std::uint64_t reusable = 0, lost = 0;   ///< prefix tokens per request taken from the cache; recomputed
+  std::uint64_t table_bytes_per_seq = 0;  ///< block-table bytes of one sequence of seq_len tokens
   std::int64_t extra_saved = 0, extra_table = 0, net = 0;  ///< against the current block size, whole batch
 };
 
 /// Whether and how much prefix caching pays at the target, and the block-size advice.
 struct PrefixAnalysis {
   const Row *subject = nullptr;  ///< the row assessed (nullptr: no prefix-capable row)
-  std::string subject_note;
-  std::uint64_t reusable = 0, lost = 0, memory_saved = 0, total_with_sharing = 0;
+  std::string subject_note;      ///< why the subject is not the pick ("" when it is)
+  std::uint64_t reusable = 0, lost = 0;  ///< prefix tokens per request taken from the cache; recomputed
+  std::uint64_t memory_saved = 0, total_with_sharing = 0;  ///< across the batch
   bool memory_shared = false;  ///< sharing saves memory (batch > 1, no eviction)
   std::string no_memory_reason;
-  double compute_per_request = 0, compute_batch = 0;
-  bool pays = false;
-  std::string verdict;
+  double compute_per_request = 0, compute_batch = 0;  ///< share of the prefill not recomputed
+  bool pays = false;    ///< a request reuses at least one whole block
+  std::string verdict;  ///< the sentence the report prints
   const Row *best_with_sharing = nullptr;  ///< least memory with the prefix shared, among rows meeting the floor
-  std::vector<BlockOption> options;
+  std::vector<BlockOption> options;  ///< block sizes B, B/2, B/4 (the whole numbers)
   std::uint64_t recommended_block_size = 0;
-  std::string block_verdict;
+  std::string block_verdict;  ///< the block-size advice the report prints
 };
 
 /// Least memory first; then the smaller quality loss, then the smaller bytes per token.
