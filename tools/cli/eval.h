@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // `kvcache eval`: teacher-forced quality of KV-cache strategies against the dense f32 cache.
+// By role: loading the model, tokenizer, text and windows (eval_load.h/.cpp),
+// running the strategies (eval_run.cpp), reporting (eval_report.cpp) and
+// plotting (eval_plot.cpp); the options are registered in cmd_eval.cpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -84,19 +88,28 @@ struct EvalReport {
   double pool_f32_ms_per_token = 0;
 };
 
+/// Scores every strategy of `options` against the dense f32 cache over the
+/// windows of the text (loading: eval_load.cpp; the runs: eval_run.cpp).
+/// Throws kvc_runner::RunnerError for a bad file or option.
 EvalReport run_eval(const EvalOptions &options);
+/// The strategy table, its legend, and with more than one segment per window
+/// the perplexity per segment (eval_report.cpp).
 void print_eval_table(const EvalReport &report, std::FILE *out);
-/// `peer`: empty, or a peer report (read_peer_report) added under "peer".
+/// The report as one JSON object (the keys docs/eval.md lists). `peer`: empty,
+/// or a peer report (read_peer_report) added under "peer".
 std::string eval_json(const EvalReport &report, const std::string &peer = "");
 /// Reads and checks a bench/peers/llamacpp_kv.py --json report; returns its text.
 std::string read_peer_report(const std::string &path);
 /// Our rows and the peer's, side by side: bits per element, bytes per token,
 /// perplexity change and KL against each side's own 16-bit reference.
 void print_peer_table(const EvalReport &report, const std::string &peer, std::FILE *out);
+/// Checks that --plot can be written before the run: a .png or .svg name in a
+/// writable folder, and gnuplot on PATH (eval_plot.cpp); throws
+/// kvc_runner::RunnerError naming what is wrong.
+void check_plot_target(const std::string &path);
 /// With gnuplot, PNG or SVG by extension: perplexity change (%) against
 /// effective bits per element, one labelled point per strategy; with more than
 /// one segment per window, perplexity per segment instead (one line per strategy).
-void check_plot_target(const std::string &path);
 void write_plot(const EvalReport &report, const std::string &path);
 
 }  // namespace kvc_cli

@@ -3,6 +3,9 @@
 // meets a quality floor, from measured eval results, scaled to a target model
 // geometry, sequence length and batch; says whether a memory budget holds and
 // when prefix caching (and a smaller block size) pays. docs/recommend.md.
+// By role (recommend_int.h): loading the measurements and prefix reports
+// (recommend_load.cpp), sizing and choosing (recommend_size.cpp), reporting
+// (recommend_report.cpp); the options are registered in cmd_recommend.cpp.
 #pragma once
 
 #include <cstdint>
