@@ -118,7 +118,7 @@ extern "C" {
 #define KVC_VERSION_NUMBER \
   (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 4
+#define KVC_API_VERSION 5
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -931,6 +931,37 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
  * @since 0.1
  */
 KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
+
+/**
+ * @brief Size one sequence without a pool: the bytes a sequence of n_tokens
+ * tokens holds in a pool of `config`, and the most it holds on its way there,
+ * as kvc_pool_stats().bytes_in_use would count them for that sequence alone.
+ *
+ * The sequence grows one token at a time (kvc_seq_reserve() of one token,
+ * then kvc_append() of it to every layer) and is never evicted. Per layer it
+ * holds the codec blocks of its encoded tokens and the residual blocks of
+ * the tokens still staged (a residual window, a hybrid share, a per-channel
+ * group waiting to be complete: they move to codec blocks as they age, so
+ * the bytes can fall as the sequence grows, and `peak_bytes` is the most),
+ * plus its attention-sink blocks. The numbers come from the pool's own block
+ * format and staging rules (the sizing of `kvcache recommend`).
+ * @param config a configuration kvc_pool_create() would accept (not NULL);
+ *        num_blocks, capacity_bytes and num_residual_blocks are ignored.
+ * @param n_tokens the sequence's length in tokens (0 gives 0 bytes).
+ * @param bytes receives the bytes held at n_tokens (may be NULL); sizes
+ *        beyond 2^64 - 1 read as UINT64_MAX.
+ * @param peak_bytes receives the most bytes held at any length up to
+ *        n_tokens (may be NULL).
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (config), ::KVC_ERR_STRUCT_SIZE,
+ *         and what kvc_pool_create() returns for a configuration it refuses
+ *         (::KVC_ERR_INVALID_ARGUMENT, ::KVC_ERR_UNSUPPORTED,
+ *         ::KVC_ERR_INVALID_SCALE, ::KVC_ERR_OVERFLOW,
+ *         ::KVC_ERR_DEVICE_UNAVAILABLE for a CUDA configuration in a build
+ *         without CUDA).
+ * @since 0.4 (table version 5)
+ */
+KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens, uint64_t *bytes,
+                                      uint64_t *peak_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Device streams and block copies                                          */
@@ -2851,6 +2882,9 @@ typedef struct kvc_api {
   kvc_status (*tier_stats_init_sized)(kvc_tier_stats *, size_t); /**< kvc_tier_stats_init_sized() */
   /** kvc_seq_keep() */
   kvc_status (*seq_keep)(kvc_pool *, uint64_t, uint32_t, const uint64_t *, uint64_t, uint64_t *);
+  /* --- version 5 (0.4) --- */
+  /** kvc_pool_seq_bytes() */
+  kvc_status (*pool_seq_bytes)(const kvc_pool_config *, uint64_t, uint64_t *, uint64_t *);
 } kvc_api;
 
 /**

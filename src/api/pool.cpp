@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "api/api_int.h"
+#include "core/sizing.h"
 
 using namespace kvc::api;
 
@@ -107,6 +108,19 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
 }
 
 KVC_API void kvc_pool_destroy(kvc_pool *pool) { delete pool; }
+
+KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens, uint64_t *bytes,
+                                      uint64_t *peak_bytes) {
+  return guard([&] {
+    need(config, "config");
+    kvc_pool_config c;
+    defaults(&c);
+    kvc::api::read_input_struct(config, kPoolConfigMin, "kvc_pool_config", &c);
+    const kvc::core::SeqSize s = kvc::core::seq_bytes(to_core(c), n_tokens);
+    if (bytes) *bytes = s.bytes;
+    if (peak_bytes) *peak_bytes = s.peak;
+  });
+}
 
 KVC_API kvc_status(kvc_stats_init)(kvc_stats *stats) {
   return kvc_stats_init_sized(stats, kvc::api::size_0_3<kvc_stats>);

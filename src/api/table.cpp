@@ -96,6 +96,8 @@ static const kvc_api g_api = {
     kvc_tier_config_init_sized,
     kvc_tier_stats_init_sized,
     kvc_seq_keep,
+    // version 5 (0.4)
+    kvc_pool_seq_bytes,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

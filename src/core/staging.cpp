@@ -57,6 +57,10 @@ uint64_t StagingRules::sink_blocks_needed() const {
   return (num_layers + per - 1) / per;
 }
 
+uint64_t Staging::stride_of(const PoolConfig &cfg) {
+  return uint64_t(cfg.block_size) * cfg.num_kv_heads * cfg.head_dim * 2 * dtype_bytes(cfg.residual_dtype);
+}
+
 Staging::Staging(PoolCore &core, const PoolConfig &cfg)
     : StagingRules(cfg),
       alloc(static_cast<uint32_t>(cfg.num_residual_blocks)),
@@ -64,7 +68,7 @@ Staging::Staging(PoolCore &core, const PoolConfig &cfg)
       c_(core),
       cfg_(cfg) {
   if (!cfg_.num_residual_blocks) return;
-  stride = uint64_t(cfg_.block_size) * cfg_.num_kv_heads * cfg_.head_dim * 2 * dtype_bytes(cfg_.residual_dtype);
+  stride = stride_of(cfg_);
   arena_bytes = cfg_.num_residual_blocks * stride;
   // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
   void *r = mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -53,6 +53,9 @@ class Staging : public StagingRules {
   Staging(const Staging &) = delete;
   Staging &operator=(const Staging &) = delete;
 
+  // Bytes of one residual block of a configuration: [block_size][kv_heads][head_dim] K then V.
+  static uint64_t stride_of(const PoolConfig &cfg);
+
   BlockAllocator alloc;  // the residual arena's blocks
   SlotBits written;      // slots an append wrote
   uint8_t *arena = nullptr;

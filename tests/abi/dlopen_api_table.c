@@ -169,6 +169,12 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, seq_keep);
   }
 #endif
+#if KVC_API_VERSION >= 5
+  if (api->api_version >= 5) {
+    CHECK(api->struct_size >= offsetof(kvc_api, pool_seq_bytes) + sizeof(api->pool_seq_bytes));
+    ENTRY(api, pool_seq_bytes);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */
@@ -241,6 +247,14 @@ static void round_trip(const kvc_api *api) {
   CHECK(st.blocks_used == LAYERS * n_blocks);
   CHECK(st.blocks_free + st.blocks_cached + st.blocks_used == st.blocks_total);
   CHECK(st.num_sequences == 1);
+#if KVC_API_VERSION >= 5
+  /* The sizing call (version 5) agrees with what the pool holds. */
+  if (api->api_version >= 5) {
+    uint64_t bytes = 0, peak = 0;
+    CHECK_OK(api, api->pool_seq_bytes(&cfg, N, &bytes, &peak));
+    CHECK(bytes == st.bytes_in_use && peak == bytes);
+  }
+#endif
 
   CHECK_OK(api, api->seq_free(pool, 42));
   CHECK(api->seq_free(pool, 42) == KVC_ERR_SEQ_NOT_FOUND);

@@ -291,8 +291,9 @@ FIELD(kvc_api, prefix_config_init_sized, 664, 8);
 FIELD(kvc_api, prefix_stats_init_sized, 672, 8);
 FIELD(kvc_api, tier_config_init_sized, 680, 8);
 FIELD(kvc_api, tier_stats_init_sized, 688, 8);
-FIELD(kvc_api, seq_keep, 696, 8);
-SIZE(kvc_api, 704); /* end of version 4 */
+FIELD(kvc_api, seq_keep, 696, 8);               /* end of version 4 (704 bytes) */
+FIELD(kvc_api, pool_seq_bytes, 704, 8);         /* version 5 (0.4) */
+SIZE(kvc_api, 712); /* end of version 5 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);

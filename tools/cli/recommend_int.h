@@ -14,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include <kvcache/kvcache.h>
+
 #include "memory.h"
 #include "recommend.h"
-#include "seq_bytes.h"
+#include "strategy.h"
 
 namespace kvc_cli::recommend {
 
@@ -106,6 +108,26 @@ struct Target {
   double max_ppl_increase = 0;                        ///< the quality floor, percent
 };
 
+/// A strategy's pool at the target geometry as the library sizes it: block
+/// sizes from kvc_pool_stats() of a one-block pool, sequence sizes from
+/// kvc_pool_seq_bytes() (the pool's own staging rules).
+struct PoolSizes {
+  kvc_pool_config cfg{};  ///< one block; its codec pointers are set on each call (to the codecs below)
+  kvc_codec k_codec{}, v_codec{};
+  bool k_quantized = false, v_quantized = false;
+  std::uint64_t block_size = 16, block_bytes = 0;  ///< one codec block (K and V, one layer)
+  std::uint64_t residual_block_bytes = 0;          ///< one residual block (0: no residual arena)
+  std::uint64_t window = 0, unit = 1;  ///< residual window; tokens encoded together (a per-channel group)
+  double fraction = 0;                 ///< hybrid: floor(fraction x n) newest tokens stay in the residual
+  /// The most bytes one sequence holds on its way to n tokens (saturates to UINT64_MAX).
+  std::uint64_t peak(std::uint64_t n) const;
+};
+
+/// The sizes of strategy `s` at a geometry; std::nullopt (and why in `why`)
+/// when the library refuses such a pool (e.g. a head_dim the codec cannot take).
+std::optional<PoolSizes> pool_sizes(const Strategy &s, std::uint32_t layers, std::uint32_t kv_heads,
+                                    std::uint32_t head_dim, std::string *why);
+
 /// One measured strategy scaled to the target.
 struct Row {
   EvalRow m;            ///< as measured
@@ -123,7 +145,7 @@ struct Row {
   /// The pool's layout at the target geometry (from the library); without it
   /// (a spec this build cannot read, or a pool the library refuses) the
   /// measured bits per element carry over: carried_bytes_per_token per token held.
-  std::optional<SeqBytes> layout;
+  std::optional<PoolSizes> layout;
   std::string layout_refusal;  ///< why there is no layout
   std::uint64_t carried_bytes_per_token = 0;
   double budget_share = 0;                               ///< bytes_total / the memory budget
@@ -145,7 +167,7 @@ struct Row {
   /// way (staged groups are released as they are encoded, so a length can hold
   /// less than a shorter one). Never decreases with n.
   std::uint64_t seq_bytes_at(std::uint64_t n) const {
-    if (!layout) {  // saturating like SeqBytes: the headroom search asks about lengths far beyond seq_len
+    if (!layout) {  // saturating like kvc_pool_seq_bytes: the headroom search asks about lengths far beyond seq_len
       std::uint64_t b;
       return __builtin_mul_overflow(held(n), carried_bytes_per_token, &b) ? UINT64_MAX : b;
     }

@@ -175,7 +175,7 @@ void print_row_detail(const Row &r, const Target &t) {
   if (r.m.top1_agreement) std::printf(", top-1 %.4f", *r.m.top1_agreement);
   std::printf("\n");
   if (r.layout) {
-    const SeqBytes &l = *r.layout;
+    const PoolSizes &l = *r.layout;
     std::printf("  its pool at %u layers x %u KV heads x %u: blocks of %s tokens, %s bytes per block and layer",
                 t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim, u(l.block_size).c_str(),
                 u(l.block_bytes).c_str());
@@ -311,7 +311,7 @@ void print_text_report(const Target &t, const Measurements &m, const Choice &c, 
     }
     // Staged tokens (a residual window, a hybrid share, a per-channel group waiting) are read
     // exactly: in short windows they are a larger share of the cache than at a longer seq-len.
-    const SeqBytes *l = pick->layout ? &*pick->layout : nullptr;
+    const PoolSizes *l = pick->layout ? &*pick->layout : nullptr;
     const std::uint64_t staged = l && l->residual_block_bytes ? l->window + l->unit - 1 : 0;
     if (staged > 1 && l->fraction == 0.0 && m.ctx && static_cast<std::uint64_t>(*m.ctx) < t.seq_len) {
       std::printf("  note: up to %s of its newest tokens wait in f16 and are read without error; in the eval's "

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `kvcache recommend`, sizing and choosing: every measured strategy scaled to
 // the target geometry, length and batch (bytes from the pool's own layout,
-// seq_bytes.h), the pick among those meeting the quality floor, and what
+// kvc_pool_seq_bytes), the pick among those meeting the quality floor, and what
 // prefix caching (and a smaller block size) would save.
 #include <algorithm>
 #include <cmath>
@@ -81,9 +81,9 @@ Row scale_row(const EvalRow &e, const Target &t) {
   }
   r.evicts = r.evicts || r.kept < 1.0;
   // Bytes at the target: the pool's blocks at the target geometry, measured from the
-  // library, with the rules by which its tokens are staged and encoded (seq_bytes.h).
+  // library, with the rules by which its tokens are staged and encoded (kvc_pool_seq_bytes).
   if (st) {
-    r.layout = seq_bytes(*st, t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim, &r.layout_refusal);
+    r.layout = pool_sizes(*st, t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim, &r.layout_refusal);
   } else {
     r.layout_refusal = "this build does not know its spec";
   }
@@ -343,6 +343,61 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
                        " bytes)";
   }
   return a;
+}
+
+
+std::uint64_t PoolSizes::peak(std::uint64_t n) const {
+  kvc_pool_config c = cfg;
+  c.k_codec = k_quantized ? &k_codec : nullptr;
+  c.v_codec = v_quantized ? &v_codec : nullptr;
+  std::uint64_t peak_bytes = 0;
+  if (kvc_pool_seq_bytes(&c, n, nullptr, &peak_bytes) != KVC_OK)  // the same config sized before
+    throw RunnerError(std::string("kvc_pool_seq_bytes: ") + kvc_last_error_message());
+  return peak_bytes;
+}
+
+std::optional<PoolSizes> pool_sizes(const Strategy &s, std::uint32_t layers, std::uint32_t kv_heads,
+                                    std::uint32_t head_dim, std::string *why) {
+  kvc_runner::ModelConfig c;
+  c.n_layers = static_cast<int>(layers);
+  c.n_heads = c.n_kv_heads = static_cast<int>(kv_heads);
+  c.dim = static_cast<int>(kv_heads * head_dim);
+  const kvc_runner::PoolSettings ps = pool_settings(s);
+  if (std::uint64_t(kv_heads) * head_dim > std::uint64_t(1) << 30) {
+    if (why) *why = "the geometry is too large for a pool";
+    return std::nullopt;
+  }
+  PoolSizes m;
+  // One block is enough: block sizes do not depend on the capacity.
+  m.cfg = kvc_runner::pool_config(c, ps, 1);
+  // Sizes do not depend on RoPE; only pre-RoPE keys need it (and an even head_dim).
+  if (!ps.pre_rope_keys) m.cfg.rope_style = KVC_ROPE_NONE;
+  if (ps.k_codec) m.k_codec = *ps.k_codec, m.k_quantized = true;
+  if (ps.v_codec) m.v_codec = *ps.v_codec, m.v_quantized = true;
+  m.cfg.k_codec = m.k_quantized ? &m.k_codec : nullptr;
+  m.cfg.v_codec = m.v_quantized ? &m.v_codec : nullptr;
+  kvc_pool *pool = nullptr;
+  if (kvc_pool_create(&m.cfg, &pool) != KVC_OK) {
+    if (why) *why = kvc_last_error_message();
+    return std::nullopt;
+  }
+  kvc_stats st;
+  kvc_stats_init(&st);
+  const kvc_status status = kvc_pool_stats(pool, &st);
+  kvc_pool_destroy(pool);
+  if (status != KVC_OK) {
+    if (why) *why = kvc_last_error_message();
+    return std::nullopt;
+  }
+  m.cfg.k_codec = m.cfg.v_codec = nullptr;  // set again on each call: a copy points to its own codecs
+  m.block_size = m.cfg.block_size;
+  m.block_bytes = st.bytes_per_block;
+  m.residual_block_bytes = m.cfg.num_residual_blocks ? st.residual_bytes_per_block : 0;
+  m.window = m.cfg.residual_window;
+  m.fraction = m.cfg.residual_fraction;
+  for (const kvc_codec *codec : {ps.k_codec, ps.v_codec})
+    if (codec && codec->granularity == KVC_SCALE_PER_CHANNEL) m.unit = std::max<std::uint64_t>(m.unit, codec->group_size);
+  return m;
 }
 
 }  // namespace kvc_cli::recommend

@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// eval_recommend_seq_bytes_match_pool: the sequence-size model of `kvcache
-// recommend` (cli/seq_bytes.h) against real pools. For each strategy, one
-// sequence grows token by token to 700 tokens (3 layers, 2 KV heads of 64);
-// after every token the pool's bytes_in_use must equal SeqBytes::bytes(n),
-// and the running maximum SeqBytes::peak(n); then peak(n) must be the running
-// maximum of bytes(n) up to 20,000 tokens.
+// eval_recommend_seq_bytes_match_pool: the library's sizing call
+// (kvc_pool_seq_bytes, which `kvcache recommend` sizes with) against real
+// pools. For each strategy, one sequence grows token by token to 700 tokens
+// (3 layers, 2 KV heads of 64); after every token the pool's bytes_in_use
+// must equal the call's bytes at that length, and the running maximum its
+// peak_bytes; then peak_bytes must be the running maximum of bytes up to
+// 20,000 tokens.
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
-#include "../cli/seq_bytes.h"
+#include "../cli/strategy.h"
 #include "../runner/kv_cache.h"
 #include "../runner/model.h"
 
@@ -43,10 +44,20 @@ int main() {
   std::vector<float> k(row), v(row);
   for (const char *spec : specs) {
     const Strategy s = parse_strategy(spec);
-    std::string why;
-    const auto model = seq_bytes(s, layers, heads, hd, &why);
-    if (!model) {
-      std::fprintf(stderr, "%s: no model: %s\n", spec, why.c_str());
+    // The config of the pool below, sized by the library without a pool.
+    const kvc_runner::PoolSettings settings = pool_settings(s);
+    const kvc_pool_config cfg = kvc_runner::pool_config(c, settings, 1);
+    bool sized = true;
+    auto size_at = [&](std::uint64_t n, bool peak) {
+      std::uint64_t bytes = 0, most = 0;
+      if (kvc_pool_seq_bytes(&cfg, n, &bytes, &most) != KVC_OK) {
+        if (sized) std::fprintf(stderr, "%s: kvc_pool_seq_bytes: %s\n", spec, kvc_last_error_message());
+        sized = false;
+      }
+      return peak ? most : bytes;
+    };
+    size_at(1, false);
+    if (!sized) {
       ++failures;
       continue;
     }
@@ -72,26 +83,26 @@ int main() {
       }
       const std::uint64_t used = pool.stats().bytes_in_use;
       running = std::max(running, used);
-      if (used != model->bytes(n) || running != model->peak(n)) {
-        std::fprintf(stderr, "%s: at %llu tokens the pool holds %llu bytes (peak %llu), the model says %llu (%llu)\n",
+      if (used != size_at(n, false) || running != size_at(n, true)) {
+        std::fprintf(stderr, "%s: at %llu tokens the pool holds %llu bytes (peak %llu), kvc_pool_seq_bytes says %llu (%llu)\n",
                      spec, (unsigned long long)n, (unsigned long long)used, (unsigned long long)running,
-                     (unsigned long long)model->bytes(n), (unsigned long long)model->peak(n));
+                     (unsigned long long)size_at(n, false), (unsigned long long)size_at(n, true));
         ++bad;
       }
     }
     // Beyond the pool: peak(n) is the running maximum of bytes(n) over many more lengths.
     std::uint64_t most = 0;
     for (std::uint64_t n = 1; n <= 20000 && bad < 5; ++n) {
-      most = std::max(most, model->bytes(n));
-      if (most != model->peak(n)) {
-        std::fprintf(stderr, "%s: at %llu tokens the most bytes so far are %llu, peak() says %llu\n", spec,
-                     (unsigned long long)n, (unsigned long long)most, (unsigned long long)model->peak(n));
+      most = std::max(most, size_at(n, false));
+      if (most != size_at(n, true)) {
+        std::fprintf(stderr, "%s: at %llu tokens the most bytes so far are %llu, peak_bytes is %llu\n", spec,
+                     (unsigned long long)n, (unsigned long long)most, (unsigned long long)size_at(n, true));
         ++bad;
       }
     }
     failures += bad;
     std::printf("%-80s %s (700 tokens: %llu bytes)\n", spec, bad ? "FAIL" : "ok",
-                (unsigned long long)model->bytes(n_max));
+                (unsigned long long)size_at(n_max, false));
   }
   return failures ? 1 : 0;
 }

@@ -6,7 +6,7 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 4;
+pub const KVC_API_VERSION: u32 = 5;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
@@ -2453,6 +2453,40 @@ extern "C" {
     #[doc = " @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_STRUCT_SIZE."]
     #[doc = " @since 0.1"]
     pub fn kvc_pool_get_config(pool: *mut kvc_pool, config: *mut kvc_pool_config) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Size one sequence without a pool: the bytes a sequence of n_tokens"]
+    #[doc = " tokens holds in a pool of `config`, and the most it holds on its way there,"]
+    #[doc = " as kvc_pool_stats().bytes_in_use would count them for that sequence alone."]
+    #[doc = ""]
+    #[doc = " The sequence grows one token at a time (kvc_seq_reserve() of one token,"]
+    #[doc = " then kvc_append() of it to every layer) and is never evicted. Per layer it"]
+    #[doc = " holds the codec blocks of its encoded tokens and the residual blocks of"]
+    #[doc = " the tokens still staged (a residual window, a hybrid share, a per-channel"]
+    #[doc = " group waiting to be complete: they move to codec blocks as they age, so"]
+    #[doc = " the bytes can fall as the sequence grows, and `peak_bytes` is the most),"]
+    #[doc = " plus its attention-sink blocks. The numbers come from the pool's own block"]
+    #[doc = " format and staging rules (the sizing of `kvcache recommend`)."]
+    #[doc = " @param config a configuration kvc_pool_create() would accept (not NULL);"]
+    #[doc = "        num_blocks, capacity_bytes and num_residual_blocks are ignored."]
+    #[doc = " @param n_tokens the sequence's length in tokens (0 gives 0 bytes)."]
+    #[doc = " @param bytes receives the bytes held at n_tokens (may be NULL); sizes"]
+    #[doc = "        beyond 2^64 - 1 read as UINT64_MAX."]
+    #[doc = " @param peak_bytes receives the most bytes held at any length up to"]
+    #[doc = "        n_tokens (may be NULL)."]
+    #[doc = " @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (config), ::KVC_ERR_STRUCT_SIZE,"]
+    #[doc = "         and what kvc_pool_create() returns for a configuration it refuses"]
+    #[doc = "         (::KVC_ERR_INVALID_ARGUMENT, ::KVC_ERR_UNSUPPORTED,"]
+    #[doc = "         ::KVC_ERR_INVALID_SCALE, ::KVC_ERR_OVERFLOW,"]
+    #[doc = "         ::KVC_ERR_DEVICE_UNAVAILABLE for a CUDA configuration in a build"]
+    #[doc = "         without CUDA)."]
+    #[doc = " @since 0.4 (table version 5)"]
+    pub fn kvc_pool_seq_bytes(
+        config: *const kvc_pool_config,
+        n_tokens: u64,
+        bytes: *mut u64,
+        peak_bytes: *mut u64,
+    ) -> kvc_status;
 }
 extern "C" {
     #[doc = " @brief Queue the pool's device work on an engine's CUDA stream."]
@@ -6442,12 +6476,21 @@ pub struct kvc_api {
             arg6: *mut u64,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_pool_seq_bytes()"]
+    pub pool_seq_bytes: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *const kvc_pool_config,
+            arg2: u64,
+            arg3: *mut u64,
+            arg4: *mut u64,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        704usize,
+        712usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -7968,6 +8011,23 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_seq_keep();
+    fn test_field_pool_seq_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_seq_bytes) as usize - ptr as usize
+            },
+            704usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_seq_bytes)
+            )
+        );
+    }
+    test_field_pool_seq_bytes();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]
