@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 
 namespace {

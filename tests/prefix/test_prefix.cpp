@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 #include "core/prefix_cache.h"
 #include "prefix/prefix.h"

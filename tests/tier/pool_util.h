@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 #include "core/offload.h"
 #include "core/pool.h"

@@ -32,7 +32,7 @@
 #include <thread>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 #include "core/offload.h"
 #include "pool_util.h"

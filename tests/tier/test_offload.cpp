@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 #include "core/offload.h"
 #include "core/prefix_cache.h"

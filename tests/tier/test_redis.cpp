@@ -16,7 +16,7 @@
 #include <sstream>
 #include <thread>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "tier/redis_cluster.h"
 #include "tier/tier.h"
 #include "pool_util.h"

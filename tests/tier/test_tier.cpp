@@ -11,7 +11,7 @@
 #include <fstream>
 #include <thread>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "tier/checksum.h"
 #include "tier/tier.h"
 

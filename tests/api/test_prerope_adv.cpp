@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 
 namespace {
 

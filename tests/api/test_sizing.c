@@ -1,6 +1,6 @@
 /* kvc_pool_seq_bytes: one sequence's bytes without a pool, against what real
  * pools of the same configurations hold token by token; bad input refused. */
-#include "test_common.h"
+#include "../blackbox.h"
 
 enum { LAYERS = 3, HEADS = 2, HD = 16, ROW = HEADS * HD, BS = 8 };
 

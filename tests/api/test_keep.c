@@ -1,7 +1,7 @@
 /* kvc_seq_keep: the caller names the survivors of one layer (kvpress's
  * presses through kvcache.hf, an engine's own scorer); the others are
  * dropped as an eviction drops them, and nothing changes on bad input. */
-#include "test_common.h"
+#include "../blackbox.h"
 
 enum { LAYERS = 2, HEADS = 2, HD = 4, ROW = HEADS * HD, BS = 4, BLOCKS = 32 };
 

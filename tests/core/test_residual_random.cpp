@@ -16,7 +16,7 @@
 
 #include "api/internal.h"
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 
 namespace {
 

@@ -4,7 +4,7 @@
  * sequence's data in the blocks the next one gets. */
 #include <math.h>
 
-#include "test_common.h"
+#include "../blackbox.h"
 
 enum { LAYERS = 2, HEADS = 2, HD = 8, ROW = HEADS * HD, BS = 4, BLOCKS = 16 };
 

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "test_common.h"
+#include "../blackbox.h"
 
 enum { LAYERS = 2, HEADS = 2, HD = 16, ROW = HEADS * HD, BS = 8 };
 

@@ -1,7 +1,7 @@
 /* Registration only of what was written: kvc_prefix_insert refuses a block
  * with a slot that was reserved but never written, registers nothing then,
  * and no later call makes such a block findable. */
-#include "../core/test_common.h"
+#include "../blackbox.h"
 
 enum { LAYERS = 2, HEADS = 1, HD = 4, ROW = HEADS * HD, BS = 4, BLOCKS = 32 };
 

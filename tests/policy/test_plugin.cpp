@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 
 namespace {

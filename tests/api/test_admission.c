@@ -1,7 +1,7 @@
 /* Admission: a request that cannot fit even in an empty pool is refused with
  * KVC_ERR_EXCEEDS_CAPACITY ("never"), one that fits once blocks are freed with
  * KVC_ERR_POOL_EXHAUSTED ("not now"); both change nothing. */
-#include "test_common.h"
+#include "../blackbox.h"
 
 enum { LAYERS = 2, HEADS = 1, HD = 4, ROW = HEADS * HD, BS = 4, BLOCKS = 8 };
 

@@ -25,7 +25,7 @@
 
 #include "api/internal.h"
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 
 namespace {
 std::map<std::string, uint64_t> g_count;  // outcomes seen (printed with -v)

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "common/scratch.h"
 
 namespace {

@@ -1,6 +1,6 @@
 /* codec_api_*: quantized pools and the standalone quantizer through the C API,
  * including the cases reported against other KV systems. */
-#include "../core/test_common.h"
+#include "../blackbox.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* cmocka tests of the pool, sequences, append/gather, fork, truncate,
  * page-table export, stats and every error path of the C API. */
-#include "test_common.h"
+#include "../blackbox.h"
 
 #include <math.h>
 #include <stdio.h>

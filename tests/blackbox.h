@@ -1,6 +1,8 @@
-/* Helpers shared by the cmocka tests of the C API. */
-#ifndef KVC_TEST_COMMON_H
-#define KVC_TEST_COMMON_H
+/* The helper of the black-box tests (tests/api): cmocka tests in C of the
+ * public header only: status checks, small pools, deterministic K/V rows,
+ * one ctest per test function (kvc_cmocka_tests in tests/CMakeLists.txt). */
+#ifndef KVC_TESTS_BLACKBOX_H
+#define KVC_TESTS_BLACKBOX_H
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -96,4 +98,4 @@ static inline int has_test(const struct CMUnitTest *tests, size_t n, const char 
   return 0;
 }
 
-#endif
+#endif /* KVC_TESTS_BLACKBOX_H */

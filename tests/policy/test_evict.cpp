@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "../common/kvtest.h"
+#include "../whitebox.h"
 #include "api/internal.h"
 
 namespace {

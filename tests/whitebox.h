@@ -1,6 +1,8 @@
-// A small test harness for C++ tests of the C API: CHECK macros that count
-// failures, a registry of named tests and a main that runs one by name (one
-// ctest per test) or all of them.
+// The helper of the C++ tests (the white-box tests of a module, tests/<module>/,
+// which add the module's internal headers themselves, and the C++ black-box
+// tests of tests/api): CHECK macros that count failures, a registry of named
+// tests and a main that runs one by name (one ctest per KVTEST, kvc_kvtest_tests
+// in tests/CMakeLists.txt) or all of them.
 #pragma once
 #include <cmath>
 #include <cstdio>
