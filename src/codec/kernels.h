@@ -4,8 +4,7 @@
 //   kernels.h          this header: Params, the integer formats, make_params,
 //                      the inline scale helpers, the run-time AVX2 switch
 //   scalar.h           the scalar reference run kernels (integer codes)
-//   kernels_avx2.h     AVX2 integer run kernels and their vector helpers
-//   kernels_avx2.cpp   AVX2 kernels without templates: integer decode runs,
+//   kernels_avx2.h     AVX2 integer run kernels and their vector helpers,
 //                      min / max, finiteness checks
 //   fp8_avx2.h         AVX2 fp8 run kernels
 //   encode.cpp         encode() / decode(): run dispatch, rows, granularities
@@ -22,8 +21,9 @@
 // -mavx2), and the run-time switch picks the path.
 //
 // Functions defined in these headers sit in an unnamed namespace: each file
-// compiles its own copy, so the compiler inlines them as it did when the codec
-// was one file.
+// compiles its own copy, so the compiler sees and inlines them as it did when
+// the codec was one file. The scale helpers of codec.h have inline copies
+// here (kvc::codec::inl) for the same reason.
 #pragma once
 #if defined(__x86_64__)
 #define KVC_CODEC_X86 1
@@ -58,7 +58,8 @@ std::string fmt_g(double v);
 std::string u64s(uint64_t v);
 
 // set_force_scalar(true): the scalar reference kernels only (scales.cpp).
-extern bool g_force_scalar;
+// Hidden, so the kernels read it directly (no GOT load), as in one file.
+extern bool g_force_scalar __attribute__((visibility("hidden")));
 
 // The scale helpers of codec.h, inline for the kernels (codec.h's
 // load_scale, store_scale, round_scale_up and round_zero_down call these).
@@ -94,7 +95,9 @@ inline float round_scale_up(float v, DType sd) {
   return f16_to_f32_scalar(h);
 }
 
-inline float round_zero_down(float v, DType sd) {
+// Not inlined (a call, as when the codec was one file): inlined, it made the
+// symmetric paths of encode() around it measurably slower.
+__attribute__((noinline)) inline float round_zero_down(float v, DType sd) {
   if (sd != DType::F16) return v;
   if (v <= -65504.0f) return -65504.0f;
   if (v >= 65504.0f) return 65504.0f;
@@ -111,15 +114,6 @@ inline float round_zero_down(float v, DType sd) {
 }  // namespace inl
 
 #ifdef KVC_CODEC_X86
-// AVX2 kernels without templates (kernels_avx2.cpp).
-__attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, bool asym,
-                                                         const uint8_t *in, uint64_t j0,
-                                                         uint64_t j1, const Params &p, float *x);
-__attribute__((target("avx2"))) void min_max_avx2(const float *x, uint64_t n, float *lo, float *hi);
-__attribute__((target("avx2"))) bool all_finite_avx2(const float *x, uint64_t n);
-// True when no 16-bit float has its exponent field all ones.
-__attribute__((target("avx2"))) bool all_finite_16_avx2(const uint16_t *h, uint64_t n, uint16_t mask);
-
 // The standalone API's AVX2 paths (quantize_avx2.cpp, dequantize_avx2.cpp),
 // taken by quantize() and dequantize() on the shapes they check.
 // f16 rows, dynamic per-token or per-group scales, no rotation: returns false,

@@ -7,6 +7,7 @@
 
 #include "codec/codec.h"
 #include "codec/kernels.h"
+#include "codec/kernels_avx2.h"
 #include "common/error.h"
 #include "common/scratch.h"
 
