@@ -3,7 +3,7 @@
 // it; builds without CUDA link cuda/stub.cpp, whose open() reports
 // DeviceUnavailable.
 //
-// Kernels (cuda/kernels.cu):
+// Kernels (cuda/*.cu; device.cuh lists the files):
 // - append: converts K/V rows to f32, checks them (quantized parts), applies
 //   the Hadamard rotation, computes scales and writes codes into the rows'
 //   slots: the same float operations as src/codec, so the bytes equal the

@@ -1,0 +1,145 @@
+// The standalone array API (kvc_quantize / kvc_dequantize): conversion from
+// and to f32 / f16 / bf16, rotation, finiteness checks, then encode() /
+// decode(); the AVX2 one-pass and fused paths (quantize_avx2.cpp,
+// dequantize_avx2.cpp) take the shapes they cover, with the same results.
+#include <cstring>
+#include <string>
+
+#include "codec/codec.h"
+#include "codec/kernels.h"
+#include "codec/kernels_avx2.h"
+#include "common/error.h"
+#include "common/scratch.h"
+
+namespace kvc::codec {
+
+namespace {
+// Per-thread scratch (core/scratch.h): grown on demand (no allocation per
+// call in steady state), released after a call that made it large.
+float *scratch_floats(uint64_t n) {
+  thread_local ScratchBuffer<float> buf;
+  return buf.get(n);
+}
+
+// Checks raw input for NaN / Inf without converting it (f16 / bf16: the
+// exponent field all ones).
+void check_finite_raw(const void *src, DType t, uint64_t n) {
+  if (t == DType::F32) return check_finite(static_cast<const float *>(src), n, "input");
+  const uint16_t *h = static_cast<const uint16_t *>(src);
+  const uint16_t mask = t == DType::F16 ? 0x7c00 : 0x7f80;
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && all_finite_16_avx2(h, n, mask)) return;
+#endif
+  uint16_t any = 0;
+  for (uint64_t i = 0; i < n; ++i) any |= static_cast<uint16_t>((h[i] & mask) == mask);
+  if (!any) return;
+  for (uint64_t i = 0; i < n; ++i)
+    if ((h[i] & mask) == mask)
+      fail(Errc::NonFinite, "input element " + u64s(i) + " is " +
+                                ((h[i] & (t == DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
+                                ": nothing was written");
+}
+}  // namespace
+
+void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64_t d,
+              uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
+#ifdef KVC_CODEC_X86
+  // f16 rows with dynamic per-token or per-group scales and no rotation: the
+  // direct path, whose first pass is also the finiteness check (on a NaN or
+  // Inf it writes nothing and the check below reports the element).
+  if (src_type == DType::F16 && use_avx2() && convert_has_simd() && !s.rotation_block &&
+      s.static_scale == 0.0 && d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
+      (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
+    if (quantize_f16_direct_avx2(s, static_cast<const uint16_t *>(src), n, d, codes, scales, zeros)) return;
+  }
+#endif
+  check_finite_raw(src, src_type, n * d);  // before anything is written
+  if (s.rotation_block && src_type == DType::F32)
+    check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);
+  // (f16 and bf16 inputs: f16 is always far below the limit; bf16 is checked after conversion below)
+  if (s.rotation_block && src_type == DType::BF16) {
+    float *tmp = scratch_floats(n * d);
+    convert(src, src_type, tmp, DType::F32, n * d);
+    check_rotatable(tmp, n * d, s.rotation_block);
+  }
+  const uint64_t esz = dtype_bytes(src_type);
+#ifdef KVC_CODEC_X86
+  // Fused path: groups of whole 8-value vectors (per-channel scales and
+  // dynamic per-tensor scales need statistics over rows: general path).
+  const bool fast_shape = d % 8 == 0 && d > 0 &&
+                          (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
+                           (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  if (use_avx2() && convert_has_simd() && fast_shape && (is_int(s.dtype) || is_fp8(s.dtype)) &&
+      (src_type == DType::F16 || src_type == DType::F32)) {
+    float *buf = scratch_floats(quantize_fast_scratch(s, d));
+    quantize_fast_avx2(s, src, src_type == DType::F16, n, d, codes, scales, zeros, buf);
+    return;
+  }
+#endif
+  if (s.gran == Gran::Token || s.gran == Gran::Group || s.gran == Gran::None) {
+    // Row by row through a small buffer that stays in cache.
+    float *row = scratch_floats(d);
+    const uint64_t rb = row_bytes(s.dtype, d);
+    const uint64_t per_row = n ? num_scales(s, n, d) / n : 0;
+    const uint64_t sb = scale_bytes(s);
+    for (uint64_t r = 0; r < n; ++r) {
+      convert(static_cast<const uint8_t *>(src) + r * d * esz, src_type, row, DType::F32, d);
+      if (s.rotation_block) hadamard(row, d, s.rotation_block);
+      encode(s, row, 1, d, codes + r * rb, scales ? scales + r * per_row * sb : nullptr,
+             zeros ? zeros + r * per_row * sb : nullptr);
+    }
+    return;
+  }
+  float *x = scratch_floats(n * d);
+  convert(src, src_type, x, DType::F32, n * d);
+  if (s.rotation_block)
+    for (uint64_t r = 0; r < n; ++r) hadamard(x + r * d, d, s.rotation_block);
+  encode(s, x, n, d, codes, scales, zeros);
+}
+
+void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
+                uint64_t n, uint64_t d, void *dst, DType dst_type) {
+  const uint64_t esz = dtype_bytes(dst_type);
+#ifdef KVC_CODEC_X86
+  const bool fast_shape = d % 8 == 0 && d > 0 &&
+                          (s.gran == Gran::Token || s.gran == Gran::Tensor ||
+                           (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  if (use_avx2() && convert_has_simd() && fast_shape && has_scales(s) && !s.rotation_block &&
+      (dst_type == DType::F16 || dst_type == DType::F32)) {
+    if (dequantize_direct_avx2(s, dst_type == DType::F16, codes, scales, zeros, n, d, dst)) return;
+  }
+  const bool fast_any = d % 8 == 0 && d > 0 && has_scales(s) &&
+                        (s.gran == Gran::Token || s.gran == Gran::Tensor ||
+                         (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  if (use_avx2() && convert_has_simd() && fast_any &&
+      (dst_type == DType::F16 || dst_type == DType::F32)) {
+    float *buf = scratch_floats(d);
+    dequantize_fast_avx2(s, dst_type == DType::F16, codes, scales, zeros, n, d, dst, buf);
+    return;
+  }
+#endif
+  if (dst_type == DType::F32 && !s.rotation_block) {
+    decode(s, codes, scales, zeros, n, d, static_cast<float *>(dst));
+    return;
+  }
+  if (s.gran == Gran::Token || s.gran == Gran::Group || s.gran == Gran::None) {
+    float *row = scratch_floats(d);
+    const uint64_t rb = row_bytes(s.dtype, d);
+    const uint64_t per_row = n ? num_scales(s, n, d) / n : 0;
+    const uint64_t sb = scale_bytes(s);
+    for (uint64_t r = 0; r < n; ++r) {
+      decode(s, codes + r * rb, scales ? scales + r * per_row * sb : nullptr,
+             zeros ? zeros + r * per_row * sb : nullptr, 1, d, row);
+      if (s.rotation_block) hadamard(row, d, s.rotation_block);
+      convert(row, DType::F32, static_cast<uint8_t *>(dst) + r * d * esz, dst_type, d);
+    }
+    return;
+  }
+  float *x = scratch_floats(n * d);
+  decode(s, codes, scales, zeros, n, d, x);
+  if (s.rotation_block)
+    for (uint64_t r = 0; r < n; ++r) hadamard(x + r * d, d, s.rotation_block);
+  convert(x, DType::F32, dst, dst_type, n * d);
+}
+
+}  // namespace kvc::codec
