@@ -9,7 +9,7 @@
 #pragma once
 #include <cstdint>
 
-// The encoder is shared with the CUDA kernels (cuda/kernels.cu), which must
+// The encoder is shared with the CUDA kernels (cuda/codec.cuh), which must
 // store the same bytes: callable from device code when nvcc compiles it.
 #if defined(__CUDACC__)
 #define KVC_HOST_DEVICE __host__ __device__

@@ -159,7 +159,7 @@ void validate_config(PoolConfig &c) {
            "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with KVC_CUDA=OFF)");
     if (c.device_index < 0)
       fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) + ": must be >= 0");
-    // What the kernels support (cuda/kernels.cu): a token's row in shared
+    // What the kernels support (cuda/*.cu): a token's row in shared
     // memory, head rows of up to 256 values read 8 at a time (or up to 32
     // one at a time), no residual arena.
     if (wants_residual)
