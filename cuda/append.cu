@@ -29,14 +29,15 @@ struct AppendArgs {
   const void *src[2];
   int32_t src_dtype;
   float ts[2];
-  int *bad;   // set by check_kernel: the whole call writes nothing
-  int parts;  // bit 0: write K, bit 1: write V
+  int *bad;           // set by check_kernel: the whole call writes nothing
+  int parts;          // bit 0: write K, bit 1: write V
   int bs_shift = -1;  // log2(block_size) when a power of two
 };
 
 // Flags NaN / Inf (and values too large to rotate) in the rows of quantized parts.
 // limit: FLT_MAX / rotation block (src/codec's check_rotatable), 0 without a rotation.
-__global__ void check_kernel(const void *src, int32_t dt, uint64_t count, float limit, int *bad, unsigned long long *refused) {
+__global__ void check_kernel(const void *src, int32_t dt, uint64_t count, float limit, int *bad,
+                             unsigned long long *refused) {
   for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     const float x = fabsf(load_src(src, dt, i));
@@ -59,12 +60,15 @@ __global__ void append_kernel(AppendArgs a) {
   uint8_t *blk = a.arena + static_cast<uint64_t>(slot / g.block_size) * g.block_stride;
   const uint32_t s = static_cast<uint32_t>(slot % g.block_size);
   float *x = sm;
-  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) x[e] = load_src(a.src[kv], a.src_dtype, t * row + e);
+  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x)
+    x[e] = load_src(a.src[kv], a.src_dtype, t * row + e);
   __syncthreads();
   if (!d.quantized) {
     for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) {
       const uint32_t head = e / g.head_dim, i = e % g.head_dim;
-      store_plain(blk + d.offset + head * d.head_stride + s * d.token_stride + i * plain_bytes(d.dtype), d.dtype, x[e]);
+      store_plain(
+          blk + d.offset + head * d.head_stride + s * d.token_stride + i * plain_bytes(d.dtype),
+          d.dtype, x[e]);
     }
     return;
   }
@@ -72,8 +76,10 @@ __global__ void append_kernel(AppendArgs a) {
   // Parameters of each scale group: a warp per group.
   float *gs = sm + row;  // [ng] scales, then [ng] zero points
   uint32_t ng = 1, glen = row;
-  if (d.gran == G_TOKEN) ng = g.kv_heads, glen = g.head_dim;
-  else if (d.gran == G_GROUP) ng = (row + d.group - 1) / d.group, glen = d.group;
+  if (d.gran == G_TOKEN)
+    ng = g.kv_heads, glen = g.head_dim;
+  else if (d.gran == G_GROUP)
+    ng = (row + d.group - 1) / d.group, glen = d.group;
   float *gz = gs + ng;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
   if (d.gran == G_TENSOR) {
@@ -119,7 +125,8 @@ __global__ void append_kernel(AppendArgs a) {
     for (uint32_t e = e0; e < e1; ++e) {
       const uint32_t gi = d.gran == G_TOKEN ? e / g.head_dim : d.gran == G_GROUP ? e / d.group : 0;
       Params p;
-      if (d.gran == G_TENSOR) p = tensor_params(gs[0]);
+      if (d.gran == G_TENSOR)
+        p = tensor_params(gs[0]);
       else {
         p.scale = gs[gi], p.zero = gz[gi];
         p.inv = p.scale > 0.0f ? __fdiv_rn(1.0f, p.scale) : 0.0f;
@@ -161,7 +168,8 @@ __device__ inline void load_run(const void *src, int32_t dt, uint64_t i, float *
       const uint4 u = *reinterpret_cast<const uint4 *>(p);
       const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) h[2 * j] = static_cast<uint16_t>(w[j]), h[2 * j + 1] = static_cast<uint16_t>(w[j] >> 16);
+      for (int j = 0; j < 4; ++j)
+        h[2 * j] = static_cast<uint16_t>(w[j]), h[2 * j + 1] = static_cast<uint16_t>(w[j] >> 16);
     } else {
       const uint2 u = *reinterpret_cast<const uint2 *>(p);
       h[0] = static_cast<uint16_t>(u.x), h[1] = static_cast<uint16_t>(u.x >> 16);
@@ -186,7 +194,8 @@ __global__ void append_warp_kernel(AppendArgs a, uint64_t n) {
   const Geometry &g = a.g;
   if (*a.bad) return;
   const uint32_t lane = threadIdx.x % 32;
-  const uint32_t units = static_cast<uint32_t>(n) * g.kv_heads * 2;  // < 2^31 (the host splits larger calls)
+  const uint32_t units =
+      static_cast<uint32_t>(n) * g.kv_heads * 2;  // < 2^31 (the host splits larger calls)
   const uint32_t nwarps = gridDim.x * blockDim.x / 32;
   const uint32_t hd = g.head_dim, d0 = lane * VPL;
   for (uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32; warp < units; warp += nwarps) {
@@ -205,9 +214,11 @@ __global__ void append_warp_kernel(AppendArgs a, uint64_t n) {
       s = static_cast<uint32_t>(slot % g.block_size);
     }
     float x[VPL];
-    load_run<VPL>(a.src[kv], a.src_dtype, (static_cast<uint64_t>(t) * g.kv_heads + head) * hd + d0, x);
+    load_run<VPL>(a.src[kv], a.src_dtype, (static_cast<uint64_t>(t) * g.kv_heads + head) * hd + d0,
+                  x);
     if (!d.quantized) {
-      uint8_t *o = blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
+      uint8_t *o =
+          blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
       if (d.dtype != F32 && VPL >= 4 && (reinterpret_cast<uintptr_t>(o) & (2 * VPL - 1)) == 0) {
         uint32_t w[VPL / 2 + 1] = {};
 #pragma unroll
@@ -216,8 +227,11 @@ __global__ void append_warp_kernel(AppendArgs a, uint64_t n) {
           const uint32_t hi = d.dtype == F16 ? f2h(x[2 * j + 1]) : f2bf(x[2 * j + 1]);
           w[j] = lo | hi << 16;
         }
-        if (VPL == 8) *reinterpret_cast<uint4 *>(o) = make_uint4(w[0], w[1], w[VPL >= 8 ? 2 : 0], w[VPL >= 8 ? 3 : 0]);
-        else *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
+        if (VPL == 8)
+          *reinterpret_cast<uint4 *>(o) =
+              make_uint4(w[0], w[1], w[VPL >= 8 ? 2 : 0], w[VPL >= 8 ? 3 : 0]);
+        else
+          *reinterpret_cast<uint2 *>(o) = make_uint2(w[0], w[1]);
         continue;
       }
 #pragma unroll
@@ -262,9 +276,9 @@ __global__ void append_warp_kernel(AppendArgs a, uint64_t n) {
   }
 }
 
-
 // Absolute maximum of rotated rows (dynamic per-tensor calibration).
-__global__ void absmax_kernel(const void *src, int32_t dt, uint32_t row, uint32_t rot, unsigned int *out) {
+__global__ void absmax_kernel(const void *src, int32_t dt, uint32_t row, uint32_t rot,
+                              unsigned int *out) {
   extern __shared__ float sm[];
   const uint64_t t = blockIdx.x;
   for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) sm[e] = load_src(src, dt, t * row + e);
@@ -277,8 +291,8 @@ __global__ void absmax_kernel(const void *src, int32_t dt, uint32_t row, uint32_
 
 }  // namespace
 
-void CudaDevice::append(const Slot *slots, uint64_t n, const void *k, const void *v, int32_t src_dtype,
-                        const float ts[2], int parts) {
+void CudaDevice::append(const Slot *slots, uint64_t n, const void *k, const void *v,
+                        int32_t src_dtype, const float ts[2], int parts) {
   Guard gd(index_);
   const uint32_t row = g_.kv_heads * g_.head_dim;
   const uint64_t in_bytes = n * row * plain_bytes(src_dtype);
@@ -289,7 +303,8 @@ void CudaDevice::append(const Slot *slots, uint64_t n, const void *k, const void
     if ((parts >> kv & 1) && !is_device_ptr(src[kv])) {
       host = true;
       void *d = tmp.get(in_bytes);
-      check(cudaMemcpyAsync(d, src[kv], in_bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync (K/V rows)");
+      check(cudaMemcpyAsync(d, src[kv], in_bytes, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync (K/V rows)");
       src[kv] = d;
     }
   Slot *dslots = static_cast<Slot *>(tmp.get(n * sizeof(Slot)));
@@ -301,7 +316,8 @@ void CudaDevice::append(const Slot *slots, uint64_t n, const void *k, const void
     if (!d.quantized || !(parts >> kv & 1)) continue;
     const float limit = d.rotation ? FLT_MAX / static_cast<float>(d.rotation) : 0.0f;
     const uint64_t count = n * row;
-    const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 64ull * sms_));
+    const unsigned blocks =
+        static_cast<unsigned>(std::min<uint64_t>((count + 255) / 256, 64ull * sms_));
     check_kernel<<<blocks, 256, 0, stream_>>>(src[kv], src_dtype, count, limit, bad, flags_);
   }
   AppendArgs a{arena_, g_, dslots, {src[0], src[1]}, src_dtype, {ts[0], ts[1]}, bad, parts};
@@ -309,20 +325,31 @@ void CudaDevice::append(const Slot *slots, uint64_t n, const void *k, const void
     if ((1u << sh) == g_.block_size) a.bs_shift = sh;
   const int vpl = warp_vpl();
   if (vpl) {
-    const uint64_t per = (uint64_t(1) << 30) / (g_.kv_heads * 2);  // tokens per launch: 32-bit unit indices
+    const uint64_t per =
+        (uint64_t(1) << 30) / (g_.kv_heads * 2);  // tokens per launch: 32-bit unit indices
     for (uint64_t t0 = 0; t0 < n; t0 += per) {
       const uint64_t cnt = std::min(per, n - t0);
       AppendArgs b = a;
       b.slots = dslots + t0;
       for (int kv = 0; kv < 2; ++kv)
-        if (src[kv]) b.src[kv] = static_cast<const uint8_t *>(src[kv]) + t0 * row * plain_bytes(src_dtype);
+        if (src[kv])
+          b.src[kv] = static_cast<const uint8_t *>(src[kv]) + t0 * row * plain_bytes(src_dtype);
       const uint64_t warps = cnt * g_.kv_heads * 2;
-      const unsigned blocks = static_cast<unsigned>(std::min<uint64_t>((warps * 32 + 255) / 256, 32ull * sms_));
+      const unsigned blocks =
+          static_cast<unsigned>(std::min<uint64_t>((warps * 32 + 255) / 256, 32ull * sms_));
       switch (vpl) {
-        case 1: append_warp_kernel<1><<<blocks, 256, 0, stream_>>>(b, cnt); break;
-        case 2: append_warp_kernel<2><<<blocks, 256, 0, stream_>>>(b, cnt); break;
-        case 4: append_warp_kernel<4><<<blocks, 256, 0, stream_>>>(b, cnt); break;
-        default: append_warp_kernel<8><<<blocks, 256, 0, stream_>>>(b, cnt); break;
+        case 1:
+          append_warp_kernel<1><<<blocks, 256, 0, stream_>>>(b, cnt);
+          break;
+        case 2:
+          append_warp_kernel<2><<<blocks, 256, 0, stream_>>>(b, cnt);
+          break;
+        case 4:
+          append_warp_kernel<4><<<blocks, 256, 0, stream_>>>(b, cnt);
+          break;
+        default:
+          append_warp_kernel<8><<<blocks, 256, 0, stream_>>>(b, cnt);
+          break;
       }
     }
     check(cudaGetLastError(), "append kernel launch");
@@ -335,7 +362,8 @@ void CudaDevice::append(const Slot *slots, uint64_t n, const void *k, const void
     AppendArgs b = a;
     b.slots = dslots + t0;
     for (int kv = 0; kv < 2; ++kv)
-      if (src[kv]) b.src[kv] = static_cast<const uint8_t *>(src[kv]) + t0 * row * plain_bytes(src_dtype);
+      if (src[kv])
+        b.src[kv] = static_cast<const uint8_t *>(src[kv]) + t0 * row * plain_bytes(src_dtype);
     append_kernel<<<dim3(static_cast<unsigned>(cnt), 2), kThreads, smem, stream_>>>(b);
   }
   check(cudaGetLastError(), "append kernel launch");
@@ -360,8 +388,9 @@ float CudaDevice::absmax(int kv, uint64_t n, const void *src, int32_t dt) {
   check(cudaMemsetAsync(m, 0, 4 * sizeof(unsigned int), stream_), "cudaMemsetAsync");
   const uint32_t rot = g_.part[kv].rotation;
   const uint64_t total = n * row;
-  check_kernel<<<static_cast<unsigned>(std::min<uint64_t>((total + 255) / 256, 4096)), 256, 0, stream_>>>(
-      src, dt, total, rot ? FLT_MAX / static_cast<float>(rot) : 0.0f, bad, count);
+  check_kernel<<<static_cast<unsigned>(std::min<uint64_t>((total + 255) / 256, 4096)), 256, 0,
+                 stream_>>>(src, dt, total, rot ? FLT_MAX / static_cast<float>(rot) : 0.0f, bad,
+                            count);
   for (uint64_t t0 = 0; t0 < n; t0 += 65535) {
     const uint64_t cnt = std::min<uint64_t>(n - t0, 65535);
     absmax_kernel<<<static_cast<unsigned>(cnt), kThreads, row * sizeof(float), stream_>>>(
@@ -374,8 +403,9 @@ float CudaDevice::absmax(int kv, uint64_t n, const void *src, int32_t dt) {
   float f;
   std::memcpy(&f, &res[0], 4);
   if (res[1] || !(f <= FLT_MAX))
-    fail(Errc::NonFinite, std::string(kv ? "v" : "k") +
-                              " holds NaN, Inf or a value too large to rotate: nothing was written");
+    fail(Errc::NonFinite,
+         std::string(kv ? "v" : "k") +
+             " holds NaN, Inf or a value too large to rotate: nothing was written");
   return f;
 }
 

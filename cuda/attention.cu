@@ -22,11 +22,12 @@ namespace {
 // Loads the EPT consecutive values [d0, d0 + EPT) of one head's row with
 // vector loads (16 bytes where the storage allows), decoding codes.
 template <int EPT>
-__device__ inline void load_vals(const Geometry &g, int kv, const uint8_t *blk, uint32_t s, uint32_t head, uint32_t d0,
-                                 float ts, float *v) {
+__device__ inline void load_vals(const Geometry &g, int kv, const uint8_t *blk, uint32_t s,
+                                 uint32_t head, uint32_t d0, float ts, float *v) {
   const PartDesc &d = g.part[kv];
   if (EPT > 1 && !d.quantized) {
-    const uint8_t *p = blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
+    const uint8_t *p =
+        blk + d.offset + head * d.head_stride + s * d.token_stride + d0 * plain_bytes(d.dtype);
     if (d.dtype == F32) {
 #pragma unroll
       for (int j = 0; j < EPT / 4; ++j) {
@@ -48,7 +49,8 @@ __device__ inline void load_vals(const Geometry &g, int kv, const uint8_t *blk, 
     }
     return;
   }
-  if (EPT > 1 && (d.gran == G_TOKEN || d.gran == G_TENSOR || (d.gran == G_GROUP && d.group % EPT == 0))) {
+  if (EPT > 1 &&
+      (d.gran == G_TOKEN || d.gran == G_TENSOR || (d.gran == G_GROUP && d.group % EPT == 0))) {
     const int bits = bits_of(d.dtype);
     const uint8_t *p = blk + d.offset + s * d.token_stride + head * d.head_stride + d0 * bits / 8;
     uint32_t w[4] = {0, 0, 0, 0};
@@ -89,7 +91,7 @@ __device__ inline void load_vals(const Geometry &g, int kv, const uint8_t *blk, 
 // the tile's tokens in turn, kUnroll tokens at a time (independent loads in
 // flight). Writes the split's unnormalized softmax state to ws.
 template <int EPT, int GM>
-__global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(AttnArgs a) {
+__global__ void __launch_bounds__(kThreads, EPT *GM > 32 ? 3 : 4) attn_kernel(AttnArgs a) {
   // Tokens each lane group loads before computing (independent loads in
   // flight), within the registers that 3 or 4 blocks per multiprocessor leave.
   constexpr int kUnroll = EPT * GM > 32 ? 2 : 4;
@@ -111,8 +113,10 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
   const int bsh = a.bs_shift;
   auto token_blk = [&](uint32_t t, uint32_t &slot) {
     uint32_t b;
-    if (bsh >= 0) b = t >> bsh, slot = t & (bs - 1);
-    else b = t / bs, slot = t - b * bs;
+    if (bsh >= 0)
+      b = t >> bsh, slot = t & (bs - 1);
+    else
+      b = t / bs, slot = t - b * bs;
     return a.arena + static_cast<uint64_t>(__ldg(ids + b)) * g.block_stride;
   };
 
@@ -150,7 +154,8 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
   const uint32_t step = ntg * kUnroll;
   for (uint32_t t0 = t_begin; t0 < t_end; t0 += kTile) {
     const uint32_t nt = min(static_cast<uint32_t>(kTile), t_end - t0);
-    const uint32_t bound = (nt + step - 1) / step * step;  // every lane runs the same iterations (shuffles)
+    const uint32_t bound =
+        (nt + step - 1) / step * step;  // every lane runs the same iterations (shuffles)
     // Scores of the tile.
     for (uint32_t base = tg; base < bound; base += step) {
       float k[kUnroll][EPT];
@@ -258,8 +263,9 @@ __global__ void __launch_bounds__(kThreads, EPT * GM > 32 ? 3 : 4) attn_kernel(A
 // Merges the splits of each (item, query head) by log-sum-exp and writes the
 // output rows (and lse).
 // Values stored rotated (H v): the output is rotated back (H is its own inverse).
-__global__ void merge_kernel(const float *ws, uint32_t hd, uint32_t hq, uint32_t n_splits, const uint64_t *meta,
-                             void *out, int32_t out_dtype, float *lse, uint32_t v_rotation) {
+__global__ void merge_kernel(const float *ws, uint32_t hd, uint32_t hq, uint32_t n_splits,
+                             const uint64_t *meta, void *out, int32_t out_dtype, float *lse,
+                             uint32_t v_rotation) {
   __shared__ float o_s[256];
   const uint64_t item = blockIdx.x / hq;
   const uint32_t qh = blockIdx.x % hq;
@@ -285,14 +291,16 @@ __global__ void merge_kernel(const float *ws, uint32_t hd, uint32_t hq, uint32_t
   }
   __syncthreads();
   if (v_rotation > 1) hadamard_smem(o_s, hd, v_rotation);
-  for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) store_plain(o + e * plain_bytes(out_dtype), out_dtype, o_s[e]);
+  for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x)
+    store_plain(o + e * plain_bytes(out_dtype), out_dtype, o_s[e]);
   if (lse && threadIdx.x == 0) lse[qrow * hq + qh] = L > 0.0f ? M + logf(L) : -INFINITY;
 }
 
 }  // namespace
 
-void CudaDevice::attention(const AttnBatch &b, uint32_t hq, float scale, const void *q, int32_t q_dtype, void *out,
-                           int32_t out_dtype, float *lse, const float ts[2]) {
+void CudaDevice::attention(const AttnBatch &b, uint32_t hq, float scale, const void *q,
+                           int32_t q_dtype, void *out, int32_t out_dtype, float *lse,
+                           const float ts[2]) {
   Guard gd(index_);
   const uint32_t hd = g_.head_dim, h = g_.kv_heads, group = hq / h;
   // Values per lane: 16 when a part stores 8 bits or fewer (16-byte code
@@ -304,7 +312,8 @@ void CudaDevice::attention(const AttnBatch &b, uint32_t hq, float scale, const v
   const uint32_t gm = fast >= 0 || ept == 16 || (ept == 8 && group <= 4) ? 4 : kMaxGroup;
   const uint32_t hchunks = (group + gm - 1) / gm;
   Temp tmp(stream_);
-  const uint64_t qbytes = b.n_rows * hq * hd * plain_bytes(q_dtype), obytes = b.n_rows * hq * hd * plain_bytes(out_dtype);
+  const uint64_t qbytes = b.n_rows * hq * hd * plain_bytes(q_dtype),
+                 obytes = b.n_rows * hq * hd * plain_bytes(out_dtype);
   bool host = false;
   const void *dq = q;
   if (!is_device_ptr(q)) {
@@ -315,7 +324,8 @@ void CudaDevice::attention(const AttnBatch &b, uint32_t hq, float scale, const v
   void *dout = out;
   if (!is_device_ptr(out)) dout = tmp.get(obytes), host = true;
   float *dlse = lse;
-  if (lse && !is_device_ptr(lse)) dlse = static_cast<float *>(tmp.get(b.n_rows * hq * sizeof(float))), host = true;
+  if (lse && !is_device_ptr(lse))
+    dlse = static_cast<float *>(tmp.get(b.n_rows * hq * sizeof(float))), host = true;
   // Block ids and per-item metadata in one upload.
   std::vector<uint64_t> meta(b.n_items * 3);
   uint64_t max_n = 0;
@@ -343,15 +353,31 @@ void CudaDevice::attention(const AttnBatch &b, uint32_t hq, float scale, const v
   const uint32_t rk = hd * bits_of(g_.part[0].dtype) / 8, rv = hd * bits_of(g_.part[1].dtype) / 8;
   // 8 KiB per part and tile (32 tokens at head_dim 128 in f16): measured on
   // the H200 against 4 and 16 KiB (more blocks per multiprocessor win).
-  const uint32_t tile = std::max<uint32_t>(8, std::min<uint32_t>(kThreads / 2, 8192 / std::max(rk, rv)));
-  AttnArgs a{arena_, g_, dblocks, dmeta, dq, q_dtype, scale, hq, group, hchunks,
-             static_cast<uint32_t>(split), static_cast<uint32_t>(n_splits), {ts[0], ts[1]}, ws, bs_shift, tile};
+  const uint32_t tile =
+      std::max<uint32_t>(8, std::min<uint32_t>(kThreads / 2, 8192 / std::max(rk, rv)));
+  AttnArgs a{arena_,
+             g_,
+             dblocks,
+             dmeta,
+             dq,
+             q_dtype,
+             scale,
+             hq,
+             group,
+             hchunks,
+             static_cast<uint32_t>(split),
+             static_cast<uint32_t>(n_splits),
+             {ts[0], ts[1]},
+             ws,
+             bs_shift,
+             tile};
   const uint32_t per_tok = (hd + ept - 1) / ept;
   uint32_t L = 1;
   while (L < per_tok) L *= 2;
   size_t red = static_cast<size_t>(kThreads / L) * gm * hd * sizeof(float);
   if (fast >= 0) {  // tiles, then the split's block ids
-    red = std::max<size_t>(red, 2ull * tile * (rk + rv) + ((split + g_.block_size - 1) / g_.block_size + 2) * 4);
+    red = std::max<size_t>(
+        red, 2ull * tile * (rk + rv) + ((split + g_.block_size - 1) / g_.block_size + 2) * 4);
     set_smem(fast, red);
   }
   for (uint64_t z0 = 0; z0 < b.n_items; z0 += 65535) {
@@ -360,21 +386,29 @@ void CudaDevice::attention(const AttnBatch &b, uint32_t hq, float scale, const v
     c.meta = dmeta + z0 * 3;
     c.ws = ws + z0 * hq * n_splits * (hd + 2);
     const dim3 grid(static_cast<unsigned>(n_splits), h * hchunks, static_cast<unsigned>(nz));
-    if (fast >= 0) launch_attn_fast(fast, grid, red, stream_, c);
-    else if (ept == 16) attn_kernel<16, 4><<<grid, kThreads, red, stream_>>>(c);
-    else if (ept == 8 && gm == 4) attn_kernel<8, 4><<<grid, kThreads, red, stream_>>>(c);
-    else if (ept == 8) attn_kernel<8, kMaxGroup><<<grid, kThreads, red, stream_>>>(c);
-    else attn_kernel<1, kMaxGroup><<<grid, kThreads, red, stream_>>>(c);
+    if (fast >= 0)
+      launch_attn_fast(fast, grid, red, stream_, c);
+    else if (ept == 16)
+      attn_kernel<16, 4><<<grid, kThreads, red, stream_>>>(c);
+    else if (ept == 8 && gm == 4)
+      attn_kernel<8, 4><<<grid, kThreads, red, stream_>>>(c);
+    else if (ept == 8)
+      attn_kernel<8, kMaxGroup><<<grid, kThreads, red, stream_>>>(c);
+    else
+      attn_kernel<1, kMaxGroup><<<grid, kThreads, red, stream_>>>(c);
   }
   check(cudaGetLastError(), "attention kernel launch");
   const uint64_t rows = b.n_items * hq;
-  merge_kernel<<<static_cast<unsigned>(rows), std::min<uint32_t>(256, (hd + 31) / 32 * 32), 0, stream_>>>(
-      ws, hd, hq, static_cast<uint32_t>(n_splits), dmeta, dout, out_dtype, dlse,
-      g_.part[1].quantized ? g_.part[1].rotation : 0u);
+  merge_kernel<<<static_cast<unsigned>(rows), std::min<uint32_t>(256, (hd + 31) / 32 * 32), 0,
+                 stream_>>>(ws, hd, hq, static_cast<uint32_t>(n_splits), dmeta, dout, out_dtype,
+                            dlse, g_.part[1].quantized ? g_.part[1].rotation : 0u);
   check(cudaGetLastError(), "merge kernel launch");
-  if (dout != out) check(cudaMemcpyAsync(out, dout, obytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  if (dout != out)
+    check(cudaMemcpyAsync(out, dout, obytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
   if (dlse != lse)
-    check(cudaMemcpyAsync(lse, dlse, b.n_rows * hq * sizeof(float), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(
+        cudaMemcpyAsync(lse, dlse, b.n_rows * hq * sizeof(float), cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync");
   if (host) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 

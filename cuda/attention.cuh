@@ -23,9 +23,9 @@ struct AttnArgs {
   float scale;
   uint32_t hq, group, hchunks, split_len, n_splits;
   float ts[2];
-  float *ws;     // [items][hq][n_splits][hd + 2]: acc, m, l
-  int bs_shift;  // log2(block_size) when a power of two, else -1
-  uint32_t tile; // attn_fast_kernel: tokens per shared-memory tile
+  float *ws;      // [items][hq][n_splits][hd + 2]: acc, m, l
+  int bs_shift;   // log2(block_size) when a power of two, else -1
+  uint32_t tile;  // attn_fast_kernel: tokens per shared-memory tile
 };
 
 // Launches attn_fast_kernel for the storage `fast` (CudaDevice::fast_kind(),

@@ -23,11 +23,12 @@ namespace {
 // Loaders of 8 consecutive values of one head row (d0 a multiple of 8).
 // Quantized loaders take one scale for the 8 values (per-token, per-tensor,
 // or per-group with group_size a multiple of 8) and symmetric codes.
-__device__ inline float scale_at(const PartDesc &d, const uint8_t *blk, uint32_t s, uint32_t head, uint32_t d0,
-                                 uint32_t hd, float ts) {
+__device__ inline float scale_at(const PartDesc &d, const uint8_t *blk, uint32_t s, uint32_t head,
+                                 uint32_t d0, uint32_t hd, float ts) {
   if (d.gran == G_TENSOR) return ts;
   const uint32_t gi = d.gran == G_TOKEN ? head : (head * hd + d0) / d.group;
-  return load_scale(blk + d.scale_offset + (s * d.scales_per_token + gi) * d.scale_bytes, d.scale_f16);
+  return load_scale(blk + d.scale_offset + (s * d.scales_per_token + gi) * d.scale_bytes,
+                    d.scale_f16);
 }
 // Loaders decode 8 consecutive values from a row chunk already in shared
 // memory (16-bit storage: 16 bytes; 8-bit: 8; 4-bit: 4), times the scale.
@@ -51,7 +52,8 @@ struct LoadBF16 {
     const uint4 u = *reinterpret_cast<const uint4 *>(p);
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    for (int i = 0; i < 4; ++i)
+      v[2 * i] = __uint_as_float(w[i] << 16), v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
   }
 };
 struct LoadI8 {
@@ -61,7 +63,8 @@ struct LoadI8 {
     const uint2 u = *reinterpret_cast<const uint2 *>(p);
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = static_cast<float>(static_cast<int8_t>(w[i / 4] >> (8 * (i % 4)))) * sc;
+    for (int i = 0; i < 8; ++i)
+      v[i] = static_cast<float>(static_cast<int8_t>(w[i / 4] >> (8 * (i % 4)))) * sc;
   }
 };
 struct LoadE4M3 {
@@ -72,8 +75,8 @@ struct LoadE4M3 {
     const uint32_t w[2] = {u.x, u.y};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // hardware conversion of two e4m3 values to two f16 (exact)
-      const __half2_raw h =
-          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(w[i / 2] >> (16 * (i % 2))), __NV_E4M3);
       const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
       v[2 * i] = f.x * sc, v[2 * i + 1] = f.y * sc;
     }
@@ -85,7 +88,8 @@ struct LoadI4 {
   static __device__ void load(const uint8_t *p, float sc, float *v) {
     const uint32_t w = *reinterpret_cast<const uint32_t *>(p);
 #pragma unroll
-    for (int i = 0; i < 8; ++i)  // 2^23 + nibble as a float, minus 2^23 + 8: the signed code, exactly
+    for (int i = 0; i < 8;
+         ++i)  // 2^23 + nibble as a float, minus 2^23 + 8: the signed code, exactly
       v[i] = (__uint_as_float(0x4b000000u | ((w >> (4 * i)) & 0xfu)) - 8388616.0f) * sc;
   }
 };
@@ -94,8 +98,12 @@ __device__ inline void cp_async16(void *dst, const void *src) {
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
-__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ inline void cp_async_wait1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ inline void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+__device__ inline void cp_async_wait1() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
 
 // As attn_kernel for the common storages: 4 query heads per block (larger
 // groups run in chunks of 4), 8 values per lane, L = head_dim / 8 >= 4 lanes
@@ -122,12 +130,13 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
   const int bsh = a.bs_shift;
   const PartDesc &dk = g.part[0], &dv = g.part[1];
   const uint32_t rk = hd * KL::kBits / 8, rv = hd * VL::kBits / 8;  // row bytes, multiples of 16
-  const uint32_t T = a.tile;  // tokens per tile (<= kTile)
+  const uint32_t T = a.tile;                                        // tokens per tile (<= kTile)
 
   __shared__ float q_s[GM][256];
   __shared__ float sc[GM][kTile];
   __shared__ float m_s[GM], l_s[GM], alpha_s[GM];
-  extern __shared__ __align__(16) uint8_t dyn[];  // K tiles [2][T][rk], V tiles [2][T][rv]; later the reduction
+  extern __shared__ __align__(16)
+      uint8_t dyn[];  // K tiles [2][T][rk], V tiles [2][T][rv]; later the reduction
   uint8_t *kbuf = dyn, *vbuf = dyn + 2 * T * rk;
   const uint32_t L = hd / EPT;
   const uint32_t ntg = kThreads / L, tg = threadIdx.x / L, ln = threadIdx.x % L, d0 = ln * EPT;
@@ -142,8 +151,10 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
   __syncthreads();
   auto token_blk = [&](uint32_t t, uint32_t &slot) {
     uint32_t b;
-    if (bsh >= 0) b = t >> bsh, slot = t & (bs - 1);
-    else b = t / bs, slot = t - b * bs;
+    if (bsh >= 0)
+      b = t >> bsh, slot = t & (bs - 1);
+    else
+      b = t / bs, slot = t - b * bs;
     return a.arena + static_cast<uint64_t>(ids_s[b - b0]) * g.block_stride;
   };
   // Queues the copies of tile `t0` into buffer `buf` (one commit group).
@@ -152,7 +163,8 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
   const uint32_t ck = rk / 16, cv = rv / 16;  // chunks per row, <= kThreads
   const uint32_t ck_part = threadIdx.x % ck, ck_tok0 = threadIdx.x / ck, ck_step = kThreads / ck;
   const uint32_t cv_part = threadIdx.x % cv, cv_tok0 = threadIdx.x / cv, cv_step = kThreads / cv;
-  const uint64_t k_off = dk.offset + kh * dk.head_stride + ck_part * 16, v_off = dv.offset + kh * dv.head_stride + cv_part * 16;
+  const uint64_t k_off = dk.offset + kh * dk.head_stride + ck_part * 16,
+                 v_off = dv.offset + kh * dv.head_stride + cv_part * 16;
   // Queues the copies of tile `t0` into buffer `buf` (one commit group).
   auto issue = [&](uint32_t t0, int buf) {
     const uint32_t nt = min(T, t_end - t0);
@@ -160,13 +172,15 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
       for (uint32_t tok = ck_tok0; tok < nt; tok += ck_step) {
         uint32_t slot;
         const uint8_t *blk = token_blk(t0 + tok, slot);
-        cp_async16(kbuf + (buf * T + tok) * rk + ck_part * 16, blk + k_off + slot * dk.token_stride);
+        cp_async16(kbuf + (buf * T + tok) * rk + ck_part * 16,
+                   blk + k_off + slot * dk.token_stride);
       }
     if (threadIdx.x < cv * cv_step)
       for (uint32_t tok = cv_tok0; tok < nt; tok += cv_step) {
         uint32_t slot;
         const uint8_t *blk = token_blk(t0 + tok, slot);
-        cp_async16(vbuf + (buf * T + tok) * rv + cv_part * 16, blk + v_off + slot * dv.token_stride);
+        cp_async16(vbuf + (buf * T + tok) * rv + cv_part * 16,
+                   blk + v_off + slot * dv.token_stride);
       }
     cp_async_commit();
   };
@@ -176,7 +190,8 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
   const bool kq_tok = KL::kQuant && dk.gran == G_TOKEN, vq_tok = VL::kQuant && dv.gran == G_TOKEN;
   float pend = 0.0f;
   int pend_idx = -1;
-  auto fetch_scale = [&](uint32_t t0, int buf) {  // one scale per thread at most (2 x T <= kThreads)
+  auto fetch_scale = [&](uint32_t t0,
+                         int buf) {  // one scale per thread at most (2 x T <= kThreads)
     pend_idx = -1;
     const uint32_t nt = min(T, t_end - t0);
     const uint32_t c = threadIdx.x;
@@ -187,17 +202,18 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
     const PartDesc &d = kv ? dv : dk;
     uint32_t slot;
     const uint8_t *blk = token_blk(t0 + tok, slot);
-    pend = load_scale(blk + d.scale_offset + (slot * d.scales_per_token + kh) * d.scale_bytes, d.scale_f16);
+    pend = load_scale(blk + d.scale_offset + (slot * d.scales_per_token + kh) * d.scale_bytes,
+                      d.scale_f16);
     pend_idx = (kv * 2 + buf) * kTile + tok;
   };
   auto store_scale_s = [&]() {
     if (pend_idx >= 0) (&ssc[0][0][0])[pend_idx] = pend;
   };
 
-
   for (uint32_t i = threadIdx.x; i < GM * hd; i += kThreads) {
     const uint32_t gi = i / hd, e = i % hd;
-    q_s[gi][e] = gi < ng ? load_src(a.q, a.q_dtype, (qrow * a.hq + qh0 + gi) * hd + e) * a.scale : 0.0f;
+    q_s[gi][e] =
+        gi < ng ? load_src(a.q, a.q_dtype, (qrow * a.hq + qh0 + gi) * hd + e) * a.scale : 0.0f;
   }
   if (threadIdx.x < GM) m_s[threadIdx.x] = -INFINITY, l_s[threadIdx.x] = 0.0f;
   if (t_begin < t_end) {
@@ -265,7 +281,8 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
         float r = up2 ? k1 : k0;
         r += __shfl_xor_sync(full, up2 ? k0 : k1, quarter);
         for (uint32_t o = quarter / 2; o; o /= 2) r += __shfl_xor_sync(full, r, o);
-        if ((ln & (quarter - 1)) == 0 && tt < nt && my_head < ng) sc[my_head][tt] = fminf(FLT_MAX, fmaxf(-FLT_MAX, r));
+        if ((ln & (quarter - 1)) == 0 && tt < nt && my_head < ng)
+          sc[my_head][tt] = fminf(FLT_MAX, fmaxf(-FLT_MAX, r));
       }
     }
     __syncthreads();
@@ -339,11 +356,16 @@ __global__ void __launch_bounds__(kThreads, 4) attn_fast_kernel(AttnArgs a) {
 }  // namespace
 
 void launch_attn_fast(int fast, dim3 grid, size_t red, cudaStream_t stream_, const AttnArgs &c) {
-  if (fast == F16) attn_fast_kernel<LoadF16, LoadF16><<<grid, kThreads, red, stream_>>>(c);
-  else if (fast == BF16) attn_fast_kernel<LoadBF16, LoadBF16><<<grid, kThreads, red, stream_>>>(c);
-  else if (fast == I8) attn_fast_kernel<LoadI8, LoadI8><<<grid, kThreads, red, stream_>>>(c);
-  else if (fast == E4M3) attn_fast_kernel<LoadE4M3, LoadE4M3><<<grid, kThreads, red, stream_>>>(c);
-  else if (fast == I4) attn_fast_kernel<LoadI4, LoadI4><<<grid, kThreads, red, stream_>>>(c);
+  if (fast == F16)
+    attn_fast_kernel<LoadF16, LoadF16><<<grid, kThreads, red, stream_>>>(c);
+  else if (fast == BF16)
+    attn_fast_kernel<LoadBF16, LoadBF16><<<grid, kThreads, red, stream_>>>(c);
+  else if (fast == I8)
+    attn_fast_kernel<LoadI8, LoadI8><<<grid, kThreads, red, stream_>>>(c);
+  else if (fast == E4M3)
+    attn_fast_kernel<LoadE4M3, LoadE4M3><<<grid, kThreads, red, stream_>>>(c);
+  else if (fast == I4)
+    attn_fast_kernel<LoadI4, LoadI4><<<grid, kThreads, red, stream_>>>(c);
 }
 
 void CudaDevice::set_smem(int fast, size_t bytes) {
@@ -353,11 +375,26 @@ void CudaDevice::set_smem(int fast, size_t bytes) {
   cudaError_t e = cudaSuccess;
   const int b = static_cast<int>(bytes);
   switch (fast) {
-    case F16: e = cudaFuncSetAttribute(attn_fast_kernel<LoadF16, LoadF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
-    case BF16: e = cudaFuncSetAttribute(attn_fast_kernel<LoadBF16, LoadBF16>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
-    case I8: e = cudaFuncSetAttribute(attn_fast_kernel<LoadI8, LoadI8>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
-    case E4M3: e = cudaFuncSetAttribute(attn_fast_kernel<LoadE4M3, LoadE4M3>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
-    default: e = cudaFuncSetAttribute(attn_fast_kernel<LoadI4, LoadI4>, cudaFuncAttributeMaxDynamicSharedMemorySize, b); break;
+    case F16:
+      e = cudaFuncSetAttribute(attn_fast_kernel<LoadF16, LoadF16>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+      break;
+    case BF16:
+      e = cudaFuncSetAttribute(attn_fast_kernel<LoadBF16, LoadBF16>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+      break;
+    case I8:
+      e = cudaFuncSetAttribute(attn_fast_kernel<LoadI8, LoadI8>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+      break;
+    case E4M3:
+      e = cudaFuncSetAttribute(attn_fast_kernel<LoadE4M3, LoadE4M3>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+      break;
+    default:
+      e = cudaFuncSetAttribute(attn_fast_kernel<LoadI4, LoadI4>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, b);
+      break;
   }
   check(e, "cudaFuncSetAttribute");
 }

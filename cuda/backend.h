@@ -26,12 +26,12 @@ namespace kvc::cuda {
 // How one part (K or V) sits in a block (a copy of core::PartLayout plus
 // the codec fields the kernels use).
 struct PartDesc {
-  int32_t dtype = 1;        // DType value
-  int32_t gran = 0;         // codec::Gran value
-  uint32_t group = 0;       // values per group (Group)
+  int32_t dtype = 1;   // DType value
+  int32_t gran = 0;    // codec::Gran value
+  uint32_t group = 0;  // values per group (Group)
   int32_t asym = 0;
-  int32_t scale_f16 = 0;    // scales stored as f16 (else f32)
-  uint32_t rotation = 0;    // Hadamard block (0: none)
+  int32_t scale_f16 = 0;  // scales stored as f16 (else f32)
+  uint32_t rotation = 0;  // Hadamard block (0: none)
   int32_t quantized = 0;
   uint64_t offset = 0, token_stride = 0, head_stride = 0;
   uint64_t scale_offset = 0, zero_offset = 0, scales_per_token = 0, scale_bytes = 0;
@@ -71,8 +71,8 @@ class Device {
   // NaN / Inf on the device: a bad call writes nothing and is counted
   // (sync() reports it). Host inputs make the call wait for the stream.
   // parts: bit 0 writes K, bit 1 writes V (the other pointer may be null).
-  virtual void append(const Slot *slots, uint64_t n, const void *k, const void *v, int32_t src_dtype,
-                      const float tensor_scale[2], int parts) = 0;
+  virtual void append(const Slot *slots, uint64_t n, const void *k, const void *v,
+                      int32_t src_dtype, const float tensor_scale[2], int parts) = 0;
   // Absolute maximum of the rotated rows of part kv (for the dynamic
   // per-tensor scale); waits. Throws NonFinite when a value is NaN or Inf.
   virtual float absmax(int kv, uint64_t n, const void *src, int32_t src_dtype) = 0;
@@ -86,14 +86,15 @@ class Device {
   // are q + q_row[i] * num_q_heads * head_dim (q_dtype), output at the same
   // row of out (out_dtype), lse (f32, may be null) at q_row[i] * num_q_heads.
   struct AttnBatch {
-    const int32_t *block_ids = nullptr;   // host
+    const int32_t *block_ids = nullptr;  // host
     const uint64_t *block_start = nullptr;
     const uint64_t *n_tokens = nullptr;
     const uint64_t *q_row = nullptr;
     uint64_t n_items = 0, n_blocks = 0, n_rows = 0;
   };
-  virtual void attention(const AttnBatch &b, uint32_t num_q_heads, float scale, const void *q, int32_t q_dtype,
-                         void *out, int32_t out_dtype, float *lse, const float tensor_scale[2]) = 0;
+  virtual void attention(const AttnBatch &b, uint32_t num_q_heads, float scale, const void *q,
+                         int32_t q_dtype, void *out, int32_t out_dtype, float *lse,
+                         const float tensor_scale[2]) = 0;
 
   // Moves tokens: dst[i] receives src[i]'s codes, scales and zero points
   // (both parts). Sources are read before any destination is written.

@@ -28,7 +28,8 @@ __device__ inline float fp8_decode(uint32_t c) {
   if (kMant == 3 && (c & 0x7fu) == 0x7fu) return __uint_as_float(0x7fc00000u | sign);  // E4M3 NaN
   if (kMant == 2 && e == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (m ? 0x400000u : 0u));
   if (e == 0) {  // subnormal: m x 2^(1 - bias - mant), exact
-    const float v = static_cast<float>(m) * __uint_as_float(static_cast<uint32_t>(127 + 1 - kBias - kMant) << 23);
+    const float v = static_cast<float>(m) *
+                    __uint_as_float(static_cast<uint32_t>(127 + 1 - kBias - kMant) << 23);
     return sign ? -v : v;
   }
   return __uint_as_float(sign | ((e - kBias + 127) << 23) | (m << (23 - kMant)));
@@ -73,9 +74,12 @@ __device__ inline float round_zero_down(float v, int f16) {
   if (v >= 65504.0f) return 65504.0f;
   uint16_t h = f2h(v);
   if (h2f(h) > v) {
-    if (h == 0x0000) h = 0x8001;
-    else if (h & 0x8000) ++h;
-    else --h;
+    if (h == 0x0000)
+      h = 0x8001;
+    else if (h & 0x8000)
+      ++h;
+    else
+      --h;
   }
   return h2f(h);
 }
@@ -83,8 +87,12 @@ __device__ inline float round_zero_down(float v, int f16) {
 struct Params {
   float scale = 0.0f, inv = 0.0f, zero = 0.0f;
 };
-__device__ inline int qmax_sym(int32_t d) { return d == I8 ? 127 : d == I4 ? 7 : 1; }
-__device__ inline int qmax_asym(int32_t d) { return d == I8 ? 255 : d == I4 ? 15 : 3; }
+__device__ inline int qmax_sym(int32_t d) {
+  return d == I8 ? 127 : d == I4 ? 7 : 1;
+}
+__device__ inline int qmax_asym(int32_t d) {
+  return d == I8 ? 255 : d == I4 ? 15 : 3;
+}
 
 // src/codec's make_params for dynamic scales (min and max of a group).
 __device__ Params make_params(const PartDesc &d, float lo, float hi) {
@@ -96,13 +104,16 @@ __device__ Params make_params(const PartDesc &d, float lo, float hi) {
     lo = lo < -1e38f ? -1e38f : lo;
     hi = hi > 1e38f ? 1e38f : hi;
     p.zero = round_zero_down(lo, d.scale_f16);
-    raw = __ddiv_rn(__dsub_rn(static_cast<double>(hi), static_cast<double>(p.zero)), static_cast<double>(qmax_asym(d.dtype)));
+    raw = __ddiv_rn(__dsub_rn(static_cast<double>(hi), static_cast<double>(p.zero)),
+                    static_cast<double>(qmax_asym(d.dtype)));
   } else {
     const double cap = is_int(d.dtype) ? 1e38 : static_cast<double>(INFINITY);
     const double a = fabs(static_cast<double>(lo)), b = fabs(static_cast<double>(hi));
     const double m = a < b ? b : a;
     const double absmax = cap < m ? cap : m;
-    const double q = d.dtype == E4M3 ? 448.0 : d.dtype == E5M2 ? 57344.0 : static_cast<double>(qmax_sym(d.dtype));
+    const double q = d.dtype == E4M3   ? 448.0
+                     : d.dtype == E5M2 ? 57344.0
+                                       : static_cast<double>(qmax_sym(d.dtype));
     raw = __ddiv_rn(absmax, q);
   }
   if (raw > 0.0) {
@@ -145,8 +156,10 @@ __device__ inline float decode_one(const PartDesc &d, uint32_t c, float scale, f
   if (d.dtype == E5M2) return __fmul_rn(fp8_decode<2, 15>(c), scale);
   const int bits = bits_of(d.dtype);
   int32_t v = static_cast<int32_t>(c);
-  if (bits == 8 && !d.asym) v = static_cast<int8_t>(c);
-  else if (!d.asym) v -= bits == 4 ? 8 : 2;
+  if (bits == 8 && !d.asym)
+    v = static_cast<int8_t>(c);
+  else if (!d.asym)
+    v -= bits == 4 ? 8 : 2;
   const float q = static_cast<float>(v);
   return d.asym ? __fadd_rn(__fmul_rn(q, scale), zero) : __fmul_rn(q, scale);
 }
@@ -189,11 +202,14 @@ __device__ inline CodePos code_pos(const PartDesc &d, uint32_t e, uint32_t hd) {
 }
 
 // Decodes element e of the token in slot s of block blk.
-__device__ inline float read_elem(const Geometry &g, int kv, const uint8_t *blk, uint32_t s, uint32_t e, float ts) {
+__device__ inline float read_elem(const Geometry &g, int kv, const uint8_t *blk, uint32_t s,
+                                  uint32_t e, float ts) {
   const PartDesc &d = g.part[kv];
   if (!d.quantized) {
     const uint32_t head = e / g.head_dim, i = e % g.head_dim;
-    return load_plain(blk + d.offset + head * d.head_stride + s * d.token_stride + i * plain_bytes(d.dtype), d.dtype);
+    return load_plain(
+        blk + d.offset + head * d.head_stride + s * d.token_stride + i * plain_bytes(d.dtype),
+        d.dtype);
   }
   const CodePos cp = code_pos(d, e, g.head_dim);
   const uint8_t *codes = blk + d.offset + s * d.token_stride;

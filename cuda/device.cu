@@ -14,7 +14,9 @@
 namespace kvc::cuda {
 
 namespace {
-std::string u64s(uint64_t v) { return std::to_string(v); }
+std::string u64s(uint64_t v) {
+  return std::to_string(v);
+}
 }  // namespace
 
 void check(cudaError_t e, const char *what) {
@@ -53,8 +55,9 @@ CudaDevice::CudaDevice(int index, uint64_t bytes, const Geometry &g) : index_(in
   if (e != cudaSuccess) {
     cudaGetLastError();
     cudaStreamDestroy(own_);
-    fail(Errc::OutOfMemory, "CUDA device " + std::to_string(index) + ": cannot allocate " + u64s(bytes) +
-                                " bytes of block memory (" + cudaGetErrorString(e) + ")");
+    fail(Errc::OutOfMemory, "CUDA device " + std::to_string(index) + ": cannot allocate " +
+                                u64s(bytes) + " bytes of block memory (" + cudaGetErrorString(e) +
+                                ")");
   }
   e = cudaMalloc(&flags_, sizeof(unsigned long long));
   if (e == cudaSuccess) e = cudaMemset(arena_, 0, bytes);
@@ -94,13 +97,15 @@ void CudaDevice::zero(uint64_t off, uint64_t n) {
 
 void CudaDevice::copy(uint64_t dst, uint64_t src, uint64_t n) {
   Guard gd(index_);
-  check(cudaMemcpyAsync(arena_ + dst, arena_ + src, n, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(arena_ + dst, arena_ + src, n, cudaMemcpyDeviceToDevice, stream_),
+        "cudaMemcpyAsync");
 }
 
 uint64_t CudaDevice::sync() {
   Guard gd(index_);
   unsigned long long refused = 0;
-  check(cudaMemcpyAsync(&refused, flags_, sizeof refused, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(&refused, flags_, sizeof refused, cudaMemcpyDeviceToHost, stream_),
+        "cudaMemcpyAsync");
   check(cudaMemsetAsync(flags_, 0, sizeof refused, stream_), "cudaMemsetAsync");
   check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   return refused;
@@ -108,8 +113,10 @@ uint64_t CudaDevice::sync() {
 
 void CudaDevice::upload(void *dst, const void *a, size_t na, const void *b, size_t nb) {
   std::lock_guard<std::mutex> lk(stage_mu_);
-  if (stage_event_) check(cudaEventSynchronize(stage_event_), "cudaEventSynchronize");
-  else check(cudaEventCreateWithFlags(&stage_event_, cudaEventDisableTiming), "cudaEventCreate");
+  if (stage_event_)
+    check(cudaEventSynchronize(stage_event_), "cudaEventSynchronize");
+  else
+    check(cudaEventCreateWithFlags(&stage_event_, cudaEventDisableTiming), "cudaEventCreate");
   if (stage_size_ < na + nb) {
     if (stage_) cudaFreeHost(stage_);
     stage_ = nullptr;
@@ -123,7 +130,9 @@ void CudaDevice::upload(void *dst, const void *a, size_t na, const void *b, size
   check(cudaEventRecord(stage_event_, stream_), "cudaEventRecord");
 }
 
-bool Device::compiled() { return true; }
+bool Device::compiled() {
+  return true;
+}
 
 std::unique_ptr<Device> Device::open(int index, uint64_t bytes, const Geometry &g) {
   int count = 0;
@@ -133,8 +142,9 @@ std::unique_ptr<Device> Device::open(int index, uint64_t bytes, const Geometry &
     fail(Errc::DeviceUnavailable, std::string("no usable CUDA device: ") + cudaGetErrorString(e));
   }
   if (index < 0 || index >= count)
-    fail(Errc::DeviceUnavailable, "CUDA device " + std::to_string(index) + " does not exist (this machine has " +
-                                      std::to_string(count) + ")");
+    fail(Errc::DeviceUnavailable, "CUDA device " + std::to_string(index) +
+                                      " does not exist (this machine has " + std::to_string(count) +
+                                      ")");
   return std::make_unique<CudaDevice>(index, bytes, g);
 }
 

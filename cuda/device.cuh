@@ -47,9 +47,10 @@ class CudaDevice final : public Device {
   void append(const Slot *slots, uint64_t n, const void *k, const void *v, int32_t src_dtype,
               const float ts[2], int parts) override;
   float absmax(int kv, uint64_t n, const void *src, int32_t dt) override;
-  void gather(const Slot *slots, uint64_t n, void *k_out, void *v_out, int32_t dt, const float ts[2]) override;
-  void attention(const AttnBatch &b, uint32_t hq, float scale, const void *q, int32_t q_dtype, void *out,
-                 int32_t out_dtype, float *lse, const float ts[2]) override;
+  void gather(const Slot *slots, uint64_t n, void *k_out, void *v_out, int32_t dt,
+              const float ts[2]) override;
+  void attention(const AttnBatch &b, uint32_t hq, float scale, const void *q, int32_t q_dtype,
+                 void *out, int32_t out_dtype, float *lse, const float ts[2]) override;
   void move_tokens(const Slot *src, const Slot *dst, uint64_t n) override;
   void copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host) override;
   uint64_t sync() override;

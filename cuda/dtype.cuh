@@ -26,20 +26,38 @@ constexpr int32_t I2 = static_cast<int32_t>(DType::INT2);
 enum : int32_t { G_NONE = 0, G_TENSOR = 1, G_TOKEN = 2, G_GROUP = 3, G_CHANNEL = 4 };
 
 __host__ __device__ constexpr int bits_of(int32_t d) {
-  return d == F32 ? 32 : (d == F16 || d == BF16) ? 16 : (d == E4M3 || d == E5M2 || d == I8) ? 8 : d == I4 ? 4 : 2;
+  return d == F32                              ? 32
+         : (d == F16 || d == BF16)             ? 16
+         : (d == E4M3 || d == E5M2 || d == I8) ? 8
+         : d == I4                             ? 4
+                                               : 2;
 }
-__host__ __device__ inline uint64_t row_bytes(int32_t d, uint64_t n) { return (n * bits_of(d) + 7) / 8; }
-__device__ inline bool is_int(int32_t d) { return d == I8 || d == I4 || d == I2; }
+__host__ __device__ inline uint64_t row_bytes(int32_t d, uint64_t n) {
+  return (n * bits_of(d) + 7) / 8;
+}
+__device__ inline bool is_int(int32_t d) {
+  return d == I8 || d == I4 || d == I2;
+}
 // bits_of() agrees with common/dtype.h's table for every dtype the kernels take.
-static_assert(bits_of(F32) == kvc::bits_of(DType::F32) && bits_of(F16) == kvc::bits_of(DType::F16) &&
-                  bits_of(BF16) == kvc::bits_of(DType::BF16) && bits_of(E4M3) == kvc::bits_of(DType::FP8_E4M3) &&
-                  bits_of(E5M2) == kvc::bits_of(DType::FP8_E5M2) && bits_of(I8) == kvc::bits_of(DType::INT8) &&
-                  bits_of(I4) == kvc::bits_of(DType::INT4) && bits_of(I2) == kvc::bits_of(DType::INT2),
+static_assert(bits_of(F32) == kvc::bits_of(DType::F32) &&
+                  bits_of(F16) == kvc::bits_of(DType::F16) &&
+                  bits_of(BF16) == kvc::bits_of(DType::BF16) &&
+                  bits_of(E4M3) == kvc::bits_of(DType::FP8_E4M3) &&
+                  bits_of(E5M2) == kvc::bits_of(DType::FP8_E5M2) &&
+                  bits_of(I8) == kvc::bits_of(DType::INT8) &&
+                  bits_of(I4) == kvc::bits_of(DType::INT4) &&
+                  bits_of(I2) == kvc::bits_of(DType::INT2),
               "the kernels' bits_of() disagrees with common/dtype.h");
 
-__device__ inline float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-__device__ inline uint16_t f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
-__device__ inline float bf2f(uint16_t b) { return __uint_as_float(static_cast<uint32_t>(b) << 16); }
+__device__ inline float h2f(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+__device__ inline uint16_t f2h(float f) {
+  return __half_as_ushort(__float2half_rn(f));
+}
+__device__ inline float bf2f(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
 // Round to nearest even (src/common/convert.h's f32_to_bf16_scalar).
 __device__ inline uint16_t f2bf(float f) {
   const uint32_t u = __float_as_uint(f);
@@ -54,10 +72,14 @@ __device__ inline float load_plain(const uint8_t *p, int32_t dt) {
   return dt == F16 ? h2f(h) : bf2f(h);
 }
 __device__ inline void store_plain(uint8_t *p, int32_t dt, float v) {
-  if (dt == F32) *reinterpret_cast<float *>(p) = v;
-  else *reinterpret_cast<uint16_t *>(p) = dt == F16 ? f2h(v) : f2bf(v);
+  if (dt == F32)
+    *reinterpret_cast<float *>(p) = v;
+  else
+    *reinterpret_cast<uint16_t *>(p) = dt == F16 ? f2h(v) : f2bf(v);
 }
-__host__ __device__ inline uint32_t plain_bytes(int32_t dt) { return dt == F32 ? 4 : 2; }
+__host__ __device__ inline uint32_t plain_bytes(int32_t dt) {
+  return dt == F32 ? 4 : 2;
+}
 
 __device__ inline float load_src(const void *src, int32_t dt, uint64_t i) {
   if (dt == F32) return static_cast<const float *>(src)[i];

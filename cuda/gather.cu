@@ -33,16 +33,19 @@ __global__ void gather_kernel(GatherArgs a) {
   const Slot slot = a.slots[t];
   const uint8_t *blk = a.arena + static_cast<uint64_t>(slot / g.block_size) * g.block_stride;
   const uint32_t s = static_cast<uint32_t>(slot % g.block_size);
-  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) sm[e] = read_elem(g, kv, blk, s, e, a.ts[kv]);
+  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x)
+    sm[e] = read_elem(g, kv, blk, s, e, a.ts[kv]);
   __syncthreads();
   if (d.quantized && d.rotation) hadamard_smem(sm, row, d.rotation);
   uint8_t *o = static_cast<uint8_t *>(a.out[kv]) + t * row * plain_bytes(a.dst_dtype);
-  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x) store_plain(o + e * plain_bytes(a.dst_dtype), a.dst_dtype, sm[e]);
+  for (uint32_t e = threadIdx.x; e < row; e += blockDim.x)
+    store_plain(o + e * plain_bytes(a.dst_dtype), a.dst_dtype, sm[e]);
 }
 
 }  // namespace
 
-void CudaDevice::gather(const Slot *slots, uint64_t n, void *k_out, void *v_out, int32_t dt, const float ts[2]) {
+void CudaDevice::gather(const Slot *slots, uint64_t n, void *k_out, void *v_out, int32_t dt,
+                        const float ts[2]) {
   Guard gd(index_);
   const uint32_t row = g_.kv_heads * g_.head_dim;
   const uint64_t out_bytes = n * row * plain_bytes(dt);
@@ -58,12 +61,14 @@ void CudaDevice::gather(const Slot *slots, uint64_t n, void *k_out, void *v_out,
     GatherArgs a{arena_, g_, dslots + t0, {nullptr, nullptr}, dt, {ts[0], ts[1]}};
     for (int kv = 0; kv < 2; ++kv)
       if (dev_out[kv]) a.out[kv] = static_cast<uint8_t *>(dev_out[kv]) + t0 * row * plain_bytes(dt);
-    gather_kernel<<<dim3(static_cast<unsigned>(cnt), 2), kThreads, row * sizeof(float), stream_>>>(a);
+    gather_kernel<<<dim3(static_cast<unsigned>(cnt), 2), kThreads, row * sizeof(float), stream_>>>(
+        a);
   }
   check(cudaGetLastError(), "gather kernel launch");
   for (int kv = 0; kv < 2; ++kv)
     if (outs[kv] && dev_out[kv] != outs[kv])
-      check(cudaMemcpyAsync(outs[kv], dev_out[kv], out_bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+      check(cudaMemcpyAsync(outs[kv], dev_out[kv], out_bytes, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync");
   if (host) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 

@@ -18,7 +18,7 @@ struct MoveArgs {
   Geometry g;
   const Slot *slots;  // [n] sources then [n] destinations
   uint64_t n;
-  uint8_t *stage;     // [n][token_bytes]
+  uint8_t *stage;  // [n][token_bytes]
   uint64_t token_bytes;
   int to_stage;
 };
@@ -28,7 +28,8 @@ struct MoveArgs {
 __device__ uint8_t *token_byte(const Geometry &g, uint8_t *blk, uint32_t s, uint64_t b) {
   for (int kv = 0; kv < 2; ++kv) {
     const PartDesc &d = g.part[kv];
-    const uint64_t head_row = d.quantized ? d.token_stride / g.kv_heads : g.head_dim * plain_bytes(d.dtype);
+    const uint64_t head_row =
+        d.quantized ? d.token_stride / g.kv_heads : g.head_dim * plain_bytes(d.dtype);
     const uint64_t codes = head_row * g.kv_heads;
     if (b < codes) {
       if (d.quantized) return blk + d.offset + s * d.token_stride + b;
@@ -52,8 +53,10 @@ __global__ void move_kernel(MoveArgs a) {
   const uint32_t s = static_cast<uint32_t>(slot % a.g.block_size);
   for (uint64_t b = threadIdx.x; b < a.token_bytes; b += blockDim.x) {
     uint8_t *p = token_byte(a.g, blk, s, b);
-    if (a.to_stage) a.stage[i * a.token_bytes + b] = *p;
-    else *p = a.stage[i * a.token_bytes + b];
+    if (a.to_stage)
+      a.stage[i * a.token_bytes + b] = *p;
+    else
+      *p = a.stage[i * a.token_bytes + b];
   }
 }
 
@@ -64,14 +67,17 @@ void CudaDevice::move_tokens(const Slot *src, const Slot *dst, uint64_t n) {
   Guard gd(index_);
   uint64_t tb = 0;
   for (const PartDesc &d : g_.part) {
-    const uint64_t head_row = d.quantized ? d.token_stride / g_.kv_heads : g_.head_dim * plain_bytes(d.dtype);
+    const uint64_t head_row =
+        d.quantized ? d.token_stride / g_.kv_heads : g_.head_dim * plain_bytes(d.dtype);
     tb += head_row * g_.kv_heads;
     if (d.quantized) tb += d.scales_per_token * d.scale_bytes * (d.asym ? 2 : 1);
   }
   Temp tmp(stream_);
   Slot *ds = static_cast<Slot *>(tmp.get(2 * n * sizeof(Slot)));
-  check(cudaMemcpyAsync(ds, src, n * sizeof(Slot), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
-  check(cudaMemcpyAsync(ds + n, dst, n * sizeof(Slot), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(ds, src, n * sizeof(Slot), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync");
+  check(cudaMemcpyAsync(ds + n, dst, n * sizeof(Slot), cudaMemcpyHostToDevice, stream_),
+        "cudaMemcpyAsync");
   uint8_t *stage = static_cast<uint8_t *>(tmp.get(n * tb));
   // Every source is staged before any destination is written (a
   // destination may be another token's source).
@@ -90,11 +96,16 @@ void CudaDevice::copy_blocks(const int32_t *blocks, size_t n, void *host, bool t
   for (size_t i = 0; i < n; ++i) {
     uint8_t *dp = arena_ + static_cast<uint64_t>(blocks[i]) * g_.block_stride;
     uint8_t *hp = static_cast<uint8_t *>(host) + i * g_.block_stride;
-    if (to_host) check(cudaMemcpyAsync(hp, dp, g_.block_stride, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-    else check(cudaMemcpyAsync(dp, hp, g_.block_stride, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    if (to_host)
+      check(cudaMemcpyAsync(hp, dp, g_.block_stride, cudaMemcpyDeviceToHost, stream_),
+            "cudaMemcpyAsync");
+    else
+      check(cudaMemcpyAsync(dp, hp, g_.block_stride, cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpyAsync");
   }
   cudaPointerAttributes at{};
-  const bool pinned = cudaPointerGetAttributes(&at, host) == cudaSuccess && at.type == cudaMemoryTypeHost;
+  const bool pinned =
+      cudaPointerGetAttributes(&at, host) == cudaSuccess && at.type == cudaMemoryTypeHost;
   cudaGetLastError();
   if (!pinned) check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }

@@ -5,11 +5,14 @@
 
 namespace kvc::cuda {
 
-bool Device::compiled() { return false; }
+bool Device::compiled() {
+  return false;
+}
 
 std::unique_ptr<Device> Device::open(int, uint64_t, const Geometry &) {
   fail(Errc::DeviceUnavailable,
-             "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with KVC_CUDA=OFF)");
+       "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with "
+       "KVC_CUDA=OFF)");
 }
 
 }  // namespace kvc::cuda

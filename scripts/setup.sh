@@ -15,7 +15,7 @@ python_venvs() {
 packages=(
   build-essential cmake ninja-build pkg-config
   libcmocka-dev libbenchmark-dev libssl-dev libxxhash-dev libcli11-dev nlohmann-json3-dev
-  libicu-dev libopenblas-dev doxygen abigail-tools clang libclang-rt-14-dev gnuplot-nox python3 python3-pip python3-venv python3-dev unzip
+  libicu-dev libopenblas-dev doxygen abigail-tools clang clang-format libclang-rt-14-dev gnuplot-nox python3 python3-pip python3-venv python3-dev unzip
   bindgen libclang-dev  # Rust bindings: bindgen regenerates kvcache-sys (cargo, rustc: rustup, ~/.cargo/bin)
   swig golang-go openjdk-17-jdk-headless junit4  # SWIG bindings: Python, Go (cgo), Java (JNI, JUnit 4)
   libhiredis-dev redis-server redis-tools  # Redis tier: hiredis client; the tests start their own servers and a 3-node cluster

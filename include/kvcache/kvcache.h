@@ -88,6 +88,7 @@
 #include <stdint.h>
 
 /** @brief Marks an exported symbol (the library is built with hidden visibility). */
+/* clang-format off */
 #if defined(_WIN32)
 #  if defined(KVC_BUILDING_LIBRARY)
 #    define KVC_API __declspec(dllexport)
@@ -99,6 +100,7 @@
 #else
 #  define KVC_API
 #endif
+/* clang-format on */
 
 #ifdef __cplusplus
 extern "C" {
@@ -115,8 +117,7 @@ extern "C" {
 /** @brief Patch version: fixes only. */
 #define KVC_VERSION_PATCH 0
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
-#define KVC_VERSION_NUMBER \
-  (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
+#define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
 #define KVC_API_VERSION 5
 
@@ -152,9 +153,9 @@ KVC_API const char *kvc_version_string(void);
  * @since 0.1
  */
 typedef enum kvc_status {
-  KVC_OK = 0,                      /**< Success. */
-  KVC_ERR_INVALID_ARGUMENT = 1,    /**< An argument has a value outside its documented range. */
-  KVC_ERR_NULL_POINTER = 2,        /**< A required pointer argument is NULL. */
+  KVC_OK = 0,                   /**< Success. */
+  KVC_ERR_INVALID_ARGUMENT = 1, /**< An argument has a value outside its documented range. */
+  KVC_ERR_NULL_POINTER = 2,     /**< A required pointer argument is NULL. */
   /**
    * A struct's struct_size is smaller than the oldest supported one, ends inside a field
    * (since 0.4) or is above ::KVC_STRUCT_SIZE_MAX (since 0.4).
@@ -167,21 +168,21 @@ typedef enum kvc_status {
   KVC_ERR_UNSUPPORTED = 4,
   /** Sizes whose product or sum overflows 64 bits (or the address space). */
   KVC_ERR_OVERFLOW = 5,
-  KVC_ERR_OUT_OF_MEMORY = 6,       /**< The host allocator failed. */
+  KVC_ERR_OUT_OF_MEMORY = 6, /**< The host allocator failed. */
   /** Not enough free (or reclaimable) blocks in the pool; nothing changed. */
   KVC_ERR_POOL_EXHAUSTED = 7,
-  KVC_ERR_SEQ_NOT_FOUND = 8,       /**< No live sequence has this id (never created, or freed). */
-  KVC_ERR_SEQ_EXISTS = 9,          /**< A sequence with this id already exists. */
+  KVC_ERR_SEQ_NOT_FOUND = 8, /**< No live sequence has this id (never created, or freed). */
+  KVC_ERR_SEQ_EXISTS = 9,    /**< A sequence with this id already exists. */
   /** A position, token index or layer is outside what the sequence holds. */
   KVC_ERR_OUT_OF_RANGE = 10,
-  KVC_ERR_NOT_RESERVED = 11,       /**< A write outside the sequence's reserved slots. */
+  KVC_ERR_NOT_RESERVED = 11, /**< A write outside the sequence's reserved slots. */
   /** A caller buffer is too small; the required size is reported. */
   KVC_ERR_BUFFER_TOO_SMALL = 12,
   KVC_ERR_DEVICE_UNAVAILABLE = 13, /**< The requested device does not exist or has no driver. */
   KVC_ERR_VERSION = 14,            /**< An API or ABI version the library does not provide. */
   /** A quantization scale is zero, negative, NaN, Inf or out of range. */
   KVC_ERR_INVALID_SCALE = 15,
-  KVC_ERR_NON_FINITE = 16,         /**< Input data contains NaN or Inf where it is not allowed. */
+  KVC_ERR_NON_FINITE = 16, /**< Input data contains NaN or Inf where it is not allowed. */
   /** A bug in the library (an unexpected C++ exception); please report it. */
   KVC_ERR_INTERNAL = 17,
   /**
@@ -269,14 +270,14 @@ typedef struct kvc_policy kvc_policy;
  * @since 0.1
  */
 typedef enum kvc_dtype {
-  KVC_DTYPE_F32 = 0,      /**< 32-bit float, 4 bytes. */
-  KVC_DTYPE_F16 = 1,      /**< IEEE half, 2 bytes. */
-  KVC_DTYPE_BF16 = 2,     /**< bfloat16, 2 bytes. */
+  KVC_DTYPE_F32 = 0,  /**< 32-bit float, 4 bytes. */
+  KVC_DTYPE_F16 = 1,  /**< IEEE half, 2 bytes. */
+  KVC_DTYPE_BF16 = 2, /**< bfloat16, 2 bytes. */
   /** OCP fp8 E4M3 "FN" (max 448, no Inf), 1 byte; storage only, with a scale. @since 0.2 */
   KVC_DTYPE_FP8_E4M3 = 3,
   /** OCP fp8 E5M2 (max 57344), 1 byte; storage only, with a scale. @since 0.2 */
   KVC_DTYPE_FP8_E5M2 = 4,
-  KVC_DTYPE_INT8 = 5,     /**< 8-bit integer codes with scales; storage only. @since 0.2 */
+  KVC_DTYPE_INT8 = 5, /**< 8-bit integer codes with scales; storage only. @since 0.2 */
   /** 4-bit integer codes, two per byte, with scales; storage only. @since 0.2 */
   KVC_DTYPE_INT4 = 6,
   /** 2-bit integer codes, four per byte, with scales; storage only. @since 0.2 */
@@ -302,7 +303,7 @@ typedef enum kvc_dtype {
  * @since 0.1
  */
 typedef enum kvc_device {
-  KVC_DEVICE_CPU = 0,  /**< Host memory (the reference backend). */
+  KVC_DEVICE_CPU = 0, /**< Host memory (the reference backend). */
   /**
    * An NVIDIA GPU (docs/cuda.md); ::KVC_ERR_DEVICE_UNAVAILABLE in builds without CUDA, on machines
    * without a driver or device, or for a device_index that does not exist.
@@ -384,7 +385,7 @@ typedef enum kvc_granularity {
  * @since 0.2
  */
 typedef enum kvc_rotation {
-  KVC_ROTATION_NONE = 0,     /**< No rotation. */
+  KVC_ROTATION_NONE = 0, /**< No rotation. */
   /** Block-diagonal normalized Hadamard (blocks of rotation_block values). */
   KVC_ROTATION_HADAMARD = 1,
   KVC_ROTATION_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum. */
@@ -427,16 +428,16 @@ typedef enum kvc_rotation {
  * @since 0.2 (full_range 0.3)
  */
 typedef struct kvc_codec {
-  size_t struct_size;           /**< sizeof(kvc_codec) of the caller. */
-  kvc_dtype dtype;              /**< Storage dtype; default ::KVC_DTYPE_INT8. */
+  size_t struct_size; /**< sizeof(kvc_codec) of the caller. */
+  kvc_dtype dtype;    /**< Storage dtype; default ::KVC_DTYPE_INT8. */
   /** Default ::KVC_SCALE_PER_TOKEN; ::KVC_SCALE_NONE for float dtypes. */
   kvc_granularity granularity;
   /** Values (per-group) or rows (per-channel) per scale, 1..65536; default 32. */
   uint32_t group_size;
-  uint32_t asymmetric;          /**< 1: zero points (integer dtypes only); default 0. */
+  uint32_t asymmetric; /**< 1: zero points (integer dtypes only); default 0. */
   /** ::KVC_DTYPE_F32 (default) or ::KVC_DTYPE_F16 for scales and zero points. */
   kvc_dtype scale_dtype;
-  kvc_rotation rotation;        /**< Default ::KVC_ROTATION_NONE. */
+  kvc_rotation rotation; /**< Default ::KVC_ROTATION_NONE. */
   /** Power of two dividing the row (pool: head_dim); 0 = the largest such, at most 1024. */
   uint32_t rotation_block;
   /** 1: use `scale` as a static (calibrated) per-tensor scale; 0 (default): dynamic scales. */
@@ -535,7 +536,7 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
  * @since 0.3
  */
 typedef enum kvc_rope_style {
-  KVC_ROPE_NONE = 0,        /**< Unknown or none: positions never shift (default). */
+  KVC_ROPE_NONE = 0, /**< Unknown or none: positions never shift (default). */
   /** Pairs (2i, 2i+1) rotate by pos x theta^(-2i/dims): Meta LLaMA, llama2.c, GPT-J. */
   KVC_ROPE_INTERLEAVED = 1,
   /** Pairs (i, i + dims/2) ("rotate half"): GPT-NeoX, Hugging Face LLaMA, llama.cpp NEOX. */
@@ -554,25 +555,25 @@ typedef enum kvc_rope_style {
  * @since 0.1
  */
 typedef struct kvc_pool_config {
-  size_t struct_size;     /**< sizeof(kvc_pool_config) of the caller. */
-  uint32_t num_layers;    /**< Transformer layers, 1..4096. */
-  uint32_t num_q_heads;   /**< Query heads, 1..65536, a multiple of num_kv_heads. */
-  uint32_t num_kv_heads;  /**< KV heads, 1..65536 (GQA: fewer than num_q_heads). */
-  uint32_t head_dim;      /**< Elements per head, 1..1024. */
-  uint32_t block_size;    /**< Tokens per block, 1..4096; default 16. */
-  uint32_t flags;         /**< Bitwise OR of KVC_POOL_* flags; default 0. */
-  uint64_t num_blocks;    /**< Capacity in blocks (all layers together), 0 = use capacity_bytes. */
+  size_t struct_size;    /**< sizeof(kvc_pool_config) of the caller. */
+  uint32_t num_layers;   /**< Transformer layers, 1..4096. */
+  uint32_t num_q_heads;  /**< Query heads, 1..65536, a multiple of num_kv_heads. */
+  uint32_t num_kv_heads; /**< KV heads, 1..65536 (GQA: fewer than num_q_heads). */
+  uint32_t head_dim;     /**< Elements per head, 1..1024. */
+  uint32_t block_size;   /**< Tokens per block, 1..4096; default 16. */
+  uint32_t flags;        /**< Bitwise OR of KVC_POOL_* flags; default 0. */
+  uint64_t num_blocks;   /**< Capacity in blocks (all layers together), 0 = use capacity_bytes. */
   /** Capacity as a byte budget for block memory, used when num_blocks is 0. */
   uint64_t capacity_bytes;
-  kvc_dtype k_dtype;      /**< Storage dtype of keys; default ::KVC_DTYPE_F16. */
-  kvc_dtype v_dtype;      /**< Storage dtype of values; default ::KVC_DTYPE_F16. */
-  kvc_layout layout;      /**< Order inside a block; default ::KVC_LAYOUT_NHD. */
+  kvc_dtype k_dtype; /**< Storage dtype of keys; default ::KVC_DTYPE_F16. */
+  kvc_dtype v_dtype; /**< Storage dtype of values; default ::KVC_DTYPE_F16. */
+  kvc_layout layout; /**< Order inside a block; default ::KVC_LAYOUT_NHD. */
   /**
    * Where blocks live; default ::KVC_DEVICE_CPU. ::KVC_DEVICE_CUDA: one device allocation, the same
    * layout; data arguments may then be device memory (docs/cuda.md lists what is CPU-only).
    */
   kvc_device device;
-  int32_t device_index;   /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
+  int32_t device_index; /**< Device ordinal for ::KVC_DEVICE_CUDA; 0 for the CPU. */
   /**
    * NULL (default): keys stored as k_dtype; else their codec (copied at create; dtype
    * overrides k_dtype).
@@ -606,7 +607,7 @@ typedef struct kvc_pool_config {
   kvc_rope_style rope_style;
   /** Rotated dimensions per head (even, <= head_dim); 0 (default) = head_dim. @since 0.3 */
   uint32_t rope_dims;
-  double rope_theta;        /**< RoPE base; default 10000. @since 0.3 */
+  double rope_theta; /**< RoPE base; default 10000. @since 0.3 */
   /**
    * Attention sinks kept at high precision: the first N tokens of each layer keep a residual_dtype
    * copy after they are encoded (KVQuant, arXiv 2401.18079, keeps the first token in fp16;
@@ -707,19 +708,19 @@ KVC_API void kvc_pool_destroy(kvc_pool *pool);
  * @since 0.1
  */
 typedef struct kvc_stats {
-  size_t struct_size;          /**< sizeof(kvc_stats) of the caller. */
-  uint64_t blocks_total;       /**< Blocks in the pool. */
-  uint64_t blocks_free;        /**< Blocks in the free list. */
-  uint64_t blocks_cached;      /**< Blocks with reference count 0 kept for prefix reuse. */
-  uint64_t blocks_used;        /**< Blocks with reference count >= 1. */
-  uint64_t blocks_shared;      /**< Used blocks with reference count >= 2. */
-  uint64_t bytes_per_block;    /**< Bytes of one block (K and V, one layer, all KV heads). */
+  size_t struct_size;       /**< sizeof(kvc_stats) of the caller. */
+  uint64_t blocks_total;    /**< Blocks in the pool. */
+  uint64_t blocks_free;     /**< Blocks in the free list. */
+  uint64_t blocks_cached;   /**< Blocks with reference count 0 kept for prefix reuse. */
+  uint64_t blocks_used;     /**< Blocks with reference count >= 1. */
+  uint64_t blocks_shared;   /**< Used blocks with reference count >= 2. */
+  uint64_t bytes_per_block; /**< Bytes of one block (K and V, one layer, all KV heads). */
   /** Bytes one token takes in all layers (K and V), metadata included. */
   uint64_t bytes_per_token;
-  uint64_t bytes_total;        /**< Bytes of block memory allocated at create. */
-  uint64_t bytes_in_use;       /**< Bytes of used + cached blocks. */
-  uint64_t peak_bytes_in_use;  /**< Largest bytes_in_use since create or kvc_pool_reset_peak(). */
-  uint64_t num_sequences;      /**< Live sequences. */
+  uint64_t bytes_total;       /**< Bytes of block memory allocated at create. */
+  uint64_t bytes_in_use;      /**< Bytes of used + cached blocks. */
+  uint64_t peak_bytes_in_use; /**< Largest bytes_in_use since create or kvc_pool_reset_peak(). */
+  uint64_t num_sequences;     /**< Live sequences. */
   /** Blocks of the residual arena (0 without a residual window). @since 0.2 */
   uint64_t residual_blocks_total;
   uint64_t residual_blocks_used;     /**< Residual blocks in use. @since 0.2 */
@@ -807,7 +808,7 @@ KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
  * @since 0.1
  */
 typedef struct kvc_pool_layout {
-  size_t struct_size;      /**< sizeof(kvc_pool_layout) of the caller. */
+  size_t struct_size; /**< sizeof(kvc_pool_layout) of the caller. */
   /** First byte of block 0 (host pointer for the CPU, device pointer for CUDA). */
   void *base;
   uint64_t num_blocks;     /**< Blocks in the pool. */
@@ -842,18 +843,18 @@ typedef struct kvc_pool_layout {
   uint64_t k_zero_offset;
   /** Scale entries per token slot of K (0: none or per-tensor). @since 0.2 */
   uint32_t k_scales_per_token;
-  kvc_dtype k_scale_dtype; /**< Dtype of K's scales and zero points (f32 or f16). @since 0.2 */
-  uint64_t v_codes_bytes;  /**< As k_codes_bytes, for V. @since 0.2 */
-  uint64_t v_scale_offset; /**< As k_scale_offset, for V. @since 0.2 */
-  uint64_t v_zero_offset;  /**< As k_zero_offset, for V. @since 0.2 */
+  kvc_dtype k_scale_dtype;     /**< Dtype of K's scales and zero points (f32 or f16). @since 0.2 */
+  uint64_t v_codes_bytes;      /**< As k_codes_bytes, for V. @since 0.2 */
+  uint64_t v_scale_offset;     /**< As k_scale_offset, for V. @since 0.2 */
+  uint64_t v_zero_offset;      /**< As k_zero_offset, for V. @since 0.2 */
   uint32_t v_scales_per_token; /**< As k_scales_per_token, for V. @since 0.2 */
-  kvc_dtype v_scale_dtype; /**< As k_scale_dtype, for V. @since 0.2 */
+  kvc_dtype v_scale_dtype;     /**< As k_scale_dtype, for V. @since 0.2 */
   /** K's scale granularity (::KVC_SCALE_NONE for float storage). @since 0.2 */
   kvc_granularity k_granularity;
   /** K's group size (per group: values; per channel: tokens). @since 0.2 */
   uint32_t k_group_size;
   kvc_granularity v_granularity; /**< V's scale granularity. @since 0.2 */
-  uint32_t v_group_size;   /**< V's group size. @since 0.2 */
+  uint32_t v_group_size;         /**< V's group size. @since 0.2 */
   /**
    * First byte of residual block 0 (NULL without a residual window). Residual block r holds K then
    * V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at
@@ -960,8 +961,8 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
  *         without CUDA).
  * @since 0.4 (table version 5)
  */
-KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens, uint64_t *bytes,
-                                      uint64_t *peak_bytes);
+KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens,
+                                      uint64_t *bytes, uint64_t *peak_bytes);
 
 /* ------------------------------------------------------------------------ */
 /* Device streams and block copies                                          */
@@ -1006,9 +1007,9 @@ KVC_API kvc_status kvc_pool_sync(kvc_pool *pool);
 
 /** @brief Direction of kvc_pool_copy_blocks(). @since 0.3 */
 typedef enum kvc_copy_direction {
-  KVC_COPY_TO_HOST = 0,   /**< Blocks to a host buffer (swap out). */
-  KVC_COPY_FROM_HOST = 1, /**< A host buffer into blocks (swap in). */
-  KVC_COPY_DIRECTION_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_COPY_TO_HOST = 0,                             /**< Blocks to a host buffer (swap out). */
+  KVC_COPY_FROM_HOST = 1,                           /**< A host buffer into blocks (swap in). */
+  KVC_COPY_DIRECTION_FORCE_32BIT = 0x7fffffff,      /**< Forces a 32-bit enum; not a value. */
   KVC_COPY_DIRECTION_FORCE_SIGNED = -0x7fffffff - 1 /**< Forces a signed enum; not a value. */
 } kvc_copy_direction;
 
@@ -1218,8 +1219,7 @@ KVC_API kvc_status kvc_seq_reserve(kvc_pool *pool, uint64_t seq_id, uint64_t n_n
  * @since 0.1
  */
 KVC_API kvc_status kvc_append(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint64_t pos,
-                              uint64_t n_tokens, const void *k, const void *v,
-                              kvc_dtype src_dtype);
+                              uint64_t n_tokens, const void *k, const void *v, kvc_dtype src_dtype);
 
 /**
  * @brief Gather one layer's K and/or V for the tokens with indices
@@ -1467,16 +1467,16 @@ typedef enum kvc_observe {
  * @since 0.3
  */
 typedef struct kvc_attention_params {
-  size_t struct_size;     /**< sizeof(kvc_attention_params) of the caller. */
+  size_t struct_size; /**< sizeof(kvc_attention_params) of the caller. */
   /**
    * Query heads; must equal the pool's num_q_heads (query head h uses KV head
    * h / (num_q_heads / num_kv_heads)).
    */
   uint32_t num_q_heads;
-  float scale;            /**< Multiplies q.k; 0 (default) = 1 / sqrt(head_dim). */
-  kvc_dtype q_dtype;      /**< Element type of q: f32 (default), f16 or bf16. */
-  kvc_dtype out_dtype;    /**< Element type of out: f32 (default), f16 or bf16. */
-  kvc_observe observe;    /**< Record attention for eviction policies; default none. */
+  float scale;         /**< Multiplies q.k; 0 (default) = 1 / sqrt(head_dim). */
+  kvc_dtype q_dtype;   /**< Element type of q: f32 (default), f16 or bf16. */
+  kvc_dtype out_dtype; /**< Element type of out: f32 (default), f16 or bf16. */
+  kvc_observe observe; /**< Record attention for eviction policies; default none. */
   /**
    * Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only;
    * 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread
@@ -1658,7 +1658,7 @@ KVC_API kvc_status kvc_seq_rope_positions(kvc_pool *pool, uint64_t seq_id, uint3
  * @since 0.3
  */
 typedef enum kvc_policy_kind {
-  KVC_POLICY_NONE = 0,      /**< Keep every token. */
+  KVC_POLICY_NONE = 0, /**< Keep every token. */
   /**
    * StreamingLLM (Xiao et al., arXiv 2309.17453): the first sink_tokens (attention sinks) + the
    * newest tokens. sink_tokens 0 = a sliding window.
@@ -1694,8 +1694,8 @@ typedef enum kvc_policy_kind {
 
 /** @brief Pooling of SnapKV scores along the tokens. @since 0.3 */
 typedef enum kvc_pooling {
-  KVC_POOLING_MAX = 0, /**< Max over the kernel (default). */
-  KVC_POOLING_AVG = 1, /**< Mean over the kernel. */
+  KVC_POOLING_MAX = 0,                  /**< Max over the kernel (default). */
+  KVC_POOLING_AVG = 1,                  /**< Mean over the kernel. */
   KVC_POOLING_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_POOLING_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_pooling;
@@ -1704,7 +1704,7 @@ typedef enum kvc_pooling {
 typedef enum kvc_pyramid_schedule {
   /** The paper's: linear from 2B - B/beta (first layer) to B/beta (last); the total stays L x B. */
   KVC_PYRAMID_PAPER = 0,
-  KVC_PYRAMID_LINEAR = 1, /**< Linear from 1.0 x B (first layer) to 0.2 x B (last). */
+  KVC_PYRAMID_LINEAR = 1,               /**< Linear from 1.0 x B (first layer) to 0.2 x B (last). */
   KVC_PYRAMID_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_PYRAMID_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_pyramid_schedule;
@@ -1723,10 +1723,10 @@ typedef enum kvc_pyramid_schedule {
  * @since 0.3
  */
 typedef struct kvc_policy_config {
-  size_t struct_size;        /**< sizeof(kvc_policy_config) of the caller. */
-  kvc_policy_kind kind;      /**< The family; default ::KVC_POLICY_NONE. */
-  uint32_t sink_tokens;      /**< Streaming: attention sinks S (default 4). */
-  uint64_t budget_tokens;    /**< Per-layer cap in tokens; 0 (default) = none. */
+  size_t struct_size;     /**< sizeof(kvc_policy_config) of the caller. */
+  kvc_policy_kind kind;   /**< The family; default ::KVC_POLICY_NONE. */
+  uint32_t sink_tokens;   /**< Streaming: attention sinks S (default 4). */
+  uint64_t budget_tokens; /**< Per-layer cap in tokens; 0 (default) = none. */
   /** Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
   double compression_ratio;
   /** Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0. */
@@ -1738,8 +1738,8 @@ typedef struct kvc_policy_config {
    * equal split).
    */
   double recent_fraction;
-  uint32_t kernel_size;      /**< SnapKV / PyramidKV: odd pooling kernel, 1..1025; default 7. */
-  kvc_pooling pooling;       /**< SnapKV / PyramidKV pooling; default max. */
+  uint32_t kernel_size;          /**< SnapKV / PyramidKV: odd pooling kernel, 1..1025; default 7. */
+  kvc_pooling pooling;           /**< SnapKV / PyramidKV pooling; default max. */
   kvc_pyramid_schedule schedule; /**< PyramidKV schedule; default the paper's. */
   /** PyramidKV (paper schedule): last layer's budget is B / beta; default 20. */
   double beta;
@@ -1951,8 +1951,8 @@ typedef enum kvc_prefix_hash {
  * @since 0.3
  */
 typedef struct kvc_prefix_config {
-  size_t struct_size;     /**< sizeof(kvc_prefix_config) of the caller. */
-  kvc_prefix_hash hash;   /**< Key hash; default SHA-256. */
+  size_t struct_size;   /**< sizeof(kvc_prefix_config) of the caller. */
+  kvc_prefix_hash hash; /**< Key hash; default SHA-256. */
   /**
    * Non-zero (default): every hit compares the cached block's token ids with the query's, so even a
    * forced hash collision never returns foreign KV.
@@ -1963,8 +1963,8 @@ typedef struct kvc_prefix_config {
    * with `seed` (keys survive restarts and match other pools with the same seed).
    */
   uint32_t seed_set;
-  uint8_t seed[32];       /**< The root seed when seed_set. */
-  const char *model_id;   /**< Caller's model identity mixed into the root (NULL = ""). Copied. */
+  uint8_t seed[32];     /**< The root seed when seed_set. */
+  const char *model_id; /**< Caller's model identity mixed into the root (NULL = ""). Copied. */
   /** Caller's tokenizer identity mixed into the root (NULL = ""). Copied. */
   const char *tokenizer_id;
   /**
@@ -2011,13 +2011,13 @@ typedef struct kvc_prefix_extra {
 
 /** @brief Result of kvc_prefix_lookup() / kvc_prefix_attach(). @since 0.3 */
 typedef struct kvc_prefix_result {
-  size_t struct_size;      /**< sizeof(kvc_prefix_result) of the caller. */
+  size_t struct_size; /**< sizeof(kvc_prefix_result) of the caller. */
   /**
    * Leading tokens reusable as whole cached blocks (a multiple of block_size, at most
    * n_tokens - 1).
    */
   uint64_t hit_tokens;
-  uint64_t hit_blocks;     /**< hit_tokens / block_size. */
+  uint64_t hit_blocks; /**< hit_tokens / block_size. */
   /**
    * With ::KVC_PREFIX_PARTIAL: tokens after hit_tokens that match a cached block's start (copied
    * into a fresh block by kvc_prefix_attach()); 0 otherwise.
@@ -2060,13 +2060,13 @@ typedef enum kvc_prefix_event_kind {
 
 /** @brief One prefix index event. @since 0.3 */
 typedef struct kvc_prefix_event {
-  size_t struct_size;          /**< sizeof(kvc_prefix_event) of the library. */
-  kvc_prefix_event_kind kind;  /**< Stored or removed. */
+  size_t struct_size;         /**< sizeof(kvc_prefix_event) of the library. */
+  kvc_prefix_event_kind kind; /**< Stored or removed. */
   /** Bytes of key and parent_key (32 for SHA-256, 16 for XXH3-128). */
   uint32_t key_size;
-  const uint8_t *key;          /**< The block's key (valid during the callback only). */
-  const uint8_t *parent_key;   /**< Its parent's key (the root for the first block). */
-  uint64_t depth;              /**< 1 for a prompt's first block, 2 for the second... */
+  const uint8_t *key;        /**< The block's key (valid during the callback only). */
+  const uint8_t *parent_key; /**< Its parent's key (the root for the first block). */
+  uint64_t depth;            /**< 1 for a prompt's first block, 2 for the second... */
 } kvc_prefix_event;
 
 /**
@@ -2079,18 +2079,18 @@ typedef void (*kvc_prefix_event_fn)(void *user, const kvc_prefix_event *event);
 
 /** @brief Prefix cache counters (kvc_prefix_get_stats()). @since 0.3 */
 typedef struct kvc_prefix_stats {
-  size_t struct_size;          /**< sizeof(kvc_prefix_stats) of the caller. */
-  uint64_t queried_tokens;     /**< Tokens passed to lookup and attach. */
-  uint64_t hit_tokens;         /**< Whole-block tokens they found. */
-  uint64_t partial_tokens;     /**< Token-granular matches they found. */
-  uint64_t registered_blocks;  /**< Blocks (each spanning all layers) in the index now. */
+  size_t struct_size;         /**< sizeof(kvc_prefix_stats) of the caller. */
+  uint64_t queried_tokens;    /**< Tokens passed to lookup and attach. */
+  uint64_t hit_tokens;        /**< Whole-block tokens they found. */
+  uint64_t partial_tokens;    /**< Token-granular matches they found. */
+  uint64_t registered_blocks; /**< Blocks (each spanning all layers) in the index now. */
   /** Of those, held by no sequence (cached; reclaimed in LRU order when room is needed). */
   uint64_t reclaimable_blocks;
   /** Of those, held by a sequence (registered = reclaimable + referenced). */
   uint64_t referenced_blocks;
-  uint64_t stored_total;       /**< Blocks ever registered. */
-  uint64_t removed_total;      /**< Blocks ever removed from the index. */
-  uint64_t reclaimed_total;    /**< Of those, reclaimed for reuse. */
+  uint64_t stored_total;    /**< Blocks ever registered. */
+  uint64_t removed_total;   /**< Blocks ever removed from the index. */
+  uint64_t reclaimed_total; /**< Of those, reclaimed for reuse. */
 } kvc_prefix_stats;
 
 /**
@@ -2328,7 +2328,7 @@ KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn f
  * @since 0.3
  */
 typedef enum kvc_tier_kind {
-  KVC_TIER_HOST = 0,  /**< Host memory with a byte capacity and LRU replacement. */
+  KVC_TIER_HOST = 0, /**< Host memory with a byte capacity and LRU replacement. */
   /**
    * A directory of one file per block (checksum, fingerprint, atomic rename), byte capacity, LRU;
    * survives restarts.
@@ -2359,9 +2359,9 @@ typedef enum kvc_tier_kind {
  * @since 0.3
  */
 typedef struct kvc_tier_config {
-  size_t struct_size;      /**< sizeof(kvc_tier_config) of the caller. */
-  kvc_tier_kind kind;      /**< Host, disk or Redis. */
-  uint32_t flags;          /**< ::KVC_TIER_FSYNC (disk), ::KVC_TIER_REDIS_CLUSTER (Redis), or 0. */
+  size_t struct_size; /**< sizeof(kvc_tier_config) of the caller. */
+  kvc_tier_kind kind; /**< Host, disk or Redis. */
+  uint32_t flags;     /**< ::KVC_TIER_FSYNC (disk), ::KVC_TIER_REDIS_CLUSTER (Redis), or 0. */
   /**
    * Host and disk: the most bytes the tier holds (records with their headers), > 0. Ignored for
    * Redis (the server's maxmemory rules).
@@ -2373,8 +2373,8 @@ typedef struct kvc_tier_config {
   const char *address;
   /** Redis: connect and command timeout in milliseconds (default 1000). */
   uint32_t timeout_ms;
-  uint32_t reserved;       /**< Zero. */
-  uint64_t ttl_seconds;    /**< Redis: records expire after this many seconds (0: never). */
+  uint32_t reserved;    /**< Zero. */
+  uint64_t ttl_seconds; /**< Redis: records expire after this many seconds (0: never). */
 } kvc_tier_config;
 
 /**
@@ -2382,26 +2382,26 @@ typedef struct kvc_tier_config {
  * @since 0.3
  */
 typedef struct kvc_tier_stats {
-  size_t struct_size;   /**< sizeof(kvc_tier_stats) of the caller. */
-  kvc_tier_kind kind;   /**< The tier's kind. */
-  uint32_t reserved;    /**< Zero. */
+  size_t struct_size; /**< sizeof(kvc_tier_stats) of the caller. */
+  kvc_tier_kind kind; /**< The tier's kind. */
+  uint32_t reserved;  /**< Zero. */
   /** Bytes held now (Redis: written minus deleted by this process, an estimate). */
   uint64_t bytes;
-  uint64_t entries;     /**< Blocks held now (Redis: estimate, as bytes). */
-  uint64_t hits;        /**< Reads that returned a block. */
+  uint64_t entries; /**< Blocks held now (Redis: estimate, as bytes). */
+  uint64_t hits;    /**< Reads that returned a block. */
   /** Reads that found nothing usable (absent, another fingerprint, damaged, tier down). */
   uint64_t misses;
-  uint64_t demotions;   /**< Blocks written to this tier by the offload writer. */
-  uint64_t promotions;  /**< Blocks loaded from this tier into the pool. */
+  uint64_t demotions;  /**< Blocks written to this tier by the offload writer. */
+  uint64_t promotions; /**< Blocks loaded from this tier into the pool. */
   /**
    * Demotions dropped because the writer's queue was full (the pool's count, the same in
    * every tier).
    */
   uint64_t drops;
-  uint64_t evictions;   /**< Blocks this tier removed for room (LRU). */
+  uint64_t evictions; /**< Blocks this tier removed for room (LRU). */
   /** Failed writes and reads, refused (damaged) records, connection failures. */
   uint64_t errors;
-  uint64_t pinned;      /**< Blocks pinned now through kvc_prefix_lookup() with ::KVC_PREFIX_PIN. */
+  uint64_t pinned; /**< Blocks pinned now through kvc_prefix_lookup() with ::KVC_PREFIX_PIN. */
   /** The reason of the tier's last error, "" if none (NUL-terminated, truncated). */
   char last_error[256];
 } kvc_tier_stats;
@@ -2752,51 +2752,51 @@ typedef struct kvc_api {
   uint32_t api_version; /**< The version of this table (KVC_API_VERSION of the library). */
   uint32_t reserved;    /**< Zero. */
   /* --- version 1 --- */
-  uint32_t (*version)(void);                                    /**< kvc_version() */
-  const char *(*version_string)(void);                          /**< kvc_version_string() */
-  const char *(*status_string)(kvc_status);                     /**< kvc_status_string() */
-  const char *(*last_error_message)(void);                      /**< kvc_last_error_message() */
-  kvc_status (*pool_config_init)(kvc_pool_config *);            /**< kvc_pool_config_init() */
+  uint32_t (*version)(void);                                       /**< kvc_version() */
+  const char *(*version_string)(void);                             /**< kvc_version_string() */
+  const char *(*status_string)(kvc_status);                        /**< kvc_status_string() */
+  const char *(*last_error_message)(void);                         /**< kvc_last_error_message() */
+  kvc_status (*pool_config_init)(kvc_pool_config *);               /**< kvc_pool_config_init() */
   kvc_status (*pool_create)(const kvc_pool_config *, kvc_pool **); /**< kvc_pool_create() */
-  void (*pool_destroy)(kvc_pool *);                             /**< kvc_pool_destroy() */
-  kvc_status (*stats_init)(kvc_stats *);              /**< kvc_stats_init() */
-  kvc_status (*pool_stats)(kvc_pool *, kvc_stats *);       /**< kvc_pool_stats() */
-  kvc_status (*pool_reset_peak)(kvc_pool *);                    /**< kvc_pool_reset_peak() */
-  kvc_status (*pool_layout_init)(kvc_pool_layout *);            /**< kvc_pool_layout_init() */
-  kvc_status (*pool_get_layout)(kvc_pool *, kvc_pool_layout *); /**< kvc_pool_get_layout() */
-  kvc_status (*pool_get_config)(kvc_pool *, kvc_pool_config *); /**< kvc_pool_get_config() */
-  kvc_status (*seq_create)(kvc_pool *, uint64_t);               /**< kvc_seq_create() */
-  kvc_status (*seq_fork)(kvc_pool *, uint64_t, uint64_t);       /**< kvc_seq_fork() */
-  kvc_status (*seq_truncate)(kvc_pool *, uint64_t, uint64_t);   /**< kvc_seq_truncate() */
-  kvc_status (*seq_free)(kvc_pool *, uint64_t);                 /**< kvc_seq_free() */
-  kvc_status (*seq_length)(kvc_pool *, uint64_t, uint64_t *);   /**< kvc_seq_length() */
+  void (*pool_destroy)(kvc_pool *);                                /**< kvc_pool_destroy() */
+  kvc_status (*stats_init)(kvc_stats *);                           /**< kvc_stats_init() */
+  kvc_status (*pool_stats)(kvc_pool *, kvc_stats *);               /**< kvc_pool_stats() */
+  kvc_status (*pool_reset_peak)(kvc_pool *);                       /**< kvc_pool_reset_peak() */
+  kvc_status (*pool_layout_init)(kvc_pool_layout *);               /**< kvc_pool_layout_init() */
+  kvc_status (*pool_get_layout)(kvc_pool *, kvc_pool_layout *);    /**< kvc_pool_get_layout() */
+  kvc_status (*pool_get_config)(kvc_pool *, kvc_pool_config *);    /**< kvc_pool_get_config() */
+  kvc_status (*seq_create)(kvc_pool *, uint64_t);                  /**< kvc_seq_create() */
+  kvc_status (*seq_fork)(kvc_pool *, uint64_t, uint64_t);          /**< kvc_seq_fork() */
+  kvc_status (*seq_truncate)(kvc_pool *, uint64_t, uint64_t);      /**< kvc_seq_truncate() */
+  kvc_status (*seq_free)(kvc_pool *, uint64_t);                    /**< kvc_seq_free() */
+  kvc_status (*seq_length)(kvc_pool *, uint64_t, uint64_t *);      /**< kvc_seq_length() */
   /** kvc_seq_layer_tokens() */
   kvc_status (*seq_layer_tokens)(kvc_pool *, uint64_t, uint32_t, uint64_t *);
   kvc_status (*seq_reserve)(kvc_pool *, uint64_t, uint64_t, int64_t *); /**< kvc_seq_reserve() */
   kvc_status (*append)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, const void *,
-                       const void *, kvc_dtype);                /**< kvc_append() */
+                       const void *, kvc_dtype); /**< kvc_append() */
   kvc_status (*gather)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, void *, void *,
-                       kvc_dtype, int32_t *);                   /**< kvc_gather() */
+                       kvc_dtype, int32_t *); /**< kvc_gather() */
   kvc_status (*seq_block_table)(kvc_pool *, uint64_t, uint32_t, int32_t *, size_t,
-                                size_t *);                      /**< kvc_seq_block_table() */
+                                size_t *); /**< kvc_seq_block_table() */
   /** kvc_export_page_table() */
   kvc_status (*export_page_table)(kvc_pool *, uint32_t, const uint64_t *, size_t, int32_t *,
                                   int32_t *, size_t, int32_t *, size_t *);
   kvc_status (*convert)(const void *, kvc_dtype, void *, kvc_dtype, size_t); /**< kvc_convert() */
-  kvc_status (*dtype_size)(kvc_dtype, size_t *);                /**< kvc_dtype_size() */
+  kvc_status (*dtype_size)(kvc_dtype, size_t *); /**< kvc_dtype_size() */
   /* --- version 2 (0.2) --- */
-  kvc_status (*codec_init)(kvc_codec *);                        /**< kvc_codec_init() */
+  kvc_status (*codec_init)(kvc_codec *); /**< kvc_codec_init() */
   /** kvc_pool_tensor_scales() */
   kvc_status (*pool_tensor_scales)(kvc_pool *, uint32_t, float *, float *);
-  kvc_status (*quant_sizes_init)(kvc_quant_sizes *);            /**< kvc_quant_sizes_init() */
+  kvc_status (*quant_sizes_init)(kvc_quant_sizes *); /**< kvc_quant_sizes_init() */
   /** kvc_quantize_sizes() */
   kvc_status (*quantize_sizes)(const kvc_codec *, uint64_t, uint64_t, kvc_quant_sizes *);
   kvc_status (*quantize)(const kvc_codec *, const void *, kvc_dtype, uint64_t, uint64_t, void *,
-                         void *, void *);                       /**< kvc_quantize() */
+                         void *, void *); /**< kvc_quantize() */
   kvc_status (*dequantize)(const kvc_codec *, const void *, const void *, const void *, uint64_t,
-                           uint64_t, void *, kvc_dtype);        /**< kvc_dequantize() */
+                           uint64_t, void *, kvc_dtype); /**< kvc_dequantize() */
   /* --- version 3 (0.3) --- */
-  kvc_status (*attention_params_init)(kvc_attention_params *);  /**< kvc_attention_params_init() */
+  kvc_status (*attention_params_init)(kvc_attention_params *); /**< kvc_attention_params_init() */
   /** kvc_attention_decode() */
   kvc_status (*attention_decode)(kvc_pool *, uint32_t, const uint64_t *, size_t, const void *,
                                  void *, float *, const kvc_attention_params *);
@@ -2809,17 +2809,17 @@ typedef struct kvc_api {
   kvc_status (*seq_scores)(kvc_pool *, uint64_t, uint32_t, float *, uint64_t);
   /** kvc_seq_rope_positions() */
   kvc_status (*seq_rope_positions)(kvc_pool *, uint64_t, uint32_t, uint64_t, uint64_t, int32_t *);
-  kvc_status (*policy_config_init)(kvc_policy_config *);        /**< kvc_policy_config_init() */
+  kvc_status (*policy_config_init)(kvc_policy_config *); /**< kvc_policy_config_init() */
   kvc_status (*policy_create)(const kvc_policy_config *, kvc_policy **); /**< kvc_policy_create() */
-  void (*policy_destroy)(kvc_policy *);                         /**< kvc_policy_destroy() */
+  void (*policy_destroy)(kvc_policy *); /**< kvc_policy_destroy() */
   /** kvc_seq_set_policy() */
   kvc_status (*seq_set_policy)(kvc_pool *, uint64_t, const kvc_policy *);
   kvc_status (*pool_set_policy)(kvc_pool *, const kvc_policy *); /**< kvc_pool_set_policy() */
   kvc_status (*evict)(kvc_pool *, uint64_t, const kvc_policy *, uint64_t *); /**< kvc_evict() */
-  kvc_status (*plugin_load)(const char *, kvc_plugin **);       /**< kvc_plugin_load() */
-  void (*plugin_unload)(kvc_plugin *);                          /**< kvc_plugin_unload() */
-  const char *(*plugin_name)(const kvc_plugin *);               /**< kvc_plugin_name() */
-  kvc_status (*prefix_config_init)(kvc_prefix_config *);        /**< kvc_prefix_config_init() */
+  kvc_status (*plugin_load)(const char *, kvc_plugin **); /**< kvc_plugin_load() */
+  void (*plugin_unload)(kvc_plugin *);                    /**< kvc_plugin_unload() */
+  const char *(*plugin_name)(const kvc_plugin *);         /**< kvc_plugin_name() */
+  kvc_status (*prefix_config_init)(kvc_prefix_config *);  /**< kvc_prefix_config_init() */
   /** kvc_pool_enable_prefix_cache() */
   kvc_status (*pool_enable_prefix_cache)(kvc_pool *, const kvc_prefix_config *);
   kvc_status (*prefix_lookup)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
@@ -2832,34 +2832,34 @@ typedef struct kvc_api {
                               const kvc_prefix_extra *, uint32_t, uint64_t *);
   kvc_status (*prefix_keys)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
                             uint32_t, uint8_t *, size_t, size_t *); /**< kvc_prefix_keys() */
-  kvc_status (*prefix_stats_init)(kvc_prefix_stats *);          /**< kvc_prefix_stats_init() */
-  kvc_status (*prefix_get_stats)(kvc_pool *, kvc_prefix_stats *); /**< kvc_prefix_get_stats() */
+  kvc_status (*prefix_stats_init)(kvc_prefix_stats *);              /**< kvc_prefix_stats_init() */
+  kvc_status (*prefix_get_stats)(kvc_pool *, kvc_prefix_stats *);   /**< kvc_prefix_get_stats() */
   /** kvc_prefix_set_callback() */
   kvc_status (*prefix_set_callback)(kvc_pool *, kvc_prefix_event_fn, void *);
-  kvc_status (*pool_set_stream)(kvc_pool *, void *);            /**< kvc_pool_set_stream() */
-  kvc_status (*pool_sync)(kvc_pool *);                          /**< kvc_pool_sync() */
+  kvc_status (*pool_set_stream)(kvc_pool *, void *); /**< kvc_pool_set_stream() */
+  kvc_status (*pool_sync)(kvc_pool *);               /**< kvc_pool_sync() */
   /** kvc_pool_copy_blocks() */
   kvc_status (*pool_copy_blocks)(kvc_pool *, const int32_t *, size_t, void *, kvc_copy_direction);
-  kvc_status (*seq_save)(kvc_pool *, uint64_t, void *, size_t, size_t *);  /**< kvc_seq_save() */
-  kvc_status (*seq_restore)(kvc_pool *, uint64_t, const void *, size_t);   /**< kvc_seq_restore() */
-  kvc_status (*seq_save_file)(kvc_pool *, uint64_t, const char *); /**< kvc_seq_save_file() */
+  kvc_status (*seq_save)(kvc_pool *, uint64_t, void *, size_t, size_t *); /**< kvc_seq_save() */
+  kvc_status (*seq_restore)(kvc_pool *, uint64_t, const void *, size_t);  /**< kvc_seq_restore() */
+  kvc_status (*seq_save_file)(kvc_pool *, uint64_t, const char *);    /**< kvc_seq_save_file() */
   kvc_status (*seq_restore_file)(kvc_pool *, uint64_t, const char *); /**< kvc_seq_restore_file() */
-  kvc_status (*tier_config_init)(kvc_tier_config *, kvc_tier_kind); /**< kvc_tier_config_init() */
+  kvc_status (*tier_config_init)(kvc_tier_config *, kvc_tier_kind);   /**< kvc_tier_config_init() */
   /** kvc_pool_add_tier() */
   kvc_status (*pool_add_tier)(kvc_pool *, const kvc_tier_config *, uint32_t *);
   kvc_status (*pool_set_offload)(kvc_pool *, uint32_t, uint32_t); /**< kvc_pool_set_offload() */
-  kvc_status (*tier_stats_init)(kvc_tier_stats *); /**< kvc_tier_stats_init() */
+  kvc_status (*tier_stats_init)(kvc_tier_stats *);                /**< kvc_tier_stats_init() */
   /** kvc_pool_tier_stats() */
   kvc_status (*pool_tier_stats)(kvc_pool *, uint32_t, kvc_tier_stats *);
   kvc_status (*prefix_offload)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
                                uint32_t, uint64_t *); /**< kvc_prefix_offload() */
-  kvc_status (*pool_flush_tiers)(kvc_pool *); /**< kvc_pool_flush_tiers() */
+  kvc_status (*pool_flush_tiers)(kvc_pool *);         /**< kvc_pool_flush_tiers() */
   kvc_status (*prefix_load)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
                             uint32_t, uint64_t *); /**< kvc_prefix_load() */
   kvc_status (*prefix_prefetch)(kvc_pool *, const int32_t *, uint64_t, const kvc_prefix_extra *,
-                                uint32_t, uint64_t *); /**< kvc_prefix_prefetch() */
-  kvc_status (*prefix_poll)(kvc_pool *, uint64_t, uint64_t *);             /**< kvc_prefix_poll() */
-  kvc_status (*prefix_unpin)(kvc_pool *, uint64_t); /**< kvc_prefix_unpin() */
+                                uint32_t, uint64_t *);         /**< kvc_prefix_prefetch() */
+  kvc_status (*prefix_poll)(kvc_pool *, uint64_t, uint64_t *); /**< kvc_prefix_poll() */
+  kvc_status (*prefix_unpin)(kvc_pool *, uint64_t);            /**< kvc_prefix_unpin() */
   /* --- version 4 (0.4) --- */
   /** kvc_pool_config_init_sized() */
   kvc_status (*pool_config_init_sized)(kvc_pool_config *, size_t);

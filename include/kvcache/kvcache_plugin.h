@@ -45,15 +45,18 @@ extern "C" {
  * @since 0.3
  */
 typedef struct kvc_plugin_layer_view {
-  size_t struct_size;        /**< sizeof(kvc_plugin_layer_view) of the library. */
-  uint32_t layer;            /**< Layer index, 0..num_layers-1. */
-  uint32_t num_layers;       /**< Layers of the pool. */
-  uint64_t n_tokens;         /**< Tokens the layer holds (>= 1). */
-  uint32_t num_kv_heads;     /**< KV heads. */
-  uint32_t head_dim;         /**< Elements per head. */
-  const float *keys;         /**< `[n_tokens][num_kv_heads][head_dim]` f32 keys as stored (dequantized; after RoPE). */
-  const int32_t *positions;  /**< `[n_tokens]` position of each token. */
-  const float *attention;    /**< `[n_tokens][num_kv_heads]` attention mass observed so far (kvc_attention_* with an observe flag, or kvc_seq_observe_scores()), or NULL when none was observed. */
+  size_t struct_size;    /**< sizeof(kvc_plugin_layer_view) of the library. */
+  uint32_t layer;        /**< Layer index, 0..num_layers-1. */
+  uint32_t num_layers;   /**< Layers of the pool. */
+  uint64_t n_tokens;     /**< Tokens the layer holds (>= 1). */
+  uint32_t num_kv_heads; /**< KV heads. */
+  uint32_t head_dim;     /**< Elements per head. */
+  const float *keys;     /**< `[n_tokens][num_kv_heads][head_dim]` f32 keys as stored (dequantized;
+                            after RoPE). */
+  const int32_t *positions; /**< `[n_tokens]` position of each token. */
+  const float *attention;   /**< `[n_tokens][num_kv_heads]` attention mass observed so far
+                               (kvc_attention_* with an observe flag, or kvc_seq_observe_scores()), or
+                               NULL when none was observed. */
 } kvc_plugin_layer_view;
 
 /**
@@ -61,11 +64,12 @@ typedef struct kvc_plugin_layer_view {
  * @since 0.3
  */
 typedef struct kvc_plugin_scorer {
-  size_t struct_size;    /**< sizeof(kvc_plugin_scorer) the plugin was built with. */
-  uint32_t abi_version;  /**< Must equal the version the host asked for. */
-  uint32_t reserved;     /**< Zero. */
-  const char *name;      /**< Short name, e.g. "keynorm" (static string). */
-  /** Optional: creates the plugin's state at load (NULL: no state). Returns NULL on failure only if `destroy` is also NULL-safe. */
+  size_t struct_size;   /**< sizeof(kvc_plugin_scorer) the plugin was built with. */
+  uint32_t abi_version; /**< Must equal the version the host asked for. */
+  uint32_t reserved;    /**< Zero. */
+  const char *name;     /**< Short name, e.g. "keynorm" (static string). */
+  /** Optional: creates the plugin's state at load (NULL: no state). Returns NULL on failure only if
+   * `destroy` is also NULL-safe. */
   void *(*create)(void);
   /** Optional: frees the state at unload. */
   void (*destroy)(void *state);

@@ -80,8 +80,6 @@ kvc_status guard(F &&f) noexcept {
   }
 }
 
-
-
 inline void need(const void *p, const char *name) {
   if (!p) fail(Errc::NullPointer, std::string(name) + " is NULL");
 }
@@ -105,8 +103,8 @@ inline DType dtype_arg(kvc_dtype d, const char *name) {
 kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotation_row);
 
 // Checks the prompt arguments and converts the extra keys (prefix.cpp).
-std::vector<kvc::core::PrefixExtra> prefix_args(const int32_t *tokens, uint64_t n, const kvc_prefix_extra *extras,
-                                                uint32_t n_extras);
+std::vector<kvc::core::PrefixExtra> prefix_args(const int32_t *tokens, uint64_t n,
+                                                const kvc_prefix_extra *extras, uint32_t n_extras);
 // A core prefix result into the caller's struct (prefix.cpp).
 void write_result(const kvc::core::PrefixResult &r, kvc_prefix_result *out);
 

@@ -32,8 +32,10 @@ kvc::core::AttnParams to_attn(const kvc_attention_params *in) {
   a.out_dtype = dtype_arg(c.out_dtype, "out_dtype");
   const int32_t ob = static_cast<int32_t>(c.observe);
   if (ob < 0 || ob > 2)
-    fail(Errc::InvalidArgument, "observe " + std::to_string(ob) + ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE)");
-  if (c.num_threads > 256) fail(Errc::InvalidArgument, "num_threads " + std::to_string(c.num_threads) + ": at most 256");
+    fail(Errc::InvalidArgument, "observe " + std::to_string(ob) +
+                                    ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE)");
+  if (c.num_threads > 256)
+    fail(Errc::InvalidArgument, "num_threads " + std::to_string(c.num_threads) + ": at most 256");
   a.observe = static_cast<uint32_t>(ob);
   a.observe_from = c.observe_from;
   a.num_threads = c.num_threads;

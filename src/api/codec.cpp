@@ -34,17 +34,22 @@ kvc::codec::Spec kvc::api::to_spec(const kvc_codec *in, const char *name, uint64
   kvc::api::read_input_struct(in, kCodecMin, name, &c);
   const int32_t dt = static_cast<int32_t>(c.dtype);
   if (dt < 0 || dt > 8)
-    fail(Errc::InvalidArgument, std::string(name) + ".dtype " + std::to_string(dt) + ": unknown dtype");
+    fail(Errc::InvalidArgument,
+         std::string(name) + ".dtype " + std::to_string(dt) + ": unknown dtype");
   if (c.rotation != KVC_ROTATION_NONE && c.rotation != KVC_ROTATION_HADAMARD)
     fail(Errc::InvalidArgument, std::string(name) + ".rotation " +
                                     std::to_string(static_cast<int32_t>(c.rotation)) + ": unknown");
-  if (c.asymmetric > 1) fail(Errc::InvalidArgument, std::string(name) + ".asymmetric must be 0 or 1");
-  if (c.static_scale > 1) fail(Errc::InvalidArgument, std::string(name) + ".static_scale must be 0 or 1");
-  if (c.full_range > 1) fail(Errc::InvalidArgument, std::string(name) + ".full_range must be 0 or 1");
+  if (c.asymmetric > 1)
+    fail(Errc::InvalidArgument, std::string(name) + ".asymmetric must be 0 or 1");
+  if (c.static_scale > 1)
+    fail(Errc::InvalidArgument, std::string(name) + ".static_scale must be 0 or 1");
+  if (c.full_range > 1)
+    fail(Errc::InvalidArgument, std::string(name) + ".full_range must be 0 or 1");
   if (c.full_range && (dt < static_cast<int32_t>(KVC_DTYPE_INT8) || c.asymmetric || c.static_scale))
-    fail(Errc::InvalidArgument, std::string(name) +
-                                    ".full_range applies to symmetric integer codecs (int8, int4, int3, int2) with "
-                                    "dynamic scales only");
+    fail(Errc::InvalidArgument,
+         std::string(name) +
+             ".full_range applies to symmetric integer codecs (int8, int4, int3, int2) with "
+             "dynamic scales only");
   if (c.static_scale) {
     const double v = c.scale;
     if (!(v >= 1e-30 && v <= 1e30))  // also false for NaN
@@ -60,8 +65,8 @@ kvc::codec::Spec kvc::api::to_spec(const kvc_codec *in, const char *name, uint64
   sp.scale_dtype = static_cast<kvc::DType>(c.scale_dtype);
   sp.static_scale = c.static_scale ? c.scale : 0.0;
   if (c.rotation == KVC_ROTATION_HADAMARD)
-    sp.rotation_block = c.rotation_block ? c.rotation_block
-                                         : kvc::codec::default_rotation_block(rotation_row);
+    sp.rotation_block =
+        c.rotation_block ? c.rotation_block : kvc::codec::default_rotation_block(rotation_row);
   else if (c.rotation_block != 0)
     fail(Errc::InvalidArgument, std::string(name) + ".rotation_block set without a rotation");
   return sp;
@@ -75,8 +80,10 @@ struct QuantPlan {
 
 QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
   need(codec, "codec");
-  if (d < 1 || d > (1u << 24)) fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
-  if (n > (uint64_t(1) << 40)) fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
+  if (d < 1 || d > (1u << 24))
+    fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
+  if (n > (uint64_t(1) << 40))
+    fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
   QuantPlan q;
   q.spec = to_spec(codec, "codec", d);
   kvc::codec::validate(q.spec, d);
@@ -98,8 +105,8 @@ QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
 
 extern "C" {
 
-KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst,
-                               kvc_dtype dst_dtype, size_t n) {
+KVC_API kvc_status kvc_convert(const void *src, kvc_dtype src_dtype, void *dst, kvc_dtype dst_dtype,
+                               size_t n) {
   return guard([&] {
     const DType s = dtype_arg(src_dtype, "src_dtype");
     const DType d = dtype_arg(dst_dtype, "dst_dtype");
@@ -200,8 +207,8 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
     if (q.scales && !scales) fail(Errc::NullPointer, "scales is NULL but the codec has scales");
     if (q.zeros && !zeros) fail(Errc::NullPointer, "zeros is NULL but the codec is asymmetric");
     kvc::codec::dequantize(q.spec, static_cast<const uint8_t *>(codes),
-                           static_cast<const uint8_t *>(scales), static_cast<const uint8_t *>(zeros),
-                           n, d, dst, dt);
+                           static_cast<const uint8_t *>(scales),
+                           static_cast<const uint8_t *>(zeros), n, d, dst, dt);
   });
 }
 

@@ -30,13 +30,15 @@ KVC_CHECK_ERRC(Pending, KVC_ERR_PENDING);
 KVC_CHECK_ERRC(Timeout, KVC_ERR_TIMEOUT);
 KVC_CHECK_ERRC(ExceedsCapacity, KVC_ERR_EXCEEDS_CAPACITY);
 // The one DType enum (common/dtype.h) equals kvc_dtype value for value.
-static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 && static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
+static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 &&
+              static_cast<int>(DType::F16) == KVC_DTYPE_F16 &&
               static_cast<int>(DType::BF16) == KVC_DTYPE_BF16 &&
               static_cast<int>(DType::FP8_E4M3) == KVC_DTYPE_FP8_E4M3 &&
               static_cast<int>(DType::FP8_E5M2) == KVC_DTYPE_FP8_E5M2 &&
-              static_cast<int>(DType::INT8) == KVC_DTYPE_INT8 && static_cast<int>(DType::INT4) == KVC_DTYPE_INT4 &&
-              static_cast<int>(DType::INT2) == KVC_DTYPE_INT2 && static_cast<int>(DType::INT3) == KVC_DTYPE_INT3 &&
-              kvc::kNumDTypes == 9);
+              static_cast<int>(DType::INT8) == KVC_DTYPE_INT8 &&
+              static_cast<int>(DType::INT4) == KVC_DTYPE_INT4 &&
+              static_cast<int>(DType::INT2) == KVC_DTYPE_INT2 &&
+              static_cast<int>(DType::INT3) == KVC_DTYPE_INT3 && kvc::kNumDTypes == 9);
 static_assert(static_cast<int>(kvc::tier::Kind::Host) == KVC_TIER_HOST &&
               static_cast<int>(kvc::tier::Kind::Disk) == KVC_TIER_DISK &&
               static_cast<int>(kvc::tier::Kind::Redis) == KVC_TIER_REDIS);
@@ -45,12 +47,13 @@ static_assert(static_cast<int>(kvc::core::Layout::NHD) == KVC_LAYOUT_NHD &&
 static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&
               static_cast<int>(kvc::core::Device::CUDA) == KVC_DEVICE_CUDA);
 
-kvc::core::Pool &kvc::api::core_pool(kvc_pool *pool) { return pool->core; }
+kvc::core::Pool &kvc::api::core_pool(kvc_pool *pool) {
+  return pool->core;
+}
 
 namespace {
 thread_local std::string t_last_error;
 }  // namespace
-
 
 kvc_status kvc::api::set_error(kvc_status s, const char *msg) {
   try {
@@ -63,7 +66,9 @@ kvc_status kvc::api::set_error(kvc_status s, const char *msg) {
 
 extern "C" {
 
-KVC_API uint32_t kvc_version(void) { return KVC_VERSION_NUMBER; }
+KVC_API uint32_t kvc_version(void) {
+  return KVC_VERSION_NUMBER;
+}
 
 KVC_API const char *kvc_version_string(void) {
 #define KVC_STR2(x) #x
@@ -73,30 +78,54 @@ KVC_API const char *kvc_version_string(void) {
 
 KVC_API const char *kvc_status_string(kvc_status s) {
   switch (s) {
-    case KVC_OK: return "KVC_OK";
-    case KVC_ERR_INVALID_ARGUMENT: return "KVC_ERR_INVALID_ARGUMENT";
-    case KVC_ERR_NULL_POINTER: return "KVC_ERR_NULL_POINTER";
-    case KVC_ERR_STRUCT_SIZE: return "KVC_ERR_STRUCT_SIZE";
-    case KVC_ERR_UNSUPPORTED: return "KVC_ERR_UNSUPPORTED";
-    case KVC_ERR_OVERFLOW: return "KVC_ERR_OVERFLOW";
-    case KVC_ERR_OUT_OF_MEMORY: return "KVC_ERR_OUT_OF_MEMORY";
-    case KVC_ERR_POOL_EXHAUSTED: return "KVC_ERR_POOL_EXHAUSTED";
-    case KVC_ERR_SEQ_NOT_FOUND: return "KVC_ERR_SEQ_NOT_FOUND";
-    case KVC_ERR_SEQ_EXISTS: return "KVC_ERR_SEQ_EXISTS";
-    case KVC_ERR_OUT_OF_RANGE: return "KVC_ERR_OUT_OF_RANGE";
-    case KVC_ERR_NOT_RESERVED: return "KVC_ERR_NOT_RESERVED";
-    case KVC_ERR_BUFFER_TOO_SMALL: return "KVC_ERR_BUFFER_TOO_SMALL";
-    case KVC_ERR_DEVICE_UNAVAILABLE: return "KVC_ERR_DEVICE_UNAVAILABLE";
-    case KVC_ERR_VERSION: return "KVC_ERR_VERSION";
-    case KVC_ERR_INVALID_SCALE: return "KVC_ERR_INVALID_SCALE";
-    case KVC_ERR_NON_FINITE: return "KVC_ERR_NON_FINITE";
-    case KVC_ERR_INTERNAL: return "KVC_ERR_INTERNAL";
-    case KVC_ERR_INCOMPATIBLE: return "KVC_ERR_INCOMPATIBLE";
-    case KVC_ERR_CORRUPT: return "KVC_ERR_CORRUPT";
-    case KVC_ERR_IO: return "KVC_ERR_IO";
-    case KVC_ERR_PENDING: return "KVC_ERR_PENDING";
-    case KVC_ERR_TIMEOUT: return "KVC_ERR_TIMEOUT";
-    case KVC_ERR_EXCEEDS_CAPACITY: return "KVC_ERR_EXCEEDS_CAPACITY";
+    case KVC_OK:
+      return "KVC_OK";
+    case KVC_ERR_INVALID_ARGUMENT:
+      return "KVC_ERR_INVALID_ARGUMENT";
+    case KVC_ERR_NULL_POINTER:
+      return "KVC_ERR_NULL_POINTER";
+    case KVC_ERR_STRUCT_SIZE:
+      return "KVC_ERR_STRUCT_SIZE";
+    case KVC_ERR_UNSUPPORTED:
+      return "KVC_ERR_UNSUPPORTED";
+    case KVC_ERR_OVERFLOW:
+      return "KVC_ERR_OVERFLOW";
+    case KVC_ERR_OUT_OF_MEMORY:
+      return "KVC_ERR_OUT_OF_MEMORY";
+    case KVC_ERR_POOL_EXHAUSTED:
+      return "KVC_ERR_POOL_EXHAUSTED";
+    case KVC_ERR_SEQ_NOT_FOUND:
+      return "KVC_ERR_SEQ_NOT_FOUND";
+    case KVC_ERR_SEQ_EXISTS:
+      return "KVC_ERR_SEQ_EXISTS";
+    case KVC_ERR_OUT_OF_RANGE:
+      return "KVC_ERR_OUT_OF_RANGE";
+    case KVC_ERR_NOT_RESERVED:
+      return "KVC_ERR_NOT_RESERVED";
+    case KVC_ERR_BUFFER_TOO_SMALL:
+      return "KVC_ERR_BUFFER_TOO_SMALL";
+    case KVC_ERR_DEVICE_UNAVAILABLE:
+      return "KVC_ERR_DEVICE_UNAVAILABLE";
+    case KVC_ERR_VERSION:
+      return "KVC_ERR_VERSION";
+    case KVC_ERR_INVALID_SCALE:
+      return "KVC_ERR_INVALID_SCALE";
+    case KVC_ERR_NON_FINITE:
+      return "KVC_ERR_NON_FINITE";
+    case KVC_ERR_INTERNAL:
+      return "KVC_ERR_INTERNAL";
+    case KVC_ERR_INCOMPATIBLE:
+      return "KVC_ERR_INCOMPATIBLE";
+    case KVC_ERR_CORRUPT:
+      return "KVC_ERR_CORRUPT";
+    case KVC_ERR_IO:
+      return "KVC_ERR_IO";
+    case KVC_ERR_PENDING:
+      return "KVC_ERR_PENDING";
+    case KVC_ERR_TIMEOUT:
+      return "KVC_ERR_TIMEOUT";
+    case KVC_ERR_EXCEEDS_CAPACITY:
+      return "KVC_ERR_EXCEEDS_CAPACITY";
     case KVC_STATUS_FORCE_32BIT:
     case KVC_STATUS_FORCE_SIGNED:
       break;
@@ -104,6 +133,8 @@ KVC_API const char *kvc_status_string(kvc_status s) {
   return "KVC_ERR_UNKNOWN";
 }
 
-KVC_API const char *kvc_last_error_message(void) { return t_last_error.c_str(); }
+KVC_API const char *kvc_last_error_message(void) {
+  return t_last_error.c_str();
+}
 
 }  // extern "C"

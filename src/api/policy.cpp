@@ -25,7 +25,6 @@ void policy_defaults(kvc_policy_config *c) {
   c->beta = 20.0;
 }
 
-
 }  // namespace
 
 extern "C" {
@@ -72,7 +71,9 @@ KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy
   });
 }
 
-KVC_API void kvc_policy_destroy(kvc_policy *policy) { delete policy; }
+KVC_API void kvc_policy_destroy(kvc_policy *policy) {
+  delete policy;
+}
 
 KVC_API kvc_status kvc_seq_set_policy(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy) {
   return guard([&] {
@@ -88,15 +89,16 @@ KVC_API kvc_status kvc_pool_set_policy(kvc_pool *pool, const kvc_policy *policy)
   });
 }
 
-KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy, uint64_t *dropped) {
+KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *policy,
+                             uint64_t *dropped) {
   return guard([&] {
     auto &p = core_of(pool);
     p.evict(seq_id, policy ? policy->spec.get() : nullptr, dropped);
   });
 }
 
-KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer, const uint64_t *keep,
-                                uint64_t n_keep, uint64_t *dropped) {
+KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                const uint64_t *keep, uint64_t n_keep, uint64_t *dropped) {
   return guard([&] {
     auto &p = core_of(pool);
     if (n_keep > 0) need(keep, "keep");
@@ -117,8 +119,12 @@ KVC_API kvc_status kvc_plugin_load(const char *path, kvc_plugin **out) {
   });
 }
 
-KVC_API void kvc_plugin_unload(kvc_plugin *plugin) { delete plugin; }
+KVC_API void kvc_plugin_unload(kvc_plugin *plugin) {
+  delete plugin;
+}
 
-KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin) { return plugin ? plugin->core->name() : nullptr; }
+KVC_API const char *kvc_plugin_name(const kvc_plugin *plugin) {
+  return plugin ? plugin->core->name() : nullptr;
+}
 
 }  // extern "C"

@@ -73,7 +73,6 @@ void defaults(kvc_pool_config *c) {
   c->rope_theta = 10000.0;
 }
 
-
 }  // namespace
 
 extern "C" {
@@ -107,10 +106,12 @@ KVC_API kvc_status kvc_pool_create(const kvc_pool_config *config, kvc_pool **out
   });
 }
 
-KVC_API void kvc_pool_destroy(kvc_pool *pool) { delete pool; }
+KVC_API void kvc_pool_destroy(kvc_pool *pool) {
+  delete pool;
+}
 
-KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens, uint64_t *bytes,
-                                      uint64_t *peak_bytes) {
+KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens,
+                                      uint64_t *bytes, uint64_t *peak_bytes) {
   return guard([&] {
     need(config, "config");
     kvc_pool_config c;
@@ -172,14 +173,14 @@ KVC_API kvc_status kvc_pool_sync(kvc_pool *pool) {
   return guard([&] { core_of(pool).sync(); });
 }
 
-KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks, void *host,
-                                        kvc_copy_direction direction) {
+KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks,
+                                        void *host, kvc_copy_direction direction) {
   return guard([&] {
     kvc::core::Pool &p = core_of(pool);
     const int32_t d = static_cast<int32_t>(direction);
     if (d != KVC_COPY_TO_HOST && d != KVC_COPY_FROM_HOST)
-      kvc::fail(kvc::Errc::InvalidArgument,
-                      "direction " + std::to_string(d) + ": must be KVC_COPY_TO_HOST or KVC_COPY_FROM_HOST");
+      kvc::fail(kvc::Errc::InvalidArgument, "direction " + std::to_string(d) +
+                                                ": must be KVC_COPY_TO_HOST or KVC_COPY_FROM_HOST");
     if (n_blocks == 0) return;
     need(blocks, "blocks");
     need(host, "host");

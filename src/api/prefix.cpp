@@ -27,17 +27,21 @@ struct CallbackBox {
 }  // namespace
 
 // Checks the prompt arguments and converts the extra keys.
-std::vector<kvc::core::PrefixExtra> kvc::api::prefix_args(const int32_t *tokens, uint64_t n, const kvc_prefix_extra *extras,
-                                                uint32_t n_extras) {
+std::vector<kvc::core::PrefixExtra> kvc::api::prefix_args(const int32_t *tokens, uint64_t n,
+                                                          const kvc_prefix_extra *extras,
+                                                          uint32_t n_extras) {
   if (n) need(tokens, "tokens");
-  if (n > (uint64_t(1) << 31)) fail(Errc::Overflow, "n_tokens " + std::to_string(n) + " is above 2^31");
-  if (n_extras > 64) fail(Errc::InvalidArgument, "n_extras " + std::to_string(n_extras) + ": at most 64");
+  if (n > (uint64_t(1) << 31))
+    fail(Errc::Overflow, "n_tokens " + std::to_string(n) + " is above 2^31");
+  if (n_extras > 64)
+    fail(Errc::InvalidArgument, "n_extras " + std::to_string(n_extras) + ": at most 64");
   if (n_extras) need(extras, "extras");
   std::vector<kvc::core::PrefixExtra> ex(n_extras);
   for (uint32_t i = 0; i < n_extras; ++i) {
     if (extras[i].size > (size_t(1) << 20))
       fail(Errc::InvalidArgument, "extra key " + std::to_string(i) + " is larger than 1 MiB");
-    if (extras[i].size && !extras[i].data) fail(Errc::NullPointer, "extra key " + std::to_string(i) + " has no data");
+    if (extras[i].size && !extras[i].data)
+      fail(Errc::NullPointer, "extra key " + std::to_string(i) + " has no data");
     ex[i] = {static_cast<const uint8_t *>(extras[i].data), extras[i].size};
   }
   return ex;
@@ -78,7 +82,8 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
     kvc::api::read_input_struct(config, kPrefixConfigMin, "kvc_prefix_config", &c);
     const int32_t h = static_cast<int32_t>(c.hash);
     if (h != KVC_PREFIX_HASH_SHA256 && h != KVC_PREFIX_HASH_XXH3_128)
-      fail(Errc::InvalidArgument, "hash " + std::to_string(h) + ": unknown (KVC_PREFIX_HASH_SHA256 or _XXH3_128)");
+      fail(Errc::InvalidArgument,
+           "hash " + std::to_string(h) + ": unknown (KVC_PREFIX_HASH_SHA256 or _XXH3_128)");
     kvc::core::PrefixConfig pc;
     pc.hash = static_cast<kvc::core::PrefixHash>(h);
     pc.verify_tokens = c.verify_tokens != 0;
@@ -89,7 +94,8 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
     // Extra-key names (0.4): bounded reads; the core checks them.
     if (c.n_extra_key_names > kvc::prefix::kMaxExtraKeyNames)
       fail(Errc::InvalidArgument, "n_extra_key_names " + std::to_string(c.n_extra_key_names) +
-                                      ": at most " + std::to_string(kvc::prefix::kMaxExtraKeyNames));
+                                      ": at most " +
+                                      std::to_string(kvc::prefix::kMaxExtraKeyNames));
     if (c.n_extra_key_names) need(c.extra_key_names, "extra_key_names");
     for (uint32_t i = 0; i < c.n_extra_key_names; ++i) {
       const char *name = c.extra_key_names[i];
@@ -101,8 +107,8 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
 }
 
 KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                     const kvc_prefix_extra *extras, uint32_t n_extras, uint32_t flags,
-                                     kvc_prefix_result *result) {
+                                     const kvc_prefix_extra *extras, uint32_t n_extras,
+                                     uint32_t flags, kvc_prefix_result *result) {
   return guard([&] {
     auto &p = core_of(pool);
     need(result, "result");
@@ -121,22 +127,24 @@ KVC_API kvc_status kvc_prefix_lookup(kvc_pool *pool, const int32_t *tokens, uint
 }
 
 KVC_API kvc_status kvc_prefix_attach(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
-                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
-                                     uint32_t flags, kvc_prefix_result *result) {
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras,
+                                     uint32_t n_extras, uint32_t flags, kvc_prefix_result *result) {
   return guard([&] {
     auto &p = core_of(pool);
     if (result) kvc::api::check_output_struct(result, kPrefixResultMin, "kvc_prefix_result");
-    if (flags & ~KVC_PREFIX_PARTIAL) fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
+    if (flags & ~KVC_PREFIX_PARTIAL)
+      fail(Errc::InvalidArgument, "unknown flags (known: KVC_PREFIX_PARTIAL)");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
     const auto kx = p.prefix().extra_keys(ex.data(), n_extras);
-    const auto r = p.prefix().attach(seq_id, tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0);
+    const auto r =
+        p.prefix().attach(seq_id, tokens, n_tokens, kx, (flags & KVC_PREFIX_PARTIAL) != 0);
     if (result) write_result(r, result);
   });
 }
 
 KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int32_t *tokens,
-                                     uint64_t n_tokens, const kvc_prefix_extra *extras, uint32_t n_extras,
-                                     uint64_t *n_registered) {
+                                     uint64_t n_tokens, const kvc_prefix_extra *extras,
+                                     uint32_t n_extras, uint64_t *n_registered) {
   return guard([&] {
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
@@ -147,8 +155,8 @@ KVC_API kvc_status kvc_prefix_insert(kvc_pool *pool, uint64_t seq_id, const int3
 }
 
 KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint8_t *keys_out,
-                                   size_t capacity, size_t *key_size) {
+                                   const kvc_prefix_extra *extras, uint32_t n_extras,
+                                   uint8_t *keys_out, size_t capacity, size_t *key_size) {
   return guard([&] {
     auto &p = core_of(pool);
     need(key_size, "key_size");
@@ -158,13 +166,13 @@ KVC_API kvc_status kvc_prefix_keys(kvc_pool *pool, const int32_t *tokens, uint64
     *key_size = ks;
     const uint64_t blocks = n_tokens / p.config().block_size;
     if (blocks * ks > capacity)
-      fail(Errc::BufferTooSmall, std::to_string(blocks) + " keys need " + std::to_string(blocks * ks) +
-                                     " bytes, capacity is " + std::to_string(capacity));
+      fail(Errc::BufferTooSmall, std::to_string(blocks) + " keys need " +
+                                     std::to_string(blocks * ks) + " bytes, capacity is " +
+                                     std::to_string(capacity));
     if (blocks) need(keys_out, "keys_out");
     p.prefix().keys(tokens, n_tokens, kx, keys_out);
   });
 }
-
 
 KVC_API kvc_status(kvc_prefix_stats_init)(kvc_prefix_stats *stats) {
   return kvc_prefix_stats_init_sized(stats, kvc::api::size_0_3<kvc_prefix_stats>);
@@ -210,7 +218,8 @@ KVC_API kvc_status kvc_prefix_set_callback(kvc_pool *pool, kvc_prefix_event_fn f
       return;
     }
     p.prefix().set_callback(
-        [](void *u, int kind, const uint8_t *key, const uint8_t *parent, uint32_t ks, uint64_t depth) {
+        [](void *u, int kind, const uint8_t *key, const uint8_t *parent, uint32_t ks,
+           uint64_t depth) {
           const auto *box = static_cast<const kvc_pool::Callback *>(u);
           kvc_prefix_event ev{};
           ev.struct_size = sizeof ev;

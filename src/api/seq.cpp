@@ -108,8 +108,8 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
   });
 }
 
-
-KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity, size_t *size) {
+KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity,
+                                size_t *size) {
   return guard([&] {
     auto &p = core_of(pool);
     need(size, "size");

@@ -197,10 +197,14 @@ template <>
 struct StructInfo<kvc_prefix_config> {
   static constexpr const char *name = "kvc_prefix_config";
   static constexpr Field fields[] = {
-      KVC_FIELD(kvc_prefix_config, struct_size),   KVC_FIELD(kvc_prefix_config, hash),
-      KVC_FIELD(kvc_prefix_config, verify_tokens), KVC_FIELD(kvc_prefix_config, seed_set),
-      KVC_FIELD(kvc_prefix_config, seed),          KVC_FIELD(kvc_prefix_config, model_id),
-      KVC_FIELD(kvc_prefix_config, tokenizer_id),  KVC_FIELD(kvc_prefix_config, extra_key_names),
+      KVC_FIELD(kvc_prefix_config, struct_size),
+      KVC_FIELD(kvc_prefix_config, hash),
+      KVC_FIELD(kvc_prefix_config, verify_tokens),
+      KVC_FIELD(kvc_prefix_config, seed_set),
+      KVC_FIELD(kvc_prefix_config, seed),
+      KVC_FIELD(kvc_prefix_config, model_id),
+      KVC_FIELD(kvc_prefix_config, tokenizer_id),
+      KVC_FIELD(kvc_prefix_config, extra_key_names),
       KVC_FIELD(kvc_prefix_config, n_extra_key_names),
   };
   static constexpr size_t size_0_3 = 72;

@@ -19,16 +19,15 @@ void check_struct_size(size_t sz, size_t min_size, const std::string &name) {
   const std::string what = name + ".struct_size " + std::to_string(sz);
   if (sz < min_size)
     fail(Errc::StructSize, what + ": must be at least " + std::to_string(min_size) +
-                                           " (set it with sizeof or the _init function)");
+                               " (set it with sizeof or the _init function)");
   if (sz > KVC_STRUCT_SIZE_MAX)
     fail(Errc::StructSize,
-               what + ": above KVC_STRUCT_SIZE_MAX (" + std::to_string(KVC_STRUCT_SIZE_MAX) + ")");
+         what + ": above KVC_STRUCT_SIZE_MAX (" + std::to_string(KVC_STRUCT_SIZE_MAX) + ")");
   for (const Field &f : StructInfo<T>::fields)
     if (sz > f.offset && sz < f.offset + f.size)
-      fail(Errc::StructSize, what + ": ends inside field " + f.name + " (bytes " +
-                                             std::to_string(f.offset) + ".." +
-                                             std::to_string(f.offset + f.size - 1) +
-                                             "); a struct_size ends on a field boundary");
+      fail(Errc::StructSize,
+           what + ": ends inside field " + f.name + " (bytes " + std::to_string(f.offset) + ".." +
+               std::to_string(f.offset + f.size - 1) + "); a struct_size ends on a field boundary");
 }
 
 // Copies the caller's input struct into `out` (which holds the library's
@@ -43,10 +42,10 @@ void read_input_struct(const T *in, size_t min_size, const char *name, T *out) {
     const unsigned char *extra = reinterpret_cast<const unsigned char *>(in) + sizeof(T);
     for (size_t i = 0; i < sz - sizeof(T); ++i)
       if (extra[i] != 0)
-        fail(Errc::Unsupported,
-                   std::string(name) + ": field at byte offset " + std::to_string(sizeof(T) + i) +
-                       " is unknown to this library version (" + std::to_string(sizeof(T)) +
-                       "-byte struct) and not zero");
+        fail(Errc::Unsupported, std::string(name) + ": field at byte offset " +
+                                    std::to_string(sizeof(T) + i) +
+                                    " is unknown to this library version (" +
+                                    std::to_string(sizeof(T)) + "-byte struct) and not zero");
   }
   const size_t n = sz < sizeof(T) ? sz : sizeof(T);
   std::memcpy(reinterpret_cast<unsigned char *>(out) + sizeof(size_t),

@@ -4,7 +4,6 @@
 
 extern "C" {
 
-
 static const kvc_api g_api = {
     sizeof(kvc_api),
     KVC_API_VERSION,

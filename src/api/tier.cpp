@@ -30,7 +30,8 @@ void poll_status(kvc::core::LoadState s, uint64_t ticket) {
     fail(Errc::Pending, "load " + std::to_string(ticket) + " is still reading from the tiers");
   if (s == kvc::core::LoadState::TimedOut)
     fail(Errc::Timeout, "load " + std::to_string(ticket) +
-                            ": the tiers did not answer within the load timeout; its reserved blocks are back in the pool");
+                            ": the tiers did not answer within the load timeout; its reserved "
+                            "blocks are back in the pool");
 }
 }  // namespace
 
@@ -53,7 +54,8 @@ KVC_API kvc_status kvc_tier_config_init_sized(kvc_tier_config *config, kvc_tier_
   });
 }
 
-KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *config, uint32_t *tier_index) {
+KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *config,
+                                     uint32_t *tier_index) {
   return guard([&] {
     auto &p = core_of(pool);
     need(config, "config");
@@ -61,10 +63,14 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
     kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
     if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
     if (c.kind != KVC_TIER_HOST && c.kind != KVC_TIER_DISK && c.kind != KVC_TIER_REDIS)
-      fail(Errc::InvalidArgument, "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
-    const uint32_t known = c.kind == KVC_TIER_DISK ? KVC_TIER_FSYNC : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER : 0u;
+      fail(Errc::InvalidArgument,
+           "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
+    const uint32_t known = c.kind == KVC_TIER_DISK    ? KVC_TIER_FSYNC
+                           : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER
+                                                      : 0u;
     if (c.flags & ~known)
-      fail(Errc::InvalidArgument, c.kind == KVC_TIER_REDIS ? "unknown flags for a Redis tier" : "unknown flags for this tier kind");
+      fail(Errc::InvalidArgument, c.kind == KVC_TIER_REDIS ? "unknown flags for a Redis tier"
+                                                           : "unknown flags for this tier kind");
     kvc::tier::Spec ts;
     ts.kind = static_cast<kvc::tier::Kind>(c.kind);
     ts.capacity_bytes = c.capacity_bytes;
@@ -80,7 +86,8 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
   });
 }
 
-KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks, uint32_t load_timeout_ms) {
+KVC_API kvc_status kvc_pool_set_offload(kvc_pool *pool, uint32_t queue_blocks,
+                                        uint32_t load_timeout_ms) {
   return guard([&] { core_of(pool).prefix().tiers().set_offload(queue_blocks, load_timeout_ms); });
 }
 
@@ -121,11 +128,13 @@ KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_
 }
 
 KVC_API kvc_status kvc_prefix_offload(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                      const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *n_queued) {
+                                      const kvc_prefix_extra *extras, uint32_t n_extras,
+                                      uint64_t *n_queued) {
   return guard([&] {
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    const uint64_t q = p.prefix().tiers().offload(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
+    const uint64_t q =
+        p.prefix().tiers().offload(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
     if (n_queued) *n_queued = q;
   });
 }
@@ -135,24 +144,27 @@ KVC_API kvc_status kvc_pool_flush_tiers(kvc_pool *pool) {
 }
 
 KVC_API kvc_status kvc_prefix_prefetch(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                       const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *ticket) {
+                                       const kvc_prefix_extra *extras, uint32_t n_extras,
+                                       uint64_t *ticket) {
   return guard([&] {
     auto &p = core_of(pool);
     need(ticket, "ticket");
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
-    *ticket = p.prefix().tiers().prefetch(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
+    *ticket =
+        p.prefix().tiers().prefetch(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras));
   });
 }
 
-
 KVC_API kvc_status kvc_prefix_load(kvc_pool *pool, const int32_t *tokens, uint64_t n_tokens,
-                                   const kvc_prefix_extra *extras, uint32_t n_extras, uint64_t *loaded_tokens) {
+                                   const kvc_prefix_extra *extras, uint32_t n_extras,
+                                   uint64_t *loaded_tokens) {
   return guard([&] {
     auto &p = core_of(pool);
     const auto ex = prefix_args(tokens, n_tokens, extras, n_extras);
     if (loaded_tokens) *loaded_tokens = 0;
-    const uint64_t t = p.prefix().tiers().prefetch(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras),
-                                         /*sync=*/true);
+    const uint64_t t =
+        p.prefix().tiers().prefetch(tokens, n_tokens, p.prefix().extra_keys(ex.data(), n_extras),
+                                    /*sync=*/true);
     uint64_t loaded = 0;
     poll_status(p.prefix().tiers().poll(t, /*wait=*/true, &loaded), t);
     if (loaded_tokens) *loaded_tokens = loaded;

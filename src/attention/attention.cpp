@@ -86,16 +86,19 @@ AttnScratch &scratch() {
   thread_local AttnScratch s;
   return s;
 }
-float *grow(ScratchBuffer<float> &v, uint64_t n) { return v.get(n); }
+float *grow(ScratchBuffer<float> &v, uint64_t n) {
+  return v.get(n);
+}
 
 // Online-softmax state of `rows` query rows x hq heads: running max m,
 // running sum ls and accumulator acc[hd] (FlashAttention / FlashDecoding).
 // Adds tokens [t_begin, t_end) of the layer (row r also stops at its visible
 // length vis(r)) to the state. obs: null, or the raw scores of the rows
 // [obs_first, i0 + rows) as [row][hq][obs_stride], filled for the tokens read.
-void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q, bool prefill,
-                  uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end, float *m, float *ls, float *acc,
-                  float *obs, uint64_t obs_first, uint64_t obs_stride) {
+void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
+                  bool prefill, uint64_t i0, uint64_t rows, uint64_t t_begin, uint64_t t_end,
+                  float *m, float *ls, float *acc, float *obs, uint64_t obs_first,
+                  uint64_t obs_stride) {
   const Kernels &kr = kernels();
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, hd = sh.head_dim;
   const uint64_t grp = hq / h, row = h * hd, bs = sh.max_tile;
@@ -120,14 +123,17 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
           // q.k beyond f32 (finite inputs can overflow): clamped, so the
           // softmax stays defined; NaN (Inf - Inf in the sum) counts as -max.
           sv = sv != sv ? -std::numeric_limits<float>::max()
-                        : std::min(std::numeric_limits<float>::max(), std::max(-std::numeric_limits<float>::max(), sv));
+                        : std::min(std::numeric_limits<float>::max(),
+                                   std::max(-std::numeric_limits<float>::max(), sv));
           s_tok[t] = sv;
           mx = std::max(mx, sv);
         }
         if (obs && i0 + r >= obs_first)
-          std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * obs_stride + t0, s_tok, c * sizeof(float));
+          std::memcpy(obs + ((i0 + r - obs_first) * hq + hh) * obs_stride + t0, s_tok,
+                      c * sizeof(float));
         const float m_new = std::max(m[st], mx);
-        const float corr = m[st] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[st] - m_new);
+        const float corr =
+            m[st] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[st] - m_new);
         float *a = acc + st * hd;
         if (corr != 1.0f) {
           ls[st] *= corr;
@@ -145,15 +151,14 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
   }
 }
 
-
 void init_state(float *m, float *ls, float *acc, uint64_t heads, uint64_t hd) {
   std::fill(m, m + heads, -std::numeric_limits<float>::infinity());
   std::fill(ls, ls + heads, 0.0f);
   std::fill(acc, acc + heads * hd, 0.0f);
 }
 // out = acc / ls and lse = m + log(ls); nothing visible: zeros and -inf.
-void finalize(const float *m, const float *ls, const float *acc, uint64_t heads, uint64_t hd, float *out,
-              float *lse) {
+void finalize(const float *m, const float *ls, const float *acc, uint64_t heads, uint64_t hd,
+              float *out, float *lse) {
   for (uint64_t st = 0; st < heads; ++st) {
     float *o = out + st * hd;
     if (ls[st] > 0.0f) {
@@ -167,8 +172,8 @@ void finalize(const float *m, const float *ls, const float *acc, uint64_t heads,
   }
 }
 // Merges state b into a (the log-sum-exp merge of FlashDecoding's split-K).
-void merge_state(float *m, float *ls, float *acc, const float *mb, const float *lsb, const float *accb,
-                 uint64_t heads, uint64_t hd) {
+void merge_state(float *m, float *ls, float *acc, const float *mb, const float *lsb,
+                 const float *accb, uint64_t heads, uint64_t hd) {
   for (uint64_t st = 0; st < heads; ++st) {
     if (!(lsb[st] > 0.0f)) continue;
     if (!(ls[st] > 0.0f)) {
@@ -179,15 +184,17 @@ void merge_state(float *m, float *ls, float *acc, const float *mb, const float *
     }
     const float mm = std::max(m[st], mb[st]), ca = std::exp(m[st] - mm), cb = std::exp(mb[st] - mm);
     ls[st] = ls[st] * ca + lsb[st] * cb;
-    for (uint64_t d = 0; d < hd; ++d) acc[st * hd + d] = acc[st * hd + d] * ca + accb[st * hd + d] * cb;
+    for (uint64_t d = 0; d < hd; ++d)
+      acc[st * hd + d] = acc[st * hd + d] * ca + accb[st * hd + d] * cb;
     m[st] = mm;
   }
 }
 
 }  // namespace
 
-void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q, bool prefill,
-            float *out, float *lse, float *obs_scores, uint64_t observe_from, std::mutex *obs_mu) {
+void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
+            bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
+            std::mutex *obs_mu) {
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, hd = sh.head_dim;
   const uint64_t grp = hq / h;
   AttnScratch &sc = scratch();
@@ -200,10 +207,12 @@ void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, 
     float *m = state, *ls = state + rows * hq, *acc = state + 2 * rows * hq;
     init_state(m, ls, acc, rows * hq, hd);
     // Raw scores of observed rows, kept for the probabilities at the end.
-    const uint64_t obs_first = obs_scores ? std::max(i0, std::min(observe_from, i0 + rows)) : i0 + rows;
+    const uint64_t obs_first =
+        obs_scores ? std::max(i0, std::min(observe_from, i0 + rows)) : i0 + rows;
     const uint64_t obs_rows = i0 + rows - obs_first;
     float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
-    attend_range(sh, src, n, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first, max_vis);
+    attend_range(sh, src, n, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first,
+                 max_vis);
     finalize(m, ls, acc, rows * hq, hd, out + i0 * hq * hd, lse + i0 * hq);
     std::unique_lock<std::mutex> sg;  // recorded scores are shared state
     if (obs_rows && obs_mu) sg = std::unique_lock<std::mutex>(*obs_mu);
@@ -221,8 +230,9 @@ void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, 
 // Decode over several threads (the caller's included): work units are
 // (sequence, token range); a sequence longer than its share is split into
 // ranges whose partial states are merged by log-sum-exp (FlashDecoding).
-void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src, const std::vector<uint64_t> &ns,
-                    const float *q, float *out, float *lse, uint32_t threads) {
+void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src,
+                    const std::vector<uint64_t> &ns, const float *q, float *out, float *lse,
+                    uint32_t threads) {
   const uint64_t hq = sh.q_heads, hd = sh.head_dim, n_seqs = src.size();
   const uint64_t state_size = hq * (hd + 2);
   struct Unit {
@@ -248,8 +258,8 @@ void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src,
         float *st = states.data() + u * state_size;
         init_state(st, st + hq, st + 2 * hq, hq, hd);
         const Unit &un = units[u];
-        attend_range(sh, *src[un.seq], ns[un.seq], q + un.seq * hq * hd, 1, false, 0, 1, un.t0, un.t1, st,
-                     st + hq, st + 2 * hq, nullptr, 1, 0);
+        attend_range(sh, *src[un.seq], ns[un.seq], q + un.seq * hq * hd, 1, false, 0, 1, un.t0,
+                     un.t1, st, st + hq, st + 2 * hq, nullptr, 1, 0);
       }
     } catch (...) {
       std::lock_guard<std::mutex> g(error_mu);

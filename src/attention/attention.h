@@ -27,7 +27,7 @@ class TileSource {
 };
 
 struct Shape {
-  uint64_t q_heads = 0;   // query heads; q_heads / kv_heads query heads share a KV head (GQA)
+  uint64_t q_heads = 0;  // query heads; q_heads / kv_heads query heads share a KV head (GQA)
   uint64_t kv_heads = 0;
   uint64_t head_dim = 0;
   uint64_t max_tile = 0;  // the most tokens one read returns (a block)
@@ -41,15 +41,17 @@ struct Shape {
 // obs_scores: null, or [n][kv_heads], to which the attention probability of
 // every row i >= observe_from is added (summed over the query heads of each
 // KV head), under *obs_mu when given.
-void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q, bool prefill,
-            float *out, float *lse, float *obs_scores, uint64_t observe_from, std::mutex *obs_mu);
+void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
+            bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
+            std::mutex *obs_mu);
 
 // Decode of one query row per sequence over up to `threads` threads (the
 // caller's included): work units are (sequence, token range); a sequence
 // longer than its share is split into ranges whose partial states are merged
 // by log-sum-exp (FlashDecoding). src[i] holds n[i] tokens; q, out and lse
 // are as for attend() with n_q = 1, row i for sequence i.
-void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src, const std::vector<uint64_t> &n,
-                    const float *q, float *out, float *lse, uint32_t threads);
+void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src,
+                    const std::vector<uint64_t> &n, const float *q, float *out, float *lse,
+                    uint32_t threads);
 
 }  // namespace kvc::attention

@@ -28,22 +28,26 @@ enum class Gran : int32_t { None = 0, Tensor = 1, Token = 2, Group = 3, Channel 
 struct Spec {
   DType dtype = DType::F16;
   Gran gran = Gran::None;
-  uint32_t group = 0;            // Group: values per group; Channel: tokens per group
-  bool asym = false;             // zero point (integer dtypes only)
-  bool full_range = false;       // symmetric integers: all 2^b codes, scale = signed extreme / -2^(b-1)
+  uint32_t group = 0;       // Group: values per group; Channel: tokens per group
+  bool asym = false;        // zero point (integer dtypes only)
+  bool full_range = false;  // symmetric integers: all 2^b codes, scale = signed extreme / -2^(b-1)
   DType scale_dtype = DType::F32;  // F32 or F16
-  double static_scale = 0.0;     // > 0: fixed scale (Tensor granularity), 0: dynamic
-  uint32_t rotation_block = 0;   // 0: none; else a Hadamard block (power of two)
+  double static_scale = 0.0;       // > 0: fixed scale (Tensor granularity), 0: dynamic
+  uint32_t rotation_block = 0;     // 0: none; else a Hadamard block (power of two)
 };
 
 // Storage dtypes and their facts (bits, is_float, sym_max, ...): common/dtype.h.
 
 // Bytes of codes for one row of d values.
-inline uint64_t row_bytes(DType dt, uint64_t d) { return (d * static_cast<uint64_t>(bits_of(dt)) + 7) / 8; }
+inline uint64_t row_bytes(DType dt, uint64_t d) {
+  return (d * static_cast<uint64_t>(bits_of(dt)) + 7) / 8;
+}
 
 // Number of scales (and of zero points when asymmetric) for an [n][d] array.
 uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d);
-inline uint64_t scale_bytes(const Spec &s) { return s.scale_dtype == DType::F16 ? 2 : 4; }
+inline uint64_t scale_bytes(const Spec &s) {
+  return s.scale_dtype == DType::F16 ? 2 : 4;
+}
 
 // Checks a spec for rows of length d (throws Error: InvalidArgument,
 // InvalidScale).

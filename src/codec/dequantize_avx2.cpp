@@ -17,7 +17,8 @@ namespace kvc::codec {
 
 namespace {
 // A scale or zero point as stored (f16 through F16C: exact, as load_scale).
-__attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast(const uint8_t *p, DType sd) {
+__attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast(const uint8_t *p,
+                                                                                 DType sd) {
   if (sd == DType::F32) {
     float v;
     std::memcpy(&v, p, 4);  // little-endian, as store_scale writes
@@ -31,7 +32,8 @@ __attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast
 // 8 codes from element j of a row of `Bits`-bit codes, as int32 q = code - off
 // (int8 symmetric: the signed byte).
 template <int Bits, bool Asym>
-__attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint8_t *in, uint64_t j, __m256i off) {
+__attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint8_t *in, uint64_t j,
+                                                                      __m256i off) {
   if constexpr (Bits == 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
     return Asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
@@ -40,18 +42,21 @@ __attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint
   } else if constexpr (Bits == 4) {
     uint32_t w;
     std::memcpy(&w, in + j / 2, 4);
-    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
     return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
   } else {
     uint16_t w;
     std::memcpy(&w, in + j / 4, 2);
-    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
     return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
   }
 }
 
 template <bool Half>
-__attribute__((target("avx2,f16c"), always_inline)) inline void store8(void *dst, uint64_t i, __m256 x) {
+__attribute__((target("avx2,f16c"), always_inline)) inline void store8(void *dst, uint64_t i,
+                                                                       __m256 x) {
   if constexpr (Half)
     _mm_storeu_si128(reinterpret_cast<__m128i *>(static_cast<uint16_t *>(dst) + i),
                      _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -65,8 +70,9 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void store8(void *dst
 // round half to even: the scalar path's operations, in one pass.
 template <bool Half, int Bits, bool Asym>
 __attribute__((target("avx2,f16c"))) void dequantize_int_direct(const Spec &s, const uint8_t *codes,
-                                                               const uint8_t *scales, const uint8_t *zeros,
-                                                               uint64_t n, uint64_t d, void *dst) {
+                                                                const uint8_t *scales,
+                                                                const uint8_t *zeros, uint64_t n,
+                                                                uint64_t d, void *dst) {
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
@@ -76,7 +82,8 @@ __attribute__((target("avx2,f16c"))) void dequantize_int_direct(const Spec &s, c
     for (uint64_t gi = 0; gi < ng; ++gi) {
       const uint64_t idx = s.gran == Gran::Tensor ? 0 : r * ng + gi;
       const __m256 vs = _mm256_set1_ps(load_scale_fast(scales + idx * sb, s.scale_dtype));
-      const __m256 vz = Asym ? _mm256_set1_ps(load_scale_fast(zeros + idx * sb, s.scale_dtype)) : _mm256_setzero_ps();
+      const __m256 vz = Asym ? _mm256_set1_ps(load_scale_fast(zeros + idx * sb, s.scale_dtype))
+                             : _mm256_setzero_ps();
       for (uint64_t j = gi * g; j < (gi + 1) * g; j += 8) {
         const __m256 x = _mm256_mul_ps(_mm256_cvtepi32_ps(unpack8<Bits, Asym>(in, j, off)), vs);
         store8<Half>(dst, r * d + j, Asym ? _mm256_add_ps(x, vz) : x);
@@ -87,8 +94,9 @@ __attribute__((target("avx2,f16c"))) void dequantize_int_direct(const Spec &s, c
 
 // dequantize_int_direct for the output type (f16 or f32) and the mode.
 template <int Bits>
-void dequantize_int_direct_any(const Spec &s, bool half, const uint8_t *codes, const uint8_t *scales,
-                               const uint8_t *zeros, uint64_t n, uint64_t d, void *dst) {
+void dequantize_int_direct_any(const Spec &s, bool half, const uint8_t *codes,
+                               const uint8_t *scales, const uint8_t *zeros, uint64_t n, uint64_t d,
+                               void *dst) {
   if (s.asym)
     half ? dequantize_int_direct<true, Bits, true>(s, codes, scales, zeros, n, d, dst)
          : dequantize_int_direct<false, Bits, true>(s, codes, scales, zeros, n, d, dst);
@@ -107,8 +115,8 @@ void dequantize_int_direct_any(const Spec &s, bool half, const uint8_t *codes, c
 // encoder, possible in caller-supplied codes) takes the table.
 template <bool Half, bool E4M3>
 __attribute__((target("avx2,f16c"))) void dequantize_fp8_direct(const Spec &s, const uint8_t *codes,
-                                                               const uint8_t *scales, uint64_t n, uint64_t d,
-                                                               void *dst) {
+                                                                const uint8_t *scales, uint64_t n,
+                                                                uint64_t d, void *dst) {
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t sb = scale_bytes(s);
   const float *table = E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
@@ -124,9 +132,10 @@ __attribute__((target("avx2,f16c"))) void dequantize_fp8_direct(const Spec &s, c
         __m128i h = _mm_unpacklo_epi8(_mm_setzero_si128(), b);  // code << 8 in 8 u16 lanes
         __m256 x;
         // e4m3: 0x7f / 0xff (NaN); e5m2: exponent field all ones (Inf, NaN).
-        const __m128i special = E4M3 ? _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),
-                                                       _mm_set1_epi8(static_cast<char>(0xff)))
-                                     : _mm_cmpeq_epi8(_mm_and_si128(b, _mm_set1_epi8(0x7c)), _mm_set1_epi8(0x7c));
+        const __m128i special =
+            E4M3 ? _mm_cmpeq_epi8(_mm_or_si128(b, _mm_set1_epi8(static_cast<char>(0x80))),
+                                  _mm_set1_epi8(static_cast<char>(0xff)))
+                 : _mm_cmpeq_epi8(_mm_and_si128(b, _mm_set1_epi8(0x7c)), _mm_set1_epi8(0x7c));
         if (_mm_movemask_epi8(special) & 0xff) {
           float t[8];
           for (int k = 0; k < 8; ++k) t[k] = table[in[j + k]] * sc;
@@ -152,8 +161,9 @@ __attribute__((target("avx2,f16c"))) void dequantize_fp8_direct(const Spec &s, c
 // applied there, then one F16C conversion pass. The scalar path's operations.
 template <bool Half>
 __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const uint8_t *codes,
-                                                         const uint8_t *scales, const uint8_t *zeros,
-                                                         uint64_t n, uint64_t d, void *dst, float *buf) {
+                                                          const uint8_t *scales,
+                                                          const uint8_t *zeros, uint64_t n,
+                                                          uint64_t d, void *dst, float *buf) {
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
@@ -167,16 +177,20 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
       Params p;
       p.scale = inl::load_scale(scales + idx * sb, s.scale_dtype);
       if (s.asym) p.zero = inl::load_scale(zeros + idx * sb, s.scale_dtype);
-      if (integer) decode_int_run_avx2(f, s.asym, in, gi * g, (gi + 1) * g, p, x);
-      else if (s.dtype == DType::FP8_E4M3) decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
-      else decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+      if (integer)
+        decode_int_run_avx2(f, s.asym, in, gi * g, (gi + 1) * g, p, x);
+      else if (s.dtype == DType::FP8_E4M3)
+        decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+      else
+        decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
     }
     if (rotate) hadamard(buf, d, s.rotation_block);
     if constexpr (Half) {
       uint16_t *o = static_cast<uint16_t *>(dst) + r * d;
       for (uint64_t j = 0; j < d; j += 8)
         _mm_storeu_si128(reinterpret_cast<__m128i *>(o + j),
-                         _mm256_cvtps_ph(_mm256_loadu_ps(buf + j), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                         _mm256_cvtps_ph(_mm256_loadu_ps(buf + j),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     } else if (rotate) {
       std::memcpy(static_cast<float *>(dst) + r * d, buf, d * 4);
     }
@@ -187,17 +201,29 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
 bool dequantize_direct_avx2(const Spec &s, bool half, const uint8_t *codes, const uint8_t *scales,
                             const uint8_t *zeros, uint64_t n, uint64_t d, void *dst) {
   switch (s.dtype) {
-    case DType::INT8: dequantize_int_direct_any<8>(s, half, codes, scales, zeros, n, d, dst); return true;
-    case DType::INT4: dequantize_int_direct_any<4>(s, half, codes, scales, zeros, n, d, dst); return true;
-    case DType::INT3: dequantize_int_direct_any<3>(s, half, codes, scales, zeros, n, d, dst); return true;
-    case DType::INT2: dequantize_int_direct_any<2>(s, half, codes, scales, zeros, n, d, dst); return true;
+    case DType::INT8:
+      dequantize_int_direct_any<8>(s, half, codes, scales, zeros, n, d, dst);
+      return true;
+    case DType::INT4:
+      dequantize_int_direct_any<4>(s, half, codes, scales, zeros, n, d, dst);
+      return true;
+    case DType::INT3:
+      dequantize_int_direct_any<3>(s, half, codes, scales, zeros, n, d, dst);
+      return true;
+    case DType::INT2:
+      dequantize_int_direct_any<2>(s, half, codes, scales, zeros, n, d, dst);
+      return true;
     case DType::FP8_E4M3:
-      if (half) dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst);
-      else dequantize_fp8_direct<false, true>(s, codes, scales, n, d, dst);
+      if (half)
+        dequantize_fp8_direct<true, true>(s, codes, scales, n, d, dst);
+      else
+        dequantize_fp8_direct<false, true>(s, codes, scales, n, d, dst);
       return true;
     case DType::FP8_E5M2:
-      if (half) dequantize_fp8_direct<true, false>(s, codes, scales, n, d, dst);
-      else dequantize_fp8_direct<false, false>(s, codes, scales, n, d, dst);
+      if (half)
+        dequantize_fp8_direct<true, false>(s, codes, scales, n, d, dst);
+      else
+        dequantize_fp8_direct<false, false>(s, codes, scales, n, d, dst);
       return true;
     default:
       return false;
@@ -206,8 +232,10 @@ bool dequantize_direct_avx2(const Spec &s, bool half, const uint8_t *codes, cons
 
 void dequantize_fast_avx2(const Spec &s, bool half, const uint8_t *codes, const uint8_t *scales,
                           const uint8_t *zeros, uint64_t n, uint64_t d, void *dst, float *buf) {
-  if (half) dequantize_fast<true>(s, codes, scales, zeros, n, d, dst, buf);
-  else dequantize_fast<false>(s, codes, scales, zeros, n, d, dst, buf);
+  if (half)
+    dequantize_fast<true>(s, codes, scales, zeros, n, d, dst, buf);
+  else
+    dequantize_fast<false>(s, codes, scales, zeros, n, d, dst, buf);
 }
 
 }  // namespace kvc::codec

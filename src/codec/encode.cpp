@@ -22,7 +22,8 @@ void encode_int_run(const IntFormat &f, bool asym, const float *x, uint64_t j0, 
                     const Params &p, uint8_t *out) {
 #ifdef KVC_CODEC_X86
   if (use_avx2() && j1 - j0 >= 32)
-    return asym ? encode_int_run_avx2<true>(f, x, j0, j1, p, out) : encode_int_run_avx2<false>(f, x, j0, j1, p, out);
+    return asym ? encode_int_run_avx2<true>(f, x, j0, j1, p, out)
+                : encode_int_run_avx2<false>(f, x, j0, j1, p, out);
 #endif
   encode_int_run_scalar(f, asym, x, j0, j1, p, out);
 }
@@ -59,8 +60,8 @@ void decode_fp8_run(DType dt, const uint8_t *in, uint64_t j0, uint64_t j1, float
 }
 
 // Encodes one row of d values; element j uses params[j / col_group].
-void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params,
-                uint64_t col_group, uint8_t *out) {
+void encode_row(const Spec &s, const float *x, uint64_t d, const Params *params, uint64_t col_group,
+                uint8_t *out) {
   if (is_int(s.dtype)) {
     const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
     if (f.bits < 8) std::memset(out, 0, row_bytes(s.dtype, d));
@@ -99,7 +100,6 @@ void decode_row(const Spec &s, const uint8_t *in, uint64_t d, const Params *para
       break;
   }
 }
-
 
 // Min and max of n values x[0], x[stride], ... (exact in any order).
 void min_max(const float *x, uint64_t n, uint64_t stride, float *lo, float *hi) {
@@ -141,7 +141,8 @@ void encode(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *code
     if (s.asym && zeros) inl::store_scale(zeros + idx * sb, s.scale_dtype, p.zero);
   };
   switch (s.gran) {
-    case Gran::None: break;
+    case Gran::None:
+      break;
     case Gran::Tensor: {
       float lo = 0, hi = 0;
       if (n > 0 && d > 0) min_max(x, n * d, 1, &lo, &hi);
@@ -185,7 +186,8 @@ void encode(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *code
           ps[c] = make_params(s, lo, hi);
           put((r0 / s.group) * d + c, ps[c]);
         }
-        for (uint64_t r = r0; r < r0 + rows; ++r) encode_row(s, x + r * d, d, ps.data(), 1, codes + r * rb);
+        for (uint64_t r = r0; r < r0 + rows; ++r)
+          encode_row(s, x + r * d, d, ps.data(), 1, codes + r * rb);
       }
       break;
     }
@@ -207,7 +209,8 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
     return p;
   };
   switch (s.gran) {
-    case Gran::None: break;
+    case Gran::None:
+      break;
     case Gran::Tensor: {
       const Params p = get(0);
       for (uint64_t r = 0; r < n; ++r) decode_row(s, codes + r * rb, d, &p, d ? d : 1, out + r * d);

@@ -34,13 +34,14 @@ __attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode8(__m256
 }
 
 template <int kMant, int kBias, uint32_t kMaxCode, bool Half = false>
-__attribute__((target("avx2,f16c"))) void encode_fp8_run_avx2(const void *x, uint64_t j0, uint64_t j1,
-                                                              float inv, uint8_t *out) {
+__attribute__((target("avx2,f16c"))) void encode_fp8_run_avx2(const void *x, uint64_t j0,
+                                                              uint64_t j1, float inv,
+                                                              uint8_t *out) {
   const __m256 vinv = _mm256_set1_ps(inv);
   uint64_t j = j0;
   for (; j + 32 <= j1; j += 32) {
     __m256i c[4];
-    #pragma GCC unroll 4
+#pragma GCC unroll 4
     for (int k = 0; k < 4; ++k)
       c[k] = fp8_encode8<kMant, kBias, kMaxCode>(_mm256_mul_ps(load8<Half>(x, j + 8 * k), vinv));
     const __m256i a16 = _mm256_packus_epi32(c[0], c[1]), b16 = _mm256_packus_epi32(c[2], c[3]);
@@ -61,18 +62,23 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_run_avx2(const void *x, uin
 // A vector holding a NaN or Inf code (never written by the encoder, possible
 // in caller-supplied codes) takes the table.
 template <int kMant, int kBias>
-__attribute__((target("avx2"), always_inline)) inline __m256 fp8_decode8(const float *table, __m128i b8) {
+__attribute__((target("avx2"), always_inline)) inline __m256 fp8_decode8(const float *table,
+                                                                         __m128i b8) {
   const __m256i c = _mm256_cvtepu8_epi32(b8);
   const __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
   constexpr int kExpMask = ((1 << (7 - kMant)) - 1) << kMant;
-  const __m256i special = kMant == 3 ? _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))
-                                     : _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(kExpMask)),
-                                                          _mm256_set1_epi32(kExpMask));
+  const __m256i special =
+      kMant == 3 ? _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f))
+                 : _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(kExpMask)),
+                                      _mm256_set1_epi32(kExpMask));
   if (!_mm256_testz_si256(special, special)) return _mm256_i32gather_ps(table, c, 4);
-  const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(mag, 23 - kMant), _mm256_set1_epi32((127 - kBias) << 23));
+  const __m256i normal =
+      _mm256_add_epi32(_mm256_slli_epi32(mag, 23 - kMant), _mm256_set1_epi32((127 - kBias) << 23));
   const __m256 step = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 1 - kBias - kMant) << 23));
-  const __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(mag), step);  // exponent 0: mag is the mantissa
-  const __m256i is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(kExpMask)), _mm256_setzero_si256());
+  const __m256 sub =
+      _mm256_mul_ps(_mm256_cvtepi32_ps(mag), step);  // exponent 0: mag is the mantissa
+  const __m256i is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(mag, _mm256_set1_epi32(kExpMask)),
+                                            _mm256_setzero_si256());
   const __m256 v = _mm256_blendv_ps(_mm256_castsi256_ps(normal), sub, _mm256_castsi256_ps(is_sub));
   const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
   return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
@@ -85,8 +91,10 @@ __attribute__((target("avx2"))) void decode_fp8_run_avx2(const float *table, con
   const __m256 s = _mm256_set1_ps(scale);
   uint64_t j = j0;
   for (; j + 8 <= j1; j += 8)
-    _mm256_storeu_ps(x + j, _mm256_mul_ps(fp8_decode8<kMant, kBias>(
-                                              table, _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j))), s));
+    _mm256_storeu_ps(
+        x + j, _mm256_mul_ps(fp8_decode8<kMant, kBias>(
+                                 table, _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j))),
+                             s));
   for (; j < j1; ++j) x[j] = table[in[j]] * scale;
 }
 

@@ -42,7 +42,8 @@ __attribute__((target("avx2"), always_inline)) inline void bfly(__m256 &a, __m25
   b = _mm256_sub_ps(a, b);
   a = s;
 }
-__attribute__((target("avx2"), always_inline)) inline void butterfly64(const float *in, float *out) {
+__attribute__((target("avx2"), always_inline)) inline void butterfly64(const float *in,
+                                                                       float *out) {
   __m256 r0 = butterfly8(_mm256_loadu_ps(in)), r1 = butterfly8(_mm256_loadu_ps(in + 8));
   __m256 r2 = butterfly8(_mm256_loadu_ps(in + 16)), r3 = butterfly8(_mm256_loadu_ps(in + 24));
   __m256 r4 = butterfly8(_mm256_loadu_ps(in + 32)), r5 = butterfly8(_mm256_loadu_ps(in + 40));
@@ -58,7 +59,8 @@ __attribute__((target("avx2"), always_inline)) inline void butterfly64(const flo
 // The scalar butterfly's additions and subtractions, pair for pair and stage
 // by stage (the first stages in registers), then the normalization: the same
 // float operations in the same order, so the same bits.
-__attribute__((target("avx2"))) void hadamard_avx2(float *x, uint64_t d, uint32_t block, float norm) {
+__attribute__((target("avx2"))) void hadamard_avx2(float *x, uint64_t d, uint32_t block,
+                                                   float norm) {
   const __m256 vn = _mm256_set1_ps(norm);
   for (uint64_t base = 0; base < d; base += block) {
     float *v = x + base;
@@ -67,11 +69,13 @@ __attribute__((target("avx2"))) void hadamard_avx2(float *x, uint64_t d, uint32_
       for (uint32_t j = 0; j < block; j += 64) butterfly64(v + j, v + j);
       h = 64;
     } else {
-      for (uint32_t j = 0; j < block; j += 8) _mm256_storeu_ps(v + j, butterfly8(_mm256_loadu_ps(v + j)));
+      for (uint32_t j = 0; j < block; j += 8)
+        _mm256_storeu_ps(v + j, butterfly8(_mm256_loadu_ps(v + j)));
       h = 8;
     }
     if (h == block) {
-      for (uint32_t j = 0; j < block; j += 8) _mm256_storeu_ps(v + j, _mm256_mul_ps(_mm256_loadu_ps(v + j), vn));
+      for (uint32_t j = 0; j < block; j += 8)
+        _mm256_storeu_ps(v + j, _mm256_mul_ps(_mm256_loadu_ps(v + j), vn));
       continue;
     }
     for (; h < block; h *= 2) {
@@ -112,7 +116,6 @@ void hadamard(float *x, uint64_t d, uint32_t block) {
   }
 }
 
-
 // The unnormalized butterfly grows a block's values by up to `block` times
 // before the final normalization: inputs at or above FLT_MAX / block could
 // overflow to Inf on the way, so they are refused (before anything is written).
@@ -121,9 +124,11 @@ void check_rotatable(const float *x, uint64_t n, uint32_t block) {
   const float limit = std::numeric_limits<float>::max() / static_cast<float>(block);
   for (uint64_t i = 0; i < n; ++i)
     if (!(std::fabs(x[i]) < limit))
-      fail(Errc::NonFinite, "element " + u64s(i) + " (" + fmt_g(x[i]) + ") is too large to rotate: the Hadamard "
-                            "transform of a block of " + u64s(block) + " would overflow (|x| must stay below " +
-                            fmt_g(limit) + "); nothing was written");
+      fail(Errc::NonFinite, "element " + u64s(i) + " (" + fmt_g(x[i]) +
+                                ") is too large to rotate: the Hadamard "
+                                "transform of a block of " +
+                                u64s(block) + " would overflow (|x| must stay below " +
+                                fmt_g(limit) + "); nothing was written");
 }
 
 }  // namespace kvc::codec

@@ -104,9 +104,12 @@ __attribute__((noinline)) inline float round_zero_down(float v, DType sd) {
   uint16_t h = f32_to_f16_scalar(v);
   if (f16_to_f32_scalar(h) > v) {
     // one step towards -inf
-    if (h == 0x0000) h = 0x8001;
-    else if (h & 0x8000) ++h;
-    else --h;
+    if (h == 0x0000)
+      h = 0x8001;
+    else if (h & 0x8000)
+      ++h;
+    else
+      --h;
   }
   return f16_to_f32_scalar(h);
 }
@@ -118,11 +121,11 @@ __attribute__((noinline)) inline float round_zero_down(float v, DType sd) {
 // taken by quantize() and dequantize() on the shapes they check.
 // f16 rows, dynamic per-token or per-group scales, no rotation: returns false,
 // having written nothing, when the input holds a NaN or Inf.
-bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d, uint8_t *codes,
-                              uint8_t *scales, uint8_t *zeros);
+bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d,
+                              uint8_t *codes, uint8_t *scales, uint8_t *zeros);
 // f16 (half) or f32 rows through an L1 buffer of quantize_fast_scratch() floats.
-void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d, uint8_t *codes,
-                        uint8_t *scales, uint8_t *zeros, float *buf);
+void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d,
+                        uint8_t *codes, uint8_t *scales, uint8_t *zeros, float *buf);
 uint64_t quantize_fast_scratch(const Spec &s, uint64_t d);
 // Integer and fp8 codes, no rotation, straight to f16 (half) or f32: returns
 // false (nothing written) for a dtype it does not take.
@@ -135,9 +138,15 @@ void dequantize_fast_avx2(const Spec &s, bool half, const uint8_t *codes, const 
 
 namespace {
 
-inline int qmax_sym(DType d) { return d == DType::INT8 ? 127 : d == DType::INT4 ? 7 : d == DType::INT3 ? 3 : 1; }
-inline int qmax_asym(DType d) { return d == DType::INT8 ? 255 : d == DType::INT4 ? 15 : d == DType::INT3 ? 7 : 3; }
-inline float fp8_max(DType d) { return d == DType::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max; }
+inline int qmax_sym(DType d) {
+  return d == DType::INT8 ? 127 : d == DType::INT4 ? 7 : d == DType::INT3 ? 3 : 1;
+}
+inline int qmax_asym(DType d) {
+  return d == DType::INT8 ? 255 : d == DType::INT4 ? 15 : d == DType::INT3 ? 7 : 3;
+}
+inline float fp8_max(DType d) {
+  return d == DType::FP8_E4M3 ? kFp8E4m3Max : kFp8E5m2Max;
+}
 
 // Scales are computed in double (so max - min cannot overflow), never below
 // the smallest normal float (so 1 / scale stays finite: a group of tiny
@@ -174,8 +183,9 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     // The sign is chosen on the values as given (capping first would make a
     // tie of -2e38 and 1.5e38, and pick the positive one).
     const bool positive = static_cast<double>(hi) >= -static_cast<double>(lo);
-    const double mag = std::min(1e38, positive ? static_cast<double>(hi) : -static_cast<double>(lo)) /
-                       (qmax_sym(s.dtype) + 1);
+    const double mag =
+        std::min(1e38, positive ? static_cast<double>(hi) : -static_cast<double>(lo)) /
+        (qmax_sym(s.dtype) + 1);
     if (mag > 0.0) {
       const float f = std::max(static_cast<float>(mag), std::numeric_limits<float>::min());
       const float up = static_cast<double>(f) < mag ? bits_f32(f32_bits(f) + 1) : f;
@@ -188,7 +198,8 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
     // Symmetric integer codes cover at most [-1e38, 1e38] too (q x scale must
     // stay finite; values beyond saturate).
     const double cap = is_int(s.dtype) ? 1e38 : std::numeric_limits<double>::infinity();
-    const double absmax = std::min(cap, std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi))));
+    const double absmax = std::min(
+        cap, std::max(std::fabs(static_cast<double>(lo)), std::fabs(static_cast<double>(hi))));
     raw = absmax / (is_fp8(s.dtype) ? fp8_max(s.dtype) : qmax_sym(s.dtype));
   }
   if (raw > 0.0) {
@@ -205,17 +216,25 @@ __attribute__((always_inline)) inline Params make_params(const Spec &s, float lo
 inline IntFormat int_format(DType d, bool asym, bool full_range = false) {
   if (full_range && !asym) {  // codes -2^(b-1) .. 2^(b-1) - 1
     switch (d) {
-      case DType::INT8: return IntFormat{8, 0, -128, 127};
-      case DType::INT4: return IntFormat{4, 8, -8, 7};
-      case DType::INT3: return IntFormat{3, 4, -4, 3};
-      default: return IntFormat{2, 2, -2, 1};
+      case DType::INT8:
+        return IntFormat{8, 0, -128, 127};
+      case DType::INT4:
+        return IntFormat{4, 8, -8, 7};
+      case DType::INT3:
+        return IntFormat{3, 4, -4, 3};
+      default:
+        return IntFormat{2, 2, -2, 1};
     }
   }
   switch (d) {
-    case DType::INT8: return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
-    case DType::INT4: return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
-    case DType::INT3: return asym ? IntFormat{3, 0, 0, 7} : IntFormat{3, 4, -3, 3};
-    default: return asym ? IntFormat{2, 0, 0, 3} : IntFormat{2, 2, -1, 1};
+    case DType::INT8:
+      return asym ? IntFormat{8, 0, 0, 255} : IntFormat{8, 0, -127, 127};
+    case DType::INT4:
+      return asym ? IntFormat{4, 0, 0, 15} : IntFormat{4, 8, -7, 7};
+    case DType::INT3:
+      return asym ? IntFormat{3, 0, 0, 7} : IntFormat{3, 4, -3, 3};
+    default:
+      return asym ? IntFormat{2, 0, 0, 3} : IntFormat{2, 2, -1, 1};
   }
 }
 
@@ -235,7 +254,9 @@ inline bool use_avx2() {
 #endif
 }
 
-inline bool has_scales(const Spec &s) { return !is_float(s.dtype); }
+inline bool has_scales(const Spec &s) {
+  return !is_float(s.dtype);
+}
 
 }  // namespace
 

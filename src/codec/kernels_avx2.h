@@ -18,17 +18,21 @@ namespace {
 // (round half to even, as std::nearbyint in the scalar reference).
 // 8 values of a row of f16 (Half) or f32 from element j (exact conversion).
 template <bool Half>
-__attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const void *row, uint64_t j) {
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 load8(const void *row,
+                                                                        uint64_t j) {
   if constexpr (Half)
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(row) + j)));
-  else return _mm256_loadu_ps(static_cast<const float *>(row) + j);
+    return _mm256_cvtph_ps(
+        _mm_loadu_si128(reinterpret_cast<const __m128i *>(static_cast<const uint16_t *>(row) + j)));
+  else
+    return _mm256_loadu_ps(static_cast<const float *>(row) + j);
 }
 
 // Clamp false: the caller knows |y * inv| stays below qmax + 1/2 (a
 // symmetric group's own absmax scale), where the clamp changes nothing.
 template <bool Asym, bool Clamp = true>
-__attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(__m256 y, __m256 inv, __m256 z,
-                                                                           __m256 lo, __m256 hi) {
+__attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(__m256 y, __m256 inv,
+                                                                          __m256 z, __m256 lo,
+                                                                          __m256 hi) {
   y = Asym ? _mm256_mul_ps(_mm256_sub_ps(y, z), inv) : _mm256_mul_ps(y, inv);
   if constexpr (Clamp) y = _mm256_min_ps(_mm256_max_ps(y, lo), hi);
   return _mm256_cvtps_epi32(y);
@@ -37,14 +41,17 @@ __attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(__m256
 // 32 values from element j of x (f16 or f32) -> 32 byte codes (code = q +
 // off, q already clamped), in order.
 template <bool Asym, bool Half, bool Clamp = true>
-__attribute__((target("avx2,f16c"), always_inline)) inline __m256i codes32_avx2(const void *x, uint64_t j,
-                                                                                 __m256 inv, __m256 z, __m256 lo,
-                                                                                 __m256 hi, __m256i off,
-                                                                                 bool is_signed) {
-  const __m256i q0 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j), inv, z, lo, hi), off);
-  const __m256i q1 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 8), inv, z, lo, hi), off);
-  const __m256i q2 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 16), inv, z, lo, hi), off);
-  const __m256i q3 = _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 24), inv, z, lo, hi), off);
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256i codes32_avx2(
+    const void *x, uint64_t j, __m256 inv, __m256 z, __m256 lo, __m256 hi, __m256i off,
+    bool is_signed) {
+  const __m256i q0 =
+      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j), inv, z, lo, hi), off);
+  const __m256i q1 =
+      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 8), inv, z, lo, hi), off);
+  const __m256i q2 =
+      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 16), inv, z, lo, hi), off);
+  const __m256i q3 =
+      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 24), inv, z, lo, hi), off);
   const __m256i a = _mm256_packs_epi32(q0, q1), b = _mm256_packs_epi32(q2, q3);
   const __m256i c = is_signed ? _mm256_packs_epi16(a, b) : _mm256_packus_epi16(a, b);
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -54,7 +61,7 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m256i codes32_avx2(
 // string: c0 + 8 c1 per 16-bit lane, then 4 codes (12 bits) per 32-bit lane,
 // then 8 codes (24 bits) per 64-bit lane, 3 bytes each.
 __attribute__((target("avx2"), always_inline)) inline void store_int3_32(__m256i c, uint8_t *out) {
-  const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0801));    // c0 + 8 c1
+  const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0801));     // c0 + 8 c1
   const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00400001));  // + 64 (c2 + 8 c3)
   const __m256i w64 = _mm256_and_si256(_mm256_or_si256(w32, _mm256_srli_epi64(w32, 20)),
                                        _mm256_set1_epi64x(0xffffff));
@@ -67,57 +74,67 @@ __attribute__((target("avx2"), always_inline)) inline void store_int3_32(__m256i
 }
 
 // The 8 int3 codes of elements j .. j + 7 (j a multiple of 8) in 8 lanes.
-__attribute__((target("avx2"), always_inline)) inline __m256i load_int3_8(const uint8_t *in, uint64_t j) {
+__attribute__((target("avx2"), always_inline)) inline __m256i load_int3_8(const uint8_t *in,
+                                                                          uint64_t j) {
   const uint8_t *p = in + j / 8 * 3;
-  const uint32_t w = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16;
-  const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)), _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21));
+  const uint32_t w = static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                     static_cast<uint32_t>(p[2]) << 16;
+  const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                      _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21));
   return _mm256_and_si256(v, _mm256_set1_epi32(0x7));
 }
 
 // Codes of elements [j0, j1) of a row x of f32 or (Half) f16 values.
 template <bool Asym, bool Half = false, bool Clamp = true>
-__attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f, const void *x, uint64_t j0,
-                                                              uint64_t j1, const Params &p, uint8_t *out) {
+__attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f, const void *x,
+                                                              uint64_t j0, uint64_t j1,
+                                                              const Params &p, uint8_t *out) {
   const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
   const __m256i off = _mm256_set1_epi32(f.off);
   uint64_t j = j0;
   // Vector part: 32 values at a time, starting on a byte boundary of the codes.
   const uint64_t per_byte = code_unit(f.bits);
-  if (j % per_byte != 0 && !Half) return encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j0, j1, p, out);
+  if (j % per_byte != 0 && !Half)
+    return encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j0, j1, p, out);
   for (; j + 32 <= j1 && j % per_byte == 0; j += 32) {
-    const __m256i c = codes32_avx2<Asym, Half, Clamp>(x, j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
+    const __m256i c =
+        codes32_avx2<Asym, Half, Clamp>(x, j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
     if (f.bits == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
     } else if (f.bits == 4) {  // int4: pairs of bytes -> one byte, low nibble first
-      const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
-                                          _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
+      const __m256i nib =
+          _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
+                          _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
       const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
       _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
     } else if (f.bits == 3) {
       store_int3_32(c, out + j / 8 * 3);
     } else {  // int2: four bytes -> one byte, c0 | c1 << 2 | c2 << 4 | c3 << 6
-      const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));    // c0 + 4 c1
-      const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));  // + 16 (c2 + 4 c3)
+      const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));  // c0 + 4 c1
+      const __m256i w32 =
+          _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));  // + 16 (c2 + 4 c3)
       const __m256i b8 = _mm256_packus_epi16(_mm256_packus_epi32(w32, w32), _mm256_setzero_si256());
-      const __m256i lanes = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+      const __m256i lanes =
+          _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
       _mm_storel_epi64(reinterpret_cast<__m128i *>(out + j / 4), _mm256_castsi256_si128(lanes));
     }
   }
   if constexpr (Half) {
     const uint16_t *h = static_cast<const uint16_t *>(x);
     for (; j < j1; ++j)
-      put_code(out, f.bits, j, static_cast<uint32_t>(quant_int(f16_to_f32_scalar(h[j]), p, Asym, f.lo, f.hi) +
-                                                     f.off) & ((1u << f.bits) - 1u));
+      put_code(
+          out, f.bits, j,
+          static_cast<uint32_t>(quant_int(f16_to_f32_scalar(h[j]), p, Asym, f.lo, f.hi) + f.off) &
+              ((1u << f.bits) - 1u));
   } else {
     encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j, j1, p, out);
   }
 }
 
-
-[[maybe_unused]] __attribute__((target("avx2"))) void decode_int_run_avx2(const IntFormat &f, bool asym,
-                                                         const uint8_t *in, uint64_t j0,
-                                                         uint64_t j1, const Params &p, float *x) {
+[[maybe_unused]] __attribute__((target("avx2"))) void decode_int_run_avx2(
+    const IntFormat &f, bool asym, const uint8_t *in, uint64_t j0, uint64_t j1, const Params &p,
+    float *x) {
   const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
   uint64_t j = j0;
   if (j % code_unit(f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
@@ -163,7 +180,8 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   decode_int_run_scalar(f, asym, in, j, j1, p, x);
 }
 
-[[maybe_unused]] __attribute__((target("avx2"))) void min_max_avx2(const float *x, uint64_t n, float *lo, float *hi) {
+[[maybe_unused]] __attribute__((target("avx2"))) void min_max_avx2(const float *x, uint64_t n,
+                                                                   float *lo, float *hi) {
   __m256 a = _mm256_set1_ps(x[0]), b = a;
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -192,7 +210,8 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   __m256i bad = _mm256_setzero_si256();
   uint64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + i)), expo);
+    const __m256i v =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + i)), expo);
     bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(v, expo));
   }
   if (!_mm256_testz_si256(bad, bad)) return false;
@@ -202,12 +221,15 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
 }
 
 // True when no 16-bit float has its exponent field all ones.
-[[maybe_unused]] __attribute__((target("avx2"))) bool all_finite_16_avx2(const uint16_t *h, uint64_t n, uint16_t mask) {
+[[maybe_unused]] __attribute__((target("avx2"))) bool all_finite_16_avx2(const uint16_t *h,
+                                                                         uint64_t n,
+                                                                         uint16_t mask) {
   const __m256i m = _mm256_set1_epi16(static_cast<short>(mask));
   __m256i bad = _mm256_setzero_si256();
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    const __m256i v = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + i)), m);
+    const __m256i v =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + i)), m);
     bad = _mm256_or_si256(bad, _mm256_cmpeq_epi16(v, m));
   }
   if (!_mm256_testz_si256(bad, bad)) return false;

@@ -50,13 +50,15 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
   if (src_type == DType::F16 && use_avx2() && convert_has_simd() && !s.rotation_block &&
       s.static_scale == 0.0 && d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
       (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
-    if (quantize_f16_direct_avx2(s, static_cast<const uint16_t *>(src), n, d, codes, scales, zeros)) return;
+    if (quantize_f16_direct_avx2(s, static_cast<const uint16_t *>(src), n, d, codes, scales, zeros))
+      return;
   }
 #endif
   check_finite_raw(src, src_type, n * d);  // before anything is written
   if (s.rotation_block && src_type == DType::F32)
     check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);
-  // (f16 and bf16 inputs: f16 is always far below the limit; bf16 is checked after conversion below)
+  // (f16 and bf16 inputs: f16 is always far below the limit; bf16 is checked after conversion
+  // below)
   if (s.rotation_block && src_type == DType::BF16) {
     float *tmp = scratch_floats(n * d);
     convert(src, src_type, tmp, DType::F32, n * d);
@@ -66,9 +68,10 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
 #ifdef KVC_CODEC_X86
   // Fused path: groups of whole 8-value vectors (per-channel scales and
   // dynamic per-tensor scales need statistics over rows: general path).
-  const bool fast_shape = d % 8 == 0 && d > 0 &&
-                          (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
-                           (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+  const bool fast_shape =
+      d % 8 == 0 && d > 0 &&
+      (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
+       (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
   if (use_avx2() && convert_has_simd() && fast_shape && (is_int(s.dtype) || is_fp8(s.dtype)) &&
       (src_type == DType::F16 || src_type == DType::F32)) {
     float *buf = scratch_floats(quantize_fast_scratch(s, d));

@@ -22,7 +22,8 @@ namespace kvc::codec {
 namespace {
 
 // Horizontal min and max of 8 lanes (exact in any order).
-__attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m256 b, float *lo, float *hi) {
+__attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m256 b, float *lo,
+                                                                   float *hi) {
   __m128 l = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
   l = _mm_min_ps(l, _mm_movehl_ps(l, l));
@@ -45,8 +46,8 @@ constexpr uint64_t kChunkFloats = 2048;
 
 template <bool Half>
 __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const void *src, uint64_t n,
-                                                       uint64_t d, uint8_t *codes, uint8_t *scales,
-                                                       uint8_t *zeros, float *buf) {
+                                                        uint64_t d, uint8_t *codes, uint8_t *scales,
+                                                        uint8_t *zeros, float *buf) {
   const bool fixed = s.gran == Gran::Tensor;  // static scale (checked by the caller)
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
@@ -103,12 +104,15 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
       for (uint64_t k = 0; k < rows * ng; ++k) ps[k] = make_params(s, lohi[2 * k], lohi[2 * k + 1]);
       const uint64_t base = r0 * ng;
       if (s.scale_dtype == DType::F32) {
-        for (uint64_t k = 0; k < rows * ng; ++k) std::memcpy(scales + (base + k) * 4, &ps[k].scale, 4);
+        for (uint64_t k = 0; k < rows * ng; ++k)
+          std::memcpy(scales + (base + k) * 4, &ps[k].scale, 4);
       } else {
-        for (uint64_t k = 0; k < rows * ng; ++k) store_scale(scales + (base + k) * sb, s.scale_dtype, ps[k].scale);
+        for (uint64_t k = 0; k < rows * ng; ++k)
+          store_scale(scales + (base + k) * sb, s.scale_dtype, ps[k].scale);
       }
       if (s.asym && zeros)
-        for (uint64_t k = 0; k < rows * ng; ++k) store_scale(zeros + (base + k) * sb, s.scale_dtype, ps[k].zero);
+        for (uint64_t k = 0; k < rows * ng; ++k)
+          store_scale(zeros + (base + k) * sb, s.scale_dtype, ps[k].zero);
     }
     // Pass 2: encode.
     for (uint64_t r = 0; r < rows; ++r) {
@@ -119,8 +123,10 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
         const Params &p = fixed ? fixed_p : ps[r * ng + gi];
         const uint64_t j0 = gi * g, j1 = j0 + g;
         if (integer) {
-          if (s.asym) encode_int_run_avx2<true>(f, x, j0, j1, p, out);
-          else encode_int_run_avx2<false>(f, x, j0, j1, p, out);
+          if (s.asym)
+            encode_int_run_avx2<true>(f, x, j0, j1, p, out);
+          else
+            encode_int_run_avx2<false>(f, x, j0, j1, p, out);
         } else if (s.dtype == DType::FP8_E4M3) {
           encode_fp8_run_avx2<3, 7, 0x7eu>(x, j0, j1, p.inv, out);
         } else {
@@ -148,7 +154,8 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
 // Largest u16 of a vector of 16 (as the minimum of the complement).
 __attribute__((target("avx2"), always_inline)) inline uint16_t hmax_epu16(__m256i v) {
   const __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  return static_cast<uint16_t>(~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(m, _mm_set1_epi32(-1)))));
+  return static_cast<uint16_t>(
+      ~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(m, _mm_set1_epi32(-1)))));
 }
 __attribute__((target("avx2"), always_inline)) inline uint16_t hmin_epu16(__m256i v) {
   const __m128i m = _mm_min_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -157,7 +164,8 @@ __attribute__((target("avx2"), always_inline)) inline uint16_t hmin_epu16(__m256
 
 // 16 f16 values from h (8 when only 8 remain: the upper half repeats them,
 // which changes no extreme).
-__attribute__((target("avx2"), always_inline)) inline __m256i load16h(const uint16_t *h, uint64_t left) {
+__attribute__((target("avx2"), always_inline)) inline __m256i load16h(const uint16_t *h,
+                                                                      uint64_t left) {
   if (left >= 16) return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(h));
   return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(h)));
 }
@@ -168,8 +176,10 @@ __attribute__((target("avx2"), always_inline)) inline __m256i load16h(const uint
 template <bool Signed>
 __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t groups, uint64_t g,
                                                     uint16_t *lo_keys, uint16_t *hi_keys) {
-  const __m256i abs_mask = _mm256_set1_epi16(0x7fff), top = _mm256_set1_epi16(static_cast<short>(0x8000));
-  [[maybe_unused]] __m256i bad = _mm256_setzero_si256();  // unsigned keys: max of |x| bits, >= 0x7c00 is NaN / Inf
+  const __m256i abs_mask = _mm256_set1_epi16(0x7fff),
+                top = _mm256_set1_epi16(static_cast<short>(0x8000));
+  [[maybe_unused]] __m256i bad =
+      _mm256_setzero_si256();  // unsigned keys: max of |x| bits, >= 0x7c00 is NaN / Inf
   for (uint64_t k = 0; k < groups; ++k, h += g) {
     if constexpr (Signed) {
       // (NaN and Inf are caught on the keys: at or above Inf's, or at or
@@ -198,10 +208,15 @@ __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t 
       __m256i m0 = _mm256_setzero_si256(), m1 = m0;
       uint64_t j = 0;
       for (; j + 32 <= g; j += 32) {
-        m0 = _mm256_max_epu16(m0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j)), abs_mask));
-        m1 = _mm256_max_epu16(m1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j + 16)), abs_mask));
+        m0 = _mm256_max_epu16(
+            m0, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j)),
+                                 abs_mask));
+        m1 = _mm256_max_epu16(
+            m1, _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(h + j + 16)),
+                                 abs_mask));
       }
-      for (; j < g; j += 16) m1 = _mm256_max_epu16(m1, _mm256_and_si256(load16h(h + j, g - j), abs_mask));
+      for (; j < g; j += 16)
+        m1 = _mm256_max_epu16(m1, _mm256_and_si256(load16h(h + j, g - j), abs_mask));
       const __m256i m = _mm256_max_epu16(m0, m1);
       bad = _mm256_max_epu16(bad, m);
       hi_keys[k] = hmax_epu16(m);
@@ -209,15 +224,20 @@ __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t 
   }
   if constexpr (Signed) {
     // Keys of +Inf and above (NaN) are >= 0xfc00; of -Inf and below, <= 0x03ff.
-    const __m256i hi_bad = _mm256_set1_epi16(static_cast<short>(0xfc00 - 0x8000)), lo_bad = _mm256_set1_epi16(0x03ff - 0x8000);
+    const __m256i hi_bad = _mm256_set1_epi16(static_cast<short>(0xfc00 - 0x8000)),
+                  lo_bad = _mm256_set1_epi16(0x03ff - 0x8000);
     const __m256i flip = _mm256_set1_epi16(static_cast<short>(0x8000));
     __m256i any = _mm256_setzero_si256();
     uint64_t k = 0;
     for (; k + 16 <= groups; k += 16) {  // signed compares on keys - 0x8000
-      const __m256i a = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(lo_keys + k)), flip);
-      const __m256i b = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(hi_keys + k)), flip);
-      any = _mm256_or_si256(any, _mm256_or_si256(_mm256_cmpgt_epi16(_mm256_add_epi16(lo_bad, _mm256_set1_epi16(1)), a),
-                                                 _mm256_cmpgt_epi16(b, _mm256_sub_epi16(hi_bad, _mm256_set1_epi16(1)))));
+      const __m256i a = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(lo_keys + k)), flip);
+      const __m256i b = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(hi_keys + k)), flip);
+      any = _mm256_or_si256(
+          any,
+          _mm256_or_si256(_mm256_cmpgt_epi16(_mm256_add_epi16(lo_bad, _mm256_set1_epi16(1)), a),
+                          _mm256_cmpgt_epi16(b, _mm256_sub_epi16(hi_bad, _mm256_set1_epi16(1)))));
     }
     bool ok = _mm256_testz_si256(any, any);
     for (; k < groups; ++k) ok = ok && lo_keys[k] > 0x03ff && hi_keys[k] < 0xfc00;
@@ -228,10 +248,12 @@ __attribute__((target("avx2"))) bool f16_group_keys(const uint16_t *h, uint64_t 
 }
 
 // 4 ordered keys -> their f16 values as floats.
-__attribute__((target("avx2,f16c"), always_inline)) inline __m128 f16_of_keys4(const uint16_t *keys) {
+__attribute__((target("avx2,f16c"), always_inline)) inline __m128 f16_of_keys4(
+    const uint16_t *keys) {
   const __m128i k = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(keys));
   const __m128i neg = _mm_srai_epi16(k, 15);  // key top bit set: a value >= +0
-  const __m128i flip = _mm_or_si128(_mm_andnot_si128(neg, _mm_set1_epi32(-1)), _mm_set1_epi16(static_cast<short>(0x8000)));
+  const __m128i flip = _mm_or_si128(_mm_andnot_si128(neg, _mm_set1_epi32(-1)),
+                                    _mm_set1_epi16(static_cast<short>(0x8000)));
   return _mm_cvtph_ps(_mm_xor_si128(k, flip));
 }
 
@@ -241,8 +263,10 @@ __attribute__((target("avx2,f16c"), always_inline)) inline __m128 f16_of_keys4(c
 // input only: the extremes are f16 values, so round_zero_down leaves them as
 // they are and the 1e38 caps never bind.
 template <int Mode>
-__attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 lo, __m128 hi, double q, bool f16_scale,
-                                                                       float *scale, float *inv, float *zero) {
+__attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 lo, __m128 hi,
+                                                                        double q, bool f16_scale,
+                                                                        float *scale, float *inv,
+                                                                        float *zero) {
   lo = _mm_add_ps(lo, _mm_setzero_ps());  // -0 -> +0
   hi = _mm_add_ps(hi, _mm_setzero_ps());
   const __m256d vq = _mm256_set1_pd(q);
@@ -267,7 +291,8 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 l
   const __m128i valid = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
       _mm256_castpd_si256(_mm256_cmp_pd(raw, _mm256_setzero_pd(), _CMP_GT_OQ)), even));
   __m128 up = _mm_castsi128_ps(_mm_sub_epi32(_mm_castps_si128(f), below));  // + 1 ulp where f < raw
-  if (f16_scale) up = _mm_cvtph_ps(_mm_cvtps_ph(_mm_min_ps(up, _mm_set1_ps(65504.0f)), _MM_FROUND_TO_POS_INF));
+  if (f16_scale)
+    up = _mm_cvtph_ps(_mm_cvtps_ph(_mm_min_ps(up, _mm_set1_ps(65504.0f)), _MM_FROUND_TO_POS_INF));
   const __m128 m = _mm_and_ps(up, _mm_castsi128_ps(valid));
   const __m128 r = _mm_and_ps(_mm_div_ps(_mm_set1_ps(1.0f), m), _mm_castsi128_ps(valid));
   if constexpr (Mode == 2) {
@@ -291,26 +316,31 @@ __attribute__((target("avx2,f16c"), always_inline)) inline void params4(__m128 l
 // far larger than the caches; out 16-byte aligned, g * Bits / 8 a multiple of
 // 32).
 template <int Bits, int Mode, bool Stream = false>
-__attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, uint64_t m, uint64_t g,
-                                                            const float *iv, const float *zp, const IntFormat &f,
+__attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, uint64_t m,
+                                                            uint64_t g, const float *iv,
+                                                            const float *zp, const IntFormat &f,
                                                             uint8_t *out) {
   constexpr bool Asym = Mode == 1;
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
   const __m256i off = _mm256_set1_epi32(f.off);
   for (uint64_t k = 0; k < m; ++k, x += g, out += g * Bits / 8) {
-    const __m256 inv = _mm256_set1_ps(iv[k]), z = Asym ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps();
+    const __m256 inv = _mm256_set1_ps(iv[k]),
+                 z = Asym ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps();
     for (uint64_t j = 0; j < g; j += 32) {
-      const __m256i c = codes32_avx2<Asym, true, Mode == 2>(x, j, inv, z, lo, hi, off, Bits == 8 && !Asym);
+      const __m256i c =
+          codes32_avx2<Asym, true, Mode == 2>(x, j, inv, z, lo, hi, off, Bits == 8 && !Asym);
       if constexpr (Bits == 8) {
         if constexpr (Stream) {
           _mm_stream_si128(reinterpret_cast<__m128i *>(out + j), _mm256_castsi256_si128(c));
-          _mm_stream_si128(reinterpret_cast<__m128i *>(out + j + 16), _mm256_extracti128_si256(c, 1));
+          _mm_stream_si128(reinterpret_cast<__m128i *>(out + j + 16),
+                           _mm256_extracti128_si256(c, 1));
         } else {
           _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
         }
       } else if constexpr (Bits == 4) {
-        const __m256i nib = _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
-                                            _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
+        const __m256i nib =
+            _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
+                            _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
         const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
         _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
       } else if constexpr (Bits == 3) {
@@ -318,8 +348,10 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
       } else {
         const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x0401));
         const __m256i w32 = _mm256_madd_epi16(w16, _mm256_set1_epi32(0x00100001));
-        const __m256i b8 = _mm256_packus_epi16(_mm256_packus_epi32(w32, w32), _mm256_setzero_si256());
-        const __m256i lanes = _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+        const __m256i b8 =
+            _mm256_packus_epi16(_mm256_packus_epi32(w32, w32), _mm256_setzero_si256());
+        const __m256i lanes =
+            _mm256_permutevar8x32_epi32(b8, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
         _mm_storel_epi64(reinterpret_cast<__m128i *>(out + j / 4), _mm256_castsi256_si128(lanes));
       }
     }
@@ -333,11 +365,13 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
 // group's own scale keeps |y| within the largest finite code up to a few
 // ulps, which round to it: fp8_encode8's saturation never binds.
 template <int kMant, int kBias, uint32_t kMaxCode>
-__attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *x, uint64_t m, uint64_t g,
-                                                                const float *iv, uint8_t *out) {
+__attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *x, uint64_t m,
+                                                                uint64_t g, const float *iv,
+                                                                uint8_t *out) {
   constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), rebias = _mm256_set1_epi32((127 - kBias) << 23);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff),
+                rebias = _mm256_set1_epi32((127 - kBias) << 23);
   const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32((1 << (kDrop - 1)) - 1);
   const __m256i min_normal = _mm256_set1_epi32((127 + kEmin) << 23);
   const __m256 inv_step = _mm256_castsi256_ps(_mm256_set1_epi32((127 - kEmin + kMant) << 23));
@@ -345,7 +379,7 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *
     const __m256 vinv = _mm256_set1_ps(iv[k]);
     for (uint64_t j = 0; j < g; j += 32) {
       __m256i u[4], a[4], c[4];
-      #pragma GCC unroll 4
+#pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
         u[t] = _mm256_castps_si256(_mm256_mul_ps(load8<true>(x, j + 8 * t), vinv));
         a[t] = _mm256_and_si256(u[t], abs_mask);
@@ -353,16 +387,18 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *
         const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(r, kDrop), one);
         c[t] = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_add_epi32(odd, half)), kDrop);
       }
-      const __m256i amin = _mm256_min_epu32(_mm256_min_epu32(a[0], a[1]), _mm256_min_epu32(a[2], a[3]));
+      const __m256i amin =
+          _mm256_min_epu32(_mm256_min_epu32(a[0], a[1]), _mm256_min_epu32(a[2], a[3]));
       const __m256i any_sub = _mm256_cmpgt_epi32(min_normal, amin);
       if (!_mm256_testz_si256(any_sub, any_sub)) {
-        #pragma GCC unroll 4
+#pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
           const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a[t]), inv_step));
           c[t] = _mm256_blendv_epi8(c[t], q, _mm256_cmpgt_epi32(min_normal, a[t]));
         }
       }
-      const __m256i codes = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+      const __m256i codes =
+          _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
       const __m256i signs = _mm256_and_si256(
           _mm256_packs_epi16(_mm256_packs_epi32(u[0], u[1]), _mm256_packs_epi32(u[2], u[3])),
           _mm256_set1_epi8(static_cast<char>(0x80)));
@@ -375,18 +411,21 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *
 
 // m floats (f16 values already, so the conversion is exact) as little-endian
 // f16 scales or zero points.
-__attribute__((target("avx2,f16c"))) void store_f16_values(uint8_t *dst, const float *v, uint64_t m) {
+__attribute__((target("avx2,f16c"))) void store_f16_values(uint8_t *dst, const float *v,
+                                                           uint64_t m) {
   uint64_t k = 0;
   for (; k + 8 <= m; k += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i *>(dst + k * 2),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(v + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i *>(dst + k * 2),
+        _mm256_cvtps_ph(_mm256_loadu_ps(v + k), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   for (; k < m; ++k) inl::store_scale(dst + k * 2, DType::F16, v[k]);
 }
 
 // Returns false, having written nothing, when the input holds a NaN or Inf.
 template <int Mode>
-__attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, const uint16_t *src, uint64_t n,
-                                                              uint64_t d, uint8_t *codes, uint8_t *scales,
+__attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, const uint16_t *src,
+                                                              uint64_t n, uint64_t d,
+                                                              uint8_t *codes, uint8_t *scales,
                                                               uint8_t *zeros) {
   constexpr bool Signed = Mode != 0;
   const uint64_t g = s.gran == Gran::Group ? s.group : d, groups = n * (d / g);
@@ -404,9 +443,10 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
   if (!f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)) return false;
   const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == DType::F16;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
-  const uint64_t gb = g * (integer ? static_cast<uint64_t>(f.bits) : 8) / 8;  // code bytes per group
-  const double q = Mode == 1 ? qmax_asym(s.dtype)
-                   : Mode == 2 ? qmax_sym(s.dtype) + 1
+  const uint64_t gb =
+      g * (integer ? static_cast<uint64_t>(f.bits) : 8) / 8;  // code bytes per group
+  const double q = Mode == 1         ? qmax_asym(s.dtype)
+                   : Mode == 2       ? qmax_sym(s.dtype) + 1
                    : is_fp8(s.dtype) ? static_cast<double>(fp8_max(s.dtype))
                                      : qmax_sym(s.dtype);
   float *sc = par_buf.data(), *iv = sc + kChunk, *zp = iv + kChunk;
@@ -418,8 +458,9 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
     const uint64_t m = std::min(kChunk, groups - k0);
     for (uint64_t k = 0; k < m; k += 4) {
       const uint64_t kk = k0 + k;
-      const __m128 hi = Signed ? f16_of_keys4(hi_keys + kk)
-                               : _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(hi_keys + kk)));
+      const __m128 hi =
+          Signed ? f16_of_keys4(hi_keys + kk)
+                 : _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(hi_keys + kk)));
       const __m128 lo = Signed ? f16_of_keys4(lo_keys + kk) : _mm_sub_ps(_mm_setzero_ps(), hi);
       params4<Mode>(lo, hi, q, f16_scale, sc + k, iv + k, zp + k);
     }
@@ -434,11 +475,15 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
       const uint16_t *x = src + k0 * g;
       uint8_t *out = codes + k0 * gb;
       if (!integer) {
-        if (s.dtype == DType::FP8_E4M3) encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
-        else encode_fp8_groups_f16<2, 15, 0x7bu>(x, m, g, iv, out);
+        if (s.dtype == DType::FP8_E4M3)
+          encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
+        else
+          encode_fp8_groups_f16<2, 15, 0x7bu>(x, m, g, iv, out);
       } else if (f.bits == 8) {
-        if (stream) encode_groups_f16<8, Mode, true>(x, m, g, iv, zp, f, out);
-        else encode_groups_f16<8, Mode>(x, m, g, iv, zp, f, out);
+        if (stream)
+          encode_groups_f16<8, Mode, true>(x, m, g, iv, zp, f, out);
+        else
+          encode_groups_f16<8, Mode>(x, m, g, iv, zp, f, out);
       } else if (f.bits == 4) {
         encode_groups_f16<4, Mode>(x, m, g, iv, zp, f, out);
       } else if (f.bits == 3) {
@@ -456,9 +501,12 @@ __attribute__((target("avx2,f16c"))) bool quantize_f16_direct(const Spec &s, con
       p.scale = sc[k];
       p.inv = iv[k];
       p.zero = Mode == 1 ? zp[k] : 0.0f;
-      if (integer) encode_int_run_avx2<Mode == 1, true, Mode != 0>(f, x, 0, g, p, out);
-      else if (s.dtype == DType::FP8_E4M3) encode_fp8_run_avx2<3, 7, 0x7eu, true>(x, 0, g, p.inv, out);
-      else encode_fp8_run_avx2<2, 15, 0x7bu, true>(x, 0, g, p.inv, out);
+      if (integer)
+        encode_int_run_avx2<Mode == 1, true, Mode != 0>(f, x, 0, g, p, out);
+      else if (s.dtype == DType::FP8_E4M3)
+        encode_fp8_run_avx2<3, 7, 0x7eu, true>(x, 0, g, p.inv, out);
+      else
+        encode_fp8_run_avx2<2, 15, 0x7bu, true>(x, 0, g, p.inv, out);
     }
   }
   if (stream) _mm_sfence();  // the streamed codes are visible before we return
@@ -473,17 +521,19 @@ uint64_t quantize_fast_scratch(const Spec &s, uint64_t d) {
   return chunk * d + chunk * ng * (sizeof(Params) / sizeof(float) + 2);
 }
 
-bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d, uint8_t *codes,
-                              uint8_t *scales, uint8_t *zeros) {
+bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d,
+                              uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
   return s.asym         ? quantize_f16_direct<1>(s, src, n, d, codes, scales, zeros)
          : s.full_range ? quantize_f16_direct<2>(s, src, n, d, codes, scales, zeros)
                         : quantize_f16_direct<0>(s, src, n, d, codes, scales, zeros);
 }
 
-void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d, uint8_t *codes,
-                        uint8_t *scales, uint8_t *zeros, float *buf) {
-  if (half) quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
-  else quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf);
+void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d,
+                        uint8_t *codes, uint8_t *scales, uint8_t *zeros, float *buf) {
+  if (half)
+    quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
+  else
+    quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf);
 }
 
 }  // namespace kvc::codec

@@ -26,14 +26,17 @@ inline int32_t quant_int(float x, const Params &p, bool asym, float lo, float hi
 // first). int3: code j holds bits 3j .. 3j + 2 of the row read as one
 // little-endian bit string (8 codes in 3 bytes; a code may straddle two bytes).
 inline void put_code(uint8_t *out, int bits, uint64_t j, uint32_t c) {
-  if (bits == 8) out[j] = static_cast<uint8_t>(c);
-  else if (bits == 4) out[j >> 1] |= static_cast<uint8_t>(c << ((j & 1) * 4));
+  if (bits == 8)
+    out[j] = static_cast<uint8_t>(c);
+  else if (bits == 4)
+    out[j >> 1] |= static_cast<uint8_t>(c << ((j & 1) * 4));
   else if (bits == 3) {
     const uint64_t b = 3 * j;
     const unsigned sh = static_cast<unsigned>(b & 7);
     out[b >> 3] |= static_cast<uint8_t>(c << sh);
     if (sh > 5) out[(b >> 3) + 1] |= static_cast<uint8_t>(c >> (8 - sh));
-  } else out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
+  } else
+    out[j >> 2] |= static_cast<uint8_t>(c << ((j & 3) * 2));
 }
 inline int32_t get_code(const uint8_t *in, int bits, uint64_t j) {
   if (bits == 8) return in[j];
@@ -49,17 +52,21 @@ inline int32_t get_code(const uint8_t *in, int bits, uint64_t j) {
 }
 // Elements per whole number of code bytes: a vector kernel starts at a
 // multiple of it (int3: 8 codes = 3 bytes).
-inline uint64_t code_unit(int bits) { return bits == 3 ? 8 : static_cast<uint64_t>(8 / bits); }
-
-[[maybe_unused]] void encode_int_run_scalar(const IntFormat &f, bool asym, const float *x, uint64_t j0, uint64_t j1,
-                           const Params &p, uint8_t *out) {
-  for (uint64_t j = j0; j < j1; ++j)
-    put_code(out, f.bits, j, static_cast<uint32_t>(quant_int(x[j], p, asym, f.lo, f.hi) + f.off) &
-                                 ((1u << f.bits) - 1u));
+inline uint64_t code_unit(int bits) {
+  return bits == 3 ? 8 : static_cast<uint64_t>(8 / bits);
 }
 
-[[maybe_unused]] void decode_int_run_scalar(const IntFormat &f, bool asym, const uint8_t *in, uint64_t j0,
-                           uint64_t j1, const Params &p, float *x) {
+[[maybe_unused]] void encode_int_run_scalar(const IntFormat &f, bool asym, const float *x,
+                                            uint64_t j0, uint64_t j1, const Params &p,
+                                            uint8_t *out) {
+  for (uint64_t j = j0; j < j1; ++j)
+    put_code(out, f.bits, j,
+             static_cast<uint32_t>(quant_int(x[j], p, asym, f.lo, f.hi) + f.off) &
+                 ((1u << f.bits) - 1u));
+}
+
+[[maybe_unused]] void decode_int_run_scalar(const IntFormat &f, bool asym, const uint8_t *in,
+                                            uint64_t j0, uint64_t j1, const Params &p, float *x) {
   for (uint64_t j = j0; j < j1; ++j) {
     int32_t c = get_code(in, f.bits, j);
     if (f.bits == 8 && !asym) c = static_cast<int8_t>(c);

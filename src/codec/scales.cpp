@@ -17,16 +17,26 @@ std::string fmt_g(double v) {
   return b;
 }
 
-std::string u64s(uint64_t v) { return std::to_string(v); }
+std::string u64s(uint64_t v) {
+  return std::to_string(v);
+}
 
 bool g_force_scalar = false;
 
-void set_force_scalar(bool on) { g_force_scalar = on; }
-bool simd_active() { return use_avx2(); }
+void set_force_scalar(bool on) {
+  g_force_scalar = on;
+}
+bool simd_active() {
+  return use_avx2();
+}
 
-float load_scale(const uint8_t *p, DType sd) { return inl::load_scale(p, sd); }
+float load_scale(const uint8_t *p, DType sd) {
+  return inl::load_scale(p, sd);
+}
 
-void store_scale(uint8_t *p, DType sd, float v) { inl::store_scale(p, sd, v); }
+void store_scale(uint8_t *p, DType sd, float v) {
+  inl::store_scale(p, sd, v);
+}
 
 float dynamic_scale(const Spec &s, float lo, float hi) {
   Spec d = s;
@@ -34,34 +44,47 @@ float dynamic_scale(const Spec &s, float lo, float hi) {
   return make_params(d, lo, hi).scale;
 }
 
-float round_scale_up(float v, DType sd) { return inl::round_scale_up(v, sd); }
+float round_scale_up(float v, DType sd) {
+  return inl::round_scale_up(v, sd);
+}
 
-float round_zero_down(float v, DType sd) { return inl::round_zero_down(v, sd); }
+float round_zero_down(float v, DType sd) {
+  return inl::round_zero_down(v, sd);
+}
 
 uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d) {
   if (!has_scales(s)) return 0;
   switch (s.gran) {
-    case Gran::None: return 0;
-    case Gran::Tensor: return 1;
-    case Gran::Token: return n;
-    case Gran::Group: return n * ((d + s.group - 1) / s.group);
-    case Gran::Channel: return ((n + s.group - 1) / s.group) * d;
+    case Gran::None:
+      return 0;
+    case Gran::Tensor:
+      return 1;
+    case Gran::Token:
+      return n;
+    case Gran::Group:
+      return n * ((d + s.group - 1) / s.group);
+    case Gran::Channel:
+      return ((n + s.group - 1) / s.group) * d;
   }
   return 0;
 }
 
 void validate(const Spec &s, uint64_t d) {
   const int32_t dt = static_cast<int32_t>(s.dtype);
-  if (dt < 0 || dt > 8) fail(Errc::InvalidArgument, "dtype " + std::to_string(dt) + ": unknown storage dtype");
+  if (dt < 0 || dt > 8)
+    fail(Errc::InvalidArgument, "dtype " + std::to_string(dt) + ": unknown storage dtype");
   const int32_t g = static_cast<int32_t>(s.gran);
   if (g < 0 || g > 4) fail(Errc::InvalidArgument, "granularity " + std::to_string(g) + ": unknown");
   if (is_float(s.dtype)) {
     if (s.gran != Gran::None)
-      fail(Errc::InvalidArgument, std::string("dtype ") + dtype_name(s.dtype) +
-                                      " stores values directly: granularity must be KVC_SCALE_NONE");
+      fail(Errc::InvalidArgument,
+           std::string("dtype ") + dtype_name(s.dtype) +
+               " stores values directly: granularity must be KVC_SCALE_NONE");
     if (s.asym) fail(Errc::InvalidArgument, "asymmetric applies to integer dtypes only");
-    if (s.static_scale != 0.0) fail(Errc::InvalidScale, "a scale applies to fp8 and integer dtypes only");
-    if (s.rotation_block) fail(Errc::InvalidArgument, "rotation applies to fp8 and integer dtypes only");
+    if (s.static_scale != 0.0)
+      fail(Errc::InvalidScale, "a scale applies to fp8 and integer dtypes only");
+    if (s.rotation_block)
+      fail(Errc::InvalidArgument, "rotation applies to fp8 and integer dtypes only");
     return;
   }
   if (s.gran == Gran::None)
@@ -75,24 +98,28 @@ void validate(const Spec &s, uint64_t d) {
       fail(Errc::InvalidArgument, "group_size " + u64s(s.group) + ": must be 1..65536");
   }
   if (std::isnan(s.static_scale) || s.static_scale < 0.0 || std::isinf(s.static_scale))
-    fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) + ": must be a finite value > 0 (0 = dynamic)");
+    fail(Errc::InvalidScale,
+         "scale " + fmt_g(s.static_scale) + ": must be a finite value > 0 (0 = dynamic)");
   if (s.static_scale != 0.0) {
     if (s.static_scale < 1e-30 || s.static_scale > 1e30)
-      fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
-                                   ": must be in [1e-30, 1e30] (0 = dynamic)");
+      fail(Errc::InvalidScale,
+           "scale " + fmt_g(s.static_scale) + ": must be in [1e-30, 1e30] (0 = dynamic)");
     if (s.gran != Gran::Tensor)
       fail(Errc::InvalidArgument, "a static scale needs per-tensor granularity");
     if (s.asym) fail(Errc::InvalidArgument, "a static scale is symmetric: asymmetric must be off");
-    if (s.scale_dtype == DType::F16 && (s.static_scale < 6.103515625e-05 || s.static_scale > 65504.0))
+    if (s.scale_dtype == DType::F16 &&
+        (s.static_scale < 6.103515625e-05 || s.static_scale > 65504.0))
       fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
                                    ": with f16 scales a static scale must be in [6.1e-5, 65504]");
   }
   if (s.rotation_block) {
     const uint32_t b = s.rotation_block;
     if ((b & (b - 1)) != 0 || b > 65536)
-      fail(Errc::InvalidArgument, "rotation block " + u64s(b) + ": must be a power of two, at most 65536");
+      fail(Errc::InvalidArgument,
+           "rotation block " + u64s(b) + ": must be a power of two, at most 65536");
     if (d % b != 0)
-      fail(Errc::InvalidArgument, "rotation block " + u64s(b) + " does not divide the row of " + u64s(d));
+      fail(Errc::InvalidArgument,
+           "rotation block " + u64s(b) + " does not divide the row of " + u64s(d));
   }
 }
 

@@ -74,11 +74,14 @@ void AtomicFile::commit() {
   const int fd = fd_;
   fd_ = -1;
   if (close(fd) != 0) fail_io("cannot close", tmp_, errno);
-  if (rename(tmp_.c_str(), path_.c_str()) != 0) fail_io("cannot rename the record to", path_, errno);
+  if (rename(tmp_.c_str(), path_.c_str()) != 0)
+    fail_io("cannot rename the record to", path_, errno);
   committed_ = true;
   if (!opt_.fsync_dir) return;
   const size_t slash = path_.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path_.substr(0, slash);
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path_.substr(0, slash);
   const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     fsync(dfd);

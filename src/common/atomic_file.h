@@ -17,7 +17,8 @@ class AtomicFile {
  public:
   struct Options {
     bool fsync_file = true;  // fsync before the rename (survives power loss)
-    bool fsync_dir = true;   // fsync the folder after the rename (the rename itself reaches the disk)
+    bool fsync_dir =
+        true;  // fsync the folder after the rename (the rename itself reaches the disk)
   };
   // Creates "<tmp_stem>.tmp.<pid>.<n>" (tmp_stem: `path` when empty; n counts
   // per process), exclusively. Throws Error(Io) "cannot create <tmp>: <why>".

@@ -17,19 +17,30 @@ void convert_loop(const void *src, void *dst, size_t n, Load load, Store store) 
 
 float load_elem(const void *src, DType t, size_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float *>(src)[i];
-    case DType::F16: return f16_to_f32_scalar(static_cast<const uint16_t *>(src)[i]);
-    case DType::BF16: return bf16_to_f32_scalar(static_cast<const uint16_t *>(src)[i]);
-    default: return 0.0f;  // convert() takes plain types only
+    case DType::F32:
+      return static_cast<const float *>(src)[i];
+    case DType::F16:
+      return f16_to_f32_scalar(static_cast<const uint16_t *>(src)[i]);
+    case DType::BF16:
+      return bf16_to_f32_scalar(static_cast<const uint16_t *>(src)[i]);
+    default:
+      return 0.0f;  // convert() takes plain types only
   }
 }
 
 void store_elem(void *dst, DType t, size_t i, float v) {
   switch (t) {
-    case DType::F32: static_cast<float *>(dst)[i] = v; break;
-    case DType::F16: static_cast<uint16_t *>(dst)[i] = f32_to_f16_scalar(v); break;
-    case DType::BF16: static_cast<uint16_t *>(dst)[i] = f32_to_bf16_scalar(v); break;
-    default: break;  // convert() takes plain types only
+    case DType::F32:
+      static_cast<float *>(dst)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<uint16_t *>(dst)[i] = f32_to_f16_scalar(v);
+      break;
+    case DType::BF16:
+      static_cast<uint16_t *>(dst)[i] = f32_to_bf16_scalar(v);
+      break;
+    default:
+      break;  // convert() takes plain types only
   }
 }
 

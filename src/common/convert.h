@@ -72,10 +72,13 @@ inline float f16_to_f32_scalar(uint16_t h) {
 
 inline uint16_t f32_to_bf16_scalar(float f) {
   const uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
+  if ((u & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((u >> 16) | 0x40u);  // quiet NaN
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
-inline float bf16_to_f32_scalar(uint16_t b) { return bits_f32(static_cast<uint32_t>(b) << 16); }
+inline float bf16_to_f32_scalar(uint16_t b) {
+  return bits_f32(static_cast<uint32_t>(b) << 16);
+}
 
 // Convert n elements. src and dst must not overlap unless identical dtype and
 // pointer. Uses the fastest available path (F16C/AVX2 when the CPU has them).

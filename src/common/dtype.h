@@ -30,38 +30,55 @@ struct DTypeTraits {
   bool is_float;     // f32 / f16 / bf16: plain values, no scales
   bool is_fp8;
   bool is_int;
-  float sym_max;     // largest magnitude a symmetric code stands for (0: plain types)
+  float sym_max;  // largest magnitude a symmetric code stands for (0: plain types)
 };
 
 inline constexpr DTypeTraits kDTypeTraits[] = {
-    {"f32", 32, true, false, false, 0.0f},
-    {"f16", 16, true, false, false, 0.0f},
-    {"bf16", 16, true, false, false, 0.0f},
-    {"fp8_e4m3", 8, false, true, false, 448.0f},
-    {"fp8_e5m2", 8, false, true, false, 57344.0f},
-    {"int8", 8, false, false, true, 127.0f},
-    {"int4", 4, false, false, true, 7.0f},
-    {"int2", 2, false, false, true, 1.0f},
+    {"f32", 32, true, false, false, 0.0f},         {"f16", 16, true, false, false, 0.0f},
+    {"bf16", 16, true, false, false, 0.0f},        {"fp8_e4m3", 8, false, true, false, 448.0f},
+    {"fp8_e5m2", 8, false, true, false, 57344.0f}, {"int8", 8, false, false, true, 127.0f},
+    {"int4", 4, false, false, true, 7.0f},         {"int2", 2, false, false, true, 1.0f},
     {"int3", 3, false, false, true, 3.0f},
 };
-inline constexpr int32_t kNumDTypes = static_cast<int32_t>(sizeof kDTypeTraits / sizeof kDTypeTraits[0]);
+inline constexpr int32_t kNumDTypes =
+    static_cast<int32_t>(sizeof kDTypeTraits / sizeof kDTypeTraits[0]);
 
 // Any DType value (f32 .. int3).
-constexpr bool dtype_known(int32_t d) { return d >= 0 && d < kNumDTypes; }
+constexpr bool dtype_known(int32_t d) {
+  return d >= 0 && d < kNumDTypes;
+}
 // A plain storage / conversion type: f32, f16 or bf16.
-constexpr bool dtype_is_plain(int32_t d) { return d >= 0 && d <= 2; }
+constexpr bool dtype_is_plain(int32_t d) {
+  return d >= 0 && d <= 2;
+}
 
-constexpr const DTypeTraits &traits(DType d) { return kDTypeTraits[static_cast<int32_t>(d)]; }
-constexpr bool is_float(DType d) { return traits(d).is_float; }
-constexpr bool is_fp8(DType d) { return traits(d).is_fp8; }
-constexpr bool is_int(DType d) { return traits(d).is_int; }
-constexpr int bits_of(DType d) { return traits(d).bits; }
-constexpr const char *dtype_name(DType d) { return traits(d).name; }
+constexpr const DTypeTraits &traits(DType d) {
+  return kDTypeTraits[static_cast<int32_t>(d)];
+}
+constexpr bool is_float(DType d) {
+  return traits(d).is_float;
+}
+constexpr bool is_fp8(DType d) {
+  return traits(d).is_fp8;
+}
+constexpr bool is_int(DType d) {
+  return traits(d).is_int;
+}
+constexpr int bits_of(DType d) {
+  return traits(d).bits;
+}
+constexpr const char *dtype_name(DType d) {
+  return traits(d).name;
+}
 // The largest magnitude a symmetric (non-full-range) code stands for: 448 /
 // 57344 for fp8, qmax (127, 7, 3, 1) for integers.
-constexpr float sym_max(DType d) { return traits(d).sym_max; }
+constexpr float sym_max(DType d) {
+  return traits(d).sym_max;
+}
 // Bytes of one element of a plain type (f32: 4, f16 / bf16: 2).
-constexpr size_t dtype_bytes(DType d) { return d == DType::F32 ? 4 : 2; }
+constexpr size_t dtype_bytes(DType d) {
+  return d == DType::F32 ? 4 : 2;
+}
 
 static_assert(kNumDTypes == 9 && traits(DType::INT3).bits == 3 && traits(DType::FP8_E5M2).is_fp8,
               "kDTypeTraits is in DType value order");

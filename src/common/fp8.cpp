@@ -12,7 +12,8 @@ template <int kMant, int kBias, bool kHasInf>
 std::vector<float> make_table() {
   std::vector<float> t(256);
   for (int c = 0; c < 256; ++c) {
-    const int sign = c >> 7, e = (c >> kMant) & ((1 << (7 - kMant)) - 1), m = c & ((1 << kMant) - 1);
+    const int sign = c >> 7, e = (c >> kMant) & ((1 << (7 - kMant)) - 1),
+              m = c & ((1 << kMant) - 1);
     const int emax = (1 << (7 - kMant)) - 1;
     float v;
     if (e == 0) {

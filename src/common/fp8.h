@@ -55,8 +55,12 @@ KVC_HOST_DEVICE inline uint8_t fp8_encode(float f) {
   return static_cast<uint8_t>(sign | code);
 }
 
-KVC_HOST_DEVICE inline uint8_t fp8_e4m3_encode(float f) { return fp8_encode<3, 7, 0x7eu>(f); }
-KVC_HOST_DEVICE inline uint8_t fp8_e5m2_encode(float f) { return fp8_encode<2, 15, 0x7bu>(f); }
+KVC_HOST_DEVICE inline uint8_t fp8_e4m3_encode(float f) {
+  return fp8_encode<3, 7, 0x7eu>(f);
+}
+KVC_HOST_DEVICE inline uint8_t fp8_e5m2_encode(float f) {
+  return fp8_encode<2, 15, 0x7bu>(f);
+}
 
 // Decoding tables (256 entries each), built once.
 const float *fp8_e4m3_table();

@@ -41,7 +41,8 @@ class RwLock {
     const uint32_t prev = state_.fetch_sub(1, std::memory_order_release);
     if ((prev & kReaders) == 1 && (prev & kWaiters)) {
       uint32_t expected = kWaiters;  // last reader, someone waits: clear the flag and wake
-      if (state_.compare_exchange_strong(expected, 0, std::memory_order_relaxed)) state_.notify_all();
+      if (state_.compare_exchange_strong(expected, 0, std::memory_order_relaxed))
+        state_.notify_all();
     }
   }
 
@@ -77,7 +78,8 @@ class RwLock {
   }
   // A writer takes a free lock, keeping the waiters flag so its unlock wakes them.
   void lock_slow() {
-    acquire_slow([](uint32_t s) { return (s & ~kWaiters) == 0 ? kWriter | (s & kWaiters) : kBusy; });
+    acquire_slow(
+        [](uint32_t s) { return (s & ~kWaiters) == 0 ? kWriter | (s & kWaiters) : kBusy; });
   }
   void lock_shared_slow() {
     acquire_slow([](uint32_t s) { return (s & kWriter) ? kBusy : s + 1; });

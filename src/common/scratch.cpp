@@ -29,7 +29,8 @@ void register_scratch(void *buffer, void (*trim)(void *, size_t), size_t (*bytes
 
 void unregister_scratch(void *buffer) noexcept {
   auto &e = entries();
-  e.erase(std::remove_if(e.begin(), e.end(), [&](const Entry &x) { return x.buffer == buffer; }), e.end());
+  e.erase(std::remove_if(e.begin(), e.end(), [&](const Entry &x) { return x.buffer == buffer; }),
+          e.end());
 }
 
 void trim_thread_scratch_slow() noexcept {
@@ -44,7 +45,11 @@ size_t thread_scratch_bytes() noexcept {
   return n;
 }
 
-size_t scratch_keep_bytes() noexcept { return g_keep.load(std::memory_order_relaxed); }
-void set_scratch_keep_bytes(size_t bytes) noexcept { g_keep.store(bytes, std::memory_order_relaxed); }
+size_t scratch_keep_bytes() noexcept {
+  return g_keep.load(std::memory_order_relaxed);
+}
+void set_scratch_keep_bytes(size_t bytes) noexcept {
+  g_keep.store(bytes, std::memory_order_relaxed);
+}
 
 }  // namespace kvc

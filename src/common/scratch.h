@@ -11,7 +11,8 @@
 namespace kvc {
 
 // Registry of the calling thread's buffers (internal to ScratchBuffer).
-void register_scratch(void *buffer, void (*trim)(void *buffer, size_t keep), size_t (*bytes)(const void *buffer));
+void register_scratch(void *buffer, void (*trim)(void *buffer, size_t keep),
+                      size_t (*bytes)(const void *buffer));
 void unregister_scratch(void *buffer) noexcept;
 
 // Set when a buffer of the thread grows above scratch_keep_bytes().
@@ -52,7 +53,9 @@ class ScratchBuffer {
     auto &v = static_cast<ScratchBuffer *>(self)->v_;
     if (v.capacity() * sizeof(T) > keep) std::vector<T>().swap(v);
   }
-  static size_t bytes_fn(const void *self) { return static_cast<const ScratchBuffer *>(self)->v_.capacity() * sizeof(T); }
+  static size_t bytes_fn(const void *self) {
+    return static_cast<const ScratchBuffer *>(self)->v_.capacity() * sizeof(T);
+  }
   std::vector<T> v_;
 };
 

@@ -5,17 +5,15 @@
 namespace kvc::core {
 
 BlockAllocator::BlockAllocator(uint32_t n)
-    : refcount_(n, 0), state_(n, static_cast<uint8_t>(State::Free)), free_stack_(n),
-      free_top_(n), lru_prev_(n, -1), lru_next_(n, -1) {
+    : refcount_(n, 0),
+      state_(n, static_cast<uint8_t>(State::Free)),
+      free_stack_(n),
+      free_top_(n),
+      lru_prev_(n, -1),
+      lru_next_(n, -1) {
   // Block 0 on top of the stack: allocation order 0, 1, 2, ... on a fresh pool.
   for (uint32_t i = 0; i < n; ++i) free_stack_[i] = static_cast<int32_t>(n - 1 - i);
 }
-
-
-
-
-
-
 
 std::string BlockAllocator::check() const {
   const uint32_t n = num_blocks();

@@ -119,13 +119,22 @@ inline void BlockAllocator::uncache(int32_t b) {
 inline void BlockAllocator::lru_push_back(int32_t b) {
   lru_prev_[b] = lru_tail_;
   lru_next_[b] = -1;
-  if (lru_tail_ >= 0) lru_next_[lru_tail_] = b; else lru_head_ = b;
+  if (lru_tail_ >= 0)
+    lru_next_[lru_tail_] = b;
+  else
+    lru_head_ = b;
   lru_tail_ = b;
 }
 inline void BlockAllocator::lru_remove(int32_t b) {
   const int32_t p = lru_prev_[b], n = lru_next_[b];
-  if (p >= 0) lru_next_[p] = n; else lru_head_ = n;
-  if (n >= 0) lru_prev_[n] = p; else lru_tail_ = p;
+  if (p >= 0)
+    lru_next_[p] = n;
+  else
+    lru_head_ = n;
+  if (n >= 0)
+    lru_prev_[n] = p;
+  else
+    lru_tail_ = p;
   lru_prev_[b] = lru_next_[b] = -1;
 }
 

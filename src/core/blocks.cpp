@@ -15,8 +15,12 @@ namespace {
 thread_local ScratchBuffer<float> t_scratch_row, t_scratch_input;
 }  // namespace
 
-float *scratch_f32(uint64_t n) { return t_scratch_row.get(n); }
-float *scratch_input(uint64_t n) { return t_scratch_input.get(n); }
+float *scratch_f32(uint64_t n) {
+  return t_scratch_row.get(n);
+}
+float *scratch_input(uint64_t n) {
+  return t_scratch_input.get(n);
+}
 
 uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
                           uint64_t block_size) {
@@ -26,9 +30,12 @@ uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t
 
 uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim) {
   switch (sp.gran) {
-    case codec::Gran::Token: return num_kv_heads;  // one per (token, KV head)
-    case codec::Gran::Group: return (num_kv_heads * head_dim + sp.group - 1) / sp.group;
-    default: return 0;
+    case codec::Gran::Token:
+      return num_kv_heads;  // one per (token, KV head)
+    case codec::Gran::Group:
+      return (num_kv_heads * head_dim + sp.group - 1) / sp.group;
+    default:
+      return 0;
   }
 }
 
@@ -46,7 +53,9 @@ PoolCore::PoolCore(const PoolConfig &validated)
 
 PoolCore::~PoolCore() = default;
 
-void PoolCore::zero_block(int32_t b) { store_->zero(b); }
+void PoolCore::zero_block(int32_t b) {
+  store_->zero(b);
+}
 
 void PoolCore::copy_block(int32_t dst, int32_t src) {
   written_.copy_block(dst, src);
@@ -59,7 +68,9 @@ Sequence &PoolCore::find(uint64_t id) {
   return *s;
 }
 
-const Sequence &PoolCore::find(uint64_t id) const { return const_cast<PoolCore *>(this)->find(id); }
+const Sequence &PoolCore::find(uint64_t id) const {
+  return const_cast<PoolCore *>(this)->find(id);
+}
 
 void PoolCore::check_layer(uint32_t layer) const {
   if (layer >= cfg_.num_layers)
@@ -72,18 +83,21 @@ uint64_t PoolCore::bytes_in_use() const {
          static_cast<uint64_t>(stage_.alloc.num_used()) * stage_.stride;
 }
 
-void PoolCore::note_usage() { peak_bytes_ = std::max(peak_bytes_, bytes_in_use()); }
+void PoolCore::note_usage() {
+  peak_bytes_ = std::max(peak_bytes_, bytes_in_use());
+}
 
 int32_t PoolCore::take_block() {
   int32_t reclaimed;
   const int32_t b = alloc_.allocate(&reclaimed);
   if (b < 0) fail(Errc::Internal, "block allocator empty after an availability check");
   if (reclaimed >= 0) {
-    if (events_) events_->reclaimed(reclaimed);  // a cached block leaves the prefix index
+    if (events_) events_->reclaimed(reclaimed);       // a cached block leaves the prefix index
     if (cfg_.flags & kFlagZeroOnFree) zero_block(b);  // no tenant's K/V lingers
   }
   written_.clear(b, 0, cfg_.block_size);  // a new owner has written nothing yet
-  store_->taken(b);  // device kernels and copies read whole blocks: none of an earlier owner's bytes
+  store_->taken(
+      b);  // device kernels and copies read whole blocks: none of an earlier owner's bytes
   return b;
 }
 
@@ -103,8 +117,10 @@ int32_t PoolCore::cow_copy(int32_t b) {
 void PoolCore::mark_written(const LayerTable &l, uint64_t idx0, uint64_t n, bool written) {
   for_runs(l, idx0, n, [&](bool res, int32_t b, uint32_t slot, uint64_t run, uint64_t) {
     SlotBits &bits = res ? stage_.written : written_;
-    if (written) bits.set(b, slot, run);
-    else bits.clear(b, slot, run);
+    if (written)
+      bits.set(b, slot, run);
+    else
+      bits.clear(b, slot, run);
   });
 }
 
@@ -122,8 +138,8 @@ uint64_t PoolCore::first_unwritten(const LayerTable &l, uint64_t idx0, uint64_t 
   return first;
 }
 
-void PoolCore::zero_unwritten_rows(bool residual, int32_t b, uint32_t slot, uint64_t run, uint8_t *k_out,
-                               uint8_t *v_out, uint64_t row_bytes) const {
+void PoolCore::zero_unwritten_rows(bool residual, int32_t b, uint32_t slot, uint64_t run,
+                                   uint8_t *k_out, uint8_t *v_out, uint64_t row_bytes) const {
   const SlotBits &bits = residual ? stage_.written : written_;
   if (bits.all(b, slot, run)) return;
   for (uint64_t i = 0; i < run; ++i)

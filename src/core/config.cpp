@@ -20,8 +20,12 @@ namespace {
 
 constexpr uint64_t kMaxBlocks = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
 
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
-uint64_t align16(uint64_t x) { return (x + 15) & ~uint64_t(15); }
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+uint64_t align16(uint64_t x) {
+  return (x + 15) & ~uint64_t(15);
+}
 
 void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
   if (v < lo || v > hi)
@@ -49,10 +53,12 @@ void validate_config(PoolConfig &c) {
   {
     const int32_t rs = static_cast<int32_t>(c.rope_style);
     if (rs < 0 || rs > 2)
-      fail(Errc::InvalidArgument, "rope_style " + std::to_string(rs) +
-                                      ": unknown (KVC_ROPE_NONE, KVC_ROPE_INTERLEAVED or KVC_ROPE_NEOX)");
+      fail(Errc::InvalidArgument,
+           "rope_style " + std::to_string(rs) +
+               ": unknown (KVC_ROPE_NONE, KVC_ROPE_INTERLEAVED or KVC_ROPE_NEOX)");
     if (c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim)
-      fail(Errc::InvalidArgument, "rope_dims " + u64s(c.rope_dims) + " must be even and at most head_dim (0: head_dim)");
+      fail(Errc::InvalidArgument,
+           "rope_dims " + u64s(c.rope_dims) + " must be even and at most head_dim (0: head_dim)");
     if (c.rope_style != RopeStyle::None && c.rope_dims == 0 && c.head_dim % 2 != 0)
       fail(Errc::InvalidArgument, "RoPE needs an even head_dim (or an even rope_dims)");
     if (!(c.rope_theta > 1.0 && c.rope_theta <= 1e12))
@@ -62,11 +68,12 @@ void validate_config(PoolConfig &c) {
     fail(Errc::InvalidArgument, "num_q_heads " + u64s(c.num_q_heads) +
                                     " is not a multiple of num_kv_heads " + u64s(c.num_kv_heads));
   if (c.flags & ~(kFlagZeroOnFree | kFlagPreRopeKeys))
-    fail(Errc::InvalidArgument, "flags 0x" + [&] {
-      char b[16];
-      std::snprintf(b, sizeof b, "%x", c.flags);
-      return std::string(b);
-    }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS)");
+    fail(
+        Errc::InvalidArgument, "flags 0x" + [&] {
+          char b[16];
+          std::snprintf(b, sizeof b, "%x", c.flags);
+          return std::string(b);
+        }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS)");
   for (int kv = 0; kv < 2; ++kv) {
     const int32_t d = static_cast<int32_t>(kv == 0 ? c.k_dtype : c.v_dtype);
     if (!dtype_is_plain(d))
@@ -79,8 +86,8 @@ void validate_config(PoolConfig &c) {
   for (int kv = 0; kv < 2; ++kv) {
     codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
     const char *name = kv == 0 ? "k_codec" : "v_codec";
-    if (is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 &&
-        !sp.asym && sp.rotation_block == 0) {
+    if (is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 && !sp.asym &&
+        sp.rotation_block == 0) {
       sp.dtype = static_cast<DType>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
       continue;
     }
@@ -97,7 +104,8 @@ void validate_config(PoolConfig &c) {
       fail(Errc::InvalidArgument, std::string(name) +
                                       ": per-tensor scales in a pool are symmetric (one scale per "
                                       "layer); use per-token or per-group scales for zero points");
-    if (sp.gran == codec::Gran::Channel && (sp.group > c.block_size || c.block_size % sp.group != 0))
+    if (sp.gran == codec::Gran::Channel &&
+        (sp.group > c.block_size || c.block_size % sp.group != 0))
       fail(Errc::InvalidArgument, std::string(name) + ": per-channel group_size " + u64s(sp.group) +
                                       " must divide block_size " + u64s(c.block_size) +
                                       " (a group of tokens is encoded inside one block)");
@@ -108,7 +116,8 @@ void validate_config(PoolConfig &c) {
     if (c.layout != Layout::NHD)
       fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
   }
-  const bool channel = c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
+  const bool channel =
+      c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
   if (c.k_codec.gran == codec::Gran::Channel && c.v_codec.gran == codec::Gran::Channel &&
       !is_float(c.k_codec.dtype) && !is_float(c.v_codec.dtype) &&
       c.k_codec.group != c.v_codec.group)
@@ -117,32 +126,38 @@ void validate_config(PoolConfig &c) {
                                     ": they must be equal (tokens are encoded a group at a time)");
   // (Attention sinks alone make a residual arena too: every token passes
   // through it, aged by the append that writes it.)
-  const bool wants_residual = c.residual_window > 0 || c.residual_fraction != 0.0 || channel || c.residual_sinks > 0;
+  const bool wants_residual =
+      c.residual_window > 0 || c.residual_fraction != 0.0 || channel || c.residual_sinks > 0;
   if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
     fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
   if (c.residual_window > kMaxLength) fail(Errc::InvalidArgument, "residual_window above 2^31-1");
   if (!dtype_is_plain(static_cast<int32_t>(c.residual_dtype)))
-    fail(Errc::InvalidArgument, "residual_dtype " + std::to_string(static_cast<int32_t>(c.residual_dtype)) +
+    fail(Errc::InvalidArgument, "residual_dtype " +
+                                    std::to_string(static_cast<int32_t>(c.residual_dtype)) +
                                     ": must be f32, f16 or bf16");
   if (wants_residual && is_float(c.k_codec.dtype) && is_float(c.v_codec.dtype))
-    fail(Errc::InvalidArgument, c.residual_sinks && !c.residual_window && c.residual_fraction == 0.0
-                                    ? "residual_sinks needs a quantized K or V codec (the sinks are kept "
-                                      "from being encoded)"
-                                    : "a residual window needs a quantized K or V codec");
+    fail(Errc::InvalidArgument,
+         c.residual_sinks && !c.residual_window && c.residual_fraction == 0.0
+             ? "residual_sinks needs a quantized K or V codec (the sinks are kept "
+               "from being encoded)"
+             : "a residual window needs a quantized K or V codec");
   if (!wants_residual && c.num_residual_blocks != 0)
     fail(Errc::InvalidArgument, "num_residual_blocks set without a residual window");
   if (c.residual_sinks > c.block_size)
-    fail(Errc::InvalidArgument, "residual_sinks " + u64s(c.residual_sinks) + " above block_size " +
-                                    u64s(c.block_size));
+    fail(Errc::InvalidArgument,
+         "residual_sinks " + u64s(c.residual_sinks) + " above block_size " + u64s(c.block_size));
   if (c.flags & kFlagPreRopeKeys) {
     if (c.rope_style == RopeStyle::None)
-      fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS needs the RoPE the engine applies to keys (rope_style, "
-                                  "rope_dims, rope_theta)");
+      fail(Errc::InvalidArgument,
+           "KVC_POOL_PRE_ROPE_KEYS needs the RoPE the engine applies to keys (rope_style, "
+           "rope_dims, rope_theta)");
     if (is_float(c.k_codec.dtype))
-      fail(Errc::InvalidArgument, "KVC_POOL_PRE_ROPE_KEYS applies to quantized keys: set a k_codec with an fp8 or "
-                                  "integer dtype");
+      fail(Errc::InvalidArgument,
+           "KVC_POOL_PRE_ROPE_KEYS applies to quantized keys: set a k_codec with an fp8 or "
+           "integer dtype");
     if (c.device == Device::CUDA)
-      fail(Errc::Unsupported, "device CUDA: pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) are CPU-only in this version");
+      fail(Errc::Unsupported,
+           "device CUDA: pre-RoPE keys (KVC_POOL_PRE_ROPE_KEYS) are CPU-only in this version");
   }
   if (c.layout != Layout::NHD && c.layout != Layout::HND)
     fail(Errc::InvalidArgument,
@@ -151,25 +166,30 @@ void validate_config(PoolConfig &c) {
     fail(Errc::InvalidArgument,
          "device " + std::to_string(static_cast<int32_t>(c.device)) + ": unknown device");
   if (c.device == Device::CPU && c.device_index != 0)
-    fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) +
-                                    ": must be 0 for the CPU");
+    fail(Errc::InvalidArgument,
+         "device_index " + std::to_string(c.device_index) + ": must be 0 for the CPU");
   if (c.device == Device::CUDA) {
     if (!cuda::Device::compiled())
       fail(Errc::DeviceUnavailable,
-           "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with KVC_CUDA=OFF)");
+           "device CUDA: this build of libkvcache has no CUDA backend (built without nvcc or with "
+           "KVC_CUDA=OFF)");
     if (c.device_index < 0)
-      fail(Errc::InvalidArgument, "device_index " + std::to_string(c.device_index) + ": must be >= 0");
+      fail(Errc::InvalidArgument,
+           "device_index " + std::to_string(c.device_index) + ": must be >= 0");
     // What the kernels support (cuda/*.cu): a token's row in shared
     // memory, head rows of up to 256 values read 8 at a time (or up to 32
     // one at a time), no residual arena.
     if (wants_residual)
-      fail(Errc::Unsupported, "device CUDA: residual windows, hybrid precision and per-channel (KIVI) keys "
-                              "are CPU-only in this version");
+      fail(Errc::Unsupported,
+           "device CUDA: residual windows, hybrid precision and per-channel (KIVI) keys "
+           "are CPU-only in this version");
     if (c.k_codec.full_range || c.v_codec.full_range)
-      fail(Errc::Unsupported, "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
-                              "in this version");
+      fail(Errc::Unsupported,
+           "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
+           "in this version");
     if (c.k_codec.dtype == DType::INT3 || c.v_codec.dtype == DType::INT3)
-      fail(Errc::Unsupported, "device CUDA: int3 storage (KVC_DTYPE_INT3) is CPU-only in this version");
+      fail(Errc::Unsupported,
+           "device CUDA: int3 storage (KVC_DTYPE_INT3) is CPU-only in this version");
     if (c.head_dim > 256 || (c.head_dim % 8 != 0 && c.head_dim > 32))
       fail(Errc::Unsupported, "device CUDA: head_dim " + u64s(c.head_dim) +
                                   " is not supported (a multiple of 8 up to 256, or up to 32)");
@@ -177,19 +197,23 @@ void validate_config(PoolConfig &c) {
     for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
       if (sp->gran == codec::Gran::Token) groups = std::max<uint64_t>(groups, c.num_kv_heads);
       if (sp->gran == codec::Gran::Group)
-        groups = std::max<uint64_t>(groups, (uint64_t(c.num_kv_heads) * c.head_dim + sp->group - 1) / sp->group);
+        groups = std::max<uint64_t>(
+            groups, (uint64_t(c.num_kv_heads) * c.head_dim + sp->group - 1) / sp->group);
     }
     if (uint64_t(c.num_kv_heads) * c.head_dim + 2 * groups > 12288)
-      fail(Errc::Unsupported, "device CUDA: a token row of " + u64s(uint64_t(c.num_kv_heads) * c.head_dim) +
-                                  " values and " + u64s(groups) +
-                                  " scale group(s) does not fit the kernels' shared memory (row + 2 x groups <= 12288)");
+      fail(Errc::Unsupported, "device CUDA: a token row of " +
+                                  u64s(uint64_t(c.num_kv_heads) * c.head_dim) + " values and " +
+                                  u64s(groups) +
+                                  " scale group(s) does not fit the kernels' shared memory (row + "
+                                  "2 x groups <= 12288)");
   }
   // Bytes of one block (K and V parts, scales and zero points included; each
   // part and the block start on 16 bytes so every element is aligned).
   uint64_t stride = 0;
   for (int kv = 0; kv < 2; ++kv) {
     const uint64_t part = part_bytes(c, kv);
-    if (part == UINT64_MAX || part > (uint64_t(1) << 60) || __builtin_add_overflow(stride, part, &stride))
+    if (part == UINT64_MAX || part > (uint64_t(1) << 60) ||
+        __builtin_add_overflow(stride, part, &stride))
       fail(Errc::Overflow, "block size in bytes overflows 64 bits");
     stride = align16(stride);
   }
@@ -234,10 +258,12 @@ void validate_config(PoolConfig &c) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0) {
     const uint64_t phys = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-    const uint64_t host = c.device == Device::CPU ? total / 2 + res_total / 2 : 0;  // CUDA blocks: device memory
+    const uint64_t host =
+        c.device == Device::CPU ? total / 2 + res_total / 2 : 0;  // CUDA blocks: device memory
     if (host + book / 2 > phys / 2)
       fail(Errc::OutOfMemory, "the pool needs " + u64s(total + res_total + book) +
-                                  " bytes (blocks and bookkeeping); this machine has " + u64s(phys));
+                                  " bytes (blocks and bookkeeping); this machine has " +
+                                  u64s(phys));
   }
 }
 
@@ -250,10 +276,11 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
                      static_cast<uint32_t>(c.layout)})
     put_u32(b, v);
   for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
-    for (uint32_t v : {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
-                       // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
-                       static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
-                       static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
+    for (uint32_t v :
+         {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
+          // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
+          static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
+          static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
       put_u32(b, v);
     put_f64(b, sp->static_scale);
   }

@@ -18,7 +18,8 @@ namespace kvc::core {
 void PoolCore::enable_scores(Sequence &s) {
   if (s.track_scores) return;
   std::vector<std::vector<float>> fresh(s.layers.size());  // may throw: nothing changed
-  for (size_t i = 0; i < s.layers.size(); ++i) fresh[i].assign(s.layers[i].n_tokens * cfg_.num_kv_heads, 0.0f);
+  for (size_t i = 0; i < s.layers.size(); ++i)
+    fresh[i].assign(s.layers[i].n_tokens * cfg_.num_kv_heads, 0.0f);
   for (size_t i = 0; i < s.layers.size(); ++i) s.layers[i].scores.swap(fresh[i]);
   s.track_scores = true;
 }
@@ -33,13 +34,17 @@ const PolicySpec *PoolCore::policy_of(const Sequence &s) const {
 void PoolCore::check_policy_fits(const PolicySpec *p) const {
   if (!p) return;
   if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
-    fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-  if (p->shift_positions && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor && !fmt_.pre_rope)
-    fail(Errc::Unsupported, "the policy shifts positions but keys use one scale per tensor: rotated keys can "
-                            "exceed it (use per-token or per-group scales)");
+    fail(Errc::InvalidArgument,
+         "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+  if (p->shift_positions && fmt_.part[0].quantized &&
+      fmt_.part[0].spec.gran == codec::Gran::Tensor && !fmt_.pre_rope)
+    fail(Errc::Unsupported,
+         "the policy shifts positions but keys use one scale per tensor: rotated keys can "
+         "exceed it (use per-token or per-group scales)");
   if (p->auto_evict && p->kind != PolicyKind::None && stage_.active)
-    fail(Errc::Unsupported, "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
-                            "is not supported");
+    fail(Errc::Unsupported,
+         "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
+         "is not supported");
 }
 
 void Pool::set_policy(std::optional<uint64_t> id, std::shared_ptr<const PolicySpec> p) {
@@ -55,14 +60,15 @@ void Pool::set_policy(std::optional<uint64_t> id, std::shared_ptr<const PolicySp
   s.policy = std::move(p);
 }
 
-void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate) {
+void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n,
+                          bool accumulate) {
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
   check_layer(layer);
   const uint64_t h = cfg_.num_kv_heads;
   if (n != s.layers[layer].n_tokens)
-    fail(Errc::InvalidArgument, "scores for " + u64s(n) + " tokens but layer " + u64s(layer) + " holds " +
-                                    u64s(s.layers[layer].n_tokens));
+    fail(Errc::InvalidArgument, "scores for " + u64s(n) + " tokens but layer " + u64s(layer) +
+                                    " holds " + u64s(s.layers[layer].n_tokens));
   for (uint64_t i = 0; i < n * h; ++i)
     if (!std::isfinite(scores[i]) || scores[i] < 0.0f)
       fail(Errc::NonFinite, "score " + u64s(i) + " is negative, NaN or Inf: nothing was changed");
@@ -77,21 +83,27 @@ void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) cons
   check_layer(layer);
   const LayerTable &l = s.layers[layer];
   if (n != l.n_tokens)
-    fail(Errc::BufferTooSmall, "layer " + u64s(layer) + " holds " + u64s(l.n_tokens) + " tokens, not " + u64s(n));
+    fail(Errc::BufferTooSmall,
+         "layer " + u64s(layer) + " holds " + u64s(l.n_tokens) + " tokens, not " + u64s(n));
   const uint64_t cnt = n * cfg_.num_kv_heads;
-  std::lock_guard<std::mutex> g(scores_mu_);  // observing attention writes them under the shared lock
-  if (s.track_scores) std::memcpy(out, l.scores.data(), cnt * sizeof(float));
-  else std::fill(out, out + cnt, 0.0f);
+  std::lock_guard<std::mutex> g(
+      scores_mu_);  // observing attention writes them under the shared lock
+  if (s.track_scores)
+    std::memcpy(out, l.scores.data(), cnt * sizeof(float));
+  else
+    std::fill(out, out + cnt, 0.0f);
 }
 
-void Pool::rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const {
+void Pool::rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n,
+                          int32_t *out) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
   check_layer(layer);
   const LayerTable &l = s.layers[layer];
   if (n > s.length || pos > s.length - n || pos < l.tail_pos)
-    fail(Errc::OutOfRange, "positions [" + u64s(pos) + ", " + u64s(pos + n) + ") are not the layer's tail (" +
-                               u64s(l.tail_pos) + " to " + u64s(s.length) + ")");
+    fail(Errc::OutOfRange, "positions [" + u64s(pos) + ", " + u64s(pos + n) +
+                               ") are not the layer's tail (" + u64s(l.tail_pos) + " to " +
+                               u64s(s.length) + ")");
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t idx = l.tail_index + (pos + i - l.tail_pos);
     out[i] = static_cast<int32_t>(l.rope_by_index ? idx : pos + i);
@@ -109,7 +121,8 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
   evict_locked(id, s, *p, 0, dropped);
 }
 
-void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped) {
+void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new,
+                            uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers;
   const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
   // ---- plan: every check and allocation before the first change ----
@@ -131,9 +144,10 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
     }
     if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
     if (stage_.active)
-      fail(Errc::Unsupported, "eviction in a pool with a residual window, hybrid precision or attention "
-                              "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
-                              "are staged and encoded as they age");
+      fail(Errc::Unsupported,
+           "eviction in a pool with a residual window, hybrid precision or attention "
+           "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
+           "are staged and encoded as they age");
     LayerView v;
     v.n = n;
     v.kv_heads = static_cast<uint32_t>(h);
@@ -155,10 +169,13 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
     if (k.size() == n) continue;
     const bool sh = p.shift_positions || l.rope_by_index;
     if (sh && cfg_.rope_style == RopeStyle::None)
-      fail(Errc::InvalidArgument, "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-    if (sh && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor && !fmt_.pre_rope)
-      fail(Errc::Unsupported, "shifting positions re-rotates keys, which one scale per tensor cannot hold "
-                              "(use per-token or per-group key scales); nothing changed");
+      fail(Errc::InvalidArgument,
+           "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+    if (sh && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor &&
+        !fmt_.pre_rope)
+      fail(Errc::Unsupported,
+           "shifting positions re-rotates keys, which one scale per tensor cannot hold "
+           "(use per-token or per-group key scales); nothing changed");
     shift[li] = sh;
     uint64_t fw = k.size();
     for (uint64_t j = 0; j < k.size(); ++j)
@@ -175,19 +192,21 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   (void)id;
 }
 
-void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep, uint64_t *dropped) {
+void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep,
+                       uint64_t *dropped) {
   // dropped: [1], the tokens this layer lost.
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
   if (layer >= cfg_.num_layers)
-    fail(Errc::OutOfRange, "layer " + u64s(layer) + " of a pool of " + u64s(cfg_.num_layers) + " layers");
+    fail(Errc::OutOfRange,
+         "layer " + u64s(layer) + " of a pool of " + u64s(cfg_.num_layers) + " layers");
   const uint32_t nl = cfg_.num_layers;
   const uint64_t bs = cfg_.block_size;
   const LayerTable &l = s.layers[layer];
   const uint64_t n = l.n_tokens;
   if (n_keep > n)
-    fail(Errc::InvalidArgument, "n_keep " + u64s(n_keep) + " exceeds the " + u64s(n) + " tokens layer " +
-                                    u64s(layer) + " holds; nothing changed");
+    fail(Errc::InvalidArgument, "n_keep " + u64s(n_keep) + " exceeds the " + u64s(n) +
+                                    " tokens layer " + u64s(layer) + " holds; nothing changed");
   std::vector<std::vector<uint32_t>> keep(nl);
   std::vector<uint64_t> first_write(nl, UINT64_MAX);
   std::vector<char> shift(nl, 0);
@@ -199,16 +218,18 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
       fail(Errc::OutOfRange, "keep[" + u64s(j) + "] = " + u64s(t) + " is not below the " + u64s(n) +
                                  " tokens layer " + u64s(layer) + " holds; nothing changed");
     if (j > 0 && t <= keep_idx[j - 1])
-      fail(Errc::InvalidArgument, "keep[" + u64s(j) + "] = " + u64s(t) + " does not follow keep[" + u64s(j - 1) +
-                                      "] = " + u64s(keep_idx[j - 1]) + ": indices must increase strictly; nothing changed");
+      fail(Errc::InvalidArgument, "keep[" + u64s(j) + "] = " + u64s(t) + " does not follow keep[" +
+                                      u64s(j - 1) + "] = " + u64s(keep_idx[j - 1]) +
+                                      ": indices must increase strictly; nothing changed");
     k.push_back(static_cast<uint32_t>(t));
   }
   uint64_t cow_needed = 0;
   if (n_keep < n) {
     if (stage_.active)
-      fail(Errc::Unsupported, "dropping tokens from a pool with a residual window, hybrid precision or attention "
-                              "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
-                              "are staged and encoded as they age; nothing changed");
+      fail(Errc::Unsupported,
+           "dropping tokens from a pool with a residual window, hybrid precision or attention "
+           "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
+           "are staged and encoded as they age; nothing changed");
     uint64_t fw = n_keep;
     for (uint64_t j = 0; j < n_keep; ++j)
       if (k[j] != j) {
@@ -226,20 +247,23 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
 }
 
 void PoolCore::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
-                             const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
-                             uint64_t cow_needed, uint64_t *dropped) {
+                                 const std::vector<uint64_t> &first_write,
+                                 const std::vector<char> &shift, uint64_t cow_needed,
+                                 uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers;
   const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
   if (cow_needed > alloc_.available())
-    fail(Errc::PoolExhausted, "pool exhausted: eviction must copy " + u64s(cow_needed) + " shared blocks, " +
-                                  u64s(alloc_.available()) + " available; nothing changed");
+    fail(Errc::PoolExhausted, "pool exhausted: eviction must copy " + u64s(cow_needed) +
+                                  " shared blocks, " + u64s(alloc_.available()) +
+                                  " available; nothing changed");
   // Buffers the changes need (may throw: nothing changed yet).
   std::vector<std::vector<int32_t>> new_pos(nl);
   for (uint32_t li = 0; li < nl; ++li)
     if (first_write[li] != UINT64_MAX) new_pos[li].reserve(keep[li].size());
   const uint32_t rope_dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
-  RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
-  scratch_input(2 * row);  // the CPU store's row buffer for rotate_keys, grown before any change
+  RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style == RopeStyle::Interleaved,
+                 cfg_.rope_theta);
+  scratch_input(2 * row);     // the CPU store's row buffer for rotate_keys, grown before any change
   std::vector<uint64_t> idx;  // keys to re-rotate and by how much (room for the largest layer)
   std::vector<int64_t> delta;
   {
@@ -257,8 +281,10 @@ void PoolCore::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint
     const std::vector<uint32_t> &k = keep[li];
     const uint64_t n = l.n_tokens, kn = k.size(), kept_blocks = (kn + bs - 1) / bs;
     for (uint64_t b = first_write[li] / bs; b < kept_blocks; ++b) {
-      if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
-      else prefix_drop_block(l.blocks[b]);  // rewritten in place: leaves the prefix index
+      if (alloc_.refcount(l.blocks[b]) > 1)
+        l.blocks[b] = cow_copy(l.blocks[b]);
+      else
+        prefix_drop_block(l.blocks[b]);  // rewritten in place: leaves the prefix index
     }
     // Survivors keep their written state (sources are read before a later
     // destination could overwrite them: k[j] >= j, in increasing j).

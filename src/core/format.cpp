@@ -13,8 +13,12 @@
 namespace kvc::core {
 
 namespace {
-uint64_t align16(uint64_t x) { return (x + 15) & ~uint64_t(15); }
-bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
+uint64_t align16(uint64_t x) {
+  return (x + 15) & ~uint64_t(15);
+}
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_mul_overflow(a, b, out);
+}
 }  // namespace
 
 uint64_t part_bytes(const PoolConfig &c, int kv) {
@@ -61,7 +65,8 @@ BlockFormat::BlockFormat(const PoolConfig &cfg) : cfg_(cfg) {
       // A static scale as stored in scale_dtype (as kvc_quantize() rounds it),
       // so pool and standalone quantizer agree.
       float fixed_scale = static_cast<float>(pl.spec.static_scale);
-      if (pl.spec.scale_dtype == DType::F16) fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
+      if (pl.spec.scale_dtype == DType::F16)
+        fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
       const uint32_t fixed = pl.spec.static_scale > 0.0 ? f32_bits(fixed_scale) : 0u;
       for (uint32_t l = 0; l < cfg_.num_layers; ++l) scale[kv][l].store(fixed);
     }
@@ -70,8 +75,9 @@ BlockFormat::BlockFormat(const PoolConfig &cfg) : cfg_(cfg) {
   }
   stride = off;
   if (cfg_.flags & kFlagPreRopeKeys)
-    pre_rope = std::make_unique<RopeTable>(cfg_.head_dim, cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim,
-                                           cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
+    pre_rope =
+        std::make_unique<RopeTable>(cfg_.head_dim, cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim,
+                                    cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
 }
 
 float BlockFormat::tensor_scale(int kv, uint32_t layer) const {
@@ -99,7 +105,8 @@ void BlockFormat::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) 
     const float scale = codec::dynamic_scale(sp, lo, hi);
     if (scale == 0.0f) return;  // all zeros: stay uncalibrated
     uint32_t expected = 0;
-    this->scale[kv][layer].compare_exchange_strong(expected, f32_bits(scale), std::memory_order_acq_rel);
+    this->scale[kv][layer].compare_exchange_strong(expected, f32_bits(scale),
+                                                   std::memory_order_acq_rel);
     return;
   }
   float absmax = 0.0f;
@@ -110,19 +117,21 @@ void BlockFormat::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) 
 void BlockFormat::calibrate_absmax(int kv, uint32_t layer, float absmax) {
   const codec::Spec &sp = part[kv].spec;
   const float qmax = sym_max(sp.dtype);
-  if (!(absmax > 0.0f)) return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
+  if (!(absmax > 0.0f))
+    return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
   const float scale = codec::round_scale_up(
       std::max(absmax / qmax, std::numeric_limits<float>::min()), sp.scale_dtype);
   uint32_t expected = 0;
   this->scale[kv][layer].compare_exchange_strong(expected, f32_bits(scale),
-                                                   std::memory_order_acq_rel);
+                                                 std::memory_order_acq_rel);
 }
 
 // Writes `count` tokens into slots [slot, slot + count) of part kv of block
 // `blk`. Plain storage converts from `src`; quantized storage encodes the
 // f32 rows `src_f32` (already converted, checked finite and rotated).
-void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
-                      const float *src_f32, uint32_t slot, uint64_t count) const {
+void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src,
+                             DType src_type, const float *src_f32, uint32_t slot,
+                             uint64_t count) const {
   const PartLayout &pl = part[kv];
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   uint8_t *base = blk + pl.offset;
@@ -157,11 +166,15 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
     uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
     uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
     switch (sp.gran) {
-      case codec::Gran::Token: codec::encode(sp, tmp, h, hd, codes, scales, zeros); break;
-      case codec::Gran::Group: codec::encode(sp, tmp, 1, row, codes, scales, zeros); break;
-      default: {  // per tensor: the layer's scale
+      case codec::Gran::Token:
+        codec::encode(sp, tmp, h, hd, codes, scales, zeros);
+        break;
+      case codec::Gran::Group:
+        codec::encode(sp, tmp, 1, row, codes, scales, zeros);
+        break;
+      default: {                                    // per tensor: the layer's scale
         sp.static_scale = tensor_scale(kv, layer);  // 0 only while every value written was 0
-        sp.scale_dtype = DType::F32;          // per-tensor scales are kept as f32
+        sp.scale_dtype = DType::F32;                // per-tensor scales are kept as f32
         codec::encode(sp, tmp, 1, row, codes, nullptr, nullptr);
       }
     }
@@ -169,8 +182,9 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
 }
 
 // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of dst.
-void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
-                     uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const {
+void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot,
+                            uint64_t count, uint8_t *out, DType dst, const LayerTable &l,
+                            uint64_t idx0) const {
   const PartLayout &pl = part[kv];
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, row = h * hd;
   const uint8_t *base = blk + pl.offset;
@@ -196,7 +210,8 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
       const uint64_t sidx = slot * pl.scales_per_token;
       sp.rotation_block = 0;  // the rotation is undone below, per head
       codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
-                        blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp, DType::F32);
+                        blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp,
+                        DType::F32);
       break;
     }
     case codec::Gran::Group: {
@@ -209,7 +224,8 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
     case codec::Gran::Channel:
       for (uint64_t t = 0; t < count; ++t) {
         const uint64_t sidx = (slot + t) / sp.group * row;
-        codec::decode(sp, codes + t * pl.token_stride, blk + pl.scale_offset + sidx * pl.scale_bytes,
+        codec::decode(sp, codes + t * pl.token_stride,
+                      blk + pl.scale_offset + sidx * pl.scale_bytes,
                       blk + pl.zero_offset + sidx * pl.scale_bytes, 1, row, tmp + t * row);
       }
       break;
@@ -224,7 +240,8 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
     for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
   if (kv == 0 && pre_rope)
     for (uint64_t t = 0; t < count; ++t)
-      pre_rope->rotate(tmp + t * row, cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(idx0 + t)), 1);
+      pre_rope->rotate(tmp + t * row, cfg_.num_kv_heads,
+                       static_cast<uint64_t>(l.rope_position_of(idx0 + t)), 1);
   if (!direct) convert(tmp, DType::F32, out, dst, count * row);
 }
 
@@ -233,7 +250,8 @@ void BlockFormat::zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const 
   for_slot_bytes(slot, count, [&](uint64_t off, uint64_t len) { std::memset(blk + off, 0, len); });
 }
 
-void BlockFormat::move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64_t ss, uint64_t run) const {
+void BlockFormat::move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64_t ss,
+                           uint64_t run) const {
   const uint64_t h = cfg_.num_kv_heads, hd = cfg_.head_dim;
   for (int kv = 0; kv < 2; ++kv) {
     const PartLayout &pl = part[kv];
@@ -249,7 +267,8 @@ void BlockFormat::move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64
     if (pl.quantized && pl.scales_per_token) {
       const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
       std::memmove(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, run * sb);
-      if (pl.spec.asym) std::memmove(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, run * sb);
+      if (pl.spec.asym)
+        std::memmove(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, run * sb);
     }
   }
 }

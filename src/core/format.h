@@ -21,15 +21,17 @@ class BlockFormat {
   // Lays the parts out for a validated configuration.
   explicit BlockFormat(const PoolConfig &cfg);
 
-  PartLayout part[2];     // K (0) and V (1)
-  uint64_t stride = 0;    // bytes of one block (K and V, each part on 16 bytes)
+  PartLayout part[2];   // K (0) and V (1)
+  uint64_t stride = 0;  // bytes of one block (K and V, each part on 16 bytes)
   // Per-layer per-tensor scales (bits of a float; 0: not calibrated yet),
   // for quantized parts; null otherwise.
   std::unique_ptr<std::atomic<uint32_t>[]> scale[2];
   std::unique_ptr<RopeTable> pre_rope;  // KVC_POOL_PRE_ROPE_KEYS only
 
   bool quantized(int kv) const { return part[kv].quantized; }
-  bool per_tensor(int kv) const { return part[kv].quantized && part[kv].spec.gran == codec::Gran::Tensor; }
+  bool per_tensor(int kv) const {
+    return part[kv].quantized && part[kv].spec.gran == codec::Gran::Tensor;
+  }
   // Parts with per-tensor scales (0, 1 or 2).
   uint32_t scale_parts() const { return (scale[0] ? 1u : 0u) + (scale[1] ? 1u : 0u); }
   // The per-tensor scale of a layer (dynamic: calibrated by the first write).
@@ -44,13 +46,13 @@ class BlockFormat {
   // Writes `count` tokens into slots [slot, slot + count) of part kv of block
   // `blk`. Plain storage converts from `src`; quantized storage encodes the
   // f32 rows `src_f32` (already converted, checked finite and rotated).
-  void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type, const float *src_f32,
-                  uint32_t slot, uint64_t count) const;
+  void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
+                  const float *src_f32, uint32_t slot, uint64_t count) const;
   // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of
   // dst; `l` and `idx0` (the layer's index of the first) give the RoPE
   // positions that pre-RoPE keys are rotated back to.
-  void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *out,
-                 DType dst, const LayerTable &l, uint64_t idx0) const;
+  void read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot, uint64_t count,
+                 uint8_t *out, DType dst, const LayerTable &l, uint64_t idx0) const;
   // Byte ranges (offset in a block, length) that hold token slots [slot,
   // slot + count): codes, per-token scales and zero points of K and V.
   template <typename F>

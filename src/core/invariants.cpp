@@ -11,19 +11,24 @@
 namespace kvc::core {
 
 namespace {
-std::string check_sequence(const PoolCore &c, uint64_t id, const Sequence &s, std::vector<uint64_t> &refs,
-                                 std::vector<uint64_t> &res_refs) {
+std::string check_sequence(const PoolCore &c, uint64_t id, const Sequence &s,
+                           std::vector<uint64_t> &refs, std::vector<uint64_t> &res_refs) {
   const BlockDiv bs = block_div(c.cfg_.block_size);
-  if (s.layers.size() != c.cfg_.num_layers) return "sequence " + u64s(id) + " has wrong layer count";
+  if (s.layers.size() != c.cfg_.num_layers)
+    return "sequence " + u64s(id) + " has wrong layer count";
   if (!s.sink_blocks.empty() && s.sink_blocks.size() != c.stage_.sink_blocks_needed())
     return "sequence " + u64s(id) + ": wrong number of attention-sink blocks";
   for (int32_t b : s.sink_blocks) {
-    if (b < 0 || static_cast<uint64_t>(b) >= res_refs.size()) return "sequence " + u64s(id) + ": invalid sink block id";
+    if (b < 0 || static_cast<uint64_t>(b) >= res_refs.size())
+      return "sequence " + u64s(id) + ": invalid sink block id";
     ++res_refs[b];
   }
   for (uint32_t li = 0; li < s.layers.size(); ++li) {
-    const int32_t want = s.sink_blocks.empty() ? -1 : s.sink_blocks[li / (c.cfg_.block_size / c.cfg_.residual_sinks)];
-    if (s.layers[li].sink_block != want) return "sequence " + u64s(id) + ": a layer's sink block is not its sequence's";
+    const int32_t want = s.sink_blocks.empty()
+                             ? -1
+                             : s.sink_blocks[li / (c.cfg_.block_size / c.cfg_.residual_sinks)];
+    if (s.layers[li].sink_block != want)
+      return "sequence " + u64s(id) + ": a layer's sink block is not its sequence's";
   }
   for (const LayerTable &l : s.layers) {
     if (l.n_lp > l.n_tokens || (!c.stage_.active && l.n_lp != l.n_tokens))
@@ -73,7 +78,8 @@ std::string Pool::check_invariants() const {
     for (const LayerTable &l : s.layers) tokens += l.n_tokens;
   });
   if (!err.empty()) return err;
-  prefix_->tiers().count_reserved(refs);  // blocks reserved for pending loads hold one reference each
+  prefix_->tiers().count_reserved(
+      refs);  // blocks reserved for pending loads hold one reference each
   if (tokens != tokens_stored_) return "tokens_stored counter disagrees with the block tables";
   for (size_t b = 0; b < res_refs.size(); ++b)
     if (res_refs[b] != stage_.alloc.refcount(static_cast<int32_t>(b)))
@@ -87,7 +93,8 @@ std::string Pool::check_invariants() const {
     if (refs[b] > 0 && st != BlockAllocator::State::Used)
       return "block " + u64s(b) + " held by a block table but not used";
   }
-  if (!prefix_->enabled() && alloc_.num_cached() != 0) return "cached blocks without a prefix cache";
+  if (!prefix_->enabled() && alloc_.num_cached() != 0)
+    return "cached blocks without a prefix cache";
   return prefix_->check();
 }
 

@@ -52,7 +52,9 @@ std::atomic<uint64_t> g_next_ticket{1}, g_next_pin{1};
 
 Offload::Offload(PoolCore &c, PrefixCache &pc) : c_(c), pc_(pc) {}
 
-Offload::~Offload() { shutdown(); }
+Offload::~Offload() {
+  shutdown();
+}
 
 void Offload::shutdown() {
   {
@@ -221,8 +223,9 @@ void Offload::reaper_loop() {
   }
 }
 
-
-bool Offload::active() const { return active_.load(std::memory_order_acquire); }
+bool Offload::active() const {
+  return active_.load(std::memory_order_acquire);
+}
 
 uint32_t Offload::num_tiers_locked() const {
   std::lock_guard g(m_);
@@ -241,7 +244,8 @@ void Offload::count_reserved(std::vector<uint64_t> &refs) const {
 uint32_t Offload::add_tier(const std::function<std::unique_ptr<tier::Tier>()> &make, int32_t kind) {
   std::unique_lock lk(c_.mu_);
   if (!pc_.enabled())
-    fail(Errc::InvalidArgument, "tiers hold prefix blocks: enable the prefix cache first (kvc_pool_enable_prefix_cache)");
+    fail(Errc::InvalidArgument,
+         "tiers hold prefix blocks: enable the prefix cache first (kvc_pool_enable_prefix_cache)");
   {
     std::lock_guard g(m_);
     if (tiers_.size() >= 8) fail(Errc::InvalidArgument, "a pool has at most 8 tiers");
@@ -267,7 +271,8 @@ void Offload::set_offload(uint32_t queue_blocks, uint32_t load_timeout_ms) {
   if (queue_blocks == 0 || queue_blocks > (1u << 20))
     fail(Errc::InvalidArgument, "queue_blocks " + u64s(queue_blocks) + " is outside [1, 2^20]");
   if (load_timeout_ms == 0 || load_timeout_ms > 3600u * 1000u)
-    fail(Errc::InvalidArgument, "load_timeout_ms " + u64s(load_timeout_ms) + " is outside [1, 3600000]");
+    fail(Errc::InvalidArgument,
+         "load_timeout_ms " + u64s(load_timeout_ms) + " is outside [1, 3600000]");
   std::unique_lock lk(c_.mu_);
   if (!active()) fail(Errc::InvalidArgument, "the pool has no tiers (kvc_pool_add_tier)");
   std::lock_guard g(m_);
@@ -293,7 +298,9 @@ TierCounts Offload::counts(uint32_t index) const {
       pinned = t->pinned;
     }
   }
-  if (!t) fail(Errc::OutOfRange, "tier " + u64s(index) + ": the pool has " + u64s(num_tiers_locked()) + " tiers");
+  if (!t)
+    fail(Errc::OutOfRange,
+         "tier " + u64s(index) + ": the pool has " + u64s(num_tiers_locked()) + " tiers");
   const tier::Stats s = t->t->stats();
   TierCounts c;
   c.kind = t->kind;
@@ -309,8 +316,10 @@ TierCounts Offload::counts(uint32_t index) const {
   c.pinned = pinned;
   c.last_error = t->t->last_error();
   if (c.last_error.empty() && t->other_errors.load())
-    c.last_error = "a record was refused by the pool (another prompt's, layout's or per-tensor scales), or a write or "
-                   "read failed outside the tier (out of memory, an injected test error)";
+    c.last_error =
+        "a record was refused by the pool (another prompt's, layout's or per-tensor scales), or a "
+        "write or "
+        "read failed outside the tier (out of memory, an injected test error)";
   return c;
 }
 
@@ -346,7 +355,8 @@ std::vector<uint8_t> Offload::stage_entry(uint32_t e) const {
     uint32_t i = 0;
     for (int kv = 0; kv < 2; ++kv)
       if (c_.fmt_.scale[kv])
-        for (uint64_t l = 0; l < nl; ++l) put<uint32_t>(x + 4 * i++, c_.fmt_.scale[kv][l].load(std::memory_order_acquire));
+        for (uint64_t l = 0; l < nl; ++l)
+          put<uint32_t>(x + 4 * i++, c_.fmt_.scale[kv][l].load(std::memory_order_acquire));
   }
   x += uint64_t(n_scales) * 4;
   c_.store_->to_host(en.blocks.data(), nl, x);
@@ -386,10 +396,12 @@ bool Offload::demote_entry(uint32_t e) {
 
 uint64_t Offload::offload(const int32_t *tokens, uint64_t n, const ExtraKeys &kx) {
   std::unique_lock lk(c_.mu_);
-  if (!pc_.enabled()) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  if (!pc_.enabled())
+    fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
   if (!active()) fail(Errc::InvalidArgument, "the pool has no tiers (kvc_pool_add_tier)");
   // Every whole block of the prompt (the last token included: n + 1).
-  const std::vector<uint32_t> path = prefix::prefix_walk_path(*pc_.state(), c_.cfg_.block_size, tokens, n + 1, kx);
+  const std::vector<uint32_t> path =
+      prefix::prefix_walk_path(*pc_.state(), c_.cfg_.block_size, tokens, n + 1, kx);
   uint64_t queued = 0;
   for (uint32_t e : path) queued += demote_entry(e) ? 1 : 0;
   return queued;
@@ -404,8 +416,8 @@ void Offload::flush() {
 // ---------------------------------------------------------------------------
 // Lookup, pins
 
-PrefixResult Offload::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
-                                       bool partial, bool pin) {
+PrefixResult Offload::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial,
+                             bool pin) {
   PrefixResult r = pc_.lookup(tokens, n, kx, partial);
   std::vector<BlockKey> keys;
   {
@@ -416,7 +428,8 @@ PrefixResult Offload::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys 
     const std::vector<uint32_t> path = prefix::prefix_walk_path(ps, bs, tokens, n, kx);
     BlockKey parent = path.empty() ? ps.root : ps.entries[path.back()].key;
     std::vector<uint8_t> scratch;
-    const uint64_t last = std::min<uint64_t>((n - 1) / bs, path.size() + c_.alloc_.num_blocks() / c_.cfg_.num_layers);
+    const uint64_t last =
+        std::min<uint64_t>((n - 1) / bs, path.size() + c_.alloc_.num_blocks() / c_.cfg_.num_layers);
     for (uint64_t i = path.size(); i < last; ++i) {
       parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
       keys.push_back(parent);
@@ -468,12 +481,15 @@ PrefixResult Offload::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys 
 }
 
 void Offload::unpin(uint64_t pin) {
-  if (!active()) fail(Errc::InvalidArgument, "pin " + u64s(pin) + " is not held (the pool has no tiers)");
+  if (!active())
+    fail(Errc::InvalidArgument, "pin " + u64s(pin) + " is not held (the pool has no tiers)");
   PinRecord rec;
   {
     std::lock_guard g(m_);
     auto it = pins_.find(pin);
-    if (it == pins_.end()) fail(Errc::InvalidArgument, "pin " + u64s(pin) + " is not held (never given, or already unpinned)");
+    if (it == pins_.end())
+      fail(Errc::InvalidArgument,
+           "pin " + u64s(pin) + " is not held (never given, or already unpinned)");
     rec = std::move(it->second);
     pins_.erase(it);
     for (auto &[t, k] : rec.keys) --t->pinned;
@@ -489,7 +505,8 @@ uint64_t Offload::prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &k
   L.sync = sync;
   {
     std::shared_lock lk(c_.mu_);
-    if (!pc_.enabled()) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+    if (!pc_.enabled())
+      fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
     if (!active()) fail(Errc::InvalidArgument, "the pool has no tiers (kvc_pool_add_tier)");
     const PrefixState &ps = *pc_.state();
     const uint64_t bs = c_.cfg_.block_size;
@@ -501,7 +518,8 @@ uint64_t Offload::prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &k
       L.xd = prefix::prefix_extras_digest(ps.hasher, kx);
       BlockKey parent = L.parent;
       std::vector<uint8_t> scratch;
-      const uint64_t last = std::min<uint64_t>((n - 1) / bs, path.size() + c_.alloc_.num_blocks() / c_.cfg_.num_layers);
+      const uint64_t last = std::min<uint64_t>(
+          (n - 1) / bs, path.size() + c_.alloc_.num_blocks() / c_.cfg_.num_layers);
       for (uint64_t i = path.size(); i < last; ++i) {
         parent = ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
         L.keys.push_back(parent);
@@ -528,12 +546,14 @@ uint64_t Offload::prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &k
   const uint64_t nl = c_.cfg_.num_layers;
   // Reserve the blocks now (the pool's own prefix path stays: referenced
   // while reserving, so the reservation cannot reclaim the chain it extends).
-  const std::vector<uint32_t> path = prefix::prefix_walk_path(*pc_.state(), c_.cfg_.block_size, tokens, n, kx);
+  const std::vector<uint32_t> path =
+      prefix::prefix_walk_path(*pc_.state(), c_.cfg_.block_size, tokens, n, kx);
   std::vector<int32_t> held_path;
   for (uint32_t e : path)
     for (int32_t b : pc_.state()->entries[e].blocks)
       if (c_.alloc_.state(b) == BlockAllocator::State::Cached) held_path.push_back(b);
-  const uint64_t can = (c_.alloc_.available() - std::min<uint64_t>(c_.alloc_.available(), held_path.size())) / nl;
+  const uint64_t can =
+      (c_.alloc_.available() - std::min<uint64_t>(c_.alloc_.available(), held_path.size())) / nl;
   const uint64_t k = std::min<uint64_t>(held, can);
   L.keys.resize(k);
   L.tokens.resize(k);
@@ -562,13 +582,14 @@ uint64_t Offload::prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &k
 }
 
 void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_t>> &payloads,
-                        const std::vector<uint32_t> &from) {
+                           const std::vector<uint32_t> &from) {
   std::unique_lock lk(c_.mu_);
   std::lock_guard g(m_);
   auto it = loads_.find(ticket);
   if (it == loads_.end()) return;
   PendingLoad &L = it->second;
-  if (L.state != LoadState::Pending) return;  // timed out: its blocks went back to the pool; the late answer is dropped
+  if (L.state != LoadState::Pending)
+    return;  // timed out: its blocks went back to the pool; the late answer is dropped
   PrefixState &ps = *pc_.state();
   const uint64_t nl = c_.cfg_.num_layers, bs = c_.cfg_.block_size;
   const uint32_t n_scales = static_cast<uint32_t>(c_.fmt_.scale_parts() * nl);
@@ -605,7 +626,8 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
         get<uint64_t>(q + 16) == c_.block_stride_ && get<uint64_t>(q + 24) == L.first_depth + i &&
         get<uint32_t>(q + 36) == n_scales && std::memcmp(q + 40, parent.b.data(), 32) == 0 &&
         std::memcmp(q + kPayloadHeader, L.tokens[i].data(), bs * 4) == 0 && extras_ok();
-    if (!valid) {  // not this block (a collision, another layout): a refused record, the chain stops here
+    if (!valid) {  // not this block (a collision, another layout): a refused record, the chain
+                   // stops here
       if (from[i] < ts.size()) ts[from[i]]->other_errors.fetch_add(1, std::memory_order_relaxed);
       break;
     }
@@ -640,8 +662,10 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
     const uint8_t *blocks = q + head;
     const int32_t *dst = L.reserved.data() + i * nl;
     c_.store_->from_host(dst, nl, blocks);
-    for (uint64_t li = 0; li < nl; ++li) c_.written_.set(dst[li], 0, c_.cfg_.block_size);  // a whole registered block
-    parent_entry = pc_.register_entry(k, parent, parent_entry, L.first_depth + i, L.tokens[i].data(), L.xd, L.xb, dst);
+    for (uint64_t li = 0; li < nl; ++li)
+      c_.written_.set(dst[li], 0, c_.cfg_.block_size);  // a whole registered block
+    parent_entry = pc_.register_entry(k, parent, parent_entry, L.first_depth + i,
+                                      L.tokens[i].data(), L.xd, L.xb, dst);
     parent = k;
     if (from[i] < ts.size()) ts[from[i]]->promotions.fetch_add(1, std::memory_order_relaxed);
     ++loaded;
@@ -669,20 +693,23 @@ void Offload::expire_loads() {
 }
 
 LoadState Offload::poll(uint64_t ticket, bool wait, uint64_t *loaded_tokens) {
-  if (!active()) fail(Errc::InvalidArgument, "ticket " + u64s(ticket) + " is unknown (the pool has no tiers)");
+  if (!active())
+    fail(Errc::InvalidArgument, "ticket " + u64s(ticket) + " is unknown (the pool has no tiers)");
   std::unique_lock g(m_);
   auto it = loads_.find(ticket);
   // A synchronous load's ticket is its own (never polled by anyone else).
   if (it == loads_.end() || it->second.sync != wait)
-    fail(Errc::InvalidArgument, "ticket " + u64s(ticket) +
-                                    " is unknown to this pool (never given by kvc_prefix_prefetch, or already reported)");
+    fail(Errc::InvalidArgument,
+         "ticket " + u64s(ticket) +
+             " is unknown to this pool (never given by kvc_prefix_prefetch, or already reported)");
   if (wait) {
     // Looked up again after each wake: the map may have rehashed meanwhile.
     done_cv_.wait(g, [&] {
       it = loads_.find(ticket);
       return it == loads_.end() || it->second.state != LoadState::Pending;
     });
-    if (it == loads_.end()) fail(Errc::Internal, "load " + u64s(ticket) + " vanished while waited for");
+    if (it == loads_.end())
+      fail(Errc::Internal, "load " + u64s(ticket) + " vanished while waited for");
   }
   const LoadState s = it->second.state;
   if (loaded_tokens) *loaded_tokens = s == LoadState::Done ? it->second.loaded_tokens : 0;

@@ -23,9 +23,11 @@ namespace kvc::tier {
 // Test hooks (tests only; empty by default). Set them while no pool with tiers
 // runs or from the test thread; they are copied under a mutex before use.
 struct TestHooks {
-  bool pause_writer = false;                     // the demotion writer takes nothing from its queue
-  std::function<void(const BlockKey &)> before_get;   // loader, before each tier read (may block: a tier that never answers)
-  std::function<bool(const BlockKey &)> fail_put;     // true: this demotion write fails (an injected error)
+  bool pause_writer = false;  // the demotion writer takes nothing from its queue
+  std::function<void(const BlockKey &)>
+      before_get;  // loader, before each tier read (may block: a tier that never answers)
+  std::function<bool(const BlockKey &)>
+      fail_put;  // true: this demotion write fails (an injected error)
 };
 TestHooks get_test_hooks();
 void set_test_hooks(const TestHooks &h);
@@ -49,13 +51,13 @@ struct Demotion {
 };
 
 struct PendingLoad {
-  std::vector<BlockKey> keys;            // blocks to load, in chain order
+  std::vector<BlockKey> keys;                // blocks to load, in chain order
   std::vector<std::vector<int32_t>> tokens;  // their token ids (verified against the record)
-  BlockKey parent;                       // key before keys[0] (the root for depth 1)
+  BlockKey parent;                           // key before keys[0] (the root for depth 1)
   uint64_t first_depth = 1;
-  std::vector<uint8_t> xb;                // extras encoding
-  BlockKey xd;                           // extras digest
-  std::vector<int32_t> reserved;          // [keys.size()][num_layers] pool blocks (reference 1)
+  std::vector<uint8_t> xb;        // extras encoding
+  BlockKey xd;                    // extras digest
+  std::vector<int32_t> reserved;  // [keys.size()][num_layers] pool blocks (reference 1)
   std::chrono::steady_clock::time_point deadline;
   LoadState state = LoadState::Pending;
   uint64_t loaded_tokens = 0;
@@ -90,12 +92,15 @@ class Offload {
   // Adds the tier `make` opens (which may throw) once the pool can take it.
   uint32_t add_tier(const std::function<std::unique_ptr<tier::Tier>()> &make, int32_t kind);
   // The tier a description names (tier/factory.h: checked before anything changes).
-  uint32_t add_tier(const tier::Spec &spec) { return add_tier(tier::tier_maker(spec), static_cast<int32_t>(spec.kind)); }
+  uint32_t add_tier(const tier::Spec &spec) {
+    return add_tier(tier::tier_maker(spec), static_cast<int32_t>(spec.kind));
+  }
   void set_offload(uint32_t queue_blocks, uint32_t load_timeout_ms);
   uint32_t num_tiers() const;
   TierCounts counts(uint32_t index) const;
   // Lookup through the pool and then the tiers; `pin`: pins the tier blocks found.
-  PrefixResult lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial, bool pin);
+  PrefixResult lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial,
+                      bool pin);
   void unpin(uint64_t pin);
   // Queues the registered blocks of a prompt for writing to every tier; returns blocks queued.
   uint64_t offload(const int32_t *tokens, uint64_t n, const ExtraKeys &kx);
@@ -118,7 +123,7 @@ class Offload {
 
  private:
   std::vector<TierSlot *> snapshot() const;  // m_ held
-  uint32_t num_tiers_locked() const;          // m_ not held
+  uint32_t num_tiers_locked() const;         // m_ not held
   bool stopping();                           // m_ not held
   void start();                              // m_ not held; starts the threads once
   void writer_loop();

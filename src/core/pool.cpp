@@ -17,7 +17,9 @@ PoolConfig validated(const PoolConfig &cfg) {
 }
 }  // namespace
 
-Pool::Pool(const PoolConfig &cfg) : PoolCore(validated(cfg)), prefix_(std::make_unique<PrefixCache>(static_cast<PoolCore &>(*this))) {}
+Pool::Pool(const PoolConfig &cfg)
+    : PoolCore(validated(cfg)),
+      prefix_(std::make_unique<PrefixCache>(static_cast<PoolCore &>(*this))) {}
 
 Pool::~Pool() {
   prefix_->tiers().shutdown();  // the offload threads call into the pool: stopped first

@@ -52,9 +52,10 @@ class Pool : private PoolCore {
   void seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping);
 
   // ---- write / read ----
-  void append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k, const void *v, DType src);
-  void gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void *k_out, void *v_out, DType dst,
-              int32_t *positions_out) const;
+  void append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k, const void *v,
+              DType src);
+  void gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void *k_out, void *v_out,
+              DType dst, int32_t *positions_out) const;
   size_t block_table(uint64_t id, uint32_t layer, int32_t *out, size_t capacity) const;
   size_t export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n_seqs, int32_t *indptr,
                            int32_t *indices, size_t capacity, int32_t *last_page_len) const;
@@ -62,8 +63,8 @@ class Pool : private PoolCore {
   // Decode (prefill false): every query sees all of its sequence's tokens.
   // Prefill: one sequence; query i is the layer's token n - n_q + i and sees
   // tokens [0, n - n_q + i] (causal).
-  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q, bool prefill,
-                 void *out, float *lse, const AttnParams &p);
+  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                 bool prefill, void *out, float *lse, const AttnParams &p);
 
   // ---- eviction (evict.cpp) ----
   // The policy of sequence `id`, or (no id) the pool's default.
@@ -73,8 +74,10 @@ class Pool : private PoolCore {
   void evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped);
   // Keeps exactly the tokens keep_idx[0..n_keep) (strictly increasing) of one
   // layer and drops the others, as an eviction does (kvc_seq_keep).
-  void keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep, uint64_t *dropped);
-  void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n, bool accumulate);
+  void keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep,
+                   uint64_t *dropped);
+  void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n,
+                      bool accumulate);
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
 

@@ -22,8 +22,8 @@
 
 namespace kvc::core {
 
-using policy::LayerView;
 using policy::layer_target;
+using policy::LayerView;
 using policy::PolicyKind;
 using policy::PolicySpec;
 using policy::select_keep;
@@ -116,10 +116,16 @@ inline BlockDiv block_div(uint64_t v) {
   const bool pow2 = (v & (v - 1)) == 0;
   return {v, pow2 ? static_cast<uint32_t>(__builtin_ctzll(v)) : 64u};
 }
-inline uint64_t operator/(uint64_t x, BlockDiv d) { return d.shift < 64 ? x >> d.shift : x / d.v; }
-inline uint64_t operator%(uint64_t x, BlockDiv d) { return d.shift < 64 ? x & (d.v - 1) : x % d.v; }
+inline uint64_t operator/(uint64_t x, BlockDiv d) {
+  return d.shift < 64 ? x >> d.shift : x / d.v;
+}
+inline uint64_t operator%(uint64_t x, BlockDiv d) {
+  return d.shift < 64 ? x & (d.v - 1) : x % d.v;
+}
 
-inline std::string u64s(uint64_t v) { return std::to_string(v); }
+inline std::string u64s(uint64_t v) {
+  return std::to_string(v);
+}
 
 // Largest token count and block id (block tables hold int32).
 constexpr uint64_t kMaxLength = 0x7fffffffu;
@@ -193,7 +199,8 @@ struct PoolCore {
   void check_policy_fits(const PolicySpec *p) const;
   // Plans and applies an eviction of every layer of `s`: all checks first,
   // then changes that cannot fail.
-  void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new, uint64_t *dropped);
+  void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new,
+                    uint64_t *dropped);
   // The apply half of an eviction: keep[li] (the survivors of layer li, for
   // the layers whose first_write is set), copy-on-write first. Throws only
   // before the first change (PoolExhausted when cow_needed blocks are missing).

@@ -17,18 +17,21 @@ PrefixCache::PrefixCache(PoolCore &c) : c_(c), offload_(std::make_unique<Offload
 PrefixCache::~PrefixCache() = default;
 
 void PrefixCache::need_enabled() const {
-  if (!st_) fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
+  if (!st_)
+    fail(Errc::InvalidArgument, "the prefix cache is not enabled (kvc_pool_enable_prefix_cache)");
 }
 
 void PrefixCache::enable(const PrefixConfig &c) {
   std::unique_lock lk(c_.mu_);
   if (st_) fail(Errc::InvalidArgument, "the prefix cache of this pool is already enabled");
   if (c.hash != PrefixHash::Sha256 && c.hash != PrefixHash::Xxh3_128)
-    fail(Errc::InvalidArgument, "unknown prefix hash " + std::to_string(static_cast<int32_t>(c.hash)));
+    fail(Errc::InvalidArgument,
+         "unknown prefix hash " + std::to_string(static_cast<int32_t>(c.hash)));
   if (c_.stage_.active)
-    fail(Errc::Unsupported, "the prefix cache needs a pool without a residual window, hybrid precision, "
-                            "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
-                            "as they age)");
+    fail(Errc::Unsupported,
+         "the prefix cache needs a pool without a residual window, hybrid precision, "
+         "per-channel (KIVI) codec or attention sinks (their tokens are staged and encoded "
+         "as they age)");
   prefix::check_extra_key_names(c.extra_key_names);
   auto st = std::make_unique<PrefixState>(c.hash);
   st->verify_tokens = c.verify_tokens;
@@ -55,10 +58,12 @@ uint32_t PrefixCache::key_size() const {
   return st_->hasher.key_size();
 }
 
-void PrefixCache::set_callback(PrefixEventFn fn, void *user, const std::function<void()> &under_lock) {
+void PrefixCache::set_callback(PrefixEventFn fn, void *user,
+                               const std::function<void()> &under_lock) {
   std::unique_lock lk(c_.mu_);
   need_enabled();
-  if (under_lock) under_lock();  // the caller's state the callback reads, changed while no event can run
+  if (under_lock)
+    under_lock();  // the caller's state the callback reads, changed while no event can run
   st_->callback = fn;
   st_->user = user;
 }
@@ -90,10 +95,12 @@ void PrefixCache::drop_entry(uint32_t e, int32_t taken) {
       const int64_t pe = ps.map.find(en.parent);
       siblings = pe >= 0 ? &ps.entries[static_cast<size_t>(pe)].children : nullptr;
     }
-    if (siblings) siblings->erase(std::remove(siblings->begin(), siblings->end(), x), siblings->end());
+    if (siblings)
+      siblings->erase(std::remove(siblings->begin(), siblings->end(), x), siblings->end());
     en.live = false;
     ++ps.stats.removed;
-    if (ps.callback) ps.callback(ps.user, 1, en.key.b.data(), en.parent.b.data(), ps.hasher.key_size(), en.depth);
+    if (ps.callback)
+      ps.callback(ps.user, 1, en.key.b.data(), en.parent.b.data(), ps.hasher.key_size(), en.depth);
     en.blocks.clear();
     en.tokens.clear();
     ps.free_entries.push_back(x);
@@ -180,7 +187,8 @@ PrefixResult PrefixCache::attach(uint64_t id, const int32_t *tokens, uint64_t n,
   PrefixResult r;
   const prefix::Walk w = prefix::walk(ps, bs, tokens, n, kx, partial);
   const std::vector<uint32_t> &path = w.path;
-  const PrefixEntry *part_src = w.partial_entry >= 0 ? &ps.entries[static_cast<size_t>(w.partial_entry)] : nullptr;
+  const PrefixEntry *part_src =
+      w.partial_entry >= 0 ? &ps.entries[static_cast<size_t>(w.partial_entry)] : nullptr;
   r.hit_blocks = path.size();
   r.hit_tokens = r.hit_blocks * bs;
   r.partial_tokens = w.partial_tokens;
@@ -190,7 +198,8 @@ PrefixResult PrefixCache::attach(uint64_t id, const int32_t *tokens, uint64_t n,
     uint64_t pinned = 0;
     std::vector<int32_t> seen;
     auto count = [&](int32_t b) {
-      if (c_.alloc_.state(b) == BlockAllocator::State::Cached && std::find(seen.begin(), seen.end(), b) == seen.end()) {
+      if (c_.alloc_.state(b) == BlockAllocator::State::Cached &&
+          std::find(seen.begin(), seen.end(), b) == seen.end()) {
         seen.push_back(b);
         ++pinned;
       }
@@ -240,9 +249,10 @@ PrefixResult PrefixCache::attach(uint64_t id, const int32_t *tokens, uint64_t n,
   return r;
 }
 
-uint32_t PrefixCache::register_entry(const BlockKey &k, const BlockKey &parent, int64_t parent_entry, uint64_t depth,
-                               const int32_t *tokens, const BlockKey &xd, const std::vector<uint8_t> &xb,
-                               const int32_t *blocks) {
+uint32_t PrefixCache::register_entry(const BlockKey &k, const BlockKey &parent,
+                                     int64_t parent_entry, uint64_t depth, const int32_t *tokens,
+                                     const BlockKey &xd, const std::vector<uint8_t> &xb,
+                                     const int32_t *blocks) {
   PrefixState &ps = *st_;
   const uint64_t bs = c_.cfg_.block_size, nl = c_.cfg_.num_layers;
   uint32_t e;
@@ -266,9 +276,11 @@ uint32_t PrefixCache::register_entry(const BlockKey &k, const BlockKey &parent, 
   en.children.clear();
   en.live = true;
   ps.map.insert(k, e);
-  (parent_entry >= 0 ? ps.entries[static_cast<uint64_t>(parent_entry)].children : ps.root_children).push_back(e);
+  (parent_entry >= 0 ? ps.entries[static_cast<uint64_t>(parent_entry)].children : ps.root_children)
+      .push_back(e);
   ++ps.stats.inserted;
-  if (ps.callback) ps.callback(ps.user, 0, k.b.data(), parent.b.data(), ps.hasher.key_size(), en.depth);
+  if (ps.callback)
+    ps.callback(ps.user, 0, k.b.data(), parent.b.data(), ps.hasher.key_size(), en.depth);
   return e;
 }
 
@@ -279,7 +291,8 @@ uint64_t PrefixCache::insert(uint64_t id, const int32_t *tokens, uint64_t n, con
   PrefixState &ps = *st_;
   const uint64_t bs = c_.cfg_.block_size, nl = c_.cfg_.num_layers;
   if (n > s.length)
-    fail(Errc::OutOfRange, u64s(n) + " tokens given but sequence " + u64s(id) + " has length " + u64s(s.length));
+    fail(Errc::OutOfRange,
+         u64s(n) + " tokens given but sequence " + u64s(id) + " has length " + u64s(s.length));
   // Whole blocks held unevicted by every layer (positions 0.. in order).
   uint64_t full = n / bs;
   for (const LayerTable &l : s.layers) {
@@ -293,10 +306,11 @@ uint64_t PrefixCache::insert(uint64_t id, const int32_t *tokens, uint64_t n, con
   // reserved but never written refuses the whole call (nothing registered).
   for (uint32_t li = 0; li < nl; ++li)
     if (const uint64_t u = c_.first_unwritten(s.layers[li], 0, full * bs); u != UINT64_MAX)
-      fail(Errc::InvalidArgument, "position " + u64s(s.layers[li].position_of(u)) + " of layer " + u64s(li) +
-                                      " of sequence " + u64s(id) +
-                                      " was reserved but never written (kvc_append): prefix blocks are registered "
-                                      "only once every slot is written; nothing registered");
+      fail(Errc::InvalidArgument,
+           "position " + u64s(s.layers[li].position_of(u)) + " of layer " + u64s(li) +
+               " of sequence " + u64s(id) +
+               " was reserved but never written (kvc_append): prefix blocks are registered "
+               "only once every slot is written; nothing registered");
   const BlockKey xd = prefix::prefix_extras_digest(ps.hasher, kx);
   const std::vector<uint8_t> &xb = kx.enc;
   BlockKey parent = ps.root;
@@ -309,17 +323,21 @@ uint64_t PrefixCache::insert(uint64_t id, const int32_t *tokens, uint64_t n, con
     const int64_t found = ps.map.find(k);
     if (found >= 0) {  // already registered (by this sequence or with the same content by another)
       const PrefixEntry &en = ps.entries[static_cast<size_t>(found)];
-      if (!prefix::verified(ps, en, tokens + i * bs, xb, parent_entry, i + 1)) break;  // a collision: stop
+      if (!prefix::verified(ps, en, tokens + i * bs, xb, parent_entry, i + 1))
+        break;  // a collision: stop
       parent = k;
       parent_entry = found;
       continue;
     }
     bool free_blocks = true;
-    for (uint64_t li = 0; li < nl; ++li) free_blocks = free_blocks && ps.block_entry[s.layers[li].blocks[i]] < 0;
-    if (!free_blocks) break;  // a block registered under another key (cannot be: content is the key) - stop
+    for (uint64_t li = 0; li < nl; ++li)
+      free_blocks = free_blocks && ps.block_entry[s.layers[li].blocks[i]] < 0;
+    if (!free_blocks)
+      break;  // a block registered under another key (cannot be: content is the key) - stop
     std::vector<int32_t> blocks(nl);
     for (uint64_t li = 0; li < nl; ++li) blocks[li] = s.layers[li].blocks[i];
-    const uint32_t e = register_entry(k, parent, parent_entry, i + 1, tokens + i * bs, xd, xb, blocks.data());
+    const uint32_t e =
+        register_entry(k, parent, parent_entry, i + 1, tokens + i * bs, xd, xb, blocks.data());
     ++added;
     parent = k;
     parent_entry = e;
@@ -332,7 +350,8 @@ std::vector<std::string> PrefixCache::registered_keys() const {
   std::vector<std::string> out;
   if (!st_) return out;
   for (const PrefixEntry &en : st_->entries)
-    if (en.live) out.emplace_back(reinterpret_cast<const char *>(en.key.b.data()), st_->hasher.key_size());
+    if (en.live)
+      out.emplace_back(reinterpret_cast<const char *>(en.key.b.data()), st_->hasher.key_size());
   return out;
 }
 
@@ -351,7 +370,8 @@ PrefixCounts PrefixCache::counts() const {
     if (!en.live) continue;
     ++c.registered;
     bool all_cached = true;
-    for (int32_t b : en.blocks) all_cached = all_cached && c_.alloc_.state(b) == BlockAllocator::State::Cached;
+    for (int32_t b : en.blocks)
+      all_cached = all_cached && c_.alloc_.state(b) == BlockAllocator::State::Cached;
     ++(all_cached ? c.reclaimable : c.referenced);
   }
   return c;
@@ -368,14 +388,17 @@ std::string PrefixCache::check() const {
     if (ps.map.find(en.key) != static_cast<int64_t>(e)) return "prefix entry not in the key map";
     if (en.blocks.size() != c_.cfg_.num_layers) return "prefix entry without a block per layer";
     for (int32_t b : en.blocks) {
-      if (ps.block_entry[b] != static_cast<int32_t>(e)) return "prefix block not mapped to its entry";
-      if (c_.alloc_.state(b) == BlockAllocator::State::Free) return "prefix entry holds a free block";
+      if (ps.block_entry[b] != static_cast<int32_t>(e))
+        return "prefix block not mapped to its entry";
+      if (c_.alloc_.state(b) == BlockAllocator::State::Free)
+        return "prefix entry holds a free block";
     }
   }
   if (live != ps.map.size()) return "prefix key map and entries disagree";
   for (size_t b = 0; b < ps.block_entry.size(); ++b) {
     const int32_t e = ps.block_entry[b];
-    if (e >= 0 && !ps.entries[static_cast<size_t>(e)].live) return "block mapped to a dropped prefix entry";
+    if (e >= 0 && !ps.entries[static_cast<size_t>(e)].live)
+      return "block mapped to a dropped prefix entry";
     if (c_.alloc_.state(static_cast<int32_t>(b)) == BlockAllocator::State::Cached && e < 0)
       return "cached block outside the prefix index";
   }

@@ -35,7 +35,8 @@ class PrefixCache final : public BlockEvents {
   // names (docs/prefix-cache.md); the calls below take it.
   ExtraKeys extra_keys(const PrefixExtra *ex, uint32_t nx) const;
   PrefixResult lookup(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial) const;
-  PrefixResult attach(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial);
+  PrefixResult attach(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx,
+                      bool partial);
   uint64_t insert(uint64_t id, const int32_t *tokens, uint64_t n, const ExtraKeys &kx);
   // Chain keys of the full blocks of tokens[0, n): [n / block_size][key_size] bytes.
   void keys(const int32_t *tokens, uint64_t n, const ExtraKeys &kx, uint8_t *out) const;
@@ -54,9 +55,9 @@ class PrefixCache final : public BlockEvents {
   void cached(int32_t b) override;
   // Registers blocks[num_layers] under key k (tokens of one block) as a
   // child of parent_entry (-1: the root); returns the entry.
-  uint32_t register_entry(const BlockKey &k, const BlockKey &parent, int64_t parent_entry, uint64_t depth,
-                          const int32_t *tokens, const BlockKey &xd, const std::vector<uint8_t> &xb,
-                          const int32_t *blocks);
+  uint32_t register_entry(const BlockKey &k, const BlockKey &parent, int64_t parent_entry,
+                          uint64_t depth, const int32_t *tokens, const BlockKey &xd,
+                          const std::vector<uint8_t> &xb, const int32_t *blocks);
   // The index (null while disabled); the offload tiers read it under the pool lock.
   PrefixState *state() const { return st_.get(); }
   // "" or the first violation of the index's invariants (shared lock held).

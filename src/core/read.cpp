@@ -12,8 +12,8 @@
 
 namespace kvc::core {
 
-void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void *k_out,
-                  void *v_out, DType dst, int32_t *positions_out) const {
+void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void *k_out, void *v_out,
+                  DType dst, int32_t *positions_out) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
   check_layer(layer);
@@ -23,7 +23,8 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
                                u64s(l.n_tokens) + " tokens of layer " + u64s(layer));
   store_->read(layer, l, first, n, k_out, v_out, dst);
   if (positions_out)
-    for (uint64_t i = 0; i < n; ++i) positions_out[i] = static_cast<int32_t>(l.position_of(first + i));
+    for (uint64_t i = 0; i < n; ++i)
+      positions_out[i] = static_cast<int32_t>(l.position_of(first + i));
 }
 
 size_t Pool::block_table(uint64_t id, uint32_t layer, int32_t *out, size_t capacity) const {
@@ -97,7 +98,8 @@ std::pair<float, float> Pool::tensor_scales(uint32_t layer) const {
   check_layer(layer);
   float r[2] = {0.0f, 0.0f};
   for (int kv = 0; kv < 2; ++kv)
-    if (fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor) r[kv] = fmt_.tensor_scale(kv, layer);
+    if (fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor)
+      r[kv] = fmt_.tensor_scale(kv, layer);
   return {r[0], r[1]};
 }
 
@@ -114,31 +116,37 @@ void Pool::set_stream(void *stream) {
 void Pool::sync() {
   const uint64_t refused = store_->sync();
   if (refused)
-    fail(Errc::NonFinite, u64s(refused) + (refused == 1 ? " append" : " appends") +
-                              " since the last sync held NaN or Inf (or values too large to rotate) in a "
-                              "quantized part; none of their values were written");
+    fail(Errc::NonFinite,
+         u64s(refused) + (refused == 1 ? " append" : " appends") +
+             " since the last sync held NaN or Inf (or values too large to rotate) in a "
+             "quantized part; none of their values were written");
 }
 
 void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host) {
   if (n && (!blocks || !host)) fail(Errc::NullPointer, "blocks or host is NULL");
-  if (n > (uint64_t(1) << 40) / block_stride_) fail(Errc::Overflow, "n_blocks " + u64s(n) + " is too large");
+  if (n > (uint64_t(1) << 40) / block_stride_)
+    fail(Errc::Overflow, "n_blocks " + u64s(n) + " is too large");
   std::unique_lock lk(mu_);
   for (size_t i = 0; i < n; ++i)
     if (blocks[i] < 0 || static_cast<uint64_t>(blocks[i]) >= cfg_.num_blocks)
-      fail(Errc::OutOfRange, "block " + std::to_string(blocks[i]) + " (index " + u64s(i) + "): the pool has " +
-                                 u64s(cfg_.num_blocks) + " blocks; nothing copied");
+      fail(Errc::OutOfRange, "block " + std::to_string(blocks[i]) + " (index " + u64s(i) +
+                                 "): the pool has " + u64s(cfg_.num_blocks) +
+                                 " blocks; nothing copied");
   if (!to_host) {
     for (size_t i = 0; i < n; ++i)
       if (alloc_.refcount(blocks[i]) == 0)
-        fail(Errc::InvalidArgument, "block " + std::to_string(blocks[i]) + " (index " + u64s(i) +
-                                        ") is not held by any sequence (free or only cached): copy into blocks "
-                                        "a sequence holds; nothing copied");
+        fail(Errc::InvalidArgument,
+             "block " + std::to_string(blocks[i]) + " (index " + u64s(i) +
+                 ") is not held by any sequence (free or only cached): copy into blocks "
+                 "a sequence holds; nothing copied");
     for (size_t i = 0; i < n; ++i) prefix_drop_block(blocks[i]);  // content changes
   }
   if (!to_host)  // the engine wrote every slot of these blocks
     for (size_t i = 0; i < n; ++i) written_.set(blocks[i], 0, cfg_.block_size);
-  if (to_host) store_->to_host(blocks, n, static_cast<uint8_t *>(host));
-  else store_->from_host(blocks, n, static_cast<const uint8_t *>(host));
+  if (to_host)
+    store_->to_host(blocks, n, static_cast<uint8_t *>(host));
+  else
+    store_->from_host(blocks, n, static_cast<const uint8_t *>(host));
 }
 
 }  // namespace kvc::core

@@ -30,7 +30,7 @@ void Pool::seq_fork(uint64_t parent, uint64_t child) {
     fail(Errc::PoolExhausted, "pool exhausted: the child's attention-sink copies need " +
                                   u64s(p.sink_blocks.size()) + " residual blocks, " +
                                   u64s(stage_.alloc.available()) + " available");
-  auto c = std::make_unique<Sequence>(p);  // may throw: nothing changed yet
+  auto c = std::make_unique<Sequence>(p);            // may throw: nothing changed yet
   Sequence *cp = seqs_.insert(child, std::move(c));  // may throw: nothing changed yet
   for (const LayerTable &l : cp->layers) {
     tokens_stored_ += l.n_tokens;
@@ -56,10 +56,11 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
   const uint32_t unit = stage_.unit;
   // Tokens a layer keeps (computed twice, without a heap allocation).
   auto keep_of = [&](const LayerTable &l) -> uint64_t {
-    if (new_length >= l.tail_pos) return std::min(l.n_tokens, l.tail_index + (new_length - l.tail_pos));
-    return static_cast<uint64_t>(std::lower_bound(l.positions.begin(), l.positions.end(),
-                                                  static_cast<int64_t>(new_length)) -
-                                 l.positions.begin());
+    if (new_length >= l.tail_pos)
+      return std::min(l.n_tokens, l.tail_index + (new_length - l.tail_pos));
+    return static_cast<uint64_t>(
+        std::lower_bound(l.positions.begin(), l.positions.end(), static_cast<int64_t>(new_length)) -
+        l.positions.begin());
   };
   // A per-channel group cut in the middle is re-staged in the residual:
   // check the residual blocks that needs before anything changes.
@@ -70,9 +71,11 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
       if (keep < l.n_lp && keep % unit != 0) res_needed += (keep % unit + bs - 1) / bs;
     }
     if (res_needed > stage_.alloc.available())
-      fail(Errc::PoolExhausted, "pool exhausted: truncating into a per-channel group re-stages its "
-                                "tokens and needs " + u64s(res_needed) + " residual blocks, " +
-                                u64s(stage_.alloc.available()) + " available");
+      fail(Errc::PoolExhausted,
+           "pool exhausted: truncating into a per-channel group re-stages its "
+           "tokens and needs " +
+               u64s(res_needed) + " residual blocks, " + u64s(stage_.alloc.available()) +
+               " available");
     for (LayerTable &l : s.layers) l.res_blocks.reserve(l.res_blocks.size() + 2);  // may throw
   }
   // From here on nothing throws.
@@ -90,7 +93,8 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
       l.tail_pos = new_length;
     }
     if (keep >= l.n_lp) {  // cut inside the residual
-      const size_t keep_res = keep == l.n_lp ? 0 : static_cast<size_t>((l.res_off + keep - l.n_lp + bs - 1) / bs);
+      const size_t keep_res =
+          keep == l.n_lp ? 0 : static_cast<size_t>((l.res_off + keep - l.n_lp + bs - 1) / bs);
       while (l.res_blocks.size() > keep_res) {
         stage_.release(l.res_blocks.back());
         l.res_blocks.pop_back();
@@ -109,17 +113,17 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
         float *buf = scratch_input(2 * partial * row);
         const uint8_t *blk = block_ptr(l.blocks[lp / bs]);
         fmt_.read_part(0, li, blk, static_cast<uint32_t>(lp % bs), partial,
-                  reinterpret_cast<uint8_t *>(buf), DType::F32, l, lp);
+                       reinterpret_cast<uint8_t *>(buf), DType::F32, l, lp);
         fmt_.read_part(1, li, blk, static_cast<uint32_t>(lp % bs), partial,
-                  reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32, l, lp);
+                       reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32, l, lp);
         stage_.overlay_sinks(li, l, lp, partial, reinterpret_cast<uint8_t *>(buf),
-                      reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
+                             reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
         l.res_blocks.push_back(stage_.take());
         stage_.write(stage_.ptr(l.res_blocks[0]), 0, reinterpret_cast<const uint8_t *>(buf),
-                       reinterpret_cast<const uint8_t *>(buf + partial * row), DType::F32, partial);
+                     reinterpret_cast<const uint8_t *>(buf + partial * row), DType::F32, partial);
         for (uint64_t t = 0; t < partial; ++t)  // the re-staged tokens keep their written state
           stage_.written.put(l.res_blocks[0], static_cast<uint32_t>(t),
-                           written_.test(l.blocks[lp / bs], static_cast<uint32_t>(lp % bs + t)));
+                             written_.test(l.blocks[lp / bs], static_cast<uint32_t>(lp % bs + t)));
       }
       l.n_lp = lp;
       const size_t keep_blocks = static_cast<size_t>((lp + bs - 1) / bs);
@@ -200,9 +204,9 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     // Never fits: the sequence alone would hold more blocks than the pool
     // has (its shared blocks counted once, no copy-on-write then needed).
     if (held_after > alloc_.num_blocks())
-      fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
-                                      " more tokens needs " + u64s(held_after) + " blocks (" +
-                                      u64s(cfg_.num_layers) + " layers of " +
+      fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " +
+                                      u64s(n_new) + " more tokens needs " + u64s(held_after) +
+                                      " blocks (" + u64s(cfg_.num_layers) + " layers of " +
                                       u64s((s.layers[0].n_tokens + n_new + bs - 1) / bs) +
                                       "), the pool has " + u64s(alloc_.num_blocks()) + " in all");
     if (needed > alloc_.available())
@@ -219,7 +223,8 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1)
         l.blocks.back() = cow_copy(l.blocks.back());
       else if (l.n_tokens % bs != 0)
-        prefix_drop_block(l.blocks.back());  // its free slots will be written: it leaves the prefix index
+        prefix_drop_block(
+            l.blocks.back());  // its free slots will be written: it leaves the prefix index
       const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
       while (l.blocks.size() < target) l.blocks.push_back(take_block());
       // The new slots are unwritten until an append writes them (device
@@ -285,12 +290,17 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     const uint64_t kept_used = hp_left == n_new ? 0 : kept;
     res_after += total;
     uint64_t take = total > kept_used ? total - kept_used : 0;
-    if (kept_used && (l.res_off + hp_old) % bs != 0 && stage_.alloc.refcount(l.res_blocks.back()) > 1) ++take;
+    if (kept_used && (l.res_off + hp_old) % bs != 0 &&
+        stage_.alloc.refcount(l.res_blocks.back()) > 1)
+      ++take;
     need_res += take;
     const size_t dropped = static_cast<size_t>(l.res_blocks.size() - kept_used);
-    for (size_t i = 0; i < dropped; ++i) res_avail += stage_.alloc.refcount(l.res_blocks[i]) == 1 ? 1 : 0;
-    if (take > res_avail) res_fits = false;
-    else res_avail -= take;
+    for (size_t i = 0; i < dropped; ++i)
+      res_avail += stage_.alloc.refcount(l.res_blocks[i]) == 1 ? 1 : 0;
+    if (take > res_avail)
+      res_fits = false;
+    else
+      res_avail -= take;
   }
   {  // Never fits: what the sequence alone would hold after this reserve.
     // (The residual keeps its offset in its first block: what no one else's
@@ -299,20 +309,23 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     for (uint32_t li = 0; li < cfg_.num_layers; ++li)
       lp_after += (s.layers[li].n_lp + aged[li] + bs - 1) / bs;
     if (lp_after > alloc_.num_blocks() || res_after > stage_.alloc.num_blocks())
-      fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
-                                      " more tokens needs " + u64s(lp_after) + " blocks (the pool has " +
-                                      u64s(alloc_.num_blocks()) + ") and " + u64s(res_after) +
-                                      " residual blocks (the pool has " + u64s(stage_.alloc.num_blocks()) + ")");
+      fail(Errc::ExceedsCapacity,
+           "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
+               " more tokens needs " + u64s(lp_after) + " blocks (the pool has " +
+               u64s(alloc_.num_blocks()) + ") and " + u64s(res_after) +
+               " residual blocks (the pool has " + u64s(stage_.alloc.num_blocks()) + ")");
   }
   if (need_lp > alloc_.available() || !res_fits)
     fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                   u64s(need_lp) + " blocks (" + u64s(alloc_.available()) +
                                   " available) and " + u64s(need_res) + " residual blocks (" +
-                                  u64s(stage_.alloc.available()) + " available, more as aging frees some)");
+                                  u64s(stage_.alloc.available()) +
+                                  " available, more as aging frees some)");
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {  // may throw bad_alloc: nothing changed yet
     LayerTable &l = s.layers[li];
     const size_t lp_target = static_cast<size_t>((l.n_lp + aged[li] + bs - 1) / bs);
-    if (l.blocks.capacity() < lp_target) l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
+    if (l.blocks.capacity() < lp_target)
+      l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
     const size_t res_target = l.res_blocks.size() + static_cast<size_t>((n_new + bs - 1) / bs) + 1;
     if (l.res_blocks.capacity() < res_target)
       l.res_blocks.reserve(std::max(res_target, 2 * l.res_blocks.capacity()));

@@ -15,7 +15,9 @@ namespace kvc::core {
 
 namespace {
 
-uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
+uint64_t ceil_div(uint64_t a, uint64_t b) {
+  return a / b + (a % b != 0);
+}
 // Saturating arithmetic: sizes beyond 2^64 read as UINT64_MAX (never fit).
 uint64_t sat_mul(uint64_t a, uint64_t b) {
   uint64_t r;
@@ -65,8 +67,8 @@ class SizeModel {
       offset = n < settle_ ? 0 : (enc - encoded_at_reset_) % block_size_;
     }
     const uint64_t res_blocks = staged ? ceil_div(offset + staged, block_size_) : 0;
-    const uint64_t per_layer =
-        sat_add(sat_mul(ceil_div(enc, block_size_), block_bytes_), sat_mul(res_blocks, residual_block_bytes_));
+    const uint64_t per_layer = sat_add(sat_mul(ceil_div(enc, block_size_), block_bytes_),
+                                       sat_mul(res_blocks, residual_block_bytes_));
     return sat_add(sat_mul(layers_, per_layer), sat_mul(sink_blocks_, residual_block_bytes_));
   }
 

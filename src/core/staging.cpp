@@ -58,7 +58,8 @@ uint64_t StagingRules::sink_blocks_needed() const {
 }
 
 uint64_t Staging::stride_of(const PoolConfig &cfg) {
-  return uint64_t(cfg.block_size) * cfg.num_kv_heads * cfg.head_dim * 2 * dtype_bytes(cfg.residual_dtype);
+  return uint64_t(cfg.block_size) * cfg.num_kv_heads * cfg.head_dim * 2 *
+         dtype_bytes(cfg.residual_dtype);
 }
 
 Staging::Staging(PoolCore &core, const PoolConfig &cfg)
@@ -72,7 +73,8 @@ Staging::Staging(PoolCore &core, const PoolConfig &cfg)
   arena_bytes = cfg_.num_residual_blocks * stride;
   // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
   void *r = mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (r == MAP_FAILED) fail(Errc::OutOfMemory, "cannot map " + u64s(arena_bytes) + " bytes of residual blocks");
+  if (r == MAP_FAILED)
+    fail(Errc::OutOfMemory, "cannot map " + u64s(arena_bytes) + " bytes of residual blocks");
   arena = static_cast<uint8_t *>(r);
 }
 
@@ -102,26 +104,29 @@ int32_t Staging::cow(int32_t b) {
 
 void Staging::zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const {
   if (!count) return;
-  const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.residual_dtype);
+  const uint64_t row =
+      static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.residual_dtype);
   std::memset(blk + slot * row, 0, count * row);
   std::memset(blk + (cfg_.block_size + slot) * row, 0, count * row);
 }
 
 // Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
 void Staging::write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
-                          uint64_t count) const {
+                    uint64_t count) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const uint64_t e = dtype_bytes(cfg_.residual_dtype);
   convert_saturating(k, src, blk + slot * row * e, cfg_.residual_dtype, count * row);
-  convert_saturating(v, src, blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, count * row);
+  convert_saturating(v, src, blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype,
+                     count * row);
 }
 
 void Staging::read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
-                         uint8_t *v_out, DType dst) const {
+                   uint8_t *v_out, DType dst) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const uint64_t e = dtype_bytes(cfg_.residual_dtype);
   if (k_out) convert(blk + slot * row * e, cfg_.residual_dtype, k_out, dst, count * row);
-  if (v_out) convert(blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, v_out, dst, count * row);
+  if (v_out)
+    convert(blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, v_out, dst, count * row);
 }
 
 void Staging::assign_sinks(Sequence &s) const {
@@ -132,25 +137,25 @@ void Staging::assign_sinks(Sequence &s) const {
 
 // Copies of tokens [idx0, idx0 + n) of a layer (rows of src from k and v),
 // those below S.
-void Staging::write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, const uint8_t *k,
-                       const uint8_t *v, DType src) const {
+void Staging::write_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n,
+                          const uint8_t *k, const uint8_t *v, DType src) const {
   const uint64_t S = cfg_.residual_sinks;
   if (l.sink_block < 0 || idx0 >= S) return;
   write(ptr(l.sink_block), sink_slot(layer) + static_cast<uint32_t>(idx0), k, v, src,
-                 std::min(n, S - idx0));
+        std::min(n, S - idx0));
 }
 
 // Rows of tokens [idx0, idx0 + n) read from codec blocks into k_out / v_out
 // (either NULL) as dst: the encoded sinks among them are replaced by their
 // copies.
-void Staging::overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n, uint8_t *k_out,
-                         uint8_t *v_out, DType dst) const {
+void Staging::overlay_sinks(uint32_t layer, const LayerTable &l, uint64_t idx0, uint64_t n,
+                            uint8_t *k_out, uint8_t *v_out, DType dst) const {
   const uint64_t S = cfg_.residual_sinks;
   if (l.sink_block < 0) return;
   const uint64_t end = std::min({idx0 + n, S, l.n_lp});
   if (idx0 >= end) return;
   read(ptr(l.sink_block), sink_slot(layer) + static_cast<uint32_t>(idx0), end - idx0, k_out, v_out,
-                dst);
+       dst);
 }
 
 // Rows [0, result) of `n` rows at sequence indices idx0.. are attention
@@ -170,7 +175,8 @@ uint64_t Staging::leading_sinks(const LayerTable &l, uint64_t idx0, uint64_t n) 
 // 2401.18079 section 3.5, which keeps it in fp16 for this reason). So a
 // per-channel group's range comes from its other rows: the sink rows are
 // clamped into it and their codes hold the nearest value in range.
-void Staging::clamp_sinks(const LayerTable &l, uint64_t idx0, uint32_t unit, float *x, uint64_t row) const {
+void Staging::clamp_sinks(const LayerTable &l, uint64_t idx0, uint32_t unit, float *x,
+                          uint64_t row) const {
   const uint64_t first = leading_sinks(l, idx0, unit);
   if (!first) return;
   for (uint64_t c = 0; c < row; ++c) {
@@ -197,20 +203,22 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
     for (uint32_t t = 0; t < unit; ++t) {
       const uint64_t r = l.res_off + done + t;
       read(ptr(l.res_blocks[r / bs]), static_cast<uint32_t>(r % bs), 1,
-                    reinterpret_cast<uint8_t *>(buf + t * row),
-                    reinterpret_cast<uint8_t *>(buf + (unit + t) * row), DType::F32);
+           reinterpret_cast<uint8_t *>(buf + t * row),
+           reinterpret_cast<uint8_t *>(buf + (unit + t) * row), DType::F32);
       // A staged token no append wrote enters its group as zeros (no stale
       // bytes in a shared scale) and stays unwritten.
       c_.zero_unwritten_rows(true, l.res_blocks[r / bs], static_cast<uint32_t>(r % bs), 1,
-                          reinterpret_cast<uint8_t *>(buf + t * row),
-                          reinterpret_cast<uint8_t *>(buf + (unit + t) * row), row * sizeof(float));
+                             reinterpret_cast<uint8_t *>(buf + t * row),
+                             reinterpret_cast<uint8_t *>(buf + (unit + t) * row),
+                             row * sizeof(float));
     }
     // Attention sinks keep their residual rows (exact: residual_dtype in and out).
     write_sinks(layer, l, l.n_lp + done, unit, reinterpret_cast<const uint8_t *>(buf),
                 reinterpret_cast<const uint8_t *>(buf + unit * row), DType::F32);
     if (c_.fmt_.pre_rope)  // keys before RoPE: undo it at each token's RoPE position
       for (uint32_t t = 0; t < unit; ++t)
-        c_.fmt_.pre_rope->rotate(buf + t * row, cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(l.n_lp + done + t)), -1);
+        c_.fmt_.pre_rope->rotate(buf + t * row, cfg_.num_kv_heads,
+                                 static_cast<uint64_t>(l.rope_position_of(l.n_lp + done + t)), -1);
     for (int kv = 0; kv < 2; ++kv) {
       const PartLayout &pl = c_.fmt_.part[kv];
       float *x = buf + kv * unit * row;
@@ -219,7 +227,8 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
       if (pl.quantized && pl.spec.gran == codec::Gran::Channel)
         clamp_sinks(l, l.n_lp + done, unit, x, row);
       if (pl.quantized && pl.spec.gran == codec::Gran::Tensor) {
-        const uint64_t skip = leading_sinks(l, l.n_lp + done, unit);  // sinks saturate: read from their copies
+        const uint64_t skip =
+            leading_sinks(l, l.n_lp + done, unit);  // sinks saturate: read from their copies
         c_.fmt_.calibrate(kv, layer, x + skip * row, (unit - skip) * row);
       }
     }
@@ -228,12 +237,12 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
     uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
     // Plain parts convert from the f32 rows; quantized parts encode them.
     for (int kv = 0; kv < 2; ++kv)
-      c_.fmt_.write_part(kv, layer, blk, reinterpret_cast<const uint8_t *>(buf + kv * unit * row), DType::F32,
-                 buf + kv * unit * row, static_cast<uint32_t>(idx % bs), unit);
+      c_.fmt_.write_part(kv, layer, blk, reinterpret_cast<const uint8_t *>(buf + kv * unit * row),
+                         DType::F32, buf + kv * unit * row, static_cast<uint32_t>(idx % bs), unit);
     for (uint32_t t = 0; t < unit; ++t) {
       const uint64_t r = l.res_off + done + t;
       c_.written_.put(l.blocks[idx / bs], static_cast<uint32_t>((idx + t) % bs),
-                   written.test(l.res_blocks[r / bs], static_cast<uint32_t>(r % bs)));
+                      written.test(l.res_blocks[r / bs], static_cast<uint32_t>(r % bs)));
     }
   }
   l.n_lp += count;
@@ -241,7 +250,8 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
   size_t drop = std::min(static_cast<size_t>(off / bs), l.res_blocks.size());
   if (l.n_lp == l.n_tokens) drop = l.res_blocks.size();  // nothing left in the residual
   for (size_t i = 0; i < drop; ++i) release(l.res_blocks[i]);
-  l.res_blocks.erase(l.res_blocks.begin(), l.res_blocks.begin() + static_cast<std::ptrdiff_t>(drop));
+  l.res_blocks.erase(l.res_blocks.begin(),
+                     l.res_blocks.begin() + static_cast<std::ptrdiff_t>(drop));
   l.res_off = l.res_blocks.empty() ? 0 : static_cast<uint32_t>(off % bs);
 }
 
@@ -252,8 +262,8 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
 // takes them), and the last reserve's own tokens only when this append
 // covered them all (an append of its newest positions ahead of its older
 // ones must not encode positions not written yet). 0 when none.
-static uint64_t written_agable(const LayerTable &l, uint64_t target, uint64_t idx0, uint64_t written_end,
-                               uint32_t unit) {
+static uint64_t written_agable(const LayerTable &l, uint64_t target, uint64_t idx0,
+                               uint64_t written_end, uint32_t unit) {
   const uint64_t hp = l.n_tokens - l.n_lp;
   uint64_t a = hp > target ? hp - target : 0;
   if (written_end != l.n_tokens) return 0;  // only an append of the layer's newest positions
@@ -261,7 +271,8 @@ static uint64_t written_agable(const LayerTable &l, uint64_t target, uint64_t id
   return a - a % unit;
 }
 
-bool Staging::age_due(const Sequence &s, uint32_t layer, uint64_t idx0, uint64_t written_end) const {
+bool Staging::age_due(const Sequence &s, uint32_t layer, uint64_t idx0,
+                      uint64_t written_end) const {
   if (!active) return false;
   return written_agable(s.layers[layer], hp_target(s.length), idx0, written_end, unit) > 0;
 }
@@ -283,7 +294,8 @@ void Staging::age_written(Sequence &s, uint32_t layer, uint64_t idx0, uint64_t w
   if (need > c_.alloc_.available()) return;
   const size_t lp_target = static_cast<size_t>((l.n_lp + a + bs - 1) / bs);
   try {  // the block table's room and age()'s buffer, before any change
-    if (l.blocks.capacity() < lp_target) l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
+    if (l.blocks.capacity() < lp_target)
+      l.blocks.reserve(std::max(lp_target, 2 * l.blocks.capacity()));
     scratch_input(2 * static_cast<uint64_t>(unit) * cfg_.num_kv_heads * cfg_.head_dim);
   } catch (const std::bad_alloc &) {
     return;  // the write stands; the next reserve ages these tokens

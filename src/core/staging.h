@@ -26,11 +26,11 @@ struct PoolCore;
 // The staging rules of a configuration, without an arena.
 struct StagingRules {
   explicit StagingRules(const PoolConfig &cfg);
-  bool active = false;      // the pool has a residual arena
-  uint32_t unit = 1;        // tokens encoded together when aging (a per-channel group size)
-  uint64_t window = 0;      // residual_window
-  double fraction = 0.0;    // residual_fraction
-  uint32_t sinks = 0;       // residual_sinks
+  bool active = false;    // the pool has a residual arena
+  uint32_t unit = 1;      // tokens encoded together when aging (a per-channel group size)
+  uint64_t window = 0;    // residual_window
+  double fraction = 0.0;  // residual_fraction
+  uint32_t sinks = 0;     // residual_sinks
   uint32_t block_size = 16, num_layers = 0;
   // Tokens a layer keeps in the residual at a sequence length.
   uint64_t hp_target(uint64_t length) const {
@@ -62,16 +62,18 @@ class Staging : public StagingRules {
   uint64_t stride = 0, arena_bytes = 0;
 
   uint8_t *ptr(int32_t b) const { return arena + static_cast<uint64_t>(b) * stride; }
-  int32_t take();              // allocate (caller checked availability); nothing written yet
-  void release(int32_t b);     // reference - 1, zero on free (KVC_POOL_ZERO_ON_FREE)
-  int32_t cow(int32_t b);      // fresh private copy of b; releases b
+  int32_t take();           // allocate (caller checked availability); nothing written yet
+  void release(int32_t b);  // reference - 1, zero on free (KVC_POOL_ZERO_ON_FREE)
+  int32_t cow(int32_t b);   // fresh private copy of b; releases b
   // Zeroes slots [slot, slot + count) of a copy of a residual block in host memory.
   void zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const;
 
   // Rows of `count` tokens to / from slots [slot, ...) of a residual block
   // (values saturate to residual_dtype's range: a finite input never becomes Inf).
-  void write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src, uint64_t count) const;
-  void read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out, uint8_t *v_out, DType dst) const;
+  void write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
+             uint64_t count) const;
+  void read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out, uint8_t *v_out,
+            DType dst) const;
 
   // Attention sinks.
   void assign_sinks(Sequence &s) const;  // each layer's sink_block from s.sink_blocks

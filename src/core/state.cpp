@@ -32,7 +32,9 @@ class Writer {
   void put(const void *p, size_t n) {
     if (n == 0) return;  // p may be NULL (an empty vector's data)
     const size_t at = b_.size();
-    b_.resize(at + n);  // (insert() of a range makes GCC 12 -O3 warn: -Wstringop-overflow, a false positive)
+    b_.resize(
+        at +
+        n);  // (insert() of a range makes GCC 12 -O3 warn: -Wstringop-overflow, a false positive)
     std::memcpy(b_.data() + at, p, n);
   }
 
@@ -87,7 +89,8 @@ std::vector<uint8_t> state_fingerprint(const PoolConfig &c) {
 }
 
 // The first fields of a fingerprint, for a message saying what differs.
-std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t *theirs, uint64_t n) {
+std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t *theirs,
+                                uint64_t n) {
   static const char *const names[] = {"num_layers", "num_q_heads", "num_kv_heads", "head_dim",
                                       "block_size", "k_dtype",     "v_dtype",      "layout"};
   std::string diff;
@@ -95,9 +98,12 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
     uint32_t a, b;
     std::memcpy(&a, mine.data() + 4 * i, 4);
     std::memcpy(&b, theirs + 4 * i, 4);
-    if (a != b) diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) + " (this pool: " + u64s(a) + ")";
+    if (a != b)
+      diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) +
+              " (this pool: " + u64s(a) + ")";
   }
-  return diff.empty() ? "codecs, scales, residual window, attention sinks or RoPE settings differ" : diff;
+  return diff.empty() ? "codecs, scales, residual window, attention sinks or RoPE settings differ"
+                      : diff;
 }
 
 // Streams a record to a RecordSink: the header first (checksum 0), the rest
@@ -155,7 +161,8 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
   const std::vector<uint8_t> fp = state_fingerprint(cfg_);
   uint64_t total = kHeader + 4 + fp.size() + 8 + 4 + 4;
   for (const LayerTable &l : s.layers) {
-    total += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 + l.scores.size() * sizeof(float);
+    total += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 +
+             l.scores.size() * sizeof(float);
     total += l.blocks.size() * block_stride_ + l.res_blocks.size() * stage_.stride;
   }
   if (cfg_.residual_sinks) total += 4 + s.sink_blocks.size() * stage_.stride;
@@ -183,7 +190,8 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
     w.u32(static_cast<uint32_t>(l.blocks.size()));
     w.u32(static_cast<uint32_t>(l.res_blocks.size()));
     for (int kv = 0; kv < 2; ++kv) {
-      const bool per_tensor = fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
+      const bool per_tensor =
+          fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
       w.u32(per_tensor ? fmt_.scale[kv][li].load(std::memory_order_acquire) : 0u);
     }
     w.u64(l.positions.size());
@@ -215,13 +223,15 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
         if (held < bs) fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(held), bs - held);
         if (!clean)
           for (uint64_t t = 0; t < held; ++t)
-            if (!written_.test(l.blocks[i], static_cast<uint32_t>(t))) fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
+            if (!written_.test(l.blocks[i], static_cast<uint32_t>(t)))
+              fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
       }
       w.put(src, block_stride_);
     }
     const uint64_t hp = l.n_tokens - l.n_lp;
     for (size_t i = 0; i < l.res_blocks.size(); ++i) {
-      const uint64_t b0 = i * bs, lo = l.res_off, hi = l.res_off + hp;  // held residual slots [lo, hi)
+      const uint64_t b0 = i * bs, lo = l.res_off,
+                     hi = l.res_off + hp;  // held residual slots [lo, hi)
       const uint64_t from = std::max(b0, lo) - b0, to = std::min(b0 + bs, hi) - b0;
       if (from == 0 && to == bs && stage_.written.all(l.res_blocks[i], 0, bs)) {
         w.put(stage_.ptr(l.res_blocks[i]), stage_.stride);
@@ -231,7 +241,8 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
       stage_.zero_slots(tmp.data(), 0, static_cast<uint32_t>(from));
       stage_.zero_slots(tmp.data(), static_cast<uint32_t>(to), bs - to);
       for (uint64_t t = from; t < to; ++t)
-        if (!stage_.written.test(l.res_blocks[i], static_cast<uint32_t>(t))) stage_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
+        if (!stage_.written.test(l.res_blocks[i], static_cast<uint32_t>(t)))
+          stage_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
       w.put(tmp.data(), stage_.stride);
     }
   }
@@ -246,7 +257,8 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
         const LayerTable &l = s.layers[li];
         const uint64_t held = std::min<uint64_t>(l.n_lp, cfg_.residual_sinks);
         for (uint64_t t = 0; t < held; ++t)
-          if (written_.test(l.blocks[t / bs], static_cast<uint32_t>(t % bs))) keep[stage_.sink_slot(li) + t] = 1;
+          if (written_.test(l.blocks[t / bs], static_cast<uint32_t>(t % bs)))
+            keep[stage_.sink_slot(li) + t] = 1;
       }
     for (uint32_t t = 0; t < bs; ++t)
       if (!keep[t]) stage_.zero_slots(tmp.data(), t, 1);
@@ -259,23 +271,28 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
 void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   // Parse and check everything before the pool is touched.
   if (size < kHeader) Reader::corrupt("is " + u64s(size) + " bytes, shorter than its header");
-  if (std::memcmp(data, kMagic, 4) != 0) Reader::corrupt("does not start with \"KVCS\" (not a sequence record)");
+  if (std::memcmp(data, kMagic, 4) != 0)
+    Reader::corrupt("does not start with \"KVCS\" (not a sequence record)");
   Reader r(data, size);
   r.take(4);
   const uint32_t format = r.u32();
   if (format != kFormat && format != kFormatUnwritten)
-    fail(Errc::Incompatible, "sequence record format " + u64s(format) + ": this library reads formats " +
-                                 u64s(kFormat) + " and " + u64s(kFormatUnwritten) + "; nothing restored");
+    fail(Errc::Incompatible, "sequence record format " + u64s(format) +
+                                 ": this library reads formats " + u64s(kFormat) + " and " +
+                                 u64s(kFormatUnwritten) + "; nothing restored");
   const uint64_t total = r.u64();
-  if (total != size) Reader::corrupt("says it is " + u64s(total) + " bytes, " + u64s(size) + " were given");
+  if (total != size)
+    Reader::corrupt("says it is " + u64s(total) + " bytes, " + u64s(size) + " were given");
   const uint64_t sum = r.u64();
-  if (XXH3_64bits(data + kHeader, size - kHeader) != sum) Reader::corrupt("fails its checksum (damaged)");
+  if (XXH3_64bits(data + kHeader, size - kHeader) != sum)
+    Reader::corrupt("fails its checksum (damaged)");
   const uint32_t fp_n = r.u32();
   const uint8_t *fp = r.take(fp_n);
   const std::vector<uint8_t> mine = state_fingerprint(cfg_);
   if (fp_n != mine.size() || std::memcmp(fp, mine.data(), fp_n) != 0)
-    fail(Errc::Incompatible, "the sequence record was saved from a pool of another configuration: " +
-                                 describe_difference(mine, fp, fp_n) + "; nothing restored");
+    fail(Errc::Incompatible,
+         "the sequence record was saved from a pool of another configuration: " +
+             describe_difference(mine, fp, fp_n) + "; nothing restored");
   const uint64_t length = r.u64();
   const uint32_t layers = r.u32();
   const bool track = (r.u32() & 1u) != 0;
@@ -314,25 +331,31 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     r.get(l.scores.data(), n_sc * 4);
     // The table must describe a sequence this pool could have built.
     const std::string at = " (layer " + u64s(li) + ")";
-    if (l.n_lp > l.n_tokens || l.n_tokens > length || l.tail_index > l.n_tokens || n_pos != l.tail_index ||
-        l.tail_pos > length || l.n_tokens - l.tail_index != length - l.tail_pos)
+    if (l.n_lp > l.n_tokens || l.n_tokens > length || l.tail_index > l.n_tokens ||
+        n_pos != l.tail_index || l.tail_pos > length ||
+        l.n_tokens - l.tail_index != length - l.tail_pos)
       Reader::corrupt("has inconsistent token counts" + at);
     // Codec tokens come in whole aging units (per-channel groups).
-    if (l.n_lp % stage_.unit != 0) Reader::corrupt("has a per-channel group cut in its codec blocks" + at);
+    if (l.n_lp % stage_.unit != 0)
+      Reader::corrupt("has a per-channel group cut in its codec blocks" + at);
     for (uint64_t i = 0; i < n_pos; ++i)
       if (l.positions[i] < 0 || static_cast<uint64_t>(l.positions[i]) >= l.tail_pos ||
           (i && l.positions[i] <= l.positions[i - 1]))
         Reader::corrupt("has positions out of order" + at);
-    if (sv.n_blocks != (l.n_lp + bs - 1) / bs) Reader::corrupt("has " + u64s(sv.n_blocks) + " blocks for " + u64s(l.n_lp) + " tokens" + at);
+    if (sv.n_blocks != (l.n_lp + bs - 1) / bs)
+      Reader::corrupt("has " + u64s(sv.n_blocks) + " blocks for " + u64s(l.n_lp) + " tokens" + at);
     const uint64_t res_tokens = l.n_tokens - l.n_lp;
     if (!stage_.active ? (sv.n_res != 0 || res_tokens != 0 || l.res_off != 0)
-                    : (l.res_off >= bs || (res_tokens == 0 && l.res_off != 0) ||
-                       sv.n_res != (res_tokens ? (l.res_off + res_tokens + bs - 1) / bs : 0)))
+                       : (l.res_off >= bs || (res_tokens == 0 && l.res_off != 0) ||
+                          sv.n_res != (res_tokens ? (l.res_off + res_tokens + bs - 1) / bs : 0)))
       Reader::corrupt("has a residual that does not match its token counts" + at);
-    if (n_sc != (track ? l.n_tokens * heads : 0)) Reader::corrupt("has scores of the wrong size" + at);
+    if (n_sc != (track ? l.n_tokens * heads : 0))
+      Reader::corrupt("has scores of the wrong size" + at);
     for (int kv = 0; kv < 2; ++kv) {
-      const bool per_tensor = fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
-      if (!per_tensor && sv.scale[kv] != 0) Reader::corrupt("has a per-tensor scale for a part without one" + at);
+      const bool per_tensor =
+          fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
+      if (!per_tensor && sv.scale[kv] != 0)
+        Reader::corrupt("has a per-tensor scale for a part without one" + at);
     }
     need_blocks += sv.n_blocks;
     need_res += sv.n_res;
@@ -344,7 +367,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     for (const Saved &sv : saved) any = any || sv.t.n_tokens > 0;
     // The copies come with the first reserve (and stay through truncation).
     if (n_sinks != 0 && n_sinks != stage_.sink_blocks_needed())
-      Reader::corrupt("has " + u64s(n_sinks) + " attention-sink blocks (" + u64s(stage_.sink_blocks_needed()) + " or 0 expected)");
+      Reader::corrupt("has " + u64s(n_sinks) + " attention-sink blocks (" +
+                      u64s(stage_.sink_blocks_needed()) + " or 0 expected)");
     if (any && n_sinks == 0) Reader::corrupt("has tokens but no attention-sink blocks");
     need_res += n_sinks;
   }
@@ -356,8 +380,10 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
       uint64_t end = 0;
       for (uint32_t i = 0; i < n_ranges; ++i) {
         const uint64_t first = r.u64(), count = r.u64();
-        if (count == 0 || first < end || first >= saved[li].t.n_tokens || count > saved[li].t.n_tokens - first)
-          Reader::corrupt("has unwritten ranges out of order or beyond the layer's tokens (layer " + u64s(li) + ")");
+        if (count == 0 || first < end || first >= saved[li].t.n_tokens ||
+            count > saved[li].t.n_tokens - first)
+          Reader::corrupt("has unwritten ranges out of order or beyond the layer's tokens (layer " +
+                          u64s(li) + ")");
         unwritten[li].emplace_back(first, count);
         end = first + count;
       }
@@ -366,10 +392,12 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   uint64_t expect = n_sinks * stage_.stride;
   for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * stage_.stride;
   if (expect != static_cast<uint64_t>(size - (bytes - data)))
-    Reader::corrupt("holds " + u64s(size - (bytes - data)) + " bytes of blocks, " + u64s(expect) + " expected");
+    Reader::corrupt("holds " + u64s(size - (bytes - data)) + " bytes of blocks, " + u64s(expect) +
+                    " expected");
 
   std::unique_lock lk(mu_);
-  if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists; nothing restored");
+  if (seqs_.find(id))
+    fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists; nothing restored");
   // Per-tensor scales: an uncalibrated layer takes the record's; a calibrated
   // one must already have it (the codes are relative to it).
   for (uint32_t li = 0; li < layers; ++li)
@@ -378,19 +406,22 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
       if (!want) continue;
       const uint32_t have = fmt_.scale[kv][li].load(std::memory_order_acquire);
       if (have && have != want)
-        fail(Errc::Incompatible, std::string("layer ") + u64s(li) + "'s per-tensor " + (kv ? "V" : "K") +
-                                     " scale is " + std::to_string(bits_f32(have)) + " in this pool and " +
-                                     std::to_string(bits_f32(want)) + " in the record; nothing restored");
+        fail(Errc::Incompatible,
+             std::string("layer ") + u64s(li) + "'s per-tensor " + (kv ? "V" : "K") + " scale is " +
+                 std::to_string(bits_f32(have)) + " in this pool and " +
+                 std::to_string(bits_f32(want)) + " in the record; nothing restored");
     }
   if (need_blocks > alloc_.num_blocks() || need_res > stage_.alloc.num_blocks())
-    fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: restoring needs " + u64s(need_blocks) +
-                                    " blocks (the pool has " + u64s(alloc_.num_blocks()) + ") and " +
-                                    u64s(need_res) + " residual blocks (the pool has " +
+    fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: restoring needs " +
+                                    u64s(need_blocks) + " blocks (the pool has " +
+                                    u64s(alloc_.num_blocks()) + ") and " + u64s(need_res) +
+                                    " residual blocks (the pool has " +
                                     u64s(stage_.alloc.num_blocks()) + "); nothing restored");
   if (need_blocks > alloc_.available() || need_res > stage_.alloc.available())
     fail(Errc::PoolExhausted, "pool exhausted: restoring needs " + u64s(need_blocks) + " blocks (" +
                                   u64s(alloc_.available()) + " available) and " + u64s(need_res) +
-                                  " residual blocks (" + u64s(stage_.alloc.available()) + " available); nothing restored");
+                                  " residual blocks (" + u64s(stage_.alloc.available()) +
+                                  " available); nothing restored");
   auto s = std::make_unique<Sequence>();  // allocations first: may throw, nothing changed
   s->length = length;
   s->track_scores = track;
@@ -417,7 +448,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     for (int kv = 0; kv < 2; ++kv) {
       uint32_t expected = 0;
       if (saved[li].scale[kv])
-        fmt_.scale[kv][li].compare_exchange_strong(expected, saved[li].scale[kv], std::memory_order_acq_rel);
+        fmt_.scale[kv][li].compare_exchange_strong(expected, saved[li].scale[kv],
+                                                   std::memory_order_acq_rel);
     }
     mark_written(l, 0, l.n_tokens, true);  // as the record says: all but its unwritten ranges
     for (const auto &[first, count] : unwritten[li]) mark_written(l, first, count, false);
@@ -470,7 +502,9 @@ void BufferSink::write(const uint8_t *p, uint64_t n) {
   std::memcpy(buf_ + at_, p, n);
   at_ += n;
 }
-void BufferSink::finish(uint64_t checksum) { std::memcpy(buf_ + 16, &checksum, 8); }
+void BufferSink::finish(uint64_t checksum) {
+  std::memcpy(buf_ + 16, &checksum, 8);
+}
 
 void save_file(const Pool &pool, uint64_t id, const std::string &path) {
   AtomicFile file(path, AtomicFile::Options{});

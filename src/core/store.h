@@ -72,11 +72,12 @@ class BlockStore {
   virtual void write(uint32_t layer, const LayerTable &l, uint64_t idx0, const Input &in) = 0;
   // Reads tokens [first, first + n) of a layer as dst rows (k_out or v_out may
   // be null); unwritten slots read as zeros.
-  virtual void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out, void *v_out,
-                    DType dst) const = 0;
+  virtual void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out,
+                    void *v_out, DType dst) const = 0;
   // Eviction's compaction: token keep[j] moves to index j for j >= first
   // (keep increasing, keep[j] >= j; sources read before they are overwritten).
-  virtual void move_tokens(const LayerTable &l, const std::vector<uint32_t> &keep, uint64_t first) = 0;
+  virtual void move_tokens(const LayerTable &l, const std::vector<uint32_t> &keep,
+                           uint64_t first) = 0;
   // Re-rotates the keys of indices idx by delta positions (after the moves):
   // decode, RoPE shift, encode.
   virtual void rotate_keys(uint32_t layer, const LayerTable &l, const std::vector<uint64_t> &idx,
@@ -87,8 +88,9 @@ class BlockStore {
   // p.q_dtype, outputs of p.out_dtype; scale already resolved. The caller
   // checked shapes and holds no lock: the store takes the pool lock itself
   // (a CPU store may need the exclusive lock once, to start tracking scores).
-  virtual void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
-                         bool prefill, void *out, float *lse, const AttnParams &p, float scale) = 0;
+  virtual void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q,
+                         uint64_t n_q, bool prefill, void *out, float *lse, const AttnParams &p,
+                         float scale) = 0;
 };
 
 // The store of a validated configuration; throws Error (OutOfMemory,

@@ -31,12 +31,12 @@ QueryScratch &scratch() {
   return s;
 }
 
-
 // A layer of one sequence as attention tiles: one block (or the rest of one)
 // per read.
 class LayerTiles final : public attention::TileSource {
  public:
-  LayerTiles(const PoolCore &p, uint32_t layer, const LayerTable &l) : p_(p), layer_(layer), l_(l) {}
+  LayerTiles(const PoolCore &p, uint32_t layer, const LayerTable &l)
+      : p_(p), layer_(layer), l_(l) {}
   uint64_t read(uint64_t t0, uint64_t max_count, float *kt, float *vt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size, row = uint64_t(p_.cfg_.num_kv_heads) * p_.cfg_.head_dim;
@@ -65,13 +65,13 @@ class LayerTiles final : public attention::TileSource {
   const LayerTable &l_;
 };
 
-
 class CpuStore final : public BlockStore {
  public:
   explicit CpuStore(PoolCore &c) : c_(c), stride_(c.block_stride_), bytes_(c.arena_bytes_) {
     // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
     void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) fail(Errc::OutOfMemory, "cannot map " + u64s(bytes_) + " bytes of block memory");
+    if (p == MAP_FAILED)
+      fail(Errc::OutOfMemory, "cannot map " + u64s(bytes_) + " bytes of block memory");
     arena_ = static_cast<uint8_t *>(p);
   }
   ~CpuStore() override { munmap(arena_, bytes_); }
@@ -99,7 +99,9 @@ class CpuStore final : public BlockStore {
     for (size_t i = 0; i < n; ++i) std::memcpy(ptr(blocks[i]), host + i * stride_, stride_);
   }
   void set_stream(void *stream) override {
-    if (stream) fail(Errc::InvalidArgument, "a CPU pool runs on the calling thread: only a NULL stream is accepted");
+    if (stream)
+      fail(Errc::InvalidArgument,
+           "a CPU pool runs on the calling thread: only a NULL stream is accepted");
   }
   uint64_t sync() override { return 0; }
 
@@ -109,33 +111,38 @@ class CpuStore final : public BlockStore {
     in.v = v;
     in.src = src;
     in.n = n;
-  // Quantized parts: convert the input to f32 once and reject NaN / Inf
-  // before anything is written.
-  const uint64_t row = static_cast<uint64_t>(c_.cfg_.num_kv_heads) * c_.cfg_.head_dim;
-  const float *kf = nullptr, *vf = nullptr;
-  if ((c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) && n > (uint64_t(1) << 40) / (row ? row : 1))
-    fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
-  // Pre-RoPE keys are rotated back (then Hadamard-rotated) by write(), at
-  // the RoPE positions of the layer's indices they land on, into kpre.
-  float *kpre = nullptr;
-  if ((c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized)) {
-    float *buf = scratch_input((c_.fmt_.pre_rope ? 3 : 2) * n * row);
-    for (int kv = 0; kv < 2; ++kv) {
-      if (!c_.fmt_.part[kv].quantized) continue;
-      float *dst = buf + kv * n * row;
-      convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
-      codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
-      const bool pre = kv == 0 && c_.fmt_.pre_rope;
-      // Undoing RoPE can grow a value to its pair's norm (up to sqrt(2) x):
-      // pre-RoPE keys are checked as if the rotation block were twice as large.
-      codec::check_rotatable(dst, n * row, pre ? std::max<uint32_t>(2, 2 * c_.fmt_.part[kv].rotation_block)
-                                               : c_.fmt_.part[kv].rotation_block);
-      if (c_.fmt_.part[kv].rotation_block && !pre)  // rotate each head before calibrating and encoding
-        for (uint64_t t = 0; t < n; ++t) codec::hadamard(dst + t * row, row, c_.fmt_.part[kv].rotation_block);
-      (kv == 0 ? kf : vf) = dst;
+    // Quantized parts: convert the input to f32 once and reject NaN / Inf
+    // before anything is written.
+    const uint64_t row = static_cast<uint64_t>(c_.cfg_.num_kv_heads) * c_.cfg_.head_dim;
+    const float *kf = nullptr, *vf = nullptr;
+    if ((c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) &&
+        n > (uint64_t(1) << 40) / (row ? row : 1))
+      fail(Errc::Overflow,
+           "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
+    // Pre-RoPE keys are rotated back (then Hadamard-rotated) by write(), at
+    // the RoPE positions of the layer's indices they land on, into kpre.
+    float *kpre = nullptr;
+    if ((c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized)) {
+      float *buf = scratch_input((c_.fmt_.pre_rope ? 3 : 2) * n * row);
+      for (int kv = 0; kv < 2; ++kv) {
+        if (!c_.fmt_.part[kv].quantized) continue;
+        float *dst = buf + kv * n * row;
+        convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
+        codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
+        const bool pre = kv == 0 && c_.fmt_.pre_rope;
+        // Undoing RoPE can grow a value to its pair's norm (up to sqrt(2) x):
+        // pre-RoPE keys are checked as if the rotation block were twice as large.
+        codec::check_rotatable(dst, n * row,
+                               pre ? std::max<uint32_t>(2, 2 * c_.fmt_.part[kv].rotation_block)
+                                   : c_.fmt_.part[kv].rotation_block);
+        if (c_.fmt_.part[kv].rotation_block &&
+            !pre)  // rotate each head before calibrating and encoding
+          for (uint64_t t = 0; t < n; ++t)
+            codec::hadamard(dst + t * row, row, c_.fmt_.part[kv].rotation_block);
+        (kv == 0 ? kf : vf) = dst;
+      }
+      if (c_.fmt_.pre_rope) kpre = buf + 2 * n * row;
     }
-    if (c_.fmt_.pre_rope) kpre = buf + 2 * n * row;
-  }
     in.kf = kf;
     in.vf = vf;
     in.kpre = kpre;
@@ -153,16 +160,19 @@ class CpuStore final : public BlockStore {
     const uint8_t *vs = static_cast<const uint8_t *>(v);
     const uint64_t src_row = row * dtype_bytes(src);
     const float *kq = kf;
-    if (kpre) {  // pre-RoPE keys: undo RoPE at each token's RoPE position, then the Hadamard rotation
+    if (kpre) {  // pre-RoPE keys: undo RoPE at each token's RoPE position, then the Hadamard
+                 // rotation
       std::memcpy(kpre, kf, n * row * sizeof(float));
       for (uint64_t t = 0; t < n; ++t) {
         float *x = kpre + t * row;
-        c_.fmt_.pre_rope->rotate(x, c_.cfg_.num_kv_heads, static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
+        c_.fmt_.pre_rope->rotate(x, c_.cfg_.num_kv_heads,
+                                 static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
         if (c_.fmt_.part[0].rotation_block) codec::hadamard(x, row, c_.fmt_.part[0].rotation_block);
       }
       kq = kpre;
     }
-    const uint64_t skip = c_.stage_.leading_sinks(l, idx0, n);  // sinks saturate: read from their copies
+    const uint64_t skip =
+        c_.stage_.leading_sinks(l, idx0, n);  // sinks saturate: read from their copies
     for (int kv = 0; kv < 2; ++kv)
       if (c_.fmt_.part[kv].quantized && c_.fmt_.part[kv].spec.gran == codec::Gran::Tensor)
         c_.fmt_.calibrate(kv, layer, (kv == 0 ? kq : vf) + skip * row, (n - skip) * row);
@@ -173,51 +183,54 @@ class CpuStore final : public BlockStore {
         const uint32_t slot = static_cast<uint32_t>(idx % bs);
         const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
         uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
-        c_.fmt_.write_part(0, layer, blk, ks + done * src_row, src, kq ? kq + done * row : nullptr, slot, run);
-        c_.fmt_.write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr, slot, run);
+        c_.fmt_.write_part(0, layer, blk, ks + done * src_row, src, kq ? kq + done * row : nullptr,
+                           slot, run);
+        c_.fmt_.write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr,
+                           slot, run);
         c_.stage_.write_sinks(layer, l, idx, run, ks + done * src_row, vs + done * src_row, src);
         done += run;
       } else {
         const uint64_t r = l.res_off + (idx - l.n_lp);
         const uint32_t slot = static_cast<uint32_t>(r % bs);
         const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
-        c_.stage_.write(c_.stage_.ptr(l.res_blocks[r / bs]), slot, ks + done * src_row, vs + done * src_row,
-                       src, run);
+        c_.stage_.write(c_.stage_.ptr(l.res_blocks[r / bs]), slot, ks + done * src_row,
+                        vs + done * src_row, src, run);
         done += run;
       }
     }
   }
 
-  void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out, void *v_out,
-            DType dst) const override {
-  const BlockDiv bs = block_div(c_.cfg_.block_size);
-  const uint64_t hd = c_.cfg_.head_dim, h = c_.cfg_.num_kv_heads;
-  const uint64_t row = h * hd * dtype_bytes(dst);
-  uint64_t done = 0;
-  uint8_t *ko = static_cast<uint8_t *>(k_out), *vo = static_cast<uint8_t *>(v_out);
-  while (done < n) {
-    const uint64_t idx = first + done;
-    if (idx < l.n_lp) {
-      const uint32_t slot = static_cast<uint32_t>(idx % bs);
-      const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
-      const uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
-      if (ko) c_.fmt_.read_part(0, layer, blk, slot, run, ko + done * row, dst, l, idx);
-      if (vo) c_.fmt_.read_part(1, layer, blk, slot, run, vo + done * row, dst, l, idx);
-      c_.stage_.overlay_sinks(layer, l, idx, run, ko ? ko + done * row : nullptr, vo ? vo + done * row : nullptr, dst);
-      c_.zero_unwritten_rows(false, l.blocks[idx / bs], slot, run, ko ? ko + done * row : nullptr,
-                          vo ? vo + done * row : nullptr, row);
-      done += run;
-    } else {
-      const uint64_t r = l.res_off + (idx - l.n_lp);
-      const uint32_t slot = static_cast<uint32_t>(r % bs);
-      const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
-      c_.stage_.read(c_.stage_.ptr(l.res_blocks[r / bs]), slot, run, ko ? ko + done * row : nullptr,
-                    vo ? vo + done * row : nullptr, dst);
-      c_.zero_unwritten_rows(true, l.res_blocks[r / bs], slot, run, ko ? ko + done * row : nullptr,
-                          vo ? vo + done * row : nullptr, row);
-      done += run;
+  void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out,
+            void *v_out, DType dst) const override {
+    const BlockDiv bs = block_div(c_.cfg_.block_size);
+    const uint64_t hd = c_.cfg_.head_dim, h = c_.cfg_.num_kv_heads;
+    const uint64_t row = h * hd * dtype_bytes(dst);
+    uint64_t done = 0;
+    uint8_t *ko = static_cast<uint8_t *>(k_out), *vo = static_cast<uint8_t *>(v_out);
+    while (done < n) {
+      const uint64_t idx = first + done;
+      if (idx < l.n_lp) {
+        const uint32_t slot = static_cast<uint32_t>(idx % bs);
+        const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
+        const uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
+        if (ko) c_.fmt_.read_part(0, layer, blk, slot, run, ko + done * row, dst, l, idx);
+        if (vo) c_.fmt_.read_part(1, layer, blk, slot, run, vo + done * row, dst, l, idx);
+        c_.stage_.overlay_sinks(layer, l, idx, run, ko ? ko + done * row : nullptr,
+                                vo ? vo + done * row : nullptr, dst);
+        c_.zero_unwritten_rows(false, l.blocks[idx / bs], slot, run, ko ? ko + done * row : nullptr,
+                               vo ? vo + done * row : nullptr, row);
+        done += run;
+      } else {
+        const uint64_t r = l.res_off + (idx - l.n_lp);
+        const uint32_t slot = static_cast<uint32_t>(r % bs);
+        const uint64_t run = std::min<uint64_t>(n - done, bs - slot);
+        c_.stage_.read(c_.stage_.ptr(l.res_blocks[r / bs]), slot, run,
+                       ko ? ko + done * row : nullptr, vo ? vo + done * row : nullptr, dst);
+        c_.zero_unwritten_rows(true, l.res_blocks[r / bs], slot, run,
+                               ko ? ko + done * row : nullptr, vo ? vo + done * row : nullptr, row);
+        done += run;
+      }
     }
-  }
   }
 
   void move_tokens(const LayerTable &l, const std::vector<uint32_t> &k, uint64_t first) override {
@@ -240,100 +253,106 @@ class CpuStore final : public BlockStore {
 
   void rotate_keys(uint32_t layer, const LayerTable &l, const std::vector<uint64_t> &idx,
                    const std::vector<int64_t> &delta, RopeShift &rope) override {
-    const uint64_t bs = c_.cfg_.block_size, h = c_.cfg_.num_kv_heads, hd = c_.cfg_.head_dim, row = h * hd;
+    const uint64_t bs = c_.cfg_.block_size, h = c_.cfg_.num_kv_heads, hd = c_.cfg_.head_dim,
+                   row = h * hd;
     const PartLayout &kp = c_.fmt_.part[0];
     float *krow = scratch_input(2 * row);
     for (size_t i = 0; i < idx.size(); ++i) {
       const uint64_t j = idx[i];
       uint8_t *blk = ptr(l.blocks[j / bs]);
       const uint32_t slot = static_cast<uint32_t>(j % bs);
-      c_.fmt_.read_part(0, layer, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32, l, j);
+      c_.fmt_.read_part(0, layer, blk, slot, 1, reinterpret_cast<uint8_t *>(krow), DType::F32, l,
+                        j);
       for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(krow + hh * hd, delta[i]);
       if (kp.quantized) {
         if (kp.rotation_block) codec::hadamard(krow, row, kp.rotation_block);
         c_.fmt_.write_part(0, layer, blk, nullptr, DType::F32, krow, slot, 1);
       } else {
-        c_.fmt_.write_part(0, layer, blk, reinterpret_cast<const uint8_t *>(krow), DType::F32, nullptr, slot, 1);
+        c_.fmt_.write_part(0, layer, blk, reinterpret_cast<const uint8_t *>(krow), DType::F32,
+                           nullptr, slot, 1);
       }
     }
   }
 
-  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q, bool prefill,
-                 void *out, float *lse, const AttnParams &p, float scale) override {
+  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                 bool prefill, void *out, float *lse, const AttnParams &p, float scale) override {
     const uint64_t hd = c_.cfg_.head_dim;
     const uint64_t per_seq = n_q * p.num_q_heads * hd;
-  // Queries to f32, checked finite, scaled (before any output is written).
-  QueryScratch &sc = scratch();
-  float *qf = sc.q.get(per_seq * n_seqs);
-  convert(q, p.q_dtype, qf, DType::F32, per_seq * n_seqs);
-  for (uint64_t i = 0; i < per_seq * n_seqs; ++i) {
-    if (!std::isfinite(qf[i]))
-      fail(Errc::NonFinite, "query element " + u64s(i) + " is NaN or Inf: nothing was written");
-    qf[i] *= scale;
-    if (!std::isfinite(qf[i]))
-      fail(Errc::NonFinite, "query element " + u64s(i) + " times the scale overflows f32: nothing was written");
-  }
-  float *of = sc.out.get(per_seq * n_seqs);
-  std::vector<float> lse_local;
-  float *lf = lse;
-  if (!lf) {
-    lse_local.resize(n_seqs * n_q * p.num_q_heads);
-    lf = lse_local.data();
-  }
-  // Every observed sequence must track scores: enabling takes the pool lock
-  // exclusively; the state is checked again under the shared lock (a
-  // sequence may have been freed and created again in between).
-  std::shared_lock lk(c_.mu_, std::defer_lock);
-  for (;;) {
-    lk.lock();
-    bool need = false;
-    if (p.observe)
-      for (size_t i = 0; i < n_seqs; ++i) need = need || !c_.find(ids[i]).track_scores;
-    if (!need) break;
-    lk.unlock();
-    std::unique_lock ex(c_.mu_);
-    for (size_t i = 0; i < n_seqs; ++i) c_.enable_scores(c_.find(ids[i]));
-  }
-  c_.check_layer(layer);
-  for (size_t i = 0; i < n_seqs; ++i) {
-    const Sequence &s = c_.find(ids[i]);
-    const LayerTable &l = s.layers[layer];
-    if (prefill && n_q > l.n_tokens)
-      fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
-                                 u64s(ids[i]) + " holds " + u64s(l.n_tokens) +
-                                 " tokens (append the chunk's K/V first)");
-  }
-  const attention::Shape shape{p.num_q_heads, c_.cfg_.num_kv_heads, c_.cfg_.head_dim, c_.cfg_.block_size};
-  if (p.num_threads > 1 && !prefill && !p.observe) {
-    std::vector<LayerTiles> tiles;
-    tiles.reserve(n_seqs);
-    std::vector<const attention::TileSource *> src(n_seqs);
-    std::vector<uint64_t> ns(n_seqs);
-    for (size_t i = 0; i < n_seqs; ++i) {
-      const LayerTable &l = c_.find(ids[i]).layers[layer];
-      tiles.emplace_back(c_, layer, l);
-      src[i] = &tiles.back();
-      ns[i] = l.n_tokens;
+    // Queries to f32, checked finite, scaled (before any output is written).
+    QueryScratch &sc = scratch();
+    float *qf = sc.q.get(per_seq * n_seqs);
+    convert(q, p.q_dtype, qf, DType::F32, per_seq * n_seqs);
+    for (uint64_t i = 0; i < per_seq * n_seqs; ++i) {
+      if (!std::isfinite(qf[i]))
+        fail(Errc::NonFinite, "query element " + u64s(i) + " is NaN or Inf: nothing was written");
+      qf[i] *= scale;
+      if (!std::isfinite(qf[i]))
+        fail(Errc::NonFinite,
+             "query element " + u64s(i) + " times the scale overflows f32: nothing was written");
     }
-    attention::attend_threads(shape, src, ns, qf, of, lf, p.num_threads);
+    float *of = sc.out.get(per_seq * n_seqs);
+    std::vector<float> lse_local;
+    float *lf = lse;
+    if (!lf) {
+      lse_local.resize(n_seqs * n_q * p.num_q_heads);
+      lf = lse_local.data();
+    }
+    // Every observed sequence must track scores: enabling takes the pool lock
+    // exclusively; the state is checked again under the shared lock (a
+    // sequence may have been freed and created again in between).
+    std::shared_lock lk(c_.mu_, std::defer_lock);
+    for (;;) {
+      lk.lock();
+      bool need = false;
+      if (p.observe)
+        for (size_t i = 0; i < n_seqs; ++i) need = need || !c_.find(ids[i]).track_scores;
+      if (!need) break;
+      lk.unlock();
+      std::unique_lock ex(c_.mu_);
+      for (size_t i = 0; i < n_seqs; ++i) c_.enable_scores(c_.find(ids[i]));
+    }
+    c_.check_layer(layer);
+    for (size_t i = 0; i < n_seqs; ++i) {
+      const Sequence &s = c_.find(ids[i]);
+      const LayerTable &l = s.layers[layer];
+      if (prefill && n_q > l.n_tokens)
+        fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) +
+                                   " of sequence " + u64s(ids[i]) + " holds " + u64s(l.n_tokens) +
+                                   " tokens (append the chunk's K/V first)");
+    }
+    const attention::Shape shape{p.num_q_heads, c_.cfg_.num_kv_heads, c_.cfg_.head_dim,
+                                 c_.cfg_.block_size};
+    if (p.num_threads > 1 && !prefill && !p.observe) {
+      std::vector<LayerTiles> tiles;
+      tiles.reserve(n_seqs);
+      std::vector<const attention::TileSource *> src(n_seqs);
+      std::vector<uint64_t> ns(n_seqs);
+      for (size_t i = 0; i < n_seqs; ++i) {
+        const LayerTable &l = c_.find(ids[i]).layers[layer];
+        tiles.emplace_back(c_, layer, l);
+        src[i] = &tiles.back();
+        ns[i] = l.n_tokens;
+      }
+      attention::attend_threads(shape, src, ns, qf, of, lf, p.num_threads);
+      convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
+      return;
+    }
+    if (p.observe ==
+        2) {  // replace: clear every observed sequence first (an id may repeat in the batch)
+      std::lock_guard<std::mutex> g(c_.scores_mu_);
+      for (size_t i = 0; i < n_seqs; ++i) {
+        LayerTable &l = const_cast<Sequence &>(c_.find(ids[i])).layers[layer];
+        std::fill(l.scores.begin(), l.scores.end(), 0.0f);
+      }
+    }
+    for (size_t i = 0; i < n_seqs; ++i) {
+      Sequence &s = const_cast<Sequence &>(c_.find(ids[i]));
+      LayerTable &l = s.layers[layer];
+      attention::attend(shape, LayerTiles(c_, layer, l), l.n_tokens, qf + i * per_seq, n_q, prefill,
+                        of + i * per_seq, lf + i * n_q * p.num_q_heads,
+                        p.observe ? l.scores.data() : nullptr, p.observe_from, &c_.scores_mu_);
+    }
     convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
-    return;
-  }
-  if (p.observe == 2) {  // replace: clear every observed sequence first (an id may repeat in the batch)
-    std::lock_guard<std::mutex> g(c_.scores_mu_);
-    for (size_t i = 0; i < n_seqs; ++i) {
-      LayerTable &l = const_cast<Sequence &>(c_.find(ids[i])).layers[layer];
-      std::fill(l.scores.begin(), l.scores.end(), 0.0f);
-    }
-  }
-  for (size_t i = 0; i < n_seqs; ++i) {
-    Sequence &s = const_cast<Sequence &>(c_.find(ids[i]));
-    LayerTable &l = s.layers[layer];
-    attention::attend(shape, LayerTiles(c_, layer, l), l.n_tokens, qf + i * per_seq, n_q, prefill,
-                      of + i * per_seq, lf + i * n_q * p.num_q_heads, p.observe ? l.scores.data() : nullptr,
-                      p.observe_from, &c_.scores_mu_);
-  }
-  convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
   }
 
  private:
@@ -345,6 +364,8 @@ class CpuStore final : public BlockStore {
 
 }  // namespace
 
-std::unique_ptr<BlockStore> make_cpu_store(PoolCore &c) { return std::make_unique<CpuStore>(c); }
+std::unique_ptr<BlockStore> make_cpu_store(PoolCore &c) {
+  return std::make_unique<CpuStore>(c);
+}
 
 }  // namespace kvc::core

@@ -44,21 +44,26 @@ cuda::Geometry geometry(const PoolCore &c) {
 std::vector<cuda::Slot> slots_of(const LayerTable &l, uint64_t bs, uint64_t first, uint64_t n) {
   std::vector<cuda::Slot> v(n);
   for (uint64_t i = 0; i < n; ++i)
-    v[i] = static_cast<cuda::Slot>(l.blocks[(first + i) / bs]) * static_cast<cuda::Slot>(bs) + (first + i) % bs;
+    v[i] = static_cast<cuda::Slot>(l.blocks[(first + i) / bs]) * static_cast<cuda::Slot>(bs) +
+           (first + i) % bs;
   return v;
 }
 
 class CudaStore final : public BlockStore {
  public:
   explicit CudaStore(PoolCore &c)
-      : c_(c), dev_(cuda::Device::open(c.cfg_.device_index, c.arena_bytes_, geometry(c))), stride_(c.block_stride_) {}
+      : c_(c),
+        dev_(cuda::Device::open(c.cfg_.device_index, c.arena_bytes_, geometry(c))),
+        stride_(c.block_stride_) {}
   bool on_device() const override { return true; }
   uint8_t *arena() const override { return dev_->arena(); }
 
   // Device kernels and copies read whole blocks: none of an earlier owner's bytes.
   void taken(int32_t b) override { zero(b); }
   void reserved(int32_t b, uint32_t slot, uint64_t n) override {
-    c_.fmt_.for_slot_bytes(slot, n, [&](uint64_t off, uint64_t len) { dev_->zero(static_cast<uint64_t>(b) * stride_ + off, len); });
+    c_.fmt_.for_slot_bytes(slot, n, [&](uint64_t off, uint64_t len) {
+      dev_->zero(static_cast<uint64_t>(b) * stride_ + off, len);
+    });
   }
   void zero(int32_t b) override { dev_->zero(static_cast<uint64_t>(b) * stride_, stride_); }
   void copy(int32_t dst, int32_t src) override {
@@ -90,14 +95,16 @@ class CudaStore final : public BlockStore {
     for (int kv = 0; kv < 2; ++kv)
       if (c_.fmt_.per_tensor(kv)) {
         if (c_.fmt_.scale[kv][layer].load(std::memory_order_acquire) == 0)
-          c_.fmt_.calibrate_absmax(kv, layer, dev_->absmax(kv, in.n, kv == 0 ? in.k : in.v, static_cast<int32_t>(in.src)));
+          c_.fmt_.calibrate_absmax(
+              kv, layer,
+              dev_->absmax(kv, in.n, kv == 0 ? in.k : in.v, static_cast<int32_t>(in.src)));
         ts[kv] = c_.fmt_.tensor_scale(kv, layer);
       }
     const std::vector<cuda::Slot> slots = slots_of(l, c_.cfg_.block_size, idx0, in.n);
     dev_->append(slots.data(), in.n, in.k, in.v, static_cast<int32_t>(in.src), ts, 3);
   }
-  void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out, void *v_out,
-            DType dst) const override {
+  void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out,
+            void *v_out, DType dst) const override {
     float ts[2];
     c_.fmt_.tensor_scales(layer, ts);
     const std::vector<cuda::Slot> slots = slots_of(l, c_.cfg_.block_size, first, n);
@@ -109,8 +116,10 @@ class CudaStore final : public BlockStore {
     std::vector<cuda::Slot> from, to;
     for (uint64_t j = first; j < k.size(); ++j)
       if (k[j] != j) {
-        from.push_back(static_cast<cuda::Slot>(l.blocks[k[j] / bs]) * static_cast<cuda::Slot>(bs) + k[j] % bs);
-        to.push_back(static_cast<cuda::Slot>(l.blocks[j / bs]) * static_cast<cuda::Slot>(bs) + j % bs);
+        from.push_back(static_cast<cuda::Slot>(l.blocks[k[j] / bs]) * static_cast<cuda::Slot>(bs) +
+                       k[j] % bs);
+        to.push_back(static_cast<cuda::Slot>(l.blocks[j / bs]) * static_cast<cuda::Slot>(bs) +
+                     j % bs);
       }
     dev_->move_tokens(from.data(), to.data(), from.size());
   }
@@ -118,56 +127,62 @@ class CudaStore final : public BlockStore {
   void rotate_keys(uint32_t layer, const LayerTable &l, const std::vector<uint64_t> &idx,
                    const std::vector<int64_t> &delta, RopeShift &rope) override {
     if (idx.empty()) return;
-    const uint64_t bs = c_.cfg_.block_size, h = c_.cfg_.num_kv_heads, hd = c_.cfg_.head_dim, row = h * hd;
+    const uint64_t bs = c_.cfg_.block_size, h = c_.cfg_.num_kv_heads, hd = c_.cfg_.head_dim,
+                   row = h * hd;
     std::vector<cuda::Slot> sl(idx.size());
     for (size_t i = 0; i < idx.size(); ++i)
-      sl[i] = static_cast<cuda::Slot>(l.blocks[idx[i] / bs]) * static_cast<cuda::Slot>(bs) + idx[i] % bs;
+      sl[i] = static_cast<cuda::Slot>(l.blocks[idx[i] / bs]) * static_cast<cuda::Slot>(bs) +
+              idx[i] % bs;
     std::vector<float> rows(idx.size() * row);
     float ts[2] = {c_.fmt_.quantized(0) ? c_.fmt_.tensor_scale(0, layer) : 0.0f, 0.0f};
     dev_->gather(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts);
     for (size_t i = 0; i < idx.size(); ++i)
       for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(rows.data() + i * row + hh * hd, delta[i]);
-    dev_->append(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts, 1);
+    dev_->append(sl.data(), idx.size(), rows.data(), nullptr, static_cast<int32_t>(DType::F32), ts,
+                 1);
   }
   // The block tables go to the device with the call; q, out and lse may be
   // device or host memory. Queries are not checked for NaN / Inf on the
   // device (documented in kvcache.h).
-  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q, bool prefill,
-                 void *out, float *lse, const AttnParams &p, float scale) override {
-  if (p.observe)
-    fail(Errc::Unsupported, "device CUDA: observing attention (H2O, TOVA, SnapKV scores) is CPU-only in this "
-                            "version; feed scores with kvc_seq_observe_scores()");
-  std::shared_lock lk(c_.mu_);
-  c_.check_layer(layer);
-  std::vector<int32_t> blocks;
-  std::vector<uint64_t> start, count, row;
-  const uint64_t bs = c_.cfg_.block_size;
-  for (size_t i = 0; i < n_seqs; ++i) {
-    const LayerTable &l = c_.find(ids[i]).layers[layer];
-    if (prefill && n_q > l.n_tokens)
-      fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) + " of sequence " +
-                                 u64s(ids[i]) + " holds " + u64s(l.n_tokens) + " tokens (append the chunk's K/V first)");
-    const uint64_t b0 = blocks.size();
-    const uint64_t nb = (l.n_tokens + bs - 1) / bs;
-    blocks.insert(blocks.end(), l.blocks.begin(), l.blocks.begin() + static_cast<std::ptrdiff_t>(nb));
-    for (uint64_t r = 0; r < n_q; ++r) {
-      start.push_back(b0);
-      count.push_back(prefill ? l.n_tokens - n_q + r + 1 : l.n_tokens);
-      row.push_back(i * n_q + r);
+  void attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const void *q, uint64_t n_q,
+                 bool prefill, void *out, float *lse, const AttnParams &p, float scale) override {
+    if (p.observe)
+      fail(Errc::Unsupported,
+           "device CUDA: observing attention (H2O, TOVA, SnapKV scores) is CPU-only in this "
+           "version; feed scores with kvc_seq_observe_scores()");
+    std::shared_lock lk(c_.mu_);
+    c_.check_layer(layer);
+    std::vector<int32_t> blocks;
+    std::vector<uint64_t> start, count, row;
+    const uint64_t bs = c_.cfg_.block_size;
+    for (size_t i = 0; i < n_seqs; ++i) {
+      const LayerTable &l = c_.find(ids[i]).layers[layer];
+      if (prefill && n_q > l.n_tokens)
+        fail(Errc::OutOfRange, u64s(n_q) + " prefill queries but layer " + u64s(layer) +
+                                   " of sequence " + u64s(ids[i]) + " holds " + u64s(l.n_tokens) +
+                                   " tokens (append the chunk's K/V first)");
+      const uint64_t b0 = blocks.size();
+      const uint64_t nb = (l.n_tokens + bs - 1) / bs;
+      blocks.insert(blocks.end(), l.blocks.begin(),
+                    l.blocks.begin() + static_cast<std::ptrdiff_t>(nb));
+      for (uint64_t r = 0; r < n_q; ++r) {
+        start.push_back(b0);
+        count.push_back(prefill ? l.n_tokens - n_q + r + 1 : l.n_tokens);
+        row.push_back(i * n_q + r);
+      }
     }
-  }
-  cuda::Device::AttnBatch b;
-  b.block_ids = blocks.data();
-  b.block_start = start.data();
-  b.n_tokens = count.data();
-  b.q_row = row.data();
-  b.n_items = start.size();
-  b.n_blocks = blocks.size();
-  b.n_rows = n_seqs * n_q;
-  float ts[2];
-  c_.fmt_.tensor_scales(layer, ts);
-  dev_->attention(b, p.num_q_heads, scale, q, static_cast<int32_t>(p.q_dtype), out, static_cast<int32_t>(p.out_dtype),
-                  lse, ts);
+    cuda::Device::AttnBatch b;
+    b.block_ids = blocks.data();
+    b.block_start = start.data();
+    b.n_tokens = count.data();
+    b.q_row = row.data();
+    b.n_items = start.size();
+    b.n_blocks = blocks.size();
+    b.n_rows = n_seqs * n_q;
+    float ts[2];
+    c_.fmt_.tensor_scales(layer, ts);
+    dev_->attention(b, p.num_q_heads, scale, q, static_cast<int32_t>(p.q_dtype), out,
+                    static_cast<int32_t>(p.out_dtype), lse, ts);
   }
 
  private:
@@ -178,6 +193,8 @@ class CudaStore final : public BlockStore {
 
 }  // namespace
 
-std::unique_ptr<BlockStore> make_cuda_store(PoolCore &c) { return std::make_unique<CudaStore>(c); }
+std::unique_ptr<BlockStore> make_cuda_store(PoolCore &c) {
+  return std::make_unique<CudaStore>(c);
+}
 
 }  // namespace kvc::core

@@ -86,12 +86,12 @@ struct TierCounts {
 // Outcome of polling an asynchronous load.
 enum class LoadState : int32_t { Pending = 0, Done = 1, TimedOut = 2 };
 struct PrefixCounts {
-  uint64_t queried_tokens, hit_tokens, partial_tokens, registered, reclaimable, referenced, inserted, removed,
-      reclaimed;
+  uint64_t queried_tokens, hit_tokens, partial_tokens, registered, reclaimable, referenced,
+      inserted, removed, reclaimed;
 };
 // kind 0: stored, 1: removed.
-using PrefixEventFn = void (*)(void *user, int kind, const uint8_t *key, const uint8_t *parent, uint32_t key_size,
-                               uint64_t depth);
+using PrefixEventFn = void (*)(void *user, int kind, const uint8_t *key, const uint8_t *parent,
+                               uint32_t key_size, uint64_t depth);
 // Attention over the pool's blocks (attention.cpp).
 struct AttnParams {
   uint32_t num_q_heads = 0;
@@ -121,19 +121,19 @@ struct PoolStats {
 
 // Where K (part 0) or V (part 1) sits inside a block.
 struct PartLayout {
-  codec::Spec spec;            // dtype, granularity, ... (float dtypes: gran None)
-  bool quantized = false;      // fp8 / int storage with scales
-  uint64_t offset = 0;         // codes (or plain values) from the block start
-  uint64_t token_stride = 0;   // bytes between token slots of the codes
-  uint64_t head_stride = 0;    // bytes between KV heads of the codes
-  uint64_t codes_bytes = 0;    // codes per block
-  uint64_t scale_offset = 0;   // scales from the block start
-  uint64_t zero_offset = 0;    // zero points from the block start (asymmetric)
+  codec::Spec spec;               // dtype, granularity, ... (float dtypes: gran None)
+  bool quantized = false;         // fp8 / int storage with scales
+  uint64_t offset = 0;            // codes (or plain values) from the block start
+  uint64_t token_stride = 0;      // bytes between token slots of the codes
+  uint64_t head_stride = 0;       // bytes between KV heads of the codes
+  uint64_t codes_bytes = 0;       // codes per block
+  uint64_t scale_offset = 0;      // scales from the block start
+  uint64_t zero_offset = 0;       // zero points from the block start (asymmetric)
   uint64_t scales_per_token = 0;  // scale entries per token slot (per token / group)
   uint64_t scales_per_block = 0;  // scale entries per block (all granularities)
-  uint64_t scale_bytes = 0;    // bytes of one scale entry (4 f32, 2 f16)
-  uint64_t bytes = 0;          // the part's bytes per block, scales and zeros included
-  uint32_t rotation_block = 0; // Hadamard block inside each head (0: none)
+  uint64_t scale_bytes = 0;       // bytes of one scale entry (4 f32, 2 f16)
+  uint64_t bytes = 0;             // the part's bytes per block, scales and zeros included
+  uint32_t rotation_block = 0;    // Hadamard block inside each head (0: none)
 };
 
 struct PoolLayout {

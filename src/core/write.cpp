@@ -18,9 +18,9 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
     check_layer(layer);
     if (n == 0) fail(Errc::InvalidArgument, "n_tokens 0: append at least one token");
     if (n > s.length || pos > s.length - n)
-      fail(Errc::NotReserved, "positions from " + u64s(pos) + " (" + u64s(n) +
-                                  " tokens) are not reserved: sequence " + u64s(id) +
-                                  " has length " + u64s(s.length) + " (call kvc_seq_reserve first)");
+      fail(Errc::NotReserved,
+           "positions from " + u64s(pos) + " (" + u64s(n) + " tokens) are not reserved: sequence " +
+               u64s(id) + " has length " + u64s(s.length) + " (call kvc_seq_reserve first)");
     const LayerTable &l = s.layers[layer];
     if (pos < l.tail_pos)
       fail(Errc::NotReserved, "position " + u64s(pos) + " of layer " + u64s(layer) +
@@ -61,7 +61,8 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   // Quantized parts: converted to f32 once and refused on NaN / Inf before
   // anything is written (CPU); a CUDA store checks on the device.
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
-  if ((fmt_.part[0].quantized || fmt_.part[1].quantized) && n > (uint64_t(1) << 40) / (row ? row : 1))
+  if ((fmt_.part[0].quantized || fmt_.part[1].quantized) &&
+      n > (uint64_t(1) << 40) / (row ? row : 1))
     fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
   const BlockStore::Input in = store_->prepare(n, k, v, src);
   auto write = [&](LayerTable &l, uint64_t idx0) {
@@ -85,13 +86,14 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       // write left it (otherwise the next reserve ages it). The stamp tells
       // a sequence truncated, or freed and made again, that grew back to the
       // same lengths (ABA) with positions not written yet.
-      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length, seen_at = l.reserved_at,
-                     seen_stamp = s.stamp;
+      const uint64_t seen_tokens = l.n_tokens, seen_lp = l.n_lp, seen_len = s.length,
+                     seen_at = l.reserved_at, seen_stamp = s.stamp;
       lk.unlock();
       std::unique_lock ulk(mu_);
       Sequence *sp = seqs_.find(id);
-      if (sp && sp->stamp == seen_stamp && sp->length == seen_len && sp->layers[layer].n_tokens == seen_tokens &&
-          sp->layers[layer].n_lp == seen_lp && sp->layers[layer].reserved_at == seen_at)
+      if (sp && sp->stamp == seen_stamp && sp->length == seen_len &&
+          sp->layers[layer].n_tokens == seen_tokens && sp->layers[layer].n_lp == seen_lp &&
+          sp->layers[layer].reserved_at == seen_at)
         stage_.age_written(*sp, layer, idx0, idx0 + n);
       return;
     }
@@ -111,8 +113,10 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   const uint64_t lp_end = std::min(idx0 + n, l.n_lp);
   if (idx0 < lp_end)
     for (uint64_t b = idx0 / bs; b <= (lp_end - 1) / bs; ++b) {
-      if (alloc_.refcount(l.blocks[b]) > 1) l.blocks[b] = cow_copy(l.blocks[b]);
-      else prefix_drop_block(l.blocks[b]);  // written in place: leaves the prefix index
+      if (alloc_.refcount(l.blocks[b]) > 1)
+        l.blocks[b] = cow_copy(l.blocks[b]);
+      else
+        prefix_drop_block(l.blocks[b]);  // written in place: leaves the prefix index
     }
   const uint64_t hp_begin = std::max(idx0, l.n_lp);
   if (hp_begin < idx0 + n) {

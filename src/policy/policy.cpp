@@ -10,7 +10,9 @@
 namespace kvc::policy {
 
 namespace {
-std::string u64s(uint64_t v) { return std::to_string(v); }
+std::string u64s(uint64_t v) {
+  return std::to_string(v);
+}
 }  // namespace
 
 void PolicySpec::validate() const {
@@ -18,7 +20,8 @@ void PolicySpec::validate() const {
   if (k < 0 || k > static_cast<int32_t>(PolicyKind::Plugin))
     fail(Errc::InvalidArgument, "policy kind " + std::to_string(k) + " is unknown");
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0))
-    fail(Errc::InvalidArgument, "compression_ratio must be in [0, 1) (the fraction dropped; kvpress's convention)");
+    fail(Errc::InvalidArgument,
+         "compression_ratio must be in [0, 1) (the fraction dropped; kvpress's convention)");
   if (!(recent_fraction >= 0.0 && recent_fraction <= 1.0))
     fail(Errc::InvalidArgument, "recent_fraction must be in [0, 1]");
   if (kernel_size == 0 || kernel_size % 2 == 0 || kernel_size > 1025)
@@ -32,8 +35,10 @@ void PolicySpec::validate() const {
     fail(Errc::InvalidArgument, "a plugin policy needs a loaded plugin (kvc_plugin_load)");
   if (kind != PolicyKind::Plugin && plugin)
     fail(Errc::InvalidArgument, "a plugin is set on a policy whose kind is not KVC_POLICY_PLUGIN");
-  if (kind == PolicyKind::Streaming && budget_tokens == 0 && compression_ratio == 0.0 && recent_tokens == 0)
-    fail(Errc::InvalidArgument, "streaming needs a window: set recent_tokens (W), budget_tokens or compression_ratio");
+  if (kind == PolicyKind::Streaming && budget_tokens == 0 && compression_ratio == 0.0 &&
+      recent_tokens == 0)
+    fail(Errc::InvalidArgument,
+         "streaming needs a window: set recent_tokens (W), budget_tokens or compression_ratio");
   if (auto_evict && budget_tokens == 0)
     fail(Errc::InvalidArgument, "auto_evict needs budget_tokens (the per-layer cap it enforces)");
 }
@@ -75,7 +80,8 @@ void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t lo = i >= r ? i - r : 0, hi = std::min(n - 1, i + r);
     float acc = how == Pooling::Max ? x[lo] : 0.0f;
-    for (uint64_t j = lo; j <= hi; ++j) acc = how == Pooling::Max ? std::max(acc, x[j]) : acc + x[j];
+    for (uint64_t j = lo; j <= hi; ++j)
+      acc = how == Pooling::Max ? std::max(acc, x[j]) : acc + x[j];
     out[i] = how == Pooling::Max ? acc : acc / static_cast<float>(hi - lo + 1);
   }
 }
@@ -88,8 +94,11 @@ void top_k(const std::vector<float> &score, uint64_t end, uint64_t k, std::vecto
   if (k == 0) return;
   std::vector<uint32_t> idx(end);
   std::iota(idx.begin(), idx.end(), 0u);
-  auto better = [&](uint32_t a, uint32_t b) { return score[a] > score[b] || (score[a] == score[b] && a > b); };
-  if (k < end) std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), better);
+  auto better = [&](uint32_t a, uint32_t b) {
+    return score[a] > score[b] || (score[a] == score[b] && a > b);
+  };
+  if (k < end)
+    std::nth_element(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(), better);
   keep.insert(keep.end(), idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(std::min(k, end)));
 }
 
@@ -104,7 +113,8 @@ std::vector<float> head_sum(const LayerView &v) {
 
 }  // namespace
 
-void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::vector<uint32_t> &keep) {
+void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
+                 std::vector<uint32_t> &keep) {
   keep.clear();
   const uint64_t n = v.n;
   target = std::min(target, n);
@@ -125,9 +135,10 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::
     case PolicyKind::Plugin: {
       // A protected window of the newest tokens (floor: a window that rounds
       // down to 0 protects nothing), then the highest-scoring older tokens.
-      uint64_t recent = p.kind == PolicyKind::H2O
-                            ? static_cast<uint64_t>(std::floor(static_cast<double>(target) * p.recent_fraction))
-                            : p.recent_tokens;
+      uint64_t recent =
+          p.kind == PolicyKind::H2O
+              ? static_cast<uint64_t>(std::floor(static_cast<double>(target) * p.recent_fraction))
+              : p.recent_tokens;
       recent = std::min(recent, target);
       std::vector<float> s;
       if (p.kind == PolicyKind::H2O) {
@@ -167,7 +178,8 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::
       for (uint64_t i = prefix; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
       break;
     }
-    case PolicyKind::None: break;
+    case PolicyKind::None:
+      break;
   }
   std::sort(keep.begin(), keep.end());
 }

@@ -56,18 +56,19 @@ uint64_t base_target(const PolicySpec &p, uint64_t n);
 uint64_t layer_target(const PolicySpec &p, uint32_t layer, uint32_t num_layers, uint64_t n);
 
 struct LayerView {
-  uint64_t n = 0;                  // tokens of the layer
+  uint64_t n = 0;  // tokens of the layer
   uint32_t kv_heads = 1;
   uint32_t head_dim = 0;
   uint32_t layer = 0, num_layers = 1;
-  const float *scores = nullptr;   // [n][kv_heads] observed attention (or null: all zero)
-  const float *keys = nullptr;     // [n][kv_heads][head_dim] f32 (plugins only; may be null)
+  const float *scores = nullptr;       // [n][kv_heads] observed attention (or null: all zero)
+  const float *keys = nullptr;         // [n][kv_heads][head_dim] f32 (plugins only; may be null)
   const int32_t *positions = nullptr;  // [n] (plugins only; may be null)
 };
 
 // Fills `keep` with the sorted indices of the `target` tokens to keep
 // (target <= n). Deterministic: ties keep the newer token.
-void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target, std::vector<uint32_t> &keep);
+void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
+                 std::vector<uint32_t> &keep);
 
 // 1-D pooling of `x` (n values) with an odd kernel, "same" padding that
 // ignores the outside (max of the values inside; average over them).

@@ -12,7 +12,9 @@
 namespace kvc::prefix {
 
 namespace {
-std::string u64s(uint64_t v) { return std::to_string(v); }
+std::string u64s(uint64_t v) {
+  return std::to_string(v);
+}
 
 void put_u64(uint8_t *p, uint64_t v) {
   for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
@@ -47,18 +49,19 @@ std::string joined(const std::vector<std::string> &names) {
 }
 }  // namespace
 
-BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) { return h.digest(kx.enc); }
+BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
+  return h.digest(kx.enc);
+}
 
 // With verify_tokens, a hit must be the block itself, not just its key: the
 // same tokens, the same extra keys and the same parent (so a forced
 // collision can never return another prompt's, tenant's or position's KV).
-bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens, const std::vector<uint8_t> &xb,
-              int64_t parent_entry, uint64_t depth) {
+bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens,
+              const std::vector<uint8_t> &xb, int64_t parent_entry, uint64_t depth) {
   if (!ps.verify_tokens) return true;
   return en.depth == depth && en.parent_entry == parent_entry && en.extras_bytes == xb &&
          std::equal(en.tokens.begin(), en.tokens.end(), tokens);
 }
-
 
 void check_extra_key_names(const std::vector<std::string> &names) {
   if (names.size() > kMaxExtraKeyNames)
@@ -144,7 +147,8 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   if (!partial || hit >= usable) return w;
   const uint64_t want = std::min<uint64_t>(bs - 1, usable - hit);
   const BlockKey xd = prefix_extras_digest(ps.hasher, kx);
-  const std::vector<uint32_t> &cands = w.path.empty() ? ps.root_children : ps.entries[w.path.back()].children;
+  const std::vector<uint32_t> &cands =
+      w.path.empty() ? ps.root_children : ps.entries[w.path.back()].children;
   for (uint32_t c : cands) {
     const PrefixEntry &en = ps.entries[c];
     if (!(en.extras == xd) || (ps.verify_tokens && en.extras_bytes != xb)) continue;

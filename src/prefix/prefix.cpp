@@ -24,7 +24,9 @@ void put_bytes(std::vector<uint8_t> &b, const void *p, size_t n) {
 }
 }  // namespace
 
-void prefix_hash_force_constant(bool on) { g_constant.store(on); }
+void prefix_hash_force_constant(bool on) {
+  g_constant.store(on);
+}
 
 namespace {
 // SHA-256 through OpenSSL's low-level interface: the EVP one-shot looks the
@@ -44,7 +46,8 @@ BlockKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
     return k;
   }
   if (h_ == PrefixHash::Sha256) {
-    if (!sha256(bytes.data(), bytes.size(), k.b.data())) throw std::runtime_error("OpenSSL SHA-256 failed");
+    if (!sha256(bytes.data(), bytes.size(), k.b.data()))
+      throw std::runtime_error("OpenSSL SHA-256 failed");
   } else {
     const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
     XXH128_canonical_t c;
@@ -55,7 +58,7 @@ BlockKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
 }
 
 BlockKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint,
-                             const std::string &model_id, const std::string &tokenizer_id) const {
+                            const std::string &model_id, const std::string &tokenizer_id) const {
   std::vector<uint8_t> b;
   put_bytes(b, "KVCP", 4);
   put_u32(b, 1);
@@ -71,7 +74,7 @@ BlockKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> &
 }
 
 BlockKey PrefixHasher::block(const BlockKey &parent, const int32_t *tokens, uint32_t n,
-                              const ExtraKeys &extras, std::vector<uint8_t> &b) const {
+                             const ExtraKeys &extras, std::vector<uint8_t> &b) const {
   // Sized once, then filled in place (this runs once per block of every lookup).
   // The extra keys' encoding without its own 4-byte tag follows the tokens.
   const uint64_t xs = extras.enc.size() - 4;

@@ -13,7 +13,6 @@ namespace kvc::prefix {
 
 enum class PrefixHash : int32_t { Sha256 = 0, Xxh3_128 = 1 };
 
-
 struct PrefixExtra {
   const uint8_t *data;
   uint64_t size;
@@ -42,12 +41,12 @@ class PrefixHasher {
   uint32_t key_size() const { return h_ == PrefixHash::Sha256 ? 32u : 16u; }
   BlockKey digest(const std::vector<uint8_t> &bytes) const;
   // Root: "KVCP", version 1, hash id, seed, fingerprint, model id, tokenizer id.
-  BlockKey root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint, const std::string &model_id,
-                 const std::string &tokenizer_id) const;
+  BlockKey root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint,
+                const std::string &model_id, const std::string &tokenizer_id) const;
   // Block: "KVCB" (or "KVCN" for named extra keys), parent key, token count
   // and ids, extra keys.
-  BlockKey block(const BlockKey &parent, const int32_t *tokens, uint32_t n,
-                  const ExtraKeys &extras, std::vector<uint8_t> &scratch) const;
+  BlockKey block(const BlockKey &parent, const int32_t *tokens, uint32_t n, const ExtraKeys &extras,
+                 std::vector<uint8_t> &scratch) const;
 
  private:
   PrefixHash h_;
@@ -58,8 +57,9 @@ void prefix_hash_force_constant(bool on);
 
 struct PrefixEntry {
   BlockKey key, parent;
-  BlockKey extras;             // digest of the extra keys (partial matches stay within them)
-  std::vector<uint8_t> extras_bytes;  // the extra keys as encoded (verified on hits with verify_tokens)
+  BlockKey extras;  // digest of the extra keys (partial matches stay within them)
+  std::vector<uint8_t>
+      extras_bytes;             // the extra keys as encoded (verified on hits with verify_tokens)
   int64_t parent_entry = -1;    // the parent's entry (-1: the root); verified on hits
   uint64_t depth = 0;           // 1 for the first block of a prompt
   std::vector<int32_t> blocks;  // one per layer
@@ -78,12 +78,15 @@ struct PrefixStatsCore {
 // entry's full key. Deletion shifts the following run back (no tombstones).
 class KeyIndex {
  public:
-  explicit KeyIndex(const std::vector<PrefixEntry> *entries) : entries_(entries) { slots_.assign(16, Slot{}); }
+  explicit KeyIndex(const std::vector<PrefixEntry> *entries) : entries_(entries) {
+    slots_.assign(16, Slot{});
+  }
   size_t size() const { return size_; }
   int64_t find(const BlockKey &k) const {
     const uint64_t tag = tag_of(k);
     for (size_t i = tag & mask(); slots_[i].entry >= 0; i = (i + 1) & mask())
-      if (slots_[i].tag == tag && (*entries_)[static_cast<size_t>(slots_[i].entry)].key == k) return slots_[i].entry;
+      if (slots_[i].tag == tag && (*entries_)[static_cast<size_t>(slots_[i].entry)].key == k)
+        return slots_[i].entry;
     return -1;
   }
   void insert(const BlockKey &k, uint32_t e) {
@@ -168,8 +171,8 @@ void check_extra_key_names(const std::vector<std::string> &names);
 BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx);
 // With verify_tokens, whether entry `en` is the block itself, not just its
 // key: the same tokens, extra keys (xb: their encoding), parent and depth.
-bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens, const std::vector<uint8_t> &xb,
-              int64_t parent_entry, uint64_t depth);
+bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens,
+              const std::vector<uint8_t> &xb, int64_t parent_entry, uint64_t depth);
 
 // A prompt's chain walked through the index: the whole blocks found (path)
 // among the first n - 1 tokens, and with `partial` the cached child block
@@ -179,7 +182,8 @@ struct Walk {
   uint64_t partial_tokens = 0;
   int64_t partial_entry = -1;
 };
-Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n, const ExtraKeys &kx, bool partial);
+Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
+          const ExtraKeys &kx, bool partial);
 
 // The entries of the whole cached blocks among the first n - 1 tokens.
 std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,

@@ -22,7 +22,9 @@ bool have_avx2() {
 }  // namespace
 #else
 namespace {
-bool have_avx2() { return false; }
+bool have_avx2() {
+  return false;
+}
 }  // namespace
 #endif
 

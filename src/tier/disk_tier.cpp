@@ -34,7 +34,8 @@ constexpr size_t kHeader = 32;
 constexpr const char *kExt = ".kvct";
 
 bool parse_hex_key(const std::string &name, BlockKey &k) {
-  if (name.size() != 64 + std::strlen(kExt) || name.compare(64, std::string::npos, kExt) != 0) return false;
+  if (name.size() != 64 + std::strlen(kExt) || name.compare(64, std::string::npos, kExt) != 0)
+    return false;
   for (size_t i = 0; i < 32; ++i) {
     int v = 0;
     for (int j = 0; j < 2; ++j) {
@@ -73,7 +74,8 @@ bool writer_alive(const std::string &name, int dfd) {
 
 class DiskTier final : public Tier {
  public:
-  DiskTier(std::string dir, uint64_t cap, bool fsync_each) : dir_(std::move(dir)), cap_(cap), fsync_(fsync_each) {}
+  DiskTier(std::string dir, uint64_t cap, bool fsync_each)
+      : dir_(std::move(dir)), cap_(cap), fsync_(fsync_each) {}
   const char *name() const override { return "disk"; }
 
   // Scans the directory (see tier.h). False with a reason when it cannot be used.
@@ -100,7 +102,8 @@ class DiskTier final : public Tier {
     }
     closedir(d);
     std::sort(found.begin(), found.end(), [](const Found &a, const Found &b) {
-      return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec : a.mtime.tv_nsec < b.mtime.tv_nsec;
+      return a.mtime.tv_sec != b.mtime.tv_sec ? a.mtime.tv_sec < b.mtime.tv_sec
+                                              : a.mtime.tv_nsec < b.mtime.tv_nsec;
     });
     std::unique_lock lk(mu_);
     // Oldest first: the newest ends at the front. Never refreshed by this
@@ -113,17 +116,20 @@ class DiskTier final : public Tier {
     return true;
   }
 
-  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
+  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
+           size_t n) override {
     const uint64_t total = kHeader + fp.size() + n;
     std::unique_lock lk(mu_);
-    if (total > cap_) return error("a block record of " + std::to_string(total) + " bytes is larger than the tier (" +
-                                   std::to_string(cap_) + ")");
+    if (total > cap_)
+      return error("a block record of " + std::to_string(total) +
+                   " bytes is larger than the tier (" + std::to_string(cap_) + ")");
     auto old = map_.find(key);
     const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
     const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.bytes : 0);
     if (total > cap_ - pinned_other)  // checked first: a refused put changes nothing
-      return error("no room for a block record of " + std::to_string(total) + " bytes: " +
-                   std::to_string(pinned_other) + " of the tier's " + std::to_string(cap_) + " bytes are pinned");
+      return error("no room for a block record of " + std::to_string(total) +
+                   " bytes: " + std::to_string(pinned_other) + " of the tier's " +
+                   std::to_string(cap_) + " bytes are pinned");
     uint8_t h[kHeader] = {};
     std::memcpy(h, kMagic, 4);
     const uint32_t v = kVersion, f = static_cast<uint32_t>(fp.size());
@@ -156,7 +162,7 @@ class DiskTier final : public Tier {
     }
     unindex(key);
     index(key, total, std::chrono::steady_clock::now());  // its time: just written
-    if (pins) {  // a rewrite keeps its pins
+    if (pins) {                                           // a rewrite keeps its pins
       map_[key].pins = pins;
       pinned_bytes_ += total;
     }
@@ -170,7 +176,8 @@ class DiskTier final : public Tier {
     return true;
   }
 
-  bool get(const BlockKey &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+  bool get(const BlockKey &key, const std::vector<uint8_t> &fp,
+           std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     const std::string path = path_of(key);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -188,7 +195,8 @@ class DiskTier final : public Tier {
     uint64_t total = 0, sum = 0;
     if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeader + fp.size()) {
       why = "cannot be read (or is shorter than a header)";
-    } else if (static_cast<uint64_t>(st.st_size) > cap_) {  // put never writes one: damaged or foreign
+    } else if (static_cast<uint64_t>(st.st_size) >
+               cap_) {  // put never writes one: damaged or foreign
       why = "is larger than the tier's capacity";
     } else {
       total = static_cast<uint64_t>(st.st_size);
@@ -215,8 +223,10 @@ class DiskTier final : public Tier {
       constexpr size_t kPiece = 256 << 10;
       for (size_t off = 0; why.empty() && off < out.size(); off += kPiece) {
         const size_t n = std::min(kPiece, out.size() - off);
-        if (!read_all(fd, out.data() + off, n)) why = "cannot be read";
-        else hash_->update(out.data() + off, n);
+        if (!read_all(fd, out.data() + off, n))
+          why = "cannot be read";
+        else
+          hash_->update(out.data() + off, n);
       }
       if (why.empty() && hash_->digest() != sum) why = "fails its checksum";
     }
@@ -230,7 +240,7 @@ class DiskTier final : public Tier {
       return false;
     }
     auto it = map_.find(key);
-    if (it == map_.end()) {  // written by another process: indexed, within the capacity
+    if (it == map_.end()) {   // written by another process: indexed, within the capacity
       index(key, total, {});  // written by another process: its time is refreshed below
       it = map_.find(key);
       while (st_.bytes > cap_) {
@@ -301,7 +311,8 @@ class DiskTier final : public Tier {
   };
   std::string path_of(const BlockKey &k) const { return dir_ + "/" + k.hex() + kExt; }
   bool fail_open(std::string *error, const char *what) {
-    if (error) *error = std::string(what) + " the disk tier directory " + dir_ + ": " + std::strerror(errno);
+    if (error)
+      *error = std::string(what) + " the disk tier directory " + dir_ + ": " + std::strerror(errno);
     return false;
   }
   bool error(const std::string &why) {
@@ -318,7 +329,8 @@ class DiskTier final : public Tier {
     std::memcpy(&f, h + 8, 4);
     std::memcpy(&p, h + 16, 8);
     if (v != kVersion) return "has format version " + std::to_string(v);
-    if (p > file_size || kHeader + static_cast<uint64_t>(f) + p != file_size) return "has the wrong size (truncated?)";
+    if (p > file_size || kHeader + static_cast<uint64_t>(f) + p != file_size)
+      return "has the wrong size (truncated?)";
     return "";
   }
   void index(const BlockKey &k, uint64_t bytes, std::chrono::steady_clock::time_point touched) {
@@ -350,14 +362,14 @@ class DiskTier final : public Tier {
   std::list<BlockKey> lru_;
   Stats st_;
   std::unique_ptr<Xxh3Stream> hash_;  // reads' checksum state (under mu_)
-  uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
+  uint64_t pinned_bytes_ = 0;         // bytes of entries with pins > 0
   std::string err_;
 };
 
 }  // namespace
 
-std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes, bool fsync_each,
-                                     std::string *error) {
+std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes,
+                                     bool fsync_each, std::string *error) {
   auto t = std::make_unique<DiskTier>(dir, capacity_bytes, fsync_each);
   if (!t->open_dir(error)) return nullptr;
   return t;

@@ -16,21 +16,25 @@ class HostTier final : public Tier {
   explicit HostTier(uint64_t cap) : cap_(cap) {}
   const char *name() const override { return "host"; }
 
-  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload, size_t n) override {
+  bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
+           size_t n) override {
     const uint64_t need = n + fp.size();
     std::unique_lock lk(mu_);
     if (need > cap_) {
       ++st_.errors;
-      err_ = "a block of " + std::to_string(need) + " bytes is larger than the tier (" + std::to_string(cap_) + ")";
+      err_ = "a block of " + std::to_string(need) + " bytes is larger than the tier (" +
+             std::to_string(cap_) + ")";
       return false;
     }
     auto old = map_.find(key);
     const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
-    const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.n + old->second.fp.size() : 0);
+    const uint64_t pinned_other =
+        pinned_bytes_ - (pins ? old->second.n + old->second.fp.size() : 0);
     if (need > cap_ - pinned_other) {  // checked first: a refused put changes nothing
       ++st_.errors;
-      err_ = "no room for a block of " + std::to_string(need) + " bytes: " + std::to_string(pinned_other) +
-             " of the tier's " + std::to_string(cap_) + " bytes are pinned";
+      err_ = "no room for a block of " + std::to_string(need) +
+             " bytes: " + std::to_string(pinned_other) + " of the tier's " + std::to_string(cap_) +
+             " bytes are pinned";
       return false;
     }
     Entry e;
@@ -62,7 +66,8 @@ class HostTier final : public Tier {
     return true;
   }
 
-  bool get(const BlockKey &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+  bool get(const BlockKey &key, const std::vector<uint8_t> &fp,
+           std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
     if (it == map_.end() || it->second.fp != fp) {
@@ -157,6 +162,8 @@ class HostTier final : public Tier {
 
 }  // namespace
 
-std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes) { return std::make_unique<HostTier>(capacity_bytes); }
+std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes) {
+  return std::make_unique<HostTier>(capacity_bytes);
+}
 
 }  // namespace kvc::tier

@@ -331,7 +331,8 @@ class RedisTier final : public Tier {
     return true;
   }
 
-  bool get(const BlockKey &key, const std::vector<uint8_t> &fp, std::vector<uint8_t> &out) override {
+  bool get(const BlockKey &key, const std::vector<uint8_t> &fp,
+           std::vector<uint8_t> &out) override {
     const std::string k = redis_key(key);
     std::string why;
     Reply r = command({"GET", k}, why);

@@ -24,13 +24,12 @@
 
 namespace kvc::tier {
 
-
 // Counters of one tier (monotonic except bytes / entries).
 struct Stats {
-  uint64_t bytes = 0, entries = 0;            // held now
-  uint64_t hits = 0, misses = 0;              // get()
-  uint64_t puts = 0, evictions = 0;           // stored; dropped for capacity (LRU)
-  uint64_t errors = 0;                        // failed writes / reads, refused records
+  uint64_t bytes = 0, entries = 0;   // held now
+  uint64_t hits = 0, misses = 0;     // get()
+  uint64_t puts = 0, evictions = 0;  // stored; dropped for capacity (LRU)
+  uint64_t errors = 0;               // failed writes / reads, refused records
 };
 
 class Tier {
@@ -41,11 +40,12 @@ class Tier {
   // replacing an older one; evicts least recently used entries for room.
   // False (counted as an error, nothing stored) when it cannot: larger than
   // the capacity, an I/O error. Never partly visible.
-  virtual bool put(const BlockKey &key, const std::vector<uint8_t> &fingerprint, const uint8_t *payload,
-                   size_t n) = 0;
+  virtual bool put(const BlockKey &key, const std::vector<uint8_t> &fingerprint,
+                   const uint8_t *payload, size_t n) = 0;
   // The payload of `key` written with `fingerprint`, whole, or false (a miss:
   // absent, another fingerprint, or a damaged record, which is removed).
-  virtual bool get(const BlockKey &key, const std::vector<uint8_t> &fingerprint, std::vector<uint8_t> &out) = 0;
+  virtual bool get(const BlockKey &key, const std::vector<uint8_t> &fingerprint,
+                   std::vector<uint8_t> &out) = 0;
   virtual bool contains(const BlockKey &key) = 0;
   virtual bool erase(const BlockKey &key) = 0;
   // Pins `key`: LRU replacement never evicts a pinned entry (a put that would
@@ -71,8 +71,8 @@ std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes);
 // Each record carries a checksum (XXH3-64) and the writer's fingerprint; a
 // record failing either is removed, never served. fsync_each: flush every
 // record to disk before it is visible (survives power loss, slower).
-std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes, bool fsync_each,
-                                     std::string *error);
+std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes,
+                                     bool fsync_each, std::string *error);
 
 // Redis (hiredis): one server, or a Redis Cluster whose slot map is read from
 // the seed nodes (CRC16 key slots with hash tags, MOVED and ASK redirects
@@ -82,8 +82,8 @@ std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_b
 struct RedisConfig {
   std::vector<std::pair<std::string, int>> nodes;  // one server, or cluster seed nodes (host, port)
   bool cluster = false;
-  uint32_t timeout_ms = 1000;     // connect and command timeout
-  uint64_t ttl_seconds = 0;       // 0: records never expire
+  uint32_t timeout_ms = 1000;       // connect and command timeout
+  uint64_t ttl_seconds = 0;         // 0: records never expire
   std::string key_prefix = "kvc:";  // Redis keys: key_prefix + the key's hex digits
 };
 // Null with *error set when the library was built without hiredis or the

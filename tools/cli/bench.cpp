@@ -29,13 +29,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double now_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+double now_seconds() {
+  return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+}
 
 // Keeps results alive so the compiler cannot drop the work.
 volatile std::uint64_t g_sink = 0;
 
 /// Rounds per case: --rounds, else 5 (--quick: 3).
-int bench_rounds(const BenchOptions &o) { return o.rounds > 0 ? o.rounds : o.quick ? 3 : 5; }
+int bench_rounds(const BenchOptions &o) {
+  return o.rounds > 0 ? o.rounds : o.quick ? 3 : 5;
+}
 
 /// Something timed: `run` once per operation, `setup` (not timed) before each when set.
 struct Timed {
@@ -73,8 +77,9 @@ class Bench {
 
   /// Times `op` and `base` in alternating rounds (so a burst of load hits both
   /// alike); the fastest round of each counts.
-  void pair(const std::string &group, const std::string &name, const std::string &baseline, const Timed &op,
-            const Timed &base, double bytes, double items, const std::string &unit) {
+  void pair(const std::string &group, const std::string &name, const std::string &baseline,
+            const Timed &op, const Timed &base, double bytes, double items,
+            const std::string &unit) {
     auto calibrate = [&](const Timed &t) {
       time_reps(t, 1);  // warm caches and lazy allocations
       const double one = std::max(time_reps(t, 1), 1e-8);
@@ -107,7 +112,9 @@ class Bench {
   std::vector<BenchResult> results_;
 };
 
-void ok(kvc_status s, const char *what) { check_kvc(s, what); }
+void ok(kvc_status s, const char *what) {
+  check_kvc(s, what);
+}
 
 // The geometry of the library cases: one layer of a Llama-3-8B-like model
 // (32 query heads, 8 KV heads, head_dim 128), blocks of 16 tokens.
@@ -119,9 +126,11 @@ struct PoolHandle {
   ~PoolHandle() { kvc_pool_destroy(p); }
 };
 
-std::unique_ptr<PoolHandle> make_pool(std::uint64_t tokens, kvc_dtype dtype, const kvc_codec *codec = nullptr,
-                                      bool prefix = false, kvc_prefix_hash hash = KVC_PREFIX_HASH_SHA256,
-                                      std::uint32_t head_dim = kHeadDim, std::uint32_t kv_heads = kKvHeads) {
+std::unique_ptr<PoolHandle> make_pool(std::uint64_t tokens, kvc_dtype dtype,
+                                      const kvc_codec *codec = nullptr, bool prefix = false,
+                                      kvc_prefix_hash hash = KVC_PREFIX_HASH_SHA256,
+                                      std::uint32_t head_dim = kHeadDim,
+                                      std::uint32_t kv_heads = kKvHeads) {
   kvc_pool_config c;
   ok(kvc_pool_config_init(&c), "kvc_pool_config_init");
   c.num_layers = 1;
@@ -153,8 +162,8 @@ std::vector<float> random_floats(std::size_t n, unsigned seed) {
 
 /// The textbook attention an engine without the library runs: contiguous
 /// f32 K/V `[tokens][kv_heads][head_dim]`, scores, softmax, weighted sum.
-void dense_attention(const float *k, const float *v, const float *q, float *out, std::uint32_t tokens,
-                     std::vector<float> &scores) {
+void dense_attention(const float *k, const float *v, const float *q, float *out,
+                     std::uint32_t tokens, std::vector<float> &scores) {
   const std::uint32_t group = kQHeads / kKvHeads;
   const float scale = 1.0f / std::sqrt(float(kHeadDim));
   scores.resize(tokens);
@@ -202,7 +211,8 @@ void pool_cases(Bench &b) {
                  static_cast<volatile char *>(m)[0] = 1;
                  std::free(m);
                }};
-    b.pair(G, "reserve + free 1 block", "malloc + free of the block's 64 KiB", op, base, 0, 1, "block");
+    b.pair(G, "reserve + free 1 block", "malloc + free of the block's 64 KiB", op, base, 0, 1,
+           "block");
   }
   if (b.wanted(G, "append 16 tokens")) {
     auto pool = make_pool(tokens, KVC_DTYPE_F16);
@@ -210,8 +220,8 @@ void pool_cases(Bench &b) {
     ok(kvc_seq_reserve(pool->p, 1, tokens, nullptr), "kvc_seq_reserve");
     std::uint64_t pos = 0;
     Timed op{nullptr, [&] {
-               ok(kvc_append(pool->p, 1, 0, pos, kBlock, kv16.data() + pos * kRow, kv16.data() + pos * kRow,
-                             KVC_DTYPE_F16),
+               ok(kvc_append(pool->p, 1, 0, pos, kBlock, kv16.data() + pos * kRow,
+                             kv16.data() + pos * kRow, KVC_DTYPE_F16),
                   "kvc_append");
                pos = (pos + kBlock) % tokens;
              }};
@@ -223,8 +233,8 @@ void pool_cases(Bench &b) {
                  std::memcpy(dst.data() + 2 * bpos * kRow + n, kv16.data() + bpos * kRow, n * 2);
                  bpos = (bpos + kBlock) % tokens;
                }};
-    b.pair(G, "append 16 tokens (f16, 8 KV heads x 128)", "memcpy of the same K and V bytes", op, base,
-           block_bytes, kBlock, "token");
+    b.pair(G, "append 16 tokens (f16, 8 KV heads x 128)", "memcpy of the same K and V bytes", op,
+           base, block_bytes, kBlock, "token");
   }
   if (b.wanted(G, "gather")) {
     const std::uint64_t n = 1024;
@@ -233,16 +243,18 @@ void pool_cases(Bench &b) {
     ok(kvc_seq_reserve(pool->p, 1, n, nullptr), "kvc_seq_reserve");
     ok(kvc_append(pool->p, 1, 0, 0, n, kv16.data(), kv16.data(), KVC_DTYPE_F16), "kvc_append");
     std::vector<std::uint16_t> k_out(n * kRow), v_out(n * kRow);
-    Timed op{nullptr, [&] {
-               ok(kvc_gather(pool->p, 1, 0, 0, n, k_out.data(), v_out.data(), KVC_DTYPE_F16, nullptr), "kvc_gather");
-             }};
+    Timed op{
+        nullptr, [&] {
+          ok(kvc_gather(pool->p, 1, 0, 0, n, k_out.data(), v_out.data(), KVC_DTYPE_F16, nullptr),
+             "kvc_gather");
+        }};
     std::vector<std::uint16_t> src2(kv16.begin(), kv16.begin() + n * kRow);
     Timed base{nullptr, [&] {
                  std::memcpy(k_out.data(), kv16.data(), n * kRow * 2);
                  std::memcpy(v_out.data(), src2.data(), n * kRow * 2);
                }};
-    b.pair(G, "gather 1024 tokens (f16 blocks to contiguous f16)", "memcpy of the same bytes", op, base,
-           2.0 * n * kRow * 2, double(n), "token");
+    b.pair(G, "gather 1024 tokens (f16 blocks to contiguous f16)", "memcpy of the same bytes", op,
+           base, 2.0 * n * kRow * 2, double(n), "token");
   }
   if (b.wanted(G, "fork")) {
     auto pool = make_pool(tokens, KVC_DTYPE_F16);
@@ -258,8 +270,8 @@ void pool_cases(Bench &b) {
                  std::memcpy(dst.data(), kv16.data(), kv16.size() * 2);
                  std::memcpy(dst.data() + kv16.size(), kv16.data(), kv16.size() * 2);
                }};
-    b.pair(G, "fork + free a 4096-token sequence (copy-on-write)", "memcpy of its K and V bytes (a deep copy)", op,
-           base, 0, double(tokens), "token");
+    b.pair(G, "fork + free a 4096-token sequence (copy-on-write)",
+           "memcpy of its K and V bytes (a deep copy)", op, base, 0, double(tokens), "token");
   }
 }
 
@@ -289,16 +301,22 @@ void codec_cases(Bench &b) {
     kvc_quant_sizes sz;
     ok(kvc_quant_sizes_init(&sz), "kvc_quant_sizes_init");
     ok(kvc_quantize_sizes(&c, n, d, &sz), "kvc_quantize_sizes");
-    std::vector<std::uint8_t> codes(sz.codes_bytes), scales(sz.scales_bytes + 1), zeros(sz.zeros_bytes + 1);
+    std::vector<std::uint8_t> codes(sz.codes_bytes), scales(sz.scales_bytes + 1),
+        zeros(sz.zeros_bytes + 1);
     auto quantize = [&] {
-      ok(kvc_quantize(&c, src.data(), KVC_DTYPE_F32, n, d, codes.data(), scales.data(), zeros.data()), "kvc_quantize");
+      ok(kvc_quantize(&c, src.data(), KVC_DTYPE_F32, n, d, codes.data(), scales.data(),
+                      zeros.data()),
+         "kvc_quantize");
     };
     quantize();
     Timed copy{nullptr, [&] { std::memcpy(out.data(), src.data(), n * d * sizeof(float)); }};
-    if (b.wanted(G, qname)) b.pair(G, qname, "memcpy of the f32 input", Timed{nullptr, quantize}, copy, double(n * d * 4), double(n), "row");
+    if (b.wanted(G, qname))
+      b.pair(G, qname, "memcpy of the f32 input", Timed{nullptr, quantize}, copy, double(n * d * 4),
+             double(n), "row");
     if (b.wanted(G, dname)) {
       Timed deq{nullptr, [&] {
-                  ok(kvc_dequantize(&c, codes.data(), scales.data(), zeros.data(), n, d, out.data(), KVC_DTYPE_F32),
+                  ok(kvc_dequantize(&c, codes.data(), scales.data(), zeros.data(), n, d, out.data(),
+                                    KVC_DTYPE_F32),
                      "kvc_dequantize");
                 }};
       b.pair(G, dname, "memcpy of the f32 output", deq, copy, double(n * d * 4), double(n), "row");
@@ -326,27 +344,35 @@ void attention_cases(Bench &b) {
     ap.num_threads = threads;
     const std::uint64_t id = 1;
     return Timed{nullptr, [p, ap, id, &q, &out] {
-                   ok(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &ap), "kvc_attention_decode");
+                   ok(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &ap),
+                      "kvc_attention_decode");
                  }};
   };
   const double f16_bytes = 2.0 * tokens * kRow * 2;
   auto f16 = filled_pool(KVC_DTYPE_F16, nullptr);
   std::vector<float> scores;
   if (b.wanted(G, "decode f16 vs dense")) {
-    Timed dense{nullptr, [&] { dense_attention(kv.data(), kv.data(), q.data(), out.data(), tokens, scores); }};
-    b.pair(G, "decode f16 vs dense: 1 sequence of 4096 tokens, 32/8 heads x 128, paged f16, 1 thread",
-           "the textbook loop over contiguous f32 K/V", decode(f16->p, 1), dense, f16_bytes, double(tokens), "token");
+    Timed dense{nullptr, [&] {
+                  dense_attention(kv.data(), kv.data(), q.data(), out.data(), tokens, scores);
+                }};
+    b.pair(G,
+           "decode f16 vs dense: 1 sequence of 4096 tokens, 32/8 heads x 128, paged f16, 1 thread",
+           "the textbook loop over contiguous f32 K/V", decode(f16->p, 1), dense, f16_bytes,
+           double(tokens), "token");
   }
   std::vector<std::uint16_t> copy_dst(std::size_t(tokens) * kRow * 2), copy_src(copy_dst.size());
-  Timed memcpy_kv{nullptr, [&] { std::memcpy(copy_dst.data(), copy_src.data(), copy_src.size() * 2); }};
+  Timed memcpy_kv{nullptr,
+                  [&] { std::memcpy(copy_dst.data(), copy_src.data(), copy_src.size() * 2); }};
   if (b.wanted(G, "decode f16 vs memcpy"))
-    b.pair(G, "decode f16 vs memcpy: the same call", "memcpy of the f16 K and V bytes it reads", decode(f16->p, 1),
-           memcpy_kv, f16_bytes, double(tokens), "token");
+    b.pair(G, "decode f16 vs memcpy: the same call", "memcpy of the f16 K and V bytes it reads",
+           decode(f16->p, 1), memcpy_kv, f16_bytes, double(tokens), "token");
   if (b.wanted(G, "decode f16 2 threads"))
-    b.pair(G, "decode f16 2 threads (split by token ranges, merged by log-sum-exp)", "the same call on 1 thread",
-           decode(f16->p, 2), decode(f16->p, 1), f16_bytes, double(tokens), "token");
-  for (const auto &[label, dtype] : {std::pair<const char *, kvc_dtype>{"int8 per-token", KVC_DTYPE_INT8},
-                                     std::pair<const char *, kvc_dtype>{"int4 per-token", KVC_DTYPE_INT4}}) {
+    b.pair(G, "decode f16 2 threads (split by token ranges, merged by log-sum-exp)",
+           "the same call on 1 thread", decode(f16->p, 2), decode(f16->p, 1), f16_bytes,
+           double(tokens), "token");
+  for (const auto &[label, dtype] :
+       {std::pair<const char *, kvc_dtype>{"int8 per-token", KVC_DTYPE_INT8},
+        std::pair<const char *, kvc_dtype>{"int4 per-token", KVC_DTYPE_INT4}}) {
     const std::string name = std::string("decode ") + label + " (dequantized on the fly), 1 thread";
     if (!b.wanted(G, name)) continue;
     kvc_codec c;
@@ -354,8 +380,8 @@ void attention_cases(Bench &b) {
     c.dtype = dtype;
     c.granularity = KVC_SCALE_PER_TOKEN;
     auto qpool = filled_pool(dtype, &c);
-    b.pair(G, name, "f16 decode of the same tokens", decode(qpool->p, 1), decode(f16->p, 1), 0, double(tokens),
-           "token");
+    b.pair(G, name, "f16 decode of the same tokens", decode(qpool->p, 1), decode(f16->p, 1), 0,
+           double(tokens), "token");
   }
 }
 
@@ -380,7 +406,8 @@ void evict_cases(Bench &b) {
              ok(kvc_seq_create(pool->p, 1), "kvc_seq_create");
              live = true;
              ok(kvc_seq_reserve(pool->p, 1, tokens, nullptr), "kvc_seq_reserve");
-             ok(kvc_append(pool->p, 1, 0, 0, tokens, kv.data(), kv.data(), KVC_DTYPE_F32), "kvc_append");
+             ok(kvc_append(pool->p, 1, 0, 0, tokens, kv.data(), kv.data(), KVC_DTYPE_F32),
+                "kvc_append");
            },
            [&] {
              std::uint64_t dropped = 0;
@@ -389,14 +416,16 @@ void evict_cases(Bench &b) {
            }};
   std::vector<std::uint16_t> dst(std::size_t(keep) * kRow * 2), src(dst.size());
   Timed base{nullptr, [&] { std::memcpy(dst.data(), src.data(), dst.size() * 2); }};
-  b.pair(G, name, "memcpy of the kept K and V bytes", op, base, 2.0 * keep * kRow * 2, double(tokens), "token");
+  b.pair(G, name, "memcpy of the kept K and V bytes", op, base, 2.0 * keep * kRow * 2,
+         double(tokens), "token");
 }
 
 void prefix_cases(Bench &b) {
   const std::string G = "prefix";
   const std::uint64_t blocks = 256, tokens = blocks * kBlock;
   std::vector<std::int32_t> toks(tokens + 1);
-  for (std::size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<std::int32_t>((i * 2654435761u) % 50000);
+  for (std::size_t i = 0; i < toks.size(); ++i)
+    toks[i] = static_cast<std::int32_t>((i * 2654435761u) % 50000);
   // Baseline: what an engine keeps without the library, a hash map keyed by
   // std::hash of (parent key, the block's token bytes), chained block by block.
   std::unordered_map<std::size_t, std::int32_t> map;
@@ -404,19 +433,25 @@ void prefix_cases(Bench &b) {
     std::size_t parent = 0x9e3779b97f4a7c15ull, hits = 0;
     for (std::uint64_t blk = 0; blk < blocks; ++blk) {
       std::string bytes(reinterpret_cast<const char *>(&parent), sizeof parent);
-      bytes.append(reinterpret_cast<const char *>(toks.data() + blk * kBlock), kBlock * sizeof(std::int32_t));
+      bytes.append(reinterpret_cast<const char *>(toks.data() + blk * kBlock),
+                   kBlock * sizeof(std::int32_t));
       parent = std::hash<std::string>{}(bytes);
-      if (insert) map[parent] = static_cast<std::int32_t>(blk);
-      else if (map.find(parent) != map.end()) ++hits;
-      else break;
+      if (insert)
+        map[parent] = static_cast<std::int32_t>(blk);
+      else if (map.find(parent) != map.end())
+        ++hits;
+      else
+        break;
     }
     return hits;
   };
   chain(true);
   Timed base{nullptr, [&] { g_sink = g_sink + chain(false); }};
-  for (const auto &[label, hash] : {std::pair<const char *, kvc_prefix_hash>{"SHA-256", KVC_PREFIX_HASH_SHA256},
-                                    std::pair<const char *, kvc_prefix_hash>{"XXH3-128", KVC_PREFIX_HASH_XXH3_128}}) {
-    const std::string name = std::string("lookup of a 4096-token cached prompt, ") + label + " keys, token-verified";
+  for (const auto &[label, hash] :
+       {std::pair<const char *, kvc_prefix_hash>{"SHA-256", KVC_PREFIX_HASH_SHA256},
+        std::pair<const char *, kvc_prefix_hash>{"XXH3-128", KVC_PREFIX_HASH_XXH3_128}}) {
+    const std::string name =
+        std::string("lookup of a 4096-token cached prompt, ") + label + " keys, token-verified";
     if (!b.wanted(G, name)) continue;
     auto pool = make_pool(tokens, KVC_DTYPE_F16, nullptr, true, hash, 8, 1);
     ok(kvc_seq_create(pool->p, 1), "kvc_seq_create");
@@ -425,20 +460,25 @@ void prefix_cases(Bench &b) {
       kvc_pool_config pc;
       kvc_pool_config_init(&pc);
       ok(kvc_pool_get_config(pool->p, &pc), "kvc_pool_get_config");
-      const std::vector<float> zeros(static_cast<size_t>(tokens) * pc.num_kv_heads * pc.head_dim, 0.0f);
+      const std::vector<float> zeros(static_cast<size_t>(tokens) * pc.num_kv_heads * pc.head_dim,
+                                     0.0f);
       for (uint32_t l = 0; l < pc.num_layers; ++l)
-        ok(kvc_append(pool->p, 1, l, 0, tokens, zeros.data(), zeros.data(), KVC_DTYPE_F32), "kvc_append");
+        ok(kvc_append(pool->p, 1, l, 0, tokens, zeros.data(), zeros.data(), KVC_DTYPE_F32),
+           "kvc_append");
     }
-    ok(kvc_prefix_insert(pool->p, 1, toks.data(), tokens, nullptr, 0, nullptr), "kvc_prefix_insert");
+    ok(kvc_prefix_insert(pool->p, 1, toks.data(), tokens, nullptr, 0, nullptr),
+       "kvc_prefix_insert");
     kvc_prefix_result r;
     std::memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
     Timed op{nullptr, [&] {
-               ok(kvc_prefix_lookup(pool->p, toks.data(), toks.size(), nullptr, 0, 0, &r), "kvc_prefix_lookup");
-               if (r.hit_tokens != tokens) throw RunnerError("bench: the cached prompt did not hit");
+               ok(kvc_prefix_lookup(pool->p, toks.data(), toks.size(), nullptr, 0, 0, &r),
+                  "kvc_prefix_lookup");
+               if (r.hit_tokens != tokens)
+                 throw RunnerError("bench: the cached prompt did not hit");
              }};
-    b.pair(G, name, "std::unordered_map of chained std::hash block keys (unverified)", op, base, 0, double(tokens),
-           "token");
+    b.pair(G, name, "std::unordered_map of chained std::hash block keys (unverified)", op, base, 0,
+           double(tokens), "token");
   }
 }
 
@@ -468,15 +508,20 @@ void model_cases(Bench &b, const BenchOptions &o) {
                ArrayCache cache(c);
                window(cache);
              }};
-  b.pair(G, name, "the same pass on a plain array cache (llama2.c)", op, base, 0, double(n), "token");
+  b.pair(G, name, "the same pass on a plain array cache (llama2.c)", op, base, 0, double(n),
+         "token");
 }
 
 std::string human_time(double s) {
   char buf[32];
-  if (s >= 1.0) std::snprintf(buf, sizeof buf, "%.3f s", s);
-  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
-  else if (s >= 1e-6) std::snprintf(buf, sizeof buf, "%.3f us", s * 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1f ns", s * 1e9);
+  if (s >= 1.0)
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3)
+    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else if (s >= 1e-6)
+    std::snprintf(buf, sizeof buf, "%.3f us", s * 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f ns", s * 1e9);
   return buf;
 }
 
@@ -484,7 +529,8 @@ std::string human_time(double s) {
 
 std::vector<BenchResult> run_bench(const BenchOptions &o) {
   if (o.tokens < 0) throw RunnerError("--tokens must be >= 1");
-  if (o.rounds < 0 || o.rounds > 1000) throw RunnerError("--rounds must be in 1..1000 (0: the default)");
+  if (o.rounds < 0 || o.rounds > 1000)
+    throw RunnerError("--rounds must be in 1..1000 (0: the default)");
   BenchOptions opt = o;
   if (opt.tokens == 0) opt.tokens = o.quick ? 256 : 1 << 30;  // capped at the model's seq_len
   Bench b(opt);
@@ -499,10 +545,12 @@ std::vector<BenchResult> run_bench(const BenchOptions &o) {
 }
 
 void print_bench(const BenchOptions &o, const std::vector<BenchResult> &results) {
-  std::printf("kvcache bench%s (libkvcache %s): wall time per operation, the fastest of %d rounds; each case "
-              "beside its baseline,\ntimed in alternating rounds of the same run. speed = baseline time / "
-              "time (> 1: faster than the baseline).\n\n",
-              o.quick ? " --quick" : "", kvc_version_string(), bench_rounds(o));
+  std::printf(
+      "kvcache bench%s (libkvcache %s): wall time per operation, the fastest of %d rounds; each "
+      "case "
+      "beside its baseline,\ntimed in alternating rounds of the same run. speed = baseline time / "
+      "time (> 1: faster than the baseline).\n\n",
+      o.quick ? " --quick" : "", kvc_version_string(), bench_rounds(o));
   std::string group;
   for (const BenchResult &r : results) {
     if (r.group != group) {
@@ -511,10 +559,11 @@ void print_bench(const BenchOptions &o, const std::vector<BenchResult> &results)
     }
     const double speed = r.baseline_seconds / r.seconds;
     std::printf("  %s\n    %-12s", r.name.c_str(), human_time(r.seconds).c_str());
-    if (r.items > 0) std::printf("  %10s/%s", human_time(r.seconds / r.items).c_str(), r.item_unit.c_str());
+    if (r.items > 0)
+      std::printf("  %10s/%s", human_time(r.seconds / r.items).c_str(), r.item_unit.c_str());
     if (r.bytes > 0) std::printf("  %7.2f GB/s", r.bytes / r.seconds / 1e9);
-    std::printf("\n    baseline: %s: %s   speed %.3fx\n", r.baseline.c_str(), human_time(r.baseline_seconds).c_str(),
-                speed);
+    std::printf("\n    baseline: %s: %s   speed %.3fx\n", r.baseline.c_str(),
+                human_time(r.baseline_seconds).c_str(), speed);
   }
 }
 

@@ -13,8 +13,8 @@ namespace kvc_cli {
 
 struct BenchOptions {
   std::string model = "stories260k";
-  int tokens = 0;      ///< forward pass: positions per operation (0: the model's seq_len, --quick 256)
-  int rounds = 0;      ///< rounds per case, the fastest counts (0: 5, --quick 3)
+  int tokens = 0;  ///< forward pass: positions per operation (0: the model's seq_len, --quick 256)
+  int rounds = 0;  ///< rounds per case, the fastest counts (0: 5, --quick 3)
   bool quick = false;  ///< fewer and shorter rounds: the whole run in well under a minute
   bool json = false;
   std::string filter;  ///< run only cases whose "group/name" contains this text
@@ -25,9 +25,9 @@ struct BenchOptions {
 struct BenchResult {
   std::string group, name, baseline;
   double seconds = 0, baseline_seconds = 0;
-  double bytes = 0;        ///< bytes one operation moves (0: not a bandwidth case)
-  double items = 0;        ///< tokens (or rows) one operation handles
-  std::string item_unit;   ///< "token", "row", "block"...
+  double bytes = 0;       ///< bytes one operation moves (0: not a bandwidth case)
+  double items = 0;       ///< tokens (or rows) one operation handles
+  std::string item_unit;  ///< "token", "row", "block"...
 };
 
 std::vector<BenchResult> run_bench(const BenchOptions &options);

@@ -25,13 +25,15 @@ struct EvalCommand {
   PrefixEvalOptions prefix_options;
   CLI::Option *max_tokens = nullptr;  ///< --max-tokens: whether it was given
   std::string strategies, plot_path, peer_path;
-  bool json = false, list_strategies = false, no_progress = false, long_context = false, prefix = false;
+  bool json = false, list_strategies = false, no_progress = false, long_context = false,
+       prefix = false;
 };
 
 /// --prefix: requests sharing one prompt prefix, with and without the prefix cache.
 void run_prefix_command(EvalCommand &cmd) {
-  for (const char *name : {"--long", "--strategies", "--list-strategies", "--plot", "--ctx", "--max-tokens",
-                           "--segment", "--chunk", "--overhead", "--threads", "--peer"}) {
+  for (const char *name :
+       {"--long", "--strategies", "--list-strategies", "--plot", "--ctx", "--max-tokens",
+        "--segment", "--chunk", "--overhead", "--threads", "--peer"}) {
     if (cmd.app->count(name) > 0)
       throw RunnerError(std::string("--prefix runs its own scenario: it takes no ") + name);
   }
@@ -43,7 +45,8 @@ void run_prefix_command(EvalCommand &cmd) {
     std::printf("%s\n", run_tier_child(prefix_opt).c_str());
     return;
   }
-  if (!prefix_opt.redis.empty() && prefix_opt.tier_dir.empty()) throw RunnerError("--redis needs --tier-dir");
+  if (!prefix_opt.redis.empty() && prefix_opt.tier_dir.empty())
+    throw RunnerError("--redis needs --tier-dir");
   const PrefixReport report = run_prefix_eval(prefix_opt);
   if (cmd.json) {
     std::printf("%s\n", prefix_json(report).c_str());
@@ -59,12 +62,14 @@ void run_eval_command(EvalCommand &cmd) {
     run_prefix_command(cmd);
     return;
   }
-  for (const char *name : {"--requests", "--prefix-tokens", "--suffix-tokens", "--block-size", "--tier-dir", "--redis",
-                           "--tier-child"}) {
-    if (cmd.app->count(name) > 0) throw RunnerError(std::string(name) + " applies to --prefix only");
+  for (const char *name : {"--requests", "--prefix-tokens", "--suffix-tokens", "--block-size",
+                           "--tier-dir", "--redis", "--tier-child"}) {
+    if (cmd.app->count(name) > 0)
+      throw RunnerError(std::string(name) + " applies to --prefix only");
   }
   EvalOptions &eval_opt = cmd.options;
-  const std::vector<std::string> defaults = cmd.long_context ? default_long_strategies() : default_strategies();
+  const std::vector<std::string> defaults =
+      cmd.long_context ? default_long_strategies() : default_strategies();
   if (cmd.list_strategies) {
     for (const std::string &s : defaults) std::printf("%s\n", s.c_str());
     return;
@@ -105,48 +110,70 @@ void register_eval(CLI::App &app) {
   CLI::App *eval = app.add_subcommand(
       "eval", "Compare KV-cache strategies with the dense f32 cache on a real model and text");
   cmd->app = eval;
-  eval->add_option("--model", eval_opt.model, "Checkpoint path, GGUF file or known name (stories260k, smollm2)")
+  eval->add_option("--model", eval_opt.model,
+                   "Checkpoint path, GGUF file or known name (stories260k, smollm2)")
       ->capture_default_str();
-  eval->add_option("--tokenizer", eval_opt.tokenizer, "Tokenizer path or known name (default: the model's)");
-  eval->add_option("--text", eval_opt.text, "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
-  eval->add_option("--strategies", cmd->strategies, "Comma-separated strategy specs, e.g. int4:group=32:full-range:hadamard or k-int8:per-token+v-int4:group=32 "
-                  "(grammar in docs/eval.md; default: every strategy of --list-strategies)");
-  eval->add_option("--ctx", eval_opt.ctx, "Window length in tokens, BOS included (default: the model's seq_len)");
+  eval->add_option("--tokenizer", eval_opt.tokenizer,
+                   "Tokenizer path or known name (default: the model's)");
+  eval->add_option("--text", eval_opt.text,
+                   "UTF-8 text to score (default: shared data/tinystories-valid-sample.txt)");
+  eval->add_option("--strategies", cmd->strategies,
+                   "Comma-separated strategy specs, e.g. int4:group=32:full-range:hadamard or "
+                   "k-int8:per-token+v-int4:group=32 "
+                   "(grammar in docs/eval.md; default: every strategy of --list-strategies)");
+  eval->add_option("--ctx", eval_opt.ctx,
+                   "Window length in tokens, BOS included (default: the model's seq_len)");
   cmd->max_tokens =
       eval->add_option("--max-tokens", eval_opt.max_tokens, "Tokens to score (0: the whole text)")
           ->capture_default_str();
   eval->add_flag("--long", cmd->long_context,
-                 "Long context: windows of 8x the model's trained context (--ctx to change) fed as one stream, "
+                 "Long context: windows of 8x the model's trained context (--ctx to change) fed as "
+                 "one stream, "
                  "dense vs window vs StreamingLLM by default, perplexity per segment");
-  eval->add_flag("--prefix", cmd->prefix,
-                 "Prefix-cache scenario: requests sharing one prompt prefix, with and without the prefix "
-                 "cache (hit rate, tokens computed, time to first token, identical log-probabilities)");
+  eval->add_flag(
+      "--prefix", cmd->prefix,
+      "Prefix-cache scenario: requests sharing one prompt prefix, with and without the prefix "
+      "cache (hit rate, tokens computed, time to first token, identical log-probabilities)");
   eval->add_option("--requests", prefix_opt.requests, "--prefix: requests")->capture_default_str();
-  eval->add_option("--prefix-tokens", prefix_opt.prefix_tokens, "--prefix: shared prefix length, BOS included")
+  eval->add_option("--prefix-tokens", prefix_opt.prefix_tokens,
+                   "--prefix: shared prefix length, BOS included")
       ->capture_default_str();
-  eval->add_option("--suffix-tokens", prefix_opt.suffix_tokens, "--prefix: tokens after the prefix, different per request")
+  eval->add_option("--suffix-tokens", prefix_opt.suffix_tokens,
+                   "--prefix: tokens after the prefix, different per request")
       ->capture_default_str();
-  eval->add_option("--block-size", prefix_opt.block_size, "--prefix: pool block size in tokens")->capture_default_str();
+  eval->add_option("--block-size", prefix_opt.block_size, "--prefix: pool block size in tokens")
+      ->capture_default_str();
   eval->add_option("--tier-dir", prefix_opt.tier_dir,
-                   "--prefix: also the tiered run (docs/tiers.md): the prefix served from host memory, then from "
+                   "--prefix: also the tiered run (docs/tiers.md): the prefix served from host "
+                   "memory, then from "
                    "this directory's disk tier by a new process");
   eval->add_option("--redis", prefix_opt.redis,
-                   "--prefix --tier-dir: also from Redis (host:port, or cluster seeds host:port,host:port) by a new "
+                   "--prefix --tier-dir: also from Redis (host:port, or cluster seeds "
+                   "host:port,host:port) by a new "
                    "process");
-  eval->add_option("--tier-child", prefix_opt.tier_child, "internal: one phase of the tiered run")->group("");
-  eval->add_option("--peer", cmd->peer_path,
-                   "JSON of bench/peers/llamacpp_kv.py (llama.cpp's KV types on the same windows): printed "
-                   "beside our rows");
-  eval->add_option("--chunk", eval_opt.chunk,
-                   "Positions per forward pass: 1 decodes token by token; more batches the matrix products "
-                   "(BLAS) and runs the library's prefill attention (default: 1 for llama2.c models, 64 for GGUF)");
-  eval->add_option("--segment", eval_opt.segment,
-                   "Positions per segment of the per-segment perplexity (default: the model's seq_len)");
+  eval->add_option("--tier-child", prefix_opt.tier_child, "internal: one phase of the tiered run")
+      ->group("");
+  eval->add_option(
+      "--peer", cmd->peer_path,
+      "JSON of bench/peers/llamacpp_kv.py (llama.cpp's KV types on the same windows): printed "
+      "beside our rows");
+  eval->add_option(
+      "--chunk", eval_opt.chunk,
+      "Positions per forward pass: 1 decodes token by token; more batches the matrix products "
+      "(BLAS) and runs the library's prefill attention (default: 1 for llama2.c models, 64 for "
+      "GGUF)");
+  eval->add_option(
+      "--segment", eval_opt.segment,
+      "Positions per segment of the per-segment perplexity (default: the model's seq_len)");
   eval->add_option("--threads", eval_opt.threads, "Worker threads (default: one per core)");
   eval->add_flag("--json", cmd->json, "Write one JSON object to stdout instead of the table");
-  eval->add_option("--plot", cmd->plot_path, "Write a plot of quality loss vs bits per element (.png or .svg; needs gnuplot)");
-  eval->add_flag("--list-strategies", cmd->list_strategies, "Print the default strategies, one spec per line, and exit");
-  eval->add_flag("--overhead", eval_opt.overhead, "Also time the bare forward pass on a plain array cache");
+  eval->add_option(
+      "--plot", cmd->plot_path,
+      "Write a plot of quality loss vs bits per element (.png or .svg; needs gnuplot)");
+  eval->add_flag("--list-strategies", cmd->list_strategies,
+                 "Print the default strategies, one spec per line, and exit");
+  eval->add_flag("--overhead", eval_opt.overhead,
+                 "Also time the bare forward pass on a plain array cache");
   eval->add_flag("--no-progress", cmd->no_progress, "No progress bar");
   eval->callback([cmd] { run_eval_command(*cmd); });
 }

@@ -17,14 +17,16 @@ std::string presets_help() {
 
 void register_memory(CLI::App &app) {
   const auto mem_opt = std::make_shared<MemoryOptions>();
-  CLI::App *memory = app.add_subcommand("memory", "KV-cache size of a model: per token, per layer, in total");
+  CLI::App *memory =
+      app.add_subcommand("memory", "KV-cache size of a model: per token, per layer, in total");
   memory->add_option("--preset", mem_opt->preset, presets_help());
   memory->add_option("--layers", mem_opt->num_layers, "Transformer layers (instead of --preset)");
   memory->add_option("--kv-heads", mem_opt->num_kv_heads, "KV heads (instead of --preset)");
   memory->add_option("--head-dim", mem_opt->head_dim, "Elements per head (instead of --preset)");
   memory->add_option("--seq-len", mem_opt->seq_len, "Tokens per sequence")->required();
   memory->add_option("--batch", mem_opt->batch, "Sequences")->capture_default_str();
-  memory->add_option("--dtype", mem_opt->dtype, "Storage dtype: f32, f16, bf16")->capture_default_str();
+  memory->add_option("--dtype", mem_opt->dtype, "Storage dtype: f32, f16, bf16")
+      ->capture_default_str();
   memory->add_flag("--json", mem_opt->json, "Write one JSON object to stdout");
   memory->callback([mem_opt] { run_memory(*mem_opt); });
 }

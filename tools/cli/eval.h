@@ -26,36 +26,37 @@ constexpr int kLongContextFactor = 8;
 /// ...and this many tokens scored by default (8 windows of 4,096 positions on stories260K).
 constexpr std::int64_t kLongEvalTokens = 32760;
 
-/// Tokens scored by default on GGUF models (135M parameters and more: about 40x the work per token).
+/// Tokens scored by default on GGUF models (135M parameters and more: about 40x the work per
+/// token).
 constexpr std::int64_t kGgufEvalTokens = 4096;
 /// Default chunk of the forward pass for GGUF models (BLAS GEMMs, prefill attention).
 constexpr int kGgufChunk = 64;
 
 struct EvalOptions {
   std::string model = "stories260k";
-  std::string tokenizer;     ///< empty: the model's own
-  std::string text;          ///< empty: <shared>/data/tinystories-valid-sample.txt
+  std::string tokenizer;  ///< empty: the model's own
+  std::string text;       ///< empty: <shared>/data/tinystories-valid-sample.txt
   std::vector<Strategy> strategies;
-  int ctx = 0;               ///< 0: the model's seq_len; above it runs past the trained context
-  bool long_context = false; ///< --long: ctx 0 means kLongContextFactor x seq_len
-  int chunk = 0;             ///< positions per forward pass (0: 1 for llama2.c models, kGgufChunk for GGUF)
-  int segment = 0;           ///< perplexity per segment of this many positions (0: the model's seq_len)
+  int ctx = 0;                ///< 0: the model's seq_len; above it runs past the trained context
+  bool long_context = false;  ///< --long: ctx 0 means kLongContextFactor x seq_len
+  int chunk = 0;    ///< positions per forward pass (0: 1 for llama2.c models, kGgufChunk for GGUF)
+  int segment = 0;  ///< perplexity per segment of this many positions (0: the model's seq_len)
   std::int64_t max_tokens = 32768;  ///< tokens scored (0: the whole text)
   bool max_tokens_default = false;  ///< not given: 32768, or kGgufEvalTokens for GGUF models
-  int threads = 0;           ///< 0: one per core, at most one per window
-  bool progress = true;      ///< progress bar on stderr (only when it is a terminal)
-  bool overhead = false;     ///< also time the bare forward pass on a plain array cache
+  int threads = 0;                  ///< 0: one per core, at most one per window
+  bool progress = true;             ///< progress bar on stderr (only when it is a terminal)
+  bool overhead = false;            ///< also time the bare forward pass on a plain array cache
 };
 
 struct StrategyResult {
   std::string strategy;
-  bool reference = false;          ///< the dense f32 run every row is compared with
-  double bits_per_element = 0;     ///< of the tokens held (codes, scales, zero points, residual)
+  bool reference = false;       ///< the dense f32 run every row is compared with
+  double bits_per_element = 0;  ///< of the tokens held (codes, scales, zero points, residual)
   /// The same over the whole run: bytes in use / tokens held after every
   /// forward pass, weighted by the positions it fed (staged per-channel
   /// groups and partly filled blocks count while they exist).
   double mean_bits_per_element = 0;
-  double kept_fraction = 1.0;      ///< tokens held at the end of a full window / positions fed
+  double kept_fraction = 1.0;  ///< tokens held at the end of a full window / positions fed
   double effective_bits_per_element = 0;  ///< bits_per_element x kept_fraction
   std::uint64_t kv_bytes_per_token = 0;
   std::uint64_t peak_kv_bytes = 0;
@@ -65,8 +66,9 @@ struct StrategyResult {
   double kl_mean = 0;
   double top1_agreement = 0;
   double ms_per_token = 0;
-  std::vector<double> segment_ppl;  ///< perplexity of the targets at positions [k x segment, (k+1) x segment)
-  double second_half_ppl = 0;       ///< perplexity of the targets at positions [ctx / 2, ctx)
+  std::vector<double>
+      segment_ppl;  ///< perplexity of the targets at positions [k x segment, (k+1) x segment)
+  double second_half_ppl = 0;  ///< perplexity of the targets at positions [ctx / 2, ctx)
 };
 
 struct EvalReport {
@@ -74,8 +76,8 @@ struct EvalReport {
   int ctx = 0;
   int trained_context = 0;  ///< the model's seq_len
   int chunk = 1;            ///< positions per forward pass
-  bool bos = true;          ///< windows start with BOS (else with the token before the first scored one)
-  int segment = 0;          ///< positions per segment of segment_ppl
+  bool bos = true;  ///< windows start with BOS (else with the token before the first scored one)
+  int segment = 0;  ///< positions per segment of segment_ppl
   int windows = 0;
   std::int64_t tokens_scored = 0;
   std::int64_t positions_fed = 0;  ///< per strategy, BOS included

@@ -29,7 +29,9 @@ EvalInput load_eval_input(const EvalOptions &opt, EvalReport &rep) {
 
   // Windows: the trained context, at most kDefaultWindow positions (SmolLM2 is trained on 8,192).
   const int base_window = std::min(c.seq_len, kDefaultWindow);
-  const int ctx = opt.ctx != 0 ? opt.ctx : opt.long_context ? kLongContextFactor * base_window : base_window;
+  const int ctx = opt.ctx != 0       ? opt.ctx
+                  : opt.long_context ? kLongContextFactor * base_window
+                                     : base_window;
   if (ctx < 2 || ctx > kMaxEvalContext) {
     throw RunnerError("--ctx " + std::to_string(ctx) + " is out of range: must be 2.." +
                       std::to_string(kMaxEvalContext) + " (the model's trained context is " +
@@ -43,8 +45,9 @@ EvalInput load_eval_input(const EvalOptions &opt, EvalReport &rep) {
   rep.segment = segment;
   const std::size_t n_segments = static_cast<std::size_t>((ctx - 1) / segment + 1);
   if (n_segments > kMaxSegments) {
-    throw RunnerError("--segment " + std::to_string(segment) + " cuts a window of " + std::to_string(ctx) + " into " +
-                      std::to_string(n_segments) + " segments; at most " + std::to_string(kMaxSegments));
+    throw RunnerError("--segment " + std::to_string(segment) + " cuts a window of " +
+                      std::to_string(ctx) + " into " + std::to_string(n_segments) +
+                      " segments; at most " + std::to_string(kMaxSegments));
   }
 
   // A window's position 0 is BOS when the model's sequences start with it
@@ -54,13 +57,14 @@ EvalInput load_eval_input(const EvalOptions &opt, EvalReport &rep) {
   const int bos = tokenizer.bos_token();
   std::vector<int> tokens = tokenizer.encode(text, false, false);
   const std::int64_t lead = use_bos ? 0 : 1;
-  if (static_cast<std::int64_t>(tokens.size()) <= lead) throw RunnerError("text file '" + rep.text_path + "' holds too few tokens");
+  if (static_cast<std::int64_t>(tokens.size()) <= lead)
+    throw RunnerError("text file '" + rep.text_path + "' holds too few tokens");
   std::int64_t to_score = static_cast<std::int64_t>(tokens.size()) - lead;
   // GGUF models cost ~40x more per token: 4,096 tokens by default, and two
   // windows with --long.
   const std::int64_t max_tokens = !(opt.max_tokens_default && c.gguf) ? opt.max_tokens
-                                  : opt.long_context                   ? 2 * std::int64_t(ctx - 1)
-                                                                       : kGgufEvalTokens;
+                                  : opt.long_context                  ? 2 * std::int64_t(ctx - 1)
+                                                                      : kGgufEvalTokens;
   if (max_tokens > 0) to_score = std::min(to_score, max_tokens);
   if (opt.chunk < 0) throw RunnerError("--chunk must be >= 1 (0: the model's default)");
   const int chunk = opt.chunk > 0 ? opt.chunk : c.gguf ? kGgufChunk : 1;
@@ -73,8 +77,17 @@ EvalInput load_eval_input(const EvalOptions &opt, EvalReport &rep) {
   }
   rep.windows = static_cast<int>(windows.size());
   rep.tokens_scored = to_score;
-  return EvalInput{std::move(model), std::move(tokenizer), std::move(tokens), std::move(windows), ctx, segment,
-                   n_segments, chunk, use_bos, bos, to_score};
+  return EvalInput{std::move(model),
+                   std::move(tokenizer),
+                   std::move(tokens),
+                   std::move(windows),
+                   ctx,
+                   segment,
+                   n_segments,
+                   chunk,
+                   use_bos,
+                   bos,
+                   to_score};
 }
 
 }  // namespace kvc_cli

@@ -26,15 +26,15 @@ struct EvalWindow {
 struct EvalInput {
   kvc_runner::Model model;          ///< the checkpoint or GGUF file, loaded and checked
   kvc_runner::Tokenizer tokenizer;  ///< its tokenizer, as many pieces as the model's vocabulary
-  std::vector<int> tokens;           ///< the whole text, without BOS
-  std::vector<EvalWindow> windows;   ///< in text order, each of at most ctx - 1 scored tokens
-  int ctx = 0;                       ///< positions per window, context token included
-  int segment = 0;                   ///< positions per segment of the per-segment perplexity
-  std::size_t n_segments = 0;        ///< segments per window (ceil(ctx / segment))
-  int chunk = 1;                     ///< positions per forward pass
-  bool use_bos = true;               ///< windows start with BOS (else with the token before the window)
-  int bos = 0;                       ///< the tokenizer's BOS token
-  std::int64_t to_score = 0;         ///< tokens scored, over all windows
+  std::vector<int> tokens;          ///< the whole text, without BOS
+  std::vector<EvalWindow> windows;  ///< in text order, each of at most ctx - 1 scored tokens
+  int ctx = 0;                      ///< positions per window, context token included
+  int segment = 0;                  ///< positions per segment of the per-segment perplexity
+  std::size_t n_segments = 0;       ///< segments per window (ceil(ctx / segment))
+  int chunk = 1;                    ///< positions per forward pass
+  bool use_bos = true;        ///< windows start with BOS (else with the token before the window)
+  int bos = 0;                ///< the tokenizer's BOS token
+  std::int64_t to_score = 0;  ///< tokens scored, over all windows
 };
 
 /// Resolves and loads the model, its tokenizer and the text of `options`,

@@ -24,7 +24,8 @@ std::string extension_of(const std::string &path) {
   const std::size_t dot = path.find_last_of('.');
   if (dot == std::string::npos) return "";
   std::string ext = path.substr(dot + 1);
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   return ext;
 }
 
@@ -32,8 +33,10 @@ std::string extension_of(const std::string &path) {
 std::string gnuplot_quote(const std::string &s) {
   std::string out = "'";
   for (char ch : s) {
-    if (ch == '\'') out += "''";
-    else out += ch;
+    if (ch == '\'')
+      out += "''";
+    else
+      out += ch;
   }
   return out + "'";
 }
@@ -49,15 +52,18 @@ void check_plot_target(const std::string &path) {
     throw RunnerError("--plot: the file name must not contain a line break");
   std::error_code ec;
   const std::filesystem::path p(path);
-  if (std::filesystem::is_directory(p, ec)) throw RunnerError("--plot '" + path + "' is a directory");
-  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
+  if (std::filesystem::is_directory(p, ec))
+    throw RunnerError("--plot '" + path + "' is a directory");
+  const std::filesystem::path dir =
+      p.has_parent_path() ? p.parent_path() : std::filesystem::path(".");
   if (!std::filesystem::is_directory(dir, ec))
     throw RunnerError("--plot '" + path + "': folder '" + dir.string() + "' does not exist");
   if (access(dir.c_str(), W_OK) != 0)
     throw RunnerError("--plot '" + path + "': folder '" + dir.string() + "' is not writable");
   if (std::system("gnuplot --version > /dev/null 2>&1") != 0) {
-    throw RunnerError("--plot needs gnuplot, which was not found on PATH (install it, e.g. "
-                      "apt-get install gnuplot-nox, or leave out --plot)");
+    throw RunnerError(
+        "--plot needs gnuplot, which was not found on PATH (install it, e.g. "
+        "apt-get install gnuplot-nox, or leave out --plot)");
   }
 }
 
@@ -76,57 +82,67 @@ void write_plot(const EvalReport &rep, const std::string &path) {
   if (n_segments > 1) {
     // Long context: perplexity per segment, one line per strategy.
     std::fprintf(gp, "set title %s\n",
-                 gnuplot_quote("Perplexity per segment of " + std::to_string(rep.segment) + " positions: " +
-                               rep.model + ", ctx " + std::to_string(rep.ctx) + " (trained " +
-                               std::to_string(rep.trained_context) + "), " +
-                               std::to_string(rep.tokens_scored) + " tokens").c_str());
+                 gnuplot_quote("Perplexity per segment of " + std::to_string(rep.segment) +
+                               " positions: " + rep.model + ", ctx " + std::to_string(rep.ctx) +
+                               " (trained " + std::to_string(rep.trained_context) + "), " +
+                               std::to_string(rep.tokens_scored) + " tokens")
+                     .c_str());
     std::fprintf(gp, "set xlabel 'position (start of segment)'\nset ylabel 'perplexity'\n");
     std::fprintf(gp, "set logscale y\nset key top left\n");
-    std::fprintf(gp, "set arrow from %d, graph 0 to %d, graph 1 nohead dashtype 2\n", rep.trained_context,
-                 rep.trained_context);
+    std::fprintf(gp, "set arrow from %d, graph 0 to %d, graph 1 nohead dashtype 2\n",
+                 rep.trained_context, rep.trained_context);
     for (std::size_t r = 0; r < rep.results.size(); ++r) {
       std::fprintf(gp, "$s%zu << EOD\n", r);
       for (std::size_t k = 0; k < n_segments; ++k) {
         if (rep.results[r].segment_ppl[k] > 0)
-          std::fprintf(gp, "%zu %.9g\n", k * static_cast<std::size_t>(rep.segment), rep.results[r].segment_ppl[k]);
+          std::fprintf(gp, "%zu %.9g\n", k * static_cast<std::size_t>(rep.segment),
+                       rep.results[r].segment_ppl[k]);
       }
       std::fprintf(gp, "EOD\n");
     }
     std::string cmd = "plot ";
     for (std::size_t r = 0; r < rep.results.size(); ++r) {
-      cmd += (r ? ", " : "") + std::string("$s") + std::to_string(r) + " using 1:2 with linespoints lw 2 title " +
+      cmd += (r ? ", " : "") + std::string("$s") + std::to_string(r) +
+             " using 1:2 with linespoints lw 2 title " +
              gnuplot_quote(rep.results[r].strategy + (rep.results[r].reference ? " (dense)" : ""));
     }
     std::fprintf(gp, "%s\n", cmd.c_str());
   } else {
-    std::fprintf(gp, "set title %s\n",
-                 gnuplot_quote("KV-cache quality loss vs storage size: " + rep.model + ", " +
-                               std::to_string(rep.tokens_scored) + " tokens, ctx " +
-                               std::to_string(rep.ctx)).c_str());
+    std::fprintf(
+        gp, "set title %s\n",
+        gnuplot_quote("KV-cache quality loss vs storage size: " + rep.model + ", " +
+                      std::to_string(rep.tokens_scored) + " tokens, ctx " + std::to_string(rep.ctx))
+            .c_str());
     // Changes from -1 % to +3000 % on one axis: a symmetric log scale,
     // y = sign(d) log10(1 + |d| / 0.1 %), linear below 0.1 %, labelled in percent.
-    auto symlog = [](double pct) { return (pct < 0 ? -1.0 : 1.0) * std::log10(1.0 + std::fabs(pct) / 0.1); };
-    std::fprintf(gp, "set xlabel 'effective bits per K/V element (bits of a held token x share of positions held; log scale)'\n");
+    auto symlog = [](double pct) {
+      return (pct < 0 ? -1.0 : 1.0) * std::log10(1.0 + std::fabs(pct) / 0.1);
+    };
+    std::fprintf(gp,
+                 "set xlabel 'effective bits per K/V element (bits of a held token x share of "
+                 "positions held; log scale)'\n");
     std::fprintf(gp, "set ylabel 'perplexity change vs dense f32 (symmetric log scale)'\n");
     std::fprintf(gp, "set logscale x 2\nset xtics (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)\n");
     std::string tics;
-    for (const double pct : {-10.0, -1.0, -0.1, 0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0}) {
+    for (const double pct :
+         {-10.0, -1.0, -0.1, 0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0}) {
       char t[64];
       // (gnuplot reads tic labels as formats: '%%' there is a literal percent sign)
-      std::snprintf(t, sizeof t, "%s'%s%g%s' %.6f", tics.empty() ? "" : ", ", pct > 0 ? "+" : "", pct,
-                    pct == 0 ? "" : "%%", symlog(pct));
+      std::snprintf(t, sizeof t, "%s'%s%g%s' %.6f", tics.empty() ? "" : ", ", pct > 0 ? "+" : "",
+                    pct, pct == 0 ? "" : "%%", symlog(pct));
       tics += t;
     }
     std::fprintf(gp, "set ytics (%s)\n", tics.c_str());
-    std::fprintf(gp, "set key top right\nset offsets graph 0.05, graph 0.2, graph 0.05, graph 0.05\n");
+    std::fprintf(gp,
+                 "set key top right\nset offsets graph 0.05, graph 0.2, graph 0.05, graph 0.05\n");
     std::string cmd;
     for (int evicting = 0; evicting < 2; ++evicting) {
       std::string rows;
       for (const StrategyResult &r : rep.results) {
         if ((r.kept_fraction < 1.0) != (evicting == 1)) continue;
         char line[512];
-        std::snprintf(line, sizeof line, "%.6f %.9g \"%s\"\n", r.effective_bits_per_element, symlog(r.ppl_delta_pct),
-                      r.strategy.c_str());
+        std::snprintf(line, sizeof line, "%.6f %.9g \"%s\"\n", r.effective_bits_per_element,
+                      symlog(r.ppl_delta_pct), r.strategy.c_str());
         rows += line;
       }
       if (rows.empty()) continue;  // gnuplot warns about an empty series

@@ -60,10 +60,14 @@ Setup make_setup(const PrefixEvalOptions &o) {
   if (o.suffix_tokens < 1) throw RunnerError("--suffix-tokens must be >= 1");
   if (o.block_size < 1 || o.block_size > 4096) throw RunnerError("--block-size must be in 1..4096");
   const std::string model_path = resolve_model_path(o.model);
-  Setup st{model_path, o.text.empty() ? shared_dir() + "/data/tinystories-valid-sample.txt" : o.text,
-           Model::load(model_path), {}, 0};
+  Setup st{model_path,
+           o.text.empty() ? shared_dir() + "/data/tinystories-valid-sample.txt" : o.text,
+           Model::load(model_path),
+           {},
+           0};
   const ModelConfig &c = st.model.config();
-  const Tokenizer tokenizer = Tokenizer::load(resolve_tokenizer_path(o.tokenizer, o.model), c.vocab_size);
+  const Tokenizer tokenizer =
+      Tokenizer::load(resolve_tokenizer_path(o.tokenizer, o.model), c.vocab_size);
   const std::int64_t prompt_len64 = std::int64_t(o.prefix_tokens) + o.suffix_tokens;
   if (prompt_len64 > c.seq_len) {
     throw RunnerError("--prefix-tokens + --suffix-tokens = " + std::to_string(prompt_len64) +
@@ -74,14 +78,18 @@ Setup make_setup(const PrefixEvalOptions &o) {
   // context for every request). Each suffix is the next unused stretch of
   // text whose first block differs from every earlier suffix's, so reuse is
   // exactly the prefix's whole blocks.
-  const std::vector<int> text = tokenizer.encode(read_text_file(st.text_path, "text file"), false, false);
+  const std::vector<int> text =
+      tokenizer.encode(read_text_file(st.text_path, "text file"), false, false);
   std::vector<int> prefix = {kBosToken};
-  prefix.insert(prefix.end(), text.begin(), text.begin() + std::min<std::size_t>(text.size(), o.prefix_tokens - 1));
-  if (static_cast<int>(prefix.size()) < o.prefix_tokens) throw RunnerError("text file '" + st.text_path + "' is too short");
+  prefix.insert(prefix.end(), text.begin(),
+                text.begin() + std::min<std::size_t>(text.size(), o.prefix_tokens - 1));
+  if (static_cast<int>(prefix.size()) < o.prefix_tokens)
+    throw RunnerError("text file '" + st.text_path + "' is too short");
   std::set<std::vector<int>> first_blocks;
   const std::size_t head = static_cast<std::size_t>(std::min(o.block_size, o.suffix_tokens));
   for (std::size_t at = static_cast<std::size_t>(o.prefix_tokens - 1);
-       static_cast<int>(st.prompts.size()) < o.requests && at + o.suffix_tokens <= text.size(); at += o.suffix_tokens) {
+       static_cast<int>(st.prompts.size()) < o.requests && at + o.suffix_tokens <= text.size();
+       at += o.suffix_tokens) {
     std::vector<int> first(text.begin() + at, text.begin() + at + head);
     if (!first_blocks.insert(first).second) continue;
     std::vector<int> p = prefix;
@@ -126,7 +134,9 @@ void squeeze(KvPool &pool, const ModelConfig &c, int block_size) {
   const std::uint64_t per_layer = (s.blocks_free + s.blocks_cached) / std::uint64_t(c.n_layers);
   const std::uint64_t id = std::uint64_t(1) << 40;
   check_kvc(kvc_seq_create(pool.get(), id), "kvc_seq_create");
-  if (per_layer) check_kvc(kvc_seq_reserve(pool.get(), id, per_layer * std::uint64_t(block_size), nullptr), "kvc_seq_reserve");
+  if (per_layer)
+    check_kvc(kvc_seq_reserve(pool.get(), id, per_layer * std::uint64_t(block_size), nullptr),
+              "kvc_seq_reserve");
   check_kvc(kvc_seq_free(pool.get(), id), "kvc_seq_free");
   check_kvc(kvc_pool_flush_tiers(pool.get()), "kvc_pool_flush_tiers");
 }
@@ -140,8 +150,9 @@ struct RequestResult {
 
 // One request: lookup (tiers included), load what the tiers hold, attach,
 // compute the rest. Timed from its start to the last prompt position's logits.
-RequestResult run_request(KvPool &pool, Transformer &tf, const ModelConfig &c, const std::vector<int> &prompt,
-                          std::uint64_t seq_id, int prefix_tokens, bool load) {
+RequestResult run_request(KvPool &pool, Transformer &tf, const ModelConfig &c,
+                          const std::vector<int> &prompt, std::uint64_t seq_id, int prefix_tokens,
+                          bool load) {
   RequestResult res;
   std::vector<std::int32_t> t(prompt.begin(), prompt.end());
   const auto t0 = Clock::now();
@@ -149,10 +160,12 @@ RequestResult run_request(KvPool &pool, Transformer &tf, const ModelConfig &c, c
     kvc_prefix_result r;
     std::memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
-    check_kvc(kvc_prefix_lookup(pool.get(), t.data(), t.size(), nullptr, 0, 0, &r), "kvc_prefix_lookup");
+    check_kvc(kvc_prefix_lookup(pool.get(), t.data(), t.size(), nullptr, 0, 0, &r),
+              "kvc_prefix_lookup");
     if (r.tier_tokens) {
       std::uint64_t loaded = 0;
-      check_kvc(kvc_prefix_load(pool.get(), t.data(), t.size(), nullptr, 0, &loaded), "kvc_prefix_load");
+      check_kvc(kvc_prefix_load(pool.get(), t.data(), t.size(), nullptr, 0, &loaded),
+                "kvc_prefix_load");
       res.loaded = static_cast<std::int64_t>(loaded);
     }
     res.load_ms = ms_since(t0);
@@ -173,7 +186,8 @@ RequestResult run_request(KvPool &pool, Transformer &tf, const ModelConfig &c, c
     }
   }
   // Only the shared prefix is registered: every phase then reuses exactly it.
-  seq.register_prefix(std::vector<int>(prompt.begin(), prompt.begin() + std::min<int>(prefix_tokens, n)));
+  seq.register_prefix(
+      std::vector<int>(prompt.begin(), prompt.begin() + std::min<int>(prefix_tokens, n)));
   return res;
 }
 
@@ -268,12 +282,23 @@ TierPhase child_phase(const PrefixEvalOptions &o, const Setup &st, const std::st
 
 // Runs this program again as a new process for one phase; its stdout is one JSON line.
 TierPhase spawn_phase(const PrefixEvalOptions &o, const std::string &kind) {
-  std::vector<std::string> args = {"kvcache", "eval", "--prefix", "--model", o.model,
-                                   "--requests", std::to_string(o.requests),
-                                   "--prefix-tokens", std::to_string(o.prefix_tokens),
-                                   "--suffix-tokens", std::to_string(o.suffix_tokens),
-                                   "--block-size", std::to_string(o.block_size),
-                                   "--tier-child", kind, "--tier-dir", o.tier_dir};
+  std::vector<std::string> args = {"kvcache",
+                                   "eval",
+                                   "--prefix",
+                                   "--model",
+                                   o.model,
+                                   "--requests",
+                                   std::to_string(o.requests),
+                                   "--prefix-tokens",
+                                   std::to_string(o.prefix_tokens),
+                                   "--suffix-tokens",
+                                   std::to_string(o.suffix_tokens),
+                                   "--block-size",
+                                   std::to_string(o.block_size),
+                                   "--tier-child",
+                                   kind,
+                                   "--tier-dir",
+                                   o.tier_dir};
   if (!o.tokenizer.empty()) args.insert(args.end(), {"--tokenizer", o.tokenizer});
   if (!o.text.empty()) args.insert(args.end(), {"--text", o.text});
   if (!o.redis.empty()) args.insert(args.end(), {"--redis", o.redis});
@@ -309,7 +334,8 @@ TierPhase spawn_phase(const PrefixEvalOptions &o, const std::string &kind) {
   int status = 0;
   waitpid(pid, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    ph.skipped = "the " + kind + " process failed (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
+    ph.skipped =
+        "the " + kind + " process failed (exit status " + std::to_string(WEXITSTATUS(status)) + ")";
     return ph;
   }
   try {
@@ -365,7 +391,8 @@ void run_tiers(const PrefixEvalOptions &o, const Setup &st, PrefixReport &rep) {
   // written through to every tier.
   run_request(pool, tf, c, st.prompts[0], 1u << 20, o.prefix_tokens, false);
   std::vector<std::int32_t> p0(st.prompts[0].begin(), st.prompts[0].end());
-  check_kvc(kvc_prefix_offload(pool.get(), p0.data(), p0.size(), nullptr, 0, nullptr), "kvc_prefix_offload");
+  check_kvc(kvc_prefix_offload(pool.get(), p0.data(), p0.size(), nullptr, 0, nullptr),
+            "kvc_prefix_offload");
   check_kvc(kvc_pool_flush_tiers(pool.get()), "kvc_pool_flush_tiers");
 
   TierPhase in_pool;  // the prefix's blocks cached in the pool
@@ -403,8 +430,10 @@ void run_tiers(const PrefixEvalOptions &o, const Setup &st, PrefixReport &rep) {
 }  // namespace
 
 std::string run_tier_child(const PrefixEvalOptions &o) {
-  if (o.tier_child != "disk" && o.tier_child != "redis") throw RunnerError("--tier-child: disk or redis");
-  if (o.tier_child == "redis" && o.redis.empty()) throw RunnerError("--tier-child redis needs --redis");
+  if (o.tier_child != "disk" && o.tier_child != "redis")
+    throw RunnerError("--tier-child: disk or redis");
+  if (o.tier_child == "redis" && o.redis.empty())
+    throw RunnerError("--tier-child redis needs --redis");
   const Setup st = make_setup(o);
   return phase_json(child_phase(o, st, o.tier_child)).dump();
 }
@@ -448,8 +477,9 @@ PrefixReport run_prefix_eval(const PrefixEvalOptions &o) {
     for (std::size_t r = 0; r < prompts.size(); ++r) {
       const std::vector<int> &prompt = prompts[r];
       const auto t0 = Clock::now();
-      std::unique_ptr<AttnSequence> seq = cached ? std::make_unique<AttnSequence>(pool, r, c, prompt)
-                                                 : std::make_unique<AttnSequence>(pool, r, c);
+      std::unique_ptr<AttnSequence> seq = cached
+                                              ? std::make_unique<AttnSequence>(pool, r, c, prompt)
+                                              : std::make_unique<AttnSequence>(pool, r, c);
       const int from = seq->cached_tokens();
       run.hit_tokens += from;
       run.hit_requests += from > 0 ? 1 : 0;
@@ -464,12 +494,14 @@ PrefixReport run_prefix_eval(const PrefixEvalOptions &o) {
           mine.insert(mine.end(), logits, logits + c.vocab_size);
         } else if (i + c.vocab_size <= mine.size()) {
           ++rep.positions_compared;
-          if (std::memcmp(logits, &mine[i], sizeof(float) * c.vocab_size) != 0) rep.logprobs_identical = false;
+          if (std::memcmp(logits, &mine[i], sizeof(float) * c.vocab_size) != 0)
+            rep.logprobs_identical = false;
           std::vector<double> cold;
           log_softmax(&mine[i], c.vocab_size, cold);
           log_softmax(logits, c.vocab_size, logp);
           for (int v = 0; v < c.vocab_size; ++v)
-            rep.max_abs_logprob_diff = std::max(rep.max_abs_logprob_diff, std::fabs(cold[v] - logp[v]));
+            rep.max_abs_logprob_diff =
+                std::max(rep.max_abs_logprob_diff, std::fabs(cold[v] - logp[v]));
         }
         if (p + 1 < prompt_len) {
           log_softmax(logits, c.vocab_size, logp);
@@ -499,60 +531,73 @@ PrefixReport run_prefix_eval(const PrefixEvalOptions &o) {
 }
 
 void print_prefix_report(const PrefixReport &r, std::FILE *out) {
-  std::fprintf(out, "model   %s (%s)\ntext    %s\n", r.model.c_str(), r.model_path.c_str(), r.text_path.c_str());
-  std::fprintf(out,
-               "requests %d, one after another: a shared prefix of %d tokens (BOS and the text's first "
-               "stories) + %d different tokens each;\nf32 storage, block size %d, library attention, "
-               "one thread\n\n",
-               r.requests, r.prefix_tokens, r.suffix_tokens, r.block_size);
-  std::fprintf(out, "%-22s  %16s  %12s  %12s  %12s  %12s  %10s\n", "run", "tokens computed", "hit requests",
-               "hit tokens", "TTFT mean ms", "TTFT p50 ms", "wall s");
+  std::fprintf(out, "model   %s (%s)\ntext    %s\n", r.model.c_str(), r.model_path.c_str(),
+               r.text_path.c_str());
+  std::fprintf(
+      out,
+      "requests %d, one after another: a shared prefix of %d tokens (BOS and the text's first "
+      "stories) + %d different tokens each;\nf32 storage, block size %d, library attention, "
+      "one thread\n\n",
+      r.requests, r.prefix_tokens, r.suffix_tokens, r.block_size);
+  std::fprintf(out, "%-22s  %16s  %12s  %12s  %12s  %12s  %10s\n", "run", "tokens computed",
+               "hit requests", "hit tokens", "TTFT mean ms", "TTFT p50 ms", "wall s");
   std::fprintf(out, "%s\n", std::string(108, '-').c_str());
   for (const PrefixRun *run : {&r.without_cache, &r.with_cache}) {
     char computed[64], hits[64], tokens[64];
-    std::snprintf(computed, sizeof computed, "%lld / %lld", static_cast<long long>(run->tokens_computed),
+    std::snprintf(computed, sizeof computed, "%lld / %lld",
+                  static_cast<long long>(run->tokens_computed),
                   static_cast<long long>(r.prompt_tokens_total));
-    std::snprintf(hits, sizeof hits, "%lld / %d", static_cast<long long>(run->hit_requests), r.requests);
+    std::snprintf(hits, sizeof hits, "%lld / %d", static_cast<long long>(run->hit_requests),
+                  r.requests);
     std::snprintf(tokens, sizeof tokens, "%.1f%%",
                   100.0 * double(run->hit_tokens) / double(r.prompt_tokens_total));
     std::fprintf(out, "%-22s  %16s  %12s  %12s  %12.3f  %12.3f  %10.3f\n",
-                 run->prefix_cache ? "with prefix cache" : "without prefix cache", computed, hits, tokens,
-                 run->ttft_ms_mean, run->ttft_ms_p50, run->wall_seconds);
+                 run->prefix_cache ? "with prefix cache" : "without prefix cache", computed, hits,
+                 tokens, run->ttft_ms_mean, run->ttft_ms_p50, run->wall_seconds);
   }
-  const double speedup = r.with_cache.ttft_ms_mean > 0 ? r.without_cache.ttft_ms_mean / r.with_cache.ttft_ms_mean : 0;
-  std::fprintf(out,
-               "\ntime to first token (request start to the logits of the last prompt position): %.2fx faster "
-               "with the cache;\ntokens computed: %.1f%% of the run without it. Library counters: %llu tokens "
-               "queried, %llu hit, %llu blocks registered.\n",
-               speedup,
-               100.0 * double(r.with_cache.tokens_computed) / double(r.without_cache.tokens_computed),
-               static_cast<unsigned long long>(r.with_cache.queried_tokens),
-               static_cast<unsigned long long>(r.with_cache.stats_hit_tokens),
-               static_cast<unsigned long long>(r.with_cache.registered_blocks));
-  std::fprintf(out,
-               "log-probabilities of the %lld suffix positions: %s (max |difference| %.3g nats); mean suffix "
-               "NLL %.6f vs %.6f nats\n",
-               static_cast<long long>(r.positions_compared),
-               r.logprobs_identical ? "identical in both runs, bit for bit" : "DIFFERENT between the runs",
-               r.max_abs_logprob_diff, r.without_cache.suffix_nll_mean, r.with_cache.suffix_nll_mean);
+  const double speedup =
+      r.with_cache.ttft_ms_mean > 0 ? r.without_cache.ttft_ms_mean / r.with_cache.ttft_ms_mean : 0;
+  std::fprintf(
+      out,
+      "\ntime to first token (request start to the logits of the last prompt position): %.2fx "
+      "faster "
+      "with the cache;\ntokens computed: %.1f%% of the run without it. Library counters: %llu "
+      "tokens "
+      "queried, %llu hit, %llu blocks registered.\n",
+      speedup,
+      100.0 * double(r.with_cache.tokens_computed) / double(r.without_cache.tokens_computed),
+      static_cast<unsigned long long>(r.with_cache.queried_tokens),
+      static_cast<unsigned long long>(r.with_cache.stats_hit_tokens),
+      static_cast<unsigned long long>(r.with_cache.registered_blocks));
+  std::fprintf(
+      out,
+      "log-probabilities of the %lld suffix positions: %s (max |difference| %.3g nats); mean "
+      "suffix "
+      "NLL %.6f vs %.6f nats\n",
+      static_cast<long long>(r.positions_compared),
+      r.logprobs_identical ? "identical in both runs, bit for bit" : "DIFFERENT between the runs",
+      r.max_abs_logprob_diff, r.without_cache.suffix_nll_mean, r.with_cache.suffix_nll_mean);
 }
 
 void print_tier_report(const PrefixReport &r, std::FILE *out) {
   if (r.tiers.empty()) return;
-  std::fprintf(out,
-               "\ntiered run (docs/tiers.md): before each request the shared prefix is only in one place; "
-               "TTFT includes the lookup and the load\n");
-  std::fprintf(out, "%-22s  %9s  %13s  %13s  %12s  %12s  %12s  %s\n", "prefix served from", "requests",
-               "tokens loaded", "tokens computed", "TTFT mean ms", "TTFT p50 ms", "load mean ms", "suffix NLL");
+  std::fprintf(
+      out,
+      "\ntiered run (docs/tiers.md): before each request the shared prefix is only in one place; "
+      "TTFT includes the lookup and the load\n");
+  std::fprintf(out, "%-22s  %9s  %13s  %13s  %12s  %12s  %12s  %s\n", "prefix served from",
+               "requests", "tokens loaded", "tokens computed", "TTFT mean ms", "TTFT p50 ms",
+               "load mean ms", "suffix NLL");
   std::fprintf(out, "%s\n", std::string(120, '-').c_str());
   for (const TierPhase &p : r.tiers) {
     if (!p.ran) {
       std::fprintf(out, "%-22s  skipped: %s\n", p.name.c_str(), p.skipped.c_str());
       continue;
     }
-    std::fprintf(out, "%-22s  %9d  %13lld  %13lld  %12.3f  %12.3f  %12.3f  %.6f%s\n", p.name.c_str(), p.requests,
-                 static_cast<long long>(p.tokens_loaded), static_cast<long long>(p.tokens_computed), p.ttft_ms_mean,
-                 p.ttft_ms_p50, p.load_ms_mean, p.suffix_nll_mean, p.nll_equal ? " (= compute)" : " (DIFFERS)");
+    std::fprintf(out, "%-22s  %9d  %13lld  %13lld  %12.3f  %12.3f  %12.3f  %.6f%s\n",
+                 p.name.c_str(), p.requests, static_cast<long long>(p.tokens_loaded),
+                 static_cast<long long>(p.tokens_computed), p.ttft_ms_mean, p.ttft_ms_p50,
+                 p.load_ms_mean, p.suffix_nll_mean, p.nll_equal ? " (= compute)" : " (DIFFERS)");
   }
 }
 
@@ -591,7 +636,9 @@ std::string prefix_json(const PrefixReport &r) {
   j["shared_prefix_share"] = r.shared_prefix_share;
   j["without_cache"] = run_json(r.without_cache);
   j["with_cache"] = run_json(r.with_cache);
-  j["ttft_speedup"] = r.with_cache.ttft_ms_mean > 0 ? r.without_cache.ttft_ms_mean / r.with_cache.ttft_ms_mean : 0.0;
+  j["ttft_speedup"] = r.with_cache.ttft_ms_mean > 0
+                          ? r.without_cache.ttft_ms_mean / r.with_cache.ttft_ms_mean
+                          : 0.0;
   j["logprobs_identical"] = r.logprobs_identical;
   j["positions_compared"] = r.positions_compared;
   j["max_abs_logprob_diff"] = r.max_abs_logprob_diff;

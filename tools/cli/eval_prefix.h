@@ -28,14 +28,14 @@ struct PrefixEvalOptions {
 /// only in one place (recomputed, the pool, or one tier) and is timed from
 /// its start (lookup and load included) to the logits of its last prompt position.
 struct TierPhase {
-  std::string name;          ///< "compute", "pool", "host", "disk (new process)", "redis (new process)"
+  std::string name;  ///< "compute", "pool", "host", "disk (new process)", "redis (new process)"
   bool ran = false;
-  std::string skipped;       ///< why it did not run
+  std::string skipped;  ///< why it did not run
   int requests = 0;
   std::int64_t tokens_loaded = 0, tokens_hit = 0, tokens_computed = 0;
   double ttft_ms_mean = 0, ttft_ms_p50 = 0, ttft_ms_max = 0, load_ms_mean = 0;
   double suffix_nll_mean = 0;
-  bool nll_equal = false;    ///< suffix NLL equal, bit for bit, to the compute phase's
+  bool nll_equal = false;  ///< suffix NLL equal, bit for bit, to the compute phase's
 };
 
 /// One pass over all requests, one after the other on one thread.
@@ -44,7 +44,8 @@ struct PrefixRun {
   std::int64_t tokens_computed = 0;  ///< positions run through the model
   std::int64_t hit_requests = 0;     ///< requests that found at least one cached block
   std::int64_t hit_tokens = 0;       ///< prompt positions taken from the cache
-  double ttft_ms_mean = 0, ttft_ms_p50 = 0, ttft_ms_max = 0;  ///< request start to the last prompt logits
+  double ttft_ms_mean = 0, ttft_ms_p50 = 0,
+         ttft_ms_max = 0;  ///< request start to the last prompt logits
   double wall_seconds = 0;
   double suffix_nll_mean = 0;  ///< mean negative log-likelihood of the suffix tokens (nats)
   // The library's counters (kvc_prefix_get_stats) at the end; 0 without the cache.
@@ -57,7 +58,7 @@ struct PrefixReport {
   std::int64_t prompt_tokens_total = 0;
   double shared_prefix_share = 0;  ///< prefix / (prefix + suffix)
   PrefixRun without_cache, with_cache;
-  bool logprobs_identical = false;   ///< every logit of every suffix position, bit for bit
+  bool logprobs_identical = false;  ///< every logit of every suffix position, bit for bit
   std::int64_t positions_compared = 0;
   double max_abs_logprob_diff = 0;
   std::vector<TierPhase> tiers;  ///< the tiered run (empty without --tier-dir)

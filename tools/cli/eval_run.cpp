@@ -75,7 +75,8 @@ void progress_bar(std::int64_t done, std::int64_t total, double elapsed) {
   bar[width] = '\0';
   const double eta = f > 0 ? elapsed * (1.0 - f) / f : 0.0;
   std::fprintf(stderr, "\r[%s] %3.0f%%  %lld/%lld positions  %.0fs elapsed, ~%.0fs left ", bar,
-               f * 100.0, static_cast<long long>(done), static_cast<long long>(total), elapsed, eta);
+               f * 100.0, static_cast<long long>(done), static_cast<long long>(total), elapsed,
+               eta);
   std::fflush(stderr);
 }
 
@@ -95,7 +96,8 @@ StrategyRows strategy_rows(const std::vector<Strategy> &listed) {
       out.row_of.push_back(0);
       continue;
     }
-    auto it = std::find_if(rows.begin(), rows.end(), [&](const Strategy &r) { return r.spec == s.spec; });
+    auto it =
+        std::find_if(rows.begin(), rows.end(), [&](const Strategy &r) { return r.spec == s.spec; });
     if (it != rows.end()) {
       out.row_of.push_back(static_cast<int>(it - rows.begin()));
     } else {
@@ -135,11 +137,13 @@ void create_policies(const std::vector<Strategy> &rows, int ctx, Policies &polic
     pc.schedule = s.schedule;
     pc.shift_positions = s.shift_positions ? 1u : 0u;
     if (s.protocol == Strategy::Protocol::Stream) {
-      pc.budget_tokens = s.budget_tokens ? s.budget_tokens
-                                         : static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
+      pc.budget_tokens = s.budget_tokens
+                             ? s.budget_tokens
+                             : static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
       if (s.policy_kind == KVC_POLICY_STREAMING && pc.budget_tokens <= s.sinks) {
-        throw RunnerError("strategy '" + s.spec + "': a cap of " + std::to_string(pc.budget_tokens) +
-                          " tokens at ctx " + std::to_string(ctx) + " leaves no room for the window after " +
+        throw RunnerError("strategy '" + s.spec + "': a cap of " +
+                          std::to_string(pc.budget_tokens) + " tokens at ctx " +
+                          std::to_string(ctx) + " leaves no room for the window after " +
                           std::to_string(s.sinks) + " sinks");
       }
       pc.auto_evict = 1;
@@ -154,16 +158,16 @@ void create_policies(const std::vector<Strategy> &rows, int ctx, Policies &polic
 struct RunSums {
   std::vector<std::vector<WindowSums>> sums;  ///< [window][row]
   std::vector<WindowSums> array_sums;         ///< [window]: the bare forward pass (--overhead)
-  std::vector<kvc_stats> row_stats;           ///< each row's pool at the end of a worker's last window
-  std::vector<std::uint64_t> row_peak;        ///< each row's peak bytes in use, over every worker
-  double wall_seconds = 0;                    ///< from the workers' start to the last one's end
+  std::vector<kvc_stats> row_stats;     ///< each row's pool at the end of a worker's last window
+  std::vector<std::uint64_t> row_peak;  ///< each row's peak bytes in use, over every worker
+  double wall_seconds = 0;              ///< from the workers' start to the last one's end
 };
 
 /// Runs every row over every window on `threads` workers (one pool per row
 /// and worker), with a progress bar on a terminal; the first failure of a
 /// worker is rethrown.
-RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows, const Policies &policies,
-                    const EvalOptions &opt, int threads) {
+RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
+                    const Policies &policies, const EvalOptions &opt, int threads) {
   const Model &model = in.model;
   const ModelConfig &c = model.config();
   const std::vector<int> &tokens = in.tokens;
@@ -220,7 +224,8 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows, cons
           return pos > 0 ? tokens[win.first + pos - 1] : use_bos ? bos : tokens[win.first - 1];
         };
         std::vector<int> win_tokens(static_cast<std::size_t>(n_pos));
-        for (int pos = 0; pos < n_pos; ++pos) win_tokens[static_cast<std::size_t>(pos)] = token_at(pos);
+        for (int pos = 0; pos < n_pos; ++pos)
+          win_tokens[static_cast<std::size_t>(pos)] = token_at(pos);
         for (std::size_t r = 0; r < n_rows; ++r) {
           WindowSums &acc = sums[w][r];
           EvictionSettings ev;
@@ -247,9 +252,11 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows, cons
               const int boundary = seq.prefill_boundary();
               if (boundary > pos && boundary < pos + chunk_len) chunk_len = boundary - pos;
               const double t0 = thread_cpu_seconds();
-              chunk_logits = chunk_len == 1 && chunk == 1
-                                 ? transformer.forward(seq, win_tokens[static_cast<std::size_t>(pos)], pos)
-                                 : transformer.forward_chunk(seq, &win_tokens[static_cast<std::size_t>(pos)], chunk_len, pos);
+              chunk_logits =
+                  chunk_len == 1 && chunk == 1
+                      ? transformer.forward(seq, win_tokens[static_cast<std::size_t>(pos)], pos)
+                      : transformer.forward_chunk(seq, &win_tokens[static_cast<std::size_t>(pos)],
+                                                  chunk_len, pos);
               acc.seconds += thread_cpu_seconds() - t0;
               acc.positions += chunk_len;
               const kvc_stats now = pools[r]->stats();
@@ -276,7 +283,8 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows, cons
             }
             acc.nll -= logp[target];
             ++acc.tokens;
-            const std::size_t seg = static_cast<std::size_t>((pos + 1) / segment);  // the target's position
+            const std::size_t seg =
+                static_cast<std::size_t>((pos + 1) / segment);  // the target's position
             acc.seg_nll[seg] -= logp[target];
             ++acc.seg_tokens[seg];
             if (2 * (pos + 1) >= ctx) {
@@ -321,7 +329,8 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows, cons
   if (show_progress) {
     for (;;) {
       const std::int64_t done = positions_done.load();
-      progress_bar(done, total_positions, std::chrono::duration<double>(Clock::now() - start).count());
+      progress_bar(done, total_positions,
+                   std::chrono::duration<double>(Clock::now() - start).count());
       if (done >= total_positions) break;
       {
         std::lock_guard<std::mutex> lock(failure_mutex);
@@ -340,8 +349,8 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows, cons
 /// One result per row, from the sums reduced in window order (so the results
 /// do not depend on the number of threads); row 0 is the reference every
 /// ppl_delta_pct is measured against. Sets `rep.positions_fed`.
-std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Strategy> &rows, const RunSums &run,
-                                      EvalReport &rep) {
+std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Strategy> &rows,
+                                      const RunSums &run, EvalReport &rep) {
   const ModelConfig &c = in.model.config();
   const std::vector<EvalWindow> &windows = in.windows;
   const std::size_t n_rows = rows.size(), n_segments = in.n_segments;
@@ -399,21 +408,25 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
     res.kv_bytes_per_token = static_cast<std::uint64_t>(std::llround(bytes_per_token));
     res.bits_per_element = bytes_per_token * 8.0 / elements_per_token;
     res.mean_bits_per_element =
-        total.tokens_time > 0 ? total.bytes_time / (total.tokens_time / c.n_layers) * 8.0 / elements_per_token
-                              : res.bits_per_element;
+        total.tokens_time > 0
+            ? total.bytes_time / (total.tokens_time / c.n_layers) * 8.0 / elements_per_token
+            : res.bits_per_element;
     res.peak_kv_bytes = row_peak[r];
-    res.compression_vs_f16 = bytes_per_token > 0 ? double(f16_bytes_per_token) / bytes_per_token : 0.0;
+    res.compression_vs_f16 =
+        bytes_per_token > 0 ? double(f16_bytes_per_token) / bytes_per_token : 0.0;
     res.ppl = std::exp(total.nll / double(total.tokens));
     res.kl_mean = total.kl / double(total.tokens);
     res.top1_agreement = double(total.top1) / double(total.tokens);
     res.ms_per_token = total.seconds * 1000.0 / double(total.positions);
-    res.kept_fraction = total.positions_at_end > 0 ? total.tokens_at_end / total.positions_at_end : 1.0;
+    res.kept_fraction =
+        total.positions_at_end > 0 ? total.tokens_at_end / total.positions_at_end : 1.0;
     res.effective_bits_per_element = res.bits_per_element * res.kept_fraction;
     for (std::size_t k = 0; k < n_segments; ++k) {
-      res.segment_ppl.push_back(total.seg_tokens[k] > 0 ? std::exp(total.seg_nll[k] / double(total.seg_tokens[k]))
-                                                        : 0.0);
+      res.segment_ppl.push_back(
+          total.seg_tokens[k] > 0 ? std::exp(total.seg_nll[k] / double(total.seg_tokens[k])) : 0.0);
     }
-    res.second_half_ppl = total.late_tokens > 0 ? std::exp(total.late_nll / double(total.late_tokens)) : 0.0;
+    res.second_half_ppl =
+        total.late_tokens > 0 ? std::exp(total.late_nll / double(total.late_tokens)) : 0.0;
     if (r == 0) rep.positions_fed = total.positions;
   }
   for (StrategyResult &res : row_results) {

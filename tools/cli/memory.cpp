@@ -40,8 +40,10 @@ std::string human_bytes(long double bytes) {
     ++u;
   }
   char buf[64];
-  if (u == 0) std::snprintf(buf, sizeof buf, "%.0Lf B", bytes);
-  else std::snprintf(buf, sizeof buf, "%.2Lf %s", bytes, units[u]);
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%.0Lf B", bytes);
+  else
+    std::snprintf(buf, sizeof buf, "%.2Lf %s", bytes, units[u]);
   return buf;
 }
 
@@ -70,12 +72,14 @@ Geometry resolve_geometry(const std::string &preset, std::uint32_t layers, std::
     }
     if (found == nullptr) {
       std::string names;
-      for (const ModelPreset &p : model_presets()) names += (names.empty() ? "" : ", ") + std::string(p.name);
+      for (const ModelPreset &p : model_presets())
+        names += (names.empty() ? "" : ", ") + std::string(p.name);
       throw RunnerError("unknown preset '" + preset + "' (known: " + names + ")");
     }
     g = {found->name, found->description, found->num_layers, found->num_kv_heads, found->head_dim};
   } else if (!(layers && kv_heads && head_dim)) {
-    throw RunnerError("give --preset NAME, or all of --layers, --kv-heads and --head-dim (each >= 1)");
+    throw RunnerError(
+        "give --preset NAME, or all of --layers, --kv-heads and --head-dim (each >= 1)");
   }
   return g;
 }
@@ -83,24 +87,27 @@ Geometry resolve_geometry(const std::string &preset, std::uint32_t layers, std::
 std::uint64_t parse_byte_size(const std::string &text, const std::string &what) {
   const std::string where = what + " '" + text + "': ";
   // number [unit], spaces allowed around both
-  static const std::regex form(R"(^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*([A-Za-z]*)\s*$)");
+  static const std::regex form(
+      R"(^\s*([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?\s*([A-Za-z]*)\s*$)");
   std::smatch m;
   if (!std::regex_match(text, m, form)) {
-    throw RunnerError(where + "not a size (expected a number and an optional unit: B, KB, MB, GB, TB, "
-                              "KiB, MiB, GiB, TiB; e.g. 16GiB, 512MiB, 1e9)");
+    throw RunnerError(where +
+                      "not a size (expected a number and an optional unit: B, KB, MB, GB, TB, "
+                      "KiB, MiB, GiB, TiB; e.g. 16GiB, 512MiB, 1e9)");
   }
   std::string unit = m[4].str();
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return char(std::tolower(ch)); });
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char ch) { return char(std::tolower(ch)); });
   static const std::pair<const char *, long double> units[] = {
-      {"", 1.0L},         {"b", 1.0L},
-      {"kb", 1e3L},       {"mb", 1e6L},        {"gb", 1e9L},        {"tb", 1e12L},
-      {"kib", 0x1p10L},   {"mib", 0x1p20L},    {"gib", 0x1p30L},    {"tib", 0x1p40L}};
+      {"", 1.0L},    {"b", 1.0L},      {"kb", 1e3L},     {"mb", 1e6L},     {"gb", 1e9L},
+      {"tb", 1e12L}, {"kib", 0x1p10L}, {"mib", 0x1p20L}, {"gib", 0x1p30L}, {"tib", 0x1p40L}};
   long double scale = 0.0L;
   for (const auto &[name, factor] : units) {
     if (unit == name) scale = factor;
   }
   if (scale == 0.0L) {
-    throw RunnerError(where + "unknown unit '" + m[4].str() + "' (known: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
+    throw RunnerError(where + "unknown unit '" + m[4].str() +
+                      "' (known: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
   }
   const std::string number = m[1].str() + m[3].str();
   const long double bytes = std::floor(std::strtold(number.c_str(), nullptr) * scale);
@@ -159,15 +166,16 @@ void run_memory(const MemoryOptions &o) {
   std::printf("total      %s (%llu bytes) for %llu tokens x batch %llu\n\n",
               human_bytes(total).c_str(), static_cast<unsigned long long>(total),
               static_cast<unsigned long long>(o.seq_len), static_cast<unsigned long long>(o.batch));
-  std::printf("%17s  %10s  (batch %llu)\n", "seq_len", "total", static_cast<unsigned long long>(o.batch));
+  std::printf("%17s  %10s  (batch %llu)\n", "seq_len", "total",
+              static_cast<unsigned long long>(o.batch));
   std::vector<std::uint64_t> lengths = {2048, 4096, 8192, 32768};
   bool listed = false;
   for (std::uint64_t n : lengths) listed = listed || n == o.seq_len;
   if (!listed) lengths.push_back(o.seq_len);
   for (std::uint64_t n : lengths) {
     const long double bytes = static_cast<long double>(per_token) * n * o.batch;
-    std::printf("%10llu tokens  %10s%s\n", static_cast<unsigned long long>(n), human_bytes(bytes).c_str(),
-                n == o.seq_len ? "  <-" : "");
+    std::printf("%10llu tokens  %10s%s\n", static_cast<unsigned long long>(n),
+                human_bytes(bytes).c_str(), n == o.seq_len ? "  <-" : "");
   }
 }
 

@@ -34,7 +34,7 @@ struct RecommendOptions {
   std::int64_t num_layers = kUnset, num_kv_heads = kUnset, head_dim = kUnset;
   std::int64_t seq_len = kUnset;
   std::int64_t batch = 1;
-  std::string memory;  ///< a byte size: 16GiB, 512MiB, 1e9
+  std::string memory;            ///< a byte size: 16GiB, 512MiB, 1e9
   TypedOption max_ppl_increase;  ///< percent
   // Measurements: an `eval --json` file, or an eval run here.
   std::string from;

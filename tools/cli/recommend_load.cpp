@@ -49,7 +49,8 @@ std::optional<std::int64_t> opt_integer(const json &o, const char *key, const st
   if (!o.contains(key)) return std::nullopt;
   const json &v = o[key];
   if (!v.is_number_integer()) throw RunnerError(where + "field '" + key + "' is not an integer");
-  if (v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
+  if (v.is_number_unsigned() &&
+      v.get<std::uint64_t>() > std::uint64_t(std::numeric_limits<std::int64_t>::max()))
     throw RunnerError(where + "field '" + key + "' is out of range (" + v.dump() + " > 2^63 - 1)");
   return v.get<std::int64_t>();
 }
@@ -87,8 +88,9 @@ json read_json_file(const std::string &path, const std::string &what) {
   } catch (const json::parse_error &e) {
     throw RunnerError(what + " '" + path + "' is not JSON: " + e.what());
   } catch (const json::out_of_range &e) {
-    throw RunnerError(what + " '" + path + "' holds a number out of range (a double holds at most about 1.8e308): " +
-                      e.what());
+    throw RunnerError(
+        what + " '" + path +
+        "' holds a number out of range (a double holds at most about 1.8e308): " + e.what());
   } catch (const json::exception &e) {
     throw RunnerError(what + " '" + path + "' cannot be read as JSON: " + e.what());
   }
@@ -102,7 +104,8 @@ void check_finite(const json &v, const std::string &name, const std::string &whe
     for (auto it = v.begin(); it != v.end(); ++it)
       check_finite(it.value(), name.empty() ? it.key() : name + "." + it.key(), where);
   if (v.is_array())
-    for (std::size_t i = 0; i < v.size(); ++i) check_finite(v[i], name + "[" + std::to_string(i) + "]", where);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      check_finite(v[i], name + "[" + std::to_string(i) + "]", where);
 }
 
 /// Reads an `eval --json` report; fields not named here are ignored.
@@ -112,9 +115,11 @@ Measurements load_eval_report(const json &j, const std::string &where) {
   if (j.contains("model") && j["model"].is_string()) m.model = j["model"].get<std::string>();
   m.ctx = opt_integer(j, "ctx", where);
   m.tokens_scored = opt_integer(j, "tokens_scored", where);
-  if (m.ctx && *m.ctx < 1) throw RunnerError(where + "ctx " + std::to_string(*m.ctx) + " must be >= 1");
+  if (m.ctx && *m.ctx < 1)
+    throw RunnerError(where + "ctx " + std::to_string(*m.ctx) + " must be >= 1");
   if (m.tokens_scored && *m.tokens_scored < 1)
-    throw RunnerError(where + "tokens_scored " + std::to_string(*m.tokens_scored) + " must be >= 1");
+    throw RunnerError(where + "tokens_scored " + std::to_string(*m.tokens_scored) +
+                      " must be >= 1");
   if (j.contains("geometry")) {
     const json &g = req_object(j, "geometry", where);
     m.num_layers = opt_integer(g, "num_layers", where + "geometry: ");
@@ -122,7 +127,8 @@ Measurements load_eval_report(const json &j, const std::string &where) {
     m.head_dim = opt_integer(g, "head_dim", where + "geometry: ");
   }
   if (!j.contains("results")) {
-    throw RunnerError(where + "misses the required field 'results' (is it a `kvcache eval --json` report?)");
+    throw RunnerError(
+        where + "misses the required field 'results' (is it a `kvcache eval --json` report?)");
   }
   const json &results = j["results"];
   if (!results.is_array()) throw RunnerError(where + "field 'results' is not an array");
@@ -140,7 +146,8 @@ Measurements load_eval_report(const json &j, const std::string &where) {
     at = where + "result '" + row.strategy + "': ";
     check_finite(r, "", at);
     if (r.contains("reference")) {
-      if (!r["reference"].is_boolean()) throw RunnerError(at + "field 'reference' is not true or false");
+      if (!r["reference"].is_boolean())
+        throw RunnerError(at + "field 'reference' is not true or false");
       row.reference = r["reference"].get<bool>();
     }
     row.bits_per_element = req_number(r, "bits_per_element", at);
@@ -155,7 +162,8 @@ Measurements load_eval_report(const json &j, const std::string &where) {
     if (row.reference) {
       // Every ppl_delta_pct and kl_mean is measured against this row: its own are 0 by definition.
       if (row.ppl_delta_pct != 0.0)
-        throw RunnerError(at + "the reference row has ppl_delta_pct " + fmt("%g", row.ppl_delta_pct) +
+        throw RunnerError(at + "the reference row has ppl_delta_pct " +
+                          fmt("%g", row.ppl_delta_pct) +
                           " (expected 0: every ppl_delta_pct is measured against it)");
       if (row.kl_mean && *row.kl_mean != 0.0)
         throw RunnerError(at + "the reference row has kl_mean " + fmt("%g", *row.kl_mean) +
@@ -165,11 +173,15 @@ Measurements load_eval_report(const json &j, const std::string &where) {
     m.rows.push_back(row);
   }
   if (references == 0) {
-    throw RunnerError(where + "has no reference row (a result with \"reference\": true, the dense cache "
-                              "every ppl_delta_pct is measured against)");
+    throw RunnerError(where +
+                      "has no reference row (a result with \"reference\": true, the dense cache "
+                      "every ppl_delta_pct is measured against)");
   }
-  if (references > 1) throw RunnerError(where + "has " + std::to_string(references) + " reference rows (expected one)");
-  if (m.rows.size() == 1) throw RunnerError(where + "holds only the reference row: no strategy to choose from");
+  if (references > 1)
+    throw RunnerError(where + "has " + std::to_string(references) +
+                      " reference rows (expected one)");
+  if (m.rows.size() == 1)
+    throw RunnerError(where + "holds only the reference row: no strategy to choose from");
   return m;
 }
 
@@ -177,29 +189,38 @@ Measurements load_eval_report(const json &j, const std::string &where) {
 void load_prefix_report(const json &j, const std::string &where, PrefixInput &in) {
   if (!j.is_object()) throw RunnerError(where + "is not a JSON object");
   if (j.contains("mode") && !(j["mode"].is_string() && j["mode"].get<std::string>() == "prefix"))
-    throw RunnerError(where + "mode is not \"prefix\" (is it a `kvcache eval --prefix --json` report?)");
-  const std::int64_t bs = req_integer(j, "block_size", where), requests = req_integer(j, "requests", where);
-  const std::int64_t prefix = req_integer(j, "prefix_tokens", where), suffix = req_integer(j, "suffix_tokens", where);
-  const json &without = req_object(j, "without_cache", where), &with = req_object(j, "with_cache", where);
+    throw RunnerError(where +
+                      "mode is not \"prefix\" (is it a `kvcache eval --prefix --json` report?)");
+  const std::int64_t bs = req_integer(j, "block_size", where),
+                     requests = req_integer(j, "requests", where);
+  const std::int64_t prefix = req_integer(j, "prefix_tokens", where),
+                     suffix = req_integer(j, "suffix_tokens", where);
+  const json &without = req_object(j, "without_cache", where),
+             &with = req_object(j, "with_cache", where);
   const std::int64_t t_without = req_integer(without, "tokens_computed", where + "without_cache: ");
   const std::int64_t t_with = req_integer(with, "tokens_computed", where + "with_cache: ");
   if (bs < 1 || requests < 1 || prefix < 0 || suffix < 0 || t_without < 1 || t_with < 0)
-    throw RunnerError(where + "impossible values (block_size, requests and without_cache.tokens_computed must be "
-                              ">= 1; prefix_tokens, suffix_tokens and with_cache.tokens_computed >= 0)");
+    throw RunnerError(
+        where +
+        "impossible values (block_size, requests and without_cache.tokens_computed must be "
+        ">= 1; prefix_tokens, suffix_tokens and with_cache.tokens_computed >= 0)");
   if (prefix > std::numeric_limits<std::int64_t>::max() - suffix)
-    throw RunnerError(where + "impossible values: prefix_tokens + suffix_tokens (" + std::to_string(prefix) + " + " +
-                      std::to_string(suffix) + ") overflows 64 bits");
-  if (prefix + suffix < 1) throw RunnerError(where + "impossible values: prefix_tokens + suffix_tokens is 0");
+    throw RunnerError(where + "impossible values: prefix_tokens + suffix_tokens (" +
+                      std::to_string(prefix) + " + " + std::to_string(suffix) +
+                      ") overflows 64 bits");
+  if (prefix + suffix < 1)
+    throw RunnerError(where + "impossible values: prefix_tokens + suffix_tokens is 0");
   // Without the cache every request computes its whole prompt.
   if (prefix + suffix > std::numeric_limits<std::int64_t>::max() / requests ||
       t_without != requests * (prefix + suffix))
-    throw RunnerError(where + "impossible values: without_cache.tokens_computed (" + std::to_string(t_without) +
-                      ") is not requests x (prefix_tokens + suffix_tokens) = " + std::to_string(requests) + " x " +
-                      std::to_string(prefix + suffix));
+    throw RunnerError(
+        where + "impossible values: without_cache.tokens_computed (" + std::to_string(t_without) +
+        ") is not requests x (prefix_tokens + suffix_tokens) = " + std::to_string(requests) +
+        " x " + std::to_string(prefix + suffix));
   if (t_with > t_without)
-    throw RunnerError(where + "impossible values: with_cache.tokens_computed (" + std::to_string(t_with) +
-                      ") is more than without_cache.tokens_computed (" + std::to_string(t_without) +
-                      "): the prefix cache only skips tokens");
+    throw RunnerError(where + "impossible values: with_cache.tokens_computed (" +
+                      std::to_string(t_with) + ") is more than without_cache.tokens_computed (" +
+                      std::to_string(t_without) + "): the prefix cache only skips tokens");
   in.prefix_tokens = static_cast<std::uint64_t>(prefix);
   in.prompt_tokens = static_cast<std::uint64_t>(prefix + suffix);
   in.share = double(prefix) / double(prefix + suffix);
@@ -212,16 +233,17 @@ void load_prefix_report(const json &j, const std::string &where, PrefixInput &in
   in.m_ttft_with = opt_number(with, "ttft_ms_mean", where + "with_cache: ");
   in.m_speedup = opt_number(j, "ttft_speedup", where);
   if (in.m_hit_rate && !(*in.m_hit_rate >= 0.0 && *in.m_hit_rate <= 1.0))
-    throw RunnerError(where + "impossible values: with_cache.hit_rate_tokens " + fmt("%g", *in.m_hit_rate) +
-                      " is not in [0, 1]");
+    throw RunnerError(where + "impossible values: with_cache.hit_rate_tokens " +
+                      fmt("%g", *in.m_hit_rate) + " is not in [0, 1]");
   if (in.m_ttft_without && !(*in.m_ttft_without >= 0.0))
-    throw RunnerError(where + "impossible values: without_cache.ttft_ms_mean " + fmt("%g", *in.m_ttft_without) +
-                      " is negative");
+    throw RunnerError(where + "impossible values: without_cache.ttft_ms_mean " +
+                      fmt("%g", *in.m_ttft_without) + " is negative");
   if (in.m_ttft_with && !(*in.m_ttft_with >= 0.0))
-    throw RunnerError(where + "impossible values: with_cache.ttft_ms_mean " + fmt("%g", *in.m_ttft_with) +
-                      " is negative");
+    throw RunnerError(where + "impossible values: with_cache.ttft_ms_mean " +
+                      fmt("%g", *in.m_ttft_with) + " is negative");
   if (in.m_speedup && !(*in.m_speedup > 0.0))
-    throw RunnerError(where + "impossible values: ttft_speedup " + fmt("%g", *in.m_speedup) + " must be > 0");
+    throw RunnerError(where + "impossible values: ttft_speedup " + fmt("%g", *in.m_speedup) +
+                      " must be > 0");
 }
 
 }  // namespace
@@ -249,8 +271,10 @@ PrefixInput prefix_input(const RecommendOptions &o, std::uint64_t seq_len) {
   if (block_given && o.block_size < 1)
     throw RunnerError("--block-size " + std::to_string(o.block_size) + " must be >= 1");
   if (block_given && !share_given && !tokens_given && o.from_prefix.empty())
-    throw RunnerError("--block-size " + std::to_string(o.block_size) + " is used only to assess prefix caching: "
-                      "give --prefix-share F and/or --prefix-tokens L, or --from-prefix FILE, with it");
+    throw RunnerError(
+        "--block-size " + std::to_string(o.block_size) +
+        " is used only to assess prefix caching: "
+        "give --prefix-share F and/or --prefix-tokens L, or --from-prefix FILE, with it");
   double share = 0;
   if (share_given) {
     share = typed_number(o.prefix_share, "--prefix-share",
@@ -275,7 +299,8 @@ PrefixInput prefix_input(const RecommendOptions &o, std::uint64_t seq_len) {
     in.path = o.from_prefix;
     in.block_size = block_given ? static_cast<std::uint64_t>(o.block_size) : in.m_block_size;
     if (in.prompt_tokens > seq_len)
-      throw RunnerError(where + "its prompts (" + u(in.prompt_tokens) + " tokens) are longer than --seq-len " + u(seq_len));
+      throw RunnerError(where + "its prompts (" + u(in.prompt_tokens) +
+                        " tokens) are longer than --seq-len " + u(seq_len));
     return in;
   }
   in.block_size = block_given ? static_cast<std::uint64_t>(o.block_size) : 16;
@@ -284,18 +309,19 @@ PrefixInput prefix_input(const RecommendOptions &o, std::uint64_t seq_len) {
   in.source = "flags";
   if (share_given && tokens_given) {
     if (share == 0.0)
-      throw RunnerError("--prefix-share '" + o.prefix_share.text + "' contradicts --prefix-tokens " +
-                        std::to_string(o.prefix_tokens));
+      throw RunnerError("--prefix-share '" + o.prefix_share.text +
+                        "' contradicts --prefix-tokens " + std::to_string(o.prefix_tokens));
     in.prefix_tokens = static_cast<std::uint64_t>(o.prefix_tokens);
     const double prompt = std::round(double(o.prefix_tokens) / share);
     if (!(prompt <= static_cast<double>(seq_len)))
-      throw RunnerError("the prompt implied by --prefix-tokens / --prefix-share (" + fmt("%.6g", prompt) +
-                        " tokens) is longer than --seq-len " + u(seq_len));
+      throw RunnerError("the prompt implied by --prefix-tokens / --prefix-share (" +
+                        fmt("%.6g", prompt) + " tokens) is longer than --seq-len " + u(seq_len));
     in.prompt_tokens = static_cast<std::uint64_t>(prompt);
     in.share = share;
   } else if (tokens_given) {
     if (static_cast<std::uint64_t>(o.prefix_tokens) > seq_len)
-      throw RunnerError("--prefix-tokens " + std::to_string(o.prefix_tokens) + " is longer than --seq-len " + u(seq_len));
+      throw RunnerError("--prefix-tokens " + std::to_string(o.prefix_tokens) +
+                        " is longer than --seq-len " + u(seq_len));
     in.prefix_tokens = static_cast<std::uint64_t>(o.prefix_tokens);
     in.prompt_tokens = seq_len;
     in.prompt_assumed = true;
@@ -323,7 +349,8 @@ Measurements measure(const RecommendOptions &o) {
     m.path = o.from;
     return m;
   }
-  if (o.eval_tokens < 1) throw RunnerError("--eval-tokens " + std::to_string(o.eval_tokens) + " must be >= 1");
+  if (o.eval_tokens < 1)
+    throw RunnerError("--eval-tokens " + std::to_string(o.eval_tokens) + " must be >= 1");
   EvalOptions eo;
   eo.model = o.model;
   std::string list = o.strategies;
@@ -333,7 +360,8 @@ Measurements measure(const RecommendOptions &o) {
   eo.strategies = parse_strategy_list(list);
   eo.max_tokens = o.eval_tokens;
   eo.progress = o.progress;
-  std::fprintf(stderr, "kvcache recommend: no --from: measuring %zu strategies on %s (%lld tokens) ...\n",
+  std::fprintf(stderr,
+               "kvcache recommend: no --from: measuring %zu strategies on %s (%lld tokens) ...\n",
                eo.strategies.size(), o.model.c_str(), static_cast<long long>(o.eval_tokens));
   const EvalReport report = run_eval(eo);
   // Through the JSON report, so the eval's fields are read exactly as from a file.

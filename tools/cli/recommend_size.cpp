@@ -21,11 +21,14 @@ namespace {
 
 /// a x b; throws kvc_runner::RunnerError naming `what` above 2^63.
 std::uint64_t mul(std::uint64_t a, std::uint64_t b, const std::string &what) {
-  if (a != 0 && b > kMaxBytes / a) throw RunnerError(what + " exceeds 2^63: the target is too large");
+  if (a != 0 && b > kMaxBytes / a)
+    throw RunnerError(what + " exceeds 2^63: the target is too large");
   return a * b;
 }
 
-std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) {
+  return a / b + (a % b != 0);
+}
 
 /// One measured row at the target: tokens held, bytes per sequence and in
 /// total, whether it meets the floor and fits, and its headroom.
@@ -45,17 +48,19 @@ Row scale_row(const EvalRow &e, const Target &t) {
     // residual windows, hybrid precision, per-channel codecs (they stage a group) and sinks.
     const bool channel = (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL) ||
                          (st->v_quantized && st->v_codec.granularity == KVC_SCALE_PER_CHANNEL);
-    if (st->residual_window > 0 || st->residual_fraction > 0.0 || st->residual_sinks > 0 || channel) {
+    if (st->residual_window > 0 || st->residual_fraction > 0.0 || st->residual_sinks > 0 ||
+        channel) {
       r.prefix_ok = false;
-      r.prefix_refusal = "its codec stages tokens and encodes them as they age (residual window, hybrid "
-                         "precision, per-channel groups or attention sinks), and such pools refuse the prefix "
-                         "cache";
+      r.prefix_refusal =
+          "its codec stages tokens and encodes them as they age (residual window, hybrid "
+          "precision, per-channel groups or attention sinks), and such pools refuse the prefix "
+          "cache";
     }
     if (st->k_quantized && st->k_codec.granularity == KVC_SCALE_PER_CHANNEL)
       r.channel_group = st->k_codec.group_size;
   } else if (!e.kept_fraction) {
-    throw RunnerError("result '" + e.strategy + "' has no kept_fraction and this build cannot read its spec: " +
-                      parse_error);
+    throw RunnerError("result '" + e.strategy +
+                      "' has no kept_fraction and this build cannot read its spec: " + parse_error);
   } else {
     r.prefix_ok = false;
     r.prefix_refusal = "this build does not know its spec";
@@ -83,13 +88,16 @@ Row scale_row(const EvalRow &e, const Target &t) {
   // Bytes at the target: the pool's blocks at the target geometry, measured from the
   // library, with the rules by which its tokens are staged and encoded (kvc_pool_seq_bytes).
   if (st) {
-    r.layout = pool_sizes(*st, t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim, &r.layout_refusal);
+    r.layout = pool_sizes(*st, t.geometry.num_layers, t.geometry.num_kv_heads, t.geometry.head_dim,
+                          &r.layout_refusal);
   } else {
     r.layout_refusal = "this build does not know its spec";
   }
   if (!r.layout) {  // the measured bits per element carry over
-    const long double bpt = static_cast<long double>(e.bits_per_element) * t.elements_per_token / 8.0L;
-    if (!(bpt < static_cast<long double>(kMaxBytes))) throw RunnerError("bytes per token exceed 2^63");
+    const long double bpt =
+        static_cast<long double>(e.bits_per_element) * t.elements_per_token / 8.0L;
+    if (!(bpt < static_cast<long double>(kMaxBytes)))
+      throw RunnerError("bytes per token exceed 2^63");
     r.carried_bytes_per_token = static_cast<std::uint64_t>(std::ceil(bpt - 1e-6L));
     if (r.carried_bytes_per_token == 0) r.carried_bytes_per_token = 1;
   }
@@ -124,15 +132,19 @@ Row scale_row(const EvalRow &e, const Target &t) {
 
 /// Tokens of the shared prefix a request can take from whole cached blocks of `block` tokens.
 std::uint64_t reusable_tokens(const PrefixInput &in, std::uint64_t block) {
-  // A lookup never serves the last prompt token: a prefix that is the whole prompt reuses P - 1 at most.
-  const std::uint64_t usable = std::min(in.prefix_tokens, in.prompt_tokens > 0 ? in.prompt_tokens - 1 : 0);
+  // A lookup never serves the last prompt token: a prefix that is the whole prompt reuses P - 1 at
+  // most.
+  const std::uint64_t usable =
+      std::min(in.prefix_tokens, in.prompt_tokens > 0 ? in.prompt_tokens - 1 : 0);
   return usable / block * block;
 }
 
 /// Memory the shared prefix saves for row `r` (batch - 1 sequences attach instead of storing it).
-std::uint64_t shared_saving(const Row &r, const PrefixInput &in, const Target &t, std::uint64_t block) {
+std::uint64_t shared_saving(const Row &r, const PrefixInput &in, const Target &t,
+                            std::uint64_t block) {
   if (!r.prefix_ok || r.evicts || t.batch < 2) return 0;
-  return mul(mul(t.batch - 1, reusable_tokens(in, block), "the shared tokens"), r.bytes_per_token, "the saving");
+  return mul(mul(t.batch - 1, reusable_tokens(in, block), "the shared tokens"), r.bytes_per_token,
+             "the saving");
 }
 
 /// Why blocks must hold a multiple of the key group of `r`.
@@ -144,7 +156,8 @@ std::string channel_group_reason(const Row &r) {
 /// `items` joined by `sep`, the last two by " and ".
 std::string join(const std::vector<std::string> &items, const std::string &sep) {
   std::string s;
-  for (std::size_t i = 0; i < items.size(); ++i) s += (i == 0 ? "" : i + 1 == items.size() ? " and " : sep) + items[i];
+  for (std::size_t i = 0; i < items.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == items.size() ? " and " : sep) + items[i];
   return s;
 }
 
@@ -157,9 +170,12 @@ bool cheaper(const Row *a, const Row *b) {
   return a->bytes_per_token < b->bytes_per_token;
 }
 
-bool codec_takes_block(const Row &r, std::uint64_t block) { return !r.channel_group || block % r.channel_group == 0; }
+bool codec_takes_block(const Row &r, std::uint64_t block) {
+  return !r.channel_group || block % r.channel_group == 0;
+}
 
-std::uint64_t with_sharing(const Row &r, const PrefixInput &in, const Target &t, std::uint64_t block) {
+std::uint64_t with_sharing(const Row &r, const PrefixInput &in, const Target &t,
+                           std::uint64_t block) {
   return r.bytes_total - shared_saving(r, in, t, block);
 }
 
@@ -167,24 +183,31 @@ void choose(const Measurements &m, const Target &t, Choice &c) {
   std::vector<Row> &rows = c.rows;
   std::optional<Row> &reference = c.reference;
   for (const EvalRow &e : m.rows) {
-    if (e.reference) reference = scale_row(e, t);
-    else rows.push_back(scale_row(e, t));
+    if (e.reference)
+      reference = scale_row(e, t);
+    else
+      rows.push_back(scale_row(e, t));
   }
   if (reference->evicts)
-    throw RunnerError((m.source == "file" ? "eval report '" + m.path + "': " : std::string("eval run: ")) +
-                      "the reference row '" + reference->m.strategy +
-                      "' evicts tokens: the reference must be the dense cache every ppl_delta_pct is measured against");
+    throw RunnerError(
+        (m.source == "file" ? "eval report '" + m.path + "': " : std::string("eval run: ")) +
+        "the reference row '" + reference->m.strategy +
+        "' evicts tokens: the reference must be the dense cache every ppl_delta_pct is measured "
+        "against");
   std::vector<const Row *> order;
   for (const Row &r : rows) order.push_back(&r);
   std::stable_sort(order.begin(), order.end(), cheaper);
   // The pick: the least memory among the rows meeting the floor; else the closest to it.
-  const auto meeting = std::find_if(order.begin(), order.end(), [](const Row *r) { return r->meets; });
+  const auto meeting =
+      std::find_if(order.begin(), order.end(), [](const Row *r) { return r->meets; });
   const Row *pick = meeting == order.end() ? nullptr : *meeting;
   c.order = std::move(order);
   c.pick = pick;
-  c.closest = pick ? nullptr : *std::min_element(c.order.begin(), c.order.end(), [](const Row *a, const Row *b) {
-    return a->m.ppl_delta_pct < b->m.ppl_delta_pct;
-  });
+  c.closest =
+      pick ? nullptr
+           : *std::min_element(c.order.begin(), c.order.end(), [](const Row *a, const Row *b) {
+               return a->m.ppl_delta_pct < b->m.ppl_delta_pct;
+             });
 }
 
 PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choice &c) {
@@ -203,24 +226,31 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
     for (const Row &r : rows) {
       if (r.meets && can_share(r) && (!a.subject || cheaper(&r, a.subject))) a.subject = &r;
     }
-    a.subject_note = first->m.strategy +
-                     (first->prefix_ok ? " cannot use blocks of " + u(B) + (B == 1 ? " token" : " tokens") +
-                                             ": it quantizes keys per channel over " + u(first->channel_group) +
-                                             " tokens, so a block must hold a multiple of " + u(first->channel_group)
-                                       : " cannot share blocks: " + first->prefix_refusal);
-    if (a.subject) a.subject_note += "; assessed for " + a.subject->m.strategy + ", the cheapest row meeting the floor that can";
+    a.subject_note =
+        first->m.strategy +
+        (first->prefix_ok
+             ? " cannot use blocks of " + u(B) + (B == 1 ? " token" : " tokens") +
+                   ": it quantizes keys per channel over " + u(first->channel_group) +
+                   " tokens, so a block must hold a multiple of " + u(first->channel_group)
+             : " cannot share blocks: " + first->prefix_refusal);
+    if (a.subject)
+      a.subject_note += "; assessed for " + a.subject->m.strategy +
+                        ", the cheapest row meeting the floor that can";
   }
   // The least memory with the prefix shared among the rows meeting the floor that can use
   // this block size (ties: the pick, then the cheaper without sharing).
   for (const Row &r : rows) {
     if (!r.meets || !codec_takes_block(r, B)) continue;
     const Row *b = a.best_with_sharing;
-    const std::uint64_t cost = with_sharing(r, in, t, B), best_cost = b ? with_sharing(*b, in, t, B) : 0;
-    if (!b || cost < best_cost || (cost == best_cost && b != pick && (&r == pick || cheaper(&r, b))))
+    const std::uint64_t cost = with_sharing(r, in, t, B),
+                        best_cost = b ? with_sharing(*b, in, t, B) : 0;
+    if (!b || cost < best_cost ||
+        (cost == best_cost && b != pick && (&r == pick || cheaper(&r, b))))
       a.best_with_sharing = &r;
   }
   if (!a.subject) {
-    a.verdict = "prefix caching is not available: " + a.subject_note + ", and no row meeting the floor can";
+    a.verdict =
+        "prefix caching is not available: " + a.subject_note + ", and no row meeting the floor can";
     a.recommended_block_size = B;
     a.block_verdict = "no block-size advice without a row that can use the prefix cache";
     return a;
@@ -230,8 +260,11 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
   a.lost = in.prefix_tokens - a.reusable;
   a.memory_saved = shared_saving(s, in, t, B);
   a.memory_shared = a.memory_saved > 0;
-  if (s.evicts) a.no_memory_reason = "it evicts tokens, and eviction compaction copies shared blocks before it writes into them";
-  else if (t.batch < 2) a.no_memory_reason = "a batch of 1 shares with nobody";
+  if (s.evicts)
+    a.no_memory_reason =
+        "it evicts tokens, and eviction compaction copies shared blocks before it writes into them";
+  else if (t.batch < 2)
+    a.no_memory_reason = "a batch of 1 shares with nobody";
   a.total_with_sharing = s.bytes_total - a.memory_saved;
   a.compute_per_request = in.prompt_tokens ? double(a.reusable) / double(in.prompt_tokens) : 0.0;
   a.compute_batch = a.compute_per_request * double(t.batch - 1) / double(t.batch);
@@ -243,13 +276,14 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
                 " tokens) holds no whole block of " + u(B) + " tokens" +
                 (in.prefix_tokens >= in.prompt_tokens ? " before the prompt's last token" : "");
   } else {
-    a.verdict = "prefix caching pays: each request after the first reuses " + u(a.reusable) + " of its " +
-                u(in.prompt_tokens) + " prompt tokens (" + fmt("%.1f", 100.0 * a.compute_per_request) +
-                "% of the prefill not recomputed; " + fmt("%.1f", 100.0 * a.compute_batch) + "% across a batch of " +
-                u(t.batch) + ")";
+    a.verdict = "prefix caching pays: each request after the first reuses " + u(a.reusable) +
+                " of its " + u(in.prompt_tokens) + " prompt tokens (" +
+                fmt("%.1f", 100.0 * a.compute_per_request) + "% of the prefill not recomputed; " +
+                fmt("%.1f", 100.0 * a.compute_batch) + "% across a batch of " + u(t.batch) + ")";
     if (a.memory_shared) {
       a.verdict += " and the batch shares " + bytes_text(a.memory_saved) + " of cache (" +
-                   fmt("%.1f", 100.0 * double(a.memory_saved) / double(t.memory)) + "% of the budget)";
+                   fmt("%.1f", 100.0 * double(a.memory_saved) / double(t.memory)) +
+                   "% of the budget)";
     } else {
       a.verdict += "; it saves no memory: " + a.no_memory_reason;
     }
@@ -257,7 +291,8 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
   // Block size: B, B/2, B/4 (those that are whole numbers). Smaller blocks reuse more of a
   // prefix that is not a whole number of blocks, and cost more block-table entries.
   const std::uint64_t table_B =
-      mul(mul(ceil_div(t.seq_len, B), t.geometry.num_layers, "the block table"), kBlockTableEntryBytes, "the block table");
+      mul(mul(ceil_div(t.seq_len, B), t.geometry.num_layers, "the block table"),
+          kBlockTableEntryBytes, "the block table");
   const std::uint64_t saved_B = a.memory_saved;
   std::vector<std::string> not_whole;  // B / 2, B / 4 when they are not whole numbers
   for (std::uint64_t div : {1, 2, 4}) {
@@ -273,11 +308,14 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
     }
     o.reusable = reusable_tokens(in, o.block_size);
     o.lost = in.prefix_tokens - o.reusable;
-    o.table_bytes_per_seq = mul(mul(ceil_div(t.seq_len, o.block_size), t.geometry.num_layers, "the block table"),
-                                kBlockTableEntryBytes, "the block table");
-    o.extra_saved = static_cast<std::int64_t>(shared_saving(s, in, t, o.block_size)) - static_cast<std::int64_t>(saved_B);
-    o.extra_table = static_cast<std::int64_t>(mul(t.batch, o.table_bytes_per_seq, "the block tables")) -
-                    static_cast<std::int64_t>(mul(t.batch, table_B, "the block tables"));
+    o.table_bytes_per_seq =
+        mul(mul(ceil_div(t.seq_len, o.block_size), t.geometry.num_layers, "the block table"),
+            kBlockTableEntryBytes, "the block table");
+    o.extra_saved = static_cast<std::int64_t>(shared_saving(s, in, t, o.block_size)) -
+                    static_cast<std::int64_t>(saved_B);
+    o.extra_table =
+        static_cast<std::int64_t>(mul(t.batch, o.table_bytes_per_seq, "the block tables")) -
+        static_cast<std::int64_t>(mul(t.batch, table_B, "the block tables"));
     o.net = o.extra_saved - o.extra_table;
     a.options.push_back(o);
   }
@@ -287,10 +325,12 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
   }
   if (best) {
     a.recommended_block_size = best->block_size;
-    a.block_verdict = "lower the block size to " + u(best->block_size) + ": " + u(best->reusable) + " prefix tokens reusable per request instead of " +
-                      u(a.reusable) + " (" + u(best->lost) + " lost instead of " + u(a.lost) + "), saving " +
-                      bytes_text(static_cast<std::uint64_t>(best->extra_saved)) + " across the batch for " +
-                      bytes_text(static_cast<std::uint64_t>(best->extra_table)) + " more block tables";
+    a.block_verdict =
+        "lower the block size to " + u(best->block_size) + ": " + u(best->reusable) +
+        " prefix tokens reusable per request instead of " + u(a.reusable) + " (" + u(best->lost) +
+        " lost instead of " + u(a.lost) + "), saving " +
+        bytes_text(static_cast<std::uint64_t>(best->extra_saved)) + " across the batch for " +
+        bytes_text(static_cast<std::uint64_t>(best->extra_table)) + " more block tables";
     return a;
   }
   a.recommended_block_size = B;
@@ -299,8 +339,10 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
   std::vector<std::string> impossible;       // the smaller sizes it cannot
   for (const BlockOption &o : a.options) {
     if (o.block_size >= B) continue;
-    if (o.valid) smaller.push_back(&o);
-    else impossible.push_back(u(o.block_size));
+    if (o.valid)
+      smaller.push_back(&o);
+    else
+      impossible.push_back(u(o.block_size));
   }
   if (smaller.empty()) {
     std::vector<std::string> why;
@@ -308,7 +350,8 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
       why.push_back(join(not_whole, ", ") +
                     (not_whole.size() == 1 ? " is not a whole number" : " are not whole numbers"));
     if (!impossible.empty())
-      why.push_back("blocks of " + join(impossible, ", ") + " are not possible: " + channel_group_reason(s));
+      why.push_back("blocks of " + join(impossible, ", ") +
+                    " are not possible: " + channel_group_reason(s));
     a.block_verdict += "no smaller block size to compare (" + join(why, "; ") + ")";
     return a;
   }
@@ -325,26 +368,29 @@ PrefixAnalysis analyze_prefix(const PrefixInput &in, const Target &t, const Choi
     }
     const std::string tables = u(static_cast<std::uint64_t>(least->extra_table));
     if (sizes.size() == 1)
-      a.block_verdict += "block size " + sizes[0] + " reuses no more of the prefix (" + u(a.reusable) +
-                         " tokens per request) and adds " + tables + " bytes of block tables";
+      a.block_verdict += "block size " + sizes[0] + " reuses no more of the prefix (" +
+                         u(a.reusable) + " tokens per request) and adds " + tables +
+                         " bytes of block tables";
     else
-      a.block_verdict += "smaller blocks (" + join(sizes, ", ") + ") reuse no more of the prefix (" + u(a.reusable) +
-                         " tokens per request) and add block tables (" + tables + " bytes more at block size " +
-                         u(least->block_size) + ")";
+      a.block_verdict += "smaller blocks (" + join(sizes, ", ") +
+                         ") reuse no more of the prefix (" + u(a.reusable) +
+                         " tokens per request) and add block tables (" + tables +
+                         " bytes more at block size " + u(least->block_size) + ")";
   } else if (!a.memory_shared) {
-    a.block_verdict += "block size " + u(more->block_size) + " would reuse " + u(more->reusable - a.reusable) +
-                       " more prefix tokens per request (prefill skipped), but sharing saves no memory here (" +
-                       a.no_memory_reason + ") and its block tables take " +
-                       u(static_cast<std::uint64_t>(more->extra_table)) + " more bytes";
+    a.block_verdict +=
+        "block size " + u(more->block_size) + " would reuse " + u(more->reusable - a.reusable) +
+        " more prefix tokens per request (prefill skipped), but sharing saves no memory here (" +
+        a.no_memory_reason + ") and its block tables take " +
+        u(static_cast<std::uint64_t>(more->extra_table)) + " more bytes";
   } else {
     a.block_verdict += "block size " + u(more->block_size) + " would share " +
-                       u(static_cast<std::uint64_t>(more->extra_saved)) + " more bytes but its block tables take " +
-                       u(static_cast<std::uint64_t>(more->extra_table)) + " more (net " + std::to_string(more->net) +
-                       " bytes)";
+                       u(static_cast<std::uint64_t>(more->extra_saved)) +
+                       " more bytes but its block tables take " +
+                       u(static_cast<std::uint64_t>(more->extra_table)) + " more (net " +
+                       std::to_string(more->net) + " bytes)";
   }
   return a;
 }
-
 
 std::uint64_t PoolSizes::peak(std::uint64_t n) const {
   kvc_pool_config c = cfg;
@@ -389,14 +435,16 @@ std::optional<PoolSizes> pool_sizes(const Strategy &s, std::uint32_t layers, std
     if (why) *why = kvc_last_error_message();
     return std::nullopt;
   }
-  m.cfg.k_codec = m.cfg.v_codec = nullptr;  // set again on each call: a copy points to its own codecs
+  m.cfg.k_codec = m.cfg.v_codec =
+      nullptr;  // set again on each call: a copy points to its own codecs
   m.block_size = m.cfg.block_size;
   m.block_bytes = st.bytes_per_block;
   m.residual_block_bytes = m.cfg.num_residual_blocks ? st.residual_bytes_per_block : 0;
   m.window = m.cfg.residual_window;
   m.fraction = m.cfg.residual_fraction;
   for (const kvc_codec *codec : {ps.k_codec, ps.v_codec})
-    if (codec && codec->granularity == KVC_SCALE_PER_CHANNEL) m.unit = std::max<std::uint64_t>(m.unit, codec->group_size);
+    if (codec && codec->granularity == KVC_SCALE_PER_CHANNEL)
+      m.unit = std::max<std::uint64_t>(m.unit, codec->group_size);
   return m;
 }
 

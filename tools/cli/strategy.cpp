@@ -30,63 +30,104 @@ const std::vector<Component> &registry() {
       {"f32", Kind::Codec, "IEEE binary32 K and V (the dense reference)", KVC_DTYPE_F32, {}},
       {"f16", Kind::Codec, "IEEE binary16 K and V", KVC_DTYPE_F16, {}},
       {"bf16", Kind::Codec, "bfloat16 K and V", KVC_DTYPE_BF16, {}},
-      {"fp8_e4m3", Kind::Codec,
+      {"fp8_e4m3",
+       Kind::Codec,
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
-       KVC_DTYPE_FP8_E4M3, {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
-      {"fp8_e5m2", Kind::Codec, "OCP fp8 E5M2, like fp8_e4m3", KVC_DTYPE_FP8_E5M2,
+       KVC_DTYPE_FP8_E4M3,
        {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
-      {"int8", Kind::Codec,
+      {"fp8_e5m2",
+       Kind::Codec,
+       "OCP fp8 E5M2, like fp8_e4m3",
+       KVC_DTYPE_FP8_E5M2,
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
+      {"int8",
+       Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
-       KVC_DTYPE_INT8, {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope"}},
-      {"int4", Kind::Codec,
+       KVC_DTYPE_INT8,
+       {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope"}},
+      {"int4",
+       Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
-       KVC_DTYPE_INT4, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks", "pre-rope"}},
-      {"int3", Kind::Codec,
-       "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, symmetric), like "
+       KVC_DTYPE_INT4,
+       {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
+        "pre-rope"}},
+      {"int3",
+       Kind::Codec,
+       "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
+       "symmetric), like "
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
-       KVC_DTYPE_INT3, {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks", "pre-rope"}},
-      {"int2", Kind::Codec,
+       KVC_DTYPE_INT3,
+       {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
+        "pre-rope"}},
+      {"int2",
+       Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
-       KVC_DTYPE_INT2, {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks", "pre-rope"}},
-      {"kivi2", Kind::Codec,
+       KVC_DTYPE_INT2,
+       {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
+        "pre-rope"}},
+      {"kivi2",
+       Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
        "asymmetric, newest R tokens in f16 (default G=32, R=32)",
-       KVC_DTYPE_INT2, {"group", "residual", "sinks", "pre-rope"}},
-      {"kivi4", Kind::Codec, "KIVI 4-bit, like kivi2", KVC_DTYPE_INT4, {"group", "residual", "sinks", "pre-rope"}},
-      {"hybrid", Kind::Codec,
+       KVC_DTYPE_INT2,
+       {"group", "residual", "sinks", "pre-rope"}},
+      {"kivi4",
+       Kind::Codec,
+       "KIVI 4-bit, like kivi2",
+       KVC_DTYPE_INT4,
+       {"group", "residual", "sinks", "pre-rope"}},
+      {"hybrid",
+       Kind::Codec,
        "recent-high / old-low precision: newest fraction of the sequence in f16, older tokens "
        "re-encoded as int4 as they age (V per group of 32 values, K per channel over kchannel=16 "
        "tokens; default fraction=0.25)",
-       KVC_DTYPE_INT4, {"fraction", "group", "kchannel", "sinks", "pre-rope"}},
+       KVC_DTYPE_INT4,
+       {"fraction", "group", "kchannel", "sinks", "pre-rope"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
-      {"streaming", Kind::Policy,
-       "StreamingLLM (arXiv 2309.17453): sinks=S first tokens + the newest, at most ceil(budget x ctx) "
-       "per layer (or tokens=N), keys re-rotated to positions within the cache (stream protocol; default "
+      {"streaming",
+       Kind::Policy,
+       "StreamingLLM (arXiv 2309.17453): sinks=S first tokens + the newest, at most ceil(budget x "
+       "ctx) "
+       "per layer (or tokens=N), keys re-rotated to positions within the cache (stream protocol; "
+       "default "
        "S=4, budget=0.3)",
-       KVC_DTYPE_F32, {"budget", "tokens", "sinks", "keep-positions"}},
-      {"window", Kind::Policy,
-       "sliding window: streaming without sinks (stream protocol); keep-positions: keys keep their text "
+       KVC_DTYPE_F32,
+       {"budget", "tokens", "sinks", "keep-positions"}},
+      {"window",
+       Kind::Policy,
+       "sliding window: streaming without sinks (stream protocol); keep-positions: keys keep their "
+       "text "
        "positions (no re-rotation), for both",
-       KVC_DTYPE_F32, {"budget", "tokens", "keep-positions"}},
-      {"h2o", Kind::Policy,
+       KVC_DTYPE_F32,
+       {"budget", "tokens", "keep-positions"}},
+      {"h2o",
+       Kind::Policy,
        "H2O (arXiv 2306.14048): heavy hitters by accumulated attention + a recent window of "
        "recent x budget tokens (stream protocol; default recent=0.5, budget=0.3)",
-       KVC_DTYPE_F32, {"budget", "tokens", "recent"}},
-      {"tova", Kind::Policy, "TOVA (arXiv 2401.06104): top tokens by the latest query's attention (stream protocol)",
-       KVC_DTYPE_F32, {"budget", "tokens"}},
-      {"snapkv", Kind::Policy,
+       KVC_DTYPE_F32,
+       {"budget", "tokens", "recent"}},
+      {"tova",
+       Kind::Policy,
+       "TOVA (arXiv 2401.06104): top tokens by the latest query's attention (stream protocol)",
+       KVC_DTYPE_F32,
+       {"budget", "tokens"}},
+      {"snapkv",
+       Kind::Policy,
        "SnapKV (arXiv 2404.14469): after a prefill of prefill x ctx tokens, keep budget x P by the "
        "attention of the last window=W prefill queries, pooled (kernel, pool=max|avg) "
        "(prefill-compress protocol; default W=16, kernel=7, prefill=0.5)",
-       KVC_DTYPE_F32, {"budget", "window", "kernel", "pool", "prefill"}},
-      {"pyramidkv", Kind::Policy,
+       KVC_DTYPE_F32,
+       {"budget", "window", "kernel", "pool", "prefill"}},
+      {"pyramidkv",
+       Kind::Policy,
        "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
        "(schedule=paper|linear) (prefill-compress protocol)",
-       KVC_DTYPE_F32, {"budget", "window", "kernel", "pool", "prefill", "schedule"}},
+       KVC_DTYPE_F32,
+       {"budget", "window", "kernel", "pool", "prefill", "schedule"}},
   };
   return r;
 }
@@ -125,15 +166,16 @@ std::string part_text(const StrategyPart &p) {
   return s;
 }
 
-double number(const std::string &where, const std::string &key, const std::string &value,
-              double lo, double hi) {
+double number(const std::string &where, const std::string &key, const std::string &value, double lo,
+              double hi) {
   char *end = nullptr;
   const double v = std::strtod(value.c_str(), &end);
   const bool hex = value.find_first_of("xX") != std::string::npos;  // strtod reads 0x10 as 16
   if (value.empty() || hex || end != value.c_str() + value.size() || !(v >= lo && v <= hi)) {
     char range[96];
     std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
-    throw RunnerError(where + "parameter " + key + "=" + value + " must be a decimal number in " + range);
+    throw RunnerError(where + "parameter " + key + "=" + value + " must be a decimal number in " +
+                      range);
   }
   return v;
 }
@@ -151,26 +193,43 @@ void resolve_codec(Strategy &st, const std::string &where) {
   std::uint32_t group = 32, residual = 32, kchannel = 0;
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
-    if (key == "per-token") per_token = true;
-    else if (key == "asym") asym = true;
-    else if (key == "sym") sym = true;
-    else if (key == "hadamard") hadamard = true;
-    else if (key == "full-range") full_range = true;
-    else if (key == "scale-f32") c.scale_dtype = KVC_DTYPE_F32;
-    else if (key == "scale-f16") c.scale_dtype = KVC_DTYPE_F16;
-    else if (key == "group") group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
-    else if (key == "kchannel") kchannel = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
-    else if (key == "residual") residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
-    else if (key == "pre-rope") st.pre_rope_keys = true;
-    else if (key == "sinks") st.residual_sinks = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
-    else if (key == "scale") scale = number(where, key, value, 1e-30, 1e30);
-    else if (key == "fraction") fraction = number(where, key, value, 0.0, 0.99);
-    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" || key == "full-range" || key == "pre-rope" ||
-         key == "scale-f32" || key == "scale-f16") && !value.empty())
+    if (key == "per-token")
+      per_token = true;
+    else if (key == "asym")
+      asym = true;
+    else if (key == "sym")
+      sym = true;
+    else if (key == "hadamard")
+      hadamard = true;
+    else if (key == "full-range")
+      full_range = true;
+    else if (key == "scale-f32")
+      c.scale_dtype = KVC_DTYPE_F32;
+    else if (key == "scale-f16")
+      c.scale_dtype = KVC_DTYPE_F16;
+    else if (key == "group")
+      group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+    else if (key == "kchannel")
+      kchannel = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+    else if (key == "residual")
+      residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
+    else if (key == "pre-rope")
+      st.pre_rope_keys = true;
+    else if (key == "sinks")
+      st.residual_sinks = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+    else if (key == "scale")
+      scale = number(where, key, value, 1e-30, 1e30);
+    else if (key == "fraction")
+      fraction = number(where, key, value, 0.0, 0.99);
+    if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
+         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16") &&
+        !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
   const auto &reg = registry();
-  c.dtype = std::find_if(reg.begin(), reg.end(), [&](const Component &x) { return name == x.name; })->dtype;
+  c.dtype = std::find_if(reg.begin(), reg.end(), [&](const Component &x) {
+              return name == x.name;
+            })->dtype;
   if (name == "fp8_e4m3" || name == "fp8_e5m2") {
     if (per_token) {
       c.granularity = KVC_SCALE_PER_TOKEN;
@@ -195,7 +254,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
     st.residual_window = residual;
     st.block_size = std::max<std::uint32_t>(16, group);
     if (st.block_size % group != 0)
-      throw RunnerError(where + "group " + std::to_string(group) + " must divide 16 or be a multiple of it");
+      throw RunnerError(where + "group " + std::to_string(group) +
+                        " must divide 16 or be a multiple of it");
     return;
   }
   // kchannel=G: keys per channel over G tokens (KIVI's key quantization; the
@@ -207,7 +267,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
     k.rotation = KVC_ROTATION_NONE;
     st.block_size = std::max<std::uint32_t>(16, kchannel);
     if (st.block_size % kchannel != 0)
-      throw RunnerError(where + "kchannel " + std::to_string(kchannel) + " must divide 16 or be a multiple of it");
+      throw RunnerError(where + "kchannel " + std::to_string(kchannel) +
+                        " must divide 16 or be a multiple of it");
   };
   if (name == "hybrid") {
     if (!kchannel) kchannel = 16;
@@ -221,10 +282,13 @@ void resolve_codec(Strategy &st, const std::string &where) {
   // int8 / int4 / int3 / int2
   const bool has_group = std::any_of(st.codec.params.begin(), st.codec.params.end(),
                                      [](const auto &kv) { return kv.first == "group"; });
-  if (name == "int8") c.granularity = has_group ? KVC_SCALE_PER_GROUP : KVC_SCALE_PER_TOKEN;
-  else c.granularity = per_token ? KVC_SCALE_PER_TOKEN : KVC_SCALE_PER_GROUP;
+  if (name == "int8")
+    c.granularity = has_group ? KVC_SCALE_PER_GROUP : KVC_SCALE_PER_TOKEN;
+  else
+    c.granularity = per_token ? KVC_SCALE_PER_TOKEN : KVC_SCALE_PER_GROUP;
   c.group_size = group;
-  if (full_range && asym) throw RunnerError(where + "full-range is symmetric: it cannot be combined with asym");
+  if (full_range && asym)
+    throw RunnerError(where + "full-range is symmetric: it cannot be combined with asym");
   c.asymmetric = name == "int2" ? (sym || full_range ? 0 : 1) : (asym ? 1 : 0);
   c.full_range = full_range ? 1 : 0;
   if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
@@ -239,34 +303,49 @@ void resolve_policy(Strategy &st, const std::string &where) {
   if (name == "full") return;
   if (st.residual_window || st.residual_fraction > 0.0 || st.residual_sinks ||
       (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL))
-    throw RunnerError(where + "eviction cannot be combined with a residual window, hybrid precision, "
-                              "per-channel keys or sinks= (tokens are staged and encoded as they age); use a "
-                              "per-token or group-wise codec");
+    throw RunnerError(
+        where +
+        "eviction cannot be combined with a residual window, hybrid precision, "
+        "per-channel keys or sinks= (tokens are staged and encoded as they age); use a "
+        "per-token or group-wise codec");
   st.budget = 0.3;
   for (const auto &[key, value] : st.policy.params) {
-    if (key == "budget") st.budget = number(where, key, value, 0.001, 1.0);
+    if (key == "budget")
+      st.budget = number(where, key, value, 0.001, 1.0);
     else if (key == "keep-positions") {
-      if (!value.empty()) throw RunnerError(where + "'keep-positions' is a flag and takes no value");
+      if (!value.empty())
+        throw RunnerError(where + "'keep-positions' is a flag and takes no value");
     } else if (key == "tokens") {
-      const double t = number(where, key, value, 2, 1 << 24);  // the library keeps one earlier token at least
-      if (t != std::floor(t)) throw RunnerError(where + "parameter tokens=" + value + " must be a whole number");
+      const double t =
+          number(where, key, value, 2, 1 << 24);  // the library keeps one earlier token at least
+      if (t != std::floor(t))
+        throw RunnerError(where + "parameter tokens=" + value + " must be a whole number");
       st.budget_tokens = static_cast<std::uint32_t>(t);
-    }
-    else if (key == "sinks") st.sinks = static_cast<std::uint32_t>(number(where, key, value, 0, 4096));
-    else if (key == "recent") st.recent_fraction = number(where, key, value, 0.0, 1.0);
-    else if (key == "window") st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
+    } else if (key == "sinks")
+      st.sinks = static_cast<std::uint32_t>(number(where, key, value, 0, 4096));
+    else if (key == "recent")
+      st.recent_fraction = number(where, key, value, 0.0, 1.0);
+    else if (key == "window")
+      st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
     else if (key == "kernel") {
       st.kernel = static_cast<std::uint32_t>(number(where, key, value, 1, 1025));
       if (st.kernel % 2 == 0) throw RunnerError(where + "kernel must be odd");
     } else if (key == "pool") {
-      if (value == "max") st.pooling = KVC_POOLING_MAX;
-      else if (value == "avg") st.pooling = KVC_POOLING_AVG;
-      else throw RunnerError(where + "pool must be max or avg");
-    } else if (key == "prefill") st.prefill_fraction = number(where, key, value, 0.01, 0.99);
+      if (value == "max")
+        st.pooling = KVC_POOLING_MAX;
+      else if (value == "avg")
+        st.pooling = KVC_POOLING_AVG;
+      else
+        throw RunnerError(where + "pool must be max or avg");
+    } else if (key == "prefill")
+      st.prefill_fraction = number(where, key, value, 0.01, 0.99);
     else if (key == "schedule") {
-      if (value == "paper") st.schedule = KVC_PYRAMID_PAPER;
-      else if (value == "linear") st.schedule = KVC_PYRAMID_LINEAR;
-      else throw RunnerError(where + "schedule must be paper or linear");
+      if (value == "paper")
+        st.schedule = KVC_PYRAMID_PAPER;
+      else if (value == "linear")
+        st.schedule = KVC_PYRAMID_LINEAR;
+      else
+        throw RunnerError(where + "schedule must be paper or linear");
     }
   }
   const bool has_budget = std::any_of(st.policy.params.begin(), st.policy.params.end(),
@@ -276,8 +355,9 @@ void resolve_policy(Strategy &st, const std::string &where) {
   if (name == "window") st.sinks = 0;
   if (name == "streaming" || name == "window") {
     if (st.budget_tokens && st.budget_tokens <= st.sinks)
-      throw RunnerError(where + "tokens=" + std::to_string(st.budget_tokens) + " leaves no room for the window after " +
-                        std::to_string(st.sinks) + " sinks");
+      throw RunnerError(where + "tokens=" + std::to_string(st.budget_tokens) +
+                        " leaves no room for the window after " + std::to_string(st.sinks) +
+                        " sinks");
     st.policy_kind = KVC_POLICY_STREAMING;
     st.shift_positions = std::none_of(st.policy.params.begin(), st.policy.params.end(),
                                       [](const auto &kv) { return kv.first == "keep-positions"; });
@@ -303,7 +383,8 @@ Strategy parse_strategy(const std::string &spec) {
   const std::string where = "strategy '" + spec + "': ";
   if (spec.empty()) throw RunnerError("empty strategy spec");
   if (spec.find_first_of(" \t,") != std::string::npos) {
-    throw RunnerError(where + "contains a space or comma (specs are like f16 or h2o:budget=0.3+int4:group=32)");
+    throw RunnerError(
+        where + "contains a space or comma (specs are like f16 or h2o:budget=0.3+int4:group=32)");
   }
   Strategy st;
   bool has_codec = false;
@@ -315,19 +396,21 @@ Strategy parse_strategy(const std::string &spec) {
     // "k-NAME" / "v-NAME": a codec for keys or values only.
     char side = 0;
     std::string prefix;
-    if (part.name.size() > 2 && (part.name[0] == 'k' || part.name[0] == 'v') && part.name[1] == '-') {
+    if (part.name.size() > 2 && (part.name[0] == 'k' || part.name[0] == 'v') &&
+        part.name[1] == '-') {
       side = part.name[0];
       prefix = part.name.substr(0, 2);
       part.name = part.name.substr(2);
     }
     if (!valid_word(part.name, false)) {
-      throw RunnerError(where + "malformed name '" + part.name + "' (use lower-case letters, digits, '_', '.', '-')");
+      throw RunnerError(where + "malformed name '" + part.name +
+                        "' (use lower-case letters, digits, '_', '.', '-')");
     }
     const auto it = std::find_if(registry().begin(), registry().end(),
                                  [&](const Component &c) { return part.name == c.name; });
     if (it == registry().end()) {
-      throw RunnerError(where + "unknown codec or policy '" + part.name + "' (known: " +
-                        known_names() + ")");
+      throw RunnerError(where + "unknown codec or policy '" + part.name +
+                        "' (known: " + known_names() + ")");
     }
     for (std::size_t i = 1; i < fields.size(); ++i) {
       const std::string &f = fields[i];
@@ -346,39 +429,54 @@ Strategy parse_strategy(const std::string &spec) {
                           (accepted.empty() ? std::string(" (it has no parameters)")
                                             : " (accepted: " + accepted + ")"));
       }
-      if (std::any_of(part.params.begin(), part.params.end(), [&](const auto &kv) { return kv.first == key; }))
+      if (std::any_of(part.params.begin(), part.params.end(),
+                      [&](const auto &kv) { return kv.first == key; }))
         throw RunnerError(where + "parameter '" + key + "' of '" + part.name + "' is given twice");
       part.params.emplace_back(std::move(key), std::move(value));
     }
     if (it->kind == Kind::Codec) {
       if (side != 0) {
-        if (has_codec) throw RunnerError(where + "give one codec for K and V or k-/v- codecs, not both");
+        if (has_codec)
+          throw RunnerError(where + "give one codec for K and V or k-/v- codecs, not both");
         StrategyPart &slot = side == 'k' ? st.k_part : st.v_part;
         if (!slot.name.empty())
-          throw RunnerError(where + "more than one " + (side == 'k' ? "key" : "value") + " codec ('" + prefix +
-                            slot.name + "' and '" + prefix + part.name + "')");
+          throw RunnerError(where + "more than one " + (side == 'k' ? "key" : "value") +
+                            " codec ('" + prefix + slot.name + "' and '" + prefix + part.name +
+                            "')");
         if (part.name == "kivi2" || part.name == "kivi4" || part.name == "hybrid")
-          throw RunnerError(where + "'" + part.name + "' sets keys and values together; it takes no k-/v- prefix");
+          throw RunnerError(where + "'" + part.name +
+                            "' sets keys and values together; it takes no k-/v- prefix");
         auto has = [&](const char *key) {
-          return std::any_of(part.params.begin(), part.params.end(), [&](const auto &kv) { return kv.first == key; });
+          return std::any_of(part.params.begin(), part.params.end(),
+                             [&](const auto &kv) { return kv.first == key; });
         };
-        if (side == 'v' && has("kchannel")) throw RunnerError(where + "kchannel quantizes keys; use it on the k- codec");
+        if (side == 'v' && has("kchannel"))
+          throw RunnerError(where + "kchannel quantizes keys; use it on the k- codec");
         // Per-channel keys are stored unrotated: on a k- codec the flag would do nothing.
         if (side == 'k' && has("kchannel") && has("hadamard"))
-          throw RunnerError(where + "'hadamard' does not apply to per-channel keys (kchannel): they are stored "
-                                    "unrotated; drop one of them");
+          throw RunnerError(
+              where +
+              "'hadamard' does not apply to per-channel keys (kchannel): they are stored "
+              "unrotated; drop one of them");
         st.split_kv = true;
         slot = part;
         continue;
       }
-      if (st.split_kv) throw RunnerError(where + "give one codec for K and V or k-/v- codecs, not both");
-      if (has_codec) throw RunnerError(where + "more than one codec ('" + st.codec.name + "' and '" + part.name + "')");
+      if (st.split_kv)
+        throw RunnerError(where + "give one codec for K and V or k-/v- codecs, not both");
+      if (has_codec)
+        throw RunnerError(where + "more than one codec ('" + st.codec.name + "' and '" + part.name +
+                          "')");
       has_codec = true;
       st.codec = part;
       st.k_dtype = st.v_dtype = it->dtype;
     } else {
-      if (side != 0) throw RunnerError(where + "'" + prefix + part.name + "': only codecs take a k- or v- prefix");
-      if (st.has_policy) throw RunnerError(where + "more than one policy ('" + st.policy.name + "' and '" + part.name + "')");
+      if (side != 0)
+        throw RunnerError(where + "'" + prefix + part.name +
+                          "': only codecs take a k- or v- prefix");
+      if (st.has_policy)
+        throw RunnerError(where + "more than one policy ('" + st.policy.name + "' and '" +
+                          part.name + "')");
       st.has_policy = true;
       st.policy = part;
     }
@@ -390,8 +488,9 @@ Strategy parse_strategy(const std::string &spec) {
       one.codec = p;
       if (one.codec.name.empty()) one.codec.name = "f16";  // the pool's default storage dtype
       const auto &reg = registry();
-      one.k_dtype = one.v_dtype =
-          std::find_if(reg.begin(), reg.end(), [&](const Component &x) { return one.codec.name == x.name; })->dtype;
+      one.k_dtype = one.v_dtype = std::find_if(reg.begin(), reg.end(), [&](const Component &x) {
+                                    return one.codec.name == x.name;
+                                  })->dtype;
       resolve_codec(one, where);
       return one;
     };
@@ -405,7 +504,9 @@ Strategy parse_strategy(const std::string &spec) {
     st.quantized = st.k_quantized || st.v_quantized;
     st.block_size = std::max(k.block_size, v.block_size);
     if (k.residual_sinks && v.residual_sinks)
-      throw RunnerError(where + "sinks= keeps keys and values of the first tokens: give it once (on the k- or the v- codec)");
+      throw RunnerError(where +
+                        "sinks= keeps keys and values of the first tokens: give it once (on the k- "
+                        "or the v- codec)");
     st.residual_sinks = std::max(k.residual_sinks, v.residual_sinks);
     if (v.pre_rope_keys)
       throw RunnerError(where + "pre-rope quantizes keys before RoPE: give it on the k- codec");
@@ -417,10 +518,12 @@ Strategy parse_strategy(const std::string &spec) {
   // Attention sinks are kept from a quantized codec, in one block.
   if (st.residual_sinks) {
     if (!st.quantized)
-      throw RunnerError(where + "sinks= keeps the first tokens from being quantized: it needs an fp8 or integer codec");
+      throw RunnerError(
+          where +
+          "sinks= keeps the first tokens from being quantized: it needs an fp8 or integer codec");
     if (st.residual_sinks > st.block_size)
-      throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) + " is above the block size of " +
-                        std::to_string(st.block_size));
+      throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) +
+                        " is above the block size of " + std::to_string(st.block_size));
   }
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
@@ -429,7 +532,8 @@ Strategy parse_strategy(const std::string &spec) {
   if (st.split_kv) {
     codec_text.clear();
     if (!st.k_part.name.empty()) codec_text = "k-" + part_text(st.k_part);
-    if (!st.v_part.name.empty()) codec_text += (codec_text.empty() ? "v-" : "+v-") + part_text(st.v_part);
+    if (!st.v_part.name.empty())
+      codec_text += (codec_text.empty() ? "v-" : "+v-") + part_text(st.v_part);
   }
   st.spec = st.has_policy ? part_text(st.policy) + "+" + codec_text : codec_text;
   return st;
@@ -475,8 +579,12 @@ std::vector<std::string> default_strategies() {
 }
 
 std::vector<std::string> default_long_strategies() {
-  return {"f32", "window:tokens=512", "window:tokens=512:keep-positions", "streaming:tokens=512",
-          "streaming:tokens=512:keep-positions", "streaming:tokens=256"};
+  return {"f32",
+          "window:tokens=512",
+          "window:tokens=512:keep-positions",
+          "streaming:tokens=512",
+          "streaming:tokens=512:keep-positions",
+          "streaming:tokens=256"};
 }
 
 std::vector<std::pair<std::string, std::string>> known_codecs() {

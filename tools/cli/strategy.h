@@ -31,38 +31,42 @@ struct StrategyPart {
 };
 
 struct Strategy {
-  std::string spec;         ///< canonical text: policy first, then codec
-  StrategyPart codec;       ///< storage format of K and V (default f16); unused when split_kv
-  bool split_kv = false;    ///< K and V have their own codec parts (k-NAME / v-NAME)
+  std::string spec;             ///< canonical text: policy first, then codec
+  StrategyPart codec;           ///< storage format of K and V (default f16); unused when split_kv
+  bool split_kv = false;        ///< K and V have their own codec parts (k-NAME / v-NAME)
   StrategyPart k_part, v_part;  ///< when split_kv: the parts without their prefix (name "" = f16)
-  bool has_policy = false;  ///< false: every token is kept
-  StrategyPart policy;      ///< eviction policy when has_policy
+  bool has_policy = false;      ///< false: every token is kept
+  StrategyPart policy;          ///< eviction policy when has_policy
   // Resolved settings for the pool (what this build can run).
   kvc_dtype k_dtype = KVC_DTYPE_F16;
   kvc_dtype v_dtype = KVC_DTYPE_F16;
-  bool quantized = false;      ///< k_codec or v_codec applies (fp8 and integer codecs)
-  bool k_quantized = false;    ///< k_codec applies to keys (else keys are stored as k_dtype)
-  bool v_quantized = false;    ///< v_codec applies to values
+  bool quantized = false;    ///< k_codec or v_codec applies (fp8 and integer codecs)
+  bool k_quantized = false;  ///< k_codec applies to keys (else keys are stored as k_dtype)
+  bool v_quantized = false;  ///< v_codec applies to values
   kvc_codec k_codec{}, v_codec{};
-  std::uint32_t residual_window = 0;   ///< KIVI residual (tokens kept in f16)
-  double residual_fraction = 0.0;      ///< hybrid: newest fraction kept in f16
-  std::uint32_t residual_sinks = 0;    ///< sinks=N: first N tokens of each layer kept in f16 (KVQuant / IntactKV)
-  bool pre_rope_keys = false;          ///< pre-rope: keys quantized before RoPE (KVQuant; KVC_POOL_PRE_ROPE_KEYS)
-  std::uint32_t block_size = 16;       ///< pool block size (per-channel groups must divide it)
+  std::uint32_t residual_window = 0;  ///< KIVI residual (tokens kept in f16)
+  double residual_fraction = 0.0;     ///< hybrid: newest fraction kept in f16
+  std::uint32_t residual_sinks =
+      0;  ///< sinks=N: first N tokens of each layer kept in f16 (KVQuant / IntactKV)
+  bool pre_rope_keys =
+      false;  ///< pre-rope: keys quantized before RoPE (KVQuant; KVC_POOL_PRE_ROPE_KEYS)
+  std::uint32_t block_size = 16;  ///< pool block size (per-channel groups must divide it)
   // Eviction (when has_policy): the library policy and the eval protocol.
   enum class Protocol { None, Stream, PrefillCompress };
   Protocol protocol = Protocol::None;
   kvc_policy_kind policy_kind = KVC_POLICY_NONE;
-  double budget = 1.0;                 ///< fraction kept: stream caps layers at ceil(budget x ctx); prefill keeps budget x P
-  std::uint32_t budget_tokens = 0;     ///< stream protocol: a fixed cap in tokens per layer instead of budget x ctx
-  std::uint32_t sinks = 4;             ///< streaming
-  double recent_fraction = 0.5;        ///< h2o
-  std::uint32_t obs_window = 16;       ///< snapkv / pyramidkv observation window
-  std::uint32_t kernel = 7;            ///< snapkv / pyramidkv pooling kernel
+  double budget =
+      1.0;  ///< fraction kept: stream caps layers at ceil(budget x ctx); prefill keeps budget x P
+  std::uint32_t budget_tokens =
+      0;  ///< stream protocol: a fixed cap in tokens per layer instead of budget x ctx
+  std::uint32_t sinks = 4;        ///< streaming
+  double recent_fraction = 0.5;   ///< h2o
+  std::uint32_t obs_window = 16;  ///< snapkv / pyramidkv observation window
+  std::uint32_t kernel = 7;       ///< snapkv / pyramidkv pooling kernel
   kvc_pooling pooling = KVC_POOLING_MAX;
   kvc_pyramid_schedule schedule = KVC_PYRAMID_PAPER;
-  double prefill_fraction = 0.5;       ///< prefill-compress: P = prefill_fraction x window
-  bool shift_positions = false;        ///< StreamingLLM positions within the cache
+  double prefill_fraction = 0.5;  ///< prefill-compress: P = prefill_fraction x window
+  bool shift_positions = false;   ///< StreamingLLM positions within the cache
   kvc_observe observe = KVC_OBSERVE_NONE;
 };
 

@@ -43,7 +43,11 @@ std::vector<Cp> decode_utf8(std::string_view s) {
   std::size_t i = 0;
   while (i < s.size()) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
-    std::size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    std::size_t len = c < 0x80           ? 1
+                      : (c >> 5) == 0x6  ? 2
+                      : (c >> 4) == 0xE  ? 3
+                      : (c >> 3) == 0x1E ? 4
+                                         : 0;
     std::uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1F : len == 3 ? c & 0x0F : c & 0x07;
     bool ok = len != 0 && i + len <= s.size();
     for (std::size_t k = 1; ok && k < len; ++k) {
@@ -64,21 +68,25 @@ std::vector<Cp> decode_utf8(std::string_view s) {
 
 bool is_letter(std::uint32_t cp) {
   const std::int8_t t = u_charType(static_cast<UChar32>(cp));
-  return t == U_UPPERCASE_LETTER || t == U_LOWERCASE_LETTER || t == U_TITLECASE_LETTER || t == U_MODIFIER_LETTER ||
-         t == U_OTHER_LETTER;
+  return t == U_UPPERCASE_LETTER || t == U_LOWERCASE_LETTER || t == U_TITLECASE_LETTER ||
+         t == U_MODIFIER_LETTER || t == U_OTHER_LETTER;
 }
 bool is_number(std::uint32_t cp) {
   const std::int8_t t = u_charType(static_cast<UChar32>(cp));
   return t == U_DECIMAL_DIGIT_NUMBER || t == U_LETTER_NUMBER || t == U_OTHER_NUMBER;
 }
-bool is_space(std::uint32_t cp) { return u_isUWhiteSpace(static_cast<UChar32>(cp)); }
+bool is_space(std::uint32_t cp) {
+  return u_isUWhiteSpace(static_cast<UChar32>(cp));
+}
 
 /// GPT-2's split of cps[from, to) into [begin, end) index ranges.
 void gpt2_split(const std::vector<Cp> &cps, std::size_t from, std::size_t to,
                 std::vector<std::pair<std::size_t, std::size_t>> &out) {
   std::size_t pos = from;
   auto at = [&](std::size_t i) { return i < to ? cps[i].cp : 0xFFFFFFFFu; };
-  auto other = [&](std::uint32_t cp) { return cp != 0xFFFFFFFFu && !is_space(cp) && !is_letter(cp) && !is_number(cp); };
+  auto other = [&](std::uint32_t cp) {
+    return cp != 0xFFFFFFFFu && !is_space(cp) && !is_letter(cp) && !is_number(cp);
+  };
   while (pos < to) {
     const std::uint32_t c = cps[pos].cp;
     // 's 't 're 've 'm 'll 'd (lower case only, as GPT-2)
@@ -137,25 +145,31 @@ void gpt2_split(const std::vector<Cp> &cps, std::size_t from, std::size_t to,
 
 }  // namespace
 
-ByteBpe::ByteBpe(std::vector<std::string> tokens, const std::vector<std::string> &merges, const std::string &pre)
+ByteBpe::ByteBpe(std::vector<std::string> tokens, const std::vector<std::string> &merges,
+                 const std::string &pre)
     : tokens_(std::move(tokens)) {
-  if (pre == "smollm" || pre == "starcoder") split_digits_ = true;
+  if (pre == "smollm" || pre == "starcoder")
+    split_digits_ = true;
   else if (pre != "gpt2" && pre != "default")
-    throw RunnerError("tokenizer pre-processing '" + pre + "' is not supported (smollm, starcoder, gpt2, default)");
+    throw RunnerError("tokenizer pre-processing '" + pre +
+                      "' is not supported (smollm, starcoder, gpt2, default)");
   for (std::size_t i = 0; i < tokens_.size(); ++i) index_.emplace(tokens_[i], static_cast<int>(i));
   for (std::size_t r = 0; r < merges.size(); ++r) {
     const std::string &m = merges[r];
     const std::size_t sp = m.find(' ', 1);
     if (sp == std::string::npos || sp + 1 >= m.size())
-      throw RunnerError("tokenizer merge " + std::to_string(r) + " '" + m + "' is not 'left right'");
+      throw RunnerError("tokenizer merge " + std::to_string(r) + " '" + m +
+                        "' is not 'left right'");
     merge_rank_.emplace(m, static_cast<int>(r));
   }
   // bytes_to_unicode: printable Latin-1 bytes map to themselves, the others
   // to U+0100 + n in byte order.
   int n = 0;
   for (int b = 0; b < 256; ++b) {
-    const bool keep = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    const std::uint32_t cp = keep ? static_cast<std::uint32_t>(b) : 0x100u + static_cast<std::uint32_t>(n++);
+    const bool keep =
+        (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const std::uint32_t cp =
+        keep ? static_cast<std::uint32_t>(b) : 0x100u + static_cast<std::uint32_t>(n++);
     append_utf8(byte_to_text_[b], cp);
     text_to_byte_[cp] = static_cast<std::uint8_t>(b);
   }
@@ -173,7 +187,8 @@ std::vector<std::string> ByteBpe::pre_tokenize(std::string_view text) const {
     from = i + 1;
   }
   std::vector<std::string> pieces;
-  for (const auto &[b, e] : ranges) pieces.emplace_back(text.substr(cps[b].begin, cps[e - 1].end - cps[b].begin));
+  for (const auto &[b, e] : ranges)
+    pieces.emplace_back(text.substr(cps[b].begin, cps[e - 1].end - cps[b].begin));
   return pieces;
 }
 
@@ -192,19 +207,22 @@ void ByteBpe::bpe_piece(const std::string &piece, std::vector<int> &out) const {
     int rank, left, right;
     std::size_t left_len, right_len;  // to detect stale entries
   };
-  auto worse = [](const Pair &a, const Pair &b) { return a.rank != b.rank ? a.rank > b.rank : a.left > b.left; };
+  auto worse = [](const Pair &a, const Pair &b) {
+    return a.rank != b.rank ? a.rank > b.rank : a.left > b.left;
+  };
   std::priority_queue<Pair, std::vector<Pair>, decltype(worse)> heap(worse);
   auto consider = [&](int l, int r) {
     if (l < 0 || r < 0) return;
     const auto it = merge_rank_.find(sym[l] + " " + sym[r]);
     if (it != merge_rank_.end()) heap.push({it->second, l, r, sym[l].size(), sym[r].size()});
   };
-  for (std::size_t i = 0; i + 1 < sym.size(); ++i) consider(static_cast<int>(i), static_cast<int>(i + 1));
+  for (std::size_t i = 0; i + 1 < sym.size(); ++i)
+    consider(static_cast<int>(i), static_cast<int>(i + 1));
   while (!heap.empty()) {
     const Pair p = heap.top();
     heap.pop();
-    if (!alive[p.left] || !alive[p.right] || next[p.left] != p.right || sym[p.left].size() != p.left_len ||
-        sym[p.right].size() != p.right_len)
+    if (!alive[p.left] || !alive[p.right] || next[p.left] != p.right ||
+        sym[p.left].size() != p.left_len || sym[p.right].size() != p.right_len)
       continue;  // stale: a side was merged since
     sym[p.left] += sym[p.right];
     alive[p.right] = false;
@@ -242,8 +260,11 @@ std::string ByteBpe::decode(int token) const {
   std::string out;
   for (const Cp &c : decode_utf8(tokens_[static_cast<std::size_t>(token)])) {
     const auto it = text_to_byte_.find(c.cp);
-    if (it != text_to_byte_.end()) out += static_cast<char>(it->second);
-    else out += tokens_[static_cast<std::size_t>(token)].substr(c.begin, c.end - c.begin);  // special tokens
+    if (it != text_to_byte_.end())
+      out += static_cast<char>(it->second);
+    else
+      out += tokens_[static_cast<std::size_t>(token)].substr(c.begin,
+                                                             c.end - c.begin);  // special tokens
   }
   return out;
 }

@@ -25,7 +25,8 @@ class ByteBpe {
   /// `tokens`: the vocabulary (byte-mapped text per id); `merges`: "left right"
   /// per rank; `pre`: the pre-tokenizer name. Throws RunnerError on a
   /// malformed merge or an unknown pre-tokenizer.
-  ByteBpe(std::vector<std::string> tokens, const std::vector<std::string> &merges, const std::string &pre);
+  ByteBpe(std::vector<std::string> tokens, const std::vector<std::string> &merges,
+          const std::string &pre);
 
   /// Token ids of `text` (no special tokens are parsed: "<|im_start|>" is text).
   std::vector<int> encode(std::string_view text) const;

@@ -45,15 +45,19 @@ const float *f16_table() {
 
 KvPool::KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::uint32_t max_tokens,
                std::uint32_t max_seqs, std::uint32_t block_size)
-    : KvPool(c, [&] {
-        PoolSettings s;
-        s.k_dtype = k_dtype;
-        s.v_dtype = v_dtype;
-        s.block_size = block_size;
-        return s;
-      }(), max_tokens, max_seqs) {}
+    : KvPool(
+          c,
+          [&] {
+            PoolSettings s;
+            s.k_dtype = k_dtype;
+            s.v_dtype = v_dtype;
+            s.block_size = block_size;
+            return s;
+          }(),
+          max_tokens, max_seqs) {}
 
-kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings, std::uint64_t num_blocks) {
+kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
+                            std::uint64_t num_blocks) {
   kvc_pool_config config;
   check_kvc(kvc_pool_config_init(&config), "kvc_pool_config_init");
   config.num_layers = static_cast<std::uint32_t>(c.n_layers);
@@ -89,7 +93,8 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
     group_ = std::max(group_, settings.v_codec->group_size);
   const std::uint32_t block_size = settings.block_size;
   const std::uint64_t blocks_per_layer = (std::uint64_t(max_tokens) + block_size - 1) / block_size;
-  const kvc_pool_config config = pool_config(c, settings, blocks_per_layer * std::uint64_t(c.n_layers) * max_seqs);
+  const kvc_pool_config config =
+      pool_config(c, settings, blocks_per_layer * std::uint64_t(c.n_layers) * max_seqs);
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
   if (settings.prefix_cache) {
     kvc_prefix_config pc;
@@ -116,7 +121,9 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
   }
 }
 
-KvPool::~KvPool() { kvc_pool_destroy(pool_); }
+KvPool::~KvPool() {
+  kvc_pool_destroy(pool_);
+}
 
 kvc_stats KvPool::stats() const {
   kvc_stats s;
@@ -125,10 +132,15 @@ kvc_stats KvPool::stats() const {
   return s;
 }
 
-void KvPool::reset_peak() { check_kvc(kvc_pool_reset_peak(pool_), "kvc_pool_reset_peak"); }
+void KvPool::reset_peak() {
+  check_kvc(kvc_pool_reset_peak(pool_), "kvc_pool_reset_peak");
+}
 
 PoolSequence::PoolSequence(KvPool &pool, std::uint64_t seq_id, int num_layers)
-    : pool_(pool.get()), seq_id_(seq_id), layout_(pool.layout()), owner_(&pool),
+    : pool_(pool.get()),
+      seq_id_(seq_id),
+      layout_(pool.layout()),
+      owner_(&pool),
       tables_(static_cast<std::size_t>(num_layers)),
       scratch_(std::size_t(layout_.block_size) * layout_.head_dim),
       f16_lut_(f16_table()) {
@@ -136,7 +148,8 @@ PoolSequence::PoolSequence(KvPool &pool, std::uint64_t seq_id, int num_layers)
   const auto plain = [](kvc_dtype d) {
     return d == KVC_DTYPE_F32 || d == KVC_DTYPE_F16 || d == KVC_DTYPE_BF16;
   };
-  gathered_ = !plain(layout_.k_dtype) || !plain(layout_.v_dtype) || layout_.residual_base != nullptr;
+  gathered_ =
+      !plain(layout_.k_dtype) || !plain(layout_.v_dtype) || layout_.residual_base != nullptr;
   if (gathered_) {
     gk_.resize(std::size_t(num_layers));
     gv_.resize(std::size_t(num_layers));
@@ -162,7 +175,9 @@ void PoolSequence::gather_layer(int layer, int n) {
   gathered_n_ = n;
 }
 
-PoolSequence::~PoolSequence() { kvc_seq_free(pool_, seq_id_); }
+PoolSequence::~PoolSequence() {
+  kvc_seq_free(pool_, seq_id_);
+}
 
 void PoolSequence::begin_token(int pos) {
   check_kvc(kvc_seq_reserve(pool_, seq_id_, 1, nullptr), "kvc_seq_reserve");
@@ -204,12 +219,14 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
   }
 }
 
-AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c, const std::vector<int> &prompt)
+AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
+                           const std::vector<int> &prompt)
     : pool_(pool.get()), seq_id_(seq_id) {
   std::vector<std::int32_t> t(prompt.begin(), prompt.end());
   kvc_prefix_result r;
   r.struct_size = sizeof r;
-  check_kvc(kvc_prefix_attach(pool_, seq_id_, t.data(), t.size(), nullptr, 0, 0, &r), "kvc_prefix_attach");
+  check_kvc(kvc_prefix_attach(pool_, seq_id_, t.data(), t.size(), nullptr, 0, 0, &r),
+            "kvc_prefix_attach");
   cached_ = static_cast<int>(r.hit_tokens);
   kvc_attention_params_init(&params_);
   params_.num_q_heads = static_cast<std::uint32_t>(c.n_heads);
@@ -217,15 +234,18 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
 
 void AttnSequence::register_prefix(const std::vector<int> &prompt) {
   std::vector<std::int32_t> t(prompt.begin(), prompt.end());
-  check_kvc(kvc_prefix_insert(pool_, seq_id_, t.data(), t.size(), nullptr, 0, nullptr), "kvc_prefix_insert");
+  check_kvc(kvc_prefix_insert(pool_, seq_id_, t.data(), t.size(), nullptr, 0, nullptr),
+            "kvc_prefix_insert");
 }
 
-AttnSequence::~AttnSequence() { kvc_seq_free(pool_, seq_id_); }
+AttnSequence::~AttnSequence() {
+  kvc_seq_free(pool_, seq_id_);
+}
 
 void AttnSequence::begin_token(int pos) {
   pos_ = pos;
-  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy && pos == ev_.prefill_tokens &&
-      pos > 0)
+  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy &&
+      pos == ev_.prefill_tokens && pos > 0)
     check_kvc(kvc_evict(pool_, seq_id_, ev_.policy, nullptr), "kvc_evict");
   check_kvc(kvc_seq_reserve(pool_, seq_id_, 1, nullptr), "kvc_seq_reserve");
 }
@@ -240,10 +260,11 @@ int AttnSequence::rope_position(int pos) const {
 
 void AttnSequence::begin_chunk(int pos, int n) {
   pos_ = pos;
-  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy && pos == ev_.prefill_tokens &&
-      pos > 0)
+  if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy &&
+      pos == ev_.prefill_tokens && pos > 0)
     check_kvc(kvc_evict(pool_, seq_id_, ev_.policy, nullptr), "kvc_evict");
-  check_kvc(kvc_seq_reserve(pool_, seq_id_, static_cast<std::uint64_t>(n), nullptr), "kvc_seq_reserve");
+  check_kvc(kvc_seq_reserve(pool_, seq_id_, static_cast<std::uint64_t>(n), nullptr),
+            "kvc_seq_reserve");
 }
 
 void AttnSequence::rope_positions(int pos, int n, int *out) const {
@@ -252,8 +273,8 @@ void AttnSequence::rope_positions(int pos, int n, int *out) const {
     return;
   }
   std::vector<std::int32_t> rp(static_cast<std::size_t>(n));
-  check_kvc(kvc_seq_rope_positions(pool_, seq_id_, 0, static_cast<std::uint64_t>(pos), static_cast<std::uint64_t>(n),
-                                   rp.data()),
+  check_kvc(kvc_seq_rope_positions(pool_, seq_id_, 0, static_cast<std::uint64_t>(pos),
+                                   static_cast<std::uint64_t>(n), rp.data()),
             "kvc_seq_rope_positions");
   for (int i = 0; i < n; ++i) out[i] = rp[static_cast<std::size_t>(i)];
 }
@@ -265,11 +286,13 @@ void AttnSequence::attend_chunk(int layer, const float *q, int n, float *out) {
   if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress) {
     // Only the prefill's last observe_window positions are recorded.
     const int first_observed = ev_.prefill_tokens - ev_.observe_window;
-    if (pos_ >= ev_.prefill_tokens || pos_ + n <= first_observed) p.observe = KVC_OBSERVE_NONE;
-    else p.observe_from = static_cast<std::uint64_t>(std::max(0, first_observed - pos_));
+    if (pos_ >= ev_.prefill_tokens || pos_ + n <= first_observed)
+      p.observe = KVC_OBSERVE_NONE;
+    else
+      p.observe_from = static_cast<std::uint64_t>(std::max(0, first_observed - pos_));
   }
-  check_kvc(kvc_attention_prefill(pool_, static_cast<std::uint32_t>(layer), seq_id_, q, static_cast<std::uint64_t>(n),
-                                  out, nullptr, &p),
+  check_kvc(kvc_attention_prefill(pool_, static_cast<std::uint32_t>(layer), seq_id_, q,
+                                  static_cast<std::uint64_t>(n), out, nullptr, &p),
             "kvc_attention_prefill");
 }
 

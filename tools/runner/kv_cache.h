@@ -40,7 +40,9 @@ const float *f16_table();  ///< [65536] f32 value of every f16 bit pattern
 class ArrayCache {
  public:
   explicit ArrayCache(const ModelConfig &c)
-      : kv_dim_(c.kv_dim()), head_dim_(c.head_dim()), seq_len_(c.seq_len),
+      : kv_dim_(c.kv_dim()),
+        head_dim_(c.head_dim()),
+        seq_len_(c.seq_len),
         k_(std::size_t(c.n_layers) * c.seq_len * c.kv_dim()),
         v_(std::size_t(c.n_layers) * c.seq_len * c.kv_dim()) {}
 
@@ -73,15 +75,17 @@ struct PoolSettings {
   const kvc_codec *k_codec = nullptr, *v_codec = nullptr;
   std::uint32_t residual_window = 0;
   double residual_fraction = 0.0;
-  std::uint32_t residual_sinks = 0;  ///< first tokens of each layer kept in f16 (kvc_pool_config.residual_sinks)
-  bool pre_rope_keys = false;        ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
+  std::uint32_t residual_sinks =
+      0;  ///< first tokens of each layer kept in f16 (kvc_pool_config.residual_sinks)
+  bool pre_rope_keys = false;  ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
   std::uint32_t block_size = 16;
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
 };
 
 /// The kvc_pool_config of a pool of `num_blocks` blocks with these settings
 /// for the model's geometry (what KvPool creates; the codecs are pointed to).
-kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings, std::uint64_t num_blocks);
+kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
+                            std::uint64_t num_blocks);
 
 /// Owns a kvc_pool sized from the model geometry.
 class KvPool {
@@ -203,20 +207,20 @@ class PoolSequence {
   std::vector<std::vector<std::int32_t>> tables_;  // cached block table per layer
   std::vector<float> scratch_;                     // one widened block (f16/bf16 storage)
   const float *f16_lut_;
-  bool gathered_ = false;                          // quantized storage: read through kvc_gather
+  bool gathered_ = false;  // quantized storage: read through kvc_gather
   int gathered_layer_ = -1, gathered_n_ = -1;
-  std::vector<std::vector<float>> gk_, gv_;        // per layer [n][kv_heads][head_dim], cached
-  std::vector<std::uint64_t> stable_;              // per layer: rows [0, stable) are final
+  std::vector<std::vector<float>> gk_, gv_;  // per layer [n][kv_heads][head_dim], cached
+  std::vector<std::uint64_t> stable_;        // per layer: rows [0, stable) are final
 };
 
 /// How a sequence evicts (kvcache eval's protocols, docs/eval.md).
 struct EvictionSettings {
   enum class Protocol { None, Stream, PrefillCompress };
   Protocol protocol = Protocol::None;
-  const kvc_policy *policy = nullptr;  ///< owned by the caller; attached to the sequence
+  const kvc_policy *policy = nullptr;      ///< owned by the caller; attached to the sequence
   kvc_observe observe = KVC_OBSERVE_NONE;  ///< what attention records for the policy
-  int prefill_tokens = 0;    ///< PrefillCompress: positions [0, P) are the prefill
-  int observe_window = 0;    ///< PrefillCompress: only the last W prefill positions are observed
+  int prefill_tokens = 0;                  ///< PrefillCompress: positions [0, P) are the prefill
+  int observe_window = 0;  ///< PrefillCompress: only the last W prefill positions are observed
   bool shift_positions = false;  ///< RoPE positions come from the pool (kvc_seq_rope_positions)
 };
 
@@ -230,7 +234,8 @@ class AttnSequence {
                const EvictionSettings &ev = EvictionSettings{});
   /// A sequence that starts with the cached prefix of `prompt` (kvc_prefix_attach):
   /// positions [0, cached_tokens()) are already in the cache.
-  AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c, const std::vector<int> &prompt);
+  AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
+               const std::vector<int> &prompt);
   int cached_tokens() const { return cached_; }
   /// Registers the sequence's full blocks of `prompt` in the prefix cache.
   void register_prefix(const std::vector<int> &prompt);
@@ -259,15 +264,19 @@ class AttnSequence {
   void rope_positions(int pos, int n, int *out) const;
   /// k, v: [n][num_kv_heads][head_dim] f32.
   void store_chunk(int layer, int pos, int n, const float *k, const float *v) {
-    check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer), static_cast<std::uint64_t>(pos),
-                         static_cast<std::uint64_t>(n), k, v, KVC_DTYPE_F32),
+    check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer),
+                         static_cast<std::uint64_t>(pos), static_cast<std::uint64_t>(n), k, v,
+                         KVC_DTYPE_F32),
               "kvc_append");
   }
-  /// Causal attention of the chunk's queries (kvc_attention_prefill); q and out: [n][n_heads][head_dim].
+  /// Causal attention of the chunk's queries (kvc_attention_prefill); q and out:
+  /// [n][n_heads][head_dim].
   void attend_chunk(int layer, const float *q, int n, float *out);
   /// PrefillCompress: the prefill length (a chunk must not cross it), else 0.
   int prefill_boundary() const {
-    return ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy ? ev_.prefill_tokens : 0;
+    return ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy
+               ? ev_.prefill_tokens
+               : 0;
   }
 
  private:

@@ -31,23 +31,26 @@ void check_range(const std::string &path, const char *name, std::int64_t value, 
 std::uint64_t expected_floats(const ModelConfig &c) {
   const std::uint64_t dim = c.dim, hidden = c.hidden_dim, layers = c.n_layers;
   const std::uint64_t vocab = c.vocab_size, kv_dim = c.kv_dim(), head = c.head_dim();
-  std::uint64_t n = vocab * dim;                 // token embedding
-  n += layers * dim;                             // rms_att
-  n += layers * dim * dim;                       // wq
-  n += 2 * layers * dim * kv_dim;                // wk, wv
-  n += layers * dim * dim;                       // wo
-  n += layers * dim;                             // rms_ffn
-  n += 3 * layers * dim * hidden;                // w1, w2, w3
-  n += dim;                                      // rms_final
-  n += std::uint64_t(c.seq_len) * head;          // freq_cis real + imag (seq_len * head/2 each)
-  if (!c.shared_classifier) n += vocab * dim;    // wcls
+  std::uint64_t n = vocab * dim;               // token embedding
+  n += layers * dim;                           // rms_att
+  n += layers * dim * dim;                     // wq
+  n += 2 * layers * dim * kv_dim;              // wk, wv
+  n += layers * dim * dim;                     // wo
+  n += layers * dim;                           // rms_ffn
+  n += 3 * layers * dim * hidden;              // w1, w2, w3
+  n += dim;                                    // rms_final
+  n += std::uint64_t(c.seq_len) * head;        // freq_cis real + imag (seq_len * head/2 each)
+  if (!c.shared_classifier) n += vocab * dim;  // wcls
   return n;
 }
 
 }  // namespace
 
 Model::Model(Model &&other) noexcept
-    : path_(std::move(other.path_)), config_(other.config_), data_(std::move(other.data_)), freq_cis_(other.freq_cis_) {
+    : path_(std::move(other.path_)),
+      config_(other.config_),
+      data_(std::move(other.data_)),
+      freq_cis_(other.freq_cis_) {
   bind_weights();
 }
 
@@ -101,9 +104,9 @@ Model Model::load(const std::string &path) {
   check_range(path, "seq_len", c.seq_len, 1, 1 << 24);
   c.vocab_size = static_cast<int>(vocab);
   if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0) {
-    throw RunnerError("model '" + path + "': impossible header: n_heads = " +
-                      std::to_string(c.n_heads) + " is not a multiple of n_kv_heads = " +
-                      std::to_string(c.n_kv_heads));
+    throw RunnerError("model '" + path +
+                      "': impossible header: n_heads = " + std::to_string(c.n_heads) +
+                      " is not a multiple of n_kv_heads = " + std::to_string(c.n_kv_heads));
   }
   if (c.dim % c.n_heads != 0) {
     throw RunnerError("model '" + path + "': impossible header: dim = " + std::to_string(c.dim) +
@@ -165,27 +168,38 @@ Model Model::load_gguf(const std::string &path) {
   c.hidden_dim = geti("llama.feed_forward_length", 1, 1 << 20);
   c.n_layers = geti("llama.block_count", 1, 4096);
   c.n_heads = geti("llama.attention.head_count", 1, 1 << 16);
-  c.n_kv_heads = g.has("llama.attention.head_count_kv") ? geti("llama.attention.head_count_kv", 1, 1 << 16) : c.n_heads;
+  c.n_kv_heads = g.has("llama.attention.head_count_kv")
+                     ? geti("llama.attention.head_count_kv", 1, 1 << 16)
+                     : c.n_heads;
   c.seq_len = geti("llama.context_length", 1, 1 << 24);
   const std::vector<std::string> &tokens = g.get_strings("tokenizer.ggml.tokens");
-  check_range(path, "tokenizer.ggml.tokens (vocabulary size)", static_cast<std::int64_t>(tokens.size()), 3, 1 << 24);
+  check_range(path, "tokenizer.ggml.tokens (vocabulary size)",
+              static_cast<std::int64_t>(tokens.size()), 3, 1 << 24);
   c.vocab_size = static_cast<int>(tokens.size());
   if (g.has("llama.vocab_size") && g.get_int("llama.vocab_size") != c.vocab_size)
     throw RunnerError("model '" + path + "': llama.vocab_size does not match the tokenizer's " +
                       std::to_string(c.vocab_size) + " tokens");
-  c.rope_theta = g.has("llama.rope.freq_base") ? static_cast<float>(g.get_float("llama.rope.freq_base")) : 10000.0f;
+  c.rope_theta = g.has("llama.rope.freq_base")
+                     ? static_cast<float>(g.get_float("llama.rope.freq_base"))
+                     : 10000.0f;
   c.norm_eps = static_cast<float>(g.get_float("llama.attention.layer_norm_rms_epsilon"));
   if (!(c.rope_theta > 1.0f) || !(c.norm_eps > 0.0f && c.norm_eps < 1.0f))
     throw RunnerError("model '" + path + "': impossible rope.freq_base or layer_norm_rms_epsilon");
-  if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0 || c.dim % c.n_heads != 0 || c.head_dim() % 2 != 0 ||
-      c.head_dim() > 1024)
-    throw RunnerError("model '" + path + "': impossible head geometry (dim " + std::to_string(c.dim) + ", " +
-                      std::to_string(c.n_heads) + " heads, " + std::to_string(c.n_kv_heads) + " KV heads)");
-  if (g.has("llama.rope.dimension_count") && g.get_int("llama.rope.dimension_count") != c.head_dim())
-    throw RunnerError("model '" + path + "': partial RoPE (rope.dimension_count != head size) is not supported");
+  if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0 || c.dim % c.n_heads != 0 ||
+      c.head_dim() % 2 != 0 || c.head_dim() > 1024)
+    throw RunnerError("model '" + path + "': impossible head geometry (dim " +
+                      std::to_string(c.dim) + ", " + std::to_string(c.n_heads) + " heads, " +
+                      std::to_string(c.n_kv_heads) + " KV heads)");
+  if (g.has("llama.rope.dimension_count") &&
+      g.get_int("llama.rope.dimension_count") != c.head_dim())
+    throw RunnerError("model '" + path +
+                      "': partial RoPE (rope.dimension_count != head size) is not supported");
   c.add_bos = g.get_bool("tokenizer.ggml.add_bos_token", true);
-  c.bos_token = g.has("tokenizer.ggml.bos_token_id") ? static_cast<int>(g.get_int("tokenizer.ggml.bos_token_id")) : 1;
-  if (c.bos_token < 0 || c.bos_token >= c.vocab_size) throw RunnerError("model '" + path + "': bos_token_id out of range");
+  c.bos_token = g.has("tokenizer.ggml.bos_token_id")
+                    ? static_cast<int>(g.get_int("tokenizer.ggml.bos_token_id"))
+                    : 1;
+  if (c.bos_token < 0 || c.bos_token >= c.vocab_size)
+    throw RunnerError("model '" + path + "': bos_token_id out of range");
   const GgufTensor *out = g.find("output.weight");
   c.shared_classifier = out == nullptr;
 
@@ -198,8 +212,10 @@ Model Model::load_gguf(const std::string &path) {
     for (int l = 0; l < c.n_layers; ++l) append("blk." + std::to_string(l) + "." + suffix, ne);
   };
   try {
-    m.data_.reserve(static_cast<std::size_t>(vocab * dim * (c.shared_classifier ? 1 : 2) +
-                                             std::uint64_t(c.n_layers) * (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden + 2 * dim) + dim));
+    m.data_.reserve(static_cast<std::size_t>(
+        vocab * dim * (c.shared_classifier ? 1 : 2) +
+        std::uint64_t(c.n_layers) * (2 * dim * dim + 2 * dim * kv + 3 * dim * hidden + 2 * dim) +
+        dim));
     append("token_embd.weight", {dim, vocab});
     per_layer("attn_norm.weight", {dim});
     per_layer("attn_q.weight", {dim, dim});
@@ -227,18 +243,30 @@ void Model::bind_weights() {
   const std::size_t kv_dim = c.kv_dim(), vocab = c.vocab_size, head = c.head_dim();
   const float *p = data_.data();
   ModelWeights &w = weights_;
-  w.token_embedding = p; p += vocab * dim;
-  w.rms_att = p;         p += layers * dim;
-  w.wq = p;              p += layers * dim * dim;
-  w.wk = p;              p += layers * dim * kv_dim;
-  w.wv = p;              p += layers * dim * kv_dim;
-  w.wo = p;              p += layers * dim * dim;
-  w.rms_ffn = p;         p += layers * dim;
-  w.w1 = p;              p += layers * dim * hidden;
-  w.w2 = p;              p += layers * hidden * dim;
-  w.w3 = p;              p += layers * dim * hidden;
-  w.rms_final = p;       p += dim;
-  if (freq_cis_) p += std::size_t(c.seq_len) * head;  // llama2.c's freq_cis tables: RoPE is computed, not read
+  w.token_embedding = p;
+  p += vocab * dim;
+  w.rms_att = p;
+  p += layers * dim;
+  w.wq = p;
+  p += layers * dim * dim;
+  w.wk = p;
+  p += layers * dim * kv_dim;
+  w.wv = p;
+  p += layers * dim * kv_dim;
+  w.wo = p;
+  p += layers * dim * dim;
+  w.rms_ffn = p;
+  p += layers * dim;
+  w.w1 = p;
+  p += layers * dim * hidden;
+  w.w2 = p;
+  p += layers * hidden * dim;
+  w.w3 = p;
+  p += layers * dim * hidden;
+  w.rms_final = p;
+  p += dim;
+  if (freq_cis_)
+    p += std::size_t(c.seq_len) * head;  // llama2.c's freq_cis tables: RoPE is computed, not read
   w.classifier = c.shared_classifier ? w.token_embedding : p;
 }
 

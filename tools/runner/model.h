@@ -12,18 +12,18 @@ namespace kvc_runner {
 
 /// Hyper-parameters from the checkpoint header, plus derived sizes.
 struct ModelConfig {
-  int dim = 0;          ///< width of the residual stream
-  int hidden_dim = 0;   ///< width of the SwiGLU feed-forward layer
-  int n_layers = 0;     ///< transformer layers
-  int n_heads = 0;      ///< query heads
-  int n_kv_heads = 0;   ///< key/value heads (GQA when fewer than n_heads)
-  int vocab_size = 0;   ///< tokens (always positive here)
-  int seq_len = 0;      ///< maximum context
+  int dim = 0;                    ///< width of the residual stream
+  int hidden_dim = 0;             ///< width of the SwiGLU feed-forward layer
+  int n_layers = 0;               ///< transformer layers
+  int n_heads = 0;                ///< query heads
+  int n_kv_heads = 0;             ///< key/value heads (GQA when fewer than n_heads)
+  int vocab_size = 0;             ///< tokens (always positive here)
+  int seq_len = 0;                ///< maximum context
   bool shared_classifier = true;  ///< header vocab_size > 0: logits use the token embedding
   float rope_theta = 10000.0f;    ///< RoPE base
   float norm_eps = 1e-5f;         ///< RMSNorm epsilon
   bool gguf = false;              ///< loaded from a GGUF file
-  bool add_bos = true;            ///< sequences start with bos_token (llama2.c: always; GGUF: its metadata)
+  bool add_bos = true;  ///< sequences start with bos_token (llama2.c: always; GGUF: its metadata)
   int bos_token = 1;
 
   int head_dim() const { return dim / n_heads; }

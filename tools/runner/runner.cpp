@@ -70,9 +70,12 @@ const KnownModel *find_known(const std::string &name) {
 }  // namespace
 
 std::string model_cache_dir() {
-  if (const char *env = std::getenv("KVCACHE_MODEL_CACHE"); env != nullptr && env[0] != '\0') return env;
-  if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0') return std::string(xdg) + "/kvcache";
-  if (const char *home = std::getenv("HOME"); home != nullptr && home[0] != '\0') return std::string(home) + "/.cache/kvcache";
+  if (const char *env = std::getenv("KVCACHE_MODEL_CACHE"); env != nullptr && env[0] != '\0')
+    return env;
+  if (const char *xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] != '\0')
+    return std::string(xdg) + "/kvcache";
+  if (const char *home = std::getenv("HOME"); home != nullptr && home[0] != '\0')
+    return std::string(home) + "/.cache/kvcache";
   return ".kvcache-models";
 }
 
@@ -114,7 +117,8 @@ std::string read_text_file(const std::string &path, const char *what) {
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw RunnerError(std::string("cannot open ") + what + " '" + path + "': " + std::strerror(errno));
+    throw RunnerError(std::string("cannot open ") + what + " '" + path +
+                      "': " + std::strerror(errno));
   }
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) throw RunnerError(std::string("cannot read ") + what + " '" + path + "'");
@@ -122,19 +126,27 @@ std::string read_text_file(const std::string &path, const char *what) {
 }
 
 bool parse_dtype(const std::string &name, kvc_dtype *out) {
-  if (name == "f32") *out = KVC_DTYPE_F32;
-  else if (name == "f16") *out = KVC_DTYPE_F16;
-  else if (name == "bf16") *out = KVC_DTYPE_BF16;
-  else return false;
+  if (name == "f32")
+    *out = KVC_DTYPE_F32;
+  else if (name == "f16")
+    *out = KVC_DTYPE_F16;
+  else if (name == "bf16")
+    *out = KVC_DTYPE_BF16;
+  else
+    return false;
   return true;
 }
 
 const char *dtype_name(kvc_dtype dtype) {
   switch (dtype) {
-    case KVC_DTYPE_F32: return "f32";
-    case KVC_DTYPE_F16: return "f16";
-    case KVC_DTYPE_BF16: return "bf16";
-    default: return "?";
+    case KVC_DTYPE_F32:
+      return "f32";
+    case KVC_DTYPE_F16:
+      return "f16";
+    case KVC_DTYPE_BF16:
+      return "bf16";
+    default:
+      return "?";
   }
 }
 
@@ -216,7 +228,8 @@ GenerateResult generate_with(const Model &model, const Tokenizer &tokenizer,
 
 }  // namespace
 
-GenerateResult generate(const Model &model, const Tokenizer &tokenizer, const GenerateOptions &opt) {
+GenerateResult generate(const Model &model, const Tokenizer &tokenizer,
+                        const GenerateOptions &opt) {
   const ModelConfig &c = model.config();
   if (opt.use_pool) {
     KvPool pool(c, opt.cache_dtype, opt.cache_dtype, static_cast<std::uint32_t>(c.seq_len));

@@ -39,12 +39,12 @@ const char *dtype_name(kvc_dtype dtype);
 
 struct GenerateOptions {
   std::string prompt;
-  int steps = 256;            ///< positions to run (0 or > seq_len: seq_len), like run.c's -n
-  float temperature = 0.0f;   ///< 0: greedy (argmax)
-  float top_p = 0.9f;         ///< nucleus sampling when temperature > 0
-  std::uint64_t seed = 0;     ///< sampling seed (0: fixed default)
+  int steps = 256;           ///< positions to run (0 or > seq_len: seq_len), like run.c's -n
+  float temperature = 0.0f;  ///< 0: greedy (argmax)
+  float top_p = 0.9f;        ///< nucleus sampling when temperature > 0
+  std::uint64_t seed = 0;    ///< sampling seed (0: fixed default)
   kvc_dtype cache_dtype = KVC_DTYPE_F32;
-  bool use_pool = true;       ///< false: plain array cache (no library)
+  bool use_pool = true;  ///< false: plain array cache (no library)
 };
 
 struct GenerateResult {

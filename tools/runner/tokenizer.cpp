@@ -49,7 +49,8 @@ Tokenizer Tokenizer::load(const std::string &path, int vocab_size) {
       const GgufFile g = GgufFile::load(path);
       const std::string model = g.get_string("tokenizer.ggml.model");
       if (model != "gpt2") {
-        throw RunnerError("tokenizer of '" + path + "': model '" + model + "' is not supported (gpt2 byte-level BPE)");
+        throw RunnerError("tokenizer of '" + path + "': model '" + model +
+                          "' is not supported (gpt2 byte-level BPE)");
       }
       Tokenizer t;
       t.pieces_ = g.get_strings("tokenizer.ggml.tokens");
@@ -59,12 +60,14 @@ Tokenizer Tokenizer::load(const std::string &path, int vocab_size) {
                           " (tokenizer does not match the model)");
       }
       t.scores_.assign(t.pieces_.size(), 0.0f);
-      const std::string pre = g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
+      const std::string pre =
+          g.has("tokenizer.ggml.pre") ? g.get_string("tokenizer.ggml.pre") : "default";
       t.bpe_ = std::make_shared<ByteBpe>(t.pieces_, g.get_strings("tokenizer.ggml.merges"), pre);
       auto id = [&](const char *key, int fallback) {
         if (!g.has(key)) return fallback;
         const std::int64_t v = g.get_int(key);
-        if (v < 0 || v >= vocab_size) throw RunnerError("tokenizer '" + path + "': " + key + " out of range");
+        if (v < 0 || v >= vocab_size)
+          throw RunnerError("tokenizer '" + path + "': " + key + " out of range");
         return static_cast<int>(v);
       };
       t.bos_ = id("tokenizer.ggml.bos_token_id", kBosToken);
@@ -88,7 +91,8 @@ Tokenizer Tokenizer::load(const std::string &path, int vocab_size) {
       throw RunnerError("tokenizer '" + path + "' is truncated inside entry " +
                         std::to_string(t.pieces_.size()));
     }
-    if (len < 0 || static_cast<std::uint32_t>(len) > max_len || buf.size() - off < std::size_t(len)) {
+    if (len < 0 || static_cast<std::uint32_t>(len) > max_len ||
+        buf.size() - off < std::size_t(len)) {
       throw RunnerError("tokenizer '" + path + "': entry " + std::to_string(t.pieces_.size()) +
                         " has an impossible length " + std::to_string(len));
     }
@@ -133,8 +137,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool bos, bool eos) co
   std::size_t i = 0;
   while (i < text.size()) {
     std::size_t j = i + 1;
-    while (j < text.size() && j - i < 4 &&
-           (static_cast<unsigned char>(text[j]) & 0xC0) == 0x80) {
+    while (j < text.size() && j - i < 4 && (static_cast<unsigned char>(text[j]) & 0xC0) == 0x80) {
       ++j;
     }
     const std::string_view cp = text.substr(i, j - i);

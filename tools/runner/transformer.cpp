@@ -8,7 +8,9 @@
 namespace kvc_runner {
 
 Transformer::Transformer(const Model &model, int max_positions)
-    : model_(model), config_(model.config()), max_positions_(max_positions > 0 ? max_positions : model.config().seq_len) {
+    : model_(model),
+      config_(model.config()),
+      max_positions_(max_positions > 0 ? max_positions : model.config().seq_len) {
   const ModelConfig &c = config_;
   const int n_pos = max_positions_;
   x_.resize(c.dim);
@@ -28,8 +30,8 @@ Transformer::Transformer(const Model &model, int max_positions)
   rope_sin_.resize(std::size_t(n_pos) * half);
   for (int pos = 0; pos < n_pos; ++pos) {
     for (int i = 0; i < half; ++i) {
-      const float freq =
-          1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim()));
+      const float freq = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) /
+                                                           static_cast<float>(c.head_dim()));
       const float angle = static_cast<float>(pos) * freq;
       rope_cos_[std::size_t(pos) * half + i] = std::cos(angle);
       rope_sin_[std::size_t(pos) * half + i] = std::sin(angle);
@@ -74,11 +76,14 @@ void Transformer::matmul(float *out, const float *x, const float *w, int n, int 
   }
 }
 
-void set_blas_threads(int n) { openblas_set_num_threads(n); }
+void set_blas_threads(int n) {
+  openblas_set_num_threads(n);
+}
 
 void Transformer::gemm(float *y, const float *x, const float *w, int rows, int in, int out) {
   // Row-major: Y[rows][out] = X[rows][in] * W[out][in]^T.
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out, in, 1.0f, x, in, w, in, 0.0f, y,
+              out);
 }
 
 void Transformer::rmsnorm_rows(float *out, const float *x, const float *weight, int rows) const {
@@ -87,7 +92,8 @@ void Transformer::rmsnorm_rows(float *out, const float *x, const float *weight, 
 }
 
 void Transformer::rope_row(float *vec, int n, int pos) const {
-  if (pos < 0 || pos >= max_positions_) throw RunnerError("position " + std::to_string(pos) + " is beyond the RoPE table");
+  if (pos < 0 || pos >= max_positions_)
+    throw RunnerError("position " + std::to_string(pos) + " is beyond the RoPE table");
   const int head_dim = config_.head_dim(), half = head_dim / 2;
   const float *cos_row = &rope_cos_[std::size_t(pos) * half];
   const float *sin_row = &rope_sin_[std::size_t(pos) * half];

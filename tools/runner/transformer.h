@@ -129,7 +129,7 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
   cache.begin_token(pos);
   // Caches that run attention themselves (the library's kvc_attention_decode)
   // may also place tokens at other RoPE positions (StreamingLLM).
-  constexpr bool kLibraryAttention = requires(Cache &ch, const float *qq, float *o) {
+  constexpr bool kLibraryAttention = requires(Cache & ch, const float *qq, float *o) {
     ch.attend(0, qq, o);
     ch.rope_position(0);
   };
@@ -147,55 +147,56 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
     if constexpr (kLibraryAttention) {
       cache.attend(layer, q_.data(), xb_.data());
     } else {
-
-    // Attention, one KV head at a time: the q_per_kv query heads that share
-    // it score and mix each cached row in one pass over the cache.
-    const int n = pos + 1;
-    const std::size_t att_stride = static_cast<std::size_t>(max_positions_);
-    for (int kv_head = 0; kv_head < c.n_kv_heads; ++kv_head) {
-      const int h0 = kv_head * q_per_kv;
-      const float *q0 = &q_[std::size_t(h0) * head_dim];
-      float *att0 = &att_[std::size_t(h0) * att_stride];
-      cache.for_each_key(layer, n, kv_head,
-                         [&](int t0, int count, const float *__restrict rows, std::size_t stride) {
-        float *__restrict att = att0 + t0;
-        for (int r = 0; r < count; ++r) {
-          const float *key = rows + std::size_t(r) * stride;
-          for (int g = 0; g < q_per_kv; ++g) {
-            const float *q = q0 + std::size_t(g) * head_dim;
-            float score = 0.0f;
-            for (int i = 0; i < head_dim; ++i) score += q[i] * key[i];
-            att[g * att_stride + r] = score / sqrt_head;
-          }
-        }
-      });
-      for (int g = 0; g < q_per_kv; ++g) {
-        float *att = att0 + g * att_stride;
-        float max_score = att[0];
-        for (int t = 1; t < n; ++t) {
-          if (att[t] > max_score) max_score = att[t];
-        }
-        float sum = 0.0f;
-        for (int t = 0; t < n; ++t) {
-          att[t] = std::exp(att[t] - max_score);
-          sum += att[t];
-        }
-        for (int t = 0; t < n; ++t) att[t] /= sum;
-      }
-      float *out0 = &xb_[std::size_t(h0) * head_dim];
-      for (int i = 0; i < q_per_kv * head_dim; ++i) out0[i] = 0.0f;
-      cache.for_each_value(layer, n, kv_head,
-                           [&](int t0, int count, const float *__restrict rows, std::size_t stride) {
+      // Attention, one KV head at a time: the q_per_kv query heads that share
+      // it score and mix each cached row in one pass over the cache.
+      const int n = pos + 1;
+      const std::size_t att_stride = static_cast<std::size_t>(max_positions_);
+      for (int kv_head = 0; kv_head < c.n_kv_heads; ++kv_head) {
+        const int h0 = kv_head * q_per_kv;
+        const float *q0 = &q_[std::size_t(h0) * head_dim];
+        float *att0 = &att_[std::size_t(h0) * att_stride];
+        cache.for_each_key(
+            layer, n, kv_head,
+            [&](int t0, int count, const float *__restrict rows, std::size_t stride) {
+              float *__restrict att = att0 + t0;
+              for (int r = 0; r < count; ++r) {
+                const float *key = rows + std::size_t(r) * stride;
+                for (int g = 0; g < q_per_kv; ++g) {
+                  const float *q = q0 + std::size_t(g) * head_dim;
+                  float score = 0.0f;
+                  for (int i = 0; i < head_dim; ++i) score += q[i] * key[i];
+                  att[g * att_stride + r] = score / sqrt_head;
+                }
+              }
+            });
         for (int g = 0; g < q_per_kv; ++g) {
-          const float *__restrict a = att0 + g * att_stride + t0;
-          float *__restrict out = out0 + std::size_t(g) * head_dim;
-          for (int r = 0; r < count; ++r) {
-            const float *value = rows + std::size_t(r) * stride;
-            for (int i = 0; i < head_dim; ++i) out[i] += a[r] * value[i];
+          float *att = att0 + g * att_stride;
+          float max_score = att[0];
+          for (int t = 1; t < n; ++t) {
+            if (att[t] > max_score) max_score = att[t];
           }
+          float sum = 0.0f;
+          for (int t = 0; t < n; ++t) {
+            att[t] = std::exp(att[t] - max_score);
+            sum += att[t];
+          }
+          for (int t = 0; t < n; ++t) att[t] /= sum;
         }
-      });
-    }
+        float *out0 = &xb_[std::size_t(h0) * head_dim];
+        for (int i = 0; i < q_per_kv * head_dim; ++i) out0[i] = 0.0f;
+        cache.for_each_value(
+            layer, n, kv_head,
+            [&](int t0, int count, const float *__restrict rows, std::size_t stride) {
+              for (int g = 0; g < q_per_kv; ++g) {
+                const float *__restrict a = att0 + g * att_stride + t0;
+                float *__restrict out = out0 + std::size_t(g) * head_dim;
+                for (int r = 0; r < count; ++r) {
+                  const float *value = rows + std::size_t(r) * stride;
+                  for (int i = 0; i < head_dim; ++i) out[i] += a[r] * value[i];
+                }
+              }
+            });
+      }
     }  // library attention
     matmul(xb2_.data(), xb_.data(), w.wo + l * dim * dim, dim, dim);
     for (int i = 0; i < dim; ++i) x_[i] += xb2_[i];

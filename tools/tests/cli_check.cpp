@@ -6,10 +6,11 @@
 //   cli_check eval-json -- CMD ARGS...           checks an `eval --json` report
 //   cli_check memory KVCACHE                     checks `memory` against hand-computed sizes
 //   cli_check plot KVCACHE FILE.svg              a short eval writes a plot
-//   cli_check prefix KVCACHE                     `eval --prefix`: exact reuse counts, identical log-probs
-//   cli_check long KVCACHE FILE.svg              `eval --long`: segments, kept shares, StreamingLLM result
-//   cli_check bench KVCACHE                      `bench --quick --json`: every group, sane figures
-//   cli_check recommend CASE KVCACHE DATA_DIR    checks `recommend` on the crafted eval reports
+//   cli_check prefix KVCACHE                     `eval --prefix`: exact reuse counts, identical
+//   log-probs cli_check long KVCACHE FILE.svg              `eval --long`: segments, kept shares,
+//   StreamingLLM result cli_check bench KVCACHE                      `bench --quick --json`: every
+//   group, sane figures cli_check recommend CASE KVCACHE DATA_DIR    checks `recommend` on the
+//   crafted eval reports
 //                                               of DATA_DIR (tools/tests/data/recommend;
 //                                               cli_check_recommend.cpp)
 #include <sys/stat.h>
@@ -85,7 +86,8 @@ int make_bad_files(const std::string &model_path, const std::string &dir) {
   write_file(dir + "/dim-not-multiple.bin", with_header(model, {60, 172, 5, 8, 4, 512, 512}));
   write_file(dir + "/zero-layers.bin", with_header(model, {64, 172, 0, 8, 4, 512, 512}));
   write_file(dir + "/negative-hidden.bin", with_header(model, {64, -172, 5, 8, 4, 512, 512}));
-  write_file(dir + "/huge-dims.bin", with_header(model, {65536, 1 << 20, 4096, 512, 512, 1 << 24, 1 << 24}));
+  write_file(dir + "/huge-dims.bin",
+             with_header(model, {65536, 1 << 20, 4096, 512, 512, 1 << 24, 1 << 24}));
   // A well-formed tokenizer file with 10 pieces (the model has 512).
   std::string tok;
   auto put32 = [&](std::uint32_t v) { tok.append(reinterpret_cast<const char *>(&v), 4); };
@@ -106,7 +108,8 @@ int expect_fail(const std::string &regex, const std::vector<std::string> &cmd) {
   std::printf("%s\n--- output ---\n%s", describe(r).c_str(), all.c_str());
   check(r.started, "command did not start");
   check(r.exited, "command crashed: " + describe(r));
-  check(r.exited && r.exit_code != 0 && r.exit_code != 127, "expected a non-zero exit, got " + describe(r));
+  check(r.exited && r.exit_code != 0 && r.exit_code != 127,
+        "expected a non-zero exit, got " + describe(r));
   check(std::regex_search(all, std::regex(regex)), "output does not match /" + regex + "/");
   check(all.find("error") != std::string::npos, "output does not say 'error'");
   return failures ? 1 : 0;
@@ -134,33 +137,40 @@ int eval_json(const std::vector<std::string> &cmd) {
   check(j["tokens_scored"].get<std::int64_t>() >= 2048, "tokens_scored < 2048");
   bool seen[3] = {false, false, false};
   for (const auto &row : j["results"]) {
-    for (const char *key : {"strategy", "bits_per_element", "kv_bytes_per_token", "peak_kv_bytes",
-                            "compression_vs_f16", "ppl", "ppl_delta_pct", "kl_mean",
-                            "top1_agreement", "ms_per_token", "kept_fraction", "effective_bits_per_element",
-                            "mean_bits_per_element", "segment_ppl", "second_half_ppl"}) {
+    for (const char *key :
+         {"strategy", "bits_per_element", "kv_bytes_per_token", "peak_kv_bytes",
+          "compression_vs_f16", "ppl", "ppl_delta_pct", "kl_mean", "top1_agreement", "ms_per_token",
+          "kept_fraction", "effective_bits_per_element", "mean_bits_per_element", "segment_ppl",
+          "second_half_ppl"}) {
       check(row.contains(key), std::string("result row misses ") + key);
     }
     if (failures) return 1;
-    // Without eviction every position stays; with it, fewer. One segment (ctx = the trained context)
-    // whose ppl is the row's.
+    // Without eviction every position stays; with it, fewer. One segment (ctx = the trained
+    // context) whose ppl is the row's.
     const std::string name = row["strategy"];
     const double kept = row["kept_fraction"];
-    if (name.find("budget=") == std::string::npos) check(kept == 1.0, name + ": kept_fraction must be 1");
-    else check(kept > 0.2 && kept < 0.9, name + ": kept_fraction must be below 1 with eviction");
-    check(std::fabs(row["effective_bits_per_element"].get<double>() - kept * row["bits_per_element"].get<double>()) <
-              1e-9,
+    if (name.find("budget=") == std::string::npos)
+      check(kept == 1.0, name + ": kept_fraction must be 1");
+    else
+      check(kept > 0.2 && kept < 0.9, name + ": kept_fraction must be below 1 with eviction");
+    check(std::fabs(row["effective_bits_per_element"].get<double>() -
+                    kept * row["bits_per_element"].get<double>()) < 1e-9,
           name + ": effective bits = bits x kept");
-    // Before a window's end its last block is partly filled: without eviction a token costs at least as much.
+    // Before a window's end its last block is partly filled: without eviction a token costs at
+    // least as much.
     if (kept == 1.0)
-      check(row["mean_bits_per_element"].get<double>() >= row["bits_per_element"].get<double>() - 1e-9,
+      check(row["mean_bits_per_element"].get<double>() >=
+                row["bits_per_element"].get<double>() - 1e-9,
             name + ": mean_bits_per_element below bits_per_element without eviction");
-    check(row["segment_ppl"].size() == 1 &&
-              std::fabs(row["segment_ppl"][0].get<double>() / row["ppl"].get<double>() - 1.0) < 1e-12,
-          "one segment, whose ppl is the row's ppl");
+    check(
+        row["segment_ppl"].size() == 1 &&
+            std::fabs(row["segment_ppl"][0].get<double>() / row["ppl"].get<double>() - 1.0) < 1e-12,
+        "one segment, whose ppl is the row's ppl");
     const std::string s = row["strategy"];
     const double delta = row["ppl_delta_pct"], top1 = row["top1_agreement"], kl = row["kl_mean"];
     const double bits = row["bits_per_element"];
-    check(row["ppl"].get<double>() > 1.0 && std::isfinite(row["ppl"].get<double>()), s + ": bad ppl");
+    check(row["ppl"].get<double>() > 1.0 && std::isfinite(row["ppl"].get<double>()),
+          s + ": bad ppl");
     check(row["peak_kv_bytes"].get<std::uint64_t>() > 0, s + ": peak_kv_bytes is 0");
     if (s == "f32") {
       seen[0] = true;
@@ -169,7 +179,8 @@ int eval_json(const std::vector<std::string> &cmd) {
       check(bits >= 32.0, "f32 bits_per_element < 32");
     } else if (s == "f16" || s == "bf16") {
       seen[s == "f16" ? 1 : 2] = true;
-      check(delta != 0.0 && std::fabs(delta) < 1.0, s + ": ppl_delta_pct must be non-zero and < 1%");
+      check(delta != 0.0 && std::fabs(delta) < 1.0,
+            s + ": ppl_delta_pct must be non-zero and < 1%");
       check(kl > 0.0, s + ": kl_mean must be > 0");
       check(top1 > 0.95 && top1 <= 1.0, s + ": top1_agreement must be > 0.95");
       check(bits >= 16.0 && bits < 32.0, s + ": bits_per_element out of range");
@@ -198,18 +209,21 @@ int memory(const std::string &kvcache) {
   const std::uint64_t lengths[] = {2048, 4096, 8192, 32768};
   const std::uint64_t gib[] = {1, 2, 4, 16};
   for (int i = 0; i < 4; ++i) {
-    const auto j = memory_json(kvcache, {"--preset", "llama-7b", "--seq-len", std::to_string(lengths[i])});
+    const auto j =
+        memory_json(kvcache, {"--preset", "llama-7b", "--seq-len", std::to_string(lengths[i])});
     if (failures) return 1;
     check(j["bytes_per_token"] == 524288u, "llama-7b bytes_per_token != 524288");
     check(j["bytes_per_token_per_layer"] == 16384u, "llama-7b bytes per token per layer != 16384");
-    check(j["bytes_total"] == gib[i] * GiB, "llama-7b total for " + std::to_string(lengths[i]) + " tokens");
+    check(j["bytes_total"] == gib[i] * GiB,
+          "llama-7b total for " + std::to_string(lengths[i]) + " tokens");
     check(j["bytes_per_layer"] == gib[i] * GiB / 32, "llama-7b per layer");
   }
   // The text report prints the four lengths with two decimals.
-  const ProcessResult t = run_process({kvcache, "memory", "--preset", "llama-7b", "--seq-len", "32768"});
+  const ProcessResult t =
+      run_process({kvcache, "memory", "--preset", "llama-7b", "--seq-len", "32768"});
   std::printf("%s", t.out.c_str());
-  for (const char *line : {"2048 tokens    1.00 GiB", "4096 tokens    2.00 GiB", "8192 tokens    4.00 GiB",
-                           "32768 tokens   16.00 GiB", "512.00 KiB"}) {
+  for (const char *line : {"2048 tokens    1.00 GiB", "4096 tokens    2.00 GiB",
+                           "8192 tokens    4.00 GiB", "32768 tokens   16.00 GiB", "512.00 KiB"}) {
     check(t.out.find(line) != std::string::npos, std::string("text output misses '") + line + "'");
   }
   // GQA presets: Llama-2-70B 2 x 80 x 8 x 128 x 2 = 327,680 bytes/token; batch 4 x 4096 tokens.
@@ -220,7 +234,8 @@ int memory(const std::string &kvcache) {
   j = memory_json(kvcache, {"--preset", "qwen2.5-7b", "--seq-len", "1000", "--dtype", "bf16"});
   check(j["bytes_per_token"] == 57344u, "qwen2.5-7b bytes_per_token != 57344");
   // Explicit dimensions in f32: stories260K-like 2 x 5 x 4 x 8 x 4 = 1,280 bytes/token.
-  j = memory_json(kvcache, {"--layers", "5", "--kv-heads", "4", "--head-dim", "8", "--seq-len", "512", "--dtype", "f32"});
+  j = memory_json(kvcache, {"--layers", "5", "--kv-heads", "4", "--head-dim", "8", "--seq-len",
+                            "512", "--dtype", "f32"});
   check(j["bytes_per_token"] == 1280u && j["bytes_total"] == 1280u * 512, "explicit dims f32");
   j = memory_json(kvcache, {"--preset", "stories260k", "--seq-len", "512"});
   check(j["bytes_per_token"] == 640u, "stories260k f16 bytes_per_token != 640");
@@ -229,7 +244,8 @@ int memory(const std::string &kvcache) {
 
 int plot(const std::string &kvcache, const std::string &file) {
   std::remove(file.c_str());
-  const ProcessResult r = run_process({kvcache, "eval", "--max-tokens", "300", "--no-progress", "--plot", file});
+  const ProcessResult r =
+      run_process({kvcache, "eval", "--max-tokens", "300", "--no-progress", "--plot", file});
   std::printf("%s%s", r.out.c_str(), r.err.c_str());
   check(r.exited && r.exit_code == 0, "eval --plot failed: " + describe(r));
   std::ifstream in(file);
@@ -261,13 +277,15 @@ nlohmann::json run_json(const std::vector<std::string> &cmd) {
 int split_kv(const std::string &kvcache) {
   const nlohmann::json j =
       run_json({kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies",
-                "f32,k-f32+v-f32,int8:per-token,k-int8:per-token+v-int8:per-token,k-int8:per-token,v-int4:group=32,"
+                "f32,k-f32+v-f32,int8:per-token,k-int8:per-token+v-int8:per-token,k-int8:per-token,"
+                "v-int4:group=32,"
                 "kivi4:group=16:residual=32,kivi4:group=16:residual=32:sinks=2"});
   if (!j.contains("results")) return 1;
   std::map<std::string, nlohmann::json> by;
   for (const auto &r : j["results"]) by[r["strategy"].get<std::string>()] = r;
-  for (const char *name : {"f32", "k-f32+v-f32", "int8:per-token", "k-int8:per-token+v-int8:per-token",
-                           "k-int8:per-token", "v-int4:group=32"})
+  for (const char *name :
+       {"f32", "k-f32+v-f32", "int8:per-token", "k-int8:per-token+v-int8:per-token",
+        "k-int8:per-token", "v-int4:group=32"})
     if (!by.count(name)) {
       fail(std::string("no row ") + name);
       return 1;
@@ -277,36 +295,47 @@ int split_kv(const std::string &kvcache) {
             by["k-int8:per-token+v-int8:per-token"]["kl_mean"] == by["int8:per-token"]["kl_mean"],
         "k-int8+v-int8 differs from int8:per-token");
   check(std::fabs(by["k-int8:per-token"]["bits_per_element"].get<double>() - 14.0) < 1e-9,
-        "k-int8:per-token: bits " + by["k-int8:per-token"]["bits_per_element"].dump() + ", expected 14");
+        "k-int8:per-token: bits " + by["k-int8:per-token"]["bits_per_element"].dump() +
+            ", expected 14");
   // Averaged over the run (one position per forward pass): with t tokens a
   // layer holds ceil(t / 16) blocks of 16, so the two windows (512 and 90
   // positions) hold sum 16 ceil(t / 16) = 135,168 + 4,800 token slots for
   // sum t = 131,328 + 4,095 tokens.
-  check(std::fabs(by["k-int8:per-token"]["mean_bits_per_element"].get<double>() - 14.0 * 139968.0 / 135423.0) < 1e-9,
-        "k-int8:per-token: mean bits " + by["k-int8:per-token"]["mean_bits_per_element"].dump() + ", expected " +
-            std::to_string(14.0 * 139968.0 / 135423.0));
+  check(std::fabs(by["k-int8:per-token"]["mean_bits_per_element"].get<double>() -
+                  14.0 * 139968.0 / 135423.0) < 1e-9,
+        "k-int8:per-token: mean bits " + by["k-int8:per-token"]["mean_bits_per_element"].dump() +
+            ", expected " + std::to_string(14.0 * 139968.0 / 135423.0));
   check(by["k-int8:per-token"]["kv_bytes_per_token"].get<double>() == 560.0,
-        "k-int8:per-token: bytes per token " + by["k-int8:per-token"]["kv_bytes_per_token"].dump() + ", expected 560");
+        "k-int8:per-token: bytes per token " + by["k-int8:per-token"]["kv_bytes_per_token"].dump() +
+            ", expected 560");
   check(std::fabs(by["v-int4:group=32"]["bits_per_element"].get<double>() - 10.25) < 1e-9,
-        "v-int4:group=32: bits " + by["v-int4:group=32"]["bits_per_element"].dump() + ", expected 10.25");
+        "v-int4:group=32: bits " + by["v-int4:group=32"]["bits_per_element"].dump() +
+            ", expected 10.25");
   check(by["v-int4:group=32"]["kv_bytes_per_token"].get<double>() == 410.0,
-        "v-int4:group=32: bytes per token " + by["v-int4:group=32"]["kv_bytes_per_token"].dump() + ", expected 410");
-  const double k8 = by["k-int8:per-token"]["kl_mean"].get<double>(), v4 = by["v-int4:group=32"]["kl_mean"].get<double>();
-  check(k8 > 0 && v4 > k8, "expected 0 < KL(k-int8) < KL(v-int4): " + std::to_string(k8) + ", " + std::to_string(v4));
+        "v-int4:group=32: bytes per token " + by["v-int4:group=32"]["kv_bytes_per_token"].dump() +
+            ", expected 410");
+  const double k8 = by["k-int8:per-token"]["kl_mean"].get<double>(),
+               v4 = by["v-int4:group=32"]["kl_mean"].get<double>();
+  check(k8 > 0 && v4 > k8,
+        "expected 0 < KL(k-int8) < KL(v-int4): " + std::to_string(k8) + ", " + std::to_string(v4));
   // Attention sinks: the copies of every layer's first 2 tokens share one
   // residual block per sequence (floor(16 / 2) = 8 layers to a block of 16
   // tokens x K and V x f16), measured at the end of each window of ctx tokens.
   const nlohmann::json &geo = j["geometry"];
-  const double layers = geo["num_layers"].get<double>(), row = geo["num_kv_heads"].get<double>() * geo["head_dim"].get<double>();
+  const double layers = geo["num_layers"].get<double>(),
+               row = geo["num_kv_heads"].get<double>() * geo["head_dim"].get<double>();
   const double sink_blocks = std::ceil(layers / 8.0), ctx = j["ctx"].get<double>();
   const double extra = sink_blocks * 16 * 2 * row * 2 / ctx;  // bytes per token (all layers)
-  const nlohmann::json &k0 = by["kivi4:group=16:residual=32"], &k2 = by["kivi4:group=16:residual=32:sinks=2"];
+  const nlohmann::json &k0 = by["kivi4:group=16:residual=32"],
+                       &k2 = by["kivi4:group=16:residual=32:sinks=2"];
   if (k0.is_null() || k2.is_null()) {
     fail("no kivi4 rows");
     return 1;
   }
-  const double got = k2["kv_bytes_per_token"].get<double>() - k0["kv_bytes_per_token"].get<double>();
-  check(std::fabs(got - extra) <= 1.0, "sinks=2 adds " + std::to_string(got) + " bytes per token, expected " + std::to_string(extra));
+  const double got =
+      k2["kv_bytes_per_token"].get<double>() - k0["kv_bytes_per_token"].get<double>();
+  check(std::fabs(got - extra) <= 1.0, "sinks=2 adds " + std::to_string(got) +
+                                           " bytes per token, expected " + std::to_string(extra));
   check(k2["kl_mean"] != k0["kl_mean"], "sinks=2 changed nothing");
   return failures ? 1 : 0;
 }
@@ -321,28 +350,36 @@ int prefix(const std::string &kvcache) {
   for (const Case k : {Case{32, 256, 64, 16}, Case{12, 100, 40, 24}}) {
     const std::string name = "R=" + std::to_string(k.requests) + " P=" + std::to_string(k.prefix) +
                              " S=" + std::to_string(k.suffix) + " B=" + std::to_string(k.block);
-    const nlohmann::json j = run_json({kvcache, "eval", "--prefix", "--json", "--requests", std::to_string(k.requests),
-                                       "--prefix-tokens", std::to_string(k.prefix), "--suffix-tokens",
-                                       std::to_string(k.suffix), "--block-size", std::to_string(k.block)});
+    const nlohmann::json j =
+        run_json({kvcache, "eval", "--prefix", "--json", "--requests", std::to_string(k.requests),
+                  "--prefix-tokens", std::to_string(k.prefix), "--suffix-tokens",
+                  std::to_string(k.suffix), "--block-size", std::to_string(k.block)});
     if (failures) return 1;
     const std::int64_t total = std::int64_t(k.requests) * (k.prefix + k.suffix);
     const std::int64_t reused = std::int64_t(k.prefix / k.block) * k.block;
-    const std::int64_t computed = (k.prefix + k.suffix) + std::int64_t(k.requests - 1) * (k.prefix + k.suffix - reused);
+    const std::int64_t computed =
+        (k.prefix + k.suffix) + std::int64_t(k.requests - 1) * (k.prefix + k.suffix - reused);
     std::printf("%s: expect %lld of %lld tokens computed with the cache\n", name.c_str(),
                 static_cast<long long>(computed), static_cast<long long>(total));
     check(j["prompt_tokens_total"] == total, name + ": prompt_tokens_total");
-    check(j["without_cache"]["tokens_computed"] == total, name + ": the run without the cache computes everything");
+    check(j["without_cache"]["tokens_computed"] == total,
+          name + ": the run without the cache computes everything");
     check(j["without_cache"]["hit_tokens"] == 0, name + ": hits without the cache");
     check(j["with_cache"]["tokens_computed"] == computed,
           name + ": tokens computed with the cache = " + j["with_cache"]["tokens_computed"].dump());
     check(j["with_cache"]["hit_tokens"] == total - computed, name + ": hit tokens");
-    check(j["with_cache"]["hit_requests"] == k.requests - 1, name + ": every request but the first hits");
-    check(j["with_cache"]["library_stats"]["hit_tokens"] == total - computed, name + ": the library's hit counter");
-    check(j["with_cache"]["library_stats"]["queried_tokens"] == total, name + ": the library's query counter");
+    check(j["with_cache"]["hit_requests"] == k.requests - 1,
+          name + ": every request but the first hits");
+    check(j["with_cache"]["library_stats"]["hit_tokens"] == total - computed,
+          name + ": the library's hit counter");
+    check(j["with_cache"]["library_stats"]["queried_tokens"] == total,
+          name + ": the library's query counter");
     check(j["logprobs_identical"] == true, name + ": log-probabilities differ between the runs");
-    check(j["positions_compared"] == std::int64_t(k.requests) * k.suffix, name + ": positions compared");
+    check(j["positions_compared"] == std::int64_t(k.requests) * k.suffix,
+          name + ": positions compared");
     check(j["max_abs_logprob_diff"] == 0.0, name + ": max |logprob difference| must be 0");
-    check(j["with_cache"]["ttft_ms_mean"].get<double>() > 0 && j["without_cache"]["ttft_ms_mean"].get<double>() > 0,
+    check(j["with_cache"]["ttft_ms_mean"].get<double>() > 0 &&
+              j["without_cache"]["ttft_ms_mean"].get<double>() > 0,
           name + ": time to first token must be measured");
   }
   return failures ? 1 : 0;
@@ -352,7 +389,8 @@ int prefix(const std::string &kvcache) {
 // read by a new process (and Redis when an address is given): each phase
 // loads exactly the prefix's whole blocks and scores the suffix exactly as
 // the run that computes everything.
-int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::string &ports_file) {
+int prefix_tiers(const std::string &kvcache, const std::string &dir,
+                 const std::string &ports_file) {
   // The Redis phase uses the standalone server of the tier tests' fixture
   // (tests/tier/redis_fixture.sh writes "standalone PORT" to its ports file).
   std::string redis;
@@ -368,8 +406,10 @@ int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::
   }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);  // a fresh disk tier
-  std::vector<std::string> cmd = {kvcache, "eval", "--prefix", "--json", "--requests", "6", "--prefix-tokens", "100",
-                                  "--suffix-tokens", "40", "--block-size", "16", "--tier-dir", dir};
+  std::vector<std::string> cmd = {kvcache,           "eval", "--prefix",        "--json",
+                                  "--requests",      "6",    "--prefix-tokens", "100",
+                                  "--suffix-tokens", "40",   "--block-size",    "16",
+                                  "--tier-dir",      dir};
   if (!redis.empty()) cmd.insert(cmd.end(), {"--redis", redis});
   const nlohmann::json j = run_json(cmd);
   if (failures) return 1;
@@ -383,7 +423,8 @@ int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::
     const std::string name = names[i];
     check(p["name"] == name, "phase " + std::to_string(i) + " is " + p["name"].dump());
     if (name == "redis (new process)" && redis.empty()) {
-      check(p["ran"] == false && p["skipped"] == "no --redis address", "redis skipped without an address");
+      check(p["ran"] == false && p["skipped"] == "no --redis address",
+            "redis skipped without an address");
       continue;
     }
     check(p["ran"] == true, name + ": did not run: " + p.value("skipped", std::string()));
@@ -393,8 +434,10 @@ int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::
     check(p["requests"] == 6, name + ": 6 requests");
     check(p["tokens_computed"] == (computes_all ? 6 * 140 : 6 * (140 - 96)),
           name + ": tokens computed " + p["tokens_computed"].dump());
-    check(p["tokens_loaded"] == (loads ? 6 * 96 : 0), name + ": tokens loaded " + p["tokens_loaded"].dump());
-    check(p["tokens_hit"] == (computes_all ? 0 : 6 * 96), name + ": tokens hit " + p["tokens_hit"].dump());
+    check(p["tokens_loaded"] == (loads ? 6 * 96 : 0),
+          name + ": tokens loaded " + p["tokens_loaded"].dump());
+    check(p["tokens_hit"] == (computes_all ? 0 : 6 * 96),
+          name + ": tokens hit " + p["tokens_hit"].dump());
     check(p["nll_equal_to_compute"] == true, name + ": suffix NLL differs from the compute phase");
     check(p["ttft_ms_mean"].get<double>() > 0, name + ": TTFT measured");
   }
@@ -408,10 +451,12 @@ int prefix_tiers(const std::string &kvcache, const std::string &dir, const std::
 int long_context(const std::string &kvcache, const std::string &plot_file) {
   std::remove(plot_file.c_str());
   const nlohmann::json j =
-      run_json({kvcache, "eval", "--long", "--max-tokens", "4095", "--no-progress", "--json", "--plot", plot_file,
-                "--strategies", "f32,window:tokens=512,streaming:tokens=512,streaming:tokens=512:keep-positions"});
+      run_json({kvcache, "eval", "--long", "--max-tokens", "4095", "--no-progress", "--json",
+                "--plot", plot_file, "--strategies",
+                "f32,window:tokens=512,streaming:tokens=512,streaming:tokens=512:keep-positions"});
   if (failures) return 1;
-  check(j["ctx"] == 4096 && j["trained_context"] == 512 && j["segment"] == 512, "ctx 4096, trained 512, segment 512");
+  check(j["ctx"] == 4096 && j["trained_context"] == 512 && j["segment"] == 512,
+        "ctx 4096, trained 512, segment 512");
   check(j["windows"] == 1 && j["tokens_scored"] == 4095, "one window of 4095 scored tokens");
   std::map<std::string, nlohmann::json> rows;
   for (const auto &r : j["results"]) rows[r["strategy"].get<std::string>()] = r;
@@ -423,20 +468,27 @@ int long_context(const std::string &kvcache, const std::string &plot_file) {
     }
     const auto &r = rows[name];
     check(r["segment_ppl"].size() == 8, std::string(name) + ": 8 segments");
-    for (const auto &p : r["segment_ppl"]) check(p.get<double>() > 1.0, std::string(name) + ": segment ppl > 1");
-    std::printf("%-40s kept %.4f  ppl[0,512) %.4f  ppl[2048,4096) %.4f\n", name, r["kept_fraction"].get<double>(),
-                r["segment_ppl"][0].get<double>(), r["second_half_ppl"].get<double>());
+    for (const auto &p : r["segment_ppl"])
+      check(p.get<double>() > 1.0, std::string(name) + ": segment ppl > 1");
+    std::printf("%-40s kept %.4f  ppl[0,512) %.4f  ppl[2048,4096) %.4f\n", name,
+                r["kept_fraction"].get<double>(), r["segment_ppl"][0].get<double>(),
+                r["second_half_ppl"].get<double>());
   }
   check(rows["f32"]["kept_fraction"] == 1.0, "dense keeps every token");
-  check(rows["streaming:tokens=512+f16"]["kept_fraction"] == 512.0 / 4096.0, "streaming keeps 512 of 4096");
-  check(rows["streaming:tokens=512+f16"]["effective_bits_per_element"] == 2.0, "f16 x 1/8 = 2 effective bits");
-  check(rows["window:tokens=512+f16"]["kept_fraction"] == 512.0 / 4096.0, "window keeps 512 of 4096");
+  check(rows["streaming:tokens=512+f16"]["kept_fraction"] == 512.0 / 4096.0,
+        "streaming keeps 512 of 4096");
+  check(rows["streaming:tokens=512+f16"]["effective_bits_per_element"] == 2.0,
+        "f16 x 1/8 = 2 effective bits");
+  check(rows["window:tokens=512+f16"]["kept_fraction"] == 512.0 / 4096.0,
+        "window keeps 512 of 4096");
   auto ratio = [&](const char *name) {
     return rows[name]["second_half_ppl"].get<double>() / rows[name]["segment_ppl"][0].get<double>();
   };
-  check(ratio("streaming:tokens=512+f16") < 1.10, "StreamingLLM: ppl over 2048-4096 within 10% of the first 512");
+  check(ratio("streaming:tokens=512+f16") < 1.10,
+        "StreamingLLM: ppl over 2048-4096 within 10% of the first 512");
   check(ratio("f32") > 2.0, "dense far past the trained context degrades");
-  check(ratio("streaming:tokens=512:keep-positions+f16") > 1.5, "sinks at their text positions degrade");
+  check(ratio("streaming:tokens=512:keep-positions+f16") > 1.5,
+        "sinks at their text positions degrade");
   // The first segment is the same computation for every strategy until the cache fills.
   check(std::fabs(rows["streaming:tokens=512+f16"]["segment_ppl"][0].get<double>() -
                   rows["f32"]["segment_ppl"][0].get<double>()) < 1e-2,
@@ -458,14 +510,16 @@ int bench(const std::string &kvcache) {
     const std::string name = r["group"].get<std::string>() + "/" + r["name"].get<std::string>();
     ++groups[r["group"].get<std::string>()];
     const double t = r["seconds"], b = r["baseline_seconds"], speed = r["speed_vs_baseline"];
-    check(std::isfinite(t) && t > 0 && std::isfinite(b) && b > 0, name + ": times must be positive");
+    check(std::isfinite(t) && t > 0 && std::isfinite(b) && b > 0,
+          name + ": times must be positive");
     check(std::fabs(speed - b / t) <= 1e-9 * speed, name + ": speed_vs_baseline = baseline / time");
     check(!r["baseline"].get<std::string>().empty(), name + ": names its baseline");
     std::printf("%-90s %.3fx\n", name.c_str(), speed);
   }
   for (const char *g : {"pool", "codec", "attention", "evict", "prefix", "model"})
     check(groups[g] >= 1, std::string("no ") + g + " case");
-  check(groups["codec"] == 6 && groups["attention"] == 5 && groups["prefix"] == 2, "case counts per group");
+  check(groups["codec"] == 6 && groups["attention"] == 5 && groups["prefix"] == 2,
+        "case counts per group");
   // --filter narrows the run to matching cases.
   const nlohmann::json f = run_json({kvcache, "bench", "--quick", "--json", "--filter", "prefix/"});
   check(!failures && f["results"].size() == 2, "--filter prefix/ runs the two prefix cases");
@@ -492,7 +546,8 @@ int main(int argc, char **argv) {
     if (mode == "split-kv" && argc == 3) return split_kv(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
-    if (mode == "prefix-tiers" && (argc == 4 || argc == 5)) return prefix_tiers(argv[2], argv[3], argc == 5 ? argv[4] : "");
+    if (mode == "prefix-tiers" && (argc == 4 || argc == 5))
+      return prefix_tiers(argv[2], argv[3], argc == 5 ? argv[4] : "");
     if (mode == "long" && argc == 4) return long_context(argv[2], argv[3]);
     if (mode == "bench" && argc == 3) return bench(argv[2]);
     if (mode == "recommend" && argc == 5) return recommend(argv[2], argv[3], argv[4]);

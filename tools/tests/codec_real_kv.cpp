@@ -26,16 +26,16 @@ using namespace kvc_runner;
 
 namespace {
 int g_fail = 0;
-#define CHECK(c, ...)                                                    \
-  do {                                                                   \
-    if (!(c)) {                                                          \
-      if (g_fail < 10) {                                                 \
-        std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #c);     \
-        std::fprintf(stderr, __VA_ARGS__);                               \
-        std::fprintf(stderr, "\n");                                      \
-      }                                                                  \
-      ++g_fail;                                                          \
-    }                                                                    \
+#define CHECK(c, ...)                                                \
+  do {                                                               \
+    if (!(c)) {                                                      \
+      if (g_fail < 10) {                                             \
+        std::fprintf(stderr, "%s:%d: %s: ", __FILE__, __LINE__, #c); \
+        std::fprintf(stderr, __VA_ARGS__);                           \
+        std::fprintf(stderr, "\n");                                  \
+      }                                                              \
+      ++g_fail;                                                      \
+    }                                                                \
   } while (0)
 
 struct Quant {
@@ -56,9 +56,11 @@ Quant roundtrip(const kvc_codec &c, const std::vector<float> &x, uint64_t n, uin
   q.zeros.resize(qs.zeros_bytes + 4);
   q.out.resize(n * d);
   CHECK(kvc_quantize(&c, x.data(), KVC_DTYPE_F32, n, d, q.codes.data(), q.scales.data(),
-                     q.zeros.data()) == KVC_OK, "quantize: %s", kvc_last_error_message());
+                     q.zeros.data()) == KVC_OK,
+        "quantize: %s", kvc_last_error_message());
   CHECK(kvc_dequantize(&c, q.codes.data(), q.scales.data(), q.zeros.data(), n, d, q.out.data(),
-                       KVC_DTYPE_F32) == KVC_OK, "dequantize: %s", kvc_last_error_message());
+                       KVC_DTYPE_F32) == KVC_OK,
+        "dequantize: %s", kvc_last_error_message());
   return q;
 }
 
@@ -92,7 +94,9 @@ int main() {
   std::vector<std::vector<float>> tensors;
   for (int l = 0; l < c.n_layers; ++l) {
     std::vector<float> k(steps * row), v(steps * row);
-    CHECK(kvc_gather(pool.get(), 1, uint32_t(l), 0, steps, k.data(), v.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
+    CHECK(kvc_gather(pool.get(), 1, uint32_t(l), 0, steps, k.data(), v.data(), KVC_DTYPE_F32,
+                     nullptr) == KVC_OK,
+          "gather");
     tensors.push_back(std::move(k));
     tensors.push_back(std::move(v));
   }
@@ -122,11 +126,14 @@ int main() {
           const Quant q = roundtrip(cd, x, n, d);
           for (uint64_t r = 0; r < n; ++r)
             for (uint64_t j = 0; j < d; ++j) {
-              const uint64_t idx = gran == 0 ? r : gran == 1 ? r * ((d + 15) / 16) + j / 16 : (r / 16) * d + j;
+              const uint64_t idx = gran == 0   ? r
+                                   : gran == 1 ? r * ((d + 15) / 16) + j / 16
+                                               : (r / 16) * d + j;
               const float step = scale_at(q, idx), xv = x[r * d + j];
               const float err = std::fabs(q.out[r * d + j] - xv);
               CHECK(err <= 0.5f * step * (1 + 1e-5f) + 4e-7f * std::fabs(xv),
-                    "dtype %d gran %d asym %d: x %g -> %g, step %g", int(dt), gran, asym, xv, q.out[r * d + j], step);
+                    "dtype %d gran %d asym %d: x %g -> %g, step %g", int(dt), gran, asym, xv,
+                    q.out[r * d + j], step);
             }
         }
     // fp8 per token: relative error of normal values within half an ulp.
@@ -137,12 +144,14 @@ int main() {
       cd.granularity = KVC_SCALE_PER_TOKEN;
       const Quant q = roundtrip(cd, x, steps * H, D);
       const float half_ulp = dt == KVC_DTYPE_FP8_E4M3 ? 1.0f / 16 : 1.0f / 8;
-      const float min_normal = dt == KVC_DTYPE_FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14);
+      const float min_normal =
+          dt == KVC_DTYPE_FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14);
       for (uint64_t r = 0; r < steps * H; ++r)
         for (uint64_t j = 0; j < D; ++j) {
           const float xv = x[r * D + j], s = scale_at(q, r);
           if (std::fabs(xv) >= min_normal * s)
-            CHECK(std::fabs(q.out[r * D + j] - xv) <= half_ulp * std::fabs(xv) * 1.0001f, "fp8 %g -> %g", xv, q.out[r * D + j]);
+            CHECK(std::fabs(q.out[r * D + j] - xv) <= half_ulp * std::fabs(xv) * 1.0001f,
+                  "fp8 %g -> %g", xv, q.out[r * D + j]);
         }
     }
     // Rotated int4 / int2 per group: L2 error of each row within the codec's
@@ -163,7 +172,8 @@ int main() {
           const double st = scale_at(q, r * (row / 16) + g);
           bound2 += 16 * 0.25 * st * st;
         }
-        CHECK(l2(q.out, x, r * row, row) <= std::sqrt(bound2) * 1.001 + 1e-5, "rotated row %llu", (unsigned long long)r);
+        CHECK(l2(q.out, x, r * row, row) <= std::sqrt(bound2) * 1.001 + 1e-5, "rotated row %llu",
+              (unsigned long long)r);
       }
     }
   }
@@ -184,11 +194,13 @@ int main() {
         cd.asymmetric = dt == KVC_DTYPE_INT2;
         cd.rotation = rot ? KVC_ROTATION_HADAMARD : KVC_ROTATION_NONE;
         const Quant q = roundtrip(cd, x, steps * H, D);
-        err[rot] = l2(q.out, x, 0, x.size()) / l2(x, std::vector<float>(x.size(), 0.0f), 0, x.size());
+        err[rot] =
+            l2(q.out, x, 0, x.size()) / l2(x, std::vector<float>(x.size(), 0.0f), 0, x.size());
       }
-      std::printf("layer-0 keys%s, %s per token and head: relative L2 error %.4f plain, %.4f Hadamard\n",
-                  outlier ? " with an outlier channel x10" : "", dt == KVC_DTYPE_INT4 ? "int4" : "int2 asym",
-                  err[0], err[1]);
+      std::printf(
+          "layer-0 keys%s, %s per token and head: relative L2 error %.4f plain, %.4f Hadamard\n",
+          outlier ? " with an outlier channel x10" : "",
+          dt == KVC_DTYPE_INT4 ? "int4" : "int2 asym", err[0], err[1]);
       if (outlier) CHECK(err[1] < err[0], "the rotation should help against an outlier channel");
     }
   }

@@ -4,8 +4,8 @@
 //   gguf_test bad-files MODEL.gguf DIR       malformed and truncated GGUF files give a clear
 //                                            RunnerError, never a crash
 //   gguf_test load MODEL.gguf                 SmolLM2-135M's geometry, tensors and tied classifier
-//   gguf_test tokenize MODEL.gguf FIXTURES    our byte-level BPE ids equal llama.cpp's on both texts
-//   gguf_test logprobs MODEL.gguf FIXTURES    our forward pass (f16 K/V) against llama.cpp's
+//   gguf_test tokenize MODEL.gguf FIXTURES    our byte-level BPE ids equal llama.cpp's on both
+//   texts gguf_test logprobs MODEL.gguf FIXTURES    our forward pass (f16 K/V) against llama.cpp's
 //                                            log-probabilities over 2,048 tokens
 //   gguf_test chunk MODEL.gguf                chunked forward passes agree with token-by-token ones
 // The shared text comes from <shared>/data (KVCACHE_SHARED_DIR).
@@ -46,7 +46,8 @@ void check(bool ok, const std::string &msg) {
 std::vector<std::uint8_t> read_bytes(const std::string &path, std::size_t max = SIZE_MAX) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw RunnerError("cannot open " + path);
-  std::vector<std::uint8_t> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::uint8_t> b((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
   if (b.size() > max) b.resize(max);
   return b;
 }
@@ -65,19 +66,27 @@ void expect_error(const std::string &name, const std::string &expect, F &&what) 
     fail(name + ": accepted, expected an error containing '" + expect + "'");
   } catch (const RunnerError &e) {
     const std::string msg = e.what();
-    if (msg.find(expect) == std::string::npos) fail(name + ": message '" + msg + "' lacks '" + expect + "'");
-    else std::printf("%-34s -> %s\n", name.c_str(), msg.c_str());
+    if (msg.find(expect) == std::string::npos)
+      fail(name + ": message '" + msg + "' lacks '" + expect + "'");
+    else
+      std::printf("%-34s -> %s\n", name.c_str(), msg.c_str());
   }
 }
 
-void put_u32(std::vector<std::uint8_t> &b, std::size_t at, std::uint32_t v) { std::memcpy(&b[at], &v, 4); }
-void put_u64(std::vector<std::uint8_t> &b, std::size_t at, std::uint64_t v) { std::memcpy(&b[at], &v, 8); }
+void put_u32(std::vector<std::uint8_t> &b, std::size_t at, std::uint32_t v) {
+  std::memcpy(&b[at], &v, 4);
+}
+void put_u64(std::vector<std::uint8_t> &b, std::size_t at, std::uint64_t v) {
+  std::memcpy(&b[at], &v, 8);
+}
 
 int bad_files(const std::string &model, const std::string &dir) {
   // The header, metadata and tensor infos of SmolLM2's file fit in its first 2 MB.
   const std::vector<std::uint8_t> head = read_bytes(model, 2u << 20);
   const GgufFile good = GgufFile::load(model);
-  auto parse = [](std::vector<std::uint8_t> b) { return [b]() mutable { GgufFile::parse(std::move(b), "crafted"); }; };
+  auto parse = [](std::vector<std::uint8_t> b) {
+    return [b]() mutable { GgufFile::parse(std::move(b), "crafted"); };
+  };
   {
     auto b = head;
     b[0] = 'X';
@@ -108,7 +117,8 @@ int bad_files(const std::string &model, const std::string &dir) {
     put_u32(b, 24 + 8 + std::strlen("general.architecture"), 99);  // its value type
     expect_error("unknown value type", "unknown value type 99", parse(b));
   }
-  // Cuts of the header region fail cleanly (cut points denser near the start, where the structure is).
+  // Cuts of the header region fail cleanly (cut points denser near the start, where the structure
+  // is).
   int cuts = 0;
   for (std::size_t cut = 0; cut < 1785664; cut += 1 + cut / 16 + (cut * 7919) % 97) {
     std::vector<std::uint8_t> b(head.begin(), head.begin() + static_cast<std::ptrdiff_t>(cut));
@@ -132,7 +142,8 @@ int bad_files(const std::string &model, const std::string &dir) {
   // Flip one tensor's type to an unsupported one (q5_k = 13).
   {
     auto b = head;
-    // Find the type field of the first tensor info: after its name "token_embd.weight", n_dims, dims.
+    // Find the type field of the first tensor info: after its name "token_embd.weight", n_dims,
+    // dims.
     const std::string name = "token_embd.weight";
     std::size_t at = std::string(b.begin(), b.end()).find(name);
     check(at != std::string::npos, "tensor name found");
@@ -146,14 +157,17 @@ int bad_files(const std::string &model, const std::string &dir) {
 int load(const std::string &path) {
   const Model m = Model::load(path);
   const ModelConfig &c = m.config();
-  std::printf("dim %d hidden %d layers %d heads %d/%d head_dim %d vocab %d ctx %d theta %g eps %g\n", c.dim,
-              c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.vocab_size, c.seq_len, c.rope_theta,
-              c.norm_eps);
-  check(c.gguf && c.dim == 576 && c.hidden_dim == 1536 && c.n_layers == 30 && c.n_heads == 9 && c.n_kv_heads == 3 &&
-            c.head_dim() == 64 && c.vocab_size == 49152 && c.seq_len == 8192,
+  std::printf(
+      "dim %d hidden %d layers %d heads %d/%d head_dim %d vocab %d ctx %d theta %g eps %g\n", c.dim,
+      c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.vocab_size, c.seq_len,
+      c.rope_theta, c.norm_eps);
+  check(c.gguf && c.dim == 576 && c.hidden_dim == 1536 && c.n_layers == 30 && c.n_heads == 9 &&
+            c.n_kv_heads == 3 && c.head_dim() == 64 && c.vocab_size == 49152 && c.seq_len == 8192,
         "SmolLM2-135M geometry");
-  check(c.rope_theta == 100000.0f && std::fabs(c.norm_eps - 1e-5f) < 1e-9f, "rope base 100000, eps 1e-5");
-  check(c.shared_classifier && m.weights().classifier == m.weights().token_embedding, "tied classifier");
+  check(c.rope_theta == 100000.0f && std::fabs(c.norm_eps - 1e-5f) < 1e-9f,
+        "rope base 100000, eps 1e-5");
+  check(c.shared_classifier && m.weights().classifier == m.weights().token_embedding,
+        "tied classifier");
   check(!c.add_bos && c.bos_token == 1, "no BOS added; bos id 1");
   // Spot values: the embedding row of token 0 is finite and not all zero; norms near 1.
   double sum = 0;
@@ -192,29 +206,39 @@ int tokenize(const std::string &model, const std::string &fixtures) {
     while (std::getline(in, line)) {
       if (line.empty() || line[0] == '#') continue;
       std::istringstream ls(line);
-      if (line.rfind("count ", 0) == 0) ls.ignore(6) >> count;
-      else if (line.rfind("sha256 ", 0) == 0) ls.ignore(7) >> digest;
+      if (line.rfind("count ", 0) == 0)
+        ls.ignore(6) >> count;
+      else if (line.rfind("sha256 ", 0) == 0)
+        ls.ignore(7) >> digest;
       else
         for (int id; ls >> id;) head.push_back(id);
     }
     const std::string text = read_text_file(shared_dir() + "/data/" + name + ".txt", "text file");
     const std::vector<int> ids = tok.encode(text, false, false);
     std::size_t first_diff = 0;
-    while (first_diff < head.size() && first_diff < ids.size() && ids[first_diff] == head[first_diff]) ++first_diff;
-    std::printf("%s: %zu ids (llama.cpp %zu); first %zu of llama.cpp's head agree\n", name, ids.size(), count,
-                first_diff);
+    while (first_diff < head.size() && first_diff < ids.size() &&
+           ids[first_diff] == head[first_diff])
+      ++first_diff;
+    std::printf("%s: %zu ids (llama.cpp %zu); first %zu of llama.cpp's head agree\n", name,
+                ids.size(), count, first_diff);
     if (first_diff < head.size() && first_diff < ids.size()) {
       std::string ours, theirs;
-      for (std::size_t k = first_diff; k < first_diff + 8 && k < ids.size() && k < head.size(); ++k) {
+      for (std::size_t k = first_diff; k < first_diff + 8 && k < ids.size() && k < head.size();
+           ++k) {
         for (auto [out, id] : {std::pair<std::string *, int>{&ours, ids[k]}, {&theirs, head[k]}}) {
-          out->append(" ").append(std::to_string(id)).append("'").append(tok.decode(0, id)).append("'");
+          out->append(" ")
+              .append(std::to_string(id))
+              .append("'")
+              .append(tok.decode(0, id))
+              .append("'");
         }
       }
-      fail(std::string(name) + ": first difference at id " + std::to_string(first_diff) + ": ours" + ours +
-           " | llama.cpp" + theirs);
+      fail(std::string(name) + ": first difference at id " + std::to_string(first_diff) + ": ours" +
+           ours + " | llama.cpp" + theirs);
     }
     check(ids.size() == count, std::string(name) + ": token count differs from llama.cpp's");
-    check(sha256_ids(ids) == digest, std::string(name) + ": SHA-256 of the ids differs from llama.cpp's");
+    check(sha256_ids(ids) == digest,
+          std::string(name) + ": SHA-256 of the ids differs from llama.cpp's");
   }
   return failures ? 1 : 0;
 }
@@ -223,7 +247,8 @@ int logprobs(const std::string &model, const std::string &fixtures) {
   const Model m = Model::load(model);
   const ModelConfig &c = m.config();
   const Tokenizer tok = Tokenizer::load(model, c.vocab_size);
-  const std::string text = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  const std::string text =
+      read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
   std::vector<int> ids = tok.encode(text, false, false);
   const int n = 2048;
   if (static_cast<int>(ids.size()) < n) throw RunnerError("text too short");
@@ -267,28 +292,37 @@ int logprobs(const std::string &model, const std::string &fixtures) {
       for (int v = 1; v < c.vocab_size; ++v)
         if (row[v] > row[best]) best = v;
       targets_match += ids[static_cast<std::size_t>(p) + 1] == target[static_cast<std::size_t>(p)];
-      const double d = std::fabs(logp[static_cast<std::size_t>(target[static_cast<std::size_t>(p)])] - ref[static_cast<std::size_t>(p)]);
+      const double d =
+          std::fabs(logp[static_cast<std::size_t>(target[static_cast<std::size_t>(p)])] -
+                    ref[static_cast<std::size_t>(p)]);
       abs_sum += d;
       max_abs = std::max(max_abs, d);
       agree += best == top1[static_cast<std::size_t>(p)];
-      peer_abs_sum += std::fabs(ref_b[static_cast<std::size_t>(p)] - ref[static_cast<std::size_t>(p)]);
+      peer_abs_sum +=
+          std::fabs(ref_b[static_cast<std::size_t>(p)] - ref[static_cast<std::size_t>(p)]);
       peer_agree += top1_b[static_cast<std::size_t>(p)] == top1[static_cast<std::size_t>(p)];
     }
   }
   const double mean_abs = abs_sum / (n - 1), agreement = double(agree) / (n - 1);
   const double peer_mean = peer_abs_sum / (n - 1), peer_agreement = double(peer_agree) / (n - 1);
-  std::printf("ours (f16 K/V) vs llama.cpp (f16 K/V, flash attention), 2047 positions: top-1 agreement %.4f, "
-              "mean |logprob diff| %.5f nats, max %.4f\n",
-              agreement, mean_abs, max_abs);
-  std::printf("llama.cpp (f32 K/V, no flash attention) vs the same: top-1 agreement %.4f, mean |logprob diff| %.5f "
-              "nats\n",
-              peer_agreement, peer_mean);
+  std::printf(
+      "ours (f16 K/V) vs llama.cpp (f16 K/V, flash attention), 2047 positions: top-1 agreement "
+      "%.4f, "
+      "mean |logprob diff| %.5f nats, max %.4f\n",
+      agreement, mean_abs, max_abs);
+  std::printf(
+      "llama.cpp (f32 K/V, no flash attention) vs the same: top-1 agreement %.4f, mean |logprob "
+      "diff| %.5f "
+      "nats\n",
+      peer_agreement, peer_mean);
   check(targets_match == n - 1, "the fixture's targets are our token ids");
   // This Q4_1 model amplifies rounding: llama.cpp moves by ~0.05 nats when only
   // its attention numerics change. We must be no farther from llama.cpp than
   // llama.cpp is from itself, and close in absolute terms.
-  check(mean_abs <= peer_mean * 1.05, "farther from llama.cpp than llama.cpp's own two configurations are");
-  check(agreement >= peer_agreement - 0.005, "top-1 agreement below llama.cpp's own across configurations");
+  check(mean_abs <= peer_mean * 1.05,
+        "farther from llama.cpp than llama.cpp's own two configurations are");
+  check(agreement >= peer_agreement - 0.005,
+        "top-1 agreement below llama.cpp's own across configurations");
   check(mean_abs < 0.06 && agreement > 0.96, "absolute agreement with llama.cpp");
   return failures ? 1 : 0;
 }
@@ -297,7 +331,8 @@ int chunk(const std::string &model) {
   const Model m = Model::load(model);
   const ModelConfig &c = m.config();
   const Tokenizer tok = Tokenizer::load(model, c.vocab_size);
-  const std::string text = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  const std::string text =
+      read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
   std::vector<int> ids = tok.encode(text.substr(0, 1000), false, false);
   const int n = 48;
   Transformer tr(m, 64);
@@ -321,8 +356,9 @@ int chunk(const std::string &model) {
       max_abs = std::max(max_abs, double(std::fabs(a)));
     }
   }
-  std::printf("chunked vs token by token, %d positions: max |logit difference| %.3g (logits up to %.1f)\n", n, max_diff,
-              max_abs);
+  std::printf(
+      "chunked vs token by token, %d positions: max |logit difference| %.3g (logits up to %.1f)\n",
+      n, max_diff, max_abs);
   check(max_diff < 1e-3 * std::max(1.0, max_abs), "chunked logits differ from token-by-token ones");
   return failures ? 1 : 0;
 }
@@ -332,7 +368,8 @@ int chunk(const std::string &model) {
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
-    const std::string model = argc > 2 ? resolve_model_path(argv[2]) : "";  // "smollm2": the model cache
+    const std::string model =
+        argc > 2 ? resolve_model_path(argv[2]) : "";  // "smollm2": the model cache
     if (mode == "bad-files" && argc == 4) return bad_files(model, argv[3]);
     if (mode == "load" && argc == 3) return load(model);
     if (mode == "tokenize" && argc == 4) return tokenize(model, argv[3]);

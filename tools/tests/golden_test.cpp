@@ -34,7 +34,9 @@ void fail(const std::string &msg) {
   ++failures;
 }
 
-std::string models_dir() { return shared_dir() + "/models"; }
+std::string models_dir() {
+  return shared_dir() + "/models";
+}
 
 struct GoldenRun {
   int steps = 0;
@@ -56,7 +58,8 @@ std::vector<GoldenRun> parse_golden_greedy() {
     r.steps = std::stoi(header.substr(run_tag.size()));
     const std::size_t q1 = header.find("prompt=\"");
     const std::size_t q2 = header.rfind('"');
-    if (q1 == std::string::npos || q2 <= q1 + 8) throw RunnerError("golden file: bad RUN line: " + header);
+    if (q1 == std::string::npos || q2 <= q1 + 8)
+      throw RunnerError("golden file: bad RUN line: " + header);
     r.prompt = header.substr(q1 + 8, q2 - (q1 + 8));
     const std::size_t bytes_at = text.find("stdout_bytes: ", eol);
     const std::size_t expected_bytes = std::stoul(text.substr(bytes_at + 14));
@@ -76,7 +79,8 @@ std::vector<GoldenRun> parse_golden_greedy() {
     runs.push_back(r);
     at = e;
   }
-  if (runs.size() != 4) throw RunnerError("golden file: expected 4 runs, found " + std::to_string(runs.size()));
+  if (runs.size() != 4)
+    throw RunnerError("golden file: expected 4 runs, found " + std::to_string(runs.size()));
   return runs;
 }
 
@@ -125,7 +129,9 @@ void test_tokenizer() {
   };
   for (const Case &c : cases) {
     const std::vector<int> got = tok.encode(c.text, true, false);
-    if (got != c.ids) fail(std::string("encode(\"") + c.text + "\") = " + join_ids(got) + ", want " + join_ids(c.ids));
+    if (got != c.ids)
+      fail(std::string("encode(\"") + c.text + "\") = " + join_ids(got) + ", want " +
+           join_ids(c.ids));
   }
   // Byte fallback: "\n" is <0x0A> = 13; a character outside the vocabulary becomes its UTF-8 bytes.
   const std::vector<int> nl = tok.encode("a\nb", false, false);
@@ -149,18 +155,21 @@ void test_tokenizer() {
       std::vector<int> units = {kBosToken, index.at(" ")};
       for (std::size_t i = 0; i < text.size();) {
         std::size_t j = i + 1;
-        while (j < text.size() && j - i < 4 && (static_cast<unsigned char>(text[j]) & 0xC0) == 0x80) ++j;
+        while (j < text.size() && j - i < 4 && (static_cast<unsigned char>(text[j]) & 0xC0) == 0x80)
+          ++j;
         auto it = index.find(text.substr(i, j - i));
         if (it != index.end()) {
           units.push_back(it->second);
         } else {
-          for (std::size_t b = i; b < j; ++b) units.push_back(3 + static_cast<unsigned char>(text[b]));
+          for (std::size_t b = i; b < j; ++b)
+            units.push_back(3 + static_cast<unsigned char>(text[b]));
         }
         i = j;
       }
       const std::vector<int> slow = slow_merge(tok, units);
       if (slow != fast) {
-        fail(std::string("fast and slow BPE merges differ on block ") + std::to_string(block) + " of " + file);
+        fail(std::string("fast and slow BPE merges differ on block ") + std::to_string(block) +
+             " of " + file);
         break;
       }
     }
@@ -182,9 +191,11 @@ void test_greedy(bool array_cache) {
     const std::string name = "n=" + std::to_string(run.steps) + " prompt=\"" + run.prompt + "\"";
     if (r.tokens != run.token_ids) {
       std::size_t i = 0;
-      while (i < r.tokens.size() && i < run.token_ids.size() && r.tokens[i] == run.token_ids[i]) ++i;
+      while (i < r.tokens.size() && i < run.token_ids.size() && r.tokens[i] == run.token_ids[i])
+        ++i;
       fail(name + ": token ids differ from index " + std::to_string(i) + " (got " +
-           std::to_string(r.tokens.size()) + " ids, want " + std::to_string(run.token_ids.size()) + ")");
+           std::to_string(r.tokens.size()) + " ids, want " + std::to_string(run.token_ids.size()) +
+           ")");
     } else if (r.text != run.stdout_text) {
       fail(name + ": decoded text differs");
     } else {
@@ -200,7 +211,8 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
   const ModelConfig &c = model.config();
   const Tokenizer tok = Tokenizer::load(models_dir() + "/tok512.bin", c.vocab_size);
   // The first 9 blocks of the sample, split on "\n\n" (see models/README.md).
-  const std::string sample = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  const std::string sample =
+      read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
   std::size_t end = 0;
   for (int block = 0; block < 9; ++block) {
     end = sample.find("\n\n", end == 0 ? 0 : end + 2);
@@ -209,7 +221,8 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
   const std::string text = sample.substr(0, end);
   const std::vector<int> tokens = tok.encode(text, true, false);
   std::printf("text: %zu bytes, BOS + %zu tokens\n", text.size(), tokens.size() - 1);
-  if (text.size() != 2063) fail("golden text should be 2,063 bytes, is " + std::to_string(text.size()));
+  if (text.size() != 2063)
+    fail("golden text should be 2,063 bytes, is " + std::to_string(text.size()));
 
   struct Row {
     int window, position, token;
@@ -223,7 +236,8 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
     Row r;
     while (in >> r.window >> r.position >> r.token >> r.logprob) rows.push_back(r);
   }
-  if (rows.size() != 1022) fail("golden-logprobs.tsv: expected 1022 rows, got " + std::to_string(rows.size()));
+  if (rows.size() != 1022)
+    fail("golden-logprobs.tsv: expected 1022 rows, got " + std::to_string(rows.size()));
 
   Transformer transformer(model);
   std::vector<double> logp;
@@ -236,12 +250,15 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
     std::unique_ptr<ArrayCache> array;
     std::unique_ptr<PoolSequence> seq;
     std::unique_ptr<AttnSequence> attn;
-    if (array_cache) array = std::make_unique<ArrayCache>(c);
-    else if (library_attention) attn = std::make_unique<AttnSequence>(*pool, static_cast<std::uint64_t>(w), c);
-    else seq = std::make_unique<PoolSequence>(*pool, static_cast<std::uint64_t>(w), c.n_layers);
+    if (array_cache)
+      array = std::make_unique<ArrayCache>(c);
+    else if (library_attention)
+      attn = std::make_unique<AttnSequence>(*pool, static_cast<std::uint64_t>(w), c);
+    else
+      seq = std::make_unique<PoolSequence>(*pool, static_cast<std::uint64_t>(w), c.n_layers);
     for (int p = 0; p < window_len - 1; ++p) {
       const int token = p == 0 ? kBosToken : tokens[1 + (window_len - 1) * w + p - 1];
-      const float *logits = array_cache        ? transformer.forward(*array, token, p)
+      const float *logits = array_cache         ? transformer.forward(*array, token, p)
                             : library_attention ? transformer.forward(*attn, token, p)
                                                 : transformer.forward(*seq, token, p);
       log_softmax(logits, c.vocab_size, logp);
@@ -251,7 +268,8 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
       if (row.window != w || row.position != p + 1 || row.token != target) {
         fail("row " + std::to_string(next) + ": expected (" + std::to_string(row.window) + ", " +
              std::to_string(row.position) + ", " + std::to_string(row.token) + "), computed (" +
-             std::to_string(w) + ", " + std::to_string(p + 1) + ", " + std::to_string(target) + ")");
+             std::to_string(w) + ", " + std::to_string(p + 1) + ", " + std::to_string(target) +
+             ")");
         return;
       }
       const double diff = std::fabs(logp[target] - row.logprob);
@@ -264,8 +282,8 @@ void test_logprobs(bool array_cache, bool library_attention = false) {
     }
   }
   const double ppl = std::exp(nll / double(rows.size()));
-  std::printf("%zu log-probabilities, max |diff| %.3g; perplexity %.6f (golden 4.139753)\n", rows.size(),
-              max_diff, ppl);
+  std::printf("%zu log-probabilities, max |diff| %.3g; perplexity %.6f (golden 4.139753)\n",
+              rows.size(), max_diff, ppl);
   if (std::fabs(ppl - 4.139753) > 1e-5) fail("perplexity " + std::to_string(ppl) + " != 4.139753");
 }
 
@@ -275,7 +293,8 @@ void test_prefix_reuse() {
   const Model model = Model::load(models_dir() + "/stories260K.bin");
   const ModelConfig &c = model.config();
   const Tokenizer tok = Tokenizer::load(models_dir() + "/tok512.bin", c.vocab_size);
-  const std::string sample = read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
+  const std::string sample =
+      read_text_file(shared_dir() + "/data/tinystories-valid-sample.txt", "text file");
   const std::vector<int> all = tok.encode(sample, true, false);
   if (all.size() < 600) throw RunnerError("sample too short");
   // Request 1: 150 tokens. Request 2: the same first 128, then other text.
@@ -312,20 +331,24 @@ void test_prefix_reuse() {
     }
   }
   std::printf("prefix reuse: %d of %zu prompt tokens from the cache\n", cached, r2.size());
-  if (cached != 128) fail("expected 128 cached tokens (8 blocks of 16), got " + std::to_string(cached));
+  if (cached != 128)
+    fail("expected 128 cached tokens (8 blocks of 16), got " + std::to_string(cached));
   if (warm_logits.size() != cold_logits.size()) fail("different numbers of computed positions");
   for (size_t i = 0; i < warm_logits.size() && i < cold_logits.size(); ++i)
-    if (std::memcmp(warm_logits[i].data(), cold_logits[i].data(), warm_logits[i].size() * sizeof(float)) != 0) {
-      fail("position " + std::to_string(cached + static_cast<int>(i)) + ": warm and cold logits differ");
+    if (std::memcmp(warm_logits[i].data(), cold_logits[i].data(),
+                    warm_logits[i].size() * sizeof(float)) != 0) {
+      fail("position " + std::to_string(cached + static_cast<int>(i)) +
+           ": warm and cold logits differ");
       break;
     }
 }
 
 void test_cli(const std::string &kvcache) {
   for (const GoldenRun &run : parse_golden_greedy()) {
-    const ProcessResult r = run_process({kvcache, "generate", "--model", "stories260k", "-t", "0", "-n",
-                                         std::to_string(run.steps), "-i", run.prompt});
-    const std::string name = "kvcache generate -n " + std::to_string(run.steps) + " -i \"" + run.prompt + "\"";
+    const ProcessResult r = run_process({kvcache, "generate", "--model", "stories260k", "-t", "0",
+                                         "-n", std::to_string(run.steps), "-i", run.prompt});
+    const std::string name =
+        "kvcache generate -n " + std::to_string(run.steps) + " -i \"" + run.prompt + "\"";
     if (!r.exited || r.exit_code != 0) {
       fail(name + ": did not exit 0: " + r.err);
     } else if (r.out != run.stdout_text) {
@@ -341,17 +364,25 @@ void test_cli(const std::string &kvcache) {
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s tokenizer | greedy [--array-cache] | logprobs [--array-cache | --library-attention] | cli KVCACHE\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s tokenizer | greedy [--array-cache] | logprobs [--array-cache | "
+                 "--library-attention] | cli KVCACHE\n",
+                 argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
   const bool array_cache = argc > 2 && std::string(argv[2]) == "--array-cache";
   try {
-    if (mode == "tokenizer") test_tokenizer();
-    else if (mode == "greedy") test_greedy(array_cache);
-    else if (mode == "logprobs") test_logprobs(array_cache, argc > 2 && std::string(argv[2]) == "--library-attention");
-    else if (mode == "cli" && argc > 2) test_cli(argv[2]);
-    else if (mode == "prefix") test_prefix_reuse();
+    if (mode == "tokenizer")
+      test_tokenizer();
+    else if (mode == "greedy")
+      test_greedy(array_cache);
+    else if (mode == "logprobs")
+      test_logprobs(array_cache, argc > 2 && std::string(argv[2]) == "--library-attention");
+    else if (mode == "cli" && argc > 2)
+      test_cli(argv[2]);
+    else if (mode == "prefix")
+      test_prefix_reuse();
     else {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;

@@ -14,8 +14,8 @@ struct ProcessResult {
   bool exited = false;  ///< false: killed by a signal
   int exit_code = -1;
   int signal = 0;
-  std::string out;      ///< stdout
-  std::string err;      ///< stderr
+  std::string out;  ///< stdout
+  std::string err;  ///< stderr
 };
 
 inline std::string drain(int fd) {

@@ -18,21 +18,19 @@ using namespace kvc_cli;
 
 int main() {
   const char *specs[] = {
-      "f16",
-      "int8:per-token",
-      "int4:group=32:full-range:hadamard",
-      "kivi4:group=16:residual=32",
-      "kivi2:group=32:residual=40",
-      "hybrid:fraction=0.25",
-      "hybrid:fraction=0.3:kchannel=4",  // groups of 4 in blocks of 16: staged tokens start mid-block
+      "f16", "int8:per-token", "int4:group=32:full-range:hadamard", "kivi4:group=16:residual=32",
+      "kivi2:group=32:residual=40", "hybrid:fraction=0.25",
+      "hybrid:fraction=0.3:kchannel=4",  // groups of 4 in blocks of 16: staged tokens start
+                                         // mid-block
       "kivi4:group=8:residual=20",
-      "kivi4:group=4:residual=1",        // a target of 1: the residual empties again and again
+      "kivi4:group=4:residual=1",         // a target of 1: the residual empties again and again
       "hybrid:fraction=0.05:kchannel=4",  // the target reaches 2 only at 40 tokens
       "int4:per-token:sinks=2",
       "k-int4:kchannel=128:asym:pre-rope:sinks=1+v-int4:per-token:full-range:hadamard",
       "k-int3:kchannel=64:asym+v-int2:group=32:full-range",
       "hybrid:fraction=0.004:kchannel=2",  // the residual empties until 500 tokens
-      "hybrid:fraction=1e-9:kchannel=4",   // ... until 2e9 tokens: not stepped through (it hung recommend)
+      "hybrid:fraction=1e-9:kchannel=4",   // ... until 2e9 tokens: not stepped through (it hung
+                                           // recommend)
   };
   const std::uint32_t layers = 3, heads = 2, hd = 64, row = heads * hd;
   const std::uint64_t n_max = 700;
@@ -51,7 +49,8 @@ int main() {
     auto size_at = [&](std::uint64_t n, bool peak) {
       std::uint64_t bytes = 0, most = 0;
       if (kvc_pool_seq_bytes(&cfg, n, &bytes, &most) != KVC_OK) {
-        if (sized) std::fprintf(stderr, "%s: kvc_pool_seq_bytes: %s\n", spec, kvc_last_error_message());
+        if (sized)
+          std::fprintf(stderr, "%s: kvc_pool_seq_bytes: %s\n", spec, kvc_last_error_message());
         sized = false;
       }
       return peak ? most : bytes;
@@ -61,13 +60,15 @@ int main() {
       ++failures;
       continue;
     }
-    kvc_runner::KvPool pool(c, pool_settings(s), static_cast<std::uint32_t>(n_max + 2 * s.block_size));
+    kvc_runner::KvPool pool(c, pool_settings(s),
+                            static_cast<std::uint32_t>(n_max + 2 * s.block_size));
     if (kvc_seq_create(pool.get(), 1) != KVC_OK) return 1;
     std::uint64_t running = 0;
     int bad = 0;
     for (std::uint64_t n = 1; n <= n_max && bad < 5; ++n) {
       if (kvc_seq_reserve(pool.get(), 1, 1, nullptr) != KVC_OK) {
-        std::fprintf(stderr, "%s: reserve at %llu: %s\n", spec, (unsigned long long)n, kvc_last_error_message());
+        std::fprintf(stderr, "%s: reserve at %llu: %s\n", spec, (unsigned long long)n,
+                     kvc_last_error_message());
         ++bad;
         break;
       }
@@ -84,9 +85,12 @@ int main() {
       const std::uint64_t used = pool.stats().bytes_in_use;
       running = std::max(running, used);
       if (used != size_at(n, false) || running != size_at(n, true)) {
-        std::fprintf(stderr, "%s: at %llu tokens the pool holds %llu bytes (peak %llu), kvc_pool_seq_bytes says %llu (%llu)\n",
-                     spec, (unsigned long long)n, (unsigned long long)used, (unsigned long long)running,
-                     (unsigned long long)size_at(n, false), (unsigned long long)size_at(n, true));
+        std::fprintf(stderr,
+                     "%s: at %llu tokens the pool holds %llu bytes (peak %llu), kvc_pool_seq_bytes "
+                     "says %llu (%llu)\n",
+                     spec, (unsigned long long)n, (unsigned long long)used,
+                     (unsigned long long)running, (unsigned long long)size_at(n, false),
+                     (unsigned long long)size_at(n, true));
         ++bad;
       }
     }
@@ -95,8 +99,9 @@ int main() {
     for (std::uint64_t n = 1; n <= 20000 && bad < 5; ++n) {
       most = std::max(most, size_at(n, false));
       if (most != size_at(n, true)) {
-        std::fprintf(stderr, "%s: at %llu tokens the most bytes so far are %llu, peak_bytes is %llu\n", spec,
-                     (unsigned long long)n, (unsigned long long)most, (unsigned long long)size_at(n, true));
+        std::fprintf(
+            stderr, "%s: at %llu tokens the most bytes so far are %llu, peak_bytes is %llu\n", spec,
+            (unsigned long long)n, (unsigned long long)most, (unsigned long long)size_at(n, true));
         ++bad;
       }
     }
