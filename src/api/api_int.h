@@ -97,7 +97,7 @@ inline DType dtype_arg(kvc_dtype d, const char *name) {
   return static_cast<DType>(d);
 }
 
-// Reads a caller's codec into the core's Spec (codec.cpp). `rotation_row` is
+// Reads a caller's codec into the core's Spec (api/codec.cpp). `rotation_row` is
 // the length whose largest power-of-two divisor is the default Hadamard block
 // (the row for arrays, head_dim in a pool).
 kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotation_row);

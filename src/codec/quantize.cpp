@@ -14,7 +14,7 @@
 namespace kvc::codec {
 
 namespace {
-// Per-thread scratch (core/scratch.h): grown on demand (no allocation per
+// Per-thread scratch (common/scratch.h): grown on demand (no allocation per
 // call in steady state), released after a call that made it large.
 float *scratch_floats(uint64_t n) {
   thread_local ScratchBuffer<float> buf;

@@ -42,7 +42,7 @@ struct TierSlot {
   std::unique_ptr<tier::Tier> t;
   int32_t kind = 0;
   std::atomic<uint64_t> demotions{0}, promotions{0}, other_errors{0};
-  uint64_t pinned = 0;  // keys pinned through pool pins (under OffloadState::m)
+  uint64_t pinned = 0;  // keys pinned through pool pins (under Offload::m_)
 };
 
 struct Demotion {

@@ -62,7 +62,7 @@ struct PoolConfig {
   double rope_theta = 10000.0;
 };
 
-// Prefix cache (prefix_pool.cpp).
+// Prefix cache (core/prefix_cache.h).
 struct PrefixConfig {
   PrefixHash hash = PrefixHash::Sha256;
   bool verify_tokens = true;
@@ -76,7 +76,7 @@ struct PrefixResult {
   uint64_t tier_tokens = 0;  // whole-block tokens after hit_tokens the offload tiers hold
   uint64_t pin = 0;          // pin handle (lookup with pin), 0: none
 };
-// Offload tiers (tier_pool.cpp, docs/tiers.md).
+// Offload tiers (core/offload.h, docs/tiers.md).
 struct TierCounts {
   int32_t kind = 0;  // kvc_tier_kind
   uint64_t bytes = 0, entries = 0, hits = 0, misses = 0, demotions = 0, promotions = 0, drops = 0,
@@ -103,7 +103,7 @@ struct AttnParams {
 };
 
 // The pool's geometry and storage as bytes (docs/prefix-cache.md): equal
-// fingerprints mean equal block layouts and codecs (prefix_pool.cpp).
+// fingerprints mean equal block layouts and codecs (config.cpp).
 std::vector<uint8_t> pool_fingerprint(const PoolConfig &c);
 
 // Scale entries per token slot in a block for a codec (per-token: one per

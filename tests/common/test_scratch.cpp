@@ -1,4 +1,4 @@
-// core_scratch_*: per-thread scratch buffers (core/scratch.h) stay allocated
+// core_scratch_*: per-thread scratch buffers (common/scratch.h) stay allocated
 // across calls of a steady size and are released when a call that grew them
 // above the keep size returns, on every thread; data written through them
 // reads back. The keep size is lowered to 1 MiB here.

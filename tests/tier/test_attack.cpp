@@ -531,7 +531,7 @@ KVTEST(host_same_prompt_concurrent_prefetch) {
 // Tickets and pins
 
 // Found a defect (fixed; was: heap-use-after-free, under ASan): kvc_prefix_load waits on
-// done_cv with an iterator into OffloadState::loads; a kvc_prefix_poll of the
+// done_cv with an iterator into Offload::loads_; a kvc_prefix_poll of the
 // same ticket from another thread (tickets are small sequential numbers:
 // a stale ticket, another pool's ticket, a guess) reports it and erases the
 // entry, and the waiting thread then reads the freed node.

@@ -76,7 +76,7 @@ void check_pick(const nlohmann::json &j, const std::string &strategy, std::uint6
 }
 
 // Bytes at llama-3-8b (32 layers, 8 KV heads of 128, blocks of 16 tokens) come from the pools'
-// layouts there (cli/seq_bytes.h), not from the bits measured on stories260K (head_dim 8):
+// layouts there (kvc_pool_seq_bytes), not from the bits measured on stories260K (head_dim 8):
 // - kivi4:group=16:residual=32: a block per layer holds int4 codes of K and V (2 x 8,192 bytes),
 //   keys' f16 scale and zero point per channel (4,096) and values' per group of 16 (4,096):
 //   24,576 bytes; a residual block 16 x 1,024 x 2 x 2 = 65,536 (K and V in f16). On the way to
