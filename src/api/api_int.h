@@ -34,10 +34,10 @@ struct kvc_pool {
   } prefix_callback;
 };
 struct kvc_policy {
-  std::shared_ptr<const kvc::policy::PolicySpec> spec;
+  std::shared_ptr<const kvc::core::PolicySpec> spec;
 };
 struct kvc_plugin {
-  std::shared_ptr<kvc::policy::Plugin> core;
+  std::shared_ptr<kvc::core::Plugin> core;
 };
 
 namespace kvc::api {
@@ -100,7 +100,7 @@ inline DType dtype_arg(kvc_dtype d, const char *name) {
 // Reads a caller's codec into the core's Spec (api/codec.cpp). `rotation_row` is
 // the length whose largest power-of-two divisor is the default Hadamard block
 // (the row for arrays, head_dim in a pool).
-kvc::codec::Spec to_spec(const kvc_codec *in, const char *name, uint64_t rotation_row);
+kvc::core::CodecSpec to_spec(const kvc_codec *in, const char *name, uint64_t rotation_row);
 
 // Checks the prompt arguments and converts the extra keys (prefix.cpp).
 std::vector<kvc::core::PrefixExtra> prefix_args(const int32_t *tokens, uint64_t n,

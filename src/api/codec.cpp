@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "api/api_int.h"
+#include "core/arrays.h"
 
 using namespace kvc::api;
 
@@ -28,7 +29,8 @@ constexpr size_t kQuantSizesMin = offsetof(kvc_quant_sizes, num_scales) + sizeof
 // Reads a caller's codec into the core's Spec. `rotation_row` is the length
 // whose largest power-of-two divisor is the default Hadamard block (the row
 // for arrays, head_dim in a pool).
-kvc::codec::Spec kvc::api::to_spec(const kvc_codec *in, const char *name, uint64_t rotation_row) {
+kvc::core::CodecSpec kvc::api::to_spec(const kvc_codec *in, const char *name,
+                                       uint64_t rotation_row) {
   kvc_codec c;
   codec_defaults(&c);
   kvc::api::read_input_struct(in, kCodecMin, name, &c);
@@ -56,9 +58,9 @@ kvc::codec::Spec kvc::api::to_spec(const kvc_codec *in, const char *name, uint64
       fail(Errc::InvalidScale, std::string(name) + ".scale " + fmt_g(v) +
                                    ": a static scale must be a finite value in [1e-30, 1e30]");
   }
-  kvc::codec::Spec sp;
+  kvc::core::CodecSpec sp;
   sp.dtype = static_cast<kvc::DType>(c.dtype);
-  sp.gran = static_cast<kvc::codec::Gran>(c.granularity);
+  sp.gran = static_cast<kvc::core::ScaleGranularity>(c.granularity);
   sp.group = c.group_size;
   sp.asym = c.asymmetric != 0;
   sp.full_range = c.full_range != 0;
@@ -66,40 +68,21 @@ kvc::codec::Spec kvc::api::to_spec(const kvc_codec *in, const char *name, uint64
   sp.static_scale = c.static_scale ? c.scale : 0.0;
   if (c.rotation == KVC_ROTATION_HADAMARD)
     sp.rotation_block =
-        c.rotation_block ? c.rotation_block : kvc::codec::default_rotation_block(rotation_row);
+        c.rotation_block ? c.rotation_block : kvc::core::default_rotation_block(rotation_row);
   else if (c.rotation_block != 0)
     fail(Errc::InvalidArgument, std::string(name) + ".rotation_block set without a rotation");
   return sp;
 }
 
 namespace {
-struct QuantPlan {
-  kvc::codec::Spec spec;
-  uint64_t codes, scales, zeros, num_scales;
-};
-
-QuantPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
+kvc::core::ArrayPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) {
   need(codec, "codec");
+  // (d and n first, as plan_array checks them, then the codec struct.)
   if (d < 1 || d > (1u << 24))
     fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
   if (n > (uint64_t(1) << 40))
     fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
-  QuantPlan q;
-  q.spec = to_spec(codec, "codec", d);
-  kvc::codec::validate(q.spec, d);
-  // Every size fits in the address space (n * d values are also staged as f32).
-  const uint64_t limit = uint64_t(1) << 56;
-  uint64_t nd = 0, groups = 0;
-  const uint64_t g = q.spec.group ? q.spec.group : 1;
-  if (__builtin_mul_overflow(n, d, &nd) || nd > limit / 4 ||
-      __builtin_mul_overflow(n, (d + g - 1) / g, &groups) || groups > limit / 8)
-    fail(Errc::Overflow, "an array of " + std::to_string(n) + " x " + std::to_string(d) +
-                             " values (or its scales) overflows the address space");
-  q.codes = n * kvc::codec::row_bytes(q.spec.dtype, d);
-  q.num_scales = kvc::codec::num_scales(q.spec, n, d);
-  q.scales = q.num_scales * kvc::codec::scale_bytes(q.spec);
-  q.zeros = q.spec.asym ? q.scales : 0;
-  return q;
+  return kvc::core::plan_array(to_spec(codec, "codec", d), n, d);
 }
 }  // namespace
 
@@ -169,7 +152,7 @@ KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64
   return guard([&] {
     need(sizes, "sizes");
     kvc::api::check_output_struct(sizes, kQuantSizesMin, "kvc_quant_sizes");
-    const QuantPlan q = plan_quant(codec, n, d);
+    const kvc::core::ArrayPlan q = plan_quant(codec, n, d);
     kvc_quant_sizes full{};
     full.struct_size = sizeof full;
     full.codes_bytes = q.codes;
@@ -183,15 +166,15 @@ KVC_API kvc_status kvc_quantize_sizes(const kvc_codec *codec, uint64_t n, uint64
 KVC_API kvc_status kvc_quantize(const kvc_codec *codec, const void *src, kvc_dtype src_dtype,
                                 uint64_t n, uint64_t d, void *codes, void *scales, void *zeros) {
   return guard([&] {
-    const QuantPlan q = plan_quant(codec, n, d);
+    const kvc::core::ArrayPlan q = plan_quant(codec, n, d);
     const DType st = dtype_arg(src_dtype, "src_dtype");
     if (n == 0) return;
     need(src, "src");
     need(codes, "codes");
     if (q.scales && !scales) fail(Errc::NullPointer, "scales is NULL but the codec has scales");
     if (q.zeros && !zeros) fail(Errc::NullPointer, "zeros is NULL but the codec is asymmetric");
-    kvc::codec::quantize(q.spec, src, st, n, d, static_cast<uint8_t *>(codes),
-                         static_cast<uint8_t *>(scales), static_cast<uint8_t *>(zeros));
+    kvc::core::quantize_array(q, src, st, n, d, static_cast<uint8_t *>(codes),
+                              static_cast<uint8_t *>(scales), static_cast<uint8_t *>(zeros));
   });
 }
 
@@ -199,16 +182,16 @@ KVC_API kvc_status kvc_dequantize(const kvc_codec *codec, const void *codes, con
                                   const void *zeros, uint64_t n, uint64_t d, void *dst,
                                   kvc_dtype dst_dtype) {
   return guard([&] {
-    const QuantPlan q = plan_quant(codec, n, d);
+    const kvc::core::ArrayPlan q = plan_quant(codec, n, d);
     const DType dt = dtype_arg(dst_dtype, "dst_dtype");
     if (n == 0) return;
     need(codes, "codes");
     need(dst, "dst");
     if (q.scales && !scales) fail(Errc::NullPointer, "scales is NULL but the codec has scales");
     if (q.zeros && !zeros) fail(Errc::NullPointer, "zeros is NULL but the codec is asymmetric");
-    kvc::codec::dequantize(q.spec, static_cast<const uint8_t *>(codes),
-                           static_cast<const uint8_t *>(scales),
-                           static_cast<const uint8_t *>(zeros), n, d, dst, dt);
+    kvc::core::dequantize_array(q, static_cast<const uint8_t *>(codes),
+                                static_cast<const uint8_t *>(scales),
+                                static_cast<const uint8_t *>(zeros), n, d, dst, dt);
   });
 }
 

@@ -39,9 +39,9 @@ static_assert(static_cast<int>(DType::F32) == KVC_DTYPE_F32 &&
               static_cast<int>(DType::INT4) == KVC_DTYPE_INT4 &&
               static_cast<int>(DType::INT2) == KVC_DTYPE_INT2 &&
               static_cast<int>(DType::INT3) == KVC_DTYPE_INT3 && kvc::kNumDTypes == 9);
-static_assert(static_cast<int>(kvc::tier::Kind::Host) == KVC_TIER_HOST &&
-              static_cast<int>(kvc::tier::Kind::Disk) == KVC_TIER_DISK &&
-              static_cast<int>(kvc::tier::Kind::Redis) == KVC_TIER_REDIS);
+static_assert(static_cast<int>(kvc::core::TierKind::Host) == KVC_TIER_HOST &&
+              static_cast<int>(kvc::core::TierKind::Disk) == KVC_TIER_DISK &&
+              static_cast<int>(kvc::core::TierKind::Redis) == KVC_TIER_REDIS);
 static_assert(static_cast<int>(kvc::core::Layout::NHD) == KVC_LAYOUT_NHD &&
               static_cast<int>(kvc::core::Layout::HND) == KVC_LAYOUT_HND);
 static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&

@@ -58,8 +58,8 @@ KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy
     sp->recent_fraction = c.recent_fraction;
     sp->window = c.window;
     sp->kernel_size = c.kernel_size;
-    sp->pooling = static_cast<kvc::policy::Pooling>(c.pooling);
-    sp->schedule = static_cast<kvc::policy::Schedule>(c.schedule);
+    sp->pooling = static_cast<kvc::core::Pooling>(c.pooling);
+    sp->schedule = static_cast<kvc::core::Schedule>(c.schedule);
     sp->beta = c.beta;
     sp->shift_positions = c.shift_positions != 0;
     sp->auto_evict = c.auto_evict != 0;
@@ -112,7 +112,7 @@ KVC_API kvc_status kvc_plugin_load(const char *path, kvc_plugin **out) {
   return guard([&] {
     need(path, "path");
     need(out, "out");
-    auto core = kvc::policy::Plugin::load(path);
+    auto core = kvc::core::Plugin::load(path);
     auto *pl = new kvc_plugin;
     pl->core = std::move(core);
     *out = pl;

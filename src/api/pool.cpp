@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "api/api_int.h"
+#include "core/arrays.h"
 #include "core/sizing.h"
 
 using namespace kvc::api;
@@ -46,10 +47,10 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
     const kvc_codec *in = kv == 0 ? c.k_codec : c.v_codec;
     if (!in) continue;
     const char *name = kv == 0 ? "k_codec" : "v_codec";
-    kvc::codec::Spec sp = to_spec(in, name, c.head_dim);
+    kvc::core::CodecSpec sp = to_spec(in, name, c.head_dim);
     if (kvc::is_float(sp.dtype)) {  // a float codec: plain storage of that dtype
       try {
-        kvc::codec::validate(sp, c.head_dim);
+        kvc::core::check_codec(sp, c.head_dim);
       } catch (const kvc::Error &e) {
         fail(e.code(), std::string(name) + ": " + e.what());
       }

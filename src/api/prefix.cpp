@@ -92,15 +92,14 @@ KVC_API kvc_status kvc_pool_enable_prefix_cache(kvc_pool *pool, const kvc_prefix
     if (c.model_id) pc.model_id = c.model_id;
     if (c.tokenizer_id) pc.tokenizer_id = c.tokenizer_id;
     // Extra-key names (0.4): bounded reads; the core checks them.
-    if (c.n_extra_key_names > kvc::prefix::kMaxExtraKeyNames)
+    if (c.n_extra_key_names > kvc::core::kMaxExtraKeyNames)
       fail(Errc::InvalidArgument, "n_extra_key_names " + std::to_string(c.n_extra_key_names) +
-                                      ": at most " +
-                                      std::to_string(kvc::prefix::kMaxExtraKeyNames));
+                                      ": at most " + std::to_string(kvc::core::kMaxExtraKeyNames));
     if (c.n_extra_key_names) need(c.extra_key_names, "extra_key_names");
     for (uint32_t i = 0; i < c.n_extra_key_names; ++i) {
       const char *name = c.extra_key_names[i];
       if (!name) fail(Errc::NullPointer, "extra_key_names[" + std::to_string(i) + "] is NULL");
-      pc.extra_key_names.emplace_back(name, strnlen(name, kvc::prefix::kMaxExtraKeyNameBytes + 1));
+      pc.extra_key_names.emplace_back(name, strnlen(name, kvc::core::kMaxExtraKeyNameBytes + 1));
     }
     p.prefix().enable(pc);
   });

@@ -71,8 +71,8 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
     if (c.flags & ~known)
       fail(Errc::InvalidArgument, c.kind == KVC_TIER_REDIS ? "unknown flags for a Redis tier"
                                                            : "unknown flags for this tier kind");
-    kvc::tier::Spec ts;
-    ts.kind = static_cast<kvc::tier::Kind>(c.kind);
+    kvc::core::TierSpec ts;
+    ts.kind = static_cast<kvc::core::TierKind>(c.kind);
     ts.capacity_bytes = c.capacity_bytes;
     ts.path = c.path ? c.path : "";
     ts.fsync = (c.flags & KVC_TIER_FSYNC) != 0;

@@ -38,6 +38,10 @@ namespace kvc::core {
 
 class PrefixCache;
 
+// A tier's description (tier/factory.h); kinds equal kvc_tier_kind.
+using TierSpec = tier::Spec;
+using TierKind = tier::Kind;
+
 struct TierSlot {
   std::unique_ptr<tier::Tier> t;
   int32_t kind = 0;

@@ -13,7 +13,6 @@
 
 #include "core/pool_int.h"
 #include "core/types.h"
-#include "policy/plugin.h"  // the scorer plugins a PolicySpec holds (kvc_plugin_load)
 
 namespace kvc::core {
 

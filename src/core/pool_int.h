@@ -18,7 +18,6 @@
 #include "core/store.h"
 #include "core/types.h"
 #include "core/written.h"
-#include "policy/policy.h"
 
 namespace kvc::core {
 

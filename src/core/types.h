@@ -9,12 +9,26 @@
 
 #include "codec/codec.h"
 #include "common/dtype.h"
+#include "policy/plugin.h"
+#include "policy/policy.h"
 #include "prefix/prefix.h"
 
 namespace kvc::core {
 
-// Names core takes from the policy and prefix modules.
+// The vocabulary core's callers use that the modules below it define.
+using CodecSpec = codec::Spec;         // how K or V is stored (codec/codec.h)
+using ScaleGranularity = codec::Gran;  // values equal kvc_granularity
+using policy::layer_target;
+using policy::LayerView;
+using policy::Plugin;  // a loaded scorer plugin (kvc_plugin_load)
+using policy::PolicyKind;
+using policy::PolicySpec;
+using policy::Pooling;
+using policy::Schedule;
+using policy::select_keep;
 using prefix::ExtraKeys;
+using prefix::kMaxExtraKeyNameBytes;
+using prefix::kMaxExtraKeyNames;
 using prefix::PrefixEntry;
 using prefix::PrefixExtra;
 using prefix::PrefixHash;

@@ -21,6 +21,13 @@ source file under src/ outside every module folder. Angle-bracket includes that 
 no file of the repository are system headers and are not checked. Comments are skipped;
 code under #if 0 is checked like any other.
 
+Names are checked too, since a header can bring another module's names in: in src/ and the
+module folders outside it, a qualified name of another module's C++ namespace (`codec::Spec`,
+`kvc::tier::Kind`, `using namespace kvc::prefix;`: the namespace of module M is kvc::M) is
+reported unless the file's module may include that module (or one of its headers):
+
+    FILE:LINE: the name "NS::..." of module T: RULE
+
 Not scanned: tests/ (white-box tests may include any module's internals), docs/, bench/,
 scripts/, and hidden or build folders (build*, target, dist, __pycache__, node_modules,
 *.egg-info) inside the scanned ones.
@@ -39,6 +46,7 @@ SKIP_DIRS = ('target', 'dist', '__pycache__', 'node_modules')
 INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*(?:include|include_next|import)\b[ \t]*(.*)$')
 SWIG_RE = re.compile(r'^[ \t]*%[ \t]*(?:include|import)\b[ \t]*(.*)$')
 TARGET_RE = re.compile(r'^(?:"([^"\n]+)"|<([^>\n]+)>)')
+STRING_RE = re.compile(r'"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)*\'')
 
 
 class TableError(Exception):
@@ -175,6 +183,20 @@ def includes(path):
             yield lineno, t.group(1) is not None, t.group(1) or t.group(2)
 
 
+def qualified_names(path, namespaces):
+    """(line, namespace) of each qualified use of one of the namespaces in a C/C++ file."""
+    if path.endswith('.i'):
+        return
+    with open(path, encoding='utf-8', errors='replace') as f:
+        text = STRING_RE.sub('""', strip_comments(f.read()))
+    pat = re.compile(r'(?<![\w:])(?:::)?(?:kvc::)?(%s)::' % '|'.join(sorted(namespaces)))
+    for lineno, line in enumerate(text.split('\n'), 1):
+        if INCLUDE_RE.match(line):
+            continue
+        for m in pat.finditer(line):
+            yield lineno, m.group(1)
+
+
 def source_files(root, folder):
     top = os.path.join(root, folder)
     for dirpath, dirnames, filenames in os.walk(top):
@@ -230,6 +252,15 @@ def main():
                                    'module to the table or move the file)' % (src, table_name)))
                 continue
             own_dir = os.path.dirname(path)
+            # Names of modules the file's module may not use (the namespace kvc::<module>).
+            for lineno, ns in qualified_names(path, [o.name for o in modules.values()]):
+                t = modules[ns]
+                if t is m or t.name in m.modules or any(inside(f, t.folder) for f in m.files):
+                    continue
+                violations.append((src, lineno, '%s:%d: the name "%s::..." of module %s: %s may '
+                                   'use only %s' % (src, lineno, ns, t.name, m.name,
+                                                    listing(m.modules + m.specs +
+                                                            ['the public headers']))))
             for lineno, quoted, name in includes(path):
                 n_includes += 1
                 where = '%s:%d: ' % (src, lineno)

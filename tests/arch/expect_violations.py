@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """arch_layers_detects_violation: check_layers.py on the fixture tree (tests/arch/fixture) must
 exit 1 and report exactly the violations of fixture/expected.txt (among them a codec file
-including "core/pool.h"), nothing else: no forbidden include goes unseen, and comments and
+including "core/pool.h", and an api file using a name of codec that a core header brought in),
+nothing else: no forbidden include goes unseen, and comments and
 allowed includes are not reported.
 
     python3 tests/arch/expect_violations.py
