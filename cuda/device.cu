@@ -13,12 +13,6 @@
 
 namespace kvc::cuda {
 
-namespace {
-std::string u64s(uint64_t v) {
-  return std::to_string(v);
-}
-}  // namespace
-
 void check(cudaError_t e, const char *what) {
   if (e == cudaSuccess) return;
   cudaGetLastError();  // clear a non-sticky error

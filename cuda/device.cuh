@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "common/strings.h"
 
 namespace kvc::cuda {
 

@@ -15,6 +15,7 @@
 #include "api/struct_io.h"
 #include "common/error.h"
 #include "common/scratch.h"
+#include "common/strings.h"
 #include "core/offload.h"
 #include "core/pool.h"
 #include "core/prefix_cache.h"
@@ -41,12 +42,6 @@ struct kvc_plugin {
 };
 
 namespace kvc::api {
-
-inline std::string fmt_g(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
 
 // A struct of zeros but for struct_size (the output structs' defaults).
 template <typename T>

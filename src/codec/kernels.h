@@ -38,6 +38,7 @@
 #include "codec/codec.h"
 #include "common/convert.h"
 #include "common/fp8.h"
+#include "common/strings.h"
 
 namespace kvc::codec {
 
@@ -54,8 +55,6 @@ struct IntFormat {
 };
 
 // Messages (scales.cpp).
-std::string fmt_g(double v);
-std::string u64s(uint64_t v);
 
 // set_force_scalar(true): the scalar reference kernels only (scales.cpp).
 // Hidden, so the kernels read it directly (no GOT load), as in one file.

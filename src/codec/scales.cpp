@@ -11,16 +11,6 @@
 
 namespace kvc::codec {
 
-std::string fmt_g(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%g", v);
-  return b;
-}
-
-std::string u64s(uint64_t v) {
-  return std::to_string(v);
-}
-
 bool g_force_scalar = false;
 
 void set_force_scalar(bool on) {

@@ -10,6 +10,7 @@
 
 #include "codec/codec.h"
 #include "common/error.h"
+#include "common/le.h"
 #include "core/format.h"
 #include "core/pool_int.h"
 #include "cuda/backend.h"
@@ -31,15 +32,6 @@ void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
   if (v < lo || v > hi)
     fail(Errc::InvalidArgument,
          std::string(name) + " " + u64s(v) + ": must be " + u64s(lo) + ".." + u64s(hi));
-}
-
-void put_u32(std::vector<uint8_t> &b, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put_f64(std::vector<uint8_t> &b, double d) {
-  uint64_t v;
-  std::memcpy(&v, &d, 8);
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
 }  // namespace
@@ -274,26 +266,26 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
   for (uint32_t v : {c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
                      static_cast<uint32_t>(c.k_dtype), static_cast<uint32_t>(c.v_dtype),
                      static_cast<uint32_t>(c.layout)})
-    put_u32(b, v);
+    append_le32(b, v);
   for (const codec::Spec *sp : {&c.k_codec, &c.v_codec}) {
     for (uint32_t v :
          {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
           // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
           static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
           static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
-      put_u32(b, v);
-    put_f64(b, sp->static_scale);
+      append_le32(b, v);
+    append_le_f64(b, sp->static_scale);
   }
-  put_u32(b, c.residual_window);
-  put_u32(b, static_cast<uint32_t>(c.residual_dtype));
-  put_f64(b, c.residual_fraction);
+  append_le32(b, c.residual_window);
+  append_le32(b, static_cast<uint32_t>(c.residual_dtype));
+  append_le_f64(b, c.residual_fraction);
   // Pre-RoPE keys (absent without: older keys and records still match),
   // with the RoPE settings their codes depend on.
   if (c.flags & kFlagPreRopeKeys) {
-    put_u32(b, kFlagPreRopeKeys);
-    put_u32(b, static_cast<uint32_t>(c.rope_style));
-    put_u32(b, c.rope_dims ? c.rope_dims : c.head_dim);
-    put_f64(b, c.rope_theta);
+    append_le32(b, kFlagPreRopeKeys);
+    append_le32(b, static_cast<uint32_t>(c.rope_style));
+    append_le32(b, c.rope_dims ? c.rope_dims : c.head_dim);
+    append_le_f64(b, c.rope_theta);
   }
   return b;
 }

@@ -263,7 +263,7 @@ void PoolCore::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint
   const uint32_t rope_dims = cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim;
   RopeShift rope(cfg_.head_dim, rope_dims, cfg_.rope_style == RopeStyle::Interleaved,
                  cfg_.rope_theta);
-  scratch_input(2 * row);     // the CPU store's row buffer for rotate_keys, grown before any change
+  scratch_input(2 * row);     // rotate_keys's row buffer (core's scratch), grown before any change
   std::vector<uint64_t> idx;  // keys to re-rotate and by how much (room for the largest layer)
   std::vector<int64_t> delta;
   {

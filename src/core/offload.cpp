@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "common/error.h"
+#include "common/le.h"
 #include "core/offload.h"
 #include "core/prefix_cache.h"
 
@@ -33,16 +34,6 @@ namespace {
 constexpr uint32_t kPayloadVersion = 1;
 constexpr size_t kPayloadHeader = 72;  // up to the tokens
 
-template <class T>
-void put(uint8_t *p, T v) {
-  std::memcpy(p, &v, sizeof v);
-}
-template <class T>
-T get(const uint8_t *p) {
-  T v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
 // Process-wide ticket and pin numbers: one pool never accepts another's.
 std::atomic<uint64_t> g_next_ticket{1}, g_next_pin{1};
 }  // namespace
@@ -339,13 +330,13 @@ std::vector<uint8_t> Offload::stage_entry(uint32_t e) const {
   std::vector<uint8_t> p(head + nl * c_.block_stride_);
   uint8_t *q = p.data();
   std::memcpy(q, "KVCD", 4);
-  put<uint32_t>(q + 4, kPayloadVersion);
-  put<uint32_t>(q + 8, static_cast<uint32_t>(nl));
-  put<uint32_t>(q + 12, static_cast<uint32_t>(bs));
-  put<uint64_t>(q + 16, c_.block_stride_);
-  put<uint64_t>(q + 24, en.depth);
-  put<uint32_t>(q + 32, static_cast<uint32_t>(xb.size()));
-  put<uint32_t>(q + 36, n_scales);
+  put_le32(q + 4, kPayloadVersion);
+  put_le32(q + 8, static_cast<uint32_t>(nl));
+  put_le32(q + 12, static_cast<uint32_t>(bs));
+  put_le64(q + 16, c_.block_stride_);
+  put_le64(q + 24, en.depth);
+  put_le32(q + 32, static_cast<uint32_t>(xb.size()));
+  put_le32(q + 36, n_scales);
   std::memcpy(q + 40, en.parent.b.data(), 32);
   std::memcpy(q + kPayloadHeader, en.tokens.data(), bs * 4);
   uint8_t *x = q + kPayloadHeader + bs * 4;
@@ -356,7 +347,7 @@ std::vector<uint8_t> Offload::stage_entry(uint32_t e) const {
     for (int kv = 0; kv < 2; ++kv)
       if (c_.fmt_.scale[kv])
         for (uint64_t l = 0; l < nl; ++l)
-          put<uint32_t>(x + 4 * i++, c_.fmt_.scale[kv][l].load(std::memory_order_acquire));
+          put_le32(x + 4 * i++, c_.fmt_.scale[kv][l].load(std::memory_order_acquire));
   }
   x += uint64_t(n_scales) * 4;
   c_.store_->to_host(en.blocks.data(), nl, x);
@@ -611,7 +602,7 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
     // The record's extra keys (X bytes: their encoding, docs/tiers.md) must be
     // the query's with verify_tokens. A pool without it trusts the key, as
     // its index does, and skips them: its own records carry none (X = 0).
-    const uint64_t xsize = p.size() >= kPayloadHeader ? get<uint32_t>(q + 32) : 0;
+    const uint64_t xsize = p.size() >= kPayloadHeader ? get_le32(q + 32) : 0;
     const uint64_t head = kPayloadHeader + bs * 4 + xsize + uint64_t(n_scales) * 4;
     // (Read only once the size is known to cover them.)
     auto extras_ok = [&] {
@@ -621,10 +612,10 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
     };
     const bool valid =
         p.size() >= kPayloadHeader && p.size() == head + nl * c_.block_stride_ &&
-        std::memcmp(q, "KVCD", 4) == 0 && get<uint32_t>(q + 4) == kPayloadVersion &&
-        get<uint32_t>(q + 8) == nl && get<uint32_t>(q + 12) == bs &&
-        get<uint64_t>(q + 16) == c_.block_stride_ && get<uint64_t>(q + 24) == L.first_depth + i &&
-        get<uint32_t>(q + 36) == n_scales && std::memcmp(q + 40, parent.b.data(), 32) == 0 &&
+        std::memcmp(q, "KVCD", 4) == 0 && get_le32(q + 4) == kPayloadVersion &&
+        get_le32(q + 8) == nl && get_le32(q + 12) == bs && get_le64(q + 16) == c_.block_stride_ &&
+        get_le64(q + 24) == L.first_depth + i && get_le32(q + 36) == n_scales &&
+        std::memcmp(q + 40, parent.b.data(), 32) == 0 &&
         std::memcmp(q + kPayloadHeader, L.tokens[i].data(), bs * 4) == 0 && extras_ok();
     if (!valid) {  // not this block (a collision, another layout): a refused record, the chain
                    // stops here
@@ -641,7 +632,7 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
       for (int kv = 0; kv < 2; ++kv) {
         if (!c_.fmt_.scale[kv]) continue;
         for (uint64_t l = 0; l < nl; ++l, ++si) {
-          const uint32_t want = get<uint32_t>(sc + 4 * si);
+          const uint32_t want = get_le32(sc + 4 * si);
           std::atomic<uint32_t> &cur = c_.fmt_.scale[kv][l];
           const uint32_t have = cur.load(std::memory_order_acquire);
           if (pass == 0 && want != 0 && have != 0 && have != want) scales_ok = false;

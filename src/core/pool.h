@@ -91,7 +91,7 @@ class Pool : private PoolCore {
   void seq_restore(uint64_t id, const uint8_t *data, size_t size);
 
   // ---- prefix cache and offload tiers (core/prefix_cache.h) ----
-  PrefixCache &prefix() const { return *prefix_; }
+  PrefixCache &prefix() { return *prefix_; }
 
   // ---- checks ----
   // Debug / fuzz support: verifies every invariant (block states, reference

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/rwlock.h"
+#include "common/strings.h"
 #include "core/block_allocator.h"
 #include "core/format.h"
 #include "core/seq_map.h"
@@ -122,10 +123,6 @@ inline uint64_t operator%(uint64_t x, BlockDiv d) {
   return d.shift < 64 ? x & (d.v - 1) : x % d.v;
 }
 
-inline std::string u64s(uint64_t v) {
-  return std::to_string(v);
-}
-
 // Largest token count and block id (block tables hold int32).
 constexpr uint64_t kMaxLength = 0x7fffffffu;
 
@@ -150,7 +147,7 @@ struct PoolCore {
   SlotBits written_;  // slots an append wrote (main arena)
   Staging stage_;
   std::unique_ptr<BlockStore> store_;
-  uint8_t *arena_ = nullptr;  // store_->arena()
+  uint8_t *arena_ = nullptr;  // store_->arena(), for kvc_pool_get_layout (core reads no block byte)
   SeqMap<Sequence> seqs_;
   uint64_t peak_bytes_ = 0;
   uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
@@ -165,7 +162,6 @@ struct PoolCore {
   void check_layer(uint32_t layer) const;
 
   // ---- blocks (exclusive lock held) ----
-  uint8_t *block_ptr(int32_t b) const { return arena_ + static_cast<uint64_t>(b) * block_stride_; }
   int32_t take_block();           // allocate (caller checked availability)
   void release_block(int32_t b);  // reference - 1, zero on free
   int32_t cow_copy(int32_t b);    // fresh private copy of block b; releases b

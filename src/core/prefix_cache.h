@@ -20,7 +20,7 @@ namespace kvc::core {
 
 class Offload;
 
-class PrefixCache final : public BlockEvents {
+class PrefixCache final : private BlockEvents {
  public:
   explicit PrefixCache(PoolCore &c);
   ~PrefixCache() override;
@@ -48,11 +48,7 @@ class PrefixCache final : public BlockEvents {
   // The offload tiers (they need the cache enabled).
   Offload &tiers() { return *offload_; }
 
-  // ---- for core (exclusive pool lock held) ----
-  bool registered(int32_t b) const override { return st_ && st_->block_entry[b] >= 0; }
-  void before_write(int32_t b) override;
-  void reclaimed(int32_t b) override;
-  void cached(int32_t b) override;
+  // ---- for the offload tiers and the checks (exclusive pool lock held) ----
   // Registers blocks[num_layers] under key k (tokens of one block) as a
   // child of parent_entry (-1: the root); returns the entry.
   uint32_t register_entry(const BlockKey &k, const BlockKey &parent, int64_t parent_entry,
@@ -64,6 +60,11 @@ class PrefixCache final : public BlockEvents {
   std::string check() const;
 
  private:
+  // BlockEvents: the pool's hooks on block life (exclusive pool lock held).
+  bool registered(int32_t b) const override { return st_ && st_->block_entry[b] >= 0; }
+  void before_write(int32_t b) override;
+  void reclaimed(int32_t b) override;
+  void cached(int32_t b) override;
   // Drops entry e and, recursively, its children; `taken`: a block the
   // allocator already handed out (not to uncache).
   void drop_entry(uint32_t e, int32_t taken);

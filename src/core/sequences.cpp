@@ -111,13 +111,7 @@ void Pool::seq_truncate(uint64_t id, uint64_t new_length) {
         // (dequantized), so the group can be completed and encoded again.
         lp = keep - partial;
         float *buf = scratch_input(2 * partial * row);
-        const uint8_t *blk = block_ptr(l.blocks[lp / bs]);
-        fmt_.read_part(0, li, blk, static_cast<uint32_t>(lp % bs), partial,
-                       reinterpret_cast<uint8_t *>(buf), DType::F32, l, lp);
-        fmt_.read_part(1, li, blk, static_cast<uint32_t>(lp % bs), partial,
-                       reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32, l, lp);
-        stage_.overlay_sinks(li, l, lp, partial, reinterpret_cast<uint8_t *>(buf),
-                             reinterpret_cast<uint8_t *>(buf + partial * row), DType::F32);
+        store_->read(li, l, lp, partial, buf, buf + partial * row, DType::F32);
         l.res_blocks.push_back(stage_.take());
         stage_.write(stage_.ptr(l.res_blocks[0]), 0, reinterpret_cast<const uint8_t *>(buf),
                      reinterpret_cast<const uint8_t *>(buf + partial * row), DType::F32, partial);

@@ -234,11 +234,8 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
     }
     const uint64_t idx = l.n_lp + done;
     if (l.blocks.size() <= idx / bs) l.blocks.push_back(c_.take_block());
-    uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
-    // Plain parts convert from the f32 rows; quantized parts encode them.
-    for (int kv = 0; kv < 2; ++kv)
-      c_.fmt_.write_part(kv, layer, blk, reinterpret_cast<const uint8_t *>(buf + kv * unit * row),
-                         DType::F32, buf + kv * unit * row, static_cast<uint32_t>(idx % bs), unit);
+    c_.store_->write_rows(layer, l.blocks[idx / bs], static_cast<uint32_t>(idx % bs), unit, buf,
+                          buf + unit * row);
     for (uint32_t t = 0; t < unit; ++t) {
       const uint64_t r = l.res_off + done + t;
       c_.written_.put(l.blocks[idx / bs], static_cast<uint32_t>((idx + t) % bs),

@@ -29,7 +29,6 @@ struct PoolCore;
 class BlockStore {
  public:
   virtual ~BlockStore() = default;
-  virtual bool on_device() const = 0;
   // Block 0's address: host memory, or device memory (CUDA pools' engines
   // run their own kernels over it).
   virtual uint8_t *arena() const = 0;
@@ -70,6 +69,13 @@ class BlockStore {
   // Writes tokens [idx0, idx0 + n) of a layer (blocks private to the caller,
   // codec or residual). Does not mark them written (the caller does).
   virtual void write(uint32_t layer, const LayerTable &l, uint64_t idx0, const Input &in) = 0;
+  // Residual aging: writes n tokens of f32 rows (converted, checked,
+  // Hadamard-rotated, RoPE undone for pre-RoPE keys, per-tensor scales
+  // calibrated) into slots [slot, slot + n) of codec block b (a block the
+  // caller made private): plain parts convert them, quantized parts encode
+  // them (whole per-channel groups).
+  virtual void write_rows(uint32_t layer, int32_t b, uint32_t slot, uint64_t n, const float *k,
+                          const float *v) = 0;
   // Reads tokens [first, first + n) of a layer as dst rows (k_out or v_out may
   // be null); unwritten slots read as zeros.
   virtual void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out,

@@ -35,8 +35,8 @@ QueryScratch &scratch() {
 // per read.
 class LayerTiles final : public attention::TileSource {
  public:
-  LayerTiles(const PoolCore &p, uint32_t layer, const LayerTable &l)
-      : p_(p), layer_(layer), l_(l) {}
+  LayerTiles(const PoolCore &p, const uint8_t *arena, uint32_t layer, const LayerTable &l)
+      : p_(p), arena_(arena), layer_(layer), l_(l) {}
   uint64_t read(uint64_t t0, uint64_t max_count, float *kt, float *vt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size, row = uint64_t(p_.cfg_.num_kv_heads) * p_.cfg_.head_dim;
@@ -44,7 +44,7 @@ class LayerTiles final : public attention::TileSource {
     if (t0 < l.n_lp) {
       const uint32_t slot = static_cast<uint32_t>(t0 % bs);
       const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
-      const uint8_t *blk = p_.block_ptr(l.blocks[t0 / bs]);
+      const uint8_t *blk = arena_ + static_cast<uint64_t>(l.blocks[t0 / bs]) * p_.block_stride_;
       p_.fmt_.read_part(0, layer_, blk, slot, cnt, k8, DType::F32, l, t0);
       p_.fmt_.read_part(1, layer_, blk, slot, cnt, v8, DType::F32, l, t0);
       p_.stage_.overlay_sinks(layer_, l, t0, cnt, k8, v8, DType::F32);
@@ -61,6 +61,7 @@ class LayerTiles final : public attention::TileSource {
 
  private:
   const PoolCore &p_;
+  const uint8_t *arena_;  // the store's block memory
   uint32_t layer_;
   const LayerTable &l_;
 };
@@ -75,7 +76,6 @@ class CpuStore final : public BlockStore {
     arena_ = static_cast<uint8_t *>(p);
   }
   ~CpuStore() override { munmap(arena_, bytes_); }
-  bool on_device() const override { return false; }
   uint8_t *arena() const override { return arena_; }
 
   void taken(int32_t) override {}
@@ -182,7 +182,7 @@ class CpuStore final : public BlockStore {
       if (idx < l.n_lp) {
         const uint32_t slot = static_cast<uint32_t>(idx % bs);
         const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
-        uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
+        uint8_t *blk = ptr(l.blocks[idx / bs]);
         c_.fmt_.write_part(0, layer, blk, ks + done * src_row, src, kq ? kq + done * row : nullptr,
                            slot, run);
         c_.fmt_.write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr,
@@ -200,6 +200,13 @@ class CpuStore final : public BlockStore {
     }
   }
 
+  void write_rows(uint32_t layer, int32_t b, uint32_t slot, uint64_t n, const float *k,
+                  const float *v) override {
+    uint8_t *blk = ptr(b);
+    c_.fmt_.write_part(0, layer, blk, reinterpret_cast<const uint8_t *>(k), DType::F32, k, slot, n);
+    c_.fmt_.write_part(1, layer, blk, reinterpret_cast<const uint8_t *>(v), DType::F32, v, slot, n);
+  }
+
   void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out,
             void *v_out, DType dst) const override {
     const BlockDiv bs = block_div(c_.cfg_.block_size);
@@ -212,7 +219,7 @@ class CpuStore final : public BlockStore {
       if (idx < l.n_lp) {
         const uint32_t slot = static_cast<uint32_t>(idx % bs);
         const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
-        const uint8_t *blk = c_.block_ptr(l.blocks[idx / bs]);
+        const uint8_t *blk = ptr(l.blocks[idx / bs]);
         if (ko) c_.fmt_.read_part(0, layer, blk, slot, run, ko + done * row, dst, l, idx);
         if (vo) c_.fmt_.read_part(1, layer, blk, slot, run, vo + done * row, dst, l, idx);
         c_.stage_.overlay_sinks(layer, l, idx, run, ko ? ko + done * row : nullptr,
@@ -329,7 +336,7 @@ class CpuStore final : public BlockStore {
       std::vector<uint64_t> ns(n_seqs);
       for (size_t i = 0; i < n_seqs; ++i) {
         const LayerTable &l = c_.find(ids[i]).layers[layer];
-        tiles.emplace_back(c_, layer, l);
+        tiles.emplace_back(c_, arena_, layer, l);
         src[i] = &tiles.back();
         ns[i] = l.n_tokens;
       }
@@ -348,8 +355,8 @@ class CpuStore final : public BlockStore {
     for (size_t i = 0; i < n_seqs; ++i) {
       Sequence &s = const_cast<Sequence &>(c_.find(ids[i]));
       LayerTable &l = s.layers[layer];
-      attention::attend(shape, LayerTiles(c_, layer, l), l.n_tokens, qf + i * per_seq, n_q, prefill,
-                        of + i * per_seq, lf + i * n_q * p.num_q_heads,
+      attention::attend(shape, LayerTiles(c_, arena_, layer, l), l.n_tokens, qf + i * per_seq, n_q,
+                        prefill, of + i * per_seq, lf + i * n_q * p.num_q_heads,
                         p.observe ? l.scores.data() : nullptr, p.observe_from, &c_.scores_mu_);
     }
     convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);

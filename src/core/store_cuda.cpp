@@ -55,7 +55,6 @@ class CudaStore final : public BlockStore {
       : c_(c),
         dev_(cuda::Device::open(c.cfg_.device_index, c.arena_bytes_, geometry(c))),
         stride_(c.block_stride_) {}
-  bool on_device() const override { return true; }
   uint8_t *arena() const override { return dev_->arena(); }
 
   // Device kernels and copies read whole blocks: none of an earlier owner's bytes.
@@ -103,6 +102,12 @@ class CudaStore final : public BlockStore {
     const std::vector<cuda::Slot> slots = slots_of(l, c_.cfg_.block_size, idx0, in.n);
     dev_->append(slots.data(), in.n, in.k, in.v, static_cast<int32_t>(in.src), ts, 3);
   }
+  // Pools on CUDA have no residual arena (validate_config refuses them): nothing ages.
+  void write_rows(uint32_t, int32_t, uint32_t, uint64_t, const float *, const float *) override {
+    fail(Errc::Internal,
+         "device CUDA: residual aging reached the CUDA store (residual pools are CPU-only)");
+  }
+
   void read(uint32_t layer, const LayerTable &l, uint64_t first, uint64_t n, void *k_out,
             void *v_out, DType dst) const override {
     float ts[2];

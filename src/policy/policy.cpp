@@ -5,15 +5,10 @@
 #include <numeric>
 
 #include "common/error.h"
+#include "common/strings.h"
 #include "policy/plugin.h"
 
 namespace kvc::policy {
-
-namespace {
-std::string u64s(uint64_t v) {
-  return std::to_string(v);
-}
-}  // namespace
 
 void PolicySpec::validate() const {
   const int32_t k = static_cast<int32_t>(kind);

@@ -7,22 +7,13 @@
 #include <vector>
 
 #include "common/error.h"
+#include "common/le.h"
+#include "common/strings.h"
 #include "prefix/prefix.h"
 
 namespace kvc::prefix {
 
 namespace {
-std::string u64s(uint64_t v) {
-  return std::to_string(v);
-}
-
-void put_u64(uint8_t *p, uint64_t v) {
-  for (int k = 0; k < 8; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
-}
-void put_u32(uint8_t *p, uint32_t v) {
-  for (int k = 0; k < 4; ++k) p[k] = static_cast<uint8_t>(v >> (8 * k));
-}
-
 // The positional (legacy) form: "KVCX" | u32 count | count x (u64 size | bytes).
 ExtraKeys positional_extras(const PrefixExtra *ex, uint32_t nx) {
   uint64_t size = 8;
@@ -31,10 +22,10 @@ ExtraKeys positional_extras(const PrefixExtra *ex, uint32_t nx) {
   kx.enc.resize(size);
   uint8_t *p = kx.enc.data();
   std::memcpy(p, "KVCX", 4);
-  put_u32(p + 4, nx);
+  put_le32(p + 4, nx);
   p += 8;
   for (uint32_t i = 0; i < nx; ++i) {
-    put_u64(p, ex[i].size);
+    put_le64(p, ex[i].size);
     p += 8;
     if (ex[i].size) std::memcpy(p, ex[i].data, ex[i].size);
     p += ex[i].size;
@@ -109,15 +100,15 @@ ExtraKeys PrefixState::extra_keys(const PrefixExtra *ex, uint32_t nx) const {
   kx.enc.resize(size);
   uint8_t *p = kx.enc.data();
   std::memcpy(p, "KVCN", 4);
-  put_u32(p + 4, m);
+  put_le32(p + 4, m);
   p += 8;
   for (uint32_t i : names_sorted) {
     if (!ex[i].size) continue;
     const std::string &name = extra_names[i];
-    put_u64(p, name.size());
+    put_le64(p, name.size());
     std::memcpy(p + 8, name.data(), name.size());
     p += 8 + name.size();
-    put_u64(p, ex[i].size);
+    put_le64(p, ex[i].size);
     std::memcpy(p + 8, ex[i].data, ex[i].size);
     p += 8 + ex[i].size;
   }

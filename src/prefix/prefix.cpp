@@ -7,17 +7,13 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/le.h"
+
 namespace kvc::prefix {
 
 namespace {
 std::atomic<bool> g_constant{false};
 
-void put_u32(std::vector<uint8_t> &b, uint32_t v) {
-  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put_u64(std::vector<uint8_t> &b, uint64_t v) {
-  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
 void put_bytes(std::vector<uint8_t> &b, const void *p, size_t n) {
   const uint8_t *c = static_cast<const uint8_t *>(p);
   b.insert(b.end(), c, c + n);
@@ -61,14 +57,14 @@ BlockKey PrefixHasher::root(const uint8_t seed[32], const std::vector<uint8_t> &
                             const std::string &model_id, const std::string &tokenizer_id) const {
   std::vector<uint8_t> b;
   put_bytes(b, "KVCP", 4);
-  put_u32(b, 1);
-  put_u32(b, static_cast<uint32_t>(h_));
+  append_le32(b, 1);
+  append_le32(b, static_cast<uint32_t>(h_));
   put_bytes(b, seed, 32);
-  put_u64(b, fingerprint.size());
+  append_le64(b, fingerprint.size());
   put_bytes(b, fingerprint.data(), fingerprint.size());
-  put_u64(b, model_id.size());
+  append_le64(b, model_id.size());
   put_bytes(b, model_id.data(), model_id.size());
-  put_u64(b, tokenizer_id.size());
+  append_le64(b, tokenizer_id.size());
   put_bytes(b, tokenizer_id.data(), tokenizer_id.size());
   return digest(b);
 }
