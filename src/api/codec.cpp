@@ -35,7 +35,7 @@ kvc::core::CodecSpec kvc::api::to_spec(const kvc_codec *in, const char *name,
   codec_defaults(&c);
   kvc::api::read_input_struct(in, kCodecMin, name, &c);
   const int32_t dt = static_cast<int32_t>(c.dtype);
-  if (dt < 0 || dt > 8)
+  if (!kvc::dtype_known(dt))
     fail(Errc::InvalidArgument,
          std::string(name) + ".dtype " + std::to_string(dt) + ": unknown dtype");
   if (c.rotation != KVC_ROTATION_NONE && c.rotation != KVC_ROTATION_HADAMARD)

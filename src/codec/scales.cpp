@@ -61,7 +61,7 @@ uint64_t num_scales(const Spec &s, uint64_t n, uint64_t d) {
 
 void validate(const Spec &s, uint64_t d) {
   const int32_t dt = static_cast<int32_t>(s.dtype);
-  if (dt < 0 || dt > 8)
+  if (!kvc::dtype_known(dt))
     fail(Errc::InvalidArgument, "dtype " + std::to_string(dt) + ": unknown storage dtype");
   const int32_t g = static_cast<int32_t>(s.gran);
   if (g < 0 || g > 4) fail(Errc::InvalidArgument, "granularity " + std::to_string(g) + ": unknown");

@@ -17,8 +17,8 @@ class AtomicFile {
  public:
   struct Options {
     bool fsync_file = true;  // fsync before the rename (survives power loss)
-    bool fsync_dir =
-        true;  // fsync the folder after the rename (the rename itself reaches the disk)
+    // fsync the folder after the rename (the rename itself reaches the disk)
+    bool fsync_dir = true;
   };
   // Creates "<tmp_stem>.tmp.<pid>.<n>" (tmp_stem: `path` when empty; n counts
   // per process), exclusively. Throws Error(Io) "cannot create <tmp>: <why>".
@@ -36,7 +36,6 @@ class AtomicFile {
   // Flushes, closes and renames over the target. Throws Error(Io); the
   // target is unchanged then.
   void commit();
-  const std::string &tmp_path() const { return tmp_; }
 
  private:
   std::string path_, tmp_;

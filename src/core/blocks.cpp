@@ -22,23 +22,6 @@ float *scratch_input(uint64_t n) {
   return t_scratch_input.get(n);
 }
 
-uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
-                          uint64_t block_size) {
-  if (sp.gran == codec::Gran::Channel) return block_size / sp.group * num_kv_heads * head_dim;
-  return block_size * scales_per_token(sp, num_kv_heads, head_dim);
-}
-
-uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim) {
-  switch (sp.gran) {
-    case codec::Gran::Token:
-      return num_kv_heads;  // one per (token, KV head)
-    case codec::Gran::Group:
-      return (num_kv_heads * head_dim + sp.group - 1) / sp.group;
-    default:
-      return 0;
-  }
-}
-
 PoolCore::PoolCore(const PoolConfig &validated)
     : cfg_(validated),
       fmt_(cfg_),
@@ -96,8 +79,8 @@ int32_t PoolCore::take_block() {
     if (cfg_.flags & kFlagZeroOnFree) zero_block(b);  // no tenant's K/V lingers
   }
   written_.clear(b, 0, cfg_.block_size);  // a new owner has written nothing yet
-  store_->taken(
-      b);  // device kernels and copies read whole blocks: none of an earlier owner's bytes
+  // device kernels and copies read whole blocks: none of an earlier owner's bytes
+  store_->taken(b);
   return b;
 }
 

@@ -250,8 +250,8 @@ void validate_config(PoolConfig &c) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages > 0 && page > 0) {
     const uint64_t phys = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
-    const uint64_t host =
-        c.device == Device::CPU ? total / 2 + res_total / 2 : 0;  // CUDA blocks: device memory
+    // CUDA blocks: device memory
+    const uint64_t host = c.device == Device::CPU ? total / 2 + res_total / 2 : 0;
     if (host + book / 2 > phys / 2)
       fail(Errc::OutOfMemory, "the pool needs " + u64s(total + res_total + book) +
                                   " bytes (blocks and bookkeeping); this machine has " +

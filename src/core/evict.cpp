@@ -86,8 +86,8 @@ void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) cons
     fail(Errc::BufferTooSmall,
          "layer " + u64s(layer) + " holds " + u64s(l.n_tokens) + " tokens, not " + u64s(n));
   const uint64_t cnt = n * cfg_.num_kv_heads;
-  std::lock_guard<std::mutex> g(
-      scores_mu_);  // observing attention writes them under the shared lock
+  // observing attention writes them under the shared lock
+  std::lock_guard<std::mutex> g(scores_mu_);
   if (s.track_scores)
     std::memcpy(out, l.scores.data(), cnt * sizeof(float));
   else

@@ -37,6 +37,23 @@ uint64_t part_bytes(const PoolConfig &c, int kv) {
   return codes + sc;
 }
 
+uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
+                          uint64_t block_size) {
+  if (sp.gran == codec::Gran::Channel) return block_size / sp.group * num_kv_heads * head_dim;
+  return block_size * scales_per_token(sp, num_kv_heads, head_dim);
+}
+
+uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim) {
+  switch (sp.gran) {
+    case codec::Gran::Token:
+      return num_kv_heads;  // one per (token, KV head)
+    case codec::Gran::Group:
+      return (num_kv_heads * head_dim + sp.group - 1) / sp.group;
+    default:
+      return 0;
+  }
+}
+
 BlockFormat::BlockFormat(const PoolConfig &cfg) : cfg_(cfg) {
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, bs = cfg_.block_size;
   uint64_t off = 0;
@@ -161,7 +178,7 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
     return;
   }
   for (uint64_t t = 0; t < count; ++t) {
-    const float *tmp = src_f32 + t * row;  // converted, checked and rotated by append()
+    const float *tmp = src_f32 + t * row;  // converted, checked and rotated (CpuStore::prepare)
     uint8_t *codes = base + (slot + t) * pl.token_stride;
     uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
     uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;

@@ -24,9 +24,8 @@ std::string check_sequence(const PoolCore &c, uint64_t id, const Sequence &s,
     ++res_refs[b];
   }
   for (uint32_t li = 0; li < s.layers.size(); ++li) {
-    const int32_t want = s.sink_blocks.empty()
-                             ? -1
-                             : s.sink_blocks[li / (c.cfg_.block_size / c.cfg_.residual_sinks)];
+    const int32_t want =
+        s.sink_blocks.empty() ? -1 : s.sink_blocks[li / c.stage_.layers_per_sink_block()];
     if (s.layers[li].sink_block != want)
       return "sequence " + u64s(id) + ": a layer's sink block is not its sequence's";
   }
@@ -78,8 +77,8 @@ std::string Pool::check_invariants() const {
     for (const LayerTable &l : s.layers) tokens += l.n_tokens;
   });
   if (!err.empty()) return err;
-  prefix_->tiers().count_reserved(
-      refs);  // blocks reserved for pending loads hold one reference each
+  // blocks reserved for pending loads hold one reference each
+  prefix_->tiers().count_reserved(refs);
   if (tokens != tokens_stored_) return "tokens_stored counter disagrees with the block tables";
   for (size_t b = 0; b < res_refs.size(); ++b)
     if (res_refs[b] != stage_.alloc.refcount(static_cast<int32_t>(b)))

@@ -13,7 +13,7 @@
 #include "core/offload.h"
 #include "core/prefix_cache.h"
 
-namespace kvc::tier {
+namespace kvc::core {
 namespace {
 std::mutex g_hooks_mu;
 TestHooks g_hooks;
@@ -26,7 +26,7 @@ void set_test_hooks(const TestHooks &h) {
   std::lock_guard g(g_hooks_mu);
   g_hooks = h;
 }
-}  // namespace kvc::tier
+}  // namespace kvc::core
 
 namespace kvc::core {
 
@@ -99,7 +99,7 @@ void Offload::writer_loop() {
   bool drain_failed = false;  // while the pool goes away, a tier failed
   for (;;) {
     // A paused writer (test hook) polls; otherwise it sleeps until work comes.
-    while (!stop_ && (demote_q_.empty() || tier::get_test_hooks().pause_writer))
+    while (!stop_ && (demote_q_.empty() || get_test_hooks().pause_writer))
       writer_cv_.wait_for(lk, std::chrono::milliseconds(demote_q_.empty() ? 1000 : 5));
     // The pool goes away: the queue is still written, unless a tier fails
     // meanwhile (a server that does not answer would make every write wait
@@ -115,7 +115,7 @@ void Offload::writer_loop() {
     ++writing_;
     const std::vector<TierSlot *> ts = snapshot();
     lk.unlock();
-    const tier::TestHooks hooks = tier::get_test_hooks();
+    const TestHooks hooks = get_test_hooks();
     for (TierSlot *t : ts) {  // write-through: every tier gets the block
       if (hooks.fail_put && hooks.fail_put(d.key)) {
         t->other_errors.fetch_add(1, std::memory_order_relaxed);
@@ -152,7 +152,7 @@ void Offload::loader_loop() {
     const std::vector<BlockKey> keys = it->second.keys;
     const std::vector<TierSlot *> ts = snapshot();
     lk.unlock();
-    const tier::TestHooks hooks = tier::get_test_hooks();
+    const TestHooks hooks = get_test_hooks();
     std::vector<std::vector<uint8_t>> payloads;
     std::vector<uint32_t> from;
     // Still wanted? (not timed out, the pool not going away) - checked before

@@ -18,23 +18,19 @@
 #include "tier/factory.h"
 #include "tier/tier.h"
 
-namespace kvc::tier {
+namespace kvc::core {
 
 // Test hooks (tests only; empty by default). Set them while no pool with tiers
 // runs or from the test thread; they are copied under a mutex before use.
 struct TestHooks {
   bool pause_writer = false;  // the demotion writer takes nothing from its queue
-  std::function<void(const BlockKey &)>
-      before_get;  // loader, before each tier read (may block: a tier that never answers)
-  std::function<bool(const BlockKey &)>
-      fail_put;  // true: this demotion write fails (an injected error)
+  // The loader, before each tier read (may block: a tier that never answers).
+  std::function<void(const BlockKey &)> before_get;
+  // True: this demotion write fails (an injected error).
+  std::function<bool(const BlockKey &)> fail_put;
 };
 TestHooks get_test_hooks();
 void set_test_hooks(const TestHooks &h);
-
-}  // namespace kvc::tier
-
-namespace kvc::core {
 
 class PrefixCache;
 

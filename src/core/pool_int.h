@@ -74,7 +74,7 @@ struct Sequence {
   uint64_t stamp = 0;
   std::vector<LayerTable> layers;
   // Residual blocks with the high-precision copies of every layer's first
-  // residual_sinks tokens (Pool::sink_at): taken with the first reserve,
+  // residual_sinks tokens (Staging::sink_slot): taken with the first reserve,
   // private to the sequence (a fork copies them), freed with it.
   std::vector<int32_t> sink_blocks;
   bool track_scores = false;  // layers keep `scores`

@@ -217,8 +217,8 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1)
         l.blocks.back() = cow_copy(l.blocks.back());
       else if (l.n_tokens % bs != 0)
-        prefix_drop_block(
-            l.blocks.back());  // its free slots will be written: it leaves the prefix index
+        // its free slots will be written: it leaves the prefix index
+        prefix_drop_block(l.blocks.back());
       const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
       while (l.blocks.size() < target) l.blocks.push_back(take_block());
       // The new slots are unwritten until an append writes them (device

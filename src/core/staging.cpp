@@ -53,7 +53,7 @@ StagingRules::StagingRules(const PoolConfig &c)
 
 uint64_t StagingRules::sink_blocks_needed() const {
   if (!sinks) return 0;
-  const uint64_t per = block_size / sinks;
+  const uint64_t per = layers_per_sink_block();
   return (num_layers + per - 1) / per;
 }
 
@@ -130,7 +130,7 @@ void Staging::read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k
 }
 
 void Staging::assign_sinks(Sequence &s) const {
-  const uint64_t per = cfg_.residual_sinks ? cfg_.block_size / cfg_.residual_sinks : 1;
+  const uint64_t per = layers_per_sink_block();
   for (uint32_t li = 0; li < cfg_.num_layers; ++li)
     s.layers[li].sink_block = s.sink_blocks.empty() ? -1 : s.sink_blocks[li / per];
 }
@@ -227,8 +227,8 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
       if (pl.quantized && pl.spec.gran == codec::Gran::Channel)
         clamp_sinks(l, l.n_lp + done, unit, x, row);
       if (pl.quantized && pl.spec.gran == codec::Gran::Tensor) {
-        const uint64_t skip =
-            leading_sinks(l, l.n_lp + done, unit);  // sinks saturate: read from their copies
+        // sinks saturate: read from their copies
+        const uint64_t skip = leading_sinks(l, l.n_lp + done, unit);
         c_.fmt_.calibrate(kv, layer, x + skip * row, (unit - skip) * row);
       }
     }

@@ -42,7 +42,9 @@ struct StagingRules {
   // Slot of layer `layer`'s first sink copy in its sink block: layer l's copies
   // of its first S tokens are at slots (l % per) * S + i of sink block l / per,
   // per = floor(block_size / S) layers to a residual block.
-  uint32_t sink_slot(uint32_t layer) const { return (layer % (block_size / sinks)) * sinks; }
+  uint32_t sink_slot(uint32_t layer) const {
+    return static_cast<uint32_t>(layer % layers_per_sink_block()) * sinks;
+  }
   uint64_t layers_per_sink_block() const { return sinks ? block_size / sinks : 1; }
 };
 

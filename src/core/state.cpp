@@ -32,9 +32,8 @@ class Writer {
   void put(const void *p, size_t n) {
     if (n == 0) return;  // p may be NULL (an empty vector's data)
     const size_t at = b_.size();
-    b_.resize(
-        at +
-        n);  // (insert() of a range makes GCC 12 -O3 warn: -Wstringop-overflow, a false positive)
+    // (insert() of a range makes GCC 12 -O3 warn: -Wstringop-overflow, a false positive)
+    b_.resize(at + n);
     std::memcpy(b_.data() + at, p, n);
   }
 
@@ -247,7 +246,7 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
     }
   }
   // Sink blocks: each layer's copies of the tokens it holds; the rest zeroed.
-  const uint64_t per = cfg_.residual_sinks ? cfg_.block_size / cfg_.residual_sinks : 1;
+  const uint64_t per = stage_.layers_per_sink_block();
   for (size_t i = 0; i < s.sink_blocks.size(); ++i) {
     std::memcpy(tmp.data(), stage_.ptr(s.sink_blocks[i]), stage_.stride);
     std::vector<uint8_t> keep(bs, 0);

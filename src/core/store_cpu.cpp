@@ -114,15 +114,11 @@ class CpuStore final : public BlockStore {
     // Quantized parts: convert the input to f32 once and reject NaN / Inf
     // before anything is written.
     const uint64_t row = static_cast<uint64_t>(c_.cfg_.num_kv_heads) * c_.cfg_.head_dim;
-    const float *kf = nullptr, *vf = nullptr;
-    if ((c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) &&
-        n > (uint64_t(1) << 40) / (row ? row : 1))
-      fail(Errc::Overflow,
-           "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
+    const float *kf = nullptr, *vf = nullptr;  // (Pool::append checked n x row against 2^40)
     // Pre-RoPE keys are rotated back (then Hadamard-rotated) by write(), at
     // the RoPE positions of the layer's indices they land on, into kpre.
     float *kpre = nullptr;
-    if ((c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized)) {
+    if (c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) {
       float *buf = scratch_input((c_.fmt_.pre_rope ? 3 : 2) * n * row);
       for (int kv = 0; kv < 2; ++kv) {
         if (!c_.fmt_.part[kv].quantized) continue;
@@ -135,8 +131,8 @@ class CpuStore final : public BlockStore {
         codec::check_rotatable(dst, n * row,
                                pre ? std::max<uint32_t>(2, 2 * c_.fmt_.part[kv].rotation_block)
                                    : c_.fmt_.part[kv].rotation_block);
-        if (c_.fmt_.part[kv].rotation_block &&
-            !pre)  // rotate each head before calibrating and encoding
+        // Rotate each head before calibrating and encoding.
+        if (c_.fmt_.part[kv].rotation_block && !pre)
           for (uint64_t t = 0; t < n; ++t)
             codec::hadamard(dst + t * row, row, c_.fmt_.part[kv].rotation_block);
         (kv == 0 ? kf : vf) = dst;
@@ -160,8 +156,8 @@ class CpuStore final : public BlockStore {
     const uint8_t *vs = static_cast<const uint8_t *>(v);
     const uint64_t src_row = row * dtype_bytes(src);
     const float *kq = kf;
-    if (kpre) {  // pre-RoPE keys: undo RoPE at each token's RoPE position, then the Hadamard
-                 // rotation
+    // Pre-RoPE keys: undo RoPE at each token's RoPE position, then the Hadamard rotation.
+    if (kpre) {
       std::memcpy(kpre, kf, n * row * sizeof(float));
       for (uint64_t t = 0; t < n; ++t) {
         float *x = kpre + t * row;
@@ -171,8 +167,8 @@ class CpuStore final : public BlockStore {
       }
       kq = kpre;
     }
-    const uint64_t skip =
-        c_.stage_.leading_sinks(l, idx0, n);  // sinks saturate: read from their copies
+    // sinks saturate: read from their copies
+    const uint64_t skip = c_.stage_.leading_sinks(l, idx0, n);
     for (int kv = 0; kv < 2; ++kv)
       if (c_.fmt_.part[kv].quantized && c_.fmt_.part[kv].spec.gran == codec::Gran::Tensor)
         c_.fmt_.calibrate(kv, layer, (kv == 0 ? kq : vf) + skip * row, (n - skip) * row);
@@ -344,8 +340,8 @@ class CpuStore final : public BlockStore {
       convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
       return;
     }
-    if (p.observe ==
-        2) {  // replace: clear every observed sequence first (an id may repeat in the batch)
+    // replace: clear every observed sequence first (an id may repeat in the batch)
+    if (p.observe == 2) {
       std::lock_guard<std::mutex> g(c_.scores_mu_);
       for (size_t i = 0; i < n_seqs; ++i) {
         LayerTable &l = const_cast<Sequence &>(c_.find(ids[i])).layers[layer];

@@ -58,8 +58,9 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
                                   " is already encoded in a per-channel group; only residual "
                                   "(newest) positions can be written");
   };
-  // Quantized parts: converted to f32 once and refused on NaN / Inf before
-  // anything is written (CPU); a CUDA store checks on the device.
+  // The input's size, then the store's preparation: a CPU store converts
+  // quantized parts to f32 and refuses NaN / Inf before anything is written;
+  // a CUDA store checks on the device.
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   if ((fmt_.part[0].quantized || fmt_.part[1].quantized) &&
       n > (uint64_t(1) << 40) / (row ? row : 1))

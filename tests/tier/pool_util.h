@@ -225,7 +225,7 @@ struct Gate {
 
 // Clears the test hooks when a test ends, however it ends.
 struct HooksReset {
-  ~HooksReset() { kvc::tier::set_test_hooks({}); }
+  ~HooksReset() { kvc::core::set_test_hooks({}); }
 };
 
 }  // namespace tier_test

@@ -552,9 +552,9 @@ KVTEST(host_poll_steals_sync_load) {
   int stolen = 0;
   for (int i = 0; i < kRounds; ++i) {
     auto gate = std::make_shared<Gate>();
-    kvc::tier::TestHooks h;
+    kvc::core::TestHooks h;
     h.before_get = [gate](const kvc::BlockKey &) { gate->wait(); };
-    kvc::tier::set_test_hooks(h);
+    kvc::core::set_test_hooks(h);
     kvc_status sync_st = KVC_OK;
     std::thread loader([&] { sync_st = kvc_prefix_load(b, ts[i].data(), ts[i].size(), nullptr, 0, nullptr); });
     CHECK(gate->wait_for_waiter(5000));
@@ -572,7 +572,7 @@ KVTEST(host_poll_steals_sync_load) {
     gate->release();
     loader.join();
     CHECK(sync_st == KVC_OK);
-    kvc::tier::set_test_hooks({});
+    kvc::core::set_test_hooks({});
   }
   std::fprintf(stderr, "a foreign poll reported %d of %d synchronous loads\n", stolen, kRounds);
   CHECK(stolen == 0);  // a ticket that kvc_prefix_load owns should not be reportable elsewhere
@@ -656,7 +656,7 @@ KVTEST(host_pins_stack_and_release) {
 
 // Found a defect (fixed): kvc_pool_add_tier opens (scans) the disk directory before it checks
 // the pool: make_disk_tier's open_dir removes temporary files and evicts
-// records down to the new capacity, then Pool::add_tier refuses (no prefix
+// records down to the new capacity, then Offload::add_tier refuses (no prefix
 // cache, or a 9th tier). The refused call has deleted another pool's records.
 KVTEST(disk_rejected_add_tier_deletes_records) {
   const std::string d = temp_dir();
@@ -735,9 +735,9 @@ KVTEST(disk_destroy_with_busy_writer_keeps_queue) {
   {
     Pool p(256);
     add_disk(p, d);
-    kvc::tier::TestHooks h;
+    kvc::core::TestHooks h;
     h.pause_writer = true;
-    kvc::tier::set_test_hooks(h);
+    kvc::core::set_test_hooks(h);
     for (int i = 0; i < 20; ++i) {
       ts.push_back(prompt(3000 + i * 40, 9));
       write_seq(p, 1 + i, ts.back());
@@ -745,7 +745,7 @@ KVTEST(disk_destroy_with_busy_writer_keeps_queue) {
       CHECK_OK(kvc_prefix_offload(p, ts.back().data(), ts.back().size(), nullptr, 0, &q));
       CHECK(q == 2);
     }
-    kvc::tier::set_test_hooks({});
+    kvc::core::set_test_hooks({});
   }  // destroy at once
   CHECK(records(d).size() == 40);
   Pool q(256);
@@ -826,14 +826,14 @@ KVTEST(host_expired_load_blocks_loader) {
     slow_keys->insert(std::string(reinterpret_cast<const char *>(keys.data()) + i * ks, ks));
   auto slow_reads_p = std::make_shared<std::atomic<int>>(0);
   std::atomic<int> &slow_reads = *slow_reads_p;
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.before_get = [slow_keys, slow_reads_p, ks](const kvc::BlockKey &k) {
     if (slow_keys->count(std::string(reinterpret_cast<const char *>(k.b.data()), ks))) {
       ++*slow_reads_p;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   };
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   uint64_t loaded = 0;
   CHECK_STATUS(kvc_prefix_load(p, slow.data(), slow.size(), nullptr, 0, &loaded), KVC_ERR_TIMEOUT);
   const auto t0 = Clock::now();
@@ -845,7 +845,7 @@ KVTEST(host_expired_load_blocks_loader) {
   CHECK(loaded == kBs);
   CHECK(slow_reads.load() <= 3);  // the expired load's remaining reads should be abandoned
   CHECK(invariants(p));
-  kvc::tier::set_test_hooks({});
+  kvc::core::set_test_hooks({});
   const auto t1 = Clock::now();
   kvc_pool_destroy(p);
   const auto dms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t1).count();
@@ -861,9 +861,9 @@ KVTEST(host_destroy_with_pending_prefetch) {
   add_host(p);
   const auto t = prompt(3900, 13);
   to_tiers_only(p, 1, t);
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.before_get = [](const kvc::BlockKey &) { std::this_thread::sleep_for(std::chrono::milliseconds(50)); };
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   uint64_t ticket = 0;
   CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
   uint64_t t2 = 0;
@@ -873,7 +873,7 @@ KVTEST(host_destroy_with_pending_prefetch) {
   kvc_pool_destroy(p);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
   CHECK(ms < 2000);
-  kvc::tier::set_test_hooks({});
+  kvc::core::set_test_hooks({});
 }
 
 // A Redis server that accepts connections and never answers (a hung server):

@@ -79,9 +79,9 @@ KVTEST(host_prefetch_poll) {
   CHECK_OK(kvc_seq_free(p, 1));
   free_range(p, 100, squeeze(p, 100));
   Gate gate;
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.before_get = [&](const kvc::BlockKey &) { gate.wait(); };
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   uint64_t ticket = 0, loaded = 7;
   CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
   CHECK(ticket != 0);
@@ -118,9 +118,9 @@ KVTEST(host_queue_full_drops_one) {
   Pool p(kLayers * (N + 2));  // a prompt of N + 1 whole blocks and one partial
   add_host(p);
   CHECK_OK(kvc_pool_set_offload(p, N, 10000));
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.pause_writer = true;
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   const auto t = prompt(300, kBs * (N + 1) + 1);
   write_seq(p, 1, t);
   CHECK_OK(kvc_seq_free(p, 1));
@@ -132,7 +132,7 @@ KVTEST(host_queue_full_drops_one) {
   kvc_tier_stats s = tier_stats(p, 0);
   CHECK(s.drops == 1);
   CHECK(s.demotions == 0);
-  kvc::tier::set_test_hooks({});
+  kvc::core::set_test_hooks({});
   CHECK_OK(kvc_pool_flush_tiers(p));
   s = tier_stats(p, 0);
   CHECK(s.demotions == N);
@@ -149,15 +149,15 @@ KVTEST(host_demotion_copy_isolated) {
   HooksReset reset;
   Pool p(12);
   add_host(p);
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.pause_writer = true;
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   const auto t = prompt(400, 17);  // 4 blocks
   write_seq(p, 1, t);
   CHECK_OK(kvc_seq_free(p, 1));
   const uint64_t end = squeeze(p, 100);  // reuses every block with other bytes
   for (uint64_t id = 100; id < end; ++id) CHECK(seq_is_garbage(p, id, kBs));
-  kvc::tier::set_test_hooks({});
+  kvc::core::set_test_hooks({});
   CHECK_OK(kvc_pool_flush_tiers(p));
   CHECK(tier_stats(p, 0).demotions == 4);
   free_range(p, 100, end);
@@ -186,9 +186,9 @@ KVTEST(host_load_timeout_returns_blocks) {
   CHECK(lookup(p, t).tier_tokens == 12);
   const uint64_t free0 = pool_stats(p).blocks_free;
   Gate gate;
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.before_get = [&](const kvc::BlockKey &) { gate.wait(); };
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   uint64_t ticket = 0, loaded = 0;
   CHECK_OK(kvc_prefix_prefetch(p, t.data(), t.size(), nullptr, 0, &ticket));
   CHECK(gate.wait_for_waiter(5000));
@@ -201,7 +201,7 @@ KVTEST(host_load_timeout_returns_blocks) {
   // Another sequence takes every block now and writes its own bytes.
   const uint64_t end = squeeze(p, 200);
   gate.release();  // the late answer arrives
-  kvc::tier::set_test_hooks({});
+  kvc::core::set_test_hooks({});
   for (int i = 0; i < 200 && tier_stats(p, 0).hits < 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   for (uint64_t id = 200; id < end; ++id) CHECK(seq_is_garbage(p, id, kBs));
@@ -274,9 +274,9 @@ KVTEST(host_failed_store_breaks_chain) {
   CHECK(ks == 32);
   kvc::BlockKey second;
   std::memcpy(second.b.data(), keys + ks, ks);
-  kvc::tier::TestHooks h;
+  kvc::core::TestHooks h;
   h.fail_put = [second](const kvc::BlockKey &k) { return k == second; };
-  kvc::tier::set_test_hooks(h);
+  kvc::core::set_test_hooks(h);
   write_seq(p, 1, t);
   CHECK_OK(kvc_seq_free(p, 1));
   free_range(p, 100, squeeze(p, 100));

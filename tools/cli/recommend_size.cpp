@@ -435,8 +435,8 @@ std::optional<PoolSizes> pool_sizes(const Strategy &s, std::uint32_t layers, std
     if (why) *why = kvc_last_error_message();
     return std::nullopt;
   }
-  m.cfg.k_codec = m.cfg.v_codec =
-      nullptr;  // set again on each call: a copy points to its own codecs
+  // set again on each call: a copy points to its own codecs
+  m.cfg.k_codec = m.cfg.v_codec = nullptr;
   m.block_size = m.cfg.block_size;
   m.block_bytes = st.bytes_per_block;
   m.residual_block_bytes = m.cfg.num_residual_blocks ? st.residual_bytes_per_block : 0;

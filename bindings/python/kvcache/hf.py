@@ -82,7 +82,7 @@ def _geometry(config):
 
 
 def _policy(st, ctx, auto_evict):
-    """The kvcache.Policy of a parsed strategy (eval's protocols, tools/cli/eval.cpp): stream policies cap
+    """The kvcache.Policy of a parsed strategy (eval's protocols, tools/cli/eval_run.cpp): stream policies cap
     every layer at budget_tokens or ceil(budget x ctx) tokens; prefill policies drop 1 - budget of the
     prompt. Positions are never shifted: transformers rotates queries at their text positions."""
     pc = _native.PolicyConfig()
