@@ -23,6 +23,10 @@
 
 namespace kvc::cuda {
 
+// Scale granularities as PartDesc::gran carries them: codec::Gran's values
+// (checked in core/store_cuda.cpp; the kernels' G_* in cuda/dtype.cuh).
+enum : int32_t { kGranNone = 0, kGranTensor = 1, kGranToken = 2, kGranGroup = 3, kGranChannel = 4 };
+
 // How one part (K or V) sits in a block (a copy of core::PartLayout plus
 // the codec fields the kernels use).
 struct PartDesc {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend.h"
 #include "common/dtype.h"
 
 namespace kvc::cuda {
@@ -22,8 +23,14 @@ constexpr int32_t E5M2 = static_cast<int32_t>(DType::FP8_E5M2);
 constexpr int32_t I8 = static_cast<int32_t>(DType::INT8);
 constexpr int32_t I4 = static_cast<int32_t>(DType::INT4);
 constexpr int32_t I2 = static_cast<int32_t>(DType::INT2);
-// Scale granularities: codec::Gran's values (src/codec/codec.h).
-enum : int32_t { G_NONE = 0, G_TENSOR = 1, G_TOKEN = 2, G_GROUP = 3, G_CHANNEL = 4 };
+// Scale granularities: backend.h's values (codec::Gran's, checked in core/store_cuda.cpp).
+enum : int32_t {
+  G_NONE = kGranNone,
+  G_TENSOR = kGranTensor,
+  G_TOKEN = kGranToken,
+  G_GROUP = kGranGroup,
+  G_CHANNEL = kGranChannel
+};
 
 __host__ __device__ constexpr int bits_of(int32_t d) {
   return d == F32                              ? 32

@@ -14,6 +14,14 @@
 
 namespace kvc::core {
 
+// The descriptors carry codec::Gran's values as the kernels read them.
+static_assert(static_cast<int32_t>(codec::Gran::None) == cuda::kGranNone &&
+                  static_cast<int32_t>(codec::Gran::Tensor) == cuda::kGranTensor &&
+                  static_cast<int32_t>(codec::Gran::Token) == cuda::kGranToken &&
+                  static_cast<int32_t>(codec::Gran::Group) == cuda::kGranGroup &&
+                  static_cast<int32_t>(codec::Gran::Channel) == cuda::kGranChannel,
+              "cuda/backend.h's granularity values are codec::Gran's");
+
 namespace {
 
 cuda::Geometry geometry(const PoolCore &c) {

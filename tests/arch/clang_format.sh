@@ -24,6 +24,12 @@ if [ -z "$cf" ]; then
   echo "arch_clang_format: skipped: clang-format not found (set CLANG_FORMAT)"
   exit 77
 fi
+# Another major version formats some constructs differently: only 14 checks (or fixes).
+major=$("$cf" --version | sed -n 's/.*version \([0-9][0-9]*\)\..*/\1/p' | head -n 1)
+if [ "$major" != 14 ]; then
+  echo "arch_clang_format: skipped: $("$cf" --version | head -n 1) is not version 14 (the tree is formatted with 14)"
+  exit 77
+fi
 
 cd "$root" || exit 1
 list=$(find src cuda tools include -type d \( -name 'build*' -o -name '.*' \) -prune -o \

@@ -121,9 +121,11 @@ struct PoolSizes {
   bool k_quantized = false, v_quantized = false;
   std::uint64_t block_size = 16, block_bytes = 0;  ///< one codec block (K and V, one layer)
   std::uint64_t residual_block_bytes = 0;          ///< one residual block (0: no residual arena)
-  std::uint64_t window = 0,
-                unit = 1;  ///< residual window; tokens encoded together (a per-channel group)
-  double fraction = 0;     ///< hybrid: floor(fraction x n) newest tokens stay in the residual
+  /// The spec's staging parameters, named in the report's notes (the bytes
+  /// they cost come from kvc_pool_seq_bytes, which knows how they combine).
+  std::uint64_t window = 0;  ///< residual window (residual_window)
+  std::uint64_t group = 0;   ///< per-channel group size of a codec (0: none)
+  double fraction = 0;       ///< hybrid share (residual_fraction)
   /// The most bytes one sequence holds on its way to n tokens (saturates to UINT64_MAX).
   std::uint64_t peak(std::uint64_t n) const;
 };

@@ -339,19 +339,22 @@ void print_text_report(const Target &t, const Measurements &m, const Choice &c,
                            : "keeps the same share",
           u(t.seq_len - pick->tokens_held).c_str());
     }
-    // Staged tokens (a residual window, a hybrid share, a per-channel group waiting) are read
-    // exactly: in short windows they are a larger share of the cache than at a longer seq-len.
+    // Staged tokens (a residual window, a per-channel group waiting) are read exactly: in short
+    // windows they are a larger share of the cache than at a longer seq-len. (A hybrid share
+    // stays the same share at any length.) The note names the spec's parameters.
     const PoolSizes *l = pick->layout ? &*pick->layout : nullptr;
-    const std::uint64_t staged = l && l->residual_block_bytes ? l->window + l->unit - 1 : 0;
-    if (staged > 1 && l->fraction == 0.0 && m.ctx &&
-        static_cast<std::uint64_t>(*m.ctx) < t.seq_len) {
+    if (l && l->residual_block_bytes && l->fraction == 0.0 && (l->window > 1 || l->group > 1) &&
+        m.ctx && static_cast<std::uint64_t>(*m.ctx) < t.seq_len) {
+      std::string what;
+      if (l->window) what = "a residual window of " + u(l->window) + " tokens";
+      if (l->group > 1)
+        what += (what.empty() ? "" : " and ") + std::string("a per-channel group of up to ") +
+                u(l->group) + " tokens being filled";
       std::printf(
-          "  note: up to %s of its newest tokens wait in f16 and are read without error; in the "
-          "eval's "
-          "windows of %lld tokens that is a larger share of the cache than at %s tokens, where its "
-          "loss may "
-          "be larger than measured\n",
-          u(staged).c_str(), static_cast<long long>(*m.ctx), u(t.seq_len).c_str());
+          "  note: its newest tokens (%s) wait in f16 and are read without error; in the "
+          "eval's windows of %lld tokens they are a larger share of the cache than at %s "
+          "tokens, where its loss may be larger than measured\n",
+          what.c_str(), static_cast<long long>(*m.ctx), u(t.seq_len).c_str());
     }
   } else {
     std::printf(

@@ -444,7 +444,7 @@ std::optional<PoolSizes> pool_sizes(const Strategy &s, std::uint32_t layers, std
   m.fraction = m.cfg.residual_fraction;
   for (const kvc_codec *codec : {ps.k_codec, ps.v_codec})
     if (codec && codec->granularity == KVC_SCALE_PER_CHANNEL)
-      m.unit = std::max<std::uint64_t>(m.unit, codec->group_size);
+      m.group = std::max<std::uint64_t>(m.group, codec->group_size);
   return m;
 }
 
