@@ -958,7 +958,8 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config);
  *         (::KVC_ERR_INVALID_ARGUMENT, ::KVC_ERR_UNSUPPORTED,
  *         ::KVC_ERR_INVALID_SCALE, ::KVC_ERR_OVERFLOW,
  *         ::KVC_ERR_DEVICE_UNAVAILABLE for a CUDA configuration in a build
- *         without CUDA).
+ *         without CUDA); never ::KVC_ERR_OUT_OF_MEMORY for the pool's size
+ *         (nothing is allocated: a host may size a pool it could not hold).
  * @since 0.4 (table version 5)
  */
 KVC_API kvc_status kvc_pool_seq_bytes(const kvc_pool_config *config, uint64_t n_tokens,

@@ -90,7 +90,8 @@ void AtomicFile::commit() {
 }
 
 std::vector<uint8_t> read_whole_file(const std::string &path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO does not wait for a writer (it is refused below).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail_io("cannot open", path, errno);
   struct stat st;
   if (fstat(fd, &st) != 0) {

@@ -101,6 +101,12 @@ float BlockFormat::tensor_scale(int kv, uint32_t layer) const {
   return bits_f32(scale[kv][layer].load(std::memory_order_acquire));
 }
 
+bool BlockFormat::valid_scale_bits(uint32_t bits) {
+  if (bits == 0) return true;
+  const float v = bits_f32(bits);
+  return std::isfinite(v) && std::fabs(v) >= std::numeric_limits<float>::min();
+}
+
 void BlockFormat::tensor_scales(uint32_t layer, float out[2]) const {
   for (int kv = 0; kv < 2; ++kv) out[kv] = part[kv].quantized ? tensor_scale(kv, layer) : 0.0f;
 }

@@ -34,6 +34,10 @@ class BlockFormat {
   }
   // Parts with per-tensor scales (0, 1 or 2).
   uint32_t scale_parts() const { return (scale[0] ? 1u : 0u) + (scale[1] ? 1u : 0u); }
+  // Whether the bits of a per-tensor scale from outside (a record, a tier
+  // payload) are one a pool can hold: 0 (not calibrated) or a finite normal
+  // float (negative for a full-range codec whose extreme is positive).
+  static bool valid_scale_bits(uint32_t bits);
   // The per-tensor scale of a layer (dynamic: calibrated by the first write).
   float tensor_scale(int kv, uint32_t layer) const;
   // The per-tensor scales of a layer for the CUDA kernels (0 for other parts).

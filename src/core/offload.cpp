@@ -635,7 +635,9 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
           const uint32_t want = get_le32(sc + 4 * si);
           std::atomic<uint32_t> &cur = c_.fmt_.scale[kv][l];
           const uint32_t have = cur.load(std::memory_order_acquire);
-          if (pass == 0 && want != 0 && have != 0 && have != want) scales_ok = false;
+          if (pass == 0 &&
+              (!BlockFormat::valid_scale_bits(want) || (want != 0 && have != 0 && have != want)))
+            scales_ok = false;
           if (pass == 1 && have == 0 && want != 0) cur.store(want, std::memory_order_release);
         }
       }

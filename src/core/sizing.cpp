@@ -77,9 +77,13 @@ class SizeModel {
   // unit + 2 block_size lengths' rise (the test checks this against the
   // running maximum).
   uint64_t peak(uint64_t n) const {
+    if (n == 0) return 0;
     uint64_t best = 0;
     const uint64_t span = rules_.unit + 2 * block_size_ + 1;
-    for (uint64_t m = n > span ? n - span : 1; m <= n; ++m) best = std::max(best, bytes(m));
+    for (uint64_t m = n > span ? n - span : 1;; ++m) {  // (m <= n would wrap at n = 2^64 - 1)
+      best = std::max(best, bytes(m));
+      if (m >= n) break;
+    }
     return best;
   }
 
@@ -102,7 +106,7 @@ SeqSize seq_bytes(const PoolConfig &cfg_in, uint64_t n) {
   cfg.num_blocks = 1;
   cfg.capacity_bytes = 0;
   cfg.num_residual_blocks = 0;
-  validate_config(cfg);
+  validate_config(cfg, /*check_memory=*/false);  // nothing is allocated: any host may size any pool
   const SizeModel m(cfg);
   return {m.bytes(n), m.peak(n)};
 }

@@ -320,6 +320,9 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     sv.n_res = r.u32();
     sv.scale[0] = r.u32();
     sv.scale[1] = r.u32();
+    if (!BlockFormat::valid_scale_bits(sv.scale[0]) || !BlockFormat::valid_scale_bits(sv.scale[1]))
+      Reader::corrupt("has a per-tensor scale that is not a finite normal number (layer " +
+                      u64s(li) + ")");
     const uint64_t n_pos = r.u64();
     if (n_pos > r.left() / 4) Reader::corrupt("ends early");
     l.positions.resize(n_pos);

@@ -168,7 +168,8 @@ struct RecordSink {
 
 // Checks and completes a configuration (num_blocks from capacity_bytes,
 // plain codecs folded into k_dtype / v_dtype, ...); throws Error describing
-// the first problem (core/config.cpp).
-void validate_config(PoolConfig &cfg);
+// the first problem (core/config.cpp). check_memory: also refuse a pool this
+// machine's memory can never hold (OutOfMemory; off when nothing is allocated).
+void validate_config(PoolConfig &cfg, bool check_memory = true);
 
 }  // namespace kvc::core

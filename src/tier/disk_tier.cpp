@@ -180,7 +180,9 @@ class DiskTier final : public Tier {
            std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     const std::string path = path_of(key);
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO put in the directory by someone else must not block
+    // the open (and the tier's lock with it); it is refused below.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {  // absent (perhaps removed by another process)
       unindex(key);
       ++st_.misses;
@@ -193,8 +195,9 @@ class DiskTier final : public Tier {
     struct stat st;
     std::string why;
     uint64_t total = 0, sum = 0;
-    if (fstat(fd, &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeader + fp.size()) {
-      why = "cannot be read (or is shorter than a header)";
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) < kHeader + fp.size()) {
+      why = "cannot be read (not a regular file, or shorter than a header)";
     } else if (static_cast<uint64_t>(st.st_size) >
                cap_) {  // put never writes one: damaged or foreign
       why = "is larger than the tier's capacity";

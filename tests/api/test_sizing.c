@@ -95,6 +95,16 @@ static void test_saturates(void **state) {
   ASSERT_OK(kvc_pool_seq_bytes(&c, UINT64_MAX / 2, &bytes, &peak));
   assert_int_equal(bytes, UINT64_MAX);
   assert_int_equal(peak, UINT64_MAX);
+  /* The largest length returns too (a loop up to n must not wrap). */
+  bytes = peak = 0;
+  ASSERT_OK(kvc_pool_seq_bytes(&c, UINT64_MAX, &bytes, &peak));
+  assert_int_equal(bytes, UINT64_MAX);
+  assert_int_equal(peak, UINT64_MAX);
+  /* One block larger than this machine's memory: sized all the same (nothing is allocated). */
+  kvc_pool_config big = test_config(1, 65536, 1024, 4096, 0);
+  big.num_q_heads = 65536;
+  ASSERT_OK(kvc_pool_seq_bytes(&big, 1, &bytes, &peak));
+  assert_int_equal(bytes, (uint64_t)4096 * 65536 * 1024 * 4 * 2);
 }
 
 /* Bad input: a clear status, and outputs left as they were. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "../blackbox.h"
 
@@ -332,9 +333,62 @@ static void test_files(void **state) {
   fclose(f);
   ASSERT_STATUS(KVC_ERR_CORRUPT, kvc_seq_restore_file(q, 6, path));
   unlink(path);
+  /* A FIFO where the record should be: refused at once, not waited on. */
+  char fifo[256];
+  snprintf(fifo, sizeof fifo, "%s/fifo.kvcs", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  ASSERT_STATUS(KVC_ERR_IO, kvc_seq_restore_file(q, 6, fifo));
+  unlink(fifo);
   rmdir(dir);
   kvc_pool_destroy(p);
   kvc_pool_destroy(q);
+}
+
+/* A record whose per-tensor scale is not a finite normal number (NaN, Inf,
+ * a denormal) is refused, with a recomputed checksum: the layer's scale
+ * would serve every later sequence. */
+static void test_invalid_tensor_scale_refused(void **state) {
+  (void)state;
+  kvc_codec cod;
+  kvc_codec_init(&cod);
+  cod.granularity = KVC_SCALE_PER_TENSOR;
+  kvc_pool_config c = test_config(1, HEADS, HD, BS, 32);
+  c.k_codec = &cod;
+  c.v_codec = &cod;
+  kvc_pool *p = pool_with(&c);
+  float k[5 * ROW], v[5 * ROW];
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 5, NULL));
+  fill_rows(k, v, 3, 0, 0, 5, ROW);
+  ASSERT_OK(kvc_append(p, 1, 0, 0, 5, k, v, KVC_DTYPE_F32));
+  size_t size = 0;
+  uint8_t *rec = save(p, 1, &size);
+  /* Header (24), fingerprint size and bytes, length, layers, track flag, then
+   * layer 0: 4 x u64 counts, 4 x u32, then the K and V scale bits. */
+  uint32_t fp_n;
+  memcpy(&fp_n, rec + 24, 4);
+  const size_t scale_k = 28 + fp_n + 8 + 4 + 4 + 4 * 8 + 4 * 4;
+  float good;
+  memcpy(&good, rec + scale_k, 4);
+  assert_true(good > 0.0f);
+  const uint32_t bad[] = {0x7fc00000u, 0x7f800000u, 0x00000001u};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+    uint8_t *r = malloc(size);
+    memcpy(r, rec, size);
+    memcpy(r + scale_k, &bad[i], 4);
+    const uint64_t sum = XXH3_64bits(r + 24, size - 24);
+    memcpy(r + 16, &sum, 8);
+    kvc_pool *q = pool_with(&c);
+    ASSERT_STATUS(KVC_ERR_CORRUPT, kvc_seq_restore(q, 1, r, size));
+    assert_non_null(strstr(kvc_last_error_message(), "per-tensor scale"));
+    float ks = -1.0f, vs = -1.0f;
+    ASSERT_OK(kvc_pool_tensor_scales(q, 0, &ks, &vs));
+    assert_true(ks == 0.0f && vs == 0.0f); /* nothing adopted */
+    kvc_pool_destroy(q);
+    free(r);
+  }
+  free(rec);
+  kvc_pool_destroy(p);
 }
 
 int main(int argc, char **argv) {
@@ -347,6 +401,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_damaged_records_refused),
       cmocka_unit_test(test_errors_change_nothing),
       cmocka_unit_test(test_files),
+      cmocka_unit_test(test_invalid_tensor_scale_refused),
   };
   if (argc > 1) {
     int found = 0;
