@@ -180,9 +180,11 @@ class DiskTier final : public Tier {
            std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     const std::string path = path_of(key);
-    // O_NONBLOCK: a FIFO put in the directory by someone else must not block
-    // the open (and the tier's lock with it); it is refused below.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    // A blocking open: a record that does not answer (a FIFO nobody writes,
+    // a hung network mount) blocks this loader read, not the caller; the
+    // pool's load timeout (kvc_pool_set_offload) answers KVC_ERR_TIMEOUT and
+    // returns the reserved blocks. Anything not a regular file is refused below.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {  // absent (perhaps removed by another process)
       unindex(key);
       ++st_.misses;

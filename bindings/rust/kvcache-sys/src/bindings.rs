@@ -2479,7 +2479,8 @@ extern "C" {
     #[doc = "         (::KVC_ERR_INVALID_ARGUMENT, ::KVC_ERR_UNSUPPORTED,"]
     #[doc = "         ::KVC_ERR_INVALID_SCALE, ::KVC_ERR_OVERFLOW,"]
     #[doc = "         ::KVC_ERR_DEVICE_UNAVAILABLE for a CUDA configuration in a build"]
-    #[doc = "         without CUDA)."]
+    #[doc = "         without CUDA); never ::KVC_ERR_OUT_OF_MEMORY for the pool's size"]
+    #[doc = "         (nothing is allocated: a host may size a pool it could not hold)."]
     #[doc = " @since 0.4 (table version 5)"]
     pub fn kvc_pool_seq_bytes(
         config: *const kvc_pool_config,
