@@ -5,12 +5,19 @@
 # Extra arguments go to `kvcache eval`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+shared=${KVCACHE_SHARED_DIR:-$root/../shared}
+if [ ! -f "$shared/models/stories260K.bin" ]; then
+  echo "error: no shared models and text in $shared (models/stories260K.bin): put the project's" \
+    "shared folder beside the checkout as ../shared, or set KVCACHE_SHARED_DIR to it" >&2
+  exit 1
+fi
+export KVCACHE_SHARED_DIR=$(cd "$shared" && pwd)
 KVC_SETUP_PYTHON=0 bash "$root/scripts/setup.sh" >&2  # the eval needs no torch
 build=${KVC_MAIN_BUILD:-build}
 case $build in /*) ;; *) build="$root/$build" ;; esac
 jobs=${KVC_JOBS:-2}
 # The build's progress goes to stderr: stdout holds only the report.
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVC_SHARED_DIR="$KVCACHE_SHARED_DIR" > /dev/null
 cmake --build "$build" -j "$jobs" --target kvcache_cli >&2
 # Run from the caller's folder, so relative paths (--plot FILE, --text FILE) are theirs.
 exec "$build/tools/kvcache" eval "$@"

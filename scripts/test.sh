@@ -15,10 +15,19 @@
 # one needs excepted); the summary lists each with its time, and the exit
 # status is non-zero when any failed.
 # Environment: KVC_JOBS (2), KVC_BUILD_PREFIX (build-ci: build-ci-main, ...),
-# KVC_FUZZ_SECONDS (60), KVC_STAGES (all: "setup main asan tsan fuzz bench").
+# KVC_FUZZ_SECONDS (60), KVC_STAGES (all: "setup main asan tsan fuzz bench"),
+# KVCACHE_SHARED_DIR (the shared models and text; default ../shared beside the checkout).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+shared=${KVCACHE_SHARED_DIR:-$root/../shared}
+if [ ! -f "$shared/models/stories260K.bin" ]; then
+  echo "error: no shared models and text in $shared (models/stories260K.bin): put the project's" \
+    "shared folder beside the checkout as ../shared, or set KVCACHE_SHARED_DIR to it" >&2
+  exit 1
+fi
+shared=$(cd "$shared" && pwd)
+export KVCACHE_SHARED_DIR=$shared
 jobs=${KVC_JOBS:-2}
 prefix=${KVC_BUILD_PREFIX:-build-ci}
 fuzz_seconds=${KVC_FUZZ_SECONDS:-60}
@@ -56,7 +65,7 @@ configure_build() {  # DIR CMAKE_ARGS...
   local dir=$1
   shift
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -G Ninja "$@" > "$dir/configure.log" 2>&1 ||
+  cmake -S . -B "$dir" -G Ninja -DKVC_SHARED_DIR="$shared" "$@" > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
   # Full log in the build folder; on failure show the failing commands and errors.
   if ! cmake --build "$dir" -j "$jobs" > "$dir/build.log" 2>&1; then
@@ -125,7 +134,7 @@ stage_fuzz() {
   local dir="$prefix-fuzz"
   mkdir -p "$dir"
   CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF > "$dir/configure.log" 2>&1 ||
+    -DKVC_SHARED_DIR="$shared" -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
   cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_codec fuzz_gguf > "$dir/build.log" 2>&1 ||
     { grep -E "FAILED:|error|undefined reference" "$dir/build.log" | head -n 40; return 1; }

@@ -11,7 +11,7 @@ import hfmodel
 def test_readme_example_runs():
     with open(os.path.join(hfmodel.ROOT, "README.md"), encoding="utf-8") as f:
         text = f.read()
-    m = re.search(r"<!-- readme-example: tests_hf/test_hf_readme.py runs this block -->\n```python\n(.*?)```",
+    m = re.search(r"<!-- readme-example: bindings/python/tests_hf/test_hf_readme.py runs this block -->\n```python\n(.*?)```",
                   text, re.S)
     assert m, "README.md lost its transformers example"
     code = m.group(1)
