@@ -48,6 +48,9 @@ def tensor_bytes(obj, seen=None, depth=0):
     if depth > 6 or obj is None:
         return 0
     if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "__tensor_flatten__"):  # a tensor subclass (quanto's packed tensors): its parts
+            names, _ = obj.__tensor_flatten__()
+            return sum(tensor_bytes(getattr(obj, n), seen, depth + 1) for n in names)
         key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes()) if obj.numel() else None
         if key is None or key in seen:
             return 0

@@ -1481,8 +1481,9 @@ typedef struct kvc_attention_params {
   /**
    * Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only;
    * 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread
-   * count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill
-   * and observing calls use the calling thread.
+   * count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding); a prefill
+   * chunk by blocks of 32 query rows (the same output bytes as one thread; since 0.4). Observing
+   * calls use the calling thread.
    */
   uint32_t num_threads;
   /**

@@ -192,39 +192,109 @@ void merge_state(float *m, float *ls, float *acc, const float *mb, const float *
 
 }  // namespace
 
-void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
-            bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
-            std::mutex *obs_mu) {
+namespace {
+
+constexpr uint64_t kRows = 32;  // query rows that share one pass over the tiles
+
+// Query rows [i0, i0 + rows) of attend(): their own state, output and
+// log-sum-exp rows; observation added under *obs_mu.
+void attend_block(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
+                  bool prefill, uint64_t i0, uint64_t rows, float *out, float *lse,
+                  float *obs_scores, uint64_t observe_from, std::mutex *obs_mu) {
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, hd = sh.head_dim;
   const uint64_t grp = hq / h;
   AttnScratch &sc = scratch();
-  constexpr uint64_t kRows = 32;
-  for (uint64_t i0 = 0; i0 < n_q; i0 += kRows) {
-    const uint64_t rows = std::min(kRows, n_q - i0);
-    auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
-    const uint64_t max_vis = vis(i0 + rows - 1);
-    float *state = grow(sc.state, rows * hq * (hd + 2));
-    float *m = state, *ls = state + rows * hq, *acc = state + 2 * rows * hq;
-    init_state(m, ls, acc, rows * hq, hd);
-    // Raw scores of observed rows, kept for the probabilities at the end.
-    const uint64_t obs_first =
-        obs_scores ? std::max(i0, std::min(observe_from, i0 + rows)) : i0 + rows;
-    const uint64_t obs_rows = i0 + rows - obs_first;
-    float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
-    attend_range(sh, src, n, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first,
-                 max_vis);
-    finalize(m, ls, acc, rows * hq, hd, out + i0 * hq * hd, lse + i0 * hq);
-    std::unique_lock<std::mutex> sg;  // recorded scores are shared state
-    if (obs_rows && obs_mu) sg = std::unique_lock<std::mutex>(*obs_mu);
-    for (uint64_t i = obs_first; i < i0 + rows; ++i)
-      for (uint64_t hh = 0; hh < hq; ++hh) {
-        const float ll = lse[i * hq + hh];
-        if (!(ll > -std::numeric_limits<float>::infinity())) continue;
-        const float *sr = obs + ((i - obs_first) * hq + hh) * max_vis;
-        const uint64_t g = hh / grp;
-        for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
-      }
+  auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
+  const uint64_t max_vis = vis(i0 + rows - 1);
+  float *state = grow(sc.state, rows * hq * (hd + 2));
+  float *m = state, *ls = state + rows * hq, *acc = state + 2 * rows * hq;
+  init_state(m, ls, acc, rows * hq, hd);
+  // Raw scores of observed rows, kept for the probabilities at the end.
+  const uint64_t obs_first =
+      obs_scores ? std::max(i0, std::min(observe_from, i0 + rows)) : i0 + rows;
+  const uint64_t obs_rows = i0 + rows - obs_first;
+  float *obs = obs_rows ? grow(sc.obs, obs_rows * hq * max_vis) : nullptr;
+  attend_range(sh, src, n, q, n_q, prefill, i0, rows, 0, max_vis, m, ls, acc, obs, obs_first,
+               max_vis);
+  finalize(m, ls, acc, rows * hq, hd, out + i0 * hq * hd, lse + i0 * hq);
+  std::unique_lock<std::mutex> sg;  // recorded scores are shared state
+  if (obs_rows && obs_mu) sg = std::unique_lock<std::mutex>(*obs_mu);
+  for (uint64_t i = obs_first; i < i0 + rows; ++i)
+    for (uint64_t hh = 0; hh < hq; ++hh) {
+      const float ll = lse[i * hq + hh];
+      if (!(ll > -std::numeric_limits<float>::infinity())) continue;
+      const float *sr = obs + ((i - obs_first) * hq + hh) * max_vis;
+      const uint64_t g = hh / grp;
+      for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
+    }
+}
+
+// Runs work() on the calling thread and up to `extra` more; the first
+// exception is rethrown after all joined. A thread that cannot be started
+// leaves its share to the others.
+// A thread's start and join cost about 50-100 us; one core does a few
+// multiply-adds per ns here. Below kMinWork multiply-adds (q.k and p.v over
+// head_dim, about 0.3 ms) per thread a thread costs more than it saves.
+constexpr uint64_t kMinWork = uint64_t(1) << 21;
+uint32_t threads_for(uint64_t work, uint32_t threads) {
+  return static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(threads, work / kMinWork)));
+}
+
+template <typename Work>
+void run_on_threads(uint32_t extra, Work &&work) {
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto guarded = [&] {
+    try {
+      work();
+    } catch (...) {
+      std::lock_guard<std::mutex> g(error_mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(extra);
+  for (uint32_t t = 0; t < extra; ++t) {
+    try {
+      pool.emplace_back(guarded);
+    } catch (...) {
+      break;
+    }
   }
+  guarded();
+  for (std::thread &t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
+            bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
+            std::mutex *obs_mu) {
+  for (uint64_t i0 = 0; i0 < n_q; i0 += kRows)
+    attend_block(sh, src, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse, obs_scores,
+                 observe_from, obs_mu);
+}
+
+// The blocks of kRows rows are independent (each its own state and output
+// rows), so each gives the same bytes on any thread. Under causal prefill
+// later blocks see more tokens: they are handed out first.
+void attend_rows_threads(const Shape &sh, const TileSource &src, uint64_t n, const float *q,
+                         uint64_t n_q, bool prefill, float *out, float *lse, uint32_t threads) {
+  const uint64_t blocks = (n_q + kRows - 1) / kRows;
+  threads = threads_for(n_q * n * sh.q_heads * sh.head_dim, threads);
+  if (threads <= 1 || blocks <= 1) {
+    attend(sh, src, n, q, n_q, prefill, out, lse, nullptr, 0, nullptr);
+    return;
+  }
+  std::atomic<uint64_t> next{0};
+  run_on_threads(static_cast<uint32_t>(std::min<uint64_t>(threads, blocks)) - 1, [&] {
+    for (uint64_t b; (b = next.fetch_add(1)) < blocks;) {
+      const uint64_t i0 = (blocks - 1 - b) * kRows;
+      attend_block(sh, src, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse, nullptr, 0,
+                   nullptr);
+    }
+  });
 }
 
 // Decode over several threads (the caller's included): work units are
@@ -239,6 +309,9 @@ void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src,
     uint64_t seq, t0, t1;
   };
   std::vector<Unit> units;
+  uint64_t total = 0;
+  for (uint64_t n : ns) total += n;
+  threads = threads_for(total * hq * hd, threads);
   const uint64_t per_seq_split = n_seqs >= threads ? 1 : (threads + n_seqs - 1) / n_seqs;
   constexpr uint64_t kMinChunk = 256;  // tokens: below this a split costs more than it saves
   for (uint64_t i = 0; i < n_seqs; ++i) {
@@ -250,35 +323,17 @@ void attend_threads(const Shape &sh, const std::vector<const TileSource *> &src,
   }
   std::vector<float> states(units.size() * state_size);
   std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mu;
-  auto work = [&] {
-    try {
-      for (size_t u; (u = next.fetch_add(1)) < units.size();) {
-        float *st = states.data() + u * state_size;
-        init_state(st, st + hq, st + 2 * hq, hq, hd);
-        const Unit &un = units[u];
-        attend_range(sh, *src[un.seq], ns[un.seq], q + un.seq * hq * hd, 1, false, 0, 1, un.t0,
-                     un.t1, st, st + hq, st + 2 * hq, nullptr, 1, 0);
-      }
-    } catch (...) {
-      std::lock_guard<std::mutex> g(error_mu);
-      if (!error) error = std::current_exception();
-    }
-  };
-  std::vector<std::thread> pool;
-  const uint32_t extra = static_cast<uint32_t>(std::min<uint64_t>(threads, units.size())) - 1;
-  pool.reserve(extra);
-  for (uint32_t t = 0; t < extra; ++t) {
-    try {
-      pool.emplace_back(work);
-    } catch (...) {  // no thread available: the others (and the caller) take its share
-      break;
-    }
-  }
-  work();
-  for (std::thread &t : pool) t.join();
-  if (error) std::rethrow_exception(error);
+  run_on_threads(
+      static_cast<uint32_t>(std::max<uint64_t>(1, std::min<uint64_t>(threads, units.size()))) - 1,
+      [&] {
+        for (size_t u; (u = next.fetch_add(1)) < units.size();) {
+          float *st = states.data() + u * state_size;
+          init_state(st, st + hq, st + 2 * hq, hq, hd);
+          const Unit &un = units[u];
+          attend_range(sh, *src[un.seq], ns[un.seq], q + un.seq * hq * hd, 1, false, 0, 1, un.t0,
+                       un.t1, st, st + hq, st + 2 * hq, nullptr, 1, 0);
+        }
+      });
   // Merge each sequence's ranges in token order, then finalize.
   for (size_t u = 0; u < units.size();) {
     float *st = states.data() + u * state_size;

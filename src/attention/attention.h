@@ -45,6 +45,13 @@ void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, 
             bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
             std::mutex *obs_mu);
 
+// attend() without observation over up to `threads` threads (the caller's
+// included): blocks of 32 query rows are independent, so the output is the
+// same bytes as attend()'s on one thread. For prefill chunks and multi-row
+// decode of one sequence.
+void attend_rows_threads(const Shape &sh, const TileSource &src, uint64_t n, const float *q,
+                         uint64_t n_q, bool prefill, float *out, float *lse, uint32_t threads);
+
 // Decode of one query row per sequence over up to `threads` threads (the
 // caller's included): work units are (sequence, token range); a sequence
 // longer than its share is split into ranges whose partial states are merged

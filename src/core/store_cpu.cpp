@@ -348,6 +348,16 @@ class CpuStore final : public BlockStore {
         std::fill(l.scores.begin(), l.scores.end(), 0.0f);
       }
     }
+    if (p.num_threads > 1 && !p.observe) {  // prefill: blocks of query rows over threads
+      for (size_t i = 0; i < n_seqs; ++i) {
+        const LayerTable &l = c_.find(ids[i]).layers[layer];
+        attention::attend_rows_threads(shape, LayerTiles(c_, arena_, layer, l), l.n_tokens,
+                                       qf + i * per_seq, n_q, prefill, of + i * per_seq,
+                                       lf + i * n_q * p.num_q_heads, p.num_threads);
+      }
+      convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
+      return;
+    }
     for (size_t i = 0; i < n_seqs; ++i) {
       Sequence &s = const_cast<Sequence &>(c_.find(ids[i]));
       LayerTable &l = s.layers[layer];

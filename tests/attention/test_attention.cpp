@@ -373,7 +373,8 @@ KVTEST(threads_match_single) {
   g.layers = 1;
   g.hd = 64;
   kvc_pool *p = make_pool(g, KVC_DTYPE_F16, nullptr, nullptr, 0, 1024);
-  const uint64_t lens[5] = {0, 17, 16, 700, 1300};
+  // 9,000 tokens x 8 heads x 64: enough work for two threads (attention.cpp's kMinWork).
+  const uint64_t lens[5] = {0, 17, 16, 700, 9000};
   std::vector<uint64_t> ids;
   for (uint64_t i = 0; i < 5; ++i) {
     fill(p, g, 100 + i, lens[i]);
@@ -401,6 +402,45 @@ KVTEST(threads_match_single) {
   std::vector<float> q = randn(row), out(row);
   CHECK_STATUS(kvc_attention_decode(p, 0, &ids[0], 1, q.data(), out.data(), nullptr, &a), KVC_ERR_INVALID_ARGUMENT);
   kvc_pool_destroy(p);
+}
+
+// Prefill over threads: blocks of 32 query rows are independent, so 2, 3 and 8
+// threads give the single thread's output and log-sum-exp byte for byte,
+// for chunks shorter than one block, ragged last blocks and whole prompts;
+// f16 and int8 storage, f16 output.
+KVTEST(threads_prefill_identical) {
+  Geo g;
+  g.layers = 1;
+  g.hd = 64;
+  kvc_codec c8;
+  kvc_codec_init(&c8);
+  c8.dtype = KVC_DTYPE_INT8;
+  c8.granularity = KVC_SCALE_PER_TOKEN;
+  for (int quant = 0; quant < 2; ++quant) {
+    kvc_pool *p = make_pool(g, KVC_DTYPE_F16, quant ? &c8 : nullptr, quant ? &c8 : nullptr, 0, 1024);
+    fill(p, g, 7, 700);
+    const size_t row = g.hq * g.hd;
+    kvc_attention_params a = params(g);
+    for (uint64_t n_q : {uint64_t(1), uint64_t(31), uint64_t(33), uint64_t(200), uint64_t(700)}) {
+      for (kvc_dtype od : {KVC_DTYPE_F32, KVC_DTYPE_F16}) {
+        a.out_dtype = od;
+        const size_t osz = od == KVC_DTYPE_F32 ? 4 : 2;
+        std::vector<float> q = randn(n_q * row), lse1(n_q * g.hq);
+        std::vector<uint8_t> one(n_q * row * osz);
+        a.num_threads = 1;
+        CHECK_OK(kvc_attention_prefill(p, 0, 7, q.data(), n_q, one.data(), lse1.data(), &a));
+        for (uint32_t t : {2u, 3u, 8u}) {
+          std::vector<uint8_t> many(one.size(), 0xab);
+          std::vector<float> lsem(lse1.size(), 5.0f);
+          a.num_threads = t;
+          CHECK_OK(kvc_attention_prefill(p, 0, 7, q.data(), n_q, many.data(), lsem.data(), &a));
+          CHECK(std::memcmp(many.data(), one.data(), one.size()) == 0);
+          CHECK(std::memcmp(lsem.data(), lse1.data(), lse1.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+    kvc_pool_destroy(p);
+  }
 }
 
 // Regressions of the adversarial review: q.k overflow stays defined, q x

@@ -383,10 +383,11 @@ def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_thr
     return out
 
 
-def _attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe_from, out_dtype):
+def _attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe_from, out_dtype, num_threads=1):
     """Pool.attention_prefill: see kvc_attention_prefill. q: [n_q, num_q_heads,
     head_dim] (the layer's last n_q tokens attend causally); out / lse as
-    attention_decode. Returns out."""
+    attention_decode; num_threads: blocks of 32 query rows over that many
+    threads (the same output as one; observing calls use one). Returns out."""
     cfg = self.config()
     qa, qdt = _float_operand(q, "q")
     if q.ndim != 3 or tuple(q.shape[1:]) != (cfg.num_q_heads, cfg.head_dim):
@@ -394,7 +395,8 @@ def _attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe
                          % (tuple(q.shape), cfg.num_q_heads, cfg.head_dim))
     shape = tuple(q.shape)
     out, oa, odt, la = _out_and_lse(q, qdt, shape, out, lse, out_dtype)
-    self._attention_prefill(layer, seq_id, qa, oa, la, qdt, odt, float(scale), int(observe), int(observe_from))
+    self._attention_prefill(layer, seq_id, qa, oa, la, qdt, odt, float(scale), int(observe), int(observe_from),
+                            int(num_threads))
     return out
 
 

@@ -254,7 +254,7 @@ class PagedCache(Cache):
         num_blocks / pool_bytes: the pool's capacity; neither: the cache
             sizes its pool at the first forward pass and grows it (moving
             the sequences into a pool twice as large) when it fills.
-        threads: threads of decode attention (default torch's).
+        threads: threads of decode and prefill attention (default torch's).
         prefix_cache: share prompt prefixes across requests
             (``attach_prefix`` / ``register_prefix``; docs/prefix-cache.md).
         tiers: offload tiers below the prefix cache, a list of dicts
@@ -602,7 +602,8 @@ class PagedCache(Cache):
                 vr = None if valid is None else valid[row]
                 qr = self._rows_kv(query, row, vr)
                 frm = max(0, n - st.obs_window) if st.protocol == _PROTO_PREFILL else 0
-                o = self._pool.attention_prefill(layer, sid, qr, scale=scale, observe=observe, observe_from=frm)
+                o = self._pool.attention_prefill(layer, sid, qr, scale=scale, observe=observe, observe_from=frm,
+                                                 num_threads=1 if observe else self._threads)
                 if vr is None:
                     result[row] = o
                 else:

@@ -390,7 +390,7 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
   void attention_prefill(uint32_t layer, uint64_t seq_id, const void *q, size_t q_bytes, void *out,
                          size_t out_bytes, void *lse, size_t lse_bytes, int q_dtype = KVC_DTYPE_F32,
                          int out_dtype = KVC_DTYPE_F32, double scale = 0.0, int observe = KVC_OBSERVE_NONE,
-                         uint64_t observe_from = 0) {
+                         uint64_t observe_from = 0, uint32_t num_threads = 1) {
     KVC_POOL();
     kvc_pool_config c;
     kvc_pool_config_init_sized(&c, sizeof c);
@@ -422,6 +422,7 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     p.out_dtype = (kvc_dtype)out_dtype;
     p.observe = (kvc_observe)observe;
     p.observe_from = observe_from;
+    p.num_threads = num_threads;
     kvc_swig_check(kvc_attention_prefill(pool_, layer, seq_id, q, n_q, out, (float *)lse, &p));
   }
 
@@ -512,9 +513,10 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
         return _py_attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype)
 
     def attention_prefill(self, layer, seq_id, q, out=None, lse=None, scale=0.0, observe=0, observe_from=0,
-                          out_dtype=None):
+                          out_dtype=None, num_threads=1):
         """Prefill attention (kvc_attention_prefill): q [n_q, num_q_heads, head_dim]; returns out."""
-        return _py_attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe_from, out_dtype)
+        return _py_attention_prefill(self, layer, seq_id, q, out, lse, scale, observe, observe_from, out_dtype,
+                                     num_threads)
 
     def observe_scores(self, seq_id, layer, scores, accumulate=False):
         """Feed scores [n_tokens, num_kv_heads] f32 (kvc_seq_observe_scores)."""

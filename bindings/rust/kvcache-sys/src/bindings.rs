@@ -3155,8 +3155,9 @@ pub struct kvc_attention_params {
     pub observe: kvc_observe,
     #[doc = " Threads for this call, the caller's included: 0 or 1 (default) = the calling thread only;"]
     #[doc = " 2..256 spread a decode batch over threads by sequence and, for batches smaller than the thread"]
-    #[doc = " count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding). Prefill"]
-    #[doc = " and observing calls use the calling thread."]
+    #[doc = " count, by token ranges of at least 256 tokens merged by log-sum-exp (FlashDecoding); a prefill"]
+    #[doc = " chunk by blocks of 32 query rows (the same output bytes as one thread; since 0.4). Observing"]
+    #[doc = " calls use the calling thread."]
     pub num_threads: u32,
     #[doc = " Prefill: first query row whose attention is recorded (SnapKV's observation window = the last"]
     #[doc = " rows); default 0."]
