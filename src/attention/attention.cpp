@@ -8,6 +8,7 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -132,7 +133,8 @@ const Kernels &kernels() {
 // Per-thread buffers (common/scratch.h: grown on demand, large ones released
 // when the API call returns).
 struct AttnScratch {
-  ScratchBuffer<float> q, out, tile, state, obs, sc;
+  ScratchBuffer<float> q, out, tile, state, obs, sc, dense;
+  ScratchBuffer<uint32_t> dense_len;
 };
 AttnScratch &scratch() {
   thread_local AttnScratch s;
@@ -283,6 +285,49 @@ void attend_block(const Shape &sh, const TileSource &src, uint64_t n, const floa
     }
 }
 
+// The tiles of a source read once into f32: each block of kRows query rows
+// reads every tile again, and a source's read may decode a codec, re-rotate
+// pre-RoPE keys or undo a Hadamard rotation. A read returns the source's own
+// tile (the same boundaries, so the online softmax gives the same bytes),
+// copied.
+class DenseTiles final : public TileSource {
+ public:
+  // Null when the copy would pass kMaxDenseBytes (the source is then read
+  // as it is).
+  static const TileSource *make(const Shape &sh, const TileSource &src, uint64_t n,
+                                std::optional<DenseTiles> &slot) {
+    constexpr uint64_t kMaxDenseBytes = uint64_t(128) << 20;
+    const uint64_t row = sh.kv_heads * sh.head_dim;
+    if (n == 0 || row == 0 || n > kMaxDenseBytes / (2 * row * sizeof(float))) return nullptr;
+    AttnScratch &sc = scratch();
+    float *k = sc.dense.get(2 * n * row);
+    uint32_t *len = sc.dense_len.get(n);
+    for (uint64_t t0 = 0; t0 < n;) {
+      const uint64_t c =
+          src.read(t0, std::min(sh.max_tile, n - t0), k + t0 * row, k + (n + t0) * row);
+      len[t0] = static_cast<uint32_t>(c);
+      t0 += c;
+    }
+    slot.emplace(k, k + n * row, len, row);
+    return &*slot;
+  }
+  DenseTiles(const float *k, const float *v, const uint32_t *len, uint64_t row)
+      : k_(k), v_(v), len_(len), row_(row) {}
+  uint64_t read(uint64_t t0, uint64_t max_count, float *k, float *v) const override {
+    // t0 is always where a tile of the source starts: reads start at 0 and
+    // advance by what they return, up to a row block's end.
+    const uint64_t c = std::min<uint64_t>(len_[t0], max_count);
+    std::memcpy(k, k_ + t0 * row_, c * row_ * sizeof(float));
+    std::memcpy(v, v_ + t0 * row_, c * row_ * sizeof(float));
+    return c;
+  }
+
+ private:
+  const float *k_, *v_;
+  const uint32_t *len_;
+  uint64_t row_;
+};
+
 // Runs work() on the calling thread and up to `extra` more; the first
 // exception is rethrown after all joined. A thread that cannot be started
 // leaves its share to the others.
@@ -325,9 +370,12 @@ void run_on_threads(uint32_t extra, Work &&work) {
 void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
             bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
             std::mutex *obs_mu) {
+  std::optional<DenseTiles> dense;
+  const TileSource *tiles = n_q > kRows ? DenseTiles::make(sh, src, n, dense) : nullptr;
+  if (!tiles) tiles = &src;
   for (uint64_t i0 = 0; i0 < n_q; i0 += kRows)
-    attend_block(sh, src, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse, obs_scores,
-                 observe_from, obs_mu);
+    attend_block(sh, *tiles, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse,
+                 obs_scores, observe_from, obs_mu);
 }
 
 // The blocks of kRows rows are independent (each its own state and output
@@ -341,12 +389,15 @@ void attend_rows_threads(const Shape &sh, const TileSource &src, uint64_t n, con
     attend(sh, src, n, q, n_q, prefill, out, lse, nullptr, 0, nullptr);
     return;
   }
+  std::optional<DenseTiles> dense;
+  const TileSource *tiles = DenseTiles::make(sh, src, n, dense);
+  if (!tiles) tiles = &src;
   std::atomic<uint64_t> next{0};
   run_on_threads(static_cast<uint32_t>(std::min<uint64_t>(threads, blocks)) - 1, [&] {
     for (uint64_t b; (b = next.fetch_add(1)) < blocks;) {
       const uint64_t i0 = (blocks - 1 - b) * kRows;
-      attend_block(sh, src, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse, nullptr, 0,
-                   nullptr);
+      attend_block(sh, *tiles, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse, nullptr,
+                   0, nullptr);
     }
   });
 }
