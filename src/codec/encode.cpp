@@ -232,6 +232,25 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
       break;
     }
     case Gran::Channel: {
+#ifdef KVC_CODEC_X86
+      // Integer codes: one vector pass per row with the group's scales and
+      // zero points as arrays (a run per column costs a call per value).
+      if (is_int(s.dtype) && d >= 8 && use_avx2()) {
+        const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
+        std::vector<float> sz(2 * d);
+        for (uint64_t r = 0; r < n; ++r) {
+          if (r % s.group == 0)
+            for (uint64_t c = 0; c < d; ++c) {
+              const Params p = get((r / s.group) * d + c);
+              sz[c] = p.scale;
+              sz[d + c] = p.zero;
+            }
+          decode_int_row_channel_avx2(f, s.asym, codes + r * rb, d, sz.data(), sz.data() + d,
+                                      out + r * d);
+        }
+        break;
+      }
+#endif
       std::vector<Params> ps(d);
       for (uint64_t r = 0; r < n; ++r) {
         if (r % s.group == 0)

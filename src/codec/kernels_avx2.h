@@ -180,6 +180,46 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   decode_int_run_scalar(f, asym, in, j, j1, p, x);
 }
 
+// decode_int_run_avx2 over a whole row of d values whose scale and zero
+// point differ per column (per-channel keys: sc[j], zr[j]); the same
+// operations per value (a multiply, then an add when asymmetric), so the
+// same bytes as the scalar path.
+[[maybe_unused]] __attribute__((target("avx2"))) void decode_int_row_channel_avx2(
+    const IntFormat &f, bool asym, const uint8_t *in, uint64_t d, const float *sc, const float *zr,
+    float *x) {
+  uint64_t j = 0;
+  const __m256i off = _mm256_set1_epi32(f.off);
+  for (; j + 8 <= d; j += 8) {
+    __m256i q;
+    if (f.bits == 8) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
+      q = asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+    } else if (f.bits == 3) {
+      q = _mm256_sub_epi32(load_int3_8(in, j), off);
+    } else if (f.bits == 2) {
+      uint16_t w;
+      std::memcpy(&w, in + j / 4, 2);
+      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+      q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
+    } else {
+      uint32_t w;
+      std::memcpy(&w, in + j / 2, 4);
+      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+      q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
+    }
+    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(sc + j));
+    _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, _mm256_loadu_ps(zr + j)) : r);
+  }
+  for (; j < d; ++j) {
+    Params p;
+    p.scale = sc[j];
+    p.zero = asym ? zr[j] : 0.0f;
+    decode_int_run_scalar(f, asym, in, j, j + 1, p, x);
+  }
+}
+
 [[maybe_unused]] __attribute__((target("avx2"))) void min_max_avx2(const float *x, uint64_t n,
                                                                    float *lo, float *hi) {
   __m256 a = _mm256_set1_ps(x[0]), b = a;

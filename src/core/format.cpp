@@ -245,11 +245,14 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
       break;
     }
     case codec::Gran::Channel:
-      for (uint64_t t = 0; t < count; ++t) {
+      // One call per run of tokens that share a group's scales.
+      for (uint64_t t = 0; t < count;) {
         const uint64_t sidx = (slot + t) / sp.group * row;
+        const uint64_t run = std::min<uint64_t>(count - t, sp.group - (slot + t) % sp.group);
         codec::decode(sp, codes + t * pl.token_stride,
                       blk + pl.scale_offset + sidx * pl.scale_bytes,
-                      blk + pl.zero_offset + sidx * pl.scale_bytes, 1, row, tmp + t * row);
+                      blk + pl.zero_offset + sidx * pl.scale_bytes, run, row, tmp + t * row);
+        t += run;
       }
       break;
     default: {
