@@ -13,6 +13,7 @@
 #include "codec/scalar.h"
 #include "common/error.h"
 #include "common/fp8.h"
+#include "common/scratch.h"
 
 namespace kvc::codec {
 
@@ -237,7 +238,8 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
       // zero points as arrays (a run per column costs a call per value).
       if (is_int(s.dtype) && d >= 8 && use_avx2()) {
         const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
-        std::vector<float> sz(2 * d);
+        thread_local ScratchBuffer<float> buf;  // scales then zero points, [2][d]
+        float *sz = buf.get(2 * d);
         for (uint64_t r = 0; r < n; ++r) {
           if (r % s.group == 0)
             for (uint64_t c = 0; c < d; ++c) {
@@ -245,8 +247,7 @@ void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const ui
               sz[c] = p.scale;
               sz[d + c] = p.zero;
             }
-          decode_int_row_channel_avx2(f, s.asym, codes + r * rb, d, sz.data(), sz.data() + d,
-                                      out + r * d);
+          decode_int_row_channel_avx2(f, s.asym, codes + r * rb, d, sz, sz + d, out + r * d);
         }
         break;
       }

@@ -132,92 +132,96 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   }
 }
 
+// The values q = code - offset of 8 codes from code j (j a multiple of the
+// code unit): int8 signed (or unsigned when asymmetric), int3 / int2 / int4
+// unpacked and shifted by the format's offset.
+template <int Bits>
+__attribute__((target("avx2"), always_inline)) inline __m256i int_codes_8(const uint8_t *in,
+                                                                          uint64_t j, bool asym,
+                                                                          __m256i off) {
+  if constexpr (Bits == 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
+    return asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+  } else if constexpr (Bits == 3) {
+    return _mm256_sub_epi32(load_int3_8(in, j), off);
+  } else if constexpr (Bits == 2) {
+    uint16_t w;
+    std::memcpy(&w, in + j / 4, 2);
+    // Spread 8 two-bit codes over 8 lanes: lane i gets bits 2i..2i+1.
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
+  } else {
+    uint32_t w;
+    std::memcpy(&w, in + j / 2, 4);
+    // Spread 8 nibbles over 8 lanes: lane i gets bits 4i..4i+3.
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
+  }
+}
+
+// x[j] = q * scale (+ zero when asymmetric) for j in [j0, j1), 8 at a time:
+// a multiply, then an add, as the scalar path (the same bytes). PerColumn:
+// the scale and zero point of column j are sc[j] and zr[j] (per-channel
+// keys); else p's.
+template <int Bits, bool PerColumn>
+__attribute__((target("avx2"))) void decode_int_run_avx2_bits(const IntFormat &f, bool asym,
+                                                              const uint8_t *in, uint64_t j0,
+                                                              uint64_t j1, const Params &p,
+                                                              const float *sc, const float *zr,
+                                                              float *x) {
+  const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
+  const __m256i off = _mm256_set1_epi32(f.off);
+  uint64_t j = j0;
+  for (; j + 8 <= j1; j += 8) {
+    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(int_codes_8<Bits>(in, j, asym, off)),
+                                   PerColumn ? _mm256_loadu_ps(sc + j) : s);
+    _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, PerColumn ? _mm256_loadu_ps(zr + j) : z) : r);
+  }
+  if constexpr (PerColumn) {
+    for (; j < j1; ++j) {
+      Params pj;
+      pj.scale = sc[j];
+      pj.zero = asym ? zr[j] : 0.0f;
+      decode_int_run_scalar(f, asym, in, j, j + 1, pj, x);
+    }
+  } else {
+    decode_int_run_scalar(f, asym, in, j, j1, p, x);
+  }
+}
+
+template <bool PerColumn>
+__attribute__((target("avx2"))) void decode_int_run_avx2_any(const IntFormat &f, bool asym,
+                                                             const uint8_t *in, uint64_t j0,
+                                                             uint64_t j1, const Params &p,
+                                                             const float *sc, const float *zr,
+                                                             float *x) {
+  switch (f.bits) {
+    case 8:
+      return decode_int_run_avx2_bits<8, PerColumn>(f, asym, in, j0, j1, p, sc, zr, x);
+    case 3:
+      return decode_int_run_avx2_bits<3, PerColumn>(f, asym, in, j0, j1, p, sc, zr, x);
+    case 2:
+      return decode_int_run_avx2_bits<2, PerColumn>(f, asym, in, j0, j1, p, sc, zr, x);
+    default:
+      return decode_int_run_avx2_bits<4, PerColumn>(f, asym, in, j0, j1, p, sc, zr, x);
+  }
+}
+
 [[maybe_unused]] __attribute__((target("avx2"))) void decode_int_run_avx2(
     const IntFormat &f, bool asym, const uint8_t *in, uint64_t j0, uint64_t j1, const Params &p,
     float *x) {
-  const __m256 s = _mm256_set1_ps(p.scale), z = _mm256_set1_ps(p.zero);
-  uint64_t j = j0;
-  if (j % code_unit(f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
-  if (f.bits == 8) {
-    for (; j + 8 <= j1; j += 8) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
-      const __m256i q = asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-      const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
-      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(v, z) : v);
-    }
-  } else if (f.bits == 3) {
-    const __m256i off = _mm256_set1_epi32(f.off);
-    for (; j + 8 <= j1; j += 8) {
-      const __m256i q = _mm256_sub_epi32(load_int3_8(in, j), off);
-      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
-      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, z) : r);
-    }
-  } else if (f.bits == 2) {
-    const __m256i off = _mm256_set1_epi32(f.off);
-    for (; j + 8 <= j1; j += 8) {
-      uint16_t w;
-      std::memcpy(&w, in + j / 4, 2);
-      // Spread 8 two-bit codes over 8 lanes: lane i gets bits 2i..2i+1.
-      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-      const __m256i q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
-      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
-      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, z) : r);
-    }
-  } else {
-    const __m256i off = _mm256_set1_epi32(f.off);
-    for (; j + 8 <= j1; j += 8) {
-      uint32_t w;
-      std::memcpy(&w, in + j / 2, 4);
-      // Spread 8 nibbles over 8 lanes: lane i gets bits 4i..4i+3.
-      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-      const __m256i q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
-      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), s);
-      _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, z) : r);
-    }
-  }
-  decode_int_run_scalar(f, asym, in, j, j1, p, x);
+  if (j0 % code_unit(f.bits) != 0) return decode_int_run_scalar(f, asym, in, j0, j1, p, x);
+  decode_int_run_avx2_any<false>(f, asym, in, j0, j1, p, nullptr, nullptr, x);
 }
 
-// decode_int_run_avx2 over a whole row of d values whose scale and zero
-// point differ per column (per-channel keys: sc[j], zr[j]); the same
-// operations per value (a multiply, then an add when asymmetric), so the
-// same bytes as the scalar path.
+// A whole row of d values whose scale and zero point differ per column
+// (per-channel keys: sc[j], zr[j]).
 [[maybe_unused]] __attribute__((target("avx2"))) void decode_int_row_channel_avx2(
     const IntFormat &f, bool asym, const uint8_t *in, uint64_t d, const float *sc, const float *zr,
     float *x) {
-  uint64_t j = 0;
-  const __m256i off = _mm256_set1_epi32(f.off);
-  for (; j + 8 <= d; j += 8) {
-    __m256i q;
-    if (f.bits == 8) {
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
-      q = asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-    } else if (f.bits == 3) {
-      q = _mm256_sub_epi32(load_int3_8(in, j), off);
-    } else if (f.bits == 2) {
-      uint16_t w;
-      std::memcpy(&w, in + j / 4, 2);
-      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-      q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
-    } else {
-      uint32_t w;
-      std::memcpy(&w, in + j / 2, 4);
-      const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-      q = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
-    }
-    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(sc + j));
-    _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, _mm256_loadu_ps(zr + j)) : r);
-  }
-  for (; j < d; ++j) {
-    Params p;
-    p.scale = sc[j];
-    p.zero = asym ? zr[j] : 0.0f;
-    decode_int_run_scalar(f, asym, in, j, j + 1, p, x);
-  }
+  decode_int_run_avx2_any<true>(f, asym, in, 0, d, Params{}, sc, zr, x);
 }
 
 [[maybe_unused]] __attribute__((target("avx2"))) void min_max_avx2(const float *x, uint64_t n,
