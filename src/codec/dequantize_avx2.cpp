@@ -29,31 +29,6 @@ __attribute__((target("avx2,f16c"), always_inline)) inline float load_scale_fast
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 
-// 8 codes from element j of a row of `Bits`-bit codes, as int32 q = code - off
-// (int8 symmetric: the signed byte).
-template <int Bits, bool Asym>
-__attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint8_t *in, uint64_t j,
-                                                                      __m256i off) {
-  if constexpr (Bits == 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
-    return Asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
-  } else if constexpr (Bits == 3) {
-    return _mm256_sub_epi32(load_int3_8(in, j), off);
-  } else if constexpr (Bits == 4) {
-    uint32_t w;
-    std::memcpy(&w, in + j / 2, 4);
-    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                        _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
-  } else {
-    uint16_t w;
-    std::memcpy(&w, in + j / 4, 2);
-    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
-  }
-}
-
 template <bool Half>
 __attribute__((target("avx2,f16c"), always_inline)) inline void store8(void *dst, uint64_t i,
                                                                        __m256 x) {

@@ -132,32 +132,28 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
   }
 }
 
-// The values q = code - offset of 8 codes from code j (j a multiple of the
-// code unit): int8 signed (or unsigned when asymmetric), int3 / int2 / int4
-// unpacked and shifted by the format's offset.
-template <int Bits>
-__attribute__((target("avx2"), always_inline)) inline __m256i int_codes_8(const uint8_t *in,
-                                                                          uint64_t j, bool asym,
-                                                                          __m256i off) {
+// 8 codes from element j of a row of `Bits`-bit codes, as int32 q = code - off
+// (int8 symmetric: the signed byte).
+template <int Bits, bool Asym>
+__attribute__((target("avx2"), always_inline)) inline __m256i unpack8(const uint8_t *in, uint64_t j,
+                                                                      __m256i off) {
   if constexpr (Bits == 8) {
     const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j));
-    return asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
+    return Asym ? _mm256_cvtepu8_epi32(b) : _mm256_cvtepi8_epi32(b);
   } else if constexpr (Bits == 3) {
     return _mm256_sub_epi32(load_int3_8(in, j), off);
-  } else if constexpr (Bits == 2) {
-    uint16_t w;
-    std::memcpy(&w, in + j / 4, 2);
-    // Spread 8 two-bit codes over 8 lanes: lane i gets bits 2i..2i+1.
-    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
-                                        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
-    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
-  } else {
+  } else if constexpr (Bits == 4) {
     uint32_t w;
     std::memcpy(&w, in + j / 2, 4);
-    // Spread 8 nibbles over 8 lanes: lane i gets bits 4i..4i+3.
     const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
                                         _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
     return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
+  } else {
+    uint16_t w;
+    std::memcpy(&w, in + j / 4, 2);
+    const __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                        _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    return _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0x3)), off);
   }
 }
 
@@ -175,7 +171,8 @@ __attribute__((target("avx2"))) void decode_int_run_avx2_bits(const IntFormat &f
   const __m256i off = _mm256_set1_epi32(f.off);
   uint64_t j = j0;
   for (; j + 8 <= j1; j += 8) {
-    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(int_codes_8<Bits>(in, j, asym, off)),
+    const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(asym ? unpack8<Bits, true>(in, j, off)
+                                                           : unpack8<Bits, false>(in, j, off)),
                                    PerColumn ? _mm256_loadu_ps(sc + j) : s);
     _mm256_storeu_ps(x + j, asym ? _mm256_add_ps(r, PerColumn ? _mm256_loadu_ps(zr + j) : z) : r);
   }
