@@ -31,9 +31,11 @@ plain name is llama.cpp's default (rotated where llama.cpp rotates).
 one table (FILE is this script's --json output).
 """
 import argparse
+import hashlib
 import json
 import math
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -177,6 +179,9 @@ def main():
         "ctx": a.ctx,
         "windows": len(windows),
         "tokens_scored": n_scored,
+        # The text token ids the windows read, as `kvcache eval` hashes them (it refuses other ids).
+        "token_ids_count": 1 + n_scored,
+        "token_ids_sha256": hashlib.sha256(struct.pack("<%dI" % (1 + n_scored), *tokens[:1 + n_scored])).hexdigest(),
         "reference": "llama.cpp f16",
         "flash_attn": True,
         "results": results,

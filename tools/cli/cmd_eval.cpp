@@ -87,7 +87,12 @@ void run_eval_command(EvalCommand &cmd) {
   if (!cmd.plot_path.empty()) check_plot_target(cmd.plot_path);  // fail before the long run
   eval_opt.progress = !cmd.no_progress;
   std::string peer;
-  if (!cmd.peer_path.empty()) peer = read_peer_report(cmd.peer_path);  // fail before the long run
+  if (!cmd.peer_path.empty()) {
+    peer = read_peer_report(cmd.peer_path);  // fail before the long run
+    eval_opt.before_run = [&](const EvalReport &rep) {
+      check_peer_report(rep, peer, cmd.peer_path);
+    };
+  }
   const EvalReport report = run_eval(eval_opt);
   if (cmd.json) {
     std::printf("%s\n", eval_json(report, peer).c_str());
@@ -155,8 +160,9 @@ void register_eval(CLI::App &app) {
       ->group("");
   eval->add_option(
       "--peer", cmd->peer_path,
-      "JSON of bench/peers/llamacpp_kv.py (llama.cpp's KV types on the same windows): printed "
-      "beside our rows");
+      "JSON of bench/peers/llamacpp_kv.py or bench/peers/hf_caches.py (peers on the same windows "
+      "and tokens): printed beside our rows; refused if its model, window length or token ids "
+      "differ from this run's");
   eval->add_option(
       "--chunk", eval_opt.chunk,
       "Positions per forward pass: 1 decodes token by token; more batches the matrix products "

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ constexpr std::int64_t kGgufEvalTokens = 4096;
 /// Default chunk of the forward pass for GGUF models (BLAS GEMMs, prefill attention).
 constexpr int kGgufChunk = 64;
 
+struct EvalReport;
+
 struct EvalOptions {
   std::string model = "stories260k";
   std::string tokenizer;  ///< empty: the model's own
@@ -46,6 +49,10 @@ struct EvalOptions {
   int threads = 0;                  ///< 0: one per core, at most one per window
   bool progress = true;             ///< progress bar on stderr (only when it is a terminal)
   bool overhead = false;            ///< also time the bare forward pass on a plain array cache
+  /// Called once the model, text and windows are loaded (the report's
+  /// description filled), before any window runs; may throw to stop the run
+  /// (--peer checks its report against the run here).
+  std::function<void(const EvalReport &)> before_run;
 };
 
 struct StrategyResult {
@@ -60,7 +67,14 @@ struct StrategyResult {
   double effective_bits_per_element = 0;  ///< bits_per_element x kept_fraction
   std::uint64_t kv_bytes_per_token = 0;
   std::uint64_t peak_kv_bytes = 0;
-  double compression_vs_f16 = 0;
+  double compression_vs_f16 = 0;  ///< per token held: f16 bytes per token / this row's
+  /// "How much less memory than the dense f16 cache": dense f16 bytes of a
+  /// whole window (every position held) / this row's bytes held at the end of
+  /// it (codes, scales, residual, only the tokens kept). Above 1: a saving.
+  double memory_vs_f16 = 0;
+  /// The same for the peaks: dense f16 bytes of the longest window / this
+  /// row's peak bytes in use (prefill-compress rows peak before compressing).
+  double peak_memory_vs_f16 = 0;
   double ppl = 0;
   double ppl_delta_pct = 0;
   double kl_mean = 0;
@@ -81,6 +95,11 @@ struct EvalReport {
   int windows = 0;
   std::int64_t tokens_scored = 0;
   std::int64_t positions_fed = 0;  ///< per strategy, BOS included
+  /// The text's token ids the windows read (the first window's context token
+  /// included, BOS not): how many, and the SHA-256 of them as little-endian
+  /// uint32, in hex. A peer report must name the same (read_peer_report).
+  std::int64_t token_ids_count = 0;
+  std::string token_ids_sha256;
   int threads = 0;
   double wall_seconds = 0;
   int num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -100,8 +119,16 @@ void print_eval_table(const EvalReport &report, std::FILE *out);
 /// The report as one JSON object (the keys docs/eval.md lists). `peer`: empty,
 /// or a peer report (read_peer_report) added under "peer".
 std::string eval_json(const EvalReport &report, const std::string &peer = "");
-/// Reads and checks a bench/peers/llamacpp_kv.py --json report; returns its text.
+/// Reads and checks a peer report (bench/peers/llamacpp_kv.py or
+/// bench/peers/hf_caches.py --json): a JSON object with a non-empty "results"
+/// array whose rows have the keys print_peer_table reads, of the right types.
+/// Returns its text. Throws kvc_runner::RunnerError naming the file and what is wrong.
 std::string read_peer_report(const std::string &path);
+/// Checks a peer report (read_peer_report's text) against this run: the same
+/// model file name, and, where the report names them, the same token ids
+/// (token_ids_sha256 over token_ids_count ids) and window length. Throws
+/// kvc_runner::RunnerError saying which differs.
+void check_peer_report(const EvalReport &report, const std::string &peer, const std::string &path);
 /// Our rows and the peer's, side by side: bits per element, bytes per token,
 /// perplexity change and KL against each side's own 16-bit reference.
 void print_peer_table(const EvalReport &report, const std::string &peer, std::FILE *out);

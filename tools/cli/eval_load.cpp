@@ -2,14 +2,43 @@
 // `kvcache eval`, loading: model, tokenizer, text and windows (eval_load.h).
 #include "eval_load.h"
 
+#include <openssl/evp.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "../runner/error.h"
 #include "../runner/runner.h"
 
 namespace kvc_cli {
+namespace {
+
+/// SHA-256 of the first `n` ids as little-endian uint32, in lower-case hex
+/// (what a peer script computes with hashlib over the same ids).
+std::string token_ids_sha256(const std::vector<int> &ids, std::size_t n) {
+  std::vector<unsigned char> bytes(4 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto v = static_cast<std::uint32_t>(ids[i]);
+    for (int b = 0; b < 4; ++b) bytes[4 * i + b] = static_cast<unsigned char>(v >> (8 * b));
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), md, &len, EVP_sha256(), nullptr) != 1)
+    throw kvc_runner::RunnerError("OpenSSL SHA-256 failed");
+  static const char *hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+}  // namespace
+
 using namespace kvc_runner;
 
 EvalInput load_eval_input(const EvalOptions &opt, EvalReport &rep) {
@@ -77,6 +106,8 @@ EvalInput load_eval_input(const EvalOptions &opt, EvalReport &rep) {
   }
   rep.windows = static_cast<int>(windows.size());
   rep.tokens_scored = to_score;
+  rep.token_ids_count = lead + to_score;
+  rep.token_ids_sha256 = token_ids_sha256(tokens, static_cast<std::size_t>(lead + to_score));
   return EvalInput{std::move(model),
                    std::move(tokenizer),
                    std::move(tokens),

@@ -3,6 +3,7 @@
 // segment), the JSON report, and a llama.cpp peer report read and printed
 // beside our rows (--peer).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -41,8 +42,9 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
   }
   std::fprintf(out, "\n");
   std::vector<std::vector<std::string>> cells;
-  cells.push_back({"strategy", "bits/elem", "mean bits", "KV B/token", "kept", "peak KV", "vs f16",
-                   "ppl", "ppl Δ%", "KL mean", "top-1", "ms/token"});
+  cells.push_back({"strategy", "bits/elem", "mean bits", "KV B/token", "kept", "peak KV",
+                   "memory vs f16", "peak vs f16", "B/token vs f16", "ppl", "ppl Δ%", "KL mean",
+                   "top-1", "ms/token"});
   char buf[64];
   for (const StrategyResult &r : rep.results) {
     std::vector<std::string> row;
@@ -55,6 +57,10 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
     std::snprintf(buf, sizeof buf, "%.1f%%", r.kept_fraction * 100.0);
     row.push_back(buf);
     row.push_back(human_bytes(static_cast<long double>(r.peak_kv_bytes)));
+    std::snprintf(buf, sizeof buf, "%.2fx", r.memory_vs_f16);
+    row.push_back(buf);
+    std::snprintf(buf, sizeof buf, "%.2fx", r.peak_memory_vs_f16);
+    row.push_back(buf);
     std::snprintf(buf, sizeof buf, "%.2fx", r.compression_vs_f16);
     row.push_back(buf);
     std::snprintf(buf, sizeof buf, "%.6f", r.ppl);
@@ -100,7 +106,10 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
       "averaged over every forward pass (partly filled blocks and tokens staged in f16 count while "
       "they "
       "exist);\n"
-      "kept: K/V tokens held at the end of a full window over positions fed (eviction); "
+      "kept: K/V tokens held at the end of a full window over positions fed (eviction);\n"
+      "memory vs f16: the dense f16 cache's bytes at the end of a full window / this row's bytes "
+      "held then (above 1: less memory); peak vs f16: the same for the peaks; B/token vs f16: per "
+      "token held (f16 bytes per token / KV B/token);\n"
       "KL: mean KL(dense f32 || strategy) over the full vocabulary, nats per token; top-1: "
       "share of positions whose argmax equals the dense one;\nms/token: CPU time of "
       "the forward pass with the cache, per position. Wall time %.1f s on %d thread(s).\n",
@@ -148,6 +157,19 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
   }
 }
 
+namespace {
+
+double number_or_nan(const nlohmann::json &v) {
+  return v.is_number() ? v.get<double>() : std::nan("");
+}
+
+std::string base_name(const std::string &path) {
+  const std::size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
 std::string read_peer_report(const std::string &path) {
   const std::string text = read_text_file(path, "peer report");
   nlohmann::json j;
@@ -158,18 +180,63 @@ std::string read_peer_report(const std::string &path) {
   }
   if (!j.is_object() || !j.contains("results") || !j["results"].is_array() || j["results"].empty())
     throw RunnerError("peer report '" + path +
-                      "' has no results (expected bench/peers/llamacpp_kv.py --json output)");
+                      "' has no results (expected the --json output of bench/peers/llamacpp_kv.py "
+                      "or bench/peers/hf_caches.py)");
+  if (!j.contains("model") || !j["model"].is_string())
+    throw RunnerError("peer report '" + path + "' lacks 'model' (the model file it ran)");
+  for (const char *k : {"token_ids_sha256"})
+    if (j.contains(k) && !j[k].is_string())
+      throw RunnerError("peer report '" + path + "': '" + k + "' is not a string");
+  for (const char *k : {"token_ids_count", "ctx"})
+    if (j.contains(k) && !j[k].is_number_integer())
+      throw RunnerError("peer report '" + path + "': '" + k + "' is not an integer");
+  std::size_t i = 0;
   for (const auto &r : j["results"]) {
+    const std::string row = "peer report '" + path + "': result " + std::to_string(i++);
+    if (!r.is_object()) throw RunnerError(row + " is not an object");
     for (const char *k :
          {"strategy", "bits_per_element", "kv_bytes_per_token", "ppl", "ppl_delta_pct", "kl_mean"})
-      if (!r.contains(k))
-        throw RunnerError("peer report '" + path + "': a result lacks '" + k + "'");
-    if (!r["strategy"].is_string() || !r["bits_per_element"].is_number() || !r["ppl"].is_number() ||
-        !r["ppl_delta_pct"].is_number() || !r["kl_mean"].is_number() ||
-        !r["kv_bytes_per_token"].is_number())
-      throw RunnerError("peer report '" + path + "': a result has a field of the wrong type");
+      if (!r.contains(k)) throw RunnerError(row + " lacks '" + k + "'");
+    if (!r["strategy"].is_string()) throw RunnerError(row + ": 'strategy' is not a string");
+    // Quality may be null: a peer whose logits were not finite (the row says why in "note").
+    for (const char *k :
+         {"bits_per_element", "kv_bytes_per_token", "ppl", "ppl_delta_pct", "kl_mean",
+          "kept_fraction", "memory_vs_f16", "top1_agreement", "ms_per_token"}) {
+      const bool nullable = std::strcmp(k, "ppl") == 0 || std::strcmp(k, "ppl_delta_pct") == 0 ||
+                            std::strcmp(k, "kl_mean") == 0;
+      if (r.contains(k) && !r[k].is_number() && !(nullable && r[k].is_null()))
+        throw RunnerError(row + " ('" + r["strategy"].get<std::string>() + "'): '" + k +
+                          "' is not a number");
+    }
+    if (r.contains("kept_fraction") &&
+        !(r["kept_fraction"].get<double>() > 0 && r["kept_fraction"].get<double>() <= 1))
+      throw RunnerError(row + " ('" + r["strategy"].get<std::string>() +
+                        "'): 'kept_fraction' must be in (0, 1]");
   }
   return text;
+}
+
+void check_peer_report(const EvalReport &rep, const std::string &peer, const std::string &path) {
+  const nlohmann::json j = nlohmann::json::parse(peer);
+  const std::string model = j["model"].get<std::string>(), ours = base_name(rep.model_path);
+  if (base_name(model) != ours)
+    throw RunnerError("peer report '" + path + "' was measured on model '" + model +
+                      "', this run evaluates '" + ours + "'");
+  if (j.contains("ctx") && j["ctx"].get<std::int64_t>() != rep.ctx)
+    throw RunnerError("peer report '" + path + "' used windows of " + j["ctx"].dump() +
+                      " positions, this run " + std::to_string(rep.ctx) + " (give --ctx " +
+                      j["ctx"].dump() + ")");
+  if (j.contains("token_ids_count") &&
+      j["token_ids_count"].get<std::int64_t>() != rep.token_ids_count)
+    throw RunnerError("peer report '" + path + "' read " + j["token_ids_count"].dump() +
+                      " token ids of the text, this run " + std::to_string(rep.token_ids_count) +
+                      " (--max-tokens " + std::to_string(rep.tokens_scored) +
+                      "; the peer's --max-tokens must match)");
+  if (j.contains("token_ids_sha256") &&
+      j["token_ids_sha256"].get<std::string>() != rep.token_ids_sha256)
+    throw RunnerError("peer report '" + path + "' scored different token ids (token_ids_sha256 " +
+                      j["token_ids_sha256"].get<std::string>() + ", this run " +
+                      rep.token_ids_sha256 + "): another text or tokenizer");
 }
 
 void print_peer_table(const EvalReport &rep, const std::string &peer, std::FILE *out) {
@@ -177,38 +244,57 @@ void print_peer_table(const EvalReport &rep, const std::string &peer, std::FILE 
   std::fprintf(
       out,
       "\nside by side with %s (%s; %s windows of ctx %s, %s tokens scored). Our rows against dense "
-      "f32, the peer's against its own f16 K/V:\n\n",
+      "f32, the peer's against %s:\n\n",
       j.value("peer", std::string("peer")).c_str(), j.value("model", std::string("?")).c_str(),
       j.contains("windows") ? j["windows"].dump().c_str() : "?",
       j.contains("ctx") ? j["ctx"].dump().c_str() : "?",
-      j.contains("tokens_scored") ? j["tokens_scored"].dump().c_str() : "?");
+      j.contains("tokens_scored") ? j["tokens_scored"].dump().c_str() : "?",
+      j.value("reference", std::string("its own reference")).c_str());
   struct Row {
-    std::string name;
-    double bits, bytes, ppl, delta, kl;
+    std::string name, protocol;
+    double bits, bytes, memory, ppl, delta, kl, top1;
   };
   std::vector<Row> rows;
   for (const StrategyResult &r : rep.results)
-    rows.push_back({r.strategy, r.effective_bits_per_element,
-                    double(r.kv_bytes_per_token) * r.kept_fraction, r.ppl, r.ppl_delta_pct,
-                    r.kl_mean});
-  for (const auto &r : j["results"])
-    rows.push_back({r["strategy"].get<std::string>(), r["bits_per_element"].get<double>(),
-                    r["kv_bytes_per_token"].get<double>(), r["ppl"].get<double>(),
-                    r["ppl_delta_pct"].get<double>(), r["kl_mean"].get<double>()});
+    rows.push_back({r.strategy, "kvcache eval", r.effective_bits_per_element,
+                    double(r.kv_bytes_per_token) * r.kept_fraction, r.memory_vs_f16, r.ppl,
+                    r.ppl_delta_pct, r.kl_mean, r.top1_agreement});
+  for (const auto &r : j["results"]) {
+    const double kept = r.value("kept_fraction", 1.0), bits = r["bits_per_element"].get<double>();
+    rows.push_back({r["strategy"].get<std::string>(), r.value("protocol", std::string("stream")),
+                    bits * kept, r["kv_bytes_per_token"].get<double>() * kept,
+                    r.value("memory_vs_f16", bits > 0 ? 16.0 / (bits * kept) : 0.0),
+                    number_or_nan(r["ppl"]), number_or_nan(r["ppl_delta_pct"]),
+                    number_or_nan(r["kl_mean"]), r.value("top1_agreement", -1.0)});
+  }
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Row &a, const Row &b) { return a.bits < b.bits; });
-  std::size_t w = 8;
-  for (const Row &r : rows) w = std::max(w, r.name.size());
-  std::fprintf(out, "%-*s  %9s  %12s  %10s  %10s  %10s\n", static_cast<int>(w), "strategy",
-               "eff. bits", "B/position", "ppl", "ppl Δ%", "KL mean");
-  std::fprintf(out, "%s\n", std::string(w + 60, '-').c_str());
-  for (const Row &r : rows)
-    std::fprintf(out, "%-*s  %9.2f  %12.0f  %10.5f  %+10.4f  %10.3e\n", static_cast<int>(w),
-                 r.name.c_str(), r.bits, r.bytes, r.ppl, r.delta, r.kl);
+  std::size_t w = 8, wp = 8;
+  for (const Row &r : rows) {
+    w = std::max(w, r.name.size());
+    wp = std::max(wp, r.protocol.size());
+  }
+  std::fprintf(out, "%-*s  %-*s  %9s  %12s  %10s  %10s  %10s  %10s  %7s\n", static_cast<int>(w),
+               "strategy", static_cast<int>(wp), "protocol", "eff. bits", "B/position",
+               "mem vs f16", "ppl", "ppl Δ%", "KL mean", "top-1");
+  std::fprintf(out, "%s\n", std::string(w + wp + 90, '-').c_str());
+  for (const Row &r : rows) {
+    char top1[32];
+    if (r.top1 >= 0)
+      std::snprintf(top1, sizeof top1, "%7.4f", r.top1);
+    else
+      std::snprintf(top1, sizeof top1, "%7s", "-");
+    std::fprintf(out, "%-*s  %-*s  %9.2f  %12.0f  %9.2fx  %10.5f  %+10.4f  %10.3e  %s\n",
+                 static_cast<int>(w), r.name.c_str(), static_cast<int>(wp), r.protocol.c_str(),
+                 r.bits, r.bytes, r.memory, r.ppl, r.delta, r.kl, top1);
+  }
   std::fprintf(
       out,
       "\neff. bits: bits per element x share of positions held; B/position: KV bytes per position "
-      "of the window.\n");
+      "of the window; mem vs f16: the dense f16 cache's bytes / the row's bytes held at the end of "
+      "a window; protocol: how the peer's row ran (stream: every position decoded through the "
+      "cache; prefill-compress: half the window prefilled and compressed once, the rest "
+      "decoded).\n");
 }
 
 std::string eval_json(const EvalReport &rep, const std::string &peer) {
@@ -223,6 +309,8 @@ std::string eval_json(const EvalReport &rep, const std::string &peer) {
   j["segment"] = rep.segment;
   j["windows"] = rep.windows;
   j["tokens_scored"] = rep.tokens_scored;
+  j["token_ids_count"] = rep.token_ids_count;
+  j["token_ids_sha256"] = rep.token_ids_sha256;
   j["geometry"] = {{"num_layers", rep.num_layers},
                    {"num_q_heads", rep.num_q_heads},
                    {"num_kv_heads", rep.num_kv_heads},
@@ -238,6 +326,8 @@ std::string eval_json(const EvalReport &rep, const std::string &peer) {
     o["kv_bytes_per_token"] = r.kv_bytes_per_token;
     o["peak_kv_bytes"] = r.peak_kv_bytes;
     o["compression_vs_f16"] = r.compression_vs_f16;
+    o["memory_vs_f16"] = r.memory_vs_f16;
+    o["peak_memory_vs_f16"] = r.peak_memory_vs_f16;
     o["ppl"] = r.ppl;
     o["ppl_delta_pct"] = r.ppl_delta_pct;
     o["kl_mean"] = r.kl_mean;

@@ -366,6 +366,10 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
     f16_bytes_per_token = f16_pool.stats().bytes_per_token;
   }
   const double elements_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim();
+  // Positions of the longest window (the dense cache's peak holds all of them).
+  double longest_window = 0;
+  for (const EvalWindow &w : windows)
+    longest_window = std::max(longest_window, double(w.scored + 1));
 
   std::vector<StrategyResult> row_results(n_rows);
   for (std::size_t r = 0; r < n_rows; ++r) {
@@ -420,6 +424,14 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
     res.ms_per_token = total.seconds * 1000.0 / double(total.positions);
     res.kept_fraction =
         total.positions_at_end > 0 ? total.tokens_at_end / total.positions_at_end : 1.0;
+    // Dense f16 bytes at the same moments: every position of the window held.
+    const double f16_at_end = double(f16_bytes_per_token) * total.positions_at_end / c.n_layers;
+    res.memory_vs_f16 = total.bytes_at_end > 0 ? f16_at_end / total.bytes_at_end
+                        : bytes_per_token > 0
+                            ? double(f16_bytes_per_token) / bytes_per_token / res.kept_fraction
+                            : 0.0;
+    res.peak_memory_vs_f16 =
+        row_peak[r] > 0 ? double(f16_bytes_per_token) * longest_window / double(row_peak[r]) : 0.0;
     res.effective_bits_per_element = res.bits_per_element * res.kept_fraction;
     for (std::size_t k = 0; k < n_segments; ++k) {
       res.segment_ppl.push_back(
@@ -440,6 +452,7 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
 EvalReport run_eval(const EvalOptions &opt) {
   EvalReport rep;
   const EvalInput in = load_eval_input(opt, rep);
+  if (opt.before_run) opt.before_run(rep);
   const StrategyRows strategy_list = strategy_rows(opt.strategies);
   const std::vector<Strategy> &rows = strategy_list.rows;
   const std::size_t n_rows = rows.size();

@@ -1,0 +1,619 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""transformers' KV caches and kvpress's presses measured on the same work as `kvcache eval --model smollm2`.
+
+SmolLM2-135M-Instruct (the GGUF scripts/fetch-models.sh fetches, loaded by transformers in f32;
+bindings/python/tests_hf/hfmodel.py) scores the shared TinyStories text with each peer cache, on the
+windows and positions `kvcache eval --model smollm2` scores: windows of CTX positions whose first is
+the text token before the first one scored, advancing by CTX - 1 tokens, MAX_TOKENS tokens scored.
+The ids come from transformers' tokenizer; for the shared texts they are checked against llama.cpp's
+(their count and SHA-256 in tests/fixtures/smollm2), which our runner reproduces.
+Each window runs from an empty cache. Reference: transformers' DynamicCache (f32), under the same
+protocol as the row; KL(reference || row) over the full vocabulary, top-1 agreement, perplexity.
+
+Protocols (as `kvcache eval`'s, docs/eval.md "Eviction protocols"):
+  stream            every position goes through the cache in forward passes of CHUNK positions
+                    (1: token by token, how QuantizedCache runs in generate())
+  prefill-compress  the first P = PREFILL x window positions in one forward pass, compressed once
+                    at its end (kvpress's protocol; our snapkv / pyramidkv), the rest decoded in
+                    passes of CHUNK positions
+
+Rows (--rows, comma-separated; default: every peer this venv can run, see --list):
+  quanto-int2, quanto-int4         QuantizedCache(backend="quanto", nbits=N): optimum-quanto,
+                                   its defaults axis 0, q_group_size 64, residual_length 128
+  hqq-int2/3/4/8                   QuantizedCache(backend="hqq", nbits=N), same defaults
+  NAME-r32                         the same with residual_length=32 (our kivi rows' residual)
+  fp8                              QuantizedCache(backend="fp8"): float8_e4m3fn, one f32 scale per
+                                   layer tensor frozen at the first update (transformers >= 5.3)
+  NAME@prefill                     a QuantizedCache row under the prefill-compress protocol (no
+                                   press): the first update is the half-window prefill, as in
+                                   generate() (fp8's scale is calibrated on it, not on one token)
+  kvpress-PRESS@R                  kvpress's PRESS (its class name without "Press": SnapKV,
+                                   StreamingLLM, TOVA, Knorm, ExpectedAttention, ObservedAttention,
+                                   PyramidKV, KVzip, ...) at compression_ratio R (R = 0.5 keeps
+                                   50 % of the prefill), on a DynamicCache, prefill-compress
+  kvpress-AdaKV-PRESS@R            AdaKVPress(PRESS(R)): head-wise budgets (kvpress masks the
+                                   evicted keys; the cache keeps every token)
+  kvpress-Decoding-PRESS@R         DecodingPress(PRESS): kvpress's decoding-time variant, under the
+                                   stream protocol: every 16 decoded tokens the cache is cut back to
+                                   (1 - R) x CTX tokens (our stream policies cap it at the same)
+  ours:SPEC                        `kvcache eval` strategy SPEC through kvcache.hf.PagedCache (our
+                                   codecs and policies, model code byte for byte the peers'),
+                                   protocol by the policy (none / stream: stream; snapkv,
+                                   pyramidkv: prefill-compress)
+  ours-press:SPEC                  our policy SPEC (one policy part) as a kvpress press
+                                   (kvcache.hf.KvcPress) on a PagedCache f32, prefill-compress
+
+Bits per element are counted as `kvcache eval` counts them: the bytes the cache holds at the end
+of each full window (every tensor it keeps: codes, scales, zero points, residual tokens in the
+model's f32, masked-but-held keys) over the K and V elements of the tokens it holds; each row
+carries its formula (`bits_formula`). memory_vs_f16 = the dense f16 cache's bytes at the end of a
+window / the row's bytes then; peak_memory_vs_f16 the same for the peaks.
+
+  python3 bench/peers/hf_caches.py [--rows LIST] [--ctx 512] [--max-tokens 4096] [--chunk 1]
+      [--prefill 0.5] [--threads N] [--json OUT]
+  python3 bench/peers/hf_caches.py --merge A.json B.json ... --json OUT
+  python3 bench/peers/hf_caches.py --list
+
+QuantizedCache's backends live in scripts/setup-python.sh's `hf` venv (newest transformers), kvpress
+in its `kvpress` venv (it pins transformers < 5.3): run the script once in each and --merge the two
+reports. `kvcache eval --model smollm2 --peer OUT` prints our rows and these side by side; it
+refuses a report of another model, window length or token ids.
+"""
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python", "tests_hf"))
+
+QUANT = {"quanto": (2, 4), "hqq": (2, 3, 4, 8)}
+DECODING_INTERVAL = 16
+KVPRESS_DECODING_DEFAULT = ["Knorm", "ExpectedAttention", "TOVA"]
+KVPRESS_DEFAULT = ["StreamingLLM", "SnapKV", "TOVA", "Knorm", "ExpectedAttention", "ObservedAttention",
+                   "PyramidKV", "KVzip", "AdaKV-ExpectedAttention", "AdaKV-SnapKV"]
+OURS_DEFAULT_STREAM = ["f16", "int8:per-token", "kivi4:group=16:residual=32", "kivi2:group=16:residual=32",
+                       "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
+                       "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range"]
+OURS_DEFAULT_PREFILL = ["snapkv:budget={b}+f32", "pyramidkv:budget={b}+f32"]
+OURS_DEFAULT_STREAM_POLICIES = ["h2o:budget={b}+f32", "tova:budget={b}+f32", "streaming:budget={b}+f32"]
+OURS_PRESS_DEFAULT = ["h2o:budget={b}", "tova:budget={b}", "streaming:budget={b}"]
+
+
+def default_rows(have_quant, have_fp8, have_kvpress):
+    rows = []
+    if have_quant:
+        for backend, bits in QUANT.items():
+            rows += ["%s-int%d" % (backend, b) for b in bits]
+        rows += ["quanto-int4-r32", "quanto-int2-r32", "hqq-int4-r32", "hqq-int2-r32"]
+    if have_fp8:
+        rows += ["fp8", "fp8@prefill"]
+    if have_kvpress:
+        for r in (0.5, 0.7):
+            rows += ["kvpress-%s@%g" % (p, r) for p in KVPRESS_DEFAULT]
+            rows += ["kvpress-Decoding-%s@%g" % (p, r) for p in KVPRESS_DECODING_DEFAULT]
+    if have_kvpress and not have_quant:
+        return rows  # kvpress's venv: our rows come from the other run (--merge)
+    rows += ["ours:" + s for s in OURS_DEFAULT_STREAM]
+    for r in (0.5, 0.7):
+        b = "%g" % (1 - r)
+        rows += ["ours:" + s.format(b=b) for s in OURS_DEFAULT_PREFILL + OURS_DEFAULT_STREAM_POLICIES]
+        rows += ["ours-press:" + s.format(b=b) for s in OURS_PRESS_DEFAULT]
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ inputs
+def default_model():
+    import hfmodel
+
+    return os.path.join(hfmodel.model_cache(), hfmodel.GGUF)
+
+
+def text_token_ids(text_path, tok):
+    """The text's token ids by the model's tokenizer (no BOS, no special tokens). For the shared
+    TinyStories text they are checked against llama.cpp's (the count and SHA-256 of all of them in
+    tests/fixtures/smollm2, the ids our runner reproduces)."""
+    with open(text_path, encoding="utf-8") as f:
+        ids = tok(f.read(), add_special_tokens=False)["input_ids"]
+    fixture = os.path.join(ROOT, "tests", "fixtures", "smollm2", "tokens-" +
+                           os.path.splitext(os.path.basename(text_path))[0] + ".txt")
+    if os.path.exists(fixture):
+        count = sha = None
+        with open(fixture) as f:
+            for line in f:
+                if line.startswith("count"):
+                    count = int(line.split()[1])
+                elif line.startswith("sha256"):
+                    sha = line.split()[1]
+        if count != len(ids) or sha != token_ids_sha256(ids):
+            sys.exit("hf_caches: transformers' tokenizer gives %d ids (sha256 %s) for %s, llama.cpp %s (%s): "
+                     "not the ids kvcache eval scores" % (len(ids), token_ids_sha256(ids), text_path, count, sha))
+    return ids
+
+
+def token_ids_sha256(ids):
+    """SHA-256 of the ids as little-endian uint32, hex (what `kvcache eval` writes as token_ids_sha256)."""
+    return hashlib.sha256(struct.pack("<%dI" % len(ids), *ids)).hexdigest()
+
+
+def windows_of(n_tokens, ctx, max_tokens):
+    """[(first, scored)]: window positions 0..scored (position 0 the text token first - 1)."""
+    n_scored = min(max_tokens, n_tokens - 1) if max_tokens > 0 else n_tokens - 1
+    out, first = [], 1
+    while first < 1 + n_scored:
+        out.append((first, min(ctx - 1, 1 + n_scored - first)))
+        first += ctx - 1
+    return out, n_scored
+
+
+# ------------------------------------------------------------------------------------------ bytes
+def tensor_bytes(obj, seen=None, depth=0):
+    """Bytes of every tensor reachable from obj (quanto's QTensors by their inner tensors, HQQ's
+    meta dicts, tuples), each storage counted once."""
+    import torch
+
+    if seen is None:
+        seen = set()
+    if depth > 8 or obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor:
+            names, _ = obj.__tensor_flatten__()
+            return sum(tensor_bytes(getattr(obj, n), seen, depth + 1) for n in names)
+        if obj.numel() == 0:
+            return 0
+        key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes())
+        if key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, seen, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v, seen, depth + 1) for v in obj)
+    total = 0
+    for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
+        if hasattr(obj, name):
+            total += tensor_bytes(getattr(obj, name), seen, depth + 1)
+    return total
+
+
+class Row:
+    """One row: how to make its cache (and press), its protocol, and what it held."""
+
+    def __init__(self, name, protocol, side, settings, formula, make):
+        self.name, self.protocol, self.side, self.settings, self.formula = name, protocol, side, settings, formula
+        self.make = make  # () -> (cache, press or None)
+        self.nll = self.kl = self.seconds = 0.0
+        self.top1 = self.n = self.positions = 0
+        self.bytes_end = self.tokens_end = self.positions_end = 0.0
+        self.peak = 0
+        self.attended_end = 0.0
+
+    def held(self, cache, n_layers):
+        """(bytes held, tokens held over all layers, tokens attended over all layers)."""
+        import kvcache.hf as kh
+
+        if isinstance(cache, kh.PagedCache):
+            st = cache.stats()
+            sid = cache._seqs[0]
+            toks = sum(cache.pool.layer_tokens(sid, i) for i in range(n_layers))
+            return int(st["bytes_in_use"]), toks, toks
+        toks = sum(int(layer.get_seq_length()) for layer in cache.layers)
+        attended = toks
+        masked = getattr(self, "masked", None)
+        if masked is not None:
+            attended = toks - masked()
+        return tensor_bytes(list(cache.layers)), toks, attended
+
+
+# ------------------------------------------------------------------------------------------ rows
+def make_rows(names, model, prefill_fraction):
+    import torch  # noqa: F401
+
+    rows = []
+    for name in names:
+        protocol = "stream"
+        base = name
+        if (name.startswith(("quanto-", "hqq-", "fp8"))) and name.endswith("@prefill"):
+            protocol, base = "prefill-compress", name[:-len("@prefill")]
+        if base.startswith("quanto-") or base.startswith("hqq-"):
+            backend, rest = base.split("-", 1)
+            parts = rest.split("-")
+            if not parts[0].startswith("int") or len(parts) > 2 or (len(parts) == 2 and parts[1] != "r32"):
+                sys.exit("hf_caches: bad row '%s' (e.g. quanto-int4, hqq-int3-r32)" % name)
+            nbits = int(parts[0][3:])
+            if nbits not in QUANT[backend]:
+                sys.exit("hf_caches: %s has no int%d (it has %s)" % (backend, nbits, QUANT[backend]))
+            residual = 32 if len(parts) == 2 else 128
+            from transformers import QuantizedCache
+
+            kw = dict(nbits=nbits, residual_length=residual)
+            formula = ("%d-bit codes + a scale and a zero point (f32) per group of 64 values along the "
+                       "flattened tensor (axis 0), + the residual tokens (up to %d) in f32" % (nbits, residual))
+            if backend == "hqq":
+                formula += "; HQQ packs 3-bit codes 10 per int32 (3.2 bits)"
+            rows.append(Row(name, protocol, "transformers QuantizedCache (%s)" % backend,
+                            'QuantizedCache(backend="%s", nbits=%d, residual_length=%d)' % (backend, nbits, residual),
+                            formula, lambda m, ctx, b=backend, kw=kw: (QuantizedCache(backend=b, config=m.config, **kw), None)))
+        elif base == "fp8":
+            from transformers import QuantizedCache
+
+            rows.append(Row(name, protocol, "transformers QuantizedCache (fp8)", 'QuantizedCache(backend="fp8")',
+                            "8-bit e4m3 codes + one f32 scale per layer tensor (K, V), frozen at the first update",
+                            lambda m, ctx: (QuantizedCache(backend="fp8", config=m.config), None)))
+        elif name.startswith("kvpress-"):
+            rows.append(kvpress_row(name, model))
+        elif name.startswith("ours:") or name.startswith("ours-press:"):
+            rows.append(ours_row(name, prefill_fraction))
+        else:
+            sys.exit("hf_caches: unknown row '%s' (--list shows the names)" % name)
+    return rows
+
+
+def kvpress_row(name, model):
+    try:
+        import kvpress
+    except ImportError:
+        sys.exit("hf_caches: row '%s' needs kvpress (scripts/setup-python.sh's kvpress venv)" % name)
+    from transformers import DynamicCache
+
+    spec, _, ratio = name[len("kvpress-"):].partition("@")
+    try:
+        ratio = float(ratio)
+    except ValueError:
+        sys.exit("hf_caches: row '%s' needs @RATIO (e.g. kvpress-SnapKV@0.5)" % name)
+    if not 0 < ratio < 1:
+        sys.exit("hf_caches: row '%s': the compression ratio must be in (0, 1)" % name)
+    parts = spec.split("-")
+    wrapper = parts[0] if parts[0] in ("AdaKV", "Decoding") and len(parts) == 2 else None
+    inner = parts[-1]
+    cls = getattr(kvpress, inner + "Press", None)
+    if cls is None or len(parts) > 2 or (len(parts) == 2 and wrapper is None):
+        sys.exit("hf_caches: unknown kvpress press in '%s' (kvpress %s has: %s)" % (
+            name, getattr(kvpress, "__version__", "?"),
+            ", ".join(sorted(n[:-5] for n in dir(kvpress) if n.endswith("Press")))))
+    kept = 1 - ratio
+    if wrapper == "AdaKV":
+        label = "AdaKVPress(%sPress(compression_ratio=%g))" % (inner, ratio)
+
+        def make(m, ctx):
+            return DynamicCache(), kvpress.AdaKVPress(cls(compression_ratio=ratio))
+        formula = "f32 K/V of every prefill token (AdaKV masks evicted keys inside the dense tensors)"
+        protocol = "prefill-compress"
+    elif wrapper == "Decoding":
+        label = "DecodingPress(%sPress(), compression_interval=%d, target_size=round(%g x ctx))" % (
+            inner, DECODING_INTERVAL, kept)
+
+        def make(m, ctx):
+            return DynamicCache(), kvpress.DecodingPress(base_press=cls(), compression_interval=DECODING_INTERVAL,
+                                                         target_size=max(1, round(kept * ctx)))
+        formula = "f32 K/V of the tokens kept (DynamicCache)"
+        protocol = "stream"
+    else:
+        label = "%sPress(compression_ratio=%g)" % (inner, ratio)
+
+        def make(m, ctx):
+            return DynamicCache(), cls(compression_ratio=ratio)
+        formula = "f32 K/V of the tokens kept (DynamicCache)"
+        protocol = "prefill-compress"
+    row = Row(name, protocol, "kvpress %s" % getattr(kvpress, "__version__", ""), label, formula, make)
+    row.kept_target = kept
+    row.eager = inner == "ObservedAttention"  # it reads the attention weights
+    row.masks = True  # head-wise presses (AdaKV, KVzip) mask keys inside the dense cache
+    return row
+
+
+def ours_row(name, prefill_fraction):
+    import kvcache
+    import kvcache.hf as kh
+    from kvcache.hf_press import KvcPress
+
+    press = name.startswith("ours-press:")
+    spec = name.split(":", 1)[1]
+    try:
+        st = kvcache.parse_strategy(spec)
+    except kvcache.KvcError as e:
+        sys.exit("hf_caches: row '%s': %s" % (name, e.message))
+    proto = {kh._PROTO_NONE: "stream", kh._PROTO_STREAM: "stream"}.get(st.protocol, "prefill-compress")
+    stream_policy = st.protocol == kh._PROTO_STREAM  # its budget is a share of the window (eval's ctx)
+    if press:
+        def make(m, ctx):
+            return kh.PagedCache(m.config, "f32"), KvcPress(spec)
+        return Row(name, "prefill-compress", "kvcache.hf KvcPress on PagedCache", "KvcPress(%r)" % spec,
+                   "f32 K/V of the tokens kept, whole blocks of 16 (bytes in use)", make)
+
+    def make(m, ctx):
+        return kh.PagedCache(m.config, spec, context=ctx if stream_policy else None), None
+    row = Row(name, proto, "kvcache.hf PagedCache", "PagedCache(config, %r)" % spec,
+              "the pool's bytes in use (codes, scales, zero points, residual / staged tokens, sinks), "
+              "as kvcache eval counts them", make)
+    row.paged_attention = st.observe != kh._native.OBSERVE_NONE
+    return row
+
+
+# ------------------------------------------------------------------------------------------ runs
+def forward(model, ids, pos0, cache, cache_kw):
+    import torch
+
+    n = ids.shape[1]
+    start = int(cache.get_seq_length())
+    with torch.no_grad():
+        out = model(input_ids=ids, position_ids=torch.arange(pos0, pos0 + n).unsqueeze(0),
+                    cache_position=torch.arange(start, start + n), use_cache=True, **{cache_kw: cache})
+    return out.logits[0]
+
+
+def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on_step):
+    """Logits [positions, vocab] (float32) of one window under the protocol; seconds of forward passes."""
+    import torch
+
+    n_pos = feed.shape[1]
+    logits, pos, seconds = [], 0, 0.0
+    if protocol == "prefill-compress":
+        t0 = time.perf_counter()
+        with (press(model) if press is not None else contextlib.nullcontext()):
+            logits.append(forward(model, feed[:, :prefill], 0, cache, cache_kw))
+        seconds += time.perf_counter() - t0
+        on_step()
+        pos = prefill
+    elif press is not None:  # a decoding-time press: active for every pass
+        ctx = press(model)
+        ctx.__enter__()
+    while pos < n_pos:
+        n = min(chunk, n_pos - pos)
+        t0 = time.perf_counter()
+        logits.append(forward(model, feed[:, pos:pos + n], pos, cache, cache_kw))
+        seconds += time.perf_counter() - t0
+        on_step()
+        pos += n
+    if protocol == "stream" and press is not None:
+        ctx.__exit__(None, None, None)
+    return torch.cat(logits).double(), seconds
+
+
+def log_softmax(x):
+    import torch
+
+    return torch.log_softmax(x, dim=-1)
+
+
+def masked_count(model):
+    """Keys kvpress masks inside the dense cache (its masked_key_indices: AdaKV, KVzip), summed over
+    layers: held in memory, never attended."""
+    n = 0
+    for layer in model.model.layers:
+        idx = getattr(layer.self_attn, "masked_key_indices", None)
+        if idx is not None:
+            n += int(idx[0].numel())
+    return n
+
+
+def measure(args):
+    import torch
+    import transformers
+
+    import hfmodel
+    import kvcache
+    import kvcache.hf as kh
+
+    torch.set_num_threads(args.threads)
+    models = {"sdpa": hfmodel.load("sdpa")[0]}
+    all_ids = text_token_ids(args.text, hfmodel.load("sdpa")[1])
+    windows, n_scored = windows_of(len(all_ids), args.ctx, args.max_tokens)
+    used_ids = all_ids[:1 + n_scored]
+    have = {}
+    try:
+        import optimum.quanto  # noqa: F401
+        import hqq  # noqa: F401
+        have["quant"] = True
+    except ImportError:
+        have["quant"] = False
+    have["fp8"] = hasattr(transformers.cache_utils, "Fp8QuantizedLayer")
+    try:
+        import kvpress  # noqa: F401
+        have["kvpress"] = True
+    except ImportError:
+        have["kvpress"] = False
+    names = args.rows.split(",") if args.rows else default_rows(have["quant"], have["fp8"], have["kvpress"])
+    model = models["sdpa"]
+    config = model.config
+    n_layers, hk = config.num_hidden_layers, config.num_key_value_heads
+    hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rows = make_rows(names, model, args.prefill)
+    for r in rows:
+        if getattr(r, "eager", False) and "eager" not in models:
+            models["eager"] = hfmodel.load("eager")[0]
+        if getattr(r, "paged_attention", False) and "kvcache" not in models:
+            models["kvcache"] = hfmodel.load(kh.ATTN_IMPLEMENTATION)[0]
+    protocols = sorted({r.protocol for r in rows})
+    refs = {p: Row("dynamic-f32 (%s)" % p, p, "transformers DynamicCache", "DynamicCache()",
+                   "f32 K/V of every token", lambda m, ctx: (transformers.DynamicCache(), None)) for p in protocols}
+    cache_kw = hfmodel.cache_kw()
+    f16_bytes_per_position = 2 * n_layers * hk * hd * 2
+    t_start = time.time()
+    for wi, (first, scored) in enumerate(windows):
+        n_pos = scored + 1  # as eval: the last position is fed, its prediction belongs to the next window
+        feed = torch.tensor([all_ids[first - 1:first - 1 + n_pos]])
+        targets = torch.tensor(all_ids[first:first + scored])
+        prefill = max(1, int(args.prefill * n_pos))
+        full = scored == args.ctx - 1
+        for proto in protocols:
+            ref_logp = None
+            for r in [refs[proto]] + [x for x in rows if x.protocol == proto]:
+                m = models["eager"] if getattr(r, "eager", False) else \
+                    models["kvcache"] if getattr(r, "paged_attention", False) else model
+                cache, press = r.make(m, args.ctx)
+                if getattr(r, "masks", False):
+                    r.masked = lambda m=m: masked_count(m)
+
+                def on_step(r=r, cache=cache):
+                    b, _, _ = r.held(cache, n_layers)
+                    r.peak = max(r.peak, b)
+                logits, secs = run_window(m, feed, cache, press, proto, args.chunk, prefill, cache_kw, on_step)
+                lp = log_softmax(logits[:scored])
+                r.nll -= float(lp[torch.arange(scored), targets].sum())
+                if ref_logp is None:
+                    ref_logp = lp
+                    ref_p = lp.exp()
+                    ref_top = lp.argmax(dim=-1)
+                r.kl += float((ref_p * (ref_logp - lp)).sum())
+                r.top1 += int((lp.argmax(dim=-1) == ref_top).sum())
+                r.n += scored
+                r.seconds += secs
+                r.positions += n_pos
+                if full or len(windows) == 1:
+                    b, toks, attended = r.held(cache, n_layers)
+                    r.bytes_end += b
+                    r.tokens_end += toks
+                    r.attended_end += attended
+                    r.positions_end += n_pos * n_layers
+                del cache, press
+        print("hf_caches: window %d/%d done (%.0f s)" % (wi + 1, len(windows), time.time() - t_start),
+              file=sys.stderr, flush=True)
+
+    results = []
+    longest = max(s + 1 for _, s in windows)
+    for proto in protocols:
+        ref = refs[proto]
+        ppl_ref = math.exp(ref.nll / ref.n)
+        for r in [ref] + [x for x in rows if x.protocol == proto]:
+            ppl = math.exp(r.nll / r.n)
+            per_token = r.bytes_end / (r.tokens_end / n_layers) if r.tokens_end else 0.0
+            res = {
+                "strategy": r.name,
+                "side": r.side,
+                "settings": r.settings,
+                "protocol": proto,
+                "reference": r is ref,
+                "bits_formula": r.formula,
+                "bits_per_element": per_token * 8 / (2 * n_layers * hk * hd),
+                "kv_bytes_per_token": per_token,
+                "bytes_held": r.bytes_end / max(1, sum(1 for _, s in windows if s == args.ctx - 1) or 1),
+                "peak_kv_bytes": r.peak,
+                "kept_fraction": r.tokens_end / r.positions_end if r.positions_end else 1.0,
+                "attended_fraction": r.attended_end / r.positions_end if r.positions_end else 1.0,
+                "memory_vs_f16": (f16_bytes_per_position * r.positions_end / n_layers / r.bytes_end
+                                  if r.bytes_end else 0.0),
+                "peak_memory_vs_f16": f16_bytes_per_position * longest / r.peak if r.peak else 0.0,
+                "ppl": ppl,
+                "ppl_delta_pct": (ppl - ppl_ref) / ppl_ref * 100.0,
+                "kl_mean": r.kl / r.n,
+                "top1_agreement": r.top1 / r.n,
+                "ms_per_token": r.seconds * 1000.0 / r.positions,
+            }
+            bad = [k for k in ("ppl", "ppl_delta_pct", "kl_mean") if not math.isfinite(res[k])]
+            if bad:  # e.g. fp8's frozen scale overflowing: no number to compare
+                res["note"] = "non-finite %s (NaN or inf logits)" % ", ".join(bad)
+                for k in bad:
+                    res[k] = None
+            results.append(res)
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "kvcache": getattr(kvcache, "__version__", "?")}
+    for mod in ("kvpress", "optimum.quanto", "hqq"):
+        try:
+            versions[mod] = __import__(mod, fromlist=["_"]).__version__
+        except (ImportError, AttributeError):
+            pass
+    return {
+        "peer": "transformers caches and kvpress presses",
+        "model": hfmodel.GGUF,
+        "text": os.path.basename(args.text),
+        "token_ids_count": len(used_ids),
+        "token_ids_sha256": token_ids_sha256(used_ids),
+        "ctx": args.ctx,
+        "windows": len(windows),
+        "tokens_scored": n_scored,
+        "chunk": args.chunk,
+        "prefill_fraction": args.prefill,
+        "threads": args.threads,
+        "reference": "transformers DynamicCache f32 under the row's protocol",
+        "versions": versions,
+        "command": "python3 bench/peers/hf_caches.py " + " ".join(sys.argv[1:]),
+        "wall_seconds": time.time() - t_start,
+        "results": results,
+    }
+
+
+def merge(paths):
+    reports = []
+    for p in paths:
+        with open(p) as f:
+            reports.append(json.load(f))
+    base = dict(reports[0])
+    for k in ("model", "token_ids_sha256", "token_ids_count", "ctx", "chunk", "prefill_fraction"):
+        for p, r in zip(paths, reports):
+            if r.get(k) != base.get(k):
+                sys.exit("hf_caches: %s has %s %r, %s has %r: not the same work" % (p, k, r.get(k), paths[0],
+                                                                                    base.get(k)))
+    seen, results = set(), []
+    for r in reports:
+        for row in r["results"]:
+            key = (row["strategy"], row["protocol"], row["side"])
+            if key not in seen:
+                seen.add(key)
+                results.append(row)
+    base["results"] = results
+    base["versions"] = {p: r.get("versions") for p, r in zip(paths, reports)}
+    base["command"] = [r.get("command") for r in reports]
+    base["wall_seconds"] = sum(r.get("wall_seconds", 0) for r in reports)
+    return base
+
+
+def print_table(rep):
+    print("%s on %s: %d tokens in %d windows of ctx %d, chunk %d; reference: %s" % (
+        rep["peer"], rep["model"], rep["tokens_scored"], rep["windows"], rep["ctx"], rep["chunk"], rep["reference"]))
+    w = max(len(r["strategy"]) for r in rep["results"])
+    print("%-*s  %-16s %9s %7s %9s %10s %10s %10s %7s %9s" % (w, "row", "protocol", "bits/elem", "kept", "mem/f16",
+                                                             "ppl", "ppl Δ%", "KL mean", "top-1", "ms/token"))
+    def num(v, fmt):
+        return ("%" + fmt) % v if v is not None else "%*s" % (int(fmt.lstrip("+").split(".")[0]), "-")
+
+    for r in rep["results"]:
+        print("%-*s  %-16s %9.2f %6.1f%% %8.2fx %s %s %s %7.4f %9.2f" % (
+            w, r["strategy"], r["protocol"], r["bits_per_element"], 100 * r["kept_fraction"], r["memory_vs_f16"],
+            num(r["ppl"], "10.5f"), num(r["ppl_delta_pct"], "+10.4f"), num(r["kl_mean"], "10.3e"),
+            r["top1_agreement"], r["ms_per_token"]))
+
+
+def main():
+    import hfmodel
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--text", default=os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt"))
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--chunk", type=int, default=1, help="positions per forward pass outside the prefill")
+    ap.add_argument("--prefill", type=float, default=0.5, help="prefill-compress: the share of a window prefilled")
+    ap.add_argument("--rows", help="comma-separated rows (default: every one this venv can run)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--json", help="write the report as JSON to this file")
+    ap.add_argument("--merge", nargs="+", metavar="REPORT", help="merge reports of the same work into --json")
+    ap.add_argument("--list", action="store_true", help="print every row name and exit")
+    a = ap.parse_args()
+    if a.list:
+        print("\n".join(default_rows(True, True, False) + default_rows(False, False, True)))
+        return
+    if a.merge:
+        rep = merge(a.merge)
+    else:
+        if a.ctx < 2 or a.max_tokens < 1 or a.chunk < 1 or not 0 < a.prefill < 1 or a.threads < 1:
+            sys.exit("hf_caches: --ctx >= 2, --max-tokens >= 1, --chunk >= 1, 0 < --prefill < 1, --threads >= 1")
+        rep = measure(a)
+        if rep is None:
+            return
+    print_table(rep)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rep, f, indent=2, allow_nan=False)
+
+
+if __name__ == "__main__":
+    main()
