@@ -13,7 +13,9 @@ protocol as the row; KL(reference || row) over the full vocabulary, top-1 agreem
 
 Protocols (as `kvcache eval`'s, docs/eval.md "Eviction protocols"):
   stream            every position goes through the cache in forward passes of CHUNK positions
-                    (1: token by token, how QuantizedCache runs in generate())
+                    (1: token by token, how QuantizedCache runs in generate(); `kvcache eval
+                    --model smollm2` runs chunks of 64 by default: give it --chunk 1 to compare
+                    the same protocol, as stream policies evict once per pass; eval notes it)
   prefill-compress  the first P = PREFILL x window positions in one forward pass, compressed once
                     at its end (kvpress's protocol; our snapkv / pyramidkv), the rest decoded in
                     passes of CHUNK positions
@@ -203,6 +205,9 @@ class Row:
 
         if isinstance(cache, kh.PagedCache):
             st = cache.stats()
+            if "bytes_in_use" not in st:  # no pool yet (before the first forward pass)
+                return 0, 0, 0
+            self.peak = max(self.peak, int(st["peak_bytes_in_use"]))  # the pool's high-water mark
             sid = cache._seqs[0]
             toks = sum(cache.pool.layer_tokens(sid, i) for i in range(n_layers))
             return int(st["bytes_in_use"]), toks, toks
@@ -351,17 +356,31 @@ def forward(model, ids, pos0, cache, cache_kw):
     return out.logits[0]
 
 
+def attention_layers(model):
+    base = model.model.language_model if hasattr(model.model, "language_model") else model.model
+    return [layer.self_attn for layer in base.layers]
+
+
 def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on_step):
-    """Logits [positions, vocab] (float32) of one window under the protocol; seconds of forward passes."""
+    """Logits [positions, vocab] (float32) of one window under the protocol; seconds of forward passes.
+    on_step() runs after every forward pass and, in the prefill, after every attention layer (before
+    a press compresses that layer: its hook is registered after ours), so the peak sees the
+    uncompressed prefill."""
     import torch
 
     n_pos = feed.shape[1]
     logits, pos, seconds = [], 0, 0.0
     if protocol == "prefill-compress":
-        t0 = time.perf_counter()
-        with (press(model) if press is not None else contextlib.nullcontext()):
-            logits.append(forward(model, feed[:, :prefill], 0, cache, cache_kw))
-        seconds += time.perf_counter() - t0
+        hooks = [a.register_forward_hook(lambda *args, **kw: on_step(), with_kwargs=True)
+                 for a in attention_layers(model)]
+        try:
+            t0 = time.perf_counter()
+            with (press(model) if press is not None else contextlib.nullcontext()):
+                logits.append(forward(model, feed[:, :prefill], 0, cache, cache_kw))
+            seconds += time.perf_counter() - t0
+        finally:
+            for h in hooks:
+                h.remove()
         on_step()
         pos = prefill
     elif press is not None:  # a decoding-time press: active for every pass
@@ -485,7 +504,7 @@ def measure(args):
         ref = refs[proto]
         ppl_ref = math.exp(ref.nll / ref.n)
         for r in [ref] + [x for x in rows if x.protocol == proto]:
-            ppl = math.exp(r.nll / r.n)
+            ppl = math.exp(min(r.nll / r.n, 700.0)) if math.isfinite(r.nll) else float("nan")
             per_token = r.bytes_end / (r.tokens_end / n_layers) if r.tokens_end else 0.0
             res = {
                 "strategy": r.name,
@@ -556,7 +575,7 @@ def merge(paths):
     seen, results = set(), []
     for r in reports:
         for row in r["results"]:
-            key = (row["strategy"], row["protocol"], row["side"])
+            key = (row["strategy"], row.get("protocol", "stream"), row.get("side", r.get("peer")))
             if key not in seen:
                 seen.add(key)
                 results.append(row)
@@ -569,7 +588,8 @@ def merge(paths):
 
 def print_table(rep):
     print("%s on %s: %d tokens in %d windows of ctx %d, chunk %d; reference: %s" % (
-        rep["peer"], rep["model"], rep["tokens_scored"], rep["windows"], rep["ctx"], rep["chunk"], rep["reference"]))
+        rep["peer"], rep["model"], rep["tokens_scored"], rep["windows"], rep["ctx"], rep.get("chunk", 1),
+        rep.get("reference", "?")))
     w = max(len(r["strategy"]) for r in rep["results"])
     print("%-*s  %-16s %9s %7s %9s %10s %10s %10s %7s %9s" % (w, "row", "protocol", "bits/elem", "kept", "mem/f16",
                                                              "ppl", "ppl Δ%", "KL mean", "top-1", "ms/token"))
@@ -578,9 +598,10 @@ def print_table(rep):
 
     for r in rep["results"]:
         print("%-*s  %-16s %9.2f %6.1f%% %8.2fx %s %s %s %7.4f %9.2f" % (
-            w, r["strategy"], r["protocol"], r["bits_per_element"], 100 * r["kept_fraction"], r["memory_vs_f16"],
+            w, r["strategy"], r.get("protocol", "stream"), r["bits_per_element"], 100 * r.get("kept_fraction", 1.0),
+            r.get("memory_vs_f16", 16.0 / r["bits_per_element"]),
             num(r["ppl"], "10.5f"), num(r["ppl_delta_pct"], "+10.4f"), num(r["kl_mean"], "10.3e"),
-            r["top1_agreement"], r["ms_per_token"]))
+            r.get("top1_agreement", float("nan")), r.get("ms_per_token", float("nan"))))
 
 
 def main():
@@ -604,8 +625,9 @@ def main():
     if a.merge:
         rep = merge(a.merge)
     else:
-        if a.ctx < 2 or a.max_tokens < 1 or a.chunk < 1 or not 0 < a.prefill < 1 or a.threads < 1:
-            sys.exit("hf_caches: --ctx >= 2, --max-tokens >= 1, --chunk >= 1, 0 < --prefill < 1, --threads >= 1")
+        if not 2 <= a.ctx <= 65536 or a.max_tokens < 0 or a.chunk < 1 or not 0 < a.prefill < 1 or a.threads < 1:
+            sys.exit("hf_caches: need 2 <= --ctx <= 65536, --max-tokens >= 0 (0: the whole text), --chunk >= 1, "
+                     "0 < --prefill < 1, --threads >= 1")
         rep = measure(a)
         if rep is None:
             return

@@ -55,10 +55,10 @@ def contexts(ids_text, tok, lengths, depths, seeds):
             n_text = length - len(needle) - len(question)
             start = rng.randrange(0, len(ids_text) - n_text - 1)
             hay = ids_text[start:start + n_text]
+            ends = [i + 1 for i, t in enumerate(hay) if tok.decode([t]).rstrip().endswith(".")]
             for depth in depths:
                 # the needle after the sentence end nearest to the depth
                 at = int(depth * n_text)
-                ends = [i + 1 for i, t in enumerate(hay) if tok.decode([t]).rstrip().endswith(".")]
                 if ends:
                     at = min(ends, key=lambda e: abs(e - at))
                 ctx = hay[:at] + needle + hay[at:]
@@ -66,7 +66,7 @@ def contexts(ids_text, tok, lengths, depths, seeds):
     return out
 
 
-def answer(model, ctx_ids, question, cache, press, cache_kw):
+def answer(model, ctx_ids, question, cache, press, cache_kw, decoding_press=False):
     import torch
 
     def fwd(ids, pos0):
@@ -79,17 +79,21 @@ def answer(model, ctx_ids, question, cache, press, cache_kw):
 
     import contextlib
 
-    with (press(model) if press is not None else contextlib.nullcontext()):
-        fwd(ctx_ids, 0)
-    pos = len(ctx_ids)
-    logits = fwd(question, pos)
-    pos += len(question)
-    out = []
-    for _ in range(NEW_TOKENS):
-        t = int(logits.argmax())
-        out.append(t)
-        logits = fwd([t], pos)
-        pos += 1
+    # A prefill press compresses the context only (kvpress's pipeline); a decoding-time press
+    # (DecodingPress) acts on every pass after the context.
+    whole = press(model) if press is not None and decoding_press else contextlib.nullcontext()
+    with whole:
+        with (press(model) if press is not None and not decoding_press else contextlib.nullcontext()):
+            fwd(ctx_ids, 0)
+        pos = len(ctx_ids)
+        logits = fwd(question, pos)
+        pos += len(question)
+        out = []
+        for _ in range(NEW_TOKENS):
+            t = int(logits.argmax())
+            out.append(t)
+            logits = fwd([t], pos)
+            pos += 1
     return out
 
 
@@ -100,12 +104,23 @@ def measure(a):
     import hfmodel
     import kvcache.hf as kh
 
+    if a.threads < 1:
+        sys.exit("needle: --threads must be >= 1")
     torch.set_num_threads(a.threads)
     model, tok = hfmodel.load("sdpa")
     models = {"sdpa": model}
     ids_text = hf_caches.text_token_ids(a.text, tok)
-    lengths = [int(x) for x in a.lengths.split(",")]
-    depths = [float(x) for x in a.depths.split(",")]
+    try:
+        lengths = [int(x) for x in a.lengths.split(",")]
+        depths = [float(x) for x in a.depths.split(",")]
+    except ValueError:
+        sys.exit("needle: --lengths takes integers and --depths numbers, comma-separated")
+    if a.seeds < 1 or a.threads < 1 or not all(0 <= d <= 1 for d in depths):
+        sys.exit("needle: need --seeds >= 1, --threads >= 1 and depths in [0, 1]")
+    bad = [n for n in lengths if not 128 <= n <= min(65536, len(ids_text) // 2)]
+    if bad:
+        sys.exit("needle: context lengths must be 128..%d tokens (half the text), not %s"
+                 % (min(65536, len(ids_text) // 2), bad))
     trials = contexts(ids_text, tok, lengths, depths, a.seeds)
     names = [n for n in (a.rows.split(",") if a.rows else hf_caches.default_rows(*have_all())) if n != "dynamic"]
     rows = hf_caches.make_rows(names, model, 0.5)
@@ -128,10 +143,10 @@ def measure(a):
             cache, press = r.make(m, len(ctx_ids))
             if getattr(r, "masks", False):
                 r.masked = lambda m=m: hf_caches.masked_count(m)
-            out = answer(m, ctx_ids, question, cache, press, cache_kw)
+            out = answer(m, ctx_ids, question, cache, press, cache_kw, decoding_press=r.protocol == "stream")
             text = tok.decode(out)
-            got = re.search(r"\d+", text)
-            ok = got is not None and int(got.group()) == number
+            got = re.search(r"\d[\d,]*", text)
+            ok = got is not None and int(got.group().replace(",", "")) == number
             _, toks, attended = r.held(cache, n_layers)
             full = len(ctx_ids) + len(question) + NEW_TOKENS
             per.append({"length": length, "depth": depth, "seed": seed, "number": number, "answer": text,
@@ -195,7 +210,8 @@ def main():
         rep = dict(reps[0])
         seen, rows = set(), []
         for r in reps:
-            if (r["lengths"], r["depths"], r["seeds"]) != (rep["lengths"], rep["depths"], rep["seeds"]):
+            if (r["model"], r["lengths"], r["depths"], r["seeds"]) != (rep["model"], rep["lengths"], rep["depths"],
+                                                                       rep["seeds"]):
                 sys.exit("needle: %s has other contexts than %s" % (a.merge[reps.index(r)], a.merge[0]))
             for row in r["results"]:
                 if row["strategy"] not in seen:

@@ -68,12 +68,14 @@ struct StrategyResult {
   std::uint64_t kv_bytes_per_token = 0;
   std::uint64_t peak_kv_bytes = 0;
   double compression_vs_f16 = 0;  ///< per token held: f16 bytes per token / this row's
-  /// "How much less memory than the dense f16 cache": dense f16 bytes of a
-  /// whole window (every position held) / this row's bytes held at the end of
-  /// it (codes, scales, residual, only the tokens kept). Above 1: a saving.
+  /// "How much less memory than the dense f16 cache": the bytes a dense f16
+  /// pool (blocks of 16) holds at the end of a window, every position kept /
+  /// this row's bytes held then (codes, scales, residual, only the tokens
+  /// kept), over the full windows. Above 1: a saving.
   double memory_vs_f16 = 0;
-  /// The same for the peaks: dense f16 bytes of the longest window / this
-  /// row's peak bytes in use (prefill-compress rows peak before compressing).
+  /// The same for the peaks: the dense f16 pool's bytes for the longest
+  /// window / this row's peak bytes in use (prefill-compress rows peak after
+  /// their decoding regrew the cache; stream policies at their cap).
   double peak_memory_vs_f16 = 0;
   double ppl = 0;
   double ppl_delta_pct = 0;

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <cstdint>
 #include <exception>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -168,50 +170,145 @@ std::string base_name(const std::string &path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+/// Largest peer report read (a full table is a few hundred KiB).
+constexpr std::uintmax_t kMaxPeerReportBytes = 64u << 20;
+/// Deepest nesting of arrays and objects a peer report may have (the schema needs 4).
+constexpr int kMaxPeerReportDepth = 32;
+
+/// Deepest nesting of [ and { outside strings (before parsing: nlohmann recurses per level).
+int json_depth(const std::string &text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+bool has_control_char(const std::string &s) {
+  for (unsigned char c : s)
+    if (c < 0x20 || c == 0x7f) return true;
+  return false;
+}
+
+/// Code points of a UTF-8 string (what a terminal column counts, near enough).
+std::size_t text_width(const std::string &s) {
+  std::size_t n = 0;
+  for (unsigned char ch : s) n += (ch & 0xC0) != 0x80;
+  return n;
+}
+
+std::string pad_right(const std::string &s, std::size_t width) {
+  const std::size_t w = text_width(s);
+  return w >= width ? s : s + std::string(width - w, ' ');
+}
+
+std::string pad_left(const std::string &s, std::size_t width) {
+  const std::size_t w = text_width(s);
+  return w >= width ? s : std::string(width - w, ' ') + s;
+}
+
 }  // namespace
 
 std::string read_peer_report(const std::string &path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw RunnerError("cannot open peer report '" + path + "': no such file");
+  if (!std::filesystem::is_regular_file(status))
+    throw RunnerError("peer report '" + path + "' is not a regular file");
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec || size > kMaxPeerReportBytes)
+    throw RunnerError("peer report '" + path + "' is larger than " +
+                      std::to_string(kMaxPeerReportBytes >> 20) + " MiB");
   const std::string text = read_text_file(path, "peer report");
+  if (json_depth(text) > kMaxPeerReportDepth)
+    throw RunnerError("peer report '" + path + "' nests arrays or objects deeper than " +
+                      std::to_string(kMaxPeerReportDepth) + " levels");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception &e) {
-    throw RunnerError("peer report '" + path + "' is not JSON: " + e.what());
+    throw RunnerError("peer report '" + path + "' is not JSON (NaN and Infinity are not JSON: " +
+                      "write null): " + e.what());
   }
+  const std::string where = "peer report '" + path + "'";
   if (!j.is_object() || !j.contains("results") || !j["results"].is_array() || j["results"].empty())
-    throw RunnerError("peer report '" + path +
-                      "' has no results (expected the --json output of bench/peers/llamacpp_kv.py "
+    throw RunnerError(where +
+                      " has no results (expected the --json output of bench/peers/llamacpp_kv.py "
                       "or bench/peers/hf_caches.py)");
-  if (!j.contains("model") || !j["model"].is_string())
-    throw RunnerError("peer report '" + path + "' lacks 'model' (the model file it ran)");
-  for (const char *k : {"token_ids_sha256"})
-    if (j.contains(k) && !j[k].is_string())
-      throw RunnerError("peer report '" + path + "': '" + k + "' is not a string");
-  for (const char *k : {"token_ids_count", "ctx"})
+  if (!j.contains("model")) throw RunnerError(where + " lacks 'model' (the model file it ran)");
+  for (const char *k : {"model", "peer", "reference", "token_ids_sha256"})
+    if (j.contains(k) && (!j[k].is_string() || has_control_char(j[k].get<std::string>())))
+      throw RunnerError(where + ": '" + k + "' is not a string of printable characters");
+  if (j.contains("token_ids_sha256")) {
+    const std::string h = j["token_ids_sha256"].get<std::string>();
+    if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw RunnerError(where + ": 'token_ids_sha256' is not 64 lower-case hex digits");
+  }
+  for (const char *k : {"token_ids_count", "ctx", "windows", "tokens_scored", "chunk"})
     if (j.contains(k) && !j[k].is_number_integer())
-      throw RunnerError("peer report '" + path + "': '" + k + "' is not an integer");
+      throw RunnerError(where + ": '" + k + "' is not an integer");
+  if (j.contains("ctx") &&
+      (j["ctx"].get<std::int64_t>() < 2 || j["ctx"].get<std::int64_t>() > kMaxEvalContext))
+    throw RunnerError(where + ": 'ctx' " + j["ctx"].dump() + " is not a window length (2.." +
+                      std::to_string(kMaxEvalContext) + ")");
+  for (const char *k : {"token_ids_count", "windows", "tokens_scored", "chunk"})
+    if (j.contains(k) && j[k].get<std::int64_t>() < 1)
+      throw RunnerError(where + ": '" + k + "' must be at least 1, not " + j[k].dump());
   std::size_t i = 0;
   for (const auto &r : j["results"]) {
-    const std::string row = "peer report '" + path + "': result " + std::to_string(i++);
+    const std::string row = where + ": result " + std::to_string(i++);
     if (!r.is_object()) throw RunnerError(row + " is not an object");
     for (const char *k :
          {"strategy", "bits_per_element", "kv_bytes_per_token", "ppl", "ppl_delta_pct", "kl_mean"})
       if (!r.contains(k)) throw RunnerError(row + " lacks '" + k + "'");
-    if (!r["strategy"].is_string()) throw RunnerError(row + ": 'strategy' is not a string");
+    if (!r["strategy"].is_string() || r["strategy"].get<std::string>().empty() ||
+        has_control_char(r["strategy"].get<std::string>()))
+      throw RunnerError(row + ": 'strategy' is not a non-empty string of printable characters");
+    const std::string name = row + " ('" + r["strategy"].get<std::string>() + "')";
+    if (r.contains("protocol") &&
+        (!r["protocol"].is_string() || has_control_char(r["protocol"].get<std::string>())))
+      throw RunnerError(name + ": 'protocol' is not a string of printable characters");
     // Quality may be null: a peer whose logits were not finite (the row says why in "note").
-    for (const char *k :
-         {"bits_per_element", "kv_bytes_per_token", "ppl", "ppl_delta_pct", "kl_mean",
-          "kept_fraction", "memory_vs_f16", "top1_agreement", "ms_per_token"}) {
-      const bool nullable = std::strcmp(k, "ppl") == 0 || std::strcmp(k, "ppl_delta_pct") == 0 ||
-                            std::strcmp(k, "kl_mean") == 0;
-      if (r.contains(k) && !r[k].is_number() && !(nullable && r[k].is_null()))
-        throw RunnerError(row + " ('" + r["strategy"].get<std::string>() + "'): '" + k +
-                          "' is not a number");
+    struct Range {
+      const char *key;
+      double lo, hi;
+      bool lo_open, nullable;
+    };
+    for (const Range &k :
+         {Range{"bits_per_element", 0, 1024, true, false},
+          Range{"kv_bytes_per_token", 0, 1e12, false, false}, Range{"ppl", 1, 1e12, false, true},
+          Range{"ppl_delta_pct", -100, 1e12, false, true},
+          Range{"kl_mean", -1e-6, 1e6, false, true}, Range{"kept_fraction", 0, 1, true, false},
+          Range{"memory_vs_f16", 0, 1e6, true, false}, Range{"top1_agreement", 0, 1, false, false},
+          Range{"ms_per_token", 0, 1e9, false, false}}) {
+      if (!r.contains(k.key)) continue;
+      const nlohmann::json &v = r[k.key];
+      if (k.nullable && v.is_null()) continue;
+      if (!v.is_number())
+        throw RunnerError(name + ": '" + k.key + "' is not a number" +
+                          (k.nullable ? " (or null)" : ""));
+      const double x = v.get<double>();
+      if (!(std::isfinite(x) && (k.lo_open ? x > k.lo : x >= k.lo) && x <= k.hi)) {
+        char range[96];
+        std::snprintf(range, sizeof range, "%s%g, %g]", k.lo_open ? "(" : "[", k.lo, k.hi);
+        throw RunnerError(name + ": '" + k.key + "' " + v.dump() + " is outside " + range);
+      }
     }
-    if (r.contains("kept_fraction") &&
-        !(r["kept_fraction"].get<double>() > 0 && r["kept_fraction"].get<double>() <= 1))
-      throw RunnerError(row + " ('" + r["strategy"].get<std::string>() +
-                        "'): 'kept_fraction' must be in (0, 1]");
   }
   return text;
 }
@@ -237,17 +334,31 @@ void check_peer_report(const EvalReport &rep, const std::string &peer, const std
     throw RunnerError("peer report '" + path + "' scored different token ids (token_ids_sha256 " +
                       j["token_ids_sha256"].get<std::string>() + ", this run " +
                       rep.token_ids_sha256 + "): another text or tokenizer");
+  if (j.contains("tokens_scored") && j["tokens_scored"].get<std::int64_t>() != rep.tokens_scored)
+    throw RunnerError("peer report '" + path + "' scored " + j["tokens_scored"].dump() +
+                      " tokens, this run " + std::to_string(rep.tokens_scored));
+  if (!j.contains("token_ids_sha256") || !j.contains("ctx"))
+    std::fprintf(stderr,
+                 "note: peer report '%s' does not name its %s: only its model file is checked "
+                 "against this run\n",
+                 path.c_str(),
+                 !j.contains("ctx") ? "window length (ctx)" : "token ids (token_ids_sha256)");
+  if (j.contains("chunk") && j["chunk"].get<std::int64_t>() != rep.chunk)
+    std::fprintf(stderr,
+                 "note: the peer ran forward passes of %s position(s), this run %d (stream "
+                 "policies evict once per pass; --chunk %s runs ours the same way)\n",
+                 j["chunk"].dump().c_str(), rep.chunk, j["chunk"].dump().c_str());
 }
 
 void print_peer_table(const EvalReport &rep, const std::string &peer, std::FILE *out) {
   const nlohmann::json j = nlohmann::json::parse(peer);
+  const std::string windows = j.contains("windows") ? j["windows"].dump() : "?";
   std::fprintf(
       out,
-      "\nside by side with %s (%s; %s windows of ctx %s, %s tokens scored). Our rows against dense "
-      "f32, the peer's against %s:\n\n",
+      "\nside by side with %s (%s; %s window%s of ctx %s, %s tokens scored). Our rows against "
+      "dense f32, the peer's against %s:\n\n",
       j.value("peer", std::string("peer")).c_str(), j.value("model", std::string("?")).c_str(),
-      j.contains("windows") ? j["windows"].dump().c_str() : "?",
-      j.contains("ctx") ? j["ctx"].dump().c_str() : "?",
+      windows.c_str(), windows == "1" ? "" : "s", j.contains("ctx") ? j["ctx"].dump().c_str() : "?",
       j.contains("tokens_scored") ? j["tokens_scored"].dump().c_str() : "?",
       j.value("reference", std::string("its own reference")).c_str());
   struct Row {
@@ -263,30 +374,38 @@ void print_peer_table(const EvalReport &rep, const std::string &peer, std::FILE 
     const double kept = r.value("kept_fraction", 1.0), bits = r["bits_per_element"].get<double>();
     rows.push_back({r["strategy"].get<std::string>(), r.value("protocol", std::string("stream")),
                     bits * kept, r["kv_bytes_per_token"].get<double>() * kept,
-                    r.value("memory_vs_f16", bits > 0 ? 16.0 / (bits * kept) : 0.0),
-                    number_or_nan(r["ppl"]), number_or_nan(r["ppl_delta_pct"]),
-                    number_or_nan(r["kl_mean"]), r.value("top1_agreement", -1.0)});
+                    r.value("memory_vs_f16", 16.0 / (bits * kept)), number_or_nan(r["ppl"]),
+                    number_or_nan(r["ppl_delta_pct"]), number_or_nan(r["kl_mean"]),
+                    r.value("top1_agreement", -1.0)});
   }
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Row &a, const Row &b) { return a.bits < b.bits; });
-  std::size_t w = 8, wp = 8;
-  for (const Row &r : rows) {
-    w = std::max(w, r.name.size());
-    wp = std::max(wp, r.protocol.size());
-  }
-  std::fprintf(out, "%-*s  %-*s  %9s  %12s  %10s  %10s  %10s  %10s  %7s\n", static_cast<int>(w),
-               "strategy", static_cast<int>(wp), "protocol", "eff. bits", "B/position",
-               "mem vs f16", "ppl", "ppl Δ%", "KL mean", "top-1");
-  std::fprintf(out, "%s\n", std::string(w + wp + 90, '-').c_str());
-  for (const Row &r : rows) {
-    char top1[32];
-    if (r.top1 >= 0)
-      std::snprintf(top1, sizeof top1, "%7.4f", r.top1);
-    else
-      std::snprintf(top1, sizeof top1, "%7s", "-");
-    std::fprintf(out, "%-*s  %-*s  %9.2f  %12.0f  %9.2fx  %10.5f  %+10.4f  %10.3e  %s\n",
-                 static_cast<int>(w), r.name.c_str(), static_cast<int>(wp), r.protocol.c_str(),
-                 r.bits, r.bytes, r.memory, r.ppl, r.delta, r.kl, top1);
+  std::vector<std::vector<std::string>> cells;
+  cells.push_back({"strategy", "protocol", "eff. bits", "B/position", "mem vs f16", "ppl", "ppl Δ%",
+                   "KL mean", "top-1"});
+  char buf[64];
+  auto num = [&](const char *fmt, double v) {
+    if (!std::isfinite(v)) return std::string("-");
+    std::snprintf(buf, sizeof buf, fmt, v);
+    return std::string(buf);
+  };
+  for (const Row &r : rows)
+    cells.push_back({r.name, r.protocol, num("%.2f", r.bits), num("%.0f", r.bytes),
+                     num("%.2fx", r.memory), num("%.5f", r.ppl), num("%+.4f", r.delta),
+                     num("%.3e", r.kl), r.top1 >= 0 ? num("%.4f", r.top1) : "-"});
+  std::vector<std::size_t> widths(cells[0].size(), 0);
+  for (const auto &row : cells)
+    for (std::size_t c = 0; c < row.size(); ++c)
+      widths[c] = std::max(widths[c], text_width(row[c]));
+  std::size_t total = 0;
+  for (std::size_t w : widths) total += w + 2;
+  for (std::size_t k = 0; k < cells.size(); ++k) {
+    std::string line;
+    for (std::size_t c = 0; c < cells[k].size(); ++c)
+      line += c < 2 ? pad_right(cells[k][c], widths[c]) + "  "
+                    : pad_left(cells[k][c], widths[c]) + (c + 1 < cells[k].size() ? "  " : "");
+    std::fprintf(out, "%s\n", line.c_str());
+    if (k == 0) std::fprintf(out, "%s\n", std::string(total - 2, '-').c_str());
   }
   std::fprintf(
       out,
@@ -294,7 +413,7 @@ void print_peer_table(const EvalReport &rep, const std::string &peer, std::FILE 
       "of the window; mem vs f16: the dense f16 cache's bytes / the row's bytes held at the end of "
       "a window; protocol: how the peer's row ran (stream: every position decoded through the "
       "cache; prefill-compress: half the window prefilled and compressed once, the rest "
-      "decoded).\n");
+      "decoded); -: no finite value.\n");
 }
 
 std::string eval_json(const EvalReport &rep, const std::string &peer) {

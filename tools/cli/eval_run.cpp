@@ -40,6 +40,12 @@ double thread_cpu_seconds() {
   return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
 }
 
+/// Block size of the dense f16 pool the memory columns compare with.
+constexpr int kF16Block = 16;
+int round_up_block(int n) {
+  return (n + kF16Block - 1) / kF16Block * kF16Block;
+}
+
 /// Sums of one strategy over one window; reduced in window order at the end
 /// so the results do not depend on the number of threads.
 struct WindowSums {
@@ -48,6 +54,8 @@ struct WindowSums {
   // Cache size at the end of the window (full windows only): bytes in use
   // (codes, scales, zero points, residual blocks) and tokens held (all layers).
   double bytes_at_end = 0, tokens_at_end = 0, positions_at_end = 0;
+  // Slots a dense f16 pool (blocks of kF16Block) holds for the same windows.
+  double f16_slots_at_end = 0;
   // Cache size after every forward pass, weighted by the positions it fed:
   // sum of bytes in use x positions, of tokens held x positions.
   double bytes_time = 0, tokens_time = 0;
@@ -297,6 +305,7 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
             acc.bytes_at_end += double(st.bytes_in_use);
             acc.tokens_at_end += double(st.tokens_stored);
             acc.positions_at_end += double(n_pos) * c.n_layers;
+            acc.f16_slots_at_end += double(round_up_block(n_pos));
           }
           positions_done += n_pos;
         }
@@ -362,7 +371,7 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
   // f16 bytes per token, measured from a pool, for the compression column.
   std::uint64_t f16_bytes_per_token = 0;
   {
-    KvPool f16_pool(c, KVC_DTYPE_F16, KVC_DTYPE_F16, 16);
+    KvPool f16_pool(c, KVC_DTYPE_F16, KVC_DTYPE_F16, kF16Block);
     f16_bytes_per_token = f16_pool.stats().bytes_per_token;
   }
   const double elements_per_token = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim();
@@ -385,6 +394,7 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
       total.bytes_at_end += s.bytes_at_end;
       total.tokens_at_end += s.tokens_at_end;
       total.positions_at_end += s.positions_at_end;
+      total.f16_slots_at_end += s.f16_slots_at_end;
       total.bytes_time += s.bytes_time;
       total.tokens_time += s.tokens_time;
       total.late_nll += s.late_nll;
@@ -424,14 +434,17 @@ std::vector<StrategyResult> summarize(const EvalInput &in, const std::vector<Str
     res.ms_per_token = total.seconds * 1000.0 / double(total.positions);
     res.kept_fraction =
         total.positions_at_end > 0 ? total.tokens_at_end / total.positions_at_end : 1.0;
-    // Dense f16 bytes at the same moments: every position of the window held.
-    const double f16_at_end = double(f16_bytes_per_token) * total.positions_at_end / c.n_layers;
+    // Dense f16 bytes at the same moments: every position of the window held, in whole blocks
+    // as a dense f16 pool holds them (a window of 512 positions fills its blocks exactly).
+    const double f16_at_end = double(f16_bytes_per_token) * total.f16_slots_at_end;
     res.memory_vs_f16 = total.bytes_at_end > 0 ? f16_at_end / total.bytes_at_end
                         : bytes_per_token > 0
                             ? double(f16_bytes_per_token) / bytes_per_token / res.kept_fraction
                             : 0.0;
-    res.peak_memory_vs_f16 =
-        row_peak[r] > 0 ? double(f16_bytes_per_token) * longest_window / double(row_peak[r]) : 0.0;
+    res.peak_memory_vs_f16 = row_peak[r] > 0
+                                 ? double(f16_bytes_per_token) *
+                                       round_up_block(int(longest_window)) / double(row_peak[r])
+                                 : 0.0;
     res.effective_bits_per_element = res.bits_per_element * res.kept_fraction;
     for (std::size_t k = 0; k < n_segments; ++k) {
       res.segment_ppl.push_back(

@@ -135,3 +135,24 @@ def test_eval_refuses_a_bad_report(report, tmp_path, change, message):
     assert r.returncode != 0 and r.returncode < 128
     assert message in r.stderr, r.stderr
     assert "side by side" not in r.stdout
+
+
+def test_needle_short(tmp_path):
+    """bench/peers/needle.py on one 384-token context: the dense reference finds the needle, the
+    report holds one trial per row with the number it looked for."""
+    out = str(tmp_path / "needle.json")
+    row = "kvpress-Knorm@0.5" if KVPRESS else "ours:int8:per-token"
+    r = subprocess.run([sys.executable, os.path.join(hfmodel.ROOT, "bench", "peers", "needle.py"), "--rows", row,
+                        "--lengths", "384", "--depths", "0.5", "--seeds", "1", "--threads", "1", "--json", out],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    with open(out) as f:
+        rep = json.load(f)
+    assert [x["strategy"] for x in rep["results"]] == ["dynamic-f32", row]
+    dense = rep["results"][0]
+    assert dense["pass_rate"] == 1.0 and len(dense["trials"]) == 1, dense["trials"]
+    t = dense["trials"][0]
+    assert str(t["number"]) in t["answer"] and t["length"] == 384
+    assert rep["results"][1]["trials"][0]["number"] == t["number"]  # the same context for every row
+    if KVPRESS:
+        assert rep["results"][1]["kept_fraction"] < 0.6  # half the context dropped
