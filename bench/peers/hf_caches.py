@@ -340,7 +340,10 @@ def ours_row(name, prefill_fraction):
     row = Row(name, proto, "kvcache.hf PagedCache", "PagedCache(config, %r)" % spec,
               "the pool's bytes in use (codes, scales, zero points, residual / staged tokens, sinks), "
               "as kvcache eval counts them", make)
-    row.paged_attention = st.observe != kh._native.OBSERVE_NONE
+    # Policies read attention through our kernels (h2o, tova, snapkv, pyramidkv); every policy row
+    # runs on them: with sdpa, a forward pass of several positions after an eviction gets a mask
+    # sized for the tokens before it (PagedCache.get_mask_sizes; docs/hf.md).
+    row.paged_attention = st.protocol != kh._PROTO_NONE
     return row
 
 
@@ -457,6 +460,72 @@ def measure(args):
                    "f32 K/V of every token", lambda m, ctx: (transformers.DynamicCache(), None)) for p in protocols}
     cache_kw = hfmodel.cache_kw()
     f16_bytes_per_position = 2 * n_layers * hk * hd * 2
+    def summarize(windows):
+        """The report over `windows` (those done so far)."""
+        n_scored = sum(sc for _, sc in windows)
+        used_ids = all_ids[:1 + n_scored]
+        results = []
+        longest = max(s + 1 for _, s in windows)
+        for proto in protocols:
+            ref = refs[proto]
+            ppl_ref = math.exp(ref.nll / ref.n)
+            for r in [ref] + [x for x in rows if x.protocol == proto]:
+                ppl = math.exp(min(r.nll / r.n, 700.0)) if math.isfinite(r.nll) else float("nan")
+                per_token = r.bytes_end / (r.tokens_end / n_layers) if r.tokens_end else 0.0
+                res = {
+                    "strategy": r.name,
+                    "side": r.side,
+                    "settings": r.settings,
+                    "protocol": proto,
+                    "reference": r is ref,
+                    "bits_formula": r.formula,
+                    "bits_per_element": per_token * 8 / (2 * n_layers * hk * hd),
+                    "kv_bytes_per_token": per_token,
+                    "bytes_held": r.bytes_end / max(1, sum(1 for _, s in windows if s == args.ctx - 1) or 1),
+                    "peak_kv_bytes": r.peak,
+                    "kept_fraction": r.tokens_end / r.positions_end if r.positions_end else 1.0,
+                    "attended_fraction": r.attended_end / r.positions_end if r.positions_end else 1.0,
+                    "memory_vs_f16": (f16_bytes_per_position * r.positions_end / n_layers / r.bytes_end
+                                      if r.bytes_end else 0.0),
+                    "peak_memory_vs_f16": f16_bytes_per_position * longest / r.peak if r.peak else 0.0,
+                    "ppl": ppl,
+                    "ppl_delta_pct": (ppl - ppl_ref) / ppl_ref * 100.0,
+                    "kl_mean": r.kl / r.n,
+                    "top1_agreement": r.top1 / r.n,
+                    "ms_per_token": r.seconds * 1000.0 / r.positions,
+                }
+                bad = [k for k in ("ppl", "ppl_delta_pct", "kl_mean") if not math.isfinite(res[k])]
+                if bad:  # e.g. fp8's frozen scale overflowing: no number to compare
+                    res["note"] = "non-finite %s (NaN or inf logits)" % ", ".join(bad)
+                    for k in bad:
+                        res[k] = None
+                results.append(res)
+        versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                    "kvcache": getattr(kvcache, "__version__", "?")}
+        for mod in ("kvpress", "optimum.quanto", "hqq"):
+            try:
+                versions[mod] = __import__(mod, fromlist=["_"]).__version__
+            except (ImportError, AttributeError):
+                pass
+        return {
+            "peer": "transformers caches and kvpress presses",
+            "model": hfmodel.GGUF,
+            "text": os.path.basename(args.text),
+            "token_ids_count": len(used_ids),
+            "token_ids_sha256": token_ids_sha256(used_ids),
+            "ctx": args.ctx,
+            "windows": len(windows),
+            "tokens_scored": n_scored,
+            "chunk": args.chunk,
+            "prefill_fraction": args.prefill,
+            "threads": args.threads,
+            "reference": "transformers DynamicCache f32 under the row's protocol",
+            "versions": versions,
+            "command": "python3 bench/peers/hf_caches.py " + " ".join(sys.argv[1:]),
+            "wall_seconds": time.time() - t_start,
+            "results": results,
+        }
+
     t_start = time.time()
     for wi, (first, scored) in enumerate(windows):
         n_pos = scored + 1  # as eval: the last position is fed, its prediction belongs to the next window
@@ -497,68 +566,15 @@ def measure(args):
                 del cache, press
         print("hf_caches: window %d/%d done (%.0f s)" % (wi + 1, len(windows), time.time() - t_start),
               file=sys.stderr, flush=True)
+        if args.json and wi + 1 < len(windows):  # a checkpoint: the windows done so far
+            part = summarize(windows[:wi + 1])
+            part["complete"] = False
+            with open(args.json + ".partial", "w") as f:
+                json.dump(part, f, indent=2, allow_nan=False)
 
-    results = []
-    longest = max(s + 1 for _, s in windows)
-    for proto in protocols:
-        ref = refs[proto]
-        ppl_ref = math.exp(ref.nll / ref.n)
-        for r in [ref] + [x for x in rows if x.protocol == proto]:
-            ppl = math.exp(min(r.nll / r.n, 700.0)) if math.isfinite(r.nll) else float("nan")
-            per_token = r.bytes_end / (r.tokens_end / n_layers) if r.tokens_end else 0.0
-            res = {
-                "strategy": r.name,
-                "side": r.side,
-                "settings": r.settings,
-                "protocol": proto,
-                "reference": r is ref,
-                "bits_formula": r.formula,
-                "bits_per_element": per_token * 8 / (2 * n_layers * hk * hd),
-                "kv_bytes_per_token": per_token,
-                "bytes_held": r.bytes_end / max(1, sum(1 for _, s in windows if s == args.ctx - 1) or 1),
-                "peak_kv_bytes": r.peak,
-                "kept_fraction": r.tokens_end / r.positions_end if r.positions_end else 1.0,
-                "attended_fraction": r.attended_end / r.positions_end if r.positions_end else 1.0,
-                "memory_vs_f16": (f16_bytes_per_position * r.positions_end / n_layers / r.bytes_end
-                                  if r.bytes_end else 0.0),
-                "peak_memory_vs_f16": f16_bytes_per_position * longest / r.peak if r.peak else 0.0,
-                "ppl": ppl,
-                "ppl_delta_pct": (ppl - ppl_ref) / ppl_ref * 100.0,
-                "kl_mean": r.kl / r.n,
-                "top1_agreement": r.top1 / r.n,
-                "ms_per_token": r.seconds * 1000.0 / r.positions,
-            }
-            bad = [k for k in ("ppl", "ppl_delta_pct", "kl_mean") if not math.isfinite(res[k])]
-            if bad:  # e.g. fp8's frozen scale overflowing: no number to compare
-                res["note"] = "non-finite %s (NaN or inf logits)" % ", ".join(bad)
-                for k in bad:
-                    res[k] = None
-            results.append(res)
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
-                "kvcache": getattr(kvcache, "__version__", "?")}
-    for mod in ("kvpress", "optimum.quanto", "hqq"):
-        try:
-            versions[mod] = __import__(mod, fromlist=["_"]).__version__
-        except (ImportError, AttributeError):
-            pass
-    return {
-        "peer": "transformers caches and kvpress presses",
-        "model": hfmodel.GGUF,
-        "text": os.path.basename(args.text),
-        "token_ids_count": len(used_ids),
-        "token_ids_sha256": token_ids_sha256(used_ids),
-        "ctx": args.ctx,
-        "windows": len(windows),
-        "tokens_scored": n_scored,
-        "chunk": args.chunk,
-        "prefill_fraction": args.prefill,
-        "threads": args.threads,
-        "reference": "transformers DynamicCache f32 under the row's protocol",
-        "versions": versions,
-        "command": "python3 bench/peers/hf_caches.py " + " ".join(sys.argv[1:]),
-        "wall_seconds": time.time() - t_start,
-        "results": results,
-    }
+    if args.json and os.path.exists(args.json + ".partial"):
+        os.remove(args.json + ".partial")
+    return summarize(windows)
 
 
 def merge(paths):

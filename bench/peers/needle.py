@@ -135,6 +135,10 @@ def measure(a):
     n_layers = model.config.num_hidden_layers
     results = []
     t0 = time.time()
+
+    def report(res):
+        return _report(a, lengths, depths, t0, res)
+
     for r in [ref] + rows:
         m = models["eager"] if getattr(r, "eager", False) else \
             models["kvcache"] if getattr(r, "paged_attention", False) else model
@@ -165,6 +169,20 @@ def measure(a):
         results.append(res)
         print("needle: %-40s pass %5.1f%%  (%.0f s)" % (r.name, 100 * res["pass_rate"], time.time() - t0),
               file=sys.stderr, flush=True)
+        if a.json:  # a checkpoint after every row: a long run that fails keeps what it measured
+            with open(a.json + ".partial", "w") as f:
+                json.dump(report(results), f, indent=2, allow_nan=False)
+    if a.json and os.path.exists(a.json + ".partial"):
+        os.remove(a.json + ".partial")
+    return report(results)
+
+
+def _report(a, lengths, depths, t0, results):
+    import torch
+    import transformers
+
+    import hfmodel
+
     return {"peer": "needle retrieval", "model": hfmodel.GGUF, "text": os.path.basename(a.text),
             "lengths": lengths, "depths": depths, "seeds": a.seeds, "new_tokens": NEW_TOKENS,
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},

@@ -87,6 +87,8 @@ void run_eval_command(EvalCommand &cmd) {
   if (!cmd.plot_path.empty()) check_plot_target(cmd.plot_path);  // fail before the long run
   eval_opt.progress = !cmd.no_progress;
   std::string peer;
+  if (cmd.app->count("--peer") > 0 && cmd.peer_path.empty())
+    throw RunnerError("--peer needs a file name (a peer report: bench/peers/*.py --json)");
   if (!cmd.peer_path.empty()) {
     peer = read_peer_report(cmd.peer_path);  // fail before the long run
     eval_opt.before_run = [&](const EvalReport &rep) {
