@@ -42,34 +42,6 @@ OUR_INT4 = ["kivi4:group=32:residual=128",
             "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard"]
 
 
-def tensor_bytes(obj, seen=None, depth=0):
-    """Bytes of every tensor reachable from obj's attributes, lists and dicts (each storage once)."""
-    seen = set() if seen is None else seen
-    if depth > 6 or obj is None:
-        return 0
-    if isinstance(obj, torch.Tensor):
-        if hasattr(obj, "__tensor_flatten__"):  # a tensor subclass (quanto's packed tensors): its parts
-            names, _ = obj.__tensor_flatten__()
-            return sum(tensor_bytes(getattr(obj, n), seen, depth + 1) for n in names)
-        key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes()) if obj.numel() else None
-        if key is None or key in seen:
-            return 0
-        seen.add(key)
-        return obj.untyped_storage().nbytes()
-    total = 0
-    if isinstance(obj, dict):
-        items = obj.values()
-    elif isinstance(obj, (list, tuple)):
-        items = obj
-    elif hasattr(obj, "__dict__"):
-        items = vars(obj).values()
-    else:
-        return 0
-    for v in items:
-        total += tensor_bytes(v, seen, depth + 1)
-    return total
-
-
 def rows(config_sdpa, config_paged):
     out = [("dynamic+sdpa", "sdpa", lambda: DynamicCache(config=config_sdpa)),
            ("paged-f16+kvcache", "kvcache", lambda: kh.PagedCache(config_paged, "f16")),
@@ -86,7 +58,7 @@ def rows(config_sdpa, config_paged):
 def held_bytes(cache):
     if isinstance(cache, kh.PagedCache):
         return cache.stats()["bytes_in_use"]
-    return tensor_bytes(cache.layers)
+    return hfmodel.tensor_bytes(cache.layers)
 
 
 def main():

@@ -155,38 +155,7 @@ def windows_of(n_tokens, ctx, max_tokens):
     return out, n_scored
 
 
-# ------------------------------------------------------------------------------------------ bytes
-def tensor_bytes(obj, seen=None, depth=0):
-    """Bytes of every tensor reachable from obj (quanto's QTensors by their inner tensors, HQQ's
-    meta dicts, tuples), each storage counted once."""
-    import torch
-
-    if seen is None:
-        seen = set()
-    if depth > 8 or obj is None:
-        return 0
-    if isinstance(obj, torch.Tensor):
-        if hasattr(obj, "__tensor_flatten__") and type(obj) is not torch.Tensor:
-            names, _ = obj.__tensor_flatten__()
-            return sum(tensor_bytes(getattr(obj, n), seen, depth + 1) for n in names)
-        if obj.numel() == 0:
-            return 0
-        key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes())
-        if key in seen:
-            return 0
-        seen.add(key)
-        return obj.untyped_storage().nbytes()
-    if isinstance(obj, dict):
-        return sum(tensor_bytes(v, seen, depth + 1) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(tensor_bytes(v, seen, depth + 1) for v in obj)
-    total = 0
-    for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
-        if hasattr(obj, name):
-            total += tensor_bytes(getattr(obj, name), seen, depth + 1)
-    return total
-
-
+# ------------------------------------------------------------------------------------------ rows held
 class Row:
     """One row: how to make its cache (and press), its protocol, and what it held."""
 
@@ -216,7 +185,9 @@ class Row:
         masked = getattr(self, "masked", None)
         if masked is not None:
             attended = toks - masked()
-        return tensor_bytes(list(cache.layers)), toks, attended
+        import hfmodel
+
+        return hfmodel.tensor_bytes(list(cache.layers)), toks, attended
 
 
 # ------------------------------------------------------------------------------------------ rows

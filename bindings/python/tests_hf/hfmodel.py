@@ -109,3 +109,34 @@ def first_difference(a, b):
         if int(a[i]) != int(b[i]):
             return i
     return n
+
+
+def tensor_bytes(obj, seen=None, depth=0):
+    """Bytes of every tensor reachable from obj's attributes, lists and dicts, each storage once: what a
+    transformers cache holds (quanto's tensor subclasses by their parts, HQQ's meta dicts, fp8's
+    (codes, scale) tuples, residual tensors). bench/hf_bench.py and bench/peers/hf_caches.py count
+    bytes held with it."""
+    seen = set() if seen is None else seen
+    if depth > 6 or obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        if hasattr(obj, "__tensor_flatten__"):  # a tensor subclass (quanto's packed tensors): its parts
+            names, _ = obj.__tensor_flatten__()
+            return sum(tensor_bytes(getattr(obj, n), seen, depth + 1) for n in names)
+        key = (obj.untyped_storage().data_ptr(), obj.untyped_storage().nbytes()) if obj.numel() else None
+        if key is None or key in seen:
+            return 0
+        seen.add(key)
+        return obj.untyped_storage().nbytes()
+    total = 0
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dict__"):
+        items = vars(obj).values()
+    else:
+        return 0
+    for v in items:
+        total += tensor_bytes(v, seen, depth + 1)
+    return total
