@@ -379,13 +379,17 @@ def log_softmax(x):
 
 
 def masked_count(model):
-    """Keys kvpress masks inside the dense cache (its masked_key_indices: AdaKV, KVzip), summed over
-    layers: held in memory, never attended."""
-    n = 0
+    """Tokens kvpress masks inside the dense cache (its masked_key_indices: AdaKV, KVzip), summed over
+    layers: held in memory, never attended. masked_key_indices holds one (batch, KV head, position)
+    triple per masked key of one head, so a layer's count is divided by its KV heads: a head-wise
+    mask that hides 179 positions in each of 3 heads counts 179 tokens, as a press that drops 179
+    tokens from every head would."""
+    n = 0.0
+    heads = model.config.num_key_value_heads
     for layer in model.model.layers:
         idx = getattr(layer.self_attn, "masked_key_indices", None)
         if idx is not None:
-            n += int(idx[0].numel())
+            n += int(idx[0].numel()) / heads
     return n
 
 

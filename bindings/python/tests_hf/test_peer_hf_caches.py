@@ -29,7 +29,8 @@ def have(mod):
 
 
 KVPRESS = have("kvpress")
-ROWS = (["kvpress-SnapKV@0.5", "kvpress-Knorm@0.7", "ours:snapkv:budget=0.5+f32"] if KVPRESS else
+ROWS = (["kvpress-SnapKV@0.5", "kvpress-Knorm@0.7", "kvpress-AdaKV-SnapKV@0.7", "ours:snapkv:budget=0.5+f32"]
+        if KVPRESS else
         ["quanto-int4", "hqq-int4-r32", "ours:f32", "ours:int8:per-token"])
 
 
@@ -78,6 +79,13 @@ def test_report_values(report):
         assert snap["kl_mean"] > 1e-4  # something was evicted
         knorm = rows[("kvpress-Knorm@0.7", "prefill-compress")]
         assert abs(knorm["kept_fraction"] - (int(96 * 0.3 + 1e-9) + 96) / 192) < 0.011
+        ada = rows[("kvpress-AdaKV-SnapKV@0.7", "prefill-compress")]
+        # AdaKV masks 70 % of the prefill's keys per layer, head-wise, inside the dense tensors:
+        # every token held, the attended share as Knorm@0.7 keeps (not counted once per head)
+        assert ada["kept_fraction"] == 1.0 and abs(ada["memory_vs_f16"] - 0.5) < 1e-9
+        assert abs(ada["attended_fraction"] - knorm["kept_fraction"]) < 0.011, ada["attended_fraction"]
+        for r in rep["results"]:
+            assert 0 < r["attended_fraction"] <= r["kept_fraction"] <= 1, r
         ours = rows[("ours:snapkv:budget=0.5+f32", "prefill-compress")]
         assert abs(ours["kept_fraction"] - 144 / 192) < 1e-9
     else:
