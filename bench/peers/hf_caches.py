@@ -311,9 +311,8 @@ def ours_row(name, prefill_fraction):
     row = Row(name, proto, "kvcache.hf PagedCache", "PagedCache(config, %r)" % spec,
               "the pool's bytes in use (codes, scales, zero points, residual / staged tokens, sinks), "
               "as kvcache eval counts them", make)
-    # Policies read attention through our kernels (h2o, tova, snapkv, pyramidkv); every policy row
-    # runs on them: with sdpa, a forward pass of several positions after an eviction gets a mask
-    # sized for the tokens before it (PagedCache.get_mask_sizes; docs/hf.md).
+    # Policies read attention through our kernels (h2o, tova, snapkv, pyramidkv need their scores);
+    # every policy row runs on them, so that all policy rows share one attention implementation.
     row.paged_attention = st.protocol != kh._PROTO_NONE
     return row
 

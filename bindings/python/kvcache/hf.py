@@ -81,6 +81,11 @@ def _geometry(config):
     return layers, hq, hk, int(head_dim), float(theta) if theta else 10000.0
 
 
+def _stream_cap(st, ctx):
+    """A stream policy's per-layer cap: budget_tokens, or ceil(budget x ctx) tokens."""
+    return st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
+
+
 def _policy(st, ctx, auto_evict):
     """The kvcache.Policy of a parsed strategy (eval's protocols, tools/cli/eval_run.cpp): stream policies cap
     every layer at budget_tokens or ceil(budget x ctx) tokens; prefill policies drop 1 - budget of the
@@ -95,7 +100,7 @@ def _policy(st, ctx, auto_evict):
     pc.schedule = st.schedule
     pc.shift_positions = 0
     if st.protocol == _PROTO_STREAM:
-        cap = st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
+        cap = _stream_cap(st, ctx)
         if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
             raise ValueError("strategy '%s': a cap of %d tokens at context %d leaves no room after %d sinks"
                              % (st.spec, cap, ctx, st.sinks))
@@ -163,9 +168,19 @@ class PagedLayer(CacheLayerMixin):
         return self._cache._layer_length(self.layer_idx)
 
     def get_mask_sizes(self, query_length_or_cache_position):
+        """(kv_length, kv_offset) of the mask of a pass of q positions: kv_length = the tokens held
+        once the pass has appended (after the eviction due and the stream cap's automatic one), and
+        kv_offset the tokens that eviction drops, so that key j sits at index j + kv_offset against
+        queries at get_query_offset() + i: every held token before the pass is visible, and the
+        pass's own positions causally. transformers < 5.3 passes the pass's cache_position and
+        places queries at those text positions instead: kv_offset is then first position - held."""
         q = query_length_or_cache_position
-        q = int(q.shape[0]) if isinstance(q, torch.Tensor) else int(q)
-        return self.get_seq_length() + q, 0
+        if isinstance(q, torch.Tensor):
+            first, q = (int(q[0]) if q.numel() else 0), int(q.shape[0])
+        else:
+            first, q = None, int(q)
+        now, after = self._cache._held_before_pass(self.layer_idx, q)
+        return after + q, (now if first is None else first) - after
 
     def get_max_cache_shape(self):
         return -1
@@ -316,6 +331,7 @@ class PagedCache(Cache):
         self._prefix_seed = bytes(prefix_seed) if prefix_seed is not None else None
         self._pool = None
         self._policy = None
+        self._cap = 0  # a stream policy's per-layer cap (tokens), once the policy exists
         self._seqs = None  # sequence id per batch row
         self._next_id = 1
         self._version = 0  # bumped by every change of the pool's contents
@@ -420,7 +436,10 @@ class PagedCache(Cache):
     def _make_policy(self, first_len):
         if self._st.protocol == _PROTO_NONE:
             return None
-        return _policy(self._st, self._context or first_len, auto_evict=True)
+        policy = _policy(self._st, self._context or first_len, auto_evict=True)
+        if self._st.protocol == _PROTO_STREAM:
+            self._cap = max(1, _stream_cap(self._st, self._context or first_len))
+        return policy
 
     def _begin_forward(self, counts, dtype):
         """Layer 0 of a forward pass: evict if a policy is due, reserve `counts[b]` positions per row."""
@@ -438,13 +457,7 @@ class PagedCache(Cache):
                              "use reorder_cache / batch_select_indices)" % (rows, len(self._seqs)))
         elif self._policy is None and self._st.protocol != _PROTO_NONE:  # rows made by attach_prefix
             self._policy = self._make_policy(max(counts) + self._pool.seq_length(self._seqs[0]))
-        if self._evict_pending:
-            self._evict_pending = False
-            for sid in self._seqs:
-                self._pool.evict(sid, self._policy)
-            if self._st.protocol == _PROTO_STREAM:
-                for sid in self._seqs:
-                    self._pool.seq_set_policy(sid, self._policy)
+        self._evict_due()
         pos0 = [self._pool.seq_length(sid) for sid in self._seqs]
         done = []
         try:
@@ -459,6 +472,33 @@ class PagedCache(Cache):
         self._forward_q = max(counts)
         self._forward_prefill = fresh or not self._prefilled
         self._version += 1
+
+    def _evict_due(self):
+        """The eviction due after a prefill (eval's protocol: the first step after it evicts); for a
+        stream policy, the cap then holds on every reservation (auto_evict)."""
+        if not self._evict_pending or self._seqs is None or self._policy is None:
+            return
+        self._evict_pending = False
+        for sid in self._seqs:
+            self._pool.evict(sid, self._policy)
+        if self._st.protocol == _PROTO_STREAM:
+            for sid in self._seqs:
+                self._pool.seq_set_policy(sid, self._policy)
+
+    def _held_before_pass(self, layer, q):
+        """(tokens the layer holds now, tokens it will hold when a pass of q positions has reserved
+        them, before the new ones): a stream policy's reservation first evicts each row down to
+        cap - q (auto_evict; src/core/evict.cpp), every layer alike."""
+        with self._lock:
+            self._evict_due()
+            now = self._layer_length(layer)
+            if not now or self._policy is None or self._st.protocol != _PROTO_STREAM or not self._cap:
+                return now, now
+            after = []
+            for sid in self._seqs:
+                n = self._pool.layer_tokens(sid, layer)
+                after.append(min(n, max(self._cap - q, 1)) if n + q > self._cap else n)
+            return now, max(after)
 
     def _reserve(self, sid, n):
         if n == 0:
@@ -658,7 +698,9 @@ class PagedCache(Cache):
         return self._layer_length(layer_idx)
 
     def get_query_offset(self, layer_idx=0):
-        return self.get_seq_length(layer_idx)
+        with self._lock:
+            self._evict_due()  # the mask is sized for what the pass attends, after the eviction due
+            return self._layer_length(layer_idx)
 
     def get_mask_sizes(self, query_length_or_cache_position, layer_idx=0):
         return self.layers[layer_idx].get_mask_sizes(query_length_or_cache_position)

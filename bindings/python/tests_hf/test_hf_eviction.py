@@ -72,3 +72,30 @@ def test_prefill_compression(paged, spec):
         assert per_layer == [48] * len(per_layer)
     else:
         assert per_layer[0] > per_layer[-1] and sum(per_layer) <= 48 * len(per_layer) + len(per_layer)
+
+
+@pytest.mark.parametrize("spec", ["streaming:tokens=64:sinks=4", "window:tokens=64"])
+def test_stream_policy_chunks_with_sdpa(sdpa, paged, spec):
+    """Passes of several positions after the prompt, with sdpa attention: the mask is sized for the
+    tokens the layer holds after the eviction the pass triggers (the pending one after the prefill,
+    and the automatic one that makes room under the cap), causal within the pass. The logits are
+    those of kvcache attention, which reads the pool directly."""
+    ids = hfmodel.prompts(sdpa[1], n=1, tokens=96)[0]["input_ids"]
+    n = ids.shape[1]
+    more = torch.tensor([[int(t) for t in (ids[0, 10:34])]])  # 24 more positions, 3 passes of 8
+    logits = {}
+    for name, (model, _) in (("sdpa", sdpa), ("paged", paged)):
+        cache = kh.PagedCache(model.config, spec + "+f32")
+        out = []
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            for c in range(3):
+                pos = torch.arange(n + 8 * c, n + 8 * c + 8).unsqueeze(0)
+                r = model(input_ids=more[:, 8 * c:8 * c + 8], past_key_values=cache, use_cache=True,
+                          position_ids=pos, cache_position=pos[0])
+                out.append(r.logits[0])
+                for layer in (0, 29):
+                    assert held(cache, layer) == [64], (name, c, layer, held(cache, layer))
+        logits[name] = torch.cat(out)
+    assert torch.allclose(logits["sdpa"], logits["paged"], atol=2e-4, rtol=1e-4), \
+        float((logits["sdpa"] - logits["paged"]).abs().max())
