@@ -53,9 +53,13 @@ carries its formula (`bits_formula`). memory_vs_f16 = the dense f16 cache's byte
 window / the row's bytes then; peak_memory_vs_f16 the same for the peaks.
 
   python3 bench/peers/hf_caches.py [--rows LIST] [--ctx 512] [--max-tokens 4096] [--chunk 1]
-      [--prefill 0.5] [--threads N] [--json OUT]
+      [--prefill 0.5] [--threads N] [--json OUT [--resume]]
   python3 bench/peers/hf_caches.py --merge A.json B.json ... --json OUT
   python3 bench/peers/hf_caches.py --list
+
+A run with --json writes a checkpoint, JSON.partial, after every window but the last (the report
+so far, "complete": false, and the sums --resume reads); --stop-after N ends a run after N windows
+and --resume continues it with the same arguments, so a table of hours runs in parts.
 
 QuantizedCache's backends live in scripts/setup-python.sh's `hf` venv (newest transformers), kvpress
 in its `kvpress` venv (it pins transformers < 5.3): run the script once in each and --merge the two
@@ -500,8 +504,41 @@ def measure(args):
             "results": results,
         }
 
-    t_start = time.time()
+    acc_keys = ("nll", "kl", "seconds", "top1", "n", "positions", "bytes_end", "tokens_end", "positions_end",
+                "peak", "attended_end")
+    work = {"text": os.path.basename(args.text), "ctx": args.ctx, "max_tokens": args.max_tokens,
+            "chunk": args.chunk, "prefill": args.prefill, "rows": names,
+            "token_ids_sha256": token_ids_sha256(used_ids)}
+
+    def state(done, elapsed):
+        """What --resume needs: the windows done and every row's sums (non-finite ones as strings)."""
+        def enc(x):
+            return x if isinstance(x, int) or math.isfinite(x) else repr(float(x))
+        return {"work": work, "windows_done": done, "elapsed": elapsed,
+                "rows": [[r.name, r.protocol, {k: enc(getattr(r, k)) for k in acc_keys}]
+                         for r in list(refs.values()) + rows]}
+
+    start, elapsed0 = 0, 0.0
+    if args.resume:
+        if not args.json or not os.path.exists(args.json + ".partial"):
+            sys.exit("hf_caches: --resume needs the checkpoint %s.partial of an earlier run" % args.json)
+        with open(args.json + ".partial") as f:
+            st = json.load(f).get("state")
+        if not isinstance(st, dict) or st.get("work") != work:
+            sys.exit("hf_caches: %s.partial is not a checkpoint of this work (text, ctx, max tokens, chunk, prefill, "
+                     "rows, token ids): give the same arguments, or drop --resume" % args.json)
+        by = {(r.name, r.protocol): r for r in list(refs.values()) + rows}
+        for name, proto, sums in st["rows"]:
+            for k in acc_keys:
+                v = sums[k]
+                setattr(by[(name, proto)], k, float(v) if isinstance(v, str) else v)
+        start, elapsed0 = int(st["windows_done"]), float(st["elapsed"])
+        print("hf_caches: resuming after window %d/%d" % (start, len(windows)), file=sys.stderr, flush=True)
+
+    t_start = time.time() - elapsed0
     for wi, (first, scored) in enumerate(windows):
+        if wi < start:
+            continue
         n_pos = scored + 1  # as eval: the last position is fed, its prediction belongs to the next window
         feed = torch.tensor([all_ids[first - 1:first - 1 + n_pos]])
         targets = torch.tensor(all_ids[first:first + scored])
@@ -543,8 +580,13 @@ def measure(args):
         if args.json and wi + 1 < len(windows):  # a checkpoint: the windows done so far
             part = summarize(windows[:wi + 1])
             part["complete"] = False
+            part["state"] = state(wi + 1, time.time() - t_start)
             with open(args.json + ".partial", "w") as f:
                 json.dump(part, f, indent=2, allow_nan=False)
+            if args.stop_after and wi + 1 - start >= args.stop_after:
+                print("hf_caches: stopped after %d windows; continue with the same arguments and --resume"
+                      % (wi + 1 - start), file=sys.stderr, flush=True)
+                return None
 
     if args.json and os.path.exists(args.json + ".partial"):
         os.remove(args.json + ".partial")
@@ -608,6 +650,10 @@ def main():
     ap.add_argument("--json", help="write the report as JSON to this file")
     ap.add_argument("--merge", nargs="+", metavar="REPORT", help="merge reports of the same work into --json")
     ap.add_argument("--list", action="store_true", help="print every row name and exit")
+    ap.add_argument("--stop-after", type=int, metavar="N",
+                    help="stop after N windows of this run, leaving the checkpoint JSON.partial for --resume")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue the run whose checkpoint is JSON.partial (same arguments) after its last window")
     a = ap.parse_args()
     if a.list:
         print("\n".join(default_rows(True, True, False) + default_rows(False, False, True)))
@@ -618,6 +664,8 @@ def main():
         if not 2 <= a.ctx <= 65536 or a.max_tokens < 0 or a.chunk < 1 or not 0 < a.prefill < 1 or a.threads < 1:
             sys.exit("hf_caches: need 2 <= --ctx <= 65536, --max-tokens >= 0 (0: the whole text), --chunk >= 1, "
                      "0 < --prefill < 1, --threads >= 1")
+        if (a.stop_after is not None and a.stop_after < 1) or ((a.stop_after or a.resume) and not a.json):
+            sys.exit("hf_caches: --stop-after N needs N >= 1; --stop-after and --resume need --json")
         rep = measure(a)
         if rep is None:
             return

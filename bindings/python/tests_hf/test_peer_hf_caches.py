@@ -164,3 +164,32 @@ def test_needle_short(tmp_path):
     assert rep["results"][1]["trials"][0]["number"] == t["number"]  # the same context for every row
     if KVPRESS:
         assert rep["results"][1]["kept_fraction"] < 0.6  # half the context dropped
+
+
+if not KVPRESS:  # once, in the hf venv (a pytest skip counts as a failure here)
+    def test_stop_and_resume_equals_one_run(tmp_path):
+        """--stop-after 1 then --resume gives the report of one uninterrupted run (three windows)."""
+        args = [sys.executable, SCRIPT, "--rows", "ours:int8:per-token", "--ctx", "48", "--max-tokens", "141",
+                "--threads", "1"]
+        one, parts = str(tmp_path / "one.json"), str(tmp_path / "parts.json")
+        r = subprocess.run(args + ["--json", one], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        r = subprocess.run(args + ["--json", parts, "--stop-after", "1"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "--resume" in r.stderr, r.stderr[-3000:]
+        assert not os.path.exists(parts) and os.path.exists(parts + ".partial")
+        with open(parts + ".partial") as f:
+            part = json.load(f)
+        assert part["complete"] is False and part["windows"] == 1 and part["state"]["windows_done"] == 1
+        bad = subprocess.run(args[:-2] + ["--threads", "1", "--max-tokens", "94", "--json", parts, "--resume"],
+                             capture_output=True, text=True, timeout=300)
+        assert bad.returncode != 0 and "not a checkpoint of this work" in bad.stderr, bad.stderr[-2000:]
+        r = subprocess.run(args + ["--json", parts, "--resume"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and "resuming after window 1/3" in r.stderr, r.stderr[-3000:]
+        assert not os.path.exists(parts + ".partial")
+        with open(one) as f, open(parts) as g:
+            a, b = json.load(f), json.load(g)
+        assert a["windows"] == b["windows"] == 3 and a["token_ids_sha256"] == b["token_ids_sha256"]
+        for x, y in zip(a["results"], b["results"]):
+            for k in ("strategy", "ppl", "kl_mean", "top1_agreement", "bits_per_element", "kept_fraction",
+                      "peak_kv_bytes"):
+                assert x[k] == y[k], (k, x[k], y[k])
