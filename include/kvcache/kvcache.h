@@ -1690,6 +1690,16 @@ typedef enum kvc_policy_kind {
   KVC_POLICY_TOVA = 5,
   /** Scores from a loaded plugin (kvcache_plugin.h) + the newest recent_tokens. */
   KVC_POLICY_PLUGIN = 6,
+  /**
+   * Key norm (Devoto et al., "A Simple and Effective L2 Norm-Based Strategy for KV Cache
+   * Compression", arXiv 2406.11430; kvpress's KnormPress): the tokens whose keys have the
+   * smallest L2 norm, averaged over the KV heads, + the newest recent_tokens. Reads the layer's
+   * keys (dequantized to f32) at eviction; needs no observed scores, so it runs beside any
+   * attention implementation. A RoPE rotation keeps a key's norm: pre-RoPE and rotated keys
+   * rank alike.
+   * @since 0.4
+   */
+  KVC_POLICY_KNORM = 7,
   KVC_POLICY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_POLICY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_policy_kind;
@@ -1731,7 +1741,8 @@ typedef struct kvc_policy_config {
   uint64_t budget_tokens; /**< Per-layer cap in tokens; 0 (default) = none. */
   /** Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
   double compression_ratio;
-  /** Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0. */
+  /** Streaming: window W when no budget is set; plugin, knorm: protected newest tokens. Default 0.
+   */
   uint32_t recent_tokens;
   /** SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32. */
   uint32_t window;

@@ -156,7 +156,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
     v.num_layers = nl;
     v.scores = s.track_scores ? l.scores.data() : nullptr;
     std::vector<int32_t> pos;
-    if (p.kind == PolicyKind::Plugin) {
+    if (p.needs_keys()) {
       keys.resize(n * row);
       pos.resize(n);
       store_->read(li, l, 0, n, keys.data(), nullptr, DType::F32);

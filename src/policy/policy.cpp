@@ -12,7 +12,7 @@ namespace kvc::policy {
 
 void PolicySpec::validate() const {
   const int32_t k = static_cast<int32_t>(kind);
-  if (k < 0 || k > static_cast<int32_t>(PolicyKind::Plugin))
+  if (k < 0 || k > static_cast<int32_t>(PolicyKind::Knorm))
     fail(Errc::InvalidArgument, "policy kind " + std::to_string(k) + " is unknown");
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0))
     fail(Errc::InvalidArgument,
@@ -97,6 +97,25 @@ void top_k(const std::vector<float> &score, uint64_t end, uint64_t k, std::vecto
   keep.insert(keep.end(), idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(std::min(k, end)));
 }
 
+// Knorm: minus the mean over KV heads of the key's L2 norm (a smaller norm
+// ranks higher), accumulated in double; all zero without keys.
+std::vector<float> key_norm_scores(const LayerView &v) {
+  std::vector<float> s(v.n, 0.0f);
+  if (!v.keys) return s;
+  const uint64_t row = static_cast<uint64_t>(v.kv_heads) * v.head_dim;
+  for (uint64_t t = 0; t < v.n; ++t) {
+    double sum = 0.0;
+    for (uint32_t h = 0; h < v.kv_heads; ++h) {
+      const float *k = v.keys + t * row + static_cast<uint64_t>(h) * v.head_dim;
+      double sq = 0.0;
+      for (uint32_t d = 0; d < v.head_dim; ++d) sq += static_cast<double>(k[d]) * k[d];
+      sum += std::sqrt(sq);
+    }
+    s[t] = static_cast<float>(-sum / v.kv_heads);
+  }
+  return s;
+}
+
 // Per-token score summed over KV heads.
 std::vector<float> head_sum(const LayerView &v) {
   std::vector<float> s(v.n, 0.0f);
@@ -127,7 +146,8 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       break;
     }
     case PolicyKind::H2O:
-    case PolicyKind::Plugin: {
+    case PolicyKind::Plugin:
+    case PolicyKind::Knorm: {
       // A protected window of the newest tokens (floor: a window that rounds
       // down to 0 protects nothing), then the highest-scoring older tokens.
       uint64_t recent =
@@ -138,6 +158,8 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       std::vector<float> s;
       if (p.kind == PolicyKind::H2O) {
         s = head_sum(v);
+      } else if (p.kind == PolicyKind::Knorm) {
+        s = key_norm_scores(v);
       } else {
         s.assign(n, 0.0f);
         kvc_plugin_layer_view pv{};

@@ -18,6 +18,7 @@ enum class PolicyKind : int32_t {
   PyramidKV = 4,  // SnapKV scoring under per-layer pyramid budgets (arXiv 2406.02069)
   TOVA = 5,       // the latest query's attention, top-k (arXiv 2401.06104)
   Plugin = 6,     // scores from a loaded plugin (kvcache_plugin.h) + a recent window
+  Knorm = 7,      // smallest key L2 norm, mean over KV heads, + a recent window (arXiv 2406.11430)
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
 enum class Schedule : int32_t { Paper = 0, Linear = 1 };
@@ -40,6 +41,8 @@ struct PolicySpec {
   bool auto_evict = false;         // evict in reserve when a layer would exceed budget_tokens
   std::shared_ptr<Plugin> plugin;  // kind Plugin
 
+  // True when eviction reads the layer's keys (f32).
+  bool needs_keys() const { return kind == PolicyKind::Plugin || kind == PolicyKind::Knorm; }
   // True when the policy reads observed attention scores.
   bool needs_scores() const {
     return kind == PolicyKind::H2O || kind == PolicyKind::SnapKV || kind == PolicyKind::PyramidKV ||
@@ -61,7 +64,7 @@ struct LayerView {
   uint32_t head_dim = 0;
   uint32_t layer = 0, num_layers = 1;
   const float *scores = nullptr;       // [n][kv_heads] observed attention (or null: all zero)
-  const float *keys = nullptr;         // [n][kv_heads][head_dim] f32 (plugins only; may be null)
+  const float *keys = nullptr;         // [n][kv_heads][head_dim] f32 (plugins, knorm; may be null)
   const int32_t *positions = nullptr;  // [n] (plugins only; may be null)
 };
 

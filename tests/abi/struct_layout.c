@@ -379,7 +379,8 @@ FIELD(kvc_policy_config, plugin, 80, 8);
 SIZE(kvc_policy_config, 88);
 _Static_assert(KVC_POLICY_NONE == 0 && KVC_POLICY_STREAMING == 1 && KVC_POLICY_H2O == 2 &&
                    KVC_POLICY_SNAPKV == 3 && KVC_POLICY_PYRAMIDKV == 4 && KVC_POLICY_TOVA == 5 &&
-                   KVC_POLICY_PLUGIN == 6, "policy kind values");
+                   KVC_POLICY_PLUGIN == 6 && KVC_POLICY_KNORM == 7,
+               "policy kind values");
 _Static_assert(KVC_ROPE_NONE == 0 && KVC_ROPE_INTERLEAVED == 1 && KVC_ROPE_NEOX == 2, "rope values");
 _Static_assert(KVC_OBSERVE_NONE == 0 && KVC_OBSERVE_ACCUMULATE == 1 && KVC_OBSERVE_REPLACE == 2, "observe values");
 #else

@@ -222,6 +222,96 @@ KVTEST(tova_latest_query) {
   kvc_pool_destroy(p);
 }
 
+
+// Knorm (arXiv 2406.11430): the smallest mean key norm over KV heads, ranked
+// against a float64 reference on the keys the pool holds, + recent_tokens.
+namespace {
+std::vector<int32_t> knorm_reference(kvc_pool *p, const Geo &g, uint64_t id, uint32_t layer,
+                                     uint64_t target, uint64_t recent) {
+  uint64_t n = 0;
+  CHECK_OK(kvc_seq_layer_tokens(p, id, layer, &n));
+  std::vector<float> k(n * g.hkv * g.hd);
+  std::vector<int32_t> pos(n);
+  CHECK_OK(kvc_gather(p, id, layer, 0, n, k.data(), nullptr, KVC_DTYPE_F32, pos.data()));
+  std::vector<double> norm(n, 0.0);
+  for (uint64_t t = 0; t < n; ++t)
+    for (uint32_t h = 0; h < g.hkv; ++h) {
+      double sq = 0;
+      for (uint32_t d = 0; d < g.hd; ++d) {
+        const double x = k[(t * g.hkv + h) * g.hd + d];
+        sq += x * x;
+      }
+      norm[t] += std::sqrt(sq) / g.hkv;
+    }
+  std::vector<uint64_t> idx(n - recent);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](uint64_t a, uint64_t b) { return norm[a] < norm[b]; });
+  std::vector<int32_t> keep;
+  for (uint64_t i = 0; i < target - recent; ++i) keep.push_back(pos[idx[i]]);
+  for (uint64_t t = n - recent; t < n; ++t) keep.push_back(pos[t]);
+  std::sort(keep.begin(), keep.end());
+  return keep;
+}
+}  // namespace
+
+KVTEST(knorm_smallest_key_norms) {
+  Geo g;
+  g.layers = 2;
+  kvc_pool *p = make_pool(g);
+  const uint64_t n = 24;
+  fill(p, g, 1, n);
+  // Hand-made: layer 0's keys scaled so tokens 3, 8 and 15 have the smallest
+  // norms on head 0 and head 1 together (a small head-0 norm alone is not
+  // enough when head 1 is large: token 20).
+  std::vector<float> k(n * g.hkv * g.hd), v(k.size(), 1.0f);
+  for (uint64_t t = 0; t < n; ++t)
+    for (uint32_t h = 0; h < g.hkv; ++h)
+      for (uint32_t d = 0; d < g.hd; ++d) {
+        float scale = 1.0f + 0.01f * static_cast<float>(t);
+        if (t == 3 || t == 8 || t == 15) scale = 0.1f + 0.01f * static_cast<float>(t);
+        if (t == 20) scale = h == 0 ? 0.01f : 3.0f;
+        k[(t * g.hkv + h) * g.hd + d] = scale * (d % 2 ? 1.0f : -1.0f);
+      }
+  CHECK_OK(kvc_append(p, 1, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32));
+  kvc_policy *pol = policy(KVC_POLICY_KNORM, 3);
+  kvc_policy *win = policy(KVC_POLICY_KNORM, 0, 0.5, [](kvc_policy_config *x) { x->recent_tokens = 4; });
+  // Layer 1 (random keys) against the float64 reference, before evicting.
+  const std::vector<int32_t> want1 = knorm_reference(p, g, 1, 1, 3, 0);
+  CHECK_OK(kvc_evict(p, 1, pol, nullptr));
+  CHECK(positions(p, 1, 0) == std::vector<int32_t>({3, 8, 15}));
+  CHECK(positions(p, 1, 1) == want1);
+  // compression_ratio 0.5 of 24 keeps 12: the newest 4 + the 8 smallest norms.
+  fill(p, g, 2, n);
+  const std::vector<int32_t> want = knorm_reference(p, g, 2, 0, 12, 4);
+  CHECK_OK(kvc_evict(p, 2, win, nullptr));
+  CHECK(positions(p, 2, 0) == want && want.size() == 12);
+  CHECK(std::vector<int32_t>(want.end() - 4, want.end()) == std::vector<int32_t>({20, 21, 22, 23}));
+  CHECK(invariants_ok(p));
+  kvc_policy_destroy(pol);
+  kvc_policy_destroy(win);
+  kvc_pool_destroy(p);
+}
+
+// Knorm reads the keys as stored: in an int8 pool it ranks the dequantized
+// keys (the reference reads them back through kvc_gather).
+KVTEST(knorm_quantized_pool) {
+  Geo g;
+  g.layers = 1;
+  kvc_codec int8;
+  kvc_codec_init(&int8);
+  int8.dtype = KVC_DTYPE_INT8;
+  int8.granularity = KVC_SCALE_PER_TOKEN;
+  kvc_pool *p = make_pool(g, 512, KVC_DTYPE_F32, &int8);
+  fill(p, g, 1, 40);
+  const std::vector<int32_t> want = knorm_reference(p, g, 1, 0, 10, 0);
+  kvc_policy *pol = policy(KVC_POLICY_KNORM, 10);
+  CHECK_OK(kvc_evict(p, 1, pol, nullptr));
+  CHECK(positions(p, 1, 0) == want);
+  CHECK(invariants_ok(p));
+  kvc_policy_destroy(pol);
+  kvc_pool_destroy(p);
+}
+
 // SnapKV: the window stays; max pooling lets a peak pull in its neighbours.
 KVTEST(snapkv_pooled_window) {
   Geo g;

@@ -122,6 +122,14 @@ const std::vector<Component> &registry() {
        "(prefill-compress protocol; default W=16, kernel=7, prefill=0.5)",
        KVC_DTYPE_F32,
        {"budget", "window", "kernel", "pool", "prefill"}},
+      {"knorm",
+       Kind::Policy,
+       "Knorm (arXiv 2406.11430, kvpress KnormPress): keep the tokens whose keys have the smallest "
+       "L2 norm, mean over KV heads; query-agnostic, no attention observed "
+       "(prefill-compress protocol like kvpress's, default prefill=0.5; stream: the stream "
+       "protocol's per-layer cap instead)",
+       KVC_DTYPE_F32,
+       {"budget", "tokens", "prefill", "stream"}},
       {"pyramidkv",
        Kind::Policy,
        "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
@@ -312,9 +320,8 @@ void resolve_policy(Strategy &st, const std::string &where) {
   for (const auto &[key, value] : st.policy.params) {
     if (key == "budget")
       st.budget = number(where, key, value, 0.001, 1.0);
-    else if (key == "keep-positions") {
-      if (!value.empty())
-        throw RunnerError(where + "'keep-positions' is a flag and takes no value");
+    else if (key == "keep-positions" || key == "stream") {
+      if (!value.empty()) throw RunnerError(where + "'" + key + "' is a flag and takes no value");
     } else if (key == "tokens") {
       const double t =
           number(where, key, value, 2, 1 << 24);  // the library keeps one earlier token at least
@@ -370,6 +377,19 @@ void resolve_policy(Strategy &st, const std::string &where) {
     st.policy_kind = KVC_POLICY_TOVA;
     st.observe = KVC_OBSERVE_REPLACE;
     st.protocol = Strategy::Protocol::Stream;
+  } else if (name == "knorm") {
+    const bool stream = std::any_of(st.policy.params.begin(), st.policy.params.end(),
+                                    [](const auto &kv) { return kv.first == "stream"; });
+    const bool prefill = std::any_of(st.policy.params.begin(), st.policy.params.end(),
+                                     [](const auto &kv) { return kv.first == "prefill"; });
+    if (stream && prefill)
+      throw RunnerError(where +
+                        "'stream' caps every pass; 'prefill' is the prefill-compress "
+                        "protocol's: give one of them");
+    if (st.budget_tokens && !stream)
+      throw RunnerError(where + "tokens=N is a per-layer cap: add 'stream' (or give budget=)");
+    st.policy_kind = KVC_POLICY_KNORM;
+    st.protocol = stream ? Strategy::Protocol::Stream : Strategy::Protocol::PrefillCompress;
   } else if (name == "snapkv" || name == "pyramidkv") {
     st.policy_kind = name == "snapkv" ? KVC_POLICY_SNAPKV : KVC_POLICY_PYRAMIDKV;
     st.observe = KVC_OBSERVE_ACCUMULATE;
@@ -574,6 +594,7 @@ std::vector<std::string> default_strategies() {
           "tova:budget=0.3",
           "snapkv:budget=0.3",
           "pyramidkv:budget=0.3",
+          "knorm:budget=0.3",
           "h2o:budget=0.3+int4:per-token:asym:hadamard",
           "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }

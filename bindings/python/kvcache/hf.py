@@ -261,7 +261,7 @@ class PagedCache(Cache):
             (``f32``, ``f16``, ``bf16``, ``int8:per-token``, ``int4:group=32``,
             ``kivi2``, ``k-int4:...+v-int8:...``) and optionally a policy
             (``streaming``, ``window``, ``h2o``, ``tova``, ``snapkv``,
-            ``pyramidkv``). Policies that read attention (h2o, tova, snapkv,
+            ``pyramidkv``, ``knorm``). Policies that read attention (h2o, tova, snapkv,
             pyramidkv) need ``attn_implementation="kvcache"``. StreamingLLM
             and window keep text positions here (``keep-positions``):
             transformers rotates queries at their text positions.

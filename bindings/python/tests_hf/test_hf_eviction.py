@@ -99,3 +99,24 @@ def test_stream_policy_chunks_with_sdpa(sdpa, paged, spec):
         logits[name] = torch.cat(out)
     assert torch.allclose(logits["sdpa"], logits["paged"], atol=2e-4, rtol=1e-4), \
         float((logits["sdpa"] - logits["paged"]).abs().max())
+
+
+def test_knorm_prefill_with_sdpa(sdpa):
+    """knorm reads no attention, so it runs on sdpa: after the prompt, each layer keeps the half
+    of it whose keys have the smallest L2 norm, mean over KV heads (here against the keys a
+    DynamicCache holds, in float64), and the decoded tokens."""
+    model, tok = sdpa
+    inputs = hfmodel.prompts(tok, n=1, tokens=96)[0]
+    n = inputs["input_ids"].shape[1]
+    ref = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(**inputs, past_key_values=ref, use_cache=True)
+    cache = kh.PagedCache(model.config, "knorm:budget=0.5+f32")
+    hfmodel.generate(model, inputs, cache, max_new_tokens=4)
+    for layer in (0, 17, 29):
+        k = ref.layers[layer].keys[0].double()  # [kv_heads, n, head_dim]
+        norm = k.norm(dim=-1).mean(dim=0)
+        want = sorted(int(i) for i in torch.argsort(norm, stable=True)[:n // 2])
+        pos = list(cache.pool.positions(cache._seqs[0], layer, 0, n // 2 + 3))
+        assert pos[:n // 2] == want, layer
+        assert pos[n // 2:] == [n, n + 1, n + 2]

@@ -3521,6 +3521,16 @@ impl kvc_policy_kind {
     pub const KVC_POLICY_PLUGIN: kvc_policy_kind = kvc_policy_kind(6);
 }
 impl kvc_policy_kind {
+    #[doc = " Key norm (Devoto et al., \"A Simple and Effective L2 Norm-Based Strategy for KV Cache"]
+    #[doc = " Compression\", arXiv 2406.11430; kvpress's KnormPress): the tokens whose keys have the"]
+    #[doc = " smallest L2 norm, averaged over the KV heads, + the newest recent_tokens. Reads the layer's"]
+    #[doc = " keys (dequantized to f32) at eviction; needs no observed scores, so it runs beside any"]
+    #[doc = " attention implementation. A RoPE rotation keeps a key's norm: pre-RoPE and rotated keys"]
+    #[doc = " rank alike."]
+    #[doc = " @since 0.4"]
+    pub const KVC_POLICY_KNORM: kvc_policy_kind = kvc_policy_kind(7);
+}
+impl kvc_policy_kind {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_POLICY_FORCE_32BIT: kvc_policy_kind = kvc_policy_kind(2147483647);
 }
@@ -3597,7 +3607,7 @@ pub struct kvc_policy_config {
     pub budget_tokens: u64,
     #[doc = " Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none."]
     pub compression_ratio: f64,
-    #[doc = " Streaming: window W when no budget is set; plugin: protected newest tokens. Default 0."]
+    #[doc = " Streaming: window W when no budget is set; plugin, knorm: protected newest tokens. Default 0."]
     pub recent_tokens: u32,
     #[doc = " SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32."]
     pub window: u32,

@@ -21,6 +21,8 @@ c_enum! {
         PyramidKv = KVC_POLICY_PYRAMIDKV,
         /// TOVA: the tokens the latest query attends most.
         Tova = KVC_POLICY_TOVA,
+        /// Knorm: the tokens whose keys have the smallest L2 norm (no attention observed).
+        Knorm = KVC_POLICY_KNORM,
     }
 }
 

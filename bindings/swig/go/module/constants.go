@@ -112,6 +112,7 @@ const (
 	POLICY_PYRAMIDKV PolicyKind = 4
 	POLICY_TOVA      PolicyKind = 5
 	POLICY_PLUGIN    PolicyKind = 6
+	POLICY_KNORM     PolicyKind = 7
 )
 
 // Pooling is SnapKV's pooling along the tokens (kvc_pooling).

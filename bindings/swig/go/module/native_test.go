@@ -68,6 +68,7 @@ func TestNativeConstants(t *testing.T) {
 		{"POLICY_PYRAMIDKV", int64(POLICY_PYRAMIDKV), int64(native.POLICY_PYRAMIDKV)},
 		{"POLICY_TOVA", int64(POLICY_TOVA), int64(native.POLICY_TOVA)},
 		{"POLICY_PLUGIN", int64(POLICY_PLUGIN), int64(native.POLICY_PLUGIN)},
+		{"POLICY_KNORM", int64(POLICY_KNORM), int64(native.POLICY_KNORM)},
 		{"POOLING_MAX", int64(POOLING_MAX), int64(native.POOLING_MAX)},
 		{"POOLING_AVG", int64(POOLING_AVG), int64(native.POOLING_AVG)},
 		{"PYRAMID_PAPER", int64(PYRAMID_PAPER), int64(native.PYRAMID_PAPER)},
