@@ -119,7 +119,7 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 5
+#define KVC_API_VERSION 6
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -1458,6 +1458,15 @@ typedef enum kvc_observe {
   KVC_OBSERVE_NONE = 0,       /**< Record nothing (default). */
   KVC_OBSERVE_ACCUMULATE = 1, /**< Add to the running total (H2O's accumulated attention). */
   KVC_OBSERVE_REPLACE = 2,    /**< Replace it with this call's (TOVA: the latest query only). */
+  /**
+   * Add the observed query rows to the sequence's query statistics instead (per layer and query
+   * head: their count, mean and covariance, taken back to the pre-RoPE frame when the pool has
+   * rope_style), for ::KVC_POLICY_EXPECTED_ATTENTION; no score is recorded. Prefill observes
+   * rows observe_from.. at their positions, decode each sequence's query at its newest token's.
+   * CPU pools (a CUDA pool refuses it: use kvc_seq_observe_queries() with host copies).
+   * @since 0.4
+   */
+  KVC_OBSERVE_QUERIES = 3,
   KVC_OBSERVE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_OBSERVE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_observe;
@@ -1617,6 +1626,31 @@ KVC_API kvc_status kvc_seq_observe_scores(kvc_pool *pool, uint64_t seq_id, uint3
                                           const float *scores, uint64_t n_tokens, int accumulate);
 
 /**
+ * @brief Feed query rows computed by the engine's own attention to a layer's
+ * query statistics (the alternative to ::KVC_OBSERVE_QUERIES), for
+ * ::KVC_POLICY_EXPECTED_ATTENTION. Rows are taken back to the pre-RoPE frame
+ * at their positions when the pool has rope_style (as keys are given: rotated
+ * at `positions`), then added to the running count, sum and sum of outer
+ * products per query head (f64).
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param q `[n][num_q_heads][head_dim]` in q_dtype, host memory (not NULL when n > 0).
+ * @param q_dtype ::KVC_DTYPE_F32, ::KVC_DTYPE_F16 or ::KVC_DTYPE_BF16.
+ * @param n query rows (0: nothing to do), at most 2^31.
+ * @param num_q_heads must equal the pool's num_q_heads.
+ * @param positions `[n]` RoPE positions of the rows, >= 0 (not NULL when n > 0).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_INVALID_ARGUMENT (num_q_heads,
+ * q_dtype, a negative position); ::KVC_ERR_OVERFLOW (n); ::KVC_ERR_NON_FINITE
+ * (NaN or Inf in q); ::KVC_ERR_OUT_OF_MEMORY. Nothing changes on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_seq_observe_queries(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                           const void *q, kvc_dtype q_dtype, uint64_t n,
+                                           uint32_t num_q_heads, const int32_t *positions);
+
+/**
  * @brief Read the recorded attention scores of a layer (zeros when nothing
  * was recorded).
  * @param pool the pool (not NULL).
@@ -1700,6 +1734,24 @@ typedef enum kvc_policy_kind {
    * @since 0.4
    */
   KVC_POLICY_KNORM = 7,
+  /**
+   * ExpectedAttention (Devoto et al., "Expected Attention: KV Cache Compression by Estimating
+   * Attention from Future Queries Distribution", arXiv 2510.00636; kvpress's
+   * ExpectedAttentionPress): each layer's future queries are modelled per query head as a
+   * Gaussian with the mean mu and covariance S of the queries the sequence observed
+   * (::KVC_OBSERVE_QUERIES or kvc_seq_observe_queries()), turned by the mean RoPE rotation R
+   * over the next future_positions positions (from the sequence's length on): mu' = R mu,
+   * S' = R S R^T. A key k is expected to get exp(mu'.k / sqrt(d) + k^T S' k / (2d)), the mean of
+   * exp(q.k / sqrt(d)) under that Gaussian; normalized over the scored tokens (a softmax per query
+   * head), averaged over the query heads of each KV head, times the value's L2 norm, summed over
+   * KV heads. The first sink_tokens and the newest recent_tokens are kept; the rest are ranked.
+   * The approximation: queries are taken as Gaussian and the rotation as its average; the
+   * statistics are all queries observed (kvpress: the prompt's, without its sinks). Eviction of a
+   * layer with no observed query fails (::KVC_ERR_INVALID_ARGUMENT). Statistics are not saved
+   * in records (kvc_seq_save). Cost: O(tokens x q_heads x head_dim^2) per layer and eviction.
+   * @since 0.4
+   */
+  KVC_POLICY_EXPECTED_ATTENTION = 8,
   KVC_POLICY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_POLICY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_policy_kind;
@@ -1768,6 +1820,11 @@ typedef struct kvc_policy_config {
   uint32_t auto_evict;
   /** ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded). */
   const kvc_plugin *plugin;
+  /**
+   * ::KVC_POLICY_EXPECTED_ATTENTION: how many next positions the query rotation is averaged
+   * over, 1..1048576; default 512 (kvpress's). @since 0.4
+   */
+  uint32_t future_positions;
 } kvc_policy_config;
 
 /**
@@ -2898,6 +2955,10 @@ typedef struct kvc_api {
   /* --- version 5 (0.4) --- */
   /** kvc_pool_seq_bytes() */
   kvc_status (*pool_seq_bytes)(const kvc_pool_config *, uint64_t, uint64_t *, uint64_t *);
+  /* --- version 6 (0.4) --- */
+  /** kvc_seq_observe_queries() */
+  kvc_status (*seq_observe_queries)(kvc_pool *, uint64_t, uint32_t, const void *, kvc_dtype,
+                                    uint64_t, uint32_t, const int32_t *);
 } kvc_api;
 
 /**

@@ -31,9 +31,10 @@ kvc::core::AttnParams to_attn(const kvc_attention_params *in) {
   a.q_dtype = dtype_arg(c.q_dtype, "q_dtype");
   a.out_dtype = dtype_arg(c.out_dtype, "out_dtype");
   const int32_t ob = static_cast<int32_t>(c.observe);
-  if (ob < 0 || ob > 2)
-    fail(Errc::InvalidArgument, "observe " + std::to_string(ob) +
-                                    ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE)");
+  if (ob < 0 || ob > 3)
+    fail(Errc::InvalidArgument,
+         "observe " + std::to_string(ob) +
+             ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE, _QUERIES)");
   if (c.num_threads > 256)
     fail(Errc::InvalidArgument, "num_threads " + std::to_string(c.num_threads) + ": at most 256");
   a.observe = static_cast<uint32_t>(ob);
@@ -93,6 +94,22 @@ KVC_API kvc_status kvc_seq_observe_scores(kvc_pool *pool, uint64_t seq_id, uint3
     auto &p = core_of(pool);
     need(scores, "scores");
     p.observe_scores(seq_id, layer, scores, n_tokens, accumulate != 0);
+  });
+}
+
+KVC_API kvc_status kvc_seq_observe_queries(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                           const void *q, kvc_dtype q_dtype, uint64_t n,
+                                           uint32_t num_q_heads, const int32_t *positions) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    const DType dt = dtype_arg(q_dtype, "q_dtype");
+    if (n == 0) {  // nothing to add; the arguments are still checked
+      p.observe_queries(seq_id, layer, nullptr, dt, 0, num_q_heads, nullptr);
+      return;
+    }
+    need(q, "q");
+    need(positions, "positions");
+    p.observe_queries(seq_id, layer, q, dt, n, num_q_heads, positions);
   });
 }
 

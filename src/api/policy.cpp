@@ -23,6 +23,7 @@ void policy_defaults(kvc_policy_config *c) {
   c->pooling = KVC_POOLING_MAX;
   c->schedule = KVC_PYRAMID_PAPER;
   c->beta = 20.0;
+  c->future_positions = 512;
 }
 
 }  // namespace
@@ -64,6 +65,7 @@ KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy
     sp->shift_positions = c.shift_positions != 0;
     sp->auto_evict = c.auto_evict != 0;
     if (c.plugin) sp->plugin = c.plugin->core;
+    sp->future_positions = c.future_positions;
     sp->validate();
     auto *pol = new kvc_policy;
     pol->spec = std::move(sp);

@@ -188,6 +188,7 @@ struct StructInfo<kvc_policy_config> {
       KVC_FIELD(kvc_policy_config, shift_positions),
       KVC_FIELD(kvc_policy_config, auto_evict),
       KVC_FIELD(kvc_policy_config, plugin),
+      KVC_FIELD(kvc_policy_config, future_positions),  // 0.4
   };
   static constexpr size_t size_0_3 = 88;
   static constexpr size_t end_0_3 = KVC_FIELD_END(kvc_policy_config, plugin);

@@ -97,6 +97,8 @@ static const kvc_api g_api = {
     kvc_seq_keep,
     // version 5 (0.4)
     kvc_pool_seq_bytes,
+    // version 6 (0.4)
+    kvc_seq_observe_queries,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

@@ -1,9 +1,11 @@
 // kvc_attention_decode / kvc_attention_prefill: the checks every store
 // shares; the store runs it (store_cpu.cpp: the attention module over tiles
 // of the blocks; store_cuda.cpp: the paged kernels).
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <shared_mutex>
+#include <vector>
 
 #include "common/error.h"
 #include "core/pool.h"
@@ -22,7 +24,12 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
                                     u64s(cfg_.num_q_heads));
   if (!(p.scale >= 0.0f) || !std::isfinite(p.scale))
     fail(Errc::InvalidArgument, "scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
-  if (p.observe > 2) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));
+  if (p.observe > 3) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));
+  const bool queries = p.observe == 3;  // KVC_OBSERVE_QUERIES: statistics, not scores
+  if (queries && cfg_.device == Device::CUDA)
+    fail(Errc::Unsupported,
+         "KVC_OBSERVE_QUERIES reads the queries on the host: on a CUDA pool pass host copies to "
+         "kvc_seq_observe_queries()");
   if (p.num_threads > 256)
     fail(Errc::InvalidArgument, "num_threads " + u64s(p.num_threads) + ": at most 256");
   if (prefill && n_seqs != 1) fail(Errc::InvalidArgument, "prefill attention takes one sequence");
@@ -39,7 +46,37 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
                                  " of sequence " + u64s(ids[0]) + " holds " + u64s(l.n_tokens) +
                                  " tokens (append the chunk's K/V first)");
   }
-  store_->attention(layer, ids, n_seqs, q, n_q, prefill, out, lse, p, scale);
+  if (!queries) {
+    store_->attention(layer, ids, n_seqs, q, n_q, prefill, out, lse, p, scale);
+    return;
+  }
+  // The RoPE positions of the observed rows: prefill row i is the layer's
+  // token n - n_q + i; a decode query is its sequence's newest token.
+  std::vector<std::vector<int32_t>> pos(n_seqs);
+  {
+    std::shared_lock lk(mu_);
+    check_layer(layer);
+    for (size_t i = 0; i < n_seqs; ++i) {
+      const LayerTable &l = find(ids[i]).layers[layer];
+      if (l.n_tokens == 0)
+        fail(Errc::OutOfRange,
+             "layer " + u64s(layer) + " of sequence " + u64s(ids[i]) + " holds no token to attend");
+      const uint64_t first = prefill ? std::min(p.observe_from, n_q) : 0, rows = prefill ? n_q : 1;
+      for (uint64_t r = first; r < rows; ++r)
+        pos[i].push_back(static_cast<int32_t>(
+            l.rope_position_of(prefill ? l.n_tokens - n_q + r : l.n_tokens - 1)));
+    }
+  }
+  AttnParams plain = p;
+  plain.observe = 0;
+  store_->attention(layer, ids, n_seqs, q, n_q, prefill, out, lse, plain, scale);
+  const uint64_t row_bytes = p.num_q_heads * hd * static_cast<uint64_t>(bits_of(p.q_dtype)) / 8;
+  for (size_t i = 0; i < n_seqs; ++i) {
+    if (pos[i].empty()) continue;
+    const uint64_t first = prefill ? n_q - pos[i].size() : 0;
+    const auto *rows = static_cast<const uint8_t *>(q) + (i * n_q + first) * row_bytes;
+    observe_queries(ids[i], layer, rows, p.q_dtype, pos[i].size(), p.num_q_heads, pos[i].data());
+  }
 }
 
 }  // namespace kvc::core

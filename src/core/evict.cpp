@@ -9,7 +9,9 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "common/convert.h"
 #include "common/error.h"
+#include "common/rope.h"
 #include "core/pool.h"
 #include "policy/plugin.h"
 
@@ -77,6 +79,43 @@ void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint
   for (uint64_t i = 0; i < n * h; ++i) dst[i] = accumulate ? dst[i] + scores[i] : scores[i];
 }
 
+void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_dtype, uint64_t n,
+                           uint32_t num_q_heads, const int32_t *positions) {
+  const uint64_t hd = cfg_.head_dim;
+  if (num_q_heads != cfg_.num_q_heads)
+    fail(Errc::InvalidArgument,
+         "num_q_heads " + u64s(num_q_heads) + " differs from the pool's " + u64s(cfg_.num_q_heads));
+  if (q_dtype != DType::F32 && q_dtype != DType::F16 && q_dtype != DType::BF16)
+    fail(Errc::InvalidArgument, "q_dtype must be f32, f16 or bf16");
+  if (n > (uint64_t(1) << 31)) fail(Errc::Overflow, "n " + u64s(n) + ": too many query rows");
+  const uint64_t row = static_cast<uint64_t>(num_q_heads) * hd;
+  std::vector<float> x(n * row);  // may throw: nothing changed
+  convert(q, q_dtype, x.data(), DType::F32, x.size());
+  for (uint64_t i = 0; i < x.size(); ++i)
+    if (!std::isfinite(x[i]))
+      fail(Errc::NonFinite, "query value " + u64s(i) + " is NaN or Inf: nothing was changed");
+  for (uint64_t i = 0; i < n; ++i)
+    if (positions[i] < 0) fail(Errc::InvalidArgument, "position " + u64s(i) + " is negative");
+  if (cfg_.rope_style != RopeStyle::None) {  // back to the pre-RoPE frame
+    RopeShift rope(cfg_.head_dim, cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim,
+                   cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta);
+    for (uint64_t i = 0; i < n; ++i)
+      for (uint32_t h = 0; h < num_q_heads; ++h)
+        rope.rotate(x.data() + i * row + h * hd, -positions[i]);
+  }
+  std::shared_lock lk(mu_);
+  Sequence &s = find(id);
+  check_layer(layer);
+  if (n == 0) return;
+  std::lock_guard<std::mutex> g(scores_mu_);
+  policy::QueryStats &st = s.layers[layer].qstats;
+  if (st.sum.empty()) {  // the only allocation: before the first change
+    st.sum.assign(row, 0.0);
+    st.outer.assign(row * hd, 0.0);
+  }
+  for (uint64_t i = 0; i < n; ++i) st.add(x.data() + i * row, num_q_heads, cfg_.head_dim);
+}
+
 void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
@@ -130,7 +169,8 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   std::vector<uint64_t> first_write(nl, UINT64_MAX);
   std::vector<char> shift(nl, 0);
   uint64_t cow_needed = 0;
-  std::vector<float> keys;  // plugin input
+  std::vector<float> keys, values;    // plugin, knorm, expected-attention input
+  std::vector<double> q_mean, q_cov;  // expected attention: future queries' moments
   for (uint32_t li = 0; li < nl; ++li) {
     const LayerTable &l = s.layers[li];
     const uint64_t n = l.n_tokens;
@@ -156,10 +196,29 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
     v.num_layers = nl;
     v.scores = s.track_scores ? l.scores.data() : nullptr;
     std::vector<int32_t> pos;
+    if (p.kind == PolicyKind::ExpectedAttention) {
+      if (l.qstats.count == 0)
+        fail(Errc::InvalidArgument,
+             "expected attention needs the queries' statistics of layer " + u64s(li) +
+                 " of sequence " + u64s(id) +
+                 ": observe queries first (KVC_OBSERVE_QUERIES or kvc_seq_observe_queries)");
+      values.resize(n * row);
+      policy::future_moments(l.qstats, cfg_.num_q_heads, cfg_.head_dim,
+                             cfg_.rope_style == RopeStyle::None
+                                 ? 0u
+                                 : (cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim),
+                             cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta, s.length,
+                             p.future_positions, q_mean, q_cov);
+      v.q_heads = cfg_.num_q_heads;
+      v.q_mean = q_mean.data();
+      v.q_cov = q_cov.data();
+      v.values = values.data();
+    }
     if (p.needs_keys()) {
       keys.resize(n * row);
       pos.resize(n);
-      store_->read(li, l, 0, n, keys.data(), nullptr, DType::F32);
+      store_->read(li, l, 0, n, keys.data(),
+                   p.kind == PolicyKind::ExpectedAttention ? values.data() : nullptr, DType::F32);
       for (uint64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(l.position_of(t));
       v.keys = keys.data();
       v.positions = pos.data();

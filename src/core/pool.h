@@ -78,6 +78,11 @@ class Pool : private PoolCore {
   void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n,
                       bool accumulate);
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
+  // Adds n query rows ([n][num_q_heads][head_dim], q_dtype) at RoPE positions
+  // `positions` to the layer's query statistics (kvc_seq_observe_queries):
+  // un-rotated first when the pool has rope_style. All checks before the first change.
+  void observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_dtype, uint64_t n,
+                       uint32_t num_q_heads, const int32_t *positions);
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
 
   // ---- records (state.cpp, docs/tiers.md) ----

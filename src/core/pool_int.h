@@ -49,6 +49,10 @@ struct LayerTable {
   // Observed attention mass per token and KV head ([n_tokens][kv_heads]),
   // kept only while the sequence tracks scores.
   std::vector<float> scores;
+  // Statistics of the queries observed on this layer (pre-RoPE frame), for
+  // expected-attention eviction; empty until the first observation. A fork
+  // copies them; records (seq_save) do not hold them.
+  policy::QueryStats qstats;
   // Residual block with this layer's attention-sink copies (tokens
   // [0, residual_sinks) at slots (layer % per block) x residual_sinks + i);
   // -1 without. One of its sequence's sink_blocks.

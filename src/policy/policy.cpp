@@ -12,7 +12,7 @@ namespace kvc::policy {
 
 void PolicySpec::validate() const {
   const int32_t k = static_cast<int32_t>(kind);
-  if (k < 0 || k > static_cast<int32_t>(PolicyKind::Knorm))
+  if (k < 0 || k > static_cast<int32_t>(PolicyKind::ExpectedAttention))
     fail(Errc::InvalidArgument, "policy kind " + std::to_string(k) + " is unknown");
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0))
     fail(Errc::InvalidArgument,
@@ -34,6 +34,10 @@ void PolicySpec::validate() const {
       recent_tokens == 0)
     fail(Errc::InvalidArgument,
          "streaming needs a window: set recent_tokens (W), budget_tokens or compression_ratio");
+  if (kind == PolicyKind::ExpectedAttention &&
+      (future_positions == 0 || future_positions > (1u << 20)))
+    fail(Errc::InvalidArgument,
+         "future_positions " + u64s(future_positions) + " must be in 1..1048576");
   if (auto_evict && budget_tokens == 0)
     fail(Errc::InvalidArgument, "auto_evict needs budget_tokens (the per-layer cap it enforces)");
 }
@@ -79,6 +83,123 @@ void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out
       acc = how == Pooling::Max ? std::max(acc, x[j]) : acc + x[j];
     out[i] = how == Pooling::Max ? acc : acc / static_cast<float>(hi - lo + 1);
   }
+}
+
+void QueryStats::add(const float *q, uint32_t q_heads, uint32_t head_dim) {
+  const uint64_t d = head_dim;
+  if (sum.empty()) {
+    sum.assign(q_heads * d, 0.0);
+    outer.assign(q_heads * d * d, 0.0);
+  }
+  for (uint32_t h = 0; h < q_heads; ++h) {
+    const float *x = q + h * d;
+    double *s = sum.data() + h * d, *o = outer.data() + h * d * d;
+    for (uint64_t i = 0; i < d; ++i) {
+      const double xi = x[i];
+      s[i] += xi;
+      for (uint64_t j = 0; j < d; ++j) o[i * d + j] += xi * static_cast<double>(x[j]);
+    }
+  }
+  ++count;
+}
+
+void future_moments(const QueryStats &st, uint32_t q_heads, uint32_t head_dim, uint32_t rope_dims,
+                    bool interleaved, double theta, uint64_t from, uint64_t count,
+                    std::vector<double> &mean, std::vector<double> &cov) {
+  const uint64_t d = head_dim, hq = q_heads;
+  mean.assign(hq * d, 0.0);
+  cov.assign(hq * d * d, 0.0);
+  if (st.count == 0) return;
+  const double inv = 1.0 / static_cast<double>(st.count);
+  for (uint64_t h = 0; h < hq; ++h)
+    for (uint64_t i = 0; i < d; ++i) mean[h * d + i] = st.sum[h * d + i] * inv;
+  for (uint64_t h = 0; h < hq; ++h)
+    for (uint64_t i = 0; i < d; ++i)
+      for (uint64_t j = 0; j < d; ++j)
+        cov[(h * d + i) * d + j] =
+            st.outer[(h * d + i) * d + j] * inv - mean[h * d + i] * mean[h * d + j];
+  // The mean rotation of pair p over positions [from, from + count):
+  // sum_t e^{i t f} = e^{i (from + (count - 1) / 2) f} sin(count f / 2) / sin(f / 2).
+  const uint32_t half = rope_dims / 2;
+  if (half == 0 || count == 0) return;
+  std::vector<double> c(half), s(half);
+  const double n = static_cast<double>(count), a = static_cast<double>(from);
+  for (uint32_t p = 0; p < half; ++p) {
+    const double f = std::pow(theta, -2.0 * p / rope_dims), den = std::sin(f / 2.0);
+    const double mid = (a + (n - 1.0) / 2.0) * f;
+    const double amp = std::fabs(den) < 1e-300 ? 1.0 : std::sin(n * f / 2.0) / (n * den);
+    c[p] = std::cos(mid) * amp;
+    s[p] = std::sin(mid) * amp;
+  }
+  auto pair = [&](uint32_t p, uint64_t &i0, uint64_t &i1) {
+    i0 = interleaved ? 2u * p : p;
+    i1 = interleaved ? 2u * p + 1u : p + half;
+  };
+  for (uint64_t h = 0; h < hq; ++h) {
+    double *m = mean.data() + h * d, *S = cov.data() + h * d * d;
+    for (uint32_t p = 0; p < half; ++p) {
+      uint64_t i0, i1;
+      pair(p, i0, i1);
+      const double x0 = m[i0], x1 = m[i1];
+      m[i0] = x0 * c[p] - x1 * s[p];
+      m[i1] = x0 * s[p] + x1 * c[p];
+      for (uint64_t j = 0; j < d; ++j) {  // rows: R S
+        const double r0 = S[i0 * d + j], r1 = S[i1 * d + j];
+        S[i0 * d + j] = r0 * c[p] - r1 * s[p];
+        S[i1 * d + j] = r0 * s[p] + r1 * c[p];
+      }
+    }
+    for (uint32_t p = 0; p < half; ++p) {  // columns: (R S) R^T
+      uint64_t i0, i1;
+      pair(p, i0, i1);
+      for (uint64_t i = 0; i < d; ++i) {
+        const double a0 = S[i * d + i0], a1 = S[i * d + i1];
+        S[i * d + i0] = a0 * c[p] - a1 * s[p];
+        S[i * d + i1] = a0 * s[p] + a1 * c[p];
+      }
+    }
+  }
+}
+
+std::vector<float> expected_attention_scores(const LayerView &v) {
+  std::vector<float> out(v.n, 0.0f);
+  if (!v.keys || !v.q_mean || !v.q_cov || v.q_heads == 0 || v.n == 0) return out;
+  const uint64_t d = v.head_dim, hk = v.kv_heads, g = v.q_heads / v.kv_heads, n = v.n;
+  const double rs = 1.0 / std::sqrt(static_cast<double>(d));
+  std::vector<double> z(n), acc(n), u(d);
+  for (uint64_t h = 0; h < hk; ++h) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (uint64_t j = h * g; j < (h + 1) * g; ++j) {
+      const double *m = v.q_mean + j * d, *S = v.q_cov + j * d * d;
+      double zmax = -INFINITY;
+      for (uint64_t t = 0; t < n; ++t) {
+        const float *k = v.keys + (t * hk + h) * d;
+        double lin = 0.0, quad = 0.0;
+        for (uint64_t a = 0; a < d; ++a) {
+          lin += m[a] * k[a];
+          double r = 0.0;
+          for (uint64_t b = 0; b < d; ++b) r += S[a * d + b] * k[b];
+          quad += k[a] * r;
+        }
+        z[t] = lin * rs + quad / (2.0 * static_cast<double>(d));
+        zmax = std::max(zmax, z[t]);
+      }
+      double sum = 0.0;
+      for (uint64_t t = 0; t < n; ++t) sum += (z[t] = std::exp(z[t] - zmax));
+      for (uint64_t t = 0; t < n; ++t) acc[t] += z[t] / sum;
+    }
+    for (uint64_t t = 0; t < n; ++t) {
+      double vn = 1.0;
+      if (v.values) {
+        const float *x = v.values + (t * hk + h) * d;
+        double sq = 0.0;
+        for (uint64_t a = 0; a < d; ++a) sq += static_cast<double>(x[a]) * x[a];
+        vn = std::sqrt(sq);
+      }
+      out[t] += static_cast<float>(acc[t] / static_cast<double>(g) * vn);
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -175,6 +296,28 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
         p.plugin->score(pv, s.data());
       }
       top_k(s, n - recent, target - recent, keep);
+      for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      break;
+    }
+    case PolicyKind::ExpectedAttention: {
+      // Sinks (the first sink_tokens) and the newest recent_tokens stay; the
+      // tokens between are ranked by expected attention, normalized over
+      // them alone (kvpress leaves its sinks out of the softmax).
+      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
+      const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
+      const uint64_t lo = std::min(sinks, n - recent);
+      LayerView mid = v;
+      mid.n = n - recent - lo;
+      mid.keys = v.keys ? v.keys + lo * v.kv_heads * v.head_dim : nullptr;
+      mid.values = v.values ? v.values + lo * v.kv_heads * v.head_dim : nullptr;
+      const std::vector<float> sm = expected_attention_scores(mid);
+      std::vector<float> s(n - recent, 0.0f);
+      for (uint64_t t = 0; t < mid.n; ++t) s[lo + t] = sm[t];
+      for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));
+      std::vector<uint32_t> top;
+      std::vector<float> tail(s.begin() + static_cast<std::ptrdiff_t>(lo), s.end());
+      top_k(tail, tail.size(), target - lo - recent, top);
+      for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
       for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
       break;
     }

@@ -19,6 +19,7 @@ enum class PolicyKind : int32_t {
   TOVA = 5,       // the latest query's attention, top-k (arXiv 2401.06104)
   Plugin = 6,     // scores from a loaded plugin (kvcache_plugin.h) + a recent window
   Knorm = 7,      // smallest key L2 norm, mean over KV heads, + a recent window (arXiv 2406.11430)
+  ExpectedAttention = 8,  // attention expected from future queries' statistics (arXiv 2510.00636)
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
 enum class Schedule : int32_t { Paper = 0, Linear = 1 };
@@ -36,13 +37,17 @@ struct PolicySpec {
   uint32_t kernel_size = 7;        // snapkv / pyramidkv: pooling kernel over the token axis (odd)
   Pooling pooling = Pooling::Max;
   Schedule schedule = Schedule::Paper;
-  double beta = 20.0;              // pyramidkv (paper schedule): last layer gets budget / beta
-  bool shift_positions = false;    // re-rotate keys to their in-cache positions (needs RoPE)
-  bool auto_evict = false;         // evict in reserve when a layer would exceed budget_tokens
-  std::shared_ptr<Plugin> plugin;  // kind Plugin
+  double beta = 20.0;               // pyramidkv (paper schedule): last layer gets budget / beta
+  bool shift_positions = false;     // re-rotate keys to their in-cache positions (needs RoPE)
+  bool auto_evict = false;          // evict in reserve when a layer would exceed budget_tokens
+  uint32_t future_positions = 512;  // expected attention: the next positions averaged over
+  std::shared_ptr<Plugin> plugin;   // kind Plugin
 
   // True when eviction reads the layer's keys (f32).
-  bool needs_keys() const { return kind == PolicyKind::Plugin || kind == PolicyKind::Knorm; }
+  bool needs_keys() const {
+    return kind == PolicyKind::Plugin || kind == PolicyKind::Knorm ||
+           kind == PolicyKind::ExpectedAttention;
+  }
   // True when the policy reads observed attention scores.
   bool needs_scores() const {
     return kind == PolicyKind::H2O || kind == PolicyKind::SnapKV || kind == PolicyKind::PyramidKV ||
@@ -66,7 +71,40 @@ struct LayerView {
   const float *scores = nullptr;       // [n][kv_heads] observed attention (or null: all zero)
   const float *keys = nullptr;         // [n][kv_heads][head_dim] f32 (plugins, knorm; may be null)
   const int32_t *positions = nullptr;  // [n] (plugins only; may be null)
+  // Expected attention: the values ([n][kv_heads][head_dim] f32) and, per
+  // query head, the future queries' mean ([q_heads][head_dim]) and
+  // covariance ([q_heads][head_dim][head_dim]), rotated as future_rotation()
+  // describes. q_heads is a multiple of kv_heads (grouped-query attention).
+  const float *values = nullptr;
+  uint32_t q_heads = 0;
+  const double *q_mean = nullptr, *q_cov = nullptr;
 };
+
+// Running statistics of the queries a sequence's layer has seen, in their
+// pre-RoPE frame: count, sum [q_heads][head_dim] and sum of outer products
+// [q_heads][head_dim][head_dim].
+struct QueryStats {
+  uint64_t count = 0;
+  std::vector<double> sum, outer;
+  void add(const float *q, uint32_t q_heads, uint32_t head_dim);  // one row [q_heads][head_dim]
+};
+
+// The mean and covariance of future queries: the statistics' mean mu and
+// covariance S (population), each turned by R = the mean over positions
+// [from, from + count) of the RoPE rotation matrix (pairs of dims rotated by
+// pos x theta^(-2i/dims), interleaved or NeoX pairs; dims past rope_dims and
+// pools without RoPE (rope_dims 0) are left as they are): mu' = R mu,
+// S' = R S R^T. ExpectedAttention (arXiv 2510.00636; kvpress
+// ExpectedAttentionPress) averages the rotation this way.
+void future_moments(const QueryStats &st, uint32_t q_heads, uint32_t head_dim, uint32_t rope_dims,
+                    bool interleaved, double theta, uint64_t from, uint64_t count,
+                    std::vector<double> &mean, std::vector<double> &cov);
+
+// Expected attention scores per token, summed over KV heads: for each query
+// head, z_t = mu'.k_t / sqrt(d) + k_t^T S' k_t / (2 d) (the log of
+// E[exp(q.k / sqrt(d))] for q ~ N(mu', S')), softmax over the tokens; mean
+// over the query heads of a KV head, times ||v_t|| of that head.
+std::vector<float> expected_attention_scores(const LayerView &v);
 
 // Fills `keep` with the sorted indices of the `target` tokens to keep
 // (target <= n). Deterministic: ties keep the newer token.

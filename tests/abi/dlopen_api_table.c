@@ -175,6 +175,13 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, pool_seq_bytes);
   }
 #endif
+#if KVC_API_VERSION >= 6
+  if (api->api_version >= 6) {
+    CHECK(api->struct_size >= offsetof(kvc_api, seq_observe_queries) +
+                                   sizeof(api->seq_observe_queries));
+    ENTRY(api, seq_observe_queries);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

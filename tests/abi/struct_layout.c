@@ -293,7 +293,8 @@ FIELD(kvc_api, tier_config_init_sized, 680, 8);
 FIELD(kvc_api, tier_stats_init_sized, 688, 8);
 FIELD(kvc_api, seq_keep, 696, 8);               /* end of version 4 (704 bytes) */
 FIELD(kvc_api, pool_seq_bytes, 704, 8);         /* version 5 (0.4) */
-SIZE(kvc_api, 712); /* end of version 5 */
+FIELD(kvc_api, seq_observe_queries, 712, 8);    /* version 6 (0.4) */
+SIZE(kvc_api, 720); /* end of version 6 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);
@@ -376,13 +377,17 @@ FIELD(kvc_policy_config, beta, 64, 8);
 FIELD(kvc_policy_config, shift_positions, 72, 4);
 FIELD(kvc_policy_config, auto_evict, 76, 4);
 FIELD(kvc_policy_config, plugin, 80, 8);
-SIZE(kvc_policy_config, 88);
+FIELD(kvc_policy_config, future_positions, 88, 4); /* 0.4 */
+SIZE(kvc_policy_config, 96);
 _Static_assert(KVC_POLICY_NONE == 0 && KVC_POLICY_STREAMING == 1 && KVC_POLICY_H2O == 2 &&
                    KVC_POLICY_SNAPKV == 3 && KVC_POLICY_PYRAMIDKV == 4 && KVC_POLICY_TOVA == 5 &&
-                   KVC_POLICY_PLUGIN == 6 && KVC_POLICY_KNORM == 7,
+                   KVC_POLICY_PLUGIN == 6 && KVC_POLICY_KNORM == 7 &&
+                   KVC_POLICY_EXPECTED_ATTENTION == 8,
                "policy kind values");
 _Static_assert(KVC_ROPE_NONE == 0 && KVC_ROPE_INTERLEAVED == 1 && KVC_ROPE_NEOX == 2, "rope values");
-_Static_assert(KVC_OBSERVE_NONE == 0 && KVC_OBSERVE_ACCUMULATE == 1 && KVC_OBSERVE_REPLACE == 2, "observe values");
+_Static_assert(KVC_OBSERVE_NONE == 0 && KVC_OBSERVE_ACCUMULATE == 1 && KVC_OBSERVE_REPLACE == 2 &&
+                   KVC_OBSERVE_QUERIES == 3,
+               "observe values");
 #else
 #define KVC_LAYOUT_CHECKED 0
 #endif

@@ -408,6 +408,21 @@ def _observe_scores(self, seq_id, layer, scores, accumulate):
     self._observe_scores(seq_id, layer, arr, bool(accumulate))
 
 
+def _observe_queries(self, seq_id, layer, q, positions):
+    arr = _np.ascontiguousarray(q.detach().numpy() if _is_torch(q) else _np.asarray(q), dtype=_np.float32)
+    pos = _np.ascontiguousarray(positions.numpy() if _is_torch(positions) else _np.asarray(positions),
+                                dtype=_np.int64)
+    cfg = self.config()
+    if arr.ndim != 3 or arr.shape[1:] != (cfg.num_q_heads, cfg.head_dim):
+        raise ValueError("q: shape %s is not [n, num_q_heads=%d, head_dim=%d]" % (arr.shape, cfg.num_q_heads,
+                                                                                  cfg.head_dim))
+    if pos.shape != (arr.shape[0],):
+        raise ValueError("positions: shape %s, expected [%d]" % (pos.shape, arr.shape[0]))
+    if pos.size and (pos.min() < 0 or pos.max() > 2**31 - 1):
+        raise ValueError("positions must be in 0..2^31-1")
+    self._observe_queries(seq_id, layer, arr if arr.size else None, pos.astype(_np.int32) if pos.size else None)
+
+
 def _scores(self, seq_id, layer):
     cfg = self.config()
     out = _np.empty((self.layer_tokens(seq_id, layer), cfg.num_kv_heads), _np.float32)
@@ -477,4 +492,5 @@ _native._py_prefix_keys = _prefix_keys
 _native._py_attention_decode = _attention_decode
 _native._py_attention_prefill = _attention_prefill
 _native._py_observe_scores = _observe_scores
+_native._py_observe_queries = _observe_queries
 _native._py_scores = _scores

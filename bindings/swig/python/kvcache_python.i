@@ -218,7 +218,8 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 /* Attention and scores (Python only for now): buffers as above. */
 %apply (const void *IN_BUF, size_t IN_BYTES) {
   (const void *seq_ids, size_t seq_ids_bytes), (const void *q, size_t q_bytes),
-  (const void *scores, size_t scores_bytes), (const void *keep, size_t keep_bytes)
+  (const void *scores, size_t scores_bytes), (const void *keep, size_t keep_bytes),
+  (const void *positions, size_t positions_bytes)
 };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *out, size_t out_bytes), (void *lse, size_t lse_bytes), (void *scores_out, size_t scores_out_bytes)
@@ -226,6 +227,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %rename(_attention_decode) kvc_swig_pool::attention_decode;
 %rename(_attention_prefill) kvc_swig_pool::attention_prefill;
 %rename(_observe_scores) kvc_swig_pool::observe_scores;
+%rename(_observe_queries) kvc_swig_pool::observe_queries;
 %rename(_scores) kvc_swig_pool::scores;
 %rename(_keep) kvc_swig_pool::keep;
 
@@ -442,6 +444,24 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
                                           accumulate ? 1 : 0));
   }
 
+  /** kvc_seq_observe_queries: q `[n][num_q_heads][head_dim]` f32, positions `[n]` int32. */
+  void observe_queries(uint64_t seq_id, uint32_t layer, const void *q, size_t q_bytes, const void *positions,
+                       size_t positions_bytes) {
+    KVC_POOL();
+    kvc_pool_config c;
+    kvc_pool_config_init_sized(&c, sizeof c);
+    if (kvc_swig_check(kvc_pool_get_config(pool_, &c))) return;
+    const size_t row = (size_t)c.num_q_heads * c.head_dim * 4;
+    if (q_bytes % row != 0 || positions_bytes != q_bytes / row * 4) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "q must be [n][" + std::to_string(c.num_q_heads) + "][" +
+                    std::to_string(c.head_dim) + "] f32 and positions [n] int32, got " + std::to_string(q_bytes) +
+                    " and " + std::to_string(positions_bytes) + " bytes");
+      return;
+    }
+    kvc_swig_check(kvc_seq_observe_queries(pool_, seq_id, layer, q, KVC_DTYPE_F32, q_bytes / row, c.num_q_heads,
+                                           (const int32_t *)positions));
+  }
+
   /** kvc_seq_keep: keep `[n]` uint64 token indices (strictly increasing) of one layer; returns the tokens dropped. */
   uint64_t keep(uint64_t seq_id, uint32_t layer, const void *keep, size_t keep_bytes) {
     KVC_POOL(0);
@@ -521,6 +541,12 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     def observe_scores(self, seq_id, layer, scores, accumulate=False):
         """Feed scores [n_tokens, num_kv_heads] f32 (kvc_seq_observe_scores)."""
         return _py_observe_scores(self, seq_id, layer, scores, accumulate)
+
+    def observe_queries(self, seq_id, layer, q, positions):
+        """Feed query rows q [n, num_q_heads, head_dim] (as the attention gets them, rotated at
+        positions [n]) to the layer's query statistics, for expected-attention eviction
+        (kvc_seq_observe_queries)."""
+        return _py_observe_queries(self, seq_id, layer, q, positions)
 
     def keep(self, seq_id, layer, indices):
         """Keep exactly these token indices of one layer (kvc_seq_keep; strictly increasing); returns the tokens dropped."""

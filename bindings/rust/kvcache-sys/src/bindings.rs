@@ -6,7 +6,7 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 5;
+pub const KVC_API_VERSION: u32 = 6;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
@@ -3120,6 +3120,15 @@ impl kvc_observe {
     pub const KVC_OBSERVE_REPLACE: kvc_observe = kvc_observe(2);
 }
 impl kvc_observe {
+    #[doc = " Add the observed query rows to the sequence's query statistics instead (per layer and query"]
+    #[doc = " head: their count, mean and covariance, taken back to the pre-RoPE frame when the pool has"]
+    #[doc = " rope_style), for ::KVC_POLICY_EXPECTED_ATTENTION; no score is recorded. Prefill observes"]
+    #[doc = " rows observe_from.. at their positions, decode each sequence's query at its newest token's."]
+    #[doc = " CPU pools (a CUDA pool refuses it: use kvc_seq_observe_queries() with host copies)."]
+    #[doc = " @since 0.4"]
+    pub const KVC_OBSERVE_QUERIES: kvc_observe = kvc_observe(3);
+}
+impl kvc_observe {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_OBSERVE_FORCE_32BIT: kvc_observe = kvc_observe(2147483647);
 }
@@ -3442,6 +3451,37 @@ extern "C" {
     ) -> kvc_status;
 }
 extern "C" {
+    #[doc = " @brief Feed query rows computed by the engine's own attention to a layer's"]
+    #[doc = " query statistics (the alternative to ::KVC_OBSERVE_QUERIES), for"]
+    #[doc = " ::KVC_POLICY_EXPECTED_ATTENTION. Rows are taken back to the pre-RoPE frame"]
+    #[doc = " at their positions when the pool has rope_style (as keys are given: rotated"]
+    #[doc = " at `positions`), then added to the running count, sum and sum of outer"]
+    #[doc = " products per query head (f64)."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param q `[n][num_q_heads][head_dim]` in q_dtype, host memory (not NULL when n > 0)."]
+    #[doc = " @param q_dtype ::KVC_DTYPE_F32, ::KVC_DTYPE_F16 or ::KVC_DTYPE_BF16."]
+    #[doc = " @param n query rows (0: nothing to do), at most 2^31."]
+    #[doc = " @param num_q_heads must equal the pool's num_q_heads."]
+    #[doc = " @param positions `[n]` RoPE positions of the rows, >= 0 (not NULL when n > 0)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_INVALID_ARGUMENT (num_q_heads,"]
+    #[doc = " q_dtype, a negative position); ::KVC_ERR_OVERFLOW (n); ::KVC_ERR_NON_FINITE"]
+    #[doc = " (NaN or Inf in q); ::KVC_ERR_OUT_OF_MEMORY. Nothing changes on failure."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_seq_observe_queries(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        layer: u32,
+        q: *const ::std::os::raw::c_void,
+        q_dtype: kvc_dtype,
+        n: u64,
+        num_q_heads: u32,
+        positions: *const i32,
+    ) -> kvc_status;
+}
+extern "C" {
     #[doc = " @brief Read the recorded attention scores of a layer (zeros when nothing"]
     #[doc = " was recorded)."]
     #[doc = " @param pool the pool (not NULL)."]
@@ -3529,6 +3569,24 @@ impl kvc_policy_kind {
     #[doc = " rank alike."]
     #[doc = " @since 0.4"]
     pub const KVC_POLICY_KNORM: kvc_policy_kind = kvc_policy_kind(7);
+}
+impl kvc_policy_kind {
+    #[doc = " ExpectedAttention (Devoto et al., \"Expected Attention: KV Cache Compression by Estimating"]
+    #[doc = " Attention from Future Queries Distribution\", arXiv 2510.00636; kvpress's"]
+    #[doc = " ExpectedAttentionPress): each layer's future queries are modelled per query head as a"]
+    #[doc = " Gaussian with the mean mu and covariance S of the queries the sequence observed"]
+    #[doc = " (::KVC_OBSERVE_QUERIES or kvc_seq_observe_queries()), turned by the mean RoPE rotation R"]
+    #[doc = " over the next future_positions positions (from the sequence's length on): mu' = R mu,"]
+    #[doc = " S' = R S R^T. A key k is expected to get exp(mu'.k / sqrt(d) + k^T S' k / (2d)), the mean of"]
+    #[doc = " exp(q.k / sqrt(d)) under that Gaussian; normalized over the scored tokens (a softmax per query"]
+    #[doc = " head), averaged over the query heads of each KV head, times the value's L2 norm, summed over"]
+    #[doc = " KV heads. The first sink_tokens and the newest recent_tokens are kept; the rest are ranked."]
+    #[doc = " The approximation: queries are taken as Gaussian and the rotation as its average; the"]
+    #[doc = " statistics are all queries observed (kvpress: the prompt's, without its sinks). Eviction of a"]
+    #[doc = " layer with no observed query fails (::KVC_ERR_INVALID_ARGUMENT). Statistics are not saved"]
+    #[doc = " in records (kvc_seq_save). Cost: O(tokens x q_heads x head_dim^2) per layer and eviction."]
+    #[doc = " @since 0.4"]
+    pub const KVC_POLICY_EXPECTED_ATTENTION: kvc_policy_kind = kvc_policy_kind(8);
 }
 impl kvc_policy_kind {
     #[doc = "< Forces a 32-bit enum; not a value."]
@@ -3630,12 +3688,15 @@ pub struct kvc_policy_config {
     pub auto_evict: u32,
     #[doc = " ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded)."]
     pub plugin: *const kvc_plugin,
+    #[doc = " ::KVC_POLICY_EXPECTED_ATTENTION: how many next positions the query rotation is averaged"]
+    #[doc = " over, 1..1048576; default 512 (kvpress's). @since 0.4"]
+    pub future_positions: u32,
 }
 #[test]
 fn bindgen_test_layout_kvc_policy_config() {
     assert_eq!(
         ::std::mem::size_of::<kvc_policy_config>(),
-        88usize,
+        96usize,
         concat!("Size of: ", stringify!(kvc_policy_config))
     );
     assert_eq!(
@@ -3898,6 +3959,23 @@ fn bindgen_test_layout_kvc_policy_config() {
         );
     }
     test_field_plugin();
+    fn test_field_future_positions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_policy_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).future_positions) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_policy_config),
+                "::",
+                stringify!(future_positions)
+            )
+        );
+    }
+    test_field_future_positions();
 }
 extern "C" {
     #[doc = " @brief Fill a policy config with defaults (see the field comments)."]
@@ -6497,12 +6575,25 @@ pub struct kvc_api {
             arg4: *mut u64,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_seq_observe_queries()"]
+    pub seq_observe_queries: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: u32,
+            arg4: *const ::std::os::raw::c_void,
+            arg5: kvc_dtype,
+            arg6: u64,
+            arg7: u32,
+            arg8: *const i32,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        712usize,
+        720usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -8040,6 +8131,23 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_pool_seq_bytes();
+    fn test_field_seq_observe_queries() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_observe_queries) as usize - ptr as usize
+            },
+            712usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_observe_queries)
+            )
+        );
+    }
+    test_field_seq_observe_queries();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]

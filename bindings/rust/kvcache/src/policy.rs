@@ -23,6 +23,9 @@ c_enum! {
         Tova = KVC_POLICY_TOVA,
         /// Knorm: the tokens whose keys have the smallest L2 norm (no attention observed).
         Knorm = KVC_POLICY_KNORM,
+        /// ExpectedAttention: the attention expected from future queries' statistics
+        /// (observe them with `Observe::Queries`).
+        ExpectedAttention = KVC_POLICY_EXPECTED_ATTENTION,
     }
 }
 
@@ -133,6 +136,11 @@ impl PolicyConfig {
     /// Evict layers over `budget_tokens` before each reserve.
     pub fn auto_evict(mut self, on: bool) -> PolicyConfig {
         self.raw.auto_evict = on as u32;
+        self
+    }
+    /// ExpectedAttention: next positions the query rotation is averaged over, 1..1048576.
+    pub fn future_positions(mut self, positions: u32) -> PolicyConfig {
+        self.raw.future_positions = positions;
         self
     }
 

@@ -233,6 +233,8 @@ c_enum! {
         Accumulate = KVC_OBSERVE_ACCUMULATE,
         /// Replace them with this call's (TOVA).
         Replace = KVC_OBSERVE_REPLACE,
+        /// Add the query rows to the sequence's query statistics (ExpectedAttention).
+        Queries = KVC_OBSERVE_QUERIES,
     }
 }
 

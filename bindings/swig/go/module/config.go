@@ -107,8 +107,9 @@ type PolicyConfig struct {
 	Pooling          Pooling
 	Schedule         PyramidSchedule
 	Beta             float64
-	ShiftPositions   bool // re-rotate keys to positions 0.. after eviction (needs the pool's RoPE)
-	AutoEvict        bool // Reserve first evicts layers over BudgetTokens
+	ShiftPositions   bool   // re-rotate keys to positions 0.. after eviction (needs the pool's RoPE)
+	AutoEvict        bool   // Reserve first evicts layers over BudgetTokens
+	FuturePositions  uint32 // ExpectedAttention: next positions the query rotation is averaged over (default 512)
 }
 
 // DefaultPolicyConfig is kvc_policy_config_init's defaults (kind none).
@@ -133,6 +134,7 @@ func policyConfigFrom(n native.PolicyConfig) PolicyConfig {
 		Beta:             n.GetBeta(),
 		ShiftPositions:   n.GetShift_positions() != 0,
 		AutoEvict:        n.GetAuto_evict() != 0,
+		FuturePositions:  uint32(n.GetFuture_positions()),
 	}
 }
 
@@ -151,6 +153,7 @@ func (c *PolicyConfig) native() native.PolicyConfig {
 	n.SetBeta(c.Beta)
 	n.SetShift_positions(boolU(c.ShiftPositions))
 	n.SetAuto_evict(boolU(c.AutoEvict))
+	n.SetFuture_positions(uint(c.FuturePositions))
 	return n
 }
 

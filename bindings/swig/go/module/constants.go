@@ -105,14 +105,15 @@ const (
 type PolicyKind int32
 
 const (
-	POLICY_NONE      PolicyKind = 0
-	POLICY_STREAMING PolicyKind = 1
-	POLICY_H2O       PolicyKind = 2
-	POLICY_SNAPKV    PolicyKind = 3
-	POLICY_PYRAMIDKV PolicyKind = 4
-	POLICY_TOVA      PolicyKind = 5
-	POLICY_PLUGIN    PolicyKind = 6
-	POLICY_KNORM     PolicyKind = 7
+	POLICY_NONE               PolicyKind = 0
+	POLICY_STREAMING          PolicyKind = 1
+	POLICY_H2O                PolicyKind = 2
+	POLICY_SNAPKV             PolicyKind = 3
+	POLICY_PYRAMIDKV          PolicyKind = 4
+	POLICY_TOVA               PolicyKind = 5
+	POLICY_PLUGIN             PolicyKind = 6
+	POLICY_KNORM              PolicyKind = 7
+	POLICY_EXPECTED_ATTENTION PolicyKind = 8
 )
 
 // Pooling is SnapKV's pooling along the tokens (kvc_pooling).
