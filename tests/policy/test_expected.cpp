@@ -56,7 +56,8 @@ Seq fill(kvc_pool *p, const Geo &g, uint64_t id, uint64_t n) {
   return s;
 }
 
-kvc_policy *ea_policy(uint64_t budget, uint32_t sinks = 4, uint32_t recent = 0, uint32_t future = 512) {
+kvc_policy *ea_policy(uint64_t budget, uint32_t sinks = 4, uint32_t recent = 0,
+                      uint32_t future = 512) {
   kvc_policy_config c;
   kvc_policy_config_init(&c);
   c.kind = KVC_POLICY_EXPECTED_ATTENTION;
@@ -105,7 +106,8 @@ std::vector<int32_t> reference(const Geo &g, const std::vector<double> &qpre, ui
       for (uint64_t r = 0; r < m; ++r)
         for (uint32_t a = 0; a < d; ++a)
           for (uint32_t b = 0; b < d; ++b)
-            S[a * d + b] += (qpre[(r * hq + j) * d + a] - mu[a]) * (qpre[(r * hq + j) * d + b] - mu[b]) / m;
+            S[a * d + b] +=
+                (qpre[(r * hq + j) * d + a] - mu[a]) * (qpre[(r * hq + j) * d + b] - mu[b]) / m;
       if (rope) {  // R = mean over positions of the rotation matrix, applied as R mu, R S R^T
         std::vector<double> R(d * d, 0.0);
         for (uint64_t t = length; t < length + future; ++t)
@@ -144,13 +146,15 @@ std::vector<int32_t> reference(const Geo &g, const std::vector<double> &qpre, ui
     }
     for (uint64_t t = lo; t < hi; ++t) {
       double vn = 0;
-      for (uint32_t a = 0; a < d; ++a) vn += double(s.v[(t * hk + h) * d + a]) * s.v[(t * hk + h) * d + a];
+      for (uint32_t a = 0; a < d; ++a)
+        vn += double(s.v[(t * hk + h) * d + a]) * s.v[(t * hk + h) * d + a];
       score[t] += acc[t] * std::sqrt(vn);
     }
   }
   std::vector<uint64_t> idx(hi - lo);
   std::iota(idx.begin(), idx.end(), lo);
-  std::stable_sort(idx.begin(), idx.end(), [&](uint64_t a, uint64_t b) { return score[a] > score[b]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](uint64_t a, uint64_t b) { return score[a] > score[b]; });
   std::vector<int32_t> keep;
   for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<int32_t>(i));
   for (uint64_t i = 0; i < target - lo - recent; ++i) keep.push_back(static_cast<int32_t>(idx[i]));
@@ -159,7 +163,9 @@ std::vector<int32_t> reference(const Geo &g, const std::vector<double> &qpre, ui
   return keep;
 }
 
-std::vector<double> to_double(const std::vector<float> &x) { return {x.begin(), x.end()}; }
+std::vector<double> to_double(const std::vector<float> &x) {
+  return {x.begin(), x.end()};
+}
 
 }  // namespace
 
@@ -207,7 +213,8 @@ KVTEST(expected_rope_future_rotation) {
       }
     }
     CHECK_OK(kvc_seq_observe_queries(p, 1, 0, qrot.data(), KVC_DTYPE_F32, m, g.hq, qpos.data()));
-    const std::vector<int32_t> want = reference(g, to_double(qpre), m, s, n, 20, 4, 0, true, n, future);
+    const std::vector<int32_t> want =
+        reference(g, to_double(qpre), m, s, n, 20, 4, 0, true, n, future);
     kvc_policy *pol = ea_policy(20, 4, 0, future);
     CHECK_OK(kvc_evict(p, 1, pol, nullptr));
     CHECKF(positions(p, 1, 0) == want, "future %u", future);
@@ -338,4 +345,6 @@ KVTEST(expected_old_struct_size) {
   kvc_policy_destroy(pol);
 }
 
-int main(int argc, char **argv) { return kvtest_main(argc, argv); }
+int main(int argc, char **argv) {
+  return kvtest_main(argc, argv);
+}
