@@ -144,6 +144,7 @@ void create_policies(const std::vector<Strategy> &rows, int ctx, Policies &polic
     pc.pooling = s.pooling;
     pc.schedule = s.schedule;
     pc.shift_positions = s.shift_positions ? 1u : 0u;
+    pc.future_positions = s.future_positions;
     if (s.protocol == Strategy::Protocol::Stream) {
       pc.budget_tokens = s.budget_tokens
                              ? s.budget_tokens

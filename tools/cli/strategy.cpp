@@ -130,6 +130,15 @@ const std::vector<Component> &registry() {
        "protocol's per-layer cap instead)",
        KVC_DTYPE_F32,
        {"budget", "tokens", "prefill", "stream"}},
+      {"expected-attention",
+       Kind::Policy,
+       "ExpectedAttention (arXiv 2510.00636, kvpress ExpectedAttentionPress): keep the tokens the "
+       "future queries are expected to attend, from the mean and covariance of the queries seen "
+       "(all prefill queries), rotated over the next future=N positions (default 512), times the "
+       "value norm; sinks=S first tokens kept (default 4) (prefill-compress protocol, "
+       "prefill=0.5; stream: the stream protocol's cap, queries of every step)",
+       KVC_DTYPE_F32,
+       {"budget", "tokens", "prefill", "stream", "future", "sinks"}},
       {"pyramidkv",
        Kind::Policy,
        "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
@@ -332,7 +341,12 @@ void resolve_policy(Strategy &st, const std::string &where) {
       st.sinks = static_cast<std::uint32_t>(number(where, key, value, 0, 4096));
     else if (key == "recent")
       st.recent_fraction = number(where, key, value, 0.0, 1.0);
-    else if (key == "window")
+    else if (key == "future") {
+      const double f = number(where, key, value, 1, 1 << 20);
+      if (f != std::floor(f))
+        throw RunnerError(where + "parameter future=" + value + " must be a whole number");
+      st.future_positions = static_cast<std::uint32_t>(f);
+    } else if (key == "window")
       st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
     else if (key == "kernel") {
       st.kernel = static_cast<std::uint32_t>(number(where, key, value, 1, 1025));
@@ -377,7 +391,7 @@ void resolve_policy(Strategy &st, const std::string &where) {
     st.policy_kind = KVC_POLICY_TOVA;
     st.observe = KVC_OBSERVE_REPLACE;
     st.protocol = Strategy::Protocol::Stream;
-  } else if (name == "knorm") {
+  } else if (name == "knorm" || name == "expected-attention") {
     const bool stream = std::any_of(st.policy.params.begin(), st.policy.params.end(),
                                     [](const auto &kv) { return kv.first == "stream"; });
     const bool prefill = std::any_of(st.policy.params.begin(), st.policy.params.end(),
@@ -388,8 +402,13 @@ void resolve_policy(Strategy &st, const std::string &where) {
                         "protocol's: give one of them");
     if (st.budget_tokens && !stream)
       throw RunnerError(where + "tokens=N is a per-layer cap: add 'stream' (or give budget=)");
-    st.policy_kind = KVC_POLICY_KNORM;
     st.protocol = stream ? Strategy::Protocol::Stream : Strategy::Protocol::PrefillCompress;
+    st.policy_kind = KVC_POLICY_KNORM;
+    if (name == "expected-attention") {
+      st.policy_kind = KVC_POLICY_EXPECTED_ATTENTION;
+      st.observe = KVC_OBSERVE_QUERIES;
+      st.obs_window = 1u << 30;  // every prefill query feeds the statistics
+    }
   } else if (name == "snapkv" || name == "pyramidkv") {
     st.policy_kind = name == "snapkv" ? KVC_POLICY_SNAPKV : KVC_POLICY_PYRAMIDKV;
     st.observe = KVC_OBSERVE_ACCUMULATE;
@@ -595,6 +614,7 @@ std::vector<std::string> default_strategies() {
           "snapkv:budget=0.3",
           "pyramidkv:budget=0.3",
           "knorm:budget=0.3",
+          "expected-attention:budget=0.3",
           "h2o:budget=0.3+int4:per-token:asym:hadamard",
           "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }

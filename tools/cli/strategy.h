@@ -68,6 +68,7 @@ struct Strategy {
   double prefill_fraction = 0.5;  ///< prefill-compress: P = prefill_fraction x window
   bool shift_positions = false;   ///< StreamingLLM positions within the cache
   kvc_observe observe = KVC_OBSERVE_NONE;
+  std::uint32_t future_positions = 512;  ///< expected-attention: positions the rotation averages
 };
 
 /// The pool settings of a strategy (its codecs are pointed to: `s` must outlive them).

@@ -99,6 +99,7 @@ def _policy(st, ctx, auto_evict):
     pc.pooling = st.pooling
     pc.schedule = st.schedule
     pc.shift_positions = 0
+    pc.future_positions = st.future_positions
     if st.protocol == _PROTO_STREAM:
         cap = _stream_cap(st, ctx)
         if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
@@ -173,14 +174,15 @@ class PagedLayer(CacheLayerMixin):
         kv_offset the tokens that eviction drops, so that key j sits at index j + kv_offset against
         queries at get_query_offset() + i: every held token before the pass is visible, and the
         pass's own positions causally. transformers < 5.3 passes the pass's cache_position and
-        places queries at those text positions instead: kv_offset is then first position - held."""
+        places queries at those text positions instead: kv_offset is then first position - held
+        (never below 0: a cache_position short of the tokens held sizes the mask as DynamicCache does)."""
         q = query_length_or_cache_position
         if isinstance(q, torch.Tensor):
             first, q = (int(q[0]) if q.numel() else 0), int(q.shape[0])
         else:
             first, q = None, int(q)
         now, after = self._cache._held_before_pass(self.layer_idx, q)
-        return after + q, (now if first is None else first) - after
+        return after + q, max(0, (now if first is None else first) - after)
 
     def get_max_cache_shape(self):
         return -1
@@ -261,7 +263,8 @@ class PagedCache(Cache):
             (``f32``, ``f16``, ``bf16``, ``int8:per-token``, ``int4:group=32``,
             ``kivi2``, ``k-int4:...+v-int8:...``) and optionally a policy
             (``streaming``, ``window``, ``h2o``, ``tova``, ``snapkv``,
-            ``pyramidkv``, ``knorm``). Policies that read attention (h2o, tova, snapkv,
+            ``pyramidkv``, ``knorm``, ``expected-attention``). Policies that read attention or
+            queries (h2o, tova, snapkv, expected-attention,
             pyramidkv) need ``attn_implementation="kvcache"``. StreamingLLM
             and window keep text positions here (``keep-positions``):
             transformers rotates queries at their text positions.

@@ -7,7 +7,7 @@ import torch
 
 from . import native as _native
 from . import KvcError, parse_strategy
-from .hf import _PROTO_NONE, _policy
+from .hf import _PROTO_NONE, _geometry, _policy
 
 
 def _row_keys(x):
@@ -88,12 +88,15 @@ class KvcPress:
         c = _native.PoolConfig()
         c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim = layers, hq, hk, d
         c.k_dtype = c.v_dtype = _native.DTYPE_F32
+        c.rope_style = _native.ROPE_NEOX  # Hugging Face Llama rotates halves (queries un-rotated by it)
+        c.rope_theta = float(_geometry(cfg)[4])
         c.block_size = 16
         c.num_blocks = b * layers * (-(-n // 16))
         pool = _native.Pool(c)
         policy = _policy(st, n, auto_evict=False)
         observe_rows = {_native.POLICY_SNAPKV: min(n, st.obs_window), _native.POLICY_PYRAMIDKV: min(n, st.obs_window),
-                        _native.POLICY_H2O: n, _native.POLICY_TOVA: 1}.get(st.policy_kind, 0)
+                        _native.POLICY_H2O: n, _native.POLICY_TOVA: 1,
+                        _native.POLICY_EXPECTED_ATTENTION: n}.get(st.policy_kind, 0)
         q = self._queries(module, hidden_states, kwargs, observe_rows) if observe_rows else None
         kept = []
         with torch.no_grad():
@@ -105,7 +108,9 @@ class KvcPress:
                 pool.append(row, layer, 0, k, v)
                 if q is not None:
                     qr = q[row].transpose(0, 1).to(torch.float32).contiguous()
-                    mode = _native.OBSERVE_REPLACE if st.policy_kind == _native.POLICY_TOVA else _native.OBSERVE_ACCUMULATE
+                    mode = {_native.POLICY_TOVA: _native.OBSERVE_REPLACE,
+                            _native.POLICY_EXPECTED_ATTENTION: _native.OBSERVE_QUERIES}.get(st.policy_kind,
+                                                                                           _native.OBSERVE_ACCUMULATE)
                     pool.attention_prefill(layer, row, qr, scale=float(getattr(module, "scaling", 0.0) or 0.0),
                                            observe=mode)
                 pool.evict(row, policy)

@@ -120,3 +120,55 @@ def test_knorm_prefill_with_sdpa(sdpa):
         pos = list(cache.pool.positions(cache._seqs[0], layer, 0, n // 2 + 3))
         assert pos[:n // 2] == want, layer
         assert pos[n // 2:] == [n, n + 1, n + 2]
+
+
+def test_expected_attention_matches_a_torch_reference(paged):
+    """expected-attention through kvcache attention: after the prompt, layer L keeps the sinks and
+    the tokens a float64 torch computation of ExpectedAttention ranks highest, from the model's
+    own pre-RoPE queries (q_proj) and the K/V a DynamicCache holds (RoPE NeoX at the config's
+    theta, mean rotation over the next 512 positions), and the decoded tokens."""
+    model, tok = paged
+    cfg = model.config
+    inputs = hfmodel.prompts(tok, n=1, tokens=96)[0]
+    n = inputs["input_ids"].shape[1]
+    hq, hk = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = cfg.hidden_size // hq
+    theta = float(kh._geometry(cfg)[4])
+    layers = (0, 13, 29)
+    qpre = {}
+    hooks = [model.model.layers[i].self_attn.q_proj.register_forward_hook(
+        lambda m, a, out, i=i: qpre.__setitem__(i, out[0].detach().double().view(-1, hq, d))) for i in layers]
+    ref = DynamicCache(config=cfg)
+    try:
+        with torch.no_grad():
+            model(**inputs, past_key_values=ref, use_cache=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    cache = kh.PagedCache(cfg, "expected-attention:budget=0.5+f32")
+    hfmodel.generate(model, inputs, cache, max_new_tokens=3)
+    half = d // 2
+    freq = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / d)
+    t = torch.arange(n, n + 512, dtype=torch.float64)[:, None] * freq  # [512, half]
+    c, s = torch.cos(t).mean(0), torch.sin(t).mean(0)
+    R = torch.zeros(d, d, dtype=torch.float64)  # mean of the NeoX rotation matrices
+    idx = torch.arange(half)
+    R[idx, idx], R[idx + half, idx + half] = c, c
+    R[idx, idx + half], R[idx + half, idx] = -s, s
+    keep = n // 2
+    for layer in layers:
+        q = qpre[layer]  # [n, hq, d], pre-RoPE
+        k = ref.layers[layer].keys[0].double()[:, 4:]  # [hk, n - 4, d]: the sinks are kept apart
+        v = ref.layers[layer].values[0].double()[:, 4:]
+        score = torch.zeros(n - 4, dtype=torch.float64)
+        for j in range(hq):
+            mu = q[:, j].mean(0)
+            S = torch.cov(q[:, j].T, correction=0)
+            mu, S = R @ mu, R @ S @ R.T
+            kk = k[j // (hq // hk)]
+            z = kk @ mu / d ** 0.5 + ((kk @ S) * kk).sum(-1) / (2 * d)
+            score += torch.softmax(z, 0) / (hq // hk) * v[j // (hq // hk)].norm(dim=-1)
+        want = [0, 1, 2, 3] + sorted(int(i) + 4 for i in torch.argsort(score, descending=True, stable=True)[:keep - 4])
+        pos = list(cache.pool.positions(cache._seqs[0], layer, 0, keep + 2))
+        assert pos[:keep] == want, (layer, sorted(set(pos[:keep]) ^ set(want)))
+        assert pos[keep:] == [n, n + 1]

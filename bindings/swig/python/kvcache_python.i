@@ -292,6 +292,7 @@ struct kvc_py_strategy {
   double prefill_fraction = 0.5;
   bool shift_positions = false;
   int observe = KVC_OBSERVE_NONE;
+  uint32_t future_positions = 512; /* expected-attention */
 };
 
 /** Parses one strategy spec with `kvcache eval`'s parser; raises ERR_INVALID_ARGUMENT naming what is wrong. */
@@ -327,6 +328,7 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.prefill_fraction = s.prefill_fraction;
     r.shift_positions = s.shift_positions;
     r.observe = s.observe;
+    r.future_positions = s.future_positions;
   } catch (const std::exception &e) {
     kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, e.what());
   }
