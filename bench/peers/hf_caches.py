@@ -88,9 +88,11 @@ KVPRESS_DEFAULT = ["StreamingLLM", "SnapKV", "TOVA", "Knorm", "ExpectedAttention
 OURS_DEFAULT_STREAM = ["f16", "int8:per-token", "kivi4:group=16:residual=32", "kivi2:group=16:residual=32",
                        "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
                        "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range"]
-OURS_DEFAULT_PREFILL = ["snapkv:budget={b}+f32", "pyramidkv:budget={b}+f32"]
-OURS_DEFAULT_STREAM_POLICIES = ["h2o:budget={b}+f32", "tova:budget={b}+f32", "streaming:budget={b}+f32"]
-OURS_PRESS_DEFAULT = ["h2o:budget={b}", "tova:budget={b}", "streaming:budget={b}"]
+OURS_DEFAULT_PREFILL = ["snapkv:budget={b}+f32", "pyramidkv:budget={b}+f32", "expected-attention:budget={b}+f32",
+                        "knorm:budget={b}+f32"]
+OURS_DEFAULT_STREAM_POLICIES = ["h2o:budget={b}+f32", "tova:budget={b}+f32", "streaming:budget={b}+f32",
+                                "expected-attention:budget={b}:stream+f32"]
+OURS_PRESS_DEFAULT = ["h2o:budget={b}", "tova:budget={b}", "streaming:budget={b}", "expected-attention:budget={b}"]
 
 
 def default_rows(have_quant, have_fp8, have_kvpress):
@@ -423,6 +425,9 @@ def measure(args):
     except ImportError:
         have["kvpress"] = False
     names = args.rows.split(",") if args.rows else default_rows(have["quant"], have["fp8"], have["kvpress"])
+    if args.resume and not args.rows and args.json and os.path.exists(args.json + ".partial"):
+        with open(args.json + ".partial") as f:  # the rows of the run being resumed (defaults change)
+            names = list(((json.load(f).get("state") or {}).get("work") or {}).get("rows") or names)
     model = models["sdpa"]
     config = model.config
     n_layers, hk = config.num_hidden_layers, config.num_key_value_heads

@@ -85,6 +85,10 @@ class KvcPress:
         cfg = module.config
         layers, hq = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
         layer = int(module.layer_idx)
+        if st.policy_kind == _native.POLICY_EXPECTED_ATTENTION:
+            # Its statistics are per layer and nothing in it depends on the layer's index: a
+            # one-layer pool (every layer of a full one would need its own queries observed).
+            layers, layer = 1, 0
         c = _native.PoolConfig()
         c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim = layers, hq, hk, d
         c.k_dtype = c.v_dtype = _native.DTYPE_F32
