@@ -1748,7 +1748,11 @@ typedef enum kvc_policy_kind {
    * The approximation: queries are taken as Gaussian and the rotation as its average; the
    * statistics are all queries observed (kvpress: the prompt's, without its sinks). Eviction of a
    * layer with no observed query fails (::KVC_ERR_INVALID_ARGUMENT). Statistics are not saved
-   * in records (kvc_seq_save). Cost: O(tokens x q_heads x head_dim^2) per layer and eviction.
+   * in records (kvc_seq_save); kvc_seq_truncate() keeps them; a fork copies them. Memory:
+   * q_heads x head_dim x (head_dim + 1) f64 per layer of an observing sequence (a Llama-3-8B
+   * shape: 128 MiB), not counted in kvc_pool_seq_bytes(). Cost: O(rows x q_heads x head_dim^2)
+   * per observation (summed outside the pool's lock) and O(tokens x q_heads x head_dim^2) per
+   * layer and eviction (under it).
    * @since 0.4
    */
   KVC_POLICY_EXPECTED_ATTENTION = 8,
@@ -1789,11 +1793,13 @@ typedef enum kvc_pyramid_schedule {
 typedef struct kvc_policy_config {
   size_t struct_size;     /**< sizeof(kvc_policy_config) of the caller. */
   kvc_policy_kind kind;   /**< The family; default ::KVC_POLICY_NONE. */
-  uint32_t sink_tokens;   /**< Streaming: attention sinks S (default 4). */
+  uint32_t sink_tokens;   /**< Streaming, expected attention: attention sinks S (default 4). */
   uint64_t budget_tokens; /**< Per-layer cap in tokens; 0 (default) = none. */
   /** Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
   double compression_ratio;
-  /** Streaming: window W when no budget is set; plugin, knorm: protected newest tokens. Default 0.
+  /**
+   * Streaming: window W when no budget is set; plugin, knorm, expected attention: protected
+   * newest tokens. Default 0.
    */
   uint32_t recent_tokens;
   /** SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32. */

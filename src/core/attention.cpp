@@ -58,25 +58,28 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
     check_layer(layer);
     for (size_t i = 0; i < n_seqs; ++i) {
       const LayerTable &l = find(ids[i]).layers[layer];
-      if (l.n_tokens == 0)
-        fail(Errc::OutOfRange,
-             "layer " + u64s(layer) + " of sequence " + u64s(ids[i]) + " holds no token to attend");
+      if (l.n_tokens == 0 || (prefill && n_q > l.n_tokens))
+        fail(Errc::OutOfRange, "layer " + u64s(layer) + " of sequence " + u64s(ids[i]) + " holds " +
+                                   u64s(l.n_tokens) + " tokens for " + u64s(n_q) + " query rows");
       const uint64_t first = prefill ? std::min(p.observe_from, n_q) : 0, rows = prefill ? n_q : 1;
       for (uint64_t r = first; r < rows; ++r)
         pos[i].push_back(static_cast<int32_t>(
             l.rope_position_of(prefill ? l.n_tokens - n_q + r : l.n_tokens - 1)));
     }
   }
+  // The rows' statistics first (their checks fail before anything runs),
+  // merged into every sequence at once after the attention.
+  const uint64_t row_bytes = p.num_q_heads * hd * static_cast<uint64_t>(bits_of(p.q_dtype)) / 8;
+  std::vector<policy::QueryStats> stats(n_seqs);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const uint64_t first = prefill ? n_q - pos[i].size() : 0;
+    const auto *rows = static_cast<const uint8_t *>(q) + (i * n_q + first) * row_bytes;
+    stats[i] = query_stats(rows, p.q_dtype, pos[i].size(), p.num_q_heads, pos[i].data());
+  }
   AttnParams plain = p;
   plain.observe = 0;
   store_->attention(layer, ids, n_seqs, q, n_q, prefill, out, lse, plain, scale);
-  const uint64_t row_bytes = p.num_q_heads * hd * static_cast<uint64_t>(bits_of(p.q_dtype)) / 8;
-  for (size_t i = 0; i < n_seqs; ++i) {
-    if (pos[i].empty()) continue;
-    const uint64_t first = prefill ? n_q - pos[i].size() : 0;
-    const auto *rows = static_cast<const uint8_t *>(q) + (i * n_q + first) * row_bytes;
-    observe_queries(ids[i], layer, rows, p.q_dtype, pos[i].size(), p.num_q_heads, pos[i].data());
-  }
+  merge_query_stats(layer, ids, stats.data(), n_seqs);
 }
 
 }  // namespace kvc::core

@@ -79,8 +79,8 @@ void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint
   for (uint64_t i = 0; i < n * h; ++i) dst[i] = accumulate ? dst[i] + scores[i] : scores[i];
 }
 
-void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_dtype, uint64_t n,
-                           uint32_t num_q_heads, const int32_t *positions) {
+policy::QueryStats Pool::query_stats(const void *q, DType q_dtype, uint64_t n, uint32_t num_q_heads,
+                                     const int32_t *positions) const {
   const uint64_t hd = cfg_.head_dim;
   if (num_q_heads != cfg_.num_q_heads)
     fail(Errc::InvalidArgument,
@@ -88,8 +88,10 @@ void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_d
   if (q_dtype != DType::F32 && q_dtype != DType::F16 && q_dtype != DType::BF16)
     fail(Errc::InvalidArgument, "q_dtype must be f32, f16 or bf16");
   if (n > (uint64_t(1) << 31)) fail(Errc::Overflow, "n " + u64s(n) + ": too many query rows");
+  policy::QueryStats st;
+  if (n == 0) return st;
   const uint64_t row = static_cast<uint64_t>(num_q_heads) * hd;
-  std::vector<float> x(n * row);  // may throw: nothing changed
+  std::vector<float> x(n * row);
   convert(q, q_dtype, x.data(), DType::F32, x.size());
   for (uint64_t i = 0; i < x.size(); ++i)
     if (!std::isfinite(x[i]))
@@ -103,17 +105,40 @@ void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_d
       for (uint32_t h = 0; h < num_q_heads; ++h)
         rope.rotate(x.data() + i * row + h * hd, -positions[i]);
   }
-  std::shared_lock lk(mu_);
-  Sequence &s = find(id);
-  check_layer(layer);
-  if (n == 0) return;
-  std::lock_guard<std::mutex> g(scores_mu_);
-  policy::QueryStats &st = s.layers[layer].qstats;
-  if (st.sum.empty()) {  // the only allocation: before the first change
-    st.sum.assign(row, 0.0);
-    st.outer.assign(row * hd, 0.0);
-  }
   for (uint64_t i = 0; i < n; ++i) st.add(x.data() + i * row, num_q_heads, cfg_.head_dim);
+  return st;
+}
+
+void Pool::merge_query_stats(uint32_t layer, const uint64_t *ids, const policy::QueryStats *stats,
+                             size_t n_seqs) {
+  std::shared_lock lk(mu_);
+  check_layer(layer);
+  std::vector<Sequence *> seqs(n_seqs);
+  for (size_t i = 0; i < n_seqs; ++i) seqs[i] = &find(ids[i]);
+  std::lock_guard<std::mutex> g(scores_mu_);
+  // First merges (empty statistics) copy: made before any change.
+  std::vector<policy::QueryStats> fresh(n_seqs);
+  for (size_t i = 0; i < n_seqs; ++i)
+    if (seqs[i]->layers[layer].qstats.count == 0) fresh[i].merge(stats[i]);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    policy::QueryStats &dst = seqs[i]->layers[layer].qstats;
+    if (dst.count == 0)
+      std::swap(dst, fresh[i]);
+    else
+      dst.merge(stats[i]);  // same shape: adds, cannot throw
+  }
+}
+
+void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_dtype, uint64_t n,
+                           uint32_t num_q_heads, const int32_t *positions) {
+  const policy::QueryStats st = query_stats(q, q_dtype, n, num_q_heads, positions);
+  if (n == 0) {  // the sequence and layer are still checked
+    std::shared_lock lk(mu_);
+    find(id);
+    check_layer(layer);
+    return;
+  }
+  merge_query_stats(layer, &id, &st, 1);
 }
 
 void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const {
@@ -203,12 +228,12 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
                  " of sequence " + u64s(id) +
                  ": observe queries first (KVC_OBSERVE_QUERIES or kvc_seq_observe_queries)");
       values.resize(n * row);
-      policy::future_moments(l.qstats, cfg_.num_q_heads, cfg_.head_dim,
-                             cfg_.rope_style == RopeStyle::None
-                                 ? 0u
-                                 : (cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim),
-                             cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta, s.length,
-                             p.future_positions, q_mean, q_cov);
+      policy::future_moments(
+          l.qstats, cfg_.num_q_heads, cfg_.head_dim,
+          cfg_.rope_style == RopeStyle::None ? 0u
+                                             : (cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim),
+          cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta,
+          l.rope_by_index ? l.n_tokens : s.length, p.future_positions, q_mean, q_cov);
       v.q_heads = cfg_.num_q_heads;
       v.q_mean = q_mean.data();
       v.q_cov = q_cov.data();

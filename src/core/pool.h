@@ -83,6 +83,13 @@ class Pool : private PoolCore {
   // un-rotated first when the pool has rope_style. All checks before the first change.
   void observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_dtype, uint64_t n,
                        uint32_t num_q_heads, const int32_t *positions);
+  // The two halves of it: the rows' statistics (checks, conversion, un-rotation
+  // and sums, no lock held), then adding them to sequences' layer statistics
+  // under the lock (every sequence found before the first change).
+  policy::QueryStats query_stats(const void *q, DType q_dtype, uint64_t n, uint32_t num_q_heads,
+                                 const int32_t *positions) const;
+  void merge_query_stats(uint32_t layer, const uint64_t *ids, const policy::QueryStats *stats,
+                         size_t n_seqs);
   void rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, int32_t *out) const;
 
   // ---- records (state.cpp, docs/tiers.md) ----

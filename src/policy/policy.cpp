@@ -85,11 +85,27 @@ void pool1d(const float *x, uint64_t n, uint32_t kernel, Pooling how, float *out
   }
 }
 
+void QueryStats::merge(const QueryStats &o) {
+  if (o.count == 0) return;
+  if (count == 0 || sum.size() != o.sum.size() || outer.size() != o.outer.size()) {
+    std::vector<double> s = o.sum, x = o.outer;  // may throw: nothing changed
+    sum.swap(s);
+    outer.swap(x);
+    count = o.count;
+    return;
+  }
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += o.sum[i];
+  for (size_t i = 0; i < outer.size(); ++i) outer[i] += o.outer[i];
+  count += o.count;
+}
+
 void QueryStats::add(const float *q, uint32_t q_heads, uint32_t head_dim) {
   const uint64_t d = head_dim;
-  if (sum.empty()) {
-    sum.assign(q_heads * d, 0.0);
-    outer.assign(q_heads * d * d, 0.0);
+  if (sum.size() != q_heads * d || outer.size() != q_heads * d * d) {
+    std::vector<double> s(q_heads * d, 0.0), x(q_heads * d * d, 0.0);  // may throw: nothing changed
+    sum.swap(s);
+    outer.swap(x);
+    count = 0;
   }
   for (uint32_t h = 0; h < q_heads; ++h) {
     const float *x = q + h * d;
@@ -237,6 +253,18 @@ std::vector<float> key_norm_scores(const LayerView &v) {
   return s;
 }
 
+// Scores computed from the stored keys and values (Knorm, ExpectedAttention)
+// are finite unless the cache holds NaN or Inf (plain f16 / f32 appends are
+// not checked): ranking them would be undefined, so the eviction is refused.
+void check_finite(const std::vector<float> &s, const char *policy) {
+  for (size_t t = 0; t < s.size(); ++t)
+    if (!std::isfinite(s[t]))
+      fail(Errc::NonFinite,
+           std::string(policy) + ": the score of token " + u64s(t) +
+               " is NaN or Inf (the cache holds a non-finite key or value): nothing "
+               "was evicted");
+}
+
 // Per-token score summed over KV heads.
 std::vector<float> head_sum(const LayerView &v) {
   std::vector<float> s(v.n, 0.0f);
@@ -281,6 +309,7 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
         s = head_sum(v);
       } else if (p.kind == PolicyKind::Knorm) {
         s = key_norm_scores(v);
+        check_finite(s, "knorm");
       } else {
         s.assign(n, 0.0f);
         kvc_plugin_layer_view pv{};
@@ -311,6 +340,7 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       mid.keys = v.keys ? v.keys + lo * v.kv_heads * v.head_dim : nullptr;
       mid.values = v.values ? v.values + lo * v.kv_heads * v.head_dim : nullptr;
       const std::vector<float> sm = expected_attention_scores(mid);
+      check_finite(sm, "expected attention");
       std::vector<float> s(n - recent, 0.0f);
       for (uint64_t t = 0; t < mid.n; ++t) s[lo + t] = sm[t];
       for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));

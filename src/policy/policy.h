@@ -87,6 +87,9 @@ struct QueryStats {
   uint64_t count = 0;
   std::vector<double> sum, outer;
   void add(const float *q, uint32_t q_heads, uint32_t head_dim);  // one row [q_heads][head_dim]
+  // Adds another's rows (same shape). All or nothing: a first merge copies
+  // into temporaries before it takes them.
+  void merge(const QueryStats &o);
 };
 
 // The mean and covariance of future queries: the statistics' mean mu and

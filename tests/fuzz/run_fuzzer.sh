@@ -24,7 +24,7 @@ run() {
     -artifact_prefix="$build/fuzz-artifacts/${4:+$4-}" "$build/fuzz-corpus$suffix" "$5"
 }
 run "$bin" "$secs" 4096 "" "$here/corpus"
-for name in codec gguf; do
+for name in codec gguf evict; do
   [ -x "$build/tests/fuzz/fuzz_$name" ] || continue
   len=4096
   [ "$name" = gguf ] && len=8192

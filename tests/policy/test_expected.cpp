@@ -330,6 +330,37 @@ KVTEST(expected_bad_input) {
   kvc_pool_destroy(p);
 }
 
+// A NaN or Inf in the stored keys or values (plain f32 appends are not
+// checked) makes the scores non-finite: Knorm and ExpectedAttention refuse to
+// rank them (KVC_ERR_NON_FINITE) and nothing is evicted.
+KVTEST(expected_non_finite_cache_refused) {
+  Geo g;
+  for (int inf = 0; inf < 2; ++inf) {
+    kvc_pool *p = make_pool(g);
+    const uint64_t n = 20;
+    Seq s = fill(p, g, 1, n);
+    s.k[7 * g.hkv * g.hd + 3] = inf ? INFINITY : NAN;
+    CHECK_OK(kvc_append(p, 1, 0, 0, n, s.k.data(), s.v.data(), KVC_DTYPE_F32));
+    std::vector<float> q = randn(2 * g.hq * g.hd);
+    std::vector<int32_t> pos = {18, 19};
+    CHECK_OK(kvc_seq_observe_queries(p, 1, 0, q.data(), KVC_DTYPE_F32, 2, g.hq, pos.data()));
+    kvc_policy *ea = ea_policy(8);
+    kvc_policy_config c;
+    kvc_policy_config_init(&c);
+    c.kind = KVC_POLICY_KNORM;
+    c.budget_tokens = 8;
+    kvc_policy *kn = nullptr;
+    CHECK_OK(kvc_policy_create(&c, &kn));
+    CHECK_STATUS(kvc_evict(p, 1, ea, nullptr), KVC_ERR_NON_FINITE);
+    CHECK_STATUS(kvc_evict(p, 1, kn, nullptr), KVC_ERR_NON_FINITE);
+    CHECK(positions(p, 1, 0).size() == n);
+    CHECK(kvc::api::core_pool(p).check_invariants().empty());
+    kvc_policy_destroy(ea);
+    kvc_policy_destroy(kn);
+    kvc_pool_destroy(p);
+  }
+}
+
 // A policy config of the 0.3 size (88 bytes, no future_positions) gets 512.
 KVTEST(expected_old_struct_size) {
   kvc_policy_config c;

@@ -409,8 +409,9 @@ def _observe_scores(self, seq_id, layer, scores, accumulate):
 
 
 def _observe_queries(self, seq_id, layer, q, positions):
-    arr = _np.ascontiguousarray(q.detach().numpy() if _is_torch(q) else _np.asarray(q), dtype=_np.float32)
-    pos = _np.ascontiguousarray(positions.numpy() if _is_torch(positions) else _np.asarray(positions),
+    arr = _np.ascontiguousarray(q.detach().float().cpu().numpy() if _is_torch(q) else _np.asarray(q),
+                                dtype=_np.float32)
+    pos = _np.ascontiguousarray(positions.cpu().numpy() if _is_torch(positions) else _np.asarray(positions),
                                 dtype=_np.int64)
     cfg = self.config()
     if arr.ndim != 3 or arr.shape[1:] != (cfg.num_q_heads, cfg.head_dim):

@@ -81,6 +81,26 @@ def _geometry(config):
     return layers, hq, hk, int(head_dim), float(theta) if theta else 10000.0
 
 
+def _plain_rope_or_raise(config, st, who):
+    """expected-attention takes the queries back to their pre-RoPE frame with RoPE of the config's
+    theta (kvc_seq_observe_queries): refuse configs whose RoPE is scaled (rope_type llama3, yarn,
+    ...) or partial, where that un-rotation would be wrong."""
+    if st.policy_kind != _native.POLICY_EXPECTED_ATTENTION:
+        return
+    c = _text_config(config)
+    kinds = []
+    for name in ("rope_scaling", "rope_parameters"):
+        rp = getattr(c, name, None)
+        if isinstance(rp, dict):
+            kinds.append(rp.get("rope_type", rp.get("type", "default")))
+    bad = [k for k in kinds if k not in (None, "default")]
+    partial = getattr(c, "partial_rotary_factor", None)
+    if bad or (partial is not None and float(partial) != 1.0):
+        raise ValueError("%s: strategy '%s' un-rotates queries with plain RoPE (theta); this config's RoPE is %s: "
+                         "not supported" % (who, st.spec, ("scaled (rope_type %s)" % bad[0]) if bad else
+                                            "partial (partial_rotary_factor %s)" % partial))
+
+
 def _stream_cap(st, ctx):
     """A stream policy's per-layer cap: budget_tokens, or ceil(budget x ctx) tokens."""
     return st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
@@ -304,8 +324,9 @@ class PagedCache(Cache):
         attn = getattr(config, "_attn_implementation", None)
         self._paged_attention = attn == ATTN_IMPLEMENTATION
         if st.observe != _native.OBSERVE_NONE and not self._paged_attention:
-            raise ValueError("PagedCache: strategy '%s' reads attention scores; load the model with "
+            raise ValueError("PagedCache: strategy '%s' reads attention scores or queries; load the model with "
                              "attn_implementation=\"kvcache\" (after import kvcache.hf), not %r" % (st.spec, attn))
+        _plain_rope_or_raise(config, st, "PagedCache")
         if num_blocks is not None and pool_bytes is not None:
             raise ValueError("PagedCache: give num_blocks or pool_bytes, not both")
         for name, val in (("num_blocks", num_blocks), ("pool_bytes", pool_bytes), ("block_size", block_size),

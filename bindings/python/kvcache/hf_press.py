@@ -7,7 +7,7 @@ import torch
 
 from . import native as _native
 from . import KvcError, parse_strategy
-from .hf import _PROTO_NONE, _geometry, _policy
+from .hf import _PROTO_NONE, _geometry, _plain_rope_or_raise, _policy
 
 
 def _row_keys(x):
@@ -42,7 +42,8 @@ class KvcPress:
     After each attention layer's prefill (kvpress's forward hook, ``with press(model):``) the layer's
     K/V go into a scratch pool; policies that read attention get it from our kernels
     (``kvc_attention_prefill`` with observation: SnapKV / PyramidKV the last ``window`` queries, H2O
-    every query, TOVA the last); the policy evicts with ``budget`` as the fraction kept (kvpress's
+    every query, TOVA the last; expected-attention adds every query to its statistics, on a
+    one-layer pool with RoPE NeoX at the config's theta); Knorm reads the keys; the policy evicts with ``budget`` as the fraction kept (kvpress's
     1 - compression_ratio), and the press returns the surviving rows, in order. On a DynamicCache
     they replace the layer's tensors; on a PagedCache they become a ``kvc_seq_keep`` (no copy).
     Llama-architecture attention modules (q_proj, RoPE from ``position_embeddings``)."""
@@ -92,8 +93,10 @@ class KvcPress:
         c = _native.PoolConfig()
         c.num_layers, c.num_q_heads, c.num_kv_heads, c.head_dim = layers, hq, hk, d
         c.k_dtype = c.v_dtype = _native.DTYPE_F32
-        c.rope_style = _native.ROPE_NEOX  # Hugging Face Llama rotates halves (queries un-rotated by it)
-        c.rope_theta = float(_geometry(cfg)[4])
+        if st.policy_kind == _native.POLICY_EXPECTED_ATTENTION:
+            _plain_rope_or_raise(cfg, st, "KvcPress")
+            c.rope_style = _native.ROPE_NEOX  # Hugging Face Llama rotates halves (queries un-rotated by it)
+            c.rope_theta = float(_geometry(cfg)[4])
         c.block_size = 16
         c.num_blocks = b * layers * (-(-n // 16))
         pool = _native.Pool(c)

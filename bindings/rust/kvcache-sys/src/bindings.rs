@@ -3584,7 +3584,11 @@ impl kvc_policy_kind {
     #[doc = " The approximation: queries are taken as Gaussian and the rotation as its average; the"]
     #[doc = " statistics are all queries observed (kvpress: the prompt's, without its sinks). Eviction of a"]
     #[doc = " layer with no observed query fails (::KVC_ERR_INVALID_ARGUMENT). Statistics are not saved"]
-    #[doc = " in records (kvc_seq_save). Cost: O(tokens x q_heads x head_dim^2) per layer and eviction."]
+    #[doc = " in records (kvc_seq_save); kvc_seq_truncate() keeps them; a fork copies them. Memory:"]
+    #[doc = " q_heads x head_dim x (head_dim + 1) f64 per layer of an observing sequence (a Llama-3-8B"]
+    #[doc = " shape: 128 MiB), not counted in kvc_pool_seq_bytes(). Cost: O(rows x q_heads x head_dim^2)"]
+    #[doc = " per observation (summed outside the pool's lock) and O(tokens x q_heads x head_dim^2) per"]
+    #[doc = " layer and eviction (under it)."]
     #[doc = " @since 0.4"]
     pub const KVC_POLICY_EXPECTED_ATTENTION: kvc_policy_kind = kvc_policy_kind(8);
 }
@@ -3659,13 +3663,14 @@ pub struct kvc_policy_config {
     pub struct_size: usize,
     #[doc = "< The family; default ::KVC_POLICY_NONE."]
     pub kind: kvc_policy_kind,
-    #[doc = "< Streaming: attention sinks S (default 4)."]
+    #[doc = "< Streaming, expected attention: attention sinks S (default 4)."]
     pub sink_tokens: u32,
     #[doc = "< Per-layer cap in tokens; 0 (default) = none."]
     pub budget_tokens: u64,
     #[doc = " Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none."]
     pub compression_ratio: f64,
-    #[doc = " Streaming: window W when no budget is set; plugin, knorm: protected newest tokens. Default 0."]
+    #[doc = " Streaming: window W when no budget is set; plugin, knorm, expected attention: protected"]
+    #[doc = " newest tokens. Default 0."]
     pub recent_tokens: u32,
     #[doc = " SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32."]
     pub window: u32,

@@ -1,0 +1,253 @@
+// SPDX-License-Identifier: Apache-2.0
+// libFuzzer target of eviction: sequences of create / append / fork / free /
+// truncate, observed scores and query rows (kvc_seq_observe_scores,
+// kvc_seq_observe_queries, attention with every observe mode), and kvc_evict
+// with any policy configuration (every kind, Knorm and ExpectedAttention
+// included, valid or not), on a small pool with or without RoPE and an int8
+// codec. Checks after every call:
+// - the status is a documented one;
+// - a refused call changed nothing (every layer's positions as before);
+// - an eviction kept, per layer, an increasing subset of the positions held
+//   before, at most as many as before;
+// - the pool's invariants hold (block states, reference counts, tables).
+// Input: 2 bytes of pool setup, then operations of a few bytes each. Seeds:
+// tests/fuzz/corpus-evict.
+#include <kvcache/kvcache.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "api/internal.h"
+
+namespace {
+
+constexpr uint32_t kLayers = 2, kHq = 4, kHkv = 2, kHd = 8, kBs = 4;
+
+struct Input {
+  const uint8_t *p;
+  size_t n;
+  bool empty() const { return n == 0; }
+  uint8_t u8() {
+    if (!n) return 0;
+    --n;
+    return *p++;
+  }
+  float f() {  // a finite value in [-8, 8)
+    return (static_cast<float>(u8()) - 128.0f) / 16.0f;
+  }
+};
+
+[[noreturn]] void die(const std::string &what) {
+  std::fprintf(stderr, "fuzz_evict: %s\n", what.c_str());
+  std::abort();
+}
+
+bool documented(kvc_status s) {
+  switch (s) {
+    case KVC_OK:
+    case KVC_ERR_INVALID_ARGUMENT:
+    case KVC_ERR_NULL_POINTER:
+    case KVC_ERR_SEQ_NOT_FOUND:
+    case KVC_ERR_SEQ_EXISTS:
+    case KVC_ERR_OUT_OF_RANGE:
+    case KVC_ERR_POOL_EXHAUSTED:
+    case KVC_ERR_EXCEEDS_CAPACITY:
+    case KVC_ERR_NON_FINITE:
+    case KVC_ERR_OVERFLOW:
+    case KVC_ERR_UNSUPPORTED:
+    case KVC_ERR_BUFFER_TOO_SMALL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+using Snapshot = std::map<uint64_t, std::vector<std::vector<int32_t>>>;
+
+Snapshot snapshot(kvc_pool *p, const std::vector<uint64_t> &ids) {
+  Snapshot s;
+  for (uint64_t id : ids) {
+    uint64_t len = 0;
+    if (kvc_seq_length(p, id, &len) != KVC_OK) continue;
+    auto &layers = s[id];
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      uint64_t n = 0;
+      if (kvc_seq_layer_tokens(p, id, l, &n) != KVC_OK) die("layer tokens of a live sequence");
+      std::vector<int32_t> pos(n);
+      if (n && kvc_gather(p, id, l, 0, n, nullptr, nullptr, KVC_DTYPE_F32, pos.data()) != KVC_OK)
+        die("positions of a live sequence");
+      layers.push_back(std::move(pos));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  Input in{data, size};
+  const uint8_t setup = in.u8();
+  kvc_codec int8;
+  kvc_codec_init(&int8);
+  int8.dtype = KVC_DTYPE_INT8;
+  int8.granularity = KVC_SCALE_PER_TOKEN;
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = kLayers;
+  c.num_q_heads = kHq;
+  c.num_kv_heads = kHkv;
+  c.head_dim = kHd;
+  c.block_size = kBs;
+  c.num_blocks = 24 + in.u8() % 64;
+  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  c.rope_style = static_cast<kvc_rope_style>(setup % 3);
+  if (setup & 4) c.k_codec = c.v_codec = &int8;
+  kvc_pool *p = nullptr;
+  if (kvc_pool_create(&c, &p) != KVC_OK) die("pool create");
+  const std::vector<uint64_t> ids = {1, 2, 3, 4};
+  std::vector<float> buf;
+  for (int op_i = 0; op_i < 48 && !in.empty(); ++op_i) {
+    const uint8_t op = in.u8() % 9;
+    const uint64_t id = ids[in.u8() % ids.size()];
+    const uint32_t layer = in.u8() % (kLayers + 1);  // kLayers: out of range
+    const Snapshot before = snapshot(p, ids);
+    kvc_status r = KVC_OK;
+    bool evicting = false;
+    switch (op) {
+      case 0:
+        r = kvc_seq_create(p, id);
+        break;
+      case 1: {  // reserve n, append every layer
+        const uint64_t n = 1 + in.u8() % 12;
+        uint64_t len = 0;
+        if (kvc_seq_length(p, id, &len) != KVC_OK) {
+          r = kvc_seq_reserve(p, id, n, nullptr);
+          break;
+        }
+        r = kvc_seq_reserve(p, id, n, nullptr);
+        if (r != KVC_OK) break;
+        buf.resize(n * kHkv * kHd);
+        for (float &x : buf) x = in.f();
+        for (uint32_t l = 0; l < kLayers; ++l)
+          if (kvc_append(p, id, l, len, n, buf.data(), buf.data(), KVC_DTYPE_F32) != KVC_OK)
+            die("append of reserved positions");
+        continue;  // a change by design: no snapshot comparison
+      }
+      case 2: {  // query rows: valid, NaN, wrong heads or a negative position
+        const uint64_t n = in.u8() % 6;
+        buf.resize(n * kHq * kHd + 1);
+        for (float &x : buf) x = in.f();
+        std::vector<int32_t> pos(n + 1);
+        for (int32_t &x : pos) x = in.u8();
+        const uint8_t bad = in.u8() % 8;
+        if (bad == 1 && n) buf[n / 2] = NAN;
+        if (bad == 2 && n) pos[0] = -1;
+        const uint32_t heads = bad == 3 ? kHq + 1 : kHq;
+        r = kvc_seq_observe_queries(p, id, layer, bad == 4 ? nullptr : buf.data(),
+                                    bad == 5 ? KVC_DTYPE_INT8 : KVC_DTYPE_F32, n, heads,
+                                    pos.data());
+        if (r == KVC_OK) continue;  // statistics changed (not visible in positions)
+        break;
+      }
+      case 3: {  // scores: valid or negative
+        uint64_t n = 0;
+        kvc_seq_layer_tokens(p, id, layer % kLayers, &n);
+        buf.resize(n * kHkv + 1);
+        for (float &x : buf) x = std::fabs(in.f());
+        if (in.u8() % 4 == 0) buf[0] = -1.0f;
+        r = kvc_seq_observe_scores(p, id, layer, buf.data(), n + (in.u8() % 4 == 0), in.u8() & 1);
+        if (r == KVC_OK) continue;
+        break;
+      }
+      case 4: {  // attention with any observe mode (4: unknown)
+        uint64_t n = 0;
+        kvc_seq_layer_tokens(p, id, layer % kLayers, &n);
+        const uint64_t nq = 1 + in.u8() % 4;
+        buf.resize(2 * nq * kHq * kHd);
+        for (float &x : buf) x = in.f();
+        kvc_attention_params a;
+        kvc_attention_params_init(&a);
+        a.num_q_heads = kHq;
+        a.observe = static_cast<kvc_observe>(in.u8() % 5);
+        a.observe_from = in.u8() % 5;
+        if (in.u8() & 1)
+          r = kvc_attention_prefill(p, layer, id, buf.data(), nq, buf.data() + nq * kHq * kHd,
+                                    nullptr, &a);
+        else
+          r = kvc_attention_decode(p, layer, &id, 1, buf.data(), buf.data() + kHq * kHd, nullptr,
+                                   &a);
+        if (r == KVC_OK) continue;  // scores or statistics may change
+        break;
+      }
+      case 5: {  // evict with any policy configuration
+        kvc_policy_config pc;
+        kvc_policy_config_init(&pc);
+        pc.kind = static_cast<kvc_policy_kind>(in.u8() % 10);  // 9: unknown
+        pc.budget_tokens = in.u8() % 3 ? in.u8() % 24 : 0;
+        pc.compression_ratio = in.u8() % 3 ? 0.0 : (in.u8() % 12) / 10.0;
+        pc.sink_tokens = in.u8() % 6;
+        pc.recent_tokens = in.u8() % 6;
+        pc.future_positions = in.u8() % 4 == 0 ? 0 : 1 + in.u8() * 8;
+        pc.window = 1 + in.u8() % 8;
+        pc.shift_positions = (in.u8() % 4 == 0);
+        kvc_policy *pol = nullptr;
+        r = kvc_policy_create(&pc, &pol);
+        if (!documented(r)) die("policy create status " + std::to_string(r));
+        if (r != KVC_OK) {
+          if (pol) die("a refused policy handed out");
+          continue;
+        }
+        r = kvc_evict(p, id, pol, nullptr);
+        kvc_policy_destroy(pol);
+        evicting = r == KVC_OK;
+        break;
+      }
+      case 6:
+        r = kvc_seq_fork(p, id, ids[in.u8() % ids.size()]);
+        if (r == KVC_OK) continue;
+        break;
+      case 7:
+        r = kvc_seq_free(p, id);
+        if (r == KVC_OK) continue;
+        break;
+      case 8: {
+        uint64_t len = 0;
+        kvc_seq_length(p, id, &len);
+        r = kvc_seq_truncate(p, id, len - std::min<uint64_t>(len, in.u8() % 6));
+        if (r == KVC_OK) continue;
+        break;
+      }
+    }
+    if (!documented(r))
+      die("op " + std::to_string(op) + ": undocumented status " + std::to_string(r));
+    const Snapshot after = snapshot(p, ids);
+    if (evicting) {
+      for (const auto &[sid, layers] : after) {
+        const auto &old = before.at(sid);
+        for (uint32_t l = 0; l < kLayers; ++l) {
+          const auto &a = layers[l], &b = old[l];
+          if (sid != id && a != b) die("an eviction changed another sequence");
+          if (a.size() > b.size() || !std::is_sorted(a.begin(), a.end()) ||
+              std::adjacent_find(a.begin(), a.end()) != a.end() ||
+              !std::includes(b.begin(), b.end(), a.begin(), a.end()))
+            die("kept positions are not an increasing subset of those held");
+        }
+      }
+    } else if (r != KVC_OK && after != before) {
+      die("op " + std::to_string(op) + " failed with " + std::to_string(r) +
+          " but changed the positions");
+    }
+    const std::string e = kvc::api::core_pool(p).check_invariants();
+    if (!e.empty()) die("invariant after op " + std::to_string(op) + ": " + e);
+  }
+  kvc_pool_destroy(p);
+  return 0;
+}
