@@ -182,7 +182,7 @@ std::vector<float> expected_attention_scores(const LayerView &v) {
   if (!v.keys || !v.q_mean || !v.q_cov || v.q_heads == 0 || v.n == 0) return out;
   const uint64_t d = v.head_dim, hk = v.kv_heads, g = v.q_heads / v.kv_heads, n = v.n;
   const double rs = 1.0 / std::sqrt(static_cast<double>(d));
-  std::vector<double> z(n), acc(n), u(d);
+  std::vector<double> z(n), acc(n);
   for (uint64_t h = 0; h < hk; ++h) {
     std::fill(acc.begin(), acc.end(), 0.0);
     for (uint64_t j = h * g; j < (h + 1) * g; ++j) {
