@@ -1467,6 +1467,14 @@ typedef enum kvc_observe {
    * @since 0.4
    */
   KVC_OBSERVE_QUERIES = 3,
+  /**
+   * Raise each recorded score to this call's probability where that is larger: after any number
+   * of calls a token's score is the largest attention probability any observed query row and any
+   * query head of its KV head gave it (KVzip's max-pooling, for ::KVC_POLICY_KVZIP: observe the
+   * context-reconstruction pass). CPU pools.
+   * @since 0.4
+   */
+  KVC_OBSERVE_MAX = 4,
   KVC_OBSERVE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_OBSERVE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_observe;
@@ -1756,6 +1764,19 @@ typedef enum kvc_policy_kind {
    * @since 0.4
    */
   KVC_POLICY_EXPECTED_ATTENTION = 8,
+  /**
+   * KVzip (Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction",
+   * arXiv 2505.23416; kvpress's KVzipPress): a token's importance is the largest attention it
+   * receives while the model reconstructs the context from the cache. The engine runs that pass
+   * (a fork of the sequence fed a repeat prompt and the context again, observed with
+   * ::KVC_OBSERVE_MAX, or its own kernels' maxima given with kvc_seq_observe_scores()); the
+   * policy keeps the newest recent_tokens and the tokens with the highest score, the maximum over
+   * the KV heads (a token-wise pool keeps a token for every head when any head needs it; KVzip
+   * itself keeps per head). Eviction of a sequence with no observed score fails
+   * (::KVC_ERR_INVALID_ARGUMENT). Query-agnostic: the kept set serves any later question.
+   * @since 0.4
+   */
+  KVC_POLICY_KVZIP = 9,
   KVC_POLICY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_POLICY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_policy_kind;
@@ -1798,8 +1819,8 @@ typedef struct kvc_policy_config {
   /** Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none. */
   double compression_ratio;
   /**
-   * Streaming: window W when no budget is set; plugin, knorm, expected attention: protected
-   * newest tokens. Default 0.
+   * Streaming: window W when no budget is set; plugin, knorm, expected attention, kvzip:
+   * protected newest tokens. Default 0.
    */
   uint32_t recent_tokens;
   /** SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32. */

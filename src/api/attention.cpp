@@ -31,10 +31,10 @@ kvc::core::AttnParams to_attn(const kvc_attention_params *in) {
   a.q_dtype = dtype_arg(c.q_dtype, "q_dtype");
   a.out_dtype = dtype_arg(c.out_dtype, "out_dtype");
   const int32_t ob = static_cast<int32_t>(c.observe);
-  if (ob < 0 || ob > 3)
+  if (ob < 0 || ob > 4)
     fail(Errc::InvalidArgument,
          "observe " + std::to_string(ob) +
-             ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE, _QUERIES)");
+             ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE, _QUERIES, _MAX)");
   if (c.num_threads > 256)
     fail(Errc::InvalidArgument, "num_threads " + std::to_string(c.num_threads) + ": at most 256");
   a.observe = static_cast<uint32_t>(ob);

@@ -256,7 +256,8 @@ constexpr uint64_t kRows = 32;  // query rows that share one pass over the tiles
 // log-sum-exp rows; observation added under *obs_mu.
 void attend_block(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
                   bool prefill, uint64_t i0, uint64_t rows, float *out, float *lse,
-                  float *obs_scores, uint64_t observe_from, std::mutex *obs_mu) {
+                  float *obs_scores, uint64_t observe_from, std::mutex *obs_mu,
+                  bool obs_max = false) {
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, hd = sh.head_dim;
   const uint64_t grp = hq / h;
   AttnScratch &sc = scratch();
@@ -281,7 +282,11 @@ void attend_block(const Shape &sh, const TileSource &src, uint64_t n, const floa
       if (!(ll > -std::numeric_limits<float>::infinity())) continue;
       const float *sr = obs + ((i - obs_first) * hq + hh) * max_vis;
       const uint64_t g = hh / grp;
-      for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
+      if (obs_max)
+        for (uint64_t t = 0; t < vis(i); ++t)
+          obs_scores[t * h + g] = std::max(obs_scores[t * h + g], std::exp(sr[t] - ll));
+      else
+        for (uint64_t t = 0; t < vis(i); ++t) obs_scores[t * h + g] += std::exp(sr[t] - ll);
     }
 }
 
@@ -369,13 +374,13 @@ void run_on_threads(uint32_t extra, Work &&work) {
 
 void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
             bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
-            std::mutex *obs_mu) {
+            std::mutex *obs_mu, bool obs_max) {
   std::optional<DenseTiles> dense;
   const TileSource *tiles = n_q > kRows ? DenseTiles::make(sh, src, n, dense) : nullptr;
   if (!tiles) tiles = &src;
   for (uint64_t i0 = 0; i0 < n_q; i0 += kRows)
     attend_block(sh, *tiles, n, q, n_q, prefill, i0, std::min(kRows, n_q - i0), out, lse,
-                 obs_scores, observe_from, obs_mu);
+                 obs_scores, observe_from, obs_mu, obs_max);
 }
 
 // The blocks of kRows rows are independent (each its own state and output

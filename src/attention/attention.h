@@ -40,10 +40,12 @@ struct Shape {
 // log-sum-exp of -inf.
 // obs_scores: null, or [n][kv_heads], to which the attention probability of
 // every row i >= observe_from is added (summed over the query heads of each
-// KV head), under *obs_mu when given.
+// KV head), under *obs_mu when given; with obs_max, each entry is raised to
+// the largest such probability instead (over rows and the KV head's query
+// heads).
 void attend(const Shape &sh, const TileSource &src, uint64_t n, const float *q, uint64_t n_q,
             bool prefill, float *out, float *lse, float *obs_scores, uint64_t observe_from,
-            std::mutex *obs_mu);
+            std::mutex *obs_mu, bool obs_max = false);
 
 // attend() without observation over up to `threads` threads (the caller's
 // included): blocks of 32 query rows are independent, so the output is the

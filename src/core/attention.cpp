@@ -24,7 +24,7 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
                                     u64s(cfg_.num_q_heads));
   if (!(p.scale >= 0.0f) || !std::isfinite(p.scale))
     fail(Errc::InvalidArgument, "scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
-  if (p.observe > 3) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));
+  if (p.observe > 4) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));
   const bool queries = p.observe == 3;  // KVC_OBSERVE_QUERIES: statistics, not scores
   if (queries && cfg_.device == Device::CUDA)
     fail(Errc::Unsupported,

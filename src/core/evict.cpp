@@ -221,6 +221,11 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
     v.num_layers = nl;
     v.scores = s.track_scores ? l.scores.data() : nullptr;
     std::vector<int32_t> pos;
+    if (p.kind == PolicyKind::KVzip && !s.track_scores)
+      fail(Errc::InvalidArgument,
+           "kvzip needs the attention scores of sequence " + u64s(id) +
+               ": observe the context-reconstruction pass first (KVC_OBSERVE_MAX on a fork of "
+               "the sequence, then kvc_seq_observe_scores)");
     if (p.kind == PolicyKind::ExpectedAttention) {
       if (l.qstats.count == 0)
         fail(Errc::InvalidArgument,

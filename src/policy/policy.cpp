@@ -12,7 +12,7 @@ namespace kvc::policy {
 
 void PolicySpec::validate() const {
   const int32_t k = static_cast<int32_t>(kind);
-  if (k < 0 || k > static_cast<int32_t>(PolicyKind::ExpectedAttention))
+  if (k < 0 || k > static_cast<int32_t>(PolicyKind::KVzip))
     fail(Errc::InvalidArgument, "policy kind " + std::to_string(k) + " is unknown");
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0))
     fail(Errc::InvalidArgument,
@@ -274,6 +274,16 @@ std::vector<float> head_sum(const LayerView &v) {
   return s;
 }
 
+// Per-token score: the largest over KV heads (KVzip: a token some head needs is kept).
+std::vector<float> head_max(const LayerView &v) {
+  std::vector<float> s(v.n, 0.0f);
+  if (v.scores)
+    for (uint64_t t = 0; t < v.n; ++t)
+      for (uint32_t h = 0; h < v.kv_heads; ++h)
+        s[t] = std::max(s[t], v.scores[t * v.kv_heads + h]);
+  return s;
+}
+
 }  // namespace
 
 void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
@@ -296,7 +306,8 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
     }
     case PolicyKind::H2O:
     case PolicyKind::Plugin:
-    case PolicyKind::Knorm: {
+    case PolicyKind::Knorm:
+    case PolicyKind::KVzip: {
       // A protected window of the newest tokens (floor: a window that rounds
       // down to 0 protects nothing), then the highest-scoring older tokens.
       uint64_t recent =
@@ -307,6 +318,8 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       std::vector<float> s;
       if (p.kind == PolicyKind::H2O) {
         s = head_sum(v);
+      } else if (p.kind == PolicyKind::KVzip) {
+        s = head_max(v);
       } else if (p.kind == PolicyKind::Knorm) {
         s = key_norm_scores(v);
         check_finite(s, "knorm");

@@ -20,6 +20,7 @@ enum class PolicyKind : int32_t {
   Plugin = 6,     // scores from a loaded plugin (kvcache_plugin.h) + a recent window
   Knorm = 7,      // smallest key L2 norm, mean over KV heads, + a recent window (arXiv 2406.11430)
   ExpectedAttention = 8,  // attention expected from future queries' statistics (arXiv 2510.00636)
+  KVzip = 9,  // largest attention during context reconstruction, max over KV heads (arXiv 2505.23416)
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
 enum class Schedule : int32_t { Paper = 0, Linear = 1 };
@@ -51,7 +52,7 @@ struct PolicySpec {
   // True when the policy reads observed attention scores.
   bool needs_scores() const {
     return kind == PolicyKind::H2O || kind == PolicyKind::SnapKV || kind == PolicyKind::PyramidKV ||
-           kind == PolicyKind::TOVA;
+           kind == PolicyKind::TOVA || kind == PolicyKind::KVzip;
   }
   // Throws Error(InvalidArgument) describing the first bad parameter.
   void validate() const;

@@ -167,7 +167,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r == KVC_OK) continue;
         break;
       }
-      case 4: {  // attention with any observe mode (4: unknown)
+      case 4: {  // attention with any observe mode (5: unknown)
         uint64_t n = 0;
         kvc_seq_layer_tokens(p, id, layer % kLayers, &n);
         const uint64_t nq = 1 + in.u8() % 4;
@@ -176,7 +176,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kvc_attention_params a;
         kvc_attention_params_init(&a);
         a.num_q_heads = kHq;
-        a.observe = static_cast<kvc_observe>(in.u8() % 5);
+        a.observe = static_cast<kvc_observe>(in.u8() % 6);
         a.observe_from = in.u8() % 5;
         if (in.u8() & 1)
           r = kvc_attention_prefill(p, layer, id, buf.data(), nq, buf.data() + nq * kHq * kHd,
@@ -190,7 +190,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 5: {  // evict with any policy configuration
         kvc_policy_config pc;
         kvc_policy_config_init(&pc);
-        pc.kind = static_cast<kvc_policy_kind>(in.u8() % 10);  // 9: unknown
+        pc.kind = static_cast<kvc_policy_kind>(in.u8() % 11);  // 10: unknown
         pc.budget_tokens = in.u8() % 3 ? in.u8() % 24 : 0;
         pc.compression_ratio = in.u8() % 3 ? 0.0 : (in.u8() % 12) / 10.0;
         pc.sink_tokens = in.u8() % 6;

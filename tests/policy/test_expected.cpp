@@ -11,49 +11,21 @@
 
 #include "../whitebox.h"
 #include "api/internal.h"
+#include "evict_util.h"
 
 namespace {
 
-struct Geo {
-  uint32_t layers = 1, hq = 4, hkv = 2, hd = 8, bs = 4;
-};
-
-kvc_pool *make_pool(const Geo &g, kvc_rope_style rope = KVC_ROPE_NONE) {
-  kvc_pool_config c;
-  kvc_pool_config_init(&c);
-  c.num_layers = g.layers;
-  c.num_q_heads = g.hq;
-  c.num_kv_heads = g.hkv;
-  c.head_dim = g.hd;
-  c.block_size = g.bs;
-  c.num_blocks = 512;
-  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
-  c.rope_style = rope;
-  c.rope_theta = 10000.0;
-  kvc_pool *p = nullptr;
-  CHECK_OK(kvc_pool_create(&c, &p));
-  return p;
-}
+using evict_util::Geo;
+using evict_util::make_pool;
+using evict_util::positions;
+using evict_util::Seq;
 
 std::mt19937 g_rng(7);
 std::vector<float> randn(size_t n, float mean = 0.0f) {
-  std::normal_distribution<float> d(mean, 1.0f);
-  std::vector<float> v(n);
-  for (float &x : v) x = d(g_rng);
-  return v;
+  return evict_util::randn(g_rng, n, mean);
 }
-
-struct Seq {
-  std::vector<float> k, v;  // [n][hkv][hd]
-};
-
 Seq fill(kvc_pool *p, const Geo &g, uint64_t id, uint64_t n) {
-  Seq s{randn(n * g.hkv * g.hd), randn(n * g.hkv * g.hd)};
-  CHECK_OK(kvc_seq_create(p, id));
-  CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
-  for (uint32_t l = 0; l < g.layers; ++l)
-    CHECK_OK(kvc_append(p, id, l, 0, n, s.k.data(), s.v.data(), KVC_DTYPE_F32));
-  return s;
+  return evict_util::fill(p, g, g_rng, id, n);
 }
 
 kvc_policy *ea_policy(uint64_t budget, uint32_t sinks = 4, uint32_t recent = 0,
@@ -68,14 +40,6 @@ kvc_policy *ea_policy(uint64_t budget, uint32_t sinks = 4, uint32_t recent = 0,
   kvc_policy *pol = nullptr;
   CHECK_OK(kvc_policy_create(&c, &pol));
   return pol;
-}
-
-std::vector<int32_t> positions(kvc_pool *p, uint64_t id, uint32_t layer) {
-  uint64_t n = 0;
-  CHECK_OK(kvc_seq_layer_tokens(p, id, layer, &n));
-  std::vector<int32_t> pos(n);
-  if (n) CHECK_OK(kvc_gather(p, id, layer, 0, n, nullptr, nullptr, KVC_DTYPE_F32, pos.data()));
-  return pos;
 }
 
 // NeoX pair p of dims d: (p, p + d/2), angle pos x 10000^(-2p/d).
@@ -320,7 +284,7 @@ KVTEST(expected_bad_input) {
   kvc_attention_params a;
   kvc_attention_params_init(&a);
   a.num_q_heads = g.hq;
-  a.observe = static_cast<kvc_observe>(4);
+  a.observe = static_cast<kvc_observe>(5);
   std::vector<float> out(g.hq * g.hd);
   uint64_t id = 1;
   CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &a),

@@ -88,6 +88,49 @@ void progress_bar(std::int64_t done, std::int64_t total, double elapsed) {
   std::fflush(stderr);
 }
 
+/// KVzip's context reconstruction (arXiv 2505.23416) for the prefill of `seq`
+/// (positions [0, P), P = seq.prefill_boundary()): the context tokens
+/// 1..P-1 are fed again after `prompt` (a repeat instruction), `rchunk` of them
+/// per pass, each pass on a fresh fork of `seq` (its blocks shared) whose
+/// attention records every token's largest probability (KVC_OBSERVE_MAX);
+/// the maxima of positions [0, P) over all passes replace `seq`'s recorded
+/// scores (kvc_seq_observe_scores), which KVC_POLICY_KVZIP then ranks.
+/// Each pass holds P + |prompt| + rchunk tokens at most; the forks are freed.
+void reconstruct_context(Transformer &transformer, AttnSequence &seq, const ModelConfig &c,
+                         const std::vector<int> &win_tokens, const std::vector<int> &prompt,
+                         int rchunk, std::uint64_t fork_id) {
+  const int P = seq.prefill_boundary();
+  const std::size_t heads = static_cast<std::size_t>(c.n_kv_heads);
+  std::vector<std::vector<float>> best(static_cast<std::size_t>(c.n_layers),
+                                       std::vector<float>(std::size_t(P) * heads, 0.0f));
+  std::vector<float> got;
+  constexpr int kRows = 64;  // forward_chunk rows per call
+  for (int c0 = std::min(1, P - 1); c0 < P; c0 += rchunk) {
+    const int c1 = std::min(P, c0 + rchunk);
+    std::vector<int> feed(prompt);
+    feed.insert(feed.end(), win_tokens.begin() + c0, win_tokens.begin() + c1);
+    AttnSequence fork(seq, fork_id, KVC_OBSERVE_MAX);
+    const int n_feed = static_cast<int>(feed.size());
+    for (int i = 0; i < n_feed; i += kRows)
+      transformer.forward_chunk(fork, &feed[static_cast<std::size_t>(i)],
+                                std::min(kRows, n_feed - i), P + i);
+    const std::uint64_t held = static_cast<std::uint64_t>(P + n_feed);
+    got.resize(held * heads);
+    for (int layer = 0; layer < c.n_layers; ++layer) {
+      check_kvc(kvc_seq_scores(fork.pool(), fork.id(), static_cast<std::uint32_t>(layer),
+                               got.data(), held),
+                "kvc_seq_scores");
+      std::vector<float> &b = best[static_cast<std::size_t>(layer)];
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = std::max(b[i], got[i]);
+    }
+  }
+  for (int layer = 0; layer < c.n_layers; ++layer)
+    check_kvc(kvc_seq_observe_scores(seq.pool(), seq.id(), static_cast<std::uint32_t>(layer),
+                                     best[static_cast<std::size_t>(layer)].data(),
+                                     static_cast<std::uint64_t>(P), 0),
+              "kvc_seq_observe_scores");
+}
+
 /// The rows of the run: row 0 is always the dense f32 reference; each listed
 /// strategy follows once (f32 reuses row 0, a repeated spec its first row).
 struct StrategyRows {
@@ -206,13 +249,24 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
   const std::int64_t total_positions = static_cast<std::int64_t>(n_rows + (opt.overhead ? 1 : 0)) *
                                        (in.to_score + static_cast<std::int64_t>(windows.size()));
 
+  // KVzip rows: the repeat instruction of the reconstruction passes, and room
+  // for its positions (past the prefill) and a fork in their pools.
+  const std::vector<int> repeat_prompt =
+      in.tokenizer.encode("\n\nRepeat the previous context exactly.\n", false, false);
+  int max_positions = ctx;
+  for (const Strategy &s : rows)
+    if (s.reconstruct)
+      max_positions = std::max<int>(
+          max_positions, ctx + static_cast<int>(repeat_prompt.size() + s.recon_chunk) + 1);
+
   auto worker = [&](int) {
     try {
-      Transformer transformer(model, ctx);
+      Transformer transformer(model, max_positions);
       std::vector<std::unique_ptr<KvPool>> pools;
       for (const Strategy &s : rows) {
         const kvc_runner::PoolSettings ps = pool_settings(s);
-        pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx)));
+        pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx),
+                                                 s.reconstruct ? 2u : 1u));
       }
       std::unique_ptr<ArrayCache> array_cache;
       if (opt.overhead) array_cache = std::make_unique<ArrayCache>(c);
@@ -261,6 +315,10 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
               const int boundary = seq.prefill_boundary();
               if (boundary > pos && boundary < pos + chunk_len) chunk_len = boundary - pos;
               const double t0 = thread_cpu_seconds();
+              if (rows[r].reconstruct && pos == boundary && pos > 0)  // counted in ms/token
+                reconstruct_context(transformer, seq, c, win_tokens, repeat_prompt,
+                                    static_cast<int>(rows[r].recon_chunk),
+                                    (std::uint64_t(1) << 40) + w);
               chunk_logits =
                   chunk_len == 1 && chunk == 1
                       ? transformer.forward(seq, win_tokens[static_cast<std::size_t>(pos)], pos)

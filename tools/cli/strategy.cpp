@@ -139,6 +139,14 @@ const std::vector<Component> &registry() {
        "prefill=0.5; stream: the stream protocol's cap, queries of every step)",
        KVC_DTYPE_F32,
        {"budget", "tokens", "prefill", "stream", "future", "sinks"}},
+      {"kvzip",
+       Kind::Policy,
+       "KVzip (arXiv 2505.23416, kvpress KVzipPress): keep the tokens that get the largest "
+       "attention (max over queries and heads) while the model reconstructs the prefill from the "
+       "cache: a repeat prompt and the context again, chunk=N context tokens per pass (default "
+       "128) on a fork of the sequence; query-agnostic (prefill-compress protocol, prefill=0.5)",
+       KVC_DTYPE_F32,
+       {"budget", "prefill", "chunk"}},
       {"pyramidkv",
        Kind::Policy,
        "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
@@ -358,6 +366,11 @@ void resolve_policy(Strategy &st, const std::string &where) {
         st.pooling = KVC_POOLING_AVG;
       else
         throw RunnerError(where + "pool must be max or avg");
+    } else if (key == "chunk") {
+      const double c = number(where, key, value, 1, 1 << 16);
+      if (c != std::floor(c))
+        throw RunnerError(where + "parameter chunk=" + value + " must be a whole number");
+      st.recon_chunk = static_cast<std::uint32_t>(c);
     } else if (key == "prefill")
       st.prefill_fraction = number(where, key, value, 0.01, 0.99);
     else if (key == "schedule") {
@@ -409,6 +422,11 @@ void resolve_policy(Strategy &st, const std::string &where) {
       st.observe = KVC_OBSERVE_QUERIES;
       st.obs_window = 1u << 30;  // every prefill query feeds the statistics
     }
+  } else if (name == "kvzip") {
+    st.policy_kind = KVC_POLICY_KVZIP;
+    st.observe = KVC_OBSERVE_NONE;  // the prefill itself is not observed: the reconstruction is
+    st.reconstruct = true;
+    st.protocol = Strategy::Protocol::PrefillCompress;
   } else if (name == "snapkv" || name == "pyramidkv") {
     st.policy_kind = name == "snapkv" ? KVC_POLICY_SNAPKV : KVC_POLICY_PYRAMIDKV;
     st.observe = KVC_OBSERVE_ACCUMULATE;
@@ -615,6 +633,7 @@ std::vector<std::string> default_strategies() {
           "pyramidkv:budget=0.3",
           "knorm:budget=0.3",
           "expected-attention:budget=0.3",
+          "kvzip:budget=0.3",
           "h2o:budget=0.3+int4:per-token:asym:hadamard",
           "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }

@@ -69,6 +69,11 @@ struct Strategy {
   bool shift_positions = false;   ///< StreamingLLM positions within the cache
   kvc_observe observe = KVC_OBSERVE_NONE;
   std::uint32_t future_positions = 512;  ///< expected-attention: positions the rotation averages
+  /// kvzip: before the compression the runner reconstructs the prefill on a
+  /// fork (a repeat prompt + the context again, chunk by chunk) and records
+  /// each token's largest attention (KVC_OBSERVE_MAX).
+  bool reconstruct = false;
+  std::uint32_t recon_chunk = 128;  ///< kvzip: context tokens per reconstruction pass
 };
 
 /// The pool settings of a strategy (its codecs are pointed to: `s` must outlive them).

@@ -232,6 +232,12 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
   params_.num_q_heads = static_cast<std::uint32_t>(c.n_heads);
 }
 
+AttnSequence::AttnSequence(const AttnSequence &parent, std::uint64_t seq_id, kvc_observe observe)
+    : pool_(parent.pool_), seq_id_(seq_id), params_(parent.params_) {
+  check_kvc(kvc_seq_fork(pool_, parent.seq_id_, seq_id_), "kvc_seq_fork");
+  ev_.observe = observe;
+}
+
 void AttnSequence::register_prefix(const std::vector<int> &prompt) {
   std::vector<std::int32_t> t(prompt.begin(), prompt.end());
   check_kvc(kvc_prefix_insert(pool_, seq_id_, t.data(), t.size(), nullptr, 0, nullptr),

@@ -236,6 +236,13 @@ class AttnSequence {
   /// positions [0, cached_tokens()) are already in the cache.
   AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
                const std::vector<int> &prompt);
+  /// A fork of `parent` (kvc_seq_fork: its blocks shared copy-on-write) as
+  /// sequence `seq_id`, recording `observe` on every attention call and
+  /// evicting nothing; freed on destruction. KVzip's context reconstruction
+  /// (arXiv 2505.23416) runs on such a fork so the parent keeps its tokens.
+  AttnSequence(const AttnSequence &parent, std::uint64_t seq_id, kvc_observe observe);
+  kvc_pool *pool() const { return pool_; }
+  std::uint64_t id() const { return seq_id_; }
   int cached_tokens() const { return cached_; }
   /// Registers the sequence's full blocks of `prompt` in the prefix cache.
   void register_prefix(const std::vector<int> &prompt);
