@@ -196,6 +196,21 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   uint64_t cow_needed = 0;
   std::vector<float> keys, values;    // plugin, knorm, expected-attention input
   std::vector<double> q_mean, q_cov;  // expected attention: future queries' moments
+  // KVzip under a compression ratio: the layers' budgets shared by one
+  // threshold over all of them (a budget_tokens cap stays per layer).
+  std::vector<uint64_t> shared;
+  if (p.kind == PolicyKind::KVzip && !reserve_new && p.budget_tokens == 0) {
+    std::vector<LayerView> views(nl);
+    shared.resize(nl);
+    for (uint32_t li = 0; li < nl; ++li) {
+      const LayerTable &l = s.layers[li];
+      views[li].n = l.n_tokens;
+      views[li].kv_heads = static_cast<uint32_t>(h);
+      views[li].scores = s.track_scores ? l.scores.data() : nullptr;
+      shared[li] = layer_target(p, li, nl, l.n_tokens);
+    }
+    policy::shared_targets(p, views, shared);
+  }
   for (uint32_t li = 0; li < nl; ++li) {
     const LayerTable &l = s.layers[li];
     const uint64_t n = l.n_tokens;
@@ -205,7 +220,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       target = p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1;
       target = std::min(target, layer_target(p, li, nl, n));
     } else {
-      target = layer_target(p, li, nl, n);
+      target = shared.empty() ? layer_target(p, li, nl, n) : shared[li];
     }
     if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
     if (stage_.active)

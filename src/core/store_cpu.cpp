@@ -365,8 +365,7 @@ class CpuStore final : public BlockStore {
                         prefill, of + i * per_seq, lf + i * n_q * p.num_q_heads,
                         p.observe ? l.scores.data() : nullptr,
                         prefill ? p.observe_from : 0,  // decode: the query is always observed
-                        &c_.scores_mu_,
-                        p.observe == 4 /* KVC_OBSERVE_MAX */);
+                        &c_.scores_mu_, p.observe == 4 /* KVC_OBSERVE_MAX */);
     }
     convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
   }

@@ -274,17 +274,48 @@ std::vector<float> head_sum(const LayerView &v) {
   return s;
 }
 
-// Per-token score: the largest over KV heads (KVzip: a token some head needs is kept).
-std::vector<float> head_max(const LayerView &v) {
-  std::vector<float> s(v.n, 0.0f);
-  if (v.scores)
-    for (uint64_t t = 0; t < v.n; ++t)
-      for (uint32_t h = 0; h < v.kv_heads; ++h)
-        s[t] = std::max(s[t], v.scores[t * v.kv_heads + h]);
-  return s;
-}
-
 }  // namespace
+
+void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
+                    std::vector<uint64_t> &targets) {
+  struct Cand {
+    float score;
+    uint32_t layer;
+    uint64_t token;
+  };
+  std::vector<Cand> cand;
+  std::vector<uint64_t> fixed(views.size(), 0);
+  uint64_t free_total = 0;
+  for (size_t li = 0; li < views.size(); ++li) {
+    const LayerView &v = views[li];
+    const uint64_t target = std::min(targets[li], v.n);
+    if (v.n == 0 || target == 0) continue;
+    const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
+    const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
+    const uint64_t lo = std::min(sinks, v.n - recent);
+    fixed[li] = lo + recent;
+    free_total += target - fixed[li];
+    const std::vector<float> s = head_sum(v);
+    for (uint64_t t = lo; t < v.n - recent; ++t)
+      cand.push_back({s[t], static_cast<uint32_t>(li), t});
+  }
+  // The free_total best candidates over all layers (ties: the newer token first, then the
+  // lower layer, so the counts do not depend on the sort).
+  auto better = [](const Cand &a, const Cand &b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.token != b.token) return a.token > b.token;
+    return a.layer < b.layer;
+  };
+  const uint64_t k = std::min<uint64_t>(free_total, cand.size());
+  if (k < cand.size())
+    std::nth_element(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(),
+                     better);
+  std::vector<uint64_t> got(views.size(), 0);
+  for (uint64_t i = 0; i < k; ++i) ++got[cand[i].layer];
+  for (size_t li = 0; li < views.size(); ++li)
+    if (views[li].n)
+      targets[li] = std::min(views[li].n, std::max<uint64_t>(1, fixed[li] + got[li]));
+}
 
 void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
                  std::vector<uint32_t> &keep) {
@@ -306,8 +337,7 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
     }
     case PolicyKind::H2O:
     case PolicyKind::Plugin:
-    case PolicyKind::Knorm:
-    case PolicyKind::KVzip: {
+    case PolicyKind::Knorm: {
       // A protected window of the newest tokens (floor: a window that rounds
       // down to 0 protects nothing), then the highest-scoring older tokens.
       uint64_t recent =
@@ -318,8 +348,6 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       std::vector<float> s;
       if (p.kind == PolicyKind::H2O) {
         s = head_sum(v);
-      } else if (p.kind == PolicyKind::KVzip) {
-        s = head_max(v);
       } else if (p.kind == PolicyKind::Knorm) {
         s = key_norm_scores(v);
         check_finite(s, "knorm");
@@ -360,6 +388,22 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       std::vector<uint32_t> top;
       std::vector<float> tail(s.begin() + static_cast<std::ptrdiff_t>(lo), s.end());
       top_k(tail, tail.size(), target - lo - recent, top);
+      for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
+      for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      break;
+    }
+    case PolicyKind::KVzip: {
+      // Sinks (the first sink_tokens) and the newest recent_tokens stay; the
+      // tokens between are ranked by their scores summed over the KV heads.
+      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
+      const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
+      const uint64_t lo = std::min(sinks, n - recent);
+      const std::vector<float> s = head_sum(v);
+      for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));
+      std::vector<uint32_t> top;
+      std::vector<float> mid(s.begin() + static_cast<std::ptrdiff_t>(lo),
+                             s.begin() + static_cast<std::ptrdiff_t>(n - recent));
+      top_k(mid, mid.size(), target - lo - recent, top);
       for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
       for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
       break;

@@ -20,7 +20,8 @@ enum class PolicyKind : int32_t {
   Plugin = 6,     // scores from a loaded plugin (kvcache_plugin.h) + a recent window
   Knorm = 7,      // smallest key L2 norm, mean over KV heads, + a recent window (arXiv 2406.11430)
   ExpectedAttention = 8,  // attention expected from future queries' statistics (arXiv 2510.00636)
-  KVzip = 9,  // largest attention during context reconstruction, max over KV heads (arXiv 2505.23416)
+  KVzip =
+      9,  // largest attention during context reconstruction, max over KV heads (arXiv 2505.23416)
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
 enum class Schedule : int32_t { Paper = 0, Linear = 1 };
@@ -109,6 +110,15 @@ void future_moments(const QueryStats &st, uint32_t q_heads, uint32_t head_dim, u
 // E[exp(q.k / sqrt(d))] for q ~ N(mu', S')), softmax over the tokens; mean
 // over the query heads of a KV head, times ||v_t|| of that head.
 std::vector<float> expected_attention_scores(const LayerView &v);
+
+// KVzip's budgets shared across layers (kvpress KVzipPress, layerwise=False):
+// `targets` holds each layer's own target (layer_target); the same total is
+// redistributed by one threshold over every layer's ranked tokens (recorded
+// scores summed over the KV heads, tokens between the sinks and the recent
+// window), so a layer whose tokens score higher keeps more. Each layer keeps
+// its sinks and recent window and at least 1 token, at most all of them.
+void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
+                    std::vector<uint64_t> &targets);
 
 // Fills `keep` with the sorted indices of the `target` tokens to keep
 // (target <= n). Deterministic: ties keep the newer token.

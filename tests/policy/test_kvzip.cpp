@@ -23,10 +23,12 @@ using evict_util::Seq;
 
 std::mt19937 g_rng(23);
 
-kvc_policy *kvzip_policy(uint64_t budget, uint32_t recent = 0, double ratio = 0.0) {
+kvc_policy *kvzip_policy(uint64_t budget, uint32_t recent = 0, double ratio = 0.0,
+                         uint32_t sinks = 0) {
   kvc_policy_config c;
   kvc_policy_config_init(&c);
   c.kind = KVC_POLICY_KVZIP;
+  c.sink_tokens = sinks;
   c.budget_tokens = budget;
   c.recent_tokens = recent;
   c.compression_ratio = ratio;
@@ -62,19 +64,21 @@ std::vector<double> max_attention(const Geo &g, const std::vector<float> &q, uin
   return best;
 }
 
-// The kept positions: the newest `recent`, then the highest max-over-heads
-// scores among the rest (ties: the newer token), sorted.
+// The kept positions: the first `sinks`, the newest `recent`, then the highest
+// scores summed over the heads between them (ties: the newer token), sorted.
 std::vector<int32_t> reference_keep(const std::vector<double> &scores, uint64_t n, uint32_t hkv,
-                                    uint64_t target, uint64_t recent) {
-  std::vector<double> s(n, 0.0);
+                                    uint64_t target, uint64_t recent, uint64_t sinks = 0) {
+  std::vector<float> s(n, 0.0f);  // summed in f32, head by head, as the library does
   for (uint64_t t = 0; t < n; ++t)
-    for (uint32_t h = 0; h < hkv; ++h) s[t] = std::max(s[t], scores[t * hkv + h]);
-  std::vector<uint64_t> idx(n - recent);
-  std::iota(idx.begin(), idx.end(), 0);
+    for (uint32_t h = 0; h < hkv; ++h) s[t] += static_cast<float>(scores[t * hkv + h]);
+  std::vector<uint64_t> idx(n - recent - sinks);
+  std::iota(idx.begin(), idx.end(), sinks);
   std::sort(idx.begin(), idx.end(),
             [&](uint64_t a, uint64_t b) { return s[a] > s[b] || (s[a] == s[b] && a > b); });
   std::vector<int32_t> keep;
-  for (uint64_t i = 0; i < target - recent; ++i) keep.push_back(static_cast<int32_t>(idx[i]));
+  for (uint64_t t = 0; t < sinks; ++t) keep.push_back(static_cast<int32_t>(t));
+  for (uint64_t i = 0; i < target - recent - sinks; ++i)
+    keep.push_back(static_cast<int32_t>(idx[i]));
   for (uint64_t t = n - recent; t < n; ++t) keep.push_back(static_cast<int32_t>(t));
   std::sort(keep.begin(), keep.end());
   return keep;
@@ -123,8 +127,9 @@ KVTEST(kvzip_observe_max_matches_reference) {
   kvc_pool_destroy(p);
 }
 
-// Hand-made scores: the kept set is the newest recent_tokens plus the
-// highest maximum over the KV heads (one head's high score keeps a token).
+// Hand-made scores: the kept set is the first sink_tokens, the newest
+// recent_tokens and the highest sums over the KV heads between them (one
+// head's high score keeps a token); a budget_tokens cap is per layer.
 KVTEST(kvzip_exact_kept_set) {
   Geo g;
   g.layers = 2;
@@ -142,13 +147,13 @@ KVTEST(kvzip_exact_kept_set) {
   }
   for (uint32_t l = 0; l < g.layers; ++l)
     CHECK_OK(kvc_seq_observe_scores(p, 1, l, sc.data(), n, 0));
-  const std::vector<int32_t> want = reference_keep(scd, n, g.hkv, 12, 3);
-  kvc_policy *pol = kvzip_policy(12, 3);
+  const std::vector<int32_t> want = reference_keep(scd, n, g.hkv, 12, 3, 2);
+  kvc_policy *pol = kvzip_policy(12, 3, 0.0, 2);
   CHECK_OK(kvc_evict(p, 1, pol, nullptr));
   CHECK(positions(p, 1, 0) == want && want.size() == 12);
   CHECK(positions(p, 1, 1) == want);
   // every token with a 0.2 on head 1 (t = 3, 8, 13, 18, 23) is kept
-  for (int32_t t : {3, 8, 13, 18, 23})
+  for (int32_t t : {0, 1, 3, 8, 13, 18, 23})
     CHECK(std::find(want.begin(), want.end(), t) != want.end());
   CHECK(kvc::api::core_pool(p).check_invariants().empty());
   kvc_policy_destroy(pol);
@@ -199,8 +204,8 @@ KVTEST(kvzip_fork_reconstruction) {
   for (uint64_t r = 0; r < m; ++r) vis[r] = n + r + 1;
   std::vector<double> want_sc = max_attention(g, q, m, all, n + m, vis);
   want_sc.resize(n * g.hkv);
-  const std::vector<int32_t> want = reference_keep(want_sc, n, g.hkv, 14, 2);
-  kvc_policy *pol = kvzip_policy(14, 2);
+  const std::vector<int32_t> want = reference_keep(want_sc, n, g.hkv, 14, 2, 4);
+  kvc_policy *pol = kvzip_policy(14, 2, 0.0, 4);
   CHECK_OK(kvc_evict(p, 1, pol, nullptr));
   CHECK(positions(p, 1, 0) == want && want.size() == 14);
   CHECK_OK(kvc_gather(p, 1, 0, 0, 14, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
@@ -212,6 +217,60 @@ KVTEST(kvzip_fork_reconstruction) {
   CHECK_OK(kvc_pool_stats(p, &after));
   CHECK(after.blocks_used < before.blocks_used);  // the fork's blocks and the evicted ones
   CHECK(kvc::api::core_pool(p).check_invariants().empty());
+  kvc_policy_destroy(pol);
+  kvc_pool_destroy(p);
+}
+
+// Under compression_ratio the layers share one threshold: the total kept is
+// the layers' own budgets summed, and a layer whose tokens score higher keeps
+// more; sinks stay in every layer. A budget_tokens cap stays per layer.
+KVTEST(kvzip_shared_layer_budgets) {
+  Geo g;
+  g.layers = 3;
+  kvc_pool *p = make_pool(g);
+  const uint64_t n = 20;
+  evict_util::fill(p, g, g_rng, 1, n);
+  evict_util::fill(p, g, g_rng, 2, n);
+  // Layer l's token t scores (l + 1) x (t + 1) / 1000 on head 0 and 0.001 on head 1, except
+  // layer 0's tokens 5 and 6, which score 0.5 on head 1.
+  std::vector<std::vector<float>> sc(g.layers, std::vector<float>(n * g.hkv));
+  std::vector<std::pair<float, std::pair<uint32_t, uint64_t>>> all;  // (sum, (layer, token))
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    for (uint64_t t = 0; t < n; ++t) {
+      sc[l][t * 2] = static_cast<float>((l + 1) * (t + 1)) / 1000.0f;
+      sc[l][t * 2 + 1] = (l == 0 && (t == 5 || t == 6)) ? 0.5f : 0.001f;
+      if (t >= 2) all.push_back({sc[l][t * 2] + sc[l][t * 2 + 1], {l, t}});
+    }
+    CHECK_OK(kvc_seq_observe_scores(p, 1, l, sc[l].data(), n, 0));
+    CHECK_OK(kvc_seq_observe_scores(p, 2, l, sc[l].data(), n, 0));
+  }
+  // ratio 0.6: each layer's own budget is floor(20 x 0.4) = 8, 24 in all; 2 sinks per layer, so
+  // 18 free places go to the best of the 54 ranked (layer, token) pairs.
+  std::sort(all.begin(), all.end(), [](const auto &a, const auto &b) {
+    return a.first > b.first || (a.first == b.first && a.second.second > b.second.second);
+  });
+  std::vector<std::vector<int32_t>> want(g.layers, std::vector<int32_t>{0, 1});
+  for (size_t i = 0; i < 18; ++i)
+    want[all[i].second.first].push_back(static_cast<int32_t>(all[i].second.second));
+  for (auto &w : want) std::sort(w.begin(), w.end());
+  kvc_policy *pol = kvzip_policy(0, 0, 0.6, 2);
+  std::vector<uint64_t> dropped(g.layers);
+  CHECK_OK(kvc_evict(p, 1, pol, dropped.data()));
+  uint64_t total = 0;
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    CHECKF(positions(p, 1, l) == want[l], "layer %u", l);
+    total += positions(p, 1, l).size();
+  }
+  CHECK(total == 24);
+  CHECK(positions(p, 1, 2).size() > positions(p, 1, 1).size());      // the higher-scoring layer
+  CHECK(want[0].size() == 4 && want[0][2] == 5 && want[0][3] == 6);  // layer 0: sinks + 5, 6
+  CHECK(dropped[0] == 16 && dropped[2] == n - want[2].size());
+  // budget_tokens: 8 per layer whatever the scores.
+  kvc_policy *cap = kvzip_policy(8, 0, 0.0, 2);
+  CHECK_OK(kvc_evict(p, 2, cap, nullptr));
+  for (uint32_t l = 0; l < g.layers; ++l) CHECK(positions(p, 2, l).size() == 8);
+  CHECK(kvc::api::core_pool(p).check_invariants().empty());
+  kvc_policy_destroy(cap);
   kvc_policy_destroy(pol);
   kvc_pool_destroy(p);
 }

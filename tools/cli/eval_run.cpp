@@ -88,16 +88,26 @@ void progress_bar(std::int64_t done, std::int64_t total, double elapsed) {
   std::fflush(stderr);
 }
 
+/// The repeat instructions of KVzip's reconstruction passes: the first
+/// chunk's, and the later chunks' (followed by the previous chunk's last
+/// kRepeatOverlap tokens), as the KVzip paper and kvpress word them.
+struct RepeatPrompts {
+  std::vector<int> first, next;
+};
+constexpr int kRepeatOverlap = 8;
+
 /// KVzip's context reconstruction (arXiv 2505.23416) for the prefill of `seq`
 /// (positions [0, P), P = seq.prefill_boundary()): the context tokens
-/// 1..P-1 are fed again after `prompt` (a repeat instruction), `rchunk` of them
-/// per pass, each pass on a fresh fork of `seq` (its blocks shared) whose
+/// 1..P-1 are fed again after a repeat instruction, `rchunk` of them per
+/// pass, each pass on a fresh fork of `seq` (its blocks shared) whose
 /// attention records every token's largest probability (KVC_OBSERVE_MAX);
 /// the maxima of positions [0, P) over all passes replace `seq`'s recorded
 /// scores (kvc_seq_observe_scores), which KVC_POLICY_KVZIP then ranks.
+/// Unlike kvpress, whose score softmax covers the sinks, the chunk and the
+/// pass's own tokens, ours is the model's attention over the whole fork.
 /// Each pass holds P + |prompt| + rchunk tokens at most; the forks are freed.
 void reconstruct_context(Transformer &transformer, AttnSequence &seq, const ModelConfig &c,
-                         const std::vector<int> &win_tokens, const std::vector<int> &prompt,
+                         const std::vector<int> &win_tokens, const RepeatPrompts &prompts,
                          int rchunk, std::uint64_t fork_id) {
   const int P = seq.prefill_boundary();
   const std::size_t heads = static_cast<std::size_t>(c.n_kv_heads);
@@ -107,7 +117,10 @@ void reconstruct_context(Transformer &transformer, AttnSequence &seq, const Mode
   constexpr int kRows = 64;  // forward_chunk rows per call
   for (int c0 = std::min(1, P - 1); c0 < P; c0 += rchunk) {
     const int c1 = std::min(P, c0 + rchunk);
-    std::vector<int> feed(prompt);
+    std::vector<int> feed(c0 <= 1 ? prompts.first : prompts.next);
+    if (c0 > 1)  // "..., starting with" the previous chunk's last tokens
+      feed.insert(feed.end(), win_tokens.begin() + std::max(1, c0 - kRepeatOverlap),
+                  win_tokens.begin() + c0);
     feed.insert(feed.end(), win_tokens.begin() + c0, win_tokens.begin() + c1);
     AttnSequence fork(seq, fork_id, KVC_OBSERVE_MAX);
     const int n_feed = static_cast<int>(feed.size());
@@ -251,13 +264,18 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
 
   // KVzip rows: the repeat instruction of the reconstruction passes, and room
   // for its positions (past the prefill) and a fork in their pools.
-  const std::vector<int> repeat_prompt =
-      in.tokenizer.encode("\n\nRepeat the previous context exactly.\n", false, false);
+  RepeatPrompts repeat;
+  repeat.first = in.tokenizer.encode("\n\nRepeat the previous context exactly.", false, false);
+  repeat.next = in.tokenizer.encode(
+      "\n\nRepeat the part of the previous context exactly, starting with", false, false);
   int max_positions = ctx;
   for (const Strategy &s : rows)
     if (s.reconstruct)
       max_positions = std::max<int>(
-          max_positions, ctx + static_cast<int>(repeat_prompt.size() + s.recon_chunk) + 1);
+          max_positions, ctx +
+                             static_cast<int>(std::max(repeat.first.size(), repeat.next.size()) +
+                                              kRepeatOverlap + s.recon_chunk) +
+                             1);
 
   auto worker = [&](int) {
     try {
@@ -316,7 +334,7 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
               if (boundary > pos && boundary < pos + chunk_len) chunk_len = boundary - pos;
               const double t0 = thread_cpu_seconds();
               if (rows[r].reconstruct && pos == boundary && pos > 0)  // counted in ms/token
-                reconstruct_context(transformer, seq, c, win_tokens, repeat_prompt,
+                reconstruct_context(transformer, seq, c, win_tokens, repeat,
                                     static_cast<int>(rows[r].recon_chunk),
                                     (std::uint64_t(1) << 40) + w);
               chunk_logits =

@@ -144,9 +144,10 @@ const std::vector<Component> &registry() {
        "KVzip (arXiv 2505.23416, kvpress KVzipPress): keep the tokens that get the largest "
        "attention (max over queries and heads) while the model reconstructs the prefill from the "
        "cache: a repeat prompt and the context again, chunk=N context tokens per pass (default "
-       "128) on a fork of the sequence; query-agnostic (prefill-compress protocol, prefill=0.5)",
+       "128) on a fork of the sequence; sinks=S first tokens kept (default 4); query-agnostic "
+       "(prefill-compress protocol, prefill=0.5)",
        KVC_DTYPE_F32,
-       {"budget", "prefill", "chunk"}},
+       {"budget", "prefill", "chunk", "sinks"}},
       {"pyramidkv",
        Kind::Policy,
        "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
@@ -629,6 +630,7 @@ std::vector<std::string> default_strategies() {
           "window:budget=0.3",
           "h2o:budget=0.3",
           "tova:budget=0.3",
+          "tova:budget=0.5",
           "snapkv:budget=0.3",
           "pyramidkv:budget=0.3",
           "knorm:budget=0.3",

@@ -3129,6 +3129,14 @@ impl kvc_observe {
     pub const KVC_OBSERVE_QUERIES: kvc_observe = kvc_observe(3);
 }
 impl kvc_observe {
+    #[doc = " Raise each recorded score to this call's probability where that is larger: after any number"]
+    #[doc = " of calls a token's score is the largest attention probability any observed query row and any"]
+    #[doc = " query head of its KV head gave it (KVzip's max-pooling, for ::KVC_POLICY_KVZIP: observe the"]
+    #[doc = " context-reconstruction pass). CPU pools."]
+    #[doc = " @since 0.4"]
+    pub const KVC_OBSERVE_MAX: kvc_observe = kvc_observe(4);
+}
+impl kvc_observe {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_OBSERVE_FORCE_32BIT: kvc_observe = kvc_observe(2147483647);
 }
@@ -3593,6 +3601,26 @@ impl kvc_policy_kind {
     pub const KVC_POLICY_EXPECTED_ATTENTION: kvc_policy_kind = kvc_policy_kind(8);
 }
 impl kvc_policy_kind {
+    #[doc = " KVzip (Kim et al., \"KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction\","]
+    #[doc = " arXiv 2505.23416; kvpress's KVzipPress): a token's importance is the largest attention it"]
+    #[doc = " receives while the model reconstructs the context from the cache. The engine runs that pass"]
+    #[doc = " (a fork of the sequence fed a repeat prompt and the context again, observed with"]
+    #[doc = " ::KVC_OBSERVE_MAX, or its own kernels' maxima given with kvc_seq_observe_scores()); the"]
+    #[doc = " policy keeps the first sink_tokens (attention sinks), the newest recent_tokens and, between"]
+    #[doc = " them, the tokens with the highest score summed over the KV heads (a token-wise pool keeps a"]
+    #[doc = " token for all heads; KVzip itself ranks each head's tokens apart). Under compression_ratio"]
+    #[doc = " (budget_tokens 0) the layers share their budgets as kvpress's KVzipPress does by default:"]
+    #[doc = " the same total, floor(n x (1 - ratio)) per layer summed, is kept by one score threshold over"]
+    #[doc = " every layer's ranked tokens, so layers whose tokens score higher keep more (at least 1 and at"]
+    #[doc = " most all per layer); a budget_tokens cap is per layer. Measured on SmolLM2-135M"]
+    #[doc = " (docs/eval.md): shared budgets cut the mean KL at 50 % kept from 1.5e-2 to 2.6e-3."]
+    #[doc = " Eviction of a sequence with no observed score fails (::KVC_ERR_INVALID_ARGUMENT)."]
+    #[doc = " Query-agnostic: the kept set serves any later question. Cost: the engine's reconstruction"]
+    #[doc = " pass, about the prefill's again; the eviction sorts every layer's tokens at once."]
+    #[doc = " @since 0.4"]
+    pub const KVC_POLICY_KVZIP: kvc_policy_kind = kvc_policy_kind(9);
+}
+impl kvc_policy_kind {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_POLICY_FORCE_32BIT: kvc_policy_kind = kvc_policy_kind(2147483647);
 }
@@ -3663,14 +3691,14 @@ pub struct kvc_policy_config {
     pub struct_size: usize,
     #[doc = "< The family; default ::KVC_POLICY_NONE."]
     pub kind: kvc_policy_kind,
-    #[doc = "< Streaming, expected attention: attention sinks S (default 4)."]
+    #[doc = "< Streaming, expected attention, kvzip: attention sinks S (default 4)."]
     pub sink_tokens: u32,
     #[doc = "< Per-layer cap in tokens; 0 (default) = none."]
     pub budget_tokens: u64,
     #[doc = " Fraction dropped at each kvc_evict(), in [0, 1); 0 (default) = none."]
     pub compression_ratio: f64,
-    #[doc = " Streaming: window W when no budget is set; plugin, knorm, expected attention: protected"]
-    #[doc = " newest tokens. Default 0."]
+    #[doc = " Streaming: window W when no budget is set; plugin, knorm, expected attention, kvzip:"]
+    #[doc = " protected newest tokens. Default 0."]
     pub recent_tokens: u32,
     #[doc = " SnapKV / PyramidKV: observation window (newest tokens, always kept); default 32."]
     pub window: u32,

@@ -26,6 +26,9 @@ c_enum! {
         /// ExpectedAttention: the attention expected from future queries' statistics
         /// (observe them with `Observe::Queries`).
         ExpectedAttention = KVC_POLICY_EXPECTED_ATTENTION,
+        /// KVzip: the largest attention each token gets while the model reconstructs the
+        /// context (observe that pass with `Observe::Max`, or feed its scores).
+        Kvzip = KVC_POLICY_KVZIP,
     }
 }
 

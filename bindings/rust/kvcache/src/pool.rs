@@ -235,6 +235,8 @@ c_enum! {
         Replace = KVC_OBSERVE_REPLACE,
         /// Add the query rows to the sequence's query statistics (ExpectedAttention).
         Queries = KVC_OBSERVE_QUERIES,
+        /// Raise them to this call's where larger: the largest attention (KVzip).
+        Max = KVC_OBSERVE_MAX,
     }
 }
 

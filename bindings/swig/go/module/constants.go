@@ -114,6 +114,7 @@ const (
 	POLICY_PLUGIN             PolicyKind = 6
 	POLICY_KNORM              PolicyKind = 7
 	POLICY_EXPECTED_ATTENTION PolicyKind = 8
+	POLICY_KVZIP              PolicyKind = 9
 )
 
 // Pooling is SnapKV's pooling along the tokens (kvc_pooling).
