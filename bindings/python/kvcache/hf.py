@@ -283,9 +283,10 @@ class PagedCache(Cache):
             (``f32``, ``f16``, ``bf16``, ``int8:per-token``, ``int4:group=32``,
             ``kivi2``, ``k-int4:...+v-int8:...``) and optionally a policy
             (``streaming``, ``window``, ``h2o``, ``tova``, ``snapkv``,
-            ``pyramidkv``, ``knorm``, ``expected-attention``). Policies that read attention or
-            queries (h2o, tova, snapkv, expected-attention,
-            pyramidkv) need ``attn_implementation="kvcache"``. StreamingLLM
+            ``pyramidkv``, ``knorm``, ``expected-attention``, ``kvzip``). Policies that read attention
+            or queries (h2o, tova, snapkv, expected-attention, pyramidkv, kvzip) need
+            ``attn_implementation="kvcache"``; kvzip also needs reconstruct_context() after the
+            prefill. StreamingLLM
             and window keep text positions here (``keep-positions``):
             transformers rotates queries at their text positions.
         block_size: tokens per block (default the strategy's, 16).
@@ -323,7 +324,7 @@ class PagedCache(Cache):
         self.strategy = st.spec
         attn = getattr(config, "_attn_implementation", None)
         self._paged_attention = attn == ATTN_IMPLEMENTATION
-        if st.observe != _native.OBSERVE_NONE and not self._paged_attention:
+        if (st.observe != _native.OBSERVE_NONE or st.reconstruct) and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' reads attention scores or queries; load the model with "
                              "attn_implementation=\"kvcache\" (after import kvcache.hf), not %r" % (st.spec, attn))
         _plain_rope_or_raise(config, st, "PagedCache")
@@ -364,6 +365,7 @@ class PagedCache(Cache):
         self._forward_q = 0  # tokens per row of the current forward (0: between passes)
         self._prefilled = False
         self._evict_pending = False
+        self._reconstructing = False  # kvzip: a reconstruction pass runs on forks (observe max, no eviction)
         self._lock = threading.RLock()
         layers = [PagedLayer(self, i) for i in range(self._layers_n)]
         super().__init__(layers=layers)
@@ -502,9 +504,9 @@ class PagedCache(Cache):
         stream policy, the cap then holds on every reservation (auto_evict)."""
         if not self._evict_pending or self._seqs is None or self._policy is None:
             return
-        self._evict_pending = False
-        for sid in self._seqs:
+        for sid in self._seqs:  # a refusal (kvzip before its reconstruction) leaves it due
             self._pool.evict(sid, self._policy)
+        self._evict_pending = False
         if self._st.protocol == _PROTO_STREAM:
             for sid in self._seqs:
                 self._pool.seq_set_policy(sid, self._policy)
@@ -646,7 +648,9 @@ class PagedCache(Cache):
                 self._pool.append(sid, layer, self._pos0[row], self._rows_kv(key, row, vr),
                                   self._rows_kv(value, row, vr))
         observe = _native.OBSERVE_NONE
-        if st.protocol == _PROTO_STREAM:
+        if self._reconstructing:
+            observe = _native.OBSERVE_MAX
+        elif st.protocol == _PROTO_STREAM:
             observe = st.observe
         elif st.protocol == _PROTO_PREFILL and self._forward_prefill:
             observe = st.observe
@@ -665,7 +669,7 @@ class PagedCache(Cache):
                     continue
                 vr = None if valid is None else valid[row]
                 qr = self._rows_kv(query, row, vr)
-                frm = max(0, n - st.obs_window) if st.protocol == _PROTO_PREFILL else 0
+                frm = max(0, n - st.obs_window) if st.protocol == _PROTO_PREFILL and not self._reconstructing else 0
                 o = self._pool.attention_prefill(layer, sid, qr, scale=scale, observe=observe, observe_from=frm,
                                                  num_threads=1 if observe else self._threads)
                 if vr is None:
@@ -674,6 +678,99 @@ class PagedCache(Cache):
                     result[row, vr] = o
         self._end_forward(layer)
         return result
+
+    # ------------------------------------------------------------- kvzip
+    def reconstruct_context(self, model, input_ids, tokenizer=None, *, repeat_ids=None, next_repeat_ids=None,
+                            chunk=None):
+        """KVzip's context reconstruction (arXiv 2505.23416) for a ``kvzip`` strategy: call it once after
+        the prefill forward pass and before the next one. Each chunk of the context is fed again after a
+        repeat instruction, on forks of the rows (their blocks shared copy-on-write), with the kvcache
+        attention recording every cached token's largest attention (``OBSERVE_MAX``); the maxima of the
+        prefill's tokens become the rows' scores, which the eviction at the next forward pass ranks
+        (``POLICY_KVZIP``). The forks are freed; the rows' K/V are untouched. Cost: about a second
+        prefill (each pass holds the prefill + one chunk + the instruction).
+
+        Args:
+            model: the model this cache belongs to (``attn_implementation="kvcache"``).
+            input_ids: the prefill's tokens, ``[batch, P]`` (or ``[P]``), P the rows' length.
+            tokenizer: encodes the instructions (kvpress's wording: "Repeat the previous context
+                exactly." and, for later chunks, "Repeat the part of the previous context exactly,
+                starting with" + the previous chunk's last 8 tokens); or give repeat_ids /
+                next_repeat_ids (token lists).
+            chunk: context tokens per pass (default the strategy's ``chunk``, 128).
+
+        Raises ValueError when the strategy is not kvzip, the call is not between the prefill and the
+        next pass, or input_ids do not match the rows; kvcache.KvcError for the library's refusals
+        (a fixed-size pool too small for the forks). On failure the forks are freed and nothing of
+        the rows changed."""
+        st = self._st
+        if not st.reconstruct:
+            raise ValueError("reconstruct_context: strategy '%s' is not kvzip" % st.spec)
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if tokenizer is not None:
+            repeat_ids = tokenizer.encode("\n\nRepeat the previous context exactly.", add_special_tokens=False)
+            next_repeat_ids = tokenizer.encode("\n\nRepeat the part of the previous context exactly, starting "
+                                               "with", add_special_tokens=False)
+        if repeat_ids is None:
+            raise ValueError("reconstruct_context: give a tokenizer or repeat_ids")
+        first = torch.as_tensor(list(repeat_ids), dtype=torch.long)
+        later = first if next_repeat_ids is None else torch.as_tensor(list(next_repeat_ids), dtype=torch.long)
+        chunk = int(chunk or st.recon_chunk)
+        if chunk <= 0:
+            raise ValueError("reconstruct_context: chunk must be positive, got %r" % chunk)
+        overlap = 8
+        with self._lock:
+            if self._seqs is None or not self._evict_pending or self._forward_q:
+                raise ValueError("reconstruct_context: call it after the prefill forward pass and before the next")
+            rows = list(self._seqs)
+            P = self._pool.seq_length(rows[0])
+            if ids.dim() != 2 or ids.shape[0] != len(rows) or ids.shape[1] != P or \
+                    any(self._pool.seq_length(s) != P for s in rows):
+                raise ValueError("reconstruct_context: input_ids of shape %s, expected [%d, %d] (the prefill)"
+                                 % (tuple(ids.shape), len(rows), P))
+            best = [[_np.zeros((P, self._hk), dtype=_np.float32) for _ in range(self._layers_n)] for _ in rows]
+            longest = max(len(first), len(later) + overlap) + chunk
+            # room for the forks first: a pool that grows moves only the rows it knows
+            need = len(rows) * self._layers_n * (-(-longest // self._block_size) + 1)
+            if self._pool.stats().blocks_free < need:
+                self._grow(need)
+            self._evict_pending = False
+            try:
+                for c0 in range(min(1, P - 1), P, chunk):
+                    c1 = min(P, c0 + chunk)
+                    if c0 <= 1:
+                        feed = torch.cat([first[None].expand(len(rows), -1), ids[:, c0:c1]], dim=1)
+                    else:
+                        feed = torch.cat([later[None].expand(len(rows), -1), ids[:, max(1, c0 - overlap):c1]],
+                                         dim=1)
+                    forks = []
+                    try:
+                        for sid in rows:
+                            f = self._new_id()
+                            self._pool.seq_fork(sid, f)
+                            forks.append(f)
+                        self._seqs = forks
+                        self._reconstructing = True
+                        with torch.no_grad():
+                            model(input_ids=feed, past_key_values=self, use_cache=True)
+                        for i, f in enumerate(forks):
+                            for layer in range(self._layers_n):
+                                sc = _np.asarray(self._pool.scores(f, layer))[:P]
+                                _np.maximum(best[i][layer], sc, out=best[i][layer])
+                    finally:
+                        self._reconstructing = False
+                        self._seqs = rows
+                        for f in forks:
+                            self._pool.seq_free(f)
+                        self._version += 1
+                for i, sid in enumerate(rows):
+                    for layer in range(self._layers_n):
+                        self._pool.observe_scores(sid, layer, best[i][layer], accumulate=False)
+            finally:
+                self._evict_pending = True
+                self._forward_q = 0
 
     # ----------------------------------------------------------- kvpress
     def _assign_subset(self, layer, new_k, new_v, dense):

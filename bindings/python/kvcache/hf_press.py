@@ -59,6 +59,10 @@ class KvcPress:
         if len(self.strategy.split("+")) > 1:  # one policy part; any other part is a codec
             raise ValueError("KvcPress: strategy '%s' names a codec; a press selects tokens only (give the "
                              "codec to the PagedCache)" % st.spec)
+        if st.reconstruct:
+            raise ValueError("KvcPress: strategy '%s' scores tokens by a context-reconstruction pass of the "
+                             "whole model, which a per-layer press cannot run: use kvcache.hf.PagedCache "
+                             "with it and call reconstruct_context() after the prefill" % st.spec)
         self._st = st
         self.compression_ratio = 1.0 - st.budget
 

@@ -172,3 +172,84 @@ def test_expected_attention_matches_a_torch_reference(paged):
         pos = list(cache.pool.positions(cache._seqs[0], layer, 0, keep + 2))
         assert pos[:keep] == want, (layer, sorted(set(pos[:keep]) ^ set(want)))
         assert pos[keep:] == [n, n + 1]
+
+
+def _kvzip_prefill(model, tok, spec="kvzip:budget=0.5+f32", tokens=96):
+    inputs = hfmodel.prompts(tok, n=1, tokens=tokens)[0]
+    cache = kh.PagedCache(model.config, spec)
+    with torch.no_grad():
+        model(input_ids=inputs["input_ids"], past_key_values=cache, use_cache=True)
+    return inputs["input_ids"], cache
+
+
+def test_kvzip_reconstruction_matches_eager_attention(paged):
+    """kvzip: reconstruct_context records, per layer, token and KV head, the largest attention any
+    reconstruction query of the head's group gives a prefill token: the probabilities of transformers'
+    own eager attention over prompt + instruction + context (output_attentions). The next pass evicts
+    to the layers' shared total (48 of 96 per layer on average), by one threshold over every layer's
+    recorded scores summed over the KV heads, the 4 sinks kept in each layer."""
+    model, tok = paged
+    eager, _ = hfmodel.load("eager")
+    cfg = model.config
+    hq, hk, layers = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers
+    ids, cache = _kvzip_prefill(model, tok)
+    n = ids.shape[1]
+    cache.reconstruct_context(model, ids, tok)
+    rep = tok.encode("\n\nRepeat the previous context exactly.", add_special_tokens=False)
+    full = torch.cat([ids, torch.tensor([rep]), ids[:, 1:]], dim=1)
+    with torch.no_grad():
+        att = eager(input_ids=full, output_attentions=True).attentions
+    sid = cache._seqs[0]
+    got = [torch.as_tensor(cache.pool.scores(sid, layer)) for layer in range(layers)]
+    for layer in (0, 13, 29):
+        a = att[layer][0, :, n:, :n].double()  # [hq, rows, n]: the reconstruction's queries
+        want = a.amax(dim=1).view(hk, hq // hk, n).amax(dim=1).T  # [n, hk]
+        assert got[layer].shape == (n, hk)
+        assert torch.allclose(got[layer].double(), want, atol=1e-4), \
+            (layer, float((got[layer].double() - want).abs().max()))
+    assert all(cache.pool.layer_tokens(sid, layer) == n for layer in range(layers))  # nothing evicted yet
+    # The shared threshold over the recorded scores (f32 sums over the heads, ties: the newer token).
+    cand = [(float(got[layer][t].sum()), t, -layer) for layer in range(layers) for t in range(4, n)]
+    cand.sort(reverse=True)
+    keep = {layer: set(range(4)) for layer in range(layers)}
+    for _, t, neg in cand[:layers * (n // 2) - 4 * layers]:
+        keep[-neg].add(t)
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[ids[0, -1].item()]]), past_key_values=cache, use_cache=True)
+    for layer in range(layers):
+        m = cache.pool.layer_tokens(sid, layer)
+        pos = list(cache.pool.positions(sid, layer, 0, m))
+        assert pos == sorted(keep[layer]) + [n], (layer, sorted(set(pos[:-1]) ^ keep[layer]))
+    assert sum(len(k) for k in keep.values()) == layers * (n // 2)
+
+
+def test_kvzip_refusals(paged, sdpa):
+    """kvzip without its reconstruction: the eviction the next pass runs is refused (the library's
+    message) and stays due; reconstruct_context refuses another strategy, a call before the prefill
+    or after the next pass, and input_ids that are not the prefill; sdpa models are refused."""
+    model, tok = paged
+    ids, cache = _kvzip_prefill(model, tok, tokens=40)
+    step = torch.tensor([[ids[0, -1].item()]])
+    for _ in range(2):
+        with pytest.raises(kh.KvcError, match="reconstruction"):
+            with torch.no_grad():
+                model(input_ids=step, past_key_values=cache, use_cache=True)
+        assert cache.pool.layer_tokens(cache._seqs[0], 0) == 40
+    with pytest.raises(ValueError, match=r"expected \[1, 40\]"):
+        cache.reconstruct_context(model, ids[:, :39], tok)
+    with pytest.raises(ValueError, match="tokenizer or repeat_ids"):
+        cache.reconstruct_context(model, ids)
+    cache.reconstruct_context(model, ids, repeat_ids=[1, 2, 3], chunk=16)  # now it evicts
+    with torch.no_grad():
+        model(input_ids=step, past_key_values=cache, use_cache=True)
+    assert cache.pool.layer_tokens(cache._seqs[0], 0) < 40
+    with pytest.raises(ValueError, match="after the prefill"):
+        cache.reconstruct_context(model, ids, tok)
+    fresh = kh.PagedCache(model.config, "kvzip:budget=0.5+f32")
+    with pytest.raises(ValueError, match="after the prefill"):
+        fresh.reconstruct_context(model, ids, tok)
+    other = kh.PagedCache(model.config, "snapkv:budget=0.5+f32")
+    with pytest.raises(ValueError, match="not kvzip"):
+        other.reconstruct_context(model, ids, tok)
+    with pytest.raises(ValueError, match="kvcache"):
+        kh.PagedCache(sdpa[0].config, "kvzip:budget=0.5")

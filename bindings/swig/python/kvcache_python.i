@@ -293,6 +293,8 @@ struct kvc_py_strategy {
   bool shift_positions = false;
   int observe = KVC_OBSERVE_NONE;
   uint32_t future_positions = 512; /* expected-attention */
+  bool reconstruct = false;        /* kvzip: the context-reconstruction pass runs before the eviction */
+  uint32_t recon_chunk = 128;      /* kvzip: context tokens per reconstruction pass */
 };
 
 /** Parses one strategy spec with `kvcache eval`'s parser; raises ERR_INVALID_ARGUMENT naming what is wrong. */
@@ -329,6 +331,8 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.shift_positions = s.shift_positions;
     r.observe = s.observe;
     r.future_positions = s.future_positions;
+    r.reconstruct = s.reconstruct;
+    r.recon_chunk = s.recon_chunk;
   } catch (const std::exception &e) {
     kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, e.what());
   }
