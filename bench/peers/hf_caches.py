@@ -89,7 +89,7 @@ OURS_DEFAULT_STREAM = ["f16", "int8:per-token", "kivi4:group=16:residual=32", "k
                        "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
                        "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range"]
 OURS_DEFAULT_PREFILL = ["snapkv:budget={b}+f32", "pyramidkv:budget={b}+f32", "expected-attention:budget={b}+f32",
-                        "knorm:budget={b}+f32"]
+                        "knorm:budget={b}+f32", "kvzip:budget={b}+f32"]
 OURS_DEFAULT_STREAM_POLICIES = ["h2o:budget={b}+f32", "tova:budget={b}+f32", "streaming:budget={b}+f32",
                                 "expected-attention:budget={b}:stream+f32"]
 OURS_PRESS_DEFAULT = ["h2o:budget={b}", "tova:budget={b}", "streaming:budget={b}", "expected-attention:budget={b}"]
@@ -320,6 +320,7 @@ def ours_row(name, prefill_fraction):
     # Policies read attention through our kernels (h2o, tova, snapkv, pyramidkv need their scores);
     # every policy row runs on them, so that all policy rows share one attention implementation.
     row.paged_attention = st.protocol != kh._PROTO_NONE
+    row.reconstruct = bool(st.reconstruct)  # kvzip: PagedCache.reconstruct_context after the prefill
     return row
 
 
@@ -340,8 +341,9 @@ def attention_layers(model):
     return [layer.self_attn for layer in base.layers]
 
 
-def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on_step):
-    """Logits [positions, vocab] (float32) of one window under the protocol; seconds of forward passes.
+def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on_step, after_prefill=None):
+    """Logits [positions, vocab] (float32) of one window under the protocol; seconds of forward passes
+    (and of after_prefill(), run after a prefill-compress prefill: KVzip's reconstruction pass).
     on_step() runs after every forward pass and, in the prefill, after every attention layer (before
     a press compresses that layer: its hook is registered after ours), so the peak sees the
     uncompressed prefill."""
@@ -361,6 +363,10 @@ def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on
             for h in hooks:
                 h.remove()
         on_step()
+        if after_prefill is not None:
+            t0 = time.perf_counter()
+            after_prefill()
+            seconds += time.perf_counter() - t0
         pos = prefill
     elif press is not None:  # a decoding-time press: active for every pass
         ctx = press(model)
@@ -408,7 +414,8 @@ def measure(args):
 
     torch.set_num_threads(args.threads)
     models = {"sdpa": hfmodel.load("sdpa")[0]}
-    all_ids = text_token_ids(args.text, hfmodel.load("sdpa")[1])
+    tok = hfmodel.load("sdpa")[1]
+    all_ids = text_token_ids(args.text, tok)
     windows, n_scored = windows_of(len(all_ids), args.ctx, args.max_tokens)
     used_ids = all_ids[:1 + n_scored]
     have = {}
@@ -561,7 +568,12 @@ def measure(args):
                 def on_step(r=r, cache=cache):
                     b, _, _ = r.held(cache, n_layers)
                     r.peak = max(r.peak, b)
-                logits, secs = run_window(m, feed, cache, press, proto, args.chunk, prefill, cache_kw, on_step)
+                recon = None
+                if getattr(r, "reconstruct", False):
+                    def recon(m=m, cache=cache, ids=feed[:, :prefill]):
+                        cache.reconstruct_context(m, ids, tok)
+                logits, secs = run_window(m, feed, cache, press, proto, args.chunk, prefill, cache_kw, on_step,
+                                          recon)
                 lp = log_softmax(logits[:scored])
                 r.nll -= float(lp[torch.arange(scored), targets].sum())
                 if ref_logp is None:

@@ -754,7 +754,8 @@ class PagedCache(Cache):
                         self._seqs = forks
                         self._reconstructing = True
                         with torch.no_grad():
-                            model(input_ids=feed, past_key_values=self, use_cache=True)
+                            model(input_ids=feed, use_cache=True,
+                                  **{"cache" if _NEW_CACHE_API else "past_key_values": self})
                         for i, f in enumerate(forks):
                             for layer in range(self._layers_n):
                                 sc = _np.asarray(self._pool.scores(f, layer))[:P]
