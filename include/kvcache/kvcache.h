@@ -1776,9 +1776,11 @@ typedef enum kvc_policy_kind {
    * (budget_tokens 0) the layers share their budgets as kvpress's KVzipPress does by default:
    * the same total, floor(n x (1 - ratio)) per layer summed, is kept by one score threshold over
    * every layer's ranked tokens, so layers whose tokens score higher keep more (at least 1 and at
-   * most all per layer); a budget_tokens cap is per layer. Measured on SmolLM2-135M
+   * most all per layer); with budget_tokens set, budgets are not shared. Measured on SmolLM2-135M
    * (docs/eval.md): shared budgets cut the mean KL at 50 % kept from 1.5e-2 to 2.6e-3.
-   * Eviction of a sequence with no observed score fails (::KVC_ERR_INVALID_ARGUMENT).
+   * Eviction of a sequence with no observed score fails (::KVC_ERR_INVALID_ARGUMENT). A fork
+   * copies its parent's scores: when the parent recorded any, zero the fork's first
+   * (kvc_seq_observe_scores with zeros, accumulate 0), or the maxima include them.
    * Query-agnostic: the kept set serves any later question. Cost: the engine's reconstruction
    * pass, about the prefill's again; the eviction sorts every layer's tokens at once.
    * @since 0.4

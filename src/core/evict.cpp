@@ -197,9 +197,15 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   std::vector<float> keys, values;    // plugin, knorm, expected-attention input
   std::vector<double> q_mean, q_cov;  // expected attention: future queries' moments
   // KVzip under a compression ratio: the layers' budgets shared by one
-  // threshold over all of them (a budget_tokens cap stays per layer).
+  // threshold over all of them (with budget_tokens set, budgets stay per layer).
+  if (p.kind == PolicyKind::KVzip && !s.track_scores)
+    fail(Errc::InvalidArgument,
+         "kvzip needs the attention scores of sequence " + u64s(id) +
+             ": observe the context-reconstruction pass first (KVC_OBSERVE_MAX on a fork of "
+             "the sequence, then kvc_seq_observe_scores)");
   std::vector<uint64_t> shared;
-  if (p.kind == PolicyKind::KVzip && !reserve_new && p.budget_tokens == 0) {
+  if (p.kind == PolicyKind::KVzip && !reserve_new && p.budget_tokens == 0 &&
+      p.compression_ratio > 0.0) {
     std::vector<LayerView> views(nl);
     shared.resize(nl);
     for (uint32_t li = 0; li < nl; ++li) {
@@ -236,11 +242,6 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
     v.num_layers = nl;
     v.scores = s.track_scores ? l.scores.data() : nullptr;
     std::vector<int32_t> pos;
-    if (p.kind == PolicyKind::KVzip && !s.track_scores)
-      fail(Errc::InvalidArgument,
-           "kvzip needs the attention scores of sequence " + u64s(id) +
-               ": observe the context-reconstruction pass first (KVC_OBSERVE_MAX on a fork of "
-               "the sequence, then kvc_seq_observe_scores)");
     if (p.kind == PolicyKind::ExpectedAttention) {
       if (l.qstats.count == 0)
         fail(Errc::InvalidArgument,

@@ -20,8 +20,9 @@ enum class PolicyKind : int32_t {
   Plugin = 6,     // scores from a loaded plugin (kvcache_plugin.h) + a recent window
   Knorm = 7,      // smallest key L2 norm, mean over KV heads, + a recent window (arXiv 2406.11430)
   ExpectedAttention = 8,  // attention expected from future queries' statistics (arXiv 2510.00636)
-  KVzip =
-      9,  // largest attention during context reconstruction, max over KV heads (arXiv 2505.23416)
+  // KVzip: the largest attention during context reconstruction, summed over KV heads
+  // (arXiv 2505.23416)
+  KVzip = 9,
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
 enum class Schedule : int32_t { Paper = 0, Linear = 1 };

@@ -265,6 +265,25 @@ KVTEST(kvzip_shared_layer_budgets) {
   CHECK(positions(p, 1, 2).size() > positions(p, 1, 1).size());      // the higher-scoring layer
   CHECK(want[0].size() == 4 && want[0][2] == 5 && want[0][3] == 6);  // layer 0: sinks + 5, 6
   CHECK(dropped[0] == 16 && dropped[2] == n - want[2].size());
+  // recent_tokens 3 and sinks 2: both kept in every layer, the 24 places less those 15 shared
+  // by the same threshold over tokens 2..16.
+  const uint64_t id3 = 3;
+  evict_util::fill(p, g, g_rng, id3, n);
+  for (uint32_t l = 0; l < g.layers; ++l)
+    CHECK_OK(kvc_seq_observe_scores(p, id3, l, sc[l].data(), n, 0));
+  std::vector<std::pair<float, std::pair<uint32_t, uint64_t>>> mid;
+  for (const auto &c : all)
+    if (c.second.second < n - 3) mid.push_back(c);
+  std::vector<std::vector<int32_t>> want3(g.layers, std::vector<int32_t>{0, 1, 17, 18, 19});
+  for (size_t i = 0; i < 24 - 15; ++i)
+    want3[mid[i].second.first].push_back(static_cast<int32_t>(mid[i].second.second));
+  kvc_policy *rec = kvzip_policy(0, 3, 0.6, 2);
+  CHECK_OK(kvc_evict(p, id3, rec, nullptr));
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    std::sort(want3[l].begin(), want3[l].end());
+    CHECKF(positions(p, id3, l) == want3[l], "layer %u (recent)", l);
+  }
+  kvc_policy_destroy(rec);
   // budget_tokens: 8 per layer whatever the scores.
   kvc_policy *cap = kvzip_policy(8, 0, 0.0, 2);
   CHECK_OK(kvc_evict(p, 2, cap, nullptr));
@@ -313,6 +332,9 @@ KVTEST(kvzip_bad_input) {
   CHECK_STATUS(kvc_seq_observe_scores(p, 1, 0, sc.data(), n, 0), KVC_ERR_NON_FINITE);
   CHECK_STATUS(kvc_seq_observe_scores(p, 1, 0, sc.data(), n - 1, 0), KVC_ERR_INVALID_ARGUMENT);
   CHECK_STATUS(kvc_evict(p, 1, pol, nullptr), KVC_ERR_INVALID_ARGUMENT);  // still nothing observed
+  kvc_policy *none = kvzip_policy(0);  // nothing to evict: refused all the same
+  CHECK_STATUS(kvc_evict(p, 1, none, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  kvc_policy_destroy(none);
   std::vector<float> k(n * g.hkv * g.hd), v(k.size());
   CHECK_OK(kvc_gather(p, 1, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
   CHECK(k == s.k && v == s.v);

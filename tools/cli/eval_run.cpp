@@ -283,8 +283,10 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
       std::vector<std::unique_ptr<KvPool>> pools;
       for (const Strategy &s : rows) {
         const kvc_runner::PoolSettings ps = pool_settings(s);
-        pools.push_back(std::make_unique<KvPool>(c, ps, static_cast<std::uint32_t>(ctx),
-                                                 s.reconstruct ? 2u : 1u));
+        // kvzip: room for a fork that holds the prefill, a prompt and a chunk (up to max_positions)
+        pools.push_back(std::make_unique<KvPool>(
+            c, ps, static_cast<std::uint32_t>(s.reconstruct ? max_positions : ctx),
+            s.reconstruct ? 2u : 1u));
       }
       std::unique_ptr<ArrayCache> array_cache;
       if (opt.overhead) array_cache = std::make_unique<ArrayCache>(c);

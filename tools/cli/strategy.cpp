@@ -142,9 +142,10 @@ const std::vector<Component> &registry() {
       {"kvzip",
        Kind::Policy,
        "KVzip (arXiv 2505.23416, kvpress KVzipPress): keep the tokens that get the largest "
-       "attention (max over queries and heads) while the model reconstructs the prefill from the "
-       "cache: a repeat prompt and the context again, chunk=N context tokens per pass (default "
-       "128) on a fork of the sequence; sinks=S first tokens kept (default 4); query-agnostic "
+       "attention (max over the queries and each KV head's query heads, summed over KV heads) "
+       "while the model reconstructs the prefill from the cache: a repeat prompt and the context "
+       "again, chunk=N context tokens per pass (default 128) on a fork of the sequence; layers "
+       "share the budget; sinks=S first tokens kept (default 4); query-agnostic "
        "(prefill-compress protocol, prefill=0.5)",
        KVC_DTYPE_F32,
        {"budget", "prefill", "chunk", "sinks"}},

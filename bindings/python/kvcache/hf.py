@@ -365,7 +365,9 @@ class PagedCache(Cache):
         self._forward_q = 0  # tokens per row of the current forward (0: between passes)
         self._prefilled = False
         self._evict_pending = False
+        self._evicted = set()  # rows the due eviction has done (a later row may refuse)
         self._reconstructing = False  # kvzip: a reconstruction pass runs on forks (observe max, no eviction)
+        self._hidden_rows = []  # the rows while a reconstruction pass runs on their forks
         self._lock = threading.RLock()
         layers = [PagedLayer(self, i) for i in range(self._layers_n)]
         super().__init__(layers=layers)
@@ -431,7 +433,7 @@ class PagedCache(Cache):
             return False
         old = self._pool
         total = old.stats().blocks_total
-        records = [(sid, old.save(sid)) for sid in self._seqs]
+        records = [(sid, old.save(sid)) for sid in list(self._seqs) + self._hidden_rows]
         new = self._make_pool(max(2 * total, total + need_blocks))
         for sid, rec in records:
             new.restore(sid, rec)
@@ -505,8 +507,11 @@ class PagedCache(Cache):
         if not self._evict_pending or self._seqs is None or self._policy is None:
             return
         for sid in self._seqs:  # a refusal (kvzip before its reconstruction) leaves it due
-            self._pool.evict(sid, self._policy)
+            if sid not in self._evicted:  # rows evicted before a later row's refusal: not twice
+                self._pool.evict(sid, self._policy)
+                self._evicted.add(sid)
         self._evict_pending = False
+        self._evicted = set()
         if self._st.protocol == _PROTO_STREAM:
             for sid in self._seqs:
                 self._pool.seq_set_policy(sid, self._policy)
@@ -751,6 +756,7 @@ class PagedCache(Cache):
                             f = self._new_id()
                             self._pool.seq_fork(sid, f)
                             forks.append(f)
+                        self._hidden_rows = rows
                         self._seqs = forks
                         self._reconstructing = True
                         with torch.no_grad():
@@ -762,6 +768,7 @@ class PagedCache(Cache):
                                 _np.maximum(best[i][layer], sc, out=best[i][layer])
                     finally:
                         self._reconstructing = False
+                        self._hidden_rows = []
                         self._seqs = rows
                         for f in forks:
                             self._pool.seq_free(f)
