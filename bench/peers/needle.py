@@ -66,7 +66,7 @@ def contexts(ids_text, tok, lengths, depths, seeds):
     return out
 
 
-def answer(model, ctx_ids, question, cache, press, cache_kw, decoding_press=False):
+def answer(model, ctx_ids, question, cache, press, cache_kw, decoding_press=False, after_context=None):
     import torch
 
     def fwd(ids, pos0):
@@ -85,6 +85,8 @@ def answer(model, ctx_ids, question, cache, press, cache_kw, decoding_press=Fals
     with whole:
         with (press(model) if press is not None and not decoding_press else contextlib.nullcontext()):
             fwd(ctx_ids, 0)
+        if after_context is not None:  # KVzip: the reconstruction pass, before the question
+            after_context()
         pos = len(ctx_ids)
         logits = fwd(question, pos)
         pos += len(question)
@@ -147,7 +149,12 @@ def measure(a):
             cache, press = r.make(m, len(ctx_ids))
             if getattr(r, "masks", False):
                 r.masked = lambda m=m: hf_caches.masked_count(m)
-            out = answer(m, ctx_ids, question, cache, press, cache_kw, decoding_press=r.protocol == "stream")
+            recon = None
+            if getattr(r, "reconstruct", False):
+                def recon(m=m, cache=cache, ids=ctx_ids):
+                    cache.reconstruct_context(m, [ids], tok)
+            out = answer(m, ctx_ids, question, cache, press, cache_kw, decoding_press=r.protocol == "stream",
+                         after_context=recon)
             text = tok.decode(out)
             got = re.search(r"\d[\d,]*", text)
             ok = got is not None and int(got.group().replace(",", "")) == number
