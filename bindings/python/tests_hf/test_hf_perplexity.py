@@ -5,8 +5,11 @@ llama.cpp token ids of tests/fixtures/smollm2): the perplexity change of each st
 
 Tolerance (measured 2026-12-02, docs/hf.md): the two sides share the library's codecs but not the
 model's arithmetic (transformers' float32 matmuls and sdpa against our runner's BLAS and kernels).
-Their dense perplexities agree to 1e-4. The f16 and int8 rows agree to 0.05 percentage points plus
-15 % of eval's change (int8: -0.013 % here, -0.047 % in eval).
+Their dense perplexities agree to 1e-4. The f16 row agrees to 0.05 percentage points plus 15 % of
+eval's change, the int8 row to 0.2 points plus 15 %: on one machine -0.013 % here and -0.047 % in
+eval, on another (a new machine, 2026-12-02) +0.064 % and -0.090 %, the same code on both; which
+int8 codes round the other way depends on the last bits of the two passes' K/V, so on the CPU's
+BLAS and SIMD paths.
 
 The 4.25-bit row is not a stable number at 1,024 tokens: one int4 step that rounds the other way
 in an early layer moves the next layers' keys by a whole step, so a different order of float
@@ -105,7 +108,10 @@ def test_perplexity_changes_agree_with_eval():
     for spec, ppl, delta, _, e in rows[:-1]:
         if spec == "f32":
             assert delta == 0.0  # f32 storage: the same logits as DynamicCache, bit for bit
-        assert abs(delta - e) <= 0.05 + 0.15 * abs(e), (spec, delta, e)
+        # int8 codes round the other way where the two forward passes' K/V differ in the last bits,
+        # and which do depends on the CPU's BLAS / SIMD path: 0.2 points for it (module docstring)
+        base = 0.2 if spec.startswith("int8") else 0.05
+        assert abs(delta - e) <= base + 0.15 * abs(e), (spec, delta, e)
     spec, _, delta, _, e = rows[-1]  # the 4.25-bit row (see the module's docstring)
     assert 0.0 < delta < 2.0 and 0.0 < e < 2.0, (spec, delta, e)
     assert abs(delta - e) <= 0.75, (spec, delta, e)
