@@ -16,6 +16,7 @@
 #include <immintrin.h>
 #endif
 
+#include "attention/fused.h"
 #include "common/scratch.h"
 
 namespace kvc::attention {
@@ -162,7 +163,24 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
   float *s_tok = grow(sc.sc, 2 * bs);
   auto vis = [&](uint64_t i) { return prefill ? n - n_q + i + 1 : n; };
   const uint64_t end = std::min(t_end, vis(i0 + rows - 1));
+  // One query row (decode): tiles the source can show in place go through
+  // the fused kernels (attention/fused.h), the others are read as f32.
+  const bool fuse = rows == 1 && fused::available();
+  float *obs_row = obs && i0 >= obs_first ? obs : nullptr;
+  RawTile rt[2];  // this tile and the next, shown in place
+  uint64_t rc[2] = {0, 0}, cur = 0;
+  if (fuse && t_begin < end) rc[0] = src.raw(t_begin, std::min(bs, end - t_begin), rt[0]);
   for (uint64_t t0 = t_begin; t0 < end;) {
+    if (rc[cur] && fused::supports(rt[cur], hd)) {
+      const uint64_t c = rc[cur], t1 = t0 + c;
+      const uint64_t nc = t1 < end ? src.raw(t1, std::min(bs, end - t1), rt[cur ^ 1]) : 0;
+      rc[cur ^ 1] = nc;
+      fused::tile(sh, rt[cur], c, q + i0 * hq * hd, m, ls, acc, obs_row, obs_stride, t0,
+                  nc && fused::supports(rt[cur ^ 1], hd) ? &rt[cur ^ 1] : nullptr, nc);
+      cur ^= 1;
+      t0 = t1;
+      continue;
+    }
     const uint64_t cnt = src.read(t0, std::min(bs, end - t0), kt, vt);
     for (uint64_t r = 0; r < rows; ++r) {
       const uint64_t v_r = vis(i0 + r);
@@ -204,6 +222,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
       }
     }
     t0 += cnt;
+    if (fuse && t0 < end) rc[cur] = src.raw(t0, std::min(bs, end - t0), rt[cur]);
   }
 }
 

@@ -15,6 +15,28 @@
 
 namespace kvc::attention {
 
+// How the K (or the V) of a tile is stored, for the fused decode kernels
+// that read it in place (no f32 copy): value = (code - offset) * scale + zero
+// for integer codes (scale and zero per token and KV head), the value itself
+// for float storage.
+enum class RawType : uint8_t { None, F32, F16, BF16, Int8, UInt8, Int4 };
+struct RawPart {
+  RawType type = RawType::None;
+  const uint8_t *data = nullptr;  // token 0 of the tile, KV head 0
+  uint64_t token_stride = 0;      // bytes between tokens
+  uint64_t head_stride = 0;       // bytes between KV heads
+  // Integer codes: int4 packs element j of a head in bits 4(j%2).. of byte j/2.
+  int32_t offset = 0;
+  const uint8_t *scale = nullptr;   // token 0, KV head 0 (f32 or f16, little-endian)
+  const uint8_t *zero = nullptr;    // null: symmetric (zero 0); else as scale
+  uint64_t scale_token_stride = 0;  // bytes between tokens' scales
+  uint64_t scale_head_stride = 0;   // bytes between KV heads' scales
+  bool scale_f16 = false;
+};
+struct RawTile {
+  RawPart k, v;
+};
+
 // K and V of one sequence's layer, read a tile at a time. Reads may run on
 // several threads at once (attend_threads).
 class TileSource {
@@ -24,6 +46,13 @@ class TileSource {
   // to the end of a block): K into k and V into v, each [c][kv_heads][head_dim]
   // f32. Returns c.
   virtual uint64_t read(uint64_t t0, uint64_t max_count, float *k, float *v) const = 0;
+  // The same tokens as read() would return (the same c), described where they
+  // are stored, when the source can (0 otherwise: read() is used). A source
+  // returns 0 where read() would change the stored values (sinks' exact
+  // copies, unwritten rows, rotations, pre-RoPE keys).
+  virtual uint64_t raw(uint64_t /*t0*/, uint64_t /*max_count*/, RawTile & /*rt*/) const {
+    return 0;
+  }
 };
 
 struct Shape {

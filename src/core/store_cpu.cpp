@@ -58,8 +58,66 @@ class LayerTiles final : public attention::TileSource {
     p_.zero_unwritten_rows(true, l.res_blocks[r / bs], slot, cnt, k8, v8, row * sizeof(float));
     return cnt;
   }
+  // Paged tokens stored plainly (f32 / f16 / bf16) or as int8 / int4 codes
+  // with per-token scales, all written, no sink copy over them, no rotation
+  // or pre-RoPE keys to undo: the same tokens read() returns, where they are.
+  uint64_t raw(uint64_t t0, uint64_t max_count, attention::RawTile &rt) const override {
+    const LayerTable &l = l_;
+    const uint64_t bs = p_.cfg_.block_size;
+    if (t0 >= l.n_lp || p_.fmt_.pre_rope) return 0;
+    if (l.sink_block >= 0 && t0 < p_.cfg_.residual_sinks) return 0;
+    const uint32_t slot = static_cast<uint32_t>(t0 % bs);
+    const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
+    const int32_t b = l.blocks[t0 / bs];
+    if (!p_.written_.all(b, slot, cnt)) return 0;
+    const uint8_t *blk = arena_ + static_cast<uint64_t>(b) * p_.block_stride_;
+    for (int kv = 0; kv < 2; ++kv)
+      if (!raw_part(p_.fmt_.part[kv], blk, slot, kv ? rt.v : rt.k)) return 0;
+    return cnt;
+  }
 
  private:
+  static bool raw_part(const PartLayout &pl, const uint8_t *blk, uint32_t slot,
+                       attention::RawPart &out) {
+    using attention::RawType;
+    if (pl.rotation_block) return false;
+    out.data = blk + pl.offset + slot * pl.token_stride;
+    out.token_stride = pl.token_stride;
+    out.head_stride = pl.head_stride;
+    if (!pl.quantized) {
+      switch (pl.spec.dtype) {
+        case DType::F32:
+          out.type = RawType::F32;
+          return true;
+        case DType::F16:
+          out.type = RawType::F16;
+          return true;
+        case DType::BF16:
+          out.type = RawType::BF16;
+          return true;
+        default:
+          return false;
+      }
+    }
+    if (pl.spec.gran != codec::Gran::Token) return false;
+    if (pl.spec.dtype == DType::INT8) {
+      out.type = pl.spec.asym ? RawType::UInt8 : RawType::Int8;
+      out.offset = 0;
+    } else if (pl.spec.dtype == DType::INT4) {
+      out.type = RawType::Int4;
+      out.offset = pl.spec.asym ? 0 : 8;  // codec::int_format's offset of int4 codes
+    } else {
+      return false;
+    }
+    const uint64_t sb = pl.scales_per_token * pl.scale_bytes;  // one scale per KV head
+    out.scale = blk + pl.scale_offset + slot * sb;
+    out.zero = pl.spec.asym ? blk + pl.zero_offset + slot * sb : nullptr;
+    out.scale_token_stride = sb;
+    out.scale_head_stride = pl.scale_bytes;
+    out.scale_f16 = pl.scale_bytes == 2;
+    return true;
+  }
+
   const PoolCore &p_;
   const uint8_t *arena_;  // the store's block memory
   uint32_t layer_;

@@ -12,6 +12,7 @@
 
 #include "../whitebox.h"
 #include "api/internal.h"
+#include "attention/fused.h"
 
 namespace {
 
@@ -70,9 +71,10 @@ Seq fill(kvc_pool *p, const Geo &g, uint64_t id, uint64_t n) {
 
 // Dense float64 attention of one query row over tokens [0, vis) of k, v;
 // mask (optional) drops tokens.
-void reference(const Geo &g, const float *q, const std::vector<float> &k, const std::vector<float> &v,
-               uint64_t vis, float scale, std::vector<double> &out, std::vector<double> &lse,
-               std::vector<double> *probs = nullptr, const std::vector<char> *mask = nullptr) {
+void reference(const Geo &g, const float *q, const std::vector<float> &k,
+               const std::vector<float> &v, uint64_t vis, float scale, std::vector<double> &out,
+               std::vector<double> &lse, std::vector<double> *probs = nullptr,
+               const std::vector<char> *mask = nullptr) {
   out.assign(g.hq * g.hd, 0.0);
   lse.assign(g.hq, -std::numeric_limits<double>::infinity());
   if (probs) probs->assign(vis * g.hkv, 0.0);
@@ -138,8 +140,10 @@ KVTEST(decode_matches_reference) {
       reference(g, q.data(), s.k[l], s.v[l], n, scale, ro, rl);
       CHECK(rel_err(out.data(), ro) <= 1e-5);
       for (uint32_t h = 0; h < g.hq; ++h) {
-        if (n == 0) CHECK(std::isinf(lse[h]) && lse[h] < 0);
-        else CHECK_NEAR(lse[h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
+        if (n == 0)
+          CHECK(std::isinf(lse[h]) && lse[h] < 0);
+        else
+          CHECK_NEAR(lse[h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
       }
       if (n == 0)
         for (float x : out) CHECK(x == 0.0f);
@@ -208,7 +212,8 @@ KVTEST(prefill_causal) {
     std::vector<double> ro, rl;
     reference(g, q.data() + i * g.hq * g.hd, s.k[1], s.v[1], n - n_q + i + 1, scale, ro, rl);
     CHECK(rel_err(out.data() + i * g.hq * g.hd, ro) <= 1e-5);
-    for (uint32_t h = 0; h < g.hq; ++h) CHECK_NEAR(lse[i * g.hq + h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
+    for (uint32_t h = 0; h < g.hq; ++h)
+      CHECK_NEAR(lse[i * g.hq + h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
   }
   std::vector<float> d(g.hq * g.hd), dl(g.hq);
   const uint64_t id = 3;
@@ -219,7 +224,8 @@ KVTEST(prefill_causal) {
   CHECK(std::memcmp(d.data(), p1.data(), d.size() * 4) == 0);
   // More queries than tokens: out of range, nothing written.
   std::vector<float> big_q(46 * g.hq * g.hd, 0.5f), big_out(46 * g.hq * g.hd, 9.0f);
-  CHECK_STATUS(kvc_attention_prefill(p, 1, 3, big_q.data(), 46, big_out.data(), nullptr, &a), KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_attention_prefill(p, 1, 3, big_q.data(), 46, big_out.data(), nullptr, &a),
+               KVC_ERR_OUT_OF_RANGE);
   for (float x : big_out) CHECK(x == 9.0f);
   kvc_pool_destroy(p);
 }
@@ -299,7 +305,8 @@ KVTEST(half_precision_io) {
   a.out_dtype = KVC_DTYPE_BF16;
   CHECK_OK(kvc_attention_decode(p, 0, &id, 1, qh.data(), oh.data(), nullptr, &a));
   CHECK_OK(kvc_convert(oh.data(), KVC_DTYPE_BF16, got.data(), KVC_DTYPE_F32, q.size()));
-  for (size_t i = 0; i < q.size(); ++i) CHECK_NEAR(got[i], ref[i], std::fabs(ref[i]) / 128.0 + 1e-6);
+  for (size_t i = 0; i < q.size(); ++i)
+    CHECK_NEAR(got[i], ref[i], std::fabs(ref[i]) / 128.0 + 1e-6);
   kvc_pool_destroy(p);
 }
 
@@ -391,16 +398,20 @@ KVTEST(threads_match_single) {
       std::vector<float> many(batch * row, 5.0f), lsem(batch * g.hq);
       a.num_threads = t;
       CHECK_OK(kvc_attention_decode(p, 0, first, batch, q.data(), many.data(), lsem.data(), &a));
-      for (size_t i = 0; i < many.size(); ++i) CHECK_NEAR(many[i], one[i], 1e-5 * std::max(1.0f, std::fabs(one[i])));
+      for (size_t i = 0; i < many.size(); ++i)
+        CHECK_NEAR(many[i], one[i], 1e-5 * std::max(1.0f, std::fabs(one[i])));
       for (size_t i = 0; i < lsem.size(); ++i) {
-        if (std::isinf(lse1[i])) CHECK(std::isinf(lsem[i]) && lsem[i] < 0);
-        else CHECK_NEAR(lsem[i], lse1[i], 1e-5 * std::max(1.0f, std::fabs(lse1[i])));
+        if (std::isinf(lse1[i]))
+          CHECK(std::isinf(lsem[i]) && lsem[i] < 0);
+        else
+          CHECK_NEAR(lsem[i], lse1[i], 1e-5 * std::max(1.0f, std::fabs(lse1[i])));
       }
     }
   }
   a.num_threads = 257;
   std::vector<float> q = randn(row), out(row);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &ids[0], 1, q.data(), out.data(), nullptr, &a), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &ids[0], 1, q.data(), out.data(), nullptr, &a),
+               KVC_ERR_INVALID_ARGUMENT);
   kvc_pool_destroy(p);
 }
 
@@ -417,7 +428,8 @@ KVTEST(threads_prefill_identical) {
   c8.dtype = KVC_DTYPE_INT8;
   c8.granularity = KVC_SCALE_PER_TOKEN;
   for (int quant = 0; quant < 2; ++quant) {
-    kvc_pool *p = make_pool(g, KVC_DTYPE_F16, quant ? &c8 : nullptr, quant ? &c8 : nullptr, 0, 1024);
+    kvc_pool *p =
+        make_pool(g, KVC_DTYPE_F16, quant ? &c8 : nullptr, quant ? &c8 : nullptr, 0, 1024);
     fill(p, g, 7, 700);
     const size_t row = g.hq * g.hd;
     kvc_attention_params a = params(g);
@@ -466,10 +478,12 @@ KVTEST(threads_review_regressions) {
   CHECK(std::isfinite(lse[0]));
   a.scale = 3e38f;
   std::vector<float> q2(4, 2.0f);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q2.data(), out.data(), lse.data(), &a), KVC_ERR_NON_FINITE);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q2.data(), out.data(), lse.data(), &a),
+               KVC_ERR_NON_FINITE);
   a.scale = 0.0f;
-  CHECK_STATUS(kvc_attention_prefill(p, 0, id, q2.data(), uint64_t(1) << 31, out.data(), nullptr, &a),
-               KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(
+      kvc_attention_prefill(p, 0, id, q2.data(), uint64_t(1) << 31, out.data(), nullptr, &a),
+      KVC_ERR_OUT_OF_RANGE);
   kvc_pool_destroy(p);
   // Replace mode with the same sequence twice: both queries' probabilities.
   Geo g2;
@@ -497,7 +511,8 @@ KVTEST(threads_review_regressions) {
   });
   b.observe = KVC_OBSERVE_ACCUMULATE;
   const uint64_t one = 5;
-  for (int i = 0; i < 300; ++i) CHECK_OK(kvc_attention_decode(r, 0, &one, 1, qq.data(), oo.data(), nullptr, &b));
+  for (int i = 0; i < 300; ++i)
+    CHECK_OK(kvc_attention_decode(r, 0, &one, 1, qq.data(), oo.data(), nullptr, &b));
   stop = true;
   reader.join();
   kvc_pool_destroy(r);
@@ -517,50 +532,188 @@ KVTEST(bad_input) {
     for (float x : lse) CHECK(x == 3.0f);
   };
   q[5] = std::numeric_limits<float>::infinity();
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NON_FINITE);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_NON_FINITE);
   q[5] = std::numeric_limits<float>::quiet_NaN();
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NON_FINITE);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_NON_FINITE);
   q[5] = 0.1f;
   untouched();
-  CHECK_STATUS(kvc_attention_decode(p, 0, &missing, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_SEQ_NOT_FOUND);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &missing, 1, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_SEQ_NOT_FOUND);
   const uint64_t mixed[2] = {1, 99};
   std::vector<float> q2(2 * q.size(), 0.1f), out2(2 * q.size(), 3.0f);
-  CHECK_STATUS(kvc_attention_decode(p, 0, mixed, 2, q2.data(), out2.data(), nullptr, &a), KVC_ERR_SEQ_NOT_FOUND);
+  CHECK_STATUS(kvc_attention_decode(p, 0, mixed, 2, q2.data(), out2.data(), nullptr, &a),
+               KVC_ERR_SEQ_NOT_FOUND);
   for (float x : out2) CHECK(x == 3.0f);
-  CHECK_STATUS(kvc_attention_decode(p, 1, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_OUT_OF_RANGE);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 0, q.data(), out.data(), lse.data(), &a), KVC_ERR_INVALID_ARGUMENT);
-  CHECK_STATUS(kvc_attention_decode(nullptr, 0, &id, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NULL_POINTER);
-  CHECK_STATUS(kvc_attention_decode(p, 0, nullptr, 1, q.data(), out.data(), lse.data(), &a), KVC_ERR_NULL_POINTER);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, nullptr, out.data(), lse.data(), &a), KVC_ERR_NULL_POINTER);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), nullptr, lse.data(), &a), KVC_ERR_NULL_POINTER);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), nullptr), KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 1, &id, 1, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 0, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(nullptr, 0, &id, 1, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, nullptr, 1, q.data(), out.data(), lse.data(), &a),
+               KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, nullptr, out.data(), lse.data(), &a),
+               KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), nullptr, lse.data(), &a),
+               KVC_ERR_NULL_POINTER);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), nullptr),
+               KVC_ERR_NULL_POINTER);
   kvc_attention_params b = a;
   b.num_q_heads = 4;
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b = a;
   b.num_q_heads = 7;
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b = a;
   b.scale = -1.0f;
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b.scale = std::numeric_limits<float>::quiet_NaN();
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b = a;
   b.observe = static_cast<kvc_observe>(7);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b.observe = static_cast<kvc_observe>(-3);
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b = a;
   b.q_dtype = KVC_DTYPE_INT8;
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_INVALID_ARGUMENT);
   b = a;
   b.struct_size = 8;
-  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b), KVC_ERR_STRUCT_SIZE);
-  CHECK_STATUS(kvc_attention_prefill(p, 0, id, q.data(), 0, out.data(), lse.data(), &a), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
+               KVC_ERR_STRUCT_SIZE);
+  CHECK_STATUS(kvc_attention_prefill(p, 0, id, q.data(), 0, out.data(), lse.data(), &a),
+               KVC_ERR_INVALID_ARGUMENT);
   untouched();
   // The 0.3 function: the header's macro needs a typed pointer.
   CHECK_STATUS((kvc_attention_params_init)(nullptr), KVC_ERR_NULL_POINTER);
   kvc_pool_destroy(p);
 }
 
-int main(int argc, char **argv) { return kvtest_main(argc, argv); }
+// The fused decode kernels (attention/fused.h: K/V read in place, one
+// conversion per row for its GQA group) against the f32 tile path and a
+// float64 reference: every storage they take (f32, f16, bf16, int8 and int4
+// per-token codes, symmetric and with zero points, f32 and f16 scales), GQA
+// groups of 1, 3, 4, 8 and 12 heads, head_dim 16 to 128, lengths across
+// block and band edges, observation, and scores beyond f32.
+KVTEST(fused_paths_agree) {
+  if (kvc::attention::fused::set_isa_limit(1) == 0) {
+    std::fprintf(stderr, "fused kernels not available on this CPU: tile path only\n");
+    return;
+  }
+  struct Storage {
+    const char *name;
+    kvc_dtype plain, dt;
+    int asym;
+    kvc_dtype scale;
+  };
+  const Storage stor[] = {
+      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32},
+      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32},
+      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32},
+      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32},
+      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16},
+      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32},
+      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32},
+  };
+  struct Shape {
+    uint32_t hq, hkv, hd, bs;
+  };
+  const Shape shapes[] = {
+      {4, 4, 16, 16}, {6, 2, 48, 16}, {8, 2, 64, 32}, {16, 2, 128, 16}, {12, 1, 32, 8}};
+  for (const Storage &st : stor)
+    for (const Shape &sp : shapes) {
+      Geo g;
+      g.layers = 1;
+      g.hq = sp.hq;
+      g.hkv = sp.hkv;
+      g.hd = sp.hd;
+      g.bs = sp.bs;
+      kvc_codec codec;
+      kvc_codec_init(&codec);
+      codec.dtype = st.dt;
+      codec.granularity = KVC_SCALE_PER_TOKEN;
+      codec.asymmetric = static_cast<uint32_t>(st.asym);
+      codec.scale_dtype = st.scale;
+      const bool quant = st.dt != st.plain;
+      kvc_pool *p = make_pool(g, st.plain, quant ? &codec : nullptr, quant ? &codec : nullptr);
+      uint64_t id = 1;
+      for (uint64_t n : {1ull, 15ull, 16ull, 17ull, 40ull, 100ull}) {
+        fill(p, g, id, n);
+        std::vector<float> k(n * g.hkv * g.hd), v(k.size());
+        CHECK_OK(kvc_gather(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+        const std::vector<float> q = randn(g.hq * g.hd);
+        kvc_attention_params a = params(g);
+        a.observe = KVC_OBSERVE_REPLACE;
+        std::vector<float> out[2], lse[2], sc[2];
+        for (int path = 0; path < 2; ++path) {  // 0: tile path, 1: fused
+          kvc::attention::fused::set_isa_limit(path);
+          out[path].assign(g.hq * g.hd, 0.0f);
+          lse[path].assign(g.hq, 0.0f);
+          sc[path].assign(n * g.hkv, 0.0f);
+          CHECK_OK(
+              kvc_attention_decode(p, 0, &id, 1, q.data(), out[path].data(), lse[path].data(), &a));
+          CHECK_OK(kvc_seq_scores(p, id, 0, sc[path].data(), n));
+        }
+        std::vector<double> ro, rl, pr;
+        reference(g, q.data(), k, v, n, 1.0f / std::sqrt(static_cast<float>(g.hd)), ro, rl, &pr);
+        const double e0 = rel_err(out[0].data(), ro), e1 = rel_err(out[1].data(), ro);
+        if (!(e1 <= 1e-5))
+          std::fprintf(stderr, "%s hq %u hkv %u hd %u n %llu: fused error %g (tile %g)\n", st.name,
+                       sp.hq, sp.hkv, sp.hd, static_cast<unsigned long long>(n), e1, e0);
+        CHECK(e0 <= 1e-5);
+        CHECK(e1 <= 1e-5);
+        for (uint32_t h = 0; h < g.hq; ++h) {
+          CHECK_NEAR(lse[1][h], rl[h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
+          CHECK_NEAR(lse[1][h], lse[0][h], 1e-5 * std::max(1.0, std::fabs(rl[h])));
+        }
+        for (size_t i = 0; i < pr.size(); ++i) {
+          CHECK_NEAR(sc[1][i], pr[i], 1e-5);
+          CHECK_NEAR(sc[1][i], sc[0][i], 1e-5);
+        }
+        ++id;
+      }
+      kvc_pool_destroy(p);
+    }
+  // Scores past f32 (q.k overflows): clamped the same way on both paths, so
+  // the output stays finite and equal.
+  Geo g;
+  g.layers = 1;
+  g.hq = 4;
+  g.hkv = 1;
+  g.hd = 16;
+  kvc_pool *p = make_pool(g);
+  const uint64_t n = 20, id = 9;
+  CHECK_OK(kvc_seq_create(p, id));
+  CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
+  std::vector<float> k = randn(n * g.hd), v = randn(n * g.hd);
+  for (uint64_t t = 0; t < n; t += 3) std::fill(k.begin() + t * 16, k.begin() + t * 16 + 16, 1e30f);
+  k[5 * 16] = -3e38f;
+  CHECK_OK(kvc_append(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32));
+  std::vector<float> q(g.hq * g.hd, 1e30f), out[2];
+  for (uint32_t i = 0; i < g.hd; ++i) q[g.hd + i] = -1e30f;  // head 1: scores of -inf
+  kvc_attention_params a = params(g);
+  for (int path = 0; path < 2; ++path) {
+    kvc::attention::fused::set_isa_limit(path);
+    out[path].assign(g.hq * g.hd, 0.0f);
+    CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out[path].data(), nullptr, &a));
+  }
+  for (size_t i = 0; i < out[0].size(); ++i) {
+    CHECK(std::isfinite(out[1][i]));
+    CHECK_NEAR(out[1][i], out[0][i], 1e-5 * std::max(1.0f, std::fabs(out[0][i])));
+  }
+  kvc::attention::fused::set_isa_limit(1);
+  kvc_pool_destroy(p);
+}
+
+int main(int argc, char **argv) {
+  return kvtest_main(argc, argv);
+}

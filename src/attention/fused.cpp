@@ -1,0 +1,452 @@
+// Fused decode kernels (attention/fused.h).
+#include "attention/fused.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "common/scratch.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kvc::attention::fused {
+
+bool supports(const RawTile &rt, uint64_t head_dim) {
+  auto known = [](const RawPart &p) {
+    return p.type != RawType::None && p.data != nullptr &&
+           (p.type == RawType::F32 || p.type == RawType::F16 || p.type == RawType::BF16 ||
+            p.scale != nullptr);
+  };
+  return head_dim > 0 && head_dim % 16 == 0 && known(rt.k) && known(rt.v);
+}
+
+#if defined(__x86_64__)
+
+namespace {
+int detect_isa() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+      !__builtin_cpu_supports("f16c"))
+    return 0;
+  return 1;
+}
+const int g_cpu_isa = detect_isa();
+std::atomic<int> g_isa_limit{1};
+int isa() {
+  return std::min(g_cpu_isa, g_isa_limit.load(std::memory_order_relaxed));
+}
+}  // namespace
+
+bool available() {
+  return isa() > 0;
+}
+int set_isa_limit(int limit) {
+  g_isa_limit.store(limit, std::memory_order_relaxed);
+  return isa();
+}
+
+namespace {
+
+#define KVC_FUSED __attribute__((target("avx2,fma,f16c")))
+// Register arrays (accumulators, converted rows) need their loops unrolled.
+#define KVC_UNROLL _Pragma("GCC unroll 16")
+
+constexpr float kMax = std::numeric_limits<float>::max();
+
+// 8 values of a head's row from element d (d % 8 == 0) as f32 codes (before
+// scale and zero).
+template <RawType T>
+KVC_FUSED inline __m256 load8(const uint8_t *row, uint64_t d, __m256i off) {
+  if constexpr (T == RawType::F32) {
+    return _mm256_loadu_ps(reinterpret_cast<const float *>(row) + d);
+  } else if constexpr (T == RawType::F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(row + 2 * d)));
+  } else if constexpr (T == RawType::BF16) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i *>(row + 2 * d));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else if constexpr (T == RawType::Int8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(row + d));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+  } else if constexpr (T == RawType::UInt8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(row + d));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+  } else {  // Int4: element j in bits 4j.. of the little-endian word of 4 bytes
+    uint32_t w;
+    std::memcpy(&w, row + d / 2, 4);
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(w)),
+                                  _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    v = _mm256_sub_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xf)), off);
+    return _mm256_cvtepi32_ps(v);
+  }
+}
+
+KVC_FUSED inline float hsum(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+// r[i] = the sum of the lanes of a[i], i = 0..7.
+KVC_FUSED inline __m256 hsum8(const __m256 *a) {
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+// e^x for x <= 0 (Cephes' expf: a degree-5 polynomial after a range
+// reduction by ln 2, about 1 ulp); below -87.3 (under FLT_MIN) gives 0.
+KVC_FUSED inline __m256 exp8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-87.33654f);
+  const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), lo);
+  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+  fx = _mm256_floor_ps(fx);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(under, y);
+}
+float exp1(float x) {
+  return x < -87.33654f ? 0.0f : std::exp(x);
+}
+
+// s[j][t] = q_j . k_t (codes) for the J heads q (rows of hd) and c tokens,
+// NT tokens a step with J * NT == 8 accumulators.
+template <RawType T, int J>
+KVC_FUSED void scores(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const float *q,
+                      __m256i off, float *s, uint64_t ss) {
+  constexpr int NT = 8 / J;
+  uint64_t t = 0;
+  for (; t + NT <= c; t += NT) {
+    __m256 a[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+    for (uint64_t d = 0; d < hd; d += 8) {
+      __m256 x[NT];
+      KVC_UNROLL
+      for (int u = 0; u < NT; ++u) x[u] = load8<T>(k0 + (t + u) * kts, d, off);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m256 qq = _mm256_loadu_ps(q + j * hd + d);
+        KVC_UNROLL
+        for (int u = 0; u < NT; ++u) a[u * J + j] = _mm256_fmadd_ps(qq, x[u], a[u * J + j]);
+      }
+    }
+    alignas(32) float r[8];
+    _mm256_store_ps(r, hsum8(a));
+    KVC_UNROLL
+    for (int u = 0; u < NT; ++u) KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+  }
+  for (; t < c; ++t) {
+    __m256 a[J];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_ps();
+    for (uint64_t d = 0; d < hd; d += 8) {
+      const __m256 x = load8<T>(k0 + t * kts, d, off);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * hd + d), x, a[j]);
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t] = hsum(a[j]);
+  }
+}
+
+// acc_j = acc_j * corr_j + sum_t p[j][t] v_t (codes) + zadd_j, for the J
+// heads' accumulators (rows of hd), DV vectors of 8 a head at a time.
+template <RawType T, int J>
+KVC_FUSED void accumulate(float *acc, const float *corr, const float *p, uint64_t ps,
+                          const float *zadd, const uint8_t *v0, uint64_t vts, uint64_t c,
+                          uint64_t hd, __m256i off) {
+  constexpr int DV = J <= 4 ? 2 : 1;
+  for (uint64_t d = 0; d < hd; d += 8 * DV) {
+    __m256 a[J][DV];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) KVC_UNROLL
+    for (int u = 0; u < DV; ++u)
+      a[j][u] = _mm256_mul_ps(_mm256_loadu_ps(acc + j * hd + d + 8 * u), _mm256_set1_ps(corr[j]));
+    for (uint64_t t = 0; t < c; ++t) {
+      const uint8_t *row = v0 + t * vts;
+      __m256 x[DV];
+      KVC_UNROLL
+      for (int u = 0; u < DV; ++u) x[u] = load8<T>(row, d + 8 * u, off);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m256 pj = _mm256_broadcast_ss(p + j * ps + t);
+        KVC_UNROLL
+        for (int u = 0; u < DV; ++u) a[j][u] = _mm256_fmadd_ps(pj, x[u], a[j][u]);
+      }
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) KVC_UNROLL
+    for (int u = 0; u < DV; ++u) {
+      __m256 r = a[j][u];
+      if (zadd) r = _mm256_add_ps(r, _mm256_set1_ps(zadd[j]));
+      _mm256_storeu_ps(acc + j * hd + d + 8 * u, r);
+    }
+  }
+}
+
+template <int J>
+using ScoresFn = void (*)(const uint8_t *, uint64_t, uint64_t, uint64_t, const float *, __m256i,
+                          float *, uint64_t);
+template <int J>
+using AccFn = void (*)(float *, const float *, const float *, uint64_t, const float *,
+                       const uint8_t *, uint64_t, uint64_t, uint64_t, __m256i);
+
+template <int J>
+ScoresFn<J> scores_fn(RawType t) {
+  switch (t) {
+    case RawType::F32:
+      return scores<RawType::F32, J>;
+    case RawType::F16:
+      return scores<RawType::F16, J>;
+    case RawType::BF16:
+      return scores<RawType::BF16, J>;
+    case RawType::Int8:
+      return scores<RawType::Int8, J>;
+    case RawType::UInt8:
+      return scores<RawType::UInt8, J>;
+    default:
+      return scores<RawType::Int4, J>;
+  }
+}
+template <int J>
+AccFn<J> acc_fn(RawType t) {
+  switch (t) {
+    case RawType::F32:
+      return accumulate<RawType::F32, J>;
+    case RawType::F16:
+      return accumulate<RawType::F16, J>;
+    case RawType::BF16:
+      return accumulate<RawType::BF16, J>;
+    case RawType::Int8:
+      return accumulate<RawType::Int8, J>;
+    case RawType::UInt8:
+      return accumulate<RawType::UInt8, J>;
+    default:
+      return accumulate<RawType::Int4, J>;
+  }
+}
+
+KVC_FUSED float load_scale(const uint8_t *p, bool f16) {
+  if (f16) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+  }
+  float f;
+  std::memcpy(&f, p, 4);
+  return f;
+}
+bool integer(RawType t) {
+  return t == RawType::Int8 || t == RawType::UInt8 || t == RawType::Int4;
+}
+
+// Clamps the scores s[0..c) as the tile path does (NaN: -FLT_MAX), returns
+// their maximum.
+KVC_FUSED float clamp_max(float *s, uint64_t c) {
+  const __m256 hi = _mm256_set1_ps(kMax), lo = _mm256_set1_ps(-kMax);
+  __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  uint64_t t = 0;
+  for (; t + 8 <= c; t += 8) {
+    __m256 x = _mm256_loadu_ps(s + t);
+    x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    _mm256_storeu_ps(s + t, x);
+    mx = _mm256_max_ps(mx, x);
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  float m = _mm_cvtss_f32(h);
+  for (; t < c; ++t) {
+    float v = s[t];
+    v = v != v ? -kMax : std::min(kMax, std::max(-kMax, v));
+    s[t] = v;
+    m = std::max(m, v);
+  }
+  return m;
+}
+// p[t] = e^(s[t] - m) in place; returns their sum.
+KVC_FUSED float exp_sum(float *s, uint64_t c, float m) {
+  const __m256 vm = _mm256_set1_ps(m);
+  __m256 sum = _mm256_setzero_ps();
+  uint64_t t = 0;
+  for (; t + 8 <= c; t += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
+    _mm256_storeu_ps(s + t, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  if (t < c) {  // the rest through a padded vector
+    alignas(32) float b[8] = {};
+    const uint64_t r = c - t;
+    for (uint64_t i = 0; i < 8; ++i)
+      b[i] = i < r ? s[t + i] - m : -std::numeric_limits<float>::infinity();
+    const __m256 e = exp8(_mm256_load_ps(b));
+    _mm256_store_ps(b, e);
+    for (uint64_t i = 0; i < r; ++i) s[t + i] = b[i];
+    sum = _mm256_add_ps(sum, e);
+  }
+  return hsum(sum);
+}
+
+struct FusedScratch {
+  ScratchBuffer<float> buf;
+};
+
+// Calls f(J, j) for the chunks of J heads (8, 4, 2 or 1) that cover grp heads.
+template <typename F>
+KVC_FUSED inline void chunks(uint64_t grp, F &&f) {
+  uint64_t j = 0;
+  for (; j + 8 <= grp; j += 8) f(std::integral_constant<int, 8>{}, j);
+  for (; j + 4 <= grp; j += 4) f(std::integral_constant<int, 4>{}, j);
+  for (; j + 2 <= grp; j += 2) f(std::integral_constant<int, 2>{}, j);
+  for (; j < grp; ++j) f(std::integral_constant<int, 1>{}, j);
+}
+
+// Prefetches rows [b0, b0 + n) of KV head g of part P (bytes per row
+// `bytes`) into the cache.
+KVC_FUSED inline void prefetch_rows(const RawPart &P, uint64_t b0, uint64_t n, uint64_t g,
+                                    uint64_t bytes) {
+  const uint8_t *base = P.data + b0 * P.token_stride + g * P.head_stride;
+  for (uint64_t t = 0; t < n; ++t)
+    for (uint64_t b = 0; b < bytes; b += 64)
+      _mm_prefetch(reinterpret_cast<const char *>(base + t * P.token_stride + b), _MM_HINT_T0);
+}
+uint64_t row_bytes(RawType t, uint64_t hd) {
+  switch (t) {
+    case RawType::F32:
+      return 4 * hd;
+    case RawType::F16:
+    case RawType::BF16:
+      return 2 * hd;
+    case RawType::Int4:
+      return hd / 2;
+    default:
+      return hd;
+  }
+}
+
+// Three passes over a tile: the scores of every query head (each K row
+// converted once for the heads of its group), the online softmax's update
+// per head, the weighted sum of V (each V row converted once for its group).
+// The values of this tile and the keys of the next are prefetched while the
+// pass before them computes.
+KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m,
+                         float *ls, float *acc, float *obs, uint64_t obs_stride, uint64_t t0,
+                         const RawTile *next, uint64_t next_c) {
+  constexpr uint64_t kBand = 16;
+  thread_local FusedScratch fs;
+  const uint64_t hq = sh.q_heads, h = sh.kv_heads, grp = hq / h, hd = sh.head_dim;
+  const RawPart &K = rt.k, &V = rt.v;
+  const bool kint = integer(K.type), vint = integer(V.type);
+  float *buf = fs.buf.get(c * (2 * hq + 4 * h) + 2 * hq);
+  float *s = buf, *pv = s + hq * c, *ks = pv + hq * c, *kz = ks + h * c, *vs = kz + h * c,
+        *vz = vs + h * c, *corr = vz + h * c, *zadd = corr + hq;
+  for (int kv = 0; kv < 2; ++kv) {  // scales and zero points per KV head
+    const RawPart &P = kv ? V : K;
+    if (!integer(P.type)) continue;
+    for (uint64_t g = 0; g < h; ++g) {
+      float *sc = (kv ? vs : ks) + g * c, *zr = (kv ? vz : kz) + g * c;
+      const uint8_t *sp = P.scale + g * P.scale_head_stride;
+      const uint8_t *zp = P.zero ? P.zero + g * P.scale_head_stride : nullptr;
+      for (uint64_t t = 0; t < c; ++t) {
+        sc[t] = load_scale(sp + t * P.scale_token_stride, P.scale_f16);
+        zr[t] = zp ? load_scale(zp + t * P.scale_token_stride, P.scale_f16) : 0.0f;
+      }
+    }
+  }
+  const uint64_t vrow = row_bytes(V.type, hd);
+  const __m256i koff = _mm256_set1_epi32(K.offset), voff = _mm256_set1_epi32(V.offset);
+  // Scores s[hh][t] of the codes.
+  for (uint64_t b0 = 0; b0 < c; b0 += kBand) {
+    const uint64_t n = std::min(kBand, c - b0);
+    for (uint64_t g = 0; g < h; ++g)
+      chunks(grp, [&](auto J, uint64_t j) {
+        const uint64_t hh = g * grp + j;
+        scores_fn<J>(K.type)(K.data + b0 * K.token_stride + g * K.head_stride, K.token_stride, n,
+                             hd, q + hh * hd, koff, s + hh * c + b0, c);
+        if (j == 0) prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
+      });
+  }
+  // Scores of the values (scale, zero point), the online softmax's update.
+  for (uint64_t hh = 0; hh < hq; ++hh) {
+    const uint64_t g = hh / grp;
+    float *sh_ = s + hh * c;
+    if (kint) {
+      float qsum = 0.0f;
+      if (K.zero)
+        for (uint64_t d = 0; d < hd; ++d) qsum += q[hh * hd + d];
+      for (uint64_t t = 0; t < c; ++t) sh_[t] = sh_[t] * ks[g * c + t] + kz[g * c + t] * qsum;
+    }
+    const float mx = clamp_max(sh_, c);
+    if (obs) std::memcpy(obs + hh * obs_stride + t0, sh_, c * sizeof(float));
+    const float m_new = std::max(m[hh], mx);
+    corr[hh] = m[hh] == -std::numeric_limits<float>::infinity() ? 0.0f : exp1(m[hh] - m_new);
+    ls[hh] = ls[hh] * corr[hh] + exp_sum(sh_, c, m_new);
+    m[hh] = m_new;
+    zadd[hh] = 0.0f;
+    if (vint) {
+      float *ph = pv + hh * c;
+      for (uint64_t t = 0; t < c; ++t) {
+        ph[t] = sh_[t] * vs[g * c + t];
+        if (V.zero) zadd[hh] += sh_[t] * vz[g * c + t];
+      }
+    }
+  }
+  // acc = acc * corr + p . v (+ the zero points' share, once).
+  const float *p = vint ? pv : s;
+  float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  for (uint64_t b0 = 0; b0 < c; b0 += kBand) {
+    const uint64_t n = std::min(kBand, c - b0);
+    for (uint64_t g = 0; g < h; ++g)
+      chunks(grp, [&](auto J, uint64_t j) {
+        const uint64_t hh = g * grp + j;
+        acc_fn<J>(V.type)(acc + hh * hd, b0 == 0 ? corr + hh : ones, p + hh * c + b0, c,
+                          b0 == 0 && V.zero ? zadd + hh : nullptr,
+                          V.data + b0 * V.token_stride + g * V.head_stride, V.token_stride, n, hd,
+                          voff);
+        if (j == 0 && next && b0 < next_c)  // the next tile's keys
+          prefetch_rows(next->k, b0, std::min(kBand, next_c - b0), g, row_bytes(next->k.type, hd));
+      });
+  }
+}
+}  // namespace
+
+void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m, float *ls,
+          float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next,
+          uint64_t next_c) {
+  tile_avx2(sh, rt, c, q, m, ls, acc, obs, obs_stride, t0, next, next_c);
+}
+
+#else
+
+bool available() {
+  return false;
+}
+int set_isa_limit(int) {
+  return 0;
+}
+void tile(const Shape &, const RawTile &, uint64_t, const float *, float *, float *, float *,
+          float *, uint64_t, uint64_t, const RawTile *, uint64_t) {}
+
+#endif
+
+}  // namespace kvc::attention::fused
