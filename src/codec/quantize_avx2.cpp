@@ -34,6 +34,70 @@ __attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m
   *hi = _mm_cvtss_f32(h);
 }
 
+// make_params() of k groups from their (lo, hi) pairs, four at a time in
+// double lanes for dynamic scales stored as f32 (symmetric or asymmetric
+// integers, fp8): the same IEEE operations (exact conversions, max / min, one
+// correctly rounded division, the round-up to a float) as the scalar
+// function, so the same bits; the other cases call it.
+// Four 64-bit lane masks as four 32-bit ones.
+__attribute__((target("avx2"), always_inline)) inline __m128i narrow(__m256d m) {
+  return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+      _mm256_castpd_si256(m), _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0)));
+}
+__attribute__((target("avx2,fma"))) void make_params_batch(const Spec &s, const float *lohi,
+                                                           uint64_t k, Params *ps) {
+  const bool vec = s.static_scale == 0.0 && s.scale_dtype == DType::F32 && !s.full_range &&
+                   (is_int(s.dtype) || is_fp8(s.dtype));
+  uint64_t i = 0;
+  if (vec) {
+    const bool asym = is_int(s.dtype) && s.asym;
+    const double q = asym              ? qmax_asym(s.dtype)
+                     : is_fp8(s.dtype) ? static_cast<double>(fp8_max(s.dtype))
+                                       : qmax_sym(s.dtype);
+    const __m256d vq = _mm256_set1_pd(q);
+    const __m256d cap =
+        _mm256_set1_pd(is_int(s.dtype) ? 1e38 : std::numeric_limits<double>::infinity());
+    const __m128 fmin = _mm_set1_ps(std::numeric_limits<float>::min());
+    const __m256d sign = _mm256_set1_pd(-0.0);
+    for (; i + 4 <= k; i += 4) {
+      // lohi holds lo, hi pairs: de-interleave four of them.
+      const __m256 pair = _mm256_loadu_ps(lohi + 2 * i);  // lo0 hi0 lo1 hi1 | lo2 hi2 lo3 hi3
+      const __m256 perm = _mm256_permutevar8x32_ps(pair, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+      __m128 lo = _mm256_castps256_ps128(perm), hi = _mm256_extractf128_ps(perm, 1);
+      lo = _mm_add_ps(lo, _mm_setzero_ps());  // -0 -> +0
+      hi = _mm_add_ps(hi, _mm_setzero_ps());
+      __m256d raw;
+      __m128 zero = _mm_setzero_ps();
+      if (asym) {
+        lo = _mm_max_ps(lo, _mm_set1_ps(-1e38f));
+        hi = _mm_min_ps(hi, _mm_set1_ps(1e38f));
+        zero = lo;  // round_zero_down() keeps an f32 zero point as it is
+        raw = _mm256_div_pd(_mm256_sub_pd(_mm256_cvtps_pd(hi), _mm256_cvtps_pd(lo)), vq);
+      } else {
+        const __m256d a = _mm256_max_pd(_mm256_andnot_pd(sign, _mm256_cvtps_pd(lo)),
+                                        _mm256_andnot_pd(sign, _mm256_cvtps_pd(hi)));
+        raw = _mm256_div_pd(_mm256_min_pd(cap, a), vq);
+      }
+      const __m128 f = _mm_max_ps(_mm256_cvtpd_ps(raw), fmin);
+      // The next float up where f fell short of raw (f > 0 and finite).
+      const __m128i bump = _mm_and_si128(narrow(_mm256_cmp_pd(_mm256_cvtps_pd(f), raw, _CMP_LT_OQ)),
+                                         _mm_set1_epi32(1));
+      __m128 sc = _mm_castsi128_ps(_mm_add_epi32(_mm_castps_si128(f), bump));
+      // raw <= 0: scale 0
+      sc = _mm_and_ps(
+          sc, _mm_castsi128_ps(narrow(_mm256_cmp_pd(raw, _mm256_setzero_pd(), _CMP_GT_OQ))));
+      const __m128 inv =
+          _mm_and_ps(_mm_div_ps(_mm_set1_ps(1.0f), sc), _mm_cmpgt_ps(sc, _mm_setzero_ps()));
+      alignas(16) float vs[4], vi[4], vz[4];
+      _mm_store_ps(vs, sc);
+      _mm_store_ps(vi, inv);
+      _mm_store_ps(vz, zero);
+      for (int j = 0; j < 4; ++j) ps[i + j] = Params{vs[j], vi[j], asym ? vz[j] : 0.0f};
+    }
+  }
+  for (; i < k; ++i) ps[i] = make_params(s, lohi[2 * i], lohi[2 * i + 1]);
+}
+
 // Every integer and fp8 codec with per-token, per-group or static
 // per-tensor scales, straight from f16 or f32 input, a chunk of rows at a
 // time: one pass converts the rows into an L1 buffer while taking each
@@ -101,7 +165,7 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
     }
     // Parameters of every group of the chunk, and their scales and zeros.
     if (!fixed) {
-      for (uint64_t k = 0; k < rows * ng; ++k) ps[k] = make_params(s, lohi[2 * k], lohi[2 * k + 1]);
+      make_params_batch(s, lohi, rows * ng, ps);
       const uint64_t base = r0 * ng;
       if (s.scale_dtype == DType::F32) {
         for (uint64_t k = 0; k < rows * ng; ++k)

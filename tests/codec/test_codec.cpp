@@ -22,12 +22,12 @@ using namespace kvc;
 using namespace kvc::codec;
 
 static int g_fail = 0;
-#define CHECK(c)                                                                         \
-  do {                                                                                   \
-    if (!(c)) {                                                                          \
+#define CHECK(c)                                                                                  \
+  do {                                                                                            \
+    if (!(c)) {                                                                                   \
       if (g_fail < 25) std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
-      ++g_fail;                                                                          \
-    }                                                                                    \
+      ++g_fail;                                                                                   \
+    }                                                                                             \
   } while (0)
 
 static std::mt19937 rng(20261129);
@@ -49,8 +49,7 @@ static Quantized roundtrip(const Spec &s, const std::vector<float> &x, uint64_t 
   q.codes.resize(n * row_bytes(s.dtype, d));
   q.scales.resize(num_scales(s, n, d) * scale_bytes(s));
   q.zeros.resize(s.asym ? q.scales.size() : 0);
-  quantize(s, x.data(), kvc::DType::F32, n, d, q.codes.data(), q.scales.data(),
-           q.zeros.data());
+  quantize(s, x.data(), kvc::DType::F32, n, d, q.codes.data(), q.scales.data(), q.zeros.data());
   q.out.resize(n * d);
   dequantize(s, q.codes.data(), q.scales.data(), q.zeros.data(), n, d, q.out.data(),
              kvc::DType::F32);
@@ -60,10 +59,14 @@ static Quantized roundtrip(const Spec &s, const std::vector<float> &x, uint64_t 
 // Index of the scale that element (r, c) of an [n][d] array shares.
 static uint64_t scale_index(const Spec &s, uint64_t r, uint64_t c, uint64_t d) {
   switch (s.gran) {
-    case Gran::Token: return r;
-    case Gran::Group: return r * ((d + s.group - 1) / s.group) + c / s.group;
-    case Gran::Channel: return (r / s.group) * d + c;
-    default: return 0;  // Tensor (None has no scales)
+    case Gran::Token:
+      return r;
+    case Gran::Group:
+      return r * ((d + s.group - 1) / s.group) + c / s.group;
+    case Gran::Channel:
+      return (r / s.group) * d + c;
+    default:
+      return 0;  // Tensor (None has no scales)
   }
 }
 
@@ -121,7 +124,8 @@ static void test_int_bounds() {
 }
 
 static void test_zero_rows_exact() {
-  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
+  for (DType dt :
+       {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (bool asym : {false, true}) {
         if (asym && is_fp8(dt)) continue;
@@ -170,8 +174,10 @@ static void test_fp8() {
   CHECK(std::isinf(t5[0x7c]));
   CHECK(t5[0x01] == std::ldexp(1.0f, -16));
   for (int c = 0; c < 256; ++c) {
-    if (!std::isnan(t4[c])) CHECK(fp8_e4m3_encode(t4[c]) == c || (t4[c] == 0.0f && (c & 0x7f) == 0));
-    if (std::isfinite(t5[c])) CHECK(fp8_e5m2_encode(t5[c]) == c || (t5[c] == 0.0f && (c & 0x7f) == 0));
+    if (!std::isnan(t4[c]))
+      CHECK(fp8_e4m3_encode(t4[c]) == c || (t4[c] == 0.0f && (c & 0x7f) == 0));
+    if (std::isfinite(t5[c]))
+      CHECK(fp8_e5m2_encode(t5[c]) == c || (t5[c] == 0.0f && (c & 0x7f) == 0));
   }
   // Saturation, never NaN or Inf.
   CHECK(fp8_e4m3_encode(500.0f) == 0x7e);
@@ -181,7 +187,8 @@ static void test_fp8() {
   // Random values against the nearest-code reference; midpoints included.
   std::uniform_real_distribution<float> ue(-12.0f, 9.5f);
   for (int i = 0; i < 40000; ++i) {
-    float x = std::ldexp(1.0f + std::uniform_real_distribution<float>(0, 1)(rng), static_cast<int>(ue(rng)));
+    float x = std::ldexp(1.0f + std::uniform_real_distribution<float>(0, 1)(rng),
+                         static_cast<int>(ue(rng)));
     if (i & 1) x = -x;
     if (i % 7 == 0) {  // an exact midpoint between two e4m3 codes
       const int c = static_cast<int>(rng() % 0x7e);
@@ -225,8 +232,10 @@ static void test_fp8() {
       const float sc = load_scale(r.scales.data() + t * 4, DType::F32);
       for (uint64_t c = 0; c < 128; ++c) {
         const float v = y[t * 128 + c], o = r.out[t * 128 + c];
-        const float smallest_normal = (dt == DType::FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14)) * sc;
-        if (std::fabs(v) >= smallest_normal) CHECK(std::fabs(o - v) <= rel * std::fabs(v) * 1.0001f);
+        const float smallest_normal =
+            (dt == DType::FP8_E4M3 ? std::ldexp(1.0f, -6) : std::ldexp(1.0f, -14)) * sc;
+        if (std::fabs(v) >= smallest_normal)
+          CHECK(std::fabs(o - v) <= rel * std::fabs(v) * 1.0001f);
       }
     }
   }
@@ -256,8 +265,10 @@ static void test_static_scales() {
     for (auto &v : x) v = std::max(-3.5f, std::min(3.5f, v));  // inside int4's static range
     Quantized q = roundtrip(s, x, 8, 8);
     for (size_t i = 0; i < x.size(); ++i) {
-      if (is_int(dt)) CHECK(std::fabs(q.out[i] - x[i]) <= 0.25f * (1 + 1e-6f));
-      else CHECK(std::fabs(q.out[i] - x[i]) <= std::fabs(x[i]) * 0.125f + 1e-3f);
+      if (is_int(dt))
+        CHECK(std::fabs(q.out[i] - x[i]) <= 0.25f * (1 + 1e-6f));
+      else
+        CHECK(std::fabs(q.out[i] - x[i]) <= std::fabs(x[i]) * 0.125f + 1e-3f);
     }
   }
 }
@@ -278,7 +289,8 @@ static void test_int4_partial_group() {
     x[0] = 5.0f;
     x[1] = 6.0f;
     Quantized q = roundtrip(s, x, 3, 96);
-    for (size_t i = 0; i < x.size(); ++i) CHECK(std::fabs(q.out[i] - x[i]) <= (6.0f - 5.0f) / 15.0f / 2.0f * 1.0001f);
+    for (size_t i = 0; i < x.size(); ++i)
+      CHECK(std::fabs(q.out[i] - x[i]) <= (6.0f - 5.0f) / 15.0f / 2.0f * 1.0001f);
   }
 }
 
@@ -315,7 +327,8 @@ static void test_rotation_bound() {
       for (uint64_t c = 0; c < d; ++c) n1 += y[c] * y[c], n2 += z[c] * z[c];
       CHECK(std::fabs(n1 - n2) <= 1e-4 * n1);
       hadamard(z.data(), d, s.rotation_block);
-      for (uint64_t c = 0; c < d; ++c) CHECK(std::fabs(z[c] - y[c]) <= 1e-4f * (1 + std::fabs(y[c])));
+      for (uint64_t c = 0; c < d; ++c)
+        CHECK(std::fabs(z[c] - y[c]) <= 1e-4f * (1 + std::fabs(y[c])));
     }
 }
 
@@ -326,13 +339,15 @@ static void test_nonfinite_rejected() {
   std::vector<float> x = gaussian(32, 1.0f);
   x[17] = std::nanf("");
   std::vector<uint8_t> codes(32, 0xaa), scales(4 * 4, 0xbb);
-  expect_error([&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
-               kvc::Errc::NonFinite);
+  expect_error(
+      [&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
+      kvc::Errc::NonFinite);
   for (uint8_t c : codes) CHECK(c == 0xaa);  // nothing written
   for (uint8_t c : scales) CHECK(c == 0xbb);
   x[17] = INFINITY;
-  expect_error([&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
-               kvc::Errc::NonFinite);
+  expect_error(
+      [&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
+      kvc::Errc::NonFinite);
 }
 
 static void test_byte_layout() {
@@ -393,7 +408,8 @@ static void test_simd_matches_scalar() {
   if (!simd_active()) {
     std::printf("no AVX2 on this machine: the scalar path is the only one\n");
   }
-  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
+  for (DType dt :
+       {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group, Gran::Channel})
       for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint64_t d : {8ull, 40ull, 64ull, 96ull, 128ull, 200ull, 256ull}) {
@@ -407,7 +423,8 @@ static void test_simd_matches_scalar() {
           s.group = g == Gran::Group ? (d % 64 == 0 ? 64 : 32) : 8;
           const uint64_t n = 19;
           std::vector<float> x = gaussian(n * d, 2.0f, asym ? 0.5f : 0.0f);
-          for (uint64_t i = 0; i < x.size(); i += 17) x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
+          for (uint64_t i = 0; i < x.size(); i += 17)
+            x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
           set_force_scalar(true);
           Quantized a = roundtrip(s, x, n, d);
           set_force_scalar(false);
@@ -422,7 +439,8 @@ static void test_simd_matches_scalar() {
 // The fused quantize path (f16 or f32 input, rotation, static scales, f16
 // scales) gives the scalar path's codes, scales and zero points bit for bit.
 static void test_fused_quantize_matches_scalar() {
-  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
+  for (DType dt :
+       {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group})
       for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
         for (uint32_t rot : {0u, 8u})
@@ -444,10 +462,12 @@ static void test_fused_quantize_matches_scalar() {
                 const uint64_t n = 7;
                 std::vector<float> x = gaussian(n * d, 2.0f, asym ? 0.5f : 0.0f);
                 x[3] = 0.0f;
-                for (uint64_t i = 0; i < x.size(); i += 13) x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
+                for (uint64_t i = 0; i < x.size(); i += 13)
+                  x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
                 std::vector<uint16_t> h(x.size());
                 kvc::convert(x.data(), kvc::DType::F32, h.data(), kvc::DType::F16, x.size());
-                const void *src = in == kvc::DType::F16 ? static_cast<const void *>(h.data()) : x.data();
+                const void *src =
+                    in == kvc::DType::F16 ? static_cast<const void *>(h.data()) : x.data();
                 Quantized a, b;
                 for (Quantized *q : {&a, &b}) {
                   q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
@@ -462,13 +482,17 @@ static void test_fused_quantize_matches_scalar() {
                 for (kvc::DType out : {kvc::DType::F32, kvc::DType::F16}) {
                   std::vector<uint8_t> da(n * d * 4, 0x5a), db(n * d * 4, 0x5a);
                   set_force_scalar(true);
-                  dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, da.data(), out);
+                  dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, da.data(),
+                             out);
                   set_force_scalar(false);
-                  dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, db.data(), out);
+                  dequantize(s, b.codes.data(), b.scales.data(), b.zeros.data(), n, d, db.data(),
+                             out);
                   same = same && da == db;
                 }
                 if (!same)
-                  std::fprintf(stderr, "fused quantize differs: dtype %d gran %d mode %d rot %u scale %d in %d d %llu\n",
+                  std::fprintf(stderr,
+                               "fused quantize differs: dtype %d gran %d mode %d rot %u scale %d "
+                               "in %d d %llu\n",
                                int(dt), int(g), mode, rot, int(sd), int(in), (unsigned long long)d);
                 CHECK(same);
               }
@@ -484,14 +508,16 @@ static void test_fp8_simd_edges() {
     for (int c = 0; c < 256; ++c) {
       if (!std::isfinite(t[c])) continue;
       x.push_back(t[c]);
-      if (c < 255 && std::isfinite(t[c + 1]) && (c & 0x7f) != 0x7f) x.push_back(0.5f * (t[c] + t[c + 1]));
+      if (c < 255 && std::isfinite(t[c + 1]) && (c & 0x7f) != 0x7f)
+        x.push_back(0.5f * (t[c] + t[c + 1]));
     }
     for (float v : {1e-45f, -1e-40f, 1.1754942e-38f, 3e-39f, 1e30f, -3e38f, 449.0f, 464.0f, 465.0f,
                     57344.0f, 61440.0f, 61441.0f, -0.0f})
       x.push_back(v);
     std::uniform_int_distribution<int> ex(-30, 20);
     std::uniform_real_distribution<float> m(1.0f, 2.0f);
-    while (x.size() % 32 != 0 || x.size() < 2048) x.push_back(std::ldexp(m(rng), ex(rng)) * ((x.size() & 1) ? -1.0f : 1.0f));
+    while (x.size() % 32 != 0 || x.size() < 2048)
+      x.push_back(std::ldexp(m(rng), ex(rng)) * ((x.size() & 1) ? -1.0f : 1.0f));
     Spec s;
     s.dtype = dt;
     s.gran = Gran::Tensor;
@@ -505,7 +531,8 @@ static void test_fp8_simd_edges() {
     for (size_t i = 0; i < x.size(); ++i) {
       const uint8_t expect = dt == DType::FP8_E4M3 ? fp8_e4m3_encode(x[i]) : fp8_e5m2_encode(x[i]);
       if (b.codes[i] != expect) {
-        std::fprintf(stderr, "fp8 %d: x=%g simd %02x scalar %02x\n", int(dt), x[i], b.codes[i], expect);
+        std::fprintf(stderr, "fp8 %d: x=%g simd %02x scalar %02x\n", int(dt), x[i], b.codes[i],
+                     expect);
         CHECK(false);
         break;
       }
@@ -544,7 +571,8 @@ static void test_fp8_decode_all_codes() {
     s.gran = Gran::Tensor;
     s.static_scale = 0.75;
     std::vector<uint8_t> codes(256 * 3);
-    for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>(i < 256 ? i : (i * 37) & 0x7e);
+    for (size_t i = 0; i < codes.size(); ++i)
+      codes[i] = static_cast<uint8_t>(i < 256 ? i : (i * 37) & 0x7e);
     const uint8_t scale[4] = {0x00, 0x00, 0x40, 0x3f};  // 0.75f little-endian
     std::vector<float> a(codes.size()), b(codes.size());
     set_force_scalar(true);
@@ -583,7 +611,6 @@ static void test_hadamard_simd() {
   }
 }
 
-
 // Full range (llama.cpp q4_0's rule): the group's value of largest magnitude
 // m (the positive one on a tie) maps to code -2^(b-1), scale = -m / 2^(b-1)
 // (its magnitude rounded up to the scale dtype); every element is within half
@@ -603,9 +630,13 @@ static void test_full_range() {
           s.group = g == Gran::Group ? 32 : g == Gran::Channel ? 16 : 0;
           const uint64_t n = 37;
           std::vector<float> x = gaussian(n * d, 1.0f);
-          for (uint64_t r = 0; r < n; ++r) x[r * d + (d / 3)] *= (r % 2 ? 12.0f : -12.0f);  // outliers of both signs
+          for (uint64_t r = 0; r < n; ++r)
+            x[r * d + (d / 3)] *= (r % 2 ? 12.0f : -12.0f);  // outliers of both signs
           Quantized q = roundtrip(s, x, n, d);
-          const double half = dt == DType::INT8 ? 128 : dt == DType::INT4 ? 8 : dt == DType::INT3 ? 4 : 2;
+          const double half = dt == DType::INT8   ? 128
+                              : dt == DType::INT4 ? 8
+                              : dt == DType::INT3 ? 4
+                                                  : 2;
           // The extreme of each scale's elements.
           std::map<uint64_t, float> ext;
           auto idx_of = [&](uint64_t r, uint64_t c) { return scale_index(s, r, c, d); };
@@ -618,19 +649,23 @@ static void test_full_range() {
           int bad = 0;
           for (uint64_t r = 0; r < n; ++r)
             for (uint64_t c = 0; c < d; ++c) {
-              const float m = ext[idx_of(r, c)], scale = step_of(s, q, r, c, n, d), v = x[r * d + c];
+              const float m = ext[idx_of(r, c)], scale = step_of(s, q, r, c, n, d),
+                          v = x[r * d + c];
               const double want = std::fabs(m) / half, got = std::fabs(scale);
-              const bool scale_ok = (m > 0 ? scale < 0 : scale > 0) && got >= want &&
-                                    got <= want * (1.0 + (sd == DType::F16 ? 1.0 / 1024 : 1e-6)) + 1e-30;
+              const bool scale_ok =
+                  (m > 0 ? scale < 0 : scale > 0) && got >= want &&
+                  got <= want * (1.0 + (sd == DType::F16 ? 1.0 / 1024 : 1e-6)) + 1e-30;
               const float err = std::fabs(q.out[r * d + c] - v);
               const bool clamps = (v > 0) != (m > 0) && std::fabs(v) > (half - 1) * got;
-              const float bound = (clamps ? 1.0f : 0.5f) * got * (1.0f + 1e-5f) + 4e-7f * std::fabs(v);
-              const bool extreme_exact = v != m || q.out[r * d + c] == static_cast<float>(-half * scale);
+              const float bound =
+                  (clamps ? 1.0f : 0.5f) * got * (1.0f + 1e-5f) + 4e-7f * std::fabs(v);
+              const bool extreme_exact =
+                  v != m || q.out[r * d + c] == static_cast<float>(-half * scale);
               if (!scale_ok || err > bound || !extreme_exact) {
                 if (bad++ < 3)
                   std::fprintf(stderr, "%s full range: r=%llu c=%llu x=%g out=%g m=%g scale=%g\n",
-                               describe(s, d).c_str(), (unsigned long long)r, (unsigned long long)c, v,
-                               q.out[r * d + c], m, scale);
+                               describe(s, d).c_str(), (unsigned long long)r, (unsigned long long)c,
+                               v, q.out[r * d + c], m, scale);
               }
             }
           CHECK(bad == 0);
@@ -673,7 +708,8 @@ static void test_full_range() {
         CHECK(static_cast<int8_t>(qb.codes[0]) == 127 && qb.out[0] == 127.0f * sc);
         // A true tie picks the positive extreme.
         Quantized qt2 = roundtrip(s8, {-3e38f, 3e38f, 0, 0, 0, 0, 0, 0}, 1, 8);
-        CHECK(load_scale(qt2.scales.data(), DType::F32) < 0.0f && static_cast<int8_t>(qt2.codes[1]) == -128);
+        CHECK(load_scale(qt2.scales.data(), DType::F32) < 0.0f &&
+              static_cast<int8_t>(qt2.codes[1]) == -128);
       }
       set_force_scalar(false);
     }
@@ -694,7 +730,8 @@ static void test_full_range() {
 // finite, constant and one-signed groups) and on random finite bit patterns.
 static void test_f16_direct_matches_scalar() {
   std::uniform_int_distribution<int> bits(0, 0xffff), pick(0, 9);
-  const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x83ff, 0x0400, 0x7bff, 0xfbff, 0x3c00, 0xbc00};
+  const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x83ff,
+                               0x0400, 0x7bff, 0xfbff, 0x3c00, 0xbc00};
   auto make = [&](uint64_t count, uint64_t g) {
     std::vector<uint16_t> h(count);
     for (uint64_t i = 0; i < count; i += g) {
@@ -704,19 +741,26 @@ static void test_f16_direct_matches_scalar() {
         uint16_t v;
         do v = static_cast<uint16_t>(bits(rng));
         while ((v & 0x7c00) == 0x7c00);  // finite
-        if (kind == 0) v = c;                                             // constant group
-        else if (kind == 1) v = specials[bits(rng) % (sizeof specials / sizeof specials[0])];
-        else if (kind == 2) v |= 0x8000;                                  // all negative
-        else if (kind == 3) v &= 0x7fff;                                  // all positive
-        else if (kind == 4) v = static_cast<uint16_t>(v & 0x83ff);        // subnormals and zeros
-        else if (kind == 5 && j == i) v = c;                              // one special among randoms
+        if (kind == 0)
+          v = c;  // constant group
+        else if (kind == 1)
+          v = specials[bits(rng) % (sizeof specials / sizeof specials[0])];
+        else if (kind == 2)
+          v |= 0x8000;  // all negative
+        else if (kind == 3)
+          v &= 0x7fff;  // all positive
+        else if (kind == 4)
+          v = static_cast<uint16_t>(v & 0x83ff);  // subnormals and zeros
+        else if (kind == 5 && j == i)
+          v = c;  // one special among randoms
         h[j] = v;
       }
     }
     return h;
   };
   int cases = 0;
-  for (DType dt : {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
+  for (DType dt :
+       {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (int mode : {0, 1, 2})
       for (DType sd : {DType::F32, DType::F16})
         for (uint64_t d : {64ull, 96ull, 128ull, 200ull})
@@ -738,21 +782,28 @@ static void test_f16_direct_matches_scalar() {
               q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
               q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
               set_force_scalar(q == &a);
-              quantize(s, h.data(), kvc::DType::F16, n, d, q->codes.data(), q->scales.data(), q->zeros.data());
+              quantize(s, h.data(), kvc::DType::F16, n, d, q->codes.data(), q->scales.data(),
+                       q->zeros.data());
             }
             set_force_scalar(false);
             const bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
             if (!same)
-              std::fprintf(stderr, "f16 direct path differs: dtype %d mode %d scale %d d %llu group %u\n", int(dt),
-                           mode, int(sd), (unsigned long long)d, group);
+              std::fprintf(stderr,
+                           "f16 direct path differs: dtype %d mode %d scale %d d %llu group %u\n",
+                           int(dt), mode, int(sd), (unsigned long long)d, group);
             CHECK(same);
             // A NaN or Inf of either sign in the last value: refused, nothing written.
             for (uint16_t badv : {0x7c00, 0xfc00, 0x7e00, 0xfe01}) {
               std::vector<uint16_t> hb = h;
               hb.back() = badv;
-              std::vector<uint8_t> codes(a.codes.size(), 0x5a), scales(a.scales.size(), 0x5a), zeros(a.zeros.size(), 0x5a);
-              expect_error([&] { quantize(s, hb.data(), kvc::DType::F16, n, d, codes.data(), scales.data(), zeros.data()); },
-                           kvc::Errc::NonFinite);
+              std::vector<uint8_t> codes(a.codes.size(), 0x5a), scales(a.scales.size(), 0x5a),
+                  zeros(a.zeros.size(), 0x5a);
+              expect_error(
+                  [&] {
+                    quantize(s, hb.data(), kvc::DType::F16, n, d, codes.data(), scales.data(),
+                             zeros.data());
+                  },
+                  kvc::Errc::NonFinite);
               bool untouched = true;
               for (uint8_t c : codes) untouched = untouched && c == 0x5a;
               for (uint8_t c : scales) untouched = untouched && c == 0x5a;
@@ -795,7 +846,9 @@ static void test_int3_random() {
   auto pick = [&](std::initializer_list<uint64_t> v) { return v.begin()[r3() % v.size()]; };
   constexpr size_t kGuard = 64;
   constexpr uint8_t kCanary = 0x5a;
-  auto guarded = [&](size_t bytes, uint8_t fill) { return std::vector<uint8_t>(bytes + kGuard, fill); };
+  auto guarded = [&](size_t bytes, uint8_t fill) {
+    return std::vector<uint8_t>(bytes + kGuard, fill);
+  };
   auto intact = [&](const std::vector<uint8_t> &b) {
     for (size_t i = b.size() - kGuard; i < b.size(); ++i)
       if (b[i] != kCanary) return false;
@@ -803,20 +856,24 @@ static void test_int3_random() {
   };
   int cases = 0, bad = 0;
   for (int it = 0; it < 20000; ++it) {
-    const uint64_t d = pick({1, 2, 3, 5, 7, 8, 9, 13, 16, 24, 31, 33, 40, 64, 100, 127, 128, 200, 256});
+    const uint64_t d =
+        pick({1, 2, 3, 5, 7, 8, 9, 13, 16, 24, 31, 33, 40, 64, 100, 127, 128, 200, 256});
     const uint64_t n = pick({1, 1, 2, 3, 5, 8, 17, 64});
     Spec s;
     s.dtype = DType::INT3;
-    s.gran = static_cast<Gran>(1 + r3() % 4);  // Tensor, Token, Group, Channel
+    s.gran = static_cast<Gran>(1 + r3() % 4);     // Tensor, Token, Group, Channel
     const int mode = static_cast<int>(r3() % 3);  // symmetric, asymmetric, full range
     s.asym = mode == 1;
     s.full_range = mode == 2;
     s.scale_dtype = r3() % 2 ? DType::F16 : DType::F32;
-    if (s.gran == Gran::Group) s.group = static_cast<uint32_t>(pick({1, 3, 5, 8, 12, 16, 20, 24, 32, 40, 64, d}));
+    if (s.gran == Gran::Group)
+      s.group = static_cast<uint32_t>(pick({1, 3, 5, 8, 12, 16, 20, 24, 32, 40, 64, d}));
     if (s.gran == Gran::Channel) s.group = static_cast<uint32_t>(pick({1, 2, 3, n}));
-    if (r3() % 4 == 0 && default_rotation_block(d) > 1) s.rotation_block = default_rotation_block(d) >> (r3() % 2);
+    if (r3() % 4 == 0 && default_rotation_block(d) > 1)
+      s.rotation_block = default_rotation_block(d) >> (r3() % 2);
     if (s.rotation_block == 1) s.rotation_block = 0;
-    if (s.gran == Gran::Tensor && mode == 0 && r3() % 3 == 0) s.static_scale = pick({1, 2, 4}) * 0.25;
+    if (s.gran == Gran::Tensor && mode == 0 && r3() % 3 == 0)
+      s.static_scale = pick({1, 2, 4}) * 0.25;
     const DType src_t = static_cast<DType>(r3() % 3), dst_t = static_cast<DType>(r3() % 3);
     const uint64_t esz = kvc::dtype_bytes(src_t), osz = kvc::dtype_bytes(dst_t);
     // Values: gaussian, a shifted mean for asymmetric codes, an outlier, and
@@ -829,33 +886,37 @@ static void test_int3_random() {
     kvc::convert_scalar(xf.data(), DType::F32, src.data(), src_t, n * d);
     std::vector<float> x(n * d);  // the values as given (exact)
     kvc::convert_scalar(src.data(), src_t, x.data(), DType::F32, n * d);
-    const uint64_t rb = row_bytes(s.dtype, d), cb = n * rb, sbytes = num_scales(s, n, d) * scale_bytes(s);
+    const uint64_t rb = row_bytes(s.dtype, d), cb = n * rb,
+                   sbytes = num_scales(s, n, d) * scale_bytes(s);
     const uint64_t zb = s.asym ? sbytes : 0;
     CHECK(rb == (d * 3 + 7) / 8);
     std::vector<uint8_t> codes[2], scales[2], zeros[2], outs[2];
     for (int simd = 0; simd < 2; ++simd) {
       set_force_scalar(simd == 0);
       codes[simd] = guarded(cb, kCanary);
-      std::fill(codes[simd].begin(), codes[simd].begin() + cb, static_cast<uint8_t>(0xff));  // garbage to overwrite
+      std::fill(codes[simd].begin(), codes[simd].begin() + cb,
+                static_cast<uint8_t>(0xff));  // garbage to overwrite
       scales[simd] = guarded(sbytes, kCanary);
       zeros[simd] = guarded(zb, kCanary);
       quantize(s, src.data(), src_t, n, d, codes[simd].data(), scales[simd].data(),
                s.asym ? zeros[simd].data() : nullptr);
       outs[simd] = guarded(n * d * osz, kCanary);
-      dequantize(s, codes[simd].data(), scales[simd].data(), s.asym ? zeros[simd].data() : nullptr, n, d,
-                 outs[simd].data(), dst_t);
+      dequantize(s, codes[simd].data(), scales[simd].data(), s.asym ? zeros[simd].data() : nullptr,
+                 n, d, outs[simd].data(), dst_t);
     }
     set_force_scalar(false);
     ++cases;
     char what[256];
     std::snprintf(what, sizeof what, "%s full_range=%d rot=%u static=%g src=%d dst=%d n=%llu",
                   describe(s, d).c_str(), s.full_range ? 1 : 0, s.rotation_block, s.static_scale,
-                  static_cast<int>(src_t), static_cast<int>(dst_t), static_cast<unsigned long long>(n));
+                  static_cast<int>(src_t), static_cast<int>(dst_t),
+                  static_cast<unsigned long long>(n));
     bool ok = true;
     for (int k = 0; k < 2; ++k)
       ok = ok && intact(codes[k]) && intact(scales[k]) && intact(zeros[k]) && intact(outs[k]);
     if (!ok) std::fprintf(stderr, "int3 random: write past the end: %s\n", what);
-    const bool same = codes[0] == codes[1] && scales[0] == scales[1] && zeros[0] == zeros[1] && outs[0] == outs[1];
+    const bool same = codes[0] == codes[1] && scales[0] == scales[1] && zeros[0] == zeros[1] &&
+                      outs[0] == outs[1];
     if (!same) std::fprintf(stderr, "int3 random: scalar and AVX2 differ: %s\n", what);
     ok = ok && same;
     // Full range: the value of largest magnitude of each scale's elements
@@ -876,7 +937,8 @@ static void test_int3_random() {
     for (uint64_t r = 0; r < n && ok; ++r) {
       const uint8_t *row = codes[1].data() + r * rb;
       if (d * 3 % 8 && (row[rb - 1] >> (d * 3 % 8)) != 0) {
-        std::fprintf(stderr, "int3 random: padding bits set in row %llu: %s\n", (unsigned long long)r, what);
+        std::fprintf(stderr, "int3 random: padding bits set in row %llu: %s\n",
+                     (unsigned long long)r, what);
         ok = false;
       }
       if (s.rotation_block || dst_t != DType::F32) continue;
@@ -887,11 +949,14 @@ static void test_int3_random() {
         const int code = static_cast<int>((w >> (bit % 8)) & 7u);
         const uint64_t si = s.gran == Gran::Tensor ? 0 : scale_index(s, r, c, d);
         const float sc = load_scale(q.scales.data() + si * scale_bytes(s), s.scale_dtype);
-        const float z = s.asym ? load_scale(zeros[1].data() + si * scale_bytes(s), s.scale_dtype) : 0.0f;
-        const float want = s.asym ? static_cast<float>(code) * sc + z : static_cast<float>(code - 4) * sc;
+        const float z =
+            s.asym ? load_scale(zeros[1].data() + si * scale_bytes(s), s.scale_dtype) : 0.0f;
+        const float want =
+            s.asym ? static_cast<float>(code) * sc + z : static_cast<float>(code - 4) * sc;
         if (out[r * d + c] != want) {
           std::fprintf(stderr, "int3 random: r=%llu c=%llu code %d decodes to %g, not %g: %s\n",
-                       (unsigned long long)r, (unsigned long long)c, code, out[r * d + c], want, what);
+                       (unsigned long long)r, (unsigned long long)c, code, out[r * d + c], want,
+                       what);
           ok = false;
           break;
         }
@@ -901,11 +966,12 @@ static void test_int3_random() {
           // steps clamps to code 3 (within one step); all others round.
           const float m = s.full_range ? ext[scale_index(s, r, c, d)] : 0.0f;
           const bool clamps = s.full_range && (v > 0) != (m > 0) && std::fabs(v) > 3.0f * step;
-          const float bound = (clamps ? 1.0f : 0.5f) * step * (1.0f + 1e-5f) + 4e-7f * std::fabs(v) +
-                              (s.asym ? 4e-7f * std::fabs(z) : 0.0f);
+          const float bound = (clamps ? 1.0f : 0.5f) * step * (1.0f + 1e-5f) +
+                              4e-7f * std::fabs(v) + (s.asym ? 4e-7f * std::fabs(z) : 0.0f);
           if (err > bound) {
-            std::fprintf(stderr, "int3 random: r=%llu c=%llu x=%g out=%g step=%g: %s\n", (unsigned long long)r,
-                         (unsigned long long)c, v, out[r * d + c], step, what);
+            std::fprintf(stderr, "int3 random: r=%llu c=%llu x=%g out=%g step=%g: %s\n",
+                         (unsigned long long)r, (unsigned long long)c, v, out[r * d + c], step,
+                         what);
             ok = false;
             break;
           }
@@ -918,16 +984,70 @@ static void test_int3_random() {
   CHECK(bad == 0);
 }
 
+// The batched scale computation of the fused path (four groups at a time)
+// on the groups that take its edge branches: all zeros, -0, values below
+// FLT_MIN, magnitudes past the 1e38 cap, a single nonzero value, and
+// group counts that leave a remainder of 1 to 3: the scalar path's codes,
+// scales and zero points bit for bit.
+static void test_fused_params_edges() {
+  const float tiny = 1e-40f, huge = 3e38f;
+  for (DType dt : {DType::INT8, DType::INT4, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
+    for (int asym : {0, 1})
+      for (uint64_t groups : {1ull, 2ull, 3ull, 5ull, 7ull}) {
+        if (asym && is_fp8(dt)) continue;
+        Spec s;
+        s.dtype = dt;
+        s.gran = Gran::Group;
+        s.group = 8;
+        s.asym = asym != 0;
+        const uint64_t d = 8 * groups, n = 9;
+        std::vector<float> x = gaussian(n * d, 1.0f, 0.0f);
+        for (uint64_t r = 0; r < n; ++r)
+          for (uint64_t j = 0; j < d; ++j) {
+            float &v = x[r * d + j];
+            const uint64_t kind = (r * groups + j / 8) % 7;
+            if (kind == 0) v = 0.0f;
+            if (kind == 1) v = -0.0f;
+            if (kind == 2) v = (j % 2 ? -tiny : tiny);
+            if (kind == 3) v = (j % 3 ? huge : -huge);
+            if (kind == 4) v = j % 8 == 5 ? -2.5f : 0.0f;
+            if (kind == 5) v = std::fabs(v) + 1.0f;  // all positive
+          }
+        Quantized a, b;
+        for (Quantized *q : {&a, &b}) {
+          q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+          q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+          q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
+          set_force_scalar(q == &a);
+          quantize(s, x.data(), kvc::DType::F32, n, d, q->codes.data(), q->scales.data(),
+                   q->zeros.data());
+        }
+        set_force_scalar(false);
+        if (!(a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros))
+          std::fprintf(stderr, "fused params differ: dtype %d asym %d groups %llu\n",
+                       static_cast<int>(dt), asym, static_cast<unsigned long long>(groups));
+        CHECK(a.codes == b.codes);
+        CHECK(a.scales == b.scales);
+        CHECK(a.zeros == b.zeros);
+      }
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
-      {"int_bounds", test_int_bounds},       {"zero_rows", test_zero_rows_exact},
-      {"fp8", test_fp8},                     {"static_scales", test_static_scales},
+      {"int_bounds", test_int_bounds},
+      {"zero_rows", test_zero_rows_exact},
+      {"fp8", test_fp8},
+      {"static_scales", test_static_scales},
       {"int4_partial_group", test_int4_partial_group},
-      {"rotation_bound", test_rotation_bound}, {"nonfinite", test_nonfinite_rejected},
-      {"byte_layout", test_byte_layout},      {"simd_matches_scalar", test_simd_matches_scalar},
-      {"fp8_simd_edges", test_fp8_simd_edges},     {"hadamard_simd", test_hadamard_simd},
+      {"rotation_bound", test_rotation_bound},
+      {"nonfinite", test_nonfinite_rejected},
+      {"byte_layout", test_byte_layout},
+      {"simd_matches_scalar", test_simd_matches_scalar},
+      {"fp8_simd_edges", test_fp8_simd_edges},
+      {"hadamard_simd", test_hadamard_simd},
       {"dequant_f16_simd", test_dequant_f16_simd},
       {"fused_quantize", test_fused_quantize_matches_scalar},
+      {"fused_params_edges", test_fused_params_edges},
       {"fp8_decode_all_codes", test_fp8_decode_all_codes},
       {"full_range", test_full_range},
       {"f16_direct", test_f16_direct_matches_scalar},
