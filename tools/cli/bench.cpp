@@ -544,6 +544,43 @@ std::vector<BenchResult> run_bench(const BenchOptions &o) {
   return b.results();
 }
 
+namespace {
+// The speed goals the CPU hot paths aim at (the case names' prefixes): a
+// minimum speed against the case's baseline, or a maximum time per item.
+struct Goal {
+  const char *prefix;
+  double min_speed;     // 0: none
+  double max_per_item;  // seconds; 0: none
+};
+constexpr Goal kGoals[] = {
+    {"decode f16 vs memcpy", 0.8, 0},
+    {"decode int8 per-token", 1.6, 0},
+    {"decode int4 per-token", 2.5, 0},
+    {"quantize int8 per-token", 1.3, 0},
+    {"quantize int4 group=32", 0.9, 0},
+    {"quantize fp8_e4m3 per-token", 1.2, 0},
+    {"lookup of a 4096-token cached prompt, XXH3-128", 0, 1.5e-9},
+};
+struct GoalResult {
+  const Goal *goal;
+  const BenchResult *result;
+  bool met;
+};
+std::vector<GoalResult> goal_results(const std::vector<BenchResult> &results) {
+  std::vector<GoalResult> out;
+  for (const Goal &g : kGoals)
+    for (const BenchResult &r : results)
+      if (r.name.rfind(g.prefix, 0) == 0) {
+        const double speed = r.baseline_seconds / r.seconds;
+        const double per = r.items > 0 ? r.seconds / r.items : 0;
+        const bool met = g.min_speed > 0 ? speed >= g.min_speed : per > 0 && per < g.max_per_item;
+        out.push_back({&g, &r, met});
+        break;
+      }
+  return out;
+}
+}  // namespace
+
 void print_bench(const BenchOptions &o, const std::vector<BenchResult> &results) {
   std::printf(
       "kvcache bench%s (libkvcache %s): wall time per operation, the fastest of %d rounds; each "
@@ -564,6 +601,21 @@ void print_bench(const BenchOptions &o, const std::vector<BenchResult> &results)
     if (r.bytes > 0) std::printf("  %7.2f GB/s", r.bytes / r.seconds / 1e9);
     std::printf("\n    baseline: %s: %s   speed %.3fx\n", r.baseline.c_str(),
                 human_time(r.baseline_seconds).c_str(), speed);
+  }
+  const std::vector<GoalResult> goals = goal_results(results);
+  if (goals.empty()) return;
+  std::printf("\ngoals (CPU hot paths; ratios of this run, noisy on a shared machine)\n");
+  for (const GoalResult &g : goals) {
+    const BenchResult &r = *g.result;
+    if (g.goal->min_speed > 0)
+      std::printf("  %-48s speed %.3fx   goal >= %.2fx   %s\n", g.goal->prefix,
+                  r.baseline_seconds / r.seconds, g.goal->min_speed,
+                  g.met ? "meets target" : "below target");
+    else
+      std::printf("  %-48s %s/%s   goal < %s   %s\n", g.goal->prefix,
+                  human_time(r.seconds / r.items).c_str(), r.item_unit.c_str(),
+                  human_time(g.goal->max_per_item).c_str(),
+                  g.met ? "meets target" : "below target");
   }
 }
 
@@ -590,6 +642,16 @@ std::string bench_json(const BenchOptions &o, const std::vector<BenchResult> &re
     arr.push_back(x);
   }
   j["results"] = arr;
+  nlohmann::ordered_json goals = nlohmann::ordered_json::array();
+  for (const GoalResult &g : goal_results(results)) {
+    nlohmann::ordered_json x;
+    x["case"] = g.result->name;
+    if (g.goal->min_speed > 0) x["min_speed_vs_baseline"] = g.goal->min_speed;
+    if (g.goal->max_per_item > 0) x["max_seconds_per_item"] = g.goal->max_per_item;
+    x["met"] = g.met;
+    goals.push_back(x);
+  }
+  j["goals"] = goals;
   return j.dump(2);
 }
 
