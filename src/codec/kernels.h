@@ -123,8 +123,12 @@ __attribute__((noinline)) inline float round_zero_down(float v, DType sd) {
 bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d,
                               uint8_t *codes, uint8_t *scales, uint8_t *zeros);
 // f16 (half) or f32 rows through an L1 buffer of quantize_fast_scratch() floats.
+// nonfinite: null (the input was checked), or set to true, and the call
+// stopped part way, when a row holds a NaN or Inf (checked before the rows
+// are rotated; the output must then be a staging copy the caller drops).
 void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d,
-                        uint8_t *codes, uint8_t *scales, uint8_t *zeros, float *buf);
+                        uint8_t *codes, uint8_t *scales, uint8_t *zeros, float *buf,
+                        bool *nonfinite = nullptr);
 uint64_t quantize_fast_scratch(const Spec &s, uint64_t d);
 // Integer and fp8 codes, no rotation, straight to f16 (half) or f32: returns
 // false (nothing written) for a dtype it does not take.

@@ -54,6 +54,35 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
       return;
   }
 #endif
+#ifdef KVC_CODEC_X86
+  // The fused path below with no rotation: one read of the input, checking it
+  // while it converts, into staging copies of the outputs (up to 64 MiB) that
+  // reach the caller's buffers only when every row was finite (a separate
+  // check would read the whole input once more).
+  if (use_avx2() && convert_has_simd() && !s.rotation_block && d % 8 == 0 && d > 0 &&
+      (is_int(s.dtype) || is_fp8(s.dtype)) && (src_type == DType::F16 || src_type == DType::F32) &&
+      (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
+       (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
+    const uint64_t cb = n * row_bytes(s.dtype, d), sb = num_scales(s, n, d) * scale_bytes(s);
+    const uint64_t zb = s.asym ? sb : 0;
+    if (cb + sb + zb <= (uint64_t(64) << 20)) {
+      thread_local ScratchBuffer<uint8_t> stage;
+      uint8_t *st = stage.get(cb + sb + zb + 1);
+      float *buf = scratch_floats(quantize_fast_scratch(s, d));
+      bool bad = false;
+      quantize_fast_avx2(s, src, src_type == DType::F16, n, d, st, sb ? st + cb : nullptr,
+                         zb ? st + cb + sb : nullptr, buf, &bad);
+      if (bad) {
+        check_finite_raw(src, src_type, n * d);  // throws, naming the element
+        fail(Errc::NonFinite, "the input holds a NaN or Inf: nothing was written");
+      }
+      std::memcpy(codes, st, cb);
+      if (sb && scales) std::memcpy(scales, st + cb, sb);
+      if (zb && zeros) std::memcpy(zeros, st + cb + sb, zb);
+      return;
+    }
+  }
+#endif
   check_finite_raw(src, src_type, n * d);  // before anything is written
   if (s.rotation_block && src_type == DType::F32)
     check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);

@@ -111,7 +111,8 @@ constexpr uint64_t kChunkFloats = 2048;
 template <bool Half>
 __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const void *src, uint64_t n,
                                                         uint64_t d, uint8_t *codes, uint8_t *scales,
-                                                        uint8_t *zeros, float *buf) {
+                                                        uint8_t *zeros, float *buf,
+                                                        bool *nonfinite) {
   const bool fixed = s.gran == Gran::Tensor;  // static scale (checked by the caller)
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
@@ -133,9 +134,16 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
       float *x = buf + r * d;
       if (rotate || fixed) {
         for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(x + j, load8<Half>(row, j));
+        if (nonfinite && !all_finite_avx2(x, d)) {
+          *nonfinite = true;
+          return;
+        }
         if (rotate) hadamard(x, d, s.rotation_block);
       }
       if (fixed) continue;
+      // NaN / Inf (exponent all ones) seen in this row, when checking.
+      __m256i bad = _mm256_setzero_si256();
+      const __m256i expo = _mm256_set1_epi32(0x7f800000);
       for (uint64_t gi = 0; gi < ng; ++gi) {
         const uint64_t j0 = gi * g, j1 = j0 + g;
         __m256 lo0 = _mm256_set1_ps(std::numeric_limits<float>::infinity()), lo1 = lo0;
@@ -147,6 +155,10 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
           if (!rotate) {
             _mm256_storeu_ps(x + j, a);
             _mm256_storeu_ps(x + j + 8, b);
+            bad = _mm256_or_si256(
+                bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(a), expo), expo));
+            bad = _mm256_or_si256(
+                bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(b), expo), expo));
           }
           lo0 = _mm256_min_ps(lo0, a);
           hi0 = _mm256_max_ps(hi0, a);
@@ -155,12 +167,20 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
         }
         if (j < j1) {
           const __m256 a = rotate ? _mm256_loadu_ps(x + j) : load8<Half>(row, j);
-          if (!rotate) _mm256_storeu_ps(x + j, a);
+          if (!rotate) {
+            _mm256_storeu_ps(x + j, a);
+            bad = _mm256_or_si256(
+                bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(a), expo), expo));
+          }
           lo0 = _mm256_min_ps(lo0, a);
           hi0 = _mm256_max_ps(hi0, a);
         }
         hminmax(_mm256_min_ps(lo0, lo1), _mm256_max_ps(hi0, hi1), &lohi[2 * (r * ng + gi)],
                 &lohi[2 * (r * ng + gi) + 1]);
+      }
+      if (nonfinite && !_mm256_testz_si256(bad, bad)) {
+        *nonfinite = true;
+        return;
       }
     }
     // Parameters of every group of the chunk, and their scales and zeros.
@@ -593,11 +613,12 @@ bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, ui
 }
 
 void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d,
-                        uint8_t *codes, uint8_t *scales, uint8_t *zeros, float *buf) {
+                        uint8_t *codes, uint8_t *scales, uint8_t *zeros, float *buf,
+                        bool *nonfinite) {
   if (half)
-    quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf);
+    quantize_fast<true>(s, src, n, d, codes, scales, zeros, buf, nonfinite);
   else
-    quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf);
+    quantize_fast<false>(s, src, n, d, codes, scales, zeros, buf, nonfinite);
 }
 
 }  // namespace kvc::codec

@@ -121,9 +121,10 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   if (n <= 1) return w;
   const uint64_t usable = n - 1;  // at least one token is always left to compute
   BlockKey parent = ps.root;
-  std::vector<uint8_t> scratch;
+  thread_local std::vector<uint8_t> scratch;  // one block's hash input, kept between calls
   static const std::vector<uint8_t> none;
   const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
+  w.path.reserve(std::min<uint64_t>(usable / bs, ps.entries.size()));
   for (uint64_t i = 0; i < usable / bs; ++i) {
     const BlockKey k =
         ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);

@@ -348,6 +348,29 @@ static void test_nonfinite_rejected() {
   expect_error(
       [&] { quantize(s, x.data(), kvc::DType::F32, 4, 8, codes.data(), scales.data(), nullptr); },
       kvc::Errc::NonFinite);
+  // The one-read fused path (rows checked as they convert, outputs staged):
+  // a NaN or Inf in the last row of many chunks still leaves every output
+  // byte as it was, for per-token, per-group (asymmetric) and static scales.
+  for (int g = 0; g < 3; ++g)
+    for (float bad : {std::nanf(""), -INFINITY}) {
+      Spec t;
+      t.dtype = g == 1 ? DType::INT4 : DType::INT8;
+      t.gran = g == 0 ? Gran::Token : g == 1 ? Gran::Group : Gran::Tensor;
+      t.group = 32;
+      t.asym = g == 1;
+      if (g == 2) t.static_scale = 0.5;
+      const uint64_t n = 300, d = 64;
+      std::vector<float> y = gaussian(n * d, 1.0f);
+      y[(n - 1) * d + 40] = bad;
+      std::vector<uint8_t> c(n * row_bytes(t.dtype, d), 0xaa), sc(num_scales(t, n, d) * 4, 0xbb),
+          z(t.asym ? sc.size() : 0, 0xcc);
+      expect_error(
+          [&] { quantize(t, y.data(), kvc::DType::F32, n, d, c.data(), sc.data(), z.data()); },
+          kvc::Errc::NonFinite);
+      for (uint8_t v : c) CHECK(v == 0xaa);
+      for (uint8_t v : sc) CHECK(v == 0xbb);
+      for (uint8_t v : z) CHECK(v == 0xcc);
+    }
 }
 
 static void test_byte_layout() {
