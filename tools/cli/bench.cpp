@@ -211,8 +211,30 @@ void pool_cases(Bench &b) {
                  static_cast<volatile char *>(m)[0] = 1;
                  std::free(m);
                }};
-    b.pair(G, "reserve + free 1 block", "malloc + free of the block's 64 KiB", op, base, 0, 1,
-           "block");
+    b.pair(G,
+           "reserve + free 1 block: kvc_seq_create + kvc_seq_reserve + kvc_seq_free (a "
+           "sequence's whole life)",
+           "malloc + free of the block's 64 KiB", op, base, 0, 1, "block");
+  }
+  // The path of Google Benchmark's BM_ReserveFreeOneBlock: one block taken
+  // and given back by a sequence that stays.
+  if (b.wanted(G, "reserve + truncate 1 block")) {
+    auto pool = make_pool(tokens, KVC_DTYPE_F16);
+    ok(kvc_seq_create(pool->p, 1), "kvc_seq_create");
+    Timed op{nullptr, [&] {
+               ok(kvc_seq_reserve(pool->p, 1, kBlock, nullptr), "kvc_seq_reserve");
+               ok(kvc_seq_truncate(pool->p, 1, 0), "kvc_seq_truncate");
+             }};
+    Timed base{nullptr, [&] {
+                 void *m = std::malloc(static_cast<std::size_t>(block_bytes));
+                 if (m == nullptr) throw RunnerError("out of memory");
+                 static_cast<volatile char *>(m)[0] = 1;
+                 std::free(m);
+               }};
+    b.pair(G,
+           "reserve + truncate 1 block of a live sequence (bench_pool's BM_ReserveFreeOneBlock "
+           "path)",
+           "malloc + free of the block's 64 KiB", op, base, 0, 1, "block");
   }
   if (b.wanted(G, "append 16 tokens")) {
     auto pool = make_pool(tokens, KVC_DTYPE_F16);
