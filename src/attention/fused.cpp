@@ -259,14 +259,19 @@ bool integer(RawType t) {
   return t == RawType::Int8 || t == RawType::UInt8 || t == RawType::Int4;
 }
 
-// Clamps the scores s[0..c) as the tile path does (NaN: -FLT_MAX), returns
-// their maximum.
-KVC_FUSED float clamp_max(float *s, uint64_t c) {
-  const __m256 hi = _mm256_set1_ps(kMax), lo = _mm256_set1_ps(-kMax);
+// Integer keys first turn the code dots into scores (s = s * ks + kz * qsum;
+// ks null: float keys), then clamps them as the tile path does (NaN:
+// -FLT_MAX); returns their maximum.
+KVC_FUSED float clamp_max(float *s, uint64_t c, const float *ks, const float *kz, float qsum) {
+  const __m256 hi = _mm256_set1_ps(kMax), lo = _mm256_set1_ps(-kMax), vq = _mm256_set1_ps(qsum);
   __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   uint64_t t = 0;
   for (; t + 8 <= c; t += 8) {
     __m256 x = _mm256_loadu_ps(s + t);
+    if (ks) {
+      x = _mm256_mul_ps(x, _mm256_loadu_ps(ks + t));
+      if (kz) x = _mm256_fmadd_ps(_mm256_loadu_ps(kz + t), vq, x);
+    }
     x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
     _mm256_storeu_ps(s + t, x);
@@ -278,32 +283,49 @@ KVC_FUSED float clamp_max(float *s, uint64_t c) {
   float m = _mm_cvtss_f32(h);
   for (; t < c; ++t) {
     float v = s[t];
+    if (ks) v = kz ? std::fma(kz[t], qsum, v * ks[t]) : v * ks[t];
     v = v != v ? -kMax : std::min(kMax, std::max(-kMax, v));
     s[t] = v;
     m = std::max(m, v);
   }
   return m;
 }
-// p[t] = e^(s[t] - m) in place; returns their sum.
-KVC_FUSED float exp_sum(float *s, uint64_t c, float m) {
+// p[t] = e^(s[t] - m) in place; returns their sum. Integer values (vs not
+// null): also pv[t] = p[t] * vs[t] and, with zero points, *zadd = the sum of
+// p[t] * vz[t].
+KVC_FUSED float exp_sum(float *s, uint64_t c, float m, const float *vs, const float *vz, float *pv,
+                        float *zadd) {
   const __m256 vm = _mm256_set1_ps(m);
-  __m256 sum = _mm256_setzero_ps();
+  __m256 sum = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
   uint64_t t = 0;
   for (; t + 8 <= c; t += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
     _mm256_storeu_ps(s + t, e);
     sum = _mm256_add_ps(sum, e);
+    if (vs) {
+      _mm256_storeu_ps(pv + t, _mm256_mul_ps(e, _mm256_loadu_ps(vs + t)));
+      if (vz) zs = _mm256_fmadd_ps(e, _mm256_loadu_ps(vz + t), zs);
+    }
   }
-  if (t < c) {  // the rest through a padded vector
-    alignas(32) float b[8] = {};
+  if (t < c) {  // the rest through padded vectors
+    alignas(32) float b[8] = {}, sv[8] = {}, zv[8] = {};
     const uint64_t r = c - t;
-    for (uint64_t i = 0; i < 8; ++i)
+    for (uint64_t i = 0; i < 8; ++i) {
       b[i] = i < r ? s[t + i] - m : -std::numeric_limits<float>::infinity();
+      if (vs && i < r) sv[i] = vs[t + i];
+      if (vz && i < r) zv[i] = vz[t + i];
+    }
     const __m256 e = exp8(_mm256_load_ps(b));
     _mm256_store_ps(b, e);
     for (uint64_t i = 0; i < r; ++i) s[t + i] = b[i];
     sum = _mm256_add_ps(sum, e);
+    if (vs) {
+      _mm256_store_ps(sv, _mm256_mul_ps(e, _mm256_load_ps(sv)));
+      for (uint64_t i = 0; i < r; ++i) pv[t + i] = sv[i];
+      if (vz) zs = _mm256_fmadd_ps(e, _mm256_load_ps(zv), zs);
+    }
   }
+  if (zadd) *zadd = hsum(zs);
   return hsum(sum);
 }
 
@@ -386,30 +408,23 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
         if (j == 0) prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
       });
   }
-  // Scores of the values (scale, zero point), the online softmax's update.
+  // Scores of the codes (scale, zero point), the online softmax's update.
   for (uint64_t hh = 0; hh < hq; ++hh) {
     const uint64_t g = hh / grp;
     float *sh_ = s + hh * c;
-    if (kint) {
-      float qsum = 0.0f;
-      if (K.zero)
-        for (uint64_t d = 0; d < hd; ++d) qsum += q[hh * hd + d];
-      for (uint64_t t = 0; t < c; ++t) sh_[t] = sh_[t] * ks[g * c + t] + kz[g * c + t] * qsum;
-    }
-    const float mx = clamp_max(sh_, c);
+    float qsum = 0.0f;
+    if (kint && K.zero)
+      for (uint64_t d = 0; d < hd; ++d) qsum += q[hh * hd + d];
+    const float mx =
+        clamp_max(sh_, c, kint ? ks + g * c : nullptr, kint && K.zero ? kz + g * c : nullptr, qsum);
     if (obs) std::memcpy(obs + hh * obs_stride + t0, sh_, c * sizeof(float));
     const float m_new = std::max(m[hh], mx);
     corr[hh] = m[hh] == -std::numeric_limits<float>::infinity() ? 0.0f : exp1(m[hh] - m_new);
-    ls[hh] = ls[hh] * corr[hh] + exp_sum(sh_, c, m_new);
-    m[hh] = m_new;
     zadd[hh] = 0.0f;
-    if (vint) {
-      float *ph = pv + hh * c;
-      for (uint64_t t = 0; t < c; ++t) {
-        ph[t] = sh_[t] * vs[g * c + t];
-        if (V.zero) zadd[hh] += sh_[t] * vz[g * c + t];
-      }
-    }
+    ls[hh] = ls[hh] * corr[hh] + exp_sum(sh_, c, m_new, vint ? vs + g * c : nullptr,
+                                         vint && V.zero ? vz + g * c : nullptr, pv + hh * c,
+                                         vint && V.zero ? zadd + hh : nullptr);
+    m[hh] = m_new;
   }
   // acc = acc * corr + p . v (+ the zero points' share, once).
   const float *p = vint ? pv : s;
