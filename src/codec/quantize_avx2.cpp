@@ -98,6 +98,41 @@ __attribute__((target("avx2,fma"))) void make_params_batch(const Spec &s, const 
   for (; i < k; ++i) ps[i] = make_params(s, lohi[2 * i], lohi[2 * i + 1]);
 }
 
+// Codes of `rows` f32 rows x [rows][d] in groups of g values (g a multiple
+// of 32), int8 or int4, Params per group (ps[r * (d / g) + gi], or ps[0] for
+// every group when !per_group): encode_int_run_avx2's vector step, inline.
+template <bool Asym>
+__attribute__((target("avx2,f16c"))) void encode_groups32(const IntFormat &f, const float *x,
+                                                          uint64_t rows, uint64_t d, uint64_t g,
+                                                          const Params *ps, bool per_group,
+                                                          uint8_t *codes, uint64_t rb) {
+  const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
+  const __m256i off = _mm256_set1_epi32(f.off);
+  const bool is_signed = f.bits == 8 && !Asym;
+  const uint64_t ng = d / g;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const float *xr = x + r * d;
+    uint8_t *out = codes + r * rb;
+    for (uint64_t gi = 0; gi < ng; ++gi) {
+      const Params &p = per_group ? ps[r * ng + gi] : ps[0];
+      const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
+      for (uint64_t j = gi * g; j < (gi + 1) * g; j += 32) {
+        const __m256i c = codes32_avx2<Asym, false>(xr, j, inv, z, lo, hi, off, is_signed);
+        if (f.bits == 8) {
+          _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+        } else {  // low nibble first
+          const __m256i nib =
+              _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
+                              _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
+          const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
+          _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2),
+                           _mm256_castsi256_si128(packed));
+        }
+      }
+    }
+  }
+}
+
 // Every integer and fp8 codec with per-token, per-group or static
 // per-tensor scales, straight from f16 or f32 input, a chunk of rows at a
 // time: one pass converts the rows into an L1 buffer while taking each
@@ -198,7 +233,17 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
         for (uint64_t k = 0; k < rows * ng; ++k)
           store_scale(zeros + (base + k) * sb, s.scale_dtype, ps[k].zero);
     }
-    // Pass 2: encode.
+    // Pass 2: encode. int8 / int4 groups of whole 32-value vectors: the
+    // run kernel's vector step inline (the same operations), no call per group.
+    if (integer && (f.bits == 8 || f.bits == 4) && g % 32 == 0) {
+      if (s.asym)
+        encode_groups32<true>(f, buf, rows, d, g, fixed ? &fixed_p : ps, !fixed, codes + r0 * rb,
+                              rb);
+      else
+        encode_groups32<false>(f, buf, rows, d, g, fixed ? &fixed_p : ps, !fixed, codes + r0 * rb,
+                               rb);
+      continue;
+    }
     for (uint64_t r = 0; r < rows; ++r) {
       uint8_t *out = codes + (r0 + r) * rb;
       if (f.bits < 8 && integer) std::memset(out, 0, rb);

@@ -1010,49 +1010,51 @@ static void test_int3_random() {
 // The batched scale computation of the fused path (four groups at a time)
 // on the groups that take its edge branches: all zeros, -0, values below
 // FLT_MIN, magnitudes past the 1e38 cap, a single nonzero value, and
-// group counts that leave a remainder of 1 to 3: the scalar path's codes,
+// group counts that leave a remainder of 1 to 3, groups of 8 and of whole
+// 32-value vectors (the inline int8 / int4 encoder): the scalar path's codes,
 // scales and zero points bit for bit.
 static void test_fused_params_edges() {
   const float tiny = 1e-40f, huge = 3e38f;
   for (DType dt : {DType::INT8, DType::INT4, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (int asym : {0, 1})
-      for (uint64_t groups : {1ull, 2ull, 3ull, 5ull, 7ull}) {
-        if (asym && is_fp8(dt)) continue;
-        Spec s;
-        s.dtype = dt;
-        s.gran = Gran::Group;
-        s.group = 8;
-        s.asym = asym != 0;
-        const uint64_t d = 8 * groups, n = 9;
-        std::vector<float> x = gaussian(n * d, 1.0f, 0.0f);
-        for (uint64_t r = 0; r < n; ++r)
-          for (uint64_t j = 0; j < d; ++j) {
-            float &v = x[r * d + j];
-            const uint64_t kind = (r * groups + j / 8) % 7;
-            if (kind == 0) v = 0.0f;
-            if (kind == 1) v = -0.0f;
-            if (kind == 2) v = (j % 2 ? -tiny : tiny);
-            if (kind == 3) v = (j % 3 ? huge : -huge);
-            if (kind == 4) v = j % 8 == 5 ? -2.5f : 0.0f;
-            if (kind == 5) v = std::fabs(v) + 1.0f;  // all positive
+      for (uint64_t gs : {8ull, 32ull, 64ull})
+        for (uint64_t groups : {1ull, 2ull, 3ull, 5ull, 7ull}) {
+          if (asym && is_fp8(dt)) continue;
+          Spec s;
+          s.dtype = dt;
+          s.gran = Gran::Group;
+          s.group = static_cast<uint32_t>(gs);
+          s.asym = asym != 0;
+          const uint64_t d = gs * groups, n = 9;
+          std::vector<float> x = gaussian(n * d, 1.0f, 0.0f);
+          for (uint64_t r = 0; r < n; ++r)
+            for (uint64_t j = 0; j < d; ++j) {
+              float &v = x[r * d + j];
+              const uint64_t kind = (r * groups + j / gs) % 7;
+              if (kind == 0) v = 0.0f;
+              if (kind == 1) v = -0.0f;
+              if (kind == 2) v = (j % 2 ? -tiny : tiny);
+              if (kind == 3) v = (j % 3 ? huge : -huge);
+              if (kind == 4) v = j % gs == 5 ? -2.5f : 0.0f;
+              if (kind == 5) v = std::fabs(v) + 1.0f;  // all positive
+            }
+          Quantized a, b;
+          for (Quantized *q : {&a, &b}) {
+            q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+            q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+            q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
+            set_force_scalar(q == &a);
+            quantize(s, x.data(), kvc::DType::F32, n, d, q->codes.data(), q->scales.data(),
+                     q->zeros.data());
           }
-        Quantized a, b;
-        for (Quantized *q : {&a, &b}) {
-          q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
-          q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
-          q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
-          set_force_scalar(q == &a);
-          quantize(s, x.data(), kvc::DType::F32, n, d, q->codes.data(), q->scales.data(),
-                   q->zeros.data());
+          set_force_scalar(false);
+          if (!(a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros))
+            std::fprintf(stderr, "fused params differ: dtype %d asym %d groups %llu\n",
+                         static_cast<int>(dt), asym, static_cast<unsigned long long>(groups));
+          CHECK(a.codes == b.codes);
+          CHECK(a.scales == b.scales);
+          CHECK(a.zeros == b.zeros);
         }
-        set_force_scalar(false);
-        if (!(a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros))
-          std::fprintf(stderr, "fused params differ: dtype %d asym %d groups %llu\n",
-                       static_cast<int>(dt), asym, static_cast<unsigned long long>(groups));
-        CHECK(a.codes == b.codes);
-        CHECK(a.scales == b.scales);
-        CHECK(a.zeros == b.zeros);
-      }
 }
 
 int main(int argc, char **argv) {
