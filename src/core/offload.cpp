@@ -433,11 +433,16 @@ PrefixResult Offload::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys 
   }
   PinRecord rec;
   uint64_t found = 0;
+  // Remote tiers (Redis) are asked about every key left at once, the first
+  // time one is needed: one round trip per server instead of one per block.
+  std::vector<std::vector<char>> present(ts.size());
+  std::vector<size_t> present_from(ts.size(), SIZE_MAX);
   try {
-    for (const BlockKey &pk : keys) {  // no pool lock held: tiers may be slow
-      const BlockKey k = pk;
+    for (size_t i = 0; i < keys.size(); ++i) {  // no pool lock held: tiers may be slow
+      const BlockKey k = keys[i];
       bool any = false;
-      for (TierSlot *t : ts) {
+      for (size_t ti = 0; ti < ts.size(); ++ti) {
+        TierSlot *t = ts[ti];
         if (pin && t->t->pin(k)) {  // pinning doubles as the presence check
           try {
             rec.keys.emplace_back(t, k);
@@ -448,7 +453,17 @@ PrefixResult Offload::lookup(const int32_t *tokens, uint64_t n, const ExtraKeys 
           any = true;
           break;
         }
-        if (t->t->contains(k)) {
+        bool has;
+        if (t->t->batched_contains()) {
+          if (present_from[ti] == SIZE_MAX) {
+            t->t->contains_many(keys.data() + i, keys.size() - i, present[ti]);
+            present_from[ti] = i;
+          }
+          has = present[ti][i - present_from[ti]] != 0;
+        } else {
+          has = t->t->contains(k);
+        }
+        if (has) {
           any = true;
           break;
         }

@@ -27,6 +27,7 @@ struct Redirects {
   uint64_t ask = 0;            // ASK redirects followed
   uint64_t map_refreshes = 0;  // slot maps read (CLUSTER SLOTS), the first one included
   uint64_t reconnects = 0;     // connections opened after the first one to the same node
+  uint64_t round_trips = 0;    // commands or pipelines sent to a node and answered (or not)
 };
 
 // The counters of `t` when it is a Redis tier (else false).

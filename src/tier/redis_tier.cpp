@@ -140,6 +140,47 @@ class Client {
     }
   }
 
+  // run() of several commands (argv[1] of each is its key): the commands of
+  // each node go out in one pipeline, one round trip per node. out[i] is the
+  // reply of cmds[i], or null when none came (why: the last failure). A
+  // command answered with a redirect or left without an answer by a
+  // connection that was found closed runs again alone through run().
+  void run_many(const std::vector<std::vector<std::string_view>> &cmds, std::vector<Reply> &out,
+                std::string &why) {
+    out.clear();
+    out.resize(cmds.size());
+    std::vector<uint16_t> node_of(cmds.size(), 0);
+    std::vector<char> alone(cmds.size(), 0);  // to be run through run()
+    if (cfg_.cluster) {
+      for (size_t i = 0; i < cmds.size(); ++i) {
+        const uint16_t slot = redis::key_slot(cmds[i][1]);
+        if (slots_[slot] == kNoNode ||
+            (stale_ && std::chrono::steady_clock::now() - last_refresh_ >= kRefreshInterval))
+          refresh(why);
+        node_of[i] = slots_[slot];
+        if (node_of[i] == kNoNode) alone[i] = 1;  // run() reports it
+      }
+    }
+    std::vector<char> done_node(nodes_.size(), 0);
+    for (size_t first = 0; first < cmds.size(); ++first) {
+      if (alone[first] || done_node[node_of[first]]) continue;
+      const uint16_t node = node_of[first];
+      done_node[node] = 1;
+      std::vector<size_t> mine;
+      for (size_t i = first; i < cmds.size(); ++i)
+        if (!alone[i] && node_of[i] == node) mine.push_back(i);
+      pipeline(node, cmds, mine, out, alone, why);
+    }
+    for (size_t i = 0; i < cmds.size(); ++i) {
+      if (!out[i] && !alone[i]) continue;  // the node failed: no answer
+      if (out[i] && !(cfg_.cluster && out[i]->type == REDIS_REPLY_ERROR &&
+                      (std::string_view(out[i]->str, out[i]->len).starts_with("MOVED ") ||
+                       std::string_view(out[i]->str, out[i]->len).starts_with("ASK "))))
+        continue;
+      out[i] = run(cmds[i], why);
+    }
+  }
+
   const redis::Redirects &redirects() const { return red_; }
 
  private:
@@ -161,6 +202,52 @@ class Client {
   void drop(Node &n) {
     if (n.c) redisFree(n.c);
     n.c = nullptr;
+  }
+
+  // The commands `idx` of cmds on node i, pipelined: one round trip. A
+  // connection found closed (a restarted server) marks the commands without
+  // an answer to run again alone; any other failure drops the connection and
+  // leaves them without one.
+  void pipeline(uint16_t i, const std::vector<std::vector<std::string_view>> &cmds,
+                const std::vector<size_t> &idx, std::vector<Reply> &out, std::vector<char> &alone,
+                std::string &why) {
+    Node &n = nodes_[i];
+    const bool reused = n.c != nullptr;
+    redisContext *c = connect(n, why);
+    if (!c) return;
+    ++red_.round_trips;
+    bool ok = true;
+    for (size_t k : idx) {
+      std::vector<const char *> av(cmds[k].size());
+      std::vector<size_t> al(cmds[k].size());
+      for (size_t a = 0; a < cmds[k].size(); ++a)
+        av[a] = cmds[k][a].data(), al[a] = cmds[k][a].size();
+      if (redisAppendCommandArgv(c, static_cast<int>(av.size()), av.data(), al.data()) !=
+          REDIS_OK) {
+        ok = false;
+        break;
+      }
+    }
+    size_t got = 0;
+    for (; ok && got < idx.size(); ++got) {
+      void *raw = nullptr;
+      if (redisGetReply(c, &raw) != REDIS_OK) {
+        ok = false;
+        break;
+      }
+      out[idx[got]] = Reply(static_cast<redisReply *>(raw));
+    }
+    if (ok) return;
+    const bool closed = c->err == REDIS_ERR_EOF;
+    const bool timeout = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+    why = "redis " + n.addr + ": " +
+          (timeout        ? "no answer within " + std::to_string(cfg_.timeout_ms) + " ms (timeout)"
+           : c->errstr[0] ? c->errstr
+                          : "no reply");
+    drop(n);
+    if (cfg_.cluster) stale_ = true;
+    if (closed && reused)  // a restarted server: the rest once more, alone
+      for (size_t k = got; k < idx.size(); ++k) alone[idx[k]] = 1;
   }
 
   redisContext *connect(Node &n, std::string &why) {
@@ -193,6 +280,7 @@ class Client {
       const bool reused = n.c != nullptr;
       redisContext *c = connect(n, why);
       if (!c) return nullptr;
+      ++red_.round_trips;
       void *raw = nullptr;
       bool ok;
       if (asking) {
@@ -375,6 +463,31 @@ class RedisTier final : public Tier {
     if (!r || r->type != REDIS_REPLY_INTEGER)
       return count_error(r ? "redis EXISTS " + k + ": " + reply_text(r.get()) : why);
     return r->integer > 0;
+  }
+
+  bool batched_contains() const override { return true; }
+  void contains_many(const BlockKey *keys, size_t n, std::vector<char> &found) override {
+    found.assign(n, 0);
+    if (n == 0) return;
+    std::vector<std::string> ks(n);
+    std::vector<std::vector<std::string_view>> cmds(n);
+    for (size_t i = 0; i < n; ++i) {
+      ks[i] = redis_key(keys[i]);
+      cmds[i] = {"EXISTS", ks[i]};
+    }
+    std::vector<Reply> replies;
+    std::string why;
+    {
+      std::unique_lock lk(io_mu_);
+      client_.run_many(cmds, replies, why);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      const Reply &r = replies[i];
+      if (!r || r->type != REDIS_REPLY_INTEGER)
+        count_error(r ? "redis EXISTS " + ks[i] + ": " + reply_text(r.get()) : why);
+      else
+        found[i] = r->integer > 0 ? 1 : 0;
+    }
   }
 
   bool erase(const BlockKey &key) override {

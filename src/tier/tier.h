@@ -47,6 +47,16 @@ class Tier {
   virtual bool get(const BlockKey &key, const std::vector<uint8_t> &fingerprint,
                    std::vector<uint8_t> &out) = 0;
   virtual bool contains(const BlockKey &key) = 0;
+  // contains() of n keys: found[i] for keys[i] (found is resized to n). A
+  // remote tier answers all in one round trip per server (Redis: pipelined
+  // EXISTS); the default asks one at a time.
+  virtual void contains_many(const BlockKey *keys, size_t n, std::vector<char> &found) {
+    found.assign(n, 0);
+    for (size_t i = 0; i < n; ++i) found[i] = contains(keys[i]) ? 1 : 0;
+  }
+  // Whether contains_many() costs about one contains() (a remote tier): a
+  // lookup then asks it about all its keys at once.
+  virtual bool batched_contains() const { return false; }
   virtual bool erase(const BlockKey &key) = 0;
   // Pins `key`: LRU replacement never evicts a pinned entry (a put that would
   // need its room fails instead). Pins count: each pin needs one unpin.

@@ -707,6 +707,55 @@ KVTEST(redis_node_down) {
   for (int i = 0; i < 60; ++i) t->erase(key(i));
 }
 
+// contains_many (what a prefix lookup asks a Redis tier): the answers of
+// contains() for present and absent keys, in one round trip to a standalone
+// server and at most one per node of the cluster; a server that is not there
+// gives misses and a counted error, no crash.
+KVTEST(redis_contains_many_round_trips) {
+  Servers s;
+  if (!servers(s)) return;
+  std::string err;
+  for (int cluster = 0; cluster < 2; ++cluster) {
+    const RedisConfig cfg =
+        cluster ? cluster_cfg(s.cluster, "many") : standalone_cfg(s.standalone, "many");
+    auto t = kvc::tier::make_redis_tier(cfg, &err);
+    CHECK(t != nullptr);
+    if (!t) return;
+    std::vector<BlockKey> keys;
+    for (int i = 0; i < 80; ++i) keys.push_back(key(i));
+    for (int i = 0; i < 80; i += 4) t->erase(key(i));
+    for (int i = 0; i < 80; ++i)
+      if (i % 4 != 0) CHECK(t->put(key(i), kFp, payload(i, 100).data(), 100));
+    redis::Redirects before, after;
+    CHECK(redis::redirects_of(*t, &before));
+    std::vector<char> found;
+    t->contains_many(keys.data(), keys.size(), found);
+    CHECK(redis::redirects_of(*t, &after));
+    const uint64_t trips = after.round_trips - before.round_trips;
+    CHECK(found.size() == 80);
+    for (int i = 0; i < 80; ++i) CHECK((found[i] != 0) == (i % 4 != 0));
+    if (cluster)
+      CHECK(trips >= 1 && trips <= 3);
+    else
+      CHECK(trips == 1);
+    for (int i = 0; i < 80; ++i) CHECK((found[i] != 0) == t->contains(keys[i]));
+    t->contains_many(keys.data(), 0, found);
+    CHECK(found.empty());
+    for (int i = 0; i < 80; ++i) t->erase(key(i));
+  }
+  // Nothing listening: misses, an error with a reason.
+  RedisConfig down = standalone_cfg(1, "many-down");
+  down.timeout_ms = 200;
+  auto t = kvc::tier::make_redis_tier(down, &err);
+  if (t) {
+    std::vector<BlockKey> keys = {key(1), key(2)};
+    std::vector<char> found;
+    t->contains_many(keys.data(), keys.size(), found);
+    CHECK(found.size() == 2 && !found[0] && !found[1]);
+    CHECK(t->stats().errors >= 1 && !t->last_error().empty());
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Through pools and the public API (docs/tiers.md)
 
@@ -715,7 +764,8 @@ namespace {
 std::string address_of(const Servers &s, bool cluster) {
   if (!cluster) return "127.0.0.1:" + std::to_string(s.standalone);
   std::string a;
-  for (int p : s.cluster) {  // appended piece by piece: GCC 12 -O3 warns (-Wrestrict) on a temporary's concatenation
+  for (int p : s.cluster) {  // appended piece by piece: GCC 12 -O3 warns (-Wrestrict) on a
+                             // temporary's concatenation
     if (!a.empty()) a += ',';
     a += "127.0.0.1:";
     a += std::to_string(p);
@@ -723,7 +773,8 @@ std::string address_of(const Servers &s, bool cluster) {
   return a;
 }
 
-uint32_t add_redis(kvc_pool *p, const std::string &address, bool cluster, uint32_t timeout_ms = 1000) {
+uint32_t add_redis(kvc_pool *p, const std::string &address, bool cluster,
+                   uint32_t timeout_ms = 1000) {
   kvc_tier_config c;
   CHECK_OK(kvc_tier_config_init(&c, KVC_TIER_REDIS));
   c.address = address.c_str();
@@ -781,8 +832,12 @@ void share_prefix(bool cluster) {
 
 }  // namespace
 
-KVTEST(redis_pool_two_processes_share_prefix) { share_prefix(false); }
-KVTEST(redis_pool_cluster_share_prefix) { share_prefix(true); }
+KVTEST(redis_pool_two_processes_share_prefix) {
+  share_prefix(false);
+}
+KVTEST(redis_pool_cluster_share_prefix) {
+  share_prefix(true);
+}
 
 // Redis stopped during a run and started again: demotions and lookups turn
 // into counted errors and misses with a readable reason, the pool keeps its
@@ -795,7 +850,8 @@ KVTEST(redis_pool_server_down_and_back) {
   CHECK(script != nullptr);
   if (!script) return;
   const std::string name = "pool-down-" + std::to_string(getpid());
-  FILE *f = popen((std::string("bash '") + script + "' server '" + s.dir + "' " + name).c_str(), "r");
+  FILE *f =
+      popen((std::string("bash '") + script + "' server '" + s.dir + "' " + name).c_str(), "r");
   int port = 0;
   if (!f || std::fscanf(f, "%d", &port) != 1) port = 0;
   if (f) pclose(f);
