@@ -165,7 +165,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
   const uint64_t end = std::min(t_end, vis(i0 + rows - 1));
   // One query row (decode): tiles the source can show in place go through
   // the fused kernels (attention/fused.h), the others are read as f32.
-  const bool fuse = rows == 1 && fused::available();
+  const bool fuse = rows == 1 && hd % 16 == 0 && fused::available();
   float *obs_row = obs && i0 >= obs_first ? obs : nullptr;
   RawTile rt[2];  // this tile and the next, shown in place
   uint64_t rc[2] = {0, 0}, cur = 0;

@@ -122,9 +122,6 @@ KVC_FUSED inline __m256 exp8(__m256 x) {
   y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
   return _mm256_andnot_ps(under, y);
 }
-float exp1(float x) {
-  return x < -87.33654f ? 0.0f : std::exp(x);
-}
 
 // s[j][t] = q_j . k_t (codes) for the J heads q (rows of hd) and c tokens,
 // NT tokens a step with J * NT == 8 accumulators.
@@ -379,9 +376,9 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, grp = hq / h, hd = sh.head_dim;
   const RawPart &K = rt.k, &V = rt.v;
   const bool kint = integer(K.type), vint = integer(V.type);
-  float *buf = fs.buf.get(c * (2 * hq + 4 * h) + 2 * hq);
+  float *buf = fs.buf.get(c * (2 * hq + 4 * h) + 3 * hq + 8);
   float *s = buf, *pv = s + hq * c, *ks = pv + hq * c, *kz = ks + h * c, *vs = kz + h * c,
-        *vz = vs + h * c, *corr = vz + h * c, *zadd = corr + hq;
+        *vz = vs + h * c, *corr = vz + h * c, *zadd = corr + hq, *mx = zadd + hq;
   for (int kv = 0; kv < 2; ++kv) {  // scales and zero points per KV head
     const RawPart &P = kv ? V : K;
     if (!integer(P.type)) continue;
@@ -408,23 +405,40 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
         if (j == 0) prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
       });
   }
-  // Scores of the codes (scale, zero point), the online softmax's update.
+  // Scores of the codes (scale, zero point), clamped; each head's maximum.
   for (uint64_t hh = 0; hh < hq; ++hh) {
     const uint64_t g = hh / grp;
     float *sh_ = s + hh * c;
     float qsum = 0.0f;
     if (kint && K.zero)
       for (uint64_t d = 0; d < hd; ++d) qsum += q[hh * hd + d];
-    const float mx =
+    mx[hh] =
         clamp_max(sh_, c, kint ? ks + g * c : nullptr, kint && K.zero ? kz + g * c : nullptr, qsum);
     if (obs) std::memcpy(obs + hh * obs_stride + t0, sh_, c * sizeof(float));
-    const float m_new = std::max(m[hh], mx);
-    corr[hh] = m[hh] == -std::numeric_limits<float>::infinity() ? 0.0f : exp1(m[hh] - m_new);
+  }
+  // The running maxima and the rescale of what came before, e^(m - m_new)
+  // (0 while nothing came: m = -inf), eight heads at a time.
+  for (uint64_t h0 = 0; h0 < hq; h0 += 8) {
+    const uint64_t r = std::min<uint64_t>(8, hq - h0);
+    alignas(32) float mo[8], mn[8];
+    for (uint64_t i = 0; i < 8; ++i) {
+      mo[i] = i < r ? m[h0 + i] : 0.0f;
+      mn[i] = i < r ? std::max(m[h0 + i], mx[h0 + i]) : 0.0f;
+    }
+    alignas(32) float e[8];
+    _mm256_store_ps(e, exp8(_mm256_sub_ps(_mm256_load_ps(mo), _mm256_load_ps(mn))));
+    for (uint64_t i = 0; i < r; ++i) {
+      corr[h0 + i] = e[i];
+      m[h0 + i] = mn[i];
+    }
+  }
+  // Probabilities (and their value-scaled copies) and the running sums.
+  for (uint64_t hh = 0; hh < hq; ++hh) {
+    const uint64_t g = hh / grp;
     zadd[hh] = 0.0f;
-    ls[hh] = ls[hh] * corr[hh] + exp_sum(sh_, c, m_new, vint ? vs + g * c : nullptr,
+    ls[hh] = ls[hh] * corr[hh] + exp_sum(s + hh * c, c, m[hh], vint ? vs + g * c : nullptr,
                                          vint && V.zero ? vz + g * c : nullptr, pv + hh * c,
                                          vint && V.zero ? zadd + hh : nullptr);
-    m[hh] = m_new;
   }
   // acc = acc * corr + p . v (+ the zero points' share, once).
   const float *p = vint ? pv : s;
