@@ -317,6 +317,26 @@ void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
       targets[li] = std::min(views[li].n, std::max<uint64_t>(1, fixed[li] + got[li]));
 }
 
+namespace {
+// Keeps the sinks (the first sink_tokens), the newest recent_tokens and the
+// best-scoring tokens between them (ExpectedAttention, KVzip): score(lo, hi)
+// gives the scores of tokens [lo, hi).
+template <typename Score>
+void keep_sinks_top_recent(const PolicySpec &p, const LayerView &v, uint64_t target,
+                           std::vector<uint32_t> &keep, Score &&score) {
+  const uint64_t n = v.n;
+  const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
+  const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
+  const uint64_t lo = std::min(sinks, n - recent);
+  for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));
+  const std::vector<float> mid = score(lo, n - recent);
+  std::vector<uint32_t> top;
+  top_k(mid, mid.size(), target - lo - recent, top);
+  for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
+  for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+}
+}  // namespace
+
 void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
                  std::vector<uint32_t> &keep) {
   keep.clear();
@@ -369,45 +389,26 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
       for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
       break;
     }
-    case PolicyKind::ExpectedAttention: {
-      // Sinks (the first sink_tokens) and the newest recent_tokens stay; the
-      // tokens between are ranked by expected attention, normalized over
-      // them alone (kvpress leaves its sinks out of the softmax).
-      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
-      const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
-      const uint64_t lo = std::min(sinks, n - recent);
-      LayerView mid = v;
-      mid.n = n - recent - lo;
-      mid.keys = v.keys ? v.keys + lo * v.kv_heads * v.head_dim : nullptr;
-      mid.values = v.values ? v.values + lo * v.kv_heads * v.head_dim : nullptr;
-      const std::vector<float> sm = expected_attention_scores(mid);
-      check_finite(sm, "expected attention");
-      std::vector<float> s(n - recent, 0.0f);
-      for (uint64_t t = 0; t < mid.n; ++t) s[lo + t] = sm[t];
-      for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));
-      std::vector<uint32_t> top;
-      std::vector<float> tail(s.begin() + static_cast<std::ptrdiff_t>(lo), s.end());
-      top_k(tail, tail.size(), target - lo - recent, top);
-      for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
-      for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+    case PolicyKind::ExpectedAttention:
+      keep_sinks_top_recent(p, v, target, keep, [&](uint64_t lo, uint64_t hi) {
+        // Expected attention normalized over the middle tokens alone
+        // (kvpress leaves its sinks out of the softmax).
+        LayerView mid = v;
+        mid.n = hi - lo;
+        mid.keys = v.keys ? v.keys + lo * v.kv_heads * v.head_dim : nullptr;
+        mid.values = v.values ? v.values + lo * v.kv_heads * v.head_dim : nullptr;
+        std::vector<float> sm = expected_attention_scores(mid);
+        check_finite(sm, "expected attention");
+        return sm;
+      });
       break;
-    }
-    case PolicyKind::KVzip: {
-      // Sinks (the first sink_tokens) and the newest recent_tokens stay; the
-      // tokens between are ranked by their scores summed over the KV heads.
-      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
-      const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
-      const uint64_t lo = std::min(sinks, n - recent);
-      const std::vector<float> s = head_sum(v);
-      for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));
-      std::vector<uint32_t> top;
-      std::vector<float> mid(s.begin() + static_cast<std::ptrdiff_t>(lo),
-                             s.begin() + static_cast<std::ptrdiff_t>(n - recent));
-      top_k(mid, mid.size(), target - lo - recent, top);
-      for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
-      for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+    case PolicyKind::KVzip:
+      keep_sinks_top_recent(p, v, target, keep, [&](uint64_t lo, uint64_t hi) {
+        const std::vector<float> s = head_sum(v);  // scores summed over the KV heads
+        return std::vector<float>(s.begin() + static_cast<std::ptrdiff_t>(lo),
+                                  s.begin() + static_cast<std::ptrdiff_t>(hi));
+      });
       break;
-    }
     case PolicyKind::TOVA: {
       const std::vector<float> s = head_sum(v);
       top_k(s, n, target, keep);
