@@ -151,33 +151,51 @@ class Client {
     out.resize(cmds.size());
     std::vector<uint16_t> node_of(cmds.size(), 0);
     std::vector<char> alone(cmds.size(), 0);  // to be run through run()
+    std::vector<char> skip(cmds.size(), 0);   // no node serves its slot: no answer
     if (cfg_.cluster) {
+      // The slot map read at most once per call (a cluster that does not
+      // answer costs one round of connection attempts, not one per key).
+      bool refreshed = false;
       for (size_t i = 0; i < cmds.size(); ++i) {
         const uint16_t slot = redis::key_slot(cmds[i][1]);
-        if (slots_[slot] == kNoNode ||
-            (stale_ && std::chrono::steady_clock::now() - last_refresh_ >= kRefreshInterval))
+        if (!refreshed &&
+            (slots_[slot] == kNoNode ||
+             (stale_ && std::chrono::steady_clock::now() - last_refresh_ >= kRefreshInterval))) {
           refresh(why);
+          refreshed = true;
+        }
         node_of[i] = slots_[slot];
-        if (node_of[i] == kNoNode) alone[i] = 1;  // run() reports it
+        if (node_of[i] == kNoNode) {
+          skip[i] = 1;
+          if (why.empty()) why = "redis cluster: no node serves slot " + std::to_string(slot);
+        }
       }
     }
     std::vector<char> done_node(nodes_.size(), 0);
     for (size_t first = 0; first < cmds.size(); ++first) {
-      if (alone[first] || done_node[node_of[first]]) continue;
+      if (skip[first] || done_node[node_of[first]]) continue;
       const uint16_t node = node_of[first];
       done_node[node] = 1;
       std::vector<size_t> mine;
       for (size_t i = first; i < cmds.size(); ++i)
-        if (!alone[i] && node_of[i] == node) mine.push_back(i);
+        if (!skip[i] && node_of[i] == node) mine.push_back(i);
       pipeline(node, cmds, mine, out, alone, why);
     }
+    // Redirected commands, and those a restarted server left unanswered, alone;
+    // after one of a node's fails, the rest of that node's stay unanswered.
+    std::vector<char> failed(nodes_.size() + 1, 0);
     for (size_t i = 0; i < cmds.size(); ++i) {
-      if (!out[i] && !alone[i]) continue;  // the node failed: no answer
+      if (skip[i] || (!out[i] && !alone[i])) continue;  // no node, or the node failed
       if (out[i] && !(cfg_.cluster && out[i]->type == REDIS_REPLY_ERROR &&
                       (std::string_view(out[i]->str, out[i]->len).starts_with("MOVED ") ||
                        std::string_view(out[i]->str, out[i]->len).starts_with("ASK "))))
         continue;
+      if (node_of[i] < failed.size() && failed[node_of[i]]) {
+        out[i].reset();
+        continue;
+      }
       out[i] = run(cmds[i], why);
+      if (!out[i] && node_of[i] < failed.size()) failed[node_of[i]] = 1;
     }
   }
 
@@ -214,7 +232,10 @@ class Client {
     Node &n = nodes_[i];
     const bool reused = n.c != nullptr;
     redisContext *c = connect(n, why);
-    if (!c) return;
+    if (!c) {
+      stale_ = cfg_.cluster;  // the node may be gone: read the map again on a later call
+      return;
+    }
     ++red_.round_trips;
     bool ok = true;
     for (size_t k : idx) {
@@ -481,13 +502,16 @@ class RedisTier final : public Tier {
       std::unique_lock lk(io_mu_);
       client_.run_many(cmds, replies, why);
     }
+    std::string bad;  // one error counted per call, the first reason kept
     for (size_t i = 0; i < n; ++i) {
       const Reply &r = replies[i];
-      if (!r || r->type != REDIS_REPLY_INTEGER)
-        count_error(r ? "redis EXISTS " + ks[i] + ": " + reply_text(r.get()) : why);
-      else
+      if (!r || r->type != REDIS_REPLY_INTEGER) {
+        if (bad.empty()) bad = r ? "redis EXISTS " + ks[i] + ": " + reply_text(r.get()) : why;
+      } else {
         found[i] = r->integer > 0 ? 1 : 0;
+      }
     }
+    if (!bad.empty()) count_error(bad);
   }
 
   bool erase(const BlockKey &key) override {
