@@ -161,8 +161,12 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
   }
   Params *ps = reinterpret_cast<Params *>(buf + chunk * d);  // chunk * ng of them
   float *lohi = buf + chunk * d + chunk * ng * (sizeof(Params) / sizeof(float));
+  // f32 rows that need no rotation are encoded from the input itself (still
+  // in L1 from pass 1); the others from their converted copy in buf.
+  const bool stage = Half || rotate || fixed;
   for (uint64_t r0 = 0; r0 < n; r0 += chunk) {
     const uint64_t rows = std::min(chunk, n - r0);
+    const float *rows_f32 = stage ? buf : static_cast<const float *>(src) + r0 * d;
     // Pass 1: convert (and rotate), min and max per group.
     for (uint64_t r = 0; r < rows; ++r) {
       const uint8_t *row = static_cast<const uint8_t *>(src) + (r0 + r) * d * esz;
@@ -188,8 +192,10 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
           const __m256 a = rotate ? _mm256_loadu_ps(x + j) : load8<Half>(row, j);
           const __m256 b = rotate ? _mm256_loadu_ps(x + j + 8) : load8<Half>(row, j + 8);
           if (!rotate) {
-            _mm256_storeu_ps(x + j, a);
-            _mm256_storeu_ps(x + j + 8, b);
+            if (stage) {
+              _mm256_storeu_ps(x + j, a);
+              _mm256_storeu_ps(x + j + 8, b);
+            }
             bad = _mm256_or_si256(
                 bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(a), expo), expo));
             bad = _mm256_or_si256(
@@ -203,7 +209,7 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
         if (j < j1) {
           const __m256 a = rotate ? _mm256_loadu_ps(x + j) : load8<Half>(row, j);
           if (!rotate) {
-            _mm256_storeu_ps(x + j, a);
+            if (stage) _mm256_storeu_ps(x + j, a);
             bad = _mm256_or_si256(
                 bad, _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(a), expo), expo));
           }
@@ -237,17 +243,17 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
     // run kernel's vector step inline (the same operations), no call per group.
     if (integer && (f.bits == 8 || f.bits == 4) && g % 32 == 0) {
       if (s.asym)
-        encode_groups32<true>(f, buf, rows, d, g, fixed ? &fixed_p : ps, !fixed, codes + r0 * rb,
-                              rb);
+        encode_groups32<true>(f, rows_f32, rows, d, g, fixed ? &fixed_p : ps, !fixed,
+                              codes + r0 * rb, rb);
       else
-        encode_groups32<false>(f, buf, rows, d, g, fixed ? &fixed_p : ps, !fixed, codes + r0 * rb,
-                               rb);
+        encode_groups32<false>(f, rows_f32, rows, d, g, fixed ? &fixed_p : ps, !fixed,
+                               codes + r0 * rb, rb);
       continue;
     }
     for (uint64_t r = 0; r < rows; ++r) {
       uint8_t *out = codes + (r0 + r) * rb;
       if (f.bits < 8 && integer) std::memset(out, 0, rb);
-      const float *x = buf + r * d;
+      const float *x = rows_f32 + r * d;
       for (uint64_t gi = 0; gi < ng; ++gi) {
         const Params &p = fixed ? fixed_p : ps[r * ng + gi];
         const uint64_t j0 = gi * g, j1 = j0 + g;
