@@ -1,7 +1,8 @@
 // Attention and eviction throughput (issue "Attention over the paged cache"):
 //  BM_AttnPaged/<storage>/<batch>/<threads>   kvc_attention_decode (1 or 2 threads), one query token per
 //      sequence over a 4096-token cache: head_dim 128, 32 query heads, 8 KV
-//      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32
+//      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32,
+//      3 = int4 per token
 //  BM_AttnDense/<batch>             the same attention as a plain loop over
 //      contiguous f16 K and V (the baseline, same run)
 //  BM_AttnMemcpy/<batch>            memcpy of the f16 K/V bytes the attention reads
@@ -62,6 +63,9 @@ struct PagedSetup {
       codec.dtype = KVC_DTYPE_INT4;
       codec.granularity = KVC_SCALE_PER_GROUP;
       codec.group_size = 32;
+    } else if (storage == 3) {
+      codec.dtype = KVC_DTYPE_INT4;
+      codec.granularity = KVC_SCALE_PER_TOKEN;
     }
     if (storage) c.k_codec = c.v_codec = &codec;
     OK(kvc_pool_create(&c, &pool));
@@ -91,7 +95,11 @@ void BM_AttnPaged(benchmark::State &state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * batch * kTokens * kRow * 2 * 2);  // f16 K+V equivalent
-  state.SetLabel(std::string(storage == 0 ? "f16" : storage == 1 ? "int8" : "int4") + ", " +
+  state.SetLabel(std::string(storage == 0   ? "f16"
+                             : storage == 1 ? "int8"
+                             : storage == 2 ? "int4 group 32"
+                                            : "int4 per token") +
+                 ", " +
                  std::to_string(threads) + " thread(s)");
 }
 
@@ -226,7 +234,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 }  // namespace
 
-BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnMemcpy)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EvictHalf)->Unit(benchmark::kMicrosecond)->UseRealTime();
