@@ -2,6 +2,10 @@
 
 #define OPENSSL_SUPPRESS_DEPRECATED 1
 #include <openssl/sha.h>
+// xxHash compiled into this file (its header-only mode): a block key's hash
+// is one short call per block of every lookup, which the library's call
+// through the PLT would not inline.
+#define XXH_INLINE_ALL 1
 #include <xxhash.h>
 
 #include <cstring>
@@ -46,9 +50,12 @@ BlockKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
       throw std::runtime_error("OpenSSL SHA-256 failed");
   } else {
     const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
-    XXH128_canonical_t c;
-    XXH128_canonicalFromHash(&c, h);  // big-endian: the same bytes on every host
-    std::memcpy(k.b.data(), c.digest, 16);
+    // XXH128's canonical form: high then low half, big-endian (the same
+    // bytes on every host).
+    for (int i = 0; i < 8; ++i) {
+      k.b[static_cast<size_t>(i)] = static_cast<uint8_t>(h.high64 >> (56 - 8 * i));
+      k.b[static_cast<size_t>(8 + i)] = static_cast<uint8_t>(h.low64 >> (56 - 8 * i));
+    }
   }
   return k;
 }
