@@ -12,6 +12,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <cpuid.h>
 #endif
 
 namespace kvc::attention::fused {
@@ -30,10 +31,12 @@ bool supports(const RawTile &rt, uint64_t head_dim) {
 namespace {
 int detect_isa() {
   __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
-      !__builtin_cpu_supports("f16c"))
-    return 0;
-  return 1;
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return 0;
+  // F16C from CPUID leaf 1, ECX bit 29: clang's __builtin_cpu_supports does not
+  // know the name "f16c" (GCC does), and both compilers build this file.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
+  return (ecx & bit_F16C) ? 1 : 0;
 }
 const int g_cpu_isa = detect_isa();
 std::atomic<int> g_isa_limit{1};
