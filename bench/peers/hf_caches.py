@@ -341,6 +341,13 @@ def attention_layers(model):
     return [layer.self_attn for layer in base.layers]
 
 
+# A prefill-compress window whose prefill is shorter than this is not compressed (its press and
+# after_prefill are skipped): the last, short window of a run (8 positions of 4,096 tokens at ctx
+# 512) has fewer prefill tokens than StreamingLLM's 4 sinks, which kvpress's StreamingLLMPress
+# asserts against and our cap refuses. The same windows for every row, ours and the peers'.
+MIN_PRESS_PREFILL = 16
+
+
 def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on_step, after_prefill=None):
     """Logits [positions, vocab] (float32) of one window under the protocol; seconds of forward passes
     (and of after_prefill(), run after a prefill-compress prefill: KVzip's reconstruction pass).
@@ -351,6 +358,8 @@ def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on
 
     n_pos = feed.shape[1]
     logits, pos, seconds = [], 0, 0.0
+    if protocol == "prefill-compress" and prefill < MIN_PRESS_PREFILL:
+        press = after_prefill = None
     if protocol == "prefill-compress":
         hooks = [a.register_forward_hook(lambda *args, **kw: on_step(), with_kwargs=True)
                  for a in attention_layers(model)]
@@ -508,6 +517,7 @@ def measure(args):
             "tokens_scored": n_scored,
             "chunk": args.chunk,
             "prefill_fraction": args.prefill,
+            "min_press_prefill": MIN_PRESS_PREFILL,
             "threads": args.threads,
             "reference": "transformers DynamicCache f32 under the row's protocol",
             "versions": versions,
