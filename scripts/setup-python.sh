@@ -8,12 +8,16 @@
 #     hf/       newest transformers line + gguf, accelerate, optimum-quanto, hqq,
 #               and the package build tools (scikit-build-core, build, cmake, ninja, swig)
 #     kvpress/  kvpress with the transformers line it pins (< 5.3), gguf, accelerate
+#     engines/  the serving engines' packages for the adapters' contract tests
+#               (sglang_*, docs/engines.md), installed --no-deps (they pin their
+#               own torch and CUDA stacks), with the light modules their
+#               interface classes import at load time; transformers from hf/
 #
-# torch is installed once: hf/ and kvpress/ see torch/'s site-packages through a
-# .pth file (a venv's --system-site-packages would reach the interpreter's own
+# torch is installed once: hf/, kvpress/ and engines/ see torch/'s site-packages
+# (engines/ also hf/'s) through a .pth file (a venv's --system-site-packages would reach the interpreter's own
 # site-packages, not another venv's). Each venv records what it was built from
 # in kvc-requirements.txt; a venv whose record differs from this script's pins
-# is rebuilt. Exit status 0 when all three work.
+# is rebuilt. Exit status 0 when all four work.
 set -euo pipefail
 
 root=${KVCACHE_VENV_DIR:-${XDG_CACHE_HOME:-${HOME:-.}/.cache}/kvcache/venv}
@@ -23,13 +27,23 @@ torch_pins=(torch==2.10.0 numpy==2.3.5 pytest==9.0.2)
 hf_pins=(transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0 optimum-quanto==0.2.7 hqq==0.2.8.post1
   scikit-build-core==1.1.2 build==1.6.1 cmake==4.4.5 ninja==1.13.2 swig==4.5.1)
 kvpress_pins=(kvpress==0.5.5 transformers==5.2.0 gguf==0.19.0 accelerate==1.15.0)
+# engines/: what sglang's HiCache storage interface and its host KV pools import
+# at load time (found by importing them on the CPU), then the engines --no-deps.
+engines_pins=(aiohttp==3.14.5 apache-tvm-ffi==0.1.15.post2 compressed-tensors==0.20.1 dill==0.4.1
+  ipython==9.18.1 msgspec==0.23.0 orjson==3.13.0 pillow==13.0.0 psutil==7.2.2 pybase64==1.5.1
+  pydantic==2.14.4 pyzmq==27.3.0 requests==2.34.2 sentencepiece==0.2.3 starlette==1.10.0
+  tqdm==4.70.1)
+engines_nodeps=(sglang==0.5.23 torchvision==0.25.0)
 
-# make_venv NAME BASE_SITE PINS...: (re)creates $root/NAME unless its record matches.
+# make_venv NAME BASE_SITES PINS...: (re)creates $root/NAME unless its record
+# matches. BASE_SITES: site-packages folders the venv sees, ':'-separated.
+# $NODEPS (words): packages installed after PINS with pip --no-deps.
 make_venv() {
   local name=$1 base=$2
   shift 2
   local dir=$root/$name want
-  want=$(printf '%s\n' "python=$("$python" -c 'import sys; print(sys.version.split()[0])')" "base=$base" "$@")
+  want=$(printf '%s\n' "python=$("$python" -c 'import sys; print(sys.version.split()[0])')" "base=$base" "$@" \
+    ${NODEPS:+"nodeps=$NODEPS"})
   if [ -f "$dir/kvc-requirements.txt" ] && [ "$(cat "$dir/kvc-requirements.txt")" = "$want" ] &&
     "$dir/bin/python" -c 'import sys' 2>/dev/null; then
     echo "setup-python: $name venv present ($dir)"
@@ -41,9 +55,13 @@ make_venv() {
   if [ -n "$base" ]; then
     local site
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    echo "$base" > "$site/kvc-torch-venv.pth"
+    echo "$base" | tr ':' '\n' > "$site/kvc-torch-venv.pth"
   fi
   "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir "$@"
+  if [ -n "${NODEPS:-}" ]; then
+    # shellcheck disable=SC2086
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --no-deps $NODEPS
+  fi
   echo "$want" > "$dir/kvc-requirements.txt"
 }
 
@@ -52,6 +70,9 @@ make_venv torch "" "${torch_pins[@]}"
 torch_site=$("$root/torch/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 make_venv hf "$torch_site" "${hf_pins[@]}"
 make_venv kvpress "$torch_site" "${kvpress_pins[@]}"
+hf_site=$("$root/hf/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+NODEPS="${engines_nodeps[*]}" make_venv engines "$hf_site:$torch_site" "${engines_pins[@]}"
 
 "$root/hf/bin/python" -c 'import torch, transformers, gguf, accelerate; print("setup-python: hf venv: torch", torch.__version__, "transformers", transformers.__version__)'
 "$root/kvpress/bin/python" -c 'import importlib.metadata as m, torch, transformers, kvpress; print("setup-python: kvpress venv: torch", torch.__version__, "transformers", transformers.__version__, "kvpress", m.version("kvpress"))'
+"$root/engines/bin/python" -c 'import importlib.metadata as m, torch; from sglang.srt.mem_cache.hicache_storage import HiCacheStorage; print("setup-python: engines venv: torch", torch.__version__, "sglang", m.version("sglang"))'

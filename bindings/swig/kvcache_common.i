@@ -148,6 +148,10 @@ struct kvc_swig_policy {
   kvc_policy *p;
   std::shared_mutex mu;
 };
+struct kvc_swig_store {
+  kvc_store *p;
+  std::shared_mutex mu;
+};
 
 static bool kvc_swig_pool_live(const kvc_swig_pool *h) {
   if (h->p == NULL) {
@@ -177,6 +181,19 @@ static const kvc_policy *kvc_swig_policy_of(const kvc_swig_policy *h, bool *ok) 
   std::shared_lock<std::shared_mutex> pool_lock_(self->mu); \
   if (!kvc_swig_pool_live(self)) return ret; \
   kvc_pool *pool_ = self->p
+/* In a method: the live store (store_) under the handle's shared lock, or
+ * return `ret` after recording the error. */
+#define KVC_STORE(ret) \
+  if (self == NULL) { \
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the store was deleted"); \
+    return ret; \
+  } \
+  std::shared_lock<std::shared_mutex> store_lock_(self->mu); \
+  if (self->p == NULL) { \
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "the store is closed"); \
+    return ret; \
+  } \
+  kvc_store *store_ = self->p
 /* In a method: the policy argument `arg` as `var` (null: none) under its
  * shared lock, or return `ret`. */
 #define KVC_POLICY(arg, var, ret) \
@@ -311,6 +328,7 @@ namespace std {
 %rename(PrefixPoll) kvc_swig_poll;
 %rename(Pool) kvc_swig_pool;
 %rename(Policy) kvc_swig_policy;
+%rename(Store) kvc_swig_store;
 
 /* ---- buffer arguments (typemaps in each overlay); before the header, whose
  * structs the methods below extend ---- */
@@ -318,13 +336,16 @@ namespace std {
   (const void *k, size_t k_bytes), (const void *v, size_t v_bytes),
   (const void *src, size_t src_bytes), (const void *codes, size_t codes_bytes),
   (const void *scales, size_t scales_bytes), (const void *zeros, size_t zeros_bytes),
-  (const void *seed, size_t seed_bytes)
+  (const void *seed, size_t seed_bytes),
+  (const void *key, size_t key_bytes), (const void *value, size_t value_bytes),
+  (const void *scope, size_t scope_bytes), (const void *keys, size_t keys_bytes)
 };
 %apply (const int32_t *TOKENS, size_t N_TOKENS) { (const int32_t *tokens, size_t n_tokens) };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *k_out, size_t k_out_bytes), (void *v_out, size_t v_out_bytes),
   (void *codes_out, size_t codes_out_bytes), (void *scales_out, size_t scales_out_bytes),
-  (void *zeros_out, size_t zeros_out_bytes), (void *dst, size_t dst_bytes), (void *keys_out, size_t keys_out_bytes)
+  (void *zeros_out, size_t zeros_out_bytes), (void *dst, size_t dst_bytes), (void *keys_out, size_t keys_out_bytes),
+  (void *value_out, size_t value_out_bytes)
 };
 %apply (const void *IN_BUF, size_t IN_BYTES) { (const void *values, size_t values_bytes) };
 
@@ -575,6 +596,118 @@ struct kvc_swig_policy {};
   bool closed() {
     std::shared_lock<std::shared_mutex> lock($self->mu);
     return $self->p == NULL;
+  }
+}
+
+struct kvc_swig_store {};
+%extend kvc_swig_store {
+  /**
+   * A store (kvc_store_open, docs/engines.md): one tier by itself, addressed
+   * by byte-string keys under `scope`. kind: TIER_HOST / TIER_DISK /
+   * TIER_REDIS; capacity_bytes: host and disk; path: disk directory;
+   * address: Redis "host:port[,host:port...]"; flags: TIER_FSYNC,
+   * TIER_REDIS_CLUSTER or 0.
+   */
+  kvc_swig_store(kvc_tier_kind kind, uint64_t capacity_bytes, const std::string &path,
+                 const std::string &address, uint32_t flags, uint32_t timeout_ms,
+                 uint64_t ttl_seconds, const void *scope, size_t scope_bytes) {
+    if (!kvc_swig_c_string("path", path) || !kvc_swig_c_string("address", address)) return NULL;
+    kvc_tier_config c;
+    if (kvc_swig_check(kvc_tier_config_init_sized(&c, kind, sizeof c))) return NULL;
+    c.capacity_bytes = capacity_bytes;
+    c.path = path.empty() ? NULL : path.c_str();
+    c.address = address.empty() ? NULL : address.c_str();
+    c.flags = flags;
+    c.timeout_ms = timeout_ms;
+    c.ttl_seconds = ttl_seconds;
+    kvc_store *p = NULL;
+    if (kvc_swig_check(kvc_store_open(&c, scope, scope_bytes, &p))) return NULL;
+    kvc_swig_store *h = new kvc_swig_store;
+    h->p = p;
+    return h;
+  }
+  ~kvc_swig_store() {
+    kvc_store_close($self->p);
+    delete $self;
+  }
+  /** Close the store now, after the calls in flight; later calls fail with ERR_NULL_POINTER. Idempotent. */
+  void close() {
+    std::unique_lock<std::shared_mutex> lock($self->mu);
+    kvc_store_close($self->p);
+    $self->p = NULL;
+  }
+  bool closed() {
+    std::shared_lock<std::shared_mutex> lock($self->mu);
+    return $self->p == NULL;
+  }
+  /** Store `value` under `key` (kvc_store_put). */
+  void put(const void *key, size_t key_bytes, const void *value, size_t value_bytes) {
+    KVC_STORE();
+    kvc_swig_check(kvc_store_put(store_, key, key_bytes, value, value_bytes));
+  }
+  /**
+   * Read the value of `key` into `value_out` (kvc_store_get): its length on
+   * a hit, -1 on a miss. A value longer than value_out is not read: its
+   * length is returned (larger than value_out) and value_out is untouched.
+   */
+  int64_t get_into(const void *key, size_t key_bytes, void *value_out, size_t value_out_bytes) {
+    KVC_STORE(-1);
+    size_t n = 0;
+    int32_t found = 0;
+    kvc_status st = kvc_store_get(store_, key, key_bytes, value_out, value_out_bytes, &n, &found);
+    if (st == KVC_ERR_BUFFER_TOO_SMALL) return (int64_t)n;
+    if (kvc_swig_check(st)) return -1;
+    return found ? (int64_t)n : -1;
+  }
+  /**
+   * Which keys the store holds (kvc_store_contains): `keys` is the keys'
+   * bytes one after another, `lengths` their lengths; 1 or 0 per key.
+   */
+  std::vector<int32_t> contains_many(const void *keys, size_t keys_bytes,
+                                     const std::vector<unsigned long long> &lengths) {
+    std::vector<int32_t> out;
+    KVC_STORE(out);
+    std::vector<const void *> ptrs(lengths.size());
+    std::vector<size_t> lens(lengths.size());
+    unsigned long long off = 0;
+    for (size_t i = 0; i < lengths.size(); ++i) {
+      if (off > keys_bytes || lengths[i] > keys_bytes - off) {
+        kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "the key lengths add up to more than the " +
+                                                    std::to_string(keys_bytes) + " key bytes");
+        return out;
+      }
+      ptrs[i] = (const char *)keys + off;
+      lens[i] = (size_t)lengths[i];
+      off += lengths[i];
+    }
+    std::vector<uint8_t> found(lengths.size(), 0);
+    if (kvc_swig_check(kvc_store_contains(store_, ptrs.data(), lens.data(), ptrs.size(),
+                                          found.data())))
+      return out;
+    out.assign(found.begin(), found.end());
+    return out;
+  }
+  /** Remove the value of `key` (kvc_store_remove): whether there was one. */
+  bool remove(const void *key, size_t key_bytes) {
+    KVC_STORE(false);
+    int32_t removed = 0;
+    kvc_swig_check(kvc_store_remove(store_, key, key_bytes, &removed));
+    return removed != 0;
+  }
+  /** Pin (true) or unpin (false) the value of `key` (kvc_store_pin): whether it was. */
+  bool pin(const void *key, size_t key_bytes, bool on = true) {
+    KVC_STORE(false);
+    int32_t done = 0;
+    kvc_swig_check(kvc_store_pin(store_, key, key_bytes, on ? 1 : 0, &done));
+    return done != 0;
+  }
+  /** Counters of the store's tier (kvc_store_stats). */
+  kvc_tier_stats stats() {
+    kvc_tier_stats s;
+    kvc_tier_stats_init_sized(&s, sizeof s);
+    KVC_STORE(s);
+    kvc_swig_check(kvc_store_stats(store_, &s));
+    return s;
   }
 }
 

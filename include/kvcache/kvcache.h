@@ -119,7 +119,7 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 6
+#define KVC_API_VERSION 7
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -2753,6 +2753,167 @@ KVC_API kvc_status kvc_prefix_poll(kvc_pool *pool, uint64_t ticket, uint64_t *lo
 KVC_API kvc_status kvc_prefix_unpin(kvc_pool *pool, uint64_t pin);
 
 /* ------------------------------------------------------------------------ */
+/* Stores: one tier by itself, addressed by an engine's own keys            */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief A store: one offload tier (host memory, a disk directory, Redis or
+ * Redis Cluster, as kvc_pool_add_tier() describes them) opened by itself and
+ * addressed by the caller's keys, byte strings such as an engine's page
+ * hashes, instead of a pool's prefix keys. The engine adapters (the Python
+ * package's kvcache.sglang, kvcache.lmcache and kvcache.vllm, docs/engines.md)
+ * keep their pages in stores. Same roles elsewhere: SGLang's HiCacheStorage,
+ * LMCache's storage backends, vLLM's KV connectors' external stores.
+ *
+ * Each value is stored as one record of the tier: the tier key is the
+ * XXH3-128 digest of (scope, key); the record holds the value, an XXH3-64
+ * checksum and the scope and key bytes themselves, which a read compares, so
+ * two keys never share a value even if their digests collide, and a damaged
+ * record is removed, never returned. A put replaces the value whole: a
+ * reader sees the old value, the new one or none (other processes too, on a
+ * shared directory or Redis server).
+ *
+ * Thread-safe: every function may be called from any thread at once, but
+ * kvc_store_close() only when no other call uses the store.
+ * @since 0.4 (table version 7)
+ */
+typedef struct kvc_store kvc_store;
+
+/** @brief The longest key and the longest scope, in bytes. @since 0.4 */
+#define KVC_STORE_KEY_MAX 4096
+
+/**
+ * @brief Open a store over one tier.
+ * @param config the tier: kvc_tier_config_init() then the fields of its kind,
+ * checked as kvc_pool_add_tier() checks them (host and disk need
+ * capacity_bytes; disk a path; Redis an address).
+ * @param scope bytes that every key of this store is read and written under
+ * (the model, its KV layout and dtype, the tensor-parallel rank...): stores
+ * opened with another scope never see these values, even in one directory or
+ * on one Redis server. NULL with scope_bytes 0 for none; at most
+ * ::KVC_STORE_KEY_MAX bytes.
+ * @param scope_bytes the length of scope.
+ * @param[out] out the new store (NULL on failure).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (config or out; scope NULL with
+ * scope_bytes > 0); ::KVC_ERR_STRUCT_SIZE; ::KVC_ERR_INVALID_ARGUMENT (a
+ * field of config as kvc_pool_add_tier(), a scope over ::KVC_STORE_KEY_MAX
+ * bytes); ::KVC_ERR_UNSUPPORTED (Redis in a build without hiredis, reserved
+ * not 0); ::KVC_ERR_IO (a disk directory that cannot be created or read);
+ * ::KVC_ERR_OUT_OF_MEMORY. A Redis server that is down is not an error here:
+ * reads miss and writes fail with ::KVC_ERR_IO until it answers.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_open(const kvc_tier_config *config, const void *scope,
+                                  size_t scope_bytes, kvc_store **out);
+
+/**
+ * @brief Close a store: its host tier's values are freed; disk and Redis
+ * values stay for the next process.
+ * @param store the store (NULL is ignored).
+ * @since 0.4
+ */
+KVC_API void kvc_store_close(kvc_store *store);
+
+/**
+ * @brief Store `value` under `key`, replacing an older value; a host or disk
+ * tier evicts its least recently used values for room (never pinned ones).
+ * @param store the store.
+ * @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes.
+ * @param key_bytes the length of key.
+ * @param value the bytes to store (NULL only with value_bytes 0).
+ * @param value_bytes the length of value.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (an
+ * empty key or one over ::KVC_STORE_KEY_MAX bytes);
+ * ::KVC_ERR_EXCEEDS_CAPACITY (the record, value with key, scope and header,
+ * is larger than the host or disk tier's capacity); ::KVC_ERR_IO (the tier
+ * could not store it: its room is held by pinned values, a disk or
+ * connection error; the reason is in kvc_last_error_message() and the stats'
+ * last_error). On any error nothing changed: an older value stays.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_put(kvc_store *store, const void *key, size_t key_bytes,
+                                 const void *value, size_t value_bytes);
+
+/**
+ * @brief Read the value of `key` into the caller's buffer.
+ * @param store the store.
+ * @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes.
+ * @param key_bytes the length of key.
+ * @param buf where the value goes (NULL only with buf_bytes 0).
+ * @param buf_bytes the size of buf.
+ * @param[out] value_bytes the value's length (0 on a miss); may be NULL.
+ * @param[out] found 1 when the store holds the key, 0 on a miss (absent,
+ * evicted, another scope, a damaged record, which is removed, or a tier that
+ * does not answer, counted as an error in the stats). Not NULL.
+ * @return ::KVC_OK (hit or miss); ::KVC_ERR_NULL_POINTER;
+ * ::KVC_ERR_INVALID_ARGUMENT (the key's length); ::KVC_ERR_BUFFER_TOO_SMALL
+ * (a hit whose value is longer than buf_bytes: *found is 1, *value_bytes
+ * says how long, buf is untouched).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_get(kvc_store *store, const void *key, size_t key_bytes, void *buf,
+                                 size_t buf_bytes, size_t *value_bytes, int32_t *found);
+
+/**
+ * @brief Which of n keys the store holds, in one round trip per Redis server
+ * (pipelined EXISTS; host and disk tiers look in their index).
+ * @param store the store.
+ * @param keys n pointers to keys, each 1 to ::KVC_STORE_KEY_MAX bytes.
+ * @param key_bytes n lengths.
+ * @param n how many keys (0: nothing to do).
+ * @param[out] found n bytes: 1 where the store holds keys[i], else 0.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (keys, key_bytes or found with
+ * n > 0, or a NULL key); ::KVC_ERR_INVALID_ARGUMENT (a key's length; found is
+ * then untouched). A tier that does not answer gives zeros and a counted error.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_contains(kvc_store *store, const void *const *keys,
+                                      const size_t *key_bytes, size_t n, uint8_t *found);
+
+/**
+ * @brief Remove the value of `key` (and its pins).
+ * @param store the store.
+ * @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes.
+ * @param key_bytes the length of key.
+ * @param[out] removed 1 when a value was removed, 0 when there was none; may be NULL.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the
+ * key's length).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_remove(kvc_store *store, const void *key, size_t key_bytes,
+                                    int32_t *removed);
+
+/**
+ * @brief Pin (`pin` 1) or unpin (`pin` 0) the value of `key` in a host or
+ * disk store: LRU replacement never evicts a pinned value (a put that would
+ * need its room fails instead). Pins count: each pin needs one unpin.
+ * @param store the store.
+ * @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes.
+ * @param key_bytes the length of key.
+ * @param pin 1 to pin, 0 to unpin.
+ * @param[out] done 1 when the value was pinned (unpinned), 0 when the key is
+ * absent (or, unpinning, not pinned); may be NULL.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the
+ * key's length, pin not 0 or 1); ::KVC_ERR_UNSUPPORTED (a Redis store: Redis
+ * evicts by its own maxmemory rules).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_pin(kvc_store *store, const void *key, size_t key_bytes, int32_t pin,
+                                 int32_t *done);
+
+/**
+ * @brief Counters of the store's tier, as kvc_pool_tier_stats() gives a
+ * pool's: bytes and entries held, hits and misses of kvc_store_get(),
+ * evictions, errors, pinned values and the last error. `demotions` counts
+ * the values stored by kvc_store_put(), `promotions` the hits; `drops` is 0.
+ * @param store the store.
+ * @param[out] stats the counters (kvc_tier_stats_init() first).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_store_stats(kvc_store *store, kvc_tier_stats *stats);
+
+/* ------------------------------------------------------------------------ */
 /* Records: saving and restoring sequences                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -2995,6 +3156,21 @@ typedef struct kvc_api {
   /** kvc_seq_observe_queries() */
   kvc_status (*seq_observe_queries)(kvc_pool *, uint64_t, uint32_t, const void *, kvc_dtype,
                                     uint64_t, uint32_t, const int32_t *);
+  /* --- version 7 (0.4) --- */
+  /** kvc_store_open() */
+  kvc_status (*store_open)(const kvc_tier_config *, const void *, size_t, kvc_store **);
+  void (*store_close)(kvc_store *); /**< kvc_store_close() */
+  /** kvc_store_put() */
+  kvc_status (*store_put)(kvc_store *, const void *, size_t, const void *, size_t);
+  /** kvc_store_get() */
+  kvc_status (*store_get)(kvc_store *, const void *, size_t, void *, size_t, size_t *, int32_t *);
+  /** kvc_store_contains() */
+  kvc_status (*store_contains)(kvc_store *, const void *const *, const size_t *, size_t, uint8_t *);
+  /** kvc_store_remove() */
+  kvc_status (*store_remove)(kvc_store *, const void *, size_t, int32_t *);
+  /** kvc_store_pin() */
+  kvc_status (*store_pin)(kvc_store *, const void *, size_t, int32_t, int32_t *);
+  kvc_status (*store_stats)(kvc_store *, kvc_tier_stats *); /**< kvc_store_stats() */
 } kvc_api;
 
 /**

@@ -103,4 +103,9 @@ std::vector<kvc::core::PrefixExtra> prefix_args(const int32_t *tokens, uint64_t 
 // A core prefix result into the caller's struct (prefix.cpp).
 void write_result(const kvc::core::PrefixResult &r, kvc_prefix_result *out);
 
+// Reads and checks a caller's tier config (tier.cpp; the checks of kvc_pool_add_tier()).
+kvc::core::TierSpec tier_spec(const kvc_tier_config *config);
+// Tier counters into the caller's kvc_tier_stats (checked: size, NULL).
+void write_tier_stats(const kvc::core::TierCounts &c, kvc_tier_stats *stats);
+
 }  // namespace kvc::api

@@ -99,6 +99,15 @@ static const kvc_api g_api = {
     kvc_pool_seq_bytes,
     // version 6 (0.4)
     kvc_seq_observe_queries,
+    // version 7 (0.4)
+    kvc_store_open,
+    kvc_store_close,
+    kvc_store_put,
+    kvc_store_get,
+    kvc_store_contains,
+    kvc_store_remove,
+    kvc_store_pin,
+    kvc_store_stats,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

@@ -24,6 +24,53 @@ kvc_tier_config tier_defaults() {
 
 }  // namespace
 
+kvc::core::TierSpec kvc::api::tier_spec(const kvc_tier_config *config) {
+  need(config, "config");
+  kvc_tier_config c = tier_defaults();
+  kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
+  if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
+  if (c.kind != KVC_TIER_HOST && c.kind != KVC_TIER_DISK && c.kind != KVC_TIER_REDIS)
+    fail(Errc::InvalidArgument,
+         "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
+  const uint32_t known = c.kind == KVC_TIER_DISK    ? KVC_TIER_FSYNC
+                         : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER
+                                                    : 0u;
+  if (c.flags & ~known)
+    fail(Errc::InvalidArgument, c.kind == KVC_TIER_REDIS ? "unknown flags for a Redis tier"
+                                                         : "unknown flags for this tier kind");
+  kvc::core::TierSpec ts;
+  ts.kind = static_cast<kvc::core::TierKind>(c.kind);
+  ts.capacity_bytes = c.capacity_bytes;
+  ts.path = c.path ? c.path : "";
+  ts.fsync = (c.flags & KVC_TIER_FSYNC) != 0;
+  ts.address = c.address ? c.address : "";
+  ts.cluster = (c.flags & KVC_TIER_REDIS_CLUSTER) != 0;
+  ts.timeout_ms = c.timeout_ms;
+  ts.ttl_seconds = c.ttl_seconds;
+  return ts;
+}
+
+void kvc::api::write_tier_stats(const kvc::core::TierCounts &c, kvc_tier_stats *stats) {
+  need(stats, "stats");
+  kvc::api::check_output_struct(stats, kTierStatsMin, "kvc_tier_stats");
+  kvc_tier_stats full;
+  std::memset(&full, 0, sizeof full);
+  full.struct_size = sizeof full;
+  full.kind = static_cast<kvc_tier_kind>(c.kind);
+  full.bytes = c.bytes;
+  full.entries = c.entries;
+  full.hits = c.hits;
+  full.misses = c.misses;
+  full.demotions = c.demotions;
+  full.promotions = c.promotions;
+  full.drops = c.drops;
+  full.evictions = c.evictions;
+  full.errors = c.errors;
+  full.pinned = c.pinned;
+  std::snprintf(full.last_error, sizeof full.last_error, "%s", c.last_error.c_str());
+  kvc::api::write_output_struct(full, stats);
+}
+
 namespace {
 void poll_status(kvc::core::LoadState s, uint64_t ticket) {
   if (s == kvc::core::LoadState::Pending)
@@ -58,28 +105,7 @@ KVC_API kvc_status kvc_pool_add_tier(kvc_pool *pool, const kvc_tier_config *conf
                                      uint32_t *tier_index) {
   return guard([&] {
     auto &p = core_of(pool);
-    need(config, "config");
-    kvc_tier_config c = tier_defaults();
-    kvc::api::read_input_struct(config, kTierConfigMin, "kvc_tier_config", &c);
-    if (c.reserved != 0) fail(Errc::Unsupported, "kvc_tier_config.reserved must be 0");
-    if (c.kind != KVC_TIER_HOST && c.kind != KVC_TIER_DISK && c.kind != KVC_TIER_REDIS)
-      fail(Errc::InvalidArgument,
-           "kind " + std::to_string(static_cast<int32_t>(c.kind)) + ": unknown");
-    const uint32_t known = c.kind == KVC_TIER_DISK    ? KVC_TIER_FSYNC
-                           : c.kind == KVC_TIER_REDIS ? KVC_TIER_REDIS_CLUSTER
-                                                      : 0u;
-    if (c.flags & ~known)
-      fail(Errc::InvalidArgument, c.kind == KVC_TIER_REDIS ? "unknown flags for a Redis tier"
-                                                           : "unknown flags for this tier kind");
-    kvc::core::TierSpec ts;
-    ts.kind = static_cast<kvc::core::TierKind>(c.kind);
-    ts.capacity_bytes = c.capacity_bytes;
-    ts.path = c.path ? c.path : "";
-    ts.fsync = (c.flags & KVC_TIER_FSYNC) != 0;
-    ts.address = c.address ? c.address : "";
-    ts.cluster = (c.flags & KVC_TIER_REDIS_CLUSTER) != 0;
-    ts.timeout_ms = c.timeout_ms;
-    ts.ttl_seconds = c.ttl_seconds;
+    const kvc::core::TierSpec ts = kvc::api::tier_spec(config);
     // Everything checked first; the tier is made by the pool once it can take it.
     const uint32_t i = p.prefix().tiers().add_tier(ts);
     if (tier_index) *tier_index = i;
@@ -107,23 +133,7 @@ KVC_API kvc_status kvc_pool_tier_stats(kvc_pool *pool, uint32_t tier_index, kvc_
     auto &p = core_of(pool);
     need(stats, "stats");
     kvc::api::check_output_struct(stats, kTierStatsMin, "kvc_tier_stats");
-    const kvc::core::TierCounts c = p.prefix().tiers().counts(tier_index);
-    kvc_tier_stats full;
-    std::memset(&full, 0, sizeof full);
-    full.struct_size = sizeof full;
-    full.kind = static_cast<kvc_tier_kind>(c.kind);
-    full.bytes = c.bytes;
-    full.entries = c.entries;
-    full.hits = c.hits;
-    full.misses = c.misses;
-    full.demotions = c.demotions;
-    full.promotions = c.promotions;
-    full.drops = c.drops;
-    full.evictions = c.evictions;
-    full.errors = c.errors;
-    full.pinned = c.pinned;
-    std::snprintf(full.last_error, sizeof full.last_error, "%s", c.last_error.c_str());
-    kvc::api::write_output_struct(full, stats);
+    write_tier_stats(p.prefix().tiers().counts(tier_index), stats);
   });
 }
 

@@ -103,5 +103,21 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(tier_stats_init_sized, kvc_tier_stats_init_sized);
   SAME(seq_keep, kvc_seq_keep);
 #endif
+#if KVC_API_VERSION >= 5
+  SAME(pool_seq_bytes, kvc_pool_seq_bytes);
+#endif
+#if KVC_API_VERSION >= 6
+  SAME(seq_observe_queries, kvc_seq_observe_queries);
+#endif
+#if KVC_API_VERSION >= 7
+  SAME(store_open, kvc_store_open);
+  SAME(store_close, kvc_store_close);
+  SAME(store_put, kvc_store_put);
+  SAME(store_get, kvc_store_get);
+  SAME(store_contains, kvc_store_contains);
+  SAME(store_remove, kvc_store_remove);
+  SAME(store_pin, kvc_store_pin);
+  SAME(store_stats, kvc_store_stats);
+#endif
   return n;
 }

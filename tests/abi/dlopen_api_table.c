@@ -182,6 +182,19 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, seq_observe_queries);
   }
 #endif
+#if KVC_API_VERSION >= 7
+  if (api->api_version >= 7) {
+    CHECK(api->struct_size >= offsetof(kvc_api, store_stats) + sizeof(api->store_stats));
+    ENTRY(api, store_open);
+    ENTRY(api, store_close);
+    ENTRY(api, store_put);
+    ENTRY(api, store_get);
+    ENTRY(api, store_contains);
+    ENTRY(api, store_remove);
+    ENTRY(api, store_pin);
+    ENTRY(api, store_stats);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

@@ -294,7 +294,15 @@ FIELD(kvc_api, tier_stats_init_sized, 688, 8);
 FIELD(kvc_api, seq_keep, 696, 8);               /* end of version 4 (704 bytes) */
 FIELD(kvc_api, pool_seq_bytes, 704, 8);         /* version 5 (0.4) */
 FIELD(kvc_api, seq_observe_queries, 712, 8);    /* version 6 (0.4) */
-SIZE(kvc_api, 720); /* end of version 6 */
+FIELD(kvc_api, store_open, 720, 8);             /* version 7 (0.4) */
+FIELD(kvc_api, store_close, 728, 8);
+FIELD(kvc_api, store_put, 736, 8);
+FIELD(kvc_api, store_get, 744, 8);
+FIELD(kvc_api, store_contains, 752, 8);
+FIELD(kvc_api, store_remove, 760, 8);
+FIELD(kvc_api, store_pin, 768, 8);
+FIELD(kvc_api, store_stats, 776, 8);
+SIZE(kvc_api, 784); /* end of version 7 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);

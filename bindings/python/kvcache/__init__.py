@@ -482,6 +482,42 @@ def _prefix_keys(pool, tokens, blob):
     return [bytes(buf[i * ks:(i + 1) * ks]) for i in range(blocks)]
 
 
+def _store_key(key, name, empty_ok=False):
+    """A Store key or scope as bytes: str is UTF-8."""
+    if isinstance(key, str):
+        b = key.encode("utf-8")
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        b = bytes(key)
+    else:
+        raise TypeError("%s: expected str or bytes, got %s" % (name, type(key).__name__))
+    if not b and not empty_ok:
+        raise ValueError("%s: a key has at least one byte" % name)
+    return b
+
+
+def _store_value(x, name, writable):
+    """A Store value (or a get_into target) as a buffer of its raw bytes,
+    in place: bytes / bytearray / memoryview, a C-contiguous numpy array, or a
+    contiguous CPU torch tensor of any dtype."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError("%s: tensor is on %s; a Store reads and writes CPU memory" % (name, x.device))
+        if not x.is_contiguous():
+            raise ValueError("%s: tensor of shape %s is not contiguous" % (name, tuple(x.shape)))
+        import torch  # only reached with a torch tensor in hand
+        t = x.detach().reshape(-1)
+        return t.view(torch.uint8).numpy() if t.dtype != torch.uint8 else t.numpy()
+    if isinstance(x, _np.ndarray):
+        if not x.flags.c_contiguous:
+            if writable:
+                raise ValueError("%s: array is not C-contiguous" % name)
+            x = _np.ascontiguousarray(x)
+        return x.reshape(-1).view(_np.uint8)
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return x
+    raise TypeError("%s: expected bytes, a numpy array or a CPU torch tensor, got %s" % (name, type(x).__name__))
+
+
 # The classes' numpy-aware methods forward to these (kvcache_python.i).
 _native._py_pool_append = _pool_append
 _native._py_pool_gather = _pool_gather
@@ -495,3 +531,5 @@ _native._py_attention_prefill = _attention_prefill
 _native._py_observe_scores = _observe_scores
 _native._py_observe_queries = _observe_queries
 _native._py_scores = _scores
+_native._py_store_key = _store_key
+_native._py_store_value = _store_value

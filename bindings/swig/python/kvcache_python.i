@@ -172,6 +172,11 @@
 
 /* Raw methods behind the numpy-aware ones of __init__.py. */
 %rename(_append) kvc_swig_pool::append;
+%rename(_put) kvc_swig_store::put;
+%rename(_get_into) kvc_swig_store::get_into;
+%rename(_contains_many) kvc_swig_store::contains_many;
+%rename(_remove) kvc_swig_store::remove;
+%rename(_pin) kvc_swig_store::pin;
 %rename(_gather) kvc_swig_pool::gather;
 %rename(_quantize) kvc_codec::quantize;
 %rename(_dequantize) kvc_codec::dequantize;
@@ -619,6 +624,80 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
 }
 %extend kvc_swig_policy {
   %pythoncode %{
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+  %}
+}
+
+/* Store: keys as str (UTF-8) or bytes; values as bytes, numpy arrays or CPU
+ * torch tensors of any dtype, read and written in place (__init__.py's
+ * _py_store_* helpers). */
+%extend kvc_swig_store {
+  %pythoncode %{
+    @classmethod
+    def host(cls, capacity_bytes, scope=b""):
+        """A store in this process's memory: `capacity_bytes` with LRU replacement."""
+        return cls(TIER_HOST, capacity_bytes, "", "", 0, 1000, 0, _py_store_key(scope, "scope", True))
+
+    @classmethod
+    def disk(cls, path, capacity_bytes, scope=b"", fsync=False):
+        """A store in a directory (shared by processes; survives them)."""
+        return cls(TIER_DISK, capacity_bytes, str(path), "", TIER_FSYNC if fsync else 0, 1000, 0,
+                   _py_store_key(scope, "scope", True))
+
+    @classmethod
+    def redis(cls, address, scope=b"", cluster=False, timeout_ms=1000, ttl_seconds=0):
+        """A store on a Redis server ("host:port") or a Redis Cluster (seed nodes "h:p,h:p,...")."""
+        return cls(TIER_REDIS, 0, "", address, TIER_REDIS_CLUSTER if cluster else 0, timeout_ms, ttl_seconds,
+                   _py_store_key(scope, "scope", True))
+
+    def put(self, key, value):
+        """Store `value` (bytes, a numpy array or a CPU torch tensor, its raw bytes) under `key` (str or bytes)."""
+        self._put(_py_store_key(key, "key"), _py_store_value(value, "value", False))
+
+    def get_into(self, key, out):
+        """Read the value of `key` into `out` (bytearray, numpy array or CPU torch tensor, written in place):
+        the value's length, or -1 on a miss. A longer value than `out` is not read (its length is returned)."""
+        return self._get_into(_py_store_key(key, "key"), _py_store_value(out, "out", True))
+
+    def get(self, key, size_hint=65536):
+        """The value of `key` as bytes, or None on a miss."""
+        k = _py_store_key(key, "key")
+        buf = bytearray(max(int(size_hint), 1))
+        while True:
+            n = self._get_into(k, buf)
+            if n < 0:
+                return None
+            if n <= len(buf):
+                return bytes(buf[:n])
+            buf = bytearray(n)  # replaced by a longer value meanwhile: loop
+
+    def contains(self, keys):
+        """[bool] for each key (one round trip per Redis server)."""
+        ks = [_py_store_key(k, "keys[%d]" % i) for i, k in enumerate(keys)]
+        if not ks:
+            return []
+        return [bool(f) for f in self._contains_many(b"".join(ks), [len(k) for k in ks])]
+
+    def __contains__(self, key):
+        return self.contains([key])[0]
+
+    def remove(self, key):
+        """Remove the value of `key`: whether there was one."""
+        return self._remove(_py_store_key(key, "key"))
+
+    def pin(self, key):
+        """Pin the value of `key` against LRU replacement (host and disk stores): whether it was there."""
+        return self._pin(_py_store_key(key, "key"), True)
+
+    def unpin(self, key):
+        """Undo one pin(): whether the value was pinned."""
+        return self._pin(_py_store_key(key, "key"), False)
+
     def __enter__(self):
         return self
 

@@ -6,7 +6,7 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 6;
+pub const KVC_API_VERSION: u32 = 7;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
@@ -16,6 +16,7 @@ pub const KVC_PREFIX_PARTIAL: u32 = 1;
 pub const KVC_PREFIX_PIN: u32 = 2;
 pub const KVC_TIER_FSYNC: u32 = 1;
 pub const KVC_TIER_REDIS_CLUSTER: u32 = 2;
+pub const KVC_STORE_KEY_MAX: u32 = 4096;
 pub type __uint8_t = ::std::os::raw::c_uchar;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
@@ -5950,6 +5951,164 @@ extern "C" {
     #[doc = " @since 0.3"]
     pub fn kvc_prefix_unpin(pool: *mut kvc_pool, pin: u64) -> kvc_status;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvc_store {
+    _unused: [u8; 0],
+}
+extern "C" {
+    #[doc = " @brief Open a store over one tier."]
+    #[doc = " @param config the tier: kvc_tier_config_init() then the fields of its kind,"]
+    #[doc = " checked as kvc_pool_add_tier() checks them (host and disk need"]
+    #[doc = " capacity_bytes; disk a path; Redis an address)."]
+    #[doc = " @param scope bytes that every key of this store is read and written under"]
+    #[doc = " (the model, its KV layout and dtype, the tensor-parallel rank...): stores"]
+    #[doc = " opened with another scope never see these values, even in one directory or"]
+    #[doc = " on one Redis server. NULL with scope_bytes 0 for none; at most"]
+    #[doc = " ::KVC_STORE_KEY_MAX bytes."]
+    #[doc = " @param scope_bytes the length of scope."]
+    #[doc = " @param[out] out the new store (NULL on failure)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (config or out; scope NULL with"]
+    #[doc = " scope_bytes > 0); ::KVC_ERR_STRUCT_SIZE; ::KVC_ERR_INVALID_ARGUMENT (a"]
+    #[doc = " field of config as kvc_pool_add_tier(), a scope over ::KVC_STORE_KEY_MAX"]
+    #[doc = " bytes); ::KVC_ERR_UNSUPPORTED (Redis in a build without hiredis, reserved"]
+    #[doc = " not 0); ::KVC_ERR_IO (a disk directory that cannot be created or read);"]
+    #[doc = " ::KVC_ERR_OUT_OF_MEMORY. A Redis server that is down is not an error here:"]
+    #[doc = " reads miss and writes fail with ::KVC_ERR_IO until it answers."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_open(
+        config: *const kvc_tier_config,
+        scope: *const ::std::os::raw::c_void,
+        scope_bytes: usize,
+        out: *mut *mut kvc_store,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Close a store: its host tier's values are freed; disk and Redis"]
+    #[doc = " values stay for the next process."]
+    #[doc = " @param store the store (NULL is ignored)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_close(store: *mut kvc_store);
+}
+extern "C" {
+    #[doc = " @brief Store `value` under `key`, replacing an older value; a host or disk"]
+    #[doc = " tier evicts its least recently used values for room (never pinned ones)."]
+    #[doc = " @param store the store."]
+    #[doc = " @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes."]
+    #[doc = " @param key_bytes the length of key."]
+    #[doc = " @param value the bytes to store (NULL only with value_bytes 0)."]
+    #[doc = " @param value_bytes the length of value."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (an"]
+    #[doc = " empty key or one over ::KVC_STORE_KEY_MAX bytes);"]
+    #[doc = " ::KVC_ERR_EXCEEDS_CAPACITY (the record, value with key, scope and header,"]
+    #[doc = " is larger than the host or disk tier's capacity); ::KVC_ERR_IO (the tier"]
+    #[doc = " could not store it: its room is held by pinned values, a disk or"]
+    #[doc = " connection error; the reason is in kvc_last_error_message() and the stats'"]
+    #[doc = " last_error). On any error nothing changed: an older value stays."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_put(
+        store: *mut kvc_store,
+        key: *const ::std::os::raw::c_void,
+        key_bytes: usize,
+        value: *const ::std::os::raw::c_void,
+        value_bytes: usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Read the value of `key` into the caller's buffer."]
+    #[doc = " @param store the store."]
+    #[doc = " @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes."]
+    #[doc = " @param key_bytes the length of key."]
+    #[doc = " @param buf where the value goes (NULL only with buf_bytes 0)."]
+    #[doc = " @param buf_bytes the size of buf."]
+    #[doc = " @param[out] value_bytes the value's length (0 on a miss); may be NULL."]
+    #[doc = " @param[out] found 1 when the store holds the key, 0 on a miss (absent,"]
+    #[doc = " evicted, another scope, a damaged record, which is removed, or a tier that"]
+    #[doc = " does not answer, counted as an error in the stats). Not NULL."]
+    #[doc = " @return ::KVC_OK (hit or miss); ::KVC_ERR_NULL_POINTER;"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (the key's length); ::KVC_ERR_BUFFER_TOO_SMALL"]
+    #[doc = " (a hit whose value is longer than buf_bytes: *found is 1, *value_bytes"]
+    #[doc = " says how long, buf is untouched)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_get(
+        store: *mut kvc_store,
+        key: *const ::std::os::raw::c_void,
+        key_bytes: usize,
+        buf: *mut ::std::os::raw::c_void,
+        buf_bytes: usize,
+        value_bytes: *mut usize,
+        found: *mut i32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Which of n keys the store holds, in one round trip per Redis server"]
+    #[doc = " (pipelined EXISTS; host and disk tiers look in their index)."]
+    #[doc = " @param store the store."]
+    #[doc = " @param keys n pointers to keys, each 1 to ::KVC_STORE_KEY_MAX bytes."]
+    #[doc = " @param key_bytes n lengths."]
+    #[doc = " @param n how many keys (0: nothing to do)."]
+    #[doc = " @param[out] found n bytes: 1 where the store holds keys[i], else 0."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (keys, key_bytes or found with"]
+    #[doc = " n > 0, or a NULL key); ::KVC_ERR_INVALID_ARGUMENT (a key's length; found is"]
+    #[doc = " then untouched). A tier that does not answer gives zeros and a counted error."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_contains(
+        store: *mut kvc_store,
+        keys: *const *const ::std::os::raw::c_void,
+        key_bytes: *const usize,
+        n: usize,
+        found: *mut u8,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Remove the value of `key` (and its pins)."]
+    #[doc = " @param store the store."]
+    #[doc = " @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes."]
+    #[doc = " @param key_bytes the length of key."]
+    #[doc = " @param[out] removed 1 when a value was removed, 0 when there was none; may be NULL."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the"]
+    #[doc = " key's length)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_remove(
+        store: *mut kvc_store,
+        key: *const ::std::os::raw::c_void,
+        key_bytes: usize,
+        removed: *mut i32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Pin (`pin` 1) or unpin (`pin` 0) the value of `key` in a host or"]
+    #[doc = " disk store: LRU replacement never evicts a pinned value (a put that would"]
+    #[doc = " need its room fails instead). Pins count: each pin needs one unpin."]
+    #[doc = " @param store the store."]
+    #[doc = " @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes."]
+    #[doc = " @param key_bytes the length of key."]
+    #[doc = " @param pin 1 to pin, 0 to unpin."]
+    #[doc = " @param[out] done 1 when the value was pinned (unpinned), 0 when the key is"]
+    #[doc = " absent (or, unpinning, not pinned); may be NULL."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the"]
+    #[doc = " key's length, pin not 0 or 1); ::KVC_ERR_UNSUPPORTED (a Redis store: Redis"]
+    #[doc = " evicts by its own maxmemory rules)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_pin(
+        store: *mut kvc_store,
+        key: *const ::std::os::raw::c_void,
+        key_bytes: usize,
+        pin: i32,
+        done: *mut i32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Counters of the store's tier, as kvc_pool_tier_stats() gives a"]
+    #[doc = " pool's: bytes and entries held, hits and misses of kvc_store_get(),"]
+    #[doc = " evictions, errors, pinned values and the last error. `demotions` counts"]
+    #[doc = " the values stored by kvc_store_put(), `promotions` the hits; `drops` is 0."]
+    #[doc = " @param store the store."]
+    #[doc = " @param[out] stats the counters (kvc_tier_stats_init() first)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_store_stats(store: *mut kvc_store, stats: *mut kvc_tier_stats) -> kvc_status;
+}
 extern "C" {
     #[doc = " @brief Save one sequence as a self-describing record (llama.cpp's state"]
     #[doc = " save, vLLM / LMCache's store by request): its length, per-layer block"]
@@ -6623,12 +6782,78 @@ pub struct kvc_api {
             arg8: *const i32,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_store_open()"]
+    pub store_open: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *const kvc_tier_config,
+            arg2: *const ::std::os::raw::c_void,
+            arg3: usize,
+            arg4: *mut *mut kvc_store,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_store_close()"]
+    pub store_close: ::std::option::Option<unsafe extern "C" fn(arg1: *mut kvc_store)>,
+    #[doc = " kvc_store_put()"]
+    pub store_put: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_store,
+            arg2: *const ::std::os::raw::c_void,
+            arg3: usize,
+            arg4: *const ::std::os::raw::c_void,
+            arg5: usize,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_store_get()"]
+    pub store_get: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_store,
+            arg2: *const ::std::os::raw::c_void,
+            arg3: usize,
+            arg4: *mut ::std::os::raw::c_void,
+            arg5: usize,
+            arg6: *mut usize,
+            arg7: *mut i32,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_store_contains()"]
+    pub store_contains: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_store,
+            arg2: *const *const ::std::os::raw::c_void,
+            arg3: *const usize,
+            arg4: usize,
+            arg5: *mut u8,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_store_remove()"]
+    pub store_remove: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_store,
+            arg2: *const ::std::os::raw::c_void,
+            arg3: usize,
+            arg4: *mut i32,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_store_pin()"]
+    pub store_pin: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_store,
+            arg2: *const ::std::os::raw::c_void,
+            arg3: usize,
+            arg4: i32,
+            arg5: *mut i32,
+        ) -> kvc_status,
+    >,
+    #[doc = "< kvc_store_stats()"]
+    pub store_stats: ::std::option::Option<
+        unsafe extern "C" fn(arg1: *mut kvc_store, arg2: *mut kvc_tier_stats) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        720usize,
+        784usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -8183,6 +8408,142 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_seq_observe_queries();
+    fn test_field_store_open() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_open) as usize - ptr as usize
+            },
+            720usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_open)
+            )
+        );
+    }
+    test_field_store_open();
+    fn test_field_store_close() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_close) as usize - ptr as usize
+            },
+            728usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_close)
+            )
+        );
+    }
+    test_field_store_close();
+    fn test_field_store_put() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_put) as usize - ptr as usize
+            },
+            736usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_put)
+            )
+        );
+    }
+    test_field_store_put();
+    fn test_field_store_get() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_get) as usize - ptr as usize
+            },
+            744usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_get)
+            )
+        );
+    }
+    test_field_store_get();
+    fn test_field_store_contains() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_contains) as usize - ptr as usize
+            },
+            752usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_contains)
+            )
+        );
+    }
+    test_field_store_contains();
+    fn test_field_store_remove() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_remove) as usize - ptr as usize
+            },
+            760usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_remove)
+            )
+        );
+    }
+    test_field_store_remove();
+    fn test_field_store_pin() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_pin) as usize - ptr as usize
+            },
+            768usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_pin)
+            )
+        );
+    }
+    test_field_store_pin();
+    fn test_field_store_stats() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).store_stats) as usize - ptr as usize
+            },
+            776usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(store_stats)
+            )
+        );
+    }
+    test_field_store_stats();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]
