@@ -27,13 +27,15 @@ torch_pins=(torch==2.10.0 numpy==2.3.5 pytest==9.0.2)
 hf_pins=(transformers==5.24.0 gguf==0.19.0 accelerate==1.15.0 optimum-quanto==0.2.7 hqq==0.2.8.post1
   scikit-build-core==1.1.2 build==1.6.1 cmake==4.4.5 ninja==1.13.2 swig==4.5.1)
 kvpress_pins=(kvpress==0.5.5 transformers==5.2.0 gguf==0.19.0 accelerate==1.15.0)
-# engines/: what sglang's HiCache storage interface and its host KV pools import
-# at load time (found by importing them on the CPU), then the engines --no-deps.
+# engines/: what sglang's HiCache storage interface and its host KV pools, and
+# lmcache's storage manager and plugins, import at load time (found by
+# importing them on the CPU), then the engines --no-deps.
 engines_pins=(aiohttp==3.14.5 apache-tvm-ffi==0.1.15.post2 compressed-tensors==0.20.1 dill==0.4.1
   ipython==9.18.1 msgspec==0.23.0 orjson==3.13.0 pillow==13.0.0 psutil==7.2.2 pybase64==1.5.1
   pydantic==2.14.4 pyzmq==27.3.0 requests==2.34.2 sentencepiece==0.2.3 starlette==1.10.0
-  tqdm==4.70.1)
-engines_nodeps=(sglang==0.5.23 torchvision==0.25.0)
+  tqdm==4.70.1 aiofile==3.12.3 cachetools==8.0.2 cryptography==50.0.2 numba==0.68.1
+  prometheus_client==0.26.0 py-cpuinfo==9.0.0 sortedcontainers==2.4.0)
+engines_nodeps=(sglang==0.5.23 torchvision==0.25.0 lmcache==0.5.6)
 
 # make_venv NAME BASE_SITES PINS...: (re)creates $root/NAME unless its record
 # matches. BASE_SITES: site-packages folders the venv sees, ':'-separated.
@@ -75,4 +77,4 @@ NODEPS="${engines_nodeps[*]}" make_venv engines "$hf_site:$torch_site" "${engine
 
 "$root/hf/bin/python" -c 'import torch, transformers, gguf, accelerate; print("setup-python: hf venv: torch", torch.__version__, "transformers", transformers.__version__)'
 "$root/kvpress/bin/python" -c 'import importlib.metadata as m, torch, transformers, kvpress; print("setup-python: kvpress venv: torch", torch.__version__, "transformers", transformers.__version__, "kvpress", m.version("kvpress"))'
-"$root/engines/bin/python" -c 'import importlib.metadata as m, torch; from sglang.srt.mem_cache.hicache_storage import HiCacheStorage; print("setup-python: engines venv: torch", torch.__version__, "sglang", m.version("sglang"))'
+"$root/engines/bin/python" -c 'import importlib.metadata as m, torch; from sglang.srt.mem_cache.hicache_storage import HiCacheStorage; from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface; print("setup-python: engines venv: torch", torch.__version__, "sglang", m.version("sglang"), "lmcache", m.version("lmcache"))'

@@ -2791,7 +2791,10 @@ typedef struct kvc_store kvc_store;
  * (the model, its KV layout and dtype, the tensor-parallel rank...): stores
  * opened with another scope never see these values, even in one directory or
  * on one Redis server. NULL with scope_bytes 0 for none; at most
- * ::KVC_STORE_KEY_MAX bytes.
+ * ::KVC_STORE_KEY_MAX bytes. A disk directory's capacity is shared: each
+ * store or pool tier opened on it counts every record there, whatever its
+ * scope, and evicts the least recently used of them for room (give stores of
+ * one directory the same capacity, or each its own directory).
  * @param scope_bytes the length of scope.
  * @param[out] out the new store (NULL on failure).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (config or out; scope NULL with
@@ -2825,10 +2828,12 @@ KVC_API void kvc_store_close(kvc_store *store);
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (an
  * empty key or one over ::KVC_STORE_KEY_MAX bytes);
  * ::KVC_ERR_EXCEEDS_CAPACITY (the record, value with key, scope and header,
- * is larger than the host or disk tier's capacity); ::KVC_ERR_IO (the tier
+ * is larger than the host or disk tier's capacity, or than a Redis value:
+ * 512 MiB); ::KVC_ERR_IO (the tier
  * could not store it: its room is held by pinned values, a disk or
  * connection error; the reason is in kvc_last_error_message() and the stats'
- * last_error). On any error nothing changed: an older value stays.
+ * last_error). On any error nothing changed, an older value stays, but for a
+ * Redis command that timed out: whether it landed is then unknown.
  * @since 0.4
  */
 KVC_API kvc_status kvc_store_put(kvc_store *store, const void *key, size_t key_bytes,
@@ -2875,7 +2880,8 @@ KVC_API kvc_status kvc_store_contains(kvc_store *store, const void *const *keys,
  * @param store the store.
  * @param key the key, 1 to ::KVC_STORE_KEY_MAX bytes.
  * @param key_bytes the length of key.
- * @param[out] removed 1 when a value was removed, 0 when there was none; may be NULL.
+ * @param[out] removed 1 when a value was removed, 0 when there was none or a
+ * Redis server did not answer (an error counted in the stats); may be NULL.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the
  * key's length).
  * @since 0.4
@@ -2892,7 +2898,8 @@ KVC_API kvc_status kvc_store_remove(kvc_store *store, const void *key, size_t ke
  * @param key_bytes the length of key.
  * @param pin 1 to pin, 0 to unpin.
  * @param[out] done 1 when the value was pinned (unpinned), 0 when the key is
- * absent (or, unpinning, not pinned); may be NULL.
+ * absent (or, unpinning, not pinned; on disk, a record another process wrote
+ * counts as absent until this store has read it); may be NULL.
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_INVALID_ARGUMENT (the
  * key's length, pin not 0 or 1); ::KVC_ERR_UNSUPPORTED (a Redis store: Redis
  * evicts by its own maxmemory rules).

@@ -11,17 +11,19 @@ namespace kvc::core {
 
 namespace {
 constexpr char kTag[] = "kvc-store/1";  // with its NUL: 12 bytes
-constexpr size_t kRecordHeader = 32;    // the disk tier's record header (disk_tier.cpp)
+constexpr size_t kRecordHeader = 32;    // the disk and Redis tiers' record header
+constexpr uint64_t kRedisMax = (uint64_t{512} << 20) - kRecordHeader;  // proto-max-bulk-len
 }  // namespace
 
 void KeyStore::check_key(const void *key, size_t key_bytes, const char *name) {
+  if (!key) fail(Errc::NullPointer, std::string(name) + " is NULL");
   if (key_bytes == 0 || key_bytes > kKeyMax)
     fail(Errc::InvalidArgument, std::string(name) + " has " + std::to_string(key_bytes) +
                                     " bytes: a key has 1 to " + std::to_string(kKeyMax));
-  if (!key) fail(Errc::NullPointer, std::string(name) + " is NULL");
 }
 
 KeyStore::KeyStore(const tier::Spec &spec, const void *scope, size_t scope_bytes) : spec_(spec) {
+  spec_.nonblocking_open = true;  // no loader thread, no load timeout: a FIFO must not block
   if (scope_bytes > kKeyMax)
     fail(Errc::InvalidArgument, "scope has " + std::to_string(scope_bytes) + " bytes (at most " +
                                     std::to_string(kKeyMax) + ")");
@@ -61,15 +63,16 @@ void KeyStore::put(const void *key, size_t key_bytes, const void *value, size_t 
   if (n && !value) fail(Errc::NullPointer, "value is NULL");
   const BlockKey k = key_of(key, key_bytes);
   const std::vector<uint8_t> &fp = fingerprint(key, key_bytes);
-  if (spec_.kind != tier::Kind::Redis) {
-    const uint64_t record =
-        static_cast<uint64_t>(n) + fp.size() + (spec_.kind == tier::Kind::Disk ? kRecordHeader : 0);
-    if (record > spec_.capacity_bytes)
-      fail(Errc::ExceedsCapacity, "a value of " + std::to_string(n) + " bytes (a record of " +
-                                      std::to_string(record) +
-                                      " bytes with its key) is larger than the tier (" +
-                                      std::to_string(spec_.capacity_bytes) + " bytes)");
-  }
+  // The record (value, key and scope, the disk header) against the tier's
+  // room, compared without wrapping: n is whatever the caller passed.
+  const uint64_t extra = fp.size() + (spec_.kind == tier::Kind::Disk ? kRecordHeader : 0);
+  const uint64_t room = spec_.kind == tier::Kind::Redis ? kRedisMax : spec_.capacity_bytes;
+  if (n > room || extra > room - n)
+    fail(Errc::ExceedsCapacity,
+         "a value of " + std::to_string(n) + " bytes (with its key and header " +
+             std::to_string(extra) + " more) is larger than " +
+             (spec_.kind == tier::Kind::Redis ? std::string("a Redis value (512 MiB)")
+                                              : "the tier (" + std::to_string(room) + " bytes)"));
   static const uint8_t kEmpty = 0;
   if (!tier_->put(k, fp, n ? static_cast<const uint8_t *>(value) : &kEmpty, n))
     fail(Errc::Io, "the " + std::string(tier_->name()) +
@@ -101,11 +104,7 @@ void KeyStore::contains(const void *const *keys, const size_t *key_bytes, size_t
 
 bool KeyStore::remove(const void *key, size_t key_bytes) {
   check_key(key, key_bytes, "key");
-  const BlockKey k = key_of(key, key_bytes);
-  std::lock_guard<std::mutex> lk(pin_mu_);  // a removed value's pins go with it
-  const bool had = tier_->erase(k);
-  pins_.erase(k);
-  return had;
+  return tier_->erase(key_of(key, key_bytes));  // a removed value's pins go with it
 }
 
 bool KeyStore::pin(const void *key, size_t key_bytes, bool on) {
@@ -115,14 +114,7 @@ bool KeyStore::pin(const void *key, size_t key_bytes, bool on) {
   const BlockKey k = key_of(key, key_bytes);
   std::lock_guard<std::mutex> lk(pin_mu_);
   const bool done = on ? tier_->pin(k) : tier_->unpin(k);
-  if (done) {
-    if (on) {
-      ++pins_[k];
-    } else {
-      auto it = pins_.find(k);
-      if (it != pins_.end() && --it->second == 0) pins_.erase(it);
-    }
-  }
+  if (done && on) pinned_.insert(k);
   return done;
 }
 
@@ -140,7 +132,9 @@ TierCounts KeyStore::counts() const {
   c.errors = st.errors;
   {
     std::lock_guard<std::mutex> lk(pin_mu_);
-    c.pinned = pins_.size();
+    for (auto it = pinned_.begin(); it != pinned_.end();)
+      it = tier_->pins(*it) ? std::next(it) : pinned_.erase(it);
+    c.pinned = pinned_.size();
   }
   c.last_error = tier_->last_error();
   return c;

@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "core/types.h"
@@ -51,8 +51,10 @@ class KeyStore {
   tier::Spec spec_;
   std::string scope_;
   std::unique_ptr<tier::Tier> tier_;
+  // Keys this store pinned; counts() asks the tier which still hold pins (the
+  // tier may have dropped a damaged record, another process removed a file).
   mutable std::mutex pin_mu_;
-  std::unordered_map<BlockKey, uint32_t, BlockKeyHash> pins_;  // the pinned keys, with counts
+  mutable std::unordered_set<BlockKey, BlockKeyHash> pinned_;
 };
 
 }  // namespace kvc::core

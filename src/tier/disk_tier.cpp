@@ -74,8 +74,8 @@ bool writer_alive(const std::string &name, int dfd) {
 
 class DiskTier final : public Tier {
  public:
-  DiskTier(std::string dir, uint64_t cap, bool fsync_each)
-      : dir_(std::move(dir)), cap_(cap), fsync_(fsync_each) {}
+  DiskTier(std::string dir, uint64_t cap, bool fsync_each, bool nonblocking_open)
+      : dir_(std::move(dir)), cap_(cap), fsync_(fsync_each), nonblock_(nonblocking_open) {}
   const char *name() const override { return "disk"; }
 
   // Scans the directory (see tier.h). False with a reason when it cannot be used.
@@ -118,15 +118,19 @@ class DiskTier final : public Tier {
 
   bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
            size_t n) override {
-    const uint64_t total = kHeader + fp.size() + n;
     std::unique_lock lk(mu_);
-    if (total > cap_)
-      return error("a block record of " + std::to_string(total) +
-                   " bytes is larger than the tier (" + std::to_string(cap_) + ")");
+    // Sizes compared without wrapping (n may be anything a caller passes).
+    if (n > cap_ || kHeader + fp.size() > cap_ - n)
+      return error("a block record of " + std::to_string(n) + " + " +
+                   std::to_string(kHeader + fp.size()) + " bytes is larger than the tier (" +
+                   std::to_string(cap_) + ")");
+    const uint64_t total = kHeader + fp.size() + n;
     auto old = map_.find(key);
     const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
     const uint64_t pinned_other = pinned_bytes_ - (pins ? old->second.bytes : 0);
-    if (total > cap_ - pinned_other)  // checked first: a refused put changes nothing
+    // Records read from other processes may have pushed the pinned bytes past
+    // the capacity: no room then. Checked first: a refused put changes nothing.
+    if (pinned_other > cap_ || total > cap_ - pinned_other)
       return error("no room for a block record of " + std::to_string(total) +
                    " bytes: " + std::to_string(pinned_other) + " of the tier's " +
                    std::to_string(cap_) + " bytes are pinned");
@@ -167,9 +171,16 @@ class DiskTier final : public Tier {
       pinned_bytes_ += total;
     }
     ++st_.puts;
-    while (st_.bytes > cap_) {  // cannot run out: unpinned bytes suffice
-      auto victim = std::prev(lru_.end());
-      while (map_.at(*victim).pins || *victim == key) --victim;
+    while (st_.bytes > cap_) {  // the oldest unpinned record other than this one
+      auto victim = lru_.end();
+      for (auto it = lru_.end(); it != lru_.begin();) {
+        --it;
+        if (!map_.at(*it).pins && !(*it == key)) {
+          victim = it;
+          break;
+        }
+      }
+      if (victim == lru_.end()) break;  // only pinned records (of other processes' sizes) left
       remove_file(*victim);
       ++st_.evictions;
     }
@@ -180,11 +191,12 @@ class DiskTier final : public Tier {
            std::vector<uint8_t> &out) override {
     std::unique_lock lk(mu_);
     const std::string path = path_of(key);
-    // A blocking open: a record that does not answer (a FIFO nobody writes,
-    // a hung network mount) blocks this loader read, not the caller; the
-    // pool's load timeout (kvc_pool_set_offload) answers KVC_ERR_TIMEOUT and
-    // returns the reserved blocks. Anything not a regular file is refused below.
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // A pool's tier opens blocking: a record that does not answer (a FIFO
+    // nobody writes, a hung network mount) blocks its loader thread, and the
+    // pool's load timeout (kvc_pool_set_offload) answers the caller. A store
+    // (no loader, no timeout) opens with O_NONBLOCK: a FIFO opens at once and
+    // is refused below as not a regular file (regular files ignore the flag).
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (nonblock_ ? O_NONBLOCK : 0));
     if (fd < 0) {  // absent (perhaps removed by another process)
       unindex(key);
       ++st_.misses;
@@ -207,7 +219,6 @@ class DiskTier final : public Tier {
       total = static_cast<uint64_t>(st.st_size);
       try {
         head.resize(kHeader + fp.size());
-        out.resize(total - kHeader - fp.size());
         if (!hash_) hash_ = std::make_unique<Xxh3Stream>();
       } catch (const std::bad_alloc &) {
         why = "does not fit in memory";
@@ -221,6 +232,15 @@ class DiskTier final : public Tier {
       std::memcpy(&sum, head.data() + 24, 8);
       if (f != fp.size() || std::memcmp(head.data() + kHeader, fp.data(), fp.size()) != 0)
         why = "was written by a pool of another configuration (fingerprint)";
+    }
+    // The payload's room only once the header is ours: a large foreign or
+    // damaged file costs no memory.
+    if (why.empty()) {
+      try {
+        out.resize(total - kHeader - fp.size());
+      } catch (const std::bad_alloc &) {
+        why = "does not fit in memory";
+      }
     }
     if (why.empty()) {
       hash_->reset();
@@ -290,6 +310,11 @@ class DiskTier final : public Tier {
     if (it == map_.end()) return false;
     if (it->second.pins++ == 0) pinned_bytes_ += it->second.bytes;
     return true;
+  }
+  uint32_t pins(const BlockKey &key) const override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? 0 : it->second.pins;
   }
   bool unpin(const BlockKey &key) override {
     std::unique_lock lk(mu_);
@@ -362,6 +387,7 @@ class DiskTier final : public Tier {
   const std::string dir_;
   const uint64_t cap_;
   const bool fsync_;
+  const bool nonblock_;  // records opened with O_NONBLOCK (stores: a FIFO never blocks)
   mutable std::mutex mu_;
   std::unordered_map<BlockKey, Entry, BlockKeyHash> map_;
   std::list<BlockKey> lru_;
@@ -374,8 +400,8 @@ class DiskTier final : public Tier {
 }  // namespace
 
 std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes,
-                                     bool fsync_each, std::string *error) {
-  auto t = std::make_unique<DiskTier>(dir, capacity_bytes, fsync_each);
+                                     bool fsync_each, std::string *error, bool nonblocking_open) {
+  auto t = std::make_unique<DiskTier>(dir, capacity_bytes, fsync_each, nonblocking_open);
   if (!t->open_dir(error)) return nullptr;
   return t;
 }

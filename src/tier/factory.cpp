@@ -38,9 +38,9 @@ std::function<std::unique_ptr<Tier>()> tier_maker(const Spec &s) {
       const uint64_t cap = s.capacity_bytes;
       if (s.kind == Kind::Host) return [cap] { return make_host_tier(cap); };
       if (s.path.empty()) fail(Errc::InvalidArgument, "a disk tier needs a path (a directory)");
-      return [path = s.path, cap, sync = s.fsync] {
+      return [path = s.path, cap, sync = s.fsync, nb = s.nonblocking_open] {
         std::string err;
-        auto t = make_disk_tier(path, cap, sync, &err);
+        auto t = make_disk_tier(path, cap, sync, &err, nb);
         if (!t) fail(Errc::Io, err);
         return t;
       };

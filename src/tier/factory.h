@@ -18,13 +18,14 @@ enum class Kind : int32_t { Host = 0, Disk = 1, Redis = 2 };
 
 struct Spec {
   Kind kind = Kind::Host;
-  uint64_t capacity_bytes = 0;  // host, disk
-  std::string path;             // disk: the directory
-  bool fsync = false;           // disk: flush every record before it is visible
-  std::string address;          // Redis: "host:port", or cluster seeds "host:port,host:port,..."
-  bool cluster = false;         // Redis: a Redis Cluster
-  uint32_t timeout_ms = 1000;   // Redis: connect and command timeout
-  uint64_t ttl_seconds = 0;     // Redis: 0: records never expire
+  uint64_t capacity_bytes = 0;    // host, disk
+  std::string path;               // disk: the directory
+  bool fsync = false;             // disk: flush every record before it is visible
+  bool nonblocking_open = false;  // disk: records opened with O_NONBLOCK (stores)
+  std::string address;            // Redis: "host:port", or cluster seeds "host:port,host:port,..."
+  bool cluster = false;           // Redis: a Redis Cluster
+  uint32_t timeout_ms = 1000;     // Redis: connect and command timeout
+  uint64_t ttl_seconds = 0;       // Redis: 0: records never expire
 };
 
 // Checks `s` (throws Error(InvalidArgument) naming the first problem) and

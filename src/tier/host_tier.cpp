@@ -18,14 +18,14 @@ class HostTier final : public Tier {
 
   bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
            size_t n) override {
-    const uint64_t need = n + fp.size();
     std::unique_lock lk(mu_);
-    if (need > cap_) {
+    if (n > cap_ || fp.size() > cap_ - n) {  // compared without wrapping
       ++st_.errors;
-      err_ = "a block of " + std::to_string(need) + " bytes is larger than the tier (" +
-             std::to_string(cap_) + ")";
+      err_ = "a block of " + std::to_string(n) + " + " + std::to_string(fp.size()) +
+             " bytes is larger than the tier (" + std::to_string(cap_) + ")";
       return false;
     }
+    const uint64_t need = n + fp.size();
     auto old = map_.find(key);
     const uint32_t pins = old == map_.end() ? 0 : old->second.pins;
     const uint64_t pinned_other =
@@ -95,6 +95,11 @@ class HostTier final : public Tier {
     if (it->second.pins++ == 0) pinned_bytes_ += it->second.n + it->second.fp.size();
     return true;
   }
+  uint32_t pins(const BlockKey &key) const override {
+    std::unique_lock lk(mu_);
+    auto it = map_.find(key);
+    return it == map_.end() ? 0 : it->second.pins;
+  }
   bool unpin(const BlockKey &key) override {
     std::unique_lock lk(mu_);
     auto it = map_.find(key);
@@ -137,7 +142,8 @@ class HostTier final : public Tier {
     if (it == map_.end()) return false;
     st_.bytes -= it->second.n + it->second.fp.size();
     if (it->second.pins) pinned_bytes_ -= it->second.n + it->second.fp.size();
-    if (spare_.size() < kSpares) {
+    // Kept for reuse only while small: a removed large value gives its memory back.
+    if (spare_.size() < kSpares && it->second.n <= kSpareMax) {
       try {
         spare_.emplace_back(std::move(it->second.data), it->second.n);
       } catch (const std::bad_alloc &) {  // not kept: freed with the entry
@@ -156,6 +162,7 @@ class HostTier final : public Tier {
   Stats st_;
   uint64_t pinned_bytes_ = 0;  // bytes of entries with pins > 0
   static constexpr size_t kSpares = 4;
+  static constexpr size_t kSpareMax = 4u << 20;  // the largest buffer kept for reuse
   std::vector<std::pair<std::unique_ptr<uint8_t[]>, size_t>> spare_;  // freed buffers for reuse
   std::string err_;
 };

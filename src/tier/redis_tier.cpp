@@ -35,6 +35,7 @@ namespace {
 constexpr char kMagic[4] = {'K', 'V', 'C', 'R'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeader = 32;
+constexpr size_t kMaxRecord = size_t{512} << 20;  // Redis's default proto-max-bulk-len
 constexpr int kMaxRedirects = 5;
 constexpr uint16_t kNoNode = 0xffff;
 // A slot map that failed us (a node unreachable) is read again at most this often.
@@ -406,6 +407,12 @@ class RedisTier final : public Tier {
 
   bool put(const BlockKey &key, const std::vector<uint8_t> &fp, const uint8_t *payload,
            size_t n) override {
+    // Redis refuses a value over its proto-max-bulk-len (512 MiB by default);
+    // also keeps the sum below from wrapping.
+    if (n > kMaxRecord || kHeader + fp.size() > kMaxRecord - n)
+      return count_error("a record of " + std::to_string(n) + " + " +
+                         std::to_string(kHeader + fp.size()) +
+                         " bytes is larger than a Redis value (512 MiB)");
     std::string rec;
     try {
       rec.resize(kHeader + fp.size() + n);

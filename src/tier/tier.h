@@ -64,6 +64,8 @@ class Tier {
   virtual bool pin(const BlockKey &) { return false; }
   // False (nothing changes) when the key is not pinned: counts never go negative.
   virtual bool unpin(const BlockKey &) { return false; }
+  // How many pins `key` holds now (0: absent or not pinned, or a tier that cannot pin).
+  virtual uint32_t pins(const BlockKey &) const { return 0; }
   virtual Stats stats() const = 0;
   // The reason of the last error, "" if none.
   virtual std::string last_error() const = 0;
@@ -81,8 +83,12 @@ std::unique_ptr<Tier> make_host_tier(uint64_t capacity_bytes);
 // Each record carries a checksum (XXH3-64) and the writer's fingerprint; a
 // record failing either is removed, never served. fsync_each: flush every
 // record to disk before it is visible (survives power loss, slower).
+// nonblocking_open: records are opened with O_NONBLOCK, so a FIFO in a
+// record's place is refused at once instead of blocking (stores, which have
+// no loader thread and no load timeout; a pool's loader keeps blocking opens).
 std::unique_ptr<Tier> make_disk_tier(const std::string &dir, uint64_t capacity_bytes,
-                                     bool fsync_each, std::string *error);
+                                     bool fsync_each, std::string *error,
+                                     bool nonblocking_open = false);
 
 // Redis (hiredis): one server, or a Redis Cluster whose slot map is read from
 // the seed nodes (CRC16 key slots with hash tags, MOVED and ASK redirects

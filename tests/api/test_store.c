@@ -5,6 +5,7 @@
 #include "../blackbox.h"
 
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static kvc_store *host_store(uint64_t capacity, const char *scope) {
@@ -321,6 +322,128 @@ static void test_errors(void **state) {
   kvc_store_close(NULL);
 }
 
+/* The one record file of a directory holding one value (its name is the tier key). */
+static void only_record(const char *dir, char *path, size_t n) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  struct dirent *e;
+  int found = 0;
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, n, "%s/%s", dir, e->d_name);
+    ++found;
+  }
+  closedir(d);
+  assert_int_equal(found, 1);
+}
+
+static void rm_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  char path[512];
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* A value size near SIZE_MAX (a caller's wrong length) is refused by its size
+ * alone: the buffer is never read, nothing is stored. */
+static void test_sizes_never_wrap(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kvc_store_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  kvc_store *h = host_store(1 << 20, "s");
+  kvc_store *d = disk_store(dir, 1 << 20, "s");
+  uint8_t small[8] = {0};
+  const size_t lies[3] = {SIZE_MAX, SIZE_MAX - 30, (size_t)1 << 40};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_STATUS(KVC_ERR_EXCEEDS_CAPACITY, kvc_store_put(h, "a", 1, small, lies[i]));
+    ASSERT_STATUS(KVC_ERR_EXCEEDS_CAPACITY, kvc_store_put(d, "a", 1, small, lies[i]));
+  }
+  expect_miss(h, "a");
+  expect_miss(d, "a");
+  kvc_store_close(h);
+  kvc_store_close(d);
+  rm_dir(dir);
+}
+
+/* A FIFO in a record's place is refused at once (a miss, the record removed),
+ * never a read that blocks every caller. */
+static void test_disk_fifo_refused(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kvc_store_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  kvc_store *s = disk_store(dir, 1 << 20, "f");
+  uint8_t v[100];
+  fill(v, sizeof v, 11);
+  put_str(s, "a", v, sizeof v);
+  char path[512];
+  only_record(dir, path, sizeof path);
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(mkfifo(path, 0600), 0);
+  expect_miss(s, "a");
+  put_str(s, "a", v, sizeof v); /* written again over it */
+  expect_stored(s, "a", v, sizeof v);
+  kvc_store_close(s);
+  rm_dir(dir);
+}
+
+/* Records another store wrote, read and pinned here, can hold more pinned
+ * bytes than this store's capacity: a put then fails cleanly (IO, nothing
+ * stored), never corrupts the index; and a damaged pinned record no longer
+ * counts as pinned. */
+static void test_disk_pins_past_capacity(void **state) {
+  (void)state;
+  char dir[] = "/tmp/kvc_store_XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  kvc_store *a = disk_store(dir, 1000, NULL);
+  kvc_store *b = disk_store(dir, 1000, NULL);
+  uint8_t v[551], w[51];
+  fill(v, sizeof v, 12);
+  fill(w, sizeof w, 13);
+  int32_t done = 0;
+  put_str(a, "1", v, sizeof v);
+  ASSERT_OK(kvc_store_pin(a, "1", 1, 1, &done));
+  assert_int_equal(done, 1);
+  put_str(b, "2", v, sizeof v);
+  expect_stored(a, "2", v, sizeof v); /* indexed by a: over its capacity */
+  ASSERT_OK(kvc_store_pin(a, "2", 1, 1, &done));
+  assert_int_equal(done, 1);
+  ASSERT_STATUS(KVC_ERR_IO, kvc_store_put(a, "3", 1, w, sizeof w));
+  assert_non_null(strstr(kvc_last_error_message(), "pinned"));
+  expect_miss(a, "3");
+  expect_stored(a, "1", v, sizeof v);
+  expect_stored(a, "2", v, sizeof v);
+  kvc_tier_stats st;
+  ASSERT_OK(kvc_tier_stats_init(&st));
+  ASSERT_OK(kvc_store_stats(a, &st));
+  assert_int_equal(st.pinned, 2);
+  kvc_store_close(a);
+  kvc_store_close(b);
+  rm_dir(dir);
+
+  /* A pinned record damaged on disk: refused at the next read, no longer pinned. */
+  char dir2[] = "/tmp/kvc_store_XXXXXX";
+  assert_non_null(mkdtemp(dir2));
+  kvc_store *s = disk_store(dir2, 1 << 20, NULL);
+  put_str(s, "p", v, sizeof v);
+  ASSERT_OK(kvc_store_pin(s, "p", 1, 1, &done));
+  char path[512];
+  only_record(dir2, path, sizeof path);
+  assert_int_equal(truncate(path, 40), 0);
+  expect_miss(s, "p");
+  ASSERT_OK(kvc_store_stats(s, &st));
+  assert_int_equal(st.pinned, 0);
+  assert_int_equal(st.entries, 0);
+  kvc_store_close(s);
+  rm_dir(dir2);
+}
+
 /* Through the dlopen table (version 7). */
 static void test_api_table(void **state) {
   (void)state;
@@ -353,6 +476,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pins_and_capacity),
       cmocka_unit_test(test_errors),
       cmocka_unit_test(test_api_table),
+      cmocka_unit_test(test_sizes_never_wrap),
+      cmocka_unit_test(test_disk_fifo_refused),
+      cmocka_unit_test(test_disk_pins_past_capacity),
   };
   return run_named_tests("tier_store", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -141,7 +141,9 @@ class KvcHiCacheStorage(HiCacheStorage):
                 n = self._store.get_into(key, target_location)
                 want = target_location.numel() * target_location.element_size()
                 return target_location if n == want else None
-            data = self._store.get(key)
+            pool = self.mem_pool_host
+            hint = pool.get_dummy_flat_data_page().nbytes if pool is not None else 65536
+            data = self._store.get(key, size_hint=hint)
             return None if data is None else _torch.frombuffer(bytearray(data), dtype=_torch.uint8)
         except (KvcError, ValueError, TypeError) as e:
             _log.warning("kvcache.sglang: get %s: %s", key, e)

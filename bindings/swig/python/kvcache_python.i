@@ -678,6 +678,8 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
 
     def contains(self, keys):
         """[bool] for each key (one round trip per Redis server)."""
+        if isinstance(keys, (str, bytes, bytearray, memoryview)):
+            raise TypeError("keys: expected a list of keys, got one %s (use `key in store`)" % type(keys).__name__)
         ks = [_py_store_key(k, "keys[%d]" % i) for i, k in enumerate(keys)]
         if not ks:
             return []
