@@ -2,9 +2,9 @@
 # Runs the libFuzzer target for a while (default 60 s), starting from the
 # committed corpus; new inputs go to a scratch corpus in the build folder,
 # crashes to <build>/fuzz-artifacts/. Exit status non-zero on any finding.
-# Then, when built, fuzz_codec (the standalone quantizer) and fuzz_gguf (the
-# model runner's GGUF reader), each for a third of SECONDS from
-# tests/fuzz/corpus-codec and tests/fuzz/corpus-gguf.
+# Then, when built, fuzz_codec (the standalone quantizer), fuzz_gguf (the
+# model runner's GGUF reader) and fuzz_evict, each for a third of SECONDS from
+# tests/fuzz/corpus-<name>, and fuzz_store (the stores) for a sixth.
 # Usage: tests/fuzz/run_fuzzer.sh BUILD_DIR [SECONDS]
 set -eu
 build=$1
@@ -24,9 +24,11 @@ run() {
     -artifact_prefix="$build/fuzz-artifacts/${4:+$4-}" "$build/fuzz-corpus$suffix" "$5"
 }
 run "$bin" "$secs" 4096 "" "$here/corpus"
-for name in codec gguf evict; do
+for name in codec gguf evict store; do
   [ -x "$build/tests/fuzz/fuzz_$name" ] || continue
   len=4096
   [ "$name" = gguf ] && len=8192
-  run "$build/tests/fuzz/fuzz_$name" $((secs / 3 + 1)) "$len" "$name" "$here/corpus-$name"
+  t=$((secs / 3 + 1))
+  [ "$name" = store ] && t=$((secs / 6 + 1))  # every input makes (and removes) a directory
+  run "$build/tests/fuzz/fuzz_$name" "$t" "$len" "$name" "$here/corpus-$name"
 done
