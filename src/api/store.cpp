@@ -51,18 +51,19 @@ KVC_API kvc_status kvc_store_get(kvc_store *store, const void *key, size_t key_b
     need(found, "found");
     if (buf_bytes && !buf) fail(Errc::NullPointer, "buf is NULL");
     thread_local std::vector<uint8_t> v;
+    struct Shrink {  // however the call ends: no large idle scratch left in the thread
+      ~Shrink() {
+        if (v.capacity() > (64u << 20)) std::vector<uint8_t>().swap(v);
+      }
+    } shrink;
     const bool hit = s.get(key, key_bytes, v);
-    if (!hit) {
-      v.clear();
-      return;
-    }
+    if (!hit) return;
     *found = 1;
     if (value_bytes) *value_bytes = v.size();
     if (v.size() > buf_bytes)
       fail(Errc::BufferTooSmall, "the value has " + std::to_string(v.size()) +
                                      " bytes, the buffer " + std::to_string(buf_bytes));
     if (!v.empty()) std::memcpy(buf, v.data(), v.size());
-    if (v.capacity() > (64u << 20)) std::vector<uint8_t>().swap(v);  // no large idle scratch
   });
 }
 
