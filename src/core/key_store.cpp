@@ -49,8 +49,7 @@ const std::vector<uint8_t> &KeyStore::fingerprint(const void *key, size_t key_by
   return fp;
 }
 
-BlockKey KeyStore::key_of(const void *key, size_t key_bytes) const {
-  const std::vector<uint8_t> &fp = fingerprint(key, key_bytes);
+BlockKey KeyStore::key_of(const std::vector<uint8_t> &fp) {
   const XXH128_hash_t h = XXH3_128bits(fp.data(), fp.size());
   BlockKey k;
   std::memcpy(k.b.data(), &h.high64, 8);
@@ -58,11 +57,15 @@ BlockKey KeyStore::key_of(const void *key, size_t key_bytes) const {
   return k;
 }
 
+BlockKey KeyStore::key_of(const void *key, size_t key_bytes) const {
+  return key_of(fingerprint(key, key_bytes));
+}
+
 void KeyStore::put(const void *key, size_t key_bytes, const void *value, size_t n) {
   check_key(key, key_bytes, "key");
   if (n && !value) fail(Errc::NullPointer, "value is NULL");
-  const BlockKey k = key_of(key, key_bytes);
   const std::vector<uint8_t> &fp = fingerprint(key, key_bytes);
+  const BlockKey k = key_of(fp);
   // The record (value, key and scope, the disk header) against the tier's
   // room, compared without wrapping: n is whatever the caller passed.
   const uint64_t extra = fp.size() + (spec_.kind == tier::Kind::Disk ? kRecordHeader : 0);
@@ -81,8 +84,8 @@ void KeyStore::put(const void *key, size_t key_bytes, const void *value, size_t 
 
 bool KeyStore::get(const void *key, size_t key_bytes, std::vector<uint8_t> &out) {
   check_key(key, key_bytes, "key");
-  const BlockKey k = key_of(key, key_bytes);
-  return tier_->get(k, fingerprint(key, key_bytes), out);
+  const std::vector<uint8_t> &fp = fingerprint(key, key_bytes);
+  return tier_->get(key_of(fp), fp, out);
 }
 
 void KeyStore::contains(const void *const *keys, const size_t *key_bytes, size_t n,

@@ -44,6 +44,8 @@ class KeyStore {
   static void check_key(const void *key, size_t key_bytes, const char *name);
 
  private:
+  // The tier key: XXH3-128 of the record's fingerprint (below).
+  static BlockKey key_of(const std::vector<uint8_t> &fp);
   BlockKey key_of(const void *key, size_t key_bytes) const;
   // The record's fingerprint: a tag, the scope's length, the scope, the key.
   const std::vector<uint8_t> &fingerprint(const void *key, size_t key_bytes) const;

@@ -10,7 +10,6 @@ header. Nothing is stubbed; LMCache runs on the CPU.
 """
 
 import os
-import socket
 import tempfile
 import time
 
@@ -24,6 +23,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 from lmcache.v1.storage_backend.storage_manager import StorageManager
 
 from kvcache.lmcache import KvcStorageBackend
+from engine_util import free_port, redis_ports
 
 CHUNK = 16
 SHAPE = (4, 2, CHUNK, 2, 32)  # layers, K/V, tokens, KV heads, head size
@@ -78,27 +78,6 @@ def wait_puts(sm, keys, timeout=10.0):
 
 def same(a, b):
     return a is not None and a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def redis_ports():
-    d = os.environ.get("KVC_REDIS_DIR")
-    if not d or not os.path.exists(os.path.join(d, "ports")):
-        pytest.fail("KVC_REDIS_DIR has no ports file: run through ctest (its fixture starts the servers)")
-    ports = {}
-    for line in open(os.path.join(d, "ports")):
-        what, *rest = line.split()
-        if what == "skip":
-            pytest.skip(line.strip())
-        ports[what] = [int(p) for p in rest]
-    return ports
 
 
 # --------------------------------------------------------------------- tests

@@ -15,7 +15,6 @@ host pages; hybrid models' controllers use the v2 calls.
 """
 
 import os
-import socket
 import tempfile
 
 import pytest
@@ -28,6 +27,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.mem_cache.utils import get_hash_str
 
 import kvcache
+from engine_util import free_port, redis_ports
 from kvcache.sglang import KvcHiCacheStorage
 
 LAYERS, HEADS, DIM, PAGE = 3, 2, 16, 4
@@ -85,27 +85,6 @@ def fill_pages(pool, first_page, n_pages, seed):
 
 def pages(pool, idx):
     return [pool.get_data_page(int(idx[i]), flat=True).clone() for i in range(0, len(idx), PAGE)]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def redis_ports():
-    d = os.environ.get("KVC_REDIS_DIR")
-    if not d or not os.path.exists(os.path.join(d, "ports")):
-        pytest.fail("KVC_REDIS_DIR has no ports file: run through ctest (its fixture starts the servers)")
-    ports = {}
-    for line in open(os.path.join(d, "ports")):
-        what, *rest = line.split()
-        if what == "skip":
-            pytest.skip(line.strip())
-        ports[what] = [int(p) for p in rest]
-    return ports
 
 
 # --------------------------------------------------------------------- tests
