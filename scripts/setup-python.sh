@@ -9,7 +9,7 @@
 #               and the package build tools (scikit-build-core, build, cmake, ninja, swig)
 #     kvpress/  kvpress with the transformers line it pins (< 5.3), gguf, accelerate
 #     engines/  the serving engines' packages for the adapters' contract tests
-#               (sglang_*, docs/engines.md), installed --no-deps (they pin their
+#               (sglang_*, lmcache_*, vllm_*; docs/engines.md), installed --no-deps (they pin their
 #               own torch and CUDA stacks), with the light modules their
 #               interface classes import at load time; transformers from hf/
 #
@@ -35,7 +35,14 @@ engines_pins=(aiohttp==3.14.5 apache-tvm-ffi==0.1.15.post2 compressed-tensors==0
   pydantic==2.14.4 pyzmq==27.3.0 requests==2.34.2 sentencepiece==0.2.3 starlette==1.10.0
   tqdm==4.70.1 aiofile==3.12.3 cachetools==8.0.2 cryptography==50.0.2 numba==0.68.1
   prometheus_client==0.26.0 py-cpuinfo==9.0.0 sortedcontainers==2.4.0)
-engines_nodeps=(sglang==0.5.23 torchvision==0.25.0 lmcache==0.5.6)
+# vllm pins torch 2.14 and CUDA kernels; --no-deps beside our torch its compiled ops do not
+# load (not needed: the connector API, the scheduler and the KV cache manager are Python).
+# What vllm's config, scheduler and connector modules import at load time is listed after it.
+engines_nodeps=(sglang==0.5.23 torchvision==0.25.0 lmcache==0.5.6
+  vllm==0.33.0 cbor2==6.3.0 cloudpickle==3.1.3 fastapi==0.165.0 llguidance==1.9.1 openai==3.57.0
+  openai-harmony==0.0.8 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2
+  opentelemetry-semantic-conventions==0.66b2 partial-json-parser==0.2.1.1.post7 sniffio==1.3.1
+  uvloop==0.23.0 xgrammar==0.2.9)
 
 # make_venv NAME BASE_SITES PINS...: (re)creates $root/NAME unless its record
 # matches. BASE_SITES: site-packages folders the venv sees, ':'-separated.
@@ -77,4 +84,4 @@ NODEPS="${engines_nodeps[*]}" make_venv engines "$hf_site:$torch_site" "${engine
 
 "$root/hf/bin/python" -c 'import torch, transformers, gguf, accelerate; print("setup-python: hf venv: torch", torch.__version__, "transformers", transformers.__version__)'
 "$root/kvpress/bin/python" -c 'import importlib.metadata as m, torch, transformers, kvpress; print("setup-python: kvpress venv: torch", torch.__version__, "transformers", transformers.__version__, "kvpress", m.version("kvpress"))'
-"$root/engines/bin/python" -c 'import importlib.metadata as m, torch; from sglang.srt.mem_cache.hicache_storage import HiCacheStorage; from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface; print("setup-python: engines venv: torch", torch.__version__, "sglang", m.version("sglang"), "lmcache", m.version("lmcache"))'
+"$root/engines/bin/python" -c 'import importlib.metadata as m, torch; from sglang.srt.mem_cache.hicache_storage import HiCacheStorage; from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface; from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1; from vllm.v1.core.sched.scheduler import Scheduler; print("setup-python: engines venv: torch", torch.__version__, "sglang", m.version("sglang"), "lmcache", m.version("lmcache"), "vllm", m.version("vllm"))'
