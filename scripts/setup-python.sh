@@ -13,6 +13,10 @@
 #               own torch and CUDA stacks), with the light modules their
 #               interface classes import at load time; transformers from hf/
 #
+#     llamacpp/ only with KVCACHE_LLAMACPP=1: llama-cpp-python built from source (over 10
+#               minutes on 2 cores) for the end-to-end llama.cpp test (llamacpp_restore_in_llama,
+#               registered by configure where this venv exists) and bench/peers/llamacpp_kv.py
+#
 # torch is installed once: hf/, kvpress/ and engines/ see torch/'s site-packages
 # (engines/ also hf/'s) through a .pth file (a venv's --system-site-packages would reach the interpreter's own
 # site-packages, not another venv's). Each venv records what it was built from
@@ -81,6 +85,11 @@ make_venv hf "$torch_site" "${hf_pins[@]}"
 make_venv kvpress "$torch_site" "${kvpress_pins[@]}"
 hf_site=$("$root/hf/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 NODEPS="${engines_nodeps[*]}" make_venv engines "$hf_site:$torch_site" "${engines_pins[@]}"
+
+if [ "${KVCACHE_LLAMACPP:-0}" = 1 ]; then
+  make_venv llamacpp "" llama-cpp-python==0.3.36 numpy==2.3.5
+  "$root/llamacpp/bin/python" -c 'import llama_cpp; print("setup-python: llamacpp venv: llama-cpp-python", llama_cpp.__version__)'
+fi
 
 "$root/hf/bin/python" -c 'import torch, transformers, gguf, accelerate; print("setup-python: hf venv: torch", torch.__version__, "transformers", transformers.__version__)'
 "$root/kvpress/bin/python" -c 'import importlib.metadata as m, torch, transformers, kvpress; print("setup-python: kvpress venv: torch", torch.__version__, "transformers", transformers.__version__, "kvpress", m.version("kvpress"))'

@@ -9,7 +9,7 @@
 #                   longest SmolLM2 agreement runs and eval_long (they run in main)
 #   4. tsan         ThreadSanitizer build, the threaded tests (core_threads*, prefix_threads*, attention_threads*,
 #                   the tiers' concurrent tests)
-#   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60), then fuzz_codec, fuzz_gguf and fuzz_evict for a third of it each and fuzz_store for a sixth
+#   5. fuzz         clang libFuzzer build, fuzz_pool_api for KVC_FUZZ_SECONDS (60), then fuzz_codec, fuzz_gguf and fuzz_evict for a third of it each and fuzz_store and fuzz_llama for a sixth each
 #   6. bench        bench/run_quick.sh on the main build (JSON), then `kvcache bench --quick`
 # Every stage runs even when an earlier one failed (the build stages a later
 # one needs excepted); the summary lists each with its time, and the exit
@@ -136,7 +136,7 @@ stage_fuzz() {
   CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DKVC_SHARED_DIR="$shared" -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
-  cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_codec fuzz_gguf fuzz_evict fuzz_store > "$dir/build.log" 2>&1 ||
+  cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_codec fuzz_gguf fuzz_evict fuzz_store fuzz_llama > "$dir/build.log" 2>&1 ||
     { grep -E "FAILED:|error|undefined reference" "$dir/build.log" | head -n 40; return 1; }
   sh tests/fuzz/run_fuzzer.sh "$dir" "$fuzz_seconds" 2>&1 |
     grep -v -E '^#[0-9]+[[:space:]]+(NEW|REDUCE|pulse)'

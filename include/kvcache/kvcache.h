@@ -119,7 +119,7 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 7
+#define KVC_API_VERSION 8
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -3010,6 +3010,113 @@ KVC_API kvc_status kvc_seq_save_file(kvc_pool *pool, uint64_t seq_id, const char
 KVC_API kvc_status kvc_seq_restore_file(kvc_pool *pool, uint64_t seq_id, const char *path);
 
 /* ------------------------------------------------------------------------ */
+/* llama.cpp sequence state                                                 */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * @brief ggml tensor types of K and V in a llama.cpp sequence state blob
+ * (their ggml_type values). @since 0.4 (table version 8)
+ */
+typedef enum kvc_llama_type {
+  KVC_LLAMA_F32 = 0,  /**< GGML_TYPE_F32: 4 bytes a value. */
+  KVC_LLAMA_F16 = 1,  /**< GGML_TYPE_F16: 2 bytes a value. */
+  KVC_LLAMA_Q8_0 = 8, /**< GGML_TYPE_Q8_0: blocks of 32 values, an f16 scale d and 32 int8 q (x = d
+                         q), 34 bytes. */
+  KVC_LLAMA_TYPE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; not a value. */
+} kvc_llama_type;
+
+/**
+ * @brief Flag of kvc_seq_import_llama() / kvc_seq_export_llama(): the blob's
+ * quantized K / V are in llama.cpp's rotated space. Since llama.cpp PR 21038
+ * (March 2026; llama-cpp-python 0.3.36), a context whose K (V) cache type is
+ * quantized and whose head size is a multiple of 64 multiplies K (V), after
+ * RoPE, by a normalized Walsh-Hadamard matrix (Sylvester order) before it
+ * stores them: K in blocks of the largest power of two dividing the head size,
+ * V in blocks of 64 (LLAMA_ATTN_ROT_DISABLE=1 turns it off). With this flag an
+ * import undoes that rotation for exactly those tensors, so the pool holds the
+ * model's own K / V, and an export applies it. Without it values are taken and
+ * written as they are. @since 0.4
+ */
+#define KVC_LLAMA_ATTN_ROT 0x1u
+/**
+ * @brief Flag of kvc_seq_export_llama(): write V transposed, as llama.cpp
+ * contexts without flash attention store it (f32 and f16 V only). Imports
+ * read both forms. @since 0.4
+ */
+#define KVC_LLAMA_V_TRANS 0x2u
+
+/**
+ * @brief Create sequence `seq_id` from a llama.cpp per-sequence state blob
+ * (`llama_state_seq_get_data()` of a context whose memory is a plain
+ * llama_kv_cache), converting K and V to the pool's storage.
+ *
+ * The blob (llama.cpp of llama-cpp-python 0.3.36; docs/engines.md gives the
+ * layout): u32 magic 0xaf143cd8, i32 seq_id, u32 n_stream; per stream u32
+ * cell_count, then when cell_count > 0
+ * the cells (i32 pos, u32 n_seq_id, n_seq_id x i32 seq_id), u32 v_trans,
+ * u32 n_layer, per layer K (i32 type, u64 row bytes, cell_count rows), then per
+ * layer V (the same; transposed: i32 type, u32 value bytes, u32 row values,
+ * then per value index the cell_count values). The magic is the format's
+ * only version mark: another is refused; so is any blob whose every field and
+ * size is not consistent with that layout and this pool.
+ *
+ * Exactly one stream may hold cells, each cell one sequence; the positions
+ * must be 0..cell_count-1 in some order (the tokens are imported in position
+ * order; K is taken as llama.cpp stores it, after RoPE). Row values must be
+ * num_kv_heads x head_dim of the pool, n_layer its num_layers. K / V types:
+ * f32, f16, q8_0 (any other ggml type is ::KVC_ERR_UNSUPPORTED). Blobs of
+ * models whose cells carry M-RoPE or token extensions are not of this layout
+ * and are refused by the size checks.
+ * @param pool the pool (not NULL; CPU).
+ * @param seq_id a sequence id not in use.
+ * @param blob the blob (not NULL unless size is 0).
+ * @param size bytes of blob.
+ * @param flags 0 or ::KVC_LLAMA_ATTN_ROT.
+ * @param n_tokens NULL or receives the tokens imported.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;
+ * ::KVC_ERR_VERSION (another magic); ::KVC_ERR_CORRUPT (truncated, trailing bytes, fields out of
+ * range, several sequences in a cell, positions that are not 0..n-1); ::KVC_ERR_INCOMPATIBLE
+ * (layers, row size, or a V element size that differ from the pool's);
+ * ::KVC_ERR_UNSUPPORTED (another ggml type, several streams holding cells, a
+ * CUDA pool); ::KVC_ERR_INVALID_ARGUMENT (unknown flags);
+ * ::KVC_ERR_POOL_EXHAUSTED; ::KVC_ERR_NON_FINITE (values a quantized pool
+ * cannot store). Nothing is created unless the call returns ::KVC_OK.
+ * @since 0.4 (table version 8)
+ */
+KVC_API kvc_status kvc_seq_import_llama(kvc_pool *pool, uint64_t seq_id, const void *blob,
+                                        size_t size, uint32_t flags, uint64_t *n_tokens);
+
+/**
+ * @brief Write sequence `seq_id` as a llama.cpp per-sequence state blob that
+ * `llama_state_seq_set_data()` restores (the layout of
+ * kvc_seq_import_llama()): sequence id `llama_seq_id`, one stream, one cell
+ * per token in the layer's order with the token's position (kvc_gather()
+ * positions_out), each cell of sequence `llama_seq_id`; K and V of k_type / v_type. A blob imported
+ * with the same flags into an f32 pool (an f16 pool for f16 blobs) exports back byte-identical.
+ * @param pool the pool (not NULL; CPU).
+ * @param seq_id a live sequence; every layer must hold the same tokens at the
+ * same positions (no per-layer eviction).
+ * @param llama_seq_id the sequence id written into every cell (>= 0).
+ * @param k_type type of K: ::KVC_LLAMA_F32, ::KVC_LLAMA_F16 or ::KVC_LLAMA_Q8_0.
+ * @param v_type type of V, as k_type (f32 or f16 with ::KVC_LLAMA_V_TRANS).
+ * @param flags 0, ::KVC_LLAMA_ATTN_ROT, ::KVC_LLAMA_V_TRANS.
+ * @param buf NULL (with capacity 0) or the output.
+ * @param capacity bytes of buf.
+ * @param size receives the blob's size (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_BUFFER_TOO_SMALL (nothing written); ::KVC_ERR_INVALID_ARGUMENT
+ * (types, flags, llama_seq_id < 0, q8_0 V with ::KVC_LLAMA_V_TRANS, a row of
+ * num_kv_heads x head_dim not a multiple of 32 for q8_0);
+ * ::KVC_ERR_UNSUPPORTED (layers holding different tokens, a CUDA pool);
+ * ::KVC_ERR_NON_FINITE (NaN or Inf for a q8_0 K / V; buf's contents are then
+ * unspecified); ::KVC_ERR_OVERFLOW.
+ * @since 0.4 (table version 8)
+ */
+KVC_API kvc_status kvc_seq_export_llama(kvc_pool *pool, uint64_t seq_id, int32_t llama_seq_id,
+                                        kvc_llama_type k_type, kvc_llama_type v_type,
+                                        uint32_t flags, void *buf, size_t capacity, size_t *size);
+
+/* ------------------------------------------------------------------------ */
 /* Loading with dlopen: the versioned function table                        */
 /* ------------------------------------------------------------------------ */
 
@@ -3178,6 +3285,12 @@ typedef struct kvc_api {
   /** kvc_store_pin() */
   kvc_status (*store_pin)(kvc_store *, const void *, size_t, int32_t, int32_t *);
   kvc_status (*store_stats)(kvc_store *, kvc_tier_stats *); /**< kvc_store_stats() */
+  /* --- version 8 (0.4) --- */
+  /** kvc_seq_import_llama() */
+  kvc_status (*seq_import_llama)(kvc_pool *, uint64_t, const void *, size_t, uint32_t, uint64_t *);
+  /** kvc_seq_export_llama() */
+  kvc_status (*seq_export_llama)(kvc_pool *, uint64_t, int32_t, kvc_llama_type, kvc_llama_type,
+                                 uint32_t, void *, size_t, size_t *);
 } kvc_api;
 
 /**

@@ -108,6 +108,9 @@ static const kvc_api g_api = {
     kvc_store_remove,
     kvc_store_pin,
     kvc_store_stats,
+    // version 8 (0.4)
+    kvc_seq_import_llama,
+    kvc_seq_export_llama,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

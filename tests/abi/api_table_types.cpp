@@ -118,6 +118,8 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(store_remove, kvc_store_remove);
   SAME(store_pin, kvc_store_pin);
   SAME(store_stats, kvc_store_stats);
+  SAME(seq_import_llama, kvc_seq_import_llama);
+  SAME(seq_export_llama, kvc_seq_export_llama);
 #endif
   return n;
 }

@@ -195,6 +195,13 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, store_stats);
   }
 #endif
+#if KVC_API_VERSION >= 8
+  if (api->api_version >= 8) {
+    CHECK(api->struct_size >= offsetof(kvc_api, seq_export_llama) + sizeof(api->seq_export_llama));
+    ENTRY(api, seq_import_llama);
+    ENTRY(api, seq_export_llama);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

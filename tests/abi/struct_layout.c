@@ -302,7 +302,9 @@ FIELD(kvc_api, store_contains, 752, 8);
 FIELD(kvc_api, store_remove, 760, 8);
 FIELD(kvc_api, store_pin, 768, 8);
 FIELD(kvc_api, store_stats, 776, 8);
-SIZE(kvc_api, 784); /* end of version 7 */
+FIELD(kvc_api, seq_import_llama, 784, 8);      /* version 8 (0.4) */
+FIELD(kvc_api, seq_export_llama, 792, 8);
+SIZE(kvc_api, 800); /* end of version 8 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);
@@ -330,6 +332,8 @@ SIZE(kvc_prefix_result, 48);
 _Static_assert(KVC_PREFIX_PIN == 0x2u, "flag value");
 _Static_assert(KVC_TIER_HOST == 0 && KVC_TIER_DISK == 1 && KVC_TIER_REDIS == 2, "tier kinds");
 _Static_assert(KVC_TIER_FSYNC == 0x1u && KVC_TIER_REDIS_CLUSTER == 0x2u, "tier flags");
+_Static_assert(KVC_LLAMA_F32 == 0 && KVC_LLAMA_F16 == 1 && KVC_LLAMA_Q8_0 == 8, "llama.cpp types");
+_Static_assert(KVC_LLAMA_ATTN_ROT == 0x1u && KVC_LLAMA_V_TRANS == 0x2u, "llama.cpp state flags");
 FIELD(kvc_tier_config, struct_size, 0, 8);
 FIELD(kvc_tier_config, kind, 8, 4);
 FIELD(kvc_tier_config, flags, 12, 4);

@@ -4,7 +4,8 @@
 # crashes to <build>/fuzz-artifacts/. Exit status non-zero on any finding.
 # Then, when built, fuzz_codec (the standalone quantizer), fuzz_gguf (the
 # model runner's GGUF reader) and fuzz_evict, each for a third of SECONDS from
-# tests/fuzz/corpus-<name>, and fuzz_store (the stores) for a sixth.
+# tests/fuzz/corpus-<name>, and fuzz_store (the stores) and fuzz_llama (llama.cpp
+# sequence state blobs) for a sixth each.
 # Usage: tests/fuzz/run_fuzzer.sh BUILD_DIR [SECONDS]
 set -eu
 build=$1
@@ -24,11 +25,12 @@ run() {
     -artifact_prefix="$build/fuzz-artifacts/${4:+$4-}" "$build/fuzz-corpus$suffix" "$5"
 }
 run "$bin" "$secs" 4096 "" "$here/corpus"
-for name in codec gguf evict store; do
+for name in codec gguf evict store llama; do
   [ -x "$build/tests/fuzz/fuzz_$name" ] || continue
   len=4096
   [ "$name" = gguf ] && len=8192
   t=$((secs / 3 + 1))
   [ "$name" = store ] && t=$((secs / 6 + 1))  # every input makes (and removes) a directory
+  [ "$name" = llama ] && t=$((secs / 6 + 1)) && len=16384
   run "$build/tests/fuzz/fuzz_$name" "$t" "$len" "$name" "$here/corpus-$name"
 done

@@ -8,6 +8,8 @@
 //   texts gguf_test logprobs MODEL.gguf FIXTURES    our forward pass (f16 K/V) against llama.cpp's
 //                                            log-probabilities over 2,048 tokens
 //   gguf_test chunk MODEL.gguf                chunked forward passes agree with token-by-token ones
+//   gguf_test llama-state MODEL.gguf FIXTURES llama.cpp's sequence state blob of 8 tokens
+//                                            (kvc_seq_import_llama) against our forward's K/V
 // The shared text comes from <shared>/data (KVCACHE_SHARED_DIR).
 #include <openssl/evp.h>
 
@@ -363,6 +365,77 @@ int chunk(const std::string &model) {
   return failures ? 1 : 0;
 }
 
+// llama.cpp's K/V of the fixture's tokens, imported from its blobs, against our forward
+// pass's on the same tokens, layer by layer (f16 K/V; q8_0 with its rotation undone).
+int llama_state(const std::string &model, const std::string &fixtures) {
+  const Model m = Model::load(model);
+  const ModelConfig &c = m.config();
+  std::ifstream in(fixtures + "/llama-state.txt");
+  if (!in) throw RunnerError("missing fixture llama-state.txt");
+  std::vector<int> ids;
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("tokens ", 0) == 0) {
+      std::istringstream ls(line.substr(7));
+      for (int t; ls >> t;) ids.push_back(t);
+    }
+  const int n = static_cast<int>(ids.size());
+  check(n == 8, "llama-state.txt names 8 tokens");
+  if (n == 0) return 1;
+  Transformer tr(m, 64);
+  KvPool pool(c, KVC_DTYPE_F32, KVC_DTYPE_F32, 64, 4);
+  AttnSequence seq(pool, 1, c);
+  tr.forward_chunk(seq, ids.data(), n, 0);
+  const std::size_t row = static_cast<std::size_t>(c.kv_dim());
+  std::vector<float> ours(n * row), theirs(n * row);
+  const struct {
+    const char *blob;
+    std::uint32_t flags;
+    double tol;
+  } cases[] = {{"f16", 0, 0.1}, {"f16-vtrans", 0, 0.1}, {"q8_0", KVC_LLAMA_ATTN_ROT, 0.1}};
+  std::uint64_t id = 10;
+  for (const auto &cs : cases) {
+    const std::vector<std::uint8_t> b = read_bytes(fixtures + "/llama-state-" + cs.blob + ".bin");
+    std::uint64_t got = 0;
+    const kvc_status st =
+        kvc_seq_import_llama(pool.get(), ++id, b.data(), b.size(), cs.flags, &got);
+    if (st != KVC_OK) {
+      fail(std::string(cs.blob) + ": import: " + kvc_last_error_message());
+      continue;
+    }
+    check(got == static_cast<std::uint64_t>(n), std::string(cs.blob) + ": tokens imported");
+    // Relative L2 error ||ours - theirs|| / ||ours|| per layer and K / V: llama.cpp's forward
+    // multiplies Q4_1 weights with q8-quantized activations, ours in f32, so they differ slightly.
+    double worst[2] = {0, 0}, first[2] = {0, 0};
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int is_v = 0; is_v < 2; ++is_v) {
+        float *o = ours.data(), *t = theirs.data();
+        check(kvc_gather(pool.get(), 1, l, 0, n, is_v ? nullptr : o, is_v ? o : nullptr,
+                         KVC_DTYPE_F32, nullptr) == KVC_OK,
+              "gather ours");
+        check(kvc_gather(pool.get(), id, l, 0, n, is_v ? nullptr : t, is_v ? t : nullptr,
+                         KVC_DTYPE_F32, nullptr) == KVC_OK,
+              "gather theirs");
+        double num = 0, den = 0;
+        for (std::size_t i = 0; i < ours.size(); ++i) {
+          num += (double(o[i]) - double(t[i])) * (double(o[i]) - double(t[i]));
+          den += double(o[i]) * double(o[i]);
+        }
+        const double rel = std::sqrt(num / std::max(den, 1e-30));
+        worst[is_v] = std::max(worst[is_v], rel);
+        if (l == 0) first[is_v] = rel;
+      }
+    std::printf(
+        "%-10s ||ours - llama.cpp|| / ||ours||: layer 0 K %.4f V %.4f; worst layer K %.4f V %.4f\n",
+        cs.blob, first[0], first[1], worst[0], worst[1]);
+    // Measured (SmolLM2, 8 tokens): layer 0 about 0.4 % (K) and 1.5 % (V), the worst layer
+    // about 2.4 % and 5.8 %; a layout error (element order, rotation left in) gives over 100 %.
+    check(first[0] < 0.03 && first[1] < 0.03 && worst[0] < cs.tol && worst[1] < cs.tol,
+          std::string(cs.blob) + ": llama.cpp's K/V differ from ours beyond the tolerance");
+  }
+  return failures ? 1 : 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -375,6 +448,7 @@ int main(int argc, char **argv) {
     if (mode == "tokenize" && argc == 4) return tokenize(model, argv[3]);
     if (mode == "logprobs" && argc == 4) return logprobs(model, argv[3]);
     if (mode == "chunk" && argc == 3) return chunk(model);
+    if (mode == "llama-state" && argc == 4) return llama_state(model, argv[3]);
   } catch (const std::exception &e) {
     fail(e.what());
     return 1;

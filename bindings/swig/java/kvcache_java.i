@@ -63,6 +63,8 @@
 %javaconstvalue(2) KVC_PREFIX_PIN;
 %javaconstvalue(1) KVC_TIER_FSYNC;
 %javaconstvalue(2) KVC_TIER_REDIS_CLUSTER;
+%javaconstvalue(1) KVC_LLAMA_ATTN_ROT;
+%javaconstvalue(2) KVC_LLAMA_V_TRANS;
 %javaconst(0) KVC_VERSION_NUMBER;
 
 /* The enums' FORCE_32BIT / FORCE_SIGNED markers are not values. The common

@@ -604,6 +604,12 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     def prefix_prefetch(self, tokens, salt=None, extras=None, **values):
         """Start loading as prefix_load() does, in the background; returns the ticket for prefix_poll()."""
         return self._prefix_prefetch_values(tokens, _py_extra_values(self, salt, extras, values))
+    def export_llama(self, seq_id, k_type=LLAMA_F16, v_type=None, llama_seq_id=0, flags=0):
+        """The sequence as a llama.cpp sequence state blob (kvc_seq_export_llama) as bytes, for
+        llama_state_seq_set_data(); v_type defaults to k_type. import_llama() takes it back."""
+        v_type = k_type if v_type is None else v_type
+        buf = bytearray(self.export_llama_size(seq_id, llama_seq_id, k_type, v_type, flags))
+        return bytes(buf[:self.export_llama_into(seq_id, llama_seq_id, k_type, v_type, flags, buf)])
     def save(self, seq_id):
         """The sequence's record (kvc_seq_save) as bytes; restore() takes it back."""
         while True:

@@ -6,7 +6,7 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 7;
+pub const KVC_API_VERSION: u32 = 8;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
@@ -17,6 +17,8 @@ pub const KVC_PREFIX_PIN: u32 = 2;
 pub const KVC_TIER_FSYNC: u32 = 1;
 pub const KVC_TIER_REDIS_CLUSTER: u32 = 2;
 pub const KVC_STORE_KEY_MAX: u32 = 4096;
+pub const KVC_LLAMA_ATTN_ROT: u32 = 1;
+pub const KVC_LLAMA_V_TRANS: u32 = 2;
 pub type __uint8_t = ::std::os::raw::c_uchar;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
@@ -6215,6 +6217,111 @@ extern "C" {
         path: *const ::std::os::raw::c_char,
     ) -> kvc_status;
 }
+impl kvc_llama_type {
+    #[doc = "< GGML_TYPE_F32: 4 bytes a value."]
+    pub const KVC_LLAMA_F32: kvc_llama_type = kvc_llama_type(0);
+}
+impl kvc_llama_type {
+    #[doc = "< GGML_TYPE_F16: 2 bytes a value."]
+    pub const KVC_LLAMA_F16: kvc_llama_type = kvc_llama_type(1);
+}
+impl kvc_llama_type {
+    #[doc = "< GGML_TYPE_Q8_0: blocks of 32 values, an f16 scale d and 32 int8 q (x = d"]
+    #[doc = "q), 34 bytes."]
+    pub const KVC_LLAMA_Q8_0: kvc_llama_type = kvc_llama_type(8);
+}
+impl kvc_llama_type {
+    #[doc = "< Forces a 32-bit enum; not a value."]
+    pub const KVC_LLAMA_TYPE_FORCE_32BIT: kvc_llama_type = kvc_llama_type(2147483647);
+}
+#[repr(transparent)]
+#[doc = " @brief ggml tensor types of K and V in a llama.cpp sequence state blob"]
+#[doc = " (their ggml_type values). @since 0.4 (table version 8)"]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct kvc_llama_type(pub ::std::os::raw::c_uint);
+extern "C" {
+    #[doc = " @brief Create sequence `seq_id` from a llama.cpp per-sequence state blob"]
+    #[doc = " (`llama_state_seq_get_data()` of a context whose memory is a plain"]
+    #[doc = " llama_kv_cache), converting K and V to the pool's storage."]
+    #[doc = ""]
+    #[doc = " The blob (llama.cpp of llama-cpp-python 0.3.36; docs/engines.md gives the"]
+    #[doc = " layout): u32 magic 0xaf143cd8, i32 seq_id, u32 n_stream; per stream u32"]
+    #[doc = " cell_count, then when cell_count > 0"]
+    #[doc = " the cells (i32 pos, u32 n_seq_id, n_seq_id x i32 seq_id), u32 v_trans,"]
+    #[doc = " u32 n_layer, per layer K (i32 type, u64 row bytes, cell_count rows), then per"]
+    #[doc = " layer V (the same; transposed: i32 type, u32 value bytes, u32 row values,"]
+    #[doc = " then per value index the cell_count values). The magic is the format's"]
+    #[doc = " only version mark: another is refused; so is any blob whose every field and"]
+    #[doc = " size is not consistent with that layout and this pool."]
+    #[doc = ""]
+    #[doc = " Exactly one stream may hold cells, each cell one sequence; the positions"]
+    #[doc = " must be 0..cell_count-1 in some order (the tokens are imported in position"]
+    #[doc = " order; K is taken as llama.cpp stores it, after RoPE). Row values must be"]
+    #[doc = " num_kv_heads x head_dim of the pool, n_layer its num_layers. K / V types:"]
+    #[doc = " f32, f16, q8_0 (any other ggml type is ::KVC_ERR_UNSUPPORTED). Blobs of"]
+    #[doc = " models whose cells carry M-RoPE or token extensions are not of this layout"]
+    #[doc = " and are refused by the size checks."]
+    #[doc = " @param pool the pool (not NULL; CPU)."]
+    #[doc = " @param seq_id a sequence id not in use."]
+    #[doc = " @param blob the blob (not NULL unless size is 0)."]
+    #[doc = " @param size bytes of blob."]
+    #[doc = " @param flags 0 or ::KVC_LLAMA_ATTN_ROT."]
+    #[doc = " @param n_tokens NULL or receives the tokens imported."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_EXISTS;"]
+    #[doc = " ::KVC_ERR_VERSION (another magic); ::KVC_ERR_CORRUPT (truncated, trailing bytes, fields out of"]
+    #[doc = " range, several sequences in a cell, positions that are not 0..n-1); ::KVC_ERR_INCOMPATIBLE"]
+    #[doc = " (layers, row size, or a V element size that differ from the pool's);"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (another ggml type, several streams holding cells, a"]
+    #[doc = " CUDA pool); ::KVC_ERR_INVALID_ARGUMENT (unknown flags);"]
+    #[doc = " ::KVC_ERR_POOL_EXHAUSTED; ::KVC_ERR_NON_FINITE (values a quantized pool"]
+    #[doc = " cannot store). Nothing is created unless the call returns ::KVC_OK."]
+    #[doc = " @since 0.4 (table version 8)"]
+    pub fn kvc_seq_import_llama(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        blob: *const ::std::os::raw::c_void,
+        size: usize,
+        flags: u32,
+        n_tokens: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Write sequence `seq_id` as a llama.cpp per-sequence state blob that"]
+    #[doc = " `llama_state_seq_set_data()` restores (the layout of"]
+    #[doc = " kvc_seq_import_llama()): sequence id `llama_seq_id`, one stream, one cell"]
+    #[doc = " per token in the layer's order with the token's position (kvc_gather()"]
+    #[doc = " positions_out), each cell of sequence `llama_seq_id`; K and V of k_type / v_type. A blob imported"]
+    #[doc = " with the same flags into an f32 pool (an f16 pool for f16 blobs) exports back byte-identical."]
+    #[doc = " @param pool the pool (not NULL; CPU)."]
+    #[doc = " @param seq_id a live sequence; every layer must hold the same tokens at the"]
+    #[doc = " same positions (no per-layer eviction)."]
+    #[doc = " @param llama_seq_id the sequence id written into every cell (>= 0)."]
+    #[doc = " @param k_type type of K: ::KVC_LLAMA_F32, ::KVC_LLAMA_F16 or ::KVC_LLAMA_Q8_0."]
+    #[doc = " @param v_type type of V, as k_type (f32 or f16 with ::KVC_LLAMA_V_TRANS)."]
+    #[doc = " @param flags 0, ::KVC_LLAMA_ATTN_ROT, ::KVC_LLAMA_V_TRANS."]
+    #[doc = " @param buf NULL (with capacity 0) or the output."]
+    #[doc = " @param capacity bytes of buf."]
+    #[doc = " @param size receives the blob's size (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_BUFFER_TOO_SMALL (nothing written); ::KVC_ERR_INVALID_ARGUMENT"]
+    #[doc = " (types, flags, llama_seq_id < 0, q8_0 V with ::KVC_LLAMA_V_TRANS, a row of"]
+    #[doc = " num_kv_heads x head_dim not a multiple of 32 for q8_0);"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (layers holding different tokens, a CUDA pool);"]
+    #[doc = " ::KVC_ERR_NON_FINITE (NaN or Inf for a q8_0 K / V; buf's contents are then"]
+    #[doc = " unspecified); ::KVC_ERR_OVERFLOW."]
+    #[doc = " @since 0.4 (table version 8)"]
+    pub fn kvc_seq_export_llama(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        llama_seq_id: i32,
+        k_type: kvc_llama_type,
+        v_type: kvc_llama_type,
+        flags: u32,
+        buf: *mut ::std::os::raw::c_void,
+        capacity: usize,
+        size: *mut usize,
+    ) -> kvc_status;
+}
 #[doc = " @brief Table of every API function, for hosts that load the library with"]
 #[doc = " dlopen(). Functions are only appended; a table of version N starts with the"]
 #[doc = " fields of every version below N, in the same order. The `*_init` members"]
@@ -6855,12 +6962,37 @@ pub struct kvc_api {
     pub store_stats: ::std::option::Option<
         unsafe extern "C" fn(arg1: *mut kvc_store, arg2: *mut kvc_tier_stats) -> kvc_status,
     >,
+    #[doc = " kvc_seq_import_llama()"]
+    pub seq_import_llama: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: *const ::std::os::raw::c_void,
+            arg4: usize,
+            arg5: u32,
+            arg6: *mut u64,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_seq_export_llama()"]
+    pub seq_export_llama: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: i32,
+            arg4: kvc_llama_type,
+            arg5: kvc_llama_type,
+            arg6: u32,
+            arg7: *mut ::std::os::raw::c_void,
+            arg8: usize,
+            arg9: *mut usize,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        784usize,
+        800usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -8551,6 +8683,40 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_store_stats();
+    fn test_field_seq_import_llama() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_import_llama) as usize - ptr as usize
+            },
+            784usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_import_llama)
+            )
+        );
+    }
+    test_field_seq_import_llama();
+    fn test_field_seq_export_llama() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_export_llama) as usize - ptr as usize
+            },
+            792usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_export_llama)
+            )
+        );
+    }
+    test_field_seq_export_llama();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]
