@@ -20,7 +20,9 @@ or ``"redis"``; ``kvc_path`` (disk; default SGLang's file backend directory,
 ``kvc_cluster``: true); ``kvc_timeout_ms``, ``kvc_ttl_seconds`` (Redis);
 ``kvc_scope`` (text added to the scope). ``interface_v1``: 1 selects the
 zero-copy pair (``batch_get_v1`` / ``batch_set_v1``: pages read and written
-at the host pool's own addresses, ``get_page_buffer_meta``).
+at the host pool's own addresses, ``get_page_buffer_meta``). With SGLang's
+``--enable-storage-metrics``, ``get_stats()`` reports pages and GB/s per
+batch read and written (``StorageMetrics``).
 
 What a value is: one page of SGLang's host pool, its bytes in the pool's
 layout (every layer's K and V of ``page_size`` tokens). The store's scope
@@ -37,6 +39,8 @@ threads; the reason is in ``tier_stats()``.
 import ctypes as _ctypes
 import logging as _logging
 import os as _os
+import threading as _threading
+import time as _time
 
 import numpy as _np
 import torch as _torch
@@ -71,6 +75,10 @@ class KvcHiCacheStorage(HiCacheStorage):
         self.mem_pool_host = None
         self.registered_pools = {}
         self._store = self._open(self._base_scope)
+        # Per batch (pages, GB/s) since the last get_stats(), when SGLang asks for storage metrics.
+        self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
+        self._io_lock = _threading.Lock()
+        self._io = {"prefetch": [], "backup": []}
 
     # ------------------------------------------------------------------ set-up
     @staticmethod
@@ -123,6 +131,31 @@ class KvcHiCacheStorage(HiCacheStorage):
     def close(self):
         self._store.close()
 
+    _MAX_SAMPLES = 4096  # per kind between two get_stats() calls
+
+    def _record(self, kind, pages, nbytes, seconds):
+        if not self._metrics or pages <= 0:
+            return
+        with self._io_lock:
+            rows = self._io[kind]
+            if len(rows) < self._MAX_SAMPLES:
+                rows.append((pages, nbytes / max(seconds, 1e-9) / 1e9))
+
+    def get_stats(self):
+        """SGLang's StorageMetrics of the batches since the last call (with enable_storage_metrics):
+        pages and GB/s per batch read (prefetch) and written (backup); None otherwise."""
+        if not self._metrics:
+            return None
+        from sglang.srt.observability.metrics_collector import StorageMetrics
+        with self._io_lock:
+            io, self._io = self._io, {"prefetch": [], "backup": []}
+        m = StorageMetrics()
+        m.prefetch_pgs.extend(p for p, _ in io["prefetch"])
+        m.prefetch_bandwidth.extend(b for _, b in io["prefetch"])
+        m.backup_pgs.extend(p for p, _ in io["backup"])
+        m.backup_bandwidth.extend(b for _, b in io["backup"])
+        return m
+
     def tier_stats(self):
         """The store's counters (kvcache.TierStats: hits, misses, bytes, errors, last_error...)."""
         return self._store.stats()
@@ -151,7 +184,12 @@ class KvcHiCacheStorage(HiCacheStorage):
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
         locs = target_locations if target_locations is not None else [None] * len(keys)
-        return [self.get(k, t) for k, t in zip(keys, locs)]
+        t0 = _time.perf_counter()
+        out = [self.get(k, t) for k, t in zip(keys, locs)]
+        got = [o for o in out if o is not None]
+        self._record("prefetch", len(got), sum(o.numel() * o.element_size() for o in got),
+                     _time.perf_counter() - t0)
+        return out
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
         """Store one page (a CPU tensor); True when it is stored (or already was)."""
@@ -171,16 +209,21 @@ class KvcHiCacheStorage(HiCacheStorage):
         if values is None or len(values) != len(keys) or not all(isinstance(v, _torch.Tensor) for v in values):
             _log.warning("kvcache.sglang: batch_set: %d keys need as many tensors", len(keys))
             return False
+        t0 = _time.perf_counter()
         have = self._contains(keys)
         ok = True
+        pages = nbytes = 0
         for k, v, h in zip(keys, values, have):
             if h:
                 continue
             try:
                 self._store.put(k, v.contiguous())
+                pages += 1
+                nbytes += v.numel() * v.element_size()
             except (KvcError, ValueError, TypeError) as e:
                 _log.warning("kvcache.sglang: set %s: %s", k, e)
                 ok = False
+        self._record("backup", pages, nbytes, _time.perf_counter() - t0)
         return ok
 
     def _contains(self, keys):
@@ -227,6 +270,7 @@ class KvcHiCacheStorage(HiCacheStorage):
         out = []
         scratch = bytearray(sum(p.size for p in pages[0]))
         view = _np.frombuffer(scratch, _np.uint8)
+        t0 = _time.perf_counter()
         for key, parts in zip(keys, pages):
             try:
                 n = self._store.get_into(key, scratch)
@@ -241,6 +285,7 @@ class KvcHiCacheStorage(HiCacheStorage):
                 p[:] = view[off:off + p.size]
                 off += p.size
             out.append(True)
+        self._record("prefetch", sum(out), sum(out) * len(scratch), _time.perf_counter() - t0)
         return out
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
@@ -252,8 +297,10 @@ class KvcHiCacheStorage(HiCacheStorage):
         except (ValueError, AssertionError) as e:
             _log.warning("kvcache.sglang: batch_set_v1: %s", e)
             return [False] * len(keys)
+        t0 = _time.perf_counter()
         have = self._contains(keys)
         out = []
+        written = 0
         for key, parts, h in zip(keys, pages, have):
             if h:
                 out.append(True)
@@ -261,9 +308,11 @@ class KvcHiCacheStorage(HiCacheStorage):
             try:
                 self._store.put(key, parts[0] if len(parts) == 1 else _np.concatenate(parts))
                 out.append(True)
+                written += 1
             except KvcError as e:
                 _log.warning("kvcache.sglang: set %s: %s", key, e)
                 out.append(False)
+        self._record("backup", written, written * sum(p.size for p in pages[0]), _time.perf_counter() - t0)
         return out
 
     # ------------------------------------------------- the v2 calls (hybrid pools)

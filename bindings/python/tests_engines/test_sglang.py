@@ -47,11 +47,11 @@ def host_pool(layout, dtype=torch.bfloat16, heads=HEADS):
                                 device_capacity_tokens=DEVICE_TOKENS, start_layer=0, end_layer=LAYERS)
 
 
-def storage_config(extra, model="HuggingFaceTB/SmolLM2-135M", tp_rank=0, tp_size=1, mla=False):
+def storage_config(extra, model="HuggingFaceTB/SmolLM2-135M", tp_rank=0, tp_size=1, mla=False, metrics=False):
     extra = dict({"backend_name": "kvcache", "module_path": "kvcache.sglang",
                   "class_name": "KvcHiCacheStorage", "interface_v1": 1}, **extra)
     return HiCacheStorageConfig(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0,
-                                attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=False,
+                                attn_cp_size=1, is_mla_model=mla, enable_storage_metrics=metrics,
                                 is_page_first_layout=False, model_name=model, extra_config=extra)
 
 
@@ -115,6 +115,30 @@ def test_zero_copy_round_trip(layout):
         assert b.batch_get_v1(keys[:2] + ["nope"], dst[:3 * PAGE]) == [True, True, False]
         a.close()
         b.close()
+
+
+def test_storage_metrics():
+    """With enable_storage_metrics, get_stats() gives SGLang's StorageMetrics of the batches since the
+    last call: pages per batch read and written, and a bandwidth for each; without it, None."""
+    from sglang.srt.observability.metrics_collector import StorageMetrics
+    pool = host_pool("layer_first")
+    s = engine({"kvc_tier": "host", "kvc_capacity_bytes": 16 << 20}, pool, metrics=True)
+    keys = page_keys(list(range(50, 50 + 3 * PAGE)))
+    src = fill_pages(pool, 1, 3, seed=4)
+    assert s.batch_set_v1(keys, src) == [True] * 3
+    assert s.batch_set_v1(keys, src) == [True] * 3  # stored already: nothing written
+    assert s.batch_get_v1(keys[:2] + ["absent"], torch.arange(5 * PAGE, 8 * PAGE)) == [True, True, False]
+    m = s.get_stats()
+    assert isinstance(m, StorageMetrics)
+    assert m.backup_pgs == [3] and m.prefetch_pgs == [2]
+    assert len(m.backup_bandwidth) == 1 and m.backup_bandwidth[0] > 0
+    assert len(m.prefetch_bandwidth) == 1 and m.prefetch_bandwidth[0] > 0
+    m2 = s.get_stats()  # emptied by the call
+    assert m2.backup_pgs == [] and m2.prefetch_pgs == []
+    s.close()
+    plain = engine({"kvc_tier": "host", "kvc_capacity_bytes": 16 << 20}, host_pool("layer_first"))
+    assert plain.get_stats() is None
+    plain.close()
 
 
 def test_generic_pair_round_trip():
