@@ -2448,7 +2448,7 @@ typedef enum kvc_tier_kind {
 
 /**
  * @brief Tier flag: a disk tier flushes every record to stable storage (fsync) before it
- * is visible.
+ * is visible, and its directory after the rename that makes it visible (since 0.4).
  * @since 0.3
  */
 #define KVC_TIER_FSYNC 0x1u

@@ -150,10 +150,12 @@ class DiskTier final : public Tier {
     std::memcpy(h + 24, &sum, 8);
 
     // Written to "<key hex>.tmp.<pid>.<n>" (what the directory scan of another
-    // process recognises as a writer's record) and renamed.
+    // process recognises as a writer's record) and renamed; with FSYNC the record
+    // is flushed before the rename and the directory after it (the rename too
+    // survives a power loss).
     const std::string path = path_of(key);
     try {
-      AtomicFile f(path, AtomicFile::Options{fsync_, false}, dir_ + "/" + key.hex());
+      AtomicFile f(path, AtomicFile::Options{fsync_, fsync_}, dir_ + "/" + key.hex());
       const iovec iv[3] = {{h, kHeader},
                            {const_cast<uint8_t *>(fp.data()), fp.size()},
                            {const_cast<uint8_t *>(payload), n}};
