@@ -63,6 +63,18 @@
     kvc_go_raise();
   }
 }
+%exception kvc_swig_store::contains_many {
+  kvc_swig_err.status = KVC_OK;
+  try {
+    $action
+  } catch (const std::exception &e) {
+    kvc_swig_on_exception(e);
+  }
+  if (kvc_swig_err.status != KVC_OK) {
+    std::vector<int32_t>().swap(result);
+    kvc_go_raise();
+  }
+}
 %exception kvc_swig_pool::block_table {
   kvc_swig_err.status = KVC_OK;
   try {

@@ -164,4 +164,20 @@ const (
 	TIER_FSYNC uint32 = 0x1
 	// TIER_REDIS_CLUSTER (TierConfig.Flags, Redis): Address lists seed nodes of a Redis Cluster.
 	TIER_REDIS_CLUSTER uint32 = 0x2
+	// LLAMA_ATTN_ROT (ImportLlama / ExportLlama flags): quantized K / V in llama.cpp's Hadamard-rotated space.
+	LLAMA_ATTN_ROT uint32 = 0x1
+	// LLAMA_V_TRANS (ExportLlama flags): V transposed, as llama.cpp without flash attention stores it.
+	LLAMA_V_TRANS uint32 = 0x2
+)
+
+// STORE_KEY_MAX is the longest Store key or scope in bytes (KVC_STORE_KEY_MAX).
+const STORE_KEY_MAX = 4096
+
+// LlamaType is a ggml type of K / V in a llama.cpp sequence state blob (kvc_llama_type).
+type LlamaType int32
+
+const (
+	LLAMA_F32  LlamaType = 0
+	LLAMA_F16  LlamaType = 1
+	LLAMA_Q8_0 LlamaType = 8
 )
