@@ -322,6 +322,49 @@
 %javamethodmodifiers kvc_swig_pool::prefix_load_values "private";
 %javamethodmodifiers kvc_swig_pool::prefix_prefetch_values "private";
 
+%typemap(javacode) kvc_swig_store %{
+  /** The value of key, or null on a miss (kvc_store_get). */
+  public byte[] get(byte[] key) {
+    byte[] buf = new byte[4096];
+    while (true) {
+      long n = getInto(key, buf);
+      if (n < 0) return null;
+      if (n <= buf.length) return java.util.Arrays.copyOf(buf, (int) n);
+      if (n > Integer.MAX_VALUE - 8) throw new KvcException(Kvc.ERR_OVERFLOW, "a value of " + n + " bytes");
+      buf = new byte[(int) n];  // longer than the buffer: read again at its size
+    }
+  }
+
+  /** Which keys the store holds (kvc_store_contains: one round trip per Redis server). */
+  public boolean[] contains(byte[][] keys) {
+    java.io.ByteArrayOutputStream all = new java.io.ByteArrayOutputStream();
+    UInt64Vector lengths = new UInt64Vector();
+    try {
+      for (byte[] k : keys) {
+        if (k == null) throw new KvcException(Kvc.ERR_NULL_POINTER, "a key is null");
+        all.write(k, 0, k.length);
+        lengths.add((long) k.length);
+      }
+      if (keys.length == 0) return new boolean[0];
+      byte[] bytes = all.size() == 0 ? new byte[1] : all.toByteArray();
+      Int32Vector found = containsMany(bytes, lengths);
+      try {
+        boolean[] out = new boolean[found.size()];
+        for (int i = 0; i < out.length; ++i) out[i] = found.get(i) != 0;
+        return out;
+      } finally {
+        found.delete();
+      }
+    } finally {
+      lengths.delete();
+    }
+  }
+
+  /** Undo one pin (kvc_store_pin): whether the value was pinned. */
+  public boolean unpin(byte[] key) {
+    return pin(key, false);
+  }
+%}
 %typemap(javacode) kvc_swig_policy %{
   /**
    * Releases the policy now, after the calls using it on other threads;
@@ -521,6 +564,19 @@
     byte[][] keys = new byte[blocks][];
     for (int i = 0; i < blocks; ++i) keys[i] = java.util.Arrays.copyOfRange(buf, i * ks, (i + 1) * ks);
     return keys;
+  }
+
+  /**
+   * The sequence as a llama.cpp sequence state blob for llama_state_seq_set_data
+   * (kvc_seq_export_llama). kType / vType: Kvc.LLAMA_F32, LLAMA_F16, LLAMA_Q8_0;
+   * flags: Kvc.LLAMA_ATTN_ROT, LLAMA_V_TRANS or 0. importLlama takes it back.
+   */
+  public byte[] exportLlama(long seqId, int llamaSeqId, int kType, int vType, long flags) {
+    long size = exportLlamaSize(seqId, llamaSeqId, kType, vType, flags);
+    if (size > Integer.MAX_VALUE - 8) throw new KvcException(Kvc.ERR_OVERFLOW, "a blob of " + size + " bytes");
+    byte[] buf = new byte[(int) size];
+    long n = exportLlamaInto(seqId, llamaSeqId, kType, vType, flags, buf);
+    return n == buf.length ? buf : java.util.Arrays.copyOf(buf, (int) n);
   }
 
   /** Queues the prompt's registered blocks for writing to every tier, the extra keys by name; returns the blocks queued. */
