@@ -21,7 +21,7 @@
 # (engines/ also hf/'s) through a .pth file (a venv's --system-site-packages would reach the interpreter's own
 # site-packages, not another venv's). Each venv records what it was built from
 # in kvc-requirements.txt; a venv whose record differs from this script's pins
-# is rebuilt. Exit status 0 when all four work.
+# is rebuilt. Exit status 0 when all of them work.
 set -euo pipefail
 
 root=${KVCACHE_VENV_DIR:-${XDG_CACHE_HOME:-${HOME:-.}/.cache}/kvcache/venv}

@@ -1073,7 +1073,7 @@ struct kvc_swig_pool {};
   }
   /** Create seq_id from a llama.cpp sequence state blob (kvc_seq_import_llama); returns the
    * tokens imported. flags: LLAMA_ATTN_ROT or 0. */
-  uint64_t import_llama(uint64_t seq_id, const void *src, size_t src_bytes, uint32_t flags) {
+  uint64_t import_llama(uint64_t seq_id, const void *src, size_t src_bytes, uint32_t flags = 0) {
     uint64_t n = 0;
     KVC_POOL(0);
     kvc_swig_check(kvc_seq_import_llama(pool_, seq_id, src, src_bytes, flags, &n));

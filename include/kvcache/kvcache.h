@@ -3022,7 +3022,8 @@ typedef enum kvc_llama_type {
   KVC_LLAMA_F16 = 1,  /**< GGML_TYPE_F16: 2 bytes a value. */
   KVC_LLAMA_Q8_0 = 8, /**< GGML_TYPE_Q8_0: blocks of 32 values, an f16 scale d and 32 int8 q (x = d
                          q), 34 bytes. */
-  KVC_LLAMA_TYPE_FORCE_32BIT = 0x7fffffff /**< Forces a 32-bit enum; not a value. */
+  KVC_LLAMA_TYPE_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_LLAMA_TYPE_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_llama_type;
 
 /**
@@ -3078,8 +3079,10 @@ typedef enum kvc_llama_type {
  * range, several sequences in a cell, positions that are not 0..n-1); ::KVC_ERR_INCOMPATIBLE
  * (layers, row size, or a V element size that differ from the pool's);
  * ::KVC_ERR_UNSUPPORTED (another ggml type, several streams holding cells, a
- * CUDA pool); ::KVC_ERR_INVALID_ARGUMENT (unknown flags);
- * ::KVC_ERR_POOL_EXHAUSTED; ::KVC_ERR_NON_FINITE (values a quantized pool
+ * CUDA pools); ::KVC_ERR_INVALID_ARGUMENT (unknown flags);
+ * ::KVC_ERR_POOL_EXHAUSTED, ::KVC_ERR_EXCEEDS_CAPACITY (as kvc_seq_reserve()
+ * gives them: the tokens are reserved and written in chunks of block_size, as
+ * an engine's appends would); ::KVC_ERR_NON_FINITE (values a quantized pool
  * cannot store). Nothing is created unless the call returns ::KVC_OK.
  * @since 0.4 (table version 8)
  */
@@ -3108,8 +3111,12 @@ KVC_API kvc_status kvc_seq_import_llama(kvc_pool *pool, uint64_t seq_id, const v
  * (types, flags, llama_seq_id < 0, q8_0 V with ::KVC_LLAMA_V_TRANS, a row of
  * num_kv_heads x head_dim not a multiple of 32 for q8_0);
  * ::KVC_ERR_UNSUPPORTED (layers holding different tokens, a CUDA pool);
- * ::KVC_ERR_NON_FINITE (NaN or Inf for a q8_0 K / V; buf's contents are then
- * unspecified); ::KVC_ERR_OVERFLOW.
+ * ::KVC_ERR_NON_FINITE (a value the type cannot hold: NaN or Inf for q8_0, a
+ * magnitude beyond f16's 65504 for f16 or beyond 65504 x 127 for q8_0; buf's
+ * contents are then unspecified); ::KVC_ERR_OVERFLOW. Positions reserved but
+ * never written export as zeros (as kvc_gather() reads them). The blob is read
+ * layer by layer: export a sequence no other thread writes meanwhile (appends
+ * to it during the call give an unspecified blob or ::KVC_ERR_OUT_OF_RANGE).
  * @since 0.4 (table version 8)
  */
 KVC_API kvc_status kvc_seq_export_llama(kvc_pool *pool, uint64_t seq_id, int32_t llama_seq_id,

@@ -119,6 +119,9 @@ void encode_row(int32_t type, const float *x, uint64_t n, uint8_t *dst) {
     case LlamaType::F16:
       for (uint64_t i = 0; i < n; ++i) {
         const uint16_t h = f32_to_f16_scalar(x[i]);
+        if ((h & 0x7c00u) == 0x7c00u && std::isfinite(x[i]))
+          fail(Errc::NonFinite, "llama.cpp state: " + std::to_string(x[i]) +
+                                    " is beyond f16's range (65504; an f32 export holds it)");
         std::memcpy(dst + 2 * i, &h, 2);
       }
       return;
@@ -137,6 +140,9 @@ void encode_row(int32_t type, const float *x, uint64_t n, uint8_t *dst) {
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
         uint8_t *blk = dst + b * kQ8Bytes;
         const uint16_t dh = f32_to_f16_scalar(d);
+        if ((dh & 0x7c00u) == 0x7c00u)
+          fail(Errc::NonFinite, "llama.cpp state: " + std::to_string(amax) +
+                                    " is beyond q8_0's range (its f16 scale; 65504 x 127)");
         std::memcpy(blk, &dh, 2);
         for (uint32_t j = 0; j < kQ8Block; ++j)
           blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(v[j] * id)));
@@ -307,29 +313,35 @@ uint64_t llama_import(Pool &pool, uint64_t id, const uint8_t *blob, size_t size,
   pool.seq_create(id);
   try {
     if (b.cells == 0) return 0;
-    pool.seq_reserve(id, b.cells, nullptr);
-    std::vector<float> k(row * b.cells), v(row * b.cells);
-    for (uint32_t l = 0; l < cfg.num_layers; ++l) {
-      const Tensor &kt = b.k[l], &vt = b.v[l];
-      const uint64_t krb = row_bytes(kt.type, row);
-      const uint32_t krot = rotation_block(true, kt.type, cfg.head_dim, flags);
-      const uint32_t vrot = rotation_block(false, vt.type, cfg.head_dim, flags);
-      for (uint32_t p = 0; p < b.cells; ++p) {
-        const uint32_t c = b.order[p];
-        float *kr = k.data() + p * row;
-        decode_row(kt.type, kt.data + c * krb, row, kr);
-        if (krot) codec::hadamard(kr, row, krot);
-        float *vr = v.data() + p * row;
-        if (!b.v_trans) {
-          decode_row(vt.type, vt.data + c * row_bytes(vt.type, row), row, vr);
-        } else {
-          const uint64_t el = row_bytes(vt.type, 1);
-          for (uint64_t j = 0; j < row; ++j)
-            decode_row(vt.type, vt.data + (j * b.cells + c) * el, 1, vr + j);
+    // In chunks of block_size tokens, as an engine's appends would come (a pool with a small
+    // residual arena takes the tokens as they age out of it).
+    const uint32_t chunk = std::max<uint32_t>(cfg.block_size, 1);
+    std::vector<float> k(row * chunk), v(row * chunk);
+    for (uint32_t p0 = 0; p0 < b.cells; p0 += chunk) {
+      const uint32_t m = std::min(chunk, b.cells - p0);
+      pool.seq_reserve(id, m, nullptr);
+      for (uint32_t l = 0; l < cfg.num_layers; ++l) {
+        const Tensor &kt = b.k[l], &vt = b.v[l];
+        const uint64_t krb = row_bytes(kt.type, row);
+        const uint32_t krot = rotation_block(true, kt.type, cfg.head_dim, flags);
+        const uint32_t vrot = rotation_block(false, vt.type, cfg.head_dim, flags);
+        for (uint32_t i = 0; i < m; ++i) {
+          const uint32_t c = b.order[p0 + i];
+          float *kr = k.data() + i * row;
+          decode_row(kt.type, kt.data + c * krb, row, kr);
+          if (krot) codec::hadamard(kr, row, krot);
+          float *vr = v.data() + i * row;
+          if (!b.v_trans) {
+            decode_row(vt.type, vt.data + c * row_bytes(vt.type, row), row, vr);
+          } else {
+            const uint64_t el = row_bytes(vt.type, 1);
+            for (uint64_t j = 0; j < row; ++j)
+              decode_row(vt.type, vt.data + (j * b.cells + c) * el, 1, vr + j);
+          }
+          if (vrot) codec::hadamard(vr, row, vrot);
         }
-        if (vrot) codec::hadamard(vr, row, vrot);
+        pool.append(id, l, p0, m, k.data(), v.data(), DType::F32);
       }
-      pool.append(id, l, 0, b.cells, k.data(), v.data(), DType::F32);
     }
   } catch (...) {
     pool.seq_free(id);

@@ -84,6 +84,7 @@ SIGNED_ENUM(kvc_pyramid_schedule);
 SIGNED_ENUM(kvc_prefix_hash);
 SIGNED_ENUM(kvc_prefix_event_kind);
 SIGNED_ENUM(kvc_tier_kind);
+SIGNED_ENUM(kvc_llama_type);
 _Static_assert(KVC_DTYPE_F32 == 0 && KVC_DTYPE_F16 == 1 && KVC_DTYPE_BF16 == 2, "dtype values");
 _Static_assert(KVC_DEVICE_CPU == 0 && KVC_DEVICE_CUDA == 1, "device values");
 _Static_assert(KVC_LAYOUT_NHD == 0 && KVC_LAYOUT_HND == 1, "layout values");

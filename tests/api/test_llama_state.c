@@ -306,6 +306,64 @@ static void test_export_errors(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* Values a type cannot hold are refused, never written as Inf; a pool with a small residual arena
+ * imports a blob larger than the arena (the tokens come in chunks, as appends would). */
+static void test_ranges_and_residual_pools(void **state) {
+  (void)state;
+  kvc_pool *p = make_pool(2, 1, 64, 4, 64);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 32, NULL));
+  float k[32 * 64], v[32 * 64];
+  for (int i = 0; i < 32 * 64; ++i) {
+    k[i] = (float)((i * 37) % 19) - 9.0f;
+    v[i] = (float)((i * 11) % 7) * 0.25f;
+  }
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_OK(kvc_append(p, 1, l, 0, 32, k, v, KVC_DTYPE_F32));
+  size_t size = 0;
+  ASSERT_STATUS(KVC_ERR_BUFFER_TOO_SMALL,
+                kvc_seq_export_llama(p, 1, 0, KVC_LLAMA_F32, KVC_LLAMA_F32, 0, NULL, 0, &size));
+  uint8_t *blob = malloc(size);
+  ASSERT_OK(kvc_seq_export_llama(p, 1, 0, KVC_LLAMA_F32, KVC_LLAMA_F32, 0, blob, size, &size));
+  /* int8 with a residual window of 4 and an arena of 4 blocks of 4 tokens: 32 tokens fit as an
+   * engine appends them; the import's chunks do too. */
+  kvc_pool_config c = test_config(2, 1, 64, 4, 64);
+  c.residual_window = 4;
+  c.num_residual_blocks = 4;
+  kvc_pool *r = quantized_pool(c, KVC_DTYPE_INT8);
+  assert_non_null(r);
+  uint64_t n = 0;
+  ASSERT_OK(kvc_seq_import_llama(r, 5, blob, size, 0, &n));
+  assert_int_equal(n, 32);
+  float got[32 * 64];
+  ASSERT_OK(kvc_gather(r, 5, 1, 0, 32, got, NULL, KVC_DTYPE_F32, NULL));
+  for (int i = 0; i < 32 * 64; ++i) assert_true(fabsf(got[i] - k[i]) <= 9.0f / 127.0f + 1e-6f);
+  kvc_pool_destroy(r);
+  free(blob);
+  /* Out of range: f16 above 65504, q8_0 above 65504 x 127 (its scale); f32 holds both. */
+  ASSERT_OK(kvc_seq_create(p, 2));
+  ASSERT_OK(kvc_seq_reserve(p, 2, 1, NULL));
+  k[3] = 1e7f;
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_OK(kvc_append(p, 2, l, 0, 1, k, v, KVC_DTYPE_F32));
+  uint8_t out[4096];
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_seq_export_llama(p, 2, 0, KVC_LLAMA_F16, KVC_LLAMA_F16, 0,
+                                                         out, sizeof out, &size));
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_seq_export_llama(p, 2, 0, KVC_LLAMA_Q8_0, KVC_LLAMA_F16, 0,
+                                                         out, sizeof out, &size));
+  ASSERT_OK(kvc_seq_export_llama(p, 2, 0, KVC_LLAMA_F32, KVC_LLAMA_F16, 0, out, sizeof out, &size));
+  k[3] = 65504.0f * 100.0f; /* q8_0 holds it (a scale of 51578), f16 does not */
+  ASSERT_OK(kvc_seq_free(p, 2));
+  ASSERT_OK(kvc_seq_create(p, 2));
+  ASSERT_OK(kvc_seq_reserve(p, 2, 1, NULL));
+  for (uint32_t l = 0; l < 2; ++l) ASSERT_OK(kvc_append(p, 2, l, 0, 1, k, v, KVC_DTYPE_F32));
+  ASSERT_OK(
+      kvc_seq_export_llama(p, 2, 0, KVC_LLAMA_Q8_0, KVC_LLAMA_Q8_0, 0, out, sizeof out, &size));
+  /* A negative type is refused, not undefined. */
+  ASSERT_STATUS(
+      KVC_ERR_INVALID_ARGUMENT,
+      kvc_seq_export_llama(p, 2, 0, (kvc_llama_type)-1, KVC_LLAMA_F16, 0, out, sizeof out, &size));
+  kvc_pool_destroy(p);
+}
+
 static void test_api_table(void **state) {
   (void)state;
   const kvc_api *api = kvc_get_api(8);
@@ -323,9 +381,13 @@ static void test_api_table(void **state) {
 
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_f16_round_trip),  cmocka_unit_test(test_q8_0_round_trip),
-      cmocka_unit_test(test_rotation_undone), cmocka_unit_test(test_bad_blobs),
-      cmocka_unit_test(test_export_errors),   cmocka_unit_test(test_api_table),
+      cmocka_unit_test(test_f16_round_trip),
+      cmocka_unit_test(test_q8_0_round_trip),
+      cmocka_unit_test(test_rotation_undone),
+      cmocka_unit_test(test_bad_blobs),
+      cmocka_unit_test(test_export_errors),
+      cmocka_unit_test(test_api_table),
+      cmocka_unit_test(test_ranges_and_residual_pools),
   };
   return run_named_tests("llamacpp", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

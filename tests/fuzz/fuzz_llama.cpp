@@ -60,8 +60,8 @@ bool exists(kvc_pool *p, uint64_t id) {
   return kvc_seq_length(p, id, &n) == KVC_OK;
 }
 
-// The export; empty where q8_0 was asked for values it cannot hold (NaN, Inf: an f32 blob
-// may carry them into an f32 pool).
+// The export; empty where f16 or q8_0 was asked for values it cannot hold (NaN, Inf, too large:
+// an f32 blob may carry them into an f32 pool).
 std::vector<uint8_t> export_of(kvc_pool *p, uint64_t id, kvc_llama_type k, kvc_llama_type v,
                                uint32_t flags) {
   size_t size = 0;
@@ -69,7 +69,7 @@ std::vector<uint8_t> export_of(kvc_pool *p, uint64_t id, kvc_llama_type k, kvc_l
   if (st != KVC_ERR_BUFFER_TOO_SMALL) die("export size");
   std::vector<uint8_t> b(size);
   const kvc_status w = kvc_seq_export_llama(p, id, 0, k, v, flags, b.data(), b.size(), &size);
-  if (w == KVC_ERR_NON_FINITE && (k == KVC_LLAMA_Q8_0 || v == KVC_LLAMA_Q8_0)) return {};
+  if (w == KVC_ERR_NON_FINITE && (k != KVC_LLAMA_F32 || v != KVC_LLAMA_F32)) return {};
   if (w != KVC_OK || size != b.size()) die("export");
   return b;
 }

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
-// Tests of the GGUF model path of the runner (gguf_*, smollm2_*):
+// Tests of the GGUF model path of the runner (gguf_*, smollm2_*, llamacpp_kv_matches_runner):
 // MODEL.gguf may be the known name "smollm2" (scripts/fetch-models.sh's cache).
 //   gguf_test bad-files MODEL.gguf DIR       malformed and truncated GGUF files give a clear
 //                                            RunnerError, never a crash
 //   gguf_test load MODEL.gguf                 SmolLM2-135M's geometry, tensors and tied classifier
-//   gguf_test tokenize MODEL.gguf FIXTURES    our byte-level BPE ids equal llama.cpp's on both
-//   texts gguf_test logprobs MODEL.gguf FIXTURES    our forward pass (f16 K/V) against llama.cpp's
+//   gguf_test tokenize MODEL.gguf FIXTURES    our BPE ids equal llama.cpp's on both texts
+//   gguf_test logprobs MODEL.gguf FIXTURES    our forward pass (f16 K/V) against llama.cpp's
 //                                            log-probabilities over 2,048 tokens
 //   gguf_test chunk MODEL.gguf                chunked forward passes agree with token-by-token ones
 //   gguf_test llama-state MODEL.gguf FIXTURES llama.cpp's sequence state blob of 8 tokens

@@ -10,56 +10,70 @@ them. Load it with::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvcConnector",
         "kv_connector_module_path": "kvcache.vllm", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"kvc_tier": "redis", "kvc_address": "10.0.0.5:6379"}}'
 
 Configuration (``kv_connector_extra_config``): ``kvc_tier`` ``"disk"``
 (default), ``"host"`` or ``"redis"``; ``kvc_path`` (disk; default
-~/.cache/kvcache/vllm); ``kvc_capacity_bytes`` (host and disk; default 64
-GiB); ``kvc_fsync`` (disk); ``kvc_address`` (Redis ``host:port``, or seed
-nodes ``h:p,h:p`` with ``kvc_cluster``: true); ``kvc_timeout_ms``,
-``kvc_ttl_seconds`` (Redis); ``kvc_scope`` (text added to the scope, e.g. a
-deployment name); ``kvc_seed`` (hex, 32 bytes: the prefix-key seed; default
-zeros, so separate vLLM instances share keys).
+~/.cache/kvcache/vllm, made if missing); ``kvc_capacity_bytes`` (host and
+disk; default 64 GiB); ``kvc_fsync`` (disk); ``kvc_address`` (Redis
+``host:port``, or seed nodes ``h:p,h:p`` with ``kvc_cluster``: true);
+``kvc_timeout_ms``, ``kvc_ttl_seconds`` (Redis); ``kvc_scope`` (text added to
+the scope, e.g. a deployment name); ``kvc_seed`` (64 hex digits: the
+prefix-key seed; default zeros, so separate vLLM instances share keys).
+Booleans are JSON's true / false (or the strings "true" / "false").
 
-Keys: libkvcache's prefix keys (docs/prefix-cache.md), not vLLM's block
-hashes (those start from a per-process random seed unless PYTHONHASHSEED is
-set): the chained XXH3-128 key of each full block of ``block_size`` tokens,
-over the model name, the tokens and the request's extra keys ``salt``
-(``cache_salt``), ``adapter`` (the LoRA name) and ``media`` (the request's
-multimodal feature identifiers, all of them for every block). Requests with
-prompt embeddings are neither looked up nor saved.
+Keys: libkvcache's prefix keys (docs/prefix-cache.md; SHA-256 chained over the
+blocks), not vLLM's block hashes, so any program following that document (a
+router, another engine on the library) computes them from the tokens alone:
+the key of each full block of ``block_size`` tokens, over the model name, the
+tokens and the request's extra keys ``salt`` (``cache_salt``), ``adapter``
+(the LoRA name and path) and ``media`` (the request's multimodal feature
+identifiers, all of them for every block). Requests with prompt embeddings,
+or whose extra keys the library refuses (over 1 MiB), are neither looked up
+nor saved.
 
 Values: one record per block and rank, every attention layer's bytes of that
 block (``kv_caches[layer][block_id]``, the layer's ``[H, N, C]`` block view,
 in the order of the KV cache group's layer names), whatever vLLM packs inside
-a block. The scope names the model, the rank (tensor and pipeline parallel),
-the KV cache layout, the block size, the dtype and the per-layer page
-geometry, so a block is only ever read by an engine that lays it out alike.
+a block. The scope names the model, its revision, quantization and dtype, the
+rank (tensor and pipeline parallel), the KV cache layout, the block size, the
+cache dtype and the per-layer page geometry, so a block is only ever read by an
+engine that lays it out alike.
 
 Scheduler side: ``get_num_new_matched_tokens`` asks every rank's store which
 blocks it holds (one ``contains`` call per rank, pipelined on Redis) and
 answers the leading run after vLLM's own hit (whole blocks; never the last
 prompt token, which vLLM must compute); ``update_state_after_alloc`` plans
 the load into the blocks vLLM allocated; ``build_connector_meta`` adds the
-saves: every full block computed in the step that the store does not hold.
+saves: every full block computed by the end of the step that the store does
+not hold. A request holding a block that is being loaded in a step whose
+output has not come back (its own load, or a load of blocks it shares) saves
+nothing until that output says the load worked (``KvcWorkerMetadata``, sent
+back by the workers): with async scheduling, pipeline parallelism or tensor
+parallelism, nothing computed on a failed load is ever saved. A request that
+finishes with such blocks unsaved keeps them (``request_finished`` answers
+True) until the next step has saved them (``finished_sending``).
 Worker side: loads are synchronous (``start_load_kv``, before the forward);
 ``save_kv_layer`` gathers the step's save blocks of each layer as the forward
 passes it (a device-to-host copy per layer) and ``wait_for_save`` writes the
-records before the step returns, so vLLM may free the blocks at once.
+records before the step returns.
 
 Failures: a store that is down or a record that vanished between lookup and
 load (LRU replacement, another process removing it) is a miss: the scheduler
 sees fewer hits, and a load that fails reports the request's blocks from the
 first failed one on through ``get_block_ids_with_load_errors``, which vLLM
-recomputes (``kv_load_failure_policy``: "recompute") or fails. Nothing is
-reserved by the connector beyond a step, so aborts leak nothing.
+recomputes (``kv_load_failure_policy``: "recompute") or fails ("fail", vLLM's
+default); the blocks are then saved again once recomputed. Nothing is
+reserved by the connector beyond the steps above, so aborts leak nothing.
 
-Not supported: the hybrid KV cache manager (models mixing attention types
-keep working, vLLM turns it off for this connector), several KV cache groups,
-asynchronous loads, and the disaggregated prefill roles' send/receive
-(kv_producer / kv_consumer store and load like kv_both here). The host tier
-is this process's memory: the scheduler and the workers share it only with
-vLLM's single-process executor (use a disk store on /dev/shm otherwise).
+Not supported: the hybrid KV cache manager (vLLM turns it off for this
+connector; models that need it, e.g. hybrid SSM models, do not start),
+several KV cache groups, asynchronous loads, and the disaggregated prefill
+roles' send/receive (kv_producer / kv_consumer store and load like kv_both
+here). The host tier is this process's memory: the scheduler and the workers
+share it only with vLLM's single-process executor (use a disk store on
+/dev/shm otherwise).
 """
 
 import logging as _logging
@@ -69,11 +83,11 @@ from dataclasses import dataclass, field
 
 import torch as _torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                               KVConnectorRole)
+                                                               KVConnectorRole, KVConnectorWorkerMetadata)
 
 from . import DTYPE_F32, KvcError, Pool, PoolConfig, PrefixConfig, Store
 
-__all__ = ["KvcConnector", "KvcConnectorMetadata"]
+__all__ = ["KvcConnector", "KvcConnectorMetadata", "KvcWorkerMetadata"]
 
 _log = _logging.getLogger(__name__)
 _DEFAULT_CAPACITY = 64 << 30
@@ -97,18 +111,40 @@ class _Save:
     req_id: str
     keys: list
     block_ids: list
+    last: bool = False  # the request has finished: its blocks are freed once this is written
 
 
 @dataclass
 class KvcConnectorMetadata(KVConnectorMetadata):
     """What the workers do in one step: loads before the forward, saves after it."""
+    step: int = 0
     loads: list = field(default_factory=list)
     saves: list = field(default_factory=list)
+
+
+@dataclass
+class KvcWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler: the steps whose metadata the workers ran (their load failures are
+    vLLM's invalid_block_ids of the same output)."""
+    steps: set = field(default_factory=set)
+
+    def aggregate(self, other):
+        return KvcWorkerMetadata(self.steps | getattr(other, "steps", set()))
 
 
 def _opt(extra, name, default=None):
     v = extra.get("kvc_" + name)
     return default if v is None else v
+
+
+def _flag(extra, name):
+    """A boolean option: JSON true / false, or the strings "true" / "false" / "1" / "0"."""
+    v = _opt(extra, name, False)
+    if isinstance(v, str):
+        if v.strip().lower() not in ("true", "false", "1", "0", "yes", "no", ""):
+            raise ValueError("kvcache.vllm: kvc_%s %r: true or false" % (name, v))
+        return v.strip().lower() in ("true", "1", "yes")
+    return bool(v)
 
 
 class _SharedHost:
@@ -142,12 +178,13 @@ def _open_store(extra, scope):
         return h.store, h.close
     if tier == "disk":
         path = _opt(extra, "path") or _os.path.join(_os.path.expanduser("~"), ".cache", "kvcache", "vllm")
-        s = Store.disk(path, cap, scope, fsync=bool(_opt(extra, "fsync", False)))
+        _os.makedirs(path, exist_ok=True)
+        s = Store.disk(path, cap, scope, fsync=_flag(extra, "fsync"))
         return s, s.close
     if tier == "redis":
         if not _opt(extra, "address"):
             raise ValueError("kvcache.vllm: kvc_tier \"redis\" needs kvc_address (\"host:port\" or seed nodes)")
-        s = Store.redis(str(_opt(extra, "address")), scope, cluster=bool(_opt(extra, "cluster", False)),
+        s = Store.redis(str(_opt(extra, "address")), scope, cluster=_flag(extra, "cluster"),
                         timeout_ms=int(_opt(extra, "timeout_ms", 1000)),
                         ttl_seconds=int(_opt(extra, "ttl_seconds", 0)))
         return s, s.close
@@ -197,7 +234,11 @@ class KvcConnector(KVConnectorBase_V1):
         """What a record's bytes depend on besides its tokens."""
         spec = self._group.kv_cache_spec
         layout = getattr(self._vllm_config.cache_config, "kv_cache_layout", None)
+        mc = self._vllm_config.model_config
         parts = ["vllm-kv/1", "model=" + self._model,
+                 "revision=%s" % (getattr(mc, "revision", None) or "-"),
+                 "quantization=%s" % (getattr(mc, "quantization", None) or "-"),
+                 "dtype=%s" % (getattr(mc, "dtype", None) or "-"),
                  "tp=%d/%d" % (tp_rank, self._tp_size), "pp=%d/%d" % (pp_rank, self._pp_size),
                  "layout=%s" % (getattr(layout, "name", layout) or "default"),
                  "block=%d" % self._block_size,
@@ -219,7 +260,13 @@ class KvcConnector(KVConnectorBase_V1):
         self._key_pool = Pool(cfg)
         pconf = PrefixConfig()
         seed = _opt(self._extra, "seed")
-        pconf.set_seed(bytes.fromhex(seed) if seed else bytes(32))
+        try:
+            seed_bytes = bytes.fromhex(seed) if seed else bytes(32)
+        except (TypeError, ValueError):
+            seed_bytes = b""
+        if len(seed_bytes) != 32:
+            raise ValueError("kvcache.vllm: kvc_seed %r: 64 hex digits (32 bytes)" % (seed,))
+        pconf.set_seed(seed_bytes)
         self._key_pool.enable_prefix_cache(pconf, self._model or "vllm", extra_key_names=_EXTRA_KEYS)
         # Every rank stores its own shard: a block is a hit when every rank holds it.
         self._stores = []
@@ -234,7 +281,14 @@ class KvcConnector(KVConnectorBase_V1):
         self._lookup = {}  # req_id -> (first block after vLLM's own hit, hit blocks)
         self._saved = {}  # req_id -> blocks [0, n) saved or present
         self._pending_loads = []
-        self._inflight = {}  # req_id -> _Load of the step in flight
+        self._step = 0
+        # Loads not yet confirmed by the workers' output, by step: step -> [(first block, _Load)].
+        # A request any of whose blocks is being loaded there saves nothing until then (its
+        # blocks may have been computed on a failed load: of its own, or of a request it shares
+        # blocks with, on any rank).
+        self._unconfirmed = {}
+        self._finishing = {}  # req_id -> (Request, tokens computed): blocks held for last saves
+        self._valid_upto = {}  # req_id -> first block a failed load invalidated
 
     def _request_keys(self, request, n_blocks):
         """The prefix keys of the request's first n_blocks full blocks."""
@@ -243,10 +297,14 @@ class KvcConnector(KVConnectorBase_V1):
             return have[:n_blocks]
         toks = list(request.all_token_ids[:n_blocks * self._block_size])
         lora = getattr(request, "lora_request", None)
-        media = "|".join(str(getattr(f, "identifier", "")) for f in (getattr(request, "mm_features", None) or ()))
-        keys = self._key_pool.prefix_keys(toks, salt=getattr(request, "cache_salt", None) or "",
-                                          adapter=(getattr(lora, "lora_name", "") or "") if lora else "",
-                                          media=media)
+        # Each part length-prefixed, so no two lists of names encode alike.
+        enc = lambda parts: b"".join(len(p).to_bytes(4, "little") + p for p in parts)  # noqa: E731
+        utf8 = lambda x: str(x).encode("utf-8", "surrogatepass")  # noqa: E731
+        adapter = enc([utf8(getattr(lora, "lora_name", "") or ""), utf8(getattr(lora, "lora_path", "") or "")]) \
+            if lora else b""
+        media = enc([utf8(getattr(f, "identifier", "")) for f in (getattr(request, "mm_features", None) or ())])
+        salt = getattr(request, "cache_salt", None)
+        keys = self._key_pool.prefix_keys(toks, salt=utf8(salt) if salt else b"", adapter=adapter, media=media)
         self._keys[request.request_id] = keys
         return keys
 
@@ -281,7 +339,13 @@ class KvcConnector(KVConnectorBase_V1):
         # Whole blocks only, and never the last token (vLLM computes at least one).
         n_blocks = max(int(request.num_tokens) - 1, 0) // bs
         start = int(num_computed_tokens) // bs
-        keys = self._request_keys(request, n_blocks)
+        try:
+            keys = self._request_keys(request, n_blocks)
+        except Exception as e:  # a salt or adapter the keys refuse: this request is not cached
+            _log.warning("kvcache.vllm: request %s is not cached: %s", rid, e)
+            self._reqs.pop(rid, None)
+            self._lookup[rid] = (0, 0)
+            return 0, False
         held = self._contains(keys)
         self._present[rid] = {i for i, h in enumerate(held) if h}
         hits = 0
@@ -314,17 +378,33 @@ class KvcConnector(KVConnectorBase_V1):
                 return []
         return list(fallback or [])
 
-    def _plan_saves(self, rid, computed_after, fallback_block_ids):
+    def _loading_blocks(self):
+        return set(b for loads in self._unconfirmed.values() for _, ld in loads for b in ld.block_ids)
+
+    def _plan_saves(self, rid, computed_after, fallback_block_ids, loading, last=False):
+        """The step's save of request rid: its full blocks computed by the end of the step that the
+        store does not hold. None when there is none, or while a block of the request is being
+        loaded in an unconfirmed step (planned later, from the same mark)."""
         request = self._reqs.get(rid)
         if request is None or not self._cacheable(request):
             return None
         full = min(int(computed_after), int(request.num_tokens)) // self._block_size
+        if last and rid in self._valid_upto:
+            full = min(full, self._valid_upto[rid])
+        elif not last:
+            self._valid_upto.pop(rid, None)  # vLLM recomputes what a failed load invalidated
         first = self._saved.get(rid, 0)
         if full <= first:
             return None
         block_ids = self._block_ids(rid, fallback_block_ids)
         full = min(full, len(block_ids))
-        keys = self._request_keys(request, full)
+        if loading and any(b in loading for b in block_ids[:full]):
+            return None
+        try:
+            keys = self._request_keys(request, full)
+        except Exception as e:
+            _log.warning("kvcache.vllm: request %s is not saved: %s", rid, e)
+            return None
         present = self._present.get(rid, set())
         todo = [i for i in range(first, full) if i not in present]
         self._saved[rid] = full
@@ -333,44 +413,86 @@ class KvcConnector(KVConnectorBase_V1):
         return _Save(rid, [keys[i] for i in todo], [block_ids[i] for i in todo])
 
     def build_connector_meta(self, scheduler_output):
-        meta = KvcConnectorMetadata()
+        self._step += 1
+        meta = KvcConnectorMetadata(step=self._step)
         meta.loads, self._pending_loads = self._pending_loads, []
-        # The loads in flight: update_connector_output learns which failed.
-        self._inflight = {ld.req_id: ld for ld in meta.loads}
+        # Loads of steps the workers' output never confirmed (an older engine loop): given up on
+        # after 64 steps, so no request waits for ever.
+        for old in [st for st in self._unconfirmed if st < self._step - 64]:
+            _log.warning("kvcache.vllm: step %d's loads were never confirmed", old)
+            del self._unconfirmed[old]
+        loading = self._loading_blocks() | set(b for ld in meta.loads for b in ld.block_ids)
+        if meta.loads:
+            self._unconfirmed[self._step] = [(self._lookup.get(ld.req_id, (0, 0))[0], ld) for ld in meta.loads]
         nst = scheduler_output.num_scheduled_tokens
         for new in scheduler_output.scheduled_new_reqs:
             sv = self._plan_saves(new.req_id, new.num_computed_tokens + nst.get(new.req_id, 0),
-                                  new.block_ids[0] if new.block_ids else [])
+                                  new.block_ids[0] if new.block_ids else [], loading)
             if sv is not None:
                 meta.saves.append(sv)
         cached = scheduler_output.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
             nb = cached.new_block_ids[i]
-            sv = self._plan_saves(rid, cached.num_computed_tokens[i] + nst.get(rid, 0), nb[0] if nb else [])
+            sv = self._plan_saves(rid, cached.num_computed_tokens[i] + nst.get(rid, 0), nb[0] if nb else [],
+                                  loading)
             if sv is not None:
                 meta.saves.append(sv)
+        # Finished requests whose blocks vLLM holds for their last saves (request_finished).
+        for rid in list(self._finishing):
+            request, computed = self._finishing[rid]
+            if any(b in loading for b in self._block_ids(rid, [])):
+                continue  # a load they may depend on is not confirmed yet
+            sv = self._plan_saves(rid, computed, [], loading, last=True) or _Save(rid, [], [])
+            sv.last = True
+            meta.saves.append(sv)
+            del self._finishing[rid]
+            self._forget(rid)
         return meta
 
     def update_connector_output(self, connector_output):
-        """A failed load: the store does not hold those blocks (any more), so they are saved again
-        once vLLM has recomputed them."""
-        bad = getattr(connector_output, "invalid_block_ids", None)
-        inflight, self._inflight = self._inflight, {}
+        """The workers ran the steps their metadata names; the blocks of vLLM's invalid_block_ids
+        failed to load. A request holding a failed block (its own load's, or one it shares) saves
+        again from there once vLLM has recomputed it; a finished one saves only the blocks before."""
+        wm = getattr(connector_output, "kv_connector_worker_meta", None)
+        steps = wm.steps if isinstance(wm, KvcWorkerMetadata) else set()
+        for st in steps:
+            self._unconfirmed.pop(st, None)
+        bad = set(getattr(connector_output, "invalid_block_ids", None) or ())
         if not bad:
             return
-        for rid, ld in inflight.items():
-            start = self._lookup.get(rid, (0, 0))[0]
-            failed = [start + j for j, b in enumerate(ld.block_ids) if b in bad]
-            if failed and rid in self._present:
-                self._present[rid].difference_update(range(min(failed), start + len(ld.block_ids)))
-                self._saved[rid] = min(self._saved.get(rid, 0), min(failed))
+        for rid in set(self._reqs) | set(self._finishing):
+            blocks = self._block_ids(rid, [])
+            hit = [i for i, b in enumerate(blocks) if b in bad]
+            if not hit:
+                continue
+            i0 = hit[0]
+            if rid in self._present:
+                self._present[rid] = {i for i in self._present[rid] if i < i0}
+            self._saved[rid] = min(self._saved.get(rid, 0), i0)
+            self._valid_upto[rid] = min(self._valid_upto.get(rid, i0), i0)
+
+    def _forget(self, rid):
+        for d in (self._reqs, self._keys, self._present, self._lookup, self._saved, self._valid_upto):
+            d.pop(rid, None)
 
     def request_finished(self, request, block_ids):
+        """True (vLLM keeps the blocks) while blocks computed by the request still await their save,
+        deferred behind an unconfirmed load; the workers report it in finished_sending once written."""
         rid = request.request_id
-        for d in (self._reqs, self._keys, self._present, self._lookup, self._saved):
-            d.pop(rid, None)
         self._pending_loads = [ld for ld in self._pending_loads if ld.req_id != rid]
-        return False, None  # saves are written before the step returns
+        computed = min(int(getattr(request, "num_computed_tokens", 0)), int(request.num_tokens))
+        full = min(computed // self._block_size, self._valid_upto.get(rid, 1 << 62))
+        present = self._present.get(rid, set())
+        if rid in self._reqs and self._cacheable(request) and \
+                any(i not in present for i in range(self._saved.get(rid, 0), full)):
+            self._finishing[rid] = (request, computed)
+            return True, None
+        self._forget(rid)
+        return False, None
+
+    @property
+    def requires_kv_delivery(self):
+        return False  # a best-effort cache: a save that never happens is a later miss
 
     # -------------------------------------------------------- worker side
     def _init_worker(self):
@@ -384,6 +506,8 @@ class KvcConnector(KVConnectorBase_V1):
         self._staged = {}  # layer -> [n saves, page bytes] uint8 on the CPU
         self._load_errors = set()
         self._failed_reqs = set()  # requests whose load failed in this step
+        self._ran_steps = set()  # steps whose metadata was bound since the last worker metadata
+        self._done_sending = set()  # finished requests whose last saves are written
         self.stats = {"blocks_loaded": 0, "blocks_saved": 0, "load_failures": 0, "save_failures": 0}
 
     def register_kv_caches(self, kv_caches):
@@ -454,7 +578,8 @@ class KvcConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         meta = self._connector_metadata
-        if not isinstance(meta, KvcConnectorMetadata) or not meta.saves or layer_name not in self._kv_caches:
+        if not isinstance(meta, KvcConnectorMetadata) or layer_name not in self._kv_caches or \
+                not any(sv.block_ids for sv in meta.saves):
             return
         self._staged[layer_name] = self._gather(layer_name, kv_layer, meta.saves)
 
@@ -462,24 +587,39 @@ class KvcConnector(KVConnectorBase_V1):
         meta = self._connector_metadata
         staged, self._staged = self._staged, {}
         failed, self._failed_reqs = self._failed_reqs, set()
-        if not isinstance(meta, KvcConnectorMetadata) or not meta.saves or not self._kv_caches:
+        if not isinstance(meta, KvcConnectorMetadata) or not meta.saves:
             return
-        cols = [staged[n] if n in staged else self._gather(n, self._kv_caches[n], meta.saves)
-                for n in self._layer_names]
-        records = _torch.cat(cols, dim=1)  # [n saves, record bytes]
-        row = 0
-        for sv in meta.saves:
-            for key in sv.keys:
-                if sv.req_id in failed:
+        if self._kv_caches and any(sv.keys for sv in meta.saves):
+            # Saves are never planned in the step that loads a request's blocks (nor those of a
+            # request sharing them); a failed load's request is skipped here all the same.
+            cols = [staged[n] if n in staged else self._gather(n, self._kv_caches[n], meta.saves)
+                    for n in self._layer_names]
+            records = _torch.cat(cols, dim=1)  # [n saves, record bytes]
+            row = 0
+            for sv in meta.saves:
+                for key in sv.keys:
+                    if sv.req_id not in failed:
+                        try:
+                            self._store.put(key, records[row])
+                            self.stats["blocks_saved"] += 1
+                        except (KvcError, OSError) as e:  # a lost save is a later miss
+                            _log.warning("kvcache.vllm: save of %s failed (%s)", sv.req_id, e)
+                            self.stats["save_failures"] += 1
                     row += 1
-                    continue
-                try:
-                    self._store.put(key, records[row])
-                    self.stats["blocks_saved"] += 1
-                except (KvcError, OSError) as e:  # a lost save is a later miss
-                    _log.warning("kvcache.vllm: save of %s failed (%s)", sv.req_id, e)
-                    self.stats["save_failures"] += 1
-                row += 1
+        self._done_sending.update(sv.req_id for sv in meta.saves if sv.last)
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, KvcConnectorMetadata) and self._role == KVConnectorRole.WORKER:
+            self._ran_steps.add(connector_metadata.step)
+
+    def build_connector_worker_meta(self):
+        steps, self._ran_steps = self._ran_steps, set()
+        return KvcWorkerMetadata(steps) if steps else None
+
+    def get_finished(self, finished_req_ids):
+        done, self._done_sending = self._done_sending, set()
+        return (done or None), None
 
     def get_block_ids_with_load_errors(self):
         out, self._load_errors = self._load_errors, set()

@@ -1,4 +1,4 @@
-"""pytest setup of the engine adapters' contract tests (sglang_*).
+"""pytest setup of the engine adapters' contract tests (sglang_*, lmcache_*, vllm_*).
 
 They run in scripts/setup-python.sh's engines venv (run_tests.sh reports a
 missing venv as skipped). A test skipped inside pytest (the Redis fixture's

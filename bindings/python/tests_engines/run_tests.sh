@@ -1,5 +1,5 @@
 #!/bin/sh
-# ctest driver of the engine adapters' contract tests (sglang_*, docs/engines.md):
+# ctest driver of the engine adapters' contract tests (sglang_*, lmcache_*, vllm_*; docs/engines.md):
 #   run_tests.sh PACKAGE_DIR PYTEST_ARGS...
 # They run in scripts/setup-python.sh's engines venv (the engines' real
 # packages, installed --no-deps), found in its default place

@@ -93,6 +93,8 @@ class Engine:
         self.tokens = {}  # req_id -> every token (prompt + output)
         self.between = None  # a hook called between schedule() and the worker's step
         self.finished = []
+        self.finish_reasons = {}
+        self.invalid = set()  # every block id the worker reported as failed to load
 
     def add(self, rid, prompt, max_tokens=3):
         sp = SamplingParams(max_tokens=max_tokens)
@@ -104,11 +106,10 @@ class Engine:
         self.computed[rid] = 0
         return req
 
-    def step(self):
-        out = self.sched.schedule()
+    def execute(self, out):
+        """The worker's half of a step (vLLM's model runner order) on scheduler output `out`;
+        returns the ModelRunnerOutput."""
         meta = out.kv_connector_metadata
-        if self.between is not None:
-            self.between(out)
         w = self.worker
         w.handle_preemptions(meta)
         w.bind_connector_metadata(meta)
@@ -125,44 +126,59 @@ class Engine:
             if rid not in self.sched.requests:  # aborted after schedule(): its blocks are gone
                 continue
             blocks = self.sched.kv_cache_manager.get_block_ids(rid)[0]
-            toks = self.tokens[rid]
-            work.append((rid, [(p, toks[p], blocks[p // BS], p % BS) for p in range(start, start + n)]))
+            work.append((rid, start, blocks, n))
             self.computed[rid] += n
         for li, name in enumerate(LAYERS):
             w.wait_for_layer_load(name)
-            for rid, positions in work:
-                for p, tok, b, off in positions:
-                    self.kv[name][b, :, off, :] = kv_value(tok, p, li)
+            for rid, start, blocks, n in work:
+                toks = self.tokens[rid]
+                # As a model's: right only on a right context (every earlier position of this
+                # layer as a forward writes it), else off by one.
+                ok = all(torch.equal(self.kv[name][blocks[q // BS], :, q % BS, :], kv_value(toks[q], q, li))
+                         for q in range(start))
+                for p in range(start, start + n):
+                    self.kv[name][blocks[p // BS], :, p % BS, :] = kv_value(toks[p], p, li) + (0 if ok else 1)
             w.save_kv_layer(name, self.kv[name], object())
         w.wait_for_save()
         res = w.get_transfer_results(out.finished_req_ids)
         invalid = w.get_block_ids_with_load_errors()
+        self.invalid |= invalid
+        wmeta = w.build_connector_worker_meta()
         w.clear_connector_metadata()
-        ids = [rid for rid, _ in spans]
+        ids = [rid for rid, *_ in work]
         sampled = []
-        for rid, start in spans:
+        for rid, start, _, n in work:
             req = self.sched.requests.get(rid)
-            done = req is not None and start + out.num_scheduled_tokens[rid] >= req.num_tokens
+            done = req is not None and start + n >= req.num_tokens
             sampled.append([5 + len(self.tokens[rid]) % 7] if done else [])
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
-                                pooler_output=None,
-                                kv_connector_output=KVConnectorOutput(
-                                    finished_sending=res.finished_sending or None,
-                                    finished_recving=res.finished_recving or None,
-                                    invalid_block_ids=invalid))
-        for rid, s in zip(ids, sampled):
-            self.tokens[rid].extend(s)
+        for rid, smp in zip(ids, sampled):
+            self.tokens[rid].extend(smp)
+        return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                                 pooler_output=None,
+                                 kv_connector_output=KVConnectorOutput(
+                                     finished_sending=res.finished_sending or None,
+                                     finished_recving=res.finished_recving or None,
+                                     invalid_block_ids=invalid, kv_connector_worker_meta=wmeta))
+
+    def update(self, out, mro):
         eco = self.sched.update_from_output(out, mro)
         for outs in eco.values():
             for o in outs.outputs:
                 if o.finish_reason is not None:
                     self.finished.append(o.request_id)
+                    self.finish_reasons[o.request_id] = o.finish_reason
+
+    def step(self):
+        out = self.sched.schedule()
+        if self.between is not None:
+            self.between(out)
+        self.update(out, self.execute(out))
         return out
 
     def run(self, max_steps=200):
         for _ in range(max_steps):
-            if not self.sched.requests:
+            if not self.sched.requests and not self.sched.connector._finishing:
                 return
             self.step()
         raise AssertionError("requests did not finish in %d steps" % max_steps)
@@ -184,6 +200,7 @@ class Engine:
         assert all(b.ref_cnt == 0 for b in s.kv_cache_manager.block_pool.blocks)
         c = s.connector
         assert not c._reqs and not c._keys and not c._lookup and not c._saved and not c._pending_loads
+        assert not c._finishing and not c._unconfirmed and not c._valid_upto
 
     def close(self):
         self.sched.connector.shutdown()
@@ -312,15 +329,19 @@ def test_load_failure_recomputes(model_dir, tmp_path):
         a.run()
         keys = b.sched.connector._key_pool.prefix_keys(p[:64], salt="", adapter="", media="")
 
+        failed = []
+
         def drop_third(out):
             if out.has_sync_kv_loads:
                 assert b.worker._store.remove(keys[2])
+                failed.extend(b.sched.kv_cache_manager.get_block_ids("f2")[0][2:4])
                 b.between = None
         b.between = drop_third
         q = p[:64] + prompt(40, salt=9)  # 4 stored blocks, then 40 new tokens (2 more full blocks)
         b.add("f2", q)
         b.step()
         assert b.worker.stats["load_failures"] == 1 and b.worker.stats["blocks_loaded"] == 2
+        assert b.invalid == set(failed)  # blocks 2 and 3 reported to vLLM
         assert b.computed["f2"] == 40 and b.worker.stats["blocks_saved"] == 0  # blocks 4, 5 not saved
         b.run()
         assert b.finished == ["f2"]
@@ -352,10 +373,143 @@ def test_load_failure_policy_fail(model_dir, tmp_path):
         b.add("g2", p)
         b.run()
         assert b.worker.stats["load_failures"] == 1
+        assert str(b.finish_reasons["g2"]) == "error"  # vLLM ended the request
         b.assert_empty()
     finally:
         a.close()
         b.close()
+
+
+def test_shared_blocks_of_a_failed_load_never_saved(model_dir, tmp_path):
+    """x loads blocks 0-3 from the store; y, in the same step, takes vLLM's own prefix hit on those
+    blocks while they load and computes its blocks 4 and 5 on top. x's block 2 fails: nothing y
+    computed on it is saved; vLLM recomputes both; a third engine loading y's prompt from the
+    store gets right K/V (the forward here writes wrong values on a wrong context)."""
+    a = Engine(model_dir, disk(tmp_path))
+    b, c = Engine(model_dir, disk(tmp_path), max_batched=128), Engine(model_dir, disk(tmp_path), max_batched=128)
+    try:
+        p = prompt(66, salt=3)
+        a.add("a", p)
+        a.run()
+        keys = b.sched.connector._key_pool.prefix_keys(p[:64], salt="", adapter="", media="")
+
+        def drop(out):
+            if out.has_sync_kv_loads:
+                assert b.worker._store.remove(keys[2])
+                b.between = None
+        b.between = drop
+        x, y = p[:64] + prompt(40, salt=9), p[:64] + prompt(40, salt=19)
+        b.add("x", x, max_tokens=2)
+        b.add("y", y, max_tokens=2)
+        b.step()
+        assert b.worker.stats["load_failures"] == 1 and b.worker.stats["blocks_saved"] == 0
+        b.run()
+        b.assert_empty()
+        c.add("y2", y, max_tokens=3)
+        c.step()
+        assert c.worker.stats["blocks_loaded"] == 6 and c.computed["y2"] == 104 - 96
+        c.check_kv("y2", 104)
+    finally:
+        a.close()
+        b.close()
+        c.close()
+
+
+def test_async_scheduling_failed_load(model_dir, tmp_path):
+    """vLLM's async scheduling plans step N+1 before step N's output is in. x's load fails in
+    step N; step N+1 computes x's next blocks on that context: they are not saved then, and vLLM's
+    recomputation is; an engine loading x's prompt gets right K/V."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    a = Engine(model_dir, disk(tmp_path))
+    b = Engine(model_dir, disk(tmp_path), max_batched=64)
+    e = Engine(model_dir, disk(tmp_path), max_batched=256)
+    try:
+        b.sched.connector.shutdown()
+        b.vc.scheduler_config.async_scheduling = True
+        b.sched = AsyncScheduler(vllm_config=b.vc, kv_cache_config=b.kcc, log_stats=True,
+                                 structured_output_manager=StructuredOutputManager(b.vc), block_size=BS)
+        p = prompt(66, salt=4)
+        a.add("a", p)
+        a.run()
+        keys = b.sched.connector._key_pool.prefix_keys(p[:64], salt="", adapter="", media="")
+        x = p[:64] + prompt(100, salt=29)  # 164 tokens
+        b.add("x", x, max_tokens=2)
+        out1 = b.sched.schedule()
+        assert out1.has_sync_kv_loads
+        assert b.worker._store.remove(keys[2])
+        mro1 = b.execute(out1)
+        out2 = b.sched.schedule()  # N+1, before N's output is in
+        assert not out2.kv_connector_metadata.saves
+        b.update(out1, mro1)
+        b.update(out2, b.execute(out2))
+        b.run()
+        assert b.worker.stats["load_failures"] == 1
+        b.assert_empty()
+        e.add("x2", x, max_tokens=3)
+        e.step()
+        assert e.worker.stats["blocks_loaded"] == 10
+        e.check_kv("x2", 164)
+    finally:
+        a.close()
+        b.close()
+        e.close()
+
+
+def test_finish_in_the_load_step(model_dir, tmp_path):
+    """A request that ends in the step that loads its prefix: its new blocks are saved in the next
+    step (once the load is confirmed), vLLM holding them until finished_sending; nothing leaks."""
+    a, b, c = (Engine(model_dir, disk(tmp_path), max_batched=256) for _ in range(3))
+    try:
+        p = prompt(66, salt=6)
+        a.add("a", p)
+        a.run()
+        q = p[:64] + prompt(40, salt=7)
+        b.add("f", q, max_tokens=1)
+        b.step()
+        assert b.finished == ["f"] and b.worker.stats["blocks_loaded"] == 4
+        assert b.worker.stats["blocks_saved"] == 0 and "f" in b.sched.connector._finishing
+        b.run()
+        assert b.worker.stats["blocks_saved"] == 2  # blocks 4 and 5
+        b.assert_empty()
+        c.add("f2", q, max_tokens=2)
+        c.step()
+        assert c.worker.stats["blocks_loaded"] == 6
+        c.check_kv("f2", 104)
+    finally:
+        a.close()
+        b.close()
+        c.close()
+
+
+def test_keys_and_scope_separate(model_dir, tmp_path):
+    """LoRA adapters of one name at two paths, multimodal identifier lists that would join alike,
+    a quantized deployment of the same checkpoint: never the same keys or scope; odd salts degrade
+    to an uncached request, never an exception into vLLM."""
+    from types import SimpleNamespace as NS
+    e = Engine(model_dir, disk(tmp_path))
+    try:
+        c = e.sched.connector
+        toks = prompt(40)
+
+        def req(rid, **kw):
+            r = NS(request_id=rid, all_token_ids=toks, num_tokens=len(toks), prompt_embeds=None,
+                   lora_request=None, mm_features=None, cache_salt=None)
+            r.__dict__.update(kw)
+            return r
+        k = lambda r: c._request_keys(r, 2)  # noqa: E731
+        assert k(req("1", lora_request=NS(lora_name="sql", lora_path="/a/v1"))) != \
+            k(req("2", lora_request=NS(lora_name="sql", lora_path="/a/v2")))
+        assert k(req("3", mm_features=[NS(identifier="a|b")])) != \
+            k(req("4", mm_features=[NS(identifier="a"), NS(identifier="b")]))
+        assert k(req("5", cache_salt="x")) != k(req("6"))
+        assert c.get_num_new_matched_tokens(req("7", cache_salt="\ud800"), 0) == (0, False)
+        big = req("8", cache_salt="s" * (2 << 20))  # larger than an extra key may be
+        assert c.get_num_new_matched_tokens(big, 0) == (0, False)
+        scope = c._scope(0, 0)
+        e.vc.model_config.quantization = "fp8"
+        assert c._scope(0, 0) != scope
+    finally:
+        e.close()
 
 
 def test_abort_leaves_nothing_reserved(model_dir, tmp_path):
@@ -379,6 +533,11 @@ def test_abort_leaves_nothing_reserved(model_dir, tmp_path):
             b.between = None
         b.between = abort
         b.step()
+        # x3 computed its last 16 tokens in that step (block 3): vLLM holds its blocks until the
+        # next step has saved that block (finished_sending), then frees them.
+        assert "x3" in b.sched.connector._finishing
+        out = b.step()
+        assert [(sv.req_id, sv.last) for sv in out.kv_connector_metadata.saves] == [("x3", True)]
         b.assert_empty()
         out = b.step()  # the next step carries nothing of x3
         assert not out.kv_connector_metadata.loads and not out.kv_connector_metadata.saves
@@ -403,7 +562,7 @@ def test_tier_down_degrades_to_misses(model_dir):
 
 
 def test_scopes_and_extra_keys_never_share(model_dir, tmp_path):
-    """A different block size, model scope or cache salt never reads another's blocks."""
+    """Another deployment scope or cache salt never reads another's blocks."""
     a = Engine(model_dir, disk(tmp_path))
     b = Engine(model_dir, disk(tmp_path, kvc_scope="other-deployment"))
     try:
@@ -436,6 +595,13 @@ def test_bad_configuration(model_dir, tmp_path):
         Engine(model_dir, {"kvc_tier": "tape"})
     with pytest.raises(Exception, match="kvc_address"):
         Engine(model_dir, {"kvc_tier": "redis"})
+    with pytest.raises(Exception, match="kvc_seed"):
+        Engine(model_dir, disk(tmp_path, kvc_seed="00" * 16))
+    with pytest.raises(Exception, match="kvc_fsync"):
+        Engine(model_dir, disk(tmp_path, kvc_fsync="maybe"))
+    # A disk directory whose parents do not exist yet is made.
+    deep = Engine(model_dir, disk(tmp_path, kvc_path=str(tmp_path / "a" / "b" / "c"), kvc_fsync="false"))
+    deep.close()
     e = Engine(model_dir, disk(tmp_path))
     try:
         with pytest.raises(ValueError, match="none of the KV cache group"):

@@ -6234,11 +6234,15 @@ impl kvc_llama_type {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_LLAMA_TYPE_FORCE_32BIT: kvc_llama_type = kvc_llama_type(2147483647);
 }
+impl kvc_llama_type {
+    #[doc = "< Forces a signed enum; not a value."]
+    pub const KVC_LLAMA_TYPE_FORCE_SIGNED: kvc_llama_type = kvc_llama_type(-2147483648);
+}
 #[repr(transparent)]
 #[doc = " @brief ggml tensor types of K and V in a llama.cpp sequence state blob"]
 #[doc = " (their ggml_type values). @since 0.4 (table version 8)"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
-pub struct kvc_llama_type(pub ::std::os::raw::c_uint);
+pub struct kvc_llama_type(pub ::std::os::raw::c_int);
 extern "C" {
     #[doc = " @brief Create sequence `seq_id` from a llama.cpp per-sequence state blob"]
     #[doc = " (`llama_state_seq_get_data()` of a context whose memory is a plain"]
@@ -6272,8 +6276,10 @@ extern "C" {
     #[doc = " range, several sequences in a cell, positions that are not 0..n-1); ::KVC_ERR_INCOMPATIBLE"]
     #[doc = " (layers, row size, or a V element size that differ from the pool's);"]
     #[doc = " ::KVC_ERR_UNSUPPORTED (another ggml type, several streams holding cells, a"]
-    #[doc = " CUDA pool); ::KVC_ERR_INVALID_ARGUMENT (unknown flags);"]
-    #[doc = " ::KVC_ERR_POOL_EXHAUSTED; ::KVC_ERR_NON_FINITE (values a quantized pool"]
+    #[doc = " CUDA pools); ::KVC_ERR_INVALID_ARGUMENT (unknown flags);"]
+    #[doc = " ::KVC_ERR_POOL_EXHAUSTED, ::KVC_ERR_EXCEEDS_CAPACITY (as kvc_seq_reserve()"]
+    #[doc = " gives them: the tokens are reserved and written in chunks of block_size, as"]
+    #[doc = " an engine's appends would); ::KVC_ERR_NON_FINITE (values a quantized pool"]
     #[doc = " cannot store). Nothing is created unless the call returns ::KVC_OK."]
     #[doc = " @since 0.4 (table version 8)"]
     pub fn kvc_seq_import_llama(
@@ -6307,8 +6313,12 @@ extern "C" {
     #[doc = " (types, flags, llama_seq_id < 0, q8_0 V with ::KVC_LLAMA_V_TRANS, a row of"]
     #[doc = " num_kv_heads x head_dim not a multiple of 32 for q8_0);"]
     #[doc = " ::KVC_ERR_UNSUPPORTED (layers holding different tokens, a CUDA pool);"]
-    #[doc = " ::KVC_ERR_NON_FINITE (NaN or Inf for a q8_0 K / V; buf's contents are then"]
-    #[doc = " unspecified); ::KVC_ERR_OVERFLOW."]
+    #[doc = " ::KVC_ERR_NON_FINITE (a value the type cannot hold: NaN or Inf for q8_0, a"]
+    #[doc = " magnitude beyond f16's 65504 for f16 or beyond 65504 x 127 for q8_0; buf's"]
+    #[doc = " contents are then unspecified); ::KVC_ERR_OVERFLOW. Positions reserved but"]
+    #[doc = " never written export as zeros (as kvc_gather() reads them). The blob is read"]
+    #[doc = " layer by layer: export a sequence no other thread writes meanwhile (appends"]
+    #[doc = " to it during the call give an unspecified blob or ::KVC_ERR_OUT_OF_RANGE)."]
     #[doc = " @since 0.4 (table version 8)"]
     pub fn kvc_seq_export_llama(
         pool: *mut kvc_pool,
