@@ -153,6 +153,8 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
   const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const uint64_t chunk = std::max<uint64_t>(1, kChunkFloats / d);
   const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
+  // Symmetric codes (make_params uses max(|lo|, |hi|) alone).
+  const bool sym = !(integer && (s.asym || s.full_range));
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const Params fixed_p = fixed ? make_params(s, 0.0f, 0.0f) : Params{};
   if (fixed) {
@@ -180,6 +182,49 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
         if (rotate) hadamard(x, d, s.rotation_block);
       }
       if (fixed) continue;
+      if (sym && !rotate) {
+        // Symmetric codes need only each group's largest magnitude: the
+        // largest of the |x| bit patterns (ordered as integers, NaN and Inf
+        // above every finite value, so it is the finiteness check too).
+        const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+        __m256i worst = _mm256_setzero_si256();
+        for (uint64_t gi = 0; gi < ng; ++gi) {
+          const uint64_t j0 = gi * g, j1 = j0 + g;
+          __m256i m0 = _mm256_setzero_si256(), m1 = m0;
+          uint64_t j = j0;
+          for (; j + 16 <= j1; j += 16) {
+            const __m256 a = load8<Half>(row, j), b = load8<Half>(row, j + 8);
+            if (stage) {
+              _mm256_storeu_ps(x + j, a);
+              _mm256_storeu_ps(x + j + 8, b);
+            }
+            m0 = _mm256_max_epi32(m0, _mm256_and_si256(_mm256_castps_si256(a), mag));
+            m1 = _mm256_max_epi32(m1, _mm256_and_si256(_mm256_castps_si256(b), mag));
+          }
+          if (j < j1) {
+            const __m256 a = load8<Half>(row, j);
+            if (stage) _mm256_storeu_ps(x + j, a);
+            m0 = _mm256_max_epi32(m0, _mm256_and_si256(_mm256_castps_si256(a), mag));
+          }
+          m0 = _mm256_max_epi32(m0, m1);
+          worst = _mm256_max_epi32(worst, m0);
+          __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m0), _mm256_extracti128_si256(m0, 1));
+          h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+          h = _mm_max_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+          float amax;
+          const int bits = _mm_cvtsi128_si32(h);
+          std::memcpy(&amax, &bits, 4);
+          lohi[2 * (r * ng + gi)] = -amax;
+          lohi[2 * (r * ng + gi) + 1] = amax;
+        }
+        if (nonfinite &&
+            !_mm256_testz_si256(_mm256_cmpgt_epi32(worst, _mm256_set1_epi32(0x7f7fffff)),
+                                _mm256_set1_epi32(-1))) {
+          *nonfinite = true;
+          return;
+        }
+        continue;
+      }
       // NaN / Inf (exponent all ones) seen in this row, when checking.
       __m256i bad = _mm256_setzero_si256();
       const __m256i expo = _mm256_set1_epi32(0x7f800000);

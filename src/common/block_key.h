@@ -11,7 +11,18 @@ namespace kvc {
 
 struct BlockKey {
   std::array<uint8_t, 32> b{};  // SHA-256: 32 bytes; XXH3-128: 16 bytes, the rest 0
-  bool operator==(const BlockKey &o) const { return b == o.b; }
+  // Four 8-byte words compared without a call (this runs once per block of
+  // every prefix lookup).
+  bool operator==(const BlockKey &o) const {
+    uint64_t x = 0;
+    for (size_t i = 0; i < 32; i += 8) {
+      uint64_t u, v;
+      __builtin_memcpy(&u, b.data() + i, 8);
+      __builtin_memcpy(&v, o.b.data() + i, 8);
+      x |= u ^ v;
+    }
+    return x == 0;
+  }
   // The 32 bytes as 64 lowercase hex digits (disk file names, Redis keys).
   std::string hex() const {
     static const char d[] = "0123456789abcdef";

@@ -44,14 +44,35 @@ BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
   return h.digest(kx.enc);
 }
 
+namespace {
+// Byte equality in 8-byte words without a call: a block's tokens (64 bytes
+// for 16 tokens) and its extra keys are compared once per block of every
+// lookup.
+inline bool same_bytes(const void *a, const void *b, size_t n) {
+  const uint8_t *x = static_cast<const uint8_t *>(a), *y = static_cast<const uint8_t *>(b);
+  uint64_t diff = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t u, v;
+    std::memcpy(&u, x + i, 8);
+    std::memcpy(&v, y + i, 8);
+    diff |= u ^ v;
+  }
+  for (; i < n; ++i) diff |= static_cast<uint64_t>(x[i] ^ y[i]);
+  return diff == 0;
+}
+}  // namespace
+
 // With verify_tokens, a hit must be the block itself, not just its key: the
 // same tokens, the same extra keys and the same parent (so a forced
 // collision can never return another prompt's, tenant's or position's KV).
 bool verified(const PrefixState &ps, const PrefixEntry &en, const int32_t *tokens,
               const std::vector<uint8_t> &xb, int64_t parent_entry, uint64_t depth) {
   if (!ps.verify_tokens) return true;
-  return en.depth == depth && en.parent_entry == parent_entry && en.extras_bytes == xb &&
-         std::equal(en.tokens.begin(), en.tokens.end(), tokens);
+  if (en.depth != depth || en.parent_entry != parent_entry || en.extras_bytes.size() != xb.size() ||
+      !same_bytes(en.extras_bytes.data(), xb.data(), xb.size()))
+    return false;
+  return same_bytes(en.tokens.data(), tokens, en.tokens.size() * sizeof(int32_t));
 }
 
 void check_extra_key_names(const std::vector<std::string> &names) {
@@ -115,6 +136,11 @@ ExtraKeys PrefixState::extra_keys(const PrefixExtra *ex, uint32_t nx) const {
   return kx;
 }
 
+namespace {
+void finish_walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t usable,
+                 const ExtraKeys &kx, bool partial, const std::vector<uint8_t> &xb, Walk &w);
+}  // namespace
+
 Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
           const ExtraKeys &kx, bool partial) {
   Walk w;
@@ -124,19 +150,55 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   thread_local std::vector<uint8_t> scratch;  // one block's hash input, kept between calls
   static const std::vector<uint8_t> none;
   const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
-  w.path.reserve(std::min<uint64_t>(usable / bs, ps.entries.size()));
-  for (uint64_t i = 0; i < usable / bs; ++i) {
-    const BlockKey k =
-        ps.hasher.block(parent, tokens + i * bs, static_cast<uint32_t>(bs), kx, scratch);
-    const int64_t e = ps.map.find(k);
-    if (e < 0) break;
-    const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
-    if (!verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1)) break;
-    w.path.push_back(static_cast<uint32_t>(e));
-    parent = k;
+  const uint64_t nb = usable / bs;
+  w.path.reserve(std::min<uint64_t>(nb, ps.entries.size()));
+  // The chain of keys is serial (each hashes its parent), the index probes
+  // and token checks are not: keys are computed a batch ahead (2, then 4,
+  // then 8 at a time, so a prompt that misses at once hashes little more
+  // than it needs), each one's slot prefetched while the next one hashes,
+  // then the batch is probed and verified in order.
+  constexpr uint64_t kAhead = 8;
+  BlockKey ks[kAhead];
+  int64_t es[kAhead];
+  uint64_t batch = 2;
+  for (uint64_t i = 0; i < nb;) {
+    const uint64_t m = std::min(batch, nb - i);
+    for (uint64_t j = 0; j < m; ++j) {
+      ks[j] =
+          ps.hasher.block(parent, tokens + (i + j) * bs, static_cast<uint32_t>(bs), kx, scratch);
+      ps.map.prefetch(ks[j]);
+      parent = ks[j];
+    }
+    for (uint64_t j = 0; j < m; ++j) {
+      es[j] = ps.map.find(ks[j]);
+      if (es[j] < 0) break;
+      __builtin_prefetch(&ps.entries[static_cast<size_t>(es[j])]);
+    }
+    for (uint64_t j = 0; j < m; ++j, ++i) {
+      const int64_t e = es[j];
+      if (e < 0) {
+        finish_walk(ps, bs, tokens, usable, kx, partial, xb, w);
+        return w;
+      }
+      const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
+      if (!verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1)) {
+        finish_walk(ps, bs, tokens, usable, kx, partial, xb, w);
+        return w;
+      }
+      w.path.push_back(static_cast<uint32_t>(e));
+    }
+    batch = std::min(kAhead, 2 * batch);
   }
+  finish_walk(ps, bs, tokens, usable, kx, partial, xb, w);
+  return w;
+}
+
+namespace {
+// After the whole blocks: the partial match of the next block, when asked.
+void finish_walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t usable,
+                 const ExtraKeys &kx, bool partial, const std::vector<uint8_t> &xb, Walk &w) {
   const uint64_t hit = w.path.size() * bs;
-  if (!partial || hit >= usable) return w;
+  if (!partial || hit >= usable) return;
   const uint64_t want = std::min<uint64_t>(bs - 1, usable - hit);
   const BlockKey xd = prefix_extras_digest(ps.hasher, kx);
   const std::vector<uint32_t> &cands =
@@ -151,8 +213,8 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
       w.partial_entry = c;
     }
   }
-  return w;
 }
+}  // namespace
 
 std::vector<uint32_t> prefix_walk_path(const PrefixState &ps, uint64_t bs, const int32_t *tokens,
                                        uint64_t n, const ExtraKeys &kx) {

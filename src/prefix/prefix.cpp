@@ -38,7 +38,7 @@ bool sha256(const uint8_t *data, size_t n, uint8_t out[32]) {
 }
 }  // namespace
 
-BlockKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
+BlockKey PrefixHasher::digest(const uint8_t *bytes, size_t n) const {
   BlockKey k;
   if (g_constant.load(std::memory_order_relaxed)) {
     k.b.fill(0x42);
@@ -46,16 +46,14 @@ BlockKey PrefixHasher::digest(const std::vector<uint8_t> &bytes) const {
     return k;
   }
   if (h_ == PrefixHash::Sha256) {
-    if (!sha256(bytes.data(), bytes.size(), k.b.data()))
-      throw std::runtime_error("OpenSSL SHA-256 failed");
+    if (!sha256(bytes, n, k.b.data())) throw std::runtime_error("OpenSSL SHA-256 failed");
   } else {
-    const XXH128_hash_t h = XXH3_128bits(bytes.data(), bytes.size());
+    const XXH128_hash_t h = XXH3_128bits(bytes, n);
     // XXH128's canonical form: high then low half, big-endian (the same
     // bytes on every host).
-    for (int i = 0; i < 8; ++i) {
-      k.b[static_cast<size_t>(i)] = static_cast<uint8_t>(h.high64 >> (56 - 8 * i));
-      k.b[static_cast<size_t>(8 + i)] = static_cast<uint8_t>(h.low64 >> (56 - 8 * i));
-    }
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, h);
+    std::memcpy(k.b.data(), c.digest, 16);
   }
   return k;
 }
@@ -81,8 +79,12 @@ BlockKey PrefixHasher::block(const BlockKey &parent, const int32_t *tokens, uint
   // Sized once, then filled in place (this runs once per block of every lookup).
   // The extra keys' encoding without its own 4-byte tag follows the tokens.
   const uint64_t xs = extras.enc.size() - 4;
-  b.resize(4 + key_size() + 4 + 4ull * n + xs);
-  uint8_t *p = b.data();
+  const uint64_t size = 4 + key_size() + 4 + 4ull * n + xs;
+  // Small inputs (every block of a plain prompt) are built on the stack.
+  uint8_t local[512];
+  if (size > sizeof local) b.resize(size);
+  uint8_t *const start = size > sizeof local ? b.data() : local;
+  uint8_t *p = start;
   std::memcpy(p, extras.named ? "KVCN" : "KVCB", 4);
   p += 4;
   std::memcpy(p, parent.b.data(), key_size());
@@ -102,7 +104,7 @@ BlockKey PrefixHasher::block(const BlockKey &parent, const int32_t *tokens, uint
   for (uint32_t i = 0; i < n; ++i) u32(static_cast<uint32_t>(tokens[i]));
 #endif
   std::memcpy(p, extras.enc.data() + 4, xs);
-  return digest(b);
+  return digest(start, size);
 }
 
 }  // namespace kvc::prefix

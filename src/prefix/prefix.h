@@ -39,7 +39,10 @@ class PrefixHasher {
   explicit PrefixHasher(PrefixHash h) : h_(h) {}
   PrefixHash kind() const { return h_; }
   uint32_t key_size() const { return h_ == PrefixHash::Sha256 ? 32u : 16u; }
-  BlockKey digest(const std::vector<uint8_t> &bytes) const;
+  BlockKey digest(const std::vector<uint8_t> &bytes) const {
+    return digest(bytes.data(), bytes.size());
+  }
+  BlockKey digest(const uint8_t *bytes, size_t n) const;
   // Root: "KVCP", version 1, hash id, seed, fingerprint, model id, tokenizer id.
   BlockKey root(const uint8_t seed[32], const std::vector<uint8_t> &fingerprint,
                 const std::string &model_id, const std::string &tokenizer_id) const;
@@ -89,6 +92,9 @@ class KeyIndex {
         return slots_[i].entry;
     return -1;
   }
+  // Starts loading the slot where find(k) begins (a lookup computes a few
+  // keys ahead and prefetches their slots while it hashes the next ones).
+  void prefetch(const BlockKey &k) const { __builtin_prefetch(&slots_[tag_of(k) & mask()]); }
   void insert(const BlockKey &k, uint32_t e) {
     if ((size_ + 1) * 2 > slots_.size()) grow();
     place(tag_of(k), static_cast<int64_t>(e));
