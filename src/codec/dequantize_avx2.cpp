@@ -7,10 +7,12 @@
 #ifdef KVC_CODEC_X86
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "codec/codec.h"
 #include "codec/fp8_avx2.h"
+#include "codec/hadamard_avx2.h"
 #include "codec/kernels_avx2.h"
 
 namespace kvc::codec {
@@ -130,20 +132,38 @@ __attribute__((target("avx2,f16c"))) void dequantize_fp8_direct(const Spec &s, c
   }
 }
 
+// The inverse rotation of 8 NV decoded values x, written to dst (f16 or
+// f32) from element o.
+template <bool Half, int NV>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void unrotate_block(const float *x,
+                                                                                   void *dst,
+                                                                                   uint64_t o,
+                                                                                   __m256 norm) {
+  __m256 r[NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) r[i] = _mm256_loadu_ps(x + 8 * i);
+  rotate_regs<NV>(r, norm);
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) store8<Half>(dst, o + 8 * i, r[i]);
+}
+
 // Every integer and fp8 codec with per-tensor, per-token or per-group scales
 // (and the rotation) to f16 or f32: each group decoded by the run kernels
 // into an L1 row buffer (or straight into f32 output), the inverse rotation
 // applied there, then one F16C conversion pass. The scalar path's operations.
 template <bool Half>
-__attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const uint8_t *codes,
-                                                          const uint8_t *scales,
-                                                          const uint8_t *zeros, uint64_t n,
-                                                          uint64_t d, void *dst, float *buf) {
+__attribute__((target("avx2,fma,f16c"))) void dequantize_fast(const Spec &s, const uint8_t *codes,
+                                                              const uint8_t *scales,
+                                                              const uint8_t *zeros, uint64_t n,
+                                                              uint64_t d, void *dst, float *buf) {
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   const bool integer = is_int(s.dtype), rotate = s.rotation_block != 0;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const float *table = s.dtype == DType::FP8_E4M3 ? fp8_e4m3_table() : fp8_e5m2_table();
+  // hadamard()'s normalization, the same float.
+  const __m256 vnorm =
+      _mm256_set1_ps(rotate ? 1.0f / std::sqrt(static_cast<float>(s.rotation_block)) : 1.0f);
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;
     float *x = Half || rotate ? buf : static_cast<float *>(dst) + r * d;
@@ -158,6 +178,17 @@ __attribute__((target("avx2,f16c"))) void dequantize_fast(const Spec &s, const u
         decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
       else
         decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+    }
+    if (rotate && hadamard_in_registers(s.rotation_block)) {
+      // The inverse rotation a block at a time in registers, written
+      // straight to the output (converted to f16 there).
+      for (uint64_t b = 0; b < d; b += s.rotation_block) {
+        if (s.rotation_block == 128)
+          unrotate_block<Half, 16>(buf + b, dst, r * d + b, vnorm);
+        else
+          unrotate_block<Half, 8>(buf + b, dst, r * d + b, vnorm);
+      }
+      continue;
     }
     if (rotate) hadamard(buf, d, s.rotation_block);
     if constexpr (Half) {

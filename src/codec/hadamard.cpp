@@ -10,6 +10,7 @@
 #include <string>
 
 #include "codec/codec.h"
+#include "codec/hadamard_avx2.h"
 #include "codec/kernels.h"
 #include "common/error.h"
 
@@ -23,50 +24,41 @@ uint32_t default_rotation_block(uint64_t d) {
 
 #ifdef KVC_CODEC_X86
 namespace {
-// The same butterflies as the scalar loop, in registers for h = 1, 2, 4
-// (lane permutes) and on whole vectors for h >= 8: each output is the same
-// a + b or a - b of the same operands, so the result is identical.
-// Stages h = 1, 2, 4 of the butterfly inside one vector of 8 values.
-__attribute__((target("avx2"), always_inline)) inline __m256 butterfly8(__m256 y) {
-  __m256 t = _mm256_permute_ps(y, 0xb1);  // h = 1: [x1 x0 x3 x2 ...]
-  y = _mm256_blend_ps(_mm256_add_ps(y, t), _mm256_sub_ps(t, y), 0xaa);
-  t = _mm256_permute_ps(y, 0x4e);  // h = 2: [x2 x3 x0 x1 ...]
-  y = _mm256_blend_ps(_mm256_add_ps(y, t), _mm256_sub_ps(t, y), 0xcc);
-  t = _mm256_permute2f128_ps(y, y, 1);  // h = 4: swap the 128-bit halves
-  return _mm256_blend_ps(_mm256_add_ps(y, t), _mm256_sub_ps(t, y), 0xf0);
-}
-
-// Stages h = 1 .. 32 of 64 values in eight registers (no normalization).
-__attribute__((target("avx2"), always_inline)) inline void bfly(__m256 &a, __m256 &b) {
-  const __m256 s = _mm256_add_ps(a, b);
-  b = _mm256_sub_ps(a, b);
-  a = s;
-}
-__attribute__((target("avx2"), always_inline)) inline void butterfly64(const float *in,
-                                                                       float *out) {
-  __m256 r0 = butterfly8(_mm256_loadu_ps(in)), r1 = butterfly8(_mm256_loadu_ps(in + 8));
-  __m256 r2 = butterfly8(_mm256_loadu_ps(in + 16)), r3 = butterfly8(_mm256_loadu_ps(in + 24));
-  __m256 r4 = butterfly8(_mm256_loadu_ps(in + 32)), r5 = butterfly8(_mm256_loadu_ps(in + 40));
-  __m256 r6 = butterfly8(_mm256_loadu_ps(in + 48)), r7 = butterfly8(_mm256_loadu_ps(in + 56));
-  bfly(r0, r1), bfly(r2, r3), bfly(r4, r5), bfly(r6, r7);  // h = 8
-  bfly(r0, r2), bfly(r1, r3), bfly(r4, r6), bfly(r5, r7);  // h = 16
-  bfly(r0, r4), bfly(r1, r5), bfly(r2, r6), bfly(r3, r7);  // h = 32
-  _mm256_storeu_ps(out, r0), _mm256_storeu_ps(out + 8, r1), _mm256_storeu_ps(out + 16, r2);
-  _mm256_storeu_ps(out + 24, r3), _mm256_storeu_ps(out + 32, r4), _mm256_storeu_ps(out + 40, r5);
-  _mm256_storeu_ps(out + 48, r6), _mm256_storeu_ps(out + 56, r7);
+template <int NV>
+__attribute__((target("avx2,fma"), always_inline)) inline void rotate_in_place(float *v,
+                                                                               __m256 vn) {
+  __m256 r[NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) r[i] = _mm256_loadu_ps(v + 8 * i);
+  rotate_regs<NV>(r, vn);
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(v + 8 * i, r[i]);
 }
 
 // The scalar butterfly's additions and subtractions, pair for pair and stage
 // by stage (the first stages in registers), then the normalization: the same
 // float operations in the same order, so the same bits.
-__attribute__((target("avx2"))) void hadamard_avx2(float *x, uint64_t d, uint32_t block,
-                                                   float norm) {
+__attribute__((target("avx2,fma"))) void hadamard_avx2(float *x, uint64_t d, uint32_t block,
+                                                       float norm) {
   const __m256 vn = _mm256_set1_ps(norm);
   for (uint64_t base = 0; base < d; base += block) {
     float *v = x + base;
+    if (block == 128) {  // the whole block in registers
+      rotate_in_place<16>(v, vn);
+      continue;
+    }
+    if (block == 64) {
+      rotate_in_place<8>(v, vn);
+      continue;
+    }
     uint32_t h;
     if (block >= 64) {
-      for (uint32_t j = 0; j < block; j += 64) butterfly64(v + j, v + j);
+      for (uint32_t j = 0; j < block; j += 64) {
+        __m256 r[8];
+        for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(v + j + 8 * i);
+        butterfly_regs<8>(r);
+        for (int i = 0; i < 8; ++i) _mm256_storeu_ps(v + j + 8 * i, r[i]);
+      }
       h = 64;
     } else {
       for (uint32_t j = 0; j < block; j += 8)

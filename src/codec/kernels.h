@@ -244,7 +244,8 @@ inline IntFormat int_format(DType d, bool asym, bool full_range = false) {
 #ifdef KVC_CODEC_X86
 inline bool detect_avx2() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
+  // The AVX2 kernels also use FMA (scales, the rotation's butterflies).
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 #endif
 

@@ -8,12 +8,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <vector>
 
 #include "codec/codec.h"
 #include "codec/fp8_avx2.h"
+#include "codec/hadamard_avx2.h"
 #include "codec/kernels_avx2.h"
 #include "common/scratch.h"
 
@@ -133,6 +135,18 @@ __attribute__((target("avx2,f16c"))) void encode_groups32(const IntFormat &f, co
   }
 }
 
+// Values [b, b + 8 NV) of a row (f16 or f32) rotated into x (f32).
+template <bool Half, int NV>
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void rotate_row_block(
+    const void *row, float *x, uint64_t b, __m256 norm) {
+  __m256 r[NV];
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) r[i] = load8<Half>(row, b + 8 * i);
+  rotate_regs<NV>(r, norm);
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) _mm256_storeu_ps(x + b + 8 * i, r[i]);
+}
+
 // Every integer and fp8 codec with per-token, per-group or static
 // per-tensor scales, straight from f16 or f32 input, a chunk of rows at a
 // time: one pass converts the rows into an L1 buffer while taking each
@@ -144,10 +158,10 @@ __attribute__((target("avx2,f16c"))) void encode_groups32(const IntFormat &f, co
 constexpr uint64_t kChunkFloats = 2048;
 
 template <bool Half>
-__attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const void *src, uint64_t n,
-                                                        uint64_t d, uint8_t *codes, uint8_t *scales,
-                                                        uint8_t *zeros, float *buf,
-                                                        bool *nonfinite) {
+__attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const void *src,
+                                                            uint64_t n, uint64_t d, uint8_t *codes,
+                                                            uint8_t *scales, uint8_t *zeros,
+                                                            float *buf, bool *nonfinite) {
   const bool fixed = s.gran == Gran::Tensor;  // static scale (checked by the caller)
   const uint64_t g = s.gran == Gran::Group ? s.group : d, ng = d / g;
   const uint64_t esz = Half ? 2 : 4, rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
@@ -157,6 +171,9 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
   const bool sym = !(integer && (s.asym || s.full_range));
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const Params fixed_p = fixed ? make_params(s, 0.0f, 0.0f) : Params{};
+  // hadamard()'s normalization, the same float.
+  const __m256 vnorm =
+      _mm256_set1_ps(rotate ? 1.0f / std::sqrt(static_cast<float>(s.rotation_block)) : 1.0f);
   if (fixed) {
     store_scale(scales, s.scale_dtype, fixed_p.scale);
     if (s.asym && zeros) store_scale(zeros, s.scale_dtype, fixed_p.zero);
@@ -173,7 +190,16 @@ __attribute__((target("avx2,f16c"))) void quantize_fast(const Spec &s, const voi
     for (uint64_t r = 0; r < rows; ++r) {
       const uint8_t *row = static_cast<const uint8_t *>(src) + (r0 + r) * d * esz;
       float *x = buf + r * d;
-      if (rotate || fixed) {
+      if (rotate && !nonfinite && hadamard_in_registers(s.rotation_block)) {
+        // Converted and rotated a block at a time in registers (the input was
+        // checked finite, and rotatable, by the caller).
+        for (uint64_t b = 0; b < d; b += s.rotation_block) {
+          if (s.rotation_block == 128)
+            rotate_row_block<Half, 16>(row, x, b, vnorm);
+          else
+            rotate_row_block<Half, 8>(row, x, b, vnorm);
+        }
+      } else if (rotate || fixed) {
         for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(x + j, load8<Half>(row, j));
         if (nonfinite && !all_finite_avx2(x, d)) {
           *nonfinite = true;

@@ -459,17 +459,19 @@ static void test_simd_matches_scalar() {
         }
 }
 
-// The fused quantize path (f16 or f32 input, rotation, static scales, f16
-// scales) gives the scalar path's codes, scales and zero points bit for bit.
+// The fused quantize path (f16 or f32 input, rotation by blocks of 8, 64
+// and 128, static scales, f16 scales) gives the scalar path's codes, scales and zero points bit for
+// bit.
 static void test_fused_quantize_matches_scalar() {
   for (DType dt :
        {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (Gran g : {Gran::Tensor, Gran::Token, Gran::Group})
-      for (int mode : {0, 1, 2})  // symmetric, asymmetric, full range
-        for (uint32_t rot : {0u, 8u})
+      for (int mode : {0, 1, 2})                  // symmetric, asymmetric, full range
+        for (uint32_t rot : {0u, 8u, 64u, 128u})  // 64, 128: the register transform
           for (DType sd : {DType::F32, DType::F16})
             for (kvc::DType in : {kvc::DType::F32, kvc::DType::F16})
-              for (uint64_t d : {8ull, 24ull, 64ull, 128ull}) {
+              for (uint64_t d : {8ull, 24ull, 64ull, 128ull, 256ull}) {
+                if (rot && d % rot != 0) continue;
                 const bool asym = mode == 1;
                 if (mode != 0 && is_fp8(dt)) continue;
                 if (mode == 2 && g == Gran::Tensor) continue;  // full range: dynamic scales only

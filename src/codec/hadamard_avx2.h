@@ -1,0 +1,70 @@
+// The Hadamard rotation's butterflies in AVX2 registers (x86-64 only), shared
+// by hadamard.cpp and the fused quantize / dequantize paths: a block of 64 or
+// 128 values is transformed whole in 8 or 16 registers (one load and one
+// store per vector instead of one per stage). Each output is the same a + b
+// or a - b of the same operands, stage by stage, as the scalar loop, then the
+// same multiply by the normalization, so the results are identical bit for
+// bit.
+#pragma once
+#include "codec/kernels.h"
+
+#ifdef KVC_CODEC_X86
+#include <immintrin.h>
+
+namespace kvc::codec {
+namespace {
+
+// Stages h = 1, 2, 4 of the butterfly inside one vector of 8 values, each
+// as one fused multiply-add of the pairs' two halves, a + c x (+1 or -1):
+// exact before its one rounding, so the same bits as a + c and a - c.
+__attribute__((target("avx2,fma"), always_inline)) inline __m256 butterfly8(__m256 y) {
+  // h = 1: a = [x0 x0 x2 x2 ...], c = [x1 x1 x3 x3 ...]
+  y = _mm256_fmadd_ps(_mm256_movehdup_ps(y), _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1),
+                      _mm256_moveldup_ps(y));
+  // h = 2: a = [x0 x1 x0 x1 | ...], c = [x2 x3 x2 x3 | ...]
+  y = _mm256_fmadd_ps(_mm256_permute_ps(y, 0xee), _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1),
+                      _mm256_permute_ps(y, 0x44));
+  // h = 4: a = the low half twice, c = the high half twice
+  return _mm256_fmadd_ps(_mm256_permute2f128_ps(y, y, 0x11),
+                         _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1),
+                         _mm256_permute2f128_ps(y, y, 0x00));
+}
+
+__attribute__((target("avx2,fma"), always_inline)) inline void bfly(__m256 &a, __m256 &b) {
+  const __m256 s = _mm256_add_ps(a, b);
+  b = _mm256_sub_ps(a, b);
+  a = s;
+}
+
+// Every stage (h = 1 .. 4 NV) of a block of 8 NV values held in r[0 .. NV),
+// without the normalization.
+template <int NV>
+__attribute__((target("avx2,fma"), always_inline)) inline void butterfly_regs(__m256 *r) {
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) r[i] = butterfly8(r[i]);
+#pragma GCC unroll 4
+  for (int h = 1; h < NV; h *= 2)
+#pragma GCC unroll 16
+    for (int i = 0; i < NV; i += 2 * h)
+#pragma GCC unroll 16
+      for (int j = i; j < i + h; ++j) bfly(r[j], r[j + h]);
+}
+
+// The normalized transform of one block of 8 NV values in r[0 .. NV), in
+// place (the caller loads and stores in fully unrolled loops, so the block
+// stays in registers).
+template <int NV>
+__attribute__((target("avx2,fma"), always_inline)) inline void rotate_regs(__m256 *r, __m256 norm) {
+  butterfly_regs<NV>(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < NV; ++i) r[i] = _mm256_mul_ps(r[i], norm);
+}
+
+// Whether a rotation block takes the register path.
+inline bool hadamard_in_registers(uint32_t block) {
+  return block == 64 || block == 128;
+}
+
+}  // namespace
+}  // namespace kvc::codec
+#endif
