@@ -134,6 +134,40 @@ if prefix_out:
         if "64" in per and "2048" in per:
             line(f"prefix lookup {name}: 2048 vs 64 blocks cost per token {per['2048'] / per['64']:.2f}x (flat: within 1.5x)",
                  per["2048"] / per["64"] <= 1.5)
+# The CPU hot-path goals of the Google Benchmark rows (beside kvcache bench's
+# goals section): each with its measured ratio and whether this run meets it.
+goals = []
+def goal(text, value, target, higher=True, unit="x"):
+    if value is None:
+        return
+    ok = value >= target if higher else value < target
+    goals.append((text, f"{value:.2f}{unit}", f"goal {'>=' if higher else '<'} {target}{unit}", ok))
+if codec_out:
+    mem4096, mem16 = cget("BM_CodecMemcpy/4096"), cget("BM_CodecMemcpy/16")
+    q, d = cget("BM_Quantize/2/4096"), cget("BM_Dequantize/2/4096")
+    if mem4096:
+        goal("Hadamard-rotated int4 quantize vs memcpy", q and q / mem4096, 0.5)
+        goal("Hadamard-rotated int4 dequantize vs memcpy", d and d / mem4096, 0.5)
+    if mem16:
+        a8, a4 = cget("BM_Quantize/0/16"), cget("BM_Quantize/1/16")
+        goal("one decode step's append, 16 rows, int8 vs memcpy", a8 and a8 / mem16, 0.7)
+        goal("one decode step's append, 16 rows, int4 vs memcpy", a4 and a4 / mem16, 0.5)
+if attn_out:
+    bw, mem = aget("BM_AttnPaged/0/8/2", "bytes_per_second"), aget("BM_AttnMemcpy/8", "bytes_per_second")
+    goal("decode f16, batch 8, 2 threads vs memcpy", bw and mem and bw / mem, 0.9)
+    f16 = aget("BM_AttnPaged/0/1/1")
+    for st, label, target in (("1", "decode int8 per token vs f16, 1 thread", 1.6),
+                              ("3", "decode int4 per token vs f16, 1 thread", 2.5)):
+        t = aget(f"BM_AttnPaged/{st}/1/1")
+        goal(label, t and f16 and f16 / t, target)
+if prefix_out:
+    goal("prefix lookup XXH3-128, 2048 cached blocks", pget("BM_PrefixLookup/1/2048"), 1.5, False, " ns/token")
+if goals:
+    print("goals (CPU hot paths, Google Benchmark rows; ratios of this run, noisy on a shared machine):",
+          file=sys.stderr)
+    for text, val, tgt, ok in goals:
+        print(f"  {text:52s} {val:>14s}   {tgt:18s} {'meets target' if ok else 'below target'}",
+              file=sys.stderr)
 PY
 # The offload tiers (issue 9): host and disk tiers against memcpy and plain
 # file I/O of the same bytes, the Redis tier's 64 KiB get against
@@ -177,6 +211,8 @@ if rt is not None:
         base = 1e6 / rps
         print(f"  Redis get 64 KiB on loopback: {us:.1f} us per get; redis-benchmark GET (1 client): {base:.1f} us "
               f"({us / base:.2f}x its round trip)", file=sys.stderr)
+        print(f"  goal: Redis get 64 KiB <= 1.1x redis-benchmark's GET: {us / base:.2f}x   "
+              f"{'meets target' if us / base <= 1.1 else 'below target'}", file=sys.stderr)
     else:
         print(f"  Redis get 64 KiB on loopback: {us:.1f} us per get (redis-benchmark not run)", file=sys.stderr)
 else:
