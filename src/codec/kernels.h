@@ -7,6 +7,9 @@
 //   kernels_avx2.h     AVX2 integer run kernels and their vector helpers,
 //                      min / max, finiteness checks
 //   fp8_avx2.h         AVX2 fp8 run kernels
+//   hadamard_avx2.h    the rotation's butterflies in AVX2 registers (blocks
+//                      of 64 and 128 whole), shared by hadamard.cpp and the
+//                      fused quantize / dequantize paths
 //   encode.cpp         encode() / decode(): run dispatch, rows, granularities
 //   scales.cpp         validate(), num_scales(), the scale helpers of codec.h,
 //                      set_force_scalar()
