@@ -132,6 +132,34 @@ __attribute__((target("avx2,f16c"))) void dequantize_fp8_direct(const Spec &s, c
   }
 }
 
+// One row's integer groups (g a multiple of 8) decoded into x: the run
+// kernel's vector step (decode_int_run_avx2_bits: the code times the scale,
+// plus the zero point) inline, without a call per group.
+template <int Bits, bool Asym>
+__attribute__((target("avx2"), always_inline)) inline void decode_groups_row(
+    const IntFormat &f, const uint8_t *in, uint64_t ng, uint64_t g, const uint8_t *scales,
+    const uint8_t *zeros, uint64_t sb, DType sd, float *x) {
+  const __m256i off = _mm256_set1_epi32(f.off);
+  for (uint64_t gi = 0; gi < ng; ++gi) {
+    const __m256 s = _mm256_set1_ps(inl::load_scale(scales + gi * sb, sd));
+    const __m256 z = Asym ? _mm256_set1_ps(inl::load_scale(zeros + gi * sb, sd)) : s;
+    for (uint64_t j = gi * g; j < (gi + 1) * g; j += 8) {
+      const __m256 r = _mm256_mul_ps(_mm256_cvtepi32_ps(unpack8<Bits, Asym>(in, j, off)), s);
+      _mm256_storeu_ps(x + j, Asym ? _mm256_add_ps(r, z) : r);
+    }
+  }
+}
+template <int Bits>
+__attribute__((target("avx2"))) void decode_groups_rows(const IntFormat &f, bool asym,
+                                                        const uint8_t *in, uint64_t ng, uint64_t g,
+                                                        const uint8_t *scales, const uint8_t *zeros,
+                                                        uint64_t sb, DType sd, float *x) {
+  if (asym)
+    decode_groups_row<Bits, true>(f, in, ng, g, scales, zeros, sb, sd, x);
+  else
+    decode_groups_row<Bits, false>(f, in, ng, g, scales, zeros, sb, sd, x);
+}
+
 // The inverse rotation of 8 NV decoded values x, written to dst (f16 or
 // f32) from element o.
 template <bool Half, int NV>
@@ -167,17 +195,34 @@ __attribute__((target("avx2,fma,f16c"))) void dequantize_fast(const Spec &s, con
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;
     float *x = Half || rotate ? buf : static_cast<float *>(dst) + r * d;
-    for (uint64_t gi = 0; gi < ng; ++gi) {
-      const uint64_t idx = s.gran == Gran::Tensor ? 0 : r * ng + gi;
-      Params p;
-      p.scale = inl::load_scale(scales + idx * sb, s.scale_dtype);
-      if (s.asym) p.zero = inl::load_scale(zeros + idx * sb, s.scale_dtype);
-      if (integer)
-        decode_int_run_avx2(f, s.asym, in, gi * g, (gi + 1) * g, p, x);
-      else if (s.dtype == DType::FP8_E4M3)
-        decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
-      else
-        decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+    if (integer && s.gran != Gran::Tensor && g % 8 == 0) {
+      const uint8_t *sc = scales + r * ng * sb, *zr = s.asym ? zeros + r * ng * sb : nullptr;
+      switch (f.bits) {
+        case 8:
+          decode_groups_rows<8>(f, s.asym, in, ng, g, sc, zr, sb, s.scale_dtype, x);
+          break;
+        case 4:
+          decode_groups_rows<4>(f, s.asym, in, ng, g, sc, zr, sb, s.scale_dtype, x);
+          break;
+        case 3:
+          decode_groups_rows<3>(f, s.asym, in, ng, g, sc, zr, sb, s.scale_dtype, x);
+          break;
+        default:
+          decode_groups_rows<2>(f, s.asym, in, ng, g, sc, zr, sb, s.scale_dtype, x);
+      }
+    } else {
+      for (uint64_t gi = 0; gi < ng; ++gi) {
+        const uint64_t idx = s.gran == Gran::Tensor ? 0 : r * ng + gi;
+        Params p;
+        p.scale = inl::load_scale(scales + idx * sb, s.scale_dtype);
+        if (s.asym) p.zero = inl::load_scale(zeros + idx * sb, s.scale_dtype);
+        if (integer)
+          decode_int_run_avx2(f, s.asym, in, gi * g, (gi + 1) * g, p, x);
+        else if (s.dtype == DType::FP8_E4M3)
+          decode_fp8_run_avx2<3, 7>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+        else
+          decode_fp8_run_avx2<2, 15>(table, in, gi * g, (gi + 1) * g, p.scale, x);
+      }
     }
     if (rotate && hadamard_in_registers(s.rotation_block)) {
       // The inverse rotation a block at a time in registers, written
