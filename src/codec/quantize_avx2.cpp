@@ -147,6 +147,47 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void rotate_row_b
   for (int i = 0; i < NV; ++i) _mm256_storeu_ps(x + b + 8 * i, r[i]);
 }
 
+// The largest |x| bits of a's lanes, for eight vectors at once: r[i] = the
+// largest lane of a[i] (non-negative int32 bit patterns order as the floats).
+__attribute__((target("avx2"), always_inline)) inline __m256i hmax8_epi32(const __m256i *a) {
+  __m256i t[4];
+  for (int i = 0; i < 4; ++i)
+    t[i] = _mm256_max_epi32(_mm256_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
+                            _mm256_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+  const __m256i u0 =
+      _mm256_max_epi32(_mm256_unpacklo_epi64(t[0], t[1]), _mm256_unpackhi_epi64(t[0], t[1]));
+  const __m256i u1 =
+      _mm256_max_epi32(_mm256_unpacklo_epi64(t[2], t[3]), _mm256_unpackhi_epi64(t[2], t[3]));
+  return _mm256_max_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+// lohi[2k], lohi[2k + 1] = -amax, amax of each group k of g values (g a
+// multiple of 8) of a finite f32 row x: what symmetric codes' parameters
+// need (make_params uses max(|lo|, |hi|) alone).
+__attribute__((target("avx2"))) void group_absmax(const float *x, uint64_t ng, uint64_t g,
+                                                  float *lohi) {
+  const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+  alignas(32) float am[8];
+  for (uint64_t k0 = 0; k0 < ng; k0 += 8) {
+    const uint64_t m = std::min<uint64_t>(8, ng - k0);
+    __m256i a[8];
+    for (uint64_t i = 0; i < 8; ++i) {
+      a[i] = _mm256_setzero_si256();
+      if (i >= m) continue;
+      const float *v = x + (k0 + i) * g;
+      for (uint64_t j = 0; j < g; j += 8)
+        a[i] = _mm256_max_epi32(a[i],
+                                _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + j)), mag));
+    }
+    _mm256_store_si256(reinterpret_cast<__m256i *>(am), hmax8_epi32(a));
+    for (uint64_t i = 0; i < m; ++i) {
+      lohi[2 * (k0 + i)] = -am[i];
+      lohi[2 * (k0 + i) + 1] = am[i];
+    }
+  }
+}
+
 // Every integer and fp8 codec with per-token, per-group or static
 // per-tensor scales, straight from f16 or f32 input, a chunk of rows at a
 // time: one pass converts the rows into an L1 buffer while taking each
@@ -198,6 +239,10 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
             rotate_row_block<Half, 16>(row, x, b, vnorm);
           else
             rotate_row_block<Half, 8>(row, x, b, vnorm);
+        }
+        if (sym && !fixed) {  // each group's largest magnitude, eight groups at a time
+          group_absmax(x, ng, g, lohi + 2 * r * ng);
+          continue;
         }
       } else if (rotate || fixed) {
         for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(x + j, load8<Half>(row, j));
