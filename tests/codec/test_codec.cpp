@@ -1059,6 +1059,55 @@ static void test_fused_params_edges() {
         }
 }
 
+// Symmetric scales at their rounding edge, through the eight-group float
+// path (no group near the 1e38 cap): largest magnitudes of exactly q x m
+// (the quotient is a float, kept) and one or two ulps above (raised to the
+// next float), f32 and f16 input, f32 and f16 scales: the scalar path's
+// bits.
+static void test_scale_ceiling_edges() {
+  const struct {
+    DType dt;
+    float q;
+  } cases[] = {{DType::INT8, 127.0f}, {DType::INT4, 7.0f},       {DType::INT3, 3.0f},
+               {DType::INT2, 1.0f},   {DType::FP8_E4M3, 448.0f}, {DType::FP8_E5M2, 57344.0f}};
+  const float ms[] = {0.75f, 0.001f, 1.5f, 3.0517578125e-05f, 0.3f, 1.0f};
+  for (const auto &c : cases)
+    for (DType sd : {DType::F32, DType::F16})
+      for (kvc::DType in : {kvc::DType::F32, kvc::DType::F16}) {
+        Spec s;
+        s.dtype = c.dt;
+        s.gran = Gran::Group;
+        s.group = 8;
+        s.scale_dtype = sd;
+        if (c.dt == DType::INT2) s.asym = false;
+        const uint64_t n = 6, d = 8 * 24;
+        std::vector<float> x = gaussian(n * d, 0.01f);
+        for (uint64_t r = 0; r < n; ++r)
+          for (uint64_t g = 0; g < d / 8; ++g) {
+            float v = c.q * ms[(r + g) % 6];
+            for (uint64_t k = 0; k < (r + g) % 3; ++k) v = std::nextafter(v, 2.0f * v);
+            if (in == kvc::DType::F16) v = std::min(v, 60000.0f);
+            x[r * d + g * 8 + (g % 8)] = (g % 2) ? -v : v;
+          }
+        std::vector<uint16_t> h(x.size());
+        kvc::convert(x.data(), kvc::DType::F32, h.data(), kvc::DType::F16, x.size());
+        const void *src = in == kvc::DType::F16 ? static_cast<const void *>(h.data()) : x.data();
+        Quantized a, b;
+        for (Quantized *q : {&a, &b}) {
+          q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+          q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+          set_force_scalar(q == &a);
+          quantize(s, src, in, n, d, q->codes.data(), q->scales.data(), nullptr);
+        }
+        set_force_scalar(false);
+        if (!(a.codes == b.codes && a.scales == b.scales))
+          std::fprintf(stderr, "scale ceiling differs: dtype %d scale %d in %d\n",
+                       static_cast<int>(c.dt), static_cast<int>(sd), static_cast<int>(in));
+        CHECK(a.codes == b.codes);
+        CHECK(a.scales == b.scales);
+      }
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"int_bounds", test_int_bounds},
@@ -1075,6 +1124,7 @@ int main(int argc, char **argv) {
       {"dequant_f16_simd", test_dequant_f16_simd},
       {"fused_quantize", test_fused_quantize_matches_scalar},
       {"fused_params_edges", test_fused_params_edges},
+      {"scale_ceiling_edges", test_scale_ceiling_edges},
       {"fp8_decode_all_codes", test_fp8_decode_all_codes},
       {"full_range", test_full_range},
       {"f16_direct", test_f16_direct_matches_scalar},
