@@ -35,16 +35,18 @@ __attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode8(__m256
 
 // 32 scaled floats -> 32 fp8 codes in order, bit for bit fp8_encode8 (and so
 // fp8_encode), in fewer operations: the magnitude is clamped to the largest
-// finite value (a NaN too, as the scalar encoder saturates it), then rounded
-// to kMant mantissa bits by adding and subtracting c = 1.5 x 2^(23 - kMant) x
-// its binade (the binade raised to the smallest normal's, so fp8 subnormals
-// round to multiples of their step): a + c lies in c's binade, whose ulp is
-// the fp8 step there, and the addition rounds half to even. The rounded
-// magnitude times 2^(kBias - 127) is an f32 whose exponent and top mantissa
-// bits are the fp8 exponent and mantissa (an f32 subnormal for an fp8
-// subnormal, exact either way), so a shift gives the code. The signs come from
-// the scaled values' own sign bits, packed with signed saturation (-0 and
-// values that round to 0 keep their sign, as the scalar encoder does).
+// finite value (a NaN too, as the scalar encoder saturates it); its binade
+// is raised to the smallest normal's (fp8 subnormals share that step); then
+// a + m, with m = 1.5 x 2^(23 - kMant) x the binade, lies in m's binade,
+// whose ulp is the fp8 step there, and the addition rounds half to even, so
+// the bits of a + m less those of m count the rounded steps. The code is
+// the binade's fp8 exponent field plus those steps (a carry into the next
+// binade is that binade's code). Every intermediate is a normal float or an
+// integer: flush-to-zero and denormals-are-zero modes change nothing an
+// f32 input could not (an f32 subnormal encodes to 0 either way). The signs
+// come from the scaled values' own sign bits, packed with signed saturation
+// (-0 and values that round to 0 keep their sign, as the scalar encoder
+// does).
 template <int kMant, int kBias, uint32_t kMaxCode>
 __attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode32(const __m256 v[4]) {
   constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
@@ -54,15 +56,17 @@ __attribute__((target("avx2"), always_inline)) inline __m256i fp8_encode32(const
   const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MIN));
   const __m256i expo = _mm256_set1_epi32(0x7f800000), emin = _mm256_set1_epi32((127 + kEmin) << 23);
   const __m256i magic = _mm256_set1_epi32(kDrop << 23 | 1 << 22);
-  const __m256 down = _mm256_castsi256_ps(_mm256_set1_epi32(kBias << 23));  // 2^(kBias - 127)
+  // The fp8 exponent field of a binade, in place: (binade >> kDrop) - rebias.
+  const __m256i rebias = _mm256_set1_epi32((128 - kBias) << kMant);
   __m256i c[4];
 #pragma GCC unroll 4
   for (int k = 0; k < 4; ++k) {
     const __m256 a = _mm256_min_ps(_mm256_andnot_ps(sign, v[k]), vmax);
     const __m256i binade = _mm256_max_epi32(_mm256_and_si256(_mm256_castps_si256(a), expo), emin);
-    const __m256 m = _mm256_castsi256_ps(_mm256_add_epi32(binade, magic));
-    const __m256 y = _mm256_sub_ps(_mm256_add_ps(a, m), m);
-    c[k] = _mm256_srli_epi32(_mm256_castps_si256(_mm256_mul_ps(y, down)), kDrop);
+    const __m256i m = _mm256_add_epi32(binade, magic);
+    const __m256i steps =
+        _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(a, _mm256_castsi256_ps(m))), m);
+    c[k] = _mm256_add_epi32(_mm256_sub_epi32(_mm256_srli_epi32(binade, kDrop), rebias), steps);
   }
   const __m256i codes =
       _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
