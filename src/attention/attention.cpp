@@ -134,7 +134,7 @@ const Kernels &kernels() {
 // Per-thread buffers (common/scratch.h: grown on demand, large ones released
 // when the API call returns).
 struct AttnScratch {
-  ScratchBuffer<float> q, out, tile, state, obs, sc, dense, q16;
+  ScratchBuffer<float> q, out, tile, state, obs, sc, dense;
   ScratchBuffer<uint32_t> dense_len;
 };
 AttnScratch &scratch() {
@@ -170,21 +170,13 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
   RawTile rt[2];  // this tile and the next, shown in place
   uint64_t rc[2] = {0, 0}, cur = 0;
   if (fuse && t_begin < end) rc[0] = src.raw(t_begin, std::min(bs, end - t_begin), rt[0]);
-  // int4 keys: the query row de-interleaved once for all its tiles.
-  const float *q16 = nullptr;
-  if (rc[0] && rt[0].k.type == RawType::Int4) {
-    float *d = grow(sc.q16, hq * (hd + 1));
-    fused::deinterleave_query(sh, q + i0 * hq * hd, d);
-    q16 = d;
-  }
   for (uint64_t t0 = t_begin; t0 < end;) {
     if (rc[cur] && fused::supports(rt[cur], hd)) {
       const uint64_t c = rc[cur], t1 = t0 + c;
       const uint64_t nc = t1 < end ? src.raw(t1, std::min(bs, end - t1), rt[cur ^ 1]) : 0;
       rc[cur ^ 1] = nc;
       fused::tile(sh, rt[cur], c, q + i0 * hq * hd, m, ls, acc, obs_row, obs_stride, t0,
-                  nc && fused::supports(rt[cur ^ 1], hd) ? &rt[cur ^ 1] : nullptr, nc,
-                  rt[cur].k.type == RawType::Int4 ? q16 : nullptr);
+                  nc && fused::supports(rt[cur ^ 1], hd) ? &rt[cur ^ 1] : nullptr, nc);
       cur ^= 1;
       t0 = t1;
       continue;

@@ -203,117 +203,6 @@ KVC_FUSED void accumulate(float *acc, const float *corr, const float *p, uint64_
   }
 }
 
-// int4 codes, 16 at a time: 8 bytes widened to 8 lanes, the low nibbles
-// (elements d, d + 2, .., d + 14) and the high ones (d + 1, .., d + 15) each
-// converted once, against queries and accumulators held de-interleaved the
-// same way (q16 below): half the conversions of one nibble per lane. The
-// codes enter unshifted (0 .. 15); the offset comes back once per token and
-// head in the corrections (clamp_max's qoff, the accumulators' zadd).
-KVC_FUSED inline void nibbles16(const uint8_t *row, uint64_t d, __m256 &even, __m256 &odd) {
-  const __m256i b =
-      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(row + d / 2)));
-  even = _mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(0xf)));
-  odd = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
-}
-// 16 floats as [the 8 even-indexed | the 8 odd-indexed], and back.
-KVC_FUSED inline void deinterleave16(const float *x, __m256 &even, __m256 &odd) {
-  const __m256 a = _mm256_loadu_ps(x), b = _mm256_loadu_ps(x + 8);
-  even = _mm256_castpd_ps(
-      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xd8));
-  odd = _mm256_castpd_ps(
-      _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xdd)), 0xd8));
-}
-KVC_FUSED inline void interleave16(__m256 even, __m256 odd, float *x) {
-  const __m256 lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
-  _mm256_storeu_ps(x, _mm256_permute2f128_ps(lo, hi, 0x20));
-  _mm256_storeu_ps(x + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
-}
-
-// scores() for int4 codes: q16 holds the J heads' queries de-interleaved in
-// chunks of 16 (deinterleave16), s[j][t] = q_j . codes_t.
-template <int J>
-KVC_FUSED void scores_int4(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd,
-                           const float *q16, __m256i, float *s, uint64_t ss) {
-  constexpr int NT = 8 / J;
-  uint64_t t = 0;
-  for (; t + NT <= c; t += NT) {
-    __m256 a[8];
-    KVC_UNROLL
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-    for (uint64_t d = 0; d < hd; d += 16) {
-      __m256 xe[NT], xo[NT];
-      KVC_UNROLL
-      for (int u = 0; u < NT; ++u) nibbles16(k0 + (t + u) * kts, d, xe[u], xo[u]);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m256 qe = _mm256_loadu_ps(q16 + j * hd + d),
-                     qo = _mm256_loadu_ps(q16 + j * hd + d + 8);
-        KVC_UNROLL
-        for (int u = 0; u < NT; ++u)
-          a[u * J + j] = _mm256_fmadd_ps(qo, xo[u], _mm256_fmadd_ps(qe, xe[u], a[u * J + j]));
-      }
-    }
-    alignas(32) float r[8];
-    _mm256_store_ps(r, hsum8(a));
-    KVC_UNROLL
-    for (int u = 0; u < NT; ++u) KVC_UNROLL
-    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
-  }
-  for (; t < c; ++t) {
-    __m256 a[J];
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_ps();
-    for (uint64_t d = 0; d < hd; d += 16) {
-      __m256 xe, xo;
-      nibbles16(k0 + t * kts, d, xe, xo);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j)
-        a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q16 + j * hd + d + 8), xo,
-                               _mm256_fmadd_ps(_mm256_loadu_ps(q16 + j * hd + d), xe, a[j]));
-    }
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) s[j * ss + t] = hsum(a[j]);
-  }
-}
-
-// accumulate() for int4 codes (unshifted: the caller's zadd carries the
-// offset's share): the accumulators de-interleaved in registers for each
-// chunk of 16 dims, interleaved back when stored.
-template <int J>
-KVC_FUSED void accumulate_int4(float *acc, const float *corr, const float *p, uint64_t ps,
-                               const float *zadd, const uint8_t *v0, uint64_t vts, uint64_t c,
-                               uint64_t hd, __m256i) {
-  for (uint64_t d = 0; d < hd; d += 16) {
-    __m256 ae[J], ao[J];
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) {
-      deinterleave16(acc + j * hd + d, ae[j], ao[j]);
-      const __m256 cj = _mm256_set1_ps(corr[j]);
-      ae[j] = _mm256_mul_ps(ae[j], cj);
-      ao[j] = _mm256_mul_ps(ao[j], cj);
-    }
-    for (uint64_t t = 0; t < c; ++t) {
-      __m256 xe, xo;
-      nibbles16(v0 + t * vts, d, xe, xo);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m256 pj = _mm256_broadcast_ss(p + j * ps + t);
-        ae[j] = _mm256_fmadd_ps(pj, xe, ae[j]);
-        ao[j] = _mm256_fmadd_ps(pj, xo, ao[j]);
-      }
-    }
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) {
-      if (zadd) {
-        const __m256 z = _mm256_set1_ps(zadd[j]);
-        ae[j] = _mm256_add_ps(ae[j], z);
-        ao[j] = _mm256_add_ps(ao[j], z);
-      }
-      interleave16(ae[j], ao[j], acc + j * hd + d);
-    }
-  }
-}
-
 template <int J>
 using ScoresFn = void (*)(const uint8_t *, uint64_t, uint64_t, uint64_t, const float *, __m256i,
                           float *, uint64_t);
@@ -335,7 +224,7 @@ ScoresFn<J> scores_fn(RawType t) {
     case RawType::UInt8:
       return scores<RawType::UInt8, J>;
     default:
-      return scores_int4<J>;
+      return scores<RawType::Int4, J>;
   }
 }
 template <int J>
@@ -352,7 +241,7 @@ AccFn<J> acc_fn(RawType t) {
     case RawType::UInt8:
       return accumulate<RawType::UInt8, J>;
     default:
-      return accumulate_int4<J>;
+      return accumulate<RawType::Int4, J>;
   }
 }
 
@@ -370,20 +259,17 @@ bool integer(RawType t) {
   return t == RawType::Int8 || t == RawType::UInt8 || t == RawType::Int4;
 }
 
-// Integer keys first turn the code dots into scores (s = (s - qoff) * ks +
-// kz * qsum; qoff: the offset's share of unshifted int4 codes; ks null:
-// float keys), then clamps them as the tile path does (NaN:
+// Integer keys first turn the code dots into scores (s = s * ks + kz * qsum;
+// ks null: float keys), then clamps them as the tile path does (NaN:
 // -FLT_MAX); returns their maximum.
-KVC_FUSED float clamp_max(float *s, uint64_t c, const float *ks, const float *kz, float qsum,
-                          float qoff) {
+KVC_FUSED float clamp_max(float *s, uint64_t c, const float *ks, const float *kz, float qsum) {
   const __m256 hi = _mm256_set1_ps(kMax), lo = _mm256_set1_ps(-kMax), vq = _mm256_set1_ps(qsum);
-  const __m256 vo = _mm256_set1_ps(qoff);
   __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   uint64_t t = 0;
   for (; t + 8 <= c; t += 8) {
     __m256 x = _mm256_loadu_ps(s + t);
     if (ks) {
-      x = _mm256_mul_ps(_mm256_sub_ps(x, vo), _mm256_loadu_ps(ks + t));
+      x = _mm256_mul_ps(x, _mm256_loadu_ps(ks + t));
       if (kz) x = _mm256_fmadd_ps(_mm256_loadu_ps(kz + t), vq, x);
     }
     x = _mm256_blendv_ps(x, lo, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
@@ -397,7 +283,7 @@ KVC_FUSED float clamp_max(float *s, uint64_t c, const float *ks, const float *kz
   float m = _mm_cvtss_f32(h);
   for (; t < c; ++t) {
     float v = s[t];
-    if (ks) v = kz ? std::fma(kz[t], qsum, (v - qoff) * ks[t]) : (v - qoff) * ks[t];
+    if (ks) v = kz ? std::fma(kz[t], qsum, v * ks[t]) : v * ks[t];
     v = v != v ? -kMax : std::min(kMax, std::max(-kMax, v));
     s[t] = v;
     m = std::max(m, v);
@@ -405,22 +291,20 @@ KVC_FUSED float clamp_max(float *s, uint64_t c, const float *ks, const float *kz
   return m;
 }
 // p[t] = e^(s[t] - m) in place; returns their sum. Integer values (vs not
-// null): also pv[t] = p[t] * vs[t], *pvsum = their sum (pvsum not null) and,
-// with zero points, *zadd = the sum of p[t] * vz[t].
+// null): also pv[t] = p[t] * vs[t] and, with zero points, *zadd = the sum of
+// p[t] * vz[t].
 KVC_FUSED float exp_sum(float *s, uint64_t c, float m, const float *vs, const float *vz, float *pv,
-                        float *zadd, float *pvsum) {
+                        float *zadd) {
   const __m256 vm = _mm256_set1_ps(m);
-  __m256 sum = _mm256_setzero_ps(), zs = _mm256_setzero_ps(), ps = _mm256_setzero_ps();
+  __m256 sum = _mm256_setzero_ps(), zs = _mm256_setzero_ps();
   uint64_t t = 0;
   for (; t + 8 <= c; t += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vm));
     _mm256_storeu_ps(s + t, e);
     sum = _mm256_add_ps(sum, e);
     if (vs) {
-      const __m256 w = _mm256_mul_ps(e, _mm256_loadu_ps(vs + t));
-      _mm256_storeu_ps(pv + t, w);
+      _mm256_storeu_ps(pv + t, _mm256_mul_ps(e, _mm256_loadu_ps(vs + t)));
       if (vz) zs = _mm256_fmadd_ps(e, _mm256_loadu_ps(vz + t), zs);
-      ps = _mm256_add_ps(ps, w);
     }
   }
   if (t < c) {  // the rest through padded vectors
@@ -436,15 +320,12 @@ KVC_FUSED float exp_sum(float *s, uint64_t c, float m, const float *vs, const fl
     for (uint64_t i = 0; i < r; ++i) s[t + i] = b[i];
     sum = _mm256_add_ps(sum, e);
     if (vs) {
-      const __m256 w = _mm256_mul_ps(e, _mm256_load_ps(sv));
-      _mm256_store_ps(sv, w);
+      _mm256_store_ps(sv, _mm256_mul_ps(e, _mm256_load_ps(sv)));
       for (uint64_t i = 0; i < r; ++i) pv[t + i] = sv[i];
       if (vz) zs = _mm256_fmadd_ps(e, _mm256_load_ps(zv), zs);
-      ps = _mm256_add_ps(ps, w);  // lanes past r hold 0 (e = 0 and sv = 0 there)
     }
   }
   if (zadd) *zadd = hsum(zs);
-  if (pvsum) *pvsum = hsum(ps);
   return hsum(sum);
 }
 
@@ -490,37 +371,17 @@ uint64_t row_bytes(RawType t, uint64_t hd) {
 // per head, the weighted sum of V (each V row converted once for its group).
 // The values of this tile and the keys of the next are prefetched while the
 // pass before them computes.
-// q16 [hq * hd + hq]: the heads' rows de-interleaved, then each head's sum.
-KVC_FUSED void deinterleave_rows(const float *q, uint64_t hq, uint64_t hd, float *q16) {
-  for (uint64_t hh = 0; hh < hq; ++hh) {
-    __m256 sum = _mm256_setzero_ps();
-    for (uint64_t i = hh * hd; i < (hh + 1) * hd; i += 16) {
-      __m256 e, o;
-      deinterleave16(q + i, e, o);
-      _mm256_storeu_ps(q16 + i, e);
-      _mm256_storeu_ps(q16 + i + 8, o);
-      sum = _mm256_add_ps(sum, _mm256_add_ps(e, o));
-    }
-    q16[hq * hd + hh] = hsum(sum);
-  }
-}
-
 KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m,
                          float *ls, float *acc, float *obs, uint64_t obs_stride, uint64_t t0,
-                         const RawTile *next, uint64_t next_c, const float *q16_given) {
+                         const RawTile *next, uint64_t next_c) {
   constexpr uint64_t kBand = 16;
   thread_local FusedScratch fs;
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, grp = hq / h, hd = sh.head_dim;
   const RawPart &K = rt.k, &V = rt.v;
   const bool kint = integer(K.type), vint = integer(V.type);
-  const bool k4 = K.type == RawType::Int4, v4 = V.type == RawType::Int4;
-  const bool own_q16 = k4 && !q16_given;
-  float *buf = fs.buf.get(c * (2 * hq + 4 * h) + 4 * hq + (own_q16 ? hq * hd + hq : 0) + 8);
+  float *buf = fs.buf.get(c * (2 * hq + 4 * h) + 3 * hq + 8);
   float *s = buf, *pv = s + hq * c, *ks = pv + hq * c, *kz = ks + h * c, *vs = kz + h * c,
-        *vz = vs + h * c, *corr = vz + h * c, *zadd = corr + hq, *mx = zadd + hq, *pvsum = mx + hq,
-        *q16 = pvsum + hq;
-  if (own_q16) deinterleave_rows(q, hq, hd, q16);  // the queries as scores_int4 reads them
-  const float *qk = k4 ? (q16_given ? q16_given : q16) : q;
+        *vz = vs + h * c, *corr = vz + h * c, *zadd = corr + hq, *mx = zadd + hq;
   for (int kv = 0; kv < 2; ++kv) {  // scales and zero points per KV head
     const RawPart &P = kv ? V : K;
     if (!integer(P.type)) continue;
@@ -543,7 +404,7 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
       chunks(grp, [&](auto J, uint64_t j) {
         const uint64_t hh = g * grp + j;
         scores_fn<J>(K.type)(K.data + b0 * K.token_stride + g * K.head_stride, K.token_stride, n,
-                             hd, qk + hh * hd, koff, s + hh * c + b0, c);
+                             hd, q + hh * hd, koff, s + hh * c + b0, c);
         if (j == 0) prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
       });
   }
@@ -552,12 +413,10 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
     const uint64_t g = hh / grp;
     float *sh_ = s + hh * c;
     float qsum = 0.0f;
-    if (k4)  // summed once per row with the de-interleaved copy
-      qsum = qk[hq * hd + hh];
-    else if (kint && K.zero)
+    if (kint && K.zero)
       for (uint64_t d = 0; d < hd; ++d) qsum += q[hh * hd + d];
-    mx[hh] = clamp_max(sh_, c, kint ? ks + g * c : nullptr, kint && K.zero ? kz + g * c : nullptr,
-                       qsum, k4 ? static_cast<float>(K.offset) * qsum : 0.0f);
+    mx[hh] =
+        clamp_max(sh_, c, kint ? ks + g * c : nullptr, kint && K.zero ? kz + g * c : nullptr, qsum);
     if (obs) std::memcpy(obs + hh * obs_stride + t0, sh_, c * sizeof(float));
   }
   // The running maxima and the rescale of what came before, e^(m - m_new)
@@ -580,15 +439,10 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
   for (uint64_t hh = 0; hh < hq; ++hh) {
     const uint64_t g = hh / grp;
     zadd[hh] = 0.0f;
-    pvsum[hh] = 0.0f;
     ls[hh] = ls[hh] * corr[hh] + exp_sum(s + hh * c, c, m[hh], vint ? vs + g * c : nullptr,
                                          vint && V.zero ? vz + g * c : nullptr, pv + hh * c,
-                                         vint && V.zero ? zadd + hh : nullptr,
-                                         v4 && V.offset ? pvsum + hh : nullptr);
-    // Unshifted int4 values: the offset's share, sum_t pv[t] * -offset.
-    if (v4 && V.offset) zadd[hh] -= static_cast<float>(V.offset) * pvsum[hh];
+                                         vint && V.zero ? zadd + hh : nullptr);
   }
-  const bool with_zadd = V.zero || (v4 && V.offset);
   // acc = acc * corr + p . v (+ the zero points' share, once).
   const float *p = vint ? pv : s;
   float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1};
@@ -598,7 +452,7 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
       chunks(grp, [&](auto J, uint64_t j) {
         const uint64_t hh = g * grp + j;
         acc_fn<J>(V.type)(acc + hh * hd, b0 == 0 ? corr + hh : ones, p + hh * c + b0, c,
-                          b0 == 0 && with_zadd ? zadd + hh : nullptr,
+                          b0 == 0 && V.zero ? zadd + hh : nullptr,
                           V.data + b0 * V.token_stride + g * V.head_stride, V.token_stride, n, hd,
                           voff);
         if (j == 0 && next && b0 < next_c)  // the next tile's keys
@@ -610,12 +464,8 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
 
 void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m, float *ls,
           float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next,
-          uint64_t next_c, const float *q16) {
-  tile_avx2(sh, rt, c, q, m, ls, acc, obs, obs_stride, t0, next, next_c, q16);
-}
-
-void deinterleave_query(const Shape &sh, const float *q, float *q16) {
-  deinterleave_rows(q, sh.q_heads, sh.head_dim, q16);
+          uint64_t next_c) {
+  tile_avx2(sh, rt, c, q, m, ls, acc, obs, obs_stride, t0, next, next_c);
 }
 
 #else
@@ -627,8 +477,7 @@ int set_isa_limit(int) {
   return 0;
 }
 void tile(const Shape &, const RawTile &, uint64_t, const float *, float *, float *, float *,
-          float *, uint64_t, uint64_t, const RawTile *, uint64_t, const float *) {}
-void deinterleave_query(const Shape &, const float *, float *) {}
+          float *, uint64_t, uint64_t, const RawTile *, uint64_t) {}
 
 #endif
 

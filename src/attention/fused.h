@@ -34,16 +34,8 @@ bool supports(const RawTile &rt, uint64_t head_dim);
 // (clamped to +-FLT_MAX, NaN as -FLT_MAX, as the tile path records them).
 // next: null, or the tile that follows (next_c tokens), whose keys are
 // prefetched while this one computes.
-// q16: null, or deinterleave_query()'s copy of q (int4 keys read it; made
-// here per tile when null).
 void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m, float *ls,
           float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next = nullptr,
-          uint64_t next_c = 0, const float *q16 = nullptr);
-
-// The query row q [q_heads][head_dim] as the int4 kernels read it: each 16
-// values as their 8 even-indexed then their 8 odd-indexed ones (the order in
-// which two nibbles a byte widen), then each head's sum: q16 holds
-// q_heads * (head_dim + 1) floats. Once per row, for every tile of the row.
-void deinterleave_query(const Shape &sh, const float *q, float *q16);
+          uint64_t next_c = 0);
 
 }  // namespace kvc::attention::fused
