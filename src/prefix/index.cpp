@@ -174,19 +174,15 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
       if (es[j] < 0) break;
       __builtin_prefetch(&ps.entries[static_cast<size_t>(es[j])]);
     }
-    for (uint64_t j = 0; j < m; ++j, ++i) {
+    bool miss = false;
+    for (uint64_t j = 0; j < m && !miss; ++j, ++i) {
       const int64_t e = es[j];
-      if (e < 0) {
-        finish_walk(ps, bs, tokens, usable, kx, partial, xb, w);
-        return w;
-      }
       const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
-      if (!verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1)) {
-        finish_walk(ps, bs, tokens, usable, kx, partial, xb, w);
-        return w;
-      }
-      w.path.push_back(static_cast<uint32_t>(e));
+      miss = e < 0 ||
+             !verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1);
+      if (!miss) w.path.push_back(static_cast<uint32_t>(e));
     }
+    if (miss) break;
     batch = std::min(kAhead, 2 * batch);
   }
   finish_walk(ps, bs, tokens, usable, kx, partial, xb, w);
