@@ -169,7 +169,7 @@ def test_needle_short(tmp_path):
 if not KVPRESS:  # once, in the hf venv (a pytest skip counts as a failure here)
     def test_stop_and_resume_equals_one_run(tmp_path):
         """--stop-after 1 then --resume gives the report of one uninterrupted run (three windows)."""
-        args = [sys.executable, SCRIPT, "--rows", "ours:int8:per-token", "--ctx", "48", "--max-tokens", "141",
+        args = [sys.executable, SCRIPT, "--rows", "ours:int8:per-token", "--ctx", "32", "--max-tokens", "93",
                 "--threads", "1"]
         one, parts = str(tmp_path / "one.json"), str(tmp_path / "parts.json")
         r = subprocess.run(args + ["--json", one], capture_output=True, text=True, timeout=300)
@@ -180,7 +180,7 @@ if not KVPRESS:  # once, in the hf venv (a pytest skip counts as a failure here)
         with open(parts + ".partial") as f:
             part = json.load(f)
         assert part["complete"] is False and part["windows"] == 1 and part["state"]["windows_done"] == 1
-        bad = subprocess.run(args[:-2] + ["--threads", "1", "--max-tokens", "94", "--json", parts, "--resume"],
+        bad = subprocess.run(args[:-2] + ["--threads", "1", "--max-tokens", "62", "--json", parts, "--resume"],
                              capture_output=True, text=True, timeout=300)
         assert bad.returncode != 0 and "not a checkpoint of this work" in bad.stderr, bad.stderr[-2000:]
         r = subprocess.run(args + ["--json", parts, "--resume"], capture_output=True, text=True, timeout=300)
