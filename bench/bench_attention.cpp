@@ -3,6 +3,8 @@
 //      sequence over a 4096-token cache: head_dim 128, 32 query heads, 8 KV
 //      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32,
 //      3 = int4 per token
+//  BM_AttnPagedQ8/<storage>/<batch>/<threads> the same with KVC_QUERY_INT8
+//      (storage 1 and 3: the integer keys scored against an int8 query)
 //  BM_AttnDense/<batch>             the same attention as a plain loop over
 //      contiguous f16 K and V (the baseline, same run)
 //  BM_AttnMemcpy/<batch>            memcpy of the f16 K/V bytes the attention reads
@@ -80,7 +82,7 @@ struct PagedSetup {
   ~PagedSetup() { kvc_pool_destroy(pool); }
 };
 
-void BM_AttnPaged(benchmark::State &state) {
+void run_paged(benchmark::State &state, kvc_query_quant query_quant) {
   const int storage = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
   const uint32_t threads = static_cast<uint32_t>(state.range(2));
   PagedSetup s(storage, batch);
@@ -90,6 +92,7 @@ void BM_AttnPaged(benchmark::State &state) {
   a.num_q_heads = kHq;
   a.q_dtype = a.out_dtype = KVC_DTYPE_F16;
   a.num_threads = threads;
+  a.query_quant = query_quant;
   for (auto _ : state) {
     OK(kvc_attention_decode(s.pool, 0, s.ids.data(), s.ids.size(), q.data(), out.data(), nullptr, &a));
     benchmark::DoNotOptimize(out.data());
@@ -99,8 +102,16 @@ void BM_AttnPaged(benchmark::State &state) {
                              : storage == 1 ? "int8"
                              : storage == 2 ? "int4 group 32"
                                             : "int4 per token") +
-                 ", " +
+                 (query_quant == KVC_QUERY_INT8 ? ", int8 query" : "") + ", " +
                  std::to_string(threads) + " thread(s)");
+}
+void BM_AttnPaged(benchmark::State &state) {
+  run_paged(state, KVC_QUERY_EXACT);
+}
+// KVC_QUERY_INT8: the int8 and int4 per-token keys scored against an int8
+// query (AVX-512 VNNI where the CPU has it, else the exact path).
+void BM_AttnPagedQ8(benchmark::State &state) {
+  run_paged(state, KVC_QUERY_INT8);
 }
 
 // The baseline: decode attention as a plain loop over contiguous f16 K/V
@@ -235,6 +246,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 }  // namespace
 
 BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPagedQ8)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnMemcpy)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EvictHalf)->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -160,6 +160,9 @@ if attn_out:
                               ("3", "decode int4 per token vs f16, 1 thread", 2.5)):
         t = aget(f"BM_AttnPaged/{st}/1/1")
         goal(label, t and f16 and f16 / t, target)
+        # the same keys against an int8 query (KVC_QUERY_INT8; AVX-512 VNNI where the CPU has it)
+        t = aget(f"BM_AttnPagedQ8/{st}/1/1")
+        goal(label.replace("per token", "per token, int8 query,"), t and f16 and f16 / t, target)
 if prefix_out:
     goal("prefix lookup XXH3-128, 2048 cached blocks", pget("BM_PrefixLookup/1/2048"), 1.5, False, " ns/token")
 if goals:

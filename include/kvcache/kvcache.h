@@ -1480,6 +1480,29 @@ typedef enum kvc_observe {
 } kvc_observe;
 
 /**
+ * @brief How decode attention forms the query . key products over integer-coded keys.
+ * @since 0.4
+ */
+typedef enum kvc_query_quant {
+  /** The query in f32 against the keys' codes (default; the same results on every CPU path). */
+  KVC_QUERY_EXACT = 0,
+  /**
+   * Each query head (after RoPE and the scale) quantized to int8 codes with one f32 scale,
+   * max |q| / 127, and dotted with int8 / uint8 / int4 key codes in integers (AVX-512 VNNI
+   * `vpdpbusd`, 32 products an instruction); the values and the softmax stay f32. The approach
+   * of llama.cpp's CPU attention, which converts the query to the key type's dot-product type.
+   * A score q.k moves by at most (max |q| / 254) x sum |k| (the query's rounding; the keys are
+   * as before). Used by CPU decode (one query row per sequence)
+   * where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with
+   * per-token scales and head_dim is a multiple of 32; everything else (f16 / bf16 / f32 keys,
+   * prefill, CUDA pools, older CPUs) computes as ::KVC_QUERY_EXACT.
+   */
+  KVC_QUERY_INT8 = 1,
+  KVC_QUERY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  KVC_QUERY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
+} kvc_query_quant;
+
+/**
  * @brief Parameters of kvc_attention_decode() and kvc_attention_prefill().
  * Init with kvc_attention_params_init().
  * @since 0.3
@@ -1508,6 +1531,11 @@ typedef struct kvc_attention_params {
    * rows); default 0.
    */
   uint64_t observe_from;
+  /**
+   * Decode: ::KVC_QUERY_EXACT (default) or ::KVC_QUERY_INT8 (an int8 query against integer keys,
+   * faster, within the bound its doc gives). @since 0.4
+   */
+  kvc_query_quant query_quant;
 } kvc_attention_params;
 
 /**
@@ -1576,7 +1604,7 @@ KVC_API kvc_status kvc_attention_params_init_sized(kvc_attention_params *params,
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;
  * ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer);
  * ::KVC_ERR_INVALID_ARGUMENT (n_seqs 0, num_q_heads not the pool's, bad
- * scale, dtype or observe mode); ::KVC_ERR_NON_FINITE (NaN or Inf in q, or
+ * scale, dtype, observe mode or query_quant); ::KVC_ERR_NON_FINITE (NaN or Inf in q, or
  * q x scale beyond f32; nothing written); ::KVC_ERR_OVERFLOW;
  * ::KVC_ERR_OUT_OF_MEMORY. On failure out and lse are not written and no
  * score is recorded. A score q.k beyond f32 (finite inputs can overflow) is

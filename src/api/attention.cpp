@@ -37,9 +37,14 @@ kvc::core::AttnParams to_attn(const kvc_attention_params *in) {
              ": unknown mode (KVC_OBSERVE_NONE, _ACCUMULATE, _REPLACE, _QUERIES, _MAX)");
   if (c.num_threads > 256)
     fail(Errc::InvalidArgument, "num_threads " + std::to_string(c.num_threads) + ": at most 256");
+  const int32_t qq = static_cast<int32_t>(c.query_quant);
+  if (qq < 0 || qq > 1)
+    fail(Errc::InvalidArgument,
+         "query_quant " + std::to_string(qq) + ": unknown (KVC_QUERY_EXACT, KVC_QUERY_INT8)");
   a.observe = static_cast<uint32_t>(ob);
   a.observe_from = c.observe_from;
   a.num_threads = c.num_threads;
+  a.query_int8 = qq == KVC_QUERY_INT8;
   return a;
 }
 

@@ -164,6 +164,7 @@ struct StructInfo<kvc_attention_params> {
       KVC_FIELD(kvc_attention_params, scale),       KVC_FIELD(kvc_attention_params, q_dtype),
       KVC_FIELD(kvc_attention_params, out_dtype),   KVC_FIELD(kvc_attention_params, observe),
       KVC_FIELD(kvc_attention_params, num_threads), KVC_FIELD(kvc_attention_params, observe_from),
+      KVC_FIELD(kvc_attention_params, query_quant),  // 0.4
   };
   static constexpr size_t size_0_3 = 40;
   static constexpr size_t end_0_3 = KVC_FIELD_END(kvc_attention_params, observe_from);

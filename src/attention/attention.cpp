@@ -134,8 +134,10 @@ const Kernels &kernels() {
 // Per-thread buffers (common/scratch.h: grown on demand, large ones released
 // when the API call returns).
 struct AttnScratch {
-  ScratchBuffer<float> q, out, tile, state, obs, sc, dense;
+  ScratchBuffer<float> q, out, tile, state, obs, sc, dense, q8_scale;
   ScratchBuffer<uint32_t> dense_len;
+  ScratchBuffer<int8_t> q8;
+  ScratchBuffer<int32_t> q8_sum;
 };
 AttnScratch &scratch() {
   thread_local AttnScratch s;
@@ -167,6 +169,17 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
   // the fused kernels (attention/fused.h), the others are read as f32.
   const bool fuse = rows == 1 && hd % 16 == 0 && fused::available();
   float *obs_row = obs && i0 >= obs_first ? obs : nullptr;
+  // KVC_QUERY_INT8: the row's query quantized once, for the integer keys.
+  fused::QueryI8 q8;
+  const fused::QueryI8 *q8p = nullptr;
+  if (fuse && sh.query_int8 && hd % 32 == 0 && fused::int8_query_available() && t_begin < end) {
+    int8_t *codes = sc.q8.get(hq * hd);
+    float *scale = grow(sc.q8_scale, hq);
+    int32_t *sum = sc.q8_sum.get(hq);
+    fused::quantize_query(q + i0 * hq * hd, hq, hd, codes, scale, sum);
+    q8 = {codes, scale, sum};
+    q8p = &q8;
+  }
   RawTile rt[2];  // this tile and the next, shown in place
   uint64_t rc[2] = {0, 0}, cur = 0;
   if (fuse && t_begin < end) rc[0] = src.raw(t_begin, std::min(bs, end - t_begin), rt[0]);
@@ -176,7 +189,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
       const uint64_t nc = t1 < end ? src.raw(t1, std::min(bs, end - t1), rt[cur ^ 1]) : 0;
       rc[cur ^ 1] = nc;
       fused::tile(sh, rt[cur], c, q + i0 * hq * hd, m, ls, acc, obs_row, obs_stride, t0,
-                  nc && fused::supports(rt[cur ^ 1], hd) ? &rt[cur ^ 1] : nullptr, nc);
+                  nc && fused::supports(rt[cur ^ 1], hd) ? &rt[cur ^ 1] : nullptr, nc, q8p);
       cur ^= 1;
       t0 = t1;
       continue;

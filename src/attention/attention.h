@@ -60,6 +60,9 @@ struct Shape {
   uint64_t kv_heads = 0;
   uint64_t head_dim = 0;
   uint64_t max_tile = 0;  // the most tokens one read returns (a block)
+  // One-row decode: the query quantized to int8 for integer keys where the
+  // CPU has AVX-512 VNNI (KVC_QUERY_INT8; attention/fused.h).
+  bool query_int8 = false;
 };
 
 // One sequence of n tokens: n_q query rows q [n_q][q_heads][head_dim] (f32,

@@ -36,10 +36,13 @@ int detect_isa() {
   // know the name "f16c" (GCC does), and both compilers build this file.
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return 0;
-  return (ecx & bit_F16C) ? 1 : 0;
+  if (!(ecx & bit_F16C)) return 0;
+  // Level 2: AVX-512 VNNI on 256-bit vectors (needs VL; __builtin_cpu_supports
+  // reports AVX-512 features only where the OS saves their state).
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") ? 2 : 1;
 }
 const int g_cpu_isa = detect_isa();
-std::atomic<int> g_isa_limit{1};
+std::atomic<int> g_isa_limit{2};
 int isa() {
   return std::min(g_cpu_isa, g_isa_limit.load(std::memory_order_relaxed));
 }
@@ -48,9 +51,33 @@ int isa() {
 bool available() {
   return isa() > 0;
 }
+bool int8_query_available() {
+  return isa() >= 2;
+}
 int set_isa_limit(int limit) {
   g_isa_limit.store(limit, std::memory_order_relaxed);
   return isa();
+}
+
+void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t *codes,
+                    float *scale, int32_t *sum) {
+  for (uint64_t h = 0; h < q_heads; ++h) {
+    const float *x = q + h * head_dim;
+    int8_t *c = codes + h * head_dim;
+    float amax = 0.0f;
+    for (uint64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(x[d]));
+    const float sc = amax / 127.0f;
+    int32_t total = 0;
+    for (uint64_t d = 0; d < head_dim; ++d) {
+      // |x / sc| <= 127 up to rounding; the clamp keeps a code in range
+      const float r = sc > 0.0f ? std::nearbyint(x[d] / sc) : 0.0f;
+      const int32_t v = static_cast<int32_t>(std::min(127.0f, std::max(-127.0f, r)));
+      c[d] = static_cast<int8_t>(v);
+      total += v;
+    }
+    scale[h] = sc;
+    sum[h] = total;
+  }
 }
 
 namespace {
@@ -245,6 +272,112 @@ AccFn<J> acc_fn(RawType t) {
   }
 }
 
+// --- int8 query (KVC_QUERY_INT8): scores of integer keys in integers -------
+// vpdpbusd multiplies unsigned bytes by signed ones: the key codes are the
+// unsigned side (int8 codes + 128, uint8 codes, int4 nibbles), the query's
+// int8 codes the signed side; what the unsigned form adds (128 or the int4
+// offset, times the sum of the query codes) is taken off once per score.
+#define KVC_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")))
+
+// 32 key codes of a row from element d (d % 32 == 0) as unsigned bytes.
+template <RawType T>
+KVC_VNNI inline __m256i load32u(const uint8_t *row, uint64_t d) {
+  if constexpr (T == RawType::Int8) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + d)),
+                            _mm256_set1_epi8(static_cast<char>(0x80)));
+  } else if constexpr (T == RawType::UInt8) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + d));
+  } else {  // Int4: byte i holds elements 2i (low nibble) and 2i + 1
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(row + d / 2));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+  }
+}
+// r[i] = the sum of the lanes of a[i], i = 0..7.
+KVC_VNNI inline __m256i hsum8_epi32(const __m256i *a) {
+  const __m256i t0 = _mm256_hadd_epi32(a[0], a[1]), t1 = _mm256_hadd_epi32(a[2], a[3]);
+  const __m256i t2 = _mm256_hadd_epi32(a[4], a[5]), t3 = _mm256_hadd_epi32(a[6], a[7]);
+  const __m256i u0 = _mm256_hadd_epi32(t0, t1), u1 = _mm256_hadd_epi32(t2, t3);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                          _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+KVC_VNNI inline int32_t hsum_epi32(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+  h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 1));
+  return _mm_cvtsi128_si32(h);
+}
+
+// s[j][t] = (sum_d q8[j][d] u[t][d] - corr[j]) x qs[j] for the J heads and c
+// tokens (u: the unsigned key codes), NT tokens a step with J * NT == 8
+// accumulators.
+template <RawType T, int J>
+KVC_VNNI void scores_i8(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *q8,
+                        const int32_t *corr, const float *qs, float *s, uint64_t ss) {
+  constexpr int NT = 8 / J;
+  alignas(32) int32_t cl[8];
+  alignas(32) float sl[8];
+  for (int i = 0; i < 8; ++i) {
+    cl[i] = corr[i % J];
+    sl[i] = qs[i % J];
+  }
+  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
+  const __m256 vs = _mm256_load_ps(sl);
+  uint64_t t = 0;
+  for (; t + NT <= c; t += NT) {
+    __m256i a[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
+    for (uint64_t d = 0; d < hd; d += 32) {
+      __m256i x[NT];
+      KVC_UNROLL
+      for (int u = 0; u < NT; ++u) x[u] = load32u<T>(k0 + (t + u) * kts, d);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m256i qq = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q8 + j * hd + d));
+        KVC_UNROLL
+        for (int u = 0; u < NT; ++u) a[u * J + j] = _mm256_dpbusd_epi32(a[u * J + j], x[u], qq);
+      }
+    }
+    alignas(32) float r[8];
+    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs));
+    KVC_UNROLL
+    for (int u = 0; u < NT; ++u) KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+  }
+  for (; t < c; ++t) {
+    __m256i a[J];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_si256();
+    for (uint64_t d = 0; d < hd; d += 32) {
+      const __m256i x = load32u<T>(k0 + t * kts, d);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j)
+        a[j] = _mm256_dpbusd_epi32(
+            a[j], x, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q8 + j * hd + d)));
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j)
+      s[j * ss + t] = static_cast<float>(hsum_epi32(a[j]) - corr[j]) * qs[j];
+  }
+}
+
+template <int J>
+using ScoresI8Fn = void (*)(const uint8_t *, uint64_t, uint64_t, uint64_t, const int8_t *,
+                            const int32_t *, const float *, float *, uint64_t);
+template <int J>
+ScoresI8Fn<J> scores_i8_fn(RawType t) {
+  switch (t) {
+    case RawType::Int8:
+      return scores_i8<RawType::Int8, J>;
+    case RawType::UInt8:
+      return scores_i8<RawType::UInt8, J>;
+    default:
+      return scores_i8<RawType::Int4, J>;
+  }
+}
+
 KVC_FUSED float load_scale(const uint8_t *p, bool f16) {
   if (f16) {
     uint16_t h;
@@ -331,6 +464,7 @@ KVC_FUSED float exp_sum(float *s, uint64_t c, float m, const float *vs, const fl
 
 struct FusedScratch {
   ScratchBuffer<float> buf;
+  ScratchBuffer<int32_t> corr;
 };
 
 // Calls f(J, j) for the chunks of J heads (8, 4, 2 or 1) that cover grp heads.
@@ -373,7 +507,7 @@ uint64_t row_bytes(RawType t, uint64_t hd) {
 // pass before them computes.
 KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m,
                          float *ls, float *acc, float *obs, uint64_t obs_stride, uint64_t t0,
-                         const RawTile *next, uint64_t next_c) {
+                         const RawTile *next, uint64_t next_c, const QueryI8 *q8) {
   constexpr uint64_t kBand = 16;
   thread_local FusedScratch fs;
   const uint64_t hq = sh.q_heads, h = sh.kv_heads, grp = hq / h, hd = sh.head_dim;
@@ -395,6 +529,15 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
       }
     }
   }
+  // An int8 query scores integer keys in integers; what the unsigned form of
+  // the key codes adds per head is qcorr[hh] (128 or the int4 offset, times
+  // the sum of the head's query codes).
+  const bool i8 = q8 && kint;
+  int32_t *qcorr = i8 ? fs.corr.get(hq) : nullptr;
+  if (i8) {
+    const int32_t add = K.type == RawType::Int8 ? 128 : K.type == RawType::Int4 ? K.offset : 0;
+    for (uint64_t hh = 0; hh < hq; ++hh) qcorr[hh] = add * q8->sum[hh];
+  }
   const uint64_t vrow = row_bytes(V.type, hd);
   const __m256i koff = _mm256_set1_epi32(K.offset), voff = _mm256_set1_epi32(V.offset);
   // Scores s[hh][t] of the codes.
@@ -403,9 +546,19 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
     for (uint64_t g = 0; g < h; ++g)
       chunks(grp, [&](auto J, uint64_t j) {
         const uint64_t hh = g * grp + j;
-        scores_fn<J>(K.type)(K.data + b0 * K.token_stride + g * K.head_stride, K.token_stride, n,
-                             hd, q + hh * hd, koff, s + hh * c + b0, c);
-        if (j == 0) prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
+        if (i8)
+          scores_i8_fn<J>(K.type)(K.data + b0 * K.token_stride + g * K.head_stride, K.token_stride,
+                                  n, hd, q8->codes + hh * hd, qcorr + hh, q8->scale + hh,
+                                  s + hh * c + b0, c);
+        else
+          scores_fn<J>(K.type)(K.data + b0 * K.token_stride + g * K.head_stride, K.token_stride, n,
+                               hd, q + hh * hd, koff, s + hh * c + b0, c);
+        if (j == 0) {
+          prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
+          if (next && b0 < next_c)           // and the next tile's values, a tile ahead
+            prefetch_rows(next->v, b0, std::min(kBand, next_c - b0), g,
+                          row_bytes(next->v.type, hd));
+        }
       });
   }
   // Scores of the codes (scale, zero point), clamped; each head's maximum.
@@ -464,8 +617,8 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
 
 void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m, float *ls,
           float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next,
-          uint64_t next_c) {
-  tile_avx2(sh, rt, c, q, m, ls, acc, obs, obs_stride, t0, next, next_c);
+          uint64_t next_c, const QueryI8 *q8) {
+  tile_avx2(sh, rt, c, q, m, ls, acc, obs, obs_stride, t0, next, next_c, q8);
 }
 
 #else
@@ -473,11 +626,15 @@ void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float 
 bool available() {
   return false;
 }
+bool int8_query_available() {
+  return false;
+}
 int set_isa_limit(int) {
   return 0;
 }
+void quantize_query(const float *, uint64_t, uint64_t, int8_t *, float *, int32_t *) {}
 void tile(const Shape &, const RawTile &, uint64_t, const float *, float *, float *, float *,
-          float *, uint64_t, uint64_t, const RawTile *, uint64_t) {}
+          float *, uint64_t, uint64_t, const RawTile *, uint64_t, const QueryI8 *) {}
 
 #endif
 

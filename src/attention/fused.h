@@ -17,11 +17,30 @@ namespace kvc::attention::fused {
 // switched off by set_isa_limit(0).
 bool available();
 // Caps the instruction set the kernels use (tests compare the paths): 0 =
-// none (every tile through the f32 tile path), 1 = AVX2 where the CPU has it
-// (the default). Returns the level now in use. (AVX-512 versions of the
-// kernels measured no faster on a Zen 4 core, whose 512-bit units are two
-// 256-bit halves, and were left out.)
+// none (every tile through the f32 tile path), 1 = AVX2 where the CPU has it,
+// 2 (the default) = also the int8-query score kernels (KVC_QUERY_INT8) where
+// the CPU has AVX-512 VNNI and VL. Returns the level now in use. (AVX-512
+// versions of the f32 kernels measured no faster on a Zen 4 core, whose
+// 512-bit units are two 256-bit halves, and were left out; the int8 query
+// kernels use VNNI on 256-bit vectors.)
 int set_isa_limit(int limit);
+
+// The query of one decode row quantized to int8 (KVC_QUERY_INT8, the way
+// llama.cpp's CPU attention converts the query to the key type's dot-product
+// type): codes [q_heads][head_dim] with q ~= codes x scale[head] (scale =
+// max |q| / 127 per head, codes rounded to nearest even), sum[head] = the sum
+// of the head's codes.
+struct QueryI8 {
+  const int8_t *codes = nullptr;
+  const float *scale = nullptr;
+  const int32_t *sum = nullptr;
+};
+// Whether the int8-query kernels run here: AVX-512 VNNI + VL and level 2.
+bool int8_query_available();
+// Fills codes [q_heads * head_dim], scale [q_heads] and sum [q_heads] from
+// q [q_heads][head_dim] (finite f32).
+void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t *codes,
+                    float *scale, int32_t *sum);
 
 // Whether the kernels take this tile: known types on both parts and
 // head_dim a multiple of 16.
@@ -34,8 +53,11 @@ bool supports(const RawTile &rt, uint64_t head_dim);
 // (clamped to +-FLT_MAX, NaN as -FLT_MAX, as the tile path records them).
 // next: null, or the tile that follows (next_c tokens), whose keys are
 // prefetched while this one computes.
+// q8: null, or q quantized (int8_query_available(), head_dim a multiple of
+// 32): integer keys (int8, uint8, int4 codes) are then scored in integers
+// against it; f16 / bf16 / f32 keys and the values use q as always.
 void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m, float *ls,
           float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next = nullptr,
-          uint64_t next_c = 0);
+          uint64_t next_c = 0, const QueryI8 *q8 = nullptr);
 
 }  // namespace kvc::attention::fused

@@ -114,6 +114,7 @@ struct AttnParams {
   uint32_t observe = 0;       // 0: none, 1: accumulate attention mass (H2O), 2: replace (TOVA)
   uint64_t observe_from = 0;  // prefill: first query row whose attention is observed
   uint32_t num_threads = 1;   // decode without observation: threads for this call
+  bool query_int8 = false;    // decode: an int8 query against integer keys (KVC_QUERY_INT8)
 };
 
 // The pool's geometry and storage as bytes (docs/prefix-cache.md): equal

@@ -136,7 +136,8 @@ static const field attention_params_fields[] = {
     F(kvc_attention_params, struct_size), F(kvc_attention_params, num_q_heads),
     F(kvc_attention_params, scale),       F(kvc_attention_params, q_dtype),
     F(kvc_attention_params, out_dtype),   F(kvc_attention_params, observe),
-    F(kvc_attention_params, num_threads), F(kvc_attention_params, observe_from)};
+    F(kvc_attention_params, num_threads), F(kvc_attention_params, observe_from),
+    F(kvc_attention_params, query_quant)};
 static const field policy_config_fields[] = {F(kvc_policy_config, struct_size),
                                              F(kvc_policy_config, kind),
                                              F(kvc_policy_config, sink_tokens),

@@ -78,6 +78,7 @@ SIGNED_ENUM(kvc_rotation);
 SIGNED_ENUM(kvc_rope_style);
 SIGNED_ENUM(kvc_copy_direction);
 SIGNED_ENUM(kvc_observe);
+SIGNED_ENUM(kvc_query_quant);
 SIGNED_ENUM(kvc_policy_kind);
 SIGNED_ENUM(kvc_pooling);
 SIGNED_ENUM(kvc_pyramid_schedule);
@@ -372,7 +373,8 @@ FIELD(kvc_attention_params, out_dtype, 20, 4);
 FIELD(kvc_attention_params, observe, 24, 4);
 FIELD(kvc_attention_params, num_threads, 28, 4);
 FIELD(kvc_attention_params, observe_from, 32, 8);
-SIZE(kvc_attention_params, 40);
+FIELD(kvc_attention_params, query_quant, 40, 4); /* 0.4 */
+SIZE(kvc_attention_params, 48);
 
 /* ---- kvc_policy_config (0.3; minimum: the whole first version) ---- */
 FIELD(kvc_policy_config, struct_size, 0, 8);

@@ -364,7 +364,7 @@ def _out_and_lse(q, qdt, shape, out, lse, out_dtype):
     return out, oa, odt, la
 
 
-def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype):
+def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype, query_quant=0):
     """Pool.attention_decode: see kvc_attention_decode (include/kvcache/kvcache.h).
 
     seq_ids: sequence ids [n] (ints, or an int/uint64 array); q: [n, num_q_heads,
@@ -379,7 +379,8 @@ def _attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_thr
     qa, qdt = _float_operand(q, "q")
     _check_shape(q, shape, "q")
     out, oa, odt, la = _out_and_lse(q, qdt, shape, out, lse, out_dtype)
-    self._attention_decode(layer, ids, qa, oa, la, qdt, odt, float(scale), int(observe), int(num_threads))
+    self._attention_decode(layer, ids, qa, oa, la, qdt, odt, float(scale), int(observe), int(num_threads),
+                           int(query_quant))
     return out
 
 

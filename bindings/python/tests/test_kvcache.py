@@ -635,3 +635,32 @@ def test_save_and_restore_sequence(model, captured, tmp_path):
         with pytest.raises(kvcache.KvcError) as e:
             c.restore_file(1, str(tmp_path / "missing.kvcs"))
         assert status_of(e) == kvcache.ERR_IO
+
+
+def test_attention_decode_int8_query():
+    """query_quant=QUERY_INT8: near the exact query's output on int8 keys (the same bytes where the CPU
+    lacks AVX-512 VNNI), the exact bytes on f16 keys; an unknown mode raises with nothing written."""
+    cfg = small_config()
+    rng = np.random.default_rng(5)
+    n = 40
+    k = rng.standard_normal((n, cfg.num_kv_heads, cfg.head_dim)).astype(np.float32)
+    v = rng.standard_normal((n, cfg.num_kv_heads, cfg.head_dim)).astype(np.float32)
+    q = rng.standard_normal((1, cfg.num_q_heads, cfg.head_dim)).astype(np.float32)
+    codec = kvcache.Codec()  # int8, per token
+    for codecs in ((codec, codec), ()):
+        with kvcache.Pool(cfg, *codecs) as pool:
+            pool.seq_create(1)
+            pool.reserve(1, n)
+            pool.append(1, 0, 0, k, v)
+            exact = pool.attention_decode(0, [1], q)
+            fast = pool.attention_decode(0, [1], q, query_quant=kvcache.QUERY_INT8)
+            assert exact.shape == fast.shape == q.shape
+            if codecs:
+                assert np.max(np.abs(fast - exact)) < 0.05 * np.max(np.abs(exact)) + 1e-6
+            else:
+                assert np.array_equal(fast, exact)
+            out = np.full_like(q, 7.0)
+            with pytest.raises(kvcache.KvcError) as e:
+                pool.attention_decode(0, [1], q, out=out, query_quant=3)
+            assert e.value.status == kvcache.ERR_INVALID_ARGUMENT and "query_quant 3" in str(e.value)
+            assert np.all(out == 7.0)

@@ -357,7 +357,7 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
   void attention_decode(uint32_t layer, const void *seq_ids, size_t seq_ids_bytes, const void *q, size_t q_bytes,
                         void *out, size_t out_bytes, void *lse, size_t lse_bytes, int q_dtype = KVC_DTYPE_F32,
                         int out_dtype = KVC_DTYPE_F32, double scale = 0.0, int observe = KVC_OBSERVE_NONE,
-                        uint32_t num_threads = 1) {
+                        uint32_t num_threads = 1, int query_quant = KVC_QUERY_EXACT) {
     KVC_POOL();
     kvc_pool_config c;
     kvc_pool_config_init_sized(&c, sizeof c);
@@ -393,6 +393,7 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     p.out_dtype = (kvc_dtype)out_dtype;
     p.observe = (kvc_observe)observe;
     p.num_threads = num_threads;
+    p.query_quant = (kvc_query_quant)query_quant;
     kvc_swig_check(kvc_attention_decode(pool_, layer, (const uint64_t *)seq_ids, n, q, out, (float *)lse, &p));
   }
 
@@ -539,9 +540,11 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
         return _py_pool_gather_into(self, seq_id, layer, first, k_out, v_out, dtype)
 
     def attention_decode(self, layer, seq_ids, q, out=None, lse=None, scale=0.0, observe=0, num_threads=1,
-                         out_dtype=None):
-        """Decode attention (kvc_attention_decode) for a batch: q [n, num_q_heads, head_dim]; returns out."""
-        return _py_attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype)
+                         out_dtype=None, query_quant=0):
+        """Decode attention (kvc_attention_decode) for a batch: q [n, num_q_heads, head_dim]; returns out.
+        query_quant: QUERY_EXACT (0, default) or QUERY_INT8 (an int8 query against integer keys)."""
+        return _py_attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype,
+                                    query_quant)
 
     def attention_prefill(self, layer, seq_id, q, out=None, lse=None, scale=0.0, observe=0, observe_from=0,
                           out_dtype=None, num_threads=1):

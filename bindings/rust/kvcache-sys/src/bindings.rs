@@ -3154,6 +3154,35 @@ impl kvc_observe {
 #[doc = " @since 0.3"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_observe(pub ::std::os::raw::c_int);
+impl kvc_query_quant {
+    #[doc = " The query in f32 against the keys' codes (default; the same results on every CPU path)."]
+    pub const KVC_QUERY_EXACT: kvc_query_quant = kvc_query_quant(0);
+}
+impl kvc_query_quant {
+    #[doc = " Each query head (after RoPE and the scale) quantized to int8 codes with one f32 scale,"]
+    #[doc = " max |q| / 127, and dotted with int8 / uint8 / int4 key codes in integers (AVX-512 VNNI"]
+    #[doc = " `vpdpbusd`, 32 products an instruction); the values and the softmax stay f32. The approach"]
+    #[doc = " of llama.cpp's CPU attention, which converts the query to the key type's dot-product type."]
+    #[doc = " A score q.k moves by at most (max |q| / 254) x sum |k| (the query's rounding; the keys are"]
+    #[doc = " as before). Used by CPU decode (one query row per sequence)"]
+    #[doc = " where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with"]
+    #[doc = " per-token scales and head_dim is a multiple of 32; everything else (f16 / bf16 / f32 keys,"]
+    #[doc = " prefill, CUDA pools, older CPUs) computes as ::KVC_QUERY_EXACT."]
+    pub const KVC_QUERY_INT8: kvc_query_quant = kvc_query_quant(1);
+}
+impl kvc_query_quant {
+    #[doc = "< Forces a 32-bit enum; not a value."]
+    pub const KVC_QUERY_FORCE_32BIT: kvc_query_quant = kvc_query_quant(2147483647);
+}
+impl kvc_query_quant {
+    #[doc = "< Forces a signed enum; not a value."]
+    pub const KVC_QUERY_FORCE_SIGNED: kvc_query_quant = kvc_query_quant(-2147483648);
+}
+#[repr(transparent)]
+#[doc = " @brief How decode attention forms the query . key products over integer-coded keys."]
+#[doc = " @since 0.4"]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct kvc_query_quant(pub ::std::os::raw::c_int);
 #[doc = " @brief Parameters of kvc_attention_decode() and kvc_attention_prefill()."]
 #[doc = " Init with kvc_attention_params_init()."]
 #[doc = " @since 0.3"]
@@ -3182,12 +3211,15 @@ pub struct kvc_attention_params {
     #[doc = " Prefill: first query row whose attention is recorded (SnapKV's observation window = the last"]
     #[doc = " rows); default 0."]
     pub observe_from: u64,
+    #[doc = " Decode: ::KVC_QUERY_EXACT (default) or ::KVC_QUERY_INT8 (an int8 query against integer keys,"]
+    #[doc = " faster, within the bound its doc gives). @since 0.4"]
+    pub query_quant: kvc_query_quant,
 }
 #[test]
 fn bindgen_test_layout_kvc_attention_params() {
     assert_eq!(
         ::std::mem::size_of::<kvc_attention_params>(),
-        40usize,
+        48usize,
         concat!("Size of: ", stringify!(kvc_attention_params))
     );
     assert_eq!(
@@ -3331,6 +3363,23 @@ fn bindgen_test_layout_kvc_attention_params() {
         );
     }
     test_field_observe_from();
+    fn test_field_query_quant() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_attention_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).query_quant) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_attention_params),
+                "::",
+                stringify!(query_quant)
+            )
+        );
+    }
+    test_field_query_quant();
 }
 extern "C" {
     #[doc = " @brief Fill attention params with defaults: f32 q and out, scale 0"]
@@ -3387,7 +3436,7 @@ extern "C" {
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_STRUCT_SIZE;"]
     #[doc = " ::KVC_ERR_SEQ_NOT_FOUND; ::KVC_ERR_OUT_OF_RANGE (layer);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (n_seqs 0, num_q_heads not the pool's, bad"]
-    #[doc = " scale, dtype or observe mode); ::KVC_ERR_NON_FINITE (NaN or Inf in q, or"]
+    #[doc = " scale, dtype, observe mode or query_quant); ::KVC_ERR_NON_FINITE (NaN or Inf in q, or"]
     #[doc = " q x scale beyond f32; nothing written); ::KVC_ERR_OVERFLOW;"]
     #[doc = " ::KVC_ERR_OUT_OF_MEMORY. On failure out and lse are not written and no"]
     #[doc = " score is recorded. A score q.k beyond f32 (finite inputs can overflow) is"]

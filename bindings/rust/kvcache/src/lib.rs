@@ -42,7 +42,9 @@ mod types;
 pub use codec::{Codec, QuantSizes, Quantized};
 pub use error::{last_error_message, Error, Result, Status};
 pub use policy::{Policy, PolicyConfig, PolicyKind, Pooling, PyramidSchedule};
-pub use pool::{AttentionParams, Gathered, Observe, PageTable, Pool, PoolConfig, Stats};
+pub use pool::{
+    AttentionParams, Gathered, Observe, PageTable, Pool, PoolConfig, QueryQuant, Stats,
+};
 pub use prefix::{ExtraKeys, PrefixConfig, PrefixHash, PrefixMatch, PrefixStats};
 pub use sized::{init_sized_bytes, SizedStruct};
 pub use tier::{Poll, TierConfig, TierKind, TierStats};

@@ -240,6 +240,17 @@ c_enum! {
     }
 }
 
+c_enum! {
+    /// How decode attention forms q.k over integer-coded keys.
+    pub enum QueryQuant => kvc_query_quant {
+        /// The f32 query (the same results on every CPU path).
+        Exact = KVC_QUERY_EXACT,
+        /// An int8 query against int8 / uint8 / int4 key codes (AVX-512 VNNI; faster, within the
+        /// bound the C header gives; exact where it does not apply).
+        Int8 = KVC_QUERY_INT8,
+    }
+}
+
 /// Parameters of [`Pool::attention_decode`] and [`Pool::attention_prefill`]
 /// (the query heads and the q / out dtypes come from the pool and the slices).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -252,6 +263,8 @@ pub struct AttentionParams {
     pub num_threads: u32,
     /// Prefill: the first query row whose attention is recorded.
     pub observe_from: u64,
+    /// Decode: the query's precision against integer keys.
+    pub query_quant: QueryQuant,
 }
 
 impl Default for AttentionParams {
@@ -261,6 +274,7 @@ impl Default for AttentionParams {
             observe: Observe::None,
             num_threads: 0,
             observe_from: 0,
+            query_quant: QueryQuant::Exact,
         }
     }
 }
@@ -849,6 +863,7 @@ impl Pool {
         raw.observe = params.observe.to_raw();
         raw.num_threads = params.num_threads;
         raw.observe_from = params.observe_from;
+        raw.query_quant = params.query_quant.to_raw();
         Ok(raw)
     }
 

@@ -5,7 +5,7 @@
 use kvcache::sys;
 use kvcache::{
     convert_vec, last_error_message, AttentionParams, Codec, Dtype, Error, Granularity, Policy,
-    PolicyConfig, Pool, PoolConfig, PrefixConfig, RopeStyle, Status, F16,
+    PolicyConfig, Pool, PoolConfig, PrefixConfig, QueryQuant, RopeStyle, Status, F16,
 };
 
 const LAYERS: u32 = 2;
@@ -535,6 +535,15 @@ fn decode_attention_matches_a_direct_softmax() {
             );
         }
     }
+    // An int8 query applies to integer keys only: over these f16 keys, the same bytes.
+    let mut out8 = vec![0f32; q.len()];
+    let params = AttentionParams {
+        query_quant: QueryQuant::Int8,
+        ..AttentionParams::default()
+    };
+    pool.attention_decode(layer, &[3], &q, &mut out8, None, &params)
+        .unwrap();
+    assert_eq!(out8, out);
 }
 
 #[test]
