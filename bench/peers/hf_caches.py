@@ -449,6 +449,19 @@ def measure(args):
     n_layers, hk = config.num_hidden_layers, config.num_key_value_heads
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rows = make_rows(names, model, args.prefill)
+    # A press whose observation window is longer than the prefill cannot compress it (kvpress asserts
+    # mid-run): refuse it here, before any window runs.
+    full_prefill = max(1, int(args.prefill * min(args.ctx, len(used_ids))))
+    for r in rows:
+        if r.protocol != "prefill-compress" or not r.name.startswith("kvpress-"):
+            continue
+        press = r.make(model, args.ctx)[1]
+        inner = getattr(press, "press", press)  # AdaKV wraps the press it makes head-wise
+        win = getattr(inner, "window_size", None)
+        if isinstance(win, int) and full_prefill <= win:
+            sys.exit("hf_caches: row '%s': its observation window of %d positions needs a prefill longer "
+                     "than that, and --ctx %d with --prefill %g prefills %d: raise --ctx" % (
+                         r.name, win, args.ctx, args.prefill, full_prefill))
     for r in rows:
         if getattr(r, "eager", False) and "eager" not in models:
             models["eager"] = hfmodel.load("eager")[0]
@@ -664,10 +677,8 @@ def print_table(rep):
 
 
 def main():
-    import hfmodel
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text", default=os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt"))
+    ap.add_argument("--text", help="the text to score (default: the shared tinystories-valid-sample.txt)")
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--chunk", type=int, default=1, help="positions per forward pass outside the prefill")
@@ -685,9 +696,22 @@ def main():
     if a.list:
         print("\n".join(default_rows(True, True, False) + default_rows(False, False, True)))
         return
+    if a.json:  # the report's folder made, and the file writable, before hours of measuring
+        d = os.path.dirname(os.path.abspath(a.json))
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            sys.exit("hf_caches: cannot make the folder of --json %s: %s" % (a.json, e.strerror or e))
+        if os.path.isdir(a.json) or not os.access(a.json if os.path.exists(a.json) else d, os.W_OK):
+            sys.exit("hf_caches: cannot write --json %s (%s)" % (
+                a.json, "a directory" if os.path.isdir(a.json) else "no write permission"))
     if a.merge:
         rep = merge(a.merge)
     else:
+        if a.text is None:
+            import hfmodel  # imports torch: only for a measuring run
+
+            a.text = os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt")
         if not 2 <= a.ctx <= 65536 or a.max_tokens < 0 or a.chunk < 1 or not 0 < a.prefill < 1 or a.threads < 1:
             sys.exit("hf_caches: need 2 <= --ctx <= 65536, --max-tokens >= 0 (0: the whole text), --chunk >= 1, "
                      "0 < --prefill < 1, --threads >= 1")
