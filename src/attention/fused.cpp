@@ -553,12 +553,7 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
         else
           scores_fn<J>(K.type)(K.data + b0 * K.token_stride + g * K.head_stride, K.token_stride, n,
                                hd, q + hh * hd, koff, s + hh * c + b0, c);
-        if (j == 0) {
-          prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
-          if (next && b0 < next_c)           // and the next tile's values, a tile ahead
-            prefetch_rows(next->v, b0, std::min(kBand, next_c - b0), g,
-                          row_bytes(next->v.type, hd));
-        }
+        if (j == 0) prefetch_rows(V, b0, n, g, vrow);  // this tile's values, used below
       });
   }
   // Scores of the codes (scale, zero point), clamped; each head's maximum.
