@@ -77,6 +77,27 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_THREADS = 256
+
+
+def check_out(path, prog):
+    """Before hours of measuring: the report's folder made, and the file writable."""
+    d = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        sys.exit("%s: cannot make the folder of --json %s: %s" % (prog, path, e.strerror or e))
+    if os.path.isdir(path) or not os.access(path if os.path.exists(path) else d, os.W_OK):
+        sys.exit("%s: cannot write --json %s (%s)" % (
+            prog, path, "a directory" if os.path.isdir(path) else "no write permission"))
+
+
+def write_json(path, obj):
+    """obj to path through a temporary file and a rename: a kill mid-write leaves the old file."""
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, allow_nan=False)
+    os.replace(tmp, path)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python", "tests_hf"))
 
@@ -128,8 +149,14 @@ def text_token_ids(text_path, tok):
     """The text's token ids by the model's tokenizer (no BOS, no special tokens). For the shared
     TinyStories text they are checked against llama.cpp's (the count and SHA-256 of all of them in
     tests/fixtures/smollm2, the ids our runner reproduces)."""
-    with open(text_path, encoding="utf-8") as f:
-        ids = tok(f.read(), add_special_tokens=False)["input_ids"]
+    try:
+        with open(text_path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        sys.exit("hf_caches: cannot read --text %s: %s" % (text_path, getattr(e, "strerror", None) or e))
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    if len(ids) < 2:
+        sys.exit("hf_caches: --text %s holds %d tokens: at least 2 are needed" % (text_path, len(ids)))
     fixture = os.path.join(ROOT, "tests", "fixtures", "smollm2", "tokens-" +
                            os.path.splitext(os.path.basename(text_path))[0] + ".txt")
     if os.path.exists(fixture):
@@ -211,7 +238,7 @@ def make_rows(names, model, prefill_fraction):
             parts = rest.split("-")
             if not parts[0].startswith("int") or len(parts) > 2 or (len(parts) == 2 and parts[1] != "r32"):
                 sys.exit("hf_caches: bad row '%s' (e.g. quanto-int4, hqq-int3-r32)" % name)
-            nbits = int(parts[0][3:])
+            nbits = int(parts[0][3:]) if parts[0][3:].isdigit() else -1
             if nbits not in QUANT[backend]:
                 sys.exit("hf_caches: %s has no int%d (it has %s)" % (backend, nbits, QUANT[backend]))
             residual = 32 if len(parts) == 2 else 128
@@ -413,6 +440,18 @@ def masked_count(model):
     return n
 
 
+def load_checkpoint(path):
+    try:
+        with open(path) as f:
+            ck = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit("hf_caches: checkpoint %s is damaged (%s): remove it and start again" % (
+            path, getattr(e, "strerror", None) or e))
+    if not isinstance(ck, dict):
+        sys.exit("hf_caches: checkpoint %s is damaged (not a JSON object): remove it and start again" % path)
+    return ck
+
+
 def measure(args):
     import torch
     import transformers
@@ -442,26 +481,37 @@ def measure(args):
         have["kvpress"] = False
     names = args.rows.split(",") if args.rows else default_rows(have["quant"], have["fp8"], have["kvpress"])
     if args.resume and not args.rows and args.json and os.path.exists(args.json + ".partial"):
-        with open(args.json + ".partial") as f:  # the rows of the run being resumed (defaults change)
-            names = list(((json.load(f).get("state") or {}).get("work") or {}).get("rows") or names)
+        ck = load_checkpoint(args.json + ".partial")  # the rows of the run being resumed (defaults change)
+        rows_of_ck = ((ck.get("state") or {}).get("work") or {}).get("rows")
+        if isinstance(rows_of_ck, list) and rows_of_ck and all(isinstance(x, str) for x in rows_of_ck):
+            names = rows_of_ck
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        sys.exit("hf_caches: --rows names %s more than once" % ", ".join(dup))
     model = models["sdpa"]
     config = model.config
     n_layers, hk = config.num_hidden_layers, config.num_key_value_heads
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rows = make_rows(names, model, args.prefill)
-    # A press whose observation window is longer than the prefill cannot compress it (kvpress asserts
-    # mid-run): refuse it here, before any window runs.
-    full_prefill = max(1, int(args.prefill * min(args.ctx, len(used_ids))))
+    # Every row's cache and press built once before any window runs, so a bad row stops the run here
+    # with one line; a press whose observation window is not shorter than a window's prefill cannot
+    # compress it (kvpress asserts mid-run): refused here too (prefills under MIN_PRESS_PREFILL run
+    # uncompressed for every row).
+    prefills = sorted({max(1, int(args.prefill * (sc + 1))) for _, sc in windows})
     for r in rows:
-        if r.protocol != "prefill-compress" or not r.name.startswith("kvpress-"):
+        try:
+            press = r.make(model, args.ctx)[1]
+        except Exception as e:  # noqa: BLE001 (the press's or cache's own message)
+            sys.exit("hf_caches: row '%s': %s: %s" % (r.name, type(e).__name__, e))
+        if r.protocol != "prefill-compress" or press is None:
             continue
-        press = r.make(model, args.ctx)[1]
         inner = getattr(press, "press", press)  # AdaKV wraps the press it makes head-wise
         win = getattr(inner, "window_size", None)
-        if isinstance(win, int) and full_prefill <= win:
-            sys.exit("hf_caches: row '%s': its observation window of %d positions needs a prefill longer "
-                     "than that, and --ctx %d with --prefill %g prefills %d: raise --ctx" % (
-                         r.name, win, args.ctx, args.prefill, full_prefill))
+        bad = [pf for pf in prefills if isinstance(win, int) and MIN_PRESS_PREFILL <= pf <= win]
+        if bad:
+            sys.exit("hf_caches: row '%s': its observation window of %d positions needs a longer prefill, and "
+                     "--ctx %d / --max-tokens %d / --prefill %g give a window prefilling %d: change --ctx or "
+                     "--max-tokens" % (r.name, win, args.ctx, args.max_tokens, args.prefill, bad[0]))
     for r in rows:
         if getattr(r, "eager", False) and "eager" not in models:
             models["eager"] = hfmodel.load("eager")[0]
@@ -557,17 +607,37 @@ def measure(args):
     if args.resume:
         if not args.json or not os.path.exists(args.json + ".partial"):
             sys.exit("hf_caches: --resume needs the checkpoint %s.partial of an earlier run" % args.json)
-        with open(args.json + ".partial") as f:
-            st = json.load(f).get("state")
+        st = load_checkpoint(args.json + ".partial").get("state")
         if not isinstance(st, dict) or st.get("work") != work:
             sys.exit("hf_caches: %s.partial is not a checkpoint of this work (text, ctx, max tokens, chunk, prefill, "
                      "rows, token ids): give the same arguments, or drop --resume" % args.json)
         by = {(r.name, r.protocol): r for r in list(refs.values()) + rows}
-        for name, proto, sums in st["rows"]:
-            for k in acc_keys:
-                v = sums[k]
-                setattr(by[(name, proto)], k, float(v) if isinstance(v, str) else v)
-        start, elapsed0 = int(st["windows_done"]), float(st["elapsed"])
+        try:
+            done = st["windows_done"]
+            if not isinstance(done, int) or not 1 <= done < len(windows):
+                raise ValueError("windows_done %r: not 1..%d" % (done, len(windows) - 1))
+            got = {}
+            for name, proto, sums in st["rows"]:
+                if (name, proto) not in by or (name, proto) in got:
+                    raise ValueError("row %r (%s) is not one of this run's, or repeats" % (name, proto))
+                vals = {}
+                for k in acc_keys:
+                    v = sums[k]
+                    v = float(v) if isinstance(v, str) else v
+                    if isinstance(v, bool) or not isinstance(v, (int, float)) or (k not in ("nll", "kl") and
+                                                                                  not v >= 0):
+                        raise ValueError("row %r: %s %r" % (name, k, sums[k]))
+                    vals[k] = v
+                got[(name, proto)] = vals
+            if set(got) != set(by):
+                raise ValueError("its rows are not this run's")
+            elapsed = float(st["elapsed"])
+        except (KeyError, TypeError, ValueError) as e:
+            sys.exit("hf_caches: checkpoint %s.partial is damaged (%s): remove it and start again" % (args.json, e))
+        for key, vals in got.items():
+            for k, v in vals.items():
+                setattr(by[key], k, v)
+        start, elapsed0 = done, elapsed
         print("hf_caches: resuming after window %d/%d" % (start, len(windows)), file=sys.stderr, flush=True)
 
     t_start = time.time() - elapsed0
@@ -621,23 +691,29 @@ def measure(args):
             part = summarize(windows[:wi + 1])
             part["complete"] = False
             part["state"] = state(wi + 1, time.time() - t_start)
-            with open(args.json + ".partial", "w") as f:
-                json.dump(part, f, indent=2, allow_nan=False)
+            write_json(args.json + ".partial", part)
             if args.stop_after and wi + 1 - start >= args.stop_after:
                 print("hf_caches: stopped after %d windows; continue with the same arguments and --resume"
                       % (wi + 1 - start), file=sys.stderr, flush=True)
                 return None
 
-    if args.json and os.path.exists(args.json + ".partial"):
-        os.remove(args.json + ".partial")
-    return summarize(windows)
+    return summarize(windows)  # main() removes the checkpoint once the report is written
 
 
 def merge(paths):
     reports = []
     for p in paths:
-        with open(p) as f:
-            reports.append(json.load(f))
+        try:
+            with open(p) as f:
+                r = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit("hf_caches: cannot read report %s: %s" % (p, getattr(e, "strerror", None) or e))
+        if not isinstance(r, dict) or not isinstance(r.get("results"), list) or "tokens_scored" not in r:
+            sys.exit("hf_caches: %s is not a hf_caches.py report" % p)
+        if r.get("complete") is False:
+            sys.exit("hf_caches: %s is a checkpoint of an unfinished run (complete: false): finish it with --resume"
+                     % p)
+        reports.append(r)
     base = dict(reports[0])
     for k in ("model", "token_ids_sha256", "token_ids_count", "ctx", "chunk", "prefill_fraction"):
         for p, r in zip(paths, reports):
@@ -696,34 +772,39 @@ def main():
     if a.list:
         print("\n".join(default_rows(True, True, False) + default_rows(False, False, True)))
         return
-    if a.json:  # the report's folder made, and the file writable, before hours of measuring
-        d = os.path.dirname(os.path.abspath(a.json))
-        try:
-            os.makedirs(d, exist_ok=True)
-        except OSError as e:
-            sys.exit("hf_caches: cannot make the folder of --json %s: %s" % (a.json, e.strerror or e))
-        if os.path.isdir(a.json) or not os.access(a.json if os.path.exists(a.json) else d, os.W_OK):
-            sys.exit("hf_caches: cannot write --json %s (%s)" % (
-                a.json, "a directory" if os.path.isdir(a.json) else "no write permission"))
+    if a.json:
+        check_out(a.json, "hf_caches")
     if a.merge:
         rep = merge(a.merge)
     else:
+        if (not 2 <= a.ctx <= 65536 or a.max_tokens < 0 or a.chunk < 1 or not 0 < a.prefill < 1
+                or not 1 <= a.threads <= MAX_THREADS):
+            sys.exit("hf_caches: need 2 <= --ctx <= 65536, --max-tokens >= 0 (0: the whole text), --chunk >= 1, "
+                     "0 < --prefill < 1, 1 <= --threads <= %d" % MAX_THREADS)
+        if a.rows is not None and not a.rows.strip():
+            sys.exit("hf_caches: --rows is empty (leave it out for the default rows; --list names them)")
+        if a.json and not a.resume and os.path.exists(a.json + ".partial"):
+            sys.exit("hf_caches: %s.partial holds an unfinished run: continue it with --resume (and its "
+                     "arguments), or remove it" % a.json)
+        if (a.stop_after is not None and a.stop_after < 1) or ((a.stop_after or a.resume) and not a.json):
+            sys.exit("hf_caches: --stop-after N needs N >= 1; --stop-after and --resume need --json")
         if a.text is None:
             import hfmodel  # imports torch: only for a measuring run
 
             a.text = os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt")
-        if not 2 <= a.ctx <= 65536 or a.max_tokens < 0 or a.chunk < 1 or not 0 < a.prefill < 1 or a.threads < 1:
-            sys.exit("hf_caches: need 2 <= --ctx <= 65536, --max-tokens >= 0 (0: the whole text), --chunk >= 1, "
-                     "0 < --prefill < 1, --threads >= 1")
-        if (a.stop_after is not None and a.stop_after < 1) or ((a.stop_after or a.resume) and not a.json):
-            sys.exit("hf_caches: --stop-after N needs N >= 1; --stop-after and --resume need --json")
-        rep = measure(a)
+        try:
+            rep = measure(a)
+        except KeyboardInterrupt:
+            sys.exit("hf_caches: interrupted%s" % (
+                "; the windows done are in %s.partial: continue with the same arguments and --resume" % a.json
+                if a.json and os.path.exists(a.json + ".partial") else ""))
         if rep is None:
             return
     print_table(rep)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rep, f, indent=2, allow_nan=False)
+        write_json(a.json, rep)
+        if not a.merge and os.path.exists(a.json + ".partial"):
+            os.remove(a.json + ".partial")
 
 
 if __name__ == "__main__":

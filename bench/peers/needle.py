@@ -106,8 +106,8 @@ def measure(a):
     import hfmodel
     import kvcache.hf as kh
 
-    if a.threads < 1:
-        sys.exit("needle: --threads must be >= 1")
+    if not 1 <= a.threads <= hf_caches.MAX_THREADS:
+        sys.exit("needle: --threads must be 1..%d" % hf_caches.MAX_THREADS)
     torch.set_num_threads(a.threads)
     model, tok = hfmodel.load("sdpa")
     models = {"sdpa": model}
@@ -119,12 +119,17 @@ def measure(a):
         sys.exit("needle: --lengths takes integers and --depths numbers, comma-separated")
     if a.seeds < 1 or a.threads < 1 or not all(0 <= d <= 1 for d in depths):
         sys.exit("needle: need --seeds >= 1, --threads >= 1 and depths in [0, 1]")
+    if len(set(lengths)) != len(lengths) or len(set(depths)) != len(depths):
+        sys.exit("needle: --lengths and --depths each name a value at most once")
     bad = [n for n in lengths if not 128 <= n <= min(65536, len(ids_text) // 2)]
     if bad:
         sys.exit("needle: context lengths must be 128..%d tokens (half the text), not %s"
                  % (min(65536, len(ids_text) // 2), bad))
     trials = contexts(ids_text, tok, lengths, depths, a.seeds)
     names = [n for n in (a.rows.split(",") if a.rows else hf_caches.default_rows(*have_all())) if n != "dynamic"]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        sys.exit("needle: --rows names %s more than once" % ", ".join(dup))
     rows = hf_caches.make_rows(names, model, 0.5)
     ref = hf_caches.Row("dynamic-f32", "needle", "transformers DynamicCache", "DynamicCache()",
                         "f32 K/V of every token", lambda m, ctx: (transformers.DynamicCache(), None))
@@ -177,11 +182,8 @@ def measure(a):
         print("needle: %-40s pass %5.1f%%  (%.0f s)" % (r.name, 100 * res["pass_rate"], time.time() - t0),
               file=sys.stderr, flush=True)
         if a.json:  # a checkpoint after every row: a long run that fails keeps what it measured
-            with open(a.json + ".partial", "w") as f:
-                json.dump(report(results), f, indent=2, allow_nan=False)
-    if a.json and os.path.exists(a.json + ".partial"):
-        os.remove(a.json + ".partial")
-    return report(results)
+            hf_caches.write_json(a.json + ".partial", report(results))
+    return report(results)  # main() removes the checkpoint once the report is written
 
 
 def _report(a, lengths, depths, t0, results):
@@ -218,10 +220,8 @@ def have_all():
 
 
 def main():
-    import hfmodel
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--text", default=os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt"))
+    ap.add_argument("--text", help="the text the contexts are made of (default: the shared tinystories text)")
     ap.add_argument("--rows", help="comma-separated rows of bench/peers/hf_caches.py (dynamic: the reference only)")
     ap.add_argument("--lengths", default="1024,2048,4096")
     ap.add_argument("--depths", default="0.1,0.3,0.5,0.7,0.9")
@@ -230,8 +230,21 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--merge", nargs="+", metavar="REPORT")
     a = ap.parse_args()
+    if a.json:
+        hf_caches.check_out(a.json, "needle")
+    if a.rows is not None and not a.rows.strip():
+        sys.exit("needle: --rows is empty (leave it out for the default rows)")
     if a.merge:
-        reps = [json.load(open(p)) for p in a.merge]
+        reps = []
+        for p in a.merge:
+            try:
+                with open(p) as f:
+                    r = json.load(f)
+            except (OSError, ValueError) as e:
+                sys.exit("needle: cannot read report %s: %s" % (p, getattr(e, "strerror", None) or e))
+            if not isinstance(r, dict) or not isinstance(r.get("results"), list) or "lengths" not in r:
+                sys.exit("needle: %s is not a needle.py report" % p)
+            reps.append(r)
         rep = dict(reps[0])
         seen, rows = set(), []
         for r in reps:
@@ -244,7 +257,16 @@ def main():
                     rows.append(row)
         rep["results"], rep["command"] = rows, [r["command"] for r in reps]
     else:
-        rep = measure(a)
+        if a.text is None:
+            import hfmodel  # imports torch: only for a measuring run
+
+            a.text = os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt")
+        try:
+            rep = measure(a)
+        except KeyboardInterrupt:
+            sys.exit("needle: interrupted%s" % (
+                "; the rows done are in %s.partial" % a.json if a.json and os.path.exists(a.json + ".partial")
+                else ""))
     w = max(len(r["strategy"]) for r in rep["results"])
     print("%-*s  %6s  %6s  %s  %s" % (w, "row", "pass", "kept", "  ".join("%6s" % L for L in rep["lengths"]),
                                       "  ".join("d=%-4g" % d for d in rep["depths"])))
@@ -254,8 +276,9 @@ def main():
             "  ".join("%5.0f%%" % (100 * r["by_length"][str(L)]) for L in rep["lengths"]),
             "  ".join("%5.0f%%" % (100 * r["by_depth"]["%g" % d]) for d in rep["depths"])))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rep, f, indent=2, allow_nan=False)
+        hf_caches.write_json(a.json, rep)
+        if not a.merge and os.path.exists(a.json + ".partial"):
+            os.remove(a.json + ".partial")
 
 
 if __name__ == "__main__":

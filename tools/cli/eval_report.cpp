@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <set>
 #include <vector>
 
 #include "../runner/error.h"
@@ -174,6 +175,8 @@ std::string base_name(const std::string &path) {
 constexpr std::uintmax_t kMaxPeerReportBytes = 64u << 20;
 /// Deepest nesting of arrays and objects a peer report may have (the schema needs 4).
 constexpr int kMaxPeerReportDepth = 32;
+// The longest strategy name a peer row may have (a table column, not a file).
+constexpr std::size_t kMaxPeerStrategyBytes = 256;
 
 /// Deepest nesting of [ and { outside strings (before parsing: nlohmann recurses per level).
 int json_depth(const std::string &text) {
@@ -198,9 +201,19 @@ int json_depth(const std::string &text) {
   return deepest;
 }
 
+// Whether s holds a C0 or C1 control character or a bidirectional override
+// or isolate (U+202A..U+202E, U+2066..U+2069), which would reach the terminal
+// and rearrange the table.
 bool has_control_char(const std::string &s) {
-  for (unsigned char c : s)
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c < 0x20 || c == 0x7f) return true;
+    const unsigned char c1 = i + 1 < s.size() ? static_cast<unsigned char>(s[i + 1]) : 0;
+    const unsigned char c2 = i + 2 < s.size() ? static_cast<unsigned char>(s[i + 2]) : 0;
+    if (c == 0xC2 && c1 >= 0x80 && c1 <= 0x9F) return true;                // U+0080..U+009F
+    if (c == 0xE2 && c1 == 0x80 && c2 >= 0xAA && c2 <= 0xAE) return true;  // U+202A..U+202E
+    if (c == 0xE2 && c1 == 0x81 && c2 >= 0xA6 && c2 <= 0xA9) return true;  // U+2066..U+2069
+  }
   return false;
 }
 
@@ -242,8 +255,11 @@ std::string read_peer_report(const std::string &path) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const std::exception &e) {
-    throw RunnerError("peer report '" + path + "' is not JSON (NaN and Infinity are not JSON: " +
-                      "write null): " + e.what());
+    const bool non_finite =
+        text.find("NaN") != std::string::npos || text.find("Infinity") != std::string::npos;
+    throw RunnerError("peer report '" + path + "' is not JSON" +
+                      (non_finite ? " (NaN and Infinity are not JSON: write null)" : "") + ": " +
+                      e.what());
   }
   const std::string where = "peer report '" + path + "'";
   if (!j.is_object() || !j.contains("results") || !j["results"].is_array() || j["results"].empty())
@@ -251,6 +267,10 @@ std::string read_peer_report(const std::string &path) {
                       " has no results (expected the --json output of bench/peers/llamacpp_kv.py "
                       "or bench/peers/hf_caches.py)");
   if (!j.contains("model")) throw RunnerError(where + " lacks 'model' (the model file it ran)");
+  if (j.contains("complete") && j["complete"] == false)
+    throw RunnerError(where +
+                      " is the checkpoint of an unfinished run (complete: false): finish it with "
+                      "--resume and give the report it writes");
   for (const char *k : {"model", "peer", "reference", "token_ids_sha256"})
     if (j.contains(k) && (!j[k].is_string() || has_control_char(j[k].get<std::string>())))
       throw RunnerError(where + ": '" + k + "' is not a string of printable characters");
@@ -259,9 +279,14 @@ std::string read_peer_report(const std::string &path) {
     if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
       throw RunnerError(where + ": 'token_ids_sha256' is not 64 lower-case hex digits");
   }
-  for (const char *k : {"token_ids_count", "ctx", "windows", "tokens_scored", "chunk"})
+  for (const char *k : {"token_ids_count", "ctx", "windows", "tokens_scored", "chunk"}) {
     if (j.contains(k) && !j[k].is_number_integer())
       throw RunnerError(where + ": '" + k + "' is not an integer");
+    // (an unsigned value past int64 would read as a negative one below)
+    if (j.contains(k) && j[k].is_number_unsigned() &&
+        j[k].get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+      throw RunnerError(where + ": '" + k + "' " + j[k].dump() + " is too large");
+  }
   if (j.contains("ctx") &&
       (j["ctx"].get<std::int64_t>() < 2 || j["ctx"].get<std::int64_t>() > kMaxEvalContext))
     throw RunnerError(where + ": 'ctx' " + j["ctx"].dump() + " is not a window length (2.." +
@@ -270,6 +295,7 @@ std::string read_peer_report(const std::string &path) {
     if (j.contains(k) && j[k].get<std::int64_t>() < 1)
       throw RunnerError(where + ": '" + k + "' must be at least 1, not " + j[k].dump());
   std::size_t i = 0;
+  std::set<std::string> seen;  // strategy, protocol and side of each row
   for (const auto &r : j["results"]) {
     const std::string row = where + ": result " + std::to_string(i++);
     if (!r.is_object()) throw RunnerError(row + " is not an object");
@@ -279,7 +305,17 @@ std::string read_peer_report(const std::string &path) {
     if (!r["strategy"].is_string() || r["strategy"].get<std::string>().empty() ||
         has_control_char(r["strategy"].get<std::string>()))
       throw RunnerError(row + ": 'strategy' is not a non-empty string of printable characters");
+    if (r["strategy"].get<std::string>().size() > kMaxPeerStrategyBytes)
+      throw RunnerError(row + ": 'strategy' is longer than " +
+                        std::to_string(kMaxPeerStrategyBytes) + " bytes");
     const std::string name = row + " ('" + r["strategy"].get<std::string>() + "')";
+    const auto text_of = [&](const char *k) {
+      return r.contains(k) && r[k].is_string() ? r[k].get<std::string>() : std::string();
+    };
+    if (!seen.insert(r["strategy"].get<std::string>() + '\n' + text_of("protocol") + '\n' +
+                     text_of("side"))
+             .second)
+      throw RunnerError(name + " repeats an earlier row (the same strategy and protocol)");
     if (r.contains("protocol") &&
         (!r["protocol"].is_string() || has_control_char(r["protocol"].get<std::string>())))
       throw RunnerError(name + ": 'protocol' is not a string of printable characters");
