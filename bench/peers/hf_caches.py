@@ -493,6 +493,11 @@ def measure(args):
     n_layers, hk = config.num_hidden_layers, config.num_key_value_heads
     hd = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rows = make_rows(names, model, args.prefill)
+    for r in rows:
+        if getattr(r, "eager", False) and "eager" not in models:
+            models["eager"] = hfmodel.load("eager")[0]
+        if getattr(r, "paged_attention", False) and "kvcache" not in models:
+            models["kvcache"] = hfmodel.load(kh.ATTN_IMPLEMENTATION)[0]
     # Every row's cache and press built once before any window runs, so a bad row stops the run here
     # with one line; a press whose observation window is not shorter than a window's prefill cannot
     # compress it (kvpress asserts mid-run): refused here too (prefills under MIN_PRESS_PREFILL run
@@ -500,7 +505,9 @@ def measure(args):
     prefills = sorted({max(1, int(args.prefill * (sc + 1))) for _, sc in windows})
     for r in rows:
         try:
-            press = r.make(model, args.ctx)[1]
+            m = models["eager"] if getattr(r, "eager", False) else \
+                models["kvcache"] if getattr(r, "paged_attention", False) else model
+            press = r.make(m, args.ctx)[1]
         except Exception as e:  # noqa: BLE001 (the press's or cache's own message)
             sys.exit("hf_caches: row '%s': %s: %s" % (r.name, type(e).__name__, e))
         if r.protocol != "prefill-compress" or press is None:
@@ -512,11 +519,6 @@ def measure(args):
             sys.exit("hf_caches: row '%s': its observation window of %d positions needs a longer prefill, and "
                      "--ctx %d / --max-tokens %d / --prefill %g give a window prefilling %d: change --ctx or "
                      "--max-tokens" % (r.name, win, args.ctx, args.max_tokens, args.prefill, bad[0]))
-    for r in rows:
-        if getattr(r, "eager", False) and "eager" not in models:
-            models["eager"] = hfmodel.load("eager")[0]
-        if getattr(r, "paged_attention", False) and "kvcache" not in models:
-            models["kvcache"] = hfmodel.load(kh.ATTN_IMPLEMENTATION)[0]
     protocols = sorted({r.protocol for r in rows})
     refs = {p: Row("dynamic-f32 (%s)" % p, p, "transformers DynamicCache", "DynamicCache()",
                    "f32 K/V of every token", lambda m, ctx: (transformers.DynamicCache(), None)) for p in protocols}
