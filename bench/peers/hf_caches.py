@@ -503,6 +503,10 @@ def measure(args):
     # compress it (kvpress asserts mid-run): refused here too (prefills under MIN_PRESS_PREFILL run
     # uncompressed for every row).
     prefills = sorted({max(1, int(args.prefill * (sc + 1))) for _, sc in windows})
+    if any(r.protocol == "prefill-compress" for r in rows) and prefills[-1] < MIN_PRESS_PREFILL:
+        sys.exit("hf_caches: --ctx %d with --prefill %g prefills at most %d positions, fewer than the %d a "
+                 "window needs to be compressed: the prefill-compress rows would equal their reference; "
+                 "raise --ctx" % (args.ctx, args.prefill, prefills[-1], MIN_PRESS_PREFILL))
     for r in rows:
         try:
             m = models["eager"] if getattr(r, "eager", False) else \
