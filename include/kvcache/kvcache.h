@@ -1492,7 +1492,8 @@ typedef enum kvc_query_quant {
    * `vpdpbusd`, 32 products an instruction); the values and the softmax stay f32. The approach
    * of llama.cpp's CPU attention, which converts the query to the key type's dot-product type.
    * A score q.k moves by at most (max |q| / 254) x sum |k| (the query's rounding; the keys are
-   * as before). Used by CPU decode (one query row per sequence)
+   * as before); an observe mode records the probabilities of these scores. Used by CPU decode
+   * (one query row per sequence)
    * where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with
    * per-token scales and head_dim is a multiple of 32; everything else (f16 / bf16 / f32 keys,
    * prefill, CUDA pools, older CPUs) computes as ::KVC_QUERY_EXACT.
