@@ -706,16 +706,30 @@ def measure(args):
     return summarize(windows)  # main() removes the checkpoint once the report is written
 
 
+def read_report(path, prog, key):
+    """The JSON report of bench/peers/PROG.py at path (an object with a results list and `key`), or exit
+    with one line naming what is wrong."""
+    try:
+        with open(path) as f:
+            r = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit("%s: cannot read report %s: %s" % (prog, path, getattr(e, "strerror", None) or e))
+    if not isinstance(r, dict) or not isinstance(r.get("results"), list) or key not in r:
+        sys.exit("%s: %s is not a %s.py report" % (prog, path, prog))
+    return r
+
+
+def default_text():
+    """The shared TinyStories text (imports torch through hfmodel: for measuring runs only)."""
+    import hfmodel
+
+    return os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt")
+
+
 def merge(paths):
     reports = []
     for p in paths:
-        try:
-            with open(p) as f:
-                r = json.load(f)
-        except (OSError, ValueError) as e:
-            sys.exit("hf_caches: cannot read report %s: %s" % (p, getattr(e, "strerror", None) or e))
-        if not isinstance(r, dict) or not isinstance(r.get("results"), list) or "tokens_scored" not in r:
-            sys.exit("hf_caches: %s is not a hf_caches.py report" % p)
+        r = read_report(p, "hf_caches", "tokens_scored")
         if r.get("complete") is False:
             sys.exit("hf_caches: %s is a checkpoint of an unfinished run (complete: false): finish it with --resume"
                      % p)
@@ -794,10 +808,7 @@ def main():
                      "arguments), or remove it" % a.json)
         if (a.stop_after is not None and a.stop_after < 1) or ((a.stop_after or a.resume) and not a.json):
             sys.exit("hf_caches: --stop-after N needs N >= 1; --stop-after and --resume need --json")
-        if a.text is None:
-            import hfmodel  # imports torch: only for a measuring run
-
-            a.text = os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt")
+        a.text = a.text or default_text()
         try:
             rep = measure(a)
         except KeyboardInterrupt:

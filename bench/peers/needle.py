@@ -235,16 +235,7 @@ def main():
     if a.rows is not None and not a.rows.strip():
         sys.exit("needle: --rows is empty (leave it out for the default rows)")
     if a.merge:
-        reps = []
-        for p in a.merge:
-            try:
-                with open(p) as f:
-                    r = json.load(f)
-            except (OSError, ValueError) as e:
-                sys.exit("needle: cannot read report %s: %s" % (p, getattr(e, "strerror", None) or e))
-            if not isinstance(r, dict) or not isinstance(r.get("results"), list) or "lengths" not in r:
-                sys.exit("needle: %s is not a needle.py report" % p)
-            reps.append(r)
+        reps = [hf_caches.read_report(p, "needle", "lengths") for p in a.merge]
         rep = dict(reps[0])
         seen, rows = set(), []
         for r in reps:
@@ -257,10 +248,7 @@ def main():
                     rows.append(row)
         rep["results"], rep["command"] = rows, [r["command"] for r in reps]
     else:
-        if a.text is None:
-            import hfmodel  # imports torch: only for a measuring run
-
-            a.text = os.path.join(hfmodel.shared_dir(), "data", "tinystories-valid-sample.txt")
+        a.text = a.text or hf_caches.default_text()
         try:
             rep = measure(a)
         except KeyboardInterrupt:
