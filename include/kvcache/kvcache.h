@@ -119,7 +119,7 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 8
+#define KVC_API_VERSION 9
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -528,6 +528,41 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
  * @since 0.3 */
 #define KVC_POOL_PRE_ROPE_KEYS 0x2u
 
+/** @brief Pool flag: head-wise storage. Each (layer, KV head) has its own
+ * block table, token count, positions and recorded scores, and a block
+ * holds `block_size` tokens of one KV head (kvc_pool_get_layout() reports
+ * num_kv_heads 1), so an eviction that keeps different tokens in different
+ * heads (::KVC_HEAD_BUDGET_ADAKV, kvc_seq_keep_head()) frees each head's
+ * own blocks: a head that keeps 20% of the tokens holds 20% of the blocks.
+ * Token-wise pools (the default) keep one table per layer, the same tokens
+ * in every head.
+ *
+ * What works as in a token-wise pool: reserve, kvc_append() (rows
+ * `[n][num_kv_heads][head_dim]` as always; each head writes at its own
+ * index), decode and prefill attention (each KV head over its own tokens
+ * with its group of query heads, any codec), eviction (every policy, per
+ * head; ::kvc_policy_config.head_budget shares a layer's budget across its
+ * heads), fork and copy-on-write, kvc_seq_save() / kvc_seq_restore() (the
+ * record carries the flag: it restores only into a head-wise pool of the
+ * same geometry), the prefix cache and offload tiers (keys carry the flag
+ * too). Per-layer reads (kvc_gather(), kvc_seq_scores(),
+ * kvc_seq_observe_scores(), kvc_seq_rope_positions(), kvc_seq_keep()) apply
+ * while the layer's heads hold the same tokens and give
+ * ::KVC_ERR_UNSUPPORTED after a head-wise eviction; read one head with
+ * kvc_gather_head(), kvc_seq_head_tokens(), kvc_seq_head_block_table(),
+ * kvc_export_head_page_table(). kvc_seq_block_table() and
+ * kvc_export_page_table() give ::KVC_ERR_UNSUPPORTED (a layer has no one
+ * table). kvc_seq_layer_tokens() gives the most any head of the layer holds;
+ * slot mappings of kvc_seq_reserve() are `[num_layers][num_kv_heads][n_new]`;
+ * ::kvc_stats.tokens_stored counts (token, KV head) pairs.
+ *
+ * Refused at create with ::KVC_ERR_UNSUPPORTED: CUDA pools, per-tensor
+ * scales, per-group scales whose group does not divide head_dim, the HND
+ * layout; with ::KVC_ERR_INVALID_ARGUMENT: more than 2^20 (layer, head)
+ * tables. llama.cpp state import / export gives ::KVC_ERR_UNSUPPORTED.
+ * Layout in docs/eviction.md ("Head-wise pools"). @since 0.4 */
+#define KVC_POOL_HEADWISE 0x4u
+
 /**
  * @brief The rotary position embedding (RoPE) the engine applies to keys
  * before kvc_append(). The pool needs it only to re-rotate keys whose
@@ -728,6 +763,8 @@ typedef struct kvc_stats {
   /**
    * Tokens held, summed over sequences and layers (bits per
    * element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim)).
+   * A head-wise pool (::KVC_POOL_HEADWISE) counts (token, KV head) pairs
+   * (bits per element = bytes_in_use * 8 / (tokens_stored * 2 * head_dim)).
    * @since 0.2
    */
   uint64_t tokens_stored;
@@ -1295,6 +1332,91 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
                                          size_t indices_capacity, int32_t *last_page_len,
                                          size_t *n_indices);
 
+/**
+ * @brief Number of tokens one KV head of a layer holds. In a head-wise pool
+ * (::KVC_POOL_HEADWISE) heads hold different counts after a head-wise
+ * eviction; in a token-wise pool every head holds the layer's tokens.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param head 0..num_kv_heads-1.
+ * @param n_tokens receives the count.
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,
+ * ::KVC_ERR_OUT_OF_RANGE (layer, head).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_seq_head_tokens(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                       uint32_t head, uint64_t *n_tokens);
+
+/**
+ * @brief Copy out tokens [first, first + n) of one KV head of a layer, as
+ * kvc_gather() does for a whole layer (any codec decoded, unwritten slots as
+ * zeros). Token i is the head's i-th held token (kvc_seq_head_tokens()).
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param head 0..num_kv_heads-1.
+ * @param first first token index.
+ * @param n tokens to copy (0 is allowed).
+ * @param k_out NULL or receives `[n][head_dim]` keys of dtype `dst`.
+ * @param v_out NULL or receives `[n][head_dim]` values of dtype `dst`.
+ * @param dst ::KVC_DTYPE_F32, ::KVC_DTYPE_F16 or ::KVC_DTYPE_BF16.
+ * @param positions_out NULL or receives `[n]` int32 text positions.
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer, head, or the range past the head's tokens);
+ * ::KVC_ERR_INVALID_ARGUMENT (dst).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_gather_head(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint32_t head,
+                                   uint64_t first, uint64_t n, void *k_out, void *v_out,
+                                   kvc_dtype dst, int32_t *positions_out);
+
+/**
+ * @brief Copy the block table of one KV head of a layer: in a head-wise pool
+ * (::KVC_POOL_HEADWISE) the head's own blocks (each holds `block_size`
+ * tokens of that head only); in a token-wise pool the layer's table, whose
+ * blocks hold every head.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param head 0..num_kv_heads-1.
+ * @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids.
+ * @param capacity entries block_ids can hold.
+ * @param n_blocks receives the number of blocks (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n_blocks), ::KVC_ERR_SEQ_NOT_FOUND,
+ * ::KVC_ERR_OUT_OF_RANGE (layer, head), ::KVC_ERR_BUFFER_TOO_SMALL.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_seq_head_block_table(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                            uint32_t head, int32_t *block_ids, size_t capacity,
+                                            size_t *n_blocks);
+
+/**
+ * @brief kvc_export_page_table() for a head-wise pool (::KVC_POOL_HEADWISE):
+ * one row per (sequence, KV head), row `i x num_kv_heads + h` for head h of
+ * sequence i, so a paged kernel (FlashInfer's, with a batch of
+ * n_seqs x num_kv_heads single-head requests) reads each head's own pages.
+ * @param pool the pool (not NULL).
+ * @param layer 0..num_layers-1.
+ * @param seq_ids `[n_seqs]` sequence ids (repeats allowed).
+ * @param n_seqs with num_kv_heads, at most 2^31-1 rows.
+ * @param indptr receives `[n_seqs x num_kv_heads + 1]` int32, indptr[0] = 0.
+ * @param indices receives the block ids, int32, at most `indices_capacity`.
+ * @param indices_capacity entries indices can hold.
+ * @param last_page_len receives `[n_seqs x num_kv_heads]` int32 (0 for an empty head).
+ * @param n_indices receives the total number of block ids (also on ::KVC_ERR_BUFFER_TOO_SMALL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
+ * ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_BUFFER_TOO_SMALL (only n_indices
+ * written); ::KVC_ERR_OVERFLOW (more than 2^31-1 rows or indices);
+ * ::KVC_ERR_UNSUPPORTED (a token-wise pool: use kvc_export_page_table()).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_export_head_page_table(kvc_pool *pool, uint32_t layer,
+                                              const uint64_t *seq_ids, size_t n_seqs,
+                                              int32_t *indptr, int32_t *indices,
+                                              size_t indices_capacity, int32_t *last_page_len,
+                                              size_t *n_indices);
+
 /* ------------------------------------------------------------------------ */
 /* Element conversion                                                       */
 /* ------------------------------------------------------------------------ */
@@ -1837,6 +1959,29 @@ typedef enum kvc_pyramid_schedule {
 } kvc_pyramid_schedule;
 
 /**
+ * @brief How a head-wise pool (::KVC_POOL_HEADWISE) splits a layer's budget
+ * over its KV heads. @since 0.4
+ */
+typedef enum kvc_head_budget {
+  /** Each KV head keeps its own budget B (the layer's, as for a token-wise pool). */
+  KVC_HEAD_BUDGET_UNIFORM = 0,
+  /**
+   * AdaKV (Feng et al., "Ada-KV: Optimizing KV Cache Eviction by Adaptive
+   * Budget Allocation for Efficient LLM Inference", arXiv 2407.11550; kvpress
+   * AdaKVPress), over any policy's scores: the heads share H x B. Each head
+   * keeps what its policy keeps by rule (sinks, windows) and its best
+   * floor(head_floor x its own candidate budget) tokens (at least one when the
+   * rule keeps none); the rest of the shared budget goes to the best-scoring
+   * remaining tokens of all the layer's heads. Needs a head-wise pool
+   * (::KVC_ERR_UNSUPPORTED otherwise, when attached or evicting).
+   */
+  KVC_HEAD_BUDGET_ADAKV = 1,
+  KVC_HEAD_BUDGET_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
+  /** Forces a signed enum (any int32 can be passed and is checked); not a value. */
+  KVC_HEAD_BUDGET_FORCE_SIGNED = INT32_MIN
+} kvc_head_budget;
+
+/**
  * @brief Configuration of an eviction policy. Init with
  * kvc_policy_config_init().
  *
@@ -1890,6 +2035,15 @@ typedef struct kvc_policy_config {
    * over, 1..1048576; default 512 (kvpress's). @since 0.4
    */
   uint32_t future_positions;
+  /** Head-wise pools: how a layer's budget is split over its KV heads; default uniform. @since 0.4
+   */
+  kvc_head_budget head_budget;
+  /**
+   * ::KVC_HEAD_BUDGET_ADAKV: the share of a head's own candidate budget it keeps whatever the
+   * other heads score, in [0, 1]; default 0.2 (AdaKV's safeguard, kvpress's alpha_safeguard).
+   * @since 0.4
+   */
+  double head_floor;
 } kvc_policy_config;
 
 /**
@@ -2033,6 +2187,26 @@ KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *
  */
 KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
                                 const uint64_t *keep, uint64_t n_keep, uint64_t *dropped);
+
+/**
+ * @brief kvc_seq_keep() for one KV head of a head-wise pool
+ * (::KVC_POOL_HEADWISE): keep exactly the listed tokens of that head; the
+ * other heads and layers are unchanged; the head's emptied blocks are freed.
+ * @param pool the pool (not NULL).
+ * @param seq_id a live sequence.
+ * @param layer 0..num_layers-1.
+ * @param head 0..num_kv_heads-1.
+ * @param keep `[n_keep]` indices into the head's tokens (as kvc_gather_head()
+ * numbers them), strictly increasing; NULL only when n_keep is 0.
+ * @param n_keep survivors, at most the head's token count.
+ * @param dropped NULL or `[1]`: the tokens dropped.
+ * @return as kvc_seq_keep(); also ::KVC_ERR_OUT_OF_RANGE (head) and
+ * ::KVC_ERR_UNSUPPORTED (a token-wise pool, whose heads share their tokens).
+ * Nothing changes on failure.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_seq_keep_head(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint32_t head,
+                                     const uint64_t *keep, uint64_t n_keep, uint64_t *dropped);
 
 /**
  * @brief Load a scorer plugin (a shared object implementing
@@ -3327,6 +3501,21 @@ typedef struct kvc_api {
   /** kvc_seq_export_llama() */
   kvc_status (*seq_export_llama)(kvc_pool *, uint64_t, int32_t, kvc_llama_type, kvc_llama_type,
                                  uint32_t, void *, size_t, size_t *);
+  /* --- version 9 (0.4) --- */
+  /** kvc_seq_head_tokens() */
+  kvc_status (*seq_head_tokens)(kvc_pool *, uint64_t, uint32_t, uint32_t, uint64_t *);
+  /** kvc_gather_head() */
+  kvc_status (*gather_head)(kvc_pool *, uint64_t, uint32_t, uint32_t, uint64_t, uint64_t, void *,
+                            void *, kvc_dtype, int32_t *);
+  /** kvc_seq_head_block_table() */
+  kvc_status (*seq_head_block_table)(kvc_pool *, uint64_t, uint32_t, uint32_t, int32_t *, size_t,
+                                     size_t *);
+  /** kvc_export_head_page_table() */
+  kvc_status (*export_head_page_table)(kvc_pool *, uint32_t, const uint64_t *, size_t, int32_t *,
+                                       int32_t *, size_t, int32_t *, size_t *);
+  /** kvc_seq_keep_head() */
+  kvc_status (*seq_keep_head)(kvc_pool *, uint64_t, uint32_t, uint32_t, const uint64_t *, uint64_t,
+                              uint64_t *);
 } kvc_api;
 
 /**

@@ -46,6 +46,10 @@ static_assert(static_cast<int>(kvc::core::Layout::NHD) == KVC_LAYOUT_NHD &&
               static_cast<int>(kvc::core::Layout::HND) == KVC_LAYOUT_HND);
 static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&
               static_cast<int>(kvc::core::Device::CUDA) == KVC_DEVICE_CUDA);
+static_assert(static_cast<int>(kvc::core::HeadBudget::Uniform) == KVC_HEAD_BUDGET_UNIFORM &&
+              static_cast<int>(kvc::core::HeadBudget::AdaKV) == KVC_HEAD_BUDGET_ADAKV);
+static_assert(kvc::core::kFlagHeadwise == KVC_POOL_HEADWISE &&
+              kvc::core::kFlagPreRopeKeys == KVC_POOL_PRE_ROPE_KEYS);
 
 kvc::core::Pool &kvc::api::core_pool(kvc_pool *pool) {
   return pool->core;

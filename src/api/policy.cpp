@@ -24,6 +24,8 @@ void policy_defaults(kvc_policy_config *c) {
   c->schedule = KVC_PYRAMID_PAPER;
   c->beta = 20.0;
   c->future_positions = 512;
+  c->head_budget = KVC_HEAD_BUDGET_UNIFORM;
+  c->head_floor = 0.2;
 }
 
 }  // namespace
@@ -66,6 +68,8 @@ KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy
     sp->auto_evict = c.auto_evict != 0;
     if (c.plugin) sp->plugin = c.plugin->core;
     sp->future_positions = c.future_positions;
+    sp->head_budget = static_cast<kvc::core::HeadBudget>(c.head_budget);
+    sp->head_floor = c.head_floor;
     sp->validate();
     auto *pol = new kvc_policy;
     pol->spec = std::move(sp);
@@ -106,6 +110,17 @@ KVC_API kvc_status kvc_seq_keep(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
     if (n_keep > 0) need(keep, "keep");
     uint64_t d = 0;
     p.keep_tokens(seq_id, layer, keep, n_keep, &d);
+    if (dropped) *dropped = d;
+  });
+}
+
+KVC_API kvc_status kvc_seq_keep_head(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint32_t head,
+                                     const uint64_t *keep, uint64_t n_keep, uint64_t *dropped) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (n_keep > 0) need(keep, "keep");
+    uint64_t d = 0;
+    p.keep_tokens(seq_id, layer, keep, n_keep, &d, head);
     if (dropped) *dropped = d;
   });
 }

@@ -255,7 +255,7 @@ KVC_API kvc_status kvc_pool_get_config(kvc_pool *pool, kvc_pool_config *config) 
     auto &p = core_of(pool);
     need(config, "config");
     kvc::api::check_output_struct(config, kPoolConfigMin, "kvc_pool_config");
-    const auto &c = p.config();
+    const auto c = p.caller_config();  // a head-wise pool's as its caller gave it
     kvc_pool_config full;
     defaults(&full);
     full.num_layers = c.num_layers;

@@ -108,6 +108,65 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
   });
 }
 
+KVC_API kvc_status kvc_seq_head_tokens(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                       uint32_t head, uint64_t *n_tokens) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(n_tokens, "n_tokens");
+    *n_tokens = p.seq_head_tokens(seq_id, layer, head);
+  });
+}
+
+KVC_API kvc_status kvc_gather_head(kvc_pool *pool, uint64_t seq_id, uint32_t layer, uint32_t head,
+                                   uint64_t first, uint64_t n, void *k_out, void *v_out,
+                                   kvc_dtype dst, int32_t *positions_out) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    if (!k_out && !v_out && !positions_out)
+      fail(Errc::NullPointer, "k_out, v_out and positions_out are all NULL");
+    p.gather_head(seq_id, layer, head, first, n, k_out, v_out, dtype_arg(dst, "dst"),
+                  positions_out);
+  });
+}
+
+KVC_API kvc_status kvc_seq_head_block_table(kvc_pool *pool, uint64_t seq_id, uint32_t layer,
+                                            uint32_t head, int32_t *block_ids, size_t capacity,
+                                            size_t *n_blocks) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(n_blocks, "n_blocks");
+    const size_t n = p.head_block_table(seq_id, layer, head, block_ids, capacity);
+    *n_blocks = n;
+    if (block_ids && n > capacity)
+      fail(Errc::BufferTooSmall, "block_ids holds " + std::to_string(capacity) +
+                                     " entries; the block table has " + std::to_string(n));
+  });
+}
+
+KVC_API kvc_status kvc_export_head_page_table(kvc_pool *pool, uint32_t layer,
+                                              const uint64_t *seq_ids, size_t n_seqs,
+                                              int32_t *indptr, int32_t *indices,
+                                              size_t indices_capacity, int32_t *last_page_len,
+                                              size_t *n_indices) {
+  return guard([&] {
+    auto &p = core_of(pool);
+    need(n_indices, "n_indices");
+    need(indptr, "indptr");
+    if (n_seqs > 0) {
+      need(seq_ids, "seq_ids");
+      need(last_page_len, "last_page_len");
+    }
+    if (n_seqs > 0x7fffffffu) fail(Errc::InvalidArgument, "n_seqs above 2^31-1");
+    if (!indices && indices_capacity > 0) fail(Errc::NullPointer, "indices is NULL");
+    const size_t total = p.export_head_page_table(layer, seq_ids, n_seqs, indptr, indices,
+                                                  indices_capacity, last_page_len);
+    *n_indices = total;
+    if (total > indices_capacity)
+      fail(Errc::BufferTooSmall, "indices holds " + std::to_string(indices_capacity) +
+                                     " entries; the page table needs " + std::to_string(total));
+  });
+}
+
 KVC_API kvc_status kvc_seq_save(kvc_pool *pool, uint64_t seq_id, void *buffer, size_t capacity,
                                 size_t *size) {
   return guard([&] {

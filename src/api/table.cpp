@@ -111,6 +111,12 @@ static const kvc_api g_api = {
     // version 8 (0.4)
     kvc_seq_import_llama,
     kvc_seq_export_llama,
+    // version 9 (0.4)
+    kvc_seq_head_tokens,
+    kvc_gather_head,
+    kvc_seq_head_block_table,
+    kvc_export_head_page_table,
+    kvc_seq_keep_head,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

@@ -37,7 +37,7 @@ void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
 }  // namespace
 
 void validate_config(PoolConfig &c, bool check_memory) {
-  check_range("num_layers", c.num_layers, 1, 4096);
+  check_range("num_layers", c.num_layers, 1, c.headwise_heads ? (1u << 20) : 4096u);
   check_range("num_q_heads", c.num_q_heads, 1, 65536);
   check_range("num_kv_heads", c.num_kv_heads, 1, 65536);
   check_range("head_dim", c.head_dim, 1, 1024);
@@ -59,13 +59,17 @@ void validate_config(PoolConfig &c, bool check_memory) {
   if (c.num_q_heads % c.num_kv_heads != 0)
     fail(Errc::InvalidArgument, "num_q_heads " + u64s(c.num_q_heads) +
                                     " is not a multiple of num_kv_heads " + u64s(c.num_kv_heads));
-  if (c.flags & ~(kFlagZeroOnFree | kFlagPreRopeKeys))
+  if (c.flags & ~(kFlagZeroOnFree | kFlagPreRopeKeys | kFlagHeadwise))
     fail(
-        Errc::InvalidArgument, "flags 0x" + [&] {
-          char b[16];
-          std::snprintf(b, sizeof b, "%x", c.flags);
-          return std::string(b);
-        }() + ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS)");
+        Errc::InvalidArgument,
+        "flags 0x" +
+            [&] {
+              char b[16];
+              std::snprintf(b, sizeof b, "%x", c.flags);
+              return std::string(b);
+            }() +
+            ": unknown bits (known: KVC_POOL_ZERO_ON_FREE, KVC_POOL_PRE_ROPE_KEYS, "
+            "KVC_POOL_HEADWISE)");
   for (int kv = 0; kv < 2; ++kv) {
     const int32_t d = static_cast<int32_t>(kv == 0 ? c.k_dtype : c.v_dtype);
     if (!dtype_is_plain(d))
@@ -199,6 +203,37 @@ void validate_config(PoolConfig &c, bool check_memory) {
                                   " scale group(s) does not fit the kernels' shared memory (row + "
                                   "2 x groups <= 12288)");
   }
+  // Head-wise pools: each (layer, KV head) becomes a table of its own, stored
+  // as a layer of one KV head and its group of query heads (what is refused:
+  // docs/eviction.md "Head-wise pools"). Done once: a validated configuration
+  // keeps headwise_heads.
+  if ((c.flags & kFlagHeadwise) && c.headwise_heads == 0) {
+    if (c.device == Device::CUDA)
+      fail(Errc::Unsupported,
+           "device CUDA: head-wise pools (KVC_POOL_HEADWISE) are CPU-only in this version");
+    for (const codec::Spec *sp : {&c.k_codec, &c.v_codec})
+      if (!is_float(sp->dtype) && sp->gran == codec::Gran::Tensor)
+        fail(Errc::Unsupported,
+             "head-wise pools (KVC_POOL_HEADWISE) take per-token, per-group or per-channel "
+             "scales, not one scale per tensor");
+    for (const codec::Spec *sp : {&c.k_codec, &c.v_codec})
+      if (!is_float(sp->dtype) && sp->gran == codec::Gran::Group && c.head_dim % sp->group != 0)
+        fail(Errc::Unsupported, "head-wise pools (KVC_POOL_HEADWISE): group_size " +
+                                    u64s(sp->group) + " must divide head_dim " + u64s(c.head_dim) +
+                                    " (a block holds one KV head)");
+    if (c.layout != Layout::NHD)
+      fail(Errc::Unsupported,
+           "head-wise pools (KVC_POOL_HEADWISE) use the NHD layout (a block "
+           "holds one KV head)");
+    if (uint64_t(c.num_layers) * c.num_kv_heads > (uint64_t(1) << 20))
+      fail(Errc::InvalidArgument,
+           "head-wise pools (KVC_POOL_HEADWISE): num_layers x num_kv_heads " +
+               u64s(uint64_t(c.num_layers) * c.num_kv_heads) + " above 1048576 tables");
+    c.headwise_heads = c.num_kv_heads;
+    c.num_layers *= c.num_kv_heads;
+    c.num_q_heads /= c.num_kv_heads;
+    c.num_kv_heads = 1;
+  }
   // Bytes of one block (K and V parts, scales and zero points included; each
   // part and the block start on 16 bytes so every element is aligned).
   uint64_t stride = 0;
@@ -286,6 +321,12 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
     append_le32(b, static_cast<uint32_t>(c.rope_style));
     append_le32(b, c.rope_dims ? c.rope_dims : c.head_dim);
     append_le_f64(b, c.rope_theta);
+  }
+  // Head-wise pools (absent in token-wise ones): the tables per layer, so a
+  // head-wise pool never matches a token-wise one of num_layers x heads layers.
+  if (c.flags & kFlagHeadwise) {
+    append_le32(b, kFlagHeadwise);
+    append_le32(b, c.headwise_heads);
   }
   return b;
 }

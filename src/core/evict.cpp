@@ -43,6 +43,10 @@ void PoolCore::check_policy_fits(const PolicySpec *p) const {
     fail(Errc::Unsupported,
          "the policy shifts positions but keys use one scale per tensor: rotated keys can "
          "exceed it (use per-token or per-group scales)");
+  if (p->head_budget == policy::HeadBudget::AdaKV && heads() == 1)
+    fail(Errc::Unsupported,
+         "AdaKV head budgets (KVC_HEAD_BUDGET_ADAKV) need a head-wise pool (KVC_POOL_HEADWISE): "
+         "a token-wise pool keeps the same tokens in every KV head");
   if (p->auto_evict && p->kind != PolicyKind::None && stage_.active)
     fail(Errc::Unsupported,
          "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
@@ -66,17 +70,28 @@ void Pool::observe_scores(uint64_t id, uint32_t layer, const float *scores, uint
                           bool accumulate) {
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
-  check_layer(layer);
-  const uint64_t h = cfg_.num_kv_heads;
-  if (n != s.layers[layer].n_tokens)
+  check_caller_layer(layer);
+  const uint32_t H = heads();
+  if (H > 1) check_heads_agree(s, layer, "kvc_seq_observe_scores");
+  const LayerTable &l0 = s.layers[static_cast<size_t>(layer) * H];
+  const uint64_t h = cfg_.num_kv_heads * H;  // scores per token: the caller's KV heads
+  if (n != l0.n_tokens)
     fail(Errc::InvalidArgument, "scores for " + u64s(n) + " tokens but layer " + u64s(layer) +
-                                    " holds " + u64s(s.layers[layer].n_tokens));
+                                    " holds " + u64s(l0.n_tokens));
   for (uint64_t i = 0; i < n * h; ++i)
     if (!std::isfinite(scores[i]) || scores[i] < 0.0f)
       fail(Errc::NonFinite, "score " + u64s(i) + " is negative, NaN or Inf: nothing was changed");
   enable_scores(s);
-  std::vector<float> &dst = s.layers[layer].scores;
-  for (uint64_t i = 0; i < n * h; ++i) dst[i] = accumulate ? dst[i] + scores[i] : scores[i];
+  if (H == 1) {
+    std::vector<float> &dst = s.layers[layer].scores;
+    for (uint64_t i = 0; i < n * h; ++i) dst[i] = accumulate ? dst[i] + scores[i] : scores[i];
+    return;
+  }
+  for (uint32_t hh = 0; hh < H; ++hh) {  // head-wise: head hh's column to its table
+    std::vector<float> &dst = s.layers[static_cast<size_t>(layer) * H + hh].scores;
+    for (uint64_t i = 0; i < n; ++i)
+      dst[i] = accumulate ? dst[i] + scores[i * H + hh] : scores[i * H + hh];
+  }
 }
 
 policy::QueryStats Pool::query_stats(const void *q, DType q_dtype, uint64_t n, uint32_t num_q_heads,
@@ -131,6 +146,33 @@ void Pool::merge_query_stats(uint32_t layer, const uint64_t *ids, const policy::
 
 void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_dtype, uint64_t n,
                            uint32_t num_q_heads, const int32_t *positions) {
+  const uint32_t H = heads();
+  if (H > 1) {  // head-wise: each head's table gets the statistics of its query heads
+    const uint32_t q_heads = cfg_.num_q_heads * H;
+    if (num_q_heads != q_heads)
+      fail(Errc::InvalidArgument,
+           "num_q_heads " + u64s(num_q_heads) + " differs from the pool's " + u64s(q_heads));
+    if (q_dtype != DType::F32 && q_dtype != DType::F16 && q_dtype != DType::BF16)
+      fail(Errc::InvalidArgument, "q_dtype must be f32, f16 or bf16");
+    if (n > (uint64_t(1) << 31)) fail(Errc::Overflow, "n " + u64s(n) + ": too many query rows");
+    {
+      std::shared_lock lk(mu_);
+      find(id);
+      check_caller_layer(layer);
+    }
+    if (n == 0) return;
+    const uint64_t eb = static_cast<uint64_t>(bits_of(q_dtype)) / 8;
+    const uint64_t gb = uint64_t(cfg_.num_q_heads) * cfg_.head_dim * eb, rb = gb * H;
+    std::vector<policy::QueryStats> st(H);
+    std::vector<uint8_t> part(n * gb);
+    for (uint32_t hh = 0; hh < H; ++hh) {
+      for (uint64_t r = 0; r < n; ++r)
+        std::memcpy(&part[r * gb], static_cast<const uint8_t *>(q) + r * rb + hh * gb, gb);
+      st[hh] = query_stats(part.data(), q_dtype, n, cfg_.num_q_heads, positions);
+    }
+    for (uint32_t hh = 0; hh < H; ++hh) merge_query_stats(layer * H + hh, &id, &st[hh], 1);
+    return;
+  }
   const policy::QueryStats st = query_stats(q, q_dtype, n, num_q_heads, positions);
   if (n == 0) {  // the sequence and layer are still checked
     std::shared_lock lk(mu_);
@@ -144,26 +186,34 @@ void Pool::observe_queries(uint64_t id, uint32_t layer, const void *q, DType q_d
 void Pool::read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  check_layer(layer);
-  const LayerTable &l = s.layers[layer];
+  check_caller_layer(layer);
+  const uint32_t H = heads();
+  if (H > 1) check_heads_agree(s, layer, "kvc_seq_scores");
+  const LayerTable &l = s.layers[static_cast<size_t>(layer) * H];
   if (n != l.n_tokens)
     fail(Errc::BufferTooSmall,
          "layer " + u64s(layer) + " holds " + u64s(l.n_tokens) + " tokens, not " + u64s(n));
-  const uint64_t cnt = n * cfg_.num_kv_heads;
+  const uint64_t cnt = n * cfg_.num_kv_heads * H;
   // observing attention writes them under the shared lock
   std::lock_guard<std::mutex> g(scores_mu_);
-  if (s.track_scores)
+  if (!s.track_scores)
+    std::fill(out, out + cnt, 0.0f);
+  else if (H == 1)
     std::memcpy(out, l.scores.data(), cnt * sizeof(float));
   else
-    std::fill(out, out + cnt, 0.0f);
+    for (uint32_t hh = 0; hh < H; ++hh) {
+      const std::vector<float> &src = s.layers[static_cast<size_t>(layer) * H + hh].scores;
+      for (uint64_t i = 0; i < n; ++i) out[i * H + hh] = src[i];
+    }
 }
 
 void Pool::rope_positions(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n,
                           int32_t *out) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  check_layer(layer);
-  const LayerTable &l = s.layers[layer];
+  check_caller_layer(layer);
+  if (heads() > 1) check_heads_agree(s, layer, "kvc_seq_rope_positions");
+  const LayerTable &l = s.layers[static_cast<size_t>(layer) * heads()];
   if (n > s.length || pos > s.length - n || pos < l.tail_pos)
     fail(Errc::OutOfRange, "positions [" + u64s(pos) + ", " + u64s(pos + n) +
                                ") are not the layer's tail (" + u64s(l.tail_pos) + " to " +
@@ -179,7 +229,7 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
   Sequence &s = find(id);
   const PolicySpec *p = policy ? policy : policy_of(s);
   if (!p) {  // no policy: nothing to do
-    if (dropped) std::fill(dropped, dropped + cfg_.num_layers, 0);
+    if (dropped) std::fill(dropped, dropped + num_layers(), 0);
     return;
   }
   evict_locked(id, s, *p, 0, dropped);
@@ -187,15 +237,17 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
 
 void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new,
                             uint64_t *dropped) {
-  const uint32_t nl = cfg_.num_layers;
+  const uint32_t nl = cfg_.num_layers, H = heads(), L = nl / H;  // tables, heads, layers
   const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
   // ---- plan: every check and allocation before the first change ----
   std::vector<std::vector<uint32_t>> keep(nl);
   std::vector<uint64_t> first_write(nl, UINT64_MAX);
   std::vector<char> shift(nl, 0);
   uint64_t cow_needed = 0;
-  std::vector<float> keys, values;    // plugin, knorm, expected-attention input
-  std::vector<double> q_mean, q_cov;  // expected attention: future queries' moments
+  if (p.head_budget == policy::HeadBudget::AdaKV && H == 1)
+    fail(Errc::Unsupported,
+         "AdaKV head budgets (KVC_HEAD_BUDGET_ADAKV) need a head-wise pool (KVC_POOL_HEADWISE): "
+         "a token-wise pool keeps the same tokens in every KV head");
   // KVzip under a compression ratio: the layers' budgets shared by one
   // threshold over all of them (with budget_tokens set, budgets stay per layer).
   if (p.kind == PolicyKind::KVzip && !s.track_scores)
@@ -213,115 +265,166 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       views[li].n = l.n_tokens;
       views[li].kv_heads = static_cast<uint32_t>(h);
       views[li].scores = s.track_scores ? l.scores.data() : nullptr;
-      shared[li] = layer_target(p, li, nl, l.n_tokens);
+      shared[li] = layer_target(p, li / H, L, l.n_tokens);
     }
     policy::shared_targets(p, views, shared);
   }
-  for (uint32_t li = 0; li < nl; ++li) {
-    const LayerTable &l = s.layers[li];
-    const uint64_t n = l.n_tokens;
-    uint64_t target;
-    if (reserve_new) {  // auto-eviction before a reservation: make room under the cap
-      if (n + reserve_new <= p.budget_tokens) continue;
-      target = p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1;
-      target = std::min(target, layer_target(p, li, nl, n));
-    } else {
-      target = shared.empty() ? layer_target(p, li, nl, n) : shared[li];
+  // The views of one layer's tables (its KV heads in a head-wise pool), with
+  // the keys, values and future-query moments the policy reads.
+  std::vector<LayerView> views(H);
+  std::vector<std::vector<float>> keys(H), values(H);
+  std::vector<std::vector<double>> q_mean(H), q_cov(H);
+  std::vector<std::vector<int32_t>> pos(H);
+  std::vector<uint64_t> target(H);
+  std::vector<std::vector<uint32_t>> ada;
+  for (uint32_t layer = 0; layer < L; ++layer) {
+    bool any = false;
+    for (uint32_t hh = 0; hh < H; ++hh) {
+      const uint32_t li = layer * H + hh;
+      const uint64_t n = s.layers[li].n_tokens;
+      uint64_t t;
+      if (reserve_new) {  // auto-eviction before a reservation: make room under the cap
+        t = n + reserve_new <= p.budget_tokens
+                ? n
+                : std::min(p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1,
+                           layer_target(p, layer, L, n));
+      } else {
+        t = shared.empty() ? layer_target(p, layer, L, n) : shared[li];
+      }
+      target[hh] = t;
+      any = any || (n != 0 && t < n);
     }
-    if (n == 0 || target >= n || p.kind == PolicyKind::None) continue;
+    if (!any || p.kind == PolicyKind::None) continue;
     if (stage_.active)
       fail(Errc::Unsupported,
            "eviction in a pool with a residual window, hybrid precision or attention "
            "sinks (KIVI, per-channel keys, residual_sinks) is not supported: their tokens "
            "are staged and encoded as they age");
-    LayerView v;
-    v.n = n;
-    v.kv_heads = static_cast<uint32_t>(h);
-    v.head_dim = static_cast<uint32_t>(hd);
-    v.layer = li;
-    v.num_layers = nl;
-    v.scores = s.track_scores ? l.scores.data() : nullptr;
-    std::vector<int32_t> pos;
-    if (p.kind == PolicyKind::ExpectedAttention) {
-      if (l.qstats.count == 0)
-        fail(Errc::InvalidArgument,
-             "expected attention needs the queries' statistics of layer " + u64s(li) +
-                 " of sequence " + u64s(id) +
-                 ": observe queries first (KVC_OBSERVE_QUERIES or kvc_seq_observe_queries)");
-      values.resize(n * row);
-      policy::future_moments(
-          l.qstats, cfg_.num_q_heads, cfg_.head_dim,
-          cfg_.rope_style == RopeStyle::None ? 0u
-                                             : (cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim),
-          cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta,
-          l.rope_by_index ? l.n_tokens : s.length, p.future_positions, q_mean, q_cov);
-      v.q_heads = cfg_.num_q_heads;
-      v.q_mean = q_mean.data();
-      v.q_cov = q_cov.data();
-      v.values = values.data();
-    }
-    if (p.needs_keys()) {
-      keys.resize(n * row);
-      pos.resize(n);
-      store_->read(li, l, 0, n, keys.data(),
-                   p.kind == PolicyKind::ExpectedAttention ? values.data() : nullptr, DType::F32);
-      for (uint64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(l.position_of(t));
-      v.keys = keys.data();
-      v.positions = pos.data();
-    }
-    select_keep(p, v, target, keep[li]);
-    const std::vector<uint32_t> &k = keep[li];
-    if (k.size() == n) continue;
-    const bool sh = p.shift_positions || l.rope_by_index;
-    if (sh && cfg_.rope_style == RopeStyle::None)
-      fail(Errc::InvalidArgument,
-           "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-    if (sh && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor &&
-        !fmt_.pre_rope)
-      fail(Errc::Unsupported,
-           "shifting positions re-rotates keys, which one scale per tensor cannot hold "
-           "(use per-token or per-group key scales); nothing changed");
-    shift[li] = sh;
-    uint64_t fw = k.size();
-    for (uint64_t j = 0; j < k.size(); ++j)
-      if (k[j] != j || (sh && l.rope_position_of(k[j]) != static_cast<int64_t>(j))) {
-        fw = j;
-        break;
+    for (uint32_t hh = 0; hh < H; ++hh) {
+      const uint32_t li = layer * H + hh;
+      const LayerTable &l = s.layers[li];
+      const uint64_t n = l.n_tokens;
+      LayerView &v = views[hh];
+      v = LayerView{};
+      v.n = n;
+      v.kv_heads = static_cast<uint32_t>(h);
+      v.head_dim = static_cast<uint32_t>(hd);
+      v.layer = layer;
+      v.num_layers = L;
+      v.scores = s.track_scores ? l.scores.data() : nullptr;
+      if (n == 0) continue;
+      if (p.kind == PolicyKind::ExpectedAttention) {
+        if (l.qstats.count == 0)
+          fail(Errc::InvalidArgument,
+               "expected attention needs the queries' statistics of layer " + u64s(layer) +
+                   " of sequence " + u64s(id) +
+                   ": observe queries first (KVC_OBSERVE_QUERIES or kvc_seq_observe_queries)");
+        values[hh].resize(n * row);
+        policy::future_moments(
+            l.qstats, cfg_.num_q_heads, cfg_.head_dim,
+            cfg_.rope_style == RopeStyle::None ? 0u
+                                               : (cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim),
+            cfg_.rope_style == RopeStyle::Interleaved, cfg_.rope_theta,
+            l.rope_by_index ? l.n_tokens : s.length, p.future_positions, q_mean[hh], q_cov[hh]);
+        v.q_heads = cfg_.num_q_heads;
+        v.q_mean = q_mean[hh].data();
+        v.q_cov = q_cov[hh].data();
+        v.values = values[hh].data();
       }
-    first_write[li] = fw;
-    const uint64_t kept_blocks = (k.size() + bs - 1) / bs;
-    for (uint64_t b = fw / bs; b < kept_blocks; ++b)
-      if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
+      if (p.needs_keys()) {
+        keys[hh].resize(n * row);
+        pos[hh].resize(n);
+        store_->read(li, l, 0, n, keys[hh].data(),
+                     p.kind == PolicyKind::ExpectedAttention ? values[hh].data() : nullptr,
+                     DType::F32);
+        for (uint64_t t = 0; t < n; ++t) pos[hh][t] = static_cast<int32_t>(l.position_of(t));
+        v.keys = keys[hh].data();
+        v.positions = pos[hh].data();
+      }
+    }
+    if (p.head_budget == policy::HeadBudget::AdaKV) {
+      policy::adakv_keep(p, views, target, ada);
+      for (uint32_t hh = 0; hh < H; ++hh) keep[layer * H + hh].swap(ada[hh]);
+    } else {
+      for (uint32_t hh = 0; hh < H; ++hh)
+        if (views[hh].n) select_keep(p, views[hh], target[hh], keep[layer * H + hh]);
+    }
+    for (uint32_t hh = 0; hh < H; ++hh) {
+      const uint32_t li = layer * H + hh;
+      const LayerTable &l = s.layers[li];
+      const std::vector<uint32_t> &k = keep[li];
+      if (l.n_tokens == 0 || k.size() == l.n_tokens) continue;
+      const bool sh = p.shift_positions || l.rope_by_index;
+      if (sh && cfg_.rope_style == RopeStyle::None)
+        fail(Errc::InvalidArgument,
+             "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
+      if (sh && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor &&
+          !fmt_.pre_rope)
+        fail(Errc::Unsupported,
+             "shifting positions re-rotates keys, which one scale per tensor cannot hold "
+             "(use per-token or per-group key scales); nothing changed");
+      shift[li] = sh;
+      uint64_t fw = k.size();
+      for (uint64_t j = 0; j < k.size(); ++j)
+        if (k[j] != j || (sh && l.rope_position_of(k[j]) != static_cast<int64_t>(j))) {
+          fw = j;
+          break;
+        }
+      first_write[li] = fw;
+      const uint64_t kept_blocks = (k.size() + bs - 1) / bs;
+      for (uint64_t b = fw / bs; b < kept_blocks; ++b)
+        if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
+    }
   }
-  apply_keep_locked(s, keep, first_write, shift, cow_needed, dropped);
-  (void)id;
+  std::vector<uint64_t> per_table(nl, 0);
+  apply_keep_locked(s, keep, first_write, shift, cow_needed, per_table.data());
+  if (dropped)  // per caller's layer: a head-wise layer's (token, KV head) pairs
+    for (uint32_t layer = 0; layer < L; ++layer) {
+      dropped[layer] = 0;
+      for (uint32_t hh = 0; hh < H; ++hh) dropped[layer] += per_table[layer * H + hh];
+    }
 }
 
 void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep,
-                       uint64_t *dropped) {
-  // dropped: [1], the tokens this layer lost.
+                       uint64_t *dropped, std::optional<uint32_t> head) {
+  // dropped: [1], the tokens this layer (head) lost; a head-wise layer's
+  // (token, KV head) pairs when every head is kept alike.
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
-  if (layer >= cfg_.num_layers)
+  if (layer >= num_layers())
     fail(Errc::OutOfRange,
-         "layer " + u64s(layer) + " of a pool of " + u64s(cfg_.num_layers) + " layers");
-  const uint32_t nl = cfg_.num_layers;
+         "layer " + u64s(layer) + " of a pool of " + u64s(num_layers()) + " layers");
+  const uint32_t nl = cfg_.num_layers, H = heads();
   const uint64_t bs = cfg_.block_size;
-  const LayerTable &l = s.layers[layer];
-  const uint64_t n = l.n_tokens;
+  // The tables: the layer's; one head's; or every head of a head-wise layer.
+  uint32_t t0 = layer * H, tn = H;
+  if (head) {
+    if (H == 1)
+      fail(Errc::Unsupported,
+           "kvc_seq_keep_head: a token-wise pool keeps the same tokens in "
+           "every KV head (use kvc_seq_keep, or a KVC_POOL_HEADWISE pool)");
+    if (*head >= H)
+      fail(Errc::OutOfRange, "head " + u64s(*head) + ": the pool has " + u64s(H) + " KV heads");
+    t0 += *head;
+    tn = 1;
+  } else if (H > 1) {
+    check_heads_agree(s, layer, "kvc_seq_keep");
+  }
+  const std::string where = "layer " + u64s(layer) + (head ? " head " + u64s(*head) : "");
+  const uint64_t n = s.layers[t0].n_tokens;
   if (n_keep > n)
-    fail(Errc::InvalidArgument, "n_keep " + u64s(n_keep) + " exceeds the " + u64s(n) +
-                                    " tokens layer " + u64s(layer) + " holds; nothing changed");
+    fail(Errc::InvalidArgument, "n_keep " + u64s(n_keep) + " exceeds the " + u64s(n) + " tokens " +
+                                    where + " holds; nothing changed");
   std::vector<std::vector<uint32_t>> keep(nl);
   std::vector<uint64_t> first_write(nl, UINT64_MAX);
   std::vector<char> shift(nl, 0);
-  std::vector<uint32_t> &k = keep[layer];
+  std::vector<uint32_t> &k = keep[t0];
   k.reserve(n_keep);
   for (uint64_t j = 0; j < n_keep; ++j) {
     const uint64_t t = keep_idx[j];
     if (t >= n)
       fail(Errc::OutOfRange, "keep[" + u64s(j) + "] = " + u64s(t) + " is not below the " + u64s(n) +
-                                 " tokens layer " + u64s(layer) + " holds; nothing changed");
+                                 " tokens " + where + " holds; nothing changed");
     if (j > 0 && t <= keep_idx[j - 1])
       fail(Errc::InvalidArgument, "keep[" + u64s(j) + "] = " + u64s(t) + " does not follow keep[" +
                                       u64s(j - 1) + "] = " + u64s(keep_idx[j - 1]) +
@@ -341,14 +444,20 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
         fw = j;
         break;
       }
-    first_write[layer] = fw;
     const uint64_t kept_blocks = (n_keep + bs - 1) / bs;
-    for (uint64_t b = fw / bs; b < kept_blocks; ++b)
-      if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
+    for (uint32_t t = t0; t < t0 + tn; ++t) {
+      if (t != t0) keep[t] = k;
+      first_write[t] = fw;
+      for (uint64_t b = fw / bs; b < kept_blocks; ++b)
+        if (alloc_.refcount(s.layers[t].blocks[b]) > 1) ++cow_needed;
+    }
   }
-  std::vector<uint64_t> per_layer(nl, 0);
-  apply_keep_locked(s, keep, first_write, shift, cow_needed, per_layer.data());
-  if (dropped) *dropped = per_layer[layer];
+  std::vector<uint64_t> per_table(nl, 0);
+  apply_keep_locked(s, keep, first_write, shift, cow_needed, per_table.data());
+  if (dropped) {
+    *dropped = 0;
+    for (uint32_t t = t0; t < t0 + tn; ++t) *dropped += per_table[t];
+  }
 }
 
 void PoolCore::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,

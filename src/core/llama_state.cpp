@@ -308,6 +308,10 @@ uint64_t llama_import(Pool &pool, uint64_t id, const uint8_t *blob, size_t size,
          "flags " + std::to_string(flags) + ": KVC_LLAMA_ATTN_ROT is the import's only flag");
   if (cfg.device != Device::CPU)
     fail(Errc::Unsupported, "llama.cpp state: CUDA pools do not import blobs (a CPU pool does)");
+  if (cfg.headwise_heads)
+    fail(Errc::Unsupported,
+         "llama.cpp state: a head-wise pool (KVC_POOL_HEADWISE) does not import blobs (llama.cpp "
+         "keeps every KV head of a token together; import into a token-wise pool)");
   const Parsed b = parse(pool, blob, size);  // every blob check before anything changes
   const uint64_t row = static_cast<uint64_t>(cfg.num_kv_heads) * cfg.head_dim;
   pool.seq_create(id);
@@ -353,6 +357,10 @@ uint64_t llama_import(Pool &pool, uint64_t id, const uint8_t *blob, size_t size,
 size_t llama_export(const Pool &pool, uint64_t id, int32_t llama_seq_id, int32_t k_type,
                     int32_t v_type, uint32_t flags, uint8_t *buf, size_t capacity) {
   const auto &cfg = pool.config();
+  if (cfg.headwise_heads)
+    fail(Errc::Unsupported,
+         "llama.cpp state: a head-wise pool (KVC_POOL_HEADWISE) does not export blobs (llama.cpp "
+         "keeps every KV head of a token together)");
   if (flags & ~(kLlamaAttnRot | kLlamaVTrans))
     fail(Errc::InvalidArgument, "flags " + std::to_string(flags) +
                                     ": KVC_LLAMA_ATTN_ROT and KVC_LLAMA_V_TRANS are the export's");

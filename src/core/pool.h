@@ -27,7 +27,11 @@ class Pool : private PoolCore {
   Pool &operator=(const Pool &) = delete;
 
   // ---- pool ----
+  // The storage configuration: in a head-wise pool, num_layers x num_kv_heads
+  // tables of one KV head (what block layouts describe); caller_config() is
+  // the configuration as the caller gave it (core/headwise.cpp).
   const PoolConfig &config() const { return cfg_; }
+  PoolConfig caller_config() const;
   PoolStats stats() const;
   PoolLayout layout() const;
   void reset_peak();
@@ -47,7 +51,9 @@ class Pool : private PoolCore {
   void seq_truncate(uint64_t id, uint64_t new_length);
   void seq_free(uint64_t id);
   uint64_t seq_length(uint64_t id) const;
+  // Head-wise pools: the most any head of the layer holds.
   uint64_t seq_layer_tokens(uint64_t id, uint32_t layer) const;
+  uint64_t seq_head_tokens(uint64_t id, uint32_t layer, uint32_t head) const;
   void seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping);
 
   // ---- write / read ----
@@ -58,6 +64,16 @@ class Pool : private PoolCore {
   size_t block_table(uint64_t id, uint32_t layer, int32_t *out, size_t capacity) const;
   size_t export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n_seqs, int32_t *indptr,
                            int32_t *indices, size_t capacity, int32_t *last_page_len) const;
+  // One KV head (core/headwise.cpp): its tokens as [n][head_dim] rows, its
+  // block table (a token-wise layer's, whose blocks hold every head), and a
+  // head-wise pool's page table with one row per (sequence, head).
+  void gather_head(uint64_t id, uint32_t layer, uint32_t head, uint64_t first, uint64_t n,
+                   void *k_out, void *v_out, DType dst, int32_t *positions_out) const;
+  size_t head_block_table(uint64_t id, uint32_t layer, uint32_t head, int32_t *out,
+                          size_t capacity) const;
+  size_t export_head_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n_seqs,
+                                int32_t *indptr, int32_t *indices, size_t capacity,
+                                int32_t *last_page_len) const;
   // Attention of n_q query rows per sequence over one layer (attention.cpp).
   // Decode (prefill false): every query sees all of its sequence's tokens.
   // Prefill: one sequence; query i is the layer's token n - n_q + i and sees
@@ -73,8 +89,10 @@ class Pool : private PoolCore {
   void evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped);
   // Keeps exactly the tokens keep_idx[0..n_keep) (strictly increasing) of one
   // layer and drops the others, as an eviction does (kvc_seq_keep).
+  // With `head` (head-wise pools, kvc_seq_keep_head): that KV head's tokens
+  // only; without, every head of the layer (which must hold the same tokens).
   void keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, uint64_t n_keep,
-                   uint64_t *dropped);
+                   uint64_t *dropped, std::optional<uint32_t> head = std::nullopt);
   void observe_scores(uint64_t id, uint32_t layer, const float *scores, uint64_t n,
                       bool accumulate);
   void read_scores(uint64_t id, uint32_t layer, float *out, uint64_t n) const;
@@ -112,6 +130,10 @@ class Pool : private PoolCore {
   std::string check_invariants() const;
 
  private:
+  void append_heads(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const void *k,
+                    const void *v, DType src);
+  void gather_heads(const Sequence &s, uint32_t layer, uint64_t first, uint64_t n, void *k_out,
+                    void *v_out, DType dst, int32_t *positions_out) const;
   std::unique_ptr<PrefixCache> prefix_;
 };
 

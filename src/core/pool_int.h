@@ -163,7 +163,17 @@ struct PoolCore {
   // ---- sequences ----
   Sequence &find(uint64_t id);
   const Sequence &find(uint64_t id) const;
-  void check_layer(uint32_t layer) const;
+  void check_layer(uint32_t layer) const;  // a table index (a layer of a token-wise pool)
+
+  // ---- head-wise pools (core/headwise.cpp) ----
+  // Tables per caller's layer: its KV heads in a head-wise pool, else 1.
+  // Layer l's head h is table l x heads() + h.
+  uint32_t heads() const { return cfg_.headwise_heads ? cfg_.headwise_heads : 1u; }
+  uint32_t num_layers() const { return cfg_.num_layers / heads(); }  // the caller's layers
+  void check_caller_layer(uint32_t layer) const;
+  // A head-wise layer whose heads hold the same tokens at the same positions
+  // (so per-layer reads apply); throws Unsupported naming `what` otherwise.
+  void check_heads_agree(const Sequence &s, uint32_t layer, const char *what) const;
 
   // ---- blocks (exclusive lock held) ----
   int32_t take_block();           // allocate (caller checked availability)
@@ -191,6 +201,15 @@ struct PoolCore {
   // run [slot, slot + run) of block b that no append wrote.
   void zero_unwritten_rows(bool residual, int32_t b, uint32_t slot, uint64_t run, uint8_t *k_out,
                            uint8_t *v_out, uint64_t row_bytes) const;
+
+  // ---- appends (write.cpp) ----
+  // Shared blocks a write of tokens [idx0, idx0 + n) of a table touches
+  // (codec, residual); whether it writes a registered block in place; and
+  // (exclusive lock, room checked) the copy-on-write that makes them private.
+  std::pair<uint64_t, uint64_t> shared_in_write(const LayerTable &l, uint64_t idx0,
+                                                uint64_t n) const;
+  bool write_touches_registered(const LayerTable &l, uint64_t idx0, uint64_t n) const;
+  void cow_for_write(LayerTable &l, uint64_t idx0, uint64_t n);
 
   // ---- eviction (evict.cpp; exclusive lock held) ----
   void enable_scores(Sequence &s);  // may throw bad_alloc (nothing changed)

@@ -16,6 +16,11 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
                   DType dst, int32_t *positions_out) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
+  if (heads() > 1) {
+    check_caller_layer(layer);
+    gather_heads(s, layer, first, n, k_out, v_out, dst, positions_out);
+    return;
+  }
   check_layer(layer);
   const LayerTable &l = s.layers[layer];
   if (first > l.n_tokens || n > l.n_tokens - first)
@@ -30,6 +35,12 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
 size_t Pool::block_table(uint64_t id, uint32_t layer, int32_t *out, size_t capacity) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
+  if (heads() > 1) {
+    check_caller_layer(layer);
+    fail(Errc::Unsupported,
+         "kvc_seq_block_table: a head-wise pool (KVC_POOL_HEADWISE) has a "
+         "block table per KV head: use kvc_seq_head_block_table");
+  }
   check_layer(layer);
   const auto &b = s.layers[layer].blocks;
   if (out && b.size() <= capacity) std::copy(b.begin(), b.end(), out);
@@ -40,6 +51,12 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
                                int32_t *indptr, int32_t *indices, size_t capacity,
                                int32_t *last_page_len) const {
   std::shared_lock lk(mu_);
+  if (heads() > 1) {
+    check_caller_layer(layer);
+    fail(Errc::Unsupported,
+         "kvc_export_page_table: a head-wise pool (KVC_POOL_HEADWISE) has a "
+         "block table per KV head: use kvc_export_head_page_table");
+  }
   check_layer(layer);
   uint64_t total = 0;
   for (size_t i = 0; i < n_seqs; ++i) total += find(seq_ids[i]).layers[layer].blocks.size();
@@ -95,7 +112,8 @@ PoolLayout Pool::layout() const {
 }
 
 std::pair<float, float> Pool::tensor_scales(uint32_t layer) const {
-  check_layer(layer);
+  check_caller_layer(layer);
+  layer *= heads();  // head-wise pools have no per-tensor scales (refused at create)
   float r[2] = {0.0f, 0.0f};
   for (int kv = 0; kv < 2; ++kv)
     if (fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor)

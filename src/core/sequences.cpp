@@ -163,8 +163,11 @@ uint64_t Pool::seq_length(uint64_t id) const {
 uint64_t Pool::seq_layer_tokens(uint64_t id, uint32_t layer) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  check_layer(layer);
-  return s.layers[layer].n_tokens;
+  check_caller_layer(layer);
+  uint64_t most = 0;
+  for (uint32_t h = 0; h < heads(); ++h)
+    most = std::max(most, s.layers[static_cast<size_t>(layer) * heads() + h].n_tokens);
+  return most;
 }
 
 void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {

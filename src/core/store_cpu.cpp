@@ -358,6 +358,35 @@ class CpuStore final : public BlockStore {
       lse_local.resize(n_seqs * n_q * p.num_q_heads);
       lf = lse_local.data();
     }
+    const uint32_t H = c_.heads();
+    if (H == 1) {
+      run(layer, ids, n_seqs, qf, n_q, prefill, of, lf, p);
+    } else {
+      // A head-wise pool: each KV head's table with its group of query heads
+      // (rows [n_seqs][n_q][G][D] gathered, outputs and lse scattered back).
+      const uint64_t G = p.num_q_heads / H, rows = n_seqs * n_q;
+      std::vector<float> qh(rows * G * hd), oh(rows * G * hd), lh(rows * G);
+      AttnParams ph = p;
+      ph.num_q_heads = static_cast<uint32_t>(G);
+      for (uint32_t h = 0; h < H; ++h) {
+        for (uint64_t r = 0; r < rows; ++r)
+          std::copy_n(qf + (r * p.num_q_heads + h * G) * hd, G * hd, &qh[r * G * hd]);
+        run(layer * H + h, ids, n_seqs, qh.data(), n_q, prefill, oh.data(), lh.data(), ph);
+        for (uint64_t r = 0; r < rows; ++r) {
+          std::copy_n(&oh[r * G * hd], G * hd, of + (r * p.num_q_heads + h * G) * hd);
+          std::copy_n(&lh[r * G], G, lf + r * p.num_q_heads + h * G);
+        }
+      }
+    }
+    convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
+  }
+
+ private:
+  // Attention over one table (a layer; a head-wise pool's head) of f32
+  // queries already scaled: outputs of and log-sum-exps lf, f32.
+  void run(uint32_t layer, const uint64_t *ids, size_t n_seqs, const float *qf, uint64_t n_q,
+           bool prefill, float *of, float *lf, const AttnParams &p) {
+    const uint64_t per_seq = n_q * p.num_q_heads * c_.cfg_.head_dim;
     // Every observed sequence must track scores: enabling takes the pool lock
     // exclusively; the state is checked again under the shared lock (a
     // sequence may have been freed and created again in between).
@@ -395,7 +424,6 @@ class CpuStore final : public BlockStore {
         ns[i] = l.n_tokens;
       }
       attention::attend_threads(shape, src, ns, qf, of, lf, p.num_threads);
-      convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
       return;
     }
     // replace: clear every observed sequence first (an id may repeat in the batch)
@@ -413,7 +441,6 @@ class CpuStore final : public BlockStore {
                                        qf + i * per_seq, n_q, prefill, of + i * per_seq,
                                        lf + i * n_q * p.num_q_heads, p.num_threads);
       }
-      convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
       return;
     }
     for (size_t i = 0; i < n_seqs; ++i) {
@@ -425,10 +452,8 @@ class CpuStore final : public BlockStore {
                         prefill ? p.observe_from : 0,  // decode: the query is always observed
                         &c_.scores_mu_, p.observe == 4 /* KVC_OBSERVE_MAX */);
     }
-    convert(of, DType::F32, out, p.out_dtype, per_seq * n_seqs);
   }
 
- private:
   uint8_t *ptr(int32_t b) const { return arena_ + static_cast<uint64_t>(b) * stride_; }
   PoolCore &c_;
   uint64_t stride_, bytes_;

@@ -18,6 +18,7 @@ namespace kvc::core {
 // The vocabulary core's callers use that the modules below it define.
 using CodecSpec = codec::Spec;         // how K or V is stored (codec/codec.h)
 using ScaleGranularity = codec::Gran;  // values equal kvc_granularity
+using policy::HeadBudget;
 using policy::layer_target;
 using policy::LayerView;
 using policy::Plugin;  // a loaded scorer plugin (kvc_plugin_load)
@@ -42,11 +43,18 @@ enum class RopeStyle : int32_t { None = 0, Interleaved = 1, Neox = 2 };
 
 constexpr uint32_t kFlagZeroOnFree = 0x1u;
 constexpr uint32_t kFlagPreRopeKeys = 0x2u;
+constexpr uint32_t kFlagHeadwise = 0x4u;
 
 struct PoolConfig {
   uint32_t num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   uint32_t block_size = 16;
   uint32_t flags = 0;
+  // Head-wise pools (kFlagHeadwise): validate_config stores each (layer, KV
+  // head) as a layer of its own (num_layers x num_kv_heads tables of one KV
+  // head and num_q_heads / num_kv_heads query heads) and keeps the caller's
+  // num_kv_heads here; 0 in token-wise pools. core/headwise.cpp maps a
+  // caller's layer to its heads' tables.
+  uint32_t headwise_heads = 0;
   uint64_t num_blocks = 0;
   uint64_t capacity_bytes = 0;
   DType k_dtype = DType::F16, v_dtype = DType::F16;

@@ -38,6 +38,11 @@ void PolicySpec::validate() const {
       (future_positions == 0 || future_positions > (1u << 20)))
     fail(Errc::InvalidArgument,
          "future_positions " + u64s(future_positions) + " must be in 1..1048576");
+  if (head_budget != HeadBudget::Uniform && head_budget != HeadBudget::AdaKV)
+    fail(Errc::InvalidArgument, "head_budget " + std::to_string(static_cast<int32_t>(head_budget)) +
+                                    ": unknown (KVC_HEAD_BUDGET_UNIFORM or KVC_HEAD_BUDGET_ADAKV)");
+  if (!(head_floor >= 0.0 && head_floor <= 1.0))
+    fail(Errc::InvalidArgument, "head_floor must be in [0, 1] (AdaKV's per-head share)");
   if (auto_evict && budget_tokens == 0)
     fail(Errc::InvalidArgument, "auto_evict needs budget_tokens (the per-layer cap it enforces)");
 }
@@ -317,42 +322,25 @@ void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
       targets[li] = std::min(views[li].n, std::max<uint64_t>(1, fixed[li] + got[li]));
 }
 
-namespace {
-// Keeps the sinks (the first sink_tokens), the newest recent_tokens and the
-// best-scoring tokens between them (ExpectedAttention, KVzip): score(lo, hi)
-// gives the scores of tokens [lo, hi).
-template <typename Score>
-void keep_sinks_top_recent(const PolicySpec &p, const LayerView &v, uint64_t target,
-                           std::vector<uint32_t> &keep, Score &&score) {
-  const uint64_t n = v.n;
-  const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
-  const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
-  const uint64_t lo = std::min(sinks, n - recent);
-  for (uint64_t i = 0; i < lo; ++i) keep.push_back(static_cast<uint32_t>(i));
-  const std::vector<float> mid = score(lo, n - recent);
-  std::vector<uint32_t> top;
-  top_k(mid, mid.size(), target - lo - recent, top);
-  for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + lo));
-  for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
-}
-}  // namespace
-
-void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
-                 std::vector<uint32_t> &keep) {
-  keep.clear();
+// The ranking behind every kept set: tokens [0, lo) and [hi, n) are kept by
+// rule (sinks, a recent or observation window), the candidates [lo, hi) are
+// ranked by score[t - lo] (higher kept first; ties keep the newer token).
+// `target` sizes the rule's parts where they depend on it (H2O's recent
+// share, windows capped at the target). Scores computed from the stored keys
+// and values must be finite (Knorm, ExpectedAttention).
+Ranking rank(const PolicySpec &p, const LayerView &v, uint64_t target) {
+  Ranking r;
   const uint64_t n = v.n;
   target = std::min(target, n);
-  if (target == n || p.kind == PolicyKind::None) {
-    keep.resize(n);
-    std::iota(keep.begin(), keep.end(), 0u);
-    return;
-  }
-  keep.reserve(target);
   switch (p.kind) {
-    case PolicyKind::Streaming: {
-      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
-      for (uint64_t i = 0; i < sinks; ++i) keep.push_back(static_cast<uint32_t>(i));
-      for (uint64_t i = n - (target - sinks); i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+    case PolicyKind::None:
+      r.lo = r.hi = n;
+      break;
+    case PolicyKind::Streaming: {  // the sinks, then the newest (score = index)
+      r.lo = std::min<uint64_t>(p.sink_tokens, target);
+      r.hi = n;
+      r.score.resize(n - r.lo);
+      for (uint64_t t = r.lo; t < n; ++t) r.score[t - r.lo] = static_cast<float>(t);
       break;
     }
     case PolicyKind::H2O:
@@ -385,51 +373,132 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
         pv.attention = v.scores;
         p.plugin->score(pv, s.data());
       }
-      top_k(s, n - recent, target - recent, keep);
-      for (uint64_t i = n - recent; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      r.lo = 0;
+      r.hi = n - recent;
+      s.resize(r.hi);
+      r.score = std::move(s);
       break;
     }
     case PolicyKind::ExpectedAttention:
-      keep_sinks_top_recent(p, v, target, keep, [&](uint64_t lo, uint64_t hi) {
+    case PolicyKind::KVzip: {
+      // The sinks, the newest recent_tokens, the best-scoring tokens between.
+      const uint64_t sinks = std::min<uint64_t>(p.sink_tokens, target);
+      const uint64_t recent = std::min<uint64_t>(p.recent_tokens, target - sinks);
+      r.lo = std::min(sinks, n - recent);
+      r.hi = n - recent;
+      if (p.kind == PolicyKind::ExpectedAttention) {
         // Expected attention normalized over the middle tokens alone
         // (kvpress leaves its sinks out of the softmax).
         LayerView mid = v;
-        mid.n = hi - lo;
-        mid.keys = v.keys ? v.keys + lo * v.kv_heads * v.head_dim : nullptr;
-        mid.values = v.values ? v.values + lo * v.kv_heads * v.head_dim : nullptr;
-        std::vector<float> sm = expected_attention_scores(mid);
-        check_finite(sm, "expected attention");
-        return sm;
-      });
-      break;
-    case PolicyKind::KVzip:
-      keep_sinks_top_recent(p, v, target, keep, [&](uint64_t lo, uint64_t hi) {
+        mid.n = r.hi - r.lo;
+        mid.keys = v.keys ? v.keys + r.lo * v.kv_heads * v.head_dim : nullptr;
+        mid.values = v.values ? v.values + r.lo * v.kv_heads * v.head_dim : nullptr;
+        r.score = expected_attention_scores(mid);
+        check_finite(r.score, "expected attention");
+      } else {
         const std::vector<float> s = head_sum(v);  // scores summed over the KV heads
-        return std::vector<float>(s.begin() + static_cast<std::ptrdiff_t>(lo),
-                                  s.begin() + static_cast<std::ptrdiff_t>(hi));
-      });
-      break;
-    case PolicyKind::TOVA: {
-      const std::vector<float> s = head_sum(v);
-      top_k(s, n, target, keep);
+        r.score.assign(s.begin() + static_cast<std::ptrdiff_t>(r.lo),
+                       s.begin() + static_cast<std::ptrdiff_t>(r.hi));
+      }
       break;
     }
+    case PolicyKind::TOVA:
+      r.lo = 0;
+      r.hi = n;
+      r.score = head_sum(v);
+      break;
     case PolicyKind::SnapKV:
     case PolicyKind::PyramidKV: {
       // The observation window (newest tokens) stays; the prefix is ranked
       // by the window's attention, pooled along the tokens.
       const uint64_t win = std::min<uint64_t>(p.window, target);
-      const uint64_t prefix = n - win;
-      std::vector<float> s = head_sum(v), pooled(prefix);
-      if (prefix) pool1d(s.data(), prefix, p.kernel_size, p.pooling, pooled.data());
-      top_k(pooled, prefix, target - win, keep);
-      for (uint64_t i = prefix; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
+      r.lo = 0;
+      r.hi = n - win;
+      const std::vector<float> s = head_sum(v);
+      r.score.resize(r.hi);
+      if (r.hi) pool1d(s.data(), r.hi, p.kernel_size, p.pooling, r.score.data());
       break;
     }
-    case PolicyKind::None:
-      break;
   }
+  return r;
+}
+
+void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
+                 std::vector<uint32_t> &keep) {
+  keep.clear();
+  const uint64_t n = v.n;
+  target = std::min(target, n);
+  if (target == n || p.kind == PolicyKind::None) {
+    keep.resize(n);
+    std::iota(keep.begin(), keep.end(), 0u);
+    return;
+  }
+  keep.reserve(target);
+  const Ranking r = rank(p, v, target);
+  const uint64_t fixed = r.lo + (n - r.hi);
+  for (uint64_t i = 0; i < r.lo; ++i) keep.push_back(static_cast<uint32_t>(i));
+  std::vector<uint32_t> top;
+  top_k(r.score, r.score.size(), target > fixed ? target - fixed : 0, top);
+  for (uint32_t i : top) keep.push_back(static_cast<uint32_t>(i + r.lo));
+  for (uint64_t i = r.hi; i < n; ++i) keep.push_back(static_cast<uint32_t>(i));
   std::sort(keep.begin(), keep.end());
+}
+
+void adakv_keep(const PolicySpec &p, const std::vector<LayerView> &heads,
+                const std::vector<uint64_t> &targets, std::vector<std::vector<uint32_t>> &keep) {
+  struct Cand {
+    float score;
+    uint32_t head;
+    uint32_t token;
+  };
+  const size_t H = heads.size();
+  keep.assign(H, {});
+  std::vector<Ranking> r(H);
+  std::vector<uint64_t> free(H, 0), got(H, 0);
+  std::vector<Cand> rest;
+  uint64_t total_free = 0;
+  auto better = [](const Cand &a, const Cand &b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.token != b.token) return a.token > b.token;
+    return a.head < b.head;
+  };
+  for (size_t h = 0; h < H; ++h) {
+    const uint64_t n = heads[h].n, target = std::min(targets[h], n);
+    if (n == 0) continue;
+    r[h] = rank(p, heads[h], target);
+    const uint64_t fixed = r[h].lo + (n - r[h].hi);
+    free[h] = target > fixed ? std::min<uint64_t>(target - fixed, r[h].score.size()) : 0;
+    total_free += free[h];
+    // The safeguard: each head's best floor(head_floor x its own share) candidates
+    // (at least 1 when the rule keeps nothing), the rest compete across heads.
+    uint64_t floor_h =
+        static_cast<uint64_t>(std::floor(p.head_floor * static_cast<double>(free[h])));
+    if (fixed == 0 && free[h] > 0) floor_h = std::max<uint64_t>(floor_h, 1);
+    std::vector<Cand> c(r[h].score.size());
+    for (size_t i = 0; i < c.size(); ++i)
+      c[i] = {r[h].score[i], static_cast<uint32_t>(h), static_cast<uint32_t>(r[h].lo + i)};
+    if (floor_h < c.size())
+      std::nth_element(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(floor_h), c.end(),
+                       better);
+    for (uint64_t i = 0; i < std::min<uint64_t>(floor_h, c.size()); ++i)
+      keep[h].push_back(c[i].token);
+    got[h] = keep[h].size();
+    rest.insert(rest.end(), c.begin() + static_cast<std::ptrdiff_t>(got[h]), c.end());
+  }
+  uint64_t taken = 0;
+  for (size_t h = 0; h < H; ++h) taken += got[h];
+  const uint64_t k = std::min<uint64_t>(total_free - std::min(total_free, taken), rest.size());
+  if (k < rest.size())
+    std::nth_element(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(k), rest.end(),
+                     better);
+  for (uint64_t i = 0; i < k; ++i) keep[rest[i].head].push_back(rest[i].token);
+  for (size_t h = 0; h < H; ++h) {
+    const uint64_t n = heads[h].n;
+    if (n == 0) continue;
+    for (uint64_t i = 0; i < r[h].lo; ++i) keep[h].push_back(static_cast<uint32_t>(i));
+    for (uint64_t i = r[h].hi; i < n; ++i) keep[h].push_back(static_cast<uint32_t>(i));
+    std::sort(keep[h].begin(), keep[h].end());
+  }
 }
 
 }  // namespace kvc::policy

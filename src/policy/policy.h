@@ -25,6 +25,10 @@ enum class PolicyKind : int32_t {
   KVzip = 9,
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
+// How a head-wise pool's layer budget is split over its KV heads (values
+// equal kvc_head_budget): each head its own (Uniform), or AdaKV's shared
+// top-k with a per-head floor.
+enum class HeadBudget : int32_t { Uniform = 0, AdaKV = 1 };
 enum class Schedule : int32_t { Paper = 0, Linear = 1 };
 
 class Plugin;  // plugin.h
@@ -44,7 +48,10 @@ struct PolicySpec {
   bool shift_positions = false;     // re-rotate keys to their in-cache positions (needs RoPE)
   bool auto_evict = false;          // evict in reserve when a layer would exceed budget_tokens
   uint32_t future_positions = 512;  // expected attention: the next positions averaged over
-  std::shared_ptr<Plugin> plugin;   // kind Plugin
+  HeadBudget head_budget = HeadBudget::Uniform;  // head-wise pools: budgets across KV heads
+  double head_floor =
+      0.2;  // AdaKV: share of a head's own budget it keeps whatever the others score
+  std::shared_ptr<Plugin> plugin;  // kind Plugin
 
   // True when eviction reads the layer's keys (f32).
   bool needs_keys() const {
@@ -121,10 +128,32 @@ std::vector<float> expected_attention_scores(const LayerView &v);
 void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
                     std::vector<uint64_t> &targets);
 
+// How a policy ranks a layer's tokens for a budget of `target`: tokens
+// [0, lo) and [hi, n) are kept by rule (attention sinks, a recent or
+// observation window), the candidates [lo, hi) by score[t - lo], highest
+// first (ties keep the newer token).
+struct Ranking {
+  uint64_t lo = 0, hi = 0;
+  std::vector<float> score;
+};
+Ranking rank(const PolicySpec &p, const LayerView &v, uint64_t target);
+
 // Fills `keep` with the sorted indices of the `target` tokens to keep
-// (target <= n). Deterministic: ties keep the newer token.
+// (target <= n): the rule's tokens and the best candidates. Deterministic.
 void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
                  std::vector<uint32_t> &keep);
+
+// AdaKV (Feng et al., "Ada-KV: Optimizing KV Cache Eviction by Adaptive
+// Budget Allocation for Efficient LLM Inference", arXiv 2407.11550; kvpress
+// AdaKVPress): the KV heads of one layer (one view each, kv_heads 1) share
+// the sum of their targets. Each head keeps its rule's tokens and its best
+// floor(head_floor x its own candidate budget) candidates (at least one when
+// its rule keeps none: no head is emptied); the rest of the shared budget
+// goes to the best remaining candidates of all the heads by score. keep[h]:
+// head h's sorted kept indices; the counts sum to the targets' sum (capped
+// at what the heads hold).
+void adakv_keep(const PolicySpec &p, const std::vector<LayerView> &heads,
+                const std::vector<uint64_t> &targets, std::vector<std::vector<uint32_t>> &keep);
 
 // 1-D pooling of `x` (n values) with an odd kernel, "same" padding that
 // ignores the outside (max of the values inside; average over them).

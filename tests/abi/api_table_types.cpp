@@ -121,5 +121,12 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(seq_import_llama, kvc_seq_import_llama);
   SAME(seq_export_llama, kvc_seq_export_llama);
 #endif
+#if KVC_API_VERSION >= 9
+  SAME(seq_head_tokens, kvc_seq_head_tokens);
+  SAME(gather_head, kvc_gather_head);
+  SAME(seq_head_block_table, kvc_seq_head_block_table);
+  SAME(export_head_page_table, kvc_export_head_page_table);
+  SAME(seq_keep_head, kvc_seq_keep_head);
+#endif
   return n;
 }

@@ -202,6 +202,16 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, seq_export_llama);
   }
 #endif
+#if KVC_API_VERSION >= 9
+  if (api->api_version >= 9) {
+    CHECK(api->struct_size >= offsetof(kvc_api, seq_keep_head) + sizeof(api->seq_keep_head));
+    ENTRY(api, seq_head_tokens);
+    ENTRY(api, gather_head);
+    ENTRY(api, seq_head_block_table);
+    ENTRY(api, export_head_page_table);
+    ENTRY(api, seq_keep_head);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

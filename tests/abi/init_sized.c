@@ -153,7 +153,9 @@ static const field policy_config_fields[] = {F(kvc_policy_config, struct_size),
                                              F(kvc_policy_config, shift_positions),
                                              F(kvc_policy_config, auto_evict),
                                              F(kvc_policy_config, plugin),
-                                             F(kvc_policy_config, future_positions)};
+                                             F(kvc_policy_config, future_positions),
+                                             F(kvc_policy_config, head_budget),
+                                             F(kvc_policy_config, head_floor)};
 static const field prefix_config_fields[] = {
     F(kvc_prefix_config, struct_size),   F(kvc_prefix_config, hash),
     F(kvc_prefix_config, verify_tokens), F(kvc_prefix_config, seed_set),

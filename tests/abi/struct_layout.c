@@ -306,7 +306,12 @@ FIELD(kvc_api, store_pin, 768, 8);
 FIELD(kvc_api, store_stats, 776, 8);
 FIELD(kvc_api, seq_import_llama, 784, 8);      /* version 8 (0.4) */
 FIELD(kvc_api, seq_export_llama, 792, 8);
-SIZE(kvc_api, 800); /* end of version 8 */
+FIELD(kvc_api, seq_head_tokens, 800, 8); /* version 9 */
+FIELD(kvc_api, gather_head, 808, 8);
+FIELD(kvc_api, seq_head_block_table, 816, 8);
+FIELD(kvc_api, export_head_page_table, 824, 8);
+FIELD(kvc_api, seq_keep_head, 832, 8);
+SIZE(kvc_api, 840); /* end of version 9 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);
@@ -393,7 +398,9 @@ FIELD(kvc_policy_config, shift_positions, 72, 4);
 FIELD(kvc_policy_config, auto_evict, 76, 4);
 FIELD(kvc_policy_config, plugin, 80, 8);
 FIELD(kvc_policy_config, future_positions, 88, 4); /* 0.4 */
-SIZE(kvc_policy_config, 96);
+FIELD(kvc_policy_config, head_budget, 92, 4);      /* 0.4 */
+FIELD(kvc_policy_config, head_floor, 96, 8);       /* 0.4 */
+SIZE(kvc_policy_config, 104);
 _Static_assert(KVC_POLICY_NONE == 0 && KVC_POLICY_STREAMING == 1 && KVC_POLICY_H2O == 2 &&
                    KVC_POLICY_SNAPKV == 3 && KVC_POLICY_PYRAMIDKV == 4 && KVC_POLICY_TOVA == 5 &&
                    KVC_POLICY_PLUGIN == 6 && KVC_POLICY_KNORM == 7 &&

@@ -32,7 +32,7 @@ CASES = [
 IDS = [c[0].__name__ for c in CASES]
 # sizeof of the structs that grew after 0.3 (0.4: kvc_prefix_config's extra_key_names, n_extra_key_names;
 # kvc_policy_config's future_positions).
-GROWN = {kvcache.PrefixConfig: 88, kvcache.PolicyConfig: 96}
+GROWN = {kvcache.PrefixConfig: 88, kvcache.PolicyConfig: 104}
 
 
 def buffer(n):
@@ -99,6 +99,7 @@ def test_newer_caller_tail_zeroed(cls, size03, older, inside, default):
     known = GROWN.get(cls, size03)  # the library's own fields are filled (defaults), the rest zeroed
     if cls is kvcache.PolicyConfig:
         assert int(b[88:92].view(np.uint32)[0]) == 512  # future_positions
+        assert float(b[96:104].view(np.float64)[0]) == 0.2  # head_floor
     assert (b[known:size] == 0).all()
     assert (b[size:] == G).all()
 

@@ -6,10 +6,11 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 8;
+pub const KVC_API_VERSION: u32 = 9;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
+pub const KVC_POOL_HEADWISE: u32 = 4;
 pub const KVC_PREFIX_MAX_EXTRA_KEY_NAMES: u32 = 64;
 pub const KVC_PREFIX_MAX_EXTRA_KEY_NAME_BYTES: u32 = 64;
 pub const KVC_PREFIX_PARTIAL: u32 = 1;
@@ -2854,6 +2855,113 @@ extern "C" {
     ) -> kvc_status;
 }
 extern "C" {
+    #[doc = " @brief Number of tokens one KV head of a layer holds. In a head-wise pool"]
+    #[doc = " (::KVC_POOL_HEADWISE) heads hold different counts after a head-wise"]
+    #[doc = " eviction; in a token-wise pool every head holds the layer's tokens."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param head 0..num_kv_heads-1."]
+    #[doc = " @param n_tokens receives the count."]
+    #[doc = " @return ::KVC_OK, ::KVC_ERR_NULL_POINTER, ::KVC_ERR_SEQ_NOT_FOUND,"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer, head)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_seq_head_tokens(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        layer: u32,
+        head: u32,
+        n_tokens: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Copy out tokens [first, first + n) of one KV head of a layer, as"]
+    #[doc = " kvc_gather() does for a whole layer (any codec decoded, unwritten slots as"]
+    #[doc = " zeros). Token i is the head's i-th held token (kvc_seq_head_tokens())."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param head 0..num_kv_heads-1."]
+    #[doc = " @param first first token index."]
+    #[doc = " @param n tokens to copy (0 is allowed)."]
+    #[doc = " @param k_out NULL or receives `[n][head_dim]` keys of dtype `dst`."]
+    #[doc = " @param v_out NULL or receives `[n][head_dim]` values of dtype `dst`."]
+    #[doc = " @param dst ::KVC_DTYPE_F32, ::KVC_DTYPE_F16 or ::KVC_DTYPE_BF16."]
+    #[doc = " @param positions_out NULL or receives `[n]` int32 text positions."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer, head, or the range past the head's tokens);"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (dst)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_gather_head(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        layer: u32,
+        head: u32,
+        first: u64,
+        n: u64,
+        k_out: *mut ::std::os::raw::c_void,
+        v_out: *mut ::std::os::raw::c_void,
+        dst: kvc_dtype,
+        positions_out: *mut i32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Copy the block table of one KV head of a layer: in a head-wise pool"]
+    #[doc = " (::KVC_POOL_HEADWISE) the head's own blocks (each holds `block_size`"]
+    #[doc = " tokens of that head only); in a token-wise pool the layer's table, whose"]
+    #[doc = " blocks hold every head."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param head 0..num_kv_heads-1."]
+    #[doc = " @param block_ids NULL (to query the count) or receives up to `capacity` int32 block ids."]
+    #[doc = " @param capacity entries block_ids can hold."]
+    #[doc = " @param n_blocks receives the number of blocks (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @return ::KVC_OK, ::KVC_ERR_NULL_POINTER (n_blocks), ::KVC_ERR_SEQ_NOT_FOUND,"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer, head), ::KVC_ERR_BUFFER_TOO_SMALL."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_seq_head_block_table(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        layer: u32,
+        head: u32,
+        block_ids: *mut i32,
+        capacity: usize,
+        n_blocks: *mut usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_export_page_table() for a head-wise pool (::KVC_POOL_HEADWISE):"]
+    #[doc = " one row per (sequence, KV head), row `i x num_kv_heads + h` for head h of"]
+    #[doc = " sequence i, so a paged kernel (FlashInfer's, with a batch of"]
+    #[doc = " n_seqs x num_kv_heads single-head requests) reads each head's own pages."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param seq_ids `[n_seqs]` sequence ids (repeats allowed)."]
+    #[doc = " @param n_seqs with num_kv_heads, at most 2^31-1 rows."]
+    #[doc = " @param indptr receives `[n_seqs x num_kv_heads + 1]` int32, indptr[0] = 0."]
+    #[doc = " @param indices receives the block ids, int32, at most `indices_capacity`."]
+    #[doc = " @param indices_capacity entries indices can hold."]
+    #[doc = " @param last_page_len receives `[n_seqs x num_kv_heads]` int32 (0 for an empty head)."]
+    #[doc = " @param n_indices receives the total number of block ids (also on ::KVC_ERR_BUFFER_TOO_SMALL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
+    #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer); ::KVC_ERR_BUFFER_TOO_SMALL (only n_indices"]
+    #[doc = " written); ::KVC_ERR_OVERFLOW (more than 2^31-1 rows or indices);"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (a token-wise pool: use kvc_export_page_table())."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_export_head_page_table(
+        pool: *mut kvc_pool,
+        layer: u32,
+        seq_ids: *const u64,
+        n_seqs: usize,
+        indptr: *mut i32,
+        indices: *mut i32,
+        indices_capacity: usize,
+        last_page_len: *mut i32,
+        n_indices: *mut usize,
+    ) -> kvc_status;
+}
+extern "C" {
     #[doc = " @brief Convert `n` elements between f32, f16 and bf16 (round to nearest even)."]
     #[doc = " @param src `[n]` of src_dtype."]
     #[doc = " @param src_dtype element type of src."]
@@ -3728,6 +3836,34 @@ impl kvc_pyramid_schedule {
 #[doc = " @brief PyramidKV per-layer budget schedules. @since 0.3"]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub struct kvc_pyramid_schedule(pub ::std::os::raw::c_int);
+impl kvc_head_budget {
+    #[doc = " Each KV head keeps its own budget B (the layer's, as for a token-wise pool)."]
+    pub const KVC_HEAD_BUDGET_UNIFORM: kvc_head_budget = kvc_head_budget(0);
+}
+impl kvc_head_budget {
+    #[doc = " AdaKV (Feng et al., \"Ada-KV: Optimizing KV Cache Eviction by Adaptive"]
+    #[doc = " Budget Allocation for Efficient LLM Inference\", arXiv 2407.11550; kvpress"]
+    #[doc = " AdaKVPress), over any policy's scores: the heads share H x B. Each head"]
+    #[doc = " keeps what its policy keeps by rule (sinks, windows) and its best"]
+    #[doc = " floor(head_floor x its own candidate budget) tokens (at least one when the"]
+    #[doc = " rule keeps none); the rest of the shared budget goes to the best-scoring"]
+    #[doc = " remaining tokens of all the layer's heads. Needs a head-wise pool"]
+    #[doc = " (::KVC_ERR_UNSUPPORTED otherwise, when attached or evicting)."]
+    pub const KVC_HEAD_BUDGET_ADAKV: kvc_head_budget = kvc_head_budget(1);
+}
+impl kvc_head_budget {
+    #[doc = "< Forces a 32-bit enum; not a value."]
+    pub const KVC_HEAD_BUDGET_FORCE_32BIT: kvc_head_budget = kvc_head_budget(2147483647);
+}
+impl kvc_head_budget {
+    #[doc = " Forces a signed enum (any int32 can be passed and is checked); not a value."]
+    pub const KVC_HEAD_BUDGET_FORCE_SIGNED: kvc_head_budget = kvc_head_budget(-2147483648);
+}
+#[repr(transparent)]
+#[doc = " @brief How a head-wise pool (::KVC_POOL_HEADWISE) splits a layer's budget"]
+#[doc = " over its KV heads. @since 0.4"]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub struct kvc_head_budget(pub ::std::os::raw::c_int);
 #[doc = " @brief Configuration of an eviction policy. Init with"]
 #[doc = " kvc_policy_config_init()."]
 #[doc = ""]
@@ -3779,12 +3915,18 @@ pub struct kvc_policy_config {
     #[doc = " ::KVC_POLICY_EXPECTED_ATTENTION: how many next positions the query rotation is averaged"]
     #[doc = " over, 1..1048576; default 512 (kvpress's). @since 0.4"]
     pub future_positions: u32,
+    #[doc = " Head-wise pools: how a layer's budget is split over its KV heads; default uniform. @since 0.4"]
+    pub head_budget: kvc_head_budget,
+    #[doc = " ::KVC_HEAD_BUDGET_ADAKV: the share of a head's own candidate budget it keeps whatever the"]
+    #[doc = " other heads score, in [0, 1]; default 0.2 (AdaKV's safeguard, kvpress's alpha_safeguard)."]
+    #[doc = " @since 0.4"]
+    pub head_floor: f64,
 }
 #[test]
 fn bindgen_test_layout_kvc_policy_config() {
     assert_eq!(
         ::std::mem::size_of::<kvc_policy_config>(),
-        96usize,
+        104usize,
         concat!("Size of: ", stringify!(kvc_policy_config))
     );
     assert_eq!(
@@ -4064,6 +4206,40 @@ fn bindgen_test_layout_kvc_policy_config() {
         );
     }
     test_field_future_positions();
+    fn test_field_head_budget() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_policy_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).head_budget) as usize - ptr as usize
+            },
+            92usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_policy_config),
+                "::",
+                stringify!(head_budget)
+            )
+        );
+    }
+    test_field_head_budget();
+    fn test_field_head_floor() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_policy_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).head_floor) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_policy_config),
+                "::",
+                stringify!(head_floor)
+            )
+        );
+    }
+    test_field_head_floor();
 }
 extern "C" {
     #[doc = " @brief Fill a policy config with defaults (see the field comments)."]
@@ -4204,6 +4380,32 @@ extern "C" {
         pool: *mut kvc_pool,
         seq_id: u64,
         layer: u32,
+        keep: *const u64,
+        n_keep: u64,
+        dropped: *mut u64,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief kvc_seq_keep() for one KV head of a head-wise pool"]
+    #[doc = " (::KVC_POOL_HEADWISE): keep exactly the listed tokens of that head; the"]
+    #[doc = " other heads and layers are unchanged; the head's emptied blocks are freed."]
+    #[doc = " @param pool the pool (not NULL)."]
+    #[doc = " @param seq_id a live sequence."]
+    #[doc = " @param layer 0..num_layers-1."]
+    #[doc = " @param head 0..num_kv_heads-1."]
+    #[doc = " @param keep `[n_keep]` indices into the head's tokens (as kvc_gather_head()"]
+    #[doc = " numbers them), strictly increasing; NULL only when n_keep is 0."]
+    #[doc = " @param n_keep survivors, at most the head's token count."]
+    #[doc = " @param dropped NULL or `[1]`: the tokens dropped."]
+    #[doc = " @return as kvc_seq_keep(); also ::KVC_ERR_OUT_OF_RANGE (head) and"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (a token-wise pool, whose heads share their tokens)."]
+    #[doc = " Nothing changes on failure."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_seq_keep_head(
+        pool: *mut kvc_pool,
+        seq_id: u64,
+        layer: u32,
+        head: u32,
         keep: *const u64,
         n_keep: u64,
         dropped: *mut u64,
@@ -7047,12 +7249,75 @@ pub struct kvc_api {
             arg9: *mut usize,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_seq_head_tokens()"]
+    pub seq_head_tokens: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: u32,
+            arg4: u32,
+            arg5: *mut u64,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_gather_head()"]
+    pub gather_head: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: u32,
+            arg4: u32,
+            arg5: u64,
+            arg6: u64,
+            arg7: *mut ::std::os::raw::c_void,
+            arg8: *mut ::std::os::raw::c_void,
+            arg9: kvc_dtype,
+            arg10: *mut i32,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_seq_head_block_table()"]
+    pub seq_head_block_table: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: u32,
+            arg4: u32,
+            arg5: *mut i32,
+            arg6: usize,
+            arg7: *mut usize,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_export_head_page_table()"]
+    pub export_head_page_table: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u32,
+            arg3: *const u64,
+            arg4: usize,
+            arg5: *mut i32,
+            arg6: *mut i32,
+            arg7: usize,
+            arg8: *mut i32,
+            arg9: *mut usize,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_seq_keep_head()"]
+    pub seq_keep_head: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u64,
+            arg3: u32,
+            arg4: u32,
+            arg5: *const u64,
+            arg6: u64,
+            arg7: *mut u64,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        800usize,
+        840usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -8777,6 +9042,91 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_seq_export_llama();
+    fn test_field_seq_head_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_head_tokens) as usize - ptr as usize
+            },
+            800usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_head_tokens)
+            )
+        );
+    }
+    test_field_seq_head_tokens();
+    fn test_field_gather_head() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gather_head) as usize - ptr as usize
+            },
+            808usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(gather_head)
+            )
+        );
+    }
+    test_field_gather_head();
+    fn test_field_seq_head_block_table() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_head_block_table) as usize - ptr as usize
+            },
+            816usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_head_block_table)
+            )
+        );
+    }
+    test_field_seq_head_block_table();
+    fn test_field_export_head_page_table() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).export_head_page_table) as usize - ptr as usize
+            },
+            824usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(export_head_page_table)
+            )
+        );
+    }
+    test_field_export_head_page_table();
+    fn test_field_seq_keep_head() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_keep_head) as usize - ptr as usize
+            },
+            832usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(seq_keep_head)
+            )
+        );
+    }
+    test_field_seq_keep_head();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]

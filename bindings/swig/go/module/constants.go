@@ -117,6 +117,14 @@ const (
 	POLICY_KVZIP              PolicyKind = 9
 )
 
+// HeadBudget is how a head-wise pool splits a layer's budget over its KV heads (kvc_head_budget).
+type HeadBudget int32
+
+const (
+	HEAD_BUDGET_UNIFORM HeadBudget = 0
+	HEAD_BUDGET_ADAKV   HeadBudget = 1
+)
+
 // Pooling is SnapKV's pooling along the tokens (kvc_pooling).
 type Pooling int32
 
@@ -156,6 +164,8 @@ const (
 	POOL_ZERO_ON_FREE uint32 = 0x1
 	// POOL_PRE_ROPE_KEYS (PoolConfig.Flags): quantize keys before RoPE (needs the RoPE settings and a key codec).
 	POOL_PRE_ROPE_KEYS uint32 = 0x2
+	// POOL_HEADWISE (PoolConfig.Flags): a block table per (layer, KV head), so head-wise eviction frees memory.
+	POOL_HEADWISE uint32 = 0x4
 	// PREFIX_PARTIAL (PrefixLookup / PrefixAttach flags): also reuse a partly matching next block.
 	PREFIX_PARTIAL uint32 = 0x1
 	// PREFIX_PIN (PrefixLookup flags): pin the tier blocks counted in TierTokens until PrefixUnpin.

@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"encoding/binary"
+	"math"
 	"strings"
 	"testing"
 	"unsafe"
@@ -110,8 +111,9 @@ func TestInitSizedRefusedSizesWriteNothing(t *testing.T) {
 }
 
 // The library's sizeof of the structs that grew after 0.3 (0.4: kvc_prefix_config's extra key
-// names; kvc_policy_config's future_positions, default 512 at offset 88).
-var grownSize = map[CStruct]uint64{StructPrefixConfig: 88, StructPolicyConfig: 96}
+// names; kvc_policy_config's future_positions, default 512 at offset 88, head_budget 0 at 92 and
+// head_floor 0.2 at 96).
+var grownSize = map[CStruct]uint64{StructPrefixConfig: 88, StructPolicyConfig: 104}
 
 func TestInitSizedNewerCallerTailZeroed(t *testing.T) {
 	for _, c := range initCases {
@@ -126,6 +128,9 @@ func TestInitSizedNewerCallerTailZeroed(t *testing.T) {
 		}
 		if c.s == StructPolicyConfig && binary.LittleEndian.Uint32(b[88:92]) != 512 {
 			t.Fatalf("%s: future_positions = %d", c.name, binary.LittleEndian.Uint32(b[88:92]))
+		}
+		if c.s == StructPolicyConfig && math.Float64frombits(binary.LittleEndian.Uint64(b[96:104])) != 0.2 {
+			t.Fatalf("%s: head_floor = %v", c.name, math.Float64frombits(binary.LittleEndian.Uint64(b[96:104])))
 		}
 		for i := known; i < size; i++ {
 			if b[i] != 0 {

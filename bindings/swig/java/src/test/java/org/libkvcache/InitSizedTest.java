@@ -117,9 +117,13 @@ public class InitSizedTest {
       c.init.run(b, size);
       assertEquals(size, b.getLong(0));
       // Structs that grew after 0.3: kvc_prefix_config (88, zero defaults), kvc_policy_config
-      // (96: future_positions, default 512, at offset 88).
-      long known = c.name.equals("PolicyConfig") ? 96 : c.name.equals("PrefixConfig") ? 88 : c.size03;
-      if (c.name.equals("PolicyConfig")) assertEquals(512, b.getInt(88));
+      // (104: future_positions, default 512, at offset 88; head_budget 0 at 92; head_floor 0.2
+      // at 96).
+      long known = c.name.equals("PolicyConfig") ? 104 : c.name.equals("PrefixConfig") ? 88 : c.size03;
+      if (c.name.equals("PolicyConfig")) {
+        assertEquals(512, b.getInt(88));
+        assertEquals(0.2, b.getDouble(96), 0.0);
+      }
       for (int i = (int) known; i < size; ++i) assertEquals(c.name, 0, b.get(i));
       for (int i = (int) size; i < size + GUARD; ++i) assertEquals(c.name, G, b.get(i));
     }
