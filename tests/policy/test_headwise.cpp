@@ -1,0 +1,647 @@
+// Head-wise pools (KVC_POOL_HEADWISE) and AdaKV head budgets
+// (KVC_HEAD_BUDGET_ADAKV, arXiv 2407.11550): the same bytes as a token-wise
+// pool until heads diverge; per-head kept sets that free each head's own
+// blocks; attention equal to a float64 softmax over each head's kept tokens;
+// AdaKV's kept sets against a reference written here from the paper's rule;
+// fork / copy-on-write, records, page tables; refusals that change nothing.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "../whitebox.h"
+#include "evict_util.h"
+
+namespace {
+
+using evict_util::Geo;
+
+std::mt19937 g_rng(11);
+
+kvc_pool *make(const Geo &g, bool headwise, const kvc_codec *codec = nullptr,
+               uint64_t blocks = 1024, kvc_status want = KVC_OK) {
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = g.layers;
+  c.num_q_heads = g.hq;
+  c.num_kv_heads = g.hkv;
+  c.head_dim = g.hd;
+  c.block_size = g.bs;
+  c.num_blocks = blocks;
+  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  if (codec) c.k_codec = c.v_codec = codec;
+  if (headwise) c.flags |= KVC_POOL_HEADWISE;
+  kvc_pool *p = nullptr;
+  CHECK_STATUS(kvc_pool_create(&c, &p), want);
+  return p;
+}
+
+// n tokens of Gaussian K/V ([n][hkv][hd]) appended to every layer of a new sequence.
+struct Data {
+  std::vector<float> k, v;
+};
+Data fill(kvc_pool *p, const Geo &g, uint64_t id, uint64_t n, const Data *same = nullptr) {
+  Data d = same ? *same
+                : Data{evict_util::randn(g_rng, n * g.hkv * g.hd),
+                       evict_util::randn(g_rng, n * g.hkv * g.hd)};
+  CHECK_OK(kvc_seq_create(p, id));
+  CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
+  for (uint32_t l = 0; l < g.layers; ++l)
+    CHECK_OK(kvc_append(p, id, l, 0, n, d.k.data(), d.v.data(), KVC_DTYPE_F32));
+  return d;
+}
+
+std::vector<int32_t> head_positions(kvc_pool *p, uint64_t id, uint32_t layer, uint32_t head) {
+  uint64_t n = 0;
+  CHECK_OK(kvc_seq_head_tokens(p, id, layer, head, &n));
+  std::vector<int32_t> pos(n);
+  if (n)
+    CHECK_OK(kvc_gather_head(p, id, layer, head, 0, n, nullptr, nullptr, KVC_DTYPE_F32,
+                             pos.data()));
+  return pos;
+}
+
+uint64_t in_use(kvc_pool *p) {
+  kvc_stats s;
+  kvc_stats_init(&s);
+  CHECK_OK(kvc_pool_stats(p, &s));
+  return s.bytes_in_use;
+}
+
+// Decode attention of one query row [hq][hd] in float64 where KV head h sees
+// only the positions kept[h] of the data d ([n][hkv][hd]).
+std::vector<double> masked_attention(const Geo &g, const std::vector<float> &q, const Data &d,
+                                     const std::vector<std::vector<int32_t>> &kept) {
+  const uint32_t grp = g.hq / g.hkv;
+  std::vector<double> out(g.hq * g.hd, 0.0);
+  for (uint32_t j = 0; j < g.hq; ++j) {
+    const uint32_t h = j / grp;
+    std::vector<double> z;
+    for (int32_t t : kept[h]) {
+      double dot = 0.0;
+      for (uint32_t a = 0; a < g.hd; ++a)
+        dot += double(q[j * g.hd + a]) * d.k[(t * g.hkv + h) * g.hd + a];
+      z.push_back(dot / std::sqrt(double(g.hd)));
+    }
+    const double mx = *std::max_element(z.begin(), z.end());
+    double sum = 0.0;
+    for (double &x : z) sum += (x = std::exp(x - mx));
+    for (size_t i = 0; i < kept[h].size(); ++i)
+      for (uint32_t a = 0; a < g.hd; ++a)
+        out[j * g.hd + a] += z[i] / sum * d.v[(kept[h][i] * g.hkv + h) * g.hd + a];
+  }
+  return out;
+}
+
+kvc_policy *policy(kvc_policy_kind kind, uint64_t budget, kvc_head_budget hb, double floor = 0.2,
+                   uint32_t sinks = 0, uint32_t recent = 0) {
+  kvc_policy_config c;
+  kvc_policy_config_init(&c);
+  c.kind = kind;
+  c.budget_tokens = budget;
+  c.sink_tokens = sinks;
+  c.recent_tokens = recent;
+  c.head_budget = hb;
+  c.head_floor = floor;
+  kvc_policy *pol = nullptr;
+  CHECK_OK(kvc_policy_create(&c, &pol));
+  return pol;
+}
+
+}  // namespace
+
+// Before any eviction a head-wise pool holds what a token-wise pool holds, in
+// the same bytes (block_size tokens of one head per block), and reads and
+// attends to the same values: f32, int8 per-token and int4 groups of 8.
+KVTEST(headwise_matches_tokenwise) {
+  Geo g;
+  g.layers = 2, g.hq = 6, g.hkv = 3, g.hd = 16, g.bs = 4;
+  kvc_codec i8, i4;
+  kvc_codec_init(&i8);
+  i8.dtype = KVC_DTYPE_INT8;
+  i8.granularity = KVC_SCALE_PER_TOKEN;
+  kvc_codec_init(&i4);
+  i4.dtype = KVC_DTYPE_INT4;
+  i4.granularity = KVC_SCALE_PER_GROUP;
+  i4.group_size = 8;
+  for (const kvc_codec *codec : {static_cast<const kvc_codec *>(nullptr),
+                                 static_cast<const kvc_codec *>(&i8),
+                                 static_cast<const kvc_codec *>(&i4)}) {
+    kvc_pool *tw = make(g, false, codec), *hw = make(g, true, codec);
+    const uint64_t n = 23;  // not a multiple of the block size
+    const Data d = fill(tw, g, 1, n);
+    fill(hw, g, 1, n, &d);
+    kvc_pool_config cfg;
+    kvc_pool_config_init(&cfg);
+    CHECK_OK(kvc_pool_get_config(hw, &cfg));
+    CHECK(cfg.num_layers == g.layers && cfg.num_kv_heads == g.hkv && cfg.num_q_heads == g.hq);
+    CHECK(cfg.flags & KVC_POOL_HEADWISE);
+    kvc_pool_layout lay;
+    kvc_pool_layout_init(&lay);
+    CHECK_OK(kvc_pool_get_layout(hw, &lay));
+    CHECK(lay.num_kv_heads == 1);  // a block holds one KV head
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      std::vector<float> k1(n * g.hkv * g.hd), v1(k1.size()), k2(k1.size()), v2(k1.size());
+      std::vector<int32_t> p1(n), p2(n);
+      CHECK_OK(kvc_gather(tw, 1, l, 0, n, k1.data(), v1.data(), KVC_DTYPE_F32, p1.data()));
+      CHECK_OK(kvc_gather(hw, 1, l, 0, n, k2.data(), v2.data(), KVC_DTYPE_F32, p2.data()));
+      CHECK(k1 == k2 && v1 == v2 && p1 == p2);
+      for (uint32_t h = 0; h < g.hkv; ++h) {  // one head's rows
+        std::vector<float> kh(n * g.hd);
+        CHECK_OK(kvc_gather_head(hw, 1, l, h, 0, n, kh.data(), nullptr, KVC_DTYPE_F32, nullptr));
+        bool same = true;
+        for (uint64_t t = 0; t < n; ++t)
+          same = same && std::memcmp(&kh[t * g.hd], &k1[(t * g.hkv + h) * g.hd],
+                                     g.hd * sizeof(float)) == 0;
+        CHECK(same);
+        std::vector<float> kt(n * g.hd);  // a token-wise pool's head, as the same call reads it
+        CHECK_OK(kvc_gather_head(tw, 1, l, h, 0, n, kt.data(), nullptr, KVC_DTYPE_F32, nullptr));
+        CHECK(kt == kh);
+      }
+      // Decode (one row) and prefill (the last 5 tokens) attention: the same bytes.
+      kvc_attention_params a;
+      kvc_attention_params_init(&a);
+      a.num_q_heads = g.hq;
+      const std::vector<float> q = evict_util::randn(g_rng, 5 * g.hq * g.hd);
+      std::vector<float> o1(5 * g.hq * g.hd), o2(o1.size()), l1(5 * g.hq), l2(l1.size());
+      const uint64_t id = 1;
+      CHECK_OK(kvc_attention_decode(tw, l, &id, 1, q.data(), o1.data(), l1.data(), &a));
+      CHECK_OK(kvc_attention_decode(hw, l, &id, 1, q.data(), o2.data(), l2.data(), &a));
+      CHECK(std::equal(o1.begin(), o1.begin() + g.hq * g.hd, o2.begin()));
+      CHECK(std::equal(l1.begin(), l1.begin() + g.hq, l2.begin()));
+      CHECK_OK(kvc_attention_prefill(tw, l, 1, q.data(), 5, o1.data(), l1.data(), &a));
+      CHECK_OK(kvc_attention_prefill(hw, l, 1, q.data(), 5, o2.data(), l2.data(), &a));
+      CHECK(o1 == o2 && l1 == l2);
+    }
+    // Same bytes: per-token / per-group codecs of one head are a token-wise
+    // row's slices; blocks of 4 tokens x 1 head, 3 x as many of them (23
+    // tokens: 6 blocks per layer and head against 6 per layer).
+    CHECK(in_use(hw) == in_use(tw));
+    kvc_pool_destroy(tw);
+    kvc_pool_destroy(hw);
+  }
+}
+
+// kvc_seq_keep_head keeps a different set in each head: each head frees its
+// own blocks (pool counters), other heads stay, and decode attention equals a
+// float64 softmax over each head's own kept tokens.
+KVTEST(headwise_keep_frees_blocks) {
+  Geo g;
+  g.layers = 1, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  kvc_pool *p = make(g, true);
+  const uint64_t n = 40;
+  const Data d = fill(p, g, 1, n);
+  kvc_pool_layout lay;
+  kvc_pool_layout_init(&lay);
+  CHECK_OK(kvc_pool_get_layout(p, &lay));
+  const uint64_t before = in_use(p);
+  CHECK(before == 2 * 10 * lay.block_stride);
+  // Head 0 keeps 8 tokens (20 %): 2 blocks; head 1 keeps 27 (t % 3 != 1): 7 blocks.
+  std::vector<uint64_t> k0 = {0, 3, 7, 11, 20, 31, 38, 39}, k1;
+  for (uint64_t t = 0; t < n; ++t)
+    if (t % 3 != 1) k1.push_back(t);
+  uint64_t dropped = 0;
+  CHECK_OK(kvc_seq_keep_head(p, 1, 0, 0, k0.data(), k0.size(), &dropped));
+  CHECK(dropped == n - k0.size());
+  CHECK_OK(kvc_seq_keep_head(p, 1, 0, 1, k1.data(), k1.size(), &dropped));
+  CHECK(dropped == n - k1.size());
+  size_t nb0 = 0, nb1 = 0;
+  CHECK_OK(kvc_seq_head_block_table(p, 1, 0, 0, nullptr, 0, &nb0));
+  CHECK_OK(kvc_seq_head_block_table(p, 1, 0, 1, nullptr, 0, &nb1));
+  CHECK(nb0 == 2 && nb1 == (k1.size() + 3) / 4);
+  CHECK(in_use(p) == (nb0 + nb1) * lay.block_stride);
+  std::vector<std::vector<int32_t>> kept = {head_positions(p, 1, 0, 0), head_positions(p, 1, 0, 1)};
+  CHECK(kept[0] == std::vector<int32_t>(k0.begin(), k0.end()));
+  CHECK(kept[1] == std::vector<int32_t>(k1.begin(), k1.end()));
+  uint64_t most = 0;
+  CHECK_OK(kvc_seq_layer_tokens(p, 1, 0, &most));
+  CHECK(most == k1.size());
+  kvc_stats st;
+  kvc_stats_init(&st);
+  CHECK_OK(kvc_pool_stats(p, &st));
+  CHECK(st.tokens_stored == k0.size() + k1.size());  // (token, KV head) pairs
+  const std::vector<float> q = evict_util::randn(g_rng, g.hq * g.hd);
+  std::vector<float> out(g.hq * g.hd);
+  kvc_attention_params a;
+  kvc_attention_params_init(&a);
+  a.num_q_heads = g.hq;
+  const uint64_t id = 1;
+  CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &a));
+  const std::vector<double> want = masked_attention(g, q, d, kept);
+  double worst = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - want[i]));
+  CHECKF(worst < 1e-5, "largest difference %g", worst);
+  // The next token is appended at each head's own index and attended to.
+  CHECK_OK(kvc_seq_reserve(p, 1, 1, nullptr));
+  const std::vector<float> kn = evict_util::randn(g_rng, g.hkv * g.hd),
+                           vn = evict_util::randn(g_rng, g.hkv * g.hd);
+  CHECK_OK(kvc_append(p, 1, 0, n, 1, kn.data(), vn.data(), KVC_DTYPE_F32));
+  Data d2 = d;
+  d2.k.insert(d2.k.end(), kn.begin(), kn.end());
+  d2.v.insert(d2.v.end(), vn.begin(), vn.end());
+  for (auto &kk : kept) kk.push_back(static_cast<int32_t>(n));
+  CHECK(head_positions(p, 1, 0, 0) == kept[0] && head_positions(p, 1, 0, 1) == kept[1]);
+  CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &a));
+  const std::vector<double> want2 = masked_attention(g, q, d2, kept);
+  worst = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::fabs(out[i] - want2[i]));
+  CHECKF(worst < 1e-5, "largest difference after an append %g", worst);
+  kvc_pool_destroy(p);
+}
+
+// Uniform head budgets: each head keeps its own top-k of its own scores
+// (TOVA on hand-made scores that differ per head).
+KVTEST(headwise_evict_per_head_sets) {
+  Geo g;
+  g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  kvc_pool *p = make(g, true);
+  const uint64_t n = 30, budget = 9;
+  fill(p, g, 1, n);
+  std::vector<std::vector<float>> sc(g.layers, std::vector<float>(n * g.hkv));
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    for (uint64_t t = 0; t < n; ++t)
+      for (uint32_t h = 0; h < g.hkv; ++h)
+        sc[l][t * g.hkv + h] = static_cast<float>((t * (7 + 5 * h + l) + 3 * h) % 31) + 0.5f;
+    CHECK_OK(kvc_seq_observe_scores(p, 1, l, sc[l].data(), n, 0));
+  }
+  kvc_policy *pol = policy(KVC_POLICY_TOVA, budget, KVC_HEAD_BUDGET_UNIFORM);
+  std::vector<uint64_t> dropped(g.layers);
+  CHECK_OK(kvc_evict(p, 1, pol, dropped.data()));
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    CHECK(dropped[l] == g.hkv * (n - budget));
+    for (uint32_t h = 0; h < g.hkv; ++h) {
+      std::vector<int32_t> idx(n);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) {
+        const float sa = sc[l][a * g.hkv + h], sb = sc[l][b * g.hkv + h];
+        return sa > sb || (sa == sb && a > b);
+      });
+      std::vector<int32_t> want(idx.begin(), idx.begin() + budget);
+      std::sort(want.begin(), want.end());
+      CHECK(head_positions(p, 1, l, h) == want);
+    }
+    // The heads now differ: per-layer reads refuse, naming the per-head call.
+    std::vector<int32_t> pos(n);
+    CHECK_STATUS(kvc_gather(p, 1, l, 0, 1, nullptr, nullptr, KVC_DTYPE_F32, pos.data()),
+                 KVC_ERR_UNSUPPORTED);
+    std::vector<float> s(budget * g.hkv);
+    CHECK_STATUS(kvc_seq_scores(p, 1, l, s.data(), budget), KVC_ERR_UNSUPPORTED);
+  }
+  kvc_policy_destroy(pol);
+  kvc_pool_destroy(p);
+}
+
+namespace {
+// AdaKV's kept sets by the rule, written here: per head the rule's tokens
+// (sinks, recent window) and its best floor(f x own candidate budget)
+// candidates (at least one if the rule keeps none); then the rest of the
+// summed budget to the best remaining candidates of all heads (ties: the
+// newer token, then the lower head).
+std::vector<std::vector<int32_t>> adakv_reference(const std::vector<float> &sc, uint32_t H,
+                                                  uint64_t n, uint64_t budget, double f,
+                                                  uint32_t sinks, uint32_t recent) {
+  struct C {
+    float s;
+    uint32_t h;
+    int32_t t;
+  };
+  auto better = [](const C &a, const C &b) {
+    if (a.s != b.s) return a.s > b.s;
+    if (a.t != b.t) return a.t > b.t;
+    return a.h < b.h;
+  };
+  std::vector<std::vector<int32_t>> keep(H);
+  std::vector<C> rest;
+  uint64_t free_total = 0, taken = 0;
+  const uint64_t s0 = std::min<uint64_t>(sinks, budget),
+                 r0 = std::min<uint64_t>(recent, budget - s0), lo = std::min(s0, n - r0),
+                 hi = n - r0;
+  for (uint32_t h = 0; h < H; ++h) {
+    std::vector<C> c;
+    for (uint64_t t = lo; t < hi; ++t) c.push_back({sc[t * H + h], h, static_cast<int32_t>(t)});
+    std::sort(c.begin(), c.end(), better);
+    const uint64_t fr = std::min<uint64_t>(budget - (lo + n - hi), c.size());
+    free_total += fr;
+    uint64_t fl = static_cast<uint64_t>(std::floor(f * fr));
+    if (lo + n - hi == 0 && fr > 0) fl = std::max<uint64_t>(fl, 1);
+    fl = std::min<uint64_t>(fl, c.size());
+    for (uint64_t i = 0; i < fl; ++i) keep[h].push_back(c[i].t);
+    taken += fl;
+    rest.insert(rest.end(), c.begin() + fl, c.end());
+    for (uint64_t t = 0; t < lo; ++t) keep[h].push_back(static_cast<int32_t>(t));
+    for (uint64_t t = hi; t < n; ++t) keep[h].push_back(static_cast<int32_t>(t));
+  }
+  std::sort(rest.begin(), rest.end(), better);
+  for (uint64_t i = 0; i < std::min<uint64_t>(free_total - taken, rest.size()); ++i)
+    keep[rest[i].h].push_back(rest[i].t);
+  for (auto &k : keep) std::sort(k.begin(), k.end());
+  return keep;
+}
+}  // namespace
+
+// AdaKV on KVzip-style scores (sinks + recent window + candidates) and on TOVA
+// (no rule tokens): exact kept sets, the layer's total kept equal to H x B,
+// and a head whose scores are low everywhere still keeps its floor.
+KVTEST(adakv_exact_kept_sets) {
+  Geo g;
+  g.layers = 1, g.hq = 8, g.hkv = 4, g.hd = 8, g.bs = 4;
+  const uint64_t n = 48, budget = 12;
+  struct Case {
+    kvc_policy_kind kind;
+    uint32_t sinks, recent;
+    double floor;
+  } cases[] = {{KVC_POLICY_KVZIP, 2, 3, 0.2},
+               {KVC_POLICY_TOVA, 0, 0, 0.2},
+               {KVC_POLICY_TOVA, 0, 0, 0.0},
+               {KVC_POLICY_KVZIP, 4, 0, 1.0}};
+  for (const Case &cs : cases) {
+    kvc_pool *p = make(g, true);
+    fill(p, g, 1, n);
+    std::vector<float> sc(n * g.hkv);
+    for (uint64_t t = 0; t < n; ++t)
+      for (uint32_t h = 0; h < g.hkv; ++h)  // head 3 scores low everywhere; head 0 high
+        sc[t * g.hkv + h] = (h == 3 ? 0.01f : 1.0f / (1 + h)) *
+                            static_cast<float>((t * (11 + 2 * h) + 5 * h) % 47 + 1);
+    CHECK_OK(kvc_seq_observe_scores(p, 1, 0, sc.data(), n, 0));
+    kvc_policy *pol = policy(cs.kind, budget, KVC_HEAD_BUDGET_ADAKV, cs.floor, cs.sinks, cs.recent);
+    uint64_t dropped = 0;
+    CHECK_OK(kvc_evict(p, 1, pol, &dropped));
+    const auto want = adakv_reference(sc, g.hkv, n, budget, cs.floor, cs.sinks, cs.recent);
+    uint64_t total = 0;
+    for (uint32_t h = 0; h < g.hkv; ++h) {
+      const std::vector<int32_t> got = head_positions(p, 1, 0, h);
+      CHECKF(got == want[h], "kind %d floor %g head %u: kept %zu, want %zu", cs.kind, cs.floor, h,
+             got.size(), want[h].size());
+      CHECKF(!got.empty(), "head %u emptied", h);
+      total += got.size();
+    }
+    CHECKF(total == g.hkv * budget, "kept %llu of %llu", (unsigned long long)total,
+           (unsigned long long)(g.hkv * budget));
+    CHECK(dropped == g.hkv * n - total);
+    // The budgets really moved (head 0 keeps more than B, head 3 fewer), except
+    // with a floor of 1: every head keeps its own budget.
+    if (cs.floor < 1.0) {
+      CHECK(head_positions(p, 1, 0, 0).size() > budget);
+      CHECK(head_positions(p, 1, 0, 3).size() < budget);
+    } else {
+      for (uint32_t h = 0; h < g.hkv; ++h) CHECK(head_positions(p, 1, 0, h).size() == budget);
+    }
+    kvc_policy_destroy(pol);
+    kvc_pool_destroy(p);
+  }
+}
+
+// AdaKV needs a head-wise pool: refused when attached to or run on a
+// token-wise one, with nothing changed; bad floors and kinds refused at create.
+KVTEST(adakv_refused) {
+  Geo g;
+  kvc_pool *p = make(g, false);
+  fill(p, g, 1, 20);
+  const uint64_t before = in_use(p);
+  std::vector<float> sc(20 * g.hkv, 1.0f);
+  CHECK_OK(kvc_seq_observe_scores(p, 1, 0, sc.data(), 20, 0));
+  kvc_policy *pol = policy(KVC_POLICY_TOVA, 5, KVC_HEAD_BUDGET_ADAKV);
+  CHECK_STATUS(kvc_seq_set_policy(p, 1, pol), KVC_ERR_UNSUPPORTED);
+  CHECK_STATUS(kvc_pool_set_policy(p, pol), KVC_ERR_UNSUPPORTED);
+  CHECK_STATUS(kvc_evict(p, 1, pol, nullptr), KVC_ERR_UNSUPPORTED);
+  uint64_t n = 0;
+  CHECK_OK(kvc_seq_layer_tokens(p, 1, 0, &n));
+  CHECK(n == 20 && in_use(p) == before);
+  kvc_policy_destroy(pol);
+  kvc_policy_config c;
+  kvc_policy_config_init(&c);
+  c.kind = KVC_POLICY_TOVA;
+  c.budget_tokens = 4;
+  kvc_policy *bad = nullptr;
+  for (double f : {-0.1, 1.5, std::nan("")}) {
+    c.head_floor = f;
+    CHECK_STATUS(kvc_policy_create(&c, &bad), KVC_ERR_INVALID_ARGUMENT);
+  }
+  c.head_floor = 0.2;
+  for (int hb : {2, -1}) {
+    c.head_budget = static_cast<kvc_head_budget>(hb);
+    CHECK_STATUS(kvc_policy_create(&c, &bad), KVC_ERR_INVALID_ARGUMENT);
+  }
+  CHECK(bad == nullptr);
+  // A token-wise pool's head calls: one table for all heads; no per-head keep.
+  size_t nb = 0;
+  CHECK_OK(kvc_seq_head_block_table(p, 1, 0, 1, nullptr, 0, &nb));
+  CHECK(nb == 5);
+  const uint64_t keep[] = {0, 1};
+  CHECK_STATUS(kvc_seq_keep_head(p, 1, 0, 0, keep, 2, nullptr), KVC_ERR_UNSUPPORTED);
+  int32_t indptr[8], idx[64], last[8];
+  size_t ni = 0;
+  const uint64_t id = 1;
+  CHECK_STATUS(kvc_export_head_page_table(p, 0, &id, 1, indptr, idx, 64, last, &ni),
+               KVC_ERR_UNSUPPORTED);
+  kvc_pool_destroy(p);
+}
+
+// Fork and copy-on-write per head: the child's head-wise eviction leaves the
+// parent's tokens and bytes as they were; shared blocks are copied only where
+// written; a record of the evicted child restores into a new head-wise pool
+// with every head as it was, and is refused by a token-wise pool of
+// num_layers x num_kv_heads layers.
+KVTEST(headwise_fork_save_restore) {
+  Geo g;
+  g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  kvc_pool *p = make(g, true);
+  const uint64_t n = 24;
+  const Data d = fill(p, g, 1, n);
+  CHECK_OK(kvc_seq_fork(p, 1, 2));
+  const uint64_t shared = in_use(p);
+  const std::vector<uint64_t> keep = {0, 1, 2, 3, 9, 23};  // block 0 kept in place
+  CHECK_OK(kvc_seq_keep_head(p, 2, 1, 1, keep.data(), keep.size(), nullptr));
+  kvc_pool_layout lay;
+  kvc_pool_layout_init(&lay);
+  CHECK_OK(kvc_pool_get_layout(p, &lay));
+  // Blocks 1 (tokens 9, 23 moved into it) copied; block 0 untouched stays shared.
+  CHECK(in_use(p) == shared + lay.block_stride);
+  for (uint32_t l = 0; l < g.layers; ++l) {  // the parent: every head as appended
+    std::vector<float> k(n * g.hkv * g.hd), v(k.size());
+    CHECK_OK(kvc_gather(p, 1, l, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+    CHECK(k == d.k && v == d.v);
+  }
+  CHECK(head_positions(p, 2, 1, 1) == std::vector<int32_t>(keep.begin(), keep.end()));
+  CHECK(head_positions(p, 2, 1, 0).size() == n);
+  size_t size = 0;
+  CHECK_STATUS(kvc_seq_save(p, 2, nullptr, 0, &size), KVC_ERR_BUFFER_TOO_SMALL);
+  std::vector<uint8_t> rec(size);
+  CHECK_OK(kvc_seq_save(p, 2, rec.data(), rec.size(), &size));
+  kvc_pool *q = make(g, true);
+  CHECK_OK(kvc_seq_restore(q, 7, rec.data(), rec.size()));
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t h = 0; h < g.hkv; ++h) {
+      const std::vector<int32_t> pos = head_positions(q, 7, l, h);
+      CHECK(pos == head_positions(p, 2, l, h));
+      std::vector<float> a(pos.size() * g.hd), b(a.size());
+      CHECK_OK(kvc_gather_head(p, 2, l, h, 0, pos.size(), a.data(), nullptr, KVC_DTYPE_F32,
+                               nullptr));
+      CHECK_OK(kvc_gather_head(q, 7, l, h, 0, pos.size(), b.data(), nullptr, KVC_DTYPE_F32,
+                               nullptr));
+      CHECK(a == b);
+    }
+  Geo flat = g;  // token-wise, num_layers x num_kv_heads layers of one KV head
+  flat.layers = g.layers * g.hkv, flat.hkv = 1, flat.hq = g.hq / g.hkv;
+  kvc_pool *t = make(flat, false);
+  CHECK_STATUS(kvc_seq_restore(t, 7, rec.data(), rec.size()), KVC_ERR_INCOMPATIBLE);
+  kvc_pool_destroy(t);
+  kvc_pool_destroy(q);
+  kvc_pool_destroy(p);
+}
+
+// Prefix sharing of the unevicted prefix: a head-wise sequence's full blocks
+// are registered for every (layer, head) table and attached by a later
+// prompt without copies; a head-wise eviction of the attached sequence copies
+// what it rewrites, so the registered prompt still matches, byte for byte.
+KVTEST(headwise_prefix_sharing) {
+  Geo g;
+  g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  kvc_pool *p = make(g, true);
+  kvc_prefix_config pc;
+  kvc_prefix_config_init(&pc);
+  CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+  const uint64_t n = 16;
+  const Data d = fill(p, g, 1, n);
+  std::vector<int32_t> toks(n + 2);
+  std::iota(toks.begin(), toks.end(), 100);
+  uint64_t reg = 0;
+  CHECK_OK(kvc_prefix_insert(p, 1, toks.data(), n, nullptr, 0, &reg));
+  CHECK(reg == 4);
+  const uint64_t held = in_use(p);
+  kvc_prefix_result r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_attach(p, 2, toks.data(), n + 2, nullptr, 0, 0, &r));
+  CHECK(r.hit_tokens == n);
+  CHECK(in_use(p) == held);  // the 4 blocks x 2 layers x 2 heads are shared, not copied
+  const uint64_t keep[] = {0, 1, 2, 3, 14, 15};
+  CHECK_OK(kvc_seq_keep_head(p, 2, 0, 1, keep, 6, nullptr));
+  CHECK(head_positions(p, 2, 0, 1) == std::vector<int32_t>({0, 1, 2, 3, 14, 15}));
+  std::vector<float> k(n * g.hkv * g.hd);
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    CHECK_OK(kvc_gather(p, 1, l, 0, n, k.data(), nullptr, KVC_DTYPE_F32, nullptr));
+    CHECK(k == d.k);
+  }
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_attach(p, 3, toks.data(), n + 2, nullptr, 0, 0, &r));
+  CHECK(r.hit_tokens == n);
+  for (uint32_t l = 0; l < g.layers; ++l) {
+    CHECK_OK(kvc_gather(p, 3, l, 0, n, k.data(), nullptr, KVC_DTYPE_F32, nullptr));
+    CHECK(k == d.k);
+  }
+  kvc_pool_destroy(p);
+}
+
+// The page table has one row per (sequence, KV head), equal to the heads'
+// block tables; per-layer tables are refused in a head-wise pool.
+KVTEST(headwise_page_table) {
+  Geo g;
+  g.layers = 1, g.hq = 6, g.hkv = 3, g.hd = 8, g.bs = 4;
+  kvc_pool *p = make(g, true);
+  fill(p, g, 1, 17);
+  fill(p, g, 2, 9);
+  const uint64_t keep[] = {1, 4, 8, 15, 16};
+  CHECK_OK(kvc_seq_keep_head(p, 1, 0, 2, keep, 5, nullptr));
+  const uint64_t ids[] = {2, 1};
+  int32_t indptr[7], last[6], idx[64];
+  size_t ni = 0;
+  CHECK_STATUS(kvc_export_head_page_table(p, 0, ids, 2, indptr, idx, 3, last, &ni),
+               KVC_ERR_BUFFER_TOO_SMALL);
+  CHECK(ni == 3 * 3 + 5 + 5 + 2);
+  CHECK_OK(kvc_export_head_page_table(p, 0, ids, 2, indptr, idx, 64, last, &ni));
+  for (size_t i = 0; i < 2; ++i)
+    for (uint32_t h = 0; h < 3; ++h) {
+      const size_t row = i * 3 + h;
+      int32_t tab[16];
+      size_t nb = 0;
+      CHECK_OK(kvc_seq_head_block_table(p, ids[i], 0, h, tab, 16, &nb));
+      CHECK(static_cast<size_t>(indptr[row + 1] - indptr[row]) == nb);
+      CHECK(std::equal(tab, tab + nb, idx + indptr[row]));
+      uint64_t nt = 0;
+      CHECK_OK(kvc_seq_head_tokens(p, ids[i], 0, h, &nt));
+      CHECK(last[row] == static_cast<int32_t>(nt - (nb - 1) * 4));
+    }
+  int32_t tab[16];
+  size_t nb = 0;
+  CHECK_STATUS(kvc_seq_block_table(p, 1, 0, tab, 16, &nb), KVC_ERR_UNSUPPORTED);
+  CHECK_STATUS(kvc_export_page_table(p, 0, ids, 2, indptr, idx, 64, last, &ni),
+               KVC_ERR_UNSUPPORTED);
+  uint64_t nt = 0;
+  CHECK_STATUS(kvc_seq_head_tokens(p, 1, 0, 3, &nt), KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_seq_head_block_table(p, 1, 1, 0, tab, 16, &nb), KVC_ERR_OUT_OF_RANGE);
+  kvc_pool_destroy(p);
+}
+
+// Refusals: configurations a head-wise pool does not take; a NaN in one
+// head's rows of a quantized append writes no head; keep_head's bad indices
+// change nothing.
+KVTEST(headwise_bad_input) {
+  Geo g;
+  g.layers = 1, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  kvc_codec tensor;
+  kvc_codec_init(&tensor);
+  tensor.dtype = KVC_DTYPE_INT8;
+  tensor.granularity = KVC_SCALE_PER_TENSOR;
+  CHECK(make(g, true, &tensor, 64, KVC_ERR_UNSUPPORTED) == nullptr);
+  kvc_codec wide;  // groups spanning two heads
+  kvc_codec_init(&wide);
+  wide.dtype = KVC_DTYPE_INT8;
+  wide.granularity = KVC_SCALE_PER_GROUP;
+  wide.group_size = 16;
+  CHECK(make(g, true, &wide, 64, KVC_ERR_UNSUPPORTED) == nullptr);
+  kvc_pool_config c;
+  kvc_pool_config_init(&c);
+  c.num_layers = 1, c.num_q_heads = 4, c.num_kv_heads = 2, c.head_dim = 8, c.num_blocks = 8;
+  c.flags = KVC_POOL_HEADWISE;
+  c.layout = KVC_LAYOUT_HND;
+  kvc_pool *bad = nullptr;
+  CHECK_STATUS(kvc_pool_create(&c, &bad), KVC_ERR_UNSUPPORTED);
+  c.layout = KVC_LAYOUT_NHD;
+  c.device = KVC_DEVICE_CUDA;
+  const kvc_status cuda = kvc_pool_create(&c, &bad);
+  CHECK(cuda == KVC_ERR_UNSUPPORTED || cuda == KVC_ERR_DEVICE_UNAVAILABLE);
+  c.device = KVC_DEVICE_CPU;
+  c.num_layers = 4096, c.num_kv_heads = 512, c.num_q_heads = 512;
+  CHECK_STATUS(kvc_pool_create(&c, &bad), KVC_ERR_INVALID_ARGUMENT);
+  CHECK(bad == nullptr);
+
+  kvc_codec i8;
+  kvc_codec_init(&i8);
+  i8.dtype = KVC_DTYPE_INT8;
+  i8.granularity = KVC_SCALE_PER_TOKEN;
+  kvc_pool *p = make(g, true, &i8);
+  const Data d = fill(p, g, 1, 8);
+  CHECK_OK(kvc_seq_reserve(p, 1, 2, nullptr));
+  std::vector<float> k = evict_util::randn(g_rng, 2 * g.hkv * g.hd), v = k;
+  k[1 * g.hkv * g.hd + 1 * g.hd + 3] = std::nanf("");  // token 1, head 1
+  CHECK_STATUS(kvc_append(p, 1, 0, 8, 2, k.data(), v.data(), KVC_DTYPE_F32), KVC_ERR_NON_FINITE);
+  std::vector<float> got(2 * g.hkv * g.hd, 1.0f);  // unwritten slots read as zeros
+  CHECK_OK(kvc_gather(p, 1, 0, 8, 2, got.data(), nullptr, KVC_DTYPE_F32, nullptr));
+  CHECK(std::all_of(got.begin(), got.end(), [](float x) { return x == 0.0f; }));
+  const uint64_t before = in_use(p);
+  const uint64_t dup[] = {1, 1}, past[] = {3, 10};
+  CHECK_STATUS(kvc_seq_keep_head(p, 1, 0, 1, dup, 2, nullptr), KVC_ERR_INVALID_ARGUMENT);
+  CHECK_STATUS(kvc_seq_keep_head(p, 1, 0, 1, past, 2, nullptr), KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_seq_keep_head(p, 1, 0, 2, past, 1, nullptr), KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_seq_keep_head(p, 1, 0, 0, nullptr, 1, nullptr), KVC_ERR_NULL_POINTER);
+  for (uint32_t h = 0; h < 2; ++h) CHECK(head_positions(p, 1, 0, h).size() == 10);
+  CHECK(in_use(p) == before);
+  std::vector<float> row(8 * g.hd);
+  CHECK_STATUS(kvc_gather_head(p, 1, 0, 2, 0, 1, row.data(), nullptr, KVC_DTYPE_F32, nullptr),
+               KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_gather_head(p, 1, 0, 0, 5, 6, row.data(), nullptr, KVC_DTYPE_F32, nullptr),
+               KVC_ERR_OUT_OF_RANGE);
+  CHECK_STATUS(kvc_gather_head(p, 1, 0, 0, 0, 1, row.data(), nullptr, KVC_DTYPE_INT8, nullptr),
+               KVC_ERR_INVALID_ARGUMENT);
+  (void)d;
+  kvc_pool_destroy(p);
+}
+
+int main(int argc, char **argv) {
+  return kvtest_main(argc, argv);
+}
