@@ -1972,8 +1972,12 @@ typedef enum kvc_head_budget {
    * keeps what its policy keeps by rule (sinks, windows) and its best
    * floor(head_floor x its own candidate budget) tokens (at least one when the
    * rule keeps none); the rest of the shared budget goes to the best-scoring
-   * remaining tokens of all the layer's heads. Needs a head-wise pool
-   * (::KVC_ERR_UNSUPPORTED otherwise, when attached or evicting).
+   * remaining tokens of all the layer's heads (a head holding fewer tokens
+   * than B leaves the rest to the others). With auto_evict the cap is the
+   * layer's: its heads share num_kv_heads x budget_tokens, and a reserve
+   * evicts when the layer's total would pass it (one head may then hold more
+   * than budget_tokens). Needs a head-wise pool (::KVC_ERR_UNSUPPORTED
+   * otherwise, when attached or evicting).
    */
   KVC_HEAD_BUDGET_ADAKV = 1,
   KVC_HEAD_BUDGET_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */

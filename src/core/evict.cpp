@@ -279,7 +279,19 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   std::vector<std::vector<uint32_t>> ada;
   for (uint32_t layer = 0; layer < L; ++layer) {
     bool any = false;
-    for (uint32_t hh = 0; hh < H; ++hh) {
+    const bool layer_cap = p.head_budget == policy::HeadBudget::AdaKV;
+    if (reserve_new && layer_cap) {
+      // AdaKV under a cap: the layer's heads share H x budget_tokens (a head
+      // may hold more than the cap while others hold less); room is made for
+      // the new tokens when the layer's total would pass it.
+      uint64_t total = 0;
+      for (uint32_t hh = 0; hh < H; ++hh) total += s.layers[layer * H + hh].n_tokens + reserve_new;
+      if (total <= uint64_t(H) * p.budget_tokens) continue;
+      for (uint32_t hh = 0; hh < H; ++hh)
+        target[hh] = p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1;
+      any = true;
+    }
+    for (uint32_t hh = 0; hh < H && !(reserve_new && layer_cap); ++hh) {
       const uint32_t li = layer * H + hh;
       const uint64_t n = s.layers[li].n_tokens;
       uint64_t t;

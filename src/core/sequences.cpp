@@ -181,7 +181,16 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   // the cap first. It stays done even if the reservation below then fails.
   if (const PolicySpec *pol = policy_of(s); pol && pol->auto_evict && pol->budget_tokens) {
     bool over = false;
-    for (const LayerTable &l : s.layers) over = over || l.n_tokens + n_new > pol->budget_tokens;
+    if (pol->head_budget == policy::HeadBudget::AdaKV) {  // a layer's heads share H x the cap
+      const uint32_t H = heads();
+      for (size_t l0 = 0; l0 < s.layers.size() && !over; l0 += H) {
+        uint64_t total = 0;
+        for (uint32_t hh = 0; hh < H; ++hh) total += s.layers[l0 + hh].n_tokens + n_new;
+        over = total > uint64_t(H) * pol->budget_tokens;
+      }
+    } else {
+      for (const LayerTable &l : s.layers) over = over || l.n_tokens + n_new > pol->budget_tokens;
+    }
     if (over) evict_locked(id, s, *pol, n_new, nullptr);
   }
   if (s.track_scores)  // capacity for the new tokens' scores (may throw: nothing changed yet)

@@ -467,8 +467,11 @@ void adakv_keep(const PolicySpec &p, const std::vector<LayerView> &heads,
     if (n == 0) continue;
     r[h] = rank(p, heads[h], target);
     const uint64_t fixed = r[h].lo + (n - r[h].hi);
+    // The head's own candidate budget (its floor's base); the shared pool is
+    // every head's target less its rule's tokens, even where a head holds
+    // fewer tokens than its target (the rest goes to the other heads).
     free[h] = target > fixed ? std::min<uint64_t>(target - fixed, r[h].score.size()) : 0;
-    total_free += free[h];
+    total_free += targets[h] > fixed ? targets[h] - fixed : 0;
     // The safeguard: each head's best floor(head_floor x its own share) candidates
     // (at least 1 when the rule keeps nothing), the rest compete across heads.
     uint64_t floor_h =

@@ -149,9 +149,10 @@ void select_keep(const PolicySpec &p, const LayerView &v, uint64_t target,
 // the sum of their targets. Each head keeps its rule's tokens and its best
 // floor(head_floor x its own candidate budget) candidates (at least one when
 // its rule keeps none: no head is emptied); the rest of the shared budget
-// goes to the best remaining candidates of all the heads by score. keep[h]:
-// head h's sorted kept indices; the counts sum to the targets' sum (capped
-// at what the heads hold).
+// goes to the best remaining candidates of all the heads by score (a head
+// holding fewer tokens than its target leaves the rest to the others).
+// keep[h]: head h's sorted kept indices; the counts sum to the targets' sum
+// (capped at what the heads hold).
 void adakv_keep(const PolicySpec &p, const std::vector<LayerView> &heads,
                 const std::vector<uint64_t> &targets, std::vector<std::vector<uint32_t>> &keep);
 

@@ -201,6 +201,8 @@ void create_policies(const std::vector<Strategy> &rows, int ctx, Policies &polic
     pc.schedule = s.schedule;
     pc.shift_positions = s.shift_positions ? 1u : 0u;
     pc.future_positions = s.future_positions;
+    pc.head_budget = s.head_budget;
+    pc.head_floor = s.head_floor;
     if (s.protocol == Strategy::Protocol::Stream) {
       pc.budget_tokens = s.budget_tokens
                              ? s.budget_tokens
@@ -311,6 +313,8 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
           win_tokens[static_cast<std::size_t>(pos)] = token_at(pos);
         for (std::size_t r = 0; r < n_rows; ++r) {
           WindowSums &acc = sums[w][r];
+          // A head-wise pool counts (token, KV head) pairs: tokens = pairs / KV heads.
+          const double held_per_token = rows[r].headwise ? double(c.n_kv_heads) : 1.0;
           EvictionSettings ev;
           if (rows[r].protocol != Strategy::Protocol::None) {
             ev.policy = policies.p[r];
@@ -348,7 +352,7 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
               acc.positions += chunk_len;
               const kvc_stats now = pools[r]->stats();
               acc.bytes_time += double(now.bytes_in_use) * chunk_len;
-              acc.tokens_time += double(now.tokens_stored) * chunk_len;
+              acc.tokens_time += double(now.tokens_stored) * chunk_len / held_per_token;
             }
             const float *logits = chunk_logits + std::size_t(pos - chunk_from) * vocab;
             if (pos + 1 >= n_pos) break;  // its prediction belongs to the next window
@@ -382,7 +386,7 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
           if (n_pos == ctx || windows.size() == 1) {  // the cache of a whole window, measured
             const kvc_stats st = pools[r]->stats();
             acc.bytes_at_end += double(st.bytes_in_use);
-            acc.tokens_at_end += double(st.tokens_stored);
+            acc.tokens_at_end += double(st.tokens_stored) / held_per_token;
             acc.positions_at_end += double(n_pos) * c.n_layers;
             acc.f16_slots_at_end += double(round_up_block(n_pos));
           }

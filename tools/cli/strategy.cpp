@@ -12,7 +12,7 @@ using kvc_runner::RunnerError;
 
 namespace {
 
-enum class Kind { Codec, Policy };
+enum class Kind { Codec, Policy, Wrapper };
 
 /// One entry of the registry: later codecs (int8, int4, fp8...) and policies
 /// (h2o, snapkv, streaming...) add a row with their parameter checker.
@@ -96,32 +96,32 @@ const std::vector<Component> &registry() {
        "default "
        "S=4, budget=0.3)",
        KVC_DTYPE_F32,
-       {"budget", "tokens", "sinks", "keep-positions"}},
+       {"budget", "tokens", "sinks", "keep-positions", "headwise"}},
       {"window",
        Kind::Policy,
        "sliding window: streaming without sinks (stream protocol); keep-positions: keys keep their "
        "text "
        "positions (no re-rotation), for both",
        KVC_DTYPE_F32,
-       {"budget", "tokens", "keep-positions"}},
+       {"budget", "tokens", "keep-positions", "headwise"}},
       {"h2o",
        Kind::Policy,
        "H2O (arXiv 2306.14048): heavy hitters by accumulated attention + a recent window of "
        "recent x budget tokens (stream protocol; default recent=0.5, budget=0.3)",
        KVC_DTYPE_F32,
-       {"budget", "tokens", "recent"}},
+       {"budget", "tokens", "recent", "headwise"}},
       {"tova",
        Kind::Policy,
        "TOVA (arXiv 2401.06104): top tokens by the latest query's attention (stream protocol)",
        KVC_DTYPE_F32,
-       {"budget", "tokens"}},
+       {"budget", "tokens", "headwise"}},
       {"snapkv",
        Kind::Policy,
        "SnapKV (arXiv 2404.14469): after a prefill of prefill x ctx tokens, keep budget x P by the "
        "attention of the last window=W prefill queries, pooled (kernel, pool=max|avg) "
        "(prefill-compress protocol; default W=16, kernel=7, prefill=0.5)",
        KVC_DTYPE_F32,
-       {"budget", "window", "kernel", "pool", "prefill"}},
+       {"budget", "window", "kernel", "pool", "prefill", "headwise"}},
       {"knorm",
        Kind::Policy,
        "Knorm (arXiv 2406.11430, kvpress KnormPress): keep the tokens whose keys have the smallest "
@@ -129,7 +129,7 @@ const std::vector<Component> &registry() {
        "(prefill-compress protocol like kvpress's, default prefill=0.5; stream: the stream "
        "protocol's per-layer cap instead)",
        KVC_DTYPE_F32,
-       {"budget", "tokens", "prefill", "stream"}},
+       {"budget", "tokens", "prefill", "stream", "headwise"}},
       {"expected-attention",
        Kind::Policy,
        "ExpectedAttention (arXiv 2510.00636, kvpress ExpectedAttentionPress): keep the tokens the "
@@ -138,7 +138,7 @@ const std::vector<Component> &registry() {
        "value norm; sinks=S first tokens kept (default 4) (prefill-compress protocol, "
        "prefill=0.5; stream: the stream protocol's cap, queries of every step)",
        KVC_DTYPE_F32,
-       {"budget", "tokens", "prefill", "stream", "future", "sinks"}},
+       {"budget", "tokens", "prefill", "stream", "future", "sinks", "headwise"}},
       {"kvzip",
        Kind::Policy,
        "KVzip (arXiv 2505.23416, kvpress KVzipPress): keep the tokens that get the largest "
@@ -148,13 +148,21 @@ const std::vector<Component> &registry() {
        "share the budget; sinks=S first tokens kept (default 4); query-agnostic "
        "(prefill-compress protocol, prefill=0.5)",
        KVC_DTYPE_F32,
-       {"budget", "prefill", "chunk", "sinks"}},
+       {"budget", "prefill", "chunk", "sinks", "headwise"}},
+      {"adakv",
+       Kind::Wrapper,
+       "AdaKV (arXiv 2407.11550, kvpress AdaKVPress), a wrapper of any scorer "
+       "(adakv+kvzip:budget=0.3): a head-wise pool (KVC_POOL_HEADWISE) whose layers share their "
+       "budget across KV heads by the scorer's scores, each head keeping at least floor=F of its "
+       "own (default 0.2); frees each head's own blocks",
+       KVC_DTYPE_F32,
+       {"floor"}},
       {"pyramidkv",
        Kind::Policy,
        "PyramidKV (arXiv 2406.02069): SnapKV's selection with per-layer budgets falling with depth "
        "(schedule=paper|linear) (prefill-compress protocol)",
        KVC_DTYPE_F32,
-       {"budget", "window", "kernel", "pool", "prefill", "schedule"}},
+       {"budget", "window", "kernel", "pool", "prefill", "schedule", "headwise"}},
   };
   return r;
 }
@@ -339,7 +347,7 @@ void resolve_policy(Strategy &st, const std::string &where) {
   for (const auto &[key, value] : st.policy.params) {
     if (key == "budget")
       st.budget = number(where, key, value, 0.001, 1.0);
-    else if (key == "keep-positions" || key == "stream") {
+    else if (key == "keep-positions" || key == "stream" || key == "headwise") {
       if (!value.empty()) throw RunnerError(where + "'" + key + "' is a flag and takes no value");
     } else if (key == "tokens") {
       const double t =
@@ -384,6 +392,8 @@ void resolve_policy(Strategy &st, const std::string &where) {
         throw RunnerError(where + "schedule must be paper or linear");
     }
   }
+  st.headwise = std::any_of(st.policy.params.begin(), st.policy.params.end(),
+                            [](const auto &kv) { return kv.first == "headwise"; });
   const bool has_budget = std::any_of(st.policy.params.begin(), st.policy.params.end(),
                                       [](const auto &kv) { return kv.first == "budget"; });
   if (has_budget && st.budget_tokens)
@@ -529,6 +539,14 @@ Strategy parse_strategy(const std::string &spec) {
       has_codec = true;
       st.codec = part;
       st.k_dtype = st.v_dtype = it->dtype;
+    } else if (it->kind == Kind::Wrapper) {
+      if (side != 0)
+        throw RunnerError(where + "'" + prefix + part.name +
+                          "': only codecs take a k- or v- prefix");
+      if (st.has_wrapper)
+        throw RunnerError(where + "more than one '" + part.name + "'");
+      st.has_wrapper = true;
+      st.wrapper = part;
     } else {
       if (side != 0)
         throw RunnerError(where + "'" + prefix + part.name +
@@ -587,6 +605,18 @@ Strategy parse_strategy(const std::string &spec) {
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;
   resolve_policy(st, where);
+  if (st.has_wrapper) {  // adakv: head budgets over the policy's scores
+    if (!st.has_policy)
+      throw RunnerError(where + "'adakv' shares a policy's budget across KV heads: add a policy "
+                                "(e.g. adakv+kvzip:budget=0.3)");
+    if (st.policy_kind == KVC_POLICY_STREAMING)
+      throw RunnerError(where + "'adakv' needs a policy that scores tokens; '" + st.policy.name +
+                        "' keeps sinks and the newest tokens in every head alike");
+    for (const auto &[key, value] : st.wrapper.params)
+      if (key == "floor") st.head_floor = number(where, key, value, 0.0, 1.0);
+    st.headwise = true;
+    st.head_budget = KVC_HEAD_BUDGET_ADAKV;
+  }
   std::string codec_text = part_text(st.codec);
   if (st.split_kv) {
     codec_text.clear();
@@ -595,6 +625,7 @@ Strategy parse_strategy(const std::string &spec) {
       codec_text += (codec_text.empty() ? "v-" : "+v-") + part_text(st.v_part);
   }
   st.spec = st.has_policy ? part_text(st.policy) + "+" + codec_text : codec_text;
+  if (st.has_wrapper) st.spec = part_text(st.wrapper) + "+" + st.spec;
   return st;
 }
 
@@ -680,6 +711,7 @@ kvc_runner::PoolSettings pool_settings(const Strategy &s) {
   ps.residual_fraction = s.residual_fraction;
   ps.residual_sinks = s.residual_sinks;
   ps.pre_rope_keys = s.pre_rope_keys;
+  ps.headwise = s.headwise;
   ps.block_size = s.block_size;
   return ps;
 }

@@ -3,7 +3,8 @@
 // an optional eviction policy with their parameters. Grammar (docs/eval.md):
 //
 //   strategy := part ( '+' part )*          at most one codec (or one k- and one
-//                                           v- codec), at most one policy
+//                                           v- codec), at most one policy, at most
+//                                           one wrapper (adakv) of the policy
 //   part     := [ 'k-' | 'v-' ] name ( ':' param )*
 //   param    := key '=' value | flag
 //   name, key, flag := [a-z0-9_.-]+         value := [A-Za-z0-9_.-]+
@@ -37,6 +38,8 @@ struct Strategy {
   StrategyPart k_part, v_part;  ///< when split_kv: the parts without their prefix (name "" = f16)
   bool has_policy = false;      ///< false: every token is kept
   StrategyPart policy;          ///< eviction policy when has_policy
+  bool has_wrapper = false;     ///< adakv: head budgets over the policy's scores
+  StrategyPart wrapper;         ///< the wrapper part when has_wrapper
   // Resolved settings for the pool (what this build can run).
   kvc_dtype k_dtype = KVC_DTYPE_F16;
   kvc_dtype v_dtype = KVC_DTYPE_F16;
@@ -74,6 +77,11 @@ struct Strategy {
   /// each token's largest attention (KVC_OBSERVE_MAX).
   bool reconstruct = false;
   std::uint32_t recon_chunk = 128;  ///< kvzip: context tokens per reconstruction pass
+  /// headwise (a policy flag) or adakv: a head-wise pool (KVC_POOL_HEADWISE),
+  /// each KV head its own kept set and blocks.
+  bool headwise = false;
+  kvc_head_budget head_budget = KVC_HEAD_BUDGET_UNIFORM;  ///< adakv: KVC_HEAD_BUDGET_ADAKV
+  double head_floor = 0.2;                                ///< adakv: floor=F
 };
 
 /// The pool settings of a strategy (its codecs are pointed to: `s` must outlive them).

@@ -77,6 +77,7 @@ kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
   config.residual_fraction = settings.residual_fraction;
   config.residual_sinks = settings.residual_sinks;
   if (settings.pre_rope_keys) config.flags |= KVC_POOL_PRE_ROPE_KEYS;
+  if (settings.headwise) config.flags |= KVC_POOL_HEADWISE;
   if (settings.residual_window || settings.residual_fraction > 0 || settings.residual_sinks ||
       (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL))
     config.num_residual_blocks = config.num_blocks;
@@ -93,8 +94,10 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
     group_ = std::max(group_, settings.v_codec->group_size);
   const std::uint32_t block_size = settings.block_size;
   const std::uint64_t blocks_per_layer = (std::uint64_t(max_tokens) + block_size - 1) / block_size;
-  const kvc_pool_config config =
-      pool_config(c, settings, blocks_per_layer * std::uint64_t(c.n_layers) * max_seqs);
+  // A head-wise pool's blocks hold one KV head: as many per head as per layer.
+  const std::uint64_t tables =
+      std::uint64_t(c.n_layers) * (settings.headwise ? std::uint64_t(c.n_kv_heads) : 1);
+  const kvc_pool_config config = pool_config(c, settings, blocks_per_layer * tables * max_seqs);
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
   if (settings.prefix_cache) {
     kvc_prefix_config pc;

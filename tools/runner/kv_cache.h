@@ -80,6 +80,7 @@ struct PoolSettings {
   bool pre_rope_keys = false;  ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
   std::uint32_t block_size = 16;
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
+  bool headwise = false;      ///< a block table per (layer, KV head) (KVC_POOL_HEADWISE)
 };
 
 /// The kvc_pool_config of a pool of `num_blocks` blocks with these settings
