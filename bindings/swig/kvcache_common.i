@@ -881,6 +881,46 @@ struct kvc_swig_pool {};
     }
   }
 
+  /** Tokens one KV head of a layer holds (kvc_seq_head_tokens; head-wise pools differ per head). */
+  uint64_t head_tokens(uint64_t seq_id, uint32_t layer, uint32_t head) {
+    uint64_t n = 0;
+    KVC_POOL(0);
+    kvc_swig_check(kvc_seq_head_tokens(pool_, seq_id, layer, head, &n));
+    return n;
+  }
+  /** Positions of one KV head's tokens, in cache order (kvc_gather_head). */
+  std::vector<int32_t> head_positions(uint64_t seq_id, uint32_t layer, uint32_t head) {
+    std::vector<int32_t> out;
+    KVC_POOL(out);
+    uint64_t n = 0;
+    if (kvc_swig_check(kvc_seq_head_tokens(pool_, seq_id, layer, head, &n))) return out;
+    out.resize(n);
+    if (n && kvc_swig_check(kvc_gather_head(pool_, seq_id, layer, head, 0, n, NULL, NULL,
+                                            KVC_DTYPE_F32, out.data())))
+      out.clear();
+    return out;
+  }
+  /** Block ids of one KV head of a layer (kvc_seq_head_block_table). */
+  std::vector<int32_t> head_block_table(uint64_t seq_id, uint32_t layer, uint32_t head) {
+    std::vector<int32_t> out;
+    KVC_POOL(out);
+    for (;;) {
+      size_t n = 0;
+      const kvc_status st = kvc_seq_head_block_table(pool_, seq_id, layer, head,
+                                                     out.empty() ? NULL : out.data(), out.size(), &n);
+      if (st == KVC_OK && n <= out.size()) {
+        out.resize(n);
+        return out;
+      }
+      if (st != KVC_OK && st != KVC_ERR_BUFFER_TOO_SMALL) {
+        kvc_swig_check(st);
+        out.clear();
+        return out;
+      }
+      out.resize(n);
+    }
+  }
+
   /** Set the pool's default eviction policy (null: none). */
   void set_policy(const kvc_swig_policy *policy) {
     KVC_POOL();

@@ -120,6 +120,8 @@ def _policy(st, ctx, auto_evict):
     pc.schedule = st.schedule
     pc.shift_positions = 0
     pc.future_positions = st.future_positions
+    pc.head_budget = st.head_budget
+    pc.head_floor = st.head_floor
     if st.protocol == _PROTO_STREAM:
         cap = _stream_cap(st, ctx)
         if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
@@ -324,6 +326,10 @@ class PagedCache(Cache):
         self.strategy = st.spec
         attn = getattr(config, "_attn_implementation", None)
         self._paged_attention = attn == ATTN_IMPLEMENTATION
+        if st.headwise and not self._paged_attention:
+            raise ValueError("PagedCache: strategy '%s' keeps different tokens in each KV head (a head-wise "
+                             "pool); load the model with attn_implementation=\"kvcache\" (after import "
+                             "kvcache.hf), not %r" % (st.spec, attn))
         if (st.observe != _native.OBSERVE_NONE or st.reconstruct) and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' reads attention scores or queries; load the model with "
                              "attn_implementation=\"kvcache\" (after import kvcache.hf), not %r" % (st.spec, attn))
@@ -392,6 +398,8 @@ class PagedCache(Cache):
         c.rope_theta = self._theta
         if st.pre_rope_keys:
             c.flags = c.flags | _native.POOL_PRE_ROPE_KEYS
+        if st.headwise:
+            c.flags = c.flags | _native.POOL_HEADWISE
         return c
 
     def _make_pool(self, blocks, nbytes=None):
@@ -419,7 +427,8 @@ class PagedCache(Cache):
 
     def _blocks_for(self, rows, tokens):
         per_layer = -(-tokens // self._block_size)
-        return rows * self._layers_n * per_layer
+        tables = self._layers_n * (self._hk if self._st.headwise else 1)  # head-wise: a table per KV head
+        return rows * tables * per_layer
 
     def _ensure_pool(self, rows, tokens):
         if self._pool is None:

@@ -56,6 +56,10 @@ class KvcPress:
             raise ValueError(e.message) from None
         if st.protocol == _PROTO_NONE:
             raise ValueError("KvcPress: strategy '%s' has no eviction policy" % st.spec)
+        if st.headwise:
+            raise ValueError("KvcPress: strategy '%s' keeps different tokens in each KV head; a press "
+                             "compresses a layer's dense tensors (use PagedCache, which frees each head's "
+                             "blocks)" % st.spec)
         if len(self.strategy.split("+")) > 1:  # one policy part; any other part is a codec
             raise ValueError("KvcPress: strategy '%s' names a codec; a press selects tokens only (give the "
                              "codec to the PagedCache)" % st.spec)

@@ -224,6 +224,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %apply (const void *IN_BUF, size_t IN_BYTES) {
   (const void *seq_ids, size_t seq_ids_bytes), (const void *q, size_t q_bytes),
   (const void *scores, size_t scores_bytes), (const void *keep, size_t keep_bytes),
+  (const void *head_keep, size_t head_keep_bytes),
   (const void *positions, size_t positions_bytes)
 };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
@@ -235,6 +236,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %rename(_observe_queries) kvc_swig_pool::observe_queries;
 %rename(_scores) kvc_swig_pool::scores;
 %rename(_keep) kvc_swig_pool::keep;
+%rename(_keep_head) kvc_swig_pool::keep_head;
 
 %include "../kvcache_common.i"
 
@@ -300,6 +302,9 @@ struct kvc_py_strategy {
   uint32_t future_positions = 512; /* expected-attention */
   bool reconstruct = false;        /* kvzip: the context-reconstruction pass runs before the eviction */
   uint32_t recon_chunk = 128;      /* kvzip: context tokens per reconstruction pass */
+  bool headwise = false;           /* a head-wise pool (KVC_POOL_HEADWISE): 'headwise' flag or adakv */
+  int head_budget = KVC_HEAD_BUDGET_UNIFORM; /* adakv: KVC_HEAD_BUDGET_ADAKV */
+  double head_floor = 0.2;         /* adakv: floor=F */
 };
 
 /** Parses one strategy spec with `kvcache eval`'s parser; raises ERR_INVALID_ARGUMENT naming what is wrong. */
@@ -338,6 +343,9 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.future_positions = s.future_positions;
     r.reconstruct = s.reconstruct;
     r.recon_chunk = s.recon_chunk;
+    r.headwise = s.headwise;
+    r.head_budget = s.head_budget;
+    r.head_floor = s.head_floor;
   } catch (const std::exception &e) {
     kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, e.what());
   }
@@ -488,6 +496,22 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     return dropped;
   }
 
+  /** kvc_seq_keep_head: keep `[n]` uint64 token indices of one KV head of a head-wise pool. */
+  uint64_t keep_head(uint64_t seq_id, uint32_t layer, uint32_t head, const void *head_keep,
+                     size_t head_keep_bytes) {
+    KVC_POOL(0);
+    if (head_keep_bytes % 8 != 0 || (head_keep != NULL && ((uintptr_t)head_keep) % 8 != 0)) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "keep must be an aligned uint64 array, got " +
+                    std::to_string(head_keep_bytes) + " bytes");
+      return 0;
+    }
+    uint64_t dropped = 0;
+    kvc_swig_check(kvc_seq_keep_head(pool_, seq_id, layer, head,
+                                     head_keep_bytes ? (const uint64_t *)head_keep : NULL,
+                                     head_keep_bytes / 8, &dropped));
+    return dropped;
+  }
+
   /** kvc_seq_scores into scores_out `[n_tokens][num_kv_heads]` f32. */
   void scores(uint64_t seq_id, uint32_t layer, void *scores_out, size_t scores_out_bytes) {
     KVC_POOL();
@@ -569,6 +593,15 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
         if idx.size and idx.min() < 0:
             raise ValueError("keep: negative token index %d" % idx.min())
         return self._keep(seq_id, layer, idx.view(_np.uint64) if idx.size else None)
+
+    def keep_head(self, seq_id, layer, head, indices):
+        """Keep exactly these token indices of one KV head of a head-wise pool (KVC_POOL_HEADWISE;
+        kvc_seq_keep_head; strictly increasing); its emptied blocks are freed. Returns the tokens dropped."""
+        import numpy as _np
+        idx = _np.ascontiguousarray(_np.asarray(indices, dtype=_np.int64).reshape(-1))
+        if idx.size and idx.min() < 0:
+            raise ValueError("keep_head: negative token index %d" % idx.min())
+        return self._keep_head(seq_id, layer, head, idx.view(_np.uint64) if idx.size else None)
 
     def scores(self, seq_id, layer):
         """The recorded scores of a layer, [n_tokens, num_kv_heads] f32 (kvc_seq_scores)."""

@@ -1,0 +1,112 @@
+"""Head-wise pools (KVC_POOL_HEADWISE) and AdaKV head budgets through the Python binding:
+per-head kept sets that free blocks, attention over each head's own tokens against numpy,
+AdaKV policies, the strategy parser's headwise / adakv spellings, refusals."""
+import numpy as np
+import pytest
+
+import kvcache
+
+L, HQ, HK, D, BS = 2, 4, 2, 16, 4
+
+
+def config(headwise=True, blocks=256):
+    cfg = kvcache.PoolConfig()
+    cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = L, HQ, HK, D
+    cfg.block_size = BS
+    cfg.num_blocks = blocks
+    cfg.k_dtype = cfg.v_dtype = kvcache.DTYPE_F32
+    if headwise:
+        cfg.flags = cfg.flags | kvcache.POOL_HEADWISE
+    return cfg
+
+
+def filled(pool, n, seed=0):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((n, HK, D)).astype(np.float32)
+    v = rng.standard_normal((n, HK, D)).astype(np.float32)
+    pool.seq_create(1)
+    pool.reserve(1, n)
+    for layer in range(L):
+        pool.append(1, layer, 0, k, v)
+    return k, v
+
+
+def attention_ref(q, k, v, kept):
+    """q [HQ, D]; KV head h attends to its kept positions only (float64 softmax)."""
+    out = np.zeros((HQ, D))
+    for j in range(HQ):
+        h = j // (HQ // HK)
+        kk, vv = k[kept[h], h].astype(np.float64), v[kept[h], h].astype(np.float64)
+        z = kk @ q[j].astype(np.float64) / np.sqrt(D)
+        p = np.exp(z - z.max())
+        out[j] = (p / p.sum()) @ vv
+    return out
+
+
+def test_keep_head_frees_blocks_and_attention_matches():
+    with kvcache.Pool(config()) as pool:
+        k, v = filled(pool, 32)
+        used = pool.stats().bytes_in_use
+        kept0, kept1 = [0, 5, 9, 31], list(range(0, 32, 2))
+        assert pool.keep_head(1, 0, 0, kept0) == 28
+        assert pool.keep_head(1, 0, 1, kept1) == 16
+        assert pool.head_tokens(1, 0, 0) == 4 and pool.head_tokens(1, 0, 1) == 16
+        assert list(pool.head_positions(1, 0, 0)) == kept0
+        assert len(pool.head_block_table(1, 0, 0)) == 1 and len(pool.head_block_table(1, 0, 1)) == 4
+        stride = pool.stats().bytes_per_block
+        assert used - pool.stats().bytes_in_use == (8 - 1 + 8 - 4) * stride  # each head's own blocks
+        q = np.random.default_rng(1).standard_normal((HQ, D)).astype(np.float32)
+        out = pool.attention_decode(0, [1], q.reshape(1, HQ, D))
+        np.testing.assert_allclose(np.asarray(out).reshape(HQ, D), attention_ref(q, k, v, [kept0, kept1]),
+                                   atol=1e-5)
+        with pytest.raises(kvcache.KvcError) as e:  # the heads differ: a layer read is refused
+            pool.scores(1, 0)
+        assert e.value.status == kvcache.ERR_UNSUPPORTED
+
+
+def test_adakv_policy_moves_budget_between_heads():
+    with kvcache.Pool(config()) as pool:
+        filled(pool, 40)
+        n = 40
+        scores = np.zeros((n, HK), np.float32)
+        scores[:, 0] = np.linspace(1, 2, n)  # head 0 scores high everywhere
+        scores[:, 1] = np.linspace(0.01, 0.02, n)
+        for layer in range(L):
+            pool.observe_scores(1, layer, scores)
+        pc = kvcache.PolicyConfig()
+        pc.kind = kvcache.POLICY_TOVA
+        pc.budget_tokens = 10
+        pc.head_budget = kvcache.HEAD_BUDGET_ADAKV
+        pc.head_floor = 0.2
+        pool.evict(1, kvcache.Policy(pc))
+        for layer in range(L):
+            # head 1 keeps its floor (2 of 10), head 0 the rest of the shared 20
+            assert pool.head_tokens(1, layer, 0) == 18 and pool.head_tokens(1, layer, 1) == 2
+            assert list(pool.head_positions(1, layer, 1)) == [38, 39]
+
+
+def test_adakv_refused_in_token_wise_pool():
+    with kvcache.Pool(config(headwise=False)) as pool:
+        filled(pool, 8)
+        pc = kvcache.PolicyConfig()
+        pc.kind = kvcache.POLICY_TOVA
+        pc.budget_tokens = 4
+        pc.head_budget = kvcache.HEAD_BUDGET_ADAKV
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.seq_set_policy(1, kvcache.Policy(pc))
+        assert e.value.status == kvcache.ERR_UNSUPPORTED
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.keep_head(1, 0, 0, [0, 1])
+        assert e.value.status == kvcache.ERR_UNSUPPORTED
+        assert pool.layer_tokens(1, 0) == 8
+
+
+def test_strategy_spellings():
+    st = kvcache.parse_strategy("adakv:floor=0.3+kvzip:budget=0.3")
+    assert st.headwise and st.head_budget == kvcache.HEAD_BUDGET_ADAKV and st.head_floor == 0.3
+    assert st.spec == "adakv:floor=0.3+kvzip:budget=0.3+f16"
+    st = kvcache.parse_strategy("snapkv:budget=0.5:headwise")
+    assert st.headwise and st.head_budget == kvcache.HEAD_BUDGET_UNIFORM
+    for bad in ("adakv", "adakv+streaming:budget=0.3", "adakv:floor=2+h2o", "adakv+adakv+h2o"):
+        with pytest.raises(kvcache.KvcError):
+            kvcache.parse_strategy(bad)
