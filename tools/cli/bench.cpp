@@ -130,7 +130,7 @@ std::unique_ptr<PoolHandle> make_pool(std::uint64_t tokens, kvc_dtype dtype,
                                       const kvc_codec *codec = nullptr, bool prefix = false,
                                       kvc_prefix_hash hash = KVC_PREFIX_HASH_SHA256,
                                       std::uint32_t head_dim = kHeadDim,
-                                      std::uint32_t kv_heads = kKvHeads) {
+                                      std::uint32_t kv_heads = kKvHeads, bool headwise = false) {
   kvc_pool_config c;
   ok(kvc_pool_config_init(&c), "kvc_pool_config_init");
   c.num_layers = 1;
@@ -138,7 +138,8 @@ std::unique_ptr<PoolHandle> make_pool(std::uint64_t tokens, kvc_dtype dtype,
   c.num_kv_heads = kv_heads;
   c.head_dim = head_dim;
   c.block_size = kBlock;
-  c.num_blocks = 2 * ((tokens + kBlock - 1) / kBlock) + 8;
+  c.num_blocks = 2 * ((tokens + kBlock - 1) / kBlock) * (headwise ? kv_heads : 1) + 8;
+  if (headwise) c.flags |= KVC_POOL_HEADWISE;             // a block holds one KV head
   c.k_dtype = c.v_dtype = codec ? KVC_DTYPE_F16 : dtype;  // a codec describes its own storage
   c.k_codec = c.v_codec = codec;
   auto h = std::make_unique<PoolHandle>();
@@ -415,6 +416,41 @@ void attention_cases(Bench &b) {
       b.pair(G, iq, "f16 decode of the same tokens", decode(qpool->p, 1, KVC_QUERY_INT8),
              decode(f16->p, 1), 0, double(tokens), "token");
   }
+  // Head-wise pools (KVC_POOL_HEADWISE): the 8 KV heads keep 20..80 % of the
+  // 4096 tokens each (kvc_seq_keep_head), 50 % in all, against a token-wise
+  // pool holding 2048 tokens in every head: the same held bytes.
+  const std::string hw =
+      "decode head-wise: 8 KV heads keeping 20..80 % of 4096 tokens (50 % held), f16, 1 thread";
+  if (b.wanted(G, hw)) {
+    auto hpool = make_pool(tokens, KVC_DTYPE_F16, nullptr, false, KVC_PREFIX_HASH_SHA256, kHeadDim,
+                           kKvHeads, true);
+    ok(kvc_seq_create(hpool->p, 1), "kvc_seq_create");
+    ok(kvc_seq_reserve(hpool->p, 1, tokens, nullptr), "kvc_seq_reserve");
+    ok(kvc_append(hpool->p, 1, 0, 0, tokens, kv.data(), kv.data(), KVC_DTYPE_F32), "kvc_append");
+    constexpr std::uint64_t kTenths[kKvHeads] = {2, 3, 4, 5, 5, 6, 7, 8};  // 50 % on average
+    for (std::uint32_t h = 0; h < kKvHeads; ++h) {
+      const std::uint64_t keep_n = tokens * kTenths[h] / 10;
+      std::vector<std::uint64_t> keep(keep_n);
+      for (std::uint64_t i = 0; i < keep_n; ++i) keep[i] = i * tokens / keep_n;
+      ok(kvc_seq_keep_head(hpool->p, 1, 0, h, keep.data(), keep_n, nullptr), "kvc_seq_keep_head");
+    }
+    auto tpool = make_pool(tokens / 2, KVC_DTYPE_F16);
+    ok(kvc_seq_create(tpool->p, 1), "kvc_seq_create");
+    ok(kvc_seq_reserve(tpool->p, 1, tokens / 2, nullptr), "kvc_seq_reserve");
+    ok(kvc_append(tpool->p, 1, 0, 0, tokens / 2, kv.data(), kv.data(), KVC_DTYPE_F32),
+       "kvc_append");
+    kvc_stats hs, ts;
+    ok(kvc_stats_init(&hs), "kvc_stats_init");
+    ok(kvc_stats_init(&ts), "kvc_stats_init");
+    ok(kvc_pool_stats(hpool->p, &hs), "kvc_pool_stats");
+    ok(kvc_pool_stats(tpool->p, &ts), "kvc_pool_stats");
+    const double ratio = double(hs.bytes_in_use) / double(ts.bytes_in_use);
+    if (ratio < 0.95 || ratio > 1.05)
+      throw RunnerError("decode head-wise: the pools hold " + std::to_string(hs.bytes_in_use) +
+                        " and " + std::to_string(ts.bytes_in_use) + " bytes, not the same");
+    b.pair(G, hw, "token-wise decode of the same held bytes (2048 tokens in every head)",
+           decode(hpool->p, 1), decode(tpool->p, 1), f16_bytes / 2, double(tokens / 2), "token");
+  }
 }
 
 void evict_cases(Bench &b) {
@@ -590,6 +626,7 @@ constexpr Goal kGoals[] = {
     {"decode int4 per-token", 2.5, 0},
     {"decode int8 per-token, int8 query", 1.6, 0},
     {"decode int4 per-token, int8 query", 2.5, 0},
+    {"decode head-wise", 1.0 / 1.2, 0},  // issue 28: no slower than 1.2x token-wise
     {"quantize int8 per-token", 1.3, 0},
     {"quantize int4 group=32", 0.9, 0},
     {"quantize fp8_e4m3 per-token", 1.2, 0},

@@ -543,8 +543,7 @@ Strategy parse_strategy(const std::string &spec) {
       if (side != 0)
         throw RunnerError(where + "'" + prefix + part.name +
                           "': only codecs take a k- or v- prefix");
-      if (st.has_wrapper)
-        throw RunnerError(where + "more than one '" + part.name + "'");
+      if (st.has_wrapper) throw RunnerError(where + "more than one '" + part.name + "'");
       st.has_wrapper = true;
       st.wrapper = part;
     } else {
@@ -607,8 +606,9 @@ Strategy parse_strategy(const std::string &spec) {
   resolve_policy(st, where);
   if (st.has_wrapper) {  // adakv: head budgets over the policy's scores
     if (!st.has_policy)
-      throw RunnerError(where + "'adakv' shares a policy's budget across KV heads: add a policy "
-                                "(e.g. adakv+kvzip:budget=0.3)");
+      throw RunnerError(where +
+                        "'adakv' shares a policy's budget across KV heads: add a policy "
+                        "(e.g. adakv+kvzip:budget=0.3)");
     if (st.policy_kind == KVC_POLICY_STREAMING)
       throw RunnerError(where + "'adakv' needs a policy that scores tokens; '" + st.policy.name +
                         "' keeps sinks and the newest tokens in every head alike");
@@ -668,6 +668,7 @@ std::vector<std::string> default_strategies() {
           "knorm:budget=0.3",
           "expected-attention:budget=0.3",
           "kvzip:budget=0.3",
+          "adakv+kvzip:budget=0.3",
           "h2o:budget=0.3+int4:per-token:asym:hadamard",
           "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }

@@ -1291,6 +1291,8 @@ pub struct kvc_stats {
     pub residual_bytes_per_block: u64,
     #[doc = " Tokens held, summed over sequences and layers (bits per"]
     #[doc = " element = bytes_in_use * 8 / (tokens_stored * 2 * num_kv_heads * head_dim))."]
+    #[doc = " A head-wise pool (::KVC_POOL_HEADWISE) counts (token, KV head) pairs"]
+    #[doc = " (bits per element = bytes_in_use * 8 / (tokens_stored * 2 * head_dim))."]
     #[doc = " @since 0.2"]
     pub tokens_stored: u64,
 }
@@ -3847,8 +3849,12 @@ impl kvc_head_budget {
     #[doc = " keeps what its policy keeps by rule (sinks, windows) and its best"]
     #[doc = " floor(head_floor x its own candidate budget) tokens (at least one when the"]
     #[doc = " rule keeps none); the rest of the shared budget goes to the best-scoring"]
-    #[doc = " remaining tokens of all the layer's heads. Needs a head-wise pool"]
-    #[doc = " (::KVC_ERR_UNSUPPORTED otherwise, when attached or evicting)."]
+    #[doc = " remaining tokens of all the layer's heads (a head holding fewer tokens"]
+    #[doc = " than B leaves the rest to the others). With auto_evict the cap is the"]
+    #[doc = " layer's: its heads share num_kv_heads x budget_tokens, and a reserve"]
+    #[doc = " evicts when the layer's total would pass it (one head may then hold more"]
+    #[doc = " than budget_tokens). Needs a head-wise pool (::KVC_ERR_UNSUPPORTED"]
+    #[doc = " otherwise, when attached or evicting)."]
     pub const KVC_HEAD_BUDGET_ADAKV: kvc_head_budget = kvc_head_budget(1);
 }
 impl kvc_head_budget {

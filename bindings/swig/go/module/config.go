@@ -107,9 +107,11 @@ type PolicyConfig struct {
 	Pooling          Pooling
 	Schedule         PyramidSchedule
 	Beta             float64
-	ShiftPositions   bool   // re-rotate keys to positions 0.. after eviction (needs the pool's RoPE)
-	AutoEvict        bool   // Reserve first evicts layers over BudgetTokens
-	FuturePositions  uint32 // ExpectedAttention: next positions the query rotation is averaged over (default 512)
+	ShiftPositions   bool       // re-rotate keys to positions 0.. after eviction (needs the pool's RoPE)
+	AutoEvict        bool       // Reserve first evicts layers over BudgetTokens
+	FuturePositions  uint32     // ExpectedAttention: next positions the query rotation is averaged over (default 512)
+	HeadBudget       HeadBudget // head-wise pools: a layer's budget split over its KV heads (AdaKV)
+	HeadFloor        float64    // HEAD_BUDGET_ADAKV: share of a head's own budget it keeps (default 0.2)
 }
 
 // DefaultPolicyConfig is kvc_policy_config_init's defaults (kind none).
@@ -135,6 +137,8 @@ func policyConfigFrom(n native.PolicyConfig) PolicyConfig {
 		ShiftPositions:   n.GetShift_positions() != 0,
 		AutoEvict:        n.GetAuto_evict() != 0,
 		FuturePositions:  uint32(n.GetFuture_positions()),
+		HeadBudget:       HeadBudget(n.GetHead_budget()),
+		HeadFloor:        n.GetHead_floor(),
 	}
 }
 
@@ -154,6 +158,8 @@ func (c *PolicyConfig) native() native.PolicyConfig {
 	n.SetShift_positions(boolU(c.ShiftPositions))
 	n.SetAuto_evict(boolU(c.AutoEvict))
 	n.SetFuture_positions(uint(c.FuturePositions))
+	n.SetHead_budget(native.Kvc_head_budget(c.HeadBudget))
+	n.SetHead_floor(c.HeadFloor)
 	return n
 }
 
