@@ -27,6 +27,8 @@ void Pool::attention(uint32_t layer, const uint64_t *ids, size_t n_seqs, const v
   if (p.num_q_heads != q_heads)
     fail(Errc::InvalidArgument,
          "num_q_heads " + u64s(p.num_q_heads) + " differs from the pool's " + u64s(q_heads));
+  // A head-wise pool's tables are layer x H + h: the caller's layer first.
+  if (H > 1) check_caller_layer(layer);
   if (!(p.scale >= 0.0f) || !std::isfinite(p.scale))
     fail(Errc::InvalidArgument, "scale must be finite and >= 0 (0: 1/sqrt(head_dim))");
   if (p.observe > 4) fail(Errc::InvalidArgument, "unknown observe mode " + u64s(p.observe));

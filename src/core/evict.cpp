@@ -267,7 +267,10 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       views[li].scores = s.track_scores ? l.scores.data() : nullptr;
       shared[li] = layer_target(p, li / H, L, l.n_tokens);
     }
-    policy::shared_targets(p, views, shared);
+    // AdaKV on a head-wise pool: the shared threshold runs over every
+    // (layer, head) table, each keeping its floor of its uniform budget first.
+    const bool ada = p.head_budget == policy::HeadBudget::AdaKV;
+    policy::shared_targets(p, views, shared, ada ? p.head_floor : 0.0);
   }
   // The views of one layer's tables (its KV heads in a head-wise pool), with
   // the keys, values and future-query moments the policy reads.
@@ -354,7 +357,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
         v.positions = pos[hh].data();
       }
     }
-    if (p.head_budget == policy::HeadBudget::AdaKV) {
+    if (p.head_budget == policy::HeadBudget::AdaKV && shared.empty()) {
       policy::adakv_keep(p, views, target, ada);
       for (uint32_t hh = 0; hh < H; ++hh) keep[layer * H + hh].swap(ada[hh]);
     } else {

@@ -282,15 +282,15 @@ std::vector<float> head_sum(const LayerView &v) {
 }  // namespace
 
 void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
-                    std::vector<uint64_t> &targets) {
+                    std::vector<uint64_t> &targets, double floor) {
   struct Cand {
     float score;
     uint32_t layer;
     uint64_t token;
   };
   std::vector<Cand> cand;
-  std::vector<uint64_t> fixed(views.size(), 0);
-  uint64_t free_total = 0;
+  std::vector<uint64_t> fixed(views.size(), 0), floors(views.size(), 0);
+  uint64_t free_total = 0, floor_total = 0;
   for (size_t li = 0; li < views.size(); ++li) {
     const LayerView &v = views[li];
     const uint64_t target = std::min(targets[li], v.n);
@@ -301,8 +301,22 @@ void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
     fixed[li] = lo + recent;
     free_total += target - fixed[li];
     const std::vector<float> s = head_sum(v);
+    std::vector<Cand> own;
     for (uint64_t t = lo; t < v.n - recent; ++t)
-      cand.push_back({s[t], static_cast<uint32_t>(li), t});
+      own.push_back({s[t], static_cast<uint32_t>(li), t});
+    // AdaKV's safeguard: the view's own best floor x its budget, before any sharing.
+    const uint64_t fl = std::min<uint64_t>(
+        static_cast<uint64_t>(std::floor(floor * static_cast<double>(target - fixed[li]))),
+        own.size());
+    if (fl) {
+      std::nth_element(own.begin(), own.begin() + static_cast<std::ptrdiff_t>(fl), own.end(),
+                       [](const Cand &a, const Cand &b) {
+                         return a.score != b.score ? a.score > b.score : a.token > b.token;
+                       });
+      floors[li] = fl;
+      floor_total += fl;
+    }
+    cand.insert(cand.end(), own.begin() + static_cast<std::ptrdiff_t>(fl), own.end());
   }
   // The free_total best candidates over all layers (ties: the newer token first, then the
   // lower layer, so the counts do not depend on the sort).
@@ -311,11 +325,11 @@ void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
     if (a.token != b.token) return a.token > b.token;
     return a.layer < b.layer;
   };
-  const uint64_t k = std::min<uint64_t>(free_total, cand.size());
+  const uint64_t k = std::min<uint64_t>(free_total - floor_total, cand.size());
   if (k < cand.size())
     std::nth_element(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(k), cand.end(),
                      better);
-  std::vector<uint64_t> got(views.size(), 0);
+  std::vector<uint64_t> got(floors);
   for (uint64_t i = 0; i < k; ++i) ++got[cand[i].layer];
   for (size_t li = 0; li < views.size(); ++li)
     if (views[li].n)

@@ -125,8 +125,11 @@ std::vector<float> expected_attention_scores(const LayerView &v);
 // scores summed over the KV heads, tokens between the sinks and the recent
 // window), so a layer whose tokens score higher keeps more. Each layer keeps
 // its sinks and recent window and at least 1 token, at most all of them.
+// With `floor` > 0 (AdaKV's safeguard over head-wise tables), each view first
+// takes its own best floor x (its target less its rule's tokens) candidates;
+// the rest of the total is shared as above.
 void shared_targets(const PolicySpec &p, const std::vector<LayerView> &views,
-                    std::vector<uint64_t> &targets);
+                    std::vector<uint64_t> &targets, double floor = 0.0);
 
 // How a policy ranks a layer's tokens for a budget of `target`: tokens
 // [0, lo) and [hi, n) are kept by rule (attention sinks, a recent or

@@ -3,12 +3,13 @@
 // truncate, observed scores and query rows (kvc_seq_observe_scores,
 // kvc_seq_observe_queries, attention with every observe mode), and kvc_evict
 // with any policy configuration (every kind, Knorm and ExpectedAttention
-// included, valid or not), on a small pool with or without RoPE and an int8
-// codec. Checks after every call:
+// included, AdaKV head budgets, valid or not), kvc_seq_keep_head, on a small
+// pool with or without RoPE, an int8 codec and head-wise tables
+// (KVC_POOL_HEADWISE). Checks after every call:
 // - the status is a documented one;
 // - a refused call changed nothing (every layer's positions as before);
-// - an eviction kept, per layer, an increasing subset of the positions held
-//   before, at most as many as before;
+// - an eviction kept, per layer and KV head, an increasing subset of the
+//   positions held before, at most as many as before;
 // - the pool's invariants hold (block states, reference counts, tables).
 // Input: 2 bytes of pool setup, then operations of a few bytes each. Seeds:
 // tests/fuzz/corpus-evict.
@@ -77,15 +78,17 @@ Snapshot snapshot(kvc_pool *p, const std::vector<uint64_t> &ids) {
   for (uint64_t id : ids) {
     uint64_t len = 0;
     if (kvc_seq_length(p, id, &len) != KVC_OK) continue;
-    auto &layers = s[id];
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      uint64_t n = 0;
-      if (kvc_seq_layer_tokens(p, id, l, &n) != KVC_OK) die("layer tokens of a live sequence");
-      std::vector<int32_t> pos(n);
-      if (n && kvc_gather(p, id, l, 0, n, nullptr, nullptr, KVC_DTYPE_F32, pos.data()) != KVC_OK)
-        die("positions of a live sequence");
-      layers.push_back(std::move(pos));
-    }
+    auto &tables = s[id];  // [layer x kHkv + head]: each KV head's positions
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t h = 0; h < kHkv; ++h) {
+        uint64_t n = 0;
+        if (kvc_seq_head_tokens(p, id, l, h, &n) != KVC_OK) die("head tokens of a live sequence");
+        std::vector<int32_t> pos(n);
+        if (n && kvc_gather_head(p, id, l, h, 0, n, nullptr, nullptr, KVC_DTYPE_F32, pos.data()) !=
+                     KVC_OK)
+          die("positions of a live sequence");
+        tables.push_back(std::move(pos));
+      }
   }
   return s;
 }
@@ -110,12 +113,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
   c.rope_style = static_cast<kvc_rope_style>(setup % 3);
   if (setup & 4) c.k_codec = c.v_codec = &int8;
+  if (setup & 8) {  // head-wise: a block table per (layer, KV head)
+    c.flags |= KVC_POOL_HEADWISE;
+    c.num_blocks *= kHkv;
+  }
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&c, &p) != KVC_OK) die("pool create");
   const std::vector<uint64_t> ids = {1, 2, 3, 4};
   std::vector<float> buf;
   for (int op_i = 0; op_i < 48 && !in.empty(); ++op_i) {
-    const uint8_t op = in.u8() % 9;
+    const uint8_t op = in.u8() % 10;
     const uint64_t id = ids[in.u8() % ids.size()];
     const uint32_t layer = in.u8() % (kLayers + 1);  // kLayers: out of range
     const Snapshot before = snapshot(p, ids);
@@ -198,6 +205,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pc.future_positions = in.u8() % 4 == 0 ? 0 : 1 + in.u8() * 8;
         pc.window = 1 + in.u8() % 8;
         pc.shift_positions = (in.u8() % 4 == 0);
+        pc.head_budget = static_cast<kvc_head_budget>(in.u8() % 3);  // 2: unknown
+        pc.head_floor = in.u8() % 8 == 0 ? 1.5 : (in.u8() % 11) / 10.0;
         kvc_policy *pol = nullptr;
         r = kvc_policy_create(&pc, &pol);
         if (!documented(r)) die("policy create status " + std::to_string(r));
@@ -225,15 +234,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (r == KVC_OK) continue;
         break;
       }
+      case 9: {  // keep_head: one head's own survivors (valid, repeated, past the end, bad head)
+        const uint32_t head = in.u8() % (kHkv + 1);
+        uint64_t n = 0;
+        kvc_seq_head_tokens(p, id, layer % kLayers, head % kHkv, &n);
+        std::vector<uint64_t> keep;
+        for (uint64_t t = 0; t < n + 1; ++t)
+          if (in.u8() & 1) keep.push_back(t);  // t == n: one past the end
+        if (!keep.empty() && in.u8() % 4 == 0) keep.push_back(keep.back());
+        r = kvc_seq_keep_head(p, id, layer, head, keep.empty() ? nullptr : keep.data(), keep.size(),
+                              nullptr);
+        evicting = r == KVC_OK;
+        break;
+      }
     }
     if (!documented(r))
       die("op " + std::to_string(op) + ": undocumented status " + std::to_string(r));
     const Snapshot after = snapshot(p, ids);
     if (evicting) {
-      for (const auto &[sid, layers] : after) {
+      for (const auto &[sid, tables] : after) {
         const auto &old = before.at(sid);
-        for (uint32_t l = 0; l < kLayers; ++l) {
-          const auto &a = layers[l], &b = old[l];
+        for (size_t l = 0; l < tables.size(); ++l) {
+          const auto &a = tables[l], &b = old[l];
           if (sid != id && a != b) die("an eviction changed another sequence");
           if (a.size() > b.size() || !std::is_sorted(a.begin(), a.end()) ||
               std::adjacent_find(a.begin(), a.end()) != a.end() ||

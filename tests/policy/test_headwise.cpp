@@ -394,6 +394,57 @@ KVTEST(adakv_exact_kept_sets) {
   }
 }
 
+// KVzip under a compression ratio shares one threshold over every (layer,
+// head) table; AdaKV's floor is taken first from each table's own (uniform)
+// budget: a floor of 1 leaves nothing to share (every head keeps B), a floor
+// of 0 is the plain shared threshold (heads with low scores keep fewer).
+KVTEST(adakv_shared_threshold_floor) {
+  Geo g;
+  g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  const uint64_t n = 40;
+  for (double floor : {0.0, 0.5, 1.0}) {
+    kvc_pool *p = make(g, true);
+    fill(p, g, 1, n);
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      std::vector<float> sc(n * g.hkv);
+      for (uint64_t t = 0; t < n; ++t)
+        for (uint32_t h = 0; h < g.hkv; ++h)  // layer 0 head 0 scores high, layer 1 head 1 lowest
+          sc[t * g.hkv + h] = (l == 0 && h == 0 ? 10.0f : l == 1 && h == 1 ? 0.001f : 0.1f) *
+                              float((t * 7 + h) % 13 + 1);
+      CHECK_OK(kvc_seq_observe_scores(p, 1, l, sc.data(), n, 0));
+    }
+    kvc_policy_config c;
+    kvc_policy_config_init(&c);
+    c.kind = KVC_POLICY_KVZIP;
+    c.compression_ratio = 0.5;  // B = 20 of 40 in every table
+    c.sink_tokens = 2;
+    c.head_budget = KVC_HEAD_BUDGET_ADAKV;
+    c.head_floor = floor;
+    kvc_policy *pol = nullptr;
+    CHECK_OK(kvc_policy_create(&c, &pol));
+    CHECK_OK(kvc_evict(p, 1, pol, nullptr));
+    uint64_t total = 0, top = 0, least = n;
+    for (uint32_t l = 0; l < g.layers; ++l)
+      for (uint32_t h = 0; h < g.hkv; ++h) {
+        const uint64_t k = head_positions(p, 1, l, h).size();
+        total += k;
+        if (l == 0 && h == 0) top = k;
+        least = std::min(least, k);
+      }
+    CHECKF(total == 4 * 20, "floor %g: kept %llu", floor, (unsigned long long)total);
+    const uint64_t floor_keep = 2 + static_cast<uint64_t>(std::floor(floor * 18));
+    CHECKF(least >= floor_keep, "floor %g: a table keeps %llu < %llu", floor,
+           (unsigned long long)least, (unsigned long long)floor_keep);
+    if (floor == 1.0) CHECK(top == 20);
+    // Otherwise its scores win the shared budget it can hold; without a floor
+    // some table falls below the 2 + 9 a floor of 0.5 guarantees.
+    if (floor < 1.0) CHECK(top == n);
+    if (floor == 0.0) CHECK(least < 11);
+    kvc_policy_destroy(pol);
+    kvc_pool_destroy(p);
+  }
+}
+
 // AdaKV needs a head-wise pool: refused when attached to or run on a
 // token-wise one, with nothing changed; bad floors and kinds refused at create.
 KVTEST(adakv_refused) {
@@ -638,6 +689,20 @@ KVTEST(headwise_bad_input) {
                KVC_ERR_OUT_OF_RANGE);
   CHECK_STATUS(kvc_gather_head(p, 1, 0, 0, 0, 1, row.data(), nullptr, KVC_DTYPE_INT8, nullptr),
                KVC_ERR_INVALID_ARGUMENT);
+  // A caller's layer past the pool's (or one whose x heads wraps 32 bits) is refused.
+  kvc_attention_params a;
+  kvc_attention_params_init(&a);
+  a.num_q_heads = g.hq;
+  std::vector<float> q(g.hq * g.hd, 0.5f), out(g.hq * g.hd);
+  const uint64_t id = 1;
+  for (uint32_t layer : {1u, 0x80000000u, 0xffffffffu}) {
+    CHECK_STATUS(kvc_attention_decode(p, layer, &id, 1, q.data(), out.data(), nullptr, &a),
+                 KVC_ERR_OUT_OF_RANGE);
+    CHECK_STATUS(kvc_append(p, 1, layer, 8, 1, k.data(), v.data(), KVC_DTYPE_F32),
+                 KVC_ERR_OUT_OF_RANGE);
+    uint64_t nt = 0;
+    CHECK_STATUS(kvc_seq_head_tokens(p, 1, layer, 0, &nt), KVC_ERR_OUT_OF_RANGE);
+  }
   (void)d;
   kvc_pool_destroy(p);
 }
