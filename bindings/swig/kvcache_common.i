@@ -289,6 +289,8 @@ namespace std {
 %ignore kvc_pool_config::k_codec;
 %ignore kvc_pool_config::v_codec;
 %ignore kvc_policy_config::plugin;
+%ignore kvc_policy_config::head_gates;     /* DuoAttention's gates: C and Rust callers for now */
+%ignore kvc_policy_config::num_head_gates;
 %ignore kvc_prefix_config::model_id;
 %ignore kvc_prefix_config::tokenizer_id;
 %ignore kvc_prefix_config::seed; /* set_seed() */

@@ -1937,6 +1937,20 @@ typedef enum kvc_policy_kind {
    * @since 0.4
    */
   KVC_POLICY_KVZIP = 9,
+  /**
+   * DuoAttention (Xiao et al., "DuoAttention: Efficient Long-Context LLM
+   * Inference with Retrieval and Streaming Heads", arXiv 2410.10819): each
+   * KV head is a retrieval head (keeps every token) or a streaming head
+   * (keeps the first sink_tokens and the newest recent_tokens), by the
+   * per-head gates the caller gives (::kvc_policy_config.head_gates: head
+   * (l, h) streams when its gate is below gate_threshold). Needs a head-wise
+   * pool (::KVC_POOL_HEADWISE; ::KVC_ERR_UNSUPPORTED otherwise) whose layers
+   * x KV heads equal num_head_gates (::KVC_ERR_INVALID_ARGUMENT otherwise),
+   * and recent_tokens > 0. budget_tokens and compression_ratio are not used:
+   * with auto_evict a reserve trims the streaming heads that would pass
+   * sink_tokens + recent_tokens. @since 0.4
+   */
+  KVC_POLICY_DUO_ATTENTION = 10,
   KVC_POLICY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_POLICY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_policy_kind;
@@ -2048,6 +2062,14 @@ typedef struct kvc_policy_config {
    * @since 0.4
    */
   double head_floor;
+  /**
+   * ::KVC_POLICY_DUO_ATTENTION: `[num_layers][num_kv_heads]` gates in [0, 1] (copied by
+   * kvc_policy_create(); NULL with num_head_gates 0 otherwise). @since 0.4
+   */
+  const float *head_gates;
+  uint32_t num_head_gates; /**< Entries of head_gates. @since 0.4 */
+  /** ::KVC_POLICY_DUO_ATTENTION: a head whose gate is below it streams; default 0.5. @since 0.4 */
+  float gate_threshold;
 } kvc_policy_config;
 
 /**

@@ -48,6 +48,8 @@ static_assert(static_cast<int>(kvc::core::Device::CPU) == KVC_DEVICE_CPU &&
               static_cast<int>(kvc::core::Device::CUDA) == KVC_DEVICE_CUDA);
 static_assert(static_cast<int>(kvc::core::HeadBudget::Uniform) == KVC_HEAD_BUDGET_UNIFORM &&
               static_cast<int>(kvc::core::HeadBudget::AdaKV) == KVC_HEAD_BUDGET_ADAKV);
+static_assert(static_cast<int>(kvc::core::PolicyKind::KVzip) == KVC_POLICY_KVZIP &&
+              static_cast<int>(kvc::core::PolicyKind::DuoAttention) == KVC_POLICY_DUO_ATTENTION);
 static_assert(kvc::core::kFlagHeadwise == KVC_POOL_HEADWISE &&
               kvc::core::kFlagPreRopeKeys == KVC_POOL_PRE_ROPE_KEYS);
 

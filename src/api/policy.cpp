@@ -26,6 +26,7 @@ void policy_defaults(kvc_policy_config *c) {
   c->future_positions = 512;
   c->head_budget = KVC_HEAD_BUDGET_UNIFORM;
   c->head_floor = 0.2;
+  c->gate_threshold = 0.5f;
 }
 
 }  // namespace
@@ -70,6 +71,14 @@ KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy
     sp->future_positions = c.future_positions;
     sp->head_budget = static_cast<kvc::core::HeadBudget>(c.head_budget);
     sp->head_floor = c.head_floor;
+    if (c.num_head_gates > (1u << 20))
+      fail(Errc::InvalidArgument, "num_head_gates " + std::to_string(c.num_head_gates) +
+                                      " above 1048576 (layers x KV heads)");
+    if (c.num_head_gates) {
+      need(c.head_gates, "head_gates");
+      sp->head_gates.assign(c.head_gates, c.head_gates + c.num_head_gates);
+    }
+    sp->gate_threshold = c.gate_threshold;
     sp->validate();
     auto *pol = new kvc_policy;
     pol->spec = std::move(sp);

@@ -192,6 +192,9 @@ struct StructInfo<kvc_policy_config> {
       KVC_FIELD(kvc_policy_config, future_positions),  // 0.4
       KVC_FIELD(kvc_policy_config, head_budget),       // 0.4
       KVC_FIELD(kvc_policy_config, head_floor),        // 0.4
+      KVC_FIELD(kvc_policy_config, head_gates),        // 0.4
+      KVC_FIELD(kvc_policy_config, num_head_gates),    // 0.4
+      KVC_FIELD(kvc_policy_config, gate_threshold),    // 0.4
   };
   static constexpr size_t size_0_3 = 88;
   static constexpr size_t end_0_3 = KVC_FIELD_END(kvc_policy_config, plugin);

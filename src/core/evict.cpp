@@ -31,10 +31,25 @@ const PolicySpec *PoolCore::policy_of(const Sequence &s) const {
   return default_policy_.get();
 }
 
+// DuoAttention's gates name a pool's KV heads one by one: a table per head
+// (a head-wise pool, or one KV head per layer) and one gate per table.
+void PoolCore::check_duo_fits(const PolicySpec &p) const {
+  if (p.kind != PolicyKind::DuoAttention) return;
+  if (cfg_.num_kv_heads != 1)
+    fail(Errc::Unsupported,
+         "duo-attention keeps every token in retrieval heads and a window in streaming heads: "
+         "it needs a head-wise pool (KVC_POOL_HEADWISE)");
+  if (p.head_gates.size() != cfg_.num_layers)
+    fail(Errc::InvalidArgument, "duo-attention: " + u64s(p.head_gates.size()) +
+                                    " head gates for a pool of " + u64s(num_layers()) +
+                                    " layers x " + u64s(heads()) + " KV heads");
+}
+
 // Policies this pool cannot run are refused when attached, not at the first
 // reservation that would evict.
 void PoolCore::check_policy_fits(const PolicySpec *p) const {
   if (!p) return;
+  check_duo_fits(*p);
   if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
     fail(Errc::InvalidArgument,
          "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
@@ -244,6 +259,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   std::vector<uint64_t> first_write(nl, UINT64_MAX);
   std::vector<char> shift(nl, 0);
   uint64_t cow_needed = 0;
+  check_duo_fits(p);
   if (p.head_budget == policy::HeadBudget::AdaKV && H == 1)
     fail(Errc::Unsupported,
          "AdaKV head budgets (KVC_HEAD_BUDGET_ADAKV) need a head-wise pool (KVC_POOL_HEADWISE): "
@@ -298,7 +314,14 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       const uint32_t li = layer * H + hh;
       const uint64_t n = s.layers[li].n_tokens;
       uint64_t t;
-      if (reserve_new) {  // auto-eviction before a reservation: make room under the cap
+      if (p.kind == PolicyKind::DuoAttention) {  // retrieval heads keep all; streaming: S + W
+        const uint64_t cap = uint64_t(p.sink_tokens) + p.recent_tokens;
+        t = !policy::duo_streams(p, li) ? n
+            : !reserve_new              ? std::min(n, cap)
+            : n + reserve_new <= cap    ? n
+            : cap > reserve_new         ? cap - reserve_new
+                                        : 1;
+      } else if (reserve_new) {  // auto-eviction before a reservation: make room under the cap
         t = n + reserve_new <= p.budget_tokens
                 ? n
                 : std::min(p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1,

@@ -215,6 +215,7 @@ struct PoolCore {
   void enable_scores(Sequence &s);  // may throw bad_alloc (nothing changed)
   const PolicySpec *policy_of(const Sequence &s) const;
   void check_policy_fits(const PolicySpec *p) const;
+  void check_duo_fits(const PolicySpec &p) const;  // DuoAttention: a table and a gate per head
   // Plans and applies an eviction of every layer of `s`: all checks first,
   // then changes that cannot fail.
   void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new,

@@ -179,9 +179,15 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
                              " tokens exceeds the maximum of " + u64s(kMaxLength));
   // Auto-eviction (a policy with auto_evict and a budget): make room under
   // the cap first. It stays done even if the reservation below then fails.
-  if (const PolicySpec *pol = policy_of(s); pol && pol->auto_evict && pol->budget_tokens) {
+  if (const PolicySpec *pol = policy_of(s);
+      pol && pol->auto_evict && (pol->budget_tokens || pol->kind == PolicyKind::DuoAttention)) {
     bool over = false;
-    if (pol->head_budget == policy::HeadBudget::AdaKV) {  // a layer's heads share H x the cap
+    if (pol->kind == PolicyKind::DuoAttention) {  // streaming heads past sinks + window
+      const uint64_t cap = uint64_t(pol->sink_tokens) + pol->recent_tokens;
+      for (size_t li = 0; li < s.layers.size() && !over; ++li)
+        over = policy::duo_streams(*pol, li) && s.layers[li].n_tokens + n_new > cap;
+    } else if (pol->head_budget ==
+               policy::HeadBudget::AdaKV) {  // a layer's heads share H x the cap
       const uint32_t H = heads();
       for (size_t l0 = 0; l0 < s.layers.size() && !over; l0 += H) {
         uint64_t total = 0;

@@ -12,7 +12,7 @@ namespace kvc::policy {
 
 void PolicySpec::validate() const {
   const int32_t k = static_cast<int32_t>(kind);
-  if (k < 0 || k > static_cast<int32_t>(PolicyKind::KVzip))
+  if (k < 0 || k > static_cast<int32_t>(PolicyKind::DuoAttention))
     fail(Errc::InvalidArgument, "policy kind " + std::to_string(k) + " is unknown");
   if (!(compression_ratio >= 0.0 && compression_ratio < 1.0))
     fail(Errc::InvalidArgument,
@@ -43,7 +43,24 @@ void PolicySpec::validate() const {
                                     ": unknown (KVC_HEAD_BUDGET_UNIFORM or KVC_HEAD_BUDGET_ADAKV)");
   if (!(head_floor >= 0.0 && head_floor <= 1.0))
     fail(Errc::InvalidArgument, "head_floor must be in [0, 1] (AdaKV's per-head share)");
-  if (auto_evict && budget_tokens == 0)
+  if (kind == PolicyKind::DuoAttention) {
+    if (head_gates.empty())
+      fail(Errc::InvalidArgument,
+           "duo-attention needs head_gates (num_layers x num_kv_heads gates in [0, 1])");
+    for (size_t i = 0; i < head_gates.size(); ++i)
+      if (!(head_gates[i] >= 0.0f && head_gates[i] <= 1.0f))
+        fail(Errc::InvalidArgument, "head_gates[" + u64s(i) + "] is not in [0, 1] (NaN included)");
+    if (!(gate_threshold >= 0.0f && gate_threshold <= 1.0f))
+      fail(Errc::InvalidArgument, "gate_threshold must be in [0, 1]");
+    if (recent_tokens == 0)
+      fail(Errc::InvalidArgument,
+           "duo-attention needs recent_tokens (the streaming heads' window)");
+  } else if (!head_gates.empty()) {
+    fail(Errc::InvalidArgument,
+         "head_gates are set on a policy whose kind is not "
+         "KVC_POLICY_DUO_ATTENTION");
+  }
+  if (auto_evict && budget_tokens == 0 && kind != PolicyKind::DuoAttention)
     fail(Errc::InvalidArgument, "auto_evict needs budget_tokens (the per-layer cap it enforces)");
 }
 
@@ -350,7 +367,8 @@ Ranking rank(const PolicySpec &p, const LayerView &v, uint64_t target) {
     case PolicyKind::None:
       r.lo = r.hi = n;
       break;
-    case PolicyKind::Streaming: {  // the sinks, then the newest (score = index)
+    case PolicyKind::DuoAttention:  // a streaming head (core decides which heads stream)
+    case PolicyKind::Streaming: {   // the sinks, then the newest (score = index)
       r.lo = std::min<uint64_t>(p.sink_tokens, target);
       r.hi = n;
       r.score.resize(n - r.lo);

@@ -23,6 +23,8 @@ enum class PolicyKind : int32_t {
   // KVzip: the largest attention during context reconstruction, summed over KV heads
   // (arXiv 2505.23416)
   KVzip = 9,
+  // DuoAttention: per-head retrieval (all tokens) or streaming (sinks + recent) (arXiv 2410.10819)
+  DuoAttention = 10,
 };
 enum class Pooling : int32_t { Max = 0, Avg = 1 };
 // How a head-wise pool's layer budget is split over its KV heads (values
@@ -51,6 +53,8 @@ struct PolicySpec {
   HeadBudget head_budget = HeadBudget::Uniform;  // head-wise pools: budgets across KV heads
   double head_floor =
       0.2;  // AdaKV: share of a head's own budget it keeps whatever the others score
+  std::vector<float> head_gates;   // DuoAttention: [layers][kv_heads] gates in [0, 1]
+  float gate_threshold = 0.5f;     // DuoAttention: a head whose gate is below it streams
   std::shared_ptr<Plugin> plugin;  // kind Plugin
 
   // True when eviction reads the layer's keys (f32).
@@ -140,6 +144,11 @@ struct Ranking {
   std::vector<float> score;
 };
 Ranking rank(const PolicySpec &p, const LayerView &v, uint64_t target);
+
+// DuoAttention: whether head `table` (layer x kv_heads + head) streams.
+inline bool duo_streams(const PolicySpec &p, uint64_t table) {
+  return p.head_gates[table] < p.gate_threshold;
+}
 
 // Fills `keep` with the sorted indices of the `target` tokens to keep
 // (target <= n): the rule's tokens and the best candidates. Deterministic.

@@ -155,7 +155,10 @@ static const field policy_config_fields[] = {F(kvc_policy_config, struct_size),
                                              F(kvc_policy_config, plugin),
                                              F(kvc_policy_config, future_positions),
                                              F(kvc_policy_config, head_budget),
-                                             F(kvc_policy_config, head_floor)};
+                                             F(kvc_policy_config, head_floor),
+                                             F(kvc_policy_config, head_gates),
+                                             F(kvc_policy_config, num_head_gates),
+                                             F(kvc_policy_config, gate_threshold)};
 static const field prefix_config_fields[] = {
     F(kvc_prefix_config, struct_size),   F(kvc_prefix_config, hash),
     F(kvc_prefix_config, verify_tokens), F(kvc_prefix_config, seed_set),

@@ -400,7 +400,10 @@ FIELD(kvc_policy_config, plugin, 80, 8);
 FIELD(kvc_policy_config, future_positions, 88, 4); /* 0.4 */
 FIELD(kvc_policy_config, head_budget, 92, 4);      /* 0.4 */
 FIELD(kvc_policy_config, head_floor, 96, 8);       /* 0.4 */
-SIZE(kvc_policy_config, 104);
+FIELD(kvc_policy_config, head_gates, 104, 8);      /* 0.4 */
+FIELD(kvc_policy_config, num_head_gates, 112, 4);  /* 0.4 */
+FIELD(kvc_policy_config, gate_threshold, 116, 4);  /* 0.4 */
+SIZE(kvc_policy_config, 120);
 _Static_assert(KVC_POLICY_NONE == 0 && KVC_POLICY_STREAMING == 1 && KVC_POLICY_H2O == 2 &&
                    KVC_POLICY_SNAPKV == 3 && KVC_POLICY_PYRAMIDKV == 4 && KVC_POLICY_TOVA == 5 &&
                    KVC_POLICY_PLUGIN == 6 && KVC_POLICY_KNORM == 7 &&

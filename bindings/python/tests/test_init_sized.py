@@ -32,7 +32,7 @@ CASES = [
 IDS = [c[0].__name__ for c in CASES]
 # sizeof of the structs that grew after 0.3 (0.4: kvc_prefix_config's extra_key_names, n_extra_key_names;
 # kvc_policy_config's future_positions).
-GROWN = {kvcache.PrefixConfig: 88, kvcache.PolicyConfig: 104}
+GROWN = {kvcache.PrefixConfig: 88, kvcache.PolicyConfig: 120}
 
 
 def buffer(n):
@@ -92,7 +92,7 @@ def test_refused_sizes_write_nothing(cls, size03, older, inside, default):
 
 @pytest.mark.parametrize("cls,size03,older,inside,default", CASES, ids=IDS)
 def test_newer_caller_tail_zeroed(cls, size03, older, inside, default):
-    size = size03 + 24  # a newer header's struct, 3 fields more
+    size = size03 + 40  # a newer header's struct, 5 fields more
     b = buffer(size + GUARD)
     cls.init_sized(b, size)
     assert struct_size(b) == size
@@ -100,6 +100,7 @@ def test_newer_caller_tail_zeroed(cls, size03, older, inside, default):
     if cls is kvcache.PolicyConfig:
         assert int(b[88:92].view(np.uint32)[0]) == 512  # future_positions
         assert float(b[96:104].view(np.float64)[0]) == 0.2  # head_floor
+        assert float(b[116:120].view(np.float32)[0]) == 0.5  # gate_threshold
     assert (b[known:size] == 0).all()
     assert (b[size:] == G).all()
 

@@ -3786,6 +3786,20 @@ impl kvc_policy_kind {
     pub const KVC_POLICY_KVZIP: kvc_policy_kind = kvc_policy_kind(9);
 }
 impl kvc_policy_kind {
+    #[doc = " DuoAttention (Xiao et al., \"DuoAttention: Efficient Long-Context LLM"]
+    #[doc = " Inference with Retrieval and Streaming Heads\", arXiv 2410.10819): each"]
+    #[doc = " KV head is a retrieval head (keeps every token) or a streaming head"]
+    #[doc = " (keeps the first sink_tokens and the newest recent_tokens), by the"]
+    #[doc = " per-head gates the caller gives (::kvc_policy_config.head_gates: head"]
+    #[doc = " (l, h) streams when its gate is below gate_threshold). Needs a head-wise"]
+    #[doc = " pool (::KVC_POOL_HEADWISE; ::KVC_ERR_UNSUPPORTED otherwise) whose layers"]
+    #[doc = " x KV heads equal num_head_gates (::KVC_ERR_INVALID_ARGUMENT otherwise),"]
+    #[doc = " and recent_tokens > 0. budget_tokens and compression_ratio are not used:"]
+    #[doc = " with auto_evict a reserve trims the streaming heads that would pass"]
+    #[doc = " sink_tokens + recent_tokens. @since 0.4"]
+    pub const KVC_POLICY_DUO_ATTENTION: kvc_policy_kind = kvc_policy_kind(10);
+}
+impl kvc_policy_kind {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_POLICY_FORCE_32BIT: kvc_policy_kind = kvc_policy_kind(2147483647);
 }
@@ -3927,12 +3941,19 @@ pub struct kvc_policy_config {
     #[doc = " other heads score, in [0, 1]; default 0.2 (AdaKV's safeguard, kvpress's alpha_safeguard)."]
     #[doc = " @since 0.4"]
     pub head_floor: f64,
+    #[doc = " ::KVC_POLICY_DUO_ATTENTION: `[num_layers][num_kv_heads]` gates in [0, 1] (copied by"]
+    #[doc = " kvc_policy_create(); NULL with num_head_gates 0 otherwise). @since 0.4"]
+    pub head_gates: *const f32,
+    #[doc = "< Entries of head_gates. @since 0.4"]
+    pub num_head_gates: u32,
+    #[doc = " ::KVC_POLICY_DUO_ATTENTION: a head whose gate is below it streams; default 0.5. @since 0.4"]
+    pub gate_threshold: f32,
 }
 #[test]
 fn bindgen_test_layout_kvc_policy_config() {
     assert_eq!(
         ::std::mem::size_of::<kvc_policy_config>(),
-        104usize,
+        120usize,
         concat!("Size of: ", stringify!(kvc_policy_config))
     );
     assert_eq!(
@@ -4246,6 +4267,57 @@ fn bindgen_test_layout_kvc_policy_config() {
         );
     }
     test_field_head_floor();
+    fn test_field_head_gates() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_policy_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).head_gates) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_policy_config),
+                "::",
+                stringify!(head_gates)
+            )
+        );
+    }
+    test_field_head_gates();
+    fn test_field_num_head_gates() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_policy_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_head_gates) as usize - ptr as usize
+            },
+            112usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_policy_config),
+                "::",
+                stringify!(num_head_gates)
+            )
+        );
+    }
+    test_field_num_head_gates();
+    fn test_field_gate_threshold() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_policy_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).gate_threshold) as usize - ptr as usize
+            },
+            116usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_policy_config),
+                "::",
+                stringify!(gate_threshold)
+            )
+        );
+    }
+    test_field_gate_threshold();
 }
 extern "C" {
     #[doc = " @brief Fill a policy config with defaults (see the field comments)."]

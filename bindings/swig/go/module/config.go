@@ -112,6 +112,7 @@ type PolicyConfig struct {
 	FuturePositions  uint32     // ExpectedAttention: next positions the query rotation is averaged over (default 512)
 	HeadBudget       HeadBudget // head-wise pools: a layer's budget split over its KV heads (AdaKV)
 	HeadFloor        float64    // HEAD_BUDGET_ADAKV: share of a head's own budget it keeps (default 0.2)
+	GateThreshold    float32    // POLICY_DUO_ATTENTION: a head whose gate is below it streams (default 0.5)
 }
 
 // DefaultPolicyConfig is kvc_policy_config_init's defaults (kind none).
@@ -139,6 +140,7 @@ func policyConfigFrom(n native.PolicyConfig) PolicyConfig {
 		FuturePositions:  uint32(n.GetFuture_positions()),
 		HeadBudget:       HeadBudget(n.GetHead_budget()),
 		HeadFloor:        n.GetHead_floor(),
+		GateThreshold:    n.GetGate_threshold(),
 	}
 }
 
@@ -160,6 +162,7 @@ func (c *PolicyConfig) native() native.PolicyConfig {
 	n.SetFuture_positions(uint(c.FuturePositions))
 	n.SetHead_budget(native.Kvc_head_budget(c.HeadBudget))
 	n.SetHead_floor(c.HeadFloor)
+	n.SetGate_threshold(c.GateThreshold)
 	return n
 }
 

@@ -115,6 +115,7 @@ const (
 	POLICY_KNORM              PolicyKind = 7
 	POLICY_EXPECTED_ATTENTION PolicyKind = 8
 	POLICY_KVZIP              PolicyKind = 9
+	POLICY_DUO_ATTENTION      PolicyKind = 10
 )
 
 // HeadBudget is how a head-wise pool splits a layer's budget over its KV heads (kvc_head_budget).

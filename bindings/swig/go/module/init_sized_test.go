@@ -112,12 +112,12 @@ func TestInitSizedRefusedSizesWriteNothing(t *testing.T) {
 
 // The library's sizeof of the structs that grew after 0.3 (0.4: kvc_prefix_config's extra key
 // names; kvc_policy_config's future_positions, default 512 at offset 88, head_budget 0 at 92 and
-// head_floor 0.2 at 96).
-var grownSize = map[CStruct]uint64{StructPrefixConfig: 88, StructPolicyConfig: 104}
+// head_floor 0.2 at 96, head_gates at 104, num_head_gates at 112, gate_threshold 0.5 at 116).
+var grownSize = map[CStruct]uint64{StructPrefixConfig: 88, StructPolicyConfig: 120}
 
 func TestInitSizedNewerCallerTailZeroed(t *testing.T) {
 	for _, c := range initCases {
-		size := c.size03 + 24
+		size := c.size03 + 40
 		b := guarded(size + initGuard)
 		if err := InitSized(c.s, b, size); err != nil {
 			t.Fatalf("%s: %v", c.name, err)
@@ -131,6 +131,9 @@ func TestInitSizedNewerCallerTailZeroed(t *testing.T) {
 		}
 		if c.s == StructPolicyConfig && math.Float64frombits(binary.LittleEndian.Uint64(b[96:104])) != 0.2 {
 			t.Fatalf("%s: head_floor = %v", c.name, math.Float64frombits(binary.LittleEndian.Uint64(b[96:104])))
+		}
+		if c.s == StructPolicyConfig && math.Float32frombits(binary.LittleEndian.Uint32(b[116:120])) != 0.5 {
+			t.Fatalf("%s: gate_threshold = %v", c.name, math.Float32frombits(binary.LittleEndian.Uint32(b[116:120])))
 		}
 		for i := known; i < size; i++ {
 			if b[i] != 0 {

@@ -112,17 +112,18 @@ public class InitSizedTest {
   @Test
   public void newerCallerTailZeroed() {
     for (Case c : CASES) {
-      long size = c.size03 + 24;
+      long size = c.size03 + 40;
       ByteBuffer b = guarded(size + GUARD);
       c.init.run(b, size);
       assertEquals(size, b.getLong(0));
       // Structs that grew after 0.3: kvc_prefix_config (88, zero defaults), kvc_policy_config
-      // (104: future_positions, default 512, at offset 88; head_budget 0 at 92; head_floor 0.2
-      // at 96).
-      long known = c.name.equals("PolicyConfig") ? 104 : c.name.equals("PrefixConfig") ? 88 : c.size03;
+      // (120: future_positions, default 512, at offset 88; head_budget 0 at 92; head_floor 0.2
+      // at 96; head_gates NULL at 104, num_head_gates 0 at 112, gate_threshold 0.5 at 116).
+      long known = c.name.equals("PolicyConfig") ? 120 : c.name.equals("PrefixConfig") ? 88 : c.size03;
       if (c.name.equals("PolicyConfig")) {
         assertEquals(512, b.getInt(88));
         assertEquals(0.2, b.getDouble(96), 0.0);
+        assertEquals(0.5f, b.getFloat(116), 0.0f);
       }
       for (int i = (int) known; i < size; ++i) assertEquals(c.name, 0, b.get(i));
       for (int i = (int) size; i < size + GUARD; ++i) assertEquals(c.name, G, b.get(i));
