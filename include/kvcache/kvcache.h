@@ -559,7 +559,13 @@ KVC_API kvc_status kvc_codec_init_sized(kvc_codec *codec, size_t struct_size);
  * Refused at create with ::KVC_ERR_UNSUPPORTED: CUDA pools, per-tensor
  * scales, per-group scales whose group does not divide head_dim, the HND
  * layout; with ::KVC_ERR_INVALID_ARGUMENT: more than 2^20 (layer, head)
- * tables. llama.cpp state import / export gives ::KVC_ERR_UNSUPPORTED.
+ * tables. llama.cpp state import / export and policies with shift_positions
+ * (heads would have different in-cache positions) give ::KVC_ERR_UNSUPPORTED.
+ * Attention takes the pool lock once per KV head: a call racing an eviction
+ * of the same sequence may see some heads before it and some after (as two
+ * calls would); a failing call can leave scores observed by earlier heads.
+ * A pool of one KV head with the flag is head-wise (its per-head calls work,
+ * its per-layer tables are refused).
  * Layout in docs/eviction.md ("Head-wise pools"). @since 0.4 */
 #define KVC_POOL_HEADWISE 0x4u
 
@@ -1991,7 +1997,10 @@ typedef enum kvc_head_budget {
    * layer's: its heads share num_kv_heads x budget_tokens, and a reserve
    * evicts when the layer's total would pass it (one head may then hold more
    * than budget_tokens). Needs a head-wise pool (::KVC_ERR_UNSUPPORTED
-   * otherwise, when attached or evicting).
+   * otherwise, when attached or evicting) and a policy that scores tokens
+   * (StreamingLLM and DuoAttention: ::KVC_ERR_INVALID_ARGUMENT at create).
+   * Under KVzip's budgets shared across layers (a compression_ratio) the
+   * floor is taken from each head's own budget inside the shared threshold.
    */
   KVC_HEAD_BUDGET_ADAKV = 1,
   KVC_HEAD_BUDGET_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
@@ -2043,7 +2052,8 @@ typedef struct kvc_policy_config {
   uint32_t shift_positions;
   /**
    * Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs
-   * budget_tokens). That eviction stays even if the reservation then fails. Default 0.
+   * budget_tokens, except ::KVC_POLICY_DUO_ATTENTION). That eviction stays even if the
+   * reservation then fails. Default 0.
    */
   uint32_t auto_evict;
   /** ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded). */
@@ -2119,7 +2129,11 @@ KVC_API kvc_status kvc_policy_config_init_sized(kvc_policy_config *config, size_
  * or schedule; compression_ratio outside [0, 1) (1 would drop everything:
  * refused), recent_fraction outside [0, 1], even or zero kernel_size, beta
  * outside [1, 1e6], a plugin missing or set on another kind, streaming without
- * a window, auto_evict without budget_tokens); ::KVC_ERR_OUT_OF_MEMORY.
+ * a window, auto_evict without budget_tokens; head_budget unknown, head_floor
+ * outside [0, 1], AdaKV over StreamingLLM or DuoAttention; DuoAttention without
+ * head_gates, a gate or gate_threshold outside [0, 1], recent_tokens 0, more than
+ * 2^20 gates, gates set on another kind; ::KVC_ERR_NULL_POINTER: num_head_gates
+ * without head_gates); ::KVC_ERR_OUT_OF_MEMORY.
  * @since 0.3
  */
 KVC_API kvc_status kvc_policy_create(const kvc_policy_config *config, kvc_policy **out);
@@ -2202,7 +2216,8 @@ KVC_API kvc_status kvc_evict(kvc_pool *pool, uint64_t seq_id, const kvc_policy *
  * held token, as kvc_gather() numbers them), strictly increasing, each below
  * the layer's token count; NULL only when n_keep is 0 (drop every token).
  * @param n_keep survivors, at most the layer's token count (equal: nothing changes).
- * @param dropped NULL or `[1]`: the tokens dropped.
+ * @param dropped NULL or `[1]`: the tokens dropped (a head-wise pool: (token, KV head)
+ * pairs, every head kept alike).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_OUT_OF_RANGE (layer; an index not below the token count);
  * ::KVC_ERR_INVALID_ARGUMENT (indices not strictly increasing; n_keep above

@@ -157,7 +157,11 @@ KVC_FUSED inline __m256 exp8(__m256 x) {
 // NT tokens a step with J * NT == 8 accumulators.
 template <RawType T, int J>
 KVC_FUSED void scores(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const float *q,
-                      __m256i off, float *s, uint64_t ss) {
+                      int32_t off32, float *s, uint64_t ss) {
+  // The code offset arrives as an integer and is broadcast here: a vector
+  // argument through the pointers of ScoresFn (declared without the AVX2
+  // target) is passed differently at -O0 than the callee reads it.
+  const __m256i off = _mm256_set1_epi32(off32);
   constexpr int NT = 8 / J;
   uint64_t t = 0;
   for (; t + NT <= c; t += NT) {
@@ -200,7 +204,8 @@ KVC_FUSED void scores(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, 
 template <RawType T, int J>
 KVC_FUSED void accumulate(float *acc, const float *corr, const float *p, uint64_t ps,
                           const float *zadd, const uint8_t *v0, uint64_t vts, uint64_t c,
-                          uint64_t hd, __m256i off) {
+                          uint64_t hd, int32_t off32) {
+  const __m256i off = _mm256_set1_epi32(off32);  // (see scores)
   constexpr int DV = J <= 4 ? 2 : 1;
   for (uint64_t d = 0; d < hd; d += 8 * DV) {
     __m256 a[J][DV];
@@ -231,11 +236,11 @@ KVC_FUSED void accumulate(float *acc, const float *corr, const float *p, uint64_
 }
 
 template <int J>
-using ScoresFn = void (*)(const uint8_t *, uint64_t, uint64_t, uint64_t, const float *, __m256i,
+using ScoresFn = void (*)(const uint8_t *, uint64_t, uint64_t, uint64_t, const float *, int32_t,
                           float *, uint64_t);
 template <int J>
 using AccFn = void (*)(float *, const float *, const float *, uint64_t, const float *,
-                       const uint8_t *, uint64_t, uint64_t, uint64_t, __m256i);
+                       const uint8_t *, uint64_t, uint64_t, uint64_t, int32_t);
 
 template <int J>
 ScoresFn<J> scores_fn(RawType t) {
@@ -539,7 +544,7 @@ KVC_FUSED void tile_avx2(const Shape &sh, const RawTile &rt, uint64_t c, const f
     for (uint64_t hh = 0; hh < hq; ++hh) qcorr[hh] = add * q8->sum[hh];
   }
   const uint64_t vrow = row_bytes(V.type, hd);
-  const __m256i koff = _mm256_set1_epi32(K.offset), voff = _mm256_set1_epi32(V.offset);
+  const int32_t koff = K.offset, voff = V.offset;
   // Scores s[hh][t] of the codes.
   for (uint64_t b0 = 0; b0 < c; b0 += kBand) {
     const uint64_t n = std::min(kBand, c - b0);

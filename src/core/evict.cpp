@@ -45,11 +45,25 @@ void PoolCore::check_duo_fits(const PolicySpec &p) const {
                                     " layers x " + u64s(heads()) + " KV heads");
 }
 
+// Head-wise pools: keys keep their text positions (a per-head RoPE position
+// would need a per-head kvc_seq_rope_positions); AdaKV needs one.
+void PoolCore::check_headwise_fits(const PolicySpec &p) const {
+  if (p.shift_positions && headwise())
+    fail(Errc::Unsupported,
+         "shift_positions in a head-wise pool (KVC_POOL_HEADWISE): heads keep different tokens, "
+         "so in-cache positions would differ per head; keys keep their text positions here");
+  if (p.head_budget == policy::HeadBudget::AdaKV && !headwise())
+    fail(Errc::Unsupported,
+         "AdaKV head budgets (KVC_HEAD_BUDGET_ADAKV) need a head-wise pool (KVC_POOL_HEADWISE): "
+         "a token-wise pool keeps the same tokens in every KV head");
+}
+
 // Policies this pool cannot run are refused when attached, not at the first
 // reservation that would evict.
 void PoolCore::check_policy_fits(const PolicySpec *p) const {
   if (!p) return;
   check_duo_fits(*p);
+  check_headwise_fits(*p);
   if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
     fail(Errc::InvalidArgument,
          "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
@@ -58,10 +72,6 @@ void PoolCore::check_policy_fits(const PolicySpec *p) const {
     fail(Errc::Unsupported,
          "the policy shifts positions but keys use one scale per tensor: rotated keys can "
          "exceed it (use per-token or per-group scales)");
-  if (p->head_budget == policy::HeadBudget::AdaKV && heads() == 1)
-    fail(Errc::Unsupported,
-         "AdaKV head budgets (KVC_HEAD_BUDGET_ADAKV) need a head-wise pool (KVC_POOL_HEADWISE): "
-         "a token-wise pool keeps the same tokens in every KV head");
   if (p->auto_evict && p->kind != PolicyKind::None && stage_.active)
     fail(Errc::Unsupported,
          "auto-eviction in a pool with a residual window, hybrid precision or attention sinks "
@@ -260,10 +270,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   std::vector<char> shift(nl, 0);
   uint64_t cow_needed = 0;
   check_duo_fits(p);
-  if (p.head_budget == policy::HeadBudget::AdaKV && H == 1)
-    fail(Errc::Unsupported,
-         "AdaKV head budgets (KVC_HEAD_BUDGET_ADAKV) need a head-wise pool (KVC_POOL_HEADWISE): "
-         "a token-wise pool keeps the same tokens in every KV head");
+  check_headwise_fits(p);
   // KVzip under a compression ratio: the layers' budgets shared by one
   // threshold over all of them (with budget_tokens set, budgets stay per layer).
   if (p.kind == PolicyKind::KVzip && !s.track_scores)
@@ -305,9 +312,12 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       // the new tokens when the layer's total would pass it.
       uint64_t total = 0;
       for (uint32_t hh = 0; hh < H; ++hh) total += s.layers[layer * H + hh].n_tokens + reserve_new;
-      if (total <= uint64_t(H) * p.budget_tokens) continue;
-      for (uint32_t hh = 0; hh < H; ++hh)
-        target[hh] = p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1;
+      uint64_t cap_total;
+      if (__builtin_mul_overflow(uint64_t(H), p.budget_tokens, &cap_total)) cap_total = UINT64_MAX;
+      if (total <= cap_total) continue;
+      // (PyramidKV: the layer's share of the cap)
+      const uint64_t cap = std::min(p.budget_tokens, layer_target(p, layer, L, p.budget_tokens));
+      for (uint32_t hh = 0; hh < H; ++hh) target[hh] = cap > reserve_new ? cap - reserve_new : 1;
       any = true;
     }
     for (uint32_t hh = 0; hh < H && !(reserve_new && layer_cap); ++hh) {
@@ -326,6 +336,20 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
                 ? n
                 : std::min(p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1,
                            layer_target(p, layer, L, n));
+      } else if (layer_cap && shared.empty()) {
+        // AdaKV: every head's budget is the layer's uniform one (its largest
+        // head's), so a head holding fewer tokens leaves the rest to the others.
+        uint64_t most = 0, held = 0;
+        for (uint32_t h2 = 0; h2 < H; ++h2) {
+          most = std::max(most, s.layers[layer * H + h2].n_tokens);
+          held += s.layers[layer * H + h2].n_tokens;
+        }
+        t = layer_target(p, layer, L, most);
+        uint64_t all;
+        if (__builtin_mul_overflow(uint64_t(H), t, &all)) all = UINT64_MAX;
+        target[hh] = t;
+        any = held > all;
+        continue;
       } else {
         t = shared.empty() ? layer_target(p, layer, L, n) : shared[li];
       }
@@ -437,7 +461,7 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
   // The tables: the layer's; one head's; or every head of a head-wise layer.
   uint32_t t0 = layer * H, tn = H;
   if (head) {
-    if (H == 1)
+    if (!headwise())
       fail(Errc::Unsupported,
            "kvc_seq_keep_head: a token-wise pool keeps the same tokens in "
            "every KV head (use kvc_seq_keep, or a KVC_POOL_HEADWISE pool)");

@@ -132,7 +132,7 @@ size_t Pool::export_head_page_table(uint32_t layer, const uint64_t *seq_ids, siz
                                     int32_t *indptr, int32_t *indices, size_t capacity,
                                     int32_t *last_page_len) const {
   std::shared_lock lk(mu_);
-  if (heads() == 1)
+  if (!headwise())
     fail(Errc::Unsupported,
          "kvc_export_head_page_table: a token-wise pool's blocks hold every KV head of a layer "
          "(use kvc_export_page_table, or create the pool with KVC_POOL_HEADWISE)");

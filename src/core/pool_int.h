@@ -169,6 +169,7 @@ struct PoolCore {
   // Tables per caller's layer: its KV heads in a head-wise pool, else 1.
   // Layer l's head h is table l x heads() + h.
   uint32_t heads() const { return cfg_.headwise_heads ? cfg_.headwise_heads : 1u; }
+  bool headwise() const { return cfg_.headwise_heads != 0; }  // KVC_POOL_HEADWISE (any head count)
   uint32_t num_layers() const { return cfg_.num_layers / heads(); }  // the caller's layers
   void check_caller_layer(uint32_t layer) const;
   // A head-wise layer whose heads hold the same tokens at the same positions
@@ -215,7 +216,8 @@ struct PoolCore {
   void enable_scores(Sequence &s);  // may throw bad_alloc (nothing changed)
   const PolicySpec *policy_of(const Sequence &s) const;
   void check_policy_fits(const PolicySpec *p) const;
-  void check_duo_fits(const PolicySpec &p) const;  // DuoAttention: a table and a gate per head
+  void check_duo_fits(const PolicySpec &p) const;       // DuoAttention: a table and a gate per head
+  void check_headwise_fits(const PolicySpec &p) const;  // shift_positions, AdaKV
   // Plans and applies an eviction of every layer of `s`: all checks first,
   // then changes that cannot fail.
   void evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new,

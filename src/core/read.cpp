@@ -35,7 +35,7 @@ void Pool::gather(uint64_t id, uint32_t layer, uint64_t first, uint64_t n, void 
 size_t Pool::block_table(uint64_t id, uint32_t layer, int32_t *out, size_t capacity) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  if (heads() > 1) {
+  if (headwise()) {
     check_caller_layer(layer);
     fail(Errc::Unsupported,
          "kvc_seq_block_table: a head-wise pool (KVC_POOL_HEADWISE) has a "
@@ -51,7 +51,7 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
                                int32_t *indptr, int32_t *indices, size_t capacity,
                                int32_t *last_page_len) const {
   std::shared_lock lk(mu_);
-  if (heads() > 1) {
+  if (headwise()) {
     check_caller_layer(layer);
     fail(Errc::Unsupported,
          "kvc_export_page_table: a head-wise pool (KVC_POOL_HEADWISE) has a "

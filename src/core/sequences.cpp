@@ -192,7 +192,10 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
       for (size_t l0 = 0; l0 < s.layers.size() && !over; l0 += H) {
         uint64_t total = 0;
         for (uint32_t hh = 0; hh < H; ++hh) total += s.layers[l0 + hh].n_tokens + n_new;
-        over = total > uint64_t(H) * pol->budget_tokens;
+        uint64_t cap_total;  // H x the cap, saturating
+        if (__builtin_mul_overflow(uint64_t(H), pol->budget_tokens, &cap_total))
+          cap_total = UINT64_MAX;
+        over = total > cap_total;
       }
     } else {
       for (const LayerTable &l : s.layers) over = over || l.n_tokens + n_new > pol->budget_tokens;

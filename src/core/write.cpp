@@ -182,6 +182,11 @@ void Pool::append_heads(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, c
   if (n > (uint64_t(1) << 40) / (H * D))
     fail(Errc::Overflow,
          "n_tokens " + u64s(n) + " x row of " + u64s(H * D) + " values is too large");
+  std::vector<uint64_t> idx(H);
+  {  // the positions first: a refused append reads none of the rows
+    std::shared_lock lk(mu_);
+    locate(find(id), idx);
+  }
   // Head-major copies of the rows ([H][n][D], the input's dtype).
   const uint64_t rb = D * static_cast<uint64_t>(bits_of(src)) / 8;
   std::vector<uint8_t> hm(2 * H * n * rb);
@@ -201,7 +206,6 @@ void Pool::append_heads(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, c
     if (all.vf) in[h].vf = all.vf + h * n * D;
     if (all.kpre) in[h].kpre = all.kpre + h * n * D;
   }
-  std::vector<uint64_t> idx(H);
   auto write_all = [&](Sequence &s) {
     for (uint32_t h = 0; h < H; ++h) {
       const uint32_t t = layer * H + h;

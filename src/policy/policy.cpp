@@ -41,6 +41,11 @@ void PolicySpec::validate() const {
   if (head_budget != HeadBudget::Uniform && head_budget != HeadBudget::AdaKV)
     fail(Errc::InvalidArgument, "head_budget " + std::to_string(static_cast<int32_t>(head_budget)) +
                                     ": unknown (KVC_HEAD_BUDGET_UNIFORM or KVC_HEAD_BUDGET_ADAKV)");
+  if (head_budget == HeadBudget::AdaKV &&
+      (kind == PolicyKind::Streaming || kind == PolicyKind::DuoAttention))
+    fail(Errc::InvalidArgument,
+         "AdaKV head budgets need a policy that scores tokens: StreamingLLM and DuoAttention keep "
+         "sinks and the newest tokens by rule");
   if (!(head_floor >= 0.0 && head_floor <= 1.0))
     fail(Errc::InvalidArgument, "head_floor must be in [0, 1] (AdaKV's per-head share)");
   if (kind == PolicyKind::DuoAttention) {
@@ -503,7 +508,9 @@ void adakv_keep(const PolicySpec &p, const std::vector<LayerView> &heads,
     // every head's target less its rule's tokens, even where a head holds
     // fewer tokens than its target (the rest goes to the other heads).
     free[h] = target > fixed ? std::min<uint64_t>(target - fixed, r[h].score.size()) : 0;
-    total_free += targets[h] > fixed ? targets[h] - fixed : 0;
+    if (__builtin_add_overflow(total_free, targets[h] > fixed ? targets[h] - fixed : 0,
+                               &total_free))
+      total_free = UINT64_MAX;  // (budgets of 2^64 tokens: keeps everything)
     // The safeguard: each head's best floor(head_floor x its own share) candidates
     // (at least 1 when the rule keeps nothing), the rest compete across heads.
     uint64_t floor_h =

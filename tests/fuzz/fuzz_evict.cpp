@@ -197,7 +197,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       case 5: {  // evict with any policy configuration
         kvc_policy_config pc;
         kvc_policy_config_init(&pc);
-        pc.kind = static_cast<kvc_policy_kind>(in.u8() % 11);  // 10: unknown
+        pc.kind = static_cast<kvc_policy_kind>(in.u8() % 12);  // 11: unknown
         pc.budget_tokens = in.u8() % 3 ? in.u8() % 24 : 0;
         pc.compression_ratio = in.u8() % 3 ? 0.0 : (in.u8() % 12) / 10.0;
         pc.sink_tokens = in.u8() % 6;
@@ -207,6 +207,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         pc.shift_positions = (in.u8() % 4 == 0);
         pc.head_budget = static_cast<kvc_head_budget>(in.u8() % 3);  // 2: unknown
         pc.head_floor = in.u8() % 8 == 0 ? 1.5 : (in.u8() % 11) / 10.0;
+        // DuoAttention gates (kind 10): as many as the pool's heads, or one too few
+        std::vector<float> gates(kLayers * kHkv - (in.u8() % 5 == 0));
+        for (float &x : gates) x = (in.u8() % 12) / 10.0f;  // 1.1: refused
+        if (in.u8() % 3 == 0 || pc.kind == KVC_POLICY_DUO_ATTENTION) {
+          pc.head_gates = gates.data();
+          pc.num_head_gates = static_cast<uint32_t>(gates.size());
+        }
         kvc_policy *pol = nullptr;
         r = kvc_policy_create(&pc, &pol);
         if (!documented(r)) die("policy create status " + std::to_string(r));

@@ -852,6 +852,100 @@ KVTEST(duo_bad_patterns) {
   kvc_pool_destroy(p);
 }
 
+// Findings of the adversarial review, each kept fixed: AdaKV's H x budget
+// saturates; a head holding fewer tokens than the budget leaves the rest to
+// the others; AdaKV over rule-only policies and shift_positions in head-wise
+// pools are refused; a head-wise pool of one KV head is head-wise; an append
+// past the reservation is refused before its rows are read.
+KVTEST(headwise_review_regressions) {
+  Geo g;
+  g.layers = 1, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  {  // budget 2^62 + 5 under auto_evict: nothing evicted
+    kvc_pool *p = make(g, true);
+    fill(p, g, 1, 40);
+    kvc_policy_config c;
+    kvc_policy_config_init(&c);
+    c.kind = KVC_POLICY_KNORM;
+    c.budget_tokens = (uint64_t(1) << 62) + 5;
+    c.head_budget = KVC_HEAD_BUDGET_ADAKV;
+    c.auto_evict = 1;
+    kvc_policy *pol = nullptr;
+    CHECK_OK(kvc_policy_create(&c, &pol));
+    CHECK_OK(kvc_seq_set_policy(p, 1, pol));
+    CHECK_OK(kvc_seq_reserve(p, 1, 1, nullptr));
+    for (uint32_t h = 0; h < g.hkv; ++h) CHECK(head_positions(p, 1, 0, h).size() == 41);
+    kvc_policy_destroy(pol);
+    kvc_pool_destroy(p);
+  }
+  {  // head 1 holds 3 of a budget of 6: the layer still keeps 2 x 6
+    kvc_pool *p = make(g, true);
+    fill(p, g, 1, 20);
+    const uint64_t k3[] = {0, 10, 19};
+    CHECK_OK(kvc_seq_keep_head(p, 1, 0, 1, k3, 3, nullptr));
+    kvc_policy *pol = policy(KVC_POLICY_KNORM, 6, KVC_HEAD_BUDGET_ADAKV);
+    CHECK_OK(kvc_evict(p, 1, pol, nullptr));
+    const size_t k0 = head_positions(p, 1, 0, 0).size(), k1 = head_positions(p, 1, 0, 1).size();
+    CHECKF(k0 + k1 == 12 && k1 >= 1 && k1 <= 3, "kept %zu + %zu", k0, k1);
+    kvc_policy_destroy(pol);
+    kvc_pool_destroy(p);
+  }
+  kvc_policy_config c;
+  kvc_policy_config_init(&c);
+  c.kind = KVC_POLICY_STREAMING;
+  c.budget_tokens = 6;
+  c.head_budget = KVC_HEAD_BUDGET_ADAKV;
+  kvc_policy *bad = nullptr;
+  CHECK_STATUS(kvc_policy_create(&c, &bad), KVC_ERR_INVALID_ARGUMENT);
+  CHECK(bad == nullptr);
+  {  // shift_positions: refused when attached or run
+    kvc_pool_config pc;
+    kvc_pool_config_init(&pc);
+    pc.num_layers = 1, pc.num_q_heads = 4, pc.num_kv_heads = 2, pc.head_dim = 8, pc.block_size = 4;
+    pc.num_blocks = 64;
+    pc.k_dtype = pc.v_dtype = KVC_DTYPE_F32;
+    pc.flags = KVC_POOL_HEADWISE;
+    pc.rope_style = KVC_ROPE_NEOX;
+    kvc_pool *p = nullptr;
+    CHECK_OK(kvc_pool_create(&pc, &p));
+    fill(p, g, 1, 20);
+    kvc_policy_config_init(&c);
+    c.kind = KVC_POLICY_KNORM;
+    c.budget_tokens = 8;
+    c.shift_positions = 1;
+    kvc_policy *sh = nullptr;
+    CHECK_OK(kvc_policy_create(&c, &sh));
+    CHECK_STATUS(kvc_seq_set_policy(p, 1, sh), KVC_ERR_UNSUPPORTED);
+    CHECK_STATUS(kvc_evict(p, 1, sh, nullptr), KVC_ERR_UNSUPPORTED);
+    CHECK(head_positions(p, 1, 0, 0).size() == 20);
+    kvc_policy_destroy(sh);
+    kvc_pool_destroy(p);
+  }
+  {  // one KV head (MQA) with the flag: still head-wise
+    Geo one = g;
+    one.hkv = 1;
+    kvc_pool *p = make(one, true);
+    fill(p, one, 1, 10);
+    const uint64_t keep[] = {0, 9};
+    CHECK_OK(kvc_seq_keep_head(p, 1, 0, 0, keep, 2, nullptr));
+    int32_t tab[8];
+    size_t nb = 0;
+    CHECK_STATUS(kvc_seq_block_table(p, 1, 0, tab, 8, &nb), KVC_ERR_UNSUPPORTED);
+    kvc_policy *ada = policy(KVC_POLICY_TOVA, 1, KVC_HEAD_BUDGET_ADAKV);
+    CHECK_OK(kvc_seq_set_policy(p, 1, ada));
+    kvc_policy_destroy(ada);
+    kvc_pool_destroy(p);
+  }
+  {  // an append past the reservation: refused before the rows are read
+    kvc_pool *p = make(g, true);
+    fill(p, g, 1, 4);
+    CHECK_OK(kvc_seq_reserve(p, 1, 4, nullptr));
+    std::vector<float> rows(4 * g.hkv * g.hd, 1.0f);  // 4 rows; 5 asked
+    CHECK_STATUS(kvc_append(p, 1, 0, 4, 5, rows.data(), rows.data(), KVC_DTYPE_F32),
+                 KVC_ERR_NOT_RESERVED);
+    kvc_pool_destroy(p);
+  }
+}
+
 int main(int argc, char **argv) {
   return kvtest_main(argc, argv);
 }

@@ -174,6 +174,10 @@ void register_eval(CLI::App &app) {
       "--segment", eval_opt.segment,
       "Positions per segment of the per-segment perplexity (default: the model's seq_len)");
   eval->add_option("--threads", eval_opt.threads, "Worker threads (default: one per core)");
+  eval->add_option("--head-gates", eval_opt.head_gates,
+                   "duo-attention rows: a file of num_layers x num_kv_heads gates in [0, 1] "
+                   "(layer by layer, whitespace-separated, '#' comments; the lowest stream), "
+                   "default: bench/duo's gates for stories260k and smollm2 (docs/eviction.md)");
   eval->add_flag("--json", cmd->json, "Write one JSON object to stdout instead of the table");
   eval->add_option(
       "--plot", cmd->plot_path,

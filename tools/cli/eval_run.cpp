@@ -23,6 +23,7 @@
 #include "../runner/runner.h"
 #include "../runner/transformer.h"
 #include "eval.h"
+#include "duo_gates.h"
 #include "eval_load.h"
 #include "strategy.h"
 
@@ -185,13 +186,22 @@ struct Policies {
 
 /// Creates the policies of `rows` for windows of `ctx` positions; throws
 /// RunnerError when a StreamingLLM cap leaves no room after its sinks.
-void create_policies(const std::vector<Strategy> &rows, int ctx, Policies &policies) {
+void create_policies(const std::vector<Strategy> &rows, int ctx, const ModelConfig &model,
+                     const std::string &gates_file, Policies &policies) {
   policies.p.assign(rows.size(), nullptr);
+  std::vector<float> gates, row_gates;  // duo-attention: the model's gates, a row's binary ones
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const Strategy &s = rows[r];
     if (s.protocol == Strategy::Protocol::None) continue;
     kvc_policy_config pc;
     kvc_policy_config_init(&pc);
+    if (s.policy_kind == KVC_POLICY_DUO_ATTENTION) {
+      if (gates.empty()) gates = model_gates(model, gates_file);
+      row_gates = streaming_heads(gates, s.duo_stream_share, s.duo_stream_head);
+      pc.head_gates = row_gates.data();
+      pc.num_head_gates = static_cast<std::uint32_t>(row_gates.size());
+      pc.recent_tokens = s.duo_window;
+    }
     pc.kind = s.policy_kind;
     pc.sink_tokens = s.sinks;
     pc.recent_fraction = s.recent_fraction;
@@ -203,7 +213,9 @@ void create_policies(const std::vector<Strategy> &rows, int ctx, Policies &polic
     pc.future_positions = s.future_positions;
     pc.head_budget = s.head_budget;
     pc.head_floor = s.head_floor;
-    if (s.protocol == Strategy::Protocol::Stream) {
+    if (s.policy_kind == KVC_POLICY_DUO_ATTENTION) {
+      pc.auto_evict = 1;  // streaming heads trimmed at every reserve; no layer cap
+    } else if (s.protocol == Strategy::Protocol::Stream) {
       pc.budget_tokens = s.budget_tokens
                              ? s.budget_tokens
                              : static_cast<std::uint64_t>(std::ceil(s.budget * ctx - 1e-9));
@@ -553,7 +565,7 @@ EvalReport run_eval(const EvalOptions &opt) {
   const std::vector<Strategy> &rows = strategy_list.rows;
   const std::size_t n_rows = rows.size();
   Policies policies;
-  create_policies(rows, in.ctx, policies);
+  create_policies(rows, in.ctx, in.model.config(), opt.head_gates, policies);
 
   unsigned hw = std::thread::hardware_concurrency();
   int threads = opt.threads > 0 ? opt.threads : static_cast<int>(hw == 0 ? 1 : hw);

@@ -149,6 +149,15 @@ const std::vector<Component> &registry() {
        "(prefill-compress protocol, prefill=0.5)",
        KVC_DTYPE_F32,
        {"budget", "prefill", "chunk", "sinks", "headwise"}},
+      {"duo-attention",
+       Kind::Policy,
+       "DuoAttention (arXiv 2410.10819): a head-wise pool whose streaming KV heads keep sinks=S "
+       "first tokens and the newest window=W (default 4 + 64), the others every token; heads=F "
+       "of the heads stream (default 0.5), those with the lowest gates (--head-gates, or the "
+       "model's gates from bench/duo); stream-head=I: only head I streams (gate derivation) "
+       "(stream protocol)",
+       KVC_DTYPE_F32,
+       {"heads", "window", "sinks", "stream-head"}},
       {"adakv",
        Kind::Wrapper,
        "AdaKV (arXiv 2407.11550, kvpress AdaKVPress), a wrapper of any scorer "
@@ -364,7 +373,7 @@ void resolve_policy(Strategy &st, const std::string &where) {
       if (f != std::floor(f))
         throw RunnerError(where + "parameter future=" + value + " must be a whole number");
       st.future_positions = static_cast<std::uint32_t>(f);
-    } else if (key == "window")
+    } else if (key == "window" && name != "duo-attention")
       st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
     else if (key == "kernel") {
       st.kernel = static_cast<std::uint32_t>(number(where, key, value, 1, 1025));
@@ -439,6 +448,21 @@ void resolve_policy(Strategy &st, const std::string &where) {
     st.observe = KVC_OBSERVE_NONE;  // the prefill itself is not observed: the reconstruction is
     st.reconstruct = true;
     st.protocol = Strategy::Protocol::PrefillCompress;
+  } else if (name == "duo-attention") {
+    for (const auto &[key, value] : st.policy.params) {
+      if (key == "heads") st.duo_stream_share = number(where, key, value, 0.0, 1.0);
+      if (key == "window")
+        st.duo_window = static_cast<std::uint32_t>(number(where, key, value, 1, 1 << 20));
+      if (key == "stream-head")
+        st.duo_stream_head = static_cast<int>(number(where, key, value, 0, 1 << 20));
+    }
+    if (std::any_of(st.policy.params.begin(), st.policy.params.end(),
+                    [](const auto &kv) { return kv.first == "heads"; }) &&
+        st.duo_stream_head >= 0)
+      throw RunnerError(where + "give heads=F or stream-head=I, not both");
+    st.policy_kind = KVC_POLICY_DUO_ATTENTION;
+    st.protocol = Strategy::Protocol::Stream;
+    st.headwise = true;
   } else if (name == "snapkv" || name == "pyramidkv") {
     st.policy_kind = name == "snapkv" ? KVC_POLICY_SNAPKV : KVC_POLICY_PYRAMIDKV;
     st.observe = KVC_OBSERVE_ACCUMULATE;
@@ -609,9 +633,9 @@ Strategy parse_strategy(const std::string &spec) {
       throw RunnerError(where +
                         "'adakv' shares a policy's budget across KV heads: add a policy "
                         "(e.g. adakv+kvzip:budget=0.3)");
-    if (st.policy_kind == KVC_POLICY_STREAMING)
+    if (st.policy_kind == KVC_POLICY_STREAMING || st.policy_kind == KVC_POLICY_DUO_ATTENTION)
       throw RunnerError(where + "'adakv' needs a policy that scores tokens; '" + st.policy.name +
-                        "' keeps sinks and the newest tokens in every head alike");
+                        "' keeps sinks and the newest tokens by rule");
     for (const auto &[key, value] : st.wrapper.params)
       if (key == "floor") st.head_floor = number(where, key, value, 0.0, 1.0);
     st.headwise = true;
@@ -669,6 +693,7 @@ std::vector<std::string> default_strategies() {
           "expected-attention:budget=0.3",
           "kvzip:budget=0.3",
           "adakv+kvzip:budget=0.3",
+          "duo-attention:heads=0.75:window=150",
           "h2o:budget=0.3+int4:per-token:asym:hadamard",
           "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }

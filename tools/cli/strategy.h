@@ -82,6 +82,12 @@ struct Strategy {
   bool headwise = false;
   kvc_head_budget head_budget = KVC_HEAD_BUDGET_UNIFORM;  ///< adakv: KVC_HEAD_BUDGET_ADAKV
   double head_floor = 0.2;                                ///< adakv: floor=F
+  /// duo-attention: the share of KV heads that stream (the lowest gates),
+  /// their window in tokens (after `sinks`), or (stream-head=I, for deriving
+  /// gates) the one head that streams.
+  double duo_stream_share = 0.5;
+  std::uint32_t duo_window = 64;
+  int duo_stream_head = -1;
 };
 
 /// The pool settings of a strategy (its codecs are pointed to: `s` must outlive them).
