@@ -815,7 +815,7 @@ static void test_pre_rope_keys(void **state) {
   assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(kvc_last_error_message(), "quantized keys"));
   bad = c;
-  bad.flags = 0x4;
+  bad.flags = 0x8; /* 0x4 is KVC_POOL_HEADWISE since 0.4 */
   assert_int_equal(kvc_pool_create(&bad, &p), KVC_ERR_INVALID_ARGUMENT);
   bad = c;
   bad.device = KVC_DEVICE_CUDA;

@@ -326,6 +326,10 @@ class PagedCache(Cache):
         self.strategy = st.spec
         attn = getattr(config, "_attn_implementation", None)
         self._paged_attention = attn == ATTN_IMPLEMENTATION
+        if st.policy_kind == _native.POLICY_DUO_ATTENTION:
+            raise ValueError("PagedCache: strategy '%s' needs DuoAttention's per-head gates, which PagedCache "
+                             "does not take yet (kvcache eval --head-gates, or kvc_policy_config.head_gates "
+                             "through the C API)" % st.spec)
         if st.headwise and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' keeps different tokens in each KV head (a head-wise "
                              "pool); load the model with attn_implementation=\"kvcache\" (after import "

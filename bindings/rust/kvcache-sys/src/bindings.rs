@@ -3868,7 +3868,10 @@ impl kvc_head_budget {
     #[doc = " layer's: its heads share num_kv_heads x budget_tokens, and a reserve"]
     #[doc = " evicts when the layer's total would pass it (one head may then hold more"]
     #[doc = " than budget_tokens). Needs a head-wise pool (::KVC_ERR_UNSUPPORTED"]
-    #[doc = " otherwise, when attached or evicting)."]
+    #[doc = " otherwise, when attached or evicting) and a policy that scores tokens"]
+    #[doc = " (StreamingLLM and DuoAttention: ::KVC_ERR_INVALID_ARGUMENT at create)."]
+    #[doc = " Under KVzip's budgets shared across layers (a compression_ratio) the"]
+    #[doc = " floor is taken from each head's own budget inside the shared threshold."]
     pub const KVC_HEAD_BUDGET_ADAKV: kvc_head_budget = kvc_head_budget(1);
 }
 impl kvc_head_budget {
@@ -3928,7 +3931,8 @@ pub struct kvc_policy_config {
     #[doc = " (StreamingLLM); needs the pool's rope_style. Default 0 (keys keep their positions)."]
     pub shift_positions: u32,
     #[doc = " Non-zero: kvc_seq_reserve() first evicts every layer that would exceed budget_tokens (needs"]
-    #[doc = " budget_tokens). That eviction stays even if the reservation then fails. Default 0."]
+    #[doc = " budget_tokens, except ::KVC_POLICY_DUO_ATTENTION). That eviction stays even if the"]
+    #[doc = " reservation then fails. Default 0."]
     pub auto_evict: u32,
     #[doc = " ::KVC_POLICY_PLUGIN: the scorer (must outlive nothing: the policy keeps it loaded)."]
     pub plugin: *const kvc_plugin,
@@ -4357,7 +4361,11 @@ extern "C" {
     #[doc = " or schedule; compression_ratio outside [0, 1) (1 would drop everything:"]
     #[doc = " refused), recent_fraction outside [0, 1], even or zero kernel_size, beta"]
     #[doc = " outside [1, 1e6], a plugin missing or set on another kind, streaming without"]
-    #[doc = " a window, auto_evict without budget_tokens); ::KVC_ERR_OUT_OF_MEMORY."]
+    #[doc = " a window, auto_evict without budget_tokens; head_budget unknown, head_floor"]
+    #[doc = " outside [0, 1], AdaKV over StreamingLLM or DuoAttention; DuoAttention without"]
+    #[doc = " head_gates, a gate or gate_threshold outside [0, 1], recent_tokens 0, more than"]
+    #[doc = " 2^20 gates, gates set on another kind; ::KVC_ERR_NULL_POINTER: num_head_gates"]
+    #[doc = " without head_gates); ::KVC_ERR_OUT_OF_MEMORY."]
     #[doc = " @since 0.3"]
     pub fn kvc_policy_create(
         config: *const kvc_policy_config,
@@ -4446,7 +4454,8 @@ extern "C" {
     #[doc = " held token, as kvc_gather() numbers them), strictly increasing, each below"]
     #[doc = " the layer's token count; NULL only when n_keep is 0 (drop every token)."]
     #[doc = " @param n_keep survivors, at most the layer's token count (equal: nothing changes)."]
-    #[doc = " @param dropped NULL or `[1]`: the tokens dropped."]
+    #[doc = " @param dropped NULL or `[1]`: the tokens dropped (a head-wise pool: (token, KV head)"]
+    #[doc = " pairs, every head kept alike)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;"]
     #[doc = " ::KVC_ERR_OUT_OF_RANGE (layer; an index not below the token count);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (indices not strictly increasing; n_keep above"]
