@@ -350,7 +350,9 @@ void bad_configs(Input &in, const kvc_pool_config &good) {
       break;
     case 6: c.k_dtype = static_cast<kvc_dtype>(3 + in.u8()); break;
     case 7: c.device = KVC_DEVICE_CUDA; expect = KVC_ERR_DEVICE_UNAVAILABLE; break;
-    case 8: c.flags = 0x2u << (in.u8() % 31); break;
+    case 8:  // pre-RoPE keys without RoPE, or an unknown bit (0x4 is KVC_POOL_HEADWISE)
+      c.flags = in.u8() & 1 ? KVC_POOL_PRE_ROPE_KEYS : 0x8u << (in.u8() % 29);
+      break;
     case 9: c.block_size = 0; break;
     case 10: c.num_blocks = 0; c.capacity_bytes = 1; break;  // holds no block
     case 11: c.layout = static_cast<kvc_layout>(2 + in.u8()); break;
