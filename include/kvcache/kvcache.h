@@ -1166,6 +1166,8 @@ KVC_API kvc_status kvc_seq_length(kvc_pool *pool, uint64_t seq_id, uint64_t *len
 /**
  * @brief Number of tokens a layer of a sequence holds (reserved slots
  * included). Equals the length until eviction drops tokens from the layer.
+ * In a head-wise pool (::KVC_POOL_HEADWISE): the most any KV head of the
+ * layer holds (kvc_seq_head_tokens() gives each head's).
  * @param pool the pool (not NULL).
  * @param seq_id a live sequence.
  * @param layer 0..num_layers-1.
@@ -1187,7 +1189,8 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * @param seq_id a live sequence.
  * @param n_new tokens to add, >= 1.
  * @param slot_mapping NULL, or receives `[num_layers][n_new]` int64 slots
- * (`block_id * block_size + offset`) of the new positions; in a pool with a
+ * (`block_id * block_size + offset`) of the new positions (a head-wise pool,
+ * ::KVC_POOL_HEADWISE: `[num_layers][num_kv_heads][n_new]`, one per head's table); in a pool with a
  * residual arena (a residual window, hybrid precision, a per-channel codec or
  * residual_sinks) the new positions are in residual blocks and the slots
  * index the residual arena. With a residual window, reserving also encodes the oldest
