@@ -2657,6 +2657,8 @@ extern "C" {
 extern "C" {
     #[doc = " @brief Number of tokens a layer of a sequence holds (reserved slots"]
     #[doc = " included). Equals the length until eviction drops tokens from the layer."]
+    #[doc = " In a head-wise pool (::KVC_POOL_HEADWISE): the most any KV head of the"]
+    #[doc = " layer holds (kvc_seq_head_tokens() gives each head's)."]
     #[doc = " @param pool the pool (not NULL)."]
     #[doc = " @param seq_id a live sequence."]
     #[doc = " @param layer 0..num_layers-1."]
@@ -2681,7 +2683,8 @@ extern "C" {
     #[doc = " @param seq_id a live sequence."]
     #[doc = " @param n_new tokens to add, >= 1."]
     #[doc = " @param slot_mapping NULL, or receives `[num_layers][n_new]` int64 slots"]
-    #[doc = " (`block_id * block_size + offset`) of the new positions; in a pool with a"]
+    #[doc = " (`block_id * block_size + offset`) of the new positions (a head-wise pool,"]
+    #[doc = " ::KVC_POOL_HEADWISE: `[num_layers][num_kv_heads][n_new]`, one per head's table); in a pool with a"]
     #[doc = " residual arena (a residual window, hybrid precision, a per-channel codec or"]
     #[doc = " residual_sinks) the new positions are in residual blocks and the slots"]
     #[doc = " index the residual arena. With a residual window, reserving also encodes the oldest"]
