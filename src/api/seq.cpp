@@ -9,6 +9,29 @@
 
 using namespace kvc::api;
 
+namespace {
+// The page-table exports' argument checks, then `run` (the core export,
+// returning the indices needed) and the buffer check.
+template <typename Run>
+void export_checked(const uint64_t *seq_ids, size_t n_seqs, const int32_t *indptr,
+                    const int32_t *indices, size_t indices_capacity, const int32_t *last_page_len,
+                    size_t *n_indices, Run &&run) {
+  need(n_indices, "n_indices");
+  need(indptr, "indptr");
+  if (n_seqs > 0) {
+    need(seq_ids, "seq_ids");
+    need(last_page_len, "last_page_len");
+  }
+  if (n_seqs > 0x7fffffffu) fail(Errc::InvalidArgument, "n_seqs above 2^31-1");
+  if (!indices && indices_capacity > 0) fail(Errc::NullPointer, "indices is NULL");
+  const size_t total = run();
+  *n_indices = total;
+  if (total > indices_capacity)
+    fail(Errc::BufferTooSmall, "indices holds " + std::to_string(indices_capacity) +
+                                   " entries; the page table needs " + std::to_string(total));
+}
+}  // namespace
+
 extern "C" {
 
 KVC_API kvc_status kvc_seq_create(kvc_pool *pool, uint64_t seq_id) {
@@ -91,20 +114,11 @@ KVC_API kvc_status kvc_export_page_table(kvc_pool *pool, uint32_t layer, const u
                                          size_t *n_indices) {
   return guard([&] {
     auto &p = core_of(pool);
-    need(n_indices, "n_indices");
-    need(indptr, "indptr");
-    if (n_seqs > 0) {
-      need(seq_ids, "seq_ids");
-      need(last_page_len, "last_page_len");
-    }
-    if (n_seqs > 0x7fffffffu) fail(Errc::InvalidArgument, "n_seqs above 2^31-1");
-    if (!indices && indices_capacity > 0) fail(Errc::NullPointer, "indices is NULL");
-    const size_t total = p.export_page_table(layer, seq_ids, n_seqs, indptr, indices,
-                                             indices_capacity, last_page_len);
-    *n_indices = total;
-    if (total > indices_capacity)
-      fail(Errc::BufferTooSmall, "indices holds " + std::to_string(indices_capacity) +
-                                     " entries; the page table needs " + std::to_string(total));
+    export_checked(seq_ids, n_seqs, indptr, indices, indices_capacity, last_page_len, n_indices,
+                   [&] {
+                     return p.export_page_table(layer, seq_ids, n_seqs, indptr, indices,
+                                                indices_capacity, last_page_len);
+                   });
   });
 }
 
@@ -150,20 +164,11 @@ KVC_API kvc_status kvc_export_head_page_table(kvc_pool *pool, uint32_t layer,
                                               size_t *n_indices) {
   return guard([&] {
     auto &p = core_of(pool);
-    need(n_indices, "n_indices");
-    need(indptr, "indptr");
-    if (n_seqs > 0) {
-      need(seq_ids, "seq_ids");
-      need(last_page_len, "last_page_len");
-    }
-    if (n_seqs > 0x7fffffffu) fail(Errc::InvalidArgument, "n_seqs above 2^31-1");
-    if (!indices && indices_capacity > 0) fail(Errc::NullPointer, "indices is NULL");
-    const size_t total = p.export_head_page_table(layer, seq_ids, n_seqs, indptr, indices,
-                                                  indices_capacity, last_page_len);
-    *n_indices = total;
-    if (total > indices_capacity)
-      fail(Errc::BufferTooSmall, "indices holds " + std::to_string(indices_capacity) +
-                                     " entries; the page table needs " + std::to_string(total));
+    export_checked(seq_ids, n_seqs, indptr, indices, indices_capacity, last_page_len, n_indices,
+                   [&] {
+                     return p.export_head_page_table(layer, seq_ids, n_seqs, indptr, indices,
+                                                     indices_capacity, last_page_len);
+                   });
   });
 }
 

@@ -11,6 +11,7 @@
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
+#include <vector>
 
 #include "common/error.h"
 #include "core/pool.h"
@@ -21,6 +22,14 @@ void PoolCore::check_caller_layer(uint32_t layer) const {
   if (layer >= num_layers())
     fail(Errc::OutOfRange,
          "layer " + u64s(layer) + ": the pool has " + u64s(num_layers()) + " layers");
+}
+
+uint32_t PoolCore::head_table(uint32_t layer, uint32_t head) const {
+  check_caller_layer(layer);
+  const uint32_t kvh = headwise() ? heads() : cfg_.num_kv_heads;
+  if (head >= kvh)
+    fail(Errc::OutOfRange, "head " + u64s(head) + ": the pool has " + u64s(kvh) + " KV heads");
+  return headwise() ? layer * heads() + head : layer;
 }
 
 void PoolCore::check_heads_agree(const Sequence &s, uint32_t layer, const char *what) const {
@@ -50,11 +59,7 @@ PoolConfig Pool::caller_config() const {
 uint64_t Pool::seq_head_tokens(uint64_t id, uint32_t layer, uint32_t head) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  check_caller_layer(layer);
-  const uint32_t kvh = heads() > 1 ? heads() : cfg_.num_kv_heads;
-  if (head >= kvh)
-    fail(Errc::OutOfRange, "head " + u64s(head) + ": the pool has " + u64s(kvh) + " KV heads");
-  return s.layers[static_cast<size_t>(layer) * heads() + (heads() > 1 ? head : 0)].n_tokens;
+  return s.layers[head_table(layer, head)].n_tokens;
 }
 
 // A head-wise layer read as [n][H][D] rows: each head's table into a
@@ -87,17 +92,13 @@ void Pool::gather_head(uint64_t id, uint32_t layer, uint32_t head, uint64_t firs
                        void *k_out, void *v_out, DType dst, int32_t *positions_out) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  check_caller_layer(layer);
-  const uint32_t H = heads(), kvh = H > 1 ? H : cfg_.num_kv_heads;
-  if (head >= kvh)
-    fail(Errc::OutOfRange, "head " + u64s(head) + ": the pool has " + u64s(kvh) + " KV heads");
-  const uint32_t t = H > 1 ? layer * H + head : layer;
+  const uint32_t t = head_table(layer, head);
   const LayerTable &l = s.layers[t];
   if (first > l.n_tokens || n > l.n_tokens - first)
     fail(Errc::OutOfRange, u64s(n) + " tokens from index " + u64s(first) + " are beyond the " +
                                u64s(l.n_tokens) + " tokens of layer " + u64s(layer) + " head " +
                                u64s(head));
-  if (H > 1) {
+  if (headwise() || cfg_.num_kv_heads == 1) {  // the table holds this head alone
     store_->read(t, l, first, n, k_out, v_out, dst);
   } else {  // a token-wise layer: its rows, then the head's part of each
     const uint64_t rb = cfg_.head_dim * static_cast<uint64_t>(bits_of(dst)) / 8;
@@ -118,12 +119,7 @@ size_t Pool::head_block_table(uint64_t id, uint32_t layer, uint32_t head, int32_
                               size_t capacity) const {
   std::shared_lock lk(mu_);
   const Sequence &s = find(id);
-  check_caller_layer(layer);
-  const uint32_t H = heads(), kvh = H > 1 ? H : cfg_.num_kv_heads;
-  if (head >= kvh)
-    fail(Errc::OutOfRange, "head " + u64s(head) + ": the pool has " + u64s(kvh) + " KV heads");
-  // A token-wise layer's blocks hold every head: its table is each head's.
-  const auto &b = s.layers[H > 1 ? layer * H + head : layer].blocks;
+  const auto &b = s.layers[head_table(layer, head)].blocks;
   if (out && b.size() <= capacity) std::copy(b.begin(), b.end(), out);
   return b.size();
 }
@@ -140,29 +136,13 @@ size_t Pool::export_head_page_table(uint32_t layer, const uint64_t *seq_ids, siz
   const uint32_t H = heads();
   if (n_seqs > static_cast<size_t>(std::numeric_limits<int32_t>::max()) / H)
     fail(Errc::Overflow, u64s(n_seqs) + " sequences x " + u64s(H) + " heads exceed int32 rows");
-  uint64_t total = 0;
+  std::vector<const LayerTable *> rows;
+  rows.reserve(n_seqs * H);
   for (size_t i = 0; i < n_seqs; ++i) {
     const Sequence &s = find(seq_ids[i]);
-    for (uint32_t h = 0; h < H; ++h) total += s.layers[layer * H + h].blocks.size();
+    for (uint32_t h = 0; h < H; ++h) rows.push_back(&s.layers[layer * H + h]);
   }
-  if (total > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
-    fail(Errc::Overflow, "page table of " + u64s(total) + " indices exceeds int32");
-  if (total > capacity) return static_cast<size_t>(total);
-  const BlockDiv bs = block_div(cfg_.block_size);
-  int32_t off = 0;
-  indptr[0] = 0;
-  for (size_t i = 0; i < n_seqs; ++i) {
-    const Sequence &s = find(seq_ids[i]);
-    for (uint32_t h = 0; h < H; ++h) {
-      const LayerTable &l = s.layers[layer * H + h];
-      const size_t row = i * H + h;
-      for (int32_t b : l.blocks) indices[off++] = b;
-      indptr[row + 1] = off;
-      last_page_len[row] =
-          l.n_lp == 0 ? 0 : static_cast<int32_t>(l.n_lp - (l.blocks.size() - 1) * bs);
-    }
-  }
-  return static_cast<size_t>(total);
+  return page_table(rows, indptr, indices, capacity, last_page_len);
 }
 
 }  // namespace kvc::core

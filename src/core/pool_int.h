@@ -172,6 +172,13 @@ struct PoolCore {
   bool headwise() const { return cfg_.headwise_heads != 0; }  // KVC_POOL_HEADWISE (any head count)
   uint32_t num_layers() const { return cfg_.num_layers / heads(); }  // the caller's layers
   void check_caller_layer(uint32_t layer) const;
+  // The table of KV head `head` of a caller's layer (a token-wise pool: the
+  // layer's, whose blocks hold every head); both checked.
+  uint32_t head_table(uint32_t layer, uint32_t head) const;
+  // FlashInfer's CSR page table of these tables, one row each (read.cpp);
+  // returns the indices it needs (only counts when above `capacity`).
+  size_t page_table(const std::vector<const LayerTable *> &rows, int32_t *indptr, int32_t *indices,
+                    size_t capacity, int32_t *last_page_len) const;
   // A head-wise layer whose heads hold the same tokens at the same positions
   // (so per-layer reads apply); throws Unsupported naming `what` otherwise.
   void check_heads_agree(const Sequence &s, uint32_t layer, const char *what) const;

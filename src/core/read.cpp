@@ -6,6 +6,7 @@
 #include <limits>
 #include <mutex>
 #include <shared_mutex>
+#include <vector>
 
 #include "common/error.h"
 #include "core/pool.h"
@@ -58,16 +59,23 @@ size_t Pool::export_page_table(uint32_t layer, const uint64_t *seq_ids, size_t n
          "block table per KV head: use kvc_export_head_page_table");
   }
   check_layer(layer);
+  std::vector<const LayerTable *> rows(n_seqs);
+  for (size_t i = 0; i < n_seqs; ++i) rows[i] = &find(seq_ids[i]).layers[layer];
+  return page_table(rows, indptr, indices, capacity, last_page_len);
+}
+
+size_t PoolCore::page_table(const std::vector<const LayerTable *> &rows, int32_t *indptr,
+                            int32_t *indices, size_t capacity, int32_t *last_page_len) const {
   uint64_t total = 0;
-  for (size_t i = 0; i < n_seqs; ++i) total += find(seq_ids[i]).layers[layer].blocks.size();
+  for (const LayerTable *l : rows) total += l->blocks.size();
   if (total > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
     fail(Errc::Overflow, "page table of " + u64s(total) + " indices exceeds int32");
   if (total > capacity) return static_cast<size_t>(total);
   const BlockDiv bs = block_div(cfg_.block_size);
   int32_t off = 0;
   indptr[0] = 0;
-  for (size_t i = 0; i < n_seqs; ++i) {
-    const LayerTable &l = find(seq_ids[i]).layers[layer];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const LayerTable &l = *rows[i];
     for (int32_t b : l.blocks) indices[off++] = b;
     indptr[i + 1] = off;
     last_page_len[i] =  // codec blocks only: residual tokens are not in the page table

@@ -14,8 +14,8 @@ struct Geo {
   uint32_t layers = 1, hq = 4, hkv = 2, hd = 8, bs = 4;
 };
 
-inline kvc_pool *make_pool(const Geo &g, kvc_rope_style rope = KVC_ROPE_NONE,
-                           uint64_t blocks = 512) {
+// An f32 pool's configuration of this geometry.
+inline kvc_pool_config pool_config(const Geo &g, uint64_t blocks = 512) {
   kvc_pool_config c;
   kvc_pool_config_init(&c);
   c.num_layers = g.layers;
@@ -25,6 +25,12 @@ inline kvc_pool *make_pool(const Geo &g, kvc_rope_style rope = KVC_ROPE_NONE,
   c.block_size = g.bs;
   c.num_blocks = blocks;
   c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  return c;
+}
+
+inline kvc_pool *make_pool(const Geo &g, kvc_rope_style rope = KVC_ROPE_NONE,
+                           uint64_t blocks = 512) {
+  kvc_pool_config c = pool_config(g, blocks);
   c.rope_style = rope;
   c.rope_theta = 10000.0;
   kvc_pool *p = nullptr;

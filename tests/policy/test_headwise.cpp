@@ -23,15 +23,7 @@ std::mt19937 g_rng(11);
 
 kvc_pool *make(const Geo &g, bool headwise, const kvc_codec *codec = nullptr,
                uint64_t blocks = 1024, kvc_status want = KVC_OK) {
-  kvc_pool_config c;
-  kvc_pool_config_init(&c);
-  c.num_layers = g.layers;
-  c.num_q_heads = g.hq;
-  c.num_kv_heads = g.hkv;
-  c.head_dim = g.hd;
-  c.block_size = g.bs;
-  c.num_blocks = blocks;
-  c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
+  kvc_pool_config c = evict_util::pool_config(g, blocks);
   if (codec) c.k_codec = c.v_codec = codec;
   if (headwise) c.flags |= KVC_POOL_HEADWISE;
   kvc_pool *p = nullptr;
@@ -898,11 +890,7 @@ KVTEST(headwise_review_regressions) {
   CHECK_STATUS(kvc_policy_create(&c, &bad), KVC_ERR_INVALID_ARGUMENT);
   CHECK(bad == nullptr);
   {  // shift_positions: refused when attached or run
-    kvc_pool_config pc;
-    kvc_pool_config_init(&pc);
-    pc.num_layers = 1, pc.num_q_heads = 4, pc.num_kv_heads = 2, pc.head_dim = 8, pc.block_size = 4;
-    pc.num_blocks = 64;
-    pc.k_dtype = pc.v_dtype = KVC_DTYPE_F32;
+    kvc_pool_config pc = evict_util::pool_config(g, 64);
     pc.flags = KVC_POOL_HEADWISE;
     pc.rope_style = KVC_ROPE_NEOX;
     kvc_pool *p = nullptr;
