@@ -211,7 +211,11 @@ class Row:
                 return 0, 0, 0
             self.peak = max(self.peak, int(st["peak_bytes_in_use"]))  # the pool's high-water mark
             sid = cache._seqs[0]
-            toks = sum(cache.pool.layer_tokens(sid, i) for i in range(n_layers))
+            if cache._st.headwise:  # (token, KV head) pairs over KV heads: each head holds its own tokens
+                hk = cache._hk
+                toks = sum(cache.pool.head_tokens(sid, i, h) for i in range(n_layers) for h in range(hk)) / hk
+            else:
+                toks = sum(cache.pool.layer_tokens(sid, i) for i in range(n_layers))
             return int(st["bytes_in_use"]), toks, toks
         toks = sum(int(layer.get_seq_length()) for layer in cache.layers)
         attended = toks
@@ -339,8 +343,13 @@ def ours_row(name, prefill_fraction):
         return Row(name, "prefill-compress", "kvcache.hf KvcPress on PagedCache", "KvcPress(%r)" % spec,
                    "f32 K/V of the tokens kept, whole blocks of 16 (bytes in use)", make)
 
+    gates = None
+    if st.policy_kind == kvcache.POLICY_DUO_ATTENTION:  # the gates derived for SmolLM2 (bench/duo)
+        gates = os.path.join(HERE, "..", "duo", "gates-smollm2.txt")
+        stream_policy = False  # no layer cap: streaming heads keep sinks + window
+
     def make(m, ctx):
-        return kh.PagedCache(m.config, spec, context=ctx if stream_policy else None), None
+        return kh.PagedCache(m.config, spec, context=ctx if stream_policy else None, head_gates=gates), None
     row = Row(name, proto, "kvcache.hf PagedCache", "PagedCache(config, %r)" % spec,
               "the pool's bytes in use (codes, scales, zero points, residual / staged tokens, sinks), "
               "as kvcache eval counts them", make)

@@ -289,7 +289,7 @@ namespace std {
 %ignore kvc_pool_config::k_codec;
 %ignore kvc_pool_config::v_codec;
 %ignore kvc_policy_config::plugin;
-%ignore kvc_policy_config::head_gates;     /* DuoAttention's gates: C and Rust callers for now */
+%ignore kvc_policy_config::head_gates;     /* DuoAttention's gates: Policy.with_head_gates() */
 %ignore kvc_policy_config::num_head_gates;
 %ignore kvc_prefix_config::model_id;
 %ignore kvc_prefix_config::tokenizer_id;
@@ -330,6 +330,7 @@ namespace std {
 %rename(PrefixPoll) kvc_swig_poll;
 %rename(Pool) kvc_swig_pool;
 %rename(Policy) kvc_swig_policy;
+%newobject kvc_swig_policy::with_head_gates;
 %rename(Store) kvc_swig_store;
 
 /* ---- buffer arguments (typemaps in each overlay); before the header, whose
@@ -340,7 +341,8 @@ namespace std {
   (const void *scales, size_t scales_bytes), (const void *zeros, size_t zeros_bytes),
   (const void *seed, size_t seed_bytes),
   (const void *key, size_t key_bytes), (const void *value, size_t value_bytes),
-  (const void *scope, size_t scope_bytes), (const void *keys, size_t keys_bytes)
+  (const void *scope, size_t scope_bytes), (const void *keys, size_t keys_bytes),
+  (const void *gates, size_t gates_bytes)
 };
 %apply (const int32_t *TOKENS, size_t N_TOKENS) { (const int32_t *tokens, size_t n_tokens) };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
@@ -581,6 +583,38 @@ struct kvc_swig_policy {};
   kvc_swig_policy(const kvc_policy_config *config) {
     kvc_policy *p = NULL;
     if (kvc_swig_check(kvc_policy_create(config, &p))) return NULL;
+    kvc_swig_policy *h = new kvc_swig_policy;
+    h->p = p;
+    return h;
+  }
+  /**
+   * A DuoAttention policy (KVC_POLICY_DUO_ATTENTION) with its per-head gates:
+   * `gates` holds num_layers x num_kv_heads float32 values in [0, 1] (native
+   * byte order), layer by layer (kvc_policy_config.head_gates, copied);
+   * `config`'s own head_gates are not read. The same errors as kvc_policy_create,
+   * and ERR_INVALID_ARGUMENT when the bytes are not whole float32 values.
+   */
+  static kvc_swig_policy *with_head_gates(const kvc_policy_config *config, const void *gates, size_t gates_bytes) {
+    if (config == NULL) {
+      kvc_swig_fail(KVC_ERR_NULL_POINTER, "config is required");
+      return NULL;
+    }
+    if (gates == NULL || gates_bytes == 0 || gates_bytes % sizeof(float) != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "gates must hold one or more float32 values, got " +
+                    std::to_string(gates_bytes) + " bytes");
+      return NULL;
+    }
+    if (gates_bytes / sizeof(float) > UINT32_MAX) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "too many gates: " + std::to_string(gates_bytes / sizeof(float)));
+      return NULL;
+    }
+    std::vector<float> g(gates_bytes / sizeof(float));
+    memcpy(g.data(), gates, gates_bytes);
+    kvc_policy_config c = *config;
+    c.head_gates = g.data();
+    c.num_head_gates = (uint32_t)g.size();
+    kvc_policy *p = NULL;
+    if (kvc_swig_check(kvc_policy_create(&c, &p))) return NULL;
     kvc_swig_policy *h = new kvc_swig_policy;
     h->p = p;
     return h;

@@ -30,7 +30,8 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from . import native as _native
 from . import KvcError, parse_strategy
 
-__all__ = ["PagedCache", "PagedLayer", "KvcPress", "kvcache_attention", "kvcache_mask", "ATTN_IMPLEMENTATION"]
+__all__ = ["PagedCache", "PagedLayer", "KvcPress", "kvcache_attention", "kvcache_mask", "ATTN_IMPLEMENTATION",
+           "load_head_gates", "streaming_heads"]
 
 ATTN_IMPLEMENTATION = "kvcache"
 
@@ -101,15 +102,57 @@ def _plain_rope_or_raise(config, st, who):
                                             "partial (partial_rotary_factor %s)" % partial))
 
 
+def load_head_gates(path):
+    """DuoAttention's per-head gates from a text file (``kvcache eval --head-gates``'s format,
+    docs/eviction.md): whitespace-separated numbers in [0, 1], layer by layer (num_layers x
+    num_kv_heads), ``#`` to the end of a line a comment. The gates derived for SmolLM2-135M and
+    stories260K are bench/duo/gates-*.txt of the repository. Returns a list of floats; raises
+    ValueError naming the file, line and token of what is not a number in [0, 1]."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            for tok in line.split("#", 1)[0].split():
+                try:
+                    g = float(tok)
+                except ValueError:
+                    raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok)) from None
+                if not 0.0 <= g <= 1.0:  # NaN too
+                    raise ValueError("%s:%d: gate %r is not in [0, 1]" % (path, lineno, tok))
+                out.append(g)
+    if not out:
+        raise ValueError("%s: no gates" % path)
+    return out
+
+
+def streaming_heads(gates, share, only=-1):
+    """The binary gates of a ``duo-attention`` strategy (``kvcache eval``'s rule,
+    tools/cli/duo_gates.cpp): the round(share x count) heads with the lowest gates (ties: the
+    lower index) get 0 (they stream: sinks + recent window), the others 1 (the full cache); with
+    ``only`` >= 0, head ``only`` (layer x num_kv_heads + head) alone streams."""
+    gates = [float(g) for g in gates]
+    out = [1.0] * len(gates)
+    if only >= 0:
+        if only >= len(gates):
+            raise ValueError("duo-attention: stream-head=%d but the model has %d KV heads in all" % (only, len(gates)))
+        out[only] = 0.0
+        return out
+    k = int(math.floor(share * len(gates) + 0.5))
+    for i in sorted(range(len(gates)), key=lambda i: (gates[i], i))[:k]:
+        out[i] = 0.0
+    return out
+
+
 def _stream_cap(st, ctx):
     """A stream policy's per-layer cap: budget_tokens, or ceil(budget x ctx) tokens."""
     return st.budget_tokens or int(math.ceil(st.budget * ctx - 1e-9))
 
 
-def _policy(st, ctx, auto_evict):
+def _policy(st, ctx, auto_evict, gates=None):
     """The kvcache.Policy of a parsed strategy (eval's protocols, tools/cli/eval_run.cpp): stream policies cap
     every layer at budget_tokens or ceil(budget x ctx) tokens; prefill policies drop 1 - budget of the
-    prompt. Positions are never shifted: transformers rotates queries at their text positions."""
+    prompt; duo-attention trims its streaming heads (``gates``: the model's per-head gates) at every
+    reservation, without a layer cap. Positions are never shifted: transformers rotates queries at their
+    text positions."""
     pc = _native.PolicyConfig()
     pc.kind = st.policy_kind
     pc.sink_tokens = st.sinks
@@ -122,6 +165,11 @@ def _policy(st, ctx, auto_evict):
     pc.future_positions = st.future_positions
     pc.head_budget = st.head_budget
     pc.head_floor = st.head_floor
+    if st.policy_kind == _native.POLICY_DUO_ATTENTION:
+        pc.recent_tokens = st.duo_window
+        pc.auto_evict = 1 if auto_evict else 0
+        binary = streaming_heads(gates, st.duo_stream_share, st.duo_stream_head)
+        return _native.Policy.with_head_gates(pc, _np.asarray(binary, dtype=_np.float32).tobytes())
     if st.protocol == _PROTO_STREAM:
         cap = _stream_cap(st, ctx)
         if st.policy_kind == _native.POLICY_STREAMING and cap <= st.sinks:
@@ -285,7 +333,8 @@ class PagedCache(Cache):
             (``f32``, ``f16``, ``bf16``, ``int8:per-token``, ``int4:group=32``,
             ``kivi2``, ``k-int4:...+v-int8:...``) and optionally a policy
             (``streaming``, ``window``, ``h2o``, ``tova``, ``snapkv``,
-            ``pyramidkv``, ``knorm``, ``expected-attention``, ``kvzip``). Policies that read attention
+            ``pyramidkv``, ``knorm``, ``expected-attention``, ``kvzip``, ``duo-attention``; ``adakv+``
+            or ``:headwise`` for head-wise pools). Policies that read attention
             or queries (h2o, tova, snapkv, expected-attention, pyramidkv, kvzip) need
             ``attn_implementation="kvcache"``; kvzip also needs reconstruct_context() after the
             prefill. StreamingLLM
@@ -309,6 +358,12 @@ class PagedCache(Cache):
             (and processes) that share tier blocks need the same seed.
             Default: random per pool without tiers; with tiers, derived from
             model_id and the strategy (so a new process finds the blocks).
+        head_gates: DuoAttention's per-head gates, needed by (and only
+            taken by) ``duo-attention`` strategies: a gates file
+            (load_head_gates(); bench/duo/gates-smollm2.txt for SmolLM2-135M)
+            or num_layers x num_kv_heads numbers in [0, 1], layer by layer;
+            the strategy's ``heads=F`` streams the share F with the lowest
+            gates (streaming_heads()).
 
     Raises ValueError for a config it cannot hold, a malformed strategy
     (the parser's message) or bad options; kvcache.KvcError for the
@@ -316,7 +371,7 @@ class PagedCache(Cache):
     blocks it needs)."""
 
     def __init__(self, config, strategy="f16", *, block_size=None, num_blocks=None, pool_bytes=None, threads=None,
-                 prefix_cache=False, tiers=None, context=None, model_id=None, prefix_seed=None):
+                 prefix_cache=False, tiers=None, context=None, model_id=None, prefix_seed=None, head_gates=None):
         self._layers_n, self._hq, self._hk, self._hd, self._theta = _geometry(config)
         try:
             self._st = parse_strategy(str(strategy))
@@ -326,10 +381,28 @@ class PagedCache(Cache):
         self.strategy = st.spec
         attn = getattr(config, "_attn_implementation", None)
         self._paged_attention = attn == ATTN_IMPLEMENTATION
+        self._gates = None
         if st.policy_kind == _native.POLICY_DUO_ATTENTION:
-            raise ValueError("PagedCache: strategy '%s' needs DuoAttention's per-head gates, which PagedCache "
-                             "does not take yet (kvcache eval --head-gates, or kvc_policy_config.head_gates "
-                             "through the C API)" % st.spec)
+            if head_gates is None:
+                raise ValueError("PagedCache: strategy '%s' needs DuoAttention's per-head gates: head_gates= a "
+                                 "gates file (bench/duo/gates-smollm2.txt for SmolLM2-135M) or %d x %d numbers "
+                                 "in [0, 1]" % (st.spec, self._layers_n, self._hk))
+            if isinstance(head_gates, (str, bytes)) or hasattr(head_gates, "__fspath__"):
+                gates = load_head_gates(head_gates)
+            else:
+                try:
+                    gates = [float(g) for g in _np.asarray(head_gates, dtype=_np.float64).reshape(-1)]
+                except (TypeError, ValueError):
+                    raise ValueError("PagedCache: head_gates must be a gates file or numbers, got %r"
+                                     % (type(head_gates).__name__,)) from None
+                if not all(0.0 <= g <= 1.0 for g in gates):
+                    raise ValueError("PagedCache: head_gates must be in [0, 1] (NaN excluded)")
+            if len(gates) != self._layers_n * self._hk:
+                raise ValueError("PagedCache: %d head_gates for a model of %d layers x %d KV heads (%d)"
+                                 % (len(gates), self._layers_n, self._hk, self._layers_n * self._hk))
+            self._gates = gates
+        elif head_gates is not None:
+            raise ValueError("PagedCache: head_gates are DuoAttention's; strategy '%s' does not take them" % st.spec)
         if st.headwise and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' keeps different tokens in each KV head (a head-wise "
                              "pool); load the model with attn_implementation=\"kvcache\" (after import "
@@ -477,8 +550,8 @@ class PagedCache(Cache):
     def _make_policy(self, first_len):
         if self._st.protocol == _PROTO_NONE:
             return None
-        policy = _policy(self._st, self._context or first_len, auto_evict=True)
-        if self._st.protocol == _PROTO_STREAM:
+        policy = _policy(self._st, self._context or first_len, auto_evict=True, gates=self._gates)
+        if self._st.protocol == _PROTO_STREAM and self._st.policy_kind != _native.POLICY_DUO_ATTENTION:
             self._cap = max(1, _stream_cap(self._st, self._context or first_len))
         return policy
 

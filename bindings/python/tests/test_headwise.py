@@ -110,3 +110,69 @@ def test_strategy_spellings():
     for bad in ("adakv", "adakv+streaming:budget=0.3", "adakv:floor=2+h2o", "adakv+adakv+h2o"):
         with pytest.raises(kvcache.KvcError):
             kvcache.parse_strategy(bad)
+
+
+def duo_config(sinks=2, window=6):
+    pc = kvcache.PolicyConfig()
+    pc.kind = kvcache.POLICY_DUO_ATTENTION
+    pc.sink_tokens = sinks
+    pc.recent_tokens = window
+    return pc
+
+
+def test_duo_attention_gates_stream_the_gated_heads():
+    # gates [layer][head]: layer 0 head 1 and layer 1 head 0 stream (below the 0.5 threshold)
+    gates = np.array([[0.9, 0.1], [0.2, 1.0]], np.float32)
+    with kvcache.Pool(config()) as pool:
+        k, v = filled(pool, 24)
+        pool.evict(1, kvcache.Policy.with_head_gates(duo_config(), gates.tobytes()))
+        stream = list(range(2)) + list(range(18, 24))  # 2 sinks + the 6 newest
+        for layer in range(L):
+            for h in range(HK):
+                want = stream if gates[layer, h] < 0.5 else list(range(24))
+                assert list(pool.head_positions(1, layer, h)) == want, (layer, h)
+        q = np.random.default_rng(3).standard_normal((HQ, D)).astype(np.float32)
+        out = pool.attention_decode(0, [1], q.reshape(1, HQ, D))
+        np.testing.assert_allclose(np.asarray(out).reshape(HQ, D),
+                                   attention_ref(q, k, v, [list(range(24)), stream]), atol=1e-5)
+
+
+def test_duo_attention_gate_errors():
+    pc = duo_config()
+    for bad, status in ((b"", kvcache.ERR_INVALID_ARGUMENT), (b"\0\0\0", kvcache.ERR_INVALID_ARGUMENT),
+                        (np.array([0.5, float("nan")], np.float32).tobytes(), kvcache.ERR_INVALID_ARGUMENT),
+                        (np.array([1.5], np.float32).tobytes(), kvcache.ERR_INVALID_ARGUMENT)):
+        with pytest.raises(kvcache.KvcError) as e:
+            kvcache.Policy.with_head_gates(pc, bad)
+        assert e.value.status == status, bad
+    with pytest.raises(kvcache.KvcError) as e:  # DuoAttention without gates
+        kvcache.Policy(pc)
+    assert e.value.status == kvcache.ERR_INVALID_ARGUMENT
+    with kvcache.Pool(config()) as pool:
+        filled(pool, 12)
+        wrong = kvcache.Policy.with_head_gates(pc, np.zeros(3, np.float32).tobytes())  # 3 gates, 2 x 2 heads
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.evict(1, wrong)
+        assert e.value.status == kvcache.ERR_INVALID_ARGUMENT
+        assert all(pool.head_tokens(1, layer, h) == 12 for layer in range(L) for h in range(HK))
+
+
+def test_streaming_heads_and_gate_files(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import kvcache.hf as kh
+
+    assert kh.streaming_heads([0.3, 0.1, 0.3, 0.9], 0.5) == [0.0, 0.0, 1.0, 1.0]  # ties: the lower index
+    assert kh.streaming_heads([0.3, 0.1, 0.3, 0.9], 0.0) == [1.0] * 4
+    assert kh.streaming_heads([0.3, 0.1], 0.5, only=0) == [0.0, 1.0]
+    with pytest.raises(ValueError):
+        kh.streaming_heads([0.3, 0.1], 0.5, only=2)
+    f = tmp_path / "gates.txt"
+    f.write_text("# layer 0\n0.25 1  # two heads\n0 0.5\n")
+    assert kh.load_head_gates(str(f)) == [0.25, 1.0, 0.0, 0.5]
+    f.write_text("0.25 x\n")
+    with pytest.raises(ValueError, match="gates.txt:1: 'x' is not a number"):
+        kh.load_head_gates(str(f))
+    f.write_text("0.25 1.5\n")
+    with pytest.raises(ValueError, match="not in"):
+        kh.load_head_gates(str(f))

@@ -1,5 +1,7 @@
 """Eviction policies of a strategy evict in the pool during generate(), and the freed blocks are free."""
 
+import os
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -263,3 +265,51 @@ def test_kvzip_refusals(paged, sdpa):
         other.reconstruct_context(model, ids, tok)
     with pytest.raises(ValueError, match="kvcache"):
         kh.PagedCache(sdpa[0].config, "kvzip:budget=0.5")
+
+
+GATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench", "duo", "gates-smollm2.txt")
+
+
+def test_duo_attention_streams_the_gated_heads(paged):
+    """DuoAttention through PagedCache: the heads with the lowest gates (bench/duo's, derived for
+    SmolLM2) keep 4 sinks + the 32 newest tokens in their own blocks, the others every token;
+    heads=0 (no streaming head) generates what the plain head-wise cache does."""
+    model, tok = paged
+    inputs = hfmodel.prompts(tok, n=1, tokens=96)[0]
+    n = inputs["input_ids"].shape[1]
+    gates = kh.load_head_gates(GATES)
+    layers, hk = model.config.num_hidden_layers, model.config.num_key_value_heads
+    cache = kh.PagedCache(model.config, "duo-attention:heads=0.5:window=32:sinks=4+f16", head_gates=GATES)
+    hfmodel.generate(model, inputs, cache, max_new_tokens=24)
+    stream = kh.streaming_heads(gates, 0.5)
+    assert stream.count(0.0) == round(0.5 * layers * hk)
+    sid, last = cache._seqs[0], n + 22  # the newest position written
+    for layer in range(layers):
+        for h in range(hk):
+            pos = list(cache.pool.head_positions(sid, layer, h))
+            if stream[layer * hk + h] == 0.0:
+                assert pos[:4] == [0, 1, 2, 3] and pos[4:] == list(range(pos[4], last + 1)), (layer, h)
+                assert len(pos) <= 4 + 32, (layer, h, len(pos))
+            else:
+                assert pos == list(range(last + 1)), (layer, h)
+    # The streaming heads' blocks are freed: fewer bytes than every head's full cache.
+    none = kh.PagedCache(model.config, "duo-attention:heads=0:window=32+f16", head_gates=gates)
+    out = hfmodel.generate(model, inputs, none, max_new_tokens=24)
+    assert cache.stats()["bytes_in_use"] < 0.75 * none.stats()["bytes_in_use"]
+    ref = hfmodel.generate(model, inputs, kh.PagedCache(model.config, "f16"), max_new_tokens=24)
+    assert out.tolist() == ref.tolist()
+
+
+def test_duo_attention_gate_refusals(paged, sdpa):
+    model, _ = paged
+    layers, hk = model.config.num_hidden_layers, model.config.num_key_value_heads
+    with pytest.raises(ValueError, match="head_gates"):
+        kh.PagedCache(model.config, "duo-attention:heads=0.5")
+    with pytest.raises(ValueError, match="%d head_gates" % (layers * hk - 1)):
+        kh.PagedCache(model.config, "duo-attention:heads=0.5", head_gates=[0.5] * (layers * hk - 1))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        kh.PagedCache(model.config, "duo-attention:heads=0.5", head_gates=[float("nan")] * (layers * hk))
+    with pytest.raises(ValueError, match="does not take them"):
+        kh.PagedCache(model.config, "h2o:tokens=64", head_gates=GATES)
+    with pytest.raises(ValueError, match="kvcache"):  # head-wise pools need kvcache attention
+        kh.PagedCache(sdpa[0].config, "duo-attention:heads=0.5", head_gates=GATES)

@@ -305,6 +305,9 @@ struct kvc_py_strategy {
   bool headwise = false;           /* a head-wise pool (KVC_POOL_HEADWISE): 'headwise' flag or adakv */
   int head_budget = KVC_HEAD_BUDGET_UNIFORM; /* adakv: KVC_HEAD_BUDGET_ADAKV */
   double head_floor = 0.2;         /* adakv: floor=F */
+  double duo_stream_share = 0.5;   /* duo-attention: heads=F, the share of KV heads that stream */
+  uint32_t duo_window = 64;        /* duo-attention: window=W, a streaming head's recent tokens */
+  int duo_stream_head = -1;        /* duo-attention: stream-head=I (only head I streams), -1 none */
 };
 
 /** Parses one strategy spec with `kvcache eval`'s parser; raises ERR_INVALID_ARGUMENT naming what is wrong. */
@@ -346,6 +349,9 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.headwise = s.headwise;
     r.head_budget = s.head_budget;
     r.head_floor = s.head_floor;
+    r.duo_stream_share = s.duo_stream_share;
+    r.duo_window = s.duo_window;
+    r.duo_stream_head = s.duo_stream_head;
   } catch (const std::exception &e) {
     kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, e.what());
   }
