@@ -113,6 +113,9 @@ type PolicyConfig struct {
 	HeadBudget       HeadBudget // head-wise pools: a layer's budget split over its KV heads (AdaKV)
 	HeadFloor        float64    // HEAD_BUDGET_ADAKV: share of a head's own budget it keeps (default 0.2)
 	GateThreshold    float32    // POLICY_DUO_ATTENTION: a head whose gate is below it streams (default 0.5)
+	// POLICY_DUO_ATTENTION: the per-head gates in [0, 1], num_layers x num_kv_heads,
+	// layer by layer (kvc_policy_config.head_gates; copied by NewPolicy).
+	HeadGates []float32
 }
 
 // DefaultPolicyConfig is kvc_policy_config_init's defaults (kind none).

@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"math"
 	"reflect"
 	"testing"
 )
@@ -101,4 +102,43 @@ func TestEvictAttachedPolicies(t *testing.T) {
 	if got := must1[[]uint64](t)(p.Evict(3, nil)); !reflect.DeepEqual(got, perLayer(dropped)) {
 		t.Fatalf("Evict(3) = %v", got)
 	}
+}
+
+// DuoAttention with per-head gates (PolicyConfig.HeadGates) in a head-wise pool:
+// layer 0's heads all stream (sinks + recent), layer 1's head 0 keeps every token.
+func TestEvictDuoAttentionGates(t *testing.T) {
+	cfg := testConfig()
+	cfg.Flags |= POOL_HEADWISE
+	p := newTestPool(t, cfg)
+	fill(t, p, 1)
+	pc := DefaultPolicyConfig()
+	pc.Kind = POLICY_DUO_ATTENTION
+	pc.SinkTokens, pc.RecentTokens = sink, recent
+	pc.HeadGates = []float32{0.1, 0.2, 0.9, 0.0} // [layer][head]
+	pol, err := NewPolicy(pc)
+	if err != nil {
+		t.Fatalf("NewPolicy: %v", err)
+	}
+	before := must1[Stats](t)(p.Stats()).BlocksUsed
+	must1[[]uint64](t)(p.Evict(1, pol))
+	if n := must1[uint64](t)(p.LayerTokens(1, 0)); n != sink+recent {
+		t.Fatalf("layer 0 (every head streaming) holds %d tokens, want %d", n, sink+recent)
+	}
+	if n := must1[uint64](t)(p.LayerTokens(1, 1)); n != evictN {
+		t.Fatalf("layer 1 (a retrieval head) holds %d tokens, want %d", n, evictN)
+	}
+	// 40 tokens in 3 blocks per head; a streaming head keeps 20 in 2: three heads free one each.
+	if used := must1[Stats](t)(p.Stats()).BlocksUsed; used != before-3 {
+		t.Fatalf("blocks used %d -> %d, want 3 freed", before, used)
+	}
+	pc.HeadGates = []float32{0.1, 0.2, 0.9} // 3 gates for 2 layers x 2 heads
+	wrong, err := NewPolicy(pc)
+	if err != nil {
+		t.Fatalf("NewPolicy: %v", err)
+	}
+	_, err = p.Evict(1, wrong)
+	assertStatus(t, err, ERR_INVALID_ARGUMENT)
+	pc.HeadGates = []float32{0.1, float32(math.NaN()), 0.9, 0.0}
+	_, err = NewPolicy(pc)
+	assertStatus(t, err, ERR_INVALID_ARGUMENT)
 }

@@ -354,7 +354,11 @@ func NewPolicy(cfg PolicyConfig) (*Policy, error) {
 	nc := cfg.native()
 	defer native.DeletePolicyConfig(nc)
 	var h native.Policy
-	if err := call(func() { h = native.NewPolicy(nc) }); err != nil {
+	mk := func() { h = native.NewPolicy(nc) }
+	if len(cfg.HeadGates) > 0 {
+		mk = func() { h = native.PolicyWith_head_gates(nc, bytesOf(cfg.HeadGates)) }
+	}
+	if err := call(mk); err != nil {
 		return nil, err
 	}
 	s := &policyState{h: h}

@@ -2,6 +2,7 @@ package org.libkvcache;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertThrows;
 import static org.libkvcache.TestData.*;
 
 import org.junit.Test;
@@ -69,5 +70,29 @@ public class EvictTest {
       assertArrayEquals(perLayer(N - SINK - RECENT), pool.evict(3));
       assertEquals(SINK + RECENT, pool.layerTokens(3, 1));
     }
+  }
+
+  /** DuoAttention's per-head gates (Policy.withHeadGates) in a head-wise pool: layer 0's heads stream. */
+  @Test
+  public void duoAttentionGates() {
+    PoolConfig c = config();
+    c.setFlags(c.getFlags() | Kvc.POOL_HEADWISE);
+    PolicyConfig pc = new PolicyConfig();
+    pc.setKind(Kvc.POLICY_DUO_ATTENTION);
+    pc.setSinkTokens(SINK);
+    pc.setRecentTokens(RECENT);
+    try (Pool pool = new Pool(c);
+        Policy policy = Policy.withHeadGates(pc, new float[] {0.1f, 0.2f, 0.9f, 0.0f})) {
+      fill(pool, 1);
+      long before = pool.stats().getBlocksUsed();
+      pool.evict(1, policy);
+      assertEquals(SINK + RECENT, pool.layerTokens(1, 0)); // both heads stream
+      assertEquals(N, pool.layerTokens(1, 1)); // head 0 of layer 1 keeps every token
+      assertEquals(SINK + RECENT, pool.headTokens(1, 1, 1));
+      assertEquals(before - 3, pool.stats().getBlocksUsed()); // three heads: 3 -> 2 blocks each
+    }
+    KvcException e =
+        assertThrows(KvcException.class, () -> Policy.withHeadGates(pc, new float[] {0.1f, Float.NaN}));
+    assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
   }
 }
