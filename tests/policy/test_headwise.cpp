@@ -3,13 +3,18 @@
 // pool until heads diverge; per-head kept sets that free each head's own
 // blocks; attention equal to a float64 softmax over each head's kept tokens;
 // AdaKV's kept sets against a reference written here from the paper's rule;
-// fork / copy-on-write, records, page tables; refusals that change nothing.
+// fork / copy-on-write, records, disk-tier offload, page tables; refusals that
+// change nothing.
+#include <dirent.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "../whitebox.h"
@@ -101,6 +106,19 @@ kvc_policy *policy(kvc_policy_kind kind, uint64_t budget, kvc_head_budget hb, do
   kvc_policy *pol = nullptr;
   CHECK_OK(kvc_policy_create(&c, &pol));
   return pol;
+}
+
+// Removes a folder and what it holds (the disk tier's records), recursively.
+void remove_tree(const std::string &d) {
+  if (DIR *dp = opendir(d.c_str())) {
+    for (dirent *e; (e = readdir(dp)) != nullptr;)
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        const std::string p = d + "/" + e->d_name;
+        if (unlink(p.c_str()) != 0) remove_tree(p);
+      }
+    closedir(dp);
+  }
+  rmdir(d.c_str());
 }
 
 }  // namespace
@@ -578,6 +596,87 @@ KVTEST(headwise_prefix_sharing) {
     CHECK(k == d.k);
   }
   kvc_pool_destroy(p);
+}
+
+// Offload: a head-wise pool's prefix blocks (one per (layer, head) per block
+// of tokens) written to a disk tier and loaded into another pool of the same
+// configuration and seed hold each head's K/V exactly; a token-wise pool of
+// layers x heads tables does not find them (the fingerprint has the flag).
+KVTEST(headwise_tier_round_trip) {
+  Geo g;
+  g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  char dir[] = "/tmp/kvc_headwise_tier_XXXXXX";
+  CHECK(mkdtemp(dir) != nullptr);
+  auto prefix_pool = [&](bool headwise) {
+    kvc_pool *p = make(g, headwise);
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    for (size_t i = 0; i < sizeof pc.seed; ++i) pc.seed[i] = static_cast<uint8_t>(i * 7 + 1);
+    pc.seed_set = 1;
+    CHECK_OK(kvc_pool_enable_prefix_cache(p, &pc));
+    kvc_tier_config tc;
+    CHECK_OK(kvc_tier_config_init(&tc, KVC_TIER_DISK));
+    tc.capacity_bytes = 1 << 22;
+    tc.path = dir;
+    CHECK_OK(kvc_pool_add_tier(p, &tc, nullptr));
+    return p;
+  };
+  const uint64_t n = 16;
+  std::vector<int32_t> toks(n + 2);  // a prompt of 18: its first 16 (4 blocks) are cached
+  std::iota(toks.begin(), toks.end(), 300);
+  kvc_pool *a = prefix_pool(true);
+  const Data d = fill(a, g, 1, n);
+  CHECK_OK(kvc_prefix_insert(a, 1, toks.data(), n, nullptr, 0, nullptr));
+  uint64_t queued = 0;
+  CHECK_OK(kvc_prefix_offload(a, toks.data(), n, nullptr, 0, &queued));
+  CHECK(queued == 4);  // one record per block of tokens (every layer and head in it)
+  CHECK_OK(kvc_pool_flush_tiers(a));
+  kvc_pool_destroy(a);
+
+  kvc_pool *b = prefix_pool(true);
+  uint64_t loaded = 0;
+  CHECK_OK(kvc_prefix_load(b, toks.data(), n + 2, nullptr, 0, &loaded));
+  CHECK(loaded == n);
+  kvc_prefix_result r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  CHECK_OK(kvc_prefix_attach(b, 2, toks.data(), n + 2, nullptr, 0, 0, &r));
+  CHECK(r.hit_tokens == n);
+  std::vector<float> k(n * g.hd), v(n * g.hd);
+  for (uint32_t l = 0; l < g.layers; ++l)
+    for (uint32_t h = 0; h < g.hkv; ++h) {
+      CHECK_OK(kvc_gather_head(b, 2, l, h, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+      bool same = true;
+      for (uint64_t t = 0; t < n; ++t)
+        for (uint32_t a2 = 0; a2 < g.hd; ++a2)
+          same = same && k[t * g.hd + a2] == d.k[(t * g.hkv + h) * g.hd + a2] &&
+                 v[t * g.hd + a2] == d.v[(t * g.hkv + h) * g.hd + a2];
+      CHECK(same);
+    }
+  kvc_pool_destroy(b);
+
+  Geo tw = g;  // a token-wise pool whose tables have the same shape
+  tw.layers = g.layers * g.hkv, tw.hq = g.hq / g.hkv, tw.hkv = 1;
+  kvc_pool *c = nullptr;
+  {
+    kvc_pool_config cc = evict_util::pool_config(tw, 1024);
+    CHECK_OK(kvc_pool_create(&cc, &c));
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    for (size_t i = 0; i < sizeof pc.seed; ++i) pc.seed[i] = static_cast<uint8_t>(i * 7 + 1);
+    pc.seed_set = 1;
+    CHECK_OK(kvc_pool_enable_prefix_cache(c, &pc));
+    kvc_tier_config tc;
+    CHECK_OK(kvc_tier_config_init(&tc, KVC_TIER_DISK));
+    tc.capacity_bytes = 1 << 22;
+    tc.path = dir;
+    CHECK_OK(kvc_pool_add_tier(c, &tc, nullptr));
+  }
+  loaded = 99;
+  CHECK_OK(kvc_prefix_load(c, toks.data(), n + 2, nullptr, 0, &loaded));
+  CHECK(loaded == 0);
+  kvc_pool_destroy(c);
+  remove_tree(dir);
 }
 
 // The page table has one row per (sequence, KV head), equal to the heads'
