@@ -395,7 +395,7 @@ def run_window(model, feed, cache, press, protocol, chunk, prefill, cache_kw, on
     n_pos = feed.shape[1]
     logits, pos, seconds = [], 0, 0.0
     if protocol == "prefill-compress" and prefill < MIN_PRESS_PREFILL:
-        press = after_prefill = None
+        press = None  # (our PagedCache rows evict by their own policy: KVzip's still reconstructs first)
     if protocol == "prefill-compress":
         hooks = [a.register_forward_hook(lambda *args, **kw: on_step(), with_kwargs=True)
                  for a in attention_layers(model)]

@@ -590,7 +590,7 @@ struct kvc_swig_policy {};
   /**
    * A DuoAttention policy (KVC_POLICY_DUO_ATTENTION) with its per-head gates:
    * `gates` holds num_layers x num_kv_heads float32 values in [0, 1] (native
-   * byte order), layer by layer (kvc_policy_config.head_gates, copied);
+   * byte order; Python also takes numbers, converted; Java a float[]), layer by layer (kvc_policy_config.head_gates, copied);
    * `config`'s own head_gates are not read. The same errors as kvc_policy_create,
    * and ERR_INVALID_ARGUMENT when the bytes are not whole float32 values.
    */
@@ -604,8 +604,9 @@ struct kvc_swig_policy {};
                     std::to_string(gates_bytes) + " bytes");
       return NULL;
     }
-    if (gates_bytes / sizeof(float) > UINT32_MAX) {
-      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "too many gates: " + std::to_string(gates_bytes / sizeof(float)));
+    if (gates_bytes / sizeof(float) > (1u << 20)) { /* kvc_policy_create's limit, before any copy */
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "num_head_gates " + std::to_string(gates_bytes / sizeof(float)) +
+                    " is above 1048576");
       return NULL;
     }
     std::vector<float> g(gates_bytes / sizeof(float));

@@ -1212,9 +1212,12 @@ KVC_API kvc_status kvc_seq_layer_tokens(kvc_pool *pool, uint64_t seq_id, uint32_
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER; ::KVC_ERR_SEQ_NOT_FOUND;
  * ::KVC_ERR_INVALID_ARGUMENT (n_new 0); ::KVC_ERR_OVERFLOW (length would
  * exceed 2^31 - 1); ::KVC_ERR_EXCEEDS_CAPACITY (never fits, above; nothing
- * changed); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
+ * reserved); ::KVC_ERR_POOL_EXHAUSTED (not enough free blocks for all
  * layers, or residual blocks for the residual and, at a sequence's first
- * reserve, its attention-sink copies; nothing changed);
+ * reserve, its attention-sink copies; nothing reserved). Nothing reserved
+ * means no other change either, but for an attached auto-evicting policy's
+ * eviction, which is made first and stays (the tokens it dropped were
+ * over the policy's cap for this reservation);
  * ::KVC_ERR_OUT_OF_MEMORY; with an attached
  * auto-evicting policy (::kvc_policy_config.auto_evict), also the statuses of
  * kvc_evict() (e.g. ::KVC_ERR_NON_FINITE from a plugin's scores).

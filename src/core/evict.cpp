@@ -260,6 +260,13 @@ void Pool::evict(uint64_t id, const PolicySpec *policy, uint64_t *dropped) {
   evict_locked(id, s, *p, 0, dropped);
 }
 
+// What a streaming head (StreamingLLM; a DuoAttention streaming head) keeps
+// before a reservation of at least as many new tokens as its cap: its
+// attention sinks (at least one token), never fewer.
+static uint64_t sinks_floor(const PolicySpec &p, uint64_t n) {
+  return std::max<uint64_t>(1, std::min<uint64_t>(n, p.sink_tokens));
+}
+
 void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint64_t reserve_new,
                             uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers, H = heads(), L = nl / H;  // tables, heads, layers
@@ -330,11 +337,13 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
             : !reserve_new              ? std::min(n, cap)
             : n + reserve_new <= cap    ? n
             : cap > reserve_new         ? cap - reserve_new
-                                        : 1;
+                                        : sinks_floor(p, n);
       } else if (reserve_new) {  // auto-eviction before a reservation: make room under the cap
         t = n + reserve_new <= p.budget_tokens
                 ? n
-                : std::min(p.budget_tokens > reserve_new ? p.budget_tokens - reserve_new : 1,
+                : std::min(p.budget_tokens > reserve_new     ? p.budget_tokens - reserve_new
+                           : p.kind == PolicyKind::Streaming ? sinks_floor(p, n)
+                                                             : 1,
                            layer_target(p, layer, L, n));
       } else if (layer_cap && shared.empty()) {
         // AdaKV: every head's budget is the layer's uniform one (its largest

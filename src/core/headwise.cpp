@@ -24,6 +24,11 @@ void PoolCore::check_caller_layer(uint32_t layer) const {
          "layer " + u64s(layer) + ": the pool has " + u64s(num_layers()) + " layers");
 }
 
+std::string PoolCore::table_name(uint32_t t) const {
+  if (!headwise()) return "layer " + u64s(t);
+  return "layer " + u64s(t / heads()) + " head " + u64s(t % heads());
+}
+
 uint32_t PoolCore::head_table(uint32_t layer, uint32_t head) const {
   check_caller_layer(layer);
   const uint32_t kvh = headwise() ? heads() : cfg_.num_kv_heads;

@@ -174,6 +174,8 @@ struct PoolCore {
   void check_caller_layer(uint32_t layer) const;
   // The table of KV head `head` of a caller's layer (a token-wise pool: the
   // layer's, whose blocks hold every head); both checked.
+  // "layer L", or "layer L head H" in a head-wise pool: table t for messages.
+  std::string table_name(uint32_t t) const;
   uint32_t head_table(uint32_t layer, uint32_t head) const;
   // FlashInfer's CSR page table of these tables, one row each (read.cpp);
   // returns the indices it needs (only counts when above `capacity`).

@@ -218,12 +218,16 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     }
     // Never fits: the sequence alone would hold more blocks than the pool
     // has (its shared blocks counted once, no copy-on-write then needed).
-    if (held_after > alloc_.num_blocks())
-      fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: sequence " + u64s(id) + " with " +
-                                      u64s(n_new) + " more tokens needs " + u64s(held_after) +
-                                      " blocks (" + u64s(cfg_.num_layers) + " layers of " +
-                                      u64s((s.layers[0].n_tokens + n_new + bs - 1) / bs) +
-                                      "), the pool has " + u64s(alloc_.num_blocks()) + " in all");
+    if (held_after > alloc_.num_blocks()) {
+      uint64_t most = 0;  // the largest table's blocks
+      for (const LayerTable &l : s.layers)
+        most = std::max(most, (l.n_tokens + n_new + bs - 1) / bs);
+      fail(Errc::ExceedsCapacity,
+           "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
+               " more tokens needs " + u64s(held_after) + " blocks (" + u64s(cfg_.num_layers) +
+               (headwise() ? " (layer, KV head) tables of up to " : " layers of up to ") +
+               u64s(most) + "), the pool has " + u64s(alloc_.num_blocks()) + " in all");
+    }
     if (needed > alloc_.available())
       fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                     u64s(needed) + " blocks, " + u64s(alloc_.available()) +

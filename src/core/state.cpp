@@ -101,7 +101,8 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
       diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) +
               " (this pool: " + u64s(a) + ")";
   }
-  return diff.empty() ? "codecs, scales, residual window, attention sinks or RoPE settings differ"
+  return diff.empty() ? "head-wise storage, codecs, scales, residual window, attention sinks or "
+                        "RoPE settings differ"
                       : diff;
 }
 
@@ -295,7 +296,9 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   const uint64_t length = r.u64();
   const uint32_t layers = r.u32();
   const bool track = (r.u32() & 1u) != 0;
-  if (layers != cfg_.num_layers) Reader::corrupt("has " + u64s(layers) + " layers");
+  if (layers != cfg_.num_layers)
+    Reader::corrupt("has " + u64s(layers) + " block tables, this pool " + u64s(cfg_.num_layers) +
+                    (headwise() ? " (layers x KV heads)" : " (one per layer)"));
   const uint64_t bs = cfg_.block_size, heads = cfg_.num_kv_heads;
   if (length > (uint64_t(1) << 31) - 1) Reader::corrupt("has length " + u64s(length));
 
@@ -321,8 +324,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     sv.scale[0] = r.u32();
     sv.scale[1] = r.u32();
     if (!BlockFormat::valid_scale_bits(sv.scale[0]) || !BlockFormat::valid_scale_bits(sv.scale[1]))
-      Reader::corrupt("has a per-tensor scale that is not a finite normal number (layer " +
-                      u64s(li) + ")");
+      Reader::corrupt("has a per-tensor scale that is not a finite normal number (" +
+                      table_name(li) + ")");
     const uint64_t n_pos = r.u64();
     if (n_pos > r.left() / 4) Reader::corrupt("ends early");
     l.positions.resize(n_pos);
@@ -332,7 +335,7 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     l.scores.resize(n_sc);
     r.get(l.scores.data(), n_sc * 4);
     // The table must describe a sequence this pool could have built.
-    const std::string at = " (layer " + u64s(li) + ")";
+    const std::string at = " (" + table_name(li) + ")";
     if (l.n_lp > l.n_tokens || l.n_tokens > length || l.tail_index > l.n_tokens ||
         n_pos != l.tail_index || l.tail_pos > length ||
         l.n_tokens - l.tail_index != length - l.tail_pos)
@@ -384,8 +387,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
         const uint64_t first = r.u64(), count = r.u64();
         if (count == 0 || first < end || first >= saved[li].t.n_tokens ||
             count > saved[li].t.n_tokens - first)
-          Reader::corrupt("has unwritten ranges out of order or beyond the layer's tokens (layer " +
-                          u64s(li) + ")");
+          Reader::corrupt("has unwritten ranges out of order or beyond the layer's tokens (" +
+                          table_name(li) + ")");
         unwritten[li].emplace_back(first, count);
         end = first + count;
       }
@@ -408,10 +411,10 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
       if (!want) continue;
       const uint32_t have = fmt_.scale[kv][li].load(std::memory_order_acquire);
       if (have && have != want)
-        fail(Errc::Incompatible,
-             std::string("layer ") + u64s(li) + "'s per-tensor " + (kv ? "V" : "K") + " scale is " +
-                 std::to_string(bits_f32(have)) + " in this pool and " +
-                 std::to_string(bits_f32(want)) + " in the record; nothing restored");
+        fail(Errc::Incompatible, table_name(li) + "'s per-tensor " + (kv ? "V" : "K") +
+                                     " scale is " + std::to_string(bits_f32(have)) +
+                                     " in this pool and " + std::to_string(bits_f32(want)) +
+                                     " in the record; nothing restored");
     }
   if (need_blocks > alloc_.num_blocks() || need_res > stage_.alloc.num_blocks())
     fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: restoring needs " +

@@ -888,6 +888,57 @@ KVTEST(duo_auto_evict_decode) {
   kvc_pool_destroy(p);
 }
 
+// A reservation of more tokens than a streaming head's sinks + window (a
+// prompt chunk after some decoding): the head keeps its attention sinks, then
+// the chunk; the retrieval head keeps everything. Token-wise StreamingLLM
+// under auto_evict keeps its sinks the same way.
+KVTEST(duo_chunk_larger_than_window_keeps_sinks) {
+  Geo g;
+  g.layers = 1, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
+  kvc_pool *p = make(g, true, nullptr, 64);
+  kvc_policy *pol = duo_policy({1.0f, 0.0f}, 2, 4, true);
+  CHECK_OK(kvc_seq_create(p, 1));
+  CHECK_OK(kvc_seq_set_policy(p, 1, pol));
+  const Data d{evict_util::randn(g_rng, 20 * g.hkv * g.hd),
+               evict_util::randn(g_rng, 20 * g.hkv * g.hd)};
+  CHECK_OK(kvc_seq_reserve(p, 1, 10, nullptr));  // 10 > 2 + 4 at once: nothing to trim yet
+  CHECK_OK(kvc_append(p, 1, 0, 0, 10, d.k.data(), d.v.data(), KVC_DTYPE_F32));
+  CHECK_OK(kvc_seq_reserve(p, 1, 8, nullptr));  // a chunk of 8 >= the window
+  CHECK_OK(kvc_append(p, 1, 0, 10, 8, &d.k[10 * g.hkv * g.hd], &d.v[10 * g.hkv * g.hd],
+                      KVC_DTYPE_F32));
+  std::vector<int32_t> all(18), stream = {0, 1};
+  std::iota(all.begin(), all.end(), 0);
+  for (int32_t t = 10; t < 18; ++t) stream.push_back(t);
+  CHECK(head_positions(p, 1, 0, 0) == all);
+  CHECK(head_positions(p, 1, 0, 1) == stream);
+  CHECK_OK(kvc_seq_reserve(p, 1, 1, nullptr));  // then one token: sinks + the newest 3 + it
+  CHECK(head_positions(p, 1, 0, 1) == std::vector<int32_t>({0, 1, 15, 16, 17, 18}));
+  kvc_policy_destroy(pol);
+  kvc_pool_destroy(p);
+
+  kvc_pool *tw = make(g, false, nullptr, 64);  // token-wise StreamingLLM, cap 6 with 2 sinks
+  kvc_policy_config c;
+  kvc_policy_config_init(&c);
+  c.kind = KVC_POLICY_STREAMING;
+  c.sink_tokens = 2;
+  c.budget_tokens = 6;
+  c.auto_evict = 1;
+  kvc_policy *st = nullptr;
+  CHECK_OK(kvc_policy_create(&c, &st));
+  CHECK_OK(kvc_seq_create(tw, 1));
+  CHECK_OK(kvc_seq_set_policy(tw, 1, st));
+  CHECK_OK(kvc_seq_reserve(tw, 1, 5, nullptr));
+  CHECK_OK(kvc_append(tw, 1, 0, 0, 5, d.k.data(), d.v.data(), KVC_DTYPE_F32));
+  CHECK_OK(kvc_seq_reserve(tw, 1, 7, nullptr));  // 7 > the cap of 6
+  uint64_t held = 0;
+  CHECK_OK(kvc_seq_layer_tokens(tw, 1, 0, &held));
+  CHECK(held == 9);  // the 2 sinks and the 7 reserved
+  const std::vector<int32_t> pos = head_positions(tw, 1, 0, 0);
+  CHECK(pos.size() == 9 && pos[0] == 0 && pos[1] == 1 && pos[2] == 5);
+  kvc_policy_destroy(st);
+  kvc_pool_destroy(tw);
+}
+
 // Bad patterns are refused, with nothing changed: a gate count that is not
 // layers x KV heads (attach and evict), gates outside [0, 1] or NaN, no window,
 // gates on another kind, a NULL array, a token-wise pool of several KV heads.

@@ -224,6 +224,15 @@ double number(const std::string &where, const std::string &key, const std::strin
   return v;
 }
 
+// A count parameter: a whole decimal number in [lo, hi].
+std::uint32_t whole(const std::string &where, const std::string &key, const std::string &value,
+                    double lo, double hi) {
+  const double v = number(where, key, value, lo, hi);
+  if (v != std::floor(v))
+    throw RunnerError(where + "parameter " + key + "=" + value + " must be a whole number");
+  return static_cast<std::uint32_t>(v);
+}
+
 // Turns the codec part into the pool's kvc_codec settings.
 void resolve_codec(Strategy &st, const std::string &where) {
   const std::string &name = st.codec.name;
@@ -252,15 +261,15 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "scale-f16")
       c.scale_dtype = KVC_DTYPE_F16;
     else if (key == "group")
-      group = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+      group = whole(where, key, value, 1, 4096);
     else if (key == "kchannel")
-      kchannel = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+      kchannel = whole(where, key, value, 1, 4096);
     else if (key == "residual")
-      residual = static_cast<std::uint32_t>(number(where, key, value, 0, 65536));
+      residual = whole(where, key, value, 0, 65536);
     else if (key == "pre-rope")
       st.pre_rope_keys = true;
     else if (key == "sinks")
-      st.residual_sinks = static_cast<std::uint32_t>(number(where, key, value, 1, 4096));
+      st.residual_sinks = whole(where, key, value, 1, 4096);
     else if (key == "scale")
       scale = number(where, key, value, 1e-30, 1e30);
     else if (key == "fraction")
@@ -365,7 +374,7 @@ void resolve_policy(Strategy &st, const std::string &where) {
         throw RunnerError(where + "parameter tokens=" + value + " must be a whole number");
       st.budget_tokens = static_cast<std::uint32_t>(t);
     } else if (key == "sinks")
-      st.sinks = static_cast<std::uint32_t>(number(where, key, value, 0, 4096));
+      st.sinks = whole(where, key, value, 0, 4096);
     else if (key == "recent")
       st.recent_fraction = number(where, key, value, 0.0, 1.0);
     else if (key == "future") {
@@ -374,9 +383,9 @@ void resolve_policy(Strategy &st, const std::string &where) {
         throw RunnerError(where + "parameter future=" + value + " must be a whole number");
       st.future_positions = static_cast<std::uint32_t>(f);
     } else if (key == "window" && name != "duo-attention")
-      st.obs_window = static_cast<std::uint32_t>(number(where, key, value, 1, 65536));
+      st.obs_window = whole(where, key, value, 1, 65536);
     else if (key == "kernel") {
-      st.kernel = static_cast<std::uint32_t>(number(where, key, value, 1, 1025));
+      st.kernel = whole(where, key, value, 1, 1025);
       if (st.kernel % 2 == 0) throw RunnerError(where + "kernel must be odd");
     } else if (key == "pool") {
       if (value == "max")
@@ -451,10 +460,9 @@ void resolve_policy(Strategy &st, const std::string &where) {
   } else if (name == "duo-attention") {
     for (const auto &[key, value] : st.policy.params) {
       if (key == "heads") st.duo_stream_share = number(where, key, value, 0.0, 1.0);
-      if (key == "window")
-        st.duo_window = static_cast<std::uint32_t>(number(where, key, value, 1, 1 << 20));
+      if (key == "window") st.duo_window = whole(where, key, value, 1, 1 << 20);
       if (key == "stream-head")
-        st.duo_stream_head = static_cast<int>(number(where, key, value, 0, 1 << 20));
+        st.duo_stream_head = static_cast<int>(whole(where, key, value, 0, 1 << 20));
     }
     if (std::any_of(st.policy.params.begin(), st.policy.params.end(),
                     [](const auto &kv) { return kv.first == "heads"; }) &&

@@ -102,42 +102,63 @@ def _plain_rope_or_raise(config, st, who):
                                             "partial (partial_rotary_factor %s)" % partial))
 
 
+_GATE_NUMBER = None  # compiled on first use: an ASCII decimal number, as eval's parser reads gates
+
+
 def load_head_gates(path):
     """DuoAttention's per-head gates from a text file (``kvcache eval --head-gates``'s format,
-    docs/eviction.md): whitespace-separated numbers in [0, 1], layer by layer (num_layers x
-    num_kv_heads), ``#`` to the end of a line a comment. The gates derived for SmolLM2-135M and
-    stories260K are bench/duo/gates-*.txt of the repository. Returns a list of floats; raises
-    ValueError naming the file, line and token of what is not a number in [0, 1]."""
+    docs/eviction.md): ASCII decimal numbers in [0, 1] separated by whitespace, layer by layer
+    (num_layers x num_kv_heads), ``#`` to the end of a line a comment. The gates derived for
+    SmolLM2-135M and stories260K are bench/duo/gates-*.txt of the repository. Returns a list of
+    floats; raises ValueError naming the file (and the line and token) of what it cannot read."""
+    global _GATE_NUMBER
+    import os
+    import re
+
+    if _GATE_NUMBER is None:
+        _GATE_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+    try:
+        with open(os.fspath(path), "rb") as f:
+            data = f.read()
+    except (OSError, TypeError) as e:
+        raise ValueError("head gates file %r: %s" % (path, e)) from None
     out = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            for tok in line.split("#", 1)[0].split():
-                try:
-                    g = float(tok)
-                except ValueError:
-                    raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok)) from None
-                if not 0.0 <= g <= 1.0:  # NaN too
-                    raise ValueError("%s:%d: gate %r is not in [0, 1]" % (path, lineno, tok))
-                out.append(g)
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        for tok in line.split(b"#", 1)[0].split():  # ASCII whitespace
+            if not _GATE_NUMBER.match(tok.decode("latin-1")):
+                raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok.decode("latin-1"))) from None
+            g = float(tok)
+            if not 0.0 <= g <= 1.0:
+                raise ValueError("%s:%d: gate %s is not in [0, 1]" % (path, lineno, tok.decode())) from None
+            out.append(g)
     if not out:
-        raise ValueError("%s: no gates" % path)
+        raise ValueError("%s: no gates" % (path,))
     return out
 
 
 def streaming_heads(gates, share, only=-1):
     """The binary gates of a ``duo-attention`` strategy (``kvcache eval``'s rule,
-    tools/cli/duo_gates.cpp): the round(share x count) heads with the lowest gates (ties: the
-    lower index) get 0 (they stream: sinks + recent window), the others 1 (the full cache); with
-    ``only`` >= 0, head ``only`` (layer x num_kv_heads + head) alone streams."""
-    gates = [float(g) for g in gates]
-    out = [1.0] * len(gates)
+    tools/cli/duo_gates.cpp): the round(share x count) heads with the lowest gates (compared as
+    float32; ties: the lower index) get 0 (they stream: sinks + recent window), the others 1 (the
+    full cache); with ``only`` >= 0, head ``only`` (layer x num_kv_heads + head) alone streams.
+    Raises ValueError for a gate outside [0, 1] (NaN included), a share outside [0, 1] or an
+    ``only`` that is not -1 or a head index."""
+    g32 = _np.asarray([float(g) for g in gates], dtype=_np.float32)
+    if not bool(_np.all((g32 >= 0.0) & (g32 <= 1.0))):
+        raise ValueError("streaming_heads: gates must be in [0, 1] (NaN excluded)")
+    if isinstance(only, bool) or not isinstance(only, int) or only < -1:
+        raise ValueError("streaming_heads: only must be -1 (none) or a head index, got %r" % (only,))
+    share = float(share)
+    if not 0.0 <= share <= 1.0:
+        raise ValueError("streaming_heads: share must be in [0, 1], got %r" % (share,))
+    out = [1.0] * len(g32)
     if only >= 0:
-        if only >= len(gates):
-            raise ValueError("duo-attention: stream-head=%d but the model has %d KV heads in all" % (only, len(gates)))
+        if only >= len(g32):
+            raise ValueError("duo-attention: stream-head=%d but the model has %d KV heads in all" % (only, len(g32)))
         out[only] = 0.0
         return out
-    k = int(math.floor(share * len(gates) + 0.5))
-    for i in sorted(range(len(gates)), key=lambda i: (gates[i], i))[:k]:
+    k = int(math.floor(share * len(g32) + 0.5))
+    for i in sorted(range(len(g32)), key=lambda i: (g32[i], i))[:k]:
         out[i] = 0.0
     return out
 
@@ -391,8 +412,10 @@ class PagedCache(Cache):
                 gates = load_head_gates(head_gates)
             else:
                 try:
+                    if hasattr(head_gates, "detach"):  # a torch tensor (any dtype, grad or not)
+                        head_gates = head_gates.detach().cpu().double().numpy()
                     gates = [float(g) for g in _np.asarray(head_gates, dtype=_np.float64).reshape(-1)]
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, RuntimeError):
                     raise ValueError("PagedCache: head_gates must be a gates file or numbers, got %r"
                                      % (type(head_gates).__name__,)) from None
                 if not all(0.0 <= g <= 1.0 for g in gates):
@@ -400,6 +423,7 @@ class PagedCache(Cache):
             if len(gates) != self._layers_n * self._hk:
                 raise ValueError("PagedCache: %d head_gates for a model of %d layers x %d KV heads (%d)"
                                  % (len(gates), self._layers_n, self._hk, self._layers_n * self._hk))
+            streaming_heads(gates, st.duo_stream_share, st.duo_stream_head)  # stream-head=I in range
             self._gates = gates
         elif head_gates is not None:
             raise ValueError("PagedCache: head_gates are DuoAttention's; strategy '%s' does not take them" % st.spec)

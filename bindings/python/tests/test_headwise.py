@@ -107,7 +107,9 @@ def test_strategy_spellings():
     assert st.spec == "adakv:floor=0.3+kvzip:budget=0.3+f16"
     st = kvcache.parse_strategy("snapkv:budget=0.5:headwise")
     assert st.headwise and st.head_budget == kvcache.HEAD_BUDGET_UNIFORM
-    for bad in ("adakv", "adakv+streaming:budget=0.3", "adakv:floor=2+h2o", "adakv+adakv+h2o"):
+    for bad in ("adakv", "adakv+streaming:budget=0.3", "adakv:floor=2+h2o", "adakv+adakv+h2o",
+                "duo-attention:window=4.5", "duo-attention:stream-head=1.5", "streaming:tokens=64:sinks=2.5",
+                "snapkv:window=16.5", "int4:group=31.5"):  # counts are whole numbers
         with pytest.raises(kvcache.KvcError):
             kvcache.parse_strategy(bad)
 
@@ -137,6 +139,17 @@ def test_duo_attention_gates_stream_the_gated_heads():
                                    attention_ref(q, k, v, [list(range(24)), stream]), atol=1e-5)
 
 
+def test_duo_attention_gates_are_numbers_not_raw_bytes():
+    # an int32 / float64 / float16 array or a list is converted (1 -> 1.0: no head streams), never
+    # read as raw float32 bytes
+    for gates in (np.array([1, 1, 1, 1], np.int32), np.ones(4), np.ones(4, np.float16), [1, 1, 1, 1],
+                  np.ones((2, 2), ">f4")):
+        with kvcache.Pool(config()) as pool:
+            filled(pool, 24)
+            pool.evict(1, kvcache.Policy.with_head_gates(duo_config(), gates))
+            assert [pool.head_tokens(1, layer, h) for layer in range(L) for h in range(HK)] == [24] * 4
+
+
 def test_duo_attention_gate_errors():
     pc = duo_config()
     for bad, status in ((b"", kvcache.ERR_INVALID_ARGUMENT), (b"\0\0\0", kvcache.ERR_INVALID_ARGUMENT),
@@ -145,6 +158,8 @@ def test_duo_attention_gate_errors():
         with pytest.raises(kvcache.KvcError) as e:
             kvcache.Policy.with_head_gates(pc, bad)
         assert e.value.status == status, bad
+    with pytest.raises(TypeError):  # not numbers
+        kvcache.Policy.with_head_gates(pc, np.array(["a", "b"]))
     with pytest.raises(kvcache.KvcError) as e:  # DuoAttention without gates
         kvcache.Policy(pc)
     assert e.value.status == kvcache.ERR_INVALID_ARGUMENT
@@ -176,3 +191,16 @@ def test_streaming_heads_and_gate_files(tmp_path):
     f.write_text("0.25 1.5\n")
     with pytest.raises(ValueError, match="not in"):
         kh.load_head_gates(str(f))
+    for text in ("0.2_5\n", "0x1p-1\n", "0.5\u00a00.5\n", "nan\n", "# only a comment\n"):
+        f.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError):
+            kh.load_head_gates(str(f))
+    for bad in (str(tmp_path / "missing.txt"), str(tmp_path), ""):  # a missing file, a folder, no name
+        with pytest.raises(ValueError, match="head gates file"):
+            kh.load_head_gates(bad)
+    for share, only in ((-0.5, -1), (1.5, -1), (float("nan"), -1), (0.5, -2), (0.5, True), (0.5, 1.0)):
+        with pytest.raises(ValueError):
+            kh.streaming_heads([0.1, 0.2], share, only)
+    with pytest.raises(ValueError):
+        kh.streaming_heads([0.5, float("nan")], 0.5)
+    assert kh.streaming_heads([0.3000000001, 0.3], 0.5) == [0.0, 1.0]  # equal as float32: the lower index

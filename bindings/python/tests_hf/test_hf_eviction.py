@@ -309,6 +309,10 @@ def test_duo_attention_gate_refusals(paged, sdpa):
         kh.PagedCache(model.config, "duo-attention:heads=0.5", head_gates=[0.5] * (layers * hk - 1))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         kh.PagedCache(model.config, "duo-attention:heads=0.5", head_gates=[float("nan")] * (layers * hk))
+    with pytest.raises(ValueError, match="stream-head=%d" % (layers * hk)):  # checked at construction
+        kh.PagedCache(model.config, "duo-attention:stream-head=%d" % (layers * hk), head_gates=GATES)
+    with pytest.raises(ValueError, match="whole number"):
+        kh.PagedCache(model.config, "duo-attention:window=4.5", head_gates=GATES)
     with pytest.raises(ValueError, match="does not take them"):
         kh.PagedCache(model.config, "h2o:tokens=64", head_gates=GATES)
     with pytest.raises(ValueError, match="kvcache"):  # head-wise pools need kvcache attention

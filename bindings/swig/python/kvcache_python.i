@@ -237,6 +237,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %rename(_scores) kvc_swig_pool::scores;
 %rename(_keep) kvc_swig_pool::keep;
 %rename(_keep_head) kvc_swig_pool::keep_head;
+%rename(_with_head_gates) kvc_swig_policy::with_head_gates;
 
 %include "../kvcache_common.i"
 
@@ -678,6 +679,31 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     def __exit__(self, *exc):
         self.close()
         return False
+  %}
+}
+
+/* Policy.with_head_gates: numbers converted to float32 (a buffer of another
+ * dtype is never read as raw float32 bytes). */
+%extend kvc_swig_policy {
+  %pythoncode %{
+    @staticmethod
+    def with_head_gates(config, gates):
+        """A DuoAttention policy (config.kind POLICY_DUO_ATTENTION) with its per-(layer, KV head) gates in
+        [0, 1], num_layers x num_kv_heads, layer by layer (kvc_policy_config.head_gates, copied): a
+        sequence or array of numbers (converted to float32), or bytes of native float32 values. Raises
+        KvcError (ERR_INVALID_ARGUMENT: no gates, a gate outside [0, 1] or NaN, more than 2^20;
+        ERR_NULL_POINTER: no config) and TypeError / ValueError for what is not numbers."""
+        import numpy as _np
+        if isinstance(gates, (bytes, bytearray)):
+            buf = gates
+        else:
+            if hasattr(gates, "detach"):  # a torch tensor
+                gates = gates.detach().cpu().double().numpy()
+            arr = _np.asarray(gates)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError("with_head_gates: gates must be numbers, got an array of %s" % arr.dtype)
+            buf = _np.ascontiguousarray(arr, dtype=_np.float32).reshape(-1)
+        return Policy._with_head_gates(config, buf)
   %}
 }
 
