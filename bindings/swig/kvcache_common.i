@@ -589,10 +589,11 @@ struct kvc_swig_policy {};
   }
   /**
    * A DuoAttention policy (KVC_POLICY_DUO_ATTENTION) with its per-head gates:
-   * `gates` holds num_layers x num_kv_heads float32 values in [0, 1] (native
-   * byte order; Python also takes numbers, converted; Java a float[]), layer by layer (kvc_policy_config.head_gates, copied);
-   * `config`'s own head_gates are not read. The same errors as kvc_policy_create,
-   * and ERR_INVALID_ARGUMENT when the bytes are not whole float32 values.
+   * `gates` holds num_layers x num_kv_heads float32 values in [0, 1], layer by
+   * layer, in native byte order (Python also takes numbers, converted; Java a
+   * float[]); copied as kvc_policy_config.head_gates, `config`'s own are not
+   * read. The errors of kvc_policy_create, and ERR_INVALID_ARGUMENT when the
+   * bytes are not whole float32 values or hold more than 2^20 of them.
    */
   static kvc_swig_policy *with_head_gates(const kvc_policy_config *config, const void *gates, size_t gates_bytes) {
     if (config == NULL) {

@@ -172,10 +172,10 @@ struct PoolCore {
   bool headwise() const { return cfg_.headwise_heads != 0; }  // KVC_POOL_HEADWISE (any head count)
   uint32_t num_layers() const { return cfg_.num_layers / heads(); }  // the caller's layers
   void check_caller_layer(uint32_t layer) const;
-  // The table of KV head `head` of a caller's layer (a token-wise pool: the
-  // layer's, whose blocks hold every head); both checked.
   // "layer L", or "layer L head H" in a head-wise pool: table t for messages.
   std::string table_name(uint32_t t) const;
+  // The table of KV head `head` of a caller's layer (a token-wise pool: the
+  // layer's, whose blocks hold every head); both checked.
   uint32_t head_table(uint32_t layer, uint32_t head) const;
   // FlashInfer's CSR page table of these tables, one row each (read.cpp);
   // returns the indices it needs (only counts when above `capacity`).
