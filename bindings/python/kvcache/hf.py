@@ -19,6 +19,8 @@ are found by matching rows and the others dropped in the pool with
 """
 
 import math
+import os
+import re
 import threading
 import weakref
 
@@ -102,7 +104,8 @@ def _plain_rope_or_raise(config, st, who):
                                             "partial (partial_rotary_factor %s)" % partial))
 
 
-_GATE_NUMBER = None  # compiled on first use: an ASCII decimal number, as eval's parser reads gates
+# An ASCII decimal number, as eval's parser reads gates (no hex, no underscores, no other digits).
+_GATE_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
 
 
 def load_head_gates(path):
@@ -111,12 +114,6 @@ def load_head_gates(path):
     (num_layers x num_kv_heads), ``#`` to the end of a line a comment. The gates derived for
     SmolLM2-135M and stories260K are bench/duo/gates-*.txt of the repository. Returns a list of
     floats; raises ValueError naming the file (and the line and token) of what it cannot read."""
-    global _GATE_NUMBER
-    import os
-    import re
-
-    if _GATE_NUMBER is None:
-        _GATE_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
     try:
         with open(os.fspath(path), "rb") as f:
             data = f.read()
@@ -126,10 +123,10 @@ def load_head_gates(path):
     for lineno, line in enumerate(data.split(b"\n"), 1):
         for tok in line.split(b"#", 1)[0].split():  # ASCII whitespace
             if not _GATE_NUMBER.match(tok.decode("latin-1")):
-                raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok.decode("latin-1"))) from None
+                raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok.decode("latin-1")))
             g = float(tok)
             if not 0.0 <= g <= 1.0:
-                raise ValueError("%s:%d: gate %s is not in [0, 1]" % (path, lineno, tok.decode())) from None
+                raise ValueError("%s:%d: gate %s is not in [0, 1]" % (path, lineno, tok.decode()))
             out.append(g)
     if not out:
         raise ValueError("%s: no gates" % (path,))
