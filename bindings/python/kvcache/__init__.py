@@ -28,6 +28,7 @@ Example::
 
 import operator as _operator
 import os as _os
+import re as _re
 import struct as _struct
 
 import numpy as _np
@@ -103,6 +104,50 @@ _DTYPE_TO_NP = {
     _native.DTYPE_F16: _np.float16,
     _native.DTYPE_BF16: _np.uint16,  # raw bfloat16 bits
 }
+
+
+# ---- DuoAttention's per-head gates (docs/eviction.md) ----
+# An ASCII decimal number, as eval's parser reads gates (no hex, no underscores, no other digits).
+_GATE_NUMBER = _re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
+
+def load_head_gates(path):
+    """DuoAttention's per-head gates from a text file (``kvcache eval --head-gates``'s format,
+    docs/eviction.md): ASCII decimal numbers in [0, 1] separated by whitespace, layer by layer
+    (num_layers x num_kv_heads), ``#`` to the end of a line a comment. Returns a list of floats;
+    raises ValueError naming the file (and the line and token) of what it cannot read."""
+    try:
+        with open(_os.fspath(path), "rb") as f:
+            data = f.read()
+    except (OSError, TypeError) as e:
+        raise ValueError("head gates file %r: %s" % (path, e)) from None
+    out = []
+    for lineno, line in enumerate(data.split(b"\n"), 1):
+        for tok in line.split(b"#", 1)[0].split():  # ASCII whitespace
+            if not _GATE_NUMBER.match(tok.decode("latin-1")):
+                raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok.decode("latin-1")))
+            g = float(tok)
+            if not 0.0 <= g <= 1.0:
+                raise ValueError("%s:%d: gate %s is not in [0, 1]" % (path, lineno, tok.decode()))
+            out.append(g)
+    if not out:
+        raise ValueError("%s: no gates" % (path,))
+    return out
+
+
+# (num_layers, num_q_heads, num_kv_heads, hidden size) -> the gates file the package ships
+# (bench/duo/gates-*.txt, derived by bench/duo/derive_gates.py; `kvcache eval` compiles the same in).
+_BUILTIN_GATES = {(30, 9, 3, 576): "gates-smollm2.txt", (5, 8, 4, 64): "gates-stories260k.txt"}
+
+
+def builtin_head_gates(num_layers, num_q_heads, num_kv_heads, hidden_size):
+    """The DuoAttention gates shipped with the package for a model of this geometry: SmolLM2-135M
+    (30 layers, 9 query / 3 KV heads, hidden 576) and stories260K (5, 8 / 4, 64), the gates
+    ``kvcache eval`` uses for them; None for any other model."""
+    name = _BUILTIN_GATES.get((num_layers, num_q_heads, num_kv_heads, hidden_size))
+    if name is None:
+        return None
+    return load_head_gates(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "duo", name))
 
 
 def _is_torch(x):

@@ -19,8 +19,6 @@ are found by matching rows and the others dropped in the pool with
 """
 
 import math
-import os
-import re
 import threading
 import weakref
 
@@ -30,7 +28,7 @@ import transformers
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import native as _native
-from . import KvcError, parse_strategy
+from . import KvcError, builtin_head_gates, load_head_gates, parse_strategy
 
 __all__ = ["PagedCache", "PagedLayer", "KvcPress", "kvcache_attention", "kvcache_mask", "ATTN_IMPLEMENTATION",
            "load_head_gates", "streaming_heads"]
@@ -102,35 +100,6 @@ def _plain_rope_or_raise(config, st, who):
         raise ValueError("%s: strategy '%s' un-rotates queries with plain RoPE (theta); this config's RoPE is %s: "
                          "not supported" % (who, st.spec, ("scaled (rope_type %s)" % bad[0]) if bad else
                                             "partial (partial_rotary_factor %s)" % partial))
-
-
-# An ASCII decimal number, as eval's parser reads gates (no hex, no underscores, no other digits).
-_GATE_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
-
-
-def load_head_gates(path):
-    """DuoAttention's per-head gates from a text file (``kvcache eval --head-gates``'s format,
-    docs/eviction.md): ASCII decimal numbers in [0, 1] separated by whitespace, layer by layer
-    (num_layers x num_kv_heads), ``#`` to the end of a line a comment. The gates derived for
-    SmolLM2-135M and stories260K are bench/duo/gates-*.txt of the repository. Returns a list of
-    floats; raises ValueError naming the file (and the line and token) of what it cannot read."""
-    try:
-        with open(os.fspath(path), "rb") as f:
-            data = f.read()
-    except (OSError, TypeError) as e:
-        raise ValueError("head gates file %r: %s" % (path, e)) from None
-    out = []
-    for lineno, line in enumerate(data.split(b"\n"), 1):
-        for tok in line.split(b"#", 1)[0].split():  # ASCII whitespace
-            if not _GATE_NUMBER.match(tok.decode("latin-1")):
-                raise ValueError("%s:%d: %r is not a number" % (path, lineno, tok.decode("latin-1")))
-            g = float(tok)
-            if not 0.0 <= g <= 1.0:
-                raise ValueError("%s:%d: gate %s is not in [0, 1]" % (path, lineno, tok.decode()))
-            out.append(g)
-    if not out:
-        raise ValueError("%s: no gates" % (path,))
-    return out
 
 
 def streaming_heads(gates, share, only=-1):
@@ -376,12 +345,13 @@ class PagedCache(Cache):
             (and processes) that share tier blocks need the same seed.
             Default: random per pool without tiers; with tiers, derived from
             model_id and the strategy (so a new process finds the blocks).
-        head_gates: DuoAttention's per-head gates, needed by (and only
-            taken by) ``duo-attention`` strategies: a gates file
-            (load_head_gates(); bench/duo/gates-smollm2.txt for SmolLM2-135M)
-            or num_layers x num_kv_heads numbers in [0, 1], layer by layer;
-            the strategy's ``heads=F`` streams the share F with the lowest
-            gates (streaming_heads()).
+        head_gates: DuoAttention's per-head gates, taken only by
+            ``duo-attention`` strategies: a gates file (load_head_gates()) or
+            num_layers x num_kv_heads numbers in [0, 1], layer by layer;
+            default: the gates the package ships for SmolLM2-135M and
+            stories260K (builtin_head_gates(); bench/duo), a ValueError for
+            other models. The strategy's ``heads=F`` streams the share F with
+            the lowest gates (streaming_heads()).
 
     Raises ValueError for a config it cannot hold, a malformed strategy
     (the parser's message) or bad options; kvcache.KvcError for the
@@ -401,10 +371,15 @@ class PagedCache(Cache):
         self._paged_attention = attn == ATTN_IMPLEMENTATION
         self._gates = None
         if st.policy_kind == _native.POLICY_DUO_ATTENTION:
-            if head_gates is None:
-                raise ValueError("PagedCache: strategy '%s' needs DuoAttention's per-head gates: head_gates= a "
-                                 "gates file (bench/duo/gates-smollm2.txt for SmolLM2-135M) or %d x %d numbers "
-                                 "in [0, 1]" % (st.spec, self._layers_n, self._hk))
+            if head_gates is None:  # the gates shipped for the models kvcache eval knows
+                c = _text_config(config)
+                head_gates = builtin_head_gates(self._layers_n, self._hq, self._hk,
+                                                getattr(c, "hidden_size", None))
+                if head_gates is None:
+                    raise ValueError("PagedCache: strategy '%s' needs DuoAttention's per-head gates for this "
+                                     "model (built in for SmolLM2-135M and stories260K only): head_gates= a gates "
+                                     "file (bench/duo/derive_gates.py derives one) or %d x %d numbers in [0, 1]"
+                                     % (st.spec, self._layers_n, self._hk))
             if isinstance(head_gates, (str, bytes)) or hasattr(head_gates, "__fspath__"):
                 gates = load_head_gates(head_gates)
             else:

@@ -172,32 +172,47 @@ def test_duo_attention_gate_errors():
         assert all(pool.head_tokens(1, layer, h) == 12 for layer in range(L) for h in range(HK))
 
 
-def test_streaming_heads_and_gate_files(tmp_path):
+def test_builtin_gates_are_the_repository_files():
+    import os
+
+    repo = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench", "duo")
+    for geometry, name, n in (((30, 9, 3, 576), "gates-smollm2.txt", 90), ((5, 8, 4, 64), "gates-stories260k.txt", 20)):
+        gates = kvcache.builtin_head_gates(*geometry)  # shipped in the package (kvcache/duo)
+        assert len(gates) == n and all(0.0 <= g <= 1.0 for g in gates)
+        assert gates == kvcache.load_head_gates(os.path.join(repo, name))
+    assert kvcache.builtin_head_gates(30, 9, 3, 577) is None
+
+
+def test_gate_files(tmp_path):
+    f = tmp_path / "gates.txt"
+    f.write_text("# layer 0\n0.25 1  # two heads\n0 0.5\n")
+    assert kvcache.load_head_gates(str(f)) == [0.25, 1.0, 0.0, 0.5]
+    f.write_text("0.25 x\n")
+    with pytest.raises(ValueError, match="gates.txt:1: 'x' is not a number"):
+        kvcache.load_head_gates(str(f))
+    f.write_text("0.25 1.5\n")
+    with pytest.raises(ValueError, match="not in"):
+        kvcache.load_head_gates(str(f))
+    for text in ("0.2_5\n", "0x1p-1\n", "0.5\u00a00.5\n", "nan\n", "# only a comment\n"):
+        f.write_text(text, encoding="utf-8")
+        with pytest.raises(ValueError):
+            kvcache.load_head_gates(str(f))
+    for bad in (str(tmp_path / "missing.txt"), str(tmp_path), ""):  # a missing file, a folder, no name
+        with pytest.raises(ValueError, match="head gates file"):
+            kvcache.load_head_gates(bad)
+
+
+def test_streaming_heads(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     import kvcache.hf as kh
 
+    assert kh.load_head_gates is kvcache.load_head_gates
     assert kh.streaming_heads([0.3, 0.1, 0.3, 0.9], 0.5) == [0.0, 0.0, 1.0, 1.0]  # ties: the lower index
     assert kh.streaming_heads([0.3, 0.1, 0.3, 0.9], 0.0) == [1.0] * 4
     assert kh.streaming_heads([0.3, 0.1], 0.5, only=0) == [0.0, 1.0]
     with pytest.raises(ValueError):
         kh.streaming_heads([0.3, 0.1], 0.5, only=2)
-    f = tmp_path / "gates.txt"
-    f.write_text("# layer 0\n0.25 1  # two heads\n0 0.5\n")
-    assert kh.load_head_gates(str(f)) == [0.25, 1.0, 0.0, 0.5]
-    f.write_text("0.25 x\n")
-    with pytest.raises(ValueError, match="gates.txt:1: 'x' is not a number"):
-        kh.load_head_gates(str(f))
-    f.write_text("0.25 1.5\n")
-    with pytest.raises(ValueError, match="not in"):
-        kh.load_head_gates(str(f))
-    for text in ("0.2_5\n", "0x1p-1\n", "0.5\u00a00.5\n", "nan\n", "# only a comment\n"):
-        f.write_text(text, encoding="utf-8")
-        with pytest.raises(ValueError):
-            kh.load_head_gates(str(f))
-    for bad in (str(tmp_path / "missing.txt"), str(tmp_path), ""):  # a missing file, a folder, no name
-        with pytest.raises(ValueError, match="head gates file"):
-            kh.load_head_gates(bad)
     for share, only in ((-0.5, -1), (1.5, -1), (float("nan"), -1), (0.5, -2), (0.5, True), (0.5, 1.0)):
         with pytest.raises(ValueError):
             kh.streaming_heads([0.1, 0.2], share, only)

@@ -293,6 +293,13 @@ def test_duo_attention_streams_the_gated_heads(paged):
             else:
                 assert pos == list(range(last + 1)), (layer, h)
     # The streaming heads' blocks are freed: fewer bytes than every head's full cache.
+    # Without head_gates: the gates the package ships for SmolLM2 (the same file), the same kept sets.
+    builtin = kh.PagedCache(model.config, "duo-attention:heads=0.5:window=32:sinks=4+f16")
+    hfmodel.generate(model, inputs, builtin, max_new_tokens=24)
+    for layer in range(layers):
+        for h in range(hk):
+            assert list(builtin.pool.head_positions(builtin._seqs[0], layer, h)) == \
+                list(cache.pool.head_positions(sid, layer, h))
     none = kh.PagedCache(model.config, "duo-attention:heads=0:window=32+f16", head_gates=gates)
     out = hfmodel.generate(model, inputs, none, max_new_tokens=24)
     assert cache.stats()["bytes_in_use"] < 0.75 * none.stats()["bytes_in_use"]
@@ -303,8 +310,12 @@ def test_duo_attention_streams_the_gated_heads(paged):
 def test_duo_attention_gate_refusals(paged, sdpa):
     model, _ = paged
     layers, hk = model.config.num_hidden_layers, model.config.num_key_value_heads
-    with pytest.raises(ValueError, match="head_gates"):
-        kh.PagedCache(model.config, "duo-attention:heads=0.5")
+    import transformers
+
+    other = transformers.LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                     hidden_size=64, intermediate_size=128, vocab_size=100)
+    with pytest.raises(ValueError, match="head_gates"):  # no gates built in for this model
+        kh.PagedCache(other, "duo-attention:heads=0.5")
     with pytest.raises(ValueError, match="%d head_gates" % (layers * hk - 1)):
         kh.PagedCache(model.config, "duo-attention:heads=0.5", head_gates=[0.5] * (layers * hk - 1))
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
