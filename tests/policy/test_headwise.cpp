@@ -607,8 +607,8 @@ KVTEST(headwise_tier_round_trip) {
   g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
   char dir[] = "/tmp/kvc_headwise_tier_XXXXXX";
   CHECK(mkdtemp(dir) != nullptr);
-  auto prefix_pool = [&](bool headwise) {
-    kvc_pool *p = make(g, headwise);
+  auto prefix_pool = [&](const Geo &geo, bool headwise) {
+    kvc_pool *p = make(geo, headwise);
     kvc_prefix_config pc;
     kvc_prefix_config_init(&pc);
     for (size_t i = 0; i < sizeof pc.seed; ++i) pc.seed[i] = static_cast<uint8_t>(i * 7 + 1);
@@ -624,7 +624,7 @@ KVTEST(headwise_tier_round_trip) {
   const uint64_t n = 16;
   std::vector<int32_t> toks(n + 2);  // a prompt of 18: its first 16 (4 blocks) are cached
   std::iota(toks.begin(), toks.end(), 300);
-  kvc_pool *a = prefix_pool(true);
+  kvc_pool *a = prefix_pool(g, true);
   const Data d = fill(a, g, 1, n);
   CHECK_OK(kvc_prefix_insert(a, 1, toks.data(), n, nullptr, 0, nullptr));
   uint64_t queued = 0;
@@ -633,7 +633,7 @@ KVTEST(headwise_tier_round_trip) {
   CHECK_OK(kvc_pool_flush_tiers(a));
   kvc_pool_destroy(a);
 
-  kvc_pool *b = prefix_pool(true);
+  kvc_pool *b = prefix_pool(g, true);
   uint64_t loaded = 0;
   CHECK_OK(kvc_prefix_load(b, toks.data(), n + 2, nullptr, 0, &loaded));
   CHECK(loaded == n);
@@ -657,21 +657,7 @@ KVTEST(headwise_tier_round_trip) {
 
   Geo tw = g;  // a token-wise pool whose tables have the same shape
   tw.layers = g.layers * g.hkv, tw.hq = g.hq / g.hkv, tw.hkv = 1;
-  kvc_pool *c = nullptr;
-  {
-    kvc_pool_config cc = evict_util::pool_config(tw, 1024);
-    CHECK_OK(kvc_pool_create(&cc, &c));
-    kvc_prefix_config pc;
-    kvc_prefix_config_init(&pc);
-    for (size_t i = 0; i < sizeof pc.seed; ++i) pc.seed[i] = static_cast<uint8_t>(i * 7 + 1);
-    pc.seed_set = 1;
-    CHECK_OK(kvc_pool_enable_prefix_cache(c, &pc));
-    kvc_tier_config tc;
-    CHECK_OK(kvc_tier_config_init(&tc, KVC_TIER_DISK));
-    tc.capacity_bytes = 1 << 22;
-    tc.path = dir;
-    CHECK_OK(kvc_pool_add_tier(c, &tc, nullptr));
-  }
+  kvc_pool *c = prefix_pool(tw, false);
   loaded = 99;
   CHECK_OK(kvc_prefix_load(c, toks.data(), n + 2, nullptr, 0, &loaded));
   CHECK(loaded == 0);
