@@ -3,9 +3,6 @@
 // each head's positions and a float64 reference of attention over each head's
 // own kept tokens.
 #pragma once
-#include <dirent.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -103,19 +100,5 @@ inline kvc_policy *policy(kvc_policy_kind kind, uint64_t budget, kvc_head_budget
   CHECK_OK(kvc_policy_create(&c, &pol));
   return pol;
 }
-
-// Removes a folder and what it holds (the disk tier's records), recursively.
-inline void remove_tree(const std::string &d) {
-  if (DIR *dp = opendir(d.c_str())) {
-    for (dirent *e; (e = readdir(dp)) != nullptr;)
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        const std::string p = d + "/" + e->d_name;
-        if (unlink(p.c_str()) != 0) remove_tree(p);
-      }
-    closedir(dp);
-  }
-  rmdir(d.c_str());
-}
-
 
 }  // namespace headwise_util

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../whitebox.h"
+#include "../temp_dir.h"
 #include "headwise_util.h"
 
 using namespace headwise_util;
@@ -502,8 +503,7 @@ KVTEST(headwise_prefix_sharing) {
 KVTEST(headwise_tier_round_trip) {
   Geo g;
   g.layers = 2, g.hq = 4, g.hkv = 2, g.hd = 8, g.bs = 4;
-  char dir[] = "/tmp/kvc_headwise_tier_XXXXXX";
-  CHECK(mkdtemp(dir) != nullptr);
+  const std::string dir = kvtest::temp_dir("kvc_headwise_tier");
   auto prefix_pool = [&](const Geo &geo, bool headwise) {
     kvc_pool *p = make(geo, headwise);
     kvc_prefix_config pc;
@@ -514,7 +514,7 @@ KVTEST(headwise_tier_round_trip) {
     kvc_tier_config tc;
     CHECK_OK(kvc_tier_config_init(&tc, KVC_TIER_DISK));
     tc.capacity_bytes = 1 << 22;
-    tc.path = dir;
+    tc.path = dir.c_str();
     CHECK_OK(kvc_pool_add_tier(p, &tc, nullptr));
     return p;
   };
@@ -559,7 +559,7 @@ KVTEST(headwise_tier_round_trip) {
   CHECK_OK(kvc_prefix_load(c, toks.data(), n + 2, nullptr, 0, &loaded));
   CHECK(loaded == 0);
   kvc_pool_destroy(c);
-  remove_tree(dir);
+  kvtest::remove_dir(dir);
 }
 
 // The page table has one row per (sequence, KV head), equal to the heads'

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../temp_dir.h"
 #include "../whitebox.h"
 #include "api/internal.h"
 #include "core/offload.h"
@@ -182,23 +183,11 @@ inline bool invariants(kvc_pool *p) {
   return e.empty();
 }
 
-// A fresh temporary folder, and its removal (recursive).
+// A fresh temporary folder, and its removal (recursive): tests/temp_dir.h.
 inline std::string temp_dir(const char *name = "kvc_tier_test") {
-  std::string t = std::string("/tmp/") + name + "_XXXXXX";
-  if (!mkdtemp(t.data())) std::abort();
-  return t;
+  return kvtest::temp_dir(name);
 }
-inline void remove_dir(const std::string &d) {
-  if (DIR *dp = opendir(d.c_str())) {
-    for (dirent *e; (e = readdir(dp)) != nullptr;)
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        const std::string p = d + "/" + e->d_name;
-        if (unlink(p.c_str()) != 0) remove_dir(p);
-      }
-    closedir(dp);
-  }
-  rmdir(d.c_str());
-}
+using kvtest::remove_dir;
 
 // A latch the test hooks wait on (a tier read that does not answer until released).
 struct Gate {

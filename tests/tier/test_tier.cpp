@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../temp_dir.h"
 #include "../whitebox.h"
 #include "tier/checksum.h"
 #include "tier/tier.h"
@@ -39,19 +40,9 @@ const std::vector<uint8_t> kFp = {1, 2, 3, 4, 5, 6, 7, 8};
 const std::vector<uint8_t> kOtherFp = {1, 2, 3, 4, 5, 6, 7, 9};
 
 std::string temp_dir() {
-  char t[] = "/tmp/kvc_tier_XXXXXX";
-  if (!mkdtemp(t)) std::abort();
-  return t;
+  return kvtest::temp_dir("kvc_tier");
 }
-
-void remove_dir(const std::string &d) {
-  if (DIR *dp = opendir(d.c_str())) {
-    for (dirent *e; (e = readdir(dp)) != nullptr;)
-      if (e->d_name[0] != '.') unlink((d + "/" + e->d_name).c_str());
-    closedir(dp);
-  }
-  rmdir(d.c_str());
-}
+using kvtest::remove_dir;
 
 int count_files(const std::string &d, const char *suffix) {
   int n = 0;
