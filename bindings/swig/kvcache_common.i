@@ -342,7 +342,9 @@ namespace std {
   (const void *seed, size_t seed_bytes),
   (const void *key, size_t key_bytes), (const void *value, size_t value_bytes),
   (const void *scope, size_t scope_bytes), (const void *keys, size_t keys_bytes),
-  (const void *gates, size_t gates_bytes)
+  (const void *gates, size_t gates_bytes),
+  (const void *smooth_scale, size_t smooth_scale_bytes),
+  (const void *smooth_offset, size_t smooth_offset_bytes)
 };
 %apply (const int32_t *TOKENS, size_t N_TOKENS) { (const int32_t *tokens, size_t n_tokens) };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
@@ -957,6 +959,35 @@ struct kvc_swig_pool {};
       }
       out.resize(n);
     }
+  }
+
+  /**
+   * Per-channel key smoothing (kvc_pool_set_key_smoothing): keys are stored
+   * as codes of (k - offset) / scale per channel. `smooth_scale` and
+   * `smooth_offset` hold num_layers x num_kv_heads x head_dim float32 values
+   * in native byte order (Python also takes numbers, converted; Java float[];
+   * Go []float32); an empty offset means zeros, both empty remove the
+   * smoothing. On a pool with no sequence and no prefix cache. The errors of
+   * kvc_pool_set_key_smoothing, and ERR_INVALID_ARGUMENT when the bytes are
+   * not whole float32 values or the two differ in size.
+   */
+  void set_key_smoothing(const void *smooth_scale, size_t smooth_scale_bytes,
+                         const void *smooth_offset, size_t smooth_offset_bytes) {
+    KVC_POOL();
+    if (smooth_scale_bytes % sizeof(float) != 0 || smooth_offset_bytes % sizeof(float) != 0 ||
+        (smooth_offset_bytes != 0 && smooth_offset_bytes != smooth_scale_bytes)) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT,
+                    "scale (" + std::to_string(smooth_scale_bytes) + " bytes) and offset (" +
+                        std::to_string(smooth_offset_bytes) +
+                        " bytes) must be float32 values, the offset as many as the scale or none");
+      return;
+    }
+    /* Aligned copies: a caller's bytes may start anywhere. */
+    std::vector<float> sc(smooth_scale_bytes / sizeof(float)), off(smooth_offset_bytes / sizeof(float));
+    if (!sc.empty()) memcpy(sc.data(), smooth_scale, smooth_scale_bytes);
+    if (!off.empty()) memcpy(off.data(), smooth_offset, smooth_offset_bytes);
+    kvc_swig_check(kvc_pool_set_key_smoothing(pool_, sc.empty() ? NULL : sc.data(),
+                                              off.empty() ? NULL : off.data(), sc.size()));
   }
 
   /** Set the pool's default eviction policy (null: none). */

@@ -119,7 +119,7 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 9
+#define KVC_API_VERSION 10
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -1474,6 +1474,51 @@ KVC_API kvc_status kvc_dtype_size(kvc_dtype dtype, size_t *bytes);
  */
 KVC_API kvc_status kvc_pool_tensor_scales(kvc_pool *pool, uint32_t layer, float *k_scale,
                                           float *v_scale);
+
+/**
+ * @brief Per-channel key smoothing: keys are stored as the K codec's codes of
+ * `(k[c] - offset[c]) / scale[c]` for each channel c of a token's row
+ * `[num_kv_heads * head_dim]`, and read back (kvc_gather(), attention,
+ * records restored into a pool with the same smoothing) as
+ * `decoded[c] * scale[c] + offset[c]`.
+ *
+ * Keys have a few channels of much larger magnitude than the rest (and
+ * channels with a mean far from zero), so one scale per token must cover the
+ * outlier channels and the others get few levels. Dividing each channel by its
+ * calibrated magnitude flattens them (SmoothAttention, QServe arXiv
+ * 2405.04532), and subtracting its calibrated mean removes the offsets that
+ * KVQuant (arXiv 2401.18079) calibrates per channel, so per-token (or
+ * per-group) key codes get close to per-channel accuracy with no staging of
+ * tokens (per-channel codecs stage up to group_size - 1 tokens in
+ * residual_dtype). `kvcache calibrate` fits the arrays from a model run
+ * (docs/codecs.md gives the file format). With ::KVC_POOL_PRE_ROPE_KEYS the
+ * smoothing applies to the keys before RoPE (where channel statistics do not
+ * turn with the position); with a Hadamard rotation the smoothed row is
+ * rotated. Per-tensor dynamic key scales are calibrated again by the first
+ * smoothed write. A smoothed value whose magnitude reaches
+ * FLT_MAX / (2 x max(1, rotation_block)) saturates there, and a read-back
+ * value beyond FLT_MAX saturates to it. Prefix-cache keys, offloaded blocks
+ * and kvc_seq_save() records carry a digest of the arrays, so they match only
+ * pools with the same ones. Readers of the raw blocks (kvc_pool_get_layout(),
+ * page tables) see the smoothed codes.
+ *
+ * @param pool the pool (not NULL): a CPU pool, token-wise, whose k_codec is
+ * quantized, holding no sequence and without a prefix cache (set smoothing
+ * right after kvc_pool_create()).
+ * @param scale `[num_layers][num_kv_heads][head_dim]` f32, each finite in
+ * [1e-30, 1e30]; NULL with count 0 removes the smoothing.
+ * @param offset NULL (zeros) or the same shape, each finite in [-1e30, 1e30].
+ * @param count entries of scale: num_layers x num_kv_heads x head_dim (0 with scale NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; scale with count above 0);
+ * ::KVC_ERR_INVALID_ARGUMENT (float keys, a count other than the pool's, a
+ * scale or offset out of range (the message names layer and channel), a pool
+ * holding sequences or with its prefix cache enabled);
+ * ::KVC_ERR_UNSUPPORTED (a CUDA pool, a head-wise pool);
+ * ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale,
+                                              const float *offset, size_t count);
 
 /**
  * @brief Buffer sizes kvc_quantize() needs for an array `[n][d]`. Init with kvc_quant_sizes_init().
@@ -3563,6 +3608,9 @@ typedef struct kvc_api {
   /** kvc_seq_keep_head() */
   kvc_status (*seq_keep_head)(kvc_pool *, uint64_t, uint32_t, uint32_t, const uint64_t *, uint64_t,
                               uint64_t *);
+  /* --- version 10 (0.4) --- */
+  /** kvc_pool_set_key_smoothing() */
+  kvc_status (*pool_set_key_smoothing)(kvc_pool *, const float *, const float *, size_t);
 } kvc_api;
 
 /**

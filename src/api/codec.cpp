@@ -136,6 +136,11 @@ KVC_API kvc_status kvc_pool_tensor_scales(kvc_pool *pool, uint32_t layer, float 
   });
 }
 
+KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale,
+                                              const float *offset, size_t count) {
+  return guard([&] { core_of(pool).set_key_smoothing(scale, offset, count); });
+}
+
 KVC_API kvc_status(kvc_quant_sizes_init)(kvc_quant_sizes *sizes) {
   return kvc_quant_sizes_init_sized(sizes, kvc::api::size_0_3<kvc_quant_sizes>);
 }

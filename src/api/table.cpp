@@ -117,6 +117,8 @@ static const kvc_api g_api = {
     kvc_seq_head_block_table,
     kvc_export_head_page_table,
     kvc_seq_keep_head,
+    // version 10 (0.4)
+    kvc_pool_set_key_smoothing,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

@@ -328,6 +328,12 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
     append_le32(b, kFlagHeadwise);
     append_le32(b, c.headwise_heads);
   }
+  // Key smoothing (absent without): a tag and the digest of its arrays, so
+  // keys and records match only pools that smooth with the same ones.
+  if (c.k_smoothing) {
+    append_le32(b, kKeySmoothingTag);
+    b.insert(b.end(), c.k_smoothing->digest, c.k_smoothing->digest + 16);
+  }
   return b;
 }
 

@@ -264,6 +264,7 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
   }
   if (pl.rotation_block)
     for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
+  if (kv == 0 && smooth) unsmooth_keys(layer, tmp, count);
   if (kv == 0 && pre_rope)
     for (uint64_t t = 0; t < count; ++t)
       pre_rope->rotate(tmp + t * row, cfg_.num_kv_heads,

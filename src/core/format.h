@@ -27,6 +27,15 @@ class BlockFormat {
   // for quantized parts; null otherwise.
   std::unique_ptr<std::atomic<uint32_t>[]> scale[2];
   std::unique_ptr<RopeTable> pre_rope;  // KVC_POOL_PRE_ROPE_KEYS only
+  // Per-channel key smoothing (kvc_pool_set_key_smoothing; null: none).
+  std::shared_ptr<const KeySmoothing> smooth;
+  // Whether keys pass through an f32 transform of their own between the
+  // input and the codec (pre-RoPE keys, smoothing): encoded by write().
+  bool key_transform() const { return pre_rope || smooth; }
+  // Smoothing of `n` key rows of a layer, in place: (k - offset) / scale,
+  // clamped so a later Hadamard rotation stays finite; and its inverse.
+  void smooth_keys(uint32_t layer, float *x, uint64_t n) const;
+  void unsmooth_keys(uint32_t layer, float *x, uint64_t n) const;
 
   bool quantized(int kv) const { return part[kv].quantized; }
   bool per_tensor(int kv) const {

@@ -37,6 +37,10 @@ class Pool : private PoolCore {
   void reset_peak();
   // Per-tensor scales of a layer (K, V); 0 where there is none.
   std::pair<float, float> tensor_scales(uint32_t layer) const;
+  // Per-channel key smoothing, [num_layers][num_kv_heads * head_dim] (offset
+  // null: zeros; scale null with count 0: none), on a pool with no sequence
+  // and no prefix cache (core/smoothing.cpp).
+  void set_key_smoothing(const float *scale, const float *offset, size_t count);
 
   // ---- device ----
   // CUDA pools: the stream work is queued on; waits and reports refused appends.

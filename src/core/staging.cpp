@@ -219,6 +219,7 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
       for (uint32_t t = 0; t < unit; ++t)
         c_.fmt_.pre_rope->rotate(buf + t * row, cfg_.num_kv_heads,
                                  static_cast<uint64_t>(l.rope_position_of(l.n_lp + done + t)), -1);
+    if (c_.fmt_.smooth) c_.fmt_.smooth_keys(layer, buf, unit);  // keys: per-channel smoothing
     for (int kv = 0; kv < 2; ++kv) {
       const PartLayout &pl = c_.fmt_.part[kv];
       float *x = buf + kv * unit * row;

@@ -64,7 +64,7 @@ class LayerTiles final : public attention::TileSource {
   uint64_t raw(uint64_t t0, uint64_t max_count, attention::RawTile &rt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size;
-    if (t0 >= l.n_lp || p_.fmt_.pre_rope) return 0;
+    if (t0 >= l.n_lp || p_.fmt_.key_transform()) return 0;
     if (l.sink_block >= 0 && t0 < p_.cfg_.residual_sinks) return 0;
     const uint32_t slot = static_cast<uint32_t>(t0 % bs);
     const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
@@ -177,7 +177,7 @@ class CpuStore final : public BlockStore {
     // the RoPE positions of the layer's indices they land on, into kpre.
     float *kpre = nullptr;
     if (c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) {
-      float *buf = scratch_input((c_.fmt_.pre_rope ? 3 : 2) * n * row);
+      float *buf = scratch_input((c_.fmt_.key_transform() ? 3 : 2) * n * row);
       for (int kv = 0; kv < 2; ++kv) {
         if (!c_.fmt_.part[kv].quantized) continue;
         float *dst = buf + kv * n * row;
@@ -186,16 +186,18 @@ class CpuStore final : public BlockStore {
         const bool pre = kv == 0 && c_.fmt_.pre_rope;
         // Undoing RoPE can grow a value to its pair's norm (up to sqrt(2) x):
         // pre-RoPE keys are checked as if the rotation block were twice as large.
+        // (Smoothed keys are clamped into a rotatable range by smooth_keys.)
         codec::check_rotatable(dst, n * row,
                                pre ? std::max<uint32_t>(2, 2 * c_.fmt_.part[kv].rotation_block)
                                    : c_.fmt_.part[kv].rotation_block);
-        // Rotate each head before calibrating and encoding.
-        if (c_.fmt_.part[kv].rotation_block && !pre)
+        // Rotate each head before calibrating and encoding (keys with a
+        // transform of their own: write() does, after it).
+        if (c_.fmt_.part[kv].rotation_block && !(kv == 0 && c_.fmt_.key_transform()))
           for (uint64_t t = 0; t < n; ++t)
             codec::hadamard(dst + t * row, row, c_.fmt_.part[kv].rotation_block);
         (kv == 0 ? kf : vf) = dst;
       }
-      if (c_.fmt_.pre_rope) kpre = buf + 2 * n * row;
+      if (c_.fmt_.key_transform()) kpre = buf + 2 * n * row;
     }
     in.kf = kf;
     in.vf = vf;
@@ -214,15 +216,18 @@ class CpuStore final : public BlockStore {
     const uint8_t *vs = static_cast<const uint8_t *>(v);
     const uint64_t src_row = row * dtype_bytes(src);
     const float *kq = kf;
-    // Pre-RoPE keys: undo RoPE at each token's RoPE position, then the Hadamard rotation.
+    // Pre-RoPE keys: undo RoPE at each token's RoPE position; smoothed keys:
+    // (k - offset) / scale per channel; then the Hadamard rotation.
     if (kpre) {
       std::memcpy(kpre, kf, n * row * sizeof(float));
-      for (uint64_t t = 0; t < n; ++t) {
-        float *x = kpre + t * row;
-        c_.fmt_.pre_rope->rotate(x, c_.cfg_.num_kv_heads,
-                                 static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
-        if (c_.fmt_.part[0].rotation_block) codec::hadamard(x, row, c_.fmt_.part[0].rotation_block);
-      }
+      if (c_.fmt_.pre_rope)
+        for (uint64_t t = 0; t < n; ++t)
+          c_.fmt_.pre_rope->rotate(kpre + t * row, c_.cfg_.num_kv_heads,
+                                   static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
+      if (c_.fmt_.smooth) c_.fmt_.smooth_keys(layer, kpre, n);
+      if (c_.fmt_.part[0].rotation_block)
+        for (uint64_t t = 0; t < n; ++t)
+          codec::hadamard(kpre + t * row, row, c_.fmt_.part[0].rotation_block);
       kq = kpre;
     }
     // sinks saturate: read from their copies
@@ -326,6 +331,7 @@ class CpuStore final : public BlockStore {
                         j);
       for (uint64_t hh = 0; hh < h; ++hh) rope.rotate(krow + hh * hd, delta[i]);
       if (kp.quantized) {
+        if (c_.fmt_.smooth) c_.fmt_.smooth_keys(layer, krow, 1);
         if (kp.rotation_block) codec::hadamard(krow, row, kp.rotation_block);
         c_.fmt_.write_part(0, layer, blk, nullptr, DType::F32, krow, slot, 1);
       } else {

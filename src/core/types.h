@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,16 @@ constexpr uint32_t kFlagZeroOnFree = 0x1u;
 constexpr uint32_t kFlagPreRopeKeys = 0x2u;
 constexpr uint32_t kFlagHeadwise = 0x4u;
 
+// Per-channel key smoothing (kvc_pool_set_key_smoothing; SmoothAttention,
+// QServe arXiv 2405.04532): keys are encoded as (k - offset) / scale per
+// channel and read back as decoded * scale + offset. Arrays are
+// [num_layers][num_kv_heads * head_dim]; offset empty means zeros.
+constexpr uint32_t kKeySmoothingTag = 0x314d534bu;  // "KSM1" little-endian, in fingerprints
+struct KeySmoothing {
+  std::vector<float> scale, offset;
+  uint8_t digest[16] = {};  // XXH3-128 of the arrays' little-endian bits (fingerprints)
+};
+
 struct PoolConfig {
   uint32_t num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   uint32_t block_size = 16;
@@ -82,6 +93,8 @@ struct PoolConfig {
   RopeStyle rope_style = RopeStyle::None;
   uint32_t rope_dims = 0;  // rotated dimensions per head (0: head_dim)
   double rope_theta = 10000.0;
+  // Per-channel key smoothing (null: none); set on an empty pool only.
+  std::shared_ptr<const KeySmoothing> k_smoothing;
 };
 
 // Prefix cache (core/prefix_cache.h).

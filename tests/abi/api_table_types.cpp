@@ -128,5 +128,8 @@ extern "C" int kvc_abi_api_types_checked(void) {
   SAME(export_head_page_table, kvc_export_head_page_table);
   SAME(seq_keep_head, kvc_seq_keep_head);
 #endif
+#if KVC_API_VERSION >= 10
+  SAME(pool_set_key_smoothing, kvc_pool_set_key_smoothing);
+#endif
   return n;
 }

@@ -212,6 +212,13 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, seq_keep_head);
   }
 #endif
+#if KVC_API_VERSION >= 10
+  if (api->api_version >= 10) {
+    CHECK(api->struct_size >=
+          offsetof(kvc_api, pool_set_key_smoothing) + sizeof(api->pool_set_key_smoothing));
+    ENTRY(api, pool_set_key_smoothing);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

@@ -311,7 +311,8 @@ FIELD(kvc_api, gather_head, 808, 8);
 FIELD(kvc_api, seq_head_block_table, 816, 8);
 FIELD(kvc_api, export_head_page_table, 824, 8);
 FIELD(kvc_api, seq_keep_head, 832, 8);
-SIZE(kvc_api, 840); /* end of version 9 */
+FIELD(kvc_api, pool_set_key_smoothing, 840, 8); /* version 10 */
+SIZE(kvc_api, 848); /* end of version 10 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);

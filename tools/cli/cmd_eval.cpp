@@ -178,6 +178,9 @@ void register_eval(CLI::App &app) {
                    "duo-attention rows: a file of num_layers x num_kv_heads gates in [0, 1] "
                    "(layer by layer, whitespace-separated, '#' comments; the lowest stream), "
                    "default: bench/duo's gates for stories260k and smollm2 (docs/eviction.md)");
+  eval->add_option("--key-stats", eval_opt.key_stats,
+                   "smooth rows: a key statistics file from `kvcache calibrate` (default: "
+                   "bench/calib's statistics for stories260k and smollm2; docs/codecs.md)");
   eval->add_flag("--json", cmd->json, "Write one JSON object to stdout instead of the table");
   eval->add_option(
       "--plot", cmd->plot_path,

@@ -34,6 +34,10 @@ void register_bench(CLI::App &app);
 /// for a target model, length, batch and memory budget (cmd_recommend.cpp).
 void register_recommend(CLI::App &app);
 
+/// `kvcache calibrate`: per-channel statistics of a model's pre-RoPE keys,
+/// for key smoothing (cmd_calibrate.cpp).
+void register_calibrate(CLI::App &app);
+
 /// The help text of --preset (memory, recommend): "Model preset:" followed by
 /// every preset's name.
 std::string presets_help();

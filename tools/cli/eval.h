@@ -49,6 +49,7 @@ struct EvalOptions {
   int threads = 0;                  ///< 0: one per core, at most one per window
   bool progress = true;             ///< progress bar on stderr (only when it is a terminal)
   bool overhead = false;            ///< also time the bare forward pass on a plain array cache
+  std::string key_stats;  ///< smooth rows: a key statistics file (empty: the model's built-in ones)
   std::string head_gates;  ///< duo-attention: a gates file (empty: the model's built-in gates)
   /// Called once the model, text and windows are loaded (the report's
   /// description filled), before any window runs; may throw to stop the run

@@ -24,6 +24,7 @@
 #include "../runner/transformer.h"
 #include "eval.h"
 #include "duo_gates.h"
+#include "key_stats.h"
 #include "eval_load.h"
 #include "strategy.h"
 
@@ -246,6 +247,7 @@ struct RunSums {
 /// and worker), with a progress bar on a terminal; the first failure of a
 /// worker is rethrown.
 RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
+                    const std::vector<kvc_runner::PoolSettings> &row_settings,
                     const Policies &policies, const EvalOptions &opt, int threads) {
   const Model &model = in.model;
   const ModelConfig &c = model.config();
@@ -295,8 +297,9 @@ RunSums run_windows(const EvalInput &in, const std::vector<Strategy> &rows,
     try {
       Transformer transformer(model, max_positions);
       std::vector<std::unique_ptr<KvPool>> pools;
-      for (const Strategy &s : rows) {
-        const kvc_runner::PoolSettings ps = pool_settings(s);
+      for (std::size_t r = 0; r < rows.size(); ++r) {
+        const Strategy &s = rows[r];
+        const kvc_runner::PoolSettings &ps = row_settings[r];
         // kvzip: room for a fork that holds the prefill, a prompt and a chunk (up to max_positions)
         pools.push_back(std::make_unique<KvPool>(
             c, ps, static_cast<std::uint32_t>(s.reconstruct ? max_positions : ctx),
@@ -572,7 +575,18 @@ EvalReport run_eval(const EvalOptions &opt) {
   threads = std::max(1, std::min(threads, rep.windows));
   rep.threads = threads;
   set_blas_threads(1);  // parallel over windows: one BLAS thread per worker
-  const RunSums run = run_windows(in, rows, policies, opt, threads);
+  // Pool settings per row; `smooth` rows take the model's key statistics.
+  std::vector<kvc_runner::PoolSettings> row_settings;
+  KeyStats key_stats;
+  for (const Strategy &s : rows) {
+    row_settings.push_back(pool_settings(s));
+    if (s.key_smooth > 0.0) {
+      if (!key_stats.layers) key_stats = model_key_stats(in.model.config(), opt.key_stats);
+      key_smoothing(key_stats, s.key_smooth, row_settings.back().key_scale,
+                    row_settings.back().key_offset);
+    }
+  }
+  const RunSums run = run_windows(in, rows, row_settings, policies, opt, threads);
   rep.wall_seconds = run.wall_seconds;
 
   const std::vector<StrategyResult> row_results = summarize(in, rows, run, rep);

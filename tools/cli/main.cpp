@@ -23,6 +23,7 @@ int main(int argc, char **argv) {
   kvc_cli::register_generate(app);
   kvc_cli::register_bench(app);
   kvc_cli::register_recommend(app);
+  kvc_cli::register_calibrate(app);
 
   try {
     app.parse(argc, argv);  // runs the subcommand's callback once every option is read

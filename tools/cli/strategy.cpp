@@ -35,25 +35,26 @@ const std::vector<Component> &registry() {
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
        KVC_DTYPE_FP8_E4M3,
-       {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth"}},
       {"fp8_e5m2",
        Kind::Codec,
        "OCP fp8 E5M2, like fp8_e4m3",
        KVC_DTYPE_FP8_E5M2,
-       {"scale", "per-token", "hadamard", "sinks", "pre-rope"}},
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth"}},
       {"int8",
        Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
        KVC_DTYPE_INT8,
-       {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope"}},
+       {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope",
+        "smooth"}},
       {"int4",
        Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope"}},
+        "pre-rope", "smooth"}},
       {"int3",
        Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
@@ -61,14 +62,14 @@ const std::vector<Component> &registry() {
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
        KVC_DTYPE_INT3,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope"}},
+        "pre-rope", "smooth"}},
       {"int2",
        Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
        KVC_DTYPE_INT2,
        {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope"}},
+        "pre-rope", "smooth"}},
       {"kivi2",
        Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
@@ -268,6 +269,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
       residual = whole(where, key, value, 0, 65536);
     else if (key == "pre-rope")
       st.pre_rope_keys = true;
+    else if (key == "smooth")
+      st.key_smooth = value.empty() ? 1.0 : number(where, key, value, 0.05, 1.0);
     else if (key == "sinks")
       st.residual_sinks = whole(where, key, value, 1, 4096);
     else if (key == "scale")
@@ -619,6 +622,9 @@ Strategy parse_strategy(const std::string &spec) {
     if (v.pre_rope_keys)
       throw RunnerError(where + "pre-rope quantizes keys before RoPE: give it on the k- codec");
     st.pre_rope_keys = k.pre_rope_keys;
+    if (v.key_smooth > 0.0)
+      throw RunnerError(where + "smooth scales key channels: give it on the k- codec");
+    st.key_smooth = k.key_smooth;
   } else {
     if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
     resolve_codec(st, where);
@@ -632,6 +638,15 @@ Strategy parse_strategy(const std::string &spec) {
     if (st.residual_sinks > st.block_size)
       throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) +
                         " is above the block size of " + std::to_string(st.block_size));
+  }
+  // Key smoothing scales the channels of quantized keys (kvc_pool_set_key_smoothing).
+  if (st.key_smooth > 0.0) {
+    if (!st.k_quantized)
+      throw RunnerError(where +
+                        "smooth scales the channels of quantized keys: it needs an fp8 or "
+                        "integer key codec");
+    if (st.k_codec.granularity == KVC_SCALE_PER_CHANNEL)
+      throw RunnerError(where + "smooth replaces per-channel key scales (kchannel): drop one");
   }
   // "full" is the absence of a policy; normalize it away.
   if (st.has_policy && st.policy.name == "full") st.has_policy = false;

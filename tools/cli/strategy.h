@@ -53,6 +53,9 @@ struct Strategy {
       0;  ///< sinks=N: first N tokens of each layer kept in f16 (KVQuant / IntactKV)
   bool pre_rope_keys =
       false;  ///< pre-rope: keys quantized before RoPE (KVQuant; KVC_POOL_PRE_ROPE_KEYS)
+  /// smooth[=A]: per-channel key smoothing from the model's key statistics
+  /// (kvc_pool_set_key_smoothing), scale = rms ^ A (default A = 1); 0: none.
+  double key_smooth = 0.0;
   std::uint32_t block_size = 16;  ///< pool block size (per-channel groups must divide it)
   // Eviction (when has_policy): the library policy and the eval protocol.
   enum class Protocol { None, Stream, PrefillCompress };

@@ -99,6 +99,19 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
       std::uint64_t(c.n_layers) * (settings.headwise ? std::uint64_t(c.n_kv_heads) : 1);
   const kvc_pool_config config = pool_config(c, settings, blocks_per_layer * tables * max_seqs);
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
+  settings_.key_scale.clear();  // copied into the pool
+  settings_.key_offset.clear();
+  if (!settings.key_scale.empty()) {
+    const kvc_status s = kvc_pool_set_key_smoothing(
+        pool_, settings.key_scale.data(),
+        settings.key_offset.empty() ? nullptr : settings.key_offset.data(),
+        settings.key_scale.size());
+    if (s != KVC_OK) {
+      kvc_pool_destroy(pool_);
+      pool_ = nullptr;
+      check_kvc(s, "kvc_pool_set_key_smoothing");
+    }
+  }
   if (settings.prefix_cache) {
     kvc_prefix_config pc;
     kvc_prefix_config_init(&pc);

@@ -78,6 +78,8 @@ struct PoolSettings {
   std::uint32_t residual_sinks =
       0;  ///< first tokens of each layer kept in f16 (kvc_pool_config.residual_sinks)
   bool pre_rope_keys = false;  ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
+  /// Per-channel key smoothing (kvc_pool_set_key_smoothing): `[layers][kv_dim]`, empty: none.
+  std::vector<float> key_scale, key_offset;
   std::uint32_t block_size = 16;
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
   bool headwise = false;      ///< a block table per (layer, KV head) (KVC_POOL_HEADWISE)

@@ -238,6 +238,7 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %rename(_keep) kvc_swig_pool::keep;
 %rename(_keep_head) kvc_swig_pool::keep_head;
 %rename(_with_head_gates) kvc_swig_policy::with_head_gates;
+%rename(_set_key_smoothing) kvc_swig_pool::set_key_smoothing;
 
 %include "../kvcache_common.i"
 
@@ -679,6 +680,37 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     def __exit__(self, *exc):
         self.close()
         return False
+  %}
+}
+
+/* Pool.set_key_smoothing: numbers converted to float32, like the gates below. */
+%extend kvc_swig_pool {
+  %pythoncode %{
+    def set_key_smoothing(self, scale, offset=None):
+        """Per-channel key smoothing (kvc_pool_set_key_smoothing, docs/codecs.md): keys are stored as codes of
+        (k - offset) / scale per channel, read back as decoded * scale + offset. `scale` and `offset`:
+        num_layers x num_kv_heads x head_dim numbers each (any shape, converted to float32; a torch tensor
+        or numpy array too), or bytes of native float32 values; offset None means zeros; scale None removes
+        the smoothing. Only on a pool with no sequence and no prefix cache. Raises KvcError
+        (ERR_INVALID_ARGUMENT: a wrong count, a value out of range, a pool holding sequences; ERR_UNSUPPORTED:
+        CUDA or head-wise pools) and TypeError for what is not numbers."""
+        import numpy as _np
+
+        def as_f32(x, what):
+            if x is None:
+                return b""
+            if isinstance(x, (bytes, bytearray)):
+                return x
+            if hasattr(x, "detach"):  # a torch tensor
+                x = x.detach().cpu().double().numpy()
+            arr = _np.asarray(x)
+            if arr.dtype.kind not in "biuf":
+                raise TypeError("set_key_smoothing: %s must be numbers, got an array of %s" % (what, arr.dtype))
+            return _np.ascontiguousarray(arr, dtype=_np.float32).reshape(-1)
+
+        if scale is None and offset is not None:
+            raise ValueError("set_key_smoothing: an offset needs a scale")
+        return self._set_key_smoothing(as_f32(scale, "scale"), as_f32(offset, "offset"))
   %}
 }
 

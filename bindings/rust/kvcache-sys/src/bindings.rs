@@ -6,7 +6,7 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 9;
+pub const KVC_API_VERSION: u32 = 10;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
@@ -3011,6 +3011,54 @@ extern "C" {
         layer: u32,
         k_scale: *mut f32,
         v_scale: *mut f32,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Per-channel key smoothing: keys are stored as the K codec's codes of"]
+    #[doc = " `(k[c] - offset[c]) / scale[c]` for each channel c of a token's row"]
+    #[doc = " `[num_kv_heads * head_dim]`, and read back (kvc_gather(), attention,"]
+    #[doc = " records restored into a pool with the same smoothing) as"]
+    #[doc = " `decoded[c] * scale[c] + offset[c]`."]
+    #[doc = ""]
+    #[doc = " Keys have a few channels of much larger magnitude than the rest (and"]
+    #[doc = " channels with a mean far from zero), so one scale per token must cover the"]
+    #[doc = " outlier channels and the others get few levels. Dividing each channel by its"]
+    #[doc = " calibrated magnitude flattens them (SmoothAttention, QServe arXiv"]
+    #[doc = " 2405.04532), and subtracting its calibrated mean removes the offsets that"]
+    #[doc = " KVQuant (arXiv 2401.18079) calibrates per channel, so per-token (or"]
+    #[doc = " per-group) key codes get close to per-channel accuracy with no staging of"]
+    #[doc = " tokens (per-channel codecs stage up to group_size - 1 tokens in"]
+    #[doc = " residual_dtype). `kvcache calibrate` fits the arrays from a model run"]
+    #[doc = " (docs/codecs.md gives the file format). With ::KVC_POOL_PRE_ROPE_KEYS the"]
+    #[doc = " smoothing applies to the keys before RoPE (where channel statistics do not"]
+    #[doc = " turn with the position); with a Hadamard rotation the smoothed row is"]
+    #[doc = " rotated. Per-tensor dynamic key scales are calibrated again by the first"]
+    #[doc = " smoothed write. A smoothed value whose magnitude reaches"]
+    #[doc = " FLT_MAX / (2 x max(1, rotation_block)) saturates there, and a read-back"]
+    #[doc = " value beyond FLT_MAX saturates to it. Prefix-cache keys, offloaded blocks"]
+    #[doc = " and kvc_seq_save() records carry a digest of the arrays, so they match only"]
+    #[doc = " pools with the same ones. Readers of the raw blocks (kvc_pool_get_layout(),"]
+    #[doc = " page tables) see the smoothed codes."]
+    #[doc = ""]
+    #[doc = " @param pool the pool (not NULL): a CPU pool, token-wise, whose k_codec is"]
+    #[doc = " quantized, holding no sequence and without a prefix cache (set smoothing"]
+    #[doc = " right after kvc_pool_create())."]
+    #[doc = " @param scale `[num_layers][num_kv_heads][head_dim]` f32, each finite in"]
+    #[doc = " [1e-30, 1e30]; NULL with count 0 removes the smoothing."]
+    #[doc = " @param offset NULL (zeros) or the same shape, each finite in [-1e30, 1e30]."]
+    #[doc = " @param count entries of scale: num_layers x num_kv_heads x head_dim (0 with scale NULL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; scale with count above 0);"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (float keys, a count other than the pool's, a"]
+    #[doc = " scale or offset out of range (the message names layer and channel), a pool"]
+    #[doc = " holding sequences or with its prefix cache enabled);"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED (a CUDA pool, a head-wise pool);"]
+    #[doc = " ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_pool_set_key_smoothing(
+        pool: *mut kvc_pool,
+        scale: *const f32,
+        offset: *const f32,
+        count: usize,
     ) -> kvc_status;
 }
 #[doc = " @brief Buffer sizes kvc_quantize() needs for an array `[n][d]`. Init with kvc_quant_sizes_init()."]
@@ -7405,12 +7453,21 @@ pub struct kvc_api {
             arg7: *mut u64,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_pool_set_key_smoothing()"]
+    pub pool_set_key_smoothing: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: *const f32,
+            arg3: *const f32,
+            arg4: usize,
+        ) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        840usize,
+        848usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -9220,6 +9277,23 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_seq_keep_head();
+    fn test_field_pool_set_key_smoothing() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_set_key_smoothing) as usize - ptr as usize
+            },
+            840usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_set_key_smoothing)
+            )
+        );
+    }
+    test_field_pool_set_key_smoothing();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]

@@ -469,6 +469,32 @@ impl Pool {
         Ok((k, v))
     }
 
+    /// Per-channel key smoothing (`kvc_pool_set_key_smoothing`, docs/codecs.md): keys are
+    /// stored as codes of `(k - offset) / scale` per channel. `scale` (and `offset`, `None`:
+    /// zeros) hold `num_layers x num_kv_heads x head_dim` values; an empty `scale` with no
+    /// offset removes the smoothing. Only on a pool with no sequence and no prefix cache.
+    /// [`Status::InvalidArgument`] for a wrong count, a value out of range, an offset of
+    /// another length, or a pool holding sequences; [`Status::Unsupported`] for CUDA or
+    /// head-wise pools.
+    pub fn set_key_smoothing(&self, scale: &[f32], offset: Option<&[f32]>) -> Result<()> {
+        if let Some(o) = offset {
+            if o.len() != scale.len() {
+                return Err(Error::new(
+                    Status::InvalidArgument,
+                    format!(
+                        "offset holds {} values, scale {}: give as many or none",
+                        o.len(),
+                        scale.len()
+                    ),
+                ));
+            }
+        }
+        let sp = if scale.is_empty() { std::ptr::null() } else { scale.as_ptr() };
+        let op = offset.map_or(std::ptr::null(), |o| o.as_ptr());
+        // SAFETY: valid pool; both arrays hold scale.len() values (checked above).
+        check(unsafe { sys::kvc_pool_set_key_smoothing(self.as_ptr(), sp, op, scale.len()) })
+    }
+
     // ---- sequences ----
 
     /// Create an empty sequence (length 0). [`Status::SeqExists`] if the id is live.

@@ -654,3 +654,39 @@ fn pre_rope_keys_need_rope_and_read_back_post_rope() {
         }
     }
 }
+
+/// Per-channel key smoothing (`Pool::set_key_smoothing`): an int8 key whose
+/// channels are `offset + scale x u` reads back within a step of its own
+/// channel's scale; a pool holding a sequence refuses a new smoothing.
+#[test]
+fn key_smoothing_rescales_channels() {
+    let n = 8usize;
+    let codec = Codec::new(Dtype::Int8);
+    let cfg = model_config().num_blocks(16).k_codec(codec);
+    let pool = Pool::new(&cfg).unwrap();
+    let total = LAYERS as usize * ROW;
+    let scale: Vec<f32> = (0..total).map(|i| if i % 9 == 0 { 50.0 } else { 0.01 }).collect();
+    let offset: Vec<f32> = (0..total).map(|i| (i % 4) as f32 - 1.5).collect();
+    assert_eq!(
+        pool.set_key_smoothing(&scale, Some(&offset[..3])).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    pool.set_key_smoothing(&scale, Some(&offset)).unwrap();
+    let mut rng = Rng::new(77);
+    let k: Vec<f32> = (0..n * ROW)
+        .map(|i| offset[i % ROW] + scale[i % ROW] * rng.next_f32())
+        .collect();
+    pool.seq_create(1).unwrap();
+    pool.seq_reserve(1, n as u64).unwrap();
+    pool.append(1, 0, 0, &k, &k).unwrap();
+    let got = pool.gather::<f32>(1, 0, 0, n).unwrap().k;
+    for i in 0..n * ROW {
+        // |y| <= 1 per channel: int8 steps of 1 / 127, half a step of the channel's scale.
+        let tol = scale[i % ROW] / 254.0 * 1.001 + 1e-6;
+        assert!((got[i] - k[i]).abs() <= tol, "key {i}: {} vs {}", got[i], k[i]);
+    }
+    assert_eq!(
+        pool.set_key_smoothing(&scale, None).unwrap_err().status,
+        Status::InvalidArgument
+    );
+}

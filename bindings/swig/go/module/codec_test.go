@@ -77,3 +77,48 @@ func TestCodecShortBuffers(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// Per-channel key smoothing (Pool.SetKeySmoothing): the pool's keys are the
+// standalone quantizer's codes of (k - offset) / scale, decoded and
+// un-smoothed; a pool holding a sequence refuses a new smoothing.
+func TestCodecKeySmoothing(t *testing.T) {
+	const n = 16
+	c := DefaultCodec()
+	cfg := testConfig()
+	cfg.KCodec = &c
+	p := newTestPool(t, cfg)
+	scale, offset := make([]float32, layers*row), make([]float32, layers*row)
+	for i := range scale {
+		scale[i] = 0.5 + float32(i%7)
+		offset[i] = float32(i%5) - 2
+	}
+	must(t, p.SetKeySmoothing(scale, offset))
+	k, v := random(n*row, 610), random(n*row, 611)
+	must(t, p.SeqCreate(1))
+	must(t, p.Reserve(1, n))
+	must1[uint64](t)(p.Append(1, 1, 0, k, v))
+	ko := make([]float32, n*row)
+	must1[uint64](t)(p.Gather(1, 1, 0, ko, nil))
+	y := make([]float32, n*row)
+	for i := range y {
+		y[i] = (k[i] - offset[row+i%row]) / scale[row+i%row]
+	}
+	s := must1[QuantSizes](t)(c.Sizes(n*kvHeads, headDim))
+	codes, scales := make([]byte, s.CodesBytes), make([]byte, s.ScalesBytes)
+	must1[uint64](t)(c.Quantize(y, headDim, codes, scales, nil))
+	dec := make([]float32, n*row)
+	must(t, c.Dequantize(codes, scales, nil, n*kvHeads, headDim, dec))
+	for i := range dec {
+		want := dec[i]*scale[row+i%row] + offset[row+i%row]
+		if d := float64(ko[i] - want); d > 1e-5 || d < -1e-5 {
+			t.Fatalf("key %d: %v, want %v", i, ko[i], want)
+		}
+	}
+	var e *Error
+	if err := p.SetKeySmoothing(scale, nil); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT {
+		t.Fatalf("a pool with a sequence: %v", err)
+	}
+	if err := p.SetKeySmoothing(scale[:3], nil); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT {
+		t.Fatalf("a short scale: %v", err)
+	}
+}

@@ -243,6 +243,14 @@ func (p *Pool) SetPolicy(policy *Policy) error {
 	return p.withPolicy(policy, func(h native.Pool, ph native.Policy) { h.Set_policy(ph) })
 }
 
+// SetKeySmoothing sets per-channel key smoothing (kvc_pool_set_key_smoothing):
+// keys are stored as codes of (k - offset) / scale per channel. scale and
+// offset hold num_layers x num_kv_heads x head_dim values (offset nil: zeros;
+// both nil: none). Only on a pool with no sequence and no prefix cache.
+func (p *Pool) SetKeySmoothing(scale, offset []float32) error {
+	return p.do(func(h native.Pool) { h.Set_key_smoothing(bytesOf(scale), bytesOf(offset)) })
+}
+
 // SeqSetPolicy attaches a policy to one sequence (nil: the pool's default).
 func (p *Pool) SeqSetPolicy(seq uint64, policy *Policy) error {
 	return p.withPolicy(policy, func(h native.Pool, ph native.Policy) { h.Seq_set_policy(seq, ph) })

@@ -81,6 +81,43 @@ public class CodecTest {
     }
   }
 
+  /**
+   * Per-channel key smoothing (Pool.setKeySmoothing): the pool's keys are the standalone
+   * quantizer's codes of (k - offset) / scale, decoded and un-smoothed; a pool holding a sequence
+   * refuses a new smoothing.
+   */
+  @Test
+  public void keySmoothingMatchesStandaloneQuantizer() {
+    final int n = 16;
+    Codec c = new Codec();
+    float[] scale = new float[LAYERS * ROW], offset = new float[LAYERS * ROW];
+    for (int i = 0; i < scale.length; ++i) {
+      scale[i] = 0.5f + i % 7;
+      offset[i] = i % 5 - 2;
+    }
+    float[] k = random(n * ROW, 610), v = random(n * ROW, 611);
+    try (Pool pool = new Pool(config(), c, null)) {
+      pool.setKeySmoothing(scale, offset);
+      pool.seqCreate(1);
+      pool.reserve(1, n);
+      pool.append(1, 1, 0, k, v);
+      float[] ko = new float[n * ROW], vo = new float[n * ROW];
+      pool.gather(1, 1, 0, ko, vo);
+      float[] y = new float[n * ROW];
+      for (int i = 0; i < y.length; ++i) y[i] = (k[i] - offset[ROW + i % ROW]) / scale[ROW + i % ROW];
+      int rows = n * KV_HEADS;
+      QuantSizes s = c.sizes(rows, HEAD_DIM);
+      byte[] codes = new byte[(int) s.getCodesBytes()], scales = new byte[(int) s.getScalesBytes()];
+      c.quantize(y, Kvc.DTYPE_F32, HEAD_DIM, codes, scales, null);
+      float[] dec = new float[n * ROW];
+      c.dequantize(codes, scales, null, rows, HEAD_DIM, dec, Kvc.DTYPE_F32);
+      for (int i = 0; i < dec.length; ++i)
+        assertEquals("key " + i, dec[i] * scale[ROW + i % ROW] + offset[ROW + i % ROW], ko[i], 1e-5f);
+      KvcException e = assertThrows(KvcException.class, () -> pool.setKeySmoothing(scale, null));
+      assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+    }
+  }
+
   @Test
   public void shortBuffersAreRefused() {
     Codec c = new Codec();

@@ -1,0 +1,71 @@
+"""Per-channel key smoothing (Pool.set_key_smoothing, kvc_pool_set_key_smoothing) through the Python
+binding: keys read back as the standalone quantizer's codes of (k - offset) / scale, decoded and
+un-smoothed; numbers of any dtype converted; refusals as KvcError / TypeError / ValueError."""
+import numpy as np
+import pytest
+
+import kvcache
+
+L, HK, D = 2, 2, 8
+
+
+def pool_and_codec():
+    cfg = kvcache.PoolConfig()
+    cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = L, 2 * HK, HK, D
+    cfg.block_size, cfg.num_blocks = 8, 64
+    cfg.k_dtype = cfg.v_dtype = kvcache.DTYPE_F32
+    codec = kvcache.Codec()
+    codec.dtype = kvcache.DTYPE_INT4
+    codec.granularity = kvcache.SCALE_PER_TOKEN
+    return kvcache.Pool(cfg, codec, None), codec
+
+
+def keys(n=20, seed=1):
+    rng = np.random.default_rng(seed)
+    mag = np.where(np.arange(HK * D) % 5 == 0, 30.0, 0.2)
+    mean = np.where(np.arange(HK * D) % 3 == 0, 12.0, -1.0)
+    return (mean + mag * rng.uniform(-1, 1, (n, HK * D))).astype(np.float32), mag, mean
+
+
+def test_smoothed_keys_match_the_quantizer():
+    k, mag, mean = keys()
+    scale = np.tile(mag, (L, 1))  # float64: converted
+    offset = np.tile(mean, (L, 1)).tolist()  # a list of lists: converted
+    pool, codec = pool_and_codec()
+    with pool:
+        pool.set_key_smoothing(scale, offset)
+        pool.seq_create(1)
+        pool.reserve(1, len(k))
+        for layer in range(L):
+            pool.append(1, layer, 0, k.reshape(-1, HK, D), k.reshape(-1, HK, D))
+        got, _ = pool.gather(1, 1, v=False)
+        y = ((k - mean.astype(np.float32)) / mag.astype(np.float32)).astype(np.float32)
+        codes, scales, zeros = codec.quantize(y.reshape(-1, D))
+        dec = codec.dequantize(codes, scales, zeros, y.shape[0] * HK, D).reshape(k.shape)
+        want = dec * mag.astype(np.float32) + mean.astype(np.float32)
+        np.testing.assert_allclose(got.reshape(k.shape), want, rtol=1e-5, atol=1e-5)
+        small = np.arange(HK * D) % 5 != 0
+        assert np.abs(got.reshape(k.shape) - k)[:, small].max() < 0.05
+
+
+def test_refusals():
+    k, mag, mean = keys()
+    pool, _ = pool_and_codec()
+    with pool:
+        with pytest.raises(kvcache.KvcError) as e:
+            pool.set_key_smoothing(np.ones(L * HK * D - 1))
+        assert e.value.status == kvcache.ERR_INVALID_ARGUMENT
+        bad = np.ones(L * HK * D)
+        bad[17] = 0.0
+        with pytest.raises(kvcache.KvcError, match="layer 1, channel 1"):
+            pool.set_key_smoothing(bad)
+        with pytest.raises(kvcache.KvcError):
+            pool.set_key_smoothing(np.ones(L * HK * D), np.zeros(3))
+        with pytest.raises(TypeError):
+            pool.set_key_smoothing(["a"] * (L * HK * D))
+        with pytest.raises(ValueError):
+            pool.set_key_smoothing(None, np.zeros(L * HK * D))
+        pool.set_key_smoothing(np.ones(L * HK * D))
+        pool.seq_create(1)
+        with pytest.raises(kvcache.KvcError, match="sequences"):
+            pool.set_key_smoothing(None)

@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// `kvcache calibrate`: per-channel statistics of a model's pre-RoPE keys from
+// a model run (key_stats.h), written to the file `kvcache eval --key-stats`
+// and kvc_pool_set_key_smoothing() callers read (docs/codecs.md).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "../runner/error.h"
+#include "../runner/runner.h"
+#include "../runner/tokenizer.h"
+#include "commands.h"
+#include "key_stats.h"
+
+namespace kvc_cli {
+namespace {
+
+using kvc_runner::RunnerError;
+
+struct CalibrateCommand {
+  std::string model = "stories260k", tokenizer, text, out;
+  int window = 0, windows = 4;
+  long long skip = 0;
+};
+
+void run_calibrate(const CalibrateCommand &cmd) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const kvc_runner::Model model =
+      kvc_runner::Model::load(kvc_runner::resolve_model_path(cmd.model));
+  const kvc_runner::ModelConfig &c = model.config();
+  const kvc_runner::Tokenizer tokenizer = kvc_runner::Tokenizer::load(
+      kvc_runner::resolve_tokenizer_path(cmd.tokenizer, cmd.model), c.vocab_size);
+  const std::string text_path =
+      cmd.text.empty() ? kvc_runner::shared_dir() + "/data/out-of-domain.txt" : cmd.text;
+  std::vector<int> tokens =
+      tokenizer.encode(kvc_runner::read_text_file(text_path, "text file"), false, false);
+  if (cmd.skip < 0 || static_cast<unsigned long long>(cmd.skip) > tokens.size())
+    throw RunnerError("--skip " + std::to_string(cmd.skip) + " is outside the text's " +
+                      std::to_string(tokens.size()) + " tokens");
+  tokens.erase(tokens.begin(), tokens.begin() + cmd.skip);
+  const int window = cmd.window ? cmd.window : std::min(c.seq_len, 512);
+  KeyStats s = fit_key_stats(model, tokens, c.bos_token, window, cmd.windows);
+  const std::size_t slash = text_path.find_last_of('/');
+  const std::string comment =
+      "Per-channel statistics of pre-RoPE keys (kvcache calibrate, docs/codecs.md)\nmodel " +
+      cmd.model + ", " + std::to_string(cmd.windows) + " windows of " + std::to_string(window) +
+      " positions (BOS + text) of " +
+      (slash == std::string::npos ? text_path : text_path.substr(slash + 1)) +
+      (cmd.skip ? " from token " + std::to_string(cmd.skip) : std::string());
+  const std::string body = format_key_stats(s, comment);
+  if (cmd.out == "-") {
+    std::fwrite(body.data(), 1, body.size(), stdout);
+  } else {
+    std::ofstream f(cmd.out, std::ios::binary);
+    if (!f || !(f << body) || !f.flush())
+      throw RunnerError("--out " + cmd.out + ": cannot be written");
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(
+      stderr,
+      "kvcache calibrate: %d layers x %d KV heads x %d dims from %llu keys per channel in %.1f s\n",
+      s.layers, s.kv_heads, s.head_dim, static_cast<unsigned long long>(s.tokens), secs);
+}
+
+}  // namespace
+
+void register_calibrate(CLI::App &app) {
+  const auto cmd = std::make_shared<CalibrateCommand>();
+  CLI::App *sub = app.add_subcommand(
+      "calibrate", "Fit per-channel key statistics (pre-RoPE) from a model run, for key smoothing");
+  sub->add_option("--model", cmd->model, "Checkpoint path or known name")->capture_default_str();
+  sub->add_option("--tokenizer", cmd->tokenizer,
+                  "Tokenizer path or known name (default: the model's)");
+  sub->add_option("--text", cmd->text,
+                  "UTF-8 text to run (default: shared data/out-of-domain.txt, not the eval text)");
+  sub->add_option("--window", cmd->window,
+                  "Positions per window, BOS included (0: min(model context, 512))")
+      ->capture_default_str();
+  sub->add_option("--windows", cmd->windows, "Windows to run (consecutive text)")
+      ->capture_default_str();
+  sub->add_option("--skip", cmd->skip, "Text tokens to skip before the first window")
+      ->capture_default_str();
+  sub->add_option("-o,--out", cmd->out, "Statistics file to write ('-': stdout)")->required();
+  sub->callback([cmd] { run_calibrate(*cmd); });
+}
+
+}  // namespace kvc_cli

@@ -1,0 +1,266 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "key_stats.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "../runner/error.h"
+#include "../runner/kv_cache.h"
+#include "../runner/transformer.h"
+
+namespace kvc_cli {
+
+// The text of bench/calib/keys-*.txt, compiled in (generated key_stats_data.cpp,
+// tools/CMakeLists.txt).
+extern const char *const kKeyStatsStories260k;
+extern const char *const kKeyStatsSmolLM2;
+
+using kvc_runner::RunnerError;
+
+namespace {
+
+constexpr int kMaxDim = 1 << 20;  // layers x channels a file may hold
+
+std::vector<float> *stat_array(KeyStats &s, const std::string &name) {
+  if (name == "mean") return &s.mean;
+  if (name == "rms") return &s.rms;
+  if (name == "absmax") return &s.absmax;
+  return nullptr;
+}
+
+int parse_int(const std::string &w, const std::string &at, int lo, int hi) {
+  char *end = nullptr;
+  const long v = std::strtol(w.c_str(), &end, 10);
+  if (w.empty() || end != w.c_str() + w.size() || v < lo || v > hi)
+    throw RunnerError(at + "'" + w + "' is not a whole number in [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]");
+  return static_cast<int>(v);
+}
+
+}  // namespace
+
+KeyStats parse_key_stats(const std::string &text, const std::string &where) {
+  KeyStats s;
+  std::istringstream lines(text);
+  std::string line;
+  int line_no = 0;
+  bool magic = false, geometry = false;
+  std::vector<std::vector<char>> seen(3);
+  while (std::getline(lines, line)) {
+    ++line_no;
+    const std::string at = where + ":" + std::to_string(line_no) + ": ";
+    const std::size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::vector<std::string> w;
+    for (std::string x; words >> x;) w.push_back(x);
+    if (w.empty()) continue;
+    if (!magic) {
+      if (w.size() != 2 || w[0] != "kvcache-key-stats" || w[1] != "1")
+        throw RunnerError(at + "expected the header 'kvcache-key-stats 1'");
+      magic = true;
+      continue;
+    }
+    if (w[0] == "tokens" && w.size() == 2) {
+      s.tokens = static_cast<std::uint64_t>(parse_int(w[1], at, 0, 1 << 30));
+      continue;
+    }
+    if (!geometry) {
+      if (w.size() != 6 || w[0] != "layers" || w[2] != "kv_heads" || w[4] != "head_dim")
+        throw RunnerError(at + "expected 'layers L kv_heads H head_dim D'");
+      s.layers = parse_int(w[1], at, 1, 4096);
+      s.kv_heads = parse_int(w[3], at, 1, 65536);
+      s.head_dim = parse_int(w[5], at, 1, 1024);
+      if (std::int64_t(s.layers) * s.kv_heads * s.head_dim > kMaxDim)
+        throw RunnerError(at + "more than " + std::to_string(kMaxDim) + " channels in all");
+      const std::size_t n = std::size_t(s.layers) * s.kv_heads * s.head_dim;
+      s.mean.assign(n, 0.0f);
+      s.rms.assign(n, 0.0f);
+      s.absmax.assign(n, 0.0f);
+      for (auto &v : seen) v.assign(std::size_t(s.layers), 0);
+      geometry = true;
+      continue;
+    }
+    std::vector<float> *arr = stat_array(s, w[0]);
+    if (!arr) throw RunnerError(at + "unknown statistic '" + w[0] + "' (mean, rms, absmax)");
+    const std::size_t row = std::size_t(s.kv_heads) * s.head_dim;
+    if (w.size() != row + 2)
+      throw RunnerError(at + w[0] + ": expected a layer and " + std::to_string(row) +
+                        " values, got " + std::to_string(w.size() - 1) + " words");
+    const int layer = parse_int(w[1], at, 0, s.layers - 1);
+    const int which = w[0] == "mean" ? 0 : w[0] == "rms" ? 1 : 2;
+    if (seen[which][layer]) throw RunnerError(at + w[0] + " of layer " + w[1] + " given twice");
+    seen[which][layer] = 1;
+    for (std::size_t c = 0; c < row; ++c) {
+      const std::string &x = w[c + 2];
+      char *end = nullptr;
+      const double v = std::strtod(x.c_str(), &end);
+      if (end != x.c_str() + x.size() || !std::isfinite(v) || std::fabs(v) > 1e30 ||
+          (which > 0 && v < 0.0))
+        throw RunnerError(at + w[0] + " value '" + x + "' is not a finite number" +
+                          (which > 0 ? " >= 0" : "") + " within 1e30");
+      (*arr)[std::size_t(layer) * row + c] = static_cast<float>(v);
+    }
+  }
+  if (!geometry) throw RunnerError(where + ": no 'layers L kv_heads H head_dim D' line");
+  static const char *names[3] = {"mean", "rms", "absmax"};
+  for (int k = 0; k < 3; ++k)
+    for (int l = 0; l < s.layers; ++l)
+      if (!seen[k][l])
+        throw RunnerError(where + ": no " + names[k] + " line for layer " + std::to_string(l));
+  return s;
+}
+
+std::string format_key_stats(const KeyStats &s, const std::string &comment) {
+  std::string out;
+  std::istringstream c(comment);
+  for (std::string line; std::getline(c, line);) out += "# " + line + "\n";
+  out += "kvcache-key-stats 1\n";
+  if (s.tokens) out += "tokens " + std::to_string(s.tokens) + "\n";
+  out += "layers " + std::to_string(s.layers) + " kv_heads " + std::to_string(s.kv_heads) +
+         " head_dim " + std::to_string(s.head_dim) + "\n";
+  const std::size_t row = std::size_t(s.kv_heads) * s.head_dim;
+  const std::pair<const char *, const std::vector<float> *> arrays[3] = {
+      {"mean", &s.mean}, {"rms", &s.rms}, {"absmax", &s.absmax}};
+  char buf[32];
+  for (const auto &[name, arr] : arrays)
+    for (int l = 0; l < s.layers; ++l) {
+      out += name;
+      out += " " + std::to_string(l);
+      for (std::size_t c = 0; c < row; ++c) {
+        std::snprintf(buf, sizeof buf, " %.6g", double((*arr)[std::size_t(l) * row + c]));
+        out += buf;
+      }
+      out += "\n";
+    }
+  return out;
+}
+
+KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &file) {
+  KeyStats s;
+  std::string where;
+  if (!file.empty()) {
+    std::ifstream in(file);
+    if (!in) throw RunnerError("--key-stats " + file + ": cannot be read");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    where = "--key-stats " + file;
+    s = parse_key_stats(ss.str(), where);
+  } else if (c.n_layers == 5 && c.n_heads == 8 && c.n_kv_heads == 4 && c.dim == 64) {
+    where = "bench/calib/keys-stories260k.txt";
+    s = parse_key_stats(kKeyStatsStories260k, where);
+  } else if (c.n_layers == 30 && c.n_heads == 9 && c.n_kv_heads == 3 && c.dim == 576) {
+    where = "bench/calib/keys-smollm2.txt";
+    s = parse_key_stats(kKeyStatsSmolLM2, where);
+  } else {
+    throw RunnerError(
+        "smooth: no built-in key statistics for this model; fit them with `kvcache calibrate` "
+        "and pass the file with --key-stats");
+  }
+  if (s.layers != c.n_layers || s.kv_heads != c.n_kv_heads || s.head_dim != c.head_dim())
+    throw RunnerError(where + ": statistics of " + std::to_string(s.layers) + " layers x " +
+                      std::to_string(s.kv_heads) + " KV heads x " + std::to_string(s.head_dim) +
+                      " dims, the model has " + std::to_string(c.n_layers) + " x " +
+                      std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim()));
+  return s;
+}
+
+void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
+                   std::vector<float> &offset) {
+  const std::size_t row = std::size_t(s.kv_heads) * s.head_dim;
+  const std::vector<float> &m = s.rms;
+  scale.assign(m.size(), 1.0f);
+  offset.assign(m.size(), 0.0f);
+  for (int l = 0; l < s.layers; ++l) {
+    const float *ml = m.data() + std::size_t(l) * row;
+    const float top = *std::max_element(ml, ml + row);
+    if (!(top > 0.0f)) continue;  // a layer of zero keys: no smoothing
+    for (std::size_t c = 0; c < row; ++c) {
+      const std::size_t i = std::size_t(l) * row + c;
+      scale[i] = static_cast<float>(std::pow(std::max<double>(ml[c], 1e-3 * top), alpha));
+      offset[i] = s.mean[i];
+    }
+  }
+}
+
+KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &tokens, int bos,
+                       int window, int windows) {
+  const kvc_runner::ModelConfig &c = model.config();
+  if (window < 2 || window > c.seq_len)
+    throw RunnerError("--window " + std::to_string(window) + " must be in [2, " +
+                      std::to_string(c.seq_len) + "] (the model's context)");
+  if (windows < 1) throw RunnerError("--windows must be at least 1");
+  const std::size_t need = std::size_t(window - 1) * std::size_t(windows);
+  if (tokens.size() < need)
+    throw RunnerError("the text has " + std::to_string(tokens.size()) + " tokens; " +
+                      std::to_string(windows) + " windows of " + std::to_string(window) +
+                      " positions need " + std::to_string(need));
+  const int hd = c.head_dim(), half = hd / 2, row = c.kv_dim();
+  // The runner's RoPE: pair i of a head turns by pos x theta^(-2i / head_dim).
+  std::vector<float> inv_freq(static_cast<std::size_t>(half));
+  for (int i = 0; i < half; ++i)
+    inv_freq[std::size_t(i)] =
+        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+  const std::size_t n = std::size_t(c.n_layers) * std::size_t(row);
+  std::vector<double> sum(n, 0.0), sum2(n, 0.0);
+  std::vector<float> lo(n, INFINITY), hi(n, -INFINITY);
+  kvc_runner::Transformer tf(model, window);
+  kvc_runner::ArrayCache cache(c);
+  std::vector<float> k(static_cast<std::size_t>(row));
+  std::uint64_t count = 0;
+  for (int w = 0; w < windows; ++w) {
+    const std::size_t first = std::size_t(w) * std::size_t(window - 1);
+    for (int pos = 0; pos < window; ++pos) {
+      const int tok = pos == 0 ? bos : tokens[first + std::size_t(pos - 1)];
+      tf.forward(cache, tok, pos);
+    }
+    for (int l = 0; l < c.n_layers; ++l)
+      for (int h = 0; h < c.n_kv_heads; ++h)
+        cache.for_each_key(l, window, h, [&](int t0, int cnt, const float *rows, std::size_t st) {
+          for (int r = 0; r < cnt; ++r) {
+            const int pos = t0 + r;
+            if (pos == 0)
+              continue;  // the attention sink: far from the others (keep it with sinks=1)
+            const float *x = rows + std::size_t(r) * st;
+            const std::size_t base = std::size_t(l) * row + std::size_t(h) * hd;
+            for (int i = 0; i < half; ++i) {
+              const float a = x[2 * i], b = x[2 * i + 1];
+              const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
+              const float cs = std::cos(ang), sn = std::sin(ang);
+              // Rotate back by -angle.
+              const float vals[2] = {a * cs + b * sn, -a * sn + b * cs};
+              for (int j = 0; j < 2; ++j) {
+                const std::size_t idx = base + std::size_t(2 * i + j);
+                sum[idx] += vals[j];
+                sum2[idx] += double(vals[j]) * vals[j];
+                lo[idx] = std::min(lo[idx], vals[j]);
+                hi[idx] = std::max(hi[idx], vals[j]);
+              }
+            }
+          }
+        });
+    count += std::uint64_t(window - 1);
+  }
+  KeyStats s;
+  s.layers = c.n_layers;
+  s.kv_heads = c.n_kv_heads;
+  s.head_dim = hd;
+  s.tokens = count;
+  s.mean.resize(n);
+  s.rms.resize(n);
+  s.absmax.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double mean = sum[i] / double(count);
+    const double var = std::max(0.0, sum2[i] / double(count) - mean * mean);
+    s.mean[i] = static_cast<float>(mean);
+    s.rms[i] = static_cast<float>(std::sqrt(var));
+    s.absmax[i] = static_cast<float>(std::max(double(hi[i]) - mean, mean - double(lo[i])));
+  }
+  return s;
+}
+
+}  // namespace kvc_cli

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// Per-channel statistics of a model's pre-RoPE keys, fitted by `kvcache
+// calibrate` from a model run, and the key smoothing a pool takes from them
+// (kvc_pool_set_key_smoothing; docs/codecs.md "Key smoothing"). The file
+// format (text, '#' comments):
+//
+//   kvcache-key-stats 1
+//   layers L kv_heads H head_dim D
+//   mean <layer> <H x D numbers>       one line per layer
+//   rms <layer> <H x D numbers>        root mean square around the mean
+//   absmax <layer> <H x D numbers>     largest |k - mean|
+//
+// Built-in statistics of the two models eval knows come from bench/calib.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../runner/model.h"
+
+namespace kvc_cli {
+
+/// Statistics of keys before RoPE, per layer and channel: arrays `[layers][kv_heads * head_dim]`.
+struct KeyStats {
+  int layers = 0, kv_heads = 0, head_dim = 0;
+  std::vector<float> mean, rms, absmax;
+  std::uint64_t tokens = 0;  ///< keys the statistics saw per channel (0: unknown)
+};
+
+/// Parses a statistics text; throws RunnerError naming `where`, the line and the problem.
+KeyStats parse_key_stats(const std::string &text, const std::string &where);
+
+/// The text of `s` (values to 6 significant digits), with `comment` lines first.
+std::string format_key_stats(const KeyStats &s, const std::string &comment);
+
+/// The statistics for a model: `file` when given, else the built-in ones of
+/// stories260K or SmolLM2-135M (matched by geometry); throws RunnerError when
+/// there are none or their geometry is not the model's.
+KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &file);
+
+/// Key smoothing from statistics (the `smooth[=A]` codec flag): scale[c] =
+/// max(rms[c], 1e-3 x the layer's largest rms) ^ alpha, offset[c] = mean[c].
+/// (Measured on SmolLM2: the rms beat the largest deviation on perplexity,
+/// alpha 1 beat 0.5, and centering is what lets symmetric codes work.)
+void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
+                   std::vector<float> &offset);
+
+/// Fits statistics from a model run: `windows` windows of `window` positions
+/// (BOS, then the next window - 1 tokens of `tokens`), one token at a time on
+/// a plain f32 cache; each key is rotated back from its RoPE position (the
+/// runner's interleaved pairs, the model's theta) before it is counted. The
+/// keys at position 0 (BOS, the attention sink, whose channels lie far from
+/// every other token's) are left out: a pool keeps them exact with
+/// residual_sinks.
+KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &tokens, int bos,
+                       int window, int windows);
+
+}  // namespace kvc_cli
