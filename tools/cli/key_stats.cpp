@@ -65,6 +65,10 @@ KeyStats parse_key_stats(const std::string &text, const std::string &where) {
       magic = true;
       continue;
     }
+    if (w[0] == "rope" && w.size() == 2 && (w[1] == "interleaved" || w[1] == "neox")) {
+      s.neox = w[1] == "neox";
+      continue;
+    }
     if (w[0] == "tokens" && w.size() == 2) {
       s.tokens = static_cast<std::uint64_t>(parse_int(w[1], at, 0, 1 << 30));
       continue;
@@ -106,6 +110,7 @@ KeyStats parse_key_stats(const std::string &text, const std::string &where) {
       (*arr)[std::size_t(layer) * row + c] = static_cast<float>(v);
     }
   }
+  if (!magic) throw RunnerError(where + ": empty: expected the header 'kvcache-key-stats 1'");
   if (!geometry) throw RunnerError(where + ": no 'layers L kv_heads H head_dim D' line");
   static const char *names[3] = {"mean", "rms", "absmax"};
   for (int k = 0; k < 3; ++k)
@@ -120,6 +125,7 @@ std::string format_key_stats(const KeyStats &s, const std::string &comment) {
   std::istringstream c(comment);
   for (std::string line; std::getline(c, line);) out += "# " + line + "\n";
   out += "kvcache-key-stats 1\n";
+  out += s.neox ? "rope neox\n" : "rope interleaved\n";
   if (s.tokens) out += "tokens " + std::to_string(s.tokens) + "\n";
   out += "layers " + std::to_string(s.layers) + " kv_heads " + std::to_string(s.kv_heads) +
          " head_dim " + std::to_string(s.head_dim) + "\n";
@@ -138,6 +144,21 @@ std::string format_key_stats(const KeyStats &s, const std::string &comment) {
       out += "\n";
     }
   return out;
+}
+
+KeyStats interleaved(const KeyStats &s) {
+  if (!s.neox) return s;
+  KeyStats r = s;
+  r.neox = false;
+  const std::size_t hd = std::size_t(s.head_dim), half = hd / 2;
+  const std::size_t heads = std::size_t(s.layers) * std::size_t(s.kv_heads);
+  for (std::vector<float> KeyStats::*a : {&KeyStats::mean, &KeyStats::rms, &KeyStats::absmax})
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t i = 0; i < half; ++i) {  // NeoX pair (i, i + D/2) -> (2i, 2i + 1)
+        (r.*a)[h * hd + 2 * i] = (s.*a)[h * hd + i];
+        (r.*a)[h * hd + 2 * i + 1] = (s.*a)[h * hd + half + i];
+      }
+  return r;
 }
 
 KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &file) {
@@ -161,12 +182,14 @@ KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &fi
         "smooth: no built-in key statistics for this model; fit them with `kvcache calibrate` "
         "and pass the file with --key-stats");
   }
+  if (s.neox && s.head_dim % 2 != 0)
+    throw RunnerError(where + ": NeoX channel order needs an even head_dim");
   if (s.layers != c.n_layers || s.kv_heads != c.n_kv_heads || s.head_dim != c.head_dim())
     throw RunnerError(where + ": statistics of " + std::to_string(s.layers) + " layers x " +
                       std::to_string(s.kv_heads) + " KV heads x " + std::to_string(s.head_dim) +
                       " dims, the model has " + std::to_string(c.n_layers) + " x " +
                       std::to_string(c.n_kv_heads) + " x " + std::to_string(c.head_dim()));
-  return s;
+  return interleaved(s);  // the runner's RoPE pairs
 }
 
 void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,

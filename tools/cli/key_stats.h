@@ -5,6 +5,9 @@
 // format (text, '#' comments):
 //
 //   kvcache-key-stats 1
+//   rope interleaved                   channel order: RoPE pairs (2i, 2i+1) (the
+//                                      runner's, llama.cpp's) or `neox` (i, i + D/2,
+//                                      Hugging Face's); optional, default interleaved
 //   layers L kv_heads H head_dim D
 //   mean <layer> <H x D numbers>       one line per layer
 //   rms <layer> <H x D numbers>        root mean square around the mean
@@ -26,7 +29,12 @@ struct KeyStats {
   int layers = 0, kv_heads = 0, head_dim = 0;
   std::vector<float> mean, rms, absmax;
   std::uint64_t tokens = 0;  ///< keys the statistics saw per channel (0: unknown)
+  bool neox = false;         ///< channels in NeoX order (pairs (i, i + D/2)), else interleaved
 };
+
+/// The statistics with their channels in the runner's interleaved order (a
+/// copy; `s` unchanged when it is already interleaved).
+KeyStats interleaved(const KeyStats &s);
 
 /// Parses a statistics text; throws RunnerError naming `where`, the line and the problem.
 KeyStats parse_key_stats(const std::string &text, const std::string &where);

@@ -150,6 +150,115 @@ def builtin_head_gates(num_layers, num_q_heads, num_kv_heads, hidden_size):
     return load_head_gates(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "duo", name))
 
 
+# ---- per-channel key statistics and key smoothing (docs/codecs.md "Key smoothing") ----
+def load_key_stats(path):
+    """Per-channel statistics of pre-RoPE keys from a file ``kvcache calibrate`` wrote (docs/codecs.md):
+    a dict with ``layers``, ``kv_heads``, ``head_dim``, ``rope`` ("interleaved" or "neox": the channel order)
+    and float32 arrays ``mean``, ``rms``, ``absmax`` of shape [layers, kv_heads * head_dim]. Raises
+    ValueError naming the file, the line and the problem."""
+    try:
+        with open(_os.fspath(path), "rb") as f:
+            data = f.read()
+    except (OSError, TypeError) as e:
+        raise ValueError("key statistics file %r: %s" % (path, e)) from None
+    st = {"rope": "interleaved"}
+    arrays = {}
+    magic = False
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        w = raw.split(b"#", 1)[0].decode("latin-1").split()
+        if not w:
+            continue
+        where = "%s:%d" % (path, lineno)
+        if not magic:
+            if w != ["kvcache-key-stats", "1"]:
+                raise ValueError("%s: expected the header 'kvcache-key-stats 1'" % where)
+            magic = True
+        elif w[0] == "rope" and len(w) == 2 and w[1] in ("interleaved", "neox"):
+            st["rope"] = w[1]
+        elif w[0] == "tokens" and len(w) == 2 and w[1].isdigit():
+            st["tokens"] = int(w[1])
+        elif "layers" not in st:
+            if len(w) != 6 or w[0::2] != ["layers", "kv_heads", "head_dim"] or not all(x.isdigit() for x in w[1::2]):
+                raise ValueError("%s: expected 'layers L kv_heads H head_dim D'" % where)
+            st["layers"], st["kv_heads"], st["head_dim"] = int(w[1]), int(w[3]), int(w[5])
+            if not (1 <= st["layers"] <= 4096 and 1 <= st["kv_heads"] <= 65536 and 1 <= st["head_dim"] <= 1024) \
+                    or st["layers"] * st["kv_heads"] * st["head_dim"] > (1 << 20):
+                raise ValueError("%s: geometry out of range" % where)
+            for name in ("mean", "rms", "absmax"):
+                arrays[name] = _np.full((st["layers"], st["kv_heads"] * st["head_dim"]), _np.nan, _np.float32)
+        elif w[0] in arrays:
+            row = st["kv_heads"] * st["head_dim"]
+            if len(w) != row + 2 or not w[1].isdigit() or int(w[1]) >= st["layers"]:
+                raise ValueError("%s: %s: expected a layer below %d and %d values" % (where, w[0], st["layers"], row))
+            layer = int(w[1])
+            if not _np.isnan(arrays[w[0]][layer]).all():
+                raise ValueError("%s: %s of layer %d given twice" % (where, w[0], layer))
+            try:
+                vals = _np.array([float(x) for x in w[2:]], _np.float64)
+            except ValueError:
+                raise ValueError("%s: %s: a value is not a number" % (where, w[0])) from None
+            if not _np.isfinite(vals).all() or (_np.abs(vals) > 1e30).any() or (w[0] != "mean" and (vals < 0).any()):
+                raise ValueError("%s: %s: values must be finite within 1e30 (rms and absmax >= 0)" % (where, w[0]))
+            arrays[w[0]][layer] = vals
+        else:
+            raise ValueError("%s: unknown line %r" % (where, " ".join(w[:2])))
+    if not magic:
+        raise ValueError("%s: empty: expected the header 'kvcache-key-stats 1'" % (path,))
+    if "layers" not in st:
+        raise ValueError("%s: no 'layers L kv_heads H head_dim D' line" % (path,))
+    for name, a in arrays.items():
+        missing = [i for i in range(st["layers"]) if _np.isnan(a[i]).any()]
+        if missing:
+            raise ValueError("%s: no %s line for layer %d" % (path, name, missing[0]))
+    st.update(arrays)
+    return st
+
+
+# (num_layers, num_q_heads, num_kv_heads, hidden size) -> the statistics the package ships (bench/calib).
+_BUILTIN_KEY_STATS = {(30, 9, 3, 576): "keys-smollm2.txt", (5, 8, 4, 64): "keys-stories260k.txt"}
+
+
+def builtin_key_stats(num_layers, num_q_heads, num_kv_heads, hidden_size):
+    """The key statistics shipped with the package for SmolLM2-135M or stories260K (the ones ``kvcache eval``'s
+    ``smooth`` flag uses, in the runner's interleaved channel order); None for any other model."""
+    name = _BUILTIN_KEY_STATS.get((num_layers, num_q_heads, num_kv_heads, hidden_size))
+    if name is None:
+        return None
+    return load_key_stats(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "calib", name))
+
+
+def key_smoothing(stats, alpha=1.0, rope="interleaved"):
+    """(scale, offset) for Pool.set_key_smoothing from key statistics (load_key_stats()), as ``kvcache eval``'s
+    ``smooth=A`` makes them: scale = max(rms, 1e-3 x the layer's largest rms) ** alpha, offset = mean; both
+    float32 [layers * kv_heads * head_dim], with channels in the `rope` order the pool's keys use
+    ("interleaved": pairs (2i, 2i+1), the runner's and llama.cpp's; "neox": pairs (i, i + head_dim / 2),
+    Hugging Face's)."""
+    if rope not in ("interleaved", "neox"):
+        raise ValueError("key_smoothing: rope must be 'interleaved' or 'neox', got %r" % (rope,))
+    if not 0.05 <= float(alpha) <= 1.0:
+        raise ValueError("key_smoothing: alpha must be in [0.05, 1], got %r" % (alpha,))
+    L, H, D = stats["layers"], stats["kv_heads"], stats["head_dim"]
+    rms = stats["rms"].astype(_np.float64)
+    top = rms.max(axis=1, keepdims=True)
+    scale = _np.where(top > 0, _np.maximum(rms, 1e-3 * top), 1.0) ** float(alpha)
+    offset = _np.where(top > 0, stats["mean"].astype(_np.float64), 0.0)
+    if rope != stats["rope"]:
+        if D % 2:
+            raise ValueError("key_smoothing: head_dim %d is odd: no RoPE pairs to reorder" % D)
+        # interleaved (2i, 2i+1) <-> neox (i, i + D/2)
+        order = _np.concatenate([_np.arange(0, D, 2), _np.arange(1, D, 2)])  # neox channel j <- interleaved order[j]
+        def to(a):
+            a = a.reshape(L, H, D)
+            if rope == "neox":
+                return a[:, :, order]
+            out = _np.empty_like(a)
+            out[:, :, order] = a
+            return out
+        scale, offset = to(scale), to(offset)
+    return (_np.ascontiguousarray(scale, _np.float32).reshape(-1),
+            _np.ascontiguousarray(offset, _np.float32).reshape(-1))
+
+
 def _is_torch(x):
     """True for a torch.Tensor (without importing torch)."""
     t = type(x)

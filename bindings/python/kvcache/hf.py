@@ -28,7 +28,7 @@ import transformers
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import native as _native
-from . import KvcError, builtin_head_gates, load_head_gates, parse_strategy
+from . import KvcError, builtin_head_gates, builtin_key_stats, key_smoothing, load_head_gates, load_key_stats, parse_strategy
 
 __all__ = ["PagedCache", "PagedLayer", "KvcPress", "kvcache_attention", "kvcache_mask", "ATTN_IMPLEMENTATION",
            "load_head_gates", "streaming_heads"]
@@ -309,6 +309,27 @@ class PagedLayer(CacheLayerMixin):
         return self._dense[1].clone(), self._dense[2].clone()
 
 
+def _key_smoothing_of(config, st, key_stats, layers, hq, hk, hd):
+    """(scale, offset) of a ``smooth`` strategy (Hugging Face's RoPE channel order), None without it."""
+    if st.key_smooth <= 0:
+        if key_stats is not None:
+            raise ValueError("PagedCache: key_stats are for smooth strategies; '%s' does not smooth keys" % st.spec)
+        return None
+    if key_stats is None:
+        key_stats = builtin_key_stats(layers, hq, hk, getattr(_text_config(config), "hidden_size", None))
+        if key_stats is None:
+            raise ValueError("PagedCache: strategy '%s' needs per-channel key statistics for this model (built in "
+                             "for SmolLM2-135M and stories260K only): key_stats= a file from `kvcache calibrate`"
+                             % st.spec)
+    elif not isinstance(key_stats, dict):
+        key_stats = load_key_stats(key_stats)
+    if (key_stats.get("layers"), key_stats.get("kv_heads"), key_stats.get("head_dim")) != (layers, hk, hd):
+        raise ValueError("PagedCache: key statistics of %s layers x %s KV heads x %s dims, the model has %d x %d x %d"
+                         % (key_stats.get("layers"), key_stats.get("kv_heads"), key_stats.get("head_dim"),
+                            layers, hk, hd))
+    return key_smoothing(key_stats, st.key_smooth, rope="neox")
+
+
 class PagedCache(Cache):
     """A transformers Cache whose K/V live in one libkvcache pool.
 
@@ -352,6 +373,13 @@ class PagedCache(Cache):
             stories260K (builtin_head_gates(); bench/duo), a ValueError for
             other models. The strategy's ``heads=F`` streams the share F with
             the lowest gates (streaming_heads()).
+        key_stats: per-channel key statistics for ``smooth`` strategies
+            (key smoothing, docs/codecs.md): a file ``kvcache calibrate``
+            wrote (load_key_stats()) or its dict; default: the statistics the
+            package ships for SmolLM2-135M and stories260K
+            (builtin_key_stats(); bench/calib), a ValueError for other
+            models. Their channels are reordered to Hugging Face's RoPE
+            pairs (i, i + head_dim / 2).
 
     Raises ValueError for a config it cannot hold, a malformed strategy
     (the parser's message) or bad options; kvcache.KvcError for the
@@ -359,7 +387,8 @@ class PagedCache(Cache):
     blocks it needs)."""
 
     def __init__(self, config, strategy="f16", *, block_size=None, num_blocks=None, pool_bytes=None, threads=None,
-                 prefix_cache=False, tiers=None, context=None, model_id=None, prefix_seed=None, head_gates=None):
+                 prefix_cache=False, tiers=None, context=None, model_id=None, prefix_seed=None, head_gates=None,
+                 key_stats=None):
         self._layers_n, self._hq, self._hk, self._hd, self._theta = _geometry(config)
         try:
             self._st = parse_strategy(str(strategy))
@@ -399,6 +428,7 @@ class PagedCache(Cache):
             self._gates = gates
         elif head_gates is not None:
             raise ValueError("PagedCache: head_gates are DuoAttention's; strategy '%s' does not take them" % st.spec)
+        self._smoothing = _key_smoothing_of(config, st, key_stats, self._layers_n, self._hq, self._hk, self._hd)
         if st.headwise and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' keeps different tokens in each KV head (a head-wise "
                              "pool); load the model with attn_implementation=\"kvcache\" (after import "
@@ -479,6 +509,8 @@ class PagedCache(Cache):
         st = self._st
         cfg = self._pool_config(blocks, nbytes)
         pool = _native.Pool(cfg, st.k_codec if st.k_quantized else None, st.v_codec if st.v_quantized else None)
+        if self._smoothing is not None:
+            pool.set_key_smoothing(*self._smoothing)
         if self._prefix:
             pc = _native.PrefixConfig()
             if self._prefix_seed is not None:

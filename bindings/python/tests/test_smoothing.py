@@ -69,3 +69,39 @@ def test_refusals():
         pool.seq_create(1)
         with pytest.raises(kvcache.KvcError, match="sequences"):
             pool.set_key_smoothing(None)
+
+
+def test_key_stats_files(tmp_path):
+    """load_key_stats reads what `kvcache calibrate` writes (the shipped SmolLM2 file), key_smoothing makes
+    eval's arrays and reorders RoPE pairs; malformed files raise ValueError naming the line."""
+    st = kvcache.builtin_key_stats(30, 9, 3, 576)
+    assert (st["layers"], st["kv_heads"], st["head_dim"], st["rope"]) == (30, 3, 64, "interleaved")
+    assert st["rms"].shape == (30, 192) and (st["rms"] > 0).all()
+    assert kvcache.builtin_key_stats(30, 9, 3, 577) is None
+    scale, offset = kvcache.key_smoothing(st, 1.0)
+    top = st["rms"].max(axis=1, keepdims=True)
+    np.testing.assert_allclose(scale.reshape(30, 192), np.maximum(st["rms"], 1e-3 * top), rtol=1e-6)
+    np.testing.assert_array_equal(offset.reshape(30, 192), st["mean"])
+    half, _ = kvcache.key_smoothing(st, 0.5)
+    np.testing.assert_allclose(half, np.sqrt(scale), rtol=1e-5)
+    neox, neox_off = kvcache.key_smoothing(st, 1.0, rope="neox")
+    a, b = scale.reshape(30, 3, 64), neox.reshape(30, 3, 64)
+    np.testing.assert_array_equal(b[:, :, :32], a[:, :, 0::2])  # pair i: (2i, 2i+1) -> (i, i + 32)
+    np.testing.assert_array_equal(b[:, :, 32:], a[:, :, 1::2])
+    head = "kvcache-key-stats 1\nlayers 1 kv_heads 1 head_dim 2\n"
+    cases = {
+        "nothing": "",
+        "layers L kv_heads H head_dim D": "kvcache-key-stats 1\nmean 0 1 2\n",
+        "no rms line": head + "mean 0 1 2\nabsmax 0 1 1\n",
+        "given twice": head + "mean 0 1 2\nmean 0 1 2\n",
+        "finite": head + "mean 0 1 2\nrms 0 -1 1\nabsmax 0 1 1\n",
+        "expected a layer": head + "mean 0 1\n",
+        "unknown line": head + "median 0 1 2\n",
+    }
+    for want, text in cases.items():
+        f = tmp_path / "s.txt"
+        f.write_text(text)
+        with pytest.raises(ValueError, match=want if want != "nothing" else "header"):
+            kvcache.load_key_stats(str(f))
+    with pytest.raises(ValueError):
+        kvcache.key_smoothing(st, 2.0)
