@@ -286,6 +286,7 @@ namespace std {
 %ignore kvc_copy_direction;
 %ignore kvc_attention_params; /* attention is not wrapped yet */
 /* Pointer fields: set through constructor and method arguments instead. */
+%ignore kvc_codec::reserved0;  /* padding made explicit: never read */
 %ignore kvc_pool_config::k_codec;
 %ignore kvc_pool_config::v_codec;
 %ignore kvc_policy_config::plugin;

@@ -454,6 +454,25 @@ typedef struct kvc_codec {
    * @since 0.3
    */
   uint32_t full_range;
+  /**
+   * Padding made explicit (the 0.3 struct's tail), so that the fields after it are never read
+   * from a shorter struct's padding; never read, any value. @since 0.4
+   */
+  uint32_t reserved0;
+  /**
+   * Outliers per scale group (dense-and-sparse codes, after KVQuant arXiv 2401.18079 section
+   * 3.4): the `outliers` values of largest magnitude of each group (a token's KV head with
+   * per-token scales, a group of group_size values with per-group ones) are stored apart as
+   * (index, int8 code) pairs, code = round(x / scale) in [-128, 127], and the group's scale is
+   * computed from its other values (but never below the largest outlier's magnitude / 127), so
+   * a few values far out no longer stretch every other value's step. 0 (default) .. 16 and at
+   * most a quarter of the group; symmetric integer codecs (int8, int4, int3, int2, full range or
+   * not) with dynamic per-token or per-group scales, groups of at most 256 values that divide the
+   * row; ::KVC_ERR_INVALID_ARGUMENT otherwise. Pools only: kvc_quantize() and friends give
+   * ::KVC_ERR_UNSUPPORTED, and so do CUDA pools. Storage: 2 bytes per outlier (docs/codecs.md).
+   * @since 0.4
+   */
+  uint32_t outliers;
 } kvc_codec;
 
 /**

@@ -66,6 +66,7 @@ kvc::core::CodecSpec kvc::api::to_spec(const kvc_codec *in, const char *name,
   sp.full_range = c.full_range != 0;
   sp.scale_dtype = static_cast<kvc::DType>(c.scale_dtype);
   sp.static_scale = c.static_scale ? c.scale : 0.0;
+  sp.outliers = c.outliers;
   if (c.rotation == KVC_ROTATION_HADAMARD)
     sp.rotation_block =
         c.rotation_block ? c.rotation_block : kvc::core::default_rotation_block(rotation_row);
@@ -82,7 +83,12 @@ kvc::core::ArrayPlan plan_quant(const kvc_codec *codec, uint64_t n, uint64_t d) 
     fail(Errc::InvalidArgument, "d " + std::to_string(d) + ": must be 1..2^24");
   if (n > (uint64_t(1) << 40))
     fail(Errc::InvalidArgument, "n " + std::to_string(n) + ": must be 0..2^40");
-  return kvc::core::plan_array(to_spec(codec, "codec", d), n, d);
+  const kvc::core::CodecSpec sp = to_spec(codec, "codec", d);
+  if (sp.outliers)
+    fail(Errc::Unsupported,
+         "codec.outliers: the standalone quantizer has no buffer for outlier pairs in this "
+         "version; outliers are a pool codec feature");
+  return kvc::core::plan_array(sp, n, d);
 }
 }  // namespace
 

@@ -40,6 +40,8 @@ struct StructInfo<kvc_codec> {
       KVC_FIELD(kvc_codec, rotation),     KVC_FIELD(kvc_codec, rotation_block),
       KVC_FIELD(kvc_codec, static_scale), KVC_FIELD(kvc_codec, scale),
       KVC_FIELD(kvc_codec, full_range),  // 0.3
+      KVC_FIELD(kvc_codec, reserved0),   // 0.4
+      KVC_FIELD(kvc_codec, outliers),
   };
   static constexpr size_t size_0_3 = 56;
   static constexpr size_t end_0_3 = KVC_FIELD_END(kvc_codec, full_range);

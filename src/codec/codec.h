@@ -34,6 +34,10 @@ struct Spec {
   DType scale_dtype = DType::F32;  // F32 or F16
   double static_scale = 0.0;       // > 0: fixed scale (Tensor granularity), 0: dynamic
   uint32_t rotation_block = 0;     // 0: none; else a Hadamard block (power of two)
+  // Outliers per scale group (Token / Group granularity, symmetric integer
+  // codes): the values of largest magnitude are stored apart as (index, int8
+  // code) pairs and the group's scale covers the others (codec/outliers.cpp).
+  uint32_t outliers = 0;
 };
 
 // Storage dtypes and their facts (bits, is_float, sym_max, ...): common/dtype.h.
@@ -73,6 +77,31 @@ void encode(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *code
 // Inverse of encode (no rotation).
 void decode(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
             uint64_t n, uint64_t d, float *out);
+
+// ---- outliers (Spec::outliers > 0; codec/outliers.cpp, docs/codecs.md) ----
+// Largest outliers per group and the most values a group may have with them.
+constexpr uint32_t kMaxOutliers = 16;
+constexpr uint64_t kMaxOutlierGroup = 256;
+// Values per scale group of a row of d values (Token: d, Group: group).
+inline uint64_t outlier_group(const Spec &s, uint64_t d) {
+  return s.gran == Gran::Group ? s.group : d;
+}
+// Bytes of the outlier pairs of an [n][d] array: n x (d / group) x outliers x 2.
+inline uint64_t outlier_bytes(const Spec &s, uint64_t n, uint64_t d) {
+  return s.outliers ? n * (d / outlier_group(s, d)) * s.outliers * 2 : 0;
+}
+// encode() with outliers: for each group the `outliers` values of largest
+// magnitude (ties: the lower index) are taken out, the group is encoded from
+// the others (its scale at least the largest outlier's magnitude / 127), and
+// each outlier becomes the pair (its index in the group, round(x / scale)
+// clamped to [-128, 127]), pairs in the order found. `outl`: [n][groups][k][2].
+// Needs `scales` (the pairs use the stored scale).
+void encode_outliers(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *codes,
+                     uint8_t *scales, uint8_t *outl);
+// Writes the outliers of an [n][d] array over its decoded values (before any
+// inverse rotation): out[group + index] = code x the group's stored scale.
+void apply_outliers(const Spec &s, const uint8_t *scales, const uint8_t *outl, uint64_t n,
+                    uint64_t d, float *out);
 
 // The standalone array API: converts `src` from src_type, rotates, checks
 // finiteness, encodes; decode + inverse rotation + conversion. Allocates

@@ -102,6 +102,22 @@ void validate(const Spec &s, uint64_t d) {
       fail(Errc::InvalidScale, "scale " + fmt_g(s.static_scale) +
                                    ": with f16 scales a static scale must be in [6.1e-5, 65504]");
   }
+  if (s.outliers) {
+    if (!is_int(s.dtype) || s.asym || s.static_scale != 0.0 ||
+        (s.gran != Gran::Token && s.gran != Gran::Group))
+      fail(Errc::InvalidArgument,
+           "outliers apply to symmetric integer codecs (int8, int4, int3, int2) with dynamic "
+           "per-token or per-group scales");
+    if (s.outliers > kMaxOutliers)
+      fail(Errc::InvalidArgument,
+           "outliers " + u64s(s.outliers) + ": at most " + u64s(kMaxOutliers) + " per group");
+    const uint64_t g = outlier_group(s, d);
+    if (g > kMaxOutlierGroup || d % g != 0 || uint64_t(s.outliers) * 4 > g)
+      fail(Errc::InvalidArgument,
+           "outliers " + u64s(s.outliers) + " in groups of " + u64s(g) + " values (a row of " +
+               u64s(d) + "): groups must divide the row, hold at most " + u64s(kMaxOutlierGroup) +
+               " values and at least 4 per outlier");
+  }
   if (s.rotation_block) {
     const uint32_t b = s.rotation_block;
     if ((b & (b - 1)) != 0 || b > 65536)

@@ -183,6 +183,9 @@ void validate_config(PoolConfig &c, bool check_memory) {
       fail(Errc::Unsupported,
            "device CUDA: full-range symmetric codecs (kvc_codec.full_range) are CPU-only "
            "in this version");
+    if (c.k_codec.outliers || c.v_codec.outliers)
+      fail(Errc::Unsupported,
+           "device CUDA: codec outliers (kvc_codec.outliers) are CPU-only in this version");
     if (c.k_codec.dtype == DType::INT3 || c.v_codec.dtype == DType::INT3)
       fail(Errc::Unsupported,
            "device CUDA: int3 storage (KVC_DTYPE_INT3) is CPU-only in this version");
@@ -306,7 +309,8 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
     for (uint32_t v :
          {static_cast<uint32_t>(sp->dtype), static_cast<uint32_t>(sp->gran), sp->group,
           // bit 0: asymmetric, bit 1: full range (0 for pools without it, as before it existed)
-          static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u),
+          // bits 8..15: outliers per group (0 before they existed)
+          static_cast<uint32_t>(sp->asym) | (sp->full_range ? 2u : 0u) | (sp->outliers << 8),
           static_cast<uint32_t>(sp->scale_dtype), sp->rotation_block})
       append_le32(b, v);
     append_le_f64(b, sp->static_scale);

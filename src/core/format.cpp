@@ -34,7 +34,8 @@ uint64_t part_bytes(const PoolConfig &c, int kv) {
   if (mul_overflows(codec::row_bytes(sp.dtype, d), h, &row) || mul_overflows(row, bs, &codes))
     return UINT64_MAX;
   const uint64_t sc = scales_per_block(sp, h, d, bs) * codec::scale_bytes(sp) * (sp.asym ? 2 : 1);
-  return codes + sc;
+  const uint64_t outl = bs * scales_per_token(sp, h, d) * sp.outliers * 2;
+  return codes + sc + outl;
 }
 
 uint64_t scales_per_block(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t head_dim,
@@ -77,6 +78,9 @@ BlockFormat::BlockFormat(const PoolConfig &cfg) : cfg_(cfg) {
       pl.scale_offset = off + pl.codes_bytes;
       pl.scales_per_block = scales_per_block(pl.spec, h, hd, bs);
       pl.zero_offset = pl.scale_offset + pl.scales_per_block * pl.scale_bytes;
+      // Outlier pairs (symmetric codes only: no zero points before them).
+      pl.outlier_offset = pl.zero_offset;
+      pl.outlier_bytes = pl.scales_per_token * pl.spec.outliers * 2;
       pl.rotation_block = pl.spec.rotation_block;
       scale[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
       // A static scale as stored in scale_dtype (as kvc_quantize() rounds it),
@@ -188,12 +192,19 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
     uint8_t *codes = base + (slot + t) * pl.token_stride;
     uint8_t *scales = blk + pl.scale_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
     uint8_t *zeros = blk + pl.zero_offset + (slot + t) * pl.scales_per_token * pl.scale_bytes;
+    uint8_t *outl = blk + pl.outlier_offset + (slot + t) * pl.outlier_bytes;
     switch (sp.gran) {
       case codec::Gran::Token:
-        codec::encode(sp, tmp, h, hd, codes, scales, zeros);
+        if (sp.outliers)
+          codec::encode_outliers(sp, tmp, h, hd, codes, scales, outl);
+        else
+          codec::encode(sp, tmp, h, hd, codes, scales, zeros);
         break;
       case codec::Gran::Group:
-        codec::encode(sp, tmp, 1, row, codes, scales, zeros);
+        if (sp.outliers)
+          codec::encode_outliers(sp, tmp, 1, row, codes, scales, outl);
+        else
+          codec::encode(sp, tmp, 1, row, codes, scales, zeros);
         break;
       default: {                                    // per tensor: the layer's scale
         sp.static_scale = tensor_scale(kv, layer);  // 0 only while every value written was 0
@@ -235,6 +246,10 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
       codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
                         blk + pl.zero_offset + sidx * pl.scale_bytes, count * h, hd, tmp,
                         DType::F32);
+      if (sp.outliers)
+        codec::apply_outliers(sp, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                              blk + pl.outlier_offset + slot * pl.outlier_bytes, count * h, hd,
+                              tmp);
       break;
     }
     case codec::Gran::Group: {
@@ -242,6 +257,9 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
       sp.rotation_block = 0;
       codec::dequantize(sp, codes, blk + pl.scale_offset + sidx * pl.scale_bytes,
                         blk + pl.zero_offset + sidx * pl.scale_bytes, count, row, tmp, DType::F32);
+      if (sp.outliers)
+        codec::apply_outliers(sp, blk + pl.scale_offset + sidx * pl.scale_bytes,
+                              blk + pl.outlier_offset + slot * pl.outlier_bytes, count, row, tmp);
       break;
     }
     case codec::Gran::Channel:
@@ -265,10 +283,16 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
   if (pl.rotation_block)
     for (uint64_t t = 0; t < count; ++t) codec::hadamard(tmp + t * row, row, pl.rotation_block);
   if (kv == 0 && smooth) unsmooth_keys(layer, tmp, count);
-  if (kv == 0 && pre_rope)
+  if (kv == 0 && pre_rope) {
     for (uint64_t t = 0; t < count; ++t)
       pre_rope->rotate(tmp + t * row, cfg_.num_kv_heads,
                        static_cast<uint64_t>(l.rope_position_of(idx0 + t)), 1);
+    // Un-smoothed keys may reach FLT_MAX, which RoPE can turn into Inf: saturate.
+    if (smooth)
+      for (uint64_t i = 0; i < count * row; ++i)
+        tmp[i] = std::clamp(tmp[i], -std::numeric_limits<float>::max(),
+                            std::numeric_limits<float>::max());
+  }
   if (!direct) convert(tmp, DType::F32, out, dst, count * row);
 }
 
@@ -296,6 +320,9 @@ void BlockFormat::move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64
       std::memmove(dst + pl.scale_offset + ds * sb, src + pl.scale_offset + ss * sb, run * sb);
       if (pl.spec.asym)
         std::memmove(dst + pl.zero_offset + ds * sb, src + pl.zero_offset + ss * sb, run * sb);
+      if (pl.outlier_bytes)
+        std::memmove(dst + pl.outlier_offset + ds * pl.outlier_bytes,
+                     src + pl.outlier_offset + ss * pl.outlier_bytes, run * pl.outlier_bytes);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "codec/codec.h"
 #include "common/rope.h"
@@ -28,13 +29,21 @@ class BlockFormat {
   std::unique_ptr<std::atomic<uint32_t>[]> scale[2];
   std::unique_ptr<RopeTable> pre_rope;  // KVC_POOL_PRE_ROPE_KEYS only
   // Per-channel key smoothing (kvc_pool_set_key_smoothing; null: none).
+  // Written under the exclusive pool lock and smooth_mu; read under the pool
+  // lock, or with smooth_snapshot() (an append's prepare, before the lock).
   std::shared_ptr<const KeySmoothing> smooth;
-  // Whether keys pass through an f32 transform of their own between the
-  // input and the codec (pre-RoPE keys, smoothing): encoded by write().
-  bool key_transform() const { return pre_rope || smooth; }
+  std::shared_ptr<const KeySmoothing> smooth_snapshot() const {
+    std::lock_guard<std::mutex> g(smooth_mu);
+    return smooth;
+  }
+  mutable std::mutex smooth_mu;
   // Smoothing of `n` key rows of a layer, in place: (k - offset) / scale,
-  // clamped so a later Hadamard rotation stays finite; and its inverse.
-  void smooth_keys(uint32_t layer, float *x, uint64_t n) const;
+  // clamped so a later Hadamard rotation stays finite; and its inverse (the
+  // pool's smoothing, or `s`).
+  void smooth_keys(uint32_t layer, float *x, uint64_t n) const {
+    smooth_keys(*smooth, layer, x, n);
+  }
+  void smooth_keys(const KeySmoothing &s, uint32_t layer, float *x, uint64_t n) const;
   void unsmooth_keys(uint32_t layer, float *x, uint64_t n) const;
 
   bool quantized(int kv) const { return part[kv].quantized; }
@@ -98,6 +107,8 @@ void BlockFormat::for_slot_bytes(uint32_t slot, uint64_t count, F &&f) const {
       const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
       f(pl.scale_offset + slot * sb, count * sb);
       if (pl.spec.asym) f(pl.zero_offset + slot * sb, count * sb);
+      if (pl.outlier_bytes)
+        f(pl.outlier_offset + slot * pl.outlier_bytes, count * pl.outlier_bytes);
     }
   }
 }

@@ -29,8 +29,7 @@ float smooth_limit(uint32_t rotation_block) {
 }
 }  // namespace
 
-void BlockFormat::smooth_keys(uint32_t layer, float *x, uint64_t n) const {
-  const KeySmoothing &s = *smooth;
+void BlockFormat::smooth_keys(const KeySmoothing &s, uint32_t layer, float *x, uint64_t n) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const float *sc = s.scale.data() + layer * row;
   const float *off = s.offset.empty() ? nullptr : s.offset.data() + layer * row;
@@ -65,6 +64,8 @@ void Pool::set_key_smoothing(const float *scale, const float *offset, size_t cou
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const uint64_t want = static_cast<uint64_t>(cfg_.num_layers) * row;
   if (!scale && count) fail(Errc::NullPointer, "scale is NULL with count " + u64s(count));
+  if (!scale && offset)
+    fail(Errc::InvalidArgument, "an offset without a scale: give both, or neither to remove");
   if (cfg_.device == Device::CUDA)
     fail(Errc::Unsupported, "device CUDA: key smoothing is CPU-only in this version");
   if (headwise())
@@ -115,6 +116,7 @@ void Pool::set_key_smoothing(const float *scale, const float *offset, size_t cou
     for (uint32_t l = 0; l < cfg_.num_layers; ++l)
       fmt_.scale[0][l].store(0, std::memory_order_release);
   cfg_.k_smoothing = s;
+  std::lock_guard<std::mutex> g(fmt_.smooth_mu);  // an append's prepare reads it unlocked
   fmt_.smooth = s;
 }
 

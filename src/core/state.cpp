@@ -101,8 +101,8 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
       diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) +
               " (this pool: " + u64s(a) + ")";
   }
-  return diff.empty() ? "head-wise storage, codecs, scales, residual window, attention sinks or "
-                        "RoPE settings differ"
+  return diff.empty() ? "head-wise storage, codecs (outliers included), scales, residual window, "
+                        "attention sinks, RoPE settings or key smoothing differ"
                       : diff;
 }
 

@@ -63,7 +63,10 @@ class BlockStore {
     DType src = DType::F32;
     uint64_t n = 0;
     const float *kf = nullptr, *vf = nullptr;  // CPU: quantized parts as rotated f32 rows
-    float *kpre = nullptr;                     // CPU, pre-RoPE keys: room for the unrotated rows
+    float *kpre = nullptr;                     // CPU, pre-RoPE / smoothed keys: room for them
+    // The key smoothing prepare() saw (null: none); the write checks under the
+    // pool lock that it is still the pool's (kvc_pool_set_key_smoothing).
+    std::shared_ptr<const KeySmoothing> smooth;
   };
   virtual Input prepare(uint64_t n, const void *k, const void *v, DType src) const = 0;
   // Writes tokens [idx0, idx0 + n) of a layer (blocks private to the caller,

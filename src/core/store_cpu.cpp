@@ -64,7 +64,7 @@ class LayerTiles final : public attention::TileSource {
   uint64_t raw(uint64_t t0, uint64_t max_count, attention::RawTile &rt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size;
-    if (t0 >= l.n_lp || p_.fmt_.key_transform()) return 0;
+    if (t0 >= l.n_lp || p_.fmt_.pre_rope || p_.fmt_.smooth) return 0;
     if (l.sink_block >= 0 && t0 < p_.cfg_.residual_sinks) return 0;
     const uint32_t slot = static_cast<uint32_t>(t0 % bs);
     const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
@@ -99,7 +99,7 @@ class LayerTiles final : public attention::TileSource {
           return false;
       }
     }
-    if (pl.spec.gran != codec::Gran::Token) return false;
+    if (pl.spec.gran != codec::Gran::Token || pl.spec.outliers) return false;
     if (pl.spec.dtype == DType::INT8) {
       out.type = pl.spec.asym ? RawType::UInt8 : RawType::Int8;
       out.offset = 0;
@@ -173,11 +173,13 @@ class CpuStore final : public BlockStore {
     // before anything is written.
     const uint64_t row = static_cast<uint64_t>(c_.cfg_.num_kv_heads) * c_.cfg_.head_dim;
     const float *kf = nullptr, *vf = nullptr;  // (Pool::append checked n x row against 2^40)
+    in.smooth = c_.fmt_.smooth_snapshot();     // (the write checks it is still the pool's)
+    const bool ktrans = c_.fmt_.pre_rope || in.smooth;
     // Pre-RoPE keys are rotated back (then Hadamard-rotated) by write(), at
     // the RoPE positions of the layer's indices they land on, into kpre.
     float *kpre = nullptr;
     if (c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) {
-      float *buf = scratch_input((c_.fmt_.key_transform() ? 3 : 2) * n * row);
+      float *buf = scratch_input((ktrans ? 3 : 2) * n * row);
       for (int kv = 0; kv < 2; ++kv) {
         if (!c_.fmt_.part[kv].quantized) continue;
         float *dst = buf + kv * n * row;
@@ -192,12 +194,12 @@ class CpuStore final : public BlockStore {
                                    : c_.fmt_.part[kv].rotation_block);
         // Rotate each head before calibrating and encoding (keys with a
         // transform of their own: write() does, after it).
-        if (c_.fmt_.part[kv].rotation_block && !(kv == 0 && c_.fmt_.key_transform()))
+        if (c_.fmt_.part[kv].rotation_block && !(kv == 0 && ktrans))
           for (uint64_t t = 0; t < n; ++t)
             codec::hadamard(dst + t * row, row, c_.fmt_.part[kv].rotation_block);
         (kv == 0 ? kf : vf) = dst;
       }
-      if (c_.fmt_.key_transform()) kpre = buf + 2 * n * row;
+      if (ktrans) kpre = buf + 2 * n * row;
     }
     in.kf = kf;
     in.vf = vf;
@@ -224,7 +226,7 @@ class CpuStore final : public BlockStore {
         for (uint64_t t = 0; t < n; ++t)
           c_.fmt_.pre_rope->rotate(kpre + t * row, c_.cfg_.num_kv_heads,
                                    static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
-      if (c_.fmt_.smooth) c_.fmt_.smooth_keys(layer, kpre, n);
+      if (in.smooth) c_.fmt_.smooth_keys(*in.smooth, layer, kpre, n);
       if (c_.fmt_.part[0].rotation_block)
         for (uint64_t t = 0; t < n; ++t)
           codec::hadamard(kpre + t * row, row, c_.fmt_.part[0].rotation_block);

@@ -168,6 +168,8 @@ struct PartLayout {
   uint64_t scales_per_token = 0;  // scale entries per token slot (per token / group)
   uint64_t scales_per_block = 0;  // scale entries per block (all granularities)
   uint64_t scale_bytes = 0;       // bytes of one scale entry (4 f32, 2 f16)
+  uint64_t outlier_offset = 0;    // outlier pairs from the block start (codec outliers)
+  uint64_t outlier_bytes = 0;     // outlier pair bytes per token slot (0: none)
   uint64_t bytes = 0;             // the part's bytes per block, scales and zeros included
   uint32_t rotation_block = 0;    // Hadamard block inside each head (0: none)
 };

@@ -97,6 +97,13 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
       n > (uint64_t(1) << 40) / (row ? row : 1))
     fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
   const BlockStore::Input in = store_->prepare(n, k, v, src);
+  // (Under the pool lock: the key smoothing prepare() used is still the pool's.)
+  auto same_smoothing = [&] {
+    if (in.smooth != fmt_.smooth)
+      fail(Errc::InvalidArgument,
+           "the pool's key smoothing changed while this append was prepared (its sequence was "
+           "freed meanwhile): nothing written");
+  };
   auto write = [&](LayerTable &l, uint64_t idx0) {
     store_->write(layer, l, idx0, in);
     mark_written(l, idx0, n, true);
@@ -104,6 +111,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   {
     std::shared_lock lk(mu_);
     Sequence &s = find(id);
+    same_smoothing();
     const uint64_t idx0 = locate(s);
     LayerTable &l = s.layers[layer];
     check_lp_write(l, idx0);
@@ -133,6 +141,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   // Copy-on-write needed: redo under the exclusive lock (the state may have changed).
   std::unique_lock lk(mu_);
   Sequence &s = find(id);
+  same_smoothing();
   const uint64_t idx0 = locate(s);
   LayerTable &l = s.layers[layer];
   check_lp_write(l, idx0);

@@ -48,7 +48,8 @@ static const field codec_fields[] = {
     F(kvc_codec, struct_size), F(kvc_codec, dtype),          F(kvc_codec, granularity),
     F(kvc_codec, group_size),  F(kvc_codec, asymmetric),     F(kvc_codec, scale_dtype),
     F(kvc_codec, rotation),    F(kvc_codec, rotation_block), F(kvc_codec, static_scale),
-    F(kvc_codec, scale),       F(kvc_codec, full_range)};
+    F(kvc_codec, scale),       F(kvc_codec, full_range),     F(kvc_codec, reserved0),
+    F(kvc_codec, outliers)};
 static const field pool_config_fields[] = {F(kvc_pool_config, struct_size),
                                            F(kvc_pool_config, num_layers),
                                            F(kvc_pool_config, num_q_heads),
@@ -507,9 +508,12 @@ static void test_mid_field_refused_on_use(void **state) {
   for (size_t sz = 48; sz <= sizeof codec; ++sz) {
     codec.struct_size = sz;
     kvc_quant_sizes_init(&qs);
-    const int inside = sz > 48 && sz < 52; /* full_range is bytes 48..51 */
+    /* full_range is bytes 48..51, reserved0 52..55 (0.4), outliers 56..59 */
+    const int inside = (sz > 48 && sz < 52) || (sz > 52 && sz < 56) || (sz > 56 && sz < 60);
     ASSERT_STATUS(inside ? KVC_ERR_STRUCT_SIZE : KVC_OK, kvc_quantize_sizes(&codec, 4, 64, &qs));
-    if (inside) assert_non_null(strstr(kvc_last_error_message(), "full_range"));
+    if (inside)
+      assert_non_null(strstr(kvc_last_error_message(),
+                             sz < 52 ? "full_range" : sz < 56 ? "reserved0" : "outliers"));
   }
   codec.struct_size = sizeof codec;
 

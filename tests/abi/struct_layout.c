@@ -192,7 +192,9 @@ FIELD(kvc_codec, rotation_block, 32, 4);
 FIELD(kvc_codec, static_scale, 36, 4);
 FIELD(kvc_codec, scale, 40, 8);
 FIELD(kvc_codec, full_range, 48, 4);
-SIZE(kvc_codec, 56);
+FIELD(kvc_codec, reserved0, 52, 4); /* 0.4: the 0.3 tail padding, made explicit */
+FIELD(kvc_codec, outliers, 56, 4);
+SIZE(kvc_codec, 64);
 
 /* ---- kvc_quant_sizes (0.2) ---- */
 FIELD(kvc_quant_sizes, struct_size, 0, 8);

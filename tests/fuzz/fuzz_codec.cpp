@@ -105,6 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   std::memcpy(&dd, data + 19, 2);
   const uint64_t d = 1 + dd % 300;
   const bool tame = data[21] % 2 == 0;  // inputs scaled into a finite, moderate range
+  c.outliers = data[23] % 8 == 0 ? 1u + data[23] / 8 % 20 : 0u;  // pools only: always refused here
   const size_t nf = (size - 24) / 4;
   std::vector<float> x(n * d);
   for (uint64_t i = 0; i < n * d; ++i) {
@@ -125,8 +126,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   kvc_quant_sizes qs;
   kvc_quant_sizes_init(&qs);
   const kvc_status s = kvc_quantize_sizes(&c, n, d, &qs);
+  if (c.outliers && s == KVC_OK) die("outliers accepted by the standalone quantizer", c, n, d);
   if (s != KVC_OK) {
-    if (s != KVC_ERR_INVALID_ARGUMENT && s != KVC_ERR_INVALID_SCALE) die("unexpected status from sizes", c, n, d);
+    if (s != KVC_ERR_INVALID_ARGUMENT && s != KVC_ERR_INVALID_SCALE &&
+        !(c.outliers && s == KVC_ERR_UNSUPPORTED))
+      die("unexpected status from sizes", c, n, d);
     return 0;
   }
   if (qs.codes_bytes == 0 || qs.codes_bytes > (64u << 20)) die("implausible codes_bytes", c, n, d);

@@ -113,12 +113,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
   c.rope_style = static_cast<kvc_rope_style>(setup % 3);
   if (setup & 4) c.k_codec = c.v_codec = &int8;
+  // Keys with codec outliers (int4, 1 or 2 per head) and, token-wise, key smoothing.
+  kvc_codec int4o;
+  kvc_codec_init(&int4o);
+  int4o.dtype = KVC_DTYPE_INT4;
+  int4o.granularity = KVC_SCALE_PER_TOKEN;
+  int4o.full_range = 1;
+  int4o.outliers = 1 + (setup >> 6) % 2;
+  if (setup & 16) c.k_codec = &int4o;
   if (setup & 8) {  // head-wise: a block table per (layer, KV head)
     c.flags |= KVC_POOL_HEADWISE;
     c.num_blocks *= kHkv;
   }
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&c, &p) != KVC_OK) die("pool create");
+  if ((setup & 32) && c.k_codec && !(setup & 8)) {
+    std::vector<float> sc(kLayers * kHkv * kHd), off(sc.size());
+    for (size_t i = 0; i < sc.size(); ++i) sc[i] = 0.5f + float(i % 3), off[i] = float(i % 5) - 2.0f;
+    if (kvc_pool_set_key_smoothing(p, sc.data(), off.data(), sc.size()) != KVC_OK) die("key smoothing");
+  }
   const std::vector<uint64_t> ids = {1, 2, 3, 4};
   std::vector<float> buf;
   for (int op_i = 0; op_i < 48 && !in.empty(); ++op_i) {

@@ -201,10 +201,12 @@ void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
   for (int l = 0; l < s.layers; ++l) {
     const float *ml = m.data() + std::size_t(l) * row;
     const float top = *std::max_element(ml, ml + row);
-    if (!(top > 0.0f)) continue;  // a layer of zero keys: no smoothing
     for (std::size_t c = 0; c < row; ++c) {
       const std::size_t i = std::size_t(l) * row + c;
-      scale[i] = static_cast<float>(std::pow(std::max<double>(ml[c], 1e-3 * top), alpha));
+      // A layer of constant keys (rms 0) keeps scale 1; no scale below the library's 1e-30.
+      if (top > 0.0f)
+        scale[i] = static_cast<float>(
+            std::max(std::pow(std::max<double>(ml[c], 1e-3 * top), alpha), 1e-30));
       offset[i] = s.mean[i];
     }
   }

@@ -48,7 +48,8 @@ std::string format_key_stats(const KeyStats &s, const std::string &comment);
 KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &file);
 
 /// Key smoothing from statistics (the `smooth[=A]` codec flag): scale[c] =
-/// max(rms[c], 1e-3 x the layer's largest rms) ^ alpha, offset[c] = mean[c].
+/// max(rms[c], 1e-3 x the layer's largest rms) ^ alpha (at least 1e-30; 1 in
+/// a layer whose rms are all 0), offset[c] = mean[c].
 /// (Measured on SmolLM2: the rms beat the largest deviation on perplexity,
 /// alpha 1 beat 0.5, and centering is what lets symmetric codes work.)
 void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,

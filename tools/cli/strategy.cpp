@@ -47,14 +47,14 @@ const std::vector<Component> &registry() {
        "group of G values",
        KVC_DTYPE_INT8,
        {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope",
-        "smooth"}},
+        "smooth", "outliers"}},
       {"int4",
        Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth"}},
+        "pre-rope", "smooth", "outliers"}},
       {"int3",
        Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
@@ -62,14 +62,14 @@ const std::vector<Component> &registry() {
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
        KVC_DTYPE_INT3,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth"}},
+        "pre-rope", "smooth", "outliers"}},
       {"int2",
        Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
        KVC_DTYPE_INT2,
        {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth"}},
+        "pre-rope", "smooth", "outliers"}},
       {"kivi2",
        Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
@@ -244,7 +244,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
   kvc_codec_init(&c);
   c.scale_dtype = name == "int8" ? KVC_DTYPE_F32 : KVC_DTYPE_F16;
   bool per_token = false, asym = false, sym = false, hadamard = false, full_range = false;
-  std::uint32_t group = 32, residual = 32, kchannel = 0;
+  std::uint32_t group = 32, residual = 32, kchannel = 0, outliers = 0;
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
     if (key == "per-token")
@@ -269,6 +269,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
       residual = whole(where, key, value, 0, 65536);
     else if (key == "pre-rope")
       st.pre_rope_keys = true;
+    else if (key == "outliers")
+      outliers = whole(where, key, value, 1, 16);
     else if (key == "smooth")
       st.key_smooth = value.empty() ? 1.0 : number(where, key, value, 0.05, 1.0);
     else if (key == "sinks")
@@ -348,6 +350,14 @@ void resolve_codec(Strategy &st, const std::string &where) {
   c.asymmetric = name == "int2" ? (sym || full_range ? 0 : 1) : (asym ? 1 : 0);
   c.full_range = full_range ? 1 : 0;
   if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
+  if (outliers) {
+    if (c.asymmetric)
+      throw RunnerError(where + "outliers=" + std::to_string(outliers) +
+                        " needs symmetric codes: add full-range (or sym for int2), drop asym");
+    if (kchannel)
+      throw RunnerError(where + "outliers apply to per-token or per-group scales, not kchannel");
+    c.outliers = outliers;
+  }
   st.k_codec = st.v_codec = c;
   key_channels(st.k_codec);
 }

@@ -240,8 +240,9 @@ def key_smoothing(stats, alpha=1.0, rope="interleaved"):
     L, H, D = stats["layers"], stats["kv_heads"], stats["head_dim"]
     rms = stats["rms"].astype(_np.float64)
     top = rms.max(axis=1, keepdims=True)
-    scale = _np.where(top > 0, _np.maximum(rms, 1e-3 * top), 1.0) ** float(alpha)
-    offset = _np.where(top > 0, stats["mean"].astype(_np.float64), 0.0)
+    # A layer of constant keys (rms 0) keeps scale 1; no scale below the library's 1e-30.
+    scale = _np.where(top > 0, _np.maximum(_np.maximum(rms, 1e-3 * top) ** float(alpha), 1e-30), 1.0)
+    offset = stats["mean"].astype(_np.float64)
     if rope != stats["rope"]:
         if D % 2:
             raise ValueError("key_smoothing: head_dim %d is odd: no RoPE pairs to reorder" % D)

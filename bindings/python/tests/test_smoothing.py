@@ -10,6 +10,11 @@ L, HK, D = 2, 2, 8
 
 
 def pool_and_codec():
+    cfg, codec = config_and_codec()
+    return kvcache.Pool(cfg, codec, None), codec
+
+
+def config_and_codec():
     cfg = kvcache.PoolConfig()
     cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = L, 2 * HK, HK, D
     cfg.block_size, cfg.num_blocks = 8, 64
@@ -17,7 +22,7 @@ def pool_and_codec():
     codec = kvcache.Codec()
     codec.dtype = kvcache.DTYPE_INT4
     codec.granularity = kvcache.SCALE_PER_TOKEN
-    return kvcache.Pool(cfg, codec, None), codec
+    return cfg, codec
 
 
 def keys(n=20, seed=1):
@@ -105,3 +110,31 @@ def test_key_stats_files(tmp_path):
             kvcache.load_key_stats(str(f))
     with pytest.raises(ValueError):
         kvcache.key_smoothing(st, 2.0)
+
+
+def test_codec_outliers():
+    """Codec.outliers (dense-and-sparse codes): a spike per head no longer stretches the other values'
+    step in a pool; the standalone quantizer refuses such a codec (pools only)."""
+    rng = np.random.default_rng(3)
+    k = rng.uniform(-1, 1, (16, HK, D)).astype(np.float32)
+    k[:, :, 3] = 40.0
+    errs = []
+    for n_out in (0, 1):
+        cfg, codec = config_and_codec()
+        codec.outliers = n_out
+        with kvcache.Pool(cfg, codec, None) as p:
+            p.seq_create(1)
+            p.reserve(1, len(k))
+            for layer in range(L):
+                p.append(1, layer, 0, k, k)
+            got, _ = p.gather(1, 0, v=False)
+            rest = np.abs(got.reshape(k.shape) - k)
+            rest[:, :, 3] = 0
+            errs.append(rest.max())
+            assert abs(got.reshape(k.shape)[0, 0, 3] - 40.0) <= 40.0 / 127 / 2 + 1e-4
+    assert errs[1] * 5 < errs[0], errs  # steps of 1 / 7 instead of 40 / 7
+    codec = kvcache.Codec()
+    codec.dtype, codec.granularity, codec.outliers = kvcache.DTYPE_INT4, kvcache.SCALE_PER_TOKEN, 1
+    with pytest.raises(kvcache.KvcError) as e:
+        codec.quantize(np.zeros((2, 8), np.float32))
+    assert e.value.status == kvcache.ERR_UNSUPPORTED

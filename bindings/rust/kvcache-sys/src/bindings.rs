@@ -435,12 +435,27 @@ pub struct kvc_codec {
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT; CPU pools only (a CUDA pool gives ::KVC_ERR_UNSUPPORTED)."]
     #[doc = " @since 0.3"]
     pub full_range: u32,
+    #[doc = " Padding made explicit (the 0.3 struct's tail), so that the fields after it are never read"]
+    #[doc = " from a shorter struct's padding; never read, any value. @since 0.4"]
+    pub reserved0: u32,
+    #[doc = " Outliers per scale group (dense-and-sparse codes, after KVQuant arXiv 2401.18079 section"]
+    #[doc = " 3.4): the `outliers` values of largest magnitude of each group (a token's KV head with"]
+    #[doc = " per-token scales, a group of group_size values with per-group ones) are stored apart as"]
+    #[doc = " (index, int8 code) pairs, code = round(x / scale) in [-128, 127], and the group's scale is"]
+    #[doc = " computed from its other values (but never below the largest outlier's magnitude / 127), so"]
+    #[doc = " a few values far out no longer stretch every other value's step. 0 (default) .. 16 and at"]
+    #[doc = " most a quarter of the group; symmetric integer codecs (int8, int4, int3, int2, full range or"]
+    #[doc = " not) with dynamic per-token or per-group scales, groups of at most 256 values that divide the"]
+    #[doc = " row; ::KVC_ERR_INVALID_ARGUMENT otherwise. Pools only: kvc_quantize() and friends give"]
+    #[doc = " ::KVC_ERR_UNSUPPORTED, and so do CUDA pools. Storage: 2 bytes per outlier (docs/codecs.md)."]
+    #[doc = " @since 0.4"]
+    pub outliers: u32,
 }
 #[test]
 fn bindgen_test_layout_kvc_codec() {
     assert_eq!(
         ::std::mem::size_of::<kvc_codec>(),
-        56usize,
+        64usize,
         concat!("Size of: ", stringify!(kvc_codec))
     );
     assert_eq!(
@@ -635,6 +650,40 @@ fn bindgen_test_layout_kvc_codec() {
         );
     }
     test_field_full_range();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_codec>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_codec),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
+    fn test_field_outliers() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_codec>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).outliers) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_codec),
+                "::",
+                stringify!(outliers)
+            )
+        );
+    }
+    test_field_outliers();
 }
 extern "C" {
     #[doc = " @brief Fill a codec with defaults: int8, per token, symmetric, f32 scales,"]

@@ -148,6 +148,16 @@ impl Codec {
         self
     }
 
+    /// Outliers per scale group (dense-and-sparse codes, docs/codecs.md): the
+    /// `n` values of largest magnitude of each group are kept apart as
+    /// (index, int8 code) pairs and the group's scale covers the others;
+    /// symmetric integer codecs with per-token or per-group scales, pools only
+    /// (the standalone quantizer gives [`Status::Unsupported`]), CPU only.
+    pub fn outliers(mut self, n: u32) -> Codec {
+        self.raw.outliers = n;
+        self
+    }
+
     /// The storage dtype.
     pub fn dtype(&self) -> Option<Dtype> {
         Dtype::from_raw(self.raw.dtype)

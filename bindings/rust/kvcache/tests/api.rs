@@ -690,3 +690,36 @@ fn key_smoothing_rescales_channels() {
         Status::InvalidArgument
     );
 }
+
+/// Codec outliers (`Codec::outliers`): a spike per head no longer stretches
+/// the other values' step in a pool; the standalone quantizer refuses them.
+#[test]
+fn codec_outliers_keep_the_other_values_step() {
+    let n = 8usize;
+    let mut rng = Rng::new(91);
+    let mut k = rng.values(n * ROW, 1.0);
+    for i in 0..n * KV_HEADS as usize {
+        k[i * HEAD_DIM as usize + 5] = 40.0;
+    }
+    let mut errs = [0f32; 2];
+    for (j, outl) in [0u32, 2].iter().enumerate() {
+        let codec = Codec::new(Dtype::Int4)
+            .granularity(Granularity::PerToken)
+            .outliers(*outl);
+        let pool = Pool::new(&model_config().num_blocks(16).k_codec(codec)).unwrap();
+        pool.seq_create(1).unwrap();
+        pool.seq_reserve(1, n as u64).unwrap();
+        pool.append(1, 0, 0, &k, &k).unwrap();
+        let got = pool.gather::<f32>(1, 0, 0, n).unwrap().k;
+        for i in 0..n * ROW {
+            if i % HEAD_DIM as usize != 5 {
+                errs[j] = errs[j].max((got[i] - k[i]).abs());
+            }
+        }
+    }
+    assert!(errs[1] * 5.0 < errs[0], "{errs:?}");
+    let c = Codec::new(Dtype::Int4)
+        .granularity(Granularity::PerToken)
+        .outliers(1);
+    assert_eq!(c.sizes(2, 64).unwrap_err().status, Status::Unsupported);
+}

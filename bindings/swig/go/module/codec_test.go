@@ -122,3 +122,41 @@ func TestCodecKeySmoothing(t *testing.T) {
 		t.Fatalf("a short scale: %v", err)
 	}
 }
+
+// Codec outliers (Codec.Outliers): a spike per head no longer stretches the
+// other values' step in a pool; the standalone quantizer refuses the codec.
+func TestCodecOutliers(t *testing.T) {
+	const n = 8
+	k := random(n*row, 620)
+	for i := 0; i < n*kvHeads; i++ {
+		k[i*headDim+5] = 40
+	}
+	var errs [2]float64
+	for j, outl := range []uint32{0, 2} {
+		c := DefaultCodec()
+		c.DType, c.Outliers = DTYPE_INT4, outl
+		cfg := testConfig()
+		cfg.KCodec = &c
+		p := newTestPool(t, cfg)
+		must(t, p.SeqCreate(1))
+		must(t, p.Reserve(1, n))
+		must1[uint64](t)(p.Append(1, 0, 0, k, k))
+		ko := make([]float32, n*row)
+		must1[uint64](t)(p.Gather(1, 0, 0, ko, nil))
+		for i := range ko {
+			if i%headDim != 5 {
+				errs[j] = math.Max(errs[j], math.Abs(float64(ko[i]-k[i])))
+			}
+		}
+	}
+	if errs[1]*5 >= errs[0] {
+		t.Fatalf("outliers did not shrink the other values' error: %v", errs)
+	}
+	c := DefaultCodec()
+	c.DType, c.Outliers = DTYPE_INT4, 1
+	_, err := c.Sizes(2, 64)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != ERR_UNSUPPORTED {
+		t.Fatalf("the standalone quantizer with outliers: %v", err)
+	}
+}

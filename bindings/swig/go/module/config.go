@@ -215,6 +215,7 @@ type Codec struct {
 	StaticScale   bool    // use Scale as a calibrated per-tensor scale
 	Scale         float64 // with StaticScale
 	FullRange     bool    // symmetric integer codes use all 2^bits values (llama.cpp q4_0's rule)
+	Outliers      uint32  // values per scale group kept apart as (index, int8 code) pairs (pools only)
 }
 
 // DefaultCodec is kvc_codec_init's defaults: int8, one f32 scale per token.
@@ -236,6 +237,7 @@ func codecFrom(n native.Codec) Codec {
 		StaticScale:   n.GetStatic_scale() != 0,
 		Scale:         n.GetScale(),
 		FullRange:     n.GetFull_range() != 0,
+		Outliers:      uint32(n.GetOutliers()),
 	}
 }
 
@@ -251,6 +253,7 @@ func (c *Codec) native() native.Codec {
 	n.SetStatic_scale(boolU(c.StaticScale))
 	n.SetScale(c.Scale)
 	n.SetFull_range(boolU(c.FullRange))
+	n.SetOutliers(uint(c.Outliers))
 	return n
 }
 

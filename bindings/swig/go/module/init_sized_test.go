@@ -113,7 +113,7 @@ func TestInitSizedRefusedSizesWriteNothing(t *testing.T) {
 // The library's sizeof of the structs that grew after 0.3 (0.4: kvc_prefix_config's extra key
 // names; kvc_policy_config's future_positions, default 512 at offset 88, head_budget 0 at 92 and
 // head_floor 0.2 at 96, head_gates at 104, num_head_gates at 112, gate_threshold 0.5 at 116).
-var grownSize = map[CStruct]uint64{StructPrefixConfig: 88, StructPolicyConfig: 120}
+var grownSize = map[CStruct]uint64{StructPrefixConfig: 88, StructPolicyConfig: 120, StructCodec: 64}
 
 func TestInitSizedNewerCallerTailZeroed(t *testing.T) {
 	for _, c := range initCases {

@@ -118,6 +118,35 @@ public class CodecTest {
     }
   }
 
+  /** Codec outliers: a spike per head no longer stretches the other values' step in a pool. */
+  @Test
+  public void outliersKeepTheOtherValuesStep() {
+    final int n = 8;
+    float[] k = random(n * ROW, 620);
+    for (int i = 0; i < n * KV_HEADS; ++i) k[i * HEAD_DIM + 5] = 40f;
+    double[] errs = new double[2];
+    for (int j = 0; j < 2; ++j) {
+      Codec c = new Codec();
+      c.setDtype(Kvc.DTYPE_INT4);
+      c.setOutliers(j * 2);
+      try (Pool pool = new Pool(config(), c, null)) {
+        pool.seqCreate(1);
+        pool.reserve(1, n);
+        pool.append(1, 0, 0, k, k);
+        float[] ko = new float[n * ROW], vo = new float[n * ROW];
+        pool.gather(1, 0, 0, ko, vo);
+        for (int i = 0; i < ko.length; ++i)
+          if (i % HEAD_DIM != 5) errs[j] = Math.max(errs[j], Math.abs(ko[i] - k[i]));
+      }
+    }
+    assertTrue(errs[0] + " " + errs[1], errs[1] * 5 < errs[0]);
+    Codec c = new Codec();
+    c.setDtype(Kvc.DTYPE_INT4);
+    c.setOutliers(1);
+    KvcException e = assertThrows(KvcException.class, () -> c.sizes(2, 64));
+    assertEquals(Kvc.ERR_UNSUPPORTED, e.status());
+  }
+
   @Test
   public void shortBuffersAreRefused() {
     Codec c = new Codec();
