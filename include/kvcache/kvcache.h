@@ -456,7 +456,8 @@ typedef struct kvc_codec {
   uint32_t full_range;
   /**
    * Padding made explicit (the 0.3 struct's tail), so that the fields after it are never read
-   * from a shorter struct's padding; never read, any value. @since 0.4
+   * from a shorter struct's padding; never read, any value (a struct_size of 53..55 now ends
+   * inside it and is refused: no compiler makes a kvc_codec of those sizes). @since 0.4
    */
   uint32_t reserved0;
   /**
@@ -861,7 +862,10 @@ KVC_API kvc_status kvc_pool_reset_peak(kvc_pool *pool);
  * Quantized parts (docs/codecs.md): codes `[block_size][num_kv_heads][head_dim *
  * bits / 8]` at k_offset, then the scales `[block_size][k_scales_per_token]` at
  * k_scale_offset and, for asymmetric codecs, the zero points at k_zero_offset;
- * k_bytes covers all three. Per-channel scales (group of G tokens) are
+ * for a codec with outliers (::kvc_codec.outliers, symmetric: no zero points)
+ * the outlier pairs `[block_size][k_scales_per_token][outliers][2]` (uint8
+ * index, int8 code) are at k_zero_offset instead; k_bytes covers them all.
+ * Per-channel scales (group of G tokens) are
  * `[block_size / G][num_kv_heads * head_dim]` instead. Per-tensor scales live
  * outside the blocks (kvc_pool_tensor_scales()). With a residual window, a
  * layer's newest tokens live in residual blocks (residual_base) until they
@@ -892,7 +896,8 @@ typedef struct kvc_pool_layout {
   kvc_device device;       /**< Where base points. */
   int32_t device_index;    /**< Device ordinal. */
   /**
-   * Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points.
+   * Bytes of K codes (or plain values) in a block; k_bytes minus scales, zero points and
+   * outlier pairs.
    * @since 0.2
    */
   uint64_t k_codes_bytes;
@@ -901,7 +906,10 @@ typedef struct kvc_pool_layout {
    * @since 0.2
    */
   uint64_t k_scale_offset;
-  /** Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2 */
+  /**
+   * Byte offset of K's zero points (asymmetric codecs), same shape as the scales; of its outlier
+   * pairs with ::kvc_codec.outliers (0.4). @since 0.2
+   */
   uint64_t k_zero_offset;
   /** Scale entries per token slot of K (0: none or per-tensor). @since 0.2 */
   uint32_t k_scales_per_token;

@@ -75,6 +75,7 @@ void validate(const Spec &s, uint64_t d) {
       fail(Errc::InvalidScale, "a scale applies to fp8 and integer dtypes only");
     if (s.rotation_block)
       fail(Errc::InvalidArgument, "rotation applies to fp8 and integer dtypes only");
+    if (s.outliers) fail(Errc::InvalidArgument, "outliers apply to integer dtypes only");
     return;
   }
   if (s.gran == Gran::None)

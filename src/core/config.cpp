@@ -83,7 +83,7 @@ void validate_config(PoolConfig &c, bool check_memory) {
     codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
     const char *name = kv == 0 ? "k_codec" : "v_codec";
     if (is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 && !sp.asym &&
-        sp.rotation_block == 0) {
+        sp.rotation_block == 0 && sp.outliers == 0) {
       sp.dtype = static_cast<DType>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
       continue;
     }

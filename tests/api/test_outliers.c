@@ -144,6 +144,12 @@ static void test_refusals(void **state) {
   c.granularity = KVC_SCALE_PER_GROUP;
   c.group_size = 12; /* does not divide head_dim 16 */
   pool_with(&c, KVC_ERR_INVALID_ARGUMENT);
+  /* A float codec with outliers: refused, not silently plain storage. */
+  c = int4_outliers(2);
+  c.dtype = KVC_DTYPE_F16;
+  c.granularity = KVC_SCALE_NONE;
+  pool_with(&c, KVC_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(kvc_last_error_message(), "integer dtypes only"));
   /* The standalone quantizer has no buffer for the pairs. */
   c = int4_outliers(2);
   kvc_quant_sizes qs;
@@ -269,6 +275,37 @@ static void test_int3_groups(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* Full range with a group whose other values are all negative and tiny
+ * against a positive outlier: the stand-in takes their sign, so they keep
+ * half a step (a positive stand-in would clamp -7.9 steps to -7). Values near
+ * FLT_MAX and NaN-free extremes read back finite. */
+static void test_full_range_signs_and_extremes(void **state) {
+  (void)state;
+  kvc_codec c = int4_outliers(1);
+  c.full_range = 1;
+  kvc_pool *p = pool_with(&c, KVC_OK);
+  static float k[N * ROW], got[N * ROW];
+  for (uint32_t t = 0; t < N; ++t)
+    for (uint32_t e = 0; e < ROW; ++e) /* head 0: -5.5 .. -6.1, just below 100 x 8 / 127 */
+      k[t * ROW + e] = e < HD ? -5.5f - 0.1f * (float)((e + t) % 7) : -0.001f * (float)(1 + e % 7);
+  for (uint32_t t = 0; t < N; ++t) k[t * ROW + 3] = 100.0f, k[t * ROW + HD + 9] = 3e38f;
+  fill(p, 1, k);
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, N, got, NULL, KVC_DTYPE_F32, NULL));
+  for (uint32_t t = 0; t < N; ++t)
+    for (uint32_t h = 0; h < HEADS; ++h) {
+      const float *x = k + t * ROW + h * HD;
+      float top = 0.0f;
+      for (uint32_t e = 0; e < HD; ++e) top = fmaxf(top, fminf(fabsf(x[e]), 1e38f));
+      const double step = top / 127.0 * (1 + 1e-6);
+      for (uint32_t e = 0; e < HD; ++e) {
+        const float g = got[t * ROW + h * HD + e];
+        assert_true(isfinite(g));
+        assert_true(fabs((double)g - fmin(x[e], 1e38)) <= step / 2 + 1e-30);
+      }
+    }
+  kvc_pool_destroy(p);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_pool_round_trip),
@@ -276,6 +313,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_records),
       cmocka_unit_test(test_attention),
       cmocka_unit_test(test_int3_groups),
+      cmocka_unit_test(test_full_range_signs_and_extremes),
   };
   if (argc > 1) {
     int found = 0;
