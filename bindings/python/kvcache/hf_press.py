@@ -7,7 +7,7 @@ import torch
 
 from . import native as _native
 from . import KvcError, parse_strategy
-from .hf import _PROTO_NONE, _geometry, _plain_rope_or_raise, _policy
+from ._hf_setup import _PROTO_NONE, _geometry, _plain_rope_or_raise, _policy
 
 
 def _row_keys(x):
