@@ -436,7 +436,8 @@ pub struct kvc_codec {
     #[doc = " @since 0.3"]
     pub full_range: u32,
     #[doc = " Padding made explicit (the 0.3 struct's tail), so that the fields after it are never read"]
-    #[doc = " from a shorter struct's padding; never read, any value. @since 0.4"]
+    #[doc = " from a shorter struct's padding; never read, any value (a struct_size of 53..55 now ends"]
+    #[doc = " inside it and is refused: no compiler makes a kvc_codec of those sizes). @since 0.4"]
     pub reserved0: u32,
     #[doc = " Outliers per scale group (dense-and-sparse codes, after KVQuant arXiv 2401.18079 section"]
     #[doc = " 3.4): the `outliers` values of largest magnitude of each group (a token's KV head with"]
@@ -1683,7 +1684,10 @@ extern "C" {
 #[doc = " Quantized parts (docs/codecs.md): codes `[block_size][num_kv_heads][head_dim *"]
 #[doc = " bits / 8]` at k_offset, then the scales `[block_size][k_scales_per_token]` at"]
 #[doc = " k_scale_offset and, for asymmetric codecs, the zero points at k_zero_offset;"]
-#[doc = " k_bytes covers all three. Per-channel scales (group of G tokens) are"]
+#[doc = " for a codec with outliers (::kvc_codec.outliers, symmetric: no zero points)"]
+#[doc = " the outlier pairs `[block_size][k_scales_per_token][outliers][2]` (uint8"]
+#[doc = " index, int8 code) are at k_zero_offset instead; k_bytes covers them all."]
+#[doc = " Per-channel scales (group of G tokens) are"]
 #[doc = " `[block_size / G][num_kv_heads * head_dim]` instead. Per-tensor scales live"]
 #[doc = " outside the blocks (kvc_pool_tensor_scales()). With a residual window, a"]
 #[doc = " layer's newest tokens live in residual blocks (residual_base) until they"]
@@ -1733,13 +1737,15 @@ pub struct kvc_pool_layout {
     pub device: kvc_device,
     #[doc = "< Device ordinal."]
     pub device_index: i32,
-    #[doc = " Bytes of K codes (or plain values) in a block; k_bytes minus scales and zero points."]
+    #[doc = " Bytes of K codes (or plain values) in a block; k_bytes minus scales, zero points and"]
+    #[doc = " outlier pairs."]
     #[doc = " @since 0.2"]
     pub k_codes_bytes: u64,
     #[doc = " Byte offset of K's scales in a block: `[block_size][k_scales_per_token]` of k_scale_dtype."]
     #[doc = " @since 0.2"]
     pub k_scale_offset: u64,
-    #[doc = " Byte offset of K's zero points (asymmetric codecs), same shape as the scales. @since 0.2"]
+    #[doc = " Byte offset of K's zero points (asymmetric codecs), same shape as the scales; of its outlier"]
+    #[doc = " pairs with ::kvc_codec.outliers (0.4). @since 0.2"]
     pub k_zero_offset: u64,
     #[doc = " Scale entries per token slot of K (0: none or per-tensor). @since 0.2"]
     pub k_scales_per_token: u32,
