@@ -732,31 +732,32 @@ std::vector<std::string> default_strategies() {
           "duo-attention:heads=0.75:window=150",
           "h2o:budget=0.3+int4:per-token:asym:hadamard",
           "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
+}
 
-  std::vector<std::string> default_long_strategies() {
-    return {"f32",
-            "window:tokens=512",
-            "window:tokens=512:keep-positions",
-            "streaming:tokens=512",
-            "streaming:tokens=512:keep-positions",
-            "streaming:tokens=256"};
-  }
+std::vector<std::string> default_long_strategies() {
+  return {"f32",
+          "window:tokens=512",
+          "window:tokens=512:keep-positions",
+          "streaming:tokens=512",
+          "streaming:tokens=512:keep-positions",
+          "streaming:tokens=256"};
+}
 
-  std::vector<std::pair<std::string, std::string>> known_codecs() {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const Component &c : registry()) {
-      if (c.kind == Kind::Codec) out.emplace_back(c.name, c.description);
-    }
-    return out;
+std::vector<std::pair<std::string, std::string>> known_codecs() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Component &c : registry()) {
+    if (c.kind == Kind::Codec) out.emplace_back(c.name, c.description);
   }
+  return out;
+}
 
-  std::vector<std::pair<std::string, std::string>> known_policies() {
-    std::vector<std::pair<std::string, std::string>> out;
-    for (const Component &c : registry()) {
-      if (c.kind == Kind::Policy) out.emplace_back(c.name, c.description);
-    }
-    return out;
+std::vector<std::pair<std::string, std::string>> known_policies() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Component &c : registry()) {
+    if (c.kind == Kind::Policy) out.emplace_back(c.name, c.description);
   }
+  return out;
+}
 
 }  // namespace kvc_cli
 
