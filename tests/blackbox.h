@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +97,46 @@ static inline int has_test(const struct CMUnitTest *tests, size_t n, const char 
   for (size_t i = 0; i < n; ++i)
     if (strcmp(tests[i].name, name) == 0) return 1;
   return 0;
+}
+
+/* kvc_attention_decode() of one sequence (query heads 2 per KV head, as
+ * test_config makes them; q `[2 * kv_heads][head_dim]`) against a float64
+ * softmax over the `n` rows kvc_gather() returns for the layer: each output
+ * within abs_tol + rel_tol x |reference|. */
+static inline void assert_decode_matches_gather_rows(kvc_pool *p, uint64_t seq, uint32_t layer,
+                                                     uint64_t n, uint32_t kv_heads,
+                                                     uint32_t head_dim, const float *q,
+                                                     double abs_tol, double rel_tol) {
+  const uint64_t row = (uint64_t)kv_heads * head_dim, hq = 2 * (uint64_t)kv_heads;
+  float *kg = (float *)malloc(sizeof(float) * n * row), *vg = (float *)malloc(sizeof(float) * n * row);
+  float *out = (float *)malloc(sizeof(float) * hq * head_dim);
+  double *sc = (double *)malloc(sizeof(double) * n);
+  assert_true(kg && vg && out && sc);
+  kvc_attention_params ap;
+  kvc_attention_params_init(&ap);
+  ap.num_q_heads = (uint32_t)hq;
+  ASSERT_OK(kvc_attention_decode(p, layer, &seq, 1, q, out, NULL, &ap));
+  ASSERT_OK(kvc_gather(p, seq, layer, 0, n, kg, vg, KVC_DTYPE_F32, NULL));
+  for (uint64_t h = 0; h < hq; ++h) {
+    const uint64_t g = h / 2;
+    double mx = -1e300, sum = 0.0;
+    for (uint64_t t = 0; t < n; ++t) {
+      double d = 0.0;
+      for (uint64_t e = 0; e < head_dim; ++e) d += (double)q[h * head_dim + e] * kg[t * row + g * head_dim + e];
+      sc[t] = d / sqrt((double)head_dim);
+      if (sc[t] > mx) mx = sc[t];
+    }
+    for (uint64_t t = 0; t < n; ++t) sum += exp(sc[t] - mx);
+    for (uint64_t e = 0; e < head_dim; ++e) {
+      double o = 0.0;
+      for (uint64_t t = 0; t < n; ++t) o += exp(sc[t] - mx) / sum * vg[t * row + g * head_dim + e];
+      assert_true(fabs((double)out[h * head_dim + e] - o) <= abs_tol + rel_tol * fabs(o));
+    }
+  }
+  free(kg);
+  free(vg);
+  free(out);
+  free(sc);
 }
 
 #endif /* KVC_TESTS_BLACKBOX_H */

@@ -201,7 +201,7 @@ static void test_records(void **state) {
 /* Decode attention over outlier codes equals a softmax over the gathered keys. */
 static void test_attention(void **state) {
   (void)state;
-  static float k[N * ROW], kg[N * ROW], vg[N * ROW];
+  static float k[N * ROW];
   rows(k);
   for (uint32_t i = 0; i < N * ROW; ++i) k[i] *= 0.05f;
   kvc_codec c = int4_outliers(2);
@@ -213,30 +213,9 @@ static void test_attention(void **state) {
   kvc_pool *p = NULL;
   ASSERT_OK(kvc_pool_create(&cfg, &p));
   fill(p, 1, k);
-  kvc_attention_params ap;
-  kvc_attention_params_init(&ap);
-  ap.num_q_heads = 2 * HEADS;
-  float q[2 * HEADS * HD], out[2 * HEADS * HD];
+  float q[2 * HEADS * HD];
   for (int i = 0; i < 2 * HEADS * HD; ++i) q[i] = frand();
-  uint64_t seq = 1;
-  ASSERT_OK(kvc_attention_decode(p, 0, &seq, 1, q, out, NULL, &ap));
-  ASSERT_OK(kvc_gather(p, 1, 0, 0, N, kg, vg, KVC_DTYPE_F32, NULL));
-  for (int h = 0; h < 2 * HEADS; ++h) {
-    const int g = h / 2;
-    double sc[N], mx = -1e300, sum = 0.0;
-    for (int t = 0; t < N; ++t) {
-      double d = 0.0;
-      for (int e = 0; e < HD; ++e) d += (double)q[h * HD + e] * kg[t * ROW + g * HD + e];
-      sc[t] = d / sqrt((double)HD);
-      mx = fmax(mx, sc[t]);
-    }
-    for (int t = 0; t < N; ++t) sum += exp(sc[t] - mx);
-    for (int e = 0; e < HD; ++e) {
-      double o = 0.0;
-      for (int t = 0; t < N; ++t) o += exp(sc[t] - mx) / sum * vg[t * ROW + g * HD + e];
-      assert_float_equal(out[h * HD + e], (float)o, 1e-5f);
-    }
-  }
+  assert_decode_matches_gather_rows(p, 1, 0, N, HEADS, HD, q, 1e-5, 0.0);
   kvc_pool_destroy(p);
 }
 
@@ -315,14 +294,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_int3_groups),
       cmocka_unit_test(test_full_range_signs_and_extremes),
   };
-  if (argc > 1) {
-    int found = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; ++i) found |= strcmp(tests[i].name, argv[1]) == 0;
-    if (!found) {
-      fprintf(stderr, "no test named %s\n", argv[1]);
-      return 1;
-    }
-    cmocka_set_test_filter(argv[1]);
-  }
-  return cmocka_run_group_tests_name("codec_outlier", tests, NULL, NULL);
+  return run_named_tests("codec_outlier", tests, sizeof tests / sizeof tests[0], argc, argv);
 }

@@ -103,30 +103,9 @@ static void test_round_trip(void **state) {
   ASSERT_OK(kvc_gather(p, 1, 0, 0, N, NULL, got, KVC_DTYPE_F32, NULL));
   assert_memory_equal(got, k[0], sizeof(float) * N * ROW);
   /* Decode attention reads the same keys kvc_gather() returns. */
-  kvc_attention_params ap;
-  kvc_attention_params_init(&ap);
-  ap.num_q_heads = 2 * HEADS;
-  float qv[2 * HEADS * HD], out[2 * HEADS * HD];
+  float qv[2 * HEADS * HD];
   for (int i = 0; i < 2 * HEADS * HD; ++i) qv[i] = 0.05f * frand();
-  uint64_t seq = 1;
-  ASSERT_OK(kvc_attention_decode(p, 1, &seq, 1, qv, out, NULL, &ap));
-  ASSERT_OK(kvc_gather(p, 1, 1, 0, N, got, plain, KVC_DTYPE_F32, NULL));
-  for (int h = 0; h < 2 * HEADS; ++h) {
-    const int g = h / 2;
-    double sc[N], mx = -1e300, sum = 0.0;
-    for (int t = 0; t < N; ++t) {
-      double d = 0.0;
-      for (int e = 0; e < HD; ++e) d += (double)qv[h * HD + e] * got[t * ROW + g * HD + e];
-      sc[t] = d / sqrt((double)HD);
-      mx = fmax(mx, sc[t]);
-    }
-    for (int t = 0; t < N; ++t) sum += exp(sc[t] - mx);
-    for (int e = 0; e < HD; ++e) {
-      double o = 0.0;
-      for (int t = 0; t < N; ++t) o += exp(sc[t] - mx) / sum * plain[t * ROW + g * HD + e];
-      assert_float_equal(out[h * HD + e], (float)o, 1e-4f * (1.0f + fabsf((float)o)));
-    }
-  }
+  assert_decode_matches_gather_rows(p, 1, 1, N, HEADS, HD, qv, 1e-4, 1e-4);
   /* NULL offset: zeros. Removing the smoothing needs an empty pool again. */
   ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_key_smoothing(p, NULL, NULL, 0));
   ASSERT_OK(kvc_seq_free(p, 1));
@@ -415,14 +394,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_pre_rope_saturation),
       cmocka_unit_test(test_append_race),
   };
-  if (argc > 1) {
-    int found = 0;
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; ++i) found |= strcmp(tests[i].name, argv[1]) == 0;
-    if (!found) {
-      fprintf(stderr, "no test named %s\n", argv[1]);
-      return 1;
-    }
-    cmocka_set_test_filter(argv[1]);
-  }
-  return cmocka_run_group_tests_name("codec_smoothing", tests, NULL, NULL);
+  return run_named_tests("codec_smoothing", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
