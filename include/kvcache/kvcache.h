@@ -119,7 +119,7 @@ extern "C" {
 /** @brief The version as one number: major * 10000 + minor * 100 + patch. */
 #define KVC_VERSION_NUMBER (KVC_VERSION_MAJOR * 10000 + KVC_VERSION_MINOR * 100 + KVC_VERSION_PATCH)
 /** @brief The newest version of the ::kvc_api function table this header describes. */
-#define KVC_API_VERSION 10
+#define KVC_API_VERSION 11
 
 /**
  * @brief Version of the library actually loaded (KVC_VERSION_NUMBER at its build).
@@ -1546,6 +1546,66 @@ KVC_API kvc_status kvc_pool_tensor_scales(kvc_pool *pool, uint32_t layer, float 
  */
 KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale,
                                               const float *offset, size_t count);
+
+/**
+ * @brief Sets a codebook of the pool's keys or values: non-uniform levels
+ * that their codes index instead of the evenly spaced integers.
+ *
+ * The part's codec must be a symmetric int4, int3 or int2 codec with
+ * per-token or per-group scales (::KVC_SCALE_PER_TOKEN, ::KVC_SCALE_PER_GROUP), neither
+ * asymmetric nor full_range nor with outliers. With a codebook, each scale
+ * group stores its signed extreme e (the value of largest magnitude, the
+ * first of equal ones, its sign kept; saturated to +-65504 with f16 scales)
+ * as its scale; a value x gets the b-bit code of the level of its layer
+ * nearest to x / e (computed as x * (1 / e); the lower level on a tie), and
+ * reads back (kvc_gather(), attention, records, tiers) as
+ * `levels[layer][code] * e`. Values of a Hadamard rotation (rotation_block)
+ * are rotated before and after, as with uniform codes. Bits per value are
+ * those of the codec (the levels are stored once per pool, not per block).
+ *
+ * Levels fitted to the distribution of the normalized values lose less than
+ * the uniform grid: KVQuant (arXiv 2401.18079) fits non-uniform levels per
+ * layer offline, TurboQuant (arXiv 2504.19874) uses the Lloyd-Max levels of
+ * the near-Gaussian values a rotation makes; kvc_codebook_gaussian() gives
+ * those. Prefix-cache keys, offloaded blocks and kvc_seq_save() records carry
+ * a digest of the levels, so they match only pools with the same codebooks.
+ * Readers of the raw blocks (kvc_pool_get_layout(), page tables) see the
+ * codes and scales above (docs/codecs.md, "Codebooks").
+ *
+ * @param pool the pool (not NULL): a CPU pool, token-wise, holding no sequence
+ * and without a prefix cache (set codebooks right after kvc_pool_create()).
+ * @param part 0: keys (k_codec), 1: values (v_codec).
+ * @param levels `[num_layers][2^bits]` f32 (bits of the part's codec), each
+ * finite in [-1, 1], strictly ascending within a layer; NULL with count 0
+ * removes the part's codebook.
+ * @param count entries of levels: num_layers x 2^bits (0 with levels NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);
+ * ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take
+ * a codebook, a count other than the pool's, a level out of range or out of
+ * order (the message names layer and level), a pool holding sequences or
+ * with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a
+ * head-wise pool); ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing.
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_pool_set_codebook(kvc_pool *pool, uint32_t part, const float *levels,
+                                         size_t count);
+
+/**
+ * @brief The built-in codebook for rotated values: the Lloyd-Max levels of
+ * groups of `group_size` independent Gaussian values normalized by their
+ * signed extreme (the table of the nearest power of two in [8, 1024]),
+ * written by bench/calib/lloyd_max.py (TurboQuant arXiv 2504.19874 applies
+ * Lloyd-Max levels to the near-Gaussian coordinates of a rotation).
+ *
+ * @param bits 2, 3 or 4.
+ * @param group_size values per scale group (head_dim for per-token scales),
+ * 1 or more.
+ * @param levels receives 2^bits ascending f32 levels in [-1, 1] (not NULL).
+ * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (levels); ::KVC_ERR_INVALID_ARGUMENT
+ * (bits outside 2..4, group_size 0).
+ * @since 0.4
+ */
+KVC_API kvc_status kvc_codebook_gaussian(uint32_t bits, uint64_t group_size, float *levels);
 
 /**
  * @brief Buffer sizes kvc_quantize() needs for an array `[n][d]`. Init with kvc_quant_sizes_init().
@@ -3638,6 +3698,11 @@ typedef struct kvc_api {
   /* --- version 10 (0.4) --- */
   /** kvc_pool_set_key_smoothing() */
   kvc_status (*pool_set_key_smoothing)(kvc_pool *, const float *, const float *, size_t);
+  /* --- version 11 (0.4) --- */
+  /** kvc_pool_set_codebook() */
+  kvc_status (*pool_set_codebook)(kvc_pool *, uint32_t, const float *, size_t);
+  /** kvc_codebook_gaussian() */
+  kvc_status (*codebook_gaussian)(uint32_t, uint64_t, float *);
 } kvc_api;
 
 /**

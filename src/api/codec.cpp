@@ -147,6 +147,27 @@ KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale
   return guard([&] { core_of(pool).set_key_smoothing(scale, offset, count); });
 }
 
+KVC_API kvc_status kvc_pool_set_codebook(kvc_pool *pool, uint32_t part, const float *levels,
+                                         size_t count) {
+  return guard([&] {
+    if (part > 1)
+      fail(Errc::InvalidArgument,
+           "part " + std::to_string(part) + " is not 0 (keys) or 1 (values)");
+    core_of(pool).set_codebook(static_cast<int>(part), levels, count);
+  });
+}
+
+KVC_API kvc_status kvc_codebook_gaussian(uint32_t bits, uint64_t group_size, float *levels) {
+  return guard([&] {
+    if (!levels) fail(Errc::NullPointer, "levels is NULL");
+    if (bits < 2 || bits > 4)
+      fail(Errc::InvalidArgument, "bits " + std::to_string(bits) + " is not 2, 3 or 4");
+    if (group_size == 0) fail(Errc::InvalidArgument, "group_size is 0");
+    const float *t = kvc::core::Pool::gaussian_codebook(bits, group_size);
+    std::memcpy(levels, t, sizeof(float) << bits);
+  });
+}
+
 KVC_API kvc_status(kvc_quant_sizes_init)(kvc_quant_sizes *sizes) {
   return kvc_quant_sizes_init_sized(sizes, kvc::api::size_0_3<kvc_quant_sizes>);
 }

@@ -119,6 +119,9 @@ static const kvc_api g_api = {
     kvc_seq_keep_head,
     // version 10 (0.4)
     kvc_pool_set_key_smoothing,
+    // version 11 (0.4)
+    kvc_pool_set_codebook,
+    kvc_codebook_gaussian,
 };
 
 KVC_API const kvc_api *kvc_get_api(uint32_t api_version) {

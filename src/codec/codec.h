@@ -103,6 +103,24 @@ void encode_outliers(const Spec &s, const float *x, uint64_t n, uint64_t d, uint
 void apply_outliers(const Spec &s, const uint8_t *scales, const uint8_t *outl, uint64_t n,
                     uint64_t d, float *out);
 
+// ---- codebooks (codec/codebook.cpp, docs/codecs.md) ----------------------
+// Symmetric integer codes of 2..4 bits (Token or Group granularity) that
+// index `levels` (2^b ascending values in [-1, 1]) instead of the uniform
+// grid: with e a group's signed extreme (the value of largest magnitude,
+// ties: the first), a value x gets the code of the level nearest to
+// x * (1 / e) (ties: the lower); the group's stored scale is
+// sign(e) x |x| / |levels[codes]| (norms of the group, computed in double;
+// saturated to +-65504 for f16 scales), so the decoded group levels[code] x
+// scale keeps the group's norm. Scalar and AVX2 give the same bytes.
+void encode_codebook(const Spec &s, const float *levels, const float *x, uint64_t n, uint64_t d,
+                     uint8_t *codes, uint8_t *scales);
+void decode_codebook(const Spec &s, const float *levels, const uint8_t *codes,
+                     const uint8_t *scales, uint64_t n, uint64_t d, float *out);
+// The built-in Lloyd-Max levels of Gaussian groups normalized by their signed
+// extreme (2^bits values), for the nearest power-of-two group size in
+// [8, 1024]; null for bits outside 2..4 or group 0.
+const float *gaussian_levels(uint32_t bits, uint64_t group);
+
 // The standalone array API: converts `src` from src_type, rotates, checks
 // finiteness, encodes; decode + inverse rotation + conversion. Allocates
 // scratch memory.

@@ -334,6 +334,12 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
   }
   // Key smoothing (absent without): a tag and the digest of its arrays, so
   // keys and records match only pools that smooth with the same ones.
+  for (int kv = 0; kv < 2; ++kv)  // codebooks (absent without): a tag and their digest
+    if (c.codebook[kv]) {
+      append_le32(b, kCodebookTag);
+      b.push_back(static_cast<uint8_t>(kv));
+      b.insert(b.end(), c.codebook[kv]->digest, c.codebook[kv]->digest + 16);
+    }
   if (c.k_smoothing) {
     append_le32(b, kKeySmoothingTag);
     b.insert(b.end(), c.k_smoothing->digest, c.k_smoothing->digest + 16);

@@ -37,6 +37,9 @@ class BlockFormat {
     return smooth;
   }
   mutable std::mutex smooth_mu;
+  // Codebooks of K and V (kvc_pool_set_codebook; null: uniform codes).
+  // Written under the exclusive pool lock on an empty pool; read under it.
+  std::shared_ptr<const Codebook> codebook[2];
   // Smoothing of `n` key rows of a layer, in place: (k - offset) / scale,
   // clamped so a later Hadamard rotation stays finite; and its inverse (the
   // pool's smoothing, or `s`).

@@ -41,6 +41,11 @@ class Pool : private PoolCore {
   // null: zeros; scale null with count 0: none), on a pool with no sequence
   // and no prefix cache (core/smoothing.cpp).
   void set_key_smoothing(const float *scale, const float *offset, size_t count);
+  // A codebook for part kv (0 keys, 1 values): [num_layers][2^bits] levels,
+  // or none (null, 0); on an empty pool (core/codebook.cpp).
+  void set_codebook(int kv, const float *levels, size_t count);
+  // The built-in Gaussian levels (codec::gaussian_levels; null: none).
+  static const float *gaussian_codebook(uint32_t bits, uint64_t group);
 
   // ---- device ----
   // CUDA pools: the stream work is queued on; waits and reports refused appends.

@@ -72,7 +72,8 @@ class LayerTiles final : public attention::TileSource {
     if (!p_.written_.all(b, slot, cnt)) return 0;
     const uint8_t *blk = arena_ + static_cast<uint64_t>(b) * p_.block_stride_;
     for (int kv = 0; kv < 2; ++kv)
-      if (!raw_part(p_.fmt_.part[kv], blk, slot, kv ? rt.v : rt.k)) return 0;
+      if (p_.fmt_.codebook[kv] || !raw_part(p_.fmt_.part[kv], blk, slot, kv ? rt.v : rt.k))
+        return 0;
     return cnt;
   }
 

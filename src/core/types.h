@@ -56,6 +56,19 @@ struct KeySmoothing {
   uint8_t digest[16] = {};  // XXH3-128 of the arrays' little-endian bits (fingerprints)
 };
 
+// A part's codebook (kvc_pool_set_codebook; docs/codecs.md "Codebooks"):
+// 2^bits ascending levels in [-1, 1] per layer, in units of each group's
+// signed extreme.
+constexpr uint32_t kCodebookTag = 0x314b4243u;  // "CBK1" little-endian, in fingerprints
+struct Codebook {
+  uint32_t per_layer = 0;     // levels of a layer: 2^bits of the part's codec
+  std::vector<float> levels;  // [num_layers][per_layer]
+  uint8_t digest[16] = {};    // XXH3-128 of "CBK1", the part, per_layer and the levels' bits
+  const float *layer(uint32_t l) const {
+    return levels.data() + static_cast<uint64_t>(l) * per_layer;
+  }
+};
+
 struct PoolConfig {
   uint32_t num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   uint32_t block_size = 16;
@@ -95,6 +108,8 @@ struct PoolConfig {
   double rope_theta = 10000.0;
   // Per-channel key smoothing (null: none); set on an empty pool only.
   std::shared_ptr<const KeySmoothing> k_smoothing;
+  // Codebooks of K (0) and V (1) (null: uniform codes); set on an empty pool only.
+  std::shared_ptr<const Codebook> codebook[2];
 };
 
 // Prefix cache (core/prefix_cache.h).

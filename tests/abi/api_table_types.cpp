@@ -131,5 +131,9 @@ extern "C" int kvc_abi_api_types_checked(void) {
 #if KVC_API_VERSION >= 10
   SAME(pool_set_key_smoothing, kvc_pool_set_key_smoothing);
 #endif
+#if KVC_API_VERSION >= 11
+  SAME(pool_set_codebook, kvc_pool_set_codebook);
+  SAME(codebook_gaussian, kvc_codebook_gaussian);
+#endif
   return n;
 }

@@ -219,6 +219,13 @@ static void check_table(void *lib, const kvc_api *api, uint32_t asked) {
     ENTRY(api, pool_set_key_smoothing);
   }
 #endif
+#if KVC_API_VERSION >= 11
+  if (api->api_version >= 11) {
+    CHECK(api->struct_size >= offsetof(kvc_api, codebook_gaussian) + sizeof(api->codebook_gaussian));
+    ENTRY(api, pool_set_codebook);
+    ENTRY(api, codebook_gaussian);
+  }
+#endif
 }
 
 /* Full round trip through the table only (a version-1 host). */

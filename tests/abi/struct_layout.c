@@ -314,7 +314,9 @@ FIELD(kvc_api, seq_head_block_table, 816, 8);
 FIELD(kvc_api, export_head_page_table, 824, 8);
 FIELD(kvc_api, seq_keep_head, 832, 8);
 FIELD(kvc_api, pool_set_key_smoothing, 840, 8); /* version 10 */
-SIZE(kvc_api, 848); /* end of version 10 */
+FIELD(kvc_api, pool_set_codebook, 848, 8);      /* version 11 */
+FIELD(kvc_api, codebook_gaussian, 856, 8);
+SIZE(kvc_api, 864); /* end of version 11 */
 
 /* ---- prefix cache structs (0.3) ---- */
 FIELD(kvc_prefix_config, struct_size, 0, 8);

@@ -580,6 +580,22 @@ EvalReport run_eval(const EvalOptions &opt) {
   KeyStats key_stats;
   for (const Strategy &s : rows) {
     row_settings.push_back(pool_settings(s));
+    for (int kv = 0; kv < 2; ++kv)  // `codebook` parts: the built-in Gaussian levels, each layer
+      if (s.codebook[kv]) {
+        const kvc_codec &c = kv ? s.v_codec : s.k_codec;
+        const std::uint32_t bits = c.dtype == KVC_DTYPE_INT4   ? 4
+                                   : c.dtype == KVC_DTYPE_INT3 ? 3
+                                                               : 2;
+        const std::uint64_t group = c.granularity == KVC_SCALE_PER_TOKEN
+                                        ? static_cast<std::uint64_t>(in.model.config().head_dim())
+                                        : c.group_size;
+        std::vector<float> one(std::size_t{1} << bits);
+        if (kvc_codebook_gaussian(bits, group, one.data()) != KVC_OK)
+          throw RunnerError("kvc_codebook_gaussian: " + std::string(kvc_last_error_message()));
+        std::vector<float> &all = row_settings.back().codebook[kv];
+        for (int l = 0; l < in.model.config().n_layers; ++l)
+          all.insert(all.end(), one.begin(), one.end());
+      }
     if (s.key_smooth > 0.0) {
       if (!key_stats.layers) key_stats = model_key_stats(in.model.config(), opt.key_stats);
       key_smoothing(key_stats, s.key_smooth, row_settings.back().key_scale,

@@ -54,7 +54,7 @@ const std::vector<Component> &registry() {
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "outliers"}},
+        "pre-rope", "smooth", "outliers", "codebook"}},
       {"int3",
        Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
@@ -62,14 +62,14 @@ const std::vector<Component> &registry() {
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
        KVC_DTYPE_INT3,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "outliers"}},
+        "pre-rope", "smooth", "outliers", "codebook"}},
       {"int2",
        Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
        KVC_DTYPE_INT2,
        {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "outliers"}},
+        "pre-rope", "smooth", "outliers", "codebook"}},
       {"kivi2",
        Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
@@ -243,7 +243,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
   kvc_codec c;
   kvc_codec_init(&c);
   c.scale_dtype = name == "int8" ? KVC_DTYPE_F32 : KVC_DTYPE_F16;
-  bool per_token = false, asym = false, sym = false, hadamard = false, full_range = false;
+  bool per_token = false, asym = false, sym = false, hadamard = false, full_range = false,
+       codebook = false;
   std::uint32_t group = 32, residual = 32, kchannel = 0, outliers = 0;
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
@@ -271,6 +272,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
       st.pre_rope_keys = true;
     else if (key == "outliers")
       outliers = whole(where, key, value, 1, 16);
+    else if (key == "codebook")
+      codebook = true;
     else if (key == "smooth")
       st.key_smooth = value.empty() ? 1.0 : number(where, key, value, 0.05, 1.0);
     else if (key == "sinks")
@@ -280,7 +283,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "fraction")
       fraction = number(where, key, value, 0.0, 0.99);
     if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
-         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16") &&
+         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16" ||
+         key == "codebook") &&
         !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
@@ -357,6 +361,15 @@ void resolve_codec(Strategy &st, const std::string &where) {
     if (kchannel)
       throw RunnerError(where + "outliers apply to per-token or per-group scales, not kchannel");
     c.outliers = outliers;
+  }
+  if (codebook) {  // kvc_pool_set_codebook: symmetric codes, the group's signed extreme as scale
+    if (asym || full_range || outliers)
+      throw RunnerError(where +
+                        "codebook replaces the level rule: drop asym, full-range and outliers");
+    if (kchannel)
+      throw RunnerError(where + "codebook applies to per-token or per-group scales, not kchannel");
+    c.asymmetric = 0;  // int2's default (asymmetric) gives way
+    st.codebook[0] = st.codebook[1] = true;
   }
   st.k_codec = st.v_codec = c;
   key_channels(st.k_codec);
@@ -635,6 +648,8 @@ Strategy parse_strategy(const std::string &spec) {
     if (v.key_smooth > 0.0)
       throw RunnerError(where + "smooth scales key channels: give it on the k- codec");
     st.key_smooth = k.key_smooth;
+    st.codebook[0] = k.codebook[0];
+    st.codebook[1] = v.codebook[1];
   } else {
     if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
     resolve_codec(st, where);
@@ -775,7 +790,7 @@ kvc_runner::PoolSettings pool_settings(const Strategy &s) {
   ps.pre_rope_keys = s.pre_rope_keys;
   ps.headwise = s.headwise;
   ps.block_size = s.block_size;
-  return ps;
+  return ps;  // (codebooks need the model's geometry: codebook_levels())
 }
 
 }  // namespace kvc_cli

@@ -56,6 +56,9 @@ struct Strategy {
   /// smooth[=A]: per-channel key smoothing from the model's key statistics
   /// (kvc_pool_set_key_smoothing), scale = rms ^ A (default A = 1); 0: none.
   double key_smooth = 0.0;
+  /// codebook: the part's codes index the built-in Lloyd-Max levels of
+  /// Gaussian groups (kvc_pool_set_codebook, kvc_codebook_gaussian); [0] keys, [1] values.
+  bool codebook[2] = {false, false};
   std::uint32_t block_size = 16;  ///< pool block size (per-channel groups must divide it)
   // Eviction (when has_policy): the library policy and the eval protocol.
   enum class Protocol { None, Stream, PrefillCompress };

@@ -112,6 +112,18 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
       check_kvc(s, "kvc_pool_set_key_smoothing");
     }
   }
+  for (std::uint32_t kv = 0; kv < 2; ++kv) {
+    if (settings.codebook[kv].empty()) continue;
+    const kvc_status s = kvc_pool_set_codebook(pool_, kv, settings.codebook[kv].data(),
+                                               settings.codebook[kv].size());
+    if (s != KVC_OK) {
+      kvc_pool_destroy(pool_);
+      pool_ = nullptr;
+      check_kvc(s, "kvc_pool_set_codebook");
+    }
+  }
+  settings_.codebook[0].clear();  // copied into the pool
+  settings_.codebook[1].clear();
   if (settings.prefix_cache) {
     kvc_prefix_config pc;
     kvc_prefix_config_init(&pc);

@@ -80,6 +80,8 @@ struct PoolSettings {
   bool pre_rope_keys = false;  ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
   /// Per-channel key smoothing (kvc_pool_set_key_smoothing): `[layers][kv_dim]`, empty: none.
   std::vector<float> key_scale, key_offset;
+  /// Codebooks of K ([0]) and V ([1]) (kvc_pool_set_codebook): `[layers][2^bits]`, empty: none.
+  std::vector<float> codebook[2];
   std::uint32_t block_size = 16;
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
   bool headwise = false;      ///< a block table per (layer, KV head) (KVC_POOL_HEADWISE)

@@ -6,7 +6,7 @@ pub const KVC_VERSION_MAJOR: u32 = 0;
 pub const KVC_VERSION_MINOR: u32 = 4;
 pub const KVC_VERSION_PATCH: u32 = 0;
 pub const KVC_VERSION_NUMBER: u32 = 400;
-pub const KVC_API_VERSION: u32 = 10;
+pub const KVC_API_VERSION: u32 = 11;
 pub const KVC_STRUCT_SIZE_MAX: u32 = 65536;
 pub const KVC_POOL_ZERO_ON_FREE: u32 = 1;
 pub const KVC_POOL_PRE_ROPE_KEYS: u32 = 2;
@@ -3115,6 +3115,68 @@ extern "C" {
         offset: *const f32,
         count: usize,
     ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief Sets a codebook of the pool's keys or values: non-uniform levels"]
+    #[doc = " that their codes index instead of the evenly spaced integers."]
+    #[doc = ""]
+    #[doc = " The part's codec must be a symmetric int4, int3 or int2 codec with"]
+    #[doc = " per-token or per-group scales (::KVC_SCALE_PER_TOKEN, ::KVC_SCALE_PER_GROUP), neither"]
+    #[doc = " asymmetric nor full_range nor with outliers. With a codebook, each scale"]
+    #[doc = " group stores its signed extreme e (the value of largest magnitude, the"]
+    #[doc = " first of equal ones, its sign kept; saturated to +-65504 with f16 scales)"]
+    #[doc = " as its scale; a value x gets the b-bit code of the level of its layer"]
+    #[doc = " nearest to x / e (computed as x * (1 / e); the lower level on a tie), and"]
+    #[doc = " reads back (kvc_gather(), attention, records, tiers) as"]
+    #[doc = " `levels[layer][code] * e`. Values of a Hadamard rotation (rotation_block)"]
+    #[doc = " are rotated before and after, as with uniform codes. Bits per value are"]
+    #[doc = " those of the codec (the levels are stored once per pool, not per block)."]
+    #[doc = ""]
+    #[doc = " Levels fitted to the distribution of the normalized values lose less than"]
+    #[doc = " the uniform grid: KVQuant (arXiv 2401.18079) fits non-uniform levels per"]
+    #[doc = " layer offline, TurboQuant (arXiv 2504.19874) uses the Lloyd-Max levels of"]
+    #[doc = " the near-Gaussian values a rotation makes; kvc_codebook_gaussian() gives"]
+    #[doc = " those. Prefix-cache keys, offloaded blocks and kvc_seq_save() records carry"]
+    #[doc = " a digest of the levels, so they match only pools with the same codebooks."]
+    #[doc = " Readers of the raw blocks (kvc_pool_get_layout(), page tables) see the"]
+    #[doc = " codes and scales above (docs/codecs.md, \"Codebooks\")."]
+    #[doc = ""]
+    #[doc = " @param pool the pool (not NULL): a CPU pool, token-wise, holding no sequence"]
+    #[doc = " and without a prefix cache (set codebooks right after kvc_pool_create())."]
+    #[doc = " @param part 0: keys (k_codec), 1: values (v_codec)."]
+    #[doc = " @param levels `[num_layers][2^bits]` f32 (bits of the part's codec), each"]
+    #[doc = " finite in [-1, 1], strictly ascending within a layer; NULL with count 0"]
+    #[doc = " removes the part's codebook."]
+    #[doc = " @param count entries of levels: num_layers x 2^bits (0 with levels NULL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take"]
+    #[doc = " a codebook, a count other than the pool's, a level out of range or out of"]
+    #[doc = " order (the message names layer and level), a pool holding sequences or"]
+    #[doc = " with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a"]
+    #[doc = " head-wise pool); ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_pool_set_codebook(
+        pool: *mut kvc_pool,
+        part: u32,
+        levels: *const f32,
+        count: usize,
+    ) -> kvc_status;
+}
+extern "C" {
+    #[doc = " @brief The built-in codebook for rotated values: the Lloyd-Max levels of"]
+    #[doc = " groups of `group_size` independent Gaussian values normalized by their"]
+    #[doc = " signed extreme (the table of the nearest power of two in [8, 1024]),"]
+    #[doc = " written by bench/calib/lloyd_max.py (TurboQuant arXiv 2504.19874 applies"]
+    #[doc = " Lloyd-Max levels to the near-Gaussian coordinates of a rotation)."]
+    #[doc = ""]
+    #[doc = " @param bits 2, 3 or 4."]
+    #[doc = " @param group_size values per scale group (head_dim for per-token scales),"]
+    #[doc = " 1 or more."]
+    #[doc = " @param levels receives 2^bits ascending f32 levels in [-1, 1] (not NULL)."]
+    #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (levels); ::KVC_ERR_INVALID_ARGUMENT"]
+    #[doc = " (bits outside 2..4, group_size 0)."]
+    #[doc = " @since 0.4"]
+    pub fn kvc_codebook_gaussian(bits: u32, group_size: u64, levels: *mut f32) -> kvc_status;
 }
 #[doc = " @brief Buffer sizes kvc_quantize() needs for an array `[n][d]`. Init with kvc_quant_sizes_init()."]
 #[doc = " @since 0.2"]
@@ -7517,12 +7579,25 @@ pub struct kvc_api {
             arg4: usize,
         ) -> kvc_status,
     >,
+    #[doc = " kvc_pool_set_codebook()"]
+    pub pool_set_codebook: ::std::option::Option<
+        unsafe extern "C" fn(
+            arg1: *mut kvc_pool,
+            arg2: u32,
+            arg3: *const f32,
+            arg4: usize,
+        ) -> kvc_status,
+    >,
+    #[doc = " kvc_codebook_gaussian()"]
+    pub codebook_gaussian: ::std::option::Option<
+        unsafe extern "C" fn(arg1: u32, arg2: u64, arg3: *mut f32) -> kvc_status,
+    >,
 }
 #[test]
 fn bindgen_test_layout_kvc_api() {
     assert_eq!(
         ::std::mem::size_of::<kvc_api>(),
-        848usize,
+        864usize,
         concat!("Size of: ", stringify!(kvc_api))
     );
     assert_eq!(
@@ -9349,6 +9424,40 @@ fn bindgen_test_layout_kvc_api() {
         );
     }
     test_field_pool_set_key_smoothing();
+    fn test_field_pool_set_codebook() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).pool_set_codebook) as usize - ptr as usize
+            },
+            848usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(pool_set_codebook)
+            )
+        );
+    }
+    test_field_pool_set_codebook();
+    fn test_field_codebook_gaussian() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_api>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).codebook_gaussian) as usize - ptr as usize
+            },
+            856usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_api),
+                "::",
+                stringify!(codebook_gaussian)
+            )
+        );
+    }
+    test_field_codebook_gaussian();
 }
 extern "C" {
     #[doc = " @brief The function table for a requested version (the only symbol a"]
