@@ -725,9 +725,15 @@ std::vector<std::string> default_strategies() {
           "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
           "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
           "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
+          "k-int4:group=32:pre-rope:smooth:hadamard:codebook:sinks=1+v-int4:per-token:hadamard:"
+          "codebook",
           "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
-          "k-int3:per-token:full-range:pre-rope:smooth:sinks=1:outliers=1+v-int3:per-token:full-"
-          "range:hadamard",
+          "k-int3:per-token:pre-rope:smooth:hadamard:codebook:sinks=1+v-int3:group=32:hadamard:"
+          "codebook",
+          "k-int3:per-token:pre-rope:smooth:hadamard:codebook:sinks=1+v-int2:group=32:hadamard:"
+          "codebook",
+          "k-int2:per-token:pre-rope:smooth:hadamard:codebook:sinks=1+v-int2:group=32:hadamard:"
+          "codebook",
           "int2:group=32",
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",

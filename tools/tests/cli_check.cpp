@@ -404,6 +404,49 @@ int smooth(const std::string &kvcache, const std::string &dir) {
   return failures ? 1 : 0;
 }
 
+// Codebooks (the `codebook` codec flag, kvc_pool_set_codebook with the
+// built-in Gaussian levels) on stories260K (5 layers, 4 KV heads of 8):
+// - a codebook costs no bits: int3 per token with f16 scales is 3 + 16 / 8 =
+//   5 bits per value element, keys in f16: (16 + 5) / 2 = 10.5 bits per
+//   element, 5 x 32 x 21 / 8 = 420 bytes per token, with or without it
+//   (int2: 4 bits per value element, 10 bits, 400 bytes);
+// - its 2^b levels lose less than the symmetric codes' 2^b - 1 of the same
+//   bits: KL at most 0.8x theirs for Hadamard-rotated values.
+int codebook(const std::string &kvcache) {
+  const std::vector<std::string> rows = {
+      "k-f16+v-int3:per-token:hadamard", "k-f16+v-int3:per-token:hadamard:codebook",
+      "k-f16+v-int2:per-token:sym:hadamard", "k-f16+v-int2:per-token:hadamard:codebook"};
+  std::string list;
+  for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
+  const nlohmann::json a = run_json(
+      {kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies", list});
+  if (!a.contains("results")) return 1;
+  std::map<std::string, nlohmann::json> by;
+  for (const auto &r : a["results"]) by[r["strategy"].get<std::string>()] = r;
+  for (const std::string &name : rows)
+    if (!by.count(name)) {
+      fail("no row " + name);
+      return 1;
+    }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const nlohmann::json &r = by[rows[i]];
+    const double bits = i < 2 ? 10.5 : 10.0, bytes = i < 2 ? 420.0 : 400.0;
+    check(
+        std::fabs(r["bits_per_element"].get<double>() - bits) < 1e-9,
+        rows[i] + ": bits " + r["bits_per_element"].dump() + ", expected " + std::to_string(bits));
+    check(r["kv_bytes_per_token"].get<double>() == bytes,
+          rows[i] + ": bytes per token " + r["kv_bytes_per_token"].dump() + ", expected " +
+              std::to_string(bytes));
+  }
+  for (size_t i = 0; i < rows.size(); i += 2) {
+    const double ku = by[rows[i]]["kl_mean"].get<double>(),
+                 kc = by[rows[i + 1]]["kl_mean"].get<double>();
+    check(kc > 0 && kc < 0.8 * ku, "expected 0 < KL(" + rows[i + 1] + ") < 0.8 x KL(" + rows[i] +
+                                       "): " + std::to_string(kc) + ", " + std::to_string(ku));
+  }
+  return failures ? 1 : 0;
+}
+
 // Prompts of P tokens shared + S different: every request after the first
 // reuses the prefix's whole blocks, floor(P / B) x B tokens, and computes the
 // rest; the first request computes all of its P + S.
@@ -609,6 +652,7 @@ int main(int argc, char **argv) {
     if (mode == "memory" && argc == 3) return memory(argv[2]);
     if (mode == "split-kv" && argc == 3) return split_kv(argv[2]);
     if (mode == "smooth" && argc == 4) return smooth(argv[2], argv[3]);
+    if (mode == "codebook" && argc == 3) return codebook(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
     if (mode == "prefix-tiers" && (argc == 4 || argc == 5))
