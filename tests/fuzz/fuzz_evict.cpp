@@ -109,7 +109,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   c.num_kv_heads = kHkv;
   c.head_dim = kHd;
   c.block_size = kBs;
-  c.num_blocks = 24 + in.u8() % 64;
+  const uint8_t blocks = in.u8();
+  c.num_blocks = 24 + blocks % 64;
   c.k_dtype = c.v_dtype = KVC_DTYPE_F32;
   c.rope_style = static_cast<kvc_rope_style>(setup % 3);
   if (setup & 4) c.k_codec = c.v_codec = &int8;
@@ -121,6 +122,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   int4o.full_range = 1;
   int4o.outliers = 1 + (setup >> 6) % 2;
   if (setup & 16) c.k_codec = &int4o;
+  // Values as int3 codes with a codebook (the built-in Gaussian levels), token-wise.
+  kvc_codec int3;
+  kvc_codec_init(&int3);
+  int3.dtype = KVC_DTYPE_INT3;
+  int3.granularity = KVC_SCALE_PER_TOKEN;
+  int3.rotation = (blocks & 128) ? KVC_ROTATION_HADAMARD : KVC_ROTATION_NONE;
+  const bool codebook = (blocks & 64) && !(setup & 8);
+  if (codebook) c.v_codec = &int3;
   if (setup & 8) {  // head-wise: a block table per (layer, KV head)
     c.flags |= KVC_POOL_HEADWISE;
     c.num_blocks *= kHkv;
@@ -131,6 +140,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     std::vector<float> sc(kLayers * kHkv * kHd), off(sc.size());
     for (size_t i = 0; i < sc.size(); ++i) sc[i] = 0.5f + float(i % 3), off[i] = float(i % 5) - 2.0f;
     if (kvc_pool_set_key_smoothing(p, sc.data(), off.data(), sc.size()) != KVC_OK) die("key smoothing");
+  }
+  if (codebook) {
+    std::vector<float> lv(kLayers * 8);
+    for (uint32_t l = 0; l < kLayers; ++l)
+      if (kvc_codebook_gaussian(3, kHd, lv.data() + 8 * l) != KVC_OK) die("gaussian levels");
+    if (kvc_pool_set_codebook(p, 1, lv.data(), lv.size()) != KVC_OK) die("codebook");
   }
   const std::vector<uint64_t> ids = {1, 2, 3, 4};
   std::vector<float> buf;
