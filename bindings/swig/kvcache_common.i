@@ -345,14 +345,15 @@ namespace std {
   (const void *scope, size_t scope_bytes), (const void *keys, size_t keys_bytes),
   (const void *gates, size_t gates_bytes),
   (const void *smooth_scale, size_t smooth_scale_bytes),
-  (const void *smooth_offset, size_t smooth_offset_bytes)
+  (const void *smooth_offset, size_t smooth_offset_bytes),
+  (const void *levels, size_t levels_bytes)
 };
 %apply (const int32_t *TOKENS, size_t N_TOKENS) { (const int32_t *tokens, size_t n_tokens) };
 %apply (void *OUT_BUF, size_t OUT_BYTES) {
   (void *k_out, size_t k_out_bytes), (void *v_out, size_t v_out_bytes),
   (void *codes_out, size_t codes_out_bytes), (void *scales_out, size_t scales_out_bytes),
   (void *zeros_out, size_t zeros_out_bytes), (void *dst, size_t dst_bytes), (void *keys_out, size_t keys_out_bytes),
-  (void *value_out, size_t value_out_bytes)
+  (void *value_out, size_t value_out_bytes), (void *levels_out, size_t levels_out_bytes)
 };
 %apply (const void *IN_BUF, size_t IN_BYTES) { (const void *values, size_t values_bytes) };
 
@@ -991,6 +992,30 @@ struct kvc_swig_pool {};
                                               off.empty() ? NULL : off.data(), sc.size()));
   }
 
+  /**
+   * A codebook of the pool's keys (part 0) or values (part 1)
+   * (kvc_pool_set_codebook): the part's int2/int3/int4 codes index
+   * non-uniform levels instead of the evenly spaced integers. `levels` holds
+   * num_layers x 2^bits float32 values in native byte order, layer by layer,
+   * each in [-1, 1] and strictly ascending within a layer (Python also takes
+   * numbers, converted; Java float[]; Go []float32); empty removes the part's
+   * codebook. On a pool with no sequence and no prefix cache. The errors of
+   * kvc_pool_set_codebook, and ERR_INVALID_ARGUMENT when the bytes are not
+   * whole float32 values.
+   */
+  void set_codebook(uint32_t part, const void *levels, size_t levels_bytes) {
+    KVC_POOL();
+    if (levels_bytes % sizeof(float) != 0) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "levels (" + std::to_string(levels_bytes) +
+                                                  " bytes) must be float32 values");
+      return;
+    }
+    /* An aligned copy: a caller's bytes may start anywhere. */
+    std::vector<float> lv(levels_bytes / sizeof(float));
+    if (!lv.empty()) memcpy(lv.data(), levels, levels_bytes);
+    kvc_swig_check(kvc_pool_set_codebook(pool_, part, lv.empty() ? NULL : lv.data(), lv.size()));
+  }
+
   /** Set the pool's default eviction policy (null: none). */
   void set_policy(const kvc_swig_policy *policy) {
     KVC_POOL();
@@ -1334,6 +1359,29 @@ static const char *status_name(int status) { return kvc_status_string((kvc_statu
 static size_t dtype_size(kvc_dtype dtype) {
   size_t n = 0;
   kvc_swig_check(kvc_dtype_size(dtype, &n));
+  return n;
+}
+/**
+ * The built-in codebook for rotated values (kvc_codebook_gaussian): the
+ * 2^bits ascending float32 levels (bits 2, 3 or 4) of groups of group_size
+ * values, written into levels_out (native byte order; 16 float32 values hold
+ * every table); returns 2^bits. Nothing is written on failure. The
+ * languages' codebook_gaussian(bits, group_size) return the levels as a list
+ * (Python), float[] (Java), []float32 (Go).
+ */
+static uint32_t codebook_gaussian(uint32_t bits, uint64_t group_size, void *levels_out,
+                                  size_t levels_out_bytes) {
+  /* The library writes 2^bits values (bits at most 4); a bits it refuses is
+   * refused before writing, so a table of 2^8 holds every answer. */
+  float lv[256];
+  if (bits > 8) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "bits " + std::to_string(bits) + " is not 2, 3 or 4");
+    return 0;
+  }
+  if (kvc_swig_check(kvc_codebook_gaussian(bits, group_size, lv))) return 0;
+  const uint32_t n = 1u << bits;
+  if (!kvc_swig_need("levels_out", levels_out_bytes, (uint64_t)n * sizeof(float))) return 0;
+  memcpy(levels_out, lv, n * sizeof(float));
   return n;
 }
 %}

@@ -307,6 +307,10 @@
 %javamethodmodifiers kvc_codec::quantize "private";
 %javamethodmodifiers kvc_codec::dequantize "private";
 %javamethodmodifiers kvc_prefix_config::set_seed "private";
+/* The built-in codebook: Kvc.codebookGaussian (modulecode below) returns a
+ * float[] of the levels this writes into a buffer. */
+%rename(codebookGaussianRaw) codebook_gaussian;
+%javamethodmodifiers codebook_gaussian "private";
 /* Extra keys by name: the public overloads taking a Map (javacode below)
  * order the values by the pool's declared names and call these. */
 %rename(prefixLookupValuesRaw) kvc_swig_pool::prefix_lookup_values;
@@ -633,6 +637,23 @@
    */
   public void setSeed(byte[] seed) {
     setSeedRaw(seed);
+  }
+%}
+
+%pragma(java) modulecode=%{
+  /**
+   * The built-in codebook for rotated values (kvc_codebook_gaussian): the
+   * Lloyd-Max levels of groups of {@code groupSize} Gaussian values
+   * normalized by their signed extreme (head_dim for per-token scales),
+   * 2^bits ascending floats in [-1, 1] for bits 2, 3 or 4. Pool.setCodebook
+   * takes one such array per layer, concatenated.
+   *
+   * @throws KvcException ERR_INVALID_ARGUMENT: bits outside 2..4, groupSize 0
+   */
+  public static float[] codebookGaussian(long bits, long groupSize) {
+    float[] buf = new float[16];
+    int n = (int) codebookGaussianRaw(bits, groupSize, buf);
+    return java.util.Arrays.copyOf(buf, n);
   }
 %}
 

@@ -239,6 +239,8 @@ static bool kvc_py_exact(const char *what, size_t have, size_t want, const std::
 %rename(_keep_head) kvc_swig_pool::keep_head;
 %rename(_with_head_gates) kvc_swig_policy::with_head_gates;
 %rename(_set_key_smoothing) kvc_swig_pool::set_key_smoothing;
+%rename(_set_codebook) kvc_swig_pool::set_codebook;
+%rename(_codebook_gaussian) codebook_gaussian;
 
 %include "../kvcache_common.i"
 
@@ -715,6 +717,49 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
         return self._set_key_smoothing(as_f32(scale, "scale"), as_f32(offset, "offset"))
   %}
 }
+
+/* Pool.set_codebook and codebook_gaussian: numbers converted to float32, like
+ * set_key_smoothing above. */
+%extend kvc_swig_pool {
+  %pythoncode %{
+    def set_codebook(self, part, levels):
+        """A codebook of the pool's keys (part 0) or values (part 1) (kvc_pool_set_codebook, docs/codecs.md):
+        the part's int2/int3/int4 codes index non-uniform levels instead of the evenly spaced integers; each
+        scale group stores its signed extreme e and a value x reads back as the level nearest to x / e, times
+        e. `levels`: num_layers x 2^bits numbers, layer by layer (any shape, converted to float32; a torch
+        tensor or numpy array too), each in [-1, 1] and strictly ascending within a layer, or bytes of native
+        float32 values; None or empty removes the part's codebook (codebook_gaussian() gives levels for
+        rotated values). Only on a pool with no sequence and no prefix cache. Raises KvcError
+        (ERR_INVALID_ARGUMENT: part not 0 or 1, a codec that takes no codebook, a wrong count, a level out of
+        range or order, a pool holding sequences; ERR_UNSUPPORTED: CUDA or head-wise pools) and TypeError
+        for what is not numbers."""
+        import numpy as _np
+        if levels is None:
+            buf = b""
+        elif isinstance(levels, (bytes, bytearray)):
+            buf = levels
+        else:
+            if hasattr(levels, "detach"):  # a torch tensor
+                levels = levels.detach().cpu().double().numpy()
+            arr = _np.asarray(levels)
+            if arr.size and arr.dtype.kind not in "biuf":
+                raise TypeError("set_codebook: levels must be numbers, got an array of %s" % arr.dtype)
+            buf = _np.ascontiguousarray(arr, dtype=_np.float32).reshape(-1) if arr.size else b""
+        return self._set_codebook(part, buf)
+  %}
+}
+
+%pythoncode %{
+def codebook_gaussian(bits, group_size):
+    """The built-in codebook for rotated values (kvc_codebook_gaussian): the Lloyd-Max levels of groups of
+    `group_size` Gaussian values normalized by their signed extreme (head_dim for per-token scales), a list
+    of 2^bits ascending floats in [-1, 1] for bits 2, 3 or 4. Pool.set_codebook takes one such list per
+    layer. Raises KvcError (ERR_INVALID_ARGUMENT: bits outside 2..4, group_size 0)."""
+    import numpy as _np
+    buf = _np.zeros(16, dtype=_np.float32)
+    n = _codebook_gaussian(bits, group_size, buf)
+    return [float(x) for x in buf[:n]]
+%}
 
 /* Policy.with_head_gates: numbers converted to float32 (a buffer of another
  * dtype is never read as raw float32 bytes). */

@@ -274,3 +274,23 @@ impl Codec {
         Ok(out)
     }
 }
+
+/// The built-in codebook for rotated values (`kvc_codebook_gaussian`): the Lloyd-Max
+/// levels of groups of `group_size` Gaussian values normalized by their signed extreme
+/// (`head_dim` for per-token scales), `2^bits` ascending values in [-1, 1] for `bits` 2,
+/// 3 or 4. [`Pool::set_codebook`](crate::Pool::set_codebook) takes one such table per
+/// layer, concatenated. [`Status::InvalidArgument`] for `bits` outside 2..=4 or a
+/// `group_size` of 0.
+pub fn codebook_gaussian(bits: u32, group_size: u64) -> Result<Vec<f32>> {
+    // The library writes 2^bits values and refuses a bits outside 2..=4 before writing.
+    if bits > 8 {
+        return Err(Error::new(
+            Status::InvalidArgument,
+            format!("bits {bits} is not 2, 3 or 4"),
+        ));
+    }
+    let mut levels = vec![0f32; 1usize << bits];
+    // SAFETY: levels holds 2^bits values, all the library writes.
+    check(unsafe { sys::kvc_codebook_gaussian(bits, group_size, levels.as_mut_ptr()) })?;
+    Ok(levels)
+}

@@ -39,7 +39,7 @@ mod sized;
 mod tier;
 mod types;
 
-pub use codec::{Codec, QuantSizes, Quantized};
+pub use codec::{codebook_gaussian, Codec, QuantSizes, Quantized};
 pub use error::{last_error_message, Error, Result, Status};
 pub use policy::{Policy, PolicyConfig, PolicyKind, Pooling, PyramidSchedule};
 pub use pool::{

@@ -495,6 +495,26 @@ impl Pool {
         check(unsafe { sys::kvc_pool_set_key_smoothing(self.as_ptr(), sp, op, scale.len()) })
     }
 
+    /// A codebook of the pool's keys (`part` 0) or values (`part` 1)
+    /// (`kvc_pool_set_codebook`, docs/codecs.md): the part's int2/int3/int4 codes index
+    /// non-uniform levels instead of the evenly spaced integers; each scale group stores its
+    /// signed extreme `e` and a value `x` reads back as the level nearest to `x / e`, times
+    /// `e`. `levels` holds `num_layers x 2^bits` values, layer by layer, each in [-1, 1] and
+    /// strictly ascending within a layer ([`codebook_gaussian`](crate::codebook_gaussian)
+    /// gives levels for rotated values); `None` (or an empty slice) removes the part's
+    /// codebook. Only on a pool with no sequence and no prefix cache.
+    /// [`Status::InvalidArgument`] for a part other than 0 or 1, a codec that takes no
+    /// codebook, a wrong count, a level out of range or order, or a pool holding sequences;
+    /// [`Status::Unsupported`] for CUDA or head-wise pools.
+    pub fn set_codebook(&self, part: u32, levels: Option<&[f32]>) -> Result<()> {
+        let (lp, n) = match levels {
+            Some(l) if !l.is_empty() => (l.as_ptr(), l.len()),
+            _ => (std::ptr::null(), 0),
+        };
+        // SAFETY: valid pool; lp holds n values (or is null with n 0).
+        check(unsafe { sys::kvc_pool_set_codebook(self.as_ptr(), part, lp, n) })
+    }
+
     // ---- sequences ----
 
     /// Create an empty sequence (length 0). [`Status::SeqExists`] if the id is live.

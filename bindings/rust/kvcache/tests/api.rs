@@ -4,8 +4,9 @@
 
 use kvcache::sys;
 use kvcache::{
-    convert_vec, last_error_message, AttentionParams, Codec, Dtype, Error, Granularity, Policy,
-    PolicyConfig, Pool, PoolConfig, PrefixConfig, QueryQuant, RopeStyle, Status, F16,
+    codebook_gaussian, convert_vec, last_error_message, AttentionParams, Codec, Dtype, Error,
+    Granularity, Policy, PolicyConfig, Pool, PoolConfig, PrefixConfig, QueryQuant, RopeStyle,
+    Status, F16,
 };
 
 const LAYERS: u32 = 2;
@@ -722,4 +723,115 @@ fn codec_outliers_keep_the_other_values_step() {
         .granularity(Granularity::PerToken)
         .outliers(1);
     assert_eq!(c.sizes(2, 64).unwrap_err().status, Status::Unsupported);
+}
+
+/// The codebook rule for one group: each value's code is the level nearest to
+/// `x / e` (`e` the group's signed extreme), the scale keeps the group's L2 norm.
+fn codebook_group(x: &[f32], lv: &[f32]) -> Vec<f32> {
+    let (mut e, mut a) = (0f32, 0f32);
+    for &xi in x {
+        if xi.abs() > a {
+            a = xi.abs();
+            e = xi;
+        }
+    }
+    let inv = if e != 0.0 { 1.0 / e } else { 0.0 };
+    let code: Vec<usize> = x
+        .iter()
+        .map(|&xi| {
+            let y = xi * inv;
+            (0..lv.len() - 1)
+                .filter(|&i| y > (lv[i] + lv[i + 1]) * 0.5)
+                .count()
+        })
+        .collect();
+    let xx: f64 = x.iter().map(|&xi| xi as f64 * xi as f64).sum();
+    let cc: f64 = code.iter().map(|&c| lv[c] as f64 * lv[c] as f64).sum();
+    let mut sc = if cc > 0.0 {
+        (xx / cc).sqrt() as f32
+    } else {
+        0.0
+    };
+    if e < 0.0 {
+        sc = -sc;
+    }
+    code.iter().map(|&c| lv[c] * sc).collect()
+}
+
+/// Codebooks (`Pool::set_codebook`, `codebook_gaussian`): the built-in levels
+/// ascend in [-1, 1]; an int3 pool with them reads each head's group back as
+/// its levels times a scale that keeps the group's L2 norm (f32 scales);
+/// refusals are errors; `None` removes a codebook.
+#[test]
+fn codebook_keeps_group_norms() {
+    for bits in 2..=4u32 {
+        let g = codebook_gaussian(bits, HEAD_DIM as u64).unwrap();
+        assert_eq!(g.len(), 1 << bits);
+        assert!(g.iter().all(|x| (-1.0..=1.0).contains(x)), "{g:?}");
+        assert!(g.windows(2).all(|w| w[1] > w[0]), "{g:?}");
+        assert_eq!(codebook_gaussian(bits, 88).unwrap(), g); // nearer 64 than 128
+    }
+    for (bits, group) in [(5, 64), (1, 64), (3, 0), (1000, 64)] {
+        assert_eq!(
+            codebook_gaussian(bits, group).unwrap_err().status,
+            Status::InvalidArgument,
+            "bits {bits}, group {group}"
+        );
+    }
+
+    let n = 16usize;
+    let lv = codebook_gaussian(3, HEAD_DIM as u64).unwrap();
+    let levels: Vec<f32> = (0..LAYERS).flat_map(|_| lv.iter().copied()).collect();
+    let codec = Codec::new(Dtype::Int3); // per token, f32 scales, symmetric
+    let cfg = model_config().num_blocks(16).k_codec(codec).v_codec(codec);
+    let (pool, plain) = (Pool::new(&cfg).unwrap(), Pool::new(&cfg).unwrap());
+    assert_eq!(
+        pool.set_codebook(2, Some(&levels)).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    assert_eq!(
+        pool.set_codebook(1, Some(&levels[1..])).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    let mut bad = levels.clone();
+    bad[lv.len() + 5] = bad[lv.len() + 4];
+    let err = pool.set_codebook(1, Some(&bad)).unwrap_err();
+    assert!(err.message.contains("layer 1, level 5"), "{}", err.message);
+    pool.set_codebook(1, Some(&levels)).unwrap();
+    pool.set_codebook(0, Some(&levels)).unwrap();
+    pool.set_codebook(0, None).unwrap(); // removed: the keys' uniform codes again
+    let mut rng = Rng::new(91);
+    let (k, v) = (rng.values(n * ROW, 2.0), rng.values(n * ROW, 2.0));
+    for p in [&pool, &plain] {
+        p.seq_create(1).unwrap();
+        p.seq_reserve(1, n as u64).unwrap();
+        p.append(1, 1, 0, &k, &v).unwrap();
+    }
+    let got = pool.gather::<f32>(1, 1, 0, n).unwrap();
+    let uniform = plain.gather::<f32>(1, 1, 0, n).unwrap();
+    assert_eq!(got.k, uniform.k);
+    assert_ne!(got.v, uniform.v);
+    let hd = HEAD_DIM as usize;
+    for (i, (x, y)) in v.chunks(hd).zip(got.v.chunks(hd)).enumerate() {
+        let want = codebook_group(x, &lv);
+        for (j, (w, g)) in want.iter().zip(y).enumerate() {
+            assert!(
+                (w - g).abs() <= w.abs() * 1e-5 + 1e-6,
+                "group {i} value {j}: {g} vs {w}"
+            );
+        }
+        let a: f64 = x.iter().map(|&t| t as f64 * t as f64).sum::<f64>().sqrt();
+        let b: f64 = y.iter().map(|&t| t as f64 * t as f64).sum::<f64>().sqrt();
+        assert!((a - b).abs() <= 1e-5 * a, "group {i}: norm {b} vs {a}");
+    }
+    let err = pool.set_codebook(1, None).unwrap_err();
+    assert_eq!(err.status, Status::InvalidArgument);
+    assert!(err.message.contains("sequences"), "{}", err.message);
+    let asym = Codec::new(Dtype::Int3).asymmetric(true);
+    let q = Pool::new(&model_config().num_blocks(16).k_codec(asym).v_codec(asym)).unwrap();
+    assert_eq!(
+        q.set_codebook(0, Some(&levels)).unwrap_err().status,
+        Status::InvalidArgument
+    );
+    q.set_codebook(0, Some(&[])).unwrap(); // an empty table removes (there is none)
 }

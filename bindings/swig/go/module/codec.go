@@ -55,3 +55,17 @@ func (c Codec) dequantize(codes, scales, zeros []byte, n, d uint64, dst []byte, 
 	defer native.DeleteCodec(nc)
 	return call(func() { nc.Dequantize(codes, scales, zeros, n, d, dst, native.Kvc_dtype(dtype)) })
 }
+
+// CodebookGaussian is the built-in codebook for rotated values
+// (kvc_codebook_gaussian): the Lloyd-Max levels of groups of groupSize
+// Gaussian values normalized by their signed extreme (head_dim for per-token
+// scales), 2^bits ascending values in [-1, 1] for bits 2, 3 or 4.
+// Pool.SetCodebook takes one such slice per layer, concatenated.
+func CodebookGaussian(bits uint32, groupSize uint64) ([]float32, error) {
+	buf := make([]float32, 16)
+	var n uint
+	if err := call(func() { n = native.Codebook_gaussian(uint(bits), groupSize, bytesOf(buf)) }); err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -158,5 +159,137 @@ func TestCodecOutliers(t *testing.T) {
 	var e *Error
 	if !errors.As(err, &e) || e.Status != ERR_UNSUPPORTED {
 		t.Fatalf("the standalone quantizer with outliers: %v", err)
+	}
+}
+
+// codebookGroup is the codebook rule for one group of values: each value's
+// code is the level nearest to x / e (e the group's signed extreme), and the
+// scale keeps the group's L2 norm; decoded into out.
+func codebookGroup(x []float32, lv []float32, out []float32) {
+	var e, a float32
+	for _, xi := range x {
+		if float32(math.Abs(float64(xi))) > a {
+			a, e = float32(math.Abs(float64(xi))), xi
+		}
+	}
+	var inv float32
+	if e != 0 {
+		inv = 1 / e
+	}
+	code := make([]int, len(x))
+	var xx, cc float64
+	for j, xi := range x {
+		y := xi * inv
+		c := 0
+		for i := 0; i+1 < len(lv); i++ {
+			if y > (lv[i]+lv[i+1])*0.5 {
+				c++
+			}
+		}
+		code[j] = c
+		xx += float64(xi) * float64(xi)
+		cc += float64(lv[c]) * float64(lv[c])
+	}
+	var sc float32
+	if cc > 0 {
+		sc = float32(math.Sqrt(xx / cc))
+	}
+	if e < 0 {
+		sc = -sc
+	}
+	for j := range x {
+		out[j] = lv[code[j]] * sc
+	}
+}
+
+// Codebooks (Pool.SetCodebook, CodebookGaussian): the built-in levels ascend
+// in [-1, 1]; an int3 pool with them reads each head's group back as its
+// levels times a scale that keeps the group's L2 norm (f32 scales); refusals
+// are *Error values; nil removes a codebook.
+func TestCodecCodebook(t *testing.T) {
+	var e *Error
+	for bits := uint32(2); bits <= 4; bits++ {
+		g := must1[[]float32](t)(CodebookGaussian(bits, headDim))
+		if len(g) != 1<<bits {
+			t.Fatalf("bits %d: %d levels", bits, len(g))
+		}
+		for i, x := range g {
+			if x < -1 || x > 1 || (i > 0 && !(x > g[i-1])) {
+				t.Fatalf("bits %d: levels %v", bits, g)
+			}
+		}
+		if g2 := must1[[]float32](t)(CodebookGaussian(bits, 88)); !reflect.DeepEqual(g, g2) {
+			t.Fatalf("bits %d: group 88 gives %v, group 64 %v", bits, g2, g)
+		}
+	}
+	for _, c := range [][2]uint64{{5, headDim}, {1, headDim}, {3, 0}, {1000, headDim}} {
+		if _, err := CodebookGaussian(uint32(c[0]), c[1]); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT {
+			t.Fatalf("CodebookGaussian(%d, %d): %v", c[0], c[1], err)
+		}
+	}
+
+	const n = 16
+	lv := must1[[]float32](t)(CodebookGaussian(3, headDim))
+	levels := append(append([]float32{}, lv...), lv...) // layers = 2
+	c := DefaultCodec()
+	c.DType = DTYPE_INT3
+	cfg := testConfig()
+	cfg.KCodec, cfg.VCodec = &c, &c
+	p, plain := newTestPool(t, cfg), newTestPool(t, cfg)
+	if err := p.SetCodebook(2, levels); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT {
+		t.Fatalf("part 2: %v", err)
+	}
+	if err := p.SetCodebook(1, levels[:len(levels)-1]); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT {
+		t.Fatalf("a short table: %v", err)
+	}
+	bad := append([]float32{}, levels...)
+	bad[len(lv)+5] = bad[len(lv)+4]
+	if err := p.SetCodebook(1, bad); !errors.As(err, &e) || !strings.Contains(e.Message, "layer 1, level 5") {
+		t.Fatalf("levels out of order: %v", err)
+	}
+	must(t, p.SetCodebook(1, levels))
+	must(t, p.SetCodebook(0, levels))
+	must(t, p.SetCodebook(0, nil)) // removed: the keys' uniform codes again
+	k, v := random(n*row, 630), random(n*row, 631)
+	for _, q := range []*Pool{p, plain} {
+		must(t, q.SeqCreate(1))
+		must(t, q.Reserve(1, n))
+		must1[uint64](t)(q.Append(1, 1, 0, k, v))
+	}
+	ko, vo, ku, vu := make([]float32, n*row), make([]float32, n*row), make([]float32, n*row), make([]float32, n*row)
+	must1[uint64](t)(p.Gather(1, 1, 0, ko, vo))
+	must1[uint64](t)(plain.Gather(1, 1, 0, ku, vu))
+	if !reflect.DeepEqual(ko, ku) {
+		t.Fatal("keys without a codebook differ from the plain pool's")
+	}
+	want := make([]float32, n*row)
+	differs := false
+	for i := 0; i < len(want); i += headDim {
+		codebookGroup(v[i:i+headDim], lv, want[i:i+headDim])
+		var a, b float64
+		for j := i; j < i+headDim; j++ {
+			if d := math.Abs(float64(vo[j] - want[j])); d > 1e-5*math.Abs(float64(want[j]))+1e-6 {
+				t.Fatalf("value %d: %v, want %v", j, vo[j], want[j])
+			}
+			a += float64(v[j]) * float64(v[j])
+			b += float64(vo[j]) * float64(vo[j])
+			differs = differs || vo[j] != vu[j]
+		}
+		if math.Abs(math.Sqrt(a)-math.Sqrt(b)) > 1e-5*math.Sqrt(a) {
+			t.Fatalf("group %d: norm %v, want %v", i/headDim, math.Sqrt(b), math.Sqrt(a))
+		}
+	}
+	if !differs {
+		t.Fatal("the codebook's values equal the uniform codes'")
+	}
+	if err := p.SetCodebook(1, nil); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT ||
+		!strings.Contains(e.Message, "sequences") {
+		t.Fatalf("a pool with a sequence: %v", err)
+	}
+	asym := c
+	asym.Asymmetric = true
+	cfg.KCodec, cfg.VCodec = &asym, &asym
+	if err := newTestPool(t, cfg).SetCodebook(0, levels); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT {
+		t.Fatalf("an asymmetric codec: %v", err)
 	}
 }

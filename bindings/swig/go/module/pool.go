@@ -251,6 +251,17 @@ func (p *Pool) SetKeySmoothing(scale, offset []float32) error {
 	return p.do(func(h native.Pool) { h.Set_key_smoothing(bytesOf(scale), bytesOf(offset)) })
 }
 
+// SetCodebook sets a codebook of the pool's keys (part 0) or values (part 1)
+// (kvc_pool_set_codebook): the part's int2/int3/int4 codes index non-uniform
+// levels instead of the evenly spaced integers. levels holds num_layers x
+// 2^bits values, layer by layer, each in [-1, 1] and strictly ascending
+// within a layer (CodebookGaussian gives levels for rotated values); nil or
+// empty removes the part's codebook. Only on a pool with no sequence and no
+// prefix cache.
+func (p *Pool) SetCodebook(part uint32, levels []float32) error {
+	return p.do(func(h native.Pool) { h.Set_codebook(uint(part), bytesOf(levels)) })
+}
+
 // SeqSetPolicy attaches a policy to one sequence (nil: the pool's default).
 func (p *Pool) SeqSetPolicy(seq uint64, policy *Policy) error {
 	return p.withPolicy(policy, func(h native.Pool, ph native.Policy) { h.Seq_set_policy(seq, ph) })

@@ -147,6 +147,107 @@ public class CodecTest {
     assertEquals(Kvc.ERR_UNSUPPORTED, e.status());
   }
 
+  /** The codebook rule for one group of g values from off: decoded (level nearest x / e, the norm kept). */
+  private static void codebookGroup(float[] x, int off, int g, float[] lv, float[] out) {
+    float e = 0f, a = 0f;
+    for (int j = 0; j < g; ++j)
+      if (Math.abs(x[off + j]) > a) {
+        a = Math.abs(x[off + j]);
+        e = x[off + j];
+      }
+    final float inv = e != 0f ? 1.0f / e : 0f;
+    int[] code = new int[g];
+    double xx = 0.0, cc = 0.0;
+    for (int j = 0; j < g; ++j) {
+      final float y = x[off + j] * inv;
+      int c = 0;
+      for (int i = 0; i + 1 < lv.length; ++i) c += y > (lv[i] + lv[i + 1]) * 0.5f ? 1 : 0;
+      code[j] = c;
+      xx += (double) x[off + j] * x[off + j];
+      cc += (double) lv[c] * lv[c];
+    }
+    float sc = cc > 0.0 ? (float) Math.sqrt(xx / cc) : 0f;
+    if (e < 0f) sc = -sc;
+    for (int j = 0; j < g; ++j) out[off + j] = lv[code[j]] * sc;
+  }
+
+  /**
+   * Codebooks (Pool.setCodebook, Kvc.codebookGaussian): the built-in levels ascend in [-1, 1]; an
+   * int3 pool with them reads each head's group back as its levels times a scale that keeps the
+   * group's L2 norm (f32 scales); refusals throw KvcException; null removes a codebook.
+   */
+  @Test
+  public void codebookKeepsGroupNorms() {
+    for (int bits = 2; bits <= 4; ++bits) {
+      float[] g = Kvc.codebookGaussian(bits, HEAD_DIM);
+      assertEquals(1 << bits, g.length);
+      for (int i = 0; i < g.length; ++i) {
+        assertTrue(g[i] >= -1f && g[i] <= 1f);
+        if (i > 0) assertTrue("bits " + bits + " level " + i, g[i] > g[i - 1]);
+      }
+      assertArrayEquals(g, Kvc.codebookGaussian(bits, 88), 0f); // nearer 64 than 128
+    }
+    KvcException e = assertThrows(KvcException.class, () -> Kvc.codebookGaussian(5, HEAD_DIM));
+    assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+    e = assertThrows(KvcException.class, () -> Kvc.codebookGaussian(3, 0));
+    assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+
+    final int n = 16;
+    float[] lv = Kvc.codebookGaussian(3, HEAD_DIM);
+    float[] levels = new float[LAYERS * lv.length];
+    for (int l = 0; l < LAYERS; ++l) System.arraycopy(lv, 0, levels, l * lv.length, lv.length);
+    Codec c = new Codec(); // int3, per token, f32 scales, symmetric
+    c.setDtype(Kvc.DTYPE_INT3);
+    float[] k = random(n * ROW, 630), v = random(n * ROW, 631);
+    try (Pool pool = new Pool(config(), c, c); Pool plain = new Pool(config(), c, c)) {
+      e = assertThrows(KvcException.class, () -> pool.setCodebook(2, levels));
+      assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+      e = assertThrows(KvcException.class,
+          () -> pool.setCodebook(1, java.util.Arrays.copyOf(levels, levels.length - 1)));
+      assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+      float[] bad = levels.clone();
+      bad[lv.length + 5] = bad[lv.length + 4];
+      e = assertThrows(KvcException.class, () -> pool.setCodebook(1, bad));
+      assertTrue(e.detail(), e.detail().contains("layer 1, level 5"));
+      pool.setCodebook(1, levels);
+      pool.setCodebook(0, levels);
+      pool.setCodebook(0, null); // removed: the keys' uniform codes again
+      for (Pool p : new Pool[] {pool, plain}) {
+        p.seqCreate(1);
+        p.reserve(1, n);
+        p.append(1, 1, 0, k, v);
+      }
+      float[] ko = new float[n * ROW], vo = new float[n * ROW], ku = new float[n * ROW], vu = new float[n * ROW];
+      pool.gather(1, 1, 0, ko, vo);
+      plain.gather(1, 1, 0, ku, vu);
+      assertArrayEquals(ku, ko, 0f);
+      float[] want = new float[n * ROW];
+      for (int i = 0; i < want.length; i += HEAD_DIM) codebookGroup(v, i, HEAD_DIM, lv, want);
+      boolean differs = false;
+      for (int i = 0; i < want.length; i += HEAD_DIM) {
+        double a = 0.0, b = 0.0;
+        for (int j = i; j < i + HEAD_DIM; ++j) {
+          assertEquals("value " + j, want[j], vo[j], Math.abs(want[j]) * 1e-5f + 1e-6f);
+          a += (double) v[j] * v[j];
+          b += (double) vo[j] * vo[j];
+          differs |= vo[j] != vu[j];
+        }
+        assertEquals("group " + i / HEAD_DIM + " norm", Math.sqrt(a), Math.sqrt(b), 1e-5 * Math.sqrt(a));
+      }
+      assertTrue("the codebook's values equal the uniform codes'", differs);
+      e = assertThrows(KvcException.class, () -> pool.setCodebook(1, null));
+      assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+      assertTrue(e.detail(), e.detail().contains("sequences"));
+    }
+    Codec asym = new Codec();
+    asym.setDtype(Kvc.DTYPE_INT3);
+    asym.setAsymmetric(1);
+    try (Pool pool = new Pool(config(), asym, asym)) {
+      e = assertThrows(KvcException.class, () -> pool.setCodebook(0, levels));
+      assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+    }
+  }
+
   @Test
   public void shortBuffersAreRefused() {
     Codec c = new Codec();
