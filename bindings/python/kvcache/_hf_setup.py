@@ -7,7 +7,7 @@ import math
 import numpy as _np
 
 from . import native as _native
-from . import builtin_key_stats, key_smoothing, load_key_stats
+from . import builtin_key_stats, codebook_gaussian, key_smoothing, load_key_stats
 
 # eval's protocols (tools/cli/strategy.h: Strategy::Protocol).
 _PROTO_NONE, _PROTO_STREAM, _PROTO_PREFILL = 0, 1, 2
@@ -135,6 +135,19 @@ def _policy(st, ctx, auto_evict, gates=None):
     else:
         pc.compression_ratio = 1.0 - st.budget
     return _native.Policy(pc)
+
+
+def _codebooks_of(st, layers, hd):
+    """[(part, levels)] of a strategy's ``codebook`` parts: the built-in Gaussian levels of each part's group size
+    (per-token: head_dim), the same for every layer, as ``kvcache eval`` sets them."""
+    out = []
+    for part, flag, codec in ((0, st.k_codebook, st.k_codec), (1, st.v_codebook, st.v_codec)):
+        if not flag:
+            continue
+        bits = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}[codec.dtype]
+        group = hd if codec.granularity == _native.SCALE_PER_TOKEN else codec.group_size
+        out.append((part, list(codebook_gaussian(bits, group)) * layers))
+    return out
 
 
 def _key_smoothing_of(config, st, key_stats, layers, hq, hk, hd):

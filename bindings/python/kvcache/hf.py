@@ -28,7 +28,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from . import native as _native
 from . import KvcError, builtin_head_gates, load_head_gates, parse_strategy
-from ._hf_setup import (_PROTO_NONE, _PROTO_PREFILL, _PROTO_STREAM, _geometry, _key_smoothing_of,  # noqa: F401
+from ._hf_setup import (_PROTO_NONE, _PROTO_PREFILL, _PROTO_STREAM, _codebooks_of, _geometry, _key_smoothing_of,  # noqa: F401
                         _plain_rope_or_raise, _policy, _stream_cap, _text_config, streaming_heads)
 
 __all__ = ["PagedCache", "PagedLayer", "KvcPress", "kvcache_attention", "kvcache_mask", "ATTN_IMPLEMENTATION",
@@ -281,6 +281,7 @@ class PagedCache(Cache):
         elif head_gates is not None:
             raise ValueError("PagedCache: head_gates are DuoAttention's; strategy '%s' does not take them" % st.spec)
         self._smoothing = _key_smoothing_of(config, st, key_stats, self._layers_n, self._hq, self._hk, self._hd)
+        self._codebooks = _codebooks_of(st, self._layers_n, self._hd)
         if st.headwise and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' keeps different tokens in each KV head (a head-wise "
                              "pool); load the model with attn_implementation=\"kvcache\" (after import "
@@ -363,6 +364,8 @@ class PagedCache(Cache):
         pool = _native.Pool(cfg, st.k_codec if st.k_quantized else None, st.v_codec if st.v_quantized else None)
         if self._smoothing is not None:
             pool.set_key_smoothing(*self._smoothing)
+        for part, levels in self._codebooks:
+            pool.set_codebook(part, levels)
         if self._prefix:
             pc = _native.PrefixConfig()
             if self._prefix_seed is not None:

@@ -117,6 +117,29 @@ def test_perplexity_changes_agree_with_eval():
     assert abs(delta - e) <= 0.75, (spec, delta, e)
 
 
+def test_codebook_through_transformers():
+    """Codebooks (the `codebook` flag, docs/codecs.md) through PagedCache: the built-in Gaussian levels of
+    int2 values per token (Hadamard-rotated) must beat the symmetric int2 codes of the same bits as they do
+    in `kvcache eval`, on both sides by at least a factor of 2 in perplexity change, and the codebook row's
+    two sides within 2 points of each other (same 1,024 tokens and protocol as above)."""
+    rows = ["k-f16+v-int2:per-token:sym:hadamard", "k-f16+v-int2:per-token:hadamard:codebook"]
+    cli = os.environ.get("KVCACHE_CLI") or os.path.join(hfmodel.ROOT, "build", "tools", "kvcache")
+    proc = subprocess.Popen([cli, "eval", "--model", "smollm2", "--max-tokens", str(TOKENS), "--ctx", str(CTX),
+                             "--chunk", str(CHUNK), "--strategies", ",".join(rows), "--json", "--no-progress",
+                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    model, _ = hfmodel.load("sdpa")
+    tokens = fixture_tokens()
+    ref = perplexity(model, tokens, lambda: DynamicCache(config=model.config))
+    hf = {spec: 100.0 * (perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec)) / ref - 1.0)
+          for spec in rows}
+    ev = {k: v["ppl_delta_pct"] for k, v in finish_eval(proc).items()}
+    print("\ncodebook: hf %s, eval %s" % (hf, ev))
+    sym, cb = rows
+    assert 0.0 < hf[cb] < hf[sym] / 2.0, hf
+    assert 0.0 < ev[cb] < ev[sym] / 2.0, ev
+    assert abs(hf[cb] - ev[cb]) <= 2.0, (hf, ev)
+
+
 def test_key_smoothing_through_transformers():
     """Key smoothing (the `smooth` flag, docs/codecs.md) through PagedCache: the package's SmolLM2 key
     statistics, reordered to Hugging Face's RoPE pairs (i, i + 32), must help int4 per-token keys as
