@@ -254,6 +254,7 @@ static void test_records(void **state) {
   void *rec = malloc(size);
   ASSERT_OK(kvc_seq_save(p, 1, rec, size, &size));
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(diff, 1, rec, size));
+  assert_non_null(strstr(kvc_last_error_message(), "codebooks")); /* the message names them */
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(none, 1, rec, size));
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(onk, 1, rec, size));
   ASSERT_OK(kvc_seq_restore(same, 1, rec, size));
