@@ -45,8 +45,14 @@ float signed_extreme(const float *x, uint64_t n) {
 
 // Midpoints between neighbouring levels: a value y gets the number of
 // midpoints below it (strictly), the nearest level (ties: the lower).
+// Levels one ulp apart have no f32 between them: a midpoint rounded up onto
+// the upper level would send that level itself to the lower one; the lower
+// level as the midpoint sends each to its own.
 void midpoints(const float *levels, uint32_t nl, float *mid) {
-  for (uint32_t i = 0; i + 1 < nl; ++i) mid[i] = (levels[i] + levels[i + 1]) * 0.5f;
+  for (uint32_t i = 0; i + 1 < nl; ++i) {
+    mid[i] = (levels[i] + levels[i + 1]) * 0.5f;
+    if (mid[i] >= levels[i + 1]) mid[i] = levels[i];
+  }
 }
 
 inline uint32_t nearest(float y, const float *mid, uint32_t nm) {

@@ -338,6 +338,29 @@ static void test_subnormal_groups(void **state) {
   }
 }
 
+/* Levels one ulp apart (at +-1): each value equal to a level gets that
+ * level's code (the f32 midpoint of 1 - 2^-24 and 1 rounds to 1). */
+static void test_ulp_levels(void **state) {
+  (void)state;
+  static float k[LAYERS][ROW], v[LAYERS][ROW], got[ROW];
+  const float top = nextafterf(1.0f, 0.0f), bot = nextafterf(-1.0f, 0.0f);
+  const float lv[LAYERS * 4] = {-1.0f, bot, top, 1.0f, -1.0f, -0.5f, top, 1.0f};
+  for (uint32_t l = 0; l < LAYERS; ++l)
+    for (uint32_t i = 0; i < ROW; ++i) k[l][i] = v[l][i] = i % HD == 0 ? 1.0f : i % HD == 1 ? top : -1.0f;
+  const kvc_codec c = int_codec(KVC_DTYPE_INT2, KVC_SCALE_PER_TOKEN, 0);
+  kvc_pool *p = pool_of(&c, &c, 0);
+  ASSERT_OK(kvc_pool_set_codebook(p, 1, lv, LAYERS * 4));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) ASSERT_OK(kvc_append(p, 1, l, 0, 1, k[l], v[l], KVC_DTYPE_F32));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    ASSERT_OK(kvc_gather(p, 1, l, 0, 1, NULL, got, KVC_DTYPE_F32, NULL));
+    /* Every value is a level: the codes are exact and the scale is 1. */
+    for (uint32_t i = 0; i < ROW; ++i) assert_true(got[i] == v[l][i]);
+  }
+  kvc_pool_destroy(p);
+}
+
 /* The built-in levels: ascending in [-1, 1], the nearest power-of-two table,
  * refusals; on Gaussian rows they lose less than the uniform symmetric codes
  * of the same bits. */
@@ -397,6 +420,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_refusals),     cmocka_unit_test(test_records),
       cmocka_unit_test(test_attention),    cmocka_unit_test(test_gaussian),
       cmocka_unit_test(test_subnormal_groups),
+      cmocka_unit_test(test_ulp_levels),
   };
   return run_named_tests("codec_codebook", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
