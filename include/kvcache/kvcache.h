@@ -1553,13 +1553,16 @@ KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale
  *
  * The part's codec must be a symmetric int4, int3 or int2 codec with
  * per-token or per-group scales (::KVC_SCALE_PER_TOKEN, ::KVC_SCALE_PER_GROUP), neither
- * asymmetric nor full_range nor with outliers. With a codebook, each scale
- * group stores its signed extreme e (the value of largest magnitude, the
- * first of equal ones, its sign kept; saturated to +-65504 with f16 scales)
- * as its scale; a value x gets the b-bit code of the level of its layer
- * nearest to x / e (computed as x * (1 / e); the lower level on a tie), and
- * reads back (kvc_gather(), attention, records, tiers) as
- * `levels[layer][code] * e`. Values of a Hadamard rotation (rotation_block)
+ * asymmetric nor full_range nor with outliers. With a codebook, for each
+ * scale group with signed extreme e (the value of largest magnitude, the
+ * first of equal ones, its sign kept) a value x gets the b-bit code of the
+ * level of its layer nearest to x / e (computed as x * (1 / e), as
+ * (2^64 x) * (1 / (2^64 e)) when e is so small 1 / e overflows; the lower
+ * level on a tie); the group stores the scale s = sign(e) x |x| /
+ * |levels[codes]| (L2 norms of the group: the decoded group keeps its norm;
+ * saturated to +-65504 with f16 scales, +-FLT_MAX with f32), and reads back
+ * (kvc_gather(), attention, records, tiers) as `levels[layer][code] * s`.
+ * Values of a Hadamard rotation (rotation_block)
  * are rotated before and after, as with uniform codes. Bits per value are
  * those of the codec (the levels are stored once per pool, not per block).
  *

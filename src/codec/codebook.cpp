@@ -45,8 +45,14 @@ float signed_extreme(const float *x, uint64_t n) {
 
 // Midpoints between neighbouring levels: a value y gets the number of
 // midpoints below it (strictly), the nearest level (ties: the lower).
+// Levels one ulp apart have no f32 between them: a midpoint rounded up onto
+// the upper level would send that level itself to the lower one; the lower
+// level as the midpoint sends each to its own.
 void midpoints(const float *levels, uint32_t nl, float *mid) {
-  for (uint32_t i = 0; i + 1 < nl; ++i) mid[i] = (levels[i] + levels[i + 1]) * 0.5f;
+  for (uint32_t i = 0; i + 1 < nl; ++i) {
+    mid[i] = (levels[i] + levels[i + 1]) * 0.5f;
+    if (mid[i] >= levels[i + 1]) mid[i] = levels[i];
+  }
 }
 
 inline uint32_t nearest(float y, const float *mid, uint32_t nm) {
@@ -134,6 +140,7 @@ void encode_codebook(const Spec &s, const float *levels, const float *x, uint64_
   midpoints(levels, nl, mid);
   const uint64_t g = group_of(s, d), rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
   thread_local std::vector<uint8_t> cd;
+  thread_local std::vector<float> up;  // a group of subnormal values, x 2^64
   if (cd.size() < g) cd.resize(g);
   for (uint64_t r = 0; r < n; ++r) {
     const float *xr = x + r * d;
@@ -141,13 +148,24 @@ void encode_codebook(const Spec &s, const float *levels, const float *x, uint64_
     std::memset(out, 0, rb);
     for (uint64_t j0 = 0, k = r * (d / g); j0 < d; j0 += g, ++k) {
       const float e = signed_extreme(xr + j0, g);
-      const float inv = e != 0.0f ? 1.0f / e : 0.0f;
+      float inv = e != 0.0f ? 1.0f / e : 0.0f;
+      const float *xg = xr + j0;
+      if (!std::isfinite(inv)) {
+        // |e| below 1 / FLT_MAX (subnormal): 1 / e overflows, and x x inf
+        // would send every value to an end level (a zero to NaN, level 0).
+        // The group x 2^64 instead: exact (every |x| <= |e| < 2^-127), the
+        // same ratios x / e, and 1 / (2^64 e) finite.
+        if (up.size() < g) up.resize(g);
+        for (uint64_t j = 0; j < g; ++j) up[j] = xg[j] * 0x1p64f;
+        inv = 1.0f / (e * 0x1p64f);
+        xg = up.data();
+      }
 #ifdef KVC_CODEC_X86
       if (use_avx2())
-        nearest_avx2(xr + j0, g, inv, mid, nm, cd.data());
+        nearest_avx2(xg, g, inv, mid, nm, cd.data());
       else
 #endif
-        nearest_scalar(xr + j0, g, inv, mid, nm, cd.data());
+        nearest_scalar(xg, g, inv, mid, nm, cd.data());
       // The scale keeps the group's norm: |scale| = |x| / |levels[codes]|
       // (in double, one order in both paths), the extreme's sign.
       double xx = 0.0, cc = 0.0;

@@ -102,7 +102,7 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
               " (this pool: " + u64s(a) + ")";
   }
   return diff.empty() ? "head-wise storage, codecs (outliers included), scales, residual window, "
-                        "attention sinks, RoPE settings or key smoothing differ"
+                        "attention sinks, RoPE settings, key smoothing or codebooks differ"
                       : diff;
 }
 

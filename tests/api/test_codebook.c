@@ -254,6 +254,7 @@ static void test_records(void **state) {
   void *rec = malloc(size);
   ASSERT_OK(kvc_seq_save(p, 1, rec, size, &size));
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(diff, 1, rec, size));
+  assert_non_null(strstr(kvc_last_error_message(), "codebooks")); /* the message names them */
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(none, 1, rec, size));
   ASSERT_STATUS(KVC_ERR_INCOMPATIBLE, kvc_seq_restore(onk, 1, rec, size));
   ASSERT_OK(kvc_seq_restore(same, 1, rec, size));
@@ -297,6 +298,66 @@ static void test_attention(void **state) {
   float q[2 * HEADS * HD];
   for (int i = 0; i < 2 * HEADS * HD; ++i) q[i] = frand();
   for (uint32_t l = 0; l < LAYERS; ++l) assert_decode_matches_gather_rows(p, 1, l, N, HEADS, HD, q, 1e-5, 1e-5);
+  kvc_pool_destroy(p);
+}
+
+/* A group whose extreme is subnormal (1 / e overflows f32) gets the codes of
+ * the same group scaled into the normal range: its zeros read back near zero
+ * (not as the lowest level x the scale) and its values keep their order. */
+static void test_subnormal_groups(void **state) {
+  (void)state;
+  enum { T = 4 };
+  static float k[LAYERS][T * ROW], v[LAYERS][T * ROW], tiny[T * ROW], big[T * ROW];
+  for (uint32_t l = 0; l < LAYERS; ++l)
+    for (uint32_t i = 0; i < T * ROW; ++i) {
+      const float x = i % 5 == 0 ? 0.0f : (float)((int)(i % 11) - 5) * 0.125f; /* zeros, ties */
+      v[l][i] = x * 0x1p-130f; /* subnormal: |v| <= 5/8 x 2^-130 < 1 / FLT_MAX */
+      k[l][i] = x;             /* the same ratios, normal */
+    }
+  for (uint32_t bits = 2; bits <= 4; ++bits) {
+    const kvc_dtype dt = bits == 4 ? KVC_DTYPE_INT4 : bits == 3 ? KVC_DTYPE_INT3 : KVC_DTYPE_INT2;
+    const kvc_codec c = int_codec(dt, KVC_SCALE_PER_GROUP, 8);
+    float lv[LAYERS * 16];
+    levels_of(bits, lv);
+    kvc_pool_config cfg = test_config(LAYERS, HEADS, HD, 8, 64);
+    cfg.k_codec = &c;
+    cfg.v_codec = &c;
+    kvc_pool *p = NULL;
+    ASSERT_OK(kvc_pool_create(&cfg, &p));
+    ASSERT_OK(kvc_pool_set_codebook(p, 0, lv, LAYERS << bits));
+    ASSERT_OK(kvc_pool_set_codebook(p, 1, lv, LAYERS << bits));
+    ASSERT_OK(kvc_seq_create(p, 1));
+    ASSERT_OK(kvc_seq_reserve(p, 1, T, NULL));
+    for (uint32_t l = 0; l < LAYERS; ++l) ASSERT_OK(kvc_append(p, 1, l, 0, T, k[l], v[l], KVC_DTYPE_F32));
+    for (uint32_t l = 0; l < LAYERS; ++l) {
+      ASSERT_OK(kvc_gather(p, 1, l, 0, T, big, tiny, KVC_DTYPE_F32, NULL));
+      for (uint32_t i = 0; i < T * ROW; ++i) /* the same codes: tiny x 2^130 = big up to subnormal rounding */
+        assert_true(fabs((double)tiny[i] * 0x1p130 - big[i]) <= 1e-4 * 0.625);
+    }
+    kvc_pool_destroy(p);
+  }
+}
+
+/* Levels one ulp apart (at +-1): each value equal to a level gets that
+ * level's code (the f32 midpoint of 1 - 2^-24 and 1 rounds to 1). */
+static void test_ulp_levels(void **state) {
+  (void)state;
+  static float k[LAYERS][ROW], v[LAYERS][ROW], got[ROW];
+  const float top = nextafterf(1.0f, 0.0f), bot = nextafterf(-1.0f, 0.0f);
+  const float lv[LAYERS * 4] = {-1.0f, bot, top, 1.0f, -1.0f, -0.5f, top, 1.0f};
+  for (uint32_t l = 0; l < LAYERS; ++l)
+    for (uint32_t i = 0; i < ROW; ++i) k[l][i] = v[l][i] = i % HD == 0 ? 1.0f : i % HD == 1 ? top : -1.0f;
+  const kvc_codec c = int_codec(KVC_DTYPE_INT2, KVC_SCALE_PER_TOKEN, 0);
+  kvc_pool *p = pool_of(&c, &c, 0);
+  ASSERT_OK(kvc_pool_set_codebook(p, 1, lv, LAYERS * 4));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) ASSERT_OK(kvc_append(p, 1, l, 0, 1, k[l], v[l], KVC_DTYPE_F32));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    ASSERT_OK(kvc_gather(p, 1, l, 0, 1, NULL, got, KVC_DTYPE_F32, NULL));
+    /* Every value is a level: the codes are exact and the scale is 1. */
+    for (uint32_t i = 0; i < ROW; ++i) assert_true(got[i] == v[l][i]);
+  }
   kvc_pool_destroy(p);
 }
 
@@ -358,6 +419,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_round_trip),   cmocka_unit_test(test_rotation_keeps_norms),
       cmocka_unit_test(test_refusals),     cmocka_unit_test(test_records),
       cmocka_unit_test(test_attention),    cmocka_unit_test(test_gaussian),
+      cmocka_unit_test(test_subnormal_groups),
+      cmocka_unit_test(test_ulp_levels),
   };
   return run_named_tests("codec_codebook", tests, sizeof tests / sizeof tests[0], argc, argv);
 }
