@@ -66,11 +66,13 @@ void Pool::set_codebook(int kv, const float *levels, size_t count) {
   std::shared_ptr<Codebook> cb;
   if (levels) {
     for (uint64_t i = 0; i < want; ++i) {
-      const std::string at = " at layer " + u64s(i / per_layer) + ", level " + u64s(i % per_layer);
+      auto at = [&] {
+        return " at layer " + u64s(i / per_layer) + ", level " + u64s(i % per_layer);
+      };
       if (!(std::isfinite(levels[i]) && levels[i] >= -1.0f && levels[i] <= 1.0f))
-        fail(Errc::InvalidArgument, "level " + fmt_g(levels[i]) + at + " is not in [-1, 1]");
+        fail(Errc::InvalidArgument, "level " + fmt_g(levels[i]) + at() + " is not in [-1, 1]");
       if (i % per_layer && !(levels[i] > levels[i - 1]))
-        fail(Errc::InvalidArgument, "level " + fmt_g(levels[i]) + at +
+        fail(Errc::InvalidArgument, "level " + fmt_g(levels[i]) + at() +
                                         " is not above the one before it (" + fmt_g(levels[i - 1]) +
                                         "): levels ascend strictly");
     }

@@ -332,14 +332,16 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
     append_le32(b, kFlagHeadwise);
     append_le32(b, c.headwise_heads);
   }
-  // Key smoothing (absent without): a tag and the digest of its arrays, so
-  // keys and records match only pools that smooth with the same ones.
-  for (int kv = 0; kv < 2; ++kv)  // codebooks (absent without): a tag and their digest
+  // Codebooks of K then V (absent without): a tag, the part and the digest
+  // of its levels, so keys and records match only pools with the same ones.
+  for (int kv = 0; kv < 2; ++kv)
     if (c.codebook[kv]) {
       append_le32(b, kCodebookTag);
       b.push_back(static_cast<uint8_t>(kv));
       b.insert(b.end(), c.codebook[kv]->digest, c.codebook[kv]->digest + 16);
     }
+  // Key smoothing (absent without): a tag and the digest of its arrays, so
+  // keys and records match only pools that smooth with the same ones.
   if (c.k_smoothing) {
     append_le32(b, kKeySmoothingTag);
     b.insert(b.end(), c.k_smoothing->digest, c.k_smoothing->digest + 16);
