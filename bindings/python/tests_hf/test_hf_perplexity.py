@@ -73,6 +73,17 @@ def perplexity(model, tokens, make_cache):
     return math.exp(nll / n)
 
 
+_REFERENCE = {}
+
+
+def reference_perplexity(model, tokens):
+    """The DynamicCache f32 perplexity of the fixture, computed once per model for the tests of this file."""
+    key = (id(model), tuple(tokens))
+    if key not in _REFERENCE:
+        _REFERENCE[key] = perplexity(model, tokens, lambda: DynamicCache(config=model.config))
+    return _REFERENCE[key]
+
+
 def start_eval():
     """`kvcache eval` in the background (it runs while transformers computes)."""
     cli = os.environ.get("KVCACHE_CLI") or os.path.join(hfmodel.ROOT, "build", "tools", "kvcache")
@@ -93,7 +104,7 @@ def test_perplexity_changes_agree_with_eval():
     proc = start_eval()
     model, _ = hfmodel.load("sdpa")
     tokens = fixture_tokens()
-    ref = perplexity(model, tokens, lambda: DynamicCache(config=model.config))
+    ref = reference_perplexity(model, tokens)
     rows = []
     for spec in STRATEGIES:
         ppl = perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec))
@@ -129,7 +140,7 @@ def test_codebook_through_transformers():
                              "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     model, _ = hfmodel.load("sdpa")
     tokens = fixture_tokens()
-    ref = perplexity(model, tokens, lambda: DynamicCache(config=model.config))
+    ref = reference_perplexity(model, tokens)
     hf = {spec: 100.0 * (perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec)) / ref - 1.0)
           for spec in rows}
     ev = {k: v["ppl_delta_pct"] for k, v in finish_eval(proc).items()}
@@ -155,7 +166,7 @@ def test_key_smoothing_through_transformers():
                              "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     model, _ = hfmodel.load("sdpa")
     tokens = fixture_tokens()
-    ref = perplexity(model, tokens, lambda: DynamicCache(config=model.config))
+    ref = reference_perplexity(model, tokens)
     hf = {spec: 100.0 * (perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec)) / ref - 1.0)
           for spec in rows}
     ev = {k: v["ppl_delta_pct"] for k, v in finish_eval(proc).items()}
