@@ -92,27 +92,42 @@ __attribute__((target("avx2"))) void nearest_avx2(const float *x, uint64_t n, fl
   nearest_scalar(x + j, n - j, inv, mid, nm, cd + j);
 }
 
-// x = levels[code] x scale, 8 at a time: a table lookup by permutation (two
-// and a blend for 16 levels), then the scalar path's one multiply.
+// x = levels[code] x scale for the n rows of d values of a call, 8 at a
+// time: a table lookup by permutation (two and a blend for 16 levels), then
+// the scalar path's one multiply. The level vectors are built once per call
+// (groups of 8 values are common: head_dim 8); a group that does not start
+// on whole code bytes, and each group's tail, take the scalar path.
 template <int Bits>
-__attribute__((target("avx2"))) void decode_group_avx2(const uint8_t *in, uint64_t j0, uint64_t j1,
-                                                       float sc, const float *levels, float *x) {
-  uint64_t j = j0;
-  if (j % code_unit(Bits) == 0) {
-    alignas(32) float lv[16] = {};
-    std::memcpy(lv, levels, sizeof(float) << Bits);
-    const __m256 lo = _mm256_load_ps(lv), hi = _mm256_load_ps(lv + 8), s = _mm256_set1_ps(sc);
-    const __m256i zero = _mm256_setzero_si256();
-    for (; j + 8 <= j1; j += 8) {
-      const __m256i idx = unpack8<Bits, true>(in, j, zero);
-      __m256 v = _mm256_permutevar8x32_ps(lo, idx);
-      if constexpr (Bits == 4)
-        v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, idx),
-                             _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
-      _mm256_storeu_ps(x + j, _mm256_mul_ps(v, s));
+__attribute__((target("avx2"))) void decode_rows_avx2(const Spec &s, const float *levels,
+                                                      const uint8_t *codes, const uint8_t *scales,
+                                                      uint64_t n, uint64_t d, uint64_t g,
+                                                      float *out) {
+  alignas(32) float lv[16] = {};
+  std::memcpy(lv, levels, sizeof(float) << Bits);
+  const __m256 lo = _mm256_load_ps(lv), hi = _mm256_load_ps(lv + 8);
+  const __m256i zero = _mm256_setzero_si256();
+  const uint64_t rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+  for (uint64_t r = 0; r < n; ++r) {
+    const uint8_t *in = codes + r * rb;
+    float *x = out + r * d;
+    for (uint64_t j0 = 0, k = r * (d / g); j0 < d; j0 += g, ++k) {
+      const float sc = inl::load_scale(scales + k * sb, s.scale_dtype);
+      const uint64_t j1 = j0 + g;
+      uint64_t j = j0;
+      if (j % code_unit(Bits) == 0) {
+        const __m256 vs = _mm256_set1_ps(sc);
+        for (; j + 8 <= j1; j += 8) {
+          const __m256i idx = unpack8<Bits, true>(in, j, zero);
+          __m256 v = _mm256_permutevar8x32_ps(lo, idx);
+          if constexpr (Bits == 4)
+            v = _mm256_blendv_ps(v, _mm256_permutevar8x32_ps(hi, idx),
+                                 _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+          _mm256_storeu_ps(x + j, _mm256_mul_ps(v, vs));
+        }
+      }
+      decode_group_scalar(Bits, in, j, j1, sc, levels, x);
     }
   }
-  decode_group_scalar(Bits, in, j, j1, sc, levels, x);
 }
 #endif
 
@@ -188,24 +203,19 @@ void decode_codebook(const Spec &s, const float *levels, const uint8_t *codes,
                      const uint8_t *scales, uint64_t n, uint64_t d, float *out) {
   const int bits = bits_of(s.dtype);
   const uint64_t g = group_of(s, d), rb = row_bytes(s.dtype, d), sb = scale_bytes(s);
+#ifdef KVC_CODEC_X86
+  if (use_avx2()) {
+    if (bits == 2) return decode_rows_avx2<2>(s, levels, codes, scales, n, d, g, out);
+    if (bits == 3) return decode_rows_avx2<3>(s, levels, codes, scales, n, d, g, out);
+    return decode_rows_avx2<4>(s, levels, codes, scales, n, d, g, out);
+  }
+#endif
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;
     float *xr = out + r * d;
-    for (uint64_t j0 = 0, k = r * (d / g); j0 < d; j0 += g, ++k) {
-      const float sc = inl::load_scale(scales + k * sb, s.scale_dtype);
-#ifdef KVC_CODEC_X86
-      if (use_avx2()) {
-        if (bits == 2)
-          decode_group_avx2<2>(in, j0, j0 + g, sc, levels, xr);
-        else if (bits == 3)
-          decode_group_avx2<3>(in, j0, j0 + g, sc, levels, xr);
-        else
-          decode_group_avx2<4>(in, j0, j0 + g, sc, levels, xr);
-        continue;
-      }
-#endif
-      decode_group_scalar(bits, in, j0, j0 + g, sc, levels, xr);
-    }
+    for (uint64_t j0 = 0, k = r * (d / g); j0 < d; j0 += g, ++k)
+      decode_group_scalar(bits, in, j0, j0 + g, inl::load_scale(scales + k * sb, s.scale_dtype),
+                          levels, xr);
   }
 }
 
