@@ -3,8 +3,6 @@
 // (in units of each group's signed extreme) instead of the uniform grid
 // (codec/codebook.cpp; KVQuant's per-layer non-uniform levels, TurboQuant's
 // Lloyd-Max levels for rotated values). docs/codecs.md has the contract.
-#include <xxhash.h>
-
 #include <cmath>
 #include <cstring>
 
@@ -56,13 +54,7 @@ void Pool::set_codebook(int kv, const float *levels, size_t count) {
   if (levels && count != want)
     fail(Errc::InvalidArgument,
          "count " + u64s(count) + " is not num_layers x 2^bits = " + u64s(want));
-  if (seqs_.size())
-    fail(Errc::InvalidArgument, "the pool holds " + u64s(seqs_.size()) +
-                                    " sequences: set codebooks before the first "
-                                    "kvc_seq_create() (their codes would change meaning)");
-  if (events_)
-    fail(Errc::InvalidArgument,
-         "the prefix cache is enabled: set codebooks before kvc_pool_enable_prefix_cache()");
+  require_empty_for("codebooks");
   std::shared_ptr<Codebook> cb;
   if (levels) {
     for (uint64_t i = 0; i < want; ++i) {
@@ -86,10 +78,7 @@ void Pool::set_codebook(int kv, const float *levels, size_t count) {
     append_le32(b, static_cast<uint32_t>(kv));
     append_le32(b, cb->per_layer);
     for (float v : cb->levels) append_le32(b, f32_bits(v));
-    const XXH128_hash_t h = XXH3_128bits(b.data(), b.size());
-    XXH128_canonical_t canon;
-    XXH128_canonicalFromHash(&canon, h);
-    std::memcpy(cb->digest, canon.digest, 16);
+    digest128(b, cb->digest);
   }
   cfg_.codebook[kv] = cb;
   fmt_.codebook[kv] = cb;

@@ -44,6 +44,11 @@ class Pool : private PoolCore {
   // A codebook for part kv (0 keys, 1 values): [num_layers][2^bits] levels,
   // or none (null, 0); on an empty pool (core/codebook.cpp).
   void set_codebook(int kv, const float *levels, size_t count);
+  // Throws InvalidArgument unless the pool holds no sequence and has no
+  // prefix cache: `what` (key smoothing, codebooks) changes the codes' meaning.
+  void require_empty_for(const char *what) const;
+  // XXH3-128 of b, canonical (big-endian) bytes: the digests of the fingerprint.
+  static void digest128(const std::vector<uint8_t> &b, uint8_t out[16]);
   // The built-in Gaussian levels (codec::gaussian_levels; null: none).
   static const float *gaussian_codebook(uint32_t bits, uint64_t group);
 

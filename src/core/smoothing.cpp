@@ -59,6 +59,23 @@ void BlockFormat::unsmooth_keys(uint32_t layer, float *x, uint64_t n) const {
   }
 }
 
+void Pool::require_empty_for(const char *what) const {
+  if (seqs_.size())
+    fail(Errc::InvalidArgument, "the pool holds " + u64s(seqs_.size()) + " sequences: set " + what +
+                                    " before the first kvc_seq_create() (their codes would change "
+                                    "meaning)");
+  if (events_)
+    fail(Errc::InvalidArgument, std::string("the prefix cache is enabled: set ") + what +
+                                    " before kvc_pool_enable_prefix_cache()");
+}
+
+void Pool::digest128(const std::vector<uint8_t> &b, uint8_t out[16]) {
+  const XXH128_hash_t h = XXH3_128bits(b.data(), b.size());
+  XXH128_canonical_t canon;
+  XXH128_canonicalFromHash(&canon, h);
+  std::memcpy(out, canon.digest, 16);
+}
+
 void Pool::set_key_smoothing(const float *scale, const float *offset, size_t count) {
   std::unique_lock lk(mu_);
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
@@ -77,13 +94,7 @@ void Pool::set_key_smoothing(const float *scale, const float *offset, size_t cou
   if (scale && count != want)
     fail(Errc::InvalidArgument, "count " + u64s(count) + " is not num_layers x num_kv_heads x " +
                                     "head_dim = " + u64s(want));
-  if (seqs_.size())
-    fail(Errc::InvalidArgument, "the pool holds " + u64s(seqs_.size()) +
-                                    " sequences: set key smoothing before the first "
-                                    "kvc_seq_create() (their codes would change meaning)");
-  if (events_)
-    fail(Errc::InvalidArgument,
-         "the prefix cache is enabled: set key smoothing before kvc_pool_enable_prefix_cache()");
+  require_empty_for("key smoothing");
   std::shared_ptr<KeySmoothing> s;
   if (scale) {
     s = std::make_shared<KeySmoothing>();
@@ -105,10 +116,7 @@ void Pool::set_key_smoothing(const float *scale, const float *offset, size_t cou
     append_le32(b, kKeySmoothingTag);
     for (float v : s->scale) append_le32(b, f32_bits(v));
     for (uint64_t i = 0; i < want; ++i) append_le32(b, any_offset ? f32_bits(s->offset[i]) : 0u);
-    const XXH128_hash_t h = XXH3_128bits(b.data(), b.size());
-    XXH128_canonical_t canon;
-    XXH128_canonicalFromHash(&canon, h);
-    std::memcpy(s->digest, canon.digest, 16);
+    digest128(b, s->digest);
   }
   // The pool holds no key: dynamic per-tensor key scales calibrate again,
   // from the first smoothed write.

@@ -100,6 +100,22 @@ def finish_eval(proc):
     return {r["strategy"]: r for r in json.loads(out)["results"]}
 
 
+def changes_here_and_in_eval(rows):
+    """Perplexity changes (%) of `rows` through PagedCache and through `kvcache eval` (run meanwhile) on the
+    fixture's tokens, each against its own dense f32 reference."""
+    cli = os.environ.get("KVCACHE_CLI") or os.path.join(hfmodel.ROOT, "build", "tools", "kvcache")
+    proc = subprocess.Popen([cli, "eval", "--model", "smollm2", "--max-tokens", str(TOKENS), "--ctx", str(CTX),
+                             "--chunk", str(CHUNK), "--strategies", ",".join(rows), "--json", "--no-progress",
+                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    model, _ = hfmodel.load("sdpa")
+    tokens = fixture_tokens()
+    ref = reference_perplexity(model, tokens)
+    hf = {spec: 100.0 * (perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec)) / ref - 1.0)
+          for spec in rows}
+    ev = {k: v["ppl_delta_pct"] for k, v in finish_eval(proc).items()}
+    return hf, ev
+
+
 def test_perplexity_changes_agree_with_eval():
     proc = start_eval()
     model, _ = hfmodel.load("sdpa")
@@ -134,16 +150,7 @@ def test_codebook_through_transformers():
     in `kvcache eval`, on both sides by at least a factor of 2 in perplexity change, and the codebook row's
     two sides within 2 points of each other (same 1,024 tokens and protocol as above)."""
     rows = ["k-f16+v-int2:per-token:sym:hadamard", "k-f16+v-int2:per-token:hadamard:codebook"]
-    cli = os.environ.get("KVCACHE_CLI") or os.path.join(hfmodel.ROOT, "build", "tools", "kvcache")
-    proc = subprocess.Popen([cli, "eval", "--model", "smollm2", "--max-tokens", str(TOKENS), "--ctx", str(CTX),
-                             "--chunk", str(CHUNK), "--strategies", ",".join(rows), "--json", "--no-progress",
-                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    model, _ = hfmodel.load("sdpa")
-    tokens = fixture_tokens()
-    ref = reference_perplexity(model, tokens)
-    hf = {spec: 100.0 * (perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec)) / ref - 1.0)
-          for spec in rows}
-    ev = {k: v["ppl_delta_pct"] for k, v in finish_eval(proc).items()}
+    hf, ev = changes_here_and_in_eval(rows)
     print("\ncodebook: hf %s, eval %s" % (hf, ev))
     sym, cb = rows
     assert 0.0 < hf[cb] < hf[sym] / 2.0, hf
@@ -160,16 +167,7 @@ def test_key_smoothing_through_transformers():
     within 1.25 points of each other (measured 2026-12-04: plain +11.3 % here, +12.6 % in eval; smoothed
     +1.52 % and +0.90 %; the 4.25-bit row above shows how far such rows move with the summation order)."""
     rows = ["k-int4:per-token:asym:pre-rope", "k-int4:per-token:asym:pre-rope:smooth:sinks=1"]
-    cli = os.environ.get("KVCACHE_CLI") or os.path.join(hfmodel.ROOT, "build", "tools", "kvcache")
-    proc = subprocess.Popen([cli, "eval", "--model", "smollm2", "--max-tokens", str(TOKENS), "--ctx", str(CTX),
-                             "--chunk", str(CHUNK), "--strategies", ",".join(rows), "--json", "--no-progress",
-                             "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    model, _ = hfmodel.load("sdpa")
-    tokens = fixture_tokens()
-    ref = reference_perplexity(model, tokens)
-    hf = {spec: 100.0 * (perplexity(model, tokens, lambda: kh.PagedCache(model.config, spec)) / ref - 1.0)
-          for spec in rows}
-    ev = {k: v["ppl_delta_pct"] for k, v in finish_eval(proc).items()}
+    hf, ev = changes_here_and_in_eval(rows)
     print("\nkey smoothing: hf %s, eval %s" % (hf, ev))
     plain, smooth = rows
     assert 0.0 < hf[smooth] < hf[plain] / 3.0, hf
