@@ -148,7 +148,8 @@ def test_codebook_through_transformers():
     """Codebooks (the `codebook` flag, docs/codecs.md) through PagedCache: the built-in Gaussian levels of
     int2 values per token (Hadamard-rotated) must beat the symmetric int2 codes of the same bits as they do
     in `kvcache eval`, on both sides by at least a factor of 2 in perplexity change, and the codebook row's
-    two sides within 2 points of each other (same 1,024 tokens and protocol as above)."""
+    two sides within 2 points of each other (same 1,024 tokens and protocol as above; measured 2026-12-04:
+    symmetric +69.0 % here, +70.1 % in eval; codebook +9.41 % and +9.37 %)."""
     rows = ["k-f16+v-int2:per-token:sym:hadamard", "k-f16+v-int2:per-token:hadamard:codebook"]
     hf, ev = changes_here_and_in_eval(rows)
     print("\ncodebook: hf %s, eval %s" % (hf, ev))
