@@ -180,16 +180,39 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
     q8 = {codes, scale, sum};
     q8p = &q8;
   }
-  RawTile rt[2];  // this tile and the next, shown in place
-  uint64_t rc[2] = {0, 0}, cur = 0;
-  if (fuse && t_begin < end) rc[0] = src.raw(t_begin, std::min(bs, end - t_begin), rt[0]);
+  // Runs of tiles shown in place (this one and the next): up to kRunTokens
+  // tokens (or one tile) of one layout, so the softmax's per-call work is
+  // shared by several blocks.
+  constexpr uint64_t kRunTokens = 64;
+  RawTile rt[2][fused::kMaxRun];
+  uint64_t rc[2][fused::kMaxRun];
+  int rn[2] = {0, 0}, cur = 0;
+  auto gather = [&](uint64_t t, int slot) {
+    int n = 0;
+    uint64_t total = 0;
+    while (n < fused::kMaxRun && t < end) {
+      RawTile &r = rt[slot][n];
+      const uint64_t c = src.raw(t, std::min(bs, end - t), r);
+      if (!c || !fused::supports(r, hd) ||
+          (n && (total + c > kRunTokens || !fused::same_layout(r, rt[slot][0]))))
+        break;
+      rc[slot][n++] = c;
+      total += c;
+      t += c;
+    }
+    rn[slot] = n;
+  };
+  if (fuse && t_begin < end) gather(t_begin, 0);
   for (uint64_t t0 = t_begin; t0 < end;) {
-    if (rc[cur] && fused::supports(rt[cur], hd)) {
-      const uint64_t c = rc[cur], t1 = t0 + c;
-      const uint64_t nc = t1 < end ? src.raw(t1, std::min(bs, end - t1), rt[cur ^ 1]) : 0;
-      rc[cur ^ 1] = nc;
-      fused::tile(sh, rt[cur], c, q + i0 * hq * hd, m, ls, acc, obs_row, obs_stride, t0,
-                  nc && fused::supports(rt[cur ^ 1], hd) ? &rt[cur ^ 1] : nullptr, nc, q8p);
+    if (rn[cur]) {
+      uint64_t t1 = t0;
+      for (int i = 0; i < rn[cur]; ++i) t1 += rc[cur][i];
+      if (t1 < end)
+        gather(t1, cur ^ 1);
+      else
+        rn[cur ^ 1] = 0;
+      fused::run(sh, rt[cur], rc[cur], rn[cur], q + i0 * hq * hd, m, ls, acc, obs_row, obs_stride,
+                 t0, rn[cur ^ 1] ? rt[cur ^ 1] : nullptr, rc[cur ^ 1], rn[cur ^ 1], q8p);
       cur ^= 1;
       t0 = t1;
       continue;
@@ -235,7 +258,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
       }
     }
     t0 += cnt;
-    if (fuse && t0 < end) rc[cur] = src.raw(t0, std::min(bs, end - t0), rt[cur]);
+    if (fuse && t0 < end) gather(t0, cur);
   }
 }
 

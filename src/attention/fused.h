@@ -1,11 +1,13 @@
 // Fused decode kernels (internal to the attention module): one query row
-// against a tile of stored K/V read in place (f16 / bf16 / f32, or int8 /
-// int4 codes with per-token scales), each K and V row read and converted once
-// for all the query heads of its GQA group, the conversion (or dequantization)
-// fused into the dot products and the weighted sum, the exponentials
-// vectorized. The layout of llama.cpp's CPU flash attention (one KV row, all
-// heads of its group) and FlashInfer's decode (K/V tiles in registers across a
-// group) on AVX2 + FMA + F16C.
+// against runs of tiles of stored K/V read in place (f16 / bf16 / f32, or
+// int8 / int4 codes with per-token scales), each K and V row read and
+// converted once for all the query heads of its GQA group, the conversion
+// (or dequantization) fused into the dot products and the weighted sum, the
+// exponentials vectorized, the softmax's bookkeeping once per run of up to
+// 64 tokens, the next run streamed into L2 while one computes. The layout of
+// llama.cpp's CPU flash attention (one KV row, all heads of its group) and
+// FlashInfer's decode (K/V tiles in registers across a group) on AVX2 + FMA +
+// F16C, with larger register blocks where AVX-512VL gives 32 registers.
 #pragma once
 #include <cstdint>
 
@@ -18,11 +20,11 @@ namespace kvc::attention::fused {
 bool available();
 // Caps the instruction set the kernels use (tests compare the paths): 0 =
 // none (every tile through the f32 tile path), 1 = AVX2 where the CPU has it,
-// 2 (the default) = also the int8-query score kernels (KVC_QUERY_INT8) where
-// the CPU has AVX-512 VNNI and VL. Returns the level now in use. (AVX-512
-// versions of the f32 kernels measured no faster on a Zen 4 core, whose
-// 512-bit units are two 256-bit halves, and were left out; the int8 query
-// kernels use VNNI on 256-bit vectors.)
+// 2 (the default) = the AVX-512VL kernels where the CPU has AVX-512F and VL
+// (the same 256-bit vectors, twice the accumulators in the 32 registers),
+// and the int8-query score kernels (KVC_QUERY_INT8) where it also has VNNI
+// and BW. Returns the level now in use. (512-bit vectors measured no faster
+// on a Zen 4 core, whose 512-bit units are two 256-bit halves.)
 int set_isa_limit(int limit);
 
 // The query of one decode row quantized to int8 (KVC_QUERY_INT8, the way
@@ -35,7 +37,7 @@ struct QueryI8 {
   const float *scale = nullptr;
   const int32_t *sum = nullptr;
 };
-// Whether the int8-query kernels run here: AVX-512 VNNI + VL and level 2.
+// Whether the int8-query kernels run here: AVX-512 VNNI + VL + BW and level 2.
 bool int8_query_available();
 // Fills codes [q_heads * head_dim], scale [q_heads] and sum [q_heads] from
 // q [q_heads][head_dim] (finite f32).
@@ -46,18 +48,26 @@ void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t 
 // head_dim a multiple of 16.
 bool supports(const RawTile &rt, uint64_t head_dim);
 
-// Adds the c tokens of tile rt to the online-softmax state (running max m
-// [q_heads], sum ls [q_heads], accumulator acc [q_heads][head_dim]) of one
-// query row q [q_heads][head_dim] (f32, already scaled). obs: null, or the
-// row's raw scores [q_heads][obs_stride], written at columns [t0, t0 + c)
-// (clamped to +-FLT_MAX, NaN as -FLT_MAX, as the tile path records them).
-// next: null, or the tile that follows (next_c tokens), whose keys are
-// prefetched while this one computes.
-// q8: null, or q quantized (int8_query_available(), head_dim a multiple of
-// 32): integer keys (int8, uint8, int4 codes) are then scored in integers
-// against it; f16 / bf16 / f32 keys and the values use q as always.
-void tile(const Shape &sh, const RawTile &rt, uint64_t c, const float *q, float *m, float *ls,
-          float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next = nullptr,
-          uint64_t next_c = 0, const QueryI8 *q8 = nullptr);
+// The most tiles one run() takes.
+constexpr int kMaxRun = 8;
+// Whether two tiles are stored alike (types, strides, code offsets, scale
+// format): tiles of one run must be.
+bool same_layout(const RawTile &a, const RawTile &b);
+
+// Adds the tokens of a run of n tiles (1 <= n <= kMaxRun) to the
+// online-softmax state (running max m [q_heads], sum ls [q_heads],
+// accumulator acc [q_heads][head_dim]) of one query row q
+// [q_heads][head_dim] (f32, already scaled). Tile i holds c[i] tokens; the
+// tiles hold consecutive tokens from t0 and share one layout (same_layout).
+// obs: null, or the row's raw scores [q_heads][obs_stride], written at
+// columns [t0, t0 + sum c) (clamped to +-FLT_MAX, NaN as -FLT_MAX, as the
+// tile path records them). next: null, or the run that follows (next_n
+// tiles of next_c tokens), whose K and V are prefetched while this one
+// computes. q8: null, or q quantized (int8_query_available(), head_dim a
+// multiple of 32): integer keys (int8, uint8, int4 codes) are then scored in
+// integers against it; f16 / bf16 / f32 keys and the values use q as always.
+void run(const Shape &sh, const RawTile *rt, const uint64_t *c, int n, const float *q, float *m,
+         float *ls, float *acc, float *obs, uint64_t obs_stride, uint64_t t0, const RawTile *next,
+         const uint64_t *next_c, int next_n, const QueryI8 *q8 = nullptr);
 
 }  // namespace kvc::attention::fused
