@@ -145,8 +145,7 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
           const ExtraKeys &kx, bool partial) {
   Walk w;
   if (n <= 1) return w;
-  const uint64_t usable = n - 1;  // at least one token is always left to compute
-  BlockKey parent = ps.root;
+  const uint64_t usable = n - 1;              // at least one token is always left to compute
   thread_local std::vector<uint8_t> scratch;  // one block's hash input, kept between calls
   static const std::vector<uint8_t> none;
   const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
@@ -155,24 +154,23 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   // The chain of keys is serial (each hashes its parent), the index probes
   // and token checks are not: keys are computed a batch ahead (2, then 4,
   // then 8 at a time, so a prompt that misses at once hashes little more
-  // than it needs), each one's slot prefetched while the next one hashes,
-  // then the batch is probed and verified in order.
+  // than it needs), their slots prefetched, then the batch is probed and
+  // verified in order.
   constexpr uint64_t kAhead = 8;
   BlockKey ks[kAhead];
   int64_t es[kAhead];
+  BlockKey parent = ps.root;
   uint64_t batch = 2;
   for (uint64_t i = 0; i < nb;) {
     const uint64_t m = std::min(batch, nb - i);
-    for (uint64_t j = 0; j < m; ++j) {
-      ks[j] =
-          ps.hasher.block(parent, tokens + (i + j) * bs, static_cast<uint32_t>(bs), kx, scratch);
-      ps.map.prefetch(ks[j]);
-      parent = ks[j];
-    }
+    ps.hasher.chain(parent, tokens + i * bs, static_cast<uint32_t>(bs), m, kx, ks, scratch);
+    for (uint64_t j = 0; j < m; ++j) ps.map.prefetch(ks[j]);
+    parent = ks[m - 1];
     for (uint64_t j = 0; j < m; ++j) {
       es[j] = ps.map.find(ks[j]);
       if (es[j] < 0) break;
-      __builtin_prefetch(&ps.entries[static_cast<size_t>(es[j])]);
+      const PrefixEntry &en = ps.entries[static_cast<size_t>(es[j])];
+      __builtin_prefetch(en.tokens.data());
     }
     bool miss = false;
     for (uint64_t j = 0; j < m && !miss; ++j, ++i) {

@@ -107,4 +107,55 @@ BlockKey PrefixHasher::block(const BlockKey &parent, const int32_t *tokens, uint
   return digest(start, size);
 }
 
+void PrefixHasher::chain(const BlockKey &parent, const int32_t *tokens, uint32_t n, uint64_t m,
+                         const ExtraKeys &extras, BlockKey *out,
+                         std::vector<uint8_t> &scratch) const {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  if (h_ == PrefixHash::Xxh3_128 && m > 0 && !g_constant.load(std::memory_order_relaxed)) {
+    // block()'s input, laid out once in two buffers: "KVCB" / "KVCN" |
+    // parent | n | tokens | extras. Block i + 1's tokens go into the other
+    // buffer while block i hashes (off the chain), and each digest is
+    // written as the three 8-byte words at offsets 0, 8 and 16 that hold it
+    // (with the tag and n): the hash's own 8-byte loads there then take
+    // them straight from the store buffer (a load spanning two stores
+    // would wait for both to reach the cache, on every block of the chain).
+    const uint64_t xs = extras.enc.size() - 4;
+    const uint64_t size = 4 + 16 + 4 + 4ull * n + xs;
+    uint8_t local[2][256];
+    if (size > sizeof local[0]) scratch.resize(2 * size);
+    uint8_t *const buf[2] = {size > sizeof local[0] ? scratch.data() : local[0],
+                             size > sizeof local[0] ? scratch.data() + size : local[1]};
+    uint32_t tag;
+    std::memcpy(&tag, extras.named ? "KVCN" : "KVCB", 4);
+    for (uint8_t *b : buf) {
+      std::memcpy(b, &tag, 4);
+      put_le32(b + 20, n);
+      std::memcpy(b + 24 + 4ull * n, extras.enc.data() + 4, xs);
+    }
+    std::memcpy(buf[0] + 4, parent.b.data(), 16);
+    std::memcpy(buf[0] + 24, tokens, 4ull * n);  // already little-endian u32
+    for (uint64_t i = 0; i < m; ++i) {
+      uint8_t *const b = buf[i & 1];
+      if (i + 1 < m) std::memcpy(buf[(i + 1) & 1] + 24, tokens + (i + 1) * n, 4ull * n);
+      const XXH128_hash_t h = XXH3_128bits(b, size);
+      // The canonical digest: the high then the low half, big-endian.
+      const uint64_t hi = __builtin_bswap64(h.high64), lo = __builtin_bswap64(h.low64);
+      BlockKey &k = out[i];
+      std::memcpy(k.b.data(), &hi, 8);
+      std::memcpy(k.b.data() + 8, &lo, 8);
+      std::memset(k.b.data() + 16, 0, 16);
+      uint8_t *const nb = buf[(i + 1) & 1];
+      const uint64_t w0 = tag | hi << 32, w1 = hi >> 32 | lo << 32,
+                     w2 = lo >> 32 | uint64_t{n} << 32;
+      std::memcpy(nb, &w0, 8);
+      std::memcpy(nb + 8, &w1, 8);
+      std::memcpy(nb + 16, &w2, 8);
+    }
+    return;
+  }
+#endif
+  BlockKey prev = parent;
+  for (uint64_t i = 0; i < m; ++i) prev = out[i] = block(prev, tokens + i * n, n, extras, scratch);
+}
+
 }  // namespace kvc::prefix

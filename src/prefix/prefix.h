@@ -50,6 +50,13 @@ class PrefixHasher {
   // and ids, extra keys.
   BlockKey block(const BlockKey &parent, const int32_t *tokens, uint32_t n, const ExtraKeys &extras,
                  std::vector<uint8_t> &scratch) const;
+  // The keys of m consecutive blocks of n tokens each (tokens[i * n ..]),
+  // the first one's parent given: out[i] = block(out[i - 1], ...), the same
+  // keys; for XXH3 keys block()'s input is built once and only its parent
+  // and tokens rewritten per block (a prompt's lookup is a chain of these
+  // hashes).
+  void chain(const BlockKey &parent, const int32_t *tokens, uint32_t n, uint64_t m,
+             const ExtraKeys &extras, BlockKey *out, std::vector<uint8_t> &scratch) const;
 
  private:
   PrefixHash h_;

@@ -262,6 +262,43 @@ KVTEST(test_vectors) {
   }
 }
 
+// PrefixHasher::chain (a lookup's keys, built in place) gives block()'s keys,
+// chained: both hashes, block sizes whose input fits its stack buffers and
+// ones that do not, no extra keys, positional and named ones, chains of 1 to
+// 9 blocks.
+KVTEST(chain_equals_block) {
+  std::vector<int32_t> toks(9 * 80);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<int32_t>(i * 2654435761u >> 7);
+  kvc::prefix::ExtraKeys none, pos, named;
+  none.enc = {'K', 'V', 'C', 'X', 0, 0, 0, 0};
+  pos.enc = {'K', 'V', 'C', 'X', 1, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 'a', 'b', 'c'};
+  named.named = true;
+  named.enc = {'K', 'V', 'C', 'N', 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 't',
+               2, 0, 0, 0, 0, 0, 0, 0, 'x', 'y'};
+  for (kvc::prefix::PrefixHash hk : {kvc::prefix::PrefixHash::Sha256, kvc::prefix::PrefixHash::Xxh3_128}) {
+    const kvc::prefix::PrefixHasher h(hk);
+    kvc::BlockKey root;
+    for (size_t i = 0; i < root.b.size(); ++i) root.b[i] = static_cast<uint8_t>(i * 37 + 1);
+    if (hk == kvc::prefix::PrefixHash::Xxh3_128) std::fill(root.b.begin() + 16, root.b.end(), 0);
+    for (const kvc::prefix::ExtraKeys *kx : {&none, &pos, &named})
+      for (uint32_t n : {1u, 4u, 16u, 57u, 80u})
+        for (uint64_t m : {1ull, 2ull, 9ull}) {
+          std::vector<uint8_t> scratch;
+          std::vector<kvc::BlockKey> got(m);
+          h.chain(root, toks.data(), n, m, *kx, got.data(), scratch);
+          kvc::BlockKey parent = root;
+          for (uint64_t i = 0; i < m; ++i) {
+            parent = h.block(parent, toks.data() + i * n, n, *kx, scratch);
+            if (!(got[i] == parent))
+              std::fprintf(stderr, "hash %d n %u m %llu block %llu differs\n",
+                           static_cast<int>(hk), n, static_cast<unsigned long long>(m),
+                           static_cast<unsigned long long>(i));
+            CHECK(got[i] == parent);
+          }
+        }
+  }
+}
+
 // block_size 16, a 32-token prompt: an identical request reuses exactly 16
 // (whole blocks, at most 31); so does a third; the second block stays
 // registered under the key chained from the first.
