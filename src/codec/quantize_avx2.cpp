@@ -241,6 +241,10 @@ __attribute__((target("avx2"))) void group_absmax(const float *x, uint64_t ng, u
   }
 }
 
+template <int kMant, int kBias, uint32_t kMaxCode, bool Half = true>
+__attribute__((target("avx2,f16c"))) void encode_fp8_groups(const void *xv, uint64_t m, uint64_t g,
+                                                            const float *iv, uint8_t *out);
+
 // Every integer and fp8 codec with per-token, per-group or static
 // per-tensor scales, straight from f16 or f32 input, a chunk of rows at a
 // time: one pass converts the rows into an L1 buffer while taking each
@@ -408,8 +412,19 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
         for (uint64_t k = 0; k < rows * ng; ++k)
           store_scale(zeros + (base + k) * sb, s.scale_dtype, ps[k].zero);
     }
-    // Pass 2: encode. int8 / int4 groups of whole 32-value vectors: the
-    // run kernel's vector step inline (the same operations), no call per group.
+    // Pass 2: encode. fp8 groups of whole 32-value vectors: the groups
+    // kernel (the inverse scales gathered where the extremes were).
+    if (!integer && g % 32 == 0) {
+      float *iv = lohi;
+      for (uint64_t k = 0; k < rows * ng; ++k) iv[k] = fixed ? fixed_p.inv : ps[k].inv;
+      if (s.dtype == DType::FP8_E4M3)
+        encode_fp8_groups<3, 7, 0x7eu, false>(rows_f32, rows * ng, g, iv, codes + r0 * rb);
+      else
+        encode_fp8_groups<2, 15, 0x7bu, false>(rows_f32, rows * ng, g, iv, codes + r0 * rb);
+      continue;
+    }
+    // int8 / int4 groups of whole 32-value vectors: the run kernel's vector
+    // step inline (the same operations), no call per group.
     if (integer && (f.bits == 8 || f.bits == 4) && g % 32 == 0) {
       if (s.asym)
         encode_groups32<true>(f, rows_f32, rows, d, g, fixed ? &fixed_p : ps, !fixed,
@@ -670,31 +685,39 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
   }
 }
 
-// fp8 codes of m groups of g values (g a multiple of 32) straight from f16:
-// fp8_encode8's operations on magnitudes, with the subnormal branch taken only
-// for the 32 values that need it and the signs added after packing (the
-// saturating packs keep each value's sign in the top bit of its byte). Each
-// group's own scale keeps |y| within the largest finite code up to a few
-// ulps, which round to it: fp8_encode8's saturation never binds.
-template <int kMant, int kBias, uint32_t kMaxCode>
-__attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *x, uint64_t m,
-                                                                uint64_t g, const float *iv,
-                                                                uint8_t *out) {
+// fp8 codes of m groups of g values (g a multiple of 32) straight from f16
+// (Half) or f32: the scalar encoder's rounding on magnitudes as integers
+// (round half to even at the fp8 step on the bit pattern), the subnormal
+// branch taken only for the 32 values that need it, the signs added after
+// packing (the saturating packs keep each value's sign in the top bit of its
+// byte), magnitudes clamped to the largest finite code's first: the scalar
+// encoder's codes, bit for bit.
+template <int kMant, int kBias, uint32_t kMaxCode, bool Half>
+__attribute__((target("avx2,f16c"))) void encode_fp8_groups(const void *xv, uint64_t m, uint64_t g,
+                                                            const float *iv, uint8_t *out) {
   constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
+  // The largest finite value's bits: magnitudes clamp to it first, as the
+  // saturating encoder does (a group's own scale never needs it; a static
+  // scale, or a scale capped by its f16 storage, can).
+  constexpr uint32_t kMaxBits =
+      ((kMaxCode >> kMant) + 127 - kBias) << 23 | (kMaxCode & ((1u << kMant) - 1)) << kDrop;
+  const __m256i vmax = _mm256_set1_epi32(static_cast<int>(kMaxBits));
+  const uint8_t *x = static_cast<const uint8_t *>(xv);
+  constexpr uint64_t esz = Half ? 2 : 4;
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff),
                 rebias = _mm256_set1_epi32((127 - kBias) << 23);
   const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32((1 << (kDrop - 1)) - 1);
   const __m256i min_normal = _mm256_set1_epi32((127 + kEmin) << 23);
   const __m256 inv_step = _mm256_castsi256_ps(_mm256_set1_epi32((127 - kEmin + kMant) << 23));
-  for (uint64_t k = 0; k < m; ++k, x += g, out += g) {
+  for (uint64_t k = 0; k < m; ++k, x += g * esz, out += g) {
     const __m256 vinv = _mm256_set1_ps(iv[k]);
     for (uint64_t j = 0; j < g; j += 32) {
       __m256i u[4], a[4], c[4];
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
-        u[t] = _mm256_castps_si256(_mm256_mul_ps(load8<true>(x, j + 8 * t), vinv));
-        a[t] = _mm256_and_si256(u[t], abs_mask);
+        u[t] = _mm256_castps_si256(_mm256_mul_ps(load8<Half>(x, j + 8 * t), vinv));
+        a[t] = _mm256_min_epu32(_mm256_and_si256(u[t], abs_mask), vmax);
         const __m256i r = _mm256_sub_epi32(a[t], rebias);
         const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(r, kDrop), one);
         c[t] = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_add_epi32(odd, half)), kDrop);
@@ -718,7 +741,6 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_groups_f16(const uint16_t *
                           _mm256_permutevar8x32_epi32(_mm256_or_si256(codes, signs), order));
     }
   }
-  (void)kMaxCode;
 }
 
 // m floats (f16 values already, so the conversion is exact) as little-endian
@@ -788,9 +810,9 @@ __attribute__((target("avx2,fma,f16c"))) bool quantize_f16_direct(const Spec &s,
       uint8_t *out = codes + k0 * gb;
       if (!integer) {
         if (s.dtype == DType::FP8_E4M3)
-          encode_fp8_groups_f16<3, 7, 0x7eu>(x, m, g, iv, out);
+          encode_fp8_groups<3, 7, 0x7eu>(x, m, g, iv, out);
         else
-          encode_fp8_groups_f16<2, 15, 0x7bu>(x, m, g, iv, out);
+          encode_fp8_groups<2, 15, 0x7bu>(x, m, g, iv, out);
       } else if (f.bits == 8) {
         if (stream)
           encode_groups_f16<8, Mode, true>(x, m, g, iv, zp, f, out);
