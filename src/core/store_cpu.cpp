@@ -125,6 +125,18 @@ class LayerTiles final : public attention::TileSource {
   const LayerTable &l_;
 };
 
+// Transparent huge pages where the system allows them on request: decode
+// reads a KV head's rows across many blocks, and 4 KiB pages put a TLB miss
+// on most of those reads (an advice only; ignored where unsupported).
+void advise_huge_pages(void *p, uint64_t bytes) {
+#ifdef MADV_HUGEPAGE
+  if (bytes >= (uint64_t{2} << 20)) (void)madvise(p, bytes, MADV_HUGEPAGE);
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 class CpuStore final : public BlockStore {
  public:
   explicit CpuStore(PoolCore &c) : c_(c), stride_(c.block_stride_), bytes_(c.arena_bytes_) {
@@ -133,31 +145,16 @@ class CpuStore final : public BlockStore {
     if (p == MAP_FAILED)
       fail(Errc::OutOfMemory, "cannot map " + u64s(bytes_) + " bytes of block memory");
     arena_ = static_cast<uint8_t *>(p);
-#ifdef MADV_HUGEPAGE
-    // Transparent huge pages where the system allows them on request: decode
-    // reads a KV head's rows across many blocks, and 4 KiB pages put a TLB
-    // miss on most of those reads (an advice only; ignored where unsupported).
-    if (bytes_ >= (uint64_t{2} << 20)) (void)madvise(p, bytes_, MADV_HUGEPAGE);
-#endif
+    advise_huge_pages(p, bytes_);
   }
-  ~CpuStore() override {
-    munmap(arena_, bytes_);
-  }
-  uint8_t *arena() const override {
-    return arena_;
-  }
+  ~CpuStore() override { munmap(arena_, bytes_); }
+  uint8_t *arena() const override { return arena_; }
 
   void taken(int32_t) override {}
   void reserved(int32_t, uint32_t, uint64_t) override {}
-  void zero(int32_t b) override {
-    std::memset(ptr(b), 0, stride_);
-  }
-  void copy(int32_t dst, int32_t src) override {
-    std::memcpy(ptr(dst), ptr(src), stride_);
-  }
-  const uint8_t *host_block(int32_t b) const override {
-    return ptr(b);
-  }
+  void zero(int32_t b) override { std::memset(ptr(b), 0, stride_); }
+  void copy(int32_t dst, int32_t src) override { std::memcpy(ptr(dst), ptr(src), stride_); }
+  const uint8_t *host_block(int32_t b) const override { return ptr(b); }
   void to_host(const int32_t *blocks, size_t n, uint8_t *host) const override {
     const uint32_t bs = c_.cfg_.block_size;
     for (size_t i = 0; i < n; ++i) {
@@ -178,9 +175,7 @@ class CpuStore final : public BlockStore {
       fail(Errc::InvalidArgument,
            "a CPU pool runs on the calling thread: only a NULL stream is accepted");
   }
-  uint64_t sync() override {
-    return 0;
-  }
+  uint64_t sync() override { return 0; }
 
   Input prepare(uint64_t n, const void *k, const void *v, DType src) const override {
     Input in;
@@ -481,9 +476,7 @@ class CpuStore final : public BlockStore {
     }
   }
 
-  uint8_t *ptr(int32_t b) const {
-    return arena_ + static_cast<uint64_t>(b) * stride_;
-  }
+  uint8_t *ptr(int32_t b) const { return arena_ + static_cast<uint64_t>(b) * stride_; }
   PoolCore &c_;
   uint64_t stride_, bytes_;
   uint8_t *arena_ = nullptr;
