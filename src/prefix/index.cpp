@@ -170,6 +170,7 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
       es[j] = ps.map.find(ks[j]);
       if (es[j] < 0) break;
       const PrefixEntry &en = ps.entries[static_cast<size_t>(es[j])];
+      __builtin_prefetch(reinterpret_cast<const char *>(&en) + 64);
       __builtin_prefetch(en.tokens.data());
     }
     bool miss = false;
