@@ -102,6 +102,10 @@ namespace {
 bool integer(RawType t) {
   return t == RawType::Int8 || t == RawType::UInt8 || t == RawType::Int4;
 }
+// The middle of an asymmetric code range (uint8 0..255, int4 0..15).
+int32_t centre(RawType t) {
+  return t == RawType::UInt8 ? 128 : t == RawType::Int4 ? 8 : 0;
+}
 struct FusedScratch {
   ScratchBuffer<float> buf;
   ScratchBuffer<int32_t> corr;
