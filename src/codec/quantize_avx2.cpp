@@ -687,20 +687,27 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
 
 // fp8 codes of m groups of g values (g a multiple of 32) straight from f16
 // (Half) or f32: the scalar encoder's rounding on magnitudes as integers
-// (round half to even at the fp8 step on the bit pattern), the subnormal
-// branch taken only for the 32 values that need it, the signs added after
-// packing (the saturating packs keep each value's sign in the top bit of its
-// byte), magnitudes clamped to the largest finite code's first: the scalar
-// encoder's codes, bit for bit.
+// (round half to even at the fp8 step on the bit pattern), the signs added
+// after packing (the saturating packs keep each value's sign in the top bit
+// of its byte): the scalar encoder's codes, bit for bit.
+//
+// The fast step computes every value's code less the smallest normal code,
+// c' = ((|x| bits - smallest normal's bits) + half - 1 + odd) >> (23 - kMant),
+// and packs it with signed saturation: a byte in [0, largest normal code -
+// smallest normal code] is that code, and anything else (a value under the
+// smallest normal, whose subtraction wraps, or past the largest finite
+// value) lands outside that range, which one saturating add and a byte mask
+// detect. Those 32 values (rare: fp8 subnormals are under 2^-6 of the range
+// for e4m3, and only static or f16-capped scales reach past it) take the exact
+// step: magnitudes clamped to the largest finite code's first, as the
+// saturating encoder does, and the subnormals' own rounding.
 template <int kMant, int kBias, uint32_t kMaxCode, bool Half>
 __attribute__((target("avx2,f16c"))) void encode_fp8_groups(const void *xv, uint64_t m, uint64_t g,
                                                             const float *iv, uint8_t *out) {
   constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
-  // The largest finite value's bits: magnitudes clamp to it first, as the
-  // saturating encoder does (a group's own scale never needs it; a static
-  // scale, or a scale capped by its f16 storage, can).
   constexpr uint32_t kMaxBits =
       ((kMaxCode >> kMant) + 127 - kBias) << 23 | (kMaxCode & ((1u << kMant) - 1)) << kDrop;
+  constexpr int kMinNormalCode = 1 << kMant, kLim = static_cast<int>(kMaxCode) - kMinNormalCode;
   const __m256i vmax = _mm256_set1_epi32(static_cast<int>(kMaxBits));
   const uint8_t *x = static_cast<const uint8_t *>(xv);
   constexpr uint64_t esz = Half ? 2 : 4;
@@ -709,31 +716,43 @@ __attribute__((target("avx2,f16c"))) void encode_fp8_groups(const void *xv, uint
                 rebias = _mm256_set1_epi32((127 - kBias) << 23);
   const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32((1 << (kDrop - 1)) - 1);
   const __m256i min_normal = _mm256_set1_epi32((127 + kEmin) << 23);
+  // half - 1 - the smallest normal's bits (two's complement)
+  const __m256i fast_add = _mm256_set1_epi32(static_cast<int>(
+      static_cast<uint32_t>((1 << (kDrop - 1)) - 1) - static_cast<uint32_t>((127 + kEmin) << 23)));
+  // bytes past kLim (as unsigned) get their top bit
+  const __m256i lim_add = _mm256_set1_epi8(static_cast<char>(0x7f - kLim));
+  const __m256i min_code = _mm256_set1_epi8(static_cast<char>(kMinNormalCode));
   const __m256 inv_step = _mm256_castsi256_ps(_mm256_set1_epi32((127 - kEmin + kMant) << 23));
   for (uint64_t k = 0; k < m; ++k, x += g * esz, out += g) {
     const __m256 vinv = _mm256_set1_ps(iv[k]);
     for (uint64_t j = 0; j < g; j += 32) {
-      __m256i u[4], a[4], c[4];
+      __m256i u[4], c[4];
 #pragma GCC unroll 4
       for (int t = 0; t < 4; ++t) {
         u[t] = _mm256_castps_si256(_mm256_mul_ps(load8<Half>(x, j + 8 * t), vinv));
-        a[t] = _mm256_min_epu32(_mm256_and_si256(u[t], abs_mask), vmax);
-        const __m256i r = _mm256_sub_epi32(a[t], rebias);
-        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(r, kDrop), one);
-        c[t] = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_add_epi32(odd, half)), kDrop);
+        const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u[t], kDrop), one);
+        c[t] = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(_mm256_and_si256(u[t], abs_mask), fast_add), odd),
+            kDrop);
       }
-      const __m256i amin =
-          _mm256_min_epu32(_mm256_min_epu32(a[0], a[1]), _mm256_min_epu32(a[2], a[3]));
-      const __m256i any_sub = _mm256_cmpgt_epi32(min_normal, amin);
-      if (!_mm256_testz_si256(any_sub, any_sub)) {
+      __m256i codes =
+          _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+      if (_mm256_movemask_epi8(_mm256_adds_epu8(codes, lim_add)) == 0) {
+        codes = _mm256_add_epi8(codes, min_code);
+      } else {  // the exact step
+        __m256i a[4];
 #pragma GCC unroll 4
         for (int t = 0; t < 4; ++t) {
+          a[t] = _mm256_min_epu32(_mm256_and_si256(u[t], abs_mask), vmax);
+          const __m256i r = _mm256_sub_epi32(a[t], rebias);
+          const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(r, kDrop), one);
+          c[t] = _mm256_srli_epi32(_mm256_add_epi32(r, _mm256_add_epi32(odd, half)), kDrop);
           const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a[t]), inv_step));
           c[t] = _mm256_blendv_epi8(c[t], q, _mm256_cmpgt_epi32(min_normal, a[t]));
         }
+        codes =
+            _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
       }
-      const __m256i codes =
-          _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
       const __m256i signs = _mm256_and_si256(
           _mm256_packs_epi16(_mm256_packs_epi32(u[0], u[1]), _mm256_packs_epi32(u[2], u[3])),
           _mm256_set1_epi8(static_cast<char>(0x80)));
