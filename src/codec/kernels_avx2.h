@@ -39,22 +39,29 @@ __attribute__((target("avx2"), always_inline)) inline __m256i quant8_avx2(__m256
 }
 
 // 32 values from element j of x (f16 or f32) -> 32 byte codes (code = q +
-// off, q already clamped), in order.
+// off, q already clamped), in order. q is packed to bytes first and off (in
+// every byte of off8) added once: q fits a signed byte for every format but
+// asymmetric int8 (wide: q in 0..255, off 0, unsigned packs).
 template <bool Asym, bool Half, bool Clamp = true>
 __attribute__((target("avx2,f16c"), always_inline)) inline __m256i codes32_avx2(
-    const void *x, uint64_t j, __m256 inv, __m256 z, __m256 lo, __m256 hi, __m256i off,
-    bool is_signed) {
-  const __m256i q0 =
-      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j), inv, z, lo, hi), off);
-  const __m256i q1 =
-      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 8), inv, z, lo, hi), off);
-  const __m256i q2 =
-      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 16), inv, z, lo, hi), off);
-  const __m256i q3 =
-      _mm256_add_epi32(quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 24), inv, z, lo, hi), off);
+    const void *x, uint64_t j, __m256 inv, __m256 z, __m256 lo, __m256 hi, __m256i off8,
+    bool wide) {
+  const __m256i q0 = quant8_avx2<Asym, Clamp>(load8<Half>(x, j), inv, z, lo, hi);
+  const __m256i q1 = quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 8), inv, z, lo, hi);
+  const __m256i q2 = quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 16), inv, z, lo, hi);
+  const __m256i q3 = quant8_avx2<Asym, Clamp>(load8<Half>(x, j + 24), inv, z, lo, hi);
   const __m256i a = _mm256_packs_epi32(q0, q1), b = _mm256_packs_epi32(q2, q3);
-  const __m256i c = is_signed ? _mm256_packs_epi16(a, b) : _mm256_packus_epi16(a, b);
+  const __m256i c =
+      wide ? _mm256_packus_epi16(a, b) : _mm256_add_epi8(_mm256_packs_epi16(a, b), off8);
   return _mm256_permutevar8x32_epi32(c, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// 32 byte codes (each < 16, in order) -> their 16 bytes of int4 codes, low
+// nibble first: c0 + 16 c1 per 16-bit lane, packed.
+__attribute__((target("avx2"), always_inline)) inline void store_int4_32(__m256i c, uint8_t *out) {
+  const __m256i w16 = _mm256_maddubs_epi16(c, _mm256_set1_epi16(0x1001));
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(w16, w16), 0xd8);
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(out), _mm256_castsi256_si128(packed));
 }
 
 // 32 byte codes (each < 8, in order) -> the 12 bytes of their int3 bit
@@ -91,7 +98,7 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
                                                               const Params &p, uint8_t *out) {
   const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
-  const __m256i off = _mm256_set1_epi32(f.off);
+  const __m256i off8 = _mm256_set1_epi8(static_cast<char>(f.off));
   uint64_t j = j0;
   // Vector part: 32 values at a time, starting on a byte boundary of the codes.
   const uint64_t per_byte = code_unit(f.bits);
@@ -99,15 +106,11 @@ __attribute__((target("avx2,f16c"))) void encode_int_run_avx2(const IntFormat &f
     return encode_int_run_scalar(f, Asym, static_cast<const float *>(x), j0, j1, p, out);
   for (; j + 32 <= j1 && j % per_byte == 0; j += 32) {
     const __m256i c =
-        codes32_avx2<Asym, Half, Clamp>(x, j, inv, z, lo, hi, off, f.bits == 8 && !Asym);
+        codes32_avx2<Asym, Half, Clamp>(x, j, inv, z, lo, hi, off8, f.bits == 8 && Asym);
     if (f.bits == 8) {
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
     } else if (f.bits == 4) {  // int4: pairs of bytes -> one byte, low nibble first
-      const __m256i nib =
-          _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
-                          _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
-      _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+      store_int4_32(c, out + j / 2);
     } else if (f.bits == 3) {
       store_int3_32(c, out + j / 8 * 3);
     } else {  // int2: four bytes -> one byte, c0 | c1 << 2 | c2 << 4 | c3 << 6

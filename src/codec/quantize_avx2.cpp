@@ -162,8 +162,8 @@ __attribute__((target("avx2,f16c"))) void encode_groups32(const IntFormat &f, co
                                                           const Params *ps, bool per_group,
                                                           uint8_t *codes, uint64_t rb) {
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
-  const __m256i off = _mm256_set1_epi32(f.off);
-  const bool is_signed = f.bits == 8 && !Asym;
+  const __m256i off8 = _mm256_set1_epi8(static_cast<char>(f.off));
+  const bool wide = f.bits == 8 && Asym;
   const uint64_t ng = d / g;
   for (uint64_t r = 0; r < rows; ++r) {
     const float *xr = x + r * d;
@@ -172,16 +172,11 @@ __attribute__((target("avx2,f16c"))) void encode_groups32(const IntFormat &f, co
       const Params &p = per_group ? ps[r * ng + gi] : ps[0];
       const __m256 inv = _mm256_set1_ps(p.inv), z = _mm256_set1_ps(p.zero);
       for (uint64_t j = gi * g; j < (gi + 1) * g; j += 32) {
-        const __m256i c = codes32_avx2<Asym, false>(xr, j, inv, z, lo, hi, off, is_signed);
+        const __m256i c = codes32_avx2<Asym, false>(xr, j, inv, z, lo, hi, off8, wide);
         if (f.bits == 8) {
           _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
         } else {  // low nibble first
-          const __m256i nib =
-              _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
-                              _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
-          const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
-          _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2),
-                           _mm256_castsi256_si128(packed));
+          store_int4_32(c, out + j / 2);
         }
       }
     }
@@ -649,13 +644,13 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
                                                             uint8_t *out) {
   constexpr bool Asym = Mode == 1;
   const __m256 lo = _mm256_set1_ps(f.lo), hi = _mm256_set1_ps(f.hi);
-  const __m256i off = _mm256_set1_epi32(f.off);
+  const __m256i off8 = _mm256_set1_epi8(static_cast<char>(f.off));
   for (uint64_t k = 0; k < m; ++k, x += g, out += g * Bits / 8) {
     const __m256 inv = _mm256_set1_ps(iv[k]),
                  z = Asym ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps();
     for (uint64_t j = 0; j < g; j += 32) {
       const __m256i c =
-          codes32_avx2<Asym, true, Mode == 2>(x, j, inv, z, lo, hi, off, Bits == 8 && !Asym);
+          codes32_avx2<Asym, true, Mode == 2>(x, j, inv, z, lo, hi, off8, Bits == 8 && Asym);
       if constexpr (Bits == 8) {
         if constexpr (Stream) {
           _mm_stream_si128(reinterpret_cast<__m128i *>(out + j), _mm256_castsi256_si128(c));
@@ -665,11 +660,7 @@ __attribute__((target("avx2,f16c"))) void encode_groups_f16(const uint16_t *x, u
           _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
         }
       } else if constexpr (Bits == 4) {
-        const __m256i nib =
-            _mm256_or_si256(_mm256_and_si256(c, _mm256_set1_epi16(0x000f)),
-                            _mm256_and_si256(_mm256_srli_epi16(c, 4), _mm256_set1_epi16(0x00f0)));
-        const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi16(nib, nib), 0xd8);
-        _mm_storeu_si128(reinterpret_cast<__m128i *>(out + j / 2), _mm256_castsi256_si128(packed));
+        store_int4_32(c, out + j / 2);
       } else if constexpr (Bits == 3) {
         store_int3_32(c, out + j / 8 * 3);
       } else {
