@@ -213,26 +213,38 @@ __attribute__((target("avx2"), always_inline)) inline __m256i hmax8_epi32(const 
 // lohi[2k], lohi[2k + 1] = -amax, amax of each group k of g values (g a
 // multiple of 8) of a finite f32 row x: what symmetric codes' parameters
 // need (make_params uses max(|lo|, |hi|) alone).
+// The largest |x| bits of the g values from v (g a multiple of 8), in 8 lanes.
+__attribute__((target("avx2"), always_inline)) inline __m256i absmax_lanes(const float *v,
+                                                                           uint64_t g,
+                                                                           __m256i mag) {
+  __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v)), mag);
+  for (uint64_t j = 8; j < g; j += 8)
+    a = _mm256_max_epi32(a, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + j)), mag));
+  return a;
+}
 __attribute__((target("avx2"))) void group_absmax(const float *x, uint64_t ng, uint64_t g,
                                                   float *lohi) {
   const __m256i mag = _mm256_set1_epi32(0x7fffffff);
   alignas(32) float am[8];
-  for (uint64_t k0 = 0; k0 < ng; k0 += 8) {
-    const uint64_t m = std::min<uint64_t>(8, ng - k0);
+  uint64_t k0 = 0;
+  for (; k0 + 8 <= ng; k0 += 8) {  // eight groups at a time, in registers
     __m256i a[8];
-    for (uint64_t i = 0; i < 8; ++i) {
-      a[i] = _mm256_setzero_si256();
-      if (i >= m) continue;
-      const float *v = x + (k0 + i) * g;
-      for (uint64_t j = 0; j < g; j += 8)
-        a[i] = _mm256_max_epi32(a[i],
-                                _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + j)), mag));
-    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) a[i] = absmax_lanes(x + (k0 + i) * g, g, mag);
     _mm256_store_si256(reinterpret_cast<__m256i *>(am), hmax8_epi32(a));
-    for (uint64_t i = 0; i < m; ++i) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
       lohi[2 * (k0 + i)] = -am[i];
       lohi[2 * (k0 + i) + 1] = am[i];
     }
+  }
+  for (; k0 < ng; ++k0) {
+    __m256i a[8];
+    a[0] = absmax_lanes(x + k0 * g, g, mag);
+    for (int i = 1; i < 8; ++i) a[i] = a[0];
+    _mm256_store_si256(reinterpret_cast<__m256i *>(am), hmax8_epi32(a));
+    lohi[2 * k0] = -am[0];
+    lohi[2 * k0 + 1] = am[0];
   }
 }
 
