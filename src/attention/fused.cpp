@@ -109,6 +109,7 @@ int32_t centre(RawType t) {
 struct FusedScratch {
   ScratchBuffer<float> buf;
   ScratchBuffer<int32_t> corr;
+  ScratchBuffer<int32_t> toff;  // per-token code centres of asymmetric parts
 };
 
 // --- int8 query (KVC_QUERY_INT8): scores of integer keys in integers -------

@@ -786,6 +786,84 @@ KVTEST(fused_asym_codes_centred) {
     CHECK(worst_out[1] <= 5e-6);
     kvc_pool_destroy(p);
   }
+  // Rows at their minimum (zeros and one positive value; hd 256, a query of
+  // mean 30): a fixed centre (128) left a zero point of half the row's range
+  // times sum(q) against the codes' term (lse error 1.3e-5 / 1.6e-5); the
+  // code of 0 as the centre keeps them as exact as the tile path (1e-9).
+  // And the int8 query over such keys (a one-hot key, one large query
+  // value): within KVC_QUERY_INT8's bound, (max |q| / 254) x sum |k|, which
+  // the exact query sum against the quantized query's dot broke (0.076
+  // against a bound of 0.005).
+  for (kvc_dtype dt : {KVC_DTYPE_INT8, KVC_DTYPE_INT4}) {
+    Geo g;
+    g.layers = 1;
+    g.hq = g.hkv = 1;
+    g.hd = 256;
+    kvc_codec codec;
+    kvc_codec_init(&codec);
+    codec.dtype = dt;
+    codec.granularity = KVC_SCALE_PER_TOKEN;
+    codec.asymmetric = 1;
+    kvc_pool *p = make_pool(g, KVC_DTYPE_F32, &codec, nullptr);
+    const uint64_t id = 1, n = 2;
+    CHECK_OK(kvc_seq_create(p, id));
+    CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
+    std::vector<float> k(n * g.hd, 0.0f), v(n * g.hd), q(g.hd);
+    k[0] = 1.0f;
+    k[g.hd + 1] = 0.7f;
+    for (uint32_t d = 0; d < g.hd; ++d) {
+      v[d] = 1.0f;
+      v[g.hd + d] = -1.0f;
+      q[d] = 30.0f + 0.37f * std::sin(1.7f * static_cast<float>(d));
+    }
+    q[0] = 0.25f;
+    q[1] = 0.25f / 0.7f;
+    CHECK_OK(kvc_append(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32));
+    std::vector<float> gk(k.size()), gv(v.size());
+    CHECK_OK(kvc_gather(p, id, 0, 0, n, gk.data(), gv.data(), KVC_DTYPE_F32, nullptr));
+    std::vector<double> ro, rl;
+    reference(g, q.data(), gk, gv, n, 1.0f / 16.0f, ro, rl);
+    kvc_attention_params a = params(g);
+    std::vector<float> out(g.hd);
+    float lse = 0.0f;
+    CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), &lse, &a));
+    CHECK_NEAR(lse, rl[0], 1e-6 * std::max(1.0, std::fabs(rl[0])));
+    double oe = 0.0;  // (the two values' weights are near equal: outputs near 0, |v| = 1)
+    for (uint32_t d = 0; d < g.hd; ++d) oe = std::max(oe, std::fabs(out[d] - ro[d]));
+    std::fprintf(stderr, "%s asym, rows at their minimum: lse error %.3g, outputs %.3g\n",
+                 dt == KVC_DTYPE_INT8 ? "int8" : "int4",
+                 std::fabs(lse - rl[0]) / std::max(1.0, std::fabs(rl[0])), oe);
+    CHECK(oe <= 1e-6);
+    kvc_pool_destroy(p);
+    if (!kvc::attention::fused::int8_query_available()) continue;
+    for (float sign : {1.0f, -1.0f}) {
+      Geo h;
+      h.layers = 1;
+      h.hq = h.hkv = 1;
+      h.hd = 32;
+      kvc_pool *pi = make_pool(h, KVC_DTYPE_F16, &codec, &codec);
+      CHECK_OK(kvc_seq_create(pi, id));
+      CHECK_OK(kvc_seq_reserve(pi, id, 1, nullptr));
+      std::vector<float> k1(h.hd, 0.0f), v1(h.hd, 0.5f), q1(h.hd, 0.0049f);
+      k1[0] = sign;
+      q1[0] = 1.27f;
+      CHECK_OK(kvc_append(pi, id, 0, 0, 1, k1.data(), v1.data(), KVC_DTYPE_F32));
+      kvc_attention_params b = params(h);
+      b.scale = 1.0f;
+      float l[2];
+      std::vector<float> o(h.hd);
+      for (int mode = 0; mode < 2; ++mode) {
+        b.query_quant = mode ? KVC_QUERY_INT8 : KVC_QUERY_EXACT;
+        CHECK_OK(kvc_attention_decode(pi, 0, &id, 1, q1.data(), o.data(), &l[mode], &b));
+      }
+      const double bound = 1.27 / 254.0 * 1.0;  // (max |q| / 254) x sum |k|
+      if (!(std::fabs(l[1] - l[0]) <= bound + 1e-6))
+        std::fprintf(stderr, "int8 query over a one-hot asymmetric key: lse %g vs %g (bound %g)\n",
+                     l[1], l[0], bound);
+      CHECK(std::fabs(l[1] - l[0]) <= bound + 1e-6);
+      kvc_pool_destroy(pi);
+    }
+  }
   kvc::attention::fused::set_isa_limit(2);
 }
 
