@@ -15,19 +15,16 @@ namespace kvc::codec {
 namespace {
 
 // Stages h = 1, 2, 4 of the butterfly inside one vector of 8 values, each
-// as one fused multiply-add of the pairs' two halves, a + c x (+1 or -1):
-// exact before its one rounding, so the same bits as a + c and a - c.
+// as one shuffle and one fused multiply-add: with s = y with its pairs (j,
+// j + h) swapped, s + y x (+1 in the pair's first lane, -1 in its second)
+// gives a + c in the first lane (c + a: the same bits) and a - c in the
+// second, each exact before its one rounding, so the same bits as the scalar
+// loop's a + c and a - c.
 __attribute__((target("avx2,fma"), always_inline)) inline __m256 butterfly8(__m256 y) {
-  // h = 1: a = [x0 x0 x2 x2 ...], c = [x1 x1 x3 x3 ...]
-  y = _mm256_fmadd_ps(_mm256_movehdup_ps(y), _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1),
-                      _mm256_moveldup_ps(y));
-  // h = 2: a = [x0 x1 x0 x1 | ...], c = [x2 x3 x2 x3 | ...]
-  y = _mm256_fmadd_ps(_mm256_permute_ps(y, 0xee), _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1),
-                      _mm256_permute_ps(y, 0x44));
-  // h = 4: a = the low half twice, c = the high half twice
-  return _mm256_fmadd_ps(_mm256_permute2f128_ps(y, y, 0x11),
-                         _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1),
-                         _mm256_permute2f128_ps(y, y, 0x00));
+  y = _mm256_fmadd_ps(y, _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), _mm256_permute_ps(y, 0xb1));
+  y = _mm256_fmadd_ps(y, _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1), _mm256_permute_ps(y, 0x4e));
+  return _mm256_fmadd_ps(y, _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1),
+                         _mm256_permute2f128_ps(y, y, 0x01));
 }
 
 __attribute__((target("avx2,fma"), always_inline)) inline void bfly(__m256 &a, __m256 &b) {
