@@ -39,6 +39,18 @@ kvc_pool *make_pool(const Geo &g, kvc_dtype kd = KVC_DTYPE_F32, const kvc_codec 
   return p;
 }
 
+// A per-token integer (or fp8) codec: one scale (and zero point when
+// asymmetric) per token and KV head.
+kvc_codec per_token_codec(kvc_dtype dt, bool asym, kvc_dtype scale = KVC_DTYPE_F32) {
+  kvc_codec c;
+  kvc_codec_init(&c);
+  c.dtype = dt;
+  c.granularity = KVC_SCALE_PER_TOKEN;
+  c.asymmetric = asym ? 1u : 0u;
+  c.scale_dtype = scale;
+  return c;
+}
+
 std::mt19937 &rng() {
   static std::mt19937 r(1234);
   return r;
@@ -423,10 +435,7 @@ KVTEST(threads_prefill_identical) {
   Geo g;
   g.layers = 1;
   g.hd = 64;
-  kvc_codec c8;
-  kvc_codec_init(&c8);
-  c8.dtype = KVC_DTYPE_INT8;
-  c8.granularity = KVC_SCALE_PER_TOKEN;
+  kvc_codec c8 = per_token_codec(KVC_DTYPE_INT8, false);
   for (int quant = 0; quant < 2; ++quant) {
     kvc_pool *p =
         make_pool(g, KVC_DTYPE_F16, quant ? &c8 : nullptr, quant ? &c8 : nullptr, 0, 1024);
@@ -647,12 +656,7 @@ KVTEST(fused_paths_agree) {
       g.hkv = sp.hkv;
       g.hd = sp.hd;
       g.bs = sp.bs;
-      kvc_codec codec;
-      kvc_codec_init(&codec);
-      codec.dtype = st.dt;
-      codec.granularity = KVC_SCALE_PER_TOKEN;
-      codec.asymmetric = static_cast<uint32_t>(st.asym);
-      codec.scale_dtype = st.scale;
+      kvc_codec codec = per_token_codec(st.dt, st.asym != 0, st.scale);
       const bool quant = st.dt != st.plain;
       kvc_pool *p = make_pool(g, st.plain, quant ? &codec : nullptr, quant ? &codec : nullptr);
       uint64_t id = 1;
@@ -746,11 +750,7 @@ KVTEST(fused_asym_codes_centred) {
     g.hq = 8;
     g.hkv = 2;
     g.hd = 128;
-    kvc_codec codec;
-    kvc_codec_init(&codec);
-    codec.dtype = dt;
-    codec.granularity = KVC_SCALE_PER_TOKEN;
-    codec.asymmetric = 1;
+    kvc_codec codec = per_token_codec(dt, true);
     kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &codec, &codec);
     const uint64_t n = 512, id = 1;
     CHECK_OK(kvc_seq_create(p, id));
@@ -799,11 +799,7 @@ KVTEST(fused_asym_codes_centred) {
     g.layers = 1;
     g.hq = g.hkv = 1;
     g.hd = 256;
-    kvc_codec codec;
-    kvc_codec_init(&codec);
-    codec.dtype = dt;
-    codec.granularity = KVC_SCALE_PER_TOKEN;
-    codec.asymmetric = 1;
+    kvc_codec codec = per_token_codec(dt, true);
     kvc_pool *p = make_pool(g, KVC_DTYPE_F32, &codec, nullptr);
     const uint64_t id = 1, n = 2;
     CHECK_OK(kvc_seq_create(p, id));
@@ -892,11 +888,7 @@ KVTEST(query_int8_within_bound) {
   int differed = 0;
   for (const Storage &st : stor)
     for (const Geo &g : shapes) {
-      kvc_codec codec;
-      kvc_codec_init(&codec);
-      codec.dtype = st.dt;
-      codec.granularity = KVC_SCALE_PER_TOKEN;
-      codec.asymmetric = static_cast<uint32_t>(st.asym);
+      kvc_codec codec = per_token_codec(st.dt, st.asym != 0);
       const bool quant = st.dt != KVC_DTYPE_F16;
       kvc_pool *p = make_pool(g, KVC_DTYPE_F16, quant ? &codec : nullptr, quant ? &codec : nullptr);
       uint64_t id = 1;
