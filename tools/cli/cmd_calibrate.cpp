@@ -13,8 +13,10 @@
 #include "../runner/error.h"
 #include "../runner/runner.h"
 #include "../runner/tokenizer.h"
+#include "codebook_fit.h"
 #include "commands.h"
 #include "key_stats.h"
+#include "strategy.h"
 
 namespace kvc_cli {
 namespace {
@@ -22,7 +24,7 @@ namespace {
 using kvc_runner::RunnerError;
 
 struct CalibrateCommand {
-  std::string model = "stories260k", tokenizer, text, out;
+  std::string model = "stories260k", tokenizer, text, out, codebook, key_stats;
   int window = 0, windows = 4;
   long long skip = 0;
 };
@@ -43,15 +45,40 @@ void run_calibrate(const CalibrateCommand &cmd) {
                       std::to_string(tokens.size()) + " tokens");
   tokens.erase(tokens.begin(), tokens.begin() + cmd.skip);
   const int window = cmd.window ? cmd.window : std::min(c.seq_len, 512);
-  KeyStats s = fit_key_stats(model, tokens, c.bos_token, window, cmd.windows);
   const std::size_t slash = text_path.find_last_of('/');
-  const std::string comment =
-      "Per-channel statistics of pre-RoPE keys (kvcache calibrate, docs/codecs.md)\nmodel " +
-      cmd.model + ", " + std::to_string(cmd.windows) + " windows of " + std::to_string(window) +
-      " positions (BOS + text) of " +
+  const std::string source =
+      "model " + cmd.model + ", " + std::to_string(cmd.windows) + " windows of " +
+      std::to_string(window) + " positions (BOS + text) of " +
       (slash == std::string::npos ? text_path : text_path.substr(slash + 1)) +
       (cmd.skip ? " from token " + std::to_string(cmd.skip) : std::string());
-  const std::string body = format_key_stats(s, comment);
+  std::string body, what;
+  if (!cmd.codebook.empty()) {  // codebooks of a strategy's codebook parts
+    const Strategy st = parse_strategy(cmd.codebook);
+    std::vector<float> key_scale, key_offset;
+    if (st.key_smooth > 0.0)
+      key_smoothing(model_key_stats(c, cmd.key_stats), st.key_smooth, key_scale, key_offset);
+    const std::vector<CodebookPart> parts =
+        strategy_codebook_parts(st, c, key_scale, key_offset, false);
+    if (parts.empty())
+      throw RunnerError("--codebook " + cmd.codebook +
+                        ": no part with a codebook (add codebook to an int4 / int3 / int2 codec)");
+    const std::vector<FittedCodebook> books =
+        fit_codebooks(model, tokens, c.bos_token, window, cmd.windows, parts);
+    body = format_codebooks(books,
+                            "Codebooks fitted per layer (kvcache calibrate --codebook, "
+                            "docs/codecs.md)\nstrategy " +
+                                st.spec + "\n" + source);
+    what = std::to_string(books.size()) + " codebook part(s) x " + std::to_string(c.n_layers) +
+           " layers from " + std::to_string(books[0].groups) + " scale groups per layer";
+  } else {
+    KeyStats s = fit_key_stats(model, tokens, c.bos_token, window, cmd.windows);
+    body = format_key_stats(
+        s,
+        "Per-channel statistics of pre-RoPE keys (kvcache calibrate, docs/codecs.md)\n" + source);
+    what = std::to_string(s.layers) + " layers x " + std::to_string(s.kv_heads) + " KV heads x " +
+           std::to_string(s.head_dim) + " dims from " + std::to_string(s.tokens) +
+           " keys per channel";
+  }
   if (cmd.out == "-") {
     std::fwrite(body.data(), 1, body.size(), stdout);
   } else {
@@ -60,10 +87,7 @@ void run_calibrate(const CalibrateCommand &cmd) {
       throw RunnerError("--out " + cmd.out + ": cannot be written");
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::fprintf(
-      stderr,
-      "kvcache calibrate: %d layers x %d KV heads x %d dims from %llu keys per channel in %.1f s\n",
-      s.layers, s.kv_heads, s.head_dim, static_cast<unsigned long long>(s.tokens), secs);
+  std::fprintf(stderr, "kvcache calibrate: %s in %.1f s\n", what.c_str(), secs);
 }
 
 }  // namespace
@@ -71,7 +95,9 @@ void run_calibrate(const CalibrateCommand &cmd) {
 void register_calibrate(CLI::App &app) {
   const auto cmd = std::make_shared<CalibrateCommand>();
   CLI::App *sub = app.add_subcommand(
-      "calibrate", "Fit per-channel key statistics (pre-RoPE) from a model run, for key smoothing");
+      "calibrate",
+      "Fit per-channel key statistics (pre-RoPE) from a model run, for key smoothing; or, with "
+      "--codebook, per-layer codebooks");
   sub->add_option("--model", cmd->model, "Checkpoint path or known name")->capture_default_str();
   sub->add_option("--tokenizer", cmd->tokenizer,
                   "Tokenizer path or known name (default: the model's)");
@@ -84,7 +110,14 @@ void register_calibrate(CLI::App &app) {
       ->capture_default_str();
   sub->add_option("--skip", cmd->skip, "Text tokens to skip before the first window")
       ->capture_default_str();
-  sub->add_option("-o,--out", cmd->out, "Statistics file to write ('-': stdout)")->required();
+  sub->add_option("--codebook", cmd->codebook,
+                  "Fit codebooks instead: the levels of this strategy's codebook parts, per layer, "
+                  "by weighted k-means on the model's own K/V after the strategy's transforms "
+                  "(e.g. k-int4:per-token:pre-rope:smooth=0.35:hadamard:codebook+v-int4:per-token:"
+                  "hadamard:codebook); kvc_pool_set_codebook takes them");
+  sub->add_option("--key-stats", cmd->key_stats,
+                  "--codebook with smooth: the key statistics file (default: bench/calib's)");
+  sub->add_option("-o,--out", cmd->out, "File to write ('-': stdout)")->required();
   sub->callback([cmd] { run_calibrate(*cmd); });
 }
 

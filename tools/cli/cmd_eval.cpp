@@ -181,6 +181,9 @@ void register_eval(CLI::App &app) {
   eval->add_option("--key-stats", eval_opt.key_stats,
                    "smooth rows: a key statistics file from `kvcache calibrate` (default: "
                    "bench/calib's statistics for stories260k and smollm2; docs/codecs.md)");
+  eval->add_option("--codebook-text", eval_opt.codebook_text,
+                   "codebook=fit rows: the text their levels are fitted on (default: shared "
+                   "data/out-of-domain.txt, as `kvcache calibrate`; 4 windows of up to 512)");
   eval->add_flag("--json", cmd->json, "Write one JSON object to stdout instead of the table");
   eval->add_option(
       "--plot", cmd->plot_path,

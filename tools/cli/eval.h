@@ -51,6 +51,9 @@ struct EvalOptions {
   bool overhead = false;            ///< also time the bare forward pass on a plain array cache
   std::string key_stats;  ///< smooth rows: a key statistics file (empty: the model's built-in ones)
   std::string head_gates;  ///< duo-attention: a gates file (empty: the model's built-in gates)
+  /// codebook=fit rows: the text their levels are fitted on (empty:
+  /// <shared>/data/out-of-domain.txt, as `kvcache calibrate`; never the eval text).
+  std::string codebook_text;
   /// Called once the model, text and windows are loaded (the report's
   /// description filled), before any window runs; may throw to stop the run
   /// (--peer checks its report against the run here).
@@ -111,6 +114,8 @@ struct EvalReport {
   bool has_overhead = false;
   double array_ms_per_token = 0;  ///< bare forward pass, plain array cache
   double pool_f32_ms_per_token = 0;
+  /// codebook=fit rows: what their levels were fitted on (empty: no such row).
+  std::string codebook_fit_text;
 };
 
 /// Scores every strategy of `options` against the dense f32 cache over the

@@ -27,6 +27,8 @@ void print_eval_table(const EvalReport &rep, std::FILE *out) {
                rep.model.c_str(), rep.model_path.c_str(), rep.num_layers, rep.num_q_heads,
                rep.num_kv_heads, rep.head_dim);
   std::fprintf(out, "text    %s\n", rep.text_path.c_str());
+  if (!rep.codebook_fit_text.empty())
+    std::fprintf(out, "fitted  codebook=fit levels from %s\n", rep.codebook_fit_text.c_str());
   std::fprintf(
       out,
       "scored  %lld tokens in %d window%s of ctx %d (teacher forcing, each window starts "
@@ -458,6 +460,7 @@ std::string eval_json(const EvalReport &rep, const std::string &peer) {
   j["model_path"] = rep.model_path;
   j["tokenizer"] = rep.tokenizer_path;
   j["text"] = rep.text_path;
+  if (!rep.codebook_fit_text.empty()) j["codebook_fit_text"] = rep.codebook_fit_text;
   j["ctx"] = rep.ctx;
   j["trained_context"] = rep.trained_context;
   j["chunk"] = rep.chunk;

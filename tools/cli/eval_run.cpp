@@ -24,6 +24,7 @@
 #include "../runner/transformer.h"
 #include "eval.h"
 #include "duo_gates.h"
+#include "codebook_fit.h"
 #include "key_stats.h"
 #include "eval_load.h"
 #include "strategy.h"
@@ -578,29 +579,41 @@ EvalReport run_eval(const EvalOptions &opt) {
   // Pool settings per row; `smooth` rows take the model's key statistics.
   std::vector<kvc_runner::PoolSettings> row_settings;
   KeyStats key_stats;
+  const kvc_runner::ModelConfig &mc = in.model.config();
   for (const Strategy &s : rows) {
     row_settings.push_back(pool_settings(s));
-    for (int kv = 0; kv < 2; ++kv)  // `codebook` parts: the built-in Gaussian levels, each layer
-      if (s.codebook[kv]) {
-        const kvc_codec &c = kv ? s.v_codec : s.k_codec;
-        const std::uint32_t bits = c.dtype == KVC_DTYPE_INT4   ? 4
-                                   : c.dtype == KVC_DTYPE_INT3 ? 3
-                                                               : 2;
-        const std::uint64_t group = c.granularity == KVC_SCALE_PER_TOKEN
-                                        ? static_cast<std::uint64_t>(in.model.config().head_dim())
-                                        : c.group_size;
-        std::vector<float> one(std::size_t{1} << bits);
-        if (kvc_codebook_gaussian(bits, group, one.data()) != KVC_OK)
-          throw RunnerError("kvc_codebook_gaussian: " + std::string(kvc_last_error_message()));
-        std::vector<float> &all = row_settings.back().codebook[kv];
-        for (int l = 0; l < in.model.config().n_layers; ++l)
-          all.insert(all.end(), one.begin(), one.end());
-      }
     if (s.key_smooth > 0.0) {
-      if (!key_stats.layers) key_stats = model_key_stats(in.model.config(), opt.key_stats);
+      if (!key_stats.layers) key_stats = model_key_stats(mc, opt.key_stats);
       key_smoothing(key_stats, s.key_smooth, row_settings.back().key_scale,
                     row_settings.back().key_offset);
     }
+  }
+  // `codebook` parts: the built-in Gaussian levels, each layer; `codebook=fit`
+  // parts: levels fitted to the model's K/V (one run for every such part).
+  std::vector<CodebookPart> fit_parts;
+  std::vector<std::pair<std::size_t, int>> fit_of;  // (row, part) of each fitted part
+  for (std::size_t r = 0; r < n_rows; ++r) {
+    for (CodebookPart &p : strategy_codebook_parts(rows[r], mc, row_settings[r].key_scale,
+                                                   row_settings[r].key_offset, false)) {
+      if (rows[r].codebook_fit[p.part]) {
+        fit_of.emplace_back(r, p.part);
+        fit_parts.push_back(std::move(p));
+        continue;
+      }
+      std::vector<float> one(std::size_t{1} << p.bits);
+      if (kvc_codebook_gaussian(p.bits, p.group, one.data()) != KVC_OK)
+        throw RunnerError("kvc_codebook_gaussian: " + std::string(kvc_last_error_message()));
+      std::vector<float> &all = row_settings[r].codebook[p.part];
+      for (int l = 0; l < mc.n_layers; ++l) all.insert(all.end(), one.begin(), one.end());
+    }
+  }
+  if (!fit_parts.empty()) {
+    const CodebookText text = codebook_fit_text(in.tokenizer, mc, opt.codebook_text);
+    const std::vector<FittedCodebook> fitted =
+        fit_codebooks(in.model, text.tokens, in.bos, text.window, text.windows, fit_parts);
+    for (std::size_t i = 0; i < fitted.size(); ++i)
+      row_settings[fit_of[i].first].codebook[fit_of[i].second] = fitted[i].levels;
+    rep.codebook_fit_text = text.description;
   }
   const RunSums run = run_windows(in, rows, row_settings, policies, opt, threads);
   rep.wall_seconds = run.wall_seconds;

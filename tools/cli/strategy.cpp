@@ -244,7 +244,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
   kvc_codec_init(&c);
   c.scale_dtype = name == "int8" ? KVC_DTYPE_F32 : KVC_DTYPE_F16;
   bool per_token = false, asym = false, sym = false, hadamard = false, full_range = false,
-       codebook = false;
+       codebook = false, codebook_fit = false;
   std::uint32_t group = 32, residual = 32, kchannel = 0, outliers = 0;
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
@@ -272,9 +272,15 @@ void resolve_codec(Strategy &st, const std::string &where) {
       st.pre_rope_keys = true;
     else if (key == "outliers")
       outliers = whole(where, key, value, 1, 16);
-    else if (key == "codebook")
+    else if (key == "codebook") {
+      if (!value.empty() && value != "fit")
+        throw RunnerError(where +
+                          "codebook takes no value (the Gaussian levels) or 'fit' (levels "
+                          "fitted to the model's own K/V), not '" +
+                          value + "'");
       codebook = true;
-    else if (key == "smooth")
+      codebook_fit = value == "fit";
+    } else if (key == "smooth")
       st.key_smooth = value.empty() ? 1.0 : number(where, key, value, 0.05, 1.0);
     else if (key == "sinks")
       st.residual_sinks = whole(where, key, value, 1, 4096);
@@ -283,8 +289,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "fraction")
       fraction = number(where, key, value, 0.0, 0.99);
     if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
-         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16" ||
-         key == "codebook") &&
+         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16") &&
         !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
@@ -370,6 +375,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
       throw RunnerError(where + "codebook applies to per-token or per-group scales, not kchannel");
     c.asymmetric = 0;  // int2's default (asymmetric) gives way
     st.codebook[0] = st.codebook[1] = true;
+    st.codebook_fit[0] = st.codebook_fit[1] = codebook_fit;
   }
   st.k_codec = st.v_codec = c;
   key_channels(st.k_codec);
@@ -650,6 +656,8 @@ Strategy parse_strategy(const std::string &spec) {
     st.key_smooth = k.key_smooth;
     st.codebook[0] = k.codebook[0];
     st.codebook[1] = v.codebook[1];
+    st.codebook_fit[0] = k.codebook_fit[0];
+    st.codebook_fit[1] = v.codebook_fit[1];
   } else {
     if (!has_codec) st.codec.name = "f16";  // the pool's default storage dtype
     resolve_codec(st, where);

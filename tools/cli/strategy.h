@@ -59,6 +59,9 @@ struct Strategy {
   /// codebook: the part's codes index the built-in Lloyd-Max levels of
   /// Gaussian groups (kvc_pool_set_codebook, kvc_codebook_gaussian); [0] keys, [1] values.
   bool codebook[2] = {false, false};
+  /// codebook=fit: the part's levels are fitted to the model's own K/V per
+  /// layer (codebook_fit.h) before the run instead of the Gaussian table.
+  bool codebook_fit[2] = {false, false};
   std::uint32_t block_size = 16;  ///< pool block size (per-channel groups must divide it)
   // Eviction (when has_policy): the library policy and the eval protocol.
   enum class Protocol { None, Stream, PrefillCompress };

@@ -214,6 +214,66 @@ def load_key_stats(path):
     return st
 
 
+def load_codebooks(path):
+    """Codebooks from a file ``kvcache calibrate --codebook`` wrote (docs/codecs.md "Codebooks"): a list of
+    dicts, one per part, with ``part`` (0 keys, 1 values), ``bits``, ``group`` (values per scale group),
+    ``layers`` and ``levels``, a float32 array [layers, 2**bits] (each row strictly ascending in [-1, 1]), the
+    levels Pool.set_codebook takes. Raises ValueError naming the file, the line and the problem."""
+    try:
+        with open(_os.fspath(path), "rb") as f:
+            data = f.read()
+    except (OSError, TypeError) as e:
+        raise ValueError("codebook file %r: %s" % (path, e)) from None
+    parts, magic, where = [], False, str(path)
+
+    def complete(p):
+        return len(p["rows"]) == p["layers"]
+
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        w = raw.split(b"#", 1)[0].decode("latin-1").split()
+        if not w:
+            continue
+        where = "%s:%d" % (path, lineno)
+        if not magic:
+            if w != ["kvcache-codebook", "1"]:
+                raise ValueError("%s: expected the header 'kvcache-codebook 1'" % where)
+            magic = True
+        elif w[0] == "part":
+            if parts and not complete(parts[-1]):
+                raise ValueError("%s: the previous part has fewer levels lines than its layers" % where)
+            if len(w) != 8 or w[1] not in ("k", "v") or w[2::2] != ["bits", "group", "layers"] \
+                    or not all(x.isdigit() for x in w[3::2]):
+                raise ValueError("%s: expected 'part k|v bits B group G layers L'" % where)
+            bits, group, layers = int(w[3]), int(w[5]), int(w[7])
+            if bits not in (2, 3, 4) or group < 1 or not 1 <= layers <= 4096:
+                raise ValueError("%s: bits must be 2, 3 or 4, group at least 1, layers in [1, 4096]" % where)
+            parts.append({"part": 1 if w[1] == "v" else 0, "bits": bits, "group": group, "layers": layers,
+                          "rows": []})
+        elif w[0] == "levels":
+            if not parts:
+                raise ValueError("%s: 'levels' before any 'part' line" % where)
+            p = parts[-1]
+            if len(w) != 2 + (1 << p["bits"]) or w[1] != str(len(p["rows"])) or complete(p):
+                raise ValueError("%s: expected 'levels %d' and %d levels (layers in order)"
+                                 % (where, len(p["rows"]), 1 << p["bits"]))
+            try:
+                row = [float(x) for x in w[2:]]
+            except ValueError:
+                raise ValueError("%s: a level is not a number" % where) from None
+            if not all(-1.0 <= x <= 1.0 for x in row) or any(b <= a for a, b in zip(row, row[1:])):
+                raise ValueError("%s: levels must be in [-1, 1] and ascend strictly" % where)
+            p["rows"].append(row)
+        else:
+            raise ValueError("%s: unknown line %r" % (where, w[0]))
+    if not magic:
+        raise ValueError("%s: empty: expected the header 'kvcache-codebook 1'" % (path,))
+    if not parts or not complete(parts[-1]):
+        raise ValueError("%s: no part, or the last part has fewer levels lines than its layers" % (path,))
+    for p in parts:
+        p["levels"] = _np.asarray(p.pop("rows"), dtype=_np.float32)
+    return parts
+
+
 # (num_layers, num_q_heads, num_kv_heads, hidden size) -> the statistics the package ships (bench/calib).
 _BUILTIN_KEY_STATS = {(30, 9, 3, 576): "keys-smollm2.txt", (5, 8, 4, 64): "keys-stories260k.txt"}
 

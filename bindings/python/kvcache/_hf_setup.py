@@ -7,7 +7,7 @@ import math
 import numpy as _np
 
 from . import native as _native
-from . import builtin_key_stats, codebook_gaussian, key_smoothing, load_key_stats
+from . import builtin_key_stats, codebook_gaussian, key_smoothing, load_codebooks, load_key_stats
 
 # eval's protocols (tools/cli/strategy.h: Strategy::Protocol).
 _PROTO_NONE, _PROTO_STREAM, _PROTO_PREFILL = 0, 1, 2
@@ -137,16 +137,36 @@ def _policy(st, ctx, auto_evict, gates=None):
     return _native.Policy(pc)
 
 
-def _codebooks_of(st, layers, hd):
+def _codebooks_of(st, layers, hd, codebooks=None):
     """[(part, levels)] of a strategy's ``codebook`` parts: the built-in Gaussian levels of each part's group size
-    (per-token: head_dim), the same for every layer, as ``kvcache eval`` sets them."""
-    out = []
-    for part, flag, codec in ((0, st.k_codebook, st.k_codec), (1, st.v_codebook, st.v_codec)):
+    (per-token: head_dim), the same for every layer, as ``kvcache eval`` sets them; ``codebook=fit`` parts take
+    theirs from `codebooks` (a file of ``kvcache calibrate --codebook`` or load_codebooks()'s list), the entry of
+    the same part, bits, group and layers."""
+    out, fitted = [], False
+    for part, flag, fit, codec in ((0, st.k_codebook, st.k_codebook_fit, st.k_codec),
+                                   (1, st.v_codebook, st.v_codebook_fit, st.v_codec)):
         if not flag:
             continue
         bits = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}[codec.dtype]
         group = hd if codec.granularity == _native.SCALE_PER_TOKEN else codec.group_size
-        out.append((part, list(codebook_gaussian(bits, group)) * layers))
+        if not fit:
+            out.append((part, list(codebook_gaussian(bits, group)) * layers))
+            continue
+        fitted = True
+        if codebooks is None:
+            raise ValueError("PagedCache: strategy '%s' has codebook=fit parts: codebooks= a file from `kvcache "
+                             "calibrate --codebook '%s' -o FILE` (or load_codebooks()'s list)" % (st.spec, st.spec))
+        if isinstance(codebooks, (str, bytes)) or hasattr(codebooks, "__fspath__"):
+            codebooks = load_codebooks(codebooks)
+        match = [c for c in codebooks if isinstance(c, dict) and c.get("part") == part and c.get("bits") == bits
+                 and c.get("group") == group and c.get("layers") == layers]
+        if not match:
+            raise ValueError("PagedCache: codebooks hold no %s part of %d bits, group %d and %d layers for '%s'"
+                             % ("key" if part == 0 else "value", bits, group, layers, st.spec))
+        lv = _np.asarray(match[0]["levels"], dtype=_np.float32).reshape(-1)
+        out.append((part, [float(x) for x in lv]))
+    if codebooks is not None and not fitted:
+        raise ValueError("PagedCache: codebooks are for codebook=fit strategies; '%s' has none" % st.spec)
     return out
 
 

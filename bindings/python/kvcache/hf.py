@@ -232,6 +232,11 @@ class PagedCache(Cache):
             (builtin_key_stats(); bench/calib), a ValueError for other
             models. Their channels are reordered to Hugging Face's RoPE
             pairs (i, i + head_dim / 2).
+        codebooks: the levels of ``codebook=fit`` parts: a file
+            ``kvcache calibrate --codebook STRATEGY -o FILE`` wrote, or
+            load_codebooks()'s list; each such part takes the entry of the
+            same part, bits, group and layers (docs/codecs.md "Codebooks").
+            A ValueError without one, or when no part is ``codebook=fit``.
 
     Raises ValueError for a config it cannot hold, a malformed strategy
     (the parser's message) or bad options; kvcache.KvcError for the
@@ -240,7 +245,7 @@ class PagedCache(Cache):
 
     def __init__(self, config, strategy="f16", *, block_size=None, num_blocks=None, pool_bytes=None, threads=None,
                  prefix_cache=False, tiers=None, context=None, model_id=None, prefix_seed=None, head_gates=None,
-                 key_stats=None):
+                 key_stats=None, codebooks=None):
         self._layers_n, self._hq, self._hk, self._hd, self._theta = _geometry(config)
         try:
             self._st = parse_strategy(str(strategy))
@@ -281,7 +286,7 @@ class PagedCache(Cache):
         elif head_gates is not None:
             raise ValueError("PagedCache: head_gates are DuoAttention's; strategy '%s' does not take them" % st.spec)
         self._smoothing = _key_smoothing_of(config, st, key_stats, self._layers_n, self._hq, self._hk, self._hd)
-        self._codebooks = _codebooks_of(st, self._layers_n, self._hd)
+        self._codebooks = _codebooks_of(st, self._layers_n, self._hd, codebooks)
         if st.headwise and not self._paged_attention:
             raise ValueError("PagedCache: strategy '%s' keeps different tokens in each KV head (a head-wise "
                              "pool); load the model with attn_implementation=\"kvcache\" (after import "

@@ -2,6 +2,8 @@
 through the Python binding: a pool reads back the codebook rule computed here (each group's code is the level
 nearest to x / e for its signed extreme e, its scale keeps the group's norm), numbers of any dtype converted,
 refusals as KvcError / TypeError / OverflowError, removal gives the uniform codes again."""
+import re
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,72 @@ def test_removal():
                     gk, gv = r.gather(1, layer)
                     np.testing.assert_array_equal(gk, want[layer][0])
                     np.testing.assert_array_equal(gv, want[layer][1])
+
+
+def codebook_file(tmp_path, text):
+    p = tmp_path / "codebook.txt"
+    p.write_text(text)
+    return p
+
+
+FITTED = """# a codebook file as `kvcache calibrate --codebook` writes it
+kvcache-codebook 1
+part v bits 2 group 16 layers 2
+levels 0 -0.8 -0.2 0.25 0.9
+levels 1 -0.7 -0.1 0.2 0.95
+"""
+
+
+def test_load_codebooks(tmp_path):
+    """load_codebooks reads the file's parts; their levels are what Pool.set_codebook takes and the pool then
+    decodes with (the codebook rule above)."""
+    parts = kvcache.load_codebooks(codebook_file(tmp_path, FITTED))
+    assert len(parts) == 1
+    p = parts[0]
+    assert (p["part"], p["bits"], p["group"], p["layers"]) == (1, 2, 16, 2)
+    assert p["levels"].dtype == np.float32 and p["levels"].shape == (2, 4)
+    np.testing.assert_array_equal(p["levels"][1], np.float32([-0.7, -0.1, 0.2, 0.95]))
+    k, v = data(5), data(6)
+    with pool(int_codec(kvcache.DTYPE_INT2)) as pl:
+        pl.set_codebook(1, p["levels"])
+        fill(pl, k, v)
+        for layer in range(L):
+            got_v = pl.gather(1, layer)[1].reshape(v[layer].shape)
+            np.testing.assert_allclose(got_v, expect(v[layer], p["levels"][layer]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "empty"),
+    ("kvcache-codebook 2\n", "header"),
+    ("kvcache-codebook 1\npart x bits 2 group 8 layers 1\n", "expected 'part"),
+    ("kvcache-codebook 1\npart k bits 5 group 8 layers 1\n", "bits must be 2, 3 or 4"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 0 -1 0.5 0.2 1\n", "ascend strictly"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 0 -1 0 0.5 1.5\n", "in [-1, 1]"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers 2\nlevels 0 -1 0 0.5 1\n", "fewer levels lines"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 1 -1 0 0.5 1\n", "expected 'levels 0'"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 0 -1 0 x 1\n", "not a number"),
+    ("kvcache-codebook 1\nlevels 0 -1 0 0.5 1\n", "before any 'part'"),
+])
+def test_load_codebooks_refuses(tmp_path, text, why):
+    with pytest.raises(ValueError, match=re.escape(why)):
+        kvcache.load_codebooks(codebook_file(tmp_path, text))
+
+
+def test_codebook_fit_strategy(tmp_path):
+    """A ``codebook=fit`` part takes its levels from the codebook file's entry of the same part, bits, group
+    and layers (kvcache.hf's PagedCache(codebooks=)); without a file, with no matching entry, or with a file
+    for a strategy without such parts: ValueError. The ``codebook`` part beside it keeps the Gaussian levels."""
+    from kvcache._hf_setup import _codebooks_of
+    st = kvcache.parse_strategy("k-int3:per-token:hadamard:codebook+v-int2:group=16:hadamard:codebook=fit")
+    assert (st.k_codebook, st.k_codebook_fit, st.v_codebook, st.v_codebook_fit) == (True, False, True, True)
+    f = codebook_file(tmp_path, FITTED)
+    got = dict(_codebooks_of(st, 2, 16, f))
+    assert got[0] == list(kvcache.codebook_gaussian(3, 16)) * 2
+    np.testing.assert_array_equal(np.float32(got[1]), kvcache.load_codebooks(f)[0]["levels"].reshape(-1))
+    with pytest.raises(ValueError, match="codebook=fit parts: codebooks="):
+        _codebooks_of(st, 2, 16)
+    with pytest.raises(ValueError, match="no value part of 2 bits, group 16 and 3 layers"):
+        _codebooks_of(st, 3, 16, f)
+    plain = kvcache.parse_strategy("k-f16+v-int2:group=16:hadamard:codebook")
+    with pytest.raises(ValueError, match="codebooks are for codebook=fit strategies"):
+        _codebooks_of(plain, 2, 16, f)

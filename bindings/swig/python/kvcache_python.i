@@ -291,6 +291,7 @@ struct kvc_py_strategy {
   bool pre_rope_keys = false;
   double key_smooth = 0.0;     /* smooth=A: key smoothing from the model's key statistics; 0 none */
   bool k_codebook = false, v_codebook = false; /* codebook: the built-in Gaussian levels (kvc_pool_set_codebook) */
+  bool k_codebook_fit = false, v_codebook_fit = false; /* codebook=fit: levels fitted to the model (a codebook file) */
   uint32_t block_size = 16;
   int protocol = 0;            /* 0 none, 1 stream (cap per layer, auto-evict), 2 prefill-compress */
   int policy_kind = KVC_POLICY_NONE;
@@ -338,6 +339,8 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.key_smooth = s.key_smooth;
     r.k_codebook = s.codebook[0];
     r.v_codebook = s.codebook[1];
+    r.k_codebook_fit = s.codebook_fit[0];
+    r.v_codebook_fit = s.codebook_fit[1];
     r.block_size = s.block_size;
     r.protocol = (int)s.protocol;
     r.policy_kind = s.policy_kind;
