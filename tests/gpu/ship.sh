@@ -15,9 +15,10 @@ rm -rf "$ship"
 mkdir -p "$ship/bin" "$ship/lib"
 cp "$build/tests/gpu/test_cuda" "$build/tests/gpu/bench_cuda" "$ship/bin/"
 cp -L "$build/src/libkvcache.so.0" "$ship/lib/"
-# OpenSSL's libcrypto and xxHash: present on Debian, maybe not on the GPU image.
-for dep in libcrypto.so.3 libxxhash.so.0; do
-  p=$(ldd "$build/src/libkvcache.so.0" | awk -v d="$dep" '$1 == d { print $3 }')
-  [ -n "$p" ] && cp -L "$p" "$ship/lib/"
+# OpenSSL's libcrypto, xxHash and hiredis (the Redis tier): present on
+# Debian, maybe not on the GPU image.
+for dep in libcrypto.so libxxhash.so libhiredis.so; do
+  ldd "$build/src/libkvcache.so.0" | awk -v d="$dep" 'index($1, d) == 1 { print $3 }' |
+    while read -r p; do cp -L "$p" "$ship/lib/"; done
 done
 du -sh "$ship"
