@@ -1768,6 +1768,22 @@ typedef enum kvc_query_quant {
    * prefill, CUDA pools, older CPUs) computes as ::KVC_QUERY_EXACT.
    */
   KVC_QUERY_INT8 = 1,
+  /**
+   * ::KVC_QUERY_INT8, and the weighted sum over symmetric int8 value codes (per-token scales) in
+   * integers too: for each run of consecutive tokens the decode takes together (at most 8 blocks)
+   * and each query head, the weights p x s (p = e^(score - running max), s = the token's value
+   * scale) are rounded to integers w' = round(p x s / u), u = their largest / 32767, and the codes
+   * are summed as u x sum(w' x code) with AVX-512 VNNI `vpdpwssd` (two tokens and eight dimensions
+   * an instruction; 32-bit sums flushed every 256 tokens). Each weight moves by at most u / 2
+   * (2^-16 of its run's largest), so beyond ::KVC_QUERY_INT8's error an output element moves by at
+   * most 64 x (the sum over runs of n x u) / sum(p), n the run's tokens, with the weights and p
+   * taken relative to the row's final maximum score (at most 64 x tokens x the largest weight /
+   * 32767 / sum(p)). The f32 exponentials and the softmax's sum are unchanged. Where the values are
+   * not symmetric int8 codes with per-token scales, the values are summed as with ::KVC_QUERY_INT8;
+   * where that mode does not apply, as
+   * ::KVC_QUERY_EXACT. @since 0.4
+   */
+  KVC_QUERY_INT8_VALUES = 2,
   KVC_QUERY_FORCE_32BIT = 0x7fffffff, /**< Forces a 32-bit enum; not a value. */
   KVC_QUERY_FORCE_SIGNED = INT32_MIN  /**< Forces a signed enum; not a value. */
 } kvc_query_quant;
@@ -1802,8 +1818,9 @@ typedef struct kvc_attention_params {
    */
   uint64_t observe_from;
   /**
-   * Decode: ::KVC_QUERY_EXACT (default) or ::KVC_QUERY_INT8 (an int8 query against integer keys,
-   * faster, within the bound its doc gives). @since 0.4
+   * Decode: ::KVC_QUERY_EXACT (default), ::KVC_QUERY_INT8 (an int8 query against integer keys,
+   * faster, within the bound its doc gives) or ::KVC_QUERY_INT8_VALUES (also int8 values summed
+   * in integers, within its bound). @since 0.4
    */
   kvc_query_quant query_quant;
 } kvc_attention_params;

@@ -38,13 +38,15 @@ kvc::core::AttnParams to_attn(const kvc_attention_params *in) {
   if (c.num_threads > 256)
     fail(Errc::InvalidArgument, "num_threads " + std::to_string(c.num_threads) + ": at most 256");
   const int32_t qq = static_cast<int32_t>(c.query_quant);
-  if (qq < 0 || qq > 1)
-    fail(Errc::InvalidArgument,
-         "query_quant " + std::to_string(qq) + ": unknown (KVC_QUERY_EXACT, KVC_QUERY_INT8)");
+  if (qq < 0 || qq > 2)
+    fail(Errc::InvalidArgument, "query_quant " + std::to_string(qq) +
+                                    ": unknown (KVC_QUERY_EXACT, KVC_QUERY_INT8, "
+                                    "KVC_QUERY_INT8_VALUES)");
   a.observe = static_cast<uint32_t>(ob);
   a.observe_from = c.observe_from;
   a.num_threads = c.num_threads;
-  a.query_int8 = qq == KVC_QUERY_INT8;
+  a.query_int8 = qq == KVC_QUERY_INT8 || qq == KVC_QUERY_INT8_VALUES;
+  a.int_values = qq == KVC_QUERY_INT8_VALUES;
   return a;
 }
 

@@ -177,7 +177,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
     float *scale = grow(sc.q8_scale, hq);
     int32_t *sum = sc.q8_sum.get(hq);
     fused::quantize_query(q + i0 * hq * hd, hq, hd, codes, scale, sum);
-    q8 = {codes, scale, sum};
+    q8 = {codes, scale, sum, sh.int_values};
     q8p = &q8;
   }
   // Runs of tiles shown in place (this one and the next): up to kRunTokens

@@ -109,6 +109,10 @@ int32_t centre(RawType t) {
 struct FusedScratch {
   ScratchBuffer<float> buf;
   ScratchBuffer<int32_t> corr;
+  // KVC_QUERY_INT8_VALUES: the packed weights, their units and the run's value rows
+  ScratchBuffer<int32_t> wq;
+  ScratchBuffer<float> wu;
+  ScratchBuffer<const uint8_t *> vrow;
   ScratchBuffer<int32_t> toff;  // per-token code centres of asymmetric parts
 };
 
@@ -216,6 +220,121 @@ ScoresI8Fn<J> scores_i8_fn(RawType t) {
     default:
       return scores_i8<RawType::Int4, J>;
   }
+}
+
+// --- int8 values (KVC_QUERY_INT8_VALUES): the weighted sum in integers ----
+// The weights of J heads over c tokens, w[j][t] = p x the token's value
+// scale (>= 0, finite), as 15-bit integers packed two tokens to a 32-bit
+// word, wq[j][i] = w'[2i] | w'[2i + 1] << 16 (an odd count's last pair: 0
+// for its second token), w' = round(w / u[j]), u[j] = max_t w[j][t] / 32767
+// (0 when every weight is 0: the head adds nothing).
+KVC_VNNI void pack_weights(const float *w, uint64_t ws, uint64_t c, int nj, int32_t *wq,
+                           uint64_t wqs, float *u) {
+  const __m256i top = _mm256_set1_epi32(32767);
+  for (int j = 0; j < nj; ++j) {
+    const float *x = w + j * ws;
+    __m256 vm = _mm256_setzero_ps();
+    uint64_t t = 0;
+    for (; t + 8 <= c; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + t));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+    for (; t < c; ++t) mx = std::max(mx, x[t]);
+    u[j] = mx / 32767.0f;
+    const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
+    const __m256 vi = _mm256_set1_ps(inv);
+    int32_t *o = wq + j * wqs;
+    // 16 weights a step: rounded to nearest even (|w x inv| <= 32767 up to
+    // rounding: the min keeps 15 bits), packed to 16 bits in token order
+    // (packs works per 128-bit lane: the 64-bit permute puts pairs back).
+    t = 0;
+    for (; t + 16 <= c; t += 16) {
+      const __m256i a =
+          _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + t), vi)), top);
+      const __m256i b =
+          _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + t + 8), vi)), top);
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + t / 2),
+                          _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+    }
+    for (; t < c; t += 2) {
+      const int32_t a = std::min(32767, static_cast<int32_t>(std::nearbyint(x[t] * inv)));
+      const int32_t b =
+          t + 1 < c ? std::min(32767, static_cast<int32_t>(std::nearbyint(x[t + 1] * inv))) : 0;
+      o[t / 2] = a | (b << 16);
+    }
+  }
+}
+// acc[j][d] += u[j] x sum_t w'[j][t] x code[t][d] for the J heads (rows hd
+// apart) over c tokens of symmetric int8 value codes (vrow[t]: token t's
+// row of this KV head), 8 DV columns a step: the codes of two tokens
+// interleaved as int16 pairs, one vpdpwssd per 8 columns and head; the
+// 32-bit sums go to acc every 128 pairs (|sum| < 2^31: 256 x 32767 x 128).
+template <int J>
+KVC_VNNI void accumulate_v16_cols(float *acc, uint64_t hd, const int32_t *wq, uint64_t wqs,
+                                  const float *u, const uint8_t *const *vrow, uint64_t c,
+                                  uint64_t d) {
+  const uint64_t pairs = (c + 1) / 2;
+  for (uint64_t p0 = 0; p0 < pairs; p0 += 128) {
+    const uint64_t p1 = std::min(pairs, p0 + 128);
+    // 32 columns: x[0] columns 0-7, x[1] 16-23, x[2] 8-15, x[3] 24-31 (the
+    // in-lane byte unpacks of two 32-byte rows, each half widened)
+    __m256i a[J][4];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) KVC_UNROLL
+    for (int v = 0; v < 4; ++v) a[j][v] = _mm256_setzero_si256();
+    for (uint64_t i = p0; i < p1; ++i) {
+      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(vrow[2 * i] + d));
+      const __m256i r1 = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i *>(vrow[std::min(2 * i + 1, c - 1)] + d));
+      const __m256i lo = _mm256_unpacklo_epi8(r0, r1), hi = _mm256_unpackhi_epi8(r0, r1);
+      __m256i x[4];
+      x[0] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(lo));
+      x[1] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(lo, 1));
+      x[2] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(hi));
+      x[3] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(hi, 1));
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m256i w = _mm256_set1_epi32(wq[j * wqs + i]);
+        KVC_UNROLL
+        for (int v = 0; v < 4; ++v) a[j][v] = _mm256_dpwssd_epi32(a[j][v], x[v], w);
+      }
+    }
+    constexpr int col[4] = {0, 16, 8, 24};
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) {
+      const __m256 uj = _mm256_set1_ps(u[j]);
+      KVC_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        float *o = acc + j * hd + d + col[v];
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(uj, _mm256_cvtepi32_ps(a[j][v]), _mm256_loadu_ps(o)));
+      }
+    }
+  }
+}
+// The same over all hd columns (hd a multiple of 32), after acc *= corr.
+template <int J>
+KVC_VNNI void accumulate_v16(float *acc, const float *corr, uint64_t hd, const int32_t *wq,
+                             uint64_t wqs, const float *u, const uint8_t *const *vrow, uint64_t c) {
+  KVC_UNROLL
+  for (int j = 0; j < J; ++j) {
+    const __m256 cj = _mm256_set1_ps(corr[j]);
+    for (uint64_t d = 0; d < hd; d += 8)
+      _mm256_storeu_ps(acc + j * hd + d, _mm256_mul_ps(_mm256_loadu_ps(acc + j * hd + d), cj));
+  }
+  if constexpr (J >= 8) {  // 4 heads at a time: J x 4 accumulators + 4 rows + 1 of 32 registers
+    for (int j = 0; j < J; j += 4)
+      for (uint64_t d = 0; d < hd; d += 32)
+        accumulate_v16_cols<4>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, vrow, c, d);
+  } else {
+    for (uint64_t d = 0; d < hd; d += 32) accumulate_v16_cols<J>(acc, hd, wq, wqs, u, vrow, c, d);
+  }
+}
+template <int J>
+using AccV16Fn = void (*)(float *, const float *, uint64_t, const int32_t *, uint64_t,
+                          const float *, const uint8_t *const *, uint64_t);
+template <int J>
+AccV16Fn<J> acc_v16_fn() {
+  return accumulate_v16<J>;
 }
 
 // The kernels for AVX2 + FMA + F16C (16 vector registers) and for the same

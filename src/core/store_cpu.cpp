@@ -432,8 +432,9 @@ class CpuStore final : public BlockStore {
                                    " of sequence " + u64s(ids[i]) + " holds " + u64s(l.n_tokens) +
                                    " tokens (append the chunk's K/V first)");
     }
-    const attention::Shape shape{p.num_q_heads, c_.cfg_.num_kv_heads, c_.cfg_.head_dim,
-                                 c_.cfg_.block_size, p.query_int8 && !prefill};
+    const attention::Shape shape{
+        p.num_q_heads,      c_.cfg_.num_kv_heads,     c_.cfg_.head_dim,
+        c_.cfg_.block_size, p.query_int8 && !prefill, p.int_values && !prefill};
     if (p.num_threads > 1 && !prefill && !p.observe) {
       std::vector<LayerTiles> tiles;
       tiles.reserve(n_seqs);

@@ -151,6 +151,7 @@ struct AttnParams {
   uint64_t observe_from = 0;  // prefill: first query row whose attention is observed
   uint32_t num_threads = 1;   // decode without observation: threads for this call
   bool query_int8 = false;    // decode: an int8 query against integer keys (KVC_QUERY_INT8)
+  bool int_values = false;    // and int8 values summed in integers (KVC_QUERY_INT8_VALUES)
 };
 
 // The pool's geometry and storage as bytes (docs/prefix-cache.md): equal

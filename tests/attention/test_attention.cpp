@@ -14,127 +14,7 @@
 #include "api/internal.h"
 #include "attention/fused.h"
 
-namespace {
-
-struct Geo {
-  uint32_t layers = 2, hq = 8, hkv = 2, hd = 16, bs = 16;
-};
-
-kvc_pool *make_pool(const Geo &g, kvc_dtype kd = KVC_DTYPE_F32, const kvc_codec *kc = nullptr,
-                    const kvc_codec *vc = nullptr, uint32_t residual = 0, uint64_t blocks = 256) {
-  kvc_pool_config c;
-  kvc_pool_config_init(&c);
-  c.num_layers = g.layers;
-  c.num_q_heads = g.hq;
-  c.num_kv_heads = g.hkv;
-  c.head_dim = g.hd;
-  c.block_size = g.bs;
-  c.num_blocks = blocks;
-  c.k_dtype = c.v_dtype = kd;
-  c.k_codec = kc;
-  c.v_codec = vc;
-  c.residual_window = residual;
-  kvc_pool *p = nullptr;
-  CHECK_OK(kvc_pool_create(&c, &p));
-  return p;
-}
-
-// A per-token integer (or fp8) codec: one scale (and zero point when
-// asymmetric) per token and KV head.
-kvc_codec per_token_codec(kvc_dtype dt, bool asym, kvc_dtype scale = KVC_DTYPE_F32) {
-  kvc_codec c;
-  kvc_codec_init(&c);
-  c.dtype = dt;
-  c.granularity = KVC_SCALE_PER_TOKEN;
-  c.asymmetric = asym ? 1u : 0u;
-  c.scale_dtype = scale;
-  return c;
-}
-
-std::mt19937 &rng() {
-  static std::mt19937 r(1234);
-  return r;
-}
-std::vector<float> randn(size_t n, float sd = 1.0f) {
-  std::normal_distribution<float> d(0.0f, sd);
-  std::vector<float> v(n);
-  for (float &x : v) x = d(rng());
-  return v;
-}
-
-// Appends n tokens of random K/V to every layer; returns them ([layer] -> rows).
-struct Seq {
-  std::vector<std::vector<float>> k, v;  // per layer, [n][hkv][hd]
-};
-Seq fill(kvc_pool *p, const Geo &g, uint64_t id, uint64_t n) {
-  Seq s;
-  s.k.resize(g.layers);
-  s.v.resize(g.layers);
-  CHECK_OK(kvc_seq_create(p, id));
-  if (n == 0) return s;
-  CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
-  for (uint32_t l = 0; l < g.layers; ++l) {
-    s.k[l] = randn(n * g.hkv * g.hd);
-    s.v[l] = randn(n * g.hkv * g.hd);
-    CHECK_OK(kvc_append(p, id, l, 0, n, s.k[l].data(), s.v[l].data(), KVC_DTYPE_F32));
-  }
-  return s;
-}
-
-// Dense float64 attention of one query row over tokens [0, vis) of k, v;
-// mask (optional) drops tokens.
-void reference(const Geo &g, const float *q, const std::vector<float> &k,
-               const std::vector<float> &v, uint64_t vis, float scale, std::vector<double> &out,
-               std::vector<double> &lse, std::vector<double> *probs = nullptr,
-               const std::vector<char> *mask = nullptr) {
-  out.assign(g.hq * g.hd, 0.0);
-  lse.assign(g.hq, -std::numeric_limits<double>::infinity());
-  if (probs) probs->assign(vis * g.hkv, 0.0);
-  const uint32_t grp = g.hq / g.hkv;
-  for (uint32_t h = 0; h < g.hq; ++h) {
-    const uint32_t kvh = h / grp;
-    std::vector<double> s(vis);
-    double mx = -std::numeric_limits<double>::infinity();
-    for (uint64_t t = 0; t < vis; ++t) {
-      if (mask && !(*mask)[t]) continue;
-      double d = 0;
-      for (uint32_t i = 0; i < g.hd; ++i)
-        d += static_cast<double>(q[h * g.hd + i]) * k[(t * g.hkv + kvh) * g.hd + i];
-      s[t] = d * scale;
-      mx = std::max(mx, s[t]);
-    }
-    if (mx == -std::numeric_limits<double>::infinity()) continue;
-    double sum = 0;
-    for (uint64_t t = 0; t < vis; ++t)
-      if (!mask || (*mask)[t]) sum += std::exp(s[t] - mx);
-    lse[h] = mx + std::log(sum);
-    for (uint64_t t = 0; t < vis; ++t) {
-      if (mask && !(*mask)[t]) continue;
-      const double pr = std::exp(s[t] - mx) / sum;
-      if (probs) (*probs)[t * g.hkv + kvh] += pr;
-      for (uint32_t i = 0; i < g.hd; ++i) out[h * g.hd + i] += pr * v[(t * g.hkv + kvh) * g.hd + i];
-    }
-  }
-}
-
-// Largest |a - b| relative to the largest |b| (the 1e-5 criterion).
-double rel_err(const float *a, const std::vector<double> &b) {
-  double err = 0, mag = 1e-30;
-  for (size_t i = 0; i < b.size(); ++i) {
-    err = std::max(err, std::fabs(a[i] - b[i]));
-    mag = std::max(mag, std::fabs(b[i]));
-  }
-  return err / mag;
-}
-
-kvc_attention_params params(const Geo &g) {
-  kvc_attention_params a;
-  kvc_attention_params_init(&a);
-  a.num_q_heads = g.hq;
-  return a;
-}
-
-}  // namespace
+#include "attention_test_util.h"
 
 // Decode over f32 storage matches float64 within 1e-5 (relative), lengths 0..70.
 KVTEST(decode_matches_reference) {
@@ -592,10 +472,10 @@ KVTEST(bad_input) {
   CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
                KVC_ERR_INVALID_ARGUMENT);
   b = a;
-  b.query_quant = static_cast<kvc_query_quant>(2);
+  b.query_quant = static_cast<kvc_query_quant>(3);
   CHECK_STATUS(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), lse.data(), &b),
                KVC_ERR_INVALID_ARGUMENT);
-  CHECK(std::strstr(kvc_last_error_message(), "query_quant 2") != nullptr);
+  CHECK(std::strstr(kvc_last_error_message(), "query_quant 3") != nullptr);
   b.query_quant = static_cast<kvc_query_quant>(-1);
   CHECK_STATUS(kvc_attention_prefill(p, 0, id, q.data(), 1, out.data(), lse.data(), &b),
                KVC_ERR_INVALID_ARGUMENT);
@@ -861,98 +741,6 @@ KVTEST(fused_asym_codes_centred) {
     }
   }
   kvc::attention::fused::set_isa_limit(2);
-}
-
-// KVC_QUERY_INT8: with integer keys each score moves by at most the query's
-// rounding, (max |q| / 254) x sum |k| (q after the scale), so the log-sum-exp
-// moves by at most the largest such bound B and each output by at most
-// (e^(2B) - 1) x max |v|; the path really runs where the CPU has AVX-512 VNNI
-// (some result differs from KVC_QUERY_EXACT's), and everything it does not
-// take (f16 keys, head_dim not a multiple of 32, prefill, a capped ISA) gives
-// KVC_QUERY_EXACT's bytes.
-KVTEST(query_int8_within_bound) {
-  const bool vnni = kvc::attention::fused::int8_query_available();
-  std::fprintf(stderr, "int8-query kernels %s on this CPU\n", vnni ? "run" : "are not available");
-  struct Storage {
-    const char *name;
-    kvc_dtype dt;
-    int asym;
-  };
-  const Storage stor[] = {{"int8", KVC_DTYPE_INT8, 0},
-                          {"int8 asym", KVC_DTYPE_INT8, 1},
-                          {"int4", KVC_DTYPE_INT4, 0},
-                          {"int4 asym", KVC_DTYPE_INT4, 1},
-                          {"f16", KVC_DTYPE_F16, 0}};
-  const Geo shapes[] = {{1, 8, 2, 64, 16}, {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
-                        {1, 4, 4, 96, 16}, {1, 6, 2, 48, 16},   {1, 3, 3, 256, 32}};
-  int differed = 0;
-  for (const Storage &st : stor)
-    for (const Geo &g : shapes) {
-      kvc_codec codec = per_token_codec(st.dt, st.asym != 0);
-      const bool quant = st.dt != KVC_DTYPE_F16;
-      kvc_pool *p = make_pool(g, KVC_DTYPE_F16, quant ? &codec : nullptr, quant ? &codec : nullptr);
-      uint64_t id = 1;
-      for (uint64_t n : {1ull, 17ull, 40ull, 100ull}) {
-        fill(p, g, id, n);
-        std::vector<float> k(n * g.hkv * g.hd), v(k.size());
-        CHECK_OK(kvc_gather(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
-        const std::vector<float> q = randn(g.hq * g.hd, 2.0f);
-        kvc_attention_params a = params(g);
-        std::vector<float> out[3], lse[3];
-        for (int mode = 0; mode < 3; ++mode) {  // exact, int8, int8 with the ISA capped at AVX2
-          a.query_quant = mode ? KVC_QUERY_INT8 : KVC_QUERY_EXACT;
-          kvc::attention::fused::set_isa_limit(mode == 2 ? 1 : 2);
-          out[mode].assign(g.hq * g.hd, 0.0f);
-          lse[mode].assign(g.hq, 0.0f);
-          CHECK_OK(
-              kvc_attention_decode(p, 0, &id, 1, q.data(), out[mode].data(), lse[mode].data(), &a));
-        }
-        kvc::attention::fused::set_isa_limit(2);
-        const bool taken = vnni && quant && g.hd % 32 == 0;
-        CHECK(out[2] == out[0] && lse[2] == lse[0]);
-        if (!taken) {
-          CHECK(out[1] == out[0] && lse[1] == lse[0]);
-        } else {
-          const float sc = 1.0f / std::sqrt(static_cast<float>(g.hd));
-          double vmax = 0.0;
-          for (float x : v) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
-          const uint32_t grp = g.hq / g.hkv;
-          for (uint32_t h = 0; h < g.hq; ++h) {
-            double qmax = 0.0;
-            for (uint32_t d = 0; d < g.hd; ++d)
-              qmax = std::max(qmax, std::fabs(static_cast<double>(q[h * g.hd + d]) * sc));
-            double bound = 0.0;  // the largest score change the query's rounding allows
-            for (uint64_t t = 0; t < n; ++t) {
-              double ksum = 0.0;
-              for (uint32_t d = 0; d < g.hd; ++d)
-                ksum += std::fabs(k[(t * g.hkv + h / grp) * g.hd + d]);
-              bound = std::max(bound, qmax / 254.0 * ksum);
-            }
-            const double tol = 1e-5 * std::max(1.0, std::fabs(static_cast<double>(lse[0][h])));
-            if (!(std::fabs(lse[1][h] - lse[0][h]) <= bound + tol))
-              std::fprintf(stderr, "%s hq %u hd %u n %llu head %u: lse %g vs %g, bound %g\n",
-                           st.name, g.hq, g.hd, static_cast<unsigned long long>(n), h, lse[1][h],
-                           lse[0][h], bound);
-            CHECK(std::fabs(lse[1][h] - lse[0][h]) <= bound + tol);
-            for (uint32_t d = 0; d < g.hd; ++d)
-              CHECK(std::fabs(out[1][h * g.hd + d] - out[0][h * g.hd + d]) <=
-                    (std::exp(2.0 * bound) - 1.0) * vmax + 1e-5);
-          }
-          if (lse[1] != lse[0]) ++differed;
-        }
-        // Prefill never quantizes the query.
-        std::vector<float> po[2];
-        for (int mode = 0; mode < 2; ++mode) {
-          a.query_quant = mode ? KVC_QUERY_INT8 : KVC_QUERY_EXACT;
-          po[mode].assign(g.hq * g.hd, 0.0f);
-          CHECK_OK(kvc_attention_prefill(p, 0, id, q.data(), 1, po[mode].data(), nullptr, &a));
-        }
-        CHECK(po[1] == po[0]);
-        ++id;
-      }
-      kvc_pool_destroy(p);
-    }
-  if (vnni) CHECK(differed > 0);
 }
 
 int main(int argc, char **argv) {

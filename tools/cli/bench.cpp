@@ -403,7 +403,12 @@ void attention_cases(Bench &b) {
     // has it, else the same exact path as above).
     const std::string iq =
         std::string("decode ") + label + ", int8 query (KVC_QUERY_INT8), 1 thread";
-    if (!b.wanted(G, name) && !b.wanted(G, iq)) continue;
+    // And the int8 values summed in integers too (KVC_QUERY_INT8_VALUES: int8 codes only).
+    const std::string iv = dtype == KVC_DTYPE_INT8
+                               ? std::string("decode ") + label +
+                                     ", int8 query and values (KVC_QUERY_INT8_VALUES), 1 thread"
+                               : std::string();
+    if (!b.wanted(G, name) && !b.wanted(G, iq) && (iv.empty() || !b.wanted(G, iv))) continue;
     kvc_codec c;
     ok(kvc_codec_init(&c), "kvc_codec_init");
     c.dtype = dtype;
@@ -414,6 +419,9 @@ void attention_cases(Bench &b) {
              double(tokens), "token");
     if (b.wanted(G, iq))
       b.pair(G, iq, "f16 decode of the same tokens", decode(qpool->p, 1, KVC_QUERY_INT8),
+             decode(f16->p, 1), 0, double(tokens), "token");
+    if (!iv.empty() && b.wanted(G, iv))
+      b.pair(G, iv, "f16 decode of the same tokens", decode(qpool->p, 1, KVC_QUERY_INT8_VALUES),
              decode(f16->p, 1), 0, double(tokens), "token");
   }
   // Head-wise pools (KVC_POOL_HEADWISE): the 8 KV heads keep 20..80 % of the
@@ -626,6 +634,7 @@ constexpr Goal kGoals[] = {
     {"decode int4 per-token", 2.5, 0},
     {"decode int8 per-token, int8 query", 1.6, 0},
     {"decode int4 per-token, int8 query", 2.5, 0},
+    {"decode int8 per-token, int8 query and values", 1.6, 0},
     {"decode head-wise", 1.0 / 1.2, 0},  // issue 28: no slower than 1.2x token-wise
     {"quantize int8 per-token", 1.3, 0},
     {"quantize int4 group=32", 0.9, 0},

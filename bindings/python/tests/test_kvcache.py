@@ -639,7 +639,9 @@ def test_save_and_restore_sequence(model, captured, tmp_path):
 
 def test_attention_decode_int8_query():
     """query_quant=QUERY_INT8: near the exact query's output on int8 keys (the same bytes where the CPU
-    lacks AVX-512 VNNI), the exact bytes on f16 keys; an unknown mode raises with nothing written."""
+    lacks AVX-512 VNNI), the exact bytes on f16 keys; QUERY_INT8_VALUES within 1e-3 of the output scale of
+    QUERY_INT8 on int8 values (each weight within 2^-16 of the largest); an unknown mode raises with nothing
+    written."""
     cfg = small_config()
     rng = np.random.default_rng(5)
     n = 40
@@ -654,11 +656,13 @@ def test_attention_decode_int8_query():
             pool.append(1, 0, 0, k, v)
             exact = pool.attention_decode(0, [1], q)
             fast = pool.attention_decode(0, [1], q, query_quant=kvcache.QUERY_INT8)
-            assert exact.shape == fast.shape == q.shape
+            both = pool.attention_decode(0, [1], q, query_quant=kvcache.QUERY_INT8_VALUES)
+            assert exact.shape == fast.shape == both.shape == q.shape
             if codecs:
                 assert np.max(np.abs(fast - exact)) < 0.05 * np.max(np.abs(exact)) + 1e-6
+                assert np.max(np.abs(both - fast)) < 1e-3 * np.max(np.abs(exact)) + 1e-6
             else:
-                assert np.array_equal(fast, exact)
+                assert np.array_equal(fast, exact) and np.array_equal(both, exact)
             out = np.full_like(q, 7.0)
             with pytest.raises(kvcache.KvcError) as e:
                 pool.attention_decode(0, [1], q, out=out, query_quant=3)

@@ -3456,6 +3456,22 @@ impl kvc_query_quant {
     pub const KVC_QUERY_INT8: kvc_query_quant = kvc_query_quant(1);
 }
 impl kvc_query_quant {
+    #[doc = " ::KVC_QUERY_INT8, and the weighted sum over symmetric int8 value codes (per-token scales) in"]
+    #[doc = " integers too: for each run of consecutive tokens the decode takes together (at most 8 blocks)"]
+    #[doc = " and each query head, the weights p x s (p = e^(score - running max), s = the token's value"]
+    #[doc = " scale) are rounded to integers w' = round(p x s / u), u = their largest / 32767, and the codes"]
+    #[doc = " are summed as u x sum(w' x code) with AVX-512 VNNI `vpdpwssd` (two tokens and eight dimensions"]
+    #[doc = " an instruction; 32-bit sums flushed every 256 tokens). Each weight moves by at most u / 2"]
+    #[doc = " (2^-16 of its run's largest), so beyond ::KVC_QUERY_INT8's error an output element moves by at"]
+    #[doc = " most 64 x (the sum over runs of n x u) / sum(p), n the run's tokens, with the weights and p"]
+    #[doc = " taken relative to the row's final maximum score (at most 64 x tokens x the largest weight /"]
+    #[doc = " 32767 / sum(p)). The f32 exponentials and the softmax's sum are unchanged. Where the values are"]
+    #[doc = " not symmetric int8 codes with per-token scales, the values are summed as with ::KVC_QUERY_INT8;"]
+    #[doc = " where that mode does not apply, as"]
+    #[doc = " ::KVC_QUERY_EXACT. @since 0.4"]
+    pub const KVC_QUERY_INT8_VALUES: kvc_query_quant = kvc_query_quant(2);
+}
+impl kvc_query_quant {
     #[doc = "< Forces a 32-bit enum; not a value."]
     pub const KVC_QUERY_FORCE_32BIT: kvc_query_quant = kvc_query_quant(2147483647);
 }
@@ -3496,8 +3512,9 @@ pub struct kvc_attention_params {
     #[doc = " Prefill: first query row whose attention is recorded (SnapKV's observation window = the last"]
     #[doc = " rows); default 0."]
     pub observe_from: u64,
-    #[doc = " Decode: ::KVC_QUERY_EXACT (default) or ::KVC_QUERY_INT8 (an int8 query against integer keys,"]
-    #[doc = " faster, within the bound its doc gives). @since 0.4"]
+    #[doc = " Decode: ::KVC_QUERY_EXACT (default), ::KVC_QUERY_INT8 (an int8 query against integer keys,"]
+    #[doc = " faster, within the bound its doc gives) or ::KVC_QUERY_INT8_VALUES (also int8 values summed"]
+    #[doc = " in integers, within its bound). @since 0.4"]
     pub query_quant: kvc_query_quant,
 }
 #[test]

@@ -1,0 +1,221 @@
+// The int8 modes of decode attention (KVC_QUERY_INT8, KVC_QUERY_INT8_VALUES):
+// within their documented bounds of the exact path, taken only where they
+// apply, the exact bytes everywhere else.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "../whitebox.h"
+#include "api/internal.h"
+#include "attention/fused.h"
+#include "attention_test_util.h"
+
+// KVC_QUERY_INT8: with integer keys each score moves by at most the query's
+// rounding, (max |q| / 254) x sum |k| (q after the scale), so the log-sum-exp
+// moves by at most the largest such bound B and each output by at most
+// (e^(2B) - 1) x max |v|; the path really runs where the CPU has AVX-512 VNNI
+// (some result differs from KVC_QUERY_EXACT's), and everything it does not
+// take (f16 keys, head_dim not a multiple of 32, prefill, a capped ISA) gives
+// KVC_QUERY_EXACT's bytes.
+KVTEST(query_int8_within_bound) {
+  const bool vnni = kvc::attention::fused::int8_query_available();
+  std::fprintf(stderr, "int8-query kernels %s on this CPU\n", vnni ? "run" : "are not available");
+  struct Storage {
+    const char *name;
+    kvc_dtype dt;
+    int asym;
+  };
+  const Storage stor[] = {{"int8", KVC_DTYPE_INT8, 0},
+                          {"int8 asym", KVC_DTYPE_INT8, 1},
+                          {"int4", KVC_DTYPE_INT4, 0},
+                          {"int4 asym", KVC_DTYPE_INT4, 1},
+                          {"f16", KVC_DTYPE_F16, 0}};
+  const Geo shapes[] = {{1, 8, 2, 64, 16}, {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
+                        {1, 4, 4, 96, 16}, {1, 6, 2, 48, 16},   {1, 3, 3, 256, 32}};
+  int differed = 0;
+  for (const Storage &st : stor)
+    for (const Geo &g : shapes) {
+      kvc_codec codec = per_token_codec(st.dt, st.asym != 0);
+      const bool quant = st.dt != KVC_DTYPE_F16;
+      kvc_pool *p = make_pool(g, KVC_DTYPE_F16, quant ? &codec : nullptr, quant ? &codec : nullptr);
+      uint64_t id = 1;
+      for (uint64_t n : {1ull, 17ull, 40ull, 100ull}) {
+        fill(p, g, id, n);
+        std::vector<float> k(n * g.hkv * g.hd), v(k.size());
+        CHECK_OK(kvc_gather(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+        const std::vector<float> q = randn(g.hq * g.hd, 2.0f);
+        kvc_attention_params a = params(g);
+        std::vector<float> out[3], lse[3];
+        for (int mode = 0; mode < 3; ++mode) {  // exact, int8, int8 with the ISA capped at AVX2
+          a.query_quant = mode ? KVC_QUERY_INT8 : KVC_QUERY_EXACT;
+          kvc::attention::fused::set_isa_limit(mode == 2 ? 1 : 2);
+          out[mode].assign(g.hq * g.hd, 0.0f);
+          lse[mode].assign(g.hq, 0.0f);
+          CHECK_OK(
+              kvc_attention_decode(p, 0, &id, 1, q.data(), out[mode].data(), lse[mode].data(), &a));
+        }
+        kvc::attention::fused::set_isa_limit(2);
+        const bool taken = vnni && quant && g.hd % 32 == 0;
+        CHECK(out[2] == out[0] && lse[2] == lse[0]);
+        if (!taken) {
+          CHECK(out[1] == out[0] && lse[1] == lse[0]);
+        } else {
+          const float sc = 1.0f / std::sqrt(static_cast<float>(g.hd));
+          double vmax = 0.0;
+          for (float x : v) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+          const uint32_t grp = g.hq / g.hkv;
+          for (uint32_t h = 0; h < g.hq; ++h) {
+            double qmax = 0.0;
+            for (uint32_t d = 0; d < g.hd; ++d)
+              qmax = std::max(qmax, std::fabs(static_cast<double>(q[h * g.hd + d]) * sc));
+            double bound = 0.0;  // the largest score change the query's rounding allows
+            for (uint64_t t = 0; t < n; ++t) {
+              double ksum = 0.0;
+              for (uint32_t d = 0; d < g.hd; ++d)
+                ksum += std::fabs(k[(t * g.hkv + h / grp) * g.hd + d]);
+              bound = std::max(bound, qmax / 254.0 * ksum);
+            }
+            const double tol = 1e-5 * std::max(1.0, std::fabs(static_cast<double>(lse[0][h])));
+            if (!(std::fabs(lse[1][h] - lse[0][h]) <= bound + tol))
+              std::fprintf(stderr, "%s hq %u hd %u n %llu head %u: lse %g vs %g, bound %g\n",
+                           st.name, g.hq, g.hd, static_cast<unsigned long long>(n), h, lse[1][h],
+                           lse[0][h], bound);
+            CHECK(std::fabs(lse[1][h] - lse[0][h]) <= bound + tol);
+            for (uint32_t d = 0; d < g.hd; ++d)
+              CHECK(std::fabs(out[1][h * g.hd + d] - out[0][h * g.hd + d]) <=
+                    (std::exp(2.0 * bound) - 1.0) * vmax + 1e-5);
+          }
+          if (lse[1] != lse[0]) ++differed;
+        }
+        // Prefill never quantizes the query.
+        std::vector<float> po[2];
+        for (int mode = 0; mode < 2; ++mode) {
+          a.query_quant = mode ? KVC_QUERY_INT8 : KVC_QUERY_EXACT;
+          po[mode].assign(g.hq * g.hd, 0.0f);
+          CHECK_OK(kvc_attention_prefill(p, 0, id, q.data(), 1, po[mode].data(), nullptr, &a));
+        }
+        CHECK(po[1] == po[0]);
+        ++id;
+      }
+      kvc_pool_destroy(p);
+    }
+  if (vnni) CHECK(differed > 0);
+}
+
+// KVC_QUERY_INT8_VALUES: with symmetric int8 values (per-token scales) the
+// weighted sum runs in integers: each weight p x s moves by at most 2^-16 of
+// its run's largest, so an output moves by at most 64 x n x max_t(prob_t x
+// s_t) / 32767 beyond KVC_QUERY_INT8's result (n tokens; prob the softmax
+// probabilities, s the value scales; the check allows 2x for the int8
+// query's own change of the probabilities); the lse is KVC_QUERY_INT8's to
+// the bit (the softmax is unchanged). Runs of 1 to 2,048 tokens (blocks of
+// 8 to 512: the 32-bit sums flushed every 256 tokens), odd counts, GQA 1 to
+// 12. Everything else (asymmetric or int4 or f16 values, head_dim not a
+// multiple of 32, a capped ISA) gives KVC_QUERY_INT8's bytes.
+KVTEST(query_int8_values_within_bound) {
+  const bool vnni = kvc::attention::fused::int8_query_available();
+  std::fprintf(stderr, "int8 kernels %s on this CPU\n", vnni ? "run" : "are not available");
+  struct Storage {
+    const char *name;
+    kvc_dtype kt, vt;
+    int kasym, vasym;
+  };
+  const Storage stor[] = {{"int8 / int8", KVC_DTYPE_INT8, KVC_DTYPE_INT8, 0, 0},
+                          {"int8 asym / int8", KVC_DTYPE_INT8, KVC_DTYPE_INT8, 1, 0},
+                          {"int4 / int8", KVC_DTYPE_INT4, KVC_DTYPE_INT8, 0, 0},
+                          {"int8 / int8 asym", KVC_DTYPE_INT8, KVC_DTYPE_INT8, 0, 1},
+                          {"int8 / int4", KVC_DTYPE_INT8, KVC_DTYPE_INT4, 0, 0},
+                          {"int8 / f16", KVC_DTYPE_INT8, KVC_DTYPE_F16, 0, 0}};
+  const Geo shapes[] = {{1, 8, 2, 64, 16},  {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
+                        {1, 4, 4, 96, 256}, {1, 6, 2, 48, 16},   {1, 16, 2, 128, 512}};
+  int differed = 0;
+  double worst_ratio = 0.0;
+  for (const Storage &st : stor)
+    for (const Geo &g : shapes) {
+      kvc_codec kc = per_token_codec(st.kt, st.kasym != 0),
+                vc = per_token_codec(st.vt, st.vasym != 0);
+      const bool vquant = st.vt != KVC_DTYPE_F16;
+      kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &kc, vquant ? &vc : nullptr, 0, 256);
+      uint64_t id = 1;
+      for (uint64_t n : {1ull, 17ull, 100ull, 1101ull}) {
+        fill(p, g, id, n);
+        std::vector<float> k(n * g.hkv * g.hd), v(k.size());
+        CHECK_OK(kvc_gather(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+        const std::vector<float> q = randn(g.hq * g.hd, 2.0f);
+        kvc_attention_params a = params(g);
+        std::vector<float> out[3], lse[3];
+        for (int mode = 0; mode < 3; ++mode) {  // int8 query, int8 values, values with AVX2 only
+          a.query_quant = mode ? KVC_QUERY_INT8_VALUES : KVC_QUERY_INT8;
+          kvc::attention::fused::set_isa_limit(mode == 2 ? 1 : 2);
+          out[mode].assign(g.hq * g.hd, 0.0f);
+          lse[mode].assign(g.hq, 0.0f);
+          CHECK_OK(
+              kvc_attention_decode(p, 0, &id, 1, q.data(), out[mode].data(), lse[mode].data(), &a));
+        }
+        kvc::attention::fused::set_isa_limit(2);
+        std::vector<float> exact(g.hq * g.hd);
+        a.query_quant = KVC_QUERY_EXACT;
+        CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), exact.data(), nullptr, &a));
+        CHECK(out[2] == exact);  // AVX2 only: neither int8 mode runs
+        CHECK(lse[1] == lse[0]);
+        const bool taken = vnni && st.vt == KVC_DTYPE_INT8 && !st.vasym && g.hd % 32 == 0;
+        if (!taken) {
+          CHECK(out[1] == out[0]);
+        } else {
+          std::vector<double> ref, rlse, probs;
+          const float sc = 1.0f / std::sqrt(static_cast<float>(g.hd));
+          const uint32_t grp = g.hq / g.hkv;
+          for (uint32_t h = 0; h < g.hq; ++h) {
+            // the largest probability x value scale of the head's tokens
+            double wmax = 0.0;
+            double mx = -1e300;
+            std::vector<double> s(n);
+            for (uint64_t t = 0; t < n; ++t) {
+              double d = 0.0;
+              for (uint32_t i = 0; i < g.hd; ++i)
+                d += static_cast<double>(q[h * g.hd + i]) * k[(t * g.hkv + h / grp) * g.hd + i];
+              s[t] = d * sc;
+              mx = std::max(mx, s[t]);
+            }
+            double sum = 0.0;
+            for (uint64_t t = 0; t < n; ++t) sum += std::exp(s[t] - mx);
+            for (uint64_t t = 0; t < n; ++t) {
+              double vm = 0.0;
+              for (uint32_t i = 0; i < g.hd; ++i)
+                vm = std::max(vm, std::fabs(static_cast<double>(v[(t * g.hkv + h / grp) * g.hd + i])));
+              wmax = std::max(wmax, std::exp(s[t] - mx) / sum * vm / 127.0);
+            }
+            const double bound = 2.0 * 64.0 * static_cast<double>(n) * wmax / 32767.0 + 1e-6;
+            for (uint32_t d = 0; d < g.hd; ++d) {
+              const double e = std::fabs(out[1][h * g.hd + d] - out[0][h * g.hd + d]);
+              worst_ratio = std::max(worst_ratio, (e - 1e-6) / (bound - 1e-6));
+              if (!(e <= bound))
+                std::fprintf(stderr, "%s hq %u hd %u bs %u n %llu head %u dim %u: %g vs %g (bound %g)\n",
+                             st.name, g.hq, g.hd, g.bs, static_cast<unsigned long long>(n), h, d,
+                             out[1][h * g.hd + d], out[0][h * g.hd + d], bound);
+              CHECK(e <= bound);
+            }
+          }
+          if (out[1] != out[0]) ++differed;
+        }
+        // Prefill never quantizes.
+        std::vector<float> po[2];
+        for (int mode = 0; mode < 2; ++mode) {
+          a.query_quant = mode ? KVC_QUERY_INT8_VALUES : KVC_QUERY_EXACT;
+          po[mode].assign(g.hq * g.hd, 0.0f);
+          CHECK_OK(kvc_attention_prefill(p, 0, id, q.data(), 1, po[mode].data(), nullptr, &a));
+        }
+        CHECK(po[1] == po[0]);
+        CHECK_OK(kvc_seq_free(p, id));
+        ++id;
+      }
+      kvc_pool_destroy(p);
+    }
+  std::fprintf(stderr, "largest error / bound: %.3g\n", worst_ratio);
+  if (vnni) CHECK(differed > 0);
+}
+
+int main(int argc, char **argv) {
+  return kvtest_main(argc, argv);
+}
