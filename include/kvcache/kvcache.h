@@ -1584,9 +1584,10 @@ KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale
  * @param count entries of levels: num_layers x 2^bits (0 with levels NULL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);
  * ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take
- * a codebook, a count other than the pool's, a level out of range or out of
- * order (the message names layer and level), a pool holding sequences or
- * with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a
+ * a codebook, per-group scales whose group_size does not divide a token's
+ * num_kv_heads x head_dim values, a count other than the pool's, a level out
+ * of range or out of order (the message names layer and level), a pool
+ * holding sequences or with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a
  * head-wise pool); ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing.
  * @since 0.4
  */

@@ -48,6 +48,12 @@ void Pool::set_codebook(int kv, const float *levels, size_t count) {
                                       "extreme)");
     if (sp.outliers)
       fail(Errc::InvalidArgument, std::string(name) + ": outliers and a codebook do not combine");
+    const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+    if (sp.gran == codec::Gran::Group && (sp.group == 0 || row % sp.group != 0))
+      fail(Errc::InvalidArgument,
+           std::string(name) + ": group_size " + u64s(sp.group) +
+               " does not divide a token's row of num_kv_heads x head_dim = " + u64s(row) +
+               " values; a codebook's groups must tile it");
   }
   const uint64_t per_layer = bits ? (uint64_t{1} << bits) : 0;
   const uint64_t want = static_cast<uint64_t>(cfg_.num_layers) * per_layer;

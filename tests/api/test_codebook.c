@@ -179,7 +179,7 @@ static void test_refusals(void **state) {
   ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_codebook(p, 0, bad, LAYERS * 16));
   /* Codecs that do not take a codebook. */
   const kvc_codec f16 = {0};
-  kvc_codec asym = c, full = c, outl = c, i8 = c, chan = c, tens = c;
+  kvc_codec asym = c, full = c, outl = c, i8 = c, chan = c, tens = c, g12 = c, g64 = c;
   asym.asymmetric = 1;
   full.full_range = 1;
   outl.outliers = 1;
@@ -188,7 +188,11 @@ static void test_refusals(void **state) {
   chan.group_size = 8;
   chan.asymmetric = 1;
   tens.granularity = KVC_SCALE_PER_TENSOR;
-  const kvc_codec *no[] = {&asym, &full, &outl, &i8, &chan, &tens};
+  /* Groups that do not tile a token's row of ROW = 32 values (a codebook encodes whole groups). */
+  g12.granularity = g64.granularity = KVC_SCALE_PER_GROUP;
+  g12.group_size = 12;
+  g64.group_size = 64;
+  const kvc_codec *no[] = {&asym, &full, &outl, &i8, &chan, &tens, &g12, &g64};
   for (size_t i = 0; i < sizeof no / sizeof no[0]; ++i) {
     kvc_pool *q = pool_of(no[i], no[i], 0);
     ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_codebook(q, 1, lv, LAYERS * (no[i] == &i8 ? 256 : 16)));

@@ -26,6 +26,7 @@ using kvc_runner::RunnerError;
 struct CalibrateCommand {
   std::string model = "stories260k", tokenizer, text, out, codebook, key_stats;
   int window = 0, windows = 4;
+  bool codebook_given = false;
   long long skip = 0;
 };
 
@@ -52,8 +53,12 @@ void run_calibrate(const CalibrateCommand &cmd) {
       (slash == std::string::npos ? text_path : text_path.substr(slash + 1)) +
       (cmd.skip ? " from token " + std::to_string(cmd.skip) : std::string());
   std::string body, what;
-  if (!cmd.codebook.empty()) {  // codebooks of a strategy's codebook parts
+  if (cmd.codebook_given) {  // codebooks of a strategy's codebook parts
+    if (cmd.codebook.empty()) throw RunnerError("--codebook: give a strategy with codebook parts");
     const Strategy st = parse_strategy(cmd.codebook);
+    if (!cmd.key_stats.empty() && st.key_smooth <= 0.0)
+      throw RunnerError("--key-stats applies to strategies that smooth keys ('" + st.spec +
+                        "' has no smooth)");
     std::vector<float> key_scale, key_offset;
     if (st.key_smooth > 0.0)
       key_smoothing(model_key_stats(c, cmd.key_stats), st.key_smooth, key_scale, key_offset);
@@ -71,6 +76,8 @@ void run_calibrate(const CalibrateCommand &cmd) {
     what = std::to_string(books.size()) + " codebook part(s) x " + std::to_string(c.n_layers) +
            " layers from " + std::to_string(books[0].groups) + " scale groups per layer";
   } else {
+    if (!cmd.key_stats.empty())
+      throw RunnerError("--key-stats applies to --codebook strategies that smooth keys");
     KeyStats s = fit_key_stats(model, tokens, c.bos_token, window, cmd.windows);
     body = format_key_stats(
         s,
@@ -118,7 +125,10 @@ void register_calibrate(CLI::App &app) {
   sub->add_option("--key-stats", cmd->key_stats,
                   "--codebook with smooth: the key statistics file (default: bench/calib's)");
   sub->add_option("-o,--out", cmd->out, "File to write ('-': stdout)")->required();
-  sub->callback([cmd] { run_calibrate(*cmd); });
+  sub->callback([cmd, sub] {
+    cmd->codebook_given = sub->count("--codebook") > 0;
+    run_calibrate(*cmd);
+  });
 }
 
 }  // namespace kvc_cli

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 #include "../runner/error.h"
@@ -305,55 +306,70 @@ std::vector<FittedCodebook> parse_codebooks(const std::string &text, const std::
   auto fail = [&](const std::string &why) {
     throw RunnerError(where + ":" + std::to_string(line_no) + ": " + why);
   };
+  // A whole number of ASCII digits (no sign), at most `most`.
+  auto whole = [&](const std::string &w, std::uint64_t most, const char *what) {
+    if (w.empty() || w.size() > 20 ||
+        !std::all_of(w.begin(), w.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      fail(std::string(what) + " '" + w + "' is not a whole number");
+    const unsigned long long v = std::strtoull(w.c_str(), nullptr, 10);
+    if (v > most) fail(std::string(what) + " " + w + " is above " + std::to_string(most));
+    return static_cast<std::uint64_t>(v);
+  };
+  auto complete = [](const FittedCodebook &b) {
+    return b.levels.size() == (std::size_t(b.layers) << b.how.bits);
+  };
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     const std::size_t hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
     std::istringstream ls(line);
-    std::string word;
-    if (!(ls >> word)) continue;
+    std::vector<std::string> w;
+    for (std::string x; ls >> x;) w.push_back(x);
+    if (w.empty()) continue;
     if (!header) {
-      int version = 0;
-      if (word != "kvcache-codebook" || !(ls >> version) || version != 1)
+      if (w.size() != 2 || w[0] != "kvcache-codebook" || w[1] != "1")
         fail("expected the header 'kvcache-codebook 1'");
       header = true;
-    } else if (word == "part") {
-      if (!out.empty() && out.back().levels.size() != std::size_t(out.back().layers)
-                                                          << out.back().how.bits)
+    } else if (w[0] == "part") {
+      if (!out.empty() && !complete(out.back()))
         fail("the previous part has fewer levels lines than its layers");
-      std::string side, kb, kg, kl;
-      FittedCodebook b;
-      if (!(ls >> side >> kb >> b.how.bits >> kg >> b.how.group >> kl >> b.layers) ||
-          (side != "k" && side != "v") || kb != "bits" || kg != "group" || kl != "layers")
+      if (w.size() != 8 || (w[1] != "k" && w[1] != "v") || w[2] != "bits" || w[4] != "group" ||
+          w[6] != "layers")
         fail("expected 'part k|v bits B group G layers L'");
-      if (b.how.bits < 2 || b.how.bits > 4) fail("bits must be 2, 3 or 4");
-      if (b.layers < 1 || b.layers > 4096) fail("layers must be in [1, 4096]");
+      FittedCodebook b;
+      b.how.part = w[1] == "v" ? 1 : 0;
+      b.how.bits = static_cast<std::uint32_t>(whole(w[3], 4, "bits"));
+      b.how.group = whole(w[5], std::uint64_t{1} << 32, "group");
+      b.layers = static_cast<int>(whole(w[7], 4096, "layers"));
+      if (b.how.bits < 2) fail("bits must be 2, 3 or 4");
       if (b.how.group == 0) fail("group must be at least 1");
-      b.how.part = side == "v" ? 1 : 0;
+      if (b.layers < 1) fail("layers must be in [1, 4096]");
       out.push_back(std::move(b));
-    } else if (word == "levels") {
+    } else if (w[0] == "levels") {
       if (out.empty()) fail("'levels' before any 'part' line");
       FittedCodebook &b = out.back();
       const std::size_t k = std::size_t{1} << b.how.bits;
-      int layer = -1;
-      if (!(ls >> layer) || layer != static_cast<int>(b.levels.size() / k) || layer >= b.layers)
-        fail("expected 'levels " + std::to_string(b.levels.size() / k) + "' (layers in order)");
+      const std::string layer = std::to_string(b.levels.size() / k);
+      if (complete(b) || w.size() < 2 || w[1] != layer)
+        fail("expected 'levels " + layer + "' (layers in order, as many as the part has)");
+      if (w.size() != 2 + k)
+        fail(std::to_string(w.size() - 2) + " levels, expected 2^bits = " + std::to_string(k));
       for (std::size_t q = 0; q < k; ++q) {
-        float v = 0;
-        if (!(ls >> v) || !(v >= -1.0f && v <= 1.0f))
-          fail("level " + std::to_string(q) + ": expected a number in [-1, 1]");
-        if (q > 0 && !(v > b.levels.back())) fail("levels must ascend strictly");
+        const std::string &x = w[2 + q];
+        char *end = nullptr;
+        const float v = std::strtof(x.c_str(), &end);
+        if (end != x.c_str() + x.size() || !(v >= -1.0f && v <= 1.0f))
+          fail("level " + std::to_string(q) + " '" + x + "': expected a number in [-1, 1]");
+        if (q > 0 && !(v > b.levels.back())) fail("levels must ascend strictly (as float32)");
         b.levels.push_back(v);
       }
-      if (ls >> word) fail("more than 2^bits levels");
     } else {
-      fail("unknown line '" + word + "'");
+      fail("unknown line '" + w[0] + "'");
     }
   }
   if (!header) fail("empty: expected the header 'kvcache-codebook 1'");
   if (out.empty()) fail("no 'part' line");
-  if (out.back().levels.size() != std::size_t(out.back().layers) << out.back().how.bits)
-    fail("the last part has fewer levels lines than its layers");
+  if (!complete(out.back())) fail("the last part has fewer levels lines than its layers");
   return out;
 }
 

@@ -697,6 +697,10 @@ Strategy parse_strategy(const std::string &spec) {
     st.headwise = true;
     st.head_budget = KVC_HEAD_BUDGET_ADAKV;
   }
+  if (st.headwise && (st.codebook[0] || st.codebook[1]))
+    throw RunnerError(where +
+                      "codebook: head-wise pools (the headwise flag, adakv) take no codebook "
+                      "(kvc_pool_set_codebook); drop one of them");
   std::string codec_text = part_text(st.codec);
   if (st.split_kv) {
     codec_text.clear();

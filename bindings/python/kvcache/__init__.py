@@ -242,11 +242,11 @@ def load_codebooks(path):
             if parts and not complete(parts[-1]):
                 raise ValueError("%s: the previous part has fewer levels lines than its layers" % where)
             if len(w) != 8 or w[1] not in ("k", "v") or w[2::2] != ["bits", "group", "layers"] \
-                    or not all(x.isdigit() for x in w[3::2]):
-                raise ValueError("%s: expected 'part k|v bits B group G layers L'" % where)
+                    or not all(x.isascii() and x.isdigit() and len(x) <= 20 for x in w[3::2]):
+                raise ValueError("%s: expected 'part k|v bits B group G layers L' (whole numbers)" % where)
             bits, group, layers = int(w[3]), int(w[5]), int(w[7])
-            if bits not in (2, 3, 4) or group < 1 or not 1 <= layers <= 4096:
-                raise ValueError("%s: bits must be 2, 3 or 4, group at least 1, layers in [1, 4096]" % where)
+            if bits not in (2, 3, 4) or not 1 <= group <= 1 << 32 or not 1 <= layers <= 4096:
+                raise ValueError("%s: bits must be 2, 3 or 4, group in [1, 2^32], layers in [1, 4096]" % where)
             parts.append({"part": 1 if w[1] == "v" else 0, "bits": bits, "group": group, "layers": layers,
                           "rows": []})
         elif w[0] == "levels":
@@ -257,11 +257,12 @@ def load_codebooks(path):
                 raise ValueError("%s: expected 'levels %d' and %d levels (layers in order)"
                                  % (where, len(p["rows"]), 1 << p["bits"]))
             try:
-                row = [float(x) for x in w[2:]]
+                row = _np.asarray([float(x) for x in w[2:]], dtype=_np.float32)
             except ValueError:
                 raise ValueError("%s: a level is not a number" % where) from None
-            if not all(-1.0 <= x <= 1.0 for x in row) or any(b <= a for a, b in zip(row, row[1:])):
-                raise ValueError("%s: levels must be in [-1, 1] and ascend strictly" % where)
+            # as float32 (what the pool takes), like `kvcache calibrate`'s reader
+            if not (_np.all(row >= -1.0) and _np.all(row <= 1.0)) or _np.any(_np.diff(row) <= 0):
+                raise ValueError("%s: levels must be in [-1, 1] and ascend strictly (as float32)" % where)
             p["rows"].append(row)
         else:
             raise ValueError("%s: unknown line %r" % (where, w[0]))

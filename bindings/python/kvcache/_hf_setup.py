@@ -140,33 +140,56 @@ def _policy(st, ctx, auto_evict, gates=None):
 def _codebooks_of(st, layers, hd, codebooks=None):
     """[(part, levels)] of a strategy's ``codebook`` parts: the built-in Gaussian levels of each part's group size
     (per-token: head_dim), the same for every layer, as ``kvcache eval`` sets them; ``codebook=fit`` parts take
-    theirs from `codebooks` (a file of ``kvcache calibrate --codebook`` or load_codebooks()'s list), the entry of
-    the same part, bits, group and layers."""
-    out, fitted = [], False
+    theirs from `codebooks` (a file of ``kvcache calibrate --codebook`` or load_codebooks()'s list), the one entry
+    of the same part, bits, group and layers, checked here (ValueError) as the pool would check it."""
+    parts = []
     for part, flag, fit, codec in ((0, st.k_codebook, st.k_codebook_fit, st.k_codec),
                                    (1, st.v_codebook, st.v_codebook_fit, st.v_codec)):
-        if not flag:
-            continue
-        bits = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}[codec.dtype]
-        group = hd if codec.granularity == _native.SCALE_PER_TOKEN else codec.group_size
+        if flag:
+            bits = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}[codec.dtype]
+            group = hd if codec.granularity == _native.SCALE_PER_TOKEN else codec.group_size
+            parts.append((part, bits, group, fit))
+    fitted = [p for p in parts if p[3]]
+    if codebooks is not None and not fitted:
+        raise ValueError("PagedCache: codebooks are for codebook=fit strategies; '%s' has none" % st.spec)
+    if fitted and codebooks is None:
+        raise ValueError("PagedCache: strategy '%s' has codebook=fit parts: codebooks= a file from `kvcache "
+                         "calibrate --codebook '%s' -o FILE` (or load_codebooks()'s list)" % (st.spec, st.spec))
+    if fitted:
+        if isinstance(codebooks, (str, bytes)) or hasattr(codebooks, "__fspath__"):
+            codebooks = load_codebooks(codebooks)
+        try:
+            codebooks = list(codebooks)
+        except TypeError:
+            raise ValueError("PagedCache: codebooks must be a codebook file or load_codebooks()'s list, got %r"
+                             % (type(codebooks).__name__,)) from None
+    out = []
+    for part, bits, group, fit in parts:
         if not fit:
             out.append((part, list(codebook_gaussian(bits, group)) * layers))
             continue
-        fitted = True
-        if codebooks is None:
-            raise ValueError("PagedCache: strategy '%s' has codebook=fit parts: codebooks= a file from `kvcache "
-                             "calibrate --codebook '%s' -o FILE` (or load_codebooks()'s list)" % (st.spec, st.spec))
-        if isinstance(codebooks, (str, bytes)) or hasattr(codebooks, "__fspath__"):
-            codebooks = load_codebooks(codebooks)
+        name = "key" if part == 0 else "value"
+        if part == 0 and group < hd:
+            # `kvcache calibrate` fits keys in the runner's channel order (RoPE pairs (2i, 2i+1));
+            # Hugging Face's pairs (i, i + head_dim / 2) put other channels in a group smaller than a head
+            raise ValueError("PagedCache: fitted key levels need groups of a whole head here (per-token or a "
+                             "multiple of head_dim %d): `kvcache calibrate` fits keys in the runner's channel "
+                             "order, and Hugging Face's RoPE order groups other channels ('%s', group %d)"
+                             % (hd, st.spec, group))
         match = [c for c in codebooks if isinstance(c, dict) and c.get("part") == part and c.get("bits") == bits
                  and c.get("group") == group and c.get("layers") == layers]
-        if not match:
-            raise ValueError("PagedCache: codebooks hold no %s part of %d bits, group %d and %d layers for '%s'"
-                             % ("key" if part == 0 else "value", bits, group, layers, st.spec))
-        lv = _np.asarray(match[0]["levels"], dtype=_np.float32).reshape(-1)
-        out.append((part, [float(x) for x in lv]))
-    if codebooks is not None and not fitted:
-        raise ValueError("PagedCache: codebooks are for codebook=fit strategies; '%s' has none" % st.spec)
+        if len(match) != 1:
+            raise ValueError("PagedCache: codebooks hold %s %s part of %d bits, group %d and %d layers for '%s'"
+                             % ("no" if not match else "more than one", name, bits, group, layers, st.spec))
+        try:
+            lv = _np.asarray(match[0].get("levels"), dtype=_np.float32)
+        except (TypeError, ValueError):
+            raise ValueError("PagedCache: the %s codebook's levels are not numbers" % name) from None
+        if lv.shape != (layers, 1 << bits) or not _np.all(_np.isfinite(lv)) \
+                or not (_np.all(lv >= -1.0) and _np.all(lv <= 1.0)) or _np.any(_np.diff(lv, axis=1) <= 0):
+            raise ValueError("PagedCache: the %s codebook's levels must be [%d, %d] float32, finite, in [-1, 1], "
+                             "each row strictly ascending (got shape %s)" % (name, layers, 1 << bits, lv.shape))
+        out.append((part, [float(x) for x in lv.reshape(-1)]))
     return out
 
 

@@ -241,6 +241,9 @@ def test_load_codebooks(tmp_path):
     ("kvcache-codebook 2\n", "header"),
     ("kvcache-codebook 1\npart x bits 2 group 8 layers 1\n", "expected 'part"),
     ("kvcache-codebook 1\npart k bits 5 group 8 layers 1\n", "bits must be 2, 3 or 4"),
+    ("kvcache-codebook 1\npart k bits 2 group -8 layers 1\n", "whole numbers"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers \u00b2\n", "whole numbers"),
+    ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 0 -1 0.1 0.10000000001 1\n", "as float32"),
     ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 0 -1 0.5 0.2 1\n", "ascend strictly"),
     ("kvcache-codebook 1\npart k bits 2 group 8 layers 1\nlevels 0 -1 0 0.5 1.5\n", "in [-1, 1]"),
     ("kvcache-codebook 1\npart k bits 2 group 8 layers 2\nlevels 0 -1 0 0.5 1\n", "fewer levels lines"),
@@ -268,6 +271,18 @@ def test_codebook_fit_strategy(tmp_path):
         _codebooks_of(st, 2, 16)
     with pytest.raises(ValueError, match="no value part of 2 bits, group 16 and 3 layers"):
         _codebooks_of(st, 3, 16, f)
+    entry = kvcache.load_codebooks(f)[0]
+    with pytest.raises(ValueError, match="more than one value part"):
+        _codebooks_of(st, 2, 16, [entry, entry])
+    for bad in (entry["levels"][:, ::-1], entry["levels"][:1], np.full((2, 4), np.nan), None):
+        with pytest.raises(ValueError, match="levels"):
+            _codebooks_of(st, 2, 16, [dict(entry, levels=bad)])
+    with pytest.raises(ValueError, match="codebook file or load_codebooks"):
+        _codebooks_of(st, 2, 16, 5)
+    assert len(_codebooks_of(st, 2, 16, iter([entry]))) == 2  # any iterable, read once
+    keys = kvcache.parse_strategy("k-int3:group=8:hadamard:codebook=fit+v-f16")
+    with pytest.raises(ValueError, match="groups of a whole head"):
+        _codebooks_of(keys, 2, 16, f)
     plain = kvcache.parse_strategy("k-f16+v-int2:group=16:hadamard:codebook")
     with pytest.raises(ValueError, match="codebooks are for codebook=fit strategies"):
         _codebooks_of(plain, 2, 16, f)
