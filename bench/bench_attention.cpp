@@ -5,6 +5,8 @@
 //      3 = int4 per token
 //  BM_AttnPagedQ8/<storage>/<batch>/<threads> the same with KVC_QUERY_INT8
 //      (storage 1 and 3: the integer keys scored against an int8 query)
+//  BM_AttnPagedQ8V/1/<batch>/<threads> KVC_QUERY_INT8_VALUES over the int8
+//      blocks (the values summed in integers too)
 //  BM_AttnDense/<batch>             the same attention as a plain loop over
 //      contiguous f16 K and V (the baseline, same run)
 //  BM_AttnMemcpy/<batch>            memcpy of the f16 K/V bytes the attention reads
@@ -102,7 +104,10 @@ void run_paged(benchmark::State &state, kvc_query_quant query_quant) {
                              : storage == 1 ? "int8"
                              : storage == 2 ? "int4 group 32"
                                             : "int4 per token") +
-                 (query_quant == KVC_QUERY_INT8 ? ", int8 query" : "") + ", " +
+                 (query_quant == KVC_QUERY_INT8          ? ", int8 query"
+                  : query_quant == KVC_QUERY_INT8_VALUES ? ", int8 query and values"
+                                                         : "") +
+                 ", " +
                  std::to_string(threads) + " thread(s)");
 }
 void BM_AttnPaged(benchmark::State &state) {
@@ -112,6 +117,10 @@ void BM_AttnPaged(benchmark::State &state) {
 // query (AVX-512 VNNI where the CPU has it, else the exact path).
 void BM_AttnPagedQ8(benchmark::State &state) {
   run_paged(state, KVC_QUERY_INT8);
+}
+// KVC_QUERY_INT8_VALUES: the int8 blocks' values summed in integers too.
+void BM_AttnPagedQ8V(benchmark::State &state) {
+  run_paged(state, KVC_QUERY_INT8_VALUES);
 }
 
 // The baseline: decode attention as a plain loop over contiguous f16 K/V
@@ -247,6 +256,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPagedQ8V)->ArgsProduct({{1}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnMemcpy)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EvictHalf)->Unit(benchmark::kMicrosecond)->UseRealTime();
