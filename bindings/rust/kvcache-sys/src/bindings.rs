@@ -3153,9 +3153,10 @@ extern "C" {
     #[doc = " @param count entries of levels: num_layers x 2^bits (0 with levels NULL)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take"]
-    #[doc = " a codebook, a count other than the pool's, a level out of range or out of"]
-    #[doc = " order (the message names layer and level), a pool holding sequences or"]
-    #[doc = " with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a"]
+    #[doc = " a codebook, per-group scales whose group_size does not divide a token's"]
+    #[doc = " num_kv_heads x head_dim values, a count other than the pool's, a level out"]
+    #[doc = " of range or out of order (the message names layer and level), a pool"]
+    #[doc = " holding sequences or with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a"]
     #[doc = " head-wise pool); ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing."]
     #[doc = " @since 0.4"]
     pub fn kvc_pool_set_codebook(
