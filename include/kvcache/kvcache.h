@@ -1770,18 +1770,20 @@ typedef enum kvc_query_quant {
    */
   KVC_QUERY_INT8 = 1,
   /**
-   * ::KVC_QUERY_INT8, and the weighted sum over symmetric int8 value codes (per-token scales) in
-   * integers too: for each run of consecutive tokens the decode takes together (at most 8 blocks)
-   * and each query head, the weights p x s (p = e^(score - running max), s = the token's value
-   * scale) are rounded to integers w' = round(p x s / u), u = their largest / 32767, and the codes
-   * are summed as u x sum(w' x code) with AVX-512 VNNI `vpdpwssd` (two tokens and eight dimensions
-   * an instruction; 32-bit sums flushed every 256 tokens). Each weight moves by at most u / 2
-   * (2^-16 of its run's largest), so beyond ::KVC_QUERY_INT8's error an output element moves by at
-   * most 64 x (the sum over runs of n x u) / sum(p), n the run's tokens, with the weights and p
-   * taken relative to the row's final maximum score (at most 64 x tokens x the largest weight /
-   * 32767 / sum(p)). The f32 exponentials and the softmax's sum are unchanged. Where the values are
-   * not symmetric int8 codes with per-token scales, the values are summed as with ::KVC_QUERY_INT8;
-   * where that mode does not apply, as
+   * The keys as ::KVC_QUERY_INT8; and where the values are symmetric int8 codes with per-token
+   * scales (full range or not; whatever the keys), their weighted sum in integers too: for each run
+   * of consecutive tokens the decode takes together (at most 8 blocks) and each query head, the
+   * weights w = p x s (p = e^(score - running max), s = the token's value scale, negative for a
+   * full-range code's positive extreme) are rounded to integers w' = round(w / u), u = their
+   * largest magnitude / 32767, and the codes are summed as u x sum(w' x code) with AVX-512 VNNI
+   * `vpdpwssd` (two tokens and eight dimensions an instruction; 32-bit sums flushed every 256
+   * tokens). Each weight moves by at most u / 2 (2^-16 of its run's largest), so an output element
+   * moves by at most 64 x (the sum over runs of n x u) / sum(p) beyond the f32 sum of the same
+   * weights, n the run's tokens, with the weights and p taken relative to the row's final maximum
+   * score (at most 64 x tokens x the largest |w| / 32767 / sum(p)). A run whose largest |w| is
+   * below 2^-100 (not 0) is summed in f32. The f32 exponentials and the softmax's sum are
+   * unchanged. Other values are summed as with ::KVC_QUERY_EXACT; where the mode does not apply at
+   * all (no AVX-512 VNNI, head_dim not a multiple of 32, prefill, CUDA pools), everything is
    * ::KVC_QUERY_EXACT. @since 0.4
    */
   KVC_QUERY_INT8_VALUES = 2,

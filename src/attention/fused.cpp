@@ -224,45 +224,57 @@ ScoresI8Fn<J> scores_i8_fn(RawType t) {
 
 // --- int8 values (KVC_QUERY_INT8_VALUES): the weighted sum in integers ----
 // The weights of J heads over c tokens, w[j][t] = p x the token's value
-// scale (>= 0, finite), as 15-bit integers packed two tokens to a 32-bit
-// word, wq[j][i] = w'[2i] | w'[2i + 1] << 16 (an odd count's last pair: 0
-// for its second token), w' = round(w / u[j]), u[j] = max_t w[j][t] / 32767
-// (0 when every weight is 0: the head adds nothing).
-KVC_VNNI void pack_weights(const float *w, uint64_t ws, uint64_t c, int nj, int32_t *wq,
+// scale (finite; negative where a full-range codec stored a negative
+// scale), as integers of at most 15 bits and a sign packed two tokens to a
+// 32-bit word, wq[j][i] = w'[2i] & 0xffff | w'[2i + 1] << 16 (an odd
+// count's last pair: 0 for its second token), w' = round(w / u[j]), u[j] =
+// max_t |w[j][t]| / 32767 (0 when every weight is 0: the head adds
+// nothing). Returns false, packing nothing more, when a head's largest
+// weight is above 0 but below 2^-100 (32767 / max would overflow f32 near
+// 1e-35, and u would lose its precision): the caller sums that run in f32.
+KVC_VNNI bool pack_weights(const float *w, uint64_t ws, uint64_t c, int nj, int32_t *wq,
                            uint64_t wqs, float *u) {
-  const __m256i top = _mm256_set1_epi32(32767);
+  const __m256i top = _mm256_set1_epi32(32767), bottom = _mm256_set1_epi32(-32767);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int j = 0; j < nj; ++j) {
     const float *x = w + j * ws;
     __m256 vm = _mm256_setzero_ps();
     uint64_t t = 0;
-    for (; t + 8 <= c; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + t));
+    for (; t + 8 <= c; t += 8)
+      vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + t)));
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
-    for (; t < c; ++t) mx = std::max(mx, x[t]);
+    for (; t < c; ++t) mx = std::max(mx, std::fabs(x[t]));
+    if (mx > 0.0f && mx < 0x1p-100f) return false;
     u[j] = mx / 32767.0f;
     const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
     const __m256 vi = _mm256_set1_ps(inv);
     int32_t *o = wq + j * wqs;
     // 16 weights a step: rounded to nearest even (|w x inv| <= 32767 up to
-    // rounding: the min keeps 15 bits), packed to 16 bits in token order
-    // (packs works per 128-bit lane: the 64-bit permute puts pairs back).
+    // rounding: the clamp keeps 15 bits and the sign), packed to 16 bits in
+    // token order (packs works per 128-bit lane: the 64-bit permute puts the
+    // pairs back).
+    auto round16 = [&](__m256 v) KVC_VNNI {
+      return _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, vi)), top),
+                              bottom);
+    };
     t = 0;
     for (; t + 16 <= c; t += 16) {
-      const __m256i a =
-          _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + t), vi)), top);
-      const __m256i b =
-          _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + t + 8), vi)), top);
+      const __m256i a = round16(_mm256_loadu_ps(x + t)), b = round16(_mm256_loadu_ps(x + t + 8));
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + t / 2),
                           _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
     }
+    auto one = [&](float v) {
+      return std::min(32767, std::max(-32767, static_cast<int32_t>(std::nearbyint(v * inv))));
+    };
     for (; t < c; t += 2) {
-      const int32_t a = std::min(32767, static_cast<int32_t>(std::nearbyint(x[t] * inv)));
-      const int32_t b =
-          t + 1 < c ? std::min(32767, static_cast<int32_t>(std::nearbyint(x[t + 1] * inv))) : 0;
-      o[t / 2] = a | (b << 16);
+      const uint32_t a = static_cast<uint32_t>(one(x[t])) & 0xffffu;
+      const uint32_t b = t + 1 < c ? static_cast<uint32_t>(one(x[t + 1])) & 0xffffu : 0u;
+      o[t / 2] = static_cast<int32_t>(a | (b << 16));
     }
   }
+  return true;
 }
 // acc[j][d] += u[j] x sum_t w'[j][t] x code[t][d] for the J heads (rows hd
 // apart) over c tokens of symmetric int8 value codes (vrow[t]: token t's

@@ -216,6 +216,73 @@ KVTEST(query_int8_values_within_bound) {
   if (vnni) CHECK(differed > 0);
 }
 
+// KVC_QUERY_INT8_VALUES where the weights are negative or tiny (the first
+// version failed both, found by review): full-range int8 codes store a
+// negative scale when a token's extreme is positive, so the weights p x s
+// have either sign (rows [2, 1, 1, ...] gave 0 instead of [2, 1]); and
+// values near 1e-33 or below make 32767 / max overflow f32 (the sum came
+// back with its sign flipped): such runs are summed in f32. Uniform
+// attention (q = 0) and random queries, 1 to 100 tokens, values scaled by 1,
+// 1e-30, 1e-33, 1e-36, 1e-40 (subnormal scales), symmetric and full-range
+// codes: within the bound of KVC_QUERY_INT8's output, relative to its scale.
+KVTEST(query_int8_values_signed_and_tiny_weights) {
+  if (!kvc::attention::fused::int8_query_available()) {
+    std::fprintf(stderr, "int8 kernels not available on this CPU: nothing to check\n");
+    return;
+  }
+  Geo g;
+  g.layers = 1;
+  g.hq = 4;
+  g.hkv = 1;
+  g.hd = 32;
+  g.bs = 16;
+  int cases = 0;
+  for (int full : {0, 1})
+    for (double scale : {1.0, 1e-30, 1e-33, 1e-36, 1e-40})
+      for (int uniform : {1, 0})
+        for (uint64_t n : {1ull, 2ull, 17ull, 20ull, 100ull}) {
+          kvc_codec c = per_token_codec(KVC_DTYPE_INT8, false);
+          c.full_range = static_cast<uint32_t>(full);
+          kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &c, &c, 0, 64);
+          const uint64_t id = 1;
+          CHECK_OK(kvc_seq_create(p, id));
+          CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
+          std::vector<float> k = randn(n * g.hd), v(n * g.hd);
+          for (uint64_t t = 0; t < n; ++t)
+            for (uint32_t d = 0; d < g.hd; ++d)
+              v[t * g.hd + d] = static_cast<float>(
+                  (uniform ? (d == 0 ? 2.0 : 1.0) : (t % 3 ? 1.0 : -1.0) * (1.0 + 0.1 * d)) *
+                  scale);
+          CHECK_OK(kvc_append(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32));
+          std::vector<float> q = uniform ? std::vector<float>(g.hq * g.hd, 0.0f) : randn(g.hq * g.hd);
+          kvc_attention_params a = params(g);
+          std::vector<float> out[2];
+          for (int mode = 0; mode < 2; ++mode) {
+            a.query_quant = mode ? KVC_QUERY_INT8_VALUES : KVC_QUERY_INT8;
+            out[mode].assign(g.hq * g.hd, 0.0f);
+            CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out[mode].data(), nullptr, &a));
+          }
+          double vmax = 0.0, omax = 0.0;
+          for (float x : v) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+          for (float x : out[0]) omax = std::max(omax, std::fabs(static_cast<double>(x)));
+          // every weight within 2^-16 of the largest (prob <= 1, value scale <= vmax / 127): the
+          // output within 64 x n x vmax / 127 / 32767 of the f32 sum, and 1e-6 of its scale
+          const double bound = 64.0 * static_cast<double>(n) * vmax / 127.0 / 32767.0 + 1e-6 * omax;
+          for (size_t i = 0; i < out[0].size(); ++i) {
+            const double e = std::fabs(static_cast<double>(out[1][i]) - out[0][i]);
+            if (!(e <= bound))
+              std::fprintf(stderr, "full %d scale %g uniform %d n %llu [%zu]: %g vs %g (bound %g)\n",
+                           full, scale, uniform, static_cast<unsigned long long>(n), i, out[1][i],
+                           out[0][i], bound);
+            CHECK(e <= bound);
+          }
+          if (uniform && scale == 1.0) CHECK(std::fabs(out[1][0] - 2.0f) < 1e-3f);
+          ++cases;
+          kvc_pool_destroy(p);
+        }
+  std::fprintf(stderr, "%d cases\n", cases);
+}
+
 int main(int argc, char **argv) {
   return kvtest_main(argc, argv);
 }

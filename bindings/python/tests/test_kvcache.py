@@ -649,7 +649,9 @@ def test_attention_decode_int8_query():
     v = rng.standard_normal((n, cfg.num_kv_heads, cfg.head_dim)).astype(np.float32)
     q = rng.standard_normal((1, cfg.num_q_heads, cfg.head_dim)).astype(np.float32)
     codec = kvcache.Codec()  # int8, per token
-    for codecs in ((codec, codec), ()):
+    full = kvcache.Codec()
+    full.full_range = 1  # negative scales where a token's extreme is positive: signed weights
+    for codecs in ((codec, codec), (codec, full), ()):
         with kvcache.Pool(cfg, *codecs) as pool:
             pool.seq_create(1)
             pool.reserve(1, n)

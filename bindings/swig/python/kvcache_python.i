@@ -584,7 +584,8 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
     def attention_decode(self, layer, seq_ids, q, out=None, lse=None, scale=0.0, observe=0, num_threads=1,
                          out_dtype=None, query_quant=0):
         """Decode attention (kvc_attention_decode) for a batch: q [n, num_q_heads, head_dim]; returns out.
-        query_quant: QUERY_EXACT (0, default) or QUERY_INT8 (an int8 query against integer keys)."""
+        query_quant: QUERY_EXACT (0, default), QUERY_INT8 (an int8 query against integer keys) or
+        QUERY_INT8_VALUES (also int8 values summed in integers), within the bounds kvcache.h gives."""
         return _py_attention_decode(self, layer, seq_ids, q, out, lse, scale, observe, num_threads, out_dtype,
                                     query_quant)
 
