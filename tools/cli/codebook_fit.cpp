@@ -10,9 +10,8 @@
 #include <sstream>
 
 #include "../runner/error.h"
-#include "../runner/kv_cache.h"
 #include "../runner/runner.h"
-#include "../runner/transformer.h"
+#include "calibration.h"
 
 namespace kvc_cli {
 namespace {
@@ -134,15 +133,6 @@ std::vector<FittedCodebook> fit_codebooks(const kvc_runner::Model &model,
                                           int windows, const std::vector<CodebookPart> &parts) {
   const kvc_runner::ModelConfig &c = model.config();
   const int hd = c.head_dim(), half = hd / 2, row = c.kv_dim(), nl = c.n_layers;
-  if (window < 2 || window > c.seq_len)
-    throw RunnerError("--window " + std::to_string(window) + " must be in [2, " +
-                      std::to_string(c.seq_len) + "] (the model's context)");
-  if (windows < 1) throw RunnerError("--windows must be at least 1");
-  const std::size_t need = std::size_t(window - 1) * std::size_t(windows);
-  if (tokens.size() < need)
-    throw RunnerError("the text has " + std::to_string(tokens.size()) + " tokens; " +
-                      std::to_string(windows) + " windows of " + std::to_string(window) +
-                      " positions need " + std::to_string(need));
   for (const CodebookPart &p : parts) {
     const std::string what = std::string(p.part ? "values" : "keys") + ": ";
     if (p.bits < 2 || p.bits > 4) throw RunnerError(what + "codebooks take 2 to 4 bits");
@@ -159,19 +149,11 @@ std::vector<FittedCodebook> fit_codebooks(const kvc_runner::Model &model,
     if (!p.smooth_offset.empty() && p.smooth_offset.size() != p.smooth_scale.size())
       throw RunnerError(what + "smoothing offsets and scales differ in count");
   }
-  std::vector<float> inv_freq(static_cast<std::size_t>(half));
-  for (int i = 0; i < half; ++i)
-    inv_freq[std::size_t(i)] =
-        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+  const std::vector<float> inv_freq = rope_inv_freq(c);  // the runner's RoPE
   std::vector<Hist> hist(parts.size() * std::size_t(nl), Hist(1u << 14));
   std::vector<std::uint64_t> groups(parts.size() * std::size_t(nl), 0);
-  kvc_runner::Transformer tf(model, window);
-  kvc_runner::ArrayCache cache(c);
   std::vector<float> x(static_cast<std::size_t>(row));
-  for (int w = 0; w < windows; ++w) {
-    const std::size_t first = std::size_t(w) * std::size_t(window - 1);
-    for (int pos = 0; pos < window; ++pos)
-      tf.forward(cache, pos == 0 ? bos : tokens[first + std::size_t(pos - 1)], pos);
+  run_calibration(model, tokens, bos, window, windows, [&](const kvc_runner::ArrayCache &cache) {
     for (int l = 0; l < nl; ++l)
       for (std::size_t pi = 0; pi < parts.size(); ++pi) {
         const CodebookPart &p = parts[pi];
@@ -205,7 +187,7 @@ std::vector<FittedCodebook> fit_codebooks(const kvc_runner::Model &model,
         else
           cache.for_each_value(l, window, 0, each);
       }
-  }
+  });
   std::vector<FittedCodebook> out;
   for (std::size_t pi = 0; pi < parts.size(); ++pi) {
     const CodebookPart &p = parts[pi];

@@ -9,8 +9,7 @@
 #include <sstream>
 
 #include "../runner/error.h"
-#include "../runner/kv_cache.h"
-#include "../runner/transformer.h"
+#include "calibration.h"
 
 namespace kvc_cli {
 
@@ -215,34 +214,14 @@ void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
 KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &tokens, int bos,
                        int window, int windows) {
   const kvc_runner::ModelConfig &c = model.config();
-  if (window < 2 || window > c.seq_len)
-    throw RunnerError("--window " + std::to_string(window) + " must be in [2, " +
-                      std::to_string(c.seq_len) + "] (the model's context)");
-  if (windows < 1) throw RunnerError("--windows must be at least 1");
-  const std::size_t need = std::size_t(window - 1) * std::size_t(windows);
-  if (tokens.size() < need)
-    throw RunnerError("the text has " + std::to_string(tokens.size()) + " tokens; " +
-                      std::to_string(windows) + " windows of " + std::to_string(window) +
-                      " positions need " + std::to_string(need));
   const int hd = c.head_dim(), half = hd / 2, row = c.kv_dim();
   // The runner's RoPE: pair i of a head turns by pos x theta^(-2i / head_dim).
-  std::vector<float> inv_freq(static_cast<std::size_t>(half));
-  for (int i = 0; i < half; ++i)
-    inv_freq[std::size_t(i)] =
-        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(hd));
+  const std::vector<float> inv_freq = rope_inv_freq(c);
   const std::size_t n = std::size_t(c.n_layers) * std::size_t(row);
   std::vector<double> sum(n, 0.0), sum2(n, 0.0);
   std::vector<float> lo(n, INFINITY), hi(n, -INFINITY);
-  kvc_runner::Transformer tf(model, window);
-  kvc_runner::ArrayCache cache(c);
-  std::vector<float> k(static_cast<std::size_t>(row));
   std::uint64_t count = 0;
-  for (int w = 0; w < windows; ++w) {
-    const std::size_t first = std::size_t(w) * std::size_t(window - 1);
-    for (int pos = 0; pos < window; ++pos) {
-      const int tok = pos == 0 ? bos : tokens[first + std::size_t(pos - 1)];
-      tf.forward(cache, tok, pos);
-    }
+  run_calibration(model, tokens, bos, window, windows, [&](const kvc_runner::ArrayCache &cache) {
     for (int l = 0; l < c.n_layers; ++l)
       for (int h = 0; h < c.n_kv_heads; ++h)
         cache.for_each_key(l, window, h, [&](int t0, int cnt, const float *rows, std::size_t st) {
@@ -269,7 +248,7 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
           }
         });
     count += std::uint64_t(window - 1);
-  }
+  });
   KeyStats s;
   s.layers = c.n_layers;
   s.kv_heads = c.n_kv_heads;

@@ -150,30 +150,42 @@ def builtin_head_gates(num_layers, num_q_heads, num_kv_heads, hidden_size):
     return load_head_gates(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "duo", name))
 
 
-# ---- per-channel key statistics and key smoothing (docs/codecs.md "Key smoothing") ----
-def load_key_stats(path):
-    """Per-channel statistics of pre-RoPE keys from a file ``kvcache calibrate`` wrote (docs/codecs.md):
-    a dict with ``layers``, ``kv_heads``, ``head_dim``, ``rope`` ("interleaved" or "neox": the channel order)
-    and float32 arrays ``mean``, ``rms``, ``absmax`` of shape [layers, kv_heads * head_dim]. Raises
-    ValueError naming the file, the line and the problem."""
+def _words_after_header(path, what, header):
+    """[(where, words)] of a text file's lines after its header line (`header`, a list of words), '#'
+    comments and blank lines left out; ValueError for a file that cannot be read, lacks the header or is
+    empty, naming the file and the line."""
     try:
         with open(_os.fspath(path), "rb") as f:
             data = f.read()
     except (OSError, TypeError) as e:
-        raise ValueError("key statistics file %r: %s" % (path, e)) from None
-    st = {"rope": "interleaved"}
-    arrays = {}
-    magic = False
+        raise ValueError("%s %r: %s" % (what, path, e)) from None
+    out, magic = [], False
     for lineno, raw in enumerate(data.split(b"\n"), 1):
         w = raw.split(b"#", 1)[0].decode("latin-1").split()
         if not w:
             continue
         where = "%s:%d" % (path, lineno)
         if not magic:
-            if w != ["kvcache-key-stats", "1"]:
-                raise ValueError("%s: expected the header 'kvcache-key-stats 1'" % where)
+            if w != header:
+                raise ValueError("%s: expected the header '%s'" % (where, " ".join(header)))
             magic = True
-        elif w[0] == "rope" and len(w) == 2 and w[1] in ("interleaved", "neox"):
+        else:
+            out.append((where, w))
+    if not magic:
+        raise ValueError("%s: empty: expected the header '%s'" % (path, " ".join(header)))
+    return out
+
+
+# ---- per-channel key statistics and key smoothing (docs/codecs.md "Key smoothing") ----
+def load_key_stats(path):
+    """Per-channel statistics of pre-RoPE keys from a file ``kvcache calibrate`` wrote (docs/codecs.md):
+    a dict with ``layers``, ``kv_heads``, ``head_dim``, ``rope`` ("interleaved" or "neox": the channel order)
+    and float32 arrays ``mean``, ``rms``, ``absmax`` of shape [layers, kv_heads * head_dim]. Raises
+    ValueError naming the file, the line and the problem."""
+    st = {"rope": "interleaved"}
+    arrays = {}
+    for where, w in _words_after_header(path, "key statistics file", ["kvcache-key-stats", "1"]):
+        if w[0] == "rope" and len(w) == 2 and w[1] in ("interleaved", "neox"):
             st["rope"] = w[1]
         elif w[0] == "tokens" and len(w) == 2 and w[1].isdigit():
             st["tokens"] = int(w[1])
@@ -202,8 +214,6 @@ def load_key_stats(path):
             arrays[w[0]][layer] = vals
         else:
             raise ValueError("%s: unknown line %r" % (where, " ".join(w[:2])))
-    if not magic:
-        raise ValueError("%s: empty: expected the header 'kvcache-key-stats 1'" % (path,))
     if "layers" not in st:
         raise ValueError("%s: no 'layers L kv_heads H head_dim D' line" % (path,))
     for name, a in arrays.items():
@@ -219,26 +229,13 @@ def load_codebooks(path):
     dicts, one per part, with ``part`` (0 keys, 1 values), ``bits``, ``group`` (values per scale group),
     ``layers`` and ``levels``, a float32 array [layers, 2**bits] (each row strictly ascending in [-1, 1]), the
     levels Pool.set_codebook takes. Raises ValueError naming the file, the line and the problem."""
-    try:
-        with open(_os.fspath(path), "rb") as f:
-            data = f.read()
-    except (OSError, TypeError) as e:
-        raise ValueError("codebook file %r: %s" % (path, e)) from None
-    parts, magic, where = [], False, str(path)
+    parts = []
 
     def complete(p):
         return len(p["rows"]) == p["layers"]
 
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        w = raw.split(b"#", 1)[0].decode("latin-1").split()
-        if not w:
-            continue
-        where = "%s:%d" % (path, lineno)
-        if not magic:
-            if w != ["kvcache-codebook", "1"]:
-                raise ValueError("%s: expected the header 'kvcache-codebook 1'" % where)
-            magic = True
-        elif w[0] == "part":
+    for where, w in _words_after_header(path, "codebook file", ["kvcache-codebook", "1"]):
+        if w[0] == "part":
             if parts and not complete(parts[-1]):
                 raise ValueError("%s: the previous part has fewer levels lines than its layers" % where)
             if len(w) != 8 or w[1] not in ("k", "v") or w[2::2] != ["bits", "group", "layers"] \
@@ -266,8 +263,6 @@ def load_codebooks(path):
             p["rows"].append(row)
         else:
             raise ValueError("%s: unknown line %r" % (where, w[0]))
-    if not magic:
-        raise ValueError("%s: empty: expected the header 'kvcache-codebook 1'" % (path,))
     if not parts or not complete(parts[-1]):
         raise ValueError("%s: no part, or the last part has fewer levels lines than its layers" % (path,))
     for p in parts:
