@@ -289,6 +289,8 @@ namespace std {
 %ignore kvc_codec::reserved0;  /* padding made explicit: never read */
 %ignore kvc_pool_config::k_codec;
 %ignore kvc_pool_config::v_codec;
+%ignore kvc_pool_config::layer_k_codecs; /* per-layer codecs: not wrapped yet (C, C++, Rust) */
+%ignore kvc_pool_config::layer_v_codecs;
 %ignore kvc_policy_config::plugin;
 %ignore kvc_policy_config::head_gates;     /* DuoAttention's gates: Policy.with_head_gates() */
 %ignore kvc_policy_config::num_head_gates;

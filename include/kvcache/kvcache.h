@@ -684,6 +684,27 @@ typedef struct kvc_pool_config {
    * @since 0.3
    */
   uint32_t residual_sinks;
+  /**
+   * Mixed precision per layer: NULL (default), or an array of num_layers pointers, entry i layer
+   * i's key codec (a NULL entry: k_codec, or k_dtype storage without one). With either table set,
+   * each layer stores its K and V with its own codecs: blocks of each distinct (K, V) pair form a
+   * block format of their own (at most 16), with its own byte size, and num_blocks is divided
+   * among the formats in proportion to their layers (each format floor(num_blocks x its layers /
+   * num_layers) blocks, the rest one each to the largest remainders; every format needs at least
+   * one: num_blocks >= num_layers always suffices). With capacity_bytes, num_blocks is the largest
+   * count whose split fits the budget. So bits go where a sensitivity scan says they matter:
+   * KVTuner (arXiv 2502.04420) finds per-layer K/V precision pairs nearly lossless at about 3.25
+   * bits; KVQuant (arXiv 2401.18079) and KIVI keep more bits in sensitive layers. In this version
+   * every layer quantizes a part or none does, with the same Hadamard rotation; per-channel scales,
+   * head-wise pools and CUDA pools are refused (::KVC_ERR_UNSUPPORTED), and kvc_pool_get_layout()
+   * and kvc_pool_copy_blocks() refuse a pool with more than one format (::kvc_stats.bytes_per_block
+   * is then the mean block over the layers). Entries are read at create only. docs/codecs.md "Mixed
+   * precision".
+   * @since 0.4
+   */
+  const kvc_codec *const *layer_k_codecs;
+  /** Per-layer value codecs, as layer_k_codecs (a NULL entry: v_codec). @since 0.4 */
+  const kvc_codec *const *layer_v_codecs;
 } kvc_pool_config;
 
 /**
@@ -769,13 +790,17 @@ KVC_API void kvc_pool_destroy(kvc_pool *pool);
  * @since 0.1
  */
 typedef struct kvc_stats {
-  size_t struct_size;       /**< sizeof(kvc_stats) of the caller. */
-  uint64_t blocks_total;    /**< Blocks in the pool. */
-  uint64_t blocks_free;     /**< Blocks in the free list. */
-  uint64_t blocks_cached;   /**< Blocks with reference count 0 kept for prefix reuse. */
-  uint64_t blocks_used;     /**< Blocks with reference count >= 1. */
-  uint64_t blocks_shared;   /**< Used blocks with reference count >= 2. */
-  uint64_t bytes_per_block; /**< Bytes of one block (K and V, one layer, all KV heads). */
+  size_t struct_size;     /**< sizeof(kvc_stats) of the caller. */
+  uint64_t blocks_total;  /**< Blocks in the pool. */
+  uint64_t blocks_free;   /**< Blocks in the free list. */
+  uint64_t blocks_cached; /**< Blocks with reference count 0 kept for prefix reuse. */
+  uint64_t blocks_used;   /**< Blocks with reference count >= 1. */
+  uint64_t blocks_shared; /**< Used blocks with reference count >= 2. */
+  /**
+   * Bytes of one block (K and V, one layer, all KV heads); with per-layer codecs
+   * (kvc_pool_config::layer_k_codecs) the mean over the layers, rounded down.
+   */
+  uint64_t bytes_per_block;
   /** Bytes one token takes in all layers (K and V), metadata included. */
   uint64_t bytes_per_token;
   uint64_t bytes_total;       /**< Bytes of block memory allocated at create. */
@@ -994,7 +1019,8 @@ KVC_API kvc_status kvc_pool_get_layout(kvc_pool *pool, kvc_pool_layout *layout);
 /**
  * @brief Read back the pool's effective configuration (defaults resolved,
  * num_blocks computed from capacity_bytes when that was given). The codec
- * pointers come back NULL and k_dtype / v_dtype name the plain storage; the
+ * pointers (and the per-layer codec tables) come back NULL and k_dtype / v_dtype name the plain
+ * storage; the
  * storage of quantized parts is described by kvc_pool_get_layout().
  * @param pool the pool (not NULL).
  * @param config filled up to config->struct_size (set struct_size first).
@@ -1113,7 +1139,8 @@ typedef enum kvc_copy_direction {
  * id; nothing copied); ::KVC_ERR_INVALID_ARGUMENT (direction, or a block
  * written from the host that no sequence holds; nothing copied);
  * ::KVC_ERR_OVERFLOW (more than 2^40 bytes); ::KVC_ERR_INTERNAL (the CUDA
- * runtime failed).
+ * runtime failed); ::KVC_ERR_UNSUPPORTED (a pool with per-layer codecs: its
+ * blocks differ in size; nothing copied).
  * @since 0.3
  */
 KVC_API kvc_status kvc_pool_copy_blocks(kvc_pool *pool, const int32_t *blocks, size_t n_blocks,
@@ -1580,8 +1607,11 @@ KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale
  * @param part 0: keys (k_codec), 1: values (v_codec).
  * @param levels `[num_layers][2^bits]` f32 (bits of the part's codec), each
  * finite in [-1, 1], strictly ascending within a layer; NULL with count 0
- * removes the part's codebook.
- * @param count entries of levels: num_layers x 2^bits (0 with levels NULL).
+ * removes the part's codebook. A pool with per-layer codecs
+ * (kvc_pool_config::layer_k_codecs): each layer's 2^bits levels in turn, bits
+ * of that layer's codec (every layer's codec must take a codebook).
+ * @param count entries of levels: num_layers x 2^bits, or the sum over the layers of 2^bits
+ * (0 with levels NULL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);
  * ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take
  * a codebook, per-group scales whose group_size does not divide a token's

@@ -59,6 +59,41 @@ kvc::core::PoolConfig to_core(const kvc_pool_config &c) {
     }
     (kv == 0 ? p.k_codec : p.v_codec) = sp;
   }
+  // Per-layer codecs: every layer's spec resolved (NULL entries: the pool's).
+  if (c.layer_k_codecs || c.layer_v_codecs) {
+    if (c.num_layers == 0 || c.num_layers > 4096)
+      fail(kvc::Errc::InvalidArgument, "num_layers " + std::to_string(c.num_layers) +
+                                           ": must be 1..4096 (with per-layer codecs)");
+    for (int kv = 0; kv < 2; ++kv) {
+      const kvc_codec *const *table = kv == 0 ? c.layer_k_codecs : c.layer_v_codecs;
+      kvc::core::CodecSpec pool_spec = kv == 0 ? p.k_codec : p.v_codec;
+      if (!(kv == 0 ? c.k_codec : c.v_codec) || kvc::is_float(pool_spec.dtype)) {
+        pool_spec = kvc::core::CodecSpec{};  // plain storage
+        pool_spec.dtype = kv == 0 ? p.k_dtype : p.v_dtype;
+      }
+      std::vector<kvc::core::CodecSpec> &out = p.layer_codec[kv];
+      out.assign(c.num_layers, pool_spec);
+      if (!table) continue;
+      for (uint32_t l = 0; l < c.num_layers; ++l) {
+        const kvc_codec *in = table[l];
+        if (!in) continue;
+        const std::string name =
+            std::string(kv == 0 ? "layer_k_codecs[" : "layer_v_codecs[") + std::to_string(l) + "]";
+        kvc::core::CodecSpec sp = to_spec(in, name.c_str(), c.head_dim);
+        if (kvc::is_float(sp.dtype)) {  // a float codec: plain storage of that dtype
+          try {
+            kvc::core::check_codec(sp, c.head_dim);
+          } catch (const kvc::Error &e) {
+            fail(e.code(), name + ": " + e.what());
+          }
+          const kvc::DType d = static_cast<DType>(sp.dtype);
+          sp = kvc::core::CodecSpec{};
+          sp.dtype = d;
+        }
+        out[l] = sp;
+      }
+    }
+  }
   return p;
 }
 

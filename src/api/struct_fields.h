@@ -75,6 +75,8 @@ struct StructInfo<kvc_pool_config> {
       KVC_FIELD(kvc_pool_config, rope_dims),
       KVC_FIELD(kvc_pool_config, rope_theta),
       KVC_FIELD(kvc_pool_config, residual_sinks),
+      KVC_FIELD(kvc_pool_config, layer_k_codecs),  // 0.4
+      KVC_FIELD(kvc_pool_config, layer_v_codecs),
   };
   static constexpr size_t size_0_3 = 136;
   static constexpr size_t end_0_3 = KVC_FIELD_END(kvc_pool_config, residual_sinks);

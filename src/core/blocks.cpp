@@ -25,9 +25,13 @@ float *scratch_input(uint64_t n) {
 PoolCore::PoolCore(const PoolConfig &validated)
     : cfg_(validated),
       fmt_(cfg_),
-      block_stride_(fmt_.stride),
-      arena_bytes_(cfg_.num_blocks * fmt_.stride),
-      alloc_(static_cast<uint32_t>(cfg_.num_blocks)),
+      block_stride_(fmt_.cls[0].stride),
+      arena_bytes_(fmt_.arena_bytes),
+      alloc_([this] {
+        std::vector<uint32_t> n;
+        for (const FormatClass &k : fmt_.cls) n.push_back(k.blocks);
+        return n;
+      }()),
       written_(cfg_.num_blocks, cfg_.block_size),
       stage_(*this, cfg_) {
   store_ = cfg_.device == Device::CUDA ? make_cuda_store(*this) : make_cpu_store(*this);
@@ -62,17 +66,29 @@ void PoolCore::check_layer(uint32_t layer) const {
 }
 
 uint64_t PoolCore::bytes_in_use() const {
-  return (static_cast<uint64_t>(alloc_.num_used()) + alloc_.num_cached()) * block_stride_ +
-         static_cast<uint64_t>(stage_.alloc.num_used()) * stage_.stride;
+  uint64_t b = static_cast<uint64_t>(stage_.alloc.num_used()) * stage_.stride;
+  for (uint32_t c = 0; c < alloc_.num_classes(); ++c)  // used and cached blocks
+    b += (static_cast<uint64_t>(alloc_.used(c)) + alloc_.cached(c)) * fmt_.cls[c].stride;
+  return b;
+}
+
+std::string PoolCore::class_detail(const Need &need, bool total) const {
+  if (alloc_.num_classes() == 1) return "";
+  std::string m = " (per-layer formats:";
+  for (uint32_t c = 0; c < alloc_.num_classes(); ++c)
+    m += std::string(c ? "; " : " ") + "format " + u64s(c) + " of " + u64s(fmt_.cls[c].layers) +
+         " layers needs " + u64s(need.n[c]) + ", " +
+         u64s(total ? alloc_.blocks(c) : alloc_.available(c)) + (total ? " in all" : " available");
+  return m + ")";
 }
 
 void PoolCore::note_usage() {
   peak_bytes_ = std::max(peak_bytes_, bytes_in_use());
 }
 
-int32_t PoolCore::take_block() {
+int32_t PoolCore::take_block(uint32_t c) {
   int32_t reclaimed;
-  const int32_t b = alloc_.allocate(&reclaimed);
+  const int32_t b = alloc_.allocate(c, &reclaimed);
   if (b < 0) fail(Errc::Internal, "block allocator empty after an availability check");
   if (reclaimed >= 0) {
     if (events_) events_->reclaimed(reclaimed);       // a cached block leaves the prefix index
@@ -91,7 +107,7 @@ void PoolCore::release_block(int32_t b) {
 }
 
 int32_t PoolCore::cow_copy(int32_t b) {
-  const int32_t nb = take_block();
+  const int32_t nb = take_block(alloc_.class_of(b));
   copy_block(nb, b);
   release_block(b);
   return nb;

@@ -24,9 +24,6 @@ constexpr uint64_t kMaxBlocks = static_cast<uint64_t>(std::numeric_limits<int32_
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
   return __builtin_mul_overflow(a, b, out);
 }
-uint64_t align16(uint64_t x) {
-  return (x + 15) & ~uint64_t(15);
-}
 
 void check_range(const char *name, uint64_t v, uint64_t lo, uint64_t hi) {
   if (v < lo || v > hi)
@@ -79,38 +76,101 @@ void validate_config(PoolConfig &c, bool check_memory) {
                                    "k_codec / v_codec (kvc_codec) instead"
                                  : ": unknown storage dtype (f32, f16 or bf16)"));
   }
-  for (int kv = 0; kv < 2; ++kv) {
-    codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
-    const char *name = kv == 0 ? "k_codec" : "v_codec";
+  // A part's codec: plain storage folded into its dtype, a codec checked
+  // (codec::validate and what a pool adds). Returns whether it is quantized.
+  auto check_part = [&](codec::Spec &sp, DType plain, const std::string &name) {
     if (is_float(sp.dtype) && sp.gran == codec::Gran::None && sp.static_scale == 0.0 && !sp.asym &&
         sp.rotation_block == 0 && sp.outliers == 0) {
-      sp.dtype = static_cast<DType>(kv == 0 ? c.k_dtype : c.v_dtype);  // plain storage
-      continue;
+      sp.dtype = plain;  // plain storage
+      return false;
     }
     try {
       codec::validate(sp, c.head_dim);
     } catch (const Error &e) {
-      fail(e.code(), std::string(name) + ": " + e.what());
+      fail(e.code(), name + ": " + e.what());
     }
-    if (is_float(sp.dtype)) {
-      (kv == 0 ? c.k_dtype : c.v_dtype) = static_cast<DType>(sp.dtype);
-      continue;
-    }
+    if (is_float(sp.dtype)) return false;
     if (sp.gran == codec::Gran::Tensor && sp.asym)
-      fail(Errc::InvalidArgument, std::string(name) +
+      fail(Errc::InvalidArgument, name +
                                       ": per-tensor scales in a pool are symmetric (one scale per "
                                       "layer); use per-token or per-group scales for zero points");
     if (sp.gran == codec::Gran::Channel &&
         (sp.group > c.block_size || c.block_size % sp.group != 0))
-      fail(Errc::InvalidArgument, std::string(name) + ": per-channel group_size " + u64s(sp.group) +
+      fail(Errc::InvalidArgument, name + ": per-channel group_size " + u64s(sp.group) +
                                       " must divide block_size " + u64s(c.block_size) +
                                       " (a group of tokens is encoded inside one block)");
     if ((static_cast<uint64_t>(c.head_dim) * bits_of(sp.dtype)) % 8 != 0)
-      fail(Errc::InvalidArgument, std::string(name) + ": head_dim " + u64s(c.head_dim) + " x " +
+      fail(Errc::InvalidArgument, name + ": head_dim " + u64s(c.head_dim) + " x " +
                                       std::to_string(bits_of(sp.dtype)) +
                                       " bits is not a whole number of bytes");
     if (c.layout != Layout::NHD)
-      fail(Errc::Unsupported, std::string(name) + ": quantized storage uses the NHD layout only");
+      fail(Errc::Unsupported, name + ": quantized storage uses the NHD layout only");
+    return true;
+  };
+  for (int kv = 0; kv < 2; ++kv) {
+    codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
+    DType &plain = kv == 0 ? c.k_dtype : c.v_dtype;
+    if (!check_part(sp, plain, kv == 0 ? "k_codec" : "v_codec") && is_float(sp.dtype))
+      plain = static_cast<DType>(sp.dtype);
+  }
+  // Mixed precision: each layer's codecs checked as the pool's, then what a
+  // first version of per-layer formats needs (docs/codecs.md "Mixed precision").
+  if (c.mixed() && c.layer_codec[0].size() == c.num_layers &&
+      c.layer_codec[1].size() == c.num_layers) {
+    for (int kv = 0; kv < 2; ++kv)
+      for (uint32_t l = 0; l < c.num_layers; ++l) {
+        codec::Spec &sp = c.layer_codec[kv][l];
+        const std::string name =
+            std::string(kv == 0 ? "layer_k_codecs[" : "layer_v_codecs[") + u64s(l) + "]";
+        if (is_float(sp.dtype) && !dtype_is_plain(static_cast<int32_t>(sp.dtype)))
+          fail(Errc::InvalidArgument, name + ": unknown storage dtype");
+        if (!check_part(sp, static_cast<DType>(sp.dtype), name)) {  // plain: its dtype alone
+          const DType d = static_cast<DType>(sp.dtype);
+          sp = codec::Spec{};
+          sp.dtype = d;
+        }
+      }
+    bool differ = false;
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<codec::Spec> &lc = c.layer_codec[kv];
+      const char *part = kv == 0 ? "keys" : "values";
+      for (uint32_t l = 1; l < c.num_layers; ++l) {
+        differ = differ || !same_spec(lc[l], lc[0]);
+        if (is_float(lc[l].dtype) != is_float(lc[0].dtype))
+          fail(Errc::Unsupported, std::string("per-layer codecs: layer ") + u64s(l) + "'s " + part +
+                                      " are " + (is_float(lc[l].dtype) ? "plain" : "quantized") +
+                                      " and layer 0's are not: in this version every layer "
+                                      "quantizes a part or none does");
+        if (lc[l].rotation_block != lc[0].rotation_block)
+          fail(Errc::Unsupported, std::string("per-layer codecs: layer ") + u64s(l) + "'s " + part +
+                                      " have another Hadamard rotation than layer 0's: in "
+                                      "this version every layer rotates a part alike");
+      }
+      for (uint32_t l = 0; l < c.num_layers; ++l)
+        if (lc[l].gran == codec::Gran::Channel)
+          fail(Errc::Unsupported, std::string("per-layer codecs: layer ") + u64s(l) + "'s " + part +
+                                      " have per-channel scales, which stage tokens in a "
+                                      "residual arena: not with per-layer codecs in this version");
+    }
+    // The pool's codecs become layer 0's (what every layer shares: quantized
+    // or not, the rotation).
+    c.k_codec = c.layer_codec[0][0];
+    c.v_codec = c.layer_codec[1][0];
+    if (is_float(c.k_codec.dtype)) c.k_dtype = static_cast<DType>(c.k_codec.dtype);
+    if (is_float(c.v_codec.dtype)) c.v_dtype = static_cast<DType>(c.v_codec.dtype);
+    if (!differ) {  // one format after all: an ordinary pool
+      c.layer_codec[0].clear();
+      c.layer_codec[1].clear();
+    } else {
+      if (c.device == Device::CUDA)
+        fail(Errc::Unsupported, "device CUDA: per-layer codecs are CPU-only in this version");
+      if (c.flags & kFlagHeadwise)
+        fail(Errc::Unsupported,
+             "per-layer codecs and head-wise pools (KVC_POOL_HEADWISE) do not combine in this "
+             "version");
+    }
+  } else if (c.mixed() || !c.layer_codec[1].empty()) {
+    fail(Errc::InvalidArgument, "per-layer codecs: give both tables with num_layers entries each");
   }
   const bool channel =
       c.k_codec.gran == codec::Gran::Channel || c.v_codec.gran == codec::Gran::Channel;
@@ -237,36 +297,86 @@ void validate_config(PoolConfig &c, bool check_memory) {
     c.num_q_heads /= c.num_kv_heads;
     c.num_kv_heads = 1;
   }
-  // Bytes of one block (K and V parts, scales and zero points included; each
-  // part and the block start on 16 bytes so every element is aligned).
-  uint64_t stride = 0;
-  for (int kv = 0; kv < 2; ++kv) {
-    const uint64_t part = part_bytes(c, kv);
-    if (part == UINT64_MAX || part > (uint64_t(1) << 60) ||
-        __builtin_add_overflow(stride, part, &stride))
-      fail(Errc::Overflow, "block size in bytes overflows 64 bits");
-    stride = align16(stride);
+  // Bytes of one block of each format (K and V parts, scales and zero points
+  // included; each part and the block start on 16 bytes so every element is
+  // aligned): one format, or one per distinct pair of per-layer codecs.
+  std::vector<FormatClass> fcls;
+  {
+    std::vector<uint8_t> unused;
+    PoolConfig probe = c;
+    probe.num_blocks = 0;
+    format_classes(probe, &fcls, &unused);  // throws Overflow
   }
+  // Bytes of one block per table, summed over the tables (a uniform pool:
+  // num_layers x stride).
+  unsigned __int128 layer_bytes = 0;
+  for (const FormatClass &k : fcls)
+    layer_bytes += static_cast<unsigned __int128>(k.stride) * k.layers;
+  const uint64_t stride =
+      fcls.size() == 1 ? fcls[0].stride : static_cast<uint64_t>(layer_bytes / c.num_layers);
   if (c.num_blocks == 0 && c.capacity_bytes == 0)
     fail(Errc::InvalidArgument, "no capacity: set num_blocks or capacity_bytes");
   if (c.num_blocks != 0 && c.capacity_bytes != 0)
     fail(Errc::InvalidArgument, "both num_blocks and capacity_bytes are set: give one");
   if (c.num_blocks == 0) {
-    c.num_blocks = c.capacity_bytes / stride;
+    const unsigned __int128 n = static_cast<unsigned __int128>(c.capacity_bytes) * c.num_layers /
+                                std::max<unsigned __int128>(layer_bytes, 1);
+    c.num_blocks = n > kMaxBlocks ? kMaxBlocks : static_cast<uint64_t>(n);
+    if (fcls.size() > 1) {
+      // Per-layer formats: the split's remainders may go to the larger
+      // blocks; fewer blocks until the arena fits the budget.
+      for (;;) {
+        if (c.num_blocks < fcls.size()) break;
+        split_blocks(c.num_blocks, c.num_layers, fcls);
+        unsigned __int128 bytes = 0;
+        for (const FormatClass &k : fcls)
+          bytes += static_cast<unsigned __int128>(k.blocks) * k.stride;
+        if (bytes <= c.capacity_bytes) break;
+        --c.num_blocks;
+      }
+      if (c.num_blocks < fcls.size() ||
+          std::any_of(fcls.begin(), fcls.end(), [](const FormatClass &k) { return k.blocks == 0; }))
+        fail(Errc::InvalidArgument, "capacity_bytes " + u64s(c.capacity_bytes) +
+                                        " holds no block of each of the " + u64s(fcls.size()) +
+                                        " per-layer block formats (one block of every layer: " +
+                                        u64s(static_cast<uint64_t>(layer_bytes)) + " bytes)");
+    }
     if (c.num_blocks == 0)
       fail(Errc::InvalidArgument, "capacity_bytes " + u64s(c.capacity_bytes) +
                                       " holds no block of " + u64s(stride) + " bytes");
-    c.num_blocks = std::min(c.num_blocks, kMaxBlocks);
     c.capacity_bytes = 0;
   }
   if (c.num_blocks > kMaxBlocks)
     fail(Errc::InvalidArgument,
          "num_blocks " + u64s(c.num_blocks) + ": must be 1.." + u64s(kMaxBlocks));
   uint64_t total = 0;
-  if (mul_overflows(c.num_blocks, stride, &total) ||
-      total > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
-    fail(Errc::Overflow, "num_blocks " + u64s(c.num_blocks) + " x " + u64s(stride) +
-                             " bytes per block overflows the address space");
+  if (fcls.size() == 1) {
+    if (mul_overflows(c.num_blocks, stride, &total) ||
+        total > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+      fail(Errc::Overflow, "num_blocks " + u64s(c.num_blocks) + " x " + u64s(stride) +
+                               " bytes per block overflows the address space");
+  } else {
+    // Each format gets its share of the blocks (its layers' share, summing
+    // to num_blocks): at least one each.
+    if (c.num_blocks < fcls.size())
+      fail(Errc::InvalidArgument, "num_blocks " + u64s(c.num_blocks) +
+                                      ": the per-layer codecs make " + u64s(fcls.size()) +
+                                      " block formats, each needs at least one block");
+    split_blocks(c.num_blocks, c.num_layers, fcls);
+    unsigned __int128 bytes = 0;
+    for (const FormatClass &k : fcls) {
+      if (k.blocks == 0)
+        fail(Errc::InvalidArgument, "num_blocks " + u64s(c.num_blocks) +
+                                        ": a per-layer block format of " + u64s(k.layers) + " of " +
+                                        u64s(c.num_layers) +
+                                        " layers gets no block (give at least num_layers blocks)");
+      bytes += static_cast<unsigned __int128>(k.blocks) * k.stride;
+    }
+    if (bytes > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+      fail(Errc::Overflow, "num_blocks " + u64s(c.num_blocks) +
+                               " blocks of the per-layer formats overflow the address space");
+    total = static_cast<uint64_t>(bytes);
+  }
   uint64_t res_total = 0;
   if (wants_residual) {
     if (c.num_residual_blocks == 0) c.num_residual_blocks = c.num_blocks;
@@ -340,6 +450,21 @@ std::vector<uint8_t> pool_fingerprint(const PoolConfig &c) {
       b.push_back(static_cast<uint8_t>(kv));
       b.insert(b.end(), c.codebook[kv]->digest, c.codebook[kv]->digest + 16);
     }
+  // Per-layer codecs (absent without): a tag, then each layer's K and V
+  // codec fields as above.
+  if (c.mixed()) {
+    append_le32(b, kMixedTag);
+    for (uint32_t l = 0; l < c.num_layers; ++l)
+      for (int kv = 0; kv < 2; ++kv) {
+        const codec::Spec &sp = c.layer_codec[kv][l];
+        for (uint32_t v :
+             {static_cast<uint32_t>(sp.dtype), static_cast<uint32_t>(sp.gran), sp.group,
+              static_cast<uint32_t>(sp.asym) | (sp.full_range ? 2u : 0u) | (sp.outliers << 8),
+              static_cast<uint32_t>(sp.scale_dtype), sp.rotation_block})
+          append_le32(b, v);
+        append_le_f64(b, sp.static_scale);
+      }
+  }
   // Key smoothing (absent without): a tag and the digest of its arrays, so
   // keys and records match only pools that smooth with the same ones.
   if (c.k_smoothing) {

@@ -67,8 +67,7 @@ void PoolCore::check_policy_fits(const PolicySpec *p) const {
   if (p->shift_positions && cfg_.rope_style == RopeStyle::None)
     fail(Errc::InvalidArgument,
          "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-  if (p->shift_positions && fmt_.part[0].quantized &&
-      fmt_.part[0].spec.gran == codec::Gran::Tensor && !fmt_.pre_rope)
+  if (p->shift_positions && fmt_.per_tensor(0) && !fmt_.pre_rope)
     fail(Errc::Unsupported,
          "the policy shifts positions but keys use one scale per tensor: rotated keys can "
          "exceed it (use per-token or per-group scales)");
@@ -275,7 +274,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
   std::vector<std::vector<uint32_t>> keep(nl);
   std::vector<uint64_t> first_write(nl, UINT64_MAX);
   std::vector<char> shift(nl, 0);
-  uint64_t cow_needed = 0;
+  Need cow_needed(*this);
   check_duo_fits(p);
   check_headwise_fits(p);
   // KVzip under a compression ratio: the layers' budgets shared by one
@@ -429,8 +428,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       if (sh && cfg_.rope_style == RopeStyle::None)
         fail(Errc::InvalidArgument,
              "the policy shifts positions but the pool has no RoPE parameters (rope_style)");
-      if (sh && fmt_.part[0].quantized && fmt_.part[0].spec.gran == codec::Gran::Tensor &&
-          !fmt_.pre_rope)
+      if (sh && fmt_.per_tensor(0, li) && !fmt_.pre_rope)
         fail(Errc::Unsupported,
              "shifting positions re-rotates keys, which one scale per tensor cannot hold "
              "(use per-token or per-group key scales); nothing changed");
@@ -444,7 +442,7 @@ void PoolCore::evict_locked(uint64_t id, Sequence &s, const PolicySpec &p, uint6
       first_write[li] = fw;
       const uint64_t kept_blocks = (k.size() + bs - 1) / bs;
       for (uint64_t b = fw / bs; b < kept_blocks; ++b)
-        if (alloc_.refcount(l.blocks[b]) > 1) ++cow_needed;
+        if (alloc_.refcount(l.blocks[b]) > 1) cow_needed.add_block(l.blocks[b], 1);
     }
   }
   std::vector<uint64_t> per_table(nl, 0);
@@ -502,7 +500,7 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
                                       ": indices must increase strictly; nothing changed");
     k.push_back(static_cast<uint32_t>(t));
   }
-  uint64_t cow_needed = 0;
+  Need cow_needed(*this);
   if (n_keep < n) {
     if (stage_.active)
       fail(Errc::Unsupported,
@@ -520,7 +518,8 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
       if (t != t0) keep[t] = k;
       first_write[t] = fw;
       for (uint64_t b = fw / bs; b < kept_blocks; ++b)
-        if (alloc_.refcount(s.layers[t].blocks[b]) > 1) ++cow_needed;
+        if (alloc_.refcount(s.layers[t].blocks[b]) > 1)
+          cow_needed.add_block(s.layers[t].blocks[b], 1);
     }
   }
   std::vector<uint64_t> per_table(nl, 0);
@@ -533,14 +532,14 @@ void Pool::keep_tokens(uint64_t id, uint32_t layer, const uint64_t *keep_idx, ui
 
 void PoolCore::apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
                                  const std::vector<uint64_t> &first_write,
-                                 const std::vector<char> &shift, uint64_t cow_needed,
+                                 const std::vector<char> &shift, const Need &cow_needed,
                                  uint64_t *dropped) {
   const uint32_t nl = cfg_.num_layers;
   const uint64_t bs = cfg_.block_size, h = cfg_.num_kv_heads, hd = cfg_.head_dim, row = h * hd;
-  if (cow_needed > alloc_.available())
-    fail(Errc::PoolExhausted, "pool exhausted: eviction must copy " + u64s(cow_needed) +
-                                  " shared blocks, " + u64s(alloc_.available()) +
-                                  " available; nothing changed");
+  if (!fits(cow_needed))
+    fail(Errc::PoolExhausted, "pool exhausted: eviction must copy " + u64s(cow_needed.total()) +
+                                  " shared blocks, " + u64s(alloc_.available()) + " available" +
+                                  class_detail(cow_needed, false) + "; nothing changed");
   // Buffers the changes need (may throw: nothing changed yet).
   std::vector<std::vector<int32_t>> new_pos(nl);
   for (uint32_t li = 0; li < nl; ++li)

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "common/convert.h"
+#include "common/error.h"
 #include "core/pool_int.h"
 
 namespace kvc::core {
@@ -21,13 +22,12 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t *out) {
 }
 }  // namespace
 
-uint64_t part_bytes(const PoolConfig &c, int kv) {
-  const codec::Spec &sp = kv == 0 ? c.k_codec : c.v_codec;
+uint64_t part_bytes(const PoolConfig &c, const codec::Spec &sp) {
   const uint64_t h = c.num_kv_heads, d = c.head_dim, bs = c.block_size;
   uint64_t row = 0, codes = 0;
   if (mul_overflows(h, d, &row)) return UINT64_MAX;
   if (is_float(sp.dtype)) {
-    const uint64_t e = dtype_bytes(kv == 0 ? c.k_dtype : c.v_dtype);
+    const uint64_t e = dtype_bytes(sp.dtype);
     if (mul_overflows(row, e, &row) || mul_overflows(row, bs, &codes)) return UINT64_MAX;
     return codes;
   }
@@ -55,46 +55,130 @@ uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t
   }
 }
 
+bool same_spec(const codec::Spec &a, const codec::Spec &b) {
+  return a.dtype == b.dtype && a.gran == b.gran && a.group == b.group && a.asym == b.asym &&
+         a.scale_dtype == b.scale_dtype && a.rotation_block == b.rotation_block &&
+         a.static_scale == b.static_scale && a.full_range == b.full_range &&
+         a.outliers == b.outliers;
+}
+
+namespace {
+
+// Lays out one part stored by codec sp from byte `off` of a block.
+PartLayout lay_part(const PoolConfig &c, const codec::Spec &spec, uint64_t off) {
+  const uint64_t hd = c.head_dim, h = c.num_kv_heads, bs = c.block_size;
+  PartLayout pl;
+  pl.spec = spec;
+  pl.quantized = !is_float(pl.spec.dtype);
+  pl.offset = off;
+  if (!pl.quantized) {
+    const uint64_t e = dtype_bytes(pl.spec.dtype);
+    pl.codes_bytes = bs * h * hd * e;
+    pl.token_stride = c.layout == Layout::NHD ? h * hd * e : hd * e;
+    pl.head_stride = c.layout == Layout::NHD ? hd * e : bs * hd * e;
+  } else {
+    const uint64_t rb = codec::row_bytes(pl.spec.dtype, hd);
+    pl.codes_bytes = bs * h * rb;
+    pl.token_stride = h * rb;
+    pl.head_stride = rb;
+    pl.scales_per_token = scales_per_token(pl.spec, h, hd);
+    pl.scale_bytes = codec::scale_bytes(pl.spec);
+    pl.scale_offset = off + pl.codes_bytes;
+    pl.scales_per_block = scales_per_block(pl.spec, h, hd, bs);
+    pl.zero_offset = pl.scale_offset + pl.scales_per_block * pl.scale_bytes;
+    // Outlier pairs (symmetric codes only: no zero points before them).
+    pl.outlier_offset = pl.zero_offset;
+    pl.outlier_bytes = pl.scales_per_token * pl.spec.outliers * 2;
+    pl.rotation_block = pl.spec.rotation_block;
+  }
+  pl.bytes = part_bytes(c, spec);
+  return pl;
+}
+}  // namespace
+
+void format_classes(const PoolConfig &c, std::vector<FormatClass> *cls,
+                    std::vector<uint8_t> *layer_cls) {
+  cls->clear();
+  layer_cls->clear();
+  const uint32_t nl = c.mixed() ? c.num_layers : 1;
+  std::vector<uint8_t> of(nl);
+  for (uint32_t l = 0; l < nl; ++l) {
+    const codec::Spec &k = c.codec_of(l, 0), &v = c.codec_of(l, 1);
+    size_t i = 0;
+    while (i < cls->size() &&
+           !(same_spec((*cls)[i].part[0].spec, k) && same_spec((*cls)[i].part[1].spec, v)))
+      ++i;
+    if (i == cls->size()) {
+      if (i == kMaxFormats)
+        fail(Errc::InvalidArgument, "per-layer codecs: more than " + std::to_string(kMaxFormats) +
+                                        " distinct (K, V) codec pairs");
+      FormatClass fc;
+      uint64_t off = 0;
+      for (int kv = 0; kv < 2; ++kv) {
+        fc.part[kv] = lay_part(c, kv == 0 ? k : v, off);
+        if (fc.part[kv].bytes == UINT64_MAX || fc.part[kv].bytes > (uint64_t(1) << 60))
+          fail(Errc::Overflow, "block size in bytes overflows 64 bits");
+        off = align16(off + fc.part[kv].bytes);
+      }
+      fc.stride = off;
+      cls->push_back(fc);
+    }
+    of[l] = static_cast<uint8_t>(i);
+    ++(*cls)[i].layers;
+  }
+  if (!c.mixed()) (*cls)[0].layers = c.num_layers;
+  if (cls->size() > 1) *layer_cls = std::move(of);
+  if (c.num_blocks) split_blocks(c.num_blocks, c.num_layers, *cls);
+}
+
+void split_blocks(uint64_t num_blocks, uint32_t num_tables, std::vector<FormatClass> &cls) {
+  // Each format its share floor(num_blocks x layers / tables), then the
+  // blocks left one each to the largest remainders (ties: the earlier
+  // format): the shares sum to num_blocks exactly, so a configuration read
+  // back (kvc_pool_get_config) splits the same way.
+  const uint64_t tables = std::max(1u, num_tables);
+  uint64_t given = 0;
+  std::vector<uint64_t> n(cls.size()), rem(cls.size());
+  for (size_t i = 0; i < cls.size(); ++i) {
+    const unsigned __int128 x = static_cast<unsigned __int128>(num_blocks) * cls[i].layers;
+    n[i] = static_cast<uint64_t>(x / tables);
+    rem[i] = static_cast<uint64_t>(x % tables);
+    given += n[i];
+  }
+  for (uint64_t left = num_blocks - std::min(num_blocks, given); left > 0; --left) {
+    size_t best = 0;
+    for (size_t i = 1; i < cls.size(); ++i)
+      if (rem[i] > rem[best]) best = i;
+    ++n[best];
+    rem[best] = 0;
+  }
+  uint64_t first = 0, base = 0;
+  for (size_t i = 0; i < cls.size(); ++i) {
+    FormatClass &k = cls[i];
+    k.first = static_cast<uint32_t>(first);
+    k.blocks = static_cast<uint32_t>(n[i]);
+    k.base = base;
+    first += n[i];
+    base += n[i] * k.stride;
+  }
+}
+
 BlockFormat::BlockFormat(const PoolConfig &cfg) : cfg_(cfg) {
-  const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, bs = cfg_.block_size;
-  uint64_t off = 0;
+  format_classes(cfg_, &cls, &layer_cls);
+  for (const FormatClass &k : cls) arena_bytes += k.stride * k.blocks;
   for (int kv = 0; kv < 2; ++kv) {
-    PartLayout &pl = part[kv];
-    pl.spec = kv == 0 ? cfg_.k_codec : cfg_.v_codec;
-    pl.quantized = !is_float(pl.spec.dtype);
-    pl.offset = off;
-    if (!pl.quantized) {
-      const uint64_t e = dtype_bytes(pl.spec.dtype);
-      pl.codes_bytes = bs * h * hd * e;
-      pl.token_stride = cfg_.layout == Layout::NHD ? h * hd * e : hd * e;
-      pl.head_stride = cfg_.layout == Layout::NHD ? hd * e : bs * hd * e;
-    } else {
-      const uint64_t rb = codec::row_bytes(pl.spec.dtype, hd);
-      pl.codes_bytes = bs * h * rb;
-      pl.token_stride = h * rb;
-      pl.head_stride = rb;
-      pl.scales_per_token = scales_per_token(pl.spec, h, hd);
-      pl.scale_bytes = codec::scale_bytes(pl.spec);
-      pl.scale_offset = off + pl.codes_bytes;
-      pl.scales_per_block = scales_per_block(pl.spec, h, hd, bs);
-      pl.zero_offset = pl.scale_offset + pl.scales_per_block * pl.scale_bytes;
-      // Outlier pairs (symmetric codes only: no zero points before them).
-      pl.outlier_offset = pl.zero_offset;
-      pl.outlier_bytes = pl.scales_per_token * pl.spec.outliers * 2;
-      pl.rotation_block = pl.spec.rotation_block;
-      scale[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
+    if (!quantized(kv)) continue;
+    scale[kv].reset(new std::atomic<uint32_t>[cfg_.num_layers]);
+    for (uint32_t l = 0; l < cfg_.num_layers; ++l) {
       // A static scale as stored in scale_dtype (as kvc_quantize() rounds it),
       // so pool and standalone quantizer agree.
-      float fixed_scale = static_cast<float>(pl.spec.static_scale);
-      if (pl.spec.scale_dtype == DType::F16)
+      const codec::Spec &sp = part(l, kv).spec;
+      float fixed_scale = static_cast<float>(sp.static_scale);
+      if (sp.scale_dtype == DType::F16)
         fixed_scale = f16_to_f32_scalar(f32_to_f16_scalar(fixed_scale));
-      const uint32_t fixed = pl.spec.static_scale > 0.0 ? f32_bits(fixed_scale) : 0u;
-      for (uint32_t l = 0; l < cfg_.num_layers; ++l) scale[kv][l].store(fixed);
+      scale[kv][l].store(sp.static_scale > 0.0 ? f32_bits(fixed_scale) : 0u);
     }
-    pl.bytes = part_bytes(cfg_, kv);
-    off = align16(off + pl.bytes);
   }
-  stride = off;
   if (cfg_.flags & kFlagPreRopeKeys)
     pre_rope =
         std::make_unique<RopeTable>(cfg_.head_dim, cfg_.rope_dims ? cfg_.rope_dims : cfg_.head_dim,
@@ -112,7 +196,7 @@ bool BlockFormat::valid_scale_bits(uint32_t bits) {
 }
 
 void BlockFormat::tensor_scales(uint32_t layer, float out[2]) const {
-  for (int kv = 0; kv < 2; ++kv) out[kv] = part[kv].quantized ? tensor_scale(kv, layer) : 0.0f;
+  for (int kv = 0; kv < 2; ++kv) out[kv] = quantized(kv) ? tensor_scale(kv, layer) : 0.0f;
 }
 
 // Dynamic per-tensor scale: fixed by the first write to the layer (as vLLM
@@ -122,7 +206,7 @@ void BlockFormat::tensor_scales(uint32_t layer, float out[2]) const {
 // kvc_quantize() computes it for a per-tensor array.
 void BlockFormat::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) {
   if (scale[kv][layer].load(std::memory_order_acquire) != 0) return;
-  const codec::Spec &sp = part[kv].spec;
+  const codec::Spec &sp = part(layer, kv).spec;
   if (sp.full_range) {
     float lo = 0.0f, hi = 0.0f;
     for (uint64_t i = 0; i < n; ++i) {
@@ -142,7 +226,7 @@ void BlockFormat::calibrate(int kv, uint32_t layer, const float *x, uint64_t n) 
 }
 
 void BlockFormat::calibrate_absmax(int kv, uint32_t layer, float absmax) {
-  const codec::Spec &sp = part[kv].spec;
+  const codec::Spec &sp = part(layer, kv).spec;
   const float qmax = sym_max(sp.dtype);
   if (!(absmax > 0.0f))
     return;  // all zeros: stay uncalibrated (zeros encode exactly without a scale)
@@ -159,7 +243,7 @@ void BlockFormat::calibrate_absmax(int kv, uint32_t layer, float absmax) {
 void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src,
                              DType src_type, const float *src_f32, uint32_t slot,
                              uint64_t count) const {
-  const PartLayout &pl = part[kv];
+  const PartLayout &pl = part(layer, kv);
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   uint8_t *base = blk + pl.offset;
   if (!pl.quantized) {
@@ -223,7 +307,7 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
 void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t slot,
                             uint64_t count, uint8_t *out, DType dst, const LayerTable &l,
                             uint64_t idx0) const {
-  const PartLayout &pl = part[kv];
+  const PartLayout &pl = part(layer, kv);
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads, row = h * hd;
   const uint8_t *base = blk + pl.offset;
   if (!pl.quantized) {
@@ -310,16 +394,17 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
   if (!direct) convert(tmp, DType::F32, out, dst, count * row);
 }
 
-void BlockFormat::zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const {
+void BlockFormat::zero_slots(uint32_t c, uint8_t *blk, uint32_t slot, uint64_t count) const {
   if (!count) return;
-  for_slot_bytes(slot, count, [&](uint64_t off, uint64_t len) { std::memset(blk + off, 0, len); });
+  for_slot_bytes(c, slot, count,
+                 [&](uint64_t off, uint64_t len) { std::memset(blk + off, 0, len); });
 }
 
-void BlockFormat::move_run(uint8_t *dst, uint64_t ds, const uint8_t *src, uint64_t ss,
+void BlockFormat::move_run(uint32_t c, uint8_t *dst, uint64_t ds, const uint8_t *src, uint64_t ss,
                            uint64_t run) const {
   const uint64_t h = cfg_.num_kv_heads, hd = cfg_.head_dim;
   for (int kv = 0; kv < 2; ++kv) {
-    const PartLayout &pl = part[kv];
+    const PartLayout &pl = cls[c].part[kv];
     if (!pl.quantized && cfg_.layout == Layout::HND) {
       const uint64_t e = dtype_bytes(pl.spec.dtype);
       for (uint64_t hh = 0; hh < h; ++hh)

@@ -29,7 +29,8 @@ std::string check_sequence(const PoolCore &c, uint64_t id, const Sequence &s,
     if (s.layers[li].sink_block != want)
       return "sequence " + u64s(id) + ": a layer's sink block is not its sequence's";
   }
-  for (const LayerTable &l : s.layers) {
+  for (uint32_t li = 0; li < s.layers.size(); ++li) {
+    const LayerTable &l = s.layers[li];
     if (l.n_lp > l.n_tokens || (!c.stage_.active && l.n_lp != l.n_tokens))
       return "sequence " + u64s(id) + ": codec token count above the layer's tokens";
     if (l.blocks.size() != (l.n_lp + bs - 1) / bs)
@@ -57,6 +58,9 @@ std::string check_sequence(const PoolCore &c, uint64_t id, const Sequence &s,
     for (int32_t b : l.blocks) {
       if (b < 0 || static_cast<uint64_t>(b) >= refs.size())
         return "sequence " + u64s(id) + ": invalid block id";
+      if (c.alloc_.class_of(b) != c.fmt_.class_of_layer(li))
+        return "sequence " + u64s(id) + ": a block of another layer format in " + c.table_name(li) +
+               "'s table";
       ++refs[b];
     }
   }

@@ -327,13 +327,13 @@ std::vector<uint8_t> Offload::stage_entry(uint32_t e) const {
   const uint32_t n_scales = static_cast<uint32_t>(c_.fmt_.scale_parts() * nl);
   const std::vector<uint8_t> &xb = en.extras_bytes;
   const uint64_t head = kPayloadHeader + bs * 4 + xb.size() + uint64_t(n_scales) * 4;
-  std::vector<uint8_t> p(head + nl * c_.block_stride_);
+  std::vector<uint8_t> p(head + c_.fmt_.layer_bytes());
   uint8_t *q = p.data();
   std::memcpy(q, "KVCD", 4);
   put_le32(q + 4, kPayloadVersion);
   put_le32(q + 8, static_cast<uint32_t>(nl));
   put_le32(q + 12, static_cast<uint32_t>(bs));
-  put_le64(q + 16, c_.block_stride_);
+  put_le64(q + 16, c_.block_stride_);  // (per-layer formats: layer 0's; the fingerprint has all)
   put_le64(q + 24, en.depth);
   put_le32(q + 32, static_cast<uint32_t>(xb.size()));
   put_le32(q + 36, n_scales);
@@ -558,8 +558,15 @@ uint64_t Offload::prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &k
   for (uint32_t e : path)
     for (int32_t b : pc_.state()->entries[e].blocks)
       if (c_.alloc_.state(b) == BlockAllocator::State::Cached) held_path.push_back(b);
-  const uint64_t can =
-      (c_.alloc_.available() - std::min<uint64_t>(c_.alloc_.available(), held_path.size())) / nl;
+  // Whole entries: one block per layer, each of its layer's format.
+  PoolCore::Need held_n(c_);
+  for (int32_t b : held_path) held_n.add_block(b, 1);
+  uint64_t can = UINT64_MAX;
+  for (uint32_t cl = 0; cl < c_.alloc_.num_classes(); ++cl) {
+    const uint64_t av = c_.alloc_.available(cl);
+    can = std::min<uint64_t>(can, (av - std::min<uint64_t>(av, held_n.n[cl])) /
+                                      std::max<uint32_t>(1, c_.fmt_.cls[cl].layers));
+  }
   const uint64_t k = std::min<uint64_t>(held, can);
   L.keys.resize(k);
   L.tokens.resize(k);
@@ -574,7 +581,8 @@ uint64_t Offload::prefetch(const int32_t *tokens, uint64_t n, const ExtraKeys &k
   }
   // From here on nothing throws.
   for (int32_t b : held_path) c_.alloc_.ref(b);
-  for (uint64_t i = 0; i < k * nl; ++i) L.reserved.push_back(c_.take_block());
+  for (uint64_t i = 0; i < k * nl; ++i)
+    L.reserved.push_back(c_.take_layer_block(static_cast<uint32_t>(i % nl)));
   for (int32_t b : held_path) c_.release_block(b);
   {
     std::lock_guard g(m_);
@@ -626,7 +634,7 @@ void Offload::install_load(uint64_t ticket, const std::vector<std::vector<uint8_
               std::memcmp(q + kPayloadHeader + bs * 4, L.xb.data(), L.xb.size()) == 0);
     };
     const bool valid =
-        p.size() >= kPayloadHeader && p.size() == head + nl * c_.block_stride_ &&
+        p.size() >= kPayloadHeader && p.size() == head + c_.fmt_.layer_bytes() &&
         std::memcmp(q, "KVCD", 4) == 0 && get_le32(q + 4) == kPayloadVersion &&
         get_le32(q + 8) == nl && get_le32(q + 12) == bs && get_le64(q + 16) == c_.block_stride_ &&
         get_le64(q + 24) == L.first_depth + i && get_le32(q + 36) == n_scales &&

@@ -186,12 +186,44 @@ struct PoolCore {
   void check_heads_agree(const Sequence &s, uint32_t layer, const char *what) const;
 
   // ---- blocks (exclusive lock held) ----
-  int32_t take_block();           // allocate (caller checked availability)
+  // A block of format class c (caller checked its availability), or of
+  // table `layer`'s class.
+  int32_t take_block(uint32_t c);
+  int32_t take_layer_block(uint32_t layer) { return take_block(fmt_.class_of_layer(layer)); }
   void release_block(int32_t b);  // reference - 1, zero on free
   int32_t cow_copy(int32_t b);    // fresh private copy of block b; releases b
   void copy_block(int32_t dst, int32_t src);
   void zero_block(int32_t b);
   uint64_t bytes_in_use() const;
+  // Blocks an operation needs, per format class (one class unless the pool
+  // has per-layer codecs): counted with add(table, n), checked with fits().
+  struct Need {
+    uint64_t n[kMaxFormats] = {};
+    explicit Need(const PoolCore &c) : c_(&c) {}
+    void add(uint32_t layer, uint64_t k) { n[c_->fmt_.class_of_layer(layer)] += k; }
+    void add_block(int32_t b, uint64_t k) { n[c_->alloc_.class_of(b)] += k; }
+    uint64_t total() const {
+      uint64_t t = 0;
+      for (uint64_t v : n) t += v;
+      return t;
+    }
+    const PoolCore *c_;
+  };
+  // Whether every class has need.n[c] blocks available now.
+  bool fits(const Need &need) const {
+    for (uint32_t c = 0; c < alloc_.num_classes(); ++c)
+      if (need.n[c] > alloc_.available(c)) return false;
+    return true;
+  }
+  // Whether every class has need.n[c] blocks at all.
+  bool ever_fits(const Need &need) const {
+    for (uint32_t c = 0; c < alloc_.num_classes(); ++c)
+      if (need.n[c] > alloc_.blocks(c)) return false;
+    return true;
+  }
+  // " (per-layer formats: class c needs n, a available; ...)" for a mixed
+  // pool's messages; "" otherwise.
+  std::string class_detail(const Need &need, bool total) const;
   void note_usage();
   // Prefix-index hooks (no-ops without a prefix cache).
   bool registered(int32_t b) const { return events_ && events_->registered(b); }
@@ -236,7 +268,7 @@ struct PoolCore {
   // before the first change (PoolExhausted when cow_needed blocks are missing).
   void apply_keep_locked(Sequence &s, const std::vector<std::vector<uint32_t>> &keep,
                          const std::vector<uint64_t> &first_write, const std::vector<char> &shift,
-                         uint64_t cow_needed, uint64_t *dropped);
+                         const Need &cow_needed, uint64_t *dropped);
 };
 
 template <typename F>

@@ -195,19 +195,20 @@ PrefixResult PrefixCache::attach(uint64_t id, const int32_t *tokens, uint64_t n,
   if (part_src) {
     // The copies need nl fresh blocks; cached blocks this call references
     // (the whole-block path, the pinned source) stop being available.
-    uint64_t pinned = 0;
+    PoolCore::Need need(c_);  // the copies, then the pinned cached blocks, per block format
+    for (uint32_t li = 0; li < nl; ++li) need.add(li, 1);
     std::vector<int32_t> seen;
     auto count = [&](int32_t b) {
       if (c_.alloc_.state(b) == BlockAllocator::State::Cached &&
           std::find(seen.begin(), seen.end(), b) == seen.end()) {
         seen.push_back(b);
-        ++pinned;
+        need.add_block(b, 1);
       }
     };
     for (uint32_t e : path)
       for (int32_t b : ps.entries[e].blocks) count(b);
     for (int32_t b : part_src->blocks) count(b);
-    if (c_.alloc_.available() < nl + pinned) {  // not enough room: whole blocks only
+    if (!c_.fits(need)) {  // not enough room: whole blocks only
       r.partial_tokens = 0;
       part_src = nullptr;
     }
@@ -230,7 +231,7 @@ PrefixResult PrefixCache::attach(uint64_t id, const int32_t *tokens, uint64_t n,
       c_.alloc_.ref(src_blocks[li]);  // pinned while copying: take_block cannot reclaim it
     }
     for (uint64_t li = 0; li < nl; ++li) {
-      const int32_t nb = c_.take_block();
+      const int32_t nb = c_.take_layer_block(static_cast<uint32_t>(li));
       c_.copy_block(nb, src_blocks[li]);
       sp->layers[li].blocks.push_back(nb);
     }

@@ -92,9 +92,12 @@ PoolStats Pool::stats() const {
   s.blocks_cached = alloc_.num_cached();
   s.blocks_used = alloc_.num_used();
   s.blocks_shared = alloc_.num_shared();
-  s.bytes_per_block = block_stride_;
-  // Exact: a block's bytes (codes, scales and zero points) over its tokens.
-  s.bytes_per_token = block_stride_ * cfg_.num_layers / cfg_.block_size;
+  // Exact: a block's bytes (codes, scales and zero points) over its tokens,
+  // summed over the layers; per-layer formats: the mean block over the layers.
+  uint64_t layer_bytes = 0;
+  for (const FormatClass &k : fmt_.cls) layer_bytes += k.stride * k.layers;
+  s.bytes_per_block = layer_bytes / cfg_.num_layers;
+  s.bytes_per_token = layer_bytes / cfg_.block_size;
   s.bytes_total = arena_bytes_ + stage_.arena_bytes;
   s.bytes_in_use = bytes_in_use();
   s.peak_bytes_in_use = peak_bytes_;
@@ -107,12 +110,15 @@ PoolStats Pool::stats() const {
 }
 
 PoolLayout Pool::layout() const {
+  if (fmt_.mixed())
+    fail(Errc::Unsupported, "the pool has per-layer codecs (" + u64s(fmt_.cls.size()) +
+                                " block formats): kvc_pool_get_layout describes one format");
   PoolLayout l{};
   l.base = arena_;
   l.num_blocks = cfg_.num_blocks;
   l.block_stride = block_stride_;
-  l.part[0] = fmt_.part[0];
-  l.part[1] = fmt_.part[1];
+  l.part[0] = fmt_.cls[0].part[0];
+  l.part[1] = fmt_.cls[0].part[1];
   l.residual_base = stage_.arena;
   l.residual_num_blocks = cfg_.num_residual_blocks;
   l.residual_block_stride = stage_.stride;
@@ -124,8 +130,7 @@ std::pair<float, float> Pool::tensor_scales(uint32_t layer) const {
   layer *= heads();  // head-wise pools have no per-tensor scales (refused at create)
   float r[2] = {0.0f, 0.0f};
   for (int kv = 0; kv < 2; ++kv)
-    if (fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor)
-      r[kv] = fmt_.tensor_scale(kv, layer);
+    if (fmt_.per_tensor(kv, layer)) r[kv] = fmt_.tensor_scale(kv, layer);
   return {r[0], r[1]};
 }
 
@@ -150,7 +155,11 @@ void Pool::sync() {
 
 void Pool::copy_blocks(const int32_t *blocks, size_t n, void *host, bool to_host) {
   if (n && (!blocks || !host)) fail(Errc::NullPointer, "blocks or host is NULL");
-  if (n > (uint64_t(1) << 40) / block_stride_)
+  if (fmt_.mixed())
+    fail(Errc::Unsupported, "the pool has per-layer codecs (" + u64s(fmt_.cls.size()) +
+                                " block formats of different sizes): kvc_pool_copy_blocks copies "
+                                "blocks of one size; nothing copied");
+  if (n > (uint64_t(1) << 40) / fmt_.max_stride())
     fail(Errc::Overflow, "n_blocks " + u64s(n) + " is too large");
   std::unique_lock lk(mu_);
   for (size_t i = 0; i < n; ++i)

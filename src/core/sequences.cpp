@@ -211,14 +211,19 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   const BlockDiv bs = block_div(cfg_.block_size);
   if (!stage_.active) {
     uint64_t needed = 0, held_after = 0;
-    for (const LayerTable &l : s.layers) {
-      needed += (l.n_tokens + n_new + bs - 1) / bs - l.blocks.size();
+    Need need(*this), held(*this);  // per block format
+    for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+      const LayerTable &l = s.layers[li];
+      uint64_t n = (l.n_tokens + n_new + bs - 1) / bs - l.blocks.size();
       held_after += (l.n_tokens + n_new + bs - 1) / bs;
-      if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++needed;  // copy-on-write
+      if (l.n_tokens % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++n;  // copy-on-write
+      needed += n;
+      need.add(li, n);
+      held.add(li, (l.n_tokens + n_new + bs - 1) / bs);
     }
     // Never fits: the sequence alone would hold more blocks than the pool
     // has (its shared blocks counted once, no copy-on-write then needed).
-    if (held_after > alloc_.num_blocks()) {
+    if (!ever_fits(held)) {
       uint64_t most = 0;  // the largest table's blocks
       for (const LayerTable &l : s.layers)
         most = std::max(most, (l.n_tokens + n_new + bs - 1) / bs);
@@ -226,12 +231,13 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
            "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
                " more tokens needs " + u64s(held_after) + " blocks (" + u64s(cfg_.num_layers) +
                (headwise() ? " (layer, KV head) tables of up to " : " layers of up to ") +
-               u64s(most) + "), the pool has " + u64s(alloc_.num_blocks()) + " in all");
+               u64s(most) + "), the pool has " + u64s(alloc_.num_blocks()) + " in all" +
+               class_detail(held, true));
     }
-    if (needed > alloc_.available())
+    if (!fits(need))
       fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
                                     u64s(needed) + " blocks, " + u64s(alloc_.available()) +
-                                    " available");
+                                    " available" + class_detail(need, false));
     for (LayerTable &l : s.layers) {  // may throw bad_alloc: nothing changed yet
       const size_t target = static_cast<size_t>((l.n_tokens + n_new + bs - 1) / bs);
       if (l.blocks.capacity() < target) l.blocks.reserve(std::max(target, 2 * l.blocks.capacity()));
@@ -245,7 +251,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
         // its free slots will be written: it leaves the prefix index
         prefix_drop_block(l.blocks.back());
       const uint64_t target = (l.n_tokens + n_new + bs - 1) / bs;
-      while (l.blocks.size() < target) l.blocks.push_back(take_block());
+      while (l.blocks.size() < target) l.blocks.push_back(take_layer_block(li));
       // The new slots are unwritten until an append writes them (device
       // pools also zero them: their kernels read the arena directly).
       for (uint64_t i = 0; i < n_new;) {
@@ -290,6 +296,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
   bool res_fits = need_sinks <= stage_.alloc.available();
   uint64_t res_avail = res_fits ? stage_.alloc.available() - need_sinks : 0;
   uint64_t res_after = s.sink_blocks.size() + need_sinks;  // residual blocks held after the reserve
+  Need need_lp_f(*this);                                   // need_lp per block format
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
     const LayerTable &l = s.layers[li];
     const uint64_t hp_old = l.n_tokens - l.n_lp, hp_after = hp_old + n_new;
@@ -297,8 +304,10 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     a -= a % unit;
     aged[li] = a;
     if (a) {
-      need_lp += (l.n_lp + a + bs - 1) / bs - l.blocks.size();
-      if (l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++need_lp;
+      uint64_t n = (l.n_lp + a + bs - 1) / bs - l.blocks.size();
+      if (l.n_lp % bs != 0 && alloc_.refcount(l.blocks.back()) > 1) ++n;
+      need_lp += n;
+      need_lp_f.add(li, n);
     }
     // Residual blocks after aging: the kept ones plus new ones.
     const uint64_t off = l.res_off + a;
@@ -325,21 +334,26 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
     // (The residual keeps its offset in its first block: what no one else's
     // freeing can change.)
     uint64_t lp_after = 0;
-    for (uint32_t li = 0; li < cfg_.num_layers; ++li)
-      lp_after += (s.layers[li].n_lp + aged[li] + bs - 1) / bs;
-    if (lp_after > alloc_.num_blocks() || res_after > stage_.alloc.num_blocks())
+    Need lp_after_f(*this);
+    for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+      const uint64_t n = (s.layers[li].n_lp + aged[li] + bs - 1) / bs;
+      lp_after += n;
+      lp_after_f.add(li, n);
+    }
+    if (!ever_fits(lp_after_f) || res_after > stage_.alloc.num_blocks())
       fail(Errc::ExceedsCapacity,
            "exceeds the pool's capacity: sequence " + u64s(id) + " with " + u64s(n_new) +
                " more tokens needs " + u64s(lp_after) + " blocks (the pool has " +
                u64s(alloc_.num_blocks()) + ") and " + u64s(res_after) +
-               " residual blocks (the pool has " + u64s(stage_.alloc.num_blocks()) + ")");
+               " residual blocks (the pool has " + u64s(stage_.alloc.num_blocks()) + ")" +
+               class_detail(lp_after_f, true));
   }
-  if (need_lp > alloc_.available() || !res_fits)
-    fail(Errc::PoolExhausted, "pool exhausted: reserving " + u64s(n_new) + " tokens needs " +
-                                  u64s(need_lp) + " blocks (" + u64s(alloc_.available()) +
-                                  " available) and " + u64s(need_res) + " residual blocks (" +
-                                  u64s(stage_.alloc.available()) +
-                                  " available, more as aging frees some)");
+  if (!fits(need_lp_f) || !res_fits)
+    fail(Errc::PoolExhausted,
+         "pool exhausted: reserving " + u64s(n_new) + " tokens needs " + u64s(need_lp) +
+             " blocks (" + u64s(alloc_.available()) + " available) and " + u64s(need_res) +
+             " residual blocks (" + u64s(stage_.alloc.available()) +
+             " available, more as aging frees some)" + class_detail(need_lp_f, false));
   for (uint32_t li = 0; li < cfg_.num_layers; ++li) {  // may throw bad_alloc: nothing changed yet
     LayerTable &l = s.layers[li];
     const size_t lp_target = static_cast<size_t>((l.n_lp + aged[li] + bs - 1) / bs);

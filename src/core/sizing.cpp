@@ -34,7 +34,11 @@ class SizeModel {
       : rules_(cfg),
         layers_(cfg.num_layers),
         block_size_(cfg.block_size),
-        block_bytes_(BlockFormat(cfg).stride),
+        layer_block_bytes_([&] {
+          uint64_t b = 0;  // one block of every layer (per-layer formats: each its own)
+          for (const FormatClass &k : BlockFormat(cfg).cls) b += k.stride * k.layers;
+          return b;
+        }()),
         residual_block_bytes_(rules_.active ? Staging::stride_of(cfg) : 0),
         sink_blocks_(rules_.active ? rules_.sink_blocks_needed() : 0) {
     // While the residual target is at most 1 (n < settle_), every encoding
@@ -67,9 +71,9 @@ class SizeModel {
       offset = n < settle_ ? 0 : (enc - encoded_at_reset_) % block_size_;
     }
     const uint64_t res_blocks = staged ? ceil_div(offset + staged, block_size_) : 0;
-    const uint64_t per_layer = sat_add(sat_mul(ceil_div(enc, block_size_), block_bytes_),
-                                       sat_mul(res_blocks, residual_block_bytes_));
-    return sat_add(sat_mul(layers_, per_layer), sat_mul(sink_blocks_, residual_block_bytes_));
+    const uint64_t codec = sat_mul(ceil_div(enc, block_size_), layer_block_bytes_);
+    const uint64_t res = sat_mul(layers_, sat_mul(res_blocks, residual_block_bytes_));
+    return sat_add(sat_add(codec, res), sat_mul(sink_blocks_, residual_block_bytes_));
   }
 
   // bytes() rises with n between the points where a unit (and the residual
@@ -95,15 +99,17 @@ class SizeModel {
   }
 
   StagingRules rules_;
-  uint64_t layers_, block_size_, block_bytes_, residual_block_bytes_, sink_blocks_;
+  uint64_t layers_, block_size_, layer_block_bytes_, residual_block_bytes_, sink_blocks_;
   uint64_t settle_ = 0, encoded_at_reset_ = 0;
 };
 
 }  // namespace
 
 SeqSize seq_bytes(const PoolConfig &cfg_in, uint64_t n) {
-  PoolConfig cfg = cfg_in;  // one block: sizes do not depend on the capacity
-  cfg.num_blocks = 1;
+  // One block (per-layer codecs: one per layer, so every format has one):
+  // sizes do not depend on the capacity.
+  PoolConfig cfg = cfg_in;
+  cfg.num_blocks = cfg.mixed() ? std::max(1u, cfg.num_layers) : 1;
   cfg.capacity_bytes = 0;
   cfg.num_residual_blocks = 0;
   validate_config(cfg, /*check_memory=*/false);  // nothing is allocated: any host may size any pool

@@ -33,7 +33,7 @@ void BlockFormat::smooth_keys(const KeySmoothing &s, uint32_t layer, float *x, u
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const float *sc = s.scale.data() + layer * row;
   const float *off = s.offset.empty() ? nullptr : s.offset.data() + layer * row;
-  const float lim = smooth_limit(part[0].rotation_block);
+  const float lim = smooth_limit(rotation_block(0));
   for (uint64_t t = 0; t < n; ++t) {
     float *r = x + t * row;
     for (uint64_t c = 0; c < row; ++c) {
@@ -120,8 +120,8 @@ void Pool::set_key_smoothing(const float *scale, const float *offset, size_t cou
   }
   // The pool holds no key: dynamic per-tensor key scales calibrate again,
   // from the first smoothed write.
-  if (fmt_.per_tensor(0) && fmt_.part[0].spec.static_scale <= 0.0)
-    for (uint32_t l = 0; l < cfg_.num_layers; ++l)
+  for (uint32_t l = 0; l < cfg_.num_layers; ++l)
+    if (fmt_.per_tensor(0, l) && fmt_.part(l, 0).spec.static_scale <= 0.0)
       fmt_.scale[0][l].store(0, std::memory_order_release);
   cfg_.k_smoothing = s;
   std::lock_guard<std::mutex> g(fmt_.smooth_mu);  // an append's prepare reads it unlocked

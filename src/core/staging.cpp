@@ -221,7 +221,7 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
                                  static_cast<uint64_t>(l.rope_position_of(l.n_lp + done + t)), -1);
     if (c_.fmt_.smooth) c_.fmt_.smooth_keys(layer, buf, unit);  // keys: per-channel smoothing
     for (int kv = 0; kv < 2; ++kv) {
-      const PartLayout &pl = c_.fmt_.part[kv];
+      const PartLayout &pl = c_.fmt_.part(layer, kv);
       float *x = buf + kv * unit * row;
       if (pl.rotation_block)
         for (uint32_t t = 0; t < unit; ++t) codec::hadamard(x + t * row, row, pl.rotation_block);
@@ -234,7 +234,7 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
       }
     }
     const uint64_t idx = l.n_lp + done;
-    if (l.blocks.size() <= idx / bs) l.blocks.push_back(c_.take_block());
+    if (l.blocks.size() <= idx / bs) l.blocks.push_back(c_.take_layer_block(layer));
     c_.store_->write_rows(layer, l.blocks[idx / bs], static_cast<uint32_t>(idx % bs), unit, buf,
                           buf + unit * row);
     for (uint32_t t = 0; t < unit; ++t) {
@@ -289,7 +289,7 @@ void Staging::age_written(Sequence &s, uint32_t layer, uint64_t idx0, uint64_t w
   if (!a) return;
   const bool cow = l.n_lp % bs != 0 && c_.alloc_.refcount(l.blocks.back()) > 1;
   const uint64_t need = (l.n_lp + a + bs - 1) / bs - l.blocks.size() + (cow ? 1 : 0);
-  if (need > c_.alloc_.available()) return;
+  if (need > c_.alloc_.available(c_.fmt_.class_of_layer(layer))) return;
   const size_t lp_target = static_cast<size_t>((l.n_lp + a + bs - 1) / bs);
   try {  // the block table's room and age()'s buffer, before any change
     if (l.blocks.capacity() < lp_target)

@@ -101,8 +101,9 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
       diff += std::string(diff.empty() ? "" : ", ") + names[i] + " " + u64s(b) +
               " (this pool: " + u64s(a) + ")";
   }
-  return diff.empty() ? "head-wise storage, codecs (outliers included), scales, residual window, "
-                        "attention sinks, RoPE settings, key smoothing or codebooks differ"
+  return diff.empty() ? "head-wise storage, codecs (outliers included; per-layer codecs), scales, "
+                        "residual window, attention sinks, RoPE settings, key smoothing or "
+                        "codebooks differ"
                       : diff;
 }
 
@@ -160,10 +161,11 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
   }
   const std::vector<uint8_t> fp = state_fingerprint(cfg_);
   uint64_t total = kHeader + 4 + fp.size() + 8 + 4 + 4;
-  for (const LayerTable &l : s.layers) {
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    const LayerTable &l = s.layers[li];
     total += 4 * 8 + 6 * 4 + 8 + l.positions.size() * sizeof(int32_t) + 8 +
              l.scores.size() * sizeof(float);
-    total += l.blocks.size() * block_stride_ + l.res_blocks.size() * stage_.stride;
+    total += l.blocks.size() * fmt_.stride(li) + l.res_blocks.size() * stage_.stride;
   }
   if (cfg_.residual_sinks) total += 4 + s.sink_blocks.size() * stage_.stride;
   if (any_unwritten)
@@ -190,8 +192,7 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
     w.u32(static_cast<uint32_t>(l.blocks.size()));
     w.u32(static_cast<uint32_t>(l.res_blocks.size()));
     for (int kv = 0; kv < 2; ++kv) {
-      const bool per_tensor =
-          fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
+      const bool per_tensor = fmt_.per_tensor(kv, li);
       w.u32(per_tensor ? fmt_.scale[kv][li].load(std::memory_order_acquire) : 0u);
     }
     w.u64(l.positions.size());
@@ -211,8 +212,10 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
   // the sink; slots it does not hold (the end of its last block, the
   // residual's start and end) or never wrote are zeroed in a copy, so a
   // record never carries bytes of a slot's earlier owner.
-  std::vector<uint8_t> tmp(std::max(block_stride_, stage_.stride));
-  for (const LayerTable &l : s.layers) {
+  std::vector<uint8_t> tmp(std::max(fmt_.max_stride(), stage_.stride));
+  for (uint32_t li = 0; li < cfg_.num_layers; ++li) {
+    const LayerTable &l = s.layers[li];
+    const uint32_t cl = fmt_.class_of_layer(li);  // the layer's block format
     for (size_t i = 0; i < l.blocks.size(); ++i) {
       const uint64_t first = i * bs, held = std::min<uint64_t>(bs, l.n_lp - first);
       const bool clean = held == bs && written_.all(l.blocks[i], 0, bs);
@@ -220,13 +223,13 @@ uint64_t Pool::seq_save(uint64_t id, RecordSink &out) const {
       if (!src) {
         store_->to_host(&l.blocks[i], 1, tmp.data());
         src = tmp.data();
-        if (held < bs) fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(held), bs - held);
+        if (held < bs) fmt_.zero_slots(cl, tmp.data(), static_cast<uint32_t>(held), bs - held);
         if (!clean)
           for (uint64_t t = 0; t < held; ++t)
             if (!written_.test(l.blocks[i], static_cast<uint32_t>(t)))
-              fmt_.zero_slots(tmp.data(), static_cast<uint32_t>(t), 1);
+              fmt_.zero_slots(cl, tmp.data(), static_cast<uint32_t>(t), 1);
       }
-      w.put(src, block_stride_);
+      w.put(src, fmt_.cls[cl].stride);
     }
     const uint64_t hp = l.n_tokens - l.n_lp;
     for (size_t i = 0; i < l.res_blocks.size(); ++i) {
@@ -357,8 +360,7 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     if (n_sc != (track ? l.n_tokens * heads : 0))
       Reader::corrupt("has scores of the wrong size" + at);
     for (int kv = 0; kv < 2; ++kv) {
-      const bool per_tensor =
-          fmt_.part[kv].quantized && fmt_.part[kv].spec.gran == codec::Gran::Tensor;
+      const bool per_tensor = fmt_.per_tensor(kv, li);
       if (!per_tensor && sv.scale[kv] != 0)
         Reader::corrupt("has a per-tensor scale for a part without one" + at);
     }
@@ -395,7 +397,8 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
     }
   const uint8_t *bytes = r.take(r.left());
   uint64_t expect = n_sinks * stage_.stride;
-  for (const Saved &sv : saved) expect += sv.n_blocks * block_stride_ + sv.n_res * stage_.stride;
+  for (uint32_t li = 0; li < layers; ++li)
+    expect += saved[li].n_blocks * fmt_.stride(li) + saved[li].n_res * stage_.stride;
   if (expect != static_cast<uint64_t>(size - (bytes - data)))
     Reader::corrupt("holds " + u64s(size - (bytes - data)) + " bytes of blocks, " + u64s(expect) +
                     " expected");
@@ -416,17 +419,19 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
                                      " in this pool and " + std::to_string(bits_f32(want)) +
                                      " in the record; nothing restored");
     }
-  if (need_blocks > alloc_.num_blocks() || need_res > stage_.alloc.num_blocks())
-    fail(Errc::ExceedsCapacity, "exceeds the pool's capacity: restoring needs " +
-                                    u64s(need_blocks) + " blocks (the pool has " +
-                                    u64s(alloc_.num_blocks()) + ") and " + u64s(need_res) +
-                                    " residual blocks (the pool has " +
-                                    u64s(stage_.alloc.num_blocks()) + "); nothing restored");
-  if (need_blocks > alloc_.available() || need_res > stage_.alloc.available())
+  Need need(*this);
+  for (uint32_t li = 0; li < layers; ++li) need.add(li, saved[li].n_blocks);
+  if (!ever_fits(need) || need_res > stage_.alloc.num_blocks())
+    fail(Errc::ExceedsCapacity,
+         "exceeds the pool's capacity: restoring needs " + u64s(need_blocks) +
+             " blocks (the pool has " + u64s(alloc_.num_blocks()) + ") and " + u64s(need_res) +
+             " residual blocks (the pool has " + u64s(stage_.alloc.num_blocks()) + ")" +
+             class_detail(need, true) + "; nothing restored");
+  if (!fits(need) || need_res > stage_.alloc.available())
     fail(Errc::PoolExhausted, "pool exhausted: restoring needs " + u64s(need_blocks) + " blocks (" +
                                   u64s(alloc_.available()) + " available) and " + u64s(need_res) +
                                   " residual blocks (" + u64s(stage_.alloc.available()) +
-                                  " available); nothing restored");
+                                  " available)" + class_detail(need, false) + "; nothing restored");
   auto s = std::make_unique<Sequence>();  // allocations first: may throw, nothing changed
   s->length = length;
   s->track_scores = track;
@@ -442,9 +447,9 @@ void Pool::seq_restore(uint64_t id, const uint8_t *data, size_t size) {
   const uint8_t *p = bytes;
   for (uint32_t li = 0; li < layers; ++li) {
     LayerTable &l = sp->layers[li];
-    for (uint32_t i = 0; i < saved[li].n_blocks; ++i) l.blocks.push_back(take_block());
+    for (uint32_t i = 0; i < saved[li].n_blocks; ++i) l.blocks.push_back(take_layer_block(li));
     store_->from_host(l.blocks.data(), l.blocks.size(), p);
-    p += l.blocks.size() * block_stride_;
+    p += l.blocks.size() * fmt_.stride(li);
     for (uint32_t i = 0; i < saved[li].n_res; ++i) {
       l.res_blocks.push_back(stage_.take());
       std::memcpy(stage_.ptr(l.res_blocks.back()), p, stage_.stride);

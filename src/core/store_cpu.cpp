@@ -44,7 +44,7 @@ class LayerTiles final : public attention::TileSource {
     if (t0 < l.n_lp) {
       const uint32_t slot = static_cast<uint32_t>(t0 % bs);
       const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
-      const uint8_t *blk = arena_ + static_cast<uint64_t>(l.blocks[t0 / bs]) * p_.block_stride_;
+      const uint8_t *blk = arena_ + p_.fmt_.block_offset(l.blocks[t0 / bs]);
       p_.fmt_.read_part(0, layer_, blk, slot, cnt, k8, DType::F32, l, t0);
       p_.fmt_.read_part(1, layer_, blk, slot, cnt, v8, DType::F32, l, t0);
       p_.stage_.overlay_sinks(layer_, l, t0, cnt, k8, v8, DType::F32);
@@ -70,9 +70,9 @@ class LayerTiles final : public attention::TileSource {
     const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
     const int32_t b = l.blocks[t0 / bs];
     if (!p_.written_.all(b, slot, cnt)) return 0;
-    const uint8_t *blk = arena_ + static_cast<uint64_t>(b) * p_.block_stride_;
+    const uint8_t *blk = arena_ + p_.fmt_.block_offset(b);
     for (int kv = 0; kv < 2; ++kv)
-      if (p_.fmt_.codebook[kv] || !raw_part(p_.fmt_.part[kv], blk, slot, kv ? rt.v : rt.k))
+      if (p_.fmt_.codebook[kv] || !raw_part(p_.fmt_.part(layer_, kv), blk, slot, kv ? rt.v : rt.k))
         return 0;
     return cnt;
   }
@@ -139,7 +139,7 @@ void advise_huge_pages(void *p, uint64_t bytes) {
 
 class CpuStore final : public BlockStore {
  public:
-  explicit CpuStore(PoolCore &c) : c_(c), stride_(c.block_stride_), bytes_(c.arena_bytes_) {
+  explicit CpuStore(PoolCore &c) : c_(c), bytes_(c.arena_bytes_) {
     // Anonymous mapping: page-aligned and zero-filled; pages are touched lazily.
     void *p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
@@ -152,23 +152,32 @@ class CpuStore final : public BlockStore {
 
   void taken(int32_t) override {}
   void reserved(int32_t, uint32_t, uint64_t) override {}
-  void zero(int32_t b) override { std::memset(ptr(b), 0, stride_); }
-  void copy(int32_t dst, int32_t src) override { std::memcpy(ptr(dst), ptr(src), stride_); }
+  void zero(int32_t b) override { std::memset(ptr(b), 0, c_.fmt_.block_stride(b)); }
+  // (dst and src are blocks of one format: copy-on-write takes a block of src's)
+  void copy(int32_t dst, int32_t src) override {
+    std::memcpy(ptr(dst), ptr(src), c_.fmt_.block_stride(src));
+  }
   const uint8_t *host_block(int32_t b) const override { return ptr(b); }
   void to_host(const int32_t *blocks, size_t n, uint8_t *host) const override {
     const uint32_t bs = c_.cfg_.block_size;
     for (size_t i = 0; i < n; ++i) {
-      uint8_t *h = host + i * stride_;
-      std::memcpy(h, ptr(blocks[i]), stride_);
+      const uint32_t cl = c_.alloc_.class_of(blocks[i]);
+      const uint64_t stride = c_.fmt_.cls[cl].stride;
+      std::memcpy(host, ptr(blocks[i]), stride);
       // The copy carries zeros, not an earlier owner's bytes, in the slots
       // no one wrote since the block was taken (a swap out and in keeps them so).
       if (!c_.written_.all(blocks[i], 0, bs))
         for (uint32_t t = 0; t < bs; ++t)
-          if (!c_.written_.test(blocks[i], t)) c_.fmt_.zero_slots(h, t, 1);
+          if (!c_.written_.test(blocks[i], t)) c_.fmt_.zero_slots(cl, host, t, 1);
+      host += stride;
     }
   }
   void from_host(const int32_t *blocks, size_t n, const uint8_t *host) override {
-    for (size_t i = 0; i < n; ++i) std::memcpy(ptr(blocks[i]), host + i * stride_, stride_);
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t stride = c_.fmt_.block_stride(blocks[i]);
+      std::memcpy(ptr(blocks[i]), host, stride);
+      host += stride;
+    }
   }
   void set_stream(void *stream) override {
     if (stream)
@@ -192,10 +201,10 @@ class CpuStore final : public BlockStore {
     // Pre-RoPE keys are rotated back (then Hadamard-rotated) by write(), at
     // the RoPE positions of the layer's indices they land on, into kpre.
     float *kpre = nullptr;
-    if (c_.fmt_.part[0].quantized || c_.fmt_.part[1].quantized) {
+    if (c_.fmt_.quantized(0) || c_.fmt_.quantized(1)) {
       float *buf = scratch_input((ktrans ? 3 : 2) * n * row);
       for (int kv = 0; kv < 2; ++kv) {
-        if (!c_.fmt_.part[kv].quantized) continue;
+        if (!c_.fmt_.quantized(kv)) continue;
         float *dst = buf + kv * n * row;
         convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
         codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
@@ -204,13 +213,13 @@ class CpuStore final : public BlockStore {
         // pre-RoPE keys are checked as if the rotation block were twice as large.
         // (Smoothed keys are clamped into a rotatable range by smooth_keys.)
         codec::check_rotatable(dst, n * row,
-                               pre ? std::max<uint32_t>(2, 2 * c_.fmt_.part[kv].rotation_block)
-                                   : c_.fmt_.part[kv].rotation_block);
+                               pre ? std::max<uint32_t>(2, 2 * c_.fmt_.rotation_block(kv))
+                                   : c_.fmt_.rotation_block(kv));
         // Rotate each head before calibrating and encoding (keys with a
         // transform of their own: write() does, after it).
-        if (c_.fmt_.part[kv].rotation_block && !(kv == 0 && ktrans))
+        if (c_.fmt_.rotation_block(kv) && !(kv == 0 && ktrans))
           for (uint64_t t = 0; t < n; ++t)
-            codec::hadamard(dst + t * row, row, c_.fmt_.part[kv].rotation_block);
+            codec::hadamard(dst + t * row, row, c_.fmt_.rotation_block(kv));
         (kv == 0 ? kf : vf) = dst;
       }
       if (ktrans) kpre = buf + 2 * n * row;
@@ -241,15 +250,15 @@ class CpuStore final : public BlockStore {
           c_.fmt_.pre_rope->rotate(kpre + t * row, c_.cfg_.num_kv_heads,
                                    static_cast<uint64_t>(l.rope_position_of(idx0 + t)), -1);
       if (in.smooth) c_.fmt_.smooth_keys(*in.smooth, layer, kpre, n);
-      if (c_.fmt_.part[0].rotation_block)
+      if (c_.fmt_.rotation_block(0))
         for (uint64_t t = 0; t < n; ++t)
-          codec::hadamard(kpre + t * row, row, c_.fmt_.part[0].rotation_block);
+          codec::hadamard(kpre + t * row, row, c_.fmt_.rotation_block(0));
       kq = kpre;
     }
     // sinks saturate: read from their copies
     const uint64_t skip = c_.stage_.leading_sinks(l, idx0, n);
     for (int kv = 0; kv < 2; ++kv)
-      if (c_.fmt_.part[kv].quantized && c_.fmt_.part[kv].spec.gran == codec::Gran::Tensor)
+      if (c_.fmt_.per_tensor(kv, layer))
         c_.fmt_.calibrate(kv, layer, (kv == 0 ? kq : vf) + skip * row, (n - skip) * row);
     uint64_t done = 0;
     while (done < n) {
@@ -328,7 +337,8 @@ class CpuStore final : public BlockStore {
       const uint64_t ss = k[j] % bs, ds = j % bs;
       uint64_t run = 1;
       while (j + run < kn && k[j + run] == k[j] + run && ss + run < bs && ds + run < bs) ++run;
-      c_.fmt_.move_run(ptr(l.blocks[j / bs]), ds, ptr(l.blocks[k[j] / bs]), ss, run);
+      c_.fmt_.move_run(c_.alloc_.class_of(l.blocks[j / bs]), ptr(l.blocks[j / bs]), ds,
+                       ptr(l.blocks[k[j] / bs]), ss, run);
       j += run;
     }
   }
@@ -337,7 +347,7 @@ class CpuStore final : public BlockStore {
                    const std::vector<int64_t> &delta, RopeShift &rope) override {
     const uint64_t bs = c_.cfg_.block_size, h = c_.cfg_.num_kv_heads, hd = c_.cfg_.head_dim,
                    row = h * hd;
-    const PartLayout &kp = c_.fmt_.part[0];
+    const PartLayout &kp = c_.fmt_.part(layer, 0);
     float *krow = scratch_input(2 * row);
     for (size_t i = 0; i < idx.size(); ++i) {
       const uint64_t j = idx[i];
@@ -477,9 +487,9 @@ class CpuStore final : public BlockStore {
     }
   }
 
-  uint8_t *ptr(int32_t b) const { return arena_ + static_cast<uint64_t>(b) * stride_; }
+  uint8_t *ptr(int32_t b) const { return arena_ + c_.fmt_.block_offset(b); }
   PoolCore &c_;
-  uint64_t stride_, bytes_;
+  uint64_t bytes_;
   uint8_t *arena_ = nullptr;
 };
 

@@ -31,7 +31,7 @@ cuda::Geometry geometry(const PoolCore &c) {
   g.block_size = c.cfg_.block_size;
   g.block_stride = c.block_stride_;
   for (int kv = 0; kv < 2; ++kv) {
-    const PartLayout &pl = c.fmt_.part[kv];
+    const PartLayout &pl = c.fmt_.cls[0].part[kv];  // (CUDA pools have one block format)
     cuda::PartDesc &d = g.part[kv];
     d.dtype = static_cast<int32_t>(pl.spec.dtype);
     d.gran = static_cast<int32_t>(pl.spec.gran);
@@ -68,7 +68,7 @@ class CudaStore final : public BlockStore {
   // Device kernels and copies read whole blocks: none of an earlier owner's bytes.
   void taken(int32_t b) override { zero(b); }
   void reserved(int32_t b, uint32_t slot, uint64_t n) override {
-    c_.fmt_.for_slot_bytes(slot, n, [&](uint64_t off, uint64_t len) {
+    c_.fmt_.for_slot_bytes(0, slot, n, [&](uint64_t off, uint64_t len) {
       dev_->zero(static_cast<uint64_t>(b) * stride_ + off, len);
     });
   }

@@ -61,13 +61,16 @@ struct KeySmoothing {
 // signed extreme.
 constexpr uint32_t kCodebookTag = 0x314b4243u;  // "CBK1" little-endian, in fingerprints
 struct Codebook {
-  uint32_t per_layer = 0;     // levels of a layer: 2^bits of the part's codec
-  std::vector<float> levels;  // [num_layers][per_layer]
-  uint8_t digest[16] = {};    // XXH3-128 of "CBK1", the part, per_layer and the levels' bits
+  uint32_t per_layer = 0;     // levels of a layer: 2^bits of the part's codec (0: per-layer codecs)
+  std::vector<float> levels;  // [num_layers][per_layer], or each layer's 2^bits in turn
+  std::vector<uint64_t> offset;  // per-layer codecs: layer l's levels start at offset[l]
+  uint8_t digest[16] = {};       // XXH3-128 of "CBK1", the part, per_layer (and counts), the levels
   const float *layer(uint32_t l) const {
-    return levels.data() + static_cast<uint64_t>(l) * per_layer;
+    return levels.data() + (offset.empty() ? static_cast<uint64_t>(l) * per_layer : offset[l]);
   }
 };
+
+constexpr uint32_t kMixedTag = 0x3158494du;  // "MIX1" little-endian, in fingerprints
 
 struct PoolConfig {
   uint32_t num_layers = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
@@ -110,6 +113,15 @@ struct PoolConfig {
   std::shared_ptr<const KeySmoothing> k_smoothing;
   // Codebooks of K (0) and V (1) (null: uniform codes); set on an empty pool only.
   std::shared_ptr<const Codebook> codebook[2];
+  // Mixed precision: the K (0) and V (1) codec of each layer (num_layers
+  // entries each), or empty: k_codec / v_codec for every layer. A validated
+  // configuration keeps them only when two layers differ (k_codec / v_codec
+  // then hold layer 0's).
+  std::vector<codec::Spec> layer_codec[2];
+  bool mixed() const { return !layer_codec[0].empty(); }
+  const codec::Spec &codec_of(uint32_t layer, int kv) const {
+    return layer_codec[kv].empty() ? (kv == 0 ? k_codec : v_codec) : layer_codec[kv][layer];
+  }
 };
 
 // Prefix cache (core/prefix_cache.h).

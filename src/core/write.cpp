@@ -93,8 +93,7 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   // quantized parts to f32 and refuses NaN / Inf before anything is written;
   // a CUDA store checks on the device.
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
-  if ((fmt_.part[0].quantized || fmt_.part[1].quantized) &&
-      n > (uint64_t(1) << 40) / (row ? row : 1))
+  if ((fmt_.quantized(0) || fmt_.quantized(1)) && n > (uint64_t(1) << 40) / (row ? row : 1))
     fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
   const BlockStore::Input in = store_->prepare(n, k, v, src);
   // (Under the pool lock: the key smoothing prepare() used is still the pool's.)
@@ -146,11 +145,14 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   LayerTable &l = s.layers[layer];
   check_lp_write(l, idx0);
   const auto need = shared_in_write(l, idx0, n);
-  if (need.first > alloc_.available() || need.second > stage_.alloc.available())
-    fail(Errc::PoolExhausted, "pool exhausted: copy-on-write needs " + u64s(need.first) +
-                                  " blocks (" + u64s(alloc_.available()) + " available) and " +
-                                  u64s(need.second) + " residual blocks (" +
-                                  u64s(stage_.alloc.available()) + " available)");
+  const uint32_t cl = fmt_.class_of_layer(layer);  // the layer's blocks' format
+  if (need.first > alloc_.available(cl) || need.second > stage_.alloc.available())
+    fail(Errc::PoolExhausted,
+         "pool exhausted: copy-on-write needs " + u64s(need.first) + " blocks (" +
+             u64s(alloc_.available(cl)) + " available" +
+             (fmt_.mixed() ? " in " + table_name(layer) + "'s block format" : std::string()) +
+             ") and " + u64s(need.second) + " residual blocks (" + u64s(stage_.alloc.available()) +
+             " available)");
   cow_for_write(l, idx0, n);
   note_usage();
   write(l, idx0);

@@ -73,7 +73,9 @@ static const field pool_config_fields[] = {F(kvc_pool_config, struct_size),
                                            F(kvc_pool_config, rope_style),
                                            F(kvc_pool_config, rope_dims),
                                            F(kvc_pool_config, rope_theta),
-                                           F(kvc_pool_config, residual_sinks)};
+                                           F(kvc_pool_config, residual_sinks),
+                                           F(kvc_pool_config, layer_k_codecs),
+                                           F(kvc_pool_config, layer_v_codecs)};
 static const field stats_fields[] = {F(kvc_stats, struct_size),
                                      F(kvc_stats, blocks_total),
                                      F(kvc_stats, blocks_free),

@@ -117,7 +117,9 @@ FIELD(kvc_pool_config, rope_style, 112, 4); /* 0.3 */
 FIELD(kvc_pool_config, rope_dims, 116, 4);
 FIELD(kvc_pool_config, rope_theta, 120, 8);
 FIELD(kvc_pool_config, residual_sinks, 128, 4);
-SIZE(kvc_pool_config, 136);
+FIELD(kvc_pool_config, layer_k_codecs, 136, 8); /* 0.4 */
+FIELD(kvc_pool_config, layer_v_codecs, 144, 8); /* 0.4 */
+SIZE(kvc_pool_config, 152);
 
 /* ---- kvc_stats (minimum accepted size: through blocks_shared = 48) ---- */
 FIELD(kvc_stats, struct_size, 0, 8);

@@ -83,6 +83,14 @@ void run_eval_command(EvalCommand &cmd) {
     eval_opt.long_context = true;
     if (cmd.max_tokens->count() == 0) eval_opt.max_tokens = kLongEvalTokens;
   }
+  if (!eval_opt.sensitivity.empty()) {
+    if (cmd.app->count("--strategies") > 0)
+      throw RunnerError("--sensitivity makes its own rows: give it without --strategies");
+    // Fail before the long run: the rows parse (layer 0 stands for every layer).
+    parse_strategy(eval_opt.sensitivity_base + "@0=" + eval_opt.sensitivity);
+  } else if (cmd.app->count("--sensitivity-base") > 0) {
+    throw RunnerError("--sensitivity-base applies to --sensitivity only");
+  }
   eval_opt.strategies = parse_strategy_list(strategies_arg);
   if (!cmd.plot_path.empty()) check_plot_target(cmd.plot_path);  // fail before the long run
   eval_opt.progress = !cmd.no_progress;
@@ -184,6 +192,13 @@ void register_eval(CLI::App &app) {
   eval->add_option("--codebook-text", eval_opt.codebook_text,
                    "codebook=fit rows: the text their levels are fitted on (default: shared "
                    "data/out-of-domain.txt, as `kvcache calibrate`; 4 windows of up to 512)");
+  eval->add_option("--sensitivity", eval_opt.sensitivity,
+                   "Per-layer sensitivity scan: rows of the base codecs with one layer at a time "
+                   "stored with these codecs (e.g. k-int3:per-token+v-int3:group=32); compare "
+                   "their KL to choose per-layer codecs (BASE@LAYERS=CODECS, docs/eval.md)");
+  eval->add_option("--sensitivity-base", eval_opt.sensitivity_base,
+                   "--sensitivity: the codecs of the other layers")
+      ->capture_default_str();
   eval->add_flag("--json", cmd->json, "Write one JSON object to stdout instead of the table");
   eval->add_option(
       "--plot", cmd->plot_path,

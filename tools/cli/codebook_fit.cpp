@@ -210,6 +210,12 @@ std::vector<FittedCodebook> fit_codebooks(const kvc_runner::Model &model,
   return out;
 }
 
+void layer_codebook_part(const kvc_codec &c, const kvc_runner::ModelConfig &mc, CodebookPart &p) {
+  p.bits = c.dtype == KVC_DTYPE_INT4 ? 4 : c.dtype == KVC_DTYPE_INT3 ? 3 : 2;
+  p.group = c.granularity == KVC_SCALE_PER_TOKEN ? static_cast<std::uint64_t>(mc.head_dim())
+                                                 : c.group_size;
+}
+
 std::vector<CodebookPart> strategy_codebook_parts(const Strategy &s,
                                                   const kvc_runner::ModelConfig &mc,
                                                   const std::vector<float> &key_scale,
@@ -221,9 +227,7 @@ std::vector<CodebookPart> strategy_codebook_parts(const Strategy &s,
     const kvc_codec &c = kv ? s.v_codec : s.k_codec;
     CodebookPart p;
     p.part = kv;
-    p.bits = c.dtype == KVC_DTYPE_INT4 ? 4 : c.dtype == KVC_DTYPE_INT3 ? 3 : 2;
-    p.group = c.granularity == KVC_SCALE_PER_TOKEN ? static_cast<std::uint64_t>(mc.head_dim())
-                                                   : c.group_size;
+    layer_codebook_part(c, mc, p);
     if (c.rotation == KVC_ROTATION_HADAMARD) {
       p.rotation = c.rotation_block;
       if (!p.rotation)  // the pool's default: the largest power of two dividing head_dim

@@ -41,6 +41,9 @@ struct CodebookPart {
   std::vector<float> smooth_scale, smooth_offset;
 };
 
+/// Bits and group (head_dim for per-token scales) of codec `c` into `p`.
+void layer_codebook_part(const kvc_codec &c, const kvc_runner::ModelConfig &mc, CodebookPart &p);
+
 /// The parts of strategy `s` with a codebook (keys first; with `fit_only`
 /// only its `codebook=fit` parts), as its pool transforms them: bits and
 /// group of its codec (head_dim for per-token scales), the Hadamard block

@@ -40,6 +40,10 @@ struct EvalOptions {
   std::string tokenizer;  ///< empty: the model's own
   std::string text;       ///< empty: <shared>/data/tinystories-valid-sample.txt
   std::vector<Strategy> strategies;
+  /// --sensitivity CODECS: the rows are sensitivity_base, then for each
+  /// layer l sensitivity_base@l=CODECS (one layer at a time quantized with
+  /// CODECS, the others with the base), instead of `strategies`.
+  std::string sensitivity, sensitivity_base = "int8";
   int ctx = 0;                ///< 0: the model's seq_len; above it runs past the trained context
   bool long_context = false;  ///< --long: ctx 0 means kLongContextFactor x seq_len
   int chunk = 0;    ///< positions per forward pass (0: 1 for llama2.c models, kGgufChunk for GGUF)

@@ -565,7 +565,14 @@ EvalReport run_eval(const EvalOptions &opt) {
   EvalReport rep;
   const EvalInput in = load_eval_input(opt, rep);
   if (opt.before_run) opt.before_run(rep);
-  const StrategyRows strategy_list = strategy_rows(opt.strategies);
+  std::vector<Strategy> listed = opt.strategies;
+  if (!opt.sensitivity.empty()) {  // the base, then one layer at a time with CODECS
+    listed = {parse_strategy(opt.sensitivity_base)};
+    for (int l = 0; l < in.model.config().n_layers; ++l)
+      listed.push_back(
+          parse_strategy(opt.sensitivity_base + "@" + std::to_string(l) + "=" + opt.sensitivity));
+  }
+  const StrategyRows strategy_list = strategy_rows(listed);
   const std::vector<Strategy> &rows = strategy_list.rows;
   const std::size_t n_rows = rows.size();
   Policies policies;
@@ -600,11 +607,17 @@ EvalReport run_eval(const EvalOptions &opt) {
         fit_parts.push_back(std::move(p));
         continue;
       }
-      std::vector<float> one(std::size_t{1} << p.bits);
-      if (kvc_codebook_gaussian(p.bits, p.group, one.data()) != KVC_OK)
-        throw RunnerError("kvc_codebook_gaussian: " + std::string(kvc_last_error_message()));
       std::vector<float> &all = row_settings[r].codebook[p.part];
-      for (int l = 0; l < mc.n_layers; ++l) all.insert(all.end(), one.begin(), one.end());
+      for (int l = 0; l < mc.n_layers; ++l) {
+        // Per-layer codecs: the layer's own bits and group.
+        CodebookPart q = p;
+        for (const kvc_runner::PoolSettings::LayerCodec &lc : row_settings[r].layer_codecs)
+          if (lc.layer == std::uint32_t(l)) layer_codebook_part(p.part ? lc.v : lc.k, mc, q);
+        std::vector<float> one(std::size_t{1} << q.bits);
+        if (kvc_codebook_gaussian(q.bits, q.group, one.data()) != KVC_OK)
+          throw RunnerError("kvc_codebook_gaussian: " + std::string(kvc_last_error_message()));
+        all.insert(all.end(), one.begin(), one.end());
+      }
     }
   }
   if (!fit_parts.empty()) {

@@ -512,7 +512,103 @@ void resolve_policy(Strategy &st, const std::string &where) {
 
 }  // namespace
 
+namespace {
+Strategy parse_base(const std::string &spec);
+
+// "0.3.8-11": layer indices (ascending once sorted, each once).
+std::vector<std::uint32_t> parse_layers(const std::string &where, const std::string &text) {
+  std::vector<std::uint32_t> out;
+  for (const std::string &item : split(text, '.')) {
+    const std::size_t dash = item.find('-');
+    const std::string a = dash == std::string::npos ? item : item.substr(0, dash);
+    const std::string b = dash == std::string::npos ? item : item.substr(dash + 1);
+    auto index = [&](const std::string &x) {
+      if (x.empty() || x.size() > 4 || x.find_first_not_of("0123456789") != std::string::npos)
+        throw RunnerError(where + "layers '" + text +
+                          "': expected indices and ranges joined by '.', like 0.3.8-11");
+      return static_cast<std::uint32_t>(std::stoul(x));
+    };
+    const std::uint32_t lo = index(a), hi = index(b);
+    if (hi < lo) throw RunnerError(where + "layers '" + text + "': range " + item + " is empty");
+    for (std::uint32_t l = lo; l <= hi; ++l) out.push_back(l);
+  }
+  std::sort(out.begin(), out.end());
+  if (std::adjacent_find(out.begin(), out.end()) != out.end())
+    throw RunnerError(where + "layers '" + text + "': a layer is listed twice");
+  return out;
+}
+
+// A strategy's codecs as the pool takes them (plain storage: a float codec).
+kvc_codec codec_or_plain(bool quantized, const kvc_codec &c, kvc_dtype plain) {
+  if (quantized) return c;
+  kvc_codec p;
+  kvc_codec_init(&p);
+  p.dtype = plain;
+  p.granularity = KVC_SCALE_NONE;
+  return p;
+}
+}  // namespace
+
 Strategy parse_strategy(const std::string &spec) {
+  const std::string where = "strategy '" + spec + "': ";
+  const std::vector<std::string> parts = split(spec, '@');
+  Strategy st = parse_base(parts[0]);
+  if (parts.size() == 1) return st;
+  // Per-layer codecs: BASE@LAYERS=CODECS@...
+  if (st.has_policy || st.has_wrapper)
+    throw RunnerError(where + "per-layer codecs (@LAYERS=...) take no eviction policy here");
+  if (st.k_codec.granularity == KVC_SCALE_PER_CHANNEL ||
+      st.v_codec.granularity == KVC_SCALE_PER_CHANNEL || st.headwise || st.codebook_fit[0] ||
+      st.codebook_fit[1])
+    throw RunnerError(where +
+                      "per-layer codecs (@LAYERS=...) take per-token, per-group and per-tensor "
+                      "codecs (no kivi, hybrid or kchannel; codebook, not codebook=fit)");
+  std::vector<std::uint32_t> seen;
+  std::string text = st.spec;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    const std::size_t eq = parts[i].find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == parts[i].size())
+      throw RunnerError(where + "'@" + parts[i] +
+                        "': expected @LAYERS=CODECS, like @0.1=k-int8+v-int8");
+    Strategy::LayerPart lp;
+    lp.layers = parse_layers(where, parts[i].substr(0, eq));
+    const Strategy alt = parse_base(parts[i].substr(eq + 1));
+    if (alt.has_policy || alt.has_wrapper || alt.residual_window || alt.residual_fraction > 0.0 ||
+        alt.k_codec.granularity == KVC_SCALE_PER_CHANNEL ||
+        alt.v_codec.granularity == KVC_SCALE_PER_CHANNEL || alt.headwise)
+      throw RunnerError(where + "'@" + parts[i] +
+                        "': a layer's part takes codecs only (per-token, per-group or per-tensor)");
+    // What applies to the whole pool is the base's: a part may repeat it, not change it.
+    if ((alt.residual_sinks && alt.residual_sinks != st.residual_sinks) ||
+        (alt.pre_rope_keys && !st.pre_rope_keys) ||
+        (alt.key_smooth > 0.0 && alt.key_smooth != st.key_smooth))
+      throw RunnerError(where + "'@" + parts[i] +
+                        "': sinks, pre-rope and smooth apply to every layer: give them on the "
+                        "base (a layer's part may repeat the base's)");
+    for (int kv = 0; kv < 2; ++kv)
+      if (alt.codebook[kv] != st.codebook[kv] || alt.codebook_fit[kv])
+        throw RunnerError(where + "'@" + parts[i] + "': " + (kv ? "values" : "keys") +
+                          " take a codebook in every layer or in none (codebook, not "
+                          "codebook=fit): as the base");
+    if (alt.block_size != st.block_size)
+      throw RunnerError(where + "'@" + parts[i] + "': its block size differs from the base's");
+    lp.k = codec_or_plain(alt.k_quantized, alt.k_codec, alt.k_dtype);
+    lp.v = codec_or_plain(alt.v_quantized, alt.v_codec, alt.v_dtype);
+    for (std::uint32_t l : lp.layers) {
+      if (std::find(seen.begin(), seen.end(), l) != seen.end())
+        throw RunnerError(where + "layer " + std::to_string(l) + " is in two @ parts");
+      seen.push_back(l);
+    }
+    lp.text = parts[i].substr(0, eq) + "=" + alt.spec;
+    text += "@" + lp.text;
+    st.layer_parts.push_back(std::move(lp));
+  }
+  st.spec = text;
+  return st;
+}
+
+namespace {
+Strategy parse_base(const std::string &spec) {
   const std::string where = "strategy '" + spec + "': ";
   if (spec.empty()) throw RunnerError("empty strategy spec");
   if (spec.find_first_of(" \t,") != std::string::npos) {
@@ -713,6 +809,8 @@ Strategy parse_strategy(const std::string &spec) {
   return st;
 }
 
+}  // namespace
+
 std::vector<Strategy> parse_strategy_list(const std::string &list) {
   std::vector<Strategy> out;
   for (const std::string &item : split(list, ',')) {
@@ -809,6 +907,8 @@ kvc_runner::PoolSettings pool_settings(const Strategy &s) {
   ps.pre_rope_keys = s.pre_rope_keys;
   ps.headwise = s.headwise;
   ps.block_size = s.block_size;
+  for (const Strategy::LayerPart &lp : s.layer_parts)
+    for (std::uint32_t l : lp.layers) ps.layer_codecs.push_back({l, lp.k, lp.v});
   return ps;  // (codebooks need the model's geometry: codebook_levels())
 }
 

@@ -63,6 +63,14 @@ struct Strategy {
   /// layer (codebook_fit.h) before the run instead of the Gaussian table.
   bool codebook_fit[2] = {false, false};
   std::uint32_t block_size = 16;  ///< pool block size (per-channel groups must divide it)
+  /// Per-layer codecs: "BASE@LAYERS=CODECS" parts (kvc_pool_config.layer_k_codecs); each
+  /// layer listed stores K and V with that part's codecs instead of the base's.
+  struct LayerPart {
+    std::vector<std::uint32_t> layers;  ///< ascending, distinct
+    std::string text;                   ///< "LAYERS=CODECS" as written (canonical)
+    kvc_codec k{}, v{};                 ///< the codecs (plain: a float dtype, KVC_SCALE_NONE)
+  };
+  std::vector<LayerPart> layer_parts;
   // Eviction (when has_policy): the library policy and the eval protocol.
   enum class Protocol { None, Stream, PrefillCompress };
   Protocol protocol = Protocol::None;

@@ -57,7 +57,7 @@ KvPool::KvPool(const ModelConfig &c, kvc_dtype k_dtype, kvc_dtype v_dtype, std::
           max_tokens, max_seqs) {}
 
 kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
-                            std::uint64_t num_blocks) {
+                            std::uint64_t num_blocks, std::vector<const kvc_codec *> (*tables)[2]) {
   kvc_pool_config config;
   check_kvc(kvc_pool_config_init(&config), "kvc_pool_config_init");
   config.num_layers = static_cast<std::uint32_t>(c.n_layers);
@@ -81,6 +81,21 @@ kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
   if (settings.residual_window || settings.residual_fraction > 0 || settings.residual_sinks ||
       (settings.k_codec && settings.k_codec->granularity == KVC_SCALE_PER_CHANNEL))
     config.num_residual_blocks = config.num_blocks;
+  if (!settings.layer_codecs.empty()) {
+    if (!tables) throw RunnerError("per-layer codecs (@LAYERS=...) are not supported here");
+    for (int kv = 0; kv < 2; ++kv)
+      (*tables)[kv].assign(std::size_t(c.n_layers), kv == 0 ? settings.k_codec : settings.v_codec);
+    for (const PoolSettings::LayerCodec &lc : settings.layer_codecs) {
+      if (lc.layer >= std::uint32_t(c.n_layers))
+        throw RunnerError("per-layer codecs: layer " + std::to_string(lc.layer) +
+                          ", the model has " + std::to_string(c.n_layers) + " layers (0.." +
+                          std::to_string(c.n_layers - 1) + ")");
+      (*tables)[0][lc.layer] = &lc.k;
+      (*tables)[1][lc.layer] = &lc.v;
+    }
+    config.layer_k_codecs = (*tables)[0].data();
+    config.layer_v_codecs = (*tables)[1].data();
+  }
   return config;
 }
 
@@ -97,7 +112,9 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
   // A head-wise pool's blocks hold one KV head: as many per head as per layer.
   const std::uint64_t tables =
       std::uint64_t(c.n_layers) * (settings.headwise ? std::uint64_t(c.n_kv_heads) : 1);
-  const kvc_pool_config config = pool_config(c, settings, blocks_per_layer * tables * max_seqs);
+  std::vector<const kvc_codec *> layer_tables[2];
+  const kvc_pool_config config =
+      pool_config(c, settings, blocks_per_layer * tables * max_seqs, &layer_tables);
   check_kvc(kvc_pool_create(&config, &pool_), "kvc_pool_create");
   settings_.key_scale.clear();  // copied into the pool
   settings_.key_offset.clear();
@@ -136,6 +153,17 @@ KvPool::KvPool(const ModelConfig &c, const PoolSettings &settings, std::uint32_t
     }
   }
   kvc_pool_layout_init(&layout_);
+  if (!settings.layer_codecs.empty()) {
+    // Per-layer codecs: no one layout (blocks differ in size); the runner
+    // reads such a pool through kvc_gather (a quantized layout marks it).
+    layout_.num_kv_heads = config.num_kv_heads;
+    layout_.head_dim = config.head_dim;
+    layout_.block_size = config.block_size;
+    layout_.device = KVC_DEVICE_CPU;
+    layout_.k_dtype = layout_.v_dtype = KVC_DTYPE_INT8;
+    settings_.layer_codecs.clear();
+    return;
+  }
   const kvc_status s = kvc_pool_get_layout(pool_, &layout_);
   if (s != KVC_OK) {
     kvc_pool_destroy(pool_);

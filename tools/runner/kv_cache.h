@@ -80,17 +80,30 @@ struct PoolSettings {
   bool pre_rope_keys = false;  ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
   /// Per-channel key smoothing (kvc_pool_set_key_smoothing): `[layers][kv_dim]`, empty: none.
   std::vector<float> key_scale, key_offset;
-  /// Codebooks of K ([0]) and V ([1]) (kvc_pool_set_codebook): `[layers][2^bits]`, empty: none.
+  /// Codebooks of K ([0]) and V ([1]) (kvc_pool_set_codebook): `[layers][2^bits]` (per-layer
+  /// codecs: each layer's 2^bits in turn), empty: none.
   std::vector<float> codebook[2];
   std::uint32_t block_size = 16;
+  /// Per-layer codecs (kvc_pool_config.layer_k_codecs / layer_v_codecs):
+  /// layers whose K and V use these codecs instead of the pool's (a float
+  /// dtype with KVC_SCALE_NONE: plain storage of it).
+  struct LayerCodec {
+    std::uint32_t layer = 0;
+    kvc_codec k{}, v{};
+  };
+  std::vector<LayerCodec> layer_codecs;
   bool prefix_cache = false;  ///< enable the pool's prefix cache (SHA-256, fixed seed)
   bool headwise = false;      ///< a block table per (layer, KV head) (KVC_POOL_HEADWISE)
 };
 
 /// The kvc_pool_config of a pool of `num_blocks` blocks with these settings
 /// for the model's geometry (what KvPool creates; the codecs are pointed to).
+/// With per-layer codecs, `tables` receives the two per-layer pointer arrays
+/// the config points to (they must outlive it); without `tables` such
+/// settings throw RunnerError.
 kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
-                            std::uint64_t num_blocks);
+                            std::uint64_t num_blocks,
+                            std::vector<const kvc_codec *> (*tables)[2] = nullptr);
 
 /// Owns a kvc_pool sized from the model geometry.
 class KvPool {

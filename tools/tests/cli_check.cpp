@@ -460,6 +460,76 @@ int codebook(const std::string &kvcache) {
 //   the Gaussian table on this model's values and keys (measured at 600
 //   tokens: KL 6.72e-3 against 7.25e-3, 7.46e-3 against 8.48e-3), and the
 //   report names the text they were fitted on.
+// Per-layer codecs (BASE@LAYERS=CODECS) and the sensitivity scan on
+// stories260K (5 layers): each row pays every layer's own bytes, more bits
+// in two layers lose less, codebooks per layer run, and --sensitivity makes
+// the base and one row per layer.
+int mixed(const std::string &kvcache) {
+  const std::string base = "k-int4:per-token+v-int4:per-token";
+  const std::string hi = "k-int8:per-token+v-int8:per-token";
+  const std::string mix = base + "@0.3=" + hi;
+  const std::string cb = "k-int4:per-token:hadamard:codebook+v-int3:per-token:hadamard:codebook";
+  const std::string cb_mix =
+      cb + "@1-2=k-int2:per-token:sym:hadamard:codebook+v-int2:per-token:sym:hadamard:codebook";
+  const std::vector<std::string> rows = {base, hi, mix, cb, cb_mix};
+  std::string list;
+  for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
+  const nlohmann::json a = run_json(
+      {kvcache, "eval", "--max-tokens", "300", "--json", "--no-progress", "--strategies", list});
+  if (!a.contains("results")) return 1;
+  std::map<std::string, nlohmann::json> by;
+  for (const auto &r : a["results"]) by[r["strategy"].get<std::string>()] = r;
+  for (const std::string &name : rows)
+    if (!by.count(name)) {
+      fail("no row " + name);
+      return 1;
+    }
+  const double b_lo = by[base]["kv_bytes_per_token"].get<double>();
+  const double b_hi = by[hi]["kv_bytes_per_token"].get<double>();
+  const double b_mix = by[mix]["kv_bytes_per_token"].get<double>();
+  // 2 of 5 layers at int8: (2 x int8 + 3 x int4) / 5 of the uniform rows' bytes
+  check(std::fabs(5.0 * b_mix - (2.0 * b_hi + 3.0 * b_lo)) < 5.0,
+        "mixed bytes per token " + std::to_string(b_mix) + ", expected (2 x " +
+            std::to_string(b_hi) + " + 3 x " + std::to_string(b_lo) + ") / 5");
+  check(by[mix]["mean_bits_per_element"].get<double>() >
+                by[base]["mean_bits_per_element"].get<double>() &&
+            by[mix]["mean_bits_per_element"].get<double>() <
+                by[hi]["mean_bits_per_element"].get<double>(),
+        "mixed mean bits between the uniform rows'");
+  const double kl_lo = by[base]["kl_mean"].get<double>(), kl_mix = by[mix]["kl_mean"].get<double>();
+  check(kl_mix < kl_lo, "int8 in layers 0 and 3 loses less: KL " + std::to_string(kl_mix) + " vs " +
+                            std::to_string(kl_lo));
+  check(by[cb_mix]["kv_bytes_per_token"].get<double>() < by[cb]["kv_bytes_per_token"].get<double>(),
+        "int2 codebook layers cost fewer bytes");
+  check(by[cb_mix]["kl_mean"].get<double>() > by[cb]["kl_mean"].get<double>(),
+        "int2 codebook layers lose more");
+  // --sensitivity: the base, then one row per layer with int2 there.
+  const nlohmann::json sres = run_json({kvcache, "eval", "--max-tokens", "100", "--json",
+                                        "--no-progress", "--sensitivity", "int2:per-token"});
+  if (!sres.contains("results")) return 1;
+  std::vector<std::string> names;
+  for (const auto &r : sres["results"]) names.push_back(r["strategy"].get<std::string>());
+  const std::vector<std::string> want = {"f32",
+                                         "int8",
+                                         "int8@0=int2:per-token",
+                                         "int8@1=int2:per-token",
+                                         "int8@2=int2:per-token",
+                                         "int8@3=int2:per-token",
+                                         "int8@4=int2:per-token"};
+  check(names == want, "sensitivity rows: " + nlohmann::json(names).dump());
+  if (names == want) {
+    const double b8 = sres["results"][1]["kv_bytes_per_token"].get<double>();
+    for (std::size_t i = 2; i < want.size(); ++i) {
+      check(sres["results"][i]["kv_bytes_per_token"].get<double>() < b8,
+            want[i] + ": fewer bytes than int8");
+      check(
+          sres["results"][i]["kl_mean"].get<double>() > sres["results"][1]["kl_mean"].get<double>(),
+          want[i] + ": int2 in one layer loses more than int8 everywhere");
+    }
+  }
+  return failures ? 1 : 0;
+}
+
 int codebook_fit(const std::string &kvcache, const std::string &dir) {
   const std::string file = dir + "/codebook-stories260k.txt";
   const std::string spec =
@@ -734,6 +804,7 @@ int main(int argc, char **argv) {
     if (mode == "smooth" && argc == 4) return smooth(argv[2], argv[3]);
     if (mode == "codebook" && argc == 3) return codebook(argv[2]);
     if (mode == "codebook-fit" && argc == 4) return codebook_fit(argv[2], argv[3]);
+    if (mode == "mixed" && argc == 3) return mixed(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
     if (mode == "prefix-tiers" && (argc == 4 || argc == 5))

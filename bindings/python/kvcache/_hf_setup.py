@@ -163,8 +163,23 @@ def _codebooks_of(st, layers, hd, codebooks=None):
         except TypeError:
             raise ValueError("PagedCache: codebooks must be a codebook file or load_codebooks()'s list, got %r"
                              % (type(codebooks).__name__,)) from None
+    # Per-layer codecs (BASE@LAYERS=CODECS): each listed layer's own bits and group.
+    per_layer = {}
+    for i, layer in enumerate(st.layer_ids):
+        per_layer[int(layer)] = (st.layer_k_codec(i), st.layer_v_codec(i))
     out = []
     for part, bits, group, fit in parts:
+        if not fit and per_layer:
+            levels = []
+            for layer in range(layers):
+                lb, lg = bits, group
+                if layer in per_layer:
+                    codec = per_layer[layer][part]
+                    lb = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}[codec.dtype]
+                    lg = hd if codec.granularity == _native.SCALE_PER_TOKEN else codec.group_size
+                levels += list(codebook_gaussian(lb, lg))
+            out.append((part, levels))
+            continue
         if not fit:
             out.append((part, list(codebook_gaussian(bits, group)) * layers))
             continue

@@ -366,7 +366,12 @@ class PagedCache(Cache):
     def _make_pool(self, blocks, nbytes=None):
         st = self._st
         cfg = self._pool_config(blocks, nbytes)
-        pool = _native.Pool(cfg, st.k_codec if st.k_quantized else None, st.v_codec if st.v_quantized else None)
+        k = st.k_codec if st.k_quantized else None
+        v = st.v_codec if st.v_quantized else None
+        if len(st.layer_ids):  # per-layer codecs (BASE@LAYERS=CODECS)
+            pool = _native.pool_with_layer_codecs(cfg, st)
+        else:
+            pool = _native.Pool(cfg, k, v)
         if self._smoothing is not None:
             pool.set_key_smoothing(*self._smoothing)
         for part, levels in self._codebooks:

@@ -32,7 +32,7 @@ CASES = [
 IDS = [c[0].__name__ for c in CASES]
 # sizeof of the structs that grew after 0.3 (0.4: kvc_prefix_config's extra_key_names, n_extra_key_names;
 # kvc_policy_config's future_positions; kvc_codec's reserved0, outliers).
-GROWN = {kvcache.PrefixConfig: 88, kvcache.PolicyConfig: 120, kvcache.Codec: 64}
+GROWN = {kvcache.PrefixConfig: 88, kvcache.PolicyConfig: 120, kvcache.Codec: 64, kvcache.PoolConfig: 152}
 
 
 def buffer(n):

@@ -277,6 +277,10 @@ static void _register_error(PyObject *type) {
 
 /* ---- attention, scores, strategies (Python overlay) ---- */
 
+%ignore kvc_py_strategy::layer_k;
+%ignore kvc_py_strategy::layer_v;
+
+%newobject pool_with_layer_codecs;
 %inline %{
 /** A parsed `kvcache eval` strategy (tools/cli/strategy.h, the same parser). */
 struct kvc_py_strategy {
@@ -315,6 +319,10 @@ struct kvc_py_strategy {
   double duo_stream_share = 0.5;   /* duo-attention: heads=F, the share of KV heads that stream */
   uint32_t duo_window = 64;        /* duo-attention: window=W, a streaming head's recent tokens */
   int duo_stream_head = -1;        /* duo-attention: stream-head=I (only head I streams), -1 none */
+  /* Per-layer codecs (BASE@LAYERS=CODECS): layer layer_ids[i] stores K with layer_k[i] and V
+   * with layer_v[i] (a float dtype with KVC_SCALE_NONE: plain storage); empty: none. */
+  std::vector<unsigned long long> layer_ids;
+  std::vector<kvc_codec> layer_k, layer_v;
 };
 
 /** Parses one strategy spec with `kvcache eval`'s parser; raises ERR_INVALID_ARGUMENT naming what is wrong. */
@@ -364,15 +372,83 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.duo_stream_share = s.duo_stream_share;
     r.duo_window = s.duo_window;
     r.duo_stream_head = s.duo_stream_head;
+    for (const kvc_cli::Strategy::LayerPart &lp : s.layer_parts)
+      for (uint32_t l : lp.layers) {
+        r.layer_ids.push_back(l);
+        r.layer_k.push_back(lp.k);
+        r.layer_v.push_back(lp.v);
+      }
   } catch (const std::exception &e) {
     kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, e.what());
   }
   return r;
 }
 
+/**
+ * A pool (kvc_pool_create) of config with a strategy's codecs, per layer where it has
+ * BASE@LAYERS=CODECS parts (kvc_pool_config.layer_k_codecs / layer_v_codecs): layer layer_ids[i]
+ * stores K / V with the part's codecs, the others with the base's (plain: the config's dtypes).
+ * Raises ERR_INVALID_ARGUMENT for a listed layer out of range; what the pool refuses, as
+ * kvc_pool_create.
+ */
+static kvc_swig_pool *pool_with_layer_codecs(const kvc_pool_config *config,
+                                             const kvc_py_strategy &st) {
+  if (config == NULL) {
+    kvc_swig_fail(KVC_ERR_NULL_POINTER, "config is null");
+    return NULL;
+  }
+  kvc_pool_config c = *config;
+  c.k_codec = st.k_quantized ? &st.k_codec : NULL;
+  c.v_codec = st.v_quantized ? &st.v_codec : NULL;
+  std::vector<const kvc_codec *> kt(c.num_layers, c.k_codec), vt(c.num_layers, c.v_codec);
+  for (size_t i = 0; i < st.layer_ids.size(); ++i) {
+    if (st.layer_ids[i] >= c.num_layers) {
+      kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "layer " + std::to_string(st.layer_ids[i]) +
+                    ": the pool has " + std::to_string(c.num_layers) + " layers");
+      return NULL;
+    }
+    kt[st.layer_ids[i]] = &st.layer_k[i];
+    vt[st.layer_ids[i]] = &st.layer_v[i];
+  }
+  if (!st.layer_ids.empty()) {
+    c.layer_k_codecs = kt.data();
+    c.layer_v_codecs = vt.data();
+  }
+  kvc_pool *p = NULL;
+  if (kvc_swig_check(kvc_pool_create(&c, &p))) return NULL;
+  kvc_swig_pool *h = new kvc_swig_pool;
+  h->p = p;
+  return h;
+}
+
 /** The default strategies of `kvcache eval` (one spec each). */
 static std::vector<std::string> default_strategies() { return kvc_cli::default_strategies(); }
 %}
+
+%extend kvc_py_strategy {
+  /** The key codec of layer_ids[i] (a float dtype with SCALE_NONE: plain storage). */
+  kvc_codec layer_k_codec(size_t i) {
+    if (i >= $self->layer_k.size()) {
+      kvc_swig_fail(KVC_ERR_OUT_OF_RANGE, "index " + std::to_string(i) + ": the strategy lists " +
+                    std::to_string($self->layer_k.size()) + " layers");
+      kvc_codec c;
+      kvc_codec_init(&c);
+      return c;
+    }
+    return $self->layer_k[i];
+  }
+  /** The value codec of layer_ids[i]. */
+  kvc_codec layer_v_codec(size_t i) {
+    if (i >= $self->layer_v.size()) {
+      kvc_swig_fail(KVC_ERR_OUT_OF_RANGE, "index " + std::to_string(i) + ": the strategy lists " +
+                    std::to_string($self->layer_v.size()) + " layers");
+      kvc_codec c;
+      kvc_codec_init(&c);
+      return c;
+    }
+    return $self->layer_v[i];
+  }
+}
 
 %extend kvc_swig_pool {
   /**

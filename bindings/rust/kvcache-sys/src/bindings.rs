@@ -819,12 +819,31 @@ pub struct kvc_pool_config {
     #[doc = " the raw block tables see those codes, not the copies."]
     #[doc = " @since 0.3"]
     pub residual_sinks: u32,
+    #[doc = " Mixed precision per layer: NULL (default), or an array of num_layers pointers, entry i layer"]
+    #[doc = " i's key codec (a NULL entry: k_codec, or k_dtype storage without one). With either table set,"]
+    #[doc = " each layer stores its K and V with its own codecs: blocks of each distinct (K, V) pair form a"]
+    #[doc = " block format of their own (at most 16), with its own byte size, and num_blocks is divided"]
+    #[doc = " among the formats in proportion to their layers (each format floor(num_blocks x its layers /"]
+    #[doc = " num_layers) blocks, the rest one each to the largest remainders; every format needs at least"]
+    #[doc = " one: num_blocks >= num_layers always suffices). With capacity_bytes, num_blocks is the largest"]
+    #[doc = " count whose split fits the budget. So bits go where a sensitivity scan says they matter:"]
+    #[doc = " KVTuner (arXiv 2502.04420) finds per-layer K/V precision pairs nearly lossless at about 3.25"]
+    #[doc = " bits; KVQuant (arXiv 2401.18079) and KIVI keep more bits in sensitive layers. In this version"]
+    #[doc = " every layer quantizes a part or none does, with the same Hadamard rotation; per-channel scales,"]
+    #[doc = " head-wise pools and CUDA pools are refused (::KVC_ERR_UNSUPPORTED), and kvc_pool_get_layout()"]
+    #[doc = " and kvc_pool_copy_blocks() refuse a pool with more than one format (::kvc_stats.bytes_per_block"]
+    #[doc = " is then the mean block over the layers). Entries are read at create only. docs/codecs.md \"Mixed"]
+    #[doc = " precision\"."]
+    #[doc = " @since 0.4"]
+    pub layer_k_codecs: *const *const kvc_codec,
+    #[doc = " Per-layer value codecs, as layer_k_codecs (a NULL entry: v_codec). @since 0.4"]
+    pub layer_v_codecs: *const *const kvc_codec,
 }
 #[test]
 fn bindgen_test_layout_kvc_pool_config() {
     assert_eq!(
         ::std::mem::size_of::<kvc_pool_config>(),
-        136usize,
+        152usize,
         concat!("Size of: ", stringify!(kvc_pool_config))
     );
     assert_eq!(
@@ -1240,6 +1259,40 @@ fn bindgen_test_layout_kvc_pool_config() {
         );
     }
     test_field_residual_sinks();
+    fn test_field_layer_k_codecs() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_pool_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).layer_k_codecs) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_pool_config),
+                "::",
+                stringify!(layer_k_codecs)
+            )
+        );
+    }
+    test_field_layer_k_codecs();
+    fn test_field_layer_v_codecs() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvc_pool_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).layer_v_codecs) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvc_pool_config),
+                "::",
+                stringify!(layer_v_codecs)
+            )
+        );
+    }
+    test_field_layer_v_codecs();
 }
 extern "C" {
     #[doc = " @brief Fill a config with defaults: struct_size (the 0.3 size, below),"]
@@ -1321,7 +1374,8 @@ pub struct kvc_stats {
     pub blocks_used: u64,
     #[doc = "< Used blocks with reference count >= 2."]
     pub blocks_shared: u64,
-    #[doc = "< Bytes of one block (K and V, one layer, all KV heads)."]
+    #[doc = " Bytes of one block (K and V, one layer, all KV heads); with per-layer codecs"]
+    #[doc = " (kvc_pool_config::layer_k_codecs) the mean over the layers, rounded down."]
     pub bytes_per_block: u64,
     #[doc = " Bytes one token takes in all layers (K and V), metadata included."]
     pub bytes_per_token: u64,
@@ -2507,7 +2561,8 @@ extern "C" {
 extern "C" {
     #[doc = " @brief Read back the pool's effective configuration (defaults resolved,"]
     #[doc = " num_blocks computed from capacity_bytes when that was given). The codec"]
-    #[doc = " pointers come back NULL and k_dtype / v_dtype name the plain storage; the"]
+    #[doc = " pointers (and the per-layer codec tables) come back NULL and k_dtype / v_dtype name the plain"]
+    #[doc = " storage; the"]
     #[doc = " storage of quantized parts is described by kvc_pool_get_layout()."]
     #[doc = " @param pool the pool (not NULL)."]
     #[doc = " @param config filled up to config->struct_size (set struct_size first)."]
@@ -2637,7 +2692,8 @@ extern "C" {
     #[doc = " id; nothing copied); ::KVC_ERR_INVALID_ARGUMENT (direction, or a block"]
     #[doc = " written from the host that no sequence holds; nothing copied);"]
     #[doc = " ::KVC_ERR_OVERFLOW (more than 2^40 bytes); ::KVC_ERR_INTERNAL (the CUDA"]
-    #[doc = " runtime failed)."]
+    #[doc = " runtime failed); ::KVC_ERR_UNSUPPORTED (a pool with per-layer codecs: its"]
+    #[doc = " blocks differ in size; nothing copied)."]
     #[doc = " @since 0.3"]
     pub fn kvc_pool_copy_blocks(
         pool: *mut kvc_pool,
@@ -3149,8 +3205,11 @@ extern "C" {
     #[doc = " @param part 0: keys (k_codec), 1: values (v_codec)."]
     #[doc = " @param levels `[num_layers][2^bits]` f32 (bits of the part's codec), each"]
     #[doc = " finite in [-1, 1], strictly ascending within a layer; NULL with count 0"]
-    #[doc = " removes the part's codebook."]
-    #[doc = " @param count entries of levels: num_layers x 2^bits (0 with levels NULL)."]
+    #[doc = " removes the part's codebook. A pool with per-layer codecs"]
+    #[doc = " (kvc_pool_config::layer_k_codecs): each layer's 2^bits levels in turn, bits"]
+    #[doc = " of that layer's codec (every layer's codec must take a codebook)."]
+    #[doc = " @param count entries of levels: num_layers x 2^bits, or the sum over the layers of 2^bits"]
+    #[doc = " (0 with levels NULL)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take"]
     #[doc = " a codebook, per-group scales whose group_size does not divide a token's"]

@@ -25,8 +25,15 @@ fn loaded_library_matches_the_header() {
 #[test]
 fn config_init_fills_documented_defaults() {
     let mut config = std::mem::MaybeUninit::<sys::kvc_pool_config>::zeroed();
-    // SAFETY: the pointer is valid for writes of one kvc_pool_config.
-    let status = unsafe { sys::kvc_pool_config_init(config.as_mut_ptr()) };
+    // SAFETY: the pointer is valid for writes of one kvc_pool_config. (C's
+    // kvc_pool_config_init macro passes the caller's sizeof; the function of
+    // that name fills the 0.3 struct, which is shorter since 0.4.)
+    let status = unsafe {
+        sys::kvc_pool_config_init_sized(
+            config.as_mut_ptr(),
+            std::mem::size_of::<sys::kvc_pool_config>(),
+        )
+    };
     assert_eq!(status, sys::kvc_status::KVC_OK);
     // SAFETY: kvc_pool_config_init filled the struct.
     let config = unsafe { config.assume_init() };

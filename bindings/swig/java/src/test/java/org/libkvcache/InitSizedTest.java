@@ -67,7 +67,7 @@ public class InitSizedTest {
   /** Older callers' sizes through a direct ByteBuffer and a byte[]: guard bytes intact, struct_size theirs. */
   @Test
   public void olderCallerGuardBytes() {
-    assertEquals(136, new PoolConfig().getStructSize()); // the constructor: this binding's sizeof
+    assertEquals(152, new PoolConfig().getStructSize()); // the constructor: this binding's sizeof (0.4: per-layer codecs)
     assertEquals(56, new TierConfig(Kvc.TIER_DISK).getStructSize());
     for (Case c : CASES) {
       for (long size : c.older) {

@@ -1,0 +1,79 @@
+"""Per-layer codecs (kvc_pool_config.layer_k_codecs / layer_v_codecs) through the Python binding:
+parse_strategy's BASE@LAYERS=CODECS lists, kvcache.pool_with_layer_codecs, each layer reading back as a
+pool of its codecs alone, refusals as KvcError."""
+import numpy as np
+import pytest
+
+import kvcache
+
+L, HK, D, N = 3, 2, 32, 21
+
+
+def config(layers=L):
+    cfg = kvcache.PoolConfig()
+    cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim = layers, 2 * HK, HK, D
+    cfg.block_size, cfg.num_blocks = 8, 64
+    cfg.k_dtype = cfg.v_dtype = kvcache.DTYPE_F32
+    return cfg
+
+
+def data(seed):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((L, N, HK, D)).astype(np.float32)
+
+
+def fill(p, k, v, layers):
+    p.seq_create(1)
+    p.reserve(1, N)
+    for i, layer in enumerate(layers):
+        p.append(1, i, 0, k[layer], v[layer])
+
+
+def test_parse_lists_the_layers():
+    st = kvcache.parse_strategy("k-int4:per-token+v-int4:per-token@0.2=k-int8:per-token+v-int2:group=32")
+    assert st.spec == "k-int4:per-token+v-int4:per-token@0.2=k-int8:per-token+v-int2:group=32"
+    assert list(st.layer_ids) == [0, 2]
+    assert [st.layer_k_codec(i).dtype for i in range(2)] == [kvcache.DTYPE_INT8] * 2
+    assert [st.layer_v_codec(i).dtype for i in range(2)] == [kvcache.DTYPE_INT2] * 2
+    assert st.layer_v_codec(0).granularity == kvcache.SCALE_PER_GROUP and st.layer_v_codec(0).group_size == 32
+    with pytest.raises(kvcache.KvcError, match="lists 2 layers"):
+        st.layer_k_codec(2)
+    assert len(kvcache.parse_strategy("int8").layer_ids) == 0
+    with pytest.raises(kvcache.KvcError, match="listed twice"):
+        kvcache.parse_strategy("int8@0-1.1=int4:per-token")
+
+
+def test_layers_read_back_as_their_own_pools():
+    st = kvcache.parse_strategy("k-int4:per-token+v-int4:per-token@1=k-int8:per-token+v-int2:group=32")
+    k, v = data(1), data(2)
+    mixed = kvcache.pool_with_layer_codecs(config(), st)
+    fill(mixed, k, v, range(L))
+    errors = []
+    for layer in range(L):
+        kc, vc = (st.layer_k_codec(0), st.layer_v_codec(0)) if layer == 1 else (st.k_codec, st.v_codec)
+        one = kvcache.Pool(config(1), kc, vc)
+        fill(one, k, v, [layer])
+        mk, mv = mixed.gather(1, layer)
+        ok, ov = one.gather(1, 0)
+        np.testing.assert_array_equal(np.asarray(mk), np.asarray(ok))
+        np.testing.assert_array_equal(np.asarray(mv), np.asarray(ov))
+        errors.append(float(np.abs(np.asarray(mv) - v[layer]).mean()))
+    assert errors[1] > 2 * errors[0]  # int2 values in layer 1 only
+    # each layer pays its own blocks: int8 K + int2 V in layer 1
+    sizes = []
+    for kc, vc in ((st.k_codec, st.v_codec), (st.layer_k_codec(0), st.layer_v_codec(0))):
+        sizes.append(kvcache.Pool(config(1), kc, vc).stats().bytes_per_token)
+    assert mixed.stats().bytes_per_token == 2 * sizes[0] + sizes[1]
+
+
+def test_refusals():
+    st = kvcache.parse_strategy("int8@1=f16")  # a plain layer beside int8 ones
+    with pytest.raises(kvcache.KvcError, match="quantizes a part or none"):
+        kvcache.pool_with_layer_codecs(config(), st)
+    st = kvcache.parse_strategy("int8@5=int4:per-token")
+    with pytest.raises(kvcache.KvcError, match="layer 5: the pool has 3 layers"):
+        kvcache.pool_with_layer_codecs(config(), st)
+    # without parts: an ordinary pool of the strategy's codecs
+    p = kvcache.pool_with_layer_codecs(config(), kvcache.parse_strategy("int8"))
+    assert p.stats().bytes_per_token == kvcache.Pool(config(), kvcache.parse_strategy("int8").k_codec,
+                                                     kvcache.parse_strategy("int8").v_codec).stats().bytes_per_token
