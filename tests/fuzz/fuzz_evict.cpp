@@ -5,13 +5,14 @@
 // with any policy configuration (every kind, Knorm and ExpectedAttention
 // included, AdaKV head budgets, valid or not), kvc_seq_keep_head, on a small
 // pool with or without RoPE, an int8 codec and head-wise tables
-// (KVC_POOL_HEADWISE). Checks after every call:
+// (KVC_POOL_HEADWISE), and per-layer codecs (layer_k_codecs / layer_v_codecs:
+// two block formats, or refused where documented). Checks after every call:
 // - the status is a documented one;
 // - a refused call changed nothing (every layer's positions as before);
 // - an eviction kept, per layer and KV head, an increasing subset of the
 //   positions held before, at most as many as before;
 // - the pool's invariants hold (block states, reference counts, tables).
-// Input: 2 bytes of pool setup, then operations of a few bytes each. Seeds:
+// Input: 3 bytes of pool setup, then operations of a few bytes each. Seeds:
 // tests/fuzz/corpus-evict.
 #include <kvcache/kvcache.h>
 
@@ -134,17 +135,87 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     c.flags |= KVC_POOL_HEADWISE;
     c.num_blocks *= kHkv;
   }
+  // Per-layer codecs (mixed precision): layer 1 takes another codec of the
+  // same kind (int8 <-> int4 keys, int8 -> int4 or int3 -> int2 values with
+  // the same rotation, f32 -> f16 plain parts); a plain pool given a
+  // quantized layer, a head-wise pool with two formats, and an unknown dtype
+  // are refused with the documented status and hand out no pool (a NULL
+  // values table: every layer takes v_codec).
+  const uint8_t mix = in.u8();
+  kvc_codec alt_k, alt_v, plain16, bad_k;
+  kvc_codec_init(&bad_k);
+  kvc_codec_init(&alt_k);
+  kvc_codec_init(&alt_v);
+  kvc_codec_init(&plain16);
+  plain16.dtype = KVC_DTYPE_F16;
+  plain16.granularity = KVC_SCALE_NONE;
+  alt_k.granularity = alt_v.granularity = KVC_SCALE_PER_TOKEN;
+  const kvc_codec *ktab[kLayers] = {nullptr, nullptr}, *vtab[kLayers] = {nullptr, nullptr};
+  bool mixed_v2 = false;  // values: int3 then int2 codes, both with codebooks
+  kvc_status expect = KVC_OK;
+  if (mix % 4) {
+    if (mix & 16) ktab[0] = c.k_codec, vtab[0] = c.v_codec;  // explicit, or NULL: the pool's
+    if (c.k_codec == &int8) {
+      alt_k.dtype = KVC_DTYPE_INT4;
+      alt_k.full_range = 1;
+      alt_k.outliers = (mix >> 5) % 3;
+      ktab[1] = &alt_k;
+    } else if (c.k_codec == &int4o) {
+      alt_k.dtype = KVC_DTYPE_INT8;
+      ktab[1] = &alt_k;
+    } else if (mix & 4) {
+      alt_k.dtype = KVC_DTYPE_INT8;  // quantized layer 1 in a plain pool: refused
+      ktab[1] = &alt_k;
+      expect = KVC_ERR_UNSUPPORTED;
+    } else {
+      ktab[1] = &plain16;
+    }
+    if (c.v_codec == &int3) {
+      alt_v.dtype = KVC_DTYPE_INT2;
+      alt_v.rotation = int3.rotation;
+      vtab[1] = &alt_v;
+      mixed_v2 = true;
+    } else if (c.v_codec == &int8 && (mix & 8)) {
+      alt_v.dtype = KVC_DTYPE_INT4;
+      vtab[1] = &alt_v;
+    }
+    if ((setup & 8) && expect == KVC_OK) expect = KVC_ERR_UNSUPPORTED;  // head-wise
+    if (mix % 4 == 3) {  // an unknown storage dtype in layer 1's keys
+      bad_k.dtype = static_cast<kvc_dtype>(99);
+      ktab[1] = &bad_k;
+      expect = KVC_ERR_INVALID_ARGUMENT;
+    }
+    c.layer_k_codecs = ktab;
+    c.layer_v_codecs = (mix & 64) && !mixed_v2 ? nullptr : vtab;  // NULL: every layer v_codec
+  }
   kvc_pool *p = nullptr;
-  if (kvc_pool_create(&c, &p) != KVC_OK) die("pool create");
+  if (expect != KVC_OK) {
+    const kvc_status r = kvc_pool_create(&c, &p);
+    if (r != expect || p)
+      die("per-layer codecs (mix " + std::to_string(mix) + "): status " + std::to_string(r) +
+          ", expected " + std::to_string(expect));
+    c.layer_k_codecs = c.layer_v_codecs = nullptr;
+    mixed_v2 = false;
+  }
+  if (kvc_pool_create(&c, &p) != KVC_OK) die(std::string("pool create: ") + kvc_last_error_message());
+  if (c.layer_k_codecs) {
+    kvc_stats st;
+    kvc_stats_init(&st);
+    if (kvc_pool_stats(p, &st) != KVC_OK || st.blocks_total != c.num_blocks)
+      die("per-layer codecs: blocks_total is not num_blocks");
+  }
   if ((setup & 32) && c.k_codec && !(setup & 8)) {
     std::vector<float> sc(kLayers * kHkv * kHd), off(sc.size());
     for (size_t i = 0; i < sc.size(); ++i) sc[i] = 0.5f + float(i % 3), off[i] = float(i % 5) - 2.0f;
     if (kvc_pool_set_key_smoothing(p, sc.data(), off.data(), sc.size()) != KVC_OK) die("key smoothing");
   }
-  if (codebook) {
-    std::vector<float> lv(kLayers * 8);
-    for (uint32_t l = 0; l < kLayers; ++l)
-      if (kvc_codebook_gaussian(3, kHd, lv.data() + 8 * l) != KVC_OK) die("gaussian levels");
+  if (codebook) {  // each layer's 2^bits levels in turn (int3, or int3 then int2)
+    std::vector<float> lv(mixed_v2 ? 8 + 4 : kLayers * 8);
+    if (kvc_codebook_gaussian(3, kHd, lv.data()) != KVC_OK ||
+        kvc_codebook_gaussian(mixed_v2 ? 2 : 3, kHd, lv.data() + 8) != KVC_OK)
+      die("gaussian levels");
+    if (mixed_v2 && kvc_pool_set_codebook(p, 1, lv.data(), kLayers * 8) != KVC_ERR_INVALID_ARGUMENT)
+      die("per-layer codebook: a count for uniform int3 layers accepted");
     if (kvc_pool_set_codebook(p, 1, lv.data(), lv.size()) != KVC_OK) die("codebook");
   }
   const std::vector<uint64_t> ids = {1, 2, 3, 4};
