@@ -289,7 +289,7 @@ namespace std {
 %ignore kvc_codec::reserved0;  /* padding made explicit: never read */
 %ignore kvc_pool_config::k_codec;
 %ignore kvc_pool_config::v_codec;
-%ignore kvc_pool_config::layer_k_codecs; /* per-layer codecs: not wrapped yet (C, C++, Rust) */
+%ignore kvc_pool_config::layer_k_codecs; /* per-layer codecs: Pool.with_layer_codecs (below) */
 %ignore kvc_pool_config::layer_v_codecs;
 %ignore kvc_policy_config::plugin;
 %ignore kvc_policy_config::head_gates;     /* DuoAttention's gates: Policy.with_head_gates() */
@@ -360,6 +360,11 @@ namespace std {
 %apply (const void *IN_BUF, size_t IN_BYTES) { (const void *values, size_t values_bytes) };
 
 %include "kvcache/kvcache.h"
+
+/* Per-layer codec tables (Pool.with_layer_codecs): codecs by value. */
+namespace std {
+  %template(CodecVector) vector<kvc_codec>;
+}
 
 
 /* ---- defaults on construction ---- */
@@ -767,6 +772,46 @@ struct kvc_swig_pool {};
     kvc_pool_config c = *config;
     c.k_codec = k_codec;
     c.v_codec = v_codec;
+    kvc_pool *p = NULL;
+    if (kvc_swig_check(kvc_pool_create(&c, &p))) return NULL;
+    kvc_swig_pool *h = new kvc_swig_pool;
+    h->p = p;
+    return h;
+  }
+  /**
+   * A pool with a codec per layer (kvc_pool_config.layer_k_codecs / layer_v_codecs, mixed
+   * precision): layer_k / layer_v empty (every layer: k_codec / v_codec) or num_layers codecs,
+   * entry i layer i's (a float dtype with SCALE_NONE: plain storage of that dtype; pass the pool's
+   * own codec again for a layer that keeps it). ERR_INVALID_ARGUMENT for a table of another length;
+   * otherwise what kvc_pool_create refuses (docs/codecs.md "Mixed precision per layer").
+   */
+  static kvc_swig_pool *with_layer_codecs(const kvc_pool_config *config, const kvc_codec *k_codec,
+                                          const kvc_codec *v_codec,
+                                          const std::vector<kvc_codec> &layer_k,
+                                          const std::vector<kvc_codec> &layer_v) {
+    if (config == NULL) {
+      kvc_swig_fail(KVC_ERR_NULL_POINTER, "config is null");
+      return NULL;
+    }
+    kvc_pool_config c = *config;
+    c.k_codec = k_codec;
+    c.v_codec = v_codec;
+    std::vector<const kvc_codec *> kt(c.num_layers, NULL), vt(c.num_layers, NULL);
+    const std::vector<kvc_codec> *in[2] = {&layer_k, &layer_v};
+    std::vector<const kvc_codec *> *out[2] = {&kt, &vt};
+    for (int kv = 0; kv < 2; ++kv) {
+      if (in[kv]->empty()) continue;
+      if (in[kv]->size() != c.num_layers) {
+        kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT,
+                      std::string(kv ? "layer_v" : "layer_k") + ": " +
+                          std::to_string(in[kv]->size()) + " codecs for " +
+                          std::to_string(c.num_layers) + " layers (empty, or one per layer)");
+        return NULL;
+      }
+      for (size_t l = 0; l < in[kv]->size(); ++l) (*out[kv])[l] = &(*in[kv])[l];
+    }
+    if (!layer_k.empty()) c.layer_k_codecs = kt.data();
+    if (!layer_v.empty()) c.layer_v_codecs = vt.data();
     kvc_pool *p = NULL;
     if (kvc_swig_check(kvc_pool_create(&c, &p))) return NULL;
     kvc_swig_pool *h = new kvc_swig_pool;

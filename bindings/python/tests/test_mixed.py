@@ -77,3 +77,44 @@ def test_refusals():
     p = kvcache.pool_with_layer_codecs(config(), kvcache.parse_strategy("int8"))
     assert p.stats().bytes_per_token == kvcache.Pool(config(), kvcache.parse_strategy("int8").k_codec,
                                                      kvcache.parse_strategy("int8").v_codec).stats().bytes_per_token
+
+
+def codec(dtype, gran=kvcache.SCALE_PER_TOKEN, group=0):
+    c = kvcache.Codec()
+    c.dtype, c.granularity = dtype, gran
+    if group:
+        c.group_size = group
+    return c
+
+
+def test_with_layer_codecs_tables():
+    # Pool.with_layer_codecs: codec tables without a strategy string (the same call Go and Java make)
+    k, v = data(3), data(4)
+    i8, i4 = codec(kvcache.DTYPE_INT8), codec(kvcache.DTYPE_INT4)
+    mixed = kvcache.Pool.with_layer_codecs(config(), i8, i8, [i8, i4, i8], [])
+    fill(mixed, k, v, range(L))
+    for layer in range(L):
+        one = kvcache.Pool(config(1), i4 if layer == 1 else i8, i8)
+        fill(one, k, v, [layer])
+        mk, mv = mixed.gather(1, layer)
+        ok, ov = one.gather(1, 0)
+        np.testing.assert_array_equal(np.asarray(mk), np.asarray(ok))
+        np.testing.assert_array_equal(np.asarray(mv), np.asarray(ov))
+    # plain pools: f32 and f16 layers (a float dtype with SCALE_NONE: plain storage)
+    f16, f32 = codec(kvcache.DTYPE_F16, kvcache.SCALE_NONE), codec(kvcache.DTYPE_F32, kvcache.SCALE_NONE)
+    plain = kvcache.Pool.with_layer_codecs(config(), None, None, [f32, f16, f32], [f16, f16, f16])
+    fill(plain, k, v, range(L))
+    mk, mv = plain.gather(1, 0)
+    np.testing.assert_array_equal(np.asarray(mk), k[0])
+    np.testing.assert_array_equal(np.asarray(mv), v[0].astype(np.float16).astype(np.float32))
+    mk, _ = plain.gather(1, 1)
+    np.testing.assert_array_equal(np.asarray(mk), k[1].astype(np.float16).astype(np.float32))
+    row = HK * D
+    assert plain.stats().bytes_per_token == L * row * 2 + (2 * 4 + 2) * row
+    with pytest.raises(kvcache.KvcError, match="2 codecs for 3 layers"):
+        kvcache.Pool.with_layer_codecs(config(), i8, i8, [i8, i4], [])
+    with pytest.raises(kvcache.KvcError, match="quantizes a part or none"):
+        kvcache.Pool.with_layer_codecs(config(), None, None, [f32, i8, f32], [])
+    with pytest.raises(kvcache.KvcError) as e:
+        kvcache.Pool.with_layer_codecs(None, i8, i8, [], [])
+    assert e.value.status == kvcache.ERR_NULL_POINTER

@@ -293,3 +293,55 @@ func TestCodecCodebook(t *testing.T) {
 		t.Fatalf("an asymmetric codec: %v", err)
 	}
 }
+
+// Per-layer codecs (PoolConfig.LayerKCodecs / LayerVCodecs): int4 keys in
+// layer 1, int8 elsewhere; each layer reads back as a pool of that layer's
+// codecs alone (nil entries and a nil values table: the pool's codecs); a
+// table of another length and a quantized layer in a plain pool are refused.
+func TestCodecMixedLayers(t *testing.T) {
+	const n = 16
+	i8, i4 := DefaultCodec(), DefaultCodec()
+	i4.DType = DTYPE_INT4
+	cfg := testConfig()
+	cfg.KCodec, cfg.VCodec = &i8, &i8
+	uniform := newTestPool(t, cfg)
+	cfg4 := cfg
+	cfg4.KCodec = &i4
+	int4k := newTestPool(t, cfg4)
+	cfg.LayerKCodecs = []*Codec{nil, &i4}
+	mixed := newTestPool(t, cfg)
+	k, v := random(n*row, 650), random(n*row, 651)
+	for _, p := range []*Pool{mixed, uniform, int4k} {
+		must(t, p.SeqCreate(1))
+		must(t, p.Reserve(1, n))
+		for l := uint32(0); l < layers; l++ {
+			must1[uint64](t)(p.Append(1, l, 0, k, v))
+		}
+	}
+	for l := uint32(0); l < layers; l++ {
+		km, vm, ku, vu := make([]float32, n*row), make([]float32, n*row), make([]float32, n*row), make([]float32, n*row)
+		must1[uint64](t)(mixed.Gather(1, l, 0, km, vm))
+		want := uniform
+		if l == 1 {
+			want = int4k
+		}
+		must1[uint64](t)(want.Gather(1, l, 0, ku, vu))
+		if !reflect.DeepEqual(km, ku) || !reflect.DeepEqual(vm, vu) {
+			t.Fatalf("layer %d differs from a pool of its own codecs", l)
+		}
+	}
+	s8, s4, sm := must1[Stats](t)(uniform.Stats()), must1[Stats](t)(int4k.Stats()), must1[Stats](t)(mixed.Stats())
+	if sm.BytesPerToken != (s8.BytesPerToken+s4.BytesPerToken)/2 || !(s4.BytesPerToken < s8.BytesPerToken) {
+		t.Fatalf("bytes per token: mixed %d, int8 %d, int4 keys %d", sm.BytesPerToken, s8.BytesPerToken, s4.BytesPerToken)
+	}
+	var e *Error
+	cfg.LayerKCodecs = []*Codec{&i4}
+	if _, err := NewPool(cfg); !errors.As(err, &e) || e.Status != ERR_INVALID_ARGUMENT || !strings.Contains(e.Message, "1 codecs for 2 layers") {
+		t.Fatalf("a short table: %v", err)
+	}
+	plain := testConfig()
+	plain.LayerKCodecs = []*Codec{nil, &i8}
+	if _, err := NewPool(plain); !errors.As(err, &e) || e.Status != ERR_UNSUPPORTED {
+		t.Fatalf("a quantized layer in a plain pool: %v", err)
+	}
+}

@@ -31,6 +31,14 @@ type PoolConfig struct {
 	ResidualSinks     uint32 // first tokens of each layer kept in ResidualDType once encoded (attention sinks)
 	// KCodec and VCodec quantize K and V (nil: plain KDType / VDType storage).
 	KCodec, VCodec *Codec
+	// LayerKCodecs and LayerVCodecs give each layer its own codecs (mixed
+	// precision, kvc_pool_config.layer_k_codecs / layer_v_codecs): nil, or
+	// NumLayers entries, entry i layer i's (a nil entry: KCodec / VCodec; a
+	// float DType with SCALE_NONE: plain storage of that dtype). In this
+	// version every layer quantizes a part or none does, with the same
+	// rotation; per-channel scales and head-wise pools are refused
+	// (docs/codecs.md "Mixed precision per layer").
+	LayerKCodecs, LayerVCodecs []*Codec
 }
 
 // DefaultPoolConfig is kvc_pool_config_init's defaults; the model's shape

@@ -46,7 +46,30 @@ func NewPool(cfg PoolConfig) (*Pool, error) {
 		defer native.DeleteCodec(vc)
 	}
 	var h native.Pool
-	if err := call(func() { h = native.NewPool(nc, kc, vc) }); err != nil {
+	if cfg.LayerKCodecs != nil || cfg.LayerVCodecs != nil {
+		tables := [2]native.CodecVector{native.NewCodecVector(), native.NewCodecVector()}
+		defer native.DeleteCodecVector(tables[0])
+		defer native.DeleteCodecVector(tables[1])
+		for kv, list := range [2][]*Codec{cfg.LayerKCodecs, cfg.LayerVCodecs} {
+			for _, c := range list {
+				if c == nil { // the pool's own codec, or its plain storage
+					c = &Codec{DType: cfg.KDType, Granularity: SCALE_NONE}
+					if kv == 1 {
+						c.DType = cfg.VDType
+					}
+					if pool := [2]*Codec{cfg.KCodec, cfg.VCodec}[kv]; pool != nil {
+						c = pool
+					}
+				}
+				n := c.native()
+				tables[kv].Add(n)
+				native.DeleteCodec(n)
+			}
+		}
+		if err := call(func() { h = native.PoolWith_layer_codecs(nc, kc, vc, tables[0], tables[1]) }); err != nil {
+			return nil, err
+		}
+	} else if err := call(func() { h = native.NewPool(nc, kc, vc) }); err != nil {
 		return nil, err
 	}
 	s := &poolState{h: h}

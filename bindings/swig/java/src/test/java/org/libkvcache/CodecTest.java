@@ -248,6 +248,56 @@ public class CodecTest {
     }
   }
 
+  /**
+   * Per-layer codecs (Pool.withLayerCodecs, kvc_pool_config.layer_k_codecs / layer_v_codecs): a
+   * pool with int4 keys in layer 1 and int8 elsewhere reads each layer back as a pool of that
+   * layer's codecs alone; an empty values table keeps v_codec in every layer; a table of another
+   * length and a quantized layer in a plain pool are refused.
+   */
+  @Test
+  public void layerCodecsMatchUniformPools() {
+    final int n = 16;
+    Codec i8 = new Codec(), i4 = new Codec();
+    i4.setDtype(Kvc.DTYPE_INT4);
+    float[] k = random(n * ROW, 640), v = random(n * ROW, 641);
+    try (Pool mixed = Pool.withLayerCodecs(config(), i8, i8, new CodecVector(new Codec[] {i8, i4}),
+             new CodecVector());
+         Pool int8 = new Pool(config(), i8, i8);
+         Pool int4k = new Pool(config(), i4, i8)) {
+      for (Pool p : new Pool[] {mixed, int8, int4k}) {
+        p.seqCreate(1);
+        p.reserve(1, n);
+        for (int layer = 0; layer < LAYERS; ++layer) p.append(1, layer, 0, k, v);
+      }
+      for (int layer = 0; layer < LAYERS; ++layer) {
+        float[] km = new float[n * ROW], vm = new float[n * ROW];
+        float[] ku = new float[n * ROW], vu = new float[n * ROW];
+        mixed.gather(1, layer, 0, km, vm);
+        (layer == 1 ? int4k : int8).gather(1, layer, 0, ku, vu);
+        assertArrayEquals(ku, km, 0f);
+        assertArrayEquals(vu, vm, 0f);
+      }
+      float[] k8 = new float[n * ROW], k4 = new float[n * ROW], vv = new float[n * ROW];
+      mixed.gather(1, 0, 0, k8, vv);
+      mixed.gather(1, 1, 0, k4, vv);
+      assertTrue(!java.util.Arrays.equals(k8, k4)); // layer 1's keys are int4 codes
+      // each layer pays its own blocks
+      assertEquals(
+          (int8.stats().getBytesPerToken() + int4k.stats().getBytesPerToken()) / 2,
+          mixed.stats().getBytesPerToken());
+    }
+    KvcException e = assertThrows(KvcException.class,
+        () -> Pool.withLayerCodecs(config(), i8, i8, new CodecVector(new Codec[] {i8}), new CodecVector()));
+    assertEquals(Kvc.ERR_INVALID_ARGUMENT, e.status());
+    assertTrue(e.detail(), e.detail().contains("1 codecs for 2 layers"));
+    Codec f16 = new Codec();
+    f16.setDtype(Kvc.DTYPE_F16);
+    f16.setGranularity(Kvc.SCALE_NONE);
+    e = assertThrows(KvcException.class,
+        () -> Pool.withLayerCodecs(config(), null, null, new CodecVector(new Codec[] {f16, i8}), new CodecVector()));
+    assertEquals(Kvc.ERR_UNSUPPORTED, e.status());
+  }
+
   @Test
   public void shortBuffersAreRefused() {
     Codec c = new Codec();
