@@ -5,8 +5,9 @@
 //      3 = int4 per token
 //  BM_AttnPagedQ8/<storage>/<batch>/<threads> the same with KVC_QUERY_INT8
 //      (storage 1 and 3: the integer keys scored against an int8 query)
-//  BM_AttnPagedQ8V/1/<batch>/<threads> KVC_QUERY_INT8_VALUES over the int8
-//      blocks (the values summed in integers too)
+//  BM_AttnPagedQ8V/<storage>/<batch>/<threads> KVC_QUERY_INT8_VALUES over the
+//      int8 or int4 per-token blocks (storage 1 and 3: the values summed in
+//      integers too)
 //  BM_AttnDense/<batch>             the same attention as a plain loop over
 //      contiguous f16 K and V (the baseline, same run)
 //  BM_AttnMemcpy/<batch>            memcpy of the f16 K/V bytes the attention reads
@@ -256,7 +257,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_AttnPagedQ8V)->ArgsProduct({{1}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPagedQ8V)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnMemcpy)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EvictHalf)->Unit(benchmark::kMicrosecond)->UseRealTime();

@@ -163,9 +163,11 @@ if attn_out:
         # the same keys against an int8 query (KVC_QUERY_INT8; AVX-512 VNNI where the CPU has it)
         t = aget(f"BM_AttnPagedQ8/{st}/1/1")
         goal(label.replace("per token", "per token, int8 query,"), t and f16 and f16 / t, target)
-    # int8 values summed in integers too (KVC_QUERY_INT8_VALUES)
-    t = aget("BM_AttnPagedQ8V/1/1/1")
-    goal("decode int8 per token, int8 query and values, vs f16", t and f16 and f16 / t, 1.6)
+    # int8 / int4 values summed in integers too (KVC_QUERY_INT8_VALUES)
+    for st, label, target in (("1", "decode int8 per token, int8 query and values, vs f16", 1.6),
+                              ("3", "decode int4 per token, int8 query and values, vs f16", 2.5)):
+        t = aget(f"BM_AttnPagedQ8V/{st}/1/1")
+        goal(label, t and f16 and f16 / t, target)
 if prefix_out:
     goal("prefix lookup XXH3-128, 2048 cached blocks", pget("BM_PrefixLookup/1/2048"), 1.5, False, " ns/token")
 if goals:

@@ -1800,18 +1800,19 @@ typedef enum kvc_query_quant {
    */
   KVC_QUERY_INT8 = 1,
   /**
-   * The keys as ::KVC_QUERY_INT8; and where the values are symmetric int8 codes with per-token
-   * scales (full range or not; whatever the keys), their weighted sum in integers too: for each run
-   * of consecutive tokens the decode takes together (at most 8 blocks) and each query head, the
-   * weights w = p x s (p = e^(score - running max), s = the token's value scale, negative for a
-   * full-range code's positive extreme) are rounded to integers w' = round(w / u), u = their
+   * The keys as ::KVC_QUERY_INT8; and where the values are symmetric int8 or int4 codes with
+   * per-token scales (full range or not; whatever the keys), their weighted sum in integers too:
+   * for each run of consecutive tokens the decode takes together (at most 8 blocks) and each query
+   * head, the weights w = p x s (p = e^(score - running max), s = the token's value scale, negative
+   * for a full-range code's positive extreme) are rounded to integers w' = round(w / u), u = their
    * largest magnitude / 32767, and the codes are summed as u x sum(w' x code) with AVX-512 VNNI
    * `vpdpwssd` (two tokens and eight dimensions an instruction; 32-bit sums flushed every 256
-   * tokens). Each weight moves by at most u / 2 (2^-16 of its run's largest), so an output element
-   * moves by at most 64 x (the sum over runs of n x u) / sum(p) beyond the f32 sum of the same
-   * weights, n the run's tokens, with the weights and p taken relative to the row's final maximum
-   * score (at most 64 x tokens x the largest |w| / 32767 / sum(p)). A run whose largest |w| is
-   * below 2^-100 (not 0) is summed in f32. The f32 exponentials and the softmax's sum are
+   * tokens for int8 codes, every 4,096 for int4). Each weight moves by at most u / 2 (2^-16 of its
+   * run's largest), so an output element moves by at most C x (the sum over runs of n x u) /
+   * sum(p) beyond the f32 sum of the same weights, C = half the largest code magnitude (64 for
+   * int8, 4 for int4), n the run's tokens, with the weights and p taken relative to the row's final
+   * maximum score (at most C x tokens x the largest |w| / 32767 / sum(p)). A run whose largest |w|
+   * is below 2^-100 (not 0) is summed in f32. The f32 exponentials and the softmax's sum are
    * unchanged. Other values are summed as with ::KVC_QUERY_EXACT; where the mode does not apply at
    * all (no AVX-512 VNNI, head_dim not a multiple of 32, prefill, CUDA pools), everything is
    * ::KVC_QUERY_EXACT. @since 0.4

@@ -63,8 +63,8 @@ struct Shape {
   // One-row decode: the query quantized to int8 for integer keys where the
   // CPU has AVX-512 VNNI (KVC_QUERY_INT8; attention/fused.h).
   bool query_int8 = false;
-  // With query_int8: also the weighted sum over symmetric int8 value codes
-  // in integers (KVC_QUERY_INT8_VALUES; attention/fused.h).
+  // With query_int8: also the weighted sum over symmetric int8 or int4
+  // value codes in integers (KVC_QUERY_INT8_VALUES; attention/fused.h).
   bool int_values = false;
 };
 

@@ -341,12 +341,98 @@ KVC_VNNI void accumulate_v16(float *acc, const float *corr, uint64_t hd, const i
     for (uint64_t d = 0; d < hd; d += 32) accumulate_v16_cols<J>(acc, hd, wq, wqs, u, vrow, c, d);
   }
 }
+// The same for symmetric int4 value codes (element d of token t's row
+// vrow[t] in bits 4(d%2).. of byte d/2, value = (nibble - off) x scale), 32
+// columns a step: the 16-bit words of two tokens' rows (four columns each)
+// interleaved as 32-bit lanes, column 4i + k of both tokens masked out of
+// lane i as two int16 (less off: -8..7), one vpdpwssd per 8 columns and
+// head; lane i of accumulator k is column 4i + k (transposed to column
+// order when the sums go to acc, every 2048 pairs: |sum| < 2^31 = 2 x 8 x
+// 32767 x 2048 x 2).
+template <int J>
+KVC_VNNI void accumulate_v4_cols(float *acc, uint64_t hd, const int32_t *wq, uint64_t wqs,
+                                 const float *u, int32_t off, const uint8_t *const *vrow,
+                                 uint64_t c, uint64_t d) {
+  const uint64_t pairs = (c + 1) / 2;
+  const __m256i nib = _mm256_set1_epi16(0xf);
+  const __m256i o16 = _mm256_set1_epi16(static_cast<int16_t>(off));
+  for (uint64_t p0 = 0; p0 < pairs; p0 += 2048) {
+    const uint64_t p1 = std::min(pairs, p0 + 2048);
+    __m256i a[J][4];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) KVC_UNROLL
+    for (int k = 0; k < 4; ++k) a[j][k] = _mm256_setzero_si256();
+    for (uint64_t i = p0; i < p1; ++i) {
+      const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i *>(vrow[2 * i] + d / 2));
+      const __m128i r1 = _mm_loadu_si128(
+          reinterpret_cast<const __m128i *>(vrow[std::min(2 * i + 1, c - 1)] + d / 2));
+      const __m256i z = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_unpacklo_epi16(r0, r1)),
+                                                _mm_unpackhi_epi16(r0, r1), 1);
+      __m256i x[4];
+      x[0] = _mm256_sub_epi16(_mm256_and_si256(z, nib), o16);
+      x[1] = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(z, 4), nib), o16);
+      x[2] = _mm256_sub_epi16(_mm256_and_si256(_mm256_srli_epi16(z, 8), nib), o16);
+      x[3] = _mm256_sub_epi16(_mm256_srli_epi16(z, 12), o16);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m256i w = _mm256_set1_epi32(wq[j * wqs + i]);
+        KVC_UNROLL
+        for (int k = 0; k < 4; ++k) a[j][k] = _mm256_dpwssd_epi32(a[j][k], x[k], w);
+      }
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) {
+      // [k][i] (column 4i + k) to column order: 4 x 8 transposed in registers
+      const __m256i t0 = _mm256_unpacklo_epi32(a[j][0], a[j][1]);
+      const __m256i t1 = _mm256_unpacklo_epi32(a[j][2], a[j][3]);
+      const __m256i t2 = _mm256_unpackhi_epi32(a[j][0], a[j][1]);
+      const __m256i t3 = _mm256_unpackhi_epi32(a[j][2], a[j][3]);
+      const __m256i s0 = _mm256_unpacklo_epi64(t0, t1), s1 = _mm256_unpackhi_epi64(t0, t1);
+      const __m256i s2 = _mm256_unpacklo_epi64(t2, t3), s3 = _mm256_unpackhi_epi64(t2, t3);
+      const __m256i col[4] = {
+          _mm256_permute2x128_si256(s0, s1, 0x20), _mm256_permute2x128_si256(s2, s3, 0x20),
+          _mm256_permute2x128_si256(s0, s1, 0x31), _mm256_permute2x128_si256(s2, s3, 0x31)};
+      const __m256 uj = _mm256_set1_ps(u[j]);
+      KVC_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        float *o = acc + j * hd + d + 8 * v;
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(uj, _mm256_cvtepi32_ps(col[v]), _mm256_loadu_ps(o)));
+      }
+    }
+  }
+}
+template <int J>
+KVC_VNNI void accumulate_v4(float *acc, const float *corr, uint64_t hd, const int32_t *wq,
+                            uint64_t wqs, const float *u, int32_t off, const uint8_t *const *vrow,
+                            uint64_t c) {
+  KVC_UNROLL
+  for (int j = 0; j < J; ++j) {
+    const __m256 cj = _mm256_set1_ps(corr[j]);
+    for (uint64_t d = 0; d < hd; d += 8)
+      _mm256_storeu_ps(acc + j * hd + d, _mm256_mul_ps(_mm256_loadu_ps(acc + j * hd + d), cj));
+  }
+  if constexpr (J >= 8) {  // 4 heads at a time: J x 4 accumulators + 7 of 32 registers
+    for (int j = 0; j < J; j += 4)
+      for (uint64_t d = 0; d < hd; d += 32)
+        accumulate_v4_cols<4>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
+  } else {
+    for (uint64_t d = 0; d < hd; d += 32)
+      accumulate_v4_cols<J>(acc, hd, wq, wqs, u, off, vrow, c, d);
+  }
+}
 template <int J>
 using AccV16Fn = void (*)(float *, const float *, uint64_t, const int32_t *, uint64_t,
                           const float *, const uint8_t *const *, uint64_t);
 template <int J>
 AccV16Fn<J> acc_v16_fn() {
   return accumulate_v16<J>;
+}
+template <int J>
+using AccV4Fn = void (*)(float *, const float *, uint64_t, const int32_t *, uint64_t, const float *,
+                         int32_t, const uint8_t *const *, uint64_t);
+template <int J>
+AccV4Fn<J> acc_v4_fn() {
+  return accumulate_v4<J>;
 }
 
 // The kernels for AVX2 + FMA + F16C (16 vector registers) and for the same

@@ -36,11 +36,12 @@ struct QueryI8 {
   const int8_t *codes = nullptr;
   const float *scale = nullptr;
   const int32_t *sum = nullptr;
-  // KVC_QUERY_INT8_VALUES: symmetric int8 value codes are also summed in
-  // integers: per run, KV head and query head, the probabilities times the
-  // tokens' value scales are quantized to 15-bit integers (one f32 scale,
-  // their largest / 32767) and multiplied with the codes by vpdpwssd, two
-  // tokens an instruction.
+  // KVC_QUERY_INT8_VALUES: symmetric int8 or int4 value codes are also
+  // summed in integers: per run, KV head and query head, the probabilities
+  // times the tokens' value scales are quantized to 15-bit integers (one f32
+  // scale, their largest / 32767) and multiplied with the codes (int4
+  // nibbles less their offset, as int16) by vpdpwssd, two tokens an
+  // instruction.
   bool int_values = false;
 };
 // Whether the int8-query kernels run here: AVX-512 VNNI + VL + BW and level 2.

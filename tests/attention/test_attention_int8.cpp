@@ -103,16 +103,18 @@ KVTEST(query_int8_within_bound) {
   if (vnni) CHECK(differed > 0);
 }
 
-// KVC_QUERY_INT8_VALUES: with symmetric int8 values (per-token scales) the
-// weighted sum runs in integers: each weight p x s moves by at most 2^-16 of
-// its run's largest, so an output moves by at most 64 x n x max_t(prob_t x
-// s_t) / 32767 beyond KVC_QUERY_INT8's result (n tokens; prob the softmax
+// KVC_QUERY_INT8_VALUES: with symmetric int8 or int4 values (per-token
+// scales) the weighted sum runs in integers: each weight p x s moves by at
+// most 2^-16 of its run's largest, so an output moves by at most (the
+// largest |code| / 2: 64 for int8, 4 for int4) x n x max_t(prob_t x s_t) /
+// 32767 beyond KVC_QUERY_INT8's result (n tokens; prob the softmax
 // probabilities, s the value scales; the check allows 2x for the int8
 // query's own change of the probabilities); the lse is KVC_QUERY_INT8's to
 // the bit (the softmax is unchanged). Runs of 1 to 2,048 tokens (blocks of
-// 8 to 512: the 32-bit sums flushed every 256 tokens), odd counts, GQA 1 to
-// 12. Everything else (asymmetric or int4 or f16 values, head_dim not a
-// multiple of 32, a capped ISA) gives KVC_QUERY_INT8's bytes.
+// 8 to 512: the int8 sums flushed every 256 tokens, the int4 ones every
+// 4,096), odd counts, GQA 1 to 12. Everything else (asymmetric or f16
+// values, head_dim not a multiple of 32, a capped ISA) gives
+// KVC_QUERY_INT8's bytes.
 KVTEST(query_int8_values_within_bound) {
   const bool vnni = kvc::attention::fused::int8_query_available();
   std::fprintf(stderr, "int8 kernels %s on this CPU\n", vnni ? "run" : "are not available");
@@ -126,6 +128,8 @@ KVTEST(query_int8_values_within_bound) {
                           {"int4 / int8", KVC_DTYPE_INT4, KVC_DTYPE_INT8, 0, 0},
                           {"int8 / int8 asym", KVC_DTYPE_INT8, KVC_DTYPE_INT8, 0, 1},
                           {"int8 / int4", KVC_DTYPE_INT8, KVC_DTYPE_INT4, 0, 0},
+                          {"int4 / int4", KVC_DTYPE_INT4, KVC_DTYPE_INT4, 0, 0},
+                          {"int8 / int4 asym", KVC_DTYPE_INT8, KVC_DTYPE_INT4, 0, 1},
                           {"int8 / f16", KVC_DTYPE_INT8, KVC_DTYPE_F16, 0, 0}};
   const Geo shapes[] = {{1, 8, 2, 64, 16},  {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
                         {1, 4, 4, 96, 256}, {1, 6, 2, 48, 16},   {1, 16, 2, 128, 512}};
@@ -159,7 +163,11 @@ KVTEST(query_int8_values_within_bound) {
         CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), exact.data(), nullptr, &a));
         CHECK(out[2] == exact);  // AVX2 only: neither int8 mode runs
         CHECK(lse[1] == lse[0]);
-        const bool taken = vnni && st.vt == KVC_DTYPE_INT8 && !st.vasym && g.hd % 32 == 0;
+        const bool taken = vnni && (st.vt == KVC_DTYPE_INT8 || st.vt == KVC_DTYPE_INT4) &&
+                           !st.vasym && g.hd % 32 == 0;
+        // int8 codes: |code| <= 128, scale max |v| / 127; int4: |nibble - 8| <= 8, max |v| / 7
+        const double half_code = st.vt == KVC_DTYPE_INT4 ? 4.0 : 64.0;
+        const double qmax = st.vt == KVC_DTYPE_INT4 ? 7.0 : 127.0;
         if (!taken) {
           CHECK(out[1] == out[0]);
         } else {
@@ -184,9 +192,9 @@ KVTEST(query_int8_values_within_bound) {
               double vm = 0.0;
               for (uint32_t i = 0; i < g.hd; ++i)
                 vm = std::max(vm, std::fabs(static_cast<double>(v[(t * g.hkv + h / grp) * g.hd + i])));
-              wmax = std::max(wmax, std::exp(s[t] - mx) / sum * vm / 127.0);
+              wmax = std::max(wmax, std::exp(s[t] - mx) / sum * vm / qmax);
             }
-            const double bound = 2.0 * 64.0 * static_cast<double>(n) * wmax / 32767.0 + 1e-6;
+            const double bound = 2.0 * half_code * static_cast<double>(n) * wmax / 32767.0 + 1e-6;
             for (uint32_t d = 0; d < g.hd; ++d) {
               const double e = std::fabs(out[1][h * g.hd + d] - out[0][h * g.hd + d]);
               worst_ratio = std::max(worst_ratio, (e - 1e-6) / (bound - 1e-6));
@@ -237,11 +245,12 @@ KVTEST(query_int8_values_signed_and_tiny_weights) {
   g.hd = 32;
   g.bs = 16;
   int cases = 0;
+  for (kvc_dtype vt : {KVC_DTYPE_INT8, KVC_DTYPE_INT4})
   for (int full : {0, 1})
     for (double scale : {1.0, 1e-30, 1e-33, 1e-36, 1e-40})
       for (int uniform : {1, 0})
         for (uint64_t n : {1ull, 2ull, 17ull, 20ull, 100ull}) {
-          kvc_codec c = per_token_codec(KVC_DTYPE_INT8, false);
+          kvc_codec c = per_token_codec(vt, false);
           c.full_range = static_cast<uint32_t>(full);
           kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &c, &c, 0, 64);
           const uint64_t id = 1;
@@ -265,14 +274,17 @@ KVTEST(query_int8_values_signed_and_tiny_weights) {
           double vmax = 0.0, omax = 0.0;
           for (float x : v) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
           for (float x : out[0]) omax = std::max(omax, std::fabs(static_cast<double>(x)));
-          // every weight within 2^-16 of the largest (prob <= 1, value scale <= vmax / 127): the
-          // output within 64 x n x vmax / 127 / 32767 of the f32 sum, and 1e-6 of its scale
-          const double bound = 64.0 * static_cast<double>(n) * vmax / 127.0 / 32767.0 + 1e-6 * omax;
+          // every weight within 2^-16 of the largest (prob <= 1, value scale <= vmax / qmax): the
+          // output within half_code x n x vmax / qmax / 32767 of the f32 sum, and 1e-6 of its scale
+          const double half_code = vt == KVC_DTYPE_INT4 ? 4.0 : 64.0;
+          const double qmax = vt == KVC_DTYPE_INT4 ? 7.0 : 127.0;
+          const double bound =
+              half_code * static_cast<double>(n) * vmax / qmax / 32767.0 + 1e-6 * omax;
           for (size_t i = 0; i < out[0].size(); ++i) {
             const double e = std::fabs(static_cast<double>(out[1][i]) - out[0][i]);
             if (!(e <= bound))
-              std::fprintf(stderr, "full %d scale %g uniform %d n %llu [%zu]: %g vs %g (bound %g)\n",
-                           full, scale, uniform, static_cast<unsigned long long>(n), i, out[1][i],
+              std::fprintf(stderr, "%s full %d scale %g uniform %d n %llu [%zu]: %g vs %g (bound %g)\n",
+                           vt == KVC_DTYPE_INT4 ? "int4" : "int8", full, scale, uniform, static_cast<unsigned long long>(n), i, out[1][i],
                            out[0][i], bound);
             CHECK(e <= bound);
           }

@@ -403,11 +403,9 @@ void attention_cases(Bench &b) {
     // has it, else the same exact path as above).
     const std::string iq =
         std::string("decode ") + label + ", int8 query (KVC_QUERY_INT8), 1 thread";
-    // And the int8 values summed in integers too (KVC_QUERY_INT8_VALUES: int8 codes only).
-    const std::string iv = dtype == KVC_DTYPE_INT8
-                               ? std::string("decode ") + label +
-                                     ", int8 query and values (KVC_QUERY_INT8_VALUES), 1 thread"
-                               : std::string();
+    // And the symmetric int8 / int4 values summed in integers too (KVC_QUERY_INT8_VALUES).
+    const std::string iv = std::string("decode ") + label +
+                           ", int8 query and values (KVC_QUERY_INT8_VALUES), 1 thread";
     if (!b.wanted(G, name) && !b.wanted(G, iq) && (iv.empty() || !b.wanted(G, iv))) continue;
     kvc_codec c;
     ok(kvc_codec_init(&c), "kvc_codec_init");
@@ -635,6 +633,7 @@ constexpr Goal kGoals[] = {
     {"decode int8 per-token, int8 query", 1.6, 0},
     {"decode int4 per-token, int8 query", 2.5, 0},
     {"decode int8 per-token, int8 query and values", 1.6, 0},
+    {"decode int4 per-token, int8 query and values", 2.5, 0},
     {"decode head-wise", 1.0 / 1.2, 0},  // issue 28: no slower than 1.2x token-wise
     {"quantize int8 per-token", 1.3, 0},
     {"quantize int4 group=32", 0.9, 0},

@@ -640,8 +640,8 @@ def test_save_and_restore_sequence(model, captured, tmp_path):
 def test_attention_decode_int8_query():
     """query_quant=QUERY_INT8: near the exact query's output on int8 keys (the same bytes where the CPU
     lacks AVX-512 VNNI), the exact bytes on f16 keys; QUERY_INT8_VALUES within 1e-3 of the output scale of
-    QUERY_INT8 on int8 values (each weight within 2^-16 of the largest); an unknown mode raises with nothing
-    written."""
+    QUERY_INT8 on int8 and int4 values (each weight within 2^-16 of the largest); an unknown mode raises with
+    nothing written."""
     cfg = small_config()
     rng = np.random.default_rng(5)
     n = 40
@@ -651,7 +651,9 @@ def test_attention_decode_int8_query():
     codec = kvcache.Codec()  # int8, per token
     full = kvcache.Codec()
     full.full_range = 1  # negative scales where a token's extreme is positive: signed weights
-    for codecs in ((codec, codec), (codec, full), ()):
+    int4 = kvcache.Codec()
+    int4.dtype = kvcache.DTYPE_INT4  # int4 values: nibbles summed in integers too
+    for codecs in ((codec, codec), (codec, full), (int4, int4), ()):
         with kvcache.Pool(cfg, *codecs) as pool:
             pool.seq_create(1)
             pool.reserve(1, n)

@@ -248,8 +248,8 @@ c_enum! {
         /// An int8 query against int8 / uint8 / int4 key codes (AVX-512 VNNI; faster, within the
         /// bound the C header gives; exact where it does not apply).
         Int8 = KVC_QUERY_INT8,
-        /// `Int8`, and symmetric int8 value codes summed in integers too (AVX-512 VNNI; within the
-        /// bound the C header gives).
+        /// `Int8`, and symmetric int8 or int4 value codes summed in integers too (AVX-512 VNNI;
+        /// within the bound the C header gives).
         Int8Values = KVC_QUERY_INT8_VALUES,
     }
 }
