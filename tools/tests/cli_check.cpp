@@ -275,6 +275,13 @@ nlohmann::json run_json(const std::vector<std::string> &cmd) {
   return nlohmann::json::parse(r.out);
 }
 
+// The rows of an eval JSON report by strategy.
+std::map<std::string, nlohmann::json> rows_by_strategy(const nlohmann::json &report) {
+  std::map<std::string, nlohmann::json> by;
+  for (const auto &r : report["results"]) by[r["strategy"].get<std::string>()] = r;
+  return by;
+}
+
 // Keys and values with their own codecs (k-NAME / v-NAME). stories260K: 5
 // layers, 4 KV heads, head_dim 8, so a token's row is 32 values per layer.
 // - k-f32+v-f32 stores exactly what f32 stores: the same log-probabilities.
@@ -292,8 +299,7 @@ int split_kv(const std::string &kvcache) {
                 "v-int4:group=32,"
                 "kivi4:group=16:residual=32,kivi4:group=16:residual=32:sinks=2"});
   if (!j.contains("results")) return 1;
-  std::map<std::string, nlohmann::json> by;
-  for (const auto &r : j["results"]) by[r["strategy"].get<std::string>()] = r;
+  std::map<std::string, nlohmann::json> by = rows_by_strategy(j);
   for (const char *name :
        {"f32", "k-f32+v-f32", "int8:per-token", "k-int8:per-token+v-int8:per-token",
         "k-int8:per-token", "v-int4:group=32"})
@@ -379,9 +385,7 @@ int smooth(const std::string &kvcache, const std::string &dir) {
   const nlohmann::json b = run_json({kvcache, "eval", "--max-tokens", "600", "--json",
                                      "--no-progress", "--key-stats", stats, "--strategies", list});
   if (!a.contains("results") || !b.contains("results")) return 1;
-  std::map<std::string, nlohmann::json> by, file;
-  for (const auto &r : a["results"]) by[r["strategy"].get<std::string>()] = r;
-  for (const auto &r : b["results"]) file[r["strategy"].get<std::string>()] = r;
+  std::map<std::string, nlohmann::json> by = rows_by_strategy(a), file = rows_by_strategy(b);
   for (const std::string &name : rows)
     if (!by.count(name) || !file.count(name)) {
       fail("no row " + name);
@@ -422,8 +426,7 @@ int codebook(const std::string &kvcache) {
   const nlohmann::json a = run_json(
       {kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies", list});
   if (!a.contains("results")) return 1;
-  std::map<std::string, nlohmann::json> by;
-  for (const auto &r : a["results"]) by[r["strategy"].get<std::string>()] = r;
+  std::map<std::string, nlohmann::json> by = rows_by_strategy(a);
   for (const std::string &name : rows)
     if (!by.count(name)) {
       fail("no row " + name);
@@ -477,8 +480,7 @@ int mixed(const std::string &kvcache) {
   const nlohmann::json a = run_json(
       {kvcache, "eval", "--max-tokens", "300", "--json", "--no-progress", "--strategies", list});
   if (!a.contains("results")) return 1;
-  std::map<std::string, nlohmann::json> by;
-  for (const auto &r : a["results"]) by[r["strategy"].get<std::string>()] = r;
+  std::map<std::string, nlohmann::json> by = rows_by_strategy(a);
   for (const std::string &name : rows)
     if (!by.count(name)) {
       fail("no row " + name);
@@ -576,8 +578,7 @@ int codebook_fit(const std::string &kvcache, const std::string &dir) {
   if (!a.contains("results")) return 1;
   check(a.value("codebook_fit_text", "") == "out-of-domain.txt, 4 windows of 512 positions",
         "codebook_fit_text: " + a.value("codebook_fit_text", std::string("(none)")));
-  std::map<std::string, nlohmann::json> by;
-  for (const auto &r : a["results"]) by[r["strategy"].get<std::string>()] = r;
+  std::map<std::string, nlohmann::json> by = rows_by_strategy(a);
   for (const std::string &name : rows)
     if (!by.count(name)) {
       fail("no row " + name);
@@ -715,8 +716,7 @@ int long_context(const std::string &kvcache, const std::string &plot_file) {
   check(j["ctx"] == 4096 && j["trained_context"] == 512 && j["segment"] == 512,
         "ctx 4096, trained 512, segment 512");
   check(j["windows"] == 1 && j["tokens_scored"] == 4095, "one window of 4095 scored tokens");
-  std::map<std::string, nlohmann::json> rows;
-  for (const auto &r : j["results"]) rows[r["strategy"].get<std::string>()] = r;
+  std::map<std::string, nlohmann::json> rows = rows_by_strategy(j);
   for (const char *name : {"f32", "window:tokens=512+f16", "streaming:tokens=512+f16",
                            "streaming:tokens=512:keep-positions+f16"}) {
     if (!rows.count(name)) {
