@@ -334,6 +334,7 @@ namespace std {
 %rename(Pool) kvc_swig_pool;
 %rename(Policy) kvc_swig_policy;
 %newobject kvc_swig_policy::with_head_gates;
+%newobject kvc_swig_pool::with_layer_codecs;
 %rename(Store) kvc_swig_store;
 
 /* ---- buffer arguments (typemaps in each overlay); before the header, whose
@@ -796,20 +797,19 @@ struct kvc_swig_pool {};
     kvc_pool_config c = *config;
     c.k_codec = k_codec;
     c.v_codec = v_codec;
-    std::vector<const kvc_codec *> kt(c.num_layers, NULL), vt(c.num_layers, NULL);
     const std::vector<kvc_codec> *in[2] = {&layer_k, &layer_v};
-    std::vector<const kvc_codec *> *out[2] = {&kt, &vt};
-    for (int kv = 0; kv < 2; ++kv) {
-      if (in[kv]->empty()) continue;
-      if (in[kv]->size() != c.num_layers) {
+    for (int kv = 0; kv < 2; ++kv)  // the lengths first: a table is never larger than the caller's
+      if (!in[kv]->empty() && in[kv]->size() != c.num_layers) {
         kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT,
                       std::string(kv ? "layer_v" : "layer_k") + ": " +
                           std::to_string(in[kv]->size()) + " codecs for " +
                           std::to_string(c.num_layers) + " layers (empty, or one per layer)");
         return NULL;
       }
-      for (size_t l = 0; l < in[kv]->size(); ++l) (*out[kv])[l] = &(*in[kv])[l];
-    }
+    std::vector<const kvc_codec *> kt, vt;
+    std::vector<const kvc_codec *> *out[2] = {&kt, &vt};
+    for (int kv = 0; kv < 2; ++kv)
+      for (const kvc_codec &e : *in[kv]) out[kv]->push_back(&e);
     if (!layer_k.empty()) c.layer_k_codecs = kt.data();
     if (!layer_v.empty()) c.layer_v_codecs = vt.data();
     kvc_pool *p = NULL;

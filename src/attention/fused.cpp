@@ -347,8 +347,8 @@ KVC_VNNI void accumulate_v16(float *acc, const float *corr, uint64_t hd, const i
 // interleaved as 32-bit lanes, column 4i + k of both tokens masked out of
 // lane i as two int16 (less off: -8..7), one vpdpwssd per 8 columns and
 // head; lane i of accumulator k is column 4i + k (transposed to column
-// order when the sums go to acc, every 2048 pairs: |sum| < 2^31 = 2 x 8 x
-// 32767 x 2048 x 2).
+// order when the sums go to acc, every 2048 pairs: |sum| <= 2 x 8 x 32767
+// x 2048 < 2^30).
 template <int J>
 KVC_VNNI void accumulate_v4_cols(float *acc, uint64_t hd, const int32_t *wq, uint64_t wqs,
                                  const float *u, int32_t off, const uint8_t *const *vrow,
@@ -411,7 +411,7 @@ KVC_VNNI void accumulate_v4(float *acc, const float *corr, uint64_t hd, const in
     for (uint64_t d = 0; d < hd; d += 8)
       _mm256_storeu_ps(acc + j * hd + d, _mm256_mul_ps(_mm256_loadu_ps(acc + j * hd + d), cj));
   }
-  if constexpr (J >= 8) {  // 4 heads at a time: J x 4 accumulators + 7 of 32 registers
+  if constexpr (J >= 8) {  // 4 heads at a time: 4 x 4 accumulators + 7 of 32 registers
     for (int j = 0; j < J; j += 4)
       for (uint64_t d = 0; d < hd; d += 32)
         accumulate_v4_cols<4>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);

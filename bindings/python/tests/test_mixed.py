@@ -92,6 +92,7 @@ def test_with_layer_codecs_tables():
     k, v = data(3), data(4)
     i8, i4 = codec(kvcache.DTYPE_INT8), codec(kvcache.DTYPE_INT4)
     mixed = kvcache.Pool.with_layer_codecs(config(), i8, i8, [i8, i4, i8], [])
+    assert mixed.thisown  # the proxy owns the pool: collected, it is destroyed
     fill(mixed, k, v, range(L))
     for layer in range(L):
         one = kvcache.Pool(config(1), i4 if layer == 1 else i8, i8)
@@ -111,6 +112,8 @@ def test_with_layer_codecs_tables():
     np.testing.assert_array_equal(np.asarray(mk), k[1].astype(np.float16).astype(np.float32))
     row = HK * D
     assert plain.stats().bytes_per_token == L * row * 2 + (2 * 4 + 2) * row
+    mixed.close()
+    plain.close()
     with pytest.raises(kvcache.KvcError, match="2 codecs for 3 layers"):
         kvcache.Pool.with_layer_codecs(config(), i8, i8, [i8, i4], [])
     with pytest.raises(kvcache.KvcError, match="quantizes a part or none"):
@@ -118,3 +121,8 @@ def test_with_layer_codecs_tables():
     with pytest.raises(kvcache.KvcError) as e:
         kvcache.Pool.with_layer_codecs(None, i8, i8, [], [])
     assert e.value.status == kvcache.ERR_NULL_POINTER
+    huge = config()
+    huge.num_layers = 2**32 - 1  # refused before any table is built (no 32 GiB allocation)
+    with pytest.raises(kvcache.KvcError, match="must be 1..4096") as e:
+        kvcache.pool_with_layer_codecs(huge, kvcache.parse_strategy("int8@0=int4:per-token"))
+    assert e.value.status == kvcache.ERR_INVALID_ARGUMENT

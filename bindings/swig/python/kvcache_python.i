@@ -400,7 +400,16 @@ static kvc_swig_pool *pool_with_layer_codecs(const kvc_pool_config *config,
   kvc_pool_config c = *config;
   c.k_codec = st.k_quantized ? &st.k_codec : NULL;
   c.v_codec = st.v_quantized ? &st.v_codec : NULL;
-  std::vector<const kvc_codec *> kt(c.num_layers, c.k_codec), vt(c.num_layers, c.v_codec);
+  if (!st.layer_ids.empty() && (c.num_layers == 0 || c.num_layers > 4096)) {  // before any table
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "num_layers " + std::to_string(c.num_layers) +
+                  ": must be 1..4096 (with per-layer codecs)");
+    return NULL;
+  }
+  std::vector<const kvc_codec *> kt, vt;
+  if (!st.layer_ids.empty()) {
+    kt.assign(c.num_layers, c.k_codec);
+    vt.assign(c.num_layers, c.v_codec);
+  }
   for (size_t i = 0; i < st.layer_ids.size(); ++i) {
     if (st.layer_ids[i] >= c.num_layers) {
       kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "layer " + std::to_string(st.layer_ids[i]) +

@@ -32,12 +32,13 @@ type PoolConfig struct {
 	// KCodec and VCodec quantize K and V (nil: plain KDType / VDType storage).
 	KCodec, VCodec *Codec
 	// LayerKCodecs and LayerVCodecs give each layer its own codecs (mixed
-	// precision, kvc_pool_config.layer_k_codecs / layer_v_codecs): nil, or
-	// NumLayers entries, entry i layer i's (a nil entry: KCodec / VCodec; a
-	// float DType with SCALE_NONE: plain storage of that dtype). In this
-	// version every layer quantizes a part or none does, with the same
-	// rotation; per-channel scales and head-wise pools are refused
-	// (docs/codecs.md "Mixed precision per layer").
+	// precision, kvc_pool_config.layer_k_codecs / layer_v_codecs): nil or
+	// empty (every layer KCodec / VCodec), or NumLayers entries, entry i
+	// layer i's (a nil entry: KCodec / VCodec; a float DType with
+	// SCALE_NONE: plain storage of that dtype); another length is
+	// ERR_INVALID_ARGUMENT. In this version every layer quantizes a part or
+	// none does, with the same rotation; per-channel scales, head-wise and
+	// CUDA pools are refused (docs/codecs.md "Mixed precision per layer").
 	LayerKCodecs, LayerVCodecs []*Codec
 }
 
