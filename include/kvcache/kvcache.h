@@ -1609,16 +1609,19 @@ KVC_API kvc_status kvc_pool_set_key_smoothing(kvc_pool *pool, const float *scale
  * finite in [-1, 1], strictly ascending within a layer; NULL with count 0
  * removes the part's codebook. A pool with per-layer codecs
  * (kvc_pool_config::layer_k_codecs): each layer's 2^bits levels in turn, bits
- * of that layer's codec (every layer's codec must take a codebook).
+ * of that layer's codec; a layer whose codec is int8 or fp8 takes no levels
+ * (0 entries: its uniform codes stay, so sensitive layers can keep 8 bits
+ * beside codebook layers), every other layer's codec must take a codebook,
+ * and at least one layer must.
  * @param count entries of levels: num_layers x 2^bits, or the sum over the layers of 2^bits
- * (0 with levels NULL).
+ * (int8 and fp8 layers: 0) (0 with levels NULL).
  * @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);
  * ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take
- * a codebook, per-group scales whose group_size does not divide a token's
- * num_kv_heads x head_dim values, a count other than the pool's, a level out
- * of range or out of order (the message names layer and level), a pool
- * holding sequences or with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a
- * head-wise pool); ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing.
+ * a codebook, per-layer codecs where every layer is int8 or fp8, per-group scales whose group_size
+ * does not divide a token's num_kv_heads x head_dim values, a count other than the pool's, a level
+ * out of range or out of order (the message names layer and level), a pool holding sequences or
+ * with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a head-wise pool);
+ * ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing.
  * @since 0.4
  */
 KVC_API kvc_status kvc_pool_set_codebook(kvc_pool *pool, uint32_t part, const float *levels,

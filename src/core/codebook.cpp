@@ -33,12 +33,19 @@ void Pool::set_codebook(int kv, const float *levels, size_t count) {
   // Each layer's codec (a pool with per-layer codecs: its own bits), checked.
   const std::string part = kv ? "v_codec" : "k_codec";
   std::vector<uint64_t> offset(cfg_.num_layers + 1, 0);
+  bool any = false;  // a layer that takes levels
   for (uint32_t l = 0; l < cfg_.num_layers; ++l) {
     const codec::Spec &sp = fmt_.part(l, kv).spec;
     const std::string name =
         fmt_.mixed() ? std::string(kv ? "layer_v_codecs[" : "layer_k_codecs[") + u64s(l) + "]"
                      : part;
     const int bits = fmt_.quantized(kv) && is_int(sp.dtype) ? bits_of(sp.dtype) : 0;
+    // Per-layer codecs: an int8 or fp8 layer takes no levels (its uniform codes stay).
+    if (fmt_.mixed() && fmt_.quantized(kv) && (bits == 8 || !is_int(sp.dtype))) {
+      offset[l + 1] = offset[l];
+      continue;
+    }
+    any = true;
     if (levels) {
       if (bits < 2 || bits > 4)
         fail(Errc::InvalidArgument, "a codebook needs an int2, int3 or int4 " + name +
@@ -63,13 +70,17 @@ void Pool::set_codebook(int kv, const float *levels, size_t count) {
     }
     offset[l + 1] = offset[l] + (bits ? (uint64_t{1} << bits) : 0);
   }
+  if (levels && !any)
+    fail(Errc::InvalidArgument, std::string("no layer's ") + (kv ? "values" : "keys") +
+                                    " take a codebook (every layer's codec is int8 or fp8)");
   const uint64_t want = offset[cfg_.num_layers];
   const uint64_t per_layer = fmt_.mixed() ? 0 : want / cfg_.num_layers;
   if (levels && count != want)
-    fail(Errc::InvalidArgument, "count " + u64s(count) +
-                                    (fmt_.mixed() ? " is not the sum over the layers of 2^bits = "
-                                                  : " is not num_layers x 2^bits = ") +
-                                    u64s(want));
+    fail(Errc::InvalidArgument,
+         "count " + u64s(count) +
+             (fmt_.mixed() ? " is not the sum over the layers of 2^bits (int8 and fp8 layers: 0) = "
+                           : " is not num_layers x 2^bits = ") +
+             u64s(want));
   require_empty_for("codebooks");
   std::shared_ptr<Codebook> cb;
   if (levels) {

@@ -279,7 +279,7 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
     uint8_t *outl = blk + pl.outlier_offset + (slot + t) * pl.outlier_bytes;
     switch (sp.gran) {
       case codec::Gran::Token:
-        if (codebook[kv])
+        if (codebook[kv] && codebook[kv]->has(layer))
           codec::encode_codebook(sp, codebook[kv]->layer(layer), tmp, h, hd, codes, scales);
         else if (sp.outliers)
           codec::encode_outliers(sp, tmp, h, hd, codes, scales, outl);
@@ -287,7 +287,7 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
           codec::encode(sp, tmp, h, hd, codes, scales, zeros);
         break;
       case codec::Gran::Group:
-        if (codebook[kv])
+        if (codebook[kv] && codebook[kv]->has(layer))
           codec::encode_codebook(sp, codebook[kv]->layer(layer), tmp, 1, row, codes, scales);
         else if (sp.outliers)
           codec::encode_outliers(sp, tmp, 1, row, codes, scales, outl);
@@ -331,7 +331,7 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
     case codec::Gran::Token: {  // scales [slot][kv_heads], contiguous too
       const uint64_t sidx = slot * pl.scales_per_token;
       sp.rotation_block = 0;  // the rotation is undone below, per head
-      if (codebook[kv]) {
+      if (codebook[kv] && codebook[kv]->has(layer)) {
         codec::decode_codebook(sp, codebook[kv]->layer(layer), codes,
                                blk + pl.scale_offset + sidx * pl.scale_bytes, count * h, hd, tmp);
         break;
@@ -348,7 +348,7 @@ void BlockFormat::read_part(int kv, uint32_t layer, const uint8_t *blk, uint32_t
     case codec::Gran::Group: {
       const uint64_t sidx = slot * pl.scales_per_token;
       sp.rotation_block = 0;
-      if (codebook[kv]) {
+      if (codebook[kv] && codebook[kv]->has(layer)) {
         codec::decode_codebook(sp, codebook[kv]->layer(layer), codes,
                                blk + pl.scale_offset + sidx * pl.scale_bytes, count, row, tmp);
         break;

@@ -72,7 +72,8 @@ class LayerTiles final : public attention::TileSource {
     if (!p_.written_.all(b, slot, cnt)) return 0;
     const uint8_t *blk = arena_ + p_.fmt_.block_offset(b);
     for (int kv = 0; kv < 2; ++kv)
-      if (p_.fmt_.codebook[kv] || !raw_part(p_.fmt_.part(layer_, kv), blk, slot, kv ? rt.v : rt.k))
+      if ((p_.fmt_.codebook[kv] && p_.fmt_.codebook[kv]->has(layer_)) ||
+          !raw_part(p_.fmt_.part(layer_, kv), blk, slot, kv ? rt.v : rt.k))
         return 0;
     return cnt;
   }

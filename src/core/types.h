@@ -63,11 +63,14 @@ constexpr uint32_t kCodebookTag = 0x314b4243u;  // "CBK1" little-endian, in fing
 struct Codebook {
   uint32_t per_layer = 0;     // levels of a layer: 2^bits of the part's codec (0: per-layer codecs)
   std::vector<float> levels;  // [num_layers][per_layer], or each layer's 2^bits in turn
-  std::vector<uint64_t> offset;  // per-layer codecs: layer l's levels start at offset[l]
+  std::vector<uint64_t> offset;  // per-layer codecs: layer l's levels at [offset[l], offset[l + 1])
   uint8_t digest[16] = {};       // XXH3-128 of "CBK1", the part, per_layer (and counts), the levels
   const float *layer(uint32_t l) const {
     return levels.data() + (offset.empty() ? static_cast<uint64_t>(l) * per_layer : offset[l]);
   }
+  // Whether layer l has levels (per-layer codecs: an int8 or fp8 layer has
+  // none and keeps its uniform codes).
+  bool has(uint32_t l) const { return offset.empty() || offset[l + 1] > offset[l]; }
 };
 
 constexpr uint32_t kMixedTag = 0x3158494du;  // "MIX1" little-endian, in fingerprints

@@ -396,6 +396,72 @@ static void test_codebooks(void **state) {
   kvc_pool_destroy(m);
 }
 
+/* int8 and fp8 layers beside codebook layers: they take no levels (the
+ * count is the other layers' 2^bits) and keep their uniform codes, reading
+ * back and attending as pools of their codec alone (the int8 layer through
+ * the raw decode path); the codebook layer reads back as a pool with its
+ * levels; a count with levels for every layer, and a pool whose every layer
+ * is int8 or fp8, are refused. */
+static void test_codebook_int8_layers(void **state) {
+  (void)state;
+  make_rows();
+  kvc_codec ck[L] = {codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 32, 0),
+                     codec_of(KVC_DTYPE_INT4, KVC_SCALE_PER_TOKEN, 32, 0),
+                     codec_of(KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 32, 0)};
+  kvc_codec cv = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 32, 0);
+  const kvc_codec *ckp[L] = {&ck[0], &ck[1], &ck[2]};
+  kvc_pool_config c = test_config(L, HEADS, HD, BS, 64);
+  c.k_codec = &ck[0];
+  c.v_codec = &cv;
+  c.layer_k_codecs = ckp;
+  kvc_pool *m = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &m));
+  float levels[16], wide[16 * L];
+  ASSERT_OK(kvc_codebook_gaussian(4, HD, levels));
+  for (int i = 0; i < 16 * L; ++i) wide[i] = levels[i % 16];
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_codebook(m, 0, wide, 16 * L));
+  assert_non_null(strstr(kvc_last_error_message(), "int8 and fp8 layers: 0"));
+  ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_codebook(m, 1, levels, 16));
+  assert_non_null(strstr(kvc_last_error_message(), "no layer's values"));
+  ASSERT_OK(kvc_pool_set_codebook(m, 0, levels, 16));
+  fill(m, 1, 0, L, N);
+  static float k1[N * ROW], v1[N * ROW], k2[N * ROW], v2[N * ROW];
+  float q[2 * HEADS * HD], o1[2 * HEADS * HD], o2[2 * HEADS * HD];
+  for (int i = 0; i < 2 * HEADS * HD; ++i) q[i] = frand();
+  kvc_attention_params ap;
+  kvc_attention_params_init(&ap);
+  ap.num_q_heads = 2 * HEADS;
+  for (int l = 0; l < L; ++l) {
+    kvc_pool_config u = test_config(1, HEADS, HD, BS, 16);
+    u.k_codec = &ck[l];
+    u.v_codec = &cv;
+    kvc_pool *p = NULL;
+    ASSERT_OK(kvc_pool_create(&u, &p));
+    if (l == 1) ASSERT_OK(kvc_pool_set_codebook(p, 0, levels, 16));
+    fill(p, 1, l, 1, N);
+    gather(m, 1, (uint32_t)l, N, k1, v1);
+    gather(p, 1, 0, N, k2, v2);
+    assert_same_floats(k1, k2, N * ROW);
+    assert_same_floats(v1, v2, N * ROW);
+    for (kvc_query_quant qq = KVC_QUERY_EXACT; qq <= KVC_QUERY_INT8_VALUES; ++qq) {
+      ap.query_quant = qq;
+      ASSERT_OK(kvc_attention_decode(m, (uint32_t)l, (const uint64_t[]){1}, 1, q, o1, NULL, &ap));
+      ASSERT_OK(kvc_attention_decode(p, 0, (const uint64_t[]){1}, 1, q, o2, NULL, &ap));
+      assert_same_floats(o1, o2, 2 * HEADS * HD);
+    }
+    ap.query_quant = KVC_QUERY_EXACT;
+    kvc_pool_destroy(p);
+    if (l == 1) { /* the levels are used there: without them layer 1 differs */
+      ASSERT_OK(kvc_pool_create(&u, &p));
+      fill(p, 1, l, 1, N);
+      gather(p, 1, 0, N, k2, v2);
+      assert_true(memcmp(k1, k2, sizeof k2) != 0);
+      kvc_pool_destroy(p);
+    }
+  }
+  kvc_pool_destroy(m);
+}
+
 static void expect_refused(kvc_pool_config c, kvc_status st, const char *words) {
   kvc_pool *p = NULL;
   ASSERT_STATUS(st, kvc_pool_create(&c, &p));
@@ -444,11 +510,12 @@ static void test_refusals(void **state) {
   int32_t blk = 0;
   uint8_t host[4096];
   ASSERT_STATUS(KVC_ERR_UNSUPPORTED, kvc_pool_copy_blocks(p, &blk, 1, host, KVC_COPY_TO_HOST));
-  /* layer 0's keys are int8: no codebook */
+  /* layer 0's keys are int8 (no levels, its uniform codes); layer 1's are
+   * asymmetric int4 codes: refused, named */
   static float levels[16 * L];
   for (int i = 0; i < 16 * L; ++i) levels[i] = -1.0f + (float)(i % 16) / 8.0f;
   ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_codebook(p, 0, levels, 16 * L));
-  assert_non_null(strstr(kvc_last_error_message(), "layer_k_codecs[0]"));
+  assert_non_null(strstr(kvc_last_error_message(), "layer_k_codecs[1]"));
   kvc_pool_destroy(p);
   /* the same codecs in every layer: an ordinary pool (its layout, one format) */
   const kvc_codec *same[L] = {&kc[0], &kc[0], NULL};
@@ -485,6 +552,7 @@ int main(void) {
       cmocka_unit_test(test_records_fork_keep),
       cmocka_unit_test(test_prefix_cache),
       cmocka_unit_test(test_codebooks),
+      cmocka_unit_test(test_codebook_int8_layers),
       cmocka_unit_test(test_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -211,7 +211,10 @@ std::vector<FittedCodebook> fit_codebooks(const kvc_runner::Model &model,
 }
 
 void layer_codebook_part(const kvc_codec &c, const kvc_runner::ModelConfig &mc, CodebookPart &p) {
-  p.bits = c.dtype == KVC_DTYPE_INT4 ? 4 : c.dtype == KVC_DTYPE_INT3 ? 3 : 2;
+  p.bits = c.dtype == KVC_DTYPE_INT4   ? 4
+           : c.dtype == KVC_DTYPE_INT3 ? 3
+           : c.dtype == KVC_DTYPE_INT2 ? 2
+                                       : 0;  // int8 / fp8: no levels (uniform codes)
   p.group = c.granularity == KVC_SCALE_PER_TOKEN ? static_cast<std::uint64_t>(mc.head_dim())
                                                  : c.group_size;
 }

@@ -613,6 +613,7 @@ EvalReport run_eval(const EvalOptions &opt) {
         CodebookPart q = p;
         for (const kvc_runner::PoolSettings::LayerCodec &lc : row_settings[r].layer_codecs)
           if (lc.layer == std::uint32_t(l)) layer_codebook_part(p.part ? lc.v : lc.k, mc, q);
+        if (!q.bits) continue;  // an int8 / fp8 layer: no levels
         std::vector<float> one(std::size_t{1} << q.bits);
         if (kvc_codebook_gaussian(q.bits, q.group, one.data()) != KVC_OK)
           throw RunnerError("kvc_codebook_gaussian: " + std::string(kvc_last_error_message()));

@@ -585,11 +585,19 @@ Strategy parse_strategy(const std::string &spec) {
       throw RunnerError(where + "'@" + parts[i] +
                         "': sinks, pre-rope and smooth apply to every layer: give them on the "
                         "base (a layer's part may repeat the base's)");
-    for (int kv = 0; kv < 2; ++kv)
-      if (alt.codebook[kv] != st.codebook[kv] || alt.codebook_fit[kv])
+    for (int kv = 0; kv < 2; ++kv) {
+      // int8 / fp8 layers of a codebook part keep their uniform codes (no levels)
+      const kvc_codec &ac = kv ? alt.v_codec : alt.k_codec;
+      const bool wide = (kv ? alt.v_quantized : alt.k_quantized) &&
+                        (ac.dtype == KVC_DTYPE_INT8 || ac.dtype == KVC_DTYPE_FP8_E4M3 ||
+                         ac.dtype == KVC_DTYPE_FP8_E5M2);
+      if ((alt.codebook[kv] != st.codebook[kv] && !(st.codebook[kv] && wide)) ||
+          alt.codebook_fit[kv])
         throw RunnerError(where + "'@" + parts[i] + "': " + (kv ? "values" : "keys") +
-                          " take a codebook in every layer or in none (codebook, not "
+                          " take a codebook in every layer or in none, but for int8 and fp8 "
+                          "layers, which keep their uniform codes (codebook, not "
                           "codebook=fit): as the base");
+    }
     if (alt.block_size != st.block_size)
       throw RunnerError(where + "'@" + parts[i] + "': its block size differs from the base's");
     lp.k = codec_or_plain(alt.k_quantized, alt.k_codec, alt.k_dtype);

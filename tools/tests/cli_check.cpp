@@ -474,7 +474,10 @@ int mixed(const std::string &kvcache) {
   const std::string cb = "k-int4:per-token:hadamard:codebook+v-int3:per-token:hadamard:codebook";
   const std::string cb_mix =
       cb + "@1-2=k-int2:per-token:sym:hadamard:codebook+v-int2:per-token:sym:hadamard:codebook";
-  const std::vector<std::string> rows = {base, hi, mix, cb, cb_mix};
+  // int8 keys in layer 4 of a codebook row: no levels there (uniform codes)
+  const std::string k8 = "k-int8:per-token:hadamard+v-int3:per-token:hadamard:codebook";
+  const std::string cb_k8 = cb + "@4=" + k8;
+  const std::vector<std::string> rows = {base, hi, mix, cb, cb_mix, k8, cb_k8};
   std::string list;
   for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
   const nlohmann::json a = run_json(
@@ -505,6 +508,15 @@ int mixed(const std::string &kvcache) {
         "int2 codebook layers cost fewer bytes");
   check(by[cb_mix]["kl_mean"].get<double>() > by[cb]["kl_mean"].get<double>(),
         "int2 codebook layers lose more");
+  const double b_cb = by[cb]["kv_bytes_per_token"].get<double>(),
+               b_k8 = by[k8]["kv_bytes_per_token"].get<double>(),
+               b_cb_k8 = by[cb_k8]["kv_bytes_per_token"].get<double>();
+  check(std::fabs(5.0 * b_cb_k8 - (4.0 * b_cb + b_k8)) < 5.0,
+        "int8 keys in one codebook layer: bytes per token " + std::to_string(b_cb_k8) +
+            ", expected (4 x " + std::to_string(b_cb) + " + " + std::to_string(b_k8) + ") / 5");
+  check(by[cb_k8]["kl_mean"].get<double>() < by[cb]["kl_mean"].get<double>(),
+        "int8 keys in layer 4 lose less than its int4 codebook keys: KL " +
+            by[cb_k8]["kl_mean"].dump() + " vs " + by[cb]["kl_mean"].dump());
   // --sensitivity: the base, then one row per layer with int2 there.
   const nlohmann::json sres = run_json({kvcache, "eval", "--max-tokens", "100", "--json",
                                         "--no-progress", "--sensitivity", "int2:per-token"});
@@ -775,7 +787,7 @@ int bench(const std::string &kvcache) {
   }
   for (const char *g : {"pool", "codec", "attention", "evict", "prefix", "model"})
     check(groups[g] >= 1, std::string("no ") + g + " case");
-  check(groups["codec"] == 6 && groups["attention"] == 9 && groups["prefix"] == 2,
+  check(groups["codec"] == 6 && groups["attention"] == 10 && groups["prefix"] == 2,
         "case counts per group");
   // --filter narrows the run to matching cases.
   const nlohmann::json f = run_json({kvcache, "bench", "--quick", "--json", "--filter", "prefix/"});

@@ -175,9 +175,10 @@ def _codebooks_of(st, layers, hd, codebooks=None):
                 lb, lg = bits, group
                 if layer in per_layer:
                     codec = per_layer[layer][part]
-                    lb = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}[codec.dtype]
+                    lb = {_native.DTYPE_INT4: 4, _native.DTYPE_INT3: 3, _native.DTYPE_INT2: 2}.get(codec.dtype, 0)
                     lg = hd if codec.granularity == _native.SCALE_PER_TOKEN else codec.group_size
-                levels += list(codebook_gaussian(lb, lg))
+                if lb:  # an int8 / fp8 layer takes no levels (its uniform codes stay)
+                    levels += list(codebook_gaussian(lb, lg))
             out.append((part, levels))
             continue
         if not fit:

@@ -126,3 +126,30 @@ def test_with_layer_codecs_tables():
     with pytest.raises(kvcache.KvcError, match="must be 1..4096") as e:
         kvcache.pool_with_layer_codecs(huge, kvcache.parse_strategy("int8@0=int4:per-token"))
     assert e.value.status == kvcache.ERR_INVALID_ARGUMENT
+
+
+def test_codebook_with_int8_layers():
+    # a codebook row with int8 keys in layer 1: that layer takes no levels (its uniform codes), and the pool
+    # PagedCache would build accepts the levels _codebooks_of gives
+    from kvcache._hf_setup import _codebooks_of
+    st = kvcache.parse_strategy("k-int4:per-token:codebook+v-int4:per-token:codebook"
+                                "@1=k-int8:per-token+v-int4:per-token:codebook")
+    books = dict(_codebooks_of(st, L, D))
+    g4 = list(kvcache.codebook_gaussian(4, D))
+    assert list(books[0]) == g4 + g4  # layers 0 and 2: 16 levels each, layer 1 none
+    assert list(books[1]) == g4 * L
+    p = kvcache.pool_with_layer_codecs(config(), st)
+    p.set_codebook(0, books[0])
+    p.set_codebook(1, books[1])
+    k, v = data(5), data(6)
+    fill(p, k, v, range(L))
+    one = kvcache.Pool(config(1), st.layer_k_codec(0), st.layer_v_codec(0))
+    one.set_codebook(1, g4)
+    fill(one, k, v, [1])
+    mk, mv = p.gather(1, 1)
+    ok, ov = one.gather(1, 0)
+    np.testing.assert_array_equal(np.asarray(mk), np.asarray(ok))  # int8 keys, no levels
+    np.testing.assert_array_equal(np.asarray(mv), np.asarray(ov))
+    with pytest.raises(kvcache.KvcError, match="int8 and fp8 layers: 0"):
+        p2 = kvcache.pool_with_layer_codecs(config(), st)
+        p2.set_codebook(0, g4 * L)
