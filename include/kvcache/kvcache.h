@@ -1798,8 +1798,12 @@ typedef enum kvc_query_quant {
    * as before); an observe mode records the probabilities of these scores. Used by CPU decode
    * (one query row per sequence)
    * where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with
-   * per-token scales and head_dim is a multiple of 32; everything else (f16 / bf16 / f32 keys,
-   * prefill, CUDA pools, older CPUs) computes as ::KVC_QUERY_EXACT.
+   * per-token scales and head_dim is a multiple of 32, over the blocks the decode reads in place:
+   * keys and values both stored plainly (f16 / bf16 / f32) or as int8 / uint8 / int4 codes with
+   * per-token scales, without a rotation, codebook, outliers, pre-RoPE keys or key smoothing, and
+   * outside the attention sinks' copies and unwritten slots; everything else (f16 / bf16 / f32
+   * keys, such values or blocks, prefill, CUDA pools, older CPUs) computes as
+   * ::KVC_QUERY_EXACT.
    */
   KVC_QUERY_INT8 = 1,
   /**

@@ -323,23 +323,49 @@ void validate_config(PoolConfig &c, bool check_memory) {
                                 std::max<unsigned __int128>(layer_bytes, 1);
     c.num_blocks = n > kMaxBlocks ? kMaxBlocks : static_cast<uint64_t>(n);
     if (fcls.size() > 1) {
-      // Per-layer formats: the split's remainders may go to the larger
-      // blocks; fewer blocks until the arena fits the budget.
-      for (;;) {
-        if (c.num_blocks < fcls.size()) break;
-        split_blocks(c.num_blocks, c.num_layers, fcls);
+      // Per-layer formats: the largest count whose split gives every format
+      // a block and fits the budget. The split's remainders may go to the
+      // larger blocks or the smaller, so counts around the estimate n0 are
+      // tried: a split of n takes at least n x layer_bytes / num_layers less
+      // one block of each format, so no count above n0 + 1 + (the formats'
+      // strides summed) x num_layers / layer_bytes fits.
+      auto split_bytes = [&](uint64_t n, bool *each) {
+        split_blocks(n, c.num_layers, fcls);
         unsigned __int128 bytes = 0;
-        for (const FormatClass &k : fcls)
+        *each = true;
+        for (const FormatClass &k : fcls) {
           bytes += static_cast<unsigned __int128>(k.blocks) * k.stride;
-        if (bytes <= c.capacity_bytes) break;
-        --c.num_blocks;
+          *each = *each && k.blocks > 0;
+        }
+        return bytes;
+      };
+      unsigned __int128 strides = 0;
+      for (const FormatClass &k : fcls) strides += k.stride;
+      const unsigned __int128 top =
+          static_cast<unsigned __int128>(c.num_blocks) + 2 +
+          strides * c.num_layers / std::max<unsigned __int128>(layer_bytes, 1);
+      uint64_t n = top > kMaxBlocks ? kMaxBlocks : static_cast<uint64_t>(top);
+      for (; n >= fcls.size(); --n) {
+        bool each = false;
+        if (split_bytes(n, &each) <= c.capacity_bytes && each) break;
       }
-      if (c.num_blocks < fcls.size() ||
-          std::any_of(fcls.begin(), fcls.end(), [](const FormatClass &k) { return k.blocks == 0; }))
+      if (n < fcls.size()) {
+        // The fewest bytes that give each format a block, for the message.
+        unsigned __int128 need = 0;
+        for (uint64_t m = fcls.size(); m <= c.num_layers; ++m) {
+          bool each = false;
+          need = split_bytes(m, &each);
+          if (each) break;
+        }
         fail(Errc::InvalidArgument, "capacity_bytes " + u64s(c.capacity_bytes) +
                                         " holds no block of each of the " + u64s(fcls.size()) +
-                                        " per-layer block formats (one block of every layer: " +
-                                        u64s(static_cast<uint64_t>(layer_bytes)) + " bytes)");
+                                        " per-layer block formats (the fewest blocks that give "
+                                        "each one a block take " +
+                                        u64s(static_cast<uint64_t>(need)) + " bytes)");
+      }
+      c.num_blocks = n;
+      bool each = false;
+      split_bytes(n, &each);  // the split of the count taken
     }
     if (c.num_blocks == 0)
       fail(Errc::InvalidArgument, "capacity_bytes " + u64s(c.capacity_bytes) +

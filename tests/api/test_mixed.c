@@ -211,6 +211,35 @@ static void test_sizes(void **state) {
   c.capacity_bytes = 0;
   c.num_blocks = 2;
   expect_refused_create(c, "at least one block");
+  /* Layers (int8 K, int4 K, int8 K): 2 blocks split 1 + 1 (the remainder to
+   * the one-layer format) take less than a block of every layer; a budget of
+   * exactly that holds them (the estimate, budget x 3 / a block of every
+   * layer, is 1; found by helper-30) */
+  {
+    const kvc_codec *k3[L] = {&kc[0], &kc[1], &kc[0]}, *v3[L] = {&vc[0], &vc[0], &vc[0]};
+    uint64_t fb[2];
+    for (int f = 0; f < 2; ++f) {
+      kvc_pool_config u = test_config(1, HEADS, HD, BS, 4);
+      u.k_codec = &kc[f];
+      u.v_codec = &vc[0];
+      kvc_pool *p = NULL;
+      ASSERT_OK(kvc_pool_create(&u, &p));
+      fb[f] = get_stats(p).bytes_per_block;
+      kvc_pool_destroy(p);
+    }
+    assert_true(fb[0] > fb[1]);
+    c = mixed_config(0);
+    c.layer_k_codecs = k3;
+    c.layer_v_codecs = v3;
+    c.capacity_bytes = fb[0] + fb[1];
+    ASSERT_OK(kvc_pool_create(&c, &m));
+    s = get_stats(m);
+    assert_int_equal(s.blocks_total, 2);
+    assert_int_equal(s.bytes_total, fb[0] + fb[1]);
+    kvc_pool_destroy(m);
+    c.capacity_bytes = fb[0] + fb[1] - 1;
+    expect_refused_create(c, "the fewest blocks");
+  }
 
   c = mixed_config(64);
   uint64_t bytes = 0;

@@ -39,6 +39,13 @@ def test_parse_lists_the_layers():
     with pytest.raises(kvcache.KvcError, match="lists 2 layers"):
         st.layer_k_codec(2)
     assert len(kvcache.parse_strategy("int8").layer_ids) == 0
+    # read from a temporary strategy: copies that outlive it (a reference into it read freed memory)
+    assert list(kvcache.parse_strategy("int8@0-3=int4:per-token").layer_ids) == [0, 1, 2, 3]
+    c = kvcache.parse_strategy("int4:per-token").k_codec
+    kvcache.parse_strategy("f16")  # reuses the freed strategy's memory, were c a reference into it
+    assert c.dtype == kvcache.DTYPE_INT4
+    with pytest.raises(AttributeError):
+        st.layer_ids = [0, 1, 2]  # read-only: it stays as long as the strategy's codec tables
     with pytest.raises(kvcache.KvcError, match="listed twice"):
         kvcache.parse_strategy("int8@0-1.1=int4:per-token")
 

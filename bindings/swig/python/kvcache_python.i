@@ -277,6 +277,14 @@ static void _register_error(PyObject *type) {
 
 /* ---- attention, scores, strategies (Python overlay) ---- */
 
+/* Members read as copies (a tuple of the layer ids, new Codec objects), so
+ * `parse_strategy(...).layer_ids` outlives its temporary strategy (a
+ * reference into it was a use-after-free; helper-30); layer_ids is read-only
+ * (it must stay as long as the hidden codec tables). */
+%naturalvar kvc_py_strategy::layer_ids;
+%immutable kvc_py_strategy::layer_ids;
+%ignore kvc_py_strategy::k_codec; /* read through the copying properties below */
+%ignore kvc_py_strategy::v_codec;
 %ignore kvc_py_strategy::layer_k;
 %ignore kvc_py_strategy::layer_v;
 
@@ -405,6 +413,10 @@ static kvc_swig_pool *pool_with_layer_codecs(const kvc_pool_config *config,
                   ": must be 1..4096 (with per-layer codecs)");
     return NULL;
   }
+  if (st.layer_k.size() != st.layer_ids.size() || st.layer_v.size() != st.layer_ids.size()) {
+    kvc_swig_fail(KVC_ERR_INVALID_ARGUMENT, "the strategy's layer tables differ in length");
+    return NULL;
+  }
   std::vector<const kvc_codec *> kt, vt;
   if (!st.layer_ids.empty()) {
     kt.assign(c.num_layers, c.k_codec);
@@ -435,6 +447,13 @@ static std::vector<std::string> default_strategies() { return kvc_cli::default_s
 %}
 
 %extend kvc_py_strategy {
+  /** Copies of the base codecs (the k_codec / v_codec properties). */
+  kvc_codec _k_codec_copy() { return $self->k_codec; }
+  kvc_codec _v_codec_copy() { return $self->v_codec; }
+  %pythoncode %{
+    k_codec = property(_k_codec_copy, doc="The key codec (a copy; meaningful when k_quantized).")
+    v_codec = property(_v_codec_copy, doc="The value codec (a copy; meaningful when v_quantized).")
+  %}
   /** The key codec of layer_ids[i] (a float dtype with SCALE_NONE: plain storage). */
   kvc_codec layer_k_codec(size_t i) {
     if (i >= $self->layer_k.size()) {

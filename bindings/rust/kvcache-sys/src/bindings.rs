@@ -3215,11 +3215,11 @@ extern "C" {
     #[doc = " (int8 and fp8 layers: 0) (0 with levels NULL)."]
     #[doc = " @return ::KVC_OK; ::KVC_ERR_NULL_POINTER (pool; levels with count above 0);"]
     #[doc = " ::KVC_ERR_INVALID_ARGUMENT (part not 0 or 1, a codec that does not take"]
-    #[doc = " a codebook, per-layer codecs where every layer is int8 or fp8, per-group scales whose group_size does not divide a token's"]
-    #[doc = " num_kv_heads x head_dim values, a count other than the pool's, a level out"]
-    #[doc = " of range or out of order (the message names layer and level), a pool"]
-    #[doc = " holding sequences or with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a"]
-    #[doc = " head-wise pool); ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing."]
+    #[doc = " a codebook, per-layer codecs where every layer is int8 or fp8, per-group scales whose group_size"]
+    #[doc = " does not divide a token's num_kv_heads x head_dim values, a count other than the pool's, a level"]
+    #[doc = " out of range or out of order (the message names layer and level), a pool holding sequences or"]
+    #[doc = " with its prefix cache enabled); ::KVC_ERR_UNSUPPORTED (a CUDA pool, a head-wise pool);"]
+    #[doc = " ::KVC_ERR_OUT_OF_MEMORY. A refused call changes nothing."]
     #[doc = " @since 0.4"]
     pub fn kvc_pool_set_codebook(
         pool: *mut kvc_pool,
@@ -3514,8 +3514,12 @@ impl kvc_query_quant {
     #[doc = " as before); an observe mode records the probabilities of these scores. Used by CPU decode"]
     #[doc = " (one query row per sequence)"]
     #[doc = " where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with"]
-    #[doc = " per-token scales and head_dim is a multiple of 32; everything else (f16 / bf16 / f32 keys,"]
-    #[doc = " prefill, CUDA pools, older CPUs) computes as ::KVC_QUERY_EXACT."]
+    #[doc = " per-token scales and head_dim is a multiple of 32, over the blocks the decode reads in place:"]
+    #[doc = " keys and values both stored plainly (f16 / bf16 / f32) or as int8 / uint8 / int4 codes with"]
+    #[doc = " per-token scales, without a rotation, codebook, outliers, pre-RoPE keys or key smoothing, and"]
+    #[doc = " outside the attention sinks' copies and unwritten slots; everything else (f16 / bf16 / f32"]
+    #[doc = " keys, such values or blocks, prefill, CUDA pools, older CPUs) computes as"]
+    #[doc = " ::KVC_QUERY_EXACT."]
     pub const KVC_QUERY_INT8: kvc_query_quant = kvc_query_quant(1);
 }
 impl kvc_query_quant {
