@@ -282,6 +282,25 @@ std::map<std::string, nlohmann::json> rows_by_strategy(const nlohmann::json &rep
   return by;
 }
 
+// `kvcache eval --json` of `rows` over max_tokens tokens: the report and its
+// rows by strategy; false (a failure recorded) when it fails or lacks a row.
+bool eval_rows(const std::string &kvcache, const std::vector<std::string> &rows,
+               const std::string &max_tokens, nlohmann::json *report,
+               std::map<std::string, nlohmann::json> *by) {
+  std::string list;
+  for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
+  *report = run_json({kvcache, "eval", "--max-tokens", max_tokens, "--json", "--no-progress",
+                      "--strategies", list});
+  if (!report->contains("results")) return false;
+  *by = rows_by_strategy(*report);
+  for (const std::string &name : rows)
+    if (!by->count(name)) {
+      fail("no row " + name);
+      return false;
+    }
+  return true;
+}
+
 // Keys and values with their own codecs (k-NAME / v-NAME). stories260K: 5
 // layers, 4 KV heads, head_dim 8, so a token's row is 32 values per layer.
 // - k-f32+v-f32 stores exactly what f32 stores: the same log-probabilities.
@@ -421,17 +440,9 @@ int codebook(const std::string &kvcache) {
   const std::vector<std::string> rows = {
       "k-f16+v-int3:per-token:hadamard", "k-f16+v-int3:per-token:hadamard:codebook",
       "k-f16+v-int2:per-token:sym:hadamard", "k-f16+v-int2:per-token:hadamard:codebook"};
-  std::string list;
-  for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
-  const nlohmann::json a = run_json(
-      {kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies", list});
-  if (!a.contains("results")) return 1;
-  std::map<std::string, nlohmann::json> by = rows_by_strategy(a);
-  for (const std::string &name : rows)
-    if (!by.count(name)) {
-      fail("no row " + name);
-      return 1;
-    }
+  nlohmann::json a;
+  std::map<std::string, nlohmann::json> by;
+  if (!eval_rows(kvcache, rows, "600", &a, &by)) return 1;
   for (size_t i = 0; i < rows.size(); ++i) {
     const nlohmann::json &r = by[rows[i]];
     const double bits = i < 2 ? 10.5 : 10.0, bytes = i < 2 ? 420.0 : 400.0;
@@ -478,17 +489,9 @@ int mixed(const std::string &kvcache) {
   const std::string k8 = "k-int8:per-token:hadamard+v-int3:per-token:hadamard:codebook";
   const std::string cb_k8 = cb + "@4=" + k8;
   const std::vector<std::string> rows = {base, hi, mix, cb, cb_mix, k8, cb_k8};
-  std::string list;
-  for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
-  const nlohmann::json a = run_json(
-      {kvcache, "eval", "--max-tokens", "300", "--json", "--no-progress", "--strategies", list});
-  if (!a.contains("results")) return 1;
-  std::map<std::string, nlohmann::json> by = rows_by_strategy(a);
-  for (const std::string &name : rows)
-    if (!by.count(name)) {
-      fail("no row " + name);
-      return 1;
-    }
+  nlohmann::json a;
+  std::map<std::string, nlohmann::json> by;
+  if (!eval_rows(kvcache, rows, "300", &a, &by)) return 1;
   const double b_lo = by[base]["kv_bytes_per_token"].get<double>();
   const double b_hi = by[hi]["kv_bytes_per_token"].get<double>();
   const double b_mix = by[mix]["kv_bytes_per_token"].get<double>();
@@ -583,19 +586,11 @@ int codebook_fit(const std::string &kvcache, const std::string &dir) {
       "k-f16+v-int3:per-token:hadamard:codebook", "k-f16+v-int3:per-token:hadamard:codebook=fit",
       "k-int4:per-token:pre-rope:smooth:hadamard:codebook:sinks=1",
       "k-int4:per-token:pre-rope:smooth:hadamard:codebook=fit:sinks=1"};
-  std::string list;
-  for (const std::string &r : rows) list += (list.empty() ? "" : ",") + r;
-  const nlohmann::json a = run_json(
-      {kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies", list});
-  if (!a.contains("results")) return 1;
+  nlohmann::json a;
+  std::map<std::string, nlohmann::json> by;
+  if (!eval_rows(kvcache, rows, "600", &a, &by)) return 1;
   check(a.value("codebook_fit_text", "") == "out-of-domain.txt, 4 windows of 512 positions",
         "codebook_fit_text: " + a.value("codebook_fit_text", std::string("(none)")));
-  std::map<std::string, nlohmann::json> by = rows_by_strategy(a);
-  for (const std::string &name : rows)
-    if (!by.count(name)) {
-      fail("no row " + name);
-      return 1;
-    }
   for (size_t i = 0; i < rows.size(); i += 2) {
     const nlohmann::json &g = by[rows[i]], &f = by[rows[i + 1]];
     check(g["bits_per_element"] == f["bits_per_element"] &&
