@@ -56,10 +56,12 @@ uint64_t scales_per_token(const codec::Spec &sp, uint64_t num_kv_heads, uint64_t
 }
 
 bool same_spec(const codec::Spec &a, const codec::Spec &b) {
-  return a.dtype == b.dtype && a.gran == b.gran && a.group == b.group && a.asym == b.asym &&
-         a.scale_dtype == b.scale_dtype && a.rotation_block == b.rotation_block &&
-         a.static_scale == b.static_scale && a.full_range == b.full_range &&
-         a.outliers == b.outliers;
+  // group_size means something only to per-group and per-channel scales
+  const bool grouped = a.gran == codec::Gran::Group || a.gran == codec::Gran::Channel;
+  return a.dtype == b.dtype && a.gran == b.gran && (!grouped || a.group == b.group) &&
+         a.asym == b.asym && a.scale_dtype == b.scale_dtype &&
+         a.rotation_block == b.rotation_block && a.static_scale == b.static_scale &&
+         a.full_range == b.full_range && a.outliers == b.outliers;
 }
 
 namespace {

@@ -546,6 +546,18 @@ static void test_refusals(void **state) {
   ASSERT_STATUS(KVC_ERR_INVALID_ARGUMENT, kvc_pool_set_codebook(p, 0, levels, 16 * L));
   assert_non_null(strstr(kvc_last_error_message(), "layer_k_codecs[1]"));
   kvc_pool_destroy(p);
+  /* per-token codecs that differ only in the group_size they do not use: one
+   * format, an ordinary pool (found by helper-30) */
+  kvc_codec g64 = kc[0];
+  g64.group_size = 64;
+  const kvc_codec *alike[L] = {&kc[0], &g64, &kc[0]};
+  c = mixed_config(64);
+  c.k_codec = &kc[0];
+  c.layer_k_codecs = alike;
+  c.layer_v_codecs = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  ASSERT_OK(kvc_pool_get_layout(p, &lay));
+  kvc_pool_destroy(p);
   /* the same codecs in every layer: an ordinary pool (its layout, one format) */
   const kvc_codec *same[L] = {&kc[0], &kc[0], NULL};
   c = mixed_config(64);
