@@ -323,24 +323,6 @@ KVC_VNNI void accumulate_v16_cols(float *acc, uint64_t hd, const int32_t *wq, ui
     }
   }
 }
-// The same over all hd columns (hd a multiple of 32), after acc *= corr.
-template <int J>
-KVC_VNNI void accumulate_v16(float *acc, const float *corr, uint64_t hd, const int32_t *wq,
-                             uint64_t wqs, const float *u, const uint8_t *const *vrow, uint64_t c) {
-  KVC_UNROLL
-  for (int j = 0; j < J; ++j) {
-    const __m256 cj = _mm256_set1_ps(corr[j]);
-    for (uint64_t d = 0; d < hd; d += 8)
-      _mm256_storeu_ps(acc + j * hd + d, _mm256_mul_ps(_mm256_loadu_ps(acc + j * hd + d), cj));
-  }
-  if constexpr (J >= 8) {  // 4 heads at a time: J x 4 accumulators + 4 rows + 1 of 32 registers
-    for (int j = 0; j < J; j += 4)
-      for (uint64_t d = 0; d < hd; d += 32)
-        accumulate_v16_cols<4>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, vrow, c, d);
-  } else {
-    for (uint64_t d = 0; d < hd; d += 32) accumulate_v16_cols<J>(acc, hd, wq, wqs, u, vrow, c, d);
-  }
-}
 // The same for symmetric int4 value codes (element d of token t's row
 // vrow[t] in bits 4(d%2).. of byte d/2, value = (nibble - off) x scale), 32
 // columns a step: the 16-bit words of two tokens' rows (four columns each)
@@ -401,38 +383,36 @@ KVC_VNNI void accumulate_v4_cols(float *acc, uint64_t hd, const int32_t *wq, uin
     }
   }
 }
-template <int J>
-KVC_VNNI void accumulate_v4(float *acc, const float *corr, uint64_t hd, const int32_t *wq,
-                            uint64_t wqs, const float *u, int32_t off, const uint8_t *const *vrow,
-                            uint64_t c) {
+// The weighted sum over all hd columns (hd a multiple of 32), after acc *=
+// corr: symmetric int8 codes (Int4 false) or int4 nibbles less off, J heads,
+// in register blocks of 4 heads from J = 8 (J x 4 accumulators and the rows
+// in 32 registers).
+template <int J, bool Int4>
+KVC_VNNI void accumulate_vint(float *acc, const float *corr, uint64_t hd, const int32_t *wq,
+                              uint64_t wqs, const float *u, int32_t off, const uint8_t *const *vrow,
+                              uint64_t c) {
   KVC_UNROLL
   for (int j = 0; j < J; ++j) {
     const __m256 cj = _mm256_set1_ps(corr[j]);
     for (uint64_t d = 0; d < hd; d += 8)
       _mm256_storeu_ps(acc + j * hd + d, _mm256_mul_ps(_mm256_loadu_ps(acc + j * hd + d), cj));
   }
-  if constexpr (J >= 8) {  // 4 heads at a time: 4 x 4 accumulators + 7 of 32 registers
-    for (int j = 0; j < J; j += 4)
-      for (uint64_t d = 0; d < hd; d += 32)
-        accumulate_v4_cols<4>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
-  } else {
-    for (uint64_t d = 0; d < hd; d += 32)
-      accumulate_v4_cols<J>(acc, hd, wq, wqs, u, off, vrow, c, d);
-  }
+  constexpr int B = J >= 8 ? 4 : J;
+  for (int j = 0; j < J; j += B)
+    for (uint64_t d = 0; d < hd; d += 32) {
+      if constexpr (Int4)
+        accumulate_v4_cols<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
+      else
+        accumulate_v16_cols<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, vrow, c, d);
+    }
 }
 template <int J>
-using AccV16Fn = void (*)(float *, const float *, uint64_t, const int32_t *, uint64_t,
-                          const float *, const uint8_t *const *, uint64_t);
+using AccVFn = void (*)(float *, const float *, uint64_t, const int32_t *, uint64_t, const float *,
+                        int32_t, const uint8_t *const *, uint64_t);
+// The kernel of int8 (int4 false) or int4 value codes.
 template <int J>
-AccV16Fn<J> acc_v16_fn() {
-  return accumulate_v16<J>;
-}
-template <int J>
-using AccV4Fn = void (*)(float *, const float *, uint64_t, const int32_t *, uint64_t, const float *,
-                         int32_t, const uint8_t *const *, uint64_t);
-template <int J>
-AccV4Fn<J> acc_v4_fn() {
-  return accumulate_v4<J>;
+AccVFn<J> acc_vint_fn(bool int4) {
+  return int4 ? accumulate_vint<J, true> : accumulate_vint<J, false>;
 }
 
 // The kernels for AVX2 + FMA + F16C (16 vector registers) and for the same

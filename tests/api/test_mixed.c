@@ -98,6 +98,16 @@ static void assert_same_floats(const float *a, const float *b, size_t n) {
   assert_memory_equal(a, b, n * sizeof(float));
 }
 
+/* Layer l of pool m (sequence 1, N tokens) reads back as layer 0 of pool u;
+ * the rows read stay in k1 / v1 (m's) and k2 / v2 (u's). */
+static void assert_layer_reads_as(kvc_pool *m, int l, kvc_pool *u, float *k1, float *v1, float *k2,
+                                  float *v2) {
+  gather(m, 1, (uint32_t)l, N, k1, v1);
+  gather(u, 1, 0, N, k2, v2);
+  assert_same_floats(k1, k2, N * ROW);
+  assert_same_floats(v1, v2, N * ROW);
+}
+
 /* Every layer of a mixed pool reads back and attends bit for bit as a pool
  * of that layer's codecs alone (with the same residual window and attention
  * sinks); the codecs really differ (the layers' values differ from an int8
@@ -117,10 +127,7 @@ static void match_uniform_pools(uint32_t window, uint32_t sinks) {
   for (int l = 0; l < L; ++l) {
     kvc_pool *u = layer_pool(l, 16);
     fill(u, 1, l, 1, N);
-    gather(m, 1, (uint32_t)l, N, k1, v1);
-    gather(u, 1, 0, N, k2, v2);
-    assert_same_floats(k1, k2, N * ROW);
-    assert_same_floats(v1, v2, N * ROW);
+    assert_layer_reads_as(m, l, u, k1, v1, k2, v2);
     ASSERT_OK(kvc_attention_decode(m, (uint32_t)l, (const uint64_t[]){1}, 1, q, o1, NULL, &ap));
     ASSERT_OK(kvc_attention_decode(u, 0, (const uint64_t[]){1}, 1, q, o2, NULL, &ap));
     assert_same_floats(o1, o2, 2 * HEADS * HD);
@@ -410,10 +417,7 @@ static void test_codebooks(void **state) {
     ASSERT_OK(kvc_pool_create(&u, &p));
     ASSERT_OK(kvc_pool_set_codebook(p, 1, levels + at[l], (size_t)1 << bits[l]));
     fill(p, 1, l, 1, N);
-    gather(m, 1, (uint32_t)l, N, k1, v1);
-    gather(p, 1, 0, N, k2, v2);
-    assert_same_floats(k1, k2, N * ROW);
-    assert_same_floats(v1, v2, N * ROW);
+    assert_layer_reads_as(m, l, p, k1, v1, k2, v2);
     kvc_pool_destroy(p);
     /* the levels are used: a pool of the same codec without them differs */
     ASSERT_OK(kvc_pool_create(&u, &p));
@@ -468,10 +472,7 @@ static void test_codebook_int8_layers(void **state) {
     ASSERT_OK(kvc_pool_create(&u, &p));
     if (l == 1) ASSERT_OK(kvc_pool_set_codebook(p, 0, levels, 16));
     fill(p, 1, l, 1, N);
-    gather(m, 1, (uint32_t)l, N, k1, v1);
-    gather(p, 1, 0, N, k2, v2);
-    assert_same_floats(k1, k2, N * ROW);
-    assert_same_floats(v1, v2, N * ROW);
+    assert_layer_reads_as(m, l, p, k1, v1, k2, v2);
     for (kvc_query_quant qq = KVC_QUERY_EXACT; qq <= KVC_QUERY_INT8_VALUES; ++qq) {
       ap.query_quant = qq;
       ASSERT_OK(kvc_attention_decode(m, (uint32_t)l, (const uint64_t[]){1}, 1, q, o1, NULL, &ap));
