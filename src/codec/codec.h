@@ -132,6 +132,9 @@ void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, cons
 // Testing: force the scalar reference kernels (true) or allow AVX2 (false).
 void set_force_scalar(bool on);
 bool simd_active();
+// Testing: the widest kernels allowed, 0 scalar, 1 AVX2, 2 also AVX-512
+// (the default); returns the level in effect on this CPU.
+int set_simd_level(int level);
 
 // Scale helpers (little-endian f32 or f16 in memory).
 float load_scale(const uint8_t *p, DType sd);

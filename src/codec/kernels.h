@@ -12,10 +12,12 @@
 //                      fused quantize / dequantize paths
 //   encode.cpp         encode() / decode(): run dispatch, rows, granularities
 //   scales.cpp         validate(), num_scales(), the scale helpers of codec.h,
-//                      set_force_scalar()
+//                      set_force_scalar(), set_simd_level()
 //   hadamard.cpp       the Hadamard rotation (scalar and AVX2)
 //   quantize.cpp       the standalone array API: quantize() / dequantize()
 //   quantize_avx2.cpp  quantize()'s fused and one-pass f16 paths
+//   quantize_avx512.cpp  the one-pass f16 path's first pass and int8 / int4
+//                      encoders with 512-bit vectors (AVX-512 F + BW + VL)
 //   dequantize_avx2.cpp  dequantize()'s one-pass and fused paths
 //
 // Scalar and AVX2 paths compute the same float operations in the same order,
@@ -62,6 +64,8 @@ struct IntFormat {
 // set_force_scalar(true): the scalar reference kernels only (scales.cpp).
 // Hidden, so the kernels read it directly (no GOT load), as in one file.
 extern bool g_force_scalar __attribute__((visibility("hidden")));
+// set_simd_level(1): AVX2 kernels only, no 512-bit ones (scales.cpp).
+extern bool g_no_avx512 __attribute__((visibility("hidden")));
 
 // The scale helpers of codec.h, inline for the kernels (codec.h's
 // load_scale, store_scale, round_scale_up and round_zero_down call these).
@@ -261,10 +265,44 @@ inline bool use_avx2() {
 #endif
 }
 
+#ifdef KVC_CODEC_X86
+// AVX-512 F + BW + VL (__builtin_cpu_supports reports them only where the OS
+// saves the 512-bit state), beside AVX2 + FMA.
+inline bool detect_avx512() {
+  __builtin_cpu_init();
+  return detect_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+#endif
+
+// The 512-bit kernels (quantize_avx512.cpp), where use_avx2() holds too.
+inline bool use_avx512() {
+#ifdef KVC_CODEC_X86
+  static const bool has = detect_avx512();
+  return has && !g_force_scalar && !g_no_avx512;
+#else
+  return false;
+#endif
+}
+
 inline bool has_scales(const Spec &s) {
   return !is_float(s.dtype);
 }
 
 }  // namespace
+
+#ifdef KVC_CODEC_X86
+// quantize_avx512.cpp. The first pass of the one-pass f16 path
+// (quantize_avx2.cpp's f16_group_keys) for g a multiple of 32: false when
+// any value is NaN or Inf.
+bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, uint64_t g,
+                           uint16_t *lo_keys, uint16_t *hi_keys);
+// Its int8 (bits 8) or int4 (bits 4) codes of m groups of g values (g a
+// multiple of 32), mode 0 symmetric, 1 asymmetric, 2 full range; stream
+// (int8 only): non-temporal stores, out 64-byte aligned.
+void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x, uint64_t m,
+                              uint64_t g, const float *iv, const float *zp, const IntFormat &f,
+                              uint8_t *out);
+#endif
 
 }  // namespace kvc::codec

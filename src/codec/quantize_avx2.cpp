@@ -639,6 +639,22 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) inline void params4(
   }
 }
 
+// params4<0>'s operations for 8 groups of symmetric codes from their largest
+// |x| (f16 values, >= +0): the same scales and 1 / scales.
+__attribute__((target("avx2,fma,f16c"), always_inline)) inline void params8_sym(__m256 a, float q,
+                                                                                bool f16_scale,
+                                                                                float *scale,
+                                                                                float *inv) {
+  const __m256 valid = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OS);
+  __m256 up = ceil_div(a, _mm256_set1_ps(q));
+  if (f16_scale)
+    up = _mm256_cvtph_ps(
+        _mm256_cvtps_ph(_mm256_min_ps(up, _mm256_set1_ps(65504.0f)), _MM_FROUND_TO_POS_INF));
+  const __m256 m = _mm256_and_ps(up, valid);
+  _mm256_storeu_ps(scale, m);
+  _mm256_storeu_ps(inv, _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), m), valid));
+}
+
 // Codes of m integer groups of g values (g a multiple of 32) straight from
 // f16, the run kernel's operations with the constants kept in registers
 // across groups. No clamp for symmetric and asymmetric groups: each group's
@@ -796,7 +812,12 @@ __attribute__((target("avx2,fma,f16c"))) bool quantize_f16_direct(const Spec &s,
   if (par_buf.size() < 3 * kChunk) par_buf.resize(3 * kChunk);
   uint16_t *lo_keys = keys_buf.get(2 * padded), *hi_keys = lo_keys + padded;
   for (uint64_t k = groups; k < padded; ++k) lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
-  if (!f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)) return false;
+  // 512-bit vectors where the CPU has them (quantize_avx512.cpp: the same
+  // keys, codes, bit for bit) for groups of a multiple of 32 values.
+  const bool wide = use_avx512() && g % 32 == 0;
+  if (!(wide ? f16_group_keys_avx512(Signed, src, groups, g, lo_keys, hi_keys)
+             : f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)))
+    return false;
   const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == DType::F16;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const uint64_t gb =
@@ -809,10 +830,16 @@ __attribute__((target("avx2,fma,f16c"))) bool quantize_f16_direct(const Spec &s,
   // Outputs beyond a few MiB bypass the caches (the input is read twice and
   // should stay in them).
   const bool stream = integer && f.bits == 8 && g % 32 == 0 && groups * gb >= (uint64_t(4) << 20) &&
-                      reinterpret_cast<uintptr_t>(codes) % 16 == 0;
+                      reinterpret_cast<uintptr_t>(codes) % (wide ? 64 : 16) == 0;
   for (uint64_t k0 = 0; k0 < groups; k0 += kChunk) {
     const uint64_t m = std::min(kChunk, groups - k0);
-    for (uint64_t k = 0; k < m; k += 4) {
+    uint64_t k = 0;
+    if constexpr (Mode == 0 && !Signed)  // the symmetric parameters 8 groups at a time
+      for (; k + 8 <= m; k += 8)
+        params8_sym(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(hi_keys + k0 + k))),
+            static_cast<float>(q), f16_scale, sc + k, iv + k);
+    for (; k < m; k += 4) {
       const uint64_t kk = k0 + k;
       const __m128 hi =
           Signed ? f16_of_keys4(hi_keys + kk)
@@ -830,7 +857,9 @@ __attribute__((target("avx2,fma,f16c"))) bool quantize_f16_direct(const Spec &s,
     if (g % 32 == 0) {
       const uint16_t *x = src + k0 * g;
       uint8_t *out = codes + k0 * gb;
-      if (!integer) {
+      if (wide && integer && (f.bits == 8 || f.bits == 4)) {
+        encode_groups_f16_avx512(f.bits, Mode, stream, x, m, g, iv, zp, f, out);
+      } else if (!integer) {
         if (s.dtype == DType::FP8_E4M3)
           encode_fp8_groups<3, 7, 0x7eu>(x, m, g, iv, out);
         else

@@ -12,12 +12,18 @@
 namespace kvc::codec {
 
 bool g_force_scalar = false;
+bool g_no_avx512 = false;
 
 void set_force_scalar(bool on) {
   g_force_scalar = on;
 }
 bool simd_active() {
   return use_avx2();
+}
+int set_simd_level(int level) {
+  g_force_scalar = level <= 0;
+  g_no_avx512 = level <= 1;
+  return use_avx512() ? 2 : use_avx2() ? 1 : 0;
 }
 
 float load_scale(const uint8_t *p, DType sd) {

@@ -563,13 +563,17 @@ static void test_f16_direct_matches_scalar() {
     }
     return h;
   };
+  // Each SIMD level (AVX2; AVX-512 with its 512-bit first pass and int8 /
+  // int4 encoders for groups of a multiple of 32, where the CPU has it)
+  // against the scalar reference.
+  const int top = set_simd_level(2);
   int cases = 0;
   for (DType dt :
        {DType::INT8, DType::INT4, DType::INT3, DType::INT2, DType::FP8_E4M3, DType::FP8_E5M2})
     for (int mode : {0, 1, 2})
       for (DType sd : {DType::F32, DType::F16})
-        for (uint64_t d : {64ull, 96ull, 128ull, 200ull})
-          for (uint32_t group : {0u, 8u, 16u, 24u, 32u, 64u}) {
+        for (uint64_t d : {64ull, 96ull, 128ull, 200ull, 256ull})
+          for (uint32_t group : {0u, 8u, 16u, 24u, 32u, 64u, 128u}) {
             if (mode != 0 && is_fp8(dt)) continue;
             if (group && d % group != 0) continue;
             Spec s;
@@ -579,61 +583,78 @@ static void test_f16_direct_matches_scalar() {
             s.asym = mode == 1;
             s.full_range = mode == 2;
             s.scale_dtype = sd;
+            // 9 rows: group counts that leave a partial batch of 8 groups
+            // and 32-value ends in the 512-bit passes.
             const uint64_t n = 9;
             const std::vector<uint16_t> h = make(n * d, group ? group : d);
-            Quantized a, b;
-            for (Quantized *q : {&a, &b}) {
-              q->codes.assign(n * row_bytes(s.dtype, d), 0xa5);
-              q->scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
-              q->zeros.assign(s.asym ? q->scales.size() : 0, 0xa5);
-              set_force_scalar(q == &a);
-              quantize(s, h.data(), kvc::DType::F16, n, d, q->codes.data(), q->scales.data(),
-                       q->zeros.data());
+            Quantized q[3];
+            for (int level = 0; level <= top; ++level) {
+              q[level].codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+              q[level].scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+              q[level].zeros.assign(s.asym ? q[level].scales.size() : 0, 0xa5);
+              set_simd_level(level);
+              quantize(s, h.data(), kvc::DType::F16, n, d, q[level].codes.data(),
+                       q[level].scales.data(), q[level].zeros.data());
             }
-            set_force_scalar(false);
-            const bool same = a.codes == b.codes && a.scales == b.scales && a.zeros == b.zeros;
-            if (!same)
-              std::fprintf(stderr,
-                           "f16 direct path differs: dtype %d mode %d scale %d d %llu group %u\n",
-                           int(dt), mode, int(sd), (unsigned long long)d, group);
-            CHECK(same);
-            // A NaN or Inf of either sign in the last value: refused, nothing written.
-            for (uint16_t badv : {0x7c00, 0xfc00, 0x7e00, 0xfe01}) {
-              std::vector<uint16_t> hb = h;
-              hb.back() = badv;
-              std::vector<uint8_t> codes(a.codes.size(), 0x5a), scales(a.scales.size(), 0x5a),
-                  zeros(a.zeros.size(), 0x5a);
-              expect_error(
-                  [&] {
-                    quantize(s, hb.data(), kvc::DType::F16, n, d, codes.data(), scales.data(),
-                             zeros.data());
-                  },
-                  kvc::Errc::NonFinite);
-              bool untouched = true;
-              for (uint8_t c : codes) untouched = untouched && c == 0x5a;
-              for (uint8_t c : scales) untouched = untouched && c == 0x5a;
-              for (uint8_t c : zeros) untouched = untouched && c == 0x5a;
-              CHECK(untouched);
+            for (int level = 1; level <= top; ++level) {
+              const bool same = q[0].codes == q[level].codes && q[0].scales == q[level].scales &&
+                                q[0].zeros == q[level].zeros;
+              if (!same)
+                std::fprintf(stderr,
+                             "f16 direct path (level %d) differs: dtype %d mode %d scale %d d %llu "
+                             "group %u\n",
+                             level, int(dt), mode, int(sd), (unsigned long long)d, group);
+              CHECK(same);
             }
+            // A NaN or Inf of either sign in the last value (or in the
+            // first group): refused, nothing written.
+            for (int level = 0; level <= top; ++level)
+              for (uint16_t badv : {0x7c00, 0xfc00, 0x7e00, 0xfe01})
+                for (bool first : {false, true}) {
+                  set_simd_level(level);
+                  std::vector<uint16_t> hb = h;
+                  (first ? hb[5] : hb.back()) = badv;
+                  std::vector<uint8_t> codes(q[0].codes.size(), 0x5a),
+                      scales(q[0].scales.size(), 0x5a), zeros(q[0].zeros.size(), 0x5a);
+                  expect_error(
+                      [&] {
+                        quantize(s, hb.data(), kvc::DType::F16, n, d, codes.data(), scales.data(),
+                                 zeros.data());
+                      },
+                      kvc::Errc::NonFinite);
+                  bool untouched = true;
+                  for (uint8_t c : codes) untouched = untouched && c == 0x5a;
+                  for (uint8_t c : scales) untouched = untouched && c == 0x5a;
+                  for (uint8_t c : zeros) untouched = untouched && c == 0x5a;
+                  CHECK(untouched);
+                }
             ++cases;
           }
-  CHECK(cases > 200);
-  // An output of 4 MiB or more streams its int8 codes around the caches.
-  {
+  set_simd_level(2);
+  CHECK(cases > 250);
+  // An output of 4 MiB or more streams its int8 codes around the caches
+  // (the 512-bit encoder where the codes are 64-byte aligned, the 256-bit
+  // one where they are 16-byte aligned).
+  for (uint64_t misalign : {0ull, 16ull}) {
     Spec s;
     s.dtype = DType::INT8;
     s.gran = Gran::Token;
     const uint64_t n = 4096 * 8, d = 128;
     const std::vector<uint16_t> h = make(n * d, d);
-    Quantized a, b;
-    for (Quantized *q : {&a, &b}) {
-      q->codes.assign(n * d, 0xa5);
-      q->scales.assign(n * 4, 0xa5);
-      set_force_scalar(q == &a);
-      quantize(s, h.data(), kvc::DType::F16, n, d, q->codes.data(), q->scales.data(), nullptr);
+    std::vector<uint8_t> codes[3], scales[3];
+    for (int level = 0; level <= top; ++level) {
+      codes[level].assign(n * d + 128, 0xa5);
+      scales[level].assign(n * 4, 0xa5);
+      uint8_t *base = codes[level].data();
+      uint8_t *c = base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 + misalign;
+      set_simd_level(level);
+      quantize(s, h.data(), kvc::DType::F16, n, d, c, scales[level].data(), nullptr);
+      std::vector<uint8_t> only(c, c + n * d);  // the codes alone
+      codes[level].swap(only);
     }
-    set_force_scalar(false);
-    CHECK(a.codes == b.codes && a.scales == b.scales);
+    set_simd_level(2);
+    for (int level = 1; level <= top; ++level)
+      CHECK(codes[0] == codes[level] && scales[0] == scales[level]);
   }
 }
 

@@ -1,0 +1,276 @@
+// quantize()'s one-pass f16 path with 512-bit vectors (AVX-512 F + BW + VL,
+// chosen at run time by use_avx512(); x86-64 only): the first pass (group
+// extremes on the f16 bits, also the finiteness check) and the int8 / int4
+// encoders of quantize_avx2.cpp's quantize_f16_direct, for groups of a
+// multiple of 32 values. The same operations in the same order on twice as
+// many lanes (exact f16 -> f32 conversion, one rounded multiply, round half
+// to even, saturating packs), so codes, scales and zero points are the scalar
+// reference's and the AVX2 path's, bit for bit (tests/codec checks all three).
+//
+// Why a second width for the same math: on CPUs that run 512-bit operations
+// as two 256-bit halves (AMD Zen 4) the conversions and multiplies cost the
+// same per value, but the byte packing, which is where the 256-bit encoder
+// spends its shuffles (pack, pack, pack, permute per 32 values), takes one
+// truncating or saturating down-convert per 16 values, and every group's
+// scale is broadcast from memory instead of held per row.
+// GCC 12's 512-bit intrinsics (conversions, permutes, extracts, min / max)
+// start from an undefined vector that -W(maybe-)uninitialized reports once
+// they are inlined here; no variable of this file is read uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include "codec/kernels.h"
+
+#ifdef KVC_CODEC_X86
+#include <immintrin.h>
+
+#include "codec/kernels_avx2.h"
+
+namespace kvc::codec {
+
+namespace {
+
+#define KVC_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+
+// Largest and smallest u16 of 32 lanes.
+KVC_AVX512 inline uint16_t hmax_epu16_512(__m512i v) {
+  const __m256i m = _mm256_max_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  const __m128i q = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  return static_cast<uint16_t>(
+      ~_mm_cvtsi128_si32(_mm_minpos_epu16(_mm_xor_si128(q, _mm_set1_epi32(-1)))));
+}
+KVC_AVX512 inline uint16_t hmin_epu16_512(__m512i v) {
+  const __m256i m = _mm256_min_epu16(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  const __m128i q = _mm_min_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  return static_cast<uint16_t>(_mm_cvtsi128_si32(_mm_minpos_epu16(q)));
+}
+
+// The ordered key of each f16 lane: h ^ (sign ? 0xffff : 0x8000), as
+// h ^ ((h >> 15 arithmetic) | 0x8000) in one ternary-logic operation
+// (A ^ (B | C): truth table 0x1e).
+KVC_AVX512 inline __m512i order_keys(__m512i v) {
+  return _mm512_ternarylogic_epi32(v, _mm512_srai_epi16(v, 15),
+                                   _mm512_set1_epi16(static_cast<short>(0x8000)), 0x1e);
+}
+
+// The 32-lane extremes of the vectors of one group (g a multiple of 32).
+template <bool Signed>
+KVC_AVX512 inline void group_extremes(const uint16_t *h, uint64_t g, __m512i *lo_out,
+                                      __m512i *hi_out) {
+  if constexpr (Signed) {
+    if (g == 32) {
+      *lo_out = *hi_out = order_keys(_mm512_loadu_si512(h));
+      return;
+    }
+    __m512i lo = _mm512_set1_epi16(-1), hi = _mm512_setzero_si512(), lo1 = lo, hi1 = hi;
+    uint64_t j = 0;
+    for (; j + 64 <= g; j += 64) {
+      const __m512i kv = order_keys(_mm512_loadu_si512(h + j));
+      const __m512i kw = order_keys(_mm512_loadu_si512(h + j + 32));
+      lo = _mm512_min_epu16(lo, kv);
+      hi = _mm512_max_epu16(hi, kv);
+      lo1 = _mm512_min_epu16(lo1, kw);
+      hi1 = _mm512_max_epu16(hi1, kw);
+    }
+    if (j < g) {  // 32 left
+      const __m512i kv = order_keys(_mm512_loadu_si512(h + j));
+      lo = _mm512_min_epu16(lo, kv);
+      hi = _mm512_max_epu16(hi, kv);
+    }
+    *lo_out = _mm512_min_epu16(lo, lo1);
+    *hi_out = _mm512_max_epu16(hi, hi1);
+  } else {
+    const __m512i abs_mask = _mm512_set1_epi16(0x7fff);
+    if (g == 32) {  // one vector (int4 and lower-bit codecs' usual group)
+      *hi_out = _mm512_and_si512(_mm512_loadu_si512(h), abs_mask);
+      return;
+    }
+    __m512i m0 = _mm512_setzero_si512(), m1 = m0;
+    uint64_t j = 0;
+    for (; j + 64 <= g; j += 64) {
+      m0 = _mm512_max_epu16(m0, _mm512_and_si512(_mm512_loadu_si512(h + j), abs_mask));
+      m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(h + j + 32), abs_mask));
+    }
+    if (j < g) m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(h + j), abs_mask));
+    *hi_out = _mm512_max_epu16(m0, m1);
+  }
+}
+
+template <bool Max>
+KVC_AVX512 inline __m512i op16(__m512i a, __m512i b) {
+  return Max ? _mm512_max_epu16(a, b) : _mm512_min_epu16(a, b);
+}
+
+// The extreme of each of 8 vectors of 32 u16 lanes, as 8 u16 in order: a
+// tree of 128-bit lane shuffles (halves, quarters, 64-bit halves of lanes,
+// then within 64 bits) instead of one horizontal reduction per vector.
+// [halves of a | halves of b]: each 256-bit half its vector's 16-lane extremes.
+template <bool Max>
+KVC_AVX512 inline __m512i halves(__m512i a, __m512i b) {
+  return op16<Max>(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                   _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+// [a0 a1 | b0 b1] x 2 -> each 128-bit lane one vector's 8-lane extremes.
+template <bool Max>
+KVC_AVX512 inline __m512i quarters(__m512i a, __m512i b) {
+  return op16<Max>(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                   _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+template <bool Max>
+KVC_AVX512 inline void reduce8(const __m512i *v, uint16_t *out) {
+  const __m512i even =
+      quarters<Max>(halves<Max>(v[0], v[2]), halves<Max>(v[4], v[6]));  // lanes: 0 2 4 6
+  const __m512i odd =
+      quarters<Max>(halves<Max>(v[1], v[3]), halves<Max>(v[5], v[7]));  // lanes: 1 3 5 7
+  // 64-bit element 2 L: vector 2 L's 4-lane extremes, 2 L + 1: vector 2 L + 1's.
+  __m512i x = op16<Max>(_mm512_unpacklo_epi64(even, odd), _mm512_unpackhi_epi64(even, odd));
+  x = op16<Max>(x, _mm512_srli_epi64(x, 32));
+  x = op16<Max>(x, _mm512_srli_epi64(x, 16));  // each element's low 16 bits
+  _mm_storeu_si128(reinterpret_cast<__m128i *>(out), _mm512_cvtepi64_epi16(x));
+}
+
+// quantize_avx2.cpp's f16_group_keys for g a multiple of 32, 8 groups'
+// reductions at a time.
+template <bool Signed>
+KVC_AVX512 bool group_keys(const uint16_t *h, uint64_t groups, uint64_t g, uint16_t *lo_keys,
+                           uint16_t *hi_keys) {
+  __m512i bad = _mm512_setzero_si512();  // unsigned: the largest |x| bits seen
+  uint64_t k = 0;
+  for (; k + 8 <= groups; k += 8, h += 8 * g) {
+    __m512i lo[8], hi[8];  // (fully unrolled: held in registers)
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) group_extremes<Signed>(h + t * g, g, lo + t, hi + t);
+    if constexpr (Signed) reduce8<false>(lo, lo_keys + k);
+    reduce8<true>(hi, hi_keys + k);
+    if constexpr (!Signed)
+#pragma GCC unroll 8
+      for (int t = 0; t < 8; ++t) bad = _mm512_max_epu16(bad, hi[t]);
+  }
+  for (; k < groups; ++k, h += g) {
+    __m512i lo, hi;
+    group_extremes<Signed>(h, g, &lo, &hi);
+    if constexpr (Signed) lo_keys[k] = hmin_epu16_512(lo);
+    hi_keys[k] = hmax_epu16_512(hi);
+    if constexpr (!Signed) bad = _mm512_max_epu16(bad, hi);
+  }
+  if constexpr (Signed) {
+    // Keys of +Inf and above (NaN) are >= 0xfc00; of -Inf and below, <= 0x03ff.
+    __mmask32 any = 0;
+    uint64_t i = 0;
+    for (; i + 32 <= groups; i += 32) {
+      any |= _mm512_cmple_epu16_mask(_mm512_loadu_si512(lo_keys + i), _mm512_set1_epi16(0x03ff));
+      any |= _mm512_cmpge_epu16_mask(_mm512_loadu_si512(hi_keys + i),
+                                     _mm512_set1_epi16(static_cast<short>(0xfc00)));
+    }
+    bool ok = any == 0;
+    for (; i < groups; ++i) ok = ok && lo_keys[i] > 0x03ff && hi_keys[i] < 0xfc00;
+    return ok;
+  } else {
+    return hmax_epu16_512(bad) < 0x7c00;
+  }
+}
+
+// 16 values from x -> their q (int32, before the offset): codes32_avx2's
+// operations (quant8_avx2 with the clamp where the mode needs it).
+template <int Mode>
+KVC_AVX512 inline __m512i quant16(const uint16_t *x, const float *iv, const float *zp, __m512 lo,
+                                  __m512 hi) {
+  __m512 y = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x)));
+  if constexpr (Mode == 1) y = _mm512_sub_ps(y, _mm512_set1_ps(*zp));
+  y = _mm512_mul_ps(y, _mm512_set1_ps(*iv));
+  if constexpr (Mode == 2) y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+  return _mm512_cvtps_epi32(y);
+}
+
+// Codes of m groups of g values (g a multiple of 32; the groups consecutive in
+// x, their codes consecutive in out) straight from f16: quantize_avx2.cpp's
+// encode_groups_f16 for 8- and 4-bit codes, 64 values per step across group
+// boundaries (each 16-value vector lies in one group, whose 1 / scale and zero
+// point it broadcasts). Stream: the codes go around the caches (out
+// 64-byte aligned, int8 only).
+template <int Bits, int Mode, bool Stream>
+KVC_AVX512 void encode_groups(const uint16_t *x, uint64_t m, uint64_t g, const float *iv,
+                              const float *zp, const IntFormat &f, uint8_t *out) {
+  constexpr bool Wide = Bits == 8 && Mode == 1;  // asymmetric int8: q in 0..255, unsigned packs
+  const __m512 lo = _mm512_set1_ps(f.lo), hi = _mm512_set1_ps(f.hi);
+  const __m512i off8 = _mm512_set1_epi8(static_cast<char>(f.off));
+  // q_t lane L's 4 values sit in dword 4 L + t after the packs.
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  const uint64_t total = m * g;
+  uint64_t j = 0, k = 0, pos = 0;  // j's group and its offset in it (g >= 32)
+  for (; j + 64 <= total; j += 64) {
+    // Values j .. j + 31 lie in group k, j + 32 .. j + 63 in group k2.
+    const uint64_t k2 = pos + 32 == g ? k + 1 : k;
+    __m512i q[4];
+    q[0] = quant16<Mode>(x + j, iv + k, zp + k, lo, hi);
+    q[1] = quant16<Mode>(x + j + 16, iv + k, zp + k, lo, hi);
+    q[2] = quant16<Mode>(x + j + 32, iv + k2, zp + k2, lo, hi);
+    q[3] = quant16<Mode>(x + j + 48, iv + k2, zp + k2, lo, hi);
+    for (pos += 64; pos >= g; pos -= g) ++k;
+    const __m512i a = _mm512_packs_epi32(q[0], q[1]), b = _mm512_packs_epi32(q[2], q[3]);
+    const __m512i c = _mm512_permutexvar_epi32(
+        order, Wide ? _mm512_packus_epi16(a, b) : _mm512_add_epi8(_mm512_packs_epi16(a, b), off8));
+    if constexpr (Bits == 8) {
+      if constexpr (Stream)
+        _mm512_stream_si512(reinterpret_cast<__m512i *>(out + j), c);
+      else
+        _mm512_storeu_si512(out + j, c);
+    } else {  // c0 + 16 c1 per 16-bit lane, truncated to bytes in order
+      const __m512i w16 = _mm512_maddubs_epi16(c, _mm512_set1_epi16(0x1001));
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j / 2), _mm512_cvtepi16_epi8(w16));
+    }
+  }
+  if (j < total) {  // the last 32 values (in group k), 256 bits wide
+    const __m256i c = codes32_avx2<Mode == 1, true, Mode == 2>(
+        x, j, _mm256_set1_ps(iv[k]), Mode == 1 ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps(),
+        _mm256_set1_ps(f.lo), _mm256_set1_ps(f.hi), _mm256_set1_epi8(static_cast<char>(f.off)),
+        Wide);
+    if constexpr (Bits == 8)
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
+    else
+      store_int4_32(c, out + j / 2);
+  }
+}
+
+template <int Bits, int Mode>
+void encode_stream(bool stream, const uint16_t *x, uint64_t m, uint64_t g, const float *iv,
+                   const float *zp, const IntFormat &f, uint8_t *out) {
+  if (Bits == 8 && stream)
+    encode_groups<Bits, Mode, true>(x, m, g, iv, zp, f, out);
+  else
+    encode_groups<Bits, Mode, false>(x, m, g, iv, zp, f, out);
+}
+
+}  // namespace
+
+bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, uint64_t g,
+                           uint16_t *lo_keys, uint16_t *hi_keys) {
+  return is_signed ? group_keys<true>(h, groups, g, lo_keys, hi_keys)
+                   : group_keys<false>(h, groups, g, lo_keys, hi_keys);
+}
+
+void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x, uint64_t m,
+                              uint64_t g, const float *iv, const float *zp, const IntFormat &f,
+                              uint8_t *out) {
+  if (bits == 8) {
+    if (mode == 0)
+      encode_stream<8, 0>(stream, x, m, g, iv, zp, f, out);
+    else if (mode == 1)
+      encode_stream<8, 1>(stream, x, m, g, iv, zp, f, out);
+    else
+      encode_stream<8, 2>(stream, x, m, g, iv, zp, f, out);
+  } else {
+    if (mode == 0)
+      encode_stream<4, 0>(false, x, m, g, iv, zp, f, out);
+    else if (mode == 1)
+      encode_stream<4, 1>(false, x, m, g, iv, zp, f, out);
+    else
+      encode_stream<4, 2>(false, x, m, g, iv, zp, f, out);
+  }
+}
+
+}  // namespace kvc::codec
+#endif
