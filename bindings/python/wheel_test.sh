@@ -63,6 +63,7 @@ names = tarfile.open(sdist).getnames()
 for need in ("pyproject.toml", "PKG-INFO", "kvcache/__init__.py", "libkvcache/CMakeLists.txt",
              "libkvcache/include/kvcache/kvcache.h", "libkvcache/src/CMakeLists.txt",
              "libkvcache/src/kvcache.map", "libkvcache/cuda/stub.cpp", "libkvcache/bindings/swig/kvcache_common.i",
+             "libkvcache/bindings/swig/common/pool.i",
              "libkvcache/bindings/swig/python/kvcache_python.i", "libkvcache/bindings/swig/python/CMakeLists.txt"):
     assert top + "/" + need in names, (need, sdist)
 assert not any("/.git/" in n or "__pycache__" in n for n in names), sdist
