@@ -138,6 +138,7 @@ struct AttnScratch {
   ScratchBuffer<uint32_t> dense_len;
   ScratchBuffer<int8_t> q8;
   ScratchBuffer<int32_t> q8_sum;
+  ScratchBuffer<int8_t> q8_nib;  // the codes in int4-key order
 };
 AttnScratch &scratch() {
   thread_local AttnScratch s;
@@ -178,6 +179,11 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
     int32_t *sum = sc.q8_sum.get(hq);
     fused::quantize_query(q + i0 * hq * hd, hq, hd, codes, scale, sum);
     q8 = {codes, scale, sum, sh.int_values};
+    if (hd % 64 == 0) {  // int4 keys' order too (read only where the keys are int4)
+      int8_t *nib = sc.q8_nib.get(hq * hd);
+      fused::split_query_nibbles(codes, hq, hd, nib);
+      q8.codes_nib = nib;
+    }
     q8p = &q8;
   }
   // Runs of tiles shown in place (this one and the next): up to kRunTokens

@@ -1,4 +1,13 @@
 // Fused decode kernels (attention/fused.h).
+
+// GCC 12's 512-bit intrinsics (unpacks, lane shuffles, inserts) start from an
+// undefined vector that -W(maybe-)uninitialized reports once they are
+// inlined; no variable of this file is read uninitialized.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
 #include "attention/fused.h"
 
 #include <algorithm>
@@ -92,6 +101,15 @@ void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t 
     scale[h] = sc;
     sum[h] = total;
   }
+}
+
+void split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim, int8_t *out) {
+  const uint64_t n = q_heads * head_dim;  // head_dim % 64 == 0: whole chunks of 64
+  for (uint64_t b = 0; b < n; b += 64)
+    for (uint64_t i = 0; i < 32; ++i) {
+      out[b + i] = codes[b + 2 * i];
+      out[b + 32 + i] = codes[b + 2 * i + 1];
+    }
 }
 
 namespace {
@@ -200,6 +218,77 @@ KVC_VNNI void scores_i8(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd
       for (int j = 0; j < J; ++j)
         a[j] = _mm256_dpbusd_epi32(
             a[j], x, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q8 + j * hd + d)));
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j)
+      s[j * ss + t] = static_cast<float>(hsum_epi32(a[j]) - corr[j]) * qs[j];
+  }
+}
+
+// scores_i8 for int4 keys against the query in int4-key order (qn:
+// QueryI8::codes_nib; hd % 64 == 0): each 32 key bytes (64 dimensions) give
+// their low nibbles (the even dimensions) and high nibbles (the odd ones) by
+// one mask and one shift, each multiplied with its half of the query's chunk:
+// the same integer dot products as scores_i8 (integer sums are exact in any
+// order), without the unpacking to dimension order.
+template <int J>
+KVC_VNNI void scores_i4n(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *qn,
+                         const int32_t *corr, const float *qs, float *s, uint64_t ss) {
+  constexpr int NT = 8 / J;
+  alignas(32) int32_t cl[8];
+  alignas(32) float sl[8];
+  for (int i = 0; i < 8; ++i) {
+    cl[i] = corr[i % J];
+    sl[i] = qs[i % J];
+  }
+  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
+  const __m256 vs = _mm256_load_ps(sl);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  uint64_t t = 0;
+  for (; t + NT <= c; t += NT) {
+    __m256i a[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
+    for (uint64_t d = 0; d < hd; d += 64) {
+      __m256i lo[NT], hi[NT];
+      KVC_UNROLL
+      for (int u = 0; u < NT; ++u) {
+        const __m256i b =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k0 + (t + u) * kts + d / 2));
+        lo[u] = _mm256_and_si256(b, m4);
+        hi[u] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+      }
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m256i qe = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d));
+        const __m256i qo =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d + 32));
+        KVC_UNROLL
+        for (int u = 0; u < NT; ++u)
+          a[u * J + j] =
+              _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(a[u * J + j], lo[u], qe), hi[u], qo);
+      }
+    }
+    alignas(32) float r[8];
+    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs));
+    KVC_UNROLL
+    for (int u = 0; u < NT; ++u) KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+  }
+  for (; t < c; ++t) {
+    __m256i a[J];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_si256();
+    for (uint64_t d = 0; d < hd; d += 64) {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k0 + t * kts + d / 2));
+      const __m256i lo = _mm256_and_si256(b, m4),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j)
+        a[j] = _mm256_dpbusd_epi32(
+            _mm256_dpbusd_epi32(
+                a[j], lo, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d))),
+            hi, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d + 32)));
     }
     KVC_UNROLL
     for (int j = 0; j < J; ++j)
@@ -383,6 +472,84 @@ KVC_VNNI void accumulate_v4_cols(float *acc, uint64_t hd, const int32_t *wq, uin
     }
   }
 }
+// The same 64 columns a step in 512-bit registers (hd % 64 == 0): the two
+// tokens' 32 bytes interleaved by 16-bit words (128-bit lane L of z holds
+// words {0, 8, 4, 12}[L] .. + 3 of both rows), the nibbles masked out without
+// the offset, and off x (the chunk's weight sum) taken from each column's
+// sum when it goes to acc: the same integer sums as accumulate_v4_cols (the
+// products wrap modulo 2^32 in vpdpwssd and the subtraction; the result
+// fits), so the same floats.
+template <int J>
+KVC_VNNI void accumulate_v4_cols64(float *acc, uint64_t hd, const int32_t *wq, uint64_t wqs,
+                                   const float *u, int32_t off, const uint8_t *const *vrow,
+                                   uint64_t c, uint64_t d) {
+  const uint64_t pairs = (c + 1) / 2;
+  const __m512i nib = _mm512_set1_epi16(0xf);
+  for (uint64_t p0 = 0; p0 < pairs; p0 += 2048) {
+    const uint64_t p1 = std::min(pairs, p0 + 2048);
+    int32_t wsum[J];  // the chunk's weights summed per head (|sum| <= 2 x 32767 x 2048)
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) {
+      int32_t t = 0;
+      for (uint64_t i = p0; i < p1; ++i) {
+        const uint32_t w = static_cast<uint32_t>(wq[j * wqs + i]);
+        t += static_cast<int16_t>(w & 0xffff) + static_cast<int16_t>(w >> 16);
+      }
+      wsum[j] = t;
+    }
+    __m512i a[J][4];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) KVC_UNROLL
+    for (int k = 0; k < 4; ++k) a[j][k] = _mm512_setzero_si512();
+    for (uint64_t i = p0; i < p1; ++i) {
+      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(vrow[2 * i] + d / 2));
+      const __m256i r1 = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i *>(vrow[std::min(2 * i + 1, c - 1)] + d / 2));
+      const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi16(r0, r1)),
+                                           _mm256_unpackhi_epi16(r0, r1), 1);
+      __m512i x[4];
+      x[0] = _mm512_and_si512(z, nib);
+      x[1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+      x[2] = _mm512_and_si512(_mm512_srli_epi16(z, 8), nib);
+      x[3] = _mm512_srli_epi16(z, 12);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m512i w = _mm512_set1_epi32(wq[j * wqs + i]);
+        KVC_UNROLL
+        for (int k = 0; k < 4; ++k) a[j][k] = _mm512_dpwssd_epi32(a[j][k], x[k], w);
+      }
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) {
+      // Within each 128-bit lane: [k][e] -> 16 columns in order; lane L then
+      // holds the columns of words {0, 8, 4, 12}[L] (16-column groups 0, 2,
+      // 1, 3), gathered into column order by two lane shuffles.
+      const __m512i t0 = _mm512_unpacklo_epi32(a[j][0], a[j][1]);
+      const __m512i t1 = _mm512_unpacklo_epi32(a[j][2], a[j][3]);
+      const __m512i t2 = _mm512_unpackhi_epi32(a[j][0], a[j][1]);
+      const __m512i t3 = _mm512_unpackhi_epi32(a[j][2], a[j][3]);
+      const __m512i s0 = _mm512_unpacklo_epi64(t0, t1), s1 = _mm512_unpackhi_epi64(t0, t1);
+      const __m512i s2 = _mm512_unpacklo_epi64(t2, t3), s3 = _mm512_unpackhi_epi64(t2, t3);
+      const __m512i u01 = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512i u23 = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m512i v01 = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512i v23 = _mm512_shuffle_i32x4(s2, s3, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m512i col[4] = {_mm512_shuffle_i32x4(u01, u23, _MM_SHUFFLE(2, 0, 2, 0)),   // lane 0
+                              _mm512_shuffle_i32x4(v01, v23, _MM_SHUFFLE(2, 0, 2, 0)),   // lane 2
+                              _mm512_shuffle_i32x4(u01, u23, _MM_SHUFFLE(3, 1, 3, 1)),   // lane 1
+                              _mm512_shuffle_i32x4(v01, v23, _MM_SHUFFLE(3, 1, 3, 1))};  // lane 3
+      const __m512i bias = _mm512_set1_epi32(static_cast<int32_t>(
+          static_cast<uint32_t>(off) * static_cast<uint32_t>(wsum[j])));  // (mod 2^32)
+      const __m512 uj = _mm512_set1_ps(u[j]);
+      KVC_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        float *o = acc + j * hd + d + 16 * v;
+        _mm512_storeu_ps(o, _mm512_fmadd_ps(uj, _mm512_cvtepi32_ps(_mm512_sub_epi32(col[v], bias)),
+                                            _mm512_loadu_ps(o)));
+      }
+    }
+  }
+}
 // The weighted sum over all hd columns (hd a multiple of 32), after acc *=
 // corr: symmetric int8 codes (Int4 false) or int4 nibbles less off, J heads,
 // in register blocks of 4 heads from J = 8 (J x 4 accumulators and the rows
@@ -400,7 +567,10 @@ KVC_VNNI void accumulate_vint(float *acc, const float *corr, uint64_t hd, const 
   constexpr int B = J >= 8 ? 4 : J;
   for (int j = 0; j < J; j += B)
     for (uint64_t d = 0; d < hd; d += 32) {
-      if constexpr (Int4)
+      if (Int4 && hd % 64 == 0) {
+        accumulate_v4_cols64<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
+        d += 32;
+      } else if constexpr (Int4)
         accumulate_v4_cols<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
       else
         accumulate_v16_cols<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, vrow, c, d);
@@ -454,6 +624,7 @@ int set_isa_limit(int) {
   return 0;
 }
 void quantize_query(const float *, uint64_t, uint64_t, int8_t *, float *, int32_t *) {}
+void split_query_nibbles(const int8_t *, uint64_t, uint64_t, int8_t *) {}
 void run(const Shape &, const RawTile *, const uint64_t *, int, const float *, float *, float *,
          float *, float *, uint64_t, uint64_t, const RawTile *, const uint64_t *, int,
          const QueryI8 *) {}

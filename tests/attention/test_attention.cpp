@@ -499,7 +499,7 @@ KVTEST(bad_input) {
 // conversion per row for its GQA group) against the f32 tile path and a
 // float64 reference: every storage they take (f32, f16, bf16, int8 and int4
 // per-token codes, symmetric and with zero points, f32 and f16 scales), GQA
-// groups of 1, 3, 4, 8 and 12 heads, head_dim 16 to 128, lengths across
+// groups of 1, 2, 3, 4, 8 and 12 heads (1 to 8 KV heads), head_dim 16 to 128, lengths across
 // block and band edges, observation, and scores beyond f32.
 KVTEST(fused_paths_agree) {
   const int top = kvc::attention::fused::set_isa_limit(2);
@@ -527,7 +527,8 @@ KVTEST(fused_paths_agree) {
     uint32_t hq, hkv, hd, bs;
   };
   const Shape shapes[] = {
-      {4, 4, 16, 16}, {6, 2, 48, 16}, {8, 2, 64, 32}, {16, 2, 128, 16}, {12, 1, 32, 8}};
+      {4, 4, 16, 16}, {6, 2, 48, 16}, {8, 2, 64, 32}, {16, 2, 128, 16}, {12, 1, 32, 8},
+      {16, 8, 64, 16}};  // 8 KV heads: the scales read 8 heads x 8 tokens at a time
   for (const Storage &st : stor)
     for (const Shape &sp : shapes) {
       Geo g;
