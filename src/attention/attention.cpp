@@ -181,7 +181,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
     q8 = {codes, scale, sum, sh.int_values};
     if (hd % 64 == 0) {  // int4 keys' order too (read only where the keys are int4)
       int8_t *nib = sc.q8_nib.get(hq * hd);
-      fused::split_query_nibbles(codes, hq, hd, nib);
+      q8.nib_chunk = fused::split_query_nibbles(codes, hq, hd, nib);
       q8.codes_nib = nib;
     }
     q8p = &q8;

@@ -103,13 +103,15 @@ void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t 
   }
 }
 
-void split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim, int8_t *out) {
-  const uint64_t n = q_heads * head_dim;  // head_dim % 64 == 0: whole chunks of 64
-  for (uint64_t b = 0; b < n; b += 64)
-    for (uint64_t i = 0; i < 32; ++i) {
+uint64_t split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim,
+                             int8_t *out) {
+  const uint64_t n = q_heads * head_dim, chunk = head_dim % 128 == 0 ? 128 : 64, half = chunk / 2;
+  for (uint64_t b = 0; b < n; b += chunk)
+    for (uint64_t i = 0; i < half; ++i) {
       out[b + i] = codes[b + 2 * i];
-      out[b + 32 + i] = codes[b + 2 * i + 1];
+      out[b + half + i] = codes[b + 2 * i + 1];
     }
+  return chunk;
 }
 
 namespace {
@@ -293,6 +295,81 @@ KVC_VNNI void scores_i4n(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t h
     KVC_UNROLL
     for (int j = 0; j < J; ++j)
       s[j * ss + t] = static_cast<float>(hsum_epi32(a[j]) - corr[j]) * qs[j];
+  }
+}
+
+// The 8 pairs of 32-bit lanes of v added: 512 -> 256 bits.
+KVC_VNNI inline __m256i fold(__m512i v) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+// scores_i4n with 512-bit vectors for the query split per 128 dimensions
+// (hd % 128 == 0): one 64-byte load gives a token's 128 dimensions' low and
+// high nibbles, each met by its 64-byte half of the chunk; the 32-bit sums
+// folded to 256 bits, then as scores_i4n (the same integers).
+template <int J>
+KVC_VNNI void scores_i4n512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd,
+                            const int8_t *qn, const int32_t *corr, const float *qs, float *s,
+                            uint64_t ss) {
+  constexpr int NT = 8 / J;
+  alignas(32) int32_t cl[8];
+  alignas(32) float sl[8];
+  for (int i = 0; i < 8; ++i) {
+    cl[i] = corr[i % J];
+    sl[i] = qs[i % J];
+  }
+  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
+  const __m256 vs = _mm256_load_ps(sl);
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  uint64_t t = 0;
+  for (; t + NT <= c; t += NT) {
+    __m512i a[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_si512();
+    for (uint64_t d = 0; d < hd; d += 128) {
+      __m512i lo[NT], hi[NT];
+      KVC_UNROLL
+      for (int u = 0; u < NT; ++u) {
+        const __m512i b = _mm512_loadu_si512(k0 + (t + u) * kts + d / 2);
+        lo[u] = _mm512_and_si512(b, m4);
+        hi[u] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+      }
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m512i qe = _mm512_loadu_si512(qn + j * hd + d);
+        const __m512i qo = _mm512_loadu_si512(qn + j * hd + d + 64);
+        KVC_UNROLL
+        for (int u = 0; u < NT; ++u)
+          a[u * J + j] =
+              _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[u * J + j], lo[u], qe), hi[u], qo);
+      }
+    }
+    __m256i f[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) f[i] = fold(a[i]);
+    alignas(32) float r[8];
+    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs));
+    KVC_UNROLL
+    for (int u = 0; u < NT; ++u) KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+  }
+  for (; t < c; ++t) {
+    __m512i a[J];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_si512();
+    for (uint64_t d = 0; d < hd; d += 128) {
+      const __m512i b = _mm512_loadu_si512(k0 + t * kts + d / 2);
+      const __m512i lo = _mm512_and_si512(b, m4),
+                    hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j)
+        a[j] =
+            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[j], lo, _mm512_loadu_si512(qn + j * hd + d)),
+                                hi, _mm512_loadu_si512(qn + j * hd + d + 64));
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j)
+      s[j * ss + t] = static_cast<float>(hsum_epi32(fold(a[j])) - corr[j]) * qs[j];
   }
 }
 
@@ -487,47 +564,59 @@ KVC_VNNI void accumulate_v4_cols64(float *acc, uint64_t hd, const int32_t *wq, u
   const __m512i nib = _mm512_set1_epi16(0xf);
   for (uint64_t p0 = 0; p0 < pairs; p0 += 2048) {
     const uint64_t p1 = std::min(pairs, p0 + 2048);
-    int32_t wsum[J];  // the chunk's weights summed per head (|sum| <= 2 x 32767 x 2048)
+    // The chunk's weights summed per head (|sum| <= 2 x 32767 x 2048): the
+    // int16 halves of the packed words added by vpmaddwd with ones.
+    int32_t wsum[J];
+    const __m512i ones = _mm512_set1_epi16(1);
     KVC_UNROLL
     for (int j = 0; j < J; ++j) {
-      int32_t t = 0;
-      for (uint64_t i = p0; i < p1; ++i) {
-        const uint32_t w = static_cast<uint32_t>(wq[j * wqs + i]);
-        t += static_cast<int16_t>(w & 0xffff) + static_cast<int16_t>(w >> 16);
-      }
-      wsum[j] = t;
+      const int32_t *w = wq + j * wqs;
+      __m512i t = _mm512_setzero_si512();
+      uint64_t i = p0;
+      for (; i + 16 <= p1; i += 16)
+        t = _mm512_add_epi32(t, _mm512_madd_epi16(_mm512_loadu_si512(w + i), ones));
+      if (i < p1)
+        t = _mm512_add_epi32(
+            t, _mm512_madd_epi16(
+                   _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (p1 - i)) - 1), w + i),
+                   ones));
+      wsum[j] = _mm512_reduce_add_epi32(t);
     }
-    __m512i a[J][4];
+    __m512i a[4 * J];  // a[4 j + k]: head j, nibble k of each 16-bit word
     KVC_UNROLL
-    for (int j = 0; j < J; ++j) KVC_UNROLL
-    for (int k = 0; k < 4; ++k) a[j][k] = _mm512_setzero_si512();
-    for (uint64_t i = p0; i < p1; ++i) {
-      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(vrow[2 * i] + d / 2));
-      const __m256i r1 = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i *>(vrow[std::min(2 * i + 1, c - 1)] + d / 2));
+    for (int k = 0; k < 4 * J; ++k) a[k] = _mm512_setzero_si512();
+    // The pairs' rows (an odd count's last pair repeats its token, whose
+    // weight's second half is 0).
+    const uint64_t full = std::min(p1, c / 2);
+    auto step = [&](const uint8_t *row0, const uint8_t *row1, uint64_t i) KVC_VNNI {
+      const __m256i r0 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row0 + d / 2));
+      const __m256i r1 = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row1 + d / 2));
       const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi16(r0, r1)),
                                            _mm256_unpackhi_epi16(r0, r1), 1);
-      __m512i x[4];
-      x[0] = _mm512_and_si512(z, nib);
-      x[1] = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
-      x[2] = _mm512_and_si512(_mm512_srli_epi16(z, 8), nib);
-      x[3] = _mm512_srli_epi16(z, 12);
+      const __m512i x0 = _mm512_and_si512(z, nib);
+      const __m512i x1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
+      const __m512i x2 = _mm512_and_si512(_mm512_srli_epi16(z, 8), nib);
+      const __m512i x3 = _mm512_srli_epi16(z, 12);
       KVC_UNROLL
       for (int j = 0; j < J; ++j) {
         const __m512i w = _mm512_set1_epi32(wq[j * wqs + i]);
-        KVC_UNROLL
-        for (int k = 0; k < 4; ++k) a[j][k] = _mm512_dpwssd_epi32(a[j][k], x[k], w);
+        a[4 * j] = _mm512_dpwssd_epi32(a[4 * j], x0, w);
+        a[4 * j + 1] = _mm512_dpwssd_epi32(a[4 * j + 1], x1, w);
+        a[4 * j + 2] = _mm512_dpwssd_epi32(a[4 * j + 2], x2, w);
+        a[4 * j + 3] = _mm512_dpwssd_epi32(a[4 * j + 3], x3, w);
       }
-    }
+    };
+    for (uint64_t i = p0; i < full; ++i) step(vrow[2 * i], vrow[2 * i + 1], i);
+    if (full < p1) step(vrow[c - 1], vrow[c - 1], full);
     KVC_UNROLL
     for (int j = 0; j < J; ++j) {
       // Within each 128-bit lane: [k][e] -> 16 columns in order; lane L then
       // holds the columns of words {0, 8, 4, 12}[L] (16-column groups 0, 2,
       // 1, 3), gathered into column order by two lane shuffles.
-      const __m512i t0 = _mm512_unpacklo_epi32(a[j][0], a[j][1]);
-      const __m512i t1 = _mm512_unpacklo_epi32(a[j][2], a[j][3]);
-      const __m512i t2 = _mm512_unpackhi_epi32(a[j][0], a[j][1]);
-      const __m512i t3 = _mm512_unpackhi_epi32(a[j][2], a[j][3]);
+      const __m512i t0 = _mm512_unpacklo_epi32(a[4 * j + 0], a[4 * j + 1]);
+      const __m512i t1 = _mm512_unpacklo_epi32(a[4 * j + 2], a[4 * j + 3]);
+      const __m512i t2 = _mm512_unpackhi_epi32(a[4 * j + 0], a[4 * j + 1]);
+      const __m512i t3 = _mm512_unpackhi_epi32(a[4 * j + 2], a[4 * j + 3]);
       const __m512i s0 = _mm512_unpacklo_epi64(t0, t1), s1 = _mm512_unpackhi_epi64(t0, t1);
       const __m512i s2 = _mm512_unpacklo_epi64(t2, t3), s3 = _mm512_unpackhi_epi64(t2, t3);
       const __m512i u01 = _mm512_shuffle_i32x4(s0, s1, _MM_SHUFFLE(1, 0, 1, 0));
@@ -624,7 +713,9 @@ int set_isa_limit(int) {
   return 0;
 }
 void quantize_query(const float *, uint64_t, uint64_t, int8_t *, float *, int32_t *) {}
-void split_query_nibbles(const int8_t *, uint64_t, uint64_t, int8_t *) {}
+uint64_t split_query_nibbles(const int8_t *, uint64_t, uint64_t, int8_t *) {
+  return 0;
+}
 void run(const Shape &, const RawTile *, const uint64_t *, int, const float *, float *, float *,
          float *, float *, uint64_t, uint64_t, const RawTile *, const uint64_t *, int,
          const QueryI8 *) {}

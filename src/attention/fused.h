@@ -44,15 +44,17 @@ struct QueryI8 {
   // instruction.
   bool int_values = false;
   // Optional (null: not made): the codes in int4-key order, per head and
-  // 64 dimensions the 32 even ones then the 32 odd ones (split_query_nibbles),
-  // so int4 keys score without unpacking their nibbles in order: a key byte's
-  // low nibble meets an even dimension, its high nibble the next odd one.
-  // Made where head_dim % 64 == 0.
+  // chunk of nib_chunk dimensions (128 where head_dim % 128 == 0, else 64)
+  // the even ones then the odd ones (split_query_nibbles), so int4 keys
+  // score without unpacking their nibbles in order: a key byte's low nibble
+  // meets an even dimension, its high nibble the next odd one. Made where
+  // head_dim % 64 == 0.
   const int8_t *codes_nib = nullptr;
+  uint64_t nib_chunk = 0;
 };
 // codes [q_heads][head_dim] (head_dim % 64 == 0) -> out in int4-key order
-// (QueryI8::codes_nib).
-void split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim, int8_t *out);
+// (QueryI8::codes_nib); returns the chunk (QueryI8::nib_chunk).
+uint64_t split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim, int8_t *out);
 // Whether the int8-query kernels run here: AVX-512 VNNI + VL + BW and level 2.
 bool int8_query_available();
 // Fills codes [q_heads * head_dim], scale [q_heads] and sum [q_heads] from
