@@ -373,16 +373,75 @@ KVC_VNNI void scores_i4n512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_
   }
 }
 
+// scores_i8 for int8 / uint8 keys with 512-bit vectors (hd % 64 == 0): 64
+// key codes a load, made unsigned as scores_i8 makes them; the 32-bit sums
+// folded to 256 bits, then as scores_i8 (the same integers).
+template <RawType T, int J>
+KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd,
+                            const int8_t *q8, const int32_t *corr, const float *qs, float *s,
+                            uint64_t ss) {
+  constexpr int NT = 8 / J;
+  alignas(32) int32_t cl[8];
+  alignas(32) float sl[8];
+  for (int i = 0; i < 8; ++i) {
+    cl[i] = corr[i % J];
+    sl[i] = qs[i % J];
+  }
+  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
+  const __m256 vs = _mm256_load_ps(sl);
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == RawType::Int8 ? 0x80 : 0));
+  uint64_t t = 0;
+  for (; t + NT <= c; t += NT) {
+    __m512i a[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_si512();
+    for (uint64_t d = 0; d < hd; d += 64) {
+      __m512i x[NT];
+      KVC_UNROLL
+      for (int u = 0; u < NT; ++u)
+        x[u] = _mm512_xor_si512(_mm512_loadu_si512(k0 + (t + u) * kts + d), flip);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m512i qq = _mm512_loadu_si512(q8 + j * hd + d);
+        KVC_UNROLL
+        for (int u = 0; u < NT; ++u) a[u * J + j] = _mm512_dpbusd_epi32(a[u * J + j], x[u], qq);
+      }
+    }
+    __m256i f[8];
+    KVC_UNROLL
+    for (int i = 0; i < 8; ++i) f[i] = fold(a[i]);
+    alignas(32) float r[8];
+    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs));
+    KVC_UNROLL
+    for (int u = 0; u < NT; ++u) KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+  }
+  for (; t < c; ++t) {
+    __m512i a[J];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_si512();
+    for (uint64_t d = 0; d < hd; d += 64) {
+      const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(k0 + t * kts + d), flip);
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j)
+        a[j] = _mm512_dpbusd_epi32(a[j], x, _mm512_loadu_si512(q8 + j * hd + d));
+    }
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j)
+      s[j * ss + t] = static_cast<float>(hsum_epi32(fold(a[j])) - corr[j]) * qs[j];
+  }
+}
+
 template <int J>
 using ScoresI8Fn = void (*)(const uint8_t *, uint64_t, uint64_t, uint64_t, const int8_t *,
                             const int32_t *, const float *, float *, uint64_t);
 template <int J>
-ScoresI8Fn<J> scores_i8_fn(RawType t) {
+ScoresI8Fn<J> scores_i8_fn(RawType t, uint64_t hd) {
   switch (t) {
     case RawType::Int8:
-      return scores_i8<RawType::Int8, J>;
+      return hd % 64 == 0 ? scores_i8_512<RawType::Int8, J> : scores_i8<RawType::Int8, J>;
     case RawType::UInt8:
-      return scores_i8<RawType::UInt8, J>;
+      return hd % 64 == 0 ? scores_i8_512<RawType::UInt8, J> : scores_i8<RawType::UInt8, J>;
     default:
       return scores_i8<RawType::Int4, J>;
   }
@@ -485,6 +544,56 @@ KVC_VNNI void accumulate_v16_cols(float *acc, uint64_t hd, const int32_t *wq, ui
       for (int v = 0; v < 4; ++v) {
         float *o = acc + j * hd + d + col[v];
         _mm256_storeu_ps(o, _mm256_fmadd_ps(uj, _mm256_cvtepi32_ps(a[j][v]), _mm256_loadu_ps(o)));
+      }
+    }
+  }
+}
+// The same 64 columns a step in 512-bit registers (hd % 64 == 0): x[0]
+// holds columns 0-7 and 16-23, x[1] 32-39 and 48-55, x[2] 8-15 and 24-31,
+// x[3] 40-47 and 56-63 (the in-lane byte unpacks of two 64-byte rows, each
+// 256-bit half widened); the same integer sums, so the same floats.
+template <int J>
+KVC_VNNI void accumulate_v16_cols64(float *acc, uint64_t hd, const int32_t *wq, uint64_t wqs,
+                                    const float *u, const uint8_t *const *vrow, uint64_t c,
+                                    uint64_t d) {
+  const uint64_t pairs = (c + 1) / 2;
+  for (uint64_t p0 = 0; p0 < pairs; p0 += 128) {
+    const uint64_t p1 = std::min(pairs, p0 + 128);
+    __m512i a[4 * J];  // a[4 j + v]: head j, x[v]'s columns
+    KVC_UNROLL
+    for (int k = 0; k < 4 * J; ++k) a[k] = _mm512_setzero_si512();
+    const uint64_t full = std::min(p1, c / 2);
+    auto step = [&](const uint8_t *row0, const uint8_t *row1, uint64_t i) KVC_VNNI {
+      const __m512i r0 = _mm512_loadu_si512(row0 + d), r1 = _mm512_loadu_si512(row1 + d);
+      const __m512i lo = _mm512_unpacklo_epi8(r0, r1), hi = _mm512_unpackhi_epi8(r0, r1);
+      const __m512i x0 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(lo));
+      const __m512i x1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+      const __m512i x2 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(hi));
+      const __m512i x3 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+      KVC_UNROLL
+      for (int j = 0; j < J; ++j) {
+        const __m512i w = _mm512_set1_epi32(wq[j * wqs + i]);
+        a[4 * j] = _mm512_dpwssd_epi32(a[4 * j], x0, w);
+        a[4 * j + 1] = _mm512_dpwssd_epi32(a[4 * j + 1], x1, w);
+        a[4 * j + 2] = _mm512_dpwssd_epi32(a[4 * j + 2], x2, w);
+        a[4 * j + 3] = _mm512_dpwssd_epi32(a[4 * j + 3], x3, w);
+      }
+    };
+    for (uint64_t i = p0; i < full; ++i) step(vrow[2 * i], vrow[2 * i + 1], i);
+    if (full < p1) step(vrow[c - 1], vrow[c - 1], full);
+    constexpr int col[4] = {0, 32, 8, 40};  // lanes 0-7; lanes 8-15 are 16 further
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) {
+      const __m256 uj = _mm256_set1_ps(u[j]);
+      KVC_UNROLL
+      for (int v = 0; v < 4; ++v) {
+        const __m512 f = _mm512_cvtepi32_ps(a[4 * j + v]);
+        float *o = acc + j * hd + d + col[v];
+        _mm256_storeu_ps(o, _mm256_fmadd_ps(uj, _mm512_castps512_ps256(f), _mm256_loadu_ps(o)));
+        _mm256_storeu_ps(
+            o + 16,
+            _mm256_fmadd_ps(uj, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)),
+                            _mm256_loadu_ps(o + 16)));
       }
     }
   }
@@ -659,10 +768,14 @@ KVC_VNNI void accumulate_vint(float *acc, const float *corr, uint64_t hd, const 
       if (Int4 && hd % 64 == 0) {
         accumulate_v4_cols64<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
         d += 32;
-      } else if constexpr (Int4)
+      } else if constexpr (Int4) {
         accumulate_v4_cols<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, off, vrow, c, d);
-      else
+      } else if (hd % 64 == 0) {
+        accumulate_v16_cols64<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, vrow, c, d);
+        d += 32;
+      } else {
         accumulate_v16_cols<B>(acc + j * hd, hd, wq + j * wqs, wqs, u + j, vrow, c, d);
+      }
     }
 }
 template <int J>
