@@ -173,6 +173,31 @@ KVC_VNNI inline int32_t hsum_epi32(__m256i v) {
   return _mm_cvtsi128_si32(h);
 }
 
+// The 8 scores of NT = 8 / J tokens x J heads (lane u J + j: token t + u,
+// head j) to s[j ss + t + u]: each head's NT tokens as one store.
+template <int J>
+KVC_VNNI inline void store_scores(__m256 r, float *s, uint64_t ss, uint64_t t) {
+  if constexpr (J == 1) {
+    _mm256_storeu_ps(s + t, r);
+  } else if constexpr (J == 2) {  // [u0 j0, u0 j1, u1 j0, ...] -> [j0: u0..u3 | j1: u0..u3]
+    r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    _mm_storeu_ps(s + t, _mm256_castps256_ps128(r));
+    _mm_storeu_ps(s + ss + t, _mm256_extractf128_ps(r, 1));
+  } else if constexpr (J == 4) {  // -> [j0: u0 u1 | j1: u0 u1 | j2 ... | j3 ...]
+    r = _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m128 lo = _mm256_castps256_ps128(r), hi = _mm256_extractf128_ps(r, 1);
+    _mm_storel_pi(reinterpret_cast<__m64 *>(s + t), lo);
+    _mm_storeh_pi(reinterpret_cast<__m64 *>(s + ss + t), lo);
+    _mm_storel_pi(reinterpret_cast<__m64 *>(s + 2 * ss + t), hi);
+    _mm_storeh_pi(reinterpret_cast<__m64 *>(s + 3 * ss + t), hi);
+  } else {
+    alignas(32) float v[8];
+    _mm256_store_ps(v, r);
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) s[j * ss + t] = v[j];
+  }
+}
+
 // s[j][t] = (sum_d q8[j][d] u[t][d] - corr[j]) x qs[j] for the J heads and c
 // tokens (u: the unsigned key codes), NT tokens a step with J * NT == 8
 // accumulators.
@@ -204,11 +229,8 @@ KVC_VNNI void scores_i8(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd
         for (int u = 0; u < NT; ++u) a[u * J + j] = _mm256_dpbusd_epi32(a[u * J + j], x[u], qq);
       }
     }
-    alignas(32) float r[8];
-    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs));
-    KVC_UNROLL
-    for (int u = 0; u < NT; ++u) KVC_UNROLL
-    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs), s,
+                    ss, t);
   }
   for (; t < c; ++t) {
     __m256i a[J];
@@ -271,11 +293,8 @@ KVC_VNNI void scores_i4n(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t h
               _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(a[u * J + j], lo[u], qe), hi[u], qo);
       }
     }
-    alignas(32) float r[8];
-    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs));
-    KVC_UNROLL
-    for (int u = 0; u < NT; ++u) KVC_UNROLL
-    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs), s,
+                    ss, t);
   }
   for (; t < c; ++t) {
     __m256i a[J];
@@ -347,11 +366,8 @@ KVC_VNNI void scores_i4n512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_
     __m256i f[8];
     KVC_UNROLL
     for (int i = 0; i < 8; ++i) f[i] = fold(a[i]);
-    alignas(32) float r[8];
-    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs));
-    KVC_UNROLL
-    for (int u = 0; u < NT; ++u) KVC_UNROLL
-    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs), s,
+                    ss, t);
   }
   for (; t < c; ++t) {
     __m512i a[J];
@@ -410,11 +426,8 @@ KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_
     __m256i f[8];
     KVC_UNROLL
     for (int i = 0; i < 8; ++i) f[i] = fold(a[i]);
-    alignas(32) float r[8];
-    _mm256_store_ps(r, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs));
-    KVC_UNROLL
-    for (int u = 0; u < NT; ++u) KVC_UNROLL
-    for (int j = 0; j < J; ++j) s[j * ss + t + u] = r[u * J + j];
+    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs), s,
+                    ss, t);
   }
   for (; t < c; ++t) {
     __m512i a[J];
