@@ -322,73 +322,6 @@ KVC_VNNI inline __m256i fold(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
 
-// scores_i4n with 512-bit vectors for the query split per 128 dimensions
-// (hd % 128 == 0): one 64-byte load gives a token's 128 dimensions' low and
-// high nibbles, each met by its 64-byte half of the chunk; the 32-bit sums
-// folded to 256 bits, then as scores_i4n (the same integers).
-template <int J>
-KVC_VNNI void scores_i4n512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd,
-                            const int8_t *qn, const int32_t *corr, const float *qs, float *s,
-                            uint64_t ss) {
-  constexpr int NT = 8 / J;
-  alignas(32) int32_t cl[8];
-  alignas(32) float sl[8];
-  for (int i = 0; i < 8; ++i) {
-    cl[i] = corr[i % J];
-    sl[i] = qs[i % J];
-  }
-  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
-  const __m256 vs = _mm256_load_ps(sl);
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
-  uint64_t t = 0;
-  for (; t + NT <= c; t += NT) {
-    __m512i a[8];
-    KVC_UNROLL
-    for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_si512();
-    for (uint64_t d = 0; d < hd; d += 128) {
-      __m512i lo[NT], hi[NT];
-      KVC_UNROLL
-      for (int u = 0; u < NT; ++u) {
-        const __m512i b = _mm512_loadu_si512(k0 + (t + u) * kts + d / 2);
-        lo[u] = _mm512_and_si512(b, m4);
-        hi[u] = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
-      }
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m512i qe = _mm512_loadu_si512(qn + j * hd + d);
-        const __m512i qo = _mm512_loadu_si512(qn + j * hd + d + 64);
-        KVC_UNROLL
-        for (int u = 0; u < NT; ++u)
-          a[u * J + j] =
-              _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[u * J + j], lo[u], qe), hi[u], qo);
-      }
-    }
-    __m256i f[8];
-    KVC_UNROLL
-    for (int i = 0; i < 8; ++i) f[i] = fold(a[i]);
-    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(f), vc)), vs), s,
-                    ss, t);
-  }
-  for (; t < c; ++t) {
-    __m512i a[J];
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_si512();
-    for (uint64_t d = 0; d < hd; d += 128) {
-      const __m512i b = _mm512_loadu_si512(k0 + t * kts + d / 2);
-      const __m512i lo = _mm512_and_si512(b, m4),
-                    hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m4);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j)
-        a[j] =
-            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[j], lo, _mm512_loadu_si512(qn + j * hd + d)),
-                                hi, _mm512_loadu_si512(qn + j * hd + d + 64));
-    }
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j)
-      s[j * ss + t] = static_cast<float>(hsum_epi32(fold(a[j])) - corr[j]) * qs[j];
-  }
-}
-
 // scores_i8 for int8 / uint8 keys with 512-bit vectors (hd % 64 == 0): 64
 // key codes a load, made unsigned as scores_i8 makes them; the 32-bit sums
 // folded to 256 bits, then as scores_i8 (the same integers).
@@ -442,6 +375,84 @@ KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_
     KVC_UNROLL
     for (int j = 0; j < J; ++j)
       s[j * ss + t] = static_cast<float>(hsum_epi32(fold(a[j])) - corr[j]) * qs[j];
+  }
+}
+
+// 16 rows of 16 32-bit words -> r[k] = word k of rows 0..15 (in lane u: row
+// u), in registers: interleaves of 32 and 64 bits, then a 4 x 4 transpose
+// of 128-bit lanes.
+__attribute__((always_inline)) KVC_VNNI inline void transpose16x16(__m512i *r) {
+  __m512i t[16], u[16];
+  KVC_UNROLL
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  // u[4 g + m], lane L: word 4 L + m of rows 4 g .. 4 g + 3
+  KVC_UNROLL
+  for (int g = 0; g < 4; ++g) {
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  KVC_UNROLL
+  for (int m = 0; m < 4; ++m) {
+    const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i v1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512i v2 = _mm512_shuffle_i32x4(u[m], u[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512i v3 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    r[m] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + m] = _mm512_shuffle_i32x4(v0, v1, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + m] = _mm512_shuffle_i32x4(v2, v3, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + m] = _mm512_shuffle_i32x4(v2, v3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// scores_i4n for the query split per 128 dimensions (hd % 128 == 0) with
+// the tokens across the lanes of 512-bit vectors: 16 tokens'
+// rows of one 128-dimension chunk (16 words of 8 nibbles each) transposed
+// in registers, so word k of the 16 tokens meets the query's even and odd
+// codes of dimensions 8 k .. 8 k + 7 broadcast (4 each), and each head's 16
+// scores end in one vector: no horizontal sums. The same integer dot
+// products as scores_i8.
+template <int J>
+KVC_VNNI void scores_i4v(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *qn,
+                         const int32_t *corr, const float *qs, float *s, uint64_t ss) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  for (uint64_t t = 0; t < c; t += 16) {
+    const uint64_t n = std::min<uint64_t>(16, c - t);
+    __m512i a[J];
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_si512();
+    for (uint64_t d = 0; d < hd; d += 128) {
+      __m512i r[16];
+      KVC_UNROLL
+      for (int u = 0; u < 16; ++u)
+        r[u] = static_cast<uint64_t>(u) < n ? _mm512_loadu_si512(k0 + (t + u) * kts + d / 2)
+                                            : _mm512_setzero_si512();
+      transpose16x16(r);
+      KVC_UNROLL
+      for (int w = 0; w < 16; ++w) {
+        const __m512i lo = _mm512_and_si512(r[w], m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(r[w], 4), m4);
+        KVC_UNROLL
+        for (int j = 0; j < J; ++j) {
+          int32_t qe, qo;  // the even and odd codes of dimensions d + 8 w .. d + 8 w + 7
+          std::memcpy(&qe, qn + j * hd + d + 4 * w, 4);
+          std::memcpy(&qo, qn + j * hd + d + 64 + 4 * w, 4);
+          a[j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[j], lo, _mm512_set1_epi32(qe)), hi,
+                                     _mm512_set1_epi32(qo));
+        }
+      }
+    }
+    const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1);
+    KVC_UNROLL
+    for (int j = 0; j < J; ++j)
+      _mm512_mask_storeu_ps(
+          s + j * ss + t, keep,
+          _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(a[j], _mm512_set1_epi32(corr[j]))),
+                        _mm512_set1_ps(qs[j])));
   }
 }
 
