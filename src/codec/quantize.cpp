@@ -55,12 +55,14 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
   }
 #endif
 #ifdef KVC_CODEC_X86
-  // The fused path below with no rotation: one read of the input, checking it
-  // while it converts, into staging copies of the outputs (up to 64 MiB) that
-  // reach the caller's buffers only when every row was finite (a separate
-  // check would read the whole input once more).
-  if (use_avx2() && convert_has_simd() && !s.rotation_block && d % 8 == 0 && d > 0 &&
-      (is_int(s.dtype) || is_fp8(s.dtype)) && (src_type == DType::F16 || src_type == DType::F32) &&
+  // The fused path below with no rotation (or f16 input, which no rotation
+  // overflows): one read of the input, checking it while it converts (and
+  // rotates), into staging copies of the outputs (up to 64 MiB) that reach
+  // the caller's buffers only when every row was finite (a separate check
+  // would read the whole input once more).
+  if (use_avx2() && convert_has_simd() && (!s.rotation_block || src_type == DType::F16) &&
+      d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
+      (src_type == DType::F16 || src_type == DType::F32) &&
       (s.gran == Gran::Token || (s.gran == Gran::Tensor && s.static_scale > 0.0) ||
        (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
     const uint64_t cb = n * row_bytes(s.dtype, d), sb = num_scales(s, n, d) * scale_bytes(s);

@@ -222,16 +222,21 @@ __attribute__((target("avx2"), always_inline)) inline __m256i absmax_lanes(const
     a = _mm256_max_epi32(a, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(v + j)), mag));
   return a;
 }
-__attribute__((target("avx2"))) void group_absmax(const float *x, uint64_t ng, uint64_t g,
+// Returns false when a value is NaN or Inf (its |x| bits exceed every
+// finite value's), having written every group's amax all the same.
+__attribute__((target("avx2"))) bool group_absmax(const float *x, uint64_t ng, uint64_t g,
                                                   float *lohi) {
   const __m256i mag = _mm256_set1_epi32(0x7fffffff);
   alignas(32) float am[8];
+  __m256i worst = _mm256_setzero_si256();
   uint64_t k0 = 0;
   for (; k0 + 8 <= ng; k0 += 8) {  // eight groups at a time, in registers
     __m256i a[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) a[i] = absmax_lanes(x + (k0 + i) * g, g, mag);
-    _mm256_store_si256(reinterpret_cast<__m256i *>(am), hmax8_epi32(a));
+    const __m256i h = hmax8_epi32(a);
+    worst = _mm256_max_epi32(worst, h);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(am), h);
 #pragma GCC unroll 8
     for (int i = 0; i < 8; ++i) {
       lohi[2 * (k0 + i)] = -am[i];
@@ -242,10 +247,14 @@ __attribute__((target("avx2"))) void group_absmax(const float *x, uint64_t ng, u
     __m256i a[8];
     a[0] = absmax_lanes(x + k0 * g, g, mag);
     for (int i = 1; i < 8; ++i) a[i] = a[0];
-    _mm256_store_si256(reinterpret_cast<__m256i *>(am), hmax8_epi32(a));
+    const __m256i h = hmax8_epi32(a);
+    worst = _mm256_max_epi32(worst, h);
+    _mm256_store_si256(reinterpret_cast<__m256i *>(am), h);
     lohi[2 * k0] = -am[0];
     lohi[2 * k0 + 1] = am[0];
   }
+  return _mm256_testz_si256(_mm256_cmpgt_epi32(worst, _mm256_set1_epi32(0x7f7fffff)),
+                            _mm256_set1_epi32(-1));
 }
 
 template <int kMant, int kBias, uint32_t kMaxCode, bool Half = true>
@@ -295,9 +304,12 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
     for (uint64_t r = 0; r < rows; ++r) {
       const uint8_t *row = static_cast<const uint8_t *>(src) + (r0 + r) * d * esz;
       float *x = buf + r * d;
-      if (rotate && !nonfinite && hadamard_in_registers(s.rotation_block)) {
+      if (rotate && (!nonfinite || Half) && hadamard_in_registers(s.rotation_block)) {
         // Converted and rotated a block at a time in registers (the input was
-        // checked finite, and rotatable, by the caller).
+        // checked finite, and rotatable, by the caller; or it is f16, which
+        // no rotation overflows, and is checked here: every output of a
+        // block sums every input of it, so a NaN or Inf among the inputs
+        // leaves the whole block NaN or infinite).
         for (uint64_t b = 0; b < d; b += s.rotation_block) {
           if (s.rotation_block == 128)
             rotate_row_block<Half, 16>(row, x, b, vnorm);
@@ -305,8 +317,15 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
             rotate_row_block<Half, 8>(row, x, b, vnorm);
         }
         if (sym && !fixed) {  // each group's largest magnitude, eight groups at a time
-          group_absmax(x, ng, g, lohi + 2 * r * ng);
+          if (!group_absmax(x, ng, g, lohi + 2 * r * ng) && nonfinite) {  // (the check too)
+            *nonfinite = true;
+            return;
+          }
           continue;
+        }
+        if (nonfinite && !all_finite_avx2(x, d)) {
+          *nonfinite = true;
+          return;
         }
       } else if (rotate || fixed) {
         for (uint64_t j = 0; j < d; j += 8) _mm256_storeu_ps(x + j, load8<Half>(row, j));

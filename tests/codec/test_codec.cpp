@@ -230,6 +230,37 @@ static void test_nonfinite_rejected() {
       for (uint8_t v : sc) CHECK(v == 0xbb);
       for (uint8_t v : z) CHECK(v == 0xcc);
     }
+  // Rotated f16 rows take the one-read path too (checked as they rotate: a
+  // NaN or Inf makes its whole rotation block non-finite): a bad value in
+  // the last row, or in the first, still leaves every output byte as it was,
+  // for blocks rotated in registers (64, 128) and the others (32),
+  // symmetric and asymmetric codes.
+  for (uint32_t rot : {32u, 64u, 128u})
+    for (int asym : {0, 1})
+      for (uint16_t bad : {uint16_t(0x7c00), uint16_t(0xfe00), uint16_t(0xfc00)})
+        for (bool first : {false, true}) {
+          Spec t;
+          t.dtype = DType::INT4;
+          t.gran = Gran::Group;
+          t.group = 32;
+          t.asym = asym != 0;
+          t.rotation_block = rot;
+          const uint64_t n = 300, d = 128;
+          std::vector<float> y = gaussian(n * d, 1.0f);
+          std::vector<uint16_t> h(n * d);
+          kvc::convert(y.data(), kvc::DType::F32, h.data(), kvc::DType::F16, h.size());
+          h[first ? 3 : (n - 1) * d + 77] = bad;
+          std::vector<uint8_t> c(n * row_bytes(t.dtype, d), 0xaa),
+              sc(num_scales(t, n, d) * 4, 0xbb), z(t.asym ? sc.size() : 0, 0xcc);
+          expect_error(
+              [&] { quantize(t, h.data(), kvc::DType::F16, n, d, c.data(), sc.data(), z.data()); },
+              kvc::Errc::NonFinite);
+          bool untouched = true;
+          for (uint8_t v : c) untouched = untouched && v == 0xaa;
+          for (uint8_t v : sc) untouched = untouched && v == 0xbb;
+          for (uint8_t v : z) untouched = untouched && v == 0xcc;
+          CHECK(untouched);
+        }
 }
 
 static void test_byte_layout() {
