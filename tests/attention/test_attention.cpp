@@ -520,6 +520,7 @@ KVTEST(fused_paths_agree) {
       {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32},
       {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32},
       {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16},
+      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16},
       {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32},
       {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32},
   };
@@ -528,7 +529,8 @@ KVTEST(fused_paths_agree) {
   };
   const Shape shapes[] = {
       {4, 4, 16, 16}, {6, 2, 48, 16}, {8, 2, 64, 32}, {16, 2, 128, 16}, {12, 1, 32, 8},
-      {16, 8, 64, 16}};  // 8 KV heads: the scales read 8 heads x 8 tokens at a time
+      {16, 8, 64, 16}, {32, 16, 32, 16}};  // 8 and 16 KV heads: the scales read 8 heads x 8
+                                           // tokens at a time
   for (const Storage &st : stor)
     for (const Shape &sp : shapes) {
       Geo g;

@@ -31,8 +31,12 @@ KVTEST(query_int8_within_bound) {
                           {"int4", KVC_DTYPE_INT4, 0},
                           {"int4 asym", KVC_DTYPE_INT4, 1},
                           {"f16", KVC_DTYPE_F16, 0}};
-  const Geo shapes[] = {{1, 8, 2, 64, 16}, {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
-                        {1, 4, 4, 96, 16}, {1, 6, 2, 48, 16},   {1, 3, 3, 256, 32}};
+  // (GQA groups 1, 2, 3, 4, 8 + 4 and 8 heads; head_dim 64 and 192 take the
+  // 64-dimension int4 key kernel, 128 and 256 the 16-tokens-across-lanes one)
+  const Geo shapes[] = {{1, 8, 2, 64, 16},  {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
+                        {1, 4, 4, 96, 16},  {1, 6, 2, 48, 16},   {1, 3, 3, 256, 32},
+                        {1, 16, 8, 128, 16}, {1, 8, 1, 192, 16},  {1, 4, 4, 192, 16},
+                        {1, 16, 2, 64, 16}};
   int differed = 0;
   for (const Storage &st : stor)
     for (const Geo &g : shapes) {
@@ -132,7 +136,8 @@ KVTEST(query_int8_values_within_bound) {
                           {"int8 / int4 asym", KVC_DTYPE_INT8, KVC_DTYPE_INT4, 0, 1},
                           {"int8 / f16", KVC_DTYPE_INT8, KVC_DTYPE_F16, 0, 0}};
   const Geo shapes[] = {{1, 8, 2, 64, 16},  {1, 32, 8, 128, 16}, {1, 12, 1, 32, 8},
-                        {1, 4, 4, 96, 256}, {1, 6, 2, 48, 16},   {1, 16, 2, 128, 512}};
+                        {1, 4, 4, 96, 256}, {1, 6, 2, 48, 16},   {1, 16, 2, 128, 512},
+                        {1, 16, 8, 128, 16}, {1, 2, 2, 64, 16}};  // (groups of 2 and 1, 64 columns)
   int differed[2] = {0, 0};  // int8 values, int4 values: the integer sum ran and moved the output
   double worst_ratio = 0.0;
   for (const Storage &st : stor)

@@ -665,28 +665,35 @@ static void test_f16_direct_matches_scalar() {
   CHECK(cases > 250);
   // An output of 4 MiB or more streams its int8 codes around the caches
   // (the 512-bit encoder where the codes are 64-byte aligned, the 256-bit
-  // one where they are 16-byte aligned).
-  for (uint64_t misalign : {0ull, 16ull}) {
-    Spec s;
-    s.dtype = DType::INT8;
-    s.gran = Gran::Token;
-    const uint64_t n = 4096 * 8, d = 128;
-    const std::vector<uint16_t> h = make(n * d, d);
-    std::vector<uint8_t> codes[3], scales[3];
-    for (int level = 0; level <= top; ++level) {
-      codes[level].assign(n * d + 128, 0xa5);
-      scales[level].assign(n * 4, 0xa5);
-      uint8_t *base = codes[level].data();
-      uint8_t *c = base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 + misalign;
-      set_simd_level(level);
-      quantize(s, h.data(), kvc::DType::F16, n, d, c, scales[level].data(), nullptr);
-      std::vector<uint8_t> only(c, c + n * d);  // the codes alone
-      codes[level].swap(only);
+  // one where they are 16-byte aligned), symmetric, asymmetric and full
+  // range; rows of 96 with an odd row count end each call on 32 values.
+  for (int mode : {0, 1, 2})
+    for (uint64_t misalign : {0ull, 16ull}) {
+      Spec s;
+      s.dtype = DType::INT8;
+      s.gran = Gran::Token;
+      s.asym = mode == 1;
+      s.full_range = mode == 2;
+      const uint64_t d = mode == 0 ? 128 : 96, n = mode == 0 ? 4096 * 8 : 44001;
+      const std::vector<uint16_t> h = make(n * d, d);
+      std::vector<uint8_t> codes[3], scales[3], zeros[3];
+      for (int level = 0; level <= top; ++level) {
+        codes[level].assign(n * d + 128, 0xa5);
+        scales[level].assign(n * 4, 0xa5);
+        zeros[level].assign(s.asym ? n * 4 : 0, 0xa5);
+        uint8_t *base = codes[level].data();
+        uint8_t *c = base + (64 - reinterpret_cast<uintptr_t>(base) % 64) % 64 + misalign;
+        set_simd_level(level);
+        quantize(s, h.data(), kvc::DType::F16, n, d, c, scales[level].data(),
+                 s.asym ? zeros[level].data() : nullptr);
+        std::vector<uint8_t> only(c, c + n * d);  // the codes alone
+        codes[level].swap(only);
+      }
+      set_simd_level(2);
+      for (int level = 1; level <= top; ++level)
+        CHECK(codes[0] == codes[level] && scales[0] == scales[level] &&
+              zeros[0] == zeros[level]);
     }
-    set_simd_level(2);
-    for (int level = 1; level <= top; ++level)
-      CHECK(codes[0] == codes[level] && scales[0] == scales[level]);
-  }
 }
 
 // int3 with odd shapes (rows not a multiple of 8 values, groups not a
