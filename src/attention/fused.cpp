@@ -198,137 +198,24 @@ KVC_VNNI inline void store_scores(__m256 r, float *s, uint64_t ss, uint64_t t) {
   }
 }
 
-// s[j][t] = (sum_d q8[j][d] u[t][d] - corr[j]) x qs[j] for the J heads and c
-// tokens (u: the unsigned key codes), NT tokens a step with J * NT == 8
-// accumulators.
-template <RawType T, int J>
-KVC_VNNI void scores_i8(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *q8,
-                        const int32_t *corr, const float *qs, float *s, uint64_t ss) {
-  constexpr int NT = 8 / J;
-  alignas(32) int32_t cl[8];
-  alignas(32) float sl[8];
-  for (int i = 0; i < 8; ++i) {
-    cl[i] = corr[i % J];
-    sl[i] = qs[i % J];
-  }
-  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
-  const __m256 vs = _mm256_load_ps(sl);
-  uint64_t t = 0;
-  for (; t + NT <= c; t += NT) {
-    __m256i a[8];
-    KVC_UNROLL
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
-    for (uint64_t d = 0; d < hd; d += 32) {
-      __m256i x[NT];
-      KVC_UNROLL
-      for (int u = 0; u < NT; ++u) x[u] = load32u<T>(k0 + (t + u) * kts, d);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m256i qq = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q8 + j * hd + d));
-        KVC_UNROLL
-        for (int u = 0; u < NT; ++u) a[u * J + j] = _mm256_dpbusd_epi32(a[u * J + j], x[u], qq);
-      }
-    }
-    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs), s,
-                    ss, t);
-  }
-  for (; t < c; ++t) {
-    __m256i a[J];
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_si256();
-    for (uint64_t d = 0; d < hd; d += 32) {
-      const __m256i x = load32u<T>(k0 + t * kts, d);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j)
-        a[j] = _mm256_dpbusd_epi32(
-            a[j], x, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q8 + j * hd + d)));
-    }
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j)
-      s[j * ss + t] = static_cast<float>(hsum_epi32(a[j]) - corr[j]) * qs[j];
-  }
-}
-
-// scores_i8 for int4 keys against the query in int4-key order (qn:
-// QueryI8::codes_nib; hd % 64 == 0): each 32 key bytes (64 dimensions) give
-// their low nibbles (the even dimensions) and high nibbles (the odd ones) by
-// one mask and one shift, each multiplied with its half of the query's chunk:
-// the same integer dot products as scores_i8 (integer sums are exact in any
-// order), without the unpacking to dimension order.
-template <int J>
-KVC_VNNI void scores_i4n(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *qn,
-                         const int32_t *corr, const float *qs, float *s, uint64_t ss) {
-  constexpr int NT = 8 / J;
-  alignas(32) int32_t cl[8];
-  alignas(32) float sl[8];
-  for (int i = 0; i < 8; ++i) {
-    cl[i] = corr[i % J];
-    sl[i] = qs[i % J];
-  }
-  const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
-  const __m256 vs = _mm256_load_ps(sl);
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  uint64_t t = 0;
-  for (; t + NT <= c; t += NT) {
-    __m256i a[8];
-    KVC_UNROLL
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_si256();
-    for (uint64_t d = 0; d < hd; d += 64) {
-      __m256i lo[NT], hi[NT];
-      KVC_UNROLL
-      for (int u = 0; u < NT; ++u) {
-        const __m256i b =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k0 + (t + u) * kts + d / 2));
-        lo[u] = _mm256_and_si256(b, m4);
-        hi[u] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-      }
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m256i qe = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d));
-        const __m256i qo =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d + 32));
-        KVC_UNROLL
-        for (int u = 0; u < NT; ++u)
-          a[u * J + j] =
-              _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(a[u * J + j], lo[u], qe), hi[u], qo);
-      }
-    }
-    store_scores<J>(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hsum8_epi32(a), vc)), vs), s,
-                    ss, t);
-  }
-  for (; t < c; ++t) {
-    __m256i a[J];
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j) a[j] = _mm256_setzero_si256();
-    for (uint64_t d = 0; d < hd; d += 64) {
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k0 + t * kts + d / 2));
-      const __m256i lo = _mm256_and_si256(b, m4),
-                    hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j)
-        a[j] = _mm256_dpbusd_epi32(
-            _mm256_dpbusd_epi32(
-                a[j], lo, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d))),
-            hi, _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d + 32)));
-    }
-    KVC_UNROLL
-    for (int j = 0; j < J; ++j)
-      s[j * ss + t] = static_cast<float>(hsum_epi32(a[j]) - corr[j]) * qs[j];
-  }
-}
-
-// The 8 pairs of 32-bit lanes of v added: 512 -> 256 bits.
+// The 8 pairs of 32-bit lanes of v added: 512 -> 256 bits (256 bits: v).
 KVC_VNNI inline __m256i fold(__m512i v) {
   return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
+KVC_VNNI inline __m256i fold(__m256i v) {
+  return v;
+}
 
-// scores_i8 for int8 / uint8 keys with 512-bit vectors (hd % 64 == 0): 64
-// key codes a load, made unsigned as scores_i8 makes them; the 32-bit sums
-// folded to 256 bits, then as scores_i8 (the same integers).
-template <RawType T, int J>
-KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd,
-                            const int8_t *q8, const int32_t *corr, const float *qs, float *s,
-                            uint64_t ss) {
+// The driver of the int8-query score kernels below: s[j][t] = (sum_d
+// q8[j][d] u[t][d] - corr[j]) x qs[j] for the J heads and c tokens (u: the
+// unsigned key codes), NT = 8 / J tokens a step into 8 accumulators of type V
+// (a[u J + j]: token t + u, head j; the last c % NT tokens one at a time into
+// a[j]); step(a, t, N, d) adds dimensions d .. d + D - 1 of tokens t .. t + N
+// - 1 (N an integral_constant), the sums are folded to 256 bits, reduced 8
+// at a time and stored a head's tokens at once (store_scores).
+template <int J, uint64_t D, typename V, typename Step>
+KVC_VNNI inline void score_tokens(uint64_t c, uint64_t hd, const int32_t *corr, const float *qs,
+                                  float *s, uint64_t ss, Step &&step) {
   constexpr int NT = 8 / J;
   alignas(32) int32_t cl[8];
   alignas(32) float sl[8];
@@ -338,24 +225,12 @@ KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_
   }
   const __m256i vc = _mm256_load_si256(reinterpret_cast<const __m256i *>(cl));
   const __m256 vs = _mm256_load_ps(sl);
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == RawType::Int8 ? 0x80 : 0));
   uint64_t t = 0;
   for (; t + NT <= c; t += NT) {
-    __m512i a[8];
+    V a[8];
     KVC_UNROLL
-    for (int i = 0; i < 8; ++i) a[i] = _mm512_setzero_si512();
-    for (uint64_t d = 0; d < hd; d += 64) {
-      __m512i x[NT];
-      KVC_UNROLL
-      for (int u = 0; u < NT; ++u)
-        x[u] = _mm512_xor_si512(_mm512_loadu_si512(k0 + (t + u) * kts + d), flip);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m512i qq = _mm512_loadu_si512(q8 + j * hd + d);
-        KVC_UNROLL
-        for (int u = 0; u < NT; ++u) a[u * J + j] = _mm512_dpbusd_epi32(a[u * J + j], x[u], qq);
-      }
-    }
+    for (int i = 0; i < 8; ++i) a[i] = V{};
+    for (uint64_t d = 0; d < hd; d += D) step(a, t, std::integral_constant<int, NT>{}, d);
     __m256i f[8];
     KVC_UNROLL
     for (int i = 0; i < 8; ++i) f[i] = fold(a[i]);
@@ -363,19 +238,90 @@ KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_
                     ss, t);
   }
   for (; t < c; ++t) {
-    __m512i a[J];
+    V a[J];
     KVC_UNROLL
-    for (int j = 0; j < J; ++j) a[j] = _mm512_setzero_si512();
-    for (uint64_t d = 0; d < hd; d += 64) {
-      const __m512i x = _mm512_xor_si512(_mm512_loadu_si512(k0 + t * kts + d), flip);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j)
-        a[j] = _mm512_dpbusd_epi32(a[j], x, _mm512_loadu_si512(q8 + j * hd + d));
-    }
+    for (int j = 0; j < J; ++j) a[j] = V{};
+    for (uint64_t d = 0; d < hd; d += D) step(a, t, std::integral_constant<int, 1>{}, d);
     KVC_UNROLL
     for (int j = 0; j < J; ++j)
       s[j * ss + t] = static_cast<float>(hsum_epi32(fold(a[j])) - corr[j]) * qs[j];
   }
+}
+
+// int8 / uint8 / int4 keys (unpacked to dimension order), 32 dimensions a step.
+template <RawType T, int J>
+KVC_VNNI void scores_i8(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *q8,
+                        const int32_t *corr, const float *qs, float *s, uint64_t ss) {
+  score_tokens<J, 32, __m256i>(
+      c, hd, corr, qs, s, ss, [=](__m256i *a, uint64_t t, auto nt, uint64_t d) KVC_VNNI {
+        constexpr int N = decltype(nt)::value;
+        __m256i x[N];
+        KVC_UNROLL
+        for (int u = 0; u < N; ++u) x[u] = load32u<T>(k0 + (t + u) * kts, d);
+        KVC_UNROLL
+        for (int j = 0; j < J; ++j) {
+          const __m256i qq = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(q8 + j * hd + d));
+          KVC_UNROLL
+          for (int u = 0; u < N; ++u) a[u * J + j] = _mm256_dpbusd_epi32(a[u * J + j], x[u], qq);
+        }
+      });
+}
+
+// int4 keys against the query in int4-key order (qn: QueryI8::codes_nib,
+// chunks of 64; hd % 64 == 0): each 32 key bytes (64 dimensions) give their
+// low nibbles (the even dimensions) and high nibbles (the odd ones) by one
+// mask and one shift, each multiplied with its half of the query's chunk: the
+// same integer dot products as scores_i8 (integer sums are exact in any
+// order), without the unpacking to dimension order.
+template <int J>
+KVC_VNNI void scores_i4n(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd, const int8_t *qn,
+                         const int32_t *corr, const float *qs, float *s, uint64_t ss) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  score_tokens<J, 64, __m256i>(
+      c, hd, corr, qs, s, ss, [=](__m256i *a, uint64_t t, auto nt, uint64_t d) KVC_VNNI {
+        constexpr int N = decltype(nt)::value;
+        __m256i lo[N], hi[N];
+        KVC_UNROLL
+        for (int u = 0; u < N; ++u) {
+          const __m256i b =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i *>(k0 + (t + u) * kts + d / 2));
+          lo[u] = _mm256_and_si256(b, m4);
+          hi[u] = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+        }
+        KVC_UNROLL
+        for (int j = 0; j < J; ++j) {
+          const __m256i qe = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d));
+          const __m256i qo =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qn + j * hd + d + 32));
+          KVC_UNROLL
+          for (int u = 0; u < N; ++u)
+            a[u * J + j] =
+                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(a[u * J + j], lo[u], qe), hi[u], qo);
+        }
+      });
+}
+
+// int8 / uint8 keys with 512-bit vectors (hd % 64 == 0): 64 key codes a
+// load, made unsigned as load32u makes them (the same integers).
+template <RawType T, int J>
+KVC_VNNI void scores_i8_512(const uint8_t *k0, uint64_t kts, uint64_t c, uint64_t hd,
+                            const int8_t *q8, const int32_t *corr, const float *qs, float *s,
+                            uint64_t ss) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(T == RawType::Int8 ? 0x80 : 0));
+  score_tokens<J, 64, __m512i>(
+      c, hd, corr, qs, s, ss, [=](__m512i *a, uint64_t t, auto nt, uint64_t d) KVC_VNNI {
+        constexpr int N = decltype(nt)::value;
+        __m512i x[N];
+        KVC_UNROLL
+        for (int u = 0; u < N; ++u)
+          x[u] = _mm512_xor_si512(_mm512_loadu_si512(k0 + (t + u) * kts + d), flip);
+        KVC_UNROLL
+        for (int j = 0; j < J; ++j) {
+          const __m512i qq = _mm512_loadu_si512(q8 + j * hd + d);
+          KVC_UNROLL
+          for (int u = 0; u < N; ++u) a[u * J + j] = _mm512_dpbusd_epi32(a[u * J + j], x[u], qq);
+        }
+      });
 }
 
 // 16 rows of 16 32-bit words -> r[k] = word k of rows 0..15 (in lane u: row
