@@ -518,6 +518,21 @@ KVC_VNNI void accumulate_v16_cols(float *acc, uint64_t hd, const int32_t *wq, ui
     }
   }
 }
+// a[4 j + k] += x_k times head j's packed weight pair (vpdpwssd: two tokens'
+// int16 columns against their two 16-bit weights), J heads, weights w[j wqs].
+template <int J>
+KVC_VNNI inline void add_pair4(__m512i *a, __m512i x0, __m512i x1, __m512i x2, __m512i x3,
+                               const int32_t *w, uint64_t wqs) {
+  KVC_UNROLL
+  for (int j = 0; j < J; ++j) {
+    const __m512i wj = _mm512_set1_epi32(w[j * wqs]);
+    a[4 * j] = _mm512_dpwssd_epi32(a[4 * j], x0, wj);
+    a[4 * j + 1] = _mm512_dpwssd_epi32(a[4 * j + 1], x1, wj);
+    a[4 * j + 2] = _mm512_dpwssd_epi32(a[4 * j + 2], x2, wj);
+    a[4 * j + 3] = _mm512_dpwssd_epi32(a[4 * j + 3], x3, wj);
+  }
+}
+
 // The same 64 columns a step in 512-bit registers (hd % 64 == 0): x[0]
 // holds columns 0-7 and 16-23, x[1] 32-39 and 48-55, x[2] 8-15 and 24-31,
 // x[3] 40-47 and 56-63 (the in-lane byte unpacks of two 64-byte rows, each
@@ -540,14 +555,7 @@ KVC_VNNI void accumulate_v16_cols64(float *acc, uint64_t hd, const int32_t *wq, 
       const __m512i x1 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(lo, 1));
       const __m512i x2 = _mm512_cvtepi8_epi16(_mm512_castsi512_si256(hi));
       const __m512i x3 = _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(hi, 1));
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m512i w = _mm512_set1_epi32(wq[j * wqs + i]);
-        a[4 * j] = _mm512_dpwssd_epi32(a[4 * j], x0, w);
-        a[4 * j + 1] = _mm512_dpwssd_epi32(a[4 * j + 1], x1, w);
-        a[4 * j + 2] = _mm512_dpwssd_epi32(a[4 * j + 2], x2, w);
-        a[4 * j + 3] = _mm512_dpwssd_epi32(a[4 * j + 3], x3, w);
-      }
+      add_pair4<J>(a, x0, x1, x2, x3, wq + i, wqs);
     };
     for (uint64_t i = p0; i < full; ++i) step(vrow[2 * i], vrow[2 * i + 1], i);
     if (full < p1) step(vrow[c - 1], vrow[c - 1], full);
@@ -676,14 +684,7 @@ KVC_VNNI void accumulate_v4_cols64(float *acc, uint64_t hd, const int32_t *wq, u
       const __m512i x1 = _mm512_and_si512(_mm512_srli_epi16(z, 4), nib);
       const __m512i x2 = _mm512_and_si512(_mm512_srli_epi16(z, 8), nib);
       const __m512i x3 = _mm512_srli_epi16(z, 12);
-      KVC_UNROLL
-      for (int j = 0; j < J; ++j) {
-        const __m512i w = _mm512_set1_epi32(wq[j * wqs + i]);
-        a[4 * j] = _mm512_dpwssd_epi32(a[4 * j], x0, w);
-        a[4 * j + 1] = _mm512_dpwssd_epi32(a[4 * j + 1], x1, w);
-        a[4 * j + 2] = _mm512_dpwssd_epi32(a[4 * j + 2], x2, w);
-        a[4 * j + 3] = _mm512_dpwssd_epi32(a[4 * j + 3], x3, w);
-      }
+      add_pair4<J>(a, x0, x1, x2, x3, wq + i, wqs);
     };
     for (uint64_t i = p0; i < full; ++i) step(vrow[2 * i], vrow[2 * i + 1], i);
     if (full < p1) step(vrow[c - 1], vrow[c - 1], full);
