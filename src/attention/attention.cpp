@@ -179,11 +179,6 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
     int32_t *sum = sc.q8_sum.get(hq);
     fused::quantize_query(q + i0 * hq * hd, hq, hd, codes, scale, sum);
     q8 = {codes, scale, sum, sh.int_values};
-    if (hd % 64 == 0) {  // int4 keys' order too (read only where the keys are int4)
-      int8_t *nib = sc.q8_nib.get(hq * hd);
-      q8.nib_chunk = fused::split_query_nibbles(codes, hq, hd, nib);
-      q8.codes_nib = nib;
-    }
     q8p = &q8;
   }
   // Runs of tiles shown in place (this one and the next): up to kRunTokens
@@ -217,6 +212,12 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
         gather(t1, cur ^ 1);
       else
         rn[cur ^ 1] = 0;
+      if (q8p && !q8.codes_nib && hd % 64 == 0 && rt[cur][0].k.type == RawType::Int4) {
+        // int4 keys' order too, once a run of int4 keys comes
+        int8_t *nib = sc.q8_nib.get(hq * hd);
+        q8.nib_chunk = fused::split_query_nibbles(q8.codes, hq, hd, nib);
+        q8.codes_nib = nib;
+      }
       fused::run(sh, rt[cur], rc[cur], rn[cur], q + i0 * hq * hd, m, ls, acc, obs_row, obs_stride,
                  t0, rn[cur ^ 1] ? rt[cur ^ 1] : nullptr, rc[cur ^ 1], rn[cur ^ 1], q8p);
       cur ^= 1;

@@ -82,11 +82,61 @@ int set_isa_limit(int limit) {
   return isa();
 }
 
+namespace {
+// AVX-512 F + BW + VL, for the two query helpers below (called only where
+// int8_query_available()).
+#define KVC_Q512 __attribute__((target("avx2,avx512f,avx512vl,avx512bw")))
+
+// One head of quantize_query, 16 values a step (head_dim % 16 == 0): the
+// same operations as the scalar rule (max |x|, x / scale rounded to nearest
+// even, clamped), lane by lane, so the same codes.
+KVC_Q512 void quantize_query_head16(const float *x, uint64_t hd, int8_t *c, float *scale,
+                                    int32_t *sum) {
+  __m512 vm = _mm512_setzero_ps();
+  for (uint64_t d = 0; d < hd; d += 16)
+    vm = _mm512_max_ps(vm, _mm512_abs_ps(_mm512_loadu_ps(x + d)));
+  const float sc = _mm512_reduce_max_ps(vm) / 127.0f;
+  *scale = sc;
+  if (!(sc > 0.0f)) {
+    std::memset(c, 0, hd);
+    *sum = 0;
+    return;
+  }
+  const __m512 vs = _mm512_set1_ps(sc), hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  __m512i total = _mm512_setzero_si512();
+  for (uint64_t d = 0; d < hd; d += 16) {
+    __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + d), vs),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i v = _mm512_cvttps_epi32(_mm512_max_ps(_mm512_min_ps(r, hi), lo));
+    total = _mm512_add_epi32(total, v);
+    _mm_storeu_si128(reinterpret_cast<__m128i *>(c + d), _mm512_cvtepi32_epi8(v));
+  }
+  *sum = _mm512_reduce_add_epi32(total);
+}
+// split_query_nibbles 16 codes a step: each 16 bytes' even ones to the
+// chunk's first half, the odd ones to its second (half: 32 or 64).
+KVC_Q512 void split_query_nibbles16(const int8_t *codes, uint64_t n, uint64_t half, int8_t *out) {
+  const __m128i order = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (uint64_t b = 0; b < n; b += 2 * half)
+    for (uint64_t i = 0; i < 2 * half; i += 16) {
+      const __m128i x = _mm_shuffle_epi8(
+          _mm_loadu_si128(reinterpret_cast<const __m128i *>(codes + b + i)), order);
+      _mm_storel_epi64(reinterpret_cast<__m128i *>(out + b + i / 2), x);
+      _mm_storel_epi64(reinterpret_cast<__m128i *>(out + b + half + i / 2),
+                       _mm_unpackhi_epi64(x, x));
+    }
+}
+}  // namespace
+
 void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t *codes,
                     float *scale, int32_t *sum) {
   for (uint64_t h = 0; h < q_heads; ++h) {
     const float *x = q + h * head_dim;
     int8_t *c = codes + h * head_dim;
+    if (head_dim % 16 == 0 && int8_query_available()) {
+      quantize_query_head16(x, head_dim, c, scale + h, sum + h);
+      continue;
+    }
     float amax = 0.0f;
     for (uint64_t d = 0; d < head_dim; ++d) amax = std::max(amax, std::fabs(x[d]));
     const float sc = amax / 127.0f;
@@ -106,6 +156,10 @@ void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t 
 uint64_t split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim,
                              int8_t *out) {
   const uint64_t n = q_heads * head_dim, chunk = head_dim % 128 == 0 ? 128 : 64, half = chunk / 2;
+  if (int8_query_available()) {
+    split_query_nibbles16(codes, n, half, out);
+    return chunk;
+  }
   for (uint64_t b = 0; b < n; b += chunk)
     for (uint64_t i = 0; i < half; ++i) {
       out[b + i] = codes[b + 2 * i];
@@ -133,6 +187,8 @@ struct FusedScratch {
   ScratchBuffer<int32_t> wq;
   ScratchBuffer<float> wu;
   ScratchBuffer<const uint8_t *> vrow;
+  ScratchBuffer<uint8_t> packed;
+  ScratchBuffer<float> qsum;
   ScratchBuffer<int32_t> toff;  // per-token code centres of asymmetric parts
 };
 
@@ -418,59 +474,157 @@ ScoresI8Fn<J> scores_i8_fn(RawType t, uint64_t hd) {
 }
 
 // --- int8 values (KVC_QUERY_INT8_VALUES): the weighted sum in integers ----
-// The weights of J heads over c tokens, w[j][t] = p x the token's value
-// scale (finite; negative where a full-range codec stored a negative
-// scale), as integers of at most 15 bits and a sign packed two tokens to a
-// 32-bit word, wq[j][i] = w'[2i] & 0xffff | w'[2i + 1] << 16 (an odd
-// count's last pair: 0 for its second token), w' = round(w / u[j]), u[j] =
-// max_t |w[j][t]| / 32767 (0 when every weight is 0: the head adds
-// nothing). Returns false, packing nothing more, when a head's largest
-// weight is above 0 but below 2^-100 (32767 / max would overflow f32 near
-// 1e-35, and u would lose its precision): the caller sums that run in f32.
-KVC_VNNI bool pack_weights(const float *w, uint64_t ws, uint64_t c, int nj, int32_t *wq,
-                           uint64_t wqs, float *u) {
-  const __m256i top = _mm256_set1_epi32(32767), bottom = _mm256_set1_epi32(-32767);
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int j = 0; j < nj; ++j) {
-    const float *x = w + j * ws;
-    __m256 vm = _mm256_setzero_ps();
-    uint64_t t = 0;
-    for (; t + 8 <= c; t += 8)
-      vm = _mm256_max_ps(vm, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + t)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
-    for (; t < c; ++t) mx = std::max(mx, std::fabs(x[t]));
-    if (mx > 0.0f && mx < 0x1p-100f) return false;
-    u[j] = mx / 32767.0f;
-    const float inv = mx > 0.0f ? 32767.0f / mx : 0.0f;
-    const __m256 vi = _mm256_set1_ps(inv);
-    int32_t *o = wq + j * wqs;
-    // 16 weights a step: rounded to nearest even (|w x inv| <= 32767 up to
-    // rounding: the clamp keeps 15 bits and the sign), packed to 16 bits in
-    // token order (packs works per 128-bit lane: the 64-bit permute puts the
-    // pairs back).
-    auto round16 = [&](__m256 v) KVC_VNNI {
-      return _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v, vi)), top),
-                              bottom);
-    };
-    t = 0;
-    for (; t + 16 <= c; t += 16) {
-      const __m256i a = round16(_mm256_loadu_ps(x + t)), b = round16(_mm256_loadu_ps(x + t + 8));
-      _mm256_storeu_si256(reinterpret_cast<__m256i *>(o + t / 2),
-                          _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+// A running sum's update ls x corr + sum with the product rounded on its own
+// (never a fused multiply-add, whatever the compiler would contract): every
+// softmax of this file updates its sums this way, so KVC_QUERY_INT8_VALUES
+// keeps KVC_QUERY_INT8's log-sum-exp bit for bit.
+inline float rescale_add(float ls, float corr, float sum) {
+  float p = ls * corr;
+  asm volatile("" : "+x"(p));
+  return p + sum;
+}
+// e^x for x <= 0, 16 lanes: exp8's operations (fused_kernels.inc) lane by
+// lane, so the same values.
+KVC_VNNI inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.33654f);
+  const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), lo);
+  __m512 fx = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f));
+  fx = _mm512_roundscale_ps(fx, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  const __m512 z = _mm512_mul_ps(x, x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, z, _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), y, _mm512_castsi512_ps(e));
+}
+
+// KVC_QUERY_INT8_VALUES: the online softmax's update of the nj query heads
+// of one KV head over a run of c tokens, with their weights packed for the
+// integer weighted sum, in 512-bit registers (the f32 path's clamp_max
+// and exp_sum and the packing in one call per KV head):
+//   s [nj][c]: the scores of the codes, made x = s x ks + kz x qsum[j] (ks
+//     null: float keys, x = s; kz null: symmetric keys), clamped to
+//     +-FLT_MAX (NaN: -FLT_MAX) and copied to obs + j x obs_stride (obs not
+//     null);
+//   m, ls [nj]: the running maxima and sums, corr [nj] = e^(m - m_new);
+//   pv [nj][c] = e^(x - m_new) x vs[t] (kept for the f32 sum);
+//   wq [nj][wqs], u [nj]: head j's weights pv[j][t] (finite; negative where a
+//     full-range codec stored a negative scale) as integers of at most 15
+//     bits and a sign packed two tokens to a 32-bit word, wq[j][i] =
+//     w'[2i] & 0xffff | w'[2i + 1] << 16 (an odd count's last pair: 0 for its
+//     second token), w' = round(pv / u[j]) (to nearest even), u[j] =
+//     max_t |pv[j][t]| / 32767 (0 when every weight is 0: the head adds
+//     nothing).
+// Returns false, packing nothing more, when a head's largest weight is above
+// 0 but below 2^-100 (32767 / max would overflow f32 near 1e-35, and u would
+// lose its precision): the caller sums that KV head's run in f32 from pv.
+// The softmax state and pv are complete either way.
+KVC_VNNI bool softmax_pack(float *s, uint64_t c, uint64_t nj, const float *ks, const float *kz,
+                           const float *qsum, const float *vs, float *m, float *ls, float *corr,
+                           float *pv, int32_t *wq, uint64_t wqs, float *u, float *obs,
+                           uint64_t obs_stride) {
+  constexpr float kMax = std::numeric_limits<float>::max();
+  const __m512 hi = _mm512_set1_ps(kMax), lo = _mm512_set1_ps(-kMax);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  auto mask = [c](uint64_t t) -> __mmask16 {
+    return c - t >= 16 ? 0xffff : static_cast<__mmask16>((1u << (c - t)) - 1);
+  };
+  bool packed = true;
+  for (uint64_t j0 = 0; j0 < nj; j0 += 16) {
+    const uint64_t jn = std::min<uint64_t>(16, nj - j0);
+    alignas(64) float mo[16], mn[16];
+    // The scores of the codes, clamped, and each head's maximum.
+    for (uint64_t j = j0; j < j0 + jn; ++j) {
+      float *x = s + j * c;
+      const __m512 vq = _mm512_set1_ps(kz ? qsum[j] : 0.0f);
+      __m512 vmax = ninf;
+      for (uint64_t t = 0; t < c; t += 16) {
+        const __mmask16 k = mask(t);
+        __m512 v = _mm512_maskz_loadu_ps(k, x + t);
+        if (ks) {
+          v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(k, ks + t));
+          if (kz) v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, kz + t), vq, v);
+        }
+        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), lo);
+        v = _mm512_max_ps(_mm512_min_ps(v, hi), lo);
+        _mm512_mask_storeu_ps(x + t, k, v);
+        if (obs) _mm512_mask_storeu_ps(obs + j * obs_stride + t, k, v);
+        vmax = _mm512_mask_max_ps(vmax, k, vmax, v);
+      }
+      mo[j - j0] = m[j];
+      mn[j - j0] = std::max(m[j], _mm512_reduce_max_ps(vmax));
     }
-    auto one = [&](float v) {
-      return std::min(32767, std::max(-32767, static_cast<int32_t>(std::nearbyint(v * inv))));
-    };
-    for (; t < c; t += 2) {
-      const uint32_t a = static_cast<uint32_t>(one(x[t])) & 0xffffu;
-      const uint32_t b = t + 1 < c ? static_cast<uint32_t>(one(x[t + 1])) & 0xffffu : 0u;
-      o[t / 2] = static_cast<int32_t>(a | (b << 16));
+    // e^(m - m_new) for the heads at once (0 while nothing came: m = -inf)
+    const __mmask16 kj = static_cast<__mmask16>((1u << jn) - 1);
+    const __m512 e =
+        exp16(_mm512_maskz_sub_ps(kj, _mm512_maskz_load_ps(kj, mo), _mm512_maskz_load_ps(kj, mn)));
+    _mm512_mask_storeu_ps(corr + j0, kj, e);
+    _mm512_mask_storeu_ps(m + j0, kj, _mm512_maskz_load_ps(kj, mn));
+    // The probabilities times the value scales, their sum and their largest
+    // magnitude per head.
+    alignas(64) float wm[16];
+    for (uint64_t j = j0; j < j0 + jn; ++j) {
+      const float *x = s + j * c;
+      float *w = pv + j * c;
+      const __m512 vm = _mm512_set1_ps(mn[j - j0]);
+      // (summed in exp_sum's order, 8 lanes token by token then
+      // ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)): the log-sum-exp of
+      // KVC_QUERY_INT8, whose softmax this is)
+      __m256 sum = _mm256_setzero_ps();
+      __m512 wmax = _mm512_setzero_ps();
+      for (uint64_t t = 0; t < c; t += 16) {
+        const __mmask16 k = mask(t);
+        const __m512 p =
+            _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + t), vm)));
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(p));
+        sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+        const __m512 pw = _mm512_mul_ps(p, _mm512_maskz_loadu_ps(k, vs + t));
+        _mm512_mask_storeu_ps(w + t, k, pw);
+        wmax = _mm512_max_ps(wmax, _mm512_abs_ps(pw));
+      }
+      __m128 h = _mm_hadd_ps(_mm256_castps256_ps128(sum), _mm256_extractf128_ps(sum, 1));
+      h = _mm_hadd_ps(h, h);
+      ls[j] = rescale_add(ls[j], corr[j], _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))));
+      wm[j - j0] = _mm512_reduce_max_ps(wmax);
+    }
+    if (!packed) continue;
+    // The units u = max / 32767 and their inverses, the heads at once.
+    const __m512 vw = _mm512_maskz_load_ps(kj, wm), k32767 = _mm512_set1_ps(32767.0f);
+    const __mmask16 pos = _mm512_cmp_ps_mask(vw, _mm512_setzero_ps(), _CMP_GT_OQ);
+    if (_mm512_mask_cmp_ps_mask(pos, vw, _mm512_set1_ps(0x1p-100f), _CMP_LT_OQ)) {
+      packed = false;
+      continue;
+    }
+    _mm512_mask_storeu_ps(u + j0, kj, _mm512_div_ps(vw, k32767));
+    alignas(64) float inv[16];
+    _mm512_store_ps(inv, _mm512_maskz_div_ps(pos, k32767, vw));
+    // The 15-bit weights.
+    const __m512i top = _mm512_set1_epi32(32767), bottom = _mm512_set1_epi32(-32767);
+    for (uint64_t j = j0; j < j0 + jn; ++j) {
+      const float *w = pv + j * c;
+      const __m512 vi = _mm512_set1_ps(inv[j - j0]);
+      int32_t *o = wq + j * wqs;
+      for (uint64_t t = 0; t < c; t += 16) {
+        const uint64_t r = std::min<uint64_t>(16, c - t);
+        const __m512 x = _mm512_maskz_loadu_ps(mask(t), w + t);
+        const __m512i q = _mm512_max_epi32(
+            _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(x, vi)), top), bottom);
+        const __m256i h = _mm512_cvtepi32_epi16(q);
+        _mm256_mask_storeu_epi32(o + t / 2, static_cast<__mmask8>((1u << ((r + 1) / 2)) - 1), h);
+      }
     }
   }
-  return true;
+  return packed;
 }
+
 // acc[j][d] += u[j] x sum_t w'[j][t] x code[t][d] for the J heads (rows hd
 // apart) over c tokens of symmetric int8 value codes (vrow[t]: token t's
 // row of this KV head), 8 DV columns a step: the codes of two tokens

@@ -306,3 +306,58 @@ KVTEST(query_int8_values_signed_and_tiny_weights) {
 int main(int argc, char **argv) {
   return kvtest_main(argc, argv);
 }
+
+// The int8 query's codes, scales and sums (fused::quantize_query) and their
+// int4-key order (split_query_nibbles): the AVX-512 helpers give the scalar
+// rule's bytes, for head_dim 16 to 256, a zero head, ties at .5 (rounded to
+// even) and values that clamp.
+KVTEST(query_int8_quantize_paths_agree) {
+  namespace fu = kvc::attention::fused;
+  if (fu::set_isa_limit(2) < 2 || !fu::int8_query_available()) {
+    std::fprintf(stderr, "no AVX-512 VNNI here: the scalar rule alone\n");
+    return;
+  }
+  for (uint64_t hd : {16ull, 32ull, 48ull, 64ull, 128ull, 192ull, 256ull}) {
+    const uint64_t hq = 5;
+    std::vector<float> q = randn(hq * hd, 3.0f);
+    std::fill(q.begin() + hd, q.begin() + 2 * hd, 0.0f);  // head 1: all zero
+    for (uint64_t d = 0; d < hd; ++d)  // head 2: halves of the step (ties) and the maximum
+      q[2 * hd + d] = d == 0 ? 127.0f : static_cast<float>(d % 9) - 4.5f;
+    q[3 * hd + hd - 1] = -1e30f;  // head 3: one huge value, the rest rounded to 0
+    std::vector<int8_t> codes[2], nib[2];
+    std::vector<float> scale[2];
+    std::vector<int32_t> sum[2];
+    uint64_t chunk[2] = {0, 0};
+    for (int path = 0; path < 2; ++path) {
+      fu::set_isa_limit(path ? 2 : 1);
+      codes[path].assign(hq * hd, 99);
+      scale[path].assign(hq, -1.0f);
+      sum[path].assign(hq, -1);
+      fu::quantize_query(q.data(), hq, hd, codes[path].data(), scale[path].data(),
+                         sum[path].data());
+      if (hd % 64 == 0) {
+        nib[path].assign(hq * hd, 99);
+        chunk[path] = fu::split_query_nibbles(codes[path].data(), hq, hd, nib[path].data());
+      }
+    }
+    fu::set_isa_limit(2);
+    CHECK(codes[1] == codes[0] && scale[1] == scale[0] && sum[1] == sum[0]);
+    CHECK(nib[1] == nib[0] && chunk[1] == chunk[0]);
+    // the scalar rule itself, by hand for head 2: 127 -> 127 (scale 1), -4.5 -> -4, 0.5 -> 0
+    CHECK(scale[0][2] == 1.0f && codes[0][2 * hd] == 127);
+    CHECK(codes[0][2 * hd + 9] == -4 && codes[0][2 * hd + 5] == 0);
+    CHECK(scale[0][1] == 0.0f && sum[0][1] == 0 && codes[0][hd] == 0);
+    int32_t s3 = 0;
+    for (uint64_t d = 0; d < hd; ++d) s3 += codes[0][3 * hd + d];
+    CHECK(s3 == -127 && sum[0][3] == -127);
+    if (hd % 64 == 0) {
+      const uint64_t half = chunk[0] / 2;
+      CHECK(chunk[0] == (hd % 128 == 0 ? 128u : 64u));
+      for (uint64_t b = 0; b < hq * hd; b += chunk[0])
+        for (uint64_t i = 0; i < half; ++i) {
+          CHECK(nib[0][b + i] == codes[0][b + 2 * i]);
+          CHECK(nib[0][b + half + i] == codes[0][b + 2 * i + 1]);
+        }
+    }
+  }
+}
