@@ -4,8 +4,8 @@
 // converted once for all the query heads of its GQA group, the conversion
 // (or dequantization) fused into the dot products and the weighted sum, the
 // exponentials vectorized, the softmax's bookkeeping once per run of up to
-// 64 tokens, the next run streamed into L2 while one computes. The layout of
-// llama.cpp's CPU flash attention (one KV row, all heads of its group) and
+// 64 tokens (128 for integer keys and an int8 query), the next run streamed into L2 while one
+// computes. The layout of llama.cpp's CPU flash attention (one KV row, all heads of its group) and
 // FlashInfer's decode (K/V tiles in registers across a group) on AVX2 + FMA +
 // F16C, with larger register blocks where AVX-512VL gives 32 registers.
 #pragma once
