@@ -303,6 +303,10 @@ bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, u
 void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x, uint64_t m,
                               uint64_t g, const float *iv, const float *zp, const IntFormat &f,
                               uint8_t *out);
+// The same codes from f32 rows (quantize_avx2.cpp's encode_groups32: every
+// mode clamped), without streaming.
+void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, uint64_t g,
+                              const float *iv, const float *zp, const IntFormat &f, uint8_t *out);
 #endif
 
 }  // namespace kvc::codec

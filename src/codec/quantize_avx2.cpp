@@ -452,6 +452,21 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
     // int8 / int4 groups of whole 32-value vectors: the run kernel's vector
     // step inline (the same operations), no call per group.
     if (integer && (f.bits == 8 || f.bits == 4) && g % 32 == 0) {
+      if (use_avx512()) {  // 512-bit vectors (quantize_avx512.cpp: the same codes)
+        const uint64_t m = rows * ng;
+        float *iv = lohi, *zp = lohi + m;  // (the extremes are read: lohi is free)
+        for (uint64_t k = 0; k < m; ++k) {
+          const Params &p = fixed ? fixed_p : ps[k];
+          iv[k] = p.inv;
+          zp[k] = p.zero;
+        }
+        encode_groups_f32_avx512(f.bits,
+                                 s.asym         ? 1
+                                 : s.full_range ? 2
+                                                : 0,
+                                 rows_f32, m, g, iv, zp, f, codes + r0 * rb);
+        continue;
+      }
       if (s.asym)
         encode_groups32<true>(f, rows_f32, rows, d, g, fixed ? &fixed_p : ps, !fixed,
                               codes + r0 * rb, rb);

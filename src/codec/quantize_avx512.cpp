@@ -2,7 +2,8 @@
 // chosen at run time by use_avx512(); x86-64 only): the first pass (group
 // extremes on the f16 bits, also the finiteness check) and the int8 / int4
 // encoders of quantize_avx2.cpp's quantize_f16_direct, for groups of a
-// multiple of 32 values. The same operations in the same order on twice as
+// multiple of 32 values; the same encoders for the f32 rows of its
+// quantize_fast. The same operations in the same order on twice as
 // many lanes (exact f16 -> f32 conversion, one rounded multiply, round half
 // to even, saturating packs), so codes, scales and zero points are the scalar
 // reference's and the AVX2 path's, bit for bit (tests/codec checks all three).
@@ -173,27 +174,33 @@ KVC_AVX512 bool group_keys(const uint16_t *h, uint64_t groups, uint64_t g, uint1
   }
 }
 
-// 16 values from x -> their q (int32, before the offset): codes32_avx2's
-// operations (quant8_avx2 with the clamp where the mode needs it).
-template <int Mode>
-KVC_AVX512 inline __m512i quant16(const uint16_t *x, const float *iv, const float *zp, __m512 lo,
+// 16 values from x (f16 or f32) -> their q (int32, before the offset):
+// codes32_avx2's operations (quant8_avx2, with the clamp where Clamp).
+template <typename In, int Mode, bool Clamp>
+KVC_AVX512 inline __m512i quant16(const In *x, const float *iv, const float *zp, __m512 lo,
                                   __m512 hi) {
-  __m512 y = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x)));
+  __m512 y;
+  if constexpr (sizeof(In) == 2)
+    y = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x)));
+  else
+    y = _mm512_loadu_ps(x);
   if constexpr (Mode == 1) y = _mm512_sub_ps(y, _mm512_set1_ps(*zp));
   y = _mm512_mul_ps(y, _mm512_set1_ps(*iv));
-  if constexpr (Mode == 2) y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
+  if constexpr (Clamp) y = _mm512_min_ps(_mm512_max_ps(y, lo), hi);
   return _mm512_cvtps_epi32(y);
 }
 
 // Codes of m groups of g values (g a multiple of 32; the groups consecutive in
-// x, their codes consecutive in out) straight from f16: quantize_avx2.cpp's
-// encode_groups_f16 for 8- and 4-bit codes, 64 values per step across group
-// boundaries (each 16-value vector lies in one group, whose 1 / scale and zero
-// point it broadcasts). Stream: the codes go around the caches (out
-// 64-byte aligned, int8 only).
-template <int Bits, int Mode, bool Stream>
-KVC_AVX512 void encode_groups(const uint16_t *x, uint64_t m, uint64_t g, const float *iv,
-                              const float *zp, const IntFormat &f, uint8_t *out) {
+// x, their codes consecutive in out) straight from f16 or f32 rows:
+// quantize_avx2.cpp's encode_groups_f16 (f16: clamped for full-range groups
+// alone) and encode_groups32 (f32: always clamped) for 8- and 4-bit codes, 64
+// values per step across group boundaries (each 16-value vector lies in one
+// group, whose 1 / scale and zero point it broadcasts). Stream: the codes go
+// around the caches (out 64-byte aligned, int8 only).
+template <typename In, int Bits, int Mode, bool Stream>
+KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *iv, const float *zp,
+                              const IntFormat &f, uint8_t *out) {
+  constexpr bool Half = sizeof(In) == 2, Clamp = Mode == 2 || !Half;
   constexpr bool Wide = Bits == 8 && Mode == 1;  // asymmetric int8: q in 0..255, unsigned packs
   const __m512 lo = _mm512_set1_ps(f.lo), hi = _mm512_set1_ps(f.hi);
   const __m512i off8 = _mm512_set1_epi8(static_cast<char>(f.off));
@@ -205,10 +212,10 @@ KVC_AVX512 void encode_groups(const uint16_t *x, uint64_t m, uint64_t g, const f
     // Values j .. j + 31 lie in group k, j + 32 .. j + 63 in group k2.
     const uint64_t k2 = pos + 32 == g ? k + 1 : k;
     __m512i q[4];
-    q[0] = quant16<Mode>(x + j, iv + k, zp + k, lo, hi);
-    q[1] = quant16<Mode>(x + j + 16, iv + k, zp + k, lo, hi);
-    q[2] = quant16<Mode>(x + j + 32, iv + k2, zp + k2, lo, hi);
-    q[3] = quant16<Mode>(x + j + 48, iv + k2, zp + k2, lo, hi);
+    q[0] = quant16<In, Mode, Clamp>(x + j, iv + k, zp + k, lo, hi);
+    q[1] = quant16<In, Mode, Clamp>(x + j + 16, iv + k, zp + k, lo, hi);
+    q[2] = quant16<In, Mode, Clamp>(x + j + 32, iv + k2, zp + k2, lo, hi);
+    q[3] = quant16<In, Mode, Clamp>(x + j + 48, iv + k2, zp + k2, lo, hi);
     for (pos += 64; pos >= g; pos -= g) ++k;
     const __m512i a = _mm512_packs_epi32(q[0], q[1]), b = _mm512_packs_epi32(q[2], q[3]);
     const __m512i c = _mm512_permutexvar_epi32(
@@ -224,7 +231,7 @@ KVC_AVX512 void encode_groups(const uint16_t *x, uint64_t m, uint64_t g, const f
     }
   }
   if (j < total) {  // the last 32 values (in group k), 256 bits wide
-    const __m256i c = codes32_avx2<Mode == 1, true, Mode == 2>(
+    const __m256i c = codes32_avx2<Mode == 1, Half, Clamp>(
         x, j, _mm256_set1_ps(iv[k]), Mode == 1 ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps(),
         _mm256_set1_ps(f.lo), _mm256_set1_ps(f.hi), _mm256_set1_epi8(static_cast<char>(f.off)),
         Wide);
@@ -235,13 +242,33 @@ KVC_AVX512 void encode_groups(const uint16_t *x, uint64_t m, uint64_t g, const f
   }
 }
 
-template <int Bits, int Mode>
-void encode_stream(bool stream, const uint16_t *x, uint64_t m, uint64_t g, const float *iv,
+template <typename In, int Bits, int Mode>
+void encode_stream(bool stream, const In *x, uint64_t m, uint64_t g, const float *iv,
                    const float *zp, const IntFormat &f, uint8_t *out) {
   if (Bits == 8 && stream)
-    encode_groups<Bits, Mode, true>(x, m, g, iv, zp, f, out);
+    encode_groups<In, Bits, Mode, true>(x, m, g, iv, zp, f, out);
   else
-    encode_groups<Bits, Mode, false>(x, m, g, iv, zp, f, out);
+    encode_groups<In, Bits, Mode, false>(x, m, g, iv, zp, f, out);
+}
+
+template <typename In>
+void encode_any(int bits, int mode, bool stream, const In *x, uint64_t m, uint64_t g,
+                const float *iv, const float *zp, const IntFormat &f, uint8_t *out) {
+  if (bits == 8) {
+    if (mode == 0)
+      encode_stream<In, 8, 0>(stream, x, m, g, iv, zp, f, out);
+    else if (mode == 1)
+      encode_stream<In, 8, 1>(stream, x, m, g, iv, zp, f, out);
+    else
+      encode_stream<In, 8, 2>(stream, x, m, g, iv, zp, f, out);
+  } else {
+    if (mode == 0)
+      encode_stream<In, 4, 0>(false, x, m, g, iv, zp, f, out);
+    else if (mode == 1)
+      encode_stream<In, 4, 1>(false, x, m, g, iv, zp, f, out);
+    else
+      encode_stream<In, 4, 2>(false, x, m, g, iv, zp, f, out);
+  }
 }
 
 }  // namespace
@@ -255,21 +282,12 @@ bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, u
 void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x, uint64_t m,
                               uint64_t g, const float *iv, const float *zp, const IntFormat &f,
                               uint8_t *out) {
-  if (bits == 8) {
-    if (mode == 0)
-      encode_stream<8, 0>(stream, x, m, g, iv, zp, f, out);
-    else if (mode == 1)
-      encode_stream<8, 1>(stream, x, m, g, iv, zp, f, out);
-    else
-      encode_stream<8, 2>(stream, x, m, g, iv, zp, f, out);
-  } else {
-    if (mode == 0)
-      encode_stream<4, 0>(false, x, m, g, iv, zp, f, out);
-    else if (mode == 1)
-      encode_stream<4, 1>(false, x, m, g, iv, zp, f, out);
-    else
-      encode_stream<4, 2>(false, x, m, g, iv, zp, f, out);
-  }
+  encode_any<uint16_t>(bits, mode, stream, x, m, g, iv, zp, f, out);
+}
+
+void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, uint64_t g,
+                              const float *iv, const float *zp, const IntFormat &f, uint8_t *out) {
+  encode_any<float>(bits, mode, false, x, m, g, iv, zp, f, out);
 }
 
 }  // namespace kvc::codec

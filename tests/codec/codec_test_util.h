@@ -56,6 +56,15 @@ inline Quantized roundtrip(const Spec &s, const std::vector<float> &x, uint64_t 
   return q;
 }
 
+inline void expect_error(const std::function<void()> &f, kvc::Errc code) {
+  try {
+    f();
+    CHECK(!"expected an error");
+  } catch (const kvc::Error &e) {
+    CHECK(e.code() == code);
+  }
+}
+
 // Runs the test named argv[1] (every test without an argument); prints the
 // counts; the exit status is 1 when a check failed or no test has the name.
 inline int run_named_tests(int argc, char **argv,
