@@ -227,6 +227,11 @@ __attribute__((target("avx2,fma,f16c"))) void dequantize_fast(const Spec &s, con
     if (rotate && hadamard_in_registers(s.rotation_block)) {
       // The inverse rotation a block at a time in registers, written
       // straight to the output (converted to f16 there).
+      if (use_avx512()) {  // 16 lanes, 32 registers (quantize_avx512.cpp: the same bits)
+        unrotate_row_avx512(buf, Half, static_cast<uint8_t *>(dst) + r * d * (Half ? 2 : 4), d,
+                            s.rotation_block, _mm256_cvtss_f32(vnorm));
+        continue;
+      }
       for (uint64_t b = 0; b < d; b += s.rotation_block) {
         if (s.rotation_block == 128)
           unrotate_block<Half, 16>(buf + b, dst, r * d + b, vnorm);

@@ -304,9 +304,20 @@ void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x
                               uint64_t g, const float *iv, const float *zp, const IntFormat &f,
                               uint8_t *out);
 // The same codes from f32 rows (quantize_avx2.cpp's encode_groups32: every
-// mode clamped), without streaming.
+// mode clamped), without streaming; group k's parameters ps[k x ps_step]
+// (ps_step 0: one Params for every group).
 void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, uint64_t g,
-                              const float *iv, const float *zp, const IntFormat &f, uint8_t *out);
+                              const Params *ps, uint64_t ps_step, const IntFormat &f, uint8_t *out);
+// The normalized Hadamard transform (hadamard_avx2.h's register path: the
+// same bits) of a row of d values (f16 when half, else f32) in blocks of
+// 64 or 128, into x [d] f32; norm = 1 / sqrt(block) as hadamard() rounds it.
+void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
+                       float norm);
+// The same transform of an f32 row x [d] (the inverse rotation: the
+// transform is its own inverse) into out [d] (f16, rounded to nearest even,
+// when half; else f32).
+void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint32_t block,
+                         float norm);
 #endif
 
 }  // namespace kvc::codec

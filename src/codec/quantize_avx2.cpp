@@ -310,12 +310,15 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
         // no rotation overflows, and is checked here: every output of a
         // block sums every input of it, so a NaN or Inf among the inputs
         // leaves the whole block NaN or infinite).
-        for (uint64_t b = 0; b < d; b += s.rotation_block) {
-          if (s.rotation_block == 128)
-            rotate_row_block<Half, 16>(row, x, b, vnorm);
-          else
-            rotate_row_block<Half, 8>(row, x, b, vnorm);
-        }
+        if (use_avx512())  // 16 lanes, 32 registers (quantize_avx512.cpp: the same bits)
+          rotate_row_avx512(row, Half, x, d, s.rotation_block, _mm256_cvtss_f32(vnorm));
+        else
+          for (uint64_t b = 0; b < d; b += s.rotation_block) {
+            if (s.rotation_block == 128)
+              rotate_row_block<Half, 16>(row, x, b, vnorm);
+            else
+              rotate_row_block<Half, 8>(row, x, b, vnorm);
+          }
         if (sym && !fixed) {  // each group's largest magnitude, eight groups at a time
           if (!group_absmax(x, ng, g, lohi + 2 * r * ng) && nonfinite) {  // (the check too)
             *nonfinite = true;
@@ -453,18 +456,12 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
     // step inline (the same operations), no call per group.
     if (integer && (f.bits == 8 || f.bits == 4) && g % 32 == 0) {
       if (use_avx512()) {  // 512-bit vectors (quantize_avx512.cpp: the same codes)
-        const uint64_t m = rows * ng;
-        float *iv = lohi, *zp = lohi + m;  // (the extremes are read: lohi is free)
-        for (uint64_t k = 0; k < m; ++k) {
-          const Params &p = fixed ? fixed_p : ps[k];
-          iv[k] = p.inv;
-          zp[k] = p.zero;
-        }
         encode_groups_f32_avx512(f.bits,
                                  s.asym         ? 1
                                  : s.full_range ? 2
                                                 : 0,
-                                 rows_f32, m, g, iv, zp, f, codes + r0 * rb);
+                                 rows_f32, rows * ng, g, fixed ? &fixed_p : ps, fixed ? 0 : 1, f,
+                                 codes + r0 * rb);
         continue;
       }
       if (s.asym)

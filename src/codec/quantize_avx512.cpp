@@ -3,9 +3,11 @@
 // extremes on the f16 bits, also the finiteness check) and the int8 / int4
 // encoders of quantize_avx2.cpp's quantize_f16_direct, for groups of a
 // multiple of 32 values; the same encoders for the f32 rows of its
-// quantize_fast. The same operations in the same order on twice as
-// many lanes (exact f16 -> f32 conversion, one rounded multiply, round half
-// to even, saturating packs), so codes, scales and zero points are the scalar
+// quantize_fast; and the Hadamard rotation of blocks of 64 / 128 values in
+// 16-lane registers for quantize_fast and dequantize_avx2.cpp's fused path
+// (8 registers a block of 128: no spills, four in-vector stages). The same
+// operations in the same order on twice as many lanes (exact f16 -> f32 conversion, one rounded
+// multiply, round half to even, saturating packs), so codes, scales and zero points are the scalar
 // reference's and the AVX2 path's, bit for bit (tests/codec checks all three).
 //
 // Why a second width for the same math: on CPUs that run 512-bit operations
@@ -195,11 +197,12 @@ KVC_AVX512 inline __m512i quant16(const In *x, const float *iv, const float *zp,
 // quantize_avx2.cpp's encode_groups_f16 (f16: clamped for full-range groups
 // alone) and encode_groups32 (f32: always clamped) for 8- and 4-bit codes, 64
 // values per step across group boundaries (each 16-value vector lies in one
-// group, whose 1 / scale and zero point it broadcasts). Stream: the codes go
-// around the caches (out 64-byte aligned, int8 only).
+// group, whose 1 / scale and zero point it broadcasts: group k's at iv[k x
+// ps], zp[k x ps], ps the stride in floats). Stream: the codes go around the
+// caches (out 64-byte aligned, int8 only).
 template <typename In, int Bits, int Mode, bool Stream>
 KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *iv, const float *zp,
-                              const IntFormat &f, uint8_t *out) {
+                              uint64_t ps, const IntFormat &f, uint8_t *out) {
   constexpr bool Half = sizeof(In) == 2, Clamp = Mode == 2 || !Half;
   constexpr bool Wide = Bits == 8 && Mode == 1;  // asymmetric int8: q in 0..255, unsigned packs
   const __m512 lo = _mm512_set1_ps(f.lo), hi = _mm512_set1_ps(f.hi);
@@ -212,10 +215,10 @@ KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *
     // Values j .. j + 31 lie in group k, j + 32 .. j + 63 in group k2.
     const uint64_t k2 = pos + 32 == g ? k + 1 : k;
     __m512i q[4];
-    q[0] = quant16<In, Mode, Clamp>(x + j, iv + k, zp + k, lo, hi);
-    q[1] = quant16<In, Mode, Clamp>(x + j + 16, iv + k, zp + k, lo, hi);
-    q[2] = quant16<In, Mode, Clamp>(x + j + 32, iv + k2, zp + k2, lo, hi);
-    q[3] = quant16<In, Mode, Clamp>(x + j + 48, iv + k2, zp + k2, lo, hi);
+    q[0] = quant16<In, Mode, Clamp>(x + j, iv + k * ps, zp + k * ps, lo, hi);
+    q[1] = quant16<In, Mode, Clamp>(x + j + 16, iv + k * ps, zp + k * ps, lo, hi);
+    q[2] = quant16<In, Mode, Clamp>(x + j + 32, iv + k2 * ps, zp + k2 * ps, lo, hi);
+    q[3] = quant16<In, Mode, Clamp>(x + j + 48, iv + k2 * ps, zp + k2 * ps, lo, hi);
     for (pos += 64; pos >= g; pos -= g) ++k;
     const __m512i a = _mm512_packs_epi32(q[0], q[1]), b = _mm512_packs_epi32(q[2], q[3]);
     const __m512i c = _mm512_permutexvar_epi32(
@@ -232,9 +235,9 @@ KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *
   }
   if (j < total) {  // the last 32 values (in group k), 256 bits wide
     const __m256i c = codes32_avx2<Mode == 1, Half, Clamp>(
-        x, j, _mm256_set1_ps(iv[k]), Mode == 1 ? _mm256_set1_ps(zp[k]) : _mm256_setzero_ps(),
-        _mm256_set1_ps(f.lo), _mm256_set1_ps(f.hi), _mm256_set1_epi8(static_cast<char>(f.off)),
-        Wide);
+        x, j, _mm256_set1_ps(iv[k * ps]),
+        Mode == 1 ? _mm256_set1_ps(zp[k * ps]) : _mm256_setzero_ps(), _mm256_set1_ps(f.lo),
+        _mm256_set1_ps(f.hi), _mm256_set1_epi8(static_cast<char>(f.off)), Wide);
     if constexpr (Bits == 8)
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j), c);
     else
@@ -244,31 +247,104 @@ KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *
 
 template <typename In, int Bits, int Mode>
 void encode_stream(bool stream, const In *x, uint64_t m, uint64_t g, const float *iv,
-                   const float *zp, const IntFormat &f, uint8_t *out) {
+                   const float *zp, uint64_t ps, const IntFormat &f, uint8_t *out) {
   if (Bits == 8 && stream)
-    encode_groups<In, Bits, Mode, true>(x, m, g, iv, zp, f, out);
+    encode_groups<In, Bits, Mode, true>(x, m, g, iv, zp, ps, f, out);
   else
-    encode_groups<In, Bits, Mode, false>(x, m, g, iv, zp, f, out);
+    encode_groups<In, Bits, Mode, false>(x, m, g, iv, zp, ps, f, out);
 }
 
 template <typename In>
 void encode_any(int bits, int mode, bool stream, const In *x, uint64_t m, uint64_t g,
-                const float *iv, const float *zp, const IntFormat &f, uint8_t *out) {
+                const float *iv, const float *zp, uint64_t ps, const IntFormat &f, uint8_t *out) {
   if (bits == 8) {
     if (mode == 0)
-      encode_stream<In, 8, 0>(stream, x, m, g, iv, zp, f, out);
+      encode_stream<In, 8, 0>(stream, x, m, g, iv, zp, ps, f, out);
     else if (mode == 1)
-      encode_stream<In, 8, 1>(stream, x, m, g, iv, zp, f, out);
+      encode_stream<In, 8, 1>(stream, x, m, g, iv, zp, ps, f, out);
     else
-      encode_stream<In, 8, 2>(stream, x, m, g, iv, zp, f, out);
+      encode_stream<In, 8, 2>(stream, x, m, g, iv, zp, ps, f, out);
   } else {
     if (mode == 0)
-      encode_stream<In, 4, 0>(false, x, m, g, iv, zp, f, out);
+      encode_stream<In, 4, 0>(false, x, m, g, iv, zp, ps, f, out);
     else if (mode == 1)
-      encode_stream<In, 4, 1>(false, x, m, g, iv, zp, f, out);
+      encode_stream<In, 4, 1>(false, x, m, g, iv, zp, ps, f, out);
     else
-      encode_stream<In, 4, 2>(false, x, m, g, iv, zp, f, out);
+      encode_stream<In, 4, 2>(false, x, m, g, iv, zp, ps, f, out);
   }
+}
+
+// --- Hadamard rotation (hadamard_avx2.h's register transform, 16 lanes) ---
+// Stages h = 1, 2, 4, 8 inside one vector of 16 values, each as one shuffle
+// and one fused multiply-add (butterfly8's rule: s + y x (+1 in a pair's
+// first lane, -1 in its second) is a + c or a - c exactly before its one
+// rounding), so the same bits as the scalar loop's stages.
+KVC_AVX512 inline __m512 butterfly16(__m512 y) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  y = _mm512_fmadd_ps(y, _mm512_mask_blend_ps(0xaaaa, one, _mm512_set1_ps(-1.0f)),
+                      _mm512_permute_ps(y, 0xb1));
+  y = _mm512_fmadd_ps(y, _mm512_mask_blend_ps(0xcccc, one, _mm512_set1_ps(-1.0f)),
+                      _mm512_permute_ps(y, 0x4e));
+  y = _mm512_fmadd_ps(y, _mm512_mask_blend_ps(0xf0f0, one, _mm512_set1_ps(-1.0f)),
+                      _mm512_shuffle_f32x4(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_fmadd_ps(y, _mm512_mask_blend_ps(0xff00, one, _mm512_set1_ps(-1.0f)),
+                         _mm512_shuffle_f32x4(y, y, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+// The vector stages h = H, 2H, .. NV / 2 over r[0 .. NV) (H a template
+// argument: constant trip counts, fully unrolled; see hadamard_avx2.h).
+template <int NV, int H>
+KVC_AVX512 inline void vector_stages(__m512 *r) {
+  if constexpr (H < NV) {
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; i += 2 * H)
+#pragma GCC unroll 8
+      for (int j = i; j < i + H; ++j) {
+        const __m512 a = _mm512_add_ps(r[j], r[j + H]);
+        r[j + H] = _mm512_sub_ps(r[j], r[j + H]);
+        r[j] = a;
+      }
+    vector_stages<NV, 2 * H>(r);
+  }
+}
+
+// The normalized transform of blocks of 16 NV values (NV 4: 64, 8: 128) of
+// one row (f16 or f32) into out (f32, or f16 rounded to nearest even):
+// loaded, every stage in registers, scaled by norm, stored (the vector
+// stages h = 16, 32, 64 as a + b and a - b of the same operands, in the same
+// order, as the scalar loop).
+template <typename In, typename Out, int NV>
+KVC_AVX512 void rotate_blocks(const In *row, Out *out, uint64_t d, __m512 norm) {
+  for (uint64_t b = 0; b < d; b += 16 * NV) {
+    __m512 r[NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      if constexpr (sizeof(In) == 2)
+        r[i] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + b + 16 * i)));
+      else
+        r[i] = _mm512_loadu_ps(row + b + 16 * i);
+      r[i] = butterfly16(r[i]);
+    }
+    vector_stages<NV, 1>(r);
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      const __m512 y = _mm512_mul_ps(r[i], norm);
+      if constexpr (sizeof(Out) == 2)
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + b + 16 * i),
+                            _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      else
+        _mm512_storeu_ps(out + b + 16 * i, y);
+    }
+  }
+}
+
+template <typename In, typename Out>
+KVC_AVX512 void rotate_any(const In *row, Out *out, uint64_t d, uint32_t block, float norm) {
+  if (block == 128)
+    rotate_blocks<In, Out, 8>(row, out, d, _mm512_set1_ps(norm));
+  else
+    rotate_blocks<In, Out, 4>(row, out, d, _mm512_set1_ps(norm));
 }
 
 }  // namespace
@@ -282,12 +358,30 @@ bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, u
 void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x, uint64_t m,
                               uint64_t g, const float *iv, const float *zp, const IntFormat &f,
                               uint8_t *out) {
-  encode_any<uint16_t>(bits, mode, stream, x, m, g, iv, zp, f, out);
+  encode_any<uint16_t>(bits, mode, stream, x, m, g, iv, zp, 1, f, out);
 }
 
 void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, uint64_t g,
-                              const float *iv, const float *zp, const IntFormat &f, uint8_t *out) {
-  encode_any<float>(bits, mode, false, x, m, g, iv, zp, f, out);
+                              const Params *ps, uint64_t ps_step, const IntFormat &f,
+                              uint8_t *out) {
+  constexpr uint64_t kFloats = sizeof(Params) / sizeof(float);
+  encode_any<float>(bits, mode, false, x, m, g, &ps->inv, &ps->zero, ps_step * kFloats, f, out);
+}
+
+void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
+                       float norm) {
+  if (half)
+    rotate_any(static_cast<const uint16_t *>(row), x, d, block, norm);
+  else
+    rotate_any(static_cast<const float *>(row), x, d, block, norm);
+}
+
+void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint32_t block,
+                         float norm) {
+  if (half)
+    rotate_any(x, static_cast<uint16_t *>(out), d, block, norm);
+  else
+    rotate_any(x, static_cast<float *>(out), d, block, norm);
 }
 
 }  // namespace kvc::codec
