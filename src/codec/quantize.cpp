@@ -39,6 +39,26 @@ void check_finite_raw(const void *src, DType t, uint64_t n) {
                                 ((h[i] & (t == DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
                                 ": nothing was written");
 }
+#ifdef KVC_CODEC_X86
+// memcpy for the staged outputs: from 1 MiB on, non-temporal stores (the
+// destination's lines are written whole, so the caches need not read them
+// first: a quarter less memory traffic than memcpy's regular stores).
+__attribute__((target("avx2"))) void copy_out(uint8_t *dst, const uint8_t *src, uint64_t n) {
+  if (n < (uint64_t(1) << 20) || !use_avx2()) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  const uint64_t head = (32 - reinterpret_cast<uintptr_t>(dst) % 32) % 32;
+  std::memcpy(dst, src, head);
+  uint64_t i = head;
+  for (; i + 128 <= n; i += 128)
+    for (int k = 0; k < 4; ++k)
+      _mm256_stream_si256(reinterpret_cast<__m256i *>(dst + i + 32 * k),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i *>(src + i + 32 * k)));
+  std::memcpy(dst + i, src + i, n - i);
+  _mm_sfence();  // the streamed bytes are visible before the call returns
+}
+#endif
 }  // namespace
 
 void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64_t d,
@@ -78,9 +98,9 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
         check_finite_raw(src, src_type, n * d);  // throws, naming the element
         fail(Errc::NonFinite, "the input holds a NaN or Inf: nothing was written");
       }
-      std::memcpy(codes, st, cb);
-      if (sb && scales) std::memcpy(scales, st + cb, sb);
-      if (zb && zeros) std::memcpy(zeros, st + cb + sb, zb);
+      copy_out(codes, st, cb);
+      if (sb && scales) copy_out(scales, st + cb, sb);
+      if (zb && zeros) copy_out(zeros, st + cb + sb, zb);
       return;
     }
   }

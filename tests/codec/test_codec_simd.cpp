@@ -387,6 +387,31 @@ static void test_f32_levels_match_scalar() {
           }
   set_simd_level(2);
   CHECK(cases > 300);
+  // Outputs of 1 MiB and more leave the staging buffer by non-temporal
+  // stores: a destination 32-byte aligned and one 7 bytes past, sizes that
+  // end between 128-byte steps.
+  for (uint64_t misalign : {0ull, 7ull})
+    for (DType dt : {DType::INT8, DType::INT4}) {
+      Spec s;
+      s.dtype = dt;
+      s.gran = Gran::Token;
+      const uint64_t d = 160, n = (uint64_t(1) << 20) / row_bytes(dt, d) * 2 + 3;
+      const std::vector<float> x = gaussian(n * d, 2.0f);
+      std::vector<uint8_t> codes[3], scales[3];
+      for (int level = 0; level <= top; ++level) {
+        codes[level].assign(n * row_bytes(dt, d) + 64, 0xa5);
+        scales[level].assign(n * 4, 0xa5);
+        uint8_t *base = codes[level].data();
+        uint8_t *c = base + (32 - reinterpret_cast<uintptr_t>(base) % 32) % 32 + misalign;
+        set_simd_level(level);
+        quantize(s, x.data(), kvc::DType::F32, n, d, c, scales[level].data(), nullptr);
+        std::vector<uint8_t> only(c, c + n * row_bytes(dt, d));
+        codes[level].swap(only);
+      }
+      set_simd_level(2);
+      for (int level = 1; level <= top; ++level)
+        CHECK(codes[0] == codes[level] && scales[0] == scales[level]);
+    }
 }
 
 int main(int argc, char **argv) {
