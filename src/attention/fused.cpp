@@ -506,17 +506,22 @@ KVC_VNNI inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mul_ps(static_cast<__mmask16>(~under), y, _mm512_castsi512_ps(e));
 }
 
-// KVC_QUERY_INT8_VALUES: the online softmax's update of the nj query heads
-// of one KV head over a run of c tokens, with their weights packed for the
-// integer weighted sum, in 512-bit registers (the f32 path's clamp_max
-// and exp_sum and the packing in one call per KV head):
+// The int8 query's runs (KVC_QUERY_INT8 over integer keys, and
+// KVC_QUERY_INT8_VALUES): the online softmax's update of the nj query heads
+// of one KV head over a run of c tokens, with the weights packed for the
+// integer weighted sum where wq is not null, in 512-bit registers (the f32
+// path's clamp_max and exp_sum, the same operations lane by lane and the
+// same order of the sums, and the packing, in one call per KV head):
 //   s [nj][c]: the scores of the codes, made x = s x ks + kz x qsum[j] (ks
 //     null: float keys, x = s; kz null: symmetric keys), clamped to
 //     +-FLT_MAX (NaN: -FLT_MAX) and copied to obs + j x obs_stride (obs not
-//     null);
+//     null); then, where vs is null (float values), the probabilities
+//     e^(x - m_new) in place;
 //   m, ls [nj]: the running maxima and sums, corr [nj] = e^(m - m_new);
-//   pv [nj][c] = e^(x - m_new) x vs[t] (kept for the f32 sum);
-//   wq [nj][wqs], u [nj]: head j's weights pv[j][t] (finite; negative where a
+//   pv [nj][c] = e^(x - m_new) x vs[t] where vs is not null (integer values
+//     with symmetric scales; what the f32 sum reads);
+//   wq [nj][wqs], u [nj] (wq null: nothing packed; needs vs): head j's weights pv[j][t] (finite;
+//   negative where a
 //     full-range codec stored a negative scale) as integers of at most 15
 //     bits and a sign packed two tokens to a 32-bit word, wq[j][i] =
 //     w'[2i] & 0xffff | w'[2i + 1] << 16 (an odd count's last pair: 0 for its
@@ -572,8 +577,8 @@ KVC_VNNI bool softmax_pack(float *s, uint64_t c, uint64_t nj, const float *ks, c
     // magnitude per head.
     alignas(64) float wm[16];
     for (uint64_t j = j0; j < j0 + jn; ++j) {
-      const float *x = s + j * c;
-      float *w = pv + j * c;
+      float *x = s + j * c;
+      float *w = vs ? pv + j * c : nullptr;
       const __m512 vm = _mm512_set1_ps(mn[j - j0]);
       // (summed in exp_sum's order, 8 lanes token by token then
       // ((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7)): the log-sum-exp of
@@ -586,6 +591,10 @@ KVC_VNNI bool softmax_pack(float *s, uint64_t c, uint64_t nj, const float *ks, c
             _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + t), vm)));
         sum = _mm256_add_ps(sum, _mm512_castps512_ps256(p));
         sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(p), 1)));
+        if (!vs) {
+          _mm512_mask_storeu_ps(x + t, k, p);
+          continue;
+        }
         const __m512 pw = _mm512_mul_ps(p, _mm512_maskz_loadu_ps(k, vs + t));
         _mm512_mask_storeu_ps(w + t, k, pw);
         wmax = _mm512_max_ps(wmax, _mm512_abs_ps(pw));
@@ -595,7 +604,7 @@ KVC_VNNI bool softmax_pack(float *s, uint64_t c, uint64_t nj, const float *ks, c
       ls[j] = rescale_add(ls[j], corr[j], _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))));
       wm[j - j0] = _mm512_reduce_max_ps(wmax);
     }
-    if (!packed) continue;
+    if (!wq || !packed) continue;
     // The units u = max / 32767 and their inverses, the heads at once.
     const __m512 vw = _mm512_maskz_load_ps(kj, wm), k32767 = _mm512_set1_ps(32767.0f);
     const __mmask16 pos = _mm512_cmp_ps_mask(vw, _mm512_setzero_ps(), _CMP_GT_OQ);
