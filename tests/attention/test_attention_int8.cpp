@@ -303,9 +303,6 @@ KVTEST(query_int8_values_signed_and_tiny_weights) {
   CHECK(differed[0] > 0 && differed[1] > 0);
 }
 
-int main(int argc, char **argv) {
-  return kvtest_main(argc, argv);
-}
 
 // The int8 query's codes, scales and sums (fused::quantize_query) and their
 // int4-key order (split_query_nibbles): the AVX-512 helpers give the scalar
@@ -360,4 +357,101 @@ KVTEST(query_int8_quantize_paths_agree) {
         }
     }
   }
+}
+
+// The two int8 modes share one softmax (softmax_pack, heads 16 at a time):
+// the log-sum-exp and the observed scores bit for bit, the outputs within
+// the integer sum's bound, for GQA groups of 17 and 20 (a second chunk of
+// heads), float keys with int8 values, asymmetric keys and a residual
+// window of f16 tokens; and a group of 20 whose heads 16-19 put all their
+// weight on token 0 (later runs' weights near e^-75 x the value scale, below the packing's
+// 2^-100: those runs of that KV head fall back to the f32 sum after heads
+// 0-15 were packed).
+KVTEST(query_int8_modes_share_softmax) {
+  if (!kvc::attention::fused::int8_query_available()) {
+    std::fprintf(stderr, "int8 kernels not available on this CPU: nothing to check\n");
+    return;
+  }
+  struct Storage {
+    kvc_dtype kt, vt;
+    int kasym;
+    uint32_t residual;
+  };
+  const Storage stor[] = {{KVC_DTYPE_INT8, KVC_DTYPE_INT8, 0, 0},
+                          {KVC_DTYPE_INT4, KVC_DTYPE_INT4, 0, 0},
+                          {KVC_DTYPE_INT8, KVC_DTYPE_INT4, 1, 0},
+                          {KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, 0},
+                          {KVC_DTYPE_INT4, KVC_DTYPE_INT8, 0, 32}};
+  const Geo shapes[] = {{1, 34, 2, 64, 16}, {1, 20, 1, 128, 16}, {1, 40, 2, 32, 8}};
+  int cases = 0;
+  for (const Storage &st : stor)
+    for (const Geo &g : shapes)
+      for (int steep : {0, 1}) {
+        if (steep && g.hq / g.hkv != 20) continue;
+        kvc_codec kc = per_token_codec(st.kt, st.kasym != 0),
+                  vc = per_token_codec(st.vt, false);
+        const bool kq = st.kt != KVC_DTYPE_F16;
+        kvc_pool *p =
+            make_pool(g, KVC_DTYPE_F16, kq ? &kc : nullptr, &vc, st.residual, 512);
+        const uint64_t n = 300, id = 1;
+        CHECK_OK(kvc_seq_create(p, id));
+        CHECK_OK(kvc_seq_reserve(p, id, n, nullptr));
+        std::vector<float> k = randn(n * g.hkv * g.hd), v = randn(n * g.hkv * g.hd);
+        std::vector<float> q = randn(g.hq * g.hd, 0.5f);
+        const uint32_t grp = g.hq / g.hkv;
+        if (steep) {  // token 0's key along +1 / -1 signs, heads 16-19 of each group along it
+          for (uint32_t kh = 0; kh < g.hkv; ++kh)
+            for (uint32_t d = 0; d < g.hd; ++d) k[kh * g.hd + d] = d % 2 ? 4.0f : -4.0f;
+          const float a = 75.0f * std::sqrt(static_cast<float>(g.hd)) / (4.0f * g.hd);  // score 75
+          for (uint32_t h = 0; h < g.hq; ++h)
+            if (h % grp >= 16)
+              for (uint32_t d = 0; d < g.hd; ++d) q[h * g.hd + d] = d % 2 ? a : -a;
+        }
+        CHECK_OK(kvc_append(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32));
+        kvc_attention_params a = params(g);
+        a.observe = KVC_OBSERVE_REPLACE;
+        std::vector<float> out[2], lse[2], sc[2];
+        for (int mode = 0; mode < 2; ++mode) {
+          a.query_quant = mode ? KVC_QUERY_INT8_VALUES : KVC_QUERY_INT8;
+          out[mode].assign(g.hq * g.hd, 0.0f);
+          lse[mode].assign(g.hq, 0.0f);
+          sc[mode].assign(n * g.hkv, 0.0f);
+          CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out[mode].data(), lse[mode].data(),
+                                        &a));
+          CHECK_OK(kvc_seq_scores(p, id, 0, sc[mode].data(), n));
+        }
+        CHECK(lse[1] == lse[0]);
+        CHECK(sc[1] == sc[0]);
+        // each weight within 2^-16 of its run's largest: an output moves by at most
+        // C x n x max |v| / qmax / 32767 (C half the code range)
+        double vmax = 0.0;
+        for (float x : v) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+        const double half_code = st.vt == KVC_DTYPE_INT4 ? 4.0 : 64.0;
+        const double qmax = st.vt == KVC_DTYPE_INT4 ? 7.0 : 127.0;
+        const double bound = half_code * static_cast<double>(n) * vmax / qmax / 32767.0;
+        bool moved = false;
+        for (size_t i = 0; i < out[0].size(); ++i) {
+          CHECK(std::isfinite(out[1][i]));
+          CHECK(std::fabs(static_cast<double>(out[1][i]) - out[0][i]) <= bound);
+          moved = moved || out[1][i] != out[0][i];
+        }
+        CHECK(moved);  // the integer sum ran
+        if (steep) {  // heads 16-19: token 0's stored value (its weight 1 within 1e-25)
+          std::vector<float> kg(n * g.hkv * g.hd), vg(kg.size());
+          CHECK_OK(kvc_gather(p, id, 0, 0, n, kg.data(), vg.data(), KVC_DTYPE_F32, nullptr));
+          for (uint32_t h = 0; h < g.hq; ++h)
+            if (h % grp >= 16)
+              for (uint32_t d = 0; d < g.hd; ++d) {
+                const float v0 = vg[(h / grp) * g.hd + d];
+                CHECK(std::fabs(out[1][h * g.hd + d] - v0) <= 1e-4f * (1.0f + std::fabs(v0)));
+              }
+        }
+        ++cases;
+        kvc_pool_destroy(p);
+      }
+  CHECK(cases == 25);
+}
+
+int main(int argc, char **argv) {
+  return kvtest_main(argc, argv);
 }
