@@ -5,6 +5,20 @@
 // codebook kernels. The analytic bounds are in test_codec.cpp.
 #include "codec_test_util.h"
 
+// quantize() of n rows of d values at each SIMD level 0 .. top into q[level]
+// (every output filled with 0xa5 first); leaves the level at top.
+static void quantize_levels(const Spec &s, const void *src, kvc::DType in, uint64_t n,
+                            uint64_t d, int top, Quantized *q) {
+  for (int level = 0; level <= top; ++level) {
+    q[level].codes.assign(n * row_bytes(s.dtype, d), 0xa5);
+    q[level].scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
+    q[level].zeros.assign(s.asym ? q[level].scales.size() : 0, 0xa5);
+    set_simd_level(level);
+    quantize(s, src, in, n, d, q[level].codes.data(), q[level].scales.data(),
+             q[level].zeros.data());
+  }
+}
+
 // The AVX2 kernels give the scalar reference's bytes and floats, bit for bit.
 static void test_simd_matches_scalar() {
   if (!simd_active()) {
@@ -196,14 +210,7 @@ static void test_f16_direct_matches_scalar() {
             const uint64_t n = 9;
             const std::vector<uint16_t> h = make(n * d, group ? group : d);
             Quantized q[3];
-            for (int level = 0; level <= top; ++level) {
-              q[level].codes.assign(n * row_bytes(s.dtype, d), 0xa5);
-              q[level].scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
-              q[level].zeros.assign(s.asym ? q[level].scales.size() : 0, 0xa5);
-              set_simd_level(level);
-              quantize(s, h.data(), kvc::DType::F16, n, d, q[level].codes.data(),
-                       q[level].scales.data(), q[level].zeros.data());
-            }
+            quantize_levels(s, h.data(), kvc::DType::F16, n, d, top, q);
             for (int level = 1; level <= top; ++level) {
               const bool same = q[0].codes == q[level].codes && q[0].scales == q[level].scales &&
                                 q[0].zeros == q[level].zeros;
@@ -363,14 +370,7 @@ static void test_f32_levels_match_scalar() {
                   x[i] = std::copysign(
                       i % 3 == 0 ? 3e38f : 1e37f * std::min(std::fabs(x[i]), 30.0f), x[i]);
               Quantized q[3];
-              for (int level = 0; level <= top; ++level) {
-                q[level].codes.assign(n * row_bytes(s.dtype, d), 0xa5);
-                q[level].scales.assign(num_scales(s, n, d) * scale_bytes(s), 0xa5);
-                q[level].zeros.assign(s.asym ? q[level].scales.size() : 0, 0xa5);
-                set_simd_level(level);
-                quantize(s, x.data(), kvc::DType::F32, n, d, q[level].codes.data(),
-                         q[level].scales.data(), q[level].zeros.data());
-              }
+              quantize_levels(s, x.data(), kvc::DType::F32, n, d, top, q);
               for (int level = 1; level <= top; ++level) {
                 const bool same = q[0].codes == q[level].codes &&
                                   q[0].scales == q[level].scales && q[0].zeros == q[level].zeros;
