@@ -192,9 +192,21 @@ __attribute__((target("avx2,fma,f16c"))) void dequantize_fast(const Spec &s, con
   // hadamard()'s normalization, the same float.
   const __m256 vnorm =
       _mm256_set1_ps(rotate ? 1.0f / std::sqrt(static_cast<float>(s.rotation_block)) : 1.0f);
+  // Rotated int8 / int4 rows with 512-bit vectors: decoded straight into
+  // the transform's registers (quantize_avx512.cpp; the same bits).
+  const bool fused512 = use_avx512() && rotate && hadamard_in_registers(s.rotation_block) &&
+                        integer && (f.bits == 8 || f.bits == 4) && s.gran != Gran::Tensor &&
+                        g % 16 == 0;
   for (uint64_t r = 0; r < n; ++r) {
     const uint8_t *in = codes + r * rb;
     float *x = Half || rotate ? buf : static_cast<float *>(dst) + r * d;
+    if (fused512) {
+      decode_unrotate_row_avx512(
+          f.bits, s.asym, f.off, in, scales + r * ng * sb, s.asym ? zeros + r * ng * sb : nullptr,
+          s.scale_dtype == DType::F16, g, d, s.rotation_block, _mm256_cvtss_f32(vnorm), Half,
+          static_cast<uint8_t *>(dst) + r * d * (Half ? 2 : 4));
+      continue;
+    }
     if (integer && s.gran != Gran::Tensor && g % 8 == 0) {
       const uint8_t *sc = scales + r * ng * sb, *zr = s.asym ? zeros + r * ng * sb : nullptr;
       switch (f.bits) {

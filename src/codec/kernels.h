@@ -318,6 +318,15 @@ void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_
 // when half; else f32).
 void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint32_t block,
                          float norm);
+// One row of int8 or int4 codes (bits; groups of g values, g % 16 == 0;
+// sc / zr: its groups' stored scales and zero points, f16 when f16_scales
+// else f32, zr read only when asym; off the int4 offset) decoded and rotated
+// back in registers into out [d] (f16 when half, else f32):
+// dequantize_avx2.cpp's decode then unrotate_row_avx512, the same bits, with
+// no f32 row between them.
+void decode_unrotate_row_avx512(int bits, bool asym, int32_t off, const uint8_t *in,
+                                const uint8_t *sc, const uint8_t *zr, bool f16_scales, uint64_t g,
+                                uint64_t d, uint32_t block, float norm, bool half, void *out);
 #endif
 
 }  // namespace kvc::codec

@@ -5,7 +5,8 @@
 // multiple of 32 values; the same encoders for the f32 rows of its
 // quantize_fast; and the Hadamard rotation of blocks of 64 / 128 values in
 // 16-lane registers for quantize_fast and dequantize_avx2.cpp's fused path
-// (8 registers a block of 128: no spills, four in-vector stages). The same
+// (8 registers a block of 128: no spills, four in-vector stages), the
+// latter decoding int8 / int4 groups straight into those registers. The same
 // operations in the same order on twice as many lanes (exact f16 -> f32 conversion, one rounded
 // multiply, round half to even, saturating packs), so codes, scales and zero points are the scalar
 // reference's and the AVX2 path's, bit for bit (tests/codec checks all three).
@@ -25,6 +26,8 @@
 #endif
 
 #include "codec/kernels.h"
+
+#include <cstring>
 
 #ifdef KVC_CODEC_X86
 #include <immintrin.h>
@@ -347,6 +350,94 @@ KVC_AVX512 void rotate_any(const In *row, Out *out, uint64_t d, uint32_t block, 
     rotate_blocks<In, Out, 4>(row, out, d, _mm512_set1_ps(norm));
 }
 
+// 16 integer codes of a row from element j (j % 16 == 0) as int32 q: int8
+// codes sign-extended (asymmetric: zero-extended), int4 nibbles (element 2i
+// in byte i's low nibble) less off; unpack8's values (kernels_avx2.h).
+template <int Bits, bool Asym>
+KVC_AVX512 inline __m512i unpack16(const uint8_t *in, uint64_t j, __m512i off) {
+  if constexpr (Bits == 8) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + j));
+    return Asym ? _mm512_cvtepu8_epi32(b) : _mm512_cvtepi8_epi32(b);
+  } else {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i *>(in + j / 2));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i e =
+        _mm_unpacklo_epi8(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+    return _mm512_sub_epi32(_mm512_cvtepu8_epi32(e), off);
+  }
+}
+
+// decode_unrotate_row_avx512 for one code width, zero-point mode and output
+// type: each block's values decoded straight into the registers the
+// transform runs in (q x scale, plus the zero point: decode_groups_row's
+// operations), no f32 row between them.
+// Group k's stored scale or zero point (little-endian f32, or f16 when
+// half: exact in f32) broadcast.
+KVC_AVX512 inline __m512 scale16(const uint8_t *p, uint64_t k, bool half) {
+  if (half) {
+    uint16_t h;
+    std::memcpy(&h, p + 2 * k, 2);
+    return _mm512_set1_ps(_cvtsh_ss(h));
+  }
+  float f;
+  std::memcpy(&f, p + 4 * k, 4);
+  return _mm512_set1_ps(f);
+}
+
+template <int Bits, bool Asym, typename Out, int NV>
+KVC_AVX512 void decode_unrotate(const uint8_t *in, const uint8_t *sc, const uint8_t *zr,
+                                bool f16_scales, uint64_t g, uint64_t d, int32_t off, __m512 norm,
+                                Out *out) {
+  const __m512i voff = _mm512_set1_epi32(off);
+  for (uint64_t b = 0; b < d; b += 16 * NV) {
+    __m512 r[NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      const uint64_t j = b + 16 * i, k = j / g;
+      __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(unpack16<Bits, Asym>(in, j, voff)),
+                               scale16(sc, k, f16_scales));
+      if constexpr (Asym) x = _mm512_add_ps(x, scale16(zr, k, f16_scales));
+      r[i] = butterfly16(x);
+    }
+    vector_stages<NV, 1>(r);
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      const __m512 y = _mm512_mul_ps(r[i], norm);
+      if constexpr (sizeof(Out) == 2)
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + b + 16 * i),
+                            _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      else
+        _mm512_storeu_ps(out + b + 16 * i, y);
+    }
+  }
+}
+
+template <int Bits, bool Asym, typename Out>
+KVC_AVX512 void decode_unrotate_any(const uint8_t *in, const uint8_t *sc, const uint8_t *zr,
+                                    bool f16_scales, uint64_t g, uint64_t d, uint32_t block,
+                                    int32_t off, float norm, Out *out) {
+  if (block == 128)
+    decode_unrotate<Bits, Asym, Out, 8>(in, sc, zr, f16_scales, g, d, off, _mm512_set1_ps(norm),
+                                        out);
+  else
+    decode_unrotate<Bits, Asym, Out, 4>(in, sc, zr, f16_scales, g, d, off, _mm512_set1_ps(norm),
+                                        out);
+}
+
+template <typename Out>
+void decode_unrotate_out(int bits, bool asym, const uint8_t *in, const uint8_t *sc,
+                         const uint8_t *zr, bool f16_scales, uint64_t g, uint64_t d, uint32_t block,
+                         int32_t off, float norm, Out *out) {
+  if (bits == 8 && asym)
+    decode_unrotate_any<8, true>(in, sc, zr, f16_scales, g, d, block, off, norm, out);
+  else if (bits == 8)
+    decode_unrotate_any<8, false>(in, sc, zr, f16_scales, g, d, block, off, norm, out);
+  else if (asym)
+    decode_unrotate_any<4, true>(in, sc, zr, f16_scales, g, d, block, off, norm, out);
+  else
+    decode_unrotate_any<4, false>(in, sc, zr, f16_scales, g, d, block, off, norm, out);
+}
+
 }  // namespace
 
 bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, uint64_t g,
@@ -382,6 +473,17 @@ void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint3
     rotate_any(x, static_cast<uint16_t *>(out), d, block, norm);
   else
     rotate_any(x, static_cast<float *>(out), d, block, norm);
+}
+
+void decode_unrotate_row_avx512(int bits, bool asym, int32_t off, const uint8_t *in,
+                                const uint8_t *sc, const uint8_t *zr, bool f16_scales, uint64_t g,
+                                uint64_t d, uint32_t block, float norm, bool half, void *out) {
+  if (half)
+    decode_unrotate_out(bits, asym, in, sc, zr, f16_scales, g, d, block, off, norm,
+                        static_cast<uint16_t *>(out));
+  else
+    decode_unrotate_out(bits, asym, in, sc, zr, f16_scales, g, d, block, off, norm,
+                        static_cast<float *>(out));
 }
 
 }  // namespace kvc::codec
