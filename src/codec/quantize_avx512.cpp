@@ -311,6 +311,23 @@ KVC_AVX512 inline void vector_stages(__m512 *r) {
   }
 }
 
+// The rest of a block's transform once its in-vector stages are done: the
+// vector stages, the normalization, and the store to out (f32, or f16
+// rounded to nearest even).
+template <typename Out, int NV>
+KVC_AVX512 inline void finish_block(__m512 *r, __m512 norm, Out *out) {
+  vector_stages<NV, 1>(r);
+#pragma GCC unroll 8
+  for (int i = 0; i < NV; ++i) {
+    const __m512 y = _mm512_mul_ps(r[i], norm);
+    if constexpr (sizeof(Out) == 2)
+      _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + 16 * i),
+                          _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    else
+      _mm512_storeu_ps(out + 16 * i, y);
+  }
+}
+
 // The normalized transform of blocks of 16 NV values (NV 4: 64, 8: 128) of
 // one row (f16 or f32) into out (f32, or f16 rounded to nearest even):
 // loaded, every stage in registers, scaled by norm, stored (the vector
@@ -329,16 +346,7 @@ KVC_AVX512 void rotate_blocks(const In *row, Out *out, uint64_t d, __m512 norm) 
         r[i] = _mm512_loadu_ps(row + b + 16 * i);
       r[i] = butterfly16(r[i]);
     }
-    vector_stages<NV, 1>(r);
-#pragma GCC unroll 8
-    for (int i = 0; i < NV; ++i) {
-      const __m512 y = _mm512_mul_ps(r[i], norm);
-      if constexpr (sizeof(Out) == 2)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + b + 16 * i),
-                            _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      else
-        _mm512_storeu_ps(out + b + 16 * i, y);
-    }
+    finish_block<Out, NV>(r, norm, out + b);
   }
 }
 
@@ -399,16 +407,7 @@ KVC_AVX512 void decode_unrotate(const uint8_t *in, const uint8_t *sc, const uint
       if constexpr (Asym) x = _mm512_add_ps(x, scale16(zr, k, f16_scales));
       r[i] = butterfly16(x);
     }
-    vector_stages<NV, 1>(r);
-#pragma GCC unroll 8
-    for (int i = 0; i < NV; ++i) {
-      const __m512 y = _mm512_mul_ps(r[i], norm);
-      if constexpr (sizeof(Out) == 2)
-        _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + b + 16 * i),
-                            _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      else
-        _mm512_storeu_ps(out + b + 16 * i, y);
-    }
+    finish_block<Out, NV>(r, norm, out + b);
   }
 }
 
