@@ -921,19 +921,28 @@ AccVFn<J> acc_vint_fn(bool int4) {
   return int4 ? accumulate_vint<J, true> : accumulate_vint<J, false>;
 }
 
-// The kernels for AVX2 + FMA + F16C (16 vector registers) and for the same
-// 256-bit vectors with AVX-512VL's 32 registers (larger register blocks: 16
-// accumulators per step instead of 8; the ISA level 2).
+// The kernels for AVX2 + FMA + F16C (16 vector registers) and for AVX-512 F
+// + VL (the ISA level 2): 32 registers (larger register blocks: 16
+// accumulators per step instead of 8), and with KVC_FUSED_WIDE the scores
+// two tokens per 512-bit register and the weighted sum 16 columns a
+// register, each lane's operations those of the 256-bit kernels (so the same
+// bytes): half the multiply-add instructions, which CPUs with full-width
+// 512-bit units (the Intel Xeon of docs/eval.md's 2026-12-05 figures) run at
+// the 256-bit rate.
 namespace avx2 {
 #define KVC_FUSED __attribute__((target("avx2,fma,f16c")))
+#define KVC_FUSED_WIDE 0
 constexpr int kAcc = 8;
 #include "attention/fused_kernels.inc"
+#undef KVC_FUSED_WIDE
 #undef KVC_FUSED
 }  // namespace avx2
 namespace avx512 {
 #define KVC_FUSED __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
+#define KVC_FUSED_WIDE 1
 constexpr int kAcc = 16;
 #include "attention/fused_kernels.inc"
+#undef KVC_FUSED_WIDE
 #undef KVC_FUSED
 }  // namespace avx512
 
