@@ -308,6 +308,12 @@ void encode_groups_f16_avx512(int bits, int mode, bool stream, const uint16_t *x
 // (ps_step 0: one Params for every group).
 void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, uint64_t g,
                               const Params *ps, uint64_t ps_step, const IntFormat &f, uint8_t *out);
+// fp8 codes (e4m3 when e4m3, else e5m2) of m groups of g values (g a
+// multiple of 32) from f16 (half) or f32 rows, group k scaled by iv[k]:
+// quantize_avx2.cpp's encode_fp8_groups (the scalar encoder's codes, bit for
+// bit) 64 values a step.
+void encode_fp8_groups_avx512(bool e4m3, bool half, const void *x, uint64_t m, uint64_t g,
+                              const float *iv, uint8_t *out);
 // The normalized Hadamard transform (hadamard_avx2.h's register path: the
 // same bits) of a row of d values (f16 when half, else f32) in blocks of
 // 64 or 128, into x [d] f32; norm = 1 / sqrt(block) as hadamard() rounds it.

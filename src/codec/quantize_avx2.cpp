@@ -456,7 +456,10 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
     if (!integer && g % 32 == 0) {
       float *iv = lohi;
       for (uint64_t k = 0; k < rows * ng; ++k) iv[k] = fixed ? fixed_p.inv : ps[k].inv;
-      if (s.dtype == DType::FP8_E4M3)
+      if (use_avx512())  // 512-bit vectors (quantize_avx512.cpp: the same codes)
+        encode_fp8_groups_avx512(s.dtype == DType::FP8_E4M3, false, rows_f32, rows * ng, g, iv,
+                                 codes + r0 * rb);
+      else if (s.dtype == DType::FP8_E4M3)
         encode_fp8_groups<3, 7, 0x7eu, false>(rows_f32, rows * ng, g, iv, codes + r0 * rb);
       else
         encode_fp8_groups<2, 15, 0x7bu, false>(rows_f32, rows * ng, g, iv, codes + r0 * rb);
@@ -901,7 +904,9 @@ __attribute__((target("avx2,fma,f16c"))) bool quantize_f16_direct(const Spec &s,
       if (wide && integer && (f.bits == 8 || f.bits == 4)) {
         encode_groups_f16_avx512(f.bits, Mode, stream, x, m, g, iv, zp, f, out);
       } else if (!integer) {
-        if (s.dtype == DType::FP8_E4M3)
+        if (wide)
+          encode_fp8_groups_avx512(s.dtype == DType::FP8_E4M3, true, x, m, g, iv, out);
+        else if (s.dtype == DType::FP8_E4M3)
           encode_fp8_groups<3, 7, 0x7eu>(x, m, g, iv, out);
         else
           encode_fp8_groups<2, 15, 0x7bu>(x, m, g, iv, out);

@@ -3,7 +3,7 @@
 // extremes on the f16 bits, also the finiteness check) and the int8 / int4
 // encoders of quantize_avx2.cpp's quantize_f16_direct, for groups of a
 // multiple of 32 values; the same encoders for the f32 rows of its
-// quantize_fast; and the Hadamard rotation of blocks of 64 / 128 values in
+// quantize_fast; the fp8 encoder of both; and the Hadamard rotation of blocks of 64 / 128 values in
 // 16-lane registers for quantize_fast and dequantize_avx2.cpp's fused path
 // (8 registers a block of 128: no spills, four in-vector stages), the
 // latter decoding int8 / int4 groups straight into those registers. The same
@@ -277,6 +277,106 @@ void encode_any(int bits, int mode, bool stream, const In *x, uint64_t m, uint64
   }
 }
 
+// --- fp8 codes (quantize_avx2.cpp's encode_fp8_groups, 16 lanes) ---
+// 16 values of x from element j times one inverse scale (one rounding, as the
+// 256-bit kernel's), as their f32 bit patterns.
+template <typename In>
+KVC_AVX512 inline __m512i scaled16(const In *x, uint64_t j, __m512 inv) {
+  __m512 y;
+  if constexpr (sizeof(In) == 2)
+    y = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + j)));
+  else
+    y = _mm512_loadu_ps(x + j);
+  return _mm512_castps_si512(_mm512_mul_ps(y, inv));
+}
+
+// 64 scaled values (u[t]: 16 lanes each, in order) -> 64 fp8 codes in
+// order: the fast step on the magnitudes as integers (the code less the
+// smallest normal one, packed with signed saturation; a byte outside [0,
+// largest - smallest normal code] marks a value under the smallest normal
+// or past the largest finite one), else the exact step for all 64 (the
+// saturating clamp and the subnormals' own rounding); the signs from the
+// values' sign bits after packing. encode_fp8_groups's operations lane by
+// lane, so its codes.
+template <int kMant, int kBias, uint32_t kMaxCode>
+KVC_AVX512 inline __m512i fp8_codes64(const __m512i *u) {
+  constexpr int kDrop = 23 - kMant, kEmin = 1 - kBias;
+  constexpr uint32_t kMaxBits =
+      ((kMaxCode >> kMant) + 127 - kBias) << 23 | (kMaxCode & ((1u << kMant) - 1)) << kDrop;
+  constexpr int kMinNormalCode = 1 << kMant, kLim = static_cast<int>(kMaxCode) - kMinNormalCode;
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), one = _mm512_set1_epi32(1);
+  const __m512i fast_add = _mm512_set1_epi32(static_cast<int>(
+      static_cast<uint32_t>((1 << (kDrop - 1)) - 1) - static_cast<uint32_t>((127 + kEmin) << 23)));
+  __m512i c[4];
+#pragma GCC unroll 4
+  for (int t = 0; t < 4; ++t) {
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u[t], kDrop), one);
+    c[t] = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(_mm512_and_si512(u[t], abs_mask), fast_add), odd), kDrop);
+  }
+  __m512i codes =
+      _mm512_packs_epi16(_mm512_packs_epi32(c[0], c[1]), _mm512_packs_epi32(c[2], c[3]));
+  const __m512i lim_add = _mm512_set1_epi8(static_cast<char>(0x7f - kLim));
+  if (_mm512_movepi8_mask(_mm512_adds_epu8(codes, lim_add)) == 0) {
+    codes = _mm512_add_epi8(codes, _mm512_set1_epi8(static_cast<char>(kMinNormalCode)));
+  } else {  // the exact step
+    const __m512i vmax = _mm512_set1_epi32(static_cast<int>(kMaxBits));
+    const __m512i rebias = _mm512_set1_epi32((127 - kBias) << 23);
+    const __m512i half = _mm512_set1_epi32((1 << (kDrop - 1)) - 1);
+    const __m512i min_normal = _mm512_set1_epi32((127 + kEmin) << 23);
+    const __m512 inv_step = _mm512_castsi512_ps(_mm512_set1_epi32((127 - kEmin + kMant) << 23));
+#pragma GCC unroll 4
+    for (int t = 0; t < 4; ++t) {
+      const __m512i a = _mm512_min_epu32(_mm512_and_si512(u[t], abs_mask), vmax);
+      const __m512i r = _mm512_sub_epi32(a, rebias);
+      const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(r, kDrop), one);
+      const __m512i cn = _mm512_srli_epi32(_mm512_add_epi32(r, _mm512_add_epi32(odd, half)), kDrop);
+      const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), inv_step));
+      c[t] = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(min_normal, a), cn, q);
+    }
+    codes = _mm512_packus_epi16(_mm512_packus_epi32(c[0], c[1]), _mm512_packus_epi32(c[2], c[3]));
+  }
+  const __m512i signs = _mm512_and_si512(
+      _mm512_packs_epi16(_mm512_packs_epi32(u[0], u[1]), _mm512_packs_epi32(u[2], u[3])),
+      _mm512_set1_epi8(static_cast<char>(0x80)));
+  // dword 4 L + t of the packs: vector t's lane L (4 values)
+  return _mm512_permutexvar_epi32(
+      _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+      _mm512_or_si512(codes, signs));
+}
+
+// m groups of g values (g a multiple of 32), 64 a step across group
+// boundaries (each 32 values lie in one group); the last 32, if any, with
+// zeros after them (their codes are not stored).
+template <typename In, int kMant, int kBias, uint32_t kMaxCode>
+KVC_AVX512 void encode_fp8(const In *x, uint64_t m, uint64_t g, const float *iv, uint8_t *out) {
+  const uint64_t total = m * g;
+  uint64_t j = 0, k = 0, pos = 0;  // j's group and its offset in it
+  for (; j + 64 <= total; j += 64) {
+    const uint64_t k2 = pos + 32 == g ? k + 1 : k;
+    const __m512 i1 = _mm512_set1_ps(iv[k]), i2 = _mm512_set1_ps(iv[k2]);
+    const __m512i u[4] = {scaled16(x, j, i1), scaled16(x, j + 16, i1), scaled16(x, j + 32, i2),
+                          scaled16(x, j + 48, i2)};
+    for (pos += 64; pos >= g; pos -= g) ++k;
+    _mm512_storeu_si512(out + j, fp8_codes64<kMant, kBias, kMaxCode>(u));
+  }
+  if (j < total) {  // 32 left, in group k
+    const __m512 i1 = _mm512_set1_ps(iv[k]);
+    const __m512i u[4] = {scaled16(x, j, i1), scaled16(x, j + 16, i1), _mm512_setzero_si512(),
+                          _mm512_setzero_si512()};
+    _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j),
+                        _mm512_castsi512_si256(fp8_codes64<kMant, kBias, kMaxCode>(u)));
+  }
+}
+
+template <typename In>
+void encode_fp8_any(bool e4m3, const In *x, uint64_t m, uint64_t g, const float *iv, uint8_t *out) {
+  if (e4m3)
+    encode_fp8<In, 3, 7, 0x7eu>(x, m, g, iv, out);
+  else
+    encode_fp8<In, 2, 15, 0x7bu>(x, m, g, iv, out);
+}
+
 // --- Hadamard rotation (hadamard_avx2.h's register transform, 16 lanes) ---
 // Stages h = 1, 2, 4, 8 inside one vector of 16 values, each as one shuffle
 // and one fused multiply-add (butterfly8's rule: s + y x (+1 in a pair's
@@ -456,6 +556,14 @@ void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, ui
                               uint8_t *out) {
   constexpr uint64_t kFloats = sizeof(Params) / sizeof(float);
   encode_any<float>(bits, mode, false, x, m, g, &ps->inv, &ps->zero, ps_step * kFloats, f, out);
+}
+
+void encode_fp8_groups_avx512(bool e4m3, bool half, const void *x, uint64_t m, uint64_t g,
+                              const float *iv, uint8_t *out) {
+  if (half)
+    encode_fp8_any(e4m3, static_cast<const uint16_t *>(x), m, g, iv, out);
+  else
+    encode_fp8_any(e4m3, static_cast<const float *>(x), m, g, iv, out);
 }
 
 void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
