@@ -578,8 +578,13 @@ KVTEST(fused_paths_agree) {
           CHECK_NEAR(sc[1][i], pr[i], 1e-5);
           CHECK_NEAR(sc[1][i], sc[0][i], 1e-5);
         }
-        // The two kernel sets sum in the same order: the same bytes.
-        CHECK(out[2] == out[1] && lse[2] == lse[1] && sc[2] == sc[1]);
+        // The two kernel sets sum in the same order: the same bytes (memcmp:
+        // -0 and +0, or two NaNs, would pass a float comparison).
+        auto same_bytes = [](const std::vector<float> &a, const std::vector<float> &b) {
+          return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+        };
+        CHECK(same_bytes(out[2], out[1]) && same_bytes(lse[2], lse[1]) &&
+              same_bytes(sc[2], sc[1]));
         ++id;
       }
       kvc_pool_destroy(p);
