@@ -578,8 +578,8 @@ KVTEST(fused_paths_agree) {
           CHECK_NEAR(sc[1][i], pr[i], 1e-5);
           CHECK_NEAR(sc[1][i], sc[0][i], 1e-5);
         }
-        // The two kernel sets sum in the same order: the same bytes (memcmp:
-        // -0 and +0, or two NaNs, would pass a float comparison).
+        // The two kernel sets sum in the same order: the same bytes (memcmp: a
+        // float comparison passes -0 against +0 and fails two identical NaNs).
         auto same_bytes = [](const std::vector<float> &a, const std::vector<float> &b) {
           return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
         };
