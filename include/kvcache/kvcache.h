@@ -1795,8 +1795,13 @@ typedef enum kvc_query_quant {
    * `vpdpbusd`, 32 products an instruction); the values and the softmax stay f32. The approach
    * of llama.cpp's CPU attention, which converts the query to the key type's dot-product type.
    * A score q.k moves by at most (max |q| / 254) x sum |k| (the query's rounding; the keys are
-   * as before); an observe mode records the probabilities of these scores. Used by CPU decode
-   * (one query row per sequence)
+   * as before); an observe mode records the probabilities of these scores. Where the CPU also has
+   * AMX-INT8 (Intel Sapphire Rapids and later) and Linux grants the process the tile state (asked
+   * once, by the first decode that could use it: `arch_prctl(ARCH_REQ_XCOMP_PERM)`, after which the
+   * kernel refuses a `sigaltstack` too small for the larger signal frame), int8 and uint8 keys are
+   * scored 16 tokens at a time on the AMX tiles (`TDPBSSD` / `TDPBUSD`): the same integer sums, so
+   * the same results.
+   * Used by CPU decode (one query row per sequence)
    * where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with
    * per-token scales and head_dim is a multiple of 32, over the blocks the decode reads in place:
    * keys and values both stored plainly (f16 / bf16 / f32) or as int8 / uint8 / int4 codes with

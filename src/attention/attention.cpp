@@ -139,6 +139,7 @@ struct AttnScratch {
   ScratchBuffer<int8_t> q8;
   ScratchBuffer<int32_t> q8_sum;
   ScratchBuffer<int8_t> q8_nib;  // the codes in int4-key order
+  ScratchBuffer<int8_t> q8_amx;  // and laid out for the AMX tiles
 };
 AttnScratch &scratch() {
   thread_local AttnScratch s;
@@ -220,6 +221,15 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
         gather(t1, cur ^ 1);
       else
         rn[cur ^ 1] = 0;
+      if (q8p && !q8.codes_amx && hd % 64 == 0 && hd <= 64 * fused::kAmxMaxChunks &&
+          grp <= 4 * fused::kAmxMaxPieces &&
+          (rt[cur][0].k.type == RawType::Int8 || rt[cur][0].k.type == RawType::UInt8) &&
+          fused::amx_in_use()) {
+        // int8 keys on the AMX tiles, once a run of them comes
+        int8_t *tiles = sc.q8_amx.get(fused::amx_query_bytes(hq, h, hd));
+        fused::amx_query_tiles(q8.codes, hq, h, hd, tiles);
+        q8.codes_amx = tiles;
+      }
       if (q8p && !q8.codes_nib && hd % 64 == 0 && rt[cur][0].k.type == RawType::Int4) {
         // int4 keys' order too, once a run of int4 keys comes
         int8_t *nib = sc.q8_nib.get(hq * hd);

@@ -51,12 +51,55 @@ struct QueryI8 {
   // head_dim % 64 == 0.
   const int8_t *codes_nib = nullptr;
   uint64_t nib_chunk = 0;
+  // Optional (null: not made): the codes laid out for the AMX tiles
+  // (amx_query_tiles), made where amx_in_use(), head_dim is a multiple of 64
+  // of at most 64 x kAmxMaxChunks and a KV head has at most 4 x
+  // kAmxMaxPieces query heads: int8 keys are then scored on the tiles.
+  const int8_t *codes_amx = nullptr;
 };
 // codes [q_heads][head_dim] (head_dim % 64 == 0) -> out in int4-key order
 // (QueryI8::codes_nib); returns the chunk (QueryI8::nib_chunk).
 uint64_t split_query_nibbles(const int8_t *codes, uint64_t q_heads, uint64_t head_dim, int8_t *out);
 // Whether the int8-query kernels run here: AVX-512 VNNI + VL + BW and level 2.
 bool int8_query_available();
+
+// --- AMX (fused_amx.cpp): the int8 query's int8-key scores on Intel AMX
+// tiles (TDPBSSD / TDPBUSD: 16 tokens x 4 query heads x 64 dimensions an
+// instruction, the key rows read in place) where the CPU has AMX-TILE and
+// AMX-INT8 and Linux grants the process the tile state (asked once, on the
+// first call of amx_in_use()). The sums are the VNNI kernel's exact
+// integers: the same scores, bit for bit.
+// Whether the tiles are used: the CPU and OS allow it, int8_query_available()
+// and not switched off by set_amx(false).
+bool amx_in_use();
+// Switches the AMX scores on or off (tests compare the paths); returns
+// amx_in_use().
+bool set_amx(bool on);
+// Bands of 16 tokens the calling thread has scored on the tiles (tests).
+uint64_t amx_bands_here();
+// The most 64-dimension chunks (head_dim <= 256) and pieces of 4 query heads
+// per KV head (16 heads) the AMX scores take.
+constexpr uint64_t kAmxMaxChunks = 4, kAmxMaxPieces = 4;
+// Bytes of amx_query_tiles's layout.
+uint64_t amx_query_bytes(uint64_t q_heads, uint64_t kv_heads, uint64_t head_dim);
+// codes [q_heads][head_dim] -> out [kv_heads][pieces of 4 query heads]
+// [head_dim / 64][16 rows][4 heads][4 codes]: the tiles' second operand per
+// KV head (a piece's missing heads zero).
+void amx_query_tiles(const int8_t *codes, uint64_t q_heads, uint64_t kv_heads, uint64_t head_dim,
+                     int8_t *out);
+// Loads the tile configuration of scores_i8_amx on the calling thread; writes
+// the last band's scores and releases the tiles.
+void amx_begin();
+void amx_end();
+// scores_i8_512's scores (fused.cpp) of 16 tokens of one KV head (int8 codes,
+// signed, or unsigned ones, in rows kts bytes apart from k0) for its grp
+// query heads, on the tiles (between amx_begin and amx_end): s[j x ss + t] =
+// (sum - corr[j]) x qs[j] (signed codes: the VNNI kernel's sum less corr[j],
+// which is the signed sum itself), bt the KV head's part of
+// amx_query_tiles. A call's scores are written by the next call or by
+// amx_end().
+void scores_i8_amx(const uint8_t *k0, uint64_t kts, uint64_t hd, uint64_t grp, bool is_signed,
+                   const int8_t *bt, const int32_t *corr, const float *qs, float *s, uint64_t ss);
 // Fills codes [q_heads * head_dim], scale [q_heads] and sum [q_heads] from
 // q [q_heads][head_dim] (finite f32).
 void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t *codes,

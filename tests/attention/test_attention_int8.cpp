@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../whitebox.h"
@@ -454,4 +456,65 @@ KVTEST(query_int8_modes_share_softmax) {
 
 int main(int argc, char **argv) {
   return kvtest_main(argc, argv);
+}
+
+// KVC_QUERY_INT8 over int8 keys on the AMX tiles (fused_amx.cpp) against the
+// VNNI kernel: the same bytes (outputs, log-sum-exp, observed scores) for
+// symmetric and asymmetric int8 keys, head_dim 64 to 256 and one above the
+// tiles' 256, GQA groups 1 to 16 and 17 (beyond the tiles), 1 to 300 tokens
+// (bands of 16 on the tiles, shorter ones on VNNI in the same run), both
+// int8 modes, 1 and 2 threads. Skipped (exit 77) where the CPU or the OS
+// gives no AMX.
+KVTEST(query_int8_amx_paths_agree) {
+  namespace fu = kvc::attention::fused;
+  if (!fu::set_amx(true)) {
+    std::fprintf(stderr, "no AMX-INT8 here (CPU, OS permission or int8 kernels): skipped\n");
+    std::exit(77);
+  }
+  const Geo shapes[] = {{1, 8, 2, 64, 16},   {1, 32, 8, 128, 16}, {1, 3, 3, 192, 16},
+                        {1, 16, 2, 256, 32}, {1, 10, 2, 128, 16}, {1, 16, 1, 64, 16},
+                        {1, 17, 1, 64, 16},  {1, 4, 1, 320, 16}};
+  int cases = 0;
+  uint64_t bands = 0;
+  for (int asym : {0, 1})
+    for (const Geo &g : shapes)
+      for (uint64_t n : {1ull, 15ull, 16ull, 17ull, 40ull, 300ull}) {
+        kvc_codec kc = per_token_codec(KVC_DTYPE_INT8, asym != 0),
+                  vc = per_token_codec(KVC_DTYPE_INT8, false);
+        kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &kc, &vc, 0, 512);
+        const uint64_t id = 1;
+        fill(p, g, id, n);
+        const std::vector<float> q = randn(g.hq * g.hd, 2.0f);
+        kvc_attention_params a = params(g);
+        a.observe = KVC_OBSERVE_REPLACE;
+        for (int mode = 0; mode < 2; ++mode)
+          for (uint32_t threads : {1u, 2u}) {
+            a.query_quant = mode ? KVC_QUERY_INT8_VALUES : KVC_QUERY_INT8;
+            a.num_threads = threads;
+            std::vector<float> out[2], lse[2], sc[2];
+            for (int amx = 0; amx < 2; ++amx) {
+              fu::set_amx(amx == 1);
+              const uint64_t before = fu::amx_bands_here();
+              out[amx].assign(g.hq * g.hd, -1.0f);
+              lse[amx].assign(g.hq, -1.0f);
+              sc[amx].assign(n * g.hkv, -1.0f);
+              CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out[amx].data(),
+                                            lse[amx].data(), &a));
+              CHECK_OK(kvc_seq_scores(p, id, 0, sc[amx].data(), n));
+              if (amx && threads == 1) bands += fu::amx_bands_here() - before;
+              if (!amx) CHECK(fu::amx_bands_here() == before);
+            }
+            CHECKF(std::memcmp(out[0].data(), out[1].data(), out[0].size() * 4) == 0 &&
+                       std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * 4) == 0 &&
+                       std::memcmp(sc[0].data(), sc[1].data(), sc[0].size() * 4) == 0,
+                   "asym %d hq %u hkv %u hd %u n %llu mode %d threads %u", asym, g.hq, g.hkv,
+                   g.hd, static_cast<unsigned long long>(n), mode, threads);
+            ++cases;
+          }
+        kvc_pool_destroy(p);
+      }
+  fu::set_amx(true);
+  std::fprintf(stderr, "%d cases, %llu bands on the tiles\n", cases,
+               static_cast<unsigned long long>(bands));
+  CHECK(bands > 0);
 }
