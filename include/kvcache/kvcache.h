@@ -1798,9 +1798,10 @@ typedef enum kvc_query_quant {
    * as before); an observe mode records the probabilities of these scores. Where the CPU also has
    * AMX-INT8 (Intel Sapphire Rapids and later) and Linux grants the process the tile state (asked
    * once, by the first decode that could use it: `arch_prctl(ARCH_REQ_XCOMP_PERM)`, after which the
-   * kernel refuses a `sigaltstack` too small for the larger signal frame), int8 and uint8 keys are
+   * kernel refuses a `sigaltstack` too small for the larger signal frame; the environment variable
+   * `KVCACHE_NO_AMX`, set and not "0", keeps the library from asking), int8 and uint8 keys are
    * scored 16 tokens at a time on the AMX tiles (`TDPBSSD` / `TDPBUSD`): the same integer sums, so
-   * the same results.
+   * the same results. The decode releases the calling thread's tiles when it has used them.
    * Used by CPU decode (one query row per sequence)
    * where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with
    * per-token scales and head_dim is a multiple of 32, over the blocks the decode reads in place:

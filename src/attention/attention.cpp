@@ -221,7 +221,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
         gather(t1, cur ^ 1);
       else
         rn[cur ^ 1] = 0;
-      if (q8p && !q8.codes_amx && hd % 64 == 0 && hd <= 64 * fused::kAmxMaxChunks &&
+      if (q8p && !q8.codes_amx && bs >= 16 && hd % 64 == 0 && hd <= 64 * fused::kAmxMaxChunks &&
           grp <= 4 * fused::kAmxMaxPieces &&
           (rt[cur][0].k.type == RawType::Int8 || rt[cur][0].k.type == RawType::UInt8) &&
           fused::amx_in_use()) {

@@ -22,6 +22,7 @@
 
 #include "attention/fused.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #if defined(__x86_64__) && defined(__linux__)
@@ -43,8 +44,11 @@ namespace {
 // permission for the tile data (arch_prctl ARCH_REQ_XCOMP_PERM, Linux 5.16+),
 // asked for once, the first time a decode could use the tiles. Refused (an
 // older kernel, a seccomp filter, a sigaltstack too small for the larger
-// signal frame): no AMX.
+// signal frame): no AMX. The environment variable KVCACHE_NO_AMX (set, not
+// "0") keeps the process from asking (the permission cannot be given back).
 bool detect_amx() {
+  if (const char *e = std::getenv("KVCACHE_NO_AMX"); e && *e && std::strcmp(e, "0") != 0)
+    return false;
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
   if (!(d & (1u << 24)) || !(d & (1u << 25))) return false;
@@ -172,8 +176,10 @@ KVC_AMX void write_scores(const Band &b, const int32_t *cb) {
       _mm512_slli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), 2);
   for (uint64_t p = 0; 4 * p < b.grp; ++p) {
     const int32_t *c = cb + 64 * p;
-    const __m512i x0 = _mm512_load_si512(c), x1 = _mm512_load_si512(c + 16),
-                  x2 = _mm512_load_si512(c + 32), x3 = _mm512_load_si512(c + 48);
+    // (unaligned loads: t_pipe's alignas(64) is not promised for the dynamic
+    // TLS of a dlopen'ed library on every libc; the same speed when aligned)
+    const __m512i x0 = _mm512_loadu_si512(c), x1 = _mm512_loadu_si512(c + 16),
+                  x2 = _mm512_loadu_si512(c + 32), x3 = _mm512_loadu_si512(c + 48);
     const uint64_t jn = b.grp - 4 * p < 4 ? b.grp - 4 * p : 4;
     for (uint64_t j = 0; j < jn; ++j) {
       const __m512i idx = _mm512_and_si512(

@@ -463,8 +463,11 @@ int main(int argc, char **argv) {
 // symmetric and asymmetric int8 keys, head_dim 64 to 256 and one above the
 // tiles' 256, GQA groups 1 to 16 and 17 (beyond the tiles), 1 to 300 tokens
 // (bands of 16 on the tiles, shorter ones on VNNI in the same run), both
-// int8 modes, 1 and 2 threads. Skipped (exit 77) where the CPU or the OS
-// gives no AMX.
+// int8 modes; one thread observing, and 2 and 3 threads without observing
+// (an observing decode runs on the calling thread only), 1,100 tokens so the
+// threads split the sequence. Groups of 1 and 2 query heads of one KV head
+// leave a piece's padded heads past the score rows, 12 heads take 3 pieces.
+// Skipped (exit 77) where the CPU or the OS gives no AMX.
 KVTEST(query_int8_amx_paths_agree) {
   namespace fu = kvc::attention::fused;
   if (!fu::set_amx(true)) {
@@ -473,24 +476,25 @@ KVTEST(query_int8_amx_paths_agree) {
   }
   const Geo shapes[] = {{1, 8, 2, 64, 16},   {1, 32, 8, 128, 16}, {1, 3, 3, 192, 16},
                         {1, 16, 2, 256, 32}, {1, 10, 2, 128, 16}, {1, 16, 1, 64, 16},
-                        {1, 17, 1, 64, 16},  {1, 4, 1, 320, 16}};
+                        {1, 17, 1, 64, 16},  {1, 4, 1, 320, 16}, {1, 1, 1, 128, 16},
+                        {1, 2, 2, 64, 16},   {1, 24, 2, 192, 32}};
   int cases = 0;
   uint64_t bands = 0;
   for (int asym : {0, 1})
     for (const Geo &g : shapes)
-      for (uint64_t n : {1ull, 15ull, 16ull, 17ull, 40ull, 300ull}) {
+      for (uint64_t n : {1ull, 15ull, 16ull, 17ull, 40ull, 300ull, 1100ull}) {
         kvc_codec kc = per_token_codec(KVC_DTYPE_INT8, asym != 0),
                   vc = per_token_codec(KVC_DTYPE_INT8, false);
-        kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &kc, &vc, 0, 512);
+        kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &kc, &vc, 0, 1024);
         const uint64_t id = 1;
         fill(p, g, id, n);
         const std::vector<float> q = randn(g.hq * g.hd, 2.0f);
         kvc_attention_params a = params(g);
-        a.observe = KVC_OBSERVE_REPLACE;
         for (int mode = 0; mode < 2; ++mode)
-          for (uint32_t threads : {1u, 2u}) {
+          for (uint32_t threads : {1u, 2u, 3u}) {
             a.query_quant = mode ? KVC_QUERY_INT8_VALUES : KVC_QUERY_INT8;
             a.num_threads = threads;
+            a.observe = threads == 1 ? KVC_OBSERVE_REPLACE : KVC_OBSERVE_NONE;
             std::vector<float> out[2], lse[2], sc[2];
             for (int amx = 0; amx < 2; ++amx) {
               fu::set_amx(amx == 1);
@@ -500,7 +504,7 @@ KVTEST(query_int8_amx_paths_agree) {
               sc[amx].assign(n * g.hkv, -1.0f);
               CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out[amx].data(),
                                             lse[amx].data(), &a));
-              CHECK_OK(kvc_seq_scores(p, id, 0, sc[amx].data(), n));
+              if (threads == 1) CHECK_OK(kvc_seq_scores(p, id, 0, sc[amx].data(), n));
               if (amx && threads == 1) bands += fu::amx_bands_here() - before;
               if (!amx) CHECK(fu::amx_bands_here() == before);
             }
