@@ -454,15 +454,11 @@ KVTEST(query_int8_modes_share_softmax) {
   CHECK(cases == 25);
 }
 
-int main(int argc, char **argv) {
-  return kvtest_main(argc, argv);
-}
-
 // KVC_QUERY_INT8 over int8 keys on the AMX tiles (fused_amx.cpp) against the
 // VNNI kernel: the same bytes (outputs, log-sum-exp, observed scores) for
 // symmetric and asymmetric int8 keys, head_dim 64 to 256 and one above the
-// tiles' 256, GQA groups 1 to 16 and 17 (beyond the tiles), 1 to 300 tokens
-// (bands of 16 on the tiles, shorter ones on VNNI in the same run), both
+// tiles' 256, GQA groups 1 to 16 and 17 (beyond the tiles), 1 to 1,100
+// tokens (bands of 16 on the tiles, shorter ones on VNNI in the same run), both
 // int8 modes; one thread observing, and 2 and 3 threads without observing
 // (an observing decode runs on the calling thread only), 1,100 tokens so the
 // threads split the sequence. Groups of 1 and 2 query heads of one KV head
@@ -521,4 +517,8 @@ KVTEST(query_int8_amx_paths_agree) {
   std::fprintf(stderr, "%d cases, %llu bands on the tiles\n", cases,
                static_cast<unsigned long long>(bands));
   CHECK(bands > 0);
+}
+
+int main(int argc, char **argv) {
+  return kvtest_main(argc, argv);
 }
