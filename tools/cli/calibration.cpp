@@ -11,9 +11,23 @@ namespace kvc_cli {
 
 using kvc_runner::RunnerError;
 
+namespace {
+
+// The plain f32 cache, also showing each layer's queries to the caller.
+struct QueryWatchingCache : kvc_runner::ArrayCache {
+  using ArrayCache::ArrayCache;
+  const std::function<void(int, int, const float *)> *on_query = nullptr;
+  void observe_query(int layer, int pos, const float *q) {
+    if (*on_query) (*on_query)(layer, pos, q);
+  }
+};
+
+}  // namespace
+
 void run_calibration(const kvc_runner::Model &model, const std::vector<int> &tokens, int bos,
                      int window, int windows,
-                     const std::function<void(const kvc_runner::ArrayCache &)> &f) {
+                     const std::function<void(const kvc_runner::ArrayCache &)> &f,
+                     const std::function<void(int layer, int pos, const float *q)> &on_query) {
   const kvc_runner::ModelConfig &c = model.config();
   if (window < 2 || window > c.seq_len)
     throw RunnerError("--window " + std::to_string(window) + " must be in [2, " +
@@ -25,7 +39,8 @@ void run_calibration(const kvc_runner::Model &model, const std::vector<int> &tok
                       std::to_string(windows) + " windows of " + std::to_string(window) +
                       " positions need " + std::to_string(need));
   kvc_runner::Transformer tf(model, window);
-  kvc_runner::ArrayCache cache(c);
+  QueryWatchingCache cache(c);
+  cache.on_query = &on_query;
   for (int w = 0; w < windows; ++w) {
     const std::size_t first = std::size_t(w) * std::size_t(window - 1);
     for (int pos = 0; pos < window; ++pos)

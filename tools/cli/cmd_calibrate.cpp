@@ -61,7 +61,8 @@ void run_calibrate(const CalibrateCommand &cmd) {
                         "' has no smooth)");
     std::vector<float> key_scale, key_offset;
     if (st.key_smooth > 0.0)
-      key_smoothing(model_key_stats(c, cmd.key_stats), st.key_smooth, key_scale, key_offset);
+      key_smoothing(model_key_stats(c, cmd.key_stats), st.key_smooth, st.key_qsmooth, key_scale,
+                    key_offset);
     const std::vector<CodebookPart> parts =
         strategy_codebook_parts(st, c, key_scale, key_offset, false);
     if (parts.empty())

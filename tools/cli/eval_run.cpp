@@ -591,7 +591,7 @@ EvalReport run_eval(const EvalOptions &opt) {
     row_settings.push_back(pool_settings(s));
     if (s.key_smooth > 0.0) {
       if (!key_stats.layers) key_stats = model_key_stats(mc, opt.key_stats);
-      key_smoothing(key_stats, s.key_smooth, row_settings.back().key_scale,
+      key_smoothing(key_stats, s.key_smooth, s.key_qsmooth, row_settings.back().key_scale,
                     row_settings.back().key_offset);
     }
   }

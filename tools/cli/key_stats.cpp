@@ -28,6 +28,7 @@ std::vector<float> *stat_array(KeyStats &s, const std::string &name) {
   if (name == "mean") return &s.mean;
   if (name == "rms") return &s.rms;
   if (name == "absmax") return &s.absmax;
+  if (name == "qrms") return &s.qrms;
   return nullptr;
 }
 
@@ -48,7 +49,7 @@ KeyStats parse_key_stats(const std::string &text, const std::string &where) {
   std::string line;
   int line_no = 0;
   bool magic = false, geometry = false;
-  std::vector<std::vector<char>> seen(3);
+  std::vector<std::vector<char>> seen(4);
   while (std::getline(lines, line)) {
     ++line_no;
     const std::string at = where + ":" + std::to_string(line_no) + ": ";
@@ -84,18 +85,19 @@ KeyStats parse_key_stats(const std::string &text, const std::string &where) {
       s.mean.assign(n, 0.0f);
       s.rms.assign(n, 0.0f);
       s.absmax.assign(n, 0.0f);
+      s.qrms.assign(n, 0.0f);
       for (auto &v : seen) v.assign(std::size_t(s.layers), 0);
       geometry = true;
       continue;
     }
     std::vector<float> *arr = stat_array(s, w[0]);
-    if (!arr) throw RunnerError(at + "unknown statistic '" + w[0] + "' (mean, rms, absmax)");
+    if (!arr) throw RunnerError(at + "unknown statistic '" + w[0] + "' (mean, rms, absmax, qrms)");
     const std::size_t row = std::size_t(s.kv_heads) * s.head_dim;
     if (w.size() != row + 2)
       throw RunnerError(at + w[0] + ": expected a layer and " + std::to_string(row) +
                         " values, got " + std::to_string(w.size() - 1) + " words");
     const int layer = parse_int(w[1], at, 0, s.layers - 1);
-    const int which = w[0] == "mean" ? 0 : w[0] == "rms" ? 1 : 2;
+    const int which = w[0] == "mean" ? 0 : w[0] == "rms" ? 1 : w[0] == "absmax" ? 2 : 3;
     if (seen[which][layer]) throw RunnerError(at + w[0] + " of layer " + w[1] + " given twice");
     seen[which][layer] = 1;
     for (std::size_t c = 0; c < row; ++c) {
@@ -111,11 +113,14 @@ KeyStats parse_key_stats(const std::string &text, const std::string &where) {
   }
   if (!magic) throw RunnerError(where + ": empty: expected the header 'kvcache-key-stats 1'");
   if (!geometry) throw RunnerError(where + ": no 'layers L kv_heads H head_dim D' line");
-  static const char *names[3] = {"mean", "rms", "absmax"};
-  for (int k = 0; k < 3; ++k)
+  static const char *names[4] = {"mean", "rms", "absmax", "qrms"};
+  // qrms is optional, but then for every layer.
+  const bool queries = std::find(seen[3].begin(), seen[3].end(), 1) != seen[3].end();
+  for (int k = 0; k < (queries ? 4 : 3); ++k)
     for (int l = 0; l < s.layers; ++l)
       if (!seen[k][l])
         throw RunnerError(where + ": no " + names[k] + " line for layer " + std::to_string(l));
+  if (!queries) s.qrms.clear();
   return s;
 }
 
@@ -129,11 +134,11 @@ std::string format_key_stats(const KeyStats &s, const std::string &comment) {
   out += "layers " + std::to_string(s.layers) + " kv_heads " + std::to_string(s.kv_heads) +
          " head_dim " + std::to_string(s.head_dim) + "\n";
   const std::size_t row = std::size_t(s.kv_heads) * s.head_dim;
-  const std::pair<const char *, const std::vector<float> *> arrays[3] = {
-      {"mean", &s.mean}, {"rms", &s.rms}, {"absmax", &s.absmax}};
+  const std::pair<const char *, const std::vector<float> *> arrays[4] = {
+      {"mean", &s.mean}, {"rms", &s.rms}, {"absmax", &s.absmax}, {"qrms", &s.qrms}};
   char buf[32];
   for (const auto &[name, arr] : arrays)
-    for (int l = 0; l < s.layers; ++l) {
+    for (int l = 0; l < s.layers && !arr->empty(); ++l) {
       out += name;
       out += " " + std::to_string(l);
       for (std::size_t c = 0; c < row; ++c) {
@@ -151,8 +156,9 @@ KeyStats interleaved(const KeyStats &s) {
   r.neox = false;
   const std::size_t hd = std::size_t(s.head_dim), half = hd / 2;
   const std::size_t heads = std::size_t(s.layers) * std::size_t(s.kv_heads);
-  for (std::vector<float> KeyStats::*a : {&KeyStats::mean, &KeyStats::rms, &KeyStats::absmax})
-    for (std::size_t h = 0; h < heads; ++h)
+  for (std::vector<float> KeyStats::*a :
+       {&KeyStats::mean, &KeyStats::rms, &KeyStats::absmax, &KeyStats::qrms})
+    for (std::size_t h = 0; h < heads && !(s.*a).empty(); ++h)
       for (std::size_t i = 0; i < half; ++i) {  // NeoX pair (i, i + D/2) -> (2i, 2i + 1)
         (r.*a)[h * hd + 2 * i] = (s.*a)[h * hd + i];
         (r.*a)[h * hd + 2 * i + 1] = (s.*a)[h * hd + half + i];
@@ -191,8 +197,12 @@ KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &fi
   return interleaved(s);  // the runner's RoPE pairs
 }
 
-void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
+void key_smoothing(const KeyStats &s, double alpha, double beta, std::vector<float> &scale,
                    std::vector<float> &offset) {
+  if (beta > 0.0 && s.qrms.size() != s.rms.size())
+    throw RunnerError(
+        "qsmooth: the key statistics have no query rms (qrms lines); fit them again with "
+        "`kvcache calibrate`");
   const std::size_t row = std::size_t(s.kv_heads) * s.head_dim;
   const std::vector<float> &m = s.rms;
   scale.assign(m.size(), 1.0f);
@@ -200,12 +210,18 @@ void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
   for (int l = 0; l < s.layers; ++l) {
     const float *ml = m.data() + std::size_t(l) * row;
     const float top = *std::max_element(ml, ml + row);
+    const float *ql = beta > 0.0 ? s.qrms.data() + std::size_t(l) * row : nullptr;
+    const float qtop = ql ? *std::max_element(ql, ql + row) : 0.0f;
     for (std::size_t c = 0; c < row; ++c) {
       const std::size_t i = std::size_t(l) * row + c;
       // A layer of constant keys (rms 0) keeps scale 1; no scale below the library's 1e-30.
-      if (top > 0.0f)
-        scale[i] = static_cast<float>(
-            std::max(std::pow(std::max<double>(ml[c], 1e-3 * top), alpha), 1e-30));
+      if (top > 0.0f) {
+        double v = std::pow(std::max<double>(ml[c], 1e-3 * top), alpha);
+        if (ql && qtop > 0.0f) {
+          v /= std::pow(std::max<double>(ql[c], 1e-3 * qtop), beta);
+        }
+        scale[i] = static_cast<float>(std::min(std::max(v, 1e-30), 1e30));
+      }
       offset[i] = s.mean[i];
     }
   }
@@ -221,34 +237,58 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
   std::vector<double> sum(n, 0.0), sum2(n, 0.0);
   std::vector<float> lo(n, INFINITY), hi(n, -INFINITY);
   std::uint64_t count = 0;
-  run_calibration(model, tokens, bos, window, windows, [&](const kvc_runner::ArrayCache &cache) {
-    for (int l = 0; l < c.n_layers; ++l)
-      for (int h = 0; h < c.n_kv_heads; ++h)
-        cache.for_each_key(l, window, h, [&](int t0, int cnt, const float *rows, std::size_t st) {
-          for (int r = 0; r < cnt; ++r) {
-            const int pos = t0 + r;
-            if (pos == 0)
-              continue;  // the attention sink: far from the others (keep it with sinks=1)
-            const float *x = rows + std::size_t(r) * st;
-            const std::size_t base = std::size_t(l) * row + std::size_t(h) * hd;
-            for (int i = 0; i < half; ++i) {
-              const float a = x[2 * i], b = x[2 * i + 1];
-              const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
-              const float cs = std::cos(ang), sn = std::sin(ang);
-              // Rotate back by -angle.
-              const float vals[2] = {a * cs + b * sn, -a * sn + b * cs};
-              for (int j = 0; j < 2; ++j) {
-                const std::size_t idx = base + std::size_t(2 * i + j);
-                sum[idx] += vals[j];
-                sum2[idx] += double(vals[j]) * vals[j];
-                lo[idx] = std::min(lo[idx], vals[j]);
-                hi[idx] = std::max(hi[idx], vals[j]);
-              }
-            }
-          }
-        });
-    count += std::uint64_t(window - 1);
-  });
+  // Queries: sum of q[c]^2 before RoPE over the query heads of each KV head.
+  const int group = c.q_per_kv();
+  std::vector<double> qsum2(n, 0.0);
+  std::uint64_t qcount = 0;
+  const auto on_query = [&](int layer, int pos, const float *q) {
+    if (pos == 0) return;  // as the keys: BOS left out
+    if (layer == 0) ++qcount;
+    for (int h = 0; h < c.n_heads; ++h) {
+      const float *x = q + std::size_t(h) * hd;
+      const std::size_t base = std::size_t(layer) * row + std::size_t(h / group) * hd;
+      for (int i = 0; i < half; ++i) {
+        const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
+        const float cs = std::cos(ang), sn = std::sin(ang);
+        const float a = x[2 * i], b = x[2 * i + 1];
+        const float u = a * cs + b * sn, v = -a * sn + b * cs;
+        qsum2[base + std::size_t(2 * i)] += double(u) * u;
+        qsum2[base + std::size_t(2 * i) + 1] += double(v) * v;
+      }
+    }
+  };
+  run_calibration(
+      model, tokens, bos, window, windows,
+      [&](const kvc_runner::ArrayCache &cache) {
+        for (int l = 0; l < c.n_layers; ++l)
+          for (int h = 0; h < c.n_kv_heads; ++h)
+            cache.for_each_key(
+                l, window, h, [&](int t0, int cnt, const float *rows, std::size_t st) {
+                  for (int r = 0; r < cnt; ++r) {
+                    const int pos = t0 + r;
+                    if (pos == 0)
+                      continue;  // the attention sink: far from the others (keep it with sinks=1)
+                    const float *x = rows + std::size_t(r) * st;
+                    const std::size_t base = std::size_t(l) * row + std::size_t(h) * hd;
+                    for (int i = 0; i < half; ++i) {
+                      const float a = x[2 * i], b = x[2 * i + 1];
+                      const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
+                      const float cs = std::cos(ang), sn = std::sin(ang);
+                      // Rotate back by -angle.
+                      const float vals[2] = {a * cs + b * sn, -a * sn + b * cs};
+                      for (int j = 0; j < 2; ++j) {
+                        const std::size_t idx = base + std::size_t(2 * i + j);
+                        sum[idx] += vals[j];
+                        sum2[idx] += double(vals[j]) * vals[j];
+                        lo[idx] = std::min(lo[idx], vals[j]);
+                        hi[idx] = std::max(hi[idx], vals[j]);
+                      }
+                    }
+                  }
+                });
+        count += std::uint64_t(window - 1);
+      },
+      on_query);
   KeyStats s;
   s.layers = c.n_layers;
   s.kv_heads = c.n_kv_heads;
@@ -257,7 +297,10 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
   s.mean.resize(n);
   s.rms.resize(n);
   s.absmax.resize(n);
+  s.qrms.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
+    s.qrms[i] = static_cast<float>(
+        std::sqrt(qsum2[i] / double(std::max<std::uint64_t>(qcount, 1) * group)));
     const double mean = sum[i] / double(count);
     const double var = std::max(0.0, sum2[i] / double(count) - mean * mean);
     s.mean[i] = static_cast<float>(mean);

@@ -12,6 +12,9 @@
 //   mean <layer> <H x D numbers>       one line per layer
 //   rms <layer> <H x D numbers>        root mean square around the mean
 //   absmax <layer> <H x D numbers>     largest |k - mean|
+//   qrms <layer> <H x D numbers>       optional (every layer or none): root mean
+//                                      square of the queries before RoPE, over
+//                                      the query heads of each KV head
 //
 // Built-in statistics of the two models eval knows come from bench/calib.
 #pragma once
@@ -28,6 +31,9 @@ namespace kvc_cli {
 struct KeyStats {
   int layers = 0, kv_heads = 0, head_dim = 0;
   std::vector<float> mean, rms, absmax;
+  /// Root mean square of the queries before RoPE per key channel (the mean of
+  /// q[c]^2 over the query heads that share the KV head); empty: not fitted.
+  std::vector<float> qrms;
   std::uint64_t tokens = 0;  ///< keys the statistics saw per channel (0: unknown)
   bool neox = false;         ///< channels in NeoX order (pairs (i, i + D/2)), else interleaved
 };
@@ -47,12 +53,14 @@ std::string format_key_stats(const KeyStats &s, const std::string &comment);
 /// there are none or their geometry is not the model's.
 KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &file);
 
-/// Key smoothing from statistics (the `smooth[=A]` codec flag): scale[c] =
-/// max(rms[c], 1e-3 x the layer's largest rms) ^ alpha (at least 1e-30; 1 in
-/// a layer whose rms are all 0), offset[c] = mean[c].
-/// (Measured on SmolLM2: the rms beat the largest deviation on perplexity,
-/// alpha 1 beat 0.5, and centering is what lets symmetric codes work.)
-void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
+/// Key smoothing from statistics (the `smooth[=A]` and `qsmooth=B` codec
+/// flags): scale[c] = max(rms[c], 1e-3 x the layer's largest rms) ^ alpha /
+/// max(qrms[c], 1e-3 x the layer's largest qrms) ^ beta (at least 1e-30; 1 in
+/// a layer whose rms are all 0), offset[c] = mean[c]. beta > 0 needs qrms
+/// (RunnerError otherwise). (Measured on SmolLM2: the rms beat the largest
+/// deviation on perplexity, alpha 1 beat 0.5, and centering is what lets
+/// symmetric codes work; docs/codecs.md "Key smoothing".)
+void key_smoothing(const KeyStats &s, double alpha, double beta, std::vector<float> &scale,
                    std::vector<float> &offset);
 
 /// Fits statistics from a model run: `windows` windows of `window` positions
@@ -61,7 +69,8 @@ void key_smoothing(const KeyStats &s, double alpha, std::vector<float> &scale,
 /// runner's interleaved pairs, the model's theta) before it is counted. The
 /// keys at position 0 (BOS, the attention sink, whose channels lie far from
 /// every other token's) are left out: a pool keeps them exact with
-/// residual_sinks.
+/// residual_sinks. The queries of positions 1 and on, rotated back the same
+/// way, give `qrms`.
 KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &tokens, int bos,
                        int window, int windows);
 

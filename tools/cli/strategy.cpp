@@ -35,26 +35,26 @@ const std::vector<Component> &registry() {
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
        KVC_DTYPE_FP8_E4M3,
-       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth"}},
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth"}},
       {"fp8_e5m2",
        Kind::Codec,
        "OCP fp8 E5M2, like fp8_e4m3",
        KVC_DTYPE_FP8_E5M2,
-       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth"}},
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth"}},
       {"int8",
        Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
        KVC_DTYPE_INT8,
        {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope",
-        "smooth", "outliers"}},
+        "smooth", "qsmooth", "outliers"}},
       {"int4",
        Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "outliers", "codebook"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook"}},
       {"int3",
        Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
@@ -62,14 +62,14 @@ const std::vector<Component> &registry() {
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
        KVC_DTYPE_INT3,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "outliers", "codebook"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook"}},
       {"int2",
        Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
        KVC_DTYPE_INT2,
        {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "outliers", "codebook"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook"}},
       {"kivi2",
        Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
@@ -282,6 +282,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
       codebook_fit = value == "fit";
     } else if (key == "smooth")
       st.key_smooth = value.empty() ? 1.0 : number(where, key, value, 0.05, 1.0);
+    else if (key == "qsmooth")
+      st.key_qsmooth = number(where, key, value, 0.05, 1.0);
     else if (key == "sinks")
       st.residual_sinks = whole(where, key, value, 1, 4096);
     else if (key == "scale")
@@ -581,7 +583,8 @@ Strategy parse_strategy(const std::string &spec) {
     // What applies to the whole pool is the base's: a part may repeat it, not change it.
     if ((alt.residual_sinks && alt.residual_sinks != st.residual_sinks) ||
         (alt.pre_rope_keys && !st.pre_rope_keys) ||
-        (alt.key_smooth > 0.0 && alt.key_smooth != st.key_smooth))
+        (alt.key_smooth > 0.0 && alt.key_smooth != st.key_smooth) ||
+        (alt.key_qsmooth > 0.0 && alt.key_qsmooth != st.key_qsmooth))
       throw RunnerError(where + "'@" + parts[i] +
                         "': sinks, pre-rope and smooth apply to every layer: give them on the "
                         "base (a layer's part may repeat the base's)");
@@ -755,9 +758,10 @@ Strategy parse_base(const std::string &spec) {
     if (v.pre_rope_keys)
       throw RunnerError(where + "pre-rope quantizes keys before RoPE: give it on the k- codec");
     st.pre_rope_keys = k.pre_rope_keys;
-    if (v.key_smooth > 0.0)
+    if (v.key_smooth > 0.0 || v.key_qsmooth > 0.0)
       throw RunnerError(where + "smooth scales key channels: give it on the k- codec");
     st.key_smooth = k.key_smooth;
+    st.key_qsmooth = k.key_qsmooth;
     st.codebook[0] = k.codebook[0];
     st.codebook[1] = v.codebook[1];
     st.codebook_fit[0] = k.codebook_fit[0];
@@ -777,6 +781,8 @@ Strategy parse_base(const std::string &spec) {
                         " is above the block size of " + std::to_string(st.block_size));
   }
   // Key smoothing scales the channels of quantized keys (kvc_pool_set_key_smoothing).
+  if (st.key_qsmooth > 0.0 && st.key_smooth <= 0.0)
+    throw RunnerError(where + "qsmooth weighs the key smoothing by the queries: give smooth too");
   if (st.key_smooth > 0.0) {
     if (!st.k_quantized)
       throw RunnerError(where +
@@ -829,49 +835,52 @@ std::vector<Strategy> parse_strategy_list(const std::string &list) {
 }
 
 std::vector<std::string> default_strategies() {
-  return {
-      "f32",
-      "f16",
-      "bf16",
-      "fp8_e4m3",
-      "fp8_e4m3:per-token",
-      "fp8_e5m2",
-      "int8:per-token",
-      "int4:group=32:full-range",
-      "int4:group=32:full-range:hadamard",
-      "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
-      "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
-      "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
-      "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
-      "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
-      "k-int4:group=32:pre-rope:smooth=0.35:hadamard:codebook:sinks=1+v-int4:per-token:hadamard:"
-      "codebook",
-      "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
-      "k-int3:per-token:pre-rope:smooth=0.35:hadamard:codebook:sinks=1+v-int3:group=32:hadamard:"
-      "codebook",
-      "k-int3:per-token:pre-rope:smooth=0.35:hadamard:codebook:sinks=1+v-int2:group=32:hadamard:"
-      "codebook",
-      "k-int2:per-token:pre-rope:smooth=0.35:hadamard:codebook:sinks=1+v-int2:group=32:hadamard:"
-      "codebook",
-      "int2:group=32",
-      "int2:group=32:hadamard",
-      "kivi4:group=16:residual=32",
-      "kivi2:group=16:residual=32",
-      "hybrid:fraction=0.25",
-      "streaming:budget=0.3",
-      "window:budget=0.3",
-      "h2o:budget=0.3",
-      "tova:budget=0.3",
-      "tova:budget=0.5",
-      "snapkv:budget=0.3",
-      "pyramidkv:budget=0.3",
-      "knorm:budget=0.3",
-      "expected-attention:budget=0.3",
-      "kvzip:budget=0.3",
-      "adakv+kvzip:budget=0.3",
-      "duo-attention:heads=0.75:window=150",
-      "h2o:budget=0.3+int4:per-token:asym:hadamard",
-      "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
+  return {"f32",
+          "f16",
+          "bf16",
+          "fp8_e4m3",
+          "fp8_e4m3:per-token",
+          "fp8_e5m2",
+          "int8:per-token",
+          "int4:group=32:full-range",
+          "int4:group=32:full-range:hadamard",
+          "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
+          "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
+          "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
+          "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
+          "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
+          "k-int4:group=32:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int4:per-"
+          "token:hadamard:"
+          "codebook",
+          "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
+          "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group="
+          "32:hadamard:"
+          "codebook",
+          "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group="
+          "32:hadamard:"
+          "codebook",
+          "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group="
+          "32:hadamard:"
+          "codebook",
+          "int2:group=32",
+          "int2:group=32:hadamard",
+          "kivi4:group=16:residual=32",
+          "kivi2:group=16:residual=32",
+          "hybrid:fraction=0.25",
+          "streaming:budget=0.3",
+          "window:budget=0.3",
+          "h2o:budget=0.3",
+          "tova:budget=0.3",
+          "tova:budget=0.5",
+          "snapkv:budget=0.3",
+          "pyramidkv:budget=0.3",
+          "knorm:budget=0.3",
+          "expected-attention:budget=0.3",
+          "kvzip:budget=0.3",
+          "adakv+kvzip:budget=0.3",
+          "duo-attention:heads=0.75:window=150",
+          "h2o:budget=0.3+int4:per-token:asym:hadamard",
+          "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }
 
 std::vector<std::string> default_long_strategies() {

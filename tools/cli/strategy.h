@@ -56,6 +56,9 @@ struct Strategy {
   /// smooth[=A]: per-channel key smoothing from the model's key statistics
   /// (kvc_pool_set_key_smoothing), scale = rms ^ A (default A = 1); 0: none.
   double key_smooth = 0.0;
+  /// qsmooth=B: the smoothing's scale divided by the queries' rms ^ B (the
+  /// statistics' qrms): channels the queries weigh more get finer codes; 0: none.
+  double key_qsmooth = 0.0;
   /// codebook: the part's codes index the built-in Lloyd-Max levels of
   /// Gaussian groups (kvc_pool_set_codebook, kvc_codebook_gaussian); [0] keys, [1] values.
   bool codebook[2] = {false, false};

@@ -143,6 +143,9 @@ const float *Transformer::forward(Cache &cache, int token, int pos) {
     matmul(k_.data(), xb_.data(), w.wk + l * dim * kv_dim, dim, kv_dim);
     matmul(v_.data(), xb_.data(), w.wv + l * dim * kv_dim, dim, kv_dim);
     rope(rope_pos);
+    // Caches that watch the queries (calibration of query-weighted key smoothing).
+    if constexpr (requires(Cache & ch, const float *qq) { ch.observe_query(0, 0, qq); })
+      cache.observe_query(layer, rope_pos, q_.data());
     cache.store(layer, pos, k_.data(), v_.data());
     if constexpr (kLibraryAttention) {
       cache.attend(layer, q_.data(), xb_.data());

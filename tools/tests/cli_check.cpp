@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <utility>
 #include <iterator>
 #include <map>
 #include <sstream>
@@ -100,6 +101,19 @@ int make_bad_files(const std::string &model_path, const std::string &dir) {
     tok.push_back(static_cast<char>('a' + i));
   }
   write_file(dir + "/fake-tokenizer.bin", tok);
+  // Key statistics of stories260K's geometry (5 layers, 4 KV heads of 8):
+  // without the queries' rms, and with it for layer 0 only.
+  std::string stats = "kvcache-key-stats 1\nlayers 5 kv_heads 4 head_dim 8\n";
+  for (const char *name : {"mean", "rms", "absmax"})
+    for (int l = 0; l < 5; ++l) {
+      stats += std::string(name) + " " + std::to_string(l);
+      for (int c = 0; c < 32; ++c) stats += name[0] == 'm' ? " 0" : " 1";
+      stats += "\n";
+    }
+  write_file(dir + "/keys-no-qrms.txt", stats);
+  stats += "qrms 0";
+  for (int c = 0; c < 32; ++c) stats += " 1";
+  write_file(dir + "/keys-partial-qrms.txt", stats + "\n");
   return failures ? 1 : 0;
 }
 
@@ -387,7 +401,10 @@ int split_kv(const std::string &kvcache) {
 //   5 x 32 x 22 / 8 = 440 bytes per token, with or without it;
 // - it lowers the KL of int4 per-token pre-RoPE keys at least fivefold (the
 //   channel offsets of stories260K's keys reach 15 and per-token scales over
-//   8 values cannot hold them; measured: 0.89 -> 0.012 at 4,096 tokens).
+//   8 values cannot hold them; measured: 0.89 -> 0.012 at 4,096 tokens);
+// - the file holds the queries' rms (one qrms line per layer), and
+//   `qsmooth` (the scale divided by them ^ B) changes the codes, at the
+//   same bits.
 int smooth(const std::string &kvcache, const std::string &dir) {
   const std::string stats = dir + "/keys-stories260k.txt";
   const ProcessResult c =
@@ -396,9 +413,10 @@ int smooth(const std::string &kvcache, const std::string &dir) {
     fail("calibrate failed: " + describe(c) + "\n" + c.err);
     return 1;
   }
-  const std::vector<std::string> rows = {"k-int4:per-token:pre-rope",
-                                         "k-int4:per-token:pre-rope:smooth"};
-  const std::string list = rows[0] + "," + rows[1];
+  const std::vector<std::string> rows = {
+      "k-int4:per-token:pre-rope", "k-int4:per-token:pre-rope:smooth",
+      "k-int4:per-token:smooth=0.5:pre-rope", "k-int4:per-token:smooth=0.5:qsmooth=0.5:pre-rope"};
+  const std::string list = rows[0] + "," + rows[1] + "," + rows[2] + "," + rows[3];
   const nlohmann::json a = run_json(
       {kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--strategies", list});
   const nlohmann::json b = run_json({kvcache, "eval", "--max-tokens", "600", "--json",
@@ -411,7 +429,8 @@ int smooth(const std::string &kvcache, const std::string &dir) {
       return 1;
     }
   const nlohmann::json &plain = by[rows[0]], &sm = by[rows[1]];
-  for (const nlohmann::json *r : {&plain, &sm}) {
+  for (const nlohmann::json *r :
+       {&plain, &sm, &std::as_const(by[rows[2]]), &std::as_const(by[rows[3]])}) {
     check(std::fabs((*r)["bits_per_element"].get<double>() - 11.0) < 1e-9,
           (*r)["strategy"].get<std::string>() + ": bits " + (*r)["bits_per_element"].dump() +
               ", expected 11");
@@ -422,9 +441,21 @@ int smooth(const std::string &kvcache, const std::string &dir) {
   const double kp = plain["kl_mean"].get<double>(), ks = sm["kl_mean"].get<double>();
   check(ks > 0 && ks * 5 < kp, "expected 0 < 5 x KL(smooth) < KL(plain): " + std::to_string(ks) +
                                    ", " + std::to_string(kp));
-  check(file[rows[1]]["kl_mean"] == sm["kl_mean"] && file[rows[1]]["ppl"] == sm["ppl"],
-        "--key-stats with a fresh calibration differs from the built-in statistics: " +
-            file[rows[1]]["kl_mean"].dump() + " vs " + sm["kl_mean"].dump());
+  for (int i : {1, 3})
+    check(file[rows[i]]["kl_mean"] == by[rows[i]]["kl_mean"] &&
+              file[rows[i]]["ppl"] == by[rows[i]]["ppl"],
+          rows[i] +
+              ": --key-stats with a fresh calibration differs from the built-in statistics: " +
+              file[rows[i]]["kl_mean"].dump() + " vs " + by[rows[i]]["kl_mean"].dump());
+  // The queries' rms (qrms) are in the file, one line per layer, and
+  // weighing the smoothing by them changes the keys' codes.
+  std::ifstream in(stats);
+  int qrms_lines = 0;
+  for (std::string line; std::getline(in, line);) qrms_lines += line.rfind("qrms ", 0) == 0;
+  check(qrms_lines == 5,
+        "expected 5 qrms lines in the calibration, got " + std::to_string(qrms_lines));
+  check(by[rows[3]]["kl_mean"] != by[rows[2]]["kl_mean"],
+        "qsmooth=0.5 gives the KL of smooth=0.5 alone: " + by[rows[3]]["kl_mean"].dump());
   return failures ? 1 : 0;
 }
 

@@ -180,8 +180,9 @@ def _words_after_header(path, what, header):
 def load_key_stats(path):
     """Per-channel statistics of pre-RoPE keys from a file ``kvcache calibrate`` wrote (docs/codecs.md):
     a dict with ``layers``, ``kv_heads``, ``head_dim``, ``rope`` ("interleaved" or "neox": the channel order)
-    and float32 arrays ``mean``, ``rms``, ``absmax`` of shape [layers, kv_heads * head_dim]. Raises
-    ValueError naming the file, the line and the problem."""
+    and float32 arrays ``mean``, ``rms``, ``absmax`` of shape [layers, kv_heads * head_dim], and ``qrms`` (the
+    queries' rms per key channel, for ``qsmooth``) of the same shape when the file has it (every layer or
+    none), else None. Raises ValueError naming the file, the line and the problem."""
     st = {"rope": "interleaved"}
     arrays = {}
     for where, w in _words_after_header(path, "key statistics file", ["kvcache-key-stats", "1"]):
@@ -196,7 +197,7 @@ def load_key_stats(path):
             if not (1 <= st["layers"] <= 4096 and 1 <= st["kv_heads"] <= 65536 and 1 <= st["head_dim"] <= 1024) \
                     or st["layers"] * st["kv_heads"] * st["head_dim"] > (1 << 20):
                 raise ValueError("%s: geometry out of range" % where)
-            for name in ("mean", "rms", "absmax"):
+            for name in ("mean", "rms", "absmax", "qrms"):
                 arrays[name] = _np.full((st["layers"], st["kv_heads"] * st["head_dim"]), _np.nan, _np.float32)
         elif w[0] in arrays:
             row = st["kv_heads"] * st["head_dim"]
@@ -210,13 +211,17 @@ def load_key_stats(path):
             except ValueError:
                 raise ValueError("%s: %s: a value is not a number" % (where, w[0])) from None
             if not _np.isfinite(vals).all() or (_np.abs(vals) > 1e30).any() or (w[0] != "mean" and (vals < 0).any()):
-                raise ValueError("%s: %s: values must be finite within 1e30 (rms and absmax >= 0)" % (where, w[0]))
+                raise ValueError("%s: %s: values must be finite within 1e30 (rms, absmax and qrms >= 0)" % (where, w[0]))
             arrays[w[0]][layer] = vals
         else:
             raise ValueError("%s: unknown line %r" % (where, " ".join(w[:2])))
     if "layers" not in st:
         raise ValueError("%s: no 'layers L kv_heads H head_dim D' line" % (path,))
+    if _np.isnan(arrays["qrms"]).all():  # optional: every layer or none
+        arrays["qrms"] = None
     for name, a in arrays.items():
+        if a is None:
+            continue
         missing = [i for i in range(st["layers"]) if _np.isnan(a[i]).any()]
         if missing:
             raise ValueError("%s: no %s line for layer %d" % (path, name, missing[0]))
@@ -283,21 +288,32 @@ def builtin_key_stats(num_layers, num_q_heads, num_kv_heads, hidden_size):
     return load_key_stats(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "calib", name))
 
 
-def key_smoothing(stats, alpha=1.0, rope="interleaved"):
+def key_smoothing(stats, alpha=1.0, rope="interleaved", beta=0.0):
     """(scale, offset) for Pool.set_key_smoothing from key statistics (load_key_stats()), as ``kvcache eval``'s
-    ``smooth=A`` makes them: scale = max(rms, 1e-3 x the layer's largest rms) ** alpha, offset = mean; both
-    float32 [layers * kv_heads * head_dim], with channels in the `rope` order the pool's keys use
-    ("interleaved": pairs (2i, 2i+1), the runner's and llama.cpp's; "neox": pairs (i, i + head_dim / 2),
-    Hugging Face's)."""
+    ``smooth=A`` (and ``qsmooth=B``) makes them: scale = max(rms, 1e-3 x the layer's largest rms) ** alpha /
+    max(qrms, 1e-3 x the layer's largest qrms) ** beta, offset = mean; both float32
+    [layers * kv_heads * head_dim], with channels in the `rope` order the pool's keys use ("interleaved": pairs
+    (2i, 2i+1), the runner's and llama.cpp's; "neox": pairs (i, i + head_dim / 2), Hugging Face's). beta > 0
+    needs statistics with ``qrms`` (ValueError otherwise)."""
     if rope not in ("interleaved", "neox"):
         raise ValueError("key_smoothing: rope must be 'interleaved' or 'neox', got %r" % (rope,))
     if not 0.05 <= float(alpha) <= 1.0:
         raise ValueError("key_smoothing: alpha must be in [0.05, 1], got %r" % (alpha,))
+    if float(beta) != 0.0 and not 0.05 <= float(beta) <= 1.0:
+        raise ValueError("key_smoothing: beta must be 0 or in [0.05, 1], got %r" % (beta,))
+    if float(beta) > 0.0 and stats.get("qrms") is None:
+        raise ValueError("key_smoothing: beta > 0 needs the queries' rms (qrms lines): fit the statistics again "
+                         "with `kvcache calibrate`")
     L, H, D = stats["layers"], stats["kv_heads"], stats["head_dim"]
     rms = stats["rms"].astype(_np.float64)
     top = rms.max(axis=1, keepdims=True)
     # A layer of constant keys (rms 0) keeps scale 1; no scale below the library's 1e-30.
-    scale = _np.where(top > 0, _np.maximum(_np.maximum(rms, 1e-3 * top) ** float(alpha), 1e-30), 1.0)
+    scale = _np.maximum(rms, 1e-3 * top) ** float(alpha)
+    if float(beta) > 0.0:
+        q = stats["qrms"].astype(_np.float64)
+        qtop = q.max(axis=1, keepdims=True)
+        scale = _np.where(qtop > 0, scale / _np.maximum(q, 1e-3 * qtop) ** float(beta), scale)
+    scale = _np.where(top > 0, _np.minimum(_np.maximum(scale, 1e-30), 1e30), 1.0)
     offset = stats["mean"].astype(_np.float64)
     if rope != stats["rope"]:
         if D % 2:

@@ -227,4 +227,4 @@ def _key_smoothing_of(config, st, key_stats, layers, hq, hk, hd):
         raise ValueError("PagedCache: key statistics of %s layers x %s KV heads x %s dims, the model has %d x %d x %d"
                          % (key_stats.get("layers"), key_stats.get("kv_heads"), key_stats.get("head_dim"),
                             layers, hk, hd))
-    return key_smoothing(key_stats, st.key_smooth, rope="neox")
+    return key_smoothing(key_stats, st.key_smooth, rope="neox", beta=st.key_qsmooth)

@@ -93,6 +93,18 @@ def test_key_stats_files(tmp_path):
     a, b = scale.reshape(30, 3, 64), neox.reshape(30, 3, 64)
     np.testing.assert_array_equal(b[:, :, :32], a[:, :, 0::2])  # pair i: (2i, 2i+1) -> (i, i + 32)
     np.testing.assert_array_equal(b[:, :, 32:], a[:, :, 1::2])
+    # qsmooth=B: the scale divided by the queries' rms ^ B (the shipped file has them)
+    assert st["qrms"].shape == (30, 192) and (st["qrms"] > 0).all()
+    qs, qoff = kvcache.key_smoothing(st, 0.5, beta=0.5)
+    qtop = st["qrms"].max(axis=1, keepdims=True)
+    want = np.sqrt(np.maximum(st["rms"].astype(np.float64), 1e-3 * top)) / np.sqrt(
+        np.maximum(st["qrms"].astype(np.float64), 1e-3 * qtop))
+    np.testing.assert_allclose(qs.reshape(30, 192), want, rtol=1e-6)
+    np.testing.assert_array_equal(qoff, offset)
+    qn, _ = kvcache.key_smoothing(st, 0.5, rope="neox", beta=0.5)
+    np.testing.assert_array_equal(qn.reshape(30, 3, 64)[:, :, :32], qs.reshape(30, 3, 64)[:, :, 0::2])
+    with pytest.raises(ValueError, match="beta"):
+        kvcache.key_smoothing(st, 0.5, beta=1.5)
     head = "kvcache-key-stats 1\nlayers 1 kv_heads 1 head_dim 2\n"
     cases = {
         "nothing": "",
@@ -102,6 +114,7 @@ def test_key_stats_files(tmp_path):
         "finite": head + "mean 0 1 2\nrms 0 -1 1\nabsmax 0 1 1\n",
         "expected a layer": head + "mean 0 1\n",
         "unknown line": head + "median 0 1 2\n",
+        "qrms: values must be finite": head + "mean 0 1 2\nrms 0 1 1\nabsmax 0 1 1\nqrms 0 -1 1\n",
     }
     for want, text in cases.items():
         f = tmp_path / "s.txt"
@@ -110,6 +123,17 @@ def test_key_stats_files(tmp_path):
             kvcache.load_key_stats(str(f))
     with pytest.raises(ValueError):
         kvcache.key_smoothing(st, 2.0)
+    # a file without qrms loads with qrms None, and beta > 0 then raises
+    f = tmp_path / "s.txt"
+    f.write_text(head + "mean 0 1 2\nrms 0 1 1\nabsmax 0 1 1\n")
+    plain = kvcache.load_key_stats(str(f))
+    assert plain["qrms"] is None
+    assert kvcache.key_smoothing(plain, 1.0)[0].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="qrms"):
+        kvcache.key_smoothing(plain, 1.0, beta=0.5)
+    f.write_text(head + "mean 0 1 2\nrms 0 1 4\nabsmax 0 1 1\nqrms 0 1 16\n")
+    np.testing.assert_allclose(kvcache.key_smoothing(kvcache.load_key_stats(str(f)), 1.0, beta=0.5)[0],
+                               [1.0, 1.0])
 
 
 def test_codec_outliers():

@@ -302,6 +302,7 @@ struct kvc_py_strategy {
   uint32_t residual_sinks = 0;
   bool pre_rope_keys = false;
   double key_smooth = 0.0;     /* smooth=A: key smoothing from the model's key statistics; 0 none */
+  double key_qsmooth = 0.0;    /* qsmooth=B: the smoothing divided by the queries' rms ^ B; 0 none */
   bool k_codebook = false, v_codebook = false; /* codebook: the built-in Gaussian levels (kvc_pool_set_codebook) */
   bool k_codebook_fit = false, v_codebook_fit = false; /* codebook=fit: levels fitted to the model (a codebook file) */
   uint32_t block_size = 16;
@@ -353,6 +354,7 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.residual_sinks = s.residual_sinks;
     r.pre_rope_keys = s.pre_rope_keys;
     r.key_smooth = s.key_smooth;
+    r.key_qsmooth = s.key_qsmooth;
     r.k_codebook = s.codebook[0];
     r.v_codebook = s.codebook[1];
     r.k_codebook_fit = s.codebook_fit[0];
