@@ -77,6 +77,7 @@ void run_eval_command(EvalCommand &cmd) {
   std::string &strategies_arg = cmd.strategies;
   if (strategies_arg.empty()) {
     for (const std::string &d : defaults) strategies_arg += (strategies_arg.empty() ? "" : ",") + d;
+    eval_opt.default_rows = true;
   }
   eval_opt.max_tokens_default = cmd.max_tokens->count() == 0;
   if (cmd.long_context) {

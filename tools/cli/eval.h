@@ -40,6 +40,10 @@ struct EvalOptions {
   std::string tokenizer;  ///< empty: the model's own
   std::string text;       ///< empty: <shared>/data/tinystories-valid-sample.txt
   std::vector<Strategy> strategies;
+  /// The strategies are the default list: its rows with per-layer parts
+  /// (mixed precision chosen for SmolLM2's 30 layers) run only on models
+  /// that have those layers.
+  bool default_rows = false;
   /// --sensitivity CODECS: the rows are sensitivity_base, then for each
   /// layer l sensitivity_base@l=CODECS (one layer at a time quantized with
   /// CODECS, the others with the base), instead of `strategies`.

@@ -566,6 +566,15 @@ EvalReport run_eval(const EvalOptions &opt) {
   const EvalInput in = load_eval_input(opt, rep);
   if (opt.before_run) opt.before_run(rep);
   std::vector<Strategy> listed = opt.strategies;
+  if (opt.default_rows) {  // per-layer rows of a deeper model (SmolLM2's) are left out
+    const auto beyond = [&](const Strategy &s) {
+      for (const Strategy::LayerPart &lp : s.layer_parts)
+        for (std::uint32_t l : lp.layers)
+          if (l >= std::uint32_t(in.model.config().n_layers)) return true;
+      return false;
+    };
+    listed.erase(std::remove_if(listed.begin(), listed.end(), beyond), listed.end());
+  }
   if (!opt.sensitivity.empty()) {  // the base, then one layer at a time with CODECS
     listed = {parse_strategy(opt.sensitivity_base)};
     for (int l = 0; l < in.model.config().n_layers; ++l)

@@ -356,6 +356,7 @@ Measurements measure(const RecommendOptions &o) {
   std::string list = o.strategies;
   if (list.empty()) {
     for (const std::string &d : default_strategies()) list += (list.empty() ? "" : ",") + d;
+    eo.default_rows = true;
   }
   eo.strategies = parse_strategy_list(list);
   eo.max_tokens = o.eval_tokens;

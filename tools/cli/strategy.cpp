@@ -849,20 +849,27 @@ std::vector<std::string> default_strategies() {
           "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
           "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
           "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
-          "k-int4:group=32:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int4:per-"
-          "token:hadamard:"
-          "codebook",
-          "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
-          "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group="
-          "32:hadamard:"
-          "codebook",
-          "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group="
-          "32:hadamard:"
-          "codebook",
-          "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group="
-          "32:hadamard:"
-          "codebook",
-          "int2:group=32",
+          // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits, each of
+      // the lower three also with more bits in SmolLM2's most sensitive layers
+      // (its best rows; docs/eval.md "Query-weighted smoothing"): rows with
+      // per-layer parts run only on models that have those layers.
+      "k-int4:group=32:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=2+v-int4:per-token:"
+      "hadamard:codebook",
+      "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
+      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group=32:"
+      "hadamard:codebook",
+      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group=32:"
+      "hadamard:codebook@23=k-int4:group=32:hadamard:codebook+v-int4:per-token:hadamard:codebook@9=k-"
+      "int4:group=32:hadamard:codebook+v-int3:group=32:hadamard:codebook",
+      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
+      "hadamard:codebook",
+      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
+      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int3:group=32:hadamard:codebook",
+      "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
+      "hadamard:codebook",
+      "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
+      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int2:group=32:hadamard:codebook",
+      "int2:group=32",
           "int2:group=32:hadamard",
           "kivi4:group=16:residual=32",
           "kivi2:group=16:residual=32",

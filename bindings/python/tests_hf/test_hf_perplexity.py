@@ -31,6 +31,7 @@ import torch
 from transformers import DynamicCache
 
 import hfmodel
+import kvcache
 import kvcache.hf as kh
 
 TOKENS, CTX, CHUNK = 1024, 512, 64
@@ -182,11 +183,29 @@ def test_key_smoothing_through_transformers():
     order would divide each channel by another one's magnitude). Same 1,024 tokens and protocol as
     above; the smoothed change must be under a third of the plain one on both sides and the two sides
     within 1.25 points of each other (measured 2026-12-04: plain +11.3 % here, +12.6 % in eval; smoothed
-    +1.52 % and +0.90 %; the 4.25-bit row above shows how far such rows move with the summation order)."""
-    rows = ["k-int4:per-token:asym:pre-rope", "k-int4:per-token:asym:pre-rope:smooth:sinks=1"]
+    +1.52 % and +0.90 %; the 4.25-bit row above shows how far such rows move with the summation order).
+    The query-weighted row (`qsmooth`, the queries' rms in the same file) must pass the same checks."""
+    rows = ["k-int4:per-token:asym:pre-rope", "k-int4:per-token:asym:pre-rope:smooth:sinks=1",
+            "k-int4:per-token:asym:pre-rope:smooth=0.5:qsmooth=0.5:sinks=1"]
     hf, ev = changes_here_and_in_eval(rows)
     print("\nkey smoothing: hf %s, eval %s" % (hf, ev))
-    plain, smooth = rows
-    assert 0.0 < hf[smooth] < hf[plain] / 3.0, hf
-    assert 0.0 < ev[smooth] < ev[plain] / 3.0, ev
-    assert abs(hf[smooth] - ev[smooth]) <= 1.25, (hf, ev)
+    plain = rows[0]
+    for smooth in rows[1:]:
+        assert 0.0 < hf[smooth] < hf[plain] / 3.0, hf
+        assert 0.0 < ev[smooth] < ev[plain] / 3.0, ev
+        assert abs(hf[smooth] - ev[smooth]) <= 1.25, (hf, ev)
+
+
+def test_query_weighted_smoothing_arrays(sdpa):
+    """`qsmooth=B` through PagedCache: the pool gets the package's statistics' scale rms^A / qrms^B in Hugging
+    Face's RoPE order (kvcache.key_smoothing with beta), not the keys-only scale."""
+    import numpy as np
+
+    cfg = sdpa[0].config
+    cache = kh.PagedCache(cfg, "k-int4:per-token:pre-rope:smooth=0.5:qsmooth=0.5:sinks=1")
+    st = kvcache.builtin_key_stats(30, 9, 3, 576)
+    want = kvcache.key_smoothing(st, 0.5, rope="neox", beta=0.5)
+    keys_only = kvcache.key_smoothing(st, 0.5, rope="neox")
+    np.testing.assert_array_equal(cache._smoothing[0], want[0])
+    np.testing.assert_array_equal(cache._smoothing[1], want[1])
+    assert not np.array_equal(cache._smoothing[0], keys_only[0])
