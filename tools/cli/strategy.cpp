@@ -835,21 +835,15 @@ std::vector<Strategy> parse_strategy_list(const std::string &list) {
 }
 
 std::vector<std::string> default_strategies() {
-  return {"f32",
-          "f16",
-          "bf16",
-          "fp8_e4m3",
-          "fp8_e4m3:per-token",
-          "fp8_e5m2",
-          "int8:per-token",
-          "int4:group=32:full-range",
-          "int4:group=32:full-range:hadamard",
-          "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
-          "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
-          "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
-          "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
-          "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
-          // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits, each of
+  return {
+      "f32", "f16", "bf16", "fp8_e4m3", "fp8_e4m3:per-token", "fp8_e5m2", "int8:per-token",
+      "int4:group=32:full-range", "int4:group=32:full-range:hadamard",
+      "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
+      "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
+      "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
+      "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
+      "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
+      // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits, each of
       // the lower three also with more bits in SmolLM2's most sensitive layers
       // (its best rows; docs/eval.md "Query-weighted smoothing"): rows with
       // per-layer parts run only on models that have those layers.
@@ -859,35 +853,26 @@ std::vector<std::string> default_strategies() {
       "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group=32:"
       "hadamard:codebook",
       "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group=32:"
-      "hadamard:codebook@23=k-int4:group=32:hadamard:codebook+v-int4:per-token:hadamard:codebook@9=k-"
+      "hadamard:codebook@23=k-int4:group=32:hadamard:codebook+v-int4:per-token:hadamard:codebook@9="
+      "k-"
       "int4:group=32:hadamard:codebook+v-int3:group=32:hadamard:codebook",
       "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
       "hadamard:codebook",
       "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
-      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int3:group=32:hadamard:codebook",
+      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int3:group=32:hadamard:"
+      "codebook",
       "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
       "hadamard:codebook",
       "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
-      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int2:group=32:hadamard:codebook",
-      "int2:group=32",
-          "int2:group=32:hadamard",
-          "kivi4:group=16:residual=32",
-          "kivi2:group=16:residual=32",
-          "hybrid:fraction=0.25",
-          "streaming:budget=0.3",
-          "window:budget=0.3",
-          "h2o:budget=0.3",
-          "tova:budget=0.3",
-          "tova:budget=0.5",
-          "snapkv:budget=0.3",
-          "pyramidkv:budget=0.3",
-          "knorm:budget=0.3",
-          "expected-attention:budget=0.3",
-          "kvzip:budget=0.3",
-          "adakv+kvzip:budget=0.3",
-          "duo-attention:heads=0.75:window=150",
-          "h2o:budget=0.3+int4:per-token:asym:hadamard",
-          "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
+      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int2:group=32:hadamard:"
+      "codebook",
+      "int2:group=32", "int2:group=32:hadamard", "kivi4:group=16:residual=32",
+      "kivi2:group=16:residual=32", "hybrid:fraction=0.25", "streaming:budget=0.3",
+      "window:budget=0.3", "h2o:budget=0.3", "tova:budget=0.3", "tova:budget=0.5",
+      "snapkv:budget=0.3", "pyramidkv:budget=0.3", "knorm:budget=0.3",
+      "expected-attention:budget=0.3", "kvzip:budget=0.3", "adakv+kvzip:budget=0.3",
+      "duo-attention:heads=0.75:window=150", "h2o:budget=0.3+int4:per-token:asym:hadamard",
+      "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
 }
 
 std::vector<std::string> default_long_strategies() {
