@@ -566,14 +566,35 @@ EvalReport run_eval(const EvalOptions &opt) {
   const EvalInput in = load_eval_input(opt, rep);
   if (opt.before_run) opt.before_run(rep);
   std::vector<Strategy> listed = opt.strategies;
-  if (opt.default_rows) {  // per-layer rows of a deeper model (SmolLM2's) are left out
-    const auto beyond = [&](const Strategy &s) {
+  if (opt.default_rows) {
+    // Default rows this model cannot run are left out (with a note): per-layer
+    // rows of a deeper model (SmolLM2's), and qsmooth rows when --key-stats
+    // is a file without the queries' rms (written before qsmooth existed).
+    bool no_qrms = false;
+    if (!opt.key_stats.empty())
+      for (const Strategy &s : listed)
+        if (s.key_qsmooth > 0.0) {
+          no_qrms = model_key_stats(in.model.config(), opt.key_stats).qrms.empty();
+          break;
+        }
+    const auto skip = [&](const Strategy &s) {
       for (const Strategy::LayerPart &lp : s.layer_parts)
         for (std::uint32_t l : lp.layers)
-          if (l >= std::uint32_t(in.model.config().n_layers)) return true;
+          if (l >= std::uint32_t(in.model.config().n_layers)) {
+            std::fprintf(stderr, "kvcache eval: default row %s left out: it names layer %u\n",
+                         s.spec.c_str(), l);
+            return true;
+          }
+      if (no_qrms && s.key_qsmooth > 0.0) {
+        std::fprintf(stderr,
+                     "kvcache eval: default row %s left out: --key-stats has no query rms "
+                     "(qrms lines; fit it again with `kvcache calibrate`)\n",
+                     s.spec.c_str());
+        return true;
+      }
       return false;
     };
-    listed.erase(std::remove_if(listed.begin(), listed.end(), beyond), listed.end());
+    listed.erase(std::remove_if(listed.begin(), listed.end(), skip), listed.end());
   }
   if (!opt.sensitivity.empty()) {  // the base, then one layer at a time with CODECS
     listed = {parse_strategy(opt.sensitivity_base)};

@@ -217,9 +217,7 @@ void key_smoothing(const KeyStats &s, double alpha, double beta, std::vector<flo
       // A layer of constant keys (rms 0) keeps scale 1; no scale below the library's 1e-30.
       if (top > 0.0f) {
         double v = std::pow(std::max<double>(ml[c], 1e-3 * top), alpha);
-        if (ql && qtop > 0.0f) {
-          v /= std::pow(std::max<double>(ql[c], 1e-3 * qtop), beta);
-        }
+        if (ql && qtop > 0.0f) v /= std::pow(std::max<double>(ql[c], 1e-3 * qtop), beta);
         scale[i] = static_cast<float>(std::min(std::max(v, 1e-30), 1e30));
       }
       offset[i] = s.mean[i];
@@ -297,6 +295,11 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
   s.mean.resize(n);
   s.rms.resize(n);
   s.absmax.resize(n);
+  // Every scored position's queries must have been seen (the runner's
+  // token-at-a-time forward pass shows them to observe_query).
+  if (qcount != count)
+    throw RunnerError("calibrate: saw the queries of " + std::to_string(qcount) + " positions, " +
+                      std::to_string(count) + " expected");
   s.qrms.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
     s.qrms[i] = static_cast<float>(

@@ -55,9 +55,10 @@ KeyStats model_key_stats(const kvc_runner::ModelConfig &c, const std::string &fi
 
 /// Key smoothing from statistics (the `smooth[=A]` and `qsmooth=B` codec
 /// flags): scale[c] = max(rms[c], 1e-3 x the layer's largest rms) ^ alpha /
-/// max(qrms[c], 1e-3 x the layer's largest qrms) ^ beta (at least 1e-30; 1 in
-/// a layer whose rms are all 0), offset[c] = mean[c]. beta > 0 needs qrms
-/// (RunnerError otherwise). (Measured on SmolLM2: the rms beat the largest
+/// max(qrms[c], 1e-3 x the layer's largest qrms) ^ beta (not divided in a
+/// layer whose qrms are all 0), clamped to [1e-30, 1e30] (1 in a layer whose
+/// rms are all 0), offset[c] = mean[c]. beta > 0 needs qrms (RunnerError
+/// otherwise). (Measured on SmolLM2: the rms beat the largest
 /// deviation on perplexity, alpha 1 beat 0.5, and centering is what lets
 /// symmetric codes work; docs/codecs.md "Key smoothing".)
 void key_smoothing(const KeyStats &s, double alpha, double beta, std::vector<float> &scale,

@@ -362,8 +362,10 @@ Measurements measure(const RecommendOptions &o) {
   eo.max_tokens = o.eval_tokens;
   eo.progress = o.progress;
   std::fprintf(stderr,
-               "kvcache recommend: no --from: measuring %zu strategies on %s (%lld tokens) ...\n",
-               eo.strategies.size(), o.model.c_str(), static_cast<long long>(o.eval_tokens));
+               "kvcache recommend: no --from: measuring %s%zu strategies on %s (%lld tokens) "
+               "...\n",
+               eo.default_rows ? "up to " : "", eo.strategies.size(), o.model.c_str(),
+               static_cast<long long>(o.eval_tokens));
   const EvalReport report = run_eval(eo);
   // Through the JSON report, so the eval's fields are read exactly as from a file.
   Measurements m = load_eval_report(json::parse(eval_json(report)), "eval run: ");

@@ -585,9 +585,10 @@ Strategy parse_strategy(const std::string &spec) {
         (alt.pre_rope_keys && !st.pre_rope_keys) ||
         (alt.key_smooth > 0.0 && alt.key_smooth != st.key_smooth) ||
         (alt.key_qsmooth > 0.0 && alt.key_qsmooth != st.key_qsmooth))
-      throw RunnerError(where + "'@" + parts[i] +
-                        "': sinks, pre-rope and smooth apply to every layer: give them on the "
-                        "base (a layer's part may repeat the base's)");
+      throw RunnerError(
+          where + "'@" + parts[i] +
+          "': sinks, pre-rope, smooth and qsmooth apply to every layer: give them on the "
+          "base (a layer's part may repeat the base's)");
     for (int kv = 0; kv < 2; ++kv) {
       // int8 / fp8 layers of a codebook part keep their uniform codes (no levels)
       const kvc_codec &ac = kv ? alt.v_codec : alt.k_codec;
@@ -835,44 +836,55 @@ std::vector<Strategy> parse_strategy_list(const std::string &list) {
 }
 
 std::vector<std::string> default_strategies() {
+  // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits: keys with
+  // query-weighted smoothing (C), values rotated with codebooks (V); the
+  // lower three also as SmolLM2's best rows, with more bits in its most
+  // sensitive layers (docs/eval.md "Query-weighted smoothing"). Rows with
+  // per-layer parts run only on models that have those layers.
+  const std::string C = "pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook",
+                    V = "hadamard:codebook";
+  const std::string sensitive11 = "@0.9.11.12.13.16.18.19.20.23.28=";
+  // clang-format off
   return {
       "f32", "f16", "bf16", "fp8_e4m3", "fp8_e4m3:per-token", "fp8_e5m2", "int8:per-token",
-      "int4:group=32:full-range", "int4:group=32:full-range:hadamard",
+      "int4:group=32:full-range",
+      "int4:group=32:full-range:hadamard",
       "k-int4:group=32:full-range:hadamard+v-int4:per-token:full-range:hadamard",
       "k-int4:kchannel=128:asym+v-int4:per-token:full-range:hadamard",
       "k-int4:kchannel=128:asym+v-int4:group=32:full-range:hadamard",
       "k-int4:kchannel=128:asym:pre-rope+v-int4:per-token:full-range:hadamard",
       "k-int4:per-token:asym:pre-rope:smooth:sinks=1+v-int4:per-token:full-range:hadamard",
-      // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits, each of
-      // the lower three also with more bits in SmolLM2's most sensitive layers
-      // (its best rows; docs/eval.md "Query-weighted smoothing"): rows with
-      // per-layer parts run only on models that have those layers.
-      "k-int4:group=32:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=2+v-int4:per-token:"
-      "hadamard:codebook",
+      "k-int4:group=32:" + C + ":sinks=2+v-int4:per-token:" + V,
       "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
-      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group=32:"
-      "hadamard:codebook",
-      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int3:group=32:"
-      "hadamard:codebook@23=k-int4:group=32:hadamard:codebook+v-int4:per-token:hadamard:codebook@9="
-      "k-"
-      "int4:group=32:hadamard:codebook+v-int3:group=32:hadamard:codebook",
-      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
-      "hadamard:codebook",
-      "k-int3:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
-      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int3:group=32:hadamard:"
-      "codebook",
-      "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
-      "hadamard:codebook",
-      "k-int2:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook:sinks=1+v-int2:group=32:"
-      "hadamard:codebook@9.18.23=k-int3:per-token:hadamard:codebook+v-int2:group=32:hadamard:"
-      "codebook",
-      "int2:group=32", "int2:group=32:hadamard", "kivi4:group=16:residual=32",
-      "kivi2:group=16:residual=32", "hybrid:fraction=0.25", "streaming:budget=0.3",
-      "window:budget=0.3", "h2o:budget=0.3", "tova:budget=0.3", "tova:budget=0.5",
-      "snapkv:budget=0.3", "pyramidkv:budget=0.3", "knorm:budget=0.3",
-      "expected-attention:budget=0.3", "kvzip:budget=0.3", "adakv+kvzip:budget=0.3",
-      "duo-attention:heads=0.75:window=150", "h2o:budget=0.3+int4:per-token:asym:hadamard",
+      "k-int3:per-token:" + C + ":sinks=1+v-int3:group=32:" + V,
+      "k-int3:per-token:" + C + ":sinks=1+v-int3:per-token:" + V +
+          "@9.16.18.19.23=k-int4:group=32:" + V + "+v-int4:per-token:" + V,
+      "k-int3:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
+      "k-int3:per-token:" + C + ":sinks=1+v-int2:per-token:" + V +
+          sensitive11 + "k-int3:per-token:" + V + "+v-int3:per-token:" + V,
+      "k-int2:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
+      "k-int2:per-token:" + C + ":sinks=1+v-int2:per-token:" + V +
+          sensitive11 + "k-int3:per-token:" + V + "+v-int2:per-token:" + V,
+      "int2:group=32",
+      "int2:group=32:hadamard",
+      "kivi4:group=16:residual=32",
+      "kivi2:group=16:residual=32",
+      "hybrid:fraction=0.25",
+      "streaming:budget=0.3",
+      "window:budget=0.3",
+      "h2o:budget=0.3",
+      "tova:budget=0.3",
+      "tova:budget=0.5",
+      "snapkv:budget=0.3",
+      "pyramidkv:budget=0.3",
+      "knorm:budget=0.3",
+      "expected-attention:budget=0.3",
+      "kvzip:budget=0.3",
+      "adakv+kvzip:budget=0.3",
+      "duo-attention:heads=0.75:window=150",
+      "h2o:budget=0.3+int4:per-token:asym:hadamard",
       "streaming:budget=0.3+int4:per-token:asym:hadamard:pre-rope"};
+  // clang-format on
 }
 
 std::vector<std::string> default_long_strategies() {

@@ -404,7 +404,9 @@ int split_kv(const std::string &kvcache) {
 //   8 values cannot hold them; measured: 0.89 -> 0.012 at 4,096 tokens);
 // - the file holds the queries' rms (one qrms line per layer), and
 //   `qsmooth` (the scale divided by them ^ B) changes the codes, at the
-//   same bits.
+//   same bits; the file without them (as written before) gives the smooth
+//   rows the same result, and a default run with it leaves out the qsmooth
+//   rows.
 int smooth(const std::string &kvcache, const std::string &dir) {
   const std::string stats = dir + "/keys-stories260k.txt";
   const ProcessResult c =
@@ -456,6 +458,35 @@ int smooth(const std::string &kvcache, const std::string &dir) {
         "expected 5 qrms lines in the calibration, got " + std::to_string(qrms_lines));
   check(by[rows[3]]["kl_mean"] != by[rows[2]]["kl_mean"],
         "qsmooth=0.5 gives the KL of smooth=0.5 alone: " + by[rows[3]]["kl_mean"].dump());
+  // A file without the qrms lines (as written before qsmooth) gives the
+  // smooth rows the same result, and a default run with it leaves out the
+  // qsmooth rows instead of failing.
+  {
+    std::ifstream again(stats);
+    std::string old_file;
+    for (std::string line; std::getline(again, line);)
+      if (line.rfind("qrms ", 0) != 0) old_file += line + "\n";
+    const std::string old_stats = dir + "/keys-stories260k-no-qrms.txt";
+    std::ofstream(old_stats) << old_file;
+    const nlohmann::json o =
+        run_json({kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress", "--key-stats",
+                  old_stats, "--strategies", rows[1]});
+    std::map<std::string, nlohmann::json> ob = rows_by_strategy(o);
+    check(ob.count(rows[1]) && ob[rows[1]]["kl_mean"] == sm["kl_mean"] &&
+              ob[rows[1]]["ppl"] == sm["ppl"],
+          "a statistics file without qrms lines changes the smooth row");
+    const nlohmann::json d = run_json({kvcache, "eval", "--max-tokens", "600", "--json",
+                                       "--no-progress", "--key-stats", old_stats});
+    int smooth_rows = 0, qsmooth_rows = 0;
+    for (const auto &r : d.value("results", nlohmann::json::array())) {
+      const std::string name = r["strategy"].get<std::string>();
+      smooth_rows += name.find("smooth") != std::string::npos;
+      qsmooth_rows += name.find("qsmooth") != std::string::npos;
+    }
+    check(d.contains("results") && smooth_rows >= 1 && qsmooth_rows == 0,
+          "a default run with an old statistics file: " + std::to_string(smooth_rows) +
+              " smooth rows, " + std::to_string(qsmooth_rows) + " qsmooth rows (want >= 1, 0)");
+  }
   return failures ? 1 : 0;
 }
 

@@ -312,7 +312,8 @@ def key_smoothing(stats, alpha=1.0, rope="interleaved", beta=0.0):
     if float(beta) > 0.0:
         q = stats["qrms"].astype(_np.float64)
         qtop = q.max(axis=1, keepdims=True)
-        scale = _np.where(qtop > 0, scale / _np.maximum(q, 1e-3 * qtop) ** float(beta), scale)
+        # a layer whose queries are all 0 is not divided (no 0 ** beta in the divisor)
+        scale = scale / _np.where(qtop > 0, _np.maximum(q, 1e-3 * qtop), 1.0) ** float(beta)
     scale = _np.where(top > 0, _np.minimum(_np.maximum(scale, 1e-30), 1e30), 1.0)
     offset = stats["mean"].astype(_np.float64)
     if rope != stats["rope"]:

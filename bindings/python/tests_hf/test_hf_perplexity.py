@@ -196,6 +196,47 @@ def test_key_smoothing_through_transformers():
         assert abs(hf[smooth] - ev[smooth]) <= 1.25, (hf, ev)
 
 
+def test_query_rms_of_the_package_statistics(sdpa):
+    """The package's SmolLM2 `qrms` (kvcache calibrate: the runner's queries rotated back from RoPE, BOS left
+    out) against the queries before RoPE that transformers' q_proj computes on the same out-of-domain text
+    (no BOS, 1,024 tokens, so close but not equal): per channel of each KV head, the mean of q^2 over its
+    query heads, in the runner's interleaved pair order. A wrong RoPE sign or pair order, or a wrong query
+    head -> KV head mapping, moves energy between channels and fails the correlation of the logs."""
+    import numpy as np
+
+    model, tok = sdpa
+    cfg = model.config
+    layers, hq, hk = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = cfg.hidden_size // hq
+    with open(os.path.join(hfmodel.shared_dir(), "data", "out-of-domain.txt"), encoding="utf-8") as f:
+        ids = tok(f.read(), add_special_tokens=False)["input_ids"][:1024]
+    seen = {}
+    hooks = [model.model.layers[l].self_attn.q_proj.register_forward_hook(
+        lambda mod, inp, out, l=l: seen.setdefault(l, []).append(out.detach().reshape(-1, hq, hd).double()))
+        for l in range(layers)]
+    try:
+        with torch.no_grad():
+            for s in range(0, len(ids), 512):
+                model(torch.tensor([ids[s:s + 512]]))
+    finally:
+        for h in hooks:
+            h.remove()
+    neox_to_interleaved = np.empty(hd, dtype=int)  # interleaved channel 2i <- neox i, 2i+1 <- neox i + hd/2
+    neox_to_interleaved[0::2] = np.arange(hd // 2)
+    neox_to_interleaved[1::2] = np.arange(hd // 2) + hd // 2
+    here = np.stack([
+        np.sqrt((torch.cat(seen[l]) ** 2).mean(0).reshape(hk, hq // hk, hd).mean(1).numpy())[:, neox_to_interleaved]
+        .reshape(-1) for l in range(layers)])
+    shipped = kvcache.builtin_key_stats(layers, hq, hk, cfg.hidden_size)["qrms"]
+    corr = np.corrcoef(np.log(here).reshape(-1), np.log(shipped).reshape(-1))[0, 1]
+    ratio = np.median(here / shipped)
+    print("\nqrms: log correlation %.4f, median ratio %.3f" % (corr, ratio))
+    assert corr > 0.98 and 0.8 < ratio < 1.25, (corr, ratio)
+    # the same with each pair's channels swapped (what a wrong pair order gives) must be further off
+    swapped = shipped.reshape(layers, hk, hd // 2, 2)[..., ::-1].reshape(layers, -1)
+    assert np.corrcoef(np.log(here).reshape(-1), np.log(swapped).reshape(-1))[0, 1] < corr, "pairs look symmetric"
+
+
 def test_query_weighted_smoothing_arrays(sdpa):
     """`qsmooth=B` through PagedCache: the pool gets the package's statistics' scale rms^A / qrms^B in Hugging
     Face's RoPE order (kvcache.key_smoothing with beta), not the keys-only scale."""
