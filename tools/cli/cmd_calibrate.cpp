@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// `kvcache calibrate`: per-channel statistics of a model's pre-RoPE keys from
-// a model run (key_stats.h), written to the file `kvcache eval --key-stats`
-// and kvc_pool_set_key_smoothing() callers read (docs/codecs.md).
+// `kvcache calibrate`: per-channel statistics of a model's pre-RoPE keys (and
+// the queries' rms per key channel, for qsmooth) from a model run
+// (key_stats.h), written to the file `kvcache eval --key-stats` and
+// kvc_pool_set_key_smoothing() callers read (docs/codecs.md).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -104,7 +105,8 @@ void register_calibrate(CLI::App &app) {
   const auto cmd = std::make_shared<CalibrateCommand>();
   CLI::App *sub = app.add_subcommand(
       "calibrate",
-      "Fit per-channel key statistics (pre-RoPE) from a model run, for key smoothing; or, with "
+      "Fit per-channel key statistics (pre-RoPE; with the queries' rms per key channel) from a "
+      "model run, for key smoothing; or, with "
       "--codebook, per-layer codebooks");
   sub->add_option("--model", cmd->model, "Checkpoint path or known name")->capture_default_str();
   sub->add_option("--tokenizer", cmd->tokenizer,
@@ -121,7 +123,7 @@ void register_calibrate(CLI::App &app) {
   sub->add_option("--codebook", cmd->codebook,
                   "Fit codebooks instead: the levels of this strategy's codebook parts, per layer, "
                   "by weighted k-means on the model's own K/V after the strategy's transforms "
-                  "(e.g. k-int4:per-token:pre-rope:smooth=0.35:hadamard:codebook+v-int4:per-token:"
+                  "(e.g. k-int4:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook+v-int4:per-token:"
                   "hadamard:codebook); kvc_pool_set_codebook takes them");
   sub->add_option("--key-stats", cmd->key_stats,
                   "--codebook with smooth: the key statistics file (default: bench/calib's)");
