@@ -120,11 +120,12 @@ void register_calibrate(CLI::App &app) {
       ->capture_default_str();
   sub->add_option("--skip", cmd->skip, "Text tokens to skip before the first window")
       ->capture_default_str();
-  sub->add_option("--codebook", cmd->codebook,
-                  "Fit codebooks instead: the levels of this strategy's codebook parts, per layer, "
-                  "by weighted k-means on the model's own K/V after the strategy's transforms "
-                  "(e.g. k-int4:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook+v-int4:per-token:"
-                  "hadamard:codebook); kvc_pool_set_codebook takes them");
+  sub->add_option(
+      "--codebook", cmd->codebook,
+      "Fit codebooks instead: the levels of this strategy's codebook parts, per layer, "
+      "by weighted k-means on the model's own K/V after the strategy's transforms "
+      "(e.g. k-int4:per-token:pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook+v-int4:per-token:"
+      "hadamard:codebook); kvc_pool_set_codebook takes them");
   sub->add_option("--key-stats", cmd->key_stats,
                   "--codebook with smooth: the key statistics file (default: bench/calib's)");
   sub->add_option("-o,--out", cmd->out, "File to write ('-': stdout)")->required();
