@@ -231,6 +231,22 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
   const int hd = c.head_dim(), half = hd / 2, row = c.kv_dim();
   // The runner's RoPE: pair i of a head turns by pos x theta^(-2i / head_dim).
   const std::vector<float> inv_freq = rope_inv_freq(c);
+  // cos / sin of every position's RoPE angle per pair, [window][half]: keys
+  // and queries are rotated back by -angle with the same table.
+  std::vector<float> rcos(std::size_t(window) * half), rsin(rcos.size());
+  for (int pos = 0; pos < window; ++pos)
+    for (int i = 0; i < half; ++i) {
+      const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
+      rcos[std::size_t(pos) * half + i] = std::cos(ang);
+      rsin[std::size_t(pos) * half + i] = std::sin(ang);
+    }
+  // Pair i of the head at `x`, at RoPE position `pos`, rotated back: u, v.
+  const auto rotate_back = [&](const float *x, int pos, int i, float &u, float &v) {
+    const float cs = rcos[std::size_t(pos) * half + i], sn = rsin[std::size_t(pos) * half + i];
+    const float a = x[2 * i], b = x[2 * i + 1];
+    u = a * cs + b * sn;
+    v = -a * sn + b * cs;
+  };
   const std::size_t n = std::size_t(c.n_layers) * std::size_t(row);
   std::vector<double> sum(n, 0.0), sum2(n, 0.0);
   std::vector<float> lo(n, INFINITY), hi(n, -INFINITY);
@@ -246,10 +262,8 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
       const float *x = q + std::size_t(h) * hd;
       const std::size_t base = std::size_t(layer) * row + std::size_t(h / group) * hd;
       for (int i = 0; i < half; ++i) {
-        const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
-        const float cs = std::cos(ang), sn = std::sin(ang);
-        const float a = x[2 * i], b = x[2 * i + 1];
-        const float u = a * cs + b * sn, v = -a * sn + b * cs;
+        float u, v;
+        rotate_back(x, pos, i, u, v);
         qsum2[base + std::size_t(2 * i)] += double(u) * u;
         qsum2[base + std::size_t(2 * i) + 1] += double(v) * v;
       }
@@ -269,11 +283,8 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
                     const float *x = rows + std::size_t(r) * st;
                     const std::size_t base = std::size_t(l) * row + std::size_t(h) * hd;
                     for (int i = 0; i < half; ++i) {
-                      const float a = x[2 * i], b = x[2 * i + 1];
-                      const float ang = static_cast<float>(pos) * inv_freq[std::size_t(i)];
-                      const float cs = std::cos(ang), sn = std::sin(ang);
-                      // Rotate back by -angle.
-                      const float vals[2] = {a * cs + b * sn, -a * sn + b * cs};
+                      float vals[2];
+                      rotate_back(x, pos, i, vals[0], vals[1]);
                       for (int j = 0; j < 2; ++j) {
                         const std::size_t idx = base + std::size_t(2 * i + j);
                         sum[idx] += vals[j];
@@ -302,8 +313,7 @@ KeyStats fit_key_stats(const kvc_runner::Model &model, const std::vector<int> &t
                       std::to_string(count) + " expected");
   s.qrms.resize(n);
   for (std::size_t i = 0; i < n; ++i) {
-    s.qrms[i] = static_cast<float>(
-        std::sqrt(qsum2[i] / double(std::max<std::uint64_t>(qcount, 1) * group)));
+    s.qrms[i] = static_cast<float>(std::sqrt(qsum2[i] / (double(qcount) * group)));
     const double mean = sum[i] / double(count);
     const double var = std::max(0.0, sum2[i] / double(count) - mean * mean);
     s.mean[i] = static_cast<float>(mean);
