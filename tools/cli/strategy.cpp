@@ -35,26 +35,28 @@ const std::vector<Component> &registry() {
        "OCP fp8 E4M3, one scale per layer (static, default 1.0 as vLLM's uncalibrated k_scale; "
        "per-token: dynamic per token and KV head)",
        KVC_DTYPE_FP8_E4M3,
-       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth"}},
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth", "residual",
+        "block"}},
       {"fp8_e5m2",
        Kind::Codec,
        "OCP fp8 E5M2, like fp8_e4m3",
        KVC_DTYPE_FP8_E5M2,
-       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth"}},
+       {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth", "residual",
+        "block"}},
       {"int8",
        Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
        KVC_DTYPE_INT8,
        {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope",
-        "smooth", "qsmooth", "outliers"}},
+        "smooth", "qsmooth", "outliers", "residual", "block"}},
       {"int4",
        Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "qsmooth", "outliers", "codebook"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "block"}},
       {"int3",
        Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
@@ -62,14 +64,14 @@ const std::vector<Component> &registry() {
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
        KVC_DTYPE_INT3,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "qsmooth", "outliers", "codebook"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "block"}},
       {"int2",
        Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
        KVC_DTYPE_INT2,
        {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "qsmooth", "outliers", "codebook"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "block"}},
       {"kivi2",
        Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
@@ -245,7 +247,22 @@ void resolve_codec(Strategy &st, const std::string &where) {
   c.scale_dtype = name == "int8" ? KVC_DTYPE_F32 : KVC_DTYPE_F16;
   bool per_token = false, asym = false, sym = false, hadamard = false, full_range = false,
        codebook = false, codebook_fit = false;
-  std::uint32_t group = 32, residual = 32, kchannel = 0, outliers = 0;
+  std::uint32_t group = 32, residual = 32, kchannel = 0, outliers = 0, block = 0;
+  bool has_residual = false;
+  // residual=R: the newest R tokens of each layer stay in f16 (a KIVI residual
+  // window on any fp8 / integer codec); block=N: the pool's block size (small
+  // blocks keep a short residual window cheap: its blocks hold N tokens).
+  const auto window_and_block = [&] {
+    if (has_residual) st.residual_window = residual;
+    if (!block) return;
+    if (kchannel && block % kchannel != 0)
+      throw RunnerError(where + "block=" + std::to_string(block) + " must be a multiple of " +
+                        "kchannel=" + std::to_string(kchannel));
+    if (block & (block - 1))
+      throw RunnerError(where + "block=" + std::to_string(block) + " must be a power of two");
+    st.block_size = block;
+    st.block_explicit = true;
+  };
   double scale = -1.0, fraction = 0.25;
   for (const auto &[key, value] : st.codec.params) {
     if (key == "per-token")
@@ -266,8 +283,11 @@ void resolve_codec(Strategy &st, const std::string &where) {
       group = whole(where, key, value, 1, 4096);
     else if (key == "kchannel")
       kchannel = whole(where, key, value, 1, 4096);
-    else if (key == "residual")
+    else if (key == "residual") {
       residual = whole(where, key, value, 0, 65536);
+      has_residual = true;
+    } else if (key == "block")
+      block = whole(where, key, value, 1, 4096);
     else if (key == "pre-rope")
       st.pre_rope_keys = true;
     else if (key == "outliers")
@@ -309,6 +329,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
     }
     if (hadamard) c.rotation = KVC_ROTATION_HADAMARD;
     st.k_codec = st.v_codec = c;
+    window_and_block();
     return;
   }
   if (name == "kivi2" || name == "kivi4") {
@@ -381,6 +402,7 @@ void resolve_codec(Strategy &st, const std::string &where) {
   }
   st.k_codec = st.v_codec = c;
   key_channels(st.k_codec);
+  window_and_block();
 }
 
 // Turns the policy part into the eviction settings.
@@ -602,7 +624,8 @@ Strategy parse_strategy(const std::string &spec) {
                           "layers, which keep their uniform codes (codebook, not "
                           "codebook=fit): as the base");
     }
-    if (alt.block_size != st.block_size)
+    // A part that names no block size takes the base's block=.
+    if (alt.block_size != st.block_size && (alt.block_explicit || !st.block_explicit))
       throw RunnerError(where + "'@" + parts[i] + "': its block size differs from the base's");
     lp.k = codec_or_plain(alt.k_quantized, alt.k_codec, alt.k_dtype);
     lp.v = codec_or_plain(alt.v_quantized, alt.v_codec, alt.v_dtype);
@@ -750,7 +773,23 @@ Strategy parse_base(const std::string &spec) {
     st.v_codec = v.v_codec;
     st.v_quantized = v.v_quantized;
     st.quantized = st.k_quantized || st.v_quantized;
-    st.block_size = std::max(k.block_size, v.block_size);
+    if (k.block_explicit && v.block_explicit)
+      throw RunnerError(where +
+                        "block= sizes the pool's blocks: give it once (on the k- or the v- "
+                        "codec)");
+    if (k.residual_window && v.residual_window)
+      throw RunnerError(where +
+                        "residual= keeps keys and values of the newest tokens: give it "
+                        "once (on the k- or the v- codec)");
+    st.residual_window = std::max(k.residual_window, v.residual_window);
+    st.block_explicit = k.block_explicit || v.block_explicit;
+    const Strategy &sized = k.block_explicit ? k : v;
+    const Strategy &other = k.block_explicit ? v : k;
+    if (st.block_explicit && other.block_size > 16 && sized.block_size % other.block_size != 0)
+      throw RunnerError(where + "block=" + std::to_string(sized.block_size) +
+                        " must be a multiple of the other codec's per-channel group " +
+                        std::to_string(other.block_size));
+    st.block_size = st.block_explicit ? sized.block_size : std::max(k.block_size, v.block_size);
     if (k.residual_sinks && v.residual_sinks)
       throw RunnerError(where +
                         "sinks= keeps keys and values of the first tokens: give it once (on the k- "

@@ -66,6 +66,7 @@ struct Strategy {
   /// layer (codebook_fit.h) before the run instead of the Gaussian table.
   bool codebook_fit[2] = {false, false};
   std::uint32_t block_size = 16;  ///< pool block size (per-channel groups must divide it)
+  bool block_explicit = false;    ///< block=N gave block_size
   /// Per-layer codecs: "BASE@LAYERS=CODECS" parts (kvc_pool_config.layer_k_codecs); each
   /// layer listed stores K and V with that part's codecs instead of the base's.
   struct LayerPart {

@@ -262,7 +262,13 @@ void PoolSequence::refresh_block_tables() {
 
 AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
                            const EvictionSettings &ev)
-    : pool_(pool.get()), seq_id_(seq_id), ev_(ev) {
+    : pool_(pool.get()),
+      seq_id_(seq_id),
+      ev_(ev),
+      owner_(&pool),
+      n_kv_heads_(c.n_kv_heads),
+      head_dim_(c.head_dim()),
+      n_heads_(c.n_heads) {
   check_kvc(kvc_seq_create(pool_, seq_id_), "kvc_seq_create");
   kvc_attention_params_init(&params_);
   params_.num_q_heads = static_cast<std::uint32_t>(c.n_heads);
@@ -277,7 +283,12 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
 
 AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig &c,
                            const std::vector<int> &prompt)
-    : pool_(pool.get()), seq_id_(seq_id) {
+    : pool_(pool.get()),
+      seq_id_(seq_id),
+      owner_(&pool),
+      n_kv_heads_(c.n_kv_heads),
+      head_dim_(c.head_dim()),
+      n_heads_(c.n_heads) {
   std::vector<std::int32_t> t(prompt.begin(), prompt.end());
   kvc_prefix_result r;
   r.struct_size = sizeof r;
@@ -289,7 +300,14 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
 }
 
 AttnSequence::AttnSequence(const AttnSequence &parent, std::uint64_t seq_id, kvc_observe observe)
-    : pool_(parent.pool_), seq_id_(seq_id), params_(parent.params_) {
+    : pool_(parent.pool_),
+      seq_id_(seq_id),
+      params_(parent.params_),
+      owner_(parent.owner_),
+      n_kv_heads_(parent.n_kv_heads_),
+      head_dim_(parent.head_dim_),
+      n_heads_(parent.n_heads_),
+      exact_(parent.exact_) {
   check_kvc(kvc_seq_fork(pool_, parent.seq_id_, seq_id_), "kvc_seq_fork");
   ev_.observe = observe;
 }
@@ -353,9 +371,139 @@ void AttnSequence::attend_chunk(int layer, const float *q, int n, float *out) {
     else
       p.observe_from = static_cast<std::uint64_t>(std::max(0, first_observed - pos_));
   }
-  check_kvc(kvc_attention_prefill(pool_, static_cast<std::uint32_t>(layer), seq_id_, q,
-                                  static_cast<std::uint64_t>(n), out, nullptr, &p),
-            "kvc_attention_prefill");
+  const bool window = owner_ && owner_->staged();
+  std::vector<float> lse(window ? std::size_t(n) * std::size_t(n_heads_) : 0);
+  check_kvc(
+      kvc_attention_prefill(pool_, static_cast<std::uint32_t>(layer), seq_id_, q,
+                            static_cast<std::uint64_t>(n), out, window ? lse.data() : nullptr, &p),
+      "kvc_attention_prefill");
+  if (window) decode_window(layer, q, n, out, lse.data());
+}
+
+void AttnSequence::store_chunk(int layer, int pos, int n, const float *k, const float *v) {
+  check_kvc(
+      kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer), static_cast<std::uint64_t>(pos),
+                 static_cast<std::uint64_t>(n), k, v, KVC_DTYPE_F32),
+      "kvc_append");
+  if (owner_ && owner_->staged()) keep_exact(layer, pos, n, k, v);
+}
+
+// Keeps the exact rows every query of this chunk and the next may read: from
+// the first token the chunk's first query still holds exact.
+void AttnSequence::keep_exact(int layer, int pos, int n, const float *k, const float *v) {
+  if (exact_.size() <= std::size_t(layer)) exact_.resize(std::size_t(layer) + 1);
+  ExactRows &e = exact_[std::size_t(layer)];
+  const std::size_t row = std::size_t(n_kv_heads_) * std::size_t(head_dim_);
+  const std::uint64_t p0 = static_cast<std::uint64_t>(pos);
+  if (e.first + e.k.size() / row != p0) {  // not contiguous (a new sequence): start over
+    e.k.clear();
+    e.v.clear();
+    e.first = p0;
+  }
+  const std::size_t at = e.k.size();
+  e.k.resize(at + std::size_t(n) * row);
+  e.v.resize(at + std::size_t(n) * row);
+  // As the residual stores them (f16).
+  std::vector<std::uint16_t> h(std::size_t(n) * row);
+  for (int kv = 0; kv < 2; ++kv) {
+    check_kvc(kvc_convert(kv ? v : k, KVC_DTYPE_F32, h.data(), KVC_DTYPE_F16, h.size()),
+              "kvc_convert");
+    check_kvc(
+        kvc_convert(h.data(), KVC_DTYPE_F16, (kv ? e.v : e.k).data() + at, KVC_DTYPE_F32, h.size()),
+        "kvc_convert");
+  }
+  const std::uint64_t keep_from = owner_->encoded_at(p0 + 1);
+  if (keep_from > e.first) {
+    const std::size_t drop = static_cast<std::size_t>(keep_from - e.first) * row;
+    e.k.erase(e.k.begin(), e.k.begin() + static_cast<std::ptrdiff_t>(drop));
+    e.v.erase(e.v.begin(), e.v.begin() + static_cast<std::ptrdiff_t>(drop));
+    e.first = keep_from;
+  }
+}
+
+// Query i (position p = pos + i) of a chunk: token-by-token decode would have
+// read tokens [encoded_at(p + 1), p] exact; the library read those below
+// encoded_at(pos + n) as codes. Each such token's term of the softmax is
+// swapped: out' = (out - sum a_j v_j + sum a'_j v'_j) / (1 - sum a_j + sum a'_j),
+// a_j = exp(s_j - lse) with the codes' score, a'_j with the exact one. Where
+// the swapped terms held nearly all of the mass (1 - sum a_j < 1/64) that
+// difference loses precision: such a row and head is recomputed from all of
+// its tokens instead.
+void AttnSequence::decode_window(int layer, const float *q, int n, float *out, const float *lse) {
+  const std::uint64_t pos = static_cast<std::uint64_t>(pos_), end = pos + std::uint64_t(n);
+  const std::uint64_t now = owner_->encoded_at(end), sinks = owner_->sinks();
+  const std::uint64_t lo = std::max(owner_->encoded_at(pos + 1), sinks);
+  if (lo >= now) return;  // every query's window is still exact in the pool
+  const ExactRows &e = exact_.at(std::size_t(layer));
+  if (lo < e.first) throw RunnerError("decode window: the exact rows were not kept");
+  const std::size_t row = std::size_t(n_kv_heads_) * std::size_t(head_dim_);
+  // The pool's rows [0, end): codes below `now`, the residual's exact rows after.
+  std::vector<float> gk, gv;
+  const auto gather = [&](std::uint64_t from, std::uint64_t count) {
+    gk.resize(std::size_t(end) * row);
+    gv.resize(std::size_t(end) * row);
+    check_kvc(kvc_gather(pool_, seq_id_, static_cast<std::uint32_t>(layer), from, count,
+                         gk.data() + from * row, gv.data() + from * row, KVC_DTYPE_F32, nullptr),
+              "kvc_gather");
+  };
+  gather(lo, now - lo);
+  bool whole = false;  // rows [0, lo) and [now, end) gathered too
+  const int hd = head_dim_, group = n_heads_ / n_kv_heads_;
+  const double scale = params_.scale > 0.0f ? params_.scale : 1.0 / std::sqrt(double(hd));
+  std::vector<double> acc(static_cast<std::size_t>(hd)), sc;
+  const auto dot = [hd](const float *a, const float *b) {
+    double t = 0.0;
+    for (int d = 0; d < hd; ++d) t += double(a[d]) * double(b[d]);
+    return t;
+  };
+  for (int i = 0; i < n; ++i) {
+    const std::uint64_t p = pos + std::uint64_t(i);
+    const std::uint64_t from = std::max(owner_->encoded_at(p + 1), sinks),
+                        to = std::min(now, p + 1);
+    if (from >= to) continue;
+    const auto key = [&](std::uint64_t j, std::size_t off) {
+      return j >= from && j < to ? &e.k[(j - e.first) * row + off] : &gk[j * row + off];
+    };
+    const auto value = [&](std::uint64_t j, std::size_t off) {
+      return j >= from && j < to ? &e.v[(j - e.first) * row + off] : &gv[j * row + off];
+    };
+    for (int h = 0; h < n_heads_; ++h) {
+      const float *qh = q + (std::size_t(i) * n_heads_ + h) * hd;
+      float *oh = out + (std::size_t(i) * n_heads_ + h) * hd;
+      const double m = lse[std::size_t(i) * n_heads_ + h];
+      const std::size_t off = std::size_t(h / group) * hd;
+      double den = 1.0, swapped = 0.0;
+      for (int d = 0; d < hd; ++d) acc[d] = oh[d];
+      for (std::uint64_t j = from; j < to; ++j) {
+        const double ac = std::exp(dot(qh, &gk[j * row + off]) * scale - m),
+                     ae = std::exp(dot(qh, key(j, off)) * scale - m);
+        swapped += ac;
+        den += ae - ac;
+        const float *vc = &gv[j * row + off], *ve = value(j, off);
+        for (int d = 0; d < hd; ++d) acc[d] += ae * ve[d] - ac * vc[d];
+      }
+      if (1.0 - swapped < 1.0 / 64.0) {  // recompute the row from all of its tokens
+        if (!whole) {
+          gather(0, lo);
+          gather(now, end - now);
+          whole = true;
+        }
+        sc.resize(std::size_t(p) + 1);
+        double mx = -HUGE_VAL;
+        for (std::uint64_t j = 0; j <= p; ++j)
+          mx = std::max(mx, sc[j] = dot(qh, key(j, off)) * scale);
+        den = 0.0;
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (std::uint64_t j = 0; j <= p; ++j) {
+          const double a = std::exp(sc[j] - mx);
+          den += a;
+          const float *v = value(j, off);
+          for (int d = 0; d < hd; ++d) acc[d] += a * v[d];
+        }
+      }
+      for (int d = 0; d < hd; ++d) oh[d] = static_cast<float>(acc[d] / den);
+    }
+  }
 }
 
 void AttnSequence::attend(int layer, const float *q, float *out) {

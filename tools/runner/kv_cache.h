@@ -13,6 +13,7 @@
 
 #include <kvcache/kvcache.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -125,6 +126,22 @@ class KvPool {
     return settings_.residual_window + std::uint64_t(settings_.residual_fraction * double(length)) +
            2 * std::uint64_t(group_) + 2;
   }
+  /// Tokens [0, n) a layer holds in codec form once an append ends at length
+  /// L (the pool's aging rule, docs/codecs.md "Residual window"): the rest
+  /// stay exact in the residual. L itself without a residual.
+  std::uint64_t encoded_at(std::uint64_t length) const {
+    if (!staged()) return length;
+    const std::uint64_t frac =
+        static_cast<std::uint64_t>(settings_.residual_fraction * static_cast<double>(length));
+    const std::uint64_t hp = std::max<std::uint64_t>(settings_.residual_window, frac);
+    return length > hp ? (length - hp) / group_ * group_ : 0;
+  }
+  /// Whether the pool stages its newest tokens exact (a residual window, hybrid
+  /// fraction or per-channel groups).
+  bool staged() const {
+    return settings_.residual_window || settings_.residual_fraction > 0.0 || group_ > 1;
+  }
+  std::uint32_t sinks() const { return settings_.residual_sinks; }
   const kvc_pool_layout &layout() const { return layout_; }
   kvc_stats stats() const;
   void reset_peak();
@@ -278,6 +295,7 @@ class AttnSequence {
     check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer),
                          static_cast<std::uint64_t>(pos), 1, k, v, KVC_DTYPE_F32),
               "kvc_append");
+    if (owner_ && owner_->staged()) keep_exact(layer, pos, 1, k, v);
   }
   /// q: [n_heads][head_dim] (after RoPE); out: [n_heads][head_dim].
   void attend(int layer, const float *q, float *out);
@@ -288,12 +306,7 @@ class AttnSequence {
   /// The RoPE positions of text positions [pos, pos + n), after begin_chunk.
   void rope_positions(int pos, int n, int *out) const;
   /// k, v: [n][num_kv_heads][head_dim] f32.
-  void store_chunk(int layer, int pos, int n, const float *k, const float *v) {
-    check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer),
-                         static_cast<std::uint64_t>(pos), static_cast<std::uint64_t>(n), k, v,
-                         KVC_DTYPE_F32),
-              "kvc_append");
-  }
+  void store_chunk(int layer, int pos, int n, const float *k, const float *v);
   /// Causal attention of the chunk's queries (kvc_attention_prefill); q and out:
   /// [n][n_heads][head_dim].
   void attend_chunk(int layer, const float *q, int n, float *out);
@@ -311,6 +324,21 @@ class AttnSequence {
   kvc_attention_params params_{};
   int pos_ = 0;
   int cached_ = 0;
+  // Chunked prefill over a pool that stages its newest tokens exact: the
+  // chunk's queries see what token-by-token decode would (each query's own
+  // window exact, older tokens as codes). The append encodes the chunk's
+  // tokens beyond the window at once, so each query's window is put back from
+  // the exact rows kept here (as the residual stores them, f16) by a
+  // correction of the library's prefill output (kvc_attention_prefill's lse).
+  const KvPool *owner_ = nullptr;
+  int n_kv_heads_ = 0, head_dim_ = 0, n_heads_ = 0;
+  struct ExactRows {
+    std::uint64_t first = 0;  // position of k[0]
+    std::vector<float> k, v;  // [position - first][kv_heads][head_dim]
+  };
+  std::vector<ExactRows> exact_;  // per layer
+  void keep_exact(int layer, int pos, int n, const float *k, const float *v);
+  void decode_window(int layer, const float *q, int n, float *out, const float *lse);
 };
 
 }  // namespace kvc_runner

@@ -860,6 +860,59 @@ std::vector<std::string> after_dashes(int argc, char **argv, int from) {
 
 }  // namespace
 
+// residual=R / block=N on per-token codecs, and chunked prefill that reads
+// what token-by-token decode reads (each query's own residual window exact).
+// stories260K's default run is token by token; --chunk 16 runs
+// forward_chunk. Without the runner's correction the chunked rows lose far
+// more (the chunk's older tokens would be codes for every query of it); the
+// measured gap between the two protocols is below 1e-3 of the perplexity
+// (differences of summation order only). A residual also has to help: the
+// window's row loses less than the same codec without one.
+int residual(const std::string &kvcache) {
+  const std::vector<std::string> rows = {"int8:per-token:residual=4:block=4",
+                                         "int4:per-token:hadamard:residual=4:block=4",
+                                         "int4:per-token:hadamard",
+                                         "kivi2:group=16:residual=32",
+                                         "hybrid:fraction=0.25",
+                                         "k-int4:kchannel=16:asym+v-int4:per-token:residual=2"};
+  std::string list = "f32";
+  for (const std::string &r : rows) list += "," + r;
+  nlohmann::json rep[2];
+  std::map<std::string, nlohmann::json> by[2];
+  for (int i = 0; i < 2; ++i) {
+    rep[i] = run_json({kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress",
+                       "--strategies", list, "--chunk", i ? "16" : "1"});
+    if (!rep[i].contains("results")) return 1;
+    by[i] = rows_by_strategy(rep[i]);
+    for (const std::string &name : rows)
+      if (!by[i].count(name)) {
+        fail("no row " + name);
+        return 1;
+      }
+  }
+  for (const std::string &name : rows) {
+    const double a = by[0][name]["ppl"].get<double>(), b = by[1][name]["ppl"].get<double>();
+    check(std::fabs(b / a - 1.0) < 1e-3, name + ": chunked perplexity " + std::to_string(b) +
+                                             " vs token by token " + std::to_string(a));
+  }
+  const std::string w = "int4:per-token:hadamard:residual=4:block=4",
+                    plain = "int4:per-token:hadamard";
+  for (int i = 0; i < 2; ++i)
+    check(by[i][w]["kl_mean"].get<double>() < 0.8 * by[i][plain]["kl_mean"].get<double>(),
+          "a 4-token window loses less: KL " + by[i][w]["kl_mean"].dump() + " vs " +
+              by[i][plain]["kl_mean"].dump());
+  // block=4: the int8 row's 4-token blocks of codes and of residual; its
+  // bytes per token at the end of a window are the int8 row's per-token size
+  // (5 layers x 32 values x 2 x (8 bits + 32-bit scale / 8 values) / 8 = 480
+  // bytes) plus the window's f16 rows: 4 tokens x 5 x 32 x 2 x 2 bytes over
+  // the 512-position window's tokens (the ctx): about 5 bytes.
+  const double bytes =
+      by[0]["int8:per-token:residual=4:block=4"]["kv_bytes_per_token"].get<double>();
+  check(bytes > 480.0 && bytes < 490.0,
+        "int8 residual=4 block=4: " + std::to_string(bytes) + " bytes per token");
+  return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
@@ -874,6 +927,7 @@ int main(int argc, char **argv) {
     if (mode == "codebook" && argc == 3) return codebook(argv[2]);
     if (mode == "codebook-fit" && argc == 4) return codebook_fit(argv[2], argv[3]);
     if (mode == "mixed" && argc == 3) return mixed(argv[2]);
+    if (mode == "residual" && argc == 3) return residual(argv[2]);
     if (mode == "plot" && argc == 4) return plot(argv[2], argv[3]);
     if (mode == "prefix" && argc == 3) return prefix(argv[2]);
     if (mode == "prefix-tiers" && (argc == 4 || argc == 5))
