@@ -877,12 +877,13 @@ std::vector<Strategy> parse_strategy_list(const std::string &list) {
 std::vector<std::string> default_strategies() {
   // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits: keys with
   // query-weighted smoothing (C), values rotated with codebooks (V); the
-  // lower three also as SmolLM2's best rows, with more bits in its most
-  // sensitive layers (docs/eval.md "Query-weighted smoothing"). Rows with
+  // lower three also as SmolLM2's best rows: the newest 2-8 tokens exact in
+  // blocks of 2 (residual=R:block=2), fewer bits in its least sensitive
+  // layers (docs/eval.md "Residual windows on any codec"). Rows with
   // per-layer parts run only on models that have those layers.
   const std::string C = "pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook",
                     V = "hadamard:codebook";
-  const std::string sensitive11 = "@0.9.11.12.13.16.18.19.20.23.28=";
+  const std::string keys_int2_16 = "@0.1.4.7.11.12.13.16.19.22.24.25.26.27.28.29=";
   // clang-format off
   return {
       "f32", "f16", "bf16", "fp8_e4m3", "fp8_e4m3:per-token", "fp8_e5m2", "int8:per-token",
@@ -896,14 +897,13 @@ std::vector<std::string> default_strategies() {
       "k-int4:group=32:" + C + ":sinks=2+v-int4:per-token:" + V,
       "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
       "k-int3:per-token:" + C + ":sinks=1+v-int3:group=32:" + V,
-      "k-int3:per-token:" + C + ":sinks=1+v-int3:per-token:" + V +
-          "@9.16.18.19.23=k-int4:group=32:" + V + "+v-int4:per-token:" + V,
+      "k-int3:per-token:" + C + ":sinks=1:residual=4:block=2+v-int3:per-token:" + V +
+          "@0.5.13.25.26.27.28.29=k-int3:per-token:" + V + "+v-int2:per-token:" + V,
       "k-int3:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
-      "k-int3:per-token:" + C + ":sinks=1+v-int2:per-token:" + V +
-          sensitive11 + "k-int3:per-token:" + V + "+v-int3:per-token:" + V,
+      "k-int3:per-token:" + C + ":sinks=1:residual=8:block=2+v-int2:per-token:" + V +
+          keys_int2_16 + "k-int2:per-token:" + V + "+v-int2:per-token:" + V,
       "k-int2:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
-      "k-int2:per-token:" + C + ":sinks=1+v-int2:per-token:" + V +
-          sensitive11 + "k-int3:per-token:" + V + "+v-int2:per-token:" + V,
+      "k-int2:per-token:" + C + ":sinks=1:residual=2:block=2+v-int2:per-token:" + V,
       "int2:group=32",
       "int2:group=32:hadamard",
       "kivi4:group=16:residual=32",
