@@ -597,7 +597,10 @@ Strategy parse_strategy(const std::string &spec) {
     Strategy::LayerPart lp;
     lp.layers = parse_layers(where, parts[i].substr(0, eq));
     const Strategy alt = parse_base(parts[i].substr(eq + 1));
-    if (alt.has_policy || alt.has_wrapper || alt.residual_window || alt.residual_fraction > 0.0 ||
+    if (alt.residual_window)
+      throw RunnerError(where + "'@" + parts[i] +
+                        "': residual= keeps every layer's newest tokens: give it on the base");
+    if (alt.has_policy || alt.has_wrapper || alt.residual_fraction > 0.0 ||
         alt.k_codec.granularity == KVC_SCALE_PER_CHANNEL ||
         alt.v_codec.granularity == KVC_SCALE_PER_CHANNEL || alt.headwise)
       throw RunnerError(where + "'@" + parts[i] +
@@ -785,10 +788,11 @@ Strategy parse_base(const std::string &spec) {
     st.block_explicit = k.block_explicit || v.block_explicit;
     const Strategy &sized = k.block_explicit ? k : v;
     const Strategy &other = k.block_explicit ? v : k;
-    if (st.block_explicit && other.block_size > 16 && sized.block_size % other.block_size != 0)
-      throw RunnerError(where + "block=" + std::to_string(sized.block_size) +
-                        " must be a multiple of the other codec's per-channel group " +
-                        std::to_string(other.block_size));
+    for (const kvc_codec *oc : {&other.k_codec, &other.v_codec})
+      if (st.block_explicit && oc->granularity == KVC_SCALE_PER_CHANNEL &&
+          sized.block_size % oc->group_size != 0)
+        throw RunnerError(where + "block=" + std::to_string(sized.block_size) +
+                          " must be a multiple of kchannel=" + std::to_string(oc->group_size));
     st.block_size = st.block_explicit ? sized.block_size : std::max(k.block_size, v.block_size);
     if (k.residual_sinks && v.residual_sinks)
       throw RunnerError(where +
@@ -883,7 +887,7 @@ std::vector<std::string> default_strategies() {
   // per-layer parts run only on models that have those layers.
   const std::string C = "pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook",
                     V = "hadamard:codebook";
-  const std::string keys_int2_16 = "@0.1.4.7.11.12.13.16.19.22.24.25.26.27.28.29=";
+  const std::string keys_int2_17 = "@0.1.2.4.7.11.12.13.16.19.22.24.25.26.27.28.29=";
   // clang-format off
   return {
       "f32", "f16", "bf16", "fp8_e4m3", "fp8_e4m3:per-token", "fp8_e5m2", "int8:per-token",
@@ -901,7 +905,8 @@ std::vector<std::string> default_strategies() {
           "@0.5.13.25.26.27.28.29=k-int3:per-token:" + V + "+v-int2:per-token:" + V,
       "k-int3:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
       "k-int3:per-token:" + C + ":sinks=1:residual=8:block=2+v-int2:per-token:" + V +
-          keys_int2_16 + "k-int2:per-token:" + V + "+v-int2:per-token:" + V,
+          keys_int2_17 + "k-int2:per-token:" + V + "+v-int2:per-token:" + V +
+          "@23=k-int3:per-token:" + V + "+v-int3:per-token:" + V,
       "k-int2:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
       "k-int2:per-token:" + C + ":sinks=1:residual=2:block=2+v-int2:per-token:" + V,
       "int2:group=32",

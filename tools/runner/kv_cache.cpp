@@ -266,6 +266,7 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
       seq_id_(seq_id),
       ev_(ev),
       owner_(&pool),
+      n_layers_(c.n_layers),
       n_kv_heads_(c.n_kv_heads),
       head_dim_(c.head_dim()),
       n_heads_(c.n_heads) {
@@ -286,6 +287,7 @@ AttnSequence::AttnSequence(KvPool &pool, std::uint64_t seq_id, const ModelConfig
     : pool_(pool.get()),
       seq_id_(seq_id),
       owner_(&pool),
+      n_layers_(c.n_layers),
       n_kv_heads_(c.n_kv_heads),
       head_dim_(c.head_dim()),
       n_heads_(c.n_heads) {
@@ -304,10 +306,10 @@ AttnSequence::AttnSequence(const AttnSequence &parent, std::uint64_t seq_id, kvc
       seq_id_(seq_id),
       params_(parent.params_),
       owner_(parent.owner_),
+      n_layers_(parent.n_layers_),
       n_kv_heads_(parent.n_kv_heads_),
       head_dim_(parent.head_dim_),
-      n_heads_(parent.n_heads_),
-      exact_(parent.exact_) {
+      n_heads_(parent.n_heads_) {
   check_kvc(kvc_seq_fork(pool_, parent.seq_id_, seq_id_), "kvc_seq_fork");
   ev_.observe = observe;
 }
@@ -343,6 +345,24 @@ void AttnSequence::begin_chunk(int pos, int n) {
   if (ev_.protocol == EvictionSettings::Protocol::PrefillCompress && ev_.policy &&
       pos == ev_.prefill_tokens && pos > 0)
     check_kvc(kvc_evict(pool_, seq_id_, ev_.policy, nullptr), "kvc_evict");
+  if (owner_ && owner_->staged()) {
+    // The rows the chunk's first query still reads exact, from the pool's
+    // residual (f16, as written) before the reserve ages any of them.
+    const std::uint64_t p0 = static_cast<std::uint64_t>(pos),
+                        lo = std::min(owner_->encoded_at(p0 + 1), p0);
+    const std::size_t row = std::size_t(n_kv_heads_) * std::size_t(head_dim_);
+    exact_.resize(std::size_t(n_layers_));
+    for (int layer = 0; layer < n_layers_; ++layer) {
+      ExactRows &e = exact_[std::size_t(layer)];
+      e.first = lo;
+      e.k.resize(std::size_t(p0 - lo) * row);
+      e.v.resize(std::size_t(p0 - lo) * row);
+      if (p0 > lo)
+        check_kvc(kvc_gather(pool_, seq_id_, static_cast<std::uint32_t>(layer), lo, p0 - lo,
+                             e.k.data(), e.v.data(), KVC_DTYPE_F32, nullptr),
+                  "kvc_gather");
+    }
+  }
   check_kvc(kvc_seq_reserve(pool_, seq_id_, static_cast<std::uint64_t>(n), nullptr),
             "kvc_seq_reserve");
 }
@@ -388,36 +408,23 @@ void AttnSequence::store_chunk(int layer, int pos, int n, const float *k, const 
   if (owner_ && owner_->staged()) keep_exact(layer, pos, n, k, v);
 }
 
-// Keeps the exact rows every query of this chunk and the next may read: from
-// the first token the chunk's first query still holds exact.
+// The chunk's own rows as the residual stores them: f16, saturated to its
+// range (docs/codecs.md), after the rows begin_chunk took from the pool.
 void AttnSequence::keep_exact(int layer, int pos, int n, const float *k, const float *v) {
-  if (exact_.size() <= std::size_t(layer)) exact_.resize(std::size_t(layer) + 1);
-  ExactRows &e = exact_[std::size_t(layer)];
+  ExactRows &e = exact_.at(std::size_t(layer));
   const std::size_t row = std::size_t(n_kv_heads_) * std::size_t(head_dim_);
-  const std::uint64_t p0 = static_cast<std::uint64_t>(pos);
-  if (e.first + e.k.size() / row != p0) {  // not contiguous (a new sequence): start over
-    e.k.clear();
-    e.v.clear();
-    e.first = p0;
-  }
-  const std::size_t at = e.k.size();
-  e.k.resize(at + std::size_t(n) * row);
-  e.v.resize(at + std::size_t(n) * row);
-  // As the residual stores them (f16).
-  std::vector<std::uint16_t> h(std::size_t(n) * row);
+  if (e.first + e.k.size() / row != static_cast<std::uint64_t>(pos))
+    throw RunnerError("decode window: a chunk's rows do not follow the rows kept");
+  const std::size_t at = e.k.size(), cnt = std::size_t(n) * row;
+  e.k.resize(at + cnt);
+  e.v.resize(at + cnt);
+  half_.resize(cnt);
   for (int kv = 0; kv < 2; ++kv) {
-    check_kvc(kvc_convert(kv ? v : k, KVC_DTYPE_F32, h.data(), KVC_DTYPE_F16, h.size()),
-              "kvc_convert");
-    check_kvc(
-        kvc_convert(h.data(), KVC_DTYPE_F16, (kv ? e.v : e.k).data() + at, KVC_DTYPE_F32, h.size()),
-        "kvc_convert");
-  }
-  const std::uint64_t keep_from = owner_->encoded_at(p0 + 1);
-  if (keep_from > e.first) {
-    const std::size_t drop = static_cast<std::size_t>(keep_from - e.first) * row;
-    e.k.erase(e.k.begin(), e.k.begin() + static_cast<std::ptrdiff_t>(drop));
-    e.v.erase(e.v.begin(), e.v.begin() + static_cast<std::ptrdiff_t>(drop));
-    e.first = keep_from;
+    const float *src = kv ? v : k;
+    float *dst = (kv ? e.v : e.k).data() + at;
+    for (std::size_t i = 0; i < cnt; ++i) dst[i] = std::clamp(src[i], -65504.0f, 65504.0f);
+    check_kvc(kvc_convert(dst, KVC_DTYPE_F32, half_.data(), KVC_DTYPE_F16, cnt), "kvc_convert");
+    check_kvc(kvc_convert(half_.data(), KVC_DTYPE_F16, dst, KVC_DTYPE_F32, cnt), "kvc_convert");
   }
 }
 
@@ -426,31 +433,39 @@ void AttnSequence::keep_exact(int layer, int pos, int n, const float *k, const f
 // encoded_at(pos + n) as codes. Each such token's term of the softmax is
 // swapped: out' = (out - sum a_j v_j + sum a'_j v'_j) / (1 - sum a_j + sum a'_j),
 // a_j = exp(s_j - lse) with the codes' score, a'_j with the exact one. Where
-// the swapped terms held nearly all of the mass (1 - sum a_j < 1/64) that
-// difference loses precision: such a row and head is recomputed from all of
-// its tokens instead.
+// the swapped terms held nearly all of the mass (1 - sum a_j < 1/64), or an
+// exact score lies far above lse, that difference loses precision: such a
+// row and head is recomputed from all of its tokens instead.
 void AttnSequence::decode_window(int layer, const float *q, int n, float *out, const float *lse) {
   const std::uint64_t pos = static_cast<std::uint64_t>(pos_), end = pos + std::uint64_t(n);
   const std::uint64_t now = owner_->encoded_at(end), sinks = owner_->sinks();
   const std::uint64_t lo = std::max(owner_->encoded_at(pos + 1), sinks);
   if (lo >= now) return;  // every query's window is still exact in the pool
   const ExactRows &e = exact_.at(std::size_t(layer));
-  if (lo < e.first) throw RunnerError("decode window: the exact rows were not kept");
   const std::size_t row = std::size_t(n_kv_heads_) * std::size_t(head_dim_);
-  // The pool's rows [0, end): codes below `now`, the residual's exact rows after.
-  std::vector<float> gk, gv;
-  const auto gather = [&](std::uint64_t from, std::uint64_t count) {
-    gk.resize(std::size_t(end) * row);
-    gv.resize(std::size_t(end) * row);
-    check_kvc(kvc_gather(pool_, seq_id_, static_cast<std::uint32_t>(layer), from, count,
-                         gk.data() + from * row, gv.data() + from * row, KVC_DTYPE_F32, nullptr),
+  if (lo < e.first || e.first + e.k.size() / row < now)
+    throw RunnerError("decode window: the exact rows were not kept");
+  // The pool's rows as the prefill read them: [lo, now) (codes), and on a
+  // recomputation [0, end) (codes below `now`, the residual's rows after).
+  std::uint64_t g0 = lo;
+  bool whole = false;
+  gk_.resize((now - lo) * row);
+  gv_.resize((now - lo) * row);
+  check_kvc(kvc_gather(pool_, seq_id_, static_cast<std::uint32_t>(layer), lo, now - lo, gk_.data(),
+                       gv_.data(), KVC_DTYPE_F32, nullptr),
+            "kvc_gather");
+  const auto gather_all = [&] {
+    gk_.resize(end * row);
+    gv_.resize(end * row);
+    check_kvc(kvc_gather(pool_, seq_id_, static_cast<std::uint32_t>(layer), 0, end, gk_.data(),
+                         gv_.data(), KVC_DTYPE_F32, nullptr),
               "kvc_gather");
+    g0 = 0;
+    whole = true;
   };
-  gather(lo, now - lo);
-  bool whole = false;  // rows [0, lo) and [now, end) gathered too
   const int hd = head_dim_, group = n_heads_ / n_kv_heads_;
   const double scale = params_.scale > 0.0f ? params_.scale : 1.0 / std::sqrt(double(hd));
-  std::vector<double> acc(static_cast<std::size_t>(hd)), sc;
+  acc_.resize(std::size_t(hd));
   const auto dot = [hd](const float *a, const float *b) {
     double t = 0.0;
     for (int d = 0; d < hd; ++d) t += double(a[d]) * double(b[d]);
@@ -461,47 +476,46 @@ void AttnSequence::decode_window(int layer, const float *q, int n, float *out, c
     const std::uint64_t from = std::max(owner_->encoded_at(p + 1), sinks),
                         to = std::min(now, p + 1);
     if (from >= to) continue;
+    // Decode's rows for this query: exact in [from, to), the pool's elsewhere.
     const auto key = [&](std::uint64_t j, std::size_t off) {
-      return j >= from && j < to ? &e.k[(j - e.first) * row + off] : &gk[j * row + off];
+      return j >= from && j < to ? &e.k[(j - e.first) * row + off] : &gk_[(j - g0) * row + off];
     };
     const auto value = [&](std::uint64_t j, std::size_t off) {
-      return j >= from && j < to ? &e.v[(j - e.first) * row + off] : &gv[j * row + off];
+      return j >= from && j < to ? &e.v[(j - e.first) * row + off] : &gv_[(j - g0) * row + off];
     };
     for (int h = 0; h < n_heads_; ++h) {
       const float *qh = q + (std::size_t(i) * n_heads_ + h) * hd;
       float *oh = out + (std::size_t(i) * n_heads_ + h) * hd;
       const double m = lse[std::size_t(i) * n_heads_ + h];
       const std::size_t off = std::size_t(h / group) * hd;
-      double den = 1.0, swapped = 0.0;
-      for (int d = 0; d < hd; ++d) acc[d] = oh[d];
+      double den = 1.0, swapped = 0.0, top = -HUGE_VAL;
+      for (int d = 0; d < hd; ++d) acc_[d] = oh[d];
       for (std::uint64_t j = from; j < to; ++j) {
-        const double ac = std::exp(dot(qh, &gk[j * row + off]) * scale - m),
-                     ae = std::exp(dot(qh, key(j, off)) * scale - m);
+        const double sc = dot(qh, &gk_[(j - g0) * row + off]) * scale - m,
+                     se = dot(qh, key(j, off)) * scale - m;
+        top = std::max(top, se);
+        const double ac = std::exp(sc), ae = std::exp(std::min(se, 64.0));
         swapped += ac;
         den += ae - ac;
-        const float *vc = &gv[j * row + off], *ve = value(j, off);
-        for (int d = 0; d < hd; ++d) acc[d] += ae * ve[d] - ac * vc[d];
+        const float *vc = &gv_[(j - g0) * row + off], *ve = value(j, off);
+        for (int d = 0; d < hd; ++d) acc_[d] += ae * ve[d] - ac * vc[d];
       }
-      if (1.0 - swapped < 1.0 / 64.0) {  // recompute the row from all of its tokens
-        if (!whole) {
-          gather(0, lo);
-          gather(now, end - now);
-          whole = true;
-        }
-        sc.resize(std::size_t(p) + 1);
+      if (1.0 - swapped < 1.0 / 64.0 || top > 32.0) {  // recompute from all of its tokens
+        if (!whole) gather_all();
+        scores_.resize(std::size_t(p) + 1);
         double mx = -HUGE_VAL;
         for (std::uint64_t j = 0; j <= p; ++j)
-          mx = std::max(mx, sc[j] = dot(qh, key(j, off)) * scale);
+          mx = std::max(mx, scores_[j] = dot(qh, key(j, off)) * scale);
         den = 0.0;
-        std::fill(acc.begin(), acc.end(), 0.0);
+        std::fill(acc_.begin(), acc_.end(), 0.0);
         for (std::uint64_t j = 0; j <= p; ++j) {
-          const double a = std::exp(sc[j] - mx);
+          const double a = std::exp(scores_[j] - mx);
           den += a;
           const float *v = value(j, off);
-          for (int d = 0; d < hd; ++d) acc[d] += a * v[d];
+          for (int d = 0; d < hd; ++d) acc_[d] += a * v[d];
         }
       }
-      for (int d = 0; d < hd; ++d) oh[d] = static_cast<float>(acc[d] / den);
+      for (int d = 0; d < hd; ++d) oh[d] = static_cast<float>(acc_[d] / den);
     }
   }
 }

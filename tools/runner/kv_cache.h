@@ -295,7 +295,6 @@ class AttnSequence {
     check_kvc(kvc_append(pool_, seq_id_, static_cast<std::uint32_t>(layer),
                          static_cast<std::uint64_t>(pos), 1, k, v, KVC_DTYPE_F32),
               "kvc_append");
-    if (owner_ && owner_->staged()) keep_exact(layer, pos, 1, k, v);
   }
   /// q: [n_heads][head_dim] (after RoPE); out: [n_heads][head_dim].
   void attend(int layer, const float *q, float *out);
@@ -331,12 +330,15 @@ class AttnSequence {
   // the exact rows kept here (as the residual stores them, f16) by a
   // correction of the library's prefill output (kvc_attention_prefill's lse).
   const KvPool *owner_ = nullptr;
-  int n_kv_heads_ = 0, head_dim_ = 0, n_heads_ = 0;
+  int n_layers_ = 0, n_kv_heads_ = 0, head_dim_ = 0, n_heads_ = 0;
   struct ExactRows {
     std::uint64_t first = 0;  // position of k[0]
     std::vector<float> k, v;  // [position - first][kv_heads][head_dim]
   };
-  std::vector<ExactRows> exact_;  // per layer
+  std::vector<ExactRows> exact_;      // per layer: this chunk's window rows
+  std::vector<std::uint16_t> half_;   // f16 rounding scratch
+  std::vector<float> gk_, gv_;        // decode_window: the pool's rows as read
+  std::vector<double> acc_, scores_;  // decode_window: one row and head
   void keep_exact(int layer, int pos, int n, const float *k, const float *v);
   void decode_window(int layer, const float *q, int n, float *out, const float *lse);
 };

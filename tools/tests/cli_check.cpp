@@ -862,26 +862,31 @@ std::vector<std::string> after_dashes(int argc, char **argv, int from) {
 
 // residual=R / block=N on per-token codecs, and chunked prefill that reads
 // what token-by-token decode reads (each query's own residual window exact).
-// stories260K's default run is token by token; --chunk 16 runs
+// stories260K's default run is token by token; --chunk 16 and 64 run
 // forward_chunk. Without the runner's correction the chunked rows lose far
 // more (the chunk's older tokens would be codes for every query of it); the
 // measured gap between the two protocols is below 1e-3 of the perplexity
-// (differences of summation order only). A residual also has to help: the
-// window's row loses less than the same codec without one.
+// (differences of summation order only). The rows cover a window with
+// sinks and per-layer codecs (the default list's shape), hybrid's growing
+// window and per-channel groups. A residual also has to help: the window's
+// row loses less than the same codec without one.
 int residual(const std::string &kvcache) {
-  const std::vector<std::string> rows = {"int8:per-token:residual=4:block=4",
-                                         "int4:per-token:hadamard:residual=4:block=4",
-                                         "int4:per-token:hadamard",
-                                         "kivi2:group=16:residual=32",
-                                         "hybrid:fraction=0.25",
-                                         "k-int4:kchannel=16:asym+v-int4:per-token:residual=2"};
+  const std::vector<std::string> rows = {
+      "int8:per-token:residual=4:block=4",
+      "int4:per-token:hadamard:residual=4:block=4",
+      "int4:per-token:hadamard",
+      "kivi2:group=16:residual=32",
+      "hybrid:fraction=0.25",
+      "k-int4:kchannel=16:asym+v-int4:per-token:residual=2",
+      "int4:per-token:hadamard:sinks=1:residual=4:block=2@0.3=int8:per-token:hadamard"};
   std::string list = "f32";
   for (const std::string &r : rows) list += "," + r;
-  nlohmann::json rep[2];
-  std::map<std::string, nlohmann::json> by[2];
-  for (int i = 0; i < 2; ++i) {
+  nlohmann::json rep[3];
+  std::map<std::string, nlohmann::json> by[3];
+  const char *chunks[3] = {"1", "16", "64"};
+  for (int i = 0; i < 3; ++i) {
     rep[i] = run_json({kvcache, "eval", "--max-tokens", "600", "--json", "--no-progress",
-                       "--strategies", list, "--chunk", i ? "16" : "1"});
+                       "--strategies", list, "--chunk", chunks[i]});
     if (!rep[i].contains("results")) return 1;
     by[i] = rows_by_strategy(rep[i]);
     for (const std::string &name : rows)
@@ -890,14 +895,16 @@ int residual(const std::string &kvcache) {
         return 1;
       }
   }
-  for (const std::string &name : rows) {
-    const double a = by[0][name]["ppl"].get<double>(), b = by[1][name]["ppl"].get<double>();
-    check(std::fabs(b / a - 1.0) < 1e-3, name + ": chunked perplexity " + std::to_string(b) +
-                                             " vs token by token " + std::to_string(a));
-  }
+  for (const std::string &name : rows)
+    for (int i = 1; i < 3; ++i) {
+      const double a = by[0][name]["ppl"].get<double>(), b = by[i][name]["ppl"].get<double>();
+      check(std::fabs(b / a - 1.0) < 1e-3, name + ": chunks of " + chunks[i] + ": perplexity " +
+                                               std::to_string(b) + " vs token by token " +
+                                               std::to_string(a));
+    }
   const std::string w = "int4:per-token:hadamard:residual=4:block=4",
                     plain = "int4:per-token:hadamard";
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < 3; ++i)
     check(by[i][w]["kl_mean"].get<double>() < 0.8 * by[i][plain]["kl_mean"].get<double>(),
           "a 4-token window loses less: KL " + by[i][w]["kl_mean"].dump() + " vs " +
               by[i][plain]["kl_mean"].dump());
