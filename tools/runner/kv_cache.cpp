@@ -392,12 +392,12 @@ void AttnSequence::attend_chunk(int layer, const float *q, int n, float *out) {
       p.observe_from = static_cast<std::uint64_t>(std::max(0, first_observed - pos_));
   }
   const bool window = owner_ && owner_->staged();
-  std::vector<float> lse(window ? std::size_t(n) * std::size_t(n_heads_) : 0);
+  if (window) lse_.resize(std::size_t(n) * std::size_t(n_heads_));
   check_kvc(
       kvc_attention_prefill(pool_, static_cast<std::uint32_t>(layer), seq_id_, q,
-                            static_cast<std::uint64_t>(n), out, window ? lse.data() : nullptr, &p),
+                            static_cast<std::uint64_t>(n), out, window ? lse_.data() : nullptr, &p),
       "kvc_attention_prefill");
-  if (window) decode_window(layer, q, n, out, lse.data());
+  if (window) decode_window(layer, q, n, out, lse_.data());
 }
 
 void AttnSequence::store_chunk(int layer, int pos, int n, const float *k, const float *v) {

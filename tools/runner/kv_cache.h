@@ -337,6 +337,7 @@ class AttnSequence {
   };
   std::vector<ExactRows> exact_;      // per layer: this chunk's window rows
   std::vector<std::uint16_t> half_;   // f16 rounding scratch
+  std::vector<float> lse_;            // attend_chunk: the prefill's lse for decode_window
   std::vector<float> gk_, gv_;        // decode_window: the pool's rows as read
   std::vector<double> acc_, scores_;  // decode_window: one row and head
   void keep_exact(int layer, int pos, int n, const float *k, const float *v);
