@@ -649,7 +649,17 @@ typedef struct kvc_pool_config {
    * @since 0.2
    */
   uint32_t residual_window;
-  /** Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2 */
+  /**
+   * Storage of residual tokens (the window, hybrid and staged tokens, and attention-sink copies):
+   * ::KVC_DTYPE_F16 (default), ::KVC_DTYPE_BF16, ::KVC_DTYPE_F32, or ::KVC_DTYPE_INT8 (@since 0.4):
+   * int8 rows with one f16 scale per token and KV head, the codes kvc_quantize() gives for an
+   * int8 per-token codec with f16 scales (symmetric, scale = largest |x| / 127, round to nearest
+   * even), 8.25 bits per element at head_dim 64: a window costs about half of f16's. The
+   * KIVI-style window of the low-bit rows in docs/eval.md. Int8 rows take finite values only:
+   * an append with NaN or Inf returns ::KVC_ERR_NON_FINITE and writes nothing, for a part
+   * stored plainly once encoded too. Anything else: ::KVC_ERR_INVALID_ARGUMENT at create.
+   * @since 0.2
+   */
   kvc_dtype residual_dtype;
   /**
    * Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above
@@ -952,7 +962,8 @@ typedef struct kvc_pool_layout {
   uint32_t v_group_size;         /**< V's group size. @since 0.2 */
   /**
    * First byte of residual block 0 (NULL without a residual window). Residual block r holds K then
-   * V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at
+   * V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype (::KVC_DTYPE_INT8: those
+   * codes, then `[block_size][num_kv_heads]` f16 scales, in each part), at
    * `residual_base + r * residual_block_stride`.
    * @since 0.2
    */

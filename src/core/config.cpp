@@ -187,10 +187,10 @@ void validate_config(PoolConfig &c, bool check_memory) {
   if (!(c.residual_fraction >= 0.0 && c.residual_fraction < 1.0))
     fail(Errc::InvalidArgument, "residual_fraction must be in [0, 1)");
   if (c.residual_window > kMaxLength) fail(Errc::InvalidArgument, "residual_window above 2^31-1");
-  if (!dtype_is_plain(static_cast<int32_t>(c.residual_dtype)))
+  if (!dtype_is_plain(static_cast<int32_t>(c.residual_dtype)) && c.residual_dtype != DType::INT8)
     fail(Errc::InvalidArgument, "residual_dtype " +
                                     std::to_string(static_cast<int32_t>(c.residual_dtype)) +
-                                    ": must be f32, f16 or bf16");
+                                    ": must be f32, f16, bf16 or int8");
   if (wants_residual && is_float(c.k_codec.dtype) && is_float(c.v_codec.dtype))
     fail(Errc::InvalidArgument,
          c.residual_sinks && !c.residual_window && c.residual_fraction == 0.0
@@ -410,8 +410,11 @@ void validate_config(PoolConfig &c, bool check_memory) {
       fail(Errc::InvalidArgument, "num_residual_blocks " + u64s(c.num_residual_blocks) +
                                       ": must be 1.." + u64s(kMaxBlocks));
     uint64_t rs = 0, rt = 0;
-    if (mul_overflows(static_cast<uint64_t>(c.block_size) * c.num_kv_heads * c.head_dim,
-                      2 * dtype_bytes(c.residual_dtype), &rs) ||
+    // A residual row: kv_heads x head_dim elements (int8: plus an f16 scale per KV head).
+    const uint64_t elem = c.residual_dtype == DType::INT8 ? 1 : dtype_bytes(c.residual_dtype);
+    const uint64_t extra = c.residual_dtype == DType::INT8 ? 2 : 0;
+    if (mul_overflows(static_cast<uint64_t>(c.block_size) * c.num_kv_heads * (c.head_dim + extra),
+                      2 * elem, &rs) ||
         mul_overflows(rs, c.num_residual_blocks, &rt) ||
         rt > static_cast<uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()) - total)
       fail(Errc::Overflow, "residual blocks overflow the address space");

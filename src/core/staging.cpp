@@ -57,9 +57,13 @@ uint64_t StagingRules::sink_blocks_needed() const {
   return (num_layers + per - 1) / per;
 }
 
+uint64_t Staging::row_bytes_of(const PoolConfig &cfg) {
+  const uint64_t h = cfg.num_kv_heads, d = cfg.head_dim;
+  return cfg.residual_dtype == DType::INT8 ? h * (d + 2) : h * d * dtype_bytes(cfg.residual_dtype);
+}
+
 uint64_t Staging::stride_of(const PoolConfig &cfg) {
-  return uint64_t(cfg.block_size) * cfg.num_kv_heads * cfg.head_dim * 2 *
-         dtype_bytes(cfg.residual_dtype);
+  return uint64_t(cfg.block_size) * row_bytes_of(cfg) * 2;
 }
 
 Staging::Staging(PoolCore &core, const PoolConfig &cfg)
@@ -102,31 +106,90 @@ int32_t Staging::cow(int32_t b) {
   return nb;
 }
 
+// Int8 residual rows (residual_dtype INT8): the codec of kvc_quantize()'s
+// int8 per-token rows with f16 scales (symmetric, scale = largest |x| / 127,
+// round to nearest even), one scale per token and KV head.
+namespace {
+codec::Spec int8_rows() {
+  codec::Spec s;
+  s.dtype = DType::INT8;
+  s.gran = codec::Gran::Token;
+  s.scale_dtype = DType::F16;
+  return s;
+}
+}  // namespace
+
 void Staging::zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const {
   if (!count) return;
-  const uint64_t row =
-      static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim * dtype_bytes(cfg_.residual_dtype);
+  const uint64_t bs = cfg_.block_size, part = bs * row_bytes_of(cfg_);
+  if (cfg_.residual_dtype == DType::INT8) {
+    const uint64_t h = cfg_.num_kv_heads, codes = h * cfg_.head_dim;
+    for (uint64_t p = 0; p < 2; ++p) {
+      std::memset(blk + p * part + slot * codes, 0, count * codes);
+      std::memset(blk + p * part + bs * codes + slot * h * 2, 0, count * h * 2);
+    }
+    return;
+  }
+  const uint64_t row = row_bytes_of(cfg_);
   std::memset(blk + slot * row, 0, count * row);
-  std::memset(blk + (cfg_.block_size + slot) * row, 0, count * row);
+  std::memset(blk + part + slot * row, 0, count * row);
 }
 
-// Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of residual_dtype.
+// Residual blocks hold K then V, each [block_size][num_kv_heads][head_dim] of
+// residual_dtype; int8 rows: each part [block_size][num_kv_heads][head_dim]
+// codes, then [block_size][num_kv_heads] f16 scales.
 void Staging::write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
                     uint64_t count) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  const uint64_t part = cfg_.block_size * row_bytes_of(cfg_);
+  if (cfg_.residual_dtype == DType::INT8) {
+    // One head's row at a time through a stack buffer (head_dim <= 256): the
+    // input was checked finite by the append; nothing here allocates or throws.
+    const codec::Spec spec = int8_rows();
+    const uint64_t h = cfg_.num_kv_heads, d = cfg_.head_dim, es = dtype_bytes(src);
+    const uint64_t codes = h * d, bs = cfg_.block_size;
+    float buf[256];
+    for (uint64_t p = 0; p < 2; ++p) {
+      const uint8_t *in = p ? v : k;
+      uint8_t *c = blk + p * part, *sc = blk + p * part + bs * codes;
+      for (uint64_t t = 0; t < count; ++t)
+        for (uint64_t j = 0; j < h; ++j) {
+          const uint64_t r = t * h + j;
+          convert(in + r * d * es, src, buf, DType::F32, d);
+          codec::encode(spec, buf, 1, d, c + (slot * h + r) * d, sc + (slot * h + r) * 2, nullptr);
+        }
+    }
+    return;
+  }
   const uint64_t e = dtype_bytes(cfg_.residual_dtype);
   convert_saturating(k, src, blk + slot * row * e, cfg_.residual_dtype, count * row);
-  convert_saturating(v, src, blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype,
-                     count * row);
+  convert_saturating(v, src, blk + part + slot * row * e, cfg_.residual_dtype, count * row);
 }
 
 void Staging::read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
                    uint8_t *v_out, DType dst) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
+  const uint64_t part = cfg_.block_size * row_bytes_of(cfg_);
+  if (cfg_.residual_dtype == DType::INT8) {
+    const codec::Spec spec = int8_rows();
+    const uint64_t h = cfg_.num_kv_heads, d = cfg_.head_dim, es = dtype_bytes(dst);
+    const uint64_t codes = h * d, bs = cfg_.block_size;
+    float buf[256];
+    for (uint64_t p = 0; p < 2; ++p) {
+      uint8_t *out = p ? v_out : k_out;
+      if (!out) continue;
+      const uint8_t *c = blk + p * part, *sc = blk + p * part + bs * codes;
+      for (uint64_t r = 0; r < count * h; ++r) {
+        float *x = dst == DType::F32 ? reinterpret_cast<float *>(out) + r * d : buf;
+        codec::decode(spec, c + (slot * h + r) * d, sc + (slot * h + r) * 2, nullptr, 1, d, x);
+        if (dst != DType::F32) convert(buf, DType::F32, out + r * d * es, dst, d);
+      }
+    }
+    return;
+  }
   const uint64_t e = dtype_bytes(cfg_.residual_dtype);
   if (k_out) convert(blk + slot * row * e, cfg_.residual_dtype, k_out, dst, count * row);
-  if (v_out)
-    convert(blk + (cfg_.block_size + slot) * row * e, cfg_.residual_dtype, v_out, dst, count * row);
+  if (v_out) convert(blk + part + slot * row * e, cfg_.residual_dtype, v_out, dst, count * row);
 }
 
 void Staging::assign_sinks(Sequence &s) const {

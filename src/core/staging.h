@@ -2,8 +2,8 @@
 // window, hybrid precision, per-channel groups; StreamingLLM arXiv
 // 2309.17453's sinks kept exact): a second arena whose blocks hold each
 // layer's newest tokens in residual_dtype, [block_size][kv_heads][head_dim]
-// K then V; tokens leave it for the codec blocks as they age, one aging unit
-// (a per-channel group) at a time. Sink blocks hold each layer's first
+// K then V (or int8 rows with a scale per token and KV head); tokens leave it for the codec blocks
+// as they age, one aging unit (a per-channel group) at a time. Sink blocks hold each layer's first
 // residual_sinks tokens as written, laid over the decoded codes on reads.
 //
 // The rules here (how many tokens a layer keeps staged, the aging unit, the
@@ -55,8 +55,12 @@ class Staging : public StagingRules {
   Staging(const Staging &) = delete;
   Staging &operator=(const Staging &) = delete;
 
-  // Bytes of one residual block of a configuration: [block_size][kv_heads][head_dim] K then V.
+  // Bytes of one residual block of a configuration: [block_size][kv_heads][head_dim] K then V
+  // (int8 rows: each part's codes, then its [block_size][kv_heads] f16 scales).
   static uint64_t stride_of(const PoolConfig &cfg);
+  // Bytes of one token's K (or V) row: kv_heads x head_dim elements (int8: plus one f16 scale
+  // per KV head).
+  static uint64_t row_bytes_of(const PoolConfig &cfg);
 
   BlockAllocator alloc;  // the residual arena's blocks
   SlotBits written;      // slots an append wrote
@@ -71,7 +75,8 @@ class Staging : public StagingRules {
   void zero_slots(uint8_t *blk, uint32_t slot, uint64_t count) const;
 
   // Rows of `count` tokens to / from slots [slot, ...) of a residual block
-  // (values saturate to residual_dtype's range: a finite input never becomes Inf).
+  // (values saturate to residual_dtype's range: a finite input never becomes Inf;
+  // int8 rows take finite input only, which the append checked).
   void write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t *v, DType src,
              uint64_t count) const;
   void read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out, uint8_t *v_out,

@@ -224,6 +224,19 @@ class CpuStore final : public BlockStore {
         (kv == 0 ? kf : vf) = dst;
       }
       if (ktrans) kpre = buf + 2 * n * row;
+      // Int8 residual rows take finite values only: a part stored plainly
+      // once encoded (k-f16 + v-int4, say) is checked too, chunk by chunk.
+      if (c_.stage_.active && c_.cfg_.residual_dtype == DType::INT8)
+        for (int kv = 0; kv < 2; ++kv) {
+          if (c_.fmt_.quantized(kv)) continue;
+          const uint8_t *p = static_cast<const uint8_t *>(kv == 0 ? k : v);
+          float tmp[1024];
+          for (uint64_t i = 0; i < n * row; i += 1024) {
+            const uint64_t m = std::min<uint64_t>(1024, n * row - i);
+            convert(p + i * dtype_bytes(src), src, tmp, DType::F32, m);
+            codec::check_finite(tmp, m, kv == 0 ? "k" : "v");
+          }
+        }
     }
     in.kf = kf;
     in.vf = vf;

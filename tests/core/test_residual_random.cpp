@@ -4,7 +4,8 @@
 // invariants (blocks and residual blocks in exactly one state, reference
 // counts equal to the number of tables holding them, token counts) and that
 // every sequence reads back what it wrote, within two int8 steps; with
-// attention sinks (residual_sinks), its first tokens exactly as f16.
+// attention sinks (residual_sinks), its first tokens exactly as f16 (or, with
+// int8 residual rows, exactly as kvc_quantize's int8 per-token f16-scale rows).
 #include <kvcache/kvcache.h>
 
 #include <cmath>
@@ -35,7 +36,21 @@ float f16_of(float x) {
   return r;
 }
 
-void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t sinks = 0) {
+// A row [kHeads][kDim] as int8 residual rows store it.
+void int8_row(const float *in, float *out) {
+  kvc_codec c;
+  kvc_codec_init(&c);
+  c.dtype = KVC_DTYPE_INT8;
+  c.granularity = KVC_SCALE_PER_TOKEN;
+  c.scale_dtype = KVC_DTYPE_F16;
+  int8_t codes[kRow];
+  uint16_t scales[kHeads];
+  kvc_quantize(&c, in, KVC_DTYPE_F32, kHeads, kDim, codes, scales, nullptr);
+  kvc_dequantize(&c, codes, scales, nullptr, kHeads, kDim, out, KVC_DTYPE_F32);
+}
+
+void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t sinks = 0,
+         kvc_dtype residual = KVC_DTYPE_F16) {
   std::mt19937 rng(seed);
   kvc_codec k, v;
   kvc_codec_init(&k);
@@ -59,6 +74,7 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
   c.residual_window = window;
   c.residual_fraction = fraction;
   c.residual_sinks = sinks;
+  c.residual_dtype = residual;
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&c, &p) != KVC_OK) {
     CHECKF(false, "create");
@@ -122,17 +138,30 @@ void run(uint32_t seed, uint32_t window, double fraction, bool channel, uint32_t
         std::vector<float> ko(tags.size() * kRow), vo(tags.size() * kRow);
         for (uint32_t l = 0; l < kLayers; ++l) {
           CHECKF(kvc_gather(p, id, l, 0, tags.size(), ko.data(), vo.data(), KVC_DTYPE_F32, nullptr) == KVC_OK, "gather");
-          for (uint64_t t = 0; t < tags.size(); ++t)
+          for (uint64_t t = 0; t < tags.size(); ++t) {
+            float sk[kRow], sv[kRow], ik[kRow], iv[kRow];  // what a sink copy holds
+            for (uint32_t e = 0; e < kRow; ++e) {
+              ik[e] = value(tags[t], t, e, 0);
+              iv[e] = value(tags[t], t, e, 1);
+              sk[e] = f16_of(ik[e]);
+              sv[e] = f16_of(iv[e]);
+            }
+            if (residual == KVC_DTYPE_INT8) {
+              int8_row(ik, sk);
+              int8_row(iv, sv);
+            }
             for (uint32_t e = 0; e < kRow; ++e) {
               const float ek = value(tags[t], t, e, 0), ev = value(tags[t], t, e, 1);
               CHECKF(std::fabs(ko[t * kRow + e] - ek) <= 2.5f / 127.0f, "seq %llu layer %u pos %llu k %g vs %g",
                      (unsigned long long)id, l, (unsigned long long)t, ko[t * kRow + e], ek);
               CHECKF(std::fabs(vo[t * kRow + e] - ev) <= 2.5f / 127.0f, "v");
               if (t < sinks)
-                CHECKF(ko[t * kRow + e] == f16_of(ek) && vo[t * kRow + e] == f16_of(ev),
-                       "seq %llu layer %u sink %llu: %g / %g, f16 of %g / %g", (unsigned long long)id, l,
-                       (unsigned long long)t, ko[t * kRow + e], vo[t * kRow + e], ek, ev);
+                CHECKF(ko[t * kRow + e] == sk[e] && vo[t * kRow + e] == sv[e],
+                       "seq %llu layer %u sink %llu: %g / %g, stored as %g / %g of %g / %g",
+                       (unsigned long long)id, l, (unsigned long long)t, ko[t * kRow + e],
+                       vo[t * kRow + e], sk[e], sv[e], ek, ev);
             }
+          }
         }
       }
     }
@@ -152,6 +181,11 @@ int main() {
     run(seed + 500, 2, 0.0, false, 3);  // attention sinks, per-token codecs (writes into codec blocks)
     run(seed + 600, 0, 0.0, true, 5);   // attention sinks + channel groups (re-staged by truncation)
     run(seed + 700, 0, 0.0, false, 2);  // attention sinks alone (every token staged, encoded by its append)
+    // Int8 residual rows (residual_dtype KVC_DTYPE_INT8).
+    run(seed + 800, 6, 0.0, false, 0, KVC_DTYPE_INT8);
+    run(seed + 900, 5, 0.0, true, 0, KVC_DTYPE_INT8);   // KIVI
+    run(seed + 1000, 2, 0.3, false, 3, KVC_DTYPE_INT8);  // hybrid + sinks
+    run(seed + 1100, 0, 0.0, true, 5, KVC_DTYPE_INT8);   // sinks + channel groups
   }
   std::printf("%d passed, %d failed\n", g_kvtest_fail ? 0 : 1, g_kvtest_fail ? 1 : 0);
   return g_kvtest_fail ? 1 : 0;

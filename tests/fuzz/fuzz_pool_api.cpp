@@ -332,7 +332,7 @@ void bad_configs(Input &in, const kvc_pool_config &good) {
   kvc_pool_config c = good;
   const kvc_pool_config *arg = &c;
   kvc_status expect = KVC_ERR_INVALID_ARGUMENT;
-  switch (sel % 16) {
+  switch (sel % 17) {
     case 0: c.num_layers = 0; break;
     case 1: c.head_dim = 1025 + in.u8(); break;
     case 2: c.num_q_heads = c.num_kv_heads * 2 + 1; if (c.num_kv_heads == 1) c.num_kv_heads = 2; break;
@@ -361,14 +361,19 @@ void bad_configs(Input &in, const kvc_pool_config &good) {
       c.num_layers = 4096; c.num_kv_heads = 65536; c.num_q_heads = 65536; c.head_dim = 1024;
       c.block_size = 4096; c.num_blocks = 0x7fffffff; expect = KVC_STATUS_FORCE_32BIT; break;
     case 14: c.device_index = 1 + in.u8(); break;
+    case 15: {  // residual rows: f32, f16, bf16 or int8 (5) only
+      const uint8_t d = static_cast<uint8_t>(3 + in.u8() % 8);
+      c.residual_dtype = static_cast<kvc_dtype>(d == 5 ? 99 : d);
+      break;
+    }
     default: arg = nullptr; expect = KVC_ERR_NULL_POINTER; break;
   }
   kvc_pool *sentinel = reinterpret_cast<kvc_pool *>(&c);
   kvc_pool *out = sentinel;
   const kvc_status r = kvc_pool_create(arg, &out);
-  FCHECK(known_status(r) && r != KVC_OK, "bad config accepted, case " + std::to_string(sel % 16));
+  FCHECK(known_status(r) && r != KVC_OK, "bad config accepted, case " + std::to_string(sel % 17));
   FCHECK(expect == KVC_STATUS_FORCE_32BIT || r == expect,
-         "bad config case " + std::to_string(sel % 16) + ": " + st(r) + ", expected " + st(expect));
+         "bad config case " + std::to_string(sel % 17) + ": " + st(r) + ", expected " + st(expect));
   FCHECK(out == sentinel, "out written on failure");
   FCHECK(kvc_last_error_message()[0] != '\0', "no error message");
   FCHECK(kvc_pool_create(&good, nullptr) == KVC_ERR_NULL_POINTER, "out NULL");

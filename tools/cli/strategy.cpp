@@ -36,27 +36,28 @@ const std::vector<Component> &registry() {
        "per-token: dynamic per token and KV head)",
        KVC_DTYPE_FP8_E4M3,
        {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth", "residual",
-        "block"}},
+        "residual-int8", "block"}},
       {"fp8_e5m2",
        Kind::Codec,
        "OCP fp8 E5M2, like fp8_e4m3",
        KVC_DTYPE_FP8_E5M2,
        {"scale", "per-token", "hadamard", "sinks", "pre-rope", "smooth", "qsmooth", "residual",
-        "block"}},
+        "residual-int8", "block"}},
       {"int8",
        Kind::Codec,
        "int8, symmetric, f32 scale per token and KV head (per-token, default; vLLM style) or per "
        "group of G values",
        KVC_DTYPE_INT8,
        {"per-token", "group", "asym", "scale-f16", "hadamard", "full-range", "sinks", "pre-rope",
-        "smooth", "qsmooth", "outliers", "residual", "block"}},
+        "smooth", "qsmooth", "outliers", "residual", "residual-int8", "block"}},
       {"int4",
        Kind::Codec,
        "int4, f16 scale per group of G values of a token's row (default G=32, symmetric); "
        "full-range: all 16 codes, llama.cpp q4_0's rule; hadamard: rotate heads first (QuaRot)",
        KVC_DTYPE_INT4,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "block"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "residual-int8",
+        "block"}},
       {"int3",
        Kind::Codec,
        "int3 (eight codes in three bytes), f16 scale per group of G values (default G=32, "
@@ -64,32 +65,34 @@ const std::vector<Component> &registry() {
        "int4; kchannel=G: keys per channel over G tokens (KVQuant-style 3-bit keys)",
        KVC_DTYPE_INT3,
        {"group", "per-token", "asym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "block"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "residual-int8",
+        "block"}},
       {"int2",
        Kind::Codec,
        "int2, asymmetric f16 scale and zero per group of G values (default 32); sym or full-range: "
        "symmetric",
        KVC_DTYPE_INT2,
        {"group", "per-token", "sym", "scale-f32", "hadamard", "kchannel", "full-range", "sinks",
-        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "block"}},
+        "pre-rope", "smooth", "qsmooth", "outliers", "codebook", "residual", "residual-int8",
+        "block"}},
       {"kivi2",
        Kind::Codec,
        "KIVI (arXiv 2402.02750) 2-bit: K per channel over G tokens, V per group of G values, "
        "asymmetric, newest R tokens in f16 (default G=32, R=32)",
        KVC_DTYPE_INT2,
-       {"group", "residual", "sinks", "pre-rope"}},
+       {"group", "residual", "residual-int8", "sinks", "pre-rope"}},
       {"kivi4",
        Kind::Codec,
        "KIVI 4-bit, like kivi2",
        KVC_DTYPE_INT4,
-       {"group", "residual", "sinks", "pre-rope"}},
+       {"group", "residual", "residual-int8", "sinks", "pre-rope"}},
       {"hybrid",
        Kind::Codec,
        "recent-high / old-low precision: newest fraction of the sequence in f16, older tokens "
        "re-encoded as int4 as they age (V per group of 32 values, K per channel over kchannel=16 "
        "tokens; default fraction=0.25)",
        KVC_DTYPE_INT4,
-       {"fraction", "group", "kchannel", "sinks", "pre-rope"}},
+       {"fraction", "group", "kchannel", "sinks", "pre-rope", "residual-int8"}},
       {"full", Kind::Policy, "keep every token (no eviction; the default)", KVC_DTYPE_F32, {}},
       {"streaming",
        Kind::Policy,
@@ -286,7 +289,9 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "residual") {
       residual = whole(where, key, value, 0, 65536);
       has_residual = true;
-    } else if (key == "block")
+    } else if (key == "residual-int8")
+      st.residual_dtype = KVC_DTYPE_INT8;
+    else if (key == "block")
       block = whole(where, key, value, 1, 4096);
     else if (key == "pre-rope")
       st.pre_rope_keys = true;
@@ -311,7 +316,8 @@ void resolve_codec(Strategy &st, const std::string &where) {
     else if (key == "fraction")
       fraction = number(where, key, value, 0.0, 0.99);
     if ((key == "hadamard" || key == "per-token" || key == "asym" || key == "sym" ||
-         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16") &&
+         key == "full-range" || key == "pre-rope" || key == "scale-f32" || key == "scale-f16" ||
+         key == "residual-int8") &&
         !value.empty())
       throw RunnerError(where + "'" + key + "' is a flag and takes no value");
   }
@@ -785,6 +791,11 @@ Strategy parse_base(const std::string &spec) {
                         "residual= keeps keys and values of the newest tokens: give it "
                         "once (on the k- or the v- codec)");
     st.residual_window = std::max(k.residual_window, v.residual_window);
+    if (k.residual_dtype == KVC_DTYPE_INT8 && v.residual_dtype == KVC_DTYPE_INT8)
+      throw RunnerError(where +
+                        "residual-int8 stores keys and values of the residual: give it once (on "
+                        "the k- or the v- codec)");
+    st.residual_dtype = k.residual_dtype == KVC_DTYPE_INT8 ? k.residual_dtype : v.residual_dtype;
     st.block_explicit = k.block_explicit || v.block_explicit;
     const Strategy &sized = k.block_explicit ? k : v;
     const Strategy &other = k.block_explicit ? v : k;
@@ -823,6 +834,16 @@ Strategy parse_base(const std::string &spec) {
     if (st.residual_sinks > st.block_size)
       throw RunnerError(where + "sinks=" + std::to_string(st.residual_sinks) +
                         " is above the block size of " + std::to_string(st.block_size));
+  }
+  // Int8 residual rows need a residual arena to store.
+  if (st.residual_dtype == KVC_DTYPE_INT8) {
+    const bool staged = st.residual_window || st.residual_fraction > 0.0 || st.residual_sinks ||
+                        (st.k_quantized && st.k_codec.granularity == KVC_SCALE_PER_CHANNEL) ||
+                        (st.v_quantized && st.v_codec.granularity == KVC_SCALE_PER_CHANNEL);
+    if (!staged)
+      throw RunnerError(where +
+                        "residual-int8 stores the residual's rows as int8: it needs residual=, "
+                        "sinks=, kchannel= or a hybrid / kivi codec");
   }
   // Key smoothing scales the channels of quantized keys (kvc_pool_set_key_smoothing).
   if (st.key_qsmooth > 0.0 && st.key_smooth <= 0.0)
@@ -969,6 +990,7 @@ kvc_runner::PoolSettings pool_settings(const Strategy &s) {
   ps.residual_window = s.residual_window;
   ps.residual_fraction = s.residual_fraction;
   ps.residual_sinks = s.residual_sinks;
+  ps.residual_dtype = s.residual_dtype;
   ps.pre_rope_keys = s.pre_rope_keys;
   ps.headwise = s.headwise;
   ps.block_size = s.block_size;

@@ -51,6 +51,9 @@ struct Strategy {
   double residual_fraction = 0.0;     ///< hybrid: newest fraction kept in f16
   std::uint32_t residual_sinks =
       0;  ///< sinks=N: first N tokens of each layer kept in f16 (KVQuant / IntactKV)
+  /// residual-int8: the residual's rows (window, sinks, staged tokens) as int8 with an f16
+  /// scale per token and KV head (kvc_pool_config.residual_dtype); else f16.
+  kvc_dtype residual_dtype = KVC_DTYPE_F16;
   bool pre_rope_keys =
       false;  ///< pre-rope: keys quantized before RoPE (KVQuant; KVC_POOL_PRE_ROPE_KEYS)
   /// smooth[=A]: per-channel key smoothing from the model's key statistics

@@ -76,6 +76,7 @@ kvc_pool_config pool_config(const ModelConfig &c, const PoolSettings &settings,
   config.residual_window = settings.residual_window;
   config.residual_fraction = settings.residual_fraction;
   config.residual_sinks = settings.residual_sinks;
+  config.residual_dtype = settings.residual_dtype;
   if (settings.pre_rope_keys) config.flags |= KVC_POOL_PRE_ROPE_KEYS;
   if (settings.headwise) config.flags |= KVC_POOL_HEADWISE;
   if (settings.residual_window || settings.residual_fraction > 0 || settings.residual_sinks ||
@@ -408,8 +409,10 @@ void AttnSequence::store_chunk(int layer, int pos, int n, const float *k, const 
   if (owner_ && owner_->staged()) keep_exact(layer, pos, n, k, v);
 }
 
-// The chunk's own rows as the residual stores them: f16, saturated to its
-// range (docs/codecs.md), after the rows begin_chunk took from the pool.
+// The chunk's own rows as the residual stores them (docs/codecs.md), after
+// the rows begin_chunk took from the pool: f16, saturated to its range; or
+// int8 rows with an f16 scale per token and KV head (residual-int8), the
+// codes kvc_quantize() gives for that codec.
 void AttnSequence::keep_exact(int layer, int pos, int n, const float *k, const float *v) {
   ExactRows &e = exact_.at(std::size_t(layer));
   const std::size_t row = std::size_t(n_kv_heads_) * std::size_t(head_dim_);
@@ -418,10 +421,27 @@ void AttnSequence::keep_exact(int layer, int pos, int n, const float *k, const f
   const std::size_t at = e.k.size(), cnt = std::size_t(n) * row;
   e.k.resize(at + cnt);
   e.v.resize(at + cnt);
-  half_.resize(cnt);
+  const bool int8 = owner_->residual_dtype() == KVC_DTYPE_INT8;
+  half_.resize(int8 ? cnt / 2 + std::size_t(n) * std::size_t(n_kv_heads_) : cnt);
+  kvc_codec c8;
+  kvc_codec_init(&c8);
+  c8.dtype = KVC_DTYPE_INT8;
+  c8.granularity = KVC_SCALE_PER_TOKEN;
+  c8.scale_dtype = KVC_DTYPE_F16;
+  const std::uint64_t rows = std::uint64_t(n) * std::uint64_t(n_kv_heads_);
   for (int kv = 0; kv < 2; ++kv) {
     const float *src = kv ? v : k;
     float *dst = (kv ? e.v : e.k).data() + at;
+    if (int8) {  // codes in half_'s first cnt bytes, the f16 scales after them
+      void *codes = half_.data(), *scales = half_.data() + cnt / 2;
+      check_kvc(kvc_quantize(&c8, src, KVC_DTYPE_F32, rows, std::uint64_t(head_dim_), codes, scales,
+                             nullptr),
+                "kvc_quantize");
+      check_kvc(kvc_dequantize(&c8, codes, scales, nullptr, rows, std::uint64_t(head_dim_), dst,
+                               KVC_DTYPE_F32),
+                "kvc_dequantize");
+      continue;
+    }
     for (std::size_t i = 0; i < cnt; ++i) dst[i] = std::clamp(src[i], -65504.0f, 65504.0f);
     check_kvc(kvc_convert(dst, KVC_DTYPE_F32, half_.data(), KVC_DTYPE_F16, cnt), "kvc_convert");
     check_kvc(kvc_convert(half_.data(), KVC_DTYPE_F16, dst, KVC_DTYPE_F32, cnt), "kvc_convert");

@@ -78,6 +78,7 @@ struct PoolSettings {
   double residual_fraction = 0.0;
   std::uint32_t residual_sinks =
       0;  ///< first tokens of each layer kept in f16 (kvc_pool_config.residual_sinks)
+  kvc_dtype residual_dtype = KVC_DTYPE_F16;  ///< kvc_pool_config.residual_dtype (f16 or int8)
   bool pre_rope_keys = false;  ///< keys quantized before RoPE (KVC_POOL_PRE_ROPE_KEYS)
   /// Per-channel key smoothing (kvc_pool_set_key_smoothing): `[layers][kv_dim]`, empty: none.
   std::vector<float> key_scale, key_offset;
@@ -142,6 +143,8 @@ class KvPool {
     return settings_.residual_window || settings_.residual_fraction > 0.0 || group_ > 1;
   }
   std::uint32_t sinks() const { return settings_.residual_sinks; }
+  /// How the residual stores its rows (f16, or int8 with a scale per token and KV head).
+  kvc_dtype residual_dtype() const { return settings_.residual_dtype; }
   const kvc_pool_layout &layout() const { return layout_; }
   kvc_stats stats() const;
   void reset_peak();
@@ -336,7 +339,7 @@ class AttnSequence {
     std::vector<float> k, v;  // [position - first][kv_heads][head_dim]
   };
   std::vector<ExactRows> exact_;      // per layer: this chunk's window rows
-  std::vector<std::uint16_t> half_;   // f16 rounding scratch
+  std::vector<std::uint16_t> half_;   // f16 rounding / int8 codes and scales scratch
   std::vector<float> lse_;            // attend_chunk: the prefill's lse for decode_window
   std::vector<float> gk_, gv_;        // decode_window: the pool's rows as read
   std::vector<double> acc_, scores_;  // decode_window: one row and head

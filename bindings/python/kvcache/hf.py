@@ -355,6 +355,7 @@ class PagedCache(Cache):
         c.residual_window = st.residual_window
         c.residual_fraction = st.residual_fraction
         c.residual_sinks = st.residual_sinks
+        c.residual_dtype = st.residual_dtype
         c.rope_style = _native.ROPE_NEOX  # Hugging Face Llama rotates halves
         c.rope_theta = self._theta
         if st.pre_rope_keys:

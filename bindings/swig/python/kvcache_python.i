@@ -300,6 +300,7 @@ struct kvc_py_strategy {
   uint32_t residual_window = 0;
   double residual_fraction = 0.0;
   uint32_t residual_sinks = 0;
+  int residual_dtype = KVC_DTYPE_F16; /* residual-int8: KVC_DTYPE_INT8 (kvc_pool_config.residual_dtype) */
   bool pre_rope_keys = false;
   double key_smooth = 0.0;     /* smooth=A: key smoothing from the model's key statistics; 0 none */
   double key_qsmooth = 0.0;    /* qsmooth=B: the smoothing divided by the queries' rms ^ B; 0 none */
@@ -352,6 +353,7 @@ static kvc_py_strategy parse_strategy(const std::string &spec) {
     r.residual_window = s.residual_window;
     r.residual_fraction = s.residual_fraction;
     r.residual_sinks = s.residual_sinks;
+    r.residual_dtype = s.residual_dtype;
     r.pre_rope_keys = s.pre_rope_keys;
     r.key_smooth = s.key_smooth;
     r.key_qsmooth = s.key_qsmooth;
