@@ -422,7 +422,15 @@ void test_errors() {
   cfg.k_codec = &kc;
   cfg.residual_window = 16;
   CHECK(kvc_pool_create(&cfg, &bad) == KVC_ERR_UNSUPPORTED && !bad, "residual window on CUDA");
+  cfg.residual_dtype = KVC_DTYPE_INT8;  // int8 residual rows: CPU pools only, as every residual
+  CHECK(kvc_pool_create(&cfg, &bad) == KVC_ERR_UNSUPPORTED && !bad, "int8 residual rows on CUDA: %s",
+        kvc_last_error_message());
   cfg.residual_window = 0;
+  cfg.residual_sinks = 1;
+  CHECK(kvc_pool_create(&cfg, &bad) == KVC_ERR_UNSUPPORTED && !bad, "int8 sink rows on CUDA: %s",
+        kvc_last_error_message());
+  cfg.residual_sinks = 0;
+  cfg.residual_dtype = KVC_DTYPE_F16;
   cfg.block_size = 4096;  // 2 MiB blocks x 2^20: 2 TiB, far beyond the device's memory
   cfg.num_blocks = uint64_t(1) << 20;
   cfg.k_codec = nullptr;

@@ -902,13 +902,15 @@ std::vector<Strategy> parse_strategy_list(const std::string &list) {
 std::vector<std::string> default_strategies() {
   // The codecs issue's rows at <= 4.5, 3.5, 3.0 and 2.5 mean bits: keys with
   // query-weighted smoothing (C), values rotated with codebooks (V); the
-  // lower three also as SmolLM2's best rows: the newest 2-8 tokens exact in
-  // blocks of 2 (residual=R:block=2), fewer bits in its least sensitive
-  // layers (docs/eval.md "Residual windows on any codec"). Rows with
-  // per-layer parts run only on models that have those layers.
+  // lower three also as SmolLM2's best rows: the newest 8 tokens as int8 rows
+  // in blocks of 8 (residual=8:block=8:residual-int8), a scale per token for
+  // the values (group=192, SmolLM2's 3 KV heads x 64), more bits in the
+  // layers a sensitivity scan found most sensitive (docs/eval.md "Int8
+  // windows"). Rows with per-layer parts run only on models that have those
+  // layers.
   const std::string C = "pre-rope:smooth=0.5:qsmooth=0.5:hadamard:codebook",
                     V = "hadamard:codebook";
-  const std::string keys_int2_17 = "@0.1.2.4.7.11.12.13.16.19.22.24.25.26.27.28.29=";
+  const std::string w8 = ":sinks=1:residual=8:block=8:residual-int8";
   // clang-format off
   return {
       "f32", "f16", "bf16", "fp8_e4m3", "fp8_e4m3:per-token", "fp8_e5m2", "int8:per-token",
@@ -922,14 +924,13 @@ std::vector<std::string> default_strategies() {
       "k-int4:group=32:" + C + ":sinks=2+v-int4:per-token:" + V,
       "k-int3:kchannel=128:asym:pre-rope+v-int2:group=32:full-range",
       "k-int3:per-token:" + C + ":sinks=1+v-int3:group=32:" + V,
-      "k-int3:per-token:" + C + ":sinks=1:residual=4:block=2+v-int3:per-token:" + V +
-          "@0.5.13.25.26.27.28.29=k-int3:per-token:" + V + "+v-int2:per-token:" + V,
+      "k-int3:per-token:" + C + w8 + "+v-int3:per-token:" + V,
       "k-int3:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
-      "k-int3:per-token:" + C + ":sinks=1:residual=8:block=2+v-int2:per-token:" + V +
-          keys_int2_17 + "k-int2:per-token:" + V + "+v-int2:per-token:" + V +
-          "@23=k-int3:per-token:" + V + "+v-int3:per-token:" + V,
+      "k-int3:per-token:" + C + w8 + "+v-int2:group=192:" + V + "@2.18.19.20.21.22.23.24=k-int3:per-token:" +
+          V + "+v-int3:group=192:" + V,
       "k-int2:per-token:" + C + ":sinks=1+v-int2:group=32:" + V,
-      "k-int2:per-token:" + C + ":sinks=1:residual=2:block=2+v-int2:per-token:" + V,
+      "k-int2:per-token:" + C + w8 + "+v-int2:group=192:" + V + "@3.8.17.18.20.23=k-int3:per-token:" +
+          V + "+v-int2:group=192:" + V,
       "int2:group=32",
       "int2:group=32:hadamard",
       "kivi4:group=16:residual=32",
