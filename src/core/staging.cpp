@@ -110,6 +110,7 @@ int32_t Staging::cow(int32_t b) {
 // int8 per-token rows with f16 scales (symmetric, scale = largest |x| / 127,
 // round to nearest even), one scale per token and KV head.
 namespace {
+constexpr uint64_t kMaxHeadDim = 1024;  // config.cpp: head_dim in [1, 1024]
 codec::Spec int8_rows() {
   codec::Spec s;
   s.dtype = DType::INT8;
@@ -143,12 +144,13 @@ void Staging::write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   const uint64_t part = cfg_.block_size * row_bytes_of(cfg_);
   if (cfg_.residual_dtype == DType::INT8) {
-    // One head's row at a time through a stack buffer (head_dim <= 256): the
-    // input was checked finite by the append; nothing here allocates or throws.
+    // One head's row at a time through a stack buffer (head_dim <= 1024, as
+    // config.cpp checks): the input was checked finite by the append;
+    // nothing here allocates or throws.
     const codec::Spec spec = int8_rows();
     const uint64_t h = cfg_.num_kv_heads, d = cfg_.head_dim, es = dtype_bytes(src);
     const uint64_t codes = h * d, bs = cfg_.block_size;
-    float buf[256];
+    float buf[kMaxHeadDim];
     for (uint64_t p = 0; p < 2; ++p) {
       const uint8_t *in = p ? v : k;
       uint8_t *c = blk + p * part, *sc = blk + p * part + bs * codes;
@@ -166,6 +168,23 @@ void Staging::write(uint8_t *blk, uint32_t slot, const uint8_t *k, const uint8_t
   convert_saturating(v, src, blk + part + slot * row * e, cfg_.residual_dtype, count * row);
 }
 
+void Staging::copy_row(const uint8_t *src, uint32_t src_slot, uint8_t *dst,
+                       uint32_t dst_slot) const {
+  const uint64_t bs = cfg_.block_size, part = bs * row_bytes_of(cfg_);
+  if (cfg_.residual_dtype == DType::INT8) {
+    const uint64_t h = cfg_.num_kv_heads, codes = h * cfg_.head_dim;
+    for (uint64_t p = 0; p < 2; ++p) {
+      std::memcpy(dst + p * part + dst_slot * codes, src + p * part + src_slot * codes, codes);
+      std::memcpy(dst + p * part + bs * codes + dst_slot * h * 2,
+                  src + p * part + bs * codes + src_slot * h * 2, h * 2);
+    }
+    return;
+  }
+  const uint64_t row = row_bytes_of(cfg_);
+  for (uint64_t p = 0; p < 2; ++p)
+    std::memcpy(dst + p * part + dst_slot * row, src + p * part + src_slot * row, row);
+}
+
 void Staging::read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out,
                    uint8_t *v_out, DType dst) const {
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
@@ -174,7 +193,7 @@ void Staging::read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k
     const codec::Spec spec = int8_rows();
     const uint64_t h = cfg_.num_kv_heads, d = cfg_.head_dim, es = dtype_bytes(dst);
     const uint64_t codes = h * d, bs = cfg_.block_size;
-    float buf[256];
+    float buf[kMaxHeadDim];
     for (uint64_t p = 0; p < 2; ++p) {
       uint8_t *out = p ? v_out : k_out;
       if (!out) continue;
@@ -275,9 +294,19 @@ void Staging::age(uint32_t layer, LayerTable &l, uint64_t count) {
                              reinterpret_cast<uint8_t *>(buf + (unit + t) * row),
                              row * sizeof(float));
     }
-    // Attention sinks keep their residual rows (exact: residual_dtype in and out).
-    write_sinks(layer, l, l.n_lp + done, unit, reinterpret_cast<const uint8_t *>(buf),
-                reinterpret_cast<const uint8_t *>(buf + unit * row), DType::F32);
+    // Attention sinks keep their residual rows: the stored bytes (int8 rows
+    // re-encoded from their decoded values could take another scale where
+    // the f16 scale is subnormal); an unwritten row as zeros.
+    if (l.sink_block >= 0)
+      for (uint32_t t = 0; t < unit && l.n_lp + done + t < sinks; ++t) {
+        const uint64_t r = l.res_off + done + t;
+        const uint32_t dst = sink_slot(layer) + static_cast<uint32_t>(l.n_lp + done + t);
+        if (written.test(l.res_blocks[r / bs], static_cast<uint32_t>(r % bs)))
+          copy_row(ptr(l.res_blocks[r / bs]), static_cast<uint32_t>(r % bs), ptr(l.sink_block),
+                   dst);
+        else
+          zero_slots(ptr(l.sink_block), dst, 1);
+      }
     if (c_.fmt_.pre_rope)  // keys before RoPE: undo it at each token's RoPE position
       for (uint32_t t = 0; t < unit; ++t)
         c_.fmt_.pre_rope->rotate(buf + t * row, cfg_.num_kv_heads,

@@ -82,6 +82,10 @@ class Staging : public StagingRules {
   void read(const uint8_t *blk, uint32_t slot, uint64_t count, uint8_t *k_out, uint8_t *v_out,
             DType dst) const;
 
+  // One token's K and V rows, as stored, from slot src_slot of residual block src to slot
+  // dst_slot of residual block dst (src != dst or different slots).
+  void copy_row(const uint8_t *src, uint32_t src_slot, uint8_t *dst, uint32_t dst_slot) const;
+
   // Attention sinks.
   void assign_sinks(Sequence &s) const;  // each layer's sink_block from s.sink_blocks
   // Copies of tokens [idx0, idx0 + n) of a layer (rows of k and v), those below S.

@@ -102,7 +102,8 @@ std::string describe_difference(const std::vector<uint8_t> &mine, const uint8_t 
               " (this pool: " + u64s(a) + ")";
   }
   return diff.empty() ? "head-wise storage, codecs (outliers included; per-layer codecs), scales, "
-                        "residual window, attention sinks, RoPE settings, key smoothing or "
+                        "residual window or residual_dtype, attention sinks, RoPE settings, key "
+                        "smoothing or "
                         "codebooks differ"
                       : diff;
 }

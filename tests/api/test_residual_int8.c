@@ -277,11 +277,82 @@ static void test_channel_truncate(void **state) {
   kvc_pool_destroy(p);
 }
 
+/* head_dim up to 1024 (a row's buffer once held 256 values: head_dim 512
+ * overran it on append and on f16 gathers). */
+static void test_large_head_dim(void **state) {
+  (void)state;
+  enum { D = 512 };
+  kvc_codec c4 = int4_token();
+  kvc_pool_config c = test_config(1, 1, D, 4, 16);
+  c.k_codec = c.v_codec = &c4;
+  c.residual_window = 2;
+  c.residual_dtype = KVC_DTYPE_INT8;
+  kvc_pool *p = NULL;
+  ASSERT_OK(kvc_pool_create(&c, &p));
+  ASSERT_OK(kvc_seq_create(p, 1));
+  static float k[3][D], got[3][D], want[D];
+  static uint16_t half[3][D];
+  for (int t = 0; t < 3; ++t) {
+    for (int e = 0; e < D; ++e) k[t][e] = sinf(0.3f * (float)t + 0.011f * (float)e) * (e == 7 ? 9.0f : 1.0f);
+    ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
+    ASSERT_OK(kvc_append(p, 1, 0, (uint64_t)t, 1, k[t], k[t], KVC_DTYPE_F32));
+  }
+  kvc_codec i8;
+  kvc_codec_init(&i8);
+  i8.dtype = KVC_DTYPE_INT8;
+  i8.granularity = KVC_SCALE_PER_TOKEN;
+  i8.scale_dtype = KVC_DTYPE_F16;
+  static int8_t codes[D];
+  uint16_t scale;
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 3, got, NULL, KVC_DTYPE_F32, NULL));
+  ASSERT_OK(kvc_gather(p, 1, 0, 0, 3, half, NULL, KVC_DTYPE_F16, NULL));
+  for (int t = 1; t < 3; ++t) { /* the window */
+    ASSERT_OK(kvc_quantize(&i8, k[t], KVC_DTYPE_F32, 1, D, codes, &scale, NULL));
+    ASSERT_OK(kvc_dequantize(&i8, codes, &scale, NULL, 1, D, want, KVC_DTYPE_F32));
+    assert_memory_equal(got[t], want, sizeof want);
+    static float back[D];
+    ASSERT_OK(kvc_convert(half[t], KVC_DTYPE_F16, back, KVC_DTYPE_F32, D));
+    for (int e = 0; e < D; ++e) assert_true(fabsf(back[e] - want[e]) <= 1e-3f * fabsf(want[e]) + 1e-7f);
+  }
+  kvc_pool_destroy(p);
+}
+
+/* A sink that passes through the window keeps its stored int8 row when it
+ * ages: rows of small values (f16 scales below 2^-14, subnormal) re-encoded
+ * from their decoded values could take another scale. 300 sequences of such
+ * rows, each sink read back as kvc_quantize's row of its input. */
+static void test_sinks_of_small_rows(void **state) {
+  (void)state;
+  kvc_codec c4 = int4_token();
+  kvc_pool *p = int8_pool(&c4, &c4, 2, 1, KVC_DTYPE_INT8);
+  uint32_t rng = 12345;
+  float k[kRow], v[kRow], got[kRow], want[kRow];
+  for (uint64_t seq = 1; seq <= 300; ++seq) {
+    ASSERT_OK(kvc_seq_create(p, seq));
+    for (uint64_t pos = 0; pos < 4; ++pos) {
+      const float mag = pos == 0 ? 2e-5f + 2e-3f * (float)(seq % 97) / 97.0f : 1.0f;
+      for (int e = 0; e < kRow; ++e) {
+        rng = rng * 1664525u + 1013904223u;
+        k[e] = mag * ((float)(rng >> 8) / 16777216.0f - 0.5f);
+        v[e] = -k[e];
+      }
+      if (pos == 0) int8_rows(k, want);
+      ASSERT_OK(kvc_seq_reserve(p, seq, 1, NULL));
+      for (uint32_t l = 0; l < 2; ++l) ASSERT_OK(kvc_append(p, seq, l, pos, 1, k, v, KVC_DTYPE_F32));
+    }
+    ASSERT_OK(kvc_gather(p, seq, 1, 0, 1, got, NULL, KVC_DTYPE_F32, NULL));
+    assert_memory_equal(got, want, sizeof want);
+    ASSERT_OK(kvc_seq_free(p, seq));
+  }
+  kvc_pool_destroy(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_window_rows),       cmocka_unit_test(test_sinks_and_attention),
       cmocka_unit_test(test_fork_save_restore), cmocka_unit_test(test_bad_input),
-      cmocka_unit_test(test_channel_truncate),
+      cmocka_unit_test(test_channel_truncate),  cmocka_unit_test(test_large_head_dim),
+      cmocka_unit_test(test_sinks_of_small_rows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
