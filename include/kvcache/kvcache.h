@@ -654,10 +654,12 @@ typedef struct kvc_pool_config {
    * ::KVC_DTYPE_F16 (default), ::KVC_DTYPE_BF16, ::KVC_DTYPE_F32, or ::KVC_DTYPE_INT8 (@since 0.4):
    * int8 rows with one f16 scale per token and KV head, the codes kvc_quantize() gives for an
    * int8 per-token codec with f16 scales (symmetric, scale = largest |x| / 127, round to nearest
-   * even), 8.25 bits per element at head_dim 64: a window costs about half of f16's. The
-   * KIVI-style window of the low-bit rows in docs/eval.md. Int8 rows take finite values only:
-   * an append with NaN or Inf returns ::KVC_ERR_NON_FINITE and writes nothing, for a part
-   * stored plainly once encoded too. Anything else: ::KVC_ERR_INVALID_ARGUMENT at create.
+   * even), 8.25 bits per element at head_dim 64: a window costs about half of f16's (the
+   * low-bit rows of docs/eval.md, "Int8 windows"). Int8 rows take finite values only: an append
+   * with NaN or Inf returns ::KVC_ERR_NON_FINITE and writes nothing, for a part stored plainly
+   * once encoded too. Unused (any valid value accepted) when the pool has no residual: no
+   * window, hybrid fraction, per-channel codec or sinks. Anything else:
+   * ::KVC_ERR_INVALID_ARGUMENT at create.
    * @since 0.2
    */
   kvc_dtype residual_dtype;

@@ -234,7 +234,16 @@ class CpuStore final : public BlockStore {
           for (uint64_t i = 0; i < n * row; i += 1024) {
             const uint64_t m = std::min<uint64_t>(1024, n * row - i);
             convert(p + i * dtype_bytes(src), src, tmp, DType::F32, m);
-            codec::check_finite(tmp, m, kv == 0 ? "k" : "v");
+            for (uint64_t j = 0; j < m; ++j)
+              if (!std::isfinite(tmp[j])) {
+                const uint64_t e = i + j, hd = c_.cfg_.head_dim;
+                fail(Errc::NonFinite,
+                     std::string(kv == 0 ? "k" : "v") + " token " + u64s(e / row) + ", head " +
+                         u64s(e % row / hd) + ", dim " + u64s(e % hd) + " is " +
+                         (std::isnan(tmp[j]) ? "NaN" : "Inf") +
+                         ": int8 residual rows (residual_dtype) take finite values only; "
+                         "nothing was written");
+              }
           }
         }
     }

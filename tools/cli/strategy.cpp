@@ -602,6 +602,9 @@ Strategy parse_strategy(const std::string &spec) {
                         "': expected @LAYERS=CODECS, like @0.1=k-int8+v-int8");
     Strategy::LayerPart lp;
     lp.layers = parse_layers(where, parts[i].substr(0, eq));
+    if (parts[i].find("residual-int8") != std::string::npos)
+      throw RunnerError(where + "'@" + parts[i] +
+                        "': residual-int8 stores every layer's residual rows: give it on the base");
     const Strategy alt = parse_base(parts[i].substr(eq + 1));
     if (alt.residual_window)
       throw RunnerError(where + "'@" + parts[i] +

@@ -123,7 +123,8 @@ impl PoolConfig {
     }
 
     /// KIVI's residual window: the newest `tokens` of each layer stay in
-    /// `dtype` (f16, bf16 or f32) until they age; needs a quantized codec.
+    /// `dtype` (f16, bf16, f32, or int8 rows with an f16 scale per token and
+    /// KV head) until they age; needs a quantized codec.
     pub fn residual_window(mut self, tokens: u32, dtype: Dtype) -> PoolConfig {
         self.raw.residual_window = tokens;
         self.raw.residual_dtype = dtype.to_raw();
