@@ -789,7 +789,17 @@ pub struct kvc_pool_config {
     #[doc = " encoded with the codecs as they age; 0 (default) = none. Needs a quantized K or V codec."]
     #[doc = " @since 0.2"]
     pub residual_window: u32,
-    #[doc = " Storage of residual tokens: f16 (default), bf16 or f32. @since 0.2"]
+    #[doc = " Storage of residual tokens (the window, hybrid and staged tokens, and attention-sink copies):"]
+    #[doc = " ::KVC_DTYPE_F16 (default), ::KVC_DTYPE_BF16, ::KVC_DTYPE_F32, or ::KVC_DTYPE_INT8 (@since 0.4):"]
+    #[doc = " int8 rows with one f16 scale per token and KV head, the codes kvc_quantize() gives for an"]
+    #[doc = " int8 per-token codec with f16 scales (symmetric, scale = largest |x| / 127, round to nearest"]
+    #[doc = " even), 8.25 bits per element at head_dim 64: a window costs about half of f16's (the"]
+    #[doc = " low-bit rows of docs/eval.md, \"Int8 windows\"). Int8 rows take finite values only: an append"]
+    #[doc = " with NaN or Inf returns ::KVC_ERR_NON_FINITE and writes nothing, for a part stored plainly"]
+    #[doc = " once encoded too. Unused (any valid value accepted) when the pool has no residual: no"]
+    #[doc = " window, hybrid fraction, per-channel codec or sinks. Anything else:"]
+    #[doc = " ::KVC_ERR_INVALID_ARGUMENT at create."]
+    #[doc = " @since 0.2"]
     pub residual_dtype: kvc_dtype,
     #[doc = " Hybrid precision: keep the newest floor(fraction x length) tokens in residual_dtype (when above"]
     #[doc = " residual_window), in [0, 1); 0 (default) = off."]
@@ -1824,7 +1834,8 @@ pub struct kvc_pool_layout {
     #[doc = "< V's group size. @since 0.2"]
     pub v_group_size: u32,
     #[doc = " First byte of residual block 0 (NULL without a residual window). Residual block r holds K then"]
-    #[doc = " V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype, at"]
+    #[doc = " V, each `[block_size][num_kv_heads][head_dim]` of residual_dtype (::KVC_DTYPE_INT8: those"]
+    #[doc = " codes, then `[block_size][num_kv_heads]` f16 scales, in each part), at"]
     #[doc = " `residual_base + r * residual_block_stride`."]
     #[doc = " @since 0.2"]
     pub residual_base: *mut ::std::os::raw::c_void,
