@@ -17,8 +17,8 @@ namespace kvc::attention {
 
 // How the K (or the V) of a tile is stored, for the fused decode kernels
 // that read it in place (no f32 copy): value = (code - offset) * scale + zero
-// for integer codes (scale and zero per token and KV head), the value itself
-// for float storage.
+// for integer codes (scale and zero per token and KV head, or per group of
+// values of a head), the value itself for float storage.
 enum class RawType : uint8_t { None, F32, F16, BF16, Int8, UInt8, Int4 };
 struct RawPart {
   RawType type = RawType::None;
@@ -32,6 +32,12 @@ struct RawPart {
   uint64_t scale_token_stride = 0;  // bytes between tokens' scales
   uint64_t scale_head_stride = 0;   // bytes between KV heads' scales
   bool scale_f16 = false;
+  // Integer codes with per-group scales (llama.cpp's q4_0 / q8_0 blocks,
+  // HQQ's and transformers' group-wise caches): the values of each scale, a
+  // multiple of 16 dividing head_dim, the head's groups' scales (and zeros)
+  // adjacent, scale_head_stride = (head_dim / group) x their bytes. 0: one
+  // scale per token and KV head.
+  uint32_t group = 0;
 };
 struct RawTile {
   RawPart k, v;

@@ -32,7 +32,15 @@ bool supports(const RawTile &rt, uint64_t head_dim) {
            (p.type == RawType::F32 || p.type == RawType::F16 || p.type == RawType::BF16 ||
             p.scale != nullptr);
   };
-  return head_dim > 0 && head_dim % 16 == 0 && known(rt.k) && known(rt.v);
+  // per-group scales: whole groups of 16 values or more in each head, the
+  // head's scales adjacent
+  auto grouped = [&](const RawPart &p) {
+    const uint64_t sb = p.scale_f16 ? 2 : 4;
+    return p.group == 0 || (p.group % 16 == 0 && head_dim % p.group == 0 &&
+                            p.scale_head_stride == head_dim / p.group * sb);
+  };
+  return head_dim > 0 && head_dim % 16 == 0 && known(rt.k) && known(rt.v) && grouped(rt.k) &&
+         grouped(rt.v);
 }
 
 bool same_layout(const RawTile &a, const RawTile &b) {
@@ -40,7 +48,8 @@ bool same_layout(const RawTile &a, const RawTile &b) {
     return x.type == y.type && x.token_stride == y.token_stride && x.head_stride == y.head_stride &&
            x.offset == y.offset && (x.zero == nullptr) == (y.zero == nullptr) &&
            x.scale_token_stride == y.scale_token_stride &&
-           x.scale_head_stride == y.scale_head_stride && x.scale_f16 == y.scale_f16;
+           x.scale_head_stride == y.scale_head_stride && x.scale_f16 == y.scale_f16 &&
+           x.group == y.group;
   };
   return same(a.k, b.k) && same(a.v, b.v);
 }
@@ -190,6 +199,7 @@ struct FusedScratch {
   ScratchBuffer<uint8_t> packed;
   ScratchBuffer<float> qsum;
   ScratchBuffer<int32_t> toff;  // per-token code centres of asymmetric parts
+  ScratchBuffer<float> grp;     // per-group scales: group scores and weights
 };
 
 // --- int8 query (KVC_QUERY_INT8): scores of integer keys in integers -------
@@ -934,6 +944,7 @@ namespace avx2 {
 #define KVC_FUSED_WIDE 0
 constexpr int kAcc = 8;
 #include "attention/fused_kernels.inc"
+#include "attention/fused_run.inc"
 #undef KVC_FUSED_WIDE
 #undef KVC_FUSED
 }  // namespace avx2
@@ -942,6 +953,7 @@ namespace avx512 {
 #define KVC_FUSED_WIDE 1
 constexpr int kAcc = 16;
 #include "attention/fused_kernels.inc"
+#include "attention/fused_run.inc"
 #undef KVC_FUSED_WIDE
 #undef KVC_FUSED
 }  // namespace avx512

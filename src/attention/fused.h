@@ -1,6 +1,7 @@
 // Fused decode kernels (internal to the attention module): one query row
 // against runs of tiles of stored K/V read in place (f16 / bf16 / f32, or
-// int8 / int4 codes with per-token scales), each K and V row read and
+// int8 / int4 codes with per-token scales or per-group scales within each
+// head, the latter dequantized in registers), each K and V row read and
 // converted once for all the query heads of its GQA group, the conversion
 // (or dequantization) fused into the dot products and the weighted sum, the
 // exponentials vectorized, the softmax's bookkeeping once per run of up to
@@ -105,8 +106,10 @@ void scores_i8_amx(const uint8_t *k0, uint64_t kts, uint64_t hd, uint64_t grp, b
 void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t *codes,
                     float *scale, int32_t *sum);
 
-// Whether the kernels take this tile: known types on both parts and
-// head_dim a multiple of 16.
+// Whether the kernels take this tile: known types on both parts, head_dim
+// a multiple of 16, and per-group scales (RawPart::group) in groups of a
+// multiple of 16 that divide head_dim, a head's scales adjacent. Tiles with
+// per-group scales take the exact query (q8 is ignored for their runs).
 bool supports(const RawTile &rt, uint64_t head_dim);
 
 // The most tiles one run() takes.

@@ -59,8 +59,8 @@ class LayerTiles final : public attention::TileSource {
     return cnt;
   }
   // Paged tokens stored plainly (f32 / f16 / bf16) or as int8 / int4 codes
-  // with per-token scales, all written, no sink copy over them, no rotation
-  // or pre-RoPE keys to undo: the same tokens read() returns, where they are.
+  // with per-token scales or per-group ones within each head, all written, no sink copy over them,
+  // no rotation or pre-RoPE keys to undo: the same tokens read() returns, where they are.
   uint64_t raw(uint64_t t0, uint64_t max_count, attention::RawTile &rt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size;
@@ -73,13 +73,13 @@ class LayerTiles final : public attention::TileSource {
     const uint8_t *blk = arena_ + p_.fmt_.block_offset(b);
     for (int kv = 0; kv < 2; ++kv)
       if ((p_.fmt_.codebook[kv] && p_.fmt_.codebook[kv]->has(layer_)) ||
-          !raw_part(p_.fmt_.part(layer_, kv), blk, slot, kv ? rt.v : rt.k))
+          !raw_part(p_.fmt_.part(layer_, kv), blk, slot, p_.cfg_.head_dim, kv ? rt.v : rt.k))
         return 0;
     return cnt;
   }
 
  private:
-  static bool raw_part(const PartLayout &pl, const uint8_t *blk, uint32_t slot,
+  static bool raw_part(const PartLayout &pl, const uint8_t *blk, uint32_t slot, uint64_t hd,
                        attention::RawPart &out) {
     using attention::RawType;
     if (pl.rotation_block) return false;
@@ -101,7 +101,11 @@ class LayerTiles final : public attention::TileSource {
           return false;
       }
     }
-    if (pl.spec.gran != codec::Gran::Token || pl.spec.outliers) return false;
+    // per-token scales, or per-group ones whose groups tile each head
+    const bool grouped = pl.spec.gran == codec::Gran::Group && pl.spec.group < hd;
+    if (pl.spec.outliers || !(pl.spec.gran == codec::Gran::Token ||
+                              (pl.spec.gran == codec::Gran::Group && hd % pl.spec.group == 0)))
+      return false;
     if (pl.spec.dtype == DType::INT8) {
       out.type = pl.spec.asym ? RawType::UInt8 : RawType::Int8;
       out.offset = 0;
@@ -111,11 +115,13 @@ class LayerTiles final : public attention::TileSource {
     } else {
       return false;
     }
-    const uint64_t sb = pl.scales_per_token * pl.scale_bytes;  // one scale per KV head
+    // one scale per KV head, or per group of a head's values ([head][group])
+    const uint64_t sb = pl.scales_per_token * pl.scale_bytes;
     out.scale = blk + pl.scale_offset + slot * sb;
     out.zero = pl.spec.asym ? blk + pl.zero_offset + slot * sb : nullptr;
     out.scale_token_stride = sb;
-    out.scale_head_stride = pl.scale_bytes;
+    out.group = grouped ? static_cast<uint32_t>(pl.spec.group) : 0;
+    out.scale_head_stride = grouped ? hd / pl.spec.group * pl.scale_bytes : pl.scale_bytes;
     out.scale_f16 = pl.scale_bytes == 2;
     return true;
   }

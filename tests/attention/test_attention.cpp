@@ -498,7 +498,9 @@ KVTEST(bad_input) {
 // The fused decode kernels (attention/fused.h: K/V read in place, one
 // conversion per row for its GQA group) against the f32 tile path and a
 // float64 reference: every storage they take (f32, f16, bf16, int8 and int4
-// per-token codes, symmetric and with zero points, f32 and f16 scales), GQA
+// codes with per-token scales or per-group ones within each head (groups of
+// 16 and 32: several scales a head), symmetric and with zero points, f32 and
+// f16 scales), GQA
 // groups of 1, 2, 3, 4, 8 and 12 heads (1 to 8 KV heads), head_dim 16 to 128, lengths across
 // block and band edges, observation, and scores beyond f32.
 KVTEST(fused_paths_agree) {
@@ -513,16 +515,22 @@ KVTEST(fused_paths_agree) {
     kvc_dtype plain, dt;
     int asym;
     kvc_dtype scale;
+    uint32_t group;  // 0: per-token scales
   };
   const Storage stor[] = {
-      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32},
-      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32},
-      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32},
-      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32},
-      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16},
-      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16},
-      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32},
-      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32},
+      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0},
+      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0},
+      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0},
+      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0},
+      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0},
+      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0},
+      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0},
+      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0},
+      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16},
+      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16},
+      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16},
+      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16},
+      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32},
   };
   struct Shape {
     uint32_t hq, hkv, hd, bs;
@@ -540,6 +548,11 @@ KVTEST(fused_paths_agree) {
       g.hd = sp.hd;
       g.bs = sp.bs;
       kvc_codec codec = per_token_codec(st.dt, st.asym != 0, st.scale);
+      if (st.group) {
+        if (sp.hd % st.group != 0) continue;  // (the tile path's own groups: not the kernels')
+        codec.granularity = KVC_SCALE_PER_GROUP;
+        codec.group_size = st.group;
+      }
       const bool quant = st.dt != st.plain;
       kvc_pool *p = make_pool(g, st.plain, quant ? &codec : nullptr, quant ? &codec : nullptr);
       uint64_t id = 1;

@@ -522,3 +522,70 @@ KVTEST(query_int8_amx_paths_agree) {
 int main(int argc, char **argv) {
   return kvtest_main(argc, argv);
 }
+
+// Per-group scales (the fused kernels dequantize such parts in registers,
+// with the exact query): keys with per-group scales give KVC_QUERY_EXACT's
+// bytes in both int8 modes; per-token int8 keys beside per-group values keep
+// KVC_QUERY_INT8's integer scores (within its bound, some result differs
+// where the CPU has VNNI), and KVC_QUERY_INT8_VALUES, whose integer sum
+// takes per-token values only, gives KVC_QUERY_INT8's bytes there.
+KVTEST(query_int8_per_group_parts) {
+  const bool vnni = kvc::attention::fused::int8_query_available();
+  const Geo g{1, 8, 2, 128, 16};
+  auto group_codec = [](kvc_dtype dt, bool asym, uint32_t group) {
+    kvc_codec c = per_token_codec(dt, asym);
+    c.granularity = KVC_SCALE_PER_GROUP;
+    c.group_size = group;
+    return c;
+  };
+  int differed = 0;
+  for (int keys_grouped = 0; keys_grouped < 2; ++keys_grouped)
+    for (int asym = 0; asym < 2; ++asym) {
+      const kvc_codec kc = keys_grouped ? group_codec(KVC_DTYPE_INT4, asym != 0, 32)
+                                        : per_token_codec(KVC_DTYPE_INT8, asym != 0);
+      const kvc_codec vc = group_codec(KVC_DTYPE_INT4, asym != 0, 16);
+      kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &kc, &vc);
+      uint64_t id = 1;
+      for (uint64_t n : {17ull, 100ull}) {
+        fill(p, g, id, n);
+        std::vector<float> k(n * g.hkv * g.hd), v(k.size());
+        CHECK_OK(kvc_gather(p, id, 0, 0, n, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+        const std::vector<float> q = randn(g.hq * g.hd, 2.0f);
+        kvc_attention_params a = params(g);
+        std::vector<float> out[3], lse[3];
+        const kvc_query_quant modes[3] = {KVC_QUERY_EXACT, KVC_QUERY_INT8, KVC_QUERY_INT8_VALUES};
+        for (int mode = 0; mode < 3; ++mode) {
+          a.query_quant = modes[mode];
+          out[mode].assign(g.hq * g.hd, 0.0f);
+          lse[mode].assign(g.hq, 0.0f);
+          CHECK_OK(
+              kvc_attention_decode(p, 0, &id, 1, q.data(), out[mode].data(), lse[mode].data(), &a));
+        }
+        std::vector<double> ro, rl;
+        reference(g, q.data(), k, v, n, 1.0f / std::sqrt(static_cast<float>(g.hd)), ro, rl,
+                  nullptr);
+        CHECK(rel_err(out[0].data(), ro) <= 1e-5);
+        CHECK(out[2] == out[1] && lse[2] == lse[1]);
+        if (keys_grouped) {
+          CHECK(out[1] == out[0] && lse[1] == lse[0]);
+        } else {
+          float qmax = 0.0f;
+          for (float x : q) qmax = std::max(qmax, std::fabs(x) / std::sqrt(float(g.hd)));
+          double ksum_max = 0.0;
+          for (uint64_t t = 0; t < n * g.hkv; ++t) {
+            double ks = 0.0;
+            for (uint32_t d = 0; d < g.hd; ++d) ks += std::fabs(k[t * g.hd + d]);
+            ksum_max = std::max(ksum_max, ks);
+          }
+          const double bound = qmax / 254.0 * ksum_max;
+          for (uint32_t h = 0; h < g.hq; ++h)
+            CHECK(std::fabs(lse[1][h] - lse[0][h]) <=
+                  bound + 1e-5 * std::max(1.0, std::fabs(static_cast<double>(lse[0][h]))));
+          if (lse[1] != lse[0]) ++differed;
+        }
+        ++id;
+      }
+      kvc_pool_destroy(p);
+    }
+  if (vnni) CHECK(differed > 0);
+}
