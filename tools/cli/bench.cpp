@@ -422,6 +422,20 @@ void attention_cases(Bench &b) {
       b.pair(G, iv, "f16 decode of the same tokens", decode(qpool->p, 1, KVC_QUERY_INT8_VALUES),
              decode(f16->p, 1), 0, double(tokens), "token");
   }
+  // Per-group scales (groups of 32 values within each head, llama.cpp's q4_0
+  // block size): read in place, the codes dequantized in registers.
+  const std::string grp_name =
+      "decode int4 group=32 (dequantized in registers, exact query), 1 thread";
+  if (b.wanted(G, grp_name)) {
+    kvc_codec c;
+    ok(kvc_codec_init(&c), "kvc_codec_init");
+    c.dtype = KVC_DTYPE_INT4;
+    c.granularity = KVC_SCALE_PER_GROUP;
+    c.group_size = 32;
+    auto gpool = filled_pool(KVC_DTYPE_INT4, &c);
+    b.pair(G, grp_name, "f16 decode of the same tokens", decode(gpool->p, 1), decode(f16->p, 1), 0,
+           double(tokens), "token");
+  }
   // Head-wise pools (KVC_POOL_HEADWISE): the 8 KV heads keep 20..80 % of the
   // 4096 tokens each (kvc_seq_keep_head), 50 % in all, against a token-wise
   // pool holding 2048 tokens in every head: the same held bytes.
