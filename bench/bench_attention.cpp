@@ -2,7 +2,7 @@
 //  BM_AttnPaged/<storage>/<batch>/<threads>   kvc_attention_decode (1 or 2 threads), one query token per
 //      sequence over a 4096-token cache: head_dim 128, 32 query heads, 8 KV
 //      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32,
-//      3 = int4 per token
+//      3 = int4 per token, 4 = fp8 e4m3 per token
 //  BM_AttnPagedQ8/<storage>/<batch>/<threads> the same with KVC_QUERY_INT8
 //      (storage 1 and 3: the integer keys scored against an int8 query)
 //  BM_AttnPagedQ8V/<storage>/<batch>/<threads> KVC_QUERY_INT8_VALUES over the
@@ -71,6 +71,9 @@ struct PagedSetup {
     } else if (storage == 3) {
       codec.dtype = KVC_DTYPE_INT4;
       codec.granularity = KVC_SCALE_PER_TOKEN;
+    } else if (storage == 4) {
+      codec.dtype = KVC_DTYPE_FP8_E4M3;
+      codec.granularity = KVC_SCALE_PER_TOKEN;
     }
     if (storage) c.k_codec = c.v_codec = &codec;
     OK(kvc_pool_create(&c, &pool));
@@ -104,7 +107,8 @@ void run_paged(benchmark::State &state, kvc_query_quant query_quant) {
   state.SetLabel(std::string(storage == 0   ? "f16"
                              : storage == 1 ? "int8"
                              : storage == 2 ? "int4 group 32"
-                                            : "int4 per token") +
+                             : storage == 3 ? "int4 per token"
+                                            : "fp8 e4m3 per token") +
                  (query_quant == KVC_QUERY_INT8          ? ", int8 query"
                   : query_quant == KVC_QUERY_INT8_VALUES ? ", int8 query and values"
                                                          : "") +
@@ -255,7 +259,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 }  // namespace
 
-BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8V)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -19,7 +19,9 @@ namespace kvc::attention {
 // that read it in place (no f32 copy): value = (code - offset) * scale + zero
 // for integer codes (scale and zero per token and KV head, or per group of
 // values of a head), the value itself for float storage.
-enum class RawType : uint8_t { None, F32, F16, BF16, Int8, UInt8, Int4 };
+// FP8E4M3 / FP8E5M2: OCP fp8 codes (value = the code's float x scale; no
+// zero point).
+enum class RawType : uint8_t { None, F32, F16, BF16, Int8, UInt8, Int4, FP8E4M3, FP8E5M2 };
 struct RawPart {
   RawType type = RawType::None;
   const uint8_t *data = nullptr;  // token 0 of the tile, KV head 0

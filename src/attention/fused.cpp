@@ -185,6 +185,10 @@ namespace {
 bool integer(RawType t) {
   return t == RawType::Int8 || t == RawType::UInt8 || t == RawType::Int4;
 }
+// Codes with scales: integer ones and fp8 ones (the exact query only).
+bool scaled(RawType t) {
+  return integer(t) || t == RawType::FP8E4M3 || t == RawType::FP8E5M2;
+}
 // The middle of an asymmetric code range (uint8 0..255, int4 0..15).
 int32_t centre(RawType t) {
   return t == RawType::UInt8 ? 128 : t == RawType::Int4 ? 8 : 0;

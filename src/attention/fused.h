@@ -1,7 +1,8 @@
 // Fused decode kernels (internal to the attention module): one query row
 // against runs of tiles of stored K/V read in place (f16 / bf16 / f32, or
-// int8 / int4 codes with per-token scales or per-group scales within each
-// head, the latter dequantized in registers), each K and V row read and
+// int8 / int4 / fp8 e4m3 / e5m2 codes with per-token scales or per-group
+// scales within each head, the latter dequantized in registers), each K and
+// V row read and
 // converted once for all the query heads of its GQA group, the conversion
 // (or dequantization) fused into the dot products and the weighted sum, the
 // exponentials vectorized, the softmax's bookkeeping once per run of up to

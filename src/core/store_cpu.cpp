@@ -112,6 +112,9 @@ class LayerTiles final : public attention::TileSource {
     } else if (pl.spec.dtype == DType::INT4) {
       out.type = RawType::Int4;
       out.offset = pl.spec.asym ? 0 : 8;  // codec::int_format's offset of int4 codes
+    } else if (pl.spec.dtype == DType::FP8_E4M3 || pl.spec.dtype == DType::FP8_E5M2) {
+      out.type = pl.spec.dtype == DType::FP8_E4M3 ? RawType::FP8E4M3 : RawType::FP8E5M2;
+      out.offset = 0;
     } else {
       return false;
     }

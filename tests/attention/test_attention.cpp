@@ -498,9 +498,9 @@ KVTEST(bad_input) {
 // The fused decode kernels (attention/fused.h: K/V read in place, one
 // conversion per row for its GQA group) against the f32 tile path and a
 // float64 reference: every storage they take (f32, f16, bf16, int8 and int4
-// codes with per-token scales or per-group ones within each head (groups of
-// 16 and 32: several scales a head), symmetric and with zero points, f32 and
-// f16 scales), GQA
+// codes and fp8 e4m3 / e5m2 codes with per-token scales or per-group ones
+// within each head (groups of 16 and 32: several scales a head), symmetric
+// and with zero points, f32 and f16 scales), GQA
 // groups of 1, 2, 3, 4, 8 and 12 heads (1 to 8 KV heads), head_dim 16 to 128, lengths across
 // block and band edges, observation, and scores beyond f32.
 KVTEST(fused_paths_agree) {
@@ -531,6 +531,9 @@ KVTEST(fused_paths_agree) {
       {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16},
       {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16},
       {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32},
+      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0},
+      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0},
+      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16},
   };
   struct Shape {
     uint32_t hq, hkv, hd, bs;
@@ -631,6 +634,67 @@ KVTEST(fused_paths_agree) {
   }
   kvc::attention::fused::set_isa_limit(2);
   kvc_pool_destroy(p);
+}
+
+// Every finite fp8 code through the fused kernels' conversion (e4m3:
+// exponent and mantissa moved into an f32 and rescaled, subnormals too;
+// e5m2: an f16's top byte): a value row holding each finite e4m3 / e5m2
+// value once, the largest among them so the token's scale is 1 and the codes
+// are the values; one token, so each head's output is that row, exactly, on
+// both kernel sets and the tile path.
+KVTEST(fused_fp8_every_code) {
+  if (kvc::attention::fused::set_isa_limit(2) == 0) {
+    std::fprintf(stderr, "fused kernels not available on this CPU: nothing to compare\n");
+    return;
+  }
+  for (kvc_dtype dt : {KVC_DTYPE_FP8_E4M3, KVC_DTYPE_FP8_E5M2}) {
+    const bool e4m3 = dt == KVC_DTYPE_FP8_E4M3;
+    // The finite codes' values: e4m3 0x00..0x7e (0x7f is NaN), e5m2
+    // 0x00..0x7b (above: Inf and NaN), and their negatives.
+    std::vector<float> vals;
+    for (int c = 0; c <= (e4m3 ? 0x7e : 0x7b); ++c) {
+      const int mb = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+      const int e = c >> mb, m = c & ((1 << mb) - 1);
+      const float x = e ? std::ldexp(1.0f + float(m) / float(1 << mb), e - bias)
+                        : std::ldexp(float(m) / float(1 << mb), 1 - bias);
+      vals.push_back(x);
+      if (c) vals.push_back(-x);
+    }
+    Geo g;
+    g.layers = 1;
+    g.hq = 4;
+    g.hkv = 1;
+    g.hd = 256;
+    CHECK(vals.size() <= g.hd);
+    vals.resize(g.hd, 0.0f);
+    kvc_codec codec = per_token_codec(dt, false);
+    kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &codec, &codec);
+    const uint64_t id = 1;
+    CHECK_OK(kvc_seq_create(p, id));
+    CHECK_OK(kvc_seq_reserve(p, id, 1, nullptr));
+    CHECK_OK(kvc_append(p, id, 0, 0, 1, vals.data(), vals.data(), KVC_DTYPE_F32));
+    std::vector<float> k(g.hd), v(g.hd);
+    CHECK_OK(kvc_gather(p, id, 0, 0, 1, k.data(), v.data(), KVC_DTYPE_F32, nullptr));
+    CHECK(v == vals);  // (the scale is 1: the codes are the values)
+    const std::vector<float> q = randn(g.hq * g.hd);
+    kvc_attention_params a = params(g);
+    for (int path = 0; path < 3; ++path) {  // tile path, AVX2, AVX-512 (where the CPU has it)
+      kvc::attention::fused::set_isa_limit(path);
+      std::vector<float> out(g.hq * g.hd, -1.0f);
+      CHECK_OK(kvc_attention_decode(p, 0, &id, 1, q.data(), out.data(), nullptr, &a));
+      for (uint32_t h = 0; h < g.hq; ++h)
+        for (uint32_t d = 0; d < g.hd; ++d)
+          if (out[h * g.hd + d] != vals[d]) {
+            std::fprintf(stderr, "%s path %d head %u dim %u: %g, not %g\n",
+                         e4m3 ? "e4m3" : "e5m2", path, h, d, out[h * g.hd + d], vals[d]);
+            CHECK(false);
+            h = g.hq;
+            break;
+          }
+    }
+    kvc::attention::fused::set_isa_limit(2);
+    kvc_pool_destroy(p);
+  }
 }
 
 // Asymmetric integer codes (x = scale x code + zero) with large zero points
