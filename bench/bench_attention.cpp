@@ -2,7 +2,9 @@
 //  BM_AttnPaged/<storage>/<batch>/<threads>   kvc_attention_decode (1 or 2 threads), one query token per
 //      sequence over a 4096-token cache: head_dim 128, 32 query heads, 8 KV
 //      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32,
-//      3 = int4 per token, 4 = fp8 e4m3 per token
+//      3 = int4 per token, 4 = fp8 e4m3 per token, 5 = KIVI (int4 keys
+//      per channel over groups of 16 tokens, int4 values per token, both
+//      asymmetric)
 //  BM_AttnPagedQ8/<storage>/<batch>/<threads> the same with KVC_QUERY_INT8
 //      (storage 1 and 3: the integer keys scored against an int8 query)
 //  BM_AttnPagedQ8V/<storage>/<batch>/<threads> KVC_QUERY_INT8_VALUES over the
@@ -76,6 +78,19 @@ struct PagedSetup {
       codec.granularity = KVC_SCALE_PER_TOKEN;
     }
     if (storage) c.k_codec = c.v_codec = &codec;
+    kvc_codec vcodec;  // storage 5 (KIVI): int4 keys per channel, int4 values per token
+    if (storage == 5) {
+      codec.dtype = KVC_DTYPE_INT4;
+      codec.granularity = KVC_SCALE_PER_CHANNEL;
+      codec.group_size = 16;
+      codec.asymmetric = 1;
+      kvc_codec_init(&vcodec);
+      vcodec.dtype = KVC_DTYPE_INT4;
+      vcodec.granularity = KVC_SCALE_PER_TOKEN;
+      vcodec.asymmetric = 1;
+      c.v_codec = &vcodec;
+      c.num_residual_blocks = uint64_t(batch) * (kTokens / 16 + 1);  // (staging rows reserved)
+    }
     OK(kvc_pool_create(&c, &pool));
     const std::vector<uint16_t> kv = random_f16(size_t(kTokens) * kRow, 1);
     for (int b = 0; b < batch; ++b) {
@@ -108,7 +123,8 @@ void run_paged(benchmark::State &state, kvc_query_quant query_quant) {
                              : storage == 1 ? "int8"
                              : storage == 2 ? "int4 group 32"
                              : storage == 3 ? "int4 per token"
-                                            : "fp8 e4m3 per token") +
+                             : storage == 4 ? "fp8 e4m3 per token"
+                                            : "KIVI: int4 keys per channel, values per token") +
                  (query_quant == KVC_QUERY_INT8          ? ", int8 query"
                   : query_quant == KVC_QUERY_INT8_VALUES ? ", int8 query and values"
                                                          : "") +
@@ -259,7 +275,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 }  // namespace
 
-BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3, 4}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8V)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();

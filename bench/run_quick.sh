@@ -106,7 +106,7 @@ if attn_out:
             if bw and mem:
                 line(f"decode attention f16, {tag}: {bw / mem:.2f}x memcpy bandwidth over its K/V bytes", bw / mem >= 0.4)
             for st, name in (("1", "int8"), ("2", "int4 group 32"), ("3", "int4 per token"),
-                             ("4", "fp8 e4m3 per token")):
+                             ("4", "fp8 e4m3 per token"), ("5", "KIVI int4 (keys per channel)")):
                 t = aget(f"BM_AttnPaged/{st}/{batch}/{th}")
                 if t and f16:
                     line(f"decode attention {name}, {tag}: {t:.2f} ms vs f16 {f16:.2f} ms", t <= f16)

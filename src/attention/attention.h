@@ -40,6 +40,11 @@ struct RawPart {
   // adjacent, scale_head_stride = (head_dim / group) x their bytes. 0: one
   // scale per token and KV head.
   uint32_t group = 0;
+  // Integer codes with per-channel scales (KIVI's keys): one scale (and
+  // zero) per dimension for every token of the tile, head h's head_dim of
+  // them at scale + h x scale_head_stride (= head_dim x their bytes);
+  // scale_token_stride 0.
+  bool channel = false;
 };
 struct RawTile {
   RawPart k, v;

@@ -36,6 +36,10 @@ bool supports(const RawTile &rt, uint64_t head_dim) {
   // head's scales adjacent
   auto grouped = [&](const RawPart &p) {
     const uint64_t sb = p.scale_f16 ? 2 : 4;
+    if (p.channel)  // one scale per dimension of each head, integer codes
+      return p.group == 0 &&
+             (p.type == RawType::Int8 || p.type == RawType::UInt8 || p.type == RawType::Int4) &&
+             p.scale_head_stride == head_dim * sb;
     return p.group == 0 || (p.group % 16 == 0 && head_dim % p.group == 0 &&
                             p.scale_head_stride == head_dim / p.group * sb);
   };
@@ -49,7 +53,7 @@ bool same_layout(const RawTile &a, const RawTile &b) {
            x.offset == y.offset && (x.zero == nullptr) == (y.zero == nullptr) &&
            x.scale_token_stride == y.scale_token_stride &&
            x.scale_head_stride == y.scale_head_stride && x.scale_f16 == y.scale_f16 &&
-           x.group == y.group;
+           x.group == y.group && x.channel == y.channel;
   };
   return same(a.k, b.k) && same(a.v, b.v);
 }
@@ -203,7 +207,7 @@ struct FusedScratch {
   ScratchBuffer<uint8_t> packed;
   ScratchBuffer<float> qsum;
   ScratchBuffer<int32_t> toff;  // per-token code centres of asymmetric parts
-  ScratchBuffer<float> grp;     // per-group scales: group scores and weights
+  ScratchBuffer<float> chan;    // per-channel scales as f32 rows
 };
 
 // --- int8 query (KVC_QUERY_INT8): scores of integer keys in integers -------

@@ -1,8 +1,9 @@
 // Fused decode kernels (internal to the attention module): one query row
 // against runs of tiles of stored K/V read in place (f16 / bf16 / f32, or
 // int8 / int4 / fp8 e4m3 / e5m2 codes with per-token scales or per-group
-// scales within each head, the latter dequantized in registers), each K and
-// V row read and
+// scales within each head, or int8 / int4 codes with per-channel scales
+// (KIVI's keys), the last two dequantized in registers), each K and V row
+// read and
 // converted once for all the query heads of its GQA group, the conversion
 // (or dequantization) fused into the dot products and the weighted sum, the
 // exponentials vectorized, the softmax's bookkeeping once per run of up to
@@ -108,9 +109,11 @@ void quantize_query(const float *q, uint64_t q_heads, uint64_t head_dim, int8_t 
                     float *scale, int32_t *sum);
 
 // Whether the kernels take this tile: known types on both parts, head_dim
-// a multiple of 16, and per-group scales (RawPart::group) in groups of a
-// multiple of 16 that divide head_dim, a head's scales adjacent. Tiles with
-// per-group scales take the exact query (q8 is ignored for their runs).
+// a multiple of 16, per-group scales (RawPart::group) in groups of a
+// multiple of 16 that divide head_dim, a head's scales adjacent, and
+// per-channel ones (RawPart::channel) on integer codes, a head's head_dim of
+// them adjacent. Keys with per-group or per-channel scales take the exact
+// query (q8 is ignored for their runs).
 bool supports(const RawTile &rt, uint64_t head_dim);
 
 // The most tiles one run() takes.

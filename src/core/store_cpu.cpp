@@ -58,30 +58,39 @@ class LayerTiles final : public attention::TileSource {
     p_.zero_unwritten_rows(true, l.res_blocks[r / bs], slot, cnt, k8, v8, row * sizeof(float));
     return cnt;
   }
-  // Paged tokens stored plainly (f32 / f16 / bf16) or as int8 / int4 codes
-  // with per-token scales or per-group ones within each head, all written, no sink copy over them,
-  // no rotation or pre-RoPE keys to undo: the same tokens read() returns, where they are.
+  // Paged tokens stored plainly (f32 / f16 / bf16), as int8 / int4 / fp8
+  // codes with per-token scales or per-group ones within each head, or as
+  // int8 / int4 codes with per-channel scales (a tile then ends with its
+  // group of tokens), all written, no sink copy over them, no rotation or
+  // pre-RoPE keys to undo: the same tokens read() returns, where they are.
   uint64_t raw(uint64_t t0, uint64_t max_count, attention::RawTile &rt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size;
     if (t0 >= l.n_lp || p_.fmt_.pre_rope || p_.fmt_.smooth) return 0;
     if (l.sink_block >= 0 && t0 < p_.cfg_.residual_sinks) return 0;
     const uint32_t slot = static_cast<uint32_t>(t0 % bs);
-    const uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
+    uint64_t cnt = std::min({bs - slot, l.n_lp - t0, max_count});
+    for (int kv = 0; kv < 2; ++kv) {  // per-channel scales: the tokens of one group
+      const codec::Spec &sp = p_.fmt_.part(layer_, kv).spec;
+      if (sp.gran == codec::Gran::Channel && sp.group > 0)
+        cnt = std::min<uint64_t>(cnt, sp.group - slot % sp.group);
+    }
     const int32_t b = l.blocks[t0 / bs];
     if (!p_.written_.all(b, slot, cnt)) return 0;
     const uint8_t *blk = arena_ + p_.fmt_.block_offset(b);
     for (int kv = 0; kv < 2; ++kv)
       if ((p_.fmt_.codebook[kv] && p_.fmt_.codebook[kv]->has(layer_)) ||
-          !raw_part(p_.fmt_.part(layer_, kv), blk, slot, p_.cfg_.head_dim, kv ? rt.v : rt.k))
+          !raw_part(p_.fmt_.part(layer_, kv), blk, slot, p_.cfg_.num_kv_heads, p_.cfg_.head_dim,
+                    kv ? rt.v : rt.k))
         return 0;
     return cnt;
   }
 
  private:
-  static bool raw_part(const PartLayout &pl, const uint8_t *blk, uint32_t slot, uint64_t hd,
-                       attention::RawPart &out) {
+  static bool raw_part(const PartLayout &pl, const uint8_t *blk, uint32_t slot, uint64_t h,
+                       uint64_t hd, attention::RawPart &out) {
     using attention::RawType;
+    out = attention::RawPart{};
     if (pl.rotation_block) return false;
     out.data = blk + pl.offset + slot * pl.token_stride;
     out.token_stride = pl.token_stride;
@@ -101,11 +110,14 @@ class LayerTiles final : public attention::TileSource {
           return false;
       }
     }
-    // per-token scales, or per-group ones whose groups tile each head
+    // per-token scales, per-group ones whose groups tile each head, or
+    // per-channel ones (integer codes)
     const bool grouped = pl.spec.gran == codec::Gran::Group && pl.spec.group < hd;
-    if (pl.spec.outliers || !(pl.spec.gran == codec::Gran::Token ||
+    const bool channel = pl.spec.gran == codec::Gran::Channel;
+    if (pl.spec.outliers || !(pl.spec.gran == codec::Gran::Token || channel ||
                               (pl.spec.gran == codec::Gran::Group && hd % pl.spec.group == 0)))
       return false;
+    if (channel && pl.spec.dtype != DType::INT8 && pl.spec.dtype != DType::INT4) return false;
     if (pl.spec.dtype == DType::INT8) {
       out.type = pl.spec.asym ? RawType::UInt8 : RawType::Int8;
       out.offset = 0;
@@ -117,6 +129,16 @@ class LayerTiles final : public attention::TileSource {
       out.offset = 0;
     } else {
       return false;
+    }
+    if (channel) {  // [group of tokens][head][dim] scales (and zeros): slot's group's
+      const uint64_t gb = (slot / pl.spec.group) * h * hd * pl.scale_bytes;
+      out.scale = blk + pl.scale_offset + gb;
+      out.zero = pl.spec.asym ? blk + pl.zero_offset + gb : nullptr;
+      out.scale_token_stride = 0;
+      out.scale_head_stride = hd * pl.scale_bytes;
+      out.scale_f16 = pl.scale_bytes == 2;
+      out.channel = true;
+      return true;
     }
     // one scale per KV head, or per group of a head's values ([head][group])
     const uint64_t sb = pl.scales_per_token * pl.scale_bytes;

@@ -17,7 +17,8 @@ struct Geo {
 };
 
 inline kvc_pool *make_pool(const Geo &g, kvc_dtype kd = KVC_DTYPE_F32, const kvc_codec *kc = nullptr,
-                    const kvc_codec *vc = nullptr, uint32_t residual = 0, uint64_t blocks = 256) {
+                    const kvc_codec *vc = nullptr, uint32_t residual = 0, uint64_t blocks = 256,
+                    uint64_t residual_blocks = 0) {
   kvc_pool_config c;
   kvc_pool_config_init(&c);
   c.num_layers = g.layers;
@@ -30,6 +31,7 @@ inline kvc_pool *make_pool(const Geo &g, kvc_dtype kd = KVC_DTYPE_F32, const kvc
   c.k_codec = kc;
   c.v_codec = vc;
   c.residual_window = residual;
+  c.num_residual_blocks = residual_blocks;
   kvc_pool *p = nullptr;
   CHECK_OK(kvc_pool_create(&c, &p));
   return p;

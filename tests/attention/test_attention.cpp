@@ -499,8 +499,9 @@ KVTEST(bad_input) {
 // conversion per row for its GQA group) against the f32 tile path and a
 // float64 reference: every storage they take (f32, f16, bf16, int8 and int4
 // codes and fp8 e4m3 / e5m2 codes with per-token scales or per-group ones
-// within each head (groups of 16 and 32: several scales a head), symmetric
-// and with zero points, f32 and f16 scales), GQA
+// within each head (groups of 16 and 32: several scales a head), int8 /
+// int4 codes with per-channel scales (KIVI's keys, groups of 4 and 8
+// tokens), symmetric and with zero points, f32 and f16 scales), GQA
 // groups of 1, 2, 3, 4, 8 and 12 heads (1 to 8 KV heads), head_dim 16 to 128, lengths across
 // block and band edges, observation, and scores beyond f32.
 KVTEST(fused_paths_agree) {
@@ -515,25 +516,32 @@ KVTEST(fused_paths_agree) {
     kvc_dtype plain, dt;
     int asym;
     kvc_dtype scale;
-    uint32_t group;  // 0: per-token scales
+    uint32_t group;    // 0: per-token scales
+    uint32_t channel;  // > 0: per-channel scales over groups of this many tokens
   };
   const Storage stor[] = {
-      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0},
-      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0},
-      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0},
-      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0},
-      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0},
-      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0},
-      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0},
-      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0},
-      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16},
-      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16},
-      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16},
-      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16},
-      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32},
-      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0},
-      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0},
-      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16},
+      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0, 0},
+      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0, 0},
+      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0, 0},
+      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 0},
+      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0, 0},
+      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0, 0},
+      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0, 0},
+      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0, 0},
+      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16, 0},
+      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16, 0},
+      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16, 0},
+      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16, 0},
+      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0},
+      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0, 0},
+      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0, 0},
+      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16, 0},
+      {"int4 asym per-channel (KIVI keys), groups of 4 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1,
+       KVC_DTYPE_F32, 0, 4},
+      {"int8 per-channel f16 scales, groups of 8 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0,
+       KVC_DTYPE_F16, 0, 8},
+      {"int4 per-channel, groups of 4 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0,
+       4},
   };
   struct Shape {
     uint32_t hq, hkv, hd, bs;
@@ -556,8 +564,14 @@ KVTEST(fused_paths_agree) {
         codec.granularity = KVC_SCALE_PER_GROUP;
         codec.group_size = st.group;
       }
+      if (st.channel) {  // (its tokens wait in the residual arena until their group is whole)
+        if (sp.bs % st.channel != 0) continue;
+        codec.granularity = KVC_SCALE_PER_CHANNEL;
+        codec.group_size = st.channel;
+      }
       const bool quant = st.dt != st.plain;
-      kvc_pool *p = make_pool(g, st.plain, quant ? &codec : nullptr, quant ? &codec : nullptr);
+      kvc_pool *p = make_pool(g, st.plain, quant ? &codec : nullptr, quant ? &codec : nullptr, 0,
+                              256, st.channel ? 64 : 0);
       uint64_t id = 1;
       for (uint64_t n : {1ull, 15ull, 16ull, 17ull, 40ull, 100ull}) {
         fill(p, g, id, n);
