@@ -518,30 +518,33 @@ KVTEST(fused_paths_agree) {
     kvc_dtype scale;
     uint32_t group;    // 0: per-token scales
     uint32_t channel;  // > 0: per-channel scales over groups of this many tokens
+    uint32_t full_range;
   };
   const Storage stor[] = {
-      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0, 0},
-      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0, 0},
-      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0, 0},
-      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 0},
-      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0, 0},
-      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0, 0},
-      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0, 0},
-      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0, 0},
-      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16, 0},
-      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16, 0},
-      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16, 0},
-      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16, 0},
-      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0},
-      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0, 0},
-      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0, 0},
-      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16, 0},
+      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0, 0, 0},
+      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0, 0, 0},
+      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0, 0, 0},
+      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 0, 0},
+      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0, 0, 0},
+      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0, 0, 0},
+      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0, 0, 0},
+      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0, 0, 0},
+      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16, 0, 0},
+      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16, 0, 0},
+      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16, 0, 0},
+      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16, 0, 0},
+      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0, 0},
+      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0, 0, 0},
+      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0, 0, 0},
+      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16, 0, 0},
       {"int4 asym per-channel (KIVI keys), groups of 4 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1,
-       KVC_DTYPE_F32, 0, 4},
+       KVC_DTYPE_F32, 0, 4, 0},
       {"int8 per-channel f16 scales, groups of 8 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0,
-       KVC_DTYPE_F16, 0, 8},
+       KVC_DTYPE_F16, 0, 8, 0},
       {"int4 per-channel, groups of 4 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0,
-       4},
+       4, 0},
+      {"int4 group 32 full range", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0, 1},
+      {"int8 per-channel full range", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 4, 1},
   };
   struct Shape {
     uint32_t hq, hkv, hd, bs;
@@ -559,6 +562,7 @@ KVTEST(fused_paths_agree) {
       g.hd = sp.hd;
       g.bs = sp.bs;
       kvc_codec codec = per_token_codec(st.dt, st.asym != 0, st.scale);
+      codec.full_range = st.full_range;
       if (st.group) {
         if (sp.hd % st.group != 0) continue;  // (the tile path's own groups: not the kernels')
         codec.granularity = KVC_SCALE_PER_GROUP;

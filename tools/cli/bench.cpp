@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <unordered_map>
+#include <tuple>
 #include <vector>
 
 #include "../runner/error.h"
@@ -423,17 +424,24 @@ void attention_cases(Bench &b) {
              decode(f16->p, 1), 0, double(tokens), "token");
   }
   // Per-group scales (groups of 32 values within each head, llama.cpp's q4_0
-  // block size): read in place, the codes dequantized in registers.
-  const std::string grp_name =
-      "decode int4 group=32 (dequantized in registers, exact query), 1 thread";
-  if (b.wanted(G, grp_name)) {
+  // block size): read in place, the codes dequantized in registers; and fp8
+  // e4m3 codes with per-token scales (vLLM's and TensorRT-LLM's fp8 caches),
+  // converted in registers through f16 bits.
+  for (const auto &[label, dtype, gran] :
+       {std::tuple<const char *, kvc_dtype, kvc_granularity>{
+            "decode int4 group=32 (dequantized in registers, exact query), 1 thread",
+            KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP},
+        std::tuple<const char *, kvc_dtype, kvc_granularity>{
+            "decode fp8_e4m3 per-token (converted in registers), 1 thread", KVC_DTYPE_FP8_E4M3,
+            KVC_SCALE_PER_TOKEN}}) {
+    if (!b.wanted(G, label)) continue;
     kvc_codec c;
     ok(kvc_codec_init(&c), "kvc_codec_init");
-    c.dtype = KVC_DTYPE_INT4;
-    c.granularity = KVC_SCALE_PER_GROUP;
-    c.group_size = 32;
-    auto gpool = filled_pool(KVC_DTYPE_INT4, &c);
-    b.pair(G, grp_name, "f16 decode of the same tokens", decode(gpool->p, 1), decode(f16->p, 1), 0,
+    c.dtype = dtype;
+    c.granularity = gran;
+    c.group_size = gran == KVC_SCALE_PER_GROUP ? 32 : 0;
+    auto gpool = filled_pool(dtype, &c);
+    b.pair(G, label, "f16 decode of the same tokens", decode(gpool->p, 1), decode(f16->p, 1), 0,
            double(tokens), "token");
   }
   // Head-wise pools (KVC_POOL_HEADWISE): the 8 KV heads keep 20..80 % of the

@@ -844,7 +844,7 @@ int bench(const std::string &kvcache) {
   }
   for (const char *g : {"pool", "codec", "attention", "evict", "prefix", "model"})
     check(groups[g] >= 1, std::string("no ") + g + " case");
-  check(groups["codec"] == 6 && groups["attention"] == 11 && groups["prefix"] == 2,
+  check(groups["codec"] == 6 && groups["attention"] == 12 && groups["prefix"] == 2,
         "case counts per group");
   // --filter narrows the run to matching cases.
   const nlohmann::json f = run_json({kvcache, "bench", "--quick", "--json", "--filter", "prefix/"});
