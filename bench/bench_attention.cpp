@@ -4,7 +4,8 @@
 //      heads; storage 0 = f16, 1 = int8 per token, 2 = int4 per group of 32,
 //      3 = int4 per token, 4 = fp8 e4m3 per token, 5 = KIVI (int4 keys
 //      per channel over groups of 16 tokens, int4 values per token, both
-//      asymmetric)
+//      asymmetric), 6 = int4 per group of 32, full range, Hadamard-rotated in
+//      blocks of 128
 //  BM_AttnPagedQ8/<storage>/<batch>/<threads> the same with KVC_QUERY_INT8
 //      (storage 1 and 3: the integer keys scored against an int8 query)
 //  BM_AttnPagedQ8V/<storage>/<batch>/<threads> KVC_QUERY_INT8_VALUES over the
@@ -76,6 +77,13 @@ struct PagedSetup {
     } else if (storage == 4) {
       codec.dtype = KVC_DTYPE_FP8_E4M3;
       codec.granularity = KVC_SCALE_PER_TOKEN;
+    } else if (storage == 6) {  // the default list's int4:group=32:full-range:hadamard
+      codec.dtype = KVC_DTYPE_INT4;
+      codec.granularity = KVC_SCALE_PER_GROUP;
+      codec.group_size = 32;
+      codec.full_range = 1;
+      codec.rotation = KVC_ROTATION_HADAMARD;
+      codec.rotation_block = 128;
     }
     if (storage) c.k_codec = c.v_codec = &codec;
     kvc_codec vcodec;  // storage 5 (KIVI): int4 keys per channel, int4 values per token
@@ -124,7 +132,8 @@ void run_paged(benchmark::State &state, kvc_query_quant query_quant) {
                              : storage == 2 ? "int4 group 32"
                              : storage == 3 ? "int4 per token"
                              : storage == 4 ? "fp8 e4m3 per token"
-                                            : "KIVI: int4 keys per channel, values per token") +
+                             : storage == 5 ? "KIVI: int4 keys per channel, values per token"
+                                            : "int4 group 32 full range, Hadamard 128") +
                  (query_quant == KVC_QUERY_INT8          ? ", int8 query"
                   : query_quant == KVC_QUERY_INT8_VALUES ? ", int8 query and values"
                                                          : "") +
@@ -275,7 +284,7 @@ void BM_EvictMemcpy(benchmark::State &state) {
 
 }  // namespace
 
-BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3, 4, 5}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttnPaged)->ArgsProduct({{0, 1, 2, 3, 4, 5, 6}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnPagedQ8V)->ArgsProduct({{1, 3}, {1, 8}, {1, 2}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttnDense)->Arg(1)->Arg(8)->Unit(benchmark::kMillisecond)->UseRealTime();

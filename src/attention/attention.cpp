@@ -193,7 +193,7 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
   auto run_tokens = [&](const RawTile &first) -> uint64_t {
     const RawType k = first.k.type;
     return q8p && (k == RawType::Int8 || k == RawType::UInt8 || k == RawType::Int4) &&
-                   first.k.group == 0 && !first.k.channel  // (else the exact query)
+                   first.k.group == 0 && !first.k.channel && !first.k.rotation  // (else exact)
                ? 128
                : 64;
   };
@@ -227,14 +227,15 @@ void attend_range(const Shape &sh, const TileSource &src, uint64_t n, const floa
       if (q8p && !q8.codes_amx && bs >= 16 && hd % 64 == 0 && hd <= 64 * fused::kAmxMaxChunks &&
           grp <= 4 * fused::kAmxMaxPieces &&
           (rt[cur][0].k.type == RawType::Int8 || rt[cur][0].k.type == RawType::UInt8) &&
-          rt[cur][0].k.group == 0 && !rt[cur][0].k.channel && fused::amx_in_use()) {
+          rt[cur][0].k.group == 0 && !rt[cur][0].k.channel && !rt[cur][0].k.rotation &&
+          fused::amx_in_use()) {
         // int8 keys on the AMX tiles, once a run of them comes
         int8_t *tiles = sc.q8_amx.get(fused::amx_query_bytes(hq, h, hd));
         fused::amx_query_tiles(q8.codes, hq, h, hd, tiles);
         q8.codes_amx = tiles;
       }
       if (q8p && !q8.codes_nib && hd % 64 == 0 && rt[cur][0].k.type == RawType::Int4 &&
-          rt[cur][0].k.group == 0 && !rt[cur][0].k.channel) {
+          rt[cur][0].k.group == 0 && !rt[cur][0].k.channel && !rt[cur][0].k.rotation) {
         // int4 keys' order too, once a run of int4 keys comes
         int8_t *nib = sc.q8_nib.get(hq * hd);
         q8.nib_chunk = fused::split_query_nibbles(q8.codes, hq, hd, nib);

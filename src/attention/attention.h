@@ -45,6 +45,10 @@ struct RawPart {
   // them at scale + h x scale_head_stride (= head_dim x their bytes);
   // scale_token_stride 0.
   bool channel = false;
+  // Codes of Hadamard-rotated rows (QuaRot's rotation; codec::hadamard, in
+  // blocks of this many values, a power of two dividing head_dim): the
+  // stored values are H x. 0: none.
+  uint32_t rotation = 0;
 };
 struct RawTile {
   RawPart k, v;
@@ -62,7 +66,8 @@ class TileSource {
   // The same tokens as read() would return (the same c), described where they
   // are stored, when the source can (0 otherwise: read() is used). A source
   // returns 0 where read() would change the stored values (sinks' exact
-  // copies, unwritten rows, rotations, pre-RoPE keys).
+  // copies, unwritten rows, pre-RoPE keys), except for Hadamard rotations,
+  // which it describes (RawPart::rotation).
   virtual uint64_t raw(uint64_t /*t0*/, uint64_t /*max_count*/, RawTile & /*rt*/) const {
     return 0;
   }

@@ -17,6 +17,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "codec/codec.h"
 #include "common/scratch.h"
 
 #if defined(__x86_64__)
@@ -43,8 +44,12 @@ bool supports(const RawTile &rt, uint64_t head_dim) {
     return p.group == 0 || (p.group % 16 == 0 && head_dim % p.group == 0 &&
                             p.scale_head_stride == head_dim / p.group * sb);
   };
+  // rotated codes: whole rotation blocks in each head
+  auto rotated = [&](const RawPart &p) {
+    return p.rotation == 0 || (p.rotation <= head_dim && head_dim % p.rotation == 0);
+  };
   return head_dim > 0 && head_dim % 16 == 0 && known(rt.k) && known(rt.v) && grouped(rt.k) &&
-         grouped(rt.v);
+         grouped(rt.v) && rotated(rt.k) && rotated(rt.v);
 }
 
 bool same_layout(const RawTile &a, const RawTile &b) {
@@ -53,7 +58,7 @@ bool same_layout(const RawTile &a, const RawTile &b) {
            x.offset == y.offset && (x.zero == nullptr) == (y.zero == nullptr) &&
            x.scale_token_stride == y.scale_token_stride &&
            x.scale_head_stride == y.scale_head_stride && x.scale_f16 == y.scale_f16 &&
-           x.group == y.group && x.channel == y.channel;
+           x.group == y.group && x.channel == y.channel && x.rotation == y.rotation;
   };
   return same(a.k, b.k) && same(a.v, b.v);
 }
@@ -208,6 +213,8 @@ struct FusedScratch {
   ScratchBuffer<float> qsum;
   ScratchBuffer<int32_t> toff;  // per-token code centres of asymmetric parts
   ScratchBuffer<float> chan;    // per-channel scales as f32 rows
+  ScratchBuffer<float> qrot;    // rotated keys: the query rotated alike
+  ScratchBuffer<float> vrot;    // rotated values: a run's sums before the rotation back
 };
 
 // --- int8 query (KVC_QUERY_INT8): scores of integer keys in integers -------

@@ -2,8 +2,9 @@
 // against runs of tiles of stored K/V read in place (f16 / bf16 / f32, or
 // int8 / int4 / fp8 e4m3 / e5m2 codes with per-token scales or per-group
 // scales within each head, or int8 / int4 codes with per-channel scales
-// (KIVI's keys), the last two dequantized in registers), each K and V row
-// read and
+// (KIVI's keys), the last two dequantized in registers; any of them
+// Hadamard-rotated: the query rotated for the keys, each run's value sums
+// rotated back), each K and V row read and
 // converted once for all the query heads of its GQA group, the conversion
 // (or dequantization) fused into the dot products and the weighted sum, the
 // exponentials vectorized, the softmax's bookkeeping once per run of up to

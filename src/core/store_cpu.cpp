@@ -61,8 +61,9 @@ class LayerTiles final : public attention::TileSource {
   // Paged tokens stored plainly (f32 / f16 / bf16), as int8 / int4 / fp8
   // codes with per-token scales or per-group ones within each head, or as
   // int8 / int4 codes with per-channel scales (a tile then ends with its
-  // group of tokens), all written, no sink copy over them, no rotation or
-  // pre-RoPE keys to undo: the same tokens read() returns, where they are.
+  // group of tokens), Hadamard-rotated or not, all written, no sink copy over
+  // them, no pre-RoPE keys or smoothing to undo: the same tokens read()
+  // returns, where they are.
   uint64_t raw(uint64_t t0, uint64_t max_count, attention::RawTile &rt) const override {
     const LayerTable &l = l_;
     const uint64_t bs = p_.cfg_.block_size;
@@ -91,7 +92,10 @@ class LayerTiles final : public attention::TileSource {
                        uint64_t hd, attention::RawPart &out) {
     using attention::RawType;
     out = attention::RawPart{};
-    if (pl.rotation_block) return false;
+    // Hadamard-rotated codes: whole rotation blocks in each head (the
+    // kernels rotate the query, and each run's value sums back)
+    if (pl.rotation_block && (pl.rotation_block > hd || hd % pl.rotation_block != 0)) return false;
+    out.rotation = pl.rotation_block;
     out.data = blk + pl.offset + slot * pl.token_stride;
     out.token_stride = pl.token_stride;
     out.head_stride = pl.head_stride;

@@ -501,7 +501,8 @@ KVTEST(bad_input) {
 // codes and fp8 e4m3 / e5m2 codes with per-token scales or per-group ones
 // within each head (groups of 16 and 32: several scales a head), int8 /
 // int4 codes with per-channel scales (KIVI's keys, groups of 4 and 8
-// tokens), symmetric and with zero points, f32 and f16 scales), GQA
+// tokens), symmetric and with zero points, f32 and f16 scales, Hadamard-rotated
+// or not), GQA
 // groups of 1, 2, 3, 4, 8 and 12 heads (1 to 8 KV heads), head_dim 16 to 128, lengths across
 // block and band edges, observation, and scores beyond f32.
 KVTEST(fused_paths_agree) {
@@ -519,32 +520,41 @@ KVTEST(fused_paths_agree) {
     uint32_t group;    // 0: per-token scales
     uint32_t channel;  // > 0: per-channel scales over groups of this many tokens
     uint32_t full_range;
+    uint32_t rotation;  // Hadamard blocks (0: none)
   };
   const Storage stor[] = {
-      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0, 0, 0},
-      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0, 0, 0},
-      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0, 0, 0},
-      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 0, 0},
-      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0, 0, 0},
-      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0, 0, 0},
-      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0, 0, 0},
-      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0, 0, 0},
-      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16, 0, 0},
-      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16, 0, 0},
-      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16, 0, 0},
-      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16, 0, 0},
-      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0, 0},
-      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0, 0, 0},
-      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0, 0, 0},
-      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16, 0, 0},
+      {"f32", KVC_DTYPE_F32, KVC_DTYPE_F32, 0, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"f16", KVC_DTYPE_F16, KVC_DTYPE_F16, 0, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"bf16", KVC_DTYPE_BF16, KVC_DTYPE_BF16, 0, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"int8", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"int8 asym f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 0, 0, 0, 0},
+      {"int4 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 0, 0, 0, 0},
+      {"int4", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"int4 asym", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"int8 group 16", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 16, 0, 0, 0},
+      {"int8 asym group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1, KVC_DTYPE_F16, 16, 0, 0, 0},
+      {"int4 group 16 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F16, 16, 0, 0, 0},
+      {"int4 asym group 16", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1, KVC_DTYPE_F32, 16, 0, 0, 0},
+      {"int4 group 32", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0, 0, 0},
+      {"fp8 e4m3", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0, 0, 0, 0},
+      {"fp8 e5m2 f16 scales", KVC_DTYPE_F16, KVC_DTYPE_FP8_E5M2, 0, KVC_DTYPE_F16, 0, 0, 0, 0},
+      {"fp8 e4m3 group 16", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 16, 0, 0, 0},
       {"int4 asym per-channel (KIVI keys), groups of 4 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1,
-       KVC_DTYPE_F32, 0, 4, 0},
+       KVC_DTYPE_F32, 0, 4, 0, 0},
       {"int8 per-channel f16 scales, groups of 8 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0,
-       KVC_DTYPE_F16, 0, 8, 0},
+       KVC_DTYPE_F16, 0, 8, 0, 0},
       {"int4 per-channel, groups of 4 tokens", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0,
-       4, 0},
-      {"int4 group 32 full range", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0, 1},
-      {"int8 per-channel full range", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 4, 1},
+       4, 0, 0},
+      {"int4 group 32 full range", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 32, 0, 1, 0},
+      {"int8 per-channel full range", KVC_DTYPE_F16, KVC_DTYPE_INT8, 0, KVC_DTYPE_F32, 0, 4, 1, 0},
+      {"int4 Hadamard-rotated (blocks of 16)", KVC_DTYPE_F16, KVC_DTYPE_INT4, 0, KVC_DTYPE_F32, 0,
+       0, 0, 16},
+      {"int8 asym group 16 rotated (blocks of 32)", KVC_DTYPE_F16, KVC_DTYPE_INT8, 1,
+       KVC_DTYPE_F32, 16, 0, 0, 32},
+      {"int4 asym per-channel rotated (blocks of 16)", KVC_DTYPE_F16, KVC_DTYPE_INT4, 1,
+       KVC_DTYPE_F32, 0, 4, 0, 16},
+      {"fp8 e4m3 rotated (blocks of 16)", KVC_DTYPE_F16, KVC_DTYPE_FP8_E4M3, 0, KVC_DTYPE_F32, 0,
+       0, 0, 16},
   };
   struct Shape {
     uint32_t hq, hkv, hd, bs;
@@ -563,6 +573,11 @@ KVTEST(fused_paths_agree) {
       g.bs = sp.bs;
       kvc_codec codec = per_token_codec(st.dt, st.asym != 0, st.scale);
       codec.full_range = st.full_range;
+      if (st.rotation) {
+        if (sp.hd % st.rotation != 0) continue;
+        codec.rotation = KVC_ROTATION_HADAMARD;
+        codec.rotation_block = st.rotation;
+      }
       if (st.group) {
         if (sp.hd % st.group != 0) continue;  // (the tile path's own groups: not the kernels')
         codec.granularity = KVC_SCALE_PER_GROUP;

@@ -524,8 +524,8 @@ int main(int argc, char **argv) {
 }
 
 // Per-group scales (the fused kernels dequantize such parts in registers,
-// with the exact query): keys with per-group scales give KVC_QUERY_EXACT's
-// bytes in both int8 modes; per-token int8 keys beside per-group values keep
+// with the exact query): keys with per-group scales, or Hadamard-rotated
+// ones, give KVC_QUERY_EXACT's bytes in both int8 modes; per-token int8 keys beside per-group values keep
 // KVC_QUERY_INT8's integer scores (within its bound, some result differs
 // where the CPU has VNNI), and KVC_QUERY_INT8_VALUES, whose integer sum
 // takes per-token values only, gives KVC_QUERY_INT8's bytes there.
@@ -539,10 +539,17 @@ KVTEST(query_int8_per_group_parts) {
     return c;
   };
   int differed = 0;
-  for (int keys_grouped = 0; keys_grouped < 2; ++keys_grouped)
+  // keys: 0 per-token int8, 1 int4 per group of 32, 2 per-token int8
+  // Hadamard-rotated (blocks of 32: scored against the rotated query, exactly)
+  for (int keys = 0; keys < 3; ++keys)
     for (int asym = 0; asym < 2; ++asym) {
-      const kvc_codec kc = keys_grouped ? group_codec(KVC_DTYPE_INT4, asym != 0, 32)
-                                        : per_token_codec(KVC_DTYPE_INT8, asym != 0);
+      kvc_codec kc = keys == 1 ? group_codec(KVC_DTYPE_INT4, asym != 0, 32)
+                               : per_token_codec(KVC_DTYPE_INT8, asym != 0);
+      if (keys == 2) {
+        kc.rotation = KVC_ROTATION_HADAMARD;
+        kc.rotation_block = 32;
+      }
+      const bool keys_exact = keys != 0;
       const kvc_codec vc = group_codec(KVC_DTYPE_INT4, asym != 0, 16);
       kvc_pool *p = make_pool(g, KVC_DTYPE_F16, &kc, &vc);
       uint64_t id = 1;
@@ -566,7 +573,7 @@ KVTEST(query_int8_per_group_parts) {
                   nullptr);
         CHECK(rel_err(out[0].data(), ro) <= 1e-5);
         CHECK(out[2] == out[1] && lse[2] == lse[1]);
-        if (keys_grouped) {
+        if (keys_exact) {
           CHECK(out[1] == out[0] && lse[1] == lse[0]);
         } else {
           float qmax = 0.0f;
@@ -578,9 +585,16 @@ KVTEST(query_int8_per_group_parts) {
             ksum_max = std::max(ksum_max, ks);
           }
           const double bound = qmax / 254.0 * ksum_max;
-          for (uint32_t h = 0; h < g.hq; ++h)
+          double vmax = 0.0;
+          for (float x : v) vmax = std::max(vmax, std::fabs(static_cast<double>(x)));
+          for (uint32_t h = 0; h < g.hq; ++h) {
             CHECK(std::fabs(lse[1][h] - lse[0][h]) <=
                   bound + 1e-5 * std::max(1.0, std::fabs(static_cast<double>(lse[0][h]))));
+            // (the values too: a wrong zero point of the per-group values moves these)
+            for (uint32_t d = 0; d < g.hd; ++d)
+              CHECK(std::fabs(out[1][h * g.hd + d] - out[0][h * g.hd + d]) <=
+                    (std::exp(2.0 * bound) - 1.0) * vmax + 1e-5);
+          }
           if (lse[1] != lse[0]) ++differed;
         }
         ++id;
