@@ -1818,16 +1818,18 @@ typedef enum kvc_query_quant {
    * Used by CPU decode (one query row per sequence)
    * where the CPU has AVX-512 VNNI and VL, the layer's keys are int8, uint8 or int4 codes with
    * per-token scales and head_dim is a multiple of 32, over the blocks the decode reads in place:
-   * keys and values both stored plainly (f16 / bf16 / f32) or as int8 / uint8 / int4 codes with
-   * per-token scales, without a rotation, codebook, outliers, pre-RoPE keys or key smoothing, and
-   * outside the attention sinks' copies and unwritten slots; everything else (f16 / bf16 / f32
-   * keys, such values or blocks, prefill, CUDA pools, older CPUs) computes as
-   * ::KVC_QUERY_EXACT.
+   * such keys without a rotation, and values stored plainly (f16 / bf16 / f32) or as int8 / uint8
+   * / int4 / fp8 codes with per-token, per-group (within each head) or per-channel scales,
+   * Hadamard-rotated or not; no codebook, outliers, pre-RoPE keys or key smoothing; outside the
+   * attention sinks' copies and unwritten slots. Everything else (f16 / bf16 / f32 / fp8 keys,
+   * keys with per-group or per-channel scales or a rotation, other blocks, prefill, CUDA pools,
+   * older CPUs) computes as ::KVC_QUERY_EXACT.
    */
   KVC_QUERY_INT8 = 1,
   /**
    * The keys as ::KVC_QUERY_INT8; and where the values are symmetric int8 or int4 codes with
-   * per-token scales (full range or not; whatever the keys), their weighted sum in integers too:
+   * per-token scales and no rotation (full range or not; whatever the keys), their weighted sum in
+   * integers too:
    * for each run of consecutive tokens the decode takes together (at most 8 blocks) and each query
    * head, the weights w = p x s (p = e^(score - running max), s = the token's value scale, negative
    * for a full-range code's positive extreme) are rounded to integers w' = round(w / u), u = their
