@@ -37,10 +37,13 @@ __attribute__((target("avx2"), always_inline)) inline void hminmax(__m256 a, __m
 }
 
 // make_params() of k groups from their (lo, hi) pairs, four at a time in
-// double lanes for dynamic scales stored as f32 (symmetric or asymmetric
-// integers, fp8): the same IEEE operations (exact conversions, max / min, one
-// correctly rounded division, the round-up to a float) as the scalar
-// function, so the same bits; the other cases call it.
+// double lanes (symmetric ones eight at a time in float lanes) for dynamic
+// scales stored as f32 (symmetric or asymmetric integers, fp8) or as f16
+// (symmetric: the scale rounded up to an f16 by the conversion's
+// round-towards-+Inf mode, saturated at 65504): the same IEEE operations
+// (exact conversions, max / min, one correctly rounded division, the
+// round-ups) as the scalar function, so the same bits; the other cases call
+// it.
 // Four 64-bit lane masks as four 32-bit ones.
 __attribute__((target("avx2"), always_inline)) inline __m128i narrow(__m256d m) {
   return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
@@ -71,9 +74,25 @@ __attribute__((target("avx2,fma"), always_inline)) inline __m128 ceil_div(__m128
   return _mm_castsi128_ps(_mm_sub_epi32(_mm_castps_si128(f), _mm_castps_si128(short_)));
 }
 
-__attribute__((target("avx2,fma"))) void make_params_batch(const Spec &s, const float *lohi,
-                                                           uint64_t k, Params *ps) {
-  const bool vec = s.static_scale == 0.0 && s.scale_dtype == DType::F32 && !s.full_range &&
+// round_scale_up to f16 of positive floats (0 stays 0): the smallest f16 at
+// or above each (the conversion rounding towards +Inf), at most 65504.
+__attribute__((target("avx2,f16c"), always_inline)) inline __m256 ceil_f16(__m256 v) {
+  return _mm256_min_ps(
+      _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)),
+      _mm256_set1_ps(65504.0f));
+}
+__attribute__((target("avx2,f16c"), always_inline)) inline __m128 ceil_f16(__m128 v) {
+  return _mm_min_ps(_mm_cvtph_ps(_mm_cvtps_ph(v, _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC)),
+                    _mm_set1_ps(65504.0f));
+}
+
+__attribute__((target("avx2,fma,f16c"))) void make_params_batch(const Spec &s, const float *lohi,
+                                                                uint64_t k, Params *ps) {
+  // f16 scales: the f32 scale rounded up to an f16 (symmetric codes; an
+  // asymmetric zero point's rounding down is make_params's)
+  const bool half = s.scale_dtype == DType::F16;
+  const bool vec = s.static_scale == 0.0 && !s.full_range &&
+                   (s.scale_dtype == DType::F32 || (half && !(is_int(s.dtype) && s.asym))) &&
                    (is_int(s.dtype) || is_fp8(s.dtype));
   uint64_t i = 0;
   if (vec) {
@@ -106,7 +125,8 @@ __attribute__((target("avx2,fma"))) void make_params_batch(const Spec &s, const 
           continue;
         }
         const __m256 valid = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ);
-        const __m256 sc = _mm256_and_ps(ceil_div(a, vqf), valid);
+        __m256 sc = _mm256_and_ps(ceil_div(a, vqf), valid);
+        if (half) sc = _mm256_and_ps(ceil_f16(sc), valid);
         const __m256 inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), sc), valid);
         alignas(32) float vs[8], vi[8];
         _mm256_store_ps(vs, sc);
@@ -141,6 +161,7 @@ __attribute__((target("avx2,fma"))) void make_params_batch(const Spec &s, const 
       // raw <= 0: scale 0
       sc = _mm_and_ps(
           sc, _mm_castsi128_ps(narrow(_mm256_cmp_pd(raw, _mm256_setzero_pd(), _CMP_GT_OQ))));
+      if (half) sc = ceil_f16(sc);
       const __m128 inv =
           _mm_and_ps(_mm_div_ps(_mm_set1_ps(1.0f), sc), _mm_cmpgt_ps(sc, _mm_setzero_ps()));
       alignas(16) float vs[4], vi[4], vz[4];
@@ -315,6 +336,17 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
         // no rotation overflows, and is checked here: every output of a
         // block sums every input of it, so a NaN or Inf among the inputs
         // leaves the whole block NaN or infinite).
+        if (use_avx512() && sym && !fixed && g % 16 == 0) {
+          // 16 lanes, 32 registers (quantize_avx512.cpp: the same bits), each
+          // group's largest magnitude taken from the registers (the check too)
+          if (!rotate_row_absmax_avx512(row, Half, x, d, s.rotation_block, _mm256_cvtss_f32(vnorm),
+                                        g, lohi + 2 * r * ng) &&
+              nonfinite) {
+            *nonfinite = true;
+            return;
+          }
+          continue;
+        }
         if (use_avx512())  // 16 lanes, 32 registers (quantize_avx512.cpp: the same bits)
           rotate_row_avx512(row, Half, x, d, s.rotation_block, _mm256_cvtss_f32(vnorm));
         else

@@ -450,6 +450,81 @@ KVC_AVX512 void rotate_blocks(const In *row, Out *out, uint64_t d, __m512 norm) 
   }
 }
 
+// The largest |x| bits of four groups' lanes (a[0..3], non-negative int32
+// bit patterns, which order as the floats) to lohi[2k], lohi[2k + 1] =
+// -amax, amax of the first n (group_absmax's pairs); returns the four maxima's
+// largest, in every lane.
+KVC_AVX512 inline __m512i absmax4_out(const __m512i *a, int n, float *lohi) {
+  // 128-bit quarters: [max(a0, a2), max(a1, a3), max(b0, b2), max(b1, b3)]
+  const __m512i ab = _mm512_max_epi32(_mm512_shuffle_i32x4(a[0], a[1], 0x44),
+                                      _mm512_shuffle_i32x4(a[0], a[1], 0xee));
+  const __m512i cd = _mm512_max_epi32(_mm512_shuffle_i32x4(a[2], a[3], 0x44),
+                                      _mm512_shuffle_i32x4(a[2], a[3], 0xee));
+  // quarter k: group k's four lanes
+  __m512i p =
+      _mm512_max_epi32(_mm512_shuffle_i32x4(ab, cd, 0x88), _mm512_shuffle_i32x4(ab, cd, 0xdd));
+  p = _mm512_max_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_BADC));
+  p = _mm512_max_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_CDAB));
+  // [-A, A, -B, B, -C, C, -D, D]
+  constexpr int kSign = static_cast<int>(0x80000000u);
+  const __m512i pairs = _mm512_xor_si512(
+      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 0, 0, 0, 0, 0, 0, 0, 0),
+                               p),
+      _mm512_setr_epi32(kSign, 0, kSign, 0, kSign, 0, kSign, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+  _mm256_mask_storeu_ps(lohi, static_cast<__mmask8>((1u << (2 * n)) - 1),
+                        _mm256_castsi256_ps(_mm512_castsi512_si256(pairs)));
+  return p;
+}
+
+// rotate_blocks into f32 (the same bits) that also takes the largest |x| of
+// each group of g values of the rotated row (g a multiple of 16) from the
+// registers: lohi[2k], lohi[2k + 1] = -amax, amax of group k, as
+// group_absmax writes them. Returns false when a rotated value is NaN or Inf.
+template <typename In, int NV>
+KVC_AVX512 bool rotate_absmax_blocks(const In *row, float *out, uint64_t d, float norm_f,
+                                     uint64_t g, float *lohi) {
+  const __m512 norm = _mm512_set1_ps(norm_f);
+  const __m512i mag = _mm512_set1_epi32(0x7fffffff);
+  __m512i cur = _mm512_setzero_si512(), worst = cur, pend[4];
+  uint64_t filled = 0;
+  int np = 0;
+  for (uint64_t b = 0; b < d; b += 16 * NV) {
+    __m512 r[NV];
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      if constexpr (sizeof(In) == 2)
+        r[i] = _mm512_cvtph_ps(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + b + 16 * i)));
+      else
+        r[i] = _mm512_loadu_ps(row + b + 16 * i);
+      r[i] = butterfly16(r[i]);
+    }
+    vector_stages<NV, 1>(r);
+#pragma GCC unroll 8
+    for (int i = 0; i < NV; ++i) {
+      const __m512 y = _mm512_mul_ps(r[i], norm);
+      _mm512_storeu_ps(out + b + 16 * i, y);
+      const __m512i v = _mm512_and_si512(_mm512_castps_si512(y), mag);
+      cur = filled ? _mm512_max_epi32(cur, v) : v;
+      filled += 16;
+      if (filled == g) {
+        pend[np++] = cur;
+        filled = 0;
+        if (np == 4) {
+          worst = _mm512_max_epi32(worst, absmax4_out(pend, 4, lohi));
+          lohi += 8;
+          np = 0;
+        }
+      }
+    }
+  }
+  if (np) {
+    for (int i = np; i < 4; ++i) pend[i] = pend[0];
+    worst = _mm512_max_epi32(worst, absmax4_out(pend, np, lohi));
+  }
+  return !_mm512_cmpgt_epi32_mask(worst, _mm512_set1_epi32(0x7f7fffff));
+}
+
 template <typename In, typename Out>
 KVC_AVX512 void rotate_any(const In *row, Out *out, uint64_t d, uint32_t block, float norm) {
   if (block == 128)
@@ -572,6 +647,19 @@ void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_
     rotate_any(static_cast<const uint16_t *>(row), x, d, block, norm);
   else
     rotate_any(static_cast<const float *>(row), x, d, block, norm);
+}
+
+bool rotate_row_absmax_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
+                              float norm, uint64_t g, float *lohi) {
+  const float vn = norm;
+  if (half)
+    return block == 128 ? rotate_absmax_blocks<uint16_t, 8>(static_cast<const uint16_t *>(row), x,
+                                                            d, vn, g, lohi)
+                        : rotate_absmax_blocks<uint16_t, 4>(static_cast<const uint16_t *>(row), x,
+                                                            d, vn, g, lohi);
+  return block == 128
+             ? rotate_absmax_blocks<float, 8>(static_cast<const float *>(row), x, d, vn, g, lohi)
+             : rotate_absmax_blocks<float, 4>(static_cast<const float *>(row), x, d, vn, g, lohi);
 }
 
 void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint32_t block,

@@ -63,8 +63,10 @@ static void test_fused_quantize_matches_scalar() {
         for (uint32_t rot : {0u, 8u, 64u, 128u})  // 64, 128: the register transform
           for (DType sd : {DType::F32, DType::F16})
             for (kvc::DType in : {kvc::DType::F32, kvc::DType::F16})
-              for (uint64_t d : {8ull, 24ull, 64ull, 128ull, 256ull}) {
+              for (uint64_t d : {8ull, 24ull, 64ull, 128ull, 256ull})
+                for (uint64_t group : {16ull, 32ull, 64ull}) {  // (8 where d % 16 != 0)
                 if (rot && d % rot != 0) continue;
+                if (group != 16 && (g != Gran::Group || d % group != 0)) continue;
                 const bool asym = mode == 1;
                 if (mode != 0 && is_fp8(dt)) continue;
                 if (mode == 2 && g == Gran::Tensor) continue;  // full range: dynamic scales only
@@ -75,13 +77,19 @@ static void test_fused_quantize_matches_scalar() {
                 s.full_range = mode == 2;
                 s.scale_dtype = sd;
                 s.rotation_block = rot;
-                s.group = d % 16 == 0 ? 16 : 8;
+                s.group = d % 16 == 0 ? group : 8;
                 if (g == Gran::Tensor) s.static_scale = 0.37;
                 const uint64_t n = 7;
                 std::vector<float> x = gaussian(n * d, 2.0f, asym ? 0.5f : 0.0f);
                 x[3] = 0.0f;
                 for (uint64_t i = 0; i < x.size(); i += 13)
                   x[i] = std::nearbyint(x[i] * 4.0f) / 4.0f;  // ties
+                // Row 5 large (f32: f16 scales saturate at 65504), row 6 tiny
+                // (f16 scales subnormal).
+                for (uint64_t i = 0; i < d; ++i) {
+                  x[5 * d + i] *= in == kvc::DType::F16 ? 2e3f : 1e6f;
+                  x[6 * d + i] *= 1e-6f;
+                }
                 std::vector<uint16_t> h(x.size());
                 kvc::convert(x.data(), kvc::DType::F32, h.data(), kvc::DType::F16, x.size());
                 const void *src =
@@ -110,8 +118,9 @@ static void test_fused_quantize_matches_scalar() {
                 if (!same)
                   std::fprintf(stderr,
                                "fused quantize differs: dtype %d gran %d mode %d rot %u scale %d "
-                               "in %d d %llu\n",
-                               int(dt), int(g), mode, rot, int(sd), int(in), (unsigned long long)d);
+                               "in %d d %llu group %llu\n",
+                               int(dt), int(g), mode, rot, int(sd), int(in), (unsigned long long)d,
+                               (unsigned long long)s.group);
                 CHECK(same);
               }
 }
