@@ -22,6 +22,7 @@ struct CodecCase {
   uint32_t group;
   int asym;
   int hadamard;
+  int full_range;
 };
 
 const CodecCase kCases[] = {
@@ -32,6 +33,8 @@ const CodecCase kCases[] = {
     {"int2_group32_asym", KVC_DTYPE_INT2, KVC_SCALE_PER_GROUP, 32, 1, 0},
     {"fp8_e4m3_per_token", KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 0, 0, 0},
     {"fp8_e5m2_per_token", KVC_DTYPE_FP8_E5M2, KVC_SCALE_PER_TOKEN, 0, 0, 0},
+    // the default strategy list's int4:group=32:full-range:hadamard
+    {"int4_group32_full_range_hadamard", KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0, 1, 1},
 };
 
 // Per token and KV head (per-token codecs quantize rows of head_dim), or per
@@ -57,6 +60,7 @@ struct Buffers {
     codec.granularity = c.gran;
     codec.group_size = c.group ? c.group : 32;
     codec.asymmetric = static_cast<uint32_t>(c.asym);
+    codec.full_range = static_cast<uint32_t>(c.full_range);
     codec.rotation = c.hadamard ? KVC_ROTATION_HADAMARD : KVC_ROTATION_NONE;
     codec.rotation_block = c.hadamard ? static_cast<uint32_t>(kHeadDim) : 0;  // per head, as a pool rotates
     shape(c, tokens, &n, &d);

@@ -79,7 +79,7 @@ if codec_out:
         return None if b is None else b.get("bytes_per_second")
     targets = {"int8_per_token": (1.0, 0.7)}
     names = ["int8_per_token", "int4_group32", "int4_group32_hadamard", "int3_group32", "int2_group32_asym",
-             "fp8_e4m3_per_token", "fp8_e5m2_per_token"]
+             "fp8_e4m3_per_token", "fp8_e5m2_per_token", "int4_group32_full_range_hadamard"]
     for tokens in ("16", "4096"):
         mem = cget(f"BM_CodecMemcpy/{tokens}")
         for i, name in enumerate(names):

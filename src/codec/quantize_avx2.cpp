@@ -95,6 +95,44 @@ __attribute__((target("avx2,fma,f16c"))) void make_params_batch(const Spec &s, c
                    (s.scale_dtype == DType::F32 || (half && !(is_int(s.dtype) && s.asym))) &&
                    (is_int(s.dtype) || is_fp8(s.dtype));
   uint64_t i = 0;
+  if (s.static_scale == 0.0 && is_int(s.dtype) && s.full_range && !s.asym &&
+      (s.scale_dtype == DType::F32 || half)) {
+    // Full range (make_params's rule), eight groups at a time in float
+    // lanes: the value of largest magnitude (the positive one on a tie)
+    // sets the magnitude m = a / (qmax + 1) rounded up to a float (ceil_div)
+    // and to the scale dtype; the scale is -m where that value is positive.
+    // Eight holding a magnitude of 1e37 or more (the 1e38 cap applies in
+    // double) go through make_params.
+    const __m256 q1 = _mm256_set1_ps(static_cast<float>(qmax_sym(s.dtype) + 1));
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (; i + 8 <= k; i += 8) {
+      const __m256 p0 = _mm256_loadu_ps(lohi + 2 * i), p1 = _mm256_loadu_ps(lohi + 2 * i + 8);
+      // lo0 lo1 lo2 lo3 | lo4 ..., hi0 hi1 ... (de-interleaved, in order)
+      const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+      const __m256 lo = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(p0, p1, 0x88), order);
+      const __m256 hi = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(p0, p1, 0xdd), order);
+      const __m256 nlo = _mm256_xor_ps(lo, sign);
+      const __m256 positive = _mm256_cmp_ps(hi, nlo, _CMP_GE_OQ);
+      const __m256 a = _mm256_blendv_ps(nlo, hi, positive);
+      const __m256 big = _mm256_cmp_ps(a, _mm256_set1_ps(1e37f), _CMP_GE_OQ);
+      if (!_mm256_testz_ps(big, big)) {
+        for (int j = 0; j < 8; ++j)
+          ps[i + j] = make_params(s, lohi[2 * (i + j)], lohi[2 * (i + j) + 1]);
+        continue;
+      }
+      const __m256 valid = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ);
+      __m256 m = ceil_div(a, q1);
+      if (half) m = ceil_f16(m);
+      const __m256 neg = _mm256_and_ps(positive, sign);
+      const __m256 sc = _mm256_and_ps(_mm256_xor_ps(m, neg), valid);
+      const __m256 inv =
+          _mm256_and_ps(_mm256_xor_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), m), neg), valid);
+      alignas(32) float vs[8], vi[8];
+      _mm256_store_ps(vs, sc);
+      _mm256_store_ps(vi, inv);
+      for (int j = 0; j < 8; ++j) ps[i + j] = Params{vs[j], vi[j], 0.0f};
+    }
+  }
   if (vec) {
     const bool asym = is_int(s.dtype) && s.asym;
     const double q = asym              ? qmax_asym(s.dtype)
@@ -336,11 +374,11 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
         // no rotation overflows, and is checked here: every output of a
         // block sums every input of it, so a NaN or Inf among the inputs
         // leaves the whole block NaN or infinite).
-        if (use_avx512() && sym && !fixed && g % 16 == 0) {
+        if (use_avx512() && !fixed && g % 16 == 0) {
           // 16 lanes, 32 registers (quantize_avx512.cpp: the same bits), each
-          // group's largest magnitude taken from the registers (the check too)
-          if (!rotate_row_absmax_avx512(row, Half, x, d, s.rotation_block, _mm256_cvtss_f32(vnorm),
-                                        g, lohi + 2 * r * ng) &&
+          // group's extremes taken from the registers (the check too)
+          if (!rotate_row_extremes_avx512(sym, row, Half, x, d, s.rotation_block,
+                                          _mm256_cvtss_f32(vnorm), g, lohi + 2 * r * ng) &&
               nonfinite) {
             *nonfinite = true;
             return;

@@ -450,42 +450,68 @@ KVC_AVX512 void rotate_blocks(const In *row, Out *out, uint64_t d, __m512 norm) 
   }
 }
 
-// The largest |x| bits of four groups' lanes (a[0..3], non-negative int32
-// bit patterns, which order as the floats) to lohi[2k], lohi[2k + 1] =
-// -amax, amax of the first n (group_absmax's pairs); returns the four maxima's
-// largest, in every lane.
-KVC_AVX512 inline __m512i absmax4_out(const __m512i *a, int n, float *lohi) {
-  // 128-bit quarters: [max(a0, a2), max(a1, a3), max(b0, b2), max(b1, b3)]
-  const __m512i ab = _mm512_max_epi32(_mm512_shuffle_i32x4(a[0], a[1], 0x44),
-                                      _mm512_shuffle_i32x4(a[0], a[1], 0xee));
-  const __m512i cd = _mm512_max_epi32(_mm512_shuffle_i32x4(a[2], a[3], 0x44),
-                                      _mm512_shuffle_i32x4(a[2], a[3], 0xee));
+// Four groups' lane extremes a[0..3] (16 lanes each) reduced: quarter k of
+// the result holds group k's extreme in all four lanes. Op: integer max on
+// |x| bit patterns (Op 0), float min (1) or float max (2).
+template <int Op>
+KVC_AVX512 inline __m512i op512(__m512i a, __m512i b) {
+  if constexpr (Op == 0) return _mm512_max_epi32(a, b);
+  if constexpr (Op == 1)
+    return _mm512_castps_si512(_mm512_min_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+  return _mm512_castps_si512(_mm512_max_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+}
+template <int Op>
+KVC_AVX512 inline __m512i reduce4(const __m512i *a) {
+  // 128-bit quarters: [a0 . a2, a1 . a3, b0 . b2, b1 . b3]
+  const __m512i ab =
+      op512<Op>(_mm512_shuffle_i32x4(a[0], a[1], 0x44), _mm512_shuffle_i32x4(a[0], a[1], 0xee));
+  const __m512i cd =
+      op512<Op>(_mm512_shuffle_i32x4(a[2], a[3], 0x44), _mm512_shuffle_i32x4(a[2], a[3], 0xee));
   // quarter k: group k's four lanes
-  __m512i p =
-      _mm512_max_epi32(_mm512_shuffle_i32x4(ab, cd, 0x88), _mm512_shuffle_i32x4(ab, cd, 0xdd));
-  p = _mm512_max_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_BADC));
-  p = _mm512_max_epi32(p, _mm512_shuffle_epi32(p, _MM_PERM_CDAB));
-  // [-A, A, -B, B, -C, C, -D, D]
-  constexpr int kSign = static_cast<int>(0x80000000u);
-  const __m512i pairs = _mm512_xor_si512(
-      _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 0, 0, 0, 0, 0, 0, 0, 0),
-                               p),
-      _mm512_setr_epi32(kSign, 0, kSign, 0, kSign, 0, kSign, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-  _mm256_mask_storeu_ps(lohi, static_cast<__mmask8>((1u << (2 * n)) - 1),
-                        _mm256_castsi256_ps(_mm512_castsi512_si256(pairs)));
-  return p;
+  __m512i p = op512<Op>(_mm512_shuffle_i32x4(ab, cd, 0x88), _mm512_shuffle_i32x4(ab, cd, 0xdd));
+  p = op512<Op>(p, _mm512_shuffle_epi32(p, _MM_PERM_BADC));
+  return op512<Op>(p, _mm512_shuffle_epi32(p, _MM_PERM_CDAB));
 }
 
-// rotate_blocks into f32 (the same bits) that also takes the largest |x| of
+// The pairs lohi[2k], lohi[2k + 1] of the first n of four groups (their
+// lane extremes lo[0..3], hi[0..3]): -amax, amax (Sym: lo holds the |x| bit
+// maxima, as group_absmax writes them) or min, max. Returns the mask of the
+// lanes holding a NaN or Inf extreme (Sym; else 0).
+template <bool Sym>
+KVC_AVX512 inline __mmask16 pairs4_out(const __m512i *lo, const __m512i *hi, int n, float *lohi) {
+  __m512i pairs;
+  __mmask16 bad = 0;
+  if constexpr (Sym) {
+    constexpr int kSign = static_cast<int>(0x80000000u);
+    const __m512i p = reduce4<0>(lo);
+    bad = _mm512_cmpgt_epi32_mask(p, _mm512_set1_epi32(0x7f7fffff));
+    pairs = _mm512_xor_si512(
+        _mm512_permutexvar_epi32(
+            _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 0, 0, 0, 0, 0, 0, 0, 0), p),
+        _mm512_setr_epi32(kSign, 0, kSign, 0, kSign, 0, kSign, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+  } else {
+    pairs = _mm512_permutex2var_epi32(
+        reduce4<1>(lo), _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 0, 0, 0, 0, 0, 0, 0),
+        reduce4<2>(hi));
+  }
+  _mm256_mask_storeu_ps(lohi, static_cast<__mmask8>((1u << (2 * n)) - 1),
+                        _mm256_castsi256_ps(_mm512_castsi512_si256(pairs)));
+  return bad;
+}
+
+// rotate_blocks into f32 (the same bits) that also takes the extremes of
 // each group of g values of the rotated row (g a multiple of 16) from the
-// registers: lohi[2k], lohi[2k + 1] = -amax, amax of group k, as
-// group_absmax writes them. Returns false when a rotated value is NaN or Inf.
-template <typename In, int NV>
-KVC_AVX512 bool rotate_absmax_blocks(const In *row, float *out, uint64_t d, float norm_f,
-                                     uint64_t g, float *lohi) {
+// registers: lohi[2k], lohi[2k + 1] = -amax, amax of group k (Sym: what
+// symmetric codes need, as group_absmax writes them) or its min and max (as
+// quantize_fast's min / max pass: the same floats, in any order). Returns
+// false when a rotated value is NaN or Inf.
+template <typename In, int NV, bool Sym>
+KVC_AVX512 bool rotate_extremes_blocks(const In *row, float *out, uint64_t d, float norm_f,
+                                       uint64_t g, float *lohi) {
   const __m512 norm = _mm512_set1_ps(norm_f);
   const __m512i mag = _mm512_set1_epi32(0x7fffffff);
-  __m512i cur = _mm512_setzero_si512(), worst = cur, pend[4];
+  __m512i lo = _mm512_setzero_si512(), hi = lo, plo[4], phi[4];
+  __mmask16 bad = 0;
   uint64_t filled = 0;
   int np = 0;
   for (uint64_t b = 0; b < d; b += 16 * NV) {
@@ -504,14 +530,22 @@ KVC_AVX512 bool rotate_absmax_blocks(const In *row, float *out, uint64_t d, floa
     for (int i = 0; i < NV; ++i) {
       const __m512 y = _mm512_mul_ps(r[i], norm);
       _mm512_storeu_ps(out + b + 16 * i, y);
-      const __m512i v = _mm512_and_si512(_mm512_castps_si512(y), mag);
-      cur = filled ? _mm512_max_epi32(cur, v) : v;
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), mag);
+      if constexpr (Sym) {  // |x| bits: NaN and Inf above every finite value
+        lo = filled ? _mm512_max_epi32(lo, a) : a;
+      } else {
+        const __m512i v = _mm512_castps_si512(y);
+        lo = filled ? op512<1>(lo, v) : v;
+        hi = filled ? op512<2>(hi, v) : v;
+        bad |= _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f7fffff));
+      }
       filled += 16;
       if (filled == g) {
-        pend[np++] = cur;
+        plo[np] = lo;
+        phi[np++] = hi;
         filled = 0;
         if (np == 4) {
-          worst = _mm512_max_epi32(worst, absmax4_out(pend, 4, lohi));
+          bad |= pairs4_out<Sym>(plo, phi, 4, lohi);
           lohi += 8;
           np = 0;
         }
@@ -519,10 +553,13 @@ KVC_AVX512 bool rotate_absmax_blocks(const In *row, float *out, uint64_t d, floa
     }
   }
   if (np) {
-    for (int i = np; i < 4; ++i) pend[i] = pend[0];
-    worst = _mm512_max_epi32(worst, absmax4_out(pend, np, lohi));
+    for (int i = np; i < 4; ++i) {
+      plo[i] = plo[0];
+      phi[i] = phi[0];
+    }
+    bad |= pairs4_out<Sym>(plo, phi, np, lohi);
   }
-  return !_mm512_cmpgt_epi32_mask(worst, _mm512_set1_epi32(0x7f7fffff));
+  return bad == 0;
 }
 
 template <typename In, typename Out>
@@ -649,17 +686,24 @@ void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_
     rotate_any(static_cast<const float *>(row), x, d, block, norm);
 }
 
-bool rotate_row_absmax_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
-                              float norm, uint64_t g, float *lohi) {
-  const float vn = norm;
+template <bool Sym>
+bool rotate_extremes_any(const void *row, bool half, float *x, uint64_t d, uint32_t block,
+                         float norm, uint64_t g, float *lohi) {
   if (half)
-    return block == 128 ? rotate_absmax_blocks<uint16_t, 8>(static_cast<const uint16_t *>(row), x,
-                                                            d, vn, g, lohi)
-                        : rotate_absmax_blocks<uint16_t, 4>(static_cast<const uint16_t *>(row), x,
-                                                            d, vn, g, lohi);
-  return block == 128
-             ? rotate_absmax_blocks<float, 8>(static_cast<const float *>(row), x, d, vn, g, lohi)
-             : rotate_absmax_blocks<float, 4>(static_cast<const float *>(row), x, d, vn, g, lohi);
+    return block == 128 ? rotate_extremes_blocks<uint16_t, 8, Sym>(
+                              static_cast<const uint16_t *>(row), x, d, norm, g, lohi)
+                        : rotate_extremes_blocks<uint16_t, 4, Sym>(
+                              static_cast<const uint16_t *>(row), x, d, norm, g, lohi);
+  return block == 128 ? rotate_extremes_blocks<float, 8, Sym>(static_cast<const float *>(row), x, d,
+                                                              norm, g, lohi)
+                      : rotate_extremes_blocks<float, 4, Sym>(static_cast<const float *>(row), x, d,
+                                                              norm, g, lohi);
+}
+
+bool rotate_row_extremes_avx512(bool sym, const void *row, bool half, float *x, uint64_t d,
+                                uint32_t block, float norm, uint64_t g, float *lohi) {
+  return sym ? rotate_extremes_any<true>(row, half, x, d, block, norm, g, lohi)
+             : rotate_extremes_any<false>(row, half, x, d, block, norm, g, lohi);
 }
 
 void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint32_t block,
