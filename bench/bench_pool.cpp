@@ -8,6 +8,10 @@
 //      8 KV heads x head_dim 128, into an f16 pool, against memcpy of the
 //      same bytes to the same block addresses (bytes/s of both; the ratio is
 //      printed by bench/run_quick.sh)
+//  BM_AppendQuantized/<codec>             the same 16 tokens into an int8
+//      per-token (0), int4 group 32 (1) or int4 group 32 full-range
+//      Hadamard (2) pool: the CPU hot-path issue's append goals through
+//      kvc_append itself
 //  BM_ForkFree/<layers>                   fork of a 4096-token sequence, then
 //      free of the child
 #include <benchmark/benchmark.h>
@@ -114,6 +118,52 @@ void BM_AppendF16(benchmark::State &state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * kCallBytes);
 }
 BENCHMARK(BM_AppendF16);
+
+// One decode step's append into a quantized pool (16 tokens of f16 K and V
+// rows, 8 KV heads x 128): codec 0 int8 per token, 1 int4 group 32, 2 int4
+// group 32 full range Hadamard (the default list's row); bytes/s of the f16
+// input, beside BM_MemcpySamePattern.
+void BM_AppendQuantized(benchmark::State &state) {
+  kvc_codec c;
+  kvc_codec_init(&c);
+  const int64_t which = state.range(0);
+  c.dtype = which == 0 ? KVC_DTYPE_INT8 : KVC_DTYPE_INT4;
+  c.granularity = which == 0 ? KVC_SCALE_PER_TOKEN : KVC_SCALE_PER_GROUP;
+  c.group_size = 32;
+  if (which == 2) {
+    c.full_range = 1;
+    c.rotation = KVC_ROTATION_HADAMARD;
+    c.rotation_block = kHeadDim;
+  }
+  kvc_pool_config cfg;
+  kvc_pool_config_init(&cfg);
+  cfg.num_layers = 1;
+  cfg.num_kv_heads = kHeads;
+  cfg.num_q_heads = kHeads;
+  cfg.head_dim = kHeadDim;
+  cfg.block_size = 16;
+  cfg.num_blocks = kSeqTokens / 16 + 4;
+  cfg.k_codec = &c;
+  cfg.v_codec = &c;
+  kvc_pool *pool = nullptr;
+  OK(kvc_pool_create(&cfg, &pool));
+  OK(kvc_seq_create(pool, 1));
+  OK(kvc_seq_reserve(pool, 1, kSeqTokens, nullptr));
+  std::vector<uint16_t> k(kCallBytes / 2), v(kCallBytes / 2);
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<uint16_t>(0x3c00 + (i % 1024));
+    v[i] = static_cast<uint16_t>(0xbc00 + (i % 1024));
+  }
+  uint64_t pos = 0;
+  for (auto _ : state) {
+    if (kvc_append(pool, 1, 0, pos, kTokens, k.data(), v.data(), KVC_DTYPE_F16) != KVC_OK)
+      state.SkipWithError(kvc_last_error_message());
+    pos = (pos + kTokens) % kSeqTokens;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * kCallBytes);
+  kvc_pool_destroy(pool);
+}
+BENCHMARK(BM_AppendQuantized)->Arg(0)->Arg(1)->Arg(2);
 
 // The same bytes to the same addresses: K rows of 16 tokens to the K part of
 // the block, V rows to the V part (block_size 16, NHD: each is one contiguous run).

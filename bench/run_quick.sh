@@ -65,6 +65,13 @@ app, mem = get("BM_AppendF16", "bytes_per_second"), get("BM_MemcpySamePattern", 
 if app and mem:
     line(f"append f16 16 tokens x 8 heads x 128: {app / 1e9:.2f} GB/s, memcpy {mem / 1e9:.2f} GB/s, "
          f"ratio {app / mem:.2f}", app / mem >= 0.5)
+# kvc_append of a decode step's 16 rows into quantized pools (the pool's own
+# path: checks, encoding into the blocks), against the same memcpy
+for arg, name in (("0", "int8 per token"), ("1", "int4 group 32"), ("2", "int4 g32 full range Hadamard")):
+    aq = get(f"BM_AppendQuantized/{arg}", "bytes_per_second")
+    if aq and mem:
+        line(f"append f16 16 tokens into an {name} pool: {aq / 1e9:.2f} GB/s, ratio {aq / mem:.2f}",
+             aq / mem >= (0.7 if arg == "0" else 0.5))
 codec_out = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
 attn_out = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "none" else None
 prefix_out = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] != "none" else None
@@ -153,6 +160,11 @@ if codec_out:
         a8, a4 = cget("BM_Quantize/0/16"), cget("BM_Quantize/1/16")
         goal("one decode step's append, 16 rows, int8 vs memcpy", a8 and a8 / mem16, 0.7)
         goal("one decode step's append, 16 rows, int4 vs memcpy", a4 and a4 / mem16, 0.5)
+# the same goals through a pool (kvc_append, K and V, bench_pool)
+mem_pool = get("BM_MemcpySamePattern", "bytes_per_second")
+for arg, label, target in (("0", "int8", 0.7), ("1", "int4", 0.5)):
+    aq = get(f"BM_AppendQuantized/{arg}", "bytes_per_second")
+    goal(f"kvc_append of 16 rows into an {label} pool vs memcpy", aq and mem_pool and aq / mem_pool, target)
 if attn_out:
     bw, mem = aget("BM_AttnPaged/0/8/2", "bytes_per_second"), aget("BM_AttnMemcpy/8", "bytes_per_second")
     goal("decode f16, batch 8, 2 threads vs memcpy", bw and mem and bw / mem, 0.9)

@@ -68,6 +68,9 @@ void check_rotatable(const float *x, uint64_t n, uint32_t block);
 
 // Throws NonFinite when any of the n values is NaN or Inf.
 void check_finite(const float *x, uint64_t n, const char *what);
+// The same for n values of type t (f32, f16 or bf16: the exponent field all
+// ones), without converting them; the message names `what` and the element.
+void check_finite_raw(const void *src, DType t, uint64_t n, const char *what = "input");
 
 // Quantize x[n][d] (f32, row stride d). codes: [n][row_bytes(d)];
 // scales/zeros: num_scales() entries of scale_dtype (zeros only if asym).

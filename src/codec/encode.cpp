@@ -11,6 +11,7 @@
 #include "codec/kernels.h"
 #include "codec/kernels_avx2.h"
 #include "codec/scalar.h"
+#include "common/convert.h"
 #include "common/error.h"
 #include "common/fp8.h"
 #include "common/scratch.h"
@@ -132,6 +133,26 @@ void check_finite(const float *x, uint64_t n, const char *what) {
 void encode(const Spec &s, const float *x, uint64_t n, uint64_t d, uint8_t *codes, uint8_t *scales,
             uint8_t *zeros) {
   const uint64_t rb = row_bytes(s.dtype, d);
+#ifdef KVC_CODEC_X86
+  // Integer or fp8 codes with dynamic scales per token or per whole group:
+  // quantize()'s fused path (quantize_avx2.cpp: the same codes, scales and
+  // zero points as the loops below) on the rows as given (x is already
+  // rotated where the spec rotates). A pool's append encodes through here,
+  // a decode step's rows at a time. A NaN or Inf stops it part way: the
+  // loops below then write every output again.
+  if (use_avx2() && convert_has_simd() && d % 8 == 0 && d > 0 && n > 0 && scales &&
+      (!s.asym || zeros) && s.static_scale == 0.0 && !s.outliers &&
+      (is_int(s.dtype) || is_fp8(s.dtype)) &&
+      (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
+    Spec t = s;
+    t.rotation_block = 0;
+    thread_local ScratchBuffer<float> buf;  // (not quantize()'s: it may be the caller's x)
+    bool bad = false;
+    quantize_fast_avx2(t, x, false, n, d, codes, scales, zeros,
+                       buf.get(quantize_fast_scratch(t, d)), &bad);
+    if (!bad) return;
+  }
+#endif
   if (!has_scales(s)) {
     for (uint64_t r = 0; r < n; ++r) encode_row(s, x + r * d, d, nullptr, d, codes + r * rb);
     return;

@@ -111,9 +111,30 @@ void hadamard(float *x, uint64_t d, uint32_t block) {
 // The unnormalized butterfly grows a block's values by up to `block` times
 // before the final normalization: inputs at or above FLT_MAX / block could
 // overflow to Inf on the way, so they are refused (before anything is written).
+#ifdef KVC_CODEC_X86
+namespace {
+// Whether every |x| < limit (NaN: no), eight lanes at a time.
+__attribute__((target("avx2"))) bool all_below_avx2(const float *x, uint64_t n, float limit) {
+  const __m256 lim = _mm256_set1_ps(limit),
+               abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    ok = _mm256_and_ps(ok,
+                       _mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + i), abs), lim, _CMP_LT_OQ));
+  bool all = _mm256_movemask_ps(ok) == 0xff;
+  for (; i < n; ++i) all = all && std::fabs(x[i]) < limit;
+  return all;
+}
+}  // namespace
+#endif
+
 void check_rotatable(const float *x, uint64_t n, uint32_t block) {
   if (!block) return;
   const float limit = std::numeric_limits<float>::max() / static_cast<float>(block);
+#ifdef KVC_CODEC_X86
+  if (use_avx2() && all_below_avx2(x, n, limit)) return;  // (else the loop names the element)
+#endif
   for (uint64_t i = 0; i < n; ++i)
     if (!(std::fabs(x[i]) < limit))
       fail(Errc::NonFinite, "element " + u64s(i) + " (" + fmt_g(x[i]) +

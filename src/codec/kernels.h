@@ -319,14 +319,14 @@ void encode_fp8_groups_avx512(bool e4m3, bool half, const void *x, uint64_t m, u
 // 64 or 128, into x [d] f32; norm = 1 / sqrt(block) as hadamard() rounds it.
 void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
                        float norm);
-// rotate_row_avx512 that also writes each group's extremes from the
+// rotate_row_avx512 that also writes each group's min and max from the
 // registers (groups of g values, g % 16 == 0; g = d: one per row):
-// lohi[2k], lohi[2k + 1] = -amax, amax of group k when sym (what symmetric
-// codes' parameters need, as quantize_avx2.cpp's group_absmax writes them),
-// else its min and max; false when a rotated value is NaN or Inf (every pair
-// written all the same).
-bool rotate_row_extremes_avx512(bool sym, const void *row, bool half, float *x, uint64_t d,
-                                uint32_t block, float norm, uint64_t g, float *lohi);
+// lohi[2k], lohi[2k + 1] = min, max of group k (what asymmetric and
+// full-range codes' parameters need, as quantize_avx2.cpp's min / max pass
+// writes them); false when a rotated value is NaN or Inf (every pair written
+// all the same).
+bool rotate_row_minmax_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
+                              float norm, uint64_t g, float *lohi);
 // The same transform of an f32 row x [d] (the inverse rotation: the
 // transform is its own inverse) into out [d] (f16, rounded to nearest even,
 // when half; else f32).

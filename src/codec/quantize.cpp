@@ -20,11 +20,11 @@ float *scratch_floats(uint64_t n) {
   thread_local ScratchBuffer<float> buf;
   return buf.get(n);
 }
+}  // namespace
 
-// Checks raw input for NaN / Inf without converting it (f16 / bf16: the
-// exponent field all ones).
-void check_finite_raw(const void *src, DType t, uint64_t n) {
-  if (t == DType::F32) return check_finite(static_cast<const float *>(src), n, "input");
+// (codec.h) f16 / bf16: the exponent field all ones.
+void check_finite_raw(const void *src, DType t, uint64_t n, const char *what) {
+  if (t == DType::F32) return check_finite(static_cast<const float *>(src), n, what);
   const uint16_t *h = static_cast<const uint16_t *>(src);
   const uint16_t mask = t == DType::F16 ? 0x7c00 : 0x7f80;
 #ifdef KVC_CODEC_X86
@@ -35,10 +35,12 @@ void check_finite_raw(const void *src, DType t, uint64_t n) {
   if (!any) return;
   for (uint64_t i = 0; i < n; ++i)
     if ((h[i] & mask) == mask)
-      fail(Errc::NonFinite, "input element " + u64s(i) + " is " +
+      fail(Errc::NonFinite, std::string(what) + " element " + u64s(i) + " is " +
                                 ((h[i] & (t == DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
                                 ": nothing was written");
 }
+
+namespace {
 #ifdef KVC_CODEC_X86
 // memcpy for the staged outputs: from 1 MiB on, non-temporal stores (the
 // destination's lines are written whole, so the caches need not read them

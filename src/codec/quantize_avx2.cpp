@@ -374,11 +374,13 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
         // no rotation overflows, and is checked here: every output of a
         // block sums every input of it, so a NaN or Inf among the inputs
         // leaves the whole block NaN or infinite).
-        if (use_avx512() && !fixed && g % 16 == 0) {
+        if (use_avx512() && !sym && !fixed && g % 16 == 0) {
           // 16 lanes, 32 registers (quantize_avx512.cpp: the same bits), each
-          // group's extremes taken from the registers (the check too)
-          if (!rotate_row_extremes_avx512(sym, row, Half, x, d, s.rotation_block,
-                                          _mm256_cvtss_f32(vnorm), g, lohi + 2 * r * ng) &&
+          // group's min and max taken from the registers (the check too;
+          // symmetric groups' largest magnitude measured no faster so:
+          // group_absmax below)
+          if (!rotate_row_minmax_avx512(row, Half, x, d, s.rotation_block, _mm256_cvtss_f32(vnorm),
+                                        g, lohi + 2 * r * ng) &&
               nonfinite) {
             *nonfinite = true;
             return;

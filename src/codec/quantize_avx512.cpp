@@ -451,66 +451,45 @@ KVC_AVX512 void rotate_blocks(const In *row, Out *out, uint64_t d, __m512 norm) 
 }
 
 // Four groups' lane extremes a[0..3] (16 lanes each) reduced: quarter k of
-// the result holds group k's extreme in all four lanes. Op: integer max on
-// |x| bit patterns (Op 0), float min (1) or float max (2).
-template <int Op>
-KVC_AVX512 inline __m512i op512(__m512i a, __m512i b) {
-  if constexpr (Op == 0) return _mm512_max_epi32(a, b);
-  if constexpr (Op == 1)
-    return _mm512_castps_si512(_mm512_min_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
-  return _mm512_castps_si512(_mm512_max_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b)));
+// the result holds group k's minimum (Max false) or maximum in all four lanes.
+template <bool Max>
+KVC_AVX512 inline __m512 op512(__m512 a, __m512 b) {
+  return Max ? _mm512_max_ps(a, b) : _mm512_min_ps(a, b);
 }
-template <int Op>
-KVC_AVX512 inline __m512i reduce4(const __m512i *a) {
+template <bool Max>
+KVC_AVX512 inline __m512 reduce4(const __m512 *a) {
   // 128-bit quarters: [a0 . a2, a1 . a3, b0 . b2, b1 . b3]
-  const __m512i ab =
-      op512<Op>(_mm512_shuffle_i32x4(a[0], a[1], 0x44), _mm512_shuffle_i32x4(a[0], a[1], 0xee));
-  const __m512i cd =
-      op512<Op>(_mm512_shuffle_i32x4(a[2], a[3], 0x44), _mm512_shuffle_i32x4(a[2], a[3], 0xee));
+  const __m512 ab =
+      op512<Max>(_mm512_shuffle_f32x4(a[0], a[1], 0x44), _mm512_shuffle_f32x4(a[0], a[1], 0xee));
+  const __m512 cd =
+      op512<Max>(_mm512_shuffle_f32x4(a[2], a[3], 0x44), _mm512_shuffle_f32x4(a[2], a[3], 0xee));
   // quarter k: group k's four lanes
-  __m512i p = op512<Op>(_mm512_shuffle_i32x4(ab, cd, 0x88), _mm512_shuffle_i32x4(ab, cd, 0xdd));
-  p = op512<Op>(p, _mm512_shuffle_epi32(p, _MM_PERM_BADC));
-  return op512<Op>(p, _mm512_shuffle_epi32(p, _MM_PERM_CDAB));
+  __m512 p = op512<Max>(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xdd));
+  p = op512<Max>(p, _mm512_permute_ps(p, 0x4e));
+  return op512<Max>(p, _mm512_permute_ps(p, 0xb1));
 }
 
-// The pairs lohi[2k], lohi[2k + 1] of the first n of four groups (their
-// lane extremes lo[0..3], hi[0..3]): -amax, amax (Sym: lo holds the |x| bit
-// maxima, as group_absmax writes them) or min, max. Returns the mask of the
-// lanes holding a NaN or Inf extreme (Sym; else 0).
-template <bool Sym>
-KVC_AVX512 inline __mmask16 pairs4_out(const __m512i *lo, const __m512i *hi, int n, float *lohi) {
-  __m512i pairs;
-  __mmask16 bad = 0;
-  if constexpr (Sym) {
-    constexpr int kSign = static_cast<int>(0x80000000u);
-    const __m512i p = reduce4<0>(lo);
-    bad = _mm512_cmpgt_epi32_mask(p, _mm512_set1_epi32(0x7f7fffff));
-    pairs = _mm512_xor_si512(
-        _mm512_permutexvar_epi32(
-            _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 0, 0, 0, 0, 0, 0, 0, 0), p),
-        _mm512_setr_epi32(kSign, 0, kSign, 0, kSign, 0, kSign, 0, 0, 0, 0, 0, 0, 0, 0, 0));
-  } else {
-    pairs = _mm512_permutex2var_epi32(
-        reduce4<1>(lo), _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 0, 0, 0, 0, 0, 0, 0),
-        reduce4<2>(hi));
-  }
+// The pairs lohi[2k], lohi[2k + 1] = min, max of the first n of four groups
+// (their lane minima lo[0..3] and maxima hi[0..3]).
+KVC_AVX512 inline void minmax4_out(const __m512 *lo, const __m512 *hi, int n, float *lohi) {
+  const __m512 pairs = _mm512_permutex2var_ps(
+      reduce4<false>(lo), _mm512_setr_epi32(0, 16, 4, 20, 8, 24, 12, 28, 0, 0, 0, 0, 0, 0, 0, 0),
+      reduce4<true>(hi));
   _mm256_mask_storeu_ps(lohi, static_cast<__mmask8>((1u << (2 * n)) - 1),
-                        _mm256_castsi256_ps(_mm512_castsi512_si256(pairs)));
-  return bad;
+                        _mm512_castps512_ps256(pairs));
 }
 
-// rotate_blocks into f32 (the same bits) that also takes the extremes of
+// rotate_blocks into f32 (the same bits) that also takes the min and max of
 // each group of g values of the rotated row (g a multiple of 16) from the
-// registers: lohi[2k], lohi[2k + 1] = -amax, amax of group k (Sym: what
-// symmetric codes need, as group_absmax writes them) or its min and max (as
-// quantize_fast's min / max pass: the same floats, in any order). Returns
-// false when a rotated value is NaN or Inf.
-template <typename In, int NV, bool Sym>
-KVC_AVX512 bool rotate_extremes_blocks(const In *row, float *out, uint64_t d, float norm_f,
-                                       uint64_t g, float *lohi) {
+// registers, as quantize_fast's min / max pass does from the stored row (the
+// same floats: a finite group's extremes in any order). Returns false when a
+// rotated value is NaN or Inf.
+template <typename In, int NV>
+KVC_AVX512 bool rotate_minmax_blocks(const In *row, float *out, uint64_t d, float norm_f,
+                                     uint64_t g, float *lohi) {
   const __m512 norm = _mm512_set1_ps(norm_f);
-  const __m512i mag = _mm512_set1_epi32(0x7fffffff);
-  __m512i lo = _mm512_setzero_si512(), hi = lo, plo[4], phi[4];
+  const __m512i mag = _mm512_set1_epi32(0x7fffffff), fmax = _mm512_set1_epi32(0x7f7fffff);
+  __m512 lo = _mm512_setzero_ps(), hi = lo, plo[4], phi[4];
   __mmask16 bad = 0;
   uint64_t filled = 0;
   int np = 0;
@@ -530,22 +509,17 @@ KVC_AVX512 bool rotate_extremes_blocks(const In *row, float *out, uint64_t d, fl
     for (int i = 0; i < NV; ++i) {
       const __m512 y = _mm512_mul_ps(r[i], norm);
       _mm512_storeu_ps(out + b + 16 * i, y);
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), mag);
-      if constexpr (Sym) {  // |x| bits: NaN and Inf above every finite value
-        lo = filled ? _mm512_max_epi32(lo, a) : a;
-      } else {
-        const __m512i v = _mm512_castps_si512(y);
-        lo = filled ? op512<1>(lo, v) : v;
-        hi = filled ? op512<2>(hi, v) : v;
-        bad |= _mm512_cmpgt_epi32_mask(a, _mm512_set1_epi32(0x7f7fffff));
-      }
+      // |x| bits above FLT_MAX's: NaN or Inf
+      bad |= _mm512_cmpgt_epi32_mask(_mm512_and_si512(_mm512_castps_si512(y), mag), fmax);
+      lo = filled ? _mm512_min_ps(lo, y) : y;
+      hi = filled ? _mm512_max_ps(hi, y) : y;
       filled += 16;
       if (filled == g) {
         plo[np] = lo;
         phi[np++] = hi;
         filled = 0;
         if (np == 4) {
-          bad |= pairs4_out<Sym>(plo, phi, 4, lohi);
+          minmax4_out(plo, phi, 4, lohi);
           lohi += 8;
           np = 0;
         }
@@ -557,7 +531,7 @@ KVC_AVX512 bool rotate_extremes_blocks(const In *row, float *out, uint64_t d, fl
       plo[i] = plo[0];
       phi[i] = phi[0];
     }
-    bad |= pairs4_out<Sym>(plo, phi, np, lohi);
+    minmax4_out(plo, phi, np, lohi);
   }
   return bad == 0;
 }
@@ -686,24 +660,16 @@ void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_
     rotate_any(static_cast<const float *>(row), x, d, block, norm);
 }
 
-template <bool Sym>
-bool rotate_extremes_any(const void *row, bool half, float *x, uint64_t d, uint32_t block,
-                         float norm, uint64_t g, float *lohi) {
+bool rotate_row_minmax_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
+                              float norm, uint64_t g, float *lohi) {
   if (half)
-    return block == 128 ? rotate_extremes_blocks<uint16_t, 8, Sym>(
-                              static_cast<const uint16_t *>(row), x, d, norm, g, lohi)
-                        : rotate_extremes_blocks<uint16_t, 4, Sym>(
-                              static_cast<const uint16_t *>(row), x, d, norm, g, lohi);
-  return block == 128 ? rotate_extremes_blocks<float, 8, Sym>(static_cast<const float *>(row), x, d,
-                                                              norm, g, lohi)
-                      : rotate_extremes_blocks<float, 4, Sym>(static_cast<const float *>(row), x, d,
-                                                              norm, g, lohi);
-}
-
-bool rotate_row_extremes_avx512(bool sym, const void *row, bool half, float *x, uint64_t d,
-                                uint32_t block, float norm, uint64_t g, float *lohi) {
-  return sym ? rotate_extremes_any<true>(row, half, x, d, block, norm, g, lohi)
-             : rotate_extremes_any<false>(row, half, x, d, block, norm, g, lohi);
+    return block == 128 ? rotate_minmax_blocks<uint16_t, 8>(static_cast<const uint16_t *>(row), x,
+                                                            d, norm, g, lohi)
+                        : rotate_minmax_blocks<uint16_t, 4>(static_cast<const uint16_t *>(row), x,
+                                                            d, norm, g, lohi);
+  return block == 128
+             ? rotate_minmax_blocks<float, 8>(static_cast<const float *>(row), x, d, norm, g, lohi)
+             : rotate_minmax_blocks<float, 4>(static_cast<const float *>(row), x, d, norm, g, lohi);
 }
 
 void unrotate_row_avx512(const float *x, bool half, void *out, uint64_t d, uint32_t block,

@@ -241,7 +241,8 @@ void BlockFormat::calibrate_absmax(int kv, uint32_t layer, float absmax) {
 
 // Writes `count` tokens into slots [slot, slot + count) of part kv of block
 // `blk`. Plain storage converts from `src`; quantized storage encodes the
-// f32 rows `src_f32` (already converted, checked finite and rotated).
+// f32 rows `src_f32` (already converted, checked finite and rotated), or
+// quantizes `src` itself where src_f32 is null (format.h).
 void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src,
                              DType src_type, const float *src_f32, uint32_t slot,
                              uint64_t count) const {
@@ -261,9 +262,43 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
                 base + hh * pl.head_stride + (slot + t) * pl.token_stride, dst, hd);
     return;
   }
-  (void)src;
   codec::Spec sp = pl.spec;
   const uint64_t row = h * hd;
+  const bool token = sp.gran == codec::Gran::Token;
+  // Per-token or per-group scales, no codebook or outliers: the count tokens'
+  // codes (and scales, zeros) lie back to back when a token's codes fill its
+  // slot, so one codec call encodes them all.
+  const bool plain_codes = (token || sp.gran == codec::Gran::Group) && !sp.outliers &&
+                           !(codebook[kv] && codebook[kv]->has(layer));
+  const uint64_t rows = token ? count * h : count, d = token ? hd : row;
+  const bool contiguous =
+      plain_codes && pl.token_stride == (token ? h : 1) * codec::row_bytes(sp.dtype, d);
+  uint8_t *codes0 = base + slot * pl.token_stride;
+  uint8_t *scales0 = blk + pl.scale_offset + slot * pl.scales_per_token * pl.scale_bytes;
+  uint8_t *zeros0 = blk + pl.zero_offset + slot * pl.scales_per_token * pl.scale_bytes;
+  if (!src_f32) {
+    // f16 rows straight from the input (CpuStore::prepare checked them and
+    // chose this for parts that nothing transforms but a rotation):
+    // codec::quantize, the codes encode() gives their f32 values rotated
+    // by hadamard() (each row of d values in blocks of the part's rotation
+    // block, which lie within a head)
+    const uint64_t src_row = row * dtype_bytes(src_type);
+    sp.rotation_block = pl.rotation_block;
+    if (contiguous) {
+      codec::quantize(sp, src, src_type, rows, d, codes0, scales0, zeros0);
+      return;
+    }
+    for (uint64_t t = 0; t < count; ++t)
+      codec::quantize(sp, src + t * src_row, src_type, token ? h : 1, d,
+                      codes0 + t * pl.token_stride,
+                      scales0 + t * pl.scales_per_token * pl.scale_bytes,
+                      zeros0 + t * pl.scales_per_token * pl.scale_bytes);
+    return;
+  }
+  if (contiguous) {  // (converted, checked and rotated: CpuStore::prepare)
+    codec::encode(sp, src_f32, rows, d, codes0, scales0, zeros0);
+    return;
+  }
   if (sp.gran == codec::Gran::Channel) {  // whole groups of G tokens (aging only)
     for (uint64_t t = 0; t < count; t += sp.group) {
       const uint64_t g = (slot + t) / sp.group;

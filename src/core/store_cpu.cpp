@@ -241,10 +241,29 @@ class CpuStore final : public BlockStore {
       float *buf = scratch_input((ktrans ? 3 : 2) * n * row);
       for (int kv = 0; kv < 2; ++kv) {
         if (!c_.fmt_.quantized(kv)) continue;
-        float *dst = buf + kv * n * row;
-        convert(kv == 0 ? k : v, src, dst, DType::F32, n * row);
-        codec::check_finite(dst, n * row, kv == 0 ? "k" : "v");
+        const void *in_kv = kv == 0 ? k : v;
+        const char *name = kv == 0 ? "k" : "v";
+        // f16 rows that nothing transforms but a rotation: checked here,
+        // quantized (and rotated) straight from the input by write_part (no
+        // f32 copy)
+        if (src == DType::F16 && quantize_direct(kv, ktrans)) {
+          codec::check_finite_raw(in_kv, src, n * row, name);
+          continue;
+        }
         const bool pre = kv == 0 && c_.fmt_.pre_rope;
+        // f32 rows that nothing rotates here: encoded from the input itself
+        if (src == DType::F32 && !(c_.fmt_.rotation_block(kv) && !(kv == 0 && ktrans))) {
+          const float *x = static_cast<const float *>(in_kv);
+          codec::check_finite(x, n * row, name);
+          codec::check_rotatable(x, n * row,
+                                 pre ? std::max<uint32_t>(2, 2 * c_.fmt_.rotation_block(kv))
+                                     : c_.fmt_.rotation_block(kv));
+          (kv == 0 ? kf : vf) = x;
+          continue;
+        }
+        float *dst = buf + kv * n * row;
+        convert(in_kv, src, dst, DType::F32, n * row);
+        codec::check_finite(dst, n * row, name);
         // Undoing RoPE can grow a value to its pair's norm (up to sqrt(2) x):
         // pre-RoPE keys are checked as if the rotation block were twice as large.
         // (Smoothed keys are clamped into a rotatable range by smooth_keys.)
@@ -286,6 +305,26 @@ class CpuStore final : public BlockStore {
     in.vf = vf;
     in.kpre = kpre;
     return in;
+  }
+
+  // Whether part kv's f16 rows go straight to the codec (codec::quantize,
+  // which also takes the Hadamard rotation, in write_part): no RoPE undo,
+  // smoothing or codebook, and per-token or per-group scales without
+  // outliers in every format class. (No f16 value is too large to rotate.)
+  bool quantize_direct(int kv, bool ktrans) const {
+    if ((kv == 0 && ktrans) || c_.fmt_.codebook[kv]) return false;
+    for (const FormatClass &fc : c_.fmt_.cls) {
+      const PartLayout &pl = fc.part[kv];
+      if (!pl.quantized || pl.spec.outliers || pl.spec.static_scale != 0.0 ||
+          !(pl.spec.gran == codec::Gran::Token || pl.spec.gran == codec::Gran::Group))
+        return false;
+      // per-token scales: rows of a head, so rotation blocks within it
+      const uint64_t hd = c_.cfg_.head_dim;
+      if (pl.spec.gran == codec::Gran::Token && pl.rotation_block &&
+          (pl.rotation_block > hd || hd % pl.rotation_block != 0))
+        return false;
+    }
+    return true;
   }
 
   void write(uint32_t layer, const LayerTable &l, uint64_t idx0, const Input &in) override {

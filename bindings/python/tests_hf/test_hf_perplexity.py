@@ -14,8 +14,11 @@ BLAS and SIMD paths.
 The 4.5-bit row is not a stable number at 1,024 tokens: one int4 step that rounds the other way
 in an early layer moves the next layers' keys by a whole step, so a different order of float
 additions draws a new set of rounding errors (measured 2026-12-05: +0.03 % here, +0.33 % in eval).
-For that row the test asks what is stable: both changes between -0.5 and 2 %, and within 0.75
-points of each other. (Until 2026-12-05 that row was
+The same build's eval reads +0.33 %, +0.96 % or +1.26 % for it with OpenBLAS's SkylakeX, Haswell /
+Cooperlake or Prescott kernels (OPENBLAS_CORETYPE; measured 2026-12-06 on a virtual Xeon whose
+CPUID OpenBLAS 0.3.21 does not know, so it picks Prescott), while the dense, f16 and int8 rows stay
+within their bounds. For that row the test asks what is stable: both changes between -0.5 and 2 %,
+and within 1.5 points of each other. (Until 2026-12-05 that row was
 per-channel int4 keys, k-int4:kchannel=128: +0.43 % here with torch on 2 threads, +1.03 % on 1
 thread, eval +0.78 %. Rows that stage tokens exact, per-channel groups and residual windows, are
 not compared here any more: eval's chunks now read what a decode step reads, each query its own
@@ -145,7 +148,7 @@ def test_perplexity_changes_agree_with_eval():
         assert abs(delta - e) <= base + 0.15 * abs(e), (spec, delta, e)
     spec, _, delta, _, e = rows[-1]  # the 4.5-bit row (see the module's docstring)
     assert -0.5 < delta < 2.0 and -0.5 < e < 2.0, (spec, delta, e)
-    assert abs(delta - e) <= 0.75, (spec, delta, e)
+    assert abs(delta - e) <= 1.5, (spec, delta, e)
 
 
 def test_codebook_through_transformers():
