@@ -433,19 +433,25 @@ KVC_AVX512 inline void finish_block(__m512 *r, __m512 norm, Out *out) {
 // loaded, every stage in registers, scaled by norm, stored (the vector
 // stages h = 16, 32, 64 as a + b and a - b of the same operands, in the same
 // order, as the scalar loop).
+// The 16 NV values of a block at x (f16 or f32) as floats, their in-vector
+// stages done.
+template <typename In, int NV>
+KVC_AVX512 inline void load_block(const In *x, __m512 *r) {
+#pragma GCC unroll 8
+  for (int i = 0; i < NV; ++i) {
+    if constexpr (sizeof(In) == 2)
+      r[i] = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i *>(x + 16 * i)));
+    else
+      r[i] = _mm512_loadu_ps(x + 16 * i);
+    r[i] = butterfly16(r[i]);
+  }
+}
+
 template <typename In, typename Out, int NV>
 KVC_AVX512 void rotate_blocks(const In *row, Out *out, uint64_t d, __m512 norm) {
   for (uint64_t b = 0; b < d; b += 16 * NV) {
     __m512 r[NV];
-#pragma GCC unroll 8
-    for (int i = 0; i < NV; ++i) {
-      if constexpr (sizeof(In) == 2)
-        r[i] = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + b + 16 * i)));
-      else
-        r[i] = _mm512_loadu_ps(row + b + 16 * i);
-      r[i] = butterfly16(r[i]);
-    }
+    load_block<In, NV>(row + b, r);
     finish_block<Out, NV>(r, norm, out + b);
   }
 }
@@ -495,15 +501,7 @@ KVC_AVX512 bool rotate_minmax_blocks(const In *row, float *out, uint64_t d, floa
   int np = 0;
   for (uint64_t b = 0; b < d; b += 16 * NV) {
     __m512 r[NV];
-#pragma GCC unroll 8
-    for (int i = 0; i < NV; ++i) {
-      if constexpr (sizeof(In) == 2)
-        r[i] = _mm512_cvtph_ps(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i *>(row + b + 16 * i)));
-      else
-        r[i] = _mm512_loadu_ps(row + b + 16 * i);
-      r[i] = butterfly16(r[i]);
-    }
+    load_block<In, NV>(row + b, r);
     vector_stages<NV, 1>(r);
 #pragma GCC unroll 8
     for (int i = 0; i < NV; ++i) {

@@ -143,9 +143,9 @@ class BlockFormat {
   // Writes `count` tokens into slots [slot, slot + count) of part kv of block
   // `blk`. Plain storage converts from `src`; quantized storage encodes the
   // f32 rows `src_f32` (already converted, checked finite and rotated), or,
-  // where src_f32 is null, quantizes `src` itself (f16 rows checked finite,
-  // a part with per-token or per-group scales that nothing rotates or
-  // transforms: CpuStore::prepare's choice).
+  // where src_f32 is null, quantizes (and Hadamard-rotates) `src` itself
+  // (f16 rows checked finite, a part with per-token or per-group scales that
+  // nothing else transforms: CpuStore::prepare's choice).
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
                   const float *src_f32, uint32_t slot, uint64_t count) const;
   // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of
