@@ -26,13 +26,13 @@ struct CodecCase {
 };
 
 const CodecCase kCases[] = {
-    {"int8_per_token", KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0, 0},
-    {"int4_group32", KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0, 0},
-    {"int4_group32_hadamard", KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0, 1},
-    {"int3_group32", KVC_DTYPE_INT3, KVC_SCALE_PER_GROUP, 32, 0, 0},
-    {"int2_group32_asym", KVC_DTYPE_INT2, KVC_SCALE_PER_GROUP, 32, 1, 0},
-    {"fp8_e4m3_per_token", KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 0, 0, 0},
-    {"fp8_e5m2_per_token", KVC_DTYPE_FP8_E5M2, KVC_SCALE_PER_TOKEN, 0, 0, 0},
+    {"int8_per_token", KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0, 0, 0},
+    {"int4_group32", KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0, 0, 0},
+    {"int4_group32_hadamard", KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0, 1, 0},
+    {"int3_group32", KVC_DTYPE_INT3, KVC_SCALE_PER_GROUP, 32, 0, 0, 0},
+    {"int2_group32_asym", KVC_DTYPE_INT2, KVC_SCALE_PER_GROUP, 32, 1, 0, 0},
+    {"fp8_e4m3_per_token", KVC_DTYPE_FP8_E4M3, KVC_SCALE_PER_TOKEN, 0, 0, 0, 0},
+    {"fp8_e5m2_per_token", KVC_DTYPE_FP8_E5M2, KVC_SCALE_PER_TOKEN, 0, 0, 0, 0},
     // the default strategy list's int4:group=32:full-range:hadamard
     {"int4_group32_full_range_hadamard", KVC_DTYPE_INT4, KVC_SCALE_PER_GROUP, 32, 0, 1, 1},
 };
