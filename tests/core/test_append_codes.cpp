@@ -15,18 +15,11 @@
 #include <vector>
 
 #include "kvcache/kvcache.h"
+#include "../whitebox.h"
 
 namespace {
 
-int failures = 0;
-#define CHECK(c)                                                    \
-  do {                                                              \
-    if (!(c)) {                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c); \
-      ++failures;                                                   \
-    }                                                               \
-  } while (0)
-#define OK(x) CHECK((x) == KVC_OK)
+#define OK(x) CHECK_OK(x)
 
 constexpr uint32_t kHeads = 2, kDim = 64, kBlock = 16, kRow = kHeads * kDim;
 
@@ -109,7 +102,7 @@ void run_case(const Case &c, kvc_dtype in) {
   kvc_pool *p = nullptr;
   if (kvc_pool_create(&cfg, &p) != KVC_OK) {
     std::fprintf(stderr, "%s: pool refused: %s\n", c.name, kvc_last_error_message());
-    ++failures;
+    ++g_kvtest_fail;
     return;
   }
   constexpr uint64_t kTokens = 45;
@@ -200,8 +193,8 @@ void run_case(const Case &c, kvc_dtype in) {
 int main() {
   for (const Case &c : kCases)
     for (kvc_dtype in : {KVC_DTYPE_F16, KVC_DTYPE_F32, KVC_DTYPE_BF16}) run_case(c, in);
-  if (failures) {
-    std::fprintf(stderr, "%d check(s) failed\n", failures);
+  if (g_kvtest_fail) {
+    std::fprintf(stderr, "%d check(s) failed\n", g_kvtest_fail);
     return 1;
   }
   std::printf("append codes match kvc_quantize: %zu codecs x 3 input dtypes\n",
