@@ -15,6 +15,8 @@
 //                      set_force_scalar(), set_simd_level()
 //   hadamard.cpp       the Hadamard rotation (scalar and AVX2)
 //   quantize.cpp       the standalone array API: quantize() / dequantize()
+//   params_avx2.h/.cpp  make_params() of many groups at once in vector lanes
+//                      (the same bits), for the AVX2 quantize paths
 //   quantize_avx2.cpp  quantize()'s fused and one-pass f16 paths
 //   quantize_avx512.cpp  the one-pass f16 path's first pass and int8 / int4
 //                      encoders with 512-bit vectors (AVX-512 F + BW + VL)
