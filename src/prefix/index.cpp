@@ -6,6 +6,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "common/error.h"
 #include "common/le.h"
 #include "common/strings.h"
@@ -45,13 +49,27 @@ BlockKey prefix_extras_digest(const PrefixHasher &h, const ExtraKeys &kx) {
 }
 
 namespace {
-// Byte equality in 8-byte words without a call: a block's tokens (64 bytes
-// for 16 tokens) and its extra keys are compared once per block of every
-// lookup.
+// Byte equality without a call: a block's tokens (64 bytes for 16 tokens)
+// and its extra keys are compared once per block of every lookup, in
+// 16-byte vectors (SSE2, every x86-64) four at a time with the differences
+// or-ed and tested once, then 8-byte words.
 inline bool same_bytes(const void *a, const void *b, size_t n) {
   const uint8_t *x = static_cast<const uint8_t *>(a), *y = static_cast<const uint8_t *>(b);
-  uint64_t diff = 0;
   size_t i = 0;
+#if defined(__SSE2__)
+  auto d16 = [&](size_t o) {
+    return _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i *>(x + o)),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i *>(y + o)));
+  };
+  for (; i + 64 <= n; i += 64) {
+    const __m128i d =
+        _mm_or_si128(_mm_or_si128(d16(i), d16(i + 16)), _mm_or_si128(d16(i + 32), d16(i + 48)));
+    if (_mm_movemask_epi8(_mm_cmpeq_epi8(d, _mm_setzero_si128())) != 0xffff) return false;
+  }
+  for (; i + 16 <= n; i += 16)
+    if (_mm_movemask_epi8(_mm_cmpeq_epi8(d16(i), _mm_setzero_si128())) != 0xffff) return false;
+#endif
+  uint64_t diff = 0;
   for (; i + 8 <= n; i += 8) {
     uint64_t u, v;
     std::memcpy(&u, x + i, 8);

@@ -520,6 +520,45 @@ KVTEST(threads_lookup_append) {
   kvc_pool_destroy(p);
 }
 
+// Token verification compares every byte: with a constant hash (every key
+// collides, so one block registers), a query that differs from the cached
+// block in one byte of one token, or of the extra keys, misses, whatever the
+// block size (tokens compared 64 bytes, 16 bytes and 8 bytes at a time, then byte
+// by byte), hash and extra-key length.
+KVTEST(collision_any_byte) {
+  kvc::prefix::prefix_hash_force_constant(true);
+  for (kvc_prefix_hash h : {KVC_PREFIX_HASH_SHA256, KVC_PREFIX_HASH_XXH3_128})
+    for (uint32_t bs : {3u, 4u, 5u, 16u, 20u, 33u}) {
+      for (size_t xn : {size_t{0}, size_t{1}, size_t{7}, size_t{16}, size_t{23}, size_t{64}, size_t{70}}) {
+        kvc_pool *p = make_pool(bs, 8, 1, nullptr, h);
+        std::vector<uint8_t> xb(xn);
+        for (size_t i = 0; i < xn; ++i) xb[i] = static_cast<uint8_t>(i * 37 + 1);
+        const kvc_prefix_extra ex = {xb.data(), xb.size()};
+        const std::vector<int32_t> toks = range(1000, 1000 + static_cast<int32_t>(bs + 1));
+        request(p, 1, toks, false, &ex, 1);
+        CHECK(lookup(p, toks, &ex, 1).hit_tokens == bs);
+        for (uint32_t t = 0; t < bs; ++t)
+          for (int b = 0; b < 4; ++b) {
+            std::vector<int32_t> q = toks;
+            q[t] = static_cast<int32_t>(static_cast<uint32_t>(q[t]) ^ (1u << (8 * b)));
+            const uint64_t hit = lookup(p, q, &ex, 1).hit_tokens;
+            if (hit != 0)
+              std::fprintf(stderr, "hash %d bs %u extras %zu token %u byte %d: hit %llu\n", int(h), bs, xn, t, b,
+                           static_cast<unsigned long long>(hit));
+            CHECK(hit == 0);
+          }
+        for (size_t i = 0; i < xn; ++i) {
+          std::vector<uint8_t> other = xb;
+          other[i] ^= 0x10;
+          const kvc_prefix_extra ox = {other.data(), other.size()};
+          CHECK(lookup(p, toks, &ox, 1).hit_tokens == 0);
+        }
+        kvc_pool_destroy(p);
+      }
+    }
+  kvc::prefix::prefix_hash_force_constant(false);
+}
+
 // Regressions of the adversarial review: a partial attach on a full pool
 // falls back to whole blocks; reclaimed cached blocks are zeroed with
 // ZERO_ON_FREE; a forced collision never serves another tenant's, parent's or
