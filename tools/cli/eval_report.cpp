@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "../runner/blas.h"
 #include "../runner/error.h"
 #include "../runner/runner.h"
 #include "eval.h"
@@ -475,6 +476,7 @@ std::string eval_json(const EvalReport &rep, const std::string &peer) {
                    {"head_dim", rep.head_dim}};
   j["threads"] = rep.threads;
   j["wall_seconds"] = rep.wall_seconds;
+  j["blas_core"] = kvc_runner::blas_core_name();
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (const StrategyResult &r : rep.results) {
     nlohmann::ordered_json o;

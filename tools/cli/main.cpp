@@ -10,10 +10,13 @@
 #include <exception>
 #include <string>
 
+#include "../runner/blas.h"
 #include "../runner/error.h"
 #include "commands.h"
 
 int main(int argc, char **argv) {
+  // OpenBLAS's fallback to SSE3 kernels on CPUs it does not know (blas.h)
+  kvc_runner::ensure_blas_core(argv);
   CLI::App app{"kvcache: measure and size KV-cache strategies (libkvcache " +
                std::string(kvc_version_string()) + ")"};
   app.require_subcommand(1);

@@ -5,6 +5,8 @@
 //                                               signal) with REGEX in its output
 //   cli_check eval-json -- CMD ARGS...           checks an `eval --json` report
 //   cli_check memory KVCACHE                     checks `memory` against hand-computed sizes
+//   cli_check blas-core KVCACHE                  `eval --json`'s blas_core: no pre-AVX2 kernels
+//                                               on an AVX2 CPU, OPENBLAS_CORETYPE kept
 //   cli_check plot KVCACHE FILE.svg              a short eval writes a plot
 //   cli_check prefix KVCACHE                     `eval --prefix`: exact reuse counts, identical
 //   log-probs cli_check long KVCACHE FILE.svg              `eval --long`: segments, kept shares,
@@ -16,6 +18,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <cstdint>
@@ -128,6 +131,59 @@ int expect_fail(const std::string &regex, const std::vector<std::string> &cmd) {
   check(std::regex_search(all, std::regex(regex)), "output does not match /" + regex + "/");
   check(all.find("error") != std::string::npos, "output does not say 'error'");
   return failures ? 1 : 0;
+}
+
+// `eval --json` names OpenBLAS's kernels (blas_core). Where the CPU and OS
+// support AVX2 and FMA, they are never a pre-AVX2 core (the tool executes
+// itself again with OPENBLAS_CORETYPE where OpenBLAS's detection fell back to
+// one); a core the user names with OPENBLAS_CORETYPE is kept.
+int blas_core(const std::string &kvcache) {
+  const std::vector<std::string> cmd = {
+      kvcache, "eval",         "--model", "stories260k", "--max-tokens",  "64",        "--ctx",
+      "64",    "--strategies", "int8",    "--json",      "--no-progress", "--threads", "1"};
+  auto lower = [](std::string n) {
+    for (char &c : n) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return n;
+  };
+  auto core_of = [&](double *ppl) -> std::string {
+    const ProcessResult r = run_process(cmd);
+    if (!r.exited || r.exit_code != 0) {
+      fail("eval failed: " + describe(r));
+      return "";
+    }
+    try {
+      const nlohmann::json j = nlohmann::json::parse(r.out);
+      *ppl = j.at("results").at(0).at("ppl").get<double>();
+      return j.at("blas_core").get<std::string>();
+    } catch (const std::exception &e) {
+      fail(std::string("no blas_core in the report: ") + e.what());
+      return "";
+    }
+  };
+  unsetenv("OPENBLAS_CORETYPE");
+  unsetenv("KVCACHE_BLAS_KEEP_CORE");
+  double ppl_auto = 0, ppl_asked = 0;
+  const std::string chosen = lower(core_of(&ppl_auto));
+  std::printf("blas_core without OPENBLAS_CORETYPE: %s\n", chosen.c_str());
+  check(!chosen.empty() && chosen != "unknown", "a core is named");
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    for (const char *old :
+         {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "sandybridge", "katmai",
+          "coppermine", "northwood", "banias", "opteron", "opteron_sse3", "barcelona", "bobcat",
+          "bulldozer", "piledriver", "steamroller", "excavator"})
+      check(chosen != old, "an AVX2 CPU runs " + chosen + " kernels");
+#endif
+  setenv("OPENBLAS_CORETYPE", "Prescott", 1);
+  const std::string asked = lower(core_of(&ppl_asked));
+  unsetenv("OPENBLAS_CORETYPE");
+  check(asked == "prescott", "OPENBLAS_CORETYPE=Prescott is kept (got " + asked + ")");
+  // Other kernels sum in another order: the same perplexity to 0.1 %.
+  check(std::isfinite(ppl_auto) && std::fabs(ppl_asked - ppl_auto) <= 1e-3 * ppl_auto,
+        "the reference perplexity agrees across kernels (" + std::to_string(ppl_auto) + " vs " +
+            std::to_string(ppl_asked) + ")");
+  return failures == 0 ? 0 : 1;
 }
 
 int eval_json(const std::vector<std::string> &cmd) {
@@ -949,6 +1005,7 @@ int main(int argc, char **argv) {
     if (mode == "eval-json" && argc > 3 && std::string(argv[2]) == "--")
       return eval_json(after_dashes(argc, argv, 3));
     if (mode == "memory" && argc == 3) return memory(argv[2]);
+    if (mode == "blas-core" && argc == 3) return blas_core(argv[2]);
     if (mode == "split-kv" && argc == 3) return split_kv(argv[2]);
     if (mode == "smooth" && argc == 4) return smooth(argv[2], argv[3]);
     if (mode == "codebook" && argc == 3) return codebook(argv[2]);

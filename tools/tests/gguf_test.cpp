@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "runner/blas.h"
 #include "runner/error.h"
 #include "runner/gguf.h"
 #include "runner/kv_cache.h"
@@ -439,6 +440,7 @@ int llama_state(const std::string &model, const std::string &fixtures) {
 }  // namespace
 
 int main(int argc, char **argv) {
+  kvc_runner::ensure_blas_core(argv);
   const std::string mode = argc > 1 ? argv[1] : "";
   try {
     const std::string model =

@@ -16,7 +16,8 @@ in an early layer moves the next layers' keys by a whole step, so a different or
 additions draws a new set of rounding errors (measured 2026-12-05: +0.03 % here, +0.33 % in eval).
 The same build's eval reads +0.33 %, +0.96 % or +1.26 % for it with OpenBLAS's SkylakeX, Haswell /
 Cooperlake or Prescott kernels (OPENBLAS_CORETYPE; measured 2026-12-06 on a virtual Xeon whose
-CPUID OpenBLAS 0.3.21 does not know, so it picks Prescott), while the dense, f16 and int8 rows stay
+CPUID OpenBLAS 0.3.21 does not know, so it picks Prescott; the tool now runs the CPU's kernels
+there, docs/eval.md "BLAS kernels"), while the dense, f16 and int8 rows stay
 within their bounds. For that row the test asks what is stable: both changes between -0.5 and 2 %,
 and within 1.5 points of each other. (Until 2026-12-05 that row was
 per-channel int4 keys, k-int4:kchannel=128: +0.43 % here with torch on 2 threads, +1.03 % on 1
