@@ -19,6 +19,7 @@ packages=(
   bindgen libclang-dev  # Rust bindings: bindgen regenerates kvcache-sys (cargo, rustc: rustup, ~/.cargo/bin)
   swig golang-go openjdk-17-jdk-headless junit4  # SWIG bindings: Python, Go (cgo), Java (JNI, JUnit 4)
   libhiredis-dev redis-server redis-tools  # Redis tier: hiredis client; the tests start their own servers and a 3-node cluster
+  ccache  # scripts/test.sh: the stages' C / C++ compiles go through it (objects reused across runs)
 )
 
 # Python test tools of the bindings (PyPI): numpy and pytest for the tests

@@ -16,6 +16,8 @@
 # status is non-zero when any failed.
 # Environment: KVC_JOBS (2), KVC_BUILD_PREFIX (build-ci: build-ci-main, ...),
 # KVC_FUZZ_SECONDS (60), KVC_STAGES (all: "setup main asan tsan fuzz bench"),
+# KVC_CCACHE (1: the C / C++ compiles of the stages' builds go through ccache where it is
+# installed, so a later run on the same machine recompiles only what changed; 0: never),
 # KVCACHE_SHARED_DIR (the shared models and text; default ../shared beside the checkout).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,11 +63,25 @@ run_stage() {
   return $rc
 }
 
+# ccache: every checkout's paths are rewritten relative to it (CCACHE_BASEDIR) and
+# the build folder is left out of the hash, so a fresh clone elsewhere hits the
+# objects of an earlier one (their debug info names the first clone's folders).
+# Looked up at each configure: the setup stage may have installed it.
+launcher=()
+find_ccache() {
+  launcher=()
+  if [ "${KVC_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null 2>&1; then
+    launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true
+  fi
+}
+
 configure_build() {  # DIR CMAKE_ARGS...
   local dir=$1
   shift
   mkdir -p "$dir"
-  cmake -S . -B "$dir" -G Ninja -DKVC_SHARED_DIR="$shared" "$@" > "$dir/configure.log" 2>&1 ||
+  find_ccache
+  cmake -S . -B "$dir" -G Ninja -DKVC_SHARED_DIR="$shared" "${launcher[@]}" "$@" > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
   # Full log in the build folder; on failure show the failing commands and errors.
   if ! cmake --build "$dir" -j "$jobs" > "$dir/build.log" 2>&1; then
@@ -133,7 +149,8 @@ stage_tsan() {
 stage_fuzz() {
   local dir="$prefix-fuzz"
   mkdir -p "$dir"
-  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  find_ccache
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" \
     -DKVC_SHARED_DIR="$shared" -DKVC_FUZZ=ON -DKVC_BUILD_TOOLS=OFF -DKVC_BUILD_BENCH=OFF -DKVC_CUDA=OFF > "$dir/configure.log" 2>&1 ||
     { cat "$dir/configure.log"; return 1; }
   cmake --build "$dir" -j "$jobs" --target fuzz_pool_api fuzz_codec fuzz_gguf fuzz_evict fuzz_store fuzz_llama > "$dir/build.log" 2>&1 ||
