@@ -69,7 +69,9 @@ run_stage() {
 # Looked up at each configure: the setup stage may have installed it.
 launcher=()
 find_ccache() {
-  launcher=()
+  # (empty launchers, not none: a build folder configured with ccache before
+  # keeps it in its cache otherwise)
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER= -DCMAKE_CXX_COMPILER_LAUNCHER=)
   if [ "${KVC_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null 2>&1; then
     launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
     export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=true

@@ -63,14 +63,25 @@ uint32_t default_rotation_block(uint64_t d);
 // Normalized fast Walsh-Hadamard transform of each block of `block` values of
 // x[0..d) (block divides d, power of two). Orthogonal and its own inverse.
 void hadamard(float *x, uint64_t d, uint32_t block);
-// Throws NonFinite when some |x| >= FLT_MAX / block (the butterfly could overflow).
-void check_rotatable(const float *x, uint64_t n, uint32_t block);
+// How the checks below name element i of an input `what` in their messages:
+// with row == 0 "what element i"; else by its indices in the input's shape,
+// "what[r][c]" for rows of `row` values, or "what[t][h][d]" where the rows
+// are heads of head_dim values (a pool's [n_tokens][num_kv_heads][head_dim]).
+std::string element_name(const char *what, uint64_t i, uint64_t row = 0, uint64_t head_dim = 0);
 
-// Throws NonFinite when any of the n values is NaN or Inf.
-void check_finite(const float *x, uint64_t n, const char *what);
+// Throws NonFinite when some |x| >= FLT_MAX / block (the butterfly could
+// overflow), naming the element (element_name).
+void check_rotatable(const float *x, uint64_t n, uint32_t block, const char *what = "input",
+                     uint64_t row = 0, uint64_t head_dim = 0);
+
+// Throws NonFinite when any of the n values is NaN or Inf, naming the first
+// (element_name).
+void check_finite(const float *x, uint64_t n, const char *what, uint64_t row = 0,
+                  uint64_t head_dim = 0);
 // The same for n values of type t (f32, f16 or bf16: the exponent field all
-// ones), without converting them; the message names `what` and the element.
-void check_finite_raw(const void *src, DType t, uint64_t n, const char *what = "input");
+// ones), without converting them.
+void check_finite_raw(const void *src, DType t, uint64_t n, const char *what = "input",
+                      uint64_t row = 0, uint64_t head_dim = 0);
 
 // Quantize x[n][d] (f32, row stride d). codes: [n][row_bytes(d)];
 // scales/zeros: num_scales() entries of scale_dtype (zeros only if asym).

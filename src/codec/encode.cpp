@@ -120,13 +120,22 @@ void min_max(const float *x, uint64_t n, uint64_t stride, float *lo, float *hi) 
 
 }  // namespace
 
-void check_finite(const float *x, uint64_t n, const char *what) {
+std::string element_name(const char *what, uint64_t i, uint64_t row, uint64_t head_dim) {
+  if (row == 0) return std::string(what) + " element " + u64s(i);
+  const uint64_t r = i / row, c = i % row;
+  if (head_dim == 0 || row % head_dim != 0)
+    return std::string(what) + "[" + u64s(r) + "][" + u64s(c) + "]";
+  return std::string(what) + "[" + u64s(r) + "][" + u64s(c / head_dim) + "][" + u64s(c % head_dim) +
+         "]";
+}
+
+void check_finite(const float *x, uint64_t n, const char *what, uint64_t row, uint64_t head_dim) {
 #ifdef KVC_CODEC_X86
   if (use_avx2() && all_finite_avx2(x, n)) return;
 #endif
   for (uint64_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
-      fail(Errc::NonFinite, std::string(what) + " element " + u64s(i) + " is " +
+      fail(Errc::NonFinite, element_name(what, i, row, head_dim) + " is " +
                                 (std::isnan(x[i]) ? "NaN" : "Inf") + ": nothing was written");
 }
 

@@ -129,7 +129,8 @@ __attribute__((target("avx2"))) bool all_below_avx2(const float *x, uint64_t n, 
 }  // namespace
 #endif
 
-void check_rotatable(const float *x, uint64_t n, uint32_t block) {
+void check_rotatable(const float *x, uint64_t n, uint32_t block, const char *what, uint64_t row,
+                     uint64_t head_dim) {
   if (!block) return;
   const float limit = std::numeric_limits<float>::max() / static_cast<float>(block);
 #ifdef KVC_CODEC_X86
@@ -137,7 +138,7 @@ void check_rotatable(const float *x, uint64_t n, uint32_t block) {
 #endif
   for (uint64_t i = 0; i < n; ++i)
     if (!(std::fabs(x[i]) < limit))
-      fail(Errc::NonFinite, "element " + u64s(i) + " (" + fmt_g(x[i]) +
+      fail(Errc::NonFinite, element_name(what, i, row, head_dim) + " (" + fmt_g(x[i]) +
                                 ") is too large to rotate: the Hadamard "
                                 "transform of a block of " +
                                 u64s(block) + " would overflow (|x| must stay below " +

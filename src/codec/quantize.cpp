@@ -23,8 +23,9 @@ float *scratch_floats(uint64_t n) {
 }  // namespace
 
 // (codec.h) f16 / bf16: the exponent field all ones.
-void check_finite_raw(const void *src, DType t, uint64_t n, const char *what) {
-  if (t == DType::F32) return check_finite(static_cast<const float *>(src), n, what);
+void check_finite_raw(const void *src, DType t, uint64_t n, const char *what, uint64_t row,
+                      uint64_t head_dim) {
+  if (t == DType::F32) return check_finite(static_cast<const float *>(src), n, what, row, head_dim);
   const uint16_t *h = static_cast<const uint16_t *>(src);
   const uint16_t mask = t == DType::F16 ? 0x7c00 : 0x7f80;
 #ifdef KVC_CODEC_X86
@@ -35,7 +36,7 @@ void check_finite_raw(const void *src, DType t, uint64_t n, const char *what) {
   if (!any) return;
   for (uint64_t i = 0; i < n; ++i)
     if ((h[i] & mask) == mask)
-      fail(Errc::NonFinite, std::string(what) + " element " + u64s(i) + " is " +
+      fail(Errc::NonFinite, element_name(what, i, row, head_dim) + " is " +
                                 ((h[i] & (t == DType::F16 ? 0x03ff : 0x007f)) ? "NaN" : "Inf") +
                                 ": nothing was written");
 }
@@ -97,7 +98,7 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
       quantize_fast_avx2(s, src, src_type == DType::F16, n, d, st, sb ? st + cb : nullptr,
                          zb ? st + cb + sb : nullptr, buf, &bad);
       if (bad) {
-        check_finite_raw(src, src_type, n * d);  // throws, naming the element
+        check_finite_raw(src, src_type, n * d, "input", d);  // throws, naming the element
         fail(Errc::NonFinite, "the input holds a NaN or Inf: nothing was written");
       }
       copy_out(codes, st, cb);
@@ -107,15 +108,15 @@ void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64
     }
   }
 #endif
-  check_finite_raw(src, src_type, n * d);  // before anything is written
+  check_finite_raw(src, src_type, n * d, "input", d);  // before anything is written
   if (s.rotation_block && src_type == DType::F32)
-    check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block);
+    check_rotatable(static_cast<const float *>(src), n * d, s.rotation_block, "input", d);
   // (f16 and bf16 inputs: f16 is always far below the limit; bf16 is checked after conversion
   // below)
   if (s.rotation_block && src_type == DType::BF16) {
     float *tmp = scratch_floats(n * d);
     convert(src, src_type, tmp, DType::F32, n * d);
-    check_rotatable(tmp, n * d, s.rotation_block);
+    check_rotatable(tmp, n * d, s.rotation_block, "input", d);
   }
   const uint64_t esz = dtype_bytes(src_type);
 #ifdef KVC_CODEC_X86

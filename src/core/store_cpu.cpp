@@ -247,29 +247,31 @@ class CpuStore final : public BlockStore {
         // quantized (and rotated) straight from the input by write_part (no
         // f32 copy)
         if (src == DType::F16 && quantize_direct(kv, ktrans)) {
-          codec::check_finite_raw(in_kv, src, n * row, name);
+          codec::check_finite_raw(in_kv, src, n * row, name, row, c_.cfg_.head_dim);
           continue;
         }
         const bool pre = kv == 0 && c_.fmt_.pre_rope;
         // f32 rows that nothing rotates here: encoded from the input itself
         if (src == DType::F32 && !(c_.fmt_.rotation_block(kv) && !(kv == 0 && ktrans))) {
           const float *x = static_cast<const float *>(in_kv);
-          codec::check_finite(x, n * row, name);
+          codec::check_finite(x, n * row, name, row, c_.cfg_.head_dim);
           codec::check_rotatable(x, n * row,
                                  pre ? std::max<uint32_t>(2, 2 * c_.fmt_.rotation_block(kv))
-                                     : c_.fmt_.rotation_block(kv));
+                                     : c_.fmt_.rotation_block(kv),
+                                 name, row, c_.cfg_.head_dim);
           (kv == 0 ? kf : vf) = x;
           continue;
         }
         float *dst = buf + kv * n * row;
         convert(in_kv, src, dst, DType::F32, n * row);
-        codec::check_finite(dst, n * row, name);
+        codec::check_finite(dst, n * row, name, row, c_.cfg_.head_dim);
         // Undoing RoPE can grow a value to its pair's norm (up to sqrt(2) x):
         // pre-RoPE keys are checked as if the rotation block were twice as large.
         // (Smoothed keys are clamped into a rotatable range by smooth_keys.)
         codec::check_rotatable(dst, n * row,
                                pre ? std::max<uint32_t>(2, 2 * c_.fmt_.rotation_block(kv))
-                                   : c_.fmt_.rotation_block(kv));
+                                   : c_.fmt_.rotation_block(kv),
+                               name, row, c_.cfg_.head_dim);
         // Rotate each head before calibrating and encoding (keys with a
         // transform of their own: write() does, after it).
         if (c_.fmt_.rotation_block(kv) && !(kv == 0 && ktrans))
@@ -290,11 +292,9 @@ class CpuStore final : public BlockStore {
             convert(p + i * dtype_bytes(src), src, tmp, DType::F32, m);
             for (uint64_t j = 0; j < m; ++j)
               if (!std::isfinite(tmp[j])) {
-                const uint64_t e = i + j, hd = c_.cfg_.head_dim;
                 fail(Errc::NonFinite,
-                     std::string(kv == 0 ? "k" : "v") + " token " + u64s(e / row) + ", head " +
-                         u64s(e % row / hd) + ", dim " + u64s(e % hd) + " is " +
-                         (std::isnan(tmp[j]) ? "NaN" : "Inf") +
+                     codec::element_name(kv == 0 ? "k" : "v", i + j, row, c_.cfg_.head_dim) +
+                         " is " + (std::isnan(tmp[j]) ? "NaN" : "Inf") +
                          ": int8 residual rows (residual_dtype) take finite values only; "
                          "nothing was written");
               }

@@ -255,9 +255,11 @@ static void test_nonfinite_append(void **state) {
   for (int i = 0; i < 64; ++i) bad[i] = 3.0f;
   bad[50] = NAN;
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 4, in, bad, KVC_DTYPE_F32));
-  assert_non_null(strstr(kvc_last_error_message(), "NaN"));
+  /* named by its indices in [n_tokens][num_kv_heads][head_dim]: 50 = 3 x 16 + 0 x 8 + 2 */
+  assert_non_null(strstr(kvc_last_error_message(), "v[3][0][2] is NaN"));
   bad[50] = INFINITY;
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 4, bad, in, KVC_DTYPE_F32));
+  assert_non_null(strstr(kvc_last_error_message(), "k[3][0][2] is Inf"));
   ASSERT_OK(kvc_gather(p, 1, 0, 0, 4, after, NULL, KVC_DTYPE_F32, NULL));
   assert_memory_equal(before, after, sizeof before);
   kvc_pool_destroy(p);
@@ -370,6 +372,7 @@ static void test_standalone_quantizer(void **state) {
   x[5] = NAN;
   memset(codes, 0x5a, sizeof codes);
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_quantize(&c, x, KVC_DTYPE_F32, 10, 96, codes, scales, zeros));
+  assert_non_null(strstr(kvc_last_error_message(), "input[0][5] is NaN"));
   for (size_t i = 0; i < sizeof codes; ++i) assert_int_equal(codes[i], 0x5a);
   /* Float codecs have no scales. */
   kvc_codec f = codec_of(KVC_DTYPE_F16, KVC_SCALE_NONE, 0, 0);
@@ -1514,6 +1517,7 @@ static void test_adversarial_regressions_2(void **state) {
   for (int i = 0; i < 8; ++i) big[i] = 1e38f;
   uint8_t codes[8] = {0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5, 0xa5}, sc[4] = {0xa5, 0xa5, 0xa5, 0xa5};
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_quantize(&h, big, KVC_DTYPE_F32, 1, 8, codes, sc, NULL));
+  assert_non_null(strstr(kvc_last_error_message(), "input[0][0] (1e+38) is too large to rotate"));
   for (int i = 0; i < 8; ++i) assert_int_equal(codes[i], 0xa5);
   for (int i = 0; i < 4; ++i) assert_int_equal(sc[i], 0xa5);
   big[0] = 1e36f; /* below FLT_MAX / 8 everywhere: fine, and finite back */
@@ -1527,6 +1531,10 @@ static void test_adversarial_regressions_2(void **state) {
   ASSERT_OK(kvc_seq_create(p, 1));
   ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 1, big, big, KVC_DTYPE_F32));
+  assert_non_null(strstr(kvc_last_error_message(), "k[0][0][0] (1e+38) is too large to rotate"));
+  const float fine[8] = {1, 2, 3, 4, 5, 6, 7, 8}; /* K fine: V is named */
+  ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 0, 1, fine, big, KVC_DTYPE_F32));
+  assert_non_null(strstr(kvc_last_error_message(), "v[0][0][0] (1e+38) is too large to rotate"));
   kvc_pool_destroy(p);
   /* A bf16 residual saturates at the largest finite bf16, never Inf / NaN. */
   kvc_codec i8 = codec_of(KVC_DTYPE_INT8, KVC_SCALE_PER_TOKEN, 0, 0);

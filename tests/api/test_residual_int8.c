@@ -216,10 +216,11 @@ static void test_bad_input(void **state) {
   ASSERT_OK(kvc_gather(p, 1, 0, 0, 3, before, NULL, KVC_DTYPE_F32, NULL));
   row_of(3, 0, k);
   row_of(3, 1, v);
-  k[5] = NAN;
+  k[kDim + 5] = NAN; /* token 0 of the call, head 1, dim 5 */
   ASSERT_OK(kvc_seq_reserve(p, 1, 1, NULL));
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 3, 1, k, v, KVC_DTYPE_F32));
-  k[5] = INFINITY;
+  assert_non_null(strstr(kvc_last_error_message(), "k[0][1][5] is NaN"));
+  k[kDim + 5] = INFINITY;
   ASSERT_STATUS(KVC_ERR_NON_FINITE, kvc_append(p, 1, 0, 3, 1, k, v, KVC_DTYPE_F32));
   ASSERT_OK(kvc_gather(p, 1, 0, 0, 3, after, NULL, KVC_DTYPE_F32, NULL));
   assert_memory_equal(before, after, sizeof before);
@@ -229,7 +230,7 @@ static void test_bad_input(void **state) {
     assert_true(k4[3 * kRow + e] == 0.0f);
   ASSERT_OK(kvc_seq_reserve(f, 1, 1, NULL));
   ASSERT_OK(kvc_append(f, 1, 0, 0, 1, k, v, KVC_DTYPE_F32)); /* f16 rows keep Inf */
-  k[5] = 0.5f;
+  k[kDim + 5] = 0.5f;
   ASSERT_OK(kvc_append(p, 1, 0, 3, 1, k, v, KVC_DTYPE_F32));
   kvc_pool_destroy(f);
   kvc_pool_destroy(p);

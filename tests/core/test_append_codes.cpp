@@ -169,21 +169,23 @@ void run_case(const Case &c, kvc_dtype in) {
                  static_cast<int>(in), mismatched);
   CHECK(mismatched == 0);
 
-  // A NaN or Inf in the next append: refused, naming the part, nothing written.
+  // A NaN or Inf in the next append: refused, naming the part and the
+  // element's indices in [n_tokens][num_kv_heads][head_dim], nothing written.
   OK(kvc_seq_reserve(p, 1, 3, nullptr));
   const std::vector<uint8_t> before(static_cast<const uint8_t *>(lo.base),
                                     static_cast<const uint8_t *>(lo.base) +
                                         lo.num_blocks * lo.block_stride);
   std::vector<float> bad(3 * kRow, 1.0f);
-  bad[2 * kRow + 5] = in == KVC_DTYPE_F32 ? NAN : INFINITY;
+  bad[2 * kRow + kDim + 5] = in == KVC_DTYPE_F32 ? NAN : INFINITY;  // token 2, head 1, dim 5
   std::vector<uint8_t> badin(bad.size() * esz), good(bad.size() * esz);
   OK(kvc_convert(bad.data(), KVC_DTYPE_F32, badin.data(), in, bad.size()));
   std::vector<float> ones(3 * kRow, 1.0f);
   OK(kvc_convert(ones.data(), KVC_DTYPE_F32, good.data(), in, ones.size()));
   CHECK(kvc_append(p, 1, 0, kTokens, 3, good.data(), badin.data(), in) == KVC_ERR_NON_FINITE);
-  CHECK(std::string(kvc_last_error_message()).find("v element") != std::string::npos);
+  const std::string what = in == KVC_DTYPE_F32 ? "[2][1][5] is NaN" : "[2][1][5] is Inf";
+  CHECK(std::string(kvc_last_error_message()).find("v" + what) != std::string::npos);
   CHECK(kvc_append(p, 1, 0, kTokens, 3, badin.data(), good.data(), in) == KVC_ERR_NON_FINITE);
-  CHECK(std::string(kvc_last_error_message()).find("k element") != std::string::npos);
+  CHECK(std::string(kvc_last_error_message()).find("k" + what) != std::string::npos);
   CHECK(std::memcmp(before.data(), lo.base, before.size()) == 0);
   kvc_pool_destroy(p);
 }
