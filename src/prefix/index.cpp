@@ -169,6 +169,17 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   const std::vector<uint8_t> &xb = ps.verify_tokens ? kx.enc : none;
   const uint64_t nb = usable / bs;
   w.path.reserve(std::min<uint64_t>(nb, ps.entries.size()));
+  // With token verification, a hit is the child of the previous hit (or a
+  // first block) whose tokens, extra keys and depth are the block's
+  // (verified()), so where the previous hit has few children the walk
+  // descends the tree of cached blocks by comparing tokens, as SGLang's
+  // radix tree does, and computes no key: the same hits as the keys would
+  // give (a child that verifies has the key the block's tokens hash to, and
+  // the block whose key is found must verify, so it is such a child). At a
+  // node with more children (a crowded first block, a fork point), and
+  // without verification, the block's key is computed from its parent's and
+  // looked up in the index.
+  constexpr size_t kScan = 4;
   // The chain of keys is serial (each hashes its parent), the index probes
   // and token checks are not: keys are computed a batch ahead (2, then 4,
   // then 8 at a time, so a prompt that misses at once hashes little more
@@ -177,13 +188,31 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
   constexpr uint64_t kAhead = 8;
   BlockKey ks[kAhead];
   int64_t es[kAhead];
-  BlockKey parent = ps.root;
   uint64_t batch = 2;
   for (uint64_t i = 0; i < nb;) {
-    const uint64_t m = std::min(batch, nb - i);
+    const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
+    if (ps.verify_tokens) {
+      const std::vector<uint32_t> &kids =
+          last < 0 ? ps.root_children : ps.entries[static_cast<size_t>(last)].children;
+      if (kids.size() <= kScan) {
+        int64_t hit = -1;
+        for (uint32_t c : kids)
+          if (verified(ps, ps.entries[c], tokens + i * bs, xb, last, i + 1)) {
+            hit = c;
+            break;
+          }
+        if (hit < 0) break;
+        w.path.push_back(static_cast<uint32_t>(hit));
+        ++i;
+        continue;
+      }
+    }
+    // Keys from the parent's: the root's, or the previous hit's own key.
+    const BlockKey parent = last < 0 ? ps.root : ps.entries[static_cast<size_t>(last)].key;
+    // Verified walks hash one block at a crowded node, then descend again.
+    const uint64_t m = ps.verify_tokens ? 1 : std::min(batch, nb - i);
     ps.hasher.chain(parent, tokens + i * bs, static_cast<uint32_t>(bs), m, kx, ks, scratch);
     for (uint64_t j = 0; j < m; ++j) ps.map.prefetch(ks[j]);
-    parent = ks[m - 1];
     for (uint64_t j = 0; j < m; ++j) {
       es[j] = ps.map.find(ks[j]);
       if (es[j] < 0) break;
@@ -194,9 +223,9 @@ Walk walk(const PrefixState &ps, uint64_t bs, const int32_t *tokens, uint64_t n,
     bool miss = false;
     for (uint64_t j = 0; j < m && !miss; ++j, ++i) {
       const int64_t e = es[j];
-      const int64_t last = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
+      const int64_t prev = w.path.empty() ? -1 : static_cast<int64_t>(w.path.back());
       miss = e < 0 ||
-             !verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, last, i + 1);
+             !verified(ps, ps.entries[static_cast<size_t>(e)], tokens + i * bs, xb, prev, i + 1);
       if (!miss) w.path.push_back(static_cast<uint32_t>(e));
     }
     if (miss) break;

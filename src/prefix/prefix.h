@@ -65,19 +65,20 @@ class PrefixHasher {
 // Test hook: every digest is the same constant (to test collision handling).
 void prefix_hash_force_constant(bool on);
 
-// What a lookup reads of an entry (the key, then what verification checks)
-// comes first, in the entry's first two cache lines (entries start on a
-// line): a lookup touches them for every block of a prompt.
+// What a lookup reads of an entry comes first (entries start on a cache
+// line): the tree walk's children and what verification checks in the first
+// line, the key (the index's confirmation) and the extra keys in the second;
+// a lookup touches them for every block of a prompt.
 struct alignas(64) PrefixEntry {
+  int64_t parent_entry = -1;       // the parent's entry (-1: the root); verified on hits
+  uint64_t depth = 0;              // 1 for the first block of a prompt
+  std::vector<uint32_t> children;  // the entries whose parent this is
+  std::vector<int32_t> tokens;     // block_size token ids
   BlockKey key;
-  int64_t parent_entry = -1;          // the parent's entry (-1: the root); verified on hits
-  uint64_t depth = 0;                 // 1 for the first block of a prompt
-  std::vector<int32_t> tokens;        // block_size token ids
   std::vector<uint8_t> extras_bytes;  // the extra keys as encoded (verified with verify_tokens)
   BlockKey parent;
   BlockKey extras;              // digest of the extra keys (partial matches stay within them)
   std::vector<int32_t> blocks;  // one per layer
-  std::vector<uint32_t> children;
   bool live = false;
 };
 

@@ -559,6 +559,68 @@ KVTEST(collision_any_byte) {
   kvc::prefix::prefix_hash_force_constant(false);
 }
 
+// The verified walk descends the tree of cached blocks by tokens where a
+// node has at most 4 children and hashes at more crowded nodes (a root of 10
+// first blocks, a fork of 6): every query's hit is the longest whole-block
+// prefix (at most n - 1 tokens) some cached prompt shares with it, for both
+// hashes, with and without verification.
+KVTEST(walk_tree_and_index_agree) {
+  std::vector<std::vector<int32_t>> cached;
+  for (int32_t k = 0; k < 10; ++k) {  // 10 first blocks, each followed by 100..103
+    std::vector<int32_t> t = {k, k, k, k, 100, 101, 102, 103};
+    if (k < 3) t.insert(t.end(), {300 + k, 301, 302, 303});  // a third block on some
+    cached.push_back(t);
+  }
+  for (int32_t j = 0; j < 6; ++j) {  // a fork of 6 after [0 0 0 0][100..103]
+    std::vector<int32_t> t = {0, 0, 0, 0, 100, 101, 102, 103, 200 + j, 201, 202, 203};
+    t.insert(t.end(), {400 + j, 401, 402, 403});
+    cached.push_back(t);
+  }
+  auto expected = [&](const std::vector<int32_t> &q) {
+    uint64_t best = 0;
+    for (const auto &c : cached) {
+      uint64_t m = 0;
+      while (m + 4 <= c.size() && m + 4 <= q.size() - 1 &&
+             std::equal(c.begin() + static_cast<long>(m), c.begin() + static_cast<long>(m + 4),
+                        q.begin() + static_cast<long>(m)))
+        m += 4;
+      best = std::max(best, m);
+    }
+    return best;
+  };
+  for (kvc_prefix_hash h : {KVC_PREFIX_HASH_SHA256, KVC_PREFIX_HASH_XXH3_128})
+    for (int verify : {1, 0}) {
+      kvc_pool *p = make_pool(4, 256, 1, nullptr, h, verify);
+      uint64_t id = 1;
+      for (const auto &c : cached) request(p, id++, c, false);
+      std::vector<std::vector<int32_t>> queries;
+      for (const auto &c : cached) {
+        std::vector<int32_t> q = c;
+        q.push_back(7);
+        queries.push_back(q);                                      // all of it
+        queries.push_back(std::vector<int32_t>(c.begin(), c.end()));  // n - 1: not the last block
+        for (size_t t = 0; t < c.size(); ++t) {  // one token changed
+          std::vector<int32_t> d = q;
+          d[t] += 1000;
+          queries.push_back(d);
+        }
+      }
+      queries.push_back({5, 5, 5, 5, 100, 101, 102, 103, 200, 201, 202, 203, 9});  // another's fork
+      queries.push_back({0, 0, 0, 0, 100, 101, 102, 103, 205, 201, 202, 203, 405, 401, 402, 403, 1});
+      int wrong = 0;
+      for (const auto &q : queries) {
+        const uint64_t hit = lookup(p, q).hit_tokens, want = expected(q);
+        if (hit != want && ++wrong <= 5)
+          std::fprintf(stderr, "hash %d verify %d: a %zu-token query hit %llu, want %llu\n", int(h),
+                       verify, q.size(), static_cast<unsigned long long>(hit),
+                       static_cast<unsigned long long>(want));
+      }
+      CHECK(wrong == 0);
+      CHECK(consistent(p));
+      kvc_pool_destroy(p);
+    }
+}
+
 // Regressions of the adversarial review: a partial attach on a full pool
 // falls back to whole blocks; reclaimed cached blocks are zeroed with
 // ZERO_ON_FREE; a forced collision never serves another tenant's, parent's or
