@@ -5,6 +5,22 @@
 #ifdef KVC_CODEC_X86
 namespace kvc::codec {
 
+namespace {
+// make_params of 8 groups one at a time (lohi: their lo, hi pairs): where a
+// magnitude reaches 1e37, whose caps the vector rules do not apply.
+inline void scalar8(const Spec &s, const float *lohi, Params *ps) {
+  for (int j = 0; j < 8; ++j) ps[j] = make_params(s, lohi[2 * j], lohi[2 * j + 1]);
+}
+// 8 groups' scales and 1 / scales, no zero point (symmetric and full-range codes).
+__attribute__((target("avx2"), always_inline)) inline void store8(__m256 sc, __m256 inv,
+                                                                  Params *ps) {
+  alignas(32) float vs[8], vi[8];
+  _mm256_store_ps(vs, sc);
+  _mm256_store_ps(vi, inv);
+  for (int j = 0; j < 8; ++j) ps[j] = Params{vs[j], vi[j], 0.0f};
+}
+}  // namespace
+
 __attribute__((target("avx2,fma,f16c"))) void make_params_batch(const Spec &s, const float *lohi,
                                                                 uint64_t k, Params *ps) {
   // f16 scales: the f32 scale rounded up to an f16 (symmetric codes; an
@@ -35,8 +51,7 @@ __attribute__((target("avx2,fma,f16c"))) void make_params_batch(const Spec &s, c
       const __m256 a = _mm256_blendv_ps(nlo, hi, positive);
       const __m256 big = _mm256_cmp_ps(a, _mm256_set1_ps(1e37f), _CMP_GE_OQ);
       if (!_mm256_testz_ps(big, big)) {
-        for (int j = 0; j < 8; ++j)
-          ps[i + j] = make_params(s, lohi[2 * (i + j)], lohi[2 * (i + j) + 1]);
+        scalar8(s, lohi + 2 * i, ps + i);
         continue;
       }
       const __m256 valid = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ);
@@ -46,10 +61,7 @@ __attribute__((target("avx2,fma,f16c"))) void make_params_batch(const Spec &s, c
       const __m256 sc = _mm256_and_ps(_mm256_xor_ps(m, neg), valid);
       const __m256 inv =
           _mm256_and_ps(_mm256_xor_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), m), neg), valid);
-      alignas(32) float vs[8], vi[8];
-      _mm256_store_ps(vs, sc);
-      _mm256_store_ps(vi, inv);
-      for (int j = 0; j < 8; ++j) ps[i + j] = Params{vs[j], vi[j], 0.0f};
+      store8(sc, inv, ps + i);
     }
   }
   if (vec) {
@@ -77,18 +89,14 @@ __attribute__((target("avx2,fma,f16c"))) void make_params_batch(const Spec &s, c
             _mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(m0, m1, 0x88)), 0xd8));
         const __m256 big = _mm256_cmp_ps(a, _mm256_set1_ps(1e37f), _CMP_GE_OQ);
         if (!_mm256_testz_ps(big, big)) {
-          for (int j = 0; j < 8; ++j)
-            ps[i + j] = make_params(s, lohi[2 * (i + j)], lohi[2 * (i + j) + 1]);
+          scalar8(s, lohi + 2 * i, ps + i);
           continue;
         }
         const __m256 valid = _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ);
         __m256 sc = _mm256_and_ps(ceil_div(a, vqf), valid);
         if (half) sc = _mm256_and_ps(ceil_f16(sc), valid);
         const __m256 inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), sc), valid);
-        alignas(32) float vs[8], vi[8];
-        _mm256_store_ps(vs, sc);
-        _mm256_store_ps(vi, inv);
-        for (int j = 0; j < 8; ++j) ps[i + j] = Params{vs[j], vi[j], 0.0f};
+        store8(sc, inv, ps + i);
       }
     }
     for (; i + 4 <= k; i += 4) {
