@@ -68,6 +68,20 @@ void hadamard(float *x, uint64_t d, uint32_t block);
 // "what[r][c]" for rows of `row` values, or "what[t][h][d]" where the rows
 // are heads of head_dim values (a pool's [n_tokens][num_kv_heads][head_dim]).
 std::string element_name(const char *what, uint64_t i, uint64_t row = 0, uint64_t head_dim = 0);
+// While one lives on this thread, element_name() reads inputs of one head per
+// row (row == head_dim) as the head-major copy [heads][tokens][head_dim] of
+// the caller's [tokens][heads][head_dim] rows, and names the caller's indices
+// (a head-wise pool's append checks such a copy).
+class HeadMajorNames {
+ public:
+  HeadMajorNames(uint64_t tokens, uint64_t heads);
+  ~HeadMajorNames();
+  HeadMajorNames(const HeadMajorNames &) = delete;
+  HeadMajorNames &operator=(const HeadMajorNames &) = delete;
+
+ private:
+  uint64_t saved_[2];
+};
 
 // Throws NonFinite when some |x| >= FLT_MAX / block (the butterfly could
 // overflow), naming the element (element_name).
@@ -138,8 +152,37 @@ const float *gaussian_levels(uint32_t bits, uint64_t group);
 // The standalone array API: converts `src` from src_type, rotates, checks
 // finiteness, encodes; decode + inverse rotation + conversion. Allocates
 // scratch memory.
+//
+// keys (f16 rows only; null: computed here): the group keys f16_keys() gave
+// for these rows, where f16_keys_apply(s, d) holds. (The checks f16_keys made
+// are then not repeated: the caller has refused rows it reported non-finite.)
+struct F16Keys;
 void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64_t d,
-              uint8_t *codes, uint8_t *scales, uint8_t *zeros);
+              uint8_t *codes, uint8_t *scales, uint8_t *zeros, const F16Keys *keys = nullptr);
+
+// quantize()'s direct path for f16 rows (dynamic per-token or per-group
+// scales, no rotation, on an AVX2 CPU) first reads every group's extremes off
+// the f16 bits: the "keys", one 16-bit word per group (symmetric codes: the
+// group's largest |x| bits in hi; asymmetric and full-range codes: the
+// ordered keys of its minimum and maximum in lo and hi). A caller that checks
+// its rows before writing anything and quantizes them in pieces (kvc_append:
+// one call per block run) computes the keys once, ahead, as that check:
+//   f16_keys_apply(s, d)   whether quantize(s, f16 rows of d values) takes
+//                          the direct path here (the keys are then used)
+//   f16_keys_count(s, n, d)  entries f16_keys writes to lo and to hi: one per
+//                          group of the n x d values, and 4 of padding
+//   f16_keys(...)          the keys of x [n][d] (f16); false, when a value is
+//                          NaN or Inf (every value read; lo, hi then
+//                          undefined)
+// The keys of the groups of rows r .. of x are at lo + r x (d / g), hi +
+// r x (d / g) (g = s.group for per-group scales, d per token).
+struct F16Keys {
+  const uint16_t *lo = nullptr;  // null for symmetric codes
+  const uint16_t *hi = nullptr;
+};
+bool f16_keys_apply(const Spec &s, uint64_t d);
+uint64_t f16_keys_count(const Spec &s, uint64_t n, uint64_t d);
+bool f16_keys(const Spec &s, const uint16_t *x, uint64_t n, uint64_t d, uint16_t *lo, uint16_t *hi);
 void dequantize(const Spec &s, const uint8_t *codes, const uint8_t *scales, const uint8_t *zeros,
                 uint64_t n, uint64_t d, void *dst, DType dst_type);
 

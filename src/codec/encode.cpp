@@ -120,8 +120,27 @@ void min_max(const float *x, uint64_t n, uint64_t stride, float *lo, float *hi) 
 
 }  // namespace
 
+namespace {
+thread_local uint64_t t_major_tokens = 0, t_major_heads = 0;  // HeadMajorNames
+}  // namespace
+
+HeadMajorNames::HeadMajorNames(uint64_t tokens, uint64_t heads)
+    : saved_{t_major_tokens, t_major_heads} {
+  t_major_tokens = tokens;
+  t_major_heads = heads;
+}
+HeadMajorNames::~HeadMajorNames() {
+  t_major_tokens = saved_[0];
+  t_major_heads = saved_[1];
+}
+
 std::string element_name(const char *what, uint64_t i, uint64_t row, uint64_t head_dim) {
   if (row == 0) return std::string(what) + " element " + u64s(i);
+  if (t_major_tokens && row == head_dim) {  // [heads][tokens][head_dim]
+    const uint64_t r = i / row, t = r % t_major_tokens, h = r / t_major_tokens;
+    if (h < t_major_heads)
+      return std::string(what) + "[" + u64s(t) + "][" + u64s(h) + "][" + u64s(i % row) + "]";
+  }
   const uint64_t r = i / row, c = i % row;
   if (head_dim == 0 || row % head_dim != 0)
     return std::string(what) + "[" + u64s(r) + "][" + u64s(c) + "]";

@@ -129,8 +129,14 @@ __attribute__((noinline)) inline float round_zero_down(float v, DType sd) {
 // taken by quantize() and dequantize() on the shapes they check.
 // f16 rows, dynamic per-token or per-group scales, no rotation: returns false,
 // having written nothing, when the input holds a NaN or Inf.
+// keys: the groups' keys f16_keys_avx2 gave (null: computed here, the
+// check). f16_keys_avx2: those keys (lo written only for asymmetric and
+// full-range codes), false when a value is NaN or Inf.
 bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d,
-                              uint8_t *codes, uint8_t *scales, uint8_t *zeros);
+                              uint8_t *codes, uint8_t *scales, uint8_t *zeros,
+                              const F16Keys *keys = nullptr);
+bool f16_keys_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d, uint16_t *lo,
+                   uint16_t *hi);
 // f16 (half) or f32 rows through an L1 buffer of quantize_fast_scratch() floats.
 // nonfinite: null (the input was checked), or set to true, and the call
 // stopped part way, when a row holds a NaN or Inf (checked before the rows
@@ -299,6 +305,10 @@ inline bool has_scales(const Spec &s) {
 // any value is NaN or Inf.
 bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, uint64_t g,
                            uint16_t *lo_keys, uint16_t *hi_keys);
+// True when no 16-bit float of h [n] (any n) has its exponent field all
+// ones (mask 0x7c00: f16, 0x7f80: bf16): check_finite_raw's test, 64 bytes a
+// load into four independent maxima.
+bool all_finite_16_avx512(const uint16_t *h, uint64_t n, uint16_t mask);
 // Its int8 (bits 8) or int4 (bits 4) codes of m groups of g values (g a
 // multiple of 32), mode 0 symmetric, 1 asymmetric, 2 full range; stream
 // (int8 only): non-temporal stores, out 64-byte aligned.

@@ -29,7 +29,9 @@ void check_finite_raw(const void *src, DType t, uint64_t n, const char *what, ui
   const uint16_t *h = static_cast<const uint16_t *>(src);
   const uint16_t mask = t == DType::F16 ? 0x7c00 : 0x7f80;
 #ifdef KVC_CODEC_X86
-  if (use_avx2() && all_finite_16_avx2(h, n, mask)) return;
+  if (use_avx512() ? all_finite_16_avx512(h, n, mask)
+                   : use_avx2() && all_finite_16_avx2(h, n, mask))
+    return;
 #endif
   uint16_t any = 0;
   for (uint64_t i = 0; i < n; ++i) any |= static_cast<uint16_t>((h[i] & mask) == mask);
@@ -64,16 +66,46 @@ __attribute__((target("avx2"))) void copy_out(uint8_t *dst, const uint8_t *src, 
 #endif
 }  // namespace
 
+bool f16_keys_apply(const Spec &s, uint64_t d) {
+#ifdef KVC_CODEC_X86
+  return use_avx2() && convert_has_simd() && !s.rotation_block && s.static_scale == 0.0 &&
+         d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
+         (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0));
+#else
+  (void)s;
+  (void)d;
+  return false;
+#endif
+}
+
+uint64_t f16_keys_count(const Spec &s, uint64_t n, uint64_t d) {
+  return n * (d / (s.gran == Gran::Group ? s.group : d)) + 4;
+}
+
+bool f16_keys(const Spec &s, const uint16_t *x, uint64_t n, uint64_t d, uint16_t *lo,
+              uint16_t *hi) {
+  if (!f16_keys_apply(s, d)) fail(Errc::Internal, "f16_keys: not the direct path's shape");
+  const uint64_t groups = f16_keys_count(s, n, d) - 4;
+  for (uint64_t k = groups; k < groups + 4; ++k)
+    lo[k] = hi[k] = s.asym || s.full_range ? 0x8000 : 0;
+#ifdef KVC_CODEC_X86
+  return f16_keys_avx2(s, x, n, d, lo, hi);
+#else
+  (void)x;
+  return false;
+#endif
+}
+
 void quantize(const Spec &s, const void *src, DType src_type, uint64_t n, uint64_t d,
-              uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
+              uint8_t *codes, uint8_t *scales, uint8_t *zeros, const F16Keys *keys) {
 #ifdef KVC_CODEC_X86
   // f16 rows with dynamic per-token or per-group scales and no rotation: the
   // direct path, whose first pass is also the finiteness check (on a NaN or
-  // Inf it writes nothing and the check below reports the element).
-  if (src_type == DType::F16 && use_avx2() && convert_has_simd() && !s.rotation_block &&
-      s.static_scale == 0.0 && d % 8 == 0 && d > 0 && (is_int(s.dtype) || is_fp8(s.dtype)) &&
-      (s.gran == Gran::Token || (s.gran == Gran::Group && s.group % 8 == 0 && d % s.group == 0))) {
-    if (quantize_f16_direct_avx2(s, static_cast<const uint16_t *>(src), n, d, codes, scales, zeros))
+  // Inf it writes nothing and the check below reports the element) unless
+  // the caller's keys stand for it.
+  if (src_type == DType::F16 && f16_keys_apply(s, d)) {
+    if (quantize_f16_direct_avx2(s, static_cast<const uint16_t *>(src), n, d, codes, scales, zeros,
+                                 keys))
       return;
   }
 #endif

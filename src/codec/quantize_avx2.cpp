@@ -663,30 +663,51 @@ __attribute__((target("avx2,f16c"))) void store_f16_values(uint8_t *dst, const f
 }
 
 // Returns false, having written nothing, when the input holds a NaN or Inf.
+// The keys of every group of src [n][d] into lo_keys / hi_keys (Signed
+// only: lo), each padded with the key of +0 up to a multiple of 4 groups;
+// false when a value is NaN or Inf.
+template <bool Signed>
+bool direct_keys(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d, uint16_t *lo_keys,
+                 uint16_t *hi_keys) {
+  const uint64_t g = s.gran == Gran::Group ? s.group : d, groups = n * (d / g);
+  for (uint64_t k = groups; k < (groups + 3) / 4 * 4; ++k)
+    lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
+  // 512-bit vectors where the CPU has them (quantize_avx512.cpp: the same
+  // keys, bit for bit) for groups of a multiple of 32 values.
+  return use_avx512() && g % 32 == 0
+             ? f16_group_keys_avx512(Signed, src, groups, g, lo_keys, hi_keys)
+             : f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys);
+}
+
 template <int Mode>
 __attribute__((target("avx2,fma,f16c"))) bool quantize_f16_direct(const Spec &s,
                                                                   const uint16_t *src, uint64_t n,
                                                                   uint64_t d, uint8_t *codes,
-                                                                  uint8_t *scales, uint8_t *zeros) {
+                                                                  uint8_t *scales, uint8_t *zeros,
+                                                                  const F16Keys *given) {
   constexpr bool Signed = Mode != 0;
   const uint64_t g = s.gran == Gran::Group ? s.group : d, groups = n * (d / g);
   // Keys of every group (the whole input is checked before anything is
-  // written), then chunks of groups: parameters, scales, codes. Every group
-  // of the flat input is g consecutive values, its codes g * bits / 8
-  // consecutive bytes and its scale the next one (d is a multiple of g).
+  // written; or the caller's, computed ahead as its check), then chunks of
+  // groups: parameters, scales, codes. Every group of the flat input is g
+  // consecutive values, its codes g * bits / 8 consecutive bytes and its
+  // scale the next one (d is a multiple of g).
   constexpr uint64_t kChunk = 256;
   thread_local ScratchBuffer<uint16_t> keys_buf;
   thread_local std::vector<float> par_buf;  // fixed size: 3 x kChunk
-  const uint64_t padded = (groups + 3) / 4 * 4;
   if (par_buf.size() < 3 * kChunk) par_buf.resize(3 * kChunk);
-  uint16_t *lo_keys = keys_buf.get(2 * padded), *hi_keys = lo_keys + padded;
-  for (uint64_t k = groups; k < padded; ++k) lo_keys[k] = hi_keys[k] = Signed ? 0x8000 : 0;  // +0
-  // 512-bit vectors where the CPU has them (quantize_avx512.cpp: the same
-  // keys, codes, bit for bit) for groups of a multiple of 32 values.
+  const uint16_t *lo_keys, *hi_keys;
+  if (given) {  // (read up to 3 past the last group: f16_keys_count's padding)
+    lo_keys = given->lo;
+    hi_keys = given->hi;
+  } else {
+    const uint64_t padded = (groups + 3) / 4 * 4;
+    uint16_t *lo = keys_buf.get(2 * padded), *hi = lo + padded;
+    if (!direct_keys<Signed>(s, src, n, d, lo, hi)) return false;
+    lo_keys = lo;
+    hi_keys = hi;
+  }
   const bool wide = use_avx512() && g % 32 == 0;
-  if (!(wide ? f16_group_keys_avx512(Signed, src, groups, g, lo_keys, hi_keys)
-             : f16_group_keys<Signed>(src, groups, g, lo_keys, hi_keys)))
-    return false;
   const bool integer = is_int(s.dtype), f16_scale = s.scale_dtype == DType::F16;
   const IntFormat f = int_format(s.dtype, s.asym, s.full_range);
   const uint64_t gb =
@@ -778,10 +799,17 @@ uint64_t quantize_fast_scratch(const Spec &s, uint64_t d) {
 }
 
 bool quantize_f16_direct_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d,
-                              uint8_t *codes, uint8_t *scales, uint8_t *zeros) {
-  return s.asym         ? quantize_f16_direct<1>(s, src, n, d, codes, scales, zeros)
-         : s.full_range ? quantize_f16_direct<2>(s, src, n, d, codes, scales, zeros)
-                        : quantize_f16_direct<0>(s, src, n, d, codes, scales, zeros);
+                              uint8_t *codes, uint8_t *scales, uint8_t *zeros,
+                              const F16Keys *keys) {
+  return s.asym         ? quantize_f16_direct<1>(s, src, n, d, codes, scales, zeros, keys)
+         : s.full_range ? quantize_f16_direct<2>(s, src, n, d, codes, scales, zeros, keys)
+                        : quantize_f16_direct<0>(s, src, n, d, codes, scales, zeros, keys);
+}
+
+bool f16_keys_avx2(const Spec &s, const uint16_t *src, uint64_t n, uint64_t d, uint16_t *lo,
+                   uint16_t *hi) {
+  return s.asym || s.full_range ? direct_keys<true>(s, src, n, d, lo, hi)
+                                : direct_keys<false>(s, src, n, d, lo, hi);
 }
 
 void quantize_fast_avx2(const Spec &s, const void *src, bool half, uint64_t n, uint64_t d,

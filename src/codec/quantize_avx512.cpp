@@ -621,7 +621,35 @@ void decode_unrotate_out(int bits, bool asym, const uint8_t *in, const uint8_t *
     decode_unrotate_any<4, false>(in, sc, zr, f16_scales, g, d, block, off, norm, out);
 }
 
+// True when no 16-bit float of h [n] has its exponent field (mask: 0x7c00
+// f16, 0x7f80 bf16) all ones: the largest magnitude's bits (h & 0x7fff, which
+// order as the magnitudes do) are below mask. 128 values a step into four
+// independent maxima (no loop-carried chain of one vector).
+KVC_AVX512 bool all_finite_16(const uint16_t *h, uint64_t n, uint16_t mask) {
+  const __m512i abs = _mm512_set1_epi16(0x7fff);
+  __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
+  uint64_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    m0 = _mm512_max_epu16(m0, _mm512_and_si512(_mm512_loadu_si512(h + i), abs));
+    m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_loadu_si512(h + i + 32), abs));
+    m2 = _mm512_max_epu16(m2, _mm512_and_si512(_mm512_loadu_si512(h + i + 64), abs));
+    m3 = _mm512_max_epu16(m3, _mm512_and_si512(_mm512_loadu_si512(h + i + 96), abs));
+  }
+  for (; i + 32 <= n; i += 32)
+    m0 = _mm512_max_epu16(m0, _mm512_and_si512(_mm512_loadu_si512(h + i), abs));
+  if (i < n) {  // the last 1 .. 31 values, masked
+    const __mmask32 tail = static_cast<__mmask32>((uint64_t{1} << (n - i)) - 1);
+    m1 = _mm512_max_epu16(m1, _mm512_and_si512(_mm512_maskz_loadu_epi16(tail, h + i), abs));
+  }
+  const __m512i m = _mm512_max_epu16(_mm512_max_epu16(m0, m1), _mm512_max_epu16(m2, m3));
+  return _mm512_cmpge_epu16_mask(m, _mm512_set1_epi16(static_cast<short>(mask))) == 0;
+}
+
 }  // namespace
+
+bool all_finite_16_avx512(const uint16_t *h, uint64_t n, uint16_t mask) {
+  return all_finite_16(h, n, mask);
+}
 
 bool f16_group_keys_avx512(bool is_signed, const uint16_t *h, uint64_t groups, uint64_t g,
                            uint16_t *lo_keys, uint16_t *hi_keys) {

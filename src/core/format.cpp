@@ -244,8 +244,8 @@ void BlockFormat::calibrate_absmax(int kv, uint32_t layer, float absmax) {
 // f32 rows `src_f32` (already converted, checked finite and rotated), or
 // quantizes `src` itself where src_f32 is null (format.h).
 void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src,
-                             DType src_type, const float *src_f32, uint32_t slot,
-                             uint64_t count) const {
+                             DType src_type, const float *src_f32, uint32_t slot, uint64_t count,
+                             const codec::F16Keys *keys) const {
   const PartLayout &pl = part(layer, kv);
   const uint64_t hd = cfg_.head_dim, h = cfg_.num_kv_heads;
   uint8_t *base = blk + pl.offset;
@@ -285,14 +285,18 @@ void BlockFormat::write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t
     const uint64_t src_row = row * dtype_bytes(src_type);
     sp.rotation_block = pl.rotation_block;
     if (contiguous) {
-      codec::quantize(sp, src, src_type, rows, d, codes0, scales0, zeros0);
+      codec::quantize(sp, src, src_type, rows, d, codes0, scales0, zeros0, keys);
       return;
     }
-    for (uint64_t t = 0; t < count; ++t)
+    const uint64_t kpt = row / (sp.gran == codec::Gran::Group ? sp.group : d);  // keys per token
+    for (uint64_t t = 0; t < count; ++t) {
+      codec::F16Keys kt;
+      if (keys) kt = {keys->lo ? keys->lo + t * kpt : nullptr, keys->hi + t * kpt};
       codec::quantize(sp, src + t * src_row, src_type, token ? h : 1, d,
                       codes0 + t * pl.token_stride,
                       scales0 + t * pl.scales_per_token * pl.scale_bytes,
-                      zeros0 + t * pl.scales_per_token * pl.scale_bytes);
+                      zeros0 + t * pl.scales_per_token * pl.scale_bytes, keys ? &kt : nullptr);
+    }
     return;
   }
   if (contiguous) {  // (converted, checked and rotated: CpuStore::prepare)

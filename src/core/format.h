@@ -145,9 +145,11 @@ class BlockFormat {
   // f32 rows `src_f32` (already converted, checked finite and rotated), or,
   // where src_f32 is null, quantizes (and Hadamard-rotates) `src` itself
   // (f16 rows checked finite, a part with per-token or per-group scales that
-  // nothing else transforms: CpuStore::prepare's choice).
+  // nothing else transforms: CpuStore::prepare's choice; keys: the groups'
+  // keys of these rows it computed as that check, or null).
   void write_part(int kv, uint32_t layer, uint8_t *blk, const uint8_t *src, DType src_type,
-                  const float *src_f32, uint32_t slot, uint64_t count) const;
+                  const float *src_f32, uint32_t slot, uint64_t count,
+                  const codec::F16Keys *keys = nullptr) const;
   // Reads `count` tokens from slots [slot, ...) of part kv into `out` rows of
   // dst; `l` and `idx0` (the layer's index of the first) give the RoPE
   // positions that pre-RoPE keys are rotated back to.

@@ -17,6 +17,7 @@
 #include <memory>
 #include <vector>
 
+#include "codec/codec.h"
 #include "common/dtype.h"
 #include "common/rope.h"
 #include "core/types.h"
@@ -67,6 +68,11 @@ class BlockStore {
     // The key smoothing prepare() saw (null: none); the write checks under the
     // pool lock that it is still the pool's (kvc_pool_set_key_smoothing).
     std::shared_ptr<const KeySmoothing> smooth;
+    // CPU, f16 parts quantized straight from the input: their groups' keys
+    // (codec::f16_keys: prepare's finiteness check; keys[kv].hi null: none),
+    // keys_per_token[kv] of them per token.
+    codec::F16Keys keys[2];
+    uint64_t keys_per_token[2] = {0, 0};
   };
   virtual Input prepare(uint64_t n, const void *k, const void *v, DType src) const = 0;
   // Writes tokens [idx0, idx0 + n) of a layer (blocks private to the caller,

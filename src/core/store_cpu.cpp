@@ -9,6 +9,7 @@
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
+#include <tuple>
 
 #include "attention/attention.h"
 #include "codec/codec.h"
@@ -247,7 +248,8 @@ class CpuStore final : public BlockStore {
         // quantized (and rotated) straight from the input by write_part (no
         // f32 copy)
         if (src == DType::F16 && quantize_direct(kv, ktrans)) {
-          codec::check_finite_raw(in_kv, src, n * row, name, row, c_.cfg_.head_dim);
+          if (!direct_keys(kv, static_cast<const uint16_t *>(in_kv), n, in))
+            codec::check_finite_raw(in_kv, src, n * row, name, row, c_.cfg_.head_dim);
           continue;
         }
         const bool pre = kv == 0 && c_.fmt_.pre_rope;
@@ -307,6 +309,34 @@ class CpuStore final : public BlockStore {
     return in;
   }
 
+  // For part kv's f16 rows that go straight to the codec: their groups' keys
+  // (codec::f16_keys: one pass that is also the finiteness check, which
+  // quantize() then does not repeat) into in.keys[kv], where every format
+  // class groups the part's values alike; true when they were computed and
+  // every value is finite (false: check_finite_raw reports the element).
+  bool direct_keys(int kv, const uint16_t *x, uint64_t n, Input &in) const {
+    const uint64_t hd = c_.cfg_.head_dim, row = c_.cfg_.num_kv_heads * hd;
+    codec::Spec s = c_.fmt_.cls[0].part[kv].spec;
+    s.rotation_block =
+        0;  // (the keys are those of the unrotated values; rotated parts ignore them)
+    const auto grouping = [](const codec::Spec &p) {
+      return std::make_tuple(p.gran, p.gran == codec::Gran::Group ? p.group : 0,
+                             p.asym || p.full_range);
+    };
+    for (const FormatClass &fc : c_.fmt_.cls)
+      if (grouping(fc.part[kv].spec) != grouping(s)) return false;
+    const bool token = s.gran == codec::Gran::Token;
+    const uint64_t rows = token ? n * c_.cfg_.num_kv_heads : n, d = token ? hd : row;
+    if (!codec::f16_keys_apply(s, d)) return false;
+    thread_local ScratchBuffer<uint16_t> buf[2];
+    const uint64_t count = codec::f16_keys_count(s, rows, d);
+    uint16_t *lo = buf[kv].get(2 * count), *hi = lo + count;
+    if (!codec::f16_keys(s, x, rows, d, lo, hi)) return false;
+    in.keys[kv] = {s.asym || s.full_range ? lo : nullptr, hi};
+    in.keys_per_token[kv] = n ? (count - 4) / n : 0;
+    return true;
+  }
+
   // Whether part kv's f16 rows go straight to the codec (codec::quantize,
   // which also takes the Hadamard rotation, in write_part): no RoPE undo,
   // smoothing or codebook, and per-token or per-group scales without
@@ -364,10 +394,16 @@ class CpuStore final : public BlockStore {
         const uint32_t slot = static_cast<uint32_t>(idx % bs);
         const uint64_t run = std::min<uint64_t>({n - done, bs - slot, l.n_lp - idx});
         uint8_t *blk = ptr(l.blocks[idx / bs]);
+        codec::F16Keys keys[2];  // (the run's first group's)
+        for (int kv = 0; kv < 2; ++kv)
+          if (in.keys[kv].hi) {
+            const uint64_t off = done * in.keys_per_token[kv];
+            keys[kv] = {in.keys[kv].lo ? in.keys[kv].lo + off : nullptr, in.keys[kv].hi + off};
+          }
         c_.fmt_.write_part(0, layer, blk, ks + done * src_row, src, kq ? kq + done * row : nullptr,
-                           slot, run);
+                           slot, run, in.keys[0].hi ? &keys[0] : nullptr);
         c_.fmt_.write_part(1, layer, blk, vs + done * src_row, src, vf ? vf + done * row : nullptr,
-                           slot, run);
+                           slot, run, in.keys[1].hi ? &keys[1] : nullptr);
         c_.stage_.write_sinks(layer, l, idx, run, ks + done * src_row, vs + done * src_row, src);
         done += run;
       } else {

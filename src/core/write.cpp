@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "codec/codec.h"
 #include "common/error.h"
 #include "core/pool.h"
 
@@ -207,7 +208,10 @@ void Pool::append_heads(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, c
       std::memcpy(khm + (h * n + i) * rb, static_cast<const uint8_t *>(k) + (i * H + h) * rb, rb);
       std::memcpy(vhm + (h * n + i) * rb, static_cast<const uint8_t *>(v) + (i * H + h) * rb, rb);
     }
-  const BlockStore::Input all = store_->prepare(n * H, khm, vhm, src);
+  const BlockStore::Input all = [&] {
+    const codec::HeadMajorNames names(n, H);  // messages name k[t][h][d] of the caller's rows
+    return store_->prepare(n * H, khm, vhm, src);
+  }();
   std::vector<BlockStore::Input> in(H, all);
   for (uint32_t h = 0; h < H; ++h) {
     in[h].n = n;
@@ -216,6 +220,11 @@ void Pool::append_heads(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, c
     if (all.kf) in[h].kf = all.kf + h * n * D;
     if (all.vf) in[h].vf = all.vf + h * n * D;
     if (all.kpre) in[h].kpre = all.kpre + h * n * D;
+    for (int kv = 0; kv < 2; ++kv) {  // (keys_per_token of one head's rows)
+      const uint64_t off = h * n * all.keys_per_token[kv];
+      if (all.keys[kv].lo) in[h].keys[kv].lo = all.keys[kv].lo + off;
+      if (all.keys[kv].hi) in[h].keys[kv].hi = all.keys[kv].hi + off;
+    }
   }
   auto write_all = [&](Sequence &s) {
     for (uint32_t h = 0; h < H; ++h) {

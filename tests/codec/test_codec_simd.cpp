@@ -230,6 +230,37 @@ static void test_f16_direct_matches_scalar() {
                              level, int(dt), mode, int(sd), (unsigned long long)d, group);
               CHECK(same);
             }
+            // Keys computed ahead (f16_keys, as kvc_append's check does),
+            // the rows then quantized in pieces of 1, 3 and 5 rows from the
+            // keys at each piece's first group: the same bytes.
+            for (int level = 1; level <= top; ++level) {
+              set_simd_level(level);
+              CHECK(f16_keys_apply(s, d));
+              const uint64_t count = f16_keys_count(s, n, d), per_row = (count - 4) / n;
+              CHECK(count - 4 == n * (d / (group ? group : d)));
+              std::vector<uint16_t> lo(count, 0x5a5a), hi(count, 0x5a5a);
+              CHECK(f16_keys(s, h.data(), n, d, lo.data(), hi.data()));
+              Quantized p;
+              p.codes.assign(q[0].codes.size(), 0xa5);
+              p.scales.assign(q[0].scales.size(), 0xa5);
+              p.zeros.assign(q[0].zeros.size(), 0xa5);
+              const uint64_t sbytes = per_row * scale_bytes(s);
+              for (uint64_t r0 = 0, piece = 1; r0 < n; r0 += piece, piece += 2) {
+                const uint64_t m = std::min<uint64_t>(piece, n - r0);
+                const F16Keys keys{mode ? lo.data() + r0 * per_row : nullptr,
+                                   hi.data() + r0 * per_row};
+                quantize(s, h.data() + r0 * d, kvc::DType::F16, m, d,
+                         p.codes.data() + r0 * row_bytes(s.dtype, d),
+                         p.scales.data() + r0 * sbytes,
+                         s.asym ? p.zeros.data() + r0 * sbytes : nullptr, &keys);
+              }
+              CHECK(p.codes == q[0].codes && p.scales == q[0].scales && p.zeros == q[0].zeros);
+              // A NaN anywhere: f16_keys reports it.
+              std::vector<uint16_t> hb = h;
+              hb[(level * 37 + d) % hb.size()] = 0xfe00;
+              CHECK(!f16_keys(s, hb.data(), n, d, lo.data(), hi.data()));
+            }
+            set_simd_level(top);
             // A NaN or Inf of either sign in the last value (or in the
             // first group): refused, nothing written.
             for (int level = 0; level <= top; ++level)
@@ -423,6 +454,42 @@ static void test_f32_levels_match_scalar() {
     }
 }
 
+// check_finite_raw (kvc_append's test of f16 / bf16 rows before anything is
+// written) at each SIMD level: a NaN, Inf or largest-exponent value of either
+// sign at any position of arrays of 1 .. 300 values is reported (the vector
+// loops of 32 and 128 values, their tails), the largest finite values and
+// subnormals are not.
+static void test_finite_raw_levels() {
+  const int top = set_simd_level(2);
+  uint64_t checked = 0;
+  for (kvc::DType t : {kvc::DType::F16, kvc::DType::BF16}) {
+    const bool f16 = t == kvc::DType::F16;
+    const uint16_t inf = f16 ? 0x7c00 : 0x7f80, nan = f16 ? 0x7e00 : 0x7fc0;
+    const uint16_t max_finite = f16 ? 0x7bff : 0x7f7f, sub = 0x0001;
+    for (uint64_t n : {1, 2, 15, 16, 31, 32, 33, 63, 64, 127, 128, 129, 160, 255, 256, 300}) {
+      std::vector<uint16_t> h(n);
+      for (uint64_t i = 0; i < n; ++i)  // finite values of every size, both signs
+        h[i] = static_cast<uint16_t>((i % 3 == 0 ? max_finite : i % 3 == 1 ? sub : 0x3c00) |
+                                     (i % 2 ? 0x8000 : 0));
+      for (int level = 0; level <= top; ++level) {
+        set_simd_level(level);
+        check_finite_raw(h.data(), t, n, "input");  // no throw
+        for (uint64_t pos = 0; pos < n; ++pos)
+          for (uint16_t bad : {inf, nan, static_cast<uint16_t>(inf | 0x8000),
+                               static_cast<uint16_t>(nan | 0x8001)}) {
+            std::vector<uint16_t> b = h;
+            b[pos] = bad;
+            expect_error([&] { check_finite_raw(b.data(), t, n, "input"); },
+                         kvc::Errc::NonFinite);
+            ++checked;
+          }
+      }
+    }
+  }
+  set_simd_level(2);
+  CHECK(checked > 2 * 1600 * 4);
+}
+
 int main(int argc, char **argv) {
   const std::map<std::string, void (*)()> tests = {
       {"simd_matches_scalar", test_simd_matches_scalar},
@@ -432,6 +499,7 @@ int main(int argc, char **argv) {
       {"f16_direct", test_f16_direct_matches_scalar},
       {"codebook_simd", test_codebook_simd},
       {"f32_levels", test_f32_levels_match_scalar},
+      {"finite_raw_levels", test_finite_raw_levels},
   };
   return run_named_tests(argc, argv, tests);
 }

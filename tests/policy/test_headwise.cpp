@@ -93,6 +93,72 @@ KVTEST(headwise_matches_tokenwise) {
   }
 }
 
+// f16 rows into int8 per-token, int4 group-8 and asymmetric int4 group-16
+// pools (codec::quantize's direct path, from the group keys kvc_append
+// computes once for all heads as its NaN / Inf check): a head-wise pool
+// stores each head's rows with those heads' keys, the bytes a token-wise pool
+// reads back; a NaN in the last head's last value writes nothing, and the
+// message names it by the caller's [token][head][dim] (f16 and f32 rows).
+KVTEST(headwise_f16_matches_tokenwise) {
+  Geo g;
+  g.layers = 1, g.hq = 4, g.hkv = 4, g.hd = 16, g.bs = 4;
+  kvc_codec c[3];
+  for (kvc_codec &x : c) kvc_codec_init(&x);
+  c[0].dtype = KVC_DTYPE_INT8;
+  c[0].granularity = KVC_SCALE_PER_TOKEN;
+  c[1].dtype = c[2].dtype = KVC_DTYPE_INT4;
+  c[1].granularity = c[2].granularity = KVC_SCALE_PER_GROUP;
+  c[1].group_size = 8;
+  c[2].group_size = 16;
+  c[2].asymmetric = 1;
+  for (const kvc_codec &codec : c) {
+    kvc_pool *tw = make(g, false, &codec), *hw = make(g, true, &codec);
+    const uint64_t n = 11;
+    std::vector<float> kf(n * g.hkv * g.hd), vf(kf.size());
+    for (size_t i = 0; i < kf.size(); ++i) {  // each head's rows of another size
+      const float head = static_cast<float>(1 + (i / g.hd) % g.hkv * 7);
+      kf[i] = head * std::sin(0.37f * static_cast<float>(i));
+      vf[i] = head * std::cos(0.11f * static_cast<float>(i)) + 0.5f;
+    }
+    std::vector<uint16_t> k(kf.size()), v(kf.size());
+    CHECK_OK(kvc_convert(kf.data(), KVC_DTYPE_F32, k.data(), KVC_DTYPE_F16, k.size()));
+    CHECK_OK(kvc_convert(vf.data(), KVC_DTYPE_F32, v.data(), KVC_DTYPE_F16, v.size()));
+    for (kvc_pool *p : {tw, hw}) {
+      CHECK_OK(kvc_seq_create(p, 1));
+      CHECK_OK(kvc_seq_reserve(p, 1, n, nullptr));
+      CHECK_OK(kvc_append(p, 1, 0, 0, 7, k.data(), v.data(), KVC_DTYPE_F16));
+      const size_t off = 7 * g.hkv * g.hd;  // the rest in a second call
+      CHECK_OK(kvc_append(p, 1, 0, 7, n - 7, k.data() + off, v.data() + off, KVC_DTYPE_F16));
+    }
+    std::vector<float> k1(kf.size()), v1(kf.size()), k2(kf.size()), v2(kf.size());
+    CHECK_OK(kvc_gather(tw, 1, 0, 0, n, k1.data(), v1.data(), KVC_DTYPE_F32, nullptr));
+    CHECK_OK(kvc_gather(hw, 1, 0, 0, n, k2.data(), v2.data(), KVC_DTYPE_F32, nullptr));
+    CHECK(k1 == k2 && v1 == v2);
+    double err = 0;  // and they are the input's values, to the codec's step
+    for (size_t i = 0; i < kf.size(); ++i)
+      err = std::max(err, static_cast<double>(std::fabs(k1[i] - kf[i])) /
+                              (1 + (i / g.hd) % g.hkv * 7));
+    CHECK(err > 0 && err < (codec.dtype == KVC_DTYPE_INT8 ? 0.01 : 0.2));
+    std::vector<uint16_t> bad = v;
+    bad.back() = 0x7e00;  // NaN
+    std::vector<float> k3(kf.size()), v3(kf.size());
+    for (kvc_pool *p : {tw, hw}) {
+      CHECK(kvc_append(p, 1, 0, 0, n, k.data(), bad.data(), KVC_DTYPE_F16) ==
+            KVC_ERR_NON_FINITE);
+      CHECK(std::strstr(kvc_last_error_message(), "v[10][3][15] is NaN") != nullptr);
+      std::vector<float> badf = kf;  // f32 rows: the element named in the caller's order too
+      badf[((n - 1) * g.hkv + 2) * g.hd + 5] = -INFINITY;
+      CHECK(kvc_append(p, 1, 0, 0, n, badf.data(), vf.data(), KVC_DTYPE_F32) ==
+            KVC_ERR_NON_FINITE);
+      CHECK(std::strstr(kvc_last_error_message(), "k[10][2][5] is Inf") != nullptr);
+      CHECK_OK(kvc_gather(p, 1, 0, 0, n, k3.data(), v3.data(), KVC_DTYPE_F32, nullptr));
+      CHECK(k3 == k1 && v3 == v1);
+    }
+    kvc_pool_destroy(tw);
+    kvc_pool_destroy(hw);
+  }
+}
+
 // kvc_seq_keep_head keeps a different set in each head: each head frees its
 // own blocks (pool counters), other heads stay, and decode attention equals a
 // float64 softmax over each head's own kept tokens.
