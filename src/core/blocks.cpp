@@ -94,7 +94,7 @@ int32_t PoolCore::take_block(uint32_t c) {
     if (events_) events_->reclaimed(reclaimed);       // a cached block leaves the prefix index
     if (cfg_.flags & kFlagZeroOnFree) zero_block(b);  // no tenant's K/V lingers
   }
-  written_.clear(b, 0, cfg_.block_size);  // a new owner has written nothing yet
+  written_.clear_owned(b, 0, cfg_.block_size);  // a new owner has written nothing yet
   // device kernels and copies read whole blocks: none of an earlier owner's bytes
   store_->taken(b);
   return b;

@@ -259,7 +259,7 @@ void Pool::seq_reserve(uint64_t id, uint64_t n_new, int64_t *slot_mapping) {
         const uint32_t slot = static_cast<uint32_t>(idx % bs);
         const uint64_t run = std::min<uint64_t>(n_new - i, bs - slot);
         const int32_t b = l.blocks[idx / bs];
-        written_.clear(b, slot, run);
+        written_.clear_owned(b, slot, run);  // (exclusive lock)
         store_->reserved(b, slot, run);
         i += run;
       }

@@ -40,6 +40,20 @@ class SlotBits {
   }
   void set(int32_t b, uint32_t slot, uint64_t n) { apply(b, slot, n, true); }
   void clear(int32_t b, uint32_t slot, uint64_t n) { apply(b, slot, n, false); }
+  // clear() where no other thread can touch block b's bits meanwhile (the
+  // exclusive pool lock, or a block no sequence holds yet): a load and a
+  // store per word, no locked read-modify-write (each block's bits lie in
+  // words of its own, so other blocks' appends are not affected).
+  void clear_owned(int32_t b, uint32_t slot, uint64_t n) {
+    for (uint64_t i = 0; i < n;) {
+      const uint32_t s = static_cast<uint32_t>(slot + i), bit = s % 64;
+      const uint64_t take = std::min<uint64_t>(64 - bit, n - i);
+      const uint64_t mask = take == 64 ? ~uint64_t(0) : ((uint64_t(1) << take) - 1) << bit;
+      std::atomic<uint64_t> &w = word(b, s);
+      w.store(w.load(std::memory_order_relaxed) & ~mask, std::memory_order_relaxed);
+      i += take;
+    }
+  }
   void put(int32_t b, uint32_t slot, bool on) { apply(b, slot, 1, on); }
   void copy_block(int32_t dst, int32_t src) {
     for (uint64_t w = 0; w < words_; ++w)
