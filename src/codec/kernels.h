@@ -323,9 +323,10 @@ void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, ui
 // fp8 codes (e4m3 when e4m3, else e5m2) of m groups of g values (g a
 // multiple of 32) from f16 (half) or f32 rows, group k scaled by iv[k]:
 // quantize_avx2.cpp's encode_fp8_groups (the scalar encoder's codes, bit for
-// bit) 64 values a step.
+// bit) 64 values a step; ahead (elements, 0: none): each step prefetches the
+// lines of its values that far ahead (the next chunk of rows).
 void encode_fp8_groups_avx512(bool e4m3, bool half, const void *x, uint64_t m, uint64_t g,
-                              const float *iv, uint8_t *out);
+                              const float *iv, uint8_t *out, uint64_t ahead = 0);
 // The normalized Hadamard transform (hadamard_avx2.h's register path: the
 // same bits) of a row of d values (f16 when half, else f32) in blocks of
 // 64 or 128, into x [d] f32; norm = 1 / sqrt(block) as hadamard() rounds it.

@@ -349,13 +349,18 @@ __attribute__((target("avx2,fma,f16c"))) void quantize_fast(const Spec &s, const
           store_scale(zeros + (base + k) * sb, s.scale_dtype, ps[k].zero);
     }
     // Pass 2: encode. fp8 groups of whole 32-value vectors: the groups
-    // kernel (the inverse scales gathered where the extremes were).
+    // kernel (the inverse scales gathered where the extremes were); the
+    // 512-bit one, on rows read from the input, prefetches the next chunk's
+    // rows meanwhile (a chunk ahead: its pass 1 then finds them in the
+    // caches; fp8's encoding is long enough to hide that read, 1.02x ->
+    // 1.13-1.15x memcpy on [4096][1024] f32; int8 / int4 measured no faster).
+    const uint64_t ahead = stage || r0 + rows >= n ? 0 : rows * d;
     if (!integer && g % 32 == 0) {
       float *iv = lohi;
       for (uint64_t k = 0; k < rows * ng; ++k) iv[k] = fixed ? fixed_p.inv : ps[k].inv;
       if (use_avx512())  // 512-bit vectors (quantize_avx512.cpp: the same codes)
         encode_fp8_groups_avx512(s.dtype == DType::FP8_E4M3, false, rows_f32, rows * ng, g, iv,
-                                 codes + r0 * rb);
+                                 codes + r0 * rb, ahead);
       else if (s.dtype == DType::FP8_E4M3)
         encode_fp8_groups<3, 7, 0x7eu, false>(rows_f32, rows * ng, g, iv, codes + r0 * rb);
       else

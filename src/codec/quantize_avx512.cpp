@@ -347,12 +347,17 @@ KVC_AVX512 inline __m512i fp8_codes64(const __m512i *u) {
 
 // m groups of g values (g a multiple of 32), 64 a step across group
 // boundaries (each 32 values lie in one group); the last 32, if any, with
-// zeros after them (their codes are not stored).
+// zeros after them (their codes are not stored). ahead (elements, 0: none):
+// each step prefetches its own values' lines that far ahead.
 template <typename In, int kMant, int kBias, uint32_t kMaxCode>
-KVC_AVX512 void encode_fp8(const In *x, uint64_t m, uint64_t g, const float *iv, uint8_t *out) {
+KVC_AVX512 void encode_fp8(const In *x, uint64_t m, uint64_t g, const float *iv, uint8_t *out,
+                           uint64_t ahead) {
   const uint64_t total = m * g;
   uint64_t j = 0, k = 0, pos = 0;  // j's group and its offset in it
   for (; j + 64 <= total; j += 64) {
+    if (ahead)
+      for (int l = 0; l < 64 * int(sizeof(In)); l += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(x + j + ahead) + l, _MM_HINT_T0);
     const uint64_t k2 = pos + 32 == g ? k + 1 : k;
     const __m512 i1 = _mm512_set1_ps(iv[k]), i2 = _mm512_set1_ps(iv[k2]);
     const __m512i u[4] = {scaled16(x, j, i1), scaled16(x, j + 16, i1), scaled16(x, j + 32, i2),
@@ -370,11 +375,12 @@ KVC_AVX512 void encode_fp8(const In *x, uint64_t m, uint64_t g, const float *iv,
 }
 
 template <typename In>
-void encode_fp8_any(bool e4m3, const In *x, uint64_t m, uint64_t g, const float *iv, uint8_t *out) {
+void encode_fp8_any(bool e4m3, const In *x, uint64_t m, uint64_t g, const float *iv, uint8_t *out,
+                    uint64_t ahead) {
   if (e4m3)
-    encode_fp8<In, 3, 7, 0x7eu>(x, m, g, iv, out);
+    encode_fp8<In, 3, 7, 0x7eu>(x, m, g, iv, out, ahead);
   else
-    encode_fp8<In, 2, 15, 0x7bu>(x, m, g, iv, out);
+    encode_fp8<In, 2, 15, 0x7bu>(x, m, g, iv, out, ahead);
 }
 
 // --- Hadamard rotation (hadamard_avx2.h's register transform, 16 lanes) ---
@@ -671,11 +677,11 @@ void encode_groups_f32_avx512(int bits, int mode, const float *x, uint64_t m, ui
 }
 
 void encode_fp8_groups_avx512(bool e4m3, bool half, const void *x, uint64_t m, uint64_t g,
-                              const float *iv, uint8_t *out) {
+                              const float *iv, uint8_t *out, uint64_t ahead) {
   if (half)
-    encode_fp8_any(e4m3, static_cast<const uint16_t *>(x), m, g, iv, out);
+    encode_fp8_any(e4m3, static_cast<const uint16_t *>(x), m, g, iv, out, ahead);
   else
-    encode_fp8_any(e4m3, static_cast<const float *>(x), m, g, iv, out);
+    encode_fp8_any(e4m3, static_cast<const float *>(x), m, g, iv, out, ahead);
 }
 
 void rotate_row_avx512(const void *row, bool half, float *x, uint64_t d, uint32_t block,
