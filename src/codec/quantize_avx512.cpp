@@ -355,9 +355,11 @@ KVC_AVX512 void encode_fp8(const In *x, uint64_t m, uint64_t g, const float *iv,
   const uint64_t total = m * g;
   uint64_t j = 0, k = 0, pos = 0;  // j's group and its offset in it
   for (; j + 64 <= total; j += 64) {
-    if (ahead)
-      for (int l = 0; l < 64 * int(sizeof(In)); l += 64)
-        _mm_prefetch(reinterpret_cast<const char *>(x + j + ahead) + l, _MM_HINT_T0);
+    if (ahead)  // (an address past the input when the next chunk is shorter: a hint, no access)
+      for (uint64_t l = 0; l < 64 * sizeof(In); l += 64)
+        _mm_prefetch(reinterpret_cast<const char *>(reinterpret_cast<uintptr_t>(x) +
+                                                    (j + ahead) * sizeof(In) + l),
+                     _MM_HINT_T0);
     const uint64_t k2 = pos + 32 == g ? k + 1 : k;
     const __m512 i1 = _mm512_set1_ps(iv[k]), i2 = _mm512_set1_ps(iv[k2]);
     const __m512i u[4] = {scaled16(x, j, i1), scaled16(x, j + 16, i1), scaled16(x, j + 32, i2),

@@ -47,16 +47,27 @@ class ScratchBuffer {
     }
     return v_.data();
   }
+  // A held buffer is in use across calls that may return through the C API
+  // meanwhile (core::InputScratch): trim_thread_scratch() leaves it (and
+  // keeps the thread's flag set, so the call that holds it releases it).
+  void hold(bool on) { held_ = on; }
+  bool held() const { return held_; }
 
  private:
   static void trim_fn(void *self, size_t keep) {
-    auto &v = static_cast<ScratchBuffer *>(self)->v_;
-    if (v.capacity() * sizeof(T) > keep) std::vector<T>().swap(v);
+    auto *b = static_cast<ScratchBuffer *>(self);
+    if (b->v_.capacity() * sizeof(T) <= keep) return;
+    if (b->held_) {
+      t_scratch_large = true;
+      return;
+    }
+    std::vector<T>().swap(b->v_);
   }
   static size_t bytes_fn(const void *self) {
     return static_cast<const ScratchBuffer *>(self)->v_.capacity() * sizeof(T);
   }
   std::vector<T> v_;
+  bool held_ = false;
 };
 
 }  // namespace kvc

@@ -22,6 +22,54 @@ float *scratch_input(uint64_t n) {
   return t_scratch_input.get(n);
 }
 
+namespace {
+// (A plain flag: an append that uses no scratch touches no buffer, so
+// registers none with its thread.)
+thread_local bool t_append_busy = false;
+thread_local ScratchBuffer<float> t_append_f32;
+thread_local ScratchBuffer<uint16_t> t_append_keys[2];
+}  // namespace
+
+struct InputScratch::Own {
+  std::vector<float> f;
+  std::vector<uint16_t> keys[2];
+};
+
+InputScratch::InputScratch() {
+  if (t_append_busy)
+    own_ = std::make_unique<Own>();
+  else
+    t_append_busy = true;
+}
+
+InputScratch::~InputScratch() {
+  if (own_) return;
+  t_append_busy = false;
+  if (held_[0]) t_append_f32.hold(false);
+  if (held_[1]) t_append_keys[0].hold(false);
+  if (held_[2]) t_append_keys[1].hold(false);
+}
+
+float *InputScratch::floats(uint64_t n) {
+  if (!own_) {
+    held_[0] = true;
+    t_append_f32.hold(true);
+    return t_append_f32.get(n);
+  }
+  if (own_->f.size() < n) own_->f.resize(static_cast<size_t>(n));
+  return own_->f.data();
+}
+
+uint16_t *InputScratch::keys(int kv, uint64_t n) {
+  if (!own_) {
+    held_[1 + kv] = true;
+    t_append_keys[kv].hold(true);
+    return t_append_keys[kv].get(n);
+  }
+  if (own_->keys[kv].size() < n) own_->keys[kv].resize(static_cast<size_t>(n));
+  return own_->keys[kv].data();
+}
+
 PoolCore::PoolCore(const PoolConfig &validated)
     : cfg_(validated),
       fmt_(cfg_),

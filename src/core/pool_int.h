@@ -134,6 +134,29 @@ constexpr uint64_t kMaxLength = 0x7fffffffu;
 float *scratch_f32(uint64_t n);
 float *scratch_input(uint64_t n);
 
+// The scratch an append holds from its store's prepare() to its last write
+// (the input converted to f32 rows, f16 rows' group keys): the thread's own
+// buffers where they are free. A call made on the same thread meanwhile (a
+// prefix-cache callback that appends to another pool from a block reclaimed
+// by the append's copy-on-write) finds them held and works in buffers of its
+// own, and the release of large buffers as C API calls return leaves held
+// ones alone. (blocks.cpp)
+class InputScratch {
+ public:
+  InputScratch();
+  ~InputScratch();
+  InputScratch(const InputScratch &) = delete;
+  InputScratch &operator=(const InputScratch &) = delete;
+  float *floats(uint64_t n);           // at least n (contents not kept when grown)
+  uint16_t *keys(int kv, uint64_t n);  // kv 0 (K) or 1 (V)
+  bool nested() const { return own_ != nullptr; }
+
+ private:
+  struct Own;
+  std::unique_ptr<Own> own_;              // null: the thread's buffers
+  bool held_[3] = {false, false, false};  // the thread's f32 and K / V keys buffers in use
+};
+
 // One pool's state: the configuration, the block format, the store of the
 // block bytes, the main arena's allocator and written-slot bits, the residual
 // staging, the sequences and the lock. Pool (core/pool.h) is its public face;

@@ -26,6 +26,7 @@ namespace kvc::core {
 
 struct LayerTable;
 struct PoolCore;
+class InputScratch;  // (pool_int.h)
 
 class BlockStore {
  public:
@@ -74,7 +75,9 @@ class BlockStore {
     codec::F16Keys keys[2];
     uint64_t keys_per_token[2] = {0, 0};
   };
-  virtual Input prepare(uint64_t n, const void *k, const void *v, DType src) const = 0;
+  // (scratch: the append's, which holds what Input points to until its last write)
+  virtual Input prepare(uint64_t n, const void *k, const void *v, DType src,
+                        InputScratch &scratch) const = 0;
   // Writes tokens [idx0, idx0 + n) of a layer (blocks private to the caller,
   // codec or residual). Does not mark them written (the caller does).
   virtual void write(uint32_t layer, const LayerTable &l, uint64_t idx0, const Input &in) = 0;

@@ -223,7 +223,8 @@ class CpuStore final : public BlockStore {
   }
   uint64_t sync() override { return 0; }
 
-  Input prepare(uint64_t n, const void *k, const void *v, DType src) const override {
+  Input prepare(uint64_t n, const void *k, const void *v, DType src,
+                InputScratch &scratch) const override {
     Input in;
     in.k = k;
     in.v = v;
@@ -239,7 +240,7 @@ class CpuStore final : public BlockStore {
     // the RoPE positions of the layer's indices they land on, into kpre.
     float *kpre = nullptr;
     if (c_.fmt_.quantized(0) || c_.fmt_.quantized(1)) {
-      float *buf = scratch_input((ktrans ? 3 : 2) * n * row);
+      float *buf = scratch.floats((ktrans ? 3 : 2) * n * row);
       for (int kv = 0; kv < 2; ++kv) {
         if (!c_.fmt_.quantized(kv)) continue;
         const void *in_kv = kv == 0 ? k : v;
@@ -248,7 +249,7 @@ class CpuStore final : public BlockStore {
         // quantized (and rotated) straight from the input by write_part (no
         // f32 copy)
         if (src == DType::F16 && quantize_direct(kv, ktrans)) {
-          if (!direct_keys(kv, static_cast<const uint16_t *>(in_kv), n, in))
+          if (!direct_keys(kv, static_cast<const uint16_t *>(in_kv), n, in, scratch))
             codec::check_finite_raw(in_kv, src, n * row, name, row, c_.cfg_.head_dim);
           continue;
         }
@@ -314,7 +315,7 @@ class CpuStore final : public BlockStore {
   // quantize() then does not repeat) into in.keys[kv], where every format
   // class groups the part's values alike; true when they were computed and
   // every value is finite (false: check_finite_raw reports the element).
-  bool direct_keys(int kv, const uint16_t *x, uint64_t n, Input &in) const {
+  bool direct_keys(int kv, const uint16_t *x, uint64_t n, Input &in, InputScratch &scratch) const {
     const uint64_t hd = c_.cfg_.head_dim, row = c_.cfg_.num_kv_heads * hd;
     codec::Spec s = c_.fmt_.cls[0].part[kv].spec;
     s.rotation_block =
@@ -328,9 +329,8 @@ class CpuStore final : public BlockStore {
     const bool token = s.gran == codec::Gran::Token;
     const uint64_t rows = token ? n * c_.cfg_.num_kv_heads : n, d = token ? hd : row;
     if (!codec::f16_keys_apply(s, d)) return false;
-    thread_local ScratchBuffer<uint16_t> buf[2];
     const uint64_t count = codec::f16_keys_count(s, rows, d);
-    uint16_t *lo = buf[kv].get(2 * count), *hi = lo + count;
+    uint16_t *lo = scratch.keys(kv, 2 * count), *hi = lo + count;
     if (!codec::f16_keys(s, x, rows, d, lo, hi)) return false;
     in.keys[kv] = {s.asym || s.full_range ? lo : nullptr, hi};
     in.keys_per_token[kv] = n ? (count - 4) / n : 0;

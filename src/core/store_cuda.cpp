@@ -89,7 +89,8 @@ class CudaStore final : public BlockStore {
   uint64_t sync() override { return dev_->sync(); }
 
   // The device checks, rotates and encodes (cuda/kernels).
-  Input prepare(uint64_t n, const void *k, const void *v, DType src) const override {
+  Input prepare(uint64_t n, const void *k, const void *v, DType src,
+                InputScratch &) const override {
     Input in;
     in.k = k;
     in.v = v;

@@ -96,7 +96,8 @@ void Pool::append(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, const v
   const uint64_t row = static_cast<uint64_t>(cfg_.num_kv_heads) * cfg_.head_dim;
   if ((fmt_.quantized(0) || fmt_.quantized(1)) && n > (uint64_t(1) << 40) / (row ? row : 1))
     fail(Errc::Overflow, "n_tokens " + u64s(n) + " x row of " + u64s(row) + " values is too large");
-  const BlockStore::Input in = store_->prepare(n, k, v, src);
+  InputScratch scratch;  // what `in` points to, held until the last write below
+  const BlockStore::Input in = store_->prepare(n, k, v, src, scratch);
   // (Under the pool lock: the key smoothing prepare() used is still the pool's.)
   auto same_smoothing = [&] {
     if (in.smooth != fmt_.smooth)
@@ -208,9 +209,10 @@ void Pool::append_heads(uint64_t id, uint32_t layer, uint64_t pos, uint64_t n, c
       std::memcpy(khm + (h * n + i) * rb, static_cast<const uint8_t *>(k) + (i * H + h) * rb, rb);
       std::memcpy(vhm + (h * n + i) * rb, static_cast<const uint8_t *>(v) + (i * H + h) * rb, rb);
     }
+  InputScratch scratch;  // what `all` points to, held until the last write below
   const BlockStore::Input all = [&] {
     const codec::HeadMajorNames names(n, H);  // messages name k[t][h][d] of the caller's rows
-    return store_->prepare(n * H, khm, vhm, src);
+    return store_->prepare(n * H, khm, vhm, src, scratch);
   }();
   std::vector<BlockStore::Input> in(H, all);
   for (uint32_t h = 0; h < H; ++h) {

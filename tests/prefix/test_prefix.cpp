@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -16,6 +17,7 @@
 
 #include "../whitebox.h"
 #include "api/internal.h"
+#include "common/scratch.h"
 #include "core/prefix_cache.h"
 #include "prefix/prefix.h"
 
@@ -433,6 +435,116 @@ KVTEST(reclaim_lru_chains_and_events) {
   CHECK(consistent(p));
   CHECK_OK(kvc_prefix_set_callback(p, nullptr, nullptr));
   kvc_pool_destroy(p);
+}
+
+// A prefix callback may call into other pools. One that appends to another
+// pool while this pool's append is between its preparation and its writes
+// (the append's copy-on-write reclaims a cached block: a REMOVED event) gets
+// scratch buffers of its own: the first append stores its own rows (f16 rows
+// through the group keys its preparation computed, bf16 and f32 rows through
+// their f32 copies; with one scratch per thread the callback's rows
+// overwrote them, or its growth or its return's release of large buffers
+// freed them: ASan).
+namespace {
+struct NestedAppend {
+  kvc_pool *other = nullptr;
+  kvc_dtype src = KVC_DTYPE_F16;
+  std::vector<uint16_t> rows16;  // 512 tokens x 32 (f16 or bf16)
+  std::vector<float> rows32;
+  int fired = 0;
+  kvc_status status = KVC_OK;
+};
+void append_to_other(void *user, const kvc_prefix_event *e) {
+  auto *n = static_cast<NestedAppend *>(user);
+  if (e->kind != KVC_PREFIX_REMOVED || n->fired++) return;
+  const void *r = n->src == KVC_DTYPE_F32 ? static_cast<const void *>(n->rows32.data())
+                                          : static_cast<const void *>(n->rows16.data());
+  kvc::t_scratch_large = true;  // as if this call grew a large buffer: its return releases them
+  n->status = kvc_append(n->other, 1, 0, 0, 512, r, r, n->src);
+}
+}  // namespace
+
+KVTEST(callback_appends_to_another_pool) {
+  constexpr uint32_t kHd = 32;
+  kvc_codec c;
+  kvc_codec_init(&c);
+  c.dtype = KVC_DTYPE_INT8;
+  c.granularity = KVC_SCALE_PER_TOKEN;
+  auto pool = [&](uint64_t blocks) {
+    kvc_pool_config cfg;
+    kvc_pool_config_init(&cfg);
+    cfg.num_layers = 1;
+    cfg.num_kv_heads = cfg.num_q_heads = 1;
+    cfg.head_dim = kHd;
+    cfg.block_size = 4;
+    cfg.num_blocks = blocks;
+    cfg.k_codec = cfg.v_codec = &c;
+    kvc_pool *p = nullptr;
+    CHECK_OK(kvc_pool_create(&cfg, &p));
+    return p;
+  };
+  for (kvc_dtype src : {KVC_DTYPE_F16, KVC_DTYPE_BF16, KVC_DTYPE_F32}) {
+    kvc_pool *a = pool(4), *b = pool(256);
+    NestedAppend n;
+    n.other = b;
+    n.src = src;
+    std::vector<float> big(512 * kHd);
+    for (size_t i = 0; i < big.size(); ++i) big[i] = 100.0f + static_cast<float>(i % 7);
+    n.rows32 = big;
+    n.rows16.resize(big.size());
+    if (src != KVC_DTYPE_F32)
+      CHECK_OK(kvc_convert(big.data(), KVC_DTYPE_F32, n.rows16.data(), src, big.size()));
+    CHECK_OK(kvc_seq_create(b, 1));
+    CHECK_OK(kvc_seq_reserve(b, 1, 512, nullptr));
+    {  // the thread's scratch grown to the callback's size first: reused, not reallocated
+      const void *r = src == KVC_DTYPE_F32 ? static_cast<const void *>(n.rows32.data())
+                                           : static_cast<const void *>(n.rows16.data());
+      CHECK_OK(kvc_append(b, 1, 0, 0, 512, r, r, src));
+    }
+    std::vector<float> f(12 * kHd);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = static_cast<float>(static_cast<int>(i % 29) - 14) / 16;
+    std::vector<uint16_t> r16(f.size());
+    if (src != KVC_DTYPE_F32) CHECK_OK(kvc_convert(f.data(), KVC_DTYPE_F32, r16.data(), src, f.size()));
+    const void *rows = src == KVC_DTYPE_F32 ? static_cast<const void *>(f.data())
+                                            : static_cast<const void *>(r16.data());
+    kvc_prefix_config pc;
+    kvc_prefix_config_init(&pc);
+    CHECK_OK(kvc_pool_enable_prefix_cache(a, &pc));
+    CHECK_OK(kvc_prefix_set_callback(a, append_to_other, &n));
+    // A cached block (sequence 9's, freed), then the pool's other 3 blocks
+    // held by sequences 2 and 3 (a fork).
+    const int32_t toks[4] = {1, 2, 3, 4};
+    uint64_t reg = 0;
+    CHECK_OK(kvc_seq_create(a, 9));
+    CHECK_OK(kvc_seq_reserve(a, 9, 4, nullptr));
+    CHECK_OK(kvc_append(a, 9, 0, 0, 4, rows, rows, src));
+    CHECK_OK(kvc_prefix_insert(a, 9, toks, 4, nullptr, 0, &reg));
+    CHECK(reg == 1);
+    CHECK_OK(kvc_seq_free(a, 9));
+    CHECK_OK(kvc_seq_create(a, 2));
+    CHECK_OK(kvc_seq_reserve(a, 2, 12, nullptr));
+    CHECK_OK(kvc_append(a, 2, 0, 0, 12, rows, rows, src));
+    CHECK_OK(kvc_seq_fork(a, 2, 3));
+    std::vector<float> before(12 * kHd), after(12 * kHd);
+    CHECK_OK(kvc_gather(a, 2, 0, 0, 12, before.data(), nullptr, KVC_DTYPE_F32, nullptr));
+    // The same rows again at positions 0..3: copy-on-write takes the cached
+    // block. (Every scratch buffer counted large: the callback's return
+    // through the C API releases the thread's buffers but the held ones.)
+    const size_t keep = kvc::scratch_keep_bytes();
+    kvc::set_scratch_keep_bytes(0);
+    CHECK_OK(kvc_append(a, 2, 0, 0, 4, rows, rows, src));
+    kvc::set_scratch_keep_bytes(keep);
+    CHECK(n.fired == 1 && n.status == KVC_OK);
+    CHECK_OK(kvc_gather(a, 2, 0, 0, 12, after.data(), nullptr, KVC_DTYPE_F32, nullptr));
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)) == 0);
+    std::vector<float> got(512 * kHd);  // and the callback's append stored its rows
+    CHECK_OK(kvc_gather(b, 1, 0, 0, 512, got.data(), nullptr, KVC_DTYPE_F32, nullptr));
+    double err = 0;
+    for (size_t i = 0; i < got.size(); ++i) err = std::max(err, double(std::fabs(got[i] - big[i])));
+    CHECK(err < 0.5);  // int8 of values near 100: a step of 106 / 127
+    kvc_pool_destroy(a);
+    kvc_pool_destroy(b);
+  }
 }
 
 // A registered block leaves the index before its content changes in place:
