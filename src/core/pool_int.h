@@ -149,7 +149,6 @@ class InputScratch {
   InputScratch &operator=(const InputScratch &) = delete;
   float *floats(uint64_t n);           // at least n (contents not kept when grown)
   uint16_t *keys(int kv, uint64_t n);  // kv 0 (K) or 1 (V)
-  bool nested() const { return own_ != nullptr; }
 
  private:
   struct Own;
