@@ -317,9 +317,9 @@ class CpuStore final : public BlockStore {
   // every value is finite (false: check_finite_raw reports the element).
   bool direct_keys(int kv, const uint16_t *x, uint64_t n, Input &in, InputScratch &scratch) const {
     const uint64_t hd = c_.cfg_.head_dim, row = c_.cfg_.num_kv_heads * hd;
+    // (the keys are those of the unrotated values; rotated parts ignore them)
     codec::Spec s = c_.fmt_.cls[0].part[kv].spec;
-    s.rotation_block =
-        0;  // (the keys are those of the unrotated values; rotated parts ignore them)
+    s.rotation_block = 0;
     const auto grouping = [](const codec::Spec &p) {
       return std::make_tuple(p.gran, p.gran == codec::Gran::Group ? p.group : 0,
                              p.asym || p.full_range);
