@@ -38,7 +38,7 @@ namespace kvc::codec {
 
 namespace {
 
-#define KVC_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+#define KVC_AVX512 __attribute__((target("avx2,fma,f16c,bmi2,avx512f,avx512bw,avx512vl")))
 
 // Largest and smallest u16 of 32 lanes.
 KVC_AVX512 inline uint16_t hmax_epu16_512(__m512i v) {
@@ -91,6 +91,14 @@ KVC_AVX512 inline void group_extremes(const uint16_t *h, uint64_t g, __m512i *lo
     const __m512i abs_mask = _mm512_set1_epi16(0x7fff);
     if (g == 32) {  // one vector (int4 and lower-bit codecs' usual group)
       *hi_out = _mm512_and_si512(_mm512_loadu_si512(h), abs_mask);
+      return;
+    }
+    if (g == 128) {  // per-token rows of the usual head_dim: straight-line
+      const __m512i a = _mm512_max_epu16(_mm512_and_si512(_mm512_loadu_si512(h), abs_mask),
+                                         _mm512_and_si512(_mm512_loadu_si512(h + 32), abs_mask));
+      const __m512i b = _mm512_max_epu16(_mm512_and_si512(_mm512_loadu_si512(h + 64), abs_mask),
+                                         _mm512_and_si512(_mm512_loadu_si512(h + 96), abs_mask));
+      *hi_out = _mm512_max_epu16(a, b);
       return;
     }
     __m512i m0 = _mm512_setzero_si512(), m1 = m0;
@@ -213,19 +221,22 @@ KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *
   // q_t lane L's 4 values sit in dword 4 L + t after the packs.
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   const uint64_t total = m * g;
-  uint64_t j = 0, k = 0, pos = 0;  // j's group and its offset in it (g >= 32)
-  for (; j + 64 <= total; j += 64) {
-    // Values j .. j + 31 lie in group k, j + 32 .. j + 63 in group k2.
-    const uint64_t k2 = pos + 32 == g ? k + 1 : k;
+  // 64 values from x + j: j .. j + 31 in group ka, j + 32 .. j + 63 in kb.
+  const auto step = [&](uint64_t j, uint64_t ka, uint64_t kb) KVC_AVX512 {
     __m512i q[4];
-    q[0] = quant16<In, Mode, Clamp>(x + j, iv + k * ps, zp + k * ps, lo, hi);
-    q[1] = quant16<In, Mode, Clamp>(x + j + 16, iv + k * ps, zp + k * ps, lo, hi);
-    q[2] = quant16<In, Mode, Clamp>(x + j + 32, iv + k2 * ps, zp + k2 * ps, lo, hi);
-    q[3] = quant16<In, Mode, Clamp>(x + j + 48, iv + k2 * ps, zp + k2 * ps, lo, hi);
-    for (pos += 64; pos >= g; pos -= g) ++k;
+    q[0] = quant16<In, Mode, Clamp>(x + j, iv + ka * ps, zp + ka * ps, lo, hi);
+    q[1] = quant16<In, Mode, Clamp>(x + j + 16, iv + ka * ps, zp + ka * ps, lo, hi);
+    q[2] = quant16<In, Mode, Clamp>(x + j + 32, iv + kb * ps, zp + kb * ps, lo, hi);
+    q[3] = quant16<In, Mode, Clamp>(x + j + 48, iv + kb * ps, zp + kb * ps, lo, hi);
     const __m512i a = _mm512_packs_epi32(q[0], q[1]), b = _mm512_packs_epi32(q[2], q[3]);
-    const __m512i c = _mm512_permutexvar_epi32(
-        order, Wide ? _mm512_packus_epi16(a, b) : _mm512_add_epi8(_mm512_packs_epi16(a, b), off8));
+    __m512i c;
+    if constexpr (Wide)
+      c = _mm512_packus_epi16(a, b);
+    else if constexpr (Bits == 8)  // int_format: signed int8 codes have no offset
+      c = _mm512_packs_epi16(a, b);
+    else
+      c = _mm512_add_epi8(_mm512_packs_epi16(a, b), off8);
+    c = _mm512_permutexvar_epi32(order, c);
     if constexpr (Bits == 8) {
       if constexpr (Stream)
         _mm512_stream_si512(reinterpret_cast<__m512i *>(out + j), c);
@@ -234,6 +245,17 @@ KVC_AVX512 void encode_groups(const In *x, uint64_t m, uint64_t g, const float *
     } else {  // c0 + 16 c1 per 16-bit lane, truncated to bytes in order
       const __m512i w16 = _mm512_maddubs_epi16(c, _mm512_set1_epi16(0x1001));
       _mm256_storeu_si256(reinterpret_cast<__m256i *>(out + j / 2), _mm512_cvtepi16_epi8(w16));
+    }
+  };
+  uint64_t j = 0, k = 0;
+  if ((g & (g - 1)) == 0) {  // g a power of two (the usual 32 .. head_dim): k = j / g, shifted
+    const int sh = __builtin_ctzll(g);
+    for (; j + 64 <= total; j += 64) step(j, j >> sh, (j + 32) >> sh);
+    k = j >> sh;
+  } else {
+    for (uint64_t pos = 0; j + 64 <= total; j += 64) {
+      step(j, k, pos + 32 == g ? k + 1 : k);
+      for (pos += 64; pos >= g; pos -= g) ++k;
     }
   }
   if (j < total) {  // the last 32 values (in group k), 256 bits wide
