@@ -84,6 +84,7 @@ PoolCore::PoolCore(const PoolConfig &validated)
       stage_(*this, cfg_) {
   store_ = cfg_.device == Device::CUDA ? make_cuda_store(*this) : make_cpu_store(*this);
   arena_ = store_->arena();
+  spare_seqs_.reserve(kSpareSequences);  // (retire_sequence never allocates)
 }
 
 PoolCore::~PoolCore() = default;

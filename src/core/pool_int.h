@@ -92,6 +92,12 @@ struct Sequence {
     WriteLock &operator=(const WriteLock &) { return *this; }
   } writers;
   std::shared_ptr<const PolicySpec> policy;  // null: the pool's default
+
+  // Back to a new sequence's state (every field as a new Sequence's; the
+  // layers' block tables emptied, their capacity kept up to kKeptEntries
+  // each), for PoolCore::retire_sequence.
+  static constexpr size_t kKeptEntries = 64;
+  void reset_for_reuse();
 };
 
 // The prefix cache's hooks on the life of a block (core/prefix_cache.h;
@@ -175,6 +181,11 @@ struct PoolCore {
   std::unique_ptr<BlockStore> store_;
   uint8_t *arena_ = nullptr;  // store_->arena(), for kvc_pool_get_layout (core reads no block byte)
   SeqMap<Sequence> seqs_;
+  // Freed sequences that seq_create reuses (their layer tables and small
+  // block tables: a short request's create / reserve / free allocates
+  // nothing). At most kSpareSequences; under the exclusive lock.
+  static constexpr size_t kSpareSequences = 8;
+  std::vector<std::unique_ptr<Sequence>> spare_seqs_;
   uint64_t peak_bytes_ = 0;
   uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers
   std::shared_ptr<const PolicySpec> default_policy_;
@@ -183,6 +194,11 @@ struct PoolCore {
   mutable std::mutex scores_mu_;  // recorded attention scores (written under the shared lock)
 
   // ---- sequences ----
+  // A new sequence with one table per layer (a spare when there is one).
+  // May throw bad_alloc.
+  std::unique_ptr<Sequence> new_sequence();
+  // A freed sequence (its blocks released): kept as a spare or deleted.
+  void retire_sequence(std::unique_ptr<Sequence> s) noexcept;
   Sequence &find(uint64_t id);
   const Sequence &find(uint64_t id) const;
   void check_layer(uint32_t layer) const;  // a table index (a layer of a token-wise pool)
@@ -219,14 +235,18 @@ struct PoolCore {
   uint64_t bytes_in_use() const;
   // Blocks an operation needs, per format class (one class unless the pool
   // has per-layer codecs): counted with add(table, n), checked with fits().
+  // (Only the pool's classes are set and read: a reserve makes two of these,
+  // and zeroing all kMaxFormats counts cost it more than its atomics.)
   struct Need {
-    uint64_t n[kMaxFormats] = {};
-    explicit Need(const PoolCore &c) : c_(&c) {}
+    uint64_t n[kMaxFormats];
+    explicit Need(const PoolCore &c) : c_(&c) {
+      for (uint32_t k = 0; k < c.alloc_.num_classes(); ++k) n[k] = 0;
+    }
     void add(uint32_t layer, uint64_t k) { n[c_->fmt_.class_of_layer(layer)] += k; }
     void add_block(int32_t b, uint64_t k) { n[c_->alloc_.class_of(b)] += k; }
     uint64_t total() const {
       uint64_t t = 0;
-      for (uint64_t v : n) t += v;
+      for (uint32_t k = 0; k < c_->alloc_.num_classes(); ++k) t += n[k];
       return t;
     }
     const PoolCore *c_;

@@ -41,14 +41,17 @@ class SeqMap {
   uint64_t new_stamp() { return ++stamps_; }
 
   // Removes a key; returns false when absent.
-  bool erase(uint64_t key) {
+  bool erase(uint64_t key) { return take(key) != nullptr; }
+
+  // Removes a key and hands its value back (null when absent).
+  std::unique_ptr<V> take(uint64_t key) {
     const size_t mask = slots_.size() - 1;
     size_t i = hash(key) & mask;
     for (;; i = (i + 1) & mask) {
-      if (!slots_[i].value) return false;
+      if (!slots_[i].value) return nullptr;
       if (slots_[i].key == key) break;
     }
-    slots_[i].value.reset();
+    std::unique_ptr<V> gone = std::move(slots_[i].value);
     // Backward-shift the following cluster so lookups never stop early.
     for (size_t j = (i + 1) & mask; slots_[j].value; j = (j + 1) & mask) {
       const size_t home = hash(slots_[j].key) & mask;
@@ -59,7 +62,7 @@ class SeqMap {
       }
     }
     --size_;
-    return true;
+    return gone;
   }
 
   template <typename F>

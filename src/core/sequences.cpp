@@ -12,12 +12,41 @@
 
 namespace kvc::core {
 
+void Sequence::reset_for_reuse() {
+  std::vector<LayerTable> tables = std::move(layers);
+  for (LayerTable &l : tables) {
+    std::vector<int32_t> b = std::move(l.blocks), r = std::move(l.res_blocks);
+    l = LayerTable{};
+    b.clear();
+    r.clear();
+    if (b.capacity() <= kKeptEntries) l.blocks = std::move(b);
+    if (r.capacity() <= kKeptEntries) l.res_blocks = std::move(r);
+  }
+  *this = Sequence{};
+  layers = std::move(tables);
+}
+
+std::unique_ptr<Sequence> PoolCore::new_sequence() {
+  if (!spare_seqs_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(spare_seqs_.back());
+    spare_seqs_.pop_back();
+    return s;
+  }
+  auto s = std::make_unique<Sequence>();
+  s->layers.resize(cfg_.num_layers);
+  return s;
+}
+
+void PoolCore::retire_sequence(std::unique_ptr<Sequence> s) noexcept {
+  if (!s || spare_seqs_.size() >= kSpareSequences) return;
+  s->reset_for_reuse();
+  spare_seqs_.push_back(std::move(s));  // (capacity reserved: no allocation)
+}
+
 void Pool::seq_create(uint64_t id) {
   std::unique_lock lk(mu_);
   if (seqs_.find(id)) fail(Errc::SeqExists, "sequence " + u64s(id) + " already exists");
-  auto s = std::make_unique<Sequence>();
-  s->layers.resize(cfg_.num_layers);
-  seqs_.insert(id, std::move(s));
+  seqs_.insert(id, new_sequence());  // (may throw: nothing changed; a spare taken is deleted)
 }
 
 void Pool::seq_fork(uint64_t parent, uint64_t child) {
@@ -152,7 +181,7 @@ void Pool::seq_free(uint64_t id) {
   for (size_t i = most; i-- > 0;)
     for (const LayerTable &l : s->layers)
       if (i < l.blocks.size()) release_block(l.blocks[i]);
-  seqs_.erase(id);
+  retire_sequence(seqs_.take(id));
 }
 
 uint64_t Pool::seq_length(uint64_t id) const {

@@ -343,6 +343,71 @@ static void expect_tokens(kvc_pool *p, uint64_t seq, uint32_t tag, uint32_t l, u
   free(pos);
 }
 
+/* A new sequence made after others were freed (the pool reuses freed
+ * sequences' tables: core/sequences.cpp's spares) starts empty: no tokens,
+ * blocks or recorded scores, and holds what is written to it. More freed
+ * sequences than the pool keeps, and one whose block table outgrew what a
+ * spare keeps. */
+static void test_freed_sequences_start_new(void **state) {
+  (void)state;
+  const uint32_t L = 3, H = 2, D = 8, bs = 16, row = H * D;
+  kvc_pool *p = make_pool(L, H, D, bs, 96);
+  float scores[64 * 2];
+  for (int round = 0; round < 3; ++round) {
+    const uint64_t base = 100 * (uint64_t)round;
+    uint64_t used = 0;
+    for (uint64_t i = 1; i <= 12; ++i) {
+      const uint64_t id = base + i, n = (i * 5 + (uint64_t)round * 3) % 37 + 1;
+      ASSERT_OK(kvc_seq_create(p, id));
+      uint64_t len = 99, nt = 99;
+      ASSERT_OK(kvc_seq_length(p, id, &len));
+      assert_int_equal(len, 0);
+      for (uint32_t l = 0; l < L; ++l) {
+        size_t nb = 99;
+        ASSERT_OK(kvc_seq_layer_tokens(p, id, l, &nt));
+        assert_int_equal(nt, 0);
+        ASSERT_OK(kvc_seq_block_table(p, id, l, NULL, 0, &nb));
+        assert_int_equal(nb, 0);
+      }
+      write_tokens(p, id, (uint32_t)id, n, L, row);
+      /* nothing recorded yet: zeros (a reused sequence's old scores would show) */
+      for (uint64_t t = 0; t < n * H; ++t) scores[t] = -1.0f;
+      ASSERT_OK(kvc_seq_scores(p, id, 0, scores, n));
+      for (uint64_t t = 0; t < n * H; ++t) assert_float_equal(scores[t], 0.0f, 0.0f);
+      for (uint64_t t = 0; t < n * H; ++t) scores[t] = (float)(t + 1 + id);
+      ASSERT_OK(kvc_seq_observe_scores(p, id, 0, scores, n, 0));
+      used += L * ((n + bs - 1) / bs);
+    }
+    kvc_stats s = get_stats(p);
+    assert_int_equal(s.num_sequences, 12);
+    assert_int_equal(s.blocks_used, used);
+    for (uint64_t i = 1; i <= 12; ++i) {
+      const uint64_t id = base + i, n = (i * 5 + (uint64_t)round * 3) % 37 + 1;
+      for (uint32_t l = 0; l < L; ++l) expect_tokens(p, id, (uint32_t)id, l, 0, n, row);
+      ASSERT_OK(kvc_seq_free(p, id));
+    }
+    s = get_stats(p);
+    assert_int_equal(s.num_sequences, 0);
+    assert_int_equal(s.blocks_used, 0);
+  }
+  kvc_pool_destroy(p);
+
+  /* A block table longer than a spare keeps (core: 64 entries). */
+  p = make_pool(1, 1, 4, 4, 300);
+  ASSERT_OK(kvc_seq_create(p, 1));
+  write_tokens(p, 1, 1, 4 * 200, 1, 4);
+  ASSERT_OK(kvc_seq_free(p, 1));
+  ASSERT_OK(kvc_seq_create(p, 2));
+  size_t nb = 99;
+  ASSERT_OK(kvc_seq_block_table(p, 2, 0, NULL, 0, &nb));
+  assert_int_equal(nb, 0);
+  write_tokens(p, 2, 2, 3, 1, 4);
+  expect_tokens(p, 2, 2, 0, 0, 3, 4);
+  ASSERT_OK(kvc_seq_block_table(p, 2, 0, NULL, 0, &nb));
+  assert_int_equal(nb, 1);
+  kvc_pool_destroy(p);
+}
+
 static void test_roundtrip_lengths(void **state) {
   (void)state;
   const uint32_t bs = 16, L = 3, H = 2, D = 8, row = H * D;
@@ -935,6 +1000,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_struct_size_newer_header),
       cmocka_unit_test(test_sequence_lifecycle_errors),
       cmocka_unit_test(test_roundtrip_lengths),
+      cmocka_unit_test(test_freed_sequences_start_new),
       cmocka_unit_test(test_storage_dtypes_and_layouts),
       cmocka_unit_test(test_slot_mapping),
       cmocka_unit_test(test_append_errors_change_nothing),

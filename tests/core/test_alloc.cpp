@@ -1,5 +1,6 @@
 // core_append_no_heap_allocation: kvc_append (and kvc_gather) make no heap
-// allocation per call. The test replaces the global allocation functions of
+// allocation per call, nor does a sequence's create / reserve / free once
+// one sequence was freed. The test replaces the global allocation functions of
 // the process with counting ones (operator new/delete and malloc through
 // glibc's __libc_malloc), links the static library, and counts calls made
 // during appends of every storage dtype and layout.
@@ -96,6 +97,36 @@ int main() {
         }
         kvc_pool_destroy(p);
       }
+  // A short request's sequence life (create, reserve a block in each layer,
+  // free) reuses a freed sequence's tables (core/sequences.cpp's spares):
+  // no heap allocation once one sequence was freed.
+  {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = 4;
+    c.num_q_heads = c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.block_size = 16;
+    c.num_blocks = 64;
+    kvc_pool *p = nullptr;
+    if (kvc_pool_create(&c, &p) != KVC_OK) return 1;
+    if (kvc_seq_create(p, 1) != KVC_OK || kvc_seq_reserve(p, 1, 20, nullptr) != KVC_OK ||
+        kvc_seq_free(p, 1) != KVC_OK)
+      ++failures;
+    g_allocs = 0;
+    g_counting = true;
+    for (uint64_t id = 2; id < 100; ++id)
+      if (kvc_seq_create(p, id) != KVC_OK || kvc_seq_reserve(p, id, 20, nullptr) != KVC_OK ||
+          kvc_seq_free(p, id) != KVC_OK)
+        ++failures;
+    g_counting = false;
+    if (g_allocs.load() != 0) {
+      std::fprintf(stderr, "%ld heap allocations in 98 create / reserve / free cycles\n",
+                   g_allocs.load());
+      ++failures;
+    }
+    kvc_pool_destroy(p);
+  }
   std::printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
   return failures ? 1 : 0;
 }
