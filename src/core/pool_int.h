@@ -95,9 +95,10 @@ struct Sequence {
 
   // Back to a new sequence's state (every field as a new Sequence's; the
   // layers' block tables emptied, their capacity kept up to kKeptEntries
-  // each), for PoolCore::retire_sequence.
+  // each while the kept capacity stays within `budget` bytes), for
+  // PoolCore::retire_sequence.
   static constexpr size_t kKeptEntries = 64;
-  void reset_for_reuse();
+  void reset_for_reuse(size_t budget);
 };
 
 // The prefix cache's hooks on the life of a block (core/prefix_cache.h;
@@ -183,8 +184,11 @@ struct PoolCore {
   SeqMap<Sequence> seqs_;
   // Freed sequences that seq_create reuses (their layer tables and small
   // block tables: a short request's create / reserve / free allocates
-  // nothing). At most kSpareSequences; under the exclusive lock.
-  static constexpr size_t kSpareSequences = 8;
+  // nothing). At most kSpareSequences, each holding at most kSpareBytes
+  // (its tables and kept block-table capacity: a sequence with more tables,
+  // such as a head-wise pool's of thousands of layers x heads, is not kept);
+  // under the exclusive lock.
+  static constexpr size_t kSpareSequences = 8, kSpareBytes = size_t(512) << 10;
   std::vector<std::unique_ptr<Sequence>> spare_seqs_;
   uint64_t peak_bytes_ = 0;
   uint64_t tokens_stored_ = 0;  // sum of n_tokens over sequences and layers

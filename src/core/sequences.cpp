@@ -12,15 +12,19 @@
 
 namespace kvc::core {
 
-void Sequence::reset_for_reuse() {
+void Sequence::reset_for_reuse(size_t budget) {
   std::vector<LayerTable> tables = std::move(layers);
   for (LayerTable &l : tables) {
     std::vector<int32_t> b = std::move(l.blocks), r = std::move(l.res_blocks);
     l = LayerTable{};
     b.clear();
     r.clear();
-    if (b.capacity() <= kKeptEntries) l.blocks = std::move(b);
-    if (r.capacity() <= kKeptEntries) l.res_blocks = std::move(r);
+    for (std::vector<int32_t> *v : {&b, &r}) {
+      const size_t bytes = v->capacity() * sizeof(int32_t);
+      if (v->capacity() > kKeptEntries || bytes > budget) continue;  // (freed with this step)
+      budget -= bytes;
+      (v == &b ? l.blocks : l.res_blocks) = std::move(*v);
+    }
   }
   *this = Sequence{};
   layers = std::move(tables);
@@ -38,8 +42,9 @@ std::unique_ptr<Sequence> PoolCore::new_sequence() {
 }
 
 void PoolCore::retire_sequence(std::unique_ptr<Sequence> s) noexcept {
-  if (!s || spare_seqs_.size() >= kSpareSequences) return;
-  s->reset_for_reuse();
+  const size_t tables = s ? s->layers.size() * sizeof(LayerTable) : 0;
+  if (!s || spare_seqs_.size() >= kSpareSequences || tables > kSpareBytes) return;
+  s->reset_for_reuse(kSpareBytes - tables);
   spare_seqs_.push_back(std::move(s));  // (capacity reserved: no allocation)
 }
 

@@ -1,6 +1,6 @@
 // core_append_no_heap_allocation: kvc_append (and kvc_gather) make no heap
 // allocation per call, nor does a sequence's create / reserve / free once
-// one sequence was freed. The test replaces the global allocation functions of
+// one sequence was freed (unless its tables exceed what a spare may hold). The test replaces the global allocation functions of
 // the process with counting ones (operator new/delete and malloc through
 // glibc's __libc_malloc), links the static library, and counts calls made
 // during appends of every storage dtype and layout.
@@ -125,6 +125,37 @@ int main() {
                    g_allocs.load());
       ++failures;
     }
+    kvc_pool_destroy(p);
+  }
+  // A sequence of more tables than a spare may hold (core: 512 KiB; a
+  // head-wise pool of 640 layers x 4 KV heads has 2,560 tables) is not kept:
+  // the next create allocates its tables anew (and works).
+  {
+    kvc_pool_config c;
+    kvc_pool_config_init(&c);
+    c.num_layers = 640;
+    c.num_q_heads = c.num_kv_heads = 4;
+    c.head_dim = 8;
+    c.block_size = 16;
+    c.num_blocks = 8192;
+    c.flags |= KVC_POOL_HEADWISE;
+    kvc_pool *p = nullptr;
+    if (kvc_pool_create(&c, &p) != KVC_OK) return 1;
+    if (kvc_seq_create(p, 1) != KVC_OK || kvc_seq_reserve(p, 1, 20, nullptr) != KVC_OK ||
+        kvc_seq_free(p, 1) != KVC_OK)
+      ++failures;
+    g_allocs = 0;
+    g_counting = true;
+    if (kvc_seq_create(p, 2) != KVC_OK) ++failures;
+    g_counting = false;
+    if (g_allocs.load() == 0) {
+      std::fprintf(stderr, "a sequence of 2,560 tables was kept as a spare\n");
+      ++failures;
+    }
+    uint64_t len = 1;
+    if (kvc_seq_reserve(p, 2, 3, nullptr) != KVC_OK || kvc_seq_length(p, 2, &len) != KVC_OK ||
+        len != 3 || kvc_seq_free(p, 2) != KVC_OK)
+      ++failures;
     kvc_pool_destroy(p);
   }
   std::printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
