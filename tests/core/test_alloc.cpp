@@ -97,22 +97,29 @@ int main() {
         }
         kvc_pool_destroy(p);
       }
-  // A short request's sequence life (create, reserve a block in each layer,
-  // free) reuses a freed sequence's tables (core/sequences.cpp's spares):
-  // no heap allocation once one sequence was freed.
-  {
+  // A pool of `layers` x `heads` (head-wise: a table per layer and head)
+  // where sequence 1 was created, given a block in each table and freed.
+  auto pool_after_one_free = [&](uint32_t layers, uint32_t heads, uint32_t head_dim,
+                                 uint32_t flags) -> kvc_pool * {
     kvc_pool_config c;
     kvc_pool_config_init(&c);
-    c.num_layers = 4;
-    c.num_q_heads = c.num_kv_heads = 8;
-    c.head_dim = 128;
+    c.num_layers = layers;
+    c.num_q_heads = c.num_kv_heads = heads;
+    c.head_dim = head_dim;
     c.block_size = 16;
-    c.num_blocks = 64;
+    c.num_blocks = 8192;
+    c.flags |= flags;
     kvc_pool *p = nullptr;
-    if (kvc_pool_create(&c, &p) != KVC_OK) return 1;
+    if (kvc_pool_create(&c, &p) != KVC_OK) return nullptr;
     if (kvc_seq_create(p, 1) != KVC_OK || kvc_seq_reserve(p, 1, 20, nullptr) != KVC_OK ||
         kvc_seq_free(p, 1) != KVC_OK)
       ++failures;
+    return p;
+  };
+  // A short request's sequence life (create, reserve a block in each layer,
+  // free) reuses a freed sequence's tables (core/sequences.cpp's spares):
+  // no heap allocation once one sequence was freed.
+  if (kvc_pool *p = pool_after_one_free(4, 8, 128, 0)) {
     g_allocs = 0;
     g_counting = true;
     for (uint64_t id = 2; id < 100; ++id)
@@ -126,24 +133,13 @@ int main() {
       ++failures;
     }
     kvc_pool_destroy(p);
+  } else {
+    return 1;
   }
   // A sequence of more tables than a spare may hold (core: 512 KiB; a
   // head-wise pool of 640 layers x 4 KV heads has 2,560 tables) is not kept:
   // the next create allocates its tables anew (and works).
-  {
-    kvc_pool_config c;
-    kvc_pool_config_init(&c);
-    c.num_layers = 640;
-    c.num_q_heads = c.num_kv_heads = 4;
-    c.head_dim = 8;
-    c.block_size = 16;
-    c.num_blocks = 8192;
-    c.flags |= KVC_POOL_HEADWISE;
-    kvc_pool *p = nullptr;
-    if (kvc_pool_create(&c, &p) != KVC_OK) return 1;
-    if (kvc_seq_create(p, 1) != KVC_OK || kvc_seq_reserve(p, 1, 20, nullptr) != KVC_OK ||
-        kvc_seq_free(p, 1) != KVC_OK)
-      ++failures;
+  if (kvc_pool *p = pool_after_one_free(640, 4, 8, KVC_POOL_HEADWISE)) {
     g_allocs = 0;
     g_counting = true;
     if (kvc_seq_create(p, 2) != KVC_OK) ++failures;
@@ -157,6 +153,8 @@ int main() {
         len != 3 || kvc_seq_free(p, 2) != KVC_OK)
       ++failures;
     kvc_pool_destroy(p);
+  } else {
+    return 1;
   }
   std::printf("%d passed, %d failed\n", failures ? 0 : 1, failures ? 1 : 0);
   return failures ? 1 : 0;
