@@ -278,8 +278,9 @@ inline bool use_avx2() {
 // saves the 512-bit state), beside AVX2 + FMA.
 inline bool detect_avx512() {
   __builtin_cpu_init();
+  // (BMI2 too: quantize_avx512.cpp's shifts; every AVX-512 CPU has it.)
   return detect_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl");
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("bmi2");
 }
 #endif
 
